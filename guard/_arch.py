@@ -1,0 +1,201 @@
+"""Architecture specs: how each supported member family sees an image and a prompt.
+
+One :class:`ArchSpec` per Hugging Face ``model_type`` (a registry, as optimum keeps one export
+config per architecture). A spec knows, from the member's ``config.json`` and
+``preprocessor_config.json``:
+
+* the image geometry at a fixed resolution (patch size, merge factor, visual token count);
+* the numpy/Pillow preprocessing that turns an RGB image into the vision tower's input
+  (tested equal to the Hugging Face image processor's output);
+* what the chat template writes for an image and what the processor expands it to;
+* the chat-template switches that turn reasoning off.
+
+No torch here: the robot's runtime uses these specs too.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from guard._errors import ConfigError
+
+__all__ = ["ARCHS", "ArchSpec", "ImageGeometry", "get_arch"]
+
+
+@dataclass(frozen=True)
+class ImageGeometry:
+    """A fixed image grid for one member: every scene is resized to ``height`` × ``width``."""
+
+    height: int
+    width: int
+    patch_size: int
+    merge: int  # spatial merge (Qwen) or downsample factor (LFM2-VL)
+    n_image_tokens: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    resample: int  # a PIL.Image.Resampling value
+
+
+def _get(d: Mapping[str, Any], key: str, default: Any) -> Any:
+    v = d.get(key, default)
+    return default if v is None else v
+
+
+def _norm_stats(
+    pre: Mapping[str, Any],
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    mean = tuple(float(x) for x in _get(pre, "image_mean", [0.5, 0.5, 0.5]))
+    std = tuple(float(x) for x in _get(pre, "image_std", [0.5, 0.5, 0.5]))
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise ConfigError(
+            f"preprocessor_config.json image_mean/image_std must be 3 numbers (std > 0); "
+            f"got {mean}, {std}."
+        )
+    return (mean[0], mean[1], mean[2]), (std[0], std[1], std[2])
+
+
+def _to_normalized_chw(image: Image.Image, g: ImageGeometry) -> np.ndarray:
+    """Resize to the grid, scale to [0, 1], normalize; returns float32 (3, H, W)."""
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    if image.size != (g.width, g.height):
+        image = image.resize((g.width, g.height), resample=Image.Resampling(g.resample))
+    raw = np.asarray(image, dtype=np.float32) * np.float32(1 / 255)
+    norm = (raw - np.asarray(g.mean, np.float32)) / np.asarray(g.std, np.float32)
+    return np.ascontiguousarray(norm.transpose(2, 0, 1), dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class ArchSpec(ABC):
+    """What spotstop needs to know about one member architecture."""
+
+    model_type: str
+    #: what the member's chat template writes for one image item
+    template_image_placeholder: str
+    #: the image token the placeholder is expanded into (its id is config.image_token_id)
+    image_token: str
+    #: extra chat-template variables that turn reasoning off
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: the paper's low-resolution default: 256 visual tokens
+    default_image_size: tuple[int, int] = (512, 512)
+    #: PIL resampling used by the member's own image processor
+    resample: int = int(Image.Resampling.BICUBIC)
+    #: tokens around the expanded image run, if the processor adds them
+    image_prefix: str = ""
+    image_suffix: str = ""
+
+    # -- geometry ------------------------------------------------------------------------
+    def geometry(
+        self,
+        config: Mapping[str, Any],
+        preprocessor: Mapping[str, Any],
+        size: tuple[int, int] | None = None,
+    ) -> ImageGeometry:
+        """The fixed image grid for this member at ``size`` = (height, width)."""
+        h, w = size or self.default_image_size
+        vision = config.get("vision_config") or {}
+        patch = int(_get(vision, "patch_size", 16))
+        merge = self._merge(config)
+        factor = patch * merge
+        if h <= 0 or w <= 0 or h % factor or w % factor:
+            raise ConfigError(
+                f"image_size for a {self.model_type} member must be positive multiples of "
+                f"patch_size × merge = {patch} × {merge} = {factor}; got {h}x{w}. "
+                f"Use e.g. {factor * max(1, round(h / factor))}x{factor * max(1, round(w / factor))}."
+            )
+        mean, std = _norm_stats(preprocessor)
+        n_tokens = (h // factor) * (w // factor)
+        return ImageGeometry(h, w, patch, merge, n_tokens, mean, std, self.resample)
+
+    @abstractmethod
+    def _merge(self, config: Mapping[str, Any]) -> int:
+        """The spatial reduction between vision patches and visual tokens."""
+
+    # -- prompt --------------------------------------------------------------------------
+    def image_text(self, g: ImageGeometry) -> str:
+        """The text that replaces the template's image placeholder (before tokenizing)."""
+        return self.image_prefix + self.image_token * g.n_image_tokens + self.image_suffix
+
+    # -- pixels --------------------------------------------------------------------------
+    @abstractmethod
+    def preprocess(self, image: Image.Image, g: ImageGeometry) -> dict[str, np.ndarray]:
+        """Vision-tower inputs for ONE image (leading axis: this image)."""
+
+
+@dataclass(frozen=True)
+class _Qwen35(ArchSpec):
+    def _merge(self, config: Mapping[str, Any]) -> int:
+        return int(_get(config.get("vision_config") or {}, "spatial_merge_size", 2))
+
+    def preprocess(self, image: Image.Image, g: ImageGeometry) -> dict[str, np.ndarray]:
+        # Same layout as transformers' Qwen2VLImageProcessor: the frame repeated over the
+        # temporal patch, then patches grouped by merge blocks, flattened (C, T, P, P).
+        chw = _to_normalized_chw(image, g)
+        tps = 2
+        c = chw.shape[0]
+        gh, gw, p, m = g.height // g.patch_size, g.width // g.patch_size, g.patch_size, g.merge
+        frames = np.broadcast_to(chw[None], (tps, c, g.height, g.width))
+        x = frames.reshape(1, tps, c, gh // m, m, p, gw // m, m, p)
+        x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+        flat = np.ascontiguousarray(x.reshape(gh * gw, c * tps * p * p), dtype=np.float32)
+        return {
+            "pixel_values": flat,
+            "image_grid_thw": np.asarray([[1, gh, gw]], dtype=np.int64),
+        }
+
+
+@dataclass(frozen=True)
+class _Lfm2Vl(ArchSpec):
+    def _merge(self, config: Mapping[str, Any]) -> int:
+        return int(_get(config, "downsample_factor", 2))
+
+    def preprocess(self, image: Image.Image, g: ImageGeometry) -> dict[str, np.ndarray]:
+        # Same layout as transformers' Lfm2VlImageProcessor without tiling: (H/P·W/P, P·P·C)
+        # patches in row-major order, every patch valid.
+        chw = _to_normalized_chw(image, g)
+        c = chw.shape[0]
+        nh, nw, p = g.height // g.patch_size, g.width // g.patch_size, g.patch_size
+        x = chw.reshape(c, nh, p, nw, p).transpose(1, 3, 2, 4, 0)
+        patches = np.ascontiguousarray(x.reshape(1, nh * nw, p * p * c), dtype=np.float32)
+        return {
+            "pixel_values": patches,
+            "pixel_attention_mask": np.ones((1, nh * nw), dtype=np.int64),
+            "spatial_shapes": np.asarray([[nh, nw]], dtype=np.int64),
+        }
+
+
+ARCHS: dict[str, ArchSpec] = {
+    "qwen3_5": _Qwen35(
+        model_type="qwen3_5",
+        template_image_placeholder="<|image_pad|>",
+        image_token="<|image_pad|>",
+        chat_template_kwargs={"enable_thinking": False},
+        resample=int(Image.Resampling.BICUBIC),
+    ),
+    "lfm2_vl": _Lfm2Vl(
+        model_type="lfm2_vl",
+        template_image_placeholder="<image>",
+        image_token="<image>",
+        chat_template_kwargs={},
+        resample=int(Image.Resampling.BILINEAR),
+        image_prefix="<|image_start|>",
+        image_suffix="<|image_end|>",
+    ),
+}
+
+
+def get_arch(model_type: str) -> ArchSpec:
+    """The spec for ``model_type``; a clear error lists the supported ones."""
+    try:
+        return ARCHS[model_type]
+    except KeyError:
+        raise ConfigError(
+            f"member architecture {model_type!r} is not supported; supported: "
+            f"{sorted(ARCHS)}. Check config.json's model_type of the member folder."
+        ) from None

@@ -1,0 +1,126 @@
+"""The scoring configuration (``spotstop.yaml``): prompt, answers, image size, batching.
+
+Validated on load; every error names the offending key and what is allowed. Unknown keys
+are errors too (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from guard._errors import ConfigError
+from guard._prompt import MAX_REQUEST_CHARS, PromptSpec
+
+__all__ = ["ScoringConfig", "load_scoring_config", "parse_image_size"]
+
+
+@dataclass(frozen=True)
+class ScoringConfig:
+    """How members score: the prompt and answers, the image grid, the batch size.
+
+    ``image_size`` = (height, width) applies to every member unless a member override in
+    ``member_image_size`` names it; ``None`` means the member folder's hint, else the
+    architecture's low-resolution default (512x512 = 256 visual tokens).
+    """
+
+    prompt: PromptSpec = field(default_factory=PromptSpec)
+    image_size: tuple[int, int] | None = None
+    member_image_size: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    batch_size: int = 8
+    max_request_chars: int = MAX_REQUEST_CHARS
+
+
+def _suggest(key: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def _check_keys(d: Mapping[str, Any], allowed: list[str], where: str) -> None:
+    for k in d:
+        if k not in allowed:
+            raise ConfigError(
+                f"{where}.{k} is not a known key; allowed: {allowed}.{_suggest(str(k), allowed)}"
+            )
+
+
+def parse_image_size(value: Any, where: str) -> tuple[int, int]:
+    """``[h, w]``, ``"HxW"`` or a single int (square) → (h, w), validated."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value, value]
+    if isinstance(value, str):
+        parts = value.lower().split("x")
+        try:
+            value = [int(p) for p in parts]
+        except ValueError:
+            value = None
+    if (
+        not isinstance(value, list | tuple)
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    ):
+        raise ConfigError(
+            f"{where} must be two positive integers [height, width] (or 'HxW'); got {value!r}."
+        )
+    return (int(value[0]), int(value[1]))
+
+
+def _positive_int(v: Any, where: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise ConfigError(f"{where} must be a positive integer; got {v!r}.")
+    return v
+
+
+def scoring_config_from_dict(d: Mapping[str, Any], *, where: str = "scoring") -> ScoringConfig:
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{where} must be a mapping; got {type(d).__name__}.")
+    _check_keys(
+        d, ["prompt", "image_size", "member_image_size", "batch_size", "max_request_chars"], where
+    )
+    prompt = PromptSpec()
+    if "prompt" in d:
+        p = d["prompt"]
+        if not isinstance(p, Mapping):
+            raise ConfigError(
+                f"{where}.prompt must be a mapping with text/unsafe_answer/safe_answer."
+            )
+        _check_keys(p, ["text", "unsafe_answer", "safe_answer"], f"{where}.prompt")
+        for k in p:
+            if not isinstance(p[k], str):
+                raise ConfigError(f"{where}.prompt.{k} must be a string; got {p[k]!r}.")
+        prompt = PromptSpec(**{**prompt.__dict__, **dict(p)})
+    image_size = None
+    if d.get("image_size") is not None:
+        image_size = parse_image_size(d["image_size"], f"{where}.image_size")
+    per_member: dict[str, tuple[int, int]] = {}
+    mis = d.get("member_image_size") or {}
+    if not isinstance(mis, Mapping):
+        raise ConfigError(f"{where}.member_image_size must map member names to sizes.")
+    for name, size in mis.items():
+        per_member[str(name)] = parse_image_size(size, f"{where}.member_image_size.{name}")
+    return ScoringConfig(
+        prompt=prompt,
+        image_size=image_size,
+        member_image_size=per_member,
+        batch_size=_positive_int(d.get("batch_size", 8), f"{where}.batch_size"),
+        max_request_chars=_positive_int(
+            d.get("max_request_chars", MAX_REQUEST_CHARS), f"{where}.max_request_chars"
+        ),
+    )
+
+
+def load_scoring_config(path: str | Path) -> ScoringConfig:
+    """Read and validate a scoring YAML file."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"scoring config {p} does not exist.") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"scoring config {p} is not valid YAML: {e}") from e
+    return scoring_config_from_dict(raw or {}, where=p.name)

@@ -1,0 +1,416 @@
+"""Avg-2 fusion: robust z-score per member, weighted average (seed 000, Supp. Algorithm 1).
+
+For members m with reference median ``median_m`` and interquartile range ``IQR_m``
+(fitted once on an unlabelled development pool), the fused score of a scene is::
+
+    S = Σ_m w_m (s_m − median_m) / IQR_m  /  Σ_m w_m
+
+Equal weights are the default. With one member, ``S`` is that member's robust z-score.
+With the batch-mean threshold the medians cancel: ``S − mean(S)`` does not depend on them.
+
+A missing member score or a non-finite one raises :class:`FusionError`; the guard turns
+that into a fail-closed UNSAFE decision, so :meth:`Avg2Fusion.fuse` never returns a number
+for a scene it could not score.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from guard._errors import ConfigError, GuardError
+
+__all__ = ["Avg2Fusion", "FusionError", "MemberStats"]
+
+_FIX_SOURCE = "the policy file"
+
+
+class FusionError(GuardError, ValueError):
+    """Fusion could not produce a score: a member score is missing or not finite, or the
+    reference statistics are unusable (IQR ≤ 0, non-finite median)."""
+
+
+@dataclass(frozen=True)
+class MemberStats:
+    """Reference statistics of one member's raw score on an unlabelled pool.
+
+    median: the pool median of ``s_m``.
+    iqr: the pool interquartile range (75th − 25th percentile, linear interpolation); > 0.
+    """
+
+    median: float
+    iqr: float
+
+    def __post_init__(self) -> None:
+        if not _is_real(self.median) or not math.isfinite(self.median):
+            raise FusionError(
+                f"MemberStats.median must be a finite number; got {self.median!r}. "
+                "Refit the fusion statistics on a pool of finite scores."
+            )
+        if not _is_real(self.iqr) or not math.isfinite(self.iqr) or self.iqr <= 0:
+            raise FusionError(
+                f"MemberStats.iqr must be a finite number > 0; got {self.iqr!r}. "
+                "Refit on a pool whose scores are not all (nearly) equal."
+            )
+        object.__setattr__(self, "median", float(self.median))
+        object.__setattr__(self, "iqr", float(self.iqr))
+
+
+@dataclass(frozen=True)
+class Avg2Fusion:
+    """Avg-2 fusion of member scores into one score ``S``.
+
+    members: member names, in a fixed order (the order of the bundle).
+    stats: reference :class:`MemberStats` per member.
+    weights: weight per member, each finite and > 0; empty (the default) means equal
+        weights of 1.0.
+
+    >>> f = Avg2Fusion(("a", "b"), {"a": MemberStats(0.0, 2.0), "b": MemberStats(1.0, 1.0)})
+    >>> f.fuse({"a": 2.0, "b": 3.0})   # ((2-0)/2 + (3-1)/1) / 2
+    1.5
+    """
+
+    members: tuple[str, ...]
+    stats: Mapping[str, MemberStats]
+    weights: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        members = tuple(self.members)
+        if not members:
+            raise FusionError("Avg2Fusion.members must name at least one member; got none.")
+        for m in members:
+            if not isinstance(m, str) or not m:
+                raise FusionError(
+                    f"Avg2Fusion.members must be non-empty strings; got {m!r}. "
+                    "Use the member names of the bundle manifest."
+                )
+        dupes = sorted({m for m in members if members.count(m) > 1})
+        if dupes:
+            raise FusionError(f"Avg2Fusion.members must be unique; {dupes} appear twice or more.")
+        stats = dict(self.stats)
+        if set(stats) != set(members):
+            raise FusionError(
+                f"Avg2Fusion.stats must have one entry per member {list(members)}; "
+                f"got entries for {sorted(stats)}."
+            )
+        for m, st in stats.items():
+            if not isinstance(st, MemberStats):
+                raise FusionError(
+                    f"Avg2Fusion.stats[{m!r}] must be a MemberStats; got {type(st).__name__}."
+                )
+        weights = dict(self.weights) if self.weights else dict.fromkeys(members, 1.0)
+        if set(weights) != set(members):
+            raise FusionError(
+                f"Avg2Fusion.weights must have one entry per member {list(members)} "
+                f"(or be empty for equal weights); got entries for {sorted(weights)}."
+            )
+        for m, w in weights.items():
+            if not _is_real(w) or not math.isfinite(w) or w <= 0:
+                raise FusionError(
+                    f"Avg2Fusion.weights[{m!r}] must be a finite number > 0; got {w!r}. "
+                    "Leave weights empty for equal weights."
+                )
+        object.__setattr__(self, "members", members)
+        object.__setattr__(self, "stats", types.MappingProxyType({m: stats[m] for m in members}))
+        object.__setattr__(
+            self, "weights", types.MappingProxyType({m: float(weights[m]) for m in members})
+        )
+
+    # ------------------------------------------------------------------ learning
+    @classmethod
+    def fit(
+        cls,
+        scores: Mapping[str, Any],
+        weights: Mapping[str, float] | None = None,
+    ) -> Avg2Fusion:
+        """Fit the reference median and IQR of each member on an unlabelled pool.
+
+        scores: member name -> 1-D array of that member's raw scores on the pool (the
+            members in mapping order). Every score must be finite; nothing is dropped
+            silently.
+        weights: optional weight per member; ``None`` means equal weights.
+
+        IQR is ``np.percentile(x, 75) − np.percentile(x, 25)`` (linear interpolation).
+        Raises :class:`FusionError` naming the member when a pool is empty, not finite,
+        or has IQR ≤ 0.
+        """
+        pools = _check_fit_input(scores)
+        stats: dict[str, MemberStats] = {}
+        for m, x in pools.items():
+            q25, q50, q75 = np.percentile(x, [25.0, 50.0, 75.0], method="linear")
+            iqr = float(q75 - q25)
+            if not math.isfinite(iqr) or iqr <= 0:
+                raise FusionError(
+                    f"member {m!r}: the pool's IQR is {iqr!r} (n={x.size}); it must be > 0. "
+                    "Fit on a larger or more varied unlabelled pool for this member."
+                )
+            stats[m] = MemberStats(median=float(q50), iqr=iqr)
+        return cls(members=tuple(pools), stats=stats, weights=dict(weights or {}))
+
+    # ------------------------------------------------------------------ fusing
+    def fuse(self, scores: Mapping[str, float]) -> float:
+        """Fused score ``S`` of one scene from its member scores.
+
+        Extra keys in ``scores`` are ignored. Raises :class:`FusionError` when a member is
+        missing or its score is not a finite number (the caller must fail closed).
+        """
+        num = 0.0
+        den = 0.0
+        for m in self.members:
+            if m not in scores:
+                raise FusionError(
+                    f"fusion member {m!r} has no score; got scores for {sorted(scores)}. "
+                    "Every member of the bundle must be scored before fusing."
+                )
+            s = scores[m]
+            if not _is_real(s) or not math.isfinite(s):
+                raise FusionError(
+                    f"fusion member {m!r} has a non-finite score {s!r}; cannot fuse. "
+                    "The scene must be treated as UNSAFE (fail closed)."
+                )
+            st = self.stats[m]
+            w = self.weights[m]
+            num += w * (float(s) - st.median) / st.iqr
+            den += w
+        return num / den
+
+    def fuse_many(
+        self,
+        scores: Mapping[str, Any],
+        *,
+        nan_policy: Literal["raise", "propagate"] = "raise",
+    ) -> np.ndarray:
+        """Fused scores of a batch: member name -> 1-D array (same length for all).
+
+        nan_policy: ``"raise"`` (default) raises :class:`FusionError` when any score is
+            not finite; ``"propagate"`` returns NaN for those scenes, which
+            :func:`guard._policy.decide_batch` labels UNSAFE.
+
+        A missing member always raises :class:`FusionError`.
+        """
+        if nan_policy not in ("raise", "propagate"):
+            raise FusionError(f"nan_policy must be 'raise' or 'propagate'; got {nan_policy!r}.")
+        arrays = _check_batch_input(self.members, scores)
+        n = next(iter(arrays.values())).size
+        num = np.zeros(n, dtype=float)
+        bad = np.zeros(n, dtype=bool)
+        for m in self.members:
+            x = arrays[m]
+            nonfinite = ~np.isfinite(x)
+            if nonfinite.any() and nan_policy == "raise":
+                idx = np.flatnonzero(nonfinite)[:5].tolist()
+                raise FusionError(
+                    f"fusion member {m!r} has non-finite scores at positions {idx}"
+                    f"{' …' if nonfinite.sum() > 5 else ''}; cannot fuse. Treat those scenes "
+                    "as UNSAFE, or pass nan_policy='propagate' to get NaN for them."
+                )
+            bad |= nonfinite
+            st = self.stats[m]
+            with np.errstate(invalid="ignore", over="ignore"):
+                num += self.weights[m] * (x - st.median) / st.iqr
+        out = num / sum(self.weights.values())
+        out[bad] = np.nan
+        return out
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for ``policy.yaml`` (the ``fusion:`` section)."""
+        return {
+            "method": "avg2",
+            "members": list(self.members),
+            "stats": {
+                m: {"median": self.stats[m].median, "iqr": self.stats[m].iqr} for m in self.members
+            },
+            "weights": {m: self.weights[m] for m in self.members},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, *, where: str = "fusion") -> Avg2Fusion:
+        """Build from the dict of :meth:`to_dict`, validating every key.
+
+        where: the key path of this section, used in error messages. Raises
+        :class:`guard._errors.ConfigError` naming the offending key.
+        """
+        return _fusion_from_dict(d, where=where, source=_FIX_SOURCE)
+
+
+# ---------------------------------------------------------------------- validation helpers
+
+
+def _is_real(x: Any) -> bool:
+    """True for int/float (numpy scalars included), False for bool and everything else."""
+    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(
+        x, bool | np.bool_
+    )
+
+
+def _check_keys(
+    d: Mapping[str, Any],
+    *,
+    where: str,
+    required: Iterable[str],
+    optional: Iterable[str] = (),
+    source: str,
+    error: type[Exception] = ConfigError,
+) -> None:
+    """Raise ``error`` for a missing required key or an unknown key (with a suggestion)."""
+    required = list(required)
+    allowed = sorted({*required, *optional})
+    for k in d:
+        if not isinstance(k, str) or k not in allowed:
+            hint = difflib.get_close_matches(str(k), allowed, n=1, cutoff=0.6)
+            suggestion = f" Did you mean {hint[0]!r}?" if hint else ""
+            raise error(
+                f"{_join(where, str(k))} is not a known key.{suggestion} "
+                f"Allowed keys of {where or 'the top level'}: {', '.join(allowed)}. "
+                f"Remove or rename it in {source}."
+            )
+    for k in required:
+        if k not in d:
+            raise error(f"{_join(where, k)} is required but missing. Add it in {source}.")
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _check_mapping(x: Any, *, where: str, source: str, error: type[Exception]) -> None:
+    if not isinstance(x, Mapping):
+        raise error(
+            f"{where or 'the document'} must be a mapping (key: value); "
+            f"got {type(x).__name__} {x!r}. Fix it in {source}."
+        )
+
+
+def _check_number(
+    x: Any,
+    *,
+    where: str,
+    source: str,
+    error: type[Exception],
+    positive: bool = False,
+) -> float:
+    if not _is_real(x) or not math.isfinite(x) or (positive and x <= 0):
+        allowed = "a finite number > 0" if positive else "a finite number"
+        raise error(f"{where} must be {allowed}; got {x!r}. Set it in {source}.")
+    return float(x)
+
+
+def _fusion_from_dict(
+    d: Any, *, where: str, source: str, error: type[Exception] = ConfigError
+) -> Avg2Fusion:
+    _check_mapping(d, where=where, source=source, error=error)
+    _check_keys(
+        d,
+        where=where,
+        required=("members", "stats"),
+        optional=("method", "weights"),
+        source=source,
+        error=error,
+    )
+    method = d.get("method", "avg2")
+    if method != "avg2":
+        raise error(f"{_join(where, 'method')} must be 'avg2'; got {method!r}. Set it in {source}.")
+    members = d["members"]
+    key = _join(where, "members")
+    if (
+        not isinstance(members, list)
+        or not members
+        or not all(isinstance(m, str) and m for m in members)
+    ):
+        raise error(
+            f"{key} must be a non-empty list of member names; got {members!r}. Set it in {source}."
+        )
+    dupes = sorted({m for m in members if members.count(m) > 1})
+    if dupes:
+        raise error(f"{key} must not repeat a name; {dupes} repeat. Fix it in {source}.")
+
+    stats_d = d["stats"]
+    skey = _join(where, "stats")
+    _check_mapping(stats_d, where=skey, source=source, error=error)
+    _check_keys(stats_d, where=skey, required=members, source=source, error=error)
+    stats: dict[str, MemberStats] = {}
+    for m in members:
+        mkey = _join(skey, m)
+        _check_mapping(stats_d[m], where=mkey, source=source, error=error)
+        _check_keys(stats_d[m], where=mkey, required=("median", "iqr"), source=source, error=error)
+        med = _check_number(
+            stats_d[m]["median"], where=_join(mkey, "median"), source=source, error=error
+        )
+        iqr = _check_number(
+            stats_d[m]["iqr"],
+            where=_join(mkey, "iqr"),
+            source=source,
+            error=error,
+            positive=True,
+        )
+        stats[m] = MemberStats(median=med, iqr=iqr)
+
+    weights: dict[str, float] = {}
+    if d.get("weights") is not None:
+        wkey = _join(where, "weights")
+        _check_mapping(d["weights"], where=wkey, source=source, error=error)
+        _check_keys(d["weights"], where=wkey, required=members, source=source, error=error)
+        for m in members:
+            weights[m] = _check_number(
+                d["weights"][m], where=_join(wkey, m), source=source, error=error, positive=True
+            )
+    return Avg2Fusion(members=tuple(members), stats=stats, weights=weights)
+
+
+def _as_1d_float(x: Any, *, what: str) -> np.ndarray:
+    try:
+        arr = np.asarray(x, dtype=float)
+    except (TypeError, ValueError) as e:
+        raise FusionError(f"{what} must be a 1-D array of numbers; could not convert: {e}") from e
+    if arr.ndim != 1:
+        raise FusionError(f"{what} must be a 1-D array; got shape {arr.shape}.")
+    return arr
+
+
+def _check_fit_input(scores: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    if not isinstance(scores, Mapping) or not scores:
+        raise FusionError(
+            "Avg2Fusion.fit needs a mapping member name -> pool scores with at least one "
+            f"member; got {scores!r}."
+        )
+    pools: dict[str, np.ndarray] = {}
+    for m, x in scores.items():
+        if not isinstance(m, str) or not m:
+            raise FusionError(f"member names must be non-empty strings; got {m!r}.")
+        arr = _as_1d_float(x, what=f"member {m!r}: pool scores")
+        if arr.size == 0:
+            raise FusionError(f"member {m!r}: the pool is empty; fit on at least 2 scores.")
+        if not np.isfinite(arr).all():
+            n_bad = int((~np.isfinite(arr)).sum())
+            raise FusionError(
+                f"member {m!r}: {n_bad} of {arr.size} pool scores are not finite. "
+                "Rescore or remove those scenes before fitting; nothing is dropped silently."
+            )
+        pools[m] = arr
+    return pools
+
+
+def _check_batch_input(
+    members: tuple[str, ...], scores: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
+    for m in members:
+        if m not in scores:
+            raise FusionError(
+                f"fusion member {m!r} has no scores; got scores for {sorted(scores)}. "
+                "Every member of the bundle must be scored before fusing."
+            )
+        arrays[m] = _as_1d_float(scores[m], what=f"scores of member {m!r}")
+    sizes = {m: a.size for m, a in arrays.items()}
+    if len(set(sizes.values())) > 1:
+        raise FusionError(
+            f"member score arrays must all have the same length; got lengths {sizes}."
+        )
+    return arrays

@@ -1,0 +1,556 @@
+"""Decode and validate a scene image before any model sees it.
+
+:func:`decode_image` turns encoded bytes (or a path to them) into a :class:`DecodedImage`:
+an RGB, 8-bit, upright Pillow image plus the facts the decision log records about the file
+(sha256 of the original bytes, size, format, an estimated JPEG quality). Everything that
+is not a complete, modest-sized JPEG, PNG or WebP is refused with :class:`ImageRefused`
+(an :class:`~guard._errors.ImageError`), whose ``kind`` says why.
+
+Choices made here (the runtime depends on them, so they are fixed and documented):
+
+* Only JPEG, PNG and WebP are accepted. Other formats are recognised by their leading bytes
+  and refused *before* any Pillow plugin parses them, so no other decoder ever runs on
+  untrusted input. A multi-picture JPEG (MPO) counts as JPEG; of animated PNG/WebP files and
+  MPOs only the first frame is used.
+* EXIF orientation is applied (:func:`PIL.ImageOps.exif_transpose`); ``width`` and
+  ``height`` are the upright size.
+* Transparency is composited onto **white** (RGBA, LA, PA, and palette/L/RGB images with a
+  ``tRNS`` transparency entry). A transparent pixel carries no scene content; white is what
+  most viewers show, and it is deterministic (``convert("RGB")`` would expose whatever
+  colour the encoder left under the alpha).
+* 16-bit and 32-bit integer grayscale (``I;16``, ``I``) is scaled to 8 bits by
+  ``round(v / 257)`` (``I`` clipped to 0..65535 first), not clipped at 255. CMYK JPEGs
+  (Adobe inversion handled by Pillow) and every other mode go through ``convert("RGB")``.
+* Decompression bombs are refused from the header, before pixels are decoded: the size in
+  the header is checked against ``max_pixels`` here, independent of Pillow's global
+  ``Image.MAX_IMAGE_PIXELS``, which this module never changes (nor
+  ``ImageFile.LOAD_TRUNCATED_IMAGES``). Pillow's own ``DecompressionBombError`` and
+  ``DecompressionBombWarning`` also become a refusal, so the effective limit is the
+  smaller of ``max_pixels`` and Pillow's global limit.
+* Truncation is refused: pixels are decoded fully (``load()``), a PNG must reach its
+  ``IEND`` chunk and a WebP must be as long as its RIFF header says.
+* Warnings Pillow raises while decoding (e.g. about odd EXIF data) are recorded and dropped,
+  except the decompression-bomb warning, which is a refusal. This uses
+  :class:`warnings.catch_warnings`, which in Python 3.11 is process-global: a warning raised
+  by another thread during a decode may be dropped too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import stat
+import warnings
+from dataclasses import dataclass, field
+from typing import Final, Literal, get_args
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from guard._errors import ConfigError, ImageError
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_PIXELS",
+    "SUPPORTED_FORMATS",
+    "DecodedImage",
+    "ImageRefused",
+    "RefusalKind",
+    "decode_image",
+    "gray_image",
+]
+
+DEFAULT_MAX_PIXELS: Final[int] = 40_000_000
+"""Largest accepted ``width * height`` (a 40-megapixel frame; 160 MB as RGB uint8)."""
+
+DEFAULT_MAX_BYTES: Final[int] = 50 * 1024 * 1024
+"""Largest accepted encoded size in bytes (50 MiB)."""
+
+SUPPORTED_FORMATS: Final[tuple[str, ...]] = ("JPEG", "PNG", "WEBP")
+"""Pillow format names that :func:`decode_image` accepts."""
+
+RefusalKind = Literal[
+    "empty",
+    "too_large_bytes",
+    "not_found",
+    "unsupported_format",
+    "corrupt",
+    "truncated",
+    "zero_size",
+    "decompression_bomb",
+]
+
+_REFUSAL_KINDS: Final[frozenset[str]] = frozenset(get_args(RefusalKind))
+
+_SUPPORTED_HINT: Final[str] = "Send the camera frame as JPEG, PNG or WebP."
+
+# IJG (libjpeg) standard luminance quantization table, ITU-T T.81 Annex K, natural order.
+_IJG_LUMA: Final[tuple[int, ...]] = (
+    16, 11, 10, 16, 24, 40, 51, 61,
+    12, 12, 14, 19, 26, 58, 60, 55,
+    14, 13, 16, 24, 40, 57, 69, 56,
+    14, 17, 22, 29, 51, 87, 80, 62,
+    18, 22, 37, 56, 68, 109, 103, 77,
+    24, 35, 55, 64, 81, 104, 113, 92,
+    49, 64, 78, 87, 103, 121, 120, 101,
+    72, 92, 95, 98, 112, 100, 103, 99,
+)  # fmt: skip
+
+
+class ImageRefused(ImageError):
+    """An image was refused; ``kind`` says why (one of :data:`RefusalKind`).
+
+    It is an :class:`~guard._errors.ImageError`, hence also a ``GuardError`` and a
+    ``ValueError``. The message names what was wrong, the limit, what came and what to do.
+    """
+
+    kind: RefusalKind
+
+    def __init__(self, message: str, *, kind: RefusalKind) -> None:
+        if kind not in _REFUSAL_KINDS:
+            raise ValueError(
+                f"unknown refusal kind {kind!r}; expected one of {sorted(_REFUSAL_KINDS)}"
+            )
+        super().__init__(message)
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keep ``kind`` across pickling (e.g. from a worker process).
+        return (_rebuild_refusal, (str(self), self.kind))
+
+
+def _rebuild_refusal(message: str, kind: RefusalKind) -> ImageRefused:
+    return ImageRefused(message, kind=kind)
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    """A decoded, validated scene image and the facts about its file.
+
+    ``image`` is excluded from equality, hashing and ``repr``: two results are equal when
+    they came from the same bytes.
+    """
+
+    image: Image.Image = field(repr=False, compare=False)
+    """RGB, 8-bit, EXIF orientation applied, alpha composited on white."""
+    sha256: str
+    """Hex sha256 of the original encoded bytes (not of the pixels)."""
+    width: int
+    """Width in pixels after EXIF orientation."""
+    height: int
+    """Height in pixels after EXIF orientation."""
+    n_bytes: int
+    """Size of the encoded bytes."""
+    format: str
+    """``"JPEG"``, ``"PNG"`` or ``"WEBP"``."""
+    jpeg_quality: int | None
+    """IJG-equivalent JPEG quality 1..100 estimated from the luminance table; ``None`` otherwise.
+
+    An estimate: exact for files written by libjpeg/Pillow with a ``quality=`` setting, the
+    nearest IJG quality for encoders with their own tables (phones, hardware encoders).
+    """
+
+    @property
+    def longest_side(self) -> int:
+        """``max(width, height)``."""
+        return max(self.width, self.height)
+
+    def __repr__(self) -> str:
+        quality = "" if self.jpeg_quality is None else f", quality≈{self.jpeg_quality}"
+        return (
+            f"DecodedImage({self.format} {self.width}x{self.height}, {self.n_bytes} bytes"
+            f"{quality}, sha256={self.sha256[:12]}…)"
+        )
+
+
+def decode_image(
+    source: bytes | bytearray | memoryview | str | os.PathLike[str],
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> DecodedImage:
+    """Decode a JPEG, PNG or WebP scene image into an upright RGB image, or refuse it.
+
+    Parameters
+    ----------
+    source
+        The encoded bytes (``bytes``, ``bytearray``, ``memoryview``), or a path to a file
+        holding them (``str`` or ``os.PathLike``). A ``str`` is always a path.
+    max_pixels
+        Largest accepted ``width * height``, checked from the header before decoding.
+    max_bytes
+        Largest accepted encoded size; a file is checked by ``stat`` before it is read.
+
+    Returns
+    -------
+    DecodedImage
+
+    Raises
+    ------
+    ImageRefused
+        With ``kind`` one of ``empty``, ``too_large_bytes``, ``not_found``,
+        ``unsupported_format``, ``corrupt``, ``truncated``, ``zero_size``,
+        ``decompression_bomb``.
+    ConfigError
+        If ``max_pixels`` or ``max_bytes`` is not a positive int.
+    TypeError
+        If ``source`` is neither bytes-like nor a path.
+    """
+    _check_decode_args(source, max_pixels=max_pixels, max_bytes=max_bytes)
+    data = _read_source(source, max_bytes=max_bytes)
+    return _decode_bytes(data, max_pixels=max_pixels)
+
+
+def gray_image(width: int, height: int, value: int = 128) -> Image.Image:
+    """A uniform RGB image, the content-free input of the gray pass.
+
+    ``gray_image(w, h)`` has every channel of every pixel equal to ``value`` (128 by
+    default, mid gray). Use the scene's own size so the member preprocesses both alike.
+    """
+    for name, side in (("width", width), ("height", height)):
+        if not _is_int(side) or side <= 0:
+            raise ConfigError(
+                f"gray_image {name} must be a positive int; got {side!r}. "
+                "Pass the scene image's width and height."
+            )
+    if not _is_int(value) or not 0 <= value <= 255:
+        raise ConfigError(
+            f"gray_image value must be an int in 0..255; got {value!r}. Use 128 for mid gray."
+        )
+    return Image.new("RGB", (width, height), (value, value, value))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _check_decode_args(source: object, *, max_pixels: object, max_bytes: object) -> None:
+    if not isinstance(source, bytes | bytearray | memoryview | str | os.PathLike):
+        raise TypeError(
+            "decode_image source must be bytes, bytearray, memoryview, str or os.PathLike; "
+            f"got {type(source).__name__}. Pass the encoded file bytes or a path to the file."
+        )
+    if not _is_int(max_pixels) or max_pixels <= 0:  # type: ignore[operator]
+        raise ConfigError(
+            f"max_pixels must be a positive int; got {max_pixels!r}. "
+            f"The default is {DEFAULT_MAX_PIXELS} (guard.limits.max_pixels)."
+        )
+    if not _is_int(max_bytes) or max_bytes <= 0:  # type: ignore[operator]
+        raise ConfigError(
+            f"max_bytes must be a positive int; got {max_bytes!r}. "
+            f"The default is {DEFAULT_MAX_BYTES} (guard.limits.max_bytes)."
+        )
+
+
+def _too_large(n_bytes: int, max_bytes: int) -> ImageRefused:
+    return ImageRefused(
+        f"image has {n_bytes} bytes; the limit is {max_bytes} bytes (max_bytes). "
+        "Re-encode the camera frame smaller (lower resolution or JPEG quality) "
+        "or raise guard.limits.max_bytes.",
+        kind="too_large_bytes",
+    )
+
+
+def _empty(what: str) -> ImageRefused:
+    return ImageRefused(
+        f"image is empty: {what} has 0 bytes. Check that the camera frame was captured "
+        "and sent completely.",
+        kind="empty",
+    )
+
+
+def _read_source(
+    source: bytes | bytearray | memoryview | str | os.PathLike[str], *, max_bytes: int
+) -> bytes:
+    if isinstance(source, bytes | bytearray | memoryview):
+        view = memoryview(source)
+        if view.nbytes == 0:
+            raise _empty("the given bytes")
+        if view.nbytes > max_bytes:
+            raise _too_large(view.nbytes, max_bytes)
+        return view.tobytes()
+
+    path = os.fspath(source)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise ImageRefused(
+            f"image file {path!r} does not exist. Check the path.", kind="not_found"
+        ) from None
+    except OSError as exc:
+        raise ImageRefused(
+            f"image file {path!r} could not be read ({exc.strerror or exc}). "
+            "Check the path and its permissions.",
+            kind="not_found",
+        ) from exc
+    if stat.S_ISDIR(info.st_mode):
+        raise ImageRefused(
+            f"image path {path!r} is a directory, not a file. Pass the path of an image file.",
+            kind="not_found",
+        )
+    if stat.S_ISREG(info.st_mode) and info.st_size > max_bytes:
+        raise _too_large(info.st_size, max_bytes)
+    try:
+        with open(path, "rb") as handle:
+            # Read one byte past the limit: a non-regular file (pipe, device) has no size.
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise ImageRefused(
+            f"image file {path!r} could not be read ({exc.strerror or exc}). "
+            "Check the path and its permissions.",
+            kind="not_found",
+        ) from exc
+    if not data:
+        raise _empty(f"file {path!r}")
+    if len(data) > max_bytes:
+        raise _too_large(len(data), max_bytes)
+    return data
+
+
+# --------------------------------------------------------------------------- sniffing
+
+
+def _sniff_format(data: bytes) -> str | None:
+    """Name a format from its leading bytes; ``None`` if unknown."""
+    if data.startswith(b"\xff\xd8"):  # SOI; Pillow itself wants a marker after it
+        return "JPEG"
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "PNG"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "GIF"
+    if data[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return "TIFF"
+    if data[:2] == b"BM":
+        return "BMP"
+    if data[4:8] == b"ftyp":
+        brand = data[8:12]
+        if brand in (b"avif", b"avis"):
+            return "AVIF"
+        if brand in (b"heic", b"heix", b"hevc", b"hevx", b"mif1", b"msf1", b"heim", b"heis"):
+            return "HEIF"
+        return "ISO media (MP4/MOV/HEIF family)"
+    if data.startswith((b"\x00\x00\x00\x0cjP  \r\n\x87\n", b"\xff\x4f\xff\x51")):
+        return "JPEG 2000"
+    if data.startswith((b"\xff\x0a", b"\x00\x00\x00\x0cJXL \r\n\x87\n")):
+        return "JPEG XL"
+    if data[:4] == b"\x00\x00\x01\x00":
+        return "ICO"
+    if data[:4] == b"8BPS":
+        return "PSD"
+    if data[:4] == b"%PDF":
+        return "PDF"
+    if data[:4] == b"qoif":
+        return "QOI"
+    if data[:4] == b"DDS ":
+        return "DDS"
+    if data[:4] == b"icns":
+        return "ICNS"
+    if data[:4] == b"RIFF":
+        return "RIFF (not WebP)"
+    if len(data) >= 2 and data[0:1] == b"P" and data[1:2] in b"1234567":
+        return "PNM"
+    head = data[:256].lstrip().lower()
+    if head.startswith((b"<svg", b"<?xml")):
+        return "SVG/XML"
+    return None
+
+
+def _png_header_size(data: bytes) -> tuple[int, int] | None:
+    if len(data) >= 24 and data[12:16] == b"IHDR":
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    return None
+
+
+def _truncation_problem(data: bytes, fmt: str) -> str | None:
+    """Structural truncation checks that Pillow does not make."""
+    if fmt == "PNG":
+        end = data.rfind(b"IEND")
+        if end < 0 or end + 8 > len(data):
+            return "the PNG ends before its IEND chunk"
+    if fmt == "WEBP" and len(data) >= 8:
+        declared = int.from_bytes(data[4:8], "little") + 8
+        if len(data) < declared:
+            return f"the WebP's RIFF header declares {declared} bytes but {len(data)} came"
+    return None
+
+
+def _truncated(detail: str) -> ImageRefused:
+    return ImageRefused(
+        f"image file is truncated: {detail}. The frame was cut off in capture or "
+        "transfer; send the complete file.",
+        kind="truncated",
+    )
+
+
+def _corrupt(fmt: str, detail: str) -> ImageRefused:
+    return ImageRefused(
+        f"image looks like {fmt} but could not be decoded ({detail}). The file is corrupt; "
+        "re-capture or re-encode the camera frame.",
+        kind="corrupt",
+    )
+
+
+def _bomb(detail: str, max_pixels: int) -> ImageRefused:
+    return ImageRefused(
+        f"{detail}; the limit is {max_pixels:.3g} pixels (max_pixels), and larger images are "
+        "refused before decoding as a possible decompression bomb. Downscale the camera "
+        "frame or raise guard.limits.max_pixels.",
+        kind="decompression_bomb",
+    )
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _decode_bytes(data: bytes, *, max_pixels: int) -> DecodedImage:
+    sniffed = _sniff_format(data)
+    if sniffed is not None and sniffed not in SUPPORTED_FORMATS:
+        raise ImageRefused(
+            f"image format {sniffed} is not supported; supported are JPEG, PNG and WebP. "
+            f"{_SUPPORTED_HINT}",
+            kind="unsupported_format",
+        )
+    if sniffed is None:
+        raise ImageRefused(
+            f"image bytes are not a JPEG, PNG or WebP file (they start with {data[:8]!r}). "
+            f"{_SUPPORTED_HINT}",
+            kind="unsupported_format",
+        )
+    problem = _truncation_problem(data, sniffed)
+    if problem is not None:
+        raise _truncated(problem)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        image = _open_and_load(data, sniffed, max_pixels=max_pixels, caught=caught)
+
+    fmt = sniffed
+    quality = _estimate_jpeg_quality(image) if fmt == "JPEG" else None
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        rgb = _to_rgb(_upright(image, fmt))
+    image.close()
+    return DecodedImage(
+        image=rgb,
+        sha256=hashlib.sha256(data).hexdigest(),
+        width=rgb.width,
+        height=rgb.height,
+        n_bytes=len(data),
+        format=fmt,
+        jpeg_quality=quality,
+    )
+
+
+def _check_bomb_warnings(caught: list[warnings.WarningMessage], max_pixels: int) -> None:
+    for message in caught:
+        if issubclass(message.category, Image.DecompressionBombWarning):
+            raise _bomb(f"Pillow flagged the image: {message.message}", max_pixels)
+
+
+def _open_and_load(
+    data: bytes, fmt: str, *, max_pixels: int, caught: list[warnings.WarningMessage]
+) -> Image.Image:
+    try:
+        image = Image.open(io.BytesIO(data), formats=[fmt])
+    except Image.DecompressionBombError as exc:
+        raise _bomb(f"Pillow flagged the image: {exc}", max_pixels) from exc
+    except UnidentifiedImageError as exc:
+        header = _png_header_size(data) if fmt == "PNG" else None
+        if header is not None and 0 in header:
+            raise _zero_size(*header) from exc
+        raise _corrupt(fmt, "Pillow could not read its header") from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # any parser error on untrusted bytes means a corrupt file
+        raise _corrupt(fmt, f"{type(exc).__name__}: {exc}") from exc
+    _check_bomb_warnings(caught, max_pixels)
+
+    width, height = image.size
+    if width <= 0 or height <= 0:
+        image.close()
+        raise _zero_size(width, height)
+    if width * height > max_pixels:
+        image.close()
+        raise _bomb(f"image has {width}x{height} = {width * height:.3g} pixels", max_pixels)
+
+    try:
+        image.load()
+    except MemoryError:
+        image.close()
+        raise
+    except Exception as exc:  # decoder errors on untrusted bytes: truncated or corrupt
+        image.close()
+        text = str(exc)
+        if isinstance(exc, EOFError) or "truncated" in text.lower():
+            raise _truncated(f"Pillow stopped decoding ({text or type(exc).__name__})") from exc
+        raise _corrupt(fmt, f"{type(exc).__name__}: {text}") from exc
+    _check_bomb_warnings(caught, max_pixels)
+    return image
+
+
+def _zero_size(width: int, height: int) -> ImageRefused:
+    return ImageRefused(
+        f"image has zero size ({width}x{height}); width and height must both be at least 1. "
+        "Check the camera capture.",
+        kind="zero_size",
+    )
+
+
+def _upright(image: Image.Image, fmt: str) -> Image.Image:
+    try:
+        upright = ImageOps.exif_transpose(image)
+    except MemoryError:
+        raise
+    except Exception as exc:  # a broken EXIF block on untrusted bytes
+        raise _corrupt(fmt, f"its EXIF orientation could not be applied: {exc}") from exc
+    if upright is None:  # only with in_place=True; kept for the type checker
+        return image
+    return upright
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    mode = image.mode
+    if mode == "RGB" and "transparency" not in image.info:
+        return image
+    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+        values = np.asarray(image).astype(np.float64)
+        gray = np.clip(np.rint(np.clip(values, 0, 65535) / 257.0), 0, 255).astype(np.uint8)
+        return Image.fromarray(gray, mode="L").convert("RGB")
+    has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def _estimate_jpeg_quality(image: Image.Image) -> int | None:
+    """IJG quality whose scaled standard luminance table is nearest to table 0.
+
+    libjpeg scales the Annex K table by ``s = 5000 / q`` for ``q < 50`` and
+    ``s = 200 - 2 q`` otherwise, entry ``max(1, min(255, (base * s + 50) // 100))``. We
+    invert it by trying every ``q`` in 1..100 and keeping the one with the smallest summed
+    absolute difference (ties go to the higher quality). It is an estimate: encoders with
+    their own tables get the nearest IJG quality.
+    """
+    tables = getattr(image, "quantization", None)
+    if not tables or 0 not in tables:
+        return None
+    table = np.asarray(list(tables[0]), dtype=np.int64)
+    if table.size != 64:
+        return None
+    base = np.asarray(_IJG_LUMA, dtype=np.int64)
+    best_q, best_err = 1, None
+    for q in range(1, 101):
+        scale = 5000 // q if q < 50 else 200 - 2 * q
+        candidate = np.clip((base * scale + 50) // 100, 1, 255)
+        err = int(np.abs(candidate - table).sum())
+        if best_err is None or err <= best_err:
+            best_q, best_err = q, err
+    return best_q

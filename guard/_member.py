@@ -1,0 +1,190 @@
+"""A loaded member: prompt encoder + preprocessing + a backend, scoring batches of scenes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from guard._arch import ImageGeometry
+from guard._config import ScoringConfig, parse_image_size
+from guard._errors import ConfigError, ScoringError
+from guard._hf import MemberFolder, render_template, resolve_member
+from guard._image import DecodedImage, decode_image, gray_image
+from guard._prompt import PromptEncoder, prompt_hash
+from guard._types import VARIANTS, MemberScore, Scene, Variant
+from guard.backends import get_backend_class
+
+__all__ = ["Member", "MemberInfo", "load_member"]
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """What a member is: its name, source, architecture, image grid and prompt hash."""
+
+    name: str
+    source: str
+    model_type: str
+    revision: str | None
+    image_size: tuple[int, int]
+    n_image_tokens: int
+    prompt_hash: str
+    backend: str
+    test_pair: bool
+
+
+class Member:
+    """One member model, ready to score scenes. Build it with :func:`load_member`."""
+
+    def __init__(
+        self,
+        folder: MemberFolder,
+        encoder: PromptEncoder,
+        geometry: ImageGeometry,
+        backend: Any,
+        *,
+        name: str,
+        batch_size: int,
+    ) -> None:
+        self.folder = folder
+        self.encoder = encoder
+        self.geometry = geometry
+        self.backend = backend
+        self.batch_size = batch_size
+        self.prompt_hash = prompt_hash(encoder.spec, encoder.template, folder.model_type)
+        self.info = MemberInfo(
+            name=name,
+            source=folder.source,
+            model_type=folder.model_type,
+            revision=folder.revision,
+            image_size=(geometry.height, geometry.width),
+            n_image_tokens=geometry.n_image_tokens,
+            prompt_hash=self.prompt_hash,
+            backend=backend.name,
+            test_pair=folder.test_pair,
+        )
+        self._image_text = folder.arch.image_text(geometry)
+        self._gray_pixels: dict[str, np.ndarray] | None = None
+
+    def __repr__(self) -> str:
+        i = self.info
+        tp = " TEST PAIR" if i.test_pair else ""
+        return (
+            f"<Member {i.name} ({i.model_type}, {i.image_size[0]}x{i.image_size[1]} → "
+            f"{i.n_image_tokens} visual tokens, backend={i.backend}, prompt {i.prompt_hash}){tp}>"
+        )
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    # -- inputs ----------------------------------------------------------------------------
+    def pixels(self, image: DecodedImage) -> dict[str, np.ndarray]:
+        return self.folder.arch.preprocess(image.image, self.geometry)
+
+    def _gray(self) -> dict[str, np.ndarray]:
+        if self._gray_pixels is None:
+            img = gray_image(self.geometry.width, self.geometry.height)
+            self._gray_pixels = self.folder.arch.preprocess(img, self.geometry)
+        return self._gray_pixels
+
+    def prompt_ids(self, request: str, variant: Variant = "scene") -> list[int]:
+        return self.encoder.prompt_ids(request, None if variant == "text" else self._image_text)
+
+    # -- scoring ---------------------------------------------------------------------------
+    def score(self, scenes: Sequence[Scene], variant: Variant = "scene") -> list[MemberScore]:
+        """Teacher-forced scores of ``scenes`` (in order) for one input ``variant``.
+
+        ``scene`` uses the camera image, ``gray`` a content-free gray image of the same grid,
+        ``text`` no image (request only). Raises on bad input before any model work; a
+        non-finite score raises :class:`ScoringError` (the guard turns it into UNSAFE).
+        """
+        if variant not in VARIANTS:
+            raise ConfigError(f"variant must be one of {list(VARIANTS)}; got {variant!r}.")
+        prompts = [self.prompt_ids(s.request, variant) for s in scenes]
+        pixels: list[dict[str, np.ndarray]] | None = None
+        if variant == "scene":
+            pixels = []
+            for s in scenes:
+                if s.image is None:
+                    raise ConfigError(
+                        "a scene without an image cannot be scored with variant 'scene'; "
+                        "use variant 'text' for the request-only score."
+                    )
+                img = s.image if isinstance(s.image, DecodedImage) else decode_image(s.image)
+                pixels.append(self.pixels(img))
+        elif variant == "gray":
+            pixels = [self._gray()] * len(scenes)
+        scores = np.empty(len(scenes), dtype=np.float64)
+        for start in range(0, len(scenes), self.batch_size):
+            stop = start + self.batch_size
+            chunk = self.backend.score(
+                prompts[start:stop],
+                None if pixels is None else pixels[start:stop],
+                self.encoder.plan,
+            )
+            scores[start:stop] = chunk
+        bad = ~np.isfinite(scores)
+        if bad.any():
+            raise ScoringError(
+                f"member {self.name} produced a non-finite score for scene(s) "
+                f"{np.flatnonzero(bad).tolist()}; the guard must treat them as UNSAFE."
+            )
+        return [
+            MemberScore(
+                member=self.name,
+                variant=variant,
+                score=float(s),
+                prompt_hash=self.prompt_hash,
+                n_prompt_tokens=len(p),
+                test_pair=self.info.test_pair,
+            )
+            for s, p in zip(scores, prompts, strict=True)
+        ]
+
+
+def load_member(
+    source: str | os.PathLike[str],
+    *,
+    name: str | None = None,
+    config: ScoringConfig | None = None,
+    image_size: tuple[int, int] | None = None,
+    backend: str = "torch",
+    revision: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> Member:
+    """Load a member from a Hugging Face folder or hub id, ready to score.
+
+    Image size precedence: ``image_size`` argument, then the config's per-member and global
+    sizes, then the folder's ``spotstop_member.yaml`` hint, then the architecture's default
+    (512x512 = 256 visual tokens, the paper's low-resolution setting).
+    """
+    cfg = config or ScoringConfig()
+    folder = resolve_member(source, revision=revision)
+    member_name = name or Path(folder.path).name
+    size = (
+        image_size
+        or cfg.member_image_size.get(member_name)
+        or cfg.image_size
+        or (
+            parse_image_size(
+                folder.hints["image_size"], f"{folder.path}/spotstop_member.yaml:image_size"
+            )
+            if "image_size" in folder.hints
+            else None
+        )
+    )
+    geometry = folder.arch.geometry(folder.config, folder.preprocessor, size)
+    template = render_template(folder, cfg.prompt)
+    encoder = PromptEncoder(
+        folder.tokenizer(), template, cfg.prompt, max_request_chars=cfg.max_request_chars
+    )
+    backend_obj = get_backend_class(backend)(folder, device=device, dtype=dtype)
+    return Member(
+        folder, encoder, geometry, backend_obj, name=member_name, batch_size=cfg.batch_size
+    )

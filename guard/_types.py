@@ -1,0 +1,65 @@
+"""Public value types: a scene to judge and a member's score of it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from guard._image import DecodedImage
+
+__all__ = ["ImageSource", "MemberScore", "Scene", "Variant"]
+
+#: Where a scene's image comes from: encoded bytes, a file path, or an already decoded image.
+ImageSource = bytes | bytearray | memoryview | str | os.PathLike[str] | DecodedImage
+
+#: Which input a member scored: the camera image, a content-free gray image, or no image.
+Variant = Literal["scene", "gray", "text"]
+VARIANTS: tuple[Variant, ...] = ("scene", "gray", "text")
+
+
+@dataclass(frozen=True)
+class Scene:
+    """One thing to judge: the camera image and the request the robot was given.
+
+    ``situation_id`` groups scenes of the same place/task for situation recentering.
+    """
+
+    image: ImageSource | None
+    request: str
+    situation_id: str | None = None
+
+    def __repr__(self) -> str:
+        img = self.image
+        if isinstance(img, bytes | bytearray | memoryview):
+            shown = f"<{len(img)} bytes>"
+        elif isinstance(img, DecodedImage):
+            shown = f"<{img.format} {img.width}x{img.height}>"
+        else:
+            shown = repr(None if img is None else os.fspath(img))
+        req = self.request if len(self.request) <= 60 else self.request[:57] + "..."
+        sit = f", situation_id={self.situation_id!r}" if self.situation_id is not None else ""
+        return f"Scene(image={shown}, request={req!r}{sit})"
+
+
+@dataclass(frozen=True)
+class MemberScore:
+    """One member's teacher-forced score of one scene.
+
+    ``score = log p(UNSAFE | x, q) − log p(SAFE | x, q)``; ``score > 0`` is the member's direct
+    answer UNSAFE. ``prompt_hash`` identifies the prompt, answers and chat template that made it.
+    """
+
+    member: str
+    variant: Variant
+    score: float
+    prompt_hash: str
+    n_prompt_tokens: int
+    test_pair: bool = False
+
+    def __repr__(self) -> str:
+        tp = ", TEST PAIR" if self.test_pair else ""
+        return (
+            f"MemberScore({self.member}, {self.variant}, score={self.score:+.4f}, "
+            f"prompt_hash={self.prompt_hash}, tokens={self.n_prompt_tokens}{tp})"
+        )

@@ -1,0 +1,150 @@
+"""The torch reference backend: the member's own transformers model, teacher-forced.
+
+The reference against which every exported graph is checked. It runs one forward pass per
+continuation row of the :class:`~guard._prompt.ScorePlan` (usually one) over
+``prompt + answer context``, right-padded: every layer type of both architectures is causal,
+so padding after a sequence cannot change its scores, and a scene's score does not depend
+on its batch-mates. Only the needed positions of the last hidden state go through the
+output layer, and at the shared first position only the answers' rows of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from guard._errors import MemberLoadError, ScoringError
+from guard._hf import MemberFolder
+from guard._prompt import ScorePlan
+
+__all__ = ["TorchBackend"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TorchBackend:
+    """Scores with ``AutoModelForImageTextToText`` on ``device`` in ``dtype``."""
+
+    name = "torch"
+
+    def __init__(
+        self, folder: MemberFolder, *, device: str = "cpu", dtype: str = "float32"
+    ) -> None:
+        from transformers import AutoModelForImageTextToText
+
+        if dtype not in _DTYPES:
+            raise MemberLoadError(f"dtype must be one of {sorted(_DTYPES)}; got {dtype!r}.")
+        self.folder = folder
+        self.device = torch.device(device)
+        try:
+            model: Any = AutoModelForImageTextToText.from_pretrained(
+                str(folder.path), dtype=_DTYPES[dtype], revision=folder.revision
+            )
+        except Exception as e:  # surface any loading failure with the folder named
+            raise MemberLoadError(
+                f"transformers could not load the member at {folder.path}: {type(e).__name__}: {e}"
+            ) from e
+        self.model: Any = model.to(self.device).eval()
+        head = self.model.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise MemberLoadError("members with an output-layer bias are not supported.")
+        self._head_weight = head.weight
+        self.model_type = folder.model_type
+
+    # -- inputs ----------------------------------------------------------------------------
+    def _vision_inputs(self, pixels: Sequence[Mapping[str, np.ndarray]]) -> dict[str, Any]:
+        dev = self.device
+        dtype = self._head_weight.dtype
+        if self.model_type == "qwen3_5":
+            return {
+                "pixel_values": torch.from_numpy(
+                    np.concatenate([p["pixel_values"] for p in pixels])
+                ).to(dev, dtype),
+                "image_grid_thw": torch.from_numpy(
+                    np.concatenate([p["image_grid_thw"] for p in pixels])
+                ).to(dev),
+            }
+        return {
+            "pixel_values": torch.from_numpy(
+                np.concatenate([p["pixel_values"] for p in pixels])
+            ).to(dev, dtype),
+            "pixel_attention_mask": torch.from_numpy(
+                np.concatenate([p["pixel_attention_mask"] for p in pixels])
+            ).to(dev),
+            "spatial_shapes": torch.from_numpy(
+                np.concatenate([p["spatial_shapes"] for p in pixels])
+            ).to(dev),
+        }
+
+    def hidden_states(
+        self,
+        sequences: Sequence[Sequence[int]],
+        pixels: Sequence[Mapping[str, np.ndarray]] | None,
+    ) -> torch.Tensor:
+        """Last hidden states (float32, right-padded) of a batch of token sequences."""
+        n = len(sequences)
+        length = max(len(s) for s in sequences)
+        ids = torch.zeros((n, length), dtype=torch.long)
+        mask = torch.zeros((n, length), dtype=torch.long)
+        for i, s in enumerate(sequences):
+            ids[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
+            mask[i, : len(s)] = 1
+        kwargs: dict[str, Any] = {
+            "input_ids": ids.to(self.device),
+            "attention_mask": mask.to(self.device),
+        }
+        if pixels is not None:
+            kwargs.update(self._vision_inputs(pixels))
+            if self.model_type == "qwen3_5":
+                kwargs["mm_token_type_ids"] = (
+                    (ids == self.folder.image_token_id).to(torch.int32).to(self.device)
+                )
+        elif self.model_type == "qwen3_5":
+            kwargs["mm_token_type_ids"] = torch.zeros_like(ids, dtype=torch.int32).to(self.device)
+        out = self.model.model(**kwargs, use_cache=False)
+        return out.last_hidden_state.float()
+
+    # -- the score -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def score(
+        self,
+        prompts: Sequence[Sequence[int]],
+        pixels: Sequence[Mapping[str, np.ndarray]] | None,
+        plan: ScorePlan,
+    ) -> np.ndarray:
+        n_rows = len(plan.rows)
+        sequences = [list(p) + list(row) for p in prompts for row in plan.rows]
+        seq_pixels = None if pixels is None else [px for px in pixels for _ in plan.rows]
+        try:
+            hidden = self.hidden_states(sequences, seq_pixels)
+        except Exception as e:  # a forward-pass failure is a scoring failure, with its cause
+            raise ScoringError(
+                f"{self.model_type} forward pass failed: {type(e).__name__}: {e}"
+            ) from e
+        w = self._head_weight.float()
+        first_idx = {t: k for k, t in enumerate(plan.first_ids)}
+        w_first = w[list(plan.first_ids)]  # only the answers' rows at the shared position
+        u_reads = plan.continuation_reads(plan.unsafe_ids)
+        s_reads = plan.continuation_reads(plan.safe_ids)
+        scores = np.empty(len(prompts), dtype=np.float64)
+        for i, p in enumerate(prompts):
+            pos0 = len(p) - 1
+            first = hidden[i * n_rows, pos0] @ w_first.T
+
+            def cont(
+                reads: list[tuple[int, int, int]], i: int = i, pos0: int = pos0
+            ) -> torch.Tensor:
+                total = torch.zeros((), dtype=torch.float32)
+                for r, j, tok in reads:
+                    h = hidden[i * n_rows + r, pos0 + j]
+                    total = total + torch.log_softmax(h @ w.T, dim=-1)[tok]
+                return total
+
+            s = (first[first_idx[plan.unsafe_ids[0]]] + cont(u_reads)) - (
+                first[first_idx[plan.safe_ids[0]]] + cont(s_reads)
+            )
+            scores[i] = float(s)
+        return scores

@@ -1,0 +1,194 @@
+"""The ``spotstop`` command line.
+
+Each subcommand imports what it needs when it runs, so ``spotstop --help`` is instant and
+the robot's runtime commands never import torch.
+
+Exit status: 0 success (for ``check``: SAFE), 1 UNSAFE or a failure of the work itself,
+2 usage or input errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+_DESCRIPTION = """\
+spotstop — a pre-action safety guard for robots.
+
+Before the robot acts, spotstop scores the camera scene and the request with two small
+vision-language models (teacher-forced score s = log p(UNSAFE) − log p(SAFE)), fuses the two
+scores, applies a threshold policy, answers SAFE or UNSAFE and logs the decision.
+"""
+
+_EPILOG = """\
+examples:
+  spotstop tiny --out ./tiny                      build the tiny TEST pair (decisions mean nothing)
+  spotstop score --member ./tiny/tiny-qwen3_5 scene.jpg --request "pick up the knife"
+
+Run `spotstop COMMAND --help` for each command's options.
+"""
+
+
+def _add_tiny(sub: Any) -> None:
+    p = sub.add_parser(
+        "tiny",
+        help="build the tiny test pair (seeded random weights; its decisions mean nothing)",
+        description=(
+            "Build two tiny Hugging Face model folders from the real architectures' config "
+            "classes (qwen3_5: Gated-DeltaNet + full attention with the Qwen3.5 vision tower; "
+            "lfm2_vl: LFM2 short-conv + attention with a SigLIP2 vision tower), with seeded "
+            "random weights and a locally trained byte-level BPE tokenizer whose chat template "
+            "is shaped like each real model's. THIS IS A TEST PAIR: its scores and decisions "
+            "mean nothing. Same seed → byte-identical files."
+        ),
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder to write (default: $SPOTSTOP_HOME/tiny, ~/.cache/spotstop/tiny)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed (default 0)")
+    p.set_defaults(func=_cmd_tiny)
+
+
+def _cmd_tiny(args: argparse.Namespace) -> int:
+    from export.tiny import build_tiny_pair, tree_digest
+
+    pair = build_tiny_pair(args.out, seed=args.seed, progress=True)
+    for m in pair.members:
+        weights = tree_digest(m).get("model.safetensors", "?")
+        print(f"{m}  (model.safetensors sha256 {weights[:16]}…)")
+    print("TEST PAIR: seeded random weights — its scores and decisions mean nothing.")
+    return 0
+
+
+def _add_score(sub: Any) -> None:
+    p = sub.add_parser(
+        "score",
+        help="print one member's teacher-forced score of a scene",
+        description=(
+            "Score IMAGE and --request with one member: s = log p(UNSAFE | x, q) − log p(SAFE | x, q), "
+            "the answers appended right after the member's own generation prompt (reasoning "
+            "off) and summed over their tokens. s > 0 is the member's direct answer UNSAFE. "
+            "Prints the score and the prompt hash (which identifies prompt, answers and chat "
+            "template). Uses the torch reference backend."
+        ),
+    )
+    p.add_argument("image", type=Path, help="the camera image (JPEG, PNG or WebP)")
+    p.add_argument(
+        "--member", required=True, help="member folder (Hugging Face snapshot) or hub id"
+    )
+    p.add_argument("--request", required=True, help="what the robot was asked to do")
+    p.add_argument(
+        "--config", type=Path, default=None, help="scoring YAML (prompt, answers, image size)"
+    )
+    p.add_argument(
+        "--image-size",
+        default=None,
+        help="HxW grid for the image, e.g. 512x512 (overrides the config)",
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        choices=["scene", "gray", "text"],
+        help="inputs to score: scene (default), gray (content-free image), text (no image); repeatable",
+    )
+    p.add_argument("--revision", default=None, help="hub revision when --member is a hub id")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=_cmd_score)
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from guard._config import ScoringConfig, load_scoring_config, parse_image_size
+    from guard._image import decode_image
+    from guard._member import load_member
+    from guard._types import Scene
+
+    cfg = load_scoring_config(args.config) if args.config else ScoringConfig()
+    size = parse_image_size(args.image_size, "--image-size") if args.image_size else None
+    image = decode_image(args.image)  # bad images fail before any model is loaded
+    member = load_member(
+        args.member,
+        config=cfg,
+        image_size=size,
+        revision=args.revision,
+        device=args.device,
+        dtype=args.dtype,
+    )
+    scene = Scene(image=image, request=args.request)
+    variants = args.variant or ["scene"]
+    results = [member.score([scene], v)[0] for v in variants]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "member": member.name,
+                    "model_type": member.info.model_type,
+                    "test_pair": member.info.test_pair,
+                    "prompt_hash": member.prompt_hash,
+                    "image_sha256": image.sha256,
+                    "scores": {r.variant: r.score for r in results},
+                },
+                indent=2,
+            )
+        )
+    else:
+        if member.info.test_pair:
+            print("TEST PAIR member: its scores mean nothing.", file=sys.stderr)
+        for r in results:
+            verdict = "UNSAFE" if r.score > 0 else "SAFE"
+            print(f"{member.name}  {r.variant:5s}  score {r.score:+.6f}  (direct answer {verdict})")
+        print(f"prompt_hash {member.prompt_hash}")
+    return 0
+
+
+_COMMANDS: list[Callable[[Any], None]] = [_add_tiny, _add_score]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spotstop",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in _COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from guard._errors import GuardError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from importlib.metadata import version
+
+        print(f"spotstop {version('spotstop')}")
+        return 0
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except GuardError as e:
+        kind = type(e).__name__
+        print(f"spotstop {args.command}: {kind}: {e}", file=sys.stderr)
+        # Bad input / configuration is a usage error (2); anything else is a failure (1).
+        return 2 if isinstance(e, ValueError | FileNotFoundError) else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Avg-2 fusion: formula, fitting, invariance of the batch cut, errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from guard._errors import ConfigError, GuardError
+from guard._fusion import Avg2Fusion, FusionError, MemberStats
+from guard._policy import BatchPolicy, FrozenPolicy, decide_batch
+
+A = MemberStats(median=-1.0, iqr=2.0)
+B = MemberStats(median=0.5, iqr=0.25)
+
+
+def _pair(weights: dict[str, float] | None = None) -> Avg2Fusion:
+    return Avg2Fusion(members=("a", "b"), stats={"a": A, "b": B}, weights=weights or {})
+
+
+def test_fuse_equals_hand_computation() -> None:
+    # ((3 - (-1)) / 2 + (1 - 0.5) / 0.25) / 2 = (2 + 2) / 2 = 2
+    assert _pair().fuse({"a": 3.0, "b": 1.0}) == pytest.approx(2.0)
+    # ((-2 - (-1)) / 2 + (0.25 - 0.5) / 0.25) / 2 = (-0.5 - 1) / 2 = -0.75
+    assert _pair().fuse({"a": -2.0, "b": 0.25}) == pytest.approx(-0.75)
+
+
+def test_equal_weights_are_the_default() -> None:
+    f = _pair()
+    assert dict(f.weights) == {"a": 1.0, "b": 1.0}
+    s = {"a": 1.0, "b": 2.0}
+    z = [(1.0 - A.median) / A.iqr, (2.0 - B.median) / B.iqr]
+    assert f.fuse(s) == pytest.approx(sum(z) / 2)
+    assert f.fuse(s) == pytest.approx(_pair({"a": 3.0, "b": 3.0}).fuse(s))
+
+
+def test_weights_follow_the_formula() -> None:
+    s = {"a": 3.0, "b": 0.0}  # z_a = 2, z_b = -2
+    za, zb = 2.0, -2.0
+    for wa, wb in [(1.0, 1.0), (3.0, 1.0), (1.0, 4.0), (0.2, 0.7)]:
+        got = _pair({"a": wa, "b": wb}).fuse(s)
+        assert got == pytest.approx((wa * za + wb * zb) / (wa + wb))
+    assert _pair({"a": 3.0, "b": 1.0}).fuse(s) > _pair().fuse(s)
+
+
+def test_single_member_is_a_robust_z_score() -> None:
+    f = Avg2Fusion(members=("a",), stats={"a": A})
+    assert f.fuse({"a": 5.0}) == pytest.approx((5.0 - A.median) / A.iqr)
+
+
+def test_fuse_many_matches_fuse() -> None:
+    rng = np.random.default_rng(0)
+    xa, xb = rng.normal(size=20), rng.normal(size=20)
+    f = _pair({"a": 2.0, "b": 1.0})
+    many = f.fuse_many({"a": xa, "b": xb})
+    one = [f.fuse({"a": a, "b": b}) for a, b in zip(xa, xb, strict=True)]
+    np.testing.assert_allclose(many, one)
+
+
+def test_fit_matches_numpy_and_scipy() -> None:
+    rng = np.random.default_rng(1)
+    pool = {"a": rng.normal(2.0, 3.0, size=101), "b": rng.gamma(2.0, size=57)}
+    f = Avg2Fusion.fit(pool)
+    assert f.members == ("a", "b")
+    for m, x in pool.items():
+        assert f.stats[m].median == pytest.approx(np.median(x))
+        assert f.stats[m].iqr == pytest.approx(scipy.stats.iqr(x))
+        q75, q25 = np.percentile(x, [75, 25])
+        assert f.stats[m].iqr == pytest.approx(q75 - q25)
+
+
+def test_fit_refuses_zero_iqr_naming_the_member() -> None:
+    with pytest.raises(FusionError, match="'flat'"):
+        Avg2Fusion.fit({"ok": [0.0, 1.0, 2.0, 3.0], "flat": [1.0, 1.0, 1.0, 1.0]})
+    with pytest.raises(FusionError, match=r"'b'.*not finite"):
+        Avg2Fusion.fit({"a": [0.0, 1.0, 2.0], "b": [0.0, np.nan, 2.0]})
+
+
+@pytest.mark.parametrize(
+    "scores, match",
+    [
+        ({"a": 1.0}, "'b' has no score"),
+        ({"a": 1.0, "b": math.nan}, "'b' has a non-finite"),
+        ({"a": math.inf, "b": 0.0}, "'a' has a non-finite"),
+        ({"a": None, "b": 0.0}, "'a' has a non-finite"),
+    ],
+)
+def test_fuse_missing_or_nonfinite_raises(scores: dict[str, float], match: str) -> None:
+    with pytest.raises(FusionError, match=match) as info:
+        _pair().fuse(scores)
+    assert isinstance(info.value, GuardError | ValueError)
+
+
+def test_fuse_many_missing_nan_and_propagate() -> None:
+    f = _pair()
+    with pytest.raises(FusionError, match="'b' has no scores"):
+        f.fuse_many({"a": np.zeros(3)})
+    with pytest.raises(FusionError, match=r"'a' has non-finite scores at positions \[1\]"):
+        f.fuse_many({"a": [0.0, np.nan, 1.0], "b": np.zeros(3)})
+    with pytest.raises(FusionError, match="same length"):
+        f.fuse_many({"a": np.zeros(3), "b": np.zeros(2)})
+    out = f.fuse_many({"a": [0.0, np.nan, 1.0], "b": np.ones(3)}, nan_policy="propagate")
+    assert np.isnan(out[1]) and np.isfinite(out[[0, 2]]).all()
+
+
+def test_round_trip_and_from_dict_errors() -> None:
+    f = _pair({"a": 2.0, "b": 1.0})
+    assert Avg2Fusion.from_dict(f.to_dict()) == f
+    bad = f.to_dict()
+    bad["stats"]["b"]["iqr"] = 0.0
+    with pytest.raises(ConfigError, match=r"fusion\.stats\.b\.iqr must be a finite number > 0"):
+        Avg2Fusion.from_dict(bad)
+    bad = f.to_dict()
+    bad["wieghts"] = bad.pop("weights")
+    with pytest.raises(
+        ConfigError, match=r"fusion\.wieghts is not a known key\. Did you mean 'weights'"
+    ):
+        Avg2Fusion.from_dict(bad)
+
+
+def test_constructor_validation() -> None:
+    with pytest.raises(FusionError, match="iqr"):
+        MemberStats(median=0.0, iqr=-1.0)
+    with pytest.raises(FusionError, match="one entry per member"):
+        Avg2Fusion(members=("a", "b"), stats={"a": A})
+    with pytest.raises(FusionError, match=r"weights\['a'\]"):
+        _pair({"a": 0.0, "b": 1.0})
+
+
+_score = st.floats(-50, 50, allow_nan=False)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    xa=st.lists(_score, min_size=2, max_size=20),
+    seed=st.integers(0, 2**16),
+    shift_a=_score,
+    shift_b=_score,
+    iqr_a=st.floats(0.1, 10),
+    iqr_b=st.floats(0.1, 10),
+)
+def test_batch_cut_labels_do_not_depend_on_medians(
+    xa: list[float],
+    seed: int,
+    shift_a: float,
+    shift_b: float,
+    iqr_a: float,
+    iqr_b: float,
+) -> None:
+    """With the batch-mean cut the medians cancel: S − mean(S) does not depend on them."""
+    rng = np.random.default_rng(seed)
+    a = np.asarray(xa)
+    b = rng.normal(size=a.size) * 5
+    weights = {"a": 1.0, "b": float(rng.uniform(0.2, 3.0))}
+    f1 = Avg2Fusion(
+        ("a", "b"), {"a": MemberStats(0.0, iqr_a), "b": MemberStats(0.0, iqr_b)}, weights
+    )
+    f2 = Avg2Fusion(
+        ("a", "b"), {"a": MemberStats(shift_a, iqr_a), "b": MemberStats(shift_b, iqr_b)}, weights
+    )
+    policy = BatchPolicy(fallback=FrozenPolicy(0.0))
+    s1 = f1.fuse_many({"a": a, "b": b})
+    s2 = f2.fuse_many({"a": a, "b": b})
+    v1 = decide_batch(policy, s1)
+    v2 = decide_batch(policy, s2)
+    # compare labels away from float ties (margin far above rounding of the shift)
+    clear = np.abs(s1 - s1.mean()) > 1e-9 * (1 + np.abs(s1).max() + 100)
+    for i in np.flatnonzero(clear):
+        assert v1[i].label == v2[i].label

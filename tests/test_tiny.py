@@ -1,0 +1,70 @@
+"""The tiny test pair: real config classes, seeded weights, deterministic files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from export.tiny import build_tiny_member, tree_digest
+
+
+def test_same_seed_gives_byte_identical_files(tiny_pair: Path, tmp_path: Path):
+    again = build_tiny_member("tiny-qwen3_5", tmp_path / "q", seed=0)
+    assert tree_digest(again) == tree_digest(tiny_pair / "tiny-qwen3_5")
+    lfm = build_tiny_member("tiny-lfm2_vl", tmp_path / "l", seed=0)
+    assert tree_digest(lfm) == tree_digest(tiny_pair / "tiny-lfm2_vl")
+    other = build_tiny_member("tiny-lfm2_vl", tmp_path / "l1", seed=1)
+    assert tree_digest(other)["model.safetensors"] != tree_digest(lfm)["model.safetensors"]
+
+
+def test_members_are_the_real_architectures(tiny_pair: Path):
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
+
+    q = AutoConfig.from_pretrained(tiny_pair / "tiny-qwen3_5")
+    assert type(q).__name__ == "Qwen3_5Config"
+    assert set(q.text_config.layer_types) == {"linear_attention", "full_attention"}
+    lf = AutoConfig.from_pretrained(tiny_pair / "tiny-lfm2_vl")
+    assert type(lf).__name__ == "Lfm2VlConfig"
+    assert set(lf.text_config.layer_types) == {"conv", "full_attention"}
+    assert lf.vision_config.model_type == "siglip2_vision_model"
+    for name, cls in (
+        ("tiny-qwen3_5", "Qwen3_5ForConditionalGeneration"),
+        ("tiny-lfm2_vl", "Lfm2VlForConditionalGeneration"),
+    ):
+        model = AutoModelForImageTextToText.from_pretrained(tiny_pair / name)
+        assert type(model).__name__ == cls
+        tok = AutoTokenizer.from_pretrained(tiny_pair / name)
+        assert tok.chat_template
+
+
+def test_chat_templates_are_shaped_like_the_real_ones(tiny_pair: Path):
+    from transformers import AutoTokenizer
+
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}]
+    q = AutoTokenizer.from_pretrained(tiny_pair / "tiny-qwen3_5")
+    text = q.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    assert text == (
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>hi<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    lf = AutoTokenizer.from_pretrained(tiny_pair / "tiny-lfm2_vl")
+    text = lf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == "<|startoftext|><|im_start|>user\n<image>hi<|im_end|>\n<|im_start|>assistant\n"
+    # special tokens are single ids
+    assert len(q("<|image_pad|>", add_special_tokens=False)["input_ids"]) == 1
+    assert (
+        len(lf("<|image_start|><image><|image_end|>", add_special_tokens=False)["input_ids"]) == 3
+    )
+
+
+def test_labelled_as_a_test_pair(tiny_pair: Path, tiny_member_dir: Path):
+    marker = (tiny_member_dir / "SPOTSTOP_TEST_PAIR.txt").read_text()
+    assert "mean nothing" in marker
+    cfg = json.loads((tiny_member_dir / "config.json").read_text())
+    assert cfg["model_type"] in {"qwen3_5", "lfm2_vl"}
