@@ -15,7 +15,7 @@ from guard._config import ScoringConfig, parse_image_size
 from guard._errors import ConfigError, ScoringError
 from guard._hf import MemberFolder, render_template, resolve_member
 from guard._image import DecodedImage, decode_image, gray_image
-from guard._prompt import PromptEncoder, prompt_hash
+from guard._prompt import PromptEncoder, RenderedTemplate, prompt_hash
 from guard._types import VARIANTS, MemberScore, Scene, Variant
 from guard.backends import get_backend_class
 
@@ -96,12 +96,15 @@ class Member:
         return self.encoder.prompt_ids(request, None if variant == "text" else self._image_text)
 
     # -- scoring ---------------------------------------------------------------------------
-    def score(self, scenes: Sequence[Scene], variant: Variant = "scene") -> list[MemberScore]:
+    def score(
+        self, scenes: Sequence[Scene], variant: Variant = "scene", *, strict: bool = True
+    ) -> list[MemberScore]:
         """Teacher-forced scores of ``scenes`` (in order) for one input ``variant``.
 
         ``scene`` uses the camera image, ``gray`` a content-free gray image of the same grid,
         ``text`` no image (request only). Raises on bad input before any model work; a
-        non-finite score raises :class:`ScoringError` (the guard turns it into UNSAFE).
+        non-finite score raises :class:`ScoringError` (the guard turns it into UNSAFE); with
+        ``strict=False`` it is returned as is, for the caller to fail that scene closed.
         """
         if variant not in VARIANTS:
             raise ConfigError(f"variant must be one of {list(VARIANTS)}; got {variant!r}.")
@@ -129,7 +132,7 @@ class Member:
             )
             scores[start:stop] = chunk
         bad = ~np.isfinite(scores)
-        if bad.any():
+        if strict and bad.any():
             raise ScoringError(
                 f"member {self.name} produced a non-finite score for scene(s) "
                 f"{np.flatnonzero(bad).tolist()}; the guard must treat them as UNSAFE."
@@ -157,12 +160,15 @@ def load_member(
     revision: str | None = None,
     device: str = "cpu",
     dtype: str = "float32",
+    template: RenderedTemplate | None = None,
 ) -> Member:
     """Load a member from a Hugging Face folder or hub id, ready to score.
 
     Image size precedence: ``image_size`` argument, then the config's per-member and global
     sizes, then the folder's ``spotstop_member.yaml`` hint, then the architecture's default
-    (512x512 = 256 visual tokens, the paper's low-resolution setting).
+    (512x512 = 256 visual tokens, the paper's low-resolution setting). ``template`` is the
+    pre-rendered chat template (from a bundle); without it the member's own template is
+    rendered with transformers.
     """
     cfg = config or ScoringConfig()
     folder = resolve_member(source, revision=revision)
@@ -180,7 +186,8 @@ def load_member(
         )
     )
     geometry = folder.arch.geometry(folder.config, folder.preprocessor, size)
-    template = render_template(folder, cfg.prompt)
+    if template is None:  # a bundle carries it pre-rendered; a bare folder needs transformers
+        template = render_template(folder, cfg.prompt)
     encoder = PromptEncoder(
         folder.tokenizer(), template, cfg.prompt, max_request_chars=cfg.max_request_chars
     )

@@ -28,6 +28,8 @@ scores, applies a threshold policy, answers SAFE or UNSAFE and logs the decision
 
 _EPILOG = """\
 examples:
+  spotstop demo                                   the guard end to end on the tiny TEST pair
+  spotstop check cam.jpg --request "open the door" --bundle BUNDLE && open_door
   spotstop tiny --out ./tiny                      build the tiny TEST pair (decisions mean nothing)
   spotstop score --member ./tiny/tiny-qwen3_5 scene.jpg --request "pick up the knife"
 
@@ -151,7 +153,112 @@ def _cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS: list[Callable[[Any], None]] = [_add_tiny, _add_score]
+def _add_demo(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="run the guard end to end on the tiny TEST pair",
+        description=(
+            "Build the tiny test pair if absent, write a bundle, fit the frozen reference "
+            "statistics and cut on an unlabelled pool of generated scenes, then check a dozen "
+            "generated scenes (several from one situation, to show situation recentering) and "
+            "print the decisions and where the log is. The pair has random weights: the "
+            "decisions show the machinery, not safety."
+        ),
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="working folder (default: $SPOTSTOP_HOME/demo, ~/.cache/spotstop/demo)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated scenes")
+    p.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import os
+
+    from guard._demo import run_demo
+
+    root = (
+        args.dir
+        or Path(os.environ.get("SPOTSTOP_HOME") or Path.home() / ".cache" / "spotstop") / "demo"
+    )
+    root.mkdir(parents=True, exist_ok=True)
+    run_demo(root, seed=args.seed)
+    return 0
+
+
+def _add_check(sub: Any) -> None:
+    p = sub.add_parser(
+        "check",
+        help="judge one scene; exit 0 SAFE, 1 UNSAFE (scored or fail-closed), 2 usage error",
+        description=(
+            "Judge IMAGE with --request using a bundle (members, policy) and log the decision. "
+            "Exit status: 0 SAFE, 1 UNSAFE (scored or fail-closed), 2 usage error — so a shell "
+            'script can gate an action: `spotstop check cam.jpg --request "..." && do_it`.'
+        ),
+    )
+    p.add_argument("image", type=Path, help="the camera image (JPEG, PNG or WebP)")
+    p.add_argument("--request", required=True, help="what the robot was asked to do")
+    p.add_argument("--situation", default=None, help="situation id (place/task) for recentering")
+    p.add_argument(
+        "--bundle",
+        type=Path,
+        default=None,
+        help="bundle folder (default: the demo bundle, $SPOTSTOP_HOME/demo/bundle)",
+    )
+    p.add_argument(
+        "--log", type=Path, default=None, help="decision log (default: <bundle>/decisions.sqlite)"
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds; past it the answer is UNSAFE (fail-closed)",
+    )
+    p.add_argument("--json", action="store_true", help="print the decision as JSON")
+    p.set_defaults(func=_cmd_check)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    import os
+
+    from guard._guard import Guard
+    from guard._types import Scene
+
+    bundle = (
+        args.bundle
+        or Path(os.environ.get("SPOTSTOP_HOME") or Path.home() / ".cache" / "spotstop")
+        / "demo"
+        / "bundle"
+    )
+    if not args.image.is_file():
+        print(
+            f"spotstop check: image {args.image} does not exist or is not a file.", file=sys.stderr
+        )
+        return 2
+    if not (bundle / "manifest.yaml").is_file():
+        print(
+            f"spotstop check: {bundle} is not a bundle (run `spotstop demo` to make the demo bundle, or pass --bundle).",
+            file=sys.stderr,
+        )
+        return 2
+    with Guard(bundle, log=args.log, deadline_s=args.deadline) as guard:
+        d = guard.check(Scene(args.image.read_bytes(), args.request, args.situation))
+    if args.json:
+        print(json.dumps(d.to_dict(), indent=2))
+    else:
+        if d.test_pair:
+            print("TEST PAIR bundle: this decision means nothing.", file=sys.stderr)
+        print(f"{d.label}  S={d.fused_score:+.4f}  threshold={d.threshold:+.4f}  policy={d.policy}")
+        if d.fail_closed:
+            print(f"fail-closed: {d.fail_reason}")
+        print(f"decision {d.decision_id}  bundle {d.bundle_id}")
+    return 0 if d.label == "SAFE" else 1
+
+
+_COMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_check, _add_tiny, _add_score]
 
 
 def build_parser() -> argparse.ArgumentParser:

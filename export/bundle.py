@@ -1,0 +1,122 @@
+"""Writing a bundle from Hugging Face member folders (torch backend for now).
+
+The bundle holds copies of the members, each member's chat template rendered once with
+its slots (so the robot needs no jinja/transformers to build prompts), the image grid, the
+answers, and the sha256 of every file. ``policy.yaml`` is written separately (it is keyed to
+the bundle id and prompt hash printed here, and replaced by recalibration).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from guard._bundle import BUNDLE_FORMAT, BUNDLE_VERSION, pair_prompt_hash, sha256_file
+from guard._config import ScoringConfig
+from guard._hf import render_template, resolve_member
+from guard._prompt import prompt_hash
+
+__all__ = ["write_bundle"]
+
+_SKIP = {".git", "__pycache__"}
+
+
+def _copy_member(src: Path, dst: Path) -> None:
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, ignore=lambda d, names: [n for n in names if n in _SKIP])
+
+
+def write_bundle(
+    members: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    config: ScoringConfig | None = None,
+    name: str = "bundle",
+    copy_members: bool = True,
+) -> Path:
+    """Write ``out/manifest.yaml`` (and member copies); returns the bundle folder."""
+    cfg = config or ScoringConfig()
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    entries: list[dict[str, Any]] = []
+    hashes: dict[str, str] = {}
+    test_pair = False
+    for src in members:
+        folder = resolve_member(src)
+        mname = folder.path.name
+        if mname in hashes:
+            raise ValueError(f"two members are named {mname!r}; member folder names must differ.")
+        size = (
+            cfg.member_image_size.get(mname)
+            or cfg.image_size
+            or (tuple(folder.hints["image_size"]) if "image_size" in folder.hints else None)
+        )
+        g = folder.arch.geometry(folder.config, folder.preprocessor, size)  # type: ignore[arg-type]
+        template = render_template(folder, cfg.prompt)
+        ph = prompt_hash(cfg.prompt, template, folder.model_type)
+        hashes[mname] = ph
+        test_pair = test_pair or folder.test_pair
+        if copy_members:
+            _copy_member(folder.path, root / "members" / mname)
+            where = f"members/{mname}"
+        else:
+            where = str(folder.path.resolve())
+        entries.append(
+            {
+                "name": mname,
+                "path": where,
+                "source": folder.source,
+                "revision": folder.revision,
+                "model_type": folder.model_type,
+                "backend": "torch",
+                "image_size": [g.height, g.width],
+                "n_image_tokens": g.n_image_tokens,
+                "prompt_hash": ph,
+                "template": {
+                    "with_image": template.with_image,
+                    "without_image": template.without_image,
+                },
+                "test_pair": folder.test_pair,
+            }
+        )
+    files = {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in ("manifest.yaml", "policy.yaml") and "members" in p.parts
+    }
+    ph = pair_prompt_hash(hashes)
+    content_id = hashlib.sha256(
+        (ph + "".join(f"{k}{v}" for k, v in sorted(files.items()))).encode()
+    ).hexdigest()[:12]
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "version": BUNDLE_VERSION,
+        "bundle_id": f"{name}-{content_id}",
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "test_pair": test_pair,
+        "prompt_hash": ph,
+        "prompt": {
+            "text": cfg.prompt.text,
+            "unsafe_answer": cfg.prompt.unsafe_answer,
+            "safe_answer": cfg.prompt.safe_answer,
+        },
+        "members": entries,
+        "policy": "policy.yaml",
+        "files": files,
+    }
+    tmp = root / "manifest.yaml.tmp"
+    tmp.write_text(
+        ("# TEST PAIR bundle: its decisions mean nothing.\n" if test_pair else "")
+        + yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True),
+        encoding="utf-8",
+    )
+    os.replace(tmp, root / "manifest.yaml")
+    return root

@@ -1,0 +1,166 @@
+"""Reading a bundle: ``manifest.yaml`` + members + ``policy.yaml``.
+
+A bundle is the central artifact (DESIGN.md): member models, their rendered prompt templates,
+image grids and answer strings, a file list with sha256, and the policy fitted for exactly this
+bundle id and prompt hash. ``export/bundle.py`` writes bundles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from guard._config import parse_image_size
+from guard._errors import ConfigError, GuardError
+from guard._prompt import PromptSpec, RenderedTemplate
+
+__all__ = [
+    "Bundle",
+    "BundleError",
+    "BundleMember",
+    "load_bundle",
+    "pair_prompt_hash",
+    "sha256_file",
+]
+
+BUNDLE_FORMAT = "spotstop-bundle"
+BUNDLE_VERSION = 1
+
+
+class BundleError(GuardError, ValueError):
+    """A bundle is incomplete, altered, or not a spotstop bundle."""
+
+
+@dataclass(frozen=True)
+class BundleMember:
+    name: str
+    path: Path
+    model_type: str
+    backend: str
+    image_size: tuple[int, int]
+    prompt_hash: str
+    template: RenderedTemplate
+    revision: str | None
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A loaded, verified bundle manifest (models are loaded by :class:`guard.Guard`)."""
+
+    path: Path
+    bundle_id: str
+    prompt_hash: str
+    prompt: PromptSpec
+    members: tuple[BundleMember, ...]
+    policy_path: Path
+    test_pair: bool
+    manifest: Mapping[str, Any]
+
+    def __repr__(self) -> str:
+        tp = ", TEST PAIR" if self.test_pair else ""
+        names = ", ".join(m.name for m in self.members)
+        return f"Bundle({self.bundle_id}, members=[{names}], prompt_hash={self.prompt_hash}{tp})"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pair_prompt_hash(member_hashes: Mapping[str, str]) -> str:
+    """The bundle's prompt hash: one hash over the members' prompt hashes."""
+    blob = "\n".join(f"{k}={member_hashes[k]}" for k in sorted(member_hashes)).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise BundleError(f"{where}.{key} is missing from manifest.yaml.")
+    return d[key]
+
+
+def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
+    """Read ``manifest.yaml``; with ``verify`` check every listed file's sha256."""
+    root = Path(path)
+    mpath = root / "manifest.yaml"
+    if not mpath.is_file():
+        raise BundleError(
+            f"{root} is not a spotstop bundle (no manifest.yaml). Make one with "
+            "`spotstop demo` (tiny test pair) or the export tools."
+        )
+    try:
+        m = yaml.safe_load(mpath.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise BundleError(f"{mpath} is not valid YAML: {e}") from e
+    if not isinstance(m, dict) or m.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{mpath} is not a spotstop bundle manifest (format != {BUNDLE_FORMAT}).")
+    if m.get("version") != BUNDLE_VERSION:
+        raise BundleError(
+            f"manifest.yaml version {m.get('version')!r} is not supported; this spotstop reads "
+            f"version {BUNDLE_VERSION}. Upgrade spotstop or re-export the bundle."
+        )
+    files = _req(m, "files", "manifest")
+    if verify:
+        bad = []
+        for rel, digest in files.items():
+            f = root / rel
+            if not f.is_file():
+                bad.append(f"{rel}: missing")
+            elif sha256_file(f) != digest:
+                bad.append(f"{rel}: sha256 differs")
+        if bad:
+            raise BundleError(
+                f"bundle {root} does not match its manifest ({len(bad)} file(s)): "
+                + "; ".join(bad[:5])
+                + ". The bundle was altered or copied incompletely; copy it again."
+            )
+    p = _req(m, "prompt", "manifest")
+    try:
+        prompt = PromptSpec(**p)
+    except (TypeError, ConfigError) as e:
+        raise BundleError(f"manifest.prompt is invalid: {e}") from e
+    members = []
+    for i, e in enumerate(_req(m, "members", "manifest")):
+        where = f"manifest.members[{i}]"
+        mp = Path(_req(e, "path", where))
+        t = _req(e, "template", where)
+        members.append(
+            BundleMember(
+                name=str(_req(e, "name", where)),
+                path=mp if mp.is_absolute() else root / mp,
+                model_type=str(_req(e, "model_type", where)),
+                backend=str(e.get("backend", "torch")),
+                image_size=parse_image_size(_req(e, "image_size", where), f"{where}.image_size"),
+                prompt_hash=str(_req(e, "prompt_hash", where)),
+                template=RenderedTemplate(
+                    with_image=_req(t, "with_image", f"{where}.template"),
+                    without_image=_req(t, "without_image", f"{where}.template"),
+                ),
+                revision=e.get("revision"),
+            )
+        )
+    ph = pair_prompt_hash({mm.name: mm.prompt_hash for mm in members})
+    if ph != m.get("prompt_hash"):
+        raise BundleError(
+            f"manifest.prompt_hash {m.get('prompt_hash')!r} does not match its members' "
+            f"prompt hashes ({ph}); the manifest was edited by hand."
+        )
+    return Bundle(
+        path=root,
+        bundle_id=str(_req(m, "bundle_id", "manifest")),
+        prompt_hash=ph,
+        prompt=prompt,
+        members=tuple(members),
+        policy_path=root / str(m.get("policy", "policy.yaml")),
+        test_pair=bool(m.get("test_pair", False)),
+        manifest=m,
+    )

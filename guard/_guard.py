@@ -1,0 +1,411 @@
+"""The guard: scene → member scores → Avg-2 fusion → policy → Decision → log.
+
+It fails closed. Any error while decoding, scoring or fusing, a NaN or infinite score, a
+member that failed to load, a deadline exceeded, or a log that cannot be written gives
+UNSAFE with the reason in ``Decision.fail_reason``, never SAFE. A caller tells a fail-closed
+UNSAFE from a scored one by ``Decision.fail_closed``. Every decision is written to the log
+before it is returned; a decision whose log write failed is kept in memory, retried on the
+next call, and returned as a fail-closed UNSAFE.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from guard._bundle import Bundle, load_bundle
+from guard._config import ScoringConfig
+from guard._errors import GuardError
+from guard._image import DecodedImage, decode_image
+from guard._log import DecisionLog, DecisionRecord
+from guard._member import Member, load_member
+from guard._policy import PolicyConfig, check_policy_matches, decide_batch, load_policy
+from guard._types import Scene, Variant
+
+__all__ = ["Decision", "Guard"]
+
+Label = Literal["SAFE", "UNSAFE"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The guard's answer for one scene.
+
+    ``label`` is SAFE only when every member scored the scene, the fused score and the
+    threshold are finite, the policy said SAFE and the decision was logged. Otherwise it is
+    UNSAFE; ``fail_closed`` is True when that UNSAFE came from a fault, not from a score, and
+    ``fail_reason`` says which fault.
+    """
+
+    decision_id: str
+    label: Label
+    fused_score: float
+    threshold: float
+    policy: str
+    member_scores: Mapping[str, float]
+    fail_closed: bool
+    fail_reason: str | None
+    latency_ms: Mapping[str, float]
+    bundle_id: str
+    prompt_hash: str
+    situation_id: str | None = None
+    member_scores_gray: Mapping[str, float] | None = None
+    member_scores_text: Mapping[str, float] | None = None
+    test_pair: bool = False
+    detail: str = ""
+
+    @property
+    def safe(self) -> bool:
+        return self.label == "SAFE"
+
+    def __repr__(self) -> str:
+        why = f", FAIL-CLOSED: {self.fail_reason}" if self.fail_closed else ""
+        tp = ", TEST PAIR" if self.test_pair else ""
+        return (
+            f"Decision({self.label}, S={self.fused_score:+.3f}, t={self.threshold:+.3f}, "
+            f"policy={self.policy}, id={self.decision_id[:8]}{why}{tp})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        def num(x: float) -> float | None:
+            return float(x) if np.isfinite(x) else None
+
+        return {
+            "decision_id": self.decision_id,
+            "label": self.label,
+            "fused_score": num(self.fused_score),
+            "threshold": num(self.threshold),
+            "policy": self.policy,
+            "member_scores": {k: num(v) for k, v in self.member_scores.items()},
+            "member_scores_gray": None
+            if self.member_scores_gray is None
+            else {k: num(v) for k, v in self.member_scores_gray.items()},
+            "member_scores_text": None
+            if self.member_scores_text is None
+            else {k: num(v) for k, v in self.member_scores_text.items()},
+            "fail_closed": self.fail_closed,
+            "fail_reason": self.fail_reason,
+            "latency_ms": dict(self.latency_ms),
+            "bundle_id": self.bundle_id,
+            "prompt_hash": self.prompt_hash,
+            "situation_id": self.situation_id,
+            "test_pair": self.test_pair,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class _Work:
+    """One scene on its way through the guard (mutable, private)."""
+
+    scene: Scene
+    decision_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    image: DecodedImage | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    gray: dict[str, float] = field(default_factory=dict)
+    text: dict[str, float] = field(default_factory=dict)
+    fail: str | None = None
+    latency: dict[str, float] = field(default_factory=dict)
+
+    def fail_with(self, reason: str) -> None:
+        if self.fail is None:  # keep the first cause
+            self.fail = reason
+
+
+def _reason(stage: str, e: BaseException) -> str:
+    return f"{stage}: {type(e).__name__}: {e}"
+
+
+class Guard:
+    """Loads a bundle and answers ``check(scene)`` / ``check_batch(scenes)``.
+
+    log: a :class:`DecisionLog`, a path for one, or None for the bundle's default
+        (``<bundle>/decisions.sqlite``).
+    deadline_s: wall-clock budget of one ``check_batch`` for scoring; past it every scene of
+        the call is UNSAFE (fail-closed, "deadline exceeded"). None = no deadline.
+    variants: which passes to run: always ``scene``; ``gray`` and ``text`` add the
+        content-free and request-only scores to the log (for diagnostics).
+    state_file: where a situation policy keeps its windows (default: as policy.yaml says).
+    """
+
+    def __init__(
+        self,
+        bundle: str | os.PathLike[str] | Bundle,
+        *,
+        log: DecisionLog | str | os.PathLike[str] | None = None,
+        deadline_s: float | None = None,
+        variants: Sequence[Variant] = ("scene",),
+        state_file: str | os.PathLike[str] | None = None,
+        device: str = "cpu",
+        verify: bool = True,
+    ) -> None:
+        self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle, verify=verify)
+        if deadline_s is not None and not deadline_s > 0:
+            raise GuardError(f"deadline_s must be > 0 or None; got {deadline_s!r}.")
+        bad = [v for v in variants if v not in ("scene", "gray", "text")]
+        if bad or "scene" not in variants:
+            raise GuardError(
+                f"variants must include 'scene' and only scene/gray/text; got {list(variants)}."
+            )
+        self.variants: tuple[Variant, ...] = tuple(dict.fromkeys(variants))
+        self.deadline_s = deadline_s
+        self.policy_config: PolicyConfig = load_policy(
+            self.bundle.policy_path, state_file=state_file
+        )
+        check_policy_matches(self.policy_config, self.bundle.bundle_id, self.bundle.prompt_hash)
+        self.members: dict[str, Member] = {}
+        self.member_errors: dict[str, str] = {}
+        cfg = ScoringConfig(prompt=self.bundle.prompt)
+        for bm in self.bundle.members:
+            try:
+                m = load_member(
+                    bm.path,
+                    name=bm.name,
+                    config=cfg,
+                    image_size=bm.image_size,
+                    backend=bm.backend,
+                    template=bm.template,
+                    device=device,
+                )
+                if m.prompt_hash != bm.prompt_hash:
+                    raise GuardError(
+                        f"member {bm.name} builds prompt hash {m.prompt_hash}, but the bundle "
+                        f"says {bm.prompt_hash}; re-export the bundle."
+                    )
+                self.members[bm.name] = m
+            except Exception as e:  # a member that cannot load makes every decision fail closed
+                self.member_errors[bm.name] = _reason("load", e)
+        if isinstance(log, DecisionLog):
+            self.log = log
+        else:
+            self.log = DecisionLog(
+                log if log is not None else self.bundle.path / "decisions.sqlite"
+            )
+        self._pending: list[DecisionRecord] = []
+        self._lock = threading.Lock()
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotstop-score")
+
+    # -- public ------------------------------------------------------------------------------
+    @property
+    def bundle_id(self) -> str:
+        return self.bundle.bundle_id
+
+    @property
+    def ready(self) -> bool:
+        """All members loaded (a guard that is not ready answers every scene UNSAFE)."""
+        return not self.member_errors and len(self.members) == len(self.bundle.members)
+
+    def __repr__(self) -> str:
+        state = "ready" if self.ready else f"NOT READY ({'; '.join(self.member_errors.values())})"
+        return f"<Guard {self.bundle.bundle_id} policy={self.policy_config.policy.kind} {state}>"
+
+    def check(self, scene: Scene) -> Decision:
+        """Judge one scene (see :meth:`check_batch`)."""
+        return self.check_batch([scene])[0]
+
+    def check_batch(self, scenes: Sequence[Scene]) -> list[Decision]:
+        """Judge scenes together (one batch per member); one logged Decision per scene."""
+        with self._lock:
+            t_start = time.perf_counter()
+            works = [_Work(s if isinstance(s, Scene) else Scene(None, "")) for s in scenes]
+            for w, s in zip(works, scenes, strict=True):
+                if not isinstance(s, Scene):
+                    w.fail_with(f"input: expected a Scene, got {type(s).__name__}")
+            self._decode(works)
+            self._score_with_deadline(works)
+            decisions = self._decide(works)
+            decisions = self._write_log(works, decisions, t_start)
+            return decisions
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.log.close()
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- stages ------------------------------------------------------------------------------
+    def _decode(self, works: list[_Work]) -> None:
+        for w in works:
+            if w.fail:
+                continue
+            t = time.perf_counter()
+            try:
+                img = w.scene.image
+                if img is None:
+                    raise GuardError("the scene has no image")
+                w.image = img if isinstance(img, DecodedImage) else decode_image(img)
+                for m in self.members.values():
+                    m.encoder.check_request(w.scene.request)
+            except Exception as e:  # bad input fails this scene closed, not the batch
+                w.fail_with(_reason("input", e))
+            w.latency["decode_ms"] = (time.perf_counter() - t) * 1e3
+
+    def _score_with_deadline(self, works: list[_Work]) -> None:
+        for name, err in self.member_errors.items():
+            for w in works:
+                w.fail_with(f"member {name} unavailable: {err}")
+        live = [w for w in works if not w.fail]
+        if not live:
+            return
+        fut = self._pool.submit(self._score, live)
+        try:
+            fut.result(timeout=self.deadline_s)
+        except cf.TimeoutError:
+            fut.cancel()
+            for w in live:
+                w.fail_with(f"deadline exceeded: scoring took longer than {self.deadline_s} s")
+        except Exception as e:  # any scoring fault fails the scenes closed
+            for w in live:
+                w.fail_with(_reason("scoring", e))
+
+    def _score(self, live: list[_Work]) -> None:
+        scenes = [Scene(w.image, w.scene.request, w.scene.situation_id) for w in live]
+        for name, m in self.members.items():
+            for variant in self.variants:
+                t = time.perf_counter()
+                try:
+                    res = m.score(scenes, variant, strict=False)
+                except Exception as e:  # this member failed on this batch: fail those scenes
+                    for w in live:
+                        w.fail_with(_reason(f"member {name} ({variant})", e))
+                    continue
+                dt = (time.perf_counter() - t) * 1e3 / max(1, len(live))
+                target = {"scene": "scores", "gray": "gray", "text": "text"}[variant]
+                for w, r in zip(live, res, strict=True):
+                    getattr(w, target)[name] = r.score
+                    w.latency[f"score_{name}_{variant}_ms"] = dt
+                    if variant == "scene" and not np.isfinite(r.score):
+                        w.fail_with(f"member {name} produced a non-finite score ({r.score})")
+
+    def _decide(self, works: list[_Work]) -> list[tuple[str, float, float, str, str]]:
+        """(label, fused, threshold, policy, detail) per scene."""
+        t = time.perf_counter()
+        cfg = self.policy_config
+        fused = np.full(len(works), np.nan)
+        for i, w in enumerate(works):
+            if w.fail:
+                continue
+            try:
+                fused[i] = cfg.fusion.fuse(w.scores)
+            except Exception as e:  # fusion fault: this scene fails closed
+                w.fail_with(_reason("fusion", e))
+        members = {
+            m: np.array([w.scores.get(m, np.nan) if not w.fail else np.nan for w in works])
+            for m in self.bundle_member_names
+        }
+        sids = [w.scene.situation_id for w in works]
+        out: list[tuple[str, float, float, str, str]] = []
+        try:
+            verdicts = decide_batch(cfg.policy, fused, members, sids)
+        except Exception as e:  # the policy itself failed: every scene fails closed
+            for w in works:
+                w.fail_with(_reason("policy", e))
+            verdicts = []
+        dt = (time.perf_counter() - t) * 1e3 / max(1, len(works))
+        for i, w in enumerate(works):
+            w.latency["decide_ms"] = dt
+            if w.fail or not verdicts:
+                out.append(("UNSAFE", float(fused[i]), float("nan"), cfg.policy.kind, ""))
+                continue
+            v = verdicts[i]
+            label = v.label
+            if not (np.isfinite(v.score) and np.isfinite(v.threshold)):
+                w.fail_with(f"policy: {v.detail or 'non-finite score or threshold'}")
+                label = "UNSAFE"
+            out.append((label, float(v.score), float(v.threshold), v.policy, v.detail))
+        return out
+
+    @property
+    def bundle_member_names(self) -> list[str]:
+        return [m.name for m in self.bundle.members]
+
+    def _record(
+        self, w: _Work, label: str, fused: float, thr: float, policy: str
+    ) -> DecisionRecord:
+        img = w.image
+        req = w.scene.request if isinstance(w.scene.request, str) else repr(w.scene.request)
+        return DecisionRecord(
+            decision_id=w.decision_id,
+            situation_id=w.scene.situation_id if isinstance(w.scene.situation_id, str) else None,
+            request=req,
+            image_sha256=img.sha256 if img else None,
+            width=img.width if img else None,
+            height=img.height if img else None,
+            n_bytes=img.n_bytes if img else None,
+            image_format=img.format if img else None,
+            member_scores={m: w.scores.get(m, float("nan")) for m in self.bundle_member_names},
+            member_scores_gray=dict(w.gray) if "gray" in self.variants else None,
+            member_scores_text=dict(w.text) if "text" in self.variants else None,
+            fused_score=fused,
+            threshold=thr,
+            policy=policy,
+            label="UNSAFE" if w.fail else label,  # type: ignore[arg-type]
+            fail_closed=w.fail is not None,
+            fail_reason=w.fail,
+            latency_ms=dict(w.latency),
+            bundle_id=self.bundle.bundle_id,
+            prompt_hash=self.bundle.prompt_hash,
+        )
+
+    def _write_log(
+        self, works: list[_Work], decided: list[tuple[str, float, float, str, str]], t_start: float
+    ) -> list[Decision]:
+        for w in works:
+            w.latency["total_ms"] = (time.perf_counter() - t_start) * 1e3
+        records = [self._record(w, *d[:4]) for w, d in zip(works, decided, strict=True)]
+        t = time.perf_counter()
+        try:
+            if self._pending:  # earlier decisions whose write failed go first
+                self.log.append_many(self._pending)
+                self._pending = []
+            self.log.append_many(records)
+        except Exception as e:  # never SAFE without a log row; keep the rows for the next call
+            reason = _reason("decision log", e)
+            records = [
+                r
+                if r.fail_closed
+                else replace(r, label="UNSAFE", fail_closed=True, fail_reason=reason)
+                for r in records
+            ]
+            self._pending.extend(records)
+        log_ms = (time.perf_counter() - t) * 1e3
+        out = []
+        for r, d in zip(records, decided, strict=True):
+            out.append(
+                Decision(
+                    decision_id=r.decision_id,
+                    label=r.label,
+                    fused_score=r.fused_score,
+                    threshold=r.threshold,
+                    policy=r.policy,
+                    member_scores=dict(r.member_scores),
+                    fail_closed=r.fail_closed,
+                    fail_reason=r.fail_reason,
+                    latency_ms={**r.latency_ms, "log_ms": log_ms},
+                    bundle_id=r.bundle_id,
+                    prompt_hash=r.prompt_hash,
+                    situation_id=r.situation_id,
+                    member_scores_gray=r.member_scores_gray,
+                    member_scores_text=r.member_scores_text,
+                    test_pair=self.bundle.test_pair,
+                    detail=d[4],
+                )
+            )
+        return out
+
+
+def default_log_path(bundle: str | os.PathLike[str]) -> Path:
+    return Path(bundle) / "decisions.sqlite"

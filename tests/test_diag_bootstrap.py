@@ -1,0 +1,194 @@
+"""The vectorized group bootstrap against a naive loop, and its guarantees."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.metrics import roc_auc_score
+
+from diagnostics import (
+    BootstrapResult,
+    CaseTable,
+    DataError,
+    Estimate,
+    UndefinedMetricWarning,
+    bootstrap_auroc,
+    draw_group_counts,
+    group_bootstrap,
+    pair_rates,
+    simulate_log,
+    spot_stop,
+)
+from diagnostics._bootstrap import _Prepared, _random_halves
+from tests.test_diag_metrics import small_tables
+from tests.test_diag_support import materialize
+
+
+def naive_cross_fit(table: CaseTable, counts, half, cut):
+    """Fit the cut on the drawn groups of one half (first best, placed at the highest fit
+    score answered SAFE), score it on the other half; exact integer comparisons."""
+
+    def sub(mask):
+        c = np.where(mask, counts, 0)
+        return materialize(table, c) if c.sum() else None
+
+    def best_cut(t):
+        p = t.pairs
+        m = p.weight > 0
+        y, s, w = t.label[m], t.score[m], p.weight[m]
+        ts, tu = w[y == 0].sum(), w[y == 1].sum()
+        best, cut_best = 0.0, -math.inf  # D(-inf) = 0
+        for c in np.unique(s):
+            tn = w[(y == 0) & (s <= c)].sum()
+            tp = w[(y == 1) & (s > c)].sum()
+            d = tn * tu + tp * ts - ts * tu  # proportional to BA - 1/2
+            if d > best:
+                best, cut_best = d, c
+        return cut_best
+
+    parts, ns = [], []
+    for fit, ev in ((half, ~half), (~half, half)):
+        tf, te = sub(fit), sub(ev)
+        c = best_cut(tf)
+        s = te.score
+        p = te.pairs
+        gain = pair_rates(s[p.safe], s[p.unsafe], c).A - pair_rates(s[p.safe], s[p.unsafe], cut).A
+        parts.append(gain)
+        ns.append(p.n)
+    return (parts[0] * ns[0] + parts[1] * ns[1]) / (ns[0] + ns[1])
+
+
+def naive_draw(table: CaseTable, counts, cut):
+    t = materialize(table, counts)
+    ss = spot_stop(t, cut)
+    p = t.pairs
+    m = p.weight > 0
+    # AUROC with sklearn on the explicit draw
+    au = roc_auc_score(t.label[m], t.score[m], sample_weight=p.weight[m])
+    batch = pair_rates(t.score[p.safe], t.score[p.unsafe], float(t.score.mean())).A
+    return ss, au, batch
+
+
+@settings(max_examples=25, deadline=None)
+@given(t=small_tables(), seed=st.integers(0, 10_000), cut=st.sampled_from([0.0, 0.25]))
+def test_vectorized_equals_naive_loop(t, seed, cut):
+    prep = _Prepared.build(t, cut)
+    rng = np.random.default_rng(seed)
+    counts = next(draw_group_counts(t.n_groups, 6, rng))
+    halves = _random_halves(rng, 6, t.n_groups)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        stats = prep.statistics(counts, halves)
+        for b in range(6):
+            lab = t.label[np.isin(t.group, np.flatnonzero(counts[b]))]
+            if t.pairs.n == 0 or len(set(lab.tolist())) < 2:
+                continue
+            ss, au, a_batch = naive_draw(t, counts[b], cut)
+            assert stats["auroc"][b] == pytest.approx(au)
+            for k in ("R", "L", "W", "A", "A_star", "threshold_part", "overlap_part", "within_part"):
+                assert stats[k][b] == pytest.approx(getattr(ss, k)), k
+            assert stats["A_batch"][b] == pytest.approx(a_batch)
+            assert stats["d_prime"][b] == pytest.approx(ss.d_prime)
+            h = halves[b]
+            have = [
+                len(set(t.label[np.isin(t.group, np.flatnonzero(counts[b] * m))].tolist())) == 2
+                for m in (h, ~h)
+            ]
+            if all(have) and all(t.pairs.n for _ in have):
+                assert stats["cross_fitted_threshold_part"][b] == pytest.approx(
+                    naive_cross_fit(t, counts[b], h, cut)
+                )
+
+
+def test_same_rng_same_draws_and_naive_bootstrap_reproduced():
+    t = simulate_log(40, rng=1)
+    res = group_bootstrap(t, n_boot=30, rng=np.random.default_rng(9), chunk_size=7)
+    # replay the generator: the same counts, chunk by chunk, give the same draws
+    rng = np.random.default_rng(9)
+    prep = _Prepared.build(t, 0.0)
+    aur, rr = [], []
+    for counts in draw_group_counts(t.n_groups, 30, rng, 7):
+        _random_halves(rng, counts.shape[0], t.n_groups)
+        for c in counts:
+            ss, au, _ = naive_draw(t, c, 0.0)
+            aur.append(au)
+            rr.append(ss.R_minus_A)
+    np.testing.assert_allclose(res.draws["auroc"], aur)
+    np.testing.assert_allclose(res.draws["R_minus_A"], rr)
+    assert prep.n_pairs == 40
+
+
+def test_group_counts_are_multinomial():
+    rng = np.random.default_rng(0)
+    c = np.concatenate(list(draw_group_counts(5, 20_000, rng, 3000)))
+    assert c.shape == (20_000, 5)
+    assert np.all(c.sum(axis=1) == 5)
+    assert c.mean(axis=0) == pytest.approx(np.ones(5), abs=0.03)
+    assert c.var(axis=0) == pytest.approx(np.full(5, 5 * 0.2 * 0.8), rel=0.05)
+
+
+def test_full_bootstrap_10000_draws_parts_add_up_draw_by_draw():
+    t = simulate_log(600, rng=2)
+    res = group_bootstrap(t, rng=3)  # default: 10,000 draws
+    assert isinstance(res, BootstrapResult) and res.n_boot == 10_000
+    d = res.draws
+    assert d["R"].shape == (10_000,)
+    np.testing.assert_allclose(
+        d["threshold_part"] + d["overlap_part"] + d["within_part"], d["R_minus_A"], atol=1e-12
+    )
+    np.testing.assert_allclose(d["G"] - d["null_gap"], d["R_minus_A"], atol=1e-12)
+    assert np.all(d["threshold_part"] >= -1e-12)
+    ss = spot_stop(t)
+    for k in ("R", "A", "auroc", "A_star", "threshold_part", "overlap_part", "within_part"):
+        e = res[k]
+        assert e.value == pytest.approx(getattr(ss, k))
+        assert e.ci.low <= e.value <= e.ci.high
+        assert e.n == 600
+    assert res["R"].ci.high - res["R"].ci.low == pytest.approx(
+        2 * 1.96 * math.sqrt(ss.R * (1 - ss.R) / 600), rel=0.15
+    )
+    assert "R=Estimate(value=" in repr(res)
+
+
+def test_bootstrap_is_reproducible_and_invariant_to_case_order():
+    t = simulate_log(60, rng=4)
+    a = group_bootstrap(t, n_boot=200, rng=5)
+    b = group_bootstrap(t, n_boot=200, rng=5)
+    assert a["R_minus_A"] == b["R_minus_A"]
+    # reversing the cases changes the group codes but not the point estimates
+    r = group_bootstrap(t.subset(np.arange(len(t))[::-1]), n_boot=200, rng=5)
+    for k in ("R", "A", "auroc", "within_part", "A_batch"):
+        assert r[k].value == pytest.approx(a[k].value)
+
+
+def test_bootstrap_degenerate_and_errors():
+    no_pairs = CaseTable(case_id=["a", "b"], label=[0, 1], score=[0.0, 1.0], contrast_id=["", ""], situation_id=["", ""])
+    with pytest.warns(UndefinedMetricWarning, match="no contrasts"):
+        res = group_bootstrap(no_pairs, n_boot=10, rng=0)
+    assert math.isnan(res["R"].value) and math.isnan(res["R"].ci.low)
+    with pytest.raises(DataError, match="n_boot must be an integer >= 1; got 0"):
+        group_bootstrap(simulate_log(5, rng=0), n_boot=0)
+    with pytest.raises(DataError, match="rng must be a numpy Generator"):
+        group_bootstrap(simulate_log(5, rng=0), rng="seed")  # type: ignore[arg-type]
+    with pytest.warns(UndefinedMetricWarning):
+        e = bootstrap_auroc(np.zeros(3, dtype=np.int8), np.arange(3.0), np.arange(3), n_boot=5, rng=0)
+    assert math.isnan(e.value)
+
+
+def test_bootstrap_auroc_and_estimate_repr():
+    t = simulate_log(100, rng=6)
+    e = bootstrap_auroc(t.label, t.score, t.group, n_boot=300, rng=1)
+    assert e.value == pytest.approx(roc_auc_score(t.label, t.score))
+    assert e.ci.low < e.value < e.ci.high and e.n == 200
+    assert repr(e).startswith("Estimate(value=0.")
+    assert Estimate(math.nan, e.ci, 0).to_dict()["value"] is None
+
+
+def test_progress_bar_can_run():
+    t = simulate_log(20, rng=0)
+    group_bootstrap(t, n_boot=20, rng=0, progress=True)

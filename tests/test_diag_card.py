@@ -1,0 +1,80 @@
+"""The card writer and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from diagnostics import FIELD_KEYS, simulate_log, write_card
+from diagnostics._cli import card_main
+
+REQUIRED = (
+    "auroc", "balanced_accuracy", "R", "L", "A", "A_star", "R_minus_A", "threshold_part",
+    "overlap_part", "within_part", "g_auroc", "cross_fitted_threshold_part", "null_gap",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def card_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("card")
+    t = simulate_log(80, size_leak=0.5, rng=1)
+    card = write_card(
+        t, out, n_boot=200, rng=2, provenance={"source": "test"}, n_boot_checks=100, n_boot_kernel=20
+    )
+    return out, card
+
+
+def test_card_json_has_stable_keys_and_shapes(card_dir):
+    out, card = card_dir
+    doc = json.loads((out / "card.json").read_text())
+    assert doc["schema_version"] == 1
+    assert tuple(doc["fields"]) == FIELD_KEYS
+    for k in REQUIRED:
+        f = doc["fields"][k]
+        assert set(f) == {"value", "ci", "n"} and len(f["ci"]) == 2
+        assert f["ci"][0] <= f["value"] <= f["ci"][1], k
+    f = doc["fields"]
+    assert f["threshold_part"]["value"] + f["overlap_part"]["value"] + f["within_part"]["value"] == pytest.approx(f["R_minus_A"]["value"])
+    assert set(doc["checks"]) == {"label_swap_null", "prevalence", "situation_share", "scene_blind", "conformal_audit"}
+    assert set(doc["checks"]["prevalence"]) >= {"unsafe_50", "unsafe_10", "unsafe_100"}
+    assert doc["checks"]["scene_blind"]["file_reader_auroc"]["value"] > 0.5
+    assert doc["provenance"]["source"] == "test" and doc["provenance"]["spotstop_version"]
+    assert all(k in doc["explanations"] for k in FIELD_KEYS)
+    assert "recalibrate" in doc["explanations"]["threshold_part"]
+    assert "leaks through the image files" in doc["explanations"]["checks.scene_blind"]
+
+
+def test_card_html_is_self_contained_and_small(card_dir):
+    out, _ = card_dir
+    text = (out / "card.html").read_text()
+    assert text.count("<svg") == 4
+    assert "http://" not in text.replace("http://www.w3.org", "")
+    assert "<script" not in text and "<link" not in text and "src=" not in text
+    assert len(text.encode()) < 200_000
+    md = (out / "card.md").read_text()
+    assert "| `R_minus_A` |" in md and "## Checks" in md
+
+
+def test_nan_stays_null_in_json(tmp_path):
+    # one-class-per-contrast log: no pairs -> NaN fields as null, warnings listed
+    t = simulate_log(20, rng=0).subset(slice(0, 40, 2))  # safe cases only
+    card = write_card(t, tmp_path, n_boot=20, rng=0, n_boot_checks=10, n_boot_kernel=5)
+    doc = json.loads((tmp_path / "card.json").read_text())
+    assert doc["fields"]["R"]["value"] is None
+    assert math.isnan(card.fields["R"].value)
+    assert doc["settings"]["warnings"]
+
+
+def test_cli_demo_and_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        card_main(["--help"])
+    assert e.value.code == 0
+    assert "--scores CSV" in capsys.readouterr().out
+    bad = tmp_path / "bad.csv"
+    bad.write_text("case_id,label,score,contrast_id,situation_id\na,oops,1,c,s\n")
+    assert card_main(["--scores", str(bad), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert "row 1 (line 2), column 'label'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        card_main(["--out", str(tmp_path)])  # neither --scores nor --demo

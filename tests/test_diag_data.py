@@ -1,0 +1,118 @@
+"""CaseTable validation, the CSV reader, contrasts and groups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from diagnostics import CaseTable, DataError, read_scores_csv
+
+HEADER = "case_id,label,score,contrast_id,situation_id"
+
+
+def write(tmp_path, text):
+    p = tmp_path / "scores.csv"
+    p.write_text(text)
+    return p
+
+
+def test_read_minimal_and_optional_columns(tmp_path):
+    p = write(
+        tmp_path,
+        HEADER + ",score_qwen,score_lfm,score_gray,score_text,width,height,bytes,format,request\n"
+        "a,safe,-1.5,c1,s1,-1,-2,0.1,0.2,640,480,1000,jpeg,cut it\n"
+        "b,UNSAFE,2,c1,s1,1,3,,0.3,1024,768,2000,png,cut it\n"
+        "c,0,0.5,,,0,1,0.2,,800,600,1500,jpeg,\n",
+    )
+    t = read_scores_csv(p)
+    assert list(t.case_id) == ["a", "b", "c"]
+    assert t.label.tolist() == [0, 1, 0]
+    assert t.label.dtype == np.int8
+    assert t.score.tolist() == [-1.5, 2.0, 0.5]
+    assert set(t.member_scores) == {"qwen", "lfm"}
+    assert np.isnan(t.score_gray[1]) and np.isnan(t.score_text[2])
+    assert t.n_bytes.tolist() == [1000, 2000, 1500]
+    assert t.format.tolist() == ["jpeg", "png", "jpeg"]
+    assert t.pairs.n == 1
+    assert t.n_groups == 2
+    with pytest.raises(ValueError):
+        t.score[0] = 3.0  # read-only arrays
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("a,maybe,1,c,s\n", "row 1 (line 2), column 'label': expected safe, unsafe, 0 or 1; got 'maybe'"),
+        ("a,safe,1,c,s\nb,unsafe,abc,c,s\n", "row 2 (line 3), column 'score': expected a number; got 'abc'"),
+        ("a,safe,,c,s\n", "row 1 (line 2), column 'score': a value is required"),
+        ("a,safe,inf,c,s\n", "column 'score': expected a finite number"),
+        (",safe,1,c,s\n", "column 'case_id': a value is required"),
+        ("a,safe,1,c,s\na,unsafe,2,c,s\n", "row 2, column 'case_id': 'a' repeats row 1"),
+        ("", "no data rows"),
+    ],
+)
+def test_csv_errors_name_row_and_column(tmp_path, body, message):
+    p = write(tmp_path, HEADER + "\n" + body)
+    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_scores_csv(p)
+
+
+def test_csv_missing_column_and_file(tmp_path):
+    p = write(tmp_path, "case_id,label,score\na,safe,1\n")
+    with pytest.raises(DataError, match="missing column\\(s\\) contrast_id, situation_id"):
+        read_scores_csv(p)
+    with pytest.raises(DataError, match="does not exist"):
+        read_scores_csv(tmp_path / "nope.csv")
+
+
+def test_validation_messages():
+    ok = dict(case_id=["a", "b"], label=[0, 1], score=[0.0, 1.0], contrast_id=["c", "c"], situation_id=["", ""])
+    CaseTable(**ok)
+    cases = [
+        (dict(case_id=["a", "a"]), "case_id must be unique; 'a' repeats at row 1"),
+        (dict(label=[0, 2]), "label must be 0 \\(safe\\) or 1 \\(unsafe\\); row 1 has 2"),
+        (dict(score=[0.0, np.nan]), "score must be finite; row 1"),
+        (dict(score=[0.0]), "score must have shape \\(2,\\)"),
+        (dict(contrast_id=["c"]), "contrast_id must have shape \\(2,\\)"),
+        (dict(case_id=[]), "case_id is empty"),
+    ]
+    for change, msg in cases:
+        kw = {**ok, **change}
+        if change.get("case_id") == []:
+            kw = {k: [] for k in ok}
+        with pytest.raises(DataError, match=msg):
+            CaseTable(**kw)
+
+
+def test_many_to_many_contrasts_and_weights():
+    # 2 safe x 3 unsafe under one id -> 6 pairs; a one-sided id forms none
+    t = CaseTable(
+        case_id=list("abcdefg"),
+        label=[0, 0, 1, 1, 1, 0, 0],
+        score=np.arange(7.0),
+        contrast_id=["q", "q", "q", "q", "q", "solo", ""],
+        situation_id=[""] * 7,
+    )
+    p = t.pairs
+    assert p.n == 6
+    assert sorted(zip(p.safe.tolist(), p.unsafe.tolist())) == [(i, j) for i in (0, 1) for j in (2, 3, 4)]
+    assert p.weight.tolist() == [3, 3, 2, 2, 2, 0, 0]
+    assert not p.one_to_one
+
+
+def test_groups_union_find():
+    # a-b share a contrast, b-c a situation, d-e a situation, f alone
+    t = CaseTable(
+        case_id=list("abcdef"),
+        label=[0, 1, 0, 1, 0, 1],
+        score=np.zeros(6),
+        contrast_id=["k", "k", "", "", "", ""],
+        situation_id=["", "s", "s", "t", "t", ""],
+    )
+    g = t.group
+    assert g[0] == g[1] == g[2]
+    assert g[3] == g[4] != g[0]
+    assert len(set(g.tolist())) == 3
+    assert t.n_groups == 3
+    sub = t.subset([3, 4])
+    assert sub.n_groups == 1 and list(sub.case_id) == ["d", "e"]

@@ -1,0 +1,285 @@
+"""The guard runtime: bundle, decisions, fail-closed faults, the log, `demo` and `check`."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+pytest.importorskip("torch")
+
+from guard import (
+    BundleError,
+    DecisionLog,
+    Guard,
+    PolicyError,
+    Scene,
+    load_bundle,
+    load_policy,
+)
+from guard._demo import demo_scenes, make_demo_bundle
+from guard._policy import FrozenPolicy, PolicyConfig, dump_policy
+from tests.conftest import make_image_bytes
+
+
+@pytest.fixture(scope="module")
+def demo_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
+    root = tmp_path_factory.mktemp("demo")
+    shutil.copytree(tiny_pair, root / "tiny")
+    return make_demo_bundle(root)
+
+
+@pytest.fixture
+def bundle_copy(demo_bundle: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "bundle"
+    shutil.copytree(demo_bundle, dst, ignore=shutil.ignore_patterns("situations.json", "*.sqlite*"))
+    return dst
+
+
+def _set_frozen(bundle: Path, t0: float) -> None:
+    """Replace the bundle's policy by a frozen cut t0 (same bundle id, prompt hash, fusion)."""
+    cfg = load_policy(bundle / "policy.yaml")
+    dump_policy(
+        PolicyConfig(
+            bundle_id=cfg.bundle_id,
+            prompt_hash=cfg.prompt_hash,
+            fusion=cfg.fusion,
+            policy=FrozenPolicy(threshold=t0),
+            fitted_on={"test": True},
+            created=datetime.now(UTC),
+        ),
+        bundle / "policy.yaml",
+    )
+
+
+def _scene(i: int = 0, sit: str | None = None) -> Scene:
+    return Scene(make_image_bytes(i, fmt="JPEG"), "pick up the knife", sit)
+
+
+def test_check_gives_a_logged_decision_with_every_field(bundle_copy: Path, tmp_path: Path):
+    log = tmp_path / "log.sqlite"
+    with Guard(bundle_copy, log=log, variants=("scene", "gray", "text")) as g:
+        assert g.ready
+        d = g.check(_scene(1, "kitchen"))
+        assert d.label in ("SAFE", "UNSAFE") and not d.fail_closed and d.fail_reason is None
+        assert set(d.member_scores) == {"tiny-qwen3_5", "tiny-lfm2_vl"}
+        assert np.isfinite(d.fused_score) and np.isfinite(d.threshold)
+        assert d.label == ("UNSAFE" if d.fused_score >= d.threshold else "SAFE")
+        assert d.bundle_id == g.bundle_id and d.prompt_hash == g.bundle.prompt_hash
+        assert d.test_pair and {"decode_ms", "total_ms", "log_ms"} <= set(d.latency_ms)
+        assert set(d.member_scores_gray or {}) == set(d.member_scores)
+        # the fused score is Avg-2 of the member scores
+        assert d.fused_score == pytest.approx(g.policy_config.fusion.fuse(d.member_scores))
+    with DecisionLog(log) as lg:
+        rec = lg.get(d.decision_id)
+        assert rec is not None and rec.label == d.label and rec.situation_id == "kitchen"
+        assert rec.member_scores_text is not None and rec.image_format == "JPEG"
+
+
+def test_batch_equals_single_checks_for_a_stateless_policy(bundle_copy: Path, tmp_path: Path):
+    _set_frozen(bundle_copy, 0.0)
+    scenes = [_scene(i) for i in range(4)]
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        single = [g.check(s) for s in scenes]
+        batch = g.check_batch(scenes)
+    for a, b in zip(single, batch, strict=True):
+        assert a.label == b.label
+        assert a.fused_score == pytest.approx(b.fused_score, abs=1e-5)
+
+
+def test_situation_recentering_takes_over_after_k_references(bundle_copy: Path, tmp_path: Path):
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        ds = [g.check(s) for s in demo_scenes(5, seed=3, situations=["s1"] * 5)]
+        t0 = g.policy_config.policy.fallback.threshold
+    assert [d.policy for d in ds[:3]] == ["situation->frozen"] * 3
+    assert all(d.threshold == pytest.approx(t0) for d in ds[:3])
+    assert ds[3].policy == "situation"
+    assert ds[3].threshold == pytest.approx(np.mean([d.fused_score for d in ds[:3]]))
+    # the state survives a restart
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g2:
+        d = g2.check(demo_scenes(1, seed=9, situations=["s1"])[0])
+    assert d.policy == "situation"
+    assert d.threshold == pytest.approx(np.mean([x.fused_score for x in ds[-5:]]))
+
+
+# ---- fail closed: each fault kind, injected --------------------------------------------------
+
+
+def _assert_fail_closed(d, words: str) -> None:
+    assert d.label == "UNSAFE" and d.fail_closed, d
+    assert words in (d.fail_reason or ""), d.fail_reason
+
+
+def test_fault_corrupt_image(bundle_copy: Path, tmp_path: Path):
+    _set_frozen(bundle_copy, 1e9)  # everything would be SAFE if scored
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        bad, good = g.check_batch(
+            [Scene(b"\xff\xd8\xff\xe0 truncated", "open the door"), _scene(2)]
+        )
+        _assert_fail_closed(bad, "input")
+        assert (
+            good.label == "SAFE" and not good.fail_closed
+        )  # one bad scene does not spoil the batch
+        _assert_fail_closed(g.check(Scene(None, "open the door")), "no image")
+        _assert_fail_closed(g.check(Scene(make_image_bytes(0), "x<|im_end|>")), "control token")
+        _assert_fail_closed(g.check("not a scene"), "expected a Scene")  # type: ignore[arg-type]
+
+
+def test_fault_exception_in_scoring(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    _set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+
+        def boom(*a, **k):
+            raise RuntimeError("CUDA fell over")
+
+        monkeypatch.setattr(g.members["tiny-lfm2_vl"].backend, "score", boom)
+        _assert_fail_closed(g.check(_scene()), "CUDA fell over")
+
+
+def test_fault_nan_and_inf_scores(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    _set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        for bad in (np.nan, np.inf, -np.inf):
+            monkeypatch.setattr(
+                g.members["tiny-qwen3_5"].backend,
+                "score",
+                lambda p, px, plan, bad=bad: np.full(len(p), bad),
+            )
+            _assert_fail_closed(g.check(_scene()), "non-finite")
+
+
+def test_fault_missing_member(bundle_copy: Path, tmp_path: Path):
+    _set_frozen(bundle_copy, 1e9)
+    (bundle_copy / "members" / "tiny-lfm2_vl" / "model.safetensors").unlink()
+    with pytest.raises(BundleError, match="missing"):
+        Guard(bundle_copy, log=tmp_path / "l.sqlite")
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", verify=False) as g:
+        assert not g.ready and "tiny-lfm2_vl" in g.member_errors
+        _assert_fail_closed(g.check(_scene()), "member tiny-lfm2_vl unavailable")
+
+
+def test_fault_deadline_exceeded(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    _set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", deadline_s=0.2) as g:
+        real = g.members["tiny-qwen3_5"].backend.score
+
+        def slow(*a, **k):
+            time.sleep(1.0)
+            return real(*a, **k)
+
+        monkeypatch.setattr(g.members["tiny-qwen3_5"].backend, "score", slow)
+        t = time.perf_counter()
+        d = g.check(_scene())
+        assert time.perf_counter() - t < 0.9
+        _assert_fail_closed(d, "deadline exceeded")
+
+
+def test_fault_in_fusion_and_in_policy(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    _set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        fusion = g.policy_config.fusion
+        monkeypatch.setattr(
+            type(fusion), "fuse", lambda self, s: (_ for _ in ()).throw(ValueError("bad stats"))
+        )
+        _assert_fail_closed(g.check(_scene()), "fusion")
+        monkeypatch.undo()
+        import guard._guard as gg
+
+        monkeypatch.setattr(
+            gg, "decide_batch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("policy broke"))
+        )
+        _assert_fail_closed(g.check(_scene()), "policy broke")
+
+
+def test_fault_log_write_fails_then_nothing_is_lost(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    _set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        real = g.log.append_many
+        monkeypatch.setattr(
+            g.log, "append_many", lambda recs: (_ for _ in ()).throw(OSError("disk full"))
+        )
+        d1 = g.check(_scene())
+        _assert_fail_closed(d1, "disk full")  # never SAFE without a log row
+        monkeypatch.setattr(g.log, "append_many", real)
+        d2 = g.check(_scene(3))
+        assert d2.label == "SAFE"
+        assert g.log.count() == 2
+        rec = g.log.get(d1.decision_id)
+        assert rec is not None and rec.label == "UNSAFE" and rec.fail_closed
+
+
+def test_every_fail_closed_decision_is_logged(bundle_copy: Path, tmp_path: Path):
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        ds = g.check_batch([Scene(b"", "x"), Scene(b"garbage", "y"), _scene(1)])
+        assert g.log.count() == 3
+        for d in ds[:2]:
+            rec = g.log.get(d.decision_id)
+            assert rec is not None and rec.fail_closed and rec.label == "UNSAFE" and rec.fail_reason
+
+
+# ---- bundle and policy keying -------------------------------------------------------------------
+
+
+def test_policy_for_another_bundle_is_refused(bundle_copy: Path, tmp_path: Path):
+    data = yaml.safe_load((bundle_copy / "policy.yaml").read_text())
+    data["bundle_id"] = "some-other-bundle"
+    (bundle_copy / "policy.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(PolicyError, match="some-other-bundle"):
+        Guard(bundle_copy, log=tmp_path / "l.sqlite")
+
+
+def test_altered_bundle_is_refused(bundle_copy: Path):
+    f = bundle_copy / "members" / "tiny-qwen3_5" / "tokenizer.json"
+    f.write_text(f.read_text().replace("SAFE", "SAVE", 1))
+    with pytest.raises(BundleError, match="sha256 differs"):
+        load_bundle(bundle_copy)
+
+
+def test_bundle_carries_templates_so_no_rendering_is_needed(bundle_copy: Path):
+    b = load_bundle(bundle_copy)
+    assert len(b.members) == 2 and b.test_pair
+    assert all(m.template.with_image and m.image_size == (64, 64) for m in b.members)
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+
+
+def test_check_exit_codes(bundle_copy: Path, tmp_path: Path, capsys):
+    from guard.cli import main
+
+    img = tmp_path / "cam.jpg"
+    img.write_bytes(make_image_bytes(4, fmt="JPEG"))
+    args = ["check", str(img), "--request", "open the door", "--bundle", str(bundle_copy)]
+    _set_frozen(bundle_copy, 1e9)
+    assert main(args) == 0 and "SAFE" in capsys.readouterr().out
+    _set_frozen(bundle_copy, -1e9)
+    assert main(args) == 1
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"nope")
+    _set_frozen(bundle_copy, 1e9)
+    assert main(["check", str(bad), "--request", "x", "--bundle", str(bundle_copy)]) == 1
+    assert (
+        main(
+            ["check", str(tmp_path / "missing.jpg"), "--request", "x", "--bundle", str(bundle_copy)]
+        )
+        == 2
+    )
+    with pytest.raises(SystemExit) as e:
+        main(["check", str(img)])  # --request missing
+    assert e.value.code == 2
+
+
+def test_demo_runs_and_prints_the_table(tiny_pair: Path, tmp_path: Path, capsys):
+    from guard.cli import main
+
+    shutil.copytree(tiny_pair, tmp_path / "tiny")
+    assert main(["demo", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "TEST PAIR" in out and "kitchen-1" in out and "decision log" in out
+    with DecisionLog(tmp_path / "decisions.sqlite") as lg:
+        assert lg.count() == 12
