@@ -115,6 +115,7 @@ class _Work:
     text: dict[str, float] = field(default_factory=dict)
     fail: str | None = None
     latency: dict[str, float] = field(default_factory=dict)
+    raw: bytes | None = None  # encoded image, kept only when images are stored
 
     def fail_with(self, reason: str) -> None:
         if self.fail is None:  # keep the first cause
@@ -135,6 +136,8 @@ class Guard:
     variants: which passes to run: always ``scene``; ``gray`` and ``text`` add the
         content-free and request-only scores to the log (for diagnostics).
     state_file: where a situation policy keeps its windows (default: as policy.yaml says).
+    store_images: also keep each scene's encoded image in the log (off by default; the log's
+        size/age retention applies). Only used when ``log`` is a path.
     """
 
     def __init__(
@@ -147,6 +150,7 @@ class Guard:
         state_file: str | os.PathLike[str] | None = None,
         device: str = "cpu",
         verify: bool = True,
+        store_images: bool = False,
     ) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle, verify=verify)
         if deadline_s is not None and not deadline_s > 0:
@@ -184,11 +188,13 @@ class Guard:
                 self.members[bm.name] = m
             except Exception as e:  # a member that cannot load makes every decision fail closed
                 self.member_errors[bm.name] = _reason("load", e)
+        self.store_images = store_images and not isinstance(log, DecisionLog)
         if isinstance(log, DecisionLog):
             self.log = log
         else:
             self.log = DecisionLog(
-                log if log is not None else self.bundle.path / "decisions.sqlite"
+                log if log is not None else self.bundle.path / "decisions.sqlite",
+                store_images=store_images,
             )
         self._pending: list[DecisionRecord] = []
         self._lock = threading.Lock()
@@ -247,6 +253,12 @@ class Guard:
                 if img is None:
                     raise GuardError("the scene has no image")
                 w.image = img if isinstance(img, DecodedImage) else decode_image(img)
+                if self.store_images and not isinstance(img, DecodedImage):
+                    w.raw = (
+                        bytes(img)
+                        if isinstance(img, bytes | bytearray | memoryview)
+                        else Path(img).read_bytes()
+                    )
                 for m in self.members.values():
                     m.encoder.check_request(w.scene.request)
             except Exception as e:  # bad input fails this scene closed, not the batch
@@ -371,7 +383,11 @@ class Guard:
             if self._pending:  # earlier decisions whose write failed go first
                 self.log.append_many(self._pending)
                 self._pending = []
-            self.log.append_many(records)
+            if self.store_images:
+                for w, r in zip(works, records, strict=True):
+                    self.log.append(r, image_bytes=w.raw if r.image_sha256 else None)
+            else:
+                self.log.append_many(records)
         except Exception as e:  # never SAFE without a log row; keep the rows for the next call
             reason = _reason("decision log", e)
             records = [

@@ -90,7 +90,16 @@ def test_vectorized_equals_naive_loop(t, seed, cut):
                 continue
             ss, au, a_batch = naive_draw(t, counts[b], cut)
             assert stats["auroc"][b] == pytest.approx(au)
-            for k in ("R", "L", "W", "A", "A_star", "threshold_part", "overlap_part", "within_part"):
+            for k in (
+                "R",
+                "L",
+                "W",
+                "A",
+                "A_star",
+                "threshold_part",
+                "overlap_part",
+                "within_part",
+            ):
                 assert stats[k][b] == pytest.approx(getattr(ss, k)), k
             assert stats["A_batch"][b] == pytest.approx(a_batch)
             assert stats["d_prime"][b] == pytest.approx(ss.d_prime)
@@ -167,7 +176,13 @@ def test_bootstrap_is_reproducible_and_invariant_to_case_order():
 
 
 def test_bootstrap_degenerate_and_errors():
-    no_pairs = CaseTable(case_id=["a", "b"], label=[0, 1], score=[0.0, 1.0], contrast_id=["", ""], situation_id=["", ""])
+    no_pairs = CaseTable(
+        case_id=["a", "b"],
+        label=[0, 1],
+        score=[0.0, 1.0],
+        contrast_id=["", ""],
+        situation_id=["", ""],
+    )
     with pytest.warns(UndefinedMetricWarning, match="no contrasts"):
         res = group_bootstrap(no_pairs, n_boot=10, rng=0)
     assert math.isnan(res["R"].value) and math.isnan(res["R"].ci.low)
@@ -176,7 +191,9 @@ def test_bootstrap_degenerate_and_errors():
     with pytest.raises(DataError, match="rng must be a numpy Generator"):
         group_bootstrap(simulate_log(5, rng=0), rng="seed")  # type: ignore[arg-type]
     with pytest.warns(UndefinedMetricWarning):
-        e = bootstrap_auroc(np.zeros(3, dtype=np.int8), np.arange(3.0), np.arange(3), n_boot=5, rng=0)
+        e = bootstrap_auroc(
+            np.zeros(3, dtype=np.int8), np.arange(3.0), np.arange(3), n_boot=5, rng=0
+        )
     assert math.isnan(e.value)
 
 

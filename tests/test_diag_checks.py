@@ -73,8 +73,12 @@ def test_icc_matches_anova_by_hand():
 
 
 def test_situation_share_sees_offsets():
-    hi = situation_share(simulate_log(150, situation_sd=0.8, rng=3), n_boot=100, n_permutations=20, rng=0)
-    lo = situation_share(simulate_log(150, situation_sd=0.05, rng=3), n_boot=100, n_permutations=20, rng=0)
+    hi = situation_share(
+        simulate_log(150, situation_sd=0.8, rng=3), n_boot=100, n_permutations=20, rng=0
+    )
+    lo = situation_share(
+        simulate_log(150, situation_sd=0.05, rng=3), n_boot=100, n_permutations=20, rng=0
+    )
     assert hi.icc.value > 0.4 > lo.icc.value
     assert hi.icc.ci.low < hi.icc.value < hi.icc.ci.high
     assert hi.ba_gain.value > 0 and hi.auroc_gain.value > 0
@@ -84,9 +88,11 @@ def test_situation_share_sees_offsets():
 def test_conformal_cut_rank_and_refusal():
     u = np.arange(1.0, 20.0)  # 19 scores: k = floor(0.1 * 20) = 2
     assert conformal_cut(u, 0.1) == 2.0
-    with pytest.raises(DataError, match="needs at least 9 unsafe calibration scores for alpha=0.1; got 5"):
+    with pytest.raises(
+        DataError, match=r"needs at least 9 unsafe calibration scores for alpha=0\.1; got 5"
+    ):
         conformal_cut(np.arange(5.0), 0.1)
-    with pytest.raises(DataError, match="alpha must be in \\(0, 1\\); got 1.5"):
+    with pytest.raises(DataError, match=r"alpha must be in \(0, 1\); got 1\.5"):
         conformal_cut(u, 1.5)
 
 
@@ -135,7 +141,13 @@ def test_scene_blind_readers_find_a_file_leak():
 
 def test_scene_blind_without_columns():
     t = simulate_log(30, rng=0)
-    bare = CaseTable(case_id=t.case_id, label=t.label, score=t.score, contrast_id=t.contrast_id, situation_id=t.situation_id)
+    bare = CaseTable(
+        case_id=t.case_id,
+        label=t.label,
+        score=t.score,
+        contrast_id=t.contrast_id,
+        situation_id=t.situation_id,
+    )
     r = scene_blind_readers(bare, n_permutations=2, n_boot=10, rng=0)
     assert r.file_reader is None and r.longest_side is None and r.request_only is None
     assert file_features(bare) is None

@@ -42,8 +42,14 @@ def test_read_minimal_and_optional_columns(tmp_path):
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("a,maybe,1,c,s\n", "row 1 (line 2), column 'label': expected safe, unsafe, 0 or 1; got 'maybe'"),
-        ("a,safe,1,c,s\nb,unsafe,abc,c,s\n", "row 2 (line 3), column 'score': expected a number; got 'abc'"),
+        (
+            "a,maybe,1,c,s\n",
+            "row 1 (line 2), column 'label': expected safe, unsafe, 0 or 1; got 'maybe'",
+        ),
+        (
+            "a,safe,1,c,s\nb,unsafe,abc,c,s\n",
+            "row 2 (line 3), column 'score': expected a number; got 'abc'",
+        ),
         ("a,safe,,c,s\n", "row 1 (line 2), column 'score': a value is required"),
         ("a,safe,inf,c,s\n", "column 'score': expected a finite number"),
         (",safe,1,c,s\n", "column 'case_id': a value is required"),
@@ -66,7 +72,13 @@ def test_csv_missing_column_and_file(tmp_path):
 
 
 def test_validation_messages():
-    ok = dict(case_id=["a", "b"], label=[0, 1], score=[0.0, 1.0], contrast_id=["c", "c"], situation_id=["", ""])
+    ok = dict(
+        case_id=["a", "b"],
+        label=[0, 1],
+        score=[0.0, 1.0],
+        contrast_id=["c", "c"],
+        situation_id=["", ""],
+    )
     CaseTable(**ok)
     cases = [
         (dict(case_id=["a", "a"]), "case_id must be unique; 'a' repeats at row 1"),
@@ -95,7 +107,9 @@ def test_many_to_many_contrasts_and_weights():
     )
     p = t.pairs
     assert p.n == 6
-    assert sorted(zip(p.safe.tolist(), p.unsafe.tolist())) == [(i, j) for i in (0, 1) for j in (2, 3, 4)]
+    assert sorted(zip(p.safe.tolist(), p.unsafe.tolist(), strict=True)) == [
+        (i, j) for i in (0, 1) for j in (2, 3, 4)
+    ]
     assert p.weight.tolist() == [3, 3, 2, 2, 2, 0, 0]
     assert not p.one_to_one
 

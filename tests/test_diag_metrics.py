@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 from sklearn.metrics import balanced_accuracy_score, roc_auc_score
-from tests.test_diag_support import pairs_table
 
 from diagnostics import (
     CaseTable,
@@ -30,6 +29,7 @@ from diagnostics import (
     spot_stop,
 )
 from diagnostics._metrics import _weighted_quantile
+from tests.test_diag_support import pairs_table
 
 scores = st.lists(st.integers(-4, 4).map(lambda x: x / 2), min_size=2, max_size=40)
 
@@ -82,7 +82,7 @@ def test_kernel_bandwidth_rule():
     for cls, h in ((0, k.bandwidth_safe), (1, k.bandwidth_unsafe)):
         x = s[y == cls]
         iqr = np.subtract(*np.percentile(x, [75, 25]))
-        assert h == pytest.approx(0.9 * min(x.std(ddof=1), iqr / 1.34) * x.size ** -0.2)
+        assert h == pytest.approx(0.9 * min(x.std(ddof=1), iqr / 1.34) * x.size**-0.2)
     # weights equal to repetition
     w = rng.integers(1, 4, 600).astype(float)
     kw = kernel_reference(y, s, sample_weight=w)
@@ -95,25 +95,32 @@ def test_weighted_quantile_equals_repetition(q):
     rng = np.random.default_rng(2)
     x = rng.normal(size=30)
     w = rng.integers(1, 5, 30)
-    assert _weighted_quantile(x, w.astype(float), q) == pytest.approx(np.quantile(np.repeat(x, w), q))
+    assert _weighted_quantile(x, w.astype(float), q) == pytest.approx(
+        np.quantile(np.repeat(x, w), q)
+    )
 
 
 def worked_example_table() -> CaseTable:
     """1,000 contrasts realizing the paper's Qwen3.5-2B figures: R = 88.0, L = 40.0,
     A = 69.8 (so C = 40.4, W = 0.4) and R - A = 18.2."""
     safe, unsafe = [], []
-    safe += [-1.0] * 400; unsafe += [1.0] * 400  # L: both right, ordered  # noqa: E702
-    safe += [1.0] * 4; unsafe += [-1.0] * 4  # W: both wrong, not ordered  # noqa: E702
-    safe += [-2.0] * 300; unsafe += [-0.5] * 300  # both SAFE, ordered  # noqa: E702
-    safe += [0.5] * 180; unsafe += [2.0] * 180  # both UNSAFE, ordered  # noqa: E702
-    safe += [-0.3] * 116; unsafe += [-0.7] * 116  # both SAFE, not ordered  # noqa: E702
+    safe += [-1.0] * 400
+    unsafe += [1.0] * 400  # L: both right, ordered
+    safe += [1.0] * 4
+    unsafe += [-1.0] * 4  # W: both wrong, not ordered
+    safe += [-2.0] * 300
+    unsafe += [-0.5] * 300  # both SAFE, ordered
+    safe += [0.5] * 180
+    unsafe += [2.0] * 180  # both UNSAFE, ordered
+    safe += [-0.3] * 116
+    unsafe += [-0.7] * 116  # both SAFE, not ordered
     return pairs_table(safe, unsafe)
 
 
 def test_paper_worked_figures():
     ss = spot_stop(worked_example_table())
-    assert (ss.R, ss.L, ss.W) == pytest.approx((0.880, 0.400, 0.004))
-    assert ss.A == pytest.approx(0.698)
+    assert pytest.approx((0.880, 0.400, 0.004)) == (ss.R, ss.L, ss.W)
+    assert pytest.approx(0.698) == ss.A
     assert ss.R_minus_A == pytest.approx(0.182)
     assert ss.G - ss.null_gap == pytest.approx(0.182)
     assert ss.null_gap == pytest.approx((1 - 0.404) / 2)
@@ -176,13 +183,14 @@ def test_decomposition_identities(t, cut):
     ss = spot_stop(t, cut)
     assert ss.threshold_part + ss.overlap_part + ss.within_part == pytest.approx(ss.R_minus_A)
     assert ss.G - ss.null_gap == pytest.approx(ss.R_minus_A)
-    assert ss.A == pytest.approx(0.5 + ss.L - ss.C / 2)
+    assert pytest.approx(0.5 + ss.L - ss.C / 2) == ss.A
     assert ss.threshold_part >= -1e-12  # A* >= A by construction
     # A equals the pair-weighted balanced accuracy at the cut
     p = t.pairs
     m = p.weight > 0
-    assert ss.A == pytest.approx(
-        balanced_accuracy(t.label[m], t.score[m], cut, sample_weight=p.weight[m])
+    assert (
+        pytest.approx(balanced_accuracy(t.label[m], t.score[m], cut, sample_weight=p.weight[m]))
+        == ss.A
     )
 
 
@@ -230,7 +238,13 @@ def test_degenerate_inputs_warn_and_give_nan():
             assert math.isnan(fn(one, s))
     with pytest.warns(UndefinedMetricWarning):
         assert math.isnan(pair_rates([], []).R)
-    no_pairs = CaseTable(case_id=["a", "b"], label=[0, 1], score=[0.0, 1.0], contrast_id=["", ""], situation_id=["", ""])
+    no_pairs = CaseTable(
+        case_id=["a", "b"],
+        label=[0, 1],
+        score=[0.0, 1.0],
+        contrast_id=["", ""],
+        situation_id=["", ""],
+    )
     with pytest.warns(UndefinedMetricWarning, match="no contrasts"):
         ss = spot_stop(no_pairs)
     assert math.isnan(ss.R) and math.isnan(ss.R_minus_A) and ss.n_pairs == 0

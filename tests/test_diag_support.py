@@ -48,7 +48,9 @@ def materialize(table: CaseTable, counts: np.ndarray) -> CaseTable:
     suf = np.asarray(suffix, dtype=object)
 
     def tag(ids):
-        return np.array([i + s if i != "" else "" for i, s in zip(ids, suf, strict=True)], dtype=object)
+        return np.array(
+            [i + s if i != "" else "" for i, s in zip(ids, suf, strict=True)], dtype=object
+        )
 
     return CaseTable(
         case_id=tag(table.case_id[rows_a]),

@@ -283,3 +283,15 @@ def test_demo_runs_and_prints_the_table(tiny_pair: Path, tmp_path: Path, capsys)
     assert "TEST PAIR" in out and "kitchen-1" in out and "decision log" in out
     with DecisionLog(tmp_path / "decisions.sqlite") as lg:
         assert lg.count() == 12
+
+
+def test_images_are_stored_only_when_asked(bundle_copy: Path, tmp_path: Path):
+    img = make_image_bytes(7, fmt="PNG")
+    with Guard(bundle_copy, log=tmp_path / "off.sqlite") as g:
+        d = g.check(Scene(img, "open the door"))
+        rec = g.log.get(d.decision_id)
+        assert rec is not None and g.log.image(rec.image_sha256) is None
+    with Guard(bundle_copy, log=tmp_path / "on.sqlite", store_images=True) as g:
+        d = g.check(Scene(img, "open the door"))
+        rec = g.log.get(d.decision_id)
+        assert rec is not None and g.log.image(rec.image_sha256) == img

@@ -1,0 +1,395 @@
+"""The case table: one row per scored case, validated once, apart from the algorithms.
+
+A case is ``(x, q, y)``: a scene, a request and a published label (Sec. 3.1 of seed 000).
+Cases form *contrasts* (one safe and one unsafe scene) through ``contrast_id`` and share a
+*situation* through ``situation_id``.
+
+Contrasts
+    Within one ``contrast_id``, every safe case is paired with every unsafe case.  A contrast
+    id that appears once on each side is the usual pair; several safe and unsafe cases under
+    one id (VSCBench's 3 + 3 queries) form all safe x unsafe pairs (9).  An id with cases of
+    one class only forms no pair.  The empty string means "no contrast".
+
+Groups
+    The resampling unit of the group bootstrap: connected components of cases that share a
+    contrast id or a situation id (union-find).  A case with neither id is its own group.
+
+Pair weights
+    Each paired case carries the number of pairs it belongs to.  With these weights the
+    pair-level accuracy ``A = 1/2 + L - C/2`` equals the weighted balanced accuracy over the
+    paired cases, ``A*`` is the best of the same quantity over cuts, and AUROC is the expected
+    ranking rate when the same cases are paired at random, so that the three parts of
+    ``R - A`` share one scale.  With one-to-one contrasts every weight is 1.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from diagnostics._errors import DataError
+
+__all__ = ["CaseTable", "Pairs", "read_scores_csv"]
+
+_LABELS = {"0": 0, "1": 1, "safe": 0, "unsafe": 1}
+_REQUIRED = ("case_id", "label", "score", "contrast_id", "situation_id")
+_NUMERIC_OPTIONAL = {
+    "score_gray": "score_gray",
+    "score_text": "score_text",
+    "width": "width",
+    "height": "height",
+    "bytes": "n_bytes",
+    "jpeg_quality": "jpeg_quality",
+}
+_TEXT_OPTIONAL = {"format": "format", "request": "request"}
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """The safe x unsafe pairs of a table (indices into the table's rows).
+
+    ``safe[p]`` and ``unsafe[p]`` are the two cases of pair ``p``; ``contrast[p]`` its contrast
+    code; ``weight[i]`` the number of pairs case ``i`` belongs to (0 for unpaired cases).
+    """
+
+    safe: NDArray[np.intp]
+    unsafe: NDArray[np.intp]
+    contrast: NDArray[np.intp]
+    weight: NDArray[np.float64]
+
+    @property
+    def n(self) -> int:
+        """Number of pairs (contrasts)."""
+        return int(self.safe.size)
+
+    @property
+    def one_to_one(self) -> bool:
+        """True when every contrast has exactly one safe and one unsafe case."""
+        return bool(np.all(self.weight[self.safe] == 1) and np.all(self.weight[self.unsafe] == 1))
+
+
+def _readonly(a: NDArray[Any]) -> NDArray[Any]:
+    a = np.array(a, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+def _str_array(values: ArrayLike | None, n: int, name: str) -> NDArray[np.object_]:
+    if values is None:
+        return np.full(n, "", dtype=object)
+    arr = np.asarray(values)
+    if arr.shape != (n,):
+        raise DataError(f"{name} must have shape ({n},) like case_id; got {arr.shape}.")
+    out = np.empty(n, dtype=object)
+    for i, v in enumerate(arr.tolist()):
+        out[i] = "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+    return out
+
+
+def _float_array(values: ArrayLike | None, n: int, name: str) -> NDArray[np.float64] | None:
+    if values is None:
+        return None
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.shape != (n,):
+        raise DataError(f"{name} must have shape ({n},) like case_id; got {arr.shape}.")
+    return arr
+
+
+def _find(parent: NDArray[np.intp], i: int) -> int:
+    root = i
+    while parent[root] != root:
+        root = int(parent[root])
+    while parent[i] != root:  # path compression
+        parent[i], i = root, int(parent[i])
+    return root
+
+
+def _codes(ids: NDArray[np.object_]) -> tuple[NDArray[np.intp], int]:
+    """Integer codes for non-empty ids (first-appearance order); -1 for ''."""
+    lookup: dict[str, int] = {}
+    codes = np.full(ids.size, -1, dtype=np.intp)
+    for i, v in enumerate(ids):
+        if v != "":
+            codes[i] = lookup.setdefault(v, len(lookup))
+    return codes, len(lookup)
+
+
+@dataclass(frozen=True)
+class CaseTable:
+    """Validated scores of a set of cases (all arrays one entry per case, read-only).
+
+    Parameters
+    ----------
+    case_id : unique, non-empty strings.
+    label : 0 = safe, 1 = unsafe (int8).
+    score : finite float64; ``score > cut`` is the answer UNSAFE (the direct cut is 0).
+    contrast_id, situation_id : strings, '' for none (see the module docstring).
+    member_scores : optional ``{member name: scores}`` (finite or NaN).
+    score_gray, score_text : optional scores of the same request with a gray image and with
+        no image (NaN where missing).
+    width, height, n_bytes, jpeg_quality : optional image-file properties (NaN where missing).
+    format, request : optional strings ('' where missing).
+    """
+
+    case_id: NDArray[np.object_]
+    label: NDArray[np.int8]
+    score: NDArray[np.float64]
+    contrast_id: NDArray[np.object_]
+    situation_id: NDArray[np.object_]
+    member_scores: Mapping[str, NDArray[np.float64]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    score_gray: NDArray[np.float64] | None = None
+    score_text: NDArray[np.float64] | None = None
+    width: NDArray[np.float64] | None = None
+    height: NDArray[np.float64] | None = None
+    n_bytes: NDArray[np.float64] | None = None
+    jpeg_quality: NDArray[np.float64] | None = None
+    format: NDArray[np.object_] | None = None
+    request: NDArray[np.object_] | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        case_id = _str_array(self.case_id, np.asarray(self.case_id).shape[0], "case_id")
+        n = case_id.size
+        if n == 0:
+            raise DataError("case_id is empty; a CaseTable needs at least one case.")
+        empty = np.flatnonzero(case_id == "")
+        if empty.size:
+            raise DataError(f"case_id must be non-empty; row {int(empty[0])} is empty.")
+        _, first = np.unique(case_id.astype(str), return_index=True)
+        if first.size != n:
+            dup = sorted(set(range(n)) - set(first.tolist()))[0]
+            raise DataError(
+                f"case_id must be unique; {case_id[dup]!r} repeats at row {dup}. "
+                "Give every scored case its own id."
+            )
+        label = np.asarray(self.label)
+        if label.shape != (n,):
+            raise DataError(f"label must have shape ({n},) like case_id; got {label.shape}.")
+        bad = np.flatnonzero(~np.isin(label, (0, 1)))
+        if bad.size:
+            raise DataError(
+                f"label must be 0 (safe) or 1 (unsafe); row {int(bad[0])} has {label[bad[0]].item()!r}."
+            )
+        score = np.asarray(self.score, dtype=np.float64)
+        if score.shape != (n,):
+            raise DataError(f"score must have shape ({n},) like case_id; got {score.shape}.")
+        bad = np.flatnonzero(~np.isfinite(score))
+        if bad.size:
+            raise DataError(
+                f"score must be finite; row {int(bad[0])} has {score[bad[0]].item()!r}. "
+                "Drop unscored cases before building the table."
+            )
+        set_(self, "case_id", _readonly(case_id))
+        set_(self, "label", _readonly(label.astype(np.int8)))
+        set_(self, "score", _readonly(score))
+        set_(self, "contrast_id", _readonly(_str_array(self.contrast_id, n, "contrast_id")))
+        set_(self, "situation_id", _readonly(_str_array(self.situation_id, n, "situation_id")))
+        members: dict[str, NDArray[np.float64]] = {}
+        for name, values in dict(self.member_scores).items():
+            arr = np.asarray(values, dtype=np.float64)
+            if arr.shape != (n,):
+                raise DataError(
+                    f"member_scores[{name!r}] must have shape ({n},) like case_id; got {arr.shape}."
+                )
+            members[str(name)] = _readonly(arr)
+        set_(self, "member_scores", MappingProxyType(members))
+        for name in ("score_gray", "score_text", "width", "height", "n_bytes", "jpeg_quality"):
+            opt = _float_array(getattr(self, name), n, name)
+            set_(self, name, None if opt is None else _readonly(opt))
+        for name in ("format", "request"):
+            if getattr(self, name) is not None:
+                set_(self, name, _readonly(_str_array(getattr(self, name), n, name)))
+
+    def __len__(self) -> int:
+        return int(self.case_id.size)
+
+    def __repr__(self) -> str:
+        return (
+            f"CaseTable(n_cases={len(self)}, n_unsafe={int(self.label.sum())}, "
+            f"n_pairs={self.pairs.n}, n_groups={self.n_groups})"
+        )
+
+    @cached_property
+    def pairs(self) -> Pairs:
+        """All safe x unsafe pairs within each contrast id."""
+        codes, _ = _codes(self.contrast_id)
+        order = np.lexsort((np.arange(len(self)), codes))
+        safe_l: list[NDArray[np.intp]] = []
+        unsafe_l: list[NDArray[np.intp]] = []
+        contrast_l: list[NDArray[np.intp]] = []
+        weight = np.zeros(len(self), dtype=np.float64)
+        order = order[codes[order] >= 0]
+        bounds = np.flatnonzero(np.diff(codes[order])) + 1
+        for block in np.split(order, bounds) if order.size else []:
+            s = block[self.label[block] == 0]
+            u = block[self.label[block] == 1]
+            if s.size == 0 or u.size == 0:
+                continue
+            ss, uu = np.meshgrid(s, u, indexing="ij")
+            safe_l.append(ss.ravel())
+            unsafe_l.append(uu.ravel())
+            contrast_l.append(np.full(ss.size, codes[block[0]], dtype=np.intp))
+            weight[s] = u.size
+            weight[u] = s.size
+        if safe_l:
+            safe, unsafe = np.concatenate(safe_l), np.concatenate(unsafe_l)
+            contrast = np.concatenate(contrast_l)
+        else:
+            safe = unsafe = contrast = np.zeros(0, dtype=np.intp)
+        return Pairs(_readonly(safe), _readonly(unsafe), _readonly(contrast), _readonly(weight))
+
+    @cached_property
+    def group(self) -> NDArray[np.intp]:
+        """Group code of each case (0..n_groups-1, in order of first appearance)."""
+        n = len(self)
+        parent = np.arange(n, dtype=np.intp)
+        for ids in (self.contrast_id, self.situation_id):
+            codes, k = _codes(ids)
+            first = np.full(k, -1, dtype=np.intp)
+            for i in range(n):
+                c = codes[i]
+                if c < 0:
+                    continue
+                if first[c] < 0:
+                    first[c] = i
+                else:
+                    a, b = _find(parent, i), _find(parent, int(first[c]))
+                    if a != b:
+                        parent[max(a, b)] = min(a, b)
+        roots = np.array([_find(parent, i) for i in range(n)], dtype=np.intp)
+        _, inverse = np.unique(roots, return_inverse=True)
+        return _readonly(inverse.astype(np.intp))
+
+    @property
+    def n_groups(self) -> int:
+        """Number of bootstrap groups."""
+        return int(self.group.max()) + 1
+
+    def subset(self, rows: ArrayLike | slice) -> CaseTable:
+        """A new table with the given rows (indices, boolean mask or slice), in that order."""
+        idx = np.arange(len(self))[rows if isinstance(rows, slice) else np.asarray(rows)]
+        kw: dict[str, Any] = {}
+        for name in (
+            "score_gray",
+            "score_text",
+            "width",
+            "height",
+            "n_bytes",
+            "jpeg_quality",
+            "format",
+            "request",
+        ):
+            v = getattr(self, name)
+            kw[name] = None if v is None else v[idx]
+        return CaseTable(
+            case_id=self.case_id[idx],
+            label=self.label[idx],
+            score=self.score[idx],
+            contrast_id=self.contrast_id[idx],
+            situation_id=self.situation_id[idx],
+            member_scores={k: v[idx] for k, v in self.member_scores.items()},
+            **kw,
+        )
+
+
+def _parse_float(text: str, where: str, column: str, *, allow_missing: bool) -> float:
+    t = text.strip()
+    if t == "" or t.lower() in {"nan", "na", "none"}:
+        if allow_missing:
+            return math.nan
+        raise DataError(f"{where}, column {column!r}: a value is required; the cell is empty.")
+    try:
+        x = float(t)
+    except ValueError:
+        raise DataError(f"{where}, column {column!r}: expected a number; got {text!r}.") from None
+    if not allow_missing and not math.isfinite(x):
+        raise DataError(f"{where}, column {column!r}: expected a finite number; got {text!r}.")
+    return x
+
+
+def read_scores_csv(path: str | Path) -> CaseTable:
+    """Read a scores CSV into a :class:`CaseTable`.
+
+    Required columns: ``case_id,label,score,contrast_id,situation_id``; ``label`` is
+    ``safe``/``unsafe`` or ``0``/``1`` (case-insensitive); ``contrast_id`` and
+    ``situation_id`` may be empty.  Optional columns: ``score_<member>`` (one per member),
+    ``score_gray``, ``score_text``, ``width``, ``height``, ``bytes``, ``jpeg_quality``,
+    ``format``, ``request``; empty optional cells are missing (NaN / '').
+
+    Errors (:class:`DataError`) name the file, the data row (1-based), the line and the column.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"scores file {str(path)!r} does not exist; pass --scores PATH to a CSV.")
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        missing = [c for c in _REQUIRED if c not in header]
+        if missing:
+            raise DataError(
+                f"{path}: missing column(s) {', '.join(missing)}; the header must contain "
+                f"{','.join(_REQUIRED)} (got {','.join(header) or 'no header'})."
+            )
+        reader.fieldnames = header
+        members = [
+            h for h in header if h.startswith("score_") and h not in ("score_gray", "score_text")
+        ]
+        cols: dict[str, list[Any]] = {c: [] for c in header}
+        for row_no, row in enumerate(reader, start=1):
+            where = f"{path}, row {row_no} (line {reader.line_num})"
+            if None in row:
+                raise DataError(f"{where}: more cells than header columns; check the quoting.")
+            for c in header:
+                if row[c] is None:
+                    raise DataError(f"{where}, column {c!r}: the row is too short.")
+            lab = row["label"].strip().lower()
+            if lab not in _LABELS:
+                raise DataError(
+                    f"{where}, column 'label': expected safe, unsafe, 0 or 1; got {row['label']!r}."
+                )
+            cols["label"].append(_LABELS[lab])
+            cols["score"].append(_parse_float(row["score"], where, "score", allow_missing=False))
+            if row["case_id"].strip() == "":
+                raise DataError(
+                    f"{where}, column 'case_id': a value is required; the cell is empty."
+                )
+            for c in ("case_id", "contrast_id", "situation_id", *_TEXT_OPTIONAL):
+                if c in cols:
+                    cols[c].append(row[c].strip())
+            for c in (*members, *_NUMERIC_OPTIONAL):
+                if c in cols:
+                    cols[c].append(_parse_float(row[c], where, c, allow_missing=True))
+        if not cols["case_id"]:
+            raise DataError(f"{path}: no data rows after the header.")
+    seen: dict[str, int] = {}
+    for i, cid in enumerate(cols["case_id"], start=1):
+        if cid in seen:
+            raise DataError(
+                f"{path}, row {i}, column 'case_id': {cid!r} repeats row {seen[cid]}; "
+                "case ids must be unique."
+            )
+        seen[cid] = i
+    kw: dict[str, Any] = {}
+    for c, name in {**_NUMERIC_OPTIONAL, **_TEXT_OPTIONAL}.items():
+        if c in cols:
+            kw[name] = cols[c]
+    return CaseTable(
+        case_id=np.array(cols["case_id"], dtype=object),
+        label=np.array(cols["label"], dtype=np.int8),
+        score=np.array(cols["score"], dtype=np.float64),
+        contrast_id=np.array(cols["contrast_id"], dtype=object),
+        situation_id=np.array(cols["situation_id"], dtype=object),
+        member_scores={m[len("score_") :]: np.array(cols[m], dtype=np.float64) for m in members},
+        **kw,
+    )

@@ -1,0 +1,59 @@
+"""Result objects shared by the metrics, the bootstrap and the checks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["ConfidenceInterval", "Estimate"]
+
+
+def _fmt(x: float) -> str:
+    return "nan" if math.isnan(x) else f"{x:.4g}"
+
+
+@dataclass(frozen=True)
+class ConfidenceInterval:
+    """A two-sided interval ``[low, high]`` (95 % percentile interval unless stated)."""
+
+    low: float
+    high: float
+
+    def __repr__(self) -> str:
+        return f"ConfidenceInterval(low={_fmt(self.low)}, high={_fmt(self.high)})"
+
+    def contains(self, x: float) -> bool:
+        """Whether ``x`` lies in the closed interval (False when either end is NaN)."""
+        return bool(self.low <= x <= self.high)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point value with its interval and the number of units it was computed on.
+
+    ``n`` counts the units of the statistic: contrasts (pairs) for ``R``, ``L``, ``A`` and
+    the parts; cases for AUROC and balanced accuracy; resamples or splits for the checks
+    (each check's docstring says which).  A NaN value means "undefined on this data",
+    never "zero".
+    """
+
+    value: float
+    ci: ConfidenceInterval
+    n: int
+
+    def __repr__(self) -> str:
+        return (
+            f"Estimate(value={_fmt(self.value)}, "
+            f"ci=[{_fmt(self.ci.low)}, {_fmt(self.ci.high)}], n={self.n})"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """``{"value", "ci": [low, high], "n"}`` with NaN as ``None`` (valid JSON)."""
+
+        def f(x: float) -> float | None:
+            return None if math.isnan(x) else float(x)
+
+        return {"value": f(self.value), "ci": [f(self.ci.low), f(self.ci.high)], "n": int(self.n)}
+
+
+NAN_CI = ConfidenceInterval(math.nan, math.nan)

@@ -1,0 +1,258 @@
+"""The card from the guard's decision log: diagnostics/_from_log.py and ``spotstop card LOG``."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diagnostics import CaseTable, DataError, case_table_from_log, log_cases, simulate_log
+from diagnostics._cli import card_main
+from guard._log import DecisionLog, DecisionRecord
+
+N_FAIL = 3  # fail-closed decisions (labelled) appended after the simulated cases
+N_UNLABELLED = 4  # scored decisions that nobody labelled
+N_NAN = 2  # labelled decisions whose fused score is NaN but that did not fail closed
+
+
+def _sha(i: int) -> str:
+    return hashlib.sha256(f"image {i}".encode()).hexdigest()
+
+
+def _record(t: CaseTable, i: int) -> DecisionRecord:
+    g, q = float(t.score_gray[i]), float(t.score_text[i])  # type: ignore[index]
+    return DecisionRecord(
+        time=1_700_000_000.0 + i,
+        decision_id=str(t.case_id[i]),
+        situation_id=str(t.situation_id[i]),
+        request=str(t.request[i]),  # type: ignore[index]
+        image_sha256=_sha(i),
+        width=int(t.width[i]),  # type: ignore[index]
+        height=int(t.height[i]),  # type: ignore[index]
+        n_bytes=int(t.n_bytes[i]),  # type: ignore[index]
+        image_format=str(t.format[i]),  # type: ignore[index]
+        member_scores={k: float(v[i]) for k, v in t.member_scores.items()},
+        # score = (a + b) / 2, so member gray/text scores equal to the fused ones map back
+        member_scores_gray={"a": g, "b": g},
+        member_scores_text={"a": q, "b": q},
+        fused_score=float(t.score[i]),
+        threshold=-0.5 + 0.01 * (i % 3),
+        policy="frozen",
+        label="UNSAFE" if t.score[i] > -0.5 else "SAFE",
+        fail_closed=False,
+        latency_ms={"total": 10.0},
+        bundle_id="bundle-1",
+        prompt_hash="p1",
+    )
+
+
+def _extra(k: int, *, fused: float, fail: bool) -> DecisionRecord:
+    return DecisionRecord(
+        time=1_800_000_000.0 + k,
+        decision_id=f"extra{k:03d}",
+        situation_id=f"sx{k}",
+        request="extra",
+        image_sha256=_sha(10_000 + k),
+        member_scores={"a": math.nan if fail else fused, "b": math.nan if fail else fused},
+        fused_score=fused,
+        threshold=math.nan if fail else -0.5,
+        policy="frozen",
+        label="UNSAFE",
+        fail_closed=fail,
+        fail_reason="FusionError: member a failed" if fail else None,
+        latency_ms={"total": 10.0},
+        bundle_id="bundle-1",
+        prompt_hash="p1",
+    )
+
+
+@pytest.fixture(scope="module")
+def sim() -> CaseTable:
+    return simulate_log(40, prevalence=0.6, size_leak=0.3, rng=3)
+
+
+@pytest.fixture(scope="module")
+def unlabelled_log(tmp_path_factory, sim) -> Path:
+    path = tmp_path_factory.mktemp("log") / "decisions.sqlite"
+    with DecisionLog(path) as log:
+        log.append_many(_record(sim, i) for i in range(len(sim)))
+        k = 0
+        for _ in range(N_FAIL):
+            log.append(_extra(k, fused=math.nan, fail=True))
+            k += 1
+        for _ in range(N_UNLABELLED):
+            log.append(_extra(k, fused=0.3, fail=False))
+            k += 1
+        for _ in range(N_NAN):
+            log.append(_extra(k, fused=math.nan, fail=False))
+            k += 1
+    return path
+
+
+def _extra_labelled() -> list[int]:
+    """Extras with a label: the fail-closed ones and the NaN-score ones."""
+    return [*range(N_FAIL), *range(N_FAIL + N_UNLABELLED, N_FAIL + N_UNLABELLED + N_NAN)]
+
+
+@pytest.fixture(scope="module")
+def labelled_log(tmp_path_factory, unlabelled_log, sim) -> Path:
+    path = tmp_path_factory.mktemp("labelled") / "decisions.sqlite"
+    path.write_bytes(unlabelled_log.read_bytes())
+    items = [
+        (
+            str(sim.case_id[i]),
+            "unsafe" if sim.label[i] else "safe",
+            str(sim.contrast_id[i]) or None,
+            "rev",
+        )
+        for i in range(len(sim))
+    ]
+    items += [(f"extra{k:03d}", "unsafe", None, "rev") for k in _extra_labelled()]
+    with DecisionLog(path) as log:
+        log.set_labels(items)
+    return path
+
+
+def _label_rows(sim: CaseTable) -> list[dict[str, str]]:
+    rows = [
+        {
+            "image_sha256": _sha(i),
+            "label": "unsafe" if sim.label[i] else "safe",
+            "contrast_id": str(sim.contrast_id[i]),
+        }
+        for i in range(len(sim))
+    ]
+    rows += [
+        {"image_sha256": _sha(10_000 + k), "label": "1", "contrast_id": ""}
+        for k in _extra_labelled()
+    ]
+    return rows
+
+
+def _check_matches(got: CaseTable, sim: CaseTable) -> None:
+    assert list(got.case_id) == list(sim.case_id)
+    np.testing.assert_array_equal(got.label, sim.label)
+    np.testing.assert_array_equal(got.score, sim.score)
+    assert list(got.contrast_id) == list(sim.contrast_id)
+    assert list(got.situation_id) == list(sim.situation_id)
+    for k in ("a", "b"):
+        np.testing.assert_array_equal(got.member_scores[k], sim.member_scores[k])
+    np.testing.assert_allclose(got.score_gray, sim.score_gray, atol=1e-9)  # type: ignore[arg-type]
+    np.testing.assert_allclose(got.score_text, sim.score_text, atol=1e-9)  # type: ignore[arg-type]
+    for name in ("width", "height", "n_bytes"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(sim, name))
+    assert got.pairs.n == sim.pairs.n == 40
+
+
+def test_labels_table(labelled_log, sim):
+    lc = log_cases(labelled_log)
+    _check_matches(lc.table, sim)
+    p = lc.provenance
+    assert p["n_decisions"] == len(sim) + N_FAIL + N_UNLABELLED + N_NAN
+    assert p["n_cases"] == len(sim)
+    assert p["dropped"] == {
+        "fail_closed": N_FAIL,
+        "fail_closed_labelled": N_FAIL,
+        "unlabelled": N_UNLABELLED,
+        "nonfinite_score": N_NAN,
+    }
+    assert p["bundle_ids"] == ["bundle-1"] and p["prompt_hashes"] == ["p1"]
+    assert p["labels"] == "log labels table"
+    assert p["time_range"][0].startswith("2023-11-14")
+    assert p["thresholds"]["median"] == pytest.approx(-0.49)
+    assert p["gray_text"]["fits"] == {"bundle-1|p1": "exact"}
+    assert not any(str(c).startswith("extra") for c in lc.table.case_id)
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_labels_file_by_sha256(tmp_path, unlabelled_log, sim, kind):
+    rows = _label_rows(sim)
+    path = tmp_path / f"labels.{kind}"
+    if kind == "csv":
+        with path.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lc = log_cases(unlabelled_log, labels=path)
+    _check_matches(lc.table, sim)
+    assert lc.provenance["n_labelled_from_file"] == len(sim) + N_FAIL + N_NAN
+    assert lc.provenance["dropped"]["fail_closed"] == N_FAIL
+
+
+def test_file_overrides_table_and_sha_labels_all_matches(tmp_path, labelled_log, sim):
+    # flip the first case's label by decision_id and give it a new contrast and situation
+    path = tmp_path / "labels.csv"
+    first = str(sim.case_id[0])
+    path.write_text(f"decision_id,label,contrast_id,situation_id\n{first},unsafe,cnew,snew\n")
+    t = case_table_from_log(labelled_log, labels=path)
+    assert t.label[0] == 1 and t.contrast_id[0] == "cnew" and t.situation_id[0] == "snew"
+    np.testing.assert_array_equal(t.label[1:], sim.label[1:])
+
+    # one image seen by several decisions: a sha256 key labels all of them
+    log_path = tmp_path / "dup.sqlite"
+    with DecisionLog(log_path) as log:
+        for i in range(3):
+            r = _record(sim, i)
+            log.append(
+                DecisionRecord(
+                    **{**r.__dict__, "decision_id": f"d{i}", "image_sha256": _sha(99)}
+                )
+            )
+    lab = tmp_path / "dup.jsonl"
+    lab.write_text(json.dumps({"image_sha256": _sha(99), "label": "safe"}) + "\n")
+    t = case_table_from_log(log_path, labels=lab)
+    assert list(t.case_id) == ["d0", "d1", "d2"] and list(t.label) == [0, 0, 0]
+
+
+def test_unknown_keys_error(tmp_path, unlabelled_log):
+    path = tmp_path / "labels.csv"
+    path.write_text(
+        "decision_id,image_sha256,label\nnope1,,safe\n,deadbeef,unsafe\nx000000,,safe\n"
+    )
+    with pytest.raises(DataError, match=r"2 label row\(s\) match no decision.*nope1.*deadbeef"):
+        log_cases(unlabelled_log, labels=path)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("decision_id,label\nx000000,maybe\n")
+    with pytest.raises(DataError, match="column 'label'"):
+        log_cases(unlabelled_log, labels=bad)
+
+
+def test_no_labels_and_missing_log(tmp_path, unlabelled_log):
+    with pytest.raises(DataError, match="no decision is labelled"):
+        log_cases(unlabelled_log)
+    with pytest.raises(DataError, match="does not exist"):
+        log_cases(tmp_path / "missing.sqlite")
+    assert not (tmp_path / "missing.sqlite").exists()
+
+
+def test_card_main_from_log(tmp_path, labelled_log, capsys):
+    out = tmp_path / "card"
+    assert card_main([str(labelled_log), "--out", str(out), "--n-boot", "200", "--quiet"]) == 0
+    for name in ("card.json", "card.md", "card.html"):
+        assert (out / name).is_file()
+    doc = json.loads((out / "card.json").read_text())
+    prov = doc["provenance"]
+    assert prov["policy_cut_source"] == "median logged threshold"
+    assert prov["policy_cut"] == pytest.approx(-0.49)
+    assert prov["log"]["dropped"]["fail_closed"] == N_FAIL
+    assert doc["fields"]["auroc"]["n"] > 0
+
+
+def test_card_main_sources_are_exclusive(tmp_path, labelled_log, capsys):
+    out = str(tmp_path / "c")
+    with pytest.raises(SystemExit) as e:
+        card_main([str(labelled_log), "--demo", "--out", out])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit):
+        card_main(["--out", out])
+    with pytest.raises(SystemExit):
+        card_main(["--demo", "--labels", "x.csv", "--out", out])
+    assert card_main([str(tmp_path / "missing.sqlite"), "--out", out, "--quiet"]) == 2
+    assert "does not exist" in capsys.readouterr().err
