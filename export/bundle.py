@@ -59,7 +59,7 @@ def write_bundle(
             or cfg.image_size
             or (tuple(folder.hints["image_size"]) if "image_size" in folder.hints else None)
         )
-        g = folder.arch.geometry(folder.config, folder.preprocessor, size)  # type: ignore[arg-type]
+        g = folder.arch.geometry(folder.config, folder.preprocessor, size)
         template = render_template(folder, cfg.prompt)
         ph = prompt_hash(cfg.prompt, template, folder.model_type)
         hashes[mname] = ph

@@ -129,23 +129,25 @@ def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
     except (TypeError, ConfigError) as e:
         raise BundleError(f"manifest.prompt is invalid: {e}") from e
     members = []
-    for i, e in enumerate(_req(m, "members", "manifest")):
+    for i, entry in enumerate(_req(m, "members", "manifest")):
         where = f"manifest.members[{i}]"
-        mp = Path(_req(e, "path", where))
-        t = _req(e, "template", where)
+        mp = Path(_req(entry, "path", where))
+        t = _req(entry, "template", where)
         members.append(
             BundleMember(
-                name=str(_req(e, "name", where)),
+                name=str(_req(entry, "name", where)),
                 path=mp if mp.is_absolute() else root / mp,
-                model_type=str(_req(e, "model_type", where)),
-                backend=str(e.get("backend", "torch")),
-                image_size=parse_image_size(_req(e, "image_size", where), f"{where}.image_size"),
-                prompt_hash=str(_req(e, "prompt_hash", where)),
+                model_type=str(_req(entry, "model_type", where)),
+                backend=str(entry.get("backend", "torch")),
+                image_size=parse_image_size(
+                    _req(entry, "image_size", where), f"{where}.image_size"
+                ),
+                prompt_hash=str(_req(entry, "prompt_hash", where)),
                 template=RenderedTemplate(
                     with_image=_req(t, "with_image", f"{where}.template"),
                     without_image=_req(t, "without_image", f"{where}.template"),
                 ),
-                revision=e.get("revision"),
+                revision=entry.get("revision"),
             )
         )
     ph = pair_prompt_hash({mm.name: mm.prompt_hash for mm in members})

@@ -31,7 +31,7 @@ from guard._member import Member, load_member
 from guard._policy import PolicyConfig, check_policy_matches, decide_batch, load_policy
 from guard._types import Scene, Variant
 
-__all__ = ["Decision", "Guard"]
+__all__ = ["Decision", "Guard", "SituationInfo"]
 
 Label = Literal["SAFE", "UNSAFE"]
 
@@ -103,6 +103,35 @@ class Decision:
         }
 
 
+@dataclass(frozen=True)
+class SituationInfo:
+    """What the guard knows of one situation: its reference scores and the next threshold.
+
+    ``threshold`` is what a new scene of this situation would be compared with now (NaN when
+    the fallback has no fixed threshold, e.g. ``direct``).
+    """
+
+    situation_id: str
+    policy: str
+    references: tuple[float, ...]
+    rule: str
+    threshold: float
+    min_refs: int
+    window: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "situation_id": self.situation_id,
+            "policy": self.policy,
+            "references": list(self.references),
+            "n_references": len(self.references),
+            "rule": self.rule,
+            "threshold": self.threshold if np.isfinite(self.threshold) else None,
+            "min_refs": self.min_refs,
+            "window": self.window,
+        }
+
+
 @dataclass
 class _Work:
     """One scene on its way through the guard (mutable, private)."""
@@ -162,10 +191,8 @@ class Guard:
             )
         self.variants: tuple[Variant, ...] = tuple(dict.fromkeys(variants))
         self.deadline_s = deadline_s
-        self.policy_config: PolicyConfig = load_policy(
-            self.bundle.policy_path, state_file=state_file
-        )
-        check_policy_matches(self.policy_config, self.bundle.bundle_id, self.bundle.prompt_hash)
+        self._state_file = state_file
+        self.policy_config: PolicyConfig = self._load_policy(self.bundle.policy_path)
         self.members: dict[str, Member] = {}
         self.member_errors: dict[str, str] = {}
         cfg = ScoringConfig(prompt=self.bundle.prompt)
@@ -196,6 +223,7 @@ class Guard:
                 log if log is not None else self.bundle.path / "decisions.sqlite",
                 store_images=store_images,
             )
+        self.policy_path = self.bundle.policy_path
         self._pending: list[DecisionRecord] = []
         self._lock = threading.Lock()
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotstop-score")
@@ -214,6 +242,38 @@ class Guard:
         state = "ready" if self.ready else f"NOT READY ({'; '.join(self.member_errors.values())})"
         return f"<Guard {self.bundle.bundle_id} policy={self.policy_config.policy.kind} {state}>"
 
+    def _load_policy(self, path: str | os.PathLike[str]) -> PolicyConfig:
+        cfg = load_policy(path, state_file=self._state_file)
+        check_policy_matches(cfg, self.bundle.bundle_id, self.bundle.prompt_hash)
+        return cfg
+
+    def reload_policy(self, path: str | os.PathLike[str] | None = None) -> PolicyConfig:
+        """Swap in a new policy file atomically, between two batches.
+
+        The new file is loaded and checked (schema, bundle id, prompt hash) before the swap; if
+        anything is wrong the old policy stays and the error is raised. A call in progress
+        finishes with the old policy; the next one uses the new. Returns the new policy.
+        """
+        new = self._load_policy(path if path is not None else self.bundle.policy_path)
+        with self._lock:
+            self.policy_config = new
+            self.policy_path = Path(path) if path is not None else self.bundle.policy_path
+        return new
+
+    def situation(self, situation_id: str) -> SituationInfo:
+        """The recentering state of one situation under the current policy."""
+        pol: Any = self.policy_config.policy
+        if pol.kind != "situation":
+            return SituationInfo(situation_id, pol.kind, (), pol.kind, float("nan"), 0, 0)
+        refs = pol.state.references(situation_id)
+        active = len(refs) >= pol.min_refs
+        fb = pol.fallback
+        thr = float(np.mean(refs)) if active else float(getattr(fb, "threshold", float("nan")))
+        rule = "situation" if active else f"situation->{fb.kind}"
+        return SituationInfo(
+            situation_id, pol.kind, tuple(refs), rule, thr, pol.min_refs, pol.window
+        )
+
     def check(self, scene: Scene) -> Decision:
         """Judge one scene (see :meth:`check_batch`)."""
         return self.check_batch([scene])[0]
@@ -228,9 +288,8 @@ class Guard:
                     w.fail_with(f"input: expected a Scene, got {type(s).__name__}")
             self._decode(works)
             self._score_with_deadline(works)
-            decisions = self._decide(works)
-            decisions = self._write_log(works, decisions, t_start)
-            return decisions
+            decided = self._decide(works)
+            return self._write_log(works, decided, t_start)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

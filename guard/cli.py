@@ -30,6 +30,7 @@ _EPILOG = """\
 examples:
   spotstop demo                                   the guard end to end on the tiny TEST pair
   spotstop check cam.jpg --request "open the door" --bundle BUNDLE && open_door
+  spotstop card --demo --out card/               the per-deployment card on a simulated log
   spotstop tiny --out ./tiny                      build the tiny TEST pair (decisions mean nothing)
   spotstop score --member ./tiny/tiny-qwen3_5 scene.jpg --request "pick up the knife"
 
@@ -258,7 +259,24 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if d.label == "SAFE" else 1
 
 
-_COMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_check, _add_tiny, _add_score]
+def _add_card(sub: Any) -> None:
+    p = sub.add_parser(
+        "card",
+        help="write the per-deployment card (Spot-Stop with intervals, checks, plots)",
+        description="Run `spotstop card --help` for the card's options.",
+        add_help=False,
+    )
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.set_defaults(func=_cmd_card)
+
+
+def _cmd_card(args: argparse.Namespace) -> int:
+    from diagnostics._cli import card_main
+
+    return card_main(list(args.rest))
+
+
+_COMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_check, _add_card, _add_tiny, _add_score]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -278,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from guard._errors import GuardError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["card"]:  # the card command owns its whole argument list (and --help)
+        from diagnostics._cli import card_main
+
+        return card_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:

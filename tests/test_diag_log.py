@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import math
@@ -200,11 +201,7 @@ def test_file_overrides_table_and_sha_labels_all_matches(tmp_path, labelled_log,
     with DecisionLog(log_path) as log:
         for i in range(3):
             r = _record(sim, i)
-            log.append(
-                DecisionRecord(
-                    **{**r.__dict__, "decision_id": f"d{i}", "image_sha256": _sha(99)}
-                )
-            )
+            log.append(dataclasses.replace(r, decision_id=f"d{i}", image_sha256=_sha(99)))
     lab = tmp_path / "dup.jsonl"
     lab.write_text(json.dumps({"image_sha256": _sha(99), "label": "safe"}) + "\n")
     t = case_table_from_log(log_path, labels=lab)

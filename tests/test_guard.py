@@ -15,6 +15,7 @@ pytest.importorskip("torch")
 
 from guard import (
     BundleError,
+    Decision,
     DecisionLog,
     Guard,
     PolicyError,
@@ -295,3 +296,31 @@ def test_images_are_stored_only_when_asked(bundle_copy: Path, tmp_path: Path):
         d = g.check(Scene(img, "open the door"))
         rec = g.log.get(d.decision_id)
         assert rec is not None and g.log.image(rec.image_sha256) == img
+
+
+def test_reload_policy_swaps_atomically_and_refuses_a_mismatch(bundle_copy: Path, tmp_path: Path):
+    _set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        assert g.check(_scene()).label == "SAFE"
+        _set_frozen(bundle_copy, -1e9)
+        assert g.check(_scene()).label == "SAFE"  # not reloaded yet
+        g.reload_policy()
+        assert g.check(_scene()).label == "UNSAFE"
+        bad = tmp_path / "other.yaml"
+        data = yaml.safe_load((bundle_copy / "policy.yaml").read_text())
+        data["prompt_hash"] = "0000000000000000"
+        bad.write_text(yaml.safe_dump(data))
+        with pytest.raises(PolicyError, match="0000000000000000"):
+            g.reload_policy(bad)
+        d = g.check(_scene())  # the old (valid) policy stays in force
+        assert isinstance(d, Decision) and d.label == "UNSAFE" and not d.fail_closed
+
+
+def test_situation_info_reports_references_and_next_threshold(bundle_copy: Path, tmp_path: Path):
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        assert g.situation("s9").rule == "situation->frozen" and g.situation("s9").references == ()
+        ds = [g.check(s) for s in demo_scenes(3, seed=4, situations=["s9"] * 3)]
+        info = g.situation("s9")
+        assert info.rule == "situation" and len(info.references) == 3
+        assert info.threshold == pytest.approx(np.mean([d.fused_score for d in ds]))
+        assert info.to_dict()["n_references"] == 3

@@ -422,6 +422,9 @@ def test_sigkill_keeps_acknowledged_writes(tmp_path: Path) -> None:
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     child = subprocess.Popen(
         [sys.executable, str(TESTS / "_log_writer.py"), str(path)],
+        # Unbuffered: communicate() reads the fd directly, so lines held in a Python-side
+        # read buffer would be missed and look like unacknowledged rows.
+        bufsize=0,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
