@@ -293,6 +293,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_third_party() -> None:
+    """Per-file weight-loading bars of transformers drown the CLI's own output."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if "transformers" in sys.modules:  # only when already imported: never import it for this
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from guard._errors import GuardError
 
@@ -303,6 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return card_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    _quiet_third_party()
     if args.version:
         from importlib.metadata import version
 
