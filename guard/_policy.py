@@ -75,6 +75,8 @@ __all__ = [
     "Verdict",
     "check_policy_matches",
     "conformal_min_n",
+    "conformal_pac_min_n",
+    "conformal_pac_rank",
     "conformal_rank",
     "decide",
     "decide_batch",
@@ -246,10 +248,80 @@ def conformal_min_n(alpha: float) -> int:
     return math.ceil(1 / Fraction(repr(float(alpha)))) - 1
 
 
+_PAC_EXACT_MAX_N = 20_000  # above this, the binomial tail is summed in floating point
+
+
+def conformal_pac_rank(alpha: float, delta: float, n: int) -> int:
+    """The training-conditional (PAC) rank: the largest k with ``P(Binomial(n, α) ≤ k−1) ≤ δ``.
+
+    With continuous scores the miss rate of the cut ``u(k)`` given the calibration set is
+    ``F(u(k)) ~ Beta(k, n−k+1)``, and ``P(Beta(k, n−k+1) > α) = P(Binomial(n, α) ≤ k−1)``
+    (at most k−1 of n uniforms fall below α). So this k gives ``P(miss > α) ≤ δ`` over
+    calibration sets (Vovk 2012, "training-conditional" validity). Returns 0 when even
+    k = 1 fails, i.e. ``(1−α)^n > δ``. α and δ are read as the decimals they print as;
+    up to n = 20,000 the tail is summed exactly in integers, above it in floating point.
+    """
+    a_frac, d_frac = Fraction(repr(float(alpha))), Fraction(repr(float(delta)))
+    if n > _PAC_EXACT_MAX_N:
+        la, lb = math.log(float(a_frac)), math.log1p(-float(a_frac))
+        ld = math.log(float(d_frac))
+        acc = -math.inf
+        for i in range(n + 1):
+            lt = (
+                math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                + i * la + (n - i) * lb
+            )  # fmt: skip
+            acc = max(acc, lt) + math.log1p(math.exp(-abs(acc - lt)))
+            if acc > ld:
+                return i
+        return n
+    a, b = a_frac.numerator, a_frac.denominator  # α = a/b
+    c, d = d_frac.numerator, d_frac.denominator  # δ = c/d
+    bound = c * b**n  # compare d·Σ C(n,i) a^i (b−a)^(n−i) with c·b^n: all integers
+    term = (b - a) ** n  # C(n,0) a^0 (b−a)^n
+    acc = 0
+    for i in range(n + 1):
+        acc += term
+        if acc * d > bound:
+            return i  # CDF(i) > δ, so k − 1 = i − 1 is the last that holds
+        term = term * (n - i) * a // ((i + 1) * (b - a))
+    return n
+
+
+def conformal_pac_min_n(alpha: float, delta: float) -> int:
+    """The fewest unsafe calibration scores for which the PAC rank is ≥ 1: ``(1−α)^n ≤ δ``."""
+    a = Fraction(repr(float(alpha)))
+    d = Fraction(repr(float(delta)))
+    n = max(1, math.floor(math.log(float(d)) / math.log1p(-float(a))) - 1)
+    while (1 - a) ** n > d:
+        n += 1
+    return n
+
+
 def _check_alpha(alpha: Any, *, where: str, source: str) -> float:
     if not _is_real(alpha) or not (0 < alpha < 1):
         raise PolicyError(f"{where} must be in (0, 1); got {alpha!r}. Set it in {source}.")
     return float(alpha)
+
+
+def _check_delta(delta: Any, *, where: str, source: str) -> float:
+    if not _is_real(delta) or not (0 < delta < 1):
+        raise PolicyError(
+            f"{where} must be in (0, 1) (or absent for the marginal guarantee); got {delta!r}. "
+            f"Set it in {source}."
+        )
+    return float(delta)
+
+
+def _too_few_pac_message(alpha: float, delta: float, n: int, where: str) -> str:
+    need = conformal_pac_min_n(alpha, delta)
+    return (
+        f"{where}: {n} unsafe calibration case(s) are too few for the training-conditional "
+        f"guarantee with alpha={alpha!r}, delta={delta!r}: no rank k ≥ 1 has "
+        f"P(Binomial(n, alpha) ≤ k−1) ≤ delta, so the cut would flag everything. At least "
+        f"{need} unsafe calibration cases are needed ((1−alpha)^n ≤ delta); collect more "
+        "unsafe cases, raise alpha or delta, or use the marginal guarantee."
+    )
 
 
 def _too_few_message(alpha: float, n: int, where: str) -> str:
@@ -269,6 +341,11 @@ class ConformalPolicy:
     ``u(1) ≤ … ≤ u(n)`` are the sorted unsafe calibration scores and ``k = ⌊α(n+1)⌋``;
     for an unsafe scene exchangeable with them, ``P(miss) = P(S < u(k)) ≤ α``. Build it
     with ``ConformalCut(alpha).fit(unsafe_scores).to_policy()``; ``k = 0`` is refused.
+
+    delta: ``None`` (default) for that marginal guarantee. A number in (0, 1) selects the
+    training-conditional (PAC) guarantee instead: ``k`` is then
+    :func:`conformal_pac_rank` ``(α, δ, n)``, so that the miss rate given this calibration
+    set exceeds α with probability at most δ over calibration sets.
     """
 
     kind: ClassVar[str] = "conformal"
@@ -276,18 +353,30 @@ class ConformalPolicy:
     n: int
     k: int
     threshold: float
+    delta: float | None = None
 
     def __post_init__(self) -> None:
         alpha = _check_alpha(self.alpha, where="ConformalPolicy.alpha", source="the caller")
         if not _is_int(self.n) or self.n < 1:
             raise PolicyError(f"ConformalPolicy.n must be an integer ≥ 1; got {self.n!r}.")
-        k = conformal_rank(alpha, int(self.n))
-        if k == 0:
-            raise PolicyError(_too_few_message(alpha, int(self.n), "ConformalPolicy"))
+        if self.delta is None:
+            k = conformal_rank(alpha, int(self.n))
+            if k == 0:
+                raise PolicyError(_too_few_message(alpha, int(self.n), "ConformalPolicy"))
+            rule = "floor(alpha*(n+1))"
+        else:
+            delta = _check_delta(self.delta, where="ConformalPolicy.delta", source="the caller")
+            object.__setattr__(self, "delta", delta)
+            k = conformal_pac_rank(alpha, delta, int(self.n))
+            if k == 0:
+                raise PolicyError(
+                    _too_few_pac_message(alpha, delta, int(self.n), "ConformalPolicy")
+                )
+            rule = f"the PAC rank for delta={delta!r}"
         if not _is_int(self.k) or self.k != k:
             raise PolicyError(
-                f"ConformalPolicy.k must be floor(alpha*(n+1)) = {k} for alpha={alpha!r}, "
-                f"n={self.n}; got {self.k!r}. Refit with ConformalCut."
+                f"ConformalPolicy.k must be {rule} = {k} for alpha={alpha!r}, "
+                f"n={self.n}; got {self.k!r}. Refit with ConformalCut or calibrate."
             )
         if not _is_real(self.threshold) or not math.isfinite(self.threshold):
             raise PolicyError(
@@ -305,22 +394,26 @@ class ConformalPolicy:
         situation_ids: Sequence[str | None],
     ) -> Thresholds:
         """Score: ``S``; threshold: ``u(k)``."""
+        pac = "" if self.delta is None else f", delta={self.delta:g} (PAC)"
         return _constant(
             fused,
             self.threshold,
             "conformal",
-            f"u({self.k}) of {self.n} unsafe calibration scores, alpha={self.alpha:g}",
+            f"u({self.k}) of {self.n} unsafe calibration scores, alpha={self.alpha:g}{pac}",
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``policy:`` section of ``policy.yaml``."""
-        return {
+        """The ``policy:`` section of ``policy.yaml`` (``delta`` only when set)."""
+        d: dict[str, Any] = {
             "kind": self.kind,
             "alpha": self.alpha,
             "n": self.n,
             "k": self.k,
             "threshold": self.threshold,
         }
+        if self.delta is not None:
+            d["delta"] = self.delta
+        return d
 
 
 FallbackPolicy = DirectPolicy | FrozenPolicy | ConformalPolicy
@@ -842,7 +935,7 @@ _KIND_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # kind: (required, optional), besides "kind"
     "direct": (("member",), ()),
     "frozen": (("threshold",), ()),
-    "conformal": (("alpha", "n", "k", "threshold"), ()),
+    "conformal": (("alpha", "n", "k", "threshold"), ("delta",)),
     "batch": (("fallback",), ("min_batch",)),
     "situation": (("window", "min_refs", "fallback"), ("state_file",)),
 }
@@ -1034,16 +1127,27 @@ def _policy_from_dict(
     if kind == "conformal":
         alpha = _check_alpha(d["alpha"], where=k("alpha"), source=source)
         n = _check_int(d["n"], where=k("n"), source=source, low=1)
-        if conformal_rank(alpha, n) == 0:
-            raise PolicyError(_too_few_message(alpha, n, k("n")) + f" Refit for {source}.")
-        kk = conformal_rank(alpha, n)
+        delta: float | None = None
+        if d.get("delta") is None:
+            if conformal_rank(alpha, n) == 0:
+                raise PolicyError(_too_few_message(alpha, n, k("n")) + f" Refit for {source}.")
+            kk = conformal_rank(alpha, n)
+            rule = "floor(alpha*(n+1))"
+        else:
+            delta = _check_delta(d["delta"], where=k("delta"), source=source)
+            kk = conformal_pac_rank(alpha, delta, n)
+            if kk == 0:
+                raise PolicyError(
+                    _too_few_pac_message(alpha, delta, n, k("n")) + f" Refit for {source}."
+                )
+            rule = f"the PAC rank for delta={delta!r}"
         if not _is_int(d["k"]) or d["k"] != kk:
             raise PolicyError(
-                f"{k('k')} must be floor(alpha*(n+1)) = {kk} for alpha={alpha!r}, n={n}; got "
+                f"{k('k')} must be {rule} = {kk} for alpha={alpha!r}, n={n}; got "
                 f"{d['k']!r}. The file was edited by hand or is corrupt; refit {source}."
             )
         thr = _check_number(d["threshold"], where=k("threshold"), source=source, error=PolicyError)
-        return ConformalPolicy(alpha=alpha, n=n, k=kk, threshold=thr)
+        return ConformalPolicy(alpha=alpha, n=n, k=kk, threshold=thr, delta=delta)
 
     sub = {
         "source": source,

@@ -276,7 +276,210 @@ def _cmd_card(args: argparse.Namespace) -> int:
     return card_main(list(args.rest))
 
 
-_COMMANDS: list[Callable[[Any], None]] = [_add_demo, _add_check, _add_card, _add_tiny, _add_score]
+def _add_serve(sub: Any) -> None:
+    # Defaults live in guard.serve.ServeSettings (None here = its default); this parser
+    # imports nothing from guard.serve, so `spotstop --help` needs no fastapi.
+    p = sub.add_parser(
+        "serve",
+        help="run the guard as a local HTTP sidecar (FastAPI; /v1/check, /metrics, /docs)",
+        description=(
+            "Serve the guard over HTTP for a planner: POST /v1/check (multipart or JSON), "
+            "/v1/check/batch, /v1/situations/{id}, /v1/labels, /v1/policy/reload (also "
+            "SIGHUP), /healthz, /readyz, /metrics, /docs. Binds 127.0.0.1 by default; any "
+            "other address needs a bearer token ($SPOTSTOP_TOKEN or --token-file) or the "
+            "server refuses to start. Needs the serve extra: pip install 'spotstop[serve]'."
+        ),
+    )
+    p.add_argument("--bundle", type=Path, required=True, help="bundle folder")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8750, help="port (default 8750)")
+    p.add_argument("--token-file", type=Path, default=None, help="file holding the bearer token")
+    p.add_argument(
+        "--token-env",
+        default="SPOTSTOP_TOKEN",
+        help="environment variable holding the token (default SPOTSTOP_TOKEN)",
+    )
+    p.add_argument(
+        "--log", type=Path, default=None, help="decision log (default: <bundle>/decisions.sqlite)"
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds per check from arrival, queue wait + scoring (default 10; 0 = none)",
+    )
+    limits = [
+        ("--queue-size", "scenes admitted to the model queue at once (default 32)"),
+        ("--max-batch", "most scenes in one /v1/check/batch call (default 16)"),
+        ("--max-body-bytes", "largest request body (default 16 MiB)"),
+        ("--max-image-bytes", "largest encoded image (default 12 MiB)"),
+        ("--max-pixels", "largest width*height (default 40000000)"),
+        ("--max-request-chars", "longest request text (default 4000)"),
+    ]
+    for flag, text in limits:
+        p.add_argument(flag, type=int, default=None, help=text)
+    p.add_argument(
+        "--variant",
+        action="append",
+        choices=["scene", "gray", "text"],
+        help="passes per scene (default scene; gray/text add diagnostic scores); repeatable",
+    )
+    p.add_argument("--state-file", type=Path, default=None, help="situation state file")
+    p.add_argument("--device", default="cpu", help="members' device (default cpu)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the startup warm-up")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="server log level (default info)",
+    )
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from guard.serve import ServeSettings, load_guard, resolve_token, serve
+    except ImportError as e:
+        print(
+            f"spotstop serve: {e}. Install the server: pip install 'spotstop[serve]'.",
+            file=sys.stderr,
+        )
+        return 2
+    if not (args.bundle / "manifest.yaml").is_file():
+        print(f"spotstop serve: {args.bundle} is not a bundle (no manifest.yaml).", file=sys.stderr)
+        return 2
+    given = {
+        k: getattr(args, k)
+        for k in (
+            "queue_size",
+            "max_batch",
+            "max_body_bytes",
+            "max_image_bytes",
+            "max_pixels",
+            "max_request_chars",
+        )
+        if getattr(args, k) is not None
+    }
+    if args.deadline is not None:
+        given["deadline_s"] = args.deadline if args.deadline > 0 else None
+    settings = ServeSettings(  # validated here: bad limits or an insecure bind stop us now
+        bundle=args.bundle,
+        host=args.host,
+        port=args.port,
+        token=resolve_token(args.token_file, args.token_env),
+        log=args.log,
+        variants=tuple(dict.fromkeys(["scene", *(args.variant or [])])),
+        state_file=args.state_file,
+        device=args.device,
+        warmup=not args.no_warmup,
+        **given,
+    )
+    guard = load_guard(settings)  # before binding: a bad bundle is reported plainly
+    return serve(settings, guard=guard, log_level=args.log_level)  # closes the guard
+
+
+def _add_recalibrate(sub: Any) -> None:
+    p = sub.add_parser(
+        "recalibrate",
+        help="refit the policy from the decision log and write a new policy version",
+        description=(
+            "Refit from LOG (the guard's decision log) for --bundle: fusion statistics "
+            "(median/IQR per member) and the frozen cut t0 on usable decisions (labels unused), "
+            "fused scores recomputed from the logged member scores with the new fusion, the "
+            "conformal cut on labelled unsafe decisions (one per situation) with both "
+            "guarantees reported, and situation state. Writes <bundle>/policies/policy-vNNNN.yaml "
+            "(never overwrites), prints what changed on the logged data and a recommendation. "
+            "The active policy.yaml changes only with --activate (or `spotstop policy activate`)."
+        ),
+    )
+    p.add_argument("log", type=Path, help="the decision log (SQLite), e.g. BUNDLE/decisions.sqlite")
+    p.add_argument("--bundle", type=Path, required=True, help="bundle folder")
+    p.add_argument(
+        "--policy",
+        required=True,
+        choices=["frozen", "batch", "situation", "conformal"],
+        help="the policy kind to write",
+    )
+    p.add_argument("--labels", type=Path, default=None, help="labels file (CSV/JSONL)")
+    p.add_argument("--alpha", type=float, default=0.1, help="allowed miss rate (default 0.1)")
+    p.add_argument(
+        "--delta",
+        type=float,
+        default=0.1,
+        help="PAC: allowed share of calibrations with miss rate > alpha (default 0.1)",
+    )
+    p.add_argument(
+        "--guarantee",
+        choices=["pac", "marginal"],
+        default="pac",
+        help="the conformal cut's guarantee (default pac; both are reported)",
+    )
+    p.add_argument("--since", default=None, help="first decision time (ISO date/time, UTC)")
+    p.add_argument("--until", default=None, help="end of the window, exclusive (ISO, UTC)")
+    p.add_argument("--window", type=int, default=None, help="situation window (current or 8)")
+    p.add_argument("--min-refs", type=int, default=None, help="situation min_refs (current or 3)")
+    p.add_argument("--min-batch", type=int, default=None, help="batch min_batch (current or 2)")
+    p.add_argument("--keep-fusion", action="store_true", help="keep the current fusion statistics")
+    p.add_argument("--activate", action="store_true", help="make the new version active")
+    p.add_argument("--dry-run", action="store_true", help="fit and report; write nothing")
+    p.add_argument("--no-recommend", action="store_true", help="skip the diagnostics")
+    p.add_argument("--resamples", type=int, default=200, help="resamples per diagnostic")
+    p.add_argument("--seed", type=int, default=0, help="seed of the diagnostics")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_recalibrate)
+
+
+def _cmd_recalibrate(args: argparse.Namespace) -> int:
+    from calibrate._cli import recalibrate_command
+
+    return recalibrate_command(args)
+
+
+def _add_policy(sub: Any) -> None:
+    p = sub.add_parser(
+        "policy",
+        help="list, diff and activate policy versions",
+        description=(
+            "Policy versions live in <bundle>/policies/policy-vNNNN.yaml; <bundle>/policy.yaml "
+            "is the active one (a byte copy of one version). A running guard keeps its policy "
+            "until Guard.reload_policy() (sidecar: POST /v1/policy/reload or SIGHUP)."
+        ),
+    )
+    ps = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+    d = ps.add_parser("diff", help="what changed from A to B and its effect on the logged data")
+    d.add_argument("a", help="policy file, or with --bundle a version (v0002) or 'active'")
+    d.add_argument("b", help="policy file, or with --bundle a version (v0003) or 'active'")
+    d.add_argument("--bundle", type=Path, default=None, help="bundle folder, to name versions")
+    d.add_argument("--log", type=Path, default=None, help="decision log for the predicted effect")
+    d.add_argument("--labels", type=Path, default=None, help="labels file (CSV/JSONL)")
+    d.add_argument("--since", default=None, help="first decision time (ISO, UTC)")
+    d.add_argument("--until", default=None, help="end of the window, exclusive (ISO, UTC)")
+    d.add_argument("--batch-size", type=int, default=None, help="replay batches of N decisions")
+    d.add_argument("--json", action="store_true", help="print JSON")
+    ls = ps.add_parser("list", help="the stored versions (* = active)")
+    ls.add_argument("bundle", type=Path, help="bundle folder")
+    a = ps.add_parser("activate", help="make a stored version the active policy.yaml")
+    a.add_argument("bundle", type=Path, help="bundle folder")
+    a.add_argument("policy_version", metavar="VERSION", help="version number or name, e.g. v0002")
+    p.set_defaults(func=_cmd_policy)
+
+
+def _cmd_policy(args: argparse.Namespace) -> int:
+    from calibrate._cli import policy_command
+
+    return policy_command(args)
+
+
+_COMMANDS: list[Callable[[Any], None]] = [
+    _add_demo,
+    _add_check,
+    _add_card,
+    _add_tiny,
+    _add_score,
+    _add_serve,
+    _add_recalibrate,
+    _add_policy,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

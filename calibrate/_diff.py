@@ -1,0 +1,268 @@
+"""What changed between two policies, and the effect each would have had on the logged data.
+
+:func:`predict_effect` replays a policy over a :class:`~calibrate.LogData`: fused scores
+are recomputed from the logged member scores with THAT policy's fusion (the logged fused
+score belongs to whatever fusion was active then), and labelled with its threshold rule.
+
+* ``frozen``, ``conformal``, ``direct``: each decision on its own.
+* ``situation``: replayed in time order from EMPTY windows held in memory (the policy's
+  state file is neither read nor written), so early decisions of each situation fall back.
+* ``batch``: the log records no batch boundaries; by default every decision is its own
+  batch (which uses the fallback); ``batch_size=N`` replays consecutive decisions in
+  batches of N instead.
+
+Only usable decisions (not fail-closed, all member scores finite) of the policy's bundle
+and prompt count. ``flag_rate`` is the share labelled UNSAFE; ``miss_rate`` the share of
+labelled-unsafe decisions labelled SAFE; ``safe_flag_rate`` the share of labelled-safe
+ones labelled UNSAFE (NaN without such labels).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from calibrate._logdata import CalibrationError, LogData
+from guard._policy import (
+    BatchPolicy,
+    PolicyConfig,
+    SituationPolicy,
+    SituationState,
+    decide_batch,
+)
+
+__all__ = ["Change", "PolicyDiff", "PredictedEffect", "diff_policies", "predict_effect"]
+
+_PROVENANCE_KEYS = ("version", "window", "n", "frozen_t0")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One changed value: dotted key, old value (None: absent), new value (None: absent)."""
+
+    key: str
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}: {_show(self.old)} -> {_show(self.new)}"
+
+
+@dataclass(frozen=True)
+class PredictedEffect:
+    """A policy replayed on logged decisions (rates are NaN where undefined).
+
+    n: usable decisions replayed. flags: bool per usable decision (UNSAFE). n_unsafe /
+    n_safe: labelled ones. note: how the policy was replayed.
+    """
+
+    n: int
+    flag_rate: float
+    n_unsafe: int
+    miss_rate: float
+    n_safe: int
+    safe_flag_rate: float
+    note: str
+    flags: np.ndarray
+
+    def __str__(self) -> str:
+        return (
+            f"flag rate {_pct(self.flag_rate)} of {self.n}; miss rate {_pct(self.miss_rate)} "
+            f"of {self.n_unsafe} labelled unsafe; safe flagged {_pct(self.safe_flag_rate)} of "
+            f"{self.n_safe} labelled safe"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (NaN as None), without the per-decision flags."""
+        return {
+            "n": self.n,
+            "flag_rate": _none(self.flag_rate),
+            "n_unsafe": self.n_unsafe,
+            "miss_rate": _none(self.miss_rate),
+            "n_safe": self.n_safe,
+            "safe_flag_rate": _none(self.safe_flag_rate),
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True)
+class PolicyDiff:
+    """The changes from policy A to policy B, and (with data) their predicted effects.
+
+    n_changed: decisions whose label differs between A and B (None without data or when A
+    cannot be replayed on B's decisions).
+    """
+
+    a: str
+    b: str
+    changes: tuple[Change, ...]
+    effect_a: PredictedEffect | None
+    effect_b: PredictedEffect | None
+    n_changed: int | None
+    notes: tuple[str, ...]
+
+    def __str__(self) -> str:
+        lines = [f"policy diff {self.a} -> {self.b}"]
+        if self.changes:
+            lines += [f"  {c}" for c in self.changes]
+        else:
+            lines.append("  no changes")
+        if self.effect_a is not None:
+            lines.append(f"  A on the log: {self.effect_a}")
+        if self.effect_b is not None:
+            lines.append(f"  B on the log: {self.effect_b}")
+        if self.n_changed is not None and self.effect_b is not None:
+            lines.append(f"  decisions that change label: {self.n_changed} of {self.effect_b.n}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for JSON."""
+        return {
+            "a": self.a,
+            "b": self.b,
+            "changes": [{"key": c.key, "old": c.old, "new": c.new} for c in self.changes],
+            "effect_a": None if self.effect_a is None else self.effect_a.to_dict(),
+            "effect_b": None if self.effect_b is None else self.effect_b.to_dict(),
+            "n_changed": self.n_changed,
+            "notes": list(self.notes),
+        }
+
+
+def _pct(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def _none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "(absent)"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, Mapping):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    else:
+        out[prefix] = d
+    return out
+
+
+def _comparable(cfg: PolicyConfig) -> dict[str, Any]:
+    d = cfg.to_dict()
+    keep = {k: d[k] for k in ("bundle_id", "prompt_hash", "created", "fusion", "policy")}
+    fitted = cfg.fitted_on
+    keep["fitted_on"] = {k: fitted[k] for k in _PROVENANCE_KEYS if k in fitted}
+    return _flatten(keep)
+
+
+def _rate(x: np.ndarray) -> float:
+    return float(x.mean()) if x.size else math.nan
+
+
+def predict_effect(
+    cfg: PolicyConfig, data: LogData, *, batch_size: int | None = None
+) -> PredictedEffect:
+    """Replay ``cfg`` on the usable decisions of ``data`` (see the module docstring)."""
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
+        raise CalibrationError(
+            f"batch_size must be a positive integer or None; got {batch_size!r}."
+        )
+    if (cfg.bundle_id, cfg.prompt_hash) != (data.bundle_id, data.prompt_hash):
+        raise CalibrationError(
+            f"the policy is for bundle {cfg.bundle_id} / prompt {cfg.prompt_hash}, but the data "
+            f"are decisions of {data.bundle_id} / {data.prompt_hash}; their member scores are on "
+            "another scale. Read the log for the policy's bundle."
+        )
+    missing = [m for m in cfg.fusion.members if m not in data.member_scores]
+    if missing:
+        raise CalibrationError(
+            f"the policy's fusion members {missing} have no scores in the data (members "
+            f"{list(data.members)})."
+        )
+    use = data.usable
+    members = {m: data.member_scores[m][use] for m in cfg.fusion.members}
+    fused = cfg.fusion.fuse_many(members, nan_policy="propagate")
+    sids = [s or None for s in data.situation_id[use].tolist()]
+    pol: Any = cfg.policy
+    n = int(use.sum())
+    labels: list[str] = []
+    if isinstance(pol, SituationPolicy):
+        pol = SituationPolicy(
+            window=pol.window,
+            min_refs=pol.min_refs,
+            fallback=pol.fallback,
+            state=SituationState(pol.window),
+        )
+        note = "situation: replayed in time order from empty windows"
+        labels = [v.label for v in decide_batch(pol, fused, members, sids)] if n else []
+    elif isinstance(pol, BatchPolicy):
+        size = batch_size or 1
+        note = (
+            f"batch: replayed in batches of {size} consecutive decisions"
+            if size > 1
+            else "batch: no batch boundaries in the log; each decision alone (the fallback)"
+        )
+        for s in range(0, n, size):
+            part = slice(s, s + size)
+            sub = {m: v[part] for m, v in members.items()}
+            labels += [v.label for v in decide_batch(pol, fused[part], sub, sids[part])]
+    else:
+        note = f"{pol.kind}: each decision on its own"
+        labels = [v.label for v in decide_batch(pol, fused, members, sids)] if n else []
+    flags = np.array([lab == "UNSAFE" for lab in labels], dtype=bool).reshape(n)
+    y = data.label[use]
+    return PredictedEffect(
+        n=n,
+        flag_rate=_rate(flags),
+        n_unsafe=int((y == 1).sum()),
+        miss_rate=_rate(~flags[y == 1]),
+        n_safe=int((y == 0).sum()),
+        safe_flag_rate=_rate(flags[y == 0]),
+        note=note,
+        flags=flags,
+    )
+
+
+def diff_policies(
+    a: PolicyConfig,
+    b: PolicyConfig,
+    data: LogData | None = None,
+    *,
+    names: tuple[str, str] = ("A", "B"),
+    batch_size: int | None = None,
+) -> PolicyDiff:
+    """The changed values from ``a`` to ``b``; with ``data`` (decisions of B's bundle), the
+    predicted effect of each on the log and how many decisions change label."""
+    fa, fb = _comparable(a), _comparable(b)
+    changes = tuple(
+        Change(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)
+    )
+    notes: list[str] = []
+    ea = eb = None
+    n_changed = None
+    if data is not None:
+        eb = predict_effect(b, data, batch_size=batch_size)
+        if (a.bundle_id, a.prompt_hash) == (b.bundle_id, b.prompt_hash):
+            ea = predict_effect(a, data, batch_size=batch_size)
+            n_changed = int((ea.flags != eb.flags).sum())
+        else:
+            notes.append(
+                f"{names[0]} is for another bundle or prompt ({a.bundle_id} / {a.prompt_hash}); "
+                "its effect on these decisions is not defined."
+            )
+        notes.append(eb.note)
+    return PolicyDiff(names[0], names[1], changes, ea, eb, n_changed, tuple(notes))

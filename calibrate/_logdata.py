@@ -1,0 +1,233 @@
+"""The decisions a recalibration learns from: one bundle's scored decisions in a time window.
+
+:func:`read_log` reads a decision log (``guard._log.DecisionLog``) and labels (the log's
+labels table, overridden by a CSV/JSONL labels file read by ``diagnostics._from_log``, the
+same reader as ``spotstop card``) into a :class:`LogData`.
+
+Which decisions
+    Decisions with ``since ≤ time < until`` (times as UTC). Only decisions of the given
+    bundle id AND prompt hash are kept (member scores of another bundle or prompt are on
+    another scale); the others are counted in ``dropped["other_bundle"]``. Of the kept
+    ones, a decision is *usable* when it did not fail closed and every member of the
+    fusion has a finite scene score; the others are counted (``fail_closed``,
+    ``nonfinite_member_score``) and never enter a fit. Labels play no part in usability:
+    frozen statistics and situation state use usable decisions whatever their label.
+
+Labels file
+    Applied to the whole log before the time window is cut, so rows for decisions outside
+    the window are not errors. See ``diagnostics/_from_log.py`` for its columns.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from guard._errors import GuardError
+
+__all__ = ["CalibrationError", "LogData", "parse_time", "read_log"]
+
+
+class CalibrationError(GuardError, ValueError):
+    """The log or labels cannot support the requested fit; the message says what is missing."""
+
+
+@dataclass(frozen=True, eq=False)
+class LogData:
+    """One bundle's decisions in a time window, aligned arrays in log (time) order.
+
+    decision_id, time, situation_id ('' for none), contrast_id ('' for none), label (int8:
+    1 unsafe, 0 safe, -1 unlabelled), fused_logged (the fused score as logged: made with
+    the fusion active at the time), member_scores (fusion member -> raw scene scores),
+    usable (bool: not fail-closed, all member scores finite).
+    bundle_id, prompt_hash, members: what the decisions were filtered to.
+    log, labels: sources; since/until: the window asked for (ISO-8601 or None);
+    n_decisions: decisions of any bundle in the window; dropped: counts per reason.
+    """
+
+    decision_id: np.ndarray
+    time: np.ndarray
+    situation_id: np.ndarray
+    contrast_id: np.ndarray
+    label: np.ndarray
+    fused_logged: np.ndarray
+    member_scores: dict[str, np.ndarray]
+    usable: np.ndarray
+    bundle_id: str
+    prompt_hash: str
+    members: tuple[str, ...]
+    log: str
+    labels: str | None
+    since: str | None
+    until: str | None
+    n_decisions: int
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        """Decisions of this bundle and prompt in the window (usable or not)."""
+        return int(self.decision_id.size)
+
+    def counts(self) -> dict[str, int]:
+        """Usable decisions per class: ``unsafe``, ``safe``, ``unlabelled``, ``usable``."""
+        u = self.usable
+        return {
+            "usable": int(u.sum()),
+            "unsafe": int((u & (self.label == 1)).sum()),
+            "safe": int((u & (self.label == 0)).sum()),
+            "unlabelled": int((u & (self.label < 0)).sum()),
+        }
+
+    def time_range(self) -> list[str] | None:
+        """ISO-8601 UTC of the first and last usable decision, or None."""
+        t = self.time[self.usable]
+        if t.size == 0:
+            return None
+        return [_iso(float(t.min())), _iso(float(t.max()))]
+
+    def __repr__(self) -> str:
+        return (
+            f"LogData(bundle={self.bundle_id}, n={self.n}, {self.counts()}, dropped={self.dropped})"
+        )
+
+
+def _iso(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, tz=_dt.UTC).isoformat()
+
+
+def parse_time(value: str | float | _dt.datetime | None, name: str) -> float | None:
+    """A window end as seconds since the epoch: ISO date/time (naive = UTC), number, or None."""
+    if value is None:
+        return None
+    if isinstance(value, _dt.datetime):
+        v = value if value.tzinfo else value.replace(tzinfo=_dt.UTC)
+        return v.timestamp()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise CalibrationError(f"{name} must be a finite time; got {value!r}.")
+        return float(value)
+    if isinstance(value, str):
+        try:
+            d = _dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise CalibrationError(
+                f"{name} must be an ISO-8601 date or time such as 2026-05-01 or "
+                f"2026-05-01T12:00:00+00:00 (no offset = UTC); got {value!r}."
+            ) from None
+        return parse_time(d, name)
+    raise CalibrationError(f"{name} must be an ISO-8601 string or a number; got {value!r}.")
+
+
+def read_log(
+    log_path: str | Path,
+    *,
+    bundle_id: str,
+    prompt_hash: str,
+    members: Sequence[str],
+    labels: str | Path | None = None,
+    since: str | float | _dt.datetime | None = None,
+    until: str | float | _dt.datetime | None = None,
+) -> LogData:
+    """Read one bundle's decisions in ``[since, until)`` with labels; see the module doc."""
+    from guard._log import DecisionLog
+
+    path = Path(log_path)
+    t0, t1 = parse_time(since, "since"), parse_time(until, "until")
+    if t0 is not None and t1 is not None and t1 <= t0:
+        raise CalibrationError(f"until ({until}) must be later than since ({since}).")
+    if not members:
+        raise CalibrationError("members must name at least one fusion member.")
+    if not path.is_file():
+        raise CalibrationError(
+            f"decision log {str(path)!r} does not exist; pass the guard's SQLite log file "
+            "(by default <bundle>/decisions.sqlite)."
+        )
+    with DecisionLog(path) as log:
+        arr = log.to_arrays()
+        sha_of = {r.decision_id: r.image_sha256 for r in log.records()} if labels else {}
+    decision_id = np.asarray(arr.decision_id, dtype=object)
+    label = np.array(arr.label, dtype=np.int8, copy=True)
+    contrast = np.array(["" if c is None else str(c) for c in arr.contrast_id], dtype=object)
+    situation = np.array(["" if s is None else str(s) for s in arr.situation_id], dtype=object)
+    if labels is not None:  # the card's reader (diagnostics needs the `diag` extra)
+        from diagnostics._errors import DataError
+        from diagnostics._from_log import _apply_label_file
+
+        sha = np.array([sha_of.get(d) or "" for d in decision_id], dtype=object)
+        try:
+            _apply_label_file(Path(labels), decision_id, sha, label, contrast, situation)
+        except DataError as e:
+            raise CalibrationError(f"labels file: {e}") from e
+    t = np.asarray(arr.time, dtype=np.float64)
+    in_window = np.ones(t.size, dtype=bool)
+    if t0 is not None:
+        in_window &= t >= t0
+    if t1 is not None:
+        in_window &= t < t1
+    same = (
+        np.array([b == bundle_id for b in arr.bundle_id], dtype=bool)
+        & np.array([p == prompt_hash for p in arr.prompt_hash], dtype=bool)
+    ).reshape(t.size)
+    keep = in_window & same
+    n_window = int(in_window.sum())
+    missing = [m for m in members if m not in arr.member_scores]
+    scores: dict[str, np.ndarray] = {}
+    for m in members:
+        col = arr.member_scores.get(m)
+        scores[m] = (np.full(t.size, np.nan) if col is None else np.asarray(col, float))[keep]
+    fail = np.asarray(arr.fail_closed, dtype=bool)[keep]
+    finite = np.ones(int(keep.sum()), dtype=bool)
+    for v in scores.values():
+        finite &= np.isfinite(v)
+    usable = ~fail & finite
+    dropped = {
+        "other_bundle": int((in_window & ~same).sum()),
+        "fail_closed": int(fail.sum()),
+        "nonfinite_member_score": int((~fail & ~finite).sum()),
+    }
+    if missing and keep.any():
+        dropped["members_missing_from_log"] = len(missing)
+
+    def iso_or_none(x: float | None) -> str | None:
+        return None if x is None else _iso(x)
+
+    return LogData(
+        decision_id=decision_id[keep],
+        time=t[keep],
+        situation_id=situation[keep],
+        contrast_id=contrast[keep],
+        label=label[keep],
+        fused_logged=np.asarray(arr.fused, dtype=np.float64)[keep],
+        member_scores=scores,
+        usable=usable,
+        bundle_id=bundle_id,
+        prompt_hash=prompt_hash,
+        members=tuple(members),
+        log=str(path),
+        labels=None if labels is None else str(labels),
+        since=iso_or_none(t0),
+        until=iso_or_none(t1),
+        n_decisions=n_window,
+        dropped=dropped,
+    )
+
+
+def read_log_for_bundle(
+    log_path: str | Path,
+    bundle: Any,
+    **kwargs: Any,
+) -> LogData:
+    """:func:`read_log` keyed by a loaded ``guard._bundle.Bundle``."""
+    return read_log(
+        log_path,
+        bundle_id=bundle.bundle_id,
+        prompt_hash=bundle.prompt_hash,
+        members=[m.name for m in bundle.members],
+        **kwargs,
+    )

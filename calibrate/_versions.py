@@ -1,0 +1,279 @@
+"""Versioned policies in a bundle: history is never overwritten; one version is active.
+
+Layout (inside the bundle folder)::
+
+    policy.yaml                      the ACTIVE policy: what the Guard loads
+    policies/policy-v0001.yaml       history, one file per version, never rewritten
+    policies/policy-v0002.yaml
+    policies/situations-v0002.seed.json   situation state fitted from the log (history)
+    situations-v0002.json            live situation state of v0002 (the guard rewrites it)
+
+* :func:`write_policy_version` writes ``policies/policy-vNNNN.yaml`` with the next free
+  number. The name is claimed with a hard link from a fully written temp file, which fails
+  if the name exists, so two writers never overwrite each other and a reader never sees a
+  half-written version. If ``policy.yaml`` matches no version yet (the bundle's first
+  policy, or a hand edit), it is archived first as its own version, byte for byte.
+  ``fitted_on.version`` holds the number and ``fitted_on.previous`` the version that was
+  active when it was fitted.
+* A version becomes active with :func:`activate_policy_version` (``spotstop policy
+  activate``, or ``spotstop recalibrate --activate``): the file is loaded, validated and
+  checked against the bundle id and prompt hash, then copied byte for byte over
+  ``policy.yaml`` atomically (temp file + ``os.replace``). A running guard picks it up on
+  ``Guard.reload_policy()`` (the sidecar: ``POST /v1/policy/reload`` or SIGHUP); until then
+  it keeps the policy it loaded. Rolling back is activating an older version.
+* Which version is active: the one whose bytes equal ``policy.yaml``
+  (:func:`active_policy_version`).
+* A situation policy of version N keeps its windows in ``situations-vNNNN.json`` next to
+  ``policy.yaml``: the state is keyed to the fusion, so a refit cannot reuse the old file.
+  On activation the seed fitted from the log is copied there unless the file exists
+  (a re-activated version keeps its live windows; delete the file to reseed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from calibrate._logdata import CalibrationError
+from guard._policy import (
+    PolicyConfig,
+    SituationPolicy,
+    check_policy_matches,
+    decide_batch,
+    load_policy,
+)
+
+__all__ = [
+    "POLICY_DIR",
+    "PolicyVersion",
+    "activate_policy_version",
+    "active_policy_version",
+    "list_policy_versions",
+    "resolve_policy_version",
+    "write_policy_version",
+]
+
+POLICY_DIR = "policies"
+_NAME = re.compile(r"^policy-v(\d{4,})\.yaml$")
+
+
+@dataclass(frozen=True)
+class PolicyVersion:
+    """One stored policy version: its number, file, sha256, and what it holds."""
+
+    number: int
+    path: Path
+    sha256: str
+    kind: str
+    created: str
+    active: bool
+
+    @property
+    def name(self) -> str:
+        """``vNNNN``."""
+        return f"v{self.number:04d}"
+
+    def __str__(self) -> str:
+        mark = "*" if self.active else " "
+        return f"{mark} {self.name}  {self.kind:<9}  created {self.created}  {self.path.name}"
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _bundle_paths(bundle_dir: str | os.PathLike[str]) -> tuple[Path, Path, Any]:
+    from guard._bundle import load_bundle
+
+    bundle = load_bundle(bundle_dir, verify=False)
+    return bundle.policy_path, bundle.policy_path.parent / POLICY_DIR, bundle
+
+
+def _peek(path: Path) -> tuple[str, str]:
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return str(doc["policy"]["kind"]), str(doc["created"])
+    except Exception:  # a damaged history file is listed, not fatal
+        return "?", "?"
+
+
+def list_policy_versions(bundle_dir: str | os.PathLike[str]) -> list[PolicyVersion]:
+    """Every stored version of a bundle, oldest first; ``active`` marks the one in force."""
+    active_path, pdir, _ = _bundle_paths(bundle_dir)
+    active_sha = _sha(active_path) if active_path.is_file() else None
+    out: list[PolicyVersion] = []
+    if not pdir.is_dir():
+        return out
+    for p in sorted(pdir.iterdir()):
+        m = _NAME.match(p.name)
+        if not m or not p.is_file():
+            continue
+        sha = _sha(p)
+        kind, created = _peek(p)
+        out.append(PolicyVersion(int(m.group(1)), p, sha, kind, created, sha == active_sha))
+    out.sort(key=lambda v: v.number)
+    return out
+
+
+def active_policy_version(bundle_dir: str | os.PathLike[str]) -> PolicyVersion | None:
+    """The version whose bytes equal ``policy.yaml``, or None (no match, or no policy.yaml)."""
+    return next((v for v in list_policy_versions(bundle_dir) if v.active), None)
+
+
+def resolve_policy_version(bundle_dir: str | os.PathLike[str], version: str | int) -> PolicyVersion:
+    """A version by number (``2``, ``"v0002"``, ``"2"``) or by file name."""
+    versions = list_policy_versions(bundle_dir)
+    text = str(version).strip()
+    m = re.fullmatch(r"v?(\d+)", text)
+    for v in versions:
+        if (m and v.number == int(m.group(1))) or v.path.name == Path(text).name:
+            return v
+    have = ", ".join(v.name for v in versions) or "none"
+    raise CalibrationError(
+        f"bundle {bundle_dir} has no policy version {version!r}; it has: {have}. "
+        "List them with `spotstop policy list BUNDLE`."
+    )
+
+
+def _claim(pdir: Path, text: str, start: int) -> tuple[int, Path]:
+    """Write ``text`` as the first free ``policy-vNNNN.yaml`` from ``start``; never overwrite."""
+    pdir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=pdir, prefix=".policy.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        n = start
+        while True:
+            target = pdir / f"policy-v{n:04d}.yaml"
+            try:
+                os.link(tmp, target)  # atomic, fails if the name exists
+                return n, target
+            except FileExistsError:
+                n += 1
+            except OSError:  # no hard links on this filesystem: exclusive create
+                try:
+                    with open(target, "x", encoding="utf-8") as f:
+                        f.write(text)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    return n, target
+                except FileExistsError:
+                    n += 1
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _next_number(pdir: Path) -> int:
+    nums = [int(m.group(1)) for p in pdir.glob("policy-v*.yaml") if (m := _NAME.match(p.name))]
+    return max(nums, default=0) + 1
+
+
+def write_policy_version(
+    bundle_dir: str | os.PathLike[str],
+    cfg: PolicyConfig,
+    *,
+    situation_refs: dict[str, tuple[float, ...]] | None = None,
+) -> PolicyVersion:
+    """Write ``cfg`` as the next version of the bundle's policy (see the module docstring).
+
+    The policy must be for this bundle (id and prompt hash). ``situation_refs`` (situation
+    -> fused scores, oldest first) seeds the state of a situation policy. Returns the new
+    version (not active: see :func:`activate_policy_version`).
+    """
+    active_path, pdir, bundle = _bundle_paths(bundle_dir)
+    check_policy_matches(cfg, bundle.bundle_id, bundle.prompt_hash)
+    pdir.mkdir(parents=True, exist_ok=True)
+    known = {v.sha256 for v in list_policy_versions(bundle_dir)}
+    previous: dict[str, Any] | None = None
+    if active_path.is_file():
+        sha = _sha(active_path)
+        if sha not in known:  # archive the policy in force before anything else
+            n_old, _ = _claim(pdir, active_path.read_text(encoding="utf-8"), _next_number(pdir))
+            previous = {"version": n_old, "sha256": sha}
+        else:
+            act = active_policy_version(bundle_dir)
+            previous = None if act is None else {"version": act.number, "sha256": act.sha256}
+    # the number is claimed below; the text must name it, so retry on a lost race
+    while True:
+        n = _next_number(pdir)
+        policy: Any = cfg.policy
+        if isinstance(policy, SituationPolicy):
+            policy = SituationPolicy(
+                window=policy.window,
+                min_refs=policy.min_refs,
+                fallback=policy.fallback,
+                state_file=f"situations-v{n:04d}.json",
+            )
+        fitted_on = {"version": n, "previous": previous, **dict(cfg.fitted_on)}
+        new_cfg = replace(cfg, policy=policy, fitted_on=fitted_on)
+        text = yaml.safe_dump(new_cfg.to_dict(), sort_keys=False, allow_unicode=True)
+        got, path = _claim(pdir, text, n)
+        if got == n:
+            break
+        path.unlink()  # lost the race for n (the text names n): write again
+    if isinstance(policy, SituationPolicy):
+        seed = pdir / f"situations-v{n:04d}.seed.json"
+        _seed_state(path, seed, situation_refs or {})
+    kind, created = _peek(path)
+    return PolicyVersion(n, path, _sha(path), kind, created, False)
+
+
+def _seed_state(version_path: Path, seed: Path, refs: dict[str, tuple[float, ...]]) -> None:
+    """Write the situation state file of a version by replaying ``refs`` through its policy."""
+    cfg = load_policy(version_path, state_file=seed)
+    sids = [s for s, scores in refs.items() for _ in scores]
+    fused = [v for scores in refs.values() for v in scores]
+    if fused:
+        decide_batch(cfg.policy, fused, None, sids)  # appends in order and saves (atomic)
+    else:  # an empty state file, so activation has something to copy
+        decide_batch(cfg.policy, [float("nan")], None, [None])
+    if not seed.is_file():  # pragma: no cover - decide_batch always saves a path-backed state
+        raise CalibrationError(f"could not write the situation state seed {seed}.")
+
+
+def activate_policy_version(
+    bundle_dir: str | os.PathLike[str], version: str | int
+) -> PolicyVersion:
+    """Make a stored version the active ``policy.yaml`` (validated first; atomic copy).
+
+    Raises :class:`guard._policy.PolicyError` when the version is invalid or fitted for
+    another bundle or prompt; ``policy.yaml`` is then left as it was.
+    """
+    v = resolve_policy_version(bundle_dir, version)
+    active_path, pdir, bundle = _bundle_paths(bundle_dir)
+    seed = pdir / f"situations-v{v.number:04d}.seed.json"
+    with tempfile.TemporaryDirectory() as tmp:  # validate without touching live state
+        cfg = load_policy(v.path, state_file=Path(tmp) / "state.json")
+    check_policy_matches(cfg, bundle.bundle_id, bundle.prompt_hash)
+    if isinstance(cfg.policy, SituationPolicy) and cfg.policy.state_file and seed.is_file():
+        live = active_path.parent / cfg.policy.state_file
+        if not live.exists():
+            _atomic_copy(seed, live)
+    _atomic_copy(v.path, active_path)
+    return replace(v, active=True)
+
+
+def _atomic_copy(src: Path, dst: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,465 @@
+"""Recalibration from the decision log: fits, versions, diff, recommendation, CLI, hot reload."""
+
+from __future__ import annotations
+
+import csv
+import json
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from calibrate import (
+    CalibrationError,
+    Recalibrator,
+    activate_policy_version,
+    active_policy_version,
+    diff_policies,
+    list_policy_versions,
+    predict_effect,
+    read_log,
+    recommend_policy,
+    write_policy_version,
+)
+from calibrate._logdata import read_log_for_bundle
+from guard._bundle import load_bundle, pair_prompt_hash
+from guard._fusion import Avg2Fusion, MemberStats
+from guard._log import DecisionLog, DecisionRecord
+from guard._policy import (
+    ConformalPolicy,
+    FrozenPolicy,
+    PolicyConfig,
+    PolicyError,
+    SituationPolicy,
+    dump_policy,
+    load_policy,
+)
+from guard._prompt import IMAGE_SLOT, REQUEST_SLOT
+from guard.cli import main
+
+T0 = 1_700_000_000.0
+FIXED = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _fake_bundle(
+    root: Path, members: tuple[str, ...] = ("a", "b"), bundle_id: str = "fake-01"
+) -> Path:
+    """A bundle manifest without model files (enough for calibrate, not for a Guard)."""
+    root.mkdir(parents=True, exist_ok=True)
+    ph = {m: f"ph-{m}" for m in members}
+    manifest = {
+        "format": "spotstop-bundle",
+        "version": 1,
+        "bundle_id": bundle_id,
+        "prompt_hash": pair_prompt_hash(ph),
+        "prompt": {"text": "Safe? {request}", "unsafe_answer": "UNSAFE", "safe_answer": "SAFE"},
+        "members": [
+            {
+                "name": m,
+                "path": f"members/{m}",
+                "model_type": "qwen3_5",
+                "image_size": [64, 64],
+                "prompt_hash": ph[m],
+                "template": {
+                    "with_image": IMAGE_SLOT + REQUEST_SLOT,
+                    "without_image": REQUEST_SLOT,
+                },
+            }
+            for m in members
+        ],
+        "policy": "policy.yaml",
+        "files": {},
+    }
+    (root / "manifest.yaml").write_text(yaml.safe_dump(manifest), encoding="utf-8")
+    return root
+
+
+def _simulate(
+    path: Path,
+    bundle: Path,
+    *,
+    n_sit: int = 60,
+    per: int = 4,
+    p_unsafe: float = 0.35,
+    seed: int = 0,
+    label: bool = True,
+) -> dict[str, int]:
+    """A log of ``n_sit * per`` decisions (situation offsets, two members on other scales).
+
+    The logged fused score and threshold are deliberately wrong (0.0): a fit must recompute
+    the fused scores from the member scores. Returns the true labels by decision id.
+    """
+    b = load_bundle(bundle, verify=False)
+    gen = np.random.default_rng(seed)
+    recs, labels, truth = [], [], {}
+    t = T0
+    for s in range(n_sit):
+        off = gen.normal(0, 0.6)
+        for j in range(per):
+            y = int(gen.random() < p_unsafe)
+            z = 1.5 * (y - 0.5) + off + gen.normal(0, 0.8)
+            did = f"d{s:03d}-{j}"
+            t += 60.0
+            recs.append(
+                DecisionRecord(
+                    time=t,
+                    decision_id=did,
+                    situation_id=f"s{s:03d}",
+                    request="move the pot",
+                    member_scores={"a": 2.0 * z + 1.0, "b": 0.5 * z - 2.0 + gen.normal(0, 0.2)},
+                    fused_score=0.0,
+                    threshold=0.0,
+                    policy="frozen",
+                    label="UNSAFE",
+                    fail_closed=False,
+                    latency_ms={"total": 1.0},
+                    bundle_id=b.bundle_id,
+                    prompt_hash=b.prompt_hash,
+                )
+            )
+            truth[did] = y
+            labels.append((did, "unsafe" if y else "safe", f"c{s:03d}", "sim"))
+    # noise the fit must ignore: a fail-closed decision, a NaN member, another bundle
+    nan = float("nan")
+    recs.append(_odd(t + 1, "fc", {"a": 1e6, "b": 1e6}, True, b.bundle_id, b.prompt_hash))
+    recs.append(_odd(t + 2, "nan", {"a": nan, "b": 0.0}, False, b.bundle_id, b.prompt_hash))
+    recs.append(_odd(t + 3, "other", {"a": 1e6, "b": 1e6}, False, "another", b.prompt_hash))
+    with DecisionLog(path) as log:
+        log.append_many(recs)
+        if label:
+            log.set_labels(labels)
+    return truth
+
+
+def _odd(
+    t: float, did: str, scores: dict[str, float], fail: bool, bundle_id: str, ph: str
+) -> DecisionRecord:
+    return DecisionRecord(
+        time=t,
+        decision_id=did,
+        request="x",
+        member_scores=scores,
+        fused_score=float("nan"),
+        threshold=float("nan"),
+        policy="frozen",
+        label="UNSAFE",
+        fail_closed=fail,
+        fail_reason="test" if fail else None,
+        latency_ms={"total": 1.0},
+        bundle_id=bundle_id,
+        prompt_hash=ph,
+    )
+
+
+def _frozen_policy(bundle: Path, t0: float, *, bundle_id: str | None = None) -> PolicyConfig:
+    b = load_bundle(bundle, verify=False)
+    names = [m.name for m in b.members]
+    return PolicyConfig(
+        bundle_id=bundle_id or b.bundle_id,
+        prompt_hash=b.prompt_hash,
+        fusion=Avg2Fusion(tuple(names), {m: MemberStats(0.0, 1.0) for m in names}),
+        policy=FrozenPolicy(threshold=t0),
+        fitted_on={"test": True},
+        created=FIXED,
+    )
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, Path, dict[str, int]]:
+    bundle = _fake_bundle(tmp_path / "bundle")
+    truth = _simulate(tmp_path / "log.sqlite", bundle)
+    dump_policy(_frozen_policy(bundle, 0.0), bundle / "policy.yaml")
+    return bundle, tmp_path / "log.sqlite", truth
+
+
+def _data(bundle: Path, log: Path, **kw):
+    return read_log_for_bundle(log, load_bundle(bundle, verify=False), **kw)
+
+
+# ------------------------------------------------------------------ reading and fitting
+
+
+def test_read_log_keeps_one_bundle_and_counts_what_it_drops(setup):
+    bundle, log, _ = setup
+    d = _data(bundle, log)
+    assert d.n == 242 and d.n_decisions == 243
+    assert d.dropped == {"other_bundle": 1, "fail_closed": 1, "nonfinite_member_score": 1}
+    c = d.counts()
+    assert c["usable"] == 240 and c["unsafe"] + c["safe"] == 240 and c["unlabelled"] == 0
+    w = _data(bundle, log, since=T0 + 60 * 120 + 1, until="2100-01-01")
+    assert w.counts()["usable"] == 120 and w.since is not None
+    with pytest.raises(CalibrationError, match="ISO-8601"):
+        _data(bundle, log, since="yesterday")
+
+
+def test_labels_file_is_read_by_the_diagnostics_reader(tmp_path: Path):
+    bundle = _fake_bundle(tmp_path / "bundle")
+    truth = _simulate(tmp_path / "log.sqlite", bundle, label=False)
+    assert _data(bundle, tmp_path / "log.sqlite").counts()["unlabelled"] == 240
+    f = tmp_path / "labels.csv"
+    with f.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["decision_id", "label"])
+        for did, y in truth.items():
+            w.writerow([did, "unsafe" if y else "safe"])
+    d = _data(bundle, tmp_path / "log.sqlite", labels=f, since=T0 + 60 * 200)  # window after labels
+    assert d.counts()["unlabelled"] == 0 and d.labels == str(f)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("decision_id,label\nnope,unsafe\n")
+    with pytest.raises(CalibrationError, match="match no decision"):
+        _data(bundle, tmp_path / "log.sqlite", labels=bad)
+
+
+def test_fit_recomputes_fused_scores_with_the_new_fusion(setup):
+    bundle, log, _ = setup
+    d = _data(bundle, log)
+    r = Recalibrator("conformal", recommend=False).fit(d)
+    use = d.usable
+    a, b = d.member_scores["a"][use], d.member_scores["b"][use]
+    sa, sb = r.fusion_.stats["a"], r.fusion_.stats["b"]
+    assert sa.median == pytest.approx(np.median(a)) and sb.median == pytest.approx(np.median(b))
+    expect = ((a - sa.median) / sa.iqr + (b - sb.median) / sb.iqr) / 2
+    np.testing.assert_allclose(r.fused_[use], expect)  # not the logged 0.0
+    assert r.frozen_.policy.threshold == pytest.approx(expect.mean())
+    # the cut: PAC rank among the per-situation minima of the unsafe recomputed scores
+    unsafe = use & (d.label == 1)
+    mins: dict[str, float] = {}
+    for s, v in zip(d.situation_id[unsafe], r.fused_[unsafe], strict=True):
+        mins[s] = min(v, mins.get(s, np.inf))
+    u = np.sort(list(mins.values()))
+    pol = r.policy_
+    assert isinstance(pol, ConformalPolicy) and pol.n == len(mins) and pol.delta == 0.1
+    assert pol.threshold == u[pol.k - 1]
+    prov = r.provenance()
+    assert prov["conformal"]["pac"]["k"] == pol.k and prov["conformal"]["marginal"]["k"] >= pol.k
+    assert prov["n"]["unsafe"] == int(unsafe.sum()) and prov["tool"]["name"] == "spotstop"
+    assert "one case per situation" in prov["conformal"]["cluster_note"]
+
+
+def test_refits_are_deterministic(setup):
+    bundle, log, _ = setup
+    cfgs = [
+        Recalibrator(kind, n_resamples=30, rng=3).fit(_data(bundle, log)).to_config(created=FIXED)
+        for kind in ("situation", "situation")
+    ]
+    assert yaml.safe_dump(cfgs[0].to_dict()) == yaml.safe_dump(cfgs[1].to_dict())
+    r1 = Recalibrator("conformal", recommend=False).fit(_data(bundle, log))
+    r2 = Recalibrator("conformal", recommend=False).fit(_data(bundle, log))
+    assert r1.policy_ == r2.policy_ and r1.situation_refs_ == r2.situation_refs_
+
+
+def test_conformal_refuses_too_few_unsafe_cases_and_says_how_many(tmp_path: Path):
+    bundle = _fake_bundle(tmp_path / "bundle")
+    _simulate(tmp_path / "log.sqlite", bundle, n_sit=15, per=2, p_unsafe=0.4)
+    d = _data(bundle, tmp_path / "log.sqlite")
+    with pytest.raises(PolicyError, match=r"at least 22 unsafe situations are needed"):
+        Recalibrator("conformal").fit(d)
+    r = Recalibrator("frozen", n_resamples=30).fit(d)  # other kinds still report the cut
+    assert r.conformal_ is not None and not r.conformal_.pac_.feasible
+    assert r.recommendation_ is not None and r.recommendation_.policy != "conformal"
+    assert any("needs 22 labelled unsafe situations" in x for x in r.recommendation_.reasons)
+
+
+def test_situation_state_holds_the_last_window_scores(setup):
+    bundle, log, _ = setup
+    r = Recalibrator("situation", window=3, recommend=False).fit(_data(bundle, log))
+    refs = r.situation_refs_
+    assert len(refs) == 60 and all(len(v) == 3 for v in refs.values())
+    d = r.data_
+    rows = np.flatnonzero(d.usable & (d.situation_id == "s007"))
+    assert refs["s007"] == tuple(r.fused_[rows[-3:]])
+    assert isinstance(r.policy_, SituationPolicy) and r.policy_.window == 3
+
+
+# ------------------------------------------------------------------ versions
+
+
+def test_versions_never_overwrite_and_activation_is_explicit(setup):
+    bundle, log, _ = setup
+    original = (bundle / "policy.yaml").read_bytes()
+    r = Recalibrator("situation", recommend=False).fit(_data(bundle, log))
+    v = write_policy_version(bundle, r.to_config(), situation_refs=r.situation_refs_)
+    vs = list_policy_versions(bundle)
+    assert [x.number for x in vs] == [1, 2] and v.number == 2
+    assert vs[0].path.read_bytes() == original and vs[0].active  # the old policy, archived
+    assert (bundle / "policy.yaml").read_bytes() == original  # writing does not activate
+    assert load_policy(v.path, state_file=bundle / "tmp.json").fitted_on["previous"]["version"] == 1
+    v3 = write_policy_version(bundle, r.to_config())
+    assert v3.number == 3 and vs[1].path.read_bytes() == v.path.read_bytes()
+
+    activate_policy_version(bundle, "v2")
+    assert (bundle / "policy.yaml").read_bytes() == v.path.read_bytes()
+    assert active_policy_version(bundle).number == 2
+    live = bundle / "situations-v0002.json"
+    assert json.loads(live.read_text())["situations"]["s007"] == list(r.situation_refs_["s007"])
+    cfg = load_policy(bundle / "policy.yaml")  # the guard's view: state seeded from the log
+    assert cfg.policy.state.references("s007") == r.situation_refs_["s007"]
+    activate_policy_version(bundle, 1)  # roll back
+    assert (bundle / "policy.yaml").read_bytes() == original
+
+
+def test_a_policy_for_another_bundle_is_refused(setup, tmp_path: Path):
+    bundle, _, _ = setup
+    other = _frozen_policy(bundle, 1.0, bundle_id="someone-else")
+    with pytest.raises(PolicyError, match="someone-else"):
+        write_policy_version(bundle, other)
+    # a stored version that was tampered with is refused on activation; policy.yaml stays
+    v = write_policy_version(bundle, _frozen_policy(bundle, 1.0))
+    doc = yaml.safe_load(v.path.read_text())
+    doc["prompt_hash"] = "0000000000000000"
+    v.path.write_text(yaml.safe_dump(doc))
+    before = (bundle / "policy.yaml").read_bytes()
+    with pytest.raises(PolicyError, match="0000000000000000"):
+        activate_policy_version(bundle, v.number)
+    assert (bundle / "policy.yaml").read_bytes() == before
+    with pytest.raises(CalibrationError, match="no policy version"):
+        activate_policy_version(bundle, "v0099")
+
+
+# ------------------------------------------------------------------ diff and recommendation
+
+
+def test_diff_shows_changes_and_predicted_effect(setup):
+    bundle, log, _ = setup
+    d = _data(bundle, log)
+    old = load_policy(bundle / "policy.yaml")
+    new = Recalibrator("conformal", recommend=False).fit(d).to_config(created=FIXED)
+    diff = diff_policies(old, new, d, names=("old", "new"))
+    keys = {c.key for c in diff.changes}
+    assert {"policy.kind", "fusion.stats.a.median", "policy.delta"} <= keys
+    eff = diff.effect_b
+    assert eff is not None and eff.n == 240
+    y = d.label[d.usable]
+    assert eff.miss_rate == pytest.approx(float((~eff.flags[y == 1]).mean()))
+    assert eff.flag_rate == pytest.approx(float(eff.flags.mean()))
+    assert diff.n_changed == int((diff.effect_a.flags != eff.flags).sum())
+    text = str(diff)
+    assert "miss rate" in text and "decisions that change label" in text
+    # a frozen cut at +inf-ish flags nothing: miss rate 1 on labelled unsafe
+    never = predict_effect(_frozen_policy(bundle, 1e9), d)
+    assert never.flag_rate == 0.0 and never.miss_rate == 1.0 and never.safe_flag_rate == 0.0
+
+
+def test_recommendation_follows_the_diagnostics():
+    from diagnostics import simulate_log
+
+    # strong situation offsets and contrasts: recentering gains; enough unsafe: conformal
+    table = simulate_log(150, situation_sd=0.8, rng=1)
+    rec = recommend_policy(
+        table, frozen_cut=0.0, conformal_feasible=True, conformal_needed=22,
+        n_unsafe_situations=150, repeat_share=0.8, n_resamples=60, rng=0,
+    )  # fmt: skip
+    assert rec.policy == "conformal" and any("situation" in a for a in rec.alternatives)
+    rec2 = recommend_policy(
+        table, frozen_cut=0.0, conformal_feasible=False, conformal_needed=22,
+        n_unsafe_situations=5, repeat_share=0.8, n_resamples=60, rng=0,
+    )  # fmt: skip
+    assert rec2.policy == "situation" and rec2.evidence["situation_ba_gain_low"] > 0
+    assert any("17 more" in r for r in rec2.reasons)
+    rec3 = recommend_policy(
+        table, frozen_cut=0.0, conformal_feasible=False, conformal_needed=22,
+        n_unsafe_situations=5, repeat_share=0.1, n_resamples=60, rng=0,
+    )  # fmt: skip
+    assert rec3.policy == "frozen"
+    assert any("prevalence" in r for r in rec3.reasons)
+    assert rec3.to_dict()["evidence"]["batch_tpr_all_unsafe"] < 0.8
+    rec4 = recommend_policy(
+        None, frozen_cut=0.0, conformal_feasible=False, conformal_needed=22, n_unsafe_situations=0
+    )
+    assert rec4.policy == "frozen" and "could not run" in rec4.reasons[0]
+
+
+# ------------------------------------------------------------------ CLI end to end
+
+
+def test_cli_recalibrate_list_diff_activate(setup, capsys: pytest.CaptureFixture[str]):
+    bundle, log, _ = setup
+    args = ["recalibrate", str(log), "--bundle", str(bundle), "--resamples", "30"]
+    assert main([*args, "--policy", "conformal", "--alpha", "0.1", "--delta", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "PAC: P(miss rate > alpha" in out and "marginal: P(miss)" in out
+    assert "recommended policy:" in out and "wrote" in out and "policy-v0002.yaml" in out
+    assert "miss rate" in out  # the diff against the active policy, on the log
+    assert main([*args, "--policy", "situation", "--activate", "--since", "2023-11-14"]) == 0
+    assert "activated v0003" in capsys.readouterr().out
+    assert main(["policy", "list", str(bundle)]) == 0
+    listing = capsys.readouterr().out
+    assert "* v0003" in listing and "v0001" in listing
+    diff_args = ["policy", "diff", "v0002", "active", "--bundle", str(bundle), "--log", str(log)]
+    assert main([*diff_args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["effect_b"]["n"] == 240 and any(c["key"] == "policy.kind" for c in doc["changes"])
+    assert main(["policy", "activate", str(bundle), "v0002"]) == 0
+    capsys.readouterr()
+    assert load_policy(bundle / "policy.yaml").policy.kind == "conformal"
+    # refusal: exit 2, the number needed in the message, nothing written
+    before = len(list_policy_versions(bundle))
+    rc = main([*args, "--policy", "conformal", "--alpha", "0.01"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unsafe situations are needed" in err
+    assert len(list_policy_versions(bundle)) == before
+
+
+# ------------------------------------------------------------------ hot reload under load
+
+
+def test_reload_under_load_drops_nothing(tiny_pair: Path, tmp_path: Path):
+    from export.bundle import write_bundle
+    from guard import Guard, Scene
+    from guard._demo import demo_scenes
+
+    bundle = write_bundle(
+        [tiny_pair / "tiny-qwen3_5", tiny_pair / "tiny-lfm2_vl"], tmp_path / "b", copy_members=False
+    )
+    dump_policy(_frozen_policy(bundle, 1e9), bundle / "policy.yaml")
+    v_unsafe = write_policy_version(bundle, _frozen_policy(bundle, -1e9))  # archives +1e9 as v1
+    bad = tmp_path / "bad.yaml"
+    dump_policy(_frozen_policy(bundle, 0.0, bundle_id="other-bundle"), bad)
+    scenes: list[Scene] = demo_scenes(4, seed=3)
+    got: list = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    with Guard(bundle, log=tmp_path / "log.sqlite") as guard:
+
+        def worker(i: int) -> None:
+            try:
+                while not stop.is_set():
+                    got.append(guard.check(scenes[i % len(scenes)]))
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        seen_swaps = 0
+        for i in range(6):
+            activate_policy_version(bundle, v_unsafe.number if i % 2 == 0 else 1)
+            guard.reload_policy()
+            seen_swaps += 1
+            with pytest.raises(PolicyError, match="other-bundle"):
+                guard.reload_policy(bad)  # refused; the current policy stays
+            n_before = len(got)
+            while len(got) == n_before and not errors:  # let at least one decision through
+                stop.wait(0.01)
+        stop.set()
+        for t in threads:
+            t.join()
+        n_logged = guard.log.count()
+        ids = {r.decision_id for r in guard.log.records()}
+    assert not errors, errors
+    assert seen_swaps == 6 and len(got) >= 6
+    assert all(not d.fail_closed for d in got)
+    assert {d.threshold for d in got} == {1e9, -1e9}  # both policies served, no torn state
+    assert all((d.label == "SAFE") == (d.threshold == 1e9) for d in got)
+    assert n_logged == len(got) and ids == {d.decision_id for d in got}
+
+
+def test_read_log_refuses_a_missing_log(tmp_path: Path):
+    with pytest.raises(CalibrationError, match="does not exist"):
+        read_log(tmp_path / "none.sqlite", bundle_id="b", prompt_hash="p", members=["a"])
