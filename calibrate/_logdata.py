@@ -156,12 +156,12 @@ def read_log(
     contrast = np.array(["" if c is None else str(c) for c in arr.contrast_id], dtype=object)
     situation = np.array(["" if s is None else str(s) for s in arr.situation_id], dtype=object)
     if labels is not None:  # the card's reader (diagnostics needs the `diag` extra)
+        from diagnostics import apply_labels_file
         from diagnostics._errors import DataError
-        from diagnostics._from_log import _apply_label_file
 
         sha = np.array([sha_of.get(d) or "" for d in decision_id], dtype=object)
         try:
-            _apply_label_file(Path(labels), decision_id, sha, label, contrast, situation)
+            apply_labels_file(Path(labels), decision_id, sha, label, contrast, situation)
         except DataError as e:
             raise CalibrationError(f"labels file: {e}") from e
     t = np.asarray(arr.time, dtype=np.float64)

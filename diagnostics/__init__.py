@@ -38,7 +38,7 @@ from diagnostics._checks import (
 )
 from diagnostics._data import CaseTable, Pairs, read_scores_csv
 from diagnostics._errors import DataError, DiagnosticsError, UndefinedMetricWarning
-from diagnostics._from_log import LogCases, case_table_from_log, log_cases
+from diagnostics._from_log import LogCases, apply_labels_file, case_table_from_log, log_cases
 from diagnostics._metrics import (
     BestCut,
     CrossFit,
@@ -86,6 +86,7 @@ __all__ = [
     "SituationShare",
     "SpotStop",
     "UndefinedMetricWarning",
+    "apply_labels_file",
     "auroc",
     "balanced_accuracy",
     "best_balanced_accuracy",

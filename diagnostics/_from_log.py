@@ -62,7 +62,7 @@ from numpy.typing import NDArray
 from diagnostics._data import CaseTable
 from diagnostics._errors import DataError
 
-__all__ = ["LogCases", "case_table_from_log", "log_cases"]
+__all__ = ["LogCases", "apply_labels_file", "case_table_from_log", "log_cases"]
 
 _LABELS = {"0": 0, "1": 1, "safe": 0, "unsafe": 1}
 _KEYS = ("decision_id", "image_sha256")
@@ -140,7 +140,7 @@ def _read_label_rows(path: Path) -> list[tuple[str, dict[str, str]]]:
     return rows
 
 
-def _apply_label_file(
+def apply_labels_file(
     path: Path,
     decision_id: NDArray[np.object_],
     sha: NDArray[np.object_],
@@ -264,7 +264,7 @@ def log_cases(log_path: str | Path, *, labels: str | Path | None = None) -> LogC
     situation = np.array([_cell(s) for s in arr.situation_id], dtype=object)
     n_from_file = 0
     if labels is not None:
-        n_from_file = _apply_label_file(Path(labels), decision_id, sha, label, contrast, situation)
+        n_from_file = apply_labels_file(Path(labels), decision_id, sha, label, contrast, situation)
 
     fused = np.asarray(arr.fused, dtype=np.float64)
     fail = np.asarray(arr.fail_closed, dtype=bool)
