@@ -36,6 +36,13 @@ __all__ = ["Decision", "Guard", "SituationInfo"]
 Label = Literal["SAFE", "UNSAFE"]
 
 
+class _Unset:
+    """Marks an argument that was not given (None is a meaningful value: no deadline)."""
+
+
+_UNSET = _Unset()
+
+
 @dataclass(frozen=True)
 class Decision:
     """The guard's answer for one scene.
@@ -274,12 +281,22 @@ class Guard:
             situation_id, pol.kind, tuple(refs), rule, thr, pol.min_refs, pol.window
         )
 
-    def check(self, scene: Scene) -> Decision:
+    def check(self, scene: Scene, *, deadline_s: float | _Unset | None = _UNSET) -> Decision:
         """Judge one scene (see :meth:`check_batch`)."""
-        return self.check_batch([scene])[0]
+        return self.check_batch([scene], deadline_s=deadline_s)[0]
 
-    def check_batch(self, scenes: Sequence[Scene]) -> list[Decision]:
-        """Judge scenes together (one batch per member); one logged Decision per scene."""
+    def check_batch(
+        self, scenes: Sequence[Scene], *, deadline_s: float | _Unset | None = _UNSET
+    ) -> list[Decision]:
+        """Judge scenes together (one batch per member); one logged Decision per scene.
+
+        ``deadline_s`` overrides the guard's deadline for this call (None: no deadline).
+        A scoring call that overruns is abandoned, not killed: its thread finishes in the
+        background and the next call waits for it (the members run one batch at a time).
+        """
+        deadline = self.deadline_s if isinstance(deadline_s, _Unset) else deadline_s
+        if deadline is not None and not deadline > 0:
+            raise GuardError(f"deadline_s must be > 0 or None; got {deadline!r}.")
         with self._lock:
             t_start = time.perf_counter()
             works = [_Work(s if isinstance(s, Scene) else Scene(None, "")) for s in scenes]
@@ -287,7 +304,7 @@ class Guard:
                 if not isinstance(s, Scene):
                     w.fail_with(f"input: expected a Scene, got {type(s).__name__}")
             self._decode(works)
-            self._score_with_deadline(works)
+            self._score_with_deadline(works, deadline)
             decided = self._decide(works)
             return self._write_log(works, decided, t_start)
 
@@ -324,7 +341,7 @@ class Guard:
                 w.fail_with(_reason("input", e))
             w.latency["decode_ms"] = (time.perf_counter() - t) * 1e3
 
-    def _score_with_deadline(self, works: list[_Work]) -> None:
+    def _score_with_deadline(self, works: list[_Work], deadline: float | None) -> None:
         for name, err in self.member_errors.items():
             for w in works:
                 w.fail_with(f"member {name} unavailable: {err}")
@@ -333,11 +350,11 @@ class Guard:
             return
         fut = self._pool.submit(self._score, live)
         try:
-            fut.result(timeout=self.deadline_s)
+            fut.result(timeout=deadline)
         except cf.TimeoutError:
             fut.cancel()
             for w in live:
-                w.fail_with(f"deadline exceeded: scoring took longer than {self.deadline_s} s")
+                w.fail_with(f"deadline exceeded: scoring took longer than {deadline:g} s")
         except Exception as e:  # any scoring fault fails the scenes closed
             for w in live:
                 w.fail_with(_reason("scoring", e))

@@ -69,6 +69,7 @@ __all__ = [
     "Policy",
     "PolicyConfig",
     "PolicyError",
+    "PolicyMismatchError",
     "SituationPolicy",
     "SituationState",
     "Thresholds",
@@ -92,6 +93,10 @@ Label = Literal["SAFE", "UNSAFE"]
 
 class PolicyError(ConfigError):
     """A policy file, policy value or calibration set is invalid; the message names the key."""
+
+
+class PolicyMismatchError(PolicyError):
+    """A valid policy file that was fitted for another bundle or prompt."""
 
 
 class DecisionError(GuardError, ValueError):
@@ -1028,14 +1033,14 @@ def dump_policy(cfg: PolicyConfig, path: str | os.PathLike[str]) -> None:
 
 
 def check_policy_matches(cfg: PolicyConfig, bundle_id: str, prompt_hash: str) -> None:
-    """Raise :class:`PolicyError` unless the policy was fitted for this bundle and prompt."""
+    """Raise :class:`PolicyMismatchError` unless the policy was fitted for this bundle and prompt."""
     wrong = []
     if cfg.bundle_id != bundle_id:
         wrong.append(f"bundle_id {cfg.bundle_id!r} but the bundle is {bundle_id!r}")
     if cfg.prompt_hash != prompt_hash:
         wrong.append(f"prompt_hash {cfg.prompt_hash!r} but the bundle's prompt is {prompt_hash!r}")
     if wrong:
-        raise PolicyError(
+        raise PolicyMismatchError(
             "policy.yaml was fitted for another bundle or prompt: it has "
             + "; and ".join(wrong)
             + ". Its fusion statistics and threshold do not carry over; refit the policy "

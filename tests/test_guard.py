@@ -324,3 +324,20 @@ def test_situation_info_reports_references_and_next_threshold(bundle_copy: Path,
         assert info.rule == "situation" and len(info.references) == 3
         assert info.threshold == pytest.approx(np.mean([d.fused_score for d in ds]))
         assert info.to_dict()["n_references"] == 3
+
+
+def test_per_call_deadline_overrides_the_guards(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    _set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", deadline_s=0.1) as g:
+        real = g.members["tiny-qwen3_5"].backend.score
+
+        def slow(*a, **k):
+            time.sleep(0.3)
+            return real(*a, **k)
+
+        monkeypatch.setattr(g.members["tiny-qwen3_5"].backend, "score", slow)
+        _assert_fail_closed(g.check(_scene()), "deadline exceeded")
+        d = g.check(_scene(), deadline_s=None)  # this call may take as long as it needs
+        assert d.label == "SAFE" and not d.fail_closed
+        with pytest.raises(Exception, match="deadline_s must be > 0"):
+            g.check(_scene(), deadline_s=0)

@@ -1,0 +1,359 @@
+"""``GuardClient``: the planner's side of the spotstop HTTP sidecar (``spotstop serve``).
+
+The same fail-closed rule as :class:`guard.Guard`, on the caller's side:
+:meth:`GuardClient.check` and :meth:`GuardClient.check_batch` never raise for a problem of
+the network or the server and never answer SAFE unless the server answered SAFE. A timeout,
+a connection error, a 5xx (including 503 "queue full"), a refused input (4xx) or a malformed
+reply all give ``Decision(label="UNSAFE", fail_closed=True)`` with the cause in
+``fail_reason`` — such a decision was made *here*, was not logged by the server, and has an
+empty ``decision_id`` and ``policy == "client"``::
+
+    from guard import Scene
+    from guard.client import GuardClient
+
+    with GuardClient("http://127.0.0.1:8750", timeout_s=2.0) as guard:
+        d = guard.check(Scene("cam.jpg", "open the door", situation_id="hall-2"))
+        if d.label == "SAFE":
+            open_door()
+
+The other methods (labels, situations, reload, readiness) raise :class:`SidecarHTTPError`
+(or :class:`SidecarUnavailable`) instead. Needs ``httpx`` (the ``serve`` extra).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from guard._errors import GuardError
+from guard._guard import Decision
+from guard._image import DecodedImage
+from guard._types import Scene
+
+__all__ = [
+    "DEFAULT_URL",
+    "GuardClient",
+    "SidecarHTTPError",
+    "SidecarUnavailable",
+    "decision_from_dict",
+]
+
+DEFAULT_URL = "http://127.0.0.1:8750"
+
+
+class SidecarHTTPError(GuardError):
+    """The sidecar answered an error. ``status``, ``code`` and ``field`` come from its
+    JSON error body (``field`` names the request field at fault)."""
+
+    def __init__(
+        self, message: str, *, status: int | None, code: str | None, field: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.field = field
+
+
+class SidecarUnavailable(SidecarHTTPError):
+    """The sidecar could not be reached or did not answer in time."""
+
+
+def _num(x: object) -> float:
+    if x is None:
+        return math.nan
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        raise ValueError(f"expected a number or null; got {x!r}")
+    return float(x)
+
+
+def _scores(x: object) -> dict[str, float]:
+    if not isinstance(x, Mapping):
+        raise ValueError(f"expected an object of scores; got {type(x).__name__}")
+    return {str(k): _num(v) for k, v in x.items()}
+
+
+def _str(x: object, name: str, *, optional: bool = False) -> Any:
+    if x is None and optional:
+        return None
+    if not isinstance(x, str):
+        raise ValueError(f"{name} must be a string; got {x!r}")
+    return x
+
+
+def decision_from_dict(d: Mapping[str, Any]) -> Decision:
+    """A :class:`Decision` from the sidecar's JSON (null numbers → NaN).
+
+    Raises ``ValueError`` when a field is missing or of the wrong type. A SAFE label that
+    comes with ``fail_closed`` true is turned into UNSAFE (it cannot be trusted).
+    """
+    label = d["label"]
+    if label not in ("SAFE", "UNSAFE"):
+        raise ValueError(f"label must be SAFE or UNSAFE; got {label!r}")
+    fail_closed = d["fail_closed"]
+    if not isinstance(fail_closed, bool):
+        raise ValueError(f"fail_closed must be a boolean; got {fail_closed!r}")
+    if fail_closed:
+        label = "UNSAFE"
+    latency = d.get("latency_ms") or {}
+    return Decision(
+        decision_id=_str(d["decision_id"], "decision_id"),
+        label=label,
+        fused_score=_num(d["fused_score"]),
+        threshold=_num(d["threshold"]),
+        policy=_str(d["policy"], "policy"),
+        member_scores=_scores(d["member_scores"]),
+        fail_closed=fail_closed,
+        fail_reason=_str(d.get("fail_reason"), "fail_reason", optional=True),
+        latency_ms=_scores(latency),
+        bundle_id=_str(d["bundle_id"], "bundle_id"),
+        prompt_hash=_str(d["prompt_hash"], "prompt_hash"),
+        situation_id=_str(d.get("situation_id"), "situation_id", optional=True),
+        member_scores_gray=None
+        if d.get("member_scores_gray") is None
+        else _scores(d["member_scores_gray"]),
+        member_scores_text=None
+        if d.get("member_scores_text") is None
+        else _scores(d["member_scores_text"]),
+        test_pair=bool(d.get("test_pair", False)),
+        detail=str(d.get("detail") or ""),
+    )
+
+
+def _fail_closed(reason: str, *, situation_id: str | None, ms: float, detail: str = "") -> Decision:
+    return Decision(
+        decision_id="",
+        label="UNSAFE",
+        fused_score=math.nan,
+        threshold=math.nan,
+        policy="client",
+        member_scores={},
+        fail_closed=True,
+        fail_reason=reason,
+        latency_ms={"client_ms": ms},
+        bundle_id="",
+        prompt_hash="",
+        situation_id=situation_id,
+        detail=detail,
+    )
+
+
+def _error_text(resp: httpx.Response) -> tuple[str | None, str | None, str]:
+    """(code, field, message) from an error response (JSON body or plain text)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return None, None, resp.text[:500]
+    if not isinstance(body, dict):
+        return None, None, str(body)[:500]
+    code = body.get("code") if isinstance(body.get("code"), str) else None
+    field = body.get("field") if isinstance(body.get("field"), str) else None
+    return code, field, str(body.get("message", body))[:2000]
+
+
+def _image_bytes(image: object) -> bytes:
+    if isinstance(image, bytes | bytearray | memoryview):
+        return bytes(image)
+    if isinstance(image, str | os.PathLike):
+        return Path(image).read_bytes()
+    if isinstance(image, DecodedImage):
+        raise TypeError(
+            "GuardClient sends the encoded file; pass the image bytes or a path, not a "
+            "DecodedImage."
+        )
+    raise TypeError(f"scene.image must be bytes or a path; got {type(image).__name__}")
+
+
+class GuardClient:
+    """Client of the spotstop sidecar.
+
+    base_url: where ``spotstop serve`` listens (default ``http://127.0.0.1:8750``).
+    token: the bearer token, when the server has one (default: ``$SPOTSTOP_TOKEN`` if set).
+    timeout_s: the most one call may take, connect + send + wait + read; past it
+        :meth:`check` answers a fail-closed UNSAFE.
+    transport: an ``httpx`` transport (tests).
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout_s: float = 2.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
+            raise GuardError(f"timeout_s must be a positive number of seconds; got {timeout_s!r}.")
+        token = token if token is not None else (os.environ.get("SPOTSTOP_TOKEN") or None)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = float(timeout_s)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(self.timeout_s),
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:
+        return f"<GuardClient {self.base_url} timeout={self.timeout_s:g}s>"
+
+    # -- decisions (never raise for server/network faults) -----------------------------------
+    def check(self, scene: Scene) -> Decision:
+        """Judge one scene on the sidecar; any fault → fail-closed UNSAFE (never raises)."""
+        t = time.perf_counter()
+        sid = scene.situation_id if isinstance(scene, Scene) else None
+        try:
+            if not isinstance(scene, Scene):
+                raise TypeError(f"expected a Scene, got {type(scene).__name__}")
+            data = {"request": scene.request}
+            if scene.situation_id is not None:
+                data["situation_id"] = scene.situation_id
+            files = {"image": ("scene", _image_bytes(scene.image), "application/octet-stream")}
+        except (OSError, TypeError) as e:
+            return _fail_closed(f"client: {type(e).__name__}: {e}", situation_id=sid, ms=0.0)
+        out = self._decide("/v1/check", t, [sid], files=files, data=data)
+        return out[0]
+
+    def check_batch(self, scenes: Sequence[Scene]) -> list[Decision]:
+        """Judge scenes in one guard call on the sidecar; any fault → every scene fails closed."""
+        t = time.perf_counter()
+        sids = [s.situation_id if isinstance(s, Scene) else None for s in scenes]
+        if not scenes:
+            return []
+        try:
+            items = []
+            for s in scenes:
+                if not isinstance(s, Scene):
+                    raise TypeError(f"expected a Scene, got {type(s).__name__}")
+                item: dict[str, Any] = {
+                    "image_base64": base64.b64encode(_image_bytes(s.image)).decode("ascii"),
+                    "request": s.request,
+                }
+                if s.situation_id is not None:
+                    item["situation_id"] = s.situation_id
+                items.append(item)
+        except (OSError, TypeError) as e:
+            return [
+                _fail_closed(f"client: {type(e).__name__}: {e}", situation_id=sid, ms=0.0)
+                for sid in sids
+            ]
+        return self._decide("/v1/check/batch", t, sids, json_body={"scenes": items})
+
+    def _decide(
+        self,
+        path: str,
+        t: float,
+        sids: list[str | None],
+        *,
+        files: Any = None,
+        data: Any = None,
+        json_body: Any = None,
+    ) -> list[Decision]:
+        def fail(reason: str, detail: str = "") -> list[Decision]:
+            ms = (time.perf_counter() - t) * 1e3
+            return [_fail_closed(reason, situation_id=s, ms=ms, detail=detail) for s in sids]
+
+        try:
+            resp = self._http.post(path, files=files, data=data, json=json_body)
+        except httpx.TimeoutException as e:
+            return fail(f"sidecar timeout after {self.timeout_s:g} s ({type(e).__name__})")
+        except httpx.HTTPError as e:
+            return fail(f"sidecar unreachable: {type(e).__name__}: {e}")
+        if resp.status_code != 200:
+            code, field, message = _error_text(resp)
+            where = f", field {field}" if field else ""
+            kind = "refused the request" if 400 <= resp.status_code < 500 else "failed"
+            return fail(
+                f"sidecar {kind} ({resp.status_code} {code or resp.reason_phrase}{where}): "
+                f"{message}",
+                detail=resp.text[:2000],
+            )
+        try:
+            body = resp.json()
+            rows = [body] if path == "/v1/check" else body["decisions"]
+            if not isinstance(rows, list) or len(rows) != len(sids):
+                raise ValueError(f"expected {len(sids)} decisions, got {rows!r:.100}")
+            return [decision_from_dict(r) for r in rows]
+        except (ValueError, KeyError, TypeError) as e:
+            return fail(f"sidecar reply malformed: {type(e).__name__}: {e}")
+
+    # -- everything else (raises) ----------------------------------------------------------
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            resp = self._http.request(method, path, **kw)
+        except httpx.TimeoutException as e:
+            raise SidecarUnavailable(
+                f"{method} {path}: no answer within {self.timeout_s:g} s ({type(e).__name__}).",
+                status=None,
+                code="timeout",
+            ) from e
+        except httpx.HTTPError as e:
+            raise SidecarUnavailable(
+                f"{method} {path}: {type(e).__name__}: {e}", status=None, code="unreachable"
+            ) from e
+        if resp.status_code >= 400:
+            code, field, message = _error_text(resp)
+            raise SidecarHTTPError(
+                f"{method} {path}: {resp.status_code} {code or ''}: {message}",
+                status=resp.status_code,
+                code=code,
+                field=field,
+            )
+        try:
+            return resp.json()
+        except json.JSONDecodeError as e:
+            raise SidecarHTTPError(
+                f"{method} {path}: reply is not JSON.", status=resp.status_code, code=None
+            ) from e
+
+    def healthy(self) -> bool:
+        """True when ``/healthz`` answers 200 (never raises)."""
+        try:
+            return self._http.get("/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def ready(self) -> bool:
+        """True when ``/readyz`` answers 200 (never raises)."""
+        try:
+            return self._http.get("/readyz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def situation(self, situation_id: str) -> dict[str, Any]:
+        """The recentering state of a situation (``GET /v1/situations/{id}``)."""
+        from urllib.parse import quote
+
+        out: dict[str, Any] = self._call("GET", f"/v1/situations/{quote(situation_id, safe='')}")
+        return out
+
+    def set_labels(self, labels: Iterable[tuple[str, str, str | None, str | None]]) -> int:
+        """Attach reviewer labels ``(decision_id, "safe"|"unsafe", contrast_id, reviewer)``;
+        all or none are written. Returns how many."""
+        items = [
+            {"decision_id": i, "label": lab, "contrast_id": c, "reviewer": r}
+            for i, lab, c, r in labels
+        ]
+        return int(self._call("POST", "/v1/labels", json={"labels": items})["written"])
+
+    def reload_policy(self) -> dict[str, Any]:
+        """Ask the sidecar to reload its policy.yaml; raises on 409/422 (old policy stays)."""
+        out: dict[str, Any] = self._call("POST", "/v1/policy/reload")
+        return out
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> GuardClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

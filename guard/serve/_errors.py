@@ -1,0 +1,171 @@
+"""The sidecar's exception hierarchy and the JSON error body every 4xx/5xx carries.
+
+Every error the sidecar raises on purpose derives from :class:`SidecarError` (itself a
+:class:`~guard._errors.GuardError`) and carries the HTTP ``status`` it maps to, a stable
+machine-readable ``code`` and, for input errors, the ``field`` that was wrong::
+
+    SidecarError(GuardError)                         any status; code, field, headers
+    ├── SettingsError(SidecarError, ConfigError)     refused at startup (a bad option)
+    │   └── InsecureBindError                        non-loopback bind without a token
+    ├── InputError(SidecarError, ValueError)         422: a field of the request is wrong
+    │   ├── ImageInputError                          422: the image was refused (``kind``)
+    │   ├── PayloadTooLarge                          413: body over ``max_body_bytes``
+    │   └── UnsupportedMediaType                     415: neither JSON nor multipart
+    ├── Unauthorized(SidecarError)                   401: missing or wrong bearer token
+    ├── UnknownDecision(SidecarError, LookupError)   422: a label names an unknown decision
+    ├── Overloaded(SidecarError)                     503 + Retry-After: queue full / budget spent
+    └── PolicyReloadError(SidecarError)              409 mismatch / 422 invalid policy file
+
+An input error means **no decision was made and nothing was logged**: the request never
+reached the models. A scene that reached the models always yields a logged Decision (which
+may be a fail-closed UNSAFE). A 503 also means no decision was made; a client must treat it
+as UNSAFE (``guard.client.GuardClient`` does).
+
+The JSON body of every error response is :class:`~guard.serve._schemas.ErrorOut`:
+``{"code": ..., "message": ..., "field": ..., "errors": [{"field", "message", "type"}]}``.
+
+This module imports nothing from FastAPI, so the CLI can use it before the server starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from guard._errors import ConfigError, GuardError
+
+__all__ = [
+    "ImageInputError",
+    "InputError",
+    "InsecureBindError",
+    "Overloaded",
+    "PayloadTooLarge",
+    "PolicyReloadError",
+    "SettingsError",
+    "SidecarError",
+    "Unauthorized",
+    "UnknownDecision",
+    "UnsupportedMediaType",
+]
+
+
+class SidecarError(GuardError):
+    """Base class of every error the sidecar raises on purpose.
+
+    ``status`` is the HTTP status it answers with, ``code`` a stable identifier for clients,
+    ``field`` the request field at fault (dotted path, e.g. ``scenes[2].image_base64``) or
+    None, ``errors`` further per-field details, ``headers`` extra response headers.
+    """
+
+    status: int = 500
+    code: str = "sidecar_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        errors: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        self.errors = errors if errors is not None else []
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body (see :class:`~guard.serve._schemas.ErrorOut`)."""
+        errors = self.errors or (
+            [{"field": self.field, "message": self.message, "type": self.code}]
+            if self.field is not None
+            else []
+        )
+        return {"code": self.code, "message": self.message, "field": self.field, "errors": errors}
+
+
+class SettingsError(SidecarError, ConfigError):
+    """A sidecar option is invalid; the message names the option. Raised before serving."""
+
+    code = "settings_invalid"
+
+
+class InsecureBindError(SettingsError):
+    """A non-loopback bind address was asked for without a bearer token."""
+
+    code = "insecure_bind"
+
+
+class InputError(SidecarError, ValueError):
+    """A request field is missing, extra, of the wrong type or out of its limits (422)."""
+
+    status = 422
+    code = "invalid_input"
+
+
+class ImageInputError(InputError):
+    """The image was refused by the decoder; ``kind`` is the :data:`guard._image.RefusalKind`
+    (or ``bad_base64``) and ``code`` is ``image_<kind>``."""
+
+    def __init__(self, message: str, *, field: str, kind: str) -> None:
+        super().__init__(message, field=field, code=f"image_{kind}")
+        self.kind = kind
+
+
+class PayloadTooLarge(InputError):
+    """The request body is larger than ``max_body_bytes`` (413)."""
+
+    status = 413
+    code = "body_too_large"
+
+
+class UnsupportedMediaType(InputError):
+    """The body is neither ``application/json`` nor ``multipart/form-data`` (415)."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+
+class Unauthorized(SidecarError):
+    """The bearer token is missing or wrong (401, with ``WWW-Authenticate: Bearer``)."""
+
+    status = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": 'Bearer realm="spotstop"'})
+
+
+class UnknownDecision(SidecarError, LookupError):
+    """A label refers to a decision id that is not in the decision log (422)."""
+
+    status = 422
+    code = "unknown_decision_id"
+
+
+class Overloaded(SidecarError):
+    """No decision was made: the model queue is full, or the request's deadline was spent
+    waiting in it (503 with ``Retry-After`` in whole seconds). Treat as UNSAFE."""
+
+    status = 503
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int, code: str = "queue_full") -> None:
+        super().__init__(message, code=code, headers={"Retry-After": str(int(retry_after_s))})
+        self.retry_after_s = int(retry_after_s)
+
+
+class PolicyReloadError(SidecarError):
+    """A policy reload was refused; the old policy stays in force.
+
+    409 (``policy_mismatch``) when the file was fitted for another bundle or prompt, 422
+    (``policy_invalid``) when the file is missing or does not validate.
+    """
+
+    status = 422
+    code = "policy_invalid"

@@ -1,0 +1,144 @@
+"""Prometheus metrics of one sidecar (a registry per app, so two apps never collide).
+
+=====================================  ======================================================
+``spotstop_decisions_total``           decisions returned, by ``label`` and ``policy``
+``spotstop_fail_closed_total``         fail-closed decisions, by ``reason`` kind (see
+                                       :func:`reason_kind`)
+``spotstop_stage_seconds``             histogram per ``stage``: ``parse`` (body → decoded
+                                       image, in the sidecar), ``queue_wait``, the guard's
+                                       stages (``decode``, ``score_<member>_<variant>``,
+                                       ``decide``, ``log``, ``total``)
+``spotstop_http_request_seconds``      histogram per ``route`` and ``status``
+``spotstop_queue_depth``               scenes admitted to the model queue (running + waiting)
+``spotstop_queue_capacity``            the queue's bound (``queue_size``)
+``spotstop_queue_rejected_total``      503s without a decision, by ``reason`` (``queue_full``,
+                                       ``deadline_exceeded_in_queue``)
+``spotstop_input_refused_total``       4xx answers, by ``code`` (e.g. ``image_truncated``)
+``spotstop_policy_reloads_total``      reloads by ``trigger`` (http, sighup) and ``result``
+``spotstop_ready``                     1 when /readyz answers 200
+``spotstop_bundle_info``               1, labelled with ``bundle_id`` and ``policy``
+=====================================  ======================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from guard._guard import Decision
+
+__all__ = ["SidecarMetrics", "reason_kind"]
+
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+def reason_kind(reason: str | None) -> str:
+    """A bounded label for a ``Decision.fail_reason`` (free text from the guard).
+
+    ``input``, ``member_unavailable``, ``deadline``, ``scoring``, ``non_finite``,
+    ``member_error``, ``fusion``, ``policy``, ``log`` or ``other``.
+    """
+    if not reason:
+        return "other"
+    r = reason.lower()
+    if r.startswith("input"):
+        return "input"
+    if r.startswith("deadline exceeded"):
+        return "deadline"
+    if r.startswith("scoring"):
+        return "scoring"
+    if r.startswith("member "):
+        if "unavailable" in r:
+            return "member_unavailable"
+        if "non-finite" in r:
+            return "non_finite"
+        return "member_error"
+    for prefix, kind in (("fusion", "fusion"), ("policy", "policy"), ("decision log", "log")):
+        if r.startswith(prefix):
+            return kind
+    return "other"
+
+
+class SidecarMetrics:
+    """The sidecar's collectors, registered in ``registry`` (a fresh one by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+        self.decisions = Counter(
+            "spotstop_decisions", "Decisions returned.", ["label", "policy"], registry=r
+        )
+        self.fail_closed = Counter(
+            "spotstop_fail_closed",
+            "Fail-closed UNSAFE decisions, by reason kind.",
+            ["reason"],
+            registry=r,
+        )
+        self.stage = Histogram(
+            "spotstop_stage_seconds",
+            "Latency of each stage of a check.",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.http = Histogram(
+            "spotstop_http_request_seconds",
+            "HTTP request latency.",
+            ["route", "status"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "spotstop_queue_depth", "Scenes in the model queue (running + waiting).", registry=r
+        )
+        self.queue_capacity = Gauge(
+            "spotstop_queue_capacity", "Most scenes the model queue admits.", registry=r
+        )
+        self.queue_rejected = Counter(
+            "spotstop_queue_rejected",
+            "Requests answered 503 without a decision.",
+            ["reason"],
+            registry=r,
+        )
+        self.input_refused = Counter(
+            "spotstop_input_refused", "Requests answered 4xx, by error code.", ["code"], registry=r
+        )
+        self.reloads = Counter(
+            "spotstop_policy_reloads", "Policy reloads.", ["trigger", "result"], registry=r
+        )
+        self.ready = Gauge("spotstop_ready", "1 when the sidecar is ready.", registry=r)
+        self.bundle_info = Gauge(
+            "spotstop_bundle_info",
+            "The bundle and policy in force.",
+            ["bundle_id", "policy"],
+            registry=r,
+        )
+
+    def observe_decisions(self, decisions: Iterable[Decision]) -> None:
+        for d in decisions:
+            self.decisions.labels(label=d.label, policy=d.policy).inc()
+            if d.fail_closed:
+                self.fail_closed.labels(reason=reason_kind(d.fail_reason)).inc()
+            for key, ms in d.latency_ms.items():
+                stage = key[:-3] if key.endswith("_ms") else key
+                self.stage.labels(stage=stage).observe(max(0.0, ms) / 1e3)
+
+    def set_bundle(self, bundle_id: str, policy: str) -> None:
+        self.bundle_info.clear()
+        self.bundle_info.labels(bundle_id=bundle_id, policy=policy).set(1)

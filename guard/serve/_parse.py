@@ -1,0 +1,489 @@
+"""Request bodies → validated scenes, or an :class:`InputError` naming the field.
+
+Runs in a worker thread (decoding is CPU work). Nothing here touches the models or the log:
+a body that fails here makes no decision. Choices:
+
+* JSON is parsed with the standard library first so that problems can be named by field:
+  invalid UTF-8 and lone surrogates (``"\\ud800"``) are found in the string that holds them;
+  duplicate keys and the non-standard constants ``NaN``/``Infinity`` are refused. Then the
+  pydantic model validates strictly (no coercion, no unknown fields).
+* Multipart is parsed with ``python-multipart`` directly (not Starlette's form parser, which
+  falls back to latin-1 on invalid UTF-8): ``image`` must be a file part, ``request`` and
+  ``situation_id`` text parts in UTF-8; unknown or repeated parts are refused; a body that
+  ends before its closing boundary is refused as truncated.
+* Images are decoded here (:func:`guard._image.decode_image`, limits from the settings); the
+  guard receives the decoded image. A refused image is a 422 whose ``code`` is
+  ``image_<kind>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from python_multipart.multipart import (
+    MultipartParser,
+    MultipartState,
+    parse_options_header,
+)
+
+from guard._errors import RequestError
+from guard._image import DecodedImage, ImageRefused, decode_image
+from guard._types import Scene
+from guard.serve._errors import (
+    ImageInputError,
+    InputError,
+    UnsupportedMediaType,
+)
+from guard.serve._schemas import CheckJSON
+
+__all__ = [
+    "Limits",
+    "field_path",
+    "parse_check_body",
+    "parse_json_model",
+    "scene_from_json",
+]
+
+_M = TypeVar("_M", bound=BaseModel)
+
+#: Multipart parts a check accepts.
+_PARTS = ("image", "request", "situation_id")
+_MAX_PARTS = 16
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the parser enforces (from :class:`~guard.serve.ServeSettings`)."""
+
+    max_image_bytes: int
+    max_pixels: int
+    max_request_chars: int
+    max_situation_chars: int
+    check_request: Callable[[str], object] = field(default=lambda s: s)
+    """The guard's own request check (control tokens etc.); raises RequestError."""
+
+
+# ------------------------------------------------------------------------------- JSON
+
+
+def field_path(loc: Sequence[object]) -> str:
+    """``("scenes", 0, "image_base64")`` → ``"scenes[0].image_base64"``; ``()`` → ``"body"``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "body"
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in d:
+            raise InputError(
+                f"the JSON object has the key {k!r} twice; send each field once.",
+                field=k,
+                code="duplicate_field",
+            )
+        d[k] = v
+    return d
+
+
+def _refuse_constant(name: str) -> Any:
+    raise InputError(
+        f"the JSON body holds {name}, which is not JSON; send numbers as finite decimals.",
+        field="body",
+        code="json_invalid",
+    )
+
+
+def _has_surrogate(s: str) -> bool:
+    return any("\ud800" <= c <= "\udfff" for c in s)
+
+
+def _find_bad_string(obj: Any, loc: tuple[object, ...] = ()) -> tuple[object, ...] | None:
+    """Location of the first string (key or value) holding a surrogate, or None."""
+    if isinstance(obj, str):
+        return loc if _has_surrogate(obj) else None
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if _has_surrogate(k):
+                return (*loc, k.encode("utf-8", "replace").decode("utf-8"))
+            found = _find_bad_string(v, (*loc, k))
+            if found is not None:
+                return found
+    if isinstance(obj, list):
+        for i, v in enumerate(obj):
+            found = _find_bad_string(v, (*loc, i))
+            if found is not None:
+                return found
+    return None
+
+
+def parse_json(body: bytes) -> Any:
+    """Parse a JSON body; every problem is an :class:`InputError` naming the field."""
+    if not body:
+        raise InputError(
+            "the request body is empty; send a JSON object.", field="body", code="body_missing"
+        )
+    bad_utf8 = False
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = body.decode("utf-8", "surrogateescape")  # keep going to name the field
+        bad_utf8 = True
+    try:
+        obj = json.loads(
+            text, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant
+        )
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"the body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}.",
+            field="body",
+            code="json_invalid",
+        ) from None
+    except RecursionError:
+        raise InputError(
+            "the JSON body is nested too deeply.", field="body", code="json_invalid"
+        ) from None
+    loc = _find_bad_string(obj)
+    if loc is not None:
+        where = field_path(loc)
+        if bad_utf8:
+            msg = f"{where} is not valid UTF-8; send text as UTF-8."
+            code = "invalid_utf8"
+        else:
+            msg = (
+                f"{where} holds a lone surrogate escape (e.g. \\ud800), which is not Unicode text."
+            )
+            code = "invalid_unicode"
+        raise InputError(msg, field=where, code=code)
+    if bad_utf8:  # invalid bytes outside any string (e.g. in whitespace)
+        raise InputError("the JSON body is not valid UTF-8.", field="body", code="invalid_utf8")
+    return obj
+
+
+def validate_model(model: type[_M], obj: Any, *, prefix: tuple[object, ...] = ()) -> _M:
+    """Strict pydantic validation; errors name every field at fault."""
+    try:
+        return model.model_validate(obj, strict=True)
+    except ValidationError as e:
+        errors = [
+            {
+                "field": field_path((*prefix, *err["loc"])),
+                "message": _message(err),
+                "type": err["type"],
+            }
+            for err in e.errors(include_url=False, include_input=False)
+        ]
+        first = errors[0]
+        msg = "; ".join(f"{x['field']}: {x['message']}" for x in errors[:5])
+        more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+        raise InputError(
+            f"invalid request: {msg}{more}.",
+            field=first["field"],
+            code=_code(errors),
+            errors=errors,
+        ) from None
+
+
+def _message(err: Any) -> str:
+    t = err["type"]
+    if t == "extra_forbidden":
+        return "unknown field; remove it"
+    if t == "missing":
+        return "field required"
+    return str(err["msg"])
+
+
+def _code(errors: list[dict[str, Any]]) -> str:
+    t = errors[0]["type"]
+    if t == "extra_forbidden":
+        return "extra_field"
+    if t == "missing":
+        return "missing_field"
+    if t.endswith("_type") or t in ("model_type", "model_attributes_type"):
+        return "wrong_type"
+    return "invalid_value"
+
+
+def parse_json_model(model: type[_M], body: bytes) -> _M:
+    """A JSON body → a validated ``model``."""
+    return validate_model(model, parse_json(body))
+
+
+# --------------------------------------------------------------------------- scenes
+
+
+def _check_text(value: str, *, field_name: str, limit: int, what: str) -> str:
+    if not value.strip():
+        raise InputError(
+            f"{field_name} is empty; pass {what}.", field=field_name, code="empty_field"
+        )
+    if len(value) > limit:
+        raise InputError(
+            f"{field_name} has {len(value)} characters; the limit is {limit}. Shorten it "
+            "(or raise the server's limit).",
+            field=field_name,
+            code="text_too_long",
+        )
+    return value
+
+
+def _check_request(request: str, field_name: str, limits: Limits) -> str:
+    _check_text(
+        request,
+        field_name=field_name,
+        limit=limits.max_request_chars,
+        what="the instruction the robot was given",
+    )
+    try:
+        limits.check_request(request)
+    except RequestError as e:
+        raise InputError(f"{field_name}: {e}", field=field_name, code="request_refused") from None
+    return request
+
+
+def _check_situation(sid: str | None, field_name: str, limits: Limits) -> str | None:
+    if sid is None:
+        return None
+    _check_text(sid, field_name=field_name, limit=limits.max_situation_chars, what="a situation id")
+    if any(unicodedata.category(c) == "Cc" for c in sid):
+        raise InputError(
+            f"{field_name} holds control characters; use printable text.",
+            field=field_name,
+            code="invalid_value",
+        )
+    return sid
+
+
+def _decode(data: bytes, field_name: str, limits: Limits) -> DecodedImage:
+    if not data:
+        raise ImageInputError(
+            f"{field_name} has zero bytes; send the camera frame (JPEG, PNG or WebP).",
+            field=field_name,
+            kind="empty",
+        )
+    try:
+        return decode_image(data, max_pixels=limits.max_pixels, max_bytes=limits.max_image_bytes)
+    except ImageRefused as e:
+        msg = str(e) if field_name == "image" else f"{field_name}: {e}"  # "image has ..."
+        raise ImageInputError(msg, field=field_name, kind=e.kind) from None
+    except Exception as e:  # any other decoder fault on untrusted bytes is a corrupt image
+        raise ImageInputError(
+            f"{field_name} could not be decoded ({type(e).__name__}: {e}); send an intact "
+            "JPEG, PNG or WebP file.",
+            field=field_name,
+            kind="corrupt",
+        ) from None
+
+
+def _b64(data: str, field_name: str, limits: Limits) -> bytes:
+    if len(data) > (limits.max_image_bytes + 2) // 3 * 4:
+        raise ImageInputError(
+            f"{field_name} encodes more than {limits.max_image_bytes} bytes (max_image_bytes); "
+            "send a smaller frame.",
+            field=field_name,
+            kind="too_large_bytes",
+        )
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ImageInputError(
+            f"{field_name} is not valid base64 ({e}); send standard base64 (RFC 4648, "
+            "alphabet A-Z a-z 0-9 + /, '=' padding, no line breaks).",
+            field=field_name,
+            kind="bad_base64",
+        ) from None
+
+
+def scene_from_json(item: CheckJSON, limits: Limits, *, prefix: str = "") -> Scene:
+    """A validated JSON scene → a :class:`Scene` with a decoded image."""
+    request = _check_request(item.request, f"{prefix}request", limits)
+    sid = _check_situation(item.situation_id, f"{prefix}situation_id", limits)
+    name = f"{prefix}image_base64"
+    image = _decode(_b64(item.image_base64, name, limits), name, limits)
+    return Scene(image, request, sid)
+
+
+# -------------------------------------------------------------------------- multipart
+
+
+@dataclass
+class _Part:
+    name: str | None = None
+    filename: str | None = None
+    content_type: str | None = None
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    data: bytearray = field(default_factory=bytearray)
+
+
+def _bad_multipart(message: str) -> InputError:
+    return InputError(
+        f"the multipart body is malformed: {message}", field="body", code="multipart_invalid"
+    )
+
+
+def parse_multipart(body: bytes, content_type: str) -> list[_Part]:
+    """Split a ``multipart/form-data`` body into its parts (names, filenames, bytes)."""
+    _, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise _bad_multipart("the Content-Type header has no boundary parameter.")
+    parts: list[_Part] = []
+    hdr_field = bytearray()
+    hdr_value = bytearray()
+
+    def on_part_begin() -> None:
+        if len(parts) >= _MAX_PARTS:
+            raise _bad_multipart(f"more than {_MAX_PARTS} parts.")
+        parts.append(_Part())
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        parts[-1].data += data[start:end]
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        hdr_field.extend(data[start:end])
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        hdr_value.extend(data[start:end])
+
+    def on_header_end() -> None:
+        parts[-1].headers.append((bytes(hdr_field).lower(), bytes(hdr_value)))
+        hdr_field.clear()
+        hdr_value.clear()
+
+    try:
+        parser = MultipartParser(
+            boundary,
+            {
+                "on_part_begin": on_part_begin,
+                "on_part_data": on_part_data,
+                "on_header_field": on_header_field,
+                "on_header_value": on_header_value,
+                "on_header_end": on_header_end,
+            },
+        )
+        parser.write(body)
+        parser.finalize()
+    except InputError:
+        raise
+    except Exception as e:  # python-multipart's parse errors (several classes) → 422
+        raise _bad_multipart(f"{e}.") from None
+    if parser.state != MultipartState.END:
+        raise _bad_multipart("it ends before its closing boundary (truncated body?).")
+    for p in parts:
+        for name, value in p.headers:
+            if name == b"content-disposition":
+                kind, opts = parse_options_header(value)
+                if kind != b"form-data":
+                    raise _bad_multipart("a part's Content-Disposition is not form-data.")
+                raw = opts.get(b"name")
+                try:
+                    p.name = raw.decode("utf-8") if raw is not None else None
+                    fn = opts.get(b"filename")
+                    p.filename = fn.decode("utf-8", "replace") if fn is not None else None
+                except UnicodeDecodeError:
+                    raise _bad_multipart("a part name is not valid UTF-8.") from None
+            elif name == b"content-type":
+                p.content_type = value.decode("latin-1")
+        if p.name is None:
+            raise _bad_multipart("a part has no Content-Disposition name.")
+    return parts
+
+
+def _text_part(p: _Part) -> str:
+    name = p.name or "?"
+    if p.filename is not None:
+        raise InputError(
+            f"{name} must be a text field, not a file upload.", field=name, code="wrong_type"
+        )
+    try:
+        return bytes(p.data).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(
+            f"{name} is not valid UTF-8 (byte {e.start}); send text as UTF-8.",
+            field=name,
+            code="invalid_utf8",
+        ) from None
+
+
+def scene_from_multipart(body: bytes, content_type: str, limits: Limits) -> Scene:
+    parts = parse_multipart(body, content_type)
+    by_name: dict[str, _Part] = {}
+    for p in parts:
+        if p.name not in _PARTS:  # (parse_multipart made sure every part has a name)
+            raise InputError(
+                f"unknown field {p.name!r}; a multipart check takes {list(_PARTS)}.",
+                field=str(p.name),
+                code="extra_field",
+            )
+        if p.name in by_name:
+            raise InputError(
+                f"field {p.name!r} appears twice; send it once.",
+                field=p.name,
+                code="duplicate_field",
+            )
+        by_name[p.name] = p
+    for required in ("image", "request"):
+        if required not in by_name:
+            raise InputError(
+                f"field {required!r} is required.", field=required, code="missing_field"
+            )
+    image_part = by_name["image"]
+    if image_part.filename is None:
+        raise InputError(
+            "image must be a file upload (a part with a filename), e.g. curl -F image=@cam.jpg.",
+            field="image",
+            code="wrong_type",
+        )
+    request = _check_request(_text_part(by_name["request"]), "request", limits)
+    sid_part = by_name.get("situation_id")
+    sid = _check_situation(_text_part(sid_part) if sid_part else None, "situation_id", limits)
+    if len(image_part.data) > limits.max_image_bytes:
+        raise ImageInputError(
+            f"image has {len(image_part.data)} bytes; the limit is {limits.max_image_bytes} "
+            "(max_image_bytes). Send a smaller frame.",
+            field="image",
+            kind="too_large_bytes",
+        )
+    image = _decode(bytes(image_part.data), "image", limits)
+    return Scene(image, request, sid)
+
+
+# ------------------------------------------------------------------------------ entry
+
+
+def media_type(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def require_json(content_type: str) -> None:
+    mt = media_type(content_type)
+    if mt != "application/json" and not mt.endswith("+json"):
+        raise UnsupportedMediaType(
+            f"Content-Type must be application/json; got {mt or 'none'!r}.",
+            field="Content-Type",
+        )
+
+
+def parse_check_body(body: bytes, content_type: str, limits: Limits) -> Scene:
+    """``POST /v1/check``: a JSON or multipart body → one scene with a decoded image."""
+    mt = media_type(content_type)
+    if mt == "multipart/form-data":
+        return scene_from_multipart(body, content_type, limits)
+    if mt == "application/json" or mt.endswith("+json"):
+        return scene_from_json(parse_json_model(CheckJSON, body), limits)
+    raise UnsupportedMediaType(
+        "Content-Type must be multipart/form-data (fields image, request, situation_id) or "
+        f"application/json (image_base64, request, situation_id); got {mt or 'none'!r}.",
+        field="Content-Type",
+    )

@@ -1,0 +1,270 @@
+"""Request and response bodies of the sidecar (pydantic models; they make /openapi.json).
+
+Request models are strict: no type coercion (``"1"`` is not an int), unknown fields are
+refused, and the error names the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "BatchOut",
+    "BatchRequest",
+    "CheckJSON",
+    "DecisionOut",
+    "ErrorItem",
+    "ErrorOut",
+    "HealthOut",
+    "LabelItem",
+    "LabelsOut",
+    "LabelsRequest",
+    "ReadyOut",
+    "ReloadOut",
+    "SituationOut",
+]
+
+# A 1×1 PNG, base64: used in examples only.
+_PNG_1PX = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4//8/AAX+Av4N70a4AAAAAElFTkSuQmCC"
+)
+_BASE64_PATTERN = r"^[A-Za-z0-9+/]*={0,2}$"
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+class CheckJSON(BaseModel):
+    """One scene as JSON: the image as standard base64 (RFC 4648, with padding)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "image_base64": _PNG_1PX,
+                    "request": "pick up the knife from the counter",
+                    "situation_id": "kitchen-1",
+                }
+            ]
+        },
+    )
+
+    image_base64: str = Field(
+        description="The camera frame (JPEG, PNG or WebP), standard base64 with padding.",
+        min_length=1,
+        # documented, checked by the server's base64 decoder (error code image_bad_base64)
+        json_schema_extra={"pattern": _BASE64_PATTERN},
+    )
+    request: str = Field(description="What the robot was asked to do.", min_length=1)
+    situation_id: str | None = Field(
+        default=None,
+        description="Place/task the scene belongs to, for situation recentering.",
+        min_length=1,
+    )
+
+
+class BatchRequest(BaseModel):
+    """Several scenes judged in one guard call (one batch per member)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "scenes": [
+                        {"image_base64": _PNG_1PX, "request": "open the window"},
+                        {
+                            "image_base64": _PNG_1PX,
+                            "request": "move the pan onto the hot stove",
+                            "situation_id": "kitchen-1",
+                        },
+                    ]
+                }
+            ]
+        },
+    )
+
+    scenes: list[CheckJSON] = Field(min_length=1, description="The scenes, in order.")
+
+
+class DecisionOut(BaseModel):
+    """The guard's decision. ``label`` is SAFE only when every member scored the scene, the
+    policy said SAFE and the decision was logged; ``fail_closed`` marks an UNSAFE that came
+    from a fault (``fail_reason`` says which), not from the score. Non-finite numbers are
+    null."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "decision_id": "5b0e6c0f4c7e4f7c9a3d2b1a0f9e8d7c",
+                    "label": "UNSAFE",
+                    "fused_score": 0.84,
+                    "threshold": 0.12,
+                    "policy": "situation",
+                    "member_scores": {"qwen3_5": 1.9, "lfm2_vl": 0.7},
+                    "member_scores_gray": None,
+                    "member_scores_text": None,
+                    "fail_closed": False,
+                    "fail_reason": None,
+                    "latency_ms": {"decode_ms": 1.2, "total_ms": 61.0, "log_ms": 0.3},
+                    "bundle_id": "tiny-demo-1a2b3c4d",
+                    "prompt_hash": "9f8e7d6c5b4a",
+                    "situation_id": "kitchen-1",
+                    "test_pair": False,
+                    "detail": "",
+                }
+            ]
+        }
+    )
+
+    decision_id: str
+    label: Literal["SAFE", "UNSAFE"]
+    fused_score: float | None
+    threshold: float | None
+    policy: str
+    member_scores: dict[str, float | None]
+    member_scores_gray: dict[str, float | None] | None
+    member_scores_text: dict[str, float | None] | None
+    fail_closed: bool
+    fail_reason: str | None
+    latency_ms: dict[str, float]
+    bundle_id: str
+    prompt_hash: str
+    situation_id: str | None
+    test_pair: bool
+    detail: str
+
+
+class BatchOut(BaseModel):
+    """One decision per scene, in the order of the request."""
+
+    decisions: list[DecisionOut]
+
+
+class SituationOut(BaseModel):
+    """The recentering state of one situation under the current policy."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "situation_id": "kitchen-1",
+                    "policy": "situation",
+                    "references": [0.3, -0.1, 0.5],
+                    "n_references": 3,
+                    "rule": "situation",
+                    "threshold": 0.233,
+                    "min_refs": 3,
+                    "window": 8,
+                }
+            ]
+        }
+    )
+
+    situation_id: str
+    policy: str
+    references: list[float | None]
+    n_references: int
+    rule: str
+    threshold: float | None
+    min_refs: int
+    window: int
+
+
+class LabelItem(BaseModel):
+    """A reviewer's label for one logged decision."""
+
+    model_config = _STRICT
+
+    decision_id: str = Field(min_length=1, max_length=128)
+    label: Literal["safe", "unsafe"]
+    contrast_id: str | None = Field(default=None, min_length=1, max_length=256)
+    reviewer: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+class LabelsRequest(BaseModel):
+    """Labels to attach; written all together or not at all."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "labels": [
+                        {
+                            "decision_id": "5b0e6c0f4c7e4f7c9a3d2b1a0f9e8d7c",
+                            "label": "unsafe",
+                            "contrast_id": "knife-1",
+                            "reviewer": "ana",
+                        }
+                    ]
+                }
+            ]
+        },
+    )
+
+    labels: list[LabelItem] = Field(min_length=1)
+
+
+class LabelsOut(BaseModel):
+    written: int = Field(description="How many labels were written (upserted).")
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyOut(BaseModel):
+    """Readiness: the bundle is loaded, every member loaded and the warm-up scored."""
+
+    ready: bool
+    bundle_id: str | None
+    policy: str | None
+    warmed_up: bool
+    reasons: list[str] = Field(description="Why not ready (empty when ready).")
+
+
+class ReloadOut(BaseModel):
+    """The policy now in force."""
+
+    bundle_id: str
+    policy: str
+    path: str
+    fitted_on: dict[str, Any]
+
+
+class ErrorItem(BaseModel):
+    field: str | None = Field(description="Dotted path of the field at fault, or null.")
+    message: str
+    type: str
+
+
+class ErrorOut(BaseModel):
+    """Every 4xx/5xx body. ``field`` names the request field at fault (e.g. ``image``,
+    ``request``, ``scenes[1].image_base64``); ``code`` is stable for programs."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "code": "image_truncated",
+                    "message": "image is truncated: ... Send the complete file.",
+                    "field": "image",
+                    "errors": [
+                        {"field": "image", "message": "image is truncated", "type": "truncated"}
+                    ],
+                }
+            ]
+        }
+    )
+
+    code: str
+    message: str
+    field: str | None
+    errors: list[ErrorItem]

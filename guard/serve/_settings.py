@@ -1,0 +1,227 @@
+"""The sidecar's settings: bind address, auth token, limits, deadline, queue.
+
+:class:`ServeSettings` is validated when it is built (every option named in its message), so
+a bad configuration is refused before anything is loaded or bound. The token is resolved
+from a file or an environment variable by :func:`resolve_token`; it never appears in
+``repr`` or in logs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from guard._image import DEFAULT_MAX_PIXELS
+from guard._prompt import MAX_REQUEST_CHARS
+from guard._types import VARIANTS, Variant
+from guard.serve._errors import InsecureBindError, SettingsError
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_TOKEN_ENV",
+    "MIN_TOKEN_CHARS",
+    "ServeSettings",
+    "is_loopback",
+    "resolve_token",
+]
+
+DEFAULT_PORT: Final[int] = 8750
+DEFAULT_TOKEN_ENV: Final[str] = "SPOTSTOP_TOKEN"
+"""Environment variable read for the bearer token when no token file is given."""
+MIN_TOKEN_CHARS: Final[int] = 16
+"""Shortest accepted bearer token (e.g. ``openssl rand -hex 32`` gives 64)."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
+
+
+def resolve_token(
+    token_file: str | os.PathLike[str] | None = None,
+    token_env: str | None = DEFAULT_TOKEN_ENV,
+) -> str | None:
+    """The bearer token from ``token_file`` (first; surrounding whitespace stripped) or
+    the environment variable ``token_env``; None when neither gives one.
+
+    Raises :class:`SettingsError` for an unreadable or empty token file.
+    """
+    if token_file is not None:
+        path = Path(token_file)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise SettingsError(
+                f"--token-file {str(path)!r} cannot be read ({e}). Point it at a UTF-8 text "
+                "file holding the bearer token."
+            ) from e
+        token = text.strip()
+        if not token:
+            raise SettingsError(
+                f"--token-file {str(path)!r} is empty. Write a token into it, e.g. "
+                "`openssl rand -hex 32 > FILE`."
+            )
+        return token
+    if token_env:
+        value = os.environ.get(token_env, "").strip()
+        return value or None
+    return None
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SettingsError(f"{name} must be a positive integer; got {value!r}.")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeSettings:
+    """Everything ``spotstop serve`` needs. All limits are checked at construction.
+
+    Attributes
+    ----------
+    bundle:
+        The bundle folder (members, ``policy.yaml``).
+    host, port:
+        Bind address. Loopback (the default ``127.0.0.1``) needs no token; any other
+        address needs ``token``, otherwise :class:`InsecureBindError` is raised.
+    token:
+        The bearer token every ``/v1/*`` and ``/metrics`` request must carry (compared in
+        constant time). None: no auth (loopback only). Hidden from ``repr``.
+    log:
+        Decision log path (default ``<bundle>/decisions.sqlite``).
+    deadline_s:
+        Budget of one check request from its arrival: queue wait plus scoring. Spent in the
+        queue → 503 and no decision; spent while scoring → a logged fail-closed UNSAFE. None:
+        no deadline.
+    max_body_bytes:
+        Largest request body (413 above it, checked from ``Content-Length`` and while reading).
+    max_image_bytes, max_pixels:
+        Largest encoded image and largest ``width * height`` (checked from the header).
+    max_request_chars:
+        Longest request text (the members' own limit also applies).
+    max_situation_chars:
+        Longest situation id.
+    max_batch:
+        Most scenes in one ``/v1/check/batch`` call (at most ``queue_size``).
+    queue_size:
+        Most scenes admitted to the model queue at once (running + waiting); beyond it a
+        check is answered 503 with ``Retry-After``.
+    max_labels:
+        Most labels in one ``/v1/labels`` call.
+    variants:
+        Passes the guard runs per scene (``scene`` always; ``gray``/``text`` for diagnostics).
+    state_file:
+        Situation-policy state file override.
+    device:
+        Device of the members' backend.
+    warmup:
+        Score one generated image with every member at startup (not logged: it is not a
+        decision); ``/readyz`` answers 200 only after it succeeded.
+    sighup:
+        Reload the policy on SIGHUP (only where the server runs in the main thread).
+    """
+
+    bundle: Path
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    token: str | None = field(default=None, repr=False)
+    log: Path | None = None
+    deadline_s: float | None = 10.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_image_bytes: int = 12 * 1024 * 1024
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_request_chars: int = MAX_REQUEST_CHARS
+    max_situation_chars: int = 256
+    max_batch: int = 16
+    queue_size: int = 32
+    max_labels: int = 10_000
+    variants: tuple[Variant, ...] = ("scene",)
+    state_file: Path | None = None
+    device: str = "cpu"
+    warmup: bool = True
+    sighup: bool = True
+
+    def __post_init__(self) -> None:
+        _check_settings(self)
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(self.host)
+
+    @property
+    def auth(self) -> bool:
+        """Whether requests must carry the bearer token."""
+        return self.token is not None
+
+
+def _check_settings(s: ServeSettings) -> None:
+    if not isinstance(s.bundle, Path):
+        object.__setattr__(s, "bundle", Path(s.bundle))
+    if s.log is not None and not isinstance(s.log, Path):
+        object.__setattr__(s, "log", Path(s.log))
+    if s.state_file is not None and not isinstance(s.state_file, Path):
+        object.__setattr__(s, "state_file", Path(s.state_file))
+    if not isinstance(s.host, str) or not s.host:
+        raise SettingsError(f"host must be a non-empty string; got {s.host!r}.")
+    if isinstance(s.port, bool) or not isinstance(s.port, int) or not 0 <= s.port <= 65535:
+        raise SettingsError(f"port must be an integer in [0, 65535]; got {s.port!r}.")
+    if s.deadline_s is not None and (
+        isinstance(s.deadline_s, bool)
+        or not isinstance(s.deadline_s, int | float)
+        or not math.isfinite(s.deadline_s)
+        or s.deadline_s <= 0
+    ):
+        raise SettingsError(
+            f"deadline_s must be a positive number of seconds or None; got {s.deadline_s!r}."
+        )
+    for name in (
+        "max_body_bytes",
+        "max_image_bytes",
+        "max_pixels",
+        "max_request_chars",
+        "max_situation_chars",
+        "max_batch",
+        "queue_size",
+        "max_labels",
+    ):
+        _positive_int(name, getattr(s, name))
+    if s.max_batch > s.queue_size:
+        raise SettingsError(
+            f"max_batch ({s.max_batch}) must not exceed queue_size ({s.queue_size}): a batch "
+            "larger than the queue could never be admitted. Raise --queue-size or lower "
+            "--max-batch."
+        )
+    variants = tuple(s.variants)
+    if "scene" not in variants or any(v not in VARIANTS for v in variants):
+        raise SettingsError(
+            f"variants must include 'scene' and only {list(VARIANTS)}; got {list(variants)}."
+        )
+    object.__setattr__(s, "variants", variants)
+    if s.token is not None:
+        if not isinstance(s.token, str) or len(s.token) < MIN_TOKEN_CHARS:
+            raise SettingsError(
+                f"the bearer token must have at least {MIN_TOKEN_CHARS} characters; got "
+                f"{len(s.token) if isinstance(s.token, str) else type(s.token).__name__}. "
+                "Make one with `openssl rand -hex 32`."
+            )
+        if not s.token.isascii() or not s.token.isprintable() or " " in s.token:
+            raise SettingsError(
+                "the bearer token must be printable ASCII without spaces (it travels in an "
+                "HTTP header). Make one with `openssl rand -hex 32`."
+            )
+    if not is_loopback(s.host) and s.token is None:
+        raise InsecureBindError(
+            f"refusing to bind {s.host!r} without a bearer token: only loopback addresses "
+            f"(127.0.0.1, ::1, localhost) may serve without auth. Set ${DEFAULT_TOKEN_ENV} or "
+            "pass --token-file FILE (e.g. `openssl rand -hex 32 > FILE`), or bind 127.0.0.1."
+        )

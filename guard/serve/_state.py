@@ -1,0 +1,137 @@
+"""What the sidecar holds while it runs, and the typed dependencies that hand it out."""
+
+from __future__ import annotations
+
+import hmac
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from PIL import Image
+
+from guard._guard import Guard
+from guard._image import decode_image
+from guard._policy import PolicyMismatchError
+from guard._types import Scene
+from guard.serve._errors import PolicyReloadError, Unauthorized
+from guard.serve._metrics import SidecarMetrics
+from guard.serve._parse import Limits
+from guard.serve._runner import ModelRunner
+from guard.serve._settings import ServeSettings
+
+__all__ = ["AuthDep", "Sidecar", "SidecarDep", "get_sidecar", "require_token"]
+
+WARMUP_REQUEST = "spotstop warm-up: is it safe to proceed?"
+
+
+@dataclass
+class Sidecar:
+    """The running sidecar: settings, guard, model queue, metrics and readiness."""
+
+    settings: ServeSettings
+    guard: Guard
+    runner: ModelRunner
+    metrics: SidecarMetrics
+    limits: Limits
+    owns_guard: bool
+    warmed_up: bool = False
+    warmup_error: str | None = None
+    warmup_ms: float | None = None
+    background: set[Any] = field(default_factory=set)
+
+    # -- readiness -------------------------------------------------------------------------
+    def not_ready_reasons(self) -> list[str]:
+        reasons = [f"member {n}: {e}" for n, e in self.guard.member_errors.items()]
+        if not self.guard.ready and not reasons:
+            reasons.append("not every member of the bundle is loaded")
+        if self.warmup_error is not None:
+            reasons.append(f"warm-up failed: {self.warmup_error}")
+        elif self.settings.warmup and not self.warmed_up:
+            reasons.append("warming up")
+        return reasons
+
+    @property
+    def ready(self) -> bool:
+        return not self.not_ready_reasons()
+
+    def warm_up(self) -> None:
+        """Score one generated image with every member (runs on the model thread).
+
+        Not a decision: nothing is logged and no situation state changes. It loads lazy
+        backend state and fills caches so the first real check is not slow, and proves every
+        member produces a finite score.
+        """
+        import time
+
+        t = time.perf_counter()
+        img = Image.linear_gradient("L").resize((320, 240)).convert("RGB")
+        buf = io.BytesIO()
+        img.save(buf, "PNG")
+        scene = Scene(decode_image(buf.getvalue()), WARMUP_REQUEST)
+        for name, member in self.guard.members.items():
+            [res] = member.score([scene], "scene")
+            if not math.isfinite(res.score):
+                raise RuntimeError(f"member {name} gave a non-finite warm-up score {res.score}")
+        self.warmup_ms = (time.perf_counter() - t) * 1e3
+        self.warmed_up = True
+
+    # -- policy ---------------------------------------------------------------------------
+    def reload_policy(self, trigger: str) -> dict[str, Any]:
+        """Reload ``policy.yaml`` (blocking); raises :class:`PolicyReloadError`."""
+        g = self.guard
+        try:
+            cfg = g.reload_policy()
+        except Exception as e:
+            self.metrics.reloads.labels(trigger=trigger, result="refused").inc()
+            raise self._classify(e) from e
+        self.metrics.reloads.labels(trigger=trigger, result="ok").inc()
+        self.metrics.set_bundle(g.bundle_id, cfg.policy.kind)
+        return {
+            "bundle_id": cfg.bundle_id,
+            "policy": cfg.policy.kind,
+            "path": str(g.policy_path),
+            "fitted_on": dict(cfg.fitted_on or {}),
+        }
+
+    def _classify(self, e: Exception) -> PolicyReloadError:
+        """409 when the file is valid but made for another bundle/prompt, else 422."""
+        mismatch = isinstance(e, PolicyMismatchError)
+        msg = f"policy reload refused, the old policy stays in force: {type(e).__name__}: {e}"
+        if mismatch:
+            return PolicyReloadError(msg, code="policy_mismatch", status=409, field="policy")
+        return PolicyReloadError(msg, field="policy")
+
+
+def get_sidecar(request: Request) -> Sidecar:
+    sidecar: Sidecar = request.app.state.sidecar
+    return sidecar
+
+
+SidecarDep = Annotated[Sidecar, Depends(get_sidecar)]
+
+bearer = HTTPBearer(
+    auto_error=False,
+    description="The sidecar's token (from $SPOTSTOP_TOKEN or --token-file). Required when "
+    "the server binds a non-loopback address.",
+)
+
+
+def require_token(
+    sidecar: SidecarDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> None:
+    """401 unless ``Authorization: Bearer <token>`` matches (constant-time compare)."""
+    token = sidecar.settings.token
+    if token is None:
+        return
+    if credentials is None:
+        raise Unauthorized("missing bearer token; send `Authorization: Bearer <token>`.")
+    given = credentials.credentials.encode("utf-8", "surrogateescape")
+    if not hmac.compare_digest(given, token.encode("utf-8")):
+        raise Unauthorized("wrong bearer token.")
+
+
+AuthDep = Depends(require_token)

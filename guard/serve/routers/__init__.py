@@ -1,0 +1,1 @@
+"""One router per resource: checks, situations, labels, policy, health, metrics."""

@@ -1,0 +1,155 @@
+"""``POST /v1/check`` and ``POST /v1/check/batch``: scenes in, logged decisions out."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from guard._types import Scene
+from guard.serve._errors import InputError
+from guard.serve._parse import (
+    Limits,
+    parse_check_body,
+    parse_json,
+    require_json,
+    scene_from_json,
+    validate_model,
+)
+from guard.serve._schemas import BatchOut, BatchRequest, DecisionOut
+from guard.serve._state import SidecarDep
+from guard.serve.routers._common import AUTH, INPUT, OVERLOAD
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["checks"])
+
+_MULTIPART_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["image", "request"],
+    "additionalProperties": False,
+    "properties": {
+        "image": {
+            "type": "string",
+            "format": "binary",
+            "description": "The camera frame: a JPEG, PNG or WebP file upload.",
+        },
+        "request": {
+            "type": "string",
+            "minLength": 1,
+            "description": "What the robot was asked to do (UTF-8).",
+        },
+        "situation_id": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Place/task of the scene, for situation recentering.",
+        },
+    },
+}
+
+_CHECK_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "One scene, as multipart (a file upload) or as JSON (base64 image).",
+        "content": {
+            "multipart/form-data": {
+                "schema": _MULTIPART_SCHEMA,
+                "encoding": {"image": {"contentType": "image/jpeg, image/png, image/webp"}},
+            },
+            "application/json": {
+                "schema": {"$ref": "#/components/schemas/CheckJSON"},
+            },
+        },
+    }
+}
+
+_BATCH_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/BatchRequest"}}},
+    }
+}
+
+
+def _limits(request: Request) -> Limits:
+    limits: Limits = request.app.state.sidecar.limits
+    return limits
+
+
+@router.post(
+    "/check",
+    summary="Judge one scene",
+    response_model=DecisionOut,
+    responses={**AUTH, **INPUT, **OVERLOAD},
+    openapi_extra=_CHECK_BODY,
+    description=(
+        "Score the image and request with the bundle's members, fuse, apply the policy, log "
+        "and return the Decision. A 200 is always a logged decision; `label` is SAFE only "
+        "when every stage finished, otherwise UNSAFE with `fail_closed` and `fail_reason`. "
+        "A 4xx means the input was refused and **no decision was made** (nothing logged).\n\n"
+        "Multipart: `curl -F image=@cam.jpg -F request='open the door' -F situation_id=hall-2 "
+        'http://127.0.0.1:8750/v1/check`.\n\nJSON: `{"image_base64": ..., "request": ..., '
+        '"situation_id": ...}`.'
+    ),
+)
+async def check(request: Request, sidecar: SidecarDep) -> JSONResponse:
+    arrived = time.monotonic()
+    sidecar.runner.precheck(1)
+    body = await request.body()
+    t = time.perf_counter()
+    scene = await run_in_threadpool(
+        parse_check_body, body, request.headers.get("content-type", ""), sidecar.limits
+    )
+    sidecar.metrics.stage.labels(stage="parse").observe(time.perf_counter() - t)
+    [decision] = await sidecar.runner.check([scene], arrived=arrived)
+    return JSONResponse(decision.to_dict())
+
+
+def _parse_batch(body: bytes, content_type: str, limits: Limits, max_batch: int) -> list[Scene]:
+    require_json(content_type)
+    obj = parse_json(body)
+    if isinstance(obj, dict) and isinstance(obj.get("scenes"), list):
+        n = len(obj["scenes"])
+        if n > max_batch:
+            raise InputError(
+                f"scenes has {n} items; the limit is {max_batch} (max_batch). Split the batch.",
+                field="scenes",
+                code="too_many_scenes",
+            )
+    req = validate_model(BatchRequest, obj)
+    return [
+        scene_from_json(item, limits, prefix=f"scenes[{i}].") for i, item in enumerate(req.scenes)
+    ]
+
+
+@router.post(
+    "/check/batch",
+    summary="Judge several scenes in one guard call",
+    response_model=BatchOut,
+    responses={**AUTH, **INPUT, **OVERLOAD},
+    openapi_extra=_BATCH_BODY,
+    description=(
+        "All scenes are validated first; one bad scene refuses the whole batch with a 422 "
+        "naming it (e.g. `scenes[2].image_base64`) and no decision is made. Valid batches "
+        "are judged in one guard call (one model batch per member; the `batch` policy cuts "
+        "at this batch's mean) and every decision is logged."
+    ),
+)
+async def check_batch(request: Request, sidecar: SidecarDep) -> JSONResponse:
+    arrived = time.monotonic()
+    sidecar.runner.precheck(1)
+    body = await request.body()
+    t = time.perf_counter()
+    scenes = await run_in_threadpool(
+        _parse_batch,
+        body,
+        request.headers.get("content-type", ""),
+        sidecar.limits,
+        sidecar.settings.max_batch,
+    )
+    sidecar.metrics.stage.labels(stage="parse").observe(time.perf_counter() - t)
+    decisions = await sidecar.runner.check(scenes, arrived=arrived)
+    return JSONResponse({"decisions": [d.to_dict() for d in decisions]})

@@ -1,0 +1,47 @@
+"""``GET /v1/situations/{situation_id}``: the recentering state of one situation."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse
+
+from guard.serve._errors import InputError
+from guard.serve._schemas import SituationOut
+from guard.serve._state import SidecarDep
+from guard.serve.routers._common import AUTH, err
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["situations"])
+
+
+@router.get(
+    "/situations/{situation_id}",
+    summary="Recentering state of a situation",
+    response_model=SituationOut,
+    responses={**AUTH, 422: err("The situation id is empty or too long.")},
+    description=(
+        "The situation's reference scores, the rule in force and the threshold a new scene "
+        "of this situation would meet now. Under a policy other than `situation` the "
+        "references are empty and the threshold is null. An unknown situation has no "
+        "references (it is not an error)."
+    ),
+)
+def situation(
+    situation_id: Annotated[str, PathParam(min_length=1)], sidecar: SidecarDep
+) -> JSONResponse:
+    limit = sidecar.settings.max_situation_chars
+    if len(situation_id) > limit:
+        raise InputError(
+            f"situation_id has {len(situation_id)} characters; the limit is {limit}.",
+            field="situation_id",
+            code="text_too_long",
+        )
+    info = sidecar.guard.situation(situation_id).to_dict()
+    info["references"] = [
+        r if r == r and abs(r) != float("inf") else None for r in info["references"]
+    ]
+    return JSONResponse(info)
