@@ -92,6 +92,22 @@ def write_bundle(
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.name not in ("manifest.yaml", "policy.yaml") and "members" in p.parts
     }
+    _write_manifest(root, entries, hashes, files, cfg, name=name, test_pair=test_pair)
+    return root
+
+
+def _write_manifest(
+    root: Path,
+    entries: list[dict[str, Any]],
+    hashes: dict[str, str],
+    files: dict[str, str],
+    cfg: ScoringConfig,
+    *,
+    name: str,
+    test_pair: bool,
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """Write ``root/manifest.yaml`` atomically; returns the bundle id."""
     ph = pair_prompt_hash(hashes)
     content_id = hashlib.sha256(
         (ph + "".join(f"{k}{v}" for k, v in sorted(files.items()))).encode()
@@ -110,6 +126,7 @@ def write_bundle(
         },
         "members": entries,
         "policy": "policy.yaml",
+        **(extra or {}),
         "files": files,
     }
     tmp = root / "manifest.yaml.tmp"
@@ -119,4 +136,4 @@ def write_bundle(
         encoding="utf-8",
     )
     os.replace(tmp, root / "manifest.yaml")
-    return root
+    return str(manifest["bundle_id"])

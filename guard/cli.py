@@ -470,6 +470,165 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     return policy_command(args)
 
 
+def _add_export(sub: Any) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export members to ONNX scoring graphs in a verified bundle (workstation)",
+        description=(
+            "Export each --member (a Hugging Face folder or hub id) to two ONNX scoring graphs "
+            "(vision tower at a fixed image grid; decoder over right-padded length buckets that "
+            "returns only what the score reads), validate every output against the torch "
+            "reference, convert to --precision, and write a bundle (manifest with every "
+            "file's sha256, tokenizer.json, rendered templates, answer token ids) that "
+            "`spotstop check --bundle` serves with onnxruntime, without torch. policy.yaml is "
+            "fitted separately for the printed bundle id and prompt hash. TensorRT engines are "
+            "built when tensorrt and a GPU are present; otherwise trt/build.sh holds the "
+            "trtexec commands for the device."
+        ),
+    )
+    p.add_argument(
+        "--member", action="append", required=True, help="member folder or hub id; repeat"
+    )
+    p.add_argument("--out", type=Path, required=True, help="bundle folder to write (replaced)")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "fp16", "int8", "int4"],
+        default="fp32",
+        help="graph weights: fp32, fp16, or weight-only int8/int4 (MatMulNBits, block 128)",
+    )
+    p.add_argument(
+        "--image-size",
+        default=None,
+        help="HxW grid, e.g. 512x512 (default: 512x512 = 256 visual tokens)",
+    )
+    p.add_argument(
+        "--buckets",
+        default=None,
+        help="comma-separated right-padded sequence lengths (default 384,512,1024)",
+    )
+    p.add_argument(
+        "--config", type=Path, default=None, help="scoring YAML (prompt, answers, image size)"
+    )
+    p.add_argument("--name", default="bundle", help="bundle id prefix")
+    p.add_argument(
+        "--trt",
+        choices=["auto", "script", "off"],
+        default="auto",
+        help="TensorRT engines or build script",
+    )
+    p.add_argument("--triton", action="store_true", help="also lay out a Triton model repository")
+    p.add_argument(
+        "--sessions",
+        choices=["resident", "on-demand"],
+        default="resident",
+        help="on-demand: a member loads its graphs to score and releases them after (members run one after the other)",
+    )
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from export.onnx import DEFAULT_BUCKETS
+    from export.onnx_bundle import write_onnx_bundle
+    from guard._config import ScoringConfig, load_scoring_config, parse_image_size
+
+    cfg = load_scoring_config(args.config) if args.config else ScoringConfig()
+    size = parse_image_size(args.image_size, "--image-size") if args.image_size else None
+    try:
+        buckets = (
+            [int(b) for b in args.buckets.split(",")] if args.buckets else list(DEFAULT_BUCKETS)
+        )
+    except ValueError:
+        print(
+            f"spotstop export: --buckets must be integers like 384,512; got {args.buckets!r}.",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        b = write_onnx_bundle(
+            args.member,
+            args.out,
+            config=cfg,
+            precision=args.precision,
+            image_size=size,
+            buckets=buckets,
+            name=args.name,
+            trt=args.trt,
+            triton=args.triton,
+            sessions=args.sessions,
+            progress=lambda m: print(m, file=sys.stderr),
+        )
+    except ValueError as e:  # validation failures list every output beyond tolerance
+        print(f"spotstop export: {e}", file=sys.stderr)
+        return 1
+    for m in b.members:
+        print(
+            f"{m.name:<24} {m.model_type:<8} {m.precision:<5} {m.weight_bytes / 2**20:9.2f} MiB  buckets {list(m.buckets)}"
+        )
+    print(f"{'pair':<24} {'':<8} {b.precision:<5} {b.weight_bytes / 2**20:9.2f} MiB")
+    print(f"bundle {b.path}  id {b.bundle_id}  prompt_hash {b.prompt_hash}  tensorrt: {b.trt}")
+    print(
+        "next: fit policy.yaml for this bundle id and prompt hash, then `spotstop verify-bundle`."
+    )
+    return 0
+
+
+def _add_verify_bundle(sub: Any) -> None:
+    p = sub.add_parser(
+        "verify-bundle",
+        help="compare an exported bundle's scores with the torch reference (exit 1 beyond tolerance)",
+        description=(
+            "Score the same generated scenes (scene and request-only passes) with each member's "
+            "torch reference and with the bundle; print max |Δs|, Spearman and decision "
+            "agreement per member and the pair's Avg-2 decision agreement. Exit 1 when a member "
+            "is beyond its per-precision tolerance (fp32: |Δs| ≤ 1e-3)."
+        ),
+    )
+    p.add_argument("bundle", type=Path, help="bundle folder")
+    p.add_argument("--scenes", type=int, default=12, help="generated scenes (default 12)")
+    p.add_argument("--seed", type=int, default=0, help="scene seed")
+    p.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        help="NAME=HF_FOLDER reference for a member (default: the manifest's source); repeatable",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_verify_bundle)
+
+
+def _cmd_verify_bundle(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from export.verify import verify_bundle
+
+    sources = {}
+    for item in args.source:
+        name, sep, path = item.partition("=")
+        if not sep:
+            print(
+                f"spotstop verify-bundle: --source must be NAME=FOLDER; got {item!r}.",
+                file=sys.stderr,
+            )
+            return 2
+        sources[name] = path
+    v = verify_bundle(args.bundle, n_scenes=args.scenes, seed=args.seed, sources=sources)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "bundle_id": v.bundle_id,
+                    "ok": v.ok,
+                    "pair_decision_agreement": v.pair_decision_agreement,
+                    "members": [{**asdict(m), "ok": m.ok} for m in v.members],
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(v)
+    return 0 if v.ok else 1
+
+
 _COMMANDS: list[Callable[[Any], None]] = [
     _add_demo,
     _add_check,
@@ -479,6 +638,8 @@ _COMMANDS: list[Callable[[Any], None]] = [
     _add_serve,
     _add_recalibrate,
     _add_policy,
+    _add_export,
+    _add_verify_bundle,
 ]
 
 

@@ -38,6 +38,7 @@ class Backend(Protocol):
 #: name → (module, class, what to install when its import fails)
 BACKENDS: dict[str, tuple[str, str, str]] = {
     "torch": ("guard.backends._torch", "TorchBackend", "pip install 'spotstop[export]'"),
+    "onnx": ("guard.backends._onnx", "OnnxBackend", "pip install onnxruntime (or onnxruntime-gpu)"),
 }
 
 

@@ -1,0 +1,704 @@
+"""Export a member to ONNX scoring graphs, quantize them, and validate every output.
+
+``export_member(source, out_dir, precision=...)`` writes an exported member folder::
+
+    out_dir/
+      config.json, preprocessor_config.json, tokenizer.json   (read by the runtime, no weights)
+      spotstop_member.yaml, SPOTSTOP_TEST_PAIR.txt            (hints / test-pair marker, if any)
+      spotstop_onnx.yaml                                       (what guard.backends._onnx reads)
+      onnx/vision.onnx (+ vision.onnx.data)
+      onnx/decoder.onnx  or  onnx/decoder_L{bucket}.onnx ×buckets  (+ decoder.data, shared)
+
+The steps follow optimum-onnx: the architecture's registered :class:`ExportConfig` picks the
+exporter per graph; after export, every output of every graph is compared with the torch
+scoring graph on the same inputs (a gray image, generated images, the request-only pass) and
+ALL failures are reported together in one :class:`ExportValidationError`; then the graphs are
+converted to the requested precision and validated again with that precision's tolerances.
+
+Precisions: ``fp32``; ``fp16`` (onnxruntime's float16 converter, float32 inputs/outputs kept);
+``int8`` / ``int4`` weight-only (onnxruntime ``MatMulNBitsQuantizer``: symmetric, block 128,
+every MatMul with a constant weight; embedding tables stored as float16).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from PIL import Image
+
+from export.configs import PRECISIONS, ExportConfig, get_export_config
+from guard._config import ScoringConfig
+from guard._hf import MEMBER_HINTS, TEST_PAIR_MARKER, MemberFolder, render_template, resolve_member
+from guard._image import gray_image
+from guard._prompt import PromptEncoder, RenderedTemplate, ScorePlan, prompt_hash
+from guard.backends._onnx import (
+    GRAPHS_FILE,
+    GRAPHS_FORMAT,
+    GRAPHS_VERSION,
+    combine_scores,
+    decoder_feeds,
+)
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "ExportValidationError",
+    "GraphCheck",
+    "MemberExport",
+    "export_member",
+    "onnx_weight_bytes",
+]
+
+logger = logging.getLogger("export.onnx")
+
+#: Right-padded length buckets (tokens). 512x512 images give 256 visual tokens, so a real
+#: member's prompts fall in 384/512; longer requests use 1024.
+DEFAULT_BUCKETS: tuple[int, ...] = (384, 512, 1024)
+
+_VALIDATION_REQUESTS = (
+    "pick up the knife",
+    "pour the hot water into the cup near the child",
+)
+_COPY = ("config.json", "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+class ExportValidationError(ValueError):
+    """Exported graphs differ from the torch reference beyond the config's tolerances.
+
+    ``failures`` lists every failing (graph, output, input case), not only the first.
+    """
+
+    def __init__(self, member: str, failures: Sequence[str]) -> None:
+        self.failures = list(failures)
+        super().__init__(
+            f"export of {member} failed validation ({len(self.failures)} failure(s)):\n  "
+            + "\n  ".join(self.failures)
+        )
+
+
+@dataclass(frozen=True)
+class GraphCheck:
+    """One graph output compared with the torch scoring graph on one input case."""
+
+    graph: str
+    output: str
+    case: str
+    max_abs_diff: float
+    atol: float
+    rtol: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class MemberExport:
+    """What :func:`export_member` wrote and how it validated."""
+
+    name: str
+    path: Path
+    model_type: str
+    precision: str
+    image_size: tuple[int, int]
+    n_image_tokens: int
+    buckets: tuple[int, ...]
+    files: tuple[str, ...]
+    first_ids: tuple[int, ...]
+    unsafe_ids: tuple[int, ...]
+    safe_ids: tuple[int, ...]
+    #: weight bytes of the graphs one scoring pass loads: vision + one decoder
+    weight_bytes: int
+    template: RenderedTemplate = field(repr=False)
+    prompt_hash: str = ""
+    checks: tuple[GraphCheck, ...] = field(default=(), repr=False)
+    seconds: float = 0.0
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max((c.max_abs_diff for c in self.checks), default=float("nan"))
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _quiet_onnxruntime_tools() -> None:
+    for name in ("onnxruntime.quantization", "onnxruntime.quantization.matmul_nbits_quantizer"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def onnx_weight_bytes(model: Any) -> int:
+    """Bytes of a model's initializers (weights, quantized blocks, scales)."""
+    from onnx import helper
+
+    total = 0
+    for t in model.graph.initializer:
+        n = int(np.prod(t.dims)) if len(t.dims) else 1
+        total += n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    return total
+
+
+def _save(models: dict[str, Any], out_dir: Path, data_name: str) -> None:
+    """Save graphs with their large tensors in ONE external file, shared where identical.
+
+    Fixed-length decoder graphs (one per bucket) hold the same weights; each tensor is written
+    once and every graph points at the same offset.
+    """
+    import onnx
+    from onnx import external_data_helper as edh
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data_path = out_dir / data_name
+    table: dict[tuple[str, str], tuple[int, int]] = {}
+    with open(data_path, "wb") as data:
+        for fname, model in models.items():
+            for t in model.graph.initializer:
+                if not t.HasField("raw_data") or len(t.raw_data) < 1024:
+                    continue
+                raw = t.raw_data
+                key = (t.name, hashlib.sha1(raw).hexdigest())
+                if key not in table:
+                    offset = data.tell()
+                    pad = (-offset) % 64  # aligned, as onnx's own writer does for mmap
+                    data.write(b"\0" * pad)
+                    table[key] = (offset + pad, len(raw))
+                    data.write(raw)
+                off, length = table[key]
+                edh.set_external_data(t, location=data_name, offset=off, length=length)
+                t.ClearField("raw_data")
+                t.data_location = onnx.TensorProto.EXTERNAL
+            onnx.save_model(model, str(out_dir / fname))
+    if data_path.stat().st_size == 0:
+        data_path.unlink()
+
+
+def _to_numpy_inputs(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: np.ascontiguousarray(v) for k, v in feeds.items()}
+
+
+# -- precision -------------------------------------------------------------------------------
+
+
+def fold_weight_transposes(model: Any) -> Any:
+    """Replace ``Transpose(initializer)`` by the transposed initializer, in place.
+
+    The dynamo exporter (run without onnxscript's optimizer, which more than doubles its time)
+    writes every ``Linear`` as ``MatMul(x, Transpose(W))``; weight-only quantizers only see a
+    MatMul whose weight is a constant, so the transposes are folded here first.
+    """
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    users: dict[str, int] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            users[i] = users.get(i, 0) + 1
+    for o in model.graph.output:
+        users[o.name] = users.get(o.name, 0) + 1
+    keep = []
+    for node in model.graph.node:
+        src = node.input[0] if node.input else ""
+        if node.op_type == "Transpose" and src in inits:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            arr = numpy_helper.to_array(inits[src])
+            folded = numpy_helper.from_array(
+                np.ascontiguousarray(np.transpose(arr, perm)), node.output[0]
+            )
+            model.graph.initializer.append(folded)
+            users[src] -= 1
+            if users[src] == 0:
+                model.graph.initializer.remove(inits[src])
+            continue
+        keep.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    return model
+
+
+def _embeddings_to_fp16(model: Any) -> Any:
+    """Store float32 tables read by Gather (token embeddings) as float16 + a Cast."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    users: dict[str, int] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            users[i] = users.get(i, 0) + 1
+    new_nodes = []
+    for node in model.graph.node:
+        w = node.input[0] if node.input else ""
+        t = inits.get(w)
+        if (
+            node.op_type == "Gather"
+            and t is not None
+            and t.data_type == TensorProto.FLOAT
+            and len(t.dims) == 2
+            and int(np.prod(t.dims)) >= 4096
+        ):
+            half = numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), w + "_fp16")
+            model.graph.initializer.append(half)
+            out = node.output[0]
+            node.input[0] = half.name
+            node.output[0] = out + "_fp16"
+            new_nodes.append((node, helper.make_node("Cast", [out + "_fp16"], [out], to=1)))
+            users[w] -= 1
+            if users[w] == 0:
+                model.graph.initializer.remove(t)
+    for node, cast in new_nodes:
+        idx = list(model.graph.node).index(node)
+        model.graph.node.insert(idx + 1, cast)
+    return model
+
+
+def convert_precision(model: Any, precision: str) -> Any:
+    """A copy of fp32 ``model`` at ``precision`` (weights only; float32 inputs and outputs)."""
+    import onnx
+
+    if precision == "fp32":
+        return model
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    if precision == "fp16":
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        return convert_float_to_float16(m, keep_io_types=True)
+    if precision in ("int8", "int4"):
+        _quiet_onnxruntime_tools()
+        fold_weight_transposes(m)
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        q = MatMulNBitsQuantizer(
+            m,
+            bits=8 if precision == "int8" else 4,
+            block_size=128,
+            is_symmetric=True,
+            op_types_to_quantize=("MatMul",),
+        )
+        q.process()
+        return _embeddings_to_fp16(q.model.model)
+    raise ValueError(f"precision must be one of {list(PRECISIONS)}; got {precision!r}.")
+
+
+# -- export ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Cases:
+    """Validation inputs: vision pixels and decoder feeds, built as the runtime builds them."""
+
+    pixels: dict[str, dict[str, np.ndarray]]
+    prompts: dict[str, list[list[int]]]  # case → prompts; "text" has no image
+
+
+def _validation_cases(folder: MemberFolder, encoder: PromptEncoder, g: Any) -> _Cases:
+    arch = folder.arch
+    rng = np.random.default_rng(0)
+    noise = Image.fromarray(rng.integers(0, 256, (g.height + 7, g.width + 13, 3), dtype=np.uint8))
+    pixels = {
+        "gray": arch.preprocess(gray_image(g.width, g.height), g),
+        "noise": arch.preprocess(noise, g),
+    }
+    img_text = arch.image_text(g)
+    prompts = {
+        "scene": [encoder.prompt_ids(r, img_text) for r in _VALIDATION_REQUESTS],
+        "text": [encoder.prompt_ids(r, None) for r in _VALIDATION_REQUESTS],
+    }
+    return _Cases(pixels, prompts)
+
+
+@contextmanager
+def _exporter_noise() -> Iterator[None]:
+    """Silence what the exporters say about themselves (not about our graphs).
+
+    The legacy exporter is chosen on purpose (see export/configs.py) and warns that it is
+    deprecated; tracing warns that shape-dependent Python values become constants, which is
+    what a fixed image grid and fixed-length buckets mean.
+    """
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        # torch.export's own deprecation notices (e.g. pytree's LeafSpec) during decomposition
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\..*")
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
+        yield
+
+
+def _export_vision(
+    vision: Any, cfg: type[ExportConfig], pixels: dict[str, np.ndarray], path: Path
+) -> None:
+    import torch
+
+    x = torch.from_numpy(pixels["pixel_values"])
+    with torch.no_grad(), _exporter_noise():
+        if cfg.vision_exporter == "legacy":
+            torch.onnx.export(
+                vision,
+                (x,),
+                str(path),
+                input_names=["pixel_values"],
+                output_names=["image_embeds"],
+                opset_version=cfg.legacy_opset,
+                dynamo=False,
+            )
+        else:
+            torch.onnx.export(
+                vision,
+                (x,),
+                str(path),
+                input_names=["pixel_values"],
+                output_names=["image_embeds"],
+                opset_version=cfg.dynamo_opset,
+                dynamo=True,
+                optimize=False,
+            )
+
+
+_DEC_INPUTS = ["input_ids", "image_embeds", "last_index", "read_index", "read_token"]
+_DEC_OUTPUTS = ["first_logits", "read_logprob"]
+
+
+def _export_decoder(
+    decoder: Any,
+    cfg: type[ExportConfig],
+    feeds: dict[str, np.ndarray],
+    image_embeds: np.ndarray,
+    path: Path,
+) -> None:
+    import torch
+
+    args = tuple(
+        torch.from_numpy(image_embeds if n == "image_embeds" else feeds[n]) for n in _DEC_INPUTS
+    )
+    with torch.no_grad(), _exporter_noise():
+        if cfg.decoder_exporter == "legacy":
+            dyn: dict[str, dict[int, str]] = {
+                "input_ids": {0: "batch", 1: "length"},
+                "image_embeds": {0: "batch"},
+                "last_index": {0: "batch"},
+                "read_index": {0: "batch", 1: "reads"},
+                "read_token": {0: "batch", 1: "reads"},
+                "first_logits": {0: "batch"},
+                "read_logprob": {0: "batch", 1: "reads"},
+            }
+            if cfg.decoder_fixed_length:
+                dyn["input_ids"] = {0: "batch"}
+            torch.onnx.export(
+                decoder,
+                args,
+                str(path),
+                input_names=_DEC_INPUTS,
+                output_names=_DEC_OUTPUTS,
+                dynamic_axes=dyn,
+                opset_version=cfg.legacy_opset,
+                dynamo=False,
+            )
+        else:
+            from torch.export import Dim
+
+            batch, reads = Dim("batch"), Dim("reads")
+            ds: dict[str, dict[int, Any]] = {
+                "input_ids": {0: batch},
+                "image_embeds": {0: batch},
+                "last_index": {0: batch},
+                "read_index": {0: batch, 1: reads},
+                "read_token": {0: batch, 1: reads},
+            }
+            if not cfg.decoder_fixed_length:
+                ds["input_ids"][1] = Dim("length")
+            # optimize=False: onnxscript's optimizer more than doubles the export time of the
+            # Gated-DeltaNet graph; onnxruntime optimizes the graph when it loads it anyway.
+            torch.onnx.export(
+                decoder,
+                args,
+                str(path),
+                input_names=_DEC_INPUTS,
+                output_names=_DEC_OUTPUTS,
+                dynamic_shapes=ds,
+                opset_version=cfg.dynamo_opset,
+                dynamo=True,
+                optimize=False,
+            )
+
+
+def _compare(
+    name: str,
+    output: str,
+    case: str,
+    got: np.ndarray,
+    want: np.ndarray,
+    atol: float,
+    rtol: float,
+) -> GraphCheck:
+    if got.shape != want.shape:
+        return GraphCheck(name, output, case, float("inf"), atol, rtol, False)
+    diff = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)), initial=0.0))
+    ok = bool(np.all(np.isfinite(got))) and bool(np.allclose(got, want, atol=atol, rtol=rtol))
+    return GraphCheck(name, output, case, diff, atol, rtol, ok)
+
+
+def _session(model_or_path: Any) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    src = model_or_path if isinstance(model_or_path, str) else model_or_path.SerializeToString()
+    return ort.InferenceSession(src, sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def export_member(
+    source: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    config: ScoringConfig | None = None,
+    precision: str = "fp32",
+    image_size: tuple[int, int] | None = None,
+    buckets: Sequence[int] = DEFAULT_BUCKETS,
+    name: str | None = None,
+    sessions: str = "resident",
+) -> MemberExport:
+    """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
+
+    Raises :class:`ExportValidationError` listing every output beyond tolerance (fp32 graphs
+    first, then the graphs at ``precision``); nothing is left in ``out_dir`` then.
+    """
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from export.graphs import build_graphs
+
+    t0 = time.perf_counter()
+    if sessions not in ("resident", "on-demand"):
+        raise ValueError(f"sessions must be 'resident' or 'on-demand'; got {sessions!r}.")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}; got {precision!r}.")
+    bks = tuple(sorted({int(b) for b in buckets}))
+    if not bks or bks[0] <= 0:
+        raise ValueError(f"buckets must be positive token counts; got {list(buckets)}.")
+    cfg_s = config or ScoringConfig()
+    folder = resolve_member(source)
+    mname = name or folder.path.name
+    ecfg = get_export_config(folder.model_type)
+    size = (
+        image_size
+        or cfg_s.member_image_size.get(mname)
+        or cfg_s.image_size
+        or (tuple(folder.hints["image_size"]) if "image_size" in folder.hints else None)
+    )
+    g = folder.arch.geometry(folder.config, folder.preprocessor, size)
+    template = render_template(folder, cfg_s.prompt)
+    encoder = PromptEncoder(folder.tokenizer(), template, cfg_s.prompt)
+    plan: ScorePlan = encoder.plan
+    cases = _validation_cases(folder, encoder, g)
+    shortest = min(max(len(p) for p in ps) for ps in cases.prompts.values()) + plan.max_row_len
+    longest = max(len(p) for ps in cases.prompts.values() for p in ps) + plan.max_row_len
+    # a bucket is kept when at least one validation case fits it (else it is never checked)
+    usable = [b for b in bks if b >= shortest]
+    if not usable or usable[-1] < longest:
+        raise ValueError(
+            f"{mname}: prompts with an image need {longest} tokens but the largest bucket is "
+            f"{bks[-1]}; add a larger bucket (e.g. --buckets {bks[-1]},{2 * bks[-1]})."
+        )
+
+    model: Any = AutoModelForImageTextToText.from_pretrained(str(folder.path), dtype=torch.float32)
+    model = model.eval()
+    text_cfg = model.config.get_text_config()
+    hidden = int(text_cfg.hidden_size)
+    vision_t, decoder_t = build_graphs(
+        model,
+        folder.model_type,
+        image_token_id=folder.image_token_id,
+        first_ids=plan.first_ids,
+        gray_pixels=cases.pixels["gray"],
+        merge=g.merge,
+    )
+
+    # Torch reference outputs of both graphs on every validation case.
+    with torch.no_grad():
+        ref_emb = {
+            k: vision_t(torch.from_numpy(px["pixel_values"])).numpy()
+            for k, px in cases.pixels.items()
+        }
+    n_img = ref_emb["gray"].shape[1]
+    if n_img != g.n_image_tokens:
+        raise ValueError(
+            f"{mname}: the vision tower yields {n_img} visual tokens at {g.height}x{g.width}; "
+            f"the prompt expands {g.n_image_tokens}. The member's configs disagree."
+        )
+
+    def dec_cases(length: int) -> dict[str, dict[str, np.ndarray]]:
+        out = {}
+        for case, prompts in cases.prompts.items():
+            if max(len(p) for p in prompts) + plan.max_row_len > length:
+                continue
+            feeds = decoder_feeds(prompts, plan, length)
+            b = feeds["input_ids"].shape[0]
+            if case == "text":
+                emb = np.zeros((b, n_img, hidden), np.float32)
+            else:  # one image per prompt: noise for the first, gray for the rest
+                per = [ref_emb["noise"][0]] + [ref_emb["gray"][0]] * (len(prompts) - 1)
+                emb = np.repeat(np.stack(per), len(plan.rows), axis=0)
+            out[case] = {**feeds, "image_embeds": emb}
+        return out
+
+    tmp = Path(tempfile.mkdtemp(prefix="spotstop-export-"))
+    try:
+        graphs: dict[str, Any] = {}
+        # -- vision
+        _export_vision(vision_t, ecfg, cases.pixels["gray"], tmp / "vision.onnx")
+        import onnx
+
+        graphs["vision.onnx"] = onnx.load(str(tmp / "vision.onnx"))
+        # -- decoder(s)
+        dec_lengths = usable if ecfg.decoder_fixed_length else [usable[0]]
+        dec_files: dict[int, str] = {}
+        ref_dec: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
+        for length in dec_lengths:
+            cs = dec_cases(length)
+            fname = f"decoder_L{length}.onnx" if ecfg.decoder_fixed_length else "decoder.onnx"
+            case0 = cs.get("scene") or cs["text"]
+            feeds0 = {k: v for k, v in case0.items() if k != "image_embeds"}
+            _export_decoder(decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname)
+            graphs[fname] = fold_weight_transposes(onnx.load(str(tmp / fname)))
+            dec_files[length] = fname
+        # reference outputs at every usable bucket (a dynamic decoder is checked at each)
+        for length in usable:
+            for case, feeds in dec_cases(length).items():
+                with torch.no_grad():
+                    fl, lp = decoder_t(*(torch.from_numpy(feeds[n]) for n in _DEC_INPUTS))
+                ref_dec[(length, case)] = (fl.numpy(), lp.numpy())
+
+        def validate(models: dict[str, Any], prec: str) -> list[GraphCheck]:
+            atol, rtol = ecfg.atol[prec], ecfg.rtol[prec]
+            checks: list[GraphCheck] = []
+            try:
+                vs = _session(models["vision.onnx"])
+                sessions = {f: _session(models[f]) for f in dec_files.values()}
+            except Exception as e:  # a converted graph onnxruntime refuses: say which and why
+                return [
+                    GraphCheck(
+                        "graphs",
+                        f"load ({type(e).__name__}: {e})",
+                        prec,
+                        float("inf"),
+                        atol,
+                        rtol,
+                        False,
+                    )
+                ]
+            for k, px in cases.pixels.items():
+                (got,) = vs.run(None, {"pixel_values": px["pixel_values"]})
+                checks.append(_compare("vision", "image_embeds", k, got, ref_emb[k], atol, rtol))
+            for length in usable:
+                fname = dec_files[length] if ecfg.decoder_fixed_length else dec_files[usable[0]]
+                for case, feeds in dec_cases(length).items():
+                    got_f, got_l = sessions[fname].run(None, _to_numpy_inputs(feeds))
+                    want_f, want_l = ref_dec[(length, case)]
+                    where = f"{case}@L{length}"
+                    checks.append(_compare(fname, "first_logits", where, got_f, want_f, atol, rtol))
+                    checks.append(_compare(fname, "read_logprob", where, got_l, want_l, atol, rtol))
+                    s_got = combine_scores(got_f, got_l, plan, plan.first_ids)
+                    s_want = combine_scores(want_f, want_l, plan, plan.first_ids)
+                    sa = ecfg.score_atol[prec]
+                    checks.append(_compare(fname, "score", where, s_got, s_want, sa, 0.0))
+            return checks
+
+        def fail_on(checks: list[GraphCheck], prec: str) -> None:
+            bad = [
+                f"[{prec}] {c.graph} {c.output} ({c.case}): max|Δ| = {c.max_abs_diff:.3g} "
+                f"> atol {c.atol:g} + rtol {c.rtol:g}·|ref|"
+                for c in checks
+                if not c.ok
+            ]
+            if bad:
+                raise ExportValidationError(mname, bad)
+
+        fp32_checks = validate(graphs, "fp32")
+        fail_on(fp32_checks, "fp32")
+        checks = fp32_checks
+        if precision != "fp32":
+            graphs = {f: convert_precision(m, precision) for f, m in graphs.items()}
+            checks = validate(graphs, precision)
+            fail_on(checks, precision)
+
+        out = Path(out_dir)
+        if out.exists():
+            shutil.rmtree(out)
+        (out / "onnx").mkdir(parents=True)
+        _save({"vision.onnx": graphs["vision.onnx"]}, out / "onnx", "vision.onnx.data")
+        _save({f: graphs[f] for f in dec_files.values()}, out / "onnx", "decoder.onnx.data")
+        weight_bytes = onnx_weight_bytes(graphs["vision.onnx"]) + onnx_weight_bytes(
+            graphs[dec_files[usable[0]]]
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    for f in _COPY:
+        if (folder.path / f).is_file():
+            shutil.copy2(folder.path / f, out / f)
+    for f in (MEMBER_HINTS, TEST_PAIR_MARKER):
+        if (folder.path / f).is_file():
+            shutil.copy2(folder.path / f, out / f)
+    pad_id = text_cfg.pad_token_id if text_cfg.pad_token_id is not None else 0
+    meta = {
+        "format": GRAPHS_FORMAT,
+        "version": GRAPHS_VERSION,
+        "model_type": folder.model_type,
+        "source": folder.source,
+        "precision": precision,
+        "image_size": [g.height, g.width],
+        "n_image_tokens": g.n_image_tokens,
+        "hidden_size": hidden,
+        "image_token_id": folder.image_token_id,
+        "pad_id": int(pad_id),
+        "first_ids": list(plan.first_ids),
+        "answer_ids": {"unsafe": list(plan.unsafe_ids), "safe": list(plan.safe_ids)},
+        "vision": "onnx/vision.onnx",
+        "decoder": {
+            "fixed_length": ecfg.decoder_fixed_length,
+            "buckets": list(usable),
+            "files": {int(k): f"onnx/{v}" for k, v in dec_files.items()},
+        },
+        "inputs": {"vision": ["pixel_values"], "decoder": _DEC_INPUTS},
+        "outputs": {"vision": ["image_embeds"], "decoder": _DEC_OUTPUTS},
+        "weight_bytes": int(weight_bytes),
+        # resident: sessions stay loaded; on-demand: loaded to score, released after (members
+        # then run one after the other when both do not fit in memory at once)
+        "sessions": sessions,
+        "exporter": ecfg.describe(),
+        "max_abs_diff": {
+            c.graph + ":" + c.output: float(c.max_abs_diff) for c in checks if c.output != "score"
+        },
+    }
+    (out / GRAPHS_FILE).write_text(
+        yaml.safe_dump(meta, sort_keys=False, allow_unicode=True), encoding="utf-8"
+    )
+    files = tuple(sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()))
+    return MemberExport(
+        name=mname,
+        path=out,
+        model_type=folder.model_type,
+        precision=precision,
+        image_size=(g.height, g.width),
+        n_image_tokens=g.n_image_tokens,
+        buckets=tuple(usable),
+        files=files,
+        first_ids=tuple(plan.first_ids),
+        unsafe_ids=tuple(plan.unsafe_ids),
+        safe_ids=tuple(plan.safe_ids),
+        weight_bytes=int(weight_bytes),
+        template=template,
+        prompt_hash=prompt_hash(cfg_s.prompt, template, folder.model_type),
+        checks=tuple(checks),
+        seconds=time.perf_counter() - t0,
+    )

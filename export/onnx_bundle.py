@@ -1,0 +1,258 @@
+"""``spotstop export``: members → ONNX scoring graphs → a verified, self-describing bundle.
+
+The bundle holds, per member, the ONNX graphs at one precision, ``tokenizer.json``,
+``config.json`` / ``preprocessor_config.json`` (geometry only, no Hugging Face weights), the
+rendered chat templates and answer token ids (in ``manifest.yaml``) and the sha256 of every
+file. ``guard.Guard`` serves it with the ``onnx`` backend: no torch, no transformers.
+
+``policy.yaml`` is NOT written: it is fitted for this bundle's id and prompt hash (printed
+here) on an unlabelled pool (``calibrate.fit_frozen``) and dropped into the bundle folder.
+
+TensorRT: with ``tensorrt`` importable and a CUDA GPU present, engines are built into
+``trt/`` with the TensorRT Python API; otherwise ``trt/build.sh`` holds the exact
+``trtexec`` commands to run on the device (``jetson/build_engines.sh`` runs it). With
+``triton=True`` a Triton Inference Server model repository is laid out under ``triton/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from export.bundle import _write_manifest
+from export.onnx import DEFAULT_BUCKETS, MemberExport, export_member
+from export.triton import write_triton_repository
+from export.trt import build_engines, write_trt_script
+from guard._bundle import pair_prompt_hash, sha256_file
+from guard._config import ScoringConfig
+
+__all__ = ["OnnxBundle", "write_onnx_bundle"]
+
+#: Files in a bundle folder that are not part of the exported artifact.
+_NOT_LISTED = ("manifest.yaml", "policy.yaml", "decisions.sqlite")
+
+
+@dataclass(frozen=True)
+class OnnxBundle:
+    """An exported bundle: where, its id and prompt hash, and what each member weighs."""
+
+    path: Path
+    bundle_id: str
+    prompt_hash: str
+    precision: str
+    members: tuple[MemberExport, ...]
+    trt: str  # "engines" (built here) or "script" (trt/build.sh for the device)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(m.weight_bytes for m in self.members)
+
+
+def _source(src: str | os.PathLike[str]) -> str:
+    """What verify-bundle loads as the torch reference: an absolute folder, or the hub id."""
+    p = Path(src).expanduser()
+    return str(p.resolve()) if p.exists() else str(src)
+
+
+def write_onnx_bundle(
+    members: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    config: ScoringConfig | None = None,
+    precision: str = "fp32",
+    image_size: tuple[int, int] | None = None,
+    buckets: Sequence[int] = DEFAULT_BUCKETS,
+    name: str = "bundle",
+    trt: str = "auto",
+    triton: bool = False,
+    max_batch: int = 8,
+    sessions: str = "resident",
+    progress: Callable[[str], Any] | None = None,
+) -> OnnxBundle:
+    """Export ``members`` into the bundle folder ``out`` (replaced if it exists).
+
+    ``sessions="on-demand"`` makes each member load its graphs when it scores and release them
+    after, so the members run one after the other in one process when both do not fit.
+    ``trt``: ``"auto"`` builds engines when tensorrt and a GPU are present, else writes
+    ``trt/build.sh``; ``"script"`` always writes the script; ``"off"`` neither.
+    """
+    if trt not in ("auto", "script", "off"):
+        raise ValueError(f"trt must be 'auto', 'script' or 'off'; got {trt!r}.")
+    cfg = config or ScoringConfig()
+    say = progress or (lambda _msg: None)
+    root = Path(out)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    exports: list[MemberExport] = []
+    for src in members:
+        mname = Path(str(src)).name
+        if any(e.name == mname for e in exports):
+            raise ValueError(f"two members are named {mname!r}; member folder names must differ.")
+        say(f"exporting {mname} ({precision}) …")
+        e = export_member(
+            src,
+            root / "members" / mname,
+            config=cfg,
+            precision=precision,
+            image_size=image_size,
+            buckets=buckets,
+            name=mname,
+            sessions=sessions,
+        )
+        say(
+            f"  {mname}: {len(e.files)} files, {e.weight_bytes / 2**20:.1f} MiB of weights, "
+            f"max |Δ| vs torch {e.max_abs_diff:.2g}, {e.seconds:.0f} s"
+        )
+        exports.append(e)
+    trt_mode = "off"
+    if trt != "off":
+        write_trt_script(root, exports, max_batch=max_batch)
+        trt_mode = "script"
+        if trt == "auto" and build_engines(root, exports, max_batch=max_batch, progress=say):
+            trt_mode = "engines"
+    if triton:
+        write_triton_repository(root, exports, max_batch=max_batch)
+    entries = []
+    hashes = {}
+    test_pair = False
+    for e in exports:
+        hints = e.path / "SPOTSTOP_TEST_PAIR.txt"
+        tp = hints.is_file()
+        test_pair = test_pair or tp
+        hashes[e.name] = e.prompt_hash
+        entries.append(
+            {
+                "name": e.name,
+                "path": f"members/{e.name}",
+                "source": _source(members[exports.index(e)]),
+                "revision": None,
+                "model_type": e.model_type,
+                "backend": "onnx",
+                "precision": e.precision,
+                "image_size": [e.image_size[0], e.image_size[1]],
+                "n_image_tokens": e.n_image_tokens,
+                "prompt_hash": e.prompt_hash,
+                "template": {
+                    "with_image": e.template.with_image,
+                    "without_image": e.template.without_image,
+                },
+                "answer_ids": {"unsafe": list(e.unsafe_ids), "safe": list(e.safe_ids)},
+                "first_ids": list(e.first_ids),
+                "buckets": list(e.buckets),
+                "weight_bytes": e.weight_bytes,
+                "test_pair": tp,
+            }
+        )
+    files = {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(_NOT_LISTED)
+    }
+    bundle_id = _write_manifest(
+        root,
+        entries,
+        hashes,
+        files,
+        cfg,
+        name=name,
+        test_pair=test_pair,
+        extra={
+            "export": {
+                "precision": precision,
+                "trt": trt_mode,
+                "triton": bool(triton),
+                "weight_bytes": sum(e.weight_bytes for e in exports),
+            }
+        },
+    )
+    return OnnxBundle(
+        path=root,
+        bundle_id=bundle_id,
+        prompt_hash=pair_prompt_hash(hashes),
+        precision=precision,
+        members=tuple(exports),
+        trt=trt_mode,
+    )
+
+
+def derive_bundle(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    precision: str,
+    name: str | None = None,
+    max_batch: int = 8,
+) -> Path:
+    """Convert an fp32 bundle's graphs to ``precision`` without exporting again.
+
+    The fp32 graphs were validated against torch at export; check the derived bundle with
+    :func:`export.verify.verify_bundle` (``spotstop verify-bundle``).
+    """
+    import onnx
+    import yaml
+
+    from export.onnx import _save, convert_precision, onnx_weight_bytes
+    from guard._bundle import load_bundle
+    from guard.backends._onnx import GRAPHS_FILE
+
+    b = load_bundle(src)
+    if b.manifest.get("export", {}).get("precision") != "fp32":
+        raise ValueError(f"derive_bundle needs an fp32 bundle; {src} is not one.")
+    root = Path(out)
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(b.path, root, ignore=shutil.ignore_patterns("decisions.sqlite*", "policy.yaml"))
+    entries = []
+    total = 0
+    for entry in b.manifest["members"]:
+        mdir = root / entry["path"]
+        meta = yaml.safe_load((mdir / GRAPHS_FILE).read_text(encoding="utf-8"))
+        onnx_dir = mdir / "onnx"
+        vision = convert_precision(onnx.load(str(onnx_dir / "vision.onnx")), precision)
+        decs = {
+            Path(f).name: convert_precision(onnx.load(str(mdir / f)), precision)
+            for f in meta["decoder"]["files"].values()
+        }
+        for f in onnx_dir.iterdir():
+            f.unlink()
+        _save({"vision.onnx": vision}, onnx_dir, "vision.onnx.data")
+        _save(decs, onnx_dir, "decoder.onnx.data")
+        wb = onnx_weight_bytes(vision) + onnx_weight_bytes(next(iter(decs.values())))
+        meta.update(precision=precision, weight_bytes=int(wb))
+        (mdir / GRAPHS_FILE).write_text(
+            yaml.safe_dump(meta, sort_keys=False, allow_unicode=True), encoding="utf-8"
+        )
+        entries.append({**entry, "precision": precision, "weight_bytes": int(wb)})
+        total += wb
+    if (root / "trt" / "build.sh").is_file():
+        from types import SimpleNamespace
+
+        exports = [
+            SimpleNamespace(
+                name=e["name"], path=root / e["path"], precision=precision, buckets=e["buckets"]
+            )
+            for e in entries
+        ]
+        write_trt_script(root, exports, max_batch=max_batch)
+    files = {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(_NOT_LISTED)
+    }
+    cfg = ScoringConfig(prompt=b.prompt)
+    _write_manifest(
+        root,
+        entries,
+        {e["name"]: e["prompt_hash"] for e in entries},
+        files,
+        cfg,
+        name=name or b.bundle_id.rsplit("-", 1)[0],
+        test_pair=b.test_pair,
+        extra={"export": {**b.manifest["export"], "precision": precision, "weight_bytes": total}},
+    )
+    return root

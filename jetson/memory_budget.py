@@ -1,0 +1,371 @@
+"""Generate jetson/README.md: the memory budget of the pair on Orin NX / Orin Nano 8 GB.
+
+    python jetson/memory_budget.py                 # recorded config values (below)
+    python jetson/memory_budget.py --config-dir Qwen3.5-2B=/models/Qwen3.5-2B \\
+                                   --config-dir LFM2.5-VL-3B=/models/LFM2.5-VL-3B
+    python jetson/memory_budget.py --print         # print instead of writing the README
+
+Parameter counts are not typed by hand: each member's config object is built with its
+transformers config class (``Qwen3_5Config``, ``Lfm2VlConfig``) and the model is instantiated
+on the meta device (no memory, no weights), then its parameters are counted by role.
+Bytes per precision follow what ``spotstop export`` writes (export/onnx.py):
+
+* fp32 4 B, fp16 2 B per parameter;
+* int8 / int4: weight-only MatMulNBits on every matrix multiply (1 B / 0.5 B per weight plus
+  one float32 scale per block of 128), token-embedding tables stored as float16, the rest
+  (norms, convolutions, biases) float32;
+* a tied output layer appears twice in the graph (Gather table + MatMul), so it is counted
+  twice, as the exported graph holds it.
+
+The CONFIG VALUES below were recorded from the members' published ``config.json`` files and
+could not be re-read here (no model hub in this environment). Check them against the real
+snapshots with ``--config-dir`` (which reads config.json and replaces the recorded values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+#: Recorded config values. Source: the members' config.json on the Hugging Face hub
+#: (Qwen/Qwen3.5-2B; LiquidAI/LFM2.5-VL-3B, whose text backbone is LFM2.5-2.6B with the
+#: 128K vocabulary and whose vision tower is SigLIP2 NaFlex so400m). UNVERIFIED offline.
+RECORDED: dict[str, dict[str, Any]] = {
+    "Qwen3.5-2B": {
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": True,
+        "text_config": {
+            "vocab_size": 248320,
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 16,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 6,
+            "tie_word_embeddings": True,
+        },
+        "vision_config": {
+            "depth": 24,
+            "hidden_size": 1024,
+            "intermediate_size": 4096,
+            "num_heads": 16,
+            "out_hidden_size": 2048,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 2304,
+        },
+    },
+    "LFM2.5-VL-3B": {
+        "model_type": "lfm2_vl",
+        "tie_word_embeddings": True,
+        "downsample_factor": 2,
+        "projector_hidden_size": 2560,
+        "text_config": {
+            "model_type": "lfm2",
+            "vocab_size": 131072,
+            "hidden_size": 2048,
+            "intermediate_size": 10752,
+            "block_ff_dim": 10752,
+            "block_auto_adjust_ff_dim": False,
+            "block_multiple_of": 256,
+            "block_ffn_dim_multiplier": 1.0,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            # 22 short-convolution + 8 attention layers
+            "layer_types": [
+                "full_attention" if i in (2, 5, 8, 11, 14, 17, 21, 25) else "conv"
+                for i in range(30)
+            ],
+        },
+        "vision_config": {
+            "model_type": "siglip2_vision_model",
+            "hidden_size": 1152,
+            "intermediate_size": 4304,
+            "num_hidden_layers": 27,
+            "num_attention_heads": 16,
+            "patch_size": 16,
+            "num_patches": 256,
+        },
+    },
+}
+
+#: Scoring shapes: 512x512 → 256 visual tokens; the largest default length bucket.
+IMAGE = 512
+SEQ = 512
+BATCH = 1
+#: Assumptions (state them, do not hide them): JetPack 6 with the desktop off leaves about
+#: 6.5 GiB of the 8 GiB shared memory to applications; one process's CUDA context + cuBLAS/
+#: cuDNN + TensorRT / onnxruntime libraries take about 1 GiB.
+DEVICE_GIB = {"Orin NX 8GB": 8.0, "Orin Nano 8GB": 8.0}
+OS_RESERVED_GIB = 1.5
+RUNTIME_GIB = 1.0
+
+_BYTES = {
+    "fp32": {"linear": 4.0, "embed": 4.0, "other": 4.0},
+    "fp16": {"linear": 2.0, "embed": 2.0, "other": 2.0},
+    "int8": {"linear": 1.0 + 4 / 128, "embed": 2.0, "other": 4.0},
+    "int4": {"linear": 0.5 + 4 / 128, "embed": 2.0, "other": 4.0},
+}
+PRECISIONS = tuple(_BYTES)
+
+
+def build_config(name: str, recorded: dict[str, Any]) -> Any:
+    """The member's transformers config object, built with its own config class."""
+    from transformers import Lfm2VlConfig, Qwen3_5Config
+
+    values = dict(recorded)
+    model_type = values.pop("model_type")
+    cls = {"qwen3_5": Qwen3_5Config, "lfm2_vl": Lfm2VlConfig}[model_type]
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Parameters by role: matrix-multiply weights, embedding tables, everything else."""
+
+    name: str
+    vision_linear: int
+    vision_other: int
+    text_linear: int
+    embed: int
+    head_copy: int  # a tied output layer's MatMul copy in the graph
+    text_other: int
+    hidden: int
+    intermediate: int
+    heads: int
+    vocab: int
+    vision_hidden: int
+    vision_intermediate: int
+    vision_heads: int
+    vision_patches: int
+
+    @property
+    def total(self) -> int:
+        return (
+            self.vision_linear + self.vision_other + self.text_linear + self.embed + self.text_other
+        )
+
+
+def count(name: str, config: Any) -> Counts:
+    """Instantiate on the meta device and count parameters by role."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    vision_prefixes = ("model.visual", "model.vision_tower", "model.multi_modal_projector")
+    vl = vo = tl = em = to = 0
+    seen: set[int] = set()
+    for pname, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        n = p.numel()
+        is_vision = pname.startswith(vision_prefixes)
+        if "embed_tokens" in pname:
+            em += n
+        elif p.ndim == 2 and (pname.endswith(".weight") or pname.endswith("weight")):
+            if is_vision:
+                vl += n
+            else:
+                tl += n
+        elif is_vision:
+            vo += n
+        else:
+            to += n
+    text = config.get_text_config()
+    tied = bool(getattr(config, "tie_word_embeddings", False) or text.tie_word_embeddings)
+    head_copy = text.vocab_size * text.hidden_size if tied else 0
+    v = config.vision_config
+    patch = int(getattr(v, "patch_size", 16))
+    return Counts(
+        name=name,
+        vision_linear=vl,
+        vision_other=vo,
+        text_linear=tl,
+        embed=em,
+        head_copy=head_copy,
+        text_other=to,
+        hidden=int(text.hidden_size),
+        intermediate=int(getattr(text, "intermediate_size", 4 * text.hidden_size)),
+        heads=int(text.num_attention_heads),
+        vocab=int(text.vocab_size),
+        vision_hidden=int(v.hidden_size),
+        vision_intermediate=int(v.intermediate_size),
+        vision_heads=int(getattr(v, "num_heads", getattr(v, "num_attention_heads", 16))),
+        vision_patches=(IMAGE // patch) ** 2,
+    )
+
+
+def weight_bytes(c: Counts, precision: str) -> float:
+    b = _BYTES[precision]
+    linear = c.vision_linear + c.text_linear + c.head_copy
+    return (
+        linear * b["linear"] + c.embed * b["embed"] + (c.vision_other + c.text_other) * b["other"]
+    )
+
+
+def activation_bytes(c: Counts, precision: str) -> float:
+    """Peak activations of one scoring pass (float32 compute where onnxruntime keeps it)."""
+    act = 2.0 if precision == "fp16" else 4.0
+    # vision: a few live (patches × hidden) tensors, the MLP, one head-group of scores
+    vis = c.vision_patches * (4 * c.vision_hidden + c.vision_intermediate) * act
+    vis += c.vision_heads * c.vision_patches**2 * act
+    # decoder: residual + attention/MLP temporaries, one layer's attention scores, the
+    # full-vocabulary log-softmax at a few read positions
+    dec = BATCH * SEQ * (6 * c.hidden + 2 * c.intermediate) * act
+    dec += BATCH * c.heads * SEQ * SEQ * act
+    dec += BATCH * 4 * c.vocab * 4
+    return vis + dec
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.2f}"
+
+
+def render(counts: list[Counts]) -> str:
+    lines = [
+        "# jetson/ — the Avg-2 pair on Orin NX / Orin Nano 8 GB",
+        "",
+        "<!-- GENERATED by jetson/memory_budget.py — edit the script, not this file. -->",
+        "",
+        "One self-describing deployable: an L4T container running the spotstop sidecar with an",
+        "exported bundle (`spotstop export`), TensorRT engines built on the device, and a systemd",
+        "unit. The runtime imports no torch and no transformers.",
+        "",
+        "| file | what |",
+        "| --- | --- |",
+        "| `Dockerfile` | L4T base (JetPack 6, `nvcr.io/nvidia/l4t-jetpack:r36.4.0`), onnxruntime-gpu, spotstop runtime; in-container smoke test |",
+        "| `build_engines.sh` | runs the bundle's `trt/build.sh` (exact `trtexec` commands written at export) on the device |",
+        "| `spotstop-sidecar.service` | systemd unit: `spotstop serve --bundle /opt/spotstop/bundle` in the container |",
+        "| `memory_budget.py` | writes this README from the members' real config classes (meta-device parameter counts) |",
+        "",
+        "Platform constraints: aarch64, JetPack 6.x (L4T r36, CUDA 12.6, TensorRT 10.3); engines are",
+        "built on the device that runs them. TensorRT takes fp16/fp32 bundles; int8/int4",
+        "weight-only bundles (onnxruntime MatMulNBits) run on onnxruntime's CUDA provider.",
+        "",
+        "## Deploy",
+        "",
+        "```bash",
+        "# workstation",
+        "spotstop export --member Qwen/Qwen3.5-2B --member LiquidAI/LFM2.5-VL-3B --out bundle --precision fp16",
+        "# fit policy.yaml for the printed bundle id / prompt hash, then copy bundle/ to the device",
+        "# device",
+        "docker build -t spotstop-jetson -f jetson/Dockerfile .",
+        "jetson/build_engines.sh /opt/spotstop/bundle     # TensorRT engines, on the device",
+        "sudo cp jetson/spotstop-sidecar.service /etc/systemd/system/ && sudo systemctl enable --now spotstop-sidecar",
+        "```",
+        "",
+        "## Memory budget (generated)",
+        "",
+        f"Shapes: {IMAGE}x{IMAGE} image (256 visual tokens), sequence bucket {SEQ}, batch {BATCH}. "
+        f"Assumed: {OS_RESERVED_GIB} GiB for L4T/OS, {RUNTIME_GIB} GiB for the CUDA context and "
+        "runtime libraries, per process.",
+        "",
+        "Parameters (meta-device count from the config classes):",
+        "",
+        "| member | vision | text matmul | embeddings | other | total |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for c in counts:
+        lines.append(
+            f"| {c.name} | {(c.vision_linear + c.vision_other) / 1e6:.0f} M | "
+            f"{c.text_linear / 1e6:.0f} M | {c.embed / 1e6:.0f} M | {c.text_other / 1e6:.1f} M | "
+            f"{c.total / 1e9:.2f} B |"
+        )
+    lines += [
+        "",
+        "Weights, activations and total per member and precision (GiB):",
+        "",
+        "| member | precision | weights | activations | + runtime | member total |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    totals: dict[str, list[float]] = {p: [] for p in PRECISIONS}
+    weights: dict[str, list[float]] = {p: [] for p in PRECISIONS}
+    for c in counts:
+        for p in PRECISIONS:
+            w, a = weight_bytes(c, p), activation_bytes(c, p)
+            t = w + a
+            totals[p].append(t)
+            weights[p].append(w)
+            lines.append(
+                f"| {c.name} | {p} | {_gib(w)} | {_gib(a)} | {RUNTIME_GIB:.2f} | "
+                f"{_gib(t + RUNTIME_GIB * 2**30)} |"
+            )
+    lines += [
+        "",
+        "The pair on an 8 GB Orin (one process; members resident together, or one after the other):",
+        "",
+        "| precision | pair weights | both resident | one at a time (peak) | available | mode |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    avail = min(DEVICE_GIB.values()) - OS_RESERVED_GIB
+    for p in PRECISIONS:
+        both = sum(totals[p]) / 2**30 + RUNTIME_GIB
+        one = max(totals[p]) / 2**30 + RUNTIME_GIB
+        if both <= avail:
+            mode = "both resident"
+        elif one <= avail:
+            mode = "one after the other (`spotstop export --sessions on-demand`)"
+        else:
+            mode = "does not fit"
+        lines.append(
+            f"| {p} | {sum(weights[p]) / 2**30:.2f} | {both:.2f} | {one:.2f} | {avail:.2f} | {mode} |"
+        )
+    lines += [
+        "",
+        '"One after the other": the bundle\'s members load their onnxruntime sessions when they',
+        "score and release them after, so only one member's weights are resident at a time (the",
+        "guard scores members in turn); it costs a session load per check.",
+        "",
+        "## Triton (GPU server option)",
+        "",
+        "`spotstop export ... --triton` lays out `triton/<member>__<graph>/config.pbtxt` for",
+        "Triton Inference Server (`onnxruntime_onnx` platform); `triton/populate.sh` links the",
+        "graphs into the version folders. The client computes s from `first_logits` and",
+        "`read_logprob` as `guard.backends._onnx.combine_scores` does.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--config-dir", action="append", default=[], help="NAME=FOLDER with config.json"
+    )
+    ap.add_argument("--print", action="store_true", help="print instead of writing README.md")
+    args = ap.parse_args(argv)
+    recorded = {k: dict(v) for k, v in RECORDED.items()}
+    for item in args.config_dir:
+        name, _, folder = item.partition("=")
+        data = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+        data.pop("architectures", None)
+        recorded[name] = data
+    counts = [count(name, build_config(name, r)) for name, r in recorded.items()]
+    text = render(counts)
+    if args.print:
+        print(text)
+    else:
+        (HERE / "README.md").write_text(text, encoding="utf-8")
+        print(f"wrote {HERE / 'README.md'}")
+    assert all(math.isfinite(weight_bytes(c, "fp32")) for c in counts)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
