@@ -112,10 +112,41 @@ def _resolve(spec: str, bundle: Path | None) -> tuple[Path, str]:
     return p, str(p)
 
 
+def _policy_init(args: argparse.Namespace) -> int:
+    from calibrate._pool import fit_pool_policy, pool_scenes
+    from calibrate._versions import activate_policy_version, write_policy_version
+
+    requests = list(args.request or [])
+    if args.requests is not None:
+        requests += Path(args.requests).read_text(encoding="utf-8").splitlines()
+    scenes = pool_scenes(args.pool, requests)
+    cfg = fit_pool_policy(
+        args.bundle,
+        scenes,
+        kind=args.kind,
+        window=args.window,
+        min_refs=args.min_refs,
+        device=args.device,
+        progress=True,
+    )
+    v = write_policy_version(args.bundle, cfg)
+    print(f"fitted on {len(scenes)} unlabelled scenes: {cfg.fusion.to_dict()['stats']}")
+    print(f"frozen cut t0 = {cfg.fitted_on['frozen_t0']:+.4f}; wrote {v.path}")
+    first = not (Path(args.bundle) / "policy.yaml").is_file()
+    if args.activate or first:
+        activate_policy_version(args.bundle, v.number)
+        print(f"activated {v.name} as {Path(args.bundle) / 'policy.yaml'}. {_RELOAD_HINT}")
+    else:
+        print(f"not active yet: `spotstop policy activate {args.bundle} {v.name}`.")
+    return 0
+
+
 def policy_command(args: argparse.Namespace) -> int:
     """``spotstop policy diff|list|activate``."""
     from calibrate._versions import activate_policy_version, list_policy_versions
 
+    if args.policy_command == "init":
+        return _policy_init(args)
     if args.policy_command == "list":
         versions = list_policy_versions(args.bundle)
         if not versions:

@@ -73,8 +73,7 @@ def make_demo_bundle(root: Path, *, pool_size: int = 24, seed: int = 0) -> Path:
     from export.bundle import write_bundle
     from export.tiny import TINY_MEMBERS, build_tiny_pair
     from guard._bundle import load_bundle
-    from guard._config import ScoringConfig
-    from guard._member import load_member
+    from guard._member import load_bundle_member
     from guard._policy import PolicyConfig, SituationPolicy, dump_policy
 
     tiny = root / "tiny"
@@ -86,13 +85,10 @@ def make_demo_bundle(root: Path, *, pool_size: int = 24, seed: int = 0) -> Path:
         shutil.rmtree(bdir)
     write_bundle([tiny / m for m in TINY_MEMBERS], bdir, name="tiny-demo")
     bundle = load_bundle(bdir)
-    cfg = ScoringConfig(prompt=bundle.prompt)
     pool = demo_scenes(pool_size, seed=seed + 1000)
     pool_scores: dict[str, Any] = {}
     for bm in bundle.members:
-        m = load_member(
-            bm.path, name=bm.name, config=cfg, image_size=bm.image_size, template=bm.template
-        )
+        m = load_bundle_member(bundle, bm)
         pool_scores[bm.name] = np.array([r.score for r in m.score(pool)])
     fit = fit_frozen(pool_scores)
     policy = SituationPolicy(

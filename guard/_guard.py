@@ -23,15 +23,14 @@ from typing import Any, Literal
 import numpy as np
 
 from guard._bundle import Bundle, load_bundle
-from guard._config import ScoringConfig
 from guard._errors import GuardError
 from guard._image import DecodedImage, decode_image
 from guard._log import DecisionLog, DecisionRecord
-from guard._member import Member, load_member
+from guard._member import Member, load_bundle_member
 from guard._policy import PolicyConfig, check_policy_matches, decide_batch, load_policy
 from guard._types import Scene, Variant
 
-__all__ = ["Decision", "Guard", "SituationInfo"]
+__all__ = ["Decision", "Guard", "PolicyMissingError", "SituationInfo"]
 
 Label = Literal["SAFE", "UNSAFE"]
 
@@ -108,6 +107,10 @@ class Decision:
             "test_pair": self.test_pair,
             "detail": self.detail,
         }
+
+
+class PolicyMissingError(GuardError, FileNotFoundError):
+    """The bundle has no ``policy.yaml``."""
 
 
 @dataclass(frozen=True)
@@ -202,24 +205,9 @@ class Guard:
         self.policy_config: PolicyConfig = self._load_policy(self.bundle.policy_path)
         self.members: dict[str, Member] = {}
         self.member_errors: dict[str, str] = {}
-        cfg = ScoringConfig(prompt=self.bundle.prompt)
         for bm in self.bundle.members:
             try:
-                m = load_member(
-                    bm.path,
-                    name=bm.name,
-                    config=cfg,
-                    image_size=bm.image_size,
-                    backend=bm.backend,
-                    template=bm.template,
-                    device=device,
-                )
-                if m.prompt_hash != bm.prompt_hash:
-                    raise GuardError(
-                        f"member {bm.name} builds prompt hash {m.prompt_hash}, but the bundle "
-                        f"says {bm.prompt_hash}; re-export the bundle."
-                    )
-                self.members[bm.name] = m
+                self.members[bm.name] = load_bundle_member(self.bundle, bm, device=device)
             except Exception as e:  # a member that cannot load makes every decision fail closed
                 self.member_errors[bm.name] = _reason("load", e)
         self.store_images = store_images and not isinstance(log, DecisionLog)
@@ -250,6 +238,12 @@ class Guard:
         return f"<Guard {self.bundle.bundle_id} policy={self.policy_config.policy.kind} {state}>"
 
     def _load_policy(self, path: str | os.PathLike[str]) -> PolicyConfig:
+        if not Path(path).is_file():
+            raise PolicyMissingError(
+                f"{path} does not exist: the bundle has no policy yet. Fit one on unlabelled "
+                f"frames of the deployment with `spotstop policy init {self.bundle.path} --pool "
+                "DIR --request TEXT`, or activate a stored version with `spotstop policy activate`."
+            )
         cfg = load_policy(path, state_file=self._state_file)
         check_policy_matches(cfg, self.bundle.bundle_id, self.bundle.prompt_hash)
         return cfg

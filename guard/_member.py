@@ -11,15 +11,16 @@ from typing import Any
 import numpy as np
 
 from guard._arch import ImageGeometry
+from guard._bundle import Bundle, BundleMember
 from guard._config import ScoringConfig, parse_image_size
-from guard._errors import ConfigError, ScoringError
+from guard._errors import ConfigError, MemberLoadError, ScoringError
 from guard._hf import MemberFolder, render_template, resolve_member
 from guard._image import DecodedImage, decode_image, gray_image
 from guard._prompt import PromptEncoder, RenderedTemplate, prompt_hash
 from guard._types import VARIANTS, MemberScore, Scene, Variant
 from guard.backends import get_backend_class
 
-__all__ = ["Member", "MemberInfo", "load_member"]
+__all__ = ["Member", "MemberInfo", "load_bundle_member", "load_member"]
 
 
 @dataclass(frozen=True)
@@ -195,3 +196,25 @@ def load_member(
     return Member(
         folder, encoder, geometry, backend_obj, name=member_name, batch_size=cfg.batch_size
     )
+
+
+def load_bundle_member(bundle: Bundle, member: BundleMember, *, device: str = "cpu") -> Member:
+    """Load one member of a bundle with the bundle's prompt, grid, template and backend.
+
+    Refuses a member whose prompt hash differs from the one the bundle recorded.
+    """
+    m = load_member(
+        member.path,
+        name=member.name,
+        config=ScoringConfig(prompt=bundle.prompt),
+        image_size=member.image_size,
+        backend=member.backend,
+        template=member.template,
+        device=device,
+    )
+    if m.prompt_hash != member.prompt_hash:
+        raise MemberLoadError(
+            f"member {member.name} builds prompt hash {m.prompt_hash}, but the bundle says "
+            f"{member.prompt_hash}; re-export the bundle."
+        )
+    return m

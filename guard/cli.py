@@ -438,7 +438,7 @@ def _cmd_recalibrate(args: argparse.Namespace) -> int:
 def _add_policy(sub: Any) -> None:
     p = sub.add_parser(
         "policy",
-        help="list, diff and activate policy versions",
+        help="fit a first policy (init), list, diff and activate policy versions",
         description=(
             "Policy versions live in <bundle>/policies/policy-vNNNN.yaml; <bundle>/policy.yaml "
             "is the active one (a byte copy of one version). A running guard keeps its policy "
@@ -456,6 +456,34 @@ def _add_policy(sub: Any) -> None:
     d.add_argument("--until", default=None, help="end of the window, exclusive (ISO, UTC)")
     d.add_argument("--batch-size", type=int, default=None, help="replay batches of N decisions")
     d.add_argument("--json", action="store_true", help="print JSON")
+    i = ps.add_parser(
+        "init",
+        help="fit a first policy on an unlabelled pool of camera frames",
+        description=(
+            "Score every JPEG/PNG/WebP under --pool with the bundle's members, fit the frozen "
+            "reference statistics (median/IQR per member) and the frozen cut t0 on them (no "
+            "labels), and write a policy version; it becomes policy.yaml when the bundle has "
+            "none yet, or with --activate. Use frames of the deployment itself."
+        ),
+    )
+    i.add_argument("bundle", type=Path, help="bundle folder")
+    i.add_argument("--pool", type=Path, required=True, help="folder of unlabelled camera frames")
+    i.add_argument(
+        "--request",
+        action="append",
+        help="request text for the pool (repeatable; assigned in turn)",
+    )
+    i.add_argument("--requests", type=Path, default=None, help="file with one request per line")
+    i.add_argument(
+        "--kind",
+        choices=["frozen", "situation"],
+        default="frozen",
+        help="policy kind (situation falls back to the frozen cut)",
+    )
+    i.add_argument("--window", type=int, default=8, help="situation window N (default 8)")
+    i.add_argument("--min-refs", type=int, default=3, help="situation references k (default 3)")
+    i.add_argument("--device", default="cpu", help="device for the members' backend")
+    i.add_argument("--activate", action="store_true", help="make it the active policy.yaml")
     ls = ps.add_parser("list", help="the stored versions (* = active)")
     ls.add_argument("bundle", type=Path, help="bundle folder")
     a = ps.add_parser("activate", help="make a stored version the active policy.yaml")
@@ -481,7 +509,7 @@ def _add_export(sub: Any) -> None:
             "reference, convert to --precision, and write a bundle (manifest with every "
             "file's sha256, tokenizer.json, rendered templates, answer token ids) that "
             "`spotstop check --bundle` serves with onnxruntime, without torch. policy.yaml is "
-            "fitted separately for the printed bundle id and prompt hash. TensorRT engines are "
+            "fitted afterwards (`spotstop policy init BUNDLE --pool FRAMES --request TEXT`). TensorRT engines are "
             "built when tensorrt and a GPU are present; otherwise trt/build.sh holds the "
             "trtexec commands for the device."
         ),
@@ -567,7 +595,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     print(f"{'pair':<24} {'':<8} {b.precision:<5} {b.weight_bytes / 2**20:9.2f} MiB")
     print(f"bundle {b.path}  id {b.bundle_id}  prompt_hash {b.prompt_hash}  tensorrt: {b.trt}")
     print(
-        "next: fit policy.yaml for this bundle id and prompt hash, then `spotstop verify-bundle`."
+        f"next: `spotstop verify-bundle {b.path}`, then fit its first policy on unlabelled "
+        f"frames: `spotstop policy init {b.path} --pool FRAMES --request TEXT`."
     )
     return 0
 

@@ -1,0 +1,99 @@
+"""The first policy of a bundle, fitted on an unlabelled pool of scenes.
+
+A freshly exported bundle has no ``policy.yaml`` and a guard cannot run without one, so the
+decision log that ``recalibrate`` needs cannot exist yet. This closes that loop: score an
+unlabelled pool of the deployment's own camera frames (no labels needed) with the bundle's
+members, fit the frozen reference statistics (median/IQR per member) and the frozen cut t₀
+(seed 000, Supp. Algorithm 1), and write the result as a policy version.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibrate._frozen import fit_frozen
+from calibrate._logdata import CalibrationError
+from guard._bundle import load_bundle
+from guard._member import load_bundle_member
+from guard._policy import PolicyConfig, SituationPolicy
+from guard._types import Scene
+
+__all__ = ["IMAGE_SUFFIXES", "fit_pool_policy", "pool_scenes"]
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
+
+
+def pool_scenes(
+    images: str | os.PathLike[str], requests: Sequence[str], *, min_n: int = 8
+) -> list[Scene]:
+    """Scenes from every image under ``images`` (sorted), requests assigned in turn."""
+    root = Path(images)
+    if not root.is_dir():
+        raise CalibrationError(f"pool folder {root} does not exist or is not a folder.")
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if len(files) < min_n:
+        raise CalibrationError(
+            f"the pool {root} holds {len(files)} JPEG/PNG/WebP images; at least {min_n} are "
+            "needed (more is better: a few hundred frames of the deployment)."
+        )
+    reqs = [r for r in (x.strip() for x in requests) if r]
+    if not reqs:
+        raise CalibrationError("no request text for the pool; pass --request or --requests FILE.")
+    return [Scene(f, reqs[i % len(reqs)]) for i, f in enumerate(files)]
+
+
+def fit_pool_policy(
+    bundle_dir: str | os.PathLike[str],
+    scenes: Sequence[Scene],
+    *,
+    kind: str = "frozen",
+    window: int = 8,
+    min_refs: int = 3,
+    device: str = "cpu",
+    progress: bool = False,
+) -> PolicyConfig:
+    """Score ``scenes`` with the bundle's members and fit a frozen (or situation) policy.
+
+    ``kind="situation"`` recentres on each situation's recent scenes and falls back to the
+    frozen cut until ``min_refs`` references exist. Scenes that fail to decode or score are
+    an error (the pool must be clean: it sets the scale every later scene is judged on).
+    """
+    if kind not in ("frozen", "situation"):
+        raise CalibrationError(
+            f"an unlabelled pool fits kind 'frozen' or 'situation'; got {kind!r}. The "
+            "conformal cut needs labelled unsafe cases: use `spotstop recalibrate`."
+        )
+    bundle = load_bundle(bundle_dir)
+    scores: dict[str, Any] = {}
+    members: Any = bundle.members
+    if progress:
+        from tqdm import tqdm
+
+        members = tqdm(members, desc="scoring the pool", unit="member")
+    for bm in members:
+        m = load_bundle_member(bundle, bm, device=device)
+        scores[bm.name] = np.array([r.score for r in m.score(list(scenes))])
+    fit = fit_frozen(scores)
+    policy: Any = fit.policy
+    if kind == "situation":
+        policy = SituationPolicy(window=window, min_refs=min_refs, fallback=fit.policy)
+    return PolicyConfig(
+        bundle_id=bundle.bundle_id,
+        prompt_hash=bundle.prompt_hash,
+        fusion=fit.fusion,
+        policy=policy,
+        fitted_on={
+            "what": "unlabelled pool (frozen reference statistics and cut t0)",
+            "n": fit.n,
+            "frozen_t0": fit.policy.threshold,
+            "tool": f"spotstop {version('spotstop')} policy init",
+        },
+        created=datetime.now(UTC),
+    )

@@ -1,0 +1,93 @@
+"""`spotstop policy init`: the first policy of a bundle from an unlabelled pool."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from calibrate import CalibrationError
+from calibrate._pool import fit_pool_policy, pool_scenes
+from guard import Guard, Scene, load_bundle, load_policy
+from guard._demo import demo_scenes
+from guard._member import load_bundle_member
+from guard.cli import main
+
+
+@pytest.fixture
+def bare_bundle(tiny_pair: Path, tmp_path: Path) -> Path:
+    """A torch-backend bundle of the tiny pair with no policy.yaml (as after an export)."""
+    from export.bundle import write_bundle
+
+    return write_bundle([tiny_pair / "tiny-qwen3_5", tiny_pair / "tiny-lfm2_vl"], tmp_path / "b")
+
+
+@pytest.fixture
+def pool_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "pool"
+    d.mkdir()
+    for i, s in enumerate(demo_scenes(10, seed=11)):
+        assert isinstance(s.image, bytes)
+        suffix = ".jpg" if s.image[:2] == b"\xff\xd8" else ".png"
+        (d / f"frame{i:03d}{suffix}").write_bytes(s.image)
+    return d
+
+
+def test_policy_init_fits_the_pool_and_makes_the_bundle_servable(
+    bare_bundle: Path, pool_dir: Path, tmp_path: Path
+):
+    with pytest.raises(FileNotFoundError, match="policy init"):
+        Guard(bare_bundle, log=tmp_path / "l.sqlite")  # no policy yet
+    rc = main(
+        [
+            "policy",
+            "init",
+            str(bare_bundle),
+            "--pool",
+            str(pool_dir),
+            "--request",
+            "open the door",
+            "--request",
+            "pick up the knife",
+        ]
+    )
+    assert rc == 0
+    assert (bare_bundle / "policy.yaml").is_file()
+    assert (bare_bundle / "policies" / "policy-v0001.yaml").is_file()
+    cfg = load_policy(bare_bundle / "policy.yaml")
+    # independent recomputation: member scores of the same scenes, numpy median/IQR, mean S
+    b = load_bundle(bare_bundle)
+    scenes = pool_scenes(pool_dir, ["open the door", "pick up the knife"])
+    raw = {
+        bm.name: np.array([r.score for r in load_bundle_member(b, bm).score(scenes)])
+        for bm in b.members
+    }
+    z = []
+    for name, s in raw.items():
+        q75, q25 = np.percentile(s, [75, 25])
+        assert cfg.fusion.stats[name].median == pytest.approx(np.median(s), abs=1e-9)
+        assert cfg.fusion.stats[name].iqr == pytest.approx(q75 - q25, abs=1e-9)
+        z.append((s - np.median(s)) / (q75 - q25))
+    assert cfg.policy.threshold == pytest.approx(np.mean(np.mean(z, axis=0)), abs=1e-9)
+    with Guard(bare_bundle, log=tmp_path / "l.sqlite") as g:
+        d = g.check(Scene(scenes[0].image, "open the door"))
+    assert not d.fail_closed and d.policy == "frozen"
+
+
+def test_policy_init_situation_kind_and_refusals(bare_bundle: Path, pool_dir: Path, tmp_path: Path):
+    scenes = pool_scenes(pool_dir, ["water the plant"])
+    cfg = fit_pool_policy(bare_bundle, scenes, kind="situation", window=5, min_refs=2)
+    assert cfg.policy.kind == "situation" and cfg.policy.fallback.kind == "frozen"
+    with pytest.raises(CalibrationError, match="conformal"):
+        fit_pool_policy(bare_bundle, scenes, kind="conformal")
+    few = tmp_path / "few"
+    few.mkdir()
+    shutil.copy(next(pool_dir.iterdir()), few / "a.jpg")
+    with pytest.raises(CalibrationError, match="at least 8"):
+        pool_scenes(few, ["x"])
+    with pytest.raises(CalibrationError, match="request"):
+        pool_scenes(pool_dir, ["  "])
