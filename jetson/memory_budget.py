@@ -263,7 +263,8 @@ def render(counts: list[Counts]) -> str:
         "```bash",
         "# workstation",
         "spotstop export --member Qwen/Qwen3.5-2B --member LiquidAI/LFM2.5-VL-3B --out bundle --precision fp16",
-        "# fit policy.yaml for the printed bundle id / prompt hash, then copy bundle/ to the device",
+        "spotstop policy init bundle --pool frames/ --requests requests.txt   # first policy, unlabelled frames",
+        "# copy bundle/ to the device",
         "# device",
         "docker build -t spotstop-jetson -f jetson/Dockerfile .",
         "jetson/build_engines.sh /opt/spotstop/bundle     # TensorRT engines, on the device",
@@ -275,6 +276,12 @@ def render(counts: list[Counts]) -> str:
         f"Shapes: {IMAGE}x{IMAGE} image (256 visual tokens), sequence bucket {SEQ}, batch {BATCH}. "
         f"Assumed: {OS_RESERVED_GIB} GiB for L4T/OS, {RUNTIME_GIB} GiB for the CUDA context and "
         "runtime libraries, per process.",
+        "",
+        "**Config values.** Without `--config-dir` the dimensions are the ones recorded in "
+        "`RECORDED` in this script from the members' published `config.json`; they could not be "
+        "checked offline here. Regenerate with `python jetson/memory_budget.py --config-dir "
+        "Qwen3.5-2B=/models/Qwen3.5-2B --config-dir LFM2.5-VL-3B=/models/LFM2.5-VL-3B` (the real "
+        "snapshot folders) before relying on the numbers.",
         "",
         "Parameters (meta-device count from the config classes):",
         "",
