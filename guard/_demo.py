@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import io
 import shutil
-from datetime import UTC, datetime
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -69,12 +69,10 @@ def demo_scenes(n: int, *, seed: int, situations: list[str | None] | None = None
 
 def make_demo_bundle(root: Path, *, pool_size: int = 24, seed: int = 0) -> Path:
     """Tiny pair → bundle → frozen fit on an unlabelled pool → situation policy.yaml."""
-    from calibrate import fit_frozen
+    from calibrate._pool import fit_pool_policy
     from export.bundle import write_bundle
     from export.tiny import TINY_MEMBERS, build_tiny_pair
-    from guard._bundle import load_bundle
-    from guard._member import load_bundle_member
-    from guard._policy import PolicyConfig, SituationPolicy, dump_policy
+    from guard._policy import FrozenPolicy, SituationPolicy, dump_policy
 
     tiny = root / "tiny"
     if not all((tiny / m / "model.safetensors").is_file() for m in TINY_MEMBERS):
@@ -84,29 +82,20 @@ def make_demo_bundle(root: Path, *, pool_size: int = 24, seed: int = 0) -> Path:
     if bdir.exists():
         shutil.rmtree(bdir)
     write_bundle([tiny / m for m in TINY_MEMBERS], bdir, name="tiny-demo")
-    bundle = load_bundle(bdir)
     pool = demo_scenes(pool_size, seed=seed + 1000)
-    pool_scores: dict[str, Any] = {}
-    for bm in bundle.members:
-        m = load_bundle_member(bundle, bm)
-        pool_scores[bm.name] = np.array([r.score for r in m.score(pool)])
-    fit = fit_frozen(pool_scores)
+    fit = fit_pool_policy(bdir, pool, kind="frozen")  # fusion stats and the frozen cut t0
     policy = SituationPolicy(
-        window=8, min_refs=3, fallback=fit.policy, state_file="situations.json"
+        window=8, min_refs=3, fallback=cast(FrozenPolicy, fit.policy), state_file="situations.json"
     )
     dump_policy(
-        PolicyConfig(
-            bundle_id=bundle.bundle_id,
-            prompt_hash=bundle.prompt_hash,
-            fusion=fit.fusion,
+        replace(
+            fit,
             policy=policy,
             fitted_on={
+                **dict(fit.fitted_on),
                 "what": "unlabelled pool of generated demo scenes (TEST pair: meaningless)",
-                "n": fit.n,
                 "seed": seed + 1000,
-                "frozen_t0": fit.policy.threshold,
             },
-            created=datetime.now(UTC),
         ),
         bdir / "policy.yaml",
     )
