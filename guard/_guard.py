@@ -177,6 +177,7 @@ class Guard:
     state_file: where a situation policy keeps its windows (default: as policy.yaml says).
     store_images: also keep each scene's encoded image in the log (off by default; the log's
         size/age retention applies). Only used when ``log`` is a path.
+    threads: CPU threads per member backend (None: the library default, all cores).
     """
 
     def __init__(
@@ -190,6 +191,7 @@ class Guard:
         device: str = "cpu",
         verify: bool = True,
         store_images: bool = False,
+        threads: int | None = None,
     ) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle, verify=verify)
         if deadline_s is not None and not deadline_s > 0:
@@ -207,7 +209,9 @@ class Guard:
         self.member_errors: dict[str, str] = {}
         for bm in self.bundle.members:
             try:
-                self.members[bm.name] = load_bundle_member(self.bundle, bm, device=device)
+                self.members[bm.name] = load_bundle_member(
+                    self.bundle, bm, device=device, threads=threads
+                )
             except Exception as e:  # a member that cannot load makes every decision fail closed
                 self.member_errors[bm.name] = _reason("load", e)
         self.store_images = store_images and not isinstance(log, DecisionLog)

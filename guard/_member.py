@@ -162,6 +162,7 @@ def load_member(
     device: str = "cpu",
     dtype: str = "float32",
     template: RenderedTemplate | None = None,
+    threads: int | None = None,
 ) -> Member:
     """Load a member from a Hugging Face folder or hub id, ready to score.
 
@@ -169,7 +170,9 @@ def load_member(
     sizes, then the folder's ``spotstop_member.yaml`` hint, then the architecture's default
     (512x512 = 256 visual tokens, the paper's low-resolution setting). ``template`` is the
     pre-rendered chat template (from a bundle); without it the member's own template is
-    rendered with transformers.
+    rendered with transformers. ``threads`` caps the backend's intra-op CPU threads (None:
+    the library's default, all cores); a server that shares the CPU with its HTTP side runs
+    faster with one core left free.
     """
     cfg = config or ScoringConfig()
     folder = resolve_member(source, revision=revision)
@@ -192,13 +195,19 @@ def load_member(
     encoder = PromptEncoder(
         folder.tokenizer(), template, cfg.prompt, max_request_chars=cfg.max_request_chars
     )
-    backend_obj = get_backend_class(backend)(folder, device=device, dtype=dtype)
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise ConfigError(f"threads must be a positive integer or None; got {threads!r}.")
+    backend_obj = get_backend_class(backend)(folder, device=device, dtype=dtype, threads=threads)
     return Member(
         folder, encoder, geometry, backend_obj, name=member_name, batch_size=cfg.batch_size
     )
 
 
-def load_bundle_member(bundle: Bundle, member: BundleMember, *, device: str = "cpu") -> Member:
+def load_bundle_member(
+    bundle: Bundle, member: BundleMember, *, device: str = "cpu", threads: int | None = None
+) -> Member:
     """Load one member of a bundle with the bundle's prompt, grid, template and backend.
 
     Refuses a member whose prompt hash differs from the one the bundle recorded.
@@ -211,6 +220,7 @@ def load_bundle_member(bundle: Bundle, member: BundleMember, *, device: str = "c
         backend=member.backend,
         template=member.template,
         device=device,
+        threads=threads,
     )
     if m.prompt_hash != member.prompt_hash:
         raise MemberLoadError(

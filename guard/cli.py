@@ -326,6 +326,12 @@ def _add_serve(sub: Any) -> None:
     )
     p.add_argument("--state-file", type=Path, default=None, help="situation state file")
     p.add_argument("--device", default="cpu", help="members' device (default cpu)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for the models (default: all cores but one, at least 1)",
+    )
     p.add_argument("--no-warmup", action="store_true", help="skip the startup warm-up")
     p.add_argument(
         "--log-level",
@@ -337,6 +343,8 @@ def _add_serve(sub: Any) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
     try:
         from guard.serve import ServeSettings, load_guard, resolve_token, serve
     except ImportError as e:
@@ -371,6 +379,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         variants=tuple(dict.fromkeys(["scene", *(args.variant or [])])),
         state_file=args.state_file,
         device=args.device,
+        threads=args.threads if args.threads is not None else max(1, (os.cpu_count() or 2) - 1),
         warmup=not args.no_warmup,
         **given,
     )

@@ -193,3 +193,16 @@ def test_bad_requests_are_refused_before_any_model_work(loaded_members, request_
 def test_scene_variant_without_image_is_an_error(loaded_members):
     with pytest.raises(ConfigError, match="variant 'text'"):
         loaded_members["tiny-qwen3_5"].score([Scene(None, "open the door")])
+
+
+def test_threads_caps_the_backend_and_is_validated(tiny_pair: Path):
+    before = torch.get_num_threads()
+    try:
+        m = load_member(tiny_pair / "tiny-lfm2_vl", threads=1)
+        assert torch.get_num_threads() == 1
+        assert np.isfinite(m.score([Scene(make_image_bytes(0), "open the door")])[0].score)
+    finally:
+        torch.set_num_threads(before)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigError, match="threads"):
+            load_member(tiny_pair / "tiny-lfm2_vl", threads=bad)  # type: ignore[arg-type]

@@ -1136,3 +1136,12 @@ def test_unexpected_server_fault_is_a_json_500_and_the_client_fails_closed(
             d = gc.check(Scene(jpeg(), "boom"))
             assert d.label == "UNSAFE" and d.fail_closed and "500" in (d.fail_reason or "")
         assert c.post("/v1/check", **multipart(jpeg())).status_code == 200
+
+
+def test_threads_setting_is_validated(tmp_path: Path) -> None:
+    from guard.serve import ServeSettings
+    from guard.serve._errors import SettingsError
+
+    with pytest.raises(SettingsError, match="threads"):
+        ServeSettings(bundle=tmp_path, threads=0)
+    assert ServeSettings(bundle=tmp_path, threads=1).threads == 1

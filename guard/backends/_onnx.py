@@ -172,7 +172,12 @@ class OnnxBackend:
     name = "onnx"
 
     def __init__(
-        self, folder: MemberFolder, *, device: str = "cpu", dtype: str = "float32"
+        self,
+        folder: MemberFolder,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        threads: int | None = None,
     ) -> None:
         # ``dtype`` is the torch backend's knob; an exported member's precision is fixed at
         # export time (spotstop_onnx.yaml: precision) and its inputs/outputs are float32.
@@ -191,6 +196,8 @@ class OnnxBackend:
         self.device = device
         self._options = ort.SessionOptions()
         self._options.log_severity_level = 3
+        if threads is not None:  # intra-op threads; None = onnxruntime's default (all cores)
+            self._options.intra_op_num_threads = threads
         self.resident = self.meta.get("sessions", "resident") != "on-demand"
         self._vision_path = folder.path / self.meta["vision"]
         self._vision: Any = None

@@ -31,7 +31,12 @@ class TorchBackend:
     name = "torch"
 
     def __init__(
-        self, folder: MemberFolder, *, device: str = "cpu", dtype: str = "float32"
+        self,
+        folder: MemberFolder,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        threads: int | None = None,
     ) -> None:
         from transformers import AutoModelForImageTextToText
 
@@ -39,6 +44,8 @@ class TorchBackend:
             raise MemberLoadError(f"dtype must be one of {sorted(_DTYPES)}; got {dtype!r}.")
         self.folder = folder
         self.device = torch.device(device)
+        if threads is not None:  # torch's intra-op pool is process-wide: the last setting wins
+            torch.set_num_threads(threads)
         try:
             model: Any = AutoModelForImageTextToText.from_pretrained(
                 str(folder.path), dtype=_DTYPES[dtype], revision=folder.revision

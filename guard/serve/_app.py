@@ -68,6 +68,7 @@ def load_guard(settings: ServeSettings) -> Guard:
         variants=settings.variants,
         state_file=settings.state_file,
         device=settings.device,
+        threads=settings.threads,
     )
 
 
