@@ -725,7 +725,16 @@ def scene_blind_readers(
     p = math.nan
     names: tuple[str, ...] = ()
     longest_rule = None
-    if feats is not None and (y == 0).any() and (y == 1).any():
+    n_groups = int(np.unique(grp).size)
+    if feats is not None and n_groups < n_folds:
+        warnings.warn(
+            f"the file reader needs at least n_folds={n_folds} independent groups for its "
+            f"grouped out-of-fold fit; these cases form {n_groups}. Its AUROC is reported as "
+            "undefined (NaN); label more contrasts/situations.",
+            UndefinedMetricWarning,
+            stacklevel=2,
+        )
+    elif feats is not None and (y == 0).any() and (y == 1).any():
         X, cols = feats
         names = tuple(cols)
         folds = grouped_folds(grp, n_folds)

@@ -160,3 +160,13 @@ def test_fast_auroc_with_ties():
     y = rng.integers(0, 2, 200).astype(np.int8)
     s = rng.integers(0, 5, 200).astype(float)
     assert _fast_auroc(y, s) == pytest.approx(roc_auc_score(y, s))
+
+
+def test_file_reader_with_too_few_groups_warns_and_is_undefined():
+    from diagnostics import UndefinedMetricWarning, scene_blind_readers, simulate_log
+
+    table = simulate_log(3, rng=4)
+    assert np.unique(table.group).size < 5
+    with pytest.warns(UndefinedMetricWarning, match="n_folds"):
+        res = scene_blind_readers(table, n_boot=50, n_permutations=10, n_splits=10, rng=0)
+    assert res.file_reader is None and math.isnan(res.file_reader_p)
