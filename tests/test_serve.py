@@ -763,6 +763,19 @@ def test_deadline_spent_in_queue_is_503_and_overrun_fails_closed(bundle: Path, t
         bundle, tmp_path, queue_size=8, max_batch=8, deadline_s=0.3, warmup=False
     )
     g = stand_in(load_guard(settings), delay_s=0.2)  # two members: 0.4 s > deadline
+    # The first check also holds the model thread for 1 s before scoring, so every other
+    # request surely waits past its 0.3 s deadline in the queue (without this the test
+    # depended on sub-second arrival timing and flaked on a loaded machine).
+    real = g.check_batch
+    first = threading.Event()
+
+    def hold_first(scenes: Any, **kw: Any) -> Any:
+        if not first.is_set():
+            first.set()
+            time.sleep(1.0)
+        return real(scenes, **kw)
+
+    g.check_batch = hold_first  # type: ignore[method-assign]
     with live_server(settings, g) as srv:
 
         def one(i: int) -> httpx.Response:
