@@ -39,7 +39,9 @@ import numpy as np
 def _bundle(arg: Path | None) -> Path:
     if arg is not None:
         return arg
-    root = Path(os.environ.get("SPOTSTOP_HOME") or Path.home() / ".cache" / "spotstop") / "bench"
+    from guard._config import spotstop_home
+
+    root = spotstop_home() / "bench"
     if not (root / "bundle" / "policy.yaml").is_file():
         from guard._demo import make_demo_bundle
 

@@ -21,6 +21,7 @@ import yaml
 from guard._bundle import BUNDLE_FORMAT, BUNDLE_VERSION, pair_prompt_hash, sha256_file
 from guard._config import ScoringConfig
 from guard._hf import render_template, resolve_member
+from guard._member import resolve_image_size
 from guard._prompt import prompt_hash
 
 __all__ = ["write_bundle"]
@@ -54,11 +55,7 @@ def write_bundle(
         mname = folder.path.name
         if mname in hashes:
             raise ValueError(f"two members are named {mname!r}; member folder names must differ.")
-        size = (
-            cfg.member_image_size.get(mname)
-            or cfg.image_size
-            or (tuple(folder.hints["image_size"]) if "image_size" in folder.hints else None)
-        )
+        size = resolve_image_size(folder, cfg, mname)
         g = folder.arch.geometry(folder.config, folder.preprocessor, size)
         template = render_template(folder, cfg.prompt)
         ph = prompt_hash(cfg.prompt, template, folder.model_type)

@@ -43,6 +43,7 @@ from export.configs import PRECISIONS, ExportConfig, get_export_config
 from guard._config import ScoringConfig
 from guard._hf import MEMBER_HINTS, TEST_PAIR_MARKER, MemberFolder, render_template, resolve_member
 from guard._image import gray_image
+from guard._member import resolve_image_size
 from guard._prompt import PromptEncoder, RenderedTemplate, ScorePlan, prompt_hash
 from guard.backends._onnx import (
     GRAPHS_FILE,
@@ -489,12 +490,7 @@ def export_member(
     folder = resolve_member(source)
     mname = name or folder.path.name
     ecfg = get_export_config(folder.model_type)
-    size = (
-        image_size
-        or cfg_s.member_image_size.get(mname)
-        or cfg_s.image_size
-        or (tuple(folder.hints["image_size"]) if "image_size" in folder.hints else None)
-    )
+    size = resolve_image_size(folder, cfg_s, mname, image_size)
     g = folder.arch.geometry(folder.config, folder.preprocessor, size)
     template = render_template(folder, cfg_s.prompt)
     encoder = PromptEncoder(folder.tokenizer(), template, cfg_s.prompt)

@@ -471,10 +471,9 @@ class TinyPair:
 
 def default_tiny_dir() -> Path:
     """``$SPOTSTOP_HOME/tiny`` (default ``~/.cache/spotstop/tiny``)."""
-    import os
+    from guard._config import spotstop_home
 
-    home = os.environ.get("SPOTSTOP_HOME") or str(Path.home() / ".cache" / "spotstop")
-    return Path(home) / "tiny"
+    return spotstop_home() / "tiny"
 
 
 def build_tiny_pair(

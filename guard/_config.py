@@ -7,6 +7,7 @@ are errors too (a typo must not silently fall back to a default).
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,12 @@ import yaml
 from guard._errors import ConfigError
 from guard._prompt import MAX_REQUEST_CHARS, PromptSpec
 
-__all__ = ["ScoringConfig", "load_scoring_config", "parse_image_size"]
+__all__ = ["ScoringConfig", "load_scoring_config", "parse_image_size", "spotstop_home"]
+
+
+def spotstop_home() -> Path:
+    """Where spotstop keeps its working files: ``$SPOTSTOP_HOME``, else ``~/.cache/spotstop``."""
+    return Path(os.environ.get("SPOTSTOP_HOME") or Path.home() / ".cache" / "spotstop")
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,7 @@ class Guard:
         self.deadline_s = deadline_s
         self._state_file = state_file
         self.policy_config: PolicyConfig = self._load_policy(self.bundle.policy_path)
+        self._member_names = tuple(m.name for m in self.bundle.members)
         self.members: dict[str, Member] = {}
         self.member_errors: dict[str, str] = {}
         for bm in self.bundle.members:
@@ -415,8 +416,8 @@ class Guard:
         return out
 
     @property
-    def bundle_member_names(self) -> list[str]:
-        return [m.name for m in self.bundle.members]
+    def bundle_member_names(self) -> tuple[str, ...]:
+        return self._member_names
 
     def _record(
         self, w: _Work, label: str, fused: float, thr: float, policy: str
@@ -495,7 +496,3 @@ class Guard:
                 )
             )
         return out
-
-
-def default_log_path(bundle: str | os.PathLike[str]) -> Path:
-    return Path(bundle) / "decisions.sqlite"

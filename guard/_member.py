@@ -20,7 +20,7 @@ from guard._prompt import PromptEncoder, RenderedTemplate, prompt_hash
 from guard._types import VARIANTS, MemberScore, Scene, Variant
 from guard.backends import get_backend_class
 
-__all__ = ["Member", "MemberInfo", "load_bundle_member", "load_member"]
+__all__ = ["Member", "MemberInfo", "load_bundle_member", "load_member", "resolve_image_size"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,27 @@ class Member:
         ]
 
 
+def resolve_image_size(
+    folder: MemberFolder,
+    config: ScoringConfig,
+    name: str,
+    explicit: tuple[int, int] | None = None,
+) -> tuple[int, int] | None:
+    """The image grid for a member: ``explicit``, then the config's per-member and global
+    sizes, then the folder's ``spotstop_member.yaml`` hint; None = the architecture default."""
+    if explicit is not None:
+        return explicit
+    if name in config.member_image_size:
+        return config.member_image_size[name]
+    if config.image_size is not None:
+        return config.image_size
+    if "image_size" in folder.hints:
+        return parse_image_size(
+            folder.hints["image_size"], f"{folder.path}/spotstop_member.yaml:image_size"
+        )
+    return None
+
+
 def load_member(
     source: str | os.PathLike[str],
     *,
@@ -177,18 +198,7 @@ def load_member(
     cfg = config or ScoringConfig()
     folder = resolve_member(source, revision=revision)
     member_name = name or Path(folder.path).name
-    size = (
-        image_size
-        or cfg.member_image_size.get(member_name)
-        or cfg.image_size
-        or (
-            parse_image_size(
-                folder.hints["image_size"], f"{folder.path}/spotstop_member.yaml:image_size"
-            )
-            if "image_size" in folder.hints
-            else None
-        )
-    )
+    size = resolve_image_size(folder, cfg, member_name, image_size)
     geometry = folder.arch.geometry(folder.config, folder.preprocessor, size)
     if template is None:  # a bundle carries it pre-rendered; a bare folder needs transformers
         template = render_template(folder, cfg.prompt)

@@ -177,14 +177,10 @@ def _add_demo(sub: Any) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    import os
-
+    from guard._config import spotstop_home
     from guard._demo import run_demo
 
-    root = (
-        args.dir
-        or Path(os.environ.get("SPOTSTOP_HOME") or Path.home() / ".cache" / "spotstop") / "demo"
-    )
+    root = args.dir or spotstop_home() / "demo"
     root.mkdir(parents=True, exist_ok=True)
     run_demo(root, seed=args.seed)
     return 0
@@ -223,17 +219,12 @@ def _add_check(sub: Any) -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    import os
 
+    from guard._config import spotstop_home
     from guard._guard import Guard
     from guard._types import Scene
 
-    bundle = (
-        args.bundle
-        or Path(os.environ.get("SPOTSTOP_HOME") or Path.home() / ".cache" / "spotstop")
-        / "demo"
-        / "bundle"
-    )
+    bundle = args.bundle or spotstop_home() / "demo" / "bundle"
     if not args.image.is_file():
         print(
             f"spotstop check: image {args.image} does not exist or is not a file.", file=sys.stderr
