@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ __all__ = [
     "Bundle",
     "BundleError",
     "BundleMember",
+    "is_device_built",
     "load_bundle",
     "pair_prompt_hash",
     "sha256_file",
@@ -68,12 +71,55 @@ class Bundle:
         return f"Bundle({self.bundle_id}, members=[{names}], prompt_hash={self.prompt_hash}{tp})"
 
 
+#: (device, inode, size, mtime_ns) of a file → its sha256, for files hashed in this process.
+_DIGESTS: dict[tuple[int, int, int, int], str] = {}
+_DIGESTS_LOCK = threading.Lock()
+
+
 def sha256_file(path: Path) -> str:
+    """sha256 of a file's bytes.
+
+    A bundle's graphs are hashed when the manifest is verified and again when a TensorRT
+    engine record is checked against them (gigabytes on a real pair): the digest is kept per
+    (device, inode, size, mtime) in this process, so an unchanged file is read once, and a
+    file that was replaced or written since is read again. File times tick coarsely (a few
+    ms), so a digest is kept only for a file last written at least 2 s before it was read
+    and unchanged while it was read: a later write then always shows in its mtime.
+    """
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    with _DIGESTS_LOCK:
+        hit = _DIGESTS.get(key)
+    if hit is not None:
+        return hit
+    settled = time.time_ns() - st.st_mtime_ns > 2_000_000_000
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    after = os.stat(path)
+    if settled and (after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns) == key:
+        with _DIGESTS_LOCK:
+            _DIGESTS[key] = digest
+    return digest
+
+
+def is_device_built(rel: str) -> bool:
+    """Whether a bundle path is built on the device after export, not part of the artifact.
+
+    TensorRT engines, their record and build logs (``members/<name>/trt/*.plan``,
+    ``trt/engines.yaml``, ``*.log``) are made on the target by ``trt/build.sh``: they are
+    checked by the engine record (``guard.backends._trt``), not by the manifest's sha256
+    list, so rebuilding them on the device does not break the bundle's verification.
+    """
+    parts = Path(rel).parts
+    return (
+        len(parts) >= 2
+        and parts[-2] == "trt"
+        and rel != "trt/build.sh"
+        and Path(rel).suffix in (".plan", ".yaml", ".log")
+    )
 
 
 def pair_prompt_hash(member_hashes: Mapping[str, str]) -> str:
@@ -112,6 +158,8 @@ def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
     if verify:
         bad = []
         for rel, digest in files.items():
+            if is_device_built(rel):  # verified by the engine record when a backend uses it
+                continue
             f = root / rel
             if not f.is_file():
                 bad.append(f"{rel}: missing")

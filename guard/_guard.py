@@ -178,6 +178,10 @@ class Guard:
     store_images: also keep each scene's encoded image in the log (off by default; the log's
         size/age retention applies). Only used when ``log`` is a path.
     threads: CPU threads per member backend (None: the library default, all cores).
+    backend: run every member on this backend instead of the one the manifest names, e.g.
+        ``"tensorrt"`` (with ``device="cuda"``) for the engines built on the device from an
+        exported bundle's graphs. A member that cannot load on it (library, GPU or engines
+        missing) makes every decision a fail-closed UNSAFE that says why.
     """
 
     def __init__(
@@ -192,6 +196,7 @@ class Guard:
         verify: bool = True,
         store_images: bool = False,
         threads: int | None = None,
+        backend: str | None = None,
     ) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle, verify=verify)
         if deadline_s is not None and not deadline_s > 0:
@@ -211,7 +216,7 @@ class Guard:
         for bm in self.bundle.members:
             try:
                 self.members[bm.name] = load_bundle_member(
-                    self.bundle, bm, device=device, threads=threads
+                    self.bundle, bm, device=device, threads=threads, backend=backend
                 )
             except Exception as e:  # a member that cannot load makes every decision fail closed
                 self.member_errors[bm.name] = _reason("load", e)

@@ -216,18 +216,38 @@ def load_member(
 
 
 def load_bundle_member(
-    bundle: Bundle, member: BundleMember, *, device: str = "cpu", threads: int | None = None
+    bundle: Bundle,
+    member: BundleMember,
+    *,
+    device: str = "cpu",
+    threads: int | None = None,
+    backend: str | None = None,
 ) -> Member:
     """Load one member of a bundle with the bundle's prompt, grid, template and backend.
 
-    Refuses a member whose prompt hash differs from the one the bundle recorded.
+    ``backend`` overrides the backend the manifest names (``onnx`` for an exported bundle):
+    ``"tensorrt"`` runs the engines built on the device from the same ONNX graphs
+    (``trt/build.sh``; see :mod:`guard.backends._trt`). Refuses a member whose prompt hash
+    differs from the one the bundle recorded.
     """
+    if backend is not None and backend != member.backend:
+        if member.backend == "torch":
+            raise MemberLoadError(
+                f"member {member.name} of bundle {bundle.bundle_id} is a Hugging Face folder "
+                f"(backend torch), not an exported one: it cannot run on {backend!r}. Export "
+                "the bundle with `spotstop export` first."
+            )
+        if backend == "torch":
+            raise MemberLoadError(
+                f"member {member.name} is exported ({member.backend}); the torch backend needs "
+                "the Hugging Face weights, which a bundle does not carry."
+            )
     m = load_member(
         member.path,
         name=member.name,
         config=ScoringConfig(prompt=bundle.prompt),
         image_size=member.image_size,
-        backend=member.backend,
+        backend=backend or member.backend,
         template=member.template,
         device=device,
         threads=threads,

@@ -215,7 +215,31 @@ def _add_check(sub: Any) -> None:
         help="seconds; past it the answer is UNSAFE (fail-closed)",
     )
     p.add_argument("--json", action="store_true", help="print the decision as JSON")
+    _add_backend_args(p)
     p.set_defaults(func=_cmd_check)
+
+
+def _add_backend_args(p: Any) -> None:
+    p.add_argument(
+        "--backend",
+        choices=["onnx", "tensorrt", "torch"],
+        default=None,
+        help=(
+            "run the members on this backend instead of the manifest's (tensorrt: the engines "
+            "built on this device by BUNDLE/trt/build.sh)"
+        ),
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="members' device: cpu, cuda, cuda:N (default cpu; cuda with --backend tensorrt)",
+    )
+
+
+def _device(args: argparse.Namespace) -> str:
+    if args.device is not None:
+        return str(args.device)
+    return "cuda" if args.backend == "tensorrt" else "cpu"
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -236,7 +260,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    with Guard(bundle, log=args.log, deadline_s=args.deadline) as guard:
+    with Guard(
+        bundle,
+        log=args.log,
+        deadline_s=args.deadline,
+        device=_device(args),
+        backend=args.backend,
+    ) as guard:
         d = guard.check(Scene(args.image.read_bytes(), args.request, args.situation))
     if args.json:
         print(json.dumps(d.to_dict(), indent=2))
@@ -316,7 +346,7 @@ def _add_serve(sub: Any) -> None:
         help="passes per scene (default scene; gray/text add diagnostic scores); repeatable",
     )
     p.add_argument("--state-file", type=Path, default=None, help="situation state file")
-    p.add_argument("--device", default="cpu", help="members' device (default cpu)")
+    _add_backend_args(p)
     p.add_argument(
         "--threads",
         type=int,
@@ -369,7 +399,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         log=args.log,
         variants=tuple(dict.fromkeys(["scene", *(args.variant or [])])),
         state_file=args.state_file,
-        device=args.device,
+        device=_device(args),
+        backend=args.backend,
         threads=args.threads if args.threads is not None else max(1, (os.cpu_count() or 2) - 1),
         warmup=not args.no_warmup,
         **given,
@@ -520,9 +551,11 @@ def _add_export(sub: Any) -> None:
     p.add_argument("--out", type=Path, required=True, help="bundle folder to write (replaced)")
     p.add_argument(
         "--precision",
-        choices=["fp32", "fp16", "int8", "int4"],
+        choices=["fp32", "fp16", "int8", "int4", "int4-trt"],
         default="fp32",
-        help="graph weights: fp32, fp16, or weight-only int8/int4 (MatMulNBits, block 128)",
+        help="graph weights: fp32, fp16, weight-only int8/int4 (MatMulNBits, block 128, "
+        "onnxruntime only) or int4-trt (INT4 DequantizeLinear -> MatMul, block 128: TensorRT "
+        "and onnxruntime; nvidia-modelopt's quantizer when installed)",
     )
     p.add_argument(
         "--image-size",
@@ -590,9 +623,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
         return 1
     for m in b.members:
         print(
-            f"{m.name:<24} {m.model_type:<8} {m.precision:<5} {m.weight_bytes / 2**20:9.2f} MiB  buckets {list(m.buckets)}"
+            f"{m.name:<24} {m.model_type:<8} {m.precision:<8} {m.weight_bytes / 2**20:9.2f} MiB  buckets {list(m.buckets)}"
         )
-    print(f"{'pair':<24} {'':<8} {b.precision:<5} {b.weight_bytes / 2**20:9.2f} MiB")
+    print(f"{'pair':<24} {'':<8} {b.precision:<8} {b.weight_bytes / 2**20:9.2f} MiB")
     print(f"bundle {b.path}  id {b.bundle_id}  prompt_hash {b.prompt_hash}  tensorrt: {b.trt}")
     print(
         f"next: `spotstop verify-bundle {b.path}`, then fit its first policy on unlabelled "

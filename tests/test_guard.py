@@ -341,3 +341,46 @@ def test_per_call_deadline_overrides_the_guards(bundle_copy: Path, tmp_path: Pat
         assert d.label == "SAFE" and not d.fail_closed
         with pytest.raises(Exception, match="deadline_s must be > 0"):
             g.check(_scene(), deadline_s=0)
+
+
+def test_file_digest_is_cached_only_for_settled_unchanged_files(tmp_path: Path):
+    """sha256_file reads a settled file once, and always rereads a file written since."""
+    import hashlib
+    import os
+
+    from guard import _bundle
+
+    def truth(p: Path) -> str:
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+
+    fresh = tmp_path / "fresh.bin"
+    fresh.write_bytes(b"a" * 1000)
+    assert _bundle.sha256_file(fresh) == truth(fresh)
+    fresh.write_bytes(b"b" * 1000)  # same size, possibly the same coarse mtime tick
+    assert _bundle.sha256_file(fresh) == truth(fresh)  # a fresh file is never cached
+
+    settled = tmp_path / "settled.bin"
+    settled.write_bytes(b"c" * 1000)
+    old = time.time_ns() - 10_000_000_000
+    os.utime(settled, ns=(old, old))
+    assert _bundle.sha256_file(settled) == truth(settled)
+    st = settled.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    assert _bundle._DIGESTS[key] == truth(settled)
+    reads = []
+    real_open = open
+
+    def counting_open(*a, **k):
+        reads.append(a[0])
+        return real_open(*a, **k)
+
+    import builtins
+
+    builtins.open = counting_open
+    try:
+        assert _bundle.sha256_file(settled) == truth(settled)
+    finally:
+        builtins.open = real_open
+    assert str(settled) not in [str(r) for r in reads]  # served from the cache
+    settled.write_bytes(b"d" * 1000)  # a write moves the mtime: read again
+    assert _bundle.sha256_file(settled) == truth(settled)

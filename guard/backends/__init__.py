@@ -39,6 +39,12 @@ class Backend(Protocol):
 BACKENDS: dict[str, tuple[str, str, str]] = {
     "torch": ("guard.backends._torch", "TorchBackend", "pip install 'spotstop[export]'"),
     "onnx": ("guard.backends._onnx", "OnnxBackend", "pip install onnxruntime (or onnxruntime-gpu)"),
+    "tensorrt": (
+        "guard.backends._trt",
+        "TensorRTBackend",
+        "pip install 'spotstop[gpu]' (tensorrt>=10 and cuda-python; on a Jetson, JetPack's "
+        "python3-libnvinfer and pip install cuda-python)",
+    ),
 }
 
 

@@ -69,6 +69,7 @@ def load_guard(settings: ServeSettings) -> Guard:
         state_file=settings.state_file,
         device=settings.device,
         threads=settings.threads,
+        backend=settings.backend,
     )
 
 

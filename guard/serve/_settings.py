@@ -124,6 +124,10 @@ class ServeSettings:
         Situation-policy state file override.
     device:
         Device of the members' backend.
+    backend:
+        Run every member on this backend instead of the one the manifest names (e.g.
+        ``tensorrt`` with device ``cuda``: the engines built on the device by the bundle's
+        ``trt/build.sh``). None: as the manifest says.
     threads:
         CPU threads of the members' backend (intra-op). None: the library default (all
         cores). ``spotstop serve`` defaults to all cores but one, so the HTTP side and the
@@ -153,6 +157,7 @@ class ServeSettings:
     variants: tuple[Variant, ...] = ("scene",)
     state_file: Path | None = None
     device: str = "cpu"
+    backend: str | None = None
     threads: int | None = None
     warmup: bool = True
     sighup: bool = True
@@ -203,6 +208,13 @@ def _check_settings(s: ServeSettings) -> None:
         _positive_int(name, getattr(s, name))
     if s.threads is not None:
         _positive_int("threads", s.threads)
+    if s.backend is not None:
+        from guard.backends import BACKENDS
+
+        if s.backend not in BACKENDS:
+            raise SettingsError(
+                f"backend must be one of {sorted(BACKENDS)} or None; got {s.backend!r}."
+            )
     if s.max_batch > s.queue_size:
         raise SettingsError(
             f"max_batch ({s.max_batch}) must not exceed queue_size ({s.queue_size}): a batch "
