@@ -19,9 +19,11 @@ Same seed → byte-identical files (checked by ``tests/test_tiny.py``).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from guard._hf import MEMBER_HINTS, TEST_PAIR_MARKER
 __all__ = [
     "TINY_MEMBERS",
     "TinyPair",
+    "build_random_member",
     "build_tiny_member",
     "build_tiny_pair",
     "default_tiny_dir",
@@ -261,28 +264,33 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _marker_text(arch: str) -> str:
+def _marker_text(arch: str, built_by: str = "`spotstop tiny`") -> str:
     return (
         "SPOTSTOP TEST PAIR — NOT A SAFETY MODEL\n"
         f"architecture: {arch}\n"
-        "This folder was built by `spotstop tiny` from the real configuration class with\n"
+        f"This folder was built by {built_by} from the real configuration class with\n"
         "seeded random weights and a locally trained tokenizer. Its scores and decisions\n"
         "mean nothing. Use it to test code paths, never to guard a robot.\n"
     )
 
 
-def _write_markers(out: Path, arch: str) -> None:
-    (out / TEST_PAIR_MARKER).write_text(_marker_text(arch), encoding="utf-8")
+def _write_markers(
+    out: Path,
+    arch: str,
+    image_size: tuple[int, int] | None = (_IMAGE_SIZE, _IMAGE_SIZE),
+    built_by: str = "`spotstop tiny`",
+) -> None:
+    (out / TEST_PAIR_MARKER).write_text(_marker_text(arch, built_by), encoding="utf-8")
+    size = "" if image_size is None else f"image_size: [{image_size[0]}, {image_size[1]}]\n"
     (out / MEMBER_HINTS).write_text(
         "# spotstop hints for this member folder\n"
-        "test_pair: true  # seeded random weights: decisions mean nothing\n"
-        f"image_size: [{_IMAGE_SIZE}, {_IMAGE_SIZE}]\n",
+        "test_pair: true  # seeded random weights: decisions mean nothing\n" + size,
         encoding="utf-8",
     )
 
 
 def _build_qwen(out: Path, seed: int) -> None:
-    from transformers import PreTrainedTokenizerFast, Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     tok = _train_tokenizer(_QWEN_SPECIALS, _QWEN_ADDED, seed, qwen_style=True)
     ids = {t: tok.token_to_id(t) for t in _QWEN_SPECIALS + _QWEN_ADDED}
@@ -339,6 +347,14 @@ def _build_qwen(out: Path, seed: int) -> None:
     _seed_all(seed)
     model = Qwen3_5ForConditionalGeneration(config).eval()
     _save_model(model, out)
+    _save_qwen_files(tok, out)
+    _write_markers(out, "qwen3_5")
+
+
+def _save_qwen_files(tok: Any, out: Path, *, max_length: int = 2048) -> None:
+    """The Qwen-shaped tokenizer files and image-processor config of a member folder."""
+    from transformers import PreTrainedTokenizerFast
+
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -346,7 +362,7 @@ def _build_qwen(out: Path, seed: int) -> None:
         unk_token=None,
         additional_special_tokens=[t for t in _QWEN_SPECIALS if t != "<|endoftext|>"],
         chat_template=_QWEN_TEMPLATE,
-        model_max_length=2048,
+        model_max_length=max_length,
     )
     hf_tok.save_pretrained(out)
     _write_json(
@@ -367,11 +383,10 @@ def _build_qwen(out: Path, seed: int) -> None:
             "resample": 3,
         },
     )
-    _write_markers(out, "qwen3_5")
 
 
 def _build_lfm(out: Path, seed: int) -> None:
-    from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration, PreTrainedTokenizerFast
+    from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
 
     tok = _train_tokenizer(_LFM_SPECIALS, [], seed + 1, qwen_style=False)
     ids = {t: tok.token_to_id(t) for t in _LFM_SPECIALS}
@@ -408,6 +423,22 @@ def _build_lfm(out: Path, seed: int) -> None:
     _seed_all(seed)
     model = Lfm2VlForConditionalGeneration(config).eval()
     _save_model(model, out)
+    _save_lfm_files(tok, out)
+    _write_markers(out, "lfm2_vl")
+
+
+def _save_lfm_files(
+    tok: Any,
+    out: Path,
+    *,
+    max_length: int = 2048,
+    min_image_tokens: int = 4,
+    max_image_tokens: int = 64,
+    downsample_factor: int = 2,
+) -> None:
+    """The LFM2-VL-shaped tokenizer files and image-processor config of a member folder."""
+    from transformers import PreTrainedTokenizerFast
+
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|startoftext|>",
@@ -418,7 +449,7 @@ def _build_lfm(out: Path, seed: int) -> None:
             t for t in _LFM_SPECIALS if t not in ("<|startoftext|>", "<|im_end|>", "<|pad|>")
         ],
         chat_template=_LFM_TEMPLATE,
-        model_max_length=2048,
+        model_max_length=max_length,
     )
     hf_tok.save_pretrained(out)
     _write_json(
@@ -426,10 +457,10 @@ def _build_lfm(out: Path, seed: int) -> None:
         {
             "image_processor_type": "Lfm2VlImageProcessor",
             "do_image_splitting": False,
-            "downsample_factor": 2,
+            "downsample_factor": downsample_factor,
             "encoder_patch_size": 16,
-            "min_image_tokens": 4,
-            "max_image_tokens": 64,
+            "min_image_tokens": min_image_tokens,
+            "max_image_tokens": max_image_tokens,
             "do_normalize": True,
             "do_rescale": True,
             "rescale_factor": 1 / 255,
@@ -440,7 +471,6 @@ def _build_lfm(out: Path, seed: int) -> None:
             "tile_size": 512,
         },
     )
-    _write_markers(out, "lfm2_vl")
 
 
 _BUILDERS = {"tiny-qwen3_5": _build_qwen, "tiny-lfm2_vl": _build_lfm}
@@ -457,6 +487,109 @@ def build_tiny_member(name: str, out: str | Path, *, seed: int = 0) -> Path:
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     _BUILDERS[name](path, seed)
+    return path
+
+
+_TORCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def build_random_member(
+    model_type: str,
+    config: Mapping[str, Any],
+    out: str | Path,
+    *,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    image_size: tuple[int, int] | None = None,
+) -> Path:
+    """Build a member folder at ``config``'s dimensions with seeded random weights; return it.
+
+    A TEST member like the tiny pair (marked so; its scores mean nothing), but at any size:
+    ``config`` holds the keyword arguments of the architecture's config class
+    (``Qwen3_5Config`` for ``qwen3_5``, ``Lfm2VlConfig`` for ``lfm2_vl``) as
+    ``jetson/memory_budget.py`` records the real members' (``text_config``/``vision_config``
+    dicts; a ``model_type`` key, if present, must equal ``model_type``). It is not modified.
+
+    * Tokenizer: the tiny pair's, trained here (its few hundred ids fit any real vocabulary;
+      a prompt tokenizes into more, shorter pieces than with the real tokenizer). The
+      config's special-token ids are replaced by this tokenizer's; chat template and image
+      processor config are shaped like the real member's.
+    * Weights: the model's own initializers after seeding, built directly in ``dtype`` on
+      ``device`` (``"cuda"`` keeps a multi-billion-parameter init fast and out of host
+      memory), saved with ``save_pretrained`` so the folder loads like a real snapshot.
+    * ``image_size`` is written as the folder's hint; None leaves the architecture default
+      (512x512 → 256 visual tokens).
+
+    Same seed, dtype, device and library versions → the same weights. The tiny pair is built
+    by :func:`build_tiny_member`, not by this function (its files stay byte-identical).
+    """
+    import torch
+    from transformers import (
+        Lfm2VlConfig,
+        Lfm2VlForConditionalGeneration,
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+    )
+
+    if model_type not in ("qwen3_5", "lfm2_vl"):
+        raise ValueError(f"model_type must be 'qwen3_5' or 'lfm2_vl'; got {model_type!r}.")
+    if dtype not in _TORCH_DTYPES:
+        raise ValueError(f"dtype must be one of {list(_TORCH_DTYPES)}; got {dtype!r}.")
+    values: dict[str, Any] = copy.deepcopy(dict(config))
+    given = values.pop("model_type", model_type)
+    if given != model_type:
+        raise ValueError(f"config says model_type {given!r} but {model_type!r} was asked for.")
+    values.pop("architectures", None)
+    text = dict(values.get("text_config") or {})
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    if model_type == "qwen3_5":
+        tok = _train_tokenizer(_QWEN_SPECIALS, _QWEN_ADDED, seed, qwen_style=True)
+        ids = {t: tok.token_to_id(t) for t in _QWEN_SPECIALS + _QWEN_ADDED}
+        text.update(eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+        values.update(
+            image_token_id=ids["<|image_pad|>"],
+            video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+        )
+        cfg: Any = Qwen3_5Config(**{**values, "text_config": text})
+        cls: Any = Qwen3_5ForConditionalGeneration
+    else:
+        tok = _train_tokenizer(_LFM_SPECIALS, [], seed + 1, qwen_style=False)
+        ids = {t: tok.token_to_id(t) for t in _LFM_SPECIALS}
+        text.update(
+            pad_token_id=ids["<|pad|>"],
+            bos_token_id=ids["<|startoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+        )
+        values.update(image_token_id=ids["<image>"])
+        cfg = Lfm2VlConfig(**{**values, "text_config": text})
+        cls = Lfm2VlForConditionalGeneration
+    vocab = int(cfg.get_text_config().vocab_size)
+    if vocab < tok.get_vocab_size():
+        raise ValueError(
+            f"text_config.vocab_size {vocab} is smaller than the test tokenizer's "
+            f"{tok.get_vocab_size()} ids."
+        )
+    _seed_all(seed)
+    with torch.device(device):
+        model = cls._from_config(cfg, dtype=getattr(torch, dtype)).eval()
+    _save_model(model, path)
+    del model
+    if model_type == "qwen3_5":
+        _save_qwen_files(tok, path)
+    else:
+        tokens = ((image_size or (512, 512))[0] // 32) * ((image_size or (512, 512))[1] // 32)
+        _save_lfm_files(
+            tok,
+            path,
+            min_image_tokens=min(64, tokens),
+            max_image_tokens=max(256, tokens),
+            downsample_factor=int(values.get("downsample_factor", 2)),
+        )
+    _write_markers(path, model_type, image_size, built_by="export.tiny.build_random_member")
     return path
 
 
