@@ -15,9 +15,17 @@ scoring graph on the same inputs (a gray image, generated images, the request-on
 ALL failures are reported together in one :class:`ExportValidationError`; then the graphs are
 converted to the requested precision and validated again with that precision's tolerances.
 
-Precisions: ``fp32``; ``fp16`` (onnxruntime's float16 converter, float32 inputs/outputs kept);
-``int8`` / ``int4`` weight-only (onnxruntime ``MatMulNBitsQuantizer``: symmetric, block 128,
-every MatMul with a constant weight; embedding tables stored as float16).
+Precisions: ``fp32``; ``fp16`` (:func:`to_fp16`: onnxruntime's float16 converter, float32
+inputs/outputs kept, the normalisers, RMSNorm/LayerNorm and the Gated-DeltaNet decay and delta
+rule kept float32 as the transformers code computes them); ``int8`` / ``int4`` weight-only
+(onnxruntime ``MatMulNBitsQuantizer``: symmetric, block 128, every MatMul with a constant
+weight; embedding tables stored as float16); ``int4-trt``
+(export/quant.py: INT4 blocked ``DequantizeLinear`` → ``MatMul`` at opset 21, which TensorRT parses).
+
+A tied output layer (word embeddings = output layer) is stored ONCE (:func:`tie_output_layer`):
+at fp32/fp16 the token ``Gather`` and a ``Gemm(transB=1)`` read the same table; at int8/int4
+the table is the output layer's ``MatMulNBits`` blocks, which ``GatherBlockQuantized`` reads
+for the token embeddings too.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -40,6 +49,7 @@ import yaml
 from PIL import Image
 
 from export.configs import PRECISIONS, ExportConfig, get_export_config
+from export.quant import quantizer_meta
 from guard._config import ScoringConfig
 from guard._hf import MEMBER_HINTS, TEST_PAIR_MARKER, MemberFolder, render_template, resolve_member
 from guard._image import gray_image
@@ -60,6 +70,7 @@ __all__ = [
     "MemberExport",
     "export_member",
     "onnx_weight_bytes",
+    "tie_output_layer",
 ]
 
 logger = logging.getLogger("export.onnx")
@@ -139,11 +150,16 @@ def _quiet_onnxruntime_tools() -> None:
 
 def onnx_weight_bytes(model: Any) -> int:
     """Bytes of a model's initializers (weights, quantized blocks, scales)."""
+    import onnx
     from onnx import helper
 
     total = 0
+    packed4 = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4}  # two values a byte
     for t in model.graph.initializer:
         n = int(np.prod(t.dims)) if len(t.dims) else 1
+        if t.data_type in packed4:
+            total += (n + 1) // 2
+            continue
         total += n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
     return total
 
@@ -225,6 +241,253 @@ def fold_weight_transposes(model: Any) -> Any:
     return model
 
 
+#: name prefix of the nodes :func:`tie_output_layer` writes (found again by the int8/int4 path)
+_TIED = "tied_output_layer"
+
+
+def _users(model: Any) -> dict[str, int]:
+    users: dict[str, int] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            users[i] = users.get(i, 0) + 1
+    for o in model.graph.output:
+        users[o.name] = users.get(o.name, 0) + 1
+    return users
+
+
+def _drop_unused_initializers(model: Any) -> None:
+    users = _users(model)
+    for t in [t for t in model.graph.initializer if users.get(t.name, 0) == 0]:
+        model.graph.initializer.remove(t)
+
+
+def _gather_tables(model: Any) -> dict[str, Any]:
+    """2-D float initializers read by a ``Gather`` on axis 0 (token-embedding tables)."""
+    from onnx import TensorProto, helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    tables = {}
+    for node in model.graph.node:
+        if node.op_type != "Gather" or not node.input or node.input[0] not in inits:
+            continue
+        t = inits[node.input[0]]
+        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+        if (
+            axis == 0
+            and len(t.dims) == 2
+            and t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16)
+        ):
+            tables[t.name] = t
+    return tables
+
+
+def tie_output_layer(model: Any) -> Any:
+    """Keep ONE copy of a tied output layer (word embeddings = output layer), in place.
+
+    Exporters write ``x @ W.T`` on a tied table ``W`` as ``MatMul(x, Transpose(W))`` (dynamo)
+    or ``MatMul(x, Wᵀ)`` with ``Wᵀ`` a constant-folded SECOND initializer (legacy), next to the
+    ``Gather(W, input_ids)`` of the token embeddings: two copies of vocab × hidden weights (and
+    a runtime would materialize a constant ``Transpose`` too). Each such MatMul becomes
+    ``Reshape(x, [-1, hidden]) → Gemm(·, W, transB=1) → Reshape(·, x.shape[:-1] + [vocab])`` on
+    the very initializer the Gather reads. A folded copy is recognised only when it equals
+    ``Wᵀ`` exactly. Returns ``model``; a graph without tied weights is left as it is.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    tables = _gather_tables(model)
+    if not tables:
+        return model
+    inits = {t.name: t for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    arrays: dict[str, np.ndarray] = {}
+
+    def tied_table(b: str) -> str | None:
+        node = producer.get(b)
+        if node is not None and node.op_type == "Transpose" and node.input[0] in tables:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+            return node.input[0] if perm == [1, 0] else None
+        t = inits.get(b)
+        if t is None or len(t.dims) != 2:
+            return None
+        for name, e in tables.items():
+            if list(t.dims) == list(e.dims)[::-1] and t.data_type == e.data_type:
+                if name not in arrays:
+                    arrays[name] = numpy_helper.to_array(e)
+                if np.array_equal(numpy_helper.to_array(t), arrays[name].T):
+                    return name
+        return None
+
+    new_nodes: list[Any] = []
+    k = 0
+    for node in model.graph.node:
+        table = tied_table(node.input[1]) if node.op_type == "MatMul" else None
+        if table is None:
+            new_nodes.append(node)
+            continue
+        vocab, hidden = (int(d) for d in tables[table].dims)
+        p = f"{_TIED}/{k}"
+        k += 1
+        x, y = node.input[0], node.output[0]
+        model.graph.initializer.extend(
+            [
+                helper.make_tensor(f"{p}/flat_shape", TensorProto.INT64, [2], [-1, hidden]),
+                helper.make_tensor(f"{p}/vocab", TensorProto.INT64, [1], [vocab]),
+            ]
+        )
+        new_nodes += [
+            helper.make_node("Reshape", [x, f"{p}/flat_shape"], [f"{p}/flat"], name=f"{p}/flat"),
+            helper.make_node(
+                "Gemm", [f"{p}/flat", table], [f"{p}/logits"], name=f"{p}/gemm", transB=1
+            ),
+            helper.make_node("Shape", [x], [f"{p}/lead"], name=f"{p}/lead", start=0, end=-1),
+            helper.make_node(
+                "Concat", [f"{p}/lead", f"{p}/vocab"], [f"{p}/shape"], name=f"{p}/shape", axis=0
+            ),
+            helper.make_node("Reshape", [f"{p}/logits", f"{p}/shape"], [y], name=f"{p}/out"),
+        ]
+    if k == 0:
+        return model
+    del model.graph.node[:]
+    model.graph.node.extend(new_nodes)
+    # the Transpose nodes and folded copies nobody reads any more
+    while True:
+        users = _users(model)
+        dead = [
+            n
+            for n in model.graph.node
+            if n.op_type == "Transpose" and all(users.get(o, 0) == 0 for o in n.output)
+        ]
+        if not dead:
+            break
+        for n in dead:
+            model.graph.node.remove(n)
+    _drop_unused_initializers(model)
+    return model
+
+
+def _untie_for_quantizer(model: Any) -> dict[str, str]:
+    """Give each tied ``Gemm`` of :func:`tie_output_layer` back a MatMul on ``Wᵀ``, in place.
+
+    ``MatMulNBitsQuantizer`` only quantizes a MatMul with a constant weight; the transposed
+    copy lives only until :func:`_gather_from_quantized` points the Gather at the quantized
+    blocks. Returns {MatMul output: table}.
+    """
+    from onnx import helper, numpy_helper
+
+    tables = _gather_tables(model)
+    names = {t.name for t in model.graph.initializer}
+    tied: dict[str, str] = {}
+    new_nodes: list[Any] = []
+    for node in model.graph.node:
+        if node.op_type != "Gemm" or not node.name.startswith(_TIED) or node.input[1] not in tables:
+            new_nodes.append(node)
+            continue
+        table = node.input[1]
+        t_name = table + "_T"
+        if t_name not in names:
+            arr = np.ascontiguousarray(numpy_helper.to_array(tables[table]).T)
+            model.graph.initializer.append(numpy_helper.from_array(arr, t_name))
+            names.add(t_name)
+        new_nodes.append(
+            helper.make_node("MatMul", [node.input[0], t_name], list(node.output), name=node.name)
+        )
+        tied[node.output[0]] = table
+    if tied:
+        del model.graph.node[:]
+        model.graph.node.extend(new_nodes)
+    return tied
+
+
+def _gather_from_quantized(model: Any, tied: dict[str, str], bits: int) -> Any:
+    """Token embeddings read from the quantized output layer (one table), in place.
+
+    After ``MatMulNBitsQuantizer``, the tied output layer is ``MatMulNBits`` with packed
+    blocks ``B`` (vocab, k_blocks, blob) and ``scales`` (vocab, k_blocks): the table itself,
+    quantized row by row along hidden. Every ``Gather`` on the float table becomes
+    onnxruntime's ``GatherBlockQuantized`` on the same ``B`` (uint8, ``bits``, symmetric: the
+    same default zero point), whose rank-3 form needs its scales as (vocab, k_blocks, 1), a
+    copy 1/32 (int8) or 1/16 (int4) the size of ``B``. The float table is dropped.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    if not tied:
+        return model
+    inits = {t.name: t for t in model.graph.initializer}
+    quant: dict[str, tuple[str, str, int]] = {}  # table → (B, scales3, block_size)
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits" and node.output[0] in tied:
+            table = tied[node.output[0]]
+            b, s = node.input[1], node.input[2]
+            bs = next(
+                helper.get_attribute_value(a) for a in node.attribute if a.name == "block_size"
+            )
+            s3 = s + "_gather"
+            if s3 not in inits:
+                arr = numpy_helper.to_array(inits[s])
+                t3 = numpy_helper.from_array(arr.reshape(*arr.shape, 1), s3)
+                model.graph.initializer.append(t3)
+                inits[s3] = t3
+            quant[table] = (b, s3, int(bs))
+    new_nodes: list[Any] = []
+    for k, node in enumerate(model.graph.node):
+        table = node.input[0] if node.op_type == "Gather" and node.input else ""
+        if table not in quant:
+            new_nodes.append(node)
+            continue
+        b, s3, bs = quant[table]
+        hidden = int(inits[table].dims[1])
+        nb = int(inits[b].dims[1])
+        p = f"{_TIED}/gather{k}"
+        idx, y = node.input[1], node.output[0]
+        padded = nb * bs != hidden
+        model.graph.initializer.extend(
+            [helper.make_tensor(f"{p}/width", TensorProto.INT64, [1], [nb * bs])]
+        )
+        new_nodes += [
+            helper.make_node(
+                "GatherBlockQuantized",
+                [b, idx, s3],
+                [f"{p}/blocks"],
+                name=f"{p}/gbq",
+                domain="com.microsoft",
+                gather_axis=0,
+                quantize_axis=2,
+                block_size=bs,
+                bits=bits,
+            ),
+            helper.make_node("Shape", [idx], [f"{p}/lead"], name=f"{p}/lead"),
+            helper.make_node(
+                "Concat", [f"{p}/lead", f"{p}/width"], [f"{p}/shape"], name=f"{p}/shape", axis=0
+            ),
+            helper.make_node(
+                "Reshape",
+                [f"{p}/blocks", f"{p}/shape"],
+                [f"{p}/rows" if padded else y],
+                name=f"{p}/rows",
+            ),
+        ]
+        if padded:  # hidden is not a multiple of the block: the last block is zero-padded
+            model.graph.initializer.extend(
+                [
+                    helper.make_tensor(f"{p}/start", TensorProto.INT64, [1], [0]),
+                    helper.make_tensor(f"{p}/end", TensorProto.INT64, [1], [hidden]),
+                    helper.make_tensor(f"{p}/axis", TensorProto.INT64, [1], [-1]),
+                ]
+            )
+            new_nodes.append(
+                helper.make_node(
+                    "Slice",
+                    [f"{p}/rows", f"{p}/start", f"{p}/end", f"{p}/axis"],
+                    [y],
+                    name=f"{p}/unpad",
+                )
+            )
+    del model.graph.node[:]
+    model.graph.node.extend(new_nodes)
+    _drop_unused_initializers(model)
+    return model
+
+
 def _embeddings_to_fp16(model: Any) -> Any:
     """Store float32 tables read by Gather (token embeddings) as float16 + a Cast."""
     from onnx import TensorProto, helper, numpy_helper
@@ -260,6 +523,196 @@ def _embeddings_to_fp16(model: Any) -> Any:
     return model
 
 
+#: op types computed in float32 inside fp16 graphs, besides onnxruntime's default block list
+#: (which already keeps Range, CumSum, Min, Max, TopK ... in float32): the normalisers, as the
+#: transformers models compute them (``softmax(..., dtype=torch.float32)``,
+#: ``log_softmax(logits.float())``), and LayerNorm, whose variance overflows float16.
+FP16_FP32_OPS: tuple[str, ...] = ("Softmax", "LogSoftmax", "LayerNormalization")
+#: module classes whose own code stays float32 (the transformers code upcasts there itself:
+#: RMSNorm's ``x.float()``, Gated-DeltaNet's decay and the chunked delta rule's
+#: ``.to(torch.float32)``); their children (the Linear projections, the conv) do not.
+_FP32_MODULES = re.compile(r"(RMSNorm|LayerNorm|GatedDeltaNet)\w*$")
+_FP32_CHILD_OK = re.compile(r"RMSNorm|LayerNorm")  # everything under a norm stays float32
+#: legacy (TorchScript) graphs carry no module metadata; their node names are module paths
+_NORM_SCOPE = re.compile(r"norm", re.IGNORECASE)
+
+
+def _fp32_nodes(model: Any) -> list[str]:
+    """Names of the nodes an fp16 graph keeps in float32 (numerics of the fp32 reference).
+
+    Dynamo graphs: from each node's ``pkg.torch.onnx.class_hierarchy`` (the module classes
+    that produced it, outermost first): nodes under an RMSNorm/LayerNorm module, and nodes in
+    a Gated-DeltaNet module's own code (decay ``exp``/``softplus``, the chunked delta rule with
+    its within-chunk ``exp`` of decay differences and its recurrent state) but not in its
+    Linear/Conv children, which are the bulk of the work and stay float16. Legacy graphs:
+    nodes under a module path segment named ``*norm*``. Unnamed nodes are named here.
+    """
+    names = []
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{i}_unnamed"
+        meta = {p.key: p.value for p in node.metadata_props}
+        hierarchy = meta.get("pkg.torch.onnx.class_hierarchy")
+        if hierarchy is not None:
+            classes = [c.strip(" '\"") for c in hierarchy.strip("[]").split(",")][:-1]
+            if any(_FP32_CHILD_OK.search(c) for c in classes) or (
+                classes and _FP32_MODULES.search(classes[-1])
+            ):
+                names.append(node.name)
+        elif any(_NORM_SCOPE.search(seg) for seg in node.name.split("/")[:-1]):
+            names.append(node.name)
+    return names
+
+
+def _scalar_constants_as_tensors(model: Any) -> None:
+    """Rewrite ``Constant(value_float[s]=…)`` as ``Constant(value=<float tensor>)``, in place.
+
+    The dynamo exporter writes float scalars as ``value_float``; onnxruntime's float16
+    converter converts ``value`` tensors but not these attributes, yet retypes their outputs
+    as float16, so a type-generic consumer (``Expand`` of ``aten.new_ones``, ``Where``, ...)
+    gets float32 where the graph says float16 and onnxruntime refuses to load the graph
+    ("Type (tensor(float16)) of output arg ... does not match expected type (tensor(float))").
+    """
+    from onnx import TensorProto, helper
+
+    for node in model.graph.node:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+            continue
+        for a in list(node.attribute):
+            if a.name == "value_float":
+                t = helper.make_tensor("value", TensorProto.FLOAT, [], [a.f])
+            elif a.name == "value_floats":
+                t = helper.make_tensor("value", TensorProto.FLOAT, [len(a.floats)], list(a.floats))
+            else:
+                continue
+            node.attribute.remove(a)
+            node.attribute.append(helper.make_attribute("value", t))
+
+
+def to_fp16(model: Any) -> Any:
+    """``model`` (float32) as a float16 graph with float32 inputs and outputs, in place.
+
+    onnxruntime's ``convert_float_to_float16`` with ``keep_io_types``; float scalar constants
+    made convertible first (:func:`_scalar_constants_as_tensors`: the Qwen3.5 decoder did not
+    load without it); the overflow-prone parts (:data:`FP16_FP32_OPS`, :func:`_fp32_nodes`)
+    stay float32 behind Casts. Weights of the float16 parts are stored as float16.
+    """
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    _scalar_constants_as_tensors(model)
+    block_ops = [*DEFAULT_OP_BLOCK_LIST, *FP16_FP32_OPS]
+    fp32 = set(_fp32_nodes(model))
+    fp32.update(n.name for n in model.graph.node if n.op_type in block_ops)
+    _follow_data_movement(model, fp32)
+    float_inputs = {
+        i.name
+        for i in model.graph.input
+        if i.type.tensor_type.elem_type == 1  # FLOAT
+    }
+    m = convert_float_to_float16(
+        model, keep_io_types=True, op_block_list=block_ops, node_block_list=sorted(fp32)
+    )
+    _join_fp32_regions(m, fp32, float_inputs)
+    return m
+
+
+#: ops that only move or select values: they stay in the precision of what they move
+_MOVE_OPS = frozenset(
+    {
+        "Concat",
+        "Expand",
+        "Flatten",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Identity",
+        "Reshape",
+        "Slice",
+        "Split",
+        "Squeeze",
+        "Tile",
+        "Transpose",
+        "Unsqueeze",
+    }
+)
+
+
+def _follow_data_movement(model: Any, fp32: set[str]) -> None:
+    """Add to ``fp32`` the data-movement nodes fed by a float32 node, in place (graph order).
+
+    E.g. the ``GatherElements``/``Squeeze`` that read ``read_logprob`` out of the float32
+    LogSoftmax: rounding them to float16 on the way to a float32 output only loses digits.
+    """
+    producer = {o: n for n in model.graph.node for o in n.output}
+    for node in model.graph.node:
+        if node.op_type in _MOVE_OPS and node.input:
+            src = producer.get(node.input[0])
+            if src is not None and src.name in fp32:
+                fp32.add(node.name)
+
+
+def _join_fp32_regions(model: Any, fp32: set[str], float_inputs: set[str]) -> None:
+    """Remove the float16 round trips the converter puts between float32 nodes, in place.
+
+    ``convert_float_to_float16`` treats each blocked node alone: it casts every float output
+    of a blocked node to float16 and every float input back to float32, so a value passed
+    from one float32 node to the next is rounded to float16 on the way (which defeats keeping
+    RMSNorm's variance or the delta rule's decay in float32) and a blocked node producing a
+    tensor SEQUENCE gets a Cast that is not valid on sequences. Every
+    ``Cast(to=float32)(Cast(to=float16)(x))`` with ``x`` float32 (made by a float32 node or a
+    float32 graph input) reads ``x`` directly instead; the value_info the converter retyped is
+    dropped (onnxruntime infers the types again when it loads the graph).
+    """
+    from onnx import TensorProto
+
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def cast_to(n: Any) -> int | None:
+        if n is None or n.op_type != "Cast":
+            return None
+        return next((a.i for a in n.attribute if a.name == "to"), None)
+
+    def is_fp32(x: str) -> bool:
+        p = producer.get(x)
+        if p is None:
+            return x in float_inputs
+        return p.name in fp32 or cast_to(p) == TensorProto.FLOAT
+
+    alias: dict[str, str] = {}
+    for n in model.graph.node:
+        if cast_to(n) != TensorProto.FLOAT:
+            continue
+        inner = producer.get(n.input[0])
+        if inner is not None and cast_to(inner) == TensorProto.FLOAT16 and is_fp32(inner.input[0]):
+            alias[n.output[0]] = inner.input[0]
+    if not alias:
+        return
+    outputs = {o.name for o in model.graph.output}
+    for n in model.graph.node:
+        if n.op_type == "Cast" and n.output[0] in alias and n.output[0] in outputs:
+            n.input[0] = alias[n.output[0]]  # a graph output: float32 → float32, a no-op
+            continue
+        for k, x in enumerate(n.input):
+            if x in alias:
+                n.input[k] = alias[x]
+    while True:
+        users: dict[str, int] = {}
+        for n in model.graph.node:
+            for x in n.input:
+                users[x] = users.get(x, 0) + 1
+        dead = [
+            n
+            for n in model.graph.node
+            if n.op_type == "Cast"
+            and all(users.get(o, 0) == 0 and o not in outputs for o in n.output)
+        ]
+        if not dead:
+            break
+        for n in dead:
+            model.graph.node.remove(n)
+    del model.graph.value_info[:]
+
+
 def convert_precision(model: Any, precision: str) -> Any:
     """A copy of fp32 ``model`` at ``precision`` (weights only; float32 inputs and outputs)."""
     import onnx
@@ -269,12 +722,11 @@ def convert_precision(model: Any, precision: str) -> Any:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     if precision == "fp16":
-        from onnxruntime.transformers.float16 import convert_float_to_float16
-
-        return convert_float_to_float16(m, keep_io_types=True)
+        return to_fp16(m)
     if precision in ("int8", "int4"):
         _quiet_onnxruntime_tools()
         fold_weight_transposes(m)
+        tied = _untie_for_quantizer(m)
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
         q = MatMulNBitsQuantizer(
@@ -285,7 +737,14 @@ def convert_precision(model: Any, precision: str) -> Any:
             op_types_to_quantize=("MatMul",),
         )
         q.process()
-        return _embeddings_to_fp16(q.model.model)
+        qm = _gather_from_quantized(q.model.model, tied, 8 if precision == "int8" else 4)
+        return _embeddings_to_fp16(qm)
+    if precision == "int4-trt":  # DequantizeLinear(INT4) -> MatMul: TensorRT parses it
+        from export.quant import quantize_int4_trt
+
+        fold_weight_transposes(m)
+        _untie_for_quantizer(m)  # the tied head as MatMul on Wᵀ; the Gather keeps W (fp16)
+        return _embeddings_to_fp16(quantize_int4_trt(m))
     raise ValueError(f"precision must be one of {list(PRECISIONS)}; got {precision!r}.")
 
 
@@ -565,7 +1024,7 @@ def export_member(
             case0 = cs.get("scene") or cs["text"]
             feeds0 = {k: v for k, v in case0.items() if k != "image_embeds"}
             _export_decoder(decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname)
-            graphs[fname] = fold_weight_transposes(onnx.load(str(tmp / fname)))
+            graphs[fname] = fold_weight_transposes(tie_output_layer(onnx.load(str(tmp / fname))))
             dec_files[length] = fname
         # reference outputs at every usable bucket (a dynamic decoder is checked at each)
         for length in usable:
@@ -668,6 +1127,7 @@ def export_member(
         "inputs": {"vision": ["pixel_values"], "decoder": _DEC_INPUTS},
         "outputs": {"vision": ["image_embeds"], "decoder": _DEC_OUTPUTS},
         "weight_bytes": int(weight_bytes),
+        **quantizer_meta(graphs["vision.onnx"]),  # int4-trt: which quantizer made the graphs
         # resident: sessions stay loaded; on-demand: loaded to score, released after (members
         # then run one after the other when both do not fit in memory at once)
         "sessions": sessions,

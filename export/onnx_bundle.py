@@ -197,6 +197,7 @@ def derive_bundle(
     import yaml
 
     from export.onnx import _save, convert_precision, onnx_weight_bytes
+    from export.quant import quantizer_meta
     from guard._bundle import load_bundle
     from guard.backends._onnx import GRAPHS_FILE
 
@@ -223,7 +224,7 @@ def derive_bundle(
         _save({"vision.onnx": vision}, onnx_dir, "vision.onnx.data")
         _save(decs, onnx_dir, "decoder.onnx.data")
         wb = onnx_weight_bytes(vision) + onnx_weight_bytes(next(iter(decs.values())))
-        meta.update(precision=precision, weight_bytes=int(wb))
+        meta.update(precision=precision, weight_bytes=int(wb), **quantizer_meta(vision))
         (mdir / GRAPHS_FILE).write_text(
             yaml.safe_dump(meta, sort_keys=False, allow_unicode=True), encoding="utf-8"
         )

@@ -14,8 +14,14 @@ Bytes per precision follow what ``spotstop export`` writes (export/onnx.py):
 * int8 / int4: weight-only MatMulNBits on every matrix multiply (1 B / 0.5 B per weight plus
   one float32 scale per block of 128), token-embedding tables stored as float16, the rest
   (norms, convolutions, biases) float32;
-* a tied output layer appears twice in the graph (Gather table + MatMul), so it is counted
-  twice, as the exported graph holds it.
+* a tied output layer (word embeddings = output layer, both members) is stored ONCE, as the
+  exported graph holds it (export/onnx.py ``tie_output_layer``): at fp32/fp16 the token
+  Gather and the output layer's ``Gemm(transB=1)`` read the same table; at int8/int4 the
+  table is the output layer's MatMulNBits blocks, which ``GatherBlockQuantized`` reads too
+  (plus a second copy of the block scales, 4 B per block of 128, in the layout it needs);
+  at int4-trt (INT4 ``DequantizeLinear`` → MatMul, the form TensorRT parses; TensorRT has no
+  quantized Gather) the output layer is int4 blocks and the Gather table float16: twice;
+* the first-token rows of the output layer (two rows) are not counted.
 
 The CONFIG VALUES below were recorded from the members' published ``config.json`` files and
 could not be re-read here (no model hub in this environment). Check them against the real
@@ -119,8 +125,13 @@ _BYTES = {
     "fp16": {"linear": 2.0, "embed": 2.0, "other": 2.0},
     "int8": {"linear": 1.0 + 4 / 128, "embed": 2.0, "other": 4.0},
     "int4": {"linear": 0.5 + 4 / 128, "embed": 2.0, "other": 4.0},
+    # INT4 DequantizeLinear (blocks of 128, float32 scales) for TensorRT; the Gather table
+    # stays float16, so a tied output layer is stored twice (int4 blocks + float16 table)
+    "int4-trt": {"linear": 0.5 + 4 / 128, "embed": 2.0, "other": 4.0},
 }
 PRECISIONS = tuple(_BYTES)
+#: float32 scale per block of 128 weights (MatMulNBits / GatherBlockQuantized)
+_SCALE_BYTES = 4 / 128
 
 
 def build_config(name: str, recorded: dict[str, Any]) -> Any:
@@ -142,7 +153,7 @@ class Counts:
     vision_other: int
     text_linear: int
     embed: int
-    head_copy: int  # a tied output layer's MatMul copy in the graph
+    tied: bool  # the output layer is the embedding table (stored once, see the module doc)
     text_other: int
     hidden: int
     intermediate: int
@@ -189,7 +200,6 @@ def count(name: str, config: Any) -> Counts:
             to += n
     text = config.get_text_config()
     tied = bool(getattr(config, "tie_word_embeddings", False) or text.tie_word_embeddings)
-    head_copy = text.vocab_size * text.hidden_size if tied else 0
     v = config.vision_config
     patch = int(getattr(v, "patch_size", 16))
     return Counts(
@@ -198,7 +208,7 @@ def count(name: str, config: Any) -> Counts:
         vision_other=vo,
         text_linear=tl,
         embed=em,
-        head_copy=head_copy,
+        tied=tied,
         text_other=to,
         hidden=int(text.hidden_size),
         intermediate=int(getattr(text, "intermediate_size", 4 * text.hidden_size)),
@@ -213,10 +223,16 @@ def count(name: str, config: Any) -> Counts:
 
 def weight_bytes(c: Counts, precision: str) -> float:
     b = _BYTES[precision]
-    linear = c.vision_linear + c.text_linear + c.head_copy
-    return (
-        linear * b["linear"] + c.embed * b["embed"] + (c.vision_other + c.text_other) * b["other"]
-    )
+    linear = c.vision_linear + c.text_linear
+    if c.tied and precision in ("int8", "int4"):
+        # the table is the output layer's quantized blocks, read by GatherBlockQuantized too
+        embed = c.embed * (b["linear"] + _SCALE_BYTES)
+    elif c.tied and precision == "int4-trt":
+        # TensorRT has no quantized Gather: the float16 table + the output layer's int4 blocks
+        embed = c.embed * (b["embed"] + b["linear"])
+    else:
+        embed = c.embed * b["embed"]
+    return linear * b["linear"] + embed + (c.vision_other + c.text_other) * b["other"]
 
 
 def activation_bytes(c: Counts, precision: str) -> float:
@@ -255,19 +271,22 @@ def render(counts: list[Counts]) -> str:
         "| `memory_budget.py` | writes this README from the members' real config classes (meta-device parameter counts) |",
         "",
         "Platform constraints: aarch64, JetPack 6.x (L4T r36, CUDA 12.6, TensorRT 10.3); engines are",
-        "built on the device that runs them. TensorRT takes fp16/fp32 bundles; int8/int4",
-        "weight-only bundles (onnxruntime MatMulNBits) run on onnxruntime's CUDA provider.",
+        "built on the device that runs them. TensorRT (`--backend tensorrt`) takes fp32, fp16",
+        "and int4-trt bundles (int4-trt: INT4 DequantizeLinear weights, strongly typed engines);",
+        "int8/int4 weight-only bundles (onnxruntime MatMulNBits) run on onnxruntime's CUDA",
+        "provider (`--backend onnx --device cuda`).",
         "",
         "## Deploy",
         "",
         "```bash",
         "# workstation",
-        "spotstop export --member Qwen/Qwen3.5-2B --member LiquidAI/LFM2.5-VL-3B --out bundle --precision fp16",
+        "spotstop export --member Qwen/Qwen3.5-2B --member LiquidAI/LFM2.5-VL-3B --out bundle --precision int4-trt",
         "spotstop policy init bundle --pool frames/ --requests requests.txt   # first policy, unlabelled frames",
         "# copy bundle/ to the device",
         "# device",
         "docker build -t spotstop-jetson -f jetson/Dockerfile .",
-        "jetson/build_engines.sh /opt/spotstop/bundle     # TensorRT engines, on the device",
+        "jetson/build_engines.sh /opt/spotstop/bundle     # TensorRT engines + engines.yaml, on the device",
+        "# the unit serves with onnxruntime on CUDA; for the engines add `--backend tensorrt` to its serve line",
         "sudo cp jetson/spotstop-sidecar.service /etc/systemd/system/ && sudo systemctl enable --now spotstop-sidecar",
         "```",
         "",

@@ -33,6 +33,25 @@ def loaded_members(tiny_pair: Path) -> dict[str, object]:
     return {name: load_member(tiny_pair / name) for name in ("tiny-qwen3_5", "tiny-lfm2_vl")}
 
 
+@pytest.fixture(scope="session")
+def tiny_pair_fp32_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both tiny members exported at fp32 (length buckets 128, 256), ONCE per session.
+
+    The Qwen3.5 decoder exports with the dynamo exporter (minutes on 2 cores), so the slow
+    tests that need a Qwen export derive their other precisions from this bundle
+    (``export.onnx_bundle.derive_bundle``) instead of exporting again. Read-only: copy it
+    before changing anything in it.
+    """
+    from guard.cli import main
+
+    out = tmp_path_factory.mktemp("pair32") / "b32"
+    args = ["export", "--out", str(out), "--precision", "fp32", "--buckets", "128,256"]
+    for m in ("tiny-qwen3_5", "tiny-lfm2_vl"):
+        args += ["--member", str(tiny_pair / m)]
+    assert main([*args, "--trt", "off"]) == 0
+    return out
+
+
 def make_image_bytes(seed: int, size: tuple[int, int] = (80, 48), fmt: str = "PNG") -> bytes:
     """A random RGB image, encoded (width, height = size)."""
     arr = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)

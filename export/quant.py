@@ -1,0 +1,372 @@
+"""Weight-only int4 that TensorRT parses: precision ``int4-trt``.
+
+``int8`` / ``int4`` use onnxruntime's ``MatMulNBits`` contrib operator, which only onnxruntime
+runs. ``int4-trt`` writes the standard ONNX form that TensorRT's parser reads for weight-only
+int4 (and onnxruntime runs too)::
+
+    W_i4 (INT4 initializer, [K, N]) ──┐
+    W_scale (float32, [ceil(K/128), N]) ─ DequantizeLinear(axis=0, block_size=128) ─→ MatMul(x, ·)
+
+symmetric (no zero point), one scale per block of 128 input rows per output column, in an
+opset-21 graph (the first opset whose ``DequantizeLinear`` takes INT4 and ``block_size``).
+
+The quantization convention is nvidia-modelopt's RTN: per block ``s = max|w| / 7`` (floored at
+``1e-5``), ``q = round_half_to_even(w / s)`` clipped to ``[-8, 7]``. Every scale is positive:
+TensorRT's ONNX parser refuses a ``DequantizeLinear`` whose scales are not all ``> 0``
+("Scale coefficients must all be positive"), which is why onnxruntime's own symmetric QDQ
+quantizer (``MatMulNBitsQuantizer`` with ``QuantFormat.QDQ``) is NOT used here: it maps each
+block's largest-magnitude weight to ``-8`` with a signed scale ``w_max / -8``, so about half of
+its scales are negative, and an all-zero block gets a zero scale.
+
+Which quantizer runs:
+
+* ``nvidia-modelopt`` when ``modelopt.onnx.quantization`` imports: its
+  ``int4.quantize(model, calibration_method="rtn_dq")`` (default) or ``"awq_clip"``
+  (activation-aware clipping, calibrated on feeds the caller passes);
+* otherwise :func:`rtn_quantize_matmuls` here, which writes the same numbers as modelopt's
+  ``rtn_dq`` (same scale, rounding, clipping and block layout; every ``MatMul`` whose second
+  input is a constant weight of rank 2).
+
+:func:`quantize_int4_trt` records which one ran (name, version, method) in the model's
+``metadata_props`` (``spotstop.quantizer``); :func:`graph_quantizer` reads it back for
+``spotstop_onnx.yaml``.
+
+onnxruntime note: at its default graph optimization level onnxruntime fuses
+``DequantizeLinear → MatMul`` into ``MatMulNBits`` on CPU and, by default
+(``session.qdq_matmulnbits_accuracy_level`` = 4), computes it with int8-quantized activations;
+the weights it uses are exactly the int4 ones. TensorRT runs the same graph with its own int4
+weight-only kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "BLOCK_SIZE",
+    "INT4_OPSET",
+    "METADATA_KEY",
+    "QuantizerInfo",
+    "graph_quantizer",
+    "modelopt_version",
+    "quantize_int4_trt",
+    "quantizer_meta",
+    "raise_opset",
+    "rtn_int4_blocks",
+    "rtn_quantize_matmuls",
+]
+
+logger = logging.getLogger("export.quant")
+
+#: Rows of the weight (input features, K) that share one scale.
+BLOCK_SIZE = 128
+#: First opset whose DequantizeLinear takes INT4 inputs and the ``block_size`` attribute.
+INT4_OPSET = 21
+#: Smallest scale (modelopt's ``CLIP_MIN``): an all-zero block keeps a positive scale.
+SCALE_MIN = 1e-5
+#: ``metadata_props`` key of a quantized graph: which quantizer made it.
+METADATA_KEY = "spotstop.quantizer"
+_METHODS = ("rtn", "awq")
+
+
+@dataclass(frozen=True)
+class QuantizerInfo:
+    """Which quantizer made an int4-trt graph."""
+
+    quantizer: str  # "nvidia-modelopt" or "spotstop-rtn"
+    version: str
+    method: str  # "rtn_dq" / "awq_clip" (modelopt) or "rtn" (spotstop)
+    block_size: int = BLOCK_SIZE
+
+    def as_text(self) -> str:
+        return f"{self.quantizer} {self.version} {self.method} block {self.block_size}"
+
+    @classmethod
+    def from_text(cls, text: str) -> QuantizerInfo:
+        parts = text.split()
+        if len(parts) != 5 or parts[3] != "block":
+            raise ValueError(f"not a quantizer description: {text!r}")
+        return cls(parts[0], parts[1], parts[2], int(parts[4]))
+
+    def as_meta(self) -> dict[str, Any]:
+        return {
+            "name": self.quantizer,
+            "version": self.version,
+            "method": self.method,
+            "block_size": self.block_size,
+            "format": "DequantizeLinear(INT4, axis 0, symmetric) -> MatMul, opset 21",
+        }
+
+
+def modelopt_version() -> str | None:
+    """nvidia-modelopt's version when ``modelopt.onnx.quantization.int4`` imports, else None."""
+    try:
+        importlib.import_module("modelopt.onnx.quantization.int4")
+    except Exception:  # not installed, or its onnx dependencies are missing / incompatible
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("nvidia-modelopt")
+    except PackageNotFoundError:  # pragma: no cover - importable but not installed as dist
+        import modelopt
+
+        return str(getattr(modelopt, "__version__", "unknown"))
+
+
+def _spotstop_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("spotstop")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+# -- the quantization itself (numpy) ---------------------------------------------------------
+
+
+def rtn_int4_blocks(w: np.ndarray, block_size: int = BLOCK_SIZE) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int4 round-to-nearest of a ``[K, N]`` weight in blocks of ``block_size`` rows.
+
+    Returns ``(q, s)``: ``q`` int8 values in ``[-8, 7]`` of shape ``[K, N]`` and ``s`` positive
+    scales of shape ``[ceil(K / block_size), N]`` in ``w``'s dtype, with
+    ``s = max(max|w_block| / 7, 1e-5)`` and ``q = clip(rint(w / s), -8, 7)`` (ties to even).
+    A last partial block is scaled over its own rows (as zero padding to a full block does).
+    """
+    if w.ndim != 2:
+        raise ValueError(f"int4 block quantization needs a 2-D weight; got shape {w.shape}.")
+    k, n = w.shape
+    nb = -(-k // block_size)
+    w32 = w.astype(np.float32, copy=False)
+    pad = nb * block_size - k
+    wp = np.pad(w32, ((0, pad), (0, 0))) if pad else w32
+    amax = np.abs(wp.reshape(nb, block_size, n)).max(axis=1)
+    s = np.maximum(amax / np.float32(7.0), np.float32(SCALE_MIN)).astype(np.float32)
+    q = np.clip(np.rint(w32 / np.repeat(s, block_size, axis=0)[:k]), -8, 7).astype(np.int8)
+    return q, s.astype(w.dtype)
+
+
+def _int4_tensor(name: str, q: np.ndarray) -> Any:
+    """An INT4 TensorProto of ``q`` (int8 values in [-8, 7]), two values a byte, low nibble first."""
+    from onnx import TensorProto, helper
+
+    flat = q.reshape(-1).astype(np.uint8) & 0x0F
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.uint8)])
+    packed = flat[0::2] | (flat[1::2] << 4)
+    return helper.make_tensor(name, TensorProto.INT4, list(q.shape), packed.tobytes(), raw=True)
+
+
+def rtn_quantize_matmuls(model: Any, block_size: int = BLOCK_SIZE) -> int:
+    """Replace, in place, every constant rank-2 ``MatMul`` weight by INT4 blocks + a DequantizeLinear.
+
+    The graph must already be at opset >= 21 (:func:`raise_opset`). A weight shared by several
+    MatMuls is quantized once; the float weight is dropped when nothing else reads it. Returns
+    the number of weights quantized.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
+    users: dict[str, int] = {}
+    for node in g.node:
+        for i in node.input:
+            users[i] = users.get(i, 0) + 1
+    for o in g.output:
+        users[o.name] = users.get(o.name, 0) + 1
+    done: dict[str, str] = {}  # weight name → DequantizeLinear output
+    new_nodes = []
+    for node in g.node:
+        w = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else ""
+        t = inits.get(w)
+        if t is None or t.data_type not in floats or len(t.dims) != 2:
+            new_nodes.append(node)
+            continue
+        if w not in done:
+            arr = numpy_helper.to_array(t)
+            q, s = rtn_int4_blocks(arr, block_size)
+            qt = _int4_tensor(w + "_i4", q)
+            st = numpy_helper.from_array(s, w + "_scale")
+            out = w + "_DequantizeLinear_Output"
+            g.initializer.extend([qt, st])
+            new_nodes.append(
+                helper.make_node(
+                    "DequantizeLinear",
+                    [qt.name, st.name],
+                    [out],
+                    name=w + "_DequantizeLinear",
+                    axis=0,
+                    block_size=block_size,
+                )
+            )
+            done[w] = out
+        node.input[1] = done[w]
+        users[w] -= 1
+        new_nodes.append(node)
+    for w in done:
+        if users[w] == 0:
+            g.initializer.remove(inits[w])
+    del g.node[:]
+    g.node.extend(new_nodes)
+    return len(done)
+
+
+# -- opset -------------------------------------------------------------------------------------
+
+
+def _default_opset(model: Any) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def raise_opset(model: Any, target: int = INT4_OPSET) -> Any:
+    """``model`` at opset ``target`` (>= its own), converted by ``onnx.version_converter``.
+
+    Converting rewrites the ops whose meaning changed (e.g. ReduceMean's ``axes`` attribute
+    becomes an input at opset 18); ops that only gained types keep their nodes. The converter
+    serializes the model (a 2 GiB protobuf limit), so large initializers are held aside while it
+    runs and put back by name after: they are constants it never reads. A graph the converter
+    refuses raises its error: setting the opset number alone could silently change a node's
+    meaning.
+    """
+    import onnx
+    from onnx import TensorProto, version_converter
+
+    cur = _default_opset(model)
+    if cur >= target:
+        return model
+    held: dict[str, bytes] = {}
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(model)
+    for t in stripped.graph.initializer:
+        if t.HasField("raw_data") and len(t.raw_data) >= 1024:
+            if t.name in held:
+                raise ValueError(f"initializer {t.name!r} appears twice in the graph.")
+            held[t.name] = t.raw_data
+            t.ClearField("raw_data")
+            t.data_location = TensorProto.EXTERNAL
+            del t.external_data[:]
+            entry = t.external_data.add()
+            entry.key, entry.value = "location", "spotstop-held-aside"
+    converted = version_converter.convert_version(stripped, target)
+    for t in converted.graph.initializer:
+        if t.name in held and t.data_location == TensorProto.EXTERNAL:
+            t.raw_data = held.pop(t.name)
+            del t.external_data[:]
+            t.data_location = TensorProto.DEFAULT
+    if held:
+        raise RuntimeError(
+            f"opset conversion lost {len(held)} initializer(s), e.g. {next(iter(held))!r}."
+        )
+    if converted.ir_version < 10:  # INT4 tensors need IR version 10
+        converted.ir_version = 10
+    return converted
+
+
+# -- entry point -------------------------------------------------------------------------------
+
+
+def _modelopt_quantize(
+    model: Any, method: str, calibration: Sequence[Mapping[str, np.ndarray]] | None
+) -> Any:
+    from modelopt.onnx.quantization.int4 import quantize as modelopt_int4
+
+    kwargs: dict[str, Any] = {
+        "calibration_method": "awq_clip" if method == "awq" else "rtn_dq",
+        "block_size": BLOCK_SIZE,
+        "use_zero_point": False,
+        "nodes_to_exclude": [],  # modelopt leaves "/lm_head" in float by default; int4 does not
+        "calibration_eps": ["cpu"],
+        "log_level": "WARNING",
+    }
+    if method == "awq":
+        kwargs["calibration_data_reader"] = [dict(c) for c in calibration or ()]
+    return modelopt_int4(model, **kwargs)
+
+
+def quantize_int4_trt(
+    model: Any,
+    *,
+    method: str = "rtn",
+    calibration: Iterable[Mapping[str, np.ndarray]] | None = None,
+    use_modelopt: bool | None = None,
+) -> Any:
+    """An int4-trt copy of fp32 (or fp16) ``model``: INT4 blocked DequantizeLinear → MatMul.
+
+    ``method``: ``"rtn"`` (round to nearest; no data) or ``"awq"`` (modelopt's ``awq_clip``,
+    calibrated on ``calibration``: a list of input feeds; needs nvidia-modelopt).
+    ``use_modelopt``: None uses modelopt when it imports; False never; True requires it.
+    Fold ``Transpose(weight)`` into the weight first (export.onnx.fold_weight_transposes): only a
+    MatMul whose weight is a constant initializer is quantized.
+    """
+    import onnx
+
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {list(_METHODS)}; got {method!r}.")
+    mo = modelopt_version() if use_modelopt in (None, True) else None
+    if use_modelopt and mo is None:
+        raise RuntimeError(
+            "use_modelopt=True but modelopt.onnx.quantization does not import; install "
+            "nvidia-modelopt with its onnx dependencies, or pass use_modelopt=None."
+        )
+    if method == "awq":
+        if mo is None:
+            raise RuntimeError("int4-trt AWQ needs nvidia-modelopt (modelopt.onnx.quantization).")
+        calibration = list(calibration or ())
+        if not calibration:
+            raise ValueError("AWQ needs calibration feeds (a list of input dicts).")
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m = raise_opset(m, INT4_OPSET)
+    if mo is not None:
+        info = QuantizerInfo("nvidia-modelopt", mo, "awq_clip" if method == "awq" else "rtn_dq")
+        out = _modelopt_quantize(m, method, calibration)  # type: ignore[arg-type]
+    else:
+        info = QuantizerInfo("spotstop-rtn", _spotstop_version(), "rtn")
+        rtn_quantize_matmuls(m)
+        out = m
+    _check_int4_trt(out)
+    props = {p.key: p.value for p in out.metadata_props}
+    props[METADATA_KEY] = info.as_text()
+    del out.metadata_props[:]
+    onnx.helper.set_model_props(out, props)
+    return out
+
+
+def _check_int4_trt(model: Any) -> None:
+    """The graph is what TensorRT parses: no MatMulNBits, positive scales, opset >= 21."""
+    from onnx import numpy_helper
+
+    if _default_opset(model) < INT4_OPSET:
+        raise RuntimeError(f"int4-trt graph is at opset {_default_opset(model)} (< 21).")
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            raise RuntimeError("int4-trt graph holds MatMulNBits, which TensorRT cannot parse.")
+        if node.op_type == "DequantizeLinear" and len(node.input) > 1:
+            t = inits.get(node.input[1])
+            if t is not None and not bool(np.all(numpy_helper.to_array(t) > 0)):
+                raise RuntimeError(
+                    f"{node.name}: DequantizeLinear scales must all be > 0 for TensorRT."
+                )
+
+
+def graph_quantizer(model: Any) -> QuantizerInfo | None:
+    """Which quantizer made ``model`` (its ``spotstop.quantizer`` metadata), else None."""
+    for p in model.metadata_props:
+        if p.key == METADATA_KEY:
+            return QuantizerInfo.from_text(p.value)
+    return None
+
+
+def quantizer_meta(model: Any) -> dict[str, Any]:
+    """``{"quantizer": {...}}`` for spotstop_onnx.yaml when ``model`` records one, else ``{}``."""
+    info = graph_quantizer(model)
+    return {"quantizer": info.as_meta()} if info is not None else {}

@@ -1,0 +1,585 @@
+"""fp16 graphs and tied output layers of exported members (issue #5).
+
+* fp16: every graph loads in onnxruntime (CPU) and matches its fp32 graph within the fp16
+  tolerances of its export config, also where float16 would overflow (RMSNorm variance of
+  large activations), with the normalisers and the Gated-DeltaNet decay kept in float32.
+* tied output layer: a member whose output layer is its token-embedding table stores that
+  table ONCE at fp32, fp16, int8 and int4.
+
+The tiny LFM2-VL member ties its embeddings (export/tiny.py) and exports with the legacy
+exporter in seconds: its graphs run in the default test run. The tiny Qwen3.5 member does not
+tie them and its decoder needs the dynamo exporter (minutes): its tests are ``slow`` and share
+one fp32 bundle export, from which the other precisions are derived without exporting again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from export.configs import get_export_config  # noqa: E402
+from export.onnx import (  # noqa: E402
+    _fp32_nodes,
+    _session,
+    _untie_for_quantizer,
+    convert_precision,
+    onnx_weight_bytes,
+    tie_output_layer,
+    to_fp16,
+)
+
+BUCKETS = "128,256"
+QUANT = ("int8", "int4")
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _export_bundle(tiny_pair: Path, out: Path, precision: str, *members: str) -> Path:
+    from guard.cli import main
+
+    args = ["export", "--out", str(out), "--precision", precision, "--buckets", BUCKETS]
+    for m in members:
+        args += ["--member", str(tiny_pair / m)]
+    assert main([*args, "--trt", "off"]) == 0
+    return out
+
+
+def _member_graphs(bundle: Path, member: str) -> dict[str, Any]:
+    """vision + the first decoder graph of a bundle member, loaded with their weights."""
+    onnx_dir = bundle / "members" / member / "onnx"
+    dec = sorted(p for p in onnx_dir.glob("decoder*.onnx"))[0]
+    return {
+        "vision": onnx.load(str(onnx_dir / "vision.onnx")),
+        "decoder": onnx.load(str(dec)),
+    }
+
+
+def _dims(model: Any, name: str) -> list[int | None]:
+    vi = next(i for i in model.graph.input if i.name == name)
+    return [d.dim_value or None for d in vi.type.tensor_type.shape.dim]
+
+
+def _vocab(model: Any) -> int:
+    """Rows of the token-embedding table (the float initializer a Gather reads)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    return max(
+        int(inits[n.input[0]].dims[0])
+        for n in model.graph.node
+        if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2
+    )
+
+
+def _feeds(model: Any, seed: int, *, batch: int = 2, scale: float = 1.0) -> dict[str, np.ndarray]:
+    """Random inputs for a decoder or vision graph (shapes from the graph, batch ``batch``)."""
+    rng = np.random.default_rng(seed)
+    names = [i.name for i in model.graph.input]
+    if names == ["pixel_values"]:
+        shape = [d or 1 for d in _dims(model, "pixel_values")]
+        return {"pixel_values": rng.uniform(-1, 1, shape).astype(np.float32)}
+    length = _dims(model, "input_ids")[1] or 48
+    _, n_img, hidden = _dims(model, "image_embeds")
+    vocab = _vocab(model)
+    last = rng.integers(length // 2, length - 4, batch)
+    reads = last[:, None] + rng.integers(1, 4, (batch, 3))
+    return {
+        "input_ids": rng.integers(0, vocab, (batch, length)).astype(np.int64),
+        "image_embeds": (scale * rng.standard_normal((batch, n_img or 4, hidden))).astype(
+            np.float32
+        ),
+        "last_index": last.astype(np.int64),
+        "read_index": reads.astype(np.int64),
+        "read_token": rng.integers(0, vocab, (batch, 3)).astype(np.int64),
+    }
+
+
+def _close(got: list[np.ndarray], want: list[np.ndarray], atol: float, rtol: float) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, w, atol=atol, rtol=rtol)
+
+
+def _scale_embeddings(model: Any, factor: float) -> Any:
+    """A copy whose token embeddings (the Gather's output, not the output layer) × ``factor``.
+
+    Every norm is scale-invariant, so the outputs barely move, but the residual stream and the
+    squares in RMSNorm's variance grow by factor and factor² (float16 overflows at 65504).
+    """
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    inits = {t.name for t in m.graph.initializer}
+    gather = next(n for n in m.graph.node if n.op_type == "Gather" and n.input[0] in inits)
+    out = gather.output[0]
+    gather.output[0] = out + "_unscaled"
+    m.graph.initializer.append(numpy_helper.from_array(np.array(factor, np.float32), "scale_k"))
+    idx = list(m.graph.node).index(gather)
+    m.graph.node.insert(idx + 1, helper.make_node("Mul", [out + "_unscaled", "scale_k"], [out]))
+    return m
+
+
+def _types(model: Any) -> dict[str, int]:
+    """Element type of every tensor of ``model`` (onnx shape inference)."""
+    from onnx import shape_inference
+
+    typed = shape_inference.infer_shapes(model)
+    out = {t.name: t.data_type for t in typed.graph.initializer}
+    for v in [*typed.graph.input, *typed.graph.value_info, *typed.graph.output]:
+        out[v.name] = v.type.tensor_type.elem_type
+    return out
+
+
+def _float16_round_trips(model: Any) -> list[str]:
+    """Cast(to=float32)(Cast(to=float16)(x)) with x float32: a float32 value rounded to float16."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def to(n: Any) -> int | None:
+        if n is None or n.op_type != "Cast":
+            return None
+        return next(a.i for a in n.attribute if a.name == "to")
+
+    types = _types(model)
+    return [
+        n.name
+        for n in model.graph.node
+        if to(n) == TensorProto.FLOAT
+        and to(inner := producer.get(n.input[0])) == TensorProto.FLOAT16
+        and types.get(inner.input[0]) == TensorProto.FLOAT
+    ]
+
+
+def _tables(model: Any, vocab: int, hidden: int) -> list[Any]:
+    """Initializers holding a vocab × hidden table in any layout or precision."""
+    n = vocab * hidden
+    out = []
+    for t in model.graph.initializer:
+        size = int(np.prod(t.dims)) if t.dims else 1
+        if t.data_type == TensorProto.UINT8 and t.dims and int(t.dims[0]) == vocab:
+            out.append(t)  # quantized blocks (vocab, k_blocks, blob)
+        elif size == n and t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16):
+            out.append(t)
+    return out
+
+
+def _assert_one_table(model: Any, vocab: int, hidden: int, precision: str) -> None:
+    tables = _tables(model, vocab, hidden)
+    assert len(tables) == 1, [(t.name, list(t.dims)) for t in tables]
+    (table,) = tables
+    readers = [n for n in model.graph.node if table.name in n.input]
+    ops = sorted(n.op_type for n in readers)
+    if precision in QUANT:
+        assert ops == ["GatherBlockQuantized", "MatMulNBits"], ops
+    else:
+        assert ops == ["Gather", "Gemm"], ops
+        gemm = next(n for n in readers if n.op_type == "Gemm")
+        assert helper.get_node_attr_value(gemm, "transB") == 1
+        want = TensorProto.FLOAT16 if precision == "fp16" else TensorProto.FLOAT
+        assert table.data_type == want
+    assert not any(n.op_type == "Transpose" and table.name in n.input for n in model.graph.node)
+
+
+# -- synthetic graphs: the root cause and the repairs ----------------------------------------
+
+
+def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[Any]) -> Any:
+    g = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_fp16_root_cause_scalar_float_constants() -> None:
+    """``Constant(value_float)`` (what the dynamo exporter writes for ``new_ones``) + a
+    type-generic consumer: the plain converter retypes the output but not the attribute."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    nodes = [
+        helper.make_node("Constant", [], ["one"], value_float=1.0),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Expand", ["one", "shape"], ["ones"]),
+        helper.make_node("Add", ["x", "ones"], ["y"]),
+    ]
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y_info = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    model = _model(nodes, [x_info], [y_info], [])
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    plain = convert_float_to_float16(
+        onnx.load_from_string(model.SerializeToString()), keep_io_types=True
+    )
+    with pytest.raises(Exception, match="tensor\\(float"):
+        _session(plain)
+    (y,) = _session(to_fp16(model)).run(None, {"x": x})
+    np.testing.assert_array_equal(y, x + 1)
+
+
+def test_fp16_keeps_a_float32_region_in_float32() -> None:
+    """An RMSNorm of large activations (legacy node names): the plain converter overflows in
+    the variance; ours keeps the whole region float32, with no float16 round trip inside."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    h = 64
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((h, h)).astype(np.float32) * 0.1
+    nodes = [
+        helper.make_node("Pow", ["x", "two"], ["/norm/Pow_output_0"], name="/norm/Pow"),
+        helper.make_node(
+            "ReduceMean", ["/norm/Pow_output_0", "axes"], ["/norm/var"], name="/norm/ReduceMean"
+        ),
+        helper.make_node("Add", ["/norm/var", "eps"], ["/norm/add"], name="/norm/Add"),
+        helper.make_node("Sqrt", ["/norm/add"], ["/norm/sqrt"], name="/norm/Sqrt"),
+        helper.make_node("Div", ["x", "/norm/sqrt"], ["/norm/out"], name="/norm/Div"),
+        helper.make_node("MatMul", ["/norm/out", "w"], ["y"], name="/proj/MatMul"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+        numpy_helper.from_array(w, "w"),
+    ]
+    io = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, h]),
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, h]),
+    ]
+    model = _model(nodes, [io[0]], [io[1]], inits)
+    x = (3000 * rng.standard_normal((3, h))).astype(np.float32)  # x² ≫ 65504
+    (want,) = _session(model).run(None, {"x": x})
+    # onnxruntime's CPU provider fuses this into SimplifiedLayerNormalization (float32 inside)
+    # and runs float16 ops it lacks kernels for in float32, so the plain graph happens to work
+    # there; a strongly typed TensorRT engine runs each op in the type the graph states.
+    plain = convert_float_to_float16(
+        onnx.load_from_string(model.SerializeToString()), keep_io_types=True
+    )
+    assert _types(plain)["/norm/Pow_output_0"] == TensorProto.FLOAT16
+    ours = to_fp16(onnx.load_from_string(model.SerializeToString()))
+    (got,) = _session(ours).run(None, {"x": x})
+    np.testing.assert_allclose(got, want, atol=5e-2, rtol=1e-2)
+    assert not _float16_round_trips(ours)
+    types = _types(ours)
+    norm = [n for n in ours.graph.node if n.name.startswith("/norm/") and n.op_type != "Cast"]
+    assert not [x for n in norm for x in [*n.input, *n.output] if types[x] == TensorProto.FLOAT16]
+    matmul = next(n for n in ours.graph.node if n.op_type == "MatMul")
+    assert types[matmul.input[0]] == types[matmul.input[1]] == TensorProto.FLOAT16
+
+
+@pytest.mark.parametrize("form", ["transpose_node", "folded_copy"])
+def test_tie_output_layer_on_both_exporter_forms(form: str) -> None:
+    """Dynamo writes MatMul(x, Transpose(W)); the legacy exporter folds Wᵀ into a second
+    initializer. Both become Gemm(transB=1) on the Gather's W, with the same outputs."""
+    vocab, hidden = 300, 64
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["W", "ids"], ["emb"])]
+    inits = [numpy_helper.from_array(table, "W")]
+    if form == "transpose_node":
+        nodes.append(helper.make_node("Transpose", ["W"], ["WT"], perm=[1, 0]))
+    else:
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(table.T), "WT"))
+    nodes.append(helper.make_node("MatMul", ["emb", "WT"], ["logits"]))
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 5, vocab])],
+        inits,
+    )
+    ids = rng.integers(0, vocab, (2, 5)).astype(np.int64)
+    (want,) = _session(model).run(None, {"ids": ids})
+    tied = tie_output_layer(onnx.load_from_string(model.SerializeToString()))
+    (got,) = _session(tied).run(None, {"ids": ids})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    _assert_one_table(tied, vocab, hidden, "fp32")
+    saved = table.nbytes if form == "folded_copy" else 0
+    assert onnx_weight_bytes(tied) <= onnx_weight_bytes(model) - saved + 64  # + shape constants
+    # a table that is not the output layer's transpose is left alone
+    other = onnx.load_from_string(model.SerializeToString())
+    if form == "folded_copy":
+        t = next(t for t in other.graph.initializer if t.name == "WT")
+        t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(table.T) + 1.0, "WT"))
+        assert not any(n.op_type == "Gemm" for n in tie_output_layer(other).graph.node)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_tie_output_layer_on_real_exports(exporter: str, tmp_path: Path) -> None:
+    """A tied embedding + output layer as both torch exporters write it (seconds)."""
+    import torch
+    from torch import nn
+
+    from export.onnx import _exporter_noise, fold_weight_transposes
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(300, 64)
+            self.head = self.embed.weight
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            h = torch.tanh(self.embed(ids))[:, 1:3]
+            return torch.log_softmax(h @ self.head.T, dim=-1)
+
+    torch.manual_seed(0)
+    mod = Tied().eval()
+    ids = torch.randint(0, 300, (2, 6))
+    path = tmp_path / "tied.onnx"
+    with torch.no_grad(), _exporter_noise():
+        if exporter == "dynamo":
+            torch.onnx.export(mod, (ids,), str(path), dynamo=True, optimize=False, opset_version=18)
+        else:
+            torch.onnx.export(mod, (ids,), str(path), dynamo=False, opset_version=17)
+        want = mod(ids).numpy()
+    raw = fold_weight_transposes(onnx.load(str(path)))
+    assert len(_tables(raw, 300, 64)) == 2  # the table and its transposed copy
+    tied = fold_weight_transposes(tie_output_layer(onnx.load(str(path))))
+    for precision in ("fp32", "fp16", "int8"):
+        m = convert_precision(tied, precision)
+        _assert_one_table(m, 300, 64, precision)
+        (got,) = _session(m).run(None, {m.graph.input[0].name: ids.numpy()})
+        tol = {"fp32": (1e-5, 1e-5), "fp16": (2e-2, 1e-3), "int8": (0.5, 1e-2)}[precision]
+        np.testing.assert_allclose(got, want, atol=tol[0], rtol=tol[1], err_msg=precision)
+
+
+# -- the tiny LFM2-VL member (tied embeddings; legacy exporter: default run) ------------------
+
+
+@pytest.fixture(scope="module")
+def lfm_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _export_bundle(
+        tiny_pair, tmp_path_factory.mktemp("prec") / "l32", "fp32", "tiny-lfm2_vl"
+    )
+
+
+@pytest.fixture(scope="module")
+def lfm_graphs(lfm_bundle: Path) -> dict[str, Any]:
+    return _member_graphs(lfm_bundle, "tiny-lfm2_vl")
+
+
+@pytest.fixture(scope="module")
+def lfm_sessions(lfm_graphs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        (g, p): _session(convert_precision(m, p))
+        for g, m in lfm_graphs.items()
+        for p in ("fp32", "fp16")
+    }
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 2**31 - 1), graph=st.sampled_from(["vision", "decoder"]))
+def test_lfm2_fp16_matches_fp32(
+    lfm_graphs: dict[str, Any], lfm_sessions: dict[str, Any], seed: int, graph: str
+) -> None:
+    cfg = get_export_config("lfm2_vl")
+    feeds = _feeds(lfm_graphs[graph], seed)
+    want = lfm_sessions[(graph, "fp32")].run(None, feeds)
+    got = lfm_sessions[(graph, "fp16")].run(None, feeds)
+    _close(got, want, cfg.atol["fp16"], cfg.rtol["fp16"])
+
+
+def test_lfm2_fp16_survives_large_activations(lfm_graphs: dict[str, Any]) -> None:
+    cfg = get_export_config("lfm2_vl")
+    big = _scale_embeddings(lfm_graphs["decoder"], 2000.0)
+    feeds = _feeds(big, 7, scale=2000.0)
+    want = _session(big).run(None, feeds)
+    fp16 = convert_precision(big, "fp16")
+    _close(_session(fp16).run(None, feeds), want, cfg.atol["fp16"], cfg.rtol["fp16"])
+    assert not _float16_round_trips(fp16)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8", "int4"])
+def test_lfm2_tied_table_is_stored_once(lfm_graphs: dict[str, Any], precision: str) -> None:
+    dec = lfm_graphs["decoder"]
+    vocab, hidden = _vocab(dec), _dims(dec, "image_embeds")[2]
+    assert hidden is not None
+    tied = convert_precision(dec, precision)
+    _assert_one_table(tied, vocab, hidden, precision)
+    # the graph as exported before: the output layer as a MatMul on a second (transposed) copy
+    untied = onnx.ModelProto()
+    untied.CopyFrom(dec)
+    assert _untie_for_quantizer(untied)  # Gemm on W → MatMul on a copy of Wᵀ
+    before = onnx_weight_bytes(convert_precision(untied, precision))
+    after = onnx_weight_bytes(tied)
+    per = {"fp32": 4, "fp16": 2, "int8": 2, "int4": 2}[precision]  # the dropped copy's bytes
+    assert before - after >= 0.95 * vocab * hidden * per, (before, after)
+    feeds = _feeds(dec, 3)
+    cfg = get_export_config("lfm2_vl")
+    _close(
+        _session(tied).run(None, feeds),
+        _session(dec).run(None, feeds),
+        cfg.atol[precision],
+        cfg.rtol[precision],
+    )
+
+
+def test_lfm2_fp16_bundle_verifies(lfm_bundle: Path, tmp_path: Path) -> None:
+    from export.onnx_bundle import derive_bundle
+    from export.verify import verify_bundle
+    from guard._bundle import load_bundle
+
+    b16 = derive_bundle(lfm_bundle, tmp_path / "l16", precision="fp16")
+    # spotstop verify-bundle's default 12 scenes: the tiny pair's scores bunch together, so
+    # with fewer scenes a swap of two near-equal scores moves the rank correlation a lot
+    v = verify_bundle(b16)
+    assert v.ok, str(v)
+    w16 = load_bundle(b16).manifest["export"]["weight_bytes"]
+    w32 = load_bundle(lfm_bundle).manifest["export"]["weight_bytes"]
+    assert w16 <= 0.55 * w32
+
+
+@pytest.mark.parametrize("member", ["tiny-qwen3_5", "tiny-lfm2_vl"])
+def test_vision_fp16_matches_fp32(member: str, tiny_pair: Path, tmp_path: Path) -> None:
+    """Both vision towers (legacy exporter, seconds): fp16 loads and matches fp32."""
+    from export.graphs import VisionGraph
+    from export.onnx import _export_vision
+    from guard import load_member
+
+    m = load_member(tiny_pair / member)
+    px = m._gray()  # type: ignore[attr-defined]
+    vis = VisionGraph(m.backend.model, m.folder.model_type, px).eval()  # type: ignore[attr-defined]
+    cfg = get_export_config(m.folder.model_type)  # type: ignore[attr-defined]
+    _export_vision(vis, cfg, px, tmp_path / "vision.onnx")
+    model = onnx.load(str(tmp_path / "vision.onnx"))
+    fp16 = _session(convert_precision(model, "fp16"))
+    fp32 = _session(model)
+    for seed in range(3):
+        feeds = {"pixel_values": _feeds(model, seed)["pixel_values"]}
+        _close(fp16.run(None, feeds), fp32.run(None, feeds), cfg.atol["fp16"], cfg.rtol["fp16"])
+
+
+def test_memory_budget_counts_a_tied_table_once() -> None:
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "memory_budget", root / "jetson" / "memory_budget.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mb = importlib.util.module_from_spec(spec)
+    sys.modules["memory_budget"] = mb
+    spec.loader.exec_module(mb)
+    for name, rec in mb.RECORDED.items():
+        c = mb.count(name, mb.build_config(name, rec))
+        assert c.tied
+        # fp32/fp16: every parameter once
+        assert mb.weight_bytes(c, "fp32") == pytest.approx(4 * c.total)
+        assert mb.weight_bytes(c, "fp16") == pytest.approx(2 * c.total)
+        # int8: the table only as the output layer's blocks (+ one more copy of the scales)
+        linear = c.vision_linear + c.text_linear + c.embed
+        other = c.vision_other + c.text_other
+        want = linear * (1 + 4 / 128) + c.embed * 4 / 128 + other * 4
+        assert mb.weight_bytes(c, "int8") == pytest.approx(want)
+
+
+def test_memory_budget_readme_is_current() -> None:
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run(
+        [sys.executable, str(root / "jetson" / "memory_budget.py"), "--print"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )
+    assert res.returncode == 0, res.stderr
+    readme = (root / "jetson" / "README.md").read_text(encoding="utf-8")
+    assert res.stdout.strip() == readme.strip(), "regenerate: python jetson/memory_budget.py"
+
+
+# -- the tiny Qwen3.5 member (dynamo decoder export: slow) ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair_fp32(tiny_pair_fp32_bundle: Path) -> Path:
+    """Both tiny members at fp32, exported once per session (conftest.py)."""
+    return tiny_pair_fp32_bundle
+
+
+@pytest.mark.slow
+def test_pair_fp16_bundle_verifies(pair_fp32: Path, tmp_path: Path) -> None:
+    """Both members at fp16 (the Qwen3.5 decoder did not load before): verify-bundle passes."""
+    from export.onnx_bundle import derive_bundle
+    from export.verify import verify_bundle
+
+    b16 = derive_bundle(pair_fp32, tmp_path / "p16", precision="fp16")
+    v = verify_bundle(b16)
+    assert v.ok, str(v)
+    assert {m.name for m in v.members} == {"tiny-qwen3_5", "tiny-lfm2_vl"}
+
+
+@pytest.mark.slow
+def test_qwen_fp16_decoder_matches_fp32(pair_fp32: Path) -> None:
+    cfg = get_export_config("qwen3_5")
+    dec = _member_graphs(pair_fp32, "tiny-qwen3_5")["decoder"]
+    fp16 = convert_precision(dec, "fp16")
+    s16, s32 = _session(fp16), _session(dec)
+
+    @settings(max_examples=5, deadline=None)
+    @given(seed=st.integers(0, 2**31 - 1))
+    def check(seed: int) -> None:
+        feeds = _feeds(dec, seed)
+        _close(s16.run(None, feeds), s32.run(None, feeds), cfg.atol["fp16"], cfg.rtol["fp16"])
+
+    check()
+    # large activations: RMSNorm variance and the residual stream beyond float16's range
+    big = _scale_embeddings(dec, 2000.0)
+    feeds = _feeds(big, 11, scale=2000.0)
+    _close(
+        _session(convert_precision(big, "fp16")).run(None, feeds),
+        _session(big).run(None, feeds),
+        cfg.atol["fp16"],
+        cfg.rtol["fp16"],
+    )
+
+
+@pytest.mark.slow
+def test_qwen_fp16_decoder_is_float16_where_it_counts(pair_fp32: Path) -> None:
+    """Weights and projections float16; normalisers, RMSNorm and the delta rule float32."""
+    dec = _member_graphs(pair_fp32, "tiny-qwen3_5")["decoder"]
+    fp16 = convert_precision(dec, "fp16")
+    assert not _float16_round_trips(fp16)
+    inits = {t.name: t for t in fp16.graph.initializer}
+    weights = [
+        inits[n.input[1]]
+        for n in fp16.graph.node
+        if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and n.input[1] in inits
+    ]
+    assert weights and all(w.data_type == TensorProto.FLOAT16 for w in weights)
+    big = [t for t in fp16.graph.initializer if int(np.prod(t.dims or [1])) >= 4096]
+    assert all(t.data_type == TensorProto.FLOAT16 for t in big), [
+        t.name for t in big if t.data_type != TensorProto.FLOAT16
+    ]
+    wb32, wb16 = onnx_weight_bytes(dec), onnx_weight_bytes(fp16)
+    assert wb16 <= 0.52 * wb32
+    # (onnx's shape inference does not type every tensor of this graph: "not float16" and
+    # "not made by a Cast to float16")
+    types = _types(fp16)
+    producer = {o: n for n in fp16.graph.node for o in n.output}
+
+    def float16_in(n: Any) -> bool:
+        p = producer.get(n.input[0])
+        to16 = p is not None and p.op_type == "Cast" and helper.get_node_attr_value(p, "to") == 10
+        return to16 or types.get(n.input[0]) == TensorProto.FLOAT16
+
+    regions = set(_fp32_nodes(dec))
+    checked = [
+        n
+        for n in fp16.graph.node
+        if n.op_type in ("Softmax", "LogSoftmax", "Exp")
+        or (n.op_type in ("Pow", "ReduceMean", "CumSum") and n.name in regions)
+    ]
+    assert {"Softmax", "LogSoftmax", "Exp", "Pow", "ReduceMean"} <= {n.op_type for n in checked}
+    assert not [(n.name, n.op_type) for n in checked if float16_in(n)]
+
+
+@pytest.mark.slow
+def test_qwen_untied_output_layer_is_left_alone(pair_fp32: Path) -> None:
+    """tiny-qwen3_5 does not tie its embeddings: its table and output layer stay separate."""
+    dec = _member_graphs(pair_fp32, "tiny-qwen3_5")["decoder"]
+    assert not any(n.name.startswith("tied_output_layer") for n in dec.graph.node)
+    assert not any(n.op_type == "Gemm" for n in dec.graph.node)

@@ -1,0 +1,362 @@
+"""int4-trt: INT4 blocked DequantizeLinear → MatMul (export/quant.py).
+
+Small MatMul graphs with known weights are quantized and checked against an independent
+per-element reference of symmetric int4 round-to-nearest in blocks of 128 rows
+(``s = max|w| / 7`` per block and column, ``q = round_half_even(w / s)`` clipped to
+``[-8, 7]``), onnxruntime runs the result, and the tiny pair's LFM2-VL member exports and
+scores at int4-trt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from export.quant import (  # noqa: E402
+    BLOCK_SIZE,
+    INT4_OPSET,
+    QuantizerInfo,
+    graph_quantizer,
+    modelopt_version,
+    quantize_int4_trt,
+    quantizer_meta,
+    raise_opset,
+)
+
+HAS_MODELOPT = modelopt_version() is not None
+
+
+def _matmul_model(weights: dict[str, np.ndarray], opset: int = 17) -> onnx.ModelProto:
+    """x → MatMul(·, W0) → MatMul(·, W1) … (every W a constant [K, N] initializer)."""
+    names = list(weights)
+    k0 = weights[names[0]].shape[0]
+    nodes, inits, cur = [], [], "x"
+    for i, name in enumerate(names):
+        out = "y" if i == len(names) - 1 else f"h{i}"
+        nodes.append(helper.make_node("MatMul", [cur, name], [out], name=f"mm{i}"))
+        inits.append(numpy_helper.from_array(weights[name], name))
+        cur = out
+    n_last = weights[names[-1]].shape[1]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", k0])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", n_last])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _reference_int4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Independent reference: element by element, Python's round() (ties to even)."""
+    k, n = w.shape
+    nb = -(-k // BLOCK_SIZE)
+    q = np.zeros((k, n), np.int64)
+    s = np.zeros((nb, n), np.float32)
+    for b in range(nb):
+        rows = range(b * BLOCK_SIZE, min(k, (b + 1) * BLOCK_SIZE))
+        for j in range(n):
+            amax = max(abs(float(w[r, j])) for r in rows)
+            scale = np.float32(max(np.float32(amax) / np.float32(7.0), np.float32(1e-5)))
+            s[b, j] = scale
+            for r in rows:
+                q[r, j] = min(7, max(-8, round(float(np.float32(w[r, j]) / scale))))
+    return q, s
+
+
+def _dq_weights(m: onnx.ModelProto) -> dict[str, tuple[np.ndarray, np.ndarray, dict, int]]:
+    """Weight name → (int values, scales, DequantizeLinear attributes, number of inputs)."""
+    inits = {t.name: t for t in m.graph.initializer}
+    out = {}
+    for node in m.graph.node:
+        if node.op_type != "DequantizeLinear":
+            continue
+        qt, st = inits[node.input[0]], inits[node.input[1]]
+        assert qt.data_type == TensorProto.INT4, "weights are INT4 initializers"
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        consumer = next(n for n in m.graph.node if node.output[0] in n.input)
+        assert consumer.op_type == "MatMul" and consumer.input[1] == node.output[0]
+        name = node.input[0].removesuffix("_i4")
+        out[name] = (
+            numpy_helper.to_array(qt).astype(np.int64),
+            numpy_helper.to_array(st),
+            attrs,
+            len(node.input),
+        )
+    return out
+
+
+def _known_weights() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    w0 = rng.standard_normal((300, 24)).astype(np.float32)  # 3 blocks, the last one partial
+    w0[5, 3], w0[6, 4] = -3.0, 4.0  # a negative and a positive block maximum
+    w0[128:256, 7] = 0.0  # an all-zero block: a positive (floored) scale, q = 0
+    # exact ties at s = 1 (block max 7): round half to even
+    w0[256:300, 9] = 0.0
+    w0[256:263, 9] = [7.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5]
+    w1 = (rng.standard_normal((24, 10)) * 0.05).astype(np.float32)  # K < block: one block
+    return {"w0": w0, "w1": w1}
+
+
+def test_int4_trt_blocks_match_an_independent_reference() -> None:
+    weights = _known_weights()
+    q_model = quantize_int4_trt(_matmul_model(weights), use_modelopt=False)
+    ops = [n.op_type for n in q_model.graph.node]
+    assert "MatMulNBits" not in ops and ops.count("DequantizeLinear") == 2
+    assert all(n.domain in ("", "ai.onnx") for n in q_model.graph.node)
+    opset = next(o.version for o in q_model.opset_import if o.domain in ("", "ai.onnx"))
+    assert opset == INT4_OPSET and q_model.ir_version >= 10
+    onnx.checker.check_model(q_model, full_check=True)
+    got = _dq_weights(q_model)
+    assert set(got) == set(weights)
+    assert not {t.name for t in q_model.graph.initializer} & set(weights), "float weights dropped"
+    for name, w in weights.items():
+        q, s, attrs, n_inputs = got[name]
+        q_ref, s_ref = _reference_int4(w)
+        assert attrs == {"axis": 0, "block_size": BLOCK_SIZE}
+        assert n_inputs == 2, "symmetric: no zero point"
+        assert s.dtype == np.float32 and s.shape == (-(-w.shape[0] // BLOCK_SIZE), w.shape[1])
+        assert np.all(s > 0), "TensorRT refuses scales that are not all > 0"
+        np.testing.assert_array_equal(s, s_ref)
+        np.testing.assert_array_equal(q, q_ref)
+        assert q.min() >= -8 and q.max() <= 7
+    from export.onnx import onnx_weight_bytes
+
+    # INT4 initializers hold two values a byte: weight bytes count what is stored
+    assert onnx_weight_bytes(q_model) == sum(len(t.raw_data) for t in q_model.graph.initializer)
+    q0, s0 = got["w0"][0], got["w0"][1]
+    assert list(q0[256:263, 9]) == [7, 0, 2, 2, 0, -2, -2]  # ties to even
+    assert s0[2, 9] == 1.0 and s0[1, 7] == np.float32(1e-5) and not q0[128:256, 7].any()
+    assert q0[6, 4] == 7 and q0[5, 3] == -7  # |max| maps to ±7 (scale = max|w| / 7)
+
+
+def test_onnxruntime_runs_int4_trt_and_matches_numpy() -> None:
+    weights = _known_weights()
+    q_model = quantize_int4_trt(_matmul_model(weights), use_modelopt=False)
+    got = _dq_weights(q_model)
+    deq = {}
+    for name, (q, s, _, _) in got.items():
+        k = q.shape[0]
+        deq[name] = q.astype(np.float32) * np.repeat(s, BLOCK_SIZE, axis=0)[:k]
+    x = np.random.default_rng(1).standard_normal((3, 300)).astype(np.float32)
+    want = (x @ deq["w0"]) @ deq["w1"]
+    plain = ort.SessionOptions()
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    (y,) = ort.InferenceSession(
+        q_model.SerializeToString(), plain, providers=["CPUExecutionProvider"]
+    ).run(None, {"x": x})
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    # default optimizations fuse DQ → MatMul into MatMulNBits (int8 activations on CPU)
+    (y2,) = ort.InferenceSession(
+        q_model.SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(None, {"x": x})
+    np.testing.assert_allclose(y2, want, rtol=0.05, atol=0.05 * float(np.abs(want).max()))
+
+
+def test_opset_is_raised_by_the_version_converter() -> None:
+    """ReduceMean's axes attribute (opset 17) becomes an input at 18: converted, not relabelled."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    big = rng.standard_normal((64, 16)).astype(np.float32)  # held aside while converting
+    g = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["x"], ["m"], axes=[1], keepdims=1),
+            helper.make_node("Sub", ["x", "m"], ["c"]),
+            helper.make_node("MatMul", ["c", "w"], ["y"]),
+            helper.make_node("Gather", ["big", "ids"], ["e"], axis=0),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [3]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8]),
+            helper.make_tensor_value_info("e", TensorProto.FLOAT, [3, 16]),
+        ],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(big, "big")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    r = raise_opset(m)
+    assert r.opset_import[0].version == 21
+    rm = next(n for n in r.graph.node if n.op_type == "ReduceMean")
+    assert len(rm.input) == 2 and not any(a.name == "axes" for a in rm.attribute)
+    np.testing.assert_array_equal(
+        numpy_helper.to_array(next(t for t in r.graph.initializer if t.name == "big")), big
+    )
+    onnx.checker.check_model(r, full_check=True)
+    x = rng.standard_normal((2, 16)).astype(np.float32)
+    ids = np.array([0, 63, 5], np.int64)
+    feeds = {"x": x, "ids": ids}
+    y0, e0 = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    y1, e1 = ort.InferenceSession(r.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    np.testing.assert_allclose(y1, y0, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(e1, e0)
+    assert raise_opset(r) is r, "already at opset 21: unchanged"
+
+
+def test_shared_and_other_weights() -> None:
+    """A weight read by two MatMuls is quantized once; one also read by a Gather stays float."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    t = rng.standard_normal((16, 16)).astype(np.float32)
+    g = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["a"]),
+            helper.make_node("MatMul", ["a", "w"], ["b"]),
+            helper.make_node("MatMul", ["b", "t"], ["y"]),
+            helper.make_node("Gather", ["t", "ids"], ["e"], axis=0),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [2]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16]),
+            helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 16]),
+        ],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(t, "t")],
+    )
+    m0 = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m = quantize_int4_trt(m0, use_modelopt=False)
+    assert [n.op_type for n in m.graph.node].count("DequantizeLinear") == 2
+    names = {i.name for i in m.graph.initializer}
+    assert "w" not in names and "t" in names
+    x = rng.standard_normal((1, 16)).astype(np.float32)
+    ids = np.array([1, 2], np.int64)
+    _, e = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "ids": ids}
+    )
+    np.testing.assert_array_equal(e, t[ids])
+
+
+def test_the_quantizer_is_recorded() -> None:
+    m = quantize_int4_trt(_matmul_model(_known_weights()), use_modelopt=False)
+    info = graph_quantizer(m)
+    assert info is not None and info.quantizer == "spotstop-rtn" and info.block_size == 128
+    assert QuantizerInfo.from_text(info.as_text()) == info
+    meta = quantizer_meta(m)["quantizer"]
+    assert meta["name"] == "spotstop-rtn" and meta["method"] == "rtn"
+    assert quantizer_meta(_matmul_model(_known_weights())) == {}
+    with pytest.raises(ValueError, match="method"):
+        quantize_int4_trt(m, method="gptq")
+    if not HAS_MODELOPT:
+        with pytest.raises(RuntimeError, match="modelopt"):
+            quantize_int4_trt(m, use_modelopt=True)
+        with pytest.raises(RuntimeError, match="modelopt"):
+            quantize_int4_trt(m, method="awq", calibration=[{"x": np.zeros((1, 300))}])
+
+
+@pytest.mark.skipif(not HAS_MODELOPT, reason="nvidia-modelopt (onnx) is not installed")
+def test_modelopt_rtn_writes_the_same_graph_numbers() -> None:  # pragma: no cover - optional
+    weights = _known_weights()
+    a = quantize_int4_trt(_matmul_model(weights), use_modelopt=True)
+    b = quantize_int4_trt(_matmul_model(weights), use_modelopt=False)
+    info = graph_quantizer(a)
+    assert info is not None and info.quantizer == "nvidia-modelopt" and info.method == "rtn_dq"
+    wa, wb = _dq_weights(a), _dq_weights(b)
+    assert set(wa) == set(wb)
+    for k in wa:
+        np.testing.assert_array_equal(wa[k][0], wb[k][0])
+        np.testing.assert_array_equal(wa[k][1], wb[k][1])
+        assert wa[k][2] == wb[k][2]
+
+
+# -- the tiny pair's LFM2-VL member (legacy exporter: seconds) --------------------------------
+
+
+def _graph_ops(member: Path) -> dict[str, list[str]]:
+    out = {}
+    for f in sorted((member / "onnx").glob("*.onnx")):
+        m = onnx.load(str(f), load_external_data=False)
+        out[f.name] = [n.op_type for n in m.graph.node]
+        assert next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")) >= 21
+    return out
+
+
+def _worst_score_diff(bundle: Path, tiny_pair: Path, name: str) -> float:
+    from guard import ScoringConfig, load_member
+    from guard._bundle import load_bundle
+    from guard._demo import demo_scenes
+
+    b = load_bundle(bundle)
+    bm = next(m for m in b.members if m.name == name)
+    cfg = ScoringConfig(prompt=b.prompt)
+    got = load_member(bm.path, name=name, config=cfg, backend="onnx", template=bm.template)
+    ref = load_member(tiny_pair / name, config=cfg, template=bm.template)
+    scenes = demo_scenes(3, seed=11)
+    worst = 0.0
+    for variant in ("scene", "text"):
+        g = np.array([r.score for r in got.score(scenes, variant)])  # type: ignore[arg-type]
+        r = np.array([r.score for r in ref.score(scenes, variant)])  # type: ignore[arg-type]
+        worst = max(worst, float(np.max(np.abs(g - r))))
+    return worst
+
+
+def test_lfm2_int4_trt_export_validates(tiny_pair: Path, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import yaml
+
+    from export.configs import Lfm2VlExportConfig
+    from export.onnx_bundle import derive_bundle, write_onnx_bundle
+    from guard._bundle import load_bundle
+
+    name = "tiny-lfm2_vl"
+    b4 = write_onnx_bundle(
+        [tiny_pair / name], tmp_path / "b4t", precision="int4-trt", buckets=[256], trt="off"
+    )
+    [e] = b4.members  # export_member validated every output at int4-trt tolerances
+    assert e.precision == "int4-trt" and all(c.ok for c in e.checks)
+    meta = yaml.safe_load((e.path / "spotstop_onnx.yaml").read_text(encoding="utf-8"))
+    assert meta["precision"] == "int4-trt"
+    assert meta["quantizer"]["name"] in ("nvidia-modelopt", "spotstop-rtn")
+    assert meta["quantizer"]["block_size"] == 128
+    for ops in _graph_ops(e.path).values():
+        assert "MatMulNBits" not in ops and "GatherBlockQuantized" not in ops
+        assert "DequantizeLinear" in ops
+    assert _worst_score_diff(b4.path, tiny_pair, name) <= Lfm2VlExportConfig.score_atol["int4-trt"]
+
+    # derived from an fp32 bundle: the same graphs, about an eighth of the matrix bytes
+    b32 = write_onnx_bundle([tiny_pair / name], tmp_path / "b32", buckets=[256], trt="off")
+    d = derive_bundle(b32.path, tmp_path / "d4t", precision="int4-trt")
+    man = load_bundle(d).manifest
+    assert man["export"]["precision"] == "int4-trt"
+    assert man["export"]["weight_bytes"] == b4.weight_bytes
+    assert b4.weight_bytes < 0.5 * b32.weight_bytes
+    dmeta = yaml.safe_load(
+        (d / "members" / name / "spotstop_onnx.yaml").read_text(encoding="utf-8")
+    )
+    assert dmeta["precision"] == "int4-trt" and dmeta["quantizer"] == meta["quantizer"]
+
+
+@pytest.mark.slow
+def test_qwen_int4_trt_derived_bundle_verifies(
+    tiny_pair: Path, tiny_pair_fp32_bundle: Path, tmp_path: Path
+) -> None:
+    """The dynamo-exported Qwen3.5 graphs (opset 18) raise to 21 and quantize."""
+    from export.configs import Qwen35ExportConfig
+    from export.onnx_bundle import derive_bundle
+
+    name = "tiny-qwen3_5"
+    d = derive_bundle(tiny_pair_fp32_bundle, tmp_path / "q4t", precision="int4-trt")
+    graphs = _graph_ops(d / "members" / name)
+    assert all("MatMulNBits" not in ops for ops in graphs.values())
+    # the decoder's MatMuls are quantized; the Qwen3.5 vision tower's Linears export as Gemm,
+    # which int4-trt (like int4) leaves in float
+    assert all("DequantizeLinear" in ops for f, ops in graphs.items() if f.startswith("decoder"))
+    assert _worst_score_diff(d, tiny_pair, name) <= Qwen35ExportConfig.score_atol["int4-trt"]
