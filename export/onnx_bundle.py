@@ -27,7 +27,7 @@ from export.bundle import _write_manifest
 from export.onnx import DEFAULT_BUCKETS, MemberExport, export_member
 from export.triton import write_triton_repository
 from export.trt import build_engines, write_trt_script
-from guard._bundle import pair_prompt_hash, sha256_file
+from guard._bundle import is_device_built, pair_prompt_hash, sha256_file
 from guard._config import ScoringConfig
 
 __all__ = ["OnnxBundle", "write_onnx_bundle"]
@@ -151,7 +151,9 @@ def write_onnx_bundle(
     files = {
         p.relative_to(root).as_posix(): sha256_file(p)
         for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.name.startswith(_NOT_LISTED)
+        if p.is_file()
+        and not p.name.startswith(_NOT_LISTED)
+        and not is_device_built(p.relative_to(root).as_posix())
     }
     bundle_id = _write_manifest(
         root,
@@ -243,7 +245,9 @@ def derive_bundle(
     files = {
         p.relative_to(root).as_posix(): sha256_file(p)
         for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.name.startswith(_NOT_LISTED)
+        if p.is_file()
+        and not p.name.startswith(_NOT_LISTED)
+        and not is_device_built(p.relative_to(root).as_posix())
     }
     cfg = ScoringConfig(prompt=b.prompt)
     _write_manifest(
