@@ -19,8 +19,9 @@ Precisions: ``fp32``; ``fp16`` (:func:`to_fp16`: onnxruntime's float16 converter
 inputs/outputs kept, the normalisers, RMSNorm/LayerNorm and the Gated-DeltaNet decay and delta
 rule kept float32 as the transformers code computes them); ``int8`` / ``int4`` weight-only
 (onnxruntime ``MatMulNBitsQuantizer``: symmetric, block 128, every MatMul with a constant
-weight; embedding tables stored as float16); ``int4-trt``
-(export/quant.py: INT4 blocked ``DequantizeLinear`` → ``MatMul`` at opset 21, which TensorRT parses).
+weight; embedding tables stored as float16); ``int4-trt`` (the fp16 graph, then
+export/quant.py: INT4 blocked ``DequantizeLinear`` with float16 scales → float16 ``MatMul`` at
+opset 21, which TensorRT parses).
 
 A tied output layer (word embeddings = output layer) is stored ONCE (:func:`tie_output_layer`):
 at fp32/fp16 the token ``Gather`` and a ``Gemm(transB=1)`` read the same table; at int8/int4
@@ -700,16 +701,23 @@ def _join_fp32_regions(model: Any, fp32: set[str], float_inputs: set[str]) -> No
         for n in model.graph.node:
             for x in n.input:
                 users[x] = users.get(x, 0) + 1
-        dead = [
-            n
-            for n in model.graph.node
+        dead = {
+            i
+            for i, n in enumerate(model.graph.node)
             if n.op_type == "Cast"
             and all(users.get(o, 0) == 0 and o not in outputs for o in n.output)
-        ]
+        }
         if not dead:
             break
-        for n in dead:
-            model.graph.node.remove(n)
+        # rebuild the node list once (RepeatedContainer.remove is linear: quadratic in total)
+        kept = []
+        for i, n in enumerate(model.graph.node):
+            if i not in dead:
+                c = type(n)()
+                c.CopyFrom(n)
+                kept.append(c)
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
     del model.graph.value_info[:]
 
 
@@ -744,7 +752,9 @@ def convert_precision(model: Any, precision: str) -> Any:
 
         fold_weight_transposes(m)
         _untie_for_quantizer(m)  # the tied head as MatMul on Wᵀ; the Gather keeps W (fp16)
-        return _embeddings_to_fp16(quantize_int4_trt(m))
+        # the fp16 graph (same float32 islands as fp16), then its float16 MatMul weights as
+        # INT4 blocks with float16 scales: DequantizeLinear outputs float16 into fp16 MatMuls
+        return _embeddings_to_fp16(quantize_int4_trt(to_fp16(m)))
     raise ValueError(f"precision must be one of {list(PRECISIONS)}; got {precision!r}.")
 
 

@@ -5,13 +5,23 @@ runs. ``int4-trt`` writes the standard ONNX form that TensorRT's parser reads fo
 int4 (and onnxruntime runs too)::
 
     W_i4 (INT4 initializer, [K, N]) ──┐
-    W_scale (float32, [ceil(K/128), N]) ─ DequantizeLinear(axis=0, block_size=128) ─→ MatMul(x, ·)
+    W_scale (float16, [ceil(K/128), N]) ─ DequantizeLinear(axis=0, block_size=128) ─→ MatMul(x, ·)
 
 symmetric (no zero point), one scale per block of 128 input rows per output column, in an
 opset-21 graph (the first opset whose ``DequantizeLinear`` takes INT4 and ``block_size``).
+export/onnx.py ``convert_precision`` quantizes the FP16 graph (``to_fp16`` first, with its
+float32 islands), so the scales are float16, each ``DequantizeLinear`` outputs float16 and
+the MatMuls it feeds compute in float16 (a strongly typed TensorRT build takes its precision
+from these types), as nvidia-modelopt writes fp16 models: its RTN casts the float32 scales to
+the weight's dtype and quantizes with the cast scales. A float32 model given directly to
+:func:`quantize_int4_trt` keeps float32 scales.
 
 The quantization convention is nvidia-modelopt's RTN: per block ``s = max|w| / 7`` (floored at
-``1e-5``), ``q = round_half_to_even(w / s)`` clipped to ``[-8, 7]``. Every scale is positive:
+``1e-5``), ``q = round_half_to_even(w / s)`` clipped to ``[-8, 7]``. Float16 scales are computed
+in float32, floored at the smallest normal float16 (``2**-14``: below it float16 holds a scale
+only as a subnormal, which flush-to-zero arithmetic reads as 0) and rounded to float16
+BEFORE ``q`` is computed, so ``q * s`` dequantizes with the scale that quantized it. Every
+scale is positive:
 TensorRT's ONNX parser refuses a ``DequantizeLinear`` whose scales are not all ``> 0``
 ("Scale coefficients must all be positive"), which is why onnxruntime's own symmetric QDQ
 quantizer (``MatMulNBitsQuantizer`` with ``QuantFormat.QDQ``) is NOT used here: it maps each
@@ -40,6 +50,7 @@ weight-only kernels.
 
 from __future__ import annotations
 
+import heapq
 import importlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -50,9 +61,11 @@ import numpy as np
 
 __all__ = [
     "BLOCK_SIZE",
+    "FP16_SCALE_MIN",
     "INT4_OPSET",
     "METADATA_KEY",
     "QuantizerInfo",
+    "floor_fp16_scales",
     "graph_quantizer",
     "modelopt_version",
     "quantize_int4_trt",
@@ -60,6 +73,7 @@ __all__ = [
     "raise_opset",
     "rtn_int4_blocks",
     "rtn_quantize_matmuls",
+    "toposort",
 ]
 
 logger = logging.getLogger("export.quant")
@@ -70,6 +84,9 @@ BLOCK_SIZE = 128
 INT4_OPSET = 21
 #: Smallest scale (modelopt's ``CLIP_MIN``): an all-zero block keeps a positive scale.
 SCALE_MIN = 1e-5
+#: Smallest float16 scale: the smallest normal float16 (2**-14 ≈ 6.1e-5), so a float16 scale
+#: is never subnormal or zero (TensorRT refuses scales that are not > 0).
+FP16_SCALE_MIN = float(np.finfo(np.float16).tiny)
 #: ``metadata_props`` key of a quantized graph: which quantizer made it.
 METADATA_KEY = "spotstop.quantizer"
 _METHODS = ("rtn", "awq")
@@ -138,7 +155,10 @@ def rtn_int4_blocks(w: np.ndarray, block_size: int = BLOCK_SIZE) -> tuple[np.nda
     Returns ``(q, s)``: ``q`` int8 values in ``[-8, 7]`` of shape ``[K, N]`` and ``s`` positive
     scales of shape ``[ceil(K / block_size), N]`` in ``w``'s dtype, with
     ``s = max(max|w_block| / 7, 1e-5)`` and ``q = clip(rint(w / s), -8, 7)`` (ties to even).
-    A last partial block is scaled over its own rows (as zero padding to a full block does).
+    A float16 ``w`` gets float16 scales: ``s`` computed in float32, floored at
+    :data:`FP16_SCALE_MIN`, rounded to float16, and ``q`` computed (in float32) with that
+    rounded scale. A last partial block is scaled over its own rows (as zero padding to a full
+    block does).
     """
     if w.ndim != 2:
         raise ValueError(f"int4 block quantization needs a 2-D weight; got shape {w.shape}.")
@@ -149,8 +169,49 @@ def rtn_int4_blocks(w: np.ndarray, block_size: int = BLOCK_SIZE) -> tuple[np.nda
     wp = np.pad(w32, ((0, pad), (0, 0))) if pad else w32
     amax = np.abs(wp.reshape(nb, block_size, n)).max(axis=1)
     s = np.maximum(amax / np.float32(7.0), np.float32(SCALE_MIN)).astype(np.float32)
+    if w.dtype == np.float16:
+        s = np.maximum(s, np.float32(FP16_SCALE_MIN)).astype(np.float16).astype(np.float32)
+        if not bool(np.all(np.isfinite(s))):
+            raise ValueError("a float16 weight block's scale max|w| / 7 overflows float16.")
     q = np.clip(np.rint(w32 / np.repeat(s, block_size, axis=0)[:k]), -8, 7).astype(np.int8)
     return q, s.astype(w.dtype)
+
+
+def floor_fp16_scales(model: Any) -> int:
+    """Raise float16 ``DequantizeLinear`` scales below :data:`FP16_SCALE_MIN` to it, in place.
+
+    For graphs another quantizer wrote (nvidia-modelopt floors at ``1e-5``, which float16 holds
+    only as a subnormal): each such block's INT4 values are re-rounded for the new scale,
+    ``q' = clip(rint(q * s / s'), -8, 7)``. Returns the number of scales raised.
+    """
+    from onnx import TensorProto, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    raised = 0
+    for node in model.graph.node:
+        if node.op_type != "DequantizeLinear" or len(node.input) < 2:
+            continue
+        qt, st = inits.get(node.input[0]), inits.get(node.input[1])
+        if qt is None or st is None or st.data_type != TensorProto.FLOAT16:
+            continue
+        s = numpy_helper.to_array(st).astype(np.float32)
+        low = s < np.float32(FP16_SCALE_MIN)
+        if not low.any():
+            continue
+        if qt.data_type != TensorProto.INT4 or len(qt.dims) != 2 or s.ndim != 2:
+            raise RuntimeError(f"{node.name}: float16 scales below 2**-14 on an unknown layout.")
+        bs = next((a.i for a in node.attribute if a.name == "block_size"), 0)
+        if bs <= 0:
+            raise RuntimeError(f"{node.name}: float16 scales below 2**-14 without block_size.")
+        k = int(qt.dims[0])
+        new_s = np.where(low, np.float32(FP16_SCALE_MIN), s).astype(np.float16)
+        ratio = np.repeat(s / new_s.astype(np.float32), bs, axis=0)[:k]
+        q = numpy_helper.to_array(qt).astype(np.float32)
+        q = np.clip(np.rint(q * ratio), -8, 7).astype(np.int8)
+        qt.CopyFrom(_int4_tensor(qt.name, q))
+        st.CopyFrom(numpy_helper.from_array(new_s, st.name))
+        raised += int(low.sum())
+    return raised
 
 
 def _int4_tensor(name: str, q: np.ndarray) -> Any:
@@ -298,7 +359,10 @@ def quantize_int4_trt(
     calibration: Iterable[Mapping[str, np.ndarray]] | None = None,
     use_modelopt: bool | None = None,
 ) -> Any:
-    """An int4-trt copy of fp32 (or fp16) ``model``: INT4 blocked DequantizeLinear → MatMul.
+    """An int4-trt copy of fp16 (or fp32) ``model``: INT4 blocked DequantizeLinear → MatMul.
+
+    Scales take each weight's dtype: float16 weights (export/onnx.py passes the ``to_fp16``
+    graph) get float16 scales and float16 DequantizeLinear outputs.
 
     ``method``: ``"rtn"`` (round to nearest; no data) or ``"awq"`` (modelopt's ``awq_clip``,
     calibrated on ``calibration``: a list of input feeds; needs nvidia-modelopt).
@@ -328,10 +392,12 @@ def quantize_int4_trt(
     if mo is not None:
         info = QuantizerInfo("nvidia-modelopt", mo, "awq_clip" if method == "awq" else "rtn_dq")
         out = _modelopt_quantize(m, method, calibration)  # type: ignore[arg-type]
+        floor_fp16_scales(out)  # float16 scales: no subnormal ones (spotstop-rtn floors too)
     else:
         info = QuantizerInfo("spotstop-rtn", _spotstop_version(), "rtn")
         rtn_quantize_matmuls(m)
         out = m
+    toposort(out)  # the fp16 converter's Casts come last; keep the graph in order
     _check_int4_trt(out)
     props = {p.key: p.value for p in out.metadata_props}
     props[METADATA_KEY] = info.as_text()
@@ -340,8 +406,63 @@ def quantize_int4_trt(
     return out
 
 
+def _subgraph_inputs(node: Any) -> set[str]:
+    """Names a node's subgraphs (If/Loop/Scan bodies) read from the enclosing scope."""
+    from onnx import AttributeProto
+
+    names: set[str] = set()
+    for a in node.attribute:
+        graphs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)
+        for g in graphs:
+            local = {i.name for i in g.input} | {t.name for t in g.initializer}
+            for n in g.node:
+                local.update(n.output)
+            for n in g.node:
+                names.update(x for x in [*n.input, *_subgraph_inputs(n)] if x and x not in local)
+    return names
+
+
+def toposort(model: Any) -> None:
+    """Order ``model``'s nodes so every node follows the nodes it reads from, in place.
+
+    Ready nodes are taken in their original order. onnxruntime's float16 converter appends
+    the Casts it inserts at the end of the graph: onnxruntime sorts such a graph itself, but
+    ``onnx.checker`` refuses it and a parser need not sort it.
+    """
+    g = model.graph
+    nodes = list(g.node)
+    made = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    deps = [
+        {made[x] for x in [*n.input, *_subgraph_inputs(n)] if x in made and made[x] != i}
+        for i, n in enumerate(nodes)
+    ]
+    if all(d < i for i, ds in enumerate(deps) for d in ds):
+        return
+    users: dict[int, list[int]] = {}
+    for i, ds in enumerate(deps):
+        for d in ds:
+            users.setdefault(d, []).append(i)
+    left = [len(ds) for ds in deps]
+    ready = [i for i, c in enumerate(left) if c == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, ()):
+            left[u] -= 1
+            if left[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        raise RuntimeError("the graph has a cycle: cannot order its nodes.")
+    del g.node[:]
+    g.node.extend(nodes[i] for i in order)
+
+
 def _check_int4_trt(model: Any) -> None:
-    """The graph is what TensorRT parses: no MatMulNBits, positive scales, opset >= 21."""
+    """The graph is what TensorRT parses: no MatMulNBits, positive scales, opset >= 21.
+
+    Float16 scales are also at least :data:`FP16_SCALE_MIN` (no subnormals)."""
     from onnx import numpy_helper
 
     if _default_opset(model) < INT4_OPSET:
@@ -352,10 +473,15 @@ def _check_int4_trt(model: Any) -> None:
             raise RuntimeError("int4-trt graph holds MatMulNBits, which TensorRT cannot parse.")
         if node.op_type == "DequantizeLinear" and len(node.input) > 1:
             t = inits.get(node.input[1])
-            if t is not None and not bool(np.all(numpy_helper.to_array(t) > 0)):
+            if t is None:
+                continue
+            s = numpy_helper.to_array(t)
+            if not bool(np.all(s > 0)):
                 raise RuntimeError(
                     f"{node.name}: DequantizeLinear scales must all be > 0 for TensorRT."
                 )
+            if s.dtype == np.float16 and not bool(np.all(s >= np.float16(FP16_SCALE_MIN))):
+                raise RuntimeError(f"{node.name}: float16 scales below 2**-14 (subnormal).")
 
 
 def graph_quantizer(model: Any) -> QuantizerInfo | None:

@@ -21,6 +21,8 @@ Bytes per precision follow what ``spotstop export`` writes (export/onnx.py):
   (plus a second copy of the block scales, 4 B per block of 128, in the layout it needs);
   at int4-trt (INT4 ``DequantizeLinear`` → MatMul, the form TensorRT parses; TensorRT has no
   quantized Gather) the output layer is int4 blocks and the Gather table float16: twice;
+* int4-trt quantizes the fp16 graph: float16 scales (2 B per block of 128), the rest (norms,
+  convolutions, biases) float16 as at fp16, and float16 activations as at fp16;
 * the first-token rows of the output layer (two rows) are not counted.
 
 The CONFIG VALUES below were recorded from the members' published ``config.json`` files and
@@ -125,9 +127,10 @@ _BYTES = {
     "fp16": {"linear": 2.0, "embed": 2.0, "other": 2.0},
     "int8": {"linear": 1.0 + 4 / 128, "embed": 2.0, "other": 4.0},
     "int4": {"linear": 0.5 + 4 / 128, "embed": 2.0, "other": 4.0},
-    # INT4 DequantizeLinear (blocks of 128, float32 scales) for TensorRT; the Gather table
-    # stays float16, so a tied output layer is stored twice (int4 blocks + float16 table)
-    "int4-trt": {"linear": 0.5 + 4 / 128, "embed": 2.0, "other": 4.0},
+    # INT4 DequantizeLinear (blocks of 128, float16 scales) on the fp16 graph, for TensorRT;
+    # the Gather table stays float16, so a tied output layer is stored twice (int4 blocks +
+    # float16 table)
+    "int4-trt": {"linear": 0.5 + 2 / 128, "embed": 2.0, "other": 2.0},
 }
 PRECISIONS = tuple(_BYTES)
 #: float32 scale per block of 128 weights (MatMulNBits / GatherBlockQuantized)
@@ -237,7 +240,7 @@ def weight_bytes(c: Counts, precision: str) -> float:
 
 def activation_bytes(c: Counts, precision: str) -> float:
     """Peak activations of one scoring pass (float32 compute where onnxruntime keeps it)."""
-    act = 2.0 if precision == "fp16" else 4.0
+    act = 2.0 if precision in ("fp16", "int4-trt") else 4.0  # int4-trt: the fp16 graph
     # vision: a few live (patches × hidden) tensors, the MLP, one head-group of scores
     vis = c.vision_patches * (4 * c.vision_hidden + c.vision_intermediate) * act
     vis += c.vision_heads * c.vision_patches**2 * act
@@ -272,7 +275,8 @@ def render(counts: list[Counts]) -> str:
         "",
         "Platform constraints: aarch64, JetPack 6.x (L4T r36, CUDA 12.6, TensorRT 10.3); engines are",
         "built on the device that runs them. TensorRT (`--backend tensorrt`) takes fp32, fp16",
-        "and int4-trt bundles (int4-trt: INT4 DequantizeLinear weights, strongly typed engines);",
+        "and int4-trt bundles (int4-trt: the fp16 graph with INT4 DequantizeLinear weights and",
+        "float16 scales, fp16 GEMMs and activations; strongly typed engines);",
         "int8/int4 weight-only bundles (onnxruntime MatMulNBits) run on onnxruntime's CUDA",
         "provider (`--backend onnx --device cuda`).",
         "",
