@@ -39,7 +39,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -593,15 +593,18 @@ def _scalar_constants_as_tensors(model: Any) -> None:
 def to_fp16(model: Any) -> Any:
     """``model`` (float32) as a float16 graph with float32 inputs and outputs, in place.
 
-    onnxruntime's ``convert_float_to_float16`` with ``keep_io_types``; float scalar constants
-    made convertible first (:func:`_scalar_constants_as_tensors`: the Qwen3.5 decoder did not
-    load without it); the overflow-prone parts (:data:`FP16_FP32_OPS`, :func:`_fp32_nodes`)
-    stay float32 behind Casts. Weights of the float16 parts are stored as float16.
+    onnxruntime's ``convert_float_to_float16`` with ``keep_io_types`` on everything but the
+    float32 islands (:func:`_convert_with_fp32_islands`, linear in the graph's size); float
+    scalar constants made convertible first (:func:`_scalar_constants_as_tensors`: the Qwen3.5
+    decoder did not load without it); the overflow-prone parts (:data:`FP16_FP32_OPS`,
+    :func:`_fp32_nodes`) stay float32 behind Casts. Weights of the float16 parts are stored as
+    float16.
     """
-    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
 
     _scalar_constants_as_tensors(model)
-    block_ops = [*DEFAULT_OP_BLOCK_LIST, *FP16_FP32_OPS]
+    # ops with inputs fixed to float32 (the converter's mixed-type special cases) stay float32
+    block_ops = [*DEFAULT_OP_BLOCK_LIST, *FP16_FP32_OPS, "Resize", "GroupNorm", "SkipGroupNorm"]
     fp32 = set(_fp32_nodes(model))
     fp32.update(n.name for n in model.graph.node if n.op_type in block_ops)
     _follow_data_movement(model, fp32)
@@ -610,10 +613,182 @@ def to_fp16(model: Any) -> Any:
         for i in model.graph.input
         if i.type.tensor_type.elem_type == 1  # FLOAT
     }
-    m = convert_float_to_float16(
-        model, keep_io_types=True, op_block_list=block_ops, node_block_list=sorted(fp32)
-    )
+    m = _convert_with_fp32_islands(model, fp32)
     _join_fp32_regions(m, fp32, float_inputs)
+    return m
+
+
+def _float_tensors(model: Any) -> tuple[set[str], set[str]]:
+    """Names of the float32 tensors and of the float32 tensor SEQUENCES of ``model``.
+
+    Types come from ONNX shape inference run on a copy of the graph WITHOUT initializer data
+    (types need none), so it works on graphs far above protobuf's 2 GiB limit.
+    """
+    import onnx
+    from onnx import TensorProto
+
+    g = model.graph
+    skeleton = onnx.ModelProto()
+    skeleton.ir_version = model.ir_version
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.functions.extend(model.functions)
+    sg = skeleton.graph
+    sg.node.extend(g.node)
+    sg.input.extend(g.input)
+    sg.output.extend(g.output)
+    sg.value_info.extend(g.value_info)
+    for t in g.initializer:
+        if t.data_type == TensorProto.FLOAT and len(t.raw_data) + 4 * len(t.float_data) > 4096:
+            stub = onnx.TensorProto()
+            stub.name, stub.data_type = t.name, t.data_type
+            stub.dims.extend(t.dims)
+            sg.initializer.append(stub)  # no data: an input of known type for inference
+            sg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims))
+        else:
+            sg.initializer.append(t)
+    inferred = onnx.shape_inference.infer_shapes(skeleton)
+    tensors: set[str] = set()
+    sequences: set[str] = set()
+    for v in [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]:
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == TensorProto.FLOAT:
+            tensors.add(v.name)
+        elif (
+            v.type.HasField("sequence_type")
+            and v.type.sequence_type.elem_type.tensor_type.elem_type == TensorProto.FLOAT
+        ):
+            sequences.add(v.name)
+    tensors.update(t.name for t in g.initializer if t.data_type == TensorProto.FLOAT)
+    return tensors, sequences
+
+
+def _rename_reads(node: Any, rename: Callable[[str], str | None], local: set[str]) -> None:
+    """Rename what ``node`` reads from the enclosing graph, subgraph bodies included.
+
+    ``rename(x)`` gives the new name of ``x`` or None to keep it; names made inside a subgraph
+    (``local``: its inputs, initializers and node outputs) are not the enclosing graph's.
+    """
+    for k, x in enumerate(node.input):
+        if x and x not in local:
+            new = rename(x)
+            if new is not None:
+                node.input[k] = new
+    for a in node.attribute:
+        for sub in [a.g] if a.HasField("g") else list(a.graphs):
+            inner = set(local)
+            inner.update(i.name for i in sub.input)
+            inner.update(t.name for t in sub.initializer)
+            inner.update(o for n in sub.node for o in n.output)
+            for n in sub.node:
+                _rename_reads(n, rename, inner)
+
+
+def _convert_with_fp32_islands(model: Any, fp32: set[str]) -> Any:
+    """``convert_float_to_float16`` (keep_io_types) with the ``fp32`` nodes left in float32.
+
+    onnxruntime's converter handles blocked nodes with a scan of every float value per blocked
+    input and output: quadratic, half an hour per decoder graph at the real models' size. Here
+    the blocked nodes are taken out of the graph, the rest is converted (no shape inference:
+    the types were read by :func:`_float_tensors` first), and the blocked nodes are put back
+    with one Cast per float16 value they read and per value they hand to a float16 node, so
+    float32 nodes pass float32 values to each other directly.
+    """
+    from onnx import TensorProto, helper
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from export.quant import toposort
+
+    g = model.graph
+    floats, float_seqs = _float_tensors(model)
+    order = {n.name: i for i, n in enumerate(g.node)}
+    blocked = [n for n in g.node if n.name in fp32]
+    keep = [n for n in g.node if n.name not in fp32]
+    blocked_copies = []
+    for n in blocked:
+        c = type(n)()
+        c.CopyFrom(n)
+        blocked_copies.append(c)
+    kept_copies = []
+    for n in keep:
+        c = type(n)()
+        c.CopyFrom(n)
+        kept_copies.append(c)
+    del g.node[:]
+    g.node.extend(kept_copies)
+    del g.value_info[:]
+    m = convert_float_to_float16(
+        model, keep_io_types=True, op_block_list=[], node_block_list=[], disable_shape_infer=True
+    )
+    g = m.graph
+    blocked_out = {o for n in blocked_copies for o in n.output if o}
+    # the converter's Cast in front of a graph output that a float32 node now writes itself
+    io_casts = [
+        n
+        for n in g.node
+        if n.op_type == "Cast"
+        and n.name.startswith("graph_output_cast")
+        and n.output[0] in blocked_out
+    ]
+    drop = {n.name for n in io_casts}
+    # float16 nodes that read such an output read the converter's name for it
+    renamed_out = {n.input[0]: n.output[0] for n in io_casts}
+    producer = {o: n for n in g.node if n.name not in drop for o in n.output}
+    inits = {t.name: t for t in g.initializer}
+
+    def is_fp16(x: str) -> bool:
+        if x in inits:
+            return inits[x].data_type == TensorProto.FLOAT16
+        p = producer.get(x)
+        if p is None or x not in floats:
+            return False  # a graph input (kept float32), a float32 node's output, not float
+        to = next((a.i for a in p.attribute if a.name == "to"), None)
+        return not (p.op_type == "Cast" and to == TensorProto.FLOAT)
+
+    new_nodes = []
+    to32: dict[str, str] = {}
+    to16: dict[str, str] = {}
+
+    def cast32(x: str) -> str | None:
+        if not x or x in blocked_out or not is_fp16(x):
+            return None
+        if x not in to32:
+            to32[x] = f"{x}_fp32_island"
+            new_nodes.append(
+                helper.make_node(
+                    "Cast", [x], [to32[x]], to=TensorProto.FLOAT, name=f"{x}_to_fp32_island"
+                )
+            )
+        return to32[x]
+
+    def cast16(x: str) -> str | None:
+        x = renamed_out.get(x, x)
+        if x not in blocked_out or x not in floats or x in float_seqs:
+            return None
+        if x not in to16:
+            to16[x] = f"{x}_fp16_island"
+            new_nodes.append(
+                helper.make_node(
+                    "Cast", [x], [to16[x]], to=TensorProto.FLOAT16, name=f"{x}_to_fp16_island"
+                )
+            )
+        return to16[x]
+
+    for n in blocked_copies:
+        _rename_reads(n, cast32, set())
+    for n in g.node:
+        if n.name not in drop:
+            _rename_reads(n, cast16, set())
+    kept = [n for n in g.node if n.name not in drop]
+    first = len(order)
+    rank = {n.name: order.get(n.name, first + i) for i, n in enumerate([*kept, *blocked_copies])}
+    merged = sorted([*kept, *blocked_copies], key=lambda n: rank[n.name])
+    copies = []
+    for n in [*merged, *new_nodes]:
+        c = type(n)()
+        c.CopyFrom(n)
+        copies.append(c)
+    del g.node[:]
+    g.node.extend(copies)
+    toposort(m)
     return m
 
 
