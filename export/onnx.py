@@ -744,33 +744,28 @@ def _convert_with_fp32_islands(model: Any, fp32: set[str]) -> Any:
         return not (p.op_type == "Cast" and to == TensorProto.FLOAT)
 
     new_nodes = []
-    to32: dict[str, str] = {}
-    to16: dict[str, str] = {}
+    made: dict[tuple[str, int], str] = {}
 
-    def cast32(x: str) -> str | None:
+    def cast(x: str, to: int) -> str:
+        """The name of ``x`` cast to ``to``: one Cast node per value and type."""
+        if (x, to) not in made:
+            tag = "fp32" if to == TensorProto.FLOAT else "fp16"
+            made[(x, to)] = f"{x}_{tag}_island"
+            new_nodes.append(
+                helper.make_node("Cast", [x], [made[(x, to)]], to=to, name=f"{x}_to_{tag}_island")
+            )
+        return made[(x, to)]
+
+    def cast32(x: str) -> str | None:  # what a float32 node reads from a float16 one
         if not x or x in blocked_out or not is_fp16(x):
             return None
-        if x not in to32:
-            to32[x] = f"{x}_fp32_island"
-            new_nodes.append(
-                helper.make_node(
-                    "Cast", [x], [to32[x]], to=TensorProto.FLOAT, name=f"{x}_to_fp32_island"
-                )
-            )
-        return to32[x]
+        return cast(x, TensorProto.FLOAT)
 
-    def cast16(x: str) -> str | None:
+    def cast16(x: str) -> str | None:  # what a float16 node reads from a float32 one
         x = renamed_out.get(x, x)
         if x not in blocked_out or x not in floats or x in float_seqs:
             return None
-        if x not in to16:
-            to16[x] = f"{x}_fp16_island"
-            new_nodes.append(
-                helper.make_node(
-                    "Cast", [x], [to16[x]], to=TensorProto.FLOAT16, name=f"{x}_to_fp16_island"
-                )
-            )
-        return to16[x]
+        return cast(x, TensorProto.FLOAT16)
 
     for n in blocked_copies:
         _rename_reads(n, cast32, set())
