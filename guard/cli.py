@@ -232,7 +232,10 @@ def _add_backend_args(p: Any) -> None:
     p.add_argument(
         "--device",
         default=None,
-        help="members' device: cpu, cuda, cuda:N (default cpu; cuda with --backend tensorrt)",
+        help=(
+            "members' device: cpu, cuda, cuda:N, or tensorrt (onnx backend: onnxruntime's "
+            "TensorRT provider); default cpu, cuda with --backend tensorrt"
+        ),
     )
 
 
