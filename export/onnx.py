@@ -1008,6 +1008,18 @@ _DEC_INPUTS = ["input_ids", "image_embeds", "last_index", "read_index", "read_to
 _DEC_OUTPUTS = ["first_logits", "read_logprob"]
 
 
+def _decoder_axes(fixed_length: bool) -> dict[str, dict[int, str]]:
+    """The decoder inputs' dynamic axes: batch, reads and (unless fixed) the sequence length."""
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch"} if fixed_length else {0: "batch", 1: "length"},
+        "image_embeds": {0: "batch"},
+        "last_index": {0: "batch"},
+        "read_index": {0: "batch", 1: "reads"},
+        "read_token": {0: "batch", 1: "reads"},
+    }
+    return axes
+
+
 def _export_decoder(
     decoder: Any,
     cfg: type[ExportConfig],
@@ -1022,17 +1034,8 @@ def _export_decoder(
     )
     with torch.no_grad(), _exporter_noise():
         if cfg.decoder_exporter == "legacy":
-            dyn: dict[str, dict[int, str]] = {
-                "input_ids": {0: "batch", 1: "length"},
-                "image_embeds": {0: "batch"},
-                "last_index": {0: "batch"},
-                "read_index": {0: "batch", 1: "reads"},
-                "read_token": {0: "batch", 1: "reads"},
-                "first_logits": {0: "batch"},
-                "read_logprob": {0: "batch", 1: "reads"},
-            }
-            if cfg.decoder_fixed_length:
-                dyn["input_ids"] = {0: "batch"}
+            dyn = _decoder_axes(cfg.decoder_fixed_length)
+            dyn.update({"first_logits": {0: "batch"}, "read_logprob": {0: "batch", 1: "reads"}})
             torch.onnx.export(
                 decoder,
                 args,
@@ -1046,16 +1049,11 @@ def _export_decoder(
         else:
             from torch.export import Dim
 
-            batch, reads = Dim("batch"), Dim("reads")
-            ds: dict[str, dict[int, Any]] = {
-                "input_ids": {0: batch},
-                "image_embeds": {0: batch},
-                "last_index": {0: batch},
-                "read_index": {0: batch, 1: reads},
-                "read_token": {0: batch, 1: reads},
+            dims = {a: Dim(a) for a in ("batch", "reads", "length")}
+            ds = {
+                name: {axis: dims[a] for axis, a in axes.items()}
+                for name, axes in _decoder_axes(cfg.decoder_fixed_length).items()
             }
-            if not cfg.decoder_fixed_length:
-                ds["input_ids"][1] = Dim("length")
             # optimize=False: onnxscript's optimizer more than doubles the export time of the
             # Gated-DeltaNet graph; onnxruntime optimizes the graph when it loads it anyway.
             torch.onnx.export(

@@ -19,6 +19,7 @@ exported for, and turning the decoder's outputs into scores. A runtime (onnxrunt
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -170,7 +171,7 @@ def graph_files(meta: Mapping[str, Any]) -> tuple[str, dict[int, str]]:
     return str(meta["vision"]), {int(k): str(v) for k, v in meta["decoder"]["files"].items()}
 
 
-class GraphBackend:
+class GraphBackend(ABC):
     """Scores with a member's exported graphs; a subclass says how a graph is loaded and run.
 
     Subclasses implement :meth:`_load_graph` (a graph file → a runnable handle),
@@ -202,15 +203,15 @@ class GraphBackend:
                 raise MemberLoadError(f"exported graph {f} is missing; copy the bundle again.")
 
     # -- what a runtime implements ---------------------------------------------------------
+    @abstractmethod
     def _load_graph(self, path: Path, kind: str) -> Any:
         """Load the graph at ``path`` (``kind`` is "vision" or "decoder") for running."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _run_graph(self, graph: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run a loaded graph on named host arrays; its outputs by name, as host arrays."""
-        raise NotImplementedError
 
-    def _drop_graph(self, graph: Any) -> None:
+    def _drop_graph(self, graph: Any) -> None:  # noqa: B027 - optional hook, no-op default
         """Free what a loaded graph holds (default: nothing beyond garbage collection)."""
 
     # -- graphs ----------------------------------------------------------------------------
