@@ -78,7 +78,7 @@ def main() -> None:
     here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
     sys.modules.pop("diagnostics", None)
-    from diagnostics import compute_card, group_bootstrap, label_swap_null, simulate_log
+    from spotstop.diagnostics import compute_card, group_bootstrap, label_swap_null, simulate_log
 
     table = simulate_log(600, rng=0, size_leak=0.3)
     print(f"data: {len(table)} cases, {table.pairs.n} contrasts, {table.n_groups} groups; "

@@ -60,13 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-
-    from export.onnx_bundle import derive_bundle, write_onnx_bundle
-    from export.tiny import TINY_MEMBERS, build_tiny_pair
-    from guard._bundle import load_bundle
-    from guard._config import ScoringConfig
-    from guard._demo import demo_scenes
-    from guard._member import load_member
+    from spotstop.export.onnx_bundle import derive_bundle, write_onnx_bundle
+    from spotstop.export.tiny import TINY_MEMBERS, build_tiny_pair
+    from spotstop.guard._bundle import load_bundle
+    from spotstop.guard._config import ScoringConfig
+    from spotstop.guard._demo import demo_scenes
+    from spotstop.guard._member import load_member
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -6,9 +6,9 @@
 For every graph of the bundle, in one run:
 
 * baseline: ``onnxruntime.transformers.float16.convert_float_to_float16`` given the same
-  float32 nodes as ``node_block_list`` (what ``export.onnx.to_fp16`` did before), followed by
+  float32 nodes as ``node_block_list`` (what ``spotstop.export.onnx.to_fp16`` did before), followed by
   the same removal of float16 round trips;
-* ``export.onnx.to_fp16``: the float32 islands taken out, the rest converted, the islands put
+* ``spotstop.export.onnx.to_fp16``: the float32 islands taken out, the rest converted, the islands put
   back with their Casts in one pass.
 
 Prints the seconds of each, the ratio, and the largest difference between the two graphs'
@@ -33,8 +33,7 @@ sys.path.insert(0, str(ROOT))
 def baseline_fp16(model: Any) -> Any:
     """The previous conversion: the converter handles the float32 nodes itself (quadratic)."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
-
-    from export import onnx as eo
+    from spotstop.export import onnx as eo
 
     eo._scalar_constants_as_tensors(model)
     block_ops = [*DEFAULT_OP_BLOCK_LIST, *eo.FP16_FP32_OPS, "Resize", "GroupNorm", "SkipGroupNorm"]
@@ -80,15 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import onnx
-
-    from export.onnx import to_fp16
+    from spotstop.export.onnx import to_fp16
 
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         bundle = args.bundle
         if bundle is None:
-            from export.onnx_bundle import write_onnx_bundle
-            from export.tiny import build_tiny_pair
+            from spotstop.export.onnx_bundle import write_onnx_bundle
+            from spotstop.export.tiny import build_tiny_pair
 
             print("building the tiny TEST pair and exporting it at fp32 (minutes) ...", flush=True)
             pair = build_tiny_pair(tmp / "tiny", seed=0)

@@ -4,12 +4,12 @@ One prepared script for a machine with a CUDA GPU (the device tool's H200). Per 
 (Qwen3.5-2B, LFM2.5-VL-3B, dimensions as recorded in ``jetson/memory_budget.py``):
 
 1. ``build``  — a member folder at the real dimensions with seeded random weights, made in
-   bf16 on the GPU (``export.tiny.build_random_member``; the test tokenizer of the tiny pair).
+   bf16 on the GPU (``spotstop.export.tiny.build_random_member``; the test tokenizer of the tiny pair).
    THESE ARE TEST WEIGHTS: the scores mean nothing; only time and memory are measured.
 2. ``torch``  — per-scene latency of torch eager on CUDA through our own backend
    (``guard.load_member(..., backend="torch", device="cuda", dtype="bfloat16")``), one scene
    per call, preprocessing + prompt + forward pass, as a robot asks; peak GPU memory.
-3. ``export`` — ``export.onnx.export_member`` at the real dimensions, one length bucket (512:
+3. ``export`` — ``spotstop.export.onnx.export_member`` at the real dimensions, one length bucket (512:
    256 visual tokens + the prompt); wall time. The export traces and validates on the CPU.
    Precision ``auto``: fp16 where ``tensorrt`` is importable (fp16 engines need fp16 graphs:
    the tensorrt backend refuses engines of another precision than the member's graphs), else
@@ -19,7 +19,7 @@ One prepared script for a machine with a CUDA GPU (the device tool's H200). Per 
    refuses a converted Expand node) is redone in fp32 when the step has time left.
 4. ``ort``    — per-scene latency through the onnx backend on every onnxruntime provider there
    (the device's onnxruntime is CPU-only: CPUExecutionProvider).
-5. ``trt``    — when ``tensorrt`` is importable: ``export.trt.build_engines`` (engines at the
+5. ``trt``    — when ``tensorrt`` is importable: ``spotstop.export.trt.build_engines`` (engines at the
    graphs' precision) and latency through the ``tensorrt`` backend
    (``guard.load_member(..., backend="tensorrt", device="cuda")``).
 
@@ -167,7 +167,7 @@ def _budget_module() -> Any:
 def _members(tiny: bool) -> list[tuple[str, str]]:
     """(name, model_type) of the members to measure."""
     if tiny:
-        from export.tiny import TINY_MEMBERS
+        from spotstop.export.tiny import TINY_MEMBERS
 
         return [(n, n.removeprefix("tiny-")) for n in TINY_MEMBERS]
     return [(n, str(r["model_type"])) for n, r in _budget_module().RECORDED.items()]
@@ -242,7 +242,7 @@ def _say(msg: str) -> None:
 
 
 def _scenes(n: int) -> list[Any]:
-    from guard._demo import demo_scenes
+    from spotstop.guard._demo import demo_scenes
 
     return demo_scenes(n, seed=7)
 
@@ -306,12 +306,12 @@ def _step_build(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> l
         shutil.rmtree(folder)
     t = time.perf_counter()
     if spec["tiny"]:
-        from export.tiny import build_tiny_member
+        from spotstop.export.tiny import build_tiny_member
 
         build_tiny_member(spec["member"], folder, seed=spec["seed"])
         how = "tiny pair builder, fp32, CPU"
     else:
-        from export.tiny import build_random_member
+        from spotstop.export.tiny import build_random_member
 
         device = spec["device"]
         build_dev = "cuda" if device.startswith("cuda") else "cpu"
@@ -365,8 +365,7 @@ def _need_folder(spec: dict[str, Any]) -> Path:
 def _step_torch(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
     folder = _need_folder(spec)
     import torch
-
-    from guard import load_member
+    from spotstop.guard import load_member
 
     device = spec["device"]
     cuda = device.startswith("cuda")
@@ -405,8 +404,8 @@ def _save_export(e: Any, path: Path) -> None:
 
 def _load_export(spec: dict[str, Any]) -> Any:
     """The MemberExport that the export step wrote (rebuilt from its JSON)."""
-    from export.onnx import MemberExport
-    from guard._prompt import RenderedTemplate
+    from spotstop.export.onnx import MemberExport
+    from spotstop.guard._prompt import RenderedTemplate
 
     path = _export_info_path(spec)
     if not path.is_file():
@@ -431,7 +430,7 @@ def _step_export(
     spec: dict[str, Any], ctx: dict[str, Any], deadline: float
 ) -> list[dict[str, Any]]:
     folder = _need_folder(spec)
-    from export.onnx import ExportValidationError, export_member
+    from spotstop.export.onnx import ExportValidationError, export_member
 
     prec = spec["onnx_precision"]
     if prec == "auto":  # fp16 engines where TensorRT is; else fp32 (one validation pass)
@@ -477,8 +476,7 @@ def _step_export(
 def _step_ort(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
     e = _load_export(spec)
     import onnxruntime as ort
-
-    from guard import load_member
+    from spotstop.guard import load_member
 
     avail = ort.get_available_providers()
     devices = []
@@ -518,7 +516,7 @@ def _step_trt(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> lis
             "trt/build.sh (trtexec) builds the engines where TensorRT is installed"
         ) from ex
     e = _load_export(spec)
-    from export.trt import build_engines
+    from spotstop.export.trt import build_engines
 
     want = e.precision  # the tensorrt backend refuses engines of another precision
     root = Path(spec["onnx_root"])
@@ -527,7 +525,7 @@ def _step_trt(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> lis
     secs = time.perf_counter() - t
     if not built:
         raise SkipStep(
-            f"export.trt.build_engines returned False after {secs:.0f} s (tensorrt "
+            f"spotstop.export.trt.build_engines returned False after {secs:.0f} s (tensorrt "
             f"{tensorrt.__version__} found no usable GPU, or precision {want} is not buildable)"
         )
     figs = [_fig(f"TensorRT {tensorrt.__version__} engine build ({want})", secs, "s")]
@@ -536,12 +534,12 @@ def _step_trt(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> lis
         plans |= {p.resolve() for p in (root / "trt").rglob("*.plan") if e.name in p.parts}
     if plans:
         figs.append(_fig("engine files", sum(p.stat().st_size for p in plans) / 2**30, "GiB"))
-    from guard.backends import BACKENDS
+    from spotstop.guard.backends import BACKENDS
 
     if "tensorrt" not in BACKENDS:
         ctx["notes"] = ["latency not measured: guard has no 'tensorrt' backend registered"]
         return figs
-    from guard import load_member
+    from spotstop.guard import load_member
 
     t = time.perf_counter()
     try:

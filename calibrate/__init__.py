@@ -11,13 +11,19 @@
 * :func:`recommend_policy` — which policy fits, from the diagnostics, and why.
 """
 
-from calibrate._conformal import ConformalCalibrator, CutChoice, binom_cdf
-from calibrate._diff import Change, PolicyDiff, PredictedEffect, diff_policies, predict_effect
-from calibrate._frozen import FrozenFit, fit_frozen
-from calibrate._logdata import CalibrationError, LogData, parse_time, read_log
-from calibrate._recalibrate import POLICY_KINDS, Recalibrator
-from calibrate._recommend import Recommendation, recommend_policy, situation_repeat_share
-from calibrate._versions import (
+from spotstop.calibrate._conformal import ConformalCalibrator, CutChoice, binom_cdf
+from spotstop.calibrate._diff import (
+    Change,
+    PolicyDiff,
+    PredictedEffect,
+    diff_policies,
+    predict_effect,
+)
+from spotstop.calibrate._frozen import FrozenFit, fit_frozen
+from spotstop.calibrate._logdata import CalibrationError, LogData, parse_time, read_log
+from spotstop.calibrate._recalibrate import POLICY_KINDS, Recalibrator
+from spotstop.calibrate._recommend import Recommendation, recommend_policy, situation_repeat_share
+from spotstop.calibrate._versions import (
     PolicyVersion,
     activate_policy_version,
     active_policy_version,

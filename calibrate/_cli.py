@@ -18,7 +18,7 @@ _RELOAD_HINT = (
 
 def _load_quiet(path: Path) -> Any:
     """Load a policy without reading or writing any live situation state file."""
-    from guard._policy import load_policy
+    from spotstop.guard._policy import load_policy
 
     with tempfile.TemporaryDirectory() as tmp:
         return load_policy(path, state_file=Path(tmp) / "state.json")
@@ -26,11 +26,11 @@ def _load_quiet(path: Path) -> Any:
 
 def recalibrate_command(args: argparse.Namespace) -> int:
     """Fit, write a new version, report; see ``spotstop recalibrate --help``."""
-    from calibrate._diff import diff_policies
-    from calibrate._logdata import read_log_for_bundle
-    from calibrate._recalibrate import Recalibrator
-    from calibrate._versions import activate_policy_version, write_policy_version
-    from guard._bundle import load_bundle
+    from spotstop.calibrate._diff import diff_policies
+    from spotstop.calibrate._logdata import read_log_for_bundle
+    from spotstop.calibrate._recalibrate import Recalibrator
+    from spotstop.calibrate._versions import activate_policy_version, write_policy_version
+    from spotstop.guard._bundle import load_bundle
 
     bundle = load_bundle(args.bundle, verify=False)
     current = _load_quiet(bundle.policy_path) if bundle.policy_path.is_file() else None
@@ -92,18 +92,18 @@ def recalibrate_command(args: argparse.Namespace) -> int:
 
 
 def _resolve(spec: str, bundle: Path | None) -> tuple[Path, str]:
-    from calibrate._versions import resolve_policy_version
+    from spotstop.calibrate._versions import resolve_policy_version
 
     p = Path(spec)
     if bundle is not None and not p.is_file():
         if spec == "active":
-            from guard._bundle import load_bundle
+            from spotstop.guard._bundle import load_bundle
 
             return load_bundle(bundle, verify=False).policy_path, "active"
         v = resolve_policy_version(bundle, spec)
         return v.path, v.name
     if not p.is_file():
-        from calibrate._logdata import CalibrationError
+        from spotstop.calibrate._logdata import CalibrationError
 
         raise CalibrationError(
             f"policy {spec!r} is not a file; pass a policy.yaml path, or --bundle DIR with a "
@@ -113,8 +113,8 @@ def _resolve(spec: str, bundle: Path | None) -> tuple[Path, str]:
 
 
 def _policy_init(args: argparse.Namespace) -> int:
-    from calibrate._pool import fit_pool_policy, pool_scenes
-    from calibrate._versions import activate_policy_version, write_policy_version
+    from spotstop.calibrate._pool import fit_pool_policy, pool_scenes
+    from spotstop.calibrate._versions import activate_policy_version, write_policy_version
 
     requests = list(args.request or [])
     if args.requests is not None:
@@ -143,7 +143,7 @@ def _policy_init(args: argparse.Namespace) -> int:
 
 def policy_command(args: argparse.Namespace) -> int:
     """``spotstop policy diff|list|activate``."""
-    from calibrate._versions import activate_policy_version, list_policy_versions
+    from spotstop.calibrate._versions import activate_policy_version, list_policy_versions
 
     if args.policy_command == "init":
         return _policy_init(args)
@@ -162,8 +162,8 @@ def policy_command(args: argparse.Namespace) -> int:
         print(f"activated {v.name} ({v.kind}): {Path(args.bundle) / 'policy.yaml'}. {_RELOAD_HINT}")
         return 0
     # diff
-    from calibrate._diff import diff_policies
-    from calibrate._logdata import read_log
+    from spotstop.calibrate._diff import diff_policies
+    from spotstop.calibrate._logdata import read_log
 
     pa, na = _resolve(args.a, args.bundle)
     pb, nb = _resolve(args.b, args.bundle)

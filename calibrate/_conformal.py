@@ -39,8 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Self
 
 import numpy as np
-
-from guard._policy import (
+from spotstop.guard._policy import (
     ConformalPolicy,
     NotFittedError,
     PolicyError,

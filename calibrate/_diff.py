@@ -1,6 +1,6 @@
 """What changed between two policies, and the effect each would have had on the logged data.
 
-:func:`predict_effect` replays a policy over a :class:`~calibrate.LogData`: fused scores
+:func:`predict_effect` replays a policy over a :class:`~spotstop.calibrate.LogData`: fused scores
 are recomputed from the logged member scores with THAT policy's fusion (the logged fused
 score belongs to whatever fusion was active then), and labelled with its threshold rule.
 
@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from calibrate._logdata import CalibrationError, LogData
-from guard._policy import (
+from spotstop.calibrate._logdata import CalibrationError, LogData
+from spotstop.guard._policy import (
     BatchPolicy,
     PolicyConfig,
     SituationPolicy,

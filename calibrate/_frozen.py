@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from guard._errors import ConfigError
-from guard._fusion import Avg2Fusion
-from guard._policy import FrozenPolicy
+from spotstop.guard._errors import ConfigError
+from spotstop.guard._fusion import Avg2Fusion
+from spotstop.guard._policy import FrozenPolicy
 
 __all__ = ["FrozenFit", "fit_frozen"]
 

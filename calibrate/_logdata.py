@@ -1,7 +1,7 @@
 """The decisions a recalibration learns from: one bundle's scored decisions in a time window.
 
-:func:`read_log` reads a decision log (``guard._log.DecisionLog``) and labels (the log's
-labels table, overridden by a CSV/JSONL labels file read by ``diagnostics._from_log``, the
+:func:`read_log` reads a decision log (``spotstop.guard._log.DecisionLog``) and labels (the log's
+labels table, overridden by a CSV/JSONL labels file read by ``spotstop.diagnostics._from_log``, the
 same reader as ``spotstop card``) into a :class:`LogData`.
 
 Which decisions
@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from guard._errors import GuardError
+from spotstop.guard._errors import GuardError
 
 __all__ = ["CalibrationError", "LogData", "parse_time", "read_log"]
 
@@ -135,7 +134,7 @@ def read_log(
     until: str | float | _dt.datetime | None = None,
 ) -> LogData:
     """Read one bundle's decisions in ``[since, until)`` with labels; see the module doc."""
-    from guard._log import DecisionLog
+    from spotstop.guard._log import DecisionLog
 
     path = Path(log_path)
     t0, t1 = parse_time(since, "since"), parse_time(until, "until")
@@ -156,8 +155,8 @@ def read_log(
     contrast = np.array(["" if c is None else str(c) for c in arr.contrast_id], dtype=object)
     situation = np.array(["" if s is None else str(s) for s in arr.situation_id], dtype=object)
     if labels is not None:  # the card's reader (diagnostics needs the `diag` extra)
-        from diagnostics import apply_labels_file
-        from diagnostics._errors import DataError
+        from spotstop.diagnostics import apply_labels_file
+        from spotstop.diagnostics._errors import DataError
 
         sha = np.array([sha_of.get(d) or "" for d in decision_id], dtype=object)
         try:
@@ -223,7 +222,7 @@ def read_log_for_bundle(
     bundle: Any,
     **kwargs: Any,
 ) -> LogData:
-    """:func:`read_log` keyed by a loaded ``guard._bundle.Bundle``."""
+    """:func:`read_log` keyed by a loaded ``spotstop.guard._bundle.Bundle``."""
     return read_log(
         log_path,
         bundle_id=bundle.bundle_id,

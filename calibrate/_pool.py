@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from calibrate._frozen import fit_frozen
-from calibrate._logdata import CalibrationError
-from guard._bundle import load_bundle
-from guard._member import load_bundle_member
-from guard._policy import PolicyConfig, SituationPolicy
-from guard._types import Scene
+from spotstop.calibrate._frozen import fit_frozen
+from spotstop.calibrate._logdata import CalibrationError
+from spotstop.guard._bundle import load_bundle
+from spotstop.guard._member import load_bundle_member
+from spotstop.guard._policy import PolicyConfig, SituationPolicy
+from spotstop.guard._types import Scene
 
 __all__ = ["IMAGE_SUFFIXES", "fit_pool_policy", "pool_scenes"]
 

@@ -1,7 +1,7 @@
 """Offline recalibration from the decision log: fusion, frozen cut, conformal cut, situations.
 
 :class:`Recalibrator` holds the settings; ``fit(data)`` learns from a
-:class:`~calibrate.LogData` (one bundle's decisions in a window):
+:class:`~spotstop.calibrate.LogData` (one bundle's decisions in a window):
 
 1. fusion statistics (per-member median and IQR) and the frozen cut t₀ = mean fused score,
    on the *usable* decisions, labels unused (:func:`calibrate.fit_frozen`). With
@@ -9,7 +9,7 @@
 2. fused scores RECOMPUTED from the logged member scores with the new fusion: the logged
    ``fused_score`` was made with the fusion active at decision time, so it is on the old
    scale and is never used for fitting.
-3. the conformal cut (:class:`~calibrate.ConformalCalibrator`) on the recomputed fused
+3. the conformal cut (:class:`~spotstop.calibrate.ConformalCalibrator`) on the recomputed fused
    scores of usable decisions labelled unsafe, one case per situation, both guarantees
    reported; it refuses (``PolicyError``) only when the requested policy is ``conformal``.
    Note: fusion statistics are fitted without labels on a pool that includes the
@@ -19,7 +19,7 @@
    decisions, in time order (what the guard would hold had it run the new fusion).
 5. the recommendation (:func:`calibrate.recommend_policy`).
 
-``to_config()`` returns the new :class:`guard._policy.PolicyConfig` with provenance;
+``to_config()`` returns the new :class:`spotstop.guard._policy.PolicyConfig` with provenance;
 :func:`calibrate.write_policy_version` writes it next to the old ones.
 """
 
@@ -32,13 +32,12 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Self
 
 import numpy as np
-
-from calibrate._conformal import ConformalCalibrator, CutChoice
-from calibrate._frozen import FrozenFit, fit_frozen
-from calibrate._logdata import CalibrationError, LogData
-from calibrate._recommend import Recommendation, recommend_policy, situation_repeat_share
-from guard._fusion import Avg2Fusion
-from guard._policy import (
+from spotstop.calibrate._conformal import ConformalCalibrator, CutChoice
+from spotstop.calibrate._frozen import FrozenFit, fit_frozen
+from spotstop.calibrate._logdata import CalibrationError, LogData
+from spotstop.calibrate._recommend import Recommendation, recommend_policy, situation_repeat_share
+from spotstop.guard._fusion import Avg2Fusion
+from spotstop.guard._policy import (
     AnyPolicy,
     BatchPolicy,
     FrozenPolicy,
@@ -77,7 +76,7 @@ class Recalibrator:
     policy: the kind to write: ``frozen``, ``batch`` (batch mean, frozen fallback),
         ``situation`` (situation mean, frozen fallback, state from the log) or ``conformal``.
     alpha, delta, guarantee, cluster_rule: the conformal settings
-        (:class:`~calibrate.ConformalCalibrator`); both guarantees are always reported.
+        (:class:`~spotstop.calibrate.ConformalCalibrator`); both guarantees are always reported.
     refit_fusion: refit the fusion statistics (default) or keep the current policy's.
     window, min_refs, min_batch: situation/batch settings; None takes the current policy's
         value when it has one, else 8, 3 and 2.
@@ -202,7 +201,7 @@ class Recalibrator:
         return self
 
     def _recommend(self, gen: np.random.Generator, min_refs: int) -> Recommendation:
-        from diagnostics import CaseTable
+        from spotstop.diagnostics import CaseTable
 
         d = self._data
         lab = d.usable & (d.label >= 0)

@@ -1,7 +1,7 @@
 """Which threshold policy fits a deployment, and why (from the diagnostics of seed 000).
 
 :func:`recommend_policy` reads the labelled, scored decisions (a
-:class:`diagnostics.CaseTable` with the fused scores of the fusion being fitted) and what
+:class:`spotstop.diagnostics.CaseTable` with the fused scores of the fusion being fitted) and what
 the log says about situations, runs three diagnostics and applies a fixed rule.
 
 Evidence
@@ -43,8 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from diagnostics._data import CaseTable
+from spotstop.diagnostics._data import CaseTable
 
 __all__ = ["Recommendation", "recommend_policy", "situation_repeat_share"]
 
@@ -62,7 +61,7 @@ class Recommendation:
     policy: ``"conformal"``, ``"situation"``, ``"batch"`` or ``"frozen"``.
     reasons: sentences, most important first. alternatives: other kinds worth a look, with
     why. evidence: the diagnostics' values (NaN where undefined). warnings: messages of the
-    diagnostics' :class:`~diagnostics.UndefinedMetricWarning` (collected, not raised).
+    diagnostics' :class:`~spotstop.diagnostics.UndefinedMetricWarning` (collected, not raised).
     """
 
     policy: str
@@ -136,14 +135,14 @@ def recommend_policy(
 ) -> Recommendation:
     """Recommend a policy kind from the diagnostics (see the module docstring for the rule).
 
-    table: a :class:`diagnostics.CaseTable` of labelled scored decisions (score = fused
+    table: a :class:`spotstop.diagnostics.CaseTable` of labelled scored decisions (score = fused
         score under the fusion being fitted), or None when nothing is labelled.
     frozen_cut: t₀ on the same scale. conformal_feasible / conformal_needed /
         n_unsafe_situations: from the conformal fit of the requested ``guarantee``.
     repeat_share: from :func:`situation_repeat_share` on the log. rng: seed or Generator
         for the resampling diagnostics (``n_resamples`` each).
     """
-    from diagnostics import (
+    from spotstop.diagnostics import (
         UndefinedMetricWarning,
         cross_fitted_threshold_part,
         prevalence_check,

@@ -42,9 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from calibrate._logdata import CalibrationError
-from guard._policy import (
+from spotstop.calibrate._logdata import CalibrationError
+from spotstop.guard._policy import (
     PolicyConfig,
     SituationPolicy,
     check_policy_matches,
@@ -92,7 +91,7 @@ def _sha(path: Path) -> str:
 
 
 def _bundle_paths(bundle_dir: str | os.PathLike[str]) -> tuple[Path, Path, Any]:
-    from guard._bundle import load_bundle
+    from spotstop.guard._bundle import load_bundle
 
     bundle = load_bundle(bundle_dir, verify=False)
     return bundle.policy_path, bundle.policy_path.parent / POLICY_DIR, bundle
@@ -248,7 +247,7 @@ def activate_policy_version(
 ) -> PolicyVersion:
     """Make a stored version the active ``policy.yaml`` (validated first; atomic copy).
 
-    Raises :class:`guard._policy.PolicyError` when the version is invalid or fitted for
+    Raises :class:`spotstop.guard._policy.PolicyError` when the version is invalid or fitted for
     another bundle or prompt; ``policy.yaml`` is then left as it was.
     """
     v = resolve_policy_version(bundle_dir, version)

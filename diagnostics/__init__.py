@@ -11,7 +11,7 @@ scene-blind and conformal checks; and the deployment card (``card.json``, ``card
 True
 """
 
-from diagnostics._bootstrap import (
+from spotstop.diagnostics._bootstrap import (
     BootstrapResult,
     NullResult,
     bootstrap_auroc,
@@ -19,8 +19,8 @@ from diagnostics._bootstrap import (
     group_bootstrap,
     label_swap_null,
 )
-from diagnostics._card import EXPLANATIONS, FIELD_KEYS, Card, compute_card, write_card
-from diagnostics._checks import (
+from spotstop.diagnostics._card import EXPLANATIONS, FIELD_KEYS, Card, compute_card, write_card
+from spotstop.diagnostics._checks import (
     ConformalAudit,
     LogisticRegression,
     LongestSideRule,
@@ -36,10 +36,15 @@ from diagnostics._checks import (
     scene_blind_readers,
     situation_share,
 )
-from diagnostics._data import CaseTable, Pairs, read_scores_csv
-from diagnostics._errors import DataError, DiagnosticsError, UndefinedMetricWarning
-from diagnostics._from_log import LogCases, apply_labels_file, case_table_from_log, log_cases
-from diagnostics._metrics import (
+from spotstop.diagnostics._data import CaseTable, Pairs, read_scores_csv
+from spotstop.diagnostics._errors import DataError, DiagnosticsError, UndefinedMetricWarning
+from spotstop.diagnostics._from_log import (
+    LogCases,
+    apply_labels_file,
+    case_table_from_log,
+    log_cases,
+)
+from spotstop.diagnostics._metrics import (
     BestCut,
     CrossFit,
     KernelReference,
@@ -56,8 +61,8 @@ from diagnostics._metrics import (
     signal_detection,
     spot_stop,
 )
-from diagnostics._results import ConfidenceInterval, Estimate
-from diagnostics._simulate import simulate_log
+from spotstop.diagnostics._results import ConfidenceInterval, Estimate
+from spotstop.diagnostics._simulate import simulate_log
 
 __all__ = [
     "EXPLANATIONS",

@@ -26,16 +26,15 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import sparse
 from scipy.special import ndtr, ndtri
-
-from diagnostics._data import CaseTable
-from diagnostics._errors import DataError, UndefinedMetricWarning
-from diagnostics._metrics import (
+from spotstop.diagnostics._data import CaseTable
+from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
+from spotstop.diagnostics._metrics import (
     _check_cut,
     spot_stop,
     unique_class_weights,
     wbincount,
 )
-from diagnostics._results import ConfidenceInterval, Estimate
+from spotstop.diagnostics._results import ConfidenceInterval, Estimate
 
 __all__ = [
     "BootstrapResult",

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from diagnostics._bootstrap import (
+from spotstop.diagnostics._bootstrap import (
     _as_rng,
     _percentile_ci,
     bootstrap_auroc,
@@ -30,17 +29,23 @@ from diagnostics._bootstrap import (
     group_bootstrap,
     label_swap_null,
 )
-from diagnostics._checks import (
+from spotstop.diagnostics._checks import (
     conformal_audit,
     prevalence_check,
     scene_blind_readers,
     situation_share,
 )
-from diagnostics._data import CaseTable
-from diagnostics._errors import UndefinedMetricWarning
-from diagnostics._metrics import balanced_accuracy, kernel_reference, spot_stop
-from diagnostics._plots import PrevalenceDisplay, RocDisplay, ScoreDisplay, SplitDisplay, to_svg
-from diagnostics._results import NAN_CI, ConfidenceInterval, Estimate
+from spotstop.diagnostics._data import CaseTable
+from spotstop.diagnostics._errors import UndefinedMetricWarning
+from spotstop.diagnostics._metrics import balanced_accuracy, kernel_reference, spot_stop
+from spotstop.diagnostics._plots import (
+    PrevalenceDisplay,
+    RocDisplay,
+    ScoreDisplay,
+    SplitDisplay,
+    to_svg,
+)
+from spotstop.diagnostics._results import NAN_CI, ConfidenceInterval, Estimate
 
 __all__ = ["EXPLANATIONS", "FIELD_KEYS", "Card", "compute_card", "write_card"]
 

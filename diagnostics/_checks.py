@@ -19,18 +19,17 @@ from types import MappingProxyType
 import numpy as np
 from numpy.typing import NDArray
 from scipy.special import expit, log_expit
-
-from diagnostics._bootstrap import (
+from spotstop.diagnostics._bootstrap import (
     _as_rng,
     _percentile_ci,
     _random_halves,
     bootstrap_auroc,
     draw_group_counts,
 )
-from diagnostics._data import CaseTable
-from diagnostics._errors import DataError, UndefinedMetricWarning
-from diagnostics._metrics import _undefined, wbincount
-from diagnostics._results import NAN_CI, Estimate
+from spotstop.diagnostics._data import CaseTable
+from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
+from spotstop.diagnostics._metrics import _undefined, wbincount
+from spotstop.diagnostics._results import NAN_CI, Estimate
 
 __all__ = [
     "ConformalAudit",

@@ -1,7 +1,7 @@
 """``spotstop card``: write the deployment card from a decision log, a scores CSV or a demo.
 
 ``spotstop card LOG [--labels F]`` reads the guard's decision log (see
-:mod:`diagnostics._from_log`); the CLI entry point calls :func:`card_main`.
+:mod:`spotstop.diagnostics._from_log`); the CLI entry point calls :func:`card_main`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from diagnostics._errors import DiagnosticsError
+from spotstop.diagnostics._errors import DiagnosticsError
 
 __all__ = ["card_main"]
 
@@ -71,11 +71,10 @@ def card_main(argv: list[str] | None = None) -> int:
     if args.labels is not None and args.log is None:
         parser.error("--labels goes with a decision LOG; a scores CSV carries its own labels.")
     import numpy as np
-
-    from diagnostics._card import write_card
-    from diagnostics._data import read_scores_csv
-    from diagnostics._from_log import log_cases
-    from diagnostics._simulate import simulate_log
+    from spotstop.diagnostics._card import write_card
+    from spotstop.diagnostics._data import read_scores_csv
+    from spotstop.diagnostics._from_log import log_cases
+    from spotstop.diagnostics._simulate import simulate_log
 
     if args.n_boot < 1:
         print(f"spotstop card: --n-boot must be >= 1; got {args.n_boot}.", file=sys.stderr)

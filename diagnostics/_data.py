@@ -35,8 +35,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-
-from diagnostics._errors import DataError
+from spotstop.diagnostics._errors import DataError
 
 __all__ = ["CaseTable", "Pairs", "read_scores_csv"]
 

@@ -1,13 +1,13 @@
 """Errors and warnings of :mod:`diagnostics`.
 
-Every error derives from :class:`guard._errors.GuardError` (the project's base) and from the
+Every error derives from :class:`spotstop.guard._errors.GuardError` (the project's base) and from the
 builtin a caller would expect, so ``except ValueError`` keeps working.  Degenerate data is
 never an error and never a silent 0: it is an :class:`UndefinedMetricWarning` and a NaN.
 """
 
 from __future__ import annotations
 
-from guard._errors import GuardError
+from spotstop.guard._errors import GuardError
 
 __all__ = ["DataError", "DiagnosticsError", "UndefinedMetricWarning"]
 

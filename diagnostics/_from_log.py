@@ -1,7 +1,7 @@
 """The case table from the guard's decision log (``spotstop card LOG``).
 
-:func:`log_cases` reads a :class:`guard._log.DecisionLog` file and returns the
-:class:`~diagnostics.CaseTable` of its labelled decisions together with a provenance dict;
+:func:`log_cases` reads a :class:`spotstop.guard._log.DecisionLog` file and returns the
+:class:`~spotstop.diagnostics.CaseTable` of its labelled decisions together with a provenance dict;
 :func:`case_table_from_log` returns the table only.
 
 Rows
@@ -58,9 +58,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-
-from diagnostics._data import CaseTable
-from diagnostics._errors import DataError
+from spotstop.diagnostics._data import CaseTable
+from spotstop.diagnostics._errors import DataError
 
 __all__ = ["LogCases", "apply_labels_file", "case_table_from_log", "log_cases"]
 
@@ -242,8 +241,8 @@ def _fused_scale(
 
 def log_cases(log_path: str | Path, *, labels: str | Path | None = None) -> LogCases:
     """Read a decision log into a :class:`LogCases` (table + provenance); see the module doc."""
-    from guard._errors import GuardError
-    from guard._log import DecisionLog
+    from spotstop.guard._errors import GuardError
+    from spotstop.guard._log import DecisionLog
 
     path = Path(log_path)
     if not path.is_file():

@@ -7,7 +7,7 @@ Conventions (chosen where the paper is silent, and tested):
 * AUROC counts ties as one half; the ranking rate ``R`` counts a tied contrast as *not*
   ordered (Supp. C).  The within part ``R - AUROC`` therefore includes minus half the tie share.
 * All Spot-Stop terms are computed on the *paired cases*, each case weighted by the number of
-  pairs it belongs to (see :mod:`diagnostics._data`); with one-to-one contrasts every weight is
+  pairs it belongs to (see :mod:`spotstop.diagnostics._data`); with one-to-one contrasts every weight is
   1.  Under this weighting ``A = 1/2 + L - C/2`` is the balanced accuracy of the direct answer,
   ``A*`` the best balanced accuracy of any single cut (so ``A* >= A``), and the identity
   ``R - A = (A* - A) + (AUROC - A*) + (R - AUROC)`` holds exactly.
@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import ndtr, ndtri
-
-from diagnostics._data import CaseTable
-from diagnostics._errors import DataError, UndefinedMetricWarning
+from spotstop.diagnostics._data import CaseTable
+from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 
 __all__ = [
     "BestCut",
@@ -489,7 +488,7 @@ def cross_fitted_threshold_part(
     coincides when the halves hold equally many pairs).  Splits in which a half lacks a class
     are skipped; none left → NaN with :class:`UndefinedMetricWarning`.
     """
-    from diagnostics._bootstrap import _as_rng, _Prepared, _random_halves
+    from spotstop.diagnostics._bootstrap import _as_rng, _Prepared, _random_halves
 
     _check_cut(cut)
     gen = _as_rng(rng)

@@ -24,9 +24,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from diagnostics._data import CaseTable
-from diagnostics._errors import DataError
+from spotstop.diagnostics._data import CaseTable
+from spotstop.diagnostics._errors import DataError
 
 __all__ = ["simulate_log"]
 

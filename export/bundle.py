@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from guard._bundle import BUNDLE_FORMAT, BUNDLE_VERSION, pair_prompt_hash, sha256_file
-from guard._config import ScoringConfig
-from guard._hf import render_template, resolve_member
-from guard._member import resolve_image_size
-from guard._prompt import prompt_hash
+from spotstop.guard._bundle import BUNDLE_FORMAT, BUNDLE_VERSION, pair_prompt_hash, sha256_file
+from spotstop.guard._config import ScoringConfig
+from spotstop.guard._hf import render_template, resolve_member
+from spotstop.guard._member import resolve_image_size
+from spotstop.guard._prompt import prompt_hash
 
 __all__ = ["write_bundle"]
 

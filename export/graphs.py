@@ -4,7 +4,7 @@ Two graphs per member, no KV cache, no generation:
 
 ``vision``
     one image's preprocessed pixels at the member's FIXED grid (exactly what
-    :meth:`guard._arch.ArchSpec.preprocess` returns, without the grid tensors, which are
+    :meth:`spotstop.guard._arch.ArchSpec.preprocess` returns, without the grid tensors, which are
     constants of the graph) → ``image_embeds`` (1, n_image_tokens, hidden): the visual tokens
     as the decoder sees them (after the Qwen merger / the LFM2-VL pixel-unshuffle projector).
 
@@ -18,9 +18,9 @@ Two graphs per member, no KV cache, no generation:
     ``last_index`` (the shared normaliser cancels in the score, so only these rows are
     computed), and ``read_logprob`` (B, K): the full log-softmax at ``read_index`` taken at
     ``read_token``. The backend turns these into ``s = log p(UNSAFE) − log p(SAFE)`` with the
-    member's :class:`guard._prompt.ScorePlan`. With tied word embeddings the output layer IS
+    member's :class:`spotstop.guard._prompt.ScorePlan`. With tied word embeddings the output layer IS
     the embedding table (the same parameter); the exported graph keeps one copy of it
-    (:func:`export.onnx.tie_output_layer`). The first-token rows are a separate small buffer.
+    (:func:`spotstop.export.onnx.tie_output_layer`). The first-token rows are a separate small buffer.
 
 Qwen3.5's M-RoPE positions (text, then the image's (t, h, w) grid, then text again offset by
 the grid's longest side) are computed inside the decoder graph from ``input_ids`` for the

@@ -5,7 +5,7 @@
     out_dir/
       config.json, preprocessor_config.json, tokenizer.json   (read by the runtime, no weights)
       spotstop_member.yaml, SPOTSTOP_TEST_PAIR.txt            (hints / test-pair marker, if any)
-      spotstop_onnx.yaml                                       (what guard.backends._onnx reads)
+      spotstop_onnx.yaml                                       (what spotstop.guard.backends._onnx reads)
       onnx/vision.onnx (+ vision.onnx.data)
       onnx/decoder.onnx  or  onnx/decoder_L{bucket}.onnx ×buckets  (+ decoder.data, shared)
 
@@ -48,15 +48,20 @@ from typing import Any
 import numpy as np
 import yaml
 from PIL import Image
-
-from export.configs import PRECISIONS, ExportConfig, get_export_config
-from export.quant import quantizer_meta
-from guard._config import ScoringConfig
-from guard._hf import MEMBER_HINTS, TEST_PAIR_MARKER, MemberFolder, render_template, resolve_member
-from guard._image import gray_image
-from guard._member import resolve_image_size
-from guard._prompt import PromptEncoder, RenderedTemplate, ScorePlan, prompt_hash
-from guard.backends._onnx import (
+from spotstop.export.configs import PRECISIONS, ExportConfig, get_export_config
+from spotstop.export.quant import quantizer_meta
+from spotstop.guard._config import ScoringConfig
+from spotstop.guard._hf import (
+    MEMBER_HINTS,
+    TEST_PAIR_MARKER,
+    MemberFolder,
+    render_template,
+    resolve_member,
+)
+from spotstop.guard._image import gray_image
+from spotstop.guard._member import resolve_image_size
+from spotstop.guard._prompt import PromptEncoder, RenderedTemplate, ScorePlan, prompt_hash
+from spotstop.guard.backends._onnx import (
     GRAPHS_FILE,
     GRAPHS_FORMAT,
     GRAPHS_VERSION,
@@ -74,7 +79,7 @@ __all__ = [
     "tie_output_layer",
 ]
 
-logger = logging.getLogger("export.onnx")
+logger = logging.getLogger("spotstop.export.onnx")
 
 #: Right-padded length buckets (tokens). 512x512 images give 256 visual tokens, so a real
 #: member's prompts fall in 384/512; longer requests use 1024.
@@ -694,8 +699,7 @@ def _convert_with_fp32_islands(model: Any, fp32: set[str]) -> Any:
     """
     from onnx import TensorProto, helper
     from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    from export.quant import toposort
+    from spotstop.export.quant import toposort
 
     g = model.graph
     floats, float_seqs = _float_tensors(model)
@@ -918,7 +922,7 @@ def convert_precision(model: Any, precision: str) -> Any:
         qm = _gather_from_quantized(q.model.model, tied, 8 if precision == "int8" else 4)
         return _embeddings_to_fp16(qm)
     if precision == "int4-trt":  # DequantizeLinear(INT4) -> MatMul: TensorRT parses it
-        from export.quant import quantize_int4_trt
+        from spotstop.export.quant import quantize_int4_trt
 
         fold_weight_transposes(m)
         _untie_for_quantizer(m)  # the tied head as MatMul on Wᵀ; the Gather keeps W (fp16)
@@ -1111,9 +1115,8 @@ def export_member(
     first, then the graphs at ``precision``); nothing is left in ``out_dir`` then.
     """
     import torch
+    from spotstop.export.graphs import build_graphs
     from transformers import AutoModelForImageTextToText
-
-    from export.graphs import build_graphs
 
     t0 = time.perf_counter()
     if sessions not in ("resident", "on-demand"):

@@ -3,7 +3,7 @@
 The bundle holds, per member, the ONNX graphs at one precision, ``tokenizer.json``,
 ``config.json`` / ``preprocessor_config.json`` (geometry only, no Hugging Face weights), the
 rendered chat templates and answer token ids (in ``manifest.yaml``) and the sha256 of every
-file. ``guard.Guard`` serves it with the ``onnx`` backend: no torch, no transformers.
+file. ``spotstop.guard.Guard`` serves it with the ``onnx`` backend: no torch, no transformers.
 
 ``policy.yaml`` is NOT written: it is fitted for this bundle's id and prompt hash (printed
 here) on an unlabelled pool (``calibrate.fit_frozen``) and dropped into the bundle folder.
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from export.bundle import _write_manifest
-from export.onnx import DEFAULT_BUCKETS, MemberExport, export_member
-from export.triton import write_triton_repository
-from export.trt import build_engines, write_trt_script
-from guard._bundle import is_device_built, pair_prompt_hash, sha256_file
-from guard._config import ScoringConfig
+from spotstop.export.bundle import _write_manifest
+from spotstop.export.onnx import DEFAULT_BUCKETS, MemberExport, export_member
+from spotstop.export.triton import write_triton_repository
+from spotstop.export.trt import build_engines, write_trt_script
+from spotstop.guard._bundle import is_device_built, pair_prompt_hash, sha256_file
+from spotstop.guard._config import ScoringConfig
 
 __all__ = ["OnnxBundle", "write_onnx_bundle"]
 
@@ -193,15 +193,14 @@ def derive_bundle(
     """Convert an fp32 bundle's graphs to ``precision`` without exporting again.
 
     The fp32 graphs were validated against torch at export; check the derived bundle with
-    :func:`export.verify.verify_bundle` (``spotstop verify-bundle``).
+    :func:`spotstop.export.verify.verify_bundle` (``spotstop verify-bundle``).
     """
     import onnx
     import yaml
-
-    from export.onnx import _save, convert_precision, onnx_weight_bytes
-    from export.quant import quantizer_meta
-    from guard._bundle import load_bundle
-    from guard.backends._onnx import GRAPHS_FILE
+    from spotstop.export.onnx import _save, convert_precision, onnx_weight_bytes
+    from spotstop.export.quant import quantizer_meta
+    from spotstop.guard._bundle import load_bundle
+    from spotstop.guard.backends._onnx import GRAPHS_FILE
 
     b = load_bundle(src)
     if b.manifest.get("export", {}).get("precision") != "fp32":

@@ -76,7 +76,7 @@ __all__ = [
     "toposort",
 ]
 
-logger = logging.getLogger("export.quant")
+logger = logging.getLogger("spotstop.export.quant")
 
 #: Rows of the weight (input features, K) that share one scale.
 BLOCK_SIZE = 128
@@ -367,7 +367,7 @@ def quantize_int4_trt(
     ``method``: ``"rtn"`` (round to nearest; no data) or ``"awq"`` (modelopt's ``awq_clip``,
     calibrated on ``calibration``: a list of input feeds; needs nvidia-modelopt).
     ``use_modelopt``: None uses modelopt when it imports; False never; True requires it.
-    Fold ``Transpose(weight)`` into the weight first (export.onnx.fold_weight_transposes): only a
+    Fold ``Transpose(weight)`` into the weight first (spotstop.export.onnx.fold_weight_transposes): only a
     MatMul whose weight is a constant initializer is quantized.
     """
     import onnx

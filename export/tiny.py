@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from guard._hf import MEMBER_HINTS, TEST_PAIR_MARKER
+from spotstop.guard._hf import MEMBER_HINTS, TEST_PAIR_MARKER
 
 __all__ = [
     "TINY_MEMBERS",
@@ -589,7 +589,9 @@ def build_random_member(
             max_image_tokens=max(256, tokens),
             downsample_factor=int(values.get("downsample_factor", 2)),
         )
-    _write_markers(path, model_type, image_size, built_by="export.tiny.build_random_member")
+    _write_markers(
+        path, model_type, image_size, built_by="spotstop.export.tiny.build_random_member"
+    )
     return path
 
 
@@ -604,7 +606,7 @@ class TinyPair:
 
 def default_tiny_dir() -> Path:
     """``$SPOTSTOP_HOME/tiny`` (default ``~/.cache/spotstop/tiny``)."""
-    from guard._config import spotstop_home
+    from spotstop.guard._config import spotstop_home
 
     return spotstop_home() / "tiny"
 

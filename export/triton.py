@@ -4,7 +4,7 @@ For fleets that serve the members from a GPU server: one Triton model per graph,
 ``onnxruntime_onnx`` platform, with the batch axis dynamic. The graphs are not copied into
 the bundle twice: ``triton/populate.sh`` hard-links (or copies) them into the version
 folders on the server. The score itself (``s`` from ``first_logits``/``read_logprob``) is
-computed by the client exactly as ``guard.backends._onnx.combine_scores`` does.
+computed by the client exactly as ``spotstop.guard.backends._onnx.combine_scores`` does.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from export.trt import _input_shapes
+from spotstop.export.trt import _input_shapes
 
 __all__ = ["write_triton_repository"]
 

@@ -8,7 +8,7 @@ engines with the TensorRT Python API. Either way each member's engines land next
 graphs (``members/<name>/trt/<graph>.plan``) with an engine record
 (``members/<name>/trt/engines.yaml``: TensorRT version, GPU, precision, sha256 of the ONNX
 files and of every engine) that the ``tensorrt`` backend checks before it runs them
-(:mod:`guard.backends._trt`). Engines are not in the bundle manifest's sha256 list.
+(:mod:`spotstop.guard.backends._trt`). Engines are not in the bundle manifest's sha256 list.
 
 Typing. Networks are built **strongly typed**: every tensor keeps the type the ONNX graph
 gives it. Our fp16 graphs (onnxruntime's ``convert_float_to_float16(keep_io_types=True)``)
@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from guard.backends._graphs import GRAPHS_FILE, graph_files
-from guard.backends._trt import TRT_PRECISIONS, engine_path, write_engine_record
+from spotstop.guard.backends._graphs import GRAPHS_FILE, graph_files
+from spotstop.guard.backends._trt import TRT_PRECISIONS, engine_path, write_engine_record
 
 __all__ = ["build_engines", "engine_specs", "network_typing", "write_trt_script"]
 
@@ -141,7 +140,7 @@ def _shape_arg(shapes: dict[str, list[int]]) -> str:
 
 
 #: Writes a member's engine record from trtexec's log (stdlib only: the L4T container has
-#: python3 but not spotstop). Same format as guard.backends._trt.write_engine_record (JSON is
+#: python3 but not spotstop). Same format as spotstop.guard.backends._trt.write_engine_record (JSON is
 #: YAML). argv: MEMBER_DIR PRECISION STRONG(0/1) LOG GRAPH=ENGINE...
 _RECORD_PY = r"""
 import datetime, hashlib, json, pathlib, re, sys
@@ -338,8 +337,8 @@ def build_engines(
     if any(s["precision"] not in TRT_PRECISIONS for s in specs):
         say("  TensorRT cannot parse int8/int4 (MatMulNBits) graphs: no engines built")
         return False
-    from guard._errors import GuardError
-    from guard.backends._trt import open_device
+    from spotstop.guard._errors import GuardError
+    from spotstop.guard.backends._trt import open_device
 
     try:
         mem = open_device(0)

@@ -16,10 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from export.configs import get_export_config
-from guard._bundle import load_bundle
-from guard._config import ScoringConfig
+from spotstop.export.configs import get_export_config
+from spotstop.guard._bundle import load_bundle
+from spotstop.guard._config import ScoringConfig
 
 __all__ = ["BundleVerification", "MemberVerification", "spearman", "verify_bundle"]
 
@@ -99,8 +98,8 @@ def verify_bundle(
     variants: Sequence[str] = ("scene", "text"),
 ) -> BundleVerification:
     """Score ``n_scenes`` generated scenes with the reference and with the bundle; compare."""
-    from guard._demo import demo_scenes
-    from guard._member import load_member
+    from spotstop.guard._demo import demo_scenes
+    from spotstop.guard._member import load_member
 
     b = load_bundle(bundle)
     cfg = ScoringConfig(prompt=b.prompt)

@@ -4,9 +4,9 @@ The public surface is small; everything else lives in private modules. Importing
 package loads no model and imports neither torch nor transformers.
 """
 
-from guard._bundle import Bundle, BundleError, load_bundle
-from guard._config import ScoringConfig, load_scoring_config
-from guard._errors import (
+from spotstop.guard._bundle import Bundle, BundleError, load_bundle
+from spotstop.guard._config import ScoringConfig, load_scoring_config
+from spotstop.guard._errors import (
     BackendUnavailableError,
     ConfigError,
     GuardError,
@@ -15,14 +15,14 @@ from guard._errors import (
     RequestError,
     ScoringError,
 )
-from guard._fusion import Avg2Fusion, FusionError
-from guard._guard import Decision, Guard
-from guard._image import DecodedImage, ImageRefused, decode_image
-from guard._log import DecisionLog, DecisionRecord, LogError
-from guard._member import Member, MemberInfo, load_member
-from guard._policy import PolicyConfig, PolicyError, load_policy
-from guard._prompt import PromptSpec
-from guard._types import MemberScore, Scene
+from spotstop.guard._fusion import Avg2Fusion, FusionError
+from spotstop.guard._guard import Decision, Guard
+from spotstop.guard._image import DecodedImage, ImageRefused, decode_image
+from spotstop.guard._log import DecisionLog, DecisionRecord, LogError
+from spotstop.guard._member import Member, MemberInfo, load_member
+from spotstop.guard._policy import PolicyConfig, PolicyError, load_policy
+from spotstop.guard._prompt import PromptSpec
+from spotstop.guard._types import MemberScore, Scene
 
 __all__ = [
     "Avg2Fusion",

@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-
-from guard._errors import ConfigError
+from spotstop.guard._errors import ConfigError
 
 __all__ = ["ARCHS", "ArchSpec", "ImageGeometry", "get_arch"]
 

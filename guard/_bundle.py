@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from guard._config import parse_image_size
-from guard._errors import ConfigError, GuardError
-from guard._prompt import PromptSpec, RenderedTemplate
+from spotstop.guard._config import parse_image_size
+from spotstop.guard._errors import ConfigError, GuardError
+from spotstop.guard._prompt import PromptSpec, RenderedTemplate
 
 __all__ = [
     "Bundle",
@@ -54,7 +53,7 @@ class BundleMember:
 
 @dataclass(frozen=True)
 class Bundle:
-    """A loaded, verified bundle manifest (models are loaded by :class:`guard.Guard`)."""
+    """A loaded, verified bundle manifest (models are loaded by :class:`spotstop.guard.Guard`)."""
 
     path: Path
     bundle_id: str
@@ -110,7 +109,7 @@ def is_device_built(rel: str) -> bool:
 
     TensorRT engines, their record and build logs (``members/<name>/trt/*.plan``,
     ``trt/engines.yaml``, ``*.log``) are made on the target by ``trt/build.sh``: they are
-    checked by the engine record (``guard.backends._trt``), not by the manifest's sha256
+    checked by the engine record (``spotstop.guard.backends._trt``), not by the manifest's sha256
     list, so rebuilding them on the device does not break the bundle's verification.
     """
     parts = Path(rel).parts

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from guard._errors import ConfigError
-from guard._prompt import MAX_REQUEST_CHARS, PromptSpec
+from spotstop.guard._errors import ConfigError
+from spotstop.guard._prompt import MAX_REQUEST_CHARS, PromptSpec
 
 __all__ = ["ScoringConfig", "load_scoring_config", "parse_image_size", "spotstop_home"]
 

@@ -19,8 +19,7 @@ from typing import Any, cast
 
 import numpy as np
 from PIL import Image, ImageDraw
-
-from guard._types import Scene
+from spotstop.guard._types import Scene
 
 __all__ = ["demo_scenes", "run_demo"]
 
@@ -69,10 +68,10 @@ def demo_scenes(n: int, *, seed: int, situations: list[str | None] | None = None
 
 def make_demo_bundle(root: Path, *, pool_size: int = 24, seed: int = 0) -> Path:
     """Tiny pair → bundle → frozen fit on an unlabelled pool → situation policy.yaml."""
-    from calibrate._pool import fit_pool_policy
-    from export.bundle import write_bundle
-    from export.tiny import TINY_MEMBERS, build_tiny_pair
-    from guard._policy import FrozenPolicy, SituationPolicy, dump_policy
+    from spotstop.calibrate._pool import fit_pool_policy
+    from spotstop.export.bundle import write_bundle
+    from spotstop.export.tiny import TINY_MEMBERS, build_tiny_pair
+    from spotstop.guard._policy import FrozenPolicy, SituationPolicy, dump_policy
 
     tiny = root / "tiny"
     if not all((tiny / m / "model.safetensors").is_file() for m in TINY_MEMBERS):
@@ -104,7 +103,7 @@ def make_demo_bundle(root: Path, *, pool_size: int = 24, seed: int = 0) -> Path:
 
 def run_demo(root: Path, *, seed: int = 0, out: Any = print) -> Path:
     """Run the demo under ``root``; returns the decision log's path."""
-    from guard._guard import Guard
+    from spotstop.guard._guard import Guard
 
     bdir = make_demo_bundle(root, seed=seed)
     log_path = root / "decisions.sqlite"
@@ -137,5 +136,7 @@ def run_demo(root: Path, *, seed: int = 0, out: Any = print) -> Path:
     out("")
     out("Scenes 1–3 of kitchen-1 use the frozen cut; from scene 4 on, the threshold is the mean S")
     out("of the situation's earlier scenes (recentering). Scenes without a situation use t0.")
-    out(f"decision log: {log_path}  ({len(decisions)} rows; read it with guard.DecisionLog)")
+    out(
+        f"decision log: {log_path}  ({len(decisions)} rows; read it with spotstop.guard.DecisionLog)"
+    )
     return log_path

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-
-from guard._errors import ConfigError, GuardError
+from spotstop.guard._errors import ConfigError, GuardError
 
 __all__ = ["Avg2Fusion", "FusionError", "MemberStats"]
 
@@ -190,7 +189,7 @@ class Avg2Fusion:
 
         nan_policy: ``"raise"`` (default) raises :class:`FusionError` when any score is
             not finite; ``"propagate"`` returns NaN for those scenes, which
-            :func:`guard._policy.decide_batch` labels UNSAFE.
+            :func:`spotstop.guard._policy.decide_batch` labels UNSAFE.
 
         A missing member always raises :class:`FusionError`.
         """
@@ -235,7 +234,7 @@ class Avg2Fusion:
         """Build from the dict of :meth:`to_dict`, validating every key.
 
         where: the key path of this section, used in error messages. Raises
-        :class:`guard._errors.ConfigError` naming the offending key.
+        :class:`spotstop.guard._errors.ConfigError` naming the offending key.
         """
         return _fusion_from_dict(d, where=where, source=_FIX_SOURCE)
 

@@ -21,14 +21,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-
-from guard._bundle import Bundle, load_bundle
-from guard._errors import GuardError
-from guard._image import DecodedImage, decode_image
-from guard._log import DecisionLog, DecisionRecord
-from guard._member import Member, load_bundle_member
-from guard._policy import PolicyConfig, check_policy_matches, decide_batch, load_policy
-from guard._types import Scene, Variant
+from spotstop.guard._bundle import Bundle, load_bundle
+from spotstop.guard._errors import GuardError
+from spotstop.guard._image import DecodedImage, decode_image
+from spotstop.guard._log import DecisionLog, DecisionRecord
+from spotstop.guard._member import Member, load_bundle_member
+from spotstop.guard._policy import PolicyConfig, check_policy_matches, decide_batch, load_policy
+from spotstop.guard._types import Scene, Variant
 
 __all__ = ["Decision", "Guard", "PolicyMissingError", "SituationInfo"]
 

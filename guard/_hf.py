@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from guard._arch import ArchSpec, get_arch
-from guard._errors import BackendUnavailableError, ConfigError, MemberLoadError
-from guard._prompt import IMAGE_SLOT, REQUEST_SLOT, PromptSpec, RenderedTemplate
+from spotstop.guard._arch import ArchSpec, get_arch
+from spotstop.guard._errors import BackendUnavailableError, ConfigError, MemberLoadError
+from spotstop.guard._prompt import IMAGE_SLOT, REQUEST_SLOT, PromptSpec, RenderedTemplate
 
 __all__ = ["MemberFolder", "render_template", "resolve_member"]
 

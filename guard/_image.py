@@ -4,7 +4,7 @@
 an RGB, 8-bit, upright Pillow image plus the facts the decision log records about the file
 (sha256 of the original bytes, size, format, an estimated JPEG quality). Everything that
 is not a complete, modest-sized JPEG, PNG or WebP is refused with :class:`ImageRefused`
-(an :class:`~guard._errors.ImageError`), whose ``kind`` says why.
+(an :class:`~spotstop.guard._errors.ImageError`), whose ``kind`` says why.
 
 Choices made here (the runtime depends on them, so they are fixed and documented):
 
@@ -47,8 +47,7 @@ from typing import Final, Literal, get_args
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
-
-from guard._errors import ConfigError, ImageError
+from spotstop.guard._errors import ConfigError, ImageError
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -101,7 +100,7 @@ _IJG_LUMA: Final[tuple[int, ...]] = (
 class ImageRefused(ImageError):
     """An image was refused; ``kind`` says why (one of :data:`RefusalKind`).
 
-    It is an :class:`~guard._errors.ImageError`, hence also a ``GuardError`` and a
+    It is an :class:`~spotstop.guard._errors.ImageError`, hence also a ``GuardError`` and a
     ``ValueError``. The message names what was wrong, the limit, what came and what to do.
     """
 

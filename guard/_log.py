@@ -46,8 +46,7 @@ from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
 
 import numpy as np
-
-from guard._errors import GuardError
+from spotstop.guard._errors import GuardError
 
 __all__ = [
     "SCHEMA_VERSION",

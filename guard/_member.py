@@ -9,16 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from guard._arch import ImageGeometry
-from guard._bundle import Bundle, BundleMember
-from guard._config import ScoringConfig, parse_image_size
-from guard._errors import ConfigError, MemberLoadError, ScoringError
-from guard._hf import MemberFolder, render_template, resolve_member
-from guard._image import DecodedImage, decode_image, gray_image
-from guard._prompt import PromptEncoder, RenderedTemplate, prompt_hash
-from guard._types import VARIANTS, MemberScore, Scene, Variant
-from guard.backends import get_backend_class
+from spotstop.guard._arch import ImageGeometry
+from spotstop.guard._bundle import Bundle, BundleMember
+from spotstop.guard._config import ScoringConfig, parse_image_size
+from spotstop.guard._errors import ConfigError, MemberLoadError, ScoringError
+from spotstop.guard._hf import MemberFolder, render_template, resolve_member
+from spotstop.guard._image import DecodedImage, decode_image, gray_image
+from spotstop.guard._prompt import PromptEncoder, RenderedTemplate, prompt_hash
+from spotstop.guard._types import VARIANTS, MemberScore, Scene, Variant
+from spotstop.guard.backends import get_backend_class
 
 __all__ = ["Member", "MemberInfo", "load_bundle_member", "load_member", "resolve_image_size"]
 
@@ -227,7 +226,7 @@ def load_bundle_member(
 
     ``backend`` overrides the backend the manifest names (``onnx`` for an exported bundle):
     ``"tensorrt"`` runs the engines built on the device from the same ONNX graphs
-    (``trt/build.sh``; see :mod:`guard.backends._trt`). Refuses a member whose prompt hash
+    (``trt/build.sh``; see :mod:`spotstop.guard.backends._trt`). Refuses a member whose prompt hash
     differs from the one the bundle recorded.
     """
     if backend is not None and backend != member.backend:

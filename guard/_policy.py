@@ -41,9 +41,8 @@ from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 
 import numpy as np
 import yaml
-
-from guard._errors import ConfigError, GuardError
-from guard._fusion import (
+from spotstop.guard._errors import ConfigError, GuardError
+from spotstop.guard._fusion import (
     Avg2Fusion,
     FusionError,
     _check_keys,

@@ -8,7 +8,7 @@ each answer tokenized without special tokens and appended directly after the gen
 prompt of the member's own chat template (reasoning off); log-probabilities are summed over
 the answer's tokens; the end-of-turn token is not scored.
 
-The chat template is rendered once per member (by :mod:`guard._hf` from the member's
+The chat template is rendered once per member (by :mod:`spotstop.guard._hf` from the member's
 tokenizer, or read back from a bundle) into a :class:`RenderedTemplate` that holds two slots,
 the image and the request. At run time only the ``tokenizers`` library is needed.
 """
@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from guard._errors import ConfigError, RequestError
+from spotstop.guard._errors import ConfigError, RequestError
 
 __all__ = [
     "IMAGE_SLOT",

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from guard._image import DecodedImage
+from spotstop.guard._image import DecodedImage
 
 __all__ = ["ImageSource", "MemberScore", "Scene", "Variant"]
 

@@ -62,7 +62,7 @@ def _add_tiny(sub: Any) -> None:
 
 
 def _cmd_tiny(args: argparse.Namespace) -> int:
-    from export.tiny import build_tiny_pair, tree_digest
+    from spotstop.export.tiny import build_tiny_pair, tree_digest
 
     pair = build_tiny_pair(args.out, seed=args.seed, progress=True)
     for m in pair.members:
@@ -111,10 +111,10 @@ def _add_score(sub: Any) -> None:
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from guard._config import ScoringConfig, load_scoring_config, parse_image_size
-    from guard._image import decode_image
-    from guard._member import load_member
-    from guard._types import Scene
+    from spotstop.guard._config import ScoringConfig, load_scoring_config, parse_image_size
+    from spotstop.guard._image import decode_image
+    from spotstop.guard._member import load_member
+    from spotstop.guard._types import Scene
 
     cfg = load_scoring_config(args.config) if args.config else ScoringConfig()
     size = parse_image_size(args.image_size, "--image-size") if args.image_size else None
@@ -177,8 +177,8 @@ def _add_demo(sub: Any) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from guard._config import spotstop_home
-    from guard._demo import run_demo
+    from spotstop.guard._config import spotstop_home
+    from spotstop.guard._demo import run_demo
 
     root = args.dir or spotstop_home() / "demo"
     root.mkdir(parents=True, exist_ok=True)
@@ -247,9 +247,9 @@ def _device(args: argparse.Namespace) -> str:
 
 def _cmd_check(args: argparse.Namespace) -> int:
 
-    from guard._config import spotstop_home
-    from guard._guard import Guard
-    from guard._types import Scene
+    from spotstop.guard._config import spotstop_home
+    from spotstop.guard._guard import Guard
+    from spotstop.guard._types import Scene
 
     bundle = args.bundle or spotstop_home() / "demo" / "bundle"
     if not args.image.is_file():
@@ -295,14 +295,14 @@ def _add_card(sub: Any) -> None:
 
 
 def _cmd_card(args: argparse.Namespace) -> int:
-    from diagnostics._cli import card_main
+    from spotstop.diagnostics._cli import card_main
 
     return card_main(list(args.rest))
 
 
 def _add_serve(sub: Any) -> None:
-    # Defaults live in guard.serve.ServeSettings (None here = its default); this parser
-    # imports nothing from guard.serve, so `spotstop --help` needs no fastapi.
+    # Defaults live in spotstop.guard.serve.ServeSettings (None here = its default); this parser
+    # imports nothing from spotstop.guard.serve, so `spotstop --help` needs no fastapi.
     p = sub.add_parser(
         "serve",
         help="run the guard as a local HTTP sidecar (FastAPI; /v1/check, /metrics, /docs)",
@@ -370,7 +370,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     try:
-        from guard.serve import ServeSettings, load_guard, resolve_token, serve
+        from spotstop.guard.serve import ServeSettings, load_guard, resolve_token, serve
     except ImportError as e:
         print(
             f"spotstop serve: {e}. Install the server: pip install 'spotstop[serve]'.",
@@ -464,7 +464,7 @@ def _add_recalibrate(sub: Any) -> None:
 
 
 def _cmd_recalibrate(args: argparse.Namespace) -> int:
-    from calibrate._cli import recalibrate_command
+    from spotstop.calibrate._cli import recalibrate_command
 
     return recalibrate_command(args)
 
@@ -527,7 +527,7 @@ def _add_policy(sub: Any) -> None:
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
-    from calibrate._cli import policy_command
+    from spotstop.calibrate._cli import policy_command
 
     return policy_command(args)
 
@@ -591,9 +591,9 @@ def _add_export(sub: Any) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from export.onnx import DEFAULT_BUCKETS
-    from export.onnx_bundle import write_onnx_bundle
-    from guard._config import ScoringConfig, load_scoring_config, parse_image_size
+    from spotstop.export.onnx import DEFAULT_BUCKETS
+    from spotstop.export.onnx_bundle import write_onnx_bundle
+    from spotstop.guard._config import ScoringConfig, load_scoring_config, parse_image_size
 
     cfg = load_scoring_config(args.config) if args.config else ScoringConfig()
     size = parse_image_size(args.image_size, "--image-size") if args.image_size else None
@@ -664,7 +664,7 @@ def _add_verify_bundle(sub: Any) -> None:
 def _cmd_verify_bundle(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from export.verify import verify_bundle
+    from spotstop.export.verify import verify_bundle
 
     sources = {}
     for item in args.source:
@@ -735,11 +735,11 @@ def _quiet_third_party() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from guard._errors import GuardError
+    from spotstop.guard._errors import GuardError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["card"]:  # the card command owns its whole argument list (and --help)
-        from diagnostics._cli import card_main
+        from spotstop.diagnostics._cli import card_main
 
         return card_main(argv[1:])
     parser = build_parser()

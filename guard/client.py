@@ -1,6 +1,6 @@
 """``GuardClient``: the planner's side of the spotstop HTTP sidecar (``spotstop serve``).
 
-The same fail-closed rule as :class:`guard.Guard`, on the caller's side:
+The same fail-closed rule as :class:`spotstop.guard.Guard`, on the caller's side:
 :meth:`GuardClient.check` and :meth:`GuardClient.check_batch` never raise for a problem of
 the network or the server and never answer SAFE unless the server answered SAFE. A timeout,
 a connection error, a 5xx (including 503 "queue full"), a refused input (4xx) or a malformed
@@ -8,8 +8,8 @@ reply all give ``Decision(label="UNSAFE", fail_closed=True)`` with the cause in
 ``fail_reason`` — such a decision was made *here*, was not logged by the server, and has an
 empty ``decision_id`` and ``policy == "client"``::
 
-    from guard import Scene
-    from guard.client import GuardClient
+    from spotstop.guard import Scene
+    from spotstop.guard.client import GuardClient
 
     with GuardClient("http://127.0.0.1:8750", timeout_s=2.0) as guard:
         d = guard.check(Scene("cam.jpg", "open the door", situation_id="hall-2"))
@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from guard._errors import GuardError
-from guard._guard import Decision
-from guard._image import DecodedImage
-from guard._types import Scene
+from spotstop.guard._errors import GuardError
+from spotstop.guard._guard import Decision
+from spotstop.guard._image import DecodedImage
+from spotstop.guard._types import Scene
 
 __all__ = [
     "DEFAULT_URL",

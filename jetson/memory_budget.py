@@ -367,7 +367,7 @@ def render(counts: list[Counts]) -> str:
         "`spotstop export ... --triton` lays out `triton/<member>__<graph>/config.pbtxt` for",
         "Triton Inference Server (`onnxruntime_onnx` platform); `triton/populate.sh` links the",
         "graphs into the version folders. The client computes s from `first_logits` and",
-        "`read_logprob` as `guard.backends._onnx.combine_scores` does.",
+        "`read_logprob` as `spotstop.guard.backends._onnx.combine_scores` does.",
         "",
     ]
     return "\n".join(lines)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 
-from guard._log import DecisionLog, DecisionRecord
+from spotstop.guard._log import DecisionLog, DecisionRecord
 
 
 def main(path: str) -> None:

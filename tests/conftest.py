@@ -14,7 +14,7 @@ from PIL import Image
 def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Both tiny members under one folder (a TEST pair: its decisions mean nothing)."""
     pytest.importorskip("torch")
-    from export.tiny import build_tiny_pair
+    from spotstop.export.tiny import build_tiny_pair
 
     root = tmp_path_factory.mktemp("tiny")
     build_tiny_pair(root, seed=0)
@@ -28,7 +28,7 @@ def tiny_member_dir(request: pytest.FixtureRequest, tiny_pair: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def loaded_members(tiny_pair: Path) -> dict[str, object]:
-    from guard import load_member
+    from spotstop.guard import load_member
 
     return {name: load_member(tiny_pair / name) for name in ("tiny-qwen3_5", "tiny-lfm2_vl")}
 
@@ -39,10 +39,10 @@ def tiny_pair_fp32_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFact
 
     The Qwen3.5 decoder exports with the dynamo exporter (minutes on 2 cores), so the slow
     tests that need a Qwen export derive their other precisions from this bundle
-    (``export.onnx_bundle.derive_bundle``) instead of exporting again. Read-only: copy it
+    (``spotstop.export.onnx_bundle.derive_bundle``) instead of exporting again. Read-only: copy it
     before changing anything in it.
     """
-    from guard.cli import main
+    from spotstop.guard.cli import main
 
     out = tmp_path_factory.mktemp("pair32") / "b32"
     args = ["export", "--out", str(out), "--precision", "fp32", "--buckets", "128,256"]

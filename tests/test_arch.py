@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from PIL import Image
-
-from guard._arch import ARCHS, get_arch
-from guard._errors import ConfigError
+from spotstop.guard._arch import ARCHS, get_arch
+from spotstop.guard._errors import ConfigError
 
 QWEN_CFG = {"model_type": "qwen3_5", "vision_config": {"patch_size": 16, "spatial_merge_size": 2}}
 LFM_CFG = {"model_type": "lfm2_vl", "downsample_factor": 2, "vision_config": {"patch_size": 16}}

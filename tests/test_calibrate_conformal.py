@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 from scipy.stats import beta as beta_dist
 from scipy.stats import binom
-
-from calibrate import ConformalCalibrator, binom_cdf
-from guard._policy import (
+from spotstop.calibrate import ConformalCalibrator, binom_cdf
+from spotstop.guard._policy import (
     ConformalPolicy,
     NotFittedError,
     PolicyError,

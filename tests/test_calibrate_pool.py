@@ -10,18 +10,18 @@ import pytest
 
 pytest.importorskip("torch")
 
-from calibrate import CalibrationError
-from calibrate._pool import fit_pool_policy, pool_scenes
-from guard import Guard, Scene, load_bundle, load_policy
-from guard._demo import demo_scenes
-from guard._member import load_bundle_member
-from guard.cli import main
+from spotstop.calibrate import CalibrationError
+from spotstop.calibrate._pool import fit_pool_policy, pool_scenes
+from spotstop.guard import Guard, Scene, load_bundle, load_policy
+from spotstop.guard._demo import demo_scenes
+from spotstop.guard._member import load_bundle_member
+from spotstop.guard.cli import main
 
 
 @pytest.fixture
 def bare_bundle(tiny_pair: Path, tmp_path: Path) -> Path:
     """A torch-backend bundle of the tiny pair with no policy.yaml (as after an export)."""
-    from export.bundle import write_bundle
+    from spotstop.export.bundle import write_bundle
 
     return write_bundle([tiny_pair / "tiny-qwen3_5", tiny_pair / "tiny-lfm2_vl"], tmp_path / "b")
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
-from calibrate import (
+from spotstop.calibrate import (
     CalibrationError,
     Recalibrator,
     activate_policy_version,
@@ -24,11 +23,11 @@ from calibrate import (
     recommend_policy,
     write_policy_version,
 )
-from calibrate._logdata import read_log_for_bundle
-from guard._bundle import load_bundle, pair_prompt_hash
-from guard._fusion import Avg2Fusion, MemberStats
-from guard._log import DecisionLog, DecisionRecord
-from guard._policy import (
+from spotstop.calibrate._logdata import read_log_for_bundle
+from spotstop.guard._bundle import load_bundle, pair_prompt_hash
+from spotstop.guard._fusion import Avg2Fusion, MemberStats
+from spotstop.guard._log import DecisionLog, DecisionRecord
+from spotstop.guard._policy import (
     ConformalPolicy,
     FrozenPolicy,
     PolicyConfig,
@@ -37,8 +36,8 @@ from guard._policy import (
     dump_policy,
     load_policy,
 )
-from guard._prompt import IMAGE_SLOT, REQUEST_SLOT
-from guard.cli import main
+from spotstop.guard._prompt import IMAGE_SLOT, REQUEST_SLOT
+from spotstop.guard.cli import main
 
 T0 = 1_700_000_000.0
 FIXED = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -347,7 +346,7 @@ def test_diff_shows_changes_and_predicted_effect(setup):
 
 
 def test_recommendation_follows_the_diagnostics():
-    from diagnostics import simulate_log
+    from spotstop.diagnostics import simulate_log
 
     # strong situation offsets and contrasts: recentering gains; enough unsafe: conformal
     table = simulate_log(150, situation_sd=0.8, rng=1)
@@ -410,9 +409,9 @@ def test_cli_recalibrate_list_diff_activate(setup, capsys: pytest.CaptureFixture
 
 
 def test_reload_under_load_drops_nothing(tiny_pair: Path, tmp_path: Path):
-    from export.bundle import write_bundle
-    from guard import Guard, Scene
-    from guard._demo import demo_scenes
+    from spotstop.export.bundle import write_bundle
+    from spotstop.guard import Guard, Scene
+    from spotstop.guard._demo import demo_scenes
 
     bundle = write_bundle(
         [tiny_pair / "tiny-qwen3_5", tiny_pair / "tiny-lfm2_vl"], tmp_path / "b", copy_members=False

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from spotstop.guard.cli import build_parser, main
 
-from guard.cli import build_parser, main
 from tests.conftest import make_image_bytes
 
 
@@ -28,13 +28,15 @@ def test_every_command_has_help(capsys):
 
 
 def test_help_does_not_import_torch():
-    code = "import sys; from guard.cli import main\ntry: main(['--help'])\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
+    code = "import sys; from spotstop.guard.cli import main\ntry: main(['--help'])\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False")
 
 
 def test_runtime_package_imports_without_torch():
-    code = "import sys, guard; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = (
+        "import sys, spotstop.guard; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
 

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import roc_auc_score
-
-from diagnostics import (
+from spotstop.diagnostics import (
     BootstrapResult,
     CaseTable,
     DataError,
@@ -24,7 +23,8 @@ from diagnostics import (
     simulate_log,
     spot_stop,
 )
-from diagnostics._bootstrap import _Prepared, _random_halves
+from spotstop.diagnostics._bootstrap import _Prepared, _random_halves
+
 from tests.test_diag_metrics import small_tables
 from tests.test_diag_support import materialize
 

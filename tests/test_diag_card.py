@@ -6,9 +6,8 @@ import json
 import math
 
 import pytest
-
-from diagnostics import FIELD_KEYS, simulate_log, write_card
-from diagnostics._cli import card_main
+from spotstop.diagnostics import FIELD_KEYS, simulate_log, write_card
+from spotstop.diagnostics._cli import card_main
 
 REQUIRED = (
     "auroc", "balanced_accuracy", "R", "L", "A", "A_star", "R_minus_A", "threshold_part",

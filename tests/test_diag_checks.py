@@ -9,8 +9,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression as SkLogistic
 from sklearn.model_selection import GroupKFold
 from sklearn.preprocessing import StandardScaler
-
-from diagnostics import (
+from spotstop.diagnostics import (
     CaseTable,
     DataError,
     LogisticRegression,
@@ -24,7 +23,7 @@ from diagnostics import (
     simulate_log,
     situation_share,
 )
-from diagnostics._checks import _fast_auroc, _icc_from_sums
+from spotstop.diagnostics._checks import _fast_auroc, _icc_from_sums
 
 
 @pytest.mark.parametrize("C", [0.1, 1.0, 10.0])
@@ -163,7 +162,7 @@ def test_fast_auroc_with_ties():
 
 
 def test_file_reader_with_too_few_groups_warns_and_is_undefined():
-    from diagnostics import UndefinedMetricWarning, scene_blind_readers, simulate_log
+    from spotstop.diagnostics import UndefinedMetricWarning, scene_blind_readers, simulate_log
 
     table = simulate_log(3, rng=4)
     assert np.unique(table.group).size < 5

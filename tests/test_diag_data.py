@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from diagnostics import CaseTable, DataError, read_scores_csv
+from spotstop.diagnostics import CaseTable, DataError, read_scores_csv
 
 HEADER = "case_id,label,score,contrast_id,situation_id"
 

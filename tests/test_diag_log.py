@@ -11,10 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from diagnostics import CaseTable, DataError, case_table_from_log, log_cases, simulate_log
-from diagnostics._cli import card_main
-from guard._log import DecisionLog, DecisionRecord
+from spotstop.diagnostics import CaseTable, DataError, case_table_from_log, log_cases, simulate_log
+from spotstop.diagnostics._cli import card_main
+from spotstop.guard._log import DecisionLog, DecisionRecord
 
 N_FAIL = 3  # fail-closed decisions (labelled) appended after the simulated cases
 N_UNLABELLED = 4  # scored decisions that nobody labelled

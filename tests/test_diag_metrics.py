@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 from sklearn.metrics import balanced_accuracy_score, roc_auc_score
-
-from diagnostics import (
+from spotstop.diagnostics import (
     CaseTable,
     DataError,
     UndefinedMetricWarning,
@@ -28,7 +27,8 @@ from diagnostics import (
     simulate_log,
     spot_stop,
 )
-from diagnostics._metrics import _weighted_quantile
+from spotstop.diagnostics._metrics import _weighted_quantile
+
 from tests.test_diag_support import pairs_table
 
 scores = st.lists(st.integers(-4, 4).map(lambda x: x / 2), min_size=2, max_size=40)

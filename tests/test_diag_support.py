@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from diagnostics import CaseTable
+from spotstop.diagnostics import CaseTable
 
 
 def pairs_table(safe, unsafe, *, situation=None, extra=None) -> CaseTable:

@@ -19,10 +19,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from export.configs import EXPORT_CONFIGS, PRECISIONS, Lfm2VlExportConfig  # noqa: E402
-from guard import Scene, ScoringConfig, load_member  # noqa: E402
-from guard._errors import BackendUnavailableError, ScoringError  # noqa: E402
-from guard._image import decode_image  # noqa: E402
+from spotstop.export.configs import EXPORT_CONFIGS, PRECISIONS, Lfm2VlExportConfig  # noqa: E402
+from spotstop.guard import Scene, ScoringConfig, load_member  # noqa: E402
+from spotstop.guard._errors import BackendUnavailableError, ScoringError  # noqa: E402
+from spotstop.guard._image import decode_image  # noqa: E402
+
 from tests.conftest import make_image_bytes  # noqa: E402
 
 #: architecture → the tests that export it end to end (a registered one without is a failure)
@@ -39,7 +40,7 @@ def _scenes() -> list[Scene]:
 
 
 def _export(tiny_pair: Path, out: Path, precision: str, *members: str) -> Path:
-    from guard.cli import main
+    from spotstop.guard.cli import main
 
     args = ["export", "--out", str(out), "--precision", precision, "--buckets", BUCKETS]
     for m in members:
@@ -64,7 +65,7 @@ def lfm_int8(tiny_pair: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_every_registered_architecture_has_a_test() -> None:
     missing = sorted(set(EXPORT_CONFIGS) - set(TESTED_ARCHS))
     assert not missing, f"export configs without an export test: {missing}"
-    from guard._arch import ARCHS
+    from spotstop.guard._arch import ARCHS
 
     assert set(EXPORT_CONFIGS) == set(ARCHS), "every member architecture needs an export config"
 
@@ -83,8 +84,8 @@ def test_export_configs_state_tolerances_for_every_precision(arch: str) -> None:
 
 def test_scoring_graphs_match_the_torch_reference(loaded_members: dict[str, object]) -> None:
     """Graph wrappers (in-graph M-RoPE positions, visual-token scatter, sliced head) = reference."""
-    from export.graphs import build_graphs
-    from guard.backends._onnx import combine_scores, decoder_feeds
+    from spotstop.export.graphs import build_graphs
+    from spotstop.guard.backends._onnx import combine_scores, decoder_feeds
 
     scenes = _scenes()
     for m in loaded_members.values():
@@ -132,10 +133,9 @@ def test_scoring_graphs_match_the_torch_reference(loaded_members: dict[str, obje
 def test_vision_graph_exports(member: str, tiny_pair: Path, tmp_path: Path) -> None:
     """Both vision towers export with the legacy exporter and match torch at fp32 and int8."""
     import onnx
-
-    from export.configs import get_export_config
-    from export.graphs import VisionGraph
-    from export.onnx import _compare, _export_vision, _session, convert_precision
+    from spotstop.export.configs import get_export_config
+    from spotstop.export.graphs import VisionGraph
+    from spotstop.export.onnx import _compare, _export_vision, _session, convert_precision
 
     m = load_member(tiny_pair / member)
     px = m._gray()
@@ -159,7 +159,7 @@ def test_vision_graph_exports(member: str, tiny_pair: Path, tmp_path: Path) -> N
 
 
 def _compare_member(bundle: Path, tiny_pair: Path, name: str) -> float:
-    from guard._bundle import load_bundle
+    from spotstop.guard._bundle import load_bundle
 
     b = load_bundle(bundle)
     bm = next(m for m in b.members if m.name == name)
@@ -180,8 +180,8 @@ def test_lfm2_bundle_fp32_matches_torch(lfm_fp32: Path, tiny_pair: Path) -> None
 
 
 def test_lfm2_bundle_int8_verifies(lfm_int8: Path, lfm_fp32: Path, tiny_pair: Path) -> None:
-    from export.verify import verify_bundle
-    from guard._bundle import load_bundle
+    from spotstop.export.verify import verify_bundle
+    from spotstop.guard._bundle import load_bundle
 
     worst = _compare_member(lfm_int8, tiny_pair, "tiny-lfm2_vl")
     assert worst <= Lfm2VlExportConfig.score_atol["int8"]
@@ -193,7 +193,7 @@ def test_lfm2_bundle_int8_verifies(lfm_int8: Path, lfm_fp32: Path, tiny_pair: Pa
 
 
 def test_verify_bundle_cli(lfm_fp32: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from guard.cli import main
+    from spotstop.guard.cli import main
 
     assert main(["verify-bundle", str(lfm_fp32), "--scenes", "4"]) == 0
     out = capsys.readouterr().out
@@ -203,7 +203,7 @@ def test_verify_bundle_cli(lfm_fp32: Path, capsys: pytest.CaptureFixture[str]) -
 def test_bundle_lists_every_file_and_refuses_altered_graphs(lfm_fp32: Path, tmp_path: Path) -> None:
     import shutil
 
-    from guard._bundle import BundleError, load_bundle
+    from spotstop.guard._bundle import BundleError, load_bundle
 
     b = load_bundle(lfm_fp32)
     on_disk = {
@@ -230,8 +230,8 @@ def test_runtime_imports_no_torch(lfm_fp32: Path) -> None:
     """Scoring an exported member imports neither torch nor transformers."""
     code = f"""
 import sys
-from guard import Scene, ScoringConfig, load_member
-from guard._bundle import load_bundle
+from spotstop.guard import Scene, ScoringConfig, load_member
+from spotstop.guard._bundle import load_bundle
 b = load_bundle({str(lfm_fp32)!r})
 bm = b.members[0]
 m = load_member(bm.path, name=bm.name, config=ScoringConfig(prompt=b.prompt), backend="onnx",
@@ -253,11 +253,11 @@ def test_guard_serves_an_onnx_bundle(lfm_fp32: Path, tmp_path: Path) -> None:
     import shutil
     from datetime import UTC, datetime
 
-    from calibrate import fit_frozen
-    from guard import Guard
-    from guard._bundle import load_bundle
-    from guard._demo import demo_scenes
-    from guard._policy import PolicyConfig, dump_policy
+    from spotstop.calibrate import fit_frozen
+    from spotstop.guard import Guard
+    from spotstop.guard._bundle import load_bundle
+    from spotstop.guard._demo import demo_scenes
+    from spotstop.guard._policy import PolicyConfig, dump_policy
 
     bdir = tmp_path / "bundle"
     shutil.copytree(lfm_fp32, bdir)
@@ -292,7 +292,7 @@ def test_guard_serves_an_onnx_bundle(lfm_fp32: Path, tmp_path: Path) -> None:
 def test_export_reports_every_failure_together(
     tiny_pair: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from export.onnx import ExportValidationError, export_member
+    from spotstop.export.onnx import ExportValidationError, export_member
 
     monkeypatch.setattr(Lfm2VlExportConfig, "atol", {**Lfm2VlExportConfig.atol, "fp32": 0.0})
     monkeypatch.setattr(Lfm2VlExportConfig, "rtol", {**Lfm2VlExportConfig.rtol, "fp32": 0.0})
@@ -311,7 +311,7 @@ def test_export_reports_every_failure_together(
 
 
 def test_onnx_backend_never_falls_back_silently() -> None:
-    from guard.backends._onnx import onnx_providers
+    from spotstop.guard.backends._onnx import onnx_providers
 
     assert onnx_providers("cpu", ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
     for dev in ("cuda", "cuda:1", "tensorrt"):
@@ -320,8 +320,8 @@ def test_onnx_backend_never_falls_back_silently() -> None:
 
 
 def test_onnx_backend_refuses_long_prompts_and_other_answers(lfm_fp32: Path) -> None:
-    from guard._bundle import load_bundle
-    from guard._prompt import PromptSpec, ScorePlan
+    from spotstop.guard._bundle import load_bundle
+    from spotstop.guard._prompt import PromptSpec, ScorePlan
 
     b = load_bundle(lfm_fp32)
     bm = b.members[0]
@@ -354,9 +354,9 @@ def test_qwen_bundle_fp32_and_int8(
     tiny_pair: Path, tiny_pair_fp32_bundle: Path, tmp_path: Path
 ) -> None:
     """The Qwen3.5 member (dynamo decoder, one graph per bucket) at fp32, and int8 from it."""
-    from export.configs import Qwen35ExportConfig
-    from export.onnx_bundle import derive_bundle
-    from export.verify import verify_bundle
+    from spotstop.export.configs import Qwen35ExportConfig
+    from spotstop.export.onnx_bundle import derive_bundle
+    from spotstop.export.verify import verify_bundle
 
     b32 = tiny_pair_fp32_bundle
     assert _compare_member(b32, tiny_pair, "tiny-qwen3_5") <= 1e-3

@@ -29,9 +29,8 @@ onnx = pytest.importorskip("onnx")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from export.configs import get_export_config  # noqa: E402
-from export.onnx import (  # noqa: E402
+from spotstop.export.configs import get_export_config  # noqa: E402
+from spotstop.export.onnx import (  # noqa: E402
     _fp32_nodes,
     _session,
     _untie_for_quantizer,
@@ -48,7 +47,7 @@ QUANT = ("int8", "int4")
 
 
 def _export_bundle(tiny_pair: Path, out: Path, precision: str, *members: str) -> Path:
-    from guard.cli import main
+    from spotstop.guard.cli import main
 
     args = ["export", "--out", str(out), "--precision", precision, "--buckets", BUCKETS]
     for m in members:
@@ -310,9 +309,8 @@ def test_tie_output_layer_on_both_exporter_forms(form: str) -> None:
 def test_tie_output_layer_on_real_exports(exporter: str, tmp_path: Path) -> None:
     """A tied embedding + output layer as both torch exporters write it (seconds)."""
     import torch
+    from spotstop.export.onnx import _exporter_noise, fold_weight_transposes
     from torch import nn
-
-    from export.onnx import _exporter_noise, fold_weight_transposes
 
     class Tied(nn.Module):
         def __init__(self) -> None:
@@ -419,9 +417,9 @@ def test_lfm2_tied_table_is_stored_once(lfm_graphs: dict[str, Any], precision: s
 
 
 def test_lfm2_fp16_bundle_verifies(lfm_bundle: Path, tmp_path: Path) -> None:
-    from export.onnx_bundle import derive_bundle
-    from export.verify import verify_bundle
-    from guard._bundle import load_bundle
+    from spotstop.export.onnx_bundle import derive_bundle
+    from spotstop.export.verify import verify_bundle
+    from spotstop.guard._bundle import load_bundle
 
     b16 = derive_bundle(lfm_bundle, tmp_path / "l16", precision="fp16")
     # spotstop verify-bundle's default 12 scenes: the tiny pair's scores bunch together, so
@@ -436,9 +434,9 @@ def test_lfm2_fp16_bundle_verifies(lfm_bundle: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("member", ["tiny-qwen3_5", "tiny-lfm2_vl"])
 def test_vision_fp16_matches_fp32(member: str, tiny_pair: Path, tmp_path: Path) -> None:
     """Both vision towers (legacy exporter, seconds): fp16 loads and matches fp32."""
-    from export.graphs import VisionGraph
-    from export.onnx import _export_vision
-    from guard import load_member
+    from spotstop.export.graphs import VisionGraph
+    from spotstop.export.onnx import _export_vision
+    from spotstop.guard import load_member
 
     m = load_member(tiny_pair / member)
     px = m._gray()  # type: ignore[attr-defined]
@@ -503,8 +501,8 @@ def pair_fp32(tiny_pair_fp32_bundle: Path) -> Path:
 @pytest.mark.slow
 def test_pair_fp16_bundle_verifies(pair_fp32: Path, tmp_path: Path) -> None:
     """Both members at fp16 (the Qwen3.5 decoder did not load before): verify-bundle passes."""
-    from export.onnx_bundle import derive_bundle
-    from export.verify import verify_bundle
+    from spotstop.export.onnx_bundle import derive_bundle
+    from spotstop.export.verify import verify_bundle
 
     b16 = derive_bundle(pair_fp32, tmp_path / "p16", precision="fp16")
     v = verify_bundle(b16)

@@ -9,10 +9,9 @@ import pytest
 import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from guard._errors import ConfigError, GuardError
-from guard._fusion import Avg2Fusion, FusionError, MemberStats
-from guard._policy import BatchPolicy, FrozenPolicy, decide_batch
+from spotstop.guard._errors import ConfigError, GuardError
+from spotstop.guard._fusion import Avg2Fusion, FusionError, MemberStats
+from spotstop.guard._policy import BatchPolicy, FrozenPolicy, decide_batch
 
 A = MemberStats(median=-1.0, iqr=2.0)
 B = MemberStats(median=0.5, iqr=0.25)

@@ -13,7 +13,7 @@ import yaml
 
 pytest.importorskip("torch")
 
-from guard import (
+from spotstop.guard import (
     BundleError,
     Decision,
     DecisionLog,
@@ -23,8 +23,9 @@ from guard import (
     load_bundle,
     load_policy,
 )
-from guard._demo import demo_scenes, make_demo_bundle
-from guard._policy import FrozenPolicy, PolicyConfig, dump_policy
+from spotstop.guard._demo import demo_scenes, make_demo_bundle
+from spotstop.guard._policy import FrozenPolicy, PolicyConfig, dump_policy
+
 from tests.conftest import make_image_bytes
 
 
@@ -189,7 +190,7 @@ def test_fault_in_fusion_and_in_policy(bundle_copy: Path, tmp_path: Path, monkey
         )
         _assert_fail_closed(g.check(_scene()), "fusion")
         monkeypatch.undo()
-        import guard._guard as gg
+        import spotstop.guard._guard as gg
 
         monkeypatch.setattr(
             gg, "decide_batch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("policy broke"))
@@ -251,7 +252,7 @@ def test_bundle_carries_templates_so_no_rendering_is_needed(bundle_copy: Path):
 
 
 def test_check_exit_codes(bundle_copy: Path, tmp_path: Path, capsys):
-    from guard.cli import main
+    from spotstop.guard.cli import main
 
     img = tmp_path / "cam.jpg"
     img.write_bytes(make_image_bytes(4, fmt="JPEG"))
@@ -276,7 +277,7 @@ def test_check_exit_codes(bundle_copy: Path, tmp_path: Path, capsys):
 
 
 def test_demo_runs_and_prints_the_table(tiny_pair: Path, tmp_path: Path, capsys):
-    from guard.cli import main
+    from spotstop.guard.cli import main
 
     shutil.copytree(tiny_pair, tmp_path / "tiny")
     assert main(["demo", "--dir", str(tmp_path)]) == 0
@@ -348,7 +349,7 @@ def test_file_digest_is_cached_only_for_settled_unchanged_files(tmp_path: Path):
     import hashlib
     import os
 
-    from guard import _bundle
+    from spotstop.guard import _bundle
 
     def truth(p: Path) -> str:
         return hashlib.sha256(p.read_bytes()).hexdigest()

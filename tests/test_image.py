@@ -1,4 +1,4 @@
-"""Tests of guard._image: decoding, validation and refusal of scene images."""
+"""Tests of spotstop.guard._image: decoding, validation and refusal of scene images."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image, ImageFile
-
-from guard._errors import ConfigError, GuardError, ImageError
-from guard._image import (
+from spotstop.guard._errors import ConfigError, GuardError, ImageError
+from spotstop.guard._image import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_PIXELS,
     SUPPORTED_FORMATS,

@@ -21,9 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from guard._errors import GuardError
-from guard._log import (
+from spotstop.guard._errors import GuardError
+from spotstop.guard._log import (
     SCHEMA_VERSION,
     DecisionLog,
     DecisionRecord,

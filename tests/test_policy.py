@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 import scipy.stats
 import yaml
-
-from guard._errors import ConfigError
-from guard._policy import (
+from spotstop.guard._errors import ConfigError
+from spotstop.guard._policy import (
     BatchPolicy,
     ConformalCut,
     ConformalPolicy,

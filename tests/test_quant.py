@@ -20,8 +20,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from export.quant import (  # noqa: E402
+from spotstop.export.quant import (  # noqa: E402
     BLOCK_SIZE,
     FP16_SCALE_MIN,
     INT4_OPSET,
@@ -142,7 +141,7 @@ def test_int4_trt_blocks_match_an_independent_reference() -> None:
         np.testing.assert_array_equal(s, s_ref)
         np.testing.assert_array_equal(q, q_ref)
         assert q.min() >= -8 and q.max() <= 7
-    from export.onnx import onnx_weight_bytes
+    from spotstop.export.onnx import onnx_weight_bytes
 
     # INT4 initializers hold two values a byte: weight bytes count what is stored
     assert onnx_weight_bytes(q_model) == sum(len(t.raw_data) for t in q_model.graph.initializer)
@@ -276,7 +275,7 @@ def _norm_softmax_matmul_model() -> onnx.ModelProto:
 def test_convert_precision_int4_trt_quantizes_the_fp16_graph() -> None:
     """Float16 scales and DequantizeLinear outputs into float16 MatMuls; the RMSNorm region and
     the Softmax stay float32 (no float16 round trip); float32 graph inputs and outputs."""
-    from export.onnx import convert_precision
+    from spotstop.export.onnx import convert_precision
 
     m32 = _norm_softmax_matmul_model()
     m = convert_precision(m32, "int4-trt")
@@ -334,7 +333,7 @@ def test_convert_precision_int4_trt_quantizes_the_fp16_graph() -> None:
 
 def test_floor_fp16_scales_requantizes_subnormal_blocks() -> None:
     """A graph whose float16 scales went subnormal (modelopt floors at 1e-5 before the cast)."""
-    from export.quant import _int4_tensor
+    from spotstop.export.quant import _int4_tensor
 
     q = np.zeros((256, 3), np.int8)
     q[:128, 0] = 7  # a normal scale: unchanged
@@ -503,9 +502,9 @@ def _graph_ops(member: Path) -> dict[str, list[str]]:
 
 
 def _worst_score_diff(bundle: Path, tiny_pair: Path, name: str) -> float:
-    from guard import ScoringConfig, load_member
-    from guard._bundle import load_bundle
-    from guard._demo import demo_scenes
+    from spotstop.guard import ScoringConfig, load_member
+    from spotstop.guard._bundle import load_bundle
+    from spotstop.guard._demo import demo_scenes
 
     b = load_bundle(bundle)
     bm = next(m for m in b.members if m.name == name)
@@ -524,10 +523,9 @@ def _worst_score_diff(bundle: Path, tiny_pair: Path, name: str) -> float:
 def test_lfm2_int4_trt_export_validates(tiny_pair: Path, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     import yaml
-
-    from export.configs import Lfm2VlExportConfig
-    from export.onnx_bundle import derive_bundle, write_onnx_bundle
-    from guard._bundle import load_bundle
+    from spotstop.export.configs import Lfm2VlExportConfig
+    from spotstop.export.onnx_bundle import derive_bundle, write_onnx_bundle
+    from spotstop.guard._bundle import load_bundle
 
     name = "tiny-lfm2_vl"
     b4 = write_onnx_bundle(
@@ -578,8 +576,8 @@ def test_qwen_int4_trt_derived_bundle_verifies(
     tiny_pair: Path, tiny_pair_fp32_bundle: Path, tmp_path: Path
 ) -> None:
     """The dynamo-exported Qwen3.5 graphs (opset 18) raise to 21 and quantize."""
-    from export.configs import Qwen35ExportConfig
-    from export.onnx_bundle import derive_bundle
+    from spotstop.export.configs import Qwen35ExportConfig
+    from spotstop.export.onnx_bundle import derive_bundle
 
     name = "tiny-qwen3_5"
     d = derive_bundle(tiny_pair_fp32_bundle, tmp_path / "q4t", precision="int4-trt")

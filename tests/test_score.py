@@ -9,8 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from guard import ConfigError, PromptSpec, RequestError, Scene, ScoringConfig, load_member  # noqa: E402
-from guard._image import decode_image  # noqa: E402
+from spotstop.guard import ConfigError, PromptSpec, RequestError, Scene, ScoringConfig, load_member  # noqa: E402
+from spotstop.guard._image import decode_image  # noqa: E402
+
 from tests.conftest import make_image_bytes  # noqa: E402
 
 REQUESTS = [

@@ -38,10 +38,9 @@ httpx = pytest.importorskip("httpx")
 
 import uvicorn  # noqa: E402
 from PIL import Image  # noqa: E402
-
-from guard import DecisionLog, Guard, MemberScore, Scene  # noqa: E402
-from guard.client import GuardClient, SidecarHTTPError  # noqa: E402
-from guard.serve import (  # noqa: E402
+from spotstop.guard import DecisionLog, Guard, MemberScore, Scene  # noqa: E402
+from spotstop.guard.client import GuardClient, SidecarHTTPError  # noqa: E402
+from spotstop.guard.serve import (  # noqa: E402
     InsecureBindError,
     ServeSettings,
     SettingsError,
@@ -50,6 +49,7 @@ from guard.serve import (  # noqa: E402
     reason_kind,
     resolve_token,
 )
+
 from tests.conftest import make_image_bytes  # noqa: E402
 
 TOKEN = "s3cret-token-0123456789abcdef"
@@ -62,7 +62,7 @@ _BUNDLES: dict[Path, Path] = {}
 def serve_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
     """The demo bundle on the tiny pair, built once per test session (read-only use)."""
     if tiny_pair not in _BUNDLES:
-        from guard._demo import make_demo_bundle
+        from spotstop.guard._demo import make_demo_bundle
 
         root = tmp_path_factory.mktemp("serve")
         shutil.copytree(tiny_pair, root / "tiny")
@@ -971,7 +971,7 @@ def test_client_fails_closed_on_timeout_connection_error_and_5xx(bundle: Path, t
 
 
 def test_client_never_trusts_safe_with_fail_closed():
-    from guard.client import decision_from_dict
+    from spotstop.guard.client import decision_from_dict
 
     body = {
         "decision_id": "x",
@@ -1005,10 +1005,12 @@ def _free_port() -> int:
 def test_cli_refuses_insecure_bind_before_loading(
     bundle: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
-    from guard import cli
+    from spotstop.guard import cli
 
     monkeypatch.delenv("SPOTSTOP_TOKEN", raising=False)
-    monkeypatch.setattr("guard.serve.load_guard", lambda *_: pytest.fail("loaded the bundle"))
+    monkeypatch.setattr(
+        "spotstop.guard.serve.load_guard", lambda *_: pytest.fail("loaded the bundle")
+    )
     assert cli.main(["serve", "--bundle", str(bundle), "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err
     assert "InsecureBindError" in err and "SPOTSTOP_TOKEN" in err
@@ -1071,7 +1073,7 @@ def test_cli_serve_subprocess_sighup_and_sigterm(bundle: Path, tmp_path: Path):
     cmd = [
         sys.executable,
         "-m",
-        "guard.cli",
+        "spotstop.guard.cli",
         "serve",
         "--bundle",
         str(bundle),
@@ -1152,8 +1154,8 @@ def test_unexpected_server_fault_is_a_json_500_and_the_client_fails_closed(
 
 
 def test_threads_setting_is_validated(tmp_path: Path) -> None:
-    from guard.serve import ServeSettings
-    from guard.serve._errors import SettingsError
+    from spotstop.guard.serve import ServeSettings
+    from spotstop.guard.serve._errors import SettingsError
 
     with pytest.raises(SettingsError, match="threads"):
         ServeSettings(bundle=tmp_path, threads=0)

@@ -23,8 +23,8 @@ schemathesis = pytest.importorskip("schemathesis")
 
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
+from spotstop.guard.serve import load_guard  # noqa: E402
 
-from guard.serve import load_guard  # noqa: E402
 from tests.test_serve import (  # noqa: E402
     TOKEN,
     Live,

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from export.tiny import build_tiny_member, tree_digest
+from spotstop.export.tiny import build_tiny_member, tree_digest
 
 
 def test_same_seed_gives_byte_identical_files(tiny_pair: Path, tmp_path: Path):

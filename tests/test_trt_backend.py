@@ -43,9 +43,10 @@ pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from guard import Guard, Scene, ScoringConfig, load_member  # noqa: E402
-from guard._bundle import is_device_built, load_bundle  # noqa: E402
-from guard._errors import BackendUnavailableError, MemberLoadError, ScoringError  # noqa: E402
+from spotstop.guard import Guard, Scene, ScoringConfig, load_member  # noqa: E402
+from spotstop.guard._bundle import is_device_built, load_bundle  # noqa: E402
+from spotstop.guard._errors import BackendUnavailableError, MemberLoadError, ScoringError  # noqa: E402
+
 from tests.conftest import make_image_bytes  # noqa: E402
 
 MEMBER = "tiny-lfm2_vl"
@@ -62,7 +63,7 @@ def _scenes() -> list[Scene]:
 @pytest.fixture(scope="session")
 def lfm_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One fp32 LFM2-VL bundle (about 20 s), with ``trt/build.sh`` and no engines."""
-    from export.onnx_bundle import write_onnx_bundle
+    from spotstop.export.onnx_bundle import write_onnx_bundle
 
     out = tmp_path_factory.mktemp("trt") / "b32"
     write_onnx_bundle([tiny_pair / MEMBER], out, precision="fp32", buckets=[128, 256], trt="script")
@@ -408,7 +409,7 @@ def _run_build(bundle: Path, trtexec: Path, num: int = 100300, **env: str) -> tu
 @pytest.fixture
 def fake_trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[types.ModuleType, HostMemory]]:
     """The fake tensorrt importable as ``tensorrt`` and host memory as the device."""
-    import guard.backends._trt as trt_mod
+    import spotstop.guard.backends._trt as trt_mod
 
     mem = HostMemory()
     mod = fake_tensorrt(mem)
@@ -421,8 +422,8 @@ def fake_trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[types.ModuleType
 
 
 def test_shared_graph_logic_through_onnxruntime(lfm_bundle: Path) -> None:
-    from guard.backends._graphs import GraphBackend, decoder_feeds
-    from guard.backends._onnx import GRAPHS_FILE, combine_scores, onnx_providers  # noqa: F401
+    from spotstop.guard.backends._graphs import GraphBackend, decoder_feeds
+    from spotstop.guard.backends._onnx import GRAPHS_FILE, combine_scores, onnx_providers  # noqa: F401
 
     m = _member(lfm_bundle, "onnx")
     be = m.backend
@@ -494,7 +495,7 @@ def test_build_script_engines_and_backend_match_onnxruntime(
 def test_decoder_runs_in_chunks_of_the_engine_batch(
     bundle: Path, trtexec: Path, fake_trt: tuple[types.ModuleType, HostMemory]
 ) -> None:
-    from export.trt import write_trt_script
+    from spotstop.export.trt import write_trt_script
 
     b = load_bundle(bundle, verify=False)
     e = SimpleNamespace(name=MEMBER, path=b.members[0].path, precision="fp32", buckets=[128, 256])
@@ -515,7 +516,7 @@ def test_engine_binding_is_checked(
     bundle: Path, trtexec: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Names, dtypes and profile ranges come from the engine, and mismatches are refused."""
-    import guard.backends._trt as trt_mod
+    import spotstop.guard.backends._trt as trt_mod
 
     assert _run_build(bundle, trtexec)[0] == 0
     mem = HostMemory()
@@ -566,9 +567,9 @@ def test_engine_binding_is_checked(
 
 
 def _fit_policy(bundle: Path) -> None:
-    from calibrate import fit_frozen
-    from guard._demo import demo_scenes
-    from guard._policy import PolicyConfig, dump_policy
+    from spotstop.calibrate import fit_frozen
+    from spotstop.guard._demo import demo_scenes
+    from spotstop.guard._policy import PolicyConfig, dump_policy
 
     b = load_bundle(bundle)
     m = _member(bundle, "onnx")
@@ -589,7 +590,7 @@ def _fit_policy(bundle: Path) -> None:
 def test_missing_tensorrt_is_an_install_hint_and_the_guard_fails_closed(
     bundle: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from guard.cli import main
+    from spotstop.guard.cli import main
 
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` raises ImportError
     with pytest.raises(BackendUnavailableError, match=r"pip install 'spotstop\[gpu\]'"):
@@ -640,8 +641,8 @@ def test_tensorrt_needs_a_cuda_device_and_a_trt_precision(
 
 def test_serve_settings_take_a_backend(lfm_bundle: Path) -> None:
     pytest.importorskip("fastapi")
-    from guard.serve import ServeSettings
-    from guard.serve._settings import SettingsError
+    from spotstop.guard.serve import ServeSettings
+    from spotstop.guard.serve._settings import SettingsError
 
     assert ServeSettings(bundle=lfm_bundle, backend="tensorrt", device="cuda").backend == "tensorrt"
     with pytest.raises(SettingsError, match="backend must be one of"):
@@ -654,9 +655,9 @@ def test_serve_settings_take_a_backend(lfm_bundle: Path) -> None:
 def test_engine_record_refusals(
     bundle: Path, trtexec: Path, fake_trt: tuple[types.ModuleType, HostMemory]
 ) -> None:
-    from guard._hf import resolve_member
-    from guard.backends._graphs import read_meta
-    from guard.backends._trt import check_engine_record
+    from spotstop.guard._hf import resolve_member
+    from spotstop.guard.backends._graphs import read_meta
+    from spotstop.guard.backends._trt import check_engine_record
 
     mdir = bundle / "members" / MEMBER
     meta = read_meta(resolve_member(mdir))
@@ -732,7 +733,7 @@ def _exports(bundle: Path, precision: str) -> list[Any]:
 
 
 def test_write_trt_script_fp16_int4_trt_and_int8(bundle: Path, trtexec: Path) -> None:
-    from export.trt import write_trt_script
+    from spotstop.export.trt import write_trt_script
 
     # fp16: strongly typed, no weak --fp16 on TensorRT 10, nothing on 11, --fp16 before 10
     script = write_trt_script(bundle, _exports(bundle, "fp16")).read_text()
@@ -776,7 +777,7 @@ def test_write_trt_script_fp16_int4_trt_and_int8(bundle: Path, trtexec: Path) ->
 def test_build_engines_without_tensorrt_returns_false(
     bundle: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from export.trt import build_engines
+    from spotstop.export.trt import build_engines
 
     monkeypatch.setitem(sys.modules, "tensorrt", None)
     assert build_engines(bundle, _exports(bundle, "fp16")) is False
@@ -794,7 +795,7 @@ def test_jetson_build_engines_runs_the_bundle_script() -> None:
 def test_tensorrt_engines_match_onnxruntime_on_gpu(bundle: Path) -> None:
     trt = pytest.importorskip("tensorrt")
     pytest.importorskip("cuda")
-    from export.trt import build_engines
+    from spotstop.export.trt import build_engines
 
     assert int(trt.__version__.split(".")[0]) >= 10
     assert build_engines(bundle, _exports(bundle, "fp32")), "tensorrt + GPU present but no engines"
@@ -811,7 +812,7 @@ def test_fixed_length_decoders_map_buckets_to_their_engines(
     bundle: Path, trtexec: Path, fake_trt: tuple[types.ModuleType, HostMemory]
 ) -> None:
     """One decoder graph per bucket (as Qwen3.5 exports): each length runs its own engine."""
-    from export.trt import write_trt_script
+    from spotstop.export.trt import write_trt_script
 
     mdir = bundle / "members" / MEMBER
     onnx_dir = mdir / "onnx"

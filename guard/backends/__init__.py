@@ -1,7 +1,7 @@
 """Scoring backends, in a registry with lazy imports.
 
 A backend turns prompt token ids and preprocessed pixels into member scores under a
-:class:`guard._prompt.ScorePlan`. Importing this package imports no backend library; a
+:class:`spotstop.guard._prompt.ScorePlan`. Importing this package imports no backend library; a
 backend's library is imported when the backend is first asked for, and a missing library
 gives an install hint instead of an ImportError deep in a stack.
 """
@@ -13,9 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
-
-from guard._errors import BackendUnavailableError, ConfigError
-from guard._prompt import ScorePlan
+from spotstop.guard._errors import BackendUnavailableError, ConfigError
+from spotstop.guard._prompt import ScorePlan
 
 __all__ = ["BACKENDS", "Backend", "get_backend_class"]
 
@@ -37,10 +36,14 @@ class Backend(Protocol):
 
 #: name → (module, class, what to install when its import fails)
 BACKENDS: dict[str, tuple[str, str, str]] = {
-    "torch": ("guard.backends._torch", "TorchBackend", "pip install 'spotstop[export]'"),
-    "onnx": ("guard.backends._onnx", "OnnxBackend", "pip install onnxruntime (or onnxruntime-gpu)"),
+    "torch": ("spotstop.guard.backends._torch", "TorchBackend", "pip install 'spotstop[export]'"),
+    "onnx": (
+        "spotstop.guard.backends._onnx",
+        "OnnxBackend",
+        "pip install onnxruntime (or onnxruntime-gpu)",
+    ),
     "tensorrt": (
-        "guard.backends._trt",
+        "spotstop.guard.backends._trt",
         "TensorRTBackend",
         "pip install 'spotstop[gpu]' (tensorrt>=10 and cuda-python; on a Jetson, JetPack's "
         "python3-libnvinfer and pip install cuda-python)",

@@ -26,10 +26,9 @@ from typing import Any
 
 import numpy as np
 import yaml
-
-from guard._errors import MemberLoadError, ScoringError
-from guard._hf import MemberFolder
-from guard._prompt import ScorePlan
+from spotstop.guard._errors import MemberLoadError, ScoringError
+from spotstop.guard._hf import MemberFolder
+from spotstop.guard._prompt import ScorePlan
 
 __all__ = [
     "DECODER_INPUTS",

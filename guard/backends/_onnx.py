@@ -1,7 +1,7 @@
 """The ONNX Runtime backend: a member's exported scoring graphs, no torch, no transformers.
 
 The graphs, their description (``spotstop_onnx.yaml``) and everything a score needs besides
-running them live in :mod:`guard.backends._graphs`, shared with the TensorRT backend; this
+running them live in :mod:`spotstop.guard.backends._graphs`, shared with the TensorRT backend; this
 module only loads a graph into an onnxruntime session and runs it.
 
 Execution providers: ``device="cpu"`` → CPU; ``"cuda"`` / ``"cuda:N"`` → CUDA;
@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from guard._errors import BackendUnavailableError, MemberLoadError
-from guard._hf import MemberFolder
-from guard.backends._graphs import (
+from spotstop.guard._errors import BackendUnavailableError, MemberLoadError
+from spotstop.guard._hf import MemberFolder
+from spotstop.guard.backends._graphs import (
     GRAPHS_FILE,
     GRAPHS_FORMAT,
     GRAPHS_VERSION,
@@ -42,7 +41,7 @@ __all__ = [
     "onnx_providers",
 ]
 
-logger = logging.getLogger("guard.backends.onnx")
+logger = logging.getLogger("spotstop.guard.backends.onnx")
 
 _read_meta = read_meta  # the name this module used before the shared module existed
 

@@ -1,7 +1,7 @@
 """The torch reference backend: the member's own transformers model, teacher-forced.
 
 The reference against which every exported graph is checked. It runs one forward pass per
-continuation row of the :class:`~guard._prompt.ScorePlan` (usually one) over
+continuation row of the :class:`~spotstop.guard._prompt.ScorePlan` (usually one) over
 ``prompt + answer context``, right-padded: every layer type of both architectures is causal,
 so padding after a sequence cannot change its scores, and a scene's score does not depend
 on its batch-mates. Only the needed positions of the last hidden state go through the
@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from guard._errors import MemberLoadError, ScoringError
-from guard._hf import MemberFolder
-from guard._prompt import ScorePlan
+from spotstop.guard._errors import MemberLoadError, ScoringError
+from spotstop.guard._hf import MemberFolder
+from spotstop.guard._prompt import ScorePlan
 
 __all__ = ["TorchBackend"]
 

@@ -7,7 +7,7 @@ TensorRT's named-tensor API (10.x and 11.x: ``num_io_tensors``, ``get_tensor_nam
 (``cuda.bindings.runtime``, or the older ``cuda.cudart``) behind :class:`DeviceMemory`, so
 the engine-IO logic does not touch CUDA directly. Everything but loading and running a graph
 (buckets, decoder inputs, vision dedupe, the score) is shared with the onnx backend
-(:mod:`guard.backends._graphs`).
+(:mod:`spotstop.guard.backends._graphs`).
 
 Where the engines live
 ----------------------
@@ -18,9 +18,9 @@ In the member's folder, next to the ONNX graphs they were built from::
     members/<name>/trt/engines.yaml           the engine record
 
 Engines are built on the device AFTER export (``bash BUNDLE/trt/build.sh``, which
-``jetson/build_engines.sh`` runs; or :func:`export.trt.build_engines` where tensorrt and a
+``jetson/build_engines.sh`` runs; or :func:`spotstop.export.trt.build_engines` where tensorrt and a
 GPU are present at export), so they cannot be in the bundle manifest's sha256 list
-(``guard._bundle`` skips device-built files under ``trt/`` when verifying). What vouches for
+(``spotstop.guard._bundle`` skips device-built files under ``trt/`` when verifying). What vouches for
 them is the record, written by whoever built them: the TensorRT version, the GPU name and
 compute capability, the precision, whether the network was strongly typed, the sha256 of
 every file of the ONNX graphs they were built from, and each engine's file and sha256.
@@ -29,7 +29,7 @@ At load the backend refuses (:class:`MemberLoadError`, "rebuild with trt/build.s
 missing record or engine, an engine whose sha256 differs, engines built from other ONNX
 graphs than the member's, by another TensorRT version (major.minor.patch) or on another GPU.
 A missing ``tensorrt`` or cuda-python, or no CUDA GPU, is :class:`BackendUnavailableError`.
-Either way a :class:`guard.Guard` answers every scene UNSAFE with the reason.
+Either way a :class:`spotstop.guard.Guard` answers every scene UNSAFE with the reason.
 """
 
 from __future__ import annotations
@@ -44,12 +44,11 @@ from typing import Any, Protocol
 
 import numpy as np
 import yaml
-
-from guard._bundle import sha256_file
-from guard._errors import BackendUnavailableError, MemberLoadError, ScoringError
-from guard._hf import MemberFolder
-from guard.backends import BACKENDS
-from guard.backends._graphs import (
+from spotstop.guard._bundle import sha256_file
+from spotstop.guard._errors import BackendUnavailableError, MemberLoadError, ScoringError
+from spotstop.guard._hf import MemberFolder
+from spotstop.guard.backends import BACKENDS
+from spotstop.guard.backends._graphs import (
     DECODER_INPUTS,
     DECODER_OUTPUTS,
     VISION_INPUTS,
@@ -75,7 +74,7 @@ __all__ = [
     "write_engine_record",
 ]
 
-logger = logging.getLogger("guard.backends.tensorrt")
+logger = logging.getLogger("spotstop.guard.backends.tensorrt")
 
 #: The engine record in a member folder (paths in it are relative to the member folder).
 ENGINES_FILE = "trt/engines.yaml"

@@ -2,7 +2,7 @@
 
 ``spotstop serve --bundle DIR`` runs it; :func:`create_app` builds the app (for tests or an
 own ASGI server); :class:`ServeSettings` holds the bind address, token and limits. The client
-side is :class:`guard.client.GuardClient`.
+side is :class:`spotstop.guard.client.GuardClient`.
 
 Endpoints: ``POST /v1/check`` (multipart or JSON), ``POST /v1/check/batch``,
 ``GET /v1/situations/{id}``, ``POST /v1/labels``, ``POST /v1/policy/reload`` (also SIGHUP),
@@ -12,8 +12,8 @@ Needs the ``serve`` extra (fastapi, uvicorn, prometheus-client, python-multipart
 this package loads no model.
 """
 
-from guard.serve._app import create_app, load_guard, serve
-from guard.serve._errors import (
+from spotstop.guard.serve._app import create_app, load_guard, serve
+from spotstop.guard.serve._errors import (
     ImageInputError,
     InputError,
     InsecureBindError,
@@ -26,8 +26,8 @@ from guard.serve._errors import (
     UnknownDecision,
     UnsupportedMediaType,
 )
-from guard.serve._metrics import reason_kind
-from guard.serve._settings import (
+from spotstop.guard.serve._metrics import reason_kind
+from spotstop.guard.serve._settings import (
     DEFAULT_PORT,
     DEFAULT_TOKEN_ENV,
     ServeSettings,

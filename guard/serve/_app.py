@@ -20,19 +20,18 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from spotstop.guard._guard import Guard
+from spotstop.guard.serve._errors import PayloadTooLarge, SidecarError
+from spotstop.guard.serve._metrics import SidecarMetrics
+from spotstop.guard.serve._parse import Limits, field_path
+from spotstop.guard.serve._runner import ModelRunner
+from spotstop.guard.serve._schemas import BatchRequest, CheckJSON, ErrorOut, LabelsRequest
+from spotstop.guard.serve._settings import ServeSettings
+from spotstop.guard.serve._state import AuthDep, Sidecar
+from spotstop.guard.serve.routers import checks, health, labels, policy, situations
+from spotstop.guard.serve.routers import metrics as metrics_routes
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from guard._guard import Guard
-from guard.serve._errors import PayloadTooLarge, SidecarError
-from guard.serve._metrics import SidecarMetrics
-from guard.serve._parse import Limits, field_path
-from guard.serve._runner import ModelRunner
-from guard.serve._schemas import BatchRequest, CheckJSON, ErrorOut, LabelsRequest
-from guard.serve._settings import ServeSettings
-from guard.serve._state import AuthDep, Sidecar
-from guard.serve.routers import checks, health, labels, policy, situations
-from guard.serve.routers import metrics as metrics_routes
 
 __all__ = ["create_app", "load_guard", "serve"]
 
@@ -51,7 +50,7 @@ action and acts only on `"label": "SAFE"`.
 * **Fail closed.** A 200 is a logged Decision; it is SAFE only when every stage finished.
   Any 4xx means the input was refused and *no decision was made* (nothing was logged); a 503
   means the queue was full or the deadline was spent waiting, also without a decision. Treat
-  anything but a 200 SAFE as UNSAFE (`guard.client.GuardClient` does).
+  anything but a 200 SAFE as UNSAFE (`spotstop.guard.client.GuardClient` does).
 * **Errors** are JSON (`ErrorOut`): a stable `code`, a `message` that says what to change,
   and the `field` at fault.
 * **Auth.** On a non-loopback address every `/v1/*` and `/metrics` call needs

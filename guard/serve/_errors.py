@@ -1,7 +1,7 @@
 """The sidecar's exception hierarchy and the JSON error body every 4xx/5xx carries.
 
 Every error the sidecar raises on purpose derives from :class:`SidecarError` (itself a
-:class:`~guard._errors.GuardError`) and carries the HTTP ``status`` it maps to, a stable
+:class:`~spotstop.guard._errors.GuardError`) and carries the HTTP ``status`` it maps to, a stable
 machine-readable ``code`` and, for input errors, the ``field`` that was wrong::
 
     SidecarError(GuardError)                         any status; code, field, headers
@@ -19,9 +19,9 @@ machine-readable ``code`` and, for input errors, the ``field`` that was wrong::
 An input error means **no decision was made and nothing was logged**: the request never
 reached the models. A scene that reached the models always yields a logged Decision (which
 may be a fail-closed UNSAFE). A 503 also means no decision was made; a client must treat it
-as UNSAFE (``guard.client.GuardClient`` does).
+as UNSAFE (``spotstop.guard.client.GuardClient`` does).
 
-The JSON body of every error response is :class:`~guard.serve._schemas.ErrorOut`:
+The JSON body of every error response is :class:`~spotstop.guard.serve._schemas.ErrorOut`:
 ``{"code": ..., "message": ..., "field": ..., "errors": [{"field", "message", "type"}]}``.
 
 This module imports nothing from FastAPI, so the CLI can use it before the server starts.
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard._errors import ConfigError, GuardError
+from spotstop.guard._errors import ConfigError, GuardError
 
 __all__ = [
     "ImageInputError",
@@ -80,7 +80,7 @@ class SidecarError(GuardError):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        """The JSON error body (see :class:`~guard.serve._schemas.ErrorOut`)."""
+        """The JSON error body (see :class:`~spotstop.guard.serve._schemas.ErrorOut`)."""
         errors = self.errors or (
             [{"field": self.field, "message": self.message, "type": self.code}]
             if self.field is not None
@@ -109,7 +109,7 @@ class InputError(SidecarError, ValueError):
 
 
 class ImageInputError(InputError):
-    """The image was refused by the decoder; ``kind`` is the :data:`guard._image.RefusalKind`
+    """The image was refused by the decoder; ``kind`` is the :data:`spotstop.guard._image.RefusalKind`
     (or ``bad_base64``) and ``code`` is ``image_<kind>``."""
 
     def __init__(self, message: str, *, field: str, kind: str) -> None:

@@ -11,7 +11,7 @@ a body that fails here makes no decision. Choices:
   falls back to latin-1 on invalid UTF-8): ``image`` must be a file part, ``request`` and
   ``situation_id`` text parts in UTF-8; unknown or repeated parts are refused; a body that
   ends before its closing boundary is refused as truncated.
-* Images are decoded here (:func:`guard._image.decode_image`, limits from the settings); the
+* Images are decoded here (:func:`spotstop.guard._image.decode_image`, limits from the settings); the
   guard receives the decoded image. A refused image is a 422 whose ``code`` is
   ``image_<kind>``.
 """
@@ -32,16 +32,15 @@ from python_multipart.multipart import (
     MultipartState,
     parse_options_header,
 )
-
-from guard._errors import RequestError
-from guard._image import DecodedImage, ImageRefused, decode_image
-from guard._types import Scene
-from guard.serve._errors import (
+from spotstop.guard._errors import RequestError
+from spotstop.guard._image import DecodedImage, ImageRefused, decode_image
+from spotstop.guard._types import Scene
+from spotstop.guard.serve._errors import (
     ImageInputError,
     InputError,
     UnsupportedMediaType,
 )
-from guard.serve._schemas import CheckJSON
+from spotstop.guard.serve._schemas import CheckJSON
 
 __all__ = [
     "Limits",
@@ -60,7 +59,7 @@ _MAX_PARTS = 16
 
 @dataclass(frozen=True)
 class Limits:
-    """What the parser enforces (from :class:`~guard.serve.ServeSettings`)."""
+    """What the parser enforces (from :class:`~spotstop.guard.serve.ServeSettings`)."""
 
     max_image_bytes: int
     max_pixels: int

@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from guard._guard import Decision, Guard
-from guard._types import Scene
-from guard.serve._errors import Overloaded
-from guard.serve._metrics import SidecarMetrics
+from spotstop.guard._guard import Decision, Guard
+from spotstop.guard._types import Scene
+from spotstop.guard.serve._errors import Overloaded
+from spotstop.guard.serve._metrics import SidecarMetrics
 
 __all__ = ["ModelRunner"]
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from guard._image import DEFAULT_MAX_PIXELS
-from guard._prompt import MAX_REQUEST_CHARS
-from guard._types import VARIANTS, Variant
-from guard.serve._errors import InsecureBindError, SettingsError
+from spotstop.guard._image import DEFAULT_MAX_PIXELS
+from spotstop.guard._prompt import MAX_REQUEST_CHARS
+from spotstop.guard._types import VARIANTS, Variant
+from spotstop.guard.serve._errors import InsecureBindError, SettingsError
 
 __all__ = [
     "DEFAULT_PORT",
@@ -209,7 +209,7 @@ def _check_settings(s: ServeSettings) -> None:
     if s.threads is not None:
         _positive_int("threads", s.threads)
     if s.backend is not None:
-        from guard.backends import BACKENDS
+        from spotstop.guard.backends import BACKENDS
 
         if s.backend not in BACKENDS:
             raise SettingsError(

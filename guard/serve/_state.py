@@ -11,16 +11,15 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from PIL import Image
-
-from guard._guard import Guard
-from guard._image import decode_image
-from guard._policy import PolicyMismatchError
-from guard._types import Scene
-from guard.serve._errors import PolicyReloadError, Unauthorized
-from guard.serve._metrics import SidecarMetrics
-from guard.serve._parse import Limits
-from guard.serve._runner import ModelRunner
-from guard.serve._settings import ServeSettings
+from spotstop.guard._guard import Guard
+from spotstop.guard._image import decode_image
+from spotstop.guard._policy import PolicyMismatchError
+from spotstop.guard._types import Scene
+from spotstop.guard.serve._errors import PolicyReloadError, Unauthorized
+from spotstop.guard.serve._metrics import SidecarMetrics
+from spotstop.guard.serve._parse import Limits
+from spotstop.guard.serve._runner import ModelRunner
+from spotstop.guard.serve._settings import ServeSettings
 
 __all__ = ["AuthDep", "Sidecar", "SidecarDep", "get_sidecar", "require_token"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard.serve._schemas import ErrorOut
+from spotstop.guard.serve._schemas import ErrorOut
 
 __all__ = ["AUTH", "INPUT", "OVERLOAD", "err"]
 

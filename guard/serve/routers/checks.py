@@ -7,11 +7,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
-
-from guard._types import Scene
-from guard.serve._errors import InputError
-from guard.serve._parse import (
+from spotstop.guard._types import Scene
+from spotstop.guard.serve._errors import InputError
+from spotstop.guard.serve._parse import (
     Limits,
     parse_check_body,
     parse_json,
@@ -19,9 +17,10 @@ from guard.serve._parse import (
     scene_from_json,
     validate_model,
 )
-from guard.serve._schemas import BatchOut, BatchRequest, DecisionOut
-from guard.serve._state import SidecarDep
-from guard.serve.routers._common import AUTH, INPUT, OVERLOAD
+from spotstop.guard.serve._schemas import BatchOut, BatchRequest, DecisionOut
+from spotstop.guard.serve._state import SidecarDep
+from spotstop.guard.serve.routers._common import AUTH, INPUT, OVERLOAD
+from starlette.concurrency import run_in_threadpool
 
 __all__ = ["router"]
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-
-from guard.serve._schemas import HealthOut, ReadyOut
-from guard.serve._state import SidecarDep
+from spotstop.guard.serve._schemas import HealthOut, ReadyOut
+from spotstop.guard.serve._state import SidecarDep
 
 __all__ = ["router"]
 

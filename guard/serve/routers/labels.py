@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from spotstop.guard._log import RecordError
+from spotstop.guard.serve._errors import InputError, UnknownDecision
+from spotstop.guard.serve._parse import parse_json, require_json, validate_model
+from spotstop.guard.serve._schemas import LabelsOut, LabelsRequest
+from spotstop.guard.serve._state import Sidecar, SidecarDep
+from spotstop.guard.serve.routers._common import AUTH, INPUT, err
 from starlette.concurrency import run_in_threadpool
-
-from guard._log import RecordError
-from guard.serve._errors import InputError, UnknownDecision
-from guard.serve._parse import parse_json, require_json, validate_model
-from guard.serve._schemas import LabelsOut, LabelsRequest
-from guard.serve._state import Sidecar, SidecarDep
-from guard.serve.routers._common import AUTH, INPUT, err
 
 __all__ = ["router"]
 

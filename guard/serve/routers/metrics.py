@@ -5,9 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-from guard.serve._state import SidecarDep
-from guard.serve.routers._common import AUTH
+from spotstop.guard.serve._state import SidecarDep
+from spotstop.guard.serve.routers._common import AUTH
 
 __all__ = ["router"]
 

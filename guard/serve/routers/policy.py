@@ -5,11 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
+from spotstop.guard.serve._schemas import ReloadOut
+from spotstop.guard.serve._state import SidecarDep
+from spotstop.guard.serve.routers._common import AUTH, err
 from starlette.concurrency import run_in_threadpool
-
-from guard.serve._schemas import ReloadOut
-from guard.serve._state import SidecarDep
-from guard.serve.routers._common import AUTH, err
 
 __all__ = ["router"]
 

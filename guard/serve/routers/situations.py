@@ -7,11 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
-
-from guard.serve._errors import InputError
-from guard.serve._schemas import SituationOut
-from guard.serve._state import SidecarDep
-from guard.serve.routers._common import AUTH, err
+from spotstop.guard.serve._errors import InputError
+from spotstop.guard.serve._schemas import SituationOut
+from spotstop.guard.serve._state import SidecarDep
+from spotstop.guard.serve.routers._common import AUTH, err
 
 __all__ = ["router"]
 
