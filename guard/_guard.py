@@ -41,6 +41,29 @@ class _Unset:
 _UNSET = _Unset()
 
 
+class _Clock:
+    """The budget of one guard call, measured from its entry on the monotonic clock."""
+
+    def __init__(self, deadline_s: float | None) -> None:
+        self.deadline_s = deadline_s
+        self.due = None if deadline_s is None else time.monotonic() + deadline_s
+
+    def remaining(self) -> float | None:
+        """Seconds left (≥ 0), or None without a deadline."""
+        return None if self.due is None else max(0.0, self.due - time.monotonic())
+
+    def expired(self) -> bool:
+        return self.due is not None and time.monotonic() >= self.due
+
+    def lock_timeout(self) -> float:
+        """``threading.Lock.acquire`` timeout: -1 waits forever."""
+        left = self.remaining()
+        return -1 if left is None else left
+
+    def reason(self, stage: str) -> str:
+        return f"deadline exceeded: the call took longer than {self.deadline_s:g} s ({stage})"
+
+
 @dataclass(frozen=True)
 class Decision:
     """The guard's answer for one scene.
@@ -160,6 +183,21 @@ class _Work:
             self.fail = reason
 
 
+@dataclass
+class _Scored:
+    """What the scoring thread returns for one scene (private; copied into _Work in time)."""
+
+    scores: dict[str, float] = field(default_factory=dict)
+    gray: dict[str, float] = field(default_factory=dict)
+    text: dict[str, float] = field(default_factory=dict)
+    latency: dict[str, float] = field(default_factory=dict)
+    fail: str | None = None
+
+    def fail_with(self, reason: str) -> None:
+        if self.fail is None:
+            self.fail = reason
+
+
 def _reason(stage: str, e: BaseException) -> str:
     return f"{stage}: {type(e).__name__}: {e}"
 
@@ -229,7 +267,9 @@ class Guard:
             )
         self.policy_path = self.bundle.policy_path
         self._pending: list[DecisionRecord] = []
-        self._lock = threading.Lock()
+        self._late_amendments: list[tuple[list[str], str]] = []
+        self._pending_lock = threading.Lock()  # the log write and the rows still to write
+        self._lock = threading.Lock()  # one call at a time through decode → score → decide
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotstop-score")
 
     # -- public ------------------------------------------------------------------------------
@@ -293,23 +333,38 @@ class Guard:
     ) -> list[Decision]:
         """Judge scenes together (one batch per member); one logged Decision per scene.
 
-        ``deadline_s`` overrides the guard's deadline for this call (None: no deadline).
-        A scoring call that overruns is abandoned, not killed: its thread finishes in the
-        background and the next call waits for it (the members run one batch at a time).
+        ``deadline_s`` overrides the guard's deadline for this call (None: no deadline). The
+        deadline bounds the whole call, from entry: waiting for another call to finish,
+        decoding, scoring, fusion and the policy. Whatever is not done by then is a logged
+        fail-closed UNSAFE ("deadline exceeded"); a scene the policy called SAFE after the
+        deadline is UNSAFE too, and so is one whose log write finished after it (its row is
+        amended to say so). A scoring call that overruns is abandoned, not killed: its thread
+        finishes in the background, its late scores are discarded, and the next call waits
+        for it (the members run one batch at a time), on that call's own budget.
         """
+        t_start = time.perf_counter()
         deadline = self.deadline_s if isinstance(deadline_s, _Unset) else deadline_s
         if deadline is not None and not deadline > 0:
             raise GuardError(f"deadline_s must be > 0 or None; got {deadline!r}.")
-        with self._lock:
-            t_start = time.perf_counter()
-            works = [_Work(s if isinstance(s, Scene) else Scene(None, "")) for s in scenes]
-            for w, s in zip(works, scenes, strict=True):
-                if not isinstance(s, Scene):
-                    w.fail_with(f"input: expected a Scene, got {type(s).__name__}")
-            self._decode(works)
-            self._score_with_deadline(works, deadline)
-            decided = self._decide(works)
-            return self._write_log(works, decided, t_start)
+        clock = _Clock(deadline)
+        works = [_Work(s if isinstance(s, Scene) else Scene(None, "")) for s in scenes]
+        for w, s in zip(works, scenes, strict=True):
+            if not isinstance(s, Scene):
+                w.fail_with(f"input: expected a Scene, got {type(s).__name__}")
+        if not self._lock.acquire(timeout=clock.lock_timeout()):
+            # Another call holds the guard past this call's deadline: answer without it.
+            for w in works:
+                w.fail_with(clock.reason("waiting for another call to finish"))
+            cfg = self.policy_config
+            decided = [("UNSAFE", float("nan"), float("nan"), cfg.policy.kind, "")] * len(works)
+            return self._write_log(works, decided, t_start, clock)
+        try:
+            self._decode(works, clock)
+            self._score_with_deadline(works, clock)
+            decided = self._decide(works, clock)
+            return self._write_log(works, decided, t_start, clock)
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -322,9 +377,12 @@ class Guard:
         self.close()
 
     # -- stages ------------------------------------------------------------------------------
-    def _decode(self, works: list[_Work]) -> None:
+    def _decode(self, works: list[_Work], clock: _Clock) -> None:
         for w in works:
             if w.fail:
+                continue
+            if clock.expired():
+                w.fail_with(clock.reason("decoding"))
                 continue
             t = time.perf_counter()
             try:
@@ -344,44 +402,63 @@ class Guard:
                 w.fail_with(_reason("input", e))
             w.latency["decode_ms"] = (time.perf_counter() - t) * 1e3
 
-    def _score_with_deadline(self, works: list[_Work], deadline: float | None) -> None:
+    def _score_with_deadline(self, works: list[_Work], clock: _Clock) -> None:
         for name, err in self.member_errors.items():
             for w in works:
                 w.fail_with(f"member {name} unavailable: {err}")
         live = [w for w in works if not w.fail]
         if not live:
             return
-        fut = self._pool.submit(self._score, live)
-        try:
-            fut.result(timeout=deadline)
-        except cf.TimeoutError:
-            fut.cancel()
+        if clock.expired():
             for w in live:
-                w.fail_with(f"deadline exceeded: scoring took longer than {deadline:g} s")
+                w.fail_with(clock.reason("before scoring"))
+            return
+        scenes = [Scene(w.image, w.scene.request, w.scene.situation_id) for w in live]
+        fut = self._pool.submit(self._score, scenes)
+        try:
+            results = fut.result(timeout=clock.remaining())
+        except cf.TimeoutError:
+            fut.cancel()  # a running call cannot be cancelled; its results are dropped
+            for w in live:
+                w.fail_with(clock.reason("scoring"))
+            return
         except Exception as e:  # any scoring fault fails the scenes closed
             for w in live:
                 w.fail_with(_reason("scoring", e))
+            return
+        # Results are copied only when they came in time: an abandoned run writes nowhere.
+        for w, r in zip(live, results, strict=True):
+            w.scores.update(r.scores)
+            w.gray.update(r.gray)
+            w.text.update(r.text)
+            w.latency.update(r.latency)
+            if r.fail is not None:
+                w.fail_with(r.fail)
 
-    def _score(self, live: list[_Work]) -> None:
-        scenes = [Scene(w.image, w.scene.request, w.scene.situation_id) for w in live]
+    def _score(self, scenes: list[Scene]) -> list[_Scored]:
+        """Every member and variant on ``scenes``; runs on the scoring thread, touches no _Work."""
+        out = [_Scored() for _ in scenes]
         for name, m in self.members.items():
             for variant in self.variants:
                 t = time.perf_counter()
                 try:
                     res = m.score(scenes, variant, strict=False)
                 except Exception as e:  # this member failed on this batch: fail those scenes
-                    for w in live:
-                        w.fail_with(_reason(f"member {name} ({variant})", e))
+                    for r in out:
+                        r.fail_with(_reason(f"member {name} ({variant})", e))
                     continue
-                dt = (time.perf_counter() - t) * 1e3 / max(1, len(live))
+                dt = (time.perf_counter() - t) * 1e3 / max(1, len(scenes))
                 target = {"scene": "scores", "gray": "gray", "text": "text"}[variant]
-                for w, r in zip(live, res, strict=True):
-                    getattr(w, target)[name] = r.score
-                    w.latency[f"score_{name}_{variant}_ms"] = dt
-                    if variant == "scene" and not np.isfinite(r.score):
-                        w.fail_with(f"member {name} produced a non-finite score ({r.score})")
+                for r, s in zip(out, res, strict=True):
+                    getattr(r, target)[name] = s.score
+                    r.latency[f"score_{name}_{variant}_ms"] = dt
+                    if variant == "scene" and not np.isfinite(s.score):
+                        r.fail_with(f"member {name} produced a non-finite score ({s.score})")
+        return out
 
-    def _decide(self, works: list[_Work]) -> list[tuple[str, float, float, str, str]]:
+    def _decide(
+        self, works: list[_Work], clock: _Clock
+    ) -> list[tuple[str, float, float, str, str]]:
         """(label, fused, threshold, policy, detail) per scene."""
         t = time.perf_counter()
         cfg = self.policy_config
@@ -405,6 +482,9 @@ class Guard:
             for w in works:
                 w.fail_with(_reason("policy", e))
             verdicts = []
+        if clock.expired():  # a label reached after the deadline is not an answer
+            for w in works:
+                w.fail_with(clock.reason("fusion and policy"))
         dt = (time.perf_counter() - t) * 1e3 / max(1, len(works))
         for i, w in enumerate(works):
             w.latency["decide_ms"] = dt
@@ -452,30 +532,40 @@ class Guard:
         )
 
     def _write_log(
-        self, works: list[_Work], decided: list[tuple[str, float, float, str, str]], t_start: float
+        self,
+        works: list[_Work],
+        decided: list[tuple[str, float, float, str, str]],
+        t_start: float,
+        clock: _Clock,
     ) -> list[Decision]:
         for w in works:
             w.latency["total_ms"] = (time.perf_counter() - t_start) * 1e3
         records = [self._record(w, *d[:4]) for w, d in zip(works, decided, strict=True)]
         t = time.perf_counter()
-        try:
-            if self._pending:  # earlier decisions whose write failed go first
-                self.log.append_many(self._pending)
-                self._pending = []
-            if self.store_images:
-                for w, r in zip(works, records, strict=True):
-                    self.log.append(r, image_bytes=w.raw if r.image_sha256 else None)
+        with self._pending_lock:
+            try:
+                if self._pending:  # earlier decisions whose write failed go first
+                    self.log.append_many(self._pending)
+                    self._pending = []
+                while self._late_amendments:
+                    self.log.mark_fail_closed(*self._late_amendments[0])
+                    self._late_amendments.pop(0)
+                if self.store_images:
+                    for w, r in zip(works, records, strict=True):
+                        self.log.append(r, image_bytes=w.raw if r.image_sha256 else None)
+                else:
+                    self.log.append_many(records)
+            except Exception as e:  # never SAFE without a log row; keep the rows for the next call
+                reason = _reason("decision log", e)
+                records = [
+                    r
+                    if r.fail_closed
+                    else replace(r, label="UNSAFE", fail_closed=True, fail_reason=reason)
+                    for r in records
+                ]
+                self._pending.extend(records)
             else:
-                self.log.append_many(records)
-        except Exception as e:  # never SAFE without a log row; keep the rows for the next call
-            reason = _reason("decision log", e)
-            records = [
-                r
-                if r.fail_closed
-                else replace(r, label="UNSAFE", fail_closed=True, fail_reason=reason)
-                for r in records
-            ]
-            self._pending.extend(records)
+                records = self._amend_late(records, clock)
         log_ms = (time.perf_counter() - t) * 1e3
         out = []
         for r, d in zip(records, decided, strict=True):
@@ -500,3 +590,28 @@ class Guard:
                 )
             )
         return out
+
+    def _amend_late(self, records: list[DecisionRecord], clock: _Clock) -> list[DecisionRecord]:
+        """SAFE rows whose write finished after the deadline become fail-closed UNSAFE.
+
+        The row is amended in the log first (SAFE → UNSAFE only); if even that fails, the
+        amendment is kept and retried before the next write, and the answer is UNSAFE anyway.
+        Called with ``_pending_lock`` held.
+        """
+        if not clock.expired():
+            return records
+        reason = clock.reason("writing the decision log")
+        late = [r for r in records if r.label == "SAFE"]
+        if not late:
+            return records
+        ids = [r.decision_id for r in late]
+        try:
+            self.log.mark_fail_closed(ids, reason)
+        except Exception:  # the answer below is UNSAFE either way; retry the row change later
+            self._late_amendments.append((ids, reason))
+        return [
+            replace(r, label="UNSAFE", fail_closed=True, fail_reason=reason)
+            if r.label == "SAFE"
+            else r
+            for r in records
+        ]

@@ -886,6 +886,44 @@ class DecisionLog:
                 (int(self._retention_bytes),),
             )
 
+    def mark_fail_closed(self, decision_ids: Sequence[str], reason: str) -> None:
+        """Turn logged SAFE decisions into fail-closed UNSAFE ones, with ``reason``.
+
+        The only change the log allows to a written decision, and only towards safety: the
+        guard uses it when a decision's write finished after the call's deadline, so the
+        row says what the caller was told. Rows already UNSAFE are left as they are; an
+        unknown id raises :class:`RecordError` and changes nothing.
+        """
+        ids = list(decision_ids)
+        if not all(isinstance(i, str) and i for i in ids) or not isinstance(reason, str):
+            raise RecordError(
+                "mark_fail_closed expects decision ids (non-empty str) and a reason (str); "
+                f"got {ids!r}, {reason!r}."
+            )
+        if not ids:
+            return
+
+        def body(conn: sqlite3.Connection) -> None:
+            q = ", ".join("?" * len(ids))
+            known = {
+                row[0]
+                for row in conn.execute(
+                    f"SELECT decision_id FROM decisions WHERE decision_id IN ({q})", ids
+                )
+            }
+            unknown = [i for i in ids if i not in known]
+            if unknown:
+                raise RecordError(
+                    f"mark_fail_closed: unknown decision_id {unknown[0]!r}; nothing changed."
+                )
+            conn.execute(
+                "UPDATE decisions SET label = 'UNSAFE', fail_closed = 1, fail_reason = ? "
+                f"WHERE decision_id IN ({q}) AND label = 'SAFE'",
+                [reason, *ids],
+            )
+
+        self._write(body, what="mark decisions fail-closed")
+
     def set_labels(self, labels: Iterable[tuple[str, str, str | None, str | None]]) -> None:
         """Attach reviewer labels: items ``(decision_id, "safe"|"unsafe", contrast_id, reviewer)``.
 

@@ -181,6 +181,98 @@ def test_fault_deadline_exceeded(bundle_copy: Path, tmp_path: Path, monkeypatch)
         _assert_fail_closed(d, "deadline exceeded")
 
 
+def _slow(fn, seconds: float):
+    def wrapped(*a, **k):
+        time.sleep(seconds)
+        return fn(*a, **k)
+
+    return wrapped
+
+
+def test_deadline_bounds_decoding(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    import spotstop.guard._guard as gg
+
+    _set_frozen(bundle_copy, 1e9)  # every scored scene would be SAFE
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", deadline_s=0.3) as g:
+        monkeypatch.setattr(gg, "decode_image", _slow(gg.decode_image, 0.2))
+        ds = g.check_batch([_scene(0), _scene(1), _scene(2)])
+        assert all(d.label == "UNSAFE" and d.fail_closed for d in ds)
+        assert any("deadline exceeded" in (d.fail_reason or "") for d in ds)
+        for d in ds:
+            rec = g.log.get(d.decision_id)
+            assert rec is not None and rec.label == "UNSAFE" and rec.fail_closed
+
+
+def test_deadline_bounds_the_policy(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    import spotstop.guard._guard as gg
+
+    _set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        t = time.perf_counter()
+        assert g.check(_scene()).label == "SAFE"  # warm, and the cut makes it SAFE
+        budget = 3 * (time.perf_counter() - t) + 0.5
+        monkeypatch.setattr(gg, "decide_batch", _slow(gg.decide_batch, budget + 0.2))
+        d = g.check(_scene(1), deadline_s=budget)
+        _assert_fail_closed(d, "deadline exceeded")
+        assert "fusion and policy" in (d.fail_reason or "")
+        rec = g.log.get(d.decision_id)
+        assert rec is not None and rec.label == "UNSAFE" and rec.fail_closed
+
+
+def test_a_log_write_that_ends_past_the_deadline_is_amended_to_unsafe(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    _set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        t = time.perf_counter()
+        g.check(_scene())
+        budget = 3 * (time.perf_counter() - t) + 0.5
+        monkeypatch.setattr(g.log, "append_many", _slow(g.log.append_many, budget + 0.2))
+        d = g.check(_scene(1), deadline_s=budget)
+        _assert_fail_closed(d, "writing the decision log")
+        rec = g.log.get(d.decision_id)  # the row says what the caller was told
+        assert rec is not None and rec.label == "UNSAFE" and rec.fail_closed
+        assert rec.fail_reason == d.fail_reason
+
+
+def test_a_call_waiting_behind_another_past_its_deadline_fails_closed(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    import threading
+
+    _set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        g.check(_scene())
+        real = g.members["tiny-qwen3_5"].backend.score
+        monkeypatch.setattr(g.members["tiny-qwen3_5"].backend, "score", _slow(real, 1.5))
+        first = threading.Thread(target=lambda: g.check(_scene(1)))
+        first.start()
+        time.sleep(0.2)  # the first call holds the guard, scoring slowly
+        t = time.perf_counter()
+        d = g.check(_scene(2), deadline_s=0.3)
+        assert time.perf_counter() - t < 1.0  # answered at its deadline, not after the first
+        _assert_fail_closed(d, "waiting for another call")
+        first.join()
+        rec = g.log.get(d.decision_id)
+        assert rec is not None and rec.label == "UNSAFE" and rec.fail_closed
+
+
+def test_scores_arriving_after_the_deadline_are_dropped(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    _set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", deadline_s=0.2) as g:
+        real = g.members["tiny-qwen3_5"].backend.score
+        monkeypatch.setattr(g.members["tiny-qwen3_5"].backend, "score", _slow(real, 0.6))
+        d = g.check(_scene())
+        _assert_fail_closed(d, "deadline exceeded")
+        time.sleep(1.0)  # the abandoned scoring run finishes in the background
+        rec = g.log.get(d.decision_id)
+        assert rec is not None and rec.label == "UNSAFE"
+        assert all(np.isnan(v) for v in rec.member_scores.values())
+        assert all(np.isnan(v) for v in d.member_scores.values())
+
+
 def test_fault_in_fusion_and_in_policy(bundle_copy: Path, tmp_path: Path, monkeypatch):
     _set_frozen(bundle_copy, 1e9)
     with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
