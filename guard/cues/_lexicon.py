@@ -1,0 +1,540 @@
+"""The claim lexicon: which text asserts safety, which asserts danger.
+
+A lexicon lists phrases per cue (``reassuring``, ``alarming``), ``neutral`` phrases that only
+shield what they contain ("fail safe", "safe working load"), and negation words. The default
+ships as ``lexicon.yaml`` beside this module; :func:`load_lexicon` reads another.
+
+The rule, in order (every step is case-, accent- and spacing-tolerant):
+
+1. **Normalise.** Each character is NFKD-decomposed, combining marks dropped and casefolded
+   (``"É"`` → ``"e"``). Letters and digits make words; apostrophes are dropped inside words
+   (``"don't"`` → ``"dont"``); every other character separates words. The clause breaks
+   ``. , ; : ! ? | / \\ •`` and the en/em dashes ``– — ―`` also end a clause (hyphens ``-`` do
+   not: "non-toxic" stays one clause).
+2. **Spaced letters.** A run of two or more one-character words in one clause is one word:
+   ``"A L L C L E A R"`` → ``"allclear"``, ``"U N S A F E"`` → ``"unsafe"``.
+3. **Glued words.** A word that is not itself in the vocabulary (every phrase with its spaces
+   removed, every word of every phrase, every negation word) is split into vocabulary pieces
+   when it splits into them exactly, with the fewest pieces: ``"ALLCLEAR"`` → ``allclear``,
+   ``"DANGERHIGHVOLTAGE"`` → ``danger | highvoltage``, ``"NOTSAFE"`` → ``notsafe`` (a phrase)
+   or ``not | safe``. A word that does not split exactly stays whole, so a phrase never
+   matches inside a longer word: "SAFE" is not found in "UNSAFE", "SAFETY" or "FAILSAFE", and
+   "HOT" not in "SHOT" or "HOTEL".
+4. **Match.** A phrase matches where the letters of one or more consecutive pieces, spaces and
+   punctuation removed, equal the phrase's letters: "all clear", "all  clear", "ALL-CLEAR",
+   "Allclear" and "A L L C L E A R" all match ``all clear``; "Checked – OK to use" matches
+   ``checked ok to use``.
+5. **Longest wins.** A match lying inside a longer match (of any cue, neutral included) is
+   dropped: ``unsafe`` hides nothing, ``no hazard`` (reassuring) hides ``hazard``,
+   ``do not touch`` (alarming) hides a reassuring ``ok`` inside it, ``fail safe`` (neutral)
+   hides ``safe``.
+6. **Negation.** A negation word among the ``negation.window`` pieces right before a match,
+   in the same clause and not itself part of a match, turns a reassuring claim into an
+   alarming one and vice versa ("not safe", "NOT 100% SAFE" → alarming; "no danger",
+   "non-toxic" → reassuring). A negated neutral phrase stays neutral.
+
+Each kept match of a cue flags that cue. The lexicon does not judge whether the claim is
+true, only that the text makes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import unicodedata
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+from spotstop.guard._errors import ConfigError
+from spotstop.guard._fusion import _check_keys, _check_mapping
+from spotstop.guard.cues._types import CUES, Cue, CueMatch
+
+__all__ = [
+    "LEXICON_VERSION",
+    "ClaimLexicon",
+    "LexiconError",
+    "default_lexicon",
+    "lexicon_from_dict",
+    "load_lexicon",
+    "normalize_text",
+]
+
+LEXICON_VERSION: Final[int] = 1
+"""The lexicon file format this module reads (the optional ``version`` key)."""
+
+DEFAULT_LEXICON_FILE: Final[str] = "lexicon.yaml"
+
+_APOSTROPHES: Final[frozenset[str]] = frozenset("'’‘ʼ`´")
+_CLAUSE_BREAKS: Final[frozenset[str]] = frozenset(".,;:!?|/\\•–—―")
+_MAX_WINDOW: Final[int] = 5
+_MAX_GLUED: Final[int] = 64  # longer words are not split (the split is quadratic in length)
+_TOP_KEYS: Final[tuple[str, ...]] = ("reassuring", "alarming", "negation")
+_OPTIONAL_KEYS: Final[tuple[str, ...]] = ("version", "neutral")
+_LISTS: Final[tuple[str, ...]] = ("reassuring", "alarming", "neutral")
+_LIST_CUE: Final[dict[str, Cue | None]] = {
+    "reassuring": "reassuring",
+    "alarming": "alarming",
+    "neutral": None,
+}
+
+
+class LexiconError(ConfigError):
+    """The claim lexicon is invalid; the message names the key (``alarming[3]``) and the fix."""
+
+
+# --------------------------------------------------------------------------- normalisation
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A normalised word (or a piece of a glued word) and where it sits in the original text."""
+
+    text: str
+    start: int  # offset of its first character in the original text
+    end: int  # offset just past its last character
+    clause: int
+
+
+def _fold(ch: str) -> str:
+    decomposed = unicodedata.normalize("NFKD", ch)
+    return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
+
+
+def _words(text: str) -> list[_Piece]:
+    """Steps 1 and 2 of the rule: normalised words with offsets and clause numbers."""
+    words: list[_Piece] = []
+    chars: list[str] = []
+    start = end = clause = 0
+
+    def flush() -> None:
+        if chars:
+            words.append(_Piece("".join(chars), start, end, clause))
+            chars.clear()
+
+    for i, ch in enumerate(text):
+        if ch in _APOSTROPHES:
+            continue
+        folded = [c for c in _fold(ch) if c.isalnum()]
+        if folded:
+            if not chars:
+                start = i
+            chars.extend(folded)
+            end = i + 1
+            continue
+        flush()
+        if ch in _CLAUSE_BREAKS:
+            clause += 1
+    flush()
+    return _merge_spaced_letters(words)
+
+
+def _merge_spaced_letters(words: list[_Piece]) -> list[_Piece]:
+    out: list[_Piece] = []
+    i = 0
+    while i < len(words):
+        j = i
+        while (
+            j + 1 < len(words)
+            and len(words[j].text) == 1
+            and len(words[j + 1].text) == 1
+            and words[j + 1].clause == words[i].clause
+        ):
+            j += 1
+        if j > i:
+            run = words[i : j + 1]
+            out.append(
+                _Piece("".join(w.text for w in run), run[0].start, run[-1].end, run[0].clause)
+            )
+        else:
+            out.append(words[i])
+        i = j + 1
+    return out
+
+
+def normalize_text(text: str) -> str:
+    """The normalised words of ``text`` (steps 1–2 of the rule), joined by single spaces.
+
+    >>> normalize_text("Checked – OK to use!")
+    'checked ok to use'
+    >>> normalize_text("A L L  C L E A R, don't")
+    'allclear dont'
+    """
+    return " ".join(w.text for w in _words(text))
+
+
+def _compact(phrase: str) -> str:
+    return "".join(w.text for w in _words(phrase))
+
+
+def _split_glued(word: str, vocab: frozenset[str]) -> list[str] | None:
+    """Fewest vocabulary pieces that make up ``word`` exactly, or None (step 3)."""
+    n = len(word)
+    if n > _MAX_GLUED:
+        return None
+    best: list[list[str] | None] = [None] * (n + 1)
+    best[0] = []
+    for end in range(1, n + 1):
+        for start in range(end):  # the longest last piece first among equal counts
+            head = best[start]
+            piece = word[start:end]
+            if head is None or piece not in vocab:
+                continue
+            cand = [*head, piece]
+            current = best[end]
+            if current is None or len(cand) < len(current):
+                best[end] = cand
+    return best[n]
+
+
+# --------------------------------------------------------------------------- the lexicon
+
+
+@dataclass(frozen=True)
+class _Entry:
+    cue: Cue | None  # None: neutral
+    phrase: str
+
+
+@dataclass(frozen=True)
+class _Span:
+    first: int  # index of its first piece
+    last: int  # index of its last piece (inclusive)
+    entry: _Entry
+
+
+@dataclass(frozen=True)
+class ClaimLexicon:
+    """Phrases per cue, neutral phrases and negation words; :meth:`find` applies the rule.
+
+    Validated on construction: every phrase must keep at least one letter or digit after
+    normalisation, no phrase may appear twice (in one list or across lists, compared after
+    normalisation), negation words must be single words, ``negation_window`` an int in 0..5.
+    Immutable and safe to share between threads.
+    """
+
+    reassuring: tuple[str, ...]
+    """Phrases that assert safety."""
+    alarming: tuple[str, ...]
+    """Phrases that assert danger."""
+    negation_words: tuple[str, ...]
+    """Words that flip the cue of a phrase right after them ("not", "no", "un", ...)."""
+    negation_window: int = 2
+    """How many pieces before a phrase are searched for a negation word (0: no negation)."""
+    neutral: tuple[str, ...] = ()
+    """Phrases that flag nothing and hide the claims inside them ("fail safe")."""
+    source: str = field(default="<constructed>", compare=False)
+    """Where the lexicon came from (a file path, or ``<default>``), for messages."""
+    _phrases: dict[str, _Entry] = field(init=False, repr=False, compare=False)
+    _vocab: frozenset[str] = field(init=False, repr=False, compare=False)
+    _negators: frozenset[str] = field(init=False, repr=False, compare=False)
+    _longest: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("reassuring", "alarming", "neutral", "negation_words"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        phrases, where = _check_phrases(self)
+        negators = _check_negation(self)
+        collide = sorted(set(phrases) & negators)
+        if collide:
+            raise LexiconError(
+                f"negation.words {collide} are also phrases ({where[collide[0]]}); a word "
+                f"cannot both make a claim and negate one. Remove one of them in {self.source}."
+            )
+        vocab = set(phrases) | negators
+        for entry in phrases.values():
+            vocab.update(w.text for w in _words(entry.phrase))
+        object.__setattr__(self, "_phrases", phrases)
+        object.__setattr__(self, "_vocab", frozenset(vocab))
+        object.__setattr__(self, "_negators", negators)
+        object.__setattr__(self, "_longest", max(len(p) for p in phrases))
+
+    # -- identity -----------------------------------------------------------------------------
+    @functools.cached_property
+    def sha256(self) -> str:
+        """Digest of what the lexicon matches: normalised phrases per list, negation words and
+        window (sorted; spelling variants that normalise alike give the same digest)."""
+        doc = {
+            "version": LEXICON_VERSION,
+            **{k: sorted(normalize_text(p) for p in getattr(self, k)) for k in _LISTS},
+            "negation": {
+                "words": sorted(normalize_text(w) for w in self.negation_words),
+                "window": self.negation_window,
+            },
+        }
+        blob = json.dumps(doc, sort_keys=True, ensure_ascii=False).encode("utf-8")
+        return hashlib.sha256(blob).hexdigest()
+
+    def __repr__(self) -> str:
+        return (
+            f"ClaimLexicon({len(self.reassuring)} reassuring, {len(self.alarming)} alarming, "
+            f"{len(self.neutral)} neutral phrases; {len(self.negation_words)} negation words, "
+            f"window {self.negation_window}; sha256={self.sha256[:12]}…; from {self.source})"
+        )
+
+    # -- matching -----------------------------------------------------------------------------
+    def find(self, text: str) -> tuple[CueMatch, ...]:
+        """The claims in ``text``, in text order (the module docstring gives the rule)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str; got {type(text).__name__}.")
+        pieces = list(self._pieces(text))
+        spans = _outermost(list(self._spans(pieces)))
+        covered = {k for s in spans for k in range(s.first, s.last + 1)}
+        out: list[CueMatch] = []
+        for span in spans:
+            cue = span.entry.cue
+            if cue is None:
+                continue
+            negator = self._negator(pieces, span.first, covered)
+            if negator is not None:
+                cue = "alarming" if cue == "reassuring" else "reassuring"
+            first = span.first if negator is None else negator
+            found = text[pieces[first].start : pieces[span.last].end]
+            out.append(
+                CueMatch(
+                    cue=cue, phrase=span.entry.phrase, found=found, negated=negator is not None
+                )
+            )
+        return tuple(out)
+
+    def flags(self, text: str) -> dict[Cue, bool]:
+        """``{cue: flagged}`` for every cue in :data:`CUES`, from :meth:`find`."""
+        found = {m.cue for m in self.find(text)}
+        return {cue: cue in found for cue in CUES}
+
+    def _pieces(self, text: str) -> Iterator[_Piece]:
+        for word in _words(text):
+            parts = None if word.text in self._vocab else _split_glued(word.text, self._vocab)
+            if not parts:
+                yield word
+                continue
+            offset = 0
+            for part in parts:  # map each piece back to its characters in the original text
+                first = _char_offset(text, word, offset)
+                offset += len(part)
+                yield _Piece(part, first, _char_offset(text, word, offset - 1) + 1, word.clause)
+
+    def _spans(self, pieces: Sequence[_Piece]) -> Iterator[_Span]:
+        for first in range(len(pieces)):
+            letters = ""
+            for last in range(first, len(pieces)):
+                letters += pieces[last].text
+                if len(letters) > self._longest:
+                    break
+                entry = self._phrases.get(letters)
+                if entry is not None:
+                    yield _Span(first, last, entry)
+
+    def _negator(self, pieces: Sequence[_Piece], first: int, covered: set[int]) -> int | None:
+        """Index of the negation word that negates the match starting at ``first`` (step 6)."""
+        clause = pieces[first].clause
+        for k in range(first - 1, max(first - self.negation_window, 0) - 1, -1):
+            if pieces[k].clause != clause:
+                return None
+            if k not in covered and pieces[k].text in self._negators:
+                return k
+        return None
+
+
+def _char_offset(text: str, word: _Piece, index: int) -> int:
+    """Offset in ``text`` of the ``index``-th normalised character of ``word``."""
+    seen = 0
+    for i in range(word.start, word.end):
+        if text[i] in _APOSTROPHES:
+            continue
+        seen += sum(1 for c in _fold(text[i]) if c.isalnum())
+        if seen > index:
+            return i
+    return word.end - 1
+
+
+def _outermost(spans: list[_Span]) -> list[_Span]:
+    """Step 5: drop every span that lies inside a longer one; keep text order."""
+    kept = [
+        s
+        for s in spans
+        if not any(
+            o.first <= s.first and s.last <= o.last and (o.first, o.last) != (s.first, s.last)
+            for o in spans
+        )
+    ]
+    return sorted(kept, key=lambda s: (s.first, s.last))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_phrases(lex: ClaimLexicon) -> tuple[dict[str, _Entry], dict[str, str]]:
+    """Every phrase normalised, non-empty, unique across the lists → (letters → entry)."""
+    phrases: dict[str, _Entry] = {}
+    where: dict[str, str] = {}
+    for key in _LISTS:
+        for i, phrase in enumerate(getattr(lex, key)):
+            here = f"{key}[{i}]"
+            if not isinstance(phrase, str):
+                raise LexiconError(
+                    f"{here} must be a string; got {type(phrase).__name__} {phrase!r}."
+                    f"{_quote_hint(phrase)} Fix it in {lex.source}."
+                )
+            letters = _compact(phrase)
+            if not letters:
+                raise LexiconError(
+                    f"{here} {phrase!r} has no letters or digits, so it can match nothing. "
+                    f"Remove it or write the words of the claim in {lex.source}."
+                )
+            if letters in phrases:
+                raise LexiconError(
+                    f"{here} {phrase!r} is the same phrase as {where[letters]} "
+                    f"{phrases[letters].phrase!r} once case, spaces and punctuation are ignored "
+                    f"(both read {letters!r}). Keep one of them in {lex.source}."
+                )
+            phrases[letters] = _Entry(_LIST_CUE[key], phrase)
+            where[letters] = here
+    if not any(e.cue is not None for e in phrases.values()):
+        raise LexiconError(
+            f"the lexicon has no reassuring and no alarming phrase, so it can flag nothing. "
+            f"List the claims under reassuring and alarming in {lex.source}."
+        )
+    return phrases, where
+
+
+def _quote_hint(value: object) -> str:
+    if isinstance(value, bool | int | float) or value is None:
+        return (
+            " YAML reads unquoted no/yes/on/off/true/false/null and numbers as non-strings: "
+            "write the word in quotes ('no')."
+        )
+    return ""
+
+
+def _check_negation(lex: ClaimLexicon) -> frozenset[str]:
+    window = lex.negation_window
+    if not isinstance(window, int) or isinstance(window, bool) or not 0 <= window <= _MAX_WINDOW:
+        raise LexiconError(
+            f"negation.window must be an int in 0..{_MAX_WINDOW} (how many words before a "
+            f"phrase may negate it); got {window!r}. Set it in {lex.source}."
+        )
+    words: set[str] = set()
+    for i, word in enumerate(lex.negation_words):
+        here = f"negation.words[{i}]"
+        normalized = normalize_text(word) if isinstance(word, str) else ""
+        if not normalized or " " in normalized:
+            raise LexiconError(
+                f"{here} must be one word (letters or digits, apostrophes allowed); got "
+                f"{type(word).__name__} {word!r}.{_quote_hint(word)} Write multi-word "
+                f"negations as phrases of the other cue instead (e.g. 'not safe' under "
+                f"alarming). Fix it in {lex.source}."
+            )
+        if normalized in words:
+            raise LexiconError(
+                f"{here} {word!r} is listed twice (as {normalized!r}). Keep one in {lex.source}."
+            )
+        words.add(normalized)
+    return frozenset(words)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def lexicon_from_dict(doc: Any, *, source: str = "the lexicon dict") -> ClaimLexicon:
+    """A :class:`ClaimLexicon` from the YAML document's mapping, every key checked."""
+    _check_mapping(doc, where="", source=source, error=LexiconError)
+    _check_keys(
+        doc,
+        where="",
+        required=_TOP_KEYS,
+        optional=_OPTIONAL_KEYS,
+        source=source,
+        error=LexiconError,
+    )
+    version = doc.get("version", LEXICON_VERSION)
+    if version != LEXICON_VERSION or isinstance(version, bool):
+        raise LexiconError(
+            f"version must be {LEXICON_VERSION}; got {version!r}. This spotstop reads claim "
+            f"lexicons of version {LEXICON_VERSION}; fix {source}."
+        )
+    lists: dict[str, tuple[Any, ...]] = {}
+    for key in _LISTS:
+        value = doc.get(key, [])
+        if not isinstance(value, list):
+            raise LexiconError(
+                f"{key} must be a list of phrases (a YAML list, one '- phrase' per line); got "
+                f"{type(value).__name__} {value!r}. Fix it in {source}."
+            )
+        lists[key] = tuple(value)
+    negation = doc["negation"]
+    _check_mapping(negation, where="negation", source=source, error=LexiconError)
+    _check_keys(
+        negation, where="negation", required=("words", "window"), source=source, error=LexiconError
+    )
+    if not isinstance(negation["words"], list):
+        raise LexiconError(
+            f"negation.words must be a list of words; got {type(negation['words']).__name__} "
+            f"{negation['words']!r}. Fix it in {source}."
+        )
+    return ClaimLexicon(
+        reassuring=lists["reassuring"],
+        alarming=lists["alarming"],
+        neutral=lists["neutral"],
+        negation_words=tuple(negation["words"]),
+        negation_window=negation["window"],
+        source=source,
+    )
+
+
+def load_lexicon(path: str | os.PathLike[str] | None = None) -> ClaimLexicon:
+    """Read and validate a claim lexicon YAML file; ``None`` reads the packaged default.
+
+    Raises :class:`LexiconError` (a :class:`~spotstop.guard.ConfigError`) naming the key for
+    every problem: a missing file, invalid YAML, a duplicate key, an unknown key, a phrase that
+    is not a string or has no letters, a phrase listed twice, a bad negation entry.
+    """
+    if path is None:
+        return default_lexicon()
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise LexiconError(
+            f"claim lexicon {p} does not exist. Pass the path of a lexicon YAML file, or None "
+            "for the packaged default."
+        ) from None
+    return _lexicon_from_text(text, source=str(p))
+
+
+@functools.lru_cache(maxsize=1)
+def default_lexicon() -> ClaimLexicon:
+    """The packaged default lexicon (``spotstop/guard/cues/lexicon.yaml``), read once."""
+    text = resources.files(__package__).joinpath(DEFAULT_LEXICON_FILE).read_text(encoding="utf-8")
+    return _lexicon_from_text(text, source="<default>")
+
+
+def _lexicon_from_text(text: str, *, source: str) -> ClaimLexicon:
+    try:
+        _check_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), source)
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise LexiconError(f"{source} is not valid YAML: {e}") from e
+    return lexicon_from_dict(doc, source=source)
+
+
+def _check_duplicate_keys(node: yaml.Node | None, source: str, where: str = "") -> None:
+    """PyYAML keeps the last of two equal keys silently; a lexicon must not lose a list."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: set[str] = set()
+    for key_node, value_node in node.value:
+        key = str(key_node.value)
+        path = f"{where}.{key}" if where else key
+        if key in seen:
+            raise LexiconError(
+                f"{path} appears twice (line {key_node.start_mark.line + 1}); each key may "
+                f"appear once and the first one would be lost. Merge them in {source}."
+            )
+        seen.add(key)
+        _check_duplicate_keys(value_node, source, path)
