@@ -1,0 +1,210 @@
+"""The labelled source set and the detector's calibration set: image CSVs, validated once.
+
+Both are a CSV next to (or above) a folder of images; the ``image`` column holds a path
+relative to the CSV's folder (or an absolute path).
+
+* The source set (``image,request,label[,situation_id]``, label ``SAFE``/``UNSAFE``): the
+  labelled scenes that the matched edits are pasted into (seed 002, Sec. 3.3).
+* The calibration set (``image,cue``, cue ``reassuring``/``alarming``/``none``): scenes with
+  and without claim text, on which the detector's sensitivity and false-positive rate are
+  measured (Sec. 3.4).
+
+Errors are :class:`~spotstop.diagnostics.DataError` and name the file, the data row and the
+column, and say what to do.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from spotstop.diagnostics._errors import DataError
+from spotstop.diagnostics.cues._templates import CUES
+
+__all__ = [
+    "CalibrationImage",
+    "CalibrationSet",
+    "SourceScene",
+    "SourceSet",
+    "read_calibration_csv",
+    "read_source_set",
+]
+
+_LABELS = {"SAFE": 0, "UNSAFE": 1}
+_CAL_CUES = (*CUES, "none")
+
+
+@dataclass(frozen=True)
+class SourceScene:
+    """One labelled source scene.
+
+    ``label`` is 1 for UNSAFE, 0 for SAFE; ``sha256`` the hex digest of the image file's
+    bytes; ``width``/``height`` the decoded (upright) size the edits are placed on;
+    ``row`` the 1-based data row of the CSV.
+    """
+
+    image: Path
+    request: str
+    label: int
+    situation_id: str | None
+    sha256: str
+    width: int
+    height: int
+    row: int
+
+    @property
+    def cue(self) -> str:
+        """The cue that misleads on this scene: reassuring on UNSAFE, alarming on SAFE."""
+        return "reassuring" if self.label == 1 else "alarming"
+
+
+@dataclass(frozen=True)
+class SourceSet:
+    """The labelled source scenes, in CSV order (each one a bootstrap group)."""
+
+    scenes: tuple[SourceScene, ...]
+    csv_path: Path
+
+    def __len__(self) -> int:
+        return len(self.scenes)
+
+    def __repr__(self) -> str:
+        n_u = sum(s.label for s in self.scenes)
+        return f"SourceSet({self.csv_path}, n={len(self)}, unsafe={n_u}, safe={len(self) - n_u})"
+
+
+@dataclass(frozen=True)
+class CalibrationImage:
+    """One calibration scene: its image and the cue its text carries (or ``none``)."""
+
+    image: Path
+    cue: str
+    row: int
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """The detector's calibration scenes, in CSV order."""
+
+    images: tuple[CalibrationImage, ...]
+    csv_path: Path
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __repr__(self) -> str:
+        counts = {c: sum(i.cue == c for i in self.images) for c in _CAL_CUES}
+        return f"CalibrationSet({self.csv_path}, n={len(self)}, {counts})"
+
+
+def _find_csv(source: str | os.PathLike[str], what: str, option: str) -> Path:
+    """The CSV itself, or the one CSV inside a folder."""
+    p = Path(source)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        found = sorted(p.glob("*.csv"))
+        if len(found) == 1:
+            return found[0]
+        raise DataError(
+            f"{what} folder {str(p)!r} holds {len(found)} CSV files; it must hold exactly one "
+            f"(or pass the CSV itself to {option})."
+        )
+    raise DataError(f"{what} {str(p)!r} does not exist; pass a CSV or its folder to {option}.")
+
+
+def _rows(
+    path: Path, required: tuple[str, ...], optional: tuple[str, ...]
+) -> Iterator[tuple[str, int, dict[str, str], Path]]:
+    """Yield ``(where, row_no, cells, image_path)`` per data row, checking shape and image."""
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        missing = [c for c in required if c not in header]
+        extra = [c for c in header if c not in required + optional]
+        if missing or extra:
+            raise DataError(
+                f"{path}: the header must be {','.join(required)}"
+                + (f"[,{','.join(optional)}]" if optional else "")
+                + f"; got {','.join(header) or 'no header'}"
+                + (f" (missing {', '.join(missing)})" if missing else "")
+                + (f" (unknown {', '.join(extra)})" if extra else "")
+                + "."
+            )
+        reader.fieldnames = header
+        n = 0
+        for row_no, row in enumerate(reader, start=1):
+            where = f"{path}, row {row_no} (line {reader.line_num})"
+            if None in row:
+                raise DataError(f"{where}: more cells than header columns; check the quoting.")
+            cells = {c: (row[c] or "").strip() for c in header if row[c] is not None}
+            if len(cells) != len(header):
+                raise DataError(f"{where}: the row is too short; every column needs a cell.")
+            if not cells["image"]:
+                raise DataError(f"{where}, column 'image': a file name is required.")
+            img = Path(cells["image"])
+            img = img if img.is_absolute() else path.parent / img
+            if not img.is_file():
+                raise DataError(
+                    f"{where}, column 'image': {str(img)!r} does not exist; paths are relative "
+                    "to the CSV's folder."
+                )
+            n += 1
+            yield where, row_no, cells, img
+        if n == 0:
+            raise DataError(f"{path}: no data rows after the header.")
+
+
+def read_source_set(source: str | os.PathLike[str]) -> SourceSet:
+    """Read and validate a source set: a CSV ``image,request,label[,situation_id]`` or its folder.
+
+    Every image is decoded the way the guard decodes it (so a scene it would refuse is an
+    error here, naming the row) and its sha256 recorded.
+    """
+    from spotstop.guard import ImageRefused, decode_image
+
+    path = _find_csv(source, "source set", "--source")
+    scenes = []
+    for where, row_no, cells, img in _rows(path, ("image", "request", "label"), ("situation_id",)):
+        if not cells["request"]:
+            raise DataError(f"{where}, column 'request': the request text is empty.")
+        lab = cells["label"].upper()
+        if lab not in _LABELS:
+            raise DataError(
+                f"{where}, column 'label': expected SAFE or UNSAFE; got {cells['label']!r}."
+            )
+        try:
+            dec = decode_image(img)
+        except ImageRefused as e:
+            raise DataError(f"{where}, column 'image': the guard refuses this image: {e}") from e
+        scenes.append(
+            SourceScene(
+                image=img,
+                request=cells["request"],
+                label=_LABELS[lab],
+                situation_id=cells.get("situation_id") or None,
+                sha256=dec.sha256,
+                width=dec.width,
+                height=dec.height,
+                row=row_no,
+            )
+        )
+    return SourceSet(scenes=tuple(scenes), csv_path=path)
+
+
+def read_calibration_csv(source: str | os.PathLike[str]) -> CalibrationSet:
+    """Read and validate the detector's calibration CSV ``image,cue`` (or its folder)."""
+    path = _find_csv(source, "calibration set", "--calibration")
+    images = []
+    for where, row_no, cells, img in _rows(path, ("image", "cue"), ()):
+        cue = cells["cue"].lower()
+        if cue not in _CAL_CUES:
+            raise DataError(
+                f"{where}, column 'cue': expected one of {', '.join(_CAL_CUES)}; "
+                f"got {cells['cue']!r}."
+            )
+        images.append(CalibrationImage(image=img, cue=cue, row=row_no))
+    return CalibrationSet(images=tuple(images), csv_path=path)

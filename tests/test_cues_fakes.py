@@ -1,0 +1,169 @@
+"""Test doubles for the cue tests (clearly doubles: none of them is a model or an OCR).
+
+* :class:`RecordedTextDetector`: a text detector on the ``detect(image) -> reading`` protocol
+  that "reads" the text an edit recorded for the image's sha256 (a perfect OCR for images it
+  was told about; anything else reads as no text) and flags it with a small claim lexicon.
+* :class:`TextDrivenMember`: a scorer on the member protocol whose score is a known base
+  score of the scene it shows plus a known push from the text its detector reads:
+  ``s = base + alarming_push · [alarming] − reassuring_push · [reassuring]``. With pushes
+  of 0 it ignores text (the text-blind control).
+
+The tests at the bottom check the doubles themselves.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from spotstop.diagnostics.cues import HELD_OUT, TEMPLATES, EditSet, plan_edits, read_source_set
+from spotstop.guard import MemberScore, Scene
+
+#: A small claim lexicon covering the templates' wording (the runtime one lives in guard/cues).
+FAKE_LEXICON = {
+    "reassuring": ("all clear", "safe to use", "ok to use", "no hazard", "safe"),
+    "alarming": ("danger", "do not touch", "high voltage", "hot", "warning"),
+}
+
+
+def lexicon_flags(text: str) -> dict[str, bool]:
+    """Case- and spacing-tolerant whole-word matching; the longest match of either cue wins."""
+    words = " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+    found = {}
+    for cue, phrases in FAKE_LEXICON.items():
+        found[cue] = [p for p in phrases if re.search(rf"\b{re.escape(p)}\b", words)]
+    longest = max((len(p) for ps in found.values() for p in ps), default=0)
+    return {cue: any(len(p) == longest for p in ps) and longest > 0 for cue, ps in found.items()}
+
+
+@dataclass(frozen=True)
+class FakeReading:
+    text: str
+    flags: Mapping[str, bool]
+
+
+class RecordedTextDetector:
+    """Reads the text recorded for an image's sha256 (see the module docstring)."""
+
+    def __init__(self, texts: Mapping[str, str] | None = None) -> None:
+        self.texts: dict[str, str] = dict(texts or {})
+        self.calls = 0
+
+    def register(self, image: bytes, text: str) -> None:
+        self.texts[hashlib.sha256(image).hexdigest()] = text
+
+    def detect(self, image: bytes) -> FakeReading:
+        self.calls += 1
+        text = self.texts.get(hashlib.sha256(bytes(image)).hexdigest(), "")
+        return FakeReading(text=text, flags=lexicon_flags(text))
+
+
+class TextDrivenMember:
+    """A scorer whose score is a known base plus a known push from the text it reads."""
+
+    def __init__(
+        self,
+        name: str,
+        detector: RecordedTextDetector,
+        base: Mapping[str, float],
+        *,
+        reassuring_push: float = 0.0,
+        alarming_push: float = 0.0,
+        any_text_push: float = 0.0,
+        pixel_noise: float = 0.0,
+    ) -> None:
+        self._name = name
+        self.detector = detector
+        self.base = dict(base)  # image sha256 -> base score of the scene it shows
+        self.reassuring_push = reassuring_push
+        self.alarming_push = alarming_push
+        self.any_text_push = any_text_push  # reacts to a box of text, whatever it says
+        self.pixel_noise = pixel_noise  # a fixed jitter per image (sensitive to pixels only)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def prompt_hash(self) -> str:
+        return f"double-{self.reassuring_push:g}-{self.alarming_push:g}-{self.any_text_push:g}"
+
+    def score(
+        self, scenes: Sequence[Scene], variant: str = "scene", *, strict: bool = True
+    ) -> list[MemberScore]:
+        out = []
+        for s in scenes:
+            img = bytes(s.image)  # type: ignore[arg-type]
+            reading = self.detector.detect(img)
+            flags = reading.flags
+            v = self.base[hashlib.sha256(img).hexdigest()]
+            v += self.alarming_push * flags["alarming"] - self.reassuring_push * flags["reassuring"]
+            v += self.any_text_push * bool(reading.text)
+            if self.pixel_noise:
+                seed = int.from_bytes(hashlib.sha256(img).digest()[:8], "little")
+                v += self.pixel_noise * float(np.random.default_rng(seed).standard_normal())
+            out.append(MemberScore(self.name, "scene", float(v), self.prompt_hash, 0, True))
+        return out
+
+
+def png(seed: int, size: tuple[int, int] = (96, 64)) -> bytes:
+    """A small random PNG (width, height = size)."""
+    arr = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def write_source(root: Path, labels: Sequence[str], *, situation: bool = False) -> Path:
+    """A source folder: ``img<i>.png`` + ``source.csv`` with the given labels."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "source.csv").open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["image", "request", "label"] + (["situation_id"] if situation else []))
+        for i, lab in enumerate(labels):
+            (root / f"img{i}.png").write_bytes(png(i))
+            w.writerow([f"img{i}.png", f"request {i}", lab] + ([f"s{i % 3}"] if situation else []))
+    return root / "source.csv"
+
+
+def rendered_doubles(
+    edits: EditSet, base_of_group: Sequence[float]
+) -> tuple[RecordedTextDetector, dict[str, float]]:
+    """Render every scene once: the detector learns each image's text, and each image's base
+    score is its source scene's."""
+    det = RecordedTextDetector()
+    base: dict[str, float] = {}
+    for r, img in edits.images():
+        det.register(img, r.text)
+        base[hashlib.sha256(img).hexdigest()] = float(base_of_group[r.group])
+    return det, base
+
+
+# ---------------------------------------------------------------------- the doubles' own tests
+
+
+@pytest.mark.parametrize("t", [*TEMPLATES, HELD_OUT], ids=lambda t: t.name)
+def test_fake_lexicon_flags_every_template_wording(t):
+    assert lexicon_flags(t.texts["reassuring"]) == {"reassuring": True, "alarming": False}
+    assert lexicon_flags(t.texts["alarming"]) == {"reassuring": False, "alarming": True}
+    assert lexicon_flags(t.texts["neutral"]) == {"reassuring": False, "alarming": False}
+
+
+def test_text_driven_member_pushes_by_the_text_it_reads(tmp_path):
+    edits = plan_edits(read_source_set(write_source(tmp_path, ["UNSAFE", "SAFE"])), seed=1)
+    det, base = rendered_doubles(edits, [1.0, -1.0])
+    m = TextDrivenMember("m", det, base, reassuring_push=2.0, alarming_push=0.5)
+    for r, img in edits.images():
+        s = m.score([Scene(img, r.request)])[0].score
+        expected = [1.0, -1.0][r.group]
+        if r.kind in ("misleading", "agreeing"):
+            expected += -2.0 if r.text in {t.texts["reassuring"] for t in edits.templates} else 0.5
+        assert s == pytest.approx(expected), (r.kind, r.text)
