@@ -16,18 +16,18 @@ The rule, in order (every step is case-, accent- and spacing-tolerant):
 3. **Glued words.** A word that is not itself in the vocabulary (every phrase with its spaces
    removed, every word of every phrase, every negation word) is split into vocabulary pieces
    when it splits into them exactly, with the fewest pieces: ``"ALLCLEAR"`` → ``allclear``,
-   ``"DANGERHIGHVOLTAGE"`` → ``danger | highvoltage``, ``"NOTSAFE"`` → ``notsafe`` (a phrase)
-   or ``not | safe``. A word that does not split exactly stays whole, so a phrase never
+   ``"DANGERHIGHVOLTAGE"`` → ``danger | highvoltage``, ``"NOTSAFE"`` → ``notsafe`` (the
+   phrase ``not safe``; without it, ``not | safe``). A word that does not split exactly stays
+   whole, so a phrase never
    matches inside a longer word: "SAFE" is not found in "UNSAFE", "SAFETY" or "FAILSAFE", and
    "HOT" not in "SHOT" or "HOTEL".
 4. **Match.** A phrase matches where the letters of one or more consecutive pieces, spaces and
    punctuation removed, equal the phrase's letters: "all clear", "all  clear", "ALL-CLEAR",
    "Allclear" and "A L L C L E A R" all match ``all clear``; "Checked – OK to use" matches
-   ``checked ok to use``.
+   ``checked ok to use``. A phrase may span punctuation and clause breaks.
 5. **Longest wins.** A match lying inside a longer match (of any cue, neutral included) is
-   dropped: ``unsafe`` hides nothing, ``no hazard`` (reassuring) hides ``hazard``,
-   ``do not touch`` (alarming) hides a reassuring ``ok`` inside it, ``fail safe`` (neutral)
-   hides ``safe``.
+   dropped: ``no hazard`` (reassuring) hides ``hazard``, ``not safe`` (alarming) hides
+   ``safe``, ``fail safe`` (neutral) hides ``safe``.
 6. **Negation.** A negation word among the ``negation.window`` pieces right before a match,
    in the same clause and not itself part of a match, turns a reassuring claim into an
    alarming one and vice versa ("not safe", "NOT 100% SAFE" → alarming; "no danger",
@@ -237,7 +237,13 @@ class ClaimLexicon:
 
     def __post_init__(self) -> None:
         for name in ("reassuring", "alarming", "neutral", "negation_words"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+            value = getattr(self, name)
+            if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+                raise LexiconError(
+                    f"{name} must be a list or tuple of strings; got {type(value).__name__} "
+                    f"{value!r}. Wrap a single phrase in a list. Fix it in {self.source}."
+                )
+            object.__setattr__(self, name, tuple(value))
         phrases, where = _check_phrases(self)
         negators = _check_negation(self)
         collide = sorted(set(phrases) & negators)
