@@ -59,9 +59,10 @@ class RapidOcrDetector:
         onnxruntime intra-op threads per model (None: onnxruntime's default, all cores). Values
         above ``os.cpu_count()`` are capped to it.
     max_side
-        Longest side, in pixels, of the image the text *detector* sees; larger frames are
-        scaled down to it (recognition still reads the full-resolution crops). Smaller text
-        needs a larger value, at a cost in speed.
+        Longest side, in pixels, of the image the text *detector* (which finds the text
+        boxes) sees; larger frames are scaled down to it. Recognition reads the boxes from the
+        frame itself (RapidOCR first scales frames with a side over 2000 px down to 2000).
+        Smaller text needs a larger value, at a cost in speed.
     min_text_score
         Recognised lines with a lower confidence (0..1) are dropped.
     upside_down
