@@ -8,9 +8,14 @@ config per architecture). A spec knows, from the member's ``config.json`` and
 * the numpy/Pillow preprocessing that turns an RGB image into the vision tower's input
   (tested equal to the Hugging Face image processor's output);
 * what the chat template writes for an image and what the processor expands it to;
-* the chat-template switches that turn reasoning off.
+* the chat-template switches that turn reasoning off;
+* the extra text inputs the member's transformers model takes besides ``input_ids`` and
+  ``attention_mask`` (the torch reference backend passes them).
 
-No torch here: the robot's runtime uses these specs too.
+Every architecture-specific rule of the runtime lives in its spec (the export side keeps its
+own in the architecture's export config, ``export/configs.py``), so backends, prompts and
+members have no per-architecture branches. No torch here: the robot's runtime uses these
+specs too.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ class ImageGeometry:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     resample: int  # a PIL.Image.Resampling value
+
+    @property
+    def token_grid(self) -> tuple[int, int]:
+        """(rows, columns) of visual tokens: the grid in patches, reduced by ``merge``."""
+        factor = self.patch_size * self.merge
+        return self.height // factor, self.width // factor
 
 
 def _get(d: Mapping[str, Any], key: str, default: Any) -> Any:
@@ -124,7 +135,22 @@ class ArchSpec(ABC):
     # -- pixels --------------------------------------------------------------------------
     @abstractmethod
     def preprocess(self, image: Image.Image, g: ImageGeometry) -> dict[str, np.ndarray]:
-        """Vision-tower inputs for ONE image (leading axis: this image)."""
+        """Vision-tower inputs for ONE image (leading axis: this image).
+
+        The keys are the keyword arguments of the transformers model's ``forward`` and
+        ``get_image_features``; float arrays are pixels, integer arrays describe the grid.
+        """
+
+    # -- text inputs ---------------------------------------------------------------------
+    def text_inputs(
+        self, input_ids: np.ndarray, image_token_id: int, with_image: bool
+    ) -> dict[str, np.ndarray]:
+        """Inputs besides ``input_ids``/``attention_mask`` that the transformers model takes.
+
+        ``input_ids`` (B, L) as passed to the model; ``with_image``: whether pixels go with
+        them. None by default.
+        """
+        return {}
 
 
 @dataclass(frozen=True)
@@ -147,6 +173,13 @@ class _Qwen35(ArchSpec):
             "pixel_values": flat,
             "image_grid_thw": np.asarray([[1, gh, gw]], dtype=np.int64),
         }
+
+    def text_inputs(
+        self, input_ids: np.ndarray, image_token_id: int, with_image: bool
+    ) -> dict[str, np.ndarray]:
+        # transformers' Qwen3.5 places its M-RoPE positions by token type (1: image token)
+        is_image = input_ids == image_token_id if with_image else np.zeros(input_ids.shape, bool)
+        return {"mm_token_type_ids": is_image.astype(np.int32)}
 
 
 @dataclass(frozen=True)

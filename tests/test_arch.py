@@ -10,6 +10,8 @@ from spotstop.guard._errors import ConfigError
 
 QWEN_CFG = {"model_type": "qwen3_5", "vision_config": {"patch_size": 16, "spatial_merge_size": 2}}
 LFM_CFG = {"model_type": "lfm2_vl", "downsample_factor": 2, "vision_config": {"patch_size": 16}}
+#: a minimal config.json per registered architecture (a new one without fails here)
+CFGS = {"qwen3_5": QWEN_CFG, "lfm2_vl": LFM_CFG}
 PRE = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 
 
@@ -86,10 +88,33 @@ def test_resize_to_the_grid_happens_first():
 
 @pytest.mark.parametrize("name", sorted(ARCHS))
 def test_geometry_refuses_sizes_off_the_grid(name):
-    cfg = QWEN_CFG if name == "qwen3_5" else LFM_CFG
+    cfg = CFGS[name]
     with pytest.raises(ConfigError, match="multiples of"):
         ARCHS[name].geometry(cfg, PRE, (65, 64))
     assert ARCHS[name].geometry(cfg, PRE, None).n_image_tokens == 256  # the paper's low-res default
+
+
+@pytest.mark.parametrize("name", sorted(ARCHS))
+def test_text_inputs_are_token_aligned_integers(name):
+    ids = np.array([[5, 7, 7, 9], [7, 1, 0, 0]], dtype=np.int64)
+    for with_image in (True, False):
+        for key, v in ARCHS[name].text_inputs(ids, 7, with_image).items():
+            assert v.shape == ids.shape and v.dtype.kind == "i", (key, v)
+
+
+def test_qwen_marks_image_tokens_for_its_positions():
+    arch = get_arch("qwen3_5")
+    ids = np.array([[5, 7, 7, 9]], dtype=np.int64)
+    assert arch.text_inputs(ids, 7, True)["mm_token_type_ids"].tolist() == [[0, 1, 1, 0]]
+    assert not arch.text_inputs(ids, 7, False)["mm_token_type_ids"].any()
+    assert get_arch("lfm2_vl").text_inputs(ids, 7, True) == {}
+
+
+@pytest.mark.parametrize("name", sorted(ARCHS))
+def test_token_grid_counts_the_visual_tokens(name):
+    g = ARCHS[name].geometry(CFGS[name], PRE, (64, 96))
+    rows, cols = g.token_grid
+    assert (rows, cols) == (2, 3) and rows * cols == g.n_image_tokens
 
 
 def test_unknown_architecture_lists_the_supported_ones():

@@ -55,10 +55,8 @@ def _hand_logprob(member, request: str, answer: str, image_bytes: bytes | None) 
         px = member.pixels(decode_image(image_bytes))
         for k, v in px.items():
             kwargs[k] = torch.from_numpy(v)
-        if folder.model_type == "qwen3_5":
-            kwargs["mm_token_type_ids"] = (ids == folder.image_token_id).int()
-    elif folder.model_type == "qwen3_5":
-        kwargs["mm_token_type_ids"] = torch.zeros_like(ids, dtype=torch.int32)
+    extra = folder.arch.text_inputs(ids.numpy(), folder.image_token_id, image_bytes is not None)
+    kwargs.update({k: torch.from_numpy(v) for k, v in extra.items()})
     model = member.backend.model
     with torch.no_grad():
         logits = model(**kwargs).logits[0].double()

@@ -62,28 +62,14 @@ class TorchBackend:
 
     # -- inputs ----------------------------------------------------------------------------
     def _vision_inputs(self, pixels: Sequence[Mapping[str, np.ndarray]]) -> dict[str, Any]:
-        dev = self.device
-        dtype = self._head_weight.dtype
-        if self.model_type == "qwen3_5":
-            return {
-                "pixel_values": torch.from_numpy(
-                    np.concatenate([p["pixel_values"] for p in pixels])
-                ).to(dev, dtype),
-                "image_grid_thw": torch.from_numpy(
-                    np.concatenate([p["image_grid_thw"] for p in pixels])
-                ).to(dev),
-            }
-        return {
-            "pixel_values": torch.from_numpy(
-                np.concatenate([p["pixel_values"] for p in pixels])
-            ).to(dev, dtype),
-            "pixel_attention_mask": torch.from_numpy(
-                np.concatenate([p["pixel_attention_mask"] for p in pixels])
-            ).to(dev),
-            "spatial_shapes": torch.from_numpy(
-                np.concatenate([p["spatial_shapes"] for p in pixels])
-            ).to(dev),
-        }
+        """The images' preprocessed inputs stacked along their leading axis; pixels (the float
+        arrays) in the model's dtype, the grid descriptions as they are."""
+        out: dict[str, Any] = {}
+        for key in pixels[0]:
+            t = torch.from_numpy(np.concatenate([p[key] for p in pixels]))
+            dtype = self._head_weight.dtype if t.is_floating_point() else None
+            out[key] = t.to(self.device, dtype)
+        return out
 
     def hidden_states(
         self,
@@ -104,12 +90,10 @@ class TorchBackend:
         }
         if pixels is not None:
             kwargs.update(self._vision_inputs(pixels))
-            if self.model_type == "qwen3_5":
-                kwargs["mm_token_type_ids"] = (
-                    (ids == self.folder.image_token_id).to(torch.int32).to(self.device)
-                )
-        elif self.model_type == "qwen3_5":
-            kwargs["mm_token_type_ids"] = torch.zeros_like(ids, dtype=torch.int32).to(self.device)
+        extra = self.folder.arch.text_inputs(
+            ids.numpy(), self.folder.image_token_id, with_image=pixels is not None
+        )
+        kwargs.update({k: torch.from_numpy(v).to(self.device) for k, v in extra.items()})
         out = self.model.model(**kwargs, use_cache=False)
         return out.last_hidden_state.float()
 
