@@ -1,8 +1,9 @@
 """Test doubles for the cue tests (clearly doubles: none of them is a model or an OCR).
 
-* :class:`RecordedTextDetector`: a text detector on the ``detect(image) -> reading`` protocol
+* :class:`RecordedTextDetector`: a text detector on the guard's ``TextDetector`` protocol
   that "reads" the text an edit recorded for the image's sha256 (a perfect OCR for images it
-  was told about; anything else reads as no text) and flags it with a small claim lexicon.
+  was told about; anything else reads as no text) and flags it with the guard's claim
+  lexicon, returning a real :class:`spotstop.guard.cues.CueReading`.
 * :class:`TextDrivenMember`: a scorer on the member protocol whose score is a known base
   score of the scene it shows plus a known push from the text its detector reads:
   ``s = base + alarming_push · [alarming] − reassuring_push · [reassuring]``. With pushes
@@ -16,38 +17,31 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
-from spotstop.diagnostics.cues import HELD_OUT, TEMPLATES, EditSet, plan_edits, read_source_set
+from spotstop.diagnostics.cues import (
+    HELD_OUT,
+    TEMPLATES,
+    EditSet,
+    MemberTiming,
+    ScoreTable,
+    plan_edits,
+    read_source_set,
+)
 from spotstop.guard import MemberScore, Scene
+from spotstop.guard.cues import CueReading, OcrModel, default_lexicon
 
-#: A small claim lexicon covering the templates' wording (the runtime one lives in guard/cues).
-FAKE_LEXICON = {
-    "reassuring": ("all clear", "safe to use", "ok to use", "no hazard", "safe"),
-    "alarming": ("danger", "do not touch", "high voltage", "hot", "warning"),
-}
+LEXICON = default_lexicon()
+RECORDED = OcrModel("recorded text (test double, not an OCR)", ())
 
 
 def lexicon_flags(text: str) -> dict[str, bool]:
-    """Case- and spacing-tolerant whole-word matching; the longest match of either cue wins."""
-    words = " ".join(re.findall(r"[a-z0-9]+", text.lower()))
-    found = {}
-    for cue, phrases in FAKE_LEXICON.items():
-        found[cue] = [p for p in phrases if re.search(rf"\b{re.escape(p)}\b", words)]
-    longest = max((len(p) for ps in found.values() for p in ps), default=0)
-    return {cue: any(len(p) == longest for p in ps) and longest > 0 for cue, ps in found.items()}
-
-
-@dataclass(frozen=True)
-class FakeReading:
-    text: str
-    flags: Mapping[str, bool]
+    """The guard's default lexicon's flags for ``text``."""
+    return dict(LEXICON.flags(text))
 
 
 class RecordedTextDetector:
@@ -60,10 +54,10 @@ class RecordedTextDetector:
     def register(self, image: bytes, text: str) -> None:
         self.texts[hashlib.sha256(image).hexdigest()] = text
 
-    def detect(self, image: bytes) -> FakeReading:
+    def detect(self, image: bytes) -> CueReading:
         self.calls += 1
         text = self.texts.get(hashlib.sha256(bytes(image)).hexdigest(), "")
-        return FakeReading(text=text, flags=lexicon_flags(text))
+        return CueReading(text, LEXICON.find(text), RECORDED, LEXICON.sha256)
 
 
 class TextDrivenMember:
@@ -145,6 +139,32 @@ def rendered_doubles(
         det.register(img, r.text)
         base[hashlib.sha256(img).hexdigest()] = float(base_of_group[r.group])
     return det, base
+
+
+def make_edits(root: Path, n_unsafe: int, n_safe: int, seed: int = 0) -> EditSet:
+    """The planned edit set of a generated source set (UNSAFE scenes first)."""
+    labels = ["UNSAFE"] * n_unsafe + ["SAFE"] * n_safe
+    return plan_edits(read_source_set(write_source(root / "src", labels)), seed=seed)
+
+
+def score_table(edits: EditSet, scores: Mapping[str, np.ndarray]) -> ScoreTable:
+    """A score table from given scores (no member runs)."""
+    return ScoreTable(
+        edits=edits,
+        scores=dict(scores),
+        prompt_hashes=dict.fromkeys(scores, "h"),
+        timings={m: MemberTiming(len(edits), 1.0, False) for m in scores},
+    )
+
+
+def text_scores(edits: EditSet, base: Sequence[float], push_r: float, push_a: float) -> np.ndarray:
+    """The text-driven double's scores computed from the records (no pixels): what the
+    recorded-text detector would read, through the same lexicon."""
+    out = np.empty(len(edits))
+    for r in edits.records:
+        f = lexicon_flags(r.text)
+        out[r.index] = base[r.group] - push_r * f["reassuring"] + push_a * f["alarming"]
+    return out
 
 
 # ---------------------------------------------------------------------- the doubles' own tests

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,46 +14,24 @@ from spotstop.diagnostics.cues import (
     CUES,
     GuardSpec,
     MemberSpec,
-    MemberTiming,
-    ScoreTable,
     answer_errors,
     estimate_reliance,
     label_as_deployed,
-    plan_edits,
     probability_errors,
-    read_source_set,
     score_edit_set,
 )
 from spotstop.diagnostics.cues._deployed import frozen_pair_policy
 from spotstop.guard import Avg2Fusion
 
-from tests.test_cues_fakes import TextDrivenMember, lexicon_flags, rendered_doubles, write_source
+from tests.test_cues_fakes import (
+    TextDrivenMember,
+    make_edits,
+    rendered_doubles,
+    score_table,
+    text_scores,
+)
 
 STATS = ("reliance", "placebo", "source_error", "held_out", "vs_agreeing", "vs_neutral")
-
-
-def _edits(tmp_path: Path, n_unsafe: int, n_safe: int, seed: int = 0):
-    labels = ["UNSAFE"] * n_unsafe + ["SAFE"] * n_safe
-    return plan_edits(read_source_set(write_source(tmp_path / "src", labels)), seed=seed)
-
-
-def _table(edits, scores: dict[str, np.ndarray]) -> ScoreTable:
-    return ScoreTable(
-        edits=edits,
-        scores=scores,
-        prompt_hashes=dict.fromkeys(scores, "h"),
-        timings={m: MemberTiming(len(edits), 1.0, False) for m in scores},
-    )
-
-
-def _text_scores(edits, base, push_r, push_a) -> np.ndarray:
-    """The text-driven double's scores computed from the records (no pixels): what the
-    recorded-text detector would read, through the same fake lexicon."""
-    out = np.empty(len(edits))
-    for r in edits.records:
-        f = lexicon_flags(r.text)
-        out[r.index] = base[r.group] - push_r * f["reassuring"] + push_a * f["alarming"]
-    return out
 
 
 # ---------------------------------------------------------------------- errors
@@ -115,10 +92,10 @@ def _loop_statistics(edits, e: np.ndarray) -> dict[tuple[str, str], float]:
 
 
 def test_point_values_match_a_direct_loop(tmp_path):
-    edits = _edits(tmp_path, 5, 4)
+    edits = make_edits(tmp_path, 5, 4)
     rng = np.random.default_rng(7)
     scores = {"a": rng.normal(0, 2, len(edits)), "b": rng.normal(0.5, 1, len(edits))}
-    res = estimate_reliance(_table(edits, scores), n_boot=50, rng=0)
+    res = estimate_reliance(score_table(edits, scores), n_boot=50, rng=0)
     y = np.array([r.label for r in edits.records])
     for m in scores:
         for metric, e in (
@@ -141,11 +118,11 @@ def test_point_values_match_a_direct_loop(tmp_path):
 
 
 def test_bootstrap_interval_equals_a_naive_resampling_loop(tmp_path):
-    edits = _edits(tmp_path, 6, 5)
+    edits = make_edits(tmp_path, 6, 5)
     rng = np.random.default_rng(3)
     scores = {"a": rng.normal(0, 2, len(edits))}
     n_boot = 300
-    res = estimate_reliance(_table(edits, scores), n_boot=n_boot, rng=11, chunk_size=64)
+    res = estimate_reliance(score_table(edits, scores), n_boot=n_boot, rng=11, chunk_size=64)
     y = np.array([r.label for r in edits.records])
     e = probability_errors(scores["a"], y)
     groups = np.array([r.group for r in edits.records])
@@ -194,7 +171,7 @@ def _true_reliance(mu: float, sd: float, push_mis: float, push_agree: float) -> 
 
 def test_text_driven_member_reliance_is_recovered_within_its_interval(tmp_path):
     """Through pixels: the double reads each rendered image with the recorded-text detector."""
-    edits = _edits(tmp_path, 30, 30)
+    edits = make_edits(tmp_path, 30, 30)
     rng = np.random.default_rng(5)
     mu, sd, push_r, push_a = 1.5, 1.0, 3.0, 1.0
     labels = np.array([s.label for s in edits.source.scenes])
@@ -215,13 +192,13 @@ def test_text_driven_member_reliance_is_recovered_within_its_interval(tmp_path):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_recovery_on_larger_sets_without_pixels(tmp_path, seed):
-    edits = _edits(tmp_path, 120, 120, seed=seed)
+    edits = make_edits(tmp_path, 120, 120, seed=seed)
     rng = np.random.default_rng(100 + seed)
     mu, sd, push_r, push_a = 1.0, 1.5, 2.0, 0.5
     labels = np.array([s.label for s in edits.source.scenes])
     base = np.where(labels == 1, mu, -mu) + rng.normal(0, sd, labels.size)
-    s = _text_scores(edits, base, push_r, push_a)
-    res = estimate_reliance(_table(edits, {"m": s}), n_boot=2000, rng=seed)
+    s = text_scores(edits, base, push_r, push_a)
+    res = estimate_reliance(score_table(edits, {"m": s}), n_boot=2000, rng=seed)
     prob, hard = _true_reliance(mu, sd, push_r, push_a)
     assert res["m"].cues["reassuring"].reliance.ci.contains(prob)
     assert res["m"].hard.cues["reassuring"].reliance.ci.contains(hard)
@@ -233,7 +210,7 @@ def test_recovery_on_larger_sets_without_pixels(tmp_path, seed):
 
 
 def test_text_blind_member_has_reliance_and_placebo_near_zero(tmp_path):
-    edits = _edits(tmp_path, 30, 30)
+    edits = make_edits(tmp_path, 30, 30)
     labels = np.array([s.label for s in edits.source.scenes])
     base = np.where(labels == 1, 0.8, -0.8) + np.random.default_rng(2).normal(0, 1, labels.size)
     det, base_of = rendered_doubles(edits, base)
@@ -247,7 +224,7 @@ def test_text_blind_member_has_reliance_and_placebo_near_zero(tmp_path):
 
 
 def test_placebo_flags_a_member_moved_by_any_box_of_text(tmp_path):
-    edits = _edits(tmp_path, 25, 25)
+    edits = make_edits(tmp_path, 25, 25)
     labels = np.array([s.label for s in edits.source.scenes])
     base = np.where(labels == 1, 0.5, -0.5) + np.random.default_rng(4).normal(0, 1, labels.size)
     det, base_of = rendered_doubles(edits, base)
@@ -272,7 +249,7 @@ def _policy(fusion: Avg2Fusion, policy: dict) -> dict:
 
 
 def test_guard_errors_are_its_decisions_by_hand(tmp_path):
-    edits = _edits(tmp_path, 4, 4)
+    edits = make_edits(tmp_path, 4, 4)
     rng = np.random.default_rng(8)
     s = {"a": rng.normal(0, 1, len(edits)), "b": rng.normal(2, 3, len(edits))}
     fusion = Avg2Fusion.fit({"a": rng.normal(0, 1, 50), "b": rng.normal(2, 3, 50)})
@@ -296,7 +273,7 @@ def test_guard_errors_are_its_decisions_by_hand(tmp_path):
     tie = {"a": np.array([fusion.stats["a"].median]), "b": np.array([fusion.stats["b"].median])}
     assert label_as_deployed(_policy(fusion, {"kind": "frozen", "threshold": 0.0}), tie).unsafe[0]
     res = estimate_reliance(
-        _table(edits, s),
+        score_table(edits, s),
         guards=[
             GuardSpec(
                 "guard", _policy(fusion, {"kind": "frozen", "threshold": t0}), {"a": "a", "b": "b"}
@@ -314,10 +291,10 @@ def test_guard_errors_are_its_decisions_by_hand(tmp_path):
 
 
 def test_pair_is_avg2_with_frozen_cut_fitted_on_the_source_scenes(tmp_path):
-    edits = _edits(tmp_path, 6, 6)
+    edits = make_edits(tmp_path, 6, 6)
     rng = np.random.default_rng(9)
     s = {"a": rng.normal(0, 1, len(edits)), "b": rng.normal(1, 2, len(edits))}
-    res = estimate_reliance(_table(edits, s), pairs=[("a", "b")], n_boot=20, rng=0)
+    res = estimate_reliance(score_table(edits, s), pairs=[("a", "b")], n_boot=20, rng=0)
     src = np.array([r.index for r in edits.records if r.kind == "source"])
     med = {m: np.median(s[m][src]) for m in s}
     iqr = {m: np.subtract(*np.percentile(s[m][src], [75, 25])) for m in s}
@@ -337,18 +314,18 @@ def test_pair_is_avg2_with_frozen_cut_fitted_on_the_source_scenes(tmp_path):
 
 
 def test_a_cue_without_its_scenes_is_nan_with_a_warning(tmp_path):
-    edits = _edits(tmp_path, 3, 0)
+    edits = make_edits(tmp_path, 3, 0)
     s = {"a": np.random.default_rng(0).normal(0, 1, len(edits))}
     with pytest.warns(UndefinedMetricWarning, match="no SAFE scene"):
-        res = estimate_reliance(_table(edits, s), n_boot=20, rng=0)
+        res = estimate_reliance(score_table(edits, s), n_boot=20, rng=0)
     c = res["a"].cues["alarming"]
     assert math.isnan(c.reliance.value) and math.isnan(c.reliance.ci.low) and c.reliance.n == 0
     assert math.isfinite(res["a"].cues["reassuring"].reliance.value)
 
 
 def test_reliance_validation_messages(tmp_path):
-    edits = _edits(tmp_path, 2, 2)
-    t = _table(edits, {"a": np.zeros(len(edits))})
+    edits = make_edits(tmp_path, 2, 2)
+    t = score_table(edits, {"a": np.zeros(len(edits))})
     with pytest.raises(DataError, match="n_boot must be an integer >= 1"):
         estimate_reliance(t, n_boot=0)
     with pytest.raises(DataError, match=r"member\(s\) \['zz'\] have no scores"):
@@ -357,15 +334,15 @@ def test_reliance_validation_messages(tmp_path):
         estimate_reliance(t, guards=[GuardSpec("a", {}, {"a": "a"})])
     with pytest.raises(DataError, match="cannot fuse a\\+a2 as Avg-2"):
         estimate_reliance(
-            _table(edits, {"a": np.zeros(len(edits)), "a2": np.zeros(len(edits))}),
+            score_table(edits, {"a": np.zeros(len(edits)), "a2": np.zeros(len(edits))}),
             pairs=[("a", "a2")],
         )
 
 
 def test_reliance_json_has_the_stable_keys(tmp_path):
-    edits = _edits(tmp_path, 3, 3)
+    edits = make_edits(tmp_path, 3, 3)
     s = {"m": np.random.default_rng(1).normal(0, 1, len(edits))}
-    res = estimate_reliance(_table(edits, s), n_boot=50, rng=0)
+    res = estimate_reliance(score_table(edits, s), n_boot=50, rng=0)
     doc = json.loads(json.dumps(res.to_dict(), allow_nan=False))
     for cue in CUES:
         entry = doc["candidates"]["m"][cue]
@@ -379,7 +356,7 @@ def test_reliance_json_has_the_stable_keys(tmp_path):
 
 
 def test_scores_are_cached_per_member_prompt_and_edit_set(tmp_path):
-    edits = _edits(tmp_path, 2, 2)
+    edits = make_edits(tmp_path, 2, 2)
     det, base_of = rendered_doubles(edits, [0.5, 1.0, -1.0, -0.5])
     m = TextDrivenMember("m", det, base_of, reassuring_push=1.0)
     cache = tmp_path / "cache"
@@ -396,7 +373,7 @@ def test_scores_are_cached_per_member_prompt_and_edit_set(tmp_path):
     )
     assert again.timings["m"].cached
     np.testing.assert_array_equal(first.scores["m"], again.scores["m"])
-    other = _edits(tmp_path / "o", 2, 2, seed=1)  # another edit set: a miss
+    other = make_edits(tmp_path / "o", 2, 2, seed=1)  # another edit set: a miss
     det2, base2 = rendered_doubles(other, [0.5, 1.0, -1.0, -0.5])
     m2 = TextDrivenMember("m", det2, base2, reassuring_push=1.0)
     calls = []

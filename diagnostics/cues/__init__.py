@@ -5,10 +5,31 @@
   placebo non-word, over four templates and one held-out template.
 * Reliance (:func:`estimate_reliance`, Eq. 2): misleading-edit error minus matched-control
   error, per member, Avg-2 pair and guard as deployed, with group-bootstrap intervals.
+* Shift (:func:`estimate_shift`, Sec. 3.4): the detector's flagged share corrected for its
+  sensitivity and false-positive rate, times the share of scenes the cue misleads on.
+* Selection (:func:`select`, Eq. 1): source error + reliance · misleading share, ranked.
+
+>>> from spotstop.diagnostics.cues import corrected_share
+>>> round(float(corrected_share(0.3, 0.8, 0.1)), 6)   # (0.3 - 0.1) / (0.8 - 0.1)
+0.285714
+>>> float(corrected_share(0.05, 0.8, 0.1)), float(corrected_share(0.95, 0.8, 0.1))  # clipped
+(0.0, 1.0)
 """
 
+from spotstop.diagnostics.cues._candidates import (
+    CandidateSet,
+    RelianceRun,
+    load_candidates,
+    measure_reliance,
+)
 from spotstop.diagnostics.cues._deployed import DeployedLabels, label_as_deployed
 from spotstop.diagnostics.cues._edits import EditRecord, EditSet, placebo_text, plan_edits
+from spotstop.diagnostics.cues._frames import (
+    DeploymentFrames,
+    frames_from_folder,
+    frames_from_log,
+    measure_shift,
+)
 from spotstop.diagnostics.cues._reliance import (
     GuardSpec,
     answer_errors,
@@ -22,6 +43,20 @@ from spotstop.diagnostics.cues._scoring import (
     Scorer,
     ScoreTable,
     score_edit_set,
+)
+from spotstop.diagnostics.cues._select import (
+    Prediction,
+    SelectionResult,
+    crossing_scale,
+    predicted_error,
+    select,
+)
+from spotstop.diagnostics.cues._shift import (
+    CueShift,
+    ShiftResult,
+    corrected_share,
+    detect_flags,
+    estimate_shift,
 )
 from spotstop.diagnostics.cues._source import (
     CalibrationImage,
@@ -47,26 +82,44 @@ __all__ = [
     "CalibrationImage",
     "CalibrationSet",
     "CandidateReliance",
+    "CandidateSet",
     "CueReliance",
+    "CueShift",
     "DeployedLabels",
+    "DeploymentFrames",
     "EditRecord",
     "EditSet",
     "EditTemplate",
     "GuardSpec",
     "MemberSpec",
     "MemberTiming",
+    "Prediction",
     "RelianceResult",
+    "RelianceRun",
     "ScoreTable",
     "Scorer",
+    "SelectionResult",
+    "ShiftResult",
     "SourceScene",
     "SourceSet",
     "answer_errors",
+    "corrected_share",
+    "crossing_scale",
+    "detect_flags",
     "estimate_reliance",
+    "estimate_shift",
+    "frames_from_folder",
+    "frames_from_log",
     "label_as_deployed",
+    "load_candidates",
+    "measure_reliance",
+    "measure_shift",
     "placebo_text",
     "plan_edits",
+    "predicted_error",
     "probability_errors",
     "read_calibration_csv",
     "read_source_set",
     "score_edit_set",
+    "select",
 ]

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from spotstop.diagnostics._errors import DataError
+from spotstop.guard.cues import CUES as _GUARD_CUES
 
 __all__ = [
     "CUES",
@@ -28,8 +29,9 @@ __all__ = [
     "font_path",
 ]
 
-#: The two text cues: reassuring text misleads on unsafe scenes, alarming text on safe ones.
-CUES = ("reassuring", "alarming")
+#: The guard's two cues (spotstop.guard.cues.CUES), as plain strings: reassuring text misleads
+#: on unsafe scenes, alarming text on safe ones.
+CUES: tuple[str, ...] = tuple(_GUARD_CUES)
 
 #: What an edited scene is: the unedited source, the misleading edit, its two matched
 #: controls (text agreeing with the label, and neutral text), and the placebo (a non-word).

@@ -1,0 +1,293 @@
+"""Shift (seed 002, Sec. 3.4): the correction, its intervals, recovery, frames from a log."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import pytest
+from spotstop.diagnostics import UndefinedMetricWarning, draw_group_counts
+from spotstop.diagnostics._errors import DataError
+from spotstop.diagnostics.cues import (
+    CUES,
+    corrected_share,
+    estimate_shift,
+    frames_from_folder,
+    frames_from_log,
+    measure_shift,
+)
+from spotstop.guard.cues import CueReading
+
+from tests.test_cues_fakes import LEXICON, RECORDED, RecordedTextDetector, png
+
+R, A = CUES.index("reassuring"), CUES.index("alarming")
+
+
+def test_correction_against_a_hand_computation_and_clipping():
+    assert float(corrected_share(0.30, 0.80, 0.10)) == pytest.approx(0.20 / 0.70)
+    assert float(corrected_share(0.45, 0.90, 0.00)) == pytest.approx(0.5)
+    assert float(corrected_share(0.05, 0.80, 0.10)) == 0.0  # below the false-positive rate
+    assert float(corrected_share(0.95, 0.80, 0.10)) == 1.0  # above the sensitivity
+    assert math.isnan(float(corrected_share(0.3, 0.2, 0.2)))  # sens == fpr: undefined, not 0
+    assert math.isnan(float(corrected_share(0.3, 0.1, 0.2)))
+
+
+def _calibration(n_r: int, k_r: int, n_a: int, k_a: int, n_none: int, fp_r: int, fp_a: int):
+    """Calibration flags with exact counts: k_r of n_r reassuring scenes flagged reassuring,
+    k_a of n_a alarming scenes flagged alarming, fp_r / fp_a of the none scenes flagged."""
+    cues = ["reassuring"] * n_r + ["alarming"] * n_a + ["none"] * n_none
+    f = np.zeros((len(cues), 2), dtype=bool)
+    f[:k_r, R] = True
+    f[n_r : n_r + k_a, A] = True
+    f[n_r + n_a : n_r + n_a + fp_r, R] = True
+    f[n_r + n_a : n_r + n_a + fp_a, A] = True
+    return f, cues
+
+
+def test_point_values_by_hand():
+    cal_f, cal_c = _calibration(40, 32, 50, 40, 110, 8, 16)
+    frames = np.zeros((200, 2), dtype=bool)
+    frames[:70, R] = True
+    frames[150:180, A] = True
+    labels = np.array([1] * 60 + [0] * 100 + [-1] * 40, dtype=np.int8)
+    res = estimate_shift(frames, cal_f, cal_c, frame_labels=labels, n_boot=100, rng=0)
+    sens_r, fpr_r = 32 / 40, 8 / (50 + 110)
+    sens_a, fpr_a = 40 / 50, 16 / (40 + 110)
+    pi = 60 / 160
+    r, a = res["reassuring"], res["alarming"]
+    assert (r.q.value, r.sens.value, r.fpr.value) == pytest.approx((70 / 200, sens_r, fpr_r))
+    assert (a.q.value, a.sens.value, a.fpr.value) == pytest.approx((30 / 200, sens_a, fpr_a))
+    d_r = (70 / 200 - fpr_r) / (sens_r - fpr_r)
+    d_a = (30 / 200 - fpr_a) / (sens_a - fpr_a)
+    assert r.d_hat.value == pytest.approx(d_r) and a.d_hat.value == pytest.approx(d_a)
+    assert r.misleading_share.value == pytest.approx(d_r * pi)
+    assert a.misleading_share.value == pytest.approx(d_a * (1 - pi))
+    assert res.prevalence.value == pytest.approx(pi) and res.prevalence.n == 160
+    assert res.prevalence_source == "log labels"
+    assert (r.q.n, r.sens.n, r.fpr.n, r.d_hat.n) == (200, 40, 160, 200)
+
+
+def test_interval_equals_a_naive_resampling_loop():
+    rng = np.random.default_rng(1)
+    cal_f, cal_c = _calibration(30, 21, 30, 24, 60, 3, 6)
+    frames = rng.random((120, 2)) < [0.3, 0.2]
+    groups = [f"sit{i % 17}" for i in range(120)]
+    labels = (rng.random(120) < 0.4).astype(np.int8)
+    n_boot = 400
+    res = estimate_shift(
+        frames, cal_f, cal_c, frame_labels=labels, frame_groups=groups, n_boot=n_boot, rng=5,
+        chunk_size=128,
+    )  # fmt: skip
+    gen = np.random.default_rng(5)
+    cal_cues = np.array(cal_c)
+    gid = np.unique(groups, return_inverse=True)[1].ravel()
+    d_r, share_r = [], []
+    cal_draws = draw_group_counts(len(cal_c), n_boot, gen, 128)
+    frame_draws = draw_group_counts(17, n_boot, gen, 128)
+    for cc, fc in zip(cal_draws, frame_draws, strict=True):  # the engine's order of draws
+        for wc, wf in zip(cc, fc, strict=True):
+            idx_c = np.repeat(np.arange(len(cal_c)), wc.astype(int))  # the resampled scenes
+            idx_f = np.concatenate(
+                [np.flatnonzero(gid == g).repeat(int(k)) for g, k in enumerate(wf)]
+            )
+            pos = cal_cues[idx_c] == "reassuring"
+            sens = cal_f[idx_c][pos, R].mean()
+            fpr = cal_f[idx_c][~pos, R].mean()
+            q = frames[idx_f, R].mean()
+            d = min(1.0, max(0.0, (q - fpr) / (sens - fpr))) if sens > fpr else math.nan
+            d_r.append(d)
+            share_r.append(d * labels[idx_f].mean())
+    for est, naive in (
+        (res["reassuring"].d_hat, d_r),
+        (res["reassuring"].misleading_share, share_r),
+    ):
+        lo, hi = np.nanpercentile(naive, [2.5, 97.5])
+        assert (est.ci.low, est.ci.high) == pytest.approx((lo, hi), abs=1e-12)
+    np.testing.assert_allclose(np.sort(res.draws["reassuring"]), np.sort(share_r), atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_recovers_a_known_misleading_share_with_a_known_detector_error(seed):
+    """Frames carry reassuring text with probability d, alarming with probability e; the
+    detector finds text with its sensitivity and invents it at its false-positive rate."""
+    rng = np.random.default_rng(seed)
+    d, e, pi = 0.25, 0.10, 0.3
+    sens, fpr = {"reassuring": 0.7, "alarming": 0.8}, {"reassuring": 0.05, "alarming": 0.03}
+
+    def read(truth: np.ndarray) -> np.ndarray:
+        out = np.zeros(truth.shape, dtype=bool)
+        for j, c in enumerate(CUES):
+            p = np.where(truth[:, j], sens[c], fpr[c])
+            out[:, j] = rng.random(truth.shape[0]) < p
+        return out
+
+    n = 3000
+    truth = np.column_stack([rng.random(n) < d, rng.random(n) < e])
+    labels = (rng.random(n) < pi).astype(np.int8)
+    cal_c = ["reassuring"] * 200 + ["alarming"] * 200 + ["none"] * 400
+    cal_truth = np.column_stack([np.array(cal_c) == c for c in CUES])
+    res = estimate_shift(
+        read(truth), read(cal_truth), cal_c, frame_labels=labels, n_boot=2000, rng=seed
+    )
+    assert res["reassuring"].d_hat.ci.contains(d), res
+    assert res["alarming"].d_hat.ci.contains(e), res
+    assert res["reassuring"].misleading_share.ci.contains(d * pi)
+    assert res["alarming"].misleading_share.ci.contains(e * (1 - pi))
+    assert res["reassuring"].sens.ci.contains(sens["reassuring"])
+    # the raw flagged share is biased; the correction is what recovers d
+    assert not res["reassuring"].q.ci.contains(d)
+
+
+def test_clipping_shows_in_the_estimate():
+    cal_f, cal_c = _calibration(20, 16, 20, 16, 40, 4, 4)  # sens .8, fpr 4/60 for both cues
+    frames = np.zeros((100, 2), dtype=bool)
+    frames[:2, R] = True  # q = .02 < fpr: clipped to 0
+    frames[:95, A] = True  # q = .95 > sens: clipped to 1
+    res = estimate_shift(frames, cal_f, cal_c, prior=0.5, n_boot=200, rng=0)
+    assert res["reassuring"].d_hat.value == 0.0 and res["alarming"].d_hat.value == 1.0
+    assert res["reassuring"].d_hat.ci.low == 0.0 and res["alarming"].d_hat.ci.high == 1.0
+
+
+def test_undefined_correction_is_nan_with_a_named_warning_never_zero():
+    cal_f, cal_c = _calibration(20, 2, 20, 16, 40, 10, 4)  # reassuring: sens .1 < fpr .17
+    frames = np.zeros((50, 2), dtype=bool)
+    with pytest.warns(UndefinedMetricWarning, match="d̂ of reassuring text is undefined"):
+        res = estimate_shift(frames, cal_f, cal_c, prior=0.2, n_boot=100, rng=0)
+    assert math.isnan(res["reassuring"].d_hat.value)
+    assert math.isnan(res["reassuring"].misleading_share.value)
+    assert math.isfinite(res["alarming"].d_hat.value)
+    assert "undefined" in res.summary()
+    good_f, good_c = _calibration(20, 16, 20, 16, 40, 4, 4)
+    no_alarming = [c if c != "alarming" else "none" for c in good_c]
+    with pytest.warns(UndefinedMetricWarning, match="sensitivity for alarming text is undefined"):
+        res = estimate_shift(frames, good_f, no_alarming, prior=0.2, n_boot=50, rng=0)
+    assert math.isnan(res["alarming"].d_hat.value) and res["alarming"].sens.n == 0
+
+
+def test_prevalence_from_a_stated_prior_is_said_and_has_no_interval():
+    cal_f, cal_c = _calibration(20, 16, 20, 16, 40, 4, 4)
+    frames = np.zeros((30, 2), dtype=bool)
+    frames[:9, R] = True
+    with pytest.raises(DataError, match="pass a stated prior"):
+        estimate_shift(frames, cal_f, cal_c, n_boot=10)
+    res = estimate_shift(frames, cal_f, cal_c, prior=0.1, n_boot=200, rng=0)
+    assert res.prevalence_source == "prior" and res.prevalence.value == 0.1
+    assert math.isnan(res.prevalence.ci.low) and res.prevalence.n == 0
+    fpr = 4 / (20 + 40)  # the none scenes and the other cue's scenes are the negatives
+    d = (9 / 30 - fpr) / (0.8 - fpr)
+    assert res["reassuring"].misleading_share.value == pytest.approx(0.1 * d)
+    assert res["alarming"].misleading_share.value == 0.0  # d̂ = 0 (clipped), measured, not assumed
+    doc = res.to_dict()
+    assert doc["prevalence_source"] == "prior" and doc["prevalence"]["ci"] == [None, None]
+    for cue in CUES:
+        assert set(doc["cues"][cue]) == {"q", "sens", "fpr", "d_hat", "misleading_share"}
+    labelled = estimate_shift(
+        frames, cal_f, cal_c, frame_labels=np.ones(30, np.int8), prior=0.1, n_boot=20
+    )
+    assert labelled.prevalence_source == "log labels" and "prior_ignored" in labelled.provenance
+
+
+def test_shift_validation_messages():
+    cal_f, cal_c = _calibration(2, 1, 2, 1, 2, 0, 0)
+    fr = np.zeros((3, 2), dtype=bool)
+    with pytest.raises(DataError, match=r"frame_flags must have shape \(n_frames >= 1, 2\)"):
+        estimate_shift(np.zeros((3, 3), bool), cal_f, cal_c, prior=0.1)
+    with pytest.raises(DataError, match="calibration cues must be reassuring, alarming or none"):
+        estimate_shift(fr, cal_f, ["x"] * len(cal_c), prior=0.1)
+    with pytest.raises(DataError, match="calibration_cues needs one cue per calibration scene"):
+        estimate_shift(fr, cal_f, cal_c[:-1], prior=0.1)
+    with pytest.raises(DataError, match="prior is the unsafe share"):
+        estimate_shift(fr, cal_f, cal_c, prior=1.5)
+    with pytest.raises(DataError, match="frame_labels must be 3 values"):
+        estimate_shift(fr, cal_f, cal_c, frame_labels=np.array([0, 1, 2]))
+    with pytest.raises(DataError, match="n_boot must be an integer >= 1"):
+        estimate_shift(fr, cal_f, cal_c, prior=0.1, n_boot=0)
+
+
+# ---------------------------------------------------------------------- with a detector
+
+
+class NoisyDetector(RecordedTextDetector):
+    """The recorded-text detector with a known error: it misses a claim with probability
+    ``1 − sens`` and invents one (of a random cue) with probability ``fpr`` (seeded)."""
+
+    def __init__(self, sens: float, fpr: float, seed: int) -> None:
+        super().__init__()
+        self.sens, self.fpr = sens, fpr
+        self.rng = np.random.default_rng(seed)
+
+    def detect(self, image: bytes) -> CueReading:
+        text = super().detect(image).text
+        if text and self.rng.random() > self.sens:
+            text = ""
+        elif not text and self.rng.random() < self.fpr:
+            text = "ALL CLEAR" if self.rng.random() < 0.5 else "DANGER"
+        return CueReading(text, LEXICON.find(text), RECORDED, LEXICON.sha256)
+
+
+def test_measure_shift_on_a_folder_of_frames(tmp_path):
+    det = NoisyDetector(sens=0.75, fpr=0.06, seed=3)
+    rng = np.random.default_rng(4)
+    (tmp_path / "frames").mkdir()
+    n, d = 300, 0.3
+    for i in range(n):
+        img = png(1000 + i, size=(32, 24))
+        (tmp_path / "frames" / f"f{i:03d}.png").write_bytes(img)
+        if rng.random() < d:
+            det.register(img, "ALL CLEAR")
+    rows = ["image,cue"]
+    for i in range(240):
+        img = png(5000 + i, size=(32, 24))
+        (tmp_path / f"c{i}.png").write_bytes(img)
+        cue = CUES[i % 2] if i < 160 else "none"
+        if cue != "none":
+            det.register(img, "ALL CLEAR" if cue == "reassuring" else "DANGER")
+        rows.append(f"c{i}.png,{cue}")
+    (tmp_path / "cal.csv").write_text("\n".join(rows) + "\n")
+    frames = frames_from_folder(tmp_path / "frames")
+    res = measure_shift(det, frames, tmp_path / "cal.csv", prior=0.4, n_boot=2000, rng=0)
+    assert res.n_frames == n and res.n_calibration == 240
+    assert res["reassuring"].d_hat.ci.contains(d)
+    assert res["reassuring"].misleading_share.ci.contains(d * 0.4)
+    assert res["alarming"].d_hat.ci.contains(0.0)
+    assert res.provenance["ocr_model"]["name"].startswith("recorded text")
+    assert res.provenance["lexicon_sha256"] == LEXICON.sha256
+
+
+def test_frames_from_a_decision_log_with_labels_and_situations(tmp_path):
+    from spotstop.guard import DecisionLog, DecisionRecord
+
+    log_path = tmp_path / "log.sqlite"
+    ids, images = [], []
+    with DecisionLog(log_path, store_images=True) as log:
+        for i in range(6):
+            img = png(i, size=(16, 16))
+            rec = DecisionRecord(
+                request=f"r{i}",
+                situation_id=f"s{i % 2}",
+                image_sha256=hashlib.sha256(img).hexdigest(),
+                member_scores={"a": 0.0},
+                fused_score=0.0,
+                threshold=0.0,
+                policy="frozen",
+                label="UNSAFE",
+                fail_closed=False,
+                latency_ms={"total": 1.0},
+                bundle_id="b",
+                prompt_hash="p",
+            )
+            log.append(rec, img if i != 5 else None)  # the last one keeps no image
+            ids.append(rec.decision_id)
+            images.append(img)
+        log.set_labels([(ids[0], "unsafe", None, None), (ids[1], "safe", None, None)])
+    with pytest.warns(UserWarning, match="1 of 6 decisions have no stored image"):
+        frames = frames_from_log(log_path)
+    assert len(frames) == 5
+    assert frames.labels.tolist() == [1, 0, -1, -1, -1]
+    assert frames.groups == ("s0", "s1", "s0", "s1", "s0")
+    assert [load() for _, load in frames.items] == images[:5]
+    with pytest.raises(DataError, match="does not exist"):
+        frames_from_log(tmp_path / "nope.sqlite")
+    with pytest.raises(DataError, match="holds no JPEG, PNG or WebP image"):
+        frames_from_folder(tmp_path)
