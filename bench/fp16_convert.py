@@ -6,9 +6,9 @@
 For every graph of the bundle, in one run:
 
 * baseline: ``onnxruntime.transformers.float16.convert_float_to_float16`` given the same
-  float32 nodes as ``node_block_list`` (what ``spotstop.export.onnx.to_fp16`` did before), followed by
+  float32 nodes as ``node_block_list`` (what ``spotstop.export.fp16.to_fp16`` did before), followed by
   the same removal of float16 round trips;
-* ``spotstop.export.onnx.to_fp16``: the float32 islands taken out, the rest converted, the islands put
+* ``spotstop.export.fp16.to_fp16``: the float32 islands taken out, the rest converted, the islands put
   back with their Casts in one pass.
 
 Prints the seconds of each, the ratio, and the largest difference between the two graphs'
@@ -33,11 +33,11 @@ sys.path.insert(0, str(ROOT))
 def baseline_fp16(model: Any) -> Any:
     """The previous conversion: the converter handles the float32 nodes itself (quadratic)."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
-    from spotstop.export import onnx as eo
+    from spotstop.export import fp16 as eo
 
     eo._scalar_constants_as_tensors(model)
     block_ops = [*DEFAULT_OP_BLOCK_LIST, *eo.FP16_FP32_OPS, "Resize", "GroupNorm", "SkipGroupNorm"]
-    fp32 = set(eo._fp32_nodes(model))
+    fp32 = set(eo.fp32_nodes(model))
     fp32.update(n.name for n in model.graph.node if n.op_type in block_ops)
     eo._follow_data_movement(model, fp32)
     float_inputs = {i.name for i in model.graph.input if i.type.tensor_type.elem_type == 1}
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import onnx
-    from spotstop.export.onnx import to_fp16
+    from spotstop.export.fp16 import to_fp16
 
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)

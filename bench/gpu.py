@@ -1181,10 +1181,15 @@ def main(argv: list[str] | None = None) -> int:
         "records": [],
         "wall_s": 0.0,
     }
-    # The members first (the sure figures), then the exports: the legacy-exported LFM2-VL
-    # before the much slower dynamo-exported Qwen3.5.
+    # The members first (the sure figures), then the exports: legacy-exported decoders (LFM2-VL)
+    # before the much slower dynamo-exported ones (Qwen3.5).
+    from spotstop.export.configs import get_export_config
+
+    def dynamo_export(member: tuple[str, str]) -> bool:
+        return get_export_config(member[1]).decoder_exporter == "dynamo"
+
     order: list[tuple[tuple[str, str], tuple[str, ...]]] = [(m, GROUPS[0]) for m in members]
-    order += [(m, GROUPS[1]) for m in sorted(members, key=lambda m: m[1] == "qwen3_5")]
+    order += [(m, GROUPS[1]) for m in sorted(members, key=dynamo_export)]
     try:
         for (name, mtype), group in order:
             todo = tuple(s for s in group if s in steps)

@@ -20,21 +20,26 @@ Two graphs per member, no KV cache, no generation:
     ``read_token``. The backend turns these into ``s = log p(UNSAFE) − log p(SAFE)`` with the
     member's :class:`spotstop.guard._prompt.ScorePlan`. With tied word embeddings the output layer IS
     the embedding table (the same parameter); the exported graph keeps one copy of it
-    (:func:`spotstop.export.onnx.tie_output_layer`). The first-token rows are a separate small buffer.
+    (:func:`spotstop.export.weights.tie_output_layer`). The first-token rows are a separate small buffer.
 
-Qwen3.5's M-RoPE positions (text, then the image's (t, h, w) grid, then text again offset by
-the grid's longest side) are computed inside the decoder graph from ``input_ids`` for the
-fixed grid, so both graphs of both architectures take the same inputs and the runtime needs no
-architecture-specific code.
+The decoder's position ids are computed inside the graph from ``input_ids`` for the fixed
+grid, by the architecture's export config (:meth:`spotstop.export.configs.ExportConfig.position_ids`:
+Qwen3.5's M-RoPE places text, then the image's (t, h, w) grid, then text again offset by the
+grid's longest side), so both graphs of every architecture take the same inputs and the
+runtime needs no architecture-specific code. The grid tensors of the vision graph are the
+preprocessing's own (:meth:`spotstop.guard._arch.ArchSpec.preprocess`), passed to the model's
+``get_image_features`` by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
 import torch
+from spotstop.export.configs import ExportConfig
+from spotstop.guard._arch import ImageGeometry
 from torch import nn
 
 __all__ = ["DecoderGraph", "VisionGraph", "build_graphs"]
@@ -43,30 +48,16 @@ __all__ = ["DecoderGraph", "VisionGraph", "build_graphs"]
 class VisionGraph(nn.Module):
     """One image → its visual tokens, at a fixed grid (the grid tensors are constants)."""
 
-    def __init__(self, model: Any, model_type: str, pixels: dict[str, np.ndarray]) -> None:
+    def __init__(self, model: Any, pixels: Mapping[str, np.ndarray]) -> None:
         super().__init__()
         self.inner = model.model
-        self.model_type = model_type
-        if model_type == "qwen3_5":
-            self.register_buffer("grid_thw", torch.from_numpy(pixels["image_grid_thw"]).long())
-        else:
-            self.register_buffer(
-                "pixel_attention_mask", torch.from_numpy(pixels["pixel_attention_mask"]).long()
-            )
-            self.register_buffer(
-                "spatial_shapes", torch.from_numpy(pixels["spatial_shapes"]).long()
-            )
+        self.grid_names = [k for k in pixels if k != "pixel_values"]
+        for k in self.grid_names:
+            self.register_buffer(k, torch.from_numpy(pixels[k]).long())
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        if self.model_type == "qwen3_5":
-            out = self.inner.get_image_features(pixel_values, self.grid_thw, return_dict=True)
-        else:
-            out = self.inner.get_image_features(
-                pixel_values=pixel_values,
-                spatial_shapes=self.spatial_shapes,
-                pixel_attention_mask=self.pixel_attention_mask,
-                return_dict=True,
-            )
+        grid = {k: getattr(self, k) for k in self.grid_names}
+        out = self.inner.get_image_features(pixel_values=pixel_values, **grid, return_dict=True)
         return out.pooler_output[0].unsqueeze(0)
 
 
@@ -76,14 +67,14 @@ class DecoderGraph(nn.Module):
     def __init__(
         self,
         model: Any,
-        model_type: str,
+        config: type[ExportConfig],
         *,
         image_token_id: int,
         first_ids: Sequence[int],
-        llm_grid: tuple[int, int] | None = None,
+        token_grid: tuple[int, int],
     ) -> None:
         super().__init__()
-        self.model_type = model_type
+        self.export_config = config
         self.image_token_id = int(image_token_id)
         self.embed = model.get_input_embeddings()
         self.language_model = model.model.language_model
@@ -92,22 +83,7 @@ class DecoderGraph(nn.Module):
         # The output layer sliced to the answers' first tokens: the only rows read at the
         # last prompt position.
         self.register_buffer("w_first", head.detach()[list(first_ids)].clone())
-        self.llm_grid = llm_grid  # (h, w) visual-token grid of Qwen's M-RoPE
-
-    def _positions(self, input_ids: torch.Tensor, is_img: torch.Tensor) -> torch.Tensor:
-        """Qwen3.5 M-RoPE (3, B, L) positions for at most one image of the fixed grid."""
-        assert self.llm_grid is not None
-        gh, gw = self.llm_grid
-        b, length = input_ids.shape
-        idx = torch.arange(length, device=input_ids.device).unsqueeze(0).expand(b, length)
-        count = torch.cumsum(is_img.long(), dim=1)  # image tokens up to and including here
-        k = count - 1  # rank of an image token within the image
-        start = idx - k  # the image's first position (valid on image tokens)
-        text = idx - count + torch.where(count > 0, max(gh, gw), 0)
-        t = torch.where(is_img, start, text)
-        h = torch.where(is_img, start + torch.div(k, gw, rounding_mode="floor"), text)
-        w = torch.where(is_img, start + torch.remainder(k, gw), text)
-        return torch.stack([t, h, w], dim=0)
+        self.token_grid = token_grid  # (rows, columns) of visual tokens
 
     def forward(
         self,
@@ -126,10 +102,7 @@ class DecoderGraph(nn.Module):
             image_embeds.to(emb.dtype), 1, slot.unsqueeze(-1).expand(-1, -1, hidden)
         )
         emb = torch.where(is_img.unsqueeze(-1), visual, emb)
-        if self.model_type == "qwen3_5":
-            pos = self._positions(input_ids, is_img)
-        else:
-            pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        pos = self.export_config.position_ids(input_ids, is_img, self.token_grid)
         # An all-ones mask: the padding is after every sequence and every layer is causal; it
         # also keeps transformers from probing position_ids for packed sequences (aten::diff,
         # which the legacy exporter lacks).
@@ -148,24 +121,20 @@ class DecoderGraph(nn.Module):
 
 def build_graphs(
     model: Any,
-    model_type: str,
+    config: type[ExportConfig],
     *,
     image_token_id: int,
     first_ids: Sequence[int],
-    gray_pixels: dict[str, np.ndarray],
-    merge: int,
+    gray_pixels: Mapping[str, np.ndarray],
+    geometry: ImageGeometry,
 ) -> tuple[VisionGraph, DecoderGraph]:
     """Both scoring graphs of a loaded ``*ForConditionalGeneration`` model, in eval mode."""
-    llm_grid = None
-    if model_type == "qwen3_5":
-        _, gh, gw = (int(x) for x in gray_pixels["image_grid_thw"][0])
-        llm_grid = (gh // merge, gw // merge)
-    vision = VisionGraph(model, model_type, gray_pixels).eval()
+    vision = VisionGraph(model, gray_pixels).eval()
     decoder = DecoderGraph(
         model,
-        model_type,
+        config,
         image_token_id=image_token_id,
         first_ids=first_ids,
-        llm_grid=llm_grid,
+        token_grid=geometry.token_grid,
     ).eval()
     return vision, decoder

@@ -15,32 +15,22 @@ scoring graph on the same inputs (a gray image, generated images, the request-on
 ALL failures are reported together in one :class:`ExportValidationError`; then the graphs are
 converted to the requested precision and validated again with that precision's tolerances.
 
-Precisions: ``fp32``; ``fp16`` (:func:`to_fp16`: onnxruntime's float16 converter, float32
-inputs/outputs kept, the normalisers, RMSNorm/LayerNorm and the Gated-DeltaNet decay and delta
-rule kept float32 as the transformers code computes them); ``int8`` / ``int4`` weight-only
-(onnxruntime ``MatMulNBitsQuantizer``: symmetric, block 128, every MatMul with a constant
-weight; embedding tables stored as float16); ``int4-trt`` (the fp16 graph, then
-export/quant.py: INT4 blocked ``DequantizeLinear`` with float16 scales → float16 ``MatMul`` at
-opset 21, which TensorRT parses).
-
-A tied output layer (word embeddings = output layer) is stored ONCE (:func:`tie_output_layer`):
-at fp32/fp16 the token ``Gather`` and a ``Gemm(transB=1)`` read the same table; at int8/int4
-the table is the output layer's ``MatMulNBits`` blocks, which ``GatherBlockQuantized`` reads
-for the token embeddings too.
+Where the pieces live: the scoring graphs as torch modules in export/graphs.py; the
+``torch.onnx`` calls in export/exporters.py; the precisions in export/precision.py
+(``fp32``; ``fp16``, export/fp16.py: float32 inputs/outputs kept, the normalisers,
+RMSNorm/LayerNorm and the Gated-DeltaNet decay and delta rule kept float32 as the transformers
+code computes them; ``int8`` / ``int4`` weight-only; ``int4-trt`` for TensorRT, export/quant.py).
+A tied output layer (word embeddings = output layer) is stored ONCE (export/weights.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
-import re
 import shutil
 import tempfile
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,8 +38,11 @@ from typing import Any
 import numpy as np
 import yaml
 from PIL import Image
-from spotstop.export.configs import PRECISIONS, ExportConfig, get_export_config
+from spotstop.export.configs import PRECISIONS, get_export_config
+from spotstop.export.exporters import DECODER_INPUTS, DECODER_OUTPUTS, export_decoder, export_vision
+from spotstop.export.precision import convert_precision
 from spotstop.export.quant import quantizer_meta
+from spotstop.export.weights import fold_weight_transposes, tie_output_layer
 from spotstop.guard._config import ScoringConfig
 from spotstop.guard._hf import (
     MEMBER_HINTS,
@@ -76,10 +69,7 @@ __all__ = [
     "MemberExport",
     "export_member",
     "onnx_weight_bytes",
-    "tie_output_layer",
 ]
-
-logger = logging.getLogger("spotstop.export.onnx")
 
 #: Right-padded length buckets (tokens). 512x512 images give 256 visual tokens, so a real
 #: member's prompts fall in 384/512; longer requests use 1024.
@@ -149,11 +139,6 @@ class MemberExport:
 # -- helpers -------------------------------------------------------------------------------
 
 
-def _quiet_onnxruntime_tools() -> None:
-    for name in ("onnxruntime.quantization", "onnxruntime.quantization.matmul_nbits_quantizer"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 def onnx_weight_bytes(model: Any) -> int:
     """Bytes of a model's initializers (weights, quantized blocks, scales)."""
     import onnx
@@ -208,730 +193,6 @@ def _to_numpy_inputs(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v) for k, v in feeds.items()}
 
 
-# -- precision -------------------------------------------------------------------------------
-
-
-def fold_weight_transposes(model: Any) -> Any:
-    """Replace ``Transpose(initializer)`` by the transposed initializer, in place.
-
-    The dynamo exporter (run without onnxscript's optimizer, which more than doubles its time)
-    writes every ``Linear`` as ``MatMul(x, Transpose(W))``; weight-only quantizers only see a
-    MatMul whose weight is a constant, so the transposes are folded here first.
-    """
-    from onnx import numpy_helper
-
-    inits = {t.name: t for t in model.graph.initializer}
-    users: dict[str, int] = {}
-    for node in model.graph.node:
-        for i in node.input:
-            users[i] = users.get(i, 0) + 1
-    for o in model.graph.output:
-        users[o.name] = users.get(o.name, 0) + 1
-    keep = []
-    for node in model.graph.node:
-        src = node.input[0] if node.input else ""
-        if node.op_type == "Transpose" and src in inits:
-            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-            arr = numpy_helper.to_array(inits[src])
-            folded = numpy_helper.from_array(
-                np.ascontiguousarray(np.transpose(arr, perm)), node.output[0]
-            )
-            model.graph.initializer.append(folded)
-            users[src] -= 1
-            if users[src] == 0:
-                model.graph.initializer.remove(inits[src])
-            continue
-        keep.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(keep)
-    return model
-
-
-#: name prefix of the nodes :func:`tie_output_layer` writes (found again by the int8/int4 path)
-_TIED = "tied_output_layer"
-
-
-def _users(model: Any) -> dict[str, int]:
-    users: dict[str, int] = {}
-    for node in model.graph.node:
-        for i in node.input:
-            users[i] = users.get(i, 0) + 1
-    for o in model.graph.output:
-        users[o.name] = users.get(o.name, 0) + 1
-    return users
-
-
-def _drop_unused_initializers(model: Any) -> None:
-    users = _users(model)
-    for t in [t for t in model.graph.initializer if users.get(t.name, 0) == 0]:
-        model.graph.initializer.remove(t)
-
-
-def _gather_tables(model: Any) -> dict[str, Any]:
-    """2-D float initializers read by a ``Gather`` on axis 0 (token-embedding tables)."""
-    from onnx import TensorProto, helper
-
-    inits = {t.name: t for t in model.graph.initializer}
-    tables = {}
-    for node in model.graph.node:
-        if node.op_type != "Gather" or not node.input or node.input[0] not in inits:
-            continue
-        t = inits[node.input[0]]
-        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
-        if (
-            axis == 0
-            and len(t.dims) == 2
-            and t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16)
-        ):
-            tables[t.name] = t
-    return tables
-
-
-def tie_output_layer(model: Any) -> Any:
-    """Keep ONE copy of a tied output layer (word embeddings = output layer), in place.
-
-    Exporters write ``x @ W.T`` on a tied table ``W`` as ``MatMul(x, Transpose(W))`` (dynamo)
-    or ``MatMul(x, Wᵀ)`` with ``Wᵀ`` a constant-folded SECOND initializer (legacy), next to the
-    ``Gather(W, input_ids)`` of the token embeddings: two copies of vocab × hidden weights (and
-    a runtime would materialize a constant ``Transpose`` too). Each such MatMul becomes
-    ``Reshape(x, [-1, hidden]) → Gemm(·, W, transB=1) → Reshape(·, x.shape[:-1] + [vocab])`` on
-    the very initializer the Gather reads. A folded copy is recognised only when it equals
-    ``Wᵀ`` exactly. Returns ``model``; a graph without tied weights is left as it is.
-    """
-    from onnx import TensorProto, helper, numpy_helper
-
-    tables = _gather_tables(model)
-    if not tables:
-        return model
-    inits = {t.name: t for t in model.graph.initializer}
-    producer = {o: n for n in model.graph.node for o in n.output}
-    arrays: dict[str, np.ndarray] = {}
-
-    def tied_table(b: str) -> str | None:
-        node = producer.get(b)
-        if node is not None and node.op_type == "Transpose" and node.input[0] in tables:
-            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
-            return node.input[0] if perm == [1, 0] else None
-        t = inits.get(b)
-        if t is None or len(t.dims) != 2:
-            return None
-        for name, e in tables.items():
-            if list(t.dims) == list(e.dims)[::-1] and t.data_type == e.data_type:
-                if name not in arrays:
-                    arrays[name] = numpy_helper.to_array(e)
-                if np.array_equal(numpy_helper.to_array(t), arrays[name].T):
-                    return name
-        return None
-
-    new_nodes: list[Any] = []
-    k = 0
-    for node in model.graph.node:
-        table = tied_table(node.input[1]) if node.op_type == "MatMul" else None
-        if table is None:
-            new_nodes.append(node)
-            continue
-        vocab, hidden = (int(d) for d in tables[table].dims)
-        p = f"{_TIED}/{k}"
-        k += 1
-        x, y = node.input[0], node.output[0]
-        model.graph.initializer.extend(
-            [
-                helper.make_tensor(f"{p}/flat_shape", TensorProto.INT64, [2], [-1, hidden]),
-                helper.make_tensor(f"{p}/vocab", TensorProto.INT64, [1], [vocab]),
-            ]
-        )
-        new_nodes += [
-            helper.make_node("Reshape", [x, f"{p}/flat_shape"], [f"{p}/flat"], name=f"{p}/flat"),
-            helper.make_node(
-                "Gemm", [f"{p}/flat", table], [f"{p}/logits"], name=f"{p}/gemm", transB=1
-            ),
-            helper.make_node("Shape", [x], [f"{p}/lead"], name=f"{p}/lead", start=0, end=-1),
-            helper.make_node(
-                "Concat", [f"{p}/lead", f"{p}/vocab"], [f"{p}/shape"], name=f"{p}/shape", axis=0
-            ),
-            helper.make_node("Reshape", [f"{p}/logits", f"{p}/shape"], [y], name=f"{p}/out"),
-        ]
-    if k == 0:
-        return model
-    del model.graph.node[:]
-    model.graph.node.extend(new_nodes)
-    # the Transpose nodes and folded copies nobody reads any more
-    while True:
-        users = _users(model)
-        dead = [
-            n
-            for n in model.graph.node
-            if n.op_type == "Transpose" and all(users.get(o, 0) == 0 for o in n.output)
-        ]
-        if not dead:
-            break
-        for n in dead:
-            model.graph.node.remove(n)
-    _drop_unused_initializers(model)
-    return model
-
-
-def _untie_for_quantizer(model: Any) -> dict[str, str]:
-    """Give each tied ``Gemm`` of :func:`tie_output_layer` back a MatMul on ``Wᵀ``, in place.
-
-    ``MatMulNBitsQuantizer`` only quantizes a MatMul with a constant weight; the transposed
-    copy lives only until :func:`_gather_from_quantized` points the Gather at the quantized
-    blocks. Returns {MatMul output: table}.
-    """
-    from onnx import helper, numpy_helper
-
-    tables = _gather_tables(model)
-    names = {t.name for t in model.graph.initializer}
-    tied: dict[str, str] = {}
-    new_nodes: list[Any] = []
-    for node in model.graph.node:
-        if node.op_type != "Gemm" or not node.name.startswith(_TIED) or node.input[1] not in tables:
-            new_nodes.append(node)
-            continue
-        table = node.input[1]
-        t_name = table + "_T"
-        if t_name not in names:
-            arr = np.ascontiguousarray(numpy_helper.to_array(tables[table]).T)
-            model.graph.initializer.append(numpy_helper.from_array(arr, t_name))
-            names.add(t_name)
-        new_nodes.append(
-            helper.make_node("MatMul", [node.input[0], t_name], list(node.output), name=node.name)
-        )
-        tied[node.output[0]] = table
-    if tied:
-        del model.graph.node[:]
-        model.graph.node.extend(new_nodes)
-    return tied
-
-
-def _gather_from_quantized(model: Any, tied: dict[str, str], bits: int) -> Any:
-    """Token embeddings read from the quantized output layer (one table), in place.
-
-    After ``MatMulNBitsQuantizer``, the tied output layer is ``MatMulNBits`` with packed
-    blocks ``B`` (vocab, k_blocks, blob) and ``scales`` (vocab, k_blocks): the table itself,
-    quantized row by row along hidden. Every ``Gather`` on the float table becomes
-    onnxruntime's ``GatherBlockQuantized`` on the same ``B`` (uint8, ``bits``, symmetric: the
-    same default zero point), whose rank-3 form needs its scales as (vocab, k_blocks, 1), a
-    copy 1/32 (int8) or 1/16 (int4) the size of ``B``. The float table is dropped.
-    """
-    from onnx import TensorProto, helper, numpy_helper
-
-    if not tied:
-        return model
-    inits = {t.name: t for t in model.graph.initializer}
-    quant: dict[str, tuple[str, str, int]] = {}  # table → (B, scales3, block_size)
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits" and node.output[0] in tied:
-            table = tied[node.output[0]]
-            b, s = node.input[1], node.input[2]
-            bs = next(
-                helper.get_attribute_value(a) for a in node.attribute if a.name == "block_size"
-            )
-            s3 = s + "_gather"
-            if s3 not in inits:
-                arr = numpy_helper.to_array(inits[s])
-                t3 = numpy_helper.from_array(arr.reshape(*arr.shape, 1), s3)
-                model.graph.initializer.append(t3)
-                inits[s3] = t3
-            quant[table] = (b, s3, int(bs))
-    new_nodes: list[Any] = []
-    for k, node in enumerate(model.graph.node):
-        table = node.input[0] if node.op_type == "Gather" and node.input else ""
-        if table not in quant:
-            new_nodes.append(node)
-            continue
-        b, s3, bs = quant[table]
-        hidden = int(inits[table].dims[1])
-        nb = int(inits[b].dims[1])
-        p = f"{_TIED}/gather{k}"
-        idx, y = node.input[1], node.output[0]
-        padded = nb * bs != hidden
-        model.graph.initializer.extend(
-            [helper.make_tensor(f"{p}/width", TensorProto.INT64, [1], [nb * bs])]
-        )
-        new_nodes += [
-            helper.make_node(
-                "GatherBlockQuantized",
-                [b, idx, s3],
-                [f"{p}/blocks"],
-                name=f"{p}/gbq",
-                domain="com.microsoft",
-                gather_axis=0,
-                quantize_axis=2,
-                block_size=bs,
-                bits=bits,
-            ),
-            helper.make_node("Shape", [idx], [f"{p}/lead"], name=f"{p}/lead"),
-            helper.make_node(
-                "Concat", [f"{p}/lead", f"{p}/width"], [f"{p}/shape"], name=f"{p}/shape", axis=0
-            ),
-            helper.make_node(
-                "Reshape",
-                [f"{p}/blocks", f"{p}/shape"],
-                [f"{p}/rows" if padded else y],
-                name=f"{p}/rows",
-            ),
-        ]
-        if padded:  # hidden is not a multiple of the block: the last block is zero-padded
-            model.graph.initializer.extend(
-                [
-                    helper.make_tensor(f"{p}/start", TensorProto.INT64, [1], [0]),
-                    helper.make_tensor(f"{p}/end", TensorProto.INT64, [1], [hidden]),
-                    helper.make_tensor(f"{p}/axis", TensorProto.INT64, [1], [-1]),
-                ]
-            )
-            new_nodes.append(
-                helper.make_node(
-                    "Slice",
-                    [f"{p}/rows", f"{p}/start", f"{p}/end", f"{p}/axis"],
-                    [y],
-                    name=f"{p}/unpad",
-                )
-            )
-    del model.graph.node[:]
-    model.graph.node.extend(new_nodes)
-    _drop_unused_initializers(model)
-    return model
-
-
-def _embeddings_to_fp16(model: Any) -> Any:
-    """Store float32 tables read by Gather (token embeddings) as float16 + a Cast."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    inits = {t.name: t for t in model.graph.initializer}
-    users: dict[str, int] = {}
-    for node in model.graph.node:
-        for i in node.input:
-            users[i] = users.get(i, 0) + 1
-    new_nodes = []
-    for node in model.graph.node:
-        w = node.input[0] if node.input else ""
-        t = inits.get(w)
-        if (
-            node.op_type == "Gather"
-            and t is not None
-            and t.data_type == TensorProto.FLOAT
-            and len(t.dims) == 2
-            and int(np.prod(t.dims)) >= 4096
-        ):
-            half = numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), w + "_fp16")
-            model.graph.initializer.append(half)
-            out = node.output[0]
-            node.input[0] = half.name
-            node.output[0] = out + "_fp16"
-            new_nodes.append((node, helper.make_node("Cast", [out + "_fp16"], [out], to=1)))
-            users[w] -= 1
-            if users[w] == 0:
-                model.graph.initializer.remove(t)
-    for node, cast in new_nodes:
-        idx = list(model.graph.node).index(node)
-        model.graph.node.insert(idx + 1, cast)
-    return model
-
-
-#: op types computed in float32 inside fp16 graphs, besides onnxruntime's default block list
-#: (which already keeps Range, CumSum, Min, Max, TopK ... in float32): the normalisers, as the
-#: transformers models compute them (``softmax(..., dtype=torch.float32)``,
-#: ``log_softmax(logits.float())``), and LayerNorm, whose variance overflows float16.
-FP16_FP32_OPS: tuple[str, ...] = ("Softmax", "LogSoftmax", "LayerNormalization")
-#: module classes whose own code stays float32 (the transformers code upcasts there itself:
-#: RMSNorm's ``x.float()``, Gated-DeltaNet's decay and the chunked delta rule's
-#: ``.to(torch.float32)``); their children (the Linear projections, the conv) do not.
-_FP32_MODULES = re.compile(r"(RMSNorm|LayerNorm|GatedDeltaNet)\w*$")
-_FP32_CHILD_OK = re.compile(r"RMSNorm|LayerNorm")  # everything under a norm stays float32
-#: legacy (TorchScript) graphs carry no module metadata; their node names are module paths
-_NORM_SCOPE = re.compile(r"norm", re.IGNORECASE)
-
-
-def _fp32_nodes(model: Any) -> list[str]:
-    """Names of the nodes an fp16 graph keeps in float32 (numerics of the fp32 reference).
-
-    Dynamo graphs: from each node's ``pkg.torch.onnx.class_hierarchy`` (the module classes
-    that produced it, outermost first): nodes under an RMSNorm/LayerNorm module, and nodes in
-    a Gated-DeltaNet module's own code (decay ``exp``/``softplus``, the chunked delta rule with
-    its within-chunk ``exp`` of decay differences and its recurrent state) but not in its
-    Linear/Conv children, which are the bulk of the work and stay float16. Legacy graphs:
-    nodes under a module path segment named ``*norm*``. Unnamed nodes are named here.
-    """
-    names = []
-    for i, node in enumerate(model.graph.node):
-        if not node.name:
-            node.name = f"{node.op_type}_{i}_unnamed"
-        meta = {p.key: p.value for p in node.metadata_props}
-        hierarchy = meta.get("pkg.torch.onnx.class_hierarchy")
-        if hierarchy is not None:
-            classes = [c.strip(" '\"") for c in hierarchy.strip("[]").split(",")][:-1]
-            if any(_FP32_CHILD_OK.search(c) for c in classes) or (
-                classes and _FP32_MODULES.search(classes[-1])
-            ):
-                names.append(node.name)
-        elif any(_NORM_SCOPE.search(seg) for seg in node.name.split("/")[:-1]):
-            names.append(node.name)
-    return names
-
-
-def _scalar_constants_as_tensors(model: Any) -> None:
-    """Rewrite ``Constant(value_float[s]=…)`` as ``Constant(value=<float tensor>)``, in place.
-
-    The dynamo exporter writes float scalars as ``value_float``; onnxruntime's float16
-    converter converts ``value`` tensors but not these attributes, yet retypes their outputs
-    as float16, so a type-generic consumer (``Expand`` of ``aten.new_ones``, ``Where``, ...)
-    gets float32 where the graph says float16 and onnxruntime refuses to load the graph
-    ("Type (tensor(float16)) of output arg ... does not match expected type (tensor(float))").
-    """
-    from onnx import TensorProto, helper
-
-    for node in model.graph.node:
-        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
-            continue
-        for a in list(node.attribute):
-            if a.name == "value_float":
-                t = helper.make_tensor("value", TensorProto.FLOAT, [], [a.f])
-            elif a.name == "value_floats":
-                t = helper.make_tensor("value", TensorProto.FLOAT, [len(a.floats)], list(a.floats))
-            else:
-                continue
-            node.attribute.remove(a)
-            node.attribute.append(helper.make_attribute("value", t))
-
-
-def to_fp16(model: Any) -> Any:
-    """``model`` (float32) as a float16 graph with float32 inputs and outputs, in place.
-
-    onnxruntime's ``convert_float_to_float16`` with ``keep_io_types`` on everything but the
-    float32 islands (:func:`_convert_with_fp32_islands`, linear in the graph's size); float
-    scalar constants made convertible first (:func:`_scalar_constants_as_tensors`: the Qwen3.5
-    decoder did not load without it); the overflow-prone parts (:data:`FP16_FP32_OPS`,
-    :func:`_fp32_nodes`) stay float32 behind Casts. Weights of the float16 parts are stored as
-    float16.
-    """
-    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
-
-    _scalar_constants_as_tensors(model)
-    # ops with inputs fixed to float32 (the converter's mixed-type special cases) stay float32
-    block_ops = [*DEFAULT_OP_BLOCK_LIST, *FP16_FP32_OPS, "Resize", "GroupNorm", "SkipGroupNorm"]
-    fp32 = set(_fp32_nodes(model))
-    fp32.update(n.name for n in model.graph.node if n.op_type in block_ops)
-    _follow_data_movement(model, fp32)
-    float_inputs = {
-        i.name
-        for i in model.graph.input
-        if i.type.tensor_type.elem_type == 1  # FLOAT
-    }
-    m = _convert_with_fp32_islands(model, fp32)
-    _join_fp32_regions(m, fp32, float_inputs)
-    return m
-
-
-def _float_tensors(model: Any) -> tuple[set[str], set[str]]:
-    """Names of the float32 tensors and of the float32 tensor SEQUENCES of ``model``.
-
-    Types come from ONNX shape inference run on a copy of the graph WITHOUT initializer data
-    (types need none), so it works on graphs far above protobuf's 2 GiB limit.
-    """
-    import onnx
-    from onnx import TensorProto
-
-    g = model.graph
-    skeleton = onnx.ModelProto()
-    skeleton.ir_version = model.ir_version
-    skeleton.opset_import.extend(model.opset_import)
-    skeleton.functions.extend(model.functions)
-    sg = skeleton.graph
-    sg.node.extend(g.node)
-    sg.input.extend(g.input)
-    sg.output.extend(g.output)
-    sg.value_info.extend(g.value_info)
-    for t in g.initializer:
-        if t.data_type == TensorProto.FLOAT and len(t.raw_data) + 4 * len(t.float_data) > 4096:
-            stub = onnx.TensorProto()
-            stub.name, stub.data_type = t.name, t.data_type
-            stub.dims.extend(t.dims)
-            sg.initializer.append(stub)  # no data: an input of known type for inference
-            sg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims))
-        else:
-            sg.initializer.append(t)
-    inferred = onnx.shape_inference.infer_shapes(skeleton)
-    tensors: set[str] = set()
-    sequences: set[str] = set()
-    for v in [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]:
-        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == TensorProto.FLOAT:
-            tensors.add(v.name)
-        elif (
-            v.type.HasField("sequence_type")
-            and v.type.sequence_type.elem_type.tensor_type.elem_type == TensorProto.FLOAT
-        ):
-            sequences.add(v.name)
-    tensors.update(t.name for t in g.initializer if t.data_type == TensorProto.FLOAT)
-    return tensors, sequences
-
-
-def _rename_reads(node: Any, rename: Callable[[str], str | None], local: set[str]) -> None:
-    """Rename what ``node`` reads from the enclosing graph, subgraph bodies included.
-
-    ``rename(x)`` gives the new name of ``x`` or None to keep it; names made inside a subgraph
-    (``local``: its inputs, initializers and node outputs) are not the enclosing graph's.
-    """
-    for k, x in enumerate(node.input):
-        if x and x not in local:
-            new = rename(x)
-            if new is not None:
-                node.input[k] = new
-    for a in node.attribute:
-        for sub in [a.g] if a.HasField("g") else list(a.graphs):
-            inner = set(local)
-            inner.update(i.name for i in sub.input)
-            inner.update(t.name for t in sub.initializer)
-            inner.update(o for n in sub.node for o in n.output)
-            for n in sub.node:
-                _rename_reads(n, rename, inner)
-
-
-def _convert_with_fp32_islands(model: Any, fp32: set[str]) -> Any:
-    """``convert_float_to_float16`` (keep_io_types) with the ``fp32`` nodes left in float32.
-
-    onnxruntime's converter handles blocked nodes with a scan of every float value per blocked
-    input and output: quadratic, half an hour per decoder graph at the real models' size. Here
-    the blocked nodes are taken out of the graph, the rest is converted (no shape inference:
-    the types were read by :func:`_float_tensors` first), and the blocked nodes are put back
-    with one Cast per float16 value they read and per value they hand to a float16 node, so
-    float32 nodes pass float32 values to each other directly.
-    """
-    from onnx import TensorProto, helper
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-    from spotstop.export.quant import toposort
-
-    g = model.graph
-    floats, float_seqs = _float_tensors(model)
-    order = {n.name: i for i, n in enumerate(g.node)}
-    blocked = [n for n in g.node if n.name in fp32]
-    keep = [n for n in g.node if n.name not in fp32]
-    blocked_copies = []
-    for n in blocked:
-        c = type(n)()
-        c.CopyFrom(n)
-        blocked_copies.append(c)
-    kept_copies = []
-    for n in keep:
-        c = type(n)()
-        c.CopyFrom(n)
-        kept_copies.append(c)
-    del g.node[:]
-    g.node.extend(kept_copies)
-    del g.value_info[:]
-    m = convert_float_to_float16(
-        model, keep_io_types=True, op_block_list=[], node_block_list=[], disable_shape_infer=True
-    )
-    g = m.graph
-    blocked_out = {o for n in blocked_copies for o in n.output if o}
-    # the converter's Cast in front of a graph output that a float32 node now writes itself
-    io_casts = [
-        n
-        for n in g.node
-        if n.op_type == "Cast"
-        and n.name.startswith("graph_output_cast")
-        and n.output[0] in blocked_out
-    ]
-    drop = {n.name for n in io_casts}
-    # float16 nodes that read such an output read the converter's name for it
-    renamed_out = {n.input[0]: n.output[0] for n in io_casts}
-    producer = {o: n for n in g.node if n.name not in drop for o in n.output}
-    inits = {t.name: t for t in g.initializer}
-
-    def is_fp16(x: str) -> bool:
-        if x in inits:
-            return inits[x].data_type == TensorProto.FLOAT16
-        p = producer.get(x)
-        if p is None or x not in floats:
-            return False  # a graph input (kept float32), a float32 node's output, not float
-        to = next((a.i for a in p.attribute if a.name == "to"), None)
-        return not (p.op_type == "Cast" and to == TensorProto.FLOAT)
-
-    new_nodes = []
-    made: dict[tuple[str, int], str] = {}
-
-    def cast(x: str, to: int) -> str:
-        """The name of ``x`` cast to ``to``: one Cast node per value and type."""
-        if (x, to) not in made:
-            tag = "fp32" if to == TensorProto.FLOAT else "fp16"
-            made[(x, to)] = f"{x}_{tag}_island"
-            new_nodes.append(
-                helper.make_node("Cast", [x], [made[(x, to)]], to=to, name=f"{x}_to_{tag}_island")
-            )
-        return made[(x, to)]
-
-    def cast32(x: str) -> str | None:  # what a float32 node reads from a float16 one
-        if not x or x in blocked_out or not is_fp16(x):
-            return None
-        return cast(x, TensorProto.FLOAT)
-
-    def cast16(x: str) -> str | None:  # what a float16 node reads from a float32 one
-        x = renamed_out.get(x, x)
-        if x not in blocked_out or x not in floats or x in float_seqs:
-            return None
-        return cast(x, TensorProto.FLOAT16)
-
-    for n in blocked_copies:
-        _rename_reads(n, cast32, set())
-    for n in g.node:
-        if n.name not in drop:
-            _rename_reads(n, cast16, set())
-    kept = [n for n in g.node if n.name not in drop]
-    first = len(order)
-    rank = {n.name: order.get(n.name, first + i) for i, n in enumerate([*kept, *blocked_copies])}
-    merged = sorted([*kept, *blocked_copies], key=lambda n: rank[n.name])
-    copies = []
-    for n in [*merged, *new_nodes]:
-        c = type(n)()
-        c.CopyFrom(n)
-        copies.append(c)
-    del g.node[:]
-    g.node.extend(copies)
-    toposort(m)
-    return m
-
-
-#: ops that only move or select values: they stay in the precision of what they move
-_MOVE_OPS = frozenset(
-    {
-        "Concat",
-        "Expand",
-        "Flatten",
-        "Gather",
-        "GatherElements",
-        "GatherND",
-        "Identity",
-        "Reshape",
-        "Slice",
-        "Split",
-        "Squeeze",
-        "Tile",
-        "Transpose",
-        "Unsqueeze",
-    }
-)
-
-
-def _follow_data_movement(model: Any, fp32: set[str]) -> None:
-    """Add to ``fp32`` the data-movement nodes fed by a float32 node, in place (graph order).
-
-    E.g. the ``GatherElements``/``Squeeze`` that read ``read_logprob`` out of the float32
-    LogSoftmax: rounding them to float16 on the way to a float32 output only loses digits.
-    """
-    producer = {o: n for n in model.graph.node for o in n.output}
-    for node in model.graph.node:
-        if node.op_type in _MOVE_OPS and node.input:
-            src = producer.get(node.input[0])
-            if src is not None and src.name in fp32:
-                fp32.add(node.name)
-
-
-def _join_fp32_regions(model: Any, fp32: set[str], float_inputs: set[str]) -> None:
-    """Remove the float16 round trips the converter puts between float32 nodes, in place.
-
-    ``convert_float_to_float16`` treats each blocked node alone: it casts every float output
-    of a blocked node to float16 and every float input back to float32, so a value passed
-    from one float32 node to the next is rounded to float16 on the way (which defeats keeping
-    RMSNorm's variance or the delta rule's decay in float32) and a blocked node producing a
-    tensor SEQUENCE gets a Cast that is not valid on sequences. Every
-    ``Cast(to=float32)(Cast(to=float16)(x))`` with ``x`` float32 (made by a float32 node or a
-    float32 graph input) reads ``x`` directly instead; the value_info the converter retyped is
-    dropped (onnxruntime infers the types again when it loads the graph).
-    """
-    from onnx import TensorProto
-
-    producer = {o: n for n in model.graph.node for o in n.output}
-
-    def cast_to(n: Any) -> int | None:
-        if n is None or n.op_type != "Cast":
-            return None
-        return next((a.i for a in n.attribute if a.name == "to"), None)
-
-    def is_fp32(x: str) -> bool:
-        p = producer.get(x)
-        if p is None:
-            return x in float_inputs
-        return p.name in fp32 or cast_to(p) == TensorProto.FLOAT
-
-    alias: dict[str, str] = {}
-    for n in model.graph.node:
-        if cast_to(n) != TensorProto.FLOAT:
-            continue
-        inner = producer.get(n.input[0])
-        if inner is not None and cast_to(inner) == TensorProto.FLOAT16 and is_fp32(inner.input[0]):
-            alias[n.output[0]] = inner.input[0]
-    if not alias:
-        return
-    outputs = {o.name for o in model.graph.output}
-    for n in model.graph.node:
-        if n.op_type == "Cast" and n.output[0] in alias and n.output[0] in outputs:
-            n.input[0] = alias[n.output[0]]  # a graph output: float32 → float32, a no-op
-            continue
-        for k, x in enumerate(n.input):
-            if x in alias:
-                n.input[k] = alias[x]
-    while True:
-        users: dict[str, int] = {}
-        for n in model.graph.node:
-            for x in n.input:
-                users[x] = users.get(x, 0) + 1
-        dead = {
-            i
-            for i, n in enumerate(model.graph.node)
-            if n.op_type == "Cast"
-            and all(users.get(o, 0) == 0 and o not in outputs for o in n.output)
-        }
-        if not dead:
-            break
-        # rebuild the node list once (RepeatedContainer.remove is linear: quadratic in total)
-        kept = []
-        for i, n in enumerate(model.graph.node):
-            if i not in dead:
-                c = type(n)()
-                c.CopyFrom(n)
-                kept.append(c)
-        del model.graph.node[:]
-        model.graph.node.extend(kept)
-    del model.graph.value_info[:]
-
-
-def convert_precision(model: Any, precision: str) -> Any:
-    """A copy of fp32 ``model`` at ``precision`` (weights only; float32 inputs and outputs)."""
-    import onnx
-
-    if precision == "fp32":
-        return model
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    if precision == "fp16":
-        return to_fp16(m)
-    if precision in ("int8", "int4"):
-        _quiet_onnxruntime_tools()
-        fold_weight_transposes(m)
-        tied = _untie_for_quantizer(m)
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-        q = MatMulNBitsQuantizer(
-            m,
-            bits=8 if precision == "int8" else 4,
-            block_size=128,
-            is_symmetric=True,
-            op_types_to_quantize=("MatMul",),
-        )
-        q.process()
-        qm = _gather_from_quantized(q.model.model, tied, 8 if precision == "int8" else 4)
-        return _embeddings_to_fp16(qm)
-    if precision == "int4-trt":  # DequantizeLinear(INT4) -> MatMul: TensorRT parses it
-        from spotstop.export.quant import quantize_int4_trt
-
-        fold_weight_transposes(m)
-        _untie_for_quantizer(m)  # the tied head as MatMul on Wᵀ; the Gather keeps W (fp16)
-        # the fp16 graph (same float32 islands as fp16), then its float16 MatMul weights as
-        # INT4 blocks with float16 scales: DequantizeLinear outputs float16 into fp16 MatMuls
-        return _embeddings_to_fp16(quantize_int4_trt(to_fp16(m)))
-    raise ValueError(f"precision must be one of {list(PRECISIONS)}; got {precision!r}.")
-
-
 # -- export ----------------------------------------------------------------------------------
 
 
@@ -957,120 +218,6 @@ def _validation_cases(folder: MemberFolder, encoder: PromptEncoder, g: Any) -> _
         "text": [encoder.prompt_ids(r, None) for r in _VALIDATION_REQUESTS],
     }
     return _Cases(pixels, prompts)
-
-
-@contextmanager
-def _exporter_noise() -> Iterator[None]:
-    """Silence what the exporters say about themselves (not about our graphs).
-
-    The legacy exporter is chosen on purpose (see export/configs.py) and warns that it is
-    deprecated; tracing warns that shape-dependent Python values become constants, which is
-    what a fixed image grid and fixed-length buckets mean.
-    """
-    import torch
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        # torch.export's own deprecation notices (e.g. pytree's LeafSpec) during decomposition
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\..*")
-        warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
-        yield
-
-
-def _export_vision(
-    vision: Any, cfg: type[ExportConfig], pixels: dict[str, np.ndarray], path: Path
-) -> None:
-    import torch
-
-    x = torch.from_numpy(pixels["pixel_values"])
-    with torch.no_grad(), _exporter_noise():
-        if cfg.vision_exporter == "legacy":
-            torch.onnx.export(
-                vision,
-                (x,),
-                str(path),
-                input_names=["pixel_values"],
-                output_names=["image_embeds"],
-                opset_version=cfg.legacy_opset,
-                dynamo=False,
-            )
-        else:
-            torch.onnx.export(
-                vision,
-                (x,),
-                str(path),
-                input_names=["pixel_values"],
-                output_names=["image_embeds"],
-                opset_version=cfg.dynamo_opset,
-                dynamo=True,
-                optimize=False,
-            )
-
-
-_DEC_INPUTS = ["input_ids", "image_embeds", "last_index", "read_index", "read_token"]
-_DEC_OUTPUTS = ["first_logits", "read_logprob"]
-
-
-def _decoder_axes(fixed_length: bool) -> dict[str, dict[int, str]]:
-    """The decoder inputs' dynamic axes: batch, reads and (unless fixed) the sequence length."""
-    axes: dict[str, dict[int, str]] = {
-        "input_ids": {0: "batch"} if fixed_length else {0: "batch", 1: "length"},
-        "image_embeds": {0: "batch"},
-        "last_index": {0: "batch"},
-        "read_index": {0: "batch", 1: "reads"},
-        "read_token": {0: "batch", 1: "reads"},
-    }
-    return axes
-
-
-def _export_decoder(
-    decoder: Any,
-    cfg: type[ExportConfig],
-    feeds: dict[str, np.ndarray],
-    image_embeds: np.ndarray,
-    path: Path,
-) -> None:
-    import torch
-
-    args = tuple(
-        torch.from_numpy(image_embeds if n == "image_embeds" else feeds[n]) for n in _DEC_INPUTS
-    )
-    with torch.no_grad(), _exporter_noise():
-        if cfg.decoder_exporter == "legacy":
-            dyn = _decoder_axes(cfg.decoder_fixed_length)
-            dyn.update({"first_logits": {0: "batch"}, "read_logprob": {0: "batch", 1: "reads"}})
-            torch.onnx.export(
-                decoder,
-                args,
-                str(path),
-                input_names=_DEC_INPUTS,
-                output_names=_DEC_OUTPUTS,
-                dynamic_axes=dyn,
-                opset_version=cfg.legacy_opset,
-                dynamo=False,
-            )
-        else:
-            from torch.export import Dim
-
-            dims = {a: Dim(a) for a in ("batch", "reads", "length")}
-            ds = {
-                name: {axis: dims[a] for axis, a in axes.items()}
-                for name, axes in _decoder_axes(cfg.decoder_fixed_length).items()
-            }
-            # optimize=False: onnxscript's optimizer more than doubles the export time of the
-            # Gated-DeltaNet graph; onnxruntime optimizes the graph when it loads it anyway.
-            torch.onnx.export(
-                decoder,
-                args,
-                str(path),
-                input_names=_DEC_INPUTS,
-                output_names=_DEC_OUTPUTS,
-                dynamic_shapes=ds,
-                opset_version=cfg.dynamo_opset,
-                dynamo=True,
-                optimize=False,
-            )
 
 
 def _compare(
@@ -1152,11 +299,11 @@ def export_member(
     hidden = int(text_cfg.hidden_size)
     vision_t, decoder_t = build_graphs(
         model,
-        folder.model_type,
+        ecfg,
         image_token_id=folder.image_token_id,
         first_ids=plan.first_ids,
         gray_pixels=cases.pixels["gray"],
-        merge=g.merge,
+        geometry=g,
     )
 
     # Torch reference outputs of both graphs on every validation case.
@@ -1191,7 +338,7 @@ def export_member(
     try:
         graphs: dict[str, Any] = {}
         # -- vision
-        _export_vision(vision_t, ecfg, cases.pixels["gray"], tmp / "vision.onnx")
+        export_vision(vision_t, ecfg, cases.pixels["gray"], tmp / "vision.onnx")
         import onnx
 
         graphs["vision.onnx"] = onnx.load(str(tmp / "vision.onnx"))
@@ -1204,14 +351,14 @@ def export_member(
             fname = f"decoder_L{length}.onnx" if ecfg.decoder_fixed_length else "decoder.onnx"
             case0 = cs.get("scene") or cs["text"]
             feeds0 = {k: v for k, v in case0.items() if k != "image_embeds"}
-            _export_decoder(decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname)
+            export_decoder(decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname)
             graphs[fname] = fold_weight_transposes(tie_output_layer(onnx.load(str(tmp / fname))))
             dec_files[length] = fname
         # reference outputs at every usable bucket (a dynamic decoder is checked at each)
         for length in usable:
             for case, feeds in dec_cases(length).items():
                 with torch.no_grad():
-                    fl, lp = decoder_t(*(torch.from_numpy(feeds[n]) for n in _DEC_INPUTS))
+                    fl, lp = decoder_t(*(torch.from_numpy(feeds[n]) for n in DECODER_INPUTS))
                 ref_dec[(length, case)] = (fl.numpy(), lp.numpy())
 
         def validate(models: dict[str, Any], prec: str) -> list[GraphCheck]:
@@ -1305,8 +452,8 @@ def export_member(
             "buckets": list(usable),
             "files": {int(k): f"onnx/{v}" for k, v in dec_files.items()},
         },
-        "inputs": {"vision": ["pixel_values"], "decoder": _DEC_INPUTS},
-        "outputs": {"vision": ["image_embeds"], "decoder": _DEC_OUTPUTS},
+        "inputs": {"vision": ["pixel_values"], "decoder": DECODER_INPUTS},
+        "outputs": {"vision": ["image_embeds"], "decoder": DECODER_OUTPUTS},
         "weight_bytes": int(weight_bytes),
         **quantizer_meta(graphs["vision.onnx"]),  # int4-trt: which quantizer made the graphs
         # resident: sessions stay loaded; on-demand: loaded to score, released after (members

@@ -197,7 +197,8 @@ def derive_bundle(
     """
     import onnx
     import yaml
-    from spotstop.export.onnx import _save, convert_precision, onnx_weight_bytes
+    from spotstop.export.onnx import _save, onnx_weight_bytes
+    from spotstop.export.precision import convert_precision
     from spotstop.export.quant import quantizer_meta
     from spotstop.guard._bundle import load_bundle
     from spotstop.guard.backends._onnx import GRAPHS_FILE

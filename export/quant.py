@@ -9,7 +9,7 @@ int4 (and onnxruntime runs too)::
 
 symmetric (no zero point), one scale per block of 128 input rows per output column, in an
 opset-21 graph (the first opset whose ``DequantizeLinear`` takes INT4 and ``block_size``).
-export/onnx.py ``convert_precision`` quantizes the FP16 graph (``to_fp16`` first, with its
+export/precision.py ``convert_precision`` quantizes the FP16 graph (``to_fp16`` first, with its
 float32 islands), so the scales are float16, each ``DequantizeLinear`` outputs float16 and
 the MatMuls it feeds compute in float16 (a strongly typed TensorRT build takes its precision
 from these types), as nvidia-modelopt writes fp16 models: its RTN casts the float32 scales to
@@ -361,13 +361,13 @@ def quantize_int4_trt(
 ) -> Any:
     """An int4-trt copy of fp16 (or fp32) ``model``: INT4 blocked DequantizeLinear → MatMul.
 
-    Scales take each weight's dtype: float16 weights (export/onnx.py passes the ``to_fp16``
+    Scales take each weight's dtype: float16 weights (export/precision.py passes the ``to_fp16``
     graph) get float16 scales and float16 DequantizeLinear outputs.
 
     ``method``: ``"rtn"`` (round to nearest; no data) or ``"awq"`` (modelopt's ``awq_clip``,
     calibrated on ``calibration``: a list of input feeds; needs nvidia-modelopt).
     ``use_modelopt``: None uses modelopt when it imports; False never; True requires it.
-    Fold ``Transpose(weight)`` into the weight first (spotstop.export.onnx.fold_weight_transposes): only a
+    Fold ``Transpose(weight)`` into the weight first (spotstop.export.weights.fold_weight_transposes): only a
     MatMul whose weight is a constant initializer is quantized.
     """
     import onnx

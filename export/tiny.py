@@ -5,14 +5,17 @@
     exports and serves the real pair (Qwen3.5-2B and LFM2.5-VL-3B) runs here, where no
     model hub is reachable, with the real architectures' code.
 
-Each member is made from the real configuration class (``Qwen3_5Config`` with
-Gated-DeltaNet linear attention + full attention and the Qwen3.5 vision tower;
+One member per registered architecture, made from the real configuration class (``Qwen3_5Config``
+with Gated-DeltaNet linear attention + full attention and the Qwen3.5 vision tower;
 ``Lfm2VlConfig`` with the LFM2 short-conv + attention text model and a SigLIP2 vision
 tower), shrunk to a few layers of width 64, with weights drawn from a seeded generator.
 Its tokenizer is a byte-level BPE trained here on a built-in corpus, with special tokens
 and a chat template shaped like the real model's (image placeholder, generation prompt,
-reasoning off). Everything is written with ``save_pretrained`` and read back with
-``from_pretrained`` by the same code that loads a real snapshot folder or hub id.
+reasoning off). What is particular to an architecture (classes, tiny dimensions, special
+tokens, template, image-processor config) is its export config's
+:class:`~spotstop.export.configs.MemberRecipe`; this module holds no per-architecture code.
+Everything is written with ``save_pretrained`` and read back with ``from_pretrained`` by the
+same code that loads a real snapshot folder or hub id.
 
 Same seed → byte-identical files (checked by ``tests/test_tiny.py``).
 """
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spotstop.export.configs import EXPORT_CONFIGS, ExportConfig, MemberRecipe, get_export_config
+from spotstop.guard._arch import get_arch
 from spotstop.guard._hf import MEMBER_HINTS, TEST_PAIR_MARKER
 
 __all__ = [
@@ -40,77 +45,13 @@ __all__ = [
     "tree_digest",
 ]
 
-#: The two members of the tiny pair, by folder name.
-TINY_MEMBERS = ("tiny-qwen3_5", "tiny-lfm2_vl")
+#: The members of the tiny pair, by folder name: one per registered architecture.
+TINY_MEMBERS = tuple(f"tiny-{model_type}" for model_type in EXPORT_CONFIGS)
 
 _VOCAB_SIZE = 640
 _IMAGE_SIZE = 64  # pixels per side; 64/16 = 4 patches → 2x2 = 4 visual tokens after the 2x2 merge
-
-_QWEN_SPECIALS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
-# Added but not "special" in the real Qwen3.5 tokenizer (they are decoded like text).
-_QWEN_ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
-
-# Shaped like the Qwen3.5 template: images in a vision span, <think></think> when reasoning is off.
-# (Literal strings inside {{ }} keep their newlines; "-" only trims the template's own layout.)
-_QWEN_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- else %}{%- for item in message['content'] %}"
-    "{%- if item['type'] == 'image' %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{%- elif item['type'] == 'text' %}{{- item['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- else %}{{- '<think>\\n' }}{%- endif %}"
-    "{%- endif %}"
-)
-
-_LFM_SPECIALS = [
-    "<|pad|>",
-    "<|startoftext|>",
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<image>",
-    "<|image_start|>",
-    "<|image_end|>",
-    "<|img_thumbnail|>",
-    *[f"<|img_row_{r}_col_{c}|>" for r in range(1, 4) for c in range(1, 4)],
-]
-
-# Shaped like the LFM2-VL template: BOS, ChatML turns, a bare <image> placeholder.
-_LFM_TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- else %}{%- for item in message['content'] %}"
-    "{%- if item['type'] == 'image' %}{{- '<image>' }}"
-    "{%- elif item['type'] == 'text' %}{{- item['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+#: visual tokens the tiny members' image processors accept (fewest, most)
+_TINY_IMAGE_TOKENS = (4, 64)
 
 _WORDS = [
     "the",
@@ -215,20 +156,17 @@ def _corpus(seed: int) -> list[str]:
     return lines
 
 
-def _train_tokenizer(specials: list[str], added: list[str], seed: int, qwen_style: bool) -> Any:
+def _train_tokenizer(recipe: MemberRecipe, seed: int) -> Any:
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    if qwen_style:
-        # The pre-tokenizer regex of the real Qwen3.5 tokenizer.
-        pattern = (
-            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-            r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-        )
+    if recipe.split_pattern is not None:
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+                pre_tokenizers.Split(
+                    Regex(recipe.split_pattern), behavior="isolated", invert=False
+                ),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
@@ -237,16 +175,32 @@ def _train_tokenizer(specials: list[str], added: list[str], seed: int, qwen_styl
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=_VOCAB_SIZE,
-        special_tokens=specials,
+        special_tokens=list(recipe.specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(seed), trainer=trainer)
-    if added:
+    tok.train_from_iterator(_corpus(seed + recipe.corpus_seed_offset), trainer=trainer)
+    if recipe.added:
         from tokenizers import AddedToken
 
-        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in recipe.added])
     return tok
+
+
+def _with_token_ids(recipe: MemberRecipe, values: Mapping[str, Any], tok: Any) -> dict[str, Any]:
+    """A copy of the config keyword arguments ``values`` with ``tok``'s special-token ids."""
+    out: dict[str, Any] = copy.deepcopy(dict(values))
+    text = dict(out.get("text_config") or {})
+    text.update({key: tok.token_to_id(t) for key, t in recipe.text_token_ids.items()})
+    out.update({key: tok.token_to_id(t) for key, t in recipe.token_ids.items()})
+    out["text_config"] = text
+    return out
+
+
+def _transformers_class(name: str) -> Any:
+    import transformers
+
+    return getattr(transformers, name)
 
 
 def _seed_all(seed: int) -> None:
@@ -289,191 +243,35 @@ def _write_markers(
     )
 
 
-def _build_qwen(out: Path, seed: int) -> None:
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
-
-    tok = _train_tokenizer(_QWEN_SPECIALS, _QWEN_ADDED, seed, qwen_style=True)
-    ids = {t: tok.token_to_id(t) for t in _QWEN_SPECIALS + _QWEN_ADDED}
-    config = Qwen3_5Config(
-        text_config={
-            "vocab_size": tok.get_vocab_size(),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 32,
-            "linear_conv_kernel_dim": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "layer_types": [
-                "linear_attention",
-                "linear_attention",
-                "linear_attention",
-                "full_attention",
-            ],
-            "max_position_embeddings": 2048,
-            "initializer_range": 0.08,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.25,
-                "mrope_section": [2, 1, 1],
-                "mrope_interleaved": True,
-            },
-            "eos_token_id": ids["<|im_end|>"],
-            "pad_token_id": ids["<|endoftext|>"],
-        },
-        vision_config={
-            "depth": 2,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_heads": 4,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "out_hidden_size": 64,
-            "num_position_embeddings": 64,
-            "initializer_range": 0.08,
-        },
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
-    )
-    _seed_all(seed)
-    model = Qwen3_5ForConditionalGeneration(config).eval()
-    _save_model(model, out)
-    _save_qwen_files(tok, out)
-    _write_markers(out, "qwen3_5")
-
-
-def _save_qwen_files(tok: Any, out: Path, *, max_length: int = 2048) -> None:
-    """The Qwen-shaped tokenizer files and image-processor config of a member folder."""
-    from transformers import PreTrainedTokenizerFast
-
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-        additional_special_tokens=[t for t in _QWEN_SPECIALS if t != "<|endoftext|>"],
-        chat_template=_QWEN_TEMPLATE,
-        model_max_length=max_length,
-    )
-    hf_tok.save_pretrained(out)
-    _write_json(
-        out / "preprocessor_config.json",
-        {
-            "image_processor_type": "Qwen2VLImageProcessor",
-            "do_resize": True,
-            "do_rescale": True,
-            "rescale_factor": 1 / 255,
-            "do_normalize": True,
-            "image_mean": [0.5, 0.5, 0.5],
-            "image_std": [0.5, 0.5, 0.5],
-            "do_convert_rgb": True,
-            "patch_size": 16,
-            "temporal_patch_size": 2,
-            "merge_size": 2,
-            "size": {"shortest_edge": 32 * 32, "longest_edge": 1024 * 32 * 32},
-            "resample": 3,
-        },
-    )
-
-
-def _build_lfm(out: Path, seed: int) -> None:
-    from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
-
-    tok = _train_tokenizer(_LFM_SPECIALS, [], seed + 1, qwen_style=False)
-    ids = {t: tok.token_to_id(t) for t in _LFM_SPECIALS}
-    config = Lfm2VlConfig(
-        text_config={
-            "model_type": "lfm2",
-            "vocab_size": tok.get_vocab_size(),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "layer_types": ["conv", "conv", "full_attention", "conv"],
-            "initializer_range": 0.08,
-            "max_position_embeddings": 2048,
-            "pad_token_id": ids["<|pad|>"],
-            "bos_token_id": ids["<|startoftext|>"],
-            "eos_token_id": ids["<|im_end|>"],
-        },
-        vision_config={
-            "model_type": "siglip2_vision_model",
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "patch_size": 16,
-            "num_patches": 64,
-        },
-        image_token_id=ids["<image>"],
-        projector_hidden_size=64,
-        downsample_factor=2,
-        tie_word_embeddings=True,
-    )
-    _seed_all(seed)
-    model = Lfm2VlForConditionalGeneration(config).eval()
-    _save_model(model, out)
-    _save_lfm_files(tok, out)
-    _write_markers(out, "lfm2_vl")
-
-
-def _save_lfm_files(
+def _save_tokenizer_files(
+    ecfg: type[ExportConfig],
     tok: Any,
     out: Path,
+    config: Mapping[str, Any],
+    image_tokens: tuple[int, int],
     *,
     max_length: int = 2048,
-    min_image_tokens: int = 4,
-    max_image_tokens: int = 64,
-    downsample_factor: int = 2,
 ) -> None:
-    """The LFM2-VL-shaped tokenizer files and image-processor config of a member folder."""
+    """The member's tokenizer files and image-processor config, shaped like the real ones."""
     from transformers import PreTrainedTokenizerFast
 
+    recipe = ecfg.member_recipe
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token="<|startoftext|>",
-        eos_token="<|im_end|>",
-        pad_token="<|pad|>",
+        **recipe.roles,
         unk_token=None,
-        additional_special_tokens=[
-            t for t in _LFM_SPECIALS if t not in ("<|startoftext|>", "<|im_end|>", "<|pad|>")
-        ],
-        chat_template=_LFM_TEMPLATE,
+        additional_special_tokens=list(recipe.additional_special_tokens),
+        chat_template=recipe.chat_template,
         model_max_length=max_length,
     )
     hf_tok.save_pretrained(out)
-    _write_json(
-        out / "preprocessor_config.json",
-        {
-            "image_processor_type": "Lfm2VlImageProcessor",
-            "do_image_splitting": False,
-            "downsample_factor": downsample_factor,
-            "encoder_patch_size": 16,
-            "min_image_tokens": min_image_tokens,
-            "max_image_tokens": max_image_tokens,
-            "do_normalize": True,
-            "do_rescale": True,
-            "rescale_factor": 1 / 255,
-            "image_mean": [0.5, 0.5, 0.5],
-            "image_std": [0.5, 0.5, 0.5],
-            "resample": 2,
-            "use_thumbnail": False,
-            "tile_size": 512,
-        },
-    )
+    _write_json(out / "preprocessor_config.json", ecfg.image_processor_config(config, image_tokens))
 
 
-_BUILDERS = {"tiny-qwen3_5": _build_qwen, "tiny-lfm2_vl": _build_lfm}
+def _model_type(name: str) -> str:
+    if name not in TINY_MEMBERS:
+        raise ValueError(f"tiny member must be one of {list(TINY_MEMBERS)}; got {name!r}.")
+    return name.removeprefix("tiny-")
 
 
 def build_tiny_member(name: str, out: str | Path, *, seed: int = 0) -> Path:
@@ -482,11 +280,20 @@ def build_tiny_member(name: str, out: str | Path, *, seed: int = 0) -> Path:
     ``name`` is one of :data:`TINY_MEMBERS`. Files are overwritten; the result depends only on
     ``seed`` and the installed torch/transformers/tokenizers versions.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"tiny member must be one of {list(_BUILDERS)}; got {name!r}.")
+    model_type = _model_type(name)
+    ecfg = get_export_config(model_type)
+    recipe = ecfg.member_recipe
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
-    _BUILDERS[name](path, seed)
+    tok = _train_tokenizer(recipe, seed)
+    values = copy.deepcopy(dict(recipe.tiny_config))
+    values["text_config"] = {**values["text_config"], "vocab_size": tok.get_vocab_size()}
+    config = _transformers_class(recipe.config_class)(**_with_token_ids(recipe, values, tok))
+    _seed_all(seed)
+    model = _transformers_class(recipe.model_class)(config).eval()
+    _save_model(model, path)
+    _save_tokenizer_files(ecfg, tok, path, values, _TINY_IMAGE_TOKENS)
+    _write_markers(path, model_type)
     return path
 
 
@@ -507,7 +314,7 @@ def build_random_member(
 
     A TEST member like the tiny pair (marked so; its scores mean nothing), but at any size:
     ``config`` holds the keyword arguments of the architecture's config class
-    (``Qwen3_5Config`` for ``qwen3_5``, ``Lfm2VlConfig`` for ``lfm2_vl``) as
+    (its export config's ``member_recipe.config_class``, e.g. ``Qwen3_5Config``) as
     ``jetson/memory_budget.py`` records the real members' (``text_config``/``vision_config``
     dicts; a ``model_type`` key, if present, must equal ``model_type``). It is not modified.
 
@@ -525,15 +332,9 @@ def build_random_member(
     by :func:`build_tiny_member`, not by this function (its files stay byte-identical).
     """
     import torch
-    from transformers import (
-        Lfm2VlConfig,
-        Lfm2VlForConditionalGeneration,
-        Qwen3_5Config,
-        Qwen3_5ForConditionalGeneration,
-    )
 
-    if model_type not in ("qwen3_5", "lfm2_vl"):
-        raise ValueError(f"model_type must be 'qwen3_5' or 'lfm2_vl'; got {model_type!r}.")
+    ecfg = get_export_config(model_type)
+    recipe = ecfg.member_recipe
     if dtype not in _TORCH_DTYPES:
         raise ValueError(f"dtype must be one of {list(_TORCH_DTYPES)}; got {dtype!r}.")
     values: dict[str, Any] = copy.deepcopy(dict(config))
@@ -541,32 +342,10 @@ def build_random_member(
     if given != model_type:
         raise ValueError(f"config says model_type {given!r} but {model_type!r} was asked for.")
     values.pop("architectures", None)
-    text = dict(values.get("text_config") or {})
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
-    if model_type == "qwen3_5":
-        tok = _train_tokenizer(_QWEN_SPECIALS, _QWEN_ADDED, seed, qwen_style=True)
-        ids = {t: tok.token_to_id(t) for t in _QWEN_SPECIALS + _QWEN_ADDED}
-        text.update(eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
-        values.update(
-            image_token_id=ids["<|image_pad|>"],
-            video_token_id=ids["<|video_pad|>"],
-            vision_start_token_id=ids["<|vision_start|>"],
-            vision_end_token_id=ids["<|vision_end|>"],
-        )
-        cfg: Any = Qwen3_5Config(**{**values, "text_config": text})
-        cls: Any = Qwen3_5ForConditionalGeneration
-    else:
-        tok = _train_tokenizer(_LFM_SPECIALS, [], seed + 1, qwen_style=False)
-        ids = {t: tok.token_to_id(t) for t in _LFM_SPECIALS}
-        text.update(
-            pad_token_id=ids["<|pad|>"],
-            bos_token_id=ids["<|startoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-        )
-        values.update(image_token_id=ids["<image>"])
-        cfg = Lfm2VlConfig(**{**values, "text_config": text})
-        cls = Lfm2VlForConditionalGeneration
+    tok = _train_tokenizer(recipe, seed)
+    cfg = _transformers_class(recipe.config_class)(**_with_token_ids(recipe, values, tok))
     vocab = int(cfg.get_text_config().vocab_size)
     if vocab < tok.get_vocab_size():
         raise ValueError(
@@ -575,20 +354,15 @@ def build_random_member(
         )
     _seed_all(seed)
     with torch.device(device):
-        model = cls._from_config(cfg, dtype=getattr(torch, dtype)).eval()
+        model = (
+            _transformers_class(recipe.model_class)
+            ._from_config(cfg, dtype=getattr(torch, dtype))
+            .eval()
+        )
     _save_model(model, path)
     del model
-    if model_type == "qwen3_5":
-        _save_qwen_files(tok, path)
-    else:
-        tokens = ((image_size or (512, 512))[0] // 32) * ((image_size or (512, 512))[1] // 32)
-        _save_lfm_files(
-            tok,
-            path,
-            min_image_tokens=min(64, tokens),
-            max_image_tokens=max(256, tokens),
-            downsample_factor=int(values.get("downsample_factor", 2)),
-        )
+    tokens = get_arch(model_type).geometry(values, {}, image_size).n_image_tokens
+    _save_tokenizer_files(ecfg, tok, path, values, (min(64, tokens), max(256, tokens)))
     _write_markers(
         path, model_type, image_size, built_by="spotstop.export.tiny.build_random_member"
     )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -50,6 +52,51 @@ def tiny_pair_fp32_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFact
         args += ["--member", str(tiny_pair / m)]
     assert main([*args, "--trt", "off"]) == 0
     return out
+
+
+#: Registered architectures whose export takes minutes, and why: their member-export test
+#: cases are ``slow`` and read the pair's one fp32 export (``tiny_pair_fp32_bundle``).
+SLOW_EXPORT = {"qwen3_5": "its decoder needs the dynamo exporter: minutes on 2 cores"}
+
+
+def by_arch(*, bundle: bool = False) -> list[Any]:
+    """One test case per registered export config (tests/test_export.py checks that every
+    export test has them); with ``bundle`` (the case exports the whole member), a case of
+    :data:`SLOW_EXPORT` is marked ``slow``."""
+    from spotstop.export.configs import EXPORT_CONFIGS
+
+    return [
+        pytest.param(a, id=a, marks=[pytest.mark.slow] if bundle and a in SLOW_EXPORT else [])
+        for a in sorted(EXPORT_CONFIGS)
+    ]
+
+
+@pytest.fixture(scope="session")
+def member_fp32_bundles(
+    tiny_pair: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Path]:
+    """architecture → an fp32 bundle (with TensorRT script and Triton layout) of its tiny
+    member alone, exported on first use, once per session."""
+    from spotstop.guard.cli import main
+
+    made: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in made:
+            out = tmp_path_factory.mktemp("member32") / arch
+            args = ["export", "--out", str(out), "--precision", "fp32", "--buckets", "128,256"]
+            assert main([*args, "--member", str(tiny_pair / f"tiny-{arch}"), "--triton"]) == 0
+            made[arch] = out
+        return made[arch]
+
+    return get
+
+
+def fp32_bundle(request: pytest.FixtureRequest, arch: str) -> Path:
+    """An fp32 bundle holding ``arch``'s tiny member (see :data:`SLOW_EXPORT`)."""
+    if arch in SLOW_EXPORT:
+        return request.getfixturevalue("tiny_pair_fp32_bundle")
+    return request.getfixturevalue("member_fp32_bundles")(arch)
 
 
 def make_image_bytes(seed: int, size: tuple[int, int] = (80, 48), fmt: str = "PNG") -> bytes:

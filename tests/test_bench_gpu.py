@@ -92,36 +92,56 @@ def test_step_budgets_per_step_and_per_member() -> None:
             gpu._parse_budgets([bad], True)
 
 
+#: per architecture: (text_config, vision_config, top-level) changes that shrink a recorded
+#: real config (a registered architecture without an entry fails the random-member test)
+_SHRINK: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
+    "qwen3_5": (
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+        },
+        {
+            "depth": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 4,
+            "out_hidden_size": 64,
+        },
+        {},
+    ),
+    "lfm2_vl": (
+        {
+            "block_ff_dim": 128,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+        },
+        {"projector_hidden_size": 64},
+    ),
+}
+
+
 def _shrunk(recorded: dict[str, Any]) -> dict[str, Any]:
     """A recorded real config with its widths and depths shrunk (same keys, same classes)."""
     r = copy.deepcopy(recorded)
-    t, v = r["text_config"], r["vision_config"]
-    common = {"vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128}
-    if r["model_type"] == "qwen3_5":
-        t.update(
-            common,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            layer_types=t["layer_types"][:4],
-        )
-        v.update(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=64)
-    else:
-        t.update(
-            common,
-            block_ff_dim=128,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            layer_types=t["layer_types"][:3],
-        )
-        v.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
-        r["projector_hidden_size"] = 64
+    text, vision, top = _SHRINK[r["model_type"]]
+    t = r["text_config"]
+    t.update(vocab_size=1024, hidden_size=64, intermediate_size=128, **text)
+    t["layer_types"] = t["layer_types"][: text["num_hidden_layers"]]
+    r["vision_config"].update(vision)
+    r.update(top)
     return r
 
 

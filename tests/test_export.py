@@ -1,16 +1,21 @@
 """ONNX export of the scoring graphs, the onnx backend and exported bundles, on the tiny pair.
 
-The LFM2-VL member exports in seconds (legacy exporter for both graphs) and runs in the
-default test run at fp32 and int8. The Qwen3.5 decoder needs the dynamo exporter (minutes on
-two cores): its scoring graphs are checked in torch against the reference and its vision
-graph is exported in the default run; the full Qwen3.5 bundle is a ``slow`` test.
+The export tests are parametrized over the registered export configs (conftest's ``by_arch``), each on
+its architecture's tiny member, and :func:`test_every_registered_architecture_is_tested` fails
+when a registered architecture lacks a case. The LFM2-VL member exports in seconds (legacy
+exporter for both graphs): its bundle runs in the default test run and also serves the
+backend and bundle tests. The Qwen3.5 decoder needs the dynamo exporter (minutes on two
+cores): its scoring graphs are checked in torch and its vision graph is exported in the
+default run; its bundle tests are ``slow`` (conftest's ``SLOW_EXPORT``).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,14 +29,8 @@ from spotstop.guard import Scene, ScoringConfig, load_member  # noqa: E402
 from spotstop.guard._errors import BackendUnavailableError, ScoringError  # noqa: E402
 from spotstop.guard._image import decode_image  # noqa: E402
 
-from tests.conftest import make_image_bytes  # noqa: E402
+from tests.conftest import SLOW_EXPORT, by_arch, fp32_bundle, make_image_bytes  # noqa: E402
 
-#: architecture → the tests that export it end to end (a registered one without is a failure)
-TESTED_ARCHS = {
-    "lfm2_vl": "test_lfm2_bundle_fp32_matches_torch, test_lfm2_bundle_int8_verifies",
-    "qwen3_5": "test_qwen_bundle_fp32_and_int8 (slow), test_vision_graph_exports[tiny-qwen3_5]",
-}
-BUCKETS = "128,256"
 REQUESTS = ["pick up the knife", "pour the hot water into the cup near the child"]
 
 
@@ -39,38 +38,35 @@ def _scenes() -> list[Scene]:
     return [Scene(make_image_bytes(i, (72 + 8 * i, 40 + 4 * i)), r) for i, r in enumerate(REQUESTS)]
 
 
-def _export(tiny_pair: Path, out: Path, precision: str, *members: str) -> Path:
-    from spotstop.guard.cli import main
-
-    args = ["export", "--out", str(out), "--precision", precision, "--buckets", BUCKETS]
-    for m in members:
-        args += ["--member", str(tiny_pair / m)]
-    assert main([*args, "--triton"]) == 0
-    return out
-
-
 @pytest.fixture(scope="session")
-def lfm_fp32(tiny_pair: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _export(tiny_pair, tmp_path_factory.mktemp("exp") / "b32", "fp32", "tiny-lfm2_vl")
-
-
-@pytest.fixture(scope="session")
-def lfm_int8(tiny_pair: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _export(tiny_pair, tmp_path_factory.mktemp("exp") / "b8", "int8", "tiny-lfm2_vl")
+def lfm_fp32(member_fp32_bundles: Callable[[str], Path]) -> Path:
+    """The fast member's fp32 bundle, for the backend and bundle tests."""
+    return member_fp32_bundles("lfm2_vl")
 
 
 # -- registry ------------------------------------------------------------------------------
 
 
-def test_every_registered_architecture_has_a_test() -> None:
-    missing = sorted(set(EXPORT_CONFIGS) - set(TESTED_ARCHS))
-    assert not missing, f"export configs without an export test: {missing}"
+def _cases(test: Callable[..., None]) -> set[str]:
+    marks = getattr(test, "pytestmark", [])
+    return {p.values[0] for m in marks if m.name == "parametrize" for p in m.args[1]}
+
+
+def test_every_registered_architecture_is_tested() -> None:
+    """A registered export config has a spec, a tiny member and a case in every export test."""
+    from spotstop.export.tiny import TINY_MEMBERS
     from spotstop.guard._arch import ARCHS
 
-    assert set(EXPORT_CONFIGS) == set(ARCHS), "every member architecture needs an export config"
+    registered = set(EXPORT_CONFIGS)
+    assert registered == set(ARCHS), "every member architecture needs an export config"
+    assert set(TINY_MEMBERS) == {f"tiny-{a}" for a in registered}
+    assert set(SLOW_EXPORT) <= registered
+    for test in PER_ARCH_TESTS:
+        missing = sorted(registered - _cases(test))
+        assert not missing, f"{test.__name__} has no case for {missing}"
 
 
-@pytest.mark.parametrize("arch", sorted(EXPORT_CONFIGS))
+@pytest.mark.parametrize("arch", by_arch())
 def test_export_configs_state_tolerances_for_every_precision(arch: str) -> None:
     cfg = EXPORT_CONFIGS[arch]
     for table in (cfg.atol, cfg.rtol, cfg.score_atol, cfg.min_spearman):
@@ -82,67 +78,67 @@ def test_export_configs_state_tolerances_for_every_precision(arch: str) -> None:
 # -- scoring graphs in torch -------------------------------------------------------------------
 
 
-def test_scoring_graphs_match_the_torch_reference(loaded_members: dict[str, object]) -> None:
-    """Graph wrappers (in-graph M-RoPE positions, visual-token scatter, sliced head) = reference."""
+@pytest.mark.parametrize("arch", by_arch())
+def test_scoring_graphs_match_the_torch_reference(arch: str, tiny_pair: Path) -> None:
+    """Graph wrappers (in-graph positions, visual-token scatter, sliced head) = reference."""
+    from spotstop.export.configs import get_export_config
     from spotstop.export.graphs import build_graphs
     from spotstop.guard.backends._onnx import combine_scores, decoder_feeds
 
     scenes = _scenes()
-    for m in loaded_members.values():
-        model = m.backend.model  # type: ignore[attr-defined]
-        plan = m.encoder.plan  # type: ignore[attr-defined]
-        g = m.geometry  # type: ignore[attr-defined]
-        vis, dec = build_graphs(
-            model,
-            m.folder.model_type,  # type: ignore[attr-defined]
-            image_token_id=m.folder.image_token_id,  # type: ignore[attr-defined]
-            first_ids=plan.first_ids,
-            gray_pixels=m._gray(),  # type: ignore[attr-defined]
-            merge=g.merge,
-        )
-        hidden = model.config.get_text_config().hidden_size
-        for variant in ("scene", "text"):
-            ref = [r.score for r in m.score(scenes, variant)]  # type: ignore[attr-defined]
-            prompts = [m.prompt_ids(s.request, variant) for s in scenes]  # type: ignore[attr-defined]
-            feeds = decoder_feeds(prompts, plan, 256)
-            if variant == "scene":
-                with torch.no_grad():
-                    emb = torch.cat(
-                        [
-                            vis(torch.from_numpy(m.pixels(decode_image(s.image))["pixel_values"]))  # type: ignore[attr-defined]
-                            for s in scenes
-                        ]
-                    )
-                emb = emb.repeat_interleave(len(plan.rows), dim=0)
-            else:
-                emb = torch.zeros(len(prompts) * len(plan.rows), g.n_image_tokens, hidden)
+    m: Any = load_member(tiny_pair / f"tiny-{arch}")
+    model = m.backend.model
+    plan = m.encoder.plan
+    g = m.geometry
+    vis, dec = build_graphs(
+        model,
+        get_export_config(arch),
+        image_token_id=m.folder.image_token_id,
+        first_ids=plan.first_ids,
+        gray_pixels=m._gray(),
+        geometry=g,
+    )
+    hidden = model.config.get_text_config().hidden_size
+    for variant in ("scene", "text"):
+        ref = [r.score for r in m.score(scenes, variant)]
+        prompts = [m.prompt_ids(s.request, variant) for s in scenes]
+        feeds = decoder_feeds(prompts, plan, 256)
+        if variant == "scene":
             with torch.no_grad():
-                fl, lp = dec(
-                    torch.from_numpy(feeds["input_ids"]),
-                    emb,
-                    *(
-                        torch.from_numpy(feeds[k])
-                        for k in ("last_index", "read_index", "read_token")
-                    ),
+                emb = torch.cat(
+                    [
+                        vis(torch.from_numpy(m.pixels(decode_image(s.image))["pixel_values"]))
+                        for s in scenes
+                    ]
                 )
-            got = combine_scores(fl.numpy(), lp.numpy(), plan, plan.first_ids)
-            np.testing.assert_allclose(got, ref, atol=1e-4, err_msg=f"{m.name} {variant}")  # type: ignore[attr-defined]
+            emb = emb.repeat_interleave(len(plan.rows), dim=0)
+        else:
+            emb = torch.zeros(len(prompts) * len(plan.rows), g.n_image_tokens, hidden)
+        with torch.no_grad():
+            fl, lp = dec(
+                torch.from_numpy(feeds["input_ids"]),
+                emb,
+                *(torch.from_numpy(feeds[k]) for k in ("last_index", "read_index", "read_token")),
+            )
+        got = combine_scores(fl.numpy(), lp.numpy(), plan, plan.first_ids)
+        np.testing.assert_allclose(got, ref, atol=1e-4, err_msg=f"{m.name} {variant}")
 
 
-@pytest.mark.parametrize("member", ["tiny-qwen3_5", "tiny-lfm2_vl"])
-def test_vision_graph_exports(member: str, tiny_pair: Path, tmp_path: Path) -> None:
-    """Both vision towers export with the legacy exporter and match torch at fp32 and int8."""
+@pytest.mark.parametrize("arch", by_arch())
+def test_vision_graph_exports(arch: str, tiny_pair: Path, tmp_path: Path) -> None:
+    """Every vision tower exports with its config's exporter and matches torch at fp32 and int8."""
     import onnx
     from spotstop.export.configs import get_export_config
+    from spotstop.export.exporters import export_vision
     from spotstop.export.graphs import VisionGraph
-    from spotstop.export.onnx import _compare, _export_vision, _session, convert_precision
+    from spotstop.export.onnx import _compare, _session
+    from spotstop.export.precision import convert_precision
 
-    m = load_member(tiny_pair / member)
+    m = load_member(tiny_pair / f"tiny-{arch}")
     px = m._gray()
-    vis = VisionGraph(m.backend.model, m.folder.model_type, px).eval()
-    cfg = get_export_config(m.folder.model_type)
-    assert cfg.vision_exporter == "legacy"
-    _export_vision(vis, cfg, px, tmp_path / "vision.onnx")
+    vis = VisionGraph(m.backend.model, px).eval()
+    cfg = get_export_config(arch)
+    export_vision(vis, cfg, px, tmp_path / "vision.onnx")
     noise = m.pixels(decode_image(make_image_bytes(3)))
     with torch.no_grad():
         want = vis(torch.from_numpy(noise["pixel_values"])).numpy()
@@ -175,21 +171,37 @@ def _compare_member(bundle: Path, tiny_pair: Path, name: str) -> float:
     return worst
 
 
-def test_lfm2_bundle_fp32_matches_torch(lfm_fp32: Path, tiny_pair: Path) -> None:
-    assert _compare_member(lfm_fp32, tiny_pair, "tiny-lfm2_vl") <= 1e-3
-
-
-def test_lfm2_bundle_int8_verifies(lfm_int8: Path, lfm_fp32: Path, tiny_pair: Path) -> None:
+@pytest.mark.parametrize("arch", by_arch(bundle=True))
+def test_bundle_matches_torch_at_fp32_and_int8(
+    arch: str, request: pytest.FixtureRequest, tiny_pair: Path, tmp_path: Path
+) -> None:
+    """The member's fp32 bundle scores as torch does; int8 derived from it verifies, with every
+    MatMul weight quantized."""
+    import onnx
+    from spotstop.export.configs import get_export_config
+    from spotstop.export.onnx_bundle import derive_bundle
     from spotstop.export.verify import verify_bundle
     from spotstop.guard._bundle import load_bundle
 
-    worst = _compare_member(lfm_int8, tiny_pair, "tiny-lfm2_vl")
-    assert worst <= Lfm2VlExportConfig.score_atol["int8"]
-    v = verify_bundle(lfm_int8, n_scenes=4)
+    cfg, name = get_export_config(arch), f"tiny-{arch}"
+    b32 = fp32_bundle(request, arch)
+    assert _compare_member(b32, tiny_pair, name) <= cfg.score_atol["fp32"]
+    b8 = derive_bundle(b32, tmp_path / "b8", precision="int8")
+    assert _compare_member(b8, tiny_pair, name) <= cfg.score_atol["int8"]
+    v = verify_bundle(b8, n_scenes=4)
     assert v.ok, str(v)
-    w8 = load_bundle(lfm_int8).manifest["export"]["weight_bytes"]
-    w32 = load_bundle(lfm_fp32).manifest["export"]["weight_bytes"]
-    assert w8 < 0.6 * w32
+    weights = {
+        b: next(m for m in load_bundle(b).manifest["members"] if m["name"] == name)["weight_bytes"]
+        for b in (b32, b8)
+    }
+    assert weights[b8] < weights[b32]
+    for f in sorted((b8 / "members" / name / "onnx").glob("*.onnx")):
+        g = onnx.load(str(f), load_external_data=False)
+        inits = {t.name for t in g.graph.initializer}
+        float_weights = [
+            n.name for n in g.graph.node if n.op_type == "MatMul" and n.input[1] in inits
+        ]
+        assert not float_weights, (f.name, float_weights)
 
 
 def test_verify_bundle_cli(lfm_fp32: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -346,21 +358,10 @@ def test_onnx_backend_refuses_long_prompts_and_other_answers(lfm_fp32: Path) -> 
     assert after.score == before.score
 
 
-# -- the full Qwen3.5 bundle (slow: dynamo export) ---------------------------------------------
-
-
-@pytest.mark.slow
-def test_qwen_bundle_fp32_and_int8(
-    tiny_pair: Path, tiny_pair_fp32_bundle: Path, tmp_path: Path
-) -> None:
-    """The Qwen3.5 member (dynamo decoder, one graph per bucket) at fp32, and int8 from it."""
-    from spotstop.export.configs import Qwen35ExportConfig
-    from spotstop.export.onnx_bundle import derive_bundle
-    from spotstop.export.verify import verify_bundle
-
-    b32 = tiny_pair_fp32_bundle
-    assert _compare_member(b32, tiny_pair, "tiny-qwen3_5") <= 1e-3
-    b8 = derive_bundle(b32, tmp_path / "p8", precision="int8")
-    assert _compare_member(b8, tiny_pair, "tiny-qwen3_5") <= Qwen35ExportConfig.score_atol["int8"]
-    v = verify_bundle(b8)
-    assert v.ok, str(v)
+#: the per-architecture export tests: each must have a case per registered export config
+PER_ARCH_TESTS = (
+    test_export_configs_state_tolerances_for_every_precision,
+    test_scoring_graphs_match_the_torch_reference,
+    test_vision_graph_exports,
+    test_bundle_matches_torch_at_fp32_and_int8,
+)

@@ -6,14 +6,16 @@
 * tied output layer: a member whose output layer is its token-embedding table stores that
   table ONCE at fp32, fp16, int8 and int4.
 
-The tiny LFM2-VL member ties its embeddings (export/tiny.py) and exports with the legacy
-exporter in seconds: its graphs run in the default test run. The tiny Qwen3.5 member does not
-tie them and its decoder needs the dynamo exporter (minutes): its tests are ``slow`` and share
-one fp32 bundle export, from which the other precisions are derived without exporting again.
+The member tests are parametrized over the registered export configs (conftest's
+``by_arch``). The tiny LFM2-VL member ties its embeddings and exports with the legacy exporter
+in seconds: its cases run in the default test run. The tiny Qwen3.5 member does not tie them
+and its decoder needs the dynamo exporter (minutes): its cases are ``slow`` and share one fp32
+bundle export, from which the other precisions are derived without exporting again.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -26,34 +28,20 @@ pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from spotstop.export.configs import get_export_config  # noqa: E402
-from spotstop.export.onnx import (  # noqa: E402
-    _fp32_nodes,
-    _session,
-    _untie_for_quantizer,
-    convert_precision,
-    onnx_weight_bytes,
-    tie_output_layer,
-    to_fp16,
-)
+from spotstop.export.fp16 import fp32_nodes, to_fp16  # noqa: E402
+from spotstop.export.onnx import _session, onnx_weight_bytes  # noqa: E402
+from spotstop.export.precision import convert_precision  # noqa: E402
+from spotstop.export.weights import tie_output_layer, untie_for_quantizer  # noqa: E402
 
-BUCKETS = "128,256"
+from tests.conftest import by_arch, fp32_bundle  # noqa: E402
+
 QUANT = ("int8", "int4")
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def _export_bundle(tiny_pair: Path, out: Path, precision: str, *members: str) -> Path:
-    from spotstop.guard.cli import main
-
-    args = ["export", "--out", str(out), "--precision", precision, "--buckets", BUCKETS]
-    for m in members:
-        args += ["--member", str(tiny_pair / m)]
-    assert main([*args, "--trt", "off"]) == 0
-    return out
 
 
 def _member_graphs(bundle: Path, member: str) -> dict[str, Any]:
@@ -309,7 +297,8 @@ def test_tie_output_layer_on_both_exporter_forms(form: str) -> None:
 def test_tie_output_layer_on_real_exports(exporter: str, tmp_path: Path) -> None:
     """A tied embedding + output layer as both torch exporters write it (seconds)."""
     import torch
-    from spotstop.export.onnx import _exporter_noise, fold_weight_transposes
+    from spotstop.export.exporters import _exporter_noise
+    from spotstop.export.weights import fold_weight_transposes
     from torch import nn
 
     class Tied(nn.Module):
@@ -343,47 +332,39 @@ def test_tie_output_layer_on_real_exports(exporter: str, tmp_path: Path) -> None
         np.testing.assert_allclose(got, want, atol=tol[0], rtol=tol[1], err_msg=precision)
 
 
-# -- the tiny LFM2-VL member (tied embeddings; legacy exporter: default run) ------------------
+# -- every registered architecture's tiny member ---------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def lfm_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _export_bundle(
-        tiny_pair, tmp_path_factory.mktemp("prec") / "l32", "fp32", "tiny-lfm2_vl"
-    )
+def _graphs(request: pytest.FixtureRequest, arch: str) -> dict[str, Any]:
+    return _member_graphs(fp32_bundle(request, arch), f"tiny-{arch}")
 
 
-@pytest.fixture(scope="module")
-def lfm_graphs(lfm_bundle: Path) -> dict[str, Any]:
-    return _member_graphs(lfm_bundle, "tiny-lfm2_vl")
-
-
-@pytest.fixture(scope="module")
-def lfm_sessions(lfm_graphs: dict[str, Any]) -> dict[str, Any]:
-    return {
+@pytest.mark.parametrize("arch", by_arch(bundle=True))
+def test_fp16_matches_fp32(arch: str, request: pytest.FixtureRequest) -> None:
+    cfg = get_export_config(arch)
+    graphs = _graphs(request, arch)
+    sessions = {
         (g, p): _session(convert_precision(m, p))
-        for g, m in lfm_graphs.items()
+        for g, m in graphs.items()
         for p in ("fp32", "fp16")
     }
 
+    @settings(max_examples=6, deadline=None)
+    @given(seed=st.integers(0, 2**31 - 1), graph=st.sampled_from(sorted(graphs)))
+    def check(seed: int, graph: str) -> None:
+        feeds = _feeds(graphs[graph], seed)
+        want = sessions[(graph, "fp32")].run(None, feeds)
+        got = sessions[(graph, "fp16")].run(None, feeds)
+        _close(got, want, cfg.atol["fp16"], cfg.rtol["fp16"])
 
-@settings(
-    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(seed=st.integers(0, 2**31 - 1), graph=st.sampled_from(["vision", "decoder"]))
-def test_lfm2_fp16_matches_fp32(
-    lfm_graphs: dict[str, Any], lfm_sessions: dict[str, Any], seed: int, graph: str
-) -> None:
-    cfg = get_export_config("lfm2_vl")
-    feeds = _feeds(lfm_graphs[graph], seed)
-    want = lfm_sessions[(graph, "fp32")].run(None, feeds)
-    got = lfm_sessions[(graph, "fp16")].run(None, feeds)
-    _close(got, want, cfg.atol["fp16"], cfg.rtol["fp16"])
+    check()
 
 
-def test_lfm2_fp16_survives_large_activations(lfm_graphs: dict[str, Any]) -> None:
-    cfg = get_export_config("lfm2_vl")
-    big = _scale_embeddings(lfm_graphs["decoder"], 2000.0)
+@pytest.mark.parametrize("arch", by_arch(bundle=True))
+def test_fp16_survives_large_activations(arch: str, request: pytest.FixtureRequest) -> None:
+    """RMSNorm variance and the residual stream beyond float16's range."""
+    cfg = get_export_config(arch)
+    big = _scale_embeddings(_graphs(request, arch)["decoder"], 2000.0)
     feeds = _feeds(big, 7, scale=2000.0)
     want = _session(big).run(None, feeds)
     fp16 = convert_precision(big, "fp16")
@@ -391,58 +372,74 @@ def test_lfm2_fp16_survives_large_activations(lfm_graphs: dict[str, Any]) -> Non
     assert not _float16_round_trips(fp16)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8", "int4"])
-def test_lfm2_tied_table_is_stored_once(lfm_graphs: dict[str, Any], precision: str) -> None:
-    dec = lfm_graphs["decoder"]
+@pytest.mark.parametrize("arch", by_arch(bundle=True))
+def test_output_layer_is_stored_as_the_member_ties_it(
+    arch: str, request: pytest.FixtureRequest, tiny_pair: Path
+) -> None:
+    """A tied table is stored once at every precision; an untied one is left alone."""
+    dec = _graphs(request, arch)["decoder"]
+    config = json.loads((tiny_pair / f"tiny-{arch}" / "config.json").read_text(encoding="utf-8"))
+    if not config.get("tie_word_embeddings"):
+        assert not any(n.name.startswith("tied_output_layer") for n in dec.graph.node)
+        assert not any(n.op_type == "Gemm" for n in dec.graph.node)
+        return
+    cfg = get_export_config(arch)
     vocab, hidden = _vocab(dec), _dims(dec, "image_embeds")[2]
     assert hidden is not None
-    tied = convert_precision(dec, precision)
-    _assert_one_table(tied, vocab, hidden, precision)
-    # the graph as exported before: the output layer as a MatMul on a second (transposed) copy
-    untied = onnx.ModelProto()
-    untied.CopyFrom(dec)
-    assert _untie_for_quantizer(untied)  # Gemm on W → MatMul on a copy of Wᵀ
-    before = onnx_weight_bytes(convert_precision(untied, precision))
-    after = onnx_weight_bytes(tied)
-    per = {"fp32": 4, "fp16": 2, "int8": 2, "int4": 2}[precision]  # the dropped copy's bytes
-    assert before - after >= 0.95 * vocab * hidden * per, (before, after)
     feeds = _feeds(dec, 3)
-    cfg = get_export_config("lfm2_vl")
-    _close(
-        _session(tied).run(None, feeds),
-        _session(dec).run(None, feeds),
-        cfg.atol[precision],
-        cfg.rtol[precision],
-    )
+    for precision in ("fp32", "fp16", "int8", "int4"):
+        tied = convert_precision(dec, precision)
+        _assert_one_table(tied, vocab, hidden, precision)
+        # the graph as exported before: the output layer as a MatMul on a second (transposed) copy
+        untied = onnx.ModelProto()
+        untied.CopyFrom(dec)
+        assert untie_for_quantizer(untied)  # Gemm on W → MatMul on a copy of Wᵀ
+        before = onnx_weight_bytes(convert_precision(untied, precision))
+        after = onnx_weight_bytes(tied)
+        per = {"fp32": 4, "fp16": 2, "int8": 2, "int4": 2}[precision]  # the dropped copy's bytes
+        assert before - after >= 0.95 * vocab * hidden * per, (precision, before, after)
+        _close(
+            _session(tied).run(None, feeds),
+            _session(dec).run(None, feeds),
+            cfg.atol[precision],
+            cfg.rtol[precision],
+        )
 
 
-def test_lfm2_fp16_bundle_verifies(lfm_bundle: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", by_arch(bundle=True))
+def test_fp16_bundle_verifies(arch: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """fp16 derived from the fp32 bundle: verify-bundle passes, about half the weight bytes."""
     from spotstop.export.onnx_bundle import derive_bundle
     from spotstop.export.verify import verify_bundle
     from spotstop.guard._bundle import load_bundle
 
-    b16 = derive_bundle(lfm_bundle, tmp_path / "l16", precision="fp16")
+    b32 = fp32_bundle(request, arch)
+    b16 = derive_bundle(b32, tmp_path / "b16", precision="fp16")
     # spotstop verify-bundle's default 12 scenes: the tiny pair's scores bunch together, so
     # with fewer scenes a swap of two near-equal scores moves the rank correlation a lot
     v = verify_bundle(b16)
     assert v.ok, str(v)
-    w16 = load_bundle(b16).manifest["export"]["weight_bytes"]
-    w32 = load_bundle(lfm_bundle).manifest["export"]["weight_bytes"]
+    w16, w32 = (
+        next(m for m in load_bundle(b).manifest["members"] if m["name"] == f"tiny-{arch}")[
+            "weight_bytes"
+        ]
+        for b in (b16, b32)
+    )
     assert w16 <= 0.55 * w32
 
 
-@pytest.mark.parametrize("member", ["tiny-qwen3_5", "tiny-lfm2_vl"])
-def test_vision_fp16_matches_fp32(member: str, tiny_pair: Path, tmp_path: Path) -> None:
-    """Both vision towers (legacy exporter, seconds): fp16 loads and matches fp32."""
+@pytest.mark.parametrize("arch", by_arch())
+def test_vision_fp16_matches_fp32(arch: str, tiny_pair: Path, tmp_path: Path) -> None:
+    """Every vision tower (seconds to export): fp16 loads and matches fp32."""
+    from spotstop.export.exporters import export_vision
     from spotstop.export.graphs import VisionGraph
-    from spotstop.export.onnx import _export_vision
     from spotstop.guard import load_member
 
-    m = load_member(tiny_pair / member)
-    px = m._gray()  # type: ignore[attr-defined]
-    vis = VisionGraph(m.backend.model, m.folder.model_type, px).eval()  # type: ignore[attr-defined]
-    cfg = get_export_config(m.folder.model_type)  # type: ignore[attr-defined]
-    _export_vision(vis, cfg, px, tmp_path / "vision.onnx")
+    m: Any = load_member(tiny_pair / f"tiny-{arch}")
+    px = m._gray()
+    vis = VisionGraph(m.backend.model, px).eval()
+    cfg = get_export_config(arch)
+    export_vision(vis, cfg, px, tmp_path / "vision.onnx")
     model = onnx.load(str(tmp_path / "vision.onnx"))
     fp16 = _session(convert_precision(model, "fp16"))
     fp32 = _session(model)
@@ -492,53 +489,10 @@ def test_memory_budget_readme_is_current() -> None:
 # -- the tiny Qwen3.5 member (dynamo decoder export: slow) ------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pair_fp32(tiny_pair_fp32_bundle: Path) -> Path:
-    """Both tiny members at fp32, exported once per session (conftest.py)."""
-    return tiny_pair_fp32_bundle
-
-
 @pytest.mark.slow
-def test_pair_fp16_bundle_verifies(pair_fp32: Path, tmp_path: Path) -> None:
-    """Both members at fp16 (the Qwen3.5 decoder did not load before): verify-bundle passes."""
-    from spotstop.export.onnx_bundle import derive_bundle
-    from spotstop.export.verify import verify_bundle
-
-    b16 = derive_bundle(pair_fp32, tmp_path / "p16", precision="fp16")
-    v = verify_bundle(b16)
-    assert v.ok, str(v)
-    assert {m.name for m in v.members} == {"tiny-qwen3_5", "tiny-lfm2_vl"}
-
-
-@pytest.mark.slow
-def test_qwen_fp16_decoder_matches_fp32(pair_fp32: Path) -> None:
-    cfg = get_export_config("qwen3_5")
-    dec = _member_graphs(pair_fp32, "tiny-qwen3_5")["decoder"]
-    fp16 = convert_precision(dec, "fp16")
-    s16, s32 = _session(fp16), _session(dec)
-
-    @settings(max_examples=5, deadline=None)
-    @given(seed=st.integers(0, 2**31 - 1))
-    def check(seed: int) -> None:
-        feeds = _feeds(dec, seed)
-        _close(s16.run(None, feeds), s32.run(None, feeds), cfg.atol["fp16"], cfg.rtol["fp16"])
-
-    check()
-    # large activations: RMSNorm variance and the residual stream beyond float16's range
-    big = _scale_embeddings(dec, 2000.0)
-    feeds = _feeds(big, 11, scale=2000.0)
-    _close(
-        _session(convert_precision(big, "fp16")).run(None, feeds),
-        _session(big).run(None, feeds),
-        cfg.atol["fp16"],
-        cfg.rtol["fp16"],
-    )
-
-
-@pytest.mark.slow
-def test_qwen_fp16_decoder_is_float16_where_it_counts(pair_fp32: Path) -> None:
+def test_qwen_fp16_decoder_is_float16_where_it_counts(tiny_pair_fp32_bundle: Path) -> None:
     """Weights and projections float16; normalisers, RMSNorm and the delta rule float32."""
-    dec = _member_graphs(pair_fp32, "tiny-qwen3_5")["decoder"]
+    dec = _member_graphs(tiny_pair_fp32_bundle, "tiny-qwen3_5")["decoder"]
     fp16 = convert_precision(dec, "fp16")
     assert not _float16_round_trips(fp16)
     inits = {t.name: t for t in fp16.graph.initializer}
@@ -564,7 +518,7 @@ def test_qwen_fp16_decoder_is_float16_where_it_counts(pair_fp32: Path) -> None:
         to16 = p is not None and p.op_type == "Cast" and helper.get_node_attr_value(p, "to") == 10
         return to16 or types.get(n.input[0]) == TensorProto.FLOAT16
 
-    regions = set(_fp32_nodes(dec))
+    regions = set(fp32_nodes(dec))
     checked = [
         n
         for n in fp16.graph.node
@@ -573,11 +527,3 @@ def test_qwen_fp16_decoder_is_float16_where_it_counts(pair_fp32: Path) -> None:
     ]
     assert {"Softmax", "LogSoftmax", "Exp", "Pow", "ReduceMean"} <= {n.op_type for n in checked}
     assert not [(n.name, n.op_type) for n in checked if float16_in(n)]
-
-
-@pytest.mark.slow
-def test_qwen_untied_output_layer_is_left_alone(pair_fp32: Path) -> None:
-    """tiny-qwen3_5 does not tie its embeddings: its table and output layer stay separate."""
-    dec = _member_graphs(pair_fp32, "tiny-qwen3_5")["decoder"]
-    assert not any(n.name.startswith("tied_output_layer") for n in dec.graph.node)
-    assert not any(n.op_type == "Gemm" for n in dec.graph.node)

@@ -5,8 +5,9 @@ per-element reference of symmetric int4 round-to-nearest in blocks of 128 rows
 (``s = max|w| / 7`` per block and column, ``q = round_half_even(w / s)`` clipped to
 ``[-8, 7]``; float16 weights: ``s`` floored at 2**-14 and rounded to float16 before ``q``),
 onnxruntime runs the result, ``convert_precision(..., "int4-trt")`` quantizes the fp16 graph
-(float16 scales and DequantizeLinear outputs, the float32 islands kept), and the tiny pair's
-LFM2-VL member exports and scores at int4-trt.
+(float16 scales and DequantizeLinear outputs, the float32 islands kept), the tiny pair's
+LFM2-VL member exports and scores at int4-trt, and every registered architecture's fp32 bundle
+converts to a verifying int4-trt one (conftest's ``by_arch``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from spotstop.export.quant import (  # noqa: E402
     quantizer_meta,
     raise_opset,
 )
+
+from tests.conftest import by_arch, fp32_bundle  # noqa: E402
 
 HAS_MODELOPT = modelopt_version() is not None
 
@@ -275,7 +278,7 @@ def _norm_softmax_matmul_model() -> onnx.ModelProto:
 def test_convert_precision_int4_trt_quantizes_the_fp16_graph() -> None:
     """Float16 scales and DequantizeLinear outputs into float16 MatMuls; the RMSNorm region and
     the Softmax stay float32 (no float16 round trip); float32 graph inputs and outputs."""
-    from spotstop.export.onnx import convert_precision
+    from spotstop.export.precision import convert_precision
 
     m32 = _norm_softmax_matmul_model()
     m = convert_precision(m32, "int4-trt")
@@ -520,7 +523,9 @@ def _worst_score_diff(bundle: Path, tiny_pair: Path, name: str) -> float:
     return worst
 
 
-def test_lfm2_int4_trt_export_validates(tiny_pair: Path, tmp_path: Path) -> None:
+def test_lfm2_int4_trt_export_validates(
+    tiny_pair: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     pytest.importorskip("torch")
     import yaml
     from spotstop.export.configs import Lfm2VlExportConfig
@@ -559,31 +564,33 @@ def test_lfm2_int4_trt_export_validates(tiny_pair: Path, tmp_path: Path) -> None
     assert _worst_score_diff(b4.path, tiny_pair, name) <= Lfm2VlExportConfig.score_atol["int4-trt"]
 
     # derived from an fp32 bundle: the same graphs, about an eighth of the matrix bytes
-    b32 = write_onnx_bundle([tiny_pair / name], tmp_path / "b32", buckets=[256], trt="off")
-    d = derive_bundle(b32.path, tmp_path / "d4t", precision="int4-trt")
+    b32 = fp32_bundle(request, "lfm2_vl")
+    d = derive_bundle(b32, tmp_path / "d4t", precision="int4-trt")
     man = load_bundle(d).manifest
     assert man["export"]["precision"] == "int4-trt"
     assert man["export"]["weight_bytes"] == b4.weight_bytes
-    assert b4.weight_bytes < 0.5 * b32.weight_bytes
+    assert b4.weight_bytes < 0.5 * load_bundle(b32).manifest["export"]["weight_bytes"]
     dmeta = yaml.safe_load(
         (d / "members" / name / "spotstop_onnx.yaml").read_text(encoding="utf-8")
     )
     assert dmeta["precision"] == "int4-trt" and dmeta["quantizer"] == meta["quantizer"]
 
 
-@pytest.mark.slow
-def test_qwen_int4_trt_derived_bundle_verifies(
-    tiny_pair: Path, tiny_pair_fp32_bundle: Path, tmp_path: Path
+@pytest.mark.parametrize("arch", by_arch(bundle=True))
+def test_int4_trt_derived_bundle_verifies(
+    arch: str, request: pytest.FixtureRequest, tiny_pair: Path, tmp_path: Path
 ) -> None:
-    """The dynamo-exported Qwen3.5 graphs (opset 18) raise to 21 and quantize."""
-    from spotstop.export.configs import Qwen35ExportConfig
+    """Every architecture's fp32 graphs (dynamo-exported Qwen3.5: opset 18) raise to opset 21
+    and quantize; the derived member scores within its int4-trt tolerance."""
+    from spotstop.export.configs import get_export_config
     from spotstop.export.onnx_bundle import derive_bundle
 
-    name = "tiny-qwen3_5"
-    d = derive_bundle(tiny_pair_fp32_bundle, tmp_path / "q4t", precision="int4-trt")
+    name = f"tiny-{arch}"
+    d = derive_bundle(fp32_bundle(request, arch), tmp_path / "d4t", precision="int4-trt")
     graphs = _graph_ops(d / "members" / name)
     assert all("MatMulNBits" not in ops for ops in graphs.values())
     # the decoder's MatMuls are quantized; the Qwen3.5 vision tower's Linears export as Gemm,
     # which int4-trt (like int4) leaves in float
     assert all("DequantizeLinear" in ops for f, ops in graphs.items() if f.startswith("decoder"))
-    assert _worst_score_diff(d, tiny_pair, name) <= Qwen35ExportConfig.score_atol["int4-trt"]
+    atol = get_export_config(arch).score_atol["int4-trt"]
+    assert _worst_score_diff(d, tiny_pair, name) <= atol

@@ -1,0 +1,122 @@
+"""The ``torch.onnx`` calls that turn the scoring graphs (export/graphs.py) into ONNX files.
+
+Each graph is exported with the exporter and opset its architecture's export config names
+(export/configs.py): the legacy TorchScript exporter (``dynamo=False``) or the dynamo exporter
+(``dynamo=True``, without onnxscript's optimizer). The decoder's batch and read axes are
+dynamic; its sequence length too unless the config fixes it (one graph per length bucket).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from spotstop.export.configs import ExportConfig
+
+__all__ = ["DECODER_INPUTS", "DECODER_OUTPUTS", "export_decoder", "export_vision"]
+
+
+@contextmanager
+def _exporter_noise() -> Iterator[None]:
+    """Silence what the exporters say about themselves (not about our graphs).
+
+    The legacy exporter is chosen on purpose (see export/configs.py) and warns that it is
+    deprecated; tracing warns that shape-dependent Python values become constants, which is
+    what a fixed image grid and fixed-length buckets mean.
+    """
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        # torch.export's own deprecation notices (e.g. pytree's LeafSpec) during decomposition
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\..*")
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
+        yield
+
+
+def _exporter_options(cfg: type[ExportConfig], exporter: str) -> dict[str, Any]:
+    """``torch.onnx.export``'s exporter switch and opset for ``exporter`` under ``cfg``."""
+    if exporter == "legacy":
+        return {"opset_version": cfg.legacy_opset, "dynamo": False}
+    # optimize=False: onnxscript's optimizer more than doubles the export time of the
+    # Gated-DeltaNet graph; onnxruntime optimizes the graph when it loads it anyway.
+    return {"opset_version": cfg.dynamo_opset, "dynamo": True, "optimize": False}
+
+
+def export_vision(
+    vision: Any, cfg: type[ExportConfig], pixels: dict[str, np.ndarray], path: Path
+) -> None:
+    """Write the vision graph to ``path``, traced on ``pixels`` (its fixed grid)."""
+    import torch
+
+    x = torch.from_numpy(pixels["pixel_values"])
+    with torch.no_grad(), _exporter_noise():
+        torch.onnx.export(
+            vision,
+            (x,),
+            str(path),
+            input_names=["pixel_values"],
+            output_names=["image_embeds"],
+            **_exporter_options(cfg, cfg.vision_exporter),
+        )
+
+
+#: the decoder graph's inputs and outputs, in order (the runtime feeds them by name)
+DECODER_INPUTS = ["input_ids", "image_embeds", "last_index", "read_index", "read_token"]
+DECODER_OUTPUTS = ["first_logits", "read_logprob"]
+
+
+def _decoder_axes(fixed_length: bool) -> dict[str, dict[int, str]]:
+    """The decoder inputs' dynamic axes: batch, reads and (unless fixed) the sequence length."""
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch"} if fixed_length else {0: "batch", 1: "length"},
+        "image_embeds": {0: "batch"},
+        "last_index": {0: "batch"},
+        "read_index": {0: "batch", 1: "reads"},
+        "read_token": {0: "batch", 1: "reads"},
+    }
+    return axes
+
+
+def export_decoder(
+    decoder: Any,
+    cfg: type[ExportConfig],
+    feeds: dict[str, np.ndarray],
+    image_embeds: np.ndarray,
+    path: Path,
+) -> None:
+    """Write the decoder graph to ``path``, traced on ``feeds`` + ``image_embeds``."""
+    import torch
+
+    args = tuple(
+        torch.from_numpy(image_embeds if n == "image_embeds" else feeds[n]) for n in DECODER_INPUTS
+    )
+    axes = _decoder_axes(cfg.decoder_fixed_length)
+    shapes: dict[str, Any]
+    if cfg.decoder_exporter == "legacy":
+        outputs = {"first_logits": {0: "batch"}, "read_logprob": {0: "batch", 1: "reads"}}
+        shapes = {"dynamic_axes": {**axes, **outputs}}
+    else:
+        from torch.export import Dim
+
+        dims = {a: Dim(a) for a in ("batch", "reads", "length")}
+        shapes = {
+            "dynamic_shapes": {
+                name: {axis: dims[a] for axis, a in ax.items()} for name, ax in axes.items()
+            }
+        }
+    with torch.no_grad(), _exporter_noise():
+        torch.onnx.export(
+            decoder,
+            args,
+            str(path),
+            input_names=DECODER_INPUTS,
+            output_names=DECODER_OUTPUTS,
+            **shapes,
+            **_exporter_options(cfg, cfg.decoder_exporter),
+        )

@@ -1,0 +1,339 @@
+"""How an exported graph stores its weights: transposes folded, a tied table stored once.
+
+* :func:`fold_weight_transposes`: ``MatMul(x, Transpose(W))`` (the dynamo exporter's
+  ``Linear``) reads the transposed initializer instead, so weight-only quantizers see it.
+* A tied output layer (word embeddings = output layer) is stored ONCE: at export
+  (:func:`tie_output_layer`), the token ``Gather`` and a ``Gemm(transB=1)`` read the same
+  table (fp32/fp16); for int8/int4 (:func:`untie_for_quantizer`, then
+  :func:`gather_from_quantized`), the table is the output layer's ``MatMulNBits`` blocks, which
+  ``GatherBlockQuantized`` reads for the token embeddings too.
+* :func:`embeddings_to_fp16`: float32 token-embedding tables of int8/int4 graphs stored as
+  float16.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "embeddings_to_fp16",
+    "fold_weight_transposes",
+    "gather_from_quantized",
+    "tie_output_layer",
+    "untie_for_quantizer",
+]
+
+
+#: name prefix of the nodes :func:`tie_output_layer` writes (found again by the int8/int4 path)
+_TIED = "tied_output_layer"
+
+
+def _users(model: Any) -> dict[str, int]:
+    users: dict[str, int] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            users[i] = users.get(i, 0) + 1
+    for o in model.graph.output:
+        users[o.name] = users.get(o.name, 0) + 1
+    return users
+
+
+def _drop_unused_initializers(model: Any) -> None:
+    users = _users(model)
+    for t in [t for t in model.graph.initializer if users.get(t.name, 0) == 0]:
+        model.graph.initializer.remove(t)
+
+
+def fold_weight_transposes(model: Any) -> Any:
+    """Replace ``Transpose(initializer)`` by the transposed initializer, in place.
+
+    The dynamo exporter (run without onnxscript's optimizer, which more than doubles its time)
+    writes every ``Linear`` as ``MatMul(x, Transpose(W))``; weight-only quantizers only see a
+    MatMul whose weight is a constant, so the transposes are folded here first.
+    """
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    users = _users(model)
+    keep = []
+    for node in model.graph.node:
+        src = node.input[0] if node.input else ""
+        if node.op_type == "Transpose" and src in inits:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            arr = numpy_helper.to_array(inits[src])
+            folded = numpy_helper.from_array(
+                np.ascontiguousarray(np.transpose(arr, perm)), node.output[0]
+            )
+            model.graph.initializer.append(folded)
+            users[src] -= 1
+            if users[src] == 0:
+                model.graph.initializer.remove(inits[src])
+            continue
+        keep.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    return model
+
+
+def _gather_tables(model: Any) -> dict[str, Any]:
+    """2-D float initializers read by a ``Gather`` on axis 0 (token-embedding tables)."""
+    from onnx import TensorProto, helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    tables = {}
+    for node in model.graph.node:
+        if node.op_type != "Gather" or not node.input or node.input[0] not in inits:
+            continue
+        t = inits[node.input[0]]
+        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+        if (
+            axis == 0
+            and len(t.dims) == 2
+            and t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16)
+        ):
+            tables[t.name] = t
+    return tables
+
+
+def tie_output_layer(model: Any) -> Any:
+    """Keep ONE copy of a tied output layer (word embeddings = output layer), in place.
+
+    Exporters write ``x @ W.T`` on a tied table ``W`` as ``MatMul(x, Transpose(W))`` (dynamo)
+    or ``MatMul(x, Wᵀ)`` with ``Wᵀ`` a constant-folded SECOND initializer (legacy), next to the
+    ``Gather(W, input_ids)`` of the token embeddings: two copies of vocab × hidden weights (and
+    a runtime would materialize a constant ``Transpose`` too). Each such MatMul becomes
+    ``Reshape(x, [-1, hidden]) → Gemm(·, W, transB=1) → Reshape(·, x.shape[:-1] + [vocab])`` on
+    the very initializer the Gather reads. A folded copy is recognised only when it equals
+    ``Wᵀ`` exactly. Returns ``model``; a graph without tied weights is left as it is.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    tables = _gather_tables(model)
+    if not tables:
+        return model
+    inits = {t.name: t for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    arrays: dict[str, np.ndarray] = {}
+
+    def tied_table(b: str) -> str | None:
+        node = producer.get(b)
+        if node is not None and node.op_type == "Transpose" and node.input[0] in tables:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+            return node.input[0] if perm == [1, 0] else None
+        t = inits.get(b)
+        if t is None or len(t.dims) != 2:
+            return None
+        for name, e in tables.items():
+            if list(t.dims) == list(e.dims)[::-1] and t.data_type == e.data_type:
+                if name not in arrays:
+                    arrays[name] = numpy_helper.to_array(e)
+                if np.array_equal(numpy_helper.to_array(t), arrays[name].T):
+                    return name
+        return None
+
+    new_nodes: list[Any] = []
+    k = 0
+    for node in model.graph.node:
+        table = tied_table(node.input[1]) if node.op_type == "MatMul" else None
+        if table is None:
+            new_nodes.append(node)
+            continue
+        vocab, hidden = (int(d) for d in tables[table].dims)
+        p = f"{_TIED}/{k}"
+        k += 1
+        x, y = node.input[0], node.output[0]
+        model.graph.initializer.extend(
+            [
+                helper.make_tensor(f"{p}/flat_shape", TensorProto.INT64, [2], [-1, hidden]),
+                helper.make_tensor(f"{p}/vocab", TensorProto.INT64, [1], [vocab]),
+            ]
+        )
+        new_nodes += [
+            helper.make_node("Reshape", [x, f"{p}/flat_shape"], [f"{p}/flat"], name=f"{p}/flat"),
+            helper.make_node(
+                "Gemm", [f"{p}/flat", table], [f"{p}/logits"], name=f"{p}/gemm", transB=1
+            ),
+            helper.make_node("Shape", [x], [f"{p}/lead"], name=f"{p}/lead", start=0, end=-1),
+            helper.make_node(
+                "Concat", [f"{p}/lead", f"{p}/vocab"], [f"{p}/shape"], name=f"{p}/shape", axis=0
+            ),
+            helper.make_node("Reshape", [f"{p}/logits", f"{p}/shape"], [y], name=f"{p}/out"),
+        ]
+    if k == 0:
+        return model
+    del model.graph.node[:]
+    model.graph.node.extend(new_nodes)
+    # the Transpose nodes and folded copies nobody reads any more
+    while True:
+        users = _users(model)
+        dead = [
+            n
+            for n in model.graph.node
+            if n.op_type == "Transpose" and all(users.get(o, 0) == 0 for o in n.output)
+        ]
+        if not dead:
+            break
+        for n in dead:
+            model.graph.node.remove(n)
+    _drop_unused_initializers(model)
+    return model
+
+
+def untie_for_quantizer(model: Any) -> dict[str, str]:
+    """Give each tied ``Gemm`` of :func:`tie_output_layer` back a MatMul on ``Wᵀ``, in place.
+
+    ``MatMulNBitsQuantizer`` only quantizes a MatMul with a constant weight; the transposed
+    copy lives only until :func:`gather_from_quantized` points the Gather at the quantized
+    blocks. Returns {MatMul output: table}.
+    """
+    from onnx import helper, numpy_helper
+
+    tables = _gather_tables(model)
+    names = {t.name for t in model.graph.initializer}
+    tied: dict[str, str] = {}
+    new_nodes: list[Any] = []
+    for node in model.graph.node:
+        if node.op_type != "Gemm" or not node.name.startswith(_TIED) or node.input[1] not in tables:
+            new_nodes.append(node)
+            continue
+        table = node.input[1]
+        t_name = table + "_T"
+        if t_name not in names:
+            arr = np.ascontiguousarray(numpy_helper.to_array(tables[table]).T)
+            model.graph.initializer.append(numpy_helper.from_array(arr, t_name))
+            names.add(t_name)
+        new_nodes.append(
+            helper.make_node("MatMul", [node.input[0], t_name], list(node.output), name=node.name)
+        )
+        tied[node.output[0]] = table
+    if tied:
+        del model.graph.node[:]
+        model.graph.node.extend(new_nodes)
+    return tied
+
+
+def gather_from_quantized(model: Any, tied: dict[str, str], bits: int) -> Any:
+    """Token embeddings read from the quantized output layer (one table), in place.
+
+    After ``MatMulNBitsQuantizer``, the tied output layer is ``MatMulNBits`` with packed
+    blocks ``B`` (vocab, k_blocks, blob) and ``scales`` (vocab, k_blocks): the table itself,
+    quantized row by row along hidden. Every ``Gather`` on the float table becomes
+    onnxruntime's ``GatherBlockQuantized`` on the same ``B`` (uint8, ``bits``, symmetric: the
+    same default zero point), whose rank-3 form needs its scales as (vocab, k_blocks, 1), a
+    copy 1/32 (int8) or 1/16 (int4) the size of ``B``. The float table is dropped.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    if not tied:
+        return model
+    inits = {t.name: t for t in model.graph.initializer}
+    quant: dict[str, tuple[str, str, int]] = {}  # table → (B, scales3, block_size)
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits" and node.output[0] in tied:
+            table = tied[node.output[0]]
+            b, s = node.input[1], node.input[2]
+            bs = next(
+                helper.get_attribute_value(a) for a in node.attribute if a.name == "block_size"
+            )
+            s3 = s + "_gather"
+            if s3 not in inits:
+                arr = numpy_helper.to_array(inits[s])
+                t3 = numpy_helper.from_array(arr.reshape(*arr.shape, 1), s3)
+                model.graph.initializer.append(t3)
+                inits[s3] = t3
+            quant[table] = (b, s3, int(bs))
+    new_nodes: list[Any] = []
+    for k, node in enumerate(model.graph.node):
+        table = node.input[0] if node.op_type == "Gather" and node.input else ""
+        if table not in quant:
+            new_nodes.append(node)
+            continue
+        b, s3, bs = quant[table]
+        hidden = int(inits[table].dims[1])
+        nb = int(inits[b].dims[1])
+        p = f"{_TIED}/gather{k}"
+        idx, y = node.input[1], node.output[0]
+        padded = nb * bs != hidden
+        model.graph.initializer.extend(
+            [helper.make_tensor(f"{p}/width", TensorProto.INT64, [1], [nb * bs])]
+        )
+        new_nodes += [
+            helper.make_node(
+                "GatherBlockQuantized",
+                [b, idx, s3],
+                [f"{p}/blocks"],
+                name=f"{p}/gbq",
+                domain="com.microsoft",
+                gather_axis=0,
+                quantize_axis=2,
+                block_size=bs,
+                bits=bits,
+            ),
+            helper.make_node("Shape", [idx], [f"{p}/lead"], name=f"{p}/lead"),
+            helper.make_node(
+                "Concat", [f"{p}/lead", f"{p}/width"], [f"{p}/shape"], name=f"{p}/shape", axis=0
+            ),
+            helper.make_node(
+                "Reshape",
+                [f"{p}/blocks", f"{p}/shape"],
+                [f"{p}/rows" if padded else y],
+                name=f"{p}/rows",
+            ),
+        ]
+        if padded:  # hidden is not a multiple of the block: the last block is zero-padded
+            model.graph.initializer.extend(
+                [
+                    helper.make_tensor(f"{p}/start", TensorProto.INT64, [1], [0]),
+                    helper.make_tensor(f"{p}/end", TensorProto.INT64, [1], [hidden]),
+                    helper.make_tensor(f"{p}/axis", TensorProto.INT64, [1], [-1]),
+                ]
+            )
+            new_nodes.append(
+                helper.make_node(
+                    "Slice",
+                    [f"{p}/rows", f"{p}/start", f"{p}/end", f"{p}/axis"],
+                    [y],
+                    name=f"{p}/unpad",
+                )
+            )
+    del model.graph.node[:]
+    model.graph.node.extend(new_nodes)
+    _drop_unused_initializers(model)
+    return model
+
+
+def embeddings_to_fp16(model: Any) -> Any:
+    """Store float32 tables read by Gather (token embeddings) as float16 + a Cast."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    users: dict[str, int] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            users[i] = users.get(i, 0) + 1
+    new_nodes = []
+    for node in model.graph.node:
+        w = node.input[0] if node.input else ""
+        t = inits.get(w)
+        if (
+            node.op_type == "Gather"
+            and t is not None
+            and t.data_type == TensorProto.FLOAT
+            and len(t.dims) == 2
+            and int(np.prod(t.dims)) >= 4096
+        ):
+            half = numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), w + "_fp16")
+            model.graph.initializer.append(half)
+            out = node.output[0]
+            node.input[0] = half.name
+            node.output[0] = out + "_fp16"
+            new_nodes.append((node, helper.make_node("Cast", [out + "_fp16"], [out], to=1)))
+            users[w] -= 1
+            if users[w] == 0:
+                model.graph.initializer.remove(t)
+    for node, cast in new_nodes:
+        idx = list(model.graph.node).index(node)
+        model.graph.node.insert(idx + 1, cast)
+    return model
