@@ -34,6 +34,21 @@ from tests.test_cues_fakes import (
 )
 
 
+def _demo_source(
+    root: Path, n: int, seed: int, label=lambda i: "UNSAFE" if i % 2 == 0 else "SAFE"
+) -> Path:
+    """A source folder of ``n`` demo scenes (drawn shapes; JPEG or PNG) with labels."""
+    from spotstop.guard._demo import demo_scenes
+
+    root.mkdir(parents=True)
+    rows = ["image,request,label"]
+    for i, s in enumerate(demo_scenes(n, seed=seed)):
+        (root / f"i{i}.img").write_bytes(bytes(s.image))  # type: ignore[arg-type]
+        rows.append(f"i{i}.img,{s.request},{label(i)}")
+    (root / "s.csv").write_text("\n".join(rows) + "\n")
+    return root
+
+
 def spotstop(argv: list[str]) -> int:
     """The composition root as it registers these commands (see the module _cli docstring)."""
     p = argparse.ArgumentParser(prog="spotstop")
@@ -217,15 +232,9 @@ def test_bad_candidate_and_missing_extra(tmp_path, capsys, monkeypatch):
 def test_reliance_of_a_member_reading_with_the_real_ocr(tmp_path):
     """The text-driven double reads with RapidOCR: its reliance equals the one computed from the
     recorded texts, i.e. the OCR read every template's text as pasted."""
-    from spotstop.guard._demo import demo_scenes
     from spotstop.guard.cues import RapidOcrDetector
 
-    (tmp_path / "src").mkdir()
-    rows = ["image,request,label"]
-    for i, s in enumerate(demo_scenes(2, seed=5)):
-        (tmp_path / "src" / f"i{i}.jpg").write_bytes(bytes(s.image))  # type: ignore[arg-type]
-        rows.append(f"i{i}.jpg,go,{'UNSAFE' if i == 0 else 'SAFE'}")
-    (tmp_path / "src" / "s.csv").write_text("\n".join(rows) + "\n")
+    _demo_source(tmp_path / "src", 2, seed=5)
     edits = plan_edits(read_source_set(tmp_path / "src"), seed=0)
     _, base_of = rendered_doubles(edits, [1.0, -1.0])
     ocr = RapidOcrDetector(threads=2)
@@ -240,16 +249,11 @@ def test_reliance_of_a_member_reading_with_the_real_ocr(tmp_path):
 @pytest.mark.slow
 def test_end_to_end_on_the_tiny_pair(tmp_path, tiny_pair, capsys):
     """reliance, shift and select from the command line on the tiny TEST pair and the real OCR."""
-    from spotstop.guard._demo import demo_scenes, make_demo_bundle
+    from spotstop.guard._demo import make_demo_bundle
 
     shutil.copytree(tiny_pair, tmp_path / "tiny")
     bundle = make_demo_bundle(tmp_path)
-    (tmp_path / "src").mkdir()
-    rows = ["image,request,label"]
-    for i, s in enumerate(demo_scenes(3, seed=11)):
-        (tmp_path / "src" / f"i{i}.jpg").write_bytes(bytes(s.image))  # type: ignore[arg-type]
-        rows.append(f"i{i}.jpg,{s.request},{'UNSAFE' if i % 2 == 0 else 'SAFE'}")
-    (tmp_path / "src" / "s.csv").write_text("\n".join(rows) + "\n")
+    _demo_source(tmp_path / "src", 3, seed=11)
     cache = tmp_path / "cache"
     rel_argv = ["reliance", "--bundle", str(bundle), "--source", str(tmp_path / "src"),
                 "--out", str(tmp_path / "rel"), "--cache", str(cache), "--n-boot", "200"]  # fmt: skip

@@ -122,56 +122,65 @@ def _add_frames(p: argparse.ArgumentParser) -> None:
                    help="claim lexicon of the text detector (default: the bundled one)")  # fmt: skip
 
 
+def _add_bundle(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bundle", metavar="B", required=True, help="the guard's bundle folder")
+
+
+def _add_candidates(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--candidate", metavar="DIR", action="append", required=True,
+                   help="a bundle or a member folder (repeat for each candidate)")  # fmt: skip
+
+
+def _command(subparsers: Any, name: str) -> argparse.ArgumentParser:
+    summary, description, epilog, parts = _COMMANDS[name]
+    p = subparsers.add_parser(
+        name, help=summary, description=description, epilog=epilog, formatter_class=_formatter
+    )
+    for part in (*parts, _add_common):
+        part(p)
+    p.set_defaults(func=_RUN[name])
+    return p
+
+
 def add_reliance_parser(subparsers: Any) -> argparse.ArgumentParser:
     """``spotstop reliance``: how much a bundle's members and guard follow scene text."""
-    p = subparsers.add_parser(
-        "reliance",
-        help="measure how much the members and the guard follow text in the scene",
-        description="Measure reliance on reassuring and alarming scene text with matched edits "
-        "of a labelled source set (seed 002, Eq. 2), per member and for the guard as deployed.",
-        epilog=_RELIANCE_EPILOG,
-        formatter_class=_formatter,
-    )
-    p.add_argument("--bundle", metavar="B", required=True, help="the guard's bundle folder")
-    _add_source(p)
-    _add_common(p)
-    p.set_defaults(func=run_reliance)
-    return p
+    return _command(subparsers, "reliance")
 
 
 def add_shift_parser(subparsers: Any) -> argparse.ArgumentParser:
     """``spotstop shift``: how often scene text misleads in a deployment."""
-    p = subparsers.add_parser(
-        "shift",
-        help="estimate how often reassuring/alarming text misleads in a deployment",
-        description="Estimate the share of deployment frames whose text misleads, per cue, with "
-        "a text detector corrected for its error rates (seed 002, Sec. 3.4).",
-        epilog=_SHIFT_EPILOG,
-        formatter_class=_formatter,
-    )
-    _add_frames(p)
-    _add_common(p)
-    p.set_defaults(func=run_shift)
-    return p
+    return _command(subparsers, "shift")
 
 
 def add_select_parser(subparsers: Any) -> argparse.ArgumentParser:
     """``spotstop select``: rank candidate members, pairs and guards for a deployment."""
-    p = subparsers.add_parser(
-        "select",
-        help="rank candidate members, pairs and guards for a deployment (SRA)",
-        description="Rank candidates by source error + reliance x shift (Shift-Reliance "
-        "Alignment, seed 002, Eq. 1) without running them on the deployment.",
-        epilog=_SELECT_EPILOG,
-        formatter_class=_formatter,
-    )
-    p.add_argument("--candidate", metavar="DIR", action="append", required=True,
-                   help="a bundle or a member folder (repeat for each candidate)")  # fmt: skip
-    _add_source(p)
-    _add_frames(p)
-    _add_common(p)
-    p.set_defaults(func=run_select)
-    return p
+    return _command(subparsers, "select")
+
+
+#: name -> (one-line help, description, epilog, argument groups)
+_COMMANDS: dict[str, tuple[str, str, str, tuple[Any, ...]]] = {
+    "reliance": (
+        "measure how much the members and the guard follow text in the scene",
+        "Measure reliance on reassuring and alarming scene text with matched edits of a "
+        "labelled source set (seed 002, Eq. 2), per member and for the guard as deployed.",
+        _RELIANCE_EPILOG,
+        (_add_bundle, _add_source),
+    ),
+    "shift": (
+        "estimate how often reassuring/alarming text misleads in a deployment",
+        "Estimate the share of deployment frames whose text misleads, per cue, with a text "
+        "detector corrected for its error rates (seed 002, Sec. 3.4).",
+        _SHIFT_EPILOG,
+        (_add_frames,),
+    ),
+    "select": (
+        "rank candidate members, pairs and guards for a deployment (SRA)",
+        "Rank candidates by source error + reliance x shift (Shift-Reliance Alignment, seed "
+        "002, Eq. 1) without running them on the deployment.",
+        _SELECT_EPILOG,
+        (_add_candidates, _add_source, _add_frames),
+    ),
+}
 
 
 class _BadInput(Exception):
@@ -283,30 +292,30 @@ def _run(cmd: str, args: argparse.Namespace, body: Any) -> int:
         return 2 if isinstance(e, ValueError | FileNotFoundError) else 1
 
 
+def _emit(args: argparse.Namespace, name: str, res: Any) -> int:
+    """Write ``OUT/<name>.json`` and print the result's table and summary."""
+    path = _write(Path(args.out), f"{name}.json", res.to_dict())
+    if not args.quiet:
+        print(res.table(), "", res.summary(), f"wrote {path}", sep="\n")
+    return 0
+
+
 def run_reliance(args: argparse.Namespace) -> int:
     """Run ``spotstop reliance``."""
 
-    def body(rng: Any) -> int:
-        res = _reliance(args, [args.bundle], False, rng)
-        path = _write(Path(args.out), "reliance.json", res.to_dict())
-        if not args.quiet:
-            print(res.table(), "", res.summary(), f"wrote {path}", sep="\n")
-        return 0
-
-    return _run("reliance", args, body)
+    return _run(
+        "reliance",
+        args,
+        lambda rng: _emit(args, "reliance", _reliance(args, [args.bundle], False, rng)),
+    )
 
 
 def run_shift(args: argparse.Namespace) -> int:
     """Run ``spotstop shift``."""
 
-    def body(rng: Any) -> int:
-        res = _shift(args, rng, _make_detector(args))
-        path = _write(Path(args.out), "shift.json", res.to_dict())
-        if not args.quiet:
-            print(res.table(), "", res.summary(), f"wrote {path}", sep="\n")
-        return 0
-
-    return _run("shift", args, body)
+    return _run(
+        "shift", args, lambda rng: _emit(args, "shift", _shift(args, rng, _make_detector(args)))
+    )
 
 
 def run_select(args: argparse.Namespace) -> int:
@@ -328,3 +337,6 @@ def run_select(args: argparse.Namespace) -> int:
         return 0
 
     return _run("select", args, body)
+
+
+_RUN = {"reliance": run_reliance, "shift": run_shift, "select": run_select}

@@ -214,7 +214,11 @@ def estimate_reliance(
         labels = label_as_deployed(g.policy, {p: table.scores[m] for p, m in g.members.items()})
         errors[(g.name, "hard")] = answer_errors(labels.unsafe, y)
         kinds[g.name] = "guard"
-        notes[g.name] = {"members": dict(g.members), "rules": dict(labels.rules)}
+        notes[g.name] = {
+            "policy": "a policy dict" if isinstance(g.policy, Mapping) else str(g.policy),
+            "members": dict(g.members),
+            "rules": dict(labels.rules),
+        }
 
     for cue in CUES:
         if not (lay.cue == cue).any():

@@ -122,6 +122,13 @@ class SelectionResult:
             "provenance": dict(self.provenance),
         }
 
+    def summary(self) -> str:
+        """The first choice and where SRA departs from source error alone, and why."""
+        p = self.best
+        return f"SRA ranks {p.name} first (predicted error {fmt_estimate(p.predicted_error)}). " + (
+            self.explanation
+        )
+
     def table(self) -> str:
         head = (
             f"{'rank':>4}  {'candidate':<40} {'kind':<6} {'predicted error':<26} "
