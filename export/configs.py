@@ -183,6 +183,16 @@ class ExportConfig:
         )
 
 
+#: pixel scaling both real members' image processors use: to [0, 1], then (x - 0.5) / 0.5
+_RESCALE_NORMALIZE: Mapping[str, Any] = {
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "image_mean": (0.5, 0.5, 0.5),
+    "image_std": (0.5, 0.5, 0.5),
+}
+
+
 # -- Qwen3.5 --------------------------------------------------------------------------------
 
 _QWEN_SPECIALS = (
@@ -323,13 +333,9 @@ class Qwen35ExportConfig(ExportConfig):
     ) -> dict[str, Any]:
         # Qwen2VLImageProcessor's own pixel bounds: 1 to 1024 visual tokens
         return {
+            **_RESCALE_NORMALIZE,
             "image_processor_type": "Qwen2VLImageProcessor",
             "do_resize": True,
-            "do_rescale": True,
-            "rescale_factor": 1 / 255,
-            "do_normalize": True,
-            "image_mean": [0.5, 0.5, 0.5],
-            "image_std": [0.5, 0.5, 0.5],
             "do_convert_rgb": True,
             "patch_size": 16,
             "temporal_patch_size": 2,
@@ -433,11 +439,7 @@ class Lfm2VlExportConfig(ExportConfig):
             "encoder_patch_size": 16,
             "min_image_tokens": image_tokens[0],
             "max_image_tokens": image_tokens[1],
-            "do_normalize": True,
-            "do_rescale": True,
-            "rescale_factor": 1 / 255,
-            "image_mean": [0.5, 0.5, 0.5],
-            "image_std": [0.5, 0.5, 0.5],
+            **_RESCALE_NORMALIZE,
             "resample": 2,
             "use_thumbnail": False,
             "tile_size": 512,

@@ -9,10 +9,10 @@
       onnx/vision.onnx (+ vision.onnx.data)
       onnx/decoder.onnx  or  onnx/decoder_L{bucket}.onnx ×buckets  (+ decoder.data, shared)
 
-The steps follow optimum-onnx: the architecture's registered :class:`ExportConfig` picks the
-exporter per graph; after export, every output of every graph is compared with the torch
-scoring graph on the same inputs (a gray image, generated images, the request-only pass) and
-ALL failures are reported together in one :class:`ExportValidationError`; then the graphs are
+The steps follow optimum-onnx: the architecture's registered export config (export/configs.py)
+picks the exporter per graph; after export, every output of every graph is compared with the
+torch scoring graph on the same inputs (a gray image, generated images, the request-only pass)
+and ALL failures are reported together in one :class:`ExportValidationError`; then the graphs are
 converted to the requested precision and validated again with that precision's tolerances.
 
 Where the pieces live: the scoring graphs as torch modules in export/graphs.py; the
