@@ -8,7 +8,10 @@
   :func:`list_policy_versions` — ``policies/policy-vNNNN.yaml`` next to the active
   ``policy.yaml``.
 * :func:`diff_policies`, :func:`predict_effect` — what changed, and its effect on the log.
-* :func:`recommend_policy` — which policy fits, from the diagnostics, and why.
+* :func:`fit_pool_policy` — the first policy of a bundle, from unlabelled frames.
+
+The kinds a recalibration can write are the guard's registered policy kinds
+(``spotstop.guard.policies.POLICY_KINDS``). Needs numpy only, like the robot's runtime.
 """
 
 from spotstop.calibrate._conformal import ConformalCalibrator, CutChoice, binom_cdf
@@ -21,8 +24,8 @@ from spotstop.calibrate._diff import (
 )
 from spotstop.calibrate._frozen import FrozenFit, fit_frozen
 from spotstop.calibrate._logdata import CalibrationError, LogData, parse_time, read_log
-from spotstop.calibrate._recalibrate import POLICY_KINDS, Recalibrator
-from spotstop.calibrate._recommend import Recommendation, recommend_policy, situation_repeat_share
+from spotstop.calibrate._pool import fit_pool_policy, pool_scenes
+from spotstop.calibrate._recalibrate import Recalibrator
 from spotstop.calibrate._versions import (
     PolicyVersion,
     activate_policy_version,
@@ -33,7 +36,6 @@ from spotstop.calibrate._versions import (
 )
 
 __all__ = [
-    "POLICY_KINDS",
     "CalibrationError",
     "Change",
     "ConformalCalibrator",
@@ -44,18 +46,17 @@ __all__ = [
     "PolicyVersion",
     "PredictedEffect",
     "Recalibrator",
-    "Recommendation",
     "activate_policy_version",
     "active_policy_version",
     "binom_cdf",
     "diff_policies",
     "fit_frozen",
+    "fit_pool_policy",
     "list_policy_versions",
     "parse_time",
+    "pool_scenes",
     "predict_effect",
     "read_log",
-    "recommend_policy",
     "resolve_policy_version",
-    "situation_repeat_share",
     "write_policy_version",
 ]

@@ -1,14 +1,17 @@
-"""The ``spotstop recalibrate`` and ``spotstop policy`` commands (parsers live in guard/cli.py)."""
+"""The ``spotstop recalibrate`` and ``spotstop policy`` commands: parsers and handlers.
+
+The parsers take the policy kinds from the registry (``spotstop.guard.policies``), so a new
+kind appears here without a change to this file.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["policy_command", "recalibrate_command"]
+__all__ = ["add_policy_parser", "add_recalibrate_parser", "policy_command", "recalibrate_command"]
 
 _RELOAD_HINT = (
     "A running guard keeps its policy until it reloads: Guard.reload_policy(), or for the "
@@ -16,12 +19,12 @@ _RELOAD_HINT = (
 )
 
 
-def _load_quiet(path: Path) -> Any:
-    """Load a policy without reading or writing any live situation state file."""
-    from spotstop.guard._policy import load_policy
-
-    with tempfile.TemporaryDirectory() as tmp:
-        return load_policy(path, state_file=Path(tmp) / "state.json")
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The policy kinds' settings given on the command line (None: not given)."""
+    return {
+        name: getattr(args, name, None)
+        for name in ("window", "min_refs", "min_batch", "weights", "member")
+    }
 
 
 def recalibrate_command(args: argparse.Namespace) -> int:
@@ -31,9 +34,10 @@ def recalibrate_command(args: argparse.Namespace) -> int:
     from spotstop.calibrate._recalibrate import Recalibrator
     from spotstop.calibrate._versions import activate_policy_version, write_policy_version
     from spotstop.guard._bundle import load_bundle
+    from spotstop.guard.policies import load_policy
 
     bundle = load_bundle(args.bundle, verify=False)
-    current = _load_quiet(bundle.policy_path) if bundle.policy_path.is_file() else None
+    current = load_policy(bundle.policy_path) if bundle.policy_path.is_file() else None
     data = read_log_for_bundle(
         args.log, bundle, labels=args.labels, since=args.since, until=args.until
     )
@@ -43,18 +47,14 @@ def recalibrate_command(args: argparse.Namespace) -> int:
         delta=args.delta,
         guarantee=args.guarantee,
         refit_fusion=not args.keep_fusion,
-        window=args.window,
-        min_refs=args.min_refs,
-        min_batch=args.min_batch,
-        recommend=not args.no_recommend,
-        n_resamples=args.resamples,
+        settings=_settings(args),
         rng=args.seed,
     ).fit(data, current)
     cfg = rec.to_config()
     report: dict[str, Any] = {"summary": rec.summary()}
     version = None
     if not args.dry_run:
-        version = write_policy_version(bundle.path, cfg, situation_refs=rec.situation_refs_)
+        version = write_policy_version(bundle.path, cfg)
         report["version"] = {"name": version.name, "path": str(version.path)}
     diff = None
     if current is not None:
@@ -68,9 +68,6 @@ def recalibrate_command(args: argparse.Namespace) -> int:
             "version": report.get("version"),
             "activated": report.get("activated"),
             "diff": None if diff is None else diff.to_dict(),
-            "recommendation": None
-            if rec.recommendation_ is None
-            else rec.recommendation_.to_dict(),
         }
         print(json.dumps(out, indent=2, default=str))
         return 0
@@ -124,8 +121,7 @@ def _policy_init(args: argparse.Namespace) -> int:
         args.bundle,
         scenes,
         kind=args.kind,
-        window=args.window,
-        min_refs=args.min_refs,
+        settings=_settings(args),
         device=args.device,
         progress=True,
     )
@@ -167,7 +163,9 @@ def policy_command(args: argparse.Namespace) -> int:
 
     pa, na = _resolve(args.a, args.bundle)
     pb, nb = _resolve(args.b, args.bundle)
-    a, b = _load_quiet(pa), _load_quiet(pb)
+    from spotstop.guard.policies import load_policy
+
+    a, b = load_policy(pa), load_policy(pb)
     data = None
     if args.log is not None:
         data = read_log(
@@ -187,3 +185,135 @@ def policy_command(args: argparse.Namespace) -> int:
         if data is None:
             print("  (pass --log LOG for the predicted effect on logged decisions)")
     return 0
+
+
+def add_recalibrate_parser(sub: Any) -> None:
+    """``spotstop recalibrate``: its parser, with the kinds from the policy registry."""
+    from spotstop.guard.policies import POLICY_KINDS, policy_class
+
+    p = sub.add_parser(
+        "recalibrate",
+        help="refit the policy from the decision log and write a new policy version",
+        description=(
+            "Refit from LOG (the guard's decision log) for --bundle: fusion statistics "
+            "(median/IQR per member) and the frozen cut t0 on usable decisions (labels unused), "
+            "fused scores recomputed from the logged member scores with the new fusion, the "
+            "conformal cut on labelled unsafe decisions (one per situation) with both "
+            "guarantees reported, and for a stateful kind its starting state. Writes "
+            "<bundle>/policies/policy-vNNNN.yaml (never overwrites) and prints what changed on the "
+            "logged data. The active policy.yaml changes only with --activate (or `spotstop "
+            "policy activate`). Which kind fits the deployment: `spotstop card LOG`."
+        ),
+    )
+    p.add_argument("log", type=Path, help="the decision log (SQLite), e.g. BUNDLE/decisions.sqlite")
+    p.add_argument("--bundle", type=Path, required=True, help="bundle folder")
+    p.add_argument(
+        "--policy",
+        required=True,
+        choices=list(POLICY_KINDS),
+        help="the policy kind to write: "
+        + "; ".join(f"{k}: {policy_class(k).summary}" for k in POLICY_KINDS),
+    )
+    p.add_argument("--labels", type=Path, default=None, help="labels file (CSV/JSONL)")
+    p.add_argument("--alpha", type=float, default=0.1, help="allowed miss rate (default 0.1)")
+    p.add_argument(
+        "--delta",
+        type=float,
+        default=0.1,
+        help="PAC: allowed share of calibrations with miss rate > alpha (default 0.1)",
+    )
+    p.add_argument(
+        "--guarantee",
+        choices=["pac", "marginal"],
+        default="pac",
+        help="the conformal cut's guarantee (default pac; both are reported)",
+    )
+    p.add_argument("--since", default=None, help="first decision time (ISO date/time, UTC)")
+    p.add_argument("--until", default=None, help="end of the window, exclusive (ISO, UTC)")
+    _add_kind_settings(p)
+    p.add_argument("--keep-fusion", action="store_true", help="keep the current fusion statistics")
+    p.add_argument("--activate", action="store_true", help="make the new version active")
+    p.add_argument("--dry-run", action="store_true", help="fit and report; write nothing")
+    p.add_argument("--seed", type=int, default=0, help="seed (the random cluster rule only)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=recalibrate_command)
+
+
+def _add_kind_settings(p: Any) -> None:
+    p.add_argument("--window", type=int, default=None, help="situation: window N (current or 8)")
+    p.add_argument(
+        "--min-refs", type=int, default=None, help="situation: references k (current or 3)"
+    )
+    p.add_argument(
+        "--min-batch", type=int, default=None, help="batch kinds: min_batch (current or 2)"
+    )
+    p.add_argument(
+        "--weights",
+        choices=["equal", "reliance"],
+        default=None,
+        help="batch: member weights refitted per batch (default equal; reliance runs the "
+        "request-only pass)",
+    )
+    p.add_argument("--member", default=None, help="direct: the member whose own answer decides")
+
+
+def add_policy_parser(sub: Any) -> None:
+    """``spotstop policy init|list|diff|activate``."""
+    from spotstop.guard.policies import policy_class, policy_kinds
+
+    p = sub.add_parser(
+        "policy",
+        help="fit a first policy (init), list, diff and activate policy versions",
+        description=(
+            "Policy versions live in <bundle>/policies/policy-vNNNN.yaml; <bundle>/policy.yaml "
+            "is the active one (a byte copy of one version). A running guard keeps its policy "
+            "until Guard.reload_policy() (sidecar: POST /v1/policy/reload or SIGHUP)."
+        ),
+    )
+    ps = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+    d = ps.add_parser("diff", help="what changed from A to B and its effect on the logged data")
+    d.add_argument("a", help="policy file, or with --bundle a version (v0002) or 'active'")
+    d.add_argument("b", help="policy file, or with --bundle a version (v0003) or 'active'")
+    d.add_argument("--bundle", type=Path, default=None, help="bundle folder, to name versions")
+    d.add_argument("--log", type=Path, default=None, help="decision log for the predicted effect")
+    d.add_argument("--labels", type=Path, default=None, help="labels file (CSV/JSONL)")
+    d.add_argument("--since", default=None, help="first decision time (ISO, UTC)")
+    d.add_argument("--until", default=None, help="end of the window, exclusive (ISO, UTC)")
+    d.add_argument("--batch-size", type=int, default=None, help="replay batches of N decisions")
+    d.add_argument("--json", action="store_true", help="print JSON")
+    i = ps.add_parser(
+        "init",
+        help="fit a first policy on an unlabelled pool of camera frames",
+        description=(
+            "Score every JPEG/PNG/WebP under --pool with the bundle's members, fit the frozen "
+            "reference statistics (median/IQR per member) and the frozen cut t0 on them (no "
+            "labels), and write a policy version; it becomes policy.yaml when the bundle has "
+            "none yet, or with --activate. Use frames of the deployment itself."
+        ),
+    )
+    i.add_argument("bundle", type=Path, help="bundle folder")
+    i.add_argument("--pool", type=Path, required=True, help="folder of unlabelled camera frames")
+    i.add_argument(
+        "--request",
+        action="append",
+        help="request text for the pool (repeatable; assigned in turn)",
+    )
+    i.add_argument("--requests", type=Path, default=None, help="file with one request per line")
+    label_free = policy_kinds(label_free=True)
+    i.add_argument(
+        "--kind",
+        choices=list(label_free),
+        default="frozen",
+        help="policy kind, any fitted without labels: "
+        + "; ".join(f"{k}: {policy_class(k).summary}" for k in label_free)
+        + " (their fallback is the frozen cut t0)",
+    )
+    _add_kind_settings(i)
+    i.add_argument("--device", default="cpu", help="device for the members' backend")
+    i.add_argument("--activate", action="store_true", help="make it the active policy.yaml")
+    ls = ps.add_parser("list", help="the stored versions (* = active)")
+    ls.add_argument("bundle", type=Path, help="bundle folder")
+    a = ps.add_parser("activate", help="make a stored version the active policy.yaml")
+    a.add_argument("bundle", type=Path, help="bundle folder")
+    a.add_argument("policy_version", metavar="VERSION", help="version number or name, e.g. v0002")
+    p.set_defaults(func=policy_command)

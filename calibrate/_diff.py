@@ -1,15 +1,12 @@
 """What changed between two policies, and the effect each would have had on the logged data.
 
-:func:`predict_effect` replays a policy over a :class:`~spotstop.calibrate.LogData`: fused scores
-are recomputed from the logged member scores with THAT policy's fusion (the logged fused
-score belongs to whatever fusion was active then), and labelled with its threshold rule.
-
-* ``frozen``, ``conformal``, ``direct``: each decision on its own.
-* ``situation``: replayed in time order from EMPTY windows held in memory (the policy's
-  state file is neither read nor written), so early decisions of each situation fall back.
-* ``batch``: the log records no batch boundaries; by default every decision is its own
-  batch (which uses the fallback); ``batch_size=N`` replays consecutive decisions in
-  batches of N instead.
+:func:`predict_effect` replays a policy over a :class:`~spotstop.calibrate.LogData` with the
+guard's own replay (:func:`spotstop.guard.policies.replay`): fused scores are recomputed from
+the logged member scores with THAT policy's fusion (the logged fused score belongs to
+whatever fusion was active then), decisions are taken in log order, grouped into the batches
+the guard saw (the log's ``batch_id``; ``batch_size=N`` regroups consecutive decisions into
+batches of N instead), and a stateful policy starts from its fitted ``state_seed`` and
+carries its state from batch to batch, as a guard would. No live state file is read.
 
 Only usable decisions (not fail-closed, all member scores finite) of the policy's bundle
 and prompt count. ``flag_rate`` is the share labelled UNSAFE; ``miss_rate`` the share of
@@ -26,13 +23,7 @@ from typing import Any
 
 import numpy as np
 from spotstop.calibrate._logdata import CalibrationError, LogData
-from spotstop.guard._policy import (
-    BatchPolicy,
-    PolicyConfig,
-    SituationPolicy,
-    SituationState,
-    decide_batch,
-)
+from spotstop.guard.policies import PolicyConfig, batch_inputs, replay
 
 __all__ = ["Change", "PolicyDiff", "PredictedEffect", "diff_policies", "predict_effect"]
 
@@ -194,34 +185,25 @@ def predict_effect(
         )
     use = data.usable
     members = {m: data.member_scores[m][use] for m in cfg.fusion.members}
-    fused = cfg.fusion.fuse_many(members, nan_policy="propagate")
+    text = None if data.member_text is None else {m: v[use] for m, v in data.member_text.items()}
     sids = [s or None for s in data.situation_id[use].tolist()]
-    pol: Any = cfg.policy
     n = int(use.sum())
-    labels: list[str] = []
-    if isinstance(pol, SituationPolicy):
-        pol = SituationPolicy(
-            window=pol.window,
-            min_refs=pol.min_refs,
-            fallback=pol.fallback,
-            state=SituationState(pol.window),
-        )
-        note = "situation: replayed in time order from empty windows"
-        labels = [v.label for v in decide_batch(pol, fused, members, sids)] if n else []
-    elif isinstance(pol, BatchPolicy):
-        size = batch_size or 1
-        note = (
-            f"batch: replayed in batches of {size} consecutive decisions"
-            if size > 1
-            else "batch: no batch boundaries in the log; each decision alone (the fallback)"
-        )
-        for s in range(0, n, size):
-            part = slice(s, s + size)
-            sub = {m: v[part] for m, v in members.items()}
-            labels += [v.label for v in decide_batch(pol, fused[part], sub, sids[part])]
+    logged = data.batch_id[use].tolist()
+    if batch_size is not None:
+        batches: list[Any] | None = [i // batch_size for i in range(n)]
+        how = f"in batches of {batch_size} consecutive decisions"
+    elif any(b is not None for b in logged):
+        batches = logged
+        how = "in the batches the guard saw"
     else:
-        note = f"{pol.kind}: each decision on its own"
-        labels = [v.label for v in decide_batch(pol, fused, members, sids)] if n else []
+        batches = None
+        how = "each decision alone (the log holds no batch ids)"
+    start = "from its fitted state seed" if cfg.state_seed is not None else "from empty state"
+    note = f"{cfg.kind}: replayed in log order, {how}" + (
+        f", {start}" if cfg.policy.stateful else ""
+    )
+    x = batch_inputs(cfg.fusion, members, sids, text)
+    labels = list(replay(cfg.policy, x, batch_ids=batches, state=cfg.initial_state()).labels)
     flags = np.array([lab == "UNSAFE" for lab in labels], dtype=bool).reshape(n)
     y = data.label[use]
     return PredictedEffect(

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from spotstop.guard._errors import ConfigError
 from spotstop.guard._fusion import Avg2Fusion
-from spotstop.guard._policy import FrozenPolicy
+from spotstop.guard.policies import FitContext, FrozenPolicy, Policy
 
 __all__ = ["FrozenFit", "fit_frozen"]
 
@@ -33,6 +33,47 @@ class FrozenFit:
             for m in self.fusion.members
         )
         return f"FrozenFit(n={self.n}, t0={self.policy.threshold:+.4f}; {stats})"
+
+    def context(
+        self,
+        member_scores: Mapping[str, Any],
+        *,
+        label: Any = None,
+        situation_id: Any = None,
+        member_text: Mapping[str, Any] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        current: Policy | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> FitContext:
+        """The :class:`~spotstop.guard.policies.FitContext` a policy kind fits from.
+
+        member_scores: usable decisions' raw scores per member, in time order (fused here
+        with this fit's fusion). label: 1/0/-1 per decision (None: all unlabelled).
+        situation_id: per decision, "" or None for none.
+        """
+        arrays = {m: np.asarray(member_scores[m], dtype=np.float64) for m in self.fusion.members}
+        n = next(iter(arrays.values())).shape[0]
+        sids = np.array(
+            [
+                "" if s is None else str(s)
+                for s in (situation_id if situation_id is not None else [""] * n)
+            ],
+            dtype=object,
+        )
+        return FitContext(
+            fusion=self.fusion,
+            frozen_t0=self.policy.threshold,
+            fused=self.fusion.fuse_many(arrays),
+            label=np.full(n, -1, np.int8) if label is None else np.asarray(label, np.int8),
+            situation_id=sids,
+            member_scores=arrays,
+            member_text=None
+            if member_text is None
+            else {m: np.asarray(v, dtype=np.float64) for m, v in member_text.items()},
+            settings=dict(settings or {}),
+            current=current,
+            rng=rng if rng is not None else np.random.default_rng(0),
+        )
 
 
 def fit_frozen(

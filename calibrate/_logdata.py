@@ -1,7 +1,7 @@
 """The decisions a recalibration learns from: one bundle's scored decisions in a time window.
 
 :func:`read_log` reads a decision log (``spotstop.guard._log.DecisionLog``) and labels (the log's
-labels table, overridden by a CSV/JSONL labels file read by ``spotstop.diagnostics._from_log``, the
+labels table, overridden by a CSV/JSONL labels file read by :mod:`spotstop.guard._labels`, the
 same reader as ``spotstop card``) into a :class:`LogData`.
 
 Which decisions
@@ -15,7 +15,7 @@ Which decisions
 
 Labels file
     Applied to the whole log before the time window is cut, so rows for decisions outside
-    the window are not errors. See ``diagnostics/_from_log.py`` for its columns.
+    the window are not errors. See :mod:`spotstop.guard._labels` for its columns.
 """
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ class LogData:
     decision_id, time, situation_id ('' for none), contrast_id ('' for none), label (int8:
     1 unsafe, 0 safe, -1 unlabelled), fused_logged (the fused score as logged: made with
     the fusion active at the time), member_scores (fusion member -> raw scene scores),
-    usable (bool: not fail-closed, all member scores finite).
+    usable (bool: not fail-closed, all member scores finite), batch_id (the guard call each
+    decision came from; None for schema-1 rows), member_text (request-only scores per member,
+    NaN where that pass did not run; None when it never ran).
     bundle_id, prompt_hash, members: what the decisions were filtered to.
     log, labels: sources; since/until: the window asked for (ISO-8601 or None);
     n_decisions: decisions of any bundle in the window; dropped: counts per reason.
@@ -58,6 +60,8 @@ class LogData:
     fused_logged: np.ndarray
     member_scores: dict[str, np.ndarray]
     usable: np.ndarray
+    batch_id: np.ndarray
+    member_text: dict[str, np.ndarray] | None
     bundle_id: str
     prompt_hash: str
     members: tuple[str, ...]
@@ -154,14 +158,13 @@ def read_log(
     label = np.array(arr.label, dtype=np.int8, copy=True)
     contrast = np.array(["" if c is None else str(c) for c in arr.contrast_id], dtype=object)
     situation = np.array(["" if s is None else str(s) for s in arr.situation_id], dtype=object)
-    if labels is not None:  # the card's reader (diagnostics needs the `diag` extra)
-        from spotstop.diagnostics import apply_labels_file
-        from spotstop.diagnostics._errors import DataError
+    if labels is not None:  # the same reader as the card's
+        from spotstop.guard._labels import LabelsFileError, apply_labels_file
 
         sha = np.array([sha_of.get(d) or "" for d in decision_id], dtype=object)
         try:
             apply_labels_file(Path(labels), decision_id, sha, label, contrast, situation)
-        except DataError as e:
+        except LabelsFileError as e:
             raise CalibrationError(f"labels file: {e}") from e
     t = np.asarray(arr.time, dtype=np.float64)
     in_window = np.ones(t.size, dtype=bool)
@@ -180,6 +183,12 @@ def read_log(
     for m in members:
         col = arr.member_scores.get(m)
         scores[m] = (np.full(t.size, np.nan) if col is None else np.asarray(col, float))[keep]
+    text: dict[str, np.ndarray] | None = None
+    if any(m in arr.member_scores_text for m in members):
+        text = {
+            m: np.asarray(arr.member_scores_text.get(m, np.full(t.size, np.nan)), float)[keep]
+            for m in members
+        }
     fail = np.asarray(arr.fail_closed, dtype=bool)[keep]
     finite = np.ones(int(keep.sum()), dtype=bool)
     for v in scores.values():
@@ -205,6 +214,8 @@ def read_log(
         fused_logged=np.asarray(arr.fused, dtype=np.float64)[keep],
         member_scores=scores,
         usable=usable,
+        batch_id=np.asarray(arr.batch_id, dtype=object)[keep],
+        member_text=text,
         bundle_id=bundle_id,
         prompt_hash=prompt_hash,
         members=tuple(members),

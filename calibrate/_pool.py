@@ -10,7 +10,7 @@ members, fit the frozen reference statistics (median/IQR per member) and the fro
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
@@ -21,8 +21,8 @@ from spotstop.calibrate._frozen import fit_frozen
 from spotstop.calibrate._logdata import CalibrationError
 from spotstop.guard._bundle import load_bundle
 from spotstop.guard._member import load_bundle_member
-from spotstop.guard._policy import PolicyConfig, SituationPolicy
 from spotstop.guard._types import Scene
+from spotstop.guard.policies import PolicyConfig, policy_class, policy_kinds
 
 __all__ = ["IMAGE_SUFFIXES", "fit_pool_policy", "pool_scenes"]
 
@@ -53,22 +53,26 @@ def fit_pool_policy(
     scenes: Sequence[Scene],
     *,
     kind: str = "frozen",
-    window: int = 8,
-    min_refs: int = 3,
+    settings: Mapping[str, Any] | None = None,
     device: str = "cpu",
     progress: bool = False,
 ) -> PolicyConfig:
-    """Score ``scenes`` with the bundle's members and fit a frozen (or situation) policy.
+    """Score ``scenes`` with the bundle's members and fit a label-free policy on them.
 
-    ``kind="situation"`` recentres on each situation's recent scenes and falls back to the
-    frozen cut until ``min_refs`` references exist. Scenes that fail to decode or score are
-    an error (the pool must be clean: it sets the scale every later scene is judged on).
+    kind: any registered kind fitted without labels (``policy_kinds(label_free=True)``: e.g.
+    ``frozen``, ``situation``, ``batch``); its fallback is the frozen cut t0.
+    settings: the kind's settings by name (``window``, ``min_refs``, ``min_batch``,
+    ``weights``, ``member``); absent ones take the kind's defaults.
+    Scenes that fail to decode or score are an error (the pool must be clean: it sets the
+    scale every later scene is judged on).
     """
-    if kind not in ("frozen", "situation"):
+    allowed = policy_kinds(label_free=True)
+    if kind not in allowed:
         raise CalibrationError(
-            f"an unlabelled pool fits kind 'frozen' or 'situation'; got {kind!r}. The "
-            "conformal cut needs labelled unsafe cases: use `spotstop recalibrate`."
+            f"an unlabelled pool fits the kinds {', '.join(allowed)}; got {kind!r}. Kinds that "
+            "need labelled cases (conformal) are fitted from the log: use `spotstop recalibrate`."
         )
+    cls = policy_class(kind)
     bundle = load_bundle(bundle_dir)
     scores: dict[str, Any] = {}
     members: Any = bundle.members
@@ -80,9 +84,8 @@ def fit_pool_policy(
         m = load_bundle_member(bundle, bm, device=device)
         scores[bm.name] = np.array([r.score for r in m.score(list(scenes))])
     fit = fit_frozen(scores)
-    policy: Any = fit.policy
-    if kind == "situation":
-        policy = SituationPolicy(window=window, min_refs=min_refs, fallback=fit.policy)
+    ctx = fit.context(scores, situation_id=[s.situation_id for s in scenes], settings=settings)
+    policy = cls.fit(ctx)
     return PolicyConfig(
         bundle_id=bundle.bundle_id,
         prompt_hash=bundle.prompt_hash,
@@ -95,4 +98,5 @@ def fit_pool_policy(
             "tool": f"spotstop {version('spotstop')} policy init",
         },
         created=datetime.now(UTC),
+        state_seed=policy.seed_from_fit(ctx) if policy.stateful else None,
     )

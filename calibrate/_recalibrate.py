@@ -1,56 +1,56 @@
-"""Offline recalibration from the decision log: fusion, frozen cut, conformal cut, situations.
+"""Offline recalibration from the decision log: fusion, the chosen policy kind, its state seed.
 
 :class:`Recalibrator` holds the settings; ``fit(data)`` learns from a
 :class:`~spotstop.calibrate.LogData` (one bundle's decisions in a window):
 
 1. fusion statistics (per-member median and IQR) and the frozen cut t₀ = mean fused score,
-   on the *usable* decisions, labels unused (:func:`calibrate.fit_frozen`). With
+   on the *usable* decisions, labels unused (:func:`spotstop.calibrate.fit_frozen`). With
    ``refit_fusion=False`` the current policy's fusion is kept and only t₀ is refitted.
 2. fused scores RECOMPUTED from the logged member scores with the new fusion: the logged
    ``fused_score`` was made with the fusion active at decision time, so it is on the old
    scale and is never used for fitting.
-3. the conformal cut (:class:`~spotstop.calibrate.ConformalCalibrator`) on the recomputed fused
-   scores of usable decisions labelled unsafe, one case per situation, both guarantees
-   reported; it refuses (``PolicyError``) only when the requested policy is ``conformal``.
-   Note: fusion statistics are fitted without labels on a pool that includes the
-   calibration cases; the guarantee treats the fusion as fixed. With a pool much larger than
-   the calibration set this dependence is negligible; ``refit_fusion=False`` removes it.
-4. situation state: per situation, the last ``window`` recomputed fused scores of its usable
-   decisions, in time order (what the guard would hold had it run the new fusion).
-5. the recommendation (:func:`calibrate.recommend_policy`).
+3. the policy of the requested kind, fitted by the kind itself from that context
+   (:meth:`spotstop.guard.policies.Policy.fit`; the kinds are the registry's, so a new kind
+   needs nothing here), and for a stateful kind its starting state from the log (the
+   situation windows the guard would hold had it run the new fusion), stored in the
+   policy file as ``state_seed``.
+4. the conformal cut on the recomputed fused scores of usable decisions labelled unsafe,
+   one case per situation, both guarantees reported whatever the kind (the ``conformal``
+   kind refuses when it is not feasible). Note: the fusion is fitted without labels on a
+   pool that includes the calibration cases; the guarantee treats the fusion as fixed. With a
+   pool much larger than the calibration set this dependence is negligible;
+   ``refit_fusion=False`` removes it.
 
-``to_config()`` returns the new :class:`spotstop.guard._policy.PolicyConfig` with provenance;
-:func:`calibrate.write_policy_version` writes it next to the old ones.
+Which policy fits the deployment is the card's question (``spotstop card``: its verdict and
+its prevalence, situation and threshold checks), not this module's.
+
+``to_config()`` returns the new :class:`spotstop.guard.policies.PolicyConfig` with
+provenance; :func:`spotstop.calibrate.write_policy_version` writes it next to the old ones.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Self
 
 import numpy as np
-from spotstop.calibrate._conformal import ConformalCalibrator, CutChoice
+from spotstop.calibrate._conformal import ConformalCalibrator
 from spotstop.calibrate._frozen import FrozenFit, fit_frozen
 from spotstop.calibrate._logdata import CalibrationError, LogData
-from spotstop.calibrate._recommend import Recommendation, recommend_policy, situation_repeat_share
 from spotstop.guard._fusion import Avg2Fusion
-from spotstop.guard._policy import (
-    AnyPolicy,
-    BatchPolicy,
+from spotstop.guard.policies import (
+    POLICY_KINDS,
+    CutChoice,
     FrozenPolicy,
     NotFittedError,
+    Policy,
     PolicyConfig,
     PolicyError,
-    SituationPolicy,
+    policy_class,
 )
 
-__all__ = ["POLICY_KINDS", "Recalibrator", "tool_version"]
-
-POLICY_KINDS = ("frozen", "batch", "situation", "conformal")
-PolicyKind = Literal["frozen", "batch", "situation", "conformal"]
+__all__ = ["Recalibrator", "tool_version"]
 
 
 def tool_version() -> str:
@@ -63,49 +63,36 @@ def tool_version() -> str:
         return "unknown"
 
 
-@dataclass(frozen=True)
-class _Defaults:
-    window: int = 8
-    min_refs: int = 3
-    min_batch: int = 2
-
-
 class Recalibrator:
     """Refit a policy from a decision log (see the module docstring for the steps).
 
-    policy: the kind to write: ``frozen``, ``batch`` (batch mean, frozen fallback),
-        ``situation`` (situation mean, frozen fallback, state from the log) or ``conformal``.
+    policy: the kind to write, any registered kind (:data:`~spotstop.guard.policies.POLICY_KINDS`).
     alpha, delta, guarantee, cluster_rule: the conformal settings
         (:class:`~spotstop.calibrate.ConformalCalibrator`); both guarantees are always reported.
     refit_fusion: refit the fusion statistics (default) or keep the current policy's.
-    window, min_refs, min_batch: situation/batch settings; None takes the current policy's
-        value when it has one, else 8, 3 and 2.
+    settings: the kind's other settings by name (``window``, ``min_refs``, ``min_batch``,
+        ``weights``, ``member``); absent ones take the current policy's value, else the
+        kind's default.
     min_pool: fewest usable decisions for the frozen statistics.
-    recommend: run the diagnostics for the recommendation (``n_resamples`` each).
-    rng: seed or Generator for the random cluster rule and the diagnostics; the fitted
-        policy itself depends on it only through ``cluster_rule="random"``.
+    rng: seed or Generator; the fitted policy depends on it only through
+        ``cluster_rule="random"``.
 
     Learned: ``frozen_`` (:class:`FrozenFit`), ``fusion_``, ``fused_`` (recomputed fused
     scores, NaN where unusable), ``conformal_`` (fitted calibrator, or None without unsafe
-    labels), ``situation_refs_`` (situation -> scores, oldest first), ``policy_``,
-    ``recommendation_`` (or None), ``data_`` (the :class:`LogData`).
+    labels), ``policy_``, ``state_seed_`` (None for stateless kinds), ``data_``.
     """
 
     def __init__(
         self,
-        policy: PolicyKind = "conformal",
+        policy: str = "conformal",
         *,
         alpha: float = 0.1,
         delta: float = 0.1,
         guarantee: Literal["marginal", "pac"] = "pac",
         cluster_rule: Literal["min", "random"] = "min",
         refit_fusion: bool = True,
-        window: int | None = None,
-        min_refs: int | None = None,
-        min_batch: int | None = None,
+        settings: dict[str, Any] | None = None,
         min_pool: int = 8,
-        recommend: bool = True,
-        n_resamples: int = 200,
         rng: np.random.Generator | int | None = 0,
     ) -> None:
         self.policy = policy
@@ -114,12 +101,8 @@ class Recalibrator:
         self.guarantee = guarantee
         self.cluster_rule = cluster_rule
         self.refit_fusion = refit_fusion
-        self.window = window
-        self.min_refs = min_refs
-        self.min_batch = min_batch
+        self.settings = settings
         self.min_pool = min_pool
-        self.recommend = recommend
-        self.n_resamples = n_resamples
         self.rng = rng
 
     # ------------------------------------------------------------------ learning
@@ -144,99 +127,47 @@ class Recalibrator:
         if self.refit_fusion:
             frozen = fit_frozen(pool, min_n=self.min_pool)
         else:
-            assert current is not None  # checked
-            fusion = current.fusion
-            fused_pool = fusion.fuse_many(pool)
+            assert current is not None  # checked in _check_recalibrator
+            fused_pool = current.fusion.fuse_many(pool)
             frozen = FrozenFit(
-                fusion=fusion, policy=FrozenPolicy(float(np.mean(fused_pool))), n=n_pool
+                fusion=current.fusion, policy=FrozenPolicy(float(np.mean(fused_pool))), n=n_pool
             )
-        fusion = frozen.fusion
+        settings = {
+            **dict(self.settings or {}),
+            "alpha": float(self.alpha),
+            "delta": float(self.delta),
+            "guarantee": self.guarantee,
+            "cluster_rule": self.cluster_rule,
+        }
+        ctx = frozen.context(
+            pool,
+            label=data.label[use],
+            situation_id=data.situation_id[use],
+            member_text=None
+            if data.member_text is None
+            else {m: v[use] for m, v in data.member_text.items()},
+            settings=settings,
+            current=None if current is None else current.policy,
+            rng=gen,
+        )
         fused = np.full(data.n, np.nan)
-        fused[use] = fusion.fuse_many(pool)  # recomputed: the logged fused is on the old scale
-        self._frozen, self._fusion, self._fused, self._data = frozen, fusion, fused, data
+        fused[use] = ctx.fused  # recomputed: the logged fused is on the old scale
+        self._frozen, self._fusion, self._fused, self._data = frozen, frozen.fusion, fused, data
 
-        unsafe = use & (data.label == 1)
-        cal: ConformalCalibrator | None = None
+        unsafe = ctx.label == 1
+        self._conformal: ConformalCalibrator | None = None
         if unsafe.any():
-            cal = ConformalCalibrator(
+            self._conformal = ConformalCalibrator(
                 self.alpha,
                 self.delta,
                 guarantee=self.guarantee,
                 cluster_rule=self.cluster_rule,
                 rng=gen,
-            ).fit(fused[unsafe], data.situation_id[unsafe], refuse=self.policy == "conformal")
-        elif self.policy == "conformal":
-            ConformalCalibrator(
-                self.alpha, self.delta, guarantee=self.guarantee, cluster_rule=self.cluster_rule
-            ).fit(np.zeros(0))  # raises the refusal with the number needed
-        self._conformal = cal
-
-        defaults = _current_defaults(current)
-        window = self.window if self.window is not None else defaults.window
-        min_refs = self.min_refs if self.min_refs is not None else defaults.min_refs
-        min_batch = self.min_batch if self.min_batch is not None else defaults.min_batch
-        refs: dict[str, deque[float]] = {}
-        for i in np.flatnonzero(use):
-            sid = str(data.situation_id[i])
-            if sid:
-                refs.setdefault(sid, deque(maxlen=window)).append(float(fused[i]))
-        self._refs = {s: tuple(w) for s, w in sorted(refs.items())}
-
-        fallback = frozen.policy
-        policy: AnyPolicy
-        if self.policy == "frozen":
-            policy = fallback
-        elif self.policy == "batch":
-            policy = BatchPolicy(fallback=fallback, min_batch=min_batch)
-        elif self.policy == "situation":
-            policy = SituationPolicy(window=window, min_refs=min_refs, fallback=fallback)
-        else:
-            assert cal is not None
-            policy = cal.to_policy()
-        self._policy = policy
-
-        self._recommendation: Recommendation | None = None
-        if self.recommend:
-            self._recommendation = self._recommend(gen, min_refs)
+            ).fit(ctx.fused[unsafe], ctx.situation_id[unsafe], refuse=False)
+        policy = policy_class(self.policy).fit(ctx)
+        self._policy: Policy = policy
+        self._seed: Any = policy.seed_from_fit(ctx) if policy.stateful else None
         return self
-
-    def _recommend(self, gen: np.random.Generator, min_refs: int) -> Recommendation:
-        from spotstop.diagnostics import CaseTable
-
-        d = self._data
-        lab = d.usable & (d.label >= 0)
-        table = None
-        if lab.any():
-            table = CaseTable(
-                case_id=d.decision_id[lab],
-                label=d.label[lab],
-                score=self._fused[lab],
-                contrast_id=d.contrast_id[lab],
-                situation_id=d.situation_id[lab],
-            )
-        cal = self._conformal
-        chosen = None if cal is None else cal.chosen_
-        need = (
-            chosen.n_needed
-            if chosen is not None
-            else ConformalCalibrator(self.alpha, self.delta, guarantee=self.guarantee)
-            .fit(np.zeros(0), refuse=False)
-            .chosen_.n_needed
-        )
-        return recommend_policy(
-            table,
-            frozen_cut=self._frozen.policy.threshold,
-            conformal_feasible=chosen is not None and chosen.feasible,
-            conformal_needed=need,
-            n_unsafe_situations=0 if cal is None else cal.n_situations_,
-            guarantee=self.guarantee,
-            alpha=float(self.alpha),
-            delta=float(self.delta),
-            repeat_share=situation_repeat_share(d.situation_id, d.usable, min_refs=min_refs),
-            min_refs=min_refs,
-            n_resamples=self.n_resamples,
-            rng=gen,
-        )
 
     # ------------------------------------------------------------------ learned state
     def _fitted(self, name: str) -> Any:
@@ -268,19 +199,14 @@ class Recalibrator:
         return self._fitted("_conformal")
 
     @property
-    def situation_refs_(self) -> dict[str, tuple[float, ...]]:
-        """Situation -> its last ``window`` recomputed fused scores, oldest first."""
-        return dict(self._fitted("_refs"))
-
-    @property
-    def policy_(self) -> AnyPolicy:
+    def policy_(self) -> Policy:
         """The new threshold policy."""
         return self._fitted("_policy")
 
     @property
-    def recommendation_(self) -> Recommendation | None:
-        """The recommendation (None when ``recommend=False``)."""
-        return self._fitted("_recommendation")
+    def state_seed_(self) -> Any:
+        """The fitted starting state of a stateful policy (None for stateless kinds)."""
+        return self._fitted("_seed")
 
     @property
     def data_(self) -> LogData:
@@ -307,7 +233,8 @@ class Recalibrator:
                 "cluster_note": cal.cluster_note_,
                 "statement": cal.chosen_.statement,
             }
-        out: dict[str, Any] = {
+        seed = self.state_seed_
+        return {
             "what": "spotstop recalibrate: refit from the decision log",
             "tool": {"name": "spotstop", "version": tool_version()},
             "settings": {
@@ -317,9 +244,7 @@ class Recalibrator:
                 "guarantee": self.guarantee,
                 "cluster_rule": self.cluster_rule,
                 "refit_fusion": bool(self.refit_fusion),
-                "window": self.window,
-                "min_refs": self.min_refs,
-                "min_batch": self.min_batch,
+                **{k: v for k, v in (self.settings or {}).items() if v is not None},
                 "seed": self.rng if isinstance(self.rng, int) else None,
             },
             "log": d.log,
@@ -342,15 +267,10 @@ class Recalibrator:
             },
             "frozen_t0": self.frozen_.policy.threshold,
             "conformal": conf,
-            "situations": {
-                "n": len(self._refs),
-                "n_scores": int(sum(len(v) for v in self._refs.values())),
-            },
+            "state_seed": None
+            if seed is None
+            else {"n_scores": _seed_size(self.policy_.seed_to_dict(seed))},
         }
-        rec = self.recommendation_
-        if rec is not None:
-            out["recommendation"] = {"policy": rec.policy, "reasons": list(rec.reasons)}
-        return out
 
     def to_config(self, *, created: datetime | None = None) -> PolicyConfig:
         """The new ``policy.yaml`` contents (``created`` defaults to now, UTC)."""
@@ -362,6 +282,7 @@ class Recalibrator:
             policy=self.policy_,
             fitted_on=self.provenance(),
             created=created or datetime.now(UTC),
+            state_seed=self.state_seed_,
         )
 
     def summary(self) -> str:
@@ -391,36 +312,31 @@ class Recalibrator:
                 mark = " <- chosen" if ch.guarantee == self.guarantee else ""
                 cut = f"k={ch.k}, cut {ch.threshold:+.6g}; " if ch.feasible else ""
                 lines.append(f"  {cut}{ch.statement}{mark}")
-        if self._refs:
-            lines.append(
-                f"situation state: {len(self._refs)} situations, "
-                f"{sum(len(v) for v in self._refs.values())} scores"
-            )
-        lines.append(f"policy: {_describe(self.policy_)}")
-        if self.recommendation_ is not None:
-            lines.append(str(self.recommendation_))
+        seed = self.state_seed_
+        if seed is not None:
+            n = _seed_size(self.policy_.seed_to_dict(seed))
+            lines.append(f"state seed: {n} scores from the log")
+        lines.append(f"policy: {self.policy_.describe()}")
+        lines.append(
+            "which policy fits this deployment: see `spotstop card LOG` (its verdict and its "
+            "prevalence, situation and threshold checks)."
+        )
         return "\n".join(lines)
+
+
+def _seed_size(d: Any) -> int:
+    """How many scores a seed holds (lists anywhere inside its plain form)."""
+    if isinstance(d, dict):
+        return sum(_seed_size(v) for v in d.values())
+    if isinstance(d, list):
+        return len(d)
+    return 0
 
 
 def _choice_dict(c: CutChoice) -> dict[str, Any]:
     d = c.to_dict()
     d["statement"] = c.statement
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
-
-
-def _describe(p: AnyPolicy) -> str:
-    return ", ".join(f"{k}={v}" for k, v in p.to_dict().items())
-
-
-def _current_defaults(current: PolicyConfig | None) -> _Defaults:
-    if current is None:
-        return _Defaults()
-    p: Any = current.policy
-    if isinstance(p, SituationPolicy):
-        return _Defaults(window=p.window, min_refs=p.min_refs)
-    if isinstance(p, BatchPolicy):
-        return _Defaults(min_batch=p.min_batch)
-    return _Defaults()
 
 
 def _check_recalibrator(r: Recalibrator, data: Any, current: PolicyConfig | None) -> None:
@@ -445,9 +361,12 @@ def _check_recalibrator(r: Recalibrator, data: Any, current: PolicyConfig | None
             f"the current fusion has members {list(current.fusion.members)} but the bundle "
             f"has {list(data.members)}; refit the fusion."
         )
-    for name in ("window", "min_refs", "min_batch"):
-        v = getattr(r, name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+    for name, v in (r.settings or {}).items():
+        if (
+            name in ("window", "min_refs", "min_batch")
+            and v is not None
+            and (isinstance(v, bool) or not isinstance(v, int) or v < 1)
+        ):
             raise PolicyError(f"{name} must be a positive integer or None; got {v!r}.")
     if not isinstance(r.min_pool, int) or r.min_pool < 2:
         raise PolicyError(f"min_pool must be an integer ≥ 2; got {r.min_pool!r}.")

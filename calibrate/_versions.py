@@ -5,8 +5,6 @@ Layout (inside the bundle folder)::
     policy.yaml                      the ACTIVE policy: what the Guard loads
     policies/policy-v0001.yaml       history, one file per version, never rewritten
     policies/policy-v0002.yaml
-    policies/situations-v0002.seed.json   situation state fitted from the log (history)
-    situations-v0002.json            live situation state of v0002 (the guard rewrites it)
 
 * :func:`write_policy_version` writes ``policies/policy-vNNNN.yaml`` with the next free
   number. The name is claimed with a hard link from a fully written temp file, which fails
@@ -23,10 +21,9 @@ Layout (inside the bundle folder)::
   it keeps the policy it loaded. Rolling back is activating an older version.
 * Which version is active: the one whose bytes equal ``policy.yaml``
   (:func:`active_policy_version`).
-* A situation policy of version N keeps its windows in ``situations-vNNNN.json`` next to
-  ``policy.yaml``: the state is keyed to the fusion, so a refit cannot reuse the old file.
-  On activation the seed fitted from the log is copied there unless the file exists
-  (a re-activated version keeps its live windows; delete the file to reseed).
+* A stateful policy's fitted starting state (the situation windows from the log) is part of
+  the version itself (``state_seed``); the guard keeps the live state, one file per version
+  (:mod:`spotstop.guard._state`), so re-activating a version resumes its windows.
 """
 
 from __future__ import annotations
@@ -43,13 +40,7 @@ from typing import Any
 
 import yaml
 from spotstop.calibrate._logdata import CalibrationError
-from spotstop.guard._policy import (
-    PolicyConfig,
-    SituationPolicy,
-    check_policy_matches,
-    decide_batch,
-    load_policy,
-)
+from spotstop.guard.policies import PolicyConfig, check_policy_matches, load_policy
 
 __all__ = [
     "POLICY_DIR",
@@ -179,17 +170,11 @@ def _next_number(pdir: Path) -> int:
     return max(nums, default=0) + 1
 
 
-def write_policy_version(
-    bundle_dir: str | os.PathLike[str],
-    cfg: PolicyConfig,
-    *,
-    situation_refs: dict[str, tuple[float, ...]] | None = None,
-) -> PolicyVersion:
+def write_policy_version(bundle_dir: str | os.PathLike[str], cfg: PolicyConfig) -> PolicyVersion:
     """Write ``cfg`` as the next version of the bundle's policy (see the module docstring).
 
-    The policy must be for this bundle (id and prompt hash). ``situation_refs`` (situation
-    -> fused scores, oldest first) seeds the state of a situation policy. Returns the new
-    version (not active: see :func:`activate_policy_version`).
+    The policy must be for this bundle (id and prompt hash). Returns the new version (not
+    active: see :func:`activate_policy_version`).
     """
     active_path, pdir, bundle = _bundle_paths(bundle_dir)
     check_policy_matches(cfg, bundle.bundle_id, bundle.prompt_hash)
@@ -207,39 +192,16 @@ def write_policy_version(
     # the number is claimed below; the text must name it, so retry on a lost race
     while True:
         n = _next_number(pdir)
-        policy: Any = cfg.policy
-        if isinstance(policy, SituationPolicy):
-            policy = SituationPolicy(
-                window=policy.window,
-                min_refs=policy.min_refs,
-                fallback=policy.fallback,
-                state_file=f"situations-v{n:04d}.json",
-            )
         fitted_on = {"version": n, "previous": previous, **dict(cfg.fitted_on)}
-        new_cfg = replace(cfg, policy=policy, fitted_on=fitted_on)
-        text = yaml.safe_dump(new_cfg.to_dict(), sort_keys=False, allow_unicode=True)
+        text = yaml.safe_dump(
+            replace(cfg, fitted_on=fitted_on).to_dict(), sort_keys=False, allow_unicode=True
+        )
         got, path = _claim(pdir, text, n)
         if got == n:
             break
         path.unlink()  # lost the race for n (the text names n): write again
-    if isinstance(policy, SituationPolicy):
-        seed = pdir / f"situations-v{n:04d}.seed.json"
-        _seed_state(path, seed, situation_refs or {})
     kind, created = _peek(path)
     return PolicyVersion(n, path, _sha(path), kind, created, False)
-
-
-def _seed_state(version_path: Path, seed: Path, refs: dict[str, tuple[float, ...]]) -> None:
-    """Write the situation state file of a version by replaying ``refs`` through its policy."""
-    cfg = load_policy(version_path, state_file=seed)
-    sids = [s for s, scores in refs.items() for _ in scores]
-    fused = [v for scores in refs.values() for v in scores]
-    if fused:
-        decide_batch(cfg.policy, fused, None, sids)  # appends in order and saves (atomic)
-    else:  # an empty state file, so activation has something to copy
-        decide_batch(cfg.policy, [float("nan")], None, [None])
-    if not seed.is_file():  # pragma: no cover - decide_batch always saves a path-backed state
-        raise CalibrationError(f"could not write the situation state seed {seed}.")
 
 
 def activate_policy_version(
@@ -247,19 +209,13 @@ def activate_policy_version(
 ) -> PolicyVersion:
     """Make a stored version the active ``policy.yaml`` (validated first; atomic copy).
 
-    Raises :class:`spotstop.guard._policy.PolicyError` when the version is invalid or fitted for
+    Raises :class:`spotstop.guard.policies.PolicyError` when the version is invalid or fitted for
     another bundle or prompt; ``policy.yaml`` is then left as it was.
     """
     v = resolve_policy_version(bundle_dir, version)
-    active_path, pdir, bundle = _bundle_paths(bundle_dir)
-    seed = pdir / f"situations-v{v.number:04d}.seed.json"
-    with tempfile.TemporaryDirectory() as tmp:  # validate without touching live state
-        cfg = load_policy(v.path, state_file=Path(tmp) / "state.json")
+    active_path, _, bundle = _bundle_paths(bundle_dir)
+    cfg = load_policy(v.path)  # reads the file only: no live state is touched
     check_policy_matches(cfg, bundle.bundle_id, bundle.prompt_hash)
-    if isinstance(cfg.policy, SituationPolicy) and cfg.policy.state_file and seed.is_file():
-        live = active_path.parent / cfg.policy.state_file
-        if not live.exists():
-            _atomic_copy(seed, live)
     _atomic_copy(v.path, active_path)
     return replace(v, active=True)
 

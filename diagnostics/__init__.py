@@ -61,6 +61,11 @@ from spotstop.diagnostics._metrics import (
     signal_detection,
     spot_stop,
 )
+from spotstop.diagnostics._recommend import (
+    Recommendation,
+    recommend_policy,
+    situation_repeat_share,
+)
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
 from spotstop.diagnostics._simulate import simulate_log
 
@@ -85,6 +90,7 @@ __all__ = [
     "PairRates",
     "Pairs",
     "PrevalenceCheck",
+    "Recommendation",
     "RuleOutcome",
     "SceneBlindReaders",
     "SignalDetection",
@@ -112,9 +118,11 @@ __all__ = [
     "pair_rates",
     "prevalence_check",
     "read_scores_csv",
+    "recommend_policy",
     "scene_blind_readers",
     "signal_detection",
     "simulate_log",
+    "situation_repeat_share",
     "situation_share",
     "spot_stop",
     "write_card",

@@ -30,6 +30,8 @@ from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._metrics import _undefined, wbincount
 from spotstop.diagnostics._results import NAN_CI, Estimate
+from spotstop.guard.policies import conformal_cut as guard_conformal_cut
+from spotstop.guard.policies import conformal_rank
 
 __all__ = [
     "ConformalAudit",
@@ -82,23 +84,23 @@ def _fast_auroc(y: NDArray[np.int8], s: NDArray[np.float64]) -> float:
 
 
 def conformal_cut(unsafe_scores: NDArray[np.float64], alpha: float) -> float:
-    """Class-conditional split-conformal cut (DESIGN.md "Threshold policies").
+    """The marginal class-conditional split-conformal cut (DESIGN.md "Threshold policies").
 
-    With the ``n`` unsafe calibration scores sorted ascending, flag UNSAFE when
-    ``S >= u_(k)``, ``k = floor(alpha (n + 1))``; then P(miss) <= alpha for an exchangeable new
-    unsafe scene.  ``k = 0`` (fewer than ``1/alpha - 1`` scores) would flag everything: refused
-    with :class:`DataError`.
+    The guard's own rule (:func:`spotstop.guard.policies.conformal_cut`; each score its own
+    situation): with the ``n`` unsafe scores sorted ascending, flag UNSAFE when
+    ``S >= u_(k)``, ``k = floor(alpha (n + 1))``. ``k = 0`` (too few scores) would flag
+    everything: refused with :class:`DataError`.
     """
     if not 0.0 < alpha < 1.0:
         raise DataError(f"alpha must be in (0, 1); got {alpha!r}.")
-    u = np.sort(np.asarray(unsafe_scores, dtype=np.float64))
-    k = math.floor(alpha * (u.size + 1))
-    if k == 0:
+    fit = guard_conformal_cut(np.asarray(unsafe_scores, dtype=np.float64), alpha=alpha)
+    c = fit.marginal
+    if not c.feasible:
         raise DataError(
-            f"the conformal cut needs at least {math.ceil(1 / alpha - 1)} unsafe calibration "
-            f"scores for alpha={alpha}; got {u.size}. Calibrate on more unsafe cases or raise alpha."
+            f"the conformal cut needs at least {c.n_needed} unsafe calibration scores for "
+            f"alpha={alpha}; got {c.n}. Calibrate on more unsafe cases or raise alpha."
         )
-    return float(u[k - 1])
+    return float(c.threshold)
 
 
 def _split_groups(gen: np.random.Generator, n_groups: int, share: float) -> NDArray[np.bool_]:
@@ -322,7 +324,7 @@ def conformal_audit(
             continue
         miss.append(float((ev_u < cut).mean()))
         allowed.append(float((ev_s < cut).mean()) if ev_s.size else math.nan)
-        expect.append(math.floor(alpha * (cu.size + 1)) / (cu.size + 1))
+        expect.append(conformal_rank(alpha, cu.size) / (cu.size + 1))
     if not miss:
         _undefined(
             "the conformal audit",

@@ -47,10 +47,7 @@ Situations
 
 from __future__ import annotations
 
-import csv
 import datetime as _dt
-import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,11 +57,10 @@ import numpy as np
 from numpy.typing import NDArray
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError
+from spotstop.guard._labels import LabelsFileError, _cell, apply_labels_file
 
 __all__ = ["LogCases", "apply_labels_file", "case_table_from_log", "log_cases"]
 
-_LABELS = {"0": 0, "1": 1, "safe": 0, "unsafe": 1}
-_KEYS = ("decision_id", "image_sha256")
 _EXACT_RTOL = 1e-6  # residual / scale below which the affine fusion fit counts as exact
 
 
@@ -91,111 +87,6 @@ def _iso(t: float) -> str:
 def _time_range(t: NDArray[np.float64]) -> list[str] | None:
     t = t[np.isfinite(t)]
     return None if t.size == 0 else [_iso(float(t.min())), _iso(float(t.max()))]
-
-
-def _cell(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    return str(v).strip()
-
-
-def _read_label_rows(path: Path) -> list[tuple[str, dict[str, str]]]:
-    """Rows of a labels file as ``(where, {column: text})``."""
-    if not path.is_file():
-        raise DataError(f"labels file {str(path)!r} does not exist; pass --labels PATH.")
-    rows: list[tuple[str, dict[str, str]]] = []
-    if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
-        with path.open(encoding="utf-8") as fh:
-            for line_no, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}, line {line_no}: not valid JSON ({exc}).") from None
-                if not isinstance(obj, dict):
-                    raise DataError(
-                        f"{path}, line {line_no}: expected a JSON object per line; "
-                        f"got {type(obj).__name__}."
-                    )
-                rows.append((f"{path}, line {line_no}", {str(k): _cell(v) for k, v in obj.items()}))
-    else:
-        with path.open(newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            header = [h.strip() for h in (reader.fieldnames or [])]
-            reader.fieldnames = header
-            if "label" not in header or not any(k in header for k in _KEYS):
-                raise DataError(
-                    f"{path}: the header must contain label and decision_id or image_sha256 "
-                    f"(got {','.join(header) or 'no header'})."
-                )
-            for row_no, row in enumerate(reader, start=1):
-                where = f"{path}, row {row_no} (line {reader.line_num})"
-                if None in row:
-                    raise DataError(f"{where}: more cells than header columns; check the quoting.")
-                rows.append((where, {k: _cell(v) for k, v in row.items()}))
-    if not rows:
-        raise DataError(f"{path}: no label rows.")
-    return rows
-
-
-def apply_labels_file(
-    path: Path,
-    decision_id: NDArray[np.object_],
-    sha: NDArray[np.object_],
-    label: NDArray[np.int8],
-    contrast: NDArray[np.object_],
-    situation: NDArray[np.object_],
-) -> int:
-    """Override ``label``/``contrast``/``situation`` in place; returns the decisions labelled."""
-    by_id = {str(d): i for i, d in enumerate(decision_id)}
-    by_sha: dict[str, list[int]] = {}
-    for i, s in enumerate(sha):
-        if s:
-            by_sha.setdefault(str(s).lower(), []).append(i)
-    unknown: list[str] = []
-    given: dict[int, tuple[int, str]] = {}  # row index -> (label, where)
-    for where, row in _read_label_rows(path):
-        did, key_sha = row.get("decision_id", ""), row.get("image_sha256", "").lower()
-        if did:
-            rows_hit = [by_id[did]] if did in by_id else []
-            key = f"decision_id {did!r}"
-        elif key_sha:
-            rows_hit = by_sha.get(key_sha, [])
-            key = f"image_sha256 {key_sha!r}"
-        else:
-            raise DataError(f"{where}: needs a decision_id or an image_sha256; both are empty.")
-        lab_text = row.get("label", "").lower()
-        if lab_text not in _LABELS:
-            raise DataError(
-                f"{where}, column 'label': expected safe, unsafe, 0 or 1; "
-                f"got {row.get('label', '')!r}."
-            )
-        if not rows_hit:
-            unknown.append(key)
-            continue
-        lab = _LABELS[lab_text]
-        for i in rows_hit:
-            if i in given and given[i][0] != lab:
-                raise DataError(
-                    f"{where}: decision {decision_id[i]!r} is labelled {lab_text} here but "
-                    f"{'unsafe' if given[i][0] else 'safe'} at {given[i][1]}; give each "
-                    "decision one label."
-                )
-            given[i] = (lab, where)
-            label[i] = lab
-            if row.get("contrast_id", ""):
-                contrast[i] = row["contrast_id"]
-            if row.get("situation_id", ""):
-                situation[i] = row["situation_id"]
-    if unknown:
-        shown = ", ".join(unknown[:5])
-        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
-        raise DataError(
-            f"{path}: {len(unknown)} label row(s) match no decision in the log: {shown}{more}. "
-            "Check the keys (and that the labels belong to this log)."
-        )
-    return len(given)
 
 
 def _fused_scale(
@@ -263,7 +154,12 @@ def log_cases(log_path: str | Path, *, labels: str | Path | None = None) -> LogC
     situation = np.array([_cell(s) for s in arr.situation_id], dtype=object)
     n_from_file = 0
     if labels is not None:
-        n_from_file = apply_labels_file(Path(labels), decision_id, sha, label, contrast, situation)
+        try:
+            n_from_file = apply_labels_file(
+                Path(labels), decision_id, sha, label, contrast, situation
+            )
+        except LabelsFileError as exc:
+            raise DataError(str(exc)) from exc
 
     fused = np.asarray(arr.fused, dtype=np.float64)
     fail = np.asarray(arr.fail_closed, dtype=bool)

@@ -16,13 +16,14 @@ from spotstop.guard._errors import (
     ScoringError,
 )
 from spotstop.guard._fusion import Avg2Fusion, FusionError
-from spotstop.guard._guard import Decision, Guard
+from spotstop.guard._guard import Guard
 from spotstop.guard._image import DecodedImage, ImageRefused, decode_image
-from spotstop.guard._log import DecisionLog, DecisionRecord, LogError
+from spotstop.guard._log import DecisionLog, LogError
 from spotstop.guard._member import Member, MemberInfo, load_member
-from spotstop.guard._policy import PolicyConfig, PolicyError, load_policy
 from spotstop.guard._prompt import PromptSpec
+from spotstop.guard._record import Decision, DecisionRecord
 from spotstop.guard._types import MemberScore, Scene
+from spotstop.guard.policies import PolicyConfig, PolicyError, load_policy
 
 __all__ = [
     "Avg2Fusion",

@@ -15,7 +15,7 @@ import io
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -71,7 +71,7 @@ def make_demo_bundle(root: Path, *, pool_size: int = 24, seed: int = 0) -> Path:
     from spotstop.calibrate._pool import fit_pool_policy
     from spotstop.export.bundle import write_bundle
     from spotstop.export.tiny import TINY_MEMBERS, build_tiny_pair
-    from spotstop.guard._policy import FrozenPolicy, SituationPolicy, dump_policy
+    from spotstop.guard.policies import dump_policy
 
     tiny = root / "tiny"
     if not all((tiny / m / "model.safetensors").is_file() for m in TINY_MEMBERS):
@@ -82,14 +82,11 @@ def make_demo_bundle(root: Path, *, pool_size: int = 24, seed: int = 0) -> Path:
         shutil.rmtree(bdir)
     write_bundle([tiny / m for m in TINY_MEMBERS], bdir, name="tiny-demo")
     pool = demo_scenes(pool_size, seed=seed + 1000)
-    fit = fit_pool_policy(bdir, pool, kind="frozen")  # fusion stats and the frozen cut t0
-    policy = SituationPolicy(
-        window=8, min_refs=3, fallback=cast(FrozenPolicy, fit.policy), state_file="situations.json"
-    )
+    # fusion statistics and the frozen cut t0 on the pool; situation recentering on top
+    fit = fit_pool_policy(bdir, pool, kind="situation", settings={"window": 8, "min_refs": 3})
     dump_policy(
         replace(
             fit,
-            policy=policy,
             fitted_on={
                 **dict(fit.fitted_on),
                 "what": "unlabelled pool of generated demo scenes (TEST pair: meaningless)",
@@ -109,6 +106,7 @@ def run_demo(root: Path, *, seed: int = 0, out: Any = print) -> Path:
     log_path = root / "decisions.sqlite"
     for suffix in ("", "-wal", "-shm"):
         Path(str(log_path) + suffix).unlink(missing_ok=True)
+    shutil.rmtree(root / "state", ignore_errors=True)  # the situation windows of a past run
     sits: list[str | None] = ["kitchen-1"] * 6 + ["garage-2"] * 2 + [None] * 4
     scenes = demo_scenes(len(sits), seed=seed, situations=sits)
     with Guard(bdir, log=log_path, variants=("scene", "gray")) as guard:

@@ -189,7 +189,7 @@ class Avg2Fusion:
 
         nan_policy: ``"raise"`` (default) raises :class:`FusionError` when any score is
             not finite; ``"propagate"`` returns NaN for those scenes, which
-            :func:`spotstop.guard._policy.decide_batch` labels UNSAFE.
+            :func:`spotstop.guard.policies.decide_batch` labels UNSAFE.
 
         A missing member always raises :class:`FusionError`.
         """

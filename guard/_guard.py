@@ -15,23 +15,31 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from spotstop.guard._bundle import Bundle, load_bundle
 from spotstop.guard._errors import GuardError
 from spotstop.guard._image import DecodedImage, decode_image
-from spotstop.guard._log import DecisionLog, DecisionRecord
+from spotstop.guard._log import DecisionLog, PolicyRow
 from spotstop.guard._member import Member, load_bundle_member
-from spotstop.guard._policy import PolicyConfig, check_policy_matches, decide_batch, load_policy
+from spotstop.guard._record import Decision, DecisionRecord
+from spotstop.guard._state import StateStore
 from spotstop.guard._types import Scene, Variant
+from spotstop.guard.policies import (
+    Label,
+    PolicyConfig,
+    SituationPolicy,
+    batch_inputs,
+    check_policy_matches,
+    decide_batch,
+    load_policy,
+)
 
 __all__ = ["Decision", "Guard", "PolicyMissingError", "SituationInfo"]
-
-Label = Literal["SAFE", "UNSAFE"]
 
 
 class _Unset:
@@ -62,73 +70,6 @@ class _Clock:
 
     def reason(self, stage: str) -> str:
         return f"deadline exceeded: the call took longer than {self.deadline_s:g} s ({stage})"
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The guard's answer for one scene.
-
-    ``label`` is SAFE only when every member scored the scene, the fused score and the
-    threshold are finite, the policy said SAFE and the decision was logged. Otherwise it is
-    UNSAFE; ``fail_closed`` is True when that UNSAFE came from a fault, not from a score, and
-    ``fail_reason`` says which fault.
-    """
-
-    decision_id: str
-    label: Label
-    fused_score: float
-    threshold: float
-    policy: str
-    member_scores: Mapping[str, float]
-    fail_closed: bool
-    fail_reason: str | None
-    latency_ms: Mapping[str, float]
-    bundle_id: str
-    prompt_hash: str
-    situation_id: str | None = None
-    member_scores_gray: Mapping[str, float] | None = None
-    member_scores_text: Mapping[str, float] | None = None
-    test_pair: bool = False
-    detail: str = ""
-
-    @property
-    def safe(self) -> bool:
-        return self.label == "SAFE"
-
-    def __repr__(self) -> str:
-        why = f", FAIL-CLOSED: {self.fail_reason}" if self.fail_closed else ""
-        tp = ", TEST PAIR" if self.test_pair else ""
-        return (
-            f"Decision({self.label}, S={self.fused_score:+.3f}, t={self.threshold:+.3f}, "
-            f"policy={self.policy}, id={self.decision_id[:8]}{why}{tp})"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        def num(x: float) -> float | None:
-            return float(x) if np.isfinite(x) else None
-
-        return {
-            "decision_id": self.decision_id,
-            "label": self.label,
-            "fused_score": num(self.fused_score),
-            "threshold": num(self.threshold),
-            "policy": self.policy,
-            "member_scores": {k: num(v) for k, v in self.member_scores.items()},
-            "member_scores_gray": None
-            if self.member_scores_gray is None
-            else {k: num(v) for k, v in self.member_scores_gray.items()},
-            "member_scores_text": None
-            if self.member_scores_text is None
-            else {k: num(v) for k, v in self.member_scores_text.items()},
-            "fail_closed": self.fail_closed,
-            "fail_reason": self.fail_reason,
-            "latency_ms": dict(self.latency_ms),
-            "bundle_id": self.bundle_id,
-            "prompt_hash": self.prompt_hash,
-            "situation_id": self.situation_id,
-            "test_pair": self.test_pair,
-            "detail": self.detail,
-        }
 
 
 class PolicyMissingError(GuardError, FileNotFoundError):
@@ -198,6 +139,34 @@ class _Scored:
             self.fail = reason
 
 
+@dataclass(frozen=True)
+class _Active:
+    """The policy in force, its live state and its log row; swapped whole on reload."""
+
+    cfg: PolicyConfig
+    store: StateStore
+    row: PolicyRow
+    variants: tuple[Variant, ...]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What fusion and the policy said of one scene (before faults and the log)."""
+
+    label: Label
+    fused: float
+    score: float
+    threshold: float
+    rule: str
+    detail: str
+
+    @classmethod
+    def none(cls) -> _Outcome:
+        """No policy verdict (the scene failed before it, or the policy failed)."""
+        nan = float("nan")
+        return cls("UNSAFE", nan, nan, nan, "", "")
+
+
 def _reason(stage: str, e: BaseException) -> str:
     return f"{stage}: {type(e).__name__}: {e}"
 
@@ -207,11 +176,14 @@ class Guard:
 
     log: a :class:`DecisionLog`, a path for one, or None for the bundle's default
         (``<bundle>/decisions.sqlite``).
-    deadline_s: wall-clock budget of one ``check_batch`` for scoring; past it every scene of
+    deadline_s: wall-clock budget of one whole ``check_batch`` call; past it every scene of
         the call is UNSAFE (fail-closed, "deadline exceeded"). None = no deadline.
     variants: which passes to run: always ``scene``; ``gray`` and ``text`` add the
-        content-free and request-only scores to the log (for diagnostics).
-    state_file: where a situation policy keeps its windows (default: as policy.yaml says).
+        content-free and request-only scores to the log (for diagnostics). Passes the policy
+        reads (``text`` for ``batch`` with reliance weights) are added.
+    state_dir: where the guard keeps the live state of a stateful policy (the situation
+        windows), one file per policy version (default: ``state/`` next to the log). The
+        guard owns this state; the policy file only holds its fitted starting value.
     store_images: also keep each scene's encoded image in the log (off by default; the log's
         size/age retention applies). Only used when ``log`` is a path.
     threads: CPU threads per member backend (None: the library default, all cores).
@@ -228,7 +200,7 @@ class Guard:
         log: DecisionLog | str | os.PathLike[str] | None = None,
         deadline_s: float | None = None,
         variants: Sequence[Variant] = ("scene",),
-        state_file: str | os.PathLike[str] | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
         device: str = "cpu",
         verify: bool = True,
         store_images: bool = False,
@@ -243,10 +215,8 @@ class Guard:
             raise GuardError(
                 f"variants must include 'scene' and only scene/gray/text; got {list(variants)}."
             )
-        self.variants: tuple[Variant, ...] = tuple(dict.fromkeys(variants))
+        self._requested_variants: tuple[Variant, ...] = tuple(dict.fromkeys(variants))
         self.deadline_s = deadline_s
-        self._state_file = state_file
-        self.policy_config: PolicyConfig = self._load_policy(self.bundle.policy_path)
         self._member_names = tuple(m.name for m in self.bundle.members)
         self.members: dict[str, Member] = {}
         self.member_errors: dict[str, str] = {}
@@ -265,8 +235,13 @@ class Guard:
                 log if log is not None else self.bundle.path / "decisions.sqlite",
                 store_images=store_images,
             )
+        self.state_dir = (
+            Path(state_dir) if state_dir is not None else self.log.path.parent / "state"
+        )
+        self._active = self._activate(self._load_policy(self.bundle.policy_path))
         self.policy_path = self.bundle.policy_path
         self._pending: list[DecisionRecord] = []
+        self._pending_policy: PolicyRow | None = None
         self._late_amendments: list[tuple[list[str], str]] = []
         self._pending_lock = threading.Lock()  # the log write and the rows still to write
         self._lock = threading.Lock()  # one call at a time through decode → score → decide
@@ -282,9 +257,20 @@ class Guard:
         """All members loaded (a guard that is not ready answers every scene UNSAFE)."""
         return not self.member_errors and len(self.members) == len(self.bundle.members)
 
+    @property
+    def policy_config(self) -> PolicyConfig:
+        """The policy in force."""
+        return self._active.cfg
+
+    @property
+    def variants(self) -> tuple[Variant, ...]:
+        """The passes run per scene: those asked for, plus those the policy reads."""
+        return self._active.variants
+
     def __repr__(self) -> str:
         state = "ready" if self.ready else f"NOT READY ({'; '.join(self.member_errors.values())})"
-        return f"<Guard {self.bundle.bundle_id} policy={self.policy_config.policy.kind} {state}>"
+        cfg = self.policy_config
+        return f"<Guard {self.bundle.bundle_id} policy={cfg.kind} {cfg.version_id} {state}>"
 
     def _load_policy(self, path: str | os.PathLike[str]) -> PolicyConfig:
         if not Path(path).is_file():
@@ -293,36 +279,51 @@ class Guard:
                 f"frames of the deployment with `spotstop policy init {self.bundle.path} --pool "
                 "DIR --request TEXT`, or activate a stored version with `spotstop policy activate`."
             )
-        cfg = load_policy(path, state_file=self._state_file)
+        cfg = load_policy(path)
         check_policy_matches(cfg, self.bundle.bundle_id, self.bundle.prompt_hash)
         return cfg
+
+    def _activate(self, cfg: PolicyConfig) -> _Active:
+        extra = [v for v in cfg.variants_needed() if v not in self._requested_variants]
+        return _Active(
+            cfg=cfg,
+            store=StateStore(cfg, self.state_dir),
+            row=PolicyRow(
+                version_id=cfg.version_id,
+                kind=cfg.kind,
+                fusion_key=cfg.fusion_key,
+                bundle_id=cfg.bundle_id,
+                prompt_hash=cfg.prompt_hash,
+                created=cfg.created.isoformat(),
+                document=cfg.to_dict(),
+            ),
+            variants=(*self._requested_variants, *extra),  # type: ignore[arg-type]
+        )
 
     def reload_policy(self, path: str | os.PathLike[str] | None = None) -> PolicyConfig:
         """Swap in a new policy file atomically, between two batches.
 
-        The new file is loaded and checked (schema, bundle id, prompt hash) before the swap; if
-        anything is wrong the old policy stays and the error is raised. A call in progress
-        finishes with the old policy; the next one uses the new. Returns the new policy.
+        The new file is loaded and checked (schema, bundle id, prompt hash, its state file)
+        before the swap; if anything is wrong the old policy stays and the error is raised. A
+        call in progress finishes with the old policy; the next one uses the new. Returns the
+        new policy.
         """
-        new = self._load_policy(path if path is not None else self.bundle.policy_path)
+        new = self._activate(
+            self._load_policy(path if path is not None else self.bundle.policy_path)
+        )
         with self._lock:
-            self.policy_config = new
+            self._active = new
             self.policy_path = Path(path) if path is not None else self.bundle.policy_path
-        return new
+        return new.cfg
 
     def situation(self, situation_id: str) -> SituationInfo:
         """The recentering state of one situation under the current policy."""
-        pol: Any = self.policy_config.policy
-        if pol.kind != "situation":
+        active = self._active
+        pol = active.cfg.policy
+        if not isinstance(pol, SituationPolicy):
             return SituationInfo(situation_id, pol.kind, (), pol.kind, float("nan"), 0, 0)
-        refs = pol.state.references(situation_id)
-        active = len(refs) >= pol.min_refs
-        fb = pol.fallback
-        thr = float(np.mean(refs)) if active else float(getattr(fb, "threshold", float("nan")))
-        rule = "situation" if active else f"situation->{fb.kind}"
-        return SituationInfo(
-            situation_id, pol.kind, tuple(refs), rule, thr, pol.min_refs, pol.window
-        )
+        rule, thr, refs = pol.next_threshold(active.store.state, situation_id)
+        return SituationInfo(situation_id, pol.kind, refs, rule, thr, pol.min_refs, pol.window)
 
     def check(self, scene: Scene, *, deadline_s: float | _Unset | None = _UNSET) -> Decision:
         """Judge one scene (see :meth:`check_batch`)."""
@@ -355,14 +356,14 @@ class Guard:
             # Another call holds the guard past this call's deadline: answer without it.
             for w in works:
                 w.fail_with(clock.reason("waiting for another call to finish"))
-            cfg = self.policy_config
-            decided = [("UNSAFE", float("nan"), float("nan"), cfg.policy.kind, "")] * len(works)
-            return self._write_log(works, decided, t_start, clock)
+            active = self._active
+            return self._write_log(works, [_Outcome.none()] * len(works), active, t_start, clock)
         try:
+            active = self._active
             self._decode(works, clock)
-            self._score_with_deadline(works, clock)
-            decided = self._decide(works, clock)
-            return self._write_log(works, decided, t_start, clock)
+            self._score_with_deadline(works, active, clock)
+            outcomes = self._decide(works, active, clock)
+            return self._write_log(works, outcomes, active, t_start, clock)
         finally:
             self._lock.release()
 
@@ -402,7 +403,7 @@ class Guard:
                 w.fail_with(_reason("input", e))
             w.latency["decode_ms"] = (time.perf_counter() - t) * 1e3
 
-    def _score_with_deadline(self, works: list[_Work], clock: _Clock) -> None:
+    def _score_with_deadline(self, works: list[_Work], active: _Active, clock: _Clock) -> None:
         for name, err in self.member_errors.items():
             for w in works:
                 w.fail_with(f"member {name} unavailable: {err}")
@@ -414,7 +415,7 @@ class Guard:
                 w.fail_with(clock.reason("before scoring"))
             return
         scenes = [Scene(w.image, w.scene.request, w.scene.situation_id) for w in live]
-        fut = self._pool.submit(self._score, scenes)
+        fut = self._pool.submit(self._score, scenes, active.variants)
         try:
             results = fut.result(timeout=clock.remaining())
         except cf.TimeoutError:
@@ -435,11 +436,11 @@ class Guard:
             if r.fail is not None:
                 w.fail_with(r.fail)
 
-    def _score(self, scenes: list[Scene]) -> list[_Scored]:
+    def _score(self, scenes: list[Scene], variants: tuple[Variant, ...]) -> list[_Scored]:
         """Every member and variant on ``scenes``; runs on the scoring thread, touches no _Work."""
         out = [_Scored() for _ in scenes]
         for name, m in self.members.items():
-            for variant in self.variants:
+            for variant in variants:
                 t = time.perf_counter()
                 try:
                     res = m.score(scenes, variant, strict=False)
@@ -456,60 +457,76 @@ class Guard:
                         r.fail_with(f"member {name} produced a non-finite score ({s.score})")
         return out
 
-    def _decide(
-        self, works: list[_Work], clock: _Clock
-    ) -> list[tuple[str, float, float, str, str]]:
-        """(label, fused, threshold, policy, detail) per scene."""
+    def _decide(self, works: list[_Work], active: _Active, clock: _Clock) -> list[_Outcome]:
+        """Fuse and label the batch with the active policy; commit the policy's new state."""
         t = time.perf_counter()
-        cfg = self.policy_config
-        fused = np.full(len(works), np.nan)
-        for i, w in enumerate(works):
-            if w.fail:
-                continue
-            try:
-                fused[i] = cfg.fusion.fuse(w.scores)
-            except Exception as e:  # fusion fault: this scene fails closed
-                w.fail_with(_reason("fusion", e))
+        cfg = active.cfg
+        failed = [w.fail is not None for w in works]
         members = {
-            m: np.array([w.scores.get(m, np.nan) if not w.fail else np.nan for w in works])
+            m: [
+                np.nan if bad else w.scores.get(m, np.nan)
+                for w, bad in zip(works, failed, strict=True)
+            ]
             for m in self.bundle_member_names
         }
-        sids = [w.scene.situation_id for w in works]
-        out: list[tuple[str, float, float, str, str]] = []
+        text = None
+        if "text" in active.variants:
+            text = {
+                m: [
+                    np.nan if bad else w.text.get(m, np.nan)
+                    for w, bad in zip(works, failed, strict=True)
+                ]
+                for m in self.bundle_member_names
+            }
+        sids = [
+            w.scene.situation_id if isinstance(w.scene.situation_id, str) else None for w in works
+        ]
+        out = [_Outcome.none()] * len(works)
         try:
-            verdicts = decide_batch(cfg.policy, fused, members, sids)
-        except Exception as e:  # the policy itself failed: every scene fails closed
+            x = batch_inputs(cfg.fusion, members, sids, text)
+        except Exception as e:  # fusion failed: every scene fails closed
             for w in works:
-                w.fail_with(_reason("policy", e))
-            verdicts = []
-        if clock.expired():  # a label reached after the deadline is not an answer
-            for w in works:
-                w.fail_with(clock.reason("fusion and policy"))
+                w.fail_with(_reason("fusion", e))
+            decided = None
+        else:
+            try:
+                decided = decide_batch(cfg.policy, x, active.store.state)
+            except Exception as e:  # the policy itself failed: every scene fails closed
+                for w in works:
+                    w.fail_with(_reason("policy", e))
+                decided = None
+        if decided is not None:
+            # The scores are real observations whatever the clock says: the state moves on
+            # (replaying the log gives the same windows).
+            active.store.commit(decided.state)
+            if clock.expired():  # a label reached after the deadline is not an answer
+                for w in works:
+                    w.fail_with(clock.reason("fusion and policy"))
+            out = []
+            for w, fused, v in zip(works, x.fused.tolist(), decided.verdicts, strict=True):
+                if (
+                    w.fail is None
+                    and v.label == "UNSAFE"
+                    and not (np.isfinite(v.score) and np.isfinite(v.threshold))
+                ):
+                    w.fail_with(f"policy: {v.detail}")
+                out.append(_Outcome(v.label, fused, v.score, v.threshold, v.policy, v.detail))
         dt = (time.perf_counter() - t) * 1e3 / max(1, len(works))
-        for i, w in enumerate(works):
+        for w in works:
             w.latency["decide_ms"] = dt
-            if w.fail or not verdicts:
-                out.append(("UNSAFE", float(fused[i]), float("nan"), cfg.policy.kind, ""))
-                continue
-            v = verdicts[i]
-            label = v.label
-            if not (np.isfinite(v.score) and np.isfinite(v.threshold)):
-                w.fail_with(f"policy: {v.detail or 'non-finite score or threshold'}")
-                label = "UNSAFE"
-            out.append((label, float(v.score), float(v.threshold), v.policy, v.detail))
         return out
 
     @property
     def bundle_member_names(self) -> tuple[str, ...]:
         return self._member_names
 
-    def _record(
-        self, w: _Work, label: str, fused: float, thr: float, policy: str
-    ) -> DecisionRecord:
+    def _record(self, w: _Work, o: _Outcome, active: _Active, batch_id: str) -> DecisionRecord:
         img = w.image
         req = w.scene.request if isinstance(w.scene.request, str) else repr(w.scene.request)
+        cfg = active.cfg
         return DecisionRecord(
             decision_id=w.decision_id,
+            batch_id=batch_id,
             situation_id=w.scene.situation_id if isinstance(w.scene.situation_id, str) else None,
             request=req,
             image_sha256=img.sha256 if img else None,
@@ -518,43 +535,57 @@ class Guard:
             n_bytes=img.n_bytes if img else None,
             image_format=img.format if img else None,
             member_scores={m: w.scores.get(m, float("nan")) for m in self.bundle_member_names},
-            member_scores_gray=dict(w.gray) if "gray" in self.variants else None,
-            member_scores_text=dict(w.text) if "text" in self.variants else None,
-            fused_score=fused,
-            threshold=thr,
-            policy=policy,
-            label="UNSAFE" if w.fail else label,  # type: ignore[arg-type]
+            member_scores_gray=dict(w.gray) if "gray" in active.variants else None,
+            member_scores_text=dict(w.text) if "text" in active.variants else None,
+            fused_score=o.fused,
+            policy_score=o.score,
+            threshold=o.threshold,
+            policy=o.rule or cfg.kind,
+            policy_kind=cfg.kind,
+            policy_version=cfg.version_id,
+            fusion_key=cfg.fusion_key,
+            label="UNSAFE" if w.fail else o.label,
             fail_closed=w.fail is not None,
             fail_reason=w.fail,
+            detail=o.detail,
             latency_ms=dict(w.latency),
             bundle_id=self.bundle.bundle_id,
             prompt_hash=self.bundle.prompt_hash,
+            test_pair=self.bundle.test_pair,
         )
 
     def _write_log(
         self,
         works: list[_Work],
-        decided: list[tuple[str, float, float, str, str]],
+        outcomes: list[_Outcome],
+        active: _Active,
         t_start: float,
         clock: _Clock,
     ) -> list[Decision]:
         for w in works:
             w.latency["total_ms"] = (time.perf_counter() - t_start) * 1e3
-        records = [self._record(w, *d[:4]) for w, d in zip(works, decided, strict=True)]
+        batch_id = uuid.uuid4().hex
+        records = [
+            self._record(w, o, active, batch_id) for w, o in zip(works, outcomes, strict=True)
+        ]
         t = time.perf_counter()
         with self._pending_lock:
             try:
                 if self._pending:  # earlier decisions whose write failed go first
-                    self.log.append_many(self._pending)
+                    self.log.append_many(self._pending, policy=self._pending_policy)
                     self._pending = []
                 while self._late_amendments:
                     self.log.mark_fail_closed(*self._late_amendments[0])
                     self._late_amendments.pop(0)
                 if self.store_images:
-                    for w, r in zip(works, records, strict=True):
-                        self.log.append(r, image_bytes=w.raw if r.image_sha256 else None)
+                    for i, (w, r) in enumerate(zip(works, records, strict=True)):
+                        self.log.append(
+                            r,
+                            image_bytes=w.raw if r.image_sha256 else None,
+                            policy=active.row if i == 0 else None,
+                        )
                 else:
-                    self.log.append_many(records)
+                    self.log.append_many(records, policy=active.row)
             except Exception as e:  # never SAFE without a log row; keep the rows for the next call
                 reason = _reason("decision log", e)
                 records = [
@@ -564,32 +595,11 @@ class Guard:
                     for r in records
                 ]
                 self._pending.extend(records)
+                self._pending_policy = active.row
             else:
                 records = self._amend_late(records, clock)
         log_ms = (time.perf_counter() - t) * 1e3
-        out = []
-        for r, d in zip(records, decided, strict=True):
-            out.append(
-                Decision(
-                    decision_id=r.decision_id,
-                    label=r.label,
-                    fused_score=r.fused_score,
-                    threshold=r.threshold,
-                    policy=r.policy,
-                    member_scores=dict(r.member_scores),
-                    fail_closed=r.fail_closed,
-                    fail_reason=r.fail_reason,
-                    latency_ms={**r.latency_ms, "log_ms": log_ms},
-                    bundle_id=r.bundle_id,
-                    prompt_hash=r.prompt_hash,
-                    situation_id=r.situation_id,
-                    member_scores_gray=r.member_scores_gray,
-                    member_scores_text=r.member_scores_text,
-                    test_pair=self.bundle.test_pair,
-                    detail=d[4],
-                )
-            )
-        return out
+        return [Decision.of(r, latency_ms={**r.latency_ms, "log_ms": log_ms}) for r in records]
 
     def _amend_late(self, records: list[DecisionRecord], clock: _Clock) -> list[DecisionRecord]:
         """SAFE rows whose write finished after the deadline become fail-closed UNSAFE.

@@ -13,7 +13,13 @@ Storage
   append to the same file; a busy database is waited on (``busy_timeout``) and retried with
   bounded backoff up to ``timeout_s``, then a :class:`LogError` says so.
 * Versioned: a ``meta`` table records the ``schema_version``; a log written by a newer
-  spotstop is refused instead of misread.
+  spotstop is refused instead of misread, and a schema-1 log is migrated in place when it is
+  opened (new columns added with documented values for old rows; nothing is dropped).
+* One shape: the ``decisions`` columns and the row mapping derive from
+  :class:`~spotstop.guard._record.DecisionRecord`'s field list.
+* The log says who decided: every row carries the ``policy_version``, ``policy_kind`` and
+  ``fusion_key`` of the policy that made it, and the ``policies`` table keeps each such
+  policy file whole (:meth:`DecisionLog.policies`), so readers can replay it.
 * NaN stays NaN: scores are stored as JSON with non-finite values spelled ``"NaN"``,
   ``"Infinity"``, ``"-Infinity"`` (JSON itself has no NaN), and the scalar columns map a
   NaN to SQL ``NULL`` (SQLite stores NaN as NULL) and back.
@@ -27,7 +33,6 @@ gives the ISO-8601 spelling.
 from __future__ import annotations
 
 import contextlib
-import csv
 import datetime as _dt
 import hashlib
 import json
@@ -38,15 +43,23 @@ import random
 import sqlite3
 import threading
 import time as _time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
 
-import numpy as np
 from spotstop.guard._errors import GuardError
+from spotstop.guard._log_read import LogArrays, log_arrays, write_csv, write_parquet
+from spotstop.guard._record import (
+    SCHEMA_VERSION,
+    DecisionRecord,
+    RecordError,
+    _is_real,
+    record_from_row,
+    record_to_row,
+    sql_columns,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -54,11 +67,9 @@ __all__ = [
     "DecisionRecord",
     "LogArrays",
     "LogError",
+    "PolicyRow",
     "RecordError",
 ]
-
-SCHEMA_VERSION: Final = 1
-"""Version of the decision-log schema this module writes and reads."""
 
 _T = TypeVar("_T")
 
@@ -72,10 +83,7 @@ _T = TypeVar("_T")
 # The default is NORMAL; pass synchronous="FULL" on robots that lose power abruptly.
 _SYNCHRONOUS: Final = "NORMAL"
 
-_LABELS: Final = ("SAFE", "UNSAFE")
 _REVIEW_LABELS: Final = ("safe", "unsafe")
-_NONFINITE_TO_JSON: Final = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
-_JSON_TO_NONFINITE: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _DEFAULT_RETENTION_BYTES: Final = 1 << 30  # 1 GiB
 _DEFAULT_RETENTION_DAYS: Final = 30.0
 _PAGE_ROWS: Final = 1000
@@ -85,235 +93,17 @@ class LogError(GuardError, RuntimeError):
     """The decision log could not be opened, read or written (schema, lock, closed, I/O)."""
 
 
-class RecordError(GuardError, ValueError):
-    """A record, label or argument handed to the decision log is invalid."""
-
-
-# --------------------------------------------------------------------------------------
-# The record
-# --------------------------------------------------------------------------------------
-
-
-def _new_decision_id() -> str:
-    return uuid.uuid4().hex
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecisionRecord:
-    """One guard decision as it is logged (schema_version 1).
-
-    All fields are keyword-only. ``time`` and ``decision_id`` default to now and a fresh
-    uuid4. A record is validated when it is built; an invalid one raises
-    :class:`RecordError` naming the field.
-    """
-
-    time: float = field(default_factory=_time.time)
-    """Decision time, seconds since the Unix epoch (UTC), finite. See ``time_utc``."""
-
-    decision_id: str = field(default_factory=_new_decision_id)
-    """Unique id of the decision (uuid4 hex by default); the log's primary key."""
-
-    situation_id: str | None = None
-    """Deployment situation (place, task, camera) the scene belongs to; None if unknown."""
-
-    request: str
-    """What the robot was asked to do, verbatim (any unicode)."""
-
-    image_sha256: str | None = None
-    """SHA-256 hex digest of the encoded image bytes; None when no image was given."""
-
-    width: int | None = None
-    """Decoded image width in pixels; None if no image or decoding failed."""
-
-    height: int | None = None
-    """Decoded image height in pixels; None if no image or decoding failed."""
-
-    n_bytes: int | None = None
-    """Size of the encoded image file in bytes; None if no image."""
-
-    image_format: str | None = None
-    """Encoded image format as decoded (e.g. ``"JPEG"``, ``"PNG"``); None if unknown."""
-
-    member_scores: dict[str, float]
-    """Per member: scene score ``log p(UNSAFE) - log p(SAFE)``; NaN where the member failed."""
-
-    member_scores_gray: dict[str, float] | None = None
-    """Per member: score on the content-free gray image with the same request; None if not run."""
-
-    member_scores_text: dict[str, float] | None = None
-    """Per member: request-only score (no image); None if that pass was not run."""
-
-    fused_score: float
-    """Fused score S (Avg-2 robust z average); NaN when fusion could not be computed."""
-
-    threshold: float
-    """Threshold the policy applied to ``fused_score``; NaN when none applied (fail closed)."""
-
-    policy: str
-    """Name of the threshold policy: direct, frozen, batch, situation or conformal."""
-
-    label: Literal["SAFE", "UNSAFE"]
-    """The guard's answer: ``"SAFE"`` or ``"UNSAFE"``."""
-
-    fail_closed: bool
-    """True when the guard answered UNSAFE because something failed, not because of the score."""
-
-    fail_reason: str | None = None
-    """Why the guard failed closed (error class and message); None otherwise."""
-
-    latency_ms: dict[str, float]
-    """Wall time per stage in milliseconds (e.g. ``decode``, member names, ``total``)."""
-
-    bundle_id: str
-    """Id of the model bundle that scored the scene."""
-
-    prompt_hash: str
-    """Hash of the prompt template the bundle used; with ``bundle_id`` it keys the policy."""
-
-    schema_version: int = SCHEMA_VERSION
-    """Version of this record's schema; always ``SCHEMA_VERSION`` for records written now."""
-
-    def __post_init__(self) -> None:
-        _check_record(self)
-
-    @property
-    def time_utc(self) -> str:
-        """``time`` as ISO-8601 UTC, e.g. ``2025-01-31T12:00:00.123456+00:00``."""
-        return _dt.datetime.fromtimestamp(self.time, tz=_dt.UTC).isoformat()
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
-
-
-def _check_scores(name: str, value: object, *, optional: bool) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, Mapping):
-        allowed = "a dict of name -> float" + (" or None" if optional else "")
-        raise RecordError(
-            f"DecisionRecord.{name} must be {allowed}; got {type(value).__name__}. "
-            "Pass e.g. {'member_a': 1.25}."
-        )
-    for key, score in value.items():
-        if not isinstance(key, str) or not key:
-            raise RecordError(
-                f"DecisionRecord.{name} keys must be non-empty strings; got {key!r}. "
-                "Use the member or stage name as key."
-            )
-        if not _is_real(score):
-            raise RecordError(
-                f"DecisionRecord.{name}[{key!r}] must be a real number (NaN allowed); "
-                f"got {score!r} ({type(score).__name__}). Use float('nan') for a missing score."
-            )
-
-
-def _check_optional_str(name: str, value: object) -> None:
-    if value is not None and not isinstance(value, str):
-        raise RecordError(
-            f"DecisionRecord.{name} must be a str or None; got {type(value).__name__} {value!r}."
-        )
-
-
-def _check_record(r: DecisionRecord) -> None:
-    if not _is_real(r.time) or not math.isfinite(float(r.time)):
-        raise RecordError(
-            f"DecisionRecord.time must be a finite float (seconds since the Unix epoch, UTC); "
-            f"got {r.time!r}. Use time.time()."
-        )
-    if not isinstance(r.decision_id, str) or not r.decision_id:
-        raise RecordError(
-            f"DecisionRecord.decision_id must be a non-empty str; got {r.decision_id!r}. "
-            "Leave it out to get a fresh uuid4 hex."
-        )
-    for name in ("request", "policy", "bundle_id", "prompt_hash"):
-        if not isinstance(getattr(r, name), str):
-            raise RecordError(
-                f"DecisionRecord.{name} must be a str; got "
-                f"{type(getattr(r, name)).__name__} {getattr(r, name)!r}."
-            )
-    for name in ("situation_id", "image_sha256", "image_format", "fail_reason"):
-        _check_optional_str(name, getattr(r, name))
-    for name in ("width", "height", "n_bytes"):
-        v = getattr(r, name)
-        if v is not None and (
-            not isinstance(v, numbers.Integral) or isinstance(v, bool | np.bool_) or v < 0
-        ):
-            raise RecordError(
-                f"DecisionRecord.{name} must be a non-negative int or None; got {v!r}."
-            )
-    _check_scores("member_scores", r.member_scores, optional=False)
-    _check_scores("member_scores_gray", r.member_scores_gray, optional=True)
-    _check_scores("member_scores_text", r.member_scores_text, optional=True)
-    _check_scores("latency_ms", r.latency_ms, optional=False)
-    for name in ("fused_score", "threshold"):
-        if not _is_real(getattr(r, name)):
-            raise RecordError(
-                f"DecisionRecord.{name} must be a float (NaN allowed); got "
-                f"{getattr(r, name)!r}. Use float('nan') when there is none."
-            )
-    if r.label not in _LABELS:
-        raise RecordError(
-            f"DecisionRecord.label must be one of {list(_LABELS)}; got {r.label!r}. "
-            "Labels of the guard are upper case; reviewer labels go to DecisionLog.set_labels."
-        )
-    if not isinstance(r.fail_closed, bool | np.bool_):
-        raise RecordError(f"DecisionRecord.fail_closed must be a bool; got {r.fail_closed!r}.")
-    if r.schema_version != SCHEMA_VERSION:
-        raise RecordError(
-            f"DecisionRecord.schema_version must be {SCHEMA_VERSION} (the version this "
-            f"spotstop writes); got {r.schema_version!r}. Leave it at its default."
-        )
-
-
-# --------------------------------------------------------------------------------------
-# Encoding helpers
-# --------------------------------------------------------------------------------------
-
-
-def _encode_float(x: float) -> float | str:
-    x = float(x)
-    if math.isfinite(x):
-        return x
-    return _NONFINITE_TO_JSON[repr(x)]
-
-
-def _decode_float(x: float | int | str) -> float:
-    if isinstance(x, str):
-        return _JSON_TO_NONFINITE[x]
-    return float(x)
-
-
-def _scores_to_json(scores: Mapping[str, float] | None) -> str | None:
-    if scores is None:
-        return None
-    return json.dumps(
-        {k: _encode_float(v) for k, v in scores.items()},
-        allow_nan=False,
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
-
-
-def _scores_from_json(text: str | None) -> dict[str, float] | None:
-    if text is None:
-        return None
-    raw = json.loads(text)
-    return {k: _decode_float(v) for k, v in raw.items()}
-
-
-def _real_to_sql(x: float) -> float | None:
-    # SQLite turns a NaN REAL into NULL; do it explicitly so the mapping is documented.
-    x = float(x)
-    return None if math.isnan(x) else x
-
-
-def _real_from_sql(x: float | None) -> float:
-    return math.nan if x is None else float(x)
-
-
-def _opt_int(x: int | None) -> int | None:
-    return None if x is None else int(x)
+_POLICIES_SQL: Final = """
+CREATE TABLE IF NOT EXISTS policies (
+    policy_version TEXT PRIMARY KEY,
+    policy_kind TEXT NOT NULL,
+    fusion_key TEXT NOT NULL,
+    bundle_id TEXT NOT NULL,
+    prompt_hash TEXT NOT NULL,
+    created TEXT NOT NULL,
+    document TEXT NOT NULL,
+    first_time REAL NOT NULL
+)"""
 
 
 def _to_epoch(name: str, value: float | _dt.datetime | None) -> float | None:
@@ -343,125 +133,27 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 
 
 # --------------------------------------------------------------------------------------
-# Arrays for calibrate / diagnostics
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class LogArrays:
-    """The log as aligned numpy arrays, one entry per decision, in log order.
-
-    Every array has length ``n``; index i of every array refers to the same decision.
-    """
-
-    decision_id: np.ndarray
-    """Decision ids (object array of str)."""
-
-    time: np.ndarray
-    """Decision times, seconds since the Unix epoch (float64)."""
-
-    situation_id: np.ndarray
-    """Situation ids (object array of str or None)."""
-
-    request: np.ndarray
-    """Requests (object array of str)."""
-
-    fused: np.ndarray
-    """Fused scores S (float64, NaN kept)."""
-
-    threshold: np.ndarray
-    """Thresholds the policy applied (float64, NaN kept)."""
-
-    member_scores: dict[str, np.ndarray]
-    """Member name -> scene scores (float64; NaN where the member has no score)."""
-
-    member_scores_gray: dict[str, np.ndarray]
-    """Member name -> gray-image scores (float64; NaN where not run)."""
-
-    member_scores_text: dict[str, np.ndarray]
-    """Member name -> request-only scores (float64; NaN where not run)."""
-
-    guard_label: np.ndarray
-    """The guard's answer as int8: 1 UNSAFE, 0 SAFE."""
-
-    label: np.ndarray
-    """Reviewer label from the labels table as int8: 1 unsafe, 0 safe, -1 unlabelled."""
-
-    contrast_id: np.ndarray
-    """Contrast id from the labels table (object array of str or None)."""
-
-    width: np.ndarray
-    """Image width in pixels (float64; NaN where missing)."""
-
-    height: np.ndarray
-    """Image height in pixels (float64; NaN where missing)."""
-
-    n_bytes: np.ndarray
-    """Encoded image size in bytes (float64; NaN where missing)."""
-
-    image_format: np.ndarray
-    """Image format (object array of str or None)."""
-
-    fail_closed: np.ndarray
-    """Whether the guard failed closed (bool)."""
-
-    policy: np.ndarray
-    """Policy names (object array of str)."""
-
-    bundle_id: np.ndarray
-    """Bundle ids (object array of str)."""
-
-    prompt_hash: np.ndarray
-    """Prompt hashes (object array of str)."""
-
-    @property
-    def n(self) -> int:
-        """Number of decisions."""
-        return int(self.decision_id.shape[0])
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __repr__(self) -> str:
-        labelled = int(np.count_nonzero(self.label >= 0))
-        return (
-            f"LogArrays(n={self.n}, members={sorted(self.member_scores)}, "
-            f"labelled={labelled}, fail_closed={int(np.count_nonzero(self.fail_closed))})"
-        )
-
-
-# --------------------------------------------------------------------------------------
 # The log
 # --------------------------------------------------------------------------------------
 
-_SCHEMA_SQL: Final = """
+_COLUMNS: Final = tuple(name for name, _ in sql_columns())
+_ID: Final = _COLUMNS.index("decision_id")
+_TIME: Final = _COLUMNS.index("time")
+_SELECT: Final = "SELECT " + ", ".join(f"d.{c}" for c in _COLUMNS)
+_INSERT: Final = (
+    f"INSERT INTO decisions ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+)
+
+_SCHEMA_SQL: Final = (
+    """
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS decisions (
-    decision_id TEXT PRIMARY KEY,
-    time REAL NOT NULL,
-    situation_id TEXT,
-    request TEXT NOT NULL,
-    image_sha256 TEXT,
-    width INTEGER,
-    height INTEGER,
-    n_bytes INTEGER,
-    image_format TEXT,
-    member_scores TEXT NOT NULL,
-    member_scores_gray TEXT,
-    member_scores_text TEXT,
-    fused_score REAL,
-    threshold REAL,
-    policy TEXT NOT NULL,
-    label TEXT NOT NULL CHECK (label IN ('SAFE', 'UNSAFE')),
-    fail_closed INTEGER NOT NULL,
-    fail_reason TEXT,
-    latency_ms TEXT NOT NULL,
-    bundle_id TEXT NOT NULL,
-    prompt_hash TEXT NOT NULL,
-    schema_version INTEGER NOT NULL
+"""
+    + ",\n".join(f"    {name} {sql}" for name, sql in sql_columns())
+    + """
 );
 CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time);
 CREATE INDEX IF NOT EXISTS decisions_situation ON decisions (situation_id, time);
@@ -480,90 +172,47 @@ CREATE TABLE IF NOT EXISTS images (
 );
 CREATE INDEX IF NOT EXISTS images_time ON images (time);
 """
-
-_COLUMNS: Final = (
-    "decision_id",
-    "time",
-    "situation_id",
-    "request",
-    "image_sha256",
-    "width",
-    "height",
-    "n_bytes",
-    "image_format",
-    "member_scores",
-    "member_scores_gray",
-    "member_scores_text",
-    "fused_score",
-    "threshold",
-    "policy",
-    "label",
-    "fail_closed",
-    "fail_reason",
-    "latency_ms",
-    "bundle_id",
-    "prompt_hash",
-    "schema_version",
+    + _POLICIES_SQL
 )
-_SELECT: Final = "SELECT " + ", ".join(f"d.{c}" for c in _COLUMNS)
-_INSERT: Final = (
-    f"INSERT INTO decisions ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+
+# Schema 1 -> 2: the columns schema 2 added, with what schema-1 rows get. A schema-1 row's
+# ``fused_score`` was the score its policy compared, so it becomes ``policy_score`` too; its
+# kind is the rule's first part ("situation->frozen" -> "situation"). Nothing is dropped.
+_MIGRATE_1_TO_2: Final = (
+    "ALTER TABLE decisions ADD COLUMN batch_id TEXT",
+    "ALTER TABLE decisions ADD COLUMN policy_score REAL",
+    "ALTER TABLE decisions ADD COLUMN policy_kind TEXT",
+    "ALTER TABLE decisions ADD COLUMN policy_version TEXT",
+    "ALTER TABLE decisions ADD COLUMN fusion_key TEXT",
+    "ALTER TABLE decisions ADD COLUMN detail TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE decisions ADD COLUMN cue_flags TEXT",
+    "ALTER TABLE decisions ADD COLUMN cue_text TEXT",
+    "ALTER TABLE decisions ADD COLUMN test_pair INTEGER NOT NULL DEFAULT 0",
+    "UPDATE decisions SET policy_score = fused_score, policy_kind = CASE "
+    "WHEN instr(policy, '->') > 0 THEN substr(policy, 1, instr(policy, '->') - 1) "
+    "ELSE policy END",
+    _POLICIES_SQL,
+    "UPDATE meta SET value = '2' WHERE key = 'schema_version'",
 )
 
 
-def _record_to_row(r: DecisionRecord) -> tuple[Any, ...]:
-    return (
-        r.decision_id,
-        float(r.time),
-        r.situation_id,
-        r.request,
-        r.image_sha256,
-        _opt_int(r.width),
-        _opt_int(r.height),
-        _opt_int(r.n_bytes),
-        r.image_format,
-        _scores_to_json(r.member_scores),
-        _scores_to_json(r.member_scores_gray),
-        _scores_to_json(r.member_scores_text),
-        _real_to_sql(r.fused_score),
-        _real_to_sql(r.threshold),
-        r.policy,
-        r.label,
-        int(bool(r.fail_closed)),
-        r.fail_reason,
-        _scores_to_json(r.latency_ms),
-        r.bundle_id,
-        r.prompt_hash,
-        int(r.schema_version),
-    )
+@dataclass(frozen=True)
+class PolicyRow:
+    """A policy as the log keeps it, so that readers can replay what decided.
 
+    version_id / kind / fusion_key: as in the decisions' columns. bundle_id, prompt_hash,
+    created: from the policy file. document: the whole ``policy.yaml`` as a JSON object.
+    first_time: when the log first saw a decision of it.
+    """
 
-def _row_to_record(row: Sequence[Any]) -> DecisionRecord:
-    v = dict(zip(_COLUMNS, row, strict=False))
-    return DecisionRecord(
-        decision_id=v["decision_id"],
-        time=float(v["time"]),
-        situation_id=v["situation_id"],
-        request=v["request"],
-        image_sha256=v["image_sha256"],
-        width=v["width"],
-        height=v["height"],
-        n_bytes=v["n_bytes"],
-        image_format=v["image_format"],
-        member_scores=_scores_from_json(v["member_scores"]) or {},
-        member_scores_gray=_scores_from_json(v["member_scores_gray"]),
-        member_scores_text=_scores_from_json(v["member_scores_text"]),
-        fused_score=_real_from_sql(v["fused_score"]),
-        threshold=_real_from_sql(v["threshold"]),
-        policy=v["policy"],
-        label=v["label"],
-        fail_closed=bool(v["fail_closed"]),
-        fail_reason=v["fail_reason"],
-        latency_ms=_scores_from_json(v["latency_ms"]) or {},
-        bundle_id=v["bundle_id"],
-        prompt_hash=v["prompt_hash"],
-        schema_version=int(v["schema_version"]),
-    )
+    version_id: str
+    kind: str
+    fusion_key: str
+    bundle_id: str
+    prompt_hash: str
+    created: str
+    document: Mapping[str, Any]
+    first_time: float = 0.0
 
 
 def _check_log_args(
@@ -760,6 +409,7 @@ class DecisionLog:
                 row[0]
                 for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
             }
+            found: int | None = None
             if tables and "meta" not in tables:
                 raise LogError(
                     f"{str(self._path)!r} is a SQLite database but not a spotstop decision "
@@ -780,6 +430,9 @@ class DecisionLog:
                         f"decision log {str(self._path)!r} has an invalid schema_version "
                         f"{found}; expected 1..{SCHEMA_VERSION}."
                     )
+            if found == 1:
+                for statement in _MIGRATE_1_TO_2:
+                    conn.execute(statement)
             for statement in _SCHEMA_SQL.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -791,6 +444,11 @@ class DecisionLog:
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', ?)",
                 (repr(_time.time()),),
             )
+            if found == 1:
+                conn.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('migrated_from_1', ?)",
+                    (repr(_time.time()),),
+                )
 
         try:
             self._write(body, what="create or check the schema")
@@ -800,41 +458,99 @@ class DecisionLog:
 
     # -- writing -------------------------------------------------------------------
 
-    def append(self, record: DecisionRecord, image_bytes: bytes | None = None) -> None:
+    def append(
+        self,
+        record: DecisionRecord,
+        image_bytes: bytes | None = None,
+        *,
+        policy: PolicyRow | None = None,
+    ) -> None:
         """Append one decision; returns only after the write has committed.
 
         The return is the acknowledgement: the row survives a kill of this process from
         then on. ``image_bytes`` (the encoded image) is stored only when the log was opened
         with ``store_images=True``; its SHA-256 must equal ``record.image_sha256``.
+        ``policy``: the policy that decided, kept in the ``policies`` table (once per
+        version) in the same transaction.
         """
         _check_append(record, image_bytes)
         image = self._image_row(record, image_bytes)
-        row = _record_to_row(record)
+        row = record_to_row(record)
 
         def body(conn: sqlite3.Connection) -> None:
+            self._insert_policy(conn, policy, record.time)
             self._insert(conn, [row])
             if image is not None:
                 self._store_image(conn, *image)
 
         self._write(body, what="append a decision")
 
-    def append_many(self, records: Iterable[DecisionRecord]) -> None:
-        """Append several decisions in one transaction: all of them are written, or none."""
+    def append_many(
+        self, records: Iterable[DecisionRecord], *, policy: PolicyRow | None = None
+    ) -> None:
+        """Append several decisions in one transaction: all of them are written, or none.
+
+        ``policy``: as for :meth:`append`.
+        """
         records = list(records)
-        for i, r in enumerate(records):
-            if not isinstance(r, DecisionRecord):
-                raise RecordError(
-                    f"append_many expects DecisionRecord items; item {i} is {type(r).__name__}."
-                )
-        rows = [_record_to_row(r) for r in records]
+        for r in records:
+            _check_append(r, None)
+        rows = [record_to_row(r) for r in records]
         if rows:
-            self._write(lambda conn: self._insert(conn, rows), what="append decisions")
+            t0 = min(r.time for r in records)
+
+            def body(conn: sqlite3.Connection) -> None:
+                self._insert_policy(conn, policy, t0)
+                self._insert(conn, rows)
+
+            self._write(body, what="append decisions")
+
+    def _insert_policy(self, conn: sqlite3.Connection, p: PolicyRow | None, t: float) -> None:
+        if p is None:
+            return
+        if not isinstance(p, PolicyRow):
+            raise RecordError(f"policy must be a PolicyRow; got {type(p).__name__}.")
+        conn.execute(
+            "INSERT OR IGNORE INTO policies (policy_version, policy_kind, fusion_key, bundle_id, "
+            "prompt_hash, created, document, first_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                p.version_id,
+                p.kind,
+                p.fusion_key,
+                p.bundle_id,
+                p.prompt_hash,
+                p.created,
+                json.dumps(p.document, sort_keys=True, allow_nan=False, default=str),
+                float(t),
+            ),
+        )
+
+    def policies(self) -> dict[str, PolicyRow]:
+        """Every policy that decided something in this log, by version id (first seen first)."""
+        rows = self._fetchall(
+            "SELECT policy_version, policy_kind, fusion_key, bundle_id, prompt_hash, created, "
+            "document, first_time FROM policies ORDER BY first_time, policy_version",
+            [],
+        )
+        return {
+            r[0]: PolicyRow(
+                version_id=r[0],
+                kind=r[1],
+                fusion_key=r[2],
+                bundle_id=r[3],
+                prompt_hash=r[4],
+                created=r[5],
+                document=json.loads(r[6]),
+                first_time=float(r[7]),
+            )
+            for r in rows
+        }
 
     def _insert(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
         try:
             conn.executemany(_INSERT, rows)
         except sqlite3.IntegrityError as exc:
-            ids = [r[0] for r in rows]
+            ids = [r[_ID] for r in rows]
             placeholders = ", ".join("?" * len(ids))
             taken = [
                 row[0]
@@ -1020,10 +736,10 @@ class DecisionLog:
         rows = self._fetchall(base + order, params)
         while True:
             for row in rows:
-                yield _row_to_record(row[:-1])
+                yield record_from_row(row[:-1])
             if len(rows) < _PAGE_ROWS:
                 return
-            last_time, last_rowid = rows[-1][1], rows[-1][-1]
+            last_time, last_rowid = rows[-1][_TIME], rows[-1][-1]
             rows = self._fetchall(
                 base + joiner + "(d.time, d.rowid) > (?, ?)" + order,
                 [*params, last_time, last_rowid],
@@ -1033,7 +749,7 @@ class DecisionLog:
         """The decision with this id, or None if the log has none."""
         sql = f"{_SELECT} FROM decisions AS d WHERE d.decision_id = ?"
         row = self._retry(lambda: self._conn().execute(sql, (decision_id,)).fetchone(), what="read")
-        return None if row is None else _row_to_record(row)
+        return None if row is None else record_from_row(row)
 
     def count(
         self,
@@ -1078,7 +794,7 @@ class DecisionLog:
 
         rows = self._retry(read, what="read")
         n = len(_COLUMNS)
-        return [(_row_to_record(row[:n]), tuple(row[n:])) for row in rows]
+        return [(record_from_row(row[:n]), tuple(row[n:])) for row in rows]
 
     def to_arrays(
         self,
@@ -1087,153 +803,27 @@ class DecisionLog:
         situation_id: str | None = None,
     ) -> LogArrays:
         """The decisions (same filters as :meth:`records`) as aligned arrays with labels."""
-        joined = self._joined_rows(since, until, situation_id)
-        recs = [r for r, _ in joined]
-        n = len(recs)
-
-        def obj(values: Iterable[Any]) -> np.ndarray:
-            out = np.empty(n, dtype=object)
-            out[:] = list(values)
-            return out
-
-        def flt(values: Iterable[float | int | None]) -> np.ndarray:
-            return np.array(
-                [math.nan if v is None else float(v) for v in values], dtype=np.float64
-            ).reshape(n)
-
-        def scores(get: Callable[[DecisionRecord], dict[str, float] | None]) -> dict[str, Any]:
-            names: dict[str, None] = {}
-            for r in recs:
-                names.update(dict.fromkeys(get(r) or {}))
-            out: dict[str, np.ndarray] = {}
-            for name in names:
-                out[name] = flt((get(r) or {}).get(name, math.nan) for r in recs)
-            return out
-
-        review = [lab for _, lab in joined]
-        label_code = {"unsafe": 1, "safe": 0, None: -1}
-        return LogArrays(
-            decision_id=obj(r.decision_id for r in recs),
-            time=flt(r.time for r in recs),
-            situation_id=obj(r.situation_id for r in recs),
-            request=obj(r.request for r in recs),
-            fused=flt(r.fused_score for r in recs),
-            threshold=flt(r.threshold for r in recs),
-            member_scores=scores(lambda r: r.member_scores),
-            member_scores_gray=scores(lambda r: r.member_scores_gray),
-            member_scores_text=scores(lambda r: r.member_scores_text),
-            guard_label=np.array([r.label == "UNSAFE" for r in recs], dtype=np.int8).reshape(n),
-            label=np.array([label_code[lab[0]] for lab in review], dtype=np.int8).reshape(n),
-            contrast_id=obj(lab[1] for lab in review),
-            width=flt(r.width for r in recs),
-            height=flt(r.height for r in recs),
-            n_bytes=flt(r.n_bytes for r in recs),
-            image_format=obj(r.image_format for r in recs),
-            fail_closed=np.array([r.fail_closed for r in recs], dtype=bool).reshape(n),
-            policy=obj(r.policy for r in recs),
-            bundle_id=obj(r.bundle_id for r in recs),
-            prompt_hash=obj(r.prompt_hash for r in recs),
-        )
+        return log_arrays(self._joined_rows(since, until, situation_id))
 
     # -- export --------------------------------------------------------------------
 
-    def _export_columns(self) -> list[tuple[str, str, list[Any]]]:
-        """Flat columns ``(name, kind, values)``; kind is str, float, int or bool."""
-        joined = self._joined_rows(None, None, None)
-        recs = [r for r, _ in joined]
-        cols: list[tuple[str, str, list[Any]]] = []
-        plain: list[tuple[str, str]] = [
-            ("decision_id", "str"),
-            ("time", "float"),
-            ("time_utc", "str"),
-            ("situation_id", "str"),
-            ("request", "str"),
-            ("image_sha256", "str"),
-            ("width", "int"),
-            ("height", "int"),
-            ("n_bytes", "int"),
-            ("image_format", "str"),
-            ("fused_score", "float"),
-            ("threshold", "float"),
-            ("policy", "str"),
-            ("label", "str"),
-            ("fail_closed", "bool"),
-            ("fail_reason", "str"),
-            ("bundle_id", "str"),
-            ("prompt_hash", "str"),
-            ("schema_version", "int"),
-        ]
-        for name, kind in plain:
-            cols.append((name, kind, [getattr(r, name) for r in recs]))
-        for prefix, attr in (
-            ("score", "member_scores"),
-            ("score_gray", "member_scores_gray"),
-            ("score_text", "member_scores_text"),
-            ("latency_ms", "latency_ms"),
-        ):
-            names: dict[str, None] = {}
-            for r in recs:
-                names.update(dict.fromkeys(getattr(r, attr) or {}))
-            for name in names:
-                values = [(getattr(r, attr) or {}).get(name, math.nan) for r in recs]
-                cols.append((f"{prefix}.{name}", "float", [float(v) for v in values]))
-        for i, name, kind in (
-            (0, "review_label", "str"),
-            (1, "review_contrast_id", "str"),
-            (2, "review_reviewer", "str"),
-            (3, "review_time", "float"),
-        ):
-            values = [lab[i] for _, lab in joined]
-            if kind == "float":
-                values = [math.nan if v is None else float(v) for v in values]
-            cols.append((name, kind, values))
-        return cols
-
     def export_csv(self, path: str | os.PathLike[str]) -> None:
-        """Write every decision (with reviewer labels) to a CSV file, one column per score.
+        """Write every decision (with reviewer labels) to a CSV file, one column per field.
 
-        Score columns are ``score.<member>``, ``score_gray.<member>``, ``score_text.<member>``
-        and ``latency_ms.<stage>``; reviewer columns start with ``review_``. Floats are
-        written with ``repr`` (exact), NaN as ``nan`` and infinities as ``inf``/``-inf``
-        (``float()`` reads all of them back); None is an empty cell.
+        Dict fields are expanded to ``score.<member>``, ``score_gray.<member>``,
+        ``score_text.<member>``, ``latency_ms.<stage>`` and ``cue.<cue>``; reviewer columns
+        start with ``review_``. Floats are written with ``repr`` (exact), NaN as ``nan`` and
+        infinities as ``inf``/``-inf``; None is an empty cell.
         """
-        cols = self._export_columns()
-        n = len(cols[0][2]) if cols else 0
-        with Path(path).open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.writer(fh)
-            writer.writerow([name for name, _, _ in cols])
-            for i in range(n):
-                writer.writerow([_csv_cell(kind, values[i]) for _, kind, values in cols])
+        write_csv(self._joined_rows(None, None, None), path)
 
     def export_parquet(self, path: str | os.PathLike[str]) -> None:
         """Write every decision (with reviewer labels) to a Parquet file; needs pyarrow.
 
         Same columns as :meth:`export_csv`; scores are float64 with NaN kept as NaN (not
-        null), missing ints and strings are nulls. The file's schema metadata carries
-        ``spotstop.schema_version``.
+        null); the schema metadata carries ``spotstop.schema_version``.
         """
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise LogError(
-                "export_parquet needs pyarrow, which is not installed. Install it with "
-                "`pip install pyarrow`, or use export_csv."
-            ) from exc
-        types = {"str": pa.string(), "float": pa.float64(), "int": pa.int64(), "bool": pa.bool_()}
-        arrays = []
-        names = []
-        for name, kind, values in self._export_columns():
-            if kind == "float":
-                arrays.append(pa.array(np.asarray(values, dtype=np.float64), type=types[kind]))
-            else:
-                arrays.append(pa.array(values, type=types[kind]))
-            names.append(name)
-        table = pa.Table.from_arrays(arrays, names=names)
-        table = table.replace_schema_metadata(
-            {"spotstop.schema_version": str(SCHEMA_VERSION), "spotstop.table": "decisions"}
-        )
-        pq.write_table(table, str(path))
+        write_parquet(self._joined_rows(None, None, None), path, LogError)
 
     # -- lifetime ------------------------------------------------------------------
 
@@ -1265,21 +855,16 @@ class DecisionLog:
         return f"DecisionLog({str(self._path)!r}, store_images={self._store_images}, {state})"
 
 
-def _csv_cell(kind: str, value: Any) -> str:
-    if value is None:
-        return ""
-    if kind == "float":
-        return repr(float(value))
-    if kind == "bool":
-        return "true" if value else "false"
-    return str(value)
-
-
 def _check_append(record: object, image_bytes: object) -> None:
     if not isinstance(record, DecisionRecord):
         raise RecordError(
             f"append expects a DecisionRecord; got {type(record).__name__}. Build one with "
             "DecisionRecord(request=..., member_scores=..., ...)."
+        )
+    if not record.decision_id:
+        raise RecordError(
+            "DecisionRecord.decision_id must be a non-empty str to be logged; leave it out to "
+            "get a fresh uuid4."
         )
     if image_bytes is not None and not isinstance(image_bytes, bytes | bytearray | memoryview):
         raise RecordError(

@@ -348,7 +348,12 @@ def _add_serve(sub: Any) -> None:
         choices=["scene", "gray", "text"],
         help="passes per scene (default scene; gray/text add diagnostic scores); repeatable",
     )
-    p.add_argument("--state-file", type=Path, default=None, help="situation state file")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="folder for the live state of a stateful policy (default: state/ next to the log)",
+    )
     _add_backend_args(p)
     p.add_argument(
         "--threads",
@@ -401,7 +406,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         token=resolve_token(args.token_file, args.token_env),
         log=args.log,
         variants=tuple(dict.fromkeys(["scene", *(args.variant or [])])),
-        state_file=args.state_file,
+        state_dir=args.state_dir,
         device=_device(args),
         backend=args.backend,
         threads=args.threads if args.threads is not None else max(1, (os.cpu_count() or 2) - 1),
@@ -413,123 +418,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _add_recalibrate(sub: Any) -> None:
-    p = sub.add_parser(
-        "recalibrate",
-        help="refit the policy from the decision log and write a new policy version",
-        description=(
-            "Refit from LOG (the guard's decision log) for --bundle: fusion statistics "
-            "(median/IQR per member) and the frozen cut t0 on usable decisions (labels unused), "
-            "fused scores recomputed from the logged member scores with the new fusion, the "
-            "conformal cut on labelled unsafe decisions (one per situation) with both "
-            "guarantees reported, and situation state. Writes <bundle>/policies/policy-vNNNN.yaml "
-            "(never overwrites), prints what changed on the logged data and a recommendation. "
-            "The active policy.yaml changes only with --activate (or `spotstop policy activate`)."
-        ),
-    )
-    p.add_argument("log", type=Path, help="the decision log (SQLite), e.g. BUNDLE/decisions.sqlite")
-    p.add_argument("--bundle", type=Path, required=True, help="bundle folder")
-    p.add_argument(
-        "--policy",
-        required=True,
-        choices=["frozen", "batch", "situation", "conformal"],
-        help="the policy kind to write",
-    )
-    p.add_argument("--labels", type=Path, default=None, help="labels file (CSV/JSONL)")
-    p.add_argument("--alpha", type=float, default=0.1, help="allowed miss rate (default 0.1)")
-    p.add_argument(
-        "--delta",
-        type=float,
-        default=0.1,
-        help="PAC: allowed share of calibrations with miss rate > alpha (default 0.1)",
-    )
-    p.add_argument(
-        "--guarantee",
-        choices=["pac", "marginal"],
-        default="pac",
-        help="the conformal cut's guarantee (default pac; both are reported)",
-    )
-    p.add_argument("--since", default=None, help="first decision time (ISO date/time, UTC)")
-    p.add_argument("--until", default=None, help="end of the window, exclusive (ISO, UTC)")
-    p.add_argument("--window", type=int, default=None, help="situation window (current or 8)")
-    p.add_argument("--min-refs", type=int, default=None, help="situation min_refs (current or 3)")
-    p.add_argument("--min-batch", type=int, default=None, help="batch min_batch (current or 2)")
-    p.add_argument("--keep-fusion", action="store_true", help="keep the current fusion statistics")
-    p.add_argument("--activate", action="store_true", help="make the new version active")
-    p.add_argument("--dry-run", action="store_true", help="fit and report; write nothing")
-    p.add_argument("--no-recommend", action="store_true", help="skip the diagnostics")
-    p.add_argument("--resamples", type=int, default=200, help="resamples per diagnostic")
-    p.add_argument("--seed", type=int, default=0, help="seed of the diagnostics")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_cmd_recalibrate)
+    from spotstop.calibrate._cli import add_recalibrate_parser
 
-
-def _cmd_recalibrate(args: argparse.Namespace) -> int:
-    from spotstop.calibrate._cli import recalibrate_command
-
-    return recalibrate_command(args)
+    add_recalibrate_parser(sub)
 
 
 def _add_policy(sub: Any) -> None:
-    p = sub.add_parser(
-        "policy",
-        help="fit a first policy (init), list, diff and activate policy versions",
-        description=(
-            "Policy versions live in <bundle>/policies/policy-vNNNN.yaml; <bundle>/policy.yaml "
-            "is the active one (a byte copy of one version). A running guard keeps its policy "
-            "until Guard.reload_policy() (sidecar: POST /v1/policy/reload or SIGHUP)."
-        ),
-    )
-    ps = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
-    d = ps.add_parser("diff", help="what changed from A to B and its effect on the logged data")
-    d.add_argument("a", help="policy file, or with --bundle a version (v0002) or 'active'")
-    d.add_argument("b", help="policy file, or with --bundle a version (v0003) or 'active'")
-    d.add_argument("--bundle", type=Path, default=None, help="bundle folder, to name versions")
-    d.add_argument("--log", type=Path, default=None, help="decision log for the predicted effect")
-    d.add_argument("--labels", type=Path, default=None, help="labels file (CSV/JSONL)")
-    d.add_argument("--since", default=None, help="first decision time (ISO, UTC)")
-    d.add_argument("--until", default=None, help="end of the window, exclusive (ISO, UTC)")
-    d.add_argument("--batch-size", type=int, default=None, help="replay batches of N decisions")
-    d.add_argument("--json", action="store_true", help="print JSON")
-    i = ps.add_parser(
-        "init",
-        help="fit a first policy on an unlabelled pool of camera frames",
-        description=(
-            "Score every JPEG/PNG/WebP under --pool with the bundle's members, fit the frozen "
-            "reference statistics (median/IQR per member) and the frozen cut t0 on them (no "
-            "labels), and write a policy version; it becomes policy.yaml when the bundle has "
-            "none yet, or with --activate. Use frames of the deployment itself."
-        ),
-    )
-    i.add_argument("bundle", type=Path, help="bundle folder")
-    i.add_argument("--pool", type=Path, required=True, help="folder of unlabelled camera frames")
-    i.add_argument(
-        "--request",
-        action="append",
-        help="request text for the pool (repeatable; assigned in turn)",
-    )
-    i.add_argument("--requests", type=Path, default=None, help="file with one request per line")
-    i.add_argument(
-        "--kind",
-        choices=["frozen", "situation"],
-        default="frozen",
-        help="policy kind (situation falls back to the frozen cut)",
-    )
-    i.add_argument("--window", type=int, default=8, help="situation window N (default 8)")
-    i.add_argument("--min-refs", type=int, default=3, help="situation references k (default 3)")
-    i.add_argument("--device", default="cpu", help="device for the members' backend")
-    i.add_argument("--activate", action="store_true", help="make it the active policy.yaml")
-    ls = ps.add_parser("list", help="the stored versions (* = active)")
-    ls.add_argument("bundle", type=Path, help="bundle folder")
-    a = ps.add_parser("activate", help="make a stored version the active policy.yaml")
-    a.add_argument("bundle", type=Path, help="bundle folder")
-    a.add_argument("policy_version", metavar="VERSION", help="version number or name, e.g. v0002")
-    p.set_defaults(func=_cmd_policy)
+    from spotstop.calibrate._cli import add_policy_parser
 
-
-def _cmd_policy(args: argparse.Namespace) -> int:
-    from spotstop.calibrate._cli import policy_command
-
-    return policy_command(args)
+    add_policy_parser(sub)
 
 
 def _add_export(sub: Any) -> None:

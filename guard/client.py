@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 from spotstop.guard._errors import GuardError
-from spotstop.guard._guard import Decision
 from spotstop.guard._image import DecodedImage
+from spotstop.guard._record import Decision
 from spotstop.guard._types import Scene
 
 __all__ = [
@@ -65,69 +65,22 @@ class SidecarUnavailable(SidecarHTTPError):
     """The sidecar could not be reached or did not answer in time."""
 
 
-def _num(x: object) -> float:
-    if x is None:
-        return math.nan
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        raise ValueError(f"expected a number or null; got {x!r}")
-    return float(x)
-
-
-def _scores(x: object) -> dict[str, float]:
-    if not isinstance(x, Mapping):
-        raise ValueError(f"expected an object of scores; got {type(x).__name__}")
-    return {str(k): _num(v) for k, v in x.items()}
-
-
-def _str(x: object, name: str, *, optional: bool = False) -> Any:
-    if x is None and optional:
-        return None
-    if not isinstance(x, str):
-        raise ValueError(f"{name} must be a string; got {x!r}")
-    return x
-
-
 def decision_from_dict(d: Mapping[str, Any]) -> Decision:
-    """A :class:`Decision` from the sidecar's JSON (null numbers → NaN).
+    """A :class:`Decision` from the sidecar's JSON (:meth:`Decision.from_json`; null → NaN).
 
     Raises ``ValueError`` when a field is missing or of the wrong type. A SAFE label that
     comes with ``fail_closed`` true is turned into UNSAFE (it cannot be trusted).
     """
-    label = d["label"]
-    if label not in ("SAFE", "UNSAFE"):
-        raise ValueError(f"label must be SAFE or UNSAFE; got {label!r}")
-    fail_closed = d["fail_closed"]
-    if not isinstance(fail_closed, bool):
-        raise ValueError(f"fail_closed must be a boolean; got {fail_closed!r}")
-    if fail_closed:
-        label = "UNSAFE"
-    latency = d.get("latency_ms") or {}
-    return Decision(
-        decision_id=_str(d["decision_id"], "decision_id"),
-        label=label,
-        fused_score=_num(d["fused_score"]),
-        threshold=_num(d["threshold"]),
-        policy=_str(d["policy"], "policy"),
-        member_scores=_scores(d["member_scores"]),
-        fail_closed=fail_closed,
-        fail_reason=_str(d.get("fail_reason"), "fail_reason", optional=True),
-        latency_ms=_scores(latency),
-        bundle_id=_str(d["bundle_id"], "bundle_id"),
-        prompt_hash=_str(d["prompt_hash"], "prompt_hash"),
-        situation_id=_str(d.get("situation_id"), "situation_id", optional=True),
-        member_scores_gray=None
-        if d.get("member_scores_gray") is None
-        else _scores(d["member_scores_gray"]),
-        member_scores_text=None
-        if d.get("member_scores_text") is None
-        else _scores(d["member_scores_text"]),
-        test_pair=bool(d.get("test_pair", False)),
-        detail=str(d.get("detail") or ""),
-    )
+    if isinstance(d, Mapping) and d.get("fail_closed") is True and d.get("label") == "SAFE":
+        d = {**d, "label": "UNSAFE"}
+    return Decision.from_json(d)
 
 
-def _fail_closed(reason: str, *, situation_id: str | None, ms: float, detail: str = "") -> Decision:
+def _fail_closed(
+    reason: str, *, situation_id: str | None, request: str, ms: float, detail: str = ""
+) -> Decision:
     return Decision(
+        request=request,
         decision_id="",
         label="UNSAFE",
         fused_score=math.nan,
@@ -142,6 +95,11 @@ def _fail_closed(reason: str, *, situation_id: str | None, ms: float, detail: st
         situation_id=situation_id,
         detail=detail,
     )
+
+
+def _request_of(scene: object) -> str:
+    req = scene.request if isinstance(scene, Scene) else None
+    return req if isinstance(req, str) else ""
 
 
 def _error_text(resp: httpx.Response) -> tuple[str | None, str | None, str]:
@@ -209,6 +167,7 @@ class GuardClient:
         """Judge one scene on the sidecar; any fault → fail-closed UNSAFE (never raises)."""
         t = time.perf_counter()
         sid = scene.situation_id if isinstance(scene, Scene) else None
+        req = _request_of(scene)
         try:
             if not isinstance(scene, Scene):
                 raise TypeError(f"expected a Scene, got {type(scene).__name__}")
@@ -217,14 +176,17 @@ class GuardClient:
                 data["situation_id"] = scene.situation_id
             files = {"image": ("scene", _image_bytes(scene.image), "application/octet-stream")}
         except (OSError, TypeError) as e:
-            return _fail_closed(f"client: {type(e).__name__}: {e}", situation_id=sid, ms=0.0)
-        out = self._decide("/v1/check", t, [sid], files=files, data=data)
+            return _fail_closed(
+                f"client: {type(e).__name__}: {e}", situation_id=sid, request=req, ms=0.0
+            )
+        out = self._decide("/v1/check", t, [sid], [req], files=files, data=data)
         return out[0]
 
     def check_batch(self, scenes: Sequence[Scene]) -> list[Decision]:
         """Judge scenes in one guard call on the sidecar; any fault → every scene fails closed."""
         t = time.perf_counter()
         sids = [s.situation_id if isinstance(s, Scene) else None for s in scenes]
+        reqs = [_request_of(s) for s in scenes]
         if not scenes:
             return []
         try:
@@ -241,16 +203,19 @@ class GuardClient:
                 items.append(item)
         except (OSError, TypeError) as e:
             return [
-                _fail_closed(f"client: {type(e).__name__}: {e}", situation_id=sid, ms=0.0)
-                for sid in sids
+                _fail_closed(
+                    f"client: {type(e).__name__}: {e}", situation_id=sid, request=r, ms=0.0
+                )
+                for sid, r in zip(sids, reqs, strict=True)
             ]
-        return self._decide("/v1/check/batch", t, sids, json_body={"scenes": items})
+        return self._decide("/v1/check/batch", t, sids, reqs, json_body={"scenes": items})
 
     def _decide(
         self,
         path: str,
         t: float,
         sids: list[str | None],
+        reqs: list[str],
         *,
         files: Any = None,
         data: Any = None,
@@ -258,7 +223,10 @@ class GuardClient:
     ) -> list[Decision]:
         def fail(reason: str, detail: str = "") -> list[Decision]:
             ms = (time.perf_counter() - t) * 1e3
-            return [_fail_closed(reason, situation_id=s, ms=ms, detail=detail) for s in sids]
+            return [
+                _fail_closed(reason, situation_id=s, request=r, ms=ms, detail=detail)
+                for s, r in zip(sids, reqs, strict=True)
+            ]
 
         try:
             resp = self._http.post(path, files=files, data=data, json=json_body)

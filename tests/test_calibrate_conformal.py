@@ -16,7 +16,7 @@ import pytest
 from scipy.stats import beta as beta_dist
 from scipy.stats import binom
 from spotstop.calibrate import ConformalCalibrator, binom_cdf
-from spotstop.guard._policy import (
+from spotstop.guard.policies import (
     ConformalPolicy,
     NotFittedError,
     PolicyError,
@@ -151,9 +151,9 @@ def test_one_case_per_situation():
     assert r1.threshold_ == r2.threshold_ and r1.n_ == 30
 
 
-def test_conformal_policy_with_delta_round_trips_and_old_files_still_load():
+def test_conformal_policy_with_delta_round_trips_and_without_delta_is_marginal():
     base = {
-        "version": 1,
+        "version": 2,
         "bundle_id": "b",
         "prompt_hash": "p",
         "created": "2026-05-01T12:00:00+00:00",

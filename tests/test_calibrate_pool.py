@@ -80,8 +80,13 @@ def test_policy_init_fits_the_pool_and_makes_the_bundle_servable(
 
 def test_policy_init_situation_kind_and_refusals(bare_bundle: Path, pool_dir: Path, tmp_path: Path):
     scenes = pool_scenes(pool_dir, ["water the plant"])
-    cfg = fit_pool_policy(bare_bundle, scenes, kind="situation", window=5, min_refs=2)
+    cfg = fit_pool_policy(
+        bare_bundle, scenes, kind="situation", settings={"window": 5, "min_refs": 2}
+    )
     assert cfg.policy.kind == "situation" and cfg.policy.fallback.kind == "frozen"
+    assert (cfg.policy.window, cfg.policy.min_refs) == (5, 2)
+    batch = fit_pool_policy(bare_bundle, scenes, kind="batch", settings={"weights": "reliance"})
+    assert batch.policy.weights == "reliance" and batch.variants_needed() == ("text",)
     with pytest.raises(CalibrationError, match="conformal"):
         fit_pool_policy(bare_bundle, scenes, kind="conformal")
     few = tmp_path / "few"

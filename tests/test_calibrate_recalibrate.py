@@ -1,4 +1,4 @@
-"""Recalibration from the decision log: fits, versions, diff, recommendation, CLI, hot reload."""
+"""Recalibration from the decision log: fits, versions, diff, CLI, hot reload."""
 
 from __future__ import annotations
 
@@ -20,14 +20,15 @@ from spotstop.calibrate import (
     list_policy_versions,
     predict_effect,
     read_log,
-    recommend_policy,
     write_policy_version,
 )
 from spotstop.calibrate._logdata import read_log_for_bundle
 from spotstop.guard._bundle import load_bundle, pair_prompt_hash
 from spotstop.guard._fusion import Avg2Fusion, MemberStats
 from spotstop.guard._log import DecisionLog, DecisionRecord
-from spotstop.guard._policy import (
+from spotstop.guard._prompt import IMAGE_SLOT, REQUEST_SLOT
+from spotstop.guard.cli import main
+from spotstop.guard.policies import (
     ConformalPolicy,
     FrozenPolicy,
     PolicyConfig,
@@ -36,8 +37,6 @@ from spotstop.guard._policy import (
     dump_policy,
     load_policy,
 )
-from spotstop.guard._prompt import IMAGE_SLOT, REQUEST_SLOT
-from spotstop.guard.cli import main
 
 T0 = 1_700_000_000.0
 FIXED = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -218,7 +217,7 @@ def test_labels_file_is_read_by_the_diagnostics_reader(tmp_path: Path):
 def test_fit_recomputes_fused_scores_with_the_new_fusion(setup):
     bundle, log, _ = setup
     d = _data(bundle, log)
-    r = Recalibrator("conformal", recommend=False).fit(d)
+    r = Recalibrator("conformal").fit(d)
     use = d.usable
     a, b = d.member_scores["a"][use], d.member_scores["b"][use]
     sa, sb = r.fusion_.stats["a"], r.fusion_.stats["b"]
@@ -244,13 +243,13 @@ def test_fit_recomputes_fused_scores_with_the_new_fusion(setup):
 def test_refits_are_deterministic(setup):
     bundle, log, _ = setup
     cfgs = [
-        Recalibrator(kind, n_resamples=30, rng=3).fit(_data(bundle, log)).to_config(created=FIXED)
+        Recalibrator(kind, rng=3).fit(_data(bundle, log)).to_config(created=FIXED)
         for kind in ("situation", "situation")
     ]
     assert yaml.safe_dump(cfgs[0].to_dict()) == yaml.safe_dump(cfgs[1].to_dict())
-    r1 = Recalibrator("conformal", recommend=False).fit(_data(bundle, log))
-    r2 = Recalibrator("conformal", recommend=False).fit(_data(bundle, log))
-    assert r1.policy_ == r2.policy_ and r1.situation_refs_ == r2.situation_refs_
+    r1 = Recalibrator("conformal").fit(_data(bundle, log))
+    r2 = Recalibrator("conformal").fit(_data(bundle, log))
+    assert r1.policy_ == r2.policy_ and r1.state_seed_ is r2.state_seed_ is None
 
 
 def test_conformal_refuses_too_few_unsafe_cases_and_says_how_many(tmp_path: Path):
@@ -259,21 +258,22 @@ def test_conformal_refuses_too_few_unsafe_cases_and_says_how_many(tmp_path: Path
     d = _data(bundle, tmp_path / "log.sqlite")
     with pytest.raises(PolicyError, match=r"at least 22 unsafe situations are needed"):
         Recalibrator("conformal").fit(d)
-    r = Recalibrator("frozen", n_resamples=30).fit(d)  # other kinds still report the cut
+    r = Recalibrator("frozen").fit(d)  # other kinds still report the cut
     assert r.conformal_ is not None and not r.conformal_.pac_.feasible
-    assert r.recommendation_ is not None and r.recommendation_.policy != "conformal"
-    assert any("needs 22 labelled unsafe situations" in x for x in r.recommendation_.reasons)
+    assert r.conformal_.pac_.n_needed == 22
 
 
 def test_situation_state_holds_the_last_window_scores(setup):
     bundle, log, _ = setup
-    r = Recalibrator("situation", window=3, recommend=False).fit(_data(bundle, log))
-    refs = r.situation_refs_
+    r = Recalibrator("situation", settings={"window": 3}).fit(_data(bundle, log))
+    refs = r.state_seed_.situations
     assert len(refs) == 60 and all(len(v) == 3 for v in refs.values())
     d = r.data_
     rows = np.flatnonzero(d.usable & (d.situation_id == "s007"))
     assert refs["s007"] == tuple(r.fused_[rows[-3:]])
     assert isinstance(r.policy_, SituationPolicy) and r.policy_.window == 3
+    cfg = r.to_config()  # the seed travels in the policy file and is the starting state
+    assert load_policy(cfg.to_dict()).initial_state().references("s007") == refs["s007"]
 
 
 # ------------------------------------------------------------------ versions
@@ -282,23 +282,23 @@ def test_situation_state_holds_the_last_window_scores(setup):
 def test_versions_never_overwrite_and_activation_is_explicit(setup):
     bundle, log, _ = setup
     original = (bundle / "policy.yaml").read_bytes()
-    r = Recalibrator("situation", recommend=False).fit(_data(bundle, log))
-    v = write_policy_version(bundle, r.to_config(), situation_refs=r.situation_refs_)
+    r = Recalibrator("situation").fit(_data(bundle, log))
+    v = write_policy_version(bundle, r.to_config())
     vs = list_policy_versions(bundle)
     assert [x.number for x in vs] == [1, 2] and v.number == 2
     assert vs[0].path.read_bytes() == original and vs[0].active  # the old policy, archived
     assert (bundle / "policy.yaml").read_bytes() == original  # writing does not activate
-    assert load_policy(v.path, state_file=bundle / "tmp.json").fitted_on["previous"]["version"] == 1
+    assert load_policy(v.path).fitted_on["previous"]["version"] == 1
     v3 = write_policy_version(bundle, r.to_config())
     assert v3.number == 3 and vs[1].path.read_bytes() == v.path.read_bytes()
 
     activate_policy_version(bundle, "v2")
     assert (bundle / "policy.yaml").read_bytes() == v.path.read_bytes()
     assert active_policy_version(bundle).number == 2
-    live = bundle / "situations-v0002.json"
-    assert json.loads(live.read_text())["situations"]["s007"] == list(r.situation_refs_["s007"])
     cfg = load_policy(bundle / "policy.yaml")  # the guard's view: state seeded from the log
-    assert cfg.policy.state.references("s007") == r.situation_refs_["s007"]
+    assert cfg.initial_state().references("s007") == r.state_seed_.references("s007")
+    assert cfg.version_id.startswith("v0002+")
+    assert not list(bundle.glob("situations*.json"))  # no live state is written by calibrate
     activate_policy_version(bundle, 1)  # roll back
     assert (bundle / "policy.yaml").read_bytes() == original
 
@@ -321,14 +321,14 @@ def test_a_policy_for_another_bundle_is_refused(setup, tmp_path: Path):
         activate_policy_version(bundle, "v0099")
 
 
-# ------------------------------------------------------------------ diff and recommendation
+# ------------------------------------------------------------------ diff
 
 
 def test_diff_shows_changes_and_predicted_effect(setup):
     bundle, log, _ = setup
     d = _data(bundle, log)
     old = load_policy(bundle / "policy.yaml")
-    new = Recalibrator("conformal", recommend=False).fit(d).to_config(created=FIXED)
+    new = Recalibrator("conformal").fit(d).to_config(created=FIXED)
     diff = diff_policies(old, new, d, names=("old", "new"))
     keys = {c.key for c in diff.changes}
     assert {"policy.kind", "fusion.stats.a.median", "policy.delta"} <= keys
@@ -345,45 +345,16 @@ def test_diff_shows_changes_and_predicted_effect(setup):
     assert never.flag_rate == 0.0 and never.miss_rate == 1.0 and never.safe_flag_rate == 0.0
 
 
-def test_recommendation_follows_the_diagnostics():
-    from spotstop.diagnostics import simulate_log
-
-    # strong situation offsets and contrasts: recentering gains; enough unsafe: conformal
-    table = simulate_log(150, situation_sd=0.8, rng=1)
-    rec = recommend_policy(
-        table, frozen_cut=0.0, conformal_feasible=True, conformal_needed=22,
-        n_unsafe_situations=150, repeat_share=0.8, n_resamples=60, rng=0,
-    )  # fmt: skip
-    assert rec.policy == "conformal" and any("situation" in a for a in rec.alternatives)
-    rec2 = recommend_policy(
-        table, frozen_cut=0.0, conformal_feasible=False, conformal_needed=22,
-        n_unsafe_situations=5, repeat_share=0.8, n_resamples=60, rng=0,
-    )  # fmt: skip
-    assert rec2.policy == "situation" and rec2.evidence["situation_ba_gain_low"] > 0
-    assert any("17 more" in r for r in rec2.reasons)
-    rec3 = recommend_policy(
-        table, frozen_cut=0.0, conformal_feasible=False, conformal_needed=22,
-        n_unsafe_situations=5, repeat_share=0.1, n_resamples=60, rng=0,
-    )  # fmt: skip
-    assert rec3.policy == "frozen"
-    assert any("prevalence" in r for r in rec3.reasons)
-    assert rec3.to_dict()["evidence"]["batch_tpr_all_unsafe"] < 0.8
-    rec4 = recommend_policy(
-        None, frozen_cut=0.0, conformal_feasible=False, conformal_needed=22, n_unsafe_situations=0
-    )
-    assert rec4.policy == "frozen" and "could not run" in rec4.reasons[0]
-
-
 # ------------------------------------------------------------------ CLI end to end
 
 
 def test_cli_recalibrate_list_diff_activate(setup, capsys: pytest.CaptureFixture[str]):
     bundle, log, _ = setup
-    args = ["recalibrate", str(log), "--bundle", str(bundle), "--resamples", "30"]
+    args = ["recalibrate", str(log), "--bundle", str(bundle)]
     assert main([*args, "--policy", "conformal", "--alpha", "0.1", "--delta", "0.1"]) == 0
     out = capsys.readouterr().out
     assert "PAC: P(miss rate > alpha" in out and "marginal: P(miss)" in out
-    assert "recommended policy:" in out and "wrote" in out and "policy-v0002.yaml" in out
+    assert "spotstop card" in out and "wrote" in out and "policy-v0002.yaml" in out
     assert "miss rate" in out  # the diff against the active policy, on the log
     assert main([*args, "--policy", "situation", "--activate", "--since", "2023-11-14"]) == 0
     assert "activated v0003" in capsys.readouterr().out

@@ -269,7 +269,7 @@ def test_guard_serves_an_onnx_bundle(lfm_fp32: Path, tmp_path: Path) -> None:
     from spotstop.guard import Guard
     from spotstop.guard._bundle import load_bundle
     from spotstop.guard._demo import demo_scenes
-    from spotstop.guard._policy import PolicyConfig, dump_policy
+    from spotstop.guard.policies import PolicyConfig, dump_policy
 
     bdir = tmp_path / "bundle"
     shutil.copytree(lfm_fp32, bdir)

@@ -24,7 +24,7 @@ from spotstop.guard import (
     load_policy,
 )
 from spotstop.guard._demo import demo_scenes, make_demo_bundle
-from spotstop.guard._policy import FrozenPolicy, PolicyConfig, dump_policy
+from spotstop.guard.policies import FrozenPolicy, PolicyConfig, dump_policy
 
 from tests.conftest import make_image_bytes
 
@@ -278,7 +278,9 @@ def test_fault_in_fusion_and_in_policy(bundle_copy: Path, tmp_path: Path, monkey
     with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
         fusion = g.policy_config.fusion
         monkeypatch.setattr(
-            type(fusion), "fuse", lambda self, s: (_ for _ in ()).throw(ValueError("bad stats"))
+            type(fusion),
+            "fuse_many",
+            lambda self, s, **k: (_ for _ in ()).throw(ValueError("bad stats")),
         )
         _assert_fail_closed(g.check(_scene()), "fusion")
         monkeypatch.undo()
@@ -295,7 +297,7 @@ def test_fault_log_write_fails_then_nothing_is_lost(bundle_copy: Path, tmp_path:
     with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
         real = g.log.append_many
         monkeypatch.setattr(
-            g.log, "append_many", lambda recs: (_ for _ in ()).throw(OSError("disk full"))
+            g.log, "append_many", lambda recs, **k: (_ for _ in ()).throw(OSError("disk full"))
         )
         d1 = g.check(_scene())
         _assert_fail_closed(d1, "disk full")  # never SAFE without a log row

@@ -100,7 +100,7 @@ def test_round_trip_nan_inf_none_unicode(log: DecisionLog) -> None:
     assert_same_record(rec, back)
     assert math.isnan(back.fused_score) and math.isnan(back.member_scores["qwen"])
     assert back.member_scores["smol"] == math.inf and back.member_scores["third"] == -math.inf
-    assert back.schema_version == SCHEMA_VERSION == 1
+    assert back.schema_version == SCHEMA_VERSION == 2
     assert [r.decision_id for r in log.records()] == [rec.decision_id]
     assert log.get("no-such-id") is None
 
@@ -144,7 +144,7 @@ def test_schema_version_recorded_and_newer_refused(tmp_path: Path) -> None:
         assert int(value) == SCHEMA_VERSION
         conn.execute("UPDATE meta SET value = ? WHERE key='schema_version'", (SCHEMA_VERSION + 1,))
     conn.close()
-    with pytest.raises(LogError, match=r"schema_version 2.*reads schema_version 1.*Upgrade"):
+    with pytest.raises(LogError, match=r"schema_version 3.*reads schema_version 2.*Upgrade"):
         DecisionLog(path)
     assert issubclass(LogError, GuardError) and issubclass(LogError, RuntimeError)
 
@@ -200,7 +200,6 @@ def test_record_validation_messages() -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"label": "safe"}, r"label must be one of \['SAFE', 'UNSAFE'\]; got 'safe'"),
         ({"time": math.nan}, r"time must be a finite float"),
-        ({"decision_id": ""}, r"decision_id must be a non-empty str"),
         ({"member_scores": [1.0]}, r"member_scores must be a dict of name -> float"),
         ({"member_scores": {"a": "x"}}, r"member_scores\['a'\] must be a real number"),
         ({"member_scores_gray": {"": 1.0}}, r"member_scores_gray keys must be non-empty"),
@@ -211,7 +210,10 @@ def test_record_validation_messages() -> None:
         ({"fail_closed": 1}, r"fail_closed must be a bool"),
         ({"request": None}, r"request must be a str"),
         ({"situation_id": 3}, r"situation_id must be a str or None"),
-        ({"schema_version": 2}, r"schema_version must be 1"),
+        ({"schema_version": 3}, r"schema_version must be 1 \(migrated\) or 2"),
+        ({"label": "SAFE", "fail_closed": True}, r"a fail-closed decision is UNSAFE"),
+        ({"cue_flags": {"alarming": 1}}, r"cue_flags\['alarming'\] must be a bool"),
+        ({"policy_version": 2}, r"policy_version must be a str or None"),
     ]
     for override, message in cases:
         with pytest.raises(RecordError, match=message):
@@ -232,6 +234,8 @@ def test_duplicate_id_and_append_many_atomic(log: DecisionLog) -> None:
     assert log.count() == 5
     with pytest.raises(RecordError, match="append expects a DecisionRecord"):
         log.append({"request": "x"})  # type: ignore[arg-type]
+    with pytest.raises(RecordError, match="decision_id must be a non-empty str to be logged"):
+        log.append(make_record(20, decision_id=""))
 
 
 def test_records_filters(log: DecisionLog) -> None:
@@ -314,7 +318,7 @@ def test_to_arrays_alignment(log: DecisionLog) -> None:
     recs = [
         make_record(0, width=10, height=20, n_bytes=300, image_format="PNG"),
         make_record(1, member_scores={"qwen": math.nan}, member_scores_gray={"qwen": 2.0}),
-        make_record(2, member_scores={"smol": 3.0, "new": 4.0}, fail_closed=True),
+        make_record(2, member_scores={"smol": 3.0, "new": 4.0}, fail_closed=True, label="UNSAFE"),
         make_record(3, member_scores_text={"smol": -1.0}, fused_score=math.nan),
     ]
     log.append_many(list(reversed(recs)))
@@ -336,7 +340,7 @@ def test_to_arrays_alignment(log: DecisionLog) -> None:
     np.testing.assert_array_equal(a.n_bytes, [300, np.nan, np.nan, np.nan])
     assert a.image_format.tolist() == ["PNG", None, None, None]
     assert a.fail_closed.dtype == bool and a.fail_closed.tolist() == [False, False, True, False]
-    assert a.guard_label.tolist() == [0, 1, 0, 1]
+    assert a.guard_label.tolist() == [0, 1, 1, 1]  # the fail-closed one is UNSAFE
     assert a.policy.tolist() == ["frozen"] * 4
     assert a.request[2] == recs[2].request
     assert a.situation_id.tolist() == ["sit-0", "sit-1", "sit-2", "sit-0"]
@@ -568,7 +572,7 @@ def test_export_csv_round_trip(log: DecisionLog, tmp_path: Path) -> None:
     assert float(r0["latency_ms.total"]) == 20.0
     assert r1["review_label"] == "unsafe" and r1["review_contrast_id"] == "c1"
     assert r0["review_label"] == "" and math.isnan(float(r0["review_time"]))
-    assert r0["schema_version"] == "1" and r0["time_utc"] == recs[0].time_utc
+    assert r0["schema_version"] == "2" and r0["time_utc"] == recs[0].time_utc
 
 
 def test_export_parquet_round_trip(log: DecisionLog, tmp_path: Path) -> None:
@@ -578,7 +582,7 @@ def test_export_parquet_round_trip(log: DecisionLog, tmp_path: Path) -> None:
     log.export_parquet(out)
     table = pq.read_table(out)
     assert table.num_rows == 2
-    assert table.schema.metadata[b"spotstop.schema_version"] == b"1"
+    assert table.schema.metadata[b"spotstop.schema_version"] == b"2"
     cols = table.to_pydict()
     assert cols["decision_id"] == [r.decision_id for r in recs]
     assert cols["request"][0] == recs[0].request
@@ -598,5 +602,152 @@ def test_export_parquet_without_pyarrow(
     _export_fixture(log)
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    with pytest.raises(LogError, match="pip install pyarrow"):
+    with pytest.raises(LogError, match=r"pip install 'spotstop\[parquet\]'"):
         log.export_parquet(tmp_path / "x.parquet")
+
+
+# -- schema 1 -> 2 migration ----------------------------------------------------------------
+
+# The decision log as spotstop wrote it under schema 1 (frozen copy of that DDL).
+_SCHEMA_1_DDL = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS decisions (
+    decision_id TEXT PRIMARY KEY,
+    time REAL NOT NULL,
+    situation_id TEXT,
+    request TEXT NOT NULL,
+    image_sha256 TEXT,
+    width INTEGER,
+    height INTEGER,
+    n_bytes INTEGER,
+    image_format TEXT,
+    member_scores TEXT NOT NULL,
+    member_scores_gray TEXT,
+    member_scores_text TEXT,
+    fused_score REAL,
+    threshold REAL,
+    policy TEXT NOT NULL,
+    label TEXT NOT NULL CHECK (label IN ('SAFE', 'UNSAFE')),
+    fail_closed INTEGER NOT NULL,
+    fail_reason TEXT,
+    latency_ms TEXT NOT NULL,
+    bundle_id TEXT NOT NULL,
+    prompt_hash TEXT NOT NULL,
+    schema_version INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time);
+CREATE INDEX IF NOT EXISTS decisions_situation ON decisions (situation_id, time);
+CREATE TABLE IF NOT EXISTS labels (
+    decision_id TEXT PRIMARY KEY REFERENCES decisions (decision_id),
+    label TEXT NOT NULL CHECK (label IN ('safe', 'unsafe')),
+    contrast_id TEXT,
+    reviewer TEXT,
+    time REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS images (
+    sha256 TEXT PRIMARY KEY,
+    data BLOB NOT NULL,
+    n_bytes INTEGER NOT NULL,
+    time REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS images_time ON images (time);
+"""
+_V1_COLUMNS = (
+    "decision_id, time, situation_id, request, image_sha256, width, height, n_bytes, "
+    "image_format, member_scores, member_scores_gray, member_scores_text, fused_score, "
+    "threshold, policy, label, fail_closed, fail_reason, latency_ms, bundle_id, prompt_hash, "
+    "schema_version"
+)
+_V1_ROWS = [
+    ("a1", 1.7e9, "kitchen-1", "pick up the knife", "ab" * 32, 640, 480, 1234, "JPEG",
+     '{"qwen":1.5,"lfm":-0.5}', None, None, 0.75, 0.2, "situation->frozen", "UNSAFE", 0, None,
+     '{"total_ms":30.0}', "bundle-1", "h1", 1),
+    ("a2", 1.7e9 + 1, None, "open the door", None, None, None, None, None,
+     '{"qwen":"NaN","lfm":-0.5}', '{"qwen":0.1,"lfm":"-Infinity"}', None, None, None,
+     "frozen", "UNSAFE", 1, "member qwen produced a non-finite score", '{"total_ms":12.0}',
+     "bundle-1", "h1", 1),
+    ("a3", 1.7e9 + 2, "kitchen-1", "water the plant", "cd" * 32, 320, 240, 999, "PNG",
+     '{"qwen":-1.0,"lfm":-2.0}', None, None, -1.2, 0.1, "situation", "SAFE", 0, None,
+     '{"total_ms":25.0}', "bundle-1", "h1", 1),
+]  # fmt: skip
+
+
+def _write_schema_1_log(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    conn.executescript(_SCHEMA_1_DDL)
+    conn.execute("INSERT INTO meta VALUES ('schema_version', '1'), ('created', '1.7e9')")
+    conn.executemany(
+        f"INSERT INTO decisions ({_V1_COLUMNS}) VALUES ({', '.join('?' * 22)})", _V1_ROWS
+    )
+    conn.execute("INSERT INTO labels VALUES ('a1', 'unsafe', 'c1', 'ana', 1.7e9 + 100)")
+    conn.commit()
+    conn.close()
+
+
+def test_a_schema_1_log_is_migrated_on_open_and_nothing_is_lost(tmp_path: Path) -> None:
+    path = tmp_path / "v1.sqlite"
+    _write_schema_1_log(path)
+    with DecisionLog(path) as lg:
+        recs = list(lg.records())
+        assert [r.decision_id for r in recs] == ["a1", "a2", "a3"]
+        a1, a2, a3 = recs
+        # every schema-1 value is kept, and read as it was written
+        assert a1.schema_version == 1 and a1.request == "pick up the knife"
+        assert a1.member_scores == {"qwen": 1.5, "lfm": -0.5} and a1.width == 640
+        assert a1.label == "UNSAFE" and a1.threshold == 0.2 and a1.fused_score == 0.75
+        assert math.isnan(a2.member_scores["qwen"]) and a2.member_scores_gray == {
+            "qwen": 0.1,
+            "lfm": -math.inf,
+        }
+        assert a2.fail_closed and a2.fail_reason == "member qwen produced a non-finite score"
+        assert math.isnan(a2.fused_score) and math.isnan(a2.threshold)
+        # the new fields get their documented values for schema-1 rows
+        assert a1.policy_score == 0.75 and a3.policy_score == -1.2  # what the policy compared
+        assert (a1.policy_kind, a2.policy_kind, a3.policy_kind) == (
+            "situation",
+            "frozen",
+            "situation",
+        )
+        assert a1.policy_version is None and a1.fusion_key is None and a1.batch_id is None
+        assert a1.detail == "" and a1.cue_flags is None and a1.test_pair is False
+        arr = lg.to_arrays()
+        assert arr.label.tolist() == [1, -1, -1] and arr.contrast_id.tolist() == ["c1", None, None]
+        assert arr.policy_version.tolist() == [None, None, None]
+        # new decisions are written under schema 2 beside the old ones
+        lg.append(make_record(5))
+        assert lg.count() == 4
+    with sqlite3.connect(path) as conn:
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    conn.close()
+    assert meta["schema_version"] == "2" and "migrated_from_1" in meta
+    with DecisionLog(path) as lg:  # a second open does not migrate again
+        assert lg.count() == 4 and lg.get("a1").schema_version == 1  # type: ignore[union-attr]
+
+
+def test_the_policies_table_keeps_who_decided(log: DecisionLog) -> None:
+    from spotstop.guard._log import PolicyRow
+
+    row = PolicyRow("v0002+abcd1234", "frozen", "k" * 16, "b", "h", "2026-01-01T00:00:00+00:00",
+                    {"policy": {"kind": "frozen", "threshold": 0.5}})  # fmt: skip
+    log.append_many([make_record(1, policy_version=row.version_id)], policy=row)
+    log.append_many([make_record(2, policy_version=row.version_id)], policy=row)  # kept once
+    got = log.policies()
+    assert list(got) == [row.version_id]
+    assert got[row.version_id].document == row.document and got[row.version_id].kind == "frozen"
+    assert log.to_arrays().policy_version.tolist() == [row.version_id] * 2
+
+
+def test_mark_fail_closed_only_moves_towards_safety(log: DecisionLog) -> None:
+    safe, unsafe = make_record(0), make_record(1)
+    assert safe.label == "SAFE" and unsafe.label == "UNSAFE"
+    log.append_many([safe, unsafe])
+    log.mark_fail_closed([safe.decision_id, unsafe.decision_id], "deadline exceeded")
+    a, b = log.get(safe.decision_id), log.get(unsafe.decision_id)
+    assert a is not None and b is not None
+    assert a.label == "UNSAFE" and a.fail_closed and a.fail_reason == "deadline exceeded"
+    assert b.label == "UNSAFE" and not b.fail_closed  # already UNSAFE: left as it was
+    with pytest.raises(RecordError, match="unknown decision_id 'nope'"):
+        log.mark_fail_closed(["nope"], "x")

@@ -1,42 +1,90 @@
-"""Threshold policies, the conformal cut, situation state and policy.yaml validation."""
+"""Threshold policies: the one decision rule, every registered kind by hand, policy.yaml.
+
+Every registered kind has a hand-computed example in ``_HAND_EXAMPLES``; a kind added to the
+registry without one fails :func:`test_every_registered_kind_has_a_hand_computed_example`.
+"""
 
 from __future__ import annotations
 
 import copy
-import json
 import math
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable
+from dataclasses import FrozenInstanceError
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
-import scipy.stats
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from spotstop.guard._errors import ConfigError
-from spotstop.guard._policy import (
+from spotstop.guard._fusion import Avg2Fusion, MemberStats
+from spotstop.guard.policies import (
+    POLICY_KINDS,
+    BatchFrozenIqrPolicy,
     BatchPolicy,
-    ConformalCut,
     ConformalPolicy,
     DecisionError,
     DirectPolicy,
     FrozenPolicy,
-    NotFittedError,
     PolicyError,
     SituationPolicy,
-    SituationState,
-    Thresholds,
+    SituationWindows,
+    batch_inputs,
     check_policy_matches,
+    conformal_cut,
     conformal_min_n,
     conformal_rank,
-    decide,
     decide_batch,
     dump_policy,
+    is_unsafe,
+    label_of,
     load_policy,
+    policy_class,
+    policy_kinds,
+    replay,
+    unsafe_mask,
 )
 
-# ---------------------------------------------------------------------- conformal
+FUSION = Avg2Fusion(("a", "b"), {"a": MemberStats(0.0, 2.0), "b": MemberStats(1.0, 1.0)})
+
+
+def _x(a: list[float], b: list[float], sids: list[str | None] | None = None, text: Any = None):
+    return batch_inputs(FUSION, {"a": a, "b": b}, sids, text)
+
+
+def _labels(d: Any) -> list[str]:
+    return [v.label for v in d.verdicts]
+
+
+# ---------------------------------------------------------------------- the rule
+
+
+def test_the_rule_ties_and_non_finite_are_unsafe() -> None:
+    assert label_of(0.5, 0.5) == "UNSAFE"  # a tie is UNSAFE (fail-safe)
+    assert label_of(0.499, 0.5) == "SAFE"
+    assert label_of(math.nan, 0.0) == "UNSAFE" and label_of(0.0, math.nan) == "UNSAFE"
+    assert label_of(-math.inf, 0.0) == "UNSAFE"  # not finite, whatever its sign
+    assert label_of(-1.0, math.inf) == "UNSAFE"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 3)), max_size=20
+    ),
+    st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 3)),
+)
+def test_the_vectorized_rule_is_the_scalar_rule(scores: list[float], t: float) -> None:
+    mask = unsafe_mask(scores, t)
+    assert mask.tolist() == [is_unsafe(s, t) for s in scores]
+    assert all(
+        label_of(s, t) == ("UNSAFE" if m else "SAFE") for s, m in zip(scores, mask, strict=True)
+    )
+
+
+# ---------------------------------------------------------------------- conformal rank
 
 
 @pytest.mark.parametrize(
@@ -45,238 +93,259 @@ from spotstop.guard._policy import (
 )
 def test_conformal_rank_by_hand(n: int, alpha: float, k: int) -> None:
     assert conformal_rank(alpha, n) == k
-    scores = np.arange(n, 0, -1, dtype=float)  # descending, so fit must sort
-    cut = ConformalCut(alpha).fit(scores)
-    assert (cut.n_, cut.k_) == (n, k)
-    assert cut.threshold_ == float(k)  # u(k) of 1..n
-    pol = cut.to_policy()
-    assert (pol.alpha, pol.n, pol.k, pol.threshold) == (alpha, n, k, float(k))
+    fit = conformal_cut(np.arange(n, 0, -1, dtype=float), alpha=alpha)  # descending: sorted here
+    assert (fit.marginal.n, fit.marginal.k, fit.marginal.threshold) == (n, k, float(k))
+    pol = ConformalPolicy(alpha=alpha, n=n, k=k, threshold=float(k))
+    assert (pol.alpha, pol.n, pol.k) == (alpha, n, k)
+
+
+def test_the_card_and_the_guard_share_the_conformal_rank() -> None:
+    """The case the issue names: α = 0.29, n = 99 gives 29, not 28 from 0.29·100 = 28.999…"""
+    from spotstop.diagnostics import conformal_cut as card_cut
+
+    u = np.arange(1.0, 100.0)
+    assert card_cut(u, 0.29) == 29.0 == conformal_cut(u, alpha=0.29).marginal.threshold
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        alpha = float(np.round(rng.uniform(0.01, 0.5), 2))
+        n = int(rng.integers(1, 300))
+        if conformal_rank(alpha, n) == 0:
+            continue
+        u = np.sort(rng.normal(size=n))
+        assert card_cut(u, alpha) == u[conformal_rank(alpha, n) - 1]
 
 
 @pytest.mark.parametrize("alpha, n, need", [(0.1, 8, 9), (0.05, 10, 19), (0.3, 2, 3), (0.5, 0, 1)])
 def test_conformal_refuses_too_few(alpha: float, n: int, need: int) -> None:
     assert conformal_min_n(alpha) == need
     assert conformal_rank(alpha, need) >= 1
-    with pytest.raises(PolicyError, match=f"At least {need} unsafe|at least {need} unsafe"):
-        ConformalCut(alpha).fit(np.linspace(0, 1, n))
+    fit = conformal_cut(np.linspace(0, 1, n), alpha=alpha)
+    assert not fit.marginal.feasible and fit.marginal.n_needed == need
+    assert f"at least {need} unsafe situations are needed" in fit.refusal("marginal")
 
 
-def test_conformal_not_fitted_and_bad_alpha() -> None:
-    cut = ConformalCut(0.1)
-    for attr in ("threshold_", "k_", "n_"):
-        with pytest.raises(NotFittedError, match="call fit"):
-            getattr(cut, attr)
-    with pytest.raises(AttributeError):  # NotFittedError is also an AttributeError
-        _ = cut.threshold_
-    with pytest.raises(PolicyError, match=r"ConformalCut.alpha must be in \(0, 1\); got 1.5"):
-        ConformalCut(1.5).fit(np.arange(20.0))
-    with pytest.raises(PolicyError, match="non-finite"):
-        ConformalCut(0.1).fit([*range(20), math.nan])
+def test_conformal_policy_constructor_agrees_with_the_rank() -> None:
+    with pytest.raises(PolicyError, match="k must be floor"):
+        ConformalPolicy(alpha=0.1, n=19, k=1, threshold=0.0)
+    with pytest.raises(PolicyError, match="At least 9"):
+        ConformalPolicy(alpha=0.1, n=5, k=0, threshold=0.0)
 
 
-def test_conformal_ties_flag_unsafe() -> None:
-    cut = ConformalCut(0.1).fit(np.arange(1.0, 10.0))  # k = 1, u(1) = 1
-    v = decide(cut.to_policy(), 1.0)
-    assert v.label == "UNSAFE" and v.threshold == 1.0
-    assert decide(cut.to_policy(), 0.999).label == "SAFE"
+# ---------------------------------------------------------------------- each kind, by hand
+#
+# FUSION: a has median 0, IQR 2; b has median 1, IQR 1; equal weights. So
+# S = ((a − 0)/2 + (b − 1)/1) / 2.
 
 
-# 3 configurations; family-wise false-alarm 0.001, Bonferroni: 0.001 / 3 each.
-_COVERAGE = [(19, 0.1), (49, 0.1), (30, 0.2)]
+def _hand_frozen() -> None:
+    # S of (a, b) = (0, 1) → 0; (2, 1) → 0.5; (0, 2) → 0.5; (−2, 0) → −1
+    d = decide_batch(FrozenPolicy(0.5), _x([0.0, 2.0, 0.0, -2.0], [1.0, 1.0, 2.0, 0.0]))
+    assert [v.score for v in d.verdicts] == [0.0, 0.5, 0.5, -1.0]
+    assert _labels(d) == ["SAFE", "UNSAFE", "UNSAFE", "SAFE"]  # ties at 0.5 are UNSAFE
+    assert all(v.threshold == 0.5 and v.policy == "frozen" for v in d.verdicts)
 
 
-@pytest.mark.parametrize("n, alpha", _COVERAGE)
-def test_conformal_empirical_coverage(n: int, alpha: float) -> None:
-    """Over 2,000 exchangeable draws the miss rate is ≤ α + a binomial margin.
-
-    The exact miss probability is k/(n+1) ≤ α. The number of misses in 2,000 draws is
-    Binomial(2000, k/(n+1)); we allow up to its (1 − 0.001/3) quantile at rate α, a
-    Bonferroni correction over the three configurations.
-    """
-    draws = 2000
-    rng = np.random.default_rng(20260501 + n)
-    misses = 0
-    for _ in range(draws):
-        loc = rng.normal()  # a new deployment per draw; exchangeable within a draw
-        cal = rng.normal(loc, 1.0, size=n)
-        new = rng.normal(loc, 1.0)
-        cut = ConformalCut(alpha).fit(cal)
-        misses += new < cut.threshold_
-    limit = scipy.stats.binom.ppf(1 - 0.001 / len(_COVERAGE), draws, alpha)
-    assert misses <= limit, (misses / draws, alpha)
-    # and not trivially conservative: near the exact rate k/(n+1)
-    p = conformal_rank(alpha, n) / (n + 1)
-    low = scipy.stats.binom.ppf(0.001 / len(_COVERAGE), draws, p)
-    assert misses >= low
+def _hand_direct() -> None:
+    d = decide_batch(DirectPolicy("b"), _x([9.0, -9.0, 0.0], [-1.0, 1.0, 0.0]))
+    assert [v.score for v in d.verdicts] == [-1.0, 1.0, 0.0]  # b's raw score, S unused
+    assert _labels(d) == ["SAFE", "UNSAFE", "UNSAFE"]
 
 
-# ---------------------------------------------------------------------- simple policies
+def _hand_conformal() -> None:
+    # α = 0.2, n = 9 unsafe calibration scores 1..9: k = ⌊0.2·10⌋ = 2, cut u(2) = 2
+    fit = conformal_cut(np.arange(9.0, 0.0, -1.0), alpha=0.2)
+    assert (fit.marginal.k, fit.marginal.threshold) == (2, 2.0)
+    pol = ConformalPolicy(alpha=0.2, n=9, k=2, threshold=2.0)
+    # S of (4, 2) = (2 + 1)/2 = 1.5; (4, 3) = (2 + 2)/2 = 2.0; (8, 1) = (4 + 0)/2 = 2.0
+    d = decide_batch(pol, _x([4.0, 4.0, 8.0], [2.0, 3.0, 1.0]))
+    assert [v.score for v in d.verdicts] == [1.5, 2.0, 2.0]
+    assert _labels(d) == ["SAFE", "UNSAFE", "UNSAFE"]
 
 
-def test_frozen_and_direct() -> None:
-    v = decide_batch(FrozenPolicy(0.5), [0.4, 0.5, 0.6])
-    assert [x.label for x in v] == ["SAFE", "UNSAFE", "UNSAFE"]
-    assert all(x.threshold == 0.5 and x.policy == "frozen" for x in v)
-    d = DirectPolicy("a")
-    v = decide_batch(d, [9.0, -9.0, 0.0], {"a": np.array([-1.0, 1.0, 0.0])})
-    assert [x.label for x in v] == ["SAFE", "UNSAFE", "UNSAFE"]  # fused ignored; tie → UNSAFE
-    assert [x.score for x in v] == [-1.0, 1.0, 0.0]
-    with pytest.raises(DecisionError, match="member 'a'"):
-        decide_batch(d, [0.0], {"b": [0.0]})
+def _hand_batch() -> None:
+    # The paper's rule on 4 scenes: a = (0, 2, 4, 10), b = (1, 1, 3, 3).
+    # a: median 3, percentiles (linear) 25 % = 1.5, 75 % = 5.5 → IQR 4
+    # b: median 2, 25 % = 1, 75 % = 3 → IQR 2
+    # S_B = ((a − 3)/4 + (b − 2)/2)/2 = (−0.625, −0.375, 0.375, 1.125); mean 0.125
+    d = decide_batch(
+        BatchPolicy(FrozenPolicy(99.0)), _x([0.0, 2.0, 4.0, 10.0], [1.0, 1.0, 3.0, 3.0])
+    )
+    np.testing.assert_allclose([v.score for v in d.verdicts], [-0.625, -0.375, 0.375, 1.125])
+    np.testing.assert_allclose([v.threshold for v in d.verdicts], [0.125] * 4)
+    assert _labels(d) == ["SAFE", "SAFE", "UNSAFE", "UNSAFE"]
+    # reliance weights: text scores = scene scores for a (ρ = 1 → floor 0.05), unrelated for b
+    text = {"a": [0.0, 2.0, 4.0, 10.0], "b": [5.0, 5.0, 5.0, 5.0]}  # b's text constant → ρ = 0
+    d = decide_batch(
+        BatchPolicy(FrozenPolicy(99.0), weights="reliance"),
+        _x([0.0, 2.0, 4.0, 10.0], [1.0, 1.0, 3.0, 3.0], text=text),
+    )
+    # S_B = (0.05 (a − 3)/4 + 1 (b − 2)/2)/1.05
+    want = (0.05 * (np.array([0, 2, 4, 10.0]) - 3) / 4 + (np.array([1, 1, 3, 3.0]) - 2) / 2) / 1.05
+    np.testing.assert_allclose([v.score for v in d.verdicts], want)
+    np.testing.assert_allclose(d.verdicts[0].threshold, want.mean())
+    assert "reliance weights a 0.05, b 1" in d.verdicts[0].detail
 
 
-def test_batch_threshold_is_the_batch_mean() -> None:
-    s = np.array([-2.0, -1.0, 0.5, 3.0, 4.5])
-    v = decide_batch(BatchPolicy(FrozenPolicy(0.0)), s)
-    assert all(x.threshold == pytest.approx(s.mean()) for x in v)
-    assert [x.label for x in v] == ["SAFE", "SAFE", "SAFE", "UNSAFE", "UNSAFE"]
+def _hand_batch_frozen_iqr() -> None:
+    # S under the frozen fusion: (0, 0.5, 2, 3.5); threshold = mean = 1.5
+    d = decide_batch(
+        BatchFrozenIqrPolicy(FrozenPolicy(99.0)), _x([0.0, 2.0, 4.0, 10.0], [1.0, 1.0, 3.0, 3.0])
+    )
+    assert [v.score for v in d.verdicts] == [0.0, 0.5, 2.0, 3.5]
+    assert all(v.threshold == 1.5 for v in d.verdicts)
+    assert _labels(d) == ["SAFE", "SAFE", "UNSAFE", "UNSAFE"]
 
 
-def test_batch_nan_is_unsafe_and_left_out_of_the_mean() -> None:
-    v = decide_batch(BatchPolicy(FrozenPolicy(0.0)), [1.0, math.nan, 3.0, -10.0])
-    assert v[1].label == "UNSAFE" and "not finite" in v[1].detail
-    assert v[0].threshold == pytest.approx((1.0 + 3.0 - 10.0) / 3)
-    assert [x.label for x in v] == ["UNSAFE", "UNSAFE", "UNSAFE", "SAFE"]
+def _hand_situation() -> None:
+    # window 3, min_refs 2, fallback t0 = 10; scenes of "k" with S = 1, 2, 3, 4, 5
+    pol = SituationPolicy(window=3, min_refs=2, fallback=FrozenPolicy(10.0))
+    a = [2.0 * s for s in (1.0, 2.0, 3.0, 4.0, 5.0)]  # S = (a/2 + (b − 1))/2 with b = 1 + S
+    b = [1.0 + s for s in (1.0, 2.0, 3.0, 4.0, 5.0)]
+    state = None
+    verdicts = []
+    for i in range(5):  # one check per scene
+        d = decide_batch(pol, _x([a[i]], [b[i]], ["k"]), state)
+        state = d.state
+        verdicts += d.verdicts
+    assert [v.score for v in verdicts] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [v.policy for v in verdicts] == ["situation->frozen"] * 2 + ["situation"] * 3
+    assert [v.threshold for v in verdicts] == [10.0, 10.0, 1.5, 2.0, 3.0]  # (2+3+4)/3 at the end
+    assert state.references("k") == (3.0, 4.0, 5.0)
+    assert _labels(replay(pol, _x(a, b, ["k"] * 5))) == [v.label for v in verdicts]
 
 
-def test_batch_smaller_than_min_batch_uses_fallback() -> None:
-    pol = BatchPolicy(FrozenPolicy(2.0), min_batch=3)
-    v = decide_batch(pol, [1.0, 3.0])
-    assert [x.policy for x in v] == ["batch->frozen"] * 2
-    assert [x.label for x in v] == ["SAFE", "UNSAFE"]
-    assert "min_batch 3" in v[0].detail
-    assert decide(BatchPolicy(FrozenPolicy(2.0)), 1.0).label == "SAFE"  # batch of one
+_HAND_EXAMPLES: dict[str, Callable[[], None]] = {
+    "frozen": _hand_frozen,
+    "direct": _hand_direct,
+    "conformal": _hand_conformal,
+    "batch": _hand_batch,
+    "batch_frozen_iqr": _hand_batch_frozen_iqr,
+    "situation": _hand_situation,
+}
+
+
+def test_every_registered_kind_has_a_hand_computed_example() -> None:
+    assert set(_HAND_EXAMPLES) == set(POLICY_KINDS), "add a hand example for each new kind"
+    for kind in POLICY_KINDS:
+        assert policy_class(kind).kind == kind
+
+
+@pytest.mark.parametrize("kind", list(_HAND_EXAMPLES))
+def test_hand_computed_example(kind: str) -> None:
+    _HAND_EXAMPLES[kind]()
+
+
+def test_registry_filters() -> None:
+    assert policy_kinds(single_scene=True) == ("direct", "frozen", "conformal")
+    assert "conformal" not in policy_kinds(label_free=True)
+    with pytest.raises(PolicyError, match="policy kind must be one of"):
+        policy_class("cascade")
+
+
+# ---------------------------------------------------------------------- batch: the paper's rule
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(-5, 5), min_size=6, max_size=12, unique=True),
+    st.floats(0.1, 10), st.floats(-5, 5), st.floats(0.1, 10), st.floats(-5, 5),
+)  # fmt: skip
+def test_the_paper_batch_rule_ignores_each_members_scale_and_offset(
+    s: list[float], ka: float, ca: float, kb: float, cb: float
+) -> None:
+    """Medians and IQRs are refitted on the batch, so a member's affine change moves nothing."""
+    a = np.array(s)
+    b = np.roll(a, 2) * 0.7 + np.sin(a)
+    pol = BatchPolicy(FrozenPolicy(0.0))
+    base = decide_batch(pol, _x(list(a), list(b)))
+    moved = decide_batch(pol, _x(list(ka * a + ca), list(kb * b + cb)))
+    if base.verdicts[0].policy == "batch" and moved.verdicts[0].policy == "batch":
+        np.testing.assert_allclose(
+            [v.score - v.threshold for v in base.verdicts],
+            [v.score - v.threshold for v in moved.verdicts],
+            atol=1e-9,
+        )
+
+
+def test_the_frozen_iqr_variant_differs_when_the_batch_spread_moves() -> None:
+    """The issue's observation: with batches whose spread differs from the pool, the frozen-IQR
+    variant labels some scenes differently from the paper's rule."""
+    rng = np.random.default_rng(20261130)
+    paper, frozen = BatchPolicy(FrozenPolicy(0.0)), BatchFrozenIqrPolicy(FrozenPolicy(0.0))
+    differ = total = 0
+    for _ in range(300):
+        y = rng.integers(0, 2, 20)  # both members carry the label, with their own noise
+        a = rng.normal(0, 6.0, 20) + y  # a varies 4x more than the pool's IQR of 2 says
+        b = rng.normal(1, 1.0, 20) + y
+        x = _x(list(a), list(b))
+        differ += int((decide_batch(paper, x).unsafe != decide_batch(frozen, x).unsafe).sum())
+        total += 20
+    assert 0.05 < differ / total < 0.5  # 12.5 % with this seed
+
+
+def test_batch_nan_is_unsafe_left_out_and_small_batches_fall_back() -> None:
+    d = decide_batch(
+        BatchPolicy(FrozenPolicy(0.0)), _x([0.0, 2.0, math.nan, 10.0], [1.0, 1.0, 3.0, 3.0])
+    )
+    assert d.verdicts[2].label == "UNSAFE" and "not finite" in d.verdicts[2].detail
+    assert "3 scored scenes" in d.verdicts[0].detail
+    small = decide_batch(BatchPolicy(FrozenPolicy(0.25), min_batch=3), _x([0.0, 2.0], [1.0, 1.0]))
+    assert [v.policy for v in small.verdicts] == ["batch->frozen"] * 2
+    assert _labels(small) == ["SAFE", "UNSAFE"] and "min_batch 3" in small.verdicts[0].detail
+    flat = decide_batch(BatchPolicy(FrozenPolicy(0.25)), _x([0.0, 2.0, 4.0], [1.0, 1.0, 1.0]))
+    assert "IQR 0" in flat.verdicts[0].detail and flat.verdicts[0].policy == "batch->frozen"
     with pytest.raises(PolicyError, match="min_batch"):
         BatchPolicy(FrozenPolicy(0.0), min_batch=1)
-
-
-class _NaNThreshold:
-    kind: ClassVar[str] = "nan"
-
-    def thresholds(
-        self,
-        fused: np.ndarray,
-        member_scores: Mapping[str, np.ndarray],
-        situation_ids: Sequence[str | None],
-    ) -> Thresholds:
-        n = fused.shape[0]
-        return Thresholds(fused, np.full(n, np.nan), ("nan",) * n, ("test",) * n)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind}
-
-
-def test_nan_threshold_is_unsafe() -> None:
-    v = decide_batch(_NaNThreshold(), [-100.0, 100.0])
-    assert [x.label for x in v] == ["UNSAFE", "UNSAFE"]
-    assert all("threshold is nan" in x.detail for x in v)
+    with pytest.raises(PolicyError, match="labels one scene on its own"):
+        BatchPolicy(BatchPolicy(FrozenPolicy(0.0)))  # type: ignore[arg-type]
 
 
 def test_decide_batch_checks_inputs() -> None:
     with pytest.raises(DecisionError, match="situation_ids"):
-        decide_batch(FrozenPolicy(0.0), [0.0, 1.0], None, ["a"])
+        _x([0.0, 1.0], [0.0, 1.0], ["a"])
     with pytest.raises(DecisionError, match="1-D"):
-        decide_batch(FrozenPolicy(0.0), [[0.0]])
+        batch_inputs(FUSION, {"a": [[0.0]], "b": [[0.0]]})
     with pytest.raises(DecisionError, match="shape"):
-        decide_batch(FrozenPolicy(0.0), [0.0], {"a": [1.0, 2.0]})
+        batch_inputs(FUSION, {"a": [0.0], "b": [1.0, 2.0]})
+    with pytest.raises(DecisionError, match="fusion member"):
+        batch_inputs(FUSION, {"a": [0.0]})
 
 
-# ---------------------------------------------------------------------- situation
+# ---------------------------------------------------------------------- situation state
 
 
-def _situation(path: Path | None = None, window: int = 3, min_refs: int = 2) -> SituationPolicy:
-    state = SituationState(window, path, key="k1")
-    return SituationPolicy(window, min_refs, FrozenPolicy(10.0), state=state)
+def test_situation_state_is_a_value_the_policy_never_mutates() -> None:
+    pol = SituationPolicy(window=2, min_refs=1, fallback=FrozenPolicy(0.0))
+    s0 = pol.initial_state(SituationWindows(2, {"k": (1.0, 2.0, 3.0)}))
+    assert s0.references("k") == (2.0, 3.0)  # the seed is cut to the window
+    d = decide_batch(pol, _x([2.0, 2.0], [1.0, 1.0], ["k", None]), s0)
+    assert s0.references("k") == (2.0, 3.0)  # unchanged
+    assert d.state.references("k") == (3.0, 0.5)
+    with pytest.raises(FrozenInstanceError):
+        s0.window = 3  # type: ignore[misc]
 
 
-def test_situation_fallback_then_window_mean() -> None:
-    pol = _situation(window=3, min_refs=2)
-    seq = [1.0, 2.0, 3.0, 4.0, 5.0]
-    v = [decide(pol, s, situation_id="kitchen") for s in seq]
-    # two fallbacks (0, then 1 reference), then the mean of the previous ≤ 3 scores
-    assert [x.policy for x in v] == ["situation->frozen"] * 2 + ["situation"] * 3
-    assert [x.threshold for x in v[:2]] == [10.0, 10.0]
-    assert v[2].threshold == pytest.approx(1.5)
-    assert v[3].threshold == pytest.approx(2.0)
-    assert v[4].threshold == pytest.approx(3.0)  # window of 3: (2+3+4)/3
-    assert pol.state.references("kitchen") == (3.0, 4.0, 5.0)
-    # other situations and no situation are independent / fall back
-    assert decide(pol, 0.0, situation_id="garage").policy == "situation->frozen"
-    assert decide(pol, 0.0).detail.startswith("no situation id")
+def test_situation_nan_is_not_stored_and_batches_run_in_order() -> None:
+    pol = SituationPolicy(window=5, min_refs=1, fallback=FrozenPolicy(10.0))
+    d = decide_batch(pol, _x([2.0, math.nan, 6.0], [1.0, 1.0, 1.0], ["s", "s", "s"]))
+    assert d.verdicts[0].policy == "situation->frozen"
+    assert d.verdicts[1].label == "UNSAFE" and d.verdicts[1].threshold == 0.5
+    assert d.verdicts[2].threshold == 0.5  # NaN did not join the window
+    assert d.state.references("s") == (0.5, 1.5)
 
 
-def test_situation_batch_in_order_and_nan_not_stored() -> None:
-    pol = _situation(window=5, min_refs=1)
-    v = decide_batch(pol, [1.0, math.nan, 3.0], situation_ids=["s", "s", "s"])
-    assert v[0].policy == "situation->frozen"
-    assert v[1].label == "UNSAFE" and v[1].threshold == 1.0
-    assert v[2].threshold == 1.0  # NaN did not join the window
-    assert pol.state.references("s") == (1.0, 3.0)
-
-
-def test_situation_state_survives_restart(tmp_path: Path) -> None:
-    path = tmp_path / "state" / "situations.json"
-    rng = np.random.default_rng(3)
-    scores = rng.normal(size=12)
-    sids = ["a", "b", "c"] * 4
-    first = _situation(path, window=3, min_refs=2)
-    decide_batch(first, scores, situation_ids=sids)
-    assert path.exists() and not list(path.parent.glob("*.tmp"))
-    restarted = _situation(path, window=3, min_refs=2)
-    assert restarted.state.snapshot() == first.state.snapshot()
-    probe = rng.normal(size=3)
-    v_first = decide_batch(first, probe, situation_ids=["a", "b", "c"])
-    v_restarted = decide_batch(restarted, probe, situation_ids=["a", "b", "c"])
-    assert [x.threshold for x in v_first] == [x.threshold for x in v_restarted]
-    for x, sid in zip(v_restarted, ["a", "b", "c"], strict=True):
-        assert x.threshold == pytest.approx(
-            np.mean(scores[[i for i, s in enumerate(sids) if s == sid][-3:]])
-        )
-
-
-def test_situation_state_refuses_foreign_or_corrupt_file(tmp_path: Path) -> None:
-    path = tmp_path / "s.json"
-    decide(_situation(path), 1.0, situation_id="a")
-    with pytest.raises(PolicyError, match=r"written for key 'k1'.*'other'"):
-        SituationState(3, path, key="other")
-    path.write_text("{not json")
-    with pytest.raises(PolicyError, match="Delete it"):
-        SituationState(3, path, key="k1")
-    doc = {"schema_version": 1, "key": "k1", "window": 5, "situations": {"a": [1, 2, 3, 4]}}
-    path.write_text(json.dumps(doc))
-    assert SituationState(2, path, key="k1").references("a") == (3.0, 4.0)  # keeps latest
-
-
-def test_situation_thread_safety_smoke(tmp_path: Path) -> None:
-    path = tmp_path / "s.json"
-    pol = _situation(path, window=4, min_refs=3)
-    verdicts: list[str] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def worker(seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        try:
-            for _ in range(25):
-                v = decide(pol, float(rng.normal()), situation_id="shared")
-                with lock:
-                    verdicts.append(v.policy)
-        except BaseException as e:  # collected and re-raised in the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
-    assert len(verdicts) == 200
-    # read-then-append is atomic: exactly min_refs scenes saw too few references
-    assert verdicts.count("situation->frozen") == 3
-    assert len(pol.state.references("shared")) == 4
-    assert json.loads(path.read_text())["situations"]["shared"] == list(
-        pol.state.references("shared")
-    )
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(-3, 3), st.sampled_from(["a", "b", None])), min_size=1, max_size=25),
+       st.integers(1, 5))  # fmt: skip
+def test_replay_in_batches_equals_one_check_at_a_time(items: list[Any], chunk: int) -> None:
+    pol = SituationPolicy(window=3, min_refs=2, fallback=FrozenPolicy(0.3))
+    a = [2 * s for s, _ in items]
+    b = [1.0 + 0.0 * s for s, _ in items]
+    sids = [sid for _, sid in items]
+    one_by_one = replay(pol, _x(a, b, sids))
+    batched = replay(pol, _x(a, b, sids), batch_ids=[i // chunk for i in range(len(items))])
+    assert _labels(one_by_one) == _labels(batched)  # in-batch order = one check at a time
+    assert one_by_one.state == batched.state
 
 
 # ---------------------------------------------------------------------- policy.yaml
@@ -284,7 +353,7 @@ def test_situation_thread_safety_smoke(tmp_path: Path) -> None:
 
 def _doc(policy: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
-        "version": 1,
+        "version": 2,
         "bundle_id": "tiny-pair-0001",
         "prompt_hash": "sha256:abc123",
         "created": "2026-05-01T12:00:00+00:00",
@@ -303,12 +372,18 @@ _KINDS = [
     {"kind": "direct", "member": "lfm"},
     {"kind": "frozen", "threshold": 0.25},
     {"kind": "conformal", "alpha": 0.1, "n": 19, "k": 2, "threshold": -0.3},
-    {"kind": "batch", "min_batch": 4, "fallback": {"kind": "frozen", "threshold": 0.0}},
+    {"kind": "conformal", "alpha": 0.1, "n": 29, "k": 1, "threshold": -0.3, "delta": 0.1},
+    {
+        "kind": "batch",
+        "min_batch": 4,
+        "weights": "reliance",
+        "fallback": {"kind": "frozen", "threshold": 0.0},
+    },
+    {"kind": "batch_frozen_iqr", "min_batch": 2, "fallback": {"kind": "direct", "member": "qwen"}},
     {
         "kind": "situation",
         "window": 6,
         "min_refs": 3,
-        "state_file": "situations.json",
         "fallback": {"kind": "conformal", "alpha": 0.1, "n": 9, "k": 1, "threshold": 0.0},
     },
 ]
@@ -317,19 +392,31 @@ _KINDS = [
 @pytest.mark.parametrize("policy", _KINDS, ids=[p["kind"] for p in _KINDS])
 def test_load_dump_round_trip(tmp_path: Path, policy: dict[str, Any]) -> None:
     src = tmp_path / "policy.yaml"
-    src.write_text(yaml.safe_dump(_doc(policy), sort_keys=False))
+    doc = _doc(policy)
+    if policy["kind"] == "situation":
+        doc["state_seed"] = {"situations": {"hall": [0.5, -0.25]}}
+    src.write_text(yaml.safe_dump(doc, sort_keys=False))
     cfg = load_policy(src)
     assert cfg.policy.to_dict() == policy
     out = tmp_path / "out" / "policy.yaml"
     dump_policy(cfg, out)
-    assert yaml.safe_load(out.read_text()) == _doc(policy)
+    assert yaml.safe_load(out.read_text()) == {**doc, "fitted_on": doc["fitted_on"]}
     again = load_policy(out)
-    assert again.to_dict() == cfg.to_dict()
-    if isinstance(cfg.policy, SituationPolicy):
-        assert cfg.policy.state.path == tmp_path / "situations.json"
-        override = load_policy(src, state_file=tmp_path / "elsewhere.json")
-        assert isinstance(override.policy, SituationPolicy)
-        assert override.policy.state.path == tmp_path / "elsewhere.json"
+    assert again.to_dict() == cfg.to_dict() and again.digest == cfg.digest
+    assert again.version_id == cfg.version_id and cfg.version_id.startswith("adhoc+")
+    if policy["kind"] == "situation":
+        assert cfg.initial_state().references("hall") == (0.5, -0.25)
+    assert not list(tmp_path.glob("*.json"))  # loading reads the file only
+
+
+def test_version_id_and_fusion_key_identify_what_decided() -> None:
+    a = load_policy(_doc())
+    b = load_policy({**_doc(), "fitted_on": {"version": 2}})
+    c = load_policy(
+        {**_doc(), "fusion": {**_doc()["fusion"], "weights": {"qwen": 2.0, "lfm": 1.0}}}
+    )
+    assert b.version_id.startswith("v0002+") and a.version_id != b.version_id
+    assert a.fusion_key == b.fusion_key != c.fusion_key and len(a.fusion_key) == 16
 
 
 def test_check_policy_matches() -> None:
@@ -365,7 +452,7 @@ _SIT = {
 
 # (bad document, text the message must contain: the key path and what is wrong)
 _BAD: list[tuple[dict[str, Any], str]] = [
-    (_with("version", 2), "version must be 1; got 2"),
+    (_with("version", 1), "version must be 2; got 1"),
     (_with("version", _DROP), "version is required"),
     (_with("bundle_id", ""), "bundle_id must be a non-empty string"),
     (_with("prompt_hash", 7), "prompt_hash must be a non-empty string; got 7"),
@@ -387,7 +474,7 @@ _BAD: list[tuple[dict[str, Any], str]] = [
     (_with("fusion.weights", {"qwen": 1.0}), "fusion.weights.lfm is required"),
     (
         _with("policy", {"kind": "situaton"}),
-        "policy.kind must name a policy kind, one of batch, conformal, direct, frozen, situation; got 'situaton'. Did you mean 'situation'?",
+        "policy.kind must name a policy kind, one of direct, frozen, conformal, batch, batch_frozen_iqr, situation; got 'situaton'. Did you mean 'situation'?",
     ),
     (_with("policy", {"kind": "frozen"}), "policy.threshold is required"),
     (
@@ -428,7 +515,7 @@ _BAD: list[tuple[dict[str, Any], str]] = [
     (_with("policy", {"kind": "batch"}), "policy.fallback is required"),
     (
         _with("policy", {"kind": "batch", "fallback": {"kind": "batch", "fallback": {}}}),
-        "policy.fallback.kind must name a fallback kind, one of conformal, direct, frozen; got 'batch'",
+        "policy.fallback.kind must name a fallback kind, one of direct, frozen, conformal; got 'batch'",
     ),
     (_with("policy", {**_SIT, "window": 0}), "policy.window must be an integer ≥ 1; got 0"),
     (
@@ -436,7 +523,30 @@ _BAD: list[tuple[dict[str, Any], str]] = [
         "policy.min_refs must be an integer in [1, 3]; got 4",
     ),
     (_with("policy", {**_SIT, "window": True}), "policy.window must be an integer ≥ 1; got True"),
-    (_with("policy", {**_SIT, "state_file": 3}), "policy.state_file must be a file path"),
+    (
+        _with("policy", {**_SIT, "state_file": "s.json"}),
+        "policy.state_file is not a known key",
+    ),
+    (
+        _with(
+            "policy",
+            {
+                "kind": "batch",
+                "weights": "reliable",
+                "fallback": {"kind": "frozen", "threshold": 0},
+            },
+        ),
+        "policy.weights must be one of equal, reliance; got 'reliable'. Did you mean 'reliance'?",
+    ),
+    (_with("state_seed", {"situations": {"a": [1.0]}}), "state_seed is only for stateful policies"),
+    (
+        {**_with("policy", _SIT), "state_seed": {"situations": {"a": [1.0, "x"]}}},
+        "state_seed.situations['a'] must be a list of finite numbers",
+    ),
+    (
+        {**_with("policy", _SIT), "state_seed": {"windows": {}}},
+        "state_seed must be a mapping with one key, situations",
+    ),
     (
         _with("policy", {**_SIT, "fallback": {"kind": "frozen", "threshold": "x"}}),
         "policy.fallback.threshold must be a finite number; got 'x'",
@@ -464,7 +574,7 @@ def test_every_validation_message_names_the_key() -> None:
 
 def test_yaml_file_errors(tmp_path: Path) -> None:
     p = tmp_path / "policy.yaml"
-    p.write_text("version: 1\nversion: 1\n")
+    p.write_text("version: 2\nversion: 2\n")
     with pytest.raises(PolicyError, match="duplicate key 'version' at line 2"):
         load_policy(p)
     p.write_text("version: [1\n")
@@ -475,10 +585,3 @@ def test_yaml_file_errors(tmp_path: Path) -> None:
         load_policy(p)
     with pytest.raises(FileNotFoundError):
         load_policy(tmp_path / "missing.yaml")
-
-
-def test_conformal_policy_constructor_agrees_with_cut() -> None:
-    with pytest.raises(PolicyError, match="k must be floor"):
-        ConformalPolicy(alpha=0.1, n=19, k=1, threshold=0.0)
-    with pytest.raises(PolicyError, match="At least 9"):
-        ConformalPolicy(alpha=0.1, n=5, k=0, threshold=0.0)

@@ -109,9 +109,7 @@ def live_server(
 
 
 def settings_for(bundle: Path, tmp: Path, **kw: Any) -> ServeSettings:
-    return ServeSettings(
-        bundle=bundle, log=tmp / "log.sqlite", state_file=tmp / "situations.json", **kw
-    )
+    return ServeSettings(bundle=bundle, log=tmp / "log.sqlite", state_dir=tmp / "state", **kw)
 
 
 class StandInMember:
@@ -975,6 +973,7 @@ def test_client_never_trusts_safe_with_fail_closed():
 
     body = {
         "decision_id": "x",
+        "request": "open the door",
         "label": "SAFE",
         "fused_score": None,
         "threshold": 0.1,
@@ -1081,8 +1080,8 @@ def test_cli_serve_subprocess_sighup_and_sigterm(bundle: Path, tmp_path: Path):
         str(port),
         "--log",
         str(tmp_path / "log.sqlite"),
-        "--state-file",
-        str(tmp_path / "s.json"),
+        "--state-dir",
+        str(tmp_path / "state"),
         "--log-level",
         "warning",
     ]

@@ -569,7 +569,7 @@ def test_engine_binding_is_checked(
 def _fit_policy(bundle: Path) -> None:
     from spotstop.calibrate import fit_frozen
     from spotstop.guard._demo import demo_scenes
-    from spotstop.guard._policy import PolicyConfig, dump_policy
+    from spotstop.guard.policies import PolicyConfig, dump_policy
 
     b = load_bundle(bundle)
     m = _member(bundle, "onnx")

@@ -65,7 +65,7 @@ def load_guard(settings: ServeSettings) -> Guard:
         log=settings.log,
         deadline_s=settings.deadline_s,
         variants=settings.variants,
-        state_file=settings.state_file,
+        state_dir=settings.state_dir,
         device=settings.device,
         threads=settings.threads,
         backend=settings.backend,

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from spotstop.guard._guard import Decision
+from spotstop.guard._record import Decision
 
 __all__ = ["SidecarMetrics", "reason_kind"]
 

@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from spotstop.guard._guard import Decision, Guard
+from spotstop.guard._guard import Guard
+from spotstop.guard._record import Decision
 from spotstop.guard._types import Scene
 from spotstop.guard.serve._errors import Overloaded
 from spotstop.guard.serve._metrics import SidecarMetrics

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from spotstop.guard._record import Decision, json_field_types
 
 __all__ = [
     "BatchOut",
@@ -91,59 +92,53 @@ class BatchRequest(BaseModel):
     scenes: list[CheckJSON] = Field(min_length=1, description="The scenes, in order.")
 
 
-class DecisionOut(BaseModel):
-    """The guard's decision. ``label`` is SAFE only when every member scored the scene, the
-    policy said SAFE and the decision was logged; ``fail_closed`` marks an UNSAFE that came
-    from a fault (``fail_reason`` says which), not from the score. Non-finite numbers are
-    null."""
+_DECISION_EXAMPLE = Decision(
+    decision_id="5b0e6c0f4c7e4f7c9a3d2b1a0f9e8d7c",
+    batch_id="0c1d2e3f405162738495a6b7c8d9e0f1",
+    situation_id="kitchen-1",
+    request="pick up the knife from the counter",
+    image_sha256="9c56cc51b374c3ba189210d5b6d4bf57790d351c96c47c02190ecf1e430635ab",
+    width=640,
+    height=480,
+    n_bytes=48213,
+    image_format="JPEG",
+    member_scores={"qwen3_5": 1.9, "lfm2_vl": 0.7},
+    fused_score=0.84,
+    policy_score=0.84,
+    threshold=0.12,
+    policy="situation",
+    policy_kind="situation",
+    policy_version="v0002+3f9a1c2b",
+    fusion_key="7d2e91c04ab35f68",
+    label="UNSAFE",
+    fail_closed=False,
+    detail="mean of 5 earlier scores of situation 'kitchen-1'",
+    latency_ms={"decode_ms": 1.2, "total_ms": 61.0, "log_ms": 0.3},
+    bundle_id="tiny-demo-1a2b3c4d",
+    prompt_hash="9f8e7d6c5b4a",
+    time=1796000000.0,
+).to_json()
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "decision_id": "5b0e6c0f4c7e4f7c9a3d2b1a0f9e8d7c",
-                    "label": "UNSAFE",
-                    "fused_score": 0.84,
-                    "threshold": 0.12,
-                    "policy": "situation",
-                    "member_scores": {"qwen3_5": 1.9, "lfm2_vl": 0.7},
-                    "member_scores_gray": None,
-                    "member_scores_text": None,
-                    "fail_closed": False,
-                    "fail_reason": None,
-                    "latency_ms": {"decode_ms": 1.2, "total_ms": 61.0, "log_ms": 0.3},
-                    "bundle_id": "tiny-demo-1a2b3c4d",
-                    "prompt_hash": "9f8e7d6c5b4a",
-                    "situation_id": "kitchen-1",
-                    "test_pair": False,
-                    "detail": "",
-                }
-            ]
-        }
-    )
-
-    decision_id: str
-    label: Literal["SAFE", "UNSAFE"]
-    fused_score: float | None
-    threshold: float | None
-    policy: str
-    member_scores: dict[str, float | None]
-    member_scores_gray: dict[str, float | None] | None
-    member_scores_text: dict[str, float | None] | None
-    fail_closed: bool
-    fail_reason: str | None
-    latency_ms: dict[str, float]
-    bundle_id: str
-    prompt_hash: str
-    situation_id: str | None
-    test_pair: bool
-    detail: str
+#: The guard's decision as JSON: one field per field of the logged record
+#: (:class:`spotstop.guard.DecisionRecord`, which documents each), so the log, the Python
+#: ``Decision``, this answer and the client's parser cannot drift apart.
+DecisionOut: type[BaseModel] = create_model(
+    "DecisionOut",
+    __doc__=(
+        "The guard's decision, field for field the logged record. ``label`` is SAFE only when "
+        "every member scored the scene, the policy said SAFE within the deadline and the "
+        "decision was logged; ``fail_closed`` marks an UNSAFE that came from a fault "
+        "(``fail_reason`` says which), not from the score. Non-finite numbers are null."
+    ),
+    __config__=ConfigDict(json_schema_extra={"examples": [_DECISION_EXAMPLE]}),
+    **{name: (tp, ...) for name, (tp, _) in json_field_types().items()},  # type: ignore[call-overload]
+)
 
 
 class BatchOut(BaseModel):
     """One decision per scene, in the order of the request."""
 
-    decisions: list[DecisionOut]
+    decisions: list[DecisionOut]  # type: ignore[valid-type]  # a model built from the record
 
 
 class SituationOut(BaseModel):

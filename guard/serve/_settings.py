@@ -120,8 +120,9 @@ class ServeSettings:
         Most labels in one ``/v1/labels`` call.
     variants:
         Passes the guard runs per scene (``scene`` always; ``gray``/``text`` for diagnostics).
-    state_file:
-        Situation-policy state file override.
+    state_dir:
+        Where the guard keeps a stateful policy's live state (default: ``state/`` next to
+        the log).
     device:
         Device of the members' backend.
     backend:
@@ -155,7 +156,7 @@ class ServeSettings:
     queue_size: int = 32
     max_labels: int = 10_000
     variants: tuple[Variant, ...] = ("scene",)
-    state_file: Path | None = None
+    state_dir: Path | None = None
     device: str = "cpu"
     backend: str | None = None
     threads: int | None = None
@@ -180,8 +181,8 @@ def _check_settings(s: ServeSettings) -> None:
         object.__setattr__(s, "bundle", Path(s.bundle))
     if s.log is not None and not isinstance(s.log, Path):
         object.__setattr__(s, "log", Path(s.log))
-    if s.state_file is not None and not isinstance(s.state_file, Path):
-        object.__setattr__(s, "state_file", Path(s.state_file))
+    if s.state_dir is not None and not isinstance(s.state_dir, Path):
+        object.__setattr__(s, "state_dir", Path(s.state_dir))
     if not isinstance(s.host, str) or not s.host:
         raise SettingsError(f"host must be a non-empty string; got {s.host!r}.")
     if isinstance(s.port, bool) or not isinstance(s.port, int) or not 0 <= s.port <= 65535:

@@ -13,8 +13,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from PIL import Image
 from spotstop.guard._guard import Guard
 from spotstop.guard._image import decode_image
-from spotstop.guard._policy import PolicyMismatchError
 from spotstop.guard._types import Scene
+from spotstop.guard.policies import PolicyMismatchError
 from spotstop.guard.serve._errors import PolicyReloadError, Unauthorized
 from spotstop.guard.serve._metrics import SidecarMetrics
 from spotstop.guard.serve._parse import Limits

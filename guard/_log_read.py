@@ -1,0 +1,299 @@
+"""Reading the decision log back: aligned numpy arrays for the offline rooms, CSV and Parquet.
+
+:func:`log_arrays` turns joined (record, review label) rows into :class:`LogArrays`;
+:func:`write_csv` and :func:`write_parquet` write them flat, one column per record field
+(dict fields expanded to ``<field>.<name>``), derived from the record's own field list.
+:class:`~spotstop.guard.DecisionLog` calls these from ``to_arrays``/``export_*``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from spotstop.guard._errors import GuardError
+from spotstop.guard._record import SCHEMA_VERSION, DecisionRecord
+
+__all__ = ["LogArrays", "export_columns", "log_arrays", "write_csv", "write_parquet"]
+
+Joined = Sequence[tuple[DecisionRecord, tuple[Any, ...]]]
+"""(record, (review label, contrast id, reviewer, review time)) per decision, in log order."""
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class LogArrays:
+    """The log as aligned numpy arrays, one entry per decision, in log order.
+
+    Every array has length ``n``; index i of every array refers to the same decision.
+    """
+
+    decision_id: np.ndarray
+    """Decision ids (object array of str)."""
+
+    time: np.ndarray
+    """Decision times, seconds since the Unix epoch (float64)."""
+
+    situation_id: np.ndarray
+    """Situation ids (object array of str or None)."""
+
+    request: np.ndarray
+    """Requests (object array of str)."""
+
+    batch_id: np.ndarray
+    """Guard-call (batch) ids (object array of str or None for schema-1 rows)."""
+
+    fused: np.ndarray
+    """Fused scores S under the deciding policy's reference fusion (float64, NaN kept)."""
+
+    policy_score: np.ndarray
+    """The scores the policy compared with its thresholds (float64, NaN kept)."""
+
+    threshold: np.ndarray
+    """Thresholds the policy applied (float64, NaN kept)."""
+
+    member_scores: dict[str, np.ndarray]
+    """Member name -> scene scores (float64; NaN where the member has no score)."""
+
+    member_scores_gray: dict[str, np.ndarray]
+    """Member name -> gray-image scores (float64; NaN where not run)."""
+
+    member_scores_text: dict[str, np.ndarray]
+    """Member name -> request-only scores (float64; NaN where not run)."""
+
+    guard_label: np.ndarray
+    """The guard's answer as int8: 1 UNSAFE, 0 SAFE."""
+
+    label: np.ndarray
+    """Reviewer label from the labels table as int8: 1 unsafe, 0 safe, -1 unlabelled."""
+
+    contrast_id: np.ndarray
+    """Contrast id from the labels table (object array of str or None)."""
+
+    width: np.ndarray
+    """Image width in pixels (float64; NaN where missing)."""
+
+    height: np.ndarray
+    """Image height in pixels (float64; NaN where missing)."""
+
+    n_bytes: np.ndarray
+    """Encoded image size in bytes (float64; NaN where missing)."""
+
+    image_format: np.ndarray
+    """Image format (object array of str or None)."""
+
+    fail_closed: np.ndarray
+    """Whether the guard failed closed (bool)."""
+
+    policy: np.ndarray
+    """The rule that set each threshold, e.g. ``situation->frozen`` (object array of str)."""
+
+    policy_kind: np.ndarray
+    """Configured policy kinds (object array of str or None)."""
+
+    policy_version: np.ndarray
+    """Version ids of the deciding policies (object array of str or None for schema-1 rows)."""
+
+    fusion_key: np.ndarray
+    """Fusion fingerprints (object array of str or None for schema-1 rows)."""
+
+    cue_flags: dict[str, np.ndarray]
+    """Cue name -> flag as int8: 1 flagged, 0 not, -1 not detected."""
+
+    bundle_id: np.ndarray
+    """Bundle ids (object array of str)."""
+
+    prompt_hash: np.ndarray
+    """Prompt hashes (object array of str)."""
+
+    @property
+    def n(self) -> int:
+        """Number of decisions."""
+        return int(self.decision_id.shape[0])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __repr__(self) -> str:
+        labelled = int(np.count_nonzero(self.label >= 0))
+        return (
+            f"LogArrays(n={self.n}, members={sorted(self.member_scores)}, "
+            f"labelled={labelled}, fail_closed={int(np.count_nonzero(self.fail_closed))})"
+        )
+
+
+def log_arrays(joined: Joined) -> LogArrays:
+    """The joined rows as aligned arrays (see :class:`LogArrays`)."""
+    recs = [r for r, _ in joined]
+    n = len(recs)
+
+    def obj(values: Iterable[Any]) -> np.ndarray:
+        out = np.empty(n, dtype=object)
+        out[:] = list(values)
+        return out
+
+    def flt(values: Iterable[float | int | None]) -> np.ndarray:
+        return np.array(
+            [math.nan if v is None else float(v) for v in values], dtype=np.float64
+        ).reshape(n)
+
+    def names(get: Callable[[DecisionRecord], Any]) -> list[str]:
+        seen: dict[str, None] = {}
+        for r in recs:
+            seen.update(dict.fromkeys(get(r) or {}))
+        return list(seen)
+
+    def scores(get: Callable[[DecisionRecord], dict[str, float] | None]) -> dict[str, np.ndarray]:
+        return {k: flt((get(r) or {}).get(k, math.nan) for r in recs) for k in names(get)}
+
+    def flags() -> dict[str, np.ndarray]:
+        def code(r: DecisionRecord, k: str) -> int:
+            return -1 if r.cue_flags is None or k not in r.cue_flags else int(r.cue_flags[k])
+
+        return {
+            k: np.array([code(r, k) for r in recs], dtype=np.int8).reshape(n)
+            for k in names(lambda r: r.cue_flags)
+        }
+
+    review = [lab for _, lab in joined]
+    label_code = {"unsafe": 1, "safe": 0, None: -1}
+    return LogArrays(
+        decision_id=obj(r.decision_id for r in recs),
+        time=flt(r.time for r in recs),
+        batch_id=obj(r.batch_id for r in recs),
+        situation_id=obj(r.situation_id for r in recs),
+        request=obj(r.request for r in recs),
+        fused=flt(r.fused_score for r in recs),
+        policy_score=flt(r.policy_score for r in recs),
+        threshold=flt(r.threshold for r in recs),
+        member_scores=scores(lambda r: r.member_scores),
+        member_scores_gray=scores(lambda r: r.member_scores_gray),
+        member_scores_text=scores(lambda r: r.member_scores_text),
+        guard_label=np.array([r.label == "UNSAFE" for r in recs], dtype=np.int8).reshape(n),
+        label=np.array([label_code[lab[0]] for lab in review], dtype=np.int8).reshape(n),
+        contrast_id=obj(lab[1] for lab in review),
+        width=flt(r.width for r in recs),
+        height=flt(r.height for r in recs),
+        n_bytes=flt(r.n_bytes for r in recs),
+        image_format=obj(r.image_format for r in recs),
+        fail_closed=np.array([r.fail_closed for r in recs], dtype=bool).reshape(n),
+        policy=obj(r.policy for r in recs),
+        policy_kind=obj(r.policy_kind for r in recs),
+        policy_version=obj(r.policy_version for r in recs),
+        fusion_key=obj(r.fusion_key for r in recs),
+        cue_flags=flags(),
+        bundle_id=obj(r.bundle_id for r in recs),
+        prompt_hash=obj(r.prompt_hash for r in recs),
+    )
+
+
+_FLAT_KIND = {
+    "str": "str",
+    "opt_str": "str",
+    "label": "str",
+    "float": "float",
+    "opt_int": "int",
+    "int": "int",
+    "bool": "bool",
+}
+_PREFIX = {
+    "member_scores": "score",
+    "member_scores_gray": "score_gray",
+    "member_scores_text": "score_text",
+    "latency_ms": "latency_ms",
+    "cue_flags": "cue",
+}
+
+
+def export_columns(joined: Joined) -> list[tuple[str, str, list[Any]]]:
+    """Flat columns ``(name, kind, values)``; kind is str, float, int or bool.
+
+    One column per scalar field of :class:`DecisionRecord` (plus ``time_utc``), each dict
+    field expanded to ``score.<member>``, ``score_gray.<member>``, ``score_text.<member>``,
+    ``latency_ms.<stage>`` and ``cue.<cue>``, then the reviewer's ``review_*`` columns.
+    """
+    recs = [r for r, _ in joined]
+    cols: list[tuple[str, str, list[Any]]] = []
+    for f in dataclasses.fields(DecisionRecord):
+        codec = f.metadata["codec"]
+        if codec in _FLAT_KIND:
+            cols.append((f.name, _FLAT_KIND[codec], [getattr(r, f.name) for r in recs]))
+            if f.name == "time":
+                cols.append(("time_utc", "str", [r.time_utc for r in recs]))
+            continue
+        keys: dict[str, None] = {}
+        for r in recs:
+            keys.update(dict.fromkeys(getattr(r, f.name) or {}))
+        for k in keys:
+            values = [(getattr(r, f.name) or {}).get(k) for r in recs]
+            if codec == "flags":
+                cols.append((f"{_PREFIX[f.name]}.{k}", "bool", values))
+            else:
+                floats = [math.nan if v is None else float(v) for v in values]
+                cols.append((f"{_PREFIX[f.name]}.{k}", "float", floats))
+    for i, name, kind in (
+        (0, "review_label", "str"),
+        (1, "review_contrast_id", "str"),
+        (2, "review_reviewer", "str"),
+        (3, "review_time", "float"),
+    ):
+        values = [lab[i] for _, lab in joined]
+        if kind == "float":
+            values = [math.nan if v is None else float(v) for v in values]
+        cols.append((name, kind, values))
+    return cols
+
+
+def write_csv(joined: Joined, path: str | os.PathLike[str]) -> None:
+    """Write :func:`export_columns` as CSV: floats with ``repr`` (exact), NaN as ``nan``,
+    infinities as ``inf``/``-inf`` (``float()`` reads them all back); None is an empty cell."""
+    cols = export_columns(joined)
+    n = len(cols[0][2]) if cols else 0
+    with Path(path).open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow([name for name, _, _ in cols])
+        for i in range(n):
+            writer.writerow([_csv_cell(kind, values[i]) for _, kind, values in cols])
+
+
+def write_parquet(joined: Joined, path: str | os.PathLike[str], error: type[GuardError]) -> None:
+    """Write :func:`export_columns` as Parquet (needs pyarrow): scores float64 with NaN kept as
+    NaN, missing ints, strings and flags null; metadata ``spotstop.schema_version``."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise error(
+            "export_parquet needs pyarrow, which is not installed. Install it with "
+            "`pip install 'spotstop[parquet]'`, or use export_csv."
+        ) from exc
+    types = {"str": pa.string(), "float": pa.float64(), "int": pa.int64(), "bool": pa.bool_()}
+    arrays = []
+    names = []
+    for name, kind, values in export_columns(joined):
+        if kind == "float":
+            arrays.append(pa.array(np.asarray(values, dtype=np.float64), type=types[kind]))
+        else:
+            arrays.append(pa.array(values, type=types[kind]))
+        names.append(name)
+    table = pa.Table.from_arrays(arrays, names=names)
+    table = table.replace_schema_metadata(
+        {"spotstop.schema_version": str(SCHEMA_VERSION), "spotstop.table": "decisions"}
+    )
+    pq.write_table(table, str(path))
+
+
+def _csv_cell(kind: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if kind == "float":
+        return repr(float(value))
+    if kind == "bool":
+        return "true" if value else "false"
+    return str(value)

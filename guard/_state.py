@@ -1,0 +1,93 @@
+"""The live state of the active policy (the situation windows), owned by the guard.
+
+Policies are pure: they read a state and return the next one. The guard keeps the current
+value here and persists it after every batch, atomically, to
+``<state_dir>/state-<policy version id>.json`` — one file per policy version, so a refit
+never reads windows made on another fusion scale, and re-activating a version resumes its
+windows. A fresh file starts from the policy file's ``state_seed`` (fitted from the log by
+``calibrate``), or empty. Loading a policy never touches these files; only the guard does.
+
+One process should own a state folder: two guards writing the same file overwrite each
+other's windows (decisions stay correct, the references of the loser are lost).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from spotstop.guard.policies import LoadContext, Policy, PolicyConfig, PolicyError
+from spotstop.guard.policies._config import atomic_write_text
+
+__all__ = ["StateStore"]
+
+_FORMAT = 1
+
+
+def _no_fallback(d: Any, where: str) -> Policy:
+    raise PolicyError(f"{where}: a state file holds no policy.")
+
+
+class StateStore:
+    """The current state of one policy version, with its file (None: memory only)."""
+
+    def __init__(self, cfg: PolicyConfig, folder: str | Path | None) -> None:
+        self.cfg = cfg
+        self._lock = threading.Lock()
+        self.path: Path | None = None
+        if cfg.policy.stateful and folder is not None:
+            self.path = Path(folder) / f"state-{cfg.version_id}.json"
+        self._state = (
+            self._load() if self.path is not None and self.path.exists() else cfg.initial_state()
+        )
+
+    @property
+    def state(self) -> Any:
+        """The state before the next batch (None for a stateless policy)."""
+        with self._lock:
+            return self._state
+
+    def commit(self, state: Any) -> None:
+        """Make ``state`` current and write it (atomically) when the policy keeps state."""
+        if not self.cfg.policy.stateful:
+            return
+        with self._lock:
+            self._state = state
+            if self.path is None:
+                return
+            doc = {
+                "format": _FORMAT,
+                "policy_version": self.cfg.version_id,
+                "fusion_key": self.cfg.fusion_key,
+                "kind": self.cfg.kind,
+                "state": self.cfg.policy.seed_to_dict(state),
+            }
+            atomic_write_text(self.path, json.dumps(doc, allow_nan=False, indent=1))
+
+    def _load(self) -> Any:
+        assert self.path is not None  # only called with a path
+        where = f"state file {str(self.path)!r}"
+        fix = (
+            "Delete it to start again from the policy's state_seed (situations fall back "
+            "until their windows refill)."
+        )
+        try:
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PolicyError(f"{where} could not be read as JSON: {e}. {fix}") from e
+        if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
+            raise PolicyError(f"{where} is not a spotstop state file of format {_FORMAT}. {fix}")
+        if doc.get("policy_version") != self.cfg.version_id:
+            raise PolicyError(
+                f"{where} belongs to policy {doc.get('policy_version')!r}, not "
+                f"{self.cfg.version_id!r} (another fit: its scores are on another scale). {fix}"
+            )
+        ctx = LoadContext(
+            source=where,
+            where="state",
+            members=self.cfg.fusion.members,
+            parse_fallback=_no_fallback,
+        )
+        return self.cfg.policy.initial_state(self.cfg.policy.seed_from_dict(doc.get("state"), ctx))

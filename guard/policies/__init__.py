@@ -1,0 +1,108 @@
+"""Threshold policies: a registry of kinds, one decision rule, the conformal rank, ``policy.yaml``.
+
+* :mod:`._rule` — THE rule: UNSAFE when ``score ≥ threshold`` (ties and NaN UNSAFE).
+* :mod:`._conformal_rule` — the conformal rank (marginal and PAC) and the one-case-per-
+  situation reduction: :func:`conformal_cut`.
+* :mod:`._registry` — the kinds by name (:data:`POLICY_KINDS`): ``direct``, ``frozen``,
+  ``conformal``, ``batch`` (the paper's rule), ``batch_frozen_iqr``, ``situation``; one
+  module each, all deriving from :class:`Policy`.
+* :mod:`._decide` — :func:`batch_inputs`, :func:`decide_batch`, :func:`replay`.
+* :mod:`._config` — :class:`PolicyConfig`, :func:`load_policy`, :func:`dump_policy`.
+
+The runtime, ``calibrate``, ``diagnostics``, the sidecar and the CLI all call these; none
+keeps a copy of a rule.
+"""
+
+from spotstop.guard.policies._base import (
+    BatchInputs,
+    DecisionError,
+    FitContext,
+    LoadContext,
+    NotFittedError,
+    Policy,
+    PolicyError,
+    PolicyMismatchError,
+    SituationWindows,
+    Thresholds,
+    Verdict,
+)
+from spotstop.guard.policies._batch import BatchPolicy
+from spotstop.guard.policies._batch_frozen_iqr import BatchFrozenIqrPolicy
+from spotstop.guard.policies._config import (
+    POLICY_SCHEMA_VERSION,
+    PolicyConfig,
+    check_policy_matches,
+    dump_policy,
+    fusion_key,
+    load_policy,
+)
+from spotstop.guard.policies._conformal import ConformalPolicy
+from spotstop.guard.policies._conformal_rule import (
+    ConformalFit,
+    CutChoice,
+    binom_cdf,
+    conformal_cut,
+    conformal_min_n,
+    conformal_pac_min_n,
+    conformal_pac_rank,
+    conformal_rank,
+    one_per_situation,
+)
+from spotstop.guard.policies._decide import Decided, batch_inputs, decide_batch, replay
+from spotstop.guard.policies._direct import DirectPolicy
+from spotstop.guard.policies._frozen import FrozenPolicy
+from spotstop.guard.policies._registry import (
+    POLICY_KINDS,
+    policy_class,
+    policy_from_dict,
+    policy_kinds,
+)
+from spotstop.guard.policies._rule import Label, is_unsafe, label_of, unsafe_mask
+from spotstop.guard.policies._situation import SituationPolicy
+
+__all__ = [
+    "POLICY_KINDS",
+    "POLICY_SCHEMA_VERSION",
+    "BatchFrozenIqrPolicy",
+    "BatchInputs",
+    "BatchPolicy",
+    "ConformalFit",
+    "ConformalPolicy",
+    "CutChoice",
+    "Decided",
+    "DecisionError",
+    "DirectPolicy",
+    "FitContext",
+    "FrozenPolicy",
+    "Label",
+    "LoadContext",
+    "NotFittedError",
+    "Policy",
+    "PolicyConfig",
+    "PolicyError",
+    "PolicyMismatchError",
+    "SituationPolicy",
+    "SituationWindows",
+    "Thresholds",
+    "Verdict",
+    "batch_inputs",
+    "binom_cdf",
+    "check_policy_matches",
+    "conformal_cut",
+    "conformal_min_n",
+    "conformal_pac_min_n",
+    "conformal_pac_rank",
+    "conformal_rank",
+    "decide_batch",
+    "dump_policy",
+    "fusion_key",
+    "is_unsafe",
+    "label_of",
+    "load_policy",
+    "one_per_situation",
+    "policy_class",
+    "policy_from_dict",
+    "policy_kinds",
+    "replay",
+    "unsafe_mask",
+]

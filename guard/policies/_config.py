@@ -1,0 +1,315 @@
+"""``policy.yaml``: the fusion, the threshold policy, its fitted starting state, provenance.
+
+Format (``version: 2``)::
+
+    version: 2
+    bundle_id: tiny-demo-1a2b3c4d      # the bundle and prompt it was fitted for
+    prompt_hash: 9f8e7d6c5b4a
+    created: '2026-11-30T12:00:00+00:00'
+    fusion: {method: avg2, members: [...], stats: {m: {median, iqr}}, weights: {m: w}}
+    policy: {kind: situation, window: 8, min_refs: 3, fallback: {kind: frozen, threshold: 0.1}}
+    state_seed: {situations: {kitchen-1: [0.3, -0.2]}}   # optional; stateful kinds only
+    fitted_on: {...}                                    # provenance, free-form
+
+Loading validates every key and names it in the message; a policy never opens a live state
+file (the guard owns live state, starting from ``state_seed``). A policy is identified in the
+decision log by :attr:`PolicyConfig.version_id` and its fusion by :attr:`PolicyConfig.fusion_key`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from spotstop.guard._fusion import (
+    Avg2Fusion,
+    FusionError,
+    _check_keys,
+    _check_mapping,
+    _fusion_from_dict,
+)
+from spotstop.guard.policies._base import (
+    LoadContext,
+    Policy,
+    PolicyError,
+    PolicyMismatchError,
+    _is_int,
+)
+from spotstop.guard.policies._decide import Decided, batch_inputs, decide_batch
+from spotstop.guard.policies._registry import policy_from_dict
+
+__all__ = [
+    "POLICY_SCHEMA_VERSION",
+    "PolicyConfig",
+    "atomic_write_text",
+    "check_policy_matches",
+    "dump_policy",
+    "fusion_key",
+    "load_policy",
+]
+
+POLICY_SCHEMA_VERSION = 2
+"""The ``version`` that ``policy.yaml`` files must carry."""
+
+_TOP_REQUIRED = ("version", "bundle_id", "prompt_hash", "created", "fusion", "policy", "fitted_on")
+_TOP_OPTIONAL = ("state_seed",)
+
+
+def _canonical(x: Any) -> bytes:
+    return json.dumps(
+        x, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+    ).encode()
+
+
+def fusion_key(fusion: Avg2Fusion) -> str:
+    """A fingerprint of the fusion statistics (16 hex digits of a sha256 of its YAML section)."""
+    return hashlib.sha256(_canonical(fusion.to_dict())).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The contents of ``policy.yaml``.
+
+    bundle_id / prompt_hash: the bundle and prompt the policy was fitted for (see
+        :func:`check_policy_matches`). fusion: the Avg-2 fusion (reference statistics, weights).
+    policy: the threshold policy. fitted_on: provenance (free-form; ``version`` holds the
+        version number when it was stored with ``calibrate``). created: when, timezone-aware.
+    state_seed: the fitted starting state of a stateful policy (None: start empty).
+    """
+
+    bundle_id: str
+    prompt_hash: str
+    fusion: Avg2Fusion
+    policy: Policy
+    fitted_on: Mapping[str, Any]
+    created: datetime
+    state_seed: Any = None
+    version: int = field(default=POLICY_SCHEMA_VERSION)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict in the order of ``policy.yaml``."""
+        d: dict[str, Any] = {
+            "version": self.version,
+            "bundle_id": self.bundle_id,
+            "prompt_hash": self.prompt_hash,
+            "created": self.created.isoformat(),
+            "fusion": self.fusion.to_dict(),
+            "policy": self.policy.to_dict(),
+        }
+        if self.state_seed is not None:
+            d["state_seed"] = self.policy.seed_to_dict(self.state_seed)
+        d["fitted_on"] = _plain(self.fitted_on)
+        return d
+
+    @property
+    def digest(self) -> str:
+        """sha256 (hex) of the canonical JSON of :meth:`to_dict`: the policy's identity."""
+        return hashlib.sha256(_canonical(self.to_dict())).hexdigest()
+
+    @property
+    def version_id(self) -> str:
+        """``"v0002+3f9a1c2b"``: the stored version number (``adhoc`` when none) + digest prefix."""
+        n = self.fitted_on.get("version")
+        name = f"v{n:04d}" if _is_int(n) else "adhoc"
+        return f"{name}+{self.digest[:8]}"
+
+    @property
+    def fusion_key(self) -> str:
+        """Fingerprint of the fusion statistics, see :func:`fusion_key`."""
+        return fusion_key(self.fusion)
+
+    @property
+    def kind(self) -> str:
+        """The configured policy kind."""
+        return self.policy.kind
+
+    def initial_state(self) -> Any:
+        """The policy's state before its first batch: from ``state_seed``, or empty."""
+        return self.policy.initial_state(self.state_seed) if self.policy.stateful else None
+
+    def variants_needed(self) -> tuple[str, ...]:
+        """Scoring passes besides the scene that this policy reads."""
+        return self.policy.variants_needed()
+
+    def decide(
+        self,
+        member_scores: Mapping[str, Any],
+        situation_ids: Sequence[str | None] | None = None,
+        *,
+        state: Any = None,
+        members_text: Mapping[str, Any] | None = None,
+    ) -> Decided:
+        """Fuse a batch with this file's fusion and label it with its policy (one batch)."""
+        x = batch_inputs(self.fusion, member_scores, situation_ids, members_text)
+        return decide_batch(self.policy, x, state)
+
+    def __repr__(self) -> str:
+        return (
+            f"PolicyConfig({self.version_id}, kind={self.kind}, bundle={self.bundle_id}, "
+            f"fusion_key={self.fusion_key})"
+        )
+
+
+def load_policy(
+    source: str | os.PathLike[str] | Mapping[str, Any], *, where: str | None = None
+) -> PolicyConfig:
+    """Load and validate ``policy.yaml`` (a path) or its parsed dict.
+
+    where: how to name the source in messages ("Set it in <where>"); defaults to the path,
+    or ``"the policy dict"``. Every key is checked; a message names its key path
+    (``policy.alpha``), what is allowed, what came, and where to fix it. Unknown keys are
+    errors, with a suggestion. Raises :class:`PolicyError` (``FileNotFoundError`` for a
+    missing file). Reads nothing but the file itself.
+    """
+    if isinstance(source, Mapping):
+        doc: Any = source
+        src = where or "the policy dict"
+    else:
+        path = Path(source)
+        src = where or str(path)
+        text = path.read_text(encoding="utf-8")
+        try:
+            doc = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+        except yaml.YAMLError as e:
+            raise PolicyError(f"{src} is not valid YAML: {e}") from e
+        except PolicyError as e:  # a duplicate key
+            raise PolicyError(f"{src}: {e}") from e
+
+    _check_mapping(doc, where="", source=src, error=PolicyError)
+    _check_keys(
+        doc, where="", required=_TOP_REQUIRED, optional=_TOP_OPTIONAL, source=src, error=PolicyError
+    )
+    version = doc["version"]
+    if not _is_int(version) or version != POLICY_SCHEMA_VERSION:
+        raise PolicyError(
+            f"version must be {POLICY_SCHEMA_VERSION}; got {version!r}. This spotstop reads "
+            f"policy files of version {POLICY_SCHEMA_VERSION}; refit {src} with `spotstop "
+            "policy init` (unlabelled frames) or `spotstop recalibrate` (the decision log)."
+        )
+    for key in ("bundle_id", "prompt_hash"):
+        if not isinstance(doc[key], str) or not doc[key].strip():
+            raise PolicyError(
+                f"{key} must be a non-empty string; got {doc[key]!r}. Set it in {src} to the "
+                "value in the bundle's manifest.yaml."
+            )
+    created = _check_created(doc["created"], src)
+    try:
+        fusion = _fusion_from_dict(doc["fusion"], where="fusion", source=src, error=PolicyError)
+    except FusionError as e:  # from the constructor; the dict was validated before
+        raise PolicyError(f"fusion: {e} Fix it in {src}.") from e
+    fitted_on = doc["fitted_on"]
+    _check_mapping(fitted_on, where="fitted_on", source=src, error=PolicyError)
+    policy = policy_from_dict(doc["policy"], where="policy", source=src, members=fusion.members)
+    seed = None
+    if doc.get("state_seed") is not None:
+        ctx = LoadContext(
+            source=src, where="state_seed", members=fusion.members, parse_fallback=_no_fallback
+        )
+        seed = policy.seed_from_dict(doc["state_seed"], ctx)
+    return PolicyConfig(
+        bundle_id=doc["bundle_id"],
+        prompt_hash=doc["prompt_hash"],
+        fusion=fusion,
+        policy=policy,
+        fitted_on=dict(fitted_on),
+        created=created,
+        state_seed=seed,
+        version=int(version),
+    )
+
+
+def _no_fallback(d: Any, where: str) -> Policy:
+    raise PolicyError(f"{where}: a state seed holds no policy.")
+
+
+def dump_policy(cfg: PolicyConfig, path: str | os.PathLike[str]) -> None:
+    """Write ``cfg`` as YAML to ``path`` atomically (temp file + ``os.replace``)."""
+    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
+    atomic_write_text(Path(path), text)
+
+
+def check_policy_matches(cfg: PolicyConfig, bundle_id: str, prompt_hash: str) -> None:
+    """Raise :class:`PolicyMismatchError` unless the policy was fitted for this bundle and prompt."""
+    wrong = []
+    if cfg.bundle_id != bundle_id:
+        wrong.append(f"bundle_id {cfg.bundle_id!r} but the bundle is {bundle_id!r}")
+    if cfg.prompt_hash != prompt_hash:
+        wrong.append(f"prompt_hash {cfg.prompt_hash!r} but the bundle's prompt is {prompt_hash!r}")
+    if wrong:
+        raise PolicyMismatchError(
+            "policy.yaml was fitted for another bundle or prompt: it has "
+            + "; and ".join(wrong)
+            + ". Its fusion statistics and threshold do not carry over; refit the policy "
+            "for this bundle with `calibrate`, or load the bundle it was made for."
+        )
+
+
+def _check_created(x: Any, source: str) -> datetime:
+    value = x
+    if isinstance(x, str):
+        try:
+            value = datetime.fromisoformat(x)
+        except ValueError:
+            value = None
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise PolicyError(
+            "created must be an ISO 8601 time with a UTC offset, e.g. "
+            f"'2026-05-01T12:00:00+00:00'; got {x!r}. Set it in {source}."
+        )
+    return value
+
+
+def _plain(x: Any) -> Any:
+    """Mappings and sequences as plain dicts and lists, for ``yaml.safe_dump``."""
+    if isinstance(x, Mapping):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain(v) for v in x]
+    return x
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+
+def _construct_mapping_no_dupes(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise PolicyError(
+                f"duplicate key {key!r} at line {key_node.start_mark.line + 1}; each key may "
+                "appear once. Remove one of them."
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping_no_dupes
+)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temp file in the same folder, fsync, then ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

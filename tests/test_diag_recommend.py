@@ -1,0 +1,34 @@
+"""Which policy fits a deployment, from the diagnostics (the card's verdict uses it)."""
+
+from __future__ import annotations
+
+from spotstop.diagnostics import recommend_policy
+
+
+def test_recommendation_follows_the_diagnostics():
+    from spotstop.diagnostics import simulate_log
+
+    # strong situation offsets and contrasts: recentering gains; enough unsafe: conformal
+    table = simulate_log(150, situation_sd=0.8, rng=1)
+    rec = recommend_policy(
+        table, frozen_cut=0.0, conformal_feasible=True, conformal_needed=22,
+        n_unsafe_situations=150, repeat_share=0.8, n_resamples=60, rng=0,
+    )  # fmt: skip
+    assert rec.policy == "conformal" and any("situation" in a for a in rec.alternatives)
+    rec2 = recommend_policy(
+        table, frozen_cut=0.0, conformal_feasible=False, conformal_needed=22,
+        n_unsafe_situations=5, repeat_share=0.8, n_resamples=60, rng=0,
+    )  # fmt: skip
+    assert rec2.policy == "situation" and rec2.evidence["situation_ba_gain_low"] > 0
+    assert any("17 more" in r for r in rec2.reasons)
+    rec3 = recommend_policy(
+        table, frozen_cut=0.0, conformal_feasible=False, conformal_needed=22,
+        n_unsafe_situations=5, repeat_share=0.1, n_resamples=60, rng=0,
+    )  # fmt: skip
+    assert rec3.policy == "frozen"
+    assert any("prevalence" in r for r in rec3.reasons)
+    assert rec3.to_dict()["evidence"]["batch_tpr_all_unsafe"] < 0.8
+    rec4 = recommend_policy(
+        None, frozen_cut=0.0, conformal_feasible=False, conformal_needed=22, n_unsafe_situations=0
+    )
+    assert rec4.policy == "frozen" and "could not run" in rec4.reasons[0]
