@@ -129,6 +129,15 @@ class Card:
     provenance: Mapping[str, Any]
     displays: Mapping[str, Any] = field(repr=False, default_factory=dict)
 
+    def summary(self) -> str:
+        """One line: ``R - A`` and its three parts, in points."""
+        f = self.fields
+        return (
+            f"R − A = {100 * f['R_minus_A'].value:.1f} points (threshold "
+            f"{100 * f['threshold_part'].value:.1f}, overlap {100 * f['overlap_part'].value:.1f}, "
+            f"within {100 * f['within_part'].value:.1f})"
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The JSON document of ``card.json``."""
         return {

@@ -1,128 +1,168 @@
 """``spotstop card``: write the deployment card from a decision log, a scores CSV or a demo.
 
-``spotstop card LOG [--labels F]`` reads the guard's decision log (see
-:mod:`spotstop.diagnostics._from_log`); the CLI entry point calls :func:`card_main`.
+:func:`add_card_parser` adds the ``card`` parser to the composition root's subparsers and sets
+``func=run_card``; :func:`run_card` runs it (0 done; 2 bad input, with one line on stderr).
+:func:`card_main` parses an argument list on its own and calls :func:`run_card`. Nothing
+heavy is imported until the command runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
-from spotstop.diagnostics._errors import DiagnosticsError
+__all__ = ["add_card_parser", "card_main", "run_card"]
 
-__all__ = ["card_main"]
+_SUMMARY = "write the per-deployment card (verdict, what the guard delivers, Spot-Stop, checks)"
+
+_DESCRIPTION = (
+    "Write a deployment card: a verdict of three to five sentences, what the deployed policy "
+    "delivered (from the log's own labels, per policy version), the conformal audit of the "
+    "deployed cut, the Spot-Stop decomposition with group-bootstrap intervals, prevalence, "
+    "situation share, scene-blind readers and, with --cues, text in the scene."
+)
 
 _EPILOG = """\
 Exactly one input: LOG (the guard's decision-log SQLite file), --scores CSV or --demo.
-From LOG the cases are the labelled decisions that did not fail closed and have a finite
-fused score (the others are counted in the card's provenance). Labels come from the log's
-labels table, or from --labels F (CSV or JSONL keyed by decision_id or image_sha256, with
-columns label [safe/unsafe or 0/1], optional contrast_id and situation_id), which override
-the table's. With LOG the policy cut defaults to the median logged threshold.
+
+From LOG:
+  * delivered_* are the guard's own logged answers against the reviewer labels, over the
+    labelled decisions that did not fail closed, overall and per policy version;
+  * the Spot-Stop fields use the logged fused score S of the deciding policy, in the paper's
+    convention (S > cut is the answer UNSAFE); the cut is the deployed constant threshold when
+    every labelled decision was decided by one frozen/conformal cut, else 0 on S (see the
+    card's settings.direct_cut_source); they are diagnostics, not what the guard delivered;
+  * the conformal audit checks each conformal policy version in the log on the labelled
+    unsafe decisions made after it was created (one case per situation);
+  * gray and request-only scores are fused with the deciding policy's own fusion.
+Labels come from the log's labels table, or from --labels F (CSV or JSONL keyed by
+decision_id or image_sha256, with columns label [safe/unsafe or 0/1], optional contrast_id
+and situation_id), which override the table's.
 
 The scores CSV needs the columns case_id,label,score,contrast_id,situation_id
 (label: safe/unsafe or 0/1; contrast_id and situation_id may be empty). Optional columns:
 score_<member>, score_gray, score_text, width, height, bytes, jpeg_quality, format, request.
+A scores CSV or the demo has no deployed policy: the card says so and has no delivered_*.
 
-Writes OUT/card.json (every number as {"value","ci":[low,high],"n"}), OUT/card.md and a
-self-contained OUT/card.html.
+--previous CARD_JSON compares with an earlier card of the same bundle (refused for another
+bundle). --cues DIR reads reliance.json, shift.json and select.json (any subset) written by
+`spotstop reliance`, `spotstop shift` or `spotstop select` for the card's "Text in the scene".
+
+Writes OUT/card.json (every number as {"value","ci":[low,high],"n"}, the verdict as a list of
+{status, topic, sentence}), OUT/card.md and a self-contained OUT/card.html.
 
 examples:
   spotstop card decisions.sqlite --labels labels.csv --out card/
+  spotstop card decisions.sqlite --previous old_card/card.json --cues cues/ --out card/
   spotstop card --demo --out card/ --n-boot 2000
   spotstop card --scores scores.csv --out card/ --seed 7
 """
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="spotstop card",
-        description="Write a deployment card: what the guard's label measures on these cases "
-        "(Spot-Stop decomposition with group-bootstrap intervals, prevalence, situation share, "
-        "scene-blind readers, conformal audit).",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("log", nargs="?", metavar="LOG", help="the guard's decision log (SQLite)")
+    p.add_argument("--scores", metavar="CSV", help="scores CSV instead of a log (see below)")
+    p.add_argument("--demo", action="store_true", help="use a simulated log of 600 contrasts")
     p.add_argument("--labels", metavar="F",
                    help="labels file (CSV or JSONL) for LOG; overrides the log's labels")  # fmt: skip
-    p.add_argument("--scores", metavar="CSV", help="scores CSV (see below)")
-    p.add_argument("--demo", action="store_true", help="use a simulated log of 600 contrasts")
+    p.add_argument("--previous", metavar="CARD_JSON",
+                   help="an earlier card.json of the same bundle: the verdict says what changed")  # fmt: skip
+    p.add_argument("--cues", metavar="DIR",
+                   help="folder with reliance.json / shift.json / select.json (any subset)")  # fmt: skip
+    p.add_argument("--direct-cut", type=float, default=None, metavar="T",
+                   help="cut of the paper's direct answer (S > T is UNSAFE) for the Spot-Stop "
+                   "fields (default: the deployed constant cut, else 0)")  # fmt: skip
     p.add_argument("--out", metavar="DIR", required=True, help="output folder (created if needed)")
     p.add_argument("--n-boot", type=int, default=10_000, metavar="N",
                    help="group-bootstrap draws (default: 10000)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default: 0)")
-    p.add_argument("--policy-cut", type=float, default=None, metavar="T",
-                   help="direct cut: score > T is UNSAFE (default: the median logged "
-                   "threshold with LOG, else 0)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+
+
+def add_card_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``spotstop card`` to ``subparsers`` (``func=run_card``) and return its parser."""
+    p = subparsers.add_parser(
+        "card",
+        help=_SUMMARY,
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=_formatter,
+    )
+    _add_arguments(p)
+    p.set_defaults(func=run_card)
     return p
 
 
-def card_main(argv: list[str] | None = None) -> int:
-    """Run ``spotstop card``; returns the exit status (0 ok, 2 bad input)."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spotstop card",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=_formatter,
+    )
+    _add_arguments(p)
+    return p
+
+
+class _BadInput(Exception):
+    """A bad argument found before any work (exit 2)."""
+
+
+def _check_args(args: argparse.Namespace) -> None:
     n_src = (args.log is not None) + (args.scores is not None) + bool(args.demo)
     if n_src != 1:
-        parser.error("give exactly one input: LOG, --scores CSV or --demo.")
+        raise _BadInput("give exactly one input: LOG, --scores CSV or --demo.")
     if args.labels is not None and args.log is None:
-        parser.error("--labels goes with a decision LOG; a scores CSV carries its own labels.")
-    import numpy as np
-    from spotstop.diagnostics._card import write_card
-    from spotstop.diagnostics._data import read_scores_csv
-    from spotstop.diagnostics._from_log import log_cases
-    from spotstop.diagnostics._simulate import simulate_log
-
+        raise _BadInput("--labels goes with a decision LOG; a scores CSV carries its own labels.")
     if args.n_boot < 1:
-        print(f"spotstop card: --n-boot must be >= 1; got {args.n_boot}.", file=sys.stderr)
-        return 2
-    rng = np.random.default_rng(args.seed)
-    policy_cut = 0.0 if args.policy_cut is None else args.policy_cut
-    cut_source = "default 0" if args.policy_cut is None else "--policy-cut"
-    extra: dict[str, Any] = {}
+        raise _BadInput(f"--n-boot must be >= 1; got {args.n_boot}.")
+    if args.seed < 0:
+        raise _BadInput(f"--seed must be >= 0; got {args.seed}.")
+    if args.previous is not None and not Path(args.previous).is_file():
+        raise _BadInput(f"--previous {args.previous!r} is not a file; pass an earlier card.json.")
+    if args.cues is not None and not Path(args.cues).is_dir():
+        raise _BadInput(
+            f"--cues {args.cues!r} is not a folder; pass the --out folder of `spotstop "
+            "reliance`, `shift` or `select`."
+        )
+
+
+def run_card(args: argparse.Namespace) -> int:
+    """Run ``spotstop card`` from parsed arguments; returns the exit status."""
+    from spotstop.diagnostics._errors import DiagnosticsError
+
     try:
-        if args.demo:
-            table = simulate_log(600, rng=rng, size_leak=0.3)
-            source = "demo: simulate_log(600, size_leak=0.3)"
-        elif args.log is not None:
-            cases = log_cases(args.log, labels=args.labels)
-            table, source = cases.table, f"decision log: {args.log}"
-            extra["log"] = cases.provenance
-            median = cases.provenance["thresholds"]["median"]
-            if args.policy_cut is None and median is not None:
-                policy_cut = float(median)
-                cut_source = "median logged threshold"
-            elif args.policy_cut is None:
-                cut_source = "default 0 (no finite threshold logged)"
-        else:
-            table = read_scores_csv(args.scores)
-            source = args.scores
-        card = write_card(
-            table,
-            args.out,
-            policy_cut=policy_cut,
+        _check_args(args)
+        from spotstop.diagnostics._build import card_from_inputs
+
+        card = card_from_inputs(
+            log=args.log,
+            scores=args.scores,
+            demo=bool(args.demo),
+            labels=args.labels,
+            previous=args.previous,
+            cues=args.cues,
+            direct_cut=args.direct_cut,
+            out=args.out,
             n_boot=args.n_boot,
-            rng=rng,
-            provenance={
-                "source": source,
-                "seed": args.seed,
-                "policy_cut": policy_cut,
-                "policy_cut_source": cut_source,
-                **extra,
-            },
+            seed=args.seed,
             progress=not args.quiet,
         )
-    except DiagnosticsError as exc:
+    except (_BadInput, DiagnosticsError) as exc:
         print(f"spotstop card: {exc}", file=sys.stderr)
         return 2
     if not args.quiet:
-        f = card.fields
-        print(
-            f"wrote {args.out}/card.{{json,md,html}}: R − A = {100 * f['R_minus_A'].value:.1f} "
-            f"points (threshold {100 * f['threshold_part'].value:.1f}, overlap "
-            f"{100 * f['overlap_part'].value:.1f}, within {100 * f['within_part'].value:.1f})"
-        )
+        print(card.summary())
+        print(f"wrote {args.out}/card.{{json,md,html}}")
     return 0
+
+
+def card_main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` as ``spotstop card`` would and run it; returns the exit status."""
+    return run_card(_parser().parse_args(argv))

@@ -89,5 +89,6 @@ def test_cli_demo_and_errors(tmp_path, capsys):
     bad.write_text("case_id,label,score,contrast_id,situation_id\na,oops,1,c,s\n")
     assert card_main(["--scores", str(bad), "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert "row 1 (line 2), column 'label'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        card_main(["--out", str(tmp_path)])  # neither --scores nor --demo
+    assert card_main(["--out", str(tmp_path)]) == 2  # neither --scores nor --demo
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exactly one input" in err
