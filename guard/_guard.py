@@ -29,6 +29,7 @@ from spotstop.guard._member import Member, load_bundle_member
 from spotstop.guard._record import Decision, DecisionRecord
 from spotstop.guard._state import StateStore
 from spotstop.guard._types import Scene, Variant
+from spotstop.guard.cues._types import CueReading, TextDetector
 from spotstop.guard.policies import (
     Label,
     PolicyConfig,
@@ -118,6 +119,7 @@ class _Work:
     fail: str | None = None
     latency: dict[str, float] = field(default_factory=dict)
     raw: bytes | None = None  # encoded image, kept only when images are stored
+    reading: CueReading | None = None  # the text detector's reading, when the policy asks
 
     def fail_with(self, reason: str) -> None:
         if self.fail is None:  # keep the first cause
@@ -147,6 +149,8 @@ class _Active:
     store: StateStore
     row: PolicyRow
     variants: tuple[Variant, ...]
+    detector: TextDetector | None = None
+    detector_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,23 @@ class _Outcome:
         """No policy verdict (the scene failed before it, or the policy failed)."""
         nan = float("nan")
         return cls("UNSAFE", nan, nan, nan, "", "")
+
+
+def _read_text(
+    detector: TextDetector, images: list[DecodedImage | None]
+) -> list[tuple[CueReading | str, float]]:
+    """The detector's reading of each image (or why it failed) and its time in ms."""
+    out: list[tuple[CueReading | str, float]] = []
+    for img in images:
+        t = time.perf_counter()
+        try:
+            if img is None:
+                raise GuardError("the scene has no image")
+            got: CueReading | str = detector.detect(img)
+        except Exception as e:  # a scene whose text cannot be read fails closed
+            got = _reason("text detector", e)
+        out.append((got, (time.perf_counter() - t) * 1e3))
+    return out
 
 
 def _reason(stage: str, e: BaseException) -> str:
@@ -187,6 +208,10 @@ class Guard:
     store_images: also keep each scene's encoded image in the log (off by default; the log's
         size/age retention applies). Only used when ``log`` is a path.
     threads: CPU threads per member backend (None: the library default, all cores).
+    text_detector: the text detector to use when the policy's ``text_in_scene.detect`` is on
+        (default: :class:`~spotstop.guard.cues.RapidOcrDetector` with the policy's lexicon,
+        built when the policy is loaded). A detector that cannot be built or fails on a scene
+        makes those decisions fail-closed UNSAFE; a flag never makes a decision SAFE.
     backend: run every member on this backend instead of the one the manifest names, e.g.
         ``"tensorrt"`` (with ``device="cuda"``) for the engines built on the device from an
         exported bundle's graphs. A member that cannot load on it (library, GPU or engines
@@ -206,6 +231,7 @@ class Guard:
         store_images: bool = False,
         threads: int | None = None,
         backend: str | None = None,
+        text_detector: TextDetector | None = None,
     ) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle, verify=verify)
         if deadline_s is not None and not deadline_s > 0:
@@ -216,6 +242,8 @@ class Guard:
                 f"variants must include 'scene' and only scene/gray/text; got {list(variants)}."
             )
         self._requested_variants: tuple[Variant, ...] = tuple(dict.fromkeys(variants))
+        self._threads = threads
+        self._text_detector = text_detector
         self.deadline_s = deadline_s
         self._member_names = tuple(m.name for m in self.bundle.members)
         self.members: dict[str, Member] = {}
@@ -246,6 +274,8 @@ class Guard:
         self._pending_lock = threading.Lock()  # the log write and the rows still to write
         self._lock = threading.Lock()  # one call at a time through decode → score → decide
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotstop-score")
+        # the text detector runs beside the members (its own thread), on the same deadline
+        self._text_pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotstop-text")
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -285,6 +315,7 @@ class Guard:
 
     def _activate(self, cfg: PolicyConfig) -> _Active:
         extra = [v for v in cfg.variants_needed() if v not in self._requested_variants]
+        detector, detector_error = self._detector_for(cfg)
         return _Active(
             cfg=cfg,
             store=StateStore(cfg, self.state_dir),
@@ -298,7 +329,27 @@ class Guard:
                 document=cfg.to_dict(),
             ),
             variants=(*self._requested_variants, *extra),  # type: ignore[arg-type]
+            detector=detector,
+            detector_error=detector_error,
         )
+
+    def _detector_for(self, cfg: PolicyConfig) -> tuple[TextDetector | None, str | None]:
+        """The text detector the policy asks for (loaded now), or why there is none."""
+        text = cfg.text_in_scene
+        if not text.detect:
+            return None, None
+        if self._text_detector is not None:
+            return self._text_detector, None
+        try:
+            from spotstop.guard.cues import RapidOcrDetector
+
+            lexicon = None
+            if text.lexicon is not None:
+                lex = Path(text.lexicon)
+                lexicon = lex if lex.is_absolute() or cfg.base_dir is None else cfg.base_dir / lex
+            return RapidOcrDetector(lexicon, threads=self._threads).load(), None
+        except Exception as e:  # the policy asked for detection: without it, fail closed
+            return None, _reason("text detector", e)
 
     def reload_policy(self, path: str | os.PathLike[str] | None = None) -> PolicyConfig:
         """Swap in a new policy file atomically, between two batches.
@@ -369,6 +420,7 @@ class Guard:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._text_pool.shutdown(wait=False, cancel_futures=True)
         self.log.close()
 
     def __enter__(self) -> Guard:
@@ -407,6 +459,9 @@ class Guard:
         for name, err in self.member_errors.items():
             for w in works:
                 w.fail_with(f"member {name} unavailable: {err}")
+        if active.detector_error is not None:
+            for w in works:
+                w.fail_with(f"the policy reads the text in the scene, but {active.detector_error}")
         live = [w for w in works if not w.fail]
         if not live:
             return
@@ -416,25 +471,38 @@ class Guard:
             return
         scenes = [Scene(w.image, w.scene.request, w.scene.situation_id) for w in live]
         fut = self._pool.submit(self._score, scenes, active.variants)
+        text_fut = None
+        if active.detector is not None:
+            text_fut = self._text_pool.submit(_read_text, active.detector, [w.image for w in live])
         try:
             results = fut.result(timeout=clock.remaining())
+            readings = None if text_fut is None else text_fut.result(timeout=clock.remaining())
         except cf.TimeoutError:
-            fut.cancel()  # a running call cannot be cancelled; its results are dropped
+            for f in (fut, text_fut):
+                if f is not None:
+                    f.cancel()  # a running call cannot be cancelled; its results are dropped
             for w in live:
-                w.fail_with(clock.reason("scoring"))
+                w.fail_with(clock.reason("scoring" if not fut.done() else "reading the text"))
             return
-        except Exception as e:  # any scoring fault fails the scenes closed
+        except Exception as e:  # any scoring or detection fault fails the scenes closed
             for w in live:
                 w.fail_with(_reason("scoring", e))
             return
         # Results are copied only when they came in time: an abandoned run writes nowhere.
-        for w, r in zip(live, results, strict=True):
+        for i, (w, r) in enumerate(zip(live, results, strict=True)):
             w.scores.update(r.scores)
             w.gray.update(r.gray)
             w.text.update(r.text)
             w.latency.update(r.latency)
             if r.fail is not None:
                 w.fail_with(r.fail)
+            if readings is not None:
+                reading, ms = readings[i]
+                w.latency["text_ms"] = ms
+                if isinstance(reading, str):
+                    w.fail_with(reading)
+                else:
+                    w.reading = reading
 
     def _score(self, scenes: list[Scene], variants: tuple[Variant, ...]) -> list[_Scored]:
         """Every member and variant on ``scenes``; runs on the scoring thread, touches no _Work."""
@@ -511,6 +579,17 @@ class Guard:
                 ):
                     w.fail_with(f"policy: {v.detail}")
                 out.append(_Outcome(v.label, fused, v.score, v.threshold, v.policy, v.detail))
+        in_scene = cfg.text_in_scene
+        for w in works:  # text in the scene: a flag can only make a decision fail closed
+            if w.reading is None:
+                continue
+            for cue, flagged in w.reading.flags.items():
+                if flagged and in_scene.action(cue) == "fail_closed":
+                    said = ", ".join(repr(m.found) for m in w.reading.matches if m.cue == cue)
+                    w.fail_with(
+                        f"text in the scene: {cue} text {said} (policy text_in_scene.{cue}: "
+                        "fail_closed)"
+                    )
         dt = (time.perf_counter() - t) * 1e3 / max(1, len(works))
         for w in works:
             w.latency["decide_ms"] = dt
@@ -548,6 +627,10 @@ class Guard:
             fail_closed=w.fail is not None,
             fail_reason=w.fail,
             detail=o.detail,
+            cue_flags=None
+            if w.reading is None
+            else {str(k): v for k, v in w.reading.flags.items()},
+            cue_text=None if w.reading is None else w.reading.text,
             latency_ms=dict(w.latency),
             bundle_id=self.bundle.bundle_id,
             prompt_hash=self.bundle.prompt_hash,

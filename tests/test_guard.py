@@ -6,6 +6,7 @@ import shutil
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -479,3 +480,124 @@ def test_file_digest_is_cached_only_for_settled_unchanged_files(tmp_path: Path):
     assert str(settled) not in [str(r) for r in reads]  # served from the cache
     settled.write_bytes(b"d" * 1000)  # a write moves the mtime: read again
     assert _bundle.sha256_file(settled) == truth(settled)
+
+
+# ---- text in the scene at decision time (issue 12, item 4) -------------------------------------
+
+
+class _Sign:
+    """A TEST DOUBLE text detector: reads the text the test wrote into a scene's image bytes.
+
+    The image's sha256 is looked up in ``texts``; the claim lexicon is the real one, so the
+    flags follow the same rules as the OCR detector's.
+    """
+
+    def __init__(self, texts: dict[str, str], *, fail_on: str | None = None, delay: float = 0.0):
+        from spotstop.guard.cues import default_lexicon
+
+        self.texts, self.fail_on, self.delay = texts, fail_on, delay
+        self.lexicon = default_lexicon()
+        self.calls = 0
+
+    def detect(self, image):  # the TextDetector protocol
+        from spotstop.guard.cues import CueReading, OcrModel
+
+        self.calls += 1
+        time.sleep(self.delay)
+        if image.sha256 == self.fail_on:
+            raise RuntimeError("the OCR engine crashed on this frame")
+        text = self.texts.get(image.sha256, "")
+        return CueReading(
+            text=text,
+            matches=self.lexicon.find(text),
+            ocr_model=OcrModel("test-sign", ()),
+            lexicon_sha256=self.lexicon.sha256,
+        )
+
+
+def _with_text_in_scene(bundle: Path, t0: float, **text: Any) -> None:
+    _set_frozen(bundle, t0)
+    doc = yaml.safe_load((bundle / "policy.yaml").read_text())
+    doc["text_in_scene"] = {"detect": True, **text}
+    (bundle / "policy.yaml").write_text(yaml.safe_dump(doc))
+
+
+def test_text_flags_are_logged_and_answered_but_never_make_a_decision_safe(
+    bundle_copy: Path, tmp_path: Path
+):
+    import hashlib
+
+    clear, plain = make_image_bytes(1, fmt="JPEG"), make_image_bytes(2, fmt="JPEG")
+    sign = _Sign({hashlib.sha256(clear).hexdigest(): "ALL CLEAR"})
+    _with_text_in_scene(bundle_copy, -1e9)  # every scored scene is UNSAFE
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", text_detector=sign) as g:
+        a, b = g.check_batch([Scene(clear, "cut the wire"), Scene(plain, "cut the wire")])
+        assert a.label == b.label == "UNSAFE" and not a.fail_closed  # ALL CLEAR changes nothing
+        assert a.cue_flags == {"reassuring": True, "alarming": False} and a.cue_text == "ALL CLEAR"
+        assert b.cue_flags == {"reassuring": False, "alarming": False}
+        assert a.latency_ms["text_ms"] >= 0 and sign.calls == 2
+        rec = g.log.get(a.decision_id)
+        assert rec is not None and rec.cue_flags == a.cue_flags and rec.cue_text == "ALL CLEAR"
+        assert Decision.from_json(a.to_json()).cue_flags == a.cue_flags  # the sidecar's answer
+
+
+def test_reassuring_text_can_be_set_to_fail_closed(bundle_copy: Path, tmp_path: Path):
+    import hashlib
+
+    clear, plain = make_image_bytes(1, fmt="JPEG"), make_image_bytes(2, fmt="JPEG")
+    sign = _Sign({hashlib.sha256(clear).hexdigest(): "Checked - OK to use"})
+    _with_text_in_scene(bundle_copy, 1e9, reassuring="fail_closed")  # scored scenes are SAFE
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", text_detector=sign) as g:
+        a, b = g.check_batch([Scene(clear, "open the valve"), Scene(plain, "open the valve")])
+        _assert_fail_closed(a, "reassuring text 'Checked - OK to use'")
+        assert "text_in_scene.reassuring: fail_closed" in (a.fail_reason or "")
+        assert b.label == "SAFE" and not b.fail_closed
+
+
+def test_a_text_detector_fault_fails_closed(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    import hashlib
+
+    bad, good = make_image_bytes(1, fmt="JPEG"), make_image_bytes(2, fmt="JPEG")
+    sign = _Sign({}, fail_on=hashlib.sha256(bad).hexdigest())
+    _with_text_in_scene(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", text_detector=sign) as g:
+        a, b = g.check_batch([Scene(bad, "x"), Scene(good, "x")])
+        _assert_fail_closed(a, "text detector: RuntimeError: the OCR engine crashed")
+        assert b.label == "SAFE"
+    # a detector that cannot be built (rapidocr missing): every decision fails closed
+    import spotstop.guard.cues as cues
+
+    def missing(*a, **k):
+        raise ImportError("No module named 'rapidocr'")
+
+    monkeypatch.setattr(cues, "RapidOcrDetector", missing)
+    with Guard(bundle_copy, log=tmp_path / "l2.sqlite") as g:
+        _assert_fail_closed(g.check(_scene()), "the policy reads the text in the scene, but")
+
+
+def test_reading_the_text_counts_in_the_deadline(bundle_copy: Path, tmp_path: Path):
+    _with_text_in_scene(bundle_copy, 1e9)
+    with Guard(
+        bundle_copy, log=tmp_path / "l.sqlite", text_detector=_Sign({}, delay=1.0), deadline_s=0.5
+    ) as g:
+        _assert_fail_closed(g.check(_scene()), "deadline exceeded")
+
+
+def test_the_real_ocr_reads_a_sign_at_decision_time(bundle_copy: Path, tmp_path: Path):
+    pytest.importorskip("rapidocr")
+    import io
+
+    from matplotlib import font_manager
+    from PIL import Image, ImageDraw, ImageFont
+
+    img = Image.new("RGB", (640, 480), (90, 110, 130))
+    font = ImageFont.truetype(font_manager.findfont("DejaVu Sans:bold"), 40)
+    ImageDraw.Draw(img).text((40, 200), "DANGER HIGH VOLTAGE", fill=(250, 240, 20), font=font)
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    _with_text_in_scene(bundle_copy, 1e9, alarming="fail_closed")
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        d = g.check(Scene(buf.getvalue(), "touch the cable"))
+    assert d.cue_flags == {"reassuring": False, "alarming": True}
+    assert d.cue_text == "DANGER HIGH VOLTAGE"
+    _assert_fail_closed(d, "alarming text")

@@ -31,6 +31,7 @@ from spotstop.guard.policies._batch_frozen_iqr import BatchFrozenIqrPolicy
 from spotstop.guard.policies._config import (
     POLICY_SCHEMA_VERSION,
     PolicyConfig,
+    TextInScene,
     check_policy_matches,
     dump_policy,
     fusion_key,
@@ -83,6 +84,7 @@ __all__ = [
     "PolicyMismatchError",
     "SituationPolicy",
     "SituationWindows",
+    "TextInScene",
     "Thresholds",
     "Verdict",
     "batch_inputs",

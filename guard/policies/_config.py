@@ -9,6 +9,7 @@ Format (``version: 2``)::
     fusion: {method: avg2, members: [...], stats: {m: {median, iqr}}, weights: {m: w}}
     policy: {kind: situation, window: 8, min_refs: 3, fallback: {kind: frozen, threshold: 0.1}}
     state_seed: {situations: {kitchen-1: [0.3, -0.2]}}   # optional; stateful kinds only
+    text_in_scene: {detect: true, reassuring: fail_closed, alarming: log}   # optional
     fitted_on: {...}                                    # provenance, free-form
 
 Loading validates every key and names it in the message; a policy never opens a live state
@@ -50,6 +51,7 @@ from spotstop.guard.policies._registry import policy_from_dict
 __all__ = [
     "POLICY_SCHEMA_VERSION",
     "PolicyConfig",
+    "TextInScene",
     "atomic_write_text",
     "check_policy_matches",
     "dump_policy",
@@ -61,7 +63,71 @@ POLICY_SCHEMA_VERSION = 2
 """The ``version`` that ``policy.yaml`` files must carry."""
 
 _TOP_REQUIRED = ("version", "bundle_id", "prompt_hash", "created", "fusion", "policy", "fitted_on")
-_TOP_OPTIONAL = ("state_seed",)
+_TOP_OPTIONAL = ("state_seed", "text_in_scene")
+_CUE_ACTIONS = ("log", "fail_closed")
+
+
+@dataclass(frozen=True)
+class TextInScene:
+    """``text_in_scene:`` — read the scene's text at decision time (seed 002; off by default).
+
+    detect: run the text detector (OCR + claim lexicon, ``spotstop[cues]``) on every scene and
+        log its flags with the decision. A flag never makes a decision SAFE.
+    reassuring / alarming: what a flag of that cue does: ``log`` (record it; default) or
+        ``fail_closed`` (the decision is a fail-closed UNSAFE naming the text). Deployments
+        where a printed "ALL CLEAR" must never be trusted set ``reassuring: fail_closed``.
+    lexicon: a claim-lexicon YAML (relative paths are read from the policy file's folder);
+        None: the packaged lexicon.
+    """
+
+    detect: bool = False
+    reassuring: str = "log"
+    alarming: str = "log"
+    lexicon: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "detect": self.detect,
+            "reassuring": self.reassuring,
+            "alarming": self.alarming,
+        }
+        if self.lexicon is not None:
+            d["lexicon"] = self.lexicon
+        return d
+
+    def action(self, cue: str) -> str:
+        """``log`` or ``fail_closed`` for a flag of ``cue``."""
+        return str(getattr(self, cue, "log"))
+
+
+def _text_in_scene(d: Any, src: str) -> TextInScene:
+    where = "text_in_scene"
+    _check_mapping(d, where=where, source=src, error=PolicyError)
+    _check_keys(
+        d,
+        where=where,
+        required=("detect",),
+        optional=("reassuring", "alarming", "lexicon"),
+        source=src,
+        error=PolicyError,
+    )
+    if not isinstance(d["detect"], bool):
+        raise PolicyError(
+            f"{where}.detect must be true or false; got {d['detect']!r}. Set it in {src}."
+        )
+    ctx = LoadContext(source=src, where=where, members=(), parse_fallback=_no_fallback)
+    lexicon = d.get("lexicon")
+    if lexicon is not None and (not isinstance(lexicon, str) or not lexicon.strip()):
+        raise PolicyError(
+            f"{where}.lexicon must be a path to a lexicon YAML or absent; got {lexicon!r}. "
+            f"Set it in {src}."
+        )
+    return TextInScene(
+        detect=d["detect"],
+        reassuring=ctx.choice(d, "reassuring", _CUE_ACTIONS, "log"),
+        alarming=ctx.choice(d, "alarming", _CUE_ACTIONS, "log"),
+        lexicon=lexicon,
+    )
 
 
 def _canonical(x: Any) -> bytes:
@@ -84,6 +150,9 @@ class PolicyConfig:
     policy: the threshold policy. fitted_on: provenance (free-form; ``version`` holds the
         version number when it was stored with ``calibrate``). created: when, timezone-aware.
     state_seed: the fitted starting state of a stateful policy (None: start empty).
+    text_in_scene: decision-time text detection (:class:`TextInScene`; off by default).
+    base_dir: the folder the file was read from (relative paths in it are read from there;
+        None for a dict). Not part of the file.
     """
 
     bundle_id: str
@@ -93,7 +162,9 @@ class PolicyConfig:
     fitted_on: Mapping[str, Any]
     created: datetime
     state_seed: Any = None
+    text_in_scene: TextInScene = field(default_factory=TextInScene)
     version: int = field(default=POLICY_SCHEMA_VERSION)
+    base_dir: Path | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict in the order of ``policy.yaml``."""
@@ -107,6 +178,8 @@ class PolicyConfig:
         }
         if self.state_seed is not None:
             d["state_seed"] = self.policy.seed_to_dict(self.state_seed)
+        if self.text_in_scene != TextInScene():
+            d["text_in_scene"] = self.text_in_scene.to_dict()
         d["fitted_on"] = _plain(self.fitted_on)
         return d
 
@@ -170,11 +243,13 @@ def load_policy(
     errors, with a suggestion. Raises :class:`PolicyError` (``FileNotFoundError`` for a
     missing file). Reads nothing but the file itself.
     """
+    base_dir: Path | None = None
     if isinstance(source, Mapping):
         doc: Any = source
         src = where or "the policy dict"
     else:
         path = Path(source)
+        base_dir = path.parent
         src = where or str(path)
         text = path.read_text(encoding="utf-8")
         try:
@@ -215,6 +290,9 @@ def load_policy(
             source=src, where="state_seed", members=fusion.members, parse_fallback=_no_fallback
         )
         seed = policy.seed_from_dict(doc["state_seed"], ctx)
+    in_scene = TextInScene()
+    if doc.get("text_in_scene") is not None:
+        in_scene = _text_in_scene(doc["text_in_scene"], src)
     return PolicyConfig(
         bundle_id=doc["bundle_id"],
         prompt_hash=doc["prompt_hash"],
@@ -223,7 +301,9 @@ def load_policy(
         fitted_on=dict(fitted_on),
         created=created,
         state_seed=seed,
+        text_in_scene=in_scene,
         version=int(version),
+        base_dir=base_dir,
     )
 
 
