@@ -28,37 +28,44 @@ Storage
 
 Times are seconds since the Unix epoch (UTC) as ``float``; ``DecisionRecord.time_utc``
 gives the ISO-8601 spelling.
+
+Files: this module is the store (connections, retries, writes, labels, images); the tables,
+migrations and input checks are in ``_log_schema.py``; reading back (records, arrays,
+CSV/Parquet) is in ``_log_read.py``; the record itself in ``_record.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import hashlib
 import json
-import math
-import numbers
 import os
 import random
 import sqlite3
 import threading
 import time as _time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
 
-from spotstop.guard._errors import GuardError
-from spotstop.guard._log_read import LogArrays, log_arrays, write_csv, write_parquet
+from spotstop.guard._log_read import LogArrays, LogReader
+from spotstop.guard._log_schema import (
+    ID_COLUMN,
+    INSERT,
+    MIGRATE_1_TO_2,
+    SCHEMA_SQL,
+    LogError,
+    PolicyRow,
+    check_append,
+    check_labels,
+    check_log_args,
+)
 from spotstop.guard._record import (
     SCHEMA_VERSION,
     DecisionRecord,
     RecordError,
-    _is_real,
-    record_from_row,
     record_to_row,
-    sql_columns,
 )
 
 __all__ = [
@@ -83,45 +90,9 @@ _T = TypeVar("_T")
 # The default is NORMAL; pass synchronous="FULL" on robots that lose power abruptly.
 _SYNCHRONOUS: Final = "NORMAL"
 
-_REVIEW_LABELS: Final = ("safe", "unsafe")
+REVIEW_LABELS: Final = ("safe", "unsafe")
 _DEFAULT_RETENTION_BYTES: Final = 1 << 30  # 1 GiB
 _DEFAULT_RETENTION_DAYS: Final = 30.0
-_PAGE_ROWS: Final = 1000
-
-
-class LogError(GuardError, RuntimeError):
-    """The decision log could not be opened, read or written (schema, lock, closed, I/O)."""
-
-
-_POLICIES_SQL: Final = """
-CREATE TABLE IF NOT EXISTS policies (
-    policy_version TEXT PRIMARY KEY,
-    policy_kind TEXT NOT NULL,
-    fusion_key TEXT NOT NULL,
-    bundle_id TEXT NOT NULL,
-    prompt_hash TEXT NOT NULL,
-    created TEXT NOT NULL,
-    document TEXT NOT NULL,
-    first_time REAL NOT NULL
-)"""
-
-
-def _to_epoch(name: str, value: float | _dt.datetime | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, _dt.datetime):
-        if value.tzinfo is None:
-            raise RecordError(
-                f"{name} is a naive datetime ({value!r}); the log's times are UTC. Pass an "
-                "aware datetime (e.g. datetime.now(timezone.utc)) or seconds since the epoch."
-            )
-        return value.timestamp()
-    if not _is_real(value) or math.isnan(float(value)):
-        raise RecordError(
-            f"{name} must be seconds since the Unix epoch (float), an aware datetime or None; "
-            f"got {value!r}."
-        )
-    return float(value)
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -136,127 +107,8 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 # The log
 # --------------------------------------------------------------------------------------
 
-_COLUMNS: Final = tuple(name for name, _ in sql_columns())
-_ID: Final = _COLUMNS.index("decision_id")
-_TIME: Final = _COLUMNS.index("time")
-_SELECT: Final = "SELECT " + ", ".join(f"d.{c}" for c in _COLUMNS)
-_INSERT: Final = (
-    f"INSERT INTO decisions ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
-)
 
-_SCHEMA_SQL: Final = (
-    """
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS decisions (
-"""
-    + ",\n".join(f"    {name} {sql}" for name, sql in sql_columns())
-    + """
-);
-CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time);
-CREATE INDEX IF NOT EXISTS decisions_situation ON decisions (situation_id, time);
-CREATE TABLE IF NOT EXISTS labels (
-    decision_id TEXT PRIMARY KEY REFERENCES decisions (decision_id),
-    label TEXT NOT NULL CHECK (label IN ('safe', 'unsafe')),
-    contrast_id TEXT,
-    reviewer TEXT,
-    time REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS images (
-    sha256 TEXT PRIMARY KEY,
-    data BLOB NOT NULL,
-    n_bytes INTEGER NOT NULL,
-    time REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS images_time ON images (time);
-"""
-    + _POLICIES_SQL
-)
-
-# Schema 1 -> 2: the columns schema 2 added, with what schema-1 rows get. A schema-1 row's
-# ``fused_score`` was the score its policy compared, so it becomes ``policy_score`` too; its
-# kind is the rule's first part ("situation->frozen" -> "situation"). Nothing is dropped.
-_MIGRATE_1_TO_2: Final = (
-    "ALTER TABLE decisions ADD COLUMN batch_id TEXT",
-    "ALTER TABLE decisions ADD COLUMN policy_score REAL",
-    "ALTER TABLE decisions ADD COLUMN policy_kind TEXT",
-    "ALTER TABLE decisions ADD COLUMN policy_version TEXT",
-    "ALTER TABLE decisions ADD COLUMN fusion_key TEXT",
-    "ALTER TABLE decisions ADD COLUMN detail TEXT NOT NULL DEFAULT ''",
-    "ALTER TABLE decisions ADD COLUMN cue_flags TEXT",
-    "ALTER TABLE decisions ADD COLUMN cue_text TEXT",
-    "ALTER TABLE decisions ADD COLUMN test_pair INTEGER NOT NULL DEFAULT 0",
-    "UPDATE decisions SET policy_score = fused_score, policy_kind = CASE "
-    "WHEN instr(policy, '->') > 0 THEN substr(policy, 1, instr(policy, '->') - 1) "
-    "ELSE policy END",
-    _POLICIES_SQL,
-    "UPDATE meta SET value = '2' WHERE key = 'schema_version'",
-)
-
-
-@dataclass(frozen=True)
-class PolicyRow:
-    """A policy as the log keeps it, so that readers can replay what decided.
-
-    version_id / kind / fusion_key: as in the decisions' columns. bundle_id, prompt_hash,
-    created: from the policy file. document: the whole ``policy.yaml`` as a JSON object.
-    first_time: when the log first saw a decision of it.
-    """
-
-    version_id: str
-    kind: str
-    fusion_key: str
-    bundle_id: str
-    prompt_hash: str
-    created: str
-    document: Mapping[str, Any]
-    first_time: float = 0.0
-
-
-def _check_log_args(
-    path: str | os.PathLike[str],
-    image_retention_bytes: int | None,
-    image_retention_days: float | None,
-    timeout_s: float,
-    synchronous: str,
-) -> Path:
-    if str(path) in ("", ":memory:") or str(path).startswith("file:"):
-        raise RecordError(
-            f"DecisionLog path must be a file path; got {str(path)!r}. The log opens one "
-            "connection per thread and process, so an in-memory database cannot be shared. "
-            "Pass e.g. 'decisions.sqlite'."
-        )
-    if image_retention_bytes is not None and (
-        not isinstance(image_retention_bytes, numbers.Integral)
-        or isinstance(image_retention_bytes, bool)
-        or image_retention_bytes < 0
-    ):
-        raise RecordError(
-            "DecisionLog image_retention_bytes must be a non-negative int or None (no size "
-            f"limit); got {image_retention_bytes!r}."
-        )
-    if image_retention_days is not None and (
-        not _is_real(image_retention_days) or not float(image_retention_days) > 0
-    ):
-        raise RecordError(
-            "DecisionLog image_retention_days must be a positive number or None (no age "
-            f"limit); got {image_retention_days!r}."
-        )
-    if not _is_real(timeout_s) or not (0 < float(timeout_s) < math.inf):
-        raise RecordError(
-            f"DecisionLog timeout_s must be a positive finite number of seconds; got {timeout_s!r}."
-        )
-    if synchronous not in ("NORMAL", "FULL"):
-        raise RecordError(
-            f"DecisionLog synchronous must be 'NORMAL' or 'FULL'; got {synchronous!r}. "
-            "NORMAL survives a process kill; FULL also survives power loss."
-        )
-    return Path(path)
-
-
-class DecisionLog:
+class DecisionLog(LogReader):
     """Append-only log of guard decisions in one SQLite file (WAL mode).
 
     Parameters
@@ -289,7 +141,7 @@ class DecisionLog:
         timeout_s: float = 30.0,
         synchronous: Literal["NORMAL", "FULL"] = _SYNCHRONOUS,
     ) -> None:
-        self._path = _check_log_args(
+        self._path = check_log_args(
             path, image_retention_bytes, image_retention_days, timeout_s, synchronous
         )
         self._store_images = bool(store_images)
@@ -431,9 +283,9 @@ class DecisionLog:
                         f"{found}; expected 1..{SCHEMA_VERSION}."
                     )
             if found == 1:
-                for statement in _MIGRATE_1_TO_2:
+                for statement in MIGRATE_1_TO_2:
                     conn.execute(statement)
-            for statement in _SCHEMA_SQL.split(";"):
+            for statement in SCHEMA_SQL.split(";"):
                 if statement.strip():
                     conn.execute(statement)
             conn.execute(
@@ -473,7 +325,7 @@ class DecisionLog:
         ``policy``: the policy that decided, kept in the ``policies`` table (once per
         version) in the same transaction.
         """
-        _check_append(record, image_bytes)
+        check_append(record, image_bytes)
         image = self._image_row(record, image_bytes)
         row = record_to_row(record)
 
@@ -494,7 +346,7 @@ class DecisionLog:
         """
         records = list(records)
         for r in records:
-            _check_append(r, None)
+            check_append(r, None)
         rows = [record_to_row(r) for r in records]
         if rows:
             t0 = min(r.time for r in records)
@@ -525,32 +377,11 @@ class DecisionLog:
             ),
         )
 
-    def policies(self) -> dict[str, PolicyRow]:
-        """Every policy that decided something in this log, by version id (first seen first)."""
-        rows = self._fetchall(
-            "SELECT policy_version, policy_kind, fusion_key, bundle_id, prompt_hash, created, "
-            "document, first_time FROM policies ORDER BY first_time, policy_version",
-            [],
-        )
-        return {
-            r[0]: PolicyRow(
-                version_id=r[0],
-                kind=r[1],
-                fusion_key=r[2],
-                bundle_id=r[3],
-                prompt_hash=r[4],
-                created=r[5],
-                document=json.loads(r[6]),
-                first_time=float(r[7]),
-            )
-            for r in rows
-        }
-
     def _insert(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
         try:
-            conn.executemany(_INSERT, rows)
+            conn.executemany(INSERT, rows)
         except sqlite3.IntegrityError as exc:
-            ids = [r[_ID] for r in rows]
+            ids = [r[ID_COLUMN] for r in rows]
             placeholders = ", ".join("?" * len(ids))
             taken = [
                 row[0]
@@ -647,7 +478,7 @@ class DecisionLog:
         is replaced (upsert) and its time set to now. An unknown decision id or a bad label
         raises :class:`RecordError` and writes nothing.
         """
-        items = _check_labels(labels)
+        items = check_labels(labels)
         if not items:
             return
         now = _time.time()
@@ -683,148 +514,6 @@ class DecisionLog:
 
         self._write(body, what="set labels")
 
-    # -- reading -------------------------------------------------------------------
-
-    def _where(
-        self,
-        since: float | _dt.datetime | None,
-        until: float | _dt.datetime | None,
-        situation_id: str | None,
-    ) -> tuple[str, list[Any]]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        t0 = _to_epoch("since", since)
-        t1 = _to_epoch("until", until)
-        if t0 is not None:
-            clauses.append("d.time >= ?")
-            params.append(t0)
-        if t1 is not None:
-            clauses.append("d.time < ?")
-            params.append(t1)
-        if situation_id is not None:
-            if not isinstance(situation_id, str):
-                raise RecordError(
-                    f"situation_id must be a str or None; got {type(situation_id).__name__}."
-                )
-            clauses.append("d.situation_id = ?")
-            params.append(situation_id)
-        where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
-        return where, params
-
-    def records(
-        self,
-        since: float | _dt.datetime | None = None,
-        until: float | _dt.datetime | None = None,
-        situation_id: str | None = None,
-    ) -> Iterator[DecisionRecord]:
-        """Yield decisions with ``since <= time < until`` (and of one situation), in time order.
-
-        ``since``/``until`` are seconds since the epoch or aware datetimes; None: open end.
-        """
-        where, params = self._where(since, until, situation_id)  # checked now, not lazily
-        return self._iter_records(where, params)
-
-    def _fetchall(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        return self._retry(lambda: self._conn().execute(sql, params).fetchall(), what="read")
-
-    def _iter_records(self, where: str, params: list[Any]) -> Iterator[DecisionRecord]:
-        # Read in pages keyed on (time, rowid): no cursor stays open between yields, so a
-        # slow consumer never pins a read snapshot (which would stall WAL checkpoints).
-        base = f"{_SELECT}, d.rowid FROM decisions AS d{where}"
-        joiner = " AND " if where else " WHERE "
-        order = f" ORDER BY d.time, d.rowid LIMIT {_PAGE_ROWS}"
-        rows = self._fetchall(base + order, params)
-        while True:
-            for row in rows:
-                yield record_from_row(row[:-1])
-            if len(rows) < _PAGE_ROWS:
-                return
-            last_time, last_rowid = rows[-1][_TIME], rows[-1][-1]
-            rows = self._fetchall(
-                base + joiner + "(d.time, d.rowid) > (?, ?)" + order,
-                [*params, last_time, last_rowid],
-            )
-
-    def get(self, decision_id: str) -> DecisionRecord | None:
-        """The decision with this id, or None if the log has none."""
-        sql = f"{_SELECT} FROM decisions AS d WHERE d.decision_id = ?"
-        row = self._retry(lambda: self._conn().execute(sql, (decision_id,)).fetchone(), what="read")
-        return None if row is None else record_from_row(row)
-
-    def count(
-        self,
-        since: float | _dt.datetime | None = None,
-        until: float | _dt.datetime | None = None,
-        situation_id: str | None = None,
-    ) -> int:
-        """Number of decisions (with the same filters as :meth:`records`)."""
-        where, params = self._where(since, until, situation_id)
-        sql = f"SELECT COUNT(*) FROM decisions AS d{where}"
-        row = self._retry(lambda: self._conn().execute(sql, params).fetchone(), what="count")
-        return int(row[0])
-
-    def image(self, sha256: str) -> bytes | None:
-        """The stored image bytes with this SHA-256, or None if not stored (or pruned)."""
-        row = self._retry(
-            lambda: (
-                self._conn()
-                .execute("SELECT data FROM images WHERE sha256 = ?", (sha256,))
-                .fetchone()
-            ),
-            what="read an image",
-        )
-        return None if row is None else bytes(row[0])
-
-    def _joined_rows(
-        self,
-        since: float | _dt.datetime | None,
-        until: float | _dt.datetime | None,
-        situation_id: str | None,
-    ) -> list[tuple[DecisionRecord, tuple[Any, ...]]]:
-        where, params = self._where(since, until, situation_id)
-        sql = (
-            f"{_SELECT}, l.label, l.contrast_id, l.reviewer, l.time FROM decisions AS d "
-            f"LEFT JOIN labels AS l ON l.decision_id = d.decision_id{where} "
-            "ORDER BY d.time, d.rowid"
-        )
-
-        def read() -> list[Any]:
-            # One read transaction: rows and labels form one consistent snapshot.
-            return self._conn().execute(sql, params).fetchall()
-
-        rows = self._retry(read, what="read")
-        n = len(_COLUMNS)
-        return [(record_from_row(row[:n]), tuple(row[n:])) for row in rows]
-
-    def to_arrays(
-        self,
-        since: float | _dt.datetime | None = None,
-        until: float | _dt.datetime | None = None,
-        situation_id: str | None = None,
-    ) -> LogArrays:
-        """The decisions (same filters as :meth:`records`) as aligned arrays with labels."""
-        return log_arrays(self._joined_rows(since, until, situation_id))
-
-    # -- export --------------------------------------------------------------------
-
-    def export_csv(self, path: str | os.PathLike[str]) -> None:
-        """Write every decision (with reviewer labels) to a CSV file, one column per field.
-
-        Dict fields are expanded to ``score.<member>``, ``score_gray.<member>``,
-        ``score_text.<member>``, ``latency_ms.<stage>`` and ``cue.<cue>``; reviewer columns
-        start with ``review_``. Floats are written with ``repr`` (exact), NaN as ``nan`` and
-        infinities as ``inf``/``-inf``; None is an empty cell.
-        """
-        write_csv(self._joined_rows(None, None, None), path)
-
-    def export_parquet(self, path: str | os.PathLike[str]) -> None:
-        """Write every decision (with reviewer labels) to a Parquet file; needs pyarrow.
-
-        Same columns as :meth:`export_csv`; scores are float64 with NaN kept as NaN (not
-        null); the schema metadata carries ``spotstop.schema_version``.
-        """
-        write_parquet(self._joined_rows(None, None, None), path, LogError)
-
     # -- lifetime ------------------------------------------------------------------
 
     def close(self) -> None:
@@ -853,60 +542,3 @@ class DecisionLog:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"DecisionLog({str(self._path)!r}, store_images={self._store_images}, {state})"
-
-
-def _check_append(record: object, image_bytes: object) -> None:
-    if not isinstance(record, DecisionRecord):
-        raise RecordError(
-            f"append expects a DecisionRecord; got {type(record).__name__}. Build one with "
-            "DecisionRecord(request=..., member_scores=..., ...)."
-        )
-    if not record.decision_id:
-        raise RecordError(
-            "DecisionRecord.decision_id must be a non-empty str to be logged; leave it out to "
-            "get a fresh uuid4."
-        )
-    if image_bytes is not None and not isinstance(image_bytes, bytes | bytearray | memoryview):
-        raise RecordError(
-            f"append image_bytes must be bytes or None; got {type(image_bytes).__name__}."
-        )
-
-
-def _check_labels(labels: object) -> list[tuple[str, str, str | None, str | None]]:
-    if isinstance(labels, str | bytes) or not isinstance(labels, Iterable):
-        raise RecordError(
-            "set_labels expects a list of (decision_id, label, contrast_id, reviewer) tuples; "
-            f"got {type(labels).__name__}."
-        )
-    out: list[tuple[str, str, str | None, str | None]] = []
-    seen: set[str] = set()
-    for i, item in enumerate(labels):
-        if isinstance(item, str | bytes) or not isinstance(item, Sequence) or len(item) != 4:
-            raise RecordError(
-                f"set_labels item {i} must be a 4-tuple (decision_id, label, contrast_id, "
-                f"reviewer); got {item!r}. Use None for a missing contrast_id or reviewer."
-            )
-        decision_id, label, contrast_id, reviewer = item
-        if not isinstance(decision_id, str) or not decision_id:
-            raise RecordError(
-                f"set_labels item {i}: decision_id must be a non-empty str; got {decision_id!r}."
-            )
-        if label not in _REVIEW_LABELS:
-            raise RecordError(
-                f"set_labels item {i} (decision_id {decision_id!r}): label must be one of "
-                f"{list(_REVIEW_LABELS)}; got {label!r}. Reviewer labels are lower case."
-            )
-        for name, v in (("contrast_id", contrast_id), ("reviewer", reviewer)):
-            if v is not None and not isinstance(v, str):
-                raise RecordError(
-                    f"set_labels item {i} (decision_id {decision_id!r}): {name} must be a str "
-                    f"or None; got {v!r}."
-                )
-        if decision_id in seen:
-            raise RecordError(
-                f"set_labels: decision_id {decision_id!r} appears twice in one call; give "
-                "each decision one label per call."
-            )
-        seen.add(decision_id)
-        out.append((decision_id, label, contrast_id, reviewer))
-    return out

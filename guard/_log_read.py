@@ -10,18 +10,32 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import datetime as _dt
+import json
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from spotstop.guard._errors import GuardError
-from spotstop.guard._record import SCHEMA_VERSION, DecisionRecord
+from spotstop.guard._log_schema import (
+    COLUMNS,
+    SELECT,
+    TIME_COLUMN,
+    LogError,
+    PolicyRow,
+    RecordError,
+    to_epoch,
+)
+from spotstop.guard._record import SCHEMA_VERSION, DecisionRecord, record_from_row
 
-__all__ = ["LogArrays", "export_columns", "log_arrays", "write_csv", "write_parquet"]
+__all__ = ["LogArrays", "LogReader", "export_columns", "log_arrays", "write_csv", "write_parquet"]
+
+_PAGE_ROWS: Final = 1000  # rows per read page of DecisionLog.records
 
 Joined = Sequence[tuple[DecisionRecord, tuple[Any, ...]]]
 """(record, (review label, contrast id, reviewer, review time)) per decision, in log order."""
@@ -297,3 +311,175 @@ def _csv_cell(kind: str, value: Any) -> str:
     if kind == "bool":
         return "true" if value else "false"
     return str(value)
+
+
+class LogReader:
+    """The reading half of :class:`~spotstop.guard.DecisionLog` (mixed into it).
+
+    Every read runs in one statement or transaction through the log's ``_retry`` (busy
+    database waited on) on the calling thread's connection; rows come back in time order.
+    """
+
+    _retry: Callable[..., Any]
+    _conn: Callable[[], sqlite3.Connection]
+
+    def _where(
+        self,
+        since: float | _dt.datetime | None,
+        until: float | _dt.datetime | None,
+        situation_id: str | None,
+    ) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        t0 = to_epoch("since", since)
+        t1 = to_epoch("until", until)
+        if t0 is not None:
+            clauses.append("d.time >= ?")
+            params.append(t0)
+        if t1 is not None:
+            clauses.append("d.time < ?")
+            params.append(t1)
+        if situation_id is not None:
+            if not isinstance(situation_id, str):
+                raise RecordError(
+                    f"situation_id must be a str or None; got {type(situation_id).__name__}."
+                )
+            clauses.append("d.situation_id = ?")
+            params.append(situation_id)
+        where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+        return where, params
+
+    def records(
+        self,
+        since: float | _dt.datetime | None = None,
+        until: float | _dt.datetime | None = None,
+        situation_id: str | None = None,
+    ) -> Iterator[DecisionRecord]:
+        """Yield decisions with ``since <= time < until`` (and of one situation), in time order.
+
+        ``since``/``until`` are seconds since the epoch or aware datetimes; None: open end.
+        """
+        where, params = self._where(since, until, situation_id)  # checked now, not lazily
+        return self._iter_records(where, params)
+
+    def _fetchall(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        return self._retry(lambda: self._conn().execute(sql, params).fetchall(), what="read")
+
+    def _iter_records(self, where: str, params: list[Any]) -> Iterator[DecisionRecord]:
+        # Read in pages keyed on (time, rowid): no cursor stays open between yields, so a
+        # slow consumer never pins a read snapshot (which would stall WAL checkpoints).
+        base = f"{SELECT}, d.rowid FROM decisions AS d{where}"
+        joiner = " AND " if where else " WHERE "
+        order = f" ORDER BY d.time, d.rowid LIMIT {_PAGE_ROWS}"
+        rows = self._fetchall(base + order, params)
+        while True:
+            for row in rows:
+                yield record_from_row(row[:-1])
+            if len(rows) < _PAGE_ROWS:
+                return
+            last_time, last_rowid = rows[-1][TIME_COLUMN], rows[-1][-1]
+            rows = self._fetchall(
+                base + joiner + "(d.time, d.rowid) > (?, ?)" + order,
+                [*params, last_time, last_rowid],
+            )
+
+    def get(self, decision_id: str) -> DecisionRecord | None:
+        """The decision with this id, or None if the log has none."""
+        sql = f"{SELECT} FROM decisions AS d WHERE d.decision_id = ?"
+        row = self._retry(lambda: self._conn().execute(sql, (decision_id,)).fetchone(), what="read")
+        return None if row is None else record_from_row(row)
+
+    def count(
+        self,
+        since: float | _dt.datetime | None = None,
+        until: float | _dt.datetime | None = None,
+        situation_id: str | None = None,
+    ) -> int:
+        """Number of decisions (with the same filters as :meth:`records`)."""
+        where, params = self._where(since, until, situation_id)
+        sql = f"SELECT COUNT(*) FROM decisions AS d{where}"
+        row = self._retry(lambda: self._conn().execute(sql, params).fetchone(), what="count")
+        return int(row[0])
+
+    def image(self, sha256: str) -> bytes | None:
+        """The stored image bytes with this SHA-256, or None if not stored (or pruned)."""
+        row = self._retry(
+            lambda: (
+                self._conn()
+                .execute("SELECT data FROM images WHERE sha256 = ?", (sha256,))
+                .fetchone()
+            ),
+            what="read an image",
+        )
+        return None if row is None else bytes(row[0])
+
+    def _joined_rows(
+        self,
+        since: float | _dt.datetime | None,
+        until: float | _dt.datetime | None,
+        situation_id: str | None,
+    ) -> list[tuple[DecisionRecord, tuple[Any, ...]]]:
+        where, params = self._where(since, until, situation_id)
+        sql = (
+            f"{SELECT}, l.label, l.contrast_id, l.reviewer, l.time FROM decisions AS d "
+            f"LEFT JOIN labels AS l ON l.decision_id = d.decision_id{where} "
+            "ORDER BY d.time, d.rowid"
+        )
+
+        def read() -> list[Any]:
+            # One read transaction: rows and labels form one consistent snapshot.
+            return self._conn().execute(sql, params).fetchall()
+
+        rows = self._retry(read, what="read")
+        n = len(COLUMNS)
+        return [(record_from_row(row[:n]), tuple(row[n:])) for row in rows]
+
+    def to_arrays(
+        self,
+        since: float | _dt.datetime | None = None,
+        until: float | _dt.datetime | None = None,
+        situation_id: str | None = None,
+    ) -> LogArrays:
+        """The decisions (same filters as :meth:`records`) as aligned arrays with labels."""
+        return log_arrays(self._joined_rows(since, until, situation_id))
+
+    # -- export --------------------------------------------------------------------
+
+    def export_csv(self, path: str | os.PathLike[str]) -> None:
+        """Write every decision (with reviewer labels) to a CSV file, one column per field.
+
+        Dict fields are expanded to ``score.<member>``, ``score_gray.<member>``,
+        ``score_text.<member>``, ``latency_ms.<stage>`` and ``cue.<cue>``; reviewer columns
+        start with ``review_``. Floats are written with ``repr`` (exact), NaN as ``nan`` and
+        infinities as ``inf``/``-inf``; None is an empty cell.
+        """
+        write_csv(self._joined_rows(None, None, None), path)
+
+    def export_parquet(self, path: str | os.PathLike[str]) -> None:
+        """Write every decision (with reviewer labels) to a Parquet file; needs pyarrow.
+
+        Same columns as :meth:`export_csv`; scores are float64 with NaN kept as NaN (not
+        null); the schema metadata carries ``spotstop.schema_version``.
+        """
+        write_parquet(self._joined_rows(None, None, None), path, LogError)
+
+    def policies(self) -> dict[str, PolicyRow]:
+        """Every policy that decided something in this log, by version id (first seen first)."""
+        rows = self._fetchall(
+            "SELECT policy_version, policy_kind, fusion_key, bundle_id, prompt_hash, created, "
+            "document, first_time FROM policies ORDER BY first_time, policy_version",
+            [],
+        )
+        return {
+            r[0]: PolicyRow(
+                version_id=r[0],
+                kind=r[1],
+                fusion_key=r[2],
+                bundle_id=r[3],
+                prompt_hash=r[4],
+                created=r[5],
+                document=json.loads(r[6]),
+                first_time=float(r[7]),
+            )
+            for r in rows
+        }

@@ -1,0 +1,246 @@
+"""The decision log's schema: its tables, its migrations, and the checks of what goes in.
+
+The ``decisions`` table's columns derive from :class:`~spotstop.guard._record.DecisionRecord`
+(one shape per decision). ``labels`` holds reviewers' labels, ``images`` the stored images
+(off by default), ``policies`` every policy file that decided something (so readers replay
+exactly what decided), ``meta`` the schema version. :data:`MIGRATE_1_TO_2` upgrades a
+schema-1 log in place; :class:`~spotstop.guard._log.DecisionLog` runs it when it opens one.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import numbers
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from spotstop.guard._errors import GuardError
+from spotstop.guard._record import DecisionRecord, RecordError, _is_real, sql_columns
+
+__all__ = [
+    "COLUMNS",
+    "INSERT",
+    "MIGRATE_1_TO_2",
+    "SCHEMA_SQL",
+    "SELECT",
+    "LogError",
+    "PolicyRow",
+]
+
+REVIEW_LABELS: Final = ("safe", "unsafe")
+
+
+class LogError(GuardError, RuntimeError):
+    """The decision log could not be opened, read or written (schema, lock, closed, I/O)."""
+
+
+POLICIES_SQL: Final = """
+CREATE TABLE IF NOT EXISTS policies (
+    policy_version TEXT PRIMARY KEY,
+    policy_kind TEXT NOT NULL,
+    fusion_key TEXT NOT NULL,
+    bundle_id TEXT NOT NULL,
+    prompt_hash TEXT NOT NULL,
+    created TEXT NOT NULL,
+    document TEXT NOT NULL,
+    first_time REAL NOT NULL
+)"""
+
+
+COLUMNS: Final = tuple(name for name, _ in sql_columns())
+ID_COLUMN: Final = COLUMNS.index("decision_id")
+TIME_COLUMN: Final = COLUMNS.index("time")
+SELECT: Final = "SELECT " + ", ".join(f"d.{c}" for c in COLUMNS)
+INSERT: Final = (
+    f"INSERT INTO decisions ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+)
+
+SCHEMA_SQL: Final = (
+    """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS decisions (
+"""
+    + ",\n".join(f"    {name} {sql}" for name, sql in sql_columns())
+    + """
+);
+CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time);
+CREATE INDEX IF NOT EXISTS decisions_situation ON decisions (situation_id, time);
+CREATE TABLE IF NOT EXISTS labels (
+    decision_id TEXT PRIMARY KEY REFERENCES decisions (decision_id),
+    label TEXT NOT NULL CHECK (label IN ('safe', 'unsafe')),
+    contrast_id TEXT,
+    reviewer TEXT,
+    time REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS images (
+    sha256 TEXT PRIMARY KEY,
+    data BLOB NOT NULL,
+    n_bytes INTEGER NOT NULL,
+    time REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS images_time ON images (time);
+"""
+    + POLICIES_SQL
+)
+
+# Schema 1 -> 2: the columns schema 2 added, with what schema-1 rows get. A schema-1 row's
+# ``fused_score`` was the score its policy compared, so it becomes ``policy_score`` too; its
+# kind is the rule's first part ("situation->frozen" -> "situation"). Nothing is dropped.
+MIGRATE_1_TO_2: Final = (
+    "ALTER TABLE decisions ADD COLUMN batch_id TEXT",
+    "ALTER TABLE decisions ADD COLUMN policy_score REAL",
+    "ALTER TABLE decisions ADD COLUMN policy_kind TEXT",
+    "ALTER TABLE decisions ADD COLUMN policy_version TEXT",
+    "ALTER TABLE decisions ADD COLUMN fusion_key TEXT",
+    "ALTER TABLE decisions ADD COLUMN detail TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE decisions ADD COLUMN cue_flags TEXT",
+    "ALTER TABLE decisions ADD COLUMN cue_text TEXT",
+    "ALTER TABLE decisions ADD COLUMN test_pair INTEGER NOT NULL DEFAULT 0",
+    "UPDATE decisions SET policy_score = fused_score, policy_kind = CASE "
+    "WHEN instr(policy, '->') > 0 THEN substr(policy, 1, instr(policy, '->') - 1) "
+    "ELSE policy END",
+    POLICIES_SQL,
+    "UPDATE meta SET value = '2' WHERE key = 'schema_version'",
+)
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    """A policy as the log keeps it, so that readers can replay what decided.
+
+    version_id / kind / fusion_key: as in the decisions' columns. bundle_id, prompt_hash,
+    created: from the policy file. document: the whole ``policy.yaml`` as a JSON object.
+    first_time: when the log first saw a decision of it.
+    """
+
+    version_id: str
+    kind: str
+    fusion_key: str
+    bundle_id: str
+    prompt_hash: str
+    created: str
+    document: Mapping[str, Any]
+    first_time: float = 0.0
+
+
+def check_log_args(
+    path: str | os.PathLike[str],
+    image_retention_bytes: int | None,
+    image_retention_days: float | None,
+    timeout_s: float,
+    synchronous: str,
+) -> Path:
+    if str(path) in ("", ":memory:") or str(path).startswith("file:"):
+        raise RecordError(
+            f"DecisionLog path must be a file path; got {str(path)!r}. The log opens one "
+            "connection per thread and process, so an in-memory database cannot be shared. "
+            "Pass e.g. 'decisions.sqlite'."
+        )
+    if image_retention_bytes is not None and (
+        not isinstance(image_retention_bytes, numbers.Integral)
+        or isinstance(image_retention_bytes, bool)
+        or image_retention_bytes < 0
+    ):
+        raise RecordError(
+            "DecisionLog image_retention_bytes must be a non-negative int or None (no size "
+            f"limit); got {image_retention_bytes!r}."
+        )
+    if image_retention_days is not None and (
+        not _is_real(image_retention_days) or not float(image_retention_days) > 0
+    ):
+        raise RecordError(
+            "DecisionLog image_retention_days must be a positive number or None (no age "
+            f"limit); got {image_retention_days!r}."
+        )
+    if not _is_real(timeout_s) or not (0 < float(timeout_s) < math.inf):
+        raise RecordError(
+            f"DecisionLog timeout_s must be a positive finite number of seconds; got {timeout_s!r}."
+        )
+    if synchronous not in ("NORMAL", "FULL"):
+        raise RecordError(
+            f"DecisionLog synchronous must be 'NORMAL' or 'FULL'; got {synchronous!r}. "
+            "NORMAL survives a process kill; FULL also survives power loss."
+        )
+    return Path(path)
+
+
+def to_epoch(name: str, value: float | _dt.datetime | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            raise RecordError(
+                f"{name} is a naive datetime ({value!r}); the log's times are UTC. Pass an "
+                "aware datetime (e.g. datetime.now(timezone.utc)) or seconds since the epoch."
+            )
+        return value.timestamp()
+    if not _is_real(value) or math.isnan(float(value)):
+        raise RecordError(
+            f"{name} must be seconds since the Unix epoch (float), an aware datetime or None; "
+            f"got {value!r}."
+        )
+    return float(value)
+
+
+def check_append(record: object, image_bytes: object) -> None:
+    if not isinstance(record, DecisionRecord):
+        raise RecordError(
+            f"append expects a DecisionRecord; got {type(record).__name__}. Build one with "
+            "DecisionRecord(request=..., member_scores=..., ...)."
+        )
+    if not record.decision_id:
+        raise RecordError(
+            "DecisionRecord.decision_id must be a non-empty str to be logged; leave it out to "
+            "get a fresh uuid4."
+        )
+    if image_bytes is not None and not isinstance(image_bytes, bytes | bytearray | memoryview):
+        raise RecordError(
+            f"append image_bytes must be bytes or None; got {type(image_bytes).__name__}."
+        )
+
+
+def check_labels(labels: object) -> list[tuple[str, str, str | None, str | None]]:
+    if isinstance(labels, str | bytes) or not isinstance(labels, Iterable):
+        raise RecordError(
+            "set_labels expects a list of (decision_id, label, contrast_id, reviewer) tuples; "
+            f"got {type(labels).__name__}."
+        )
+    out: list[tuple[str, str, str | None, str | None]] = []
+    seen: set[str] = set()
+    for i, item in enumerate(labels):
+        if isinstance(item, str | bytes) or not isinstance(item, Sequence) or len(item) != 4:
+            raise RecordError(
+                f"set_labels item {i} must be a 4-tuple (decision_id, label, contrast_id, "
+                f"reviewer); got {item!r}. Use None for a missing contrast_id or reviewer."
+            )
+        decision_id, label, contrast_id, reviewer = item
+        if not isinstance(decision_id, str) or not decision_id:
+            raise RecordError(
+                f"set_labels item {i}: decision_id must be a non-empty str; got {decision_id!r}."
+            )
+        if label not in REVIEW_LABELS:
+            raise RecordError(
+                f"set_labels item {i} (decision_id {decision_id!r}): label must be one of "
+                f"{list(REVIEW_LABELS)}; got {label!r}. Reviewer labels are lower case."
+            )
+        for name, v in (("contrast_id", contrast_id), ("reviewer", reviewer)):
+            if v is not None and not isinstance(v, str):
+                raise RecordError(
+                    f"set_labels item {i} (decision_id {decision_id!r}): {name} must be a str "
+                    f"or None; got {v!r}."
+                )
+        if decision_id in seen:
+            raise RecordError(
+                f"set_labels: decision_id {decision_id!r} appears twice in one call; give "
+                "each decision one label per call."
+            )
+        seen.add(decision_id)
+        out.append((decision_id, label, contrast_id, reviewer))
+    return out
