@@ -49,7 +49,7 @@ def _frames(n: int, size: tuple[int, int], seed: int) -> list[tuple[bytes, tuple
     """``n`` JPEG frames of ``size`` with a text sticker each, and the flags each should raise."""
     import matplotlib
     from PIL import Image, ImageDraw, ImageFont
-    from spotstop.guard._demo import demo_scenes
+    from spotstop.export.scenes import demo_scenes
 
     fonts = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
     faces = ["DejaVuSans-Bold.ttf", "DejaVuSerif.ttf", "DejaVuSansMono-Bold.ttf"]

@@ -36,10 +36,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="CPU threads per member (default 2)")
     args = ap.parse_args()
 
+    from spotstop.cli._demo import make_demo_bundle
     from spotstop.diagnostics.cues import load_candidates, measure_reliance, read_source_set
+    from spotstop.export.scenes import demo_scenes
     from spotstop.export.tiny import TINY_MEMBERS, build_tiny_pair
     from spotstop.guard._config import spotstop_home
-    from spotstop.guard._demo import demo_scenes, make_demo_bundle
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

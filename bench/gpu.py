@@ -242,7 +242,7 @@ def _say(msg: str) -> None:
 
 
 def _scenes(n: int) -> list[Any]:
-    from spotstop.guard._demo import demo_scenes
+    from spotstop.export.scenes import demo_scenes
 
     return demo_scenes(n, seed=7)
 

@@ -43,7 +43,7 @@ def _bundle(arg: Path | None) -> Path:
 
     root = spotstop_home() / "bench"
     if not (root / "bundle" / "policy.yaml").is_file():
-        from spotstop.guard._demo import make_demo_bundle
+        from spotstop.cli._demo import make_demo_bundle
 
         root.mkdir(parents=True, exist_ok=True)
         print(f"building the demo bundle (tiny TEST pair) in {root} …", file=sys.stderr)
@@ -87,8 +87,8 @@ def main() -> int:
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
 
     import httpx
+    from spotstop.export.scenes import demo_scenes
     from spotstop.guard import Guard
-    from spotstop.guard._demo import demo_scenes
     from spotstop.guard.client import GuardClient
 
     bundle = _bundle(args.bundle)
@@ -110,7 +110,7 @@ def main() -> int:
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = [
-            sys.executable, "-m", "spotstop.guard.cli", "serve", "--bundle", str(bundle),
+            sys.executable, "-m", "spotstop.cli", "serve", "--bundle", str(bundle),
             "--port", str(port), "--log", str(tmp / "sidecar.sqlite"),
             "--state-file", str(tmp / "s_sidecar.json"), "--deadline", "0",
             "--queue-size", str(max(32, 2 * args.concurrency)), "--log-level", "warning",

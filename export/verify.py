@@ -1,15 +1,20 @@
-"""``spotstop verify-bundle``: the exported bundle against the torch reference, scene by scene.
+"""``spotstop verify-bundle``: an exported bundle, run as the robot runs it and against torch.
 
-Scores the same generated scenes (and the request-only pass) with each member's torch
-reference (its Hugging Face folder, from the manifest's ``source`` or an override) and with
-the bundle's graphs, and reports per member the largest |Δs|, the Spearman rank correlation
-and the agreement of direct decisions (``s > 0``), plus the pair's agreement under Avg-2 with
-the reference's own median/IQR. It fails when any member is beyond its architecture's
-tolerance at the bundle's precision (``export/configs.py``: fp32 |Δs| ≤ 1e-3).
+Two halves. The **runtime half** needs the base install only: the manifest's sha256 list is
+checked, every member is loaded with the bundle's own backend (onnxruntime for an exported
+bundle) and scores generated scenes (scene and request-only passes); every score must be
+finite. The **reference half** needs the ``export`` extra (torch, transformers): the same
+scenes are scored with each member's torch reference (its Hugging Face folder, from the
+manifest's ``source`` or an override), and per member the largest |Δs|, the Spearman rank
+correlation and the agreement of direct decisions (``s > 0``) are reported, plus the pair's
+agreement under Avg-2 with the reference's own median/IQR. It fails when any member is beyond
+its architecture's tolerance at the bundle's precision (``export/configs.py``: fp32
+|Δs| ≤ 1e-3). Without the extra the reference half is skipped, and the result says so.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -17,10 +22,28 @@ from dataclasses import dataclass
 
 import numpy as np
 from spotstop.export.configs import get_export_config
-from spotstop.guard._bundle import load_bundle
+from spotstop.export.scenes import demo_scenes
+from spotstop.guard._bundle import Bundle, BundleMember, load_bundle
 from spotstop.guard._config import ScoringConfig
+from spotstop.guard._errors import ScoringError
+from spotstop.guard._member import load_bundle_member, load_member
+from spotstop.guard._types import Scene
 
-__all__ = ["BundleVerification", "MemberVerification", "spearman", "verify_bundle"]
+__all__ = [
+    "REFERENCE_HINT",
+    "BundleVerification",
+    "MemberRuntime",
+    "MemberVerification",
+    "reference_available",
+    "spearman",
+    "verify_bundle",
+]
+
+#: The line printed when the reference half is skipped because torch/transformers are missing.
+REFERENCE_HINT = (
+    "the torch-reference comparison needs torch and transformers: "
+    "pip install 'spotstop[export]' (only the runtime half ran)"
+)
 
 
 def _rank(x: np.ndarray) -> np.ndarray:
@@ -69,24 +92,92 @@ class MemberVerification:
 
 
 @dataclass(frozen=True)
-class BundleVerification:
-    """The whole bundle: its members' results and the pair's Avg-2 decision agreement."""
+class MemberRuntime:
+    """One member run by the bundle's own backend on the generated scenes (the runtime half)."""
 
-    bundle_id: str
-    members: tuple[MemberVerification, ...]
-    pair_decision_agreement: float
+    name: str
+    backend: str
+    precision: str
+    n: int
+    low: float
+    high: float
+    error: str | None = None
 
     @property
     def ok(self) -> bool:
-        return all(m.ok for m in self.members)
+        return self.error is None and self.n > 0
 
     def __str__(self) -> str:
-        lines = [f"bundle {self.bundle_id}"] + [f"  {m}" for m in self.members]
-        lines.append(
-            f"  pair (Avg-2, reference median/IQR): decisions agree {self.pair_decision_agreement:.1%}"
+        if self.error is not None:
+            return f"{self.name:<20} {self.backend:<8} {self.precision:<5} FAIL: {self.error}"
+        return (
+            f"{self.name:<20} {self.backend:<8} {self.precision:<5} n={self.n:<3} "
+            f"all finite, s in [{self.low:+.4g}, {self.high:+.4g}]  ok"
         )
-        lines.append("PASS" if self.ok else "FAIL: beyond the per-precision tolerance")
+
+
+@dataclass(frozen=True)
+class BundleVerification:
+    """The whole bundle: the runtime half, and the reference half when it ran.
+
+    ``members`` and ``pair_decision_agreement`` (NaN) are empty when the reference half was
+    skipped; ``skipped`` then says why.
+    """
+
+    bundle_id: str
+    runtime: tuple[MemberRuntime, ...]
+    members: tuple[MemberVerification, ...]
+    pair_decision_agreement: float
+    skipped: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.runtime) and all(m.ok for m in self.members)
+
+    def __str__(self) -> str:
+        lines = [f"bundle {self.bundle_id}: manifest sha256 ok"]
+        lines.append("  runtime (each member on the bundle's own backend):")
+        lines += [f"    {r}" for r in self.runtime]
+        if self.skipped is not None:
+            lines.append(self.skipped)
+        else:
+            lines.append("  against the torch reference:")
+            lines += [f"    {m}" for m in self.members]
+            lines.append(
+                "    pair (Avg-2, reference median/IQR): decisions agree "
+                f"{self.pair_decision_agreement:.1%}"
+            )
+        lines.append("PASS" if self.ok else "FAIL: see the lines marked FAIL")
         return "\n".join(lines)
+
+
+def reference_available() -> bool:
+    """Whether the reference half can run here (torch and transformers are installed)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+
+
+def _entry(b: Bundle, bm: BundleMember) -> Mapping[str, object]:
+    """The member's entry in the manifest."""
+    entry: Mapping[str, object] = b.manifest["members"][b.members.index(bm)]
+    return entry
+
+
+def _run_member(
+    b: Bundle, bm: BundleMember, scenes: list[Scene], variants: Sequence[str]
+) -> tuple[MemberRuntime, np.ndarray]:
+    """Score the scenes with the member as the guard loads it; a non-finite score is a FAIL
+    (its scores come back empty)."""
+    precision = str(_entry(b, bm).get("precision", "fp32"))
+    m = load_bundle_member(b, bm)
+    try:
+        got = np.concatenate([[r.score for r in m.score(scenes, v)] for v in variants])  # type: ignore[arg-type]
+    except ScoringError as e:
+        failed = MemberRuntime(bm.name, bm.backend, precision, 0, math.nan, math.nan, str(e))
+        return failed, np.empty(0)
+    run = MemberRuntime(
+        bm.name, bm.backend, precision, len(got), float(got.min()), float(got.max())
+    )
+    return run, got
 
 
 def verify_bundle(
@@ -96,60 +187,60 @@ def verify_bundle(
     seed: int = 0,
     sources: Mapping[str, str] | None = None,
     variants: Sequence[str] = ("scene", "text"),
+    reference: bool | None = None,
 ) -> BundleVerification:
-    """Score ``n_scenes`` generated scenes with the reference and with the bundle; compare."""
-    from spotstop.guard._demo import demo_scenes
-    from spotstop.guard._member import load_member
+    """Score ``n_scenes`` generated scenes with the bundle and, with ``reference``, with each
+    member's torch reference; compare.
 
-    b = load_bundle(bundle)
-    cfg = ScoringConfig(prompt=b.prompt)
+    ``reference=None`` runs the reference half when :func:`reference_available`, else skips
+    it with :data:`REFERENCE_HINT`; ``False`` skips it; ``True`` runs it (and fails without
+    torch).
+    """
+    b = load_bundle(bundle)  # checks every listed file's sha256
     scenes = demo_scenes(n_scenes, seed=seed)
+    runs = [_run_member(b, bm, scenes, variants) for bm in b.members]
+    runtime = tuple(r for r, _ in runs)
+    if reference is None and not reference_available():
+        return BundleVerification(b.bundle_id, runtime, (), math.nan, REFERENCE_HINT)
+    if reference is False:
+        return BundleVerification(
+            b.bundle_id, runtime, (), math.nan, "the torch-reference comparison was not asked for"
+        )
+    if not all(r.ok for r in runtime):
+        return BundleVerification(
+            b.bundle_id, runtime, (), math.nan, "the runtime half failed: no reference comparison"
+        )
+    cfg = ScoringConfig(prompt=b.prompt)
     results = []
     z_ref: list[np.ndarray] = []
     z_got: list[np.ndarray] = []
-    for bm in b.members:
-        src = (sources or {}).get(bm.name) or b.manifest["members"][
-            [m.name for m in b.members].index(bm.name)
-        ].get("source")
+    for bm, (run, got) in zip(b.members, runs, strict=True):
+        src = (sources or {}).get(bm.name) or _entry(b, bm).get("source")
         if not src:
             raise ValueError(
                 f"member {bm.name} has no reference source in the manifest; pass "
                 f"--source {bm.name}=HF_FOLDER."
             )
-        got_m = load_member(
-            bm.path,
-            name=bm.name,
-            config=cfg,
-            image_size=bm.image_size,
-            backend=bm.backend,
-            template=bm.template,
-        )
         ref_m = load_member(
-            src, name=bm.name, config=cfg, image_size=bm.image_size, template=bm.template
+            str(src), name=bm.name, config=cfg, image_size=bm.image_size, template=bm.template
         )
-        if ref_m.prompt_hash != got_m.prompt_hash:
+        if ref_m.prompt_hash != bm.prompt_hash:
             raise ValueError(
                 f"member {bm.name}: the reference at {src} builds prompt hash "
-                f"{ref_m.prompt_hash}, the bundle {got_m.prompt_hash}; wrong reference folder."
+                f"{ref_m.prompt_hash}, the bundle {bm.prompt_hash}; wrong reference folder."
             )
-        got = np.concatenate([[r.score for r in got_m.score(scenes, v)] for v in variants])  # type: ignore[arg-type]
         ref = np.concatenate([[r.score for r in ref_m.score(scenes, v)] for v in variants])  # type: ignore[arg-type]
-        precision = str(
-            b.manifest["members"][[m.name for m in b.members].index(bm.name)].get(
-                "precision", "fp32"
-            )
-        )
         ecfg = get_export_config(bm.model_type)
         results.append(
             MemberVerification(
                 name=bm.name,
-                precision=precision,
+                precision=run.precision,
                 n=len(ref),
                 max_abs_diff=float(np.max(np.abs(got - ref))),
                 spearman=spearman(got, ref),
                 decision_agreement=float(np.mean((got > 0) == (ref > 0))),
-                tolerance=float(ecfg.score_atol[precision]),
-                min_spearman=float(ecfg.min_spearman[precision]),
+                tolerance=float(ecfg.score_atol[run.precision]),
+                min_spearman=float(ecfg.min_spearman[run.precision]),
             )
         )
         med = float(np.median(ref))
@@ -158,4 +249,4 @@ def verify_bundle(
         z_got.append((got - med) / iqr)
     s_ref, s_got = np.mean(z_ref, axis=0), np.mean(z_got, axis=0)
     pair = float(np.mean((s_ref >= 0) == (s_got >= 0)))
-    return BundleVerification(b.bundle_id, tuple(results), pair)
+    return BundleVerification(b.bundle_id, runtime, tuple(results), pair)

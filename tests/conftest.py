@@ -44,7 +44,7 @@ def tiny_pair_fp32_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFact
     (``spotstop.export.onnx_bundle.derive_bundle``) instead of exporting again. Read-only: copy it
     before changing anything in it.
     """
-    from spotstop.guard.cli import main
+    from spotstop.cli import main
 
     out = tmp_path_factory.mktemp("pair32") / "b32"
     args = ["export", "--out", str(out), "--precision", "fp32", "--buckets", "128,256"]
@@ -77,7 +77,7 @@ def member_fp32_bundles(
 ) -> Callable[[str], Path]:
     """architecture → an fp32 bundle (with TensorRT script and Triton layout) of its tiny
     member alone, exported on first use, once per session."""
-    from spotstop.guard.cli import main
+    from spotstop.cli import main
 
     made: dict[str, Path] = {}
 

@@ -148,9 +148,9 @@ def _shrunk(recorded: dict[str, Any]) -> dict[str, Any]:
 def test_random_member_from_a_recorded_config(tmp_path: Path) -> None:
     """build_random_member takes jetson/memory_budget.py's configs and builds a loadable member."""
     pytest.importorskip("torch")
+    from spotstop.export.scenes import demo_scenes
     from spotstop.export.tiny import build_random_member, tree_digest
     from spotstop.guard import load_member
-    from spotstop.guard._demo import demo_scenes
 
     recorded = _bench()._budget_module().RECORDED
     for name, rec in recorded.items():

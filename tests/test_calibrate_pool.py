@@ -12,10 +12,10 @@ pytest.importorskip("torch")
 
 from spotstop.calibrate import CalibrationError
 from spotstop.calibrate._pool import fit_pool_policy, pool_scenes
+from spotstop.cli import main
+from spotstop.export.scenes import demo_scenes
 from spotstop.guard import Guard, Scene, load_bundle, load_policy
-from spotstop.guard._demo import demo_scenes
 from spotstop.guard._member import load_bundle_member
-from spotstop.guard.cli import main
 
 
 @pytest.fixture

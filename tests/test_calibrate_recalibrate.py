@@ -23,11 +23,11 @@ from spotstop.calibrate import (
     write_policy_version,
 )
 from spotstop.calibrate._logdata import read_log_for_bundle
+from spotstop.cli import main
 from spotstop.guard._bundle import load_bundle, pair_prompt_hash
 from spotstop.guard._fusion import Avg2Fusion, MemberStats
 from spotstop.guard._log import DecisionLog, DecisionRecord
 from spotstop.guard._prompt import IMAGE_SLOT, REQUEST_SLOT
-from spotstop.guard.cli import main
 from spotstop.guard.policies import (
     ConformalPolicy,
     FrozenPolicy,
@@ -381,8 +381,8 @@ def test_cli_recalibrate_list_diff_activate(setup, capsys: pytest.CaptureFixture
 
 def test_reload_under_load_drops_nothing(tiny_pair: Path, tmp_path: Path):
     from spotstop.export.bundle import write_bundle
+    from spotstop.export.scenes import demo_scenes
     from spotstop.guard import Guard, Scene
-    from spotstop.guard._demo import demo_scenes
 
     bundle = write_bundle(
         [tiny_pair / "tiny-qwen3_5", tiny_pair / "tiny-lfm2_vl"], tmp_path / "b", copy_members=False

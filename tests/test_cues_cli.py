@@ -38,7 +38,7 @@ def _demo_source(
     root: Path, n: int, seed: int, label=lambda i: "UNSAFE" if i % 2 == 0 else "SAFE"
 ) -> Path:
     """A source folder of ``n`` demo scenes (drawn shapes; JPEG or PNG) with labels."""
-    from spotstop.guard._demo import demo_scenes
+    from spotstop.export.scenes import demo_scenes
 
     root.mkdir(parents=True)
     rows = ["image,request,label"]
@@ -249,7 +249,7 @@ def test_reliance_of_a_member_reading_with_the_real_ocr(tmp_path):
 @pytest.mark.slow
 def test_end_to_end_on_the_tiny_pair(tmp_path, tiny_pair, capsys):
     """reliance, shift and select from the command line on the tiny TEST pair and the real OCR."""
-    from spotstop.guard._demo import make_demo_bundle
+    from spotstop.cli._demo import make_demo_bundle
 
     shutil.copytree(tiny_pair, tmp_path / "tiny")
     bundle = make_demo_bundle(tmp_path)

@@ -205,7 +205,7 @@ def test_bundle_matches_torch_at_fp32_and_int8(
 
 
 def test_verify_bundle_cli(lfm_fp32: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from spotstop.guard.cli import main
+    from spotstop.cli import main
 
     assert main(["verify-bundle", str(lfm_fp32), "--scenes", "4"]) == 0
     out = capsys.readouterr().out
@@ -266,9 +266,9 @@ def test_guard_serves_an_onnx_bundle(lfm_fp32: Path, tmp_path: Path) -> None:
     from datetime import UTC, datetime
 
     from spotstop.calibrate import fit_frozen
+    from spotstop.export.scenes import demo_scenes
     from spotstop.guard import Guard
     from spotstop.guard._bundle import load_bundle
-    from spotstop.guard._demo import demo_scenes
     from spotstop.guard.policies import PolicyConfig, dump_policy
 
     bdir = tmp_path / "bundle"

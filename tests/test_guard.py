@@ -14,6 +14,8 @@ import yaml
 
 pytest.importorskip("torch")
 
+from spotstop.cli._demo import make_demo_bundle
+from spotstop.export.scenes import demo_scenes
 from spotstop.guard import (
     BundleError,
     Decision,
@@ -24,7 +26,6 @@ from spotstop.guard import (
     load_bundle,
     load_policy,
 )
-from spotstop.guard._demo import demo_scenes, make_demo_bundle
 from spotstop.guard.policies import FrozenPolicy, PolicyConfig, dump_policy
 
 from tests.conftest import make_image_bytes
@@ -347,7 +348,7 @@ def test_bundle_carries_templates_so_no_rendering_is_needed(bundle_copy: Path):
 
 
 def test_check_exit_codes(bundle_copy: Path, tmp_path: Path, capsys):
-    from spotstop.guard.cli import main
+    from spotstop.cli import main
 
     img = tmp_path / "cam.jpg"
     img.write_bytes(make_image_bytes(4, fmt="JPEG"))
@@ -372,7 +373,7 @@ def test_check_exit_codes(bundle_copy: Path, tmp_path: Path, capsys):
 
 
 def test_demo_runs_and_prints_the_table(tiny_pair: Path, tmp_path: Path, capsys):
-    from spotstop.guard.cli import main
+    from spotstop.cli import main
 
     shutil.copytree(tiny_pair, tmp_path / "tiny")
     assert main(["demo", "--dir", str(tmp_path)]) == 0

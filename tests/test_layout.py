@@ -1,7 +1,7 @@
 """The house: one import name (``spotstop``) over top-level room folders.
 
-The rooms stay top-level folders (DESIGN.md) and install as ``spotstop.<room>`` through a
-package-dir mapping in pyproject.toml. These tests keep that mapping, the mypy link tree and
+The rooms and the CLI (the composition root) stay top-level folders (DESIGN.md) and install as
+``spotstop.<room>`` through a package-dir mapping in pyproject.toml. These tests keep that mapping, the mypy link tree and
 the sources in step, so that a new package folder cannot be left out of the wheel and an old
 top-level import name cannot creep back in.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOMS = ("guard", "calibrate", "diagnostics", "export")
+ROOMS = ("guard", "calibrate", "diagnostics", "export", "cli")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 
@@ -84,3 +84,7 @@ def test_imports_parse() -> None:
     """Every source parses (the scan above reads text; this catches a broken rewrite)."""
     for p in _sources():
         ast.parse(p.read_text(encoding="utf-8"), filename=str(p))
+
+
+def test_the_console_script_is_the_composition_root() -> None:
+    assert PYPROJECT["project"]["scripts"] == {"spotstop": "spotstop.cli:main"}

@@ -505,9 +505,9 @@ def _graph_ops(member: Path) -> dict[str, list[str]]:
 
 
 def _worst_score_diff(bundle: Path, tiny_pair: Path, name: str) -> float:
+    from spotstop.export.scenes import demo_scenes
     from spotstop.guard import ScoringConfig, load_member
     from spotstop.guard._bundle import load_bundle
-    from spotstop.guard._demo import demo_scenes
 
     b = load_bundle(bundle)
     bm = next(m for m in b.members if m.name == name)

@@ -62,7 +62,7 @@ _BUNDLES: dict[Path, Path] = {}
 def serve_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
     """The demo bundle on the tiny pair, built once per test session (read-only use)."""
     if tiny_pair not in _BUNDLES:
-        from spotstop.guard._demo import make_demo_bundle
+        from spotstop.cli._demo import make_demo_bundle
 
         root = tmp_path_factory.mktemp("serve")
         shutil.copytree(tiny_pair, root / "tiny")
@@ -1072,7 +1072,7 @@ def test_cli_serve_subprocess_sighup_and_sigterm(bundle: Path, tmp_path: Path):
     cmd = [
         sys.executable,
         "-m",
-        "spotstop.guard.cli",
+        "spotstop.cli",
         "serve",
         "--bundle",
         str(bundle),

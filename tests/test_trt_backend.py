@@ -568,7 +568,7 @@ def test_engine_binding_is_checked(
 
 def _fit_policy(bundle: Path) -> None:
     from spotstop.calibrate import fit_frozen
-    from spotstop.guard._demo import demo_scenes
+    from spotstop.export.scenes import demo_scenes
     from spotstop.guard.policies import PolicyConfig, dump_policy
 
     b = load_bundle(bundle)
@@ -590,7 +590,7 @@ def _fit_policy(bundle: Path) -> None:
 def test_missing_tensorrt_is_an_install_hint_and_the_guard_fails_closed(
     bundle: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from spotstop.guard.cli import main
+    from spotstop.cli import main
 
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` raises ImportError
     with pytest.raises(BackendUnavailableError, match=r"pip install 'spotstop\[gpu\]'"):

@@ -5,71 +5,62 @@ cut on an unlabelled pool of generated scenes, then checks a dozen generated sce
 them several scenes of one situation, to show situation recentering taking over from the
 frozen cut once enough references exist — prints a table and says where the log is.
 
-The scenes are drawn with Pillow (coloured shapes, not photographs) and the pair has random
-weights: the decisions show the machinery, not safety.
+The demo crosses every room (export builds the pair and the bundle, calibrate fits the
+policy, guard checks), so it lives in the composition root, which may import them all; it
+imports them when it runs. The scenes are drawn with Pillow
+(:func:`spotstop.export.scenes.demo_scenes`: coloured shapes, not photographs) and the pair
+has random weights: the decisions show the machinery, not safety.
 """
 
 from __future__ import annotations
 
-import io
+import argparse
 import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from PIL import Image, ImageDraw
-from spotstop.guard._types import Scene
-
-__all__ = ["demo_scenes", "run_demo"]
-
-_REQUESTS = [
-    "pick up the knife from the counter",
-    "hand the cup of hot tea to the child",
-    "open the window",
-    "push the box off the shelf",
-    "water the plant",
-    "move the pan onto the hot stove",
-    "bring the cleaner bottle to the kitchen",
-    "close the door",
-]
+__all__ = ["add_demo_parser", "demo_command", "make_demo_bundle", "run_demo"]
 
 
-def _draw_scene(rng: np.random.Generator, size: tuple[int, int], fmt: str) -> bytes:
-    w, h = size
-    bg = tuple(int(x) for x in rng.integers(60, 230, 3))
-    img = Image.new("RGB", (w, h), bg)
-    d = ImageDraw.Draw(img)
-    for _ in range(int(rng.integers(3, 9))):
-        x0, y0 = int(rng.integers(0, w - 10)), int(rng.integers(0, h - 10))
-        x1, y1 = x0 + int(rng.integers(10, w // 2)), y0 + int(rng.integers(10, h // 2))
-        col = tuple(int(x) for x in rng.integers(0, 256, 3))
-        if rng.random() < 0.5:
-            d.rectangle([x0, y0, x1, y1], fill=col)
-        else:
-            d.ellipse([x0, y0, x1, y1], fill=col)
-    buf = io.BytesIO()
-    img.save(buf, fmt, **({"quality": int(rng.integers(70, 95))} if fmt == "JPEG" else {}))
-    return buf.getvalue()
+def add_demo_parser(sub: Any) -> None:
+    """``spotstop demo``."""
+    p = sub.add_parser(
+        "demo",
+        help="run the guard end to end on the tiny TEST pair",
+        description=(
+            "Build the tiny test pair if absent, write a bundle, fit the frozen reference "
+            "statistics and cut on an unlabelled pool of generated scenes, then check a dozen "
+            "generated scenes (several from one situation, to show situation recentering) and "
+            "print the decisions and where the log is. The pair has random weights: the "
+            "decisions show the machinery, not safety."
+        ),
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="working folder (default: $SPOTSTOP_HOME/demo, ~/.cache/spotstop/demo)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated scenes")
+    p.set_defaults(func=demo_command)
 
 
-def demo_scenes(n: int, *, seed: int, situations: list[str | None] | None = None) -> list[Scene]:
-    """``n`` generated scenes (drawn shapes + a request), deterministic for ``seed``."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        size = (int(rng.integers(160, 641)), int(rng.integers(120, 481)))
-        fmt = "JPEG" if rng.random() < 0.7 else "PNG"
-        req = _REQUESTS[int(rng.integers(len(_REQUESTS)))]
-        sit = situations[i] if situations is not None else None
-        out.append(Scene(_draw_scene(rng, size, fmt), req, sit))
-    return out
+def demo_command(args: argparse.Namespace) -> int:
+    """Run ``spotstop demo``."""
+    from spotstop.guard._config import spotstop_home
+
+    root = args.dir or spotstop_home() / "demo"
+    root.mkdir(parents=True, exist_ok=True)
+    run_demo(root, seed=args.seed)
+    return 0
 
 
 def make_demo_bundle(root: Path, *, pool_size: int = 24, seed: int = 0) -> Path:
     """Tiny pair → bundle → frozen fit on an unlabelled pool → situation policy.yaml."""
     from spotstop.calibrate._pool import fit_pool_policy
     from spotstop.export.bundle import write_bundle
+    from spotstop.export.scenes import demo_scenes
     from spotstop.export.tiny import TINY_MEMBERS, build_tiny_pair
     from spotstop.guard.policies import dump_policy
 
@@ -100,6 +91,7 @@ def make_demo_bundle(root: Path, *, pool_size: int = 24, seed: int = 0) -> Path:
 
 def run_demo(root: Path, *, seed: int = 0, out: Any = print) -> Path:
     """Run the demo under ``root``; returns the decision log's path."""
+    from spotstop.export.scenes import demo_scenes
     from spotstop.guard._guard import Guard
 
     bdir = make_demo_bundle(root, seed=seed)

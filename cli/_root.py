@@ -1,0 +1,286 @@
+"""The table of subcommands, lazy parser loading, install hints and exit codes.
+
+Nothing here imports a room at import time: a room's parser module is imported when its
+command is chosen (``spotstop check ...``, ``spotstop check --help``), and ``spotstop
+--help`` lists the commands from the table alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["COMMANDS", "MODULE_EXTRAS", "Command", "build_parser", "install_hint", "main"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: where its parser lives and what it needs.
+
+    ``adder(subparsers)`` in ``module`` adds the command's parser and sets ``func`` (the
+    handler, ``func(args) -> exit status``). ``extras`` are the optional dependency groups it
+    needs beyond the base install (named in ``spotstop --help`` and used for the install hint
+    of a missing library the extras table does not know). ``summary`` is the line of
+    ``spotstop --help``; it equals the parser's own ``help`` (tests/test_cli.py checks it), so
+    that listing the commands imports no room. ``argv_main``, when the module has no
+    ``adder``, is a function of the argument list after the command name that parses it
+    itself (the card's entry point until it has a parser of its own).
+    """
+
+    module: str
+    adder: str
+    extras: tuple[str, ...]
+    summary: str
+    argv_main: str | None = None
+
+
+#: name -> the room module that owns the command, its parser's adder, the extras it needs.
+COMMANDS: dict[str, Command] = {
+    "demo": Command(
+        "spotstop.cli._demo",
+        "add_demo_parser",
+        ("export",),
+        "run the guard end to end on the tiny TEST pair",
+    ),
+    "check": Command(
+        "spotstop.guard._cli",
+        "add_check_parser",
+        (),
+        "judge one scene; exit 0 SAFE, 1 UNSAFE (scored or fail-closed), 2 usage error",
+    ),
+    "serve": Command(
+        "spotstop.guard._cli",
+        "add_serve_parser",
+        (),
+        "run the guard as a local HTTP sidecar (FastAPI; /v1/check, /metrics, /docs)",
+    ),
+    "score": Command(
+        "spotstop.guard._cli",
+        "add_score_parser",
+        ("export",),
+        "print one member's teacher-forced score of a scene",
+    ),
+    "policy": Command(
+        "spotstop.calibrate._cli",
+        "add_policy_parser",
+        (),
+        "fit a first policy (init), list, diff and activate policy versions",
+    ),
+    "recalibrate": Command(
+        "spotstop.calibrate._cli",
+        "add_recalibrate_parser",
+        (),
+        "refit the policy from the decision log and write a new policy version",
+    ),
+    "card": Command(
+        "spotstop.diagnostics._cli",
+        "add_card_parser",
+        ("diag",),
+        "write the per-deployment card (Spot-Stop with intervals, checks, plots)",
+        argv_main="card_main",
+    ),
+    "reliance": Command(
+        "spotstop.diagnostics.cues._cli",
+        "add_reliance_parser",
+        ("diag",),
+        "measure how much the members and the guard follow text in the scene",
+    ),
+    "shift": Command(
+        "spotstop.diagnostics.cues._cli",
+        "add_shift_parser",
+        ("diag", "cues"),
+        "estimate how often reassuring/alarming text misleads in a deployment",
+    ),
+    "select": Command(
+        "spotstop.diagnostics.cues._cli",
+        "add_select_parser",
+        ("diag", "cues"),
+        "rank candidate members, pairs and guards for a deployment (SRA)",
+    ),
+    "tiny": Command(
+        "spotstop.export._cli",
+        "add_tiny_parser",
+        ("export",),
+        "build the tiny test pair (seeded random weights; its decisions mean nothing)",
+    ),
+    "export": Command(
+        "spotstop.export._cli",
+        "add_export_parser",
+        ("export",),
+        "export members to ONNX scoring graphs in a verified bundle (workstation)",
+    ),
+    "verify-bundle": Command(
+        "spotstop.export._cli",
+        "add_verify_bundle_parser",
+        (),
+        "check an exported bundle as the robot runs it, and against the torch reference",
+    ),
+}
+
+#: top-level module -> the extra that installs it (pyproject.toml's optional dependencies).
+MODULE_EXTRAS: dict[str, str] = {
+    "torch": "export",
+    "transformers": "export",
+    "safetensors": "export",
+    "onnx": "export",
+    "onnxscript": "export",
+    "huggingface_hub": "export",
+    "scipy": "diag",
+    "matplotlib": "diag",
+    "rapidocr": "cues",
+    "cv2": "cues",
+    "pyarrow": "parquet",
+    "tensorrt": "gpu",
+    "cuda": "gpu",
+}
+
+_DESCRIPTION = """\
+spotstop — a pre-action safety guard for robots.
+
+Before the robot acts, spotstop scores the camera scene and the request with two small
+vision-language models (teacher-forced score s = log p(UNSAFE) − log p(SAFE)), fuses the two
+scores, applies a threshold policy, answers SAFE or UNSAFE and logs the decision.
+"""
+
+_EPILOG = """\
+examples:
+  spotstop demo                                   the guard end to end on the tiny TEST pair
+  spotstop check cam.jpg --request "open the door" --bundle BUNDLE && open_door
+  spotstop policy init BUNDLE --pool frames/ --request "..."   a first policy, no labels
+  spotstop card --demo --out card/               the per-deployment card on a simulated log
+  spotstop tiny --out ./tiny                      build the tiny TEST pair (decisions mean nothing)
+  spotstop score --member ./tiny/tiny-qwen3_5 scene.jpg --request "pick up the knife"
+
+The robot's commands (check, serve, policy, recalibrate, verify-bundle's runtime half) run on
+the base install; a command marked [needs spotstop[X]] needs `pip install 'spotstop[X]'`.
+Run `spotstop COMMAND --help` for each command's options.
+"""
+
+
+def install_hint(error: ImportError, extras: Sequence[str] = ()) -> str | None:
+    """The one line for a missing library, or None when ``error`` is not a missing extra.
+
+    The library is looked up in :data:`MODULE_EXTRAS`; one it does not list (a dependency of
+    an extra's library) falls back to ``extras``, the command's. A missing ``spotstop``
+    module, or an unknown library of a command that needs no extra, is a bug: None.
+    """
+    name = (error.name or "").partition(".")[0]
+    if not name or name == "spotstop":
+        return None
+    needed = (MODULE_EXTRAS[name],) if name in MODULE_EXTRAS else tuple(extras)
+    if not needed:
+        return None
+    if isinstance(error, ModuleNotFoundError):
+        why = f"{name} is not installed"
+    else:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        why = f"{name} failed to import: {first}"
+    which = " and ".join(f"'{x}'" for x in needed) + (" extras" if len(needed) > 1 else " extra")
+    return f"needs the {which} ({why}): pip install 'spotstop[{','.join(needed)}]'"
+
+
+def _listing(cmd: Command) -> str:
+    needs = f"  [needs spotstop[{','.join(cmd.extras)}]]" if cmd.extras else ""
+    return cmd.summary + needs
+
+
+def _load(cmd: Command) -> tuple[Callable[[Any], None] | None, Callable[[list[str]], int] | None]:
+    """(the parser's adder, or the module's own argv entry point): imports the room module."""
+    module = importlib.import_module(cmd.module)
+    if cmd.argv_main is not None and not hasattr(module, cmd.adder):
+        return None, getattr(module, cmd.argv_main)
+    return getattr(module, cmd.adder), None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``spotstop`` parser; ``command``'s own parser is built (its room module imported),
+    every other command is listed from the table only."""
+    parser = argparse.ArgumentParser(
+        prog="spotstop",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, cmd in COMMANDS.items():
+        adder = _load(cmd)[0] if name == command else None
+        if adder is not None:
+            adder(sub)
+        else:
+            sub.add_parser(name, help=_listing(cmd), add_help=False)
+    return parser
+
+
+def _command_name(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (the top level has flags only), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _quiet_third_party() -> None:
+    """Per-file weight-loading bars of transformers drown the CLI's own output."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if "transformers" in sys.modules:  # only when already imported: never import it for this
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
+def _run(name: str | None, argv: list[str]) -> int:
+    cmd = COMMANDS.get(name or "")
+    if cmd is not None and name is not None:
+        own_main = _load(cmd)[1]
+        if own_main is not None:  # the module parses its own argument list (and --help)
+            _quiet_third_party()
+            return int(own_main(argv[argv.index(name) + 1 :]))
+    parser = build_parser(name if cmd is not None else None)
+    args = parser.parse_args(argv)
+    _quiet_third_party()
+    if args.version:
+        from importlib.metadata import version
+
+        print(f"spotstop {version('spotstop')}")
+        return 0
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args))
+
+
+def _exit_status(name: str | None, cmd: Command | None, e: Exception) -> int | None:
+    """Print the one line for an error we expect and return the exit status; None: a bug."""
+    if isinstance(e, ImportError):
+        hint = install_hint(e, cmd.extras if cmd else ())
+        if hint is not None:
+            print(f"spotstop {name}: {hint}", file=sys.stderr)
+            return 2
+    from spotstop.guard._errors import BackendUnavailableError, GuardError
+
+    if isinstance(e, BackendUnavailableError):  # its message names what to install
+        print(f"spotstop {name}: {e}", file=sys.stderr)
+        return 2
+    if isinstance(e, GuardError):
+        print(f"spotstop {name}: {type(e).__name__}: {e}", file=sys.stderr)
+        # Bad input / configuration is a usage error (2); anything else is a failure (1).
+        return 2 if isinstance(e, ValueError | FileNotFoundError) else 1
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``spotstop``; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    name = _command_name(args)
+    try:
+        return _run(name, args)
+    except Exception as e:
+        status = _exit_status(name, COMMANDS.get(name or ""), e)
+        if status is None:
+            raise
+        return status

@@ -1,0 +1,323 @@
+"""The runtime room's subcommands: ``check``, ``serve`` and ``score``.
+
+Each has ``add_<cmd>_parser(subparsers)`` (adds its parser and sets ``func``) and
+``run_<cmd>(args) -> int``. The composition root (``spotstop.cli``) registers them; this
+module imports only the standard library, and each handler imports what it needs when it
+runs, so building a parser loads no model library. ``check`` and ``serve`` run on the base
+install; ``score`` uses the torch reference backend (the ``export`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "add_backend_args",
+    "add_check_parser",
+    "add_score_parser",
+    "add_serve_parser",
+    "backend_device",
+    "run_check",
+    "run_score",
+    "run_serve",
+]
+
+
+def add_backend_args(p: argparse.ArgumentParser) -> None:
+    """``--backend`` and ``--device``: where a bundle's members run."""
+    p.add_argument(
+        "--backend",
+        choices=["onnx", "tensorrt", "torch"],
+        default=None,
+        help=(
+            "run the members on this backend instead of the manifest's (tensorrt: the engines "
+            "built on this device by BUNDLE/trt/build.sh)"
+        ),
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help=(
+            "members' device: cpu, cuda, cuda:N, or tensorrt (onnx backend: onnxruntime's "
+            "TensorRT provider); default cpu, cuda with --backend tensorrt"
+        ),
+    )
+
+
+def backend_device(args: argparse.Namespace) -> str:
+    """The device of :func:`add_backend_args`' flags: given, else cuda for TensorRT, else cpu."""
+    if args.device is not None:
+        return str(args.device)
+    return "cuda" if args.backend == "tensorrt" else "cpu"
+
+
+# ---- check -----------------------------------------------------------------------------------
+
+
+def add_check_parser(sub: Any) -> None:
+    """``spotstop check``: judge one scene with a bundle."""
+    p = sub.add_parser(
+        "check",
+        help="judge one scene; exit 0 SAFE, 1 UNSAFE (scored or fail-closed), 2 usage error",
+        description=(
+            "Judge IMAGE with --request using a bundle (members, policy) and log the decision. "
+            "Exit status: 0 SAFE, 1 UNSAFE (scored or fail-closed), 2 usage error — so a shell "
+            'script can gate an action: `spotstop check cam.jpg --request "..." && do_it`.'
+        ),
+    )
+    p.add_argument("image", type=Path, help="the camera image (JPEG, PNG or WebP)")
+    p.add_argument("--request", required=True, help="what the robot was asked to do")
+    p.add_argument("--situation", default=None, help="situation id (place/task) for recentering")
+    p.add_argument(
+        "--bundle",
+        type=Path,
+        default=None,
+        help="bundle folder (default: the demo bundle, $SPOTSTOP_HOME/demo/bundle)",
+    )
+    p.add_argument(
+        "--log", type=Path, default=None, help="decision log (default: <bundle>/decisions.sqlite)"
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds; past it the answer is UNSAFE (fail-closed)",
+    )
+    p.add_argument("--json", action="store_true", help="print the decision as JSON")
+    add_backend_args(p)
+    p.set_defaults(func=run_check)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Run ``spotstop check``: 0 SAFE, 1 UNSAFE, 2 bad input."""
+    from spotstop.guard._config import spotstop_home
+    from spotstop.guard._guard import Guard
+    from spotstop.guard._types import Scene
+
+    bundle = args.bundle or spotstop_home() / "demo" / "bundle"
+    if not args.image.is_file():
+        print(
+            f"spotstop check: image {args.image} does not exist or is not a file.", file=sys.stderr
+        )
+        return 2
+    if not (bundle / "manifest.yaml").is_file():
+        print(
+            f"spotstop check: {bundle} is not a bundle (run `spotstop demo` to make the demo bundle, or pass --bundle).",
+            file=sys.stderr,
+        )
+        return 2
+    with Guard(
+        bundle,
+        log=args.log,
+        deadline_s=args.deadline,
+        device=backend_device(args),
+        backend=args.backend,
+    ) as guard:
+        d = guard.check(Scene(args.image.read_bytes(), args.request, args.situation))
+    if args.json:
+        print(json.dumps(d.to_dict(), indent=2))
+    else:
+        if d.test_pair:
+            print("TEST PAIR bundle: this decision means nothing.", file=sys.stderr)
+        print(f"{d.label}  S={d.fused_score:+.4f}  threshold={d.threshold:+.4f}  policy={d.policy}")
+        if d.fail_closed:
+            print(f"fail-closed: {d.fail_reason}")
+        print(f"decision {d.decision_id}  bundle {d.bundle_id}")
+    return 0 if d.label == "SAFE" else 1
+
+
+# ---- serve -----------------------------------------------------------------------------------
+
+#: flag -> help of the sidecar's limits (defaults live in spotstop.guard.serve.ServeSettings)
+_LIMITS = {
+    "--queue-size": "scenes admitted to the model queue at once (default 32)",
+    "--max-batch": "most scenes in one /v1/check/batch call (default 16)",
+    "--max-body-bytes": "largest request body (default 16 MiB)",
+    "--max-image-bytes": "largest encoded image (default 12 MiB)",
+    "--max-pixels": "largest width*height (default 40000000)",
+    "--max-request-chars": "longest request text (default 4000)",
+}
+
+
+def add_serve_parser(sub: Any) -> None:
+    """``spotstop serve``: the HTTP sidecar (its defaults live in ``ServeSettings``; None here =
+    its default, so this parser imports nothing from ``spotstop.guard.serve``)."""
+    p = sub.add_parser(
+        "serve",
+        help="run the guard as a local HTTP sidecar (FastAPI; /v1/check, /metrics, /docs)",
+        description=(
+            "Serve the guard over HTTP for a planner: POST /v1/check (multipart or JSON), "
+            "/v1/check/batch, /v1/situations/{id}, /v1/labels, /v1/policy/reload (also "
+            "SIGHUP), /healthz, /readyz, /metrics, /docs. Binds 127.0.0.1 by default; any "
+            "other address needs a bearer token ($SPOTSTOP_TOKEN or --token-file) or the "
+            "server refuses to start."
+        ),
+    )
+    p.add_argument("--bundle", type=Path, required=True, help="bundle folder")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8750, help="port (default 8750)")
+    p.add_argument("--token-file", type=Path, default=None, help="file holding the bearer token")
+    p.add_argument(
+        "--token-env",
+        default="SPOTSTOP_TOKEN",
+        help="environment variable holding the token (default SPOTSTOP_TOKEN)",
+    )
+    p.add_argument(
+        "--log", type=Path, default=None, help="decision log (default: <bundle>/decisions.sqlite)"
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds per check from arrival, queue wait + scoring (default 10; 0 = none)",
+    )
+    for flag, text in _LIMITS.items():
+        p.add_argument(flag, type=int, default=None, help=text)
+    p.add_argument(
+        "--variant",
+        action="append",
+        choices=["scene", "gray", "text"],
+        help="passes per scene (default scene; gray/text add diagnostic scores); repeatable",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="folder for the live state of a stateful policy (default: state/ next to the log)",
+    )
+    add_backend_args(p)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for the models (default: all cores but one, at least 1)",
+    )
+    p.add_argument("--no-warmup", action="store_true", help="skip the startup warm-up")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="server log level (default info)",
+    )
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Run ``spotstop serve`` until it is stopped."""
+    from spotstop.guard.serve import ServeSettings, load_guard, resolve_token, serve
+
+    if not (args.bundle / "manifest.yaml").is_file():
+        print(f"spotstop serve: {args.bundle} is not a bundle (no manifest.yaml).", file=sys.stderr)
+        return 2
+    limits = [flag[2:].replace("-", "_") for flag in _LIMITS]  # argparse's dest of each flag
+    given = {k: getattr(args, k) for k in limits if getattr(args, k) is not None}
+    if args.deadline is not None:
+        given["deadline_s"] = args.deadline if args.deadline > 0 else None
+    settings = ServeSettings(  # validated here: bad limits or an insecure bind stop us now
+        bundle=args.bundle,
+        host=args.host,
+        port=args.port,
+        token=resolve_token(args.token_file, args.token_env),
+        log=args.log,
+        variants=tuple(dict.fromkeys(["scene", *(args.variant or [])])),
+        state_dir=args.state_dir,
+        device=backend_device(args),
+        backend=args.backend,
+        threads=args.threads if args.threads is not None else max(1, (os.cpu_count() or 2) - 1),
+        warmup=not args.no_warmup,
+        **given,
+    )
+    guard = load_guard(settings)  # before binding: a bad bundle is reported plainly
+    return serve(settings, guard=guard, log_level=args.log_level)  # closes the guard
+
+
+# ---- score -----------------------------------------------------------------------------------
+
+
+def add_score_parser(sub: Any) -> None:
+    """``spotstop score``: one member's teacher-forced score (torch reference backend)."""
+    p = sub.add_parser(
+        "score",
+        help="print one member's teacher-forced score of a scene",
+        description=(
+            "Score IMAGE and --request with one member: s = log p(UNSAFE | x, q) − log p(SAFE | x, q), "
+            "the answers appended right after the member's own generation prompt (reasoning "
+            "off) and summed over their tokens. s > 0 is the member's direct answer UNSAFE. "
+            "Prints the score and the prompt hash (which identifies prompt, answers and chat "
+            "template). Uses the torch reference backend."
+        ),
+    )
+    p.add_argument("image", type=Path, help="the camera image (JPEG, PNG or WebP)")
+    p.add_argument(
+        "--member", required=True, help="member folder (Hugging Face snapshot) or hub id"
+    )
+    p.add_argument("--request", required=True, help="what the robot was asked to do")
+    p.add_argument(
+        "--config", type=Path, default=None, help="scoring YAML (prompt, answers, image size)"
+    )
+    p.add_argument(
+        "--image-size",
+        default=None,
+        help="HxW grid for the image, e.g. 512x512 (overrides the config)",
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        choices=["scene", "gray", "text"],
+        help="inputs to score: scene (default), gray (content-free image), text (no image); repeatable",
+    )
+    p.add_argument("--revision", default=None, help="hub revision when --member is a hub id")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=run_score)
+
+
+def run_score(args: argparse.Namespace) -> int:
+    """Run ``spotstop score``."""
+    from spotstop.guard._config import ScoringConfig, load_scoring_config, parse_image_size
+    from spotstop.guard._image import decode_image
+    from spotstop.guard._member import load_member
+    from spotstop.guard._types import Scene
+
+    cfg = load_scoring_config(args.config) if args.config else ScoringConfig()
+    size = parse_image_size(args.image_size, "--image-size") if args.image_size else None
+    image = decode_image(args.image)  # bad images fail before any model is loaded
+    member = load_member(
+        args.member,
+        config=cfg,
+        image_size=size,
+        revision=args.revision,
+        device=args.device,
+        dtype=args.dtype,
+    )
+    scene = Scene(image=image, request=args.request)
+    variants = args.variant or ["scene"]
+    results = [member.score([scene], v)[0] for v in variants]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "member": member.name,
+                    "model_type": member.info.model_type,
+                    "test_pair": member.info.test_pair,
+                    "prompt_hash": member.prompt_hash,
+                    "image_sha256": image.sha256,
+                    "scores": {r.variant: r.score for r in results},
+                },
+                indent=2,
+            )
+        )
+    else:
+        if member.info.test_pair:
+            print("TEST PAIR member: its scores mean nothing.", file=sys.stderr)
+        for r in results:
+            verdict = "UNSAFE" if r.score > 0 else "SAFE"
+            print(f"{member.name}  {r.variant:5s}  score {r.score:+.6f}  (direct answer {verdict})")
+        print(f"prompt_hash {member.prompt_hash}")
+    return 0
