@@ -54,6 +54,8 @@ class StateStore:
         if not self.cfg.policy.stateful:
             return
         with self._lock:
+            if state == self._state and self.path is not None and self.path.exists():
+                return  # nothing moved (e.g. no scene had a situation): no write, no fsync
             self._state = state
             if self.path is None:
                 return

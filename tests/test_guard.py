@@ -602,3 +602,35 @@ def test_the_real_ocr_reads_a_sign_at_decision_time(bundle_copy: Path, tmp_path:
     assert d.cue_flags == {"reassuring": False, "alarming": True}
     assert d.cue_text == "DANGER HIGH VOLTAGE"
     _assert_fail_closed(d, "alarming text")
+
+
+def test_the_guard_owns_situation_state_per_policy_version(bundle_copy: Path, tmp_path: Path):
+    from dataclasses import replace
+
+    from spotstop.guard.policies import SituationWindows, dump_policy
+
+    log = tmp_path / "l.sqlite"
+    with Guard(bundle_copy, log=log) as g:
+        v1 = g.policy_config.version_id
+        g.check_batch([_scene(i, "k") for i in range(4)])
+        refs = g.situation("k").references
+        assert len(refs) == 4
+    state = tmp_path / "state" / f"state-{v1}.json"
+    assert state.is_file()  # next to the log, one file per policy version
+    with Guard(bundle_copy, log=log) as g:  # a restart resumes the windows
+        assert g.situation("k").references == refs
+        # a new policy version starts from ITS seed, not from another fit's windows
+        cfg = g.policy_config
+        seeded = replace(
+            cfg,
+            fitted_on={**cfg.fitted_on, "version": 7},
+            state_seed=SituationWindows(8, {"k": (0.25,)}),
+        )
+        dump_policy(seeded, bundle_copy / "policy.yaml")
+        g.reload_policy()
+        assert g.policy_config.version_id.startswith("v0007+")
+        assert g.situation("k").references == (0.25,)
+        dump_policy(cfg, bundle_copy / "policy.yaml")  # back to the first version
+        g.reload_policy()
+        assert g.situation("k").references == refs
+        assert load_policy(bundle_copy / "policy.yaml").state_seed == cfg.state_seed  # untouched

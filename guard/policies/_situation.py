@@ -121,13 +121,15 @@ class SituationPolicy(Policy):
             if sid is not None
         )
 
-    def seed_from_fit(self, ctx: FitContext) -> SituationWindows:
-        """The last ``window`` fused scores of each situation's usable decisions, in time order."""
-        return self.initial_state(None).appended(
+    def seed_from_fit(self, ctx: FitContext) -> SituationWindows | None:
+        """The last ``window`` fused scores of each situation's usable decisions, in time
+        order; None when no decision had a situation (the windows start empty anyway)."""
+        seed = self.initial_state(None).appended(
             (str(sid), float(s))
             for sid, s in zip(ctx.situation_id.tolist(), ctx.fused.tolist(), strict=True)
             if sid
         )
+        return seed if seed.situations else None
 
     def seed_to_dict(self, seed: Any) -> Any:
         return {"situations": self._state(seed).to_dict()}
