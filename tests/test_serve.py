@@ -671,6 +671,9 @@ def test_policy_reload_http_ok_mismatch_invalid(bundle: Path, tmp_path: Path):
     with live_server(settings) as srv, srv.client() as c:
         r = c.post("/v1/policy/reload")
         assert r.status_code == 200 and r.json()["policy"] == "situation"
+        version = r.json()["policy_version"]
+        checked = c.post("/v1/check", **multipart(jpeg())).json()
+        assert checked["policy_version"] == version and checked["policy_kind"] == "situation"
         doc = yaml.safe_load(original)
         doc["bundle_id"] = "another-bundle"
         (b / "policy.yaml").write_text(yaml.safe_dump(doc))

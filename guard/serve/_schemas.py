@@ -230,6 +230,7 @@ class ReloadOut(BaseModel):
 
     bundle_id: str
     policy: str
+    policy_version: str = Field(description="The version id every decision now records.")
     path: str
     fitted_on: dict[str, Any]
 

@@ -91,6 +91,7 @@ class Sidecar:
         return {
             "bundle_id": cfg.bundle_id,
             "policy": cfg.policy.kind,
+            "policy_version": cfg.version_id,
             "path": str(g.policy_path),
             "fitted_on": dict(cfg.fitted_on or {}),
         }
