@@ -11,7 +11,8 @@ Data: ``simulate_log(600)``: 1,200 cases in 600 one-to-one contrasts (600 groups
   resampled cases and calling ``sklearn.metrics.roc_auc_score`` / ``roc_curve`` for AUROC,
   ``A*`` and the cross-fitted cut; only ``--naive-draws`` draws are timed and the time is
   extrapolated linearly to 10,000 (stated in the output).
-* the full card (all checks, plots excluded) is timed once for reference.
+* the full card (the verdict, every registered card check, the recommendation; plots and
+  files excluded) is timed once for reference, on the simulated cases (no decision log).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def main() -> None:
     if not args.skip_card:
         t0 = time.perf_counter()
         compute_card(table, n_boot=args.n_boot, rng=4)
-        print(f"full compute_card (all checks, no plots/files): {time.perf_counter() - t0:.2f} s")
+        print(f"full compute_card (verdict, all registered checks, no plots/files): "
+              f"{time.perf_counter() - t0:.2f} s")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,52 +1,57 @@
 """spotstop diagnostics: what the guard's label measures in a deployment (seed 000).
 
 Metrics and the Spot-Stop decomposition of ``R - A`` into threshold, overlap and within
-parts; a vectorized group bootstrap; the label-swap null; prevalence, situation-share,
-scene-blind and conformal checks; and the deployment card (``card.json``, ``card.md``,
-``card.html``).  Work on a :class:`CaseTable` (built from arrays or :func:`read_scores_csv`).
+parts; a vectorized group bootstrap; the label-swap null; the card checks (prevalence,
+situation share, scene-blind readers, the conformal audit of deployed cuts, text in the
+scene), each a registered module (:data:`CARD_CHECKS`); what the guard delivered, from the
+log's own answers; the verdict; and the deployment card (``card.json``, ``card.md``,
+``card.html``).  Work on a :class:`CaseTable` (built from arrays, :func:`read_scores_csv` or
+:func:`log_cases`).
 
->>> from diagnostics import simulate_log, spot_stop
+>>> from spotstop.diagnostics import simulate_log, spot_stop
 >>> ss = spot_stop(simulate_log(200, rng=0))
 >>> abs(ss.threshold_part + ss.overlap_part + ss.within_part - ss.R_minus_A) < 1e-12
 True
 """
 
-from spotstop.diagnostics._bootstrap import (
-    BootstrapResult,
-    NullResult,
-    bootstrap_auroc,
-    draw_group_counts,
-    group_bootstrap,
-    label_swap_null,
-)
-from spotstop.diagnostics._card import EXPLANATIONS, FIELD_KEYS, Card, compute_card, write_card
-from spotstop.diagnostics._checks import (
-    ConformalAudit,
-    LogisticRegression,
-    LongestSideRule,
-    PrevalenceCheck,
-    RuleOutcome,
-    SceneBlindReaders,
-    SituationShare,
-    conformal_audit,
+from spotstop.diagnostics._bootstrap import BootstrapResult, bootstrap_auroc, group_bootstrap
+from spotstop.diagnostics._card import Card, compute_card, write_card
+from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult
+from spotstop.diagnostics._checks import CARD_CHECKS, card_check, run_checks
+from spotstop.diagnostics._conformal_audit import (
+    DeployedAudit,
+    SplitSimulation,
+    audit_deployed,
+    audit_min_n,
+    binomial_upper_p,
+    clopper_pearson,
     conformal_cut,
-    file_features,
-    grouped_folds,
-    prevalence_check,
-    scene_blind_readers,
-    situation_share,
+    conformal_split_simulation,
 )
-from spotstop.diagnostics._data import CaseTable, Pairs, read_scores_csv
+from spotstop.diagnostics._data import CaseTable, Pairs, group_codes, read_scores_csv
+from spotstop.diagnostics._delivered import (
+    Delivered,
+    DeliveredRates,
+    PolicyDelivered,
+    Replay,
+    delivered,
+    delivered_rates,
+)
+from spotstop.diagnostics._engine import CrossFit, cross_fitted_threshold_part
 from spotstop.diagnostics._errors import DataError, DiagnosticsError, UndefinedMetricWarning
+from spotstop.diagnostics._explanations import DELIVERED_EXPLANATIONS, EXPLANATIONS, FIELD_KEYS
 from spotstop.diagnostics._from_log import (
+    UNKNOWN_VERSION,
     LogCases,
+    LogData,
     apply_labels_file,
     case_table_from_log,
     log_cases,
+    read_log,
 )
+from spotstop.diagnostics._logistic import LogisticRegression, grouped_folds
 from spotstop.diagnostics._metrics import (
     BestCut,
-    CrossFit,
     KernelReference,
     PairRates,
     SignalDetection,
@@ -54,76 +59,112 @@ from spotstop.diagnostics._metrics import (
     auroc,
     balanced_accuracy,
     best_balanced_accuracy,
-    cross_fitted_threshold_part,
     g_auroc,
     kernel_reference,
     pair_rates,
     signal_detection,
     spot_stop,
 )
+from spotstop.diagnostics._null import NullResult, label_swap_null
+from spotstop.diagnostics._prevalence import PrevalenceCheck, RuleOutcome, prevalence_check
 from spotstop.diagnostics._recommend import (
     Recommendation,
+    recommend_for_card,
     recommend_policy,
     situation_repeat_share,
 )
+from spotstop.diagnostics._resample import draw_group_counts
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
+from spotstop.diagnostics._scene_blind import (
+    LongestSideRule,
+    SceneBlindReaders,
+    file_features,
+    scene_blind_readers,
+)
 from spotstop.diagnostics._simulate import simulate_log
+from spotstop.diagnostics._situation import SituationShare, situation_share
+from spotstop.diagnostics._verdict import VerdictItem, verdict
 
 __all__ = [
+    "CARD_CHECKS",
+    "DELIVERED_EXPLANATIONS",
     "EXPLANATIONS",
     "FIELD_KEYS",
+    "UNKNOWN_VERSION",
     "BestCut",
     "BootstrapResult",
     "Card",
+    "CardCheck",
+    "CardContext",
     "CaseTable",
+    "CheckResult",
     "ConfidenceInterval",
-    "ConformalAudit",
     "CrossFit",
     "DataError",
+    "Delivered",
+    "DeliveredRates",
+    "DeployedAudit",
     "DiagnosticsError",
     "Estimate",
     "KernelReference",
     "LogCases",
+    "LogData",
     "LogisticRegression",
     "LongestSideRule",
     "NullResult",
     "PairRates",
     "Pairs",
+    "PolicyDelivered",
     "PrevalenceCheck",
     "Recommendation",
+    "Replay",
     "RuleOutcome",
     "SceneBlindReaders",
     "SignalDetection",
     "SituationShare",
+    "SplitSimulation",
     "SpotStop",
     "UndefinedMetricWarning",
+    "VerdictItem",
     "apply_labels_file",
+    "audit_deployed",
+    "audit_min_n",
     "auroc",
     "balanced_accuracy",
     "best_balanced_accuracy",
+    "binomial_upper_p",
     "bootstrap_auroc",
+    "card_check",
     "case_table_from_log",
+    "clopper_pearson",
     "compute_card",
-    "conformal_audit",
     "conformal_cut",
+    "conformal_split_simulation",
     "cross_fitted_threshold_part",
+    "delivered",
+    "delivered_rates",
     "draw_group_counts",
     "file_features",
     "g_auroc",
     "group_bootstrap",
+    "group_codes",
     "grouped_folds",
     "kernel_reference",
     "label_swap_null",
     "log_cases",
     "pair_rates",
     "prevalence_check",
+    "read_log",
     "read_scores_csv",
+    "recommend_for_card",
     "recommend_policy",
+    "run_checks",
     "scene_blind_readers",
     "signal_detection",
     "simulate_log",
     "situation_repeat_share",
     "situation_share",
     "spot_stop",
+    "verdict",
     "write_card",
 ]

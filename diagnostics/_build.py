@@ -1,11 +1,13 @@
 """From the command's inputs to a written card: the card's composition root.
 
-:func:`card_from_inputs` reads one input (a decision log, a scores CSV or the demo),
-computes the card and writes ``card.json``, ``card.md`` and ``card.html``.
+:func:`card_from_inputs` reads one input (a decision log, a scores CSV or the demo), the
+optional previous card and ``--cues`` folder, computes the card and writes ``card.json``,
+``card.md`` and ``card.html``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +15,22 @@ import numpy as np
 from spotstop.diagnostics._card import Card, write_card
 from spotstop.diagnostics._data import read_scores_csv
 from spotstop.diagnostics._errors import DataError
-from spotstop.diagnostics._from_log import log_cases
+from spotstop.diagnostics._from_log import LogData, direct_cut_of, log_cases
 from spotstop.diagnostics._simulate import simulate_log
 
-__all__ = ["card_from_inputs"]
+__all__ = ["card_from_inputs", "read_previous"]
+
+
+def read_previous(path: str | Path) -> dict[str, Any]:
+    """An earlier ``card.json`` (its bundle is checked against the new card's later)."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"--previous {str(p)!r} is not a readable card.json: {exc}") from exc
+    if not isinstance(doc, dict) or "fields" not in doc:
+        raise DataError(f"--previous {str(p)!r} is not a card.json (it has no 'fields').")
+    return doc
 
 
 def card_from_inputs(
@@ -32,29 +46,46 @@ def card_from_inputs(
     n_boot: int = 10_000,
     seed: int = 0,
     progress: bool = False,
+    **kwargs: Any,
 ) -> Card:
-    """Read the input, compute the card, write its three files into ``out``."""
-    if previous is not None or cues is not None:
-        raise DataError("--previous and --cues are not available in this build yet.")
+    """Read the input, compute the card, write its three files into ``out``.
+
+    Exactly one of ``log``, ``scores`` and ``demo``.  ``direct_cut`` overrides the cut of the
+    paper's direct answer (default: the deployed constant cut of a log when there is one,
+    else 0).  Further keyword arguments go to :func:`~spotstop.diagnostics.compute_card`.
+    """
+    if (log is not None) + (scores is not None) + bool(demo) != 1:
+        raise DataError("give exactly one input: LOG, --scores CSV or --demo.")
     rng = np.random.default_rng(seed)
-    cut = 0.0 if direct_cut is None else float(direct_cut)
+    prev = None if previous is None else read_previous(previous)
+    data: LogData | None = None
     extra: dict[str, Any] = {}
     if demo:
         table = simulate_log(600, rng=rng, size_leak=0.3)
-        source = "demo: simulate_log(600, size_leak=0.3)"
+        source, cut, why = "demo: simulate_log(600, size_leak=0.3)", 0.0, "the direct answer"
     elif log is not None:
         cases = log_cases(log, labels=labels)
-        table, source = cases.table, f"decision log: {log}"
-        extra["log"] = cases.provenance
+        table, data, source = cases.table, cases.log, f"decision log: {log}"
+        cut, why = direct_cut_of(cases.log, cases.keep)
+        extra = {"log": cases.provenance, "bundle_ids": cases.provenance["bundle_ids"]}
+        extra["fusion_keys"] = cases.provenance["fusion_keys"]
     else:
         assert scores is not None
         table, source = read_scores_csv(scores), str(scores)
+        cut, why = 0.0, "the direct answer (a scores CSV: s > 0 for a raw member score)"
+    if direct_cut is not None:
+        cut, why = float(direct_cut), "--direct-cut"
     return write_card(
         table,
         out,
-        policy_cut=cut,
+        direct_cut=cut,
+        direct_cut_source=why,
+        log=data,
+        cues_dir=cues,
+        previous=prev,
         n_boot=n_boot,
         rng=rng,
-        provenance={"source": source, "seed": seed, "policy_cut": cut, **extra},
+        provenance={"source": source, "seed": seed, **extra},
         progress=progress,
+        **kwargs,
     )

@@ -37,7 +37,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from spotstop.diagnostics._errors import DataError
 
-__all__ = ["CaseTable", "Pairs", "read_scores_csv"]
+__all__ = ["CaseTable", "Pairs", "group_codes", "read_scores_csv"]
 
 _LABELS = {"0": 0, "1": 1, "safe": 0, "unsafe": 1}
 _REQUIRED = ("case_id", "label", "score", "contrast_id", "situation_id")
@@ -120,6 +120,33 @@ def _codes(ids: NDArray[np.object_]) -> tuple[NDArray[np.intp], int]:
         if v != "":
             codes[i] = lookup.setdefault(v, len(lookup))
     return codes, len(lookup)
+
+
+def group_codes(*ids: ArrayLike) -> NDArray[np.intp]:
+    """Bootstrap groups: connected components of cases sharing any non-empty id.
+
+    ``ids`` are string arrays of one length (e.g. contrast and situation ids; '' or None for
+    none); codes run 0..G-1 in order of first appearance.  A case with no id is its own group.
+    """
+    cols = [_str_array(x, len(np.asarray(ids[0])), "ids") for x in ids]
+    n = cols[0].size if cols else 0
+    parent = np.arange(n, dtype=np.intp)
+    for col in cols:
+        codes, k = _codes(col)
+        first = np.full(k, -1, dtype=np.intp)
+        for i in range(n):
+            c = codes[i]
+            if c < 0:
+                continue
+            if first[c] < 0:
+                first[c] = i
+            else:
+                a, b = _find(parent, i), _find(parent, int(first[c]))
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    roots = np.array([_find(parent, i) for i in range(n)], dtype=np.intp)
+    _, inverse = np.unique(roots, return_inverse=True)
+    return np.asarray(inverse.reshape(-1), dtype=np.intp)
 
 
 @dataclass(frozen=True)
@@ -251,24 +278,7 @@ class CaseTable:
     @cached_property
     def group(self) -> NDArray[np.intp]:
         """Group code of each case (0..n_groups-1, in order of first appearance)."""
-        n = len(self)
-        parent = np.arange(n, dtype=np.intp)
-        for ids in (self.contrast_id, self.situation_id):
-            codes, k = _codes(ids)
-            first = np.full(k, -1, dtype=np.intp)
-            for i in range(n):
-                c = codes[i]
-                if c < 0:
-                    continue
-                if first[c] < 0:
-                    first[c] = i
-                else:
-                    a, b = _find(parent, i), _find(parent, int(first[c]))
-                    if a != b:
-                        parent[max(a, b)] = min(a, b)
-        roots = np.array([_find(parent, i) for i in range(n)], dtype=np.intp)
-        _, inverse = np.unique(roots, return_inverse=True)
-        return _readonly(inverse.astype(np.intp))
+        return _readonly(group_codes(self.contrast_id, self.situation_id))
 
     @property
     def n_groups(self) -> int:

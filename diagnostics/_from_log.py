@@ -1,8 +1,11 @@
-"""The case table from the guard's decision log (``spotstop card LOG``).
+"""The guard's decision log as the card reads it (``spotstop card LOG``).
 
-:func:`log_cases` reads a :class:`spotstop.guard._log.DecisionLog` file and returns the
-:class:`~spotstop.diagnostics.CaseTable` of its labelled decisions together with a provenance dict;
-:func:`case_table_from_log` returns the table only.
+:func:`read_log` opens a :class:`spotstop.guard.DecisionLog` (schema 2; schema-1 logs are
+migrated on open) and returns :class:`LogData`: its arrays, the reviewer labels (after an
+optional labels file), and the policies that decided, loaded with
+:func:`spotstop.guard.policies.load_policy`.  :func:`log_cases` builds the card's
+:class:`~spotstop.diagnostics.CaseTable` from it; :func:`case_table_from_log` returns the
+table only.
 
 Rows
     One case per decision; ``case_id`` is the ``decision_id``.  A decision enters the table
@@ -10,39 +13,29 @@ Rows
     The others are dropped and counted in ``provenance["dropped"]``, each under the *first*
     reason that applies, in this order: ``fail_closed`` (a fail-closed UNSAFE is not a
     score-based answer, so it never enters the statistics, labelled or not),
-    ``unlabelled``, ``nonfinite_score``.
+    ``unlabelled``, ``nonfinite_score``.  (What the guard delivered is computed on all
+    labelled decisions that did not fail closed, NaN scores included: see ``_delivered``.)
 
 Scores
-    ``score`` is the logged fused score S (the score the policy compared with its
-    threshold); ``member_scores`` are the logged per-member scene scores (NaN kept).
+    ``score`` is the logged fused score S: S under the deciding policy's frozen reference
+    fusion (``fusion_key``); ``member_scores`` are the logged per-member scene scores (NaN
+    kept).  Decisions of policies with different fusions are on different scales; the
+    provenance lists the fusion keys and the card warns when there are several.
 
 Gray and request-only scores
-    The log holds them per member only.  Avg-2 fusion is affine in the member scores
-    (``S = Σ_m a_m s_m + c``, with ``a_m = w_m / (IQR_m Σ w)``), but its reference
-    statistics are not logged.  Within each ``(bundle_id, prompt_hash)`` -- one fusion --
-    the map is therefore recovered by least squares of S on the member scores over that
-    bundle's scored decisions (labelled or not).  When the fit is exact (the residuals are
-    at rounding level, which they are whenever the log came from one Avg-2 fusion) the
-    same map is applied to the member gray and text scores, giving ``score_gray`` and
-    ``score_text`` on the fused scale: the fused score the guard would have given the gray
-    image / the request alone.  Where the fit is not exact or not identified (too few
-    decisions, collinear members) or a member's gray/text score is missing, the value is NaN
-    and ``provenance["gray_text"]`` says why.  A column that is NaN for every case is left
-    out (None).
+    Logged per member.  Each decision's are fused with ITS deciding policy's fusion (the
+    ``policies`` table, keyed by ``policy_version``; the row's ``fusion_key`` must match),
+    exactly as the guard fuses the scene score: ``score_gray`` and ``score_text`` are the
+    fused score the guard would have given the gray image / the request alone.  Decisions
+    of an unknown policy (schema-1 rows, or a version without a stored document) stay NaN,
+    and ``provenance["gray_text"]`` says so per version.  A column that is NaN for every
+    case is left out (None).
 
 Labels
-    From the log's ``labels`` table, or from a ``labels`` file (CSV or JSONL) whose rows
-    override the table's.  Each row is keyed by ``decision_id`` or ``image_sha256`` (a row
-    may hold either; ``decision_id`` wins when both are filled).  An ``image_sha256`` key
-    labels every decision with that image.  Columns: ``label`` (safe/unsafe or 0/1,
-    required), optional ``contrast_id`` and ``situation_id``; an empty or missing cell keeps
-    the log's value (the table's contrast id, the logged situation).  A key that matches no
-    decision is an error listing a few; so is a decision given two different labels by the
-    file.
-
-Situations
-    ``situation_id`` is the logged one (a labels-file value overrides it); ``contrast_id``
-    comes from the labels.
+    From the log's ``labels`` table, or from a ``labels`` file (CSV or JSONL; see
+    :func:`spotstop.guard._labels.apply_labels_file`) whose rows override the table's,
+    keyed by ``decision_id`` or ``image_sha256``; optional ``contrast_id`` and
+    ``situation_id`` columns override the log's.
 """
 
 from __future__ import annotations
@@ -58,26 +51,149 @@ from numpy.typing import NDArray
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError
 from spotstop.guard._labels import LabelsFileError, _cell, apply_labels_file
+from spotstop.guard._log_read import LogArrays
+from spotstop.guard.policies import PolicyConfig, load_policy
 
-__all__ = ["LogCases", "apply_labels_file", "case_table_from_log", "log_cases"]
+__all__ = [
+    "UNKNOWN_VERSION",
+    "LogCases",
+    "LogData",
+    "apply_labels_file",
+    "case_table_from_log",
+    "log_cases",
+    "read_log",
+]
 
-_EXACT_RTOL = 1e-6  # residual / scale below which the affine fusion fit counts as exact
+UNKNOWN_VERSION = "unknown (schema 1)"
+"""The version key of decisions that do not say which policy made them."""
+
+#: policy kinds whose threshold on S is one fixed number
+_CONSTANT_KINDS = ("frozen", "conformal")
+
+
+@dataclass(frozen=True, eq=False)
+class LogData:
+    """A decision log as the card reads it (aligned arrays, one entry per decision, in order).
+
+    arrays: :meth:`DecisionLog.to_arrays`. label: reviewer label after the labels file (1
+    unsafe, 0 safe, -1 none). contrast_id / situation_id: str ('' for none), labels-file
+    values applied. image_sha256: str ('' for none). version: the deciding policy's version
+    id (:data:`UNKNOWN_VERSION` where the row does not say). policies: version id →
+    :class:`PolicyConfig` for every stored document that loads; policy_errors: version id →
+    why its document did not load. first_time: version id → when the log first saw it.
+    """
+
+    path: Path
+    arrays: LogArrays
+    label: NDArray[np.int8]
+    contrast_id: NDArray[np.object_]
+    situation_id: NDArray[np.object_]
+    image_sha256: NDArray[np.object_]
+    version: NDArray[np.object_]
+    policies: Mapping[str, PolicyConfig]
+    policy_errors: Mapping[str, str]
+    first_time: Mapping[str, float]
+    labels_source: str
+    n_labelled_from_file: int
+
+    @property
+    def n(self) -> int:
+        """Number of decisions."""
+        return self.arrays.n
+
+    @property
+    def delivered(self) -> NDArray[np.bool_]:
+        """Labelled decisions that did not fail closed: where the guard's answer is graded."""
+        return np.asarray((self.label >= 0) & ~self.arrays.fail_closed, dtype=bool)
+
+    def versions(self) -> list[str]:
+        """The version keys in order of first appearance."""
+        return list(dict.fromkeys(self.version.tolist()))
+
+    def kind_of(self, version: str) -> str | None:
+        """The policy kind of a version (from its document, else the rows' ``policy_kind``)."""
+        cfg = self.policies.get(version)
+        if cfg is not None:
+            return cfg.kind
+        kinds = {k for k in self.arrays.policy_kind[self.version == version] if k}
+        return next(iter(kinds)) if len(kinds) == 1 else None
+
+
+def _obj(values: Any) -> NDArray[np.object_]:
+    return np.array([_cell(v) for v in values], dtype=object)
+
+
+def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogData:
+    """Read a decision log (and an optional labels file) into :class:`LogData`."""
+    from spotstop.guard._errors import GuardError
+    from spotstop.guard._log import DecisionLog
+
+    path = Path(log_path)
+    if not path.is_file():
+        raise DataError(f"decision log {str(path)!r} does not exist; pass the log's SQLite file.")
+    try:
+        with DecisionLog(path) as log:
+            arr = log.to_arrays()
+            sha_of = {r.decision_id: r.image_sha256 for r in log.records()}
+            rows = log.policies()
+    except GuardError as exc:
+        raise DataError(f"cannot read the decision log {str(path)!r}: {exc}") from exc
+    if arr.n == 0:
+        raise DataError(f"decision log {str(path)!r} holds no decisions.")
+    decision_id = np.asarray(arr.decision_id, dtype=object)
+    sha = _obj(sha_of.get(d) for d in decision_id)
+    label = np.array(arr.label, dtype=np.int8, copy=True)
+    contrast, situation = _obj(arr.contrast_id), _obj(arr.situation_id)
+    n_from_file = 0
+    if labels is not None:
+        try:
+            n_from_file = apply_labels_file(
+                Path(labels), decision_id, sha, label, contrast, situation
+            )
+        except LabelsFileError as exc:
+            raise DataError(str(exc)) from exc
+    policies: dict[str, PolicyConfig] = {}
+    errors: dict[str, str] = {}
+    for vid, row in rows.items():
+        try:
+            policies[vid] = load_policy(row.document, where=f"policy {vid} in {path.name}")
+        except GuardError as exc:
+            errors[vid] = str(exc)
+    version = np.array(
+        [UNKNOWN_VERSION if v is None else str(v) for v in arr.policy_version], dtype=object
+    )
+    return LogData(
+        path=path,
+        arrays=arr,
+        label=label,
+        contrast_id=contrast,
+        situation_id=situation,
+        image_sha256=sha,
+        version=version,
+        policies=policies,
+        policy_errors=errors,
+        first_time={vid: row.first_time for vid, row in rows.items()},
+        labels_source=str(labels) if labels is not None else "log labels table",
+        n_labelled_from_file=n_from_file,
+    )
 
 
 @dataclass(frozen=True)
 class LogCases:
-    """A :class:`CaseTable` read from a decision log and where it came from.
+    """A :class:`CaseTable` read from a decision log, where it came from, and the log itself.
 
     ``provenance``: ``log`` (path), ``labels`` (file or ``"log labels table"``),
-    ``bundle_ids``, ``prompt_hashes``, ``policies``, ``time_range`` (ISO-8601 UTC of the
-    cases kept) and ``time_range_log`` (all decisions), ``n_decisions``, ``n_cases``,
-    ``n_labelled_from_file``, ``dropped`` (count per reason), ``thresholds`` (logged
-    thresholds of the cases kept: median, min, max, n) and ``gray_text`` (how
-    ``score_gray``/``score_text`` were obtained).
+    ``bundle_ids``, ``prompt_hashes``, ``policy_versions``, ``fusion_keys``, ``time_range``
+    (ISO-8601 UTC of the cases kept) and ``time_range_log`` (all decisions), ``n_decisions``,
+    ``n_cases``, ``n_labelled_from_file``, ``dropped`` (count per reason), ``thresholds``
+    (logged thresholds of the cases kept) and ``gray_text`` (how the gray and request-only
+    scores were fused).  ``keep``: which decisions are the table's cases.
     """
 
     table: CaseTable
     provenance: dict[str, Any]
+    log: LogData
+    keep: NDArray[np.bool_]
 
 
 def _iso(t: float) -> str:
@@ -89,119 +205,92 @@ def _time_range(t: NDArray[np.float64]) -> list[str] | None:
     return None if t.size == 0 else [_iso(float(t.min())), _iso(float(t.max()))]
 
 
-def _fused_scale(
-    fused: NDArray[np.float64],
-    members: Mapping[str, NDArray[np.float64]],
-    others: Mapping[str, Mapping[str, NDArray[np.float64]]],
-    group: NDArray[np.object_],
-    usable: NDArray[np.bool_],
-) -> tuple[dict[str, NDArray[np.float64]], dict[str, Any]]:
-    """Map per-member gray/text scores to the fused scale (see the module docstring)."""
-    n = fused.size
-    names = list(members)
-    out = {kind: np.full(n, np.nan) for kind in others}
-    notes: dict[str, Any] = {"method": "affine Avg-2 map fitted per (bundle_id, prompt_hash)"}
-    fits: dict[str, str] = {}
-    if not names:
-        notes["reason"] = "no member scores logged"
-        return out, notes
-    m = np.column_stack([members[k] for k in names])
-    for g in dict.fromkeys(group.tolist()):
-        in_g = group == g
-        rows = in_g & usable & np.all(np.isfinite(m), axis=1)
-        x = np.column_stack([m[rows], np.ones(int(rows.sum()))])
-        y = fused[rows]
-        if rows.sum() < len(names) + 2 or np.linalg.matrix_rank(x) < len(names) + 1:
-            fits[str(g)] = "not identified (too few scored decisions or collinear members)"
+def fused_variant(
+    log: LogData, per_member: Mapping[str, NDArray[np.float64]]
+) -> tuple[NDArray[np.float64], dict[str, str]]:
+    """Member scores of a variant (gray image, request only) fused with each decision's
+    deciding policy's fusion; NaN where that policy is unknown.  Returns the values and a
+    note per version."""
+    out = np.full(log.n, np.nan)
+    notes: dict[str, str] = {}
+    for v in log.versions():
+        rows = log.version == v
+        cfg = log.policies.get(v)
+        if cfg is None:
+            notes[v] = "no stored policy document: left NaN"
             continue
-        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-        resid = float(np.max(np.abs(x @ coef - y)))
-        scale = max(float(np.max(np.abs(y))), 1.0)
-        if resid > _EXACT_RTOL * scale:
-            fits[str(g)] = f"not exact (max residual {resid:.3g}); left NaN"
+        keys = {k for k in log.arrays.fusion_key[rows] if k}
+        if keys - {cfg.fusion_key}:
+            notes[v] = f"fusion_key {sorted(keys)} differs from the policy's {cfg.fusion_key}: NaN"
             continue
-        fits[str(g)] = "exact"
-        for kind, per_member in others.items():
-            if not all(k in per_member for k in names):
-                continue
-            mk = np.column_stack([per_member[k][in_g] for k in names])
-            out[kind][in_g] = mk @ coef[:-1] + coef[-1]
-    notes["fits"] = fits
+        missing = [m for m in cfg.fusion.members if m not in per_member]
+        if missing:
+            notes[v] = f"member(s) {missing} not logged for this pass: left NaN"
+            continue
+        scores = {m: np.asarray(per_member[m])[rows] for m in cfg.fusion.members}
+        out[rows] = cfg.fusion.fuse_many(scores, nan_policy="propagate")
+        notes[v] = f"fused with the policy's own fusion {cfg.fusion_key}"
     return out, notes
+
+
+def direct_cut_of(log: LogData, keep: NDArray[np.bool_]) -> tuple[float, str]:
+    """The cut of the paper's direct answer for the Spot-Stop fields, and why.
+
+    When every kept decision was decided by a constant cut on S (``frozen`` or ``conformal``,
+    no fallback) and they all share one threshold, that threshold: the Spot-Stop fields then
+    describe the deployed cut (in the paper's convention ``S > t``, which differs from the
+    guard's ``S ≥ t`` on exact ties only).  Otherwise 0 on S: the Avg-2 analogue of a model's
+    direct answer (each member's robust z-score is 0 at its reference median), not a cut the
+    guard used.
+    """
+    rules = {str(r) for r in log.arrays.policy[keep]}
+    thr = np.unique(np.asarray(log.arrays.threshold, dtype=float)[keep])
+    if keep.any() and rules <= set(_CONSTANT_KINDS) and thr.size == 1 and np.isfinite(thr[0]):
+        return float(thr[0]), f"the deployed {'/'.join(sorted(rules))} cut"
+    return 0.0, (
+        "the Avg-2 direct answer; no single constant cut decided every case (rules: "
+        f"{', '.join(sorted(rules)) or 'none'})"
+    )
 
 
 def log_cases(log_path: str | Path, *, labels: str | Path | None = None) -> LogCases:
     """Read a decision log into a :class:`LogCases` (table + provenance); see the module doc."""
-    from spotstop.guard._errors import GuardError
-    from spotstop.guard._log import DecisionLog
-
-    path = Path(log_path)
-    if not path.is_file():
-        raise DataError(f"decision log {str(path)!r} does not exist; pass the log's SQLite file.")
-    try:
-        with DecisionLog(path) as log:
-            arr = log.to_arrays()
-            sha_of = {r.decision_id: r.image_sha256 for r in log.records()}
-    except GuardError as exc:
-        raise DataError(f"cannot read the decision log {str(path)!r}: {exc}") from exc
-    n = arr.n
-    if n == 0:
-        raise DataError(f"decision log {str(path)!r} holds no decisions.")
-    decision_id = np.asarray(arr.decision_id, dtype=object)
-    sha = np.array([sha_of.get(d) or "" for d in decision_id], dtype=object)
-    label = np.array(arr.label, dtype=np.int8, copy=True)
-    contrast = np.array([_cell(c) for c in arr.contrast_id], dtype=object)
-    situation = np.array([_cell(s) for s in arr.situation_id], dtype=object)
-    n_from_file = 0
-    if labels is not None:
-        try:
-            n_from_file = apply_labels_file(
-                Path(labels), decision_id, sha, label, contrast, situation
-            )
-        except LabelsFileError as exc:
-            raise DataError(str(exc)) from exc
-
+    log = read_log(log_path, labels=labels)
+    arr = log.arrays
     fused = np.asarray(arr.fused, dtype=np.float64)
     fail = np.asarray(arr.fail_closed, dtype=bool)
-    unlabelled = ~fail & (label < 0)
+    unlabelled = ~fail & (log.label < 0)
     nonfinite = ~fail & ~unlabelled & ~np.isfinite(fused)
     keep = ~(fail | unlabelled | nonfinite)
     dropped = {
         "fail_closed": int(fail.sum()),
-        "fail_closed_labelled": int((fail & (label >= 0)).sum()),
+        "fail_closed_labelled": int((fail & (log.label >= 0)).sum()),
         "unlabelled": int(unlabelled.sum()),
         "nonfinite_score": int(nonfinite.sum()),
     }
     if not keep.any():
         raise DataError(
-            f"decision log {str(path)!r}: no decision is labelled, scored and not fail-closed "
-            f"({n} decisions; dropped {dropped}). Attach labels with --labels FILE or "
-            "DecisionLog.set_labels."
+            f"decision log {str(log.path)!r}: no decision is labelled, scored and not "
+            f"fail-closed ({arr.n} decisions; dropped {dropped}). Attach labels with --labels "
+            "FILE or DecisionLog.set_labels."
         )
-
-    group = np.array(
-        [f"{b}|{p}" for b, p in zip(arr.bundle_id, arr.prompt_hash, strict=True)], dtype=object
-    )
-    scored = ~fail & np.isfinite(fused)
-    fused_others, gray_notes = _fused_scale(
-        fused,
-        arr.member_scores,
-        {"score_gray": arr.member_scores_gray, "score_text": arr.member_scores_text},
-        group,
-        scored,
-    )
     extra: dict[str, Any] = {}
-    for kind, values in fused_others.items():
+    gray_notes: dict[str, Any] = {"method": "each decision's own policy fusion"}
+    for kind, per_member in (
+        ("score_gray", arr.member_scores_gray),
+        ("score_text", arr.member_scores_text),
+    ):
+        values, notes = fused_variant(log, per_member)
         v = values[keep]
         extra[kind] = v if np.isfinite(v).any() else None
-        gray_notes[f"{kind}_n"] = int(np.isfinite(v).sum())
+        gray_notes[kind] = {"n": int(np.isfinite(v).sum()), "by_version": notes}
     fmt = np.array([_cell(f) for f in arr.image_format[keep]], dtype=object)
     table = CaseTable(
-        case_id=decision_id[keep],
-        label=label[keep],
+        case_id=np.asarray(arr.decision_id, dtype=object)[keep],
+        label=log.label[keep],
         score=fused[keep],
-        contrast_id=contrast[keep],
-        situation_id=situation[keep],
+        contrast_id=log.contrast_id[keep],
+        situation_id=log.situation_id[keep],
         member_scores={k: np.asarray(v)[keep] for k, v in arr.member_scores.items()},
         width=np.asarray(arr.width)[keep],
         height=np.asarray(arr.height)[keep],
@@ -213,16 +302,17 @@ def log_cases(log_path: str | Path, *, labels: str | Path | None = None) -> LogC
     thr = np.asarray(arr.threshold, dtype=np.float64)[keep]
     thr = thr[np.isfinite(thr)]
     provenance: dict[str, Any] = {
-        "log": str(path),
-        "labels": str(labels) if labels is not None else "log labels table",
+        "log": str(log.path),
+        "labels": log.labels_source,
         "bundle_ids": sorted({str(b) for b in arr.bundle_id[keep]}),
         "prompt_hashes": sorted({str(p) for p in arr.prompt_hash[keep]}),
-        "policies": sorted({str(p) for p in arr.policy[keep]}),
+        "policy_versions": sorted({str(v) for v in log.version[keep]}),
+        "fusion_keys": sorted({str(k) for k in arr.fusion_key[keep] if k}),
         "time_range": _time_range(np.asarray(arr.time)[keep]),
         "time_range_log": _time_range(np.asarray(arr.time)),
-        "n_decisions": n,
+        "n_decisions": arr.n,
         "n_cases": int(keep.sum()),
-        "n_labelled_from_file": n_from_file,
+        "n_labelled_from_file": log.n_labelled_from_file,
         "dropped": dropped,
         "thresholds": {
             "n": int(thr.size),
@@ -231,8 +321,9 @@ def log_cases(log_path: str | Path, *, labels: str | Path | None = None) -> LogC
             "max": float(thr.max()) if thr.size else None,
         },
         "gray_text": gray_notes,
+        "policy_errors": dict(log.policy_errors),
     }
-    return LogCases(table=table, provenance=provenance)
+    return LogCases(table=table, provenance=provenance, log=log, keep=keep)
 
 
 def case_table_from_log(log_path: str | Path, *, labels: str | Path | None = None) -> CaseTable:

@@ -29,15 +29,16 @@ from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 
 __all__ = [
     "BestCut",
-    "CrossFit",
     "KernelReference",
     "PairRates",
     "SignalDetection",
     "SpotStop",
     "auroc",
+    "auroc_unchecked",
     "balanced_accuracy",
+    "best_ba_unchecked",
     "best_balanced_accuracy",
-    "cross_fitted_threshold_part",
+    "flag_rates",
     "g_auroc",
     "kernel_reference",
     "pair_rates",
@@ -129,6 +130,33 @@ def curve_balanced_accuracy(
     tot_u = cu[..., -1:]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.asarray(0.5 * (cs / tot_s + 1.0 - cu / tot_u), dtype=np.float64)
+
+
+def flag_rates(y: NDArray[np.int8], flag: NDArray[np.bool_]) -> tuple[float, float]:
+    """(hit rate, false-alarm rate) of boolean flags, unweighted and unvalidated; NaN for a
+    missing class (the caller warns)."""
+    nu = int((y == 1).sum())
+    ns = int(y.size - nu)
+    tpr = float(flag[y == 1].mean()) if nu else NAN
+    fpr = float(flag[y == 0].mean()) if ns else NAN
+    return tpr, fpr
+
+
+def auroc_unchecked(y: NDArray[np.int8], score: NDArray[np.float64]) -> float:
+    """AUROC (ties 1/2) without validation, for resampling loops; NaN for one class."""
+    _, ws, wu, _ = unique_class_weights(y, score, np.ones(score.shape))
+    if ws.sum() <= 0 or wu.sum() <= 0:
+        return NAN
+    return float(curve_auroc(ws, wu))
+
+
+def best_ba_unchecked(y: NDArray[np.int8], score: NDArray[np.float64]) -> float:
+    """``A*`` (best balanced accuracy of ``score > cut`` over all cuts) without validation;
+    NaN for one class."""
+    _, ws, wu, _ = unique_class_weights(y, score, np.ones(score.shape))
+    if ws.sum() <= 0 or wu.sum() <= 0:
+        return NAN
+    return _first_best(ws, wu)[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -458,50 +486,3 @@ def spot_stop(table: CaseTable, cut: float = 0.0) -> SpotStop:
 def _check_cut(cut: float) -> None:
     if not isinstance(cut, (int, float)) or math.isnan(cut):
         raise DataError(f"cut must be a number (the direct cut is 0.0); got {cut!r}.")
-
-
-@dataclass(frozen=True)
-class CrossFit:
-    """Cross-fitted threshold part: mean over splits and the 2.5/97.5 % band over splits."""
-
-    value: float
-    low: float
-    high: float
-    n_splits: int
-
-
-def cross_fitted_threshold_part(
-    table: CaseTable,
-    cut: float = 0.0,
-    *,
-    n_splits: int = 200,
-    rng: np.random.Generator | int | None = None,
-) -> CrossFit:
-    """``A* - A`` with the cut chosen on half of the groups and scored on the other half.
-
-    Each split draws a random half of the bootstrap groups (``floor(G/2)`` groups); on each
-    half the cut that maximises the pair-weighted balanced accuracy is chosen and scored on
-    the other half, against the direct cut on that half (the cut is placed as in
-    :class:`BestCut`: at the highest fit-half score still answered SAFE).  The two halves are combined weighted
-    by their number of pairs (so the result is the accuracy gain over all paired cases, each
-    scored with a cut fitted without its group; the paper's plain average of the halves
-    coincides when the halves hold equally many pairs).  Splits in which a half lacks a class
-    are skipped; none left → NaN with :class:`UndefinedMetricWarning`.
-    """
-    from spotstop.diagnostics._bootstrap import _as_rng, _Prepared, _random_halves
-
-    _check_cut(cut)
-    gen = _as_rng(rng)
-    prep = _Prepared.build(table, cut)
-    if prep.n_pairs == 0:
-        v = _undefined("cross-fitted threshold part", "the table has no contrasts")
-        return CrossFit(v, NAN, NAN, 0)
-    counts = np.ones((n_splits, prep.n_groups))
-    halves = _random_halves(gen, n_splits, prep.n_groups)
-    vals = prep.cross_fit(counts, halves)
-    ok = vals[np.isfinite(vals)]
-    if ok.size == 0:
-        v = _undefined("cross-fitted threshold part", "no split has both classes in both halves")
-        return CrossFit(v, NAN, NAN, 0)
-    lo, hi = np.percentile(ok, [2.5, 97.5])
-    return CrossFit(float(ok.mean()), float(lo), float(hi), int(ok.size))

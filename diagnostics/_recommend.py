@@ -7,8 +7,8 @@ the log says about situations, runs three diagnostics and applies a fixed rule.
 Evidence
     * conformal: whether the labelled unsafe cases (one per situation) suffice for the
       requested guarantee, and how many are missing.
-    * prevalence (``diagnostics.prevalence_check`` at 50 %, 10 % and 100 % unsafe): balanced
-      accuracy of the batch-mean cut and of the frozen cut at 10 % unsafe, and the share of
+    * prevalence (``diagnostics.prevalence_check`` at 50 %, 10 % and 100 % unsafe, the guard's
+      rule ``S ≥ t``): balanced accuracy of the batch-mean cut and of the frozen cut at 10 % unsafe, and the share of
       unsafe scenes each flags in all-unsafe batches (TPR at π = 1).
     * situation share (``diagnostics.situation_share``): ICC of the label-adjusted score at
       situation level and the balanced-accuracy gain of recentering on real over artificial
@@ -40,12 +40,26 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from spotstop.diagnostics._data import CaseTable
+from spotstop.diagnostics._engine import cross_fitted_threshold_part
+from spotstop.diagnostics._errors import UndefinedMetricWarning
+from spotstop.diagnostics._prevalence import prevalence_check
+from spotstop.diagnostics._resample import as_rng
+from spotstop.diagnostics._situation import situation_share
+from spotstop.guard.policies import conformal_cut
 
-__all__ = ["Recommendation", "recommend_policy", "situation_repeat_share"]
+if TYPE_CHECKING:
+    from spotstop.diagnostics._from_log import LogData
+
+__all__ = [
+    "Recommendation",
+    "recommend_for_card",
+    "recommend_policy",
+    "situation_repeat_share",
+]
 
 THRESHOLD_PART_ROOM = 0.02
 """A threshold part above this (2 points of balanced accuracy) is reported as room."""
@@ -142,14 +156,7 @@ def recommend_policy(
     repeat_share: from :func:`situation_repeat_share` on the log. rng: seed or Generator
         for the resampling diagnostics (``n_resamples`` each).
     """
-    from spotstop.diagnostics import (
-        UndefinedMetricWarning,
-        cross_fitted_threshold_part,
-        prevalence_check,
-        situation_share,
-    )
-
-    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    gen = as_rng(rng)
     g_text = (
         f"PAC (alpha={alpha:g}, delta={delta:g})"
         if guarantee == "pac"
@@ -172,6 +179,8 @@ def recommend_policy(
                 prevalences=(0.5, 0.1, 1.0),
                 n_resamples=n_resamples,
                 alpha=alpha,
+                delta=delta,
+                guarantee="pac" if guarantee == "pac" else "marginal",
                 rng=gen,
             )
             sit = situation_share(table, n_boot=n_resamples, n_permutations=50, rng=gen)
@@ -284,3 +293,63 @@ def _batch_holds(ev: Mapping[str, Any]) -> bool:
     bt, ft = ev.get("batch_tpr_all_unsafe", math.nan), ev.get("frozen_tpr_all_unsafe", math.nan)
     vals = (b10, f10, bt, ft)
     return all(isinstance(v, float) and math.isfinite(v) for v in vals) and b10 >= f10 and bt >= ft
+
+
+def _latest(log: LogData | None, kind: str) -> Any:
+    """The most recently seen policy of ``kind`` in the log (its Policy object), or None."""
+    if log is None:
+        return None
+    found = [cfg.policy for v, cfg in log.policies.items() if cfg.kind == kind]
+    return found[-1] if found else None
+
+
+def recommend_for_card(
+    table: CaseTable,
+    log: LogData | None,
+    *,
+    frozen_cut: float,
+    n_resamples: int = 200,
+    rng: np.random.Generator | int | None = 0,
+) -> Recommendation:
+    """:func:`recommend_policy` with what it needs taken from the card's inputs.
+
+    The conformal target is the log's latest conformal policy's (alpha, delta or marginal),
+    else PAC alpha = delta = 0.1 (the guard's default); its feasibility is the guard's
+    :func:`~spotstop.guard.policies.conformal_cut` on the labelled unsafe cases (one per
+    situation).  The repeat share is :func:`situation_repeat_share` over the logged decisions
+    that did not fail closed and have a finite fused score, in log order (the table's cases
+    in its order for a scores CSV), with ``min_refs`` of the log's latest situation policy
+    (else 3).
+    """
+    conf = _latest(log, "conformal")
+    alpha = 0.1 if conf is None else conf.alpha
+    delta = 0.1 if conf is None else conf.delta
+    guarantee: Literal["pac", "marginal"] = (
+        "marginal" if conf is not None and delta is None else "pac"
+    )
+    unsafe = table.label == 1
+    fit = conformal_cut(
+        table.score[unsafe], table.situation_id[unsafe], alpha=alpha, delta=delta or 0.1
+    ).chosen(guarantee)
+    sit_policy = _latest(log, "situation")
+    min_refs = 3 if sit_policy is None else int(sit_policy.min_refs)
+    if log is None:
+        repeat = situation_repeat_share(table.situation_id, min_refs=min_refs)
+    else:
+        arr = log.arrays
+        usable = ~arr.fail_closed & np.isfinite(np.asarray(arr.fused, dtype=float))
+        repeat = situation_repeat_share(arr.situation_id, usable, min_refs=min_refs)
+    return recommend_policy(
+        table,
+        frozen_cut=frozen_cut,
+        conformal_feasible=fit.feasible,
+        conformal_needed=fit.n_needed,
+        n_unsafe_situations=fit.n,
+        guarantee=guarantee,
+        alpha=alpha,
+        delta=0.1 if delta is None else delta,
+        repeat_share=repeat,
+        min_refs=min_refs,
+        n_resamples=n_resamples,
+        rng=rng,
+    )

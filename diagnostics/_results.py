@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["ConfidenceInterval", "Estimate"]
 
@@ -54,6 +56,16 @@ class Estimate:
             return None if math.isnan(x) else float(x)
 
         return {"value": f(self.value), "ci": [f(self.ci.low), f(self.ci.high)], "n": int(self.n)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Estimate:
+        """The inverse of :meth:`to_dict` (``None`` as NaN; ``n`` 0 when absent)."""
+
+        def f(x: Any) -> float:
+            return math.nan if x is None else float(x)
+
+        ci = d.get("ci") or [None, None]
+        return cls(f(d.get("value")), ConfidenceInterval(f(ci[0]), f(ci[1])), int(d.get("n") or 0))
 
 
 NAN_CI = ConfidenceInterval(math.nan, math.nan)

@@ -23,7 +23,8 @@ from spotstop.diagnostics import (
     simulate_log,
     spot_stop,
 )
-from spotstop.diagnostics._bootstrap import _Prepared, _random_halves
+from spotstop.diagnostics._engine import CurveEngine
+from spotstop.diagnostics._resample import random_halves
 
 from tests.test_diag_metrics import small_tables
 from tests.test_diag_support import materialize
@@ -77,10 +78,10 @@ def naive_draw(table: CaseTable, counts, cut):
 @settings(max_examples=25, deadline=None)
 @given(t=small_tables(), seed=st.integers(0, 10_000), cut=st.sampled_from([0.0, 0.25]))
 def test_vectorized_equals_naive_loop(t, seed, cut):
-    prep = _Prepared.build(t, cut)
+    prep = CurveEngine.build(t, cut)
     rng = np.random.default_rng(seed)
     counts = next(draw_group_counts(t.n_groups, 6, rng))
-    halves = _random_halves(rng, 6, t.n_groups)
+    halves = random_halves(rng, 6, t.n_groups)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UndefinedMetricWarning)
         stats = prep.statistics(counts, halves)
@@ -119,10 +120,10 @@ def test_same_rng_same_draws_and_naive_bootstrap_reproduced():
     res = group_bootstrap(t, n_boot=30, rng=np.random.default_rng(9), chunk_size=7)
     # replay the generator: the same counts, chunk by chunk, give the same draws
     rng = np.random.default_rng(9)
-    prep = _Prepared.build(t, 0.0)
+    prep = CurveEngine.build(t, 0.0)
     aur, rr = [], []
     for counts in draw_group_counts(t.n_groups, 30, rng, 7):
-        _random_halves(rng, counts.shape[0], t.n_groups)
+        random_halves(rng, counts.shape[0], t.n_groups)
         for c in counts:
             ss, au, _ = naive_draw(t, c, 0.0)
             aur.append(au)

@@ -6,11 +6,11 @@ import json
 import math
 
 import pytest
-from spotstop.diagnostics import FIELD_KEYS, simulate_log, write_card
+from spotstop.diagnostics import CARD_CHECKS, FIELD_KEYS, card_check, simulate_log, write_card
 from spotstop.diagnostics._cli import card_main
 
 REQUIRED = (
-    "auroc", "balanced_accuracy", "R", "L", "A", "A_star", "R_minus_A", "threshold_part",
+    "auroc", "direct_balanced_accuracy", "R", "L", "A", "A_star", "R_minus_A", "threshold_part",
     "overlap_part", "within_part", "g_auroc", "cross_fitted_threshold_part", "null_gap",
 )  # fmt: skip
 
@@ -34,7 +34,10 @@ def card_dir(tmp_path_factory):
 def test_card_json_has_stable_keys_and_shapes(card_dir):
     out, _ = card_dir
     doc = json.loads((out / "card.json").read_text())
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
+    assert [v["topic"] for v in doc["verdict"]] == ["leak", "cut", "policy", "guarantee"]
+    assert all(v["status"] in ("ok", "warn", "fail") and v["sentence"] for v in doc["verdict"])
+    assert doc["delivered_balanced_accuracy"] is None and doc["delivered_by_policy"] == {}
     assert tuple(doc["fields"]) == FIELD_KEYS
     for k in REQUIRED:
         f = doc["fields"][k]
@@ -44,13 +47,7 @@ def test_card_json_has_stable_keys_and_shapes(card_dir):
     assert f["threshold_part"]["value"] + f["overlap_part"]["value"] + f["within_part"][
         "value"
     ] == pytest.approx(f["R_minus_A"]["value"])
-    assert set(doc["checks"]) == {
-        "label_swap_null",
-        "prevalence",
-        "situation_share",
-        "scene_blind",
-        "conformal_audit",
-    }
+    assert list(doc["checks"]) == list(CARD_CHECKS)  # every registered check, in order
     assert set(doc["checks"]["prevalence"]) >= {"unsafe_50", "unsafe_10", "unsafe_100"}
     assert doc["checks"]["scene_blind"]["file_reader_auroc"]["value"] > 0.5
     assert doc["provenance"]["source"] == "test" and doc["provenance"]["spotstop_version"]
@@ -67,7 +64,10 @@ def test_card_html_is_self_contained_and_small(card_dir):
     assert "<script" not in text and "<link" not in text and "src=" not in text
     assert len(text.encode()) < 200_000
     md = (out / "card.md").read_text()
-    assert "| `R_minus_A` |" in md and "## Checks" in md
+    assert "| `R_minus_A` |" in md and md.index("## Verdict") < md.index("## Spot-Stop")
+    for name in CARD_CHECKS:  # the card renders every registered check
+        title = card_check(name).title
+        assert f"## {title}" in md and f"<h2>{title}</h2>" in text
 
 
 def test_nan_stays_null_in_json(tmp_path):

@@ -14,6 +14,12 @@ import pytest
 from spotstop.diagnostics import CaseTable, DataError, case_table_from_log, log_cases, simulate_log
 from spotstop.diagnostics._cli import card_main
 from spotstop.guard._log import DecisionLog, DecisionRecord
+from spotstop.guard.policies import FrozenPolicy
+
+from tests._log_writer import policy_config, policy_row
+
+CUT = -0.49
+FROZEN = policy_config(FrozenPolicy(threshold=CUT))  # S = (a + b) / 2, UNSAFE when S >= CUT
 
 N_FAIL = 3  # fail-closed decisions (labelled) appended after the simulated cases
 N_UNLABELLED = 4  # scored decisions that nobody labelled
@@ -41,9 +47,13 @@ def _record(t: CaseTable, i: int) -> DecisionRecord:
         member_scores_gray={"a": g, "b": g},
         member_scores_text={"a": q, "b": q},
         fused_score=float(t.score[i]),
-        threshold=-0.5 + 0.01 * (i % 3),
+        policy_score=float(t.score[i]),
+        threshold=CUT,
         policy="frozen",
-        label="UNSAFE" if t.score[i] > -0.5 else "SAFE",
+        policy_kind="frozen",
+        policy_version=FROZEN.version_id,
+        fusion_key=FROZEN.fusion_key,
+        label="UNSAFE" if t.score[i] >= CUT else "SAFE",
         fail_closed=False,
         latency_ms={"total": 10.0},
         bundle_id="bundle-1",
@@ -60,8 +70,12 @@ def _extra(k: int, *, fused: float, fail: bool) -> DecisionRecord:
         image_sha256=_sha(10_000 + k),
         member_scores={"a": math.nan if fail else fused, "b": math.nan if fail else fused},
         fused_score=fused,
-        threshold=math.nan if fail else -0.5,
+        policy_score=fused,
+        threshold=math.nan if fail else CUT,
         policy="frozen",
+        policy_kind="frozen",
+        policy_version=FROZEN.version_id,
+        fusion_key=FROZEN.fusion_key,
         label="UNSAFE",
         fail_closed=fail,
         fail_reason="FusionError: member a failed" if fail else None,
@@ -80,7 +94,7 @@ def sim() -> CaseTable:
 def unlabelled_log(tmp_path_factory, sim) -> Path:
     path = tmp_path_factory.mktemp("log") / "decisions.sqlite"
     with DecisionLog(path) as log:
-        log.append_many(_record(sim, i) for i in range(len(sim)))
+        log.append_many((_record(sim, i) for i in range(len(sim))), policy=policy_row(FROZEN))
         k = 0
         for _ in range(N_FAIL):
             log.append(_extra(k, fused=math.nan, fail=True))
@@ -164,8 +178,11 @@ def test_labels_table(labelled_log, sim):
     assert p["bundle_ids"] == ["bundle-1"] and p["prompt_hashes"] == ["p1"]
     assert p["labels"] == "log labels table"
     assert p["time_range"][0].startswith("2023-11-14")
-    assert p["thresholds"]["median"] == pytest.approx(-0.49)
-    assert p["gray_text"]["fits"] == {"bundle-1|p1": "exact"}
+    assert p["thresholds"]["median"] == p["thresholds"]["min"] == p["thresholds"]["max"] == CUT
+    assert p["policy_versions"] == [FROZEN.version_id]
+    assert p["fusion_keys"] == [FROZEN.fusion_key]
+    note = p["gray_text"]["score_gray"]["by_version"][FROZEN.version_id]
+    assert note.startswith("fused with the policy's own fusion")
     assert not any(str(c).startswith("extra") for c in lc.table.case_id)
 
 

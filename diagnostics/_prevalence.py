@@ -1,0 +1,266 @@
+"""Prevalence: threshold rules on batches resampled to other shares of unsafe scenes, and its
+card check (seed 000, Sec. 6.1, Supp. E.2, Table 6c).
+
+The rules are the guard's: every scene is labelled with
+:func:`spotstop.guard.policies.unsafe_mask` (UNSAFE when ``S ≥ threshold``, ties UNSAFE), and
+the conformal cut is :func:`spotstop.guard.policies.conformal_cut` (one case per situation,
+PAC or marginal).  Intervals are 2.5–97.5 % *bands over resamples* (what a deployment would
+see batch to batch), not confidence intervals of a mean; ``Estimate.n`` is then the number of
+resamples.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import ClassVar, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult, fmt
+from spotstop.diagnostics._data import CaseTable
+from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
+from spotstop.diagnostics._metrics import _undefined, best_ba_unchecked, flag_rates
+from spotstop.diagnostics._plots import PrevalenceDisplay
+from spotstop.diagnostics._resample import (
+    as_rng,
+    band,
+    nan_estimate,
+    percentile_ci,
+    split_groups,
+)
+from spotstop.diagnostics._results import Estimate
+from spotstop.guard.policies import conformal_cut, unsafe_mask
+
+__all__ = ["PrevalenceCardCheck", "PrevalenceCheck", "RuleOutcome", "prevalence_check"]
+
+#: the rules, in card order: the batch mean of S (the guard's ``batch_frozen_iqr``), the
+#: fixed cut (``frozen``) and the conformal cut (``conformal``)
+RULES = ("batch_mean", "frozen", "conformal")
+
+
+@dataclass(frozen=True)
+class RuleOutcome:
+    """Outcome of one threshold rule over resampled batches at one prevalence.
+
+    ``balanced_accuracy`` is NaN (and not warned) in all-unsafe batches, where only the
+    flag rate of unsafe scenes (``tpr``) is defined.
+    """
+
+    balanced_accuracy: Estimate
+    tpr: Estimate
+    fpr: Estimate
+
+
+@dataclass(frozen=True)
+class PrevalenceCheck:
+    """The batch-mean threshold against the fixed and the conformal cut at other prevalences.
+
+    ``rules[prevalence][rule]`` for the rules of :data:`RULES`; ``recovery[prevalence]``:
+    share of the in-batch threshold room ``A*_batch - BA_frozen`` that the batch mean
+    recovers, ``(BA_batch - BA_frozen) / (A*_batch - BA_frozen)``; value = ratio of the means
+    over resamples, band over the resamples with room > 0.  All rules are scored on the same
+    resampled batches.  ``guarantee``, ``alpha``, ``delta``: the conformal cut's targets.
+    """
+
+    rules: Mapping[float, Mapping[str, RuleOutcome]]
+    recovery: Mapping[float, Estimate]
+    alpha: float
+    delta: float | None
+    guarantee: str
+    batch_size: int
+    n_resamples: int
+
+
+def _conformal_threshold(
+    table: CaseTable,
+    cal: NDArray[np.bool_],
+    alpha: float,
+    delta: float | None,
+    guarantee: Literal["pac", "marginal"],
+) -> tuple[float, int]:
+    """The guard's conformal cut on the unsafe cases of ``cal`` (one per situation): the cut
+    (NaN when infeasible) and how many unsafe situations it needs."""
+    u = cal & (table.label == 1)
+    sit = table.situation_id[u]
+    fit = conformal_cut(table.score[u], sit, alpha=alpha, delta=delta)
+    c = fit.chosen(guarantee)
+    return (c.threshold if c.feasible else math.nan), c.n_needed
+
+
+def _check_prevalence(
+    prevalences: tuple[float, ...], calibration_share: float, guarantee: str
+) -> None:
+    if not all(0.0 < p <= 1.0 for p in prevalences):
+        raise DataError(f"prevalences must lie in (0, 1]; got {prevalences!r}.")
+    if not 0.0 < calibration_share < 1.0:
+        raise DataError(f"calibration_share must be in (0, 1); got {calibration_share!r}.")
+    if guarantee not in ("pac", "marginal"):
+        raise DataError(f"guarantee must be 'pac' or 'marginal'; got {guarantee!r}.")
+
+
+def prevalence_check(
+    table: CaseTable,
+    *,
+    policy_cut: float = 0.0,
+    prevalences: tuple[float, ...] = (0.5, 0.1, 1.0),
+    n_resamples: int = 200,
+    alpha: float = 0.1,
+    delta: float = 0.1,
+    guarantee: Literal["pac", "marginal"] = "pac",
+    calibration_share: float = 0.3,
+    batch_size: int | None = None,
+    rng: np.random.Generator | int | None = None,
+) -> PrevalenceCheck:
+    """Resample batches at chosen shares of unsafe scenes (Sec. 6.1, Supp. E.2, Table 6c).
+
+    Each resample splits the groups at random: ``calibration_share`` of them calibrate the
+    conformal cut (their unsafe scores, one per situation), the rest form the pool of the
+    batch.  For every prevalence ``π``, a batch of ``batch_size`` cases (default: the number
+    of pool cases) draws ``round(π · batch_size)`` unsafe and the rest safe cases from the
+    pool, with replacement.  Three rules label that same batch with the guard's rule ``S ≥ t``:
+    the batch mean (``t`` = mean S of the batch), the fixed ``policy_cut`` and the conformal
+    cut (``guarantee`` with ``alpha`` and ``delta``).  A conformal calibration set too small
+    gives NaN for the conformal rule and one :class:`UndefinedMetricWarning`.
+    """
+    _check_prevalence(prevalences, calibration_share, guarantee)
+    gen = as_rng(rng)
+    y, s, grp = table.label, table.score, table.group
+    ng = table.n_groups
+    res = {p: {r: np.full((n_resamples, 3), math.nan) for r in RULES} for p in prevalences}
+    gain = {p: np.full(n_resamples, math.nan) for p in prevalences}
+    room = {p: np.full(n_resamples, math.nan) for p in prevalences}
+    small, need, size_used = 0, 0, 0
+    if ng < 2 or (y == 0).sum() == 0 or (y == 1).sum() == 0:
+        _undefined("the prevalence check", "it needs both classes and at least two groups")
+        n_resamples = 0
+    d = delta if guarantee == "pac" else None
+    for r in range(n_resamples):
+        cal = split_groups(gen, ng, calibration_share)[grp]
+        c_cut, need = _conformal_threshold(table, cal, alpha, d, guarantee)
+        small += math.isnan(c_cut)
+        pool_s, pool_u = np.flatnonzero(~cal & (y == 0)), np.flatnonzero(~cal & (y == 1))
+        if pool_u.size == 0 or pool_s.size == 0:
+            continue
+        n_b = batch_size or int((~cal).sum())
+        size_used = n_b
+        for p in prevalences:
+            nu = round(p * n_b)
+            idx = np.concatenate(
+                [gen.choice(pool_u, nu, replace=True), gen.choice(pool_s, n_b - nu, replace=True)]
+            )
+            yb, sb = y[idx], s[idx]
+            cuts = {"batch_mean": float(sb.mean()), "frozen": policy_cut, "conformal": c_cut}
+            for rule, t in cuts.items():
+                if math.isnan(t):
+                    continue
+                tpr, fpr = flag_rates(yb, unsafe_mask(sb, t))
+                ba = 0.5 * (tpr + 1 - fpr) if 0 < nu < n_b else math.nan
+                res[p][rule][r] = (ba, tpr, fpr)
+            if 0 < nu < n_b:
+                gain[p][r] = res[p]["batch_mean"][r, 0] - res[p]["frozen"][r, 0]
+                room[p][r] = best_ba_unchecked(yb, sb) - res[p]["frozen"][r, 0]
+    if small:
+        warnings.warn(
+            f"the conformal cut was undefined in {small} of {n_resamples} resamples: fewer "
+            f"than {need} unsafe calibration situations for the {guarantee} guarantee "
+            f"(alpha={alpha}{'' if d is None else f', delta={d}'}); those resamples are NaN "
+            "for the conformal rule.",
+            UndefinedMetricWarning,
+            stacklevel=2,
+        )
+    out_rules: dict[float, Mapping[str, RuleOutcome]] = {}
+    recovery: dict[float, Estimate] = {}
+    for p in prevalences:
+        out_rules[p] = MappingProxyType(
+            {rule: RuleOutcome(*(band(res[p][rule][:, j]) for j in range(3))) for rule in RULES}
+        )
+        ok = np.isfinite(gain[p]) & np.isfinite(room[p]) & (room[p] > 0)
+        recovery[p] = (
+            Estimate(
+                float(gain[p][ok].sum() / room[p][ok].sum()),
+                percentile_ci(gain[p][ok] / room[p][ok]),
+                int(ok.sum()),
+            )
+            if ok.any()
+            else nan_estimate()
+        )
+    return PrevalenceCheck(
+        MappingProxyType(out_rules),
+        MappingProxyType(recovery),
+        alpha,
+        d,
+        guarantee,
+        size_used,
+        n_resamples,
+    )
+
+
+_CARD_PREVALENCES = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+
+
+class PrevalenceCardCheck(CardCheck):
+    """:func:`prevalence_check` at six prevalences with the card's direct cut as the fixed cut
+    and the guard's default conformal target (PAC, alpha and delta of the context)."""
+
+    name: ClassVar[str] = "prevalence"
+    title: ClassVar[str] = "Prevalence"
+    explanation: ClassVar[str] = (
+        "Threshold rules (the guard's: S ≥ t) on batches resampled to 10–100 % unsafe: the "
+        "batch mean, the fixed cut and the PAC conformal cut. The batch mean flags about half "
+        "of any batch, so its hit rate falls when unsafe scenes are common → use a frozen or "
+        "conformal cut where prevalence moves."
+    )
+
+    def run(self, ctx: CardContext) -> CheckResult:
+        prev = prevalence_check(
+            ctx.table,
+            policy_cut=ctx.direct_cut,
+            prevalences=_CARD_PREVALENCES,
+            alpha=ctx.alpha,
+            delta=ctx.delta,
+            rng=ctx.rng,
+        )
+        data = {
+            f"unsafe_{round(100 * p)}": {
+                "rules": {
+                    rule: {"balanced_accuracy": o.balanced_accuracy, "tpr": o.tpr, "fpr": o.fpr}
+                    for rule, o in prev.rules[p].items()
+                },
+                "batch_recovery": prev.recovery[p],
+            }
+            for p in (0.5, 0.1, 1.0, 0.25, 0.75, 0.9)
+        }
+        rows: list[tuple[str, str]] = []
+        for p in (0.5, 0.1):
+            r = prev.rules[p]
+            rows.append(
+                (
+                    f"{round(100 * p)} % unsafe: balanced accuracy",
+                    f"batch mean {fmt(r['batch_mean'].balanced_accuracy)}, fixed cut "
+                    f"{fmt(r['frozen'].balanced_accuracy)}, conformal "
+                    f"{fmt(r['conformal'].balanced_accuracy)}; batch recovery "
+                    f"{fmt(prev.recovery[p], pct=False)}",
+                )
+            )
+        r = prev.rules[1.0]
+        rows.append(
+            (
+                "all unsafe: share flagged",
+                f"batch mean {fmt(r['batch_mean'].tpr)}, fixed cut {fmt(r['frozen'].tpr)}, "
+                f"conformal {fmt(r['conformal'].tpr)}",
+            )
+        )
+        ps = np.array(sorted(prev.rules))
+        display = PrevalenceDisplay(
+            ps,
+            {
+                rule: np.array([prev.rules[p][rule].balanced_accuracy.value for p in ps])
+                for rule in RULES
+            },
+            {rule: np.array([prev.rules[p][rule].tpr.value for p in ps]) for rule in RULES},
+        )
+        return CheckResult(data, tuple(rows), {"prevalence": display}, prev)

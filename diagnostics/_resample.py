@@ -1,0 +1,145 @@
+"""Resampling primitives shared by the bootstrap, the checks and the delivered rates.
+
+Group multiplicities for a group bootstrap (:func:`draw_group_counts`), random halves of the
+groups (:func:`random_halves`), percentile intervals and bands (:func:`percentile_ci`,
+:func:`band`), and the group-bootstrap estimate of a ratio of per-case sums
+(:func:`share_estimate`: a hit rate, a flagged share).  Nothing here knows a metric, so every
+other module may import it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+from numpy.typing import NDArray
+from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
+from spotstop.diagnostics._results import NAN_CI, ConfidenceInterval, Estimate
+
+__all__ = [
+    "as_rng",
+    "band",
+    "draw_group_counts",
+    "group_sum_draws",
+    "nan_estimate",
+    "percentile_ci",
+    "random_halves",
+    "share_estimate",
+    "split_groups",
+]
+
+
+def as_rng(rng: np.random.Generator | int | None) -> np.random.Generator:
+    """A Generator from a Generator, an int seed or None (never the global RNG)."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if rng is None or isinstance(rng, (int, np.integer)):
+        return np.random.default_rng(rng)
+    raise DataError(
+        f"rng must be a numpy Generator, an int seed or None; got {type(rng).__name__}."
+    )
+
+
+def random_halves(rng: np.random.Generator, n_draws: int, n_groups: int) -> NDArray[np.bool_]:
+    """Boolean (n_draws, n_groups): True for a random ``floor(G/2)`` of the groups per row."""
+    ranks = np.argsort(rng.random((n_draws, n_groups)), axis=1)
+    half = np.zeros((n_draws, n_groups), dtype=bool)
+    np.put_along_axis(half, ranks[:, : n_groups // 2], True, axis=1)
+    return half
+
+
+def split_groups(rng: np.random.Generator, n_groups: int, share: float) -> NDArray[np.bool_]:
+    """Random mask over groups with ``round(share * G)`` groups True (at least 1, at most
+    ``G − 1``): a calibration part and the rest."""
+    n_cal = max(1, min(n_groups - 1, round(share * n_groups)))
+    mask = np.zeros(n_groups, dtype=bool)
+    mask[rng.permutation(n_groups)[:n_cal]] = True
+    return mask
+
+
+def draw_group_counts(
+    n_groups: int, n_boot: int, rng: np.random.Generator, chunk_size: int = 500
+) -> Iterator[NDArray[np.float64]]:
+    """Yield ``(chunk, n_groups)`` arrays of group multiplicities (each row sums to ``n_groups``).
+
+    Each row counts ``n_groups`` groups drawn uniformly with replacement (one
+    ``rng.integers`` call per chunk, then a bincount: the multinomial(G, 1/G) distribution,
+    several times faster than ``rng.multinomial`` with ``size=``).
+    """
+    done = 0
+    while done < n_boot:
+        b = min(chunk_size, n_boot - done)
+        picks = rng.integers(0, n_groups, size=(b, n_groups))
+        picks += np.arange(b)[:, None] * n_groups
+        yield (
+            np.bincount(picks.ravel(), minlength=b * n_groups)
+            .reshape(b, n_groups)
+            .astype(np.float64)
+        )
+        done += b
+
+
+def percentile_ci(d: NDArray[np.float64]) -> ConfidenceInterval:
+    """2.5 and 97.5 percentiles of the finite draws (NaN interval when none is finite)."""
+    ok = d[np.isfinite(d)]
+    if ok.size == 0:
+        return NAN_CI
+    lo, hi = np.percentile(ok, [2.5, 97.5])
+    return ConfidenceInterval(float(lo), float(hi))
+
+
+def nan_estimate(n: int = 0) -> Estimate:
+    """An undefined estimate (NaN value and interval) over ``n`` units."""
+    return Estimate(math.nan, NAN_CI, n)
+
+
+def band(x: NDArray[np.float64], value: float | None = None) -> Estimate:
+    """Mean (or ``value``) of the finite entries and their 2.5–97.5 % band; ``n`` = entries."""
+    ok = x[np.isfinite(x)]
+    if ok.size == 0:
+        return nan_estimate()
+    return Estimate(float(ok.mean()) if value is None else value, percentile_ci(ok), int(ok.size))
+
+
+def group_sum_draws(
+    values: NDArray[np.float64], group: NDArray[np.intp], *, n_boot: int, rng: np.random.Generator
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Sums of per-case ``values`` (k, n) over the cases, and over ``n_boot`` group-bootstrap
+    draws: returns the point sums (k,) and the draws (n_boot, k).  ``group`` codes
+    0..G-1 are resampled whole."""
+    values = np.atleast_2d(np.asarray(values, dtype=np.float64))
+    ng = int(group.max()) + 1 if group.size else 0
+    per_g = np.stack([np.bincount(group, weights=v, minlength=ng) for v in values], axis=1)
+    draws = [counts @ per_g for counts in draw_group_counts(ng, n_boot, rng)]
+    return per_g.sum(axis=0), np.concatenate(draws, axis=0)
+
+
+def share_estimate(
+    hit: NDArray[np.bool_],
+    of: NDArray[np.bool_],
+    group: NDArray[np.intp],
+    *,
+    n_boot: int,
+    rng: np.random.Generator,
+    what: str,
+) -> Estimate:
+    """``sum(hit & of) / sum(of)`` with a group-bootstrap percentile interval; ``n = sum(of)``.
+
+    No case in ``of`` → :class:`UndefinedMetricWarning` naming ``what`` and NaN.
+    """
+    of = np.asarray(of, dtype=bool)
+    n = int(of.sum())
+    if n == 0:
+        warnings.warn(
+            f"{what} is undefined: no case to count it over; returning NaN.",
+            UndefinedMetricWarning,
+            stacklevel=2,
+        )
+        return nan_estimate(0)
+    num = np.asarray(hit, dtype=bool) & of
+    point, draws = group_sum_draws(np.stack([num, of]), group, n_boot=n_boot, rng=rng)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = draws[:, 0] / draws[:, 1]
+    return Estimate(float(point[0] / point[1]), percentile_ci(ratio), n)

@@ -1,0 +1,324 @@
+"""Text in the scene: the card section of seed 002 (Shift-Reliance Alignment).
+
+Reads what ``spotstop reliance``, ``shift`` and ``select`` wrote into one folder (``--cues
+DIR``; any subset of ``reliance.json``, ``shift.json``, ``select.json``) and, when the log
+holds text flags written at decision time (``cue_flags``), the share of decisions flagged per
+cue.  Reports: reliance per member and for the guard with intervals (and the placebo flag);
+d̂ per cue with its interval and its detector's sensitivity and false-positive rate; the
+predicted extra error of the guard (``Σ_cue reliance · misleading share``, from
+``select.json`` when present, else from the point values of the two files, without an
+interval); the OCR model's name and sha256; and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult, fmt
+from spotstop.diagnostics._data import group_codes
+from spotstop.diagnostics._errors import DataError
+from spotstop.diagnostics._from_log import LogData
+from spotstop.diagnostics._resample import share_estimate
+from spotstop.diagnostics._results import Estimate
+
+__all__ = ["CueFiles", "TextInSceneCheck", "log_cue_shares", "read_cue_files"]
+
+CUES = ("reassuring", "alarming")
+_FILES = ("reliance", "shift", "select")
+
+
+@dataclass(frozen=True)
+class CueFiles:
+    """The parsed files of a ``--cues`` folder (None where a file is absent)."""
+
+    folder: Path
+    reliance: Mapping[str, Any] | None = None
+    shift: Mapping[str, Any] | None = None
+    select: Mapping[str, Any] | None = None
+
+    @property
+    def found(self) -> list[str]:
+        """The files present, e.g. ``["reliance.json", "shift.json"]``."""
+        return [f"{k}.json" for k in _FILES if getattr(self, k) is not None]
+
+
+def _load(path: Path, required: tuple[str, ...]) -> Mapping[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: not readable JSON ({exc}); rewrite it with spotstop.") from exc
+    missing = [k for k in required if not isinstance(doc, dict) or k not in doc]
+    if missing:
+        raise DataError(
+            f"{path}: missing key(s) {', '.join(missing)}; it is not a file written by "
+            f"`spotstop {path.stem}`."
+        )
+    return doc
+
+
+def read_cue_files(folder: str | Path) -> CueFiles:
+    """Read ``reliance.json``, ``shift.json`` and ``select.json`` from ``folder`` (any subset;
+    none at all is an error that names the files)."""
+    d = Path(folder)
+    files = CueFiles(
+        folder=d,
+        reliance=_load(d / "reliance.json", ("candidates",)),
+        shift=_load(d / "shift.json", ("cues", "prevalence")),
+        select=_load(d / "select.json", ("candidates",)),
+    )
+    if not files.found:
+        raise DataError(
+            f"--cues {str(d)!r} holds none of reliance.json, shift.json, select.json; pass the "
+            "--out folder of `spotstop reliance`, `shift` or `select`."
+        )
+    return files
+
+
+def log_cue_shares(log: LogData, *, n_boot: int, rng: np.random.Generator) -> dict[str, Any]:
+    """Per cue flagged at decision time: the share of decisions with a reading that were
+    flagged, and among labelled unsafe and safe ones (group-bootstrap intervals)."""
+    flags = log.arrays.cue_flags
+    out: dict[str, Any] = {}
+    if not flags:
+        return out
+    group = group_codes(log.contrast_id, log.situation_id)
+    for cue, f in flags.items():
+        read = f >= 0
+        out[cue] = {
+            "flagged": share_estimate(
+                f == 1, read, group, n_boot=n_boot, rng=rng, what=f"the {cue} flag share"
+            ),
+            "flagged_unsafe": share_estimate(
+                f == 1,
+                read & (log.label == 1),
+                group,
+                n_boot=n_boot,
+                rng=rng,
+                what=f"the {cue} flag share of unsafe decisions",
+            ),
+            "flagged_safe": share_estimate(
+                f == 1,
+                read & (log.label == 0),
+                group,
+                n_boot=n_boot,
+                rng=rng,
+                what=f"the {cue} flag share of safe decisions",
+            ),
+            "n_read": int(read.sum()),
+        }
+    return out
+
+
+@dataclass(frozen=True)
+class TextInScene:
+    """What the section found: parsed reliance, shift and predictions, log flags, advice."""
+
+    files: CueFiles | None
+    reliance: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    shift: Mapping[str, Mapping[str, Estimate]] = field(default_factory=dict)
+    extra_error: Mapping[str, Any] = field(default_factory=dict)
+    ocr: Mapping[str, Any] = field(default_factory=dict)
+    log_flags: Mapping[str, Any] = field(default_factory=dict)
+    advice: tuple[str, ...] = ()
+
+    @property
+    def guard_follows_reassuring(self) -> bool:
+        """Some guard's reliance on reassuring text has an interval above 0."""
+        return any(
+            c["kind"] == "guard" and c["cues"]["reassuring"]["reliance"].ci.low > 0
+            for c in self.reliance.values()
+        )
+
+
+def _reliance(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, c in doc["candidates"].items():
+        cues = {
+            cue: {
+                "reliance": Estimate.from_dict(c[cue]["reliance"]),
+                "placebo_moves": bool(c[cue].get("placebo_moves", False)),
+            }
+            for cue in CUES
+            if cue in c
+        }
+        out[name] = {"kind": c.get("kind", "member"), "error": c.get("error", ""), "cues": cues}
+    return out
+
+
+def _shift(doc: Mapping[str, Any]) -> dict[str, dict[str, Estimate]]:
+    keys = ("q", "sens", "fpr", "d_hat", "misleading_share")
+    return {
+        cue: {k: Estimate.from_dict(v[k]) for k in keys if k in v} for cue, v in doc["cues"].items()
+    }
+
+
+def _extra_error(files: CueFiles, rel: Mapping[str, Any], sh: Mapping[str, Any]) -> dict[str, Any]:
+    """The guard's predicted extra error per cue and in total."""
+    if files.select is not None:
+        for c in files.select["candidates"]:
+            if c.get("kind") == "guard":
+                extra = {k: v for k, v in (c.get("extra_error") or {}).items()}
+                return {
+                    "candidate": c["name"],
+                    "by_cue": extra,
+                    "predicted_error": Estimate.from_dict(c["predicted_error"]),
+                    "source_error": Estimate.from_dict(c["source_error"]),
+                    "source": "select.json (paired draws; interval of the prediction)",
+                    "best": files.select["candidates"][0]["name"],
+                }
+    guards = [n for n, c in rel.items() if c["kind"] == "guard"]
+    if guards and sh:
+        g = rel[guards[0]]["cues"]
+        extra = {
+            cue: g[cue]["reliance"].value * sh[cue]["misleading_share"].value
+            for cue in CUES
+            if cue in g and cue in sh
+        }
+        return {
+            "candidate": guards[0],
+            "by_cue": extra,
+            "source": "reliance.json × shift.json point values (no interval: run `spotstop "
+            "select` for one)",
+        }
+    return {}
+
+
+def _advice(ts: TextInScene) -> tuple[str, ...]:
+    out = []
+    best = ts.extra_error.get("best")
+    for name, c in ts.reliance.items():
+        if c["kind"] != "guard":
+            continue
+        r = c["cues"].get("reassuring", {}).get("reliance")
+        if r is not None and r.ci.low > 0:
+            choose = (
+                f", or choose candidate {best} (SRA ranks it first)"
+                if best and best != name
+                else ""
+            )
+            out.append(
+                f"This guard ({name}) follows reassuring text: its error on unsafe scenes rises "
+                f"by {fmt(r, pct=False, signed=True)} under a reassuring sign. Set the text "
+                f"detector to fail closed on reassuring text{choose}."
+            )
+        a = c["cues"].get("alarming", {}).get("reliance")
+        if a is not None and a.ci.low > 0:
+            out.append(
+                f"The guard ({name}) also stops on alarming text on safe scenes (reliance "
+                f"{fmt(a, pct=False, signed=True)}): false alarms, not missed hazards."
+            )
+    d = ts.shift.get("reassuring", {}).get("d_hat")
+    if d is not None and d.ci.low > 0:
+        out.append(
+            f"Reassuring text appears in {fmt(d)} % of deployment frames (corrected for the "
+            "detector's errors)."
+        )
+    if not out and ts.files is not None:
+        out.append("No guard's reliance on scene text is resolved above zero: nothing to do.")
+    return tuple(out)
+
+
+class TextInSceneCheck(CardCheck):
+    """Reliance, shift and prediction from ``--cues DIR``, and the log's text flags."""
+
+    name: ClassVar[str] = "text_in_scene"
+    title: ClassVar[str] = "Text in the scene"
+    explanation: ClassVar[str] = (
+        "How much the members and the guard follow reassuring or alarming text in the scene "
+        "(matched edits, seed 002 Eq. 2), how often such text misleads in this deployment "
+        "(d̂ corrected for the detector's sens/fpr, Sec. 3.4), and the extra error it predicts "
+        "(Eq. 1); a guard that follows reassuring text → set the detector to fail closed or "
+        "choose another candidate."
+    )
+
+    def run(self, ctx: CardContext) -> CheckResult:
+        files = None if ctx.cues_dir is None else read_cue_files(ctx.cues_dir)
+        rel = {} if files is None or files.reliance is None else _reliance(files.reliance)
+        sh = {} if files is None or files.shift is None else _shift(files.shift)
+        prov = {} if files is None or files.shift is None else files.shift.get("provenance", {})
+        ocr = {
+            "name": (prov.get("ocr_model") or {}).get("name"),
+            "sha256": (prov.get("ocr_model") or {}).get("sha256"),
+            "lexicon_sha256": prov.get("lexicon_sha256"),
+        }
+        flags = {} if ctx.log is None else log_cue_shares(ctx.log, n_boot=ctx.n_boot, rng=ctx.rng)
+        extra = {} if files is None else _extra_error(files, rel, sh)
+        ts = TextInScene(files, rel, sh, extra, ocr, flags)
+        ts = TextInScene(files, rel, sh, extra, ocr, flags, _advice(ts))
+        data = {
+            "files": None if files is None else files.found,
+            "reliance": rel,
+            "shift": sh,
+            "prevalence_source": None
+            if files is None or files.shift is None
+            else files.shift.get("prevalence_source"),
+            "predicted_extra_error": extra,
+            "ocr_model": ocr,
+            "log_flags": flags,
+            "advice": list(ts.advice),
+        }
+        return CheckResult(data, _rows(ts), result=ts)
+
+
+def _rows(ts: TextInScene) -> tuple[tuple[str, str], ...]:
+    if ts.files is None and not ts.log_flags:
+        return (
+            (
+                "not measured",
+                "pass --cues DIR (the --out folder of `spotstop reliance`, `shift` or "
+                "`select`), or log text flags at decision time",
+            ),
+        )
+    rows: list[tuple[str, str]] = []
+    for name, c in ts.reliance.items():
+        for cue, r in c["cues"].items():
+            flag = (
+                " (placebo moves: the edit itself, not the text, moves it)"
+                if r["placebo_moves"]
+                else ""
+            )
+            rows.append(
+                (
+                    f"reliance of {name} ({c['kind']}, {c['error']} error) on {cue} text",
+                    fmt(r["reliance"], pct=False, signed=True) + flag,
+                )
+            )
+    for cue, s in ts.shift.items():
+        rows.append(
+            (
+                f"{cue} text in the deployment: d̂",
+                f"{fmt(s.get('d_hat'))} % (detector sens {fmt(s.get('sens'), pct=False)}, fpr "
+                f"{fmt(s.get('fpr'), pct=False)}); misleading share "
+                f"{fmt(s.get('misleading_share'))} %",
+            )
+        )
+    if ts.extra_error:
+        by = ts.extra_error["by_cue"]
+        total = sum(v for v in by.values() if v is not None and math.isfinite(v))
+        rows.append(
+            (
+                f"predicted extra error of {ts.extra_error['candidate']}",
+                ", ".join(f"{k} {v:+.3f}" for k, v in by.items() if v is not None)
+                + f" (total {total:+.3f}); {ts.extra_error['source']}",
+            )
+        )
+    if ts.ocr.get("name"):
+        rows.append(("OCR model", f"{ts.ocr['name']} (sha256 {ts.ocr['sha256']})"))
+    for cue, f in ts.log_flags.items():
+        rows.append(
+            (
+                f"{cue} flags logged at decision time",
+                f"{fmt(f['flagged'])} % of {f['n_read']} read decisions; unsafe "
+                f"{fmt(f['flagged_unsafe'])} %, safe {fmt(f['flagged_safe'])} %",
+            )
+        )
+    rows += [("what to do", a) for a in ts.advice]
+    return tuple(rows)

@@ -1,0 +1,365 @@
+"""The card's verdict: three to five plain sentences, each with a status, read off the card.
+
+Topics, in order (each a rule below, each sentence with its numbers, intervals and what to do):
+
+leak
+    The scene-blind file reader (image width, height, aspect, bytes, longest side, JPEG
+    quality, format; out of fold).  ``fail`` when its AUROC interval lies above 0.5, its
+    permutation p is below 0.05 and the AUROC is at least 0.7; ``warn`` for such a leak below
+    0.7, or when it could not be measured; else ``ok``.
+cut
+    The threshold part at the direct cut, cross-fitted.  ``fail`` when the cross-fitted part's
+    interval lies above 2 points of balanced accuracy; ``warn`` when the in-sample part's
+    interval lies above 0 (or nothing was measured); else ``ok``.  What recovers it: the
+    situation (recentering gain over artificial situations with its interval above 0), the
+    batch mean (its recovery at this log's prevalence and at 10 % unsafe), else a refit.
+policy
+    :func:`~spotstop.diagnostics._recommend.recommend_policy`'s choice.  ``ok`` when it is the
+    deployed kind (or nothing is deployed), ``warn`` when it differs.
+guarantee
+    The conformal audit of the most recent deployed conformal cut: ``ok`` holds, ``fail``
+    violated, ``warn`` not enough data; ``warn`` when no conformal cut decided (or the input
+    holds no deployed policy), with the split simulation as a what-if.
+changes (only with ``--previous``)
+    Key fields compared with the previous card of the same bundle; a field changed when the
+    two 95 % intervals do not overlap (values differ when an interval is missing).  ``fail``
+    when the delivered hit rate fell or an audit became ``violated``; ``warn`` for any other
+    change; ``ok`` when nothing changed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from spotstop.diagnostics._check_base import fmt, fmt_p
+from spotstop.diagnostics._errors import DataError
+from spotstop.diagnostics._recommend import Recommendation
+from spotstop.diagnostics._results import Estimate
+
+__all__ = ["COMPARED", "VerdictItem", "check_previous", "verdict"]
+
+Status = Literal["ok", "warn", "fail"]
+
+LEAK_AUROC = 0.7
+"""A resolved file-reader AUROC at or above this is a fail, below it a warning."""
+
+CUT_ROOM = 0.02
+"""A cross-fitted threshold part whose interval lies above this (2 points) is a fail."""
+
+
+@dataclass(frozen=True)
+class VerdictItem:
+    """One sentence of the verdict: its status (ok / warn / fail), topic and text."""
+
+    status: Status
+    topic: str
+    sentence: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"status": self.status, "topic": self.topic, "sentence": self.sentence}
+
+
+def _above(e: Estimate | None, x: float) -> bool:
+    return e is not None and math.isfinite(e.ci.low) and e.ci.low > x
+
+
+def leak_item(blind: Any) -> VerdictItem:
+    """The ``leak`` sentence from the scene-blind readers (None when not run)."""
+    fr = None if blind is None else blind.file_reader
+    if fr is None or math.isnan(fr.value):
+        return VerdictItem(
+            "warn",
+            "leak",
+            "Whether the label leaks through the image files was not measured (the cases lack "
+            "image width, height and bytes, or form fewer than 5 groups); log the image "
+            "metadata and label more situations to check it.",
+        )
+    ls = blind.longest_side
+    rule = (
+        f"; the rule 'longest side {ls.direction} {ls.cut:g}' labels {fmt(ls.accuracy)} % "
+        "of held-out cases correctly"
+        if ls is not None and math.isfinite(ls.accuracy.value)
+        else ""
+    )
+    text = blind.request_only
+    req = (
+        f" The request alone ranks at AUROC {fmt(text, pct=False)}: the text carries the label."
+        if text is not None and _above(text, LEAK_AUROC)
+        else ""
+    )
+    what = f"AUROC {fmt(fr, pct=False)} ({fmt_p(blind.file_reader_p)})"
+    if _above(fr, 0.5) and blind.file_reader_p < 0.05:
+        status: Status = "fail" if fr.value >= LEAK_AUROC else "warn"
+        strength = "leaks" if status == "fail" else "leaks weakly"
+        return VerdictItem(
+            status,
+            "leak",
+            f"The label {strength} through the image files: a reader of image size, bytes and "
+            f"format alone reaches {what}{rule}. Control the files (e.g. letterbox every image "
+            f"to one size and format) before trusting the scene score.{req}",
+        )
+    return VerdictItem(
+        "ok",
+        "leak",
+        f"The label does not leak through the image files: a reader of image size, bytes and "
+        f"format alone reaches {what}; nothing to do.{req}",
+    )
+
+
+def cut_item(
+    fields: Mapping[str, Estimate], prev: Any, sit: Any, cut_source: str, cut: float
+) -> VerdictItem:
+    """The ``cut`` sentence from the Spot-Stop fields, the prevalence and situation checks."""
+    tp, cf = fields["threshold_part"], fields["cross_fitted_threshold_part"]
+    if math.isnan(tp.value):
+        return VerdictItem(
+            "warn",
+            "cut",
+            "Whether the cut is misplaced was not measured: the labelled cases form no "
+            "contrasts (a safe and an unsafe scene of one situation); give contrast_id with "
+            "the labels.",
+        )
+    gain = None if sit is None else sit.ba_gain
+    rec = fields["batch_recovery"]
+    rec10 = None if prev is None else prev.recovery.get(0.1)
+    recover = []
+    if gain is not None and math.isfinite(gain.value):
+        recover.append(
+            f"recentering on the situation gains {fmt(gain)} points over artificial "
+            f"situations (ICC {fmt(sit.icc, pct=False)})"
+        )
+    if math.isfinite(rec.value):
+        at10 = f", {fmt(rec10)} % at 10 % unsafe" if rec10 is not None else ""
+        recover.append(f"the batch mean recovers {fmt(rec)} % of it here{at10}")
+    if _above(cf, CUT_ROOM):
+        status: Status = "fail"
+        head = "The cut is misplaced"
+    elif _above(tp, 0.0):
+        status, head = "warn", "The cut may be misplaced"
+    else:
+        status, head = "ok", "The cut is well placed"
+    if status == "ok":
+        todo = "no recalibration is needed."
+    elif _above(gain, 0.0):
+        todo = "recentre on the situation (the situation policy)."
+    elif math.isfinite(rec.value) and rec.value >= 0.8 and rec10 is not None and rec10.value >= 0.8:
+        todo = "the batch mean recovers it, also at 10 % unsafe."
+    else:
+        todo = "refit the cut on labelled decisions (`spotstop recalibrate`, frozen or conformal)."
+    return VerdictItem(
+        status,
+        "cut",
+        f"{head}: at the direct cut S > {cut:.4g} ({cut_source}) one shared cut chosen on other "
+        f"groups would add {fmt(cf)} points of balanced accuracy (in sample {fmt(tp)})"
+        + (f"; {'; '.join(recover)}" if recover else "")
+        + f"; {todo}",
+    )
+
+
+def policy_item(rec: Recommendation, deployed: str | None) -> VerdictItem:
+    """The ``policy`` sentence from the recommendation and the deployed kind."""
+    reason = rec.reasons[0] if rec.reasons else ""
+    if deployed is None:
+        return VerdictItem(
+            "ok", "policy", f"Use the {rec.policy} policy (nothing is deployed here): {reason}"
+        )
+    if deployed == rec.policy:
+        return VerdictItem(
+            "ok", "policy", f"Keep the deployed {deployed} policy; it is the one to use: {reason}"
+        )
+    return VerdictItem(
+        "warn",
+        "policy",
+        f"Switch from the deployed {deployed} policy to {rec.policy} (`spotstop recalibrate "
+        f"--policy {rec.policy}`): {reason}",
+    )
+
+
+def guarantee_item(audit: Any) -> VerdictItem:
+    """The ``guarantee`` sentence from the conformal audit's result (None when not run)."""
+    if audit is None:
+        return VerdictItem("warn", "guarantee", "The conformal audit did not run.")
+    sim = audit.simulation
+    what_if = (
+        f" A {sim.guarantee} conformal cut (alpha {sim.alpha:g}) fitted on 30 % of these cases "
+        f"would miss {fmt(sim.miss_rate)} % of held-out unsafe situations (band over splits)."
+        if math.isfinite(sim.miss_rate.value)
+        else ""
+    )
+    if not audit.deployed:
+        return VerdictItem(
+            "warn",
+            "guarantee",
+            f"No miss-rate guarantee to audit: {audit.reason}.{what_if} Deploy the conformal "
+            "policy once enough unsafe situations are labelled to have one.",
+        )
+    a = audit.deployed[-1]
+    head = (
+        f"The conformal cut {a.version_id} ({a.policy_text()}) missed {a.misses} of "
+        f"{a.n_situations} labelled unsafe situations since {a.created[:10]}, "
+        f"{fmt(a.miss_rate)} % (exact 95 % interval); one-sided binomial test of miss rate ≤ "
+        f"{a.alpha:g}: {fmt_p(a.p_value)}"
+    )
+    others = [b.version_id for b in audit.deployed[:-1] if b.status == "violated"]
+    tail = f" Earlier versions violated it too: {', '.join(others)}." if others else ""
+    if a.status == "violated":
+        return VerdictItem(
+            "fail",
+            "guarantee",
+            f"{head}: the guarantee is violated; refit the cut on recent labelled decisions "
+            f"now (`spotstop recalibrate --policy conformal`).{tail}",
+        )
+    if a.status == "not enough data":
+        return VerdictItem(
+            "warn",
+            "guarantee",
+            f"{head}: not enough data to tell (the test needs ≥ {a.n_min} situations to flag "
+            f"twice alpha); label more unsafe decisions.{tail}",
+        )
+    marginal = (
+        f" (marginal guarantee: this cut's own miss rate exceeds alpha with probability "
+        f"{a.p_cut_above_alpha:.2f} over calibrations)"
+        if a.guarantee == "marginal"
+        else ""
+    )
+    return VerdictItem(
+        "ok", "guarantee", f"{head}: the guarantee holds{marginal}; nothing to do.{tail}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# changes since a previous card
+
+
+#: (label, path in card.json, True when lower is worse for safety)
+COMPARED: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("delivered hit rate", ("delivered_hit_rate",), True),
+    ("delivered false-alarm rate", ("delivered_false_alarm_rate",), False),
+    ("delivered balanced accuracy", ("delivered_balanced_accuracy",), False),
+    ("AUROC", ("fields", "auroc"), False),
+    ("R − A", ("fields", "R_minus_A"), False),
+    ("threshold part", ("fields", "threshold_part"), False),
+    ("file reader AUROC", ("checks", "scene_blind", "file_reader_auroc"), False),
+)
+
+
+def _get(doc: Mapping[str, Any], path: Sequence[str]) -> Estimate | None:
+    x: Any = doc
+    for k in path:
+        if not isinstance(x, Mapping) or x.get(k) is None:
+            return None
+        x = x[k]
+    return Estimate.from_dict(x) if isinstance(x, Mapping) and "value" in x else None
+
+
+def _changed(a: Estimate, b: Estimate) -> bool:
+    if math.isnan(a.value) or math.isnan(b.value):
+        return math.isnan(a.value) != math.isnan(b.value)
+    if any(math.isnan(x) for x in (a.ci.low, a.ci.high, b.ci.low, b.ci.high)):
+        return a.value != b.value
+    return a.ci.high < b.ci.low or b.ci.high < a.ci.low
+
+
+def check_previous(previous: Mapping[str, Any], bundle_ids: Sequence[str] | None) -> None:
+    """Refuse a previous card that is not a version-2 card of the same bundle(s)."""
+    if previous.get("schema_version") != 2:
+        raise DataError(
+            f"--previous is a card of schema {previous.get('schema_version')!r}; this spotstop "
+            "compares cards of schema 2. Write the previous card again with this version."
+        )
+    prev_b = (previous.get("provenance") or {}).get("bundle_ids")
+    if sorted(prev_b or []) != sorted(bundle_ids or []):
+        raise DataError(
+            f"--previous is a card of bundle {', '.join(prev_b or ['(none: not a log)'])}; this "
+            f"card is of bundle {', '.join(bundle_ids or ['(none: not a log)'])}. Compare cards "
+            "of one bundle."
+        )
+
+
+def _audit_status(doc: Mapping[str, Any]) -> dict[str, str]:
+    dep = ((doc.get("checks") or {}).get("conformal_audit") or {}).get("deployed") or []
+    return {d["version_id"]: d["status"] for d in dep}
+
+
+def changes_item(previous: Mapping[str, Any], current: Mapping[str, Any]) -> VerdictItem:
+    """The ``changes`` sentence: key fields of ``current`` against ``previous`` (both JSON)."""
+    moved, kept, worse = [], [], False
+    for label, path, lower_is_worse in COMPARED:
+        a, b = _get(previous, path), _get(current, path)
+        if a is None or b is None:
+            continue
+        pct = "auroc" not in path[-1].lower()
+        text = f"{label} {fmt(a, pct=pct)} → {fmt(b, pct=pct)}"
+        if _changed(a, b):
+            moved.append(text)
+            worse |= lower_is_worse and b.value < a.value
+        else:
+            kept.append(label)
+    old_v = sorted((previous.get("delivered_by_policy") or {}).keys())
+    new_v = sorted((current.get("delivered_by_policy") or {}).keys())
+    policy = (
+        f"; policy versions {', '.join(old_v) or '—'} → {', '.join(new_v) or '—'}"
+        if old_v != new_v
+        else ""
+    )
+    old_a, new_a = _audit_status(previous), _audit_status(current)
+    became = [v for v, s in new_a.items() if s == "violated" and old_a.get(v) != "violated"]
+    worse |= bool(became)
+    audit = f"; the conformal audit of {', '.join(became)} is now violated" if became else ""
+    when = (previous.get("provenance") or {}).get("created_utc", "unknown time")
+    n_prev = (previous.get("settings") or {}).get("n_cases", "?")
+    head = f"Since the previous card ({str(when)[:10]}, {n_prev} cases)"
+    if not moved and not policy and not audit:
+        return VerdictItem(
+            "ok",
+            "changes",
+            f"{head} no key field moved beyond its interval ({', '.join(kept) or 'none compared'}); "
+            "nothing to do.",
+        )
+    status: Status = "fail" if worse else "warn"
+    todo = (
+        "find out why the guard now lets more through before it runs on"
+        if worse
+        else "check that the change was intended"
+    )
+    rest = f"; within their intervals: {', '.join(kept)}" if kept else ""
+    return VerdictItem(
+        status,
+        "changes",
+        f"{head}: {'; '.join(moved) or 'no field moved beyond its interval'}{policy}{audit}{rest}; "
+        f"{todo}.",
+    )
+
+
+def verdict(
+    *,
+    fields: Mapping[str, Estimate],
+    checks: Mapping[str, Any],
+    recommendation: Recommendation,
+    deployed_kind: str | None,
+    direct_cut: float,
+    direct_cut_source: str,
+    previous: Mapping[str, Any] | None = None,
+    current: Mapping[str, Any] | None = None,
+) -> tuple[VerdictItem, ...]:
+    """The verdict's items in order (see the module docstring).  ``checks`` maps a check name
+    to its computed result (``CheckResult.result``); ``current`` is this card's JSON without
+    the verdict, compared with ``previous`` when given."""
+    items = [
+        leak_item(checks.get("scene_blind")),
+        cut_item(
+            fields,
+            checks.get("prevalence"),
+            checks.get("situation_share"),
+            direct_cut_source,
+            direct_cut,
+        ),
+        policy_item(recommendation, deployed_kind),
+        guarantee_item(checks.get("conformal_audit")),
+    ]
+    if previous is not None and current is not None:
+        items.append(changes_item(previous, current))
+    return tuple(items)
