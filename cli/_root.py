@@ -26,16 +26,13 @@ class Command:
     needs beyond the base install (named in ``spotstop --help`` and used for the install hint
     of a missing library the extras table does not know). ``summary`` is the line of
     ``spotstop --help``; it equals the parser's own ``help`` (tests/test_cli.py checks it), so
-    that listing the commands imports no room. ``argv_main``, when the module has no
-    ``adder``, is a function of the argument list after the command name that parses it
-    itself (the card's entry point until it has a parser of its own).
+    that listing the commands imports no room.
     """
 
     module: str
     adder: str
     extras: tuple[str, ...]
     summary: str
-    argv_main: str | None = None
 
 
 #: name -> the room module that owns the command, its parser's adder, the extras it needs.
@@ -80,8 +77,7 @@ COMMANDS: dict[str, Command] = {
         "spotstop.diagnostics._cli",
         "add_card_parser",
         ("diag",),
-        "write the per-deployment card (Spot-Stop with intervals, checks, plots)",
-        argv_main="card_main",
+        "write the per-deployment card (verdict, what the guard delivers, Spot-Stop, checks)",
     ),
     "reliance": Command(
         "spotstop.diagnostics.cues._cli",
@@ -188,12 +184,10 @@ def _listing(cmd: Command) -> str:
     return cmd.summary + needs
 
 
-def _load(cmd: Command) -> tuple[Callable[[Any], None] | None, Callable[[list[str]], int] | None]:
-    """(the parser's adder, or the module's own argv entry point): imports the room module."""
-    module = importlib.import_module(cmd.module)
-    if cmd.argv_main is not None and not hasattr(module, cmd.adder):
-        return None, getattr(module, cmd.argv_main)
-    return getattr(module, cmd.adder), None
+def _adder(cmd: Command) -> Callable[[Any], None]:
+    """The function that adds ``cmd``'s parser: imports its room module now."""
+    adder: Callable[[Any], None] = getattr(importlib.import_module(cmd.module), cmd.adder)
+    return adder
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -208,9 +202,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, cmd in COMMANDS.items():
-        adder = _load(cmd)[0] if name == command else None
-        if adder is not None:
-            adder(sub)
+        if name == command:
+            _adder(cmd)(sub)
         else:
             sub.add_parser(name, help=_listing(cmd), add_help=False)
     return parser
@@ -234,13 +227,7 @@ def _quiet_third_party() -> None:
 
 
 def _run(name: str | None, argv: list[str]) -> int:
-    cmd = COMMANDS.get(name or "")
-    if cmd is not None and name is not None:
-        own_main = _load(cmd)[1]
-        if own_main is not None:  # the module parses its own argument list (and --help)
-            _quiet_third_party()
-            return int(own_main(argv[argv.index(name) + 1 :]))
-    parser = build_parser(name if cmd is not None else None)
+    parser = build_parser(name if name in COMMANDS else None)
     args = parser.parse_args(argv)
     _quiet_third_party()
     if args.version:
