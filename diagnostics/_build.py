@@ -52,7 +52,9 @@ def card_from_inputs(
 
     Exactly one of ``log``, ``scores`` and ``demo``.  ``direct_cut`` overrides the cut of the
     paper's direct answer (default: the deployed constant cut of a log when there is one,
-    else 0).  Further keyword arguments go to :func:`~spotstop.diagnostics.compute_card`.
+    else 0).  The checks and the delivered rates draw ``min(n_boot, 1000)`` times unless
+    ``n_boot_checks`` says otherwise.  Further keyword arguments go to
+    :func:`~spotstop.diagnostics.compute_card`.
     """
     if (log is not None) + (scores is not None) + bool(demo) != 1:
         raise DataError("give exactly one input: LOG, --scores CSV or --demo.")
@@ -75,6 +77,7 @@ def card_from_inputs(
         cut, why = 0.0, "the direct answer (a scores CSV: s > 0 for a raw member score)"
     if direct_cut is not None:
         cut, why = float(direct_cut), "--direct-cut"
+    kwargs.setdefault("n_boot_checks", min(1000, n_boot))
     return write_card(
         table,
         out,

@@ -48,7 +48,7 @@ from spotstop.diagnostics._plots import RocDisplay, ScoreDisplay, SplitDisplay
 from spotstop.diagnostics._recommend import Recommendation, recommend_for_card
 from spotstop.diagnostics._render import write_files
 from spotstop.diagnostics._resample import as_rng, nan_estimate, percentile_ci
-from spotstop.diagnostics._results import NAN_CI, Estimate
+from spotstop.diagnostics._results import Estimate
 from spotstop.diagnostics._verdict import VerdictItem, check_previous, verdict
 
 __all__ = [
@@ -208,7 +208,7 @@ def _fields(
         elif k == "kernel_overlap_reference":
             out[k] = _kernel_estimate(table, n_kernel, gen)
         elif k == "d_prime_auroc":
-            out[k] = Estimate(ss.d_prime_auroc, NAN_CI, ss.n_pairs)
+            out[k] = Estimate.point(ss.d_prime_auroc, ss.n_pairs)
         else:
             out[k] = boot[_BOOT_NAME.get(k, k)]
     return out, ss

@@ -80,7 +80,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    "fields (default: the deployed constant cut, else 0)")  # fmt: skip
     p.add_argument("--out", metavar="DIR", required=True, help="output folder (created if needed)")
     p.add_argument("--n-boot", type=int, default=10_000, metavar="N",
-                   help="group-bootstrap draws (default: 10000)")  # fmt: skip
+                   help="group-bootstrap draws of the Spot-Stop fields (default: 10000); the "
+                   "checks and the delivered rates use min(N, 1000)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default: 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
 

@@ -20,7 +20,7 @@ from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._metrics import _check_cut, spot_stop
 from spotstop.diagnostics._resample import as_rng
-from spotstop.diagnostics._results import NAN_CI, Estimate
+from spotstop.diagnostics._results import Estimate
 
 __all__ = ["LabelSwapNullCheck", "NullResult", "label_swap_null"]
 
@@ -181,17 +181,14 @@ class LabelSwapNullCheck(CardCheck):
     def run(self, ctx: CardContext) -> CheckResult:
         null = label_swap_null(ctx.table, cut=ctx.direct_cut, n_draws=ctx.n_boot, rng=ctx.rng)
         n = null.n_draws
-
-        def scalar(x: float) -> Estimate:
-            return Estimate(x if n else math.nan, NAN_CI, n)
-
-        data = {
-            "R_null_q975": scalar(null.R_q975),
-            "R_null_mean": scalar(float(np.mean(null.R0)) if n else math.nan),
-            "null_gap_mean": scalar(null.mean_G0 if n else math.nan),
-            "p_R": scalar(null.p_R),
-            "p_R_minus_A": scalar(null.p_excess),
+        values = {
+            "R_null_q975": null.R_q975,
+            "R_null_mean": float(np.mean(null.R0)) if n else math.nan,
+            "null_gap_mean": null.mean_G0 if n else math.nan,
+            "p_R": null.p_R,
+            "p_R_minus_A": null.p_excess,
         }
+        data = {k: Estimate.point(v, n) for k, v in values.items()}
         rows = (
             ("R under the null, 97.5th percentile", fmt(data["R_null_q975"])),
             ("R observed", fmt(null.observed_R)),

@@ -58,6 +58,11 @@ class Estimate:
         return {"value": f(self.value), "ci": [f(self.ci.low), f(self.ci.high)], "n": int(self.n)}
 
     @classmethod
+    def point(cls, value: float, n: int) -> Estimate:
+        """A value without an interval (e.g. a p value or a statistic of the full data)."""
+        return cls(float(value), NAN_CI, int(n))
+
+    @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Estimate:
         """The inverse of :meth:`to_dict` (``None`` as NaN; ``n`` 0 when absent)."""
 

@@ -26,7 +26,7 @@ from spotstop.diagnostics._errors import UndefinedMetricWarning
 from spotstop.diagnostics._logistic import grouped_folds, oof_scores
 from spotstop.diagnostics._metrics import auroc_unchecked
 from spotstop.diagnostics._resample import as_rng, band, nan_estimate, random_halves
-from spotstop.diagnostics._results import NAN_CI, Estimate
+from spotstop.diagnostics._results import Estimate
 
 __all__ = [
     "LongestSideRule",
@@ -234,7 +234,7 @@ class SceneBlindCheck(CardCheck):
         ls = blind.longest_side
         data = {
             "file_reader_auroc": blind.file_reader,
-            "file_reader_permutation_p": Estimate(blind.file_reader_p, NAN_CI, len(ctx.table)),
+            "file_reader_permutation_p": Estimate.point(blind.file_reader_p, len(ctx.table)),
             "file_features": list(blind.file_features),
             "longest_side": None
             if ls is None

@@ -15,7 +15,7 @@ from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._metrics import _undefined, auroc_unchecked, flag_rates, wbincount
 from spotstop.diagnostics._resample import as_rng, draw_group_counts, nan_estimate, percentile_ci
-from spotstop.diagnostics._results import NAN_CI, Estimate
+from spotstop.diagnostics._results import Estimate
 from spotstop.guard.policies import unsafe_mask
 
 __all__ = ["SituationShare", "SituationShareCheck", "situation_share"]
@@ -186,19 +186,16 @@ class SituationShareCheck(CardCheck):
 
     def run(self, ctx: CardContext) -> CheckResult:
         sit = situation_share(ctx.table, n_boot=ctx.n_boot, rng=ctx.rng)
-
-        def scalar(x: float) -> Estimate:
-            return Estimate(x, NAN_CI, sit.icc.n)
-
+        n = sit.icc.n
         data = {
             "icc": sit.icc,
             "ba_gain_vs_artificial": sit.ba_gain,
             "auroc_gain_vs_artificial": sit.auroc_gain,
-            "ba_situation": scalar(sit.ba_real),
-            "ba_artificial": scalar(sit.ba_artificial),
-            "ba_global_batch_mean": scalar(sit.ba_global),
-            "auroc_centred": scalar(sit.auroc_real),
-            "auroc_centred_artificial": scalar(sit.auroc_artificial),
+            "ba_situation": Estimate.point(sit.ba_real, n),
+            "ba_artificial": Estimate.point(sit.ba_artificial, n),
+            "ba_global_batch_mean": Estimate.point(sit.ba_global, n),
+            "auroc_centred": Estimate.point(sit.auroc_real, n),
+            "auroc_centred_artificial": Estimate.point(sit.auroc_artificial, n),
             "n_situations": sit.n_situations,
         }
         rows = (

@@ -92,28 +92,20 @@ def log_cue_shares(log: LogData, *, n_boot: int, rng: np.random.Generator) -> di
     group = group_codes(log.contrast_id, log.situation_id)
     for cue, f in flags.items():
         read = f >= 0
+        among = {"flagged": (read, " of read"), "flagged_unsafe": (read & (log.label == 1), " of unsafe"),
+                 "flagged_safe": (read & (log.label == 0), " of safe")}  # fmt: skip
         out[cue] = {
-            "flagged": share_estimate(
-                f == 1, read, group, n_boot=n_boot, rng=rng, what=f"the {cue} flag share"
-            ),
-            "flagged_unsafe": share_estimate(
+            key: share_estimate(
                 f == 1,
-                read & (log.label == 1),
+                mask,
                 group,
                 n_boot=n_boot,
                 rng=rng,
-                what=f"the {cue} flag share of unsafe decisions",
-            ),
-            "flagged_safe": share_estimate(
-                f == 1,
-                read & (log.label == 0),
-                group,
-                n_boot=n_boot,
-                rng=rng,
-                what=f"the {cue} flag share of safe decisions",
-            ),
-            "n_read": int(read.sum()),
+                what=f"the {cue} flag share{who} decisions",
+            )
+            for key, (mask, who) in among.items()
         }
+        out[cue]["n_read"] = int(read.sum())
     return out
 
 
