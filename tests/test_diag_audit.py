@@ -1,0 +1,87 @@
+"""The new statistics of the card against independent computations: the exact binomial
+interval and test of the conformal audit, the audit's minimum size, the delivered rates, the
+group-bootstrap share; degenerate data gives a named warning and NaN, never 0."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import binom, binomtest
+from spotstop.diagnostics import (
+    UndefinedMetricWarning,
+    audit_min_n,
+    binomial_upper_p,
+    clopper_pearson,
+    delivered_rates,
+    group_codes,
+)
+from spotstop.diagnostics._resample import share_estimate
+
+
+@pytest.mark.parametrize("x, n", [(0, 1), (0, 30), (3, 30), (15, 30), (30, 30), (7, 120)])
+def test_clopper_pearson_matches_scipy(x, n):
+    ci = clopper_pearson(x, n)
+    ref = binomtest(x, n).proportion_ci(0.95, method="exact")
+    assert (ci.low, ci.high) == pytest.approx((ref.low, ref.high), abs=1e-10)
+    assert (ci.low == 0.0) == (x == 0) and (ci.high == 1.0) == (x == n)
+
+
+@pytest.mark.parametrize("x, n, p", [(0, 10, 0.1), (4, 30, 0.1), (9, 30, 0.1), (20, 50, 0.3)])
+def test_binomial_upper_p_matches_scipy(x, n, p):
+    assert binomial_upper_p(x, n, p) == pytest.approx(
+        binomtest(x, n, p, alternative="greater").pvalue, rel=1e-12
+    )
+
+
+def test_empty_audit_is_nan_not_zero():
+    assert math.isnan(binomial_upper_p(0, 0, 0.1))
+    ci = clopper_pearson(0, 0)
+    assert math.isnan(ci.low) and math.isnan(ci.high)
+
+
+def test_audit_min_n_by_hand():
+    # alpha 0.1: 25 situations with 5 misses (twice alpha) are not significant, 26 with 6 are
+    assert binom.sf(4, 25, 0.1) > 0.05 > binom.sf(5, 26, 0.1)
+    assert audit_min_n(0.1) == 26
+    for alpha in (0.05, 0.2):
+        n = audit_min_n(alpha)
+        assert binom.sf(math.ceil(2 * alpha * n) - 1, n, alpha) < 0.05
+        assert all(binom.sf(math.ceil(2 * alpha * m) - 1, m, alpha) >= 0.05 for m in range(1, n))
+
+
+def test_delivered_rates_by_hand():
+    # 4 unsafe (3 flagged), 6 safe (1 flagged); groups: pairs of decisions
+    y = np.array([1, 1, 1, 1, 0, 0, 0, 0, 0, 0])
+    f = np.array([1, 1, 0, 1, 0, 1, 0, 0, 0, 0])
+    g = np.repeat(np.arange(5), 2)
+    r = delivered_rates(y, f, g, n_boot=300, rng=np.random.default_rng(0))
+    assert r.hit_rate.value == 0.75 and r.hit_rate.n == 4
+    assert r.false_alarm_rate.value == pytest.approx(1 / 6) and r.false_alarm_rate.n == 6
+    assert r.balanced_accuracy.value == pytest.approx(0.5 * (0.75 + 5 / 6))
+    assert r.balanced_accuracy.n == 10
+    for e in (r.hit_rate, r.false_alarm_rate, r.balanced_accuracy):
+        assert e.ci.low <= e.value <= e.ci.high
+
+
+def test_delivered_rates_one_class_warns_and_is_nan():
+    y = np.array([0, 0, 0])
+    f = np.array([0, 1, 0])
+    with pytest.warns(UndefinedMetricWarning, match="no labelled unsafe case"):
+        r = delivered_rates(y, f, np.arange(3), n_boot=50, rng=np.random.default_rng(0))
+    assert math.isnan(r.hit_rate.value) and math.isnan(r.balanced_accuracy.value)
+    assert r.false_alarm_rate.value == pytest.approx(1 / 3)
+
+
+def test_share_estimate_and_its_groups():
+    hit = np.array([True, False, True, True, False, False])
+    of = np.array([True, True, True, False, True, True])
+    groups = group_codes(["c1", "c1", "", "", "c2", ""], ["", "s", "s", "", "", ""])
+    assert groups.tolist() == [0, 0, 0, 1, 2, 3]  # c1 and situation s join rows 0-2
+    e = share_estimate(hit, of, groups, n_boot=200, rng=np.random.default_rng(1), what="x")
+    assert e.value == pytest.approx(2 / 5) and e.n == 5
+    with pytest.warns(UndefinedMetricWarning, match="the y share is undefined"):
+        none = share_estimate(hit, np.zeros(6, bool), groups, n_boot=10,
+                              rng=np.random.default_rng(1), what="the y share")  # fmt: skip
+    assert math.isnan(none.value) and none.n == 0

@@ -1,0 +1,279 @@
+"""The card replays the guard: a real schema-2 log (three policy versions, one conformal, plus
+schema-1-like rows and fail-closed decisions), delivered rates against a direct count, the
+replay, gray/text fused with each version's own fusion, the conformal audit against scipy,
+and one end-to-end ``spotstop card LOG`` through ``run_card``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import binomtest
+from spotstop.diagnostics import (
+    UNKNOWN_VERSION,
+    audit_deployed,
+    delivered,
+    log_cases,
+    read_log,
+)
+from spotstop.diagnostics._cli import add_card_parser
+from spotstop.diagnostics._from_log import direct_cut_of
+from spotstop.guard._fusion import Avg2Fusion, MemberStats
+from spotstop.guard._log import DecisionLog, DecisionRecord
+from spotstop.guard.policies import (
+    ConformalPolicy,
+    FrozenPolicy,
+    SituationPolicy,
+    conformal_cut,
+)
+
+from tests._log_writer import Segment, policy_config, write_log
+
+N_SIT = 60  # situations per segment, each one safe + one unsafe scene (a contrast)
+T1, T2, T3 = 1_700_000_000.0, 1_700_100_000.0, 1_700_200_000.0
+
+
+def _scenes(rng: np.random.Generator, n_sit: int, prefix: str, shift: float = 0.0):
+    """Two scenes per situation (safe, unsafe), members a and b; labels and contrasts."""
+    y = np.tile([0, 1], n_sit)
+    sit = np.repeat([f"{prefix}s{i}" for i in range(n_sit)], 2)
+    offset = np.repeat(rng.normal(0, 0.7, n_sit), 2)
+    base = 1.6 * (y - 0.5) + offset + shift
+    members = {"a": base + rng.normal(0, 0.6, y.size), "b": 0.5 * base + rng.normal(0, 0.4, y.size)}
+    gray = {"a": offset + rng.normal(0, 0.3, y.size), "b": offset + rng.normal(0, 0.3, y.size)}
+    text = {"a": rng.normal(0, 1, y.size), "b": rng.normal(0, 1, y.size)}
+    return y, sit, members, gray, text
+
+
+def _conformal(rng: np.random.Generator, fusion: Avg2Fusion, shift: float) -> ConformalPolicy:
+    """The guard's PAC cut fitted on unsafe calibration scores (``shift`` moves them)."""
+    y, sit, members, _, _ = _scenes(rng, 120, "cal", shift)
+    s = fusion.fuse_many(members)
+    fit = conformal_cut(s[y == 1], sit[y == 1], alpha=0.1, delta=0.1).pac
+    assert fit is not None and fit.feasible
+    return ConformalPolicy(alpha=0.1, n=fit.n, k=fit.k, threshold=fit.threshold, delta=0.1)
+
+
+def build_log(path: Path, *, conformal_shift: float = 0.0, seed: int = 0) -> dict:
+    """Frozen v1, conformal v2 (its own fusion), situation v3, then schema-1-like rows; labels
+    for all but a few decisions; two labelled fail-closed decisions."""
+    rng = np.random.default_rng(seed)
+    fusion2 = Avg2Fusion(("a", "b"), {"a": MemberStats(0.1, 2.0), "b": MemberStats(-0.2, 0.8)})
+    cfgs = [
+        policy_config(FrozenPolicy(threshold=0.0), version=1, created=T1 - 10),
+        policy_config(
+            _conformal(rng, fusion2, conformal_shift), version=2, created=T2 - 10, fusion=fusion2
+        ),
+        policy_config(
+            SituationPolicy(window=4, min_refs=1, fallback=FrozenPolicy(threshold=0.0)),
+            version=3,
+            created=T3 - 10,
+        ),
+    ]
+    segments, labels, truth = [], [], {}
+    for k, (cfg, t0) in enumerate(zip(cfgs, (T1, T2, T3), strict=True)):
+        prefix = f"v{k + 1}-"
+        y, sit, members, gray, text = _scenes(rng, N_SIT, prefix)
+        seg = Segment(cfg, members, list(sit), t0, batch_size=4, gray=gray, text=text)
+        segments.append((seg, prefix))
+        for i in range(y.size):
+            did = f"{prefix}{i:05d}"
+            truth[did] = int(y[i])
+            if i % 37 != 5:  # a few stay unlabelled
+                labels.append((did, "unsafe" if y[i] else "safe", f"{prefix}c{i // 2}", "rev"))
+    old = [  # rows that do not say which policy decided (as migrated schema-1 rows read)
+        DecisionRecord(
+            time=T3 + 50_000 + i,
+            decision_id=f"old-{i}",
+            situation_id=f"old-s{i // 2}",
+            request="r",
+            member_scores={"a": float(i % 2) - 0.3, "b": 0.0},
+            fused_score=float(i % 2) - 0.3,
+            threshold=0.0,
+            policy="frozen",
+            label="UNSAFE" if i % 3 else "SAFE",
+            fail_closed=False,
+            latency_ms={"total": 1.0},
+            bundle_id="bundle-1",
+            prompt_hash="p1",
+        )
+        for i in range(12)
+    ]
+    fail = [
+        DecisionRecord(
+            time=T3 + 60_000 + i,
+            decision_id=f"fail-{i}",
+            situation_id=None,
+            request="r",
+            member_scores={"a": math.nan, "b": 0.0},
+            fused_score=math.nan,
+            threshold=math.nan,
+            policy="frozen",
+            policy_kind="frozen",
+            policy_version=cfgs[0].version_id,
+            fusion_key=cfgs[0].fusion_key,
+            label="UNSAFE",
+            fail_closed=True,
+            fail_reason="ScoringError: test",
+            latency_ms={"total": 1.0},
+            bundle_id="bundle-1",
+            prompt_hash="p1",
+        )
+        for i in range(2)
+    ]
+    labels += [
+        (f"old-{i}", "unsafe" if i % 2 else "safe", f"oldc{i // 2}", "rev") for i in range(12)
+    ]
+    labels += [(f"fail-{i}", "unsafe", None, "rev") for i in range(2)]
+    write_log(path, segments, labels, more=[*old, *fail])
+    return {"cfgs": cfgs, "truth": truth}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, dict]:
+    path = tmp_path_factory.mktemp("replay") / "decisions.sqlite"
+    return path, build_log(path)
+
+
+def _direct_rates(path: Path, version: str | None = None) -> tuple[float, float, int, int]:
+    """Hit and false-alarm rates straight from the log (independent of diagnostics)."""
+    with DecisionLog(path) as log:
+        a = log.to_arrays()
+    use = (a.label >= 0) & ~a.fail_closed
+    if version is not None:
+        use &= np.array([(v or UNKNOWN_VERSION) == version for v in a.policy_version])
+    u, s = use & (a.label == 1), use & (a.label == 0)
+    hit = float((a.guard_label[u] == 1).sum() / u.sum())
+    fa = float((a.guard_label[s] == 1).sum() / s.sum())
+    return hit, fa, int(u.sum()), int(s.sum())
+
+
+def test_delivered_rates_are_the_logged_answers(built):
+    path, info = built
+    d = delivered(read_log(path), n_boot=200, rng=np.random.default_rng(0))
+    hit, fa, n_u, n_s = _direct_rates(path)
+    assert d.overall.hit_rate.value == pytest.approx(hit, abs=1e-12)
+    assert d.overall.false_alarm_rate.value == pytest.approx(fa, abs=1e-12)
+    assert d.overall.balanced_accuracy.value == pytest.approx(0.5 * (hit + 1 - fa), abs=1e-12)
+    assert (d.overall.hit_rate.n, d.overall.false_alarm_rate.n) == (n_u, n_s)
+    assert d.overall.balanced_accuracy.n == n_u + n_s
+    assert d.n_fail_closed_labelled == 2
+    versions = [c.version_id for c in info["cfgs"]]
+    assert list(d.by_policy) == [*versions, UNKNOWN_VERSION]
+    for v, p in d.by_policy.items():
+        h, f, _, _ = _direct_rates(path, v)
+        assert p.rates.hit_rate.value == pytest.approx(h, abs=1e-12), v
+        assert p.rates.false_alarm_rate.value == pytest.approx(f, abs=1e-12), v
+        lo, hi = p.rates.hit_rate.ci.low, p.rates.hit_rate.ci.high
+        assert lo <= h <= hi
+    kinds = {v: p.kind for v, p in d.by_policy.items()}
+    assert kinds == dict(
+        zip([*versions, UNKNOWN_VERSION], ["frozen", "conformal", "situation", None], strict=True)
+    )
+    assert d.by_policy[versions[0]].n_fail_closed_labelled == 2
+
+
+def test_replay_reproduces_every_version(built):
+    path, info = built
+    d = delivered(read_log(path), n_boot=50, rng=np.random.default_rng(0))
+    for cfg in info["cfgs"]:
+        r = d.by_policy[cfg.version_id].replay
+        assert r.n == 2 * N_SIT  # every decision that did not fail closed
+        assert r.agreement == 1.0 and r.max_fused_diff == pytest.approx(0.0, abs=1e-12)
+    unknown = d.by_policy[UNKNOWN_VERSION].replay
+    assert unknown.n == 0 and "not replayed" in unknown.note
+
+
+def test_gray_and_text_use_each_versions_fusion(built):
+    path, info = built
+    lc = log_cases(path)
+    with DecisionLog(path) as log:
+        a = log.to_arrays()
+    by_id = {d: i for i, d in enumerate(a.decision_id)}
+    for cfg in info["cfgs"]:
+        for k, did in enumerate(lc.table.case_id):
+            if not str(did).startswith(f"v{cfg.fitted_on['version']}-"):
+                continue
+            i = by_id[did]
+            expect = cfg.fusion.fuse({m: a.member_scores_gray[m][i] for m in ("a", "b")})
+            assert lc.table.score_gray[k] == pytest.approx(expect, abs=1e-12)  # type: ignore[index]
+    old = np.array([str(c).startswith("old-") for c in lc.table.case_id])
+    assert np.isnan(lc.table.score_gray[old]).all()  # type: ignore[index]
+    notes = lc.provenance["gray_text"]["score_text"]["by_version"]
+    assert notes[UNKNOWN_VERSION].startswith("no stored policy document")
+    assert len(lc.provenance["fusion_keys"]) == 2  # v1 and v3 share the unit fusion
+    assert direct_cut_of(lc.log, lc.keep)[0] == 0.0  # several rules decided: no single cut
+
+
+def _independent_audit(path: Path, cfg) -> tuple[int, int]:
+    """Misses and situations of the conformal version, counted straight from the log."""
+    with DecisionLog(path) as log:
+        a = log.to_arrays()
+    created = cfg.created.timestamp()
+    seen, x, n = set(), 0, 0
+    for i in range(a.n):
+        if a.policy_version[i] != cfg.version_id or a.label[i] != 1 or a.fail_closed[i]:
+            continue
+        if a.time[i] <= created or a.situation_id[i] in seen:
+            continue
+        seen.add(a.situation_id[i])
+        n += 1
+        x += int(a.guard_label[i] == 0)
+    return x, n
+
+
+@pytest.mark.parametrize("shift, status", [(0.0, "holds"), (2.5, "violated")])
+def test_conformal_audit_against_scipy(tmp_path, shift, status):
+    path = tmp_path / "log.sqlite"
+    info = build_log(path, conformal_shift=shift, seed=1)
+    audits = audit_deployed(read_log(path))
+    assert [a.version_id for a in audits] == [info["cfgs"][1].version_id]
+    a, pol = audits[0], info["cfgs"][1].policy
+    assert (a.alpha, a.delta, a.n_calibration, a.k, a.threshold) == (
+        pol.alpha, pol.delta, pol.n, pol.k, pol.threshold,
+    )  # fmt: skip
+    x, n = _independent_audit(path, info["cfgs"][1])
+    assert (a.misses, a.n_situations) == (x, n) and n > 0
+    ref = binomtest(x, n, pol.alpha, alternative="greater")
+    assert a.p_value == pytest.approx(ref.pvalue, rel=1e-9)
+    ci = binomtest(x, n, pol.alpha).proportion_ci(0.95, method="exact")
+    assert (a.miss_rate.ci.low, a.miss_rate.ci.high) == pytest.approx((ci.low, ci.high), abs=1e-9)
+    assert a.miss_rate.value == pytest.approx(x / n)
+    assert a.status == status
+    assert a.guarantee == "pac"
+
+
+def test_spotstop_card_log_end_to_end(built, tmp_path):
+    path, info = built
+    root = argparse.ArgumentParser(prog="spotstop")
+    add_card_parser(root.add_subparsers())
+    out = tmp_path / "card"
+    args = root.parse_args(["card", str(path), "--out", str(out), "--n-boot", "200", "--quiet"])
+    assert args.func(args) == 0
+    doc = json.loads((out / "card.json").read_text())
+    hit, fa, n_u, n_s = _direct_rates(path)
+    assert doc["delivered_hit_rate"]["value"] == pytest.approx(hit, abs=1e-12)
+    assert doc["delivered_false_alarm_rate"]["value"] == pytest.approx(fa, abs=1e-12)
+    assert doc["delivered_balanced_accuracy"]["n"] == n_u + n_s
+    versions = [c.version_id for c in info["cfgs"]]
+    assert list(doc["delivered_by_policy"]) == [*versions, UNKNOWN_VERSION]
+    for v in versions:
+        assert doc["delivered_by_policy"][v]["replay"]["agreement"] == 1.0
+    dep = doc["checks"]["conformal_audit"]["deployed"]
+    assert [d["version_id"] for d in dep] == [versions[1]] and dep[0]["status"] in (
+        "holds", "not enough data",
+    )  # fmt: skip
+    assert [v["topic"] for v in doc["verdict"]] == ["leak", "cut", "policy", "guarantee"]
+    assert doc["settings"]["direct_cut_source"].startswith("the Avg-2 direct answer")
+    assert any("2 fusions" in w for w in doc["settings"]["warnings"])
+    md = (out / "card.md").read_text()
+    assert (
+        md.index("## Verdict") < md.index("## What the guard delivered") < md.index("## Spot-Stop")
+    )
+    assert versions[1] in md and "unknown (schema 1)" in md
+    html = (out / "card.html").read_text()
+    assert html.index("Verdict") < html.index("What the guard delivered")
