@@ -18,9 +18,9 @@ __all__ = ["add_card_parser", "card_main", "run_card"]
 _SUMMARY = "write the per-deployment card (verdict, what the guard delivers, Spot-Stop, checks)"
 
 _DESCRIPTION = (
-    "Write a deployment card: a verdict of three to five sentences, what the deployed policy "
-    "delivered (from the log's own labels, per policy version), the conformal audit of the "
-    "deployed cut, the Spot-Stop decomposition with group-bootstrap intervals, prevalence, "
+    "Write a deployment card: a verdict of three to five sentences, what the guard delivered "
+    "(its own logged answers against the reviewer labels, per policy version), the conformal "
+    "audit of each deployed cut, the Spot-Stop decomposition with group-bootstrap intervals, prevalence, "
     "situation share, scene-blind readers and, with --cues, text in the scene."
 )
 
@@ -78,7 +78,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--direct-cut", type=float, default=None, metavar="T",
                    help="cut of the paper's direct answer (S > T is UNSAFE) for the Spot-Stop "
                    "fields (default: the deployed constant cut, else 0)")  # fmt: skip
-    p.add_argument("--out", metavar="DIR", required=True, help="output folder (created if needed)")
+    p.add_argument("--out", metavar="DIR", help="output folder (created if needed; required)")
     p.add_argument("--n-boot", type=int, default=10_000, metavar="N",
                    help="group-bootstrap draws of the Spot-Stop fields (default: 10000); the "
                    "checks and the delivered rates use min(N, 1000)")  # fmt: skip
@@ -116,6 +116,8 @@ class _BadInput(Exception):
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    if args.out is None:
+        raise _BadInput("--out DIR is required: the folder to write card.json, card.md, card.html.")
     n_src = (args.log is not None) + (args.scores is not None) + bool(args.demo)
     if n_src != 1:
         raise _BadInput("give exactly one input: LOG, --scores CSV or --demo.")

@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from spotstop.diagnostics._data import group_codes
-from spotstop.diagnostics._errors import UndefinedMetricWarning
+from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._from_log import LogData
 from spotstop.diagnostics._resample import group_sum_draws, nan_estimate, percentile_ci
 from spotstop.diagnostics._results import Estimate
-from spotstop.guard._errors import GuardError
+from spotstop.guard import GuardError
 from spotstop.guard.policies import batch_inputs, replay
 
 __all__ = [
@@ -66,8 +66,6 @@ class DeliveredRates:
 
 
 def _check_labels(label: NDArray[Any], flagged: NDArray[Any]) -> None:
-    from spotstop.diagnostics._errors import DataError
-
     if label.shape != flagged.shape or label.ndim != 1:
         raise DataError(
             f"label and flagged must be 1-d of one length; got {label.shape} and {flagged.shape}."

@@ -50,6 +50,7 @@ import numpy as np
 from numpy.typing import NDArray
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError
+from spotstop.guard import DecisionLog, GuardError
 from spotstop.guard._labels import LabelsFileError, _cell, apply_labels_file
 from spotstop.guard._log_read import LogArrays
 from spotstop.guard.policies import PolicyConfig, load_policy
@@ -125,9 +126,6 @@ def _obj(values: Any) -> NDArray[np.object_]:
 
 def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogData:
     """Read a decision log (and an optional labels file) into :class:`LogData`."""
-    from spotstop.guard._errors import GuardError
-    from spotstop.guard._log import DecisionLog
-
     path = Path(log_path)
     if not path.is_file():
         raise DataError(f"decision log {str(path)!r} does not exist; pass the log's SQLite file.")

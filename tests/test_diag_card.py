@@ -92,3 +92,25 @@ def test_cli_demo_and_errors(tmp_path, capsys):
     assert card_main(["--out", str(tmp_path)]) == 2  # neither --scores nor --demo
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "exactly one input" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--demo"], "--out DIR is required"),
+        (["--out", "o"], "give exactly one input: LOG, --scores CSV or --demo."),
+        (["--demo", "--scores", "x.csv", "--out", "o"], "give exactly one input"),
+        (["--demo", "--labels", "l.csv", "--out", "o"], "--labels goes with a decision LOG"),
+        (["--demo", "--n-boot", "0", "--out", "o"], "--n-boot must be >= 1; got 0."),
+        (["--demo", "--seed", "-1", "--out", "o"], "--seed must be >= 0; got -1."),
+        (["--demo", "--previous", "nope.json", "--out", "o"], "is not a file; pass an earlier"),
+        (["--demo", "--cues", "nope", "--out", "o"], "is not a folder; pass the --out folder"),
+        (["missing.sqlite", "--out", "o"], "does not exist; pass the log's SQLite file"),
+    ],
+)
+def test_every_cli_message_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert card_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("spotstop card: ") and message in err
+    assert not (tmp_path / "o").exists()
