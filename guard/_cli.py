@@ -56,6 +56,14 @@ def backend_device(args: argparse.Namespace) -> str:
     return "cuda" if args.backend == "tensorrt" else "cpu"
 
 
+def _add_log_and_deadline(p: argparse.ArgumentParser, deadline_help: str) -> None:
+    """``--log`` (default: next to the bundle) and ``--deadline`` of a guard's checks."""
+    p.add_argument(
+        "--log", type=Path, default=None, help="decision log (default: <bundle>/decisions.sqlite)"
+    )
+    p.add_argument("--deadline", type=float, default=None, help=deadline_help)
+
+
 # ---- check -----------------------------------------------------------------------------------
 
 
@@ -79,15 +87,7 @@ def add_check_parser(sub: Any) -> None:
         default=None,
         help="bundle folder (default: the demo bundle, $SPOTSTOP_HOME/demo/bundle)",
     )
-    p.add_argument(
-        "--log", type=Path, default=None, help="decision log (default: <bundle>/decisions.sqlite)"
-    )
-    p.add_argument(
-        "--deadline",
-        type=float,
-        default=None,
-        help="seconds; past it the answer is UNSAFE (fail-closed)",
-    )
+    _add_log_and_deadline(p, "seconds; past it the answer is UNSAFE (fail-closed)")
     p.add_argument("--json", action="store_true", help="print the decision as JSON")
     add_backend_args(p)
     p.set_defaults(func=run_check)
@@ -167,14 +167,8 @@ def add_serve_parser(sub: Any) -> None:
         default="SPOTSTOP_TOKEN",
         help="environment variable holding the token (default SPOTSTOP_TOKEN)",
     )
-    p.add_argument(
-        "--log", type=Path, default=None, help="decision log (default: <bundle>/decisions.sqlite)"
-    )
-    p.add_argument(
-        "--deadline",
-        type=float,
-        default=None,
-        help="seconds per check from arrival, queue wait + scoring (default 10; 0 = none)",
+    _add_log_and_deadline(
+        p, "seconds per check from arrival, queue wait + scoring (default 10; 0 = none)"
     )
     for flag, text in _LIMITS.items():
         p.add_argument(flag, type=int, default=None, help=text)
