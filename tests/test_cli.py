@@ -66,6 +66,7 @@ def test_every_extra_named_exists_in_pyproject() -> None:
     )
     named = set(MODULE_EXTRAS.values()) | {x for c in COMMANDS.values() for x in c.extras}
     assert named <= extras, named - extras
+    assert "serve" not in extras, "the sidecar is part of the base install"
 
 
 def test_help_imports_no_room_and_no_heavy_library():
@@ -103,6 +104,20 @@ def test_the_parsers_of_the_non_diagnostics_commands_import_no_heavy_library():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_robots_commands_import_no_extra():
+    """What check, serve, policy, recalibrate and verify-bundle's runtime half import (the
+    slow tests/test_base_install.py runs them where the extras are not installed at all)."""
+    out = _python(
+        """
+        import sys
+        import spotstop.calibrate, spotstop.calibrate._cli, spotstop.export.verify
+        import spotstop.guard.client, spotstop.guard.serve
+        print(sorted(m for m in ("torch", "transformers", "scipy", "matplotlib") if m in sys.modules))
+        """
+    )
+    assert out.stdout.strip() == "[]", out.stderr
 
 
 def test_runtime_package_imports_without_torch():
