@@ -138,12 +138,15 @@ _SCALE_BYTES = 4 / 128
 
 
 def build_config(name: str, recorded: dict[str, Any]) -> Any:
-    """The member's transformers config object, built with its own config class."""
-    from transformers import Lfm2VlConfig, Qwen3_5Config
+    """The member's transformers config object, built with the config class its architecture's
+    registered export config names (``MemberRecipe.config_class``)."""
+    import transformers
+
+    from spotstop.export.configs import get_export_config
 
     values = dict(recorded)
     model_type = values.pop("model_type")
-    cls = {"qwen3_5": Qwen3_5Config, "lfm2_vl": Lfm2VlConfig}[model_type]
+    cls = getattr(transformers, get_export_config(model_type).member_recipe.config_class)
     return cls(**values)
 
 
