@@ -156,6 +156,13 @@ def group_bootstrap(
     point["cross_fitted_threshold_part"] = (
         float(np.nanmean(cf)) if np.isfinite(cf).any() else math.nan
     )
+    if point["threshold_part"] == 0.0:
+        warnings.warn(
+            "batch recovery is undefined: the threshold part is 0 (the direct cut is already "
+            "the best single cut), so there is nothing to recover; returning NaN.",
+            UndefinedMetricWarning,
+            stacklevel=2,
+        )
     estimates = {}
     nan_draws = {}
     for k in STATISTICS:

@@ -145,7 +145,7 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
     if isinstance(x, (float, np.floating)):
-        return None if math.isnan(float(x)) else float(x)
+        return float(x) if math.isfinite(float(x)) else None  # NaN and ±inf: null
     if isinstance(x, (np.integer, np.bool_)):
         return x.item()
     if isinstance(x, Path):

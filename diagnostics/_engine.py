@@ -251,7 +251,8 @@ class CurveEngine:
                 "g_auroc": g,
                 "excess_beyond_g": R - A - g,
                 "A_batch": a_batch,
-                "batch_recovery": (a_batch - A) / (a_star - A),
+                # undefined (NaN) without threshold room: A* = A
+                "batch_recovery": np.where(a_star > A, (a_batch - A) / (a_star - A), np.nan),
                 "hit_rate": hit,
                 "false_alarm_rate": fa,
                 "d_prime": zh - zf,

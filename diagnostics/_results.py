@@ -50,10 +50,10 @@ class Estimate:
         )
 
     def to_dict(self) -> dict[str, object]:
-        """``{"value", "ci": [low, high], "n"}`` with NaN as ``None`` (valid JSON)."""
+        """``{"value", "ci": [low, high], "n"}`` with NaN (and ±inf) as ``None`` (valid JSON)."""
 
         def f(x: float) -> float | None:
-            return None if math.isnan(x) else float(x)
+            return float(x) if math.isfinite(x) else None
 
         return {"value": f(self.value), "ci": [f(self.ci.low), f(self.ci.high)], "n": int(self.n)}
 

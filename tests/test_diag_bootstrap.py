@@ -27,7 +27,7 @@ from spotstop.diagnostics._engine import CurveEngine
 from spotstop.diagnostics._resample import random_halves
 
 from tests.test_diag_metrics import small_tables
-from tests.test_diag_support import materialize
+from tests.test_diag_support import materialize, pairs_table
 
 
 def naive_cross_fit(table: CaseTable, counts, half, cut):
@@ -208,5 +208,13 @@ def test_bootstrap_auroc_and_estimate_repr():
 
 
 def test_progress_bar_can_run():
-    t = simulate_log(20, rng=0)
+    t = simulate_log(40, rng=0)
     group_bootstrap(t, n_boot=20, rng=0, progress=True)
+
+
+def test_batch_recovery_without_threshold_room_is_nan_with_a_warning():
+    t = pairs_table([-1.0, -2.0, -0.5], [1.0, 2.0, 0.5])  # the direct cut 0 is already best
+    with pytest.warns(UndefinedMetricWarning, match="batch recovery is undefined"):
+        b = group_bootstrap(t, n_boot=50, rng=0)
+    assert b["threshold_part"].value == 0.0 and math.isnan(b["batch_recovery"].value)
+    assert not np.isinf(b.draws["batch_recovery"]).any()

@@ -6,7 +6,15 @@ import json
 import math
 
 import pytest
-from spotstop.diagnostics import CARD_CHECKS, FIELD_KEYS, card_check, simulate_log, write_card
+from spotstop.diagnostics import (
+    CARD_CHECKS,
+    FIELD_KEYS,
+    CardCheck,
+    CheckResult,
+    card_check,
+    simulate_log,
+    write_card,
+)
 from spotstop.diagnostics._cli import card_main
 
 REQUIRED = (
@@ -114,3 +122,38 @@ def test_every_cli_message_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("spotstop card: ") and message in err
     assert not (tmp_path / "o").exists()
+
+
+class DummyCheck(CardCheck):
+    """A check registered only in the test below."""
+
+    name = "dummy"
+    title = "A dummy check"
+    explanation = "Shows that a registered check is run and rendered like every other."
+
+    def run(self, ctx):
+        return CheckResult({"n_cases": len(ctx.table)}, (("cases seen", str(len(ctx.table))),))
+
+
+def test_a_new_registered_check_is_run_and_rendered(tmp_path, monkeypatch):
+    from spotstop.diagnostics import _checks
+
+    monkeypatch.setitem(_checks.CARD_CHECKS, "dummy", ("tests.test_diag_card", "DummyCheck"))
+    t = simulate_log(30, rng=0)
+    write_card(t, tmp_path, n_boot=50, n_boot_checks=50, n_boot_kernel=5, rng=0)
+    doc = json.loads((tmp_path / "card.json").read_text())
+    assert doc["checks"]["dummy"] == {"n_cases": 60}
+    assert doc["explanations"]["checks.dummy"] == DummyCheck.explanation
+    md = (tmp_path / "card.md").read_text()
+    assert "## A dummy check" in md and "| cases seen | 60 |" in md
+    assert "<h2>A dummy check</h2>" in (tmp_path / "card.html").read_text()
+
+
+def test_the_registry_refuses_unknown_and_wrong_entries(monkeypatch):
+    from spotstop.diagnostics import DataError, _checks
+
+    with pytest.raises(DataError, match="card check must be one of label_swap_null"):
+        card_check("nope")
+    monkeypatch.setitem(_checks.CARD_CHECKS, "other", ("tests.test_diag_card", "DummyCheck"))
+    with pytest.raises(DataError, match="is not a 'other' check"):
+        card_check("other")
