@@ -141,7 +141,6 @@ def build_config(name: str, recorded: dict[str, Any]) -> Any:
     """The member's transformers config object, built with the config class its architecture's
     registered export config names (``MemberRecipe.config_class``)."""
     import transformers
-
     from spotstop.export.configs import get_export_config
 
     values = dict(recorded)

@@ -291,3 +291,52 @@ def test_frames_from_a_decision_log_with_labels_and_situations(tmp_path):
         frames_from_log(tmp_path / "nope.sqlite")
     with pytest.raises(DataError, match="holds no JPEG, PNG or WebP image"):
         frames_from_folder(tmp_path)
+
+
+def test_frames_from_a_log_use_the_flags_written_at_decision_time(tmp_path):
+    """With text flags logged by the guard, the deployment needs no OCR pass (issue 12, item 3)."""
+    from spotstop.guard import DecisionLog, DecisionRecord
+
+    log_path = tmp_path / "log.sqlite"
+    flags = [(True, False), (False, False), (False, True), (True, False), None]
+    with DecisionLog(log_path) as log:  # no image stored: the flags are all there is
+        for i, f in enumerate(flags):
+            log.append(
+                DecisionRecord(
+                    request=f"r{i}",
+                    situation_id=f"s{i % 2}",
+                    member_scores={"a": 0.0},
+                    fused_score=0.0,
+                    threshold=0.0,
+                    policy="frozen",
+                    label="UNSAFE",
+                    fail_closed=False,
+                    cue_flags=None if f is None else {"reassuring": f[0], "alarming": f[1]},
+                    cue_text=None if f is None else "",
+                    latency_ms={"total": 1.0},
+                    bundle_id="b",
+                    prompt_hash="p",
+                )
+            )
+    with pytest.warns(UserWarning, match="1 of 5 decisions have no logged text flags"):
+        frames = frames_from_log(log_path)
+    assert frames.flags is not None and frames.flags.tolist() == [list(f) for f in flags[:4]]
+    assert frames.source["frame_flags"] == "logged at decision time"
+    with pytest.raises(DataError, match="flags were logged at decision time"):
+        frames.items[0][1]()  # nothing to read: the detector is not run on these frames
+
+    det = RecordedTextDetector()
+    rows = ["image,cue"]
+    for i in range(36):
+        img = png(7000 + i, size=(32, 24))
+        (tmp_path / f"c{i}.png").write_bytes(img)
+        cue = ("reassuring", "alarming", "none")[i % 3]
+        if cue != "none":
+            det.register(img, "ALL CLEAR" if cue == "reassuring" else "DANGER")
+        rows.append(f"c{i}.png,{cue}")
+    (tmp_path / "cal.csv").write_text("\n".join(rows) + "\n")
+    res = measure_shift(det, frames, tmp_path / "cal.csv", prior=0.3, n_boot=200, rng=0)
+    assert det.calls == 36  # the calibration set only, never the deployment frames
+    assert res.n_frames == 4 and res["reassuring"].q.value == 0.5
+    assert res["reassuring"].d_hat.value == 0.5  # perfect detector: d̂ = q
+    assert res.provenance["frame_flags"] == "logged at decision time"

@@ -1,8 +1,15 @@
-"""Deployment frames for the shift: a folder of images, or a decision log's stored images.
+"""Deployment frames for the shift: a folder of images, or a decision log.
 
-A decision log keeps the encoded image of each decision when the guard runs with
-``store_images=True``; its labels table (or a labels file) gives the unsafe share π̂, and
-its situation ids group the frames for the bootstrap.
+From a decision log, the frames are, in this order of preference:
+
+* the text flags the guard wrote at decision time (``text_in_scene.detect`` in its policy:
+  the ``cue_flags`` of each decision) — no OCR pass is needed for the deployment;
+* else the encoded images the guard stored (``store_images=True``), read with the detector.
+
+Its labels table (or a labels file) gives the unsafe share π̂, and its situation ids group
+the frames for the bootstrap. Either way the calibration set is read with the detector here,
+which must be the guard's (same OCR model and lexicon) for the logged flags to be corrected
+by its sensitivity and false-positive rate.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from numpy.typing import NDArray
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics.cues._shift import ShiftResult, detect_flags, estimate_shift
 from spotstop.diagnostics.cues._source import read_calibration_csv
-from spotstop.guard.cues import TextDetector
+from spotstop.guard.cues import CUES, TextDetector
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -42,6 +49,8 @@ class DeploymentFrames:
     labels: NDArray[np.int8] = field(repr=False)
     groups: tuple[str, ...] = field(repr=False)
     source: Mapping[str, Any]
+    flags: NDArray[np.bool_] | None = field(default=None, repr=False)
+    """Flags already read, ``(n, len(CUES))`` (logged at decision time); None: read ``items``."""
 
     def __len__(self) -> int:
         return len(self.items)
@@ -66,11 +75,12 @@ def frames_from_folder(folder: str | os.PathLike[str]) -> DeploymentFrames:
 def frames_from_log(
     log_path: str | os.PathLike[str], *, labels: str | os.PathLike[str] | None = None
 ) -> DeploymentFrames:
-    """The decisions of a log whose image is stored, with the log's labels (or a labels file's,
-    as for the card) and situation ids. Decisions without a stored image are counted and left
-    out, with a warning; a log with none is an error."""
-    from spotstop.diagnostics._from_log import _cell, apply_labels_file
+    """The decisions of a log as deployment frames, with the log's labels (or a labels file's,
+    as for the card) and situation ids: the decisions with text flags logged at decision time
+    when the log has any (the others are counted and left out, with a warning), else the
+    decisions whose image is stored (likewise). A log with neither is an error."""
     from spotstop.guard import DecisionLog, GuardError
+    from spotstop.guard._labels import LabelsFileError, _cell, apply_labels_file
 
     path = Path(log_path)
     if not path.is_file():
@@ -88,7 +98,35 @@ def frames_from_log(
     contrast = np.array([_cell(c) for c in arr.contrast_id], dtype=object)
     situation = np.array([_cell(s) for s in arr.situation_id], dtype=object)
     if labels is not None:
-        apply_labels_file(Path(labels), ids, sha, lab, contrast, situation)
+        try:
+            apply_labels_file(Path(labels), ids, sha, lab, contrast, situation)
+        except LabelsFileError as exc:
+            raise DataError(str(exc)) from exc
+    source = {
+        "log": str(path),
+        "labels": str(labels) if labels is not None else "log labels table",
+        "n_decisions": len(ids),
+    }
+    logged = np.ones(len(ids), dtype=bool)
+    for cue in CUES:
+        logged &= np.asarray(arr.cue_flags.get(cue, np.full(len(ids), -1)), dtype=np.int8) >= 0
+    if logged.any():  # flags written at decision time: no OCR pass over the deployment
+        idx = np.flatnonzero(logged)
+        flags = np.column_stack([np.asarray(arr.cue_flags[c])[idx] == 1 for c in CUES])
+        if not logged.all():
+            warnings.warn(
+                f"{int((~logged).sum())} of {len(ids)} decisions have no logged text flags "
+                "(detection was off for them) and are left out of the shift.",
+                UserWarning,
+                stacklevel=2,
+            )
+        return DeploymentFrames(
+            items=tuple((f"decision {ids[i]}", _no_image) for i in idx),
+            labels=lab[idx],
+            groups=tuple(str(situation[i]) or f"decision {ids[i]}" for i in idx),
+            source={**source, "frame_flags": "logged at decision time", "n_with_flags": len(idx)},
+            flags=flags,
+        )
     keep = np.array([s in stored for s in sha], dtype=bool)
     if not keep.any():
         raise DataError(
@@ -116,12 +154,15 @@ def frames_from_log(
         labels=lab[idx],
         groups=tuple(str(situation[i]) or f"decision {ids[i]}" for i in idx),
         source={
-            "log": str(path),
-            "labels": str(labels) if labels is not None else "log labels table",
-            "n_decisions": len(ids),
+            **source,
+            "frame_flags": "read from the stored images",
             "n_with_image": int(keep.sum()),
         },
     )
+
+
+def _no_image() -> bytes:
+    raise DataError("this frame's flags were logged at decision time; its image was not stored.")
 
 
 def measure_shift(
@@ -138,7 +179,12 @@ def measure_shift(
     cal = read_calibration_csv(calibration)
     cal_items = [(str(c.image), c.image.read_bytes) for c in cal.images]
     cal_flags, prov = detect_flags(detector, cal_items, progress=progress, desc="calibration set")
-    frame_flags, _ = detect_flags(detector, list(frames.items), progress=progress, desc="frames")
+    if frames.flags is not None:
+        frame_flags = frames.flags
+    else:
+        frame_flags, _ = detect_flags(
+            detector, list(frames.items), progress=progress, desc="frames"
+        )
     return estimate_shift(
         frame_flags,
         cal_flags,
