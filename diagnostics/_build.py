@@ -15,7 +15,7 @@ import numpy as np
 from spotstop.diagnostics._card import Card, write_card
 from spotstop.diagnostics._data import read_scores_csv
 from spotstop.diagnostics._errors import DataError
-from spotstop.diagnostics._from_log import LogData, direct_cut_of, log_cases
+from spotstop.diagnostics._from_log import DirectCut, LogData, direct_cut_of, log_cases
 from spotstop.diagnostics._simulate import simulate_log
 
 __all__ = ["card_from_inputs", "read_previous"]
@@ -64,25 +64,34 @@ def card_from_inputs(
     extra: dict[str, Any] = {}
     if demo:
         table = simulate_log(600, rng=rng, size_leak=0.3)
-        source, cut, why = "demo: simulate_log(600, size_leak=0.3)", 0.0, "the direct answer"
+        source = "demo: simulate_log(600, size_leak=0.3)"
+        cut = DirectCut(0.0, "the direct answer", "0: the direct answer of the simulated score")
     elif log is not None:
         cases = log_cases(log, labels=labels)
         table, data, source = cases.table, cases.log, f"decision log: {log}"
-        cut, why = direct_cut_of(cases.log, cases.keep)
+        cut = direct_cut_of(cases.log, cases.keep)
         extra = {"log": cases.provenance, "bundle_ids": cases.provenance["bundle_ids"]}
         extra["fusion_keys"] = cases.provenance["fusion_keys"]
     else:
         assert scores is not None
         table, source = read_scores_csv(scores), str(scores)
-        cut, why = 0.0, "the direct answer (a scores CSV: s > 0 for a raw member score)"
+        cut = DirectCut(
+            0.0,
+            "the direct answer",
+            "0: the direct answer (s > 0 is UNSAFE for a member's raw score; for a fused score "
+            "in a CSV, pass --direct-cut)",
+        )
     if direct_cut is not None:
-        cut, why = float(direct_cut), "--direct-cut"
+        cut = DirectCut(
+            float(direct_cut), "--direct-cut", f"{direct_cut:g}, given with --direct-cut"
+        )
     kwargs.setdefault("n_boot_checks", min(1000, n_boot))
     return write_card(
         table,
         out,
-        direct_cut=cut,
-        direct_cut_source=why,
+        direct_cut=cut.value,
+        direct_cut_source=cut.label,
+        direct_cut_note=cut.note,
         log=data,
         cues_dir=cues,
         previous=prev,

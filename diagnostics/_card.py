@@ -219,6 +219,7 @@ def compute_card(
     *,
     direct_cut: float = 0.0,
     direct_cut_source: str = "the direct answer",
+    direct_cut_note: str = "",
     log: LogData | None = None,
     cues_dir: str | Path | None = None,
     previous: Mapping[str, Any] | None = None,
@@ -235,8 +236,8 @@ def compute_card(
 
     ``table``: the labelled cases; ``log``: the decision log they came from (None for a scores
     CSV or the demo: no delivered rates, no audit of a deployed cut); ``direct_cut``: the cut
-    of the paper's direct answer for the Spot-Stop fields, and ``direct_cut_source`` why it
-    is that; ``previous``: an earlier ``card.json`` of the same bundle (refused otherwise).
+    of the paper's direct answer for the Spot-Stop fields, ``direct_cut_source`` a short name
+    for it (quoted by the verdict) and ``direct_cut_note`` why it is that cut; ``previous``: an earlier ``card.json`` of the same bundle (refused otherwise).
     ``n_boot`` draws for the Spot-Stop fields, ``n_boot_checks`` for the checks and the
     delivered rates, ``n_boot_kernel`` (looped) for the kernel reference; ``alpha`` and
     ``delta``: the conformal target of the what-if computations.  Undefined quantities are
@@ -281,6 +282,7 @@ def compute_card(
     settings = {
         "direct_cut": direct_cut,
         "direct_cut_source": direct_cut_source,
+        "direct_cut_note": direct_cut_note or direct_cut_source,
         "convention": CONVENTION,
         "ties_at_direct_cut": int((table.score == direct_cut).sum()),
         "n_boot": n_boot,
@@ -298,21 +300,31 @@ def compute_card(
     displays = {**_displays(table, ss, fields), **{
         k: v for r in checks.values() for k, v in r.displays.items()
     }}  # fmt: skip
-    deployed = None
-    if log is not None and log.versions():
-        deployed = log.kind_of(log.versions()[-1])
+    deployed, version = _deployed(log)
     card = Card((), dlv, fields, checks, info, rec, settings, prov, displays)
     items = verdict(
         fields=fields,
         checks={k: r.result for k, r in checks.items()},
         recommendation=rec,
         deployed_kind=deployed,
+        deployed_version=version,
         direct_cut=direct_cut,
         direct_cut_source=direct_cut_source,
         previous=previous,
         current=_body_json(card) if previous is not None else None,
     )
     return Card(items, dlv, fields, checks, info, rec, settings, prov, displays)
+
+
+def _deployed(log: LogData | None) -> tuple[str | None, str | None]:
+    """The deployed policy's kind and version: the stored policy the log saw last (by when it
+    first decided); ``("unknown", None)`` when the log stores none; (None, None) without a log."""
+    if log is None:
+        return None, None
+    if not log.policies:
+        return "unknown", None
+    v = max(log.policies, key=lambda k: log.first_time.get(k, 0.0))
+    return log.policies[v].kind, v
 
 
 def _displays(table: CaseTable, ss: Any, fields: Mapping[str, Estimate]) -> dict[str, Any]:

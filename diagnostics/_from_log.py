@@ -57,6 +57,7 @@ from spotstop.guard.policies import PolicyConfig, load_policy
 
 __all__ = [
     "UNKNOWN_VERSION",
+    "DirectCut",
     "LogCases",
     "LogData",
     "apply_labels_file",
@@ -231,7 +232,17 @@ def fused_variant(
     return out, notes
 
 
-def direct_cut_of(log: LogData, keep: NDArray[np.bool_]) -> tuple[float, str]:
+@dataclass(frozen=True)
+class DirectCut:
+    """The cut of the paper's direct answer for the Spot-Stop fields: its value, a short
+    label (the verdict quotes it) and why it is that cut."""
+
+    value: float
+    label: str
+    note: str
+
+
+def direct_cut_of(log: LogData, keep: NDArray[np.bool_]) -> DirectCut:
     """The cut of the paper's direct answer for the Spot-Stop fields, and why.
 
     When every kept decision was decided by a constant cut on S (``frozen`` or ``conformal``,
@@ -241,13 +252,19 @@ def direct_cut_of(log: LogData, keep: NDArray[np.bool_]) -> tuple[float, str]:
     direct answer (each member's robust z-score is 0 at its reference median), not a cut the
     guard used.
     """
-    rules = {str(r) for r in log.arrays.policy[keep]}
+    rules = sorted({str(r) for r in log.arrays.policy[keep]})
     thr = np.unique(np.asarray(log.arrays.threshold, dtype=float)[keep])
-    if keep.any() and rules <= set(_CONSTANT_KINDS) and thr.size == 1 and np.isfinite(thr[0]):
-        return float(thr[0]), f"the deployed {'/'.join(sorted(rules))} cut"
-    return 0.0, (
-        "the Avg-2 direct answer; no single constant cut decided every case (rules: "
-        f"{', '.join(sorted(rules)) or 'none'})"
+    if keep.any() and set(rules) <= set(_CONSTANT_KINDS) and thr.size == 1 and np.isfinite(thr[0]):
+        label = f"the deployed {'/'.join(rules)} cut"
+        return DirectCut(
+            float(thr[0]), label, f"{label}: every case was decided by S ≥ {thr[0]:.6g}"
+        )
+    return DirectCut(
+        0.0,
+        "the Avg-2 direct answer",
+        "0 on S, the Avg-2 analogue of a model's direct answer (each member's robust z-score "
+        "is 0 at its reference median); no single constant cut decided every case (rules: "
+        f"{', '.join(rules) or 'none'}), so this is not a cut the guard used",
     )
 
 

@@ -89,7 +89,7 @@ def markdown(card: Card) -> str:
         "",
         "## Spot-Stop",
         "",
-        f"{_head(card)} Direct cut S > {st['direct_cut']:.4g}: {st['direct_cut_source']}. "
+        f"{_head(card)} Direct cut S > {st['direct_cut']:.4g}: {st['direct_cut_note']}. "
         f"{st['convention']}",
         "",
         "| field | value [95 % CI] | meaning and what to do |",
@@ -148,7 +148,7 @@ def page(card: Card, svgs: Mapping[str, str]) -> str:
     )
     warn = "".join(f"<li>{e(w)}</li>" for w in st["warnings"])
     prov = "".join(f"<li>{e(str(k))}: {e(str(v))}</li>" for k, v in card.provenance.items())
-    cut = f"Direct cut S > {st['direct_cut']:.4g}: {st['direct_cut_source']}. {st['convention']}"
+    cut = f"Direct cut S > {st['direct_cut']:.4g}: {st['direct_cut_note']}. {st['convention']}"
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>spotstop card</title>"
         f"<style>{_CSS}</style></head><body><h1>spotstop deployment card</h1>"

@@ -42,11 +42,13 @@ def file_features(table: CaseTable) -> tuple[NDArray[np.float64], list[str]] | N
     JPEG quality (if the column has values) and a one-hot of ``format`` (if present).
 
     Missing values are filled with the column median (a file reader sees every file).
-    Returns None when width, height or bytes are absent.
+    Returns None when width, height or bytes are absent (or have no value at all).
     """
-    if table.width is None or table.height is None or table.n_bytes is None:
-        return None
     w, h, nb = table.width, table.height, table.n_bytes
+    if w is None or h is None or nb is None:
+        return None
+    if not all(np.isfinite(x).any() for x in (w, h, nb)):
+        return None  # a column with no value at all: nothing for a file reader to read
     with np.errstate(invalid="ignore", divide="ignore"):
         cols = {
             "log_width": np.log(w),

@@ -10,7 +10,8 @@ leak
 cut
     The threshold part at the direct cut, cross-fitted.  ``fail`` when the cross-fitted part's
     interval lies above 2 points of balanced accuracy; ``warn`` when the in-sample part's
-    interval lies above 0 (or nothing was measured); else ``ok``.  What recovers it: the
+    interval lies above 0 and the cross-fitted part is above 1 point (or nothing was
+    measured); else ``ok``.  What recovers it: the
     situation (recentering gain over artificial situations with its interval above 0), the
     batch mean (its recovery at this log's prevalence and at 10 % unsafe), else a refit.
 policy
@@ -137,11 +138,12 @@ def cut_item(
     if _above(cf, CUT_ROOM):
         status: Status = "fail"
         head = "The cut is misplaced"
-    elif _above(tp, 0.0):
+    elif _above(tp, 0.0) and cf.value > CUT_ROOM / 2:
         status, head = "warn", "The cut may be misplaced"
     else:
         status, head = "ok", "The cut is well placed"
     if status == "ok":
+        recover = recover[:1]  # the situation's gain still reads; no batch recovery of nothing
         todo = "no recalibration is needed."
     elif _above(gain, 0.0):
         todo = "recentre on the situation (the situation policy)."
@@ -159,27 +161,34 @@ def cut_item(
     )
 
 
-def policy_item(rec: Recommendation, deployed: str | None) -> VerdictItem:
-    """The ``policy`` sentence from the recommendation and the deployed kind."""
+def policy_item(
+    rec: Recommendation, deployed: str | None, version: str | None = None
+) -> VerdictItem:
+    """The ``policy`` sentence from the recommendation and the deployed kind (None: nothing
+    is deployed, e.g. a scores CSV; ``"unknown"``: the log does not say) and version."""
     reason = rec.reasons[0] if rec.reasons else ""
+    which = f" ({version})" if version else ""
     if deployed is None:
         return VerdictItem(
             "ok", "policy", f"Use the {rec.policy} policy (nothing is deployed here): {reason}"
         )
     if deployed == rec.policy:
         return VerdictItem(
-            "ok", "policy", f"Keep the deployed {deployed} policy; it is the one to use: {reason}"
+            "ok",
+            "policy",
+            f"Keep the deployed {deployed} policy{which}; it is the one to use: {reason}",
         )
     return VerdictItem(
         "warn",
         "policy",
-        f"Switch from the deployed {deployed} policy to {rec.policy} (`spotstop recalibrate "
-        f"--policy {rec.policy}`): {reason}",
+        f"Switch from the deployed {deployed} policy{which} to {rec.policy} (`spotstop "
+        f"recalibrate --policy {rec.policy}`): {reason}",
     )
 
 
-def guarantee_item(audit: Any) -> VerdictItem:
-    """The ``guarantee`` sentence from the conformal audit's result (None when not run)."""
+def guarantee_item(audit: Any, deployed_version: str | None = None) -> VerdictItem:
+    """The ``guarantee`` sentence from the conformal audit's result (None when not run); the
+    deployed version, when given, says whether the audited cut still decides."""
     if audit is None:
         return VerdictItem("warn", "guarantee", "The conformal audit did not run.")
     sim = audit.simulation
@@ -197,14 +206,20 @@ def guarantee_item(audit: Any) -> VerdictItem:
             "policy once enough unsafe situations are labelled to have one.",
         )
     a = audit.deployed[-1]
+    earlier = deployed_version is not None and deployed_version != a.version_id
     head = (
-        f"The conformal cut {a.version_id} ({a.policy_text()}) missed {a.misses} of "
+        f"The {'earlier ' if earlier else ''}conformal cut {a.version_id} ({a.policy_text()}) missed {a.misses} of "
         f"{a.n_situations} labelled unsafe situations since {a.created[:10]}, "
         f"{fmt(a.miss_rate)} % (exact 95 % interval); one-sided binomial test of miss rate ≤ "
         f"{a.alpha:g}: {fmt_p(a.p_value)}"
     )
     others = [b.version_id for b in audit.deployed[:-1] if b.status == "violated"]
     tail = f" Earlier versions violated it too: {', '.join(others)}." if others else ""
+    if earlier:
+        tail += (
+            f" It no longer decides: the deployed policy {deployed_version} carries no "
+            "miss-rate guarantee."
+        )
     if a.status == "violated":
         return VerdictItem(
             "fail",
@@ -340,6 +355,7 @@ def verdict(
     checks: Mapping[str, Any],
     recommendation: Recommendation,
     deployed_kind: str | None,
+    deployed_version: str | None,
     direct_cut: float,
     direct_cut_source: str,
     previous: Mapping[str, Any] | None = None,
@@ -357,8 +373,8 @@ def verdict(
             direct_cut_source,
             direct_cut,
         ),
-        policy_item(recommendation, deployed_kind),
-        guarantee_item(checks.get("conformal_audit")),
+        policy_item(recommendation, deployed_kind, deployed_version),
+        guarantee_item(checks.get("conformal_audit"), deployed_version),
     ]
     if previous is not None and current is not None:
         items.append(changes_item(previous, current))

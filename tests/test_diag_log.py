@@ -253,6 +253,9 @@ def test_card_main_from_log(tmp_path, labelled_log, capsys):
     doc = json.loads((out / "card.json").read_text())
     prov = doc["provenance"]
     assert prov["log"]["dropped"]["fail_closed"] == N_FAIL
+    # one frozen cut decided every case: the Spot-Stop fields describe it (paper convention)
+    assert doc["settings"]["direct_cut"] == CUT
+    assert doc["settings"]["direct_cut_source"] == "the deployed frozen cut"
     assert doc["fields"]["auroc"]["n"] > 0
 
 

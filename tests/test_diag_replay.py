@@ -206,7 +206,8 @@ def test_gray_and_text_use_each_versions_fusion(built):
     notes = lc.provenance["gray_text"]["score_text"]["by_version"]
     assert notes[UNKNOWN_VERSION].startswith("no stored policy document")
     assert len(lc.provenance["fusion_keys"]) == 2  # v1 and v3 share the unit fusion
-    assert direct_cut_of(lc.log, lc.keep)[0] == 0.0  # several rules decided: no single cut
+    cut = direct_cut_of(lc.log, lc.keep)  # several rules decided: no single cut
+    assert (cut.value, cut.label) == (0.0, "the Avg-2 direct answer")
 
 
 def _independent_audit(path: Path, cfg) -> tuple[int, int]:
@@ -268,7 +269,12 @@ def test_spotstop_card_log_end_to_end(built, tmp_path):
         "holds", "not enough data",
     )  # fmt: skip
     assert [v["topic"] for v in doc["verdict"]] == ["leak", "cut", "policy", "guarantee"]
-    assert doc["settings"]["direct_cut_source"].startswith("the Avg-2 direct answer")
+    assert f"deployed situation policy ({versions[2]})" in doc["verdict"][2]["sentence"]
+    assert doc["verdict"][0]["status"] == "warn"  # the log holds no image sizes: not measured
+    assert f"earlier conformal cut {versions[1]}" in doc["verdict"][3]["sentence"]
+    assert f"the deployed policy {versions[2]} carries no" in doc["verdict"][3]["sentence"]
+    assert doc["settings"]["direct_cut_source"] == "the Avg-2 direct answer"
+    assert "not a cut the guard used" in doc["settings"]["direct_cut_note"]
     assert any("2 fusions" in w for w in doc["settings"]["warnings"])
     md = (out / "card.md").read_text()
     assert (

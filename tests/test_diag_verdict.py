@@ -203,6 +203,7 @@ def test_cut_rule_by_hand():
 def test_policy_rule_by_hand():
     rec = Recommendation("conformal", ("150 labelled unsafe situations suffice",))
     assert policy_item(rec, "conformal").status == "ok"
-    switch = policy_item(rec, "frozen")
+    switch = policy_item(rec, "frozen", "v0004+0123abcd")
     assert switch.status == "warn" and "--policy conformal" in switch.sentence
+    assert "deployed frozen policy (v0004+0123abcd)" in switch.sentence
     assert "nothing is deployed" in policy_item(dataclasses.replace(rec), None).sentence
