@@ -72,9 +72,18 @@ _TEST = (
 )
 
 
+def _check_counts(x: int, n: int, **rates: float) -> None:
+    if not (isinstance(n, int | np.integer) and isinstance(x, int | np.integer) and 0 <= x <= n):
+        raise DataError(f"need whole counts 0 <= x <= n; got x={x!r}, n={n!r}.")
+    for name, r in rates.items():
+        if not 0.0 < r < 1.0:
+            raise DataError(f"{name} must be in (0, 1); got {r!r}.")
+
+
 def clopper_pearson(x: int, n: int, confidence: float = 0.95) -> ConfidenceInterval:
     """Exact two-sided interval of a binomial proportion: ``Beta(a/2; x, n−x+1)`` to
     ``Beta(1−a/2; x+1, n−x)`` (0 and 1 at the ends); NaN for ``n = 0``."""
+    _check_counts(x, n, confidence=confidence)
     if n == 0:
         return ConfidenceInterval(math.nan, math.nan)
     a = 1.0 - confidence
@@ -84,13 +93,16 @@ def clopper_pearson(x: int, n: int, confidence: float = 0.95) -> ConfidenceInter
 
 
 def binomial_upper_p(x: int, n: int, p: float) -> float:
-    """``P(Binomial(n, p) ≥ x)``: the one-sided p value of ``x`` successes against rate ``p``."""
+    """``P(Binomial(n, p) ≥ x)``: the one-sided p value of ``x`` successes against rate ``p``;
+    NaN for ``n = 0``."""
+    _check_counts(x, n, p=p)
     return float(stats.binom.sf(x - 1, n, p)) if n else math.nan
 
 
 def audit_min_n(alpha: float, level: float = AUDIT_LEVEL, limit: int = 100_000) -> int:
     """The fewest situations at which ``ceil(2 alpha n)`` misses (twice the allowed rate) would
     be significant at ``level``; fewer cannot tell a doubled miss rate from chance."""
+    _check_counts(0, 0, alpha=alpha, level=level)
     for n in range(1, limit + 1):
         if binomial_upper_p(math.ceil(2 * alpha * n - 1e-9), n, alpha) < level:
             return n

@@ -85,3 +85,41 @@ def test_share_estimate_and_its_groups():
         none = share_estimate(hit, np.zeros(6, bool), groups, n_boot=10,
                               rng=np.random.default_rng(1), what="the y share")  # fmt: skip
     assert math.isnan(none.value) and none.n == 0
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: clopper_pearson(3, 2), "need whole counts 0 <= x <= n; got x=3, n=2."),
+        (lambda: clopper_pearson(-1, 2), "need whole counts 0 <= x <= n; got x=-1, n=2."),
+        (lambda: clopper_pearson(1, 2, confidence=1.0), "confidence must be in (0, 1); got 1.0."),
+        (lambda: binomial_upper_p(1, 2, 0.0), "p must be in (0, 1); got 0.0."),
+        (lambda: audit_min_n(1.5), "alpha must be in (0, 1); got 1.5."),
+        (
+            lambda: delivered_rates(
+                np.array([0, 1]),
+                np.array([0]),
+                np.arange(2),
+                n_boot=5,
+                rng=np.random.default_rng(0),
+            ),
+            "label and flagged must be 1-d of one length",
+        ),
+        (
+            lambda: delivered_rates(
+                np.array([0, 2]),
+                np.array([0, 1]),
+                np.arange(2),
+                n_boot=5,
+                rng=np.random.default_rng(0),
+            ),
+            "must hold 0 or 1 only",
+        ),
+    ],
+)
+def test_every_validation_message(call, message):
+    from spotstop.diagnostics import DataError
+
+    with pytest.raises(DataError) as e:
+        call()
+    assert message in str(e.value)
