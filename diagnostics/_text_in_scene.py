@@ -163,7 +163,7 @@ def _extra_error(files: CueFiles, rel: Mapping[str, Any], sh: Mapping[str, Any])
                     "by_cue": extra,
                     "predicted_error": Estimate.from_dict(c["predicted_error"]),
                     "source_error": Estimate.from_dict(c["source_error"]),
-                    "source": "select.json (paired draws; interval of the prediction)",
+                    "source": "select.json",
                     "best": files.select["candidates"][0]["name"],
                 }
     guards = [n for n, c in rel.items() if c["kind"] == "guard"]
@@ -295,11 +295,18 @@ def _rows(ts: TextInScene) -> tuple[tuple[str, str], ...]:
     if ts.extra_error:
         by = ts.extra_error["by_cue"]
         total = sum(v for v in by.values() if v is not None and math.isfinite(v))
+        pe = ts.extra_error.get("predicted_error")
+        pred = (
+            ""
+            if pe is None
+            else f"; predicted error {fmt(pe, pct=False)} against source error "
+            f"{fmt(ts.extra_error['source_error'], pct=False)}"
+        )
         rows.append(
             (
                 f"predicted extra error of {ts.extra_error['candidate']}",
                 ", ".join(f"{k} {v:+.3f}" for k, v in by.items() if v is not None)
-                + f" (total {total:+.3f}); {ts.extra_error['source']}",
+                + f" (total {total:+.3f}){pred}; from {ts.extra_error['source']}",
             )
         )
     if ts.ocr.get("name"):

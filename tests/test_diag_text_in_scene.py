@@ -130,7 +130,8 @@ def test_the_section_from_all_three_files(tmp_path):
     )
     assert rows["OCR model"] == f"{OCR['name']} (sha256 {OCR['sha256']})"
     extra = rows["predicted extra error of guard"]
-    assert "reassuring +0.008" in extra and "select.json" in extra
+    assert "reassuring +0.008" in extra and "from select.json" in extra
+    assert "predicted error 0.208 [0.160, 0.260] against source error 0.190" in extra
     advice = [b for a, b in res.rows if a == "what to do"]
     assert any(
         "follows reassuring text" in a and "fail closed" in a and "choose candidate qwen" in a
