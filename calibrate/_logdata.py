@@ -138,6 +138,7 @@ def read_log(
     until: str | float | _dt.datetime | None = None,
 ) -> LogData:
     """Read one bundle's decisions in ``[since, until)`` with labels; see the module doc."""
+    from spotstop.guard._labels import LabelsFileError, read_reviewed
     from spotstop.guard._log import DecisionLog
 
     path = Path(log_path)
@@ -151,21 +152,13 @@ def read_log(
             f"decision log {str(path)!r} does not exist; pass the guard's SQLite log file "
             "(by default <bundle>/decisions.sqlite)."
         )
-    with DecisionLog(path) as log:
-        arr = log.to_arrays()
-        sha_of = {r.decision_id: r.image_sha256 for r in log.records()} if labels else {}
+    try:
+        with DecisionLog(path) as log:
+            arr = read_reviewed(log, labels).arrays  # the card's reader of labels
+    except LabelsFileError as e:
+        raise CalibrationError(f"labels file: {e}") from e
     decision_id = np.asarray(arr.decision_id, dtype=object)
-    label = np.array(arr.label, dtype=np.int8, copy=True)
-    contrast = np.array(["" if c is None else str(c) for c in arr.contrast_id], dtype=object)
-    situation = np.array(["" if s is None else str(s) for s in arr.situation_id], dtype=object)
-    if labels is not None:  # the same reader as the card's
-        from spotstop.guard._labels import LabelsFileError, apply_labels_file
-
-        sha = np.array([sha_of.get(d) or "" for d in decision_id], dtype=object)
-        try:
-            apply_labels_file(Path(labels), decision_id, sha, label, contrast, situation)
-        except LabelsFileError as e:
-            raise CalibrationError(f"labels file: {e}") from e
+    label, contrast, situation = arr.label, arr.contrast_id, arr.situation_id
     t = np.asarray(arr.time, dtype=np.float64)
     in_window = np.ones(t.size, dtype=bool)
     if t0 is not None:

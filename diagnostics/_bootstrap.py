@@ -39,10 +39,6 @@ from spotstop.diagnostics._results import Estimate
 
 __all__ = ["BootstrapResult", "bootstrap_auroc", "draw_group_counts", "group_bootstrap"]
 
-# older names, still imported by diagnostics.cues
-_as_rng = as_rng
-_percentile_ci = percentile_ci
-
 
 @dataclass(frozen=True)
 class BootstrapResult:

@@ -51,7 +51,7 @@ from numpy.typing import NDArray
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError
 from spotstop.guard import DecisionLog, GuardError
-from spotstop.guard._labels import LabelsFileError, _cell, apply_labels_file
+from spotstop.guard._labels import LabelsFileError, _cell, read_reviewed
 from spotstop.guard._log_read import LogArrays
 from spotstop.guard.policies import PolicyConfig, load_policy
 
@@ -60,7 +60,6 @@ __all__ = [
     "DirectCut",
     "LogCases",
     "LogData",
-    "apply_labels_file",
     "case_table_from_log",
     "log_cases",
     "read_log",
@@ -132,25 +131,16 @@ def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogDa
         raise DataError(f"decision log {str(path)!r} does not exist; pass the log's SQLite file.")
     try:
         with DecisionLog(path) as log:
-            arr = log.to_arrays()
-            sha_of = {r.decision_id: r.image_sha256 for r in log.records()}
+            reviewed = read_reviewed(log, labels)
             rows = log.policies()
+    except LabelsFileError as exc:
+        raise DataError(str(exc)) from exc
     except GuardError as exc:
         raise DataError(f"cannot read the decision log {str(path)!r}: {exc}") from exc
+    arr = reviewed.arrays
     if arr.n == 0:
         raise DataError(f"decision log {str(path)!r} holds no decisions.")
-    decision_id = np.asarray(arr.decision_id, dtype=object)
-    sha = _obj(sha_of.get(d) for d in decision_id)
-    label = np.array(arr.label, dtype=np.int8, copy=True)
-    contrast, situation = _obj(arr.contrast_id), _obj(arr.situation_id)
-    n_from_file = 0
-    if labels is not None:
-        try:
-            n_from_file = apply_labels_file(
-                Path(labels), decision_id, sha, label, contrast, situation
-            )
-        except LabelsFileError as exc:
-            raise DataError(str(exc)) from exc
+    label, contrast, situation = arr.label, arr.contrast_id, arr.situation_id
     policies: dict[str, PolicyConfig] = {}
     errors: dict[str, str] = {}
     for vid, row in rows.items():
@@ -167,13 +157,13 @@ def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogDa
         label=label,
         contrast_id=contrast,
         situation_id=situation,
-        image_sha256=sha,
+        image_sha256=_obj(arr.image_sha256),
         version=version,
         policies=policies,
         policy_errors=errors,
         first_time={vid: row.first_time for vid, row in rows.items()},
-        labels_source=str(labels) if labels is not None else "log labels table",
-        n_labelled_from_file=n_from_file,
+        labels_source=reviewed.labels,
+        n_labelled_from_file=reviewed.n_from_file,
     )
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 from spotstop.guard.backends._graphs import GRAPHS_FILE, graph_files
-from spotstop.guard.backends._trt import TRT_PRECISIONS, engine_path, write_engine_record
+from spotstop.guard.backends._trt_record import TRT_PRECISIONS, engine_path, write_engine_record
 
 __all__ = ["build_engines", "engine_specs", "network_typing", "write_trt_script"]
 
@@ -140,7 +140,7 @@ def _shape_arg(shapes: dict[str, list[int]]) -> str:
 
 
 #: Writes a member's engine record from trtexec's log (stdlib only: the L4T container has
-#: python3 but not spotstop). Same format as spotstop.guard.backends._trt.write_engine_record (JSON is
+#: python3 but not spotstop). Same format as spotstop.guard.backends._trt_record.write_engine_record (JSON is
 #: YAML). argv: MEMBER_DIR PRECISION STRONG(0/1) LOG GRAPH=ENGINE...
 _RECORD_PY = r"""
 import datetime, hashlib, json, pathlib, re, sys

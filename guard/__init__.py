@@ -18,7 +18,10 @@ from spotstop.guard._errors import (
 from spotstop.guard._fusion import Avg2Fusion, FusionError
 from spotstop.guard._guard import Guard
 from spotstop.guard._image import DecodedImage, ImageRefused, decode_image
+from spotstop.guard._labels import LabelsFileError, Reviewed, apply_labels_file, read_reviewed
 from spotstop.guard._log import DecisionLog, LogError
+from spotstop.guard._log_read import LogArrays
+from spotstop.guard._log_schema import PolicyRow
 from spotstop.guard._member import Member, MemberInfo, load_member
 from spotstop.guard._prompt import PromptSpec
 from spotstop.guard._record import Decision, DecisionRecord
@@ -40,6 +43,8 @@ __all__ = [
     "GuardError",
     "ImageError",
     "ImageRefused",
+    "LabelsFileError",
+    "LogArrays",
     "LogError",
     "Member",
     "MemberInfo",
@@ -47,14 +52,18 @@ __all__ = [
     "MemberScore",
     "PolicyConfig",
     "PolicyError",
+    "PolicyRow",
     "PromptSpec",
     "RequestError",
+    "Reviewed",
     "Scene",
     "ScoringConfig",
     "ScoringError",
+    "apply_labels_file",
     "decode_image",
     "load_bundle",
     "load_member",
     "load_policy",
     "load_scoring_config",
+    "read_reviewed",
 ]

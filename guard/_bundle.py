@@ -109,7 +109,7 @@ def is_device_built(rel: str) -> bool:
 
     TensorRT engines, their record and build logs (``members/<name>/trt/*.plan``,
     ``trt/engines.yaml``, ``*.log``) are made on the target by ``trt/build.sh``: they are
-    checked by the engine record (``spotstop.guard.backends._trt``), not by the manifest's sha256
+    checked by the engine record (``spotstop.guard.backends._trt_record``), not by the manifest's sha256
     list, so rebuilding them on the device does not break the bundle's verification.
     """
     parts = Path(rel).parts

@@ -16,12 +16,23 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from spotstop.guard._bundle import Bundle, load_bundle
+from spotstop.guard._call import (
+    _UNSET,
+    _Active,
+    _Clock,
+    _Outcome,
+    _read_text,
+    _reason,
+    _Scored,
+    _Unset,
+    _Work,
+)
 from spotstop.guard._errors import GuardError
 from spotstop.guard._image import DecodedImage, decode_image
 from spotstop.guard._log import DecisionLog, PolicyRow
@@ -29,9 +40,8 @@ from spotstop.guard._member import Member, load_bundle_member
 from spotstop.guard._record import Decision, DecisionRecord
 from spotstop.guard._state import StateStore
 from spotstop.guard._types import Scene, Variant
-from spotstop.guard.cues._types import CueReading, TextDetector
+from spotstop.guard.cues._types import TextDetector
 from spotstop.guard.policies import (
-    Label,
     PolicyConfig,
     SituationPolicy,
     batch_inputs,
@@ -41,36 +51,6 @@ from spotstop.guard.policies import (
 )
 
 __all__ = ["Decision", "Guard", "PolicyMissingError", "SituationInfo"]
-
-
-class _Unset:
-    """Marks an argument that was not given (None is a meaningful value: no deadline)."""
-
-
-_UNSET = _Unset()
-
-
-class _Clock:
-    """The budget of one guard call, measured from its entry on the monotonic clock."""
-
-    def __init__(self, deadline_s: float | None) -> None:
-        self.deadline_s = deadline_s
-        self.due = None if deadline_s is None else time.monotonic() + deadline_s
-
-    def remaining(self) -> float | None:
-        """Seconds left (≥ 0), or None without a deadline."""
-        return None if self.due is None else max(0.0, self.due - time.monotonic())
-
-    def expired(self) -> bool:
-        return self.due is not None and time.monotonic() >= self.due
-
-    def lock_timeout(self) -> float:
-        """``threading.Lock.acquire`` timeout: -1 waits forever."""
-        left = self.remaining()
-        return -1 if left is None else left
-
-    def reason(self, stage: str) -> str:
-        return f"deadline exceeded: the call took longer than {self.deadline_s:g} s ({stage})"
 
 
 class PolicyMissingError(GuardError, FileNotFoundError):
@@ -104,92 +84,6 @@ class SituationInfo:
             "min_refs": self.min_refs,
             "window": self.window,
         }
-
-
-@dataclass
-class _Work:
-    """One scene on its way through the guard (mutable, private)."""
-
-    scene: Scene
-    decision_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    image: DecodedImage | None = None
-    scores: dict[str, float] = field(default_factory=dict)
-    gray: dict[str, float] = field(default_factory=dict)
-    text: dict[str, float] = field(default_factory=dict)
-    fail: str | None = None
-    latency: dict[str, float] = field(default_factory=dict)
-    raw: bytes | None = None  # encoded image, kept only when images are stored
-    reading: CueReading | None = None  # the text detector's reading, when the policy asks
-
-    def fail_with(self, reason: str) -> None:
-        if self.fail is None:  # keep the first cause
-            self.fail = reason
-
-
-@dataclass
-class _Scored:
-    """What the scoring thread returns for one scene (private; copied into _Work in time)."""
-
-    scores: dict[str, float] = field(default_factory=dict)
-    gray: dict[str, float] = field(default_factory=dict)
-    text: dict[str, float] = field(default_factory=dict)
-    latency: dict[str, float] = field(default_factory=dict)
-    fail: str | None = None
-
-    def fail_with(self, reason: str) -> None:
-        if self.fail is None:
-            self.fail = reason
-
-
-@dataclass(frozen=True)
-class _Active:
-    """The policy in force, its live state and its log row; swapped whole on reload."""
-
-    cfg: PolicyConfig
-    store: StateStore
-    row: PolicyRow
-    variants: tuple[Variant, ...]
-    detector: TextDetector | None = None
-    detector_error: str | None = None
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    """What fusion and the policy said of one scene (before faults and the log)."""
-
-    label: Label
-    fused: float
-    score: float
-    threshold: float
-    rule: str
-    detail: str
-
-    @classmethod
-    def none(cls) -> _Outcome:
-        """No policy verdict (the scene failed before it, or the policy failed)."""
-        nan = float("nan")
-        return cls("UNSAFE", nan, nan, nan, "", "")
-
-
-def _read_text(
-    detector: TextDetector, images: list[DecodedImage | None]
-) -> list[tuple[CueReading | str, float]]:
-    """The detector's reading of each image (or why it failed) and its time in ms."""
-    out: list[tuple[CueReading | str, float]] = []
-    for img in images:
-        t = time.perf_counter()
-        try:
-            if img is None:
-                raise GuardError("the scene has no image")
-            got: CueReading | str = detector.detect(img)
-        except Exception as e:  # a scene whose text cannot be read fails closed
-            got = _reason("text detector", e)
-        out.append((got, (time.perf_counter() - t) * 1e3))
-    return out
-
-
-def _reason(stage: str, e: BaseException) -> str:
-    return f"{stage}: {type(e).__name__}: {e}"
 
 
 class Guard:
@@ -319,15 +213,7 @@ class Guard:
         return _Active(
             cfg=cfg,
             store=StateStore(cfg, self.state_dir),
-            row=PolicyRow(
-                version_id=cfg.version_id,
-                kind=cfg.kind,
-                fusion_key=cfg.fusion_key,
-                bundle_id=cfg.bundle_id,
-                prompt_hash=cfg.prompt_hash,
-                created=cfg.created.isoformat(),
-                document=cfg.to_dict(),
-            ),
+            row=cfg.log_row(),
             variants=(*self._requested_variants, *extra),  # type: ignore[arg-type]
             detector=detector,
             detector_error=detector_error,

@@ -60,6 +60,9 @@ class LogArrays:
     request: np.ndarray
     """Requests (object array of str)."""
 
+    image_sha256: np.ndarray
+    """SHA-256 of each decision's encoded image (object array of str or None)."""
+
     batch_id: np.ndarray
     """Guard-call (batch) ids (object array of str or None for schema-1 rows)."""
 
@@ -183,6 +186,7 @@ def log_arrays(joined: Joined) -> LogArrays:
         batch_id=obj(r.batch_id for r in recs),
         situation_id=obj(r.situation_id for r in recs),
         request=obj(r.request for r in recs),
+        image_sha256=obj(r.image_sha256 for r in recs),
         fused=flt(r.fused_score for r in recs),
         policy_score=flt(r.policy_score for r in recs),
         threshold=flt(r.threshold for r in recs),

@@ -60,15 +60,7 @@ def policy_config(
 
 def policy_row(cfg: PolicyConfig) -> PolicyRow:
     """The log's row of a policy, as the guard writes it."""
-    return PolicyRow(
-        version_id=cfg.version_id,
-        kind=cfg.kind,
-        fusion_key=cfg.fusion_key,
-        bundle_id=cfg.bundle_id,
-        prompt_hash=cfg.prompt_hash,
-        created=cfg.created.isoformat(),
-        document=cfg.to_dict(),
-    )
+    return cfg.log_row()
 
 
 @dataclass

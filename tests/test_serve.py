@@ -1007,7 +1007,7 @@ def _free_port() -> int:
 def test_cli_refuses_insecure_bind_before_loading(
     bundle: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
-    from spotstop.guard import cli
+    from spotstop import cli
 
     monkeypatch.delenv("SPOTSTOP_TOKEN", raising=False)
     monkeypatch.setattr(

@@ -657,7 +657,7 @@ def test_engine_record_refusals(
 ) -> None:
     from spotstop.guard._hf import resolve_member
     from spotstop.guard.backends._graphs import read_meta
-    from spotstop.guard.backends._trt import check_engine_record
+    from spotstop.guard.backends._trt_record import check_engine_record
 
     mdir = bundle / "members" / MEMBER
     meta = read_meta(resolve_member(mdir))

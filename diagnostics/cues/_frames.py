@@ -80,31 +80,26 @@ def frames_from_log(
     when the log has any (the others are counted and left out, with a warning), else the
     decisions whose image is stored (likewise). A log with neither is an error."""
     from spotstop.guard import DecisionLog, GuardError
-    from spotstop.guard._labels import LabelsFileError, _cell, apply_labels_file
+    from spotstop.guard._labels import LabelsFileError, read_reviewed
 
     path = Path(log_path)
     if not path.is_file():
         raise DataError(f"decision log {str(path)!r} does not exist; pass the log's SQLite file.")
     try:
         with DecisionLog(path) as log:
-            arr = log.to_arrays()
-            sha_of = {r.decision_id: r.image_sha256 for r in log.records()}
-            stored = {s for s in set(sha_of.values()) if s and log.image(s) is not None}
+            reviewed = read_reviewed(log, labels)
+            arr = reviewed.arrays
+            stored = {s for s in set(arr.image_sha256) if s and log.image(s) is not None}
+    except LabelsFileError as exc:
+        raise DataError(str(exc)) from exc
     except GuardError as exc:
         raise DataError(f"cannot read the decision log {str(path)!r}: {exc}") from exc
     ids = np.asarray(arr.decision_id, dtype=object)
-    sha = np.array([sha_of.get(d) or "" for d in ids], dtype=object)
-    lab = np.array(arr.label, dtype=np.int8, copy=True)
-    contrast = np.array([_cell(c) for c in arr.contrast_id], dtype=object)
-    situation = np.array([_cell(s) for s in arr.situation_id], dtype=object)
-    if labels is not None:
-        try:
-            apply_labels_file(Path(labels), ids, sha, lab, contrast, situation)
-        except LabelsFileError as exc:
-            raise DataError(str(exc)) from exc
+    sha = np.array(["" if s is None else s for s in arr.image_sha256], dtype=object)
+    lab, situation = arr.label, arr.situation_id
     source = {
         "log": str(path),
-        "labels": str(labels) if labels is not None else "log labels table",
+        "labels": reviewed.labels,
         "n_decisions": len(ids),
     }
     logged = np.ones(len(ids), dtype=bool)

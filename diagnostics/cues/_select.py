@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from spotstop.diagnostics._bootstrap import _percentile_ci
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
+from spotstop.diagnostics._resample import percentile_ci as _percentile_ci
 from spotstop.diagnostics._results import Estimate
 from spotstop.diagnostics.cues._results import RelianceResult, fmt_estimate
 from spotstop.diagnostics.cues._shift import ShiftResult

@@ -30,8 +30,10 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from spotstop.diagnostics._bootstrap import _as_rng, _percentile_ci, draw_group_counts
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
+from spotstop.diagnostics._resample import as_rng as _as_rng
+from spotstop.diagnostics._resample import draw_group_counts
+from spotstop.diagnostics._resample import percentile_ci as _percentile_ci
 from spotstop.diagnostics._results import NAN_CI, Estimate
 from spotstop.diagnostics.cues._results import fmt_estimate
 from spotstop.diagnostics.cues._templates import CUES

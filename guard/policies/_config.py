@@ -38,6 +38,7 @@ from spotstop.guard._fusion import (
     _check_mapping,
     _fusion_from_dict,
 )
+from spotstop.guard._log_schema import PolicyRow
 from spotstop.guard.policies._base import (
     LoadContext,
     Policy,
@@ -208,6 +209,18 @@ class PolicyConfig:
     def initial_state(self) -> Any:
         """The policy's state before its first batch: from ``state_seed``, or empty."""
         return self.policy.initial_state(self.state_seed) if self.policy.stateful else None
+
+    def log_row(self) -> PolicyRow:
+        """This policy as the decision log keeps it (its ``policies`` table)."""
+        return PolicyRow(
+            version_id=self.version_id,
+            kind=self.kind,
+            fusion_key=self.fusion_key,
+            bundle_id=self.bundle_id,
+            prompt_hash=self.prompt_hash,
+            created=self.created.isoformat(),
+            document=self.to_dict(),
+        )
 
     def variants_needed(self) -> tuple[str, ...]:
         """Scoring passes besides the scene that this policy reads."""

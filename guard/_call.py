@@ -1,0 +1,139 @@
+"""One guard call's moving parts: its clock, each scene's work, and what each stage returns.
+
+Private to :mod:`spotstop.guard._guard`. A call's :class:`_Clock` starts at its entry, so the
+deadline bounds the whole call; :class:`_Work` is one scene on its way through decode, score,
+decide and log; :class:`_Scored` is what the scoring thread returns (copied into the work only
+when it came in time); :class:`_Outcome` is what fusion and the policy said of a scene;
+:class:`_Active` is the policy in force with its live state, log row and text detector,
+swapped whole on a reload.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from spotstop.guard._errors import GuardError
+from spotstop.guard._image import DecodedImage
+from spotstop.guard._log_schema import PolicyRow
+from spotstop.guard._state import StateStore
+from spotstop.guard._types import Scene, Variant
+from spotstop.guard.cues._types import CueReading, TextDetector
+from spotstop.guard.policies import Label, PolicyConfig
+
+
+class _Unset:
+    """Marks an argument that was not given (None is a meaningful value: no deadline)."""
+
+
+_UNSET = _Unset()
+
+
+class _Clock:
+    """The budget of one guard call, measured from its entry on the monotonic clock."""
+
+    def __init__(self, deadline_s: float | None) -> None:
+        self.deadline_s = deadline_s
+        self.due = None if deadline_s is None else time.monotonic() + deadline_s
+
+    def remaining(self) -> float | None:
+        """Seconds left (≥ 0), or None without a deadline."""
+        return None if self.due is None else max(0.0, self.due - time.monotonic())
+
+    def expired(self) -> bool:
+        return self.due is not None and time.monotonic() >= self.due
+
+    def lock_timeout(self) -> float:
+        """``threading.Lock.acquire`` timeout: -1 waits forever."""
+        left = self.remaining()
+        return -1 if left is None else left
+
+    def reason(self, stage: str) -> str:
+        return f"deadline exceeded: the call took longer than {self.deadline_s:g} s ({stage})"
+
+
+@dataclass
+class _Work:
+    """One scene on its way through the guard (mutable, private)."""
+
+    scene: Scene
+    decision_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    image: DecodedImage | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    gray: dict[str, float] = field(default_factory=dict)
+    text: dict[str, float] = field(default_factory=dict)
+    fail: str | None = None
+    latency: dict[str, float] = field(default_factory=dict)
+    raw: bytes | None = None  # encoded image, kept only when images are stored
+    reading: CueReading | None = None  # the text detector's reading, when the policy asks
+
+    def fail_with(self, reason: str) -> None:
+        if self.fail is None:  # keep the first cause
+            self.fail = reason
+
+
+@dataclass
+class _Scored:
+    """What the scoring thread returns for one scene (private; copied into _Work in time)."""
+
+    scores: dict[str, float] = field(default_factory=dict)
+    gray: dict[str, float] = field(default_factory=dict)
+    text: dict[str, float] = field(default_factory=dict)
+    latency: dict[str, float] = field(default_factory=dict)
+    fail: str | None = None
+
+    def fail_with(self, reason: str) -> None:
+        if self.fail is None:
+            self.fail = reason
+
+
+@dataclass(frozen=True)
+class _Active:
+    """The policy in force, its live state and its log row; swapped whole on reload."""
+
+    cfg: PolicyConfig
+    store: StateStore
+    row: PolicyRow
+    variants: tuple[Variant, ...]
+    detector: TextDetector | None = None
+    detector_error: str | None = None
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What fusion and the policy said of one scene (before faults and the log)."""
+
+    label: Label
+    fused: float
+    score: float
+    threshold: float
+    rule: str
+    detail: str
+
+    @classmethod
+    def none(cls) -> _Outcome:
+        """No policy verdict (the scene failed before it, or the policy failed)."""
+        nan = float("nan")
+        return cls("UNSAFE", nan, nan, nan, "", "")
+
+
+def _read_text(
+    detector: TextDetector, images: list[DecodedImage | None]
+) -> list[tuple[CueReading | str, float]]:
+    """The detector's reading of each image (or why it failed) and its time in ms."""
+    out: list[tuple[CueReading | str, float]] = []
+    for img in images:
+        t = time.perf_counter()
+        try:
+            if img is None:
+                raise GuardError("the scene has no image")
+            got: CueReading | str = detector.detect(img)
+        except Exception as e:  # a scene whose text cannot be read fails closed
+            got = _reason("text detector", e)
+        out.append((got, (time.perf_counter() - t) * 1e3))
+    return out
+
+
+def _reason(stage: str, e: BaseException) -> str:
+    return f"{stage}: {type(e).__name__}: {e}"
