@@ -109,6 +109,8 @@ def run_demo(root: Path, *, seed: int = 0, out: Any = print) -> Path:
     out("spotstop demo — TINY TEST PAIR: random weights, so these decisions mean nothing.")
     out(f"bundle {guard.bundle_id}   policy: situation recentering (window 8, ≥3 references),")
     out("falling back to the frozen cut t0 fitted on an unlabelled pool of 24 generated scenes.")
+    out(f"policy version {guard.policy_config.version_id}: every decision logs it, with its kind")
+    out("and the fusion fingerprint, so `spotstop card` can replay what decided.")
     out("")
     short = [n.replace("tiny-", "") for n in names]
     head = f"{'#':>2}  {'situation':<10} {'request':<38} " + " ".join(f"{s:>9}" for s in short)
