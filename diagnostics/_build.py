@@ -65,7 +65,7 @@ def card_from_inputs(
     if demo:
         table = simulate_log(600, rng=rng, size_leak=0.3)
         source = "demo: simulate_log(600, size_leak=0.3)"
-        cut = DirectCut(0.0, "the direct answer", "0: the direct answer of the simulated score")
+        cut = DirectCut(0.0, "the direct answer", "the direct answer of the simulated score")
     elif log is not None:
         cases = log_cases(log, labels=labels)
         table, data, source = cases.table, cases.log, f"decision log: {log}"
@@ -78,13 +78,11 @@ def card_from_inputs(
         cut = DirectCut(
             0.0,
             "the direct answer",
-            "0: the direct answer (s > 0 is UNSAFE for a member's raw score; for a fused score "
+            "the direct answer (s > 0 is UNSAFE for a member's raw score; for a fused score "
             "in a CSV, pass --direct-cut)",
         )
     if direct_cut is not None:
-        cut = DirectCut(
-            float(direct_cut), "--direct-cut", f"{direct_cut:g}, given with --direct-cut"
-        )
+        cut = DirectCut(float(direct_cut), "--direct-cut", "given with --direct-cut")
     kwargs.setdefault("n_boot_checks", min(1000, n_boot))
     return write_card(
         table,

@@ -252,7 +252,7 @@ def direct_cut_of(log: LogData, keep: NDArray[np.bool_]) -> DirectCut:
     return DirectCut(
         0.0,
         "the Avg-2 direct answer",
-        "0 on S, the Avg-2 analogue of a model's direct answer (each member's robust z-score "
+        "on S, the Avg-2 analogue of a model's direct answer (each member's robust z-score "
         "is 0 at its reference median); no single constant cut decided every case (rules: "
         f"{', '.join(rules) or 'none'}), so this is not a cut the guard used",
     )
