@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -243,7 +244,18 @@ def run_verify_bundle(args: argparse.Namespace) -> int:
             "pair_decision_agreement": v.pair_decision_agreement if v.members else None,
             "members": [{**asdict(m), "ok": m.ok} for m in v.members],
         }
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(_finite_or_null(doc), indent=2, allow_nan=False))
     else:
         print(v)
     return 0 if v.ok else 1
+
+
+def _finite_or_null(x: Any) -> Any:
+    """JSON has no NaN or infinity: such a number is written as null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite_or_null(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite_or_null(v) for v in x]
+    return x
