@@ -10,6 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
+from spotstop.export.configs import EXPORT_CONFIGS
+
+#: The tiny TEST pair's member folders, one per registered architecture (as export/tiny.py
+#: names them); torch-free, so collection needs no export extra.
+TINY_MEMBERS = tuple(f"tiny-{model_type}" for model_type in EXPORT_CONFIGS)
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +28,7 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="session", params=["tiny-qwen3_5", "tiny-lfm2_vl"])
+@pytest.fixture(scope="session", params=TINY_MEMBERS)
 def tiny_member_dir(request: pytest.FixtureRequest, tiny_pair: Path) -> Path:
     return tiny_pair / request.param
 
@@ -32,7 +37,7 @@ def tiny_member_dir(request: pytest.FixtureRequest, tiny_pair: Path) -> Path:
 def loaded_members(tiny_pair: Path) -> dict[str, object]:
     from spotstop.guard import load_member
 
-    return {name: load_member(tiny_pair / name) for name in ("tiny-qwen3_5", "tiny-lfm2_vl")}
+    return {name: load_member(tiny_pair / name) for name in TINY_MEMBERS}
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +53,7 @@ def tiny_pair_fp32_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFact
 
     out = tmp_path_factory.mktemp("pair32") / "b32"
     args = ["export", "--out", str(out), "--precision", "fp32", "--buckets", "128,256"]
-    for m in ("tiny-qwen3_5", "tiny-lfm2_vl"):
+    for m in TINY_MEMBERS:
         args += ["--member", str(tiny_pair / m)]
     assert main([*args, "--trt", "off"]) == 0
     return out
