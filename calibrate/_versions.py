@@ -32,7 +32,6 @@ import contextlib
 import hashlib
 import os
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 
 import yaml
 from spotstop.calibrate._logdata import CalibrationError
+from spotstop.guard._files import atomic_write_bytes
 from spotstop.guard.policies import PolicyConfig, check_policy_matches, load_policy
 
 __all__ = [
@@ -216,19 +216,5 @@ def activate_policy_version(
     active_path, _, bundle = _bundle_paths(bundle_dir)
     cfg = load_policy(v.path)  # reads the file only: no live state is touched
     check_policy_matches(cfg, bundle.bundle_id, bundle.prompt_hash)
-    _atomic_copy(v.path, active_path)
+    atomic_write_bytes(active_path, v.path.read_bytes())
     return replace(v, active=True)
-
-
-def _atomic_copy(src: Path, dst: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from spotstop.guard._bundle import BUNDLE_FORMAT, BUNDLE_VERSION, pair_prompt_hash, sha256_file
 from spotstop.guard._config import ScoringConfig
+from spotstop.guard._files import atomic_write_text
 from spotstop.guard._hf import render_template, resolve_member
 from spotstop.guard._member import resolve_image_size
 from spotstop.guard._prompt import prompt_hash
@@ -125,11 +126,9 @@ def _write_manifest(
         **(extra or {}),
         "files": files,
     }
-    tmp = root / "manifest.yaml.tmp"
-    tmp.write_text(
+    atomic_write_text(
+        root / "manifest.yaml",
         ("# TEST PAIR bundle: its decisions mean nothing.\n" if test_pair else "")
         + yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True),
-        encoding="utf-8",
     )
-    os.replace(tmp, root / "manifest.yaml")
     return str(manifest["bundle_id"])

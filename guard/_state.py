@@ -18,8 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from spotstop.guard._files import atomic_write_text
 from spotstop.guard.policies import LoadContext, Policy, PolicyConfig, PolicyError
-from spotstop.guard.policies._config import atomic_write_text
 
 __all__ = ["StateStore"]
 

@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics.cues._edits import EditSet
 from spotstop.guard import MemberScore, Scene
+from spotstop.guard._files import atomic_write_text
 from spotstop.guard._types import Variant
 
 __all__ = [
@@ -142,10 +143,7 @@ def _write_cache(
         "seconds": sec,
         "scores": [None if not math.isfinite(v) else float(v) for v in s.tolist()],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(doc))
 
 
 def score_edit_set(

@@ -42,11 +42,20 @@ from spotstop.guard.policies._base import (
 )
 from spotstop.guard.policies._frozen import FrozenPolicy
 
-__all__ = ["RELIANCE_WEIGHT_FLOOR", "WEIGHTS", "BatchPolicy", "batch_scores", "reliance_weights"]
+__all__ = [
+    "FLAT_IQR",
+    "RELIANCE_WEIGHT_FLOOR",
+    "WEIGHTS",
+    "BatchPolicy",
+    "batch_scores",
+    "reliance_weights",
+]
 
 WEIGHTS = ("equal", "reliance")
 RELIANCE_WEIGHT_FLOOR = 0.05
 """The smallest reliance weight: no member drops out of the average entirely."""
+FLAT_IQR = 1e-9
+"""A batch IQR below this share of the member's largest |score| counts as 0 (rounding level)."""
 
 
 def reliance_weights(
@@ -75,7 +84,9 @@ def batch_scores(
     """``S_B`` per scene (NaN outside ``ok``) and each member's (batch median, batch IQR).
 
     IQRs are ``np.percentile(·, 75) − np.percentile(·, 25)`` (linear interpolation) over the
-    ``ok`` scenes, as the frozen fit does. A member with IQR ≤ 0 makes ``S_B`` all NaN.
+    ``ok`` scenes, as the frozen fit does. A member whose IQR is 0 — or at rounding level, below
+    ``FLAT_IQR`` times its largest score's magnitude, where dividing by it would only amplify
+    rounding — makes ``S_B`` all NaN (its IQR is reported as 0).
     """
     n = int(ok.shape[0])
     num = np.zeros(n)
@@ -83,8 +94,10 @@ def batch_scores(
     for m, s in scene.items():
         q25, q50, q75 = np.percentile(s[ok], [25.0, 50.0, 75.0])
         iqr = float(q75 - q25)
+        if not iqr > FLAT_IQR * max(1.0, float(np.max(np.abs(s[ok])))):
+            iqr = 0.0
         stats[m] = (float(q50), iqr)
-        if not iqr > 0:
+        if iqr == 0.0:
             return np.full(n, np.nan), stats
         with np.errstate(invalid="ignore"):
             num += weights[m] * (s - q50) / iqr

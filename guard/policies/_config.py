@@ -19,11 +19,9 @@ decision log by :attr:`PolicyConfig.version_id` and its fusion by :attr:`PolicyC
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from spotstop.guard._files import atomic_write_text
 from spotstop.guard._fusion import (
     Avg2Fusion,
     FusionError,
@@ -53,7 +52,6 @@ __all__ = [
     "POLICY_SCHEMA_VERSION",
     "PolicyConfig",
     "TextInScene",
-    "atomic_write_text",
     "check_policy_matches",
     "dump_policy",
     "fusion_key",
@@ -390,19 +388,3 @@ def _construct_mapping_no_dupes(loader: yaml.SafeLoader, node: yaml.MappingNode)
 _StrictLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping_no_dupes
 )
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder, fsync, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
