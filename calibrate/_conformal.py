@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Literal, Self
 
 import numpy as np
+from spotstop.guard._fusion import _as_1d_float
 from spotstop.guard.policies import (
     ConformalFit,
     ConformalPolicy,
@@ -192,12 +193,7 @@ def _check_calibrator_fit(
         raise PolicyError(
             f"ConformalCalibrator.cluster_rule must be 'min' or 'random'; got {cal.cluster_rule!r}."
         )
-    try:
-        scores = np.asarray(unsafe_scores, dtype=float)
-    except (TypeError, ValueError) as e:
-        raise PolicyError(f"unsafe_scores must be a 1-D array of numbers: {e}") from e
-    if scores.ndim != 1:
-        raise PolicyError(f"unsafe_scores must be a 1-D array; got shape {scores.shape}.")
+    scores = _as_1d_float(unsafe_scores, what="unsafe_scores", error=PolicyError)
     if not np.isfinite(scores).all():
         raise PolicyError(
             f"unsafe_scores has {int((~np.isfinite(scores)).sum())} non-finite value(s); "

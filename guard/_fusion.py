@@ -363,13 +363,18 @@ def _fusion_from_dict(
     return Avg2Fusion(members=tuple(members), stats=stats, weights=weights)
 
 
-def _as_1d_float(x: Any, *, what: str) -> np.ndarray:
+def _as_1d_float(
+    x: Any, *, what: str, error: type[Exception] = FusionError, n: int | None = None
+) -> np.ndarray:
+    """``x`` as a 1-D float array (of length ``n`` when given), or ``error`` naming ``what``."""
     try:
         arr = np.asarray(x, dtype=float)
     except (TypeError, ValueError) as e:
-        raise FusionError(f"{what} must be a 1-D array of numbers; could not convert: {e}") from e
+        raise error(f"{what} must be a 1-D array of numbers; could not convert: {e}") from e
     if arr.ndim != 1:
-        raise FusionError(f"{what} must be a 1-D array; got shape {arr.shape}.")
+        raise error(f"{what} must be a 1-D array; got shape {arr.shape}.")
+    if n is not None and arr.shape != (n,):
+        raise error(f"{what} must have shape ({n},), one entry per scene; got shape {arr.shape}.")
     return arr
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from spotstop.guard._fusion import Avg2Fusion
+from spotstop.guard._fusion import Avg2Fusion, _as_1d_float
 from spotstop.guard.policies._base import BatchInputs, DecisionError, Policy, Verdict
 from spotstop.guard.policies._rule import label_of
 
@@ -43,14 +43,7 @@ class Decided:
 
 
 def _array(x: Any, what: str, n: int | None) -> np.ndarray:
-    try:
-        arr = np.asarray(x, dtype=float)
-    except (TypeError, ValueError) as e:
-        raise DecisionError(f"{what} must be numbers: {e}") from e
-    if arr.ndim != 1 or (n is not None and arr.shape != (n,)):
-        want = "a 1-D array" if n is None else f"shape ({n},)"
-        raise DecisionError(f"{what} must have {want}; got shape {arr.shape}.")
-    return arr
+    return _as_1d_float(x, what=what, error=DecisionError, n=n)
 
 
 def batch_inputs(
