@@ -98,7 +98,7 @@ def main() -> int:
     rows: list[tuple[str, tuple[float, float, float]]] = []
     try:
         # -- 1. in-process ------------------------------------------------------------------
-        with Guard(bundle, log=tmp / "inproc.sqlite", state_file=tmp / "s_inproc.json") as g:
+        with Guard(bundle, log=tmp / "inproc.sqlite", state_dir=tmp / "state_inproc") as g:
             bundle_id, test_pair = g.bundle_id, g.bundle.test_pair
             for s in warm:
                 g.check(s)
@@ -112,7 +112,7 @@ def main() -> int:
         cmd = [
             sys.executable, "-m", "spotstop.cli", "serve", "--bundle", str(bundle),
             "--port", str(port), "--log", str(tmp / "sidecar.sqlite"),
-            "--state-file", str(tmp / "s_sidecar.json"), "--deadline", "0",
+            "--state-dir", str(tmp / "state_sidecar"), "--deadline", "0",
             "--queue-size", str(max(32, 2 * args.concurrency)), "--log-level", "warning",
         ]  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
