@@ -248,7 +248,9 @@ def test_reliance_of_a_member_reading_with_the_real_ocr(tmp_path):
 
 @pytest.mark.slow
 def test_end_to_end_on_the_tiny_pair(tmp_path, tiny_pair, capsys):
-    """reliance, shift and select from the command line on the tiny TEST pair and the real OCR."""
+    """reliance, shift, select and the card's section from the real command line (the
+    composition root) on the tiny TEST pair and the real OCR."""
+    from spotstop.cli import main as spotstop_main
     from spotstop.cli._demo import make_demo_bundle
 
     shutil.copytree(tiny_pair, tmp_path / "tiny")
@@ -257,7 +259,7 @@ def test_end_to_end_on_the_tiny_pair(tmp_path, tiny_pair, capsys):
     cache = tmp_path / "cache"
     rel_argv = ["reliance", "--bundle", str(bundle), "--source", str(tmp_path / "src"),
                 "--out", str(tmp_path / "rel"), "--cache", str(cache), "--n-boot", "200"]  # fmt: skip
-    assert spotstop(rel_argv) == 0
+    assert spotstop_main(rel_argv) == 0
     doc = json.loads((tmp_path / "rel" / "reliance.json").read_text())
     assert set(doc["candidates"]) == {"tiny-qwen3_5", "tiny-lfm2_vl", "guard"}
     assert len(list(cache.glob("*.json"))) == 2
@@ -281,7 +283,7 @@ def test_end_to_end_on_the_tiny_pair(tmp_path, tiny_pair, capsys):
                 "--frames", str(tmp_path / "frames"), "--calibration", str(tmp_path / "cal" / "cal.csv"),
                 "--prior", "0.5", "--out", str(tmp_path / "sel"), "--cache", str(cache),
                 "--n-boot", "200"]  # fmt: skip
-    assert spotstop(sel_argv) == 0
+    assert spotstop_main(sel_argv) == 0
     sel = json.loads((tmp_path / "sel" / "select.json").read_text())
     assert sorted(c["name"] for c in sel["candidates"]) == [
         "guard",
@@ -294,3 +296,19 @@ def test_end_to_end_on_the_tiny_pair(tmp_path, tiny_pair, capsys):
     assert shift["provenance"]["ocr_model"]["sha256"]
     rel2 = json.loads((tmp_path / "sel" / "reliance.json").read_text())
     assert all(t["cached"] for t in rel2["provenance"]["timings"].values())
+    # shift alone, then the card's section from what the three commands wrote
+    shift_argv = ["shift", "--frames", str(tmp_path / "frames"), "--calibration",
+                  str(tmp_path / "cal" / "cal.csv"), "--prior", "0.5", "--out", str(tmp_path / "sh"),
+                  "--n-boot", "200"]  # fmt: skip
+    assert spotstop_main(shift_argv) == 0
+    alone = json.loads((tmp_path / "sh" / "shift.json").read_text())
+    q_alone, q_sel = alone["cues"]["reassuring"]["q"], shift["cues"]["reassuring"]["q"]
+    assert (q_alone["value"], q_alone["n"]) == (q_sel["value"], q_sel["n"])  # the same frames
+    card_argv = ["card", "--demo", "--cues", str(tmp_path / "sel"), "--out", str(tmp_path / "card"),
+                 "--n-boot", "200", "--quiet"]  # fmt: skip
+    assert spotstop_main(card_argv) == 0
+    card = json.loads((tmp_path / "card" / "card.json").read_text())
+    section = json.dumps(card["checks"]["text_in_scene"])
+    assert shift["provenance"]["ocr_model"]["sha256"] in section
+    md = (tmp_path / "card" / "card.md").read_text()
+    assert "Text in the scene" in md and "reliance of guard" in md
