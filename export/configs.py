@@ -172,7 +172,10 @@ class ExportConfig:
         ``config``: the member's config keyword arguments; ``image_tokens``: the fewest and the
         most visual tokens an image may have (where the processor has such bounds).
         """
-        raise NotImplementedError(f"{cls.__name__} does not say how to build a test member.")
+        raise TypeError(
+            f"{cls.__name__} does not say how to build a test member's image processor: "
+            "override image_processor_config in its export config (see Qwen35ExportConfig)."
+        )
 
     @classmethod
     def describe(cls) -> str:
