@@ -38,6 +38,7 @@ __all__ = [
     "balanced_accuracy",
     "best_ba_unchecked",
     "best_balanced_accuracy",
+    "direct_answer",
     "flag_rates",
     "g_auroc",
     "kernel_reference",
@@ -45,6 +46,20 @@ __all__ = [
     "signal_detection",
     "spot_stop",
 ]
+
+
+def direct_answer(score: ArrayLike, cut: float = 0.0) -> NDArray[np.bool_]:
+    """The paper's direct answer, written once for the diagnostics: ``score > cut`` is UNSAFE.
+
+    (A member's own answer is UNSAFE only when p(UNSAFE) > p(SAFE), so at the cut itself it is
+    SAFE; the guard's rule, ``S ≥ t`` with ties UNSAFE, is
+    :func:`spotstop.guard.policies.unsafe_mask`.) A non-finite score is UNSAFE: no answer is
+    read off a score that does not exist.
+    """
+    s = np.asarray(score, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return ~np.isfinite(s) | (s > cut)
+
 
 NAN = math.nan
 
@@ -199,7 +214,7 @@ def balanced_accuracy(
     ws, wu = wa * (ya == 0), wa * (ya == 1)
     if ws.sum() <= 0 or wu.sum() <= 0:
         return _undefined("balanced accuracy", "only one class is present")
-    flag = sa > cut
+    flag = direct_answer(sa, cut)
     return float(0.5 * (wu[flag].sum() / wu.sum() + ws[~flag].sum() / ws.sum()))
 
 
@@ -251,7 +266,7 @@ def signal_detection(
     if n_u == 0 or n_s == 0 or wu.sum() <= 0 or ws.sum() <= 0:
         nan = _undefined("d' and c", "only one class is present")
         return SignalDetection(nan, nan, nan, nan)
-    flag = sa > cut
+    flag = direct_answer(sa, cut)
     h = float(wu[flag].sum() / wu.sum())
     f = float(ws[flag].sum() / ws.sum())
     hc = min(max(h, 1 / (2 * n_u)), 1 - 1 / (2 * n_u))
@@ -392,8 +407,9 @@ def pair_rates(safe_scores: ArrayLike, unsafe_scores: ArrayLike, cut: float = 0.
         nan = _undefined("pair rates", "there are no contrasts (safe/unsafe pairs)")
         return PairRates(nan, nan, nan, nan, nan, nan, nan, nan, 0)
     ordered = float(np.sum(su > ss))
-    lab = float(np.sum((su > cut) & (ss <= cut)))
-    wrong = float(np.sum((su <= cut) & (ss > cut)))
+    au, as_ = direct_answer(su, cut), direct_answer(ss, cut)
+    lab = float(np.sum(au & ~as_))
+    wrong = float(np.sum(~au & as_))
     return _pair_rates_from_sums(ordered, lab, wrong, float(ss.size))
 
 

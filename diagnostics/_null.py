@@ -18,7 +18,7 @@ from scipy import sparse
 from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult, fmt, fmt_p
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
-from spotstop.diagnostics._metrics import _check_cut, spot_stop
+from spotstop.diagnostics._metrics import _check_cut, direct_answer, spot_stop
 from spotstop.diagnostics._resample import as_rng
 from spotstop.diagnostics._results import Estimate
 
@@ -88,8 +88,9 @@ def label_swap_null(
     one = per_code[codes] == 1
     su1, ss1 = s[pairs.unsafe[one]], s[pairs.safe[one]]
     r_keep, r_swap = (su1 > ss1).astype(float), (ss1 > su1).astype(float)
-    l_keep = ((su1 > cut) & (ss1 <= cut)).astype(float)
-    w_keep = ((su1 <= cut) & (ss1 > cut)).astype(float)
+    au1, as1 = direct_answer(su1, cut), direct_answer(ss1, cut)
+    l_keep = (au1 & ~as1).astype(float)
+    w_keep = (~au1 & as1).astype(float)
     # multi-case contrasts: permute labels inside each
     multi_codes = np.unique(codes[~one])
     cid = np.full(len(table), -1)
@@ -122,7 +123,7 @@ def label_swap_null(
         block_ind = sparse.csr_matrix(
             (np.ones(mcases.size), (np.arange(mcases.size), block)), shape=(mcases.size, start.size)
         )
-    above = (ms > cut).astype(float)
+    above = direct_answer(ms, cut).astype(float)
     n_pairs = float(pairs.n)
     R0_l, L0_l, W0_l = [], [], []
     done = 0

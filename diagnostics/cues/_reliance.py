@@ -39,6 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import expit
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
+from spotstop.diagnostics._metrics import direct_answer
 from spotstop.diagnostics._resample import as_rng as _as_rng
 from spotstop.diagnostics._resample import draw_group_counts
 from spotstop.diagnostics._resample import percentile_ci as _percentile_ci
@@ -83,7 +84,7 @@ def answer_errors(unsafe: NDArray[np.bool_], label: NDArray[Any]) -> NDArray[np.
 
 def _member_unsafe(score: NDArray[np.float64]) -> NDArray[np.bool_]:
     """The member's direct answer: ``s > 0`` is UNSAFE; a non-finite score fails closed."""
-    return np.asarray(~np.isfinite(score) | (score > 0), dtype=bool)
+    return direct_answer(score, 0.0)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -182,19 +183,22 @@ class PolicyConfig:
         d["fitted_on"] = _plain(self.fitted_on)
         return d
 
-    @property
+    @cached_property
     def digest(self) -> str:
-        """sha256 (hex) of the canonical JSON of :meth:`to_dict`: the policy's identity."""
+        """sha256 (hex) of the canonical JSON of :meth:`to_dict`: the policy's identity.
+
+        Computed once per object (the config is frozen), so the guard can stamp every
+        decision with it at no cost."""
         return hashlib.sha256(_canonical(self.to_dict())).hexdigest()
 
-    @property
+    @cached_property
     def version_id(self) -> str:
         """``"v0002+3f9a1c2b"``: the stored version number (``adhoc`` when none) + digest prefix."""
         n = self.fitted_on.get("version")
         name = f"v{n:04d}" if _is_int(n) else "adhoc"
         return f"{name}+{self.digest[:8]}"
 
-    @property
+    @cached_property
     def fusion_key(self) -> str:
         """Fingerprint of the fusion statistics, see :func:`fusion_key`."""
         return fusion_key(self.fusion)
