@@ -8,7 +8,8 @@ Contrasts
     Within one ``contrast_id``, every safe case is paired with every unsafe case.  A contrast
     id that appears once on each side is the usual pair; several safe and unsafe cases under
     one id (VSCBench's 3 + 3 queries) form all safe x unsafe pairs (9).  An id with cases of
-    one class only forms no pair.  The empty string means "no contrast".
+    one class only forms no pair (:attr:`CaseTable.one_class_contrasts` lists them; the card
+    names them in its warnings).  The empty string means "no contrast".
 
 Groups
     The resampling unit of the group bootstrap: connected components of cases that share a
@@ -40,7 +41,9 @@ from spotstop.diagnostics._errors import DataError
 __all__ = ["CaseTable", "Pairs", "group_codes", "read_scores_csv"]
 
 _LABELS = {"0": 0, "1": 1, "safe": 0, "unsafe": 1}
-_REQUIRED = ("case_id", "label", "score", "contrast_id", "situation_id")
+_REQUIRED = ("case_id", "label", "score", "contrast_id")
+#: columns that may be absent (their values are then empty)
+_OPTIONAL_IDS = ("situation_id",)
 _NUMERIC_OPTIONAL = {
     "score_gray": "score_gray",
     "score_text": "score_text",
@@ -192,12 +195,12 @@ class CaseTable:
         empty = np.flatnonzero(case_id == "")
         if empty.size:
             raise DataError(f"case_id must be non-empty; row {int(empty[0])} is empty.")
-        _, first = np.unique(case_id.astype(str), return_index=True)
+        _, first, inverse = np.unique(case_id.astype(str), return_index=True, return_inverse=True)
         if first.size != n:
             dup = sorted(set(range(n)) - set(first.tolist()))[0]
             raise DataError(
-                f"case_id must be unique; {case_id[dup]!r} repeats at row {dup}. "
-                "Give every scored case its own id."
+                f"case_id must be unique; {case_id[dup]!r} repeats at row {dup} (first at row "
+                f"{int(first[inverse.reshape(-1)[dup]])}). Give every scored case its own id."
             )
         label = np.asarray(self.label)
         if label.shape != (n,):
@@ -212,8 +215,10 @@ class CaseTable:
             raise DataError(f"score must have shape ({n},) like case_id; got {score.shape}.")
         bad = np.flatnonzero(~np.isfinite(score))
         if bad.size:
+            x = float(score[bad[0]])
+            got = "NaN (not a number)" if math.isnan(x) else repr(x)
             raise DataError(
-                f"score must be finite; row {int(bad[0])} has {score[bad[0]].item()!r}. "
+                f"score must be finite; row {int(bad[0])} is {got} ({bad.size} such row(s)). "
                 "Drop unscored cases before building the table."
             )
         set_(self, "case_id", _readonly(case_id))
@@ -276,6 +281,16 @@ class CaseTable:
         return Pairs(_readonly(safe), _readonly(unsafe), _readonly(contrast), _readonly(weight))
 
     @cached_property
+    def one_class_contrasts(self) -> tuple[str, ...]:
+        """Contrast ids whose cases are all of one class: they form no pair (first-appearance
+        order)."""
+        seen: dict[str, set[int]] = {}
+        for cid, lab in zip(self.contrast_id.tolist(), self.label.tolist(), strict=True):
+            if cid != "":
+                seen.setdefault(cid, set()).add(int(lab))
+        return tuple(c for c, labs in seen.items() if len(labs) == 1)
+
+    @cached_property
     def group(self) -> NDArray[np.intp]:
         """Group code of each case (0..n_groups-1, in order of first appearance)."""
         return _readonly(group_codes(self.contrast_id, self.situation_id))
@@ -317,11 +332,24 @@ def _parse_float(text: str, where: str, column: str, *, allow_missing: bool) -> 
     if t == "" or t.lower() in {"nan", "na", "none"}:
         if allow_missing:
             return math.nan
-        raise DataError(f"{where}, column {column!r}: a value is required; the cell is empty.")
+        if t == "":
+            raise DataError(
+                f"{where}, column {column!r}: a value is required; the cell is empty. "
+                "Drop unscored cases from the file."
+            )
+        raise DataError(
+            f"{where}, column {column!r}: got {text!r}, which is NaN (not a number); every "
+            "case needs a finite score. Drop unscored cases from the file."
+        )
     try:
         x = float(t)
     except ValueError:
         raise DataError(f"{where}, column {column!r}: expected a number; got {text!r}.") from None
+    if not allow_missing and math.isnan(x):
+        raise DataError(
+            f"{where}, column {column!r}: got {text!r}, which is NaN (not a number); every "
+            "case needs a finite score. Drop unscored cases from the file."
+        )
     if not allow_missing and not math.isfinite(x):
         raise DataError(f"{where}, column {column!r}: expected a finite number; got {text!r}.")
     return x
@@ -330,13 +358,14 @@ def _parse_float(text: str, where: str, column: str, *, allow_missing: bool) -> 
 def read_scores_csv(path: str | Path) -> CaseTable:
     """Read a scores CSV into a :class:`CaseTable`.
 
-    Required columns: ``case_id,label,score,contrast_id,situation_id``; ``label`` is
-    ``safe``/``unsafe`` or ``0``/``1`` (case-insensitive); ``contrast_id`` and
-    ``situation_id`` may be empty.  Optional columns: ``score_<member>`` (one per member),
+    Required columns: ``case_id,label,score,contrast_id``; ``label`` is ``safe``/``unsafe`` or
+    ``0``/``1`` (case-insensitive); ``contrast_id`` may be empty.  ``situation_id`` may be
+    absent or empty (no situation).  Optional columns: ``score_<member>`` (one per member),
     ``score_gray``, ``score_text``, ``width``, ``height``, ``bytes``, ``jpeg_quality``,
     ``format``, ``request``; empty optional cells are missing (NaN / '').
 
-    Errors (:class:`DataError`) name the file, the data row (1-based), the line and the column.
+    Errors (:class:`DataError`) name the file, the data row (1-based), the line and the column;
+    a repeated case id names both rows and both lines.
     """
     path = Path(path)
     if not path.is_file():
@@ -348,15 +377,18 @@ def read_scores_csv(path: str | Path) -> CaseTable:
         if missing:
             raise DataError(
                 f"{path}: missing column(s) {', '.join(missing)}; the header must contain "
-                f"{','.join(_REQUIRED)} (got {','.join(header) or 'no header'})."
+                f"{','.join(_REQUIRED)} and may contain situation_id "
+                f"(got {','.join(header) or 'no header'})."
             )
         reader.fieldnames = header
         members = [
             h for h in header if h.startswith("score_") and h not in ("score_gray", "score_text")
         ]
-        cols: dict[str, list[Any]] = {c: [] for c in header}
+        cols: dict[str, list[Any]] = {c: [] for c in (*header, *_OPTIONAL_IDS)}
+        seen: dict[str, tuple[int, int]] = {}
         for row_no, row in enumerate(reader, start=1):
-            where = f"{path}, row {row_no} (line {reader.line_num})"
+            line = reader.line_num
+            where = f"{path}, row {row_no} (line {line})"
             if None in row:
                 raise DataError(f"{where}: more cells than header columns; check the quoting.")
             for c in header:
@@ -369,36 +401,37 @@ def read_scores_csv(path: str | Path) -> CaseTable:
                 )
             cols["label"].append(_LABELS[lab])
             cols["score"].append(_parse_float(row["score"], where, "score", allow_missing=False))
-            if row["case_id"].strip() == "":
+            cid = row["case_id"].strip()
+            if cid == "":
                 raise DataError(
                     f"{where}, column 'case_id': a value is required; the cell is empty."
                 )
+            if cid in seen:
+                first_row, first_line = seen[cid]
+                raise DataError(
+                    f"{where}, column 'case_id': {cid!r} repeats row {first_row} (line "
+                    f"{first_line}); case ids must be unique."
+                )
+            seen[cid] = (row_no, line)
             for c in ("case_id", "contrast_id", "situation_id", *_TEXT_OPTIONAL):
-                if c in cols:
+                if c in header:
                     cols[c].append(row[c].strip())
             for c in (*members, *_NUMERIC_OPTIONAL):
-                if c in cols:
+                if c in header:
                     cols[c].append(_parse_float(row[c], where, c, allow_missing=True))
         if not cols["case_id"]:
             raise DataError(f"{path}: no data rows after the header.")
-    seen: dict[str, int] = {}
-    for i, cid in enumerate(cols["case_id"], start=1):
-        if cid in seen:
-            raise DataError(
-                f"{path}, row {i}, column 'case_id': {cid!r} repeats row {seen[cid]}; "
-                "case ids must be unique."
-            )
-        seen[cid] = i
+    n = len(cols["case_id"])
     kw: dict[str, Any] = {}
     for c, name in {**_NUMERIC_OPTIONAL, **_TEXT_OPTIONAL}.items():
-        if c in cols:
+        if c in header:
             kw[name] = cols[c]
     return CaseTable(
         case_id=np.array(cols["case_id"], dtype=object),
         label=np.array(cols["label"], dtype=np.int8),
         score=np.array(cols["score"], dtype=np.float64),
         contrast_id=np.array(cols["contrast_id"], dtype=object),
-        situation_id=np.array(cols["situation_id"], dtype=object),
+        situation_id=np.array(cols["situation_id"] or [""] * n, dtype=object),
         member_scores={m[len("score_") :]: np.array(cols[m], dtype=np.float64) for m in members},
         **kw,
     )

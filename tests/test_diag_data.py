@@ -49,22 +49,62 @@ def test_read_minimal_and_optional_columns(tmp_path):
             "a,safe,1,c,s\nb,unsafe,abc,c,s\n",
             "row 2 (line 3), column 'score': expected a number; got 'abc'",
         ),
-        ("a,safe,,c,s\n", "row 1 (line 2), column 'score': a value is required"),
-        ("a,safe,inf,c,s\n", "column 'score': expected a finite number"),
-        (",safe,1,c,s\n", "column 'case_id': a value is required"),
-        ("a,safe,1,c,s\na,unsafe,2,c,s\n", "row 2, column 'case_id': 'a' repeats row 1"),
-        ("", "no data rows"),
+        ("a,safe,,c,s\n", "row 1 (line 2), column 'score': a value is required; the cell is empty"),
+        (
+            "a,safe,1,c,s\nb,unsafe,nan,c,s\n",
+            "row 2 (line 3), column 'score': got 'nan', which is NaN (not a number); every case "
+            "needs a finite score",
+        ),
+        ("a,safe,NaN,c,s\n", "row 1 (line 2), column 'score': got 'NaN', which is NaN"),
+        ("a,safe,-nan,c,s\n", "row 1 (line 2), column 'score': got '-nan', which is NaN"),
+        ("a,safe,inf,c,s\n", "row 1 (line 2), column 'score': expected a finite number; got 'inf'"),
+        (",safe,1,c,s\n", "row 1 (line 2), column 'case_id': a value is required"),
+        (
+            "a,safe,1,c,s\nb,safe,1,d,s\na,unsafe,2,c,s\n",
+            "row 3 (line 4), column 'case_id': 'a' repeats row 1 (line 2); case ids must be unique",
+        ),
+        ("a,safe,1,c,s,extra\n", "row 1 (line 2): more cells than header columns"),
+        ("a,safe,1\n", "row 1 (line 2), column 'contrast_id': the row is too short"),
+        ("", "no data rows after the header"),
     ],
 )
-def test_csv_errors_name_row_and_column(tmp_path, body, message):
+def test_every_csv_message_names_row_line_and_column(tmp_path, body, message):
     p = write(tmp_path, HEADER + "\n" + body)
-    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(DataError) as e:
         read_scores_csv(p)
+    assert message in str(e.value)
+    assert str(p) in str(e.value)
+
+
+def test_a_repeated_id_after_a_multiline_cell_names_both_lines(tmp_path):
+    p = write(tmp_path, HEADER + '\na,safe,1,"c\nc",s\nb,unsafe,1,d,s\na,unsafe,2,c,s\n')
+    with pytest.raises(DataError, match=r"row 3 \(line 5\).*'a' repeats row 1 \(line 3\)"):
+        read_scores_csv(p)
+
+
+def test_situation_id_may_be_absent_or_empty(tmp_path):
+    t = read_scores_csv(
+        write(tmp_path, "case_id,label,score,contrast_id\na,safe,0,c\nb,unsafe,1,c\n")
+    )
+    assert t.situation_id.tolist() == ["", ""] and t.pairs.n == 1 and t.n_groups == 1
+    t = read_scores_csv(write(tmp_path, HEADER + "\na,safe,0,c,\nb,unsafe,1,c,\n"))
+    assert t.situation_id.tolist() == ["", ""] and t.n_groups == 1
+
+
+def test_one_class_contrasts_are_listed():
+    t = CaseTable(
+        case_id=list("abcdef"),
+        label=[0, 1, 0, 0, 1, 0],
+        score=np.zeros(6),
+        contrast_id=["k", "k", "solo", "solo", "u", ""],
+        situation_id=[""] * 6,
+    )
+    assert t.one_class_contrasts == ("solo", "u") and t.pairs.n == 1
 
 
 def test_csv_missing_column_and_file(tmp_path):
     p = write(tmp_path, "case_id,label,score\na,safe,1\n")
-    with pytest.raises(DataError, match="missing column\\(s\\) contrast_id, situation_id"):
+    with pytest.raises(DataError, match="missing column\\(s\\) contrast_id; the header must"):
         read_scores_csv(p)
     with pytest.raises(DataError, match="does not exist"):
         read_scores_csv(tmp_path / "nope.csv")
@@ -80,9 +120,13 @@ def test_validation_messages():
     )
     CaseTable(**ok)
     cases = [
-        (dict(case_id=["a", "a"]), "case_id must be unique; 'a' repeats at row 1"),
+        (
+            dict(case_id=["a", "a"]),
+            "case_id must be unique; 'a' repeats at row 1 \\(first at row 0",
+        ),
         (dict(label=[0, 2]), "label must be 0 \\(safe\\) or 1 \\(unsafe\\); row 1 has 2"),
-        (dict(score=[0.0, np.nan]), "score must be finite; row 1"),
+        (dict(score=[0.0, np.nan]), "score must be finite; row 1 is NaN \\(not a number\\)"),
+        (dict(score=[np.inf, 0.0]), "score must be finite; row 0 is inf"),
         (dict(score=[0.0]), "score must have shape \\(2,\\)"),
         (dict(contrast_id=["c"]), "contrast_id must have shape \\(2,\\)"),
         (dict(case_id=[]), "case_id is empty"),
