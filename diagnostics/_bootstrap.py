@@ -1,11 +1,15 @@
 """Group bootstrap of the Spot-Stop terms and of a fixed AUROC (seed 000, Sec. 3.3, Supp. C).
 
-The bootstrap resamples whole groups (:attr:`CaseTable.group`), so both scenes of a contrast,
-and all scenes of a situation, stay together.  A draw is a vector of group multiplicities
+The bootstrap resamples whole groups: by default :attr:`CaseTable.group`, so both scenes of a
+contrast, and all scenes of a situation, stay together; ``group_by="contrast"`` resamples
+contrasts (:func:`~spotstop.diagnostics._resample.resampling_groups`).  Fewer than 30 groups
+→ :class:`~spotstop.diagnostics._resample.FewGroupsWarning` (percentile intervals from a handful
+of clusters are too narrow).  A draw is a vector of group multiplicities
 (:func:`~spotstop.diagnostics._resample.draw_group_counts`), and
 :class:`~spotstop.diagnostics._engine.CurveEngine` turns a chunk of draws into every
 statistic at once.  There is no Python loop over draws, and all quantities come from the same draws, so
-``threshold + overlap + within == R - A`` holds draw by draw.
+``threshold + overlap + within == R_half - A`` and ``tie_part + threshold + overlap + within
+== R - A`` hold draw by draw.
 
 Statistics that a method refits per batch are refitted in every draw: the batch-mean cut (the
 mean score of the draw's cases) and the cross-fitted cut (a fresh random half of the groups in
@@ -25,15 +29,20 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import sparse
 from spotstop.diagnostics._data import CaseTable
-from spotstop.diagnostics._engine import STATISTICS, CurveEngine
+from spotstop.diagnostics._engine import ROOM_TOL, STATISTICS, CurveEngine
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._metrics import _check_cut, curve_auroc
 from spotstop.diagnostics._resample import (
+    MIN_GROUPS,
+    FewGroupsWarning,
     as_rng,
     draw_group_counts,
+    few_groups_message,
     nan_estimate,
     percentile_ci,
     random_halves,
+    ratio_estimate,
+    resampling_groups,
 )
 from spotstop.diagnostics._results import Estimate
 
@@ -46,8 +55,11 @@ class BootstrapResult:
 
     ``estimates[name]`` is an :class:`Estimate` (value = estimate on the full data, ci = 2.5
     and 97.5 percentiles of the draws, n = pairs); ``draws[name]`` the ``n_boot`` draws (when
-    kept).  ``A_batch`` is the pair accuracy of the batch-mean cut refitted in every draw;
-    ``batch_recovery = (A_batch - A)/(A* - A)``; the point value of the cross-fitted part
+    kept).  ``A_batch`` is the pair accuracy of the batch-mean cut refitted in every draw
+    (the guard's rule ``S ≥ t``); ``batch_gain = A_batch - A``;
+    ``batch_recovery = (A_batch - A)/(A* - A)``, undefined (NaN, with an
+    :class:`~spotstop.diagnostics._resample.UnboundedRatioWarning`) when the threshold part's
+    interval reaches 0; ``group_by`` the resampling unit; the point value of the cross-fitted part
     averages ``n_splits`` random splits, and every draw uses one fresh split.
     """
 
@@ -56,6 +68,7 @@ class BootstrapResult:
     n_boot: int
     n_groups: int
     n_nan_draws: Mapping[str, int] = field(repr=False, default_factory=dict)
+    group_by: str = "situation"
 
     def __getitem__(self, name: str) -> Estimate:
         return self.estimates[name]
@@ -92,6 +105,7 @@ def group_bootstrap(
     chunk_size: int = 500,
     progress: bool = False,
     keep_draws: bool = True,
+    group_by: str = "situation",
 ) -> BootstrapResult:
     """Group bootstrap of the Spot-Stop terms (10,000 draws by default; Sec. 3.3).
 
@@ -107,6 +121,8 @@ def group_bootstrap(
     chunk_size : draws per chunk (memory is about ``40 * chunk_size * unique scores`` bytes).
     progress : show a tqdm bar.
     keep_draws : keep the draws in the result (needed for draw-by-draw checks and plots).
+    group_by : the resampling unit, ``"situation"`` (contrast and situation ids together, the
+        default) or ``"contrast"``; fewer than 30 groups → :class:`FewGroupsWarning`.
 
     Percentile 95 % intervals; draws with a NaN statistic (a resample that lost a class) are
     left out of that statistic's interval and counted in ``n_nan_draws``.  A table without
@@ -115,7 +131,14 @@ def group_bootstrap(
     _check_cut(cut)
     _check_bootstrap(n_boot, chunk_size, n_splits)
     gen = as_rng(rng)
-    prep = CurveEngine.build(table, cut)
+    prep = CurveEngine.build(table, cut, resampling_groups(table, group_by))
+    if prep.n_pairs > 0 and prep.n_groups < MIN_GROUPS:
+        n_alt = None
+        if group_by != "contrast":
+            n_alt = int(resampling_groups(table, "contrast").max()) + 1
+        warnings.warn(
+            few_groups_message(prep.n_groups, group_by, n_alt), FewGroupsWarning, stacklevel=2
+        )
     if prep.n_pairs == 0:
         warnings.warn(
             "the group bootstrap is undefined: the table has no contrasts; returning NaN.",
@@ -128,6 +151,7 @@ def group_bootstrap(
             MappingProxyType({}),
             n_boot,
             prep.n_groups,
+            group_by=group_by,
         )
     chunks: dict[str, list[NDArray[np.float64]]] = {k: [] for k in STATISTICS}
     bar = _progress(n_boot, progress, "group bootstrap")
@@ -152,25 +176,31 @@ def group_bootstrap(
     point["cross_fitted_threshold_part"] = (
         float(np.nanmean(cf)) if np.isfinite(cf).any() else math.nan
     )
-    if point["threshold_part"] == 0.0:
-        warnings.warn(
-            "batch recovery is undefined: the threshold part is 0 (the direct cut is already "
-            "the best single cut), so there is nothing to recover; returning NaN.",
-            UndefinedMetricWarning,
-            stacklevel=2,
-        )
     estimates = {}
     nan_draws = {}
     for k in STATISTICS:
         d = draws[k]
-        estimates[k] = Estimate(point[k], percentile_ci(d), prep.n_pairs)
         nan_draws[k] = int((~np.isfinite(d)).sum())
+        if k == "batch_recovery":
+            estimates[k] = ratio_estimate(
+                point["batch_gain"],
+                point["threshold_part"],
+                draws["batch_gain"],
+                draws["threshold_part"],
+                prep.n_pairs,
+                what="batch_recovery (A_batch − A)/(A* − A)",
+                instead="batch_gain = A_batch − A",
+                tol=ROOM_TOL,
+            )
+            continue
+        estimates[k] = Estimate(point[k], percentile_ci(d), prep.n_pairs)
     return BootstrapResult(
         estimates=MappingProxyType(estimates),
         draws=MappingProxyType(draws if keep_draws else {}),
         n_boot=n_boot,
         n_groups=prep.n_groups,
         n_nan_draws=MappingProxyType(nan_draws),
+        group_by=group_by,
     )
 
 

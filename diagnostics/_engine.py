@@ -8,7 +8,12 @@ batch-mean cut and the cross-fitted cut are then cumulative sums along the sorte
 bootstrap (:mod:`._bootstrap`) feeds it resampled counts, :func:`cross_fitted_threshold_part`
 unit counts with random halves.
 
-Convention: the paper's direct answer, ``score > cut`` is UNSAFE (see :mod:`._metrics`).
+Conventions: the paper's direct answer, ``score > cut`` is UNSAFE (see :mod:`._metrics`), for
+``L``, ``W``, ``A`` and the cuts of ``A*``; the batch-mean cut is a rule the guard would run,
+so ``A_batch`` labels with the guard's own rule ``S ≥ t`` (ties UNSAFE,
+:func:`spotstop.guard.policies.unsafe_mask`).  Ties count one half in ``R_half`` and AUROC; the
+decomposition ``R_half - A = threshold + overlap + within`` and the null ``(1 - C - T)/2`` are
+the tie-consistent ones of :mod:`._metrics`.
 """
 
 from __future__ import annotations
@@ -30,7 +35,10 @@ from spotstop.diagnostics._metrics import (
 )
 from spotstop.diagnostics._resample import as_rng, random_halves
 
-__all__ = ["STATISTICS", "CrossFit", "CurveEngine", "cross_fitted_threshold_part"]
+__all__ = ["ROOM_TOL", "STATISTICS", "CrossFit", "CurveEngine", "cross_fitted_threshold_part"]
+
+#: a threshold part at or below this is no room at all (float rounding of ``A* - A``)
+ROOM_TOL = 1e-9
 
 #: statistics of :func:`group_bootstrap`, in card order
 STATISTICS = (
@@ -44,12 +52,17 @@ STATISTICS = (
     "G",
     "null_gap",
     "R_minus_A",
+    "tied_share",
+    "R_half",
+    "R_half_minus_A",
+    "tie_part",
     "threshold_part",
     "overlap_part",
     "within_part",
     "g_auroc",
     "excess_beyond_g",
     "A_batch",
+    "batch_gain",
     "batch_recovery",
     "hit_rate",
     "false_alarm_rate",
@@ -71,6 +84,7 @@ class CurveEngine:
     mu: sparse.csr_matrix  # (groups, m) pair-weighted unsafe totals
     pairs_g: NDArray[np.float64]  # pairs per group
     ordered_g: NDArray[np.float64]
+    tied_g: NDArray[np.float64]
     lab_g: NDArray[np.float64]
     wrong_g: NDArray[np.float64]
     sum_g: NDArray[np.float64]  # score sum of all cases of a group (batch mean)
@@ -80,10 +94,14 @@ class CurveEngine:
     k_direct: int
 
     @classmethod
-    def build(cls, table: CaseTable, cut: float) -> CurveEngine:
+    def build(
+        cls, table: CaseTable, cut: float, group: NDArray[np.intp] | None = None
+    ) -> CurveEngine:
+        """The engine of ``table`` at the direct ``cut``; ``group`` codes 0..G-1 per case are
+        the resampling unit (default :attr:`CaseTable.group`)."""
         pairs = table.pairs
-        g = table.group
-        ng = table.n_groups
+        g = table.group if group is None else np.asarray(group, dtype=np.intp)
+        ng = int(g.max()) + 1
         s = table.score
         pg = g[pairs.safe]
         su, ss = s[pairs.unsafe], s[pairs.safe]
@@ -114,6 +132,7 @@ class CurveEngine:
             mu=mu,
             pairs_g=per_group(np.ones(pairs.n, dtype=bool)),
             ordered_g=per_group(su > ss),
+            tied_g=per_group(su == ss),
             lab_g=per_group((su > cut) & (ss <= cut)),
             wrong_g=per_group((su <= cut) & (ss > cut)),
             sum_g=wbincount(g, s, ng),
@@ -212,6 +231,8 @@ class CurveEngine:
         with np.errstate(invalid="ignore", divide="ignore"):
             npairs = counts @ self.pairs_g
             R = counts @ self.ordered_g / npairs
+            T = counts @ self.tied_g / npairs
+            r_half = R + T / 2
             L = counts @ self.lab_g / npairs
             W = counts @ self.wrong_g / npairs
             C = L + W
@@ -222,7 +243,8 @@ class CurveEngine:
             au = np.einsum("ij,ij->i", wu, cs + cs_prev) / (2 * ts[:, 0] * tu[:, 0])
             a_star, _ = self._best(cs, cu, ts, tu)
             batch_cut = (counts @ self.sum_g) / (counts @ self.cases_g)
-            k_batch = np.searchsorted(self.v, batch_cut, side="right")
+            # the guard's rule S >= t: cut index of the first unique score >= t
+            k_batch = np.searchsorted(self.v, batch_cut, side="left")
             a_batch = self._ba_at(cs, cu, ts, tu, k_batch)
             g = au - ndtr(ndtri(au) / math.sqrt(2.0))
             kd = np.full(counts.shape[0], self.k_direct)
@@ -243,16 +265,24 @@ class CurveEngine:
                 "A": A,
                 "A_star": a_star,
                 "G": R - L,
-                "null_gap": (1 - C) / 2,
+                "null_gap": (1 - C - T) / 2,
                 "R_minus_A": R - A,
+                "tied_share": T,
+                "R_half": r_half,
+                "R_half_minus_A": r_half - A,
+                "tie_part": R - r_half,
                 "threshold_part": a_star - A,
                 "overlap_part": au - a_star,
-                "within_part": R - au,
+                "within_part": r_half - au,
                 "g_auroc": g,
-                "excess_beyond_g": R - A - g,
+                "excess_beyond_g": r_half - A - g,
                 "A_batch": a_batch,
-                # undefined (NaN) without threshold room: A* = A
-                "batch_recovery": np.where(a_star > A, (a_batch - A) / (a_star - A), np.nan),
+                "batch_gain": a_batch - A,
+                # undefined (NaN) without threshold room (A* - A at rounding level); whether
+                # the ratio is reported at all is decided on the room's interval (_bootstrap)
+                "batch_recovery": np.where(
+                    a_star - A > ROOM_TOL, (a_batch - A) / (a_star - A), np.nan
+                ),
                 "hit_rate": hit,
                 "false_alarm_rate": fa,
                 "d_prime": zh - zf,

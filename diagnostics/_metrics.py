@@ -4,13 +4,18 @@ Conventions (chosen where the paper is silent, and tested):
 
 * A score ``s`` is answered UNSAFE when ``s > cut`` (the direct cut is 0, so a score of exactly
   0 is answered SAFE, as the model's own answer is UNSAFE only when p(UNSAFE) > p(SAFE)).
-* AUROC counts ties as one half; the ranking rate ``R`` counts a tied contrast as *not*
-  ordered (Supp. C).  The within part ``R - AUROC`` therefore includes minus half the tie share.
+* AUROC counts ties as one half; the paper's ranking rate ``R`` counts a tied contrast as
+  *not* ordered (Supp. C) and is reported as such.  The decomposition counts ties as one half
+  on both sides: with ``T`` the share of tied contrasts, ``R½ = R + T/2`` and the label-swap
+  null is ``E[G0] = (1 - C - T)/2`` (a tied pair is ordered in neither orientation), so
+  ``G - E[G0] = R½ - A = threshold + overlap + within`` exactly, with ties, and the paper's
+  ``R - A = tie_part + threshold + overlap + within`` with ``tie_part = R - R½ = -T/2``.
+  Without ties ``R½ = R`` and every formula is the paper's.
 * All Spot-Stop terms are computed on the *paired cases*, each case weighted by the number of
   pairs it belongs to (see :mod:`spotstop.diagnostics._data`); with one-to-one contrasts every weight is
   1.  Under this weighting ``A = 1/2 + L - C/2`` is the balanced accuracy of the direct answer,
   ``A*`` the best balanced accuracy of any single cut (so ``A* >= A``), and the identity
-  ``R - A = (A* - A) + (AUROC - A*) + (R - AUROC)`` holds exactly.
+  ``R½ - A = (A* - A) + (AUROC - A*) + (R½ - AUROC)`` holds exactly.
 * Degenerate input (one class, no pairs) gives :class:`UndefinedMetricWarning` and NaN.
 """
 
@@ -369,11 +374,14 @@ def kernel_reference(
 class PairRates:
     """Pair-level rates at one cut (Supp. C, "Null-corrected gap").
 
-    ``R``: share of pairs whose unsafe case scores higher (ties: not ordered); ``L``: both
-    cases labelled correctly; ``W``: both wrong; ``C = L + W``; ``A = 1/2 + L - C/2`` the
-    accuracy of the direct answer on the paired cases; ``G = R - L`` the Spot-Stop gap;
-    ``null_gap = E[G0] = (1 - C)/2`` its mean under a label swap inside each pair; hence
-    ``G - null_gap = R - A``.
+    ``R``: share of pairs whose unsafe case scores higher (ties: not ordered, the paper's
+    rate); ``T``: share of pairs whose two scores are equal; ``R_half = R + T/2`` (ties count
+    one half, as in AUROC); ``L``: both cases labelled correctly; ``W``: both wrong;
+    ``C = L + W``; ``A = 1/2 + L - C/2`` the accuracy of the direct answer on the paired cases;
+    ``G = R - L`` the Spot-Stop gap; ``null_gap = E[G0] = (1 - C - T)/2`` its mean under a
+    label swap inside each pair (a tied pair is ordered in neither orientation; the paper's
+    ``(1 - C)/2`` assumes no ties); hence ``G - null_gap = R_half - A``.  ``R_minus_A`` is the
+    paper's ``R - A = R_half_minus_A - T/2``.
     """
 
     R: float
@@ -385,17 +393,24 @@ class PairRates:
     null_gap: float
     R_minus_A: float
     n: int
+    T: float = 0.0
+    R_half: float = NAN
+    R_half_minus_A: float = NAN
 
 
-def _pair_rates_from_sums(ordered: float, lab: float, wrong: float, n: float) -> PairRates:
-    R, L, W = ordered / n, lab / n, wrong / n
+def _pair_rates_from_sums(
+    ordered: float, lab: float, wrong: float, n: float, tied: float = 0.0
+) -> PairRates:
+    R, L, W, T = ordered / n, lab / n, wrong / n, tied / n
     C = L + W
     A = 0.5 + L - C / 2
-    return PairRates(R, L, W, C, A, R - L, (1 - C) / 2, R - A, int(n))
+    r_half = R + T / 2
+    return PairRates(R, L, W, C, A, R - L, (1 - C - T) / 2, R - A, int(n), T, r_half, r_half - A)
 
 
 def pair_rates(safe_scores: ArrayLike, unsafe_scores: ArrayLike, cut: float = 0.0) -> PairRates:
-    """``R``, ``L``, ``W``, ``C``, ``A``, ``G``, ``E[G0]`` from the two scores of each pair."""
+    """``R``, ``T``, ``R½``, ``L``, ``W``, ``C``, ``A``, ``G``, ``E[G0]`` from the two scores
+    of each pair."""
     ss = np.asarray(safe_scores, dtype=np.float64)
     su = np.asarray(unsafe_scores, dtype=np.float64)
     if ss.ndim != 1 or ss.shape != su.shape:
@@ -405,12 +420,13 @@ def pair_rates(safe_scores: ArrayLike, unsafe_scores: ArrayLike, cut: float = 0.
         )
     if ss.size == 0:
         nan = _undefined("pair rates", "there are no contrasts (safe/unsafe pairs)")
-        return PairRates(nan, nan, nan, nan, nan, nan, nan, nan, 0)
+        return PairRates(nan, nan, nan, nan, nan, nan, nan, nan, 0, nan, nan, nan)
     ordered = float(np.sum(su > ss))
+    tied = float(np.sum(su == ss))
     au, as_ = direct_answer(su, cut), direct_answer(ss, cut)
     lab = float(np.sum(au & ~as_))
     wrong = float(np.sum(~au & as_))
-    return _pair_rates_from_sums(ordered, lab, wrong, float(ss.size))
+    return _pair_rates_from_sums(ordered, lab, wrong, float(ss.size), tied)
 
 
 # --------------------------------------------------------------------------------------------
@@ -421,12 +437,16 @@ def pair_rates(safe_scores: ArrayLike, unsafe_scores: ArrayLike, cut: float = 0.
 class SpotStop:
     """The Spot-Stop terms of a table at the direct ``cut`` (all rates as fractions).
 
-    ``R - A = threshold_part + overlap_part + within_part`` with ``threshold_part = A* - A``
-    (what one shared cut can still fix: recalibrate), ``overlap_part = AUROC - A*`` (safe and
-    unsafe scores overlap: only a better score helps; compare with ``g_auroc`` and the kernel
-    reference) and ``within_part = R - AUROC`` (order that holds only inside a contrast: a
-    reference from the same situation can use it).  ``auroc``, ``A_star`` and the rates of the
-    signal-detection summary are pair-weighted over the paired cases.
+    ``G - null_gap = R_half - A = threshold_part + overlap_part + within_part`` with
+    ``threshold_part = A* - A`` (what one shared cut can still fix: recalibrate),
+    ``overlap_part = AUROC - A*`` (safe and unsafe scores overlap: only a better score helps;
+    compare with ``g_auroc`` and the kernel reference) and ``within_part = R_half - AUROC``
+    (order that holds only inside a contrast: a reference from the same situation can use
+    it); ties count one half throughout (``R_half = R + tied_share/2``).  The paper's
+    ``R - A = tie_part + threshold_part + overlap_part + within_part`` with
+    ``tie_part = R - R_half = -tied_share/2`` (discrete scores: a coarse readout, not a cut
+    problem).  ``excess_beyond_g = R_half - A - g_auroc``.  ``auroc``, ``A_star`` and the rates
+    of the signal-detection summary are pair-weighted over the paired cases.
     """
 
     cut: float
@@ -438,6 +458,10 @@ class SpotStop:
     G: float
     null_gap: float
     R_minus_A: float
+    tied_share: float
+    R_half: float
+    R_half_minus_A: float
+    tie_part: float
     auroc: float
     A_star: float
     cut_star: float
@@ -445,6 +469,7 @@ class SpotStop:
     overlap_part: float
     within_part: float
     g_auroc: float
+    excess_beyond_g: float
     hit_rate: float
     false_alarm_rate: float
     d_prime: float
@@ -464,7 +489,7 @@ def spot_stop(table: CaseTable, cut: float = 0.0) -> SpotStop:
     if pairs.n == 0:
         _undefined("the Spot-Stop decomposition", "the table has no contrasts")
         nan = NAN
-        return SpotStop(cut, *([nan] * 20), 0, 0)  # type: ignore[arg-type, call-arg]
+        return SpotStop(cut, *([nan] * 25), 0, 0)  # type: ignore[arg-type, call-arg]
     s = table.score
     pr = pair_rates(s[pairs.safe], s[pairs.unsafe], cut)
     paired = pairs.weight > 0
@@ -482,13 +507,18 @@ def spot_stop(table: CaseTable, cut: float = 0.0) -> SpotStop:
         G=pr.G,
         null_gap=pr.null_gap,
         R_minus_A=pr.R_minus_A,
+        tied_share=pr.T,
+        R_half=pr.R_half,
+        R_half_minus_A=pr.R_half_minus_A,
+        tie_part=pr.R - pr.R_half,
         auroc=au,
         A_star=best.value,
         cut_star=best.cut,
         threshold_part=best.value - pr.A,
         overlap_part=au - best.value,
-        within_part=pr.R - au,
+        within_part=pr.R_half - au,
         g_auroc=g_auroc(au),
+        excess_beyond_g=pr.R_half_minus_A - g_auroc(au),
         hit_rate=sd.hit_rate,
         false_alarm_rate=sd.false_alarm_rate,
         d_prime=sd.d_prime,

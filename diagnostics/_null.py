@@ -30,7 +30,9 @@ class NullResult:
     """The label-swap null of the pair-level rates at the direct cut (Supp. C, D.1).
 
     ``R0``, ``L0``, ``G0``, ``R0_minus_A0``: the null draws; ``expected_null_gap`` the closed
-    form ``(1 - C)/2``; ``R_q975`` the 97.5th percentile of ``R0`` (the paper's "above the
+    form ``(1 - C - T)/2`` with ``T`` the share of tied contrasts (a tied pair is ordered in
+    neither orientation, so ``E[R0] = (1 - T)/2``; the paper's ``(1 - C)/2`` is the case
+    ``T = 0``); ``tied_share`` that ``T``; ``R_q975`` the 97.5th percentile of ``R0`` (the paper's "above the
     null" line); ``p_R`` and ``p_excess`` one-sided permutation p values
     ``(1 + #{null >= observed}) / (1 + n_draws)`` for ``R`` and ``R - A``.
     """
@@ -46,6 +48,7 @@ class NullResult:
     p_R: float
     p_excess: float
     n_draws: int
+    tied_share: float = 0.0
 
     @property
     def mean_G0(self) -> float:
@@ -79,7 +82,8 @@ def label_swap_null(
             stacklevel=2,
         )
         e = np.zeros(0)
-        return NullResult(math.nan, math.nan, math.nan, e, e, e, e, math.nan, math.nan, math.nan, 0)
+        nan = math.nan
+        return NullResult(nan, nan, nan, e, e, e, e, nan, nan, nan, 0, nan)
     obs = spot_stop(table, cut)
     s = table.score
     # contrasts by code: one-to-one ones take the fast path
@@ -166,6 +170,7 @@ def label_swap_null(
         p_R=float((1 + np.sum(R0 >= obs.R - 1e-12)) / (1 + R0.size)),
         p_excess=float((1 + np.sum(obs.R_minus_A - 1e-12 <= R0 - A0)) / (1 + R0.size)),
         n_draws=int(R0.size),
+        tied_share=obs.tied_share,
     )
 
 
@@ -176,7 +181,8 @@ class LabelSwapNullCheck(CardCheck):
     title: ClassVar[str] = "Label-swap null"
     explanation: ClassVar[str] = (
         "Ranking rate and R − A under random label swaps inside contrasts; R below the "
-        "null's 97.5th percentile → the score does not order these contrasts."
+        "null's 97.5th percentile → the score does not order these contrasts. The null gap's "
+        "closed form (1 − C − T)/2 counts tied contrasts (share T), which no swap orders."
     )
 
     def run(self, ctx: CardContext) -> CheckResult:
@@ -186,6 +192,8 @@ class LabelSwapNullCheck(CardCheck):
             "R_null_q975": null.R_q975,
             "R_null_mean": float(np.mean(null.R0)) if n else math.nan,
             "null_gap_mean": null.mean_G0 if n else math.nan,
+            "null_gap_expected": null.expected_null_gap,
+            "tied_share": null.tied_share,
             "p_R": null.p_R,
             "p_R_minus_A": null.p_excess,
         }
@@ -193,6 +201,14 @@ class LabelSwapNullCheck(CardCheck):
         rows = (
             ("R under the null, 97.5th percentile", fmt(data["R_null_q975"])),
             ("R observed", fmt(null.observed_R)),
-            ("permutation p of R / of R − A", f"{fmt_p(null.p_R)} / {fmt_p(null.p_excess)}"),
+            (
+                "null gap E[G0]: closed form (1 − C − T)/2 / mean of the swaps",
+                f"{fmt(null.expected_null_gap)} / {fmt(data['null_gap_mean'])} "
+                f"(tied share T {fmt(null.tied_share)})",
+            ),
+            (
+                f"permutation p of R / of R − A ({n} label swaps)",
+                f"{fmt_p(null.p_R)} / {fmt_p(null.p_excess)}",
+            ),
         )
         return CheckResult(data, rows, result=null)

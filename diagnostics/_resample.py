@@ -3,7 +3,9 @@
 Group multiplicities for a group bootstrap (:func:`draw_group_counts`), random halves of the
 groups (:func:`random_halves`), percentile intervals and bands (:func:`percentile_ci`,
 :func:`band`), and the group-bootstrap estimate of a ratio of per-case sums
-(:func:`share_estimate`: a hit rate, a flagged share).  Nothing here knows a metric, so every
+(:func:`share_estimate`: a hit rate, a flagged share), the resampling unit
+(:func:`resampling_groups`, :func:`regroup`, :func:`resampling_note`) and the rule for a ratio
+whose denominator may be 0 (:func:`ratio_estimate`).  Nothing here knows a metric, so every
 other module may import it.
 """
 
@@ -12,23 +14,119 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterator
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
+from spotstop.diagnostics._data import CaseTable, group_codes
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._results import NAN_CI, ConfidenceInterval, Estimate
 
 __all__ = [
+    "GROUP_BY",
+    "MIN_GROUPS",
+    "FewGroupsWarning",
+    "UnboundedRatioWarning",
     "as_rng",
     "band",
     "draw_group_counts",
+    "few_groups_message",
     "group_sum_draws",
     "nan_estimate",
     "percentile_ci",
     "random_halves",
+    "ratio_estimate",
+    "regroup",
+    "resampling_groups",
+    "resampling_note",
     "share_estimate",
     "split_groups",
 ]
+
+GroupBy = Literal["situation", "contrast"]
+
+#: the resampling units a user may choose (``--group-by``); the first is the default
+GROUP_BY: tuple[GroupBy, ...] = ("situation", "contrast")
+
+#: below this many groups percentile intervals of a group bootstrap are too narrow
+MIN_GROUPS = 30
+
+
+class FewGroupsWarning(UndefinedMetricWarning):
+    """The group bootstrap resamples fewer than :data:`MIN_GROUPS` groups: its percentile
+    intervals are optimistic (too narrow)."""
+
+
+class UnboundedRatioWarning(UndefinedMetricWarning):
+    """A ratio is reported as undefined: its denominator's interval reaches 0, so the ratio's
+    interval would be unbounded (read the numerator, a difference, instead)."""
+
+
+def resampling_groups(table: CaseTable, group_by: str = "situation") -> NDArray[np.intp]:
+    """Group code (0..G-1) of every case for the unit ``group_by``.
+
+    ``"situation"`` (the default): connected components of cases sharing a contrast id or a
+    situation id (:attr:`CaseTable.group`), so both scenes of a contrast and all scenes of a
+    situation stay together.  ``"contrast"``: components of the contrast ids alone (each
+    contrast its own group; a case without a contrast id is its own group), which ignores the
+    dependence between contrasts of one situation.
+    """
+    if group_by == "situation":
+        return np.asarray(table.group, dtype=np.intp)
+    if group_by == "contrast":
+        return np.asarray(group_codes(table.contrast_id), dtype=np.intp)
+    raise DataError(f"group_by must be one of {', '.join(GROUP_BY)}; got {group_by!r}.")
+
+
+def regroup(table: CaseTable, group_by: str = "situation") -> CaseTable:
+    """``table`` itself for ``"situation"``, else a copy whose :attr:`CaseTable.group` (and so
+    every group bootstrap, split and fold of the card) uses the unit ``group_by``."""
+    codes = resampling_groups(table, group_by)
+    if group_by == "situation":
+        return table
+    out = table.subset(slice(None))
+    frozen = np.array(codes, copy=True)
+    frozen.setflags(write=False)
+    out.__dict__["group"] = frozen  # fills CaseTable.group's cached value
+    return out
+
+
+def resampling_note(n_groups: int, group_by: str = "situation") -> str:
+    """The card header's words for the resampling unit and its count (with the warning below
+    :data:`MIN_GROUPS`)."""
+    unit = (
+        "situation groups (both scenes of a contrast and all scenes of a situation together)"
+        if group_by == "situation"
+        else "contrast groups (both scenes of a contrast together; situations ignored)"
+    )
+    s = (
+        f"95 % percentile interval of a group bootstrap that resamples whole groups: "
+        f"{n_groups} {unit}, --group-by {group_by}"
+    )
+    if n_groups < MIN_GROUPS:
+        s += (
+            f"; fewer than {MIN_GROUPS} groups: percentile intervals from so few clusters are "
+            "optimistic (too narrow), read them as lower bounds on the uncertainty"
+        )
+    return s
+
+
+def few_groups_message(
+    n_groups: int, group_by: str = "situation", n_contrast_groups: int | None = None
+) -> str:
+    """The text of :class:`FewGroupsWarning` (``n_contrast_groups``: the count the unit
+    ``contrast`` would give, named when it is larger)."""
+    alt = (
+        f"; --group-by contrast resamples {n_contrast_groups} contrast groups instead (only "
+        "if the contrasts of one situation are close to independent)"
+        if n_contrast_groups is not None and n_contrast_groups > n_groups
+        else ""
+    )
+    return (
+        f"the group bootstrap resamples only {n_groups} groups (unit: {group_by}); percentile "
+        f"intervals from fewer than {MIN_GROUPS} groups are optimistic (too narrow), so an "
+        f"interval that excludes 0 here is weaker evidence than it looks{alt}"
+    )
 
 
 def as_rng(rng: np.random.Generator | int | None) -> np.random.Generator:
@@ -143,3 +241,41 @@ def share_estimate(
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = draws[:, 0] / draws[:, 1]
     return Estimate(float(point[0] / point[1]), percentile_ci(ratio), n)
+
+
+def ratio_estimate(
+    num: float,
+    den: float,
+    num_draws: NDArray[np.float64],
+    den_draws: NDArray[np.float64],
+    n: int,
+    *,
+    what: str,
+    instead: str,
+    tol: float = 1e-9,
+) -> Estimate:
+    """``num / den`` with the percentile interval of the draw-wise ratios, or undefined.
+
+    When the denominator's value or its 2.5–97.5 % interval reaches 0 (within ``tol``), some
+    draws divide by (almost) nothing and the ratio's interval is unbounded: the result is NaN
+    with an :class:`UnboundedRatioWarning` that names ``what`` and the quantity to read
+    ``instead``.  Otherwise draws whose denominator is within ``tol`` of 0 are left out.
+    """
+    ci = percentile_ci(den_draws)
+    reaches_zero = (
+        not math.isfinite(den)
+        or abs(den) <= tol
+        or not (math.isfinite(ci.low) and math.isfinite(ci.high))
+        or (ci.low <= tol and ci.high >= -tol)
+    )
+    if reaches_zero:
+        warnings.warn(
+            f"{what} is undefined: its denominator {den:.3g} has the interval "
+            f"[{ci.low:.3g}, {ci.high:.3g}], which reaches 0, so the ratio is unbounded; "
+            f"read {instead} instead; returning NaN.",
+            UnboundedRatioWarning,
+            stacklevel=2,
+        )
+        return nan_estimate(n)
+    ok = np.isfinite(num_draws) & np.isfinite(den_draws) & (np.abs(den_draws) > tol)
+    return Estimate(float(num / den), percentile_ci(num_draws[ok] / den_draws[ok]), n)

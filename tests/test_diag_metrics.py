@@ -181,8 +181,11 @@ def small_tables():
 @given(t=small_tables(), cut=st.sampled_from([0.0, -0.5, 0.25]))
 def test_decomposition_identities(t, cut):
     ss = spot_stop(t, cut)
-    assert ss.threshold_part + ss.overlap_part + ss.within_part == pytest.approx(ss.R_minus_A)
-    assert ss.G - ss.null_gap == pytest.approx(ss.R_minus_A)
+    # with ties: G - E[G0] = R½ - A = threshold + overlap + within; R - A adds the tie part
+    assert ss.threshold_part + ss.overlap_part + ss.within_part == pytest.approx(ss.R_half_minus_A)
+    assert ss.G - ss.null_gap == pytest.approx(ss.R_half_minus_A)
+    assert ss.tie_part + ss.R_half_minus_A == pytest.approx(ss.R_minus_A)
+    assert ss.tie_part == pytest.approx(-ss.tied_share / 2)
     assert pytest.approx(0.5 + ss.L - ss.C / 2) == ss.A
     assert ss.threshold_part >= -1e-12  # A* >= A by construction
     # A equals the pair-weighted balanced accuracy at the cut
