@@ -47,7 +47,13 @@ from spotstop.diagnostics._metrics import kernel_reference, spot_stop
 from spotstop.diagnostics._plots import RocDisplay, ScoreDisplay, SplitDisplay
 from spotstop.diagnostics._recommend import Recommendation, recommend_for_card
 from spotstop.diagnostics._render import write_files
-from spotstop.diagnostics._resample import as_rng, nan_estimate, percentile_ci
+from spotstop.diagnostics._resample import (
+    as_rng,
+    nan_estimate,
+    percentile_ci,
+    regroup,
+    resampling_note,
+)
 from spotstop.diagnostics._results import Estimate
 from spotstop.diagnostics._verdict import VerdictItem, check_previous, verdict
 
@@ -187,9 +193,12 @@ def _fields(
     n_kernel: int,
     gen: Any,
     progress: bool,
+    group_by: str = "situation",
 ) -> tuple[dict[str, Estimate], Any]:
     ss = spot_stop(table, cut)
-    boot = group_bootstrap(table, cut=cut, n_boot=n_boot, rng=gen, progress=progress)
+    boot = group_bootstrap(
+        table, cut=cut, n_boot=n_boot, rng=gen, progress=progress, group_by=group_by
+    )
     out: dict[str, Estimate] = {}
     for k in FIELD_KEYS:
         if k == "auroc_all_cases":
@@ -231,6 +240,7 @@ def compute_card(
     rng: np.random.Generator | int | None = None,
     provenance: Mapping[str, Any] | None = None,
     progress: bool = False,
+    group_by: str = "situation",
 ) -> Card:
     """Compute the verdict, the delivered rates, every field and every check (no files).
 
@@ -241,8 +251,11 @@ def compute_card(
     ``n_boot`` draws for the Spot-Stop fields, ``n_boot_checks`` for the checks and the
     delivered rates, ``n_boot_kernel`` (looped) for the kernel reference; ``alpha`` and
     ``delta``: the conformal target of the what-if computations.  Undefined quantities are
-    NaN; their warnings are collected into ``settings["warnings"]``.
+    NaN; their warnings are collected into ``settings["warnings"]``.  ``group_by``: the
+    resampling unit of every group bootstrap, split and fold (``"situation"``: contrast and
+    situation ids together; ``"contrast"``: contrasts alone), named in the header.
     """
+    table = regroup(table, group_by)
     gen = as_rng(rng)
     prov = {
         "spotstop_version": _version(),
@@ -255,7 +268,9 @@ def compute_card(
         check_previous(previous, prov.get("bundle_ids"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UndefinedMetricWarning)
-        fields, ss = _fields(table, direct_cut, n_boot, n_boot_checks, n_boot_kernel, gen, progress)
+        fields, ss = _fields(
+            table, direct_cut, n_boot, n_boot_checks, n_boot_kernel, gen, progress, group_by
+        )
         ctx = CardContext(
             table=table,
             direct_cut=direct_cut,
@@ -294,7 +309,8 @@ def compute_card(
         "n_unsafe": int(table.label.sum()),
         "n_pairs": table.pairs.n,
         "n_groups": table.n_groups,
-        "interval": "95 % percentile interval of a group bootstrap (whole groups resampled)",
+        "group_by": group_by,
+        "interval": resampling_note(table.n_groups, group_by),
         "warnings": notes,
     }
     displays = {**_displays(table, ss, fields), **{

@@ -83,6 +83,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="group-bootstrap draws of the Spot-Stop fields (default: 10000); the "
                    "checks and the delivered rates use min(N, 1000)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default: 0)")
+    p.add_argument("--group-by", choices=("situation", "contrast"), default="situation",
+                   help="resampling unit of the bootstrap: situation (default: both scenes of a "
+                   "contrast and all scenes of a situation together) or contrast")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
 
 
@@ -156,6 +159,7 @@ def run_card(args: argparse.Namespace) -> int:
             n_boot=args.n_boot,
             seed=args.seed,
             progress=not args.quiet,
+            group_by=args.group_by,
         )
     except (_BadInput, DiagnosticsError) as exc:
         print(f"spotstop card: {exc}", file=sys.stderr)
