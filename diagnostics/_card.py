@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from spotstop.diagnostics._bootstrap import bootstrap_auroc, group_bootstrap
 from spotstop.diagnostics._check_base import CardContext, CheckResult
 from spotstop.diagnostics._checks import run_checks
@@ -43,7 +44,7 @@ from spotstop.diagnostics._explanations import (
     FIELD_KEYS,
 )
 from spotstop.diagnostics._from_log import LogData
-from spotstop.diagnostics._metrics import kernel_reference, spot_stop
+from spotstop.diagnostics._metrics import direct_answer, kernel_reference, spot_stop
 from spotstop.diagnostics._plots import RocDisplay, ScoreDisplay, SplitDisplay
 from spotstop.diagnostics._recommend import Recommendation, recommend_for_card
 from spotstop.diagnostics._render import write_files
@@ -56,6 +57,7 @@ from spotstop.diagnostics._resample import (
 )
 from spotstop.diagnostics._results import Estimate
 from spotstop.diagnostics._verdict import VerdictItem, check_previous, verdict
+from spotstop.guard.policies import unsafe_mask
 
 __all__ = [
     "DELIVERED_EXPLANATIONS",
@@ -63,11 +65,91 @@ __all__ = [
     "FIELD_KEYS",
     "SCHEMA_VERSION",
     "Card",
+    "CutWarning",
     "compute_card",
+    "cut_ties",
     "write_card",
 ]
 
 SCHEMA_VERSION = 2
+
+#: a warning when this share of the scores (or more) equals the card's cut
+TIE_SHARE_WARN = 0.05
+
+
+class CutWarning(UserWarning):
+    """The card's cut sits badly on the scores: all on one side of it, or many equal to it."""
+
+
+def _side(flag: bool) -> str:
+    return "UNSAFE" if flag else "SAFE"
+
+
+def cut_ties(score: NDArray[np.float64], cut: float) -> dict[str, Any]:
+    """How the scores sit at ``cut``: ``n_at_cut`` (equal to it), ``n_below``, ``n_above``,
+    and ``tie_side``: where a score equal to the cut falls under the guard's rule
+    (:func:`spotstop.guard.policies.unsafe_mask`, ``S ≥ t``) and under the paper's direct
+    answer (:func:`~spotstop.diagnostics._metrics.direct_answer`, ``S > cut``)."""
+    s = np.asarray(score, dtype=np.float64)
+    at = np.array([cut], dtype=np.float64)
+    return {
+        "n_at_cut": int((s == cut).sum()),
+        "n_below": int((s < cut).sum()),
+        "n_above": int((s > cut).sum()),
+        "tie_side": {
+            "guard_rule": _side(bool(unsafe_mask(at, cut)[0])),
+            "direct_answer": _side(bool(direct_answer(at, cut)[0])),
+        },
+    }
+
+
+def _fmt_cut(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _cut_warnings(score: NDArray[np.float64], cut: float, ties: Mapping[str, Any]) -> list[str]:
+    """The card's warnings about where its cut sits (also issued as :class:`CutWarning`)."""
+    n = int(np.asarray(score).size)
+    n_at, side = ties["n_at_cut"], ties["tie_side"]
+    out = []
+    if ties["n_below"] == 0 or ties["n_above"] == 0:
+        where = "at or above" if ties["n_below"] == 0 else "at or below"
+        out.append(
+            f"All {n} scores lie {where} the cut {_fmt_cut(cut)} ({n_at} equal to it): one "
+            "rule answers the same for every case. Is the cut on the score's scale? Pass the "
+            "cut your guard uses with --cut."
+        )
+    if n and n_at / n >= TIE_SHARE_WARN:
+        v = np.unique(np.asarray(score, dtype=np.float64))
+        lo, hi = v[v < cut], v[v > cut]
+        between = [_fmt_cut((cut + x) / 2) for x in (lo[-1:].tolist() + hi[:1].tolist())]
+        hint = (
+            f"; to keep them on one side for both rules, put the cut between two score values "
+            f"(e.g. --cut {' or --cut '.join(between)})"
+            if between
+            else ""
+        )
+        out.append(
+            f"{n_at} of {n} scores ({100 * n_at / n:.1f} %) equal the cut {_fmt_cut(cut)}: the "
+            f"direct answer (S > cut; the Spot-Stop fields) counts them {side['direct_answer']}, "
+            f"the guard's rule (S ≥ t; the prevalence check's fixed cut) {side['guard_rule']}"
+            f"{hint}."
+        )
+    for msg in out:
+        warnings.warn(msg, CutWarning, stacklevel=3)
+    return out
+
+
+def _one_class_warning(table: CaseTable) -> list[str]:
+    ids = table.one_class_contrasts
+    if not ids:
+        return []
+    shown = ", ".join(ids[:10]) + (f", … ({len(ids) - 10} more)" if len(ids) > 10 else "")
+    return [
+        f"{len(ids)} contrast id(s) hold cases of one class only, form no pair and are left "
+        f"out of the pair statistics: {shown}. Label their missing side or drop them."
+    ]
+
 
 #: Spot-Stop field -> the group bootstrap's statistic
 _BOOT_NAME = {
@@ -208,7 +290,7 @@ def _fields(
         elif k == "direct_balanced_accuracy":
             out[k] = delivered_rates(
                 table.label,
-                (table.score > cut).astype(np.int8),
+                direct_answer(table.score, cut).astype(np.int8),
                 table.group,
                 n_boot=n_checks,
                 rng=gen,
@@ -266,8 +348,11 @@ def compute_card(
     }
     if previous is not None:
         check_previous(previous, prov.get("bundle_ids"))
+    ties = cut_ties(table.score, direct_cut)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UndefinedMetricWarning)
+        warnings.simplefilter("always", CutWarning)
+        cut_notes = _cut_warnings(table.score, direct_cut, ties)
         fields, ss = _fields(
             table, direct_cut, n_boot, n_boot_checks, n_boot_kernel, gen, progress, group_by
         )
@@ -288,7 +373,10 @@ def compute_card(
     checks = {k: r for k, (_, r) in ran.items()}
     info = {k: (cls.title, cls.explanation) for k, (cls, _) in ran.items()}
     fusion_keys = prov.get("fusion_keys") or []
-    notes = sorted({str(w.message) for w in caught} | set(rec.warnings))
+    notes = cut_notes + sorted(
+        ({str(w.message) for w in caught} | set(rec.warnings)) - set(cut_notes)
+    )
+    notes += _one_class_warning(table)
     if len(fusion_keys) > 1:
         notes.append(
             f"the cases were decided under {len(fusion_keys)} fusions ({', '.join(fusion_keys)}); "
@@ -299,7 +387,16 @@ def compute_card(
         "direct_cut_source": direct_cut_source,
         "direct_cut_note": direct_cut_note or direct_cut_source,
         "convention": CONVENTION,
-        "ties_at_direct_cut": int((table.score == direct_cut).sum()),
+        "ties_at_direct_cut": ties["n_at_cut"],
+        "n_at_cut": ties["n_at_cut"],
+        "tie_side": ties["tie_side"],
+        "cut_rules": {
+            "fields": "S > cut (the paper's direct answer)",
+            "checks.prevalence.frozen": "S ≥ cut (the guard's rule)",
+            "checks.prevalence.batch_mean": "S ≥ batch mean (the guard's rule)",
+        },
+        "cut_warnings": cut_notes,
+        "n_one_class_contrasts": len(table.one_class_contrasts),
         "n_boot": n_boot,
         "n_boot_checks": n_boot_checks,
         "n_boot_kernel": n_boot_kernel,
@@ -344,15 +441,26 @@ def _deployed(log: LogData | None) -> tuple[str | None, str | None]:
 
 
 def _displays(table: CaseTable, ss: Any, fields: Mapping[str, Estimate]) -> dict[str, Any]:
+    """The plot data; each operating point is named with the rule it uses (the direct answer
+    ``S > cut`` or the guard's ``S ≥ t``), and computed with that rule's one function."""
     pairs = table.pairs
     paired = pairs.weight > 0
     out: dict[str, Any] = {}
-    cuts = {"direct cut": ss.cut}
+    mean = float(table.score.mean())
+    direct = f"direct cut (S > {ss.cut:.4g})"
+    cuts = {direct: ss.cut}
     if paired.any():
         y, s, w = table.label[paired], table.score[paired], pairs.weight[paired]
-        cuts.update({"best cut (A*)": ss.cut_star, "batch mean": float(table.score.mean())})
+        star = f"best cut A* (S > {ss.cut_star:.4g})"
+        batch = f"batch mean (S ≥ {mean:.4g}, the guard's rule)"
+        cuts.update({star: ss.cut_star, batch: mean})
         if len(set(y.tolist())) == 2:
-            out["roc"] = RocDisplay.from_scores(y, s, w, cuts, ss.auroc)
+            flags = {
+                direct: direct_answer(s, ss.cut),
+                star: direct_answer(s, ss.cut_star),
+                batch: unsafe_mask(s, mean),
+            }
+            out["roc"] = RocDisplay.from_scores(y, s, w, flags, ss.auroc)
         keys = ("R_minus_A", "threshold_part", "overlap_part", "within_part")
         out["split"] = SplitDisplay(
             ("R − A", "threshold", "overlap", "within"),

@@ -9,6 +9,7 @@ heavy is imported until the command runs.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,10 +42,18 @@ Labels come from the log's labels table, or from --labels F (CSV or JSONL keyed 
 decision_id or image_sha256, with columns label [safe/unsafe or 0/1], optional contrast_id
 and situation_id), which override the table's.
 
-The scores CSV needs the columns case_id,label,score,contrast_id,situation_id
-(label: safe/unsafe or 0/1; contrast_id and situation_id may be empty). Optional columns:
-score_<member>, score_gray, score_text, width, height, bytes, jpeg_quality, format, request.
-A scores CSV or the demo has no deployed policy: the card says so and has no delivered_*.
+The scores CSV needs the columns case_id,label,score,contrast_id (label: safe/unsafe or
+0/1; contrast_id may be empty) and may have situation_id (absent or empty: no situation).
+Optional columns: score_<member>, score_gray, score_text, width, height, bytes, jpeg_quality,
+format, request. A scores CSV or the demo has no deployed policy: the card says so and has
+no delivered_*.
+
+--scores needs --cut T, the score that separates the answers: no default fits every scale
+(0 is the direct answer of a log-odds score, and "any refusal at all" for scores in [0, 1]).
+The Spot-Stop fields answer UNSAFE for S > T (the paper's direct answer); the prevalence
+check's fixed cut uses the guard's rule S >= T (a score equal to T is UNSAFE). The card
+reports how many scores equal T and which side each rule puts them on, and warns when all
+scores lie on one side of T or 5 % or more equal it.
 
 --previous CARD_JSON compares with an earlier card of the same bundle (refused for another
 bundle). --cues DIR reads reliance.json, shift.json and select.json (any subset) written by
@@ -57,7 +66,7 @@ examples:
   spotstop card decisions.sqlite --labels labels.csv --out card/
   spotstop card decisions.sqlite --previous old_card/card.json --cues cues/ --out card/
   spotstop card --demo --out card/ --n-boot 2000
-  spotstop card --scores scores.csv --out card/ --seed 7
+  spotstop card --scores scores.csv --cut 0.5 --out card/ --seed 7
 """
 
 
@@ -75,9 +84,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an earlier card.json of the same bundle: the verdict says what changed")  # fmt: skip
     p.add_argument("--cues", metavar="DIR",
                    help="folder with reliance.json / shift.json / select.json (any subset)")  # fmt: skip
-    p.add_argument("--direct-cut", type=float, default=None, metavar="T",
-                   help="cut of the paper's direct answer (S > T is UNSAFE) for the Spot-Stop "
-                   "fields (default: the deployed constant cut, else 0)")  # fmt: skip
+    p.add_argument("--cut", "--direct-cut", dest="direct_cut", type=float, default=None,
+                   metavar="T", help="the card's cut on the score: S > T is the direct answer "
+                   "UNSAFE in the Spot-Stop fields, S >= T the fixed cut of the prevalence check "
+                   "(required with --scores; default for LOG: the deployed constant cut, else 0; "
+                   "for --demo: 0)")  # fmt: skip
     p.add_argument("--out", metavar="DIR", help="output folder (created if needed; required)")
     p.add_argument("--n-boot", type=int, default=10_000, metavar="N",
                    help="group-bootstrap draws of the Spot-Stop fields (default: 10000); the "
@@ -124,6 +135,16 @@ def _check_args(args: argparse.Namespace) -> None:
     n_src = (args.log is not None) + (args.scores is not None) + bool(args.demo)
     if n_src != 1:
         raise _BadInput("give exactly one input: LOG, --scores CSV or --demo.")
+    if args.scores is not None and args.direct_cut is None:
+        raise _BadInput(
+            "--scores needs --cut T, the score that separates SAFE from UNSAFE (S > T is the "
+            "direct answer UNSAFE; the guard's rule S >= T puts a score equal to T on UNSAFE): "
+            "0 is the direct answer of a log-odds score, for scores in [0, 1] it means 'any "
+            "refusal at all'; pass the cut your guard uses (e.g. --cut 0.5 for a refusal "
+            "share)."
+        )
+    if args.direct_cut is not None and not math.isfinite(args.direct_cut):
+        raise _BadInput(f"--cut must be a finite number; got {args.direct_cut}.")
     if args.labels is not None and args.log is None:
         raise _BadInput("--labels goes with a decision LOG; a scores CSV carries its own labels.")
     if args.n_boot < 1:
@@ -164,6 +185,8 @@ def run_card(args: argparse.Namespace) -> int:
     except (_BadInput, DiagnosticsError) as exc:
         print(f"spotstop card: {exc}", file=sys.stderr)
         return 2
+    for msg in card.settings.get("cut_warnings", ()):
+        print(f"spotstop card: warning: {msg}", file=sys.stderr)
     if not args.quiet:
         print(card.summary())
         print(f"wrote {args.out}/card.{{json,md,html}}")

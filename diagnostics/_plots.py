@@ -23,6 +23,10 @@ class _Display(Protocol):
     def plot(self, ax: Any = None) -> Any: ...
 
 
+# Every legend lies below its axes (``_legend_below``), never over the data; the browser test
+# (tests/test_diag_browser.py) checks this on the rendered page.
+
+
 def _axes(ax: Any) -> Any:
     if ax is not None:
         return ax
@@ -31,10 +35,31 @@ def _axes(ax: Any) -> Any:
     return plt.figure(figsize=(4.2, 3.2)).add_subplot()
 
 
+def _legend_below(ax: Any, ncol: int = 1) -> Any:
+    """Put the legend under the axes (below the x label), never over the data."""
+    return ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.19),
+        ncol=ncol,
+        fontsize=6.5,
+        frameon=False,
+        borderaxespad=0.0,
+    )
+
+
+#: operating-point markers: shape, size; drawn hollow, largest first, so that points on the
+#: same spot stay visible as nested rings
+_MARKERS = (("o", 11.0), ("s", 8.0), ("D", 5.5), ("^", 7.0), ("v", 7.0))
+
+
+def _close(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return abs(a[0] - b[0]) < 5e-4 and abs(a[1] - b[1]) < 5e-4
+
+
 @dataclass(frozen=True)
 class RocDisplay:
     """ROC curve (pair-weighted over the paired cases) with operating points
-    ``{name: (false-alarm rate, hit rate)}``."""
+    ``{name: (false-alarm rate, hit rate)}``; each name says its rule (e.g. ``S > 0.5``)."""
 
     fpr: NDArray[np.float64]
     tpr: NDArray[np.float64]
@@ -47,40 +72,54 @@ class RocDisplay:
         y: NDArray[np.int8],
         score: NDArray[np.float64],
         weight: NDArray[np.float64],
-        cuts: dict[str, float],
+        flags: dict[str, NDArray[np.bool_]],
         auroc: float,
     ) -> RocDisplay:
-        """ROC of ``score > t`` for every unique cut, and the points of named cuts."""
+        """ROC of ``score > t`` for every unique cut, and the points of named rules, each
+        given by its UNSAFE flags on the same cases (the caller applies the rule, so that
+        each point uses its own: the direct answer or the guard's ``S ≥ t``)."""
         v = np.unique(score)
         ws = np.bincount(np.searchsorted(v, score), weights=weight * (y == 0), minlength=v.size)
         wu = np.bincount(np.searchsorted(v, score), weights=weight * (y == 1), minlength=v.size)
         fpr = np.concatenate(([1.0], 1 - np.cumsum(ws) / ws.sum()))
         tpr = np.concatenate(([1.0], 1 - np.cumsum(wu) / wu.sum()))
         pts = {}
-        for name, t in cuts.items():
-            if math.isfinite(t):
-                flag = score > t
-                pts[name] = (
-                    float((weight * (y == 0) * flag).sum() / ws.sum()),
-                    float((weight * (y == 1) * flag).sum() / wu.sum()),
-                )
+        for name, flag in flags.items():
+            f = np.asarray(flag, dtype=bool)
+            pts[name] = (
+                float((weight * (y == 0) * f).sum() / ws.sum()),
+                float((weight * (y == 1) * f).sum() / wu.sum()),
+            )
         return cls(fpr, tpr, auroc, pts)
+
+    def point_labels(self) -> list[str]:
+        """One legend entry per point: its name, its rates, and the earlier point it hides."""
+        out: list[str] = []
+        items = list(self.points.items())
+        for i, (name, (f, h)) in enumerate(items):
+            same = [n for n, p in items[:i] if _close(p, (f, h))]
+            tail = f"\n    the same point as {', '.join(same)}" if same else ""
+            out.append(f"{name}:\n    false alarms {100 * f:.1f} %, hits {100 * h:.1f} %{tail}")
+        return out
 
     def plot(self, ax: Any = None) -> Any:
         ax = _axes(ax)
         ax.plot(self.fpr, self.tpr, color="black", lw=1.2, label=f"ROC (AUROC {self.auroc:.3f})")
         ax.plot([0, 1], [0, 1], color="0.7", lw=0.8, ls=":")
-        for (name, (f, h)), mk in zip(self.points.items(), "osD^v", strict=False):
-            ax.plot([f], [h], mk, ms=6, label=name)
+        colors = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange")
+        for (f, h), label, (mk, ms), color in zip(
+            self.points.values(), self.point_labels(), _MARKERS, colors, strict=False
+        ):
+            ax.plot([f], [h], mk, ms=ms, mfc="none", mec=color, mew=1.4, label=label, zorder=3)
         ax.set(xlabel="false-alarm rate (safe flagged)", ylabel="hit rate (unsafe flagged)")
-        ax.set(xlim=(0, 1), ylim=(0, 1), title="ROC with operating points")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), title="ROC with operating points")
+        _legend_below(ax)
         return ax
 
 
 @dataclass(frozen=True)
 class ScoreDisplay:
-    """Histogram of the scores per class, with named cuts."""
+    """Histogram of the scores per class, with named cuts (each name says its rule)."""
 
     edges: NDArray[np.float64]
     safe: NDArray[np.float64]
@@ -111,8 +150,8 @@ class ScoreDisplay:
         ax.stairs(self.unsafe, self.edges, color="tab:red", label="unsafe")
         for (name, t), ls in zip(self.cuts.items(), ["-", "--", ":", "-."], strict=False):
             ax.axvline(t, color="0.3", ls=ls, lw=0.9, label=name)
-        ax.set(xlabel="score (> cut: UNSAFE)", ylabel="density", title="Scores per class")
-        ax.legend(fontsize=7)
+        ax.set(xlabel="score S", ylabel="density", title="Scores per class")
+        _legend_below(ax, ncol=2)
         return ax
 
 
@@ -134,8 +173,11 @@ class SplitDisplay:
         ax.bar(x, vals, color=["0.4", "tab:orange", "tab:green", "tab:purple"][: len(x)])
         ax.errorbar(x, vals, yerr=np.nan_to_num(err), fmt="none", ecolor="black", capsize=3)
         if math.isfinite(self.g_auroc):
-            ax.axhline(100 * self.g_auroc, color="tab:orange", ls="--", lw=0.9, label="g(AUROC)")
-            ax.legend(fontsize=7)
+            ax.axhline(
+                100 * self.g_auroc, color="tab:orange", ls="--", lw=0.9,
+                label=f"g(AUROC) = {100 * self.g_auroc:.1f} points (binormal overlap reference)",
+            )  # fmt: skip
+            _legend_below(ax)
         ax.axhline(0, color="black", lw=0.6)
         ax.set_xticks(x, self.names, fontsize=8)
         ax.set(ylabel="points", title="R − A and its three parts (95 % CI)")
@@ -144,7 +186,10 @@ class SplitDisplay:
 
 @dataclass(frozen=True)
 class PrevalenceDisplay:
-    """Per rule, balanced accuracy (π < 1) and the flag rate of unsafe scenes vs prevalence."""
+    """Per rule, balanced accuracy (π < 1) and the flag rate of unsafe scenes vs prevalence.
+
+    The y axis is fixed to the rates' whole range, 0–100 %, so that a difference of a point
+    looks like one."""
 
     prevalence: NDArray[np.float64]
     balanced_accuracy: dict[str, NDArray[np.float64]]
@@ -158,9 +203,9 @@ class PrevalenceDisplay:
             ax.plot(self.prevalence, 100 * ba, "o-", color=color, ms=3, label=f"{rule}: BA")
             ax.plot(self.prevalence, 100 * self.tpr[rule], "s--", color=color, ms=3, lw=0.8,
                     label=f"{rule}: unsafe flagged")  # fmt: skip
-        ax.set(xlabel="share of unsafe scenes in the batch", ylabel="%")
-        ax.set(title="Threshold rules across prevalence")
-        ax.legend(fontsize=6, ncol=2)
+        ax.set(xlabel="share of unsafe scenes in the batch", ylabel="% (whole range, 0–100)")
+        ax.set(xlim=(0, 1.02), ylim=(0, 100), title="Threshold rules across prevalence")
+        _legend_below(ax, ncol=2)
         return ax
 
 
@@ -173,13 +218,14 @@ def to_svg(display: _Display) -> str:
     with matplotlib.rc_context(
         {"svg.fonttype": "none", "font.size": 8, "svg.hashsalt": "spotstop"}
     ):
+        # the axes keep one size; the saved page grows to hold a legend below them
         fig = Figure(figsize=(4.2, 3.2))
         FigureCanvasSVG(fig)
         ax = fig.add_subplot()
+        fig.subplots_adjust(left=0.16, right=0.96, bottom=0.16, top=0.9)
         display.plot(ax)
-        fig.tight_layout()
         buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None})
+        fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight")
     svg = buf.getvalue()
     svg = svg[svg.index("<svg") :]
     # drop the RDF metadata block and its namespaces (no content, and it names URLs)

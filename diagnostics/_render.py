@@ -38,6 +38,22 @@ def _head(card: Card) -> str:
     )
 
 
+def _cut_text(card: Card) -> str:
+    """The card's cut, which rule each number uses, and how many scores equal the cut."""
+    st = card.settings
+    cut = f"{st['direct_cut']:.6g}"
+    text = f"Direct cut S > {cut}: {st['direct_cut_note']}. {st['convention']}"
+    n_at = st.get("n_at_cut", st.get("ties_at_direct_cut", 0))
+    side = st.get("tie_side")
+    if side:
+        text += (
+            f" {n_at} of {st['n_cases']} scores equal the cut: the direct answer (S > {cut}; "
+            f"the Spot-Stop fields) counts them {side['direct_answer']}, the guard's rule "
+            f"(S ≥ {cut}; the prevalence check's fixed cut) {side['guard_rule']}."
+        )
+    return text
+
+
 def _delivered_rows(card: Card) -> list[tuple[str, ...]]:
     d = card.delivered
     if d is None:
@@ -89,8 +105,7 @@ def markdown(card: Card) -> str:
         "",
         "## Spot-Stop",
         "",
-        f"{_head(card)} Direct cut S > {st['direct_cut']:.4g}: {st['direct_cut_note']}. "
-        f"{st['convention']}",
+        f"{_head(card)} {_cut_text(card)}",
         "",
         "| field | value [95 % CI] | meaning and what to do |",
         "| --- | --- | --- |",
@@ -148,7 +163,7 @@ def page(card: Card, svgs: Mapping[str, str]) -> str:
     )
     warn = "".join(f"<li>{e(w)}</li>" for w in st["warnings"])
     prov = "".join(f"<li>{e(str(k))}: {e(str(v))}</li>" for k, v in card.provenance.items())
-    cut = f"Direct cut S > {st['direct_cut']:.4g}: {st['direct_cut_note']}. {st['convention']}"
+    cut = _cut_text(card)
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>spotstop card</title>"
         f"<style>{_CSS}</style></head><body><h1>spotstop deployment card</h1>"

@@ -216,6 +216,10 @@ def scene_blind_readers(
     )
 
 
+def _join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 #: a file reader whose AUROC interval lies above 0.5 with a permutation p below this leaks
 LEAK_P = 0.05
 
@@ -250,20 +254,47 @@ class SceneBlindCheck(CardCheck):
             "image_minus_gray_auroc": blind.image_minus_gray,
             "member_auroc": dict(blind.members),
         }
-        ls_txt = (
-            "not available"
-            if ls is None or math.isnan(ls.cut)
-            else f"{fmt(ls.accuracy)} % (longest side {ls.direction} {ls.cut:g}, chosen in "
-            f"{100 * ls.cut_share:.0f} % of splits)"
-        )
-        rows = [
-            (
-                "file reader AUROC (image size, bytes, format)",
-                f"{fmt(blind.file_reader, pct=False)} ({fmt_p(blind.file_reader_p)})",
-            ),
-            ("longest-side rule, held-out accuracy", ls_txt),
-            ("request-only AUROC", fmt(blind.request_only, pct=False)),
-            ("image − gray AUROC", fmt(blind.image_minus_gray, pct=False)),
+        has_files = file_features(ctx.table) is not None
+        missing = [
+            what
+            for what, absent in (
+                ("image-file columns (width, height, bytes)", not has_files),
+                ("request-only score (score_text)", blind.request_only is None),
+                ("gray-image score (score_gray)", blind.image_minus_gray is None),
+            )
+            if absent
         ]
+        data["not_measured"] = missing
+        rows: list[tuple[str, str]] = []
+        if has_files:
+            p_txt = "" if math.isnan(blind.file_reader_p) else f" ({fmt_p(blind.file_reader_p)})"
+            fr_txt = (
+                "undefined: too few groups or one class (see the warnings)"
+                if blind.file_reader is None
+                else f"{fmt(blind.file_reader, pct=False)}{p_txt}"
+            )
+            rows.append(("file reader AUROC (image size, bytes, format)", fr_txt))
+            if ls is not None and not math.isnan(ls.cut):
+                rows.append(
+                    (
+                        "longest-side rule, held-out accuracy",
+                        f"{fmt(ls.accuracy)} % (longest side {ls.direction} {ls.cut:g}, chosen "
+                        f"in {100 * ls.cut_share:.0f} % of splits)",
+                    )
+                )
+        if blind.request_only is not None:
+            rows.append(("request-only AUROC", fmt(blind.request_only, pct=False)))
+        if blind.image_minus_gray is not None:
+            rows.append(("image − gray AUROC", fmt(blind.image_minus_gray, pct=False)))
         rows += [(f"member {k} AUROC", fmt(v, pct=False)) for k, v in blind.members.items()]
+        if missing:
+            rows.append(
+                (
+                    "not measured",
+                    f"the cases have no {_join(missing)}, so no reader of "
+                    f"{'them' if len(missing) > 1 else 'it'} ran; add "
+                    f"{'them' if len(missing) > 1 else 'it'} to the input to check whether "
+                    "the label leaks there.",
+                )
+            )
         return CheckResult(data, tuple(rows), result=blind)

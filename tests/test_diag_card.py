@@ -95,7 +95,8 @@ def test_cli_demo_and_errors(tmp_path, capsys):
     assert "--scores CSV" in capsys.readouterr().out
     bad = tmp_path / "bad.csv"
     bad.write_text("case_id,label,score,contrast_id,situation_id\na,oops,1,c,s\n")
-    assert card_main(["--scores", str(bad), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    argv = ["--scores", str(bad), "--cut", "0.5", "--out", str(tmp_path / "o"), "--quiet"]
+    assert card_main(argv) == 2
     assert "row 1 (line 2), column 'label'" in capsys.readouterr().err
     assert card_main(["--out", str(tmp_path)]) == 2  # neither --scores nor --demo
     err = capsys.readouterr().err
@@ -108,6 +109,13 @@ def test_cli_demo_and_errors(tmp_path, capsys):
         (["--demo"], "--out DIR is required"),
         (["--out", "o"], "give exactly one input: LOG, --scores CSV or --demo."),
         (["--demo", "--scores", "x.csv", "--out", "o"], "give exactly one input"),
+        (
+            ["--scores", "x.csv", "--out", "o"],
+            "--scores needs --cut T, the score that separates SAFE from UNSAFE",
+        ),
+        (["--scores", "x.csv", "--cut", "nan", "--out", "o"], "--cut must be a finite number"),
+        (["--demo", "--direct-cut", "inf", "--out", "o"], "--cut must be a finite number"),
+        (["--scores", "x.csv", "--cut", "0.5", "--out", "o"], "scores file 'x.csv' does not"),
         (["--demo", "--labels", "l.csv", "--out", "o"], "--labels goes with a decision LOG"),
         (["--demo", "--n-boot", "0", "--out", "o"], "--n-boot must be >= 1; got 0."),
         (["--demo", "--seed", "-1", "--out", "o"], "--seed must be >= 0; got -1."),
@@ -157,3 +165,128 @@ def test_the_registry_refuses_unknown_and_wrong_entries(monkeypatch):
     monkeypatch.setitem(_checks.CARD_CHECKS, "other", ("tests.test_diag_card", "DummyCheck"))
     with pytest.raises(DataError, match="is not a 'other' check"):
         card_check("other")
+
+
+# ------------------------------------------------------------------------------------------
+# a scores CSV like a public benchmark's per-case judgements: five score values in [0, 1]
+
+
+def _benchmark_csv(path, n=40, *, lonely=True, situations=True):
+    """``n`` contrasts, scores from {0, .25, .5, .75, 1}, 4 situations; one contrast of one
+    class (``lonely``); no image, request or member columns."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    vals = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
+    head = "case_id,label,score,contrast_id" + (",situation_id" if situations else "")
+    lines = [head]
+    for c in range(n):
+        s = f",s{c % 4}" if situations else ""
+        lines.append(f"c{c}a,safe,{rng.choice(vals, p=[0.4, 0.2, 0.2, 0.1, 0.1])},c{c}{s}")
+        lines.append(f"c{c}b,unsafe,{rng.choice(vals, p=[0.1, 0.1, 0.3, 0.25, 0.25])},c{c}{s}")
+    if lonely:
+        lines += [f"solo1,safe,0.25,k1{',s0' if situations else ''}"]
+        lines += [f"solo2,unsafe,1,k2{',s1' if situations else ''}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench_card(tmp_path_factory):
+    import subprocess
+    import sys
+
+    d = tmp_path_factory.mktemp("bench")
+    csv_path = _benchmark_csv(d / "scores.csv")
+    argv = ["--scores", str(csv_path), "--cut", "0.5", "--out", str(d / "card"), "--n-boot", "50"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "spotstop.cli", "card", *argv, "--quiet"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return d / "card", proc.stderr
+
+
+def test_the_card_reports_ties_at_the_cut_and_the_rule_of_each_number(bench_card):
+    import numpy as np
+    from spotstop.diagnostics import read_scores_csv
+    from spotstop.guard.policies import unsafe_mask
+
+    out, stderr = bench_card
+    doc = json.loads((out / "card.json").read_text())
+    st = doc["settings"]
+    t = read_scores_csv(out.parent / "scores.csv")
+    assert st["direct_cut"] == 0.5 and st["n_at_cut"] == int((t.score == 0.5).sum()) > 0
+    # the tie side comes from the guard's one rule (S >= t: UNSAFE), not a copy of it
+    assert st["tie_side"]["guard_rule"] == (
+        "UNSAFE" if unsafe_mask(np.array([0.5]), 0.5)[0] else "SAFE"
+    )
+    assert st["tie_side"] == {"guard_rule": "UNSAFE", "direct_answer": "SAFE"}
+    assert st["cut_rules"]["fields"].startswith("S > cut")
+    assert st["cut_rules"]["checks.prevalence.frozen"].startswith("S ≥ cut")
+    share = 100 * st["n_at_cut"] / st["n_cases"]
+    tie_msg = (
+        f"{st['n_at_cut']} of {st['n_cases']} scores ({share:.1f} %) equal the cut 0.5: the "
+        "direct answer (S > cut; the Spot-Stop fields) counts them SAFE, the guard's rule "
+        "(S ≥ t; the prevalence check's fixed cut) UNSAFE; to keep them on one side for both "
+        "rules, put the cut between two score values (e.g. --cut 0.375 or --cut 0.625)."
+    )
+    assert st["cut_warnings"] == [tie_msg] and st["warnings"][0] == tie_msg
+    assert f"spotstop card: warning: {tie_msg}" in stderr
+    md = (out / "card.md").read_text()
+    assert (
+        f"{st['n_at_cut']} of {st['n_cases']} scores equal the cut: the direct answer "
+        "(S > 0.5; the Spot-Stop fields) counts them SAFE, the guard's rule (S ≥ 0.5; the "
+        "prevalence check's fixed cut) UNSAFE." in md
+    )
+    assert "equal the cut" in (out / "card.html").read_text()
+
+
+def test_one_class_contrasts_are_listed_in_the_warnings(bench_card):
+    out, _ = bench_card
+    doc = json.loads((out / "card.json").read_text())
+    assert doc["settings"]["n_one_class_contrasts"] == 2
+    msg = (
+        "2 contrast id(s) hold cases of one class only, form no pair and are left out of the "
+        "pair statistics: k1, k2. Label their missing side or drop them."
+    )
+    assert msg in doc["settings"]["warnings"]
+    assert f"- {msg}" in (out / "card.md").read_text()
+
+
+def test_scene_blind_row_on_a_scores_csv_says_once_what_is_missing(bench_card):
+    out, _ = bench_card
+    md = (out / "card.md").read_text()
+    section = md[md.index("## Scene-blind readers") :]
+    section = section[: section.index("\n## ", 5)]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    assert rows == [
+        "| not measured | the cases have no image-file columns (width, height, bytes), "
+        "request-only score (score_text) and gray-image score (score_gray), so no reader of "
+        "them ran; add them to the input to check whether the label leaks there. |"
+    ]
+    assert "not available" not in section and "NaN" not in section
+    doc = json.loads((out / "card.json").read_text())
+    assert len(doc["checks"]["scene_blind"]["not_measured"]) == 3
+
+
+def test_a_cut_with_every_score_on_one_side_warns(tmp_path):
+    from spotstop.diagnostics import read_scores_csv
+    from spotstop.diagnostics._card import CutWarning, compute_card
+
+    t = read_scores_csv(_benchmark_csv(tmp_path / "s.csv", n=12, lonely=False, situations=False))
+    # every warning the card raises is collected into its settings, none escapes
+    card = compute_card(t, direct_cut=0.0, n_boot=20, n_boot_checks=20, n_boot_kernel=5, rng=0)
+    n_at = int((t.score == 0).sum())
+    assert card.settings["cut_warnings"][0] == (
+        f"All 24 scores lie at or above the cut 0 ({n_at} equal to it): one rule answers the "
+        "same for every case. Is the cut on the score's scale? Pass the cut your guard uses "
+        "with --cut."
+    )
+    assert card.settings["cut_warnings"][1].startswith(f"{n_at} of 24 scores")
+    assert "e.g. --cut 0.125)" in card.settings["cut_warnings"][1]
+    assert issubclass(CutWarning, UserWarning)
+    card = compute_card(t, direct_cut=0.6, n_boot=20, n_boot_checks=20, n_boot_kernel=5, rng=0)
+    assert card.settings["cut_warnings"] == [] and card.settings["n_at_cut"] == 0
