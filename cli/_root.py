@@ -115,6 +115,12 @@ COMMANDS: dict[str, Command] = {
         (),
         "check an exported bundle as the robot runs it, and against the torch reference",
     ),
+    "cost": Command(
+        "spotstop.export._cli",
+        "add_cost_parser",
+        (),
+        "FLOPs, weight bytes and roofline lower bound of one scene, per member and device",
+    ),
 }
 
 #: top-level module -> the extra that installs it (pyproject.toml's optional dependencies).

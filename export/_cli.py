@@ -1,11 +1,11 @@
-"""The export room's subcommands: ``tiny``, ``export`` and ``verify-bundle``.
+"""The export room's subcommands: ``tiny``, ``export``, ``verify-bundle`` and ``cost``.
 
 Each has ``add_<cmd>_parser(subparsers)`` (adds its parser and sets ``func``) and
 ``run_<cmd>(args) -> int``. The composition root (``spotstop.cli``) registers them; this
 module imports only the standard library, and each handler imports what it needs when it
 runs. ``tiny`` and ``export`` need the ``export`` extra (torch, transformers, onnx);
 ``verify-bundle`` runs its runtime half on the base install and its torch-reference half
-where the extra is installed.
+where the extra is installed; ``cost`` runs on the base install.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "add_cost_parser",
     "add_export_parser",
     "add_tiny_parser",
     "add_verify_bundle_parser",
+    "run_cost",
     "run_export",
     "run_tiny",
     "run_verify_bundle",
@@ -259,3 +261,133 @@ def _finite_or_null(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [_finite_or_null(v) for v in x]
     return x
+
+
+# ---- cost ------------------------------------------------------------------------------------
+
+_COST_DESCRIPTION = """\
+Cost of one scene, per member and for the pair, from the members' config.json and the
+bundle's real token counts (its rendered prompt with --request, the member's image grid, the
+score plan of its answers): FLOPs of the vision tower and of the decoder prefill, weight bytes
+per precision, and the roofline lower bound on named devices. Runs on the base install (no
+torch): the formulas are per architecture in spotstop.export.cost.
+
+The model:
+  * prefill only: one forward pass per continuation row over prompt + row (the scene pass;
+    no gray or request-only pass, no generation); FLOPs = 2 x multiply-adds.
+  * counted: every matrix product of the scoring graphs: linear layers, convolutions (patch
+    embedding; depthwise causal convolutions over L + k - 1 outputs), attention scores and
+    values over the full L x L matrix (as the exported graph computes them), Gated-DeltaNet
+    as transformers' chunked rule for export (chunk 64, sequence padded to whole chunks:
+    k_beta k^T, q k^T, the UT transform applied as two C x C products, per chunk the state
+    reads, the intra-chunk product and the state update), SigLIP2's position-table resize;
+    output rows actually read: the bundle scores with teacher forcing, so only the answers'
+    first-token rows at the last prompt position and one full-vocabulary row per
+    continuation read (the ONNX graph reads at least one) — not the L x vocabulary logits.
+  * not counted: norms, activations, rotary embeddings, softmax, elementwise gates,
+    embedding gathers, the UT inverse's forward substitution (elementwise), SigLIP2's
+    attention-pooling head (never read). tests/test_cost.py checks the count against
+    torch's FLOP counter on the tiny pair (within 1 %).
+  * an ONNX member runs its decoder at a right-padded length bucket: the FLOPs at that
+    length are printed too ("as run").
+  * weight bytes as spotstop export writes them: fp32 4 B, fp16 2 B; int8/int4 weight-only
+    blocks of 128 with float32 scales on the matrix multiplies, the token table float16.
+  * roofline: max(FLOPs / dense peak, weight bytes / bandwidth), weights read once,
+    activations neglected; fp16 at the fp16 peak, int8 at the int8 peak (a W8A8 engine),
+    int4 weight-only at the fp16 peak. Device figures (dense, GPU share of the Jetson
+    modules) and their sources: spotstop.export.cost_data.DEVICES.
+  * beside the pair's total: the paper's 7.4 TFLOPs (lowest resolution: Qwen3.5-2B at 256
+    visual tokens, LFM2.5-VL-3B without tiling at 32-64) and 16.8 TFLOPs (default) per case;
+    --real costs the real pair (recorded configs) at those settings.
+  * measured / bound: where --results (bench/RESULTS.md) has a median latency for the
+    same bundle id (or, with --real, a bench/gpu.py run at the real dimensions) on a named
+    device, the ratio of measured to the fp16 bound.
+"""
+
+
+def add_cost_parser(sub: Any) -> None:
+    """``spotstop cost``: FLOPs, weight bytes and roofline bounds of one scene."""
+    from spotstop.export.cost_data import DEVICES
+
+    p = sub.add_parser(
+        "cost",
+        help="FLOPs, weight bytes and roofline lower bound of one scene, per member and device",
+        description=_COST_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("bundle", type=Path, nargs="?", help="bundle folder (or --real)")
+    p.add_argument(
+        "--real",
+        action="store_true",
+        help="cost the real pair (Qwen3.5-2B + LFM2.5-VL-3B, recorded configs) at the "
+        "paper's settings instead of a bundle",
+    )
+    p.add_argument(
+        "--setting",
+        choices=["low", "default", "both"],
+        default="both",
+        help="with --real: low (Qwen 256 visual tokens, LFM 64 without tiling), default "
+        "(Qwen 1024, LFM tiled 4x256 + 256 thumbnail) or both (default)",
+    )
+    p.add_argument(
+        "--text-tokens",
+        type=int,
+        default=None,
+        help="with --real: prompt tokens besides the visual ones (default 72)",
+    )
+    p.add_argument(
+        "--request",
+        default=None,
+        help="the request whose tokens count in the bundle's prompt (default: a short one)",
+    )
+    p.add_argument(
+        "--device",
+        action="append",
+        choices=sorted(DEVICES),
+        default=None,
+        help="device for the roofline; repeat (default: all)",
+    )
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=Path("bench") / "RESULTS.md",
+        help="measured latencies (default bench/RESULTS.md; ignored when absent)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run_cost)
+
+
+def run_cost(args: argparse.Namespace) -> int:
+    """Run ``spotstop cost``: 0 printed, 2 bad input."""
+    from spotstop.export import cost
+
+    if (args.bundle is None) == (not args.real):
+        print("spotstop cost: give a BUNDLE folder or --real (not both).", file=sys.stderr)
+        return 2
+    devices = args.device or list(cost.DEVICES)
+    docs = []
+    if args.real:
+        settings = ["low", "default"] if args.setting == "both" else [args.setting]
+        measured = cost.measured_latencies(
+            args.results, lambda sec: "--tiny" not in sec.splitlines()[0]
+        )
+        text = cost.DEFAULT_TEXT_TOKENS if args.text_tokens is None else args.text_tokens
+        if text < 1:
+            print("spotstop cost: --text-tokens must be positive.", file=sys.stderr)
+            return 2
+        for s in settings:
+            pair = cost.real_pair_cost(s, text_tokens=text)
+            docs.append(
+                cost.report(
+                    pair, devices=devices, measured=measured, bound_for=cost.bench_member_cost
+                )
+            )
+    else:
+        pair = cost.bundle_cost(args.bundle, request=args.request or cost.DEFAULT_REQUEST)
+        measured = cost.measured_latencies(args.results, lambda sec: pair.label in sec)
+        docs.append(cost.report(pair, devices=devices, measured=measured))
+    if args.json:
+        print(json.dumps(docs if len(docs) > 1 else docs[0], indent=2, allow_nan=False))
+    else:
+        print("\n\n".join(cost.format_report(d) for d in docs))
+    return 0
