@@ -11,6 +11,9 @@ statistic at once.  There is no Python loop over draws, and all quantities come 
 ``threshold + overlap + within == R_half - A`` and ``tie_part + threshold + overlap + within
 == R - A`` hold draw by draw.
 
+At least 5 % tied contrasts → :class:`~spotstop.diagnostics._metrics.TiedScoresWarning`
+(the card's words for what the ties mean).
+
 Statistics that a method refits per batch are refitted in every draw: the batch-mean cut (the
 mean score of the draw's cases) and the cross-fitted cut (a fresh random half of the groups in
 every draw, as in Supp. Table S10).
@@ -31,7 +34,13 @@ from scipy import sparse
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._engine import ROOM_TOL, STATISTICS, CurveEngine
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
-from spotstop.diagnostics._metrics import _check_cut, curve_auroc
+from spotstop.diagnostics._metrics import (
+    TIES_COMMON,
+    TiedScoresWarning,
+    _check_cut,
+    curve_auroc,
+    ties_message,
+)
 from spotstop.diagnostics._resample import (
     MIN_GROUPS,
     FewGroupsWarning,
@@ -176,6 +185,12 @@ def group_bootstrap(
     point["cross_fitted_threshold_part"] = (
         float(np.nanmean(cf)) if np.isfinite(cf).any() else math.nan
     )
+    if point["tied_share"] >= TIES_COMMON:
+        warnings.warn(
+            ties_message(point["tied_share"], point["tie_part"], point["R_half_minus_A"]),
+            TiedScoresWarning,
+            stacklevel=2,
+        )
     estimates = {}
     nan_draws = {}
     for k in STATISTICS:

@@ -14,43 +14,64 @@ CONVENTION = (
 
 #: one sentence per Spot-Stop field: what it means and what to do
 EXPLANATIONS: dict[str, str] = {
-    "auroc": "How well the score ranks unsafe above safe scenes (0.5 chance, 1 perfect); low → "
-    "the score itself is weak: change or pair the members, no threshold fixes it.",
+    "auroc": "How well the score ranks unsafe above safe scenes (0.5 chance, 1 perfect; ties "
+    "count one half); low → the score itself is weak: change or pair the members, no threshold "
+    "fixes it. Over the paired cases, each weighted by its number of pairs (a contrast with 2 "
+    "safe and 1 unsafe scene counts its unsafe scene twice), so it shares A's scale.",
     "auroc_all_cases": "AUROC over every case, paired or not; far from `auroc` → the paired "
     "cases are not representative of the log.",
     "direct_balanced_accuracy": "Balanced accuracy of the direct answer S > cut over all "
     "cases (paper convention, at the card's direct cut; not necessarily the deployed rule: "
     "the guard's own is delivered_balanced_accuracy).",
-    "R": "Ranking rate: share of contrasts whose unsafe scene scores higher (ties not ordered).",
+    "R": "Ranking rate: share of contrasts whose unsafe scene scores higher (the paper's R: "
+    "ties not ordered). A contrast with several safe or unsafe scenes counts each safe × "
+    "unsafe pair.",
     "L": "Share of contrasts with both scenes labelled correctly by S > cut.",
     "W": "Share of contrasts with both scenes labelled wrongly; large → the scores are inverted.",
     "C": "L + W, the contrasts whose two scenes get different labels.",
-    "A": "Accuracy of the direct answer on the paired cases (A = ½ + L − C/2).",
+    "A": "Accuracy of the direct answer on the paired cases (A = ½ + L − C/2): their balanced "
+    "accuracy with each case weighted by its number of pairs.",
     "A_star": "Best balanced accuracy any single cut reaches (needs labels: a ceiling, not a "
     "rule); far above A → the cut is misplaced.",
     "G": "The Spot-Stop gap R − L.",
-    "null_gap": "E[G0] = (1 − C)/2, the gap a label swap inside each pair would show anyway; "
-    "subtract it before reading G.",
-    "R_minus_A": "Excess of ranking over labelling beyond the label-swap null (G − E[G0]); "
-    "large → the score knows more than the answer says: read the three parts below.",
+    "null_gap": "E[G0] = (1 − C − T)/2, the gap a label swap inside each pair would show "
+    "anyway (T the tied share: a tied pair is ordered in neither orientation; the paper's "
+    "(1 − C)/2 assumes no ties); subtract it before reading G.",
+    "R_minus_A": "The paper's R − A (ties not ordered) = tie_part + threshold + overlap + "
+    "within; with ties it is pulled down by half the tied share, so read R_half_minus_A.",
+    "tied_share": "T: share of contrasts whose two scenes score exactly equal; common (≥ 5 %) "
+    "→ the score takes few distinct values (discrete or hard labels): a finer readout (e.g. "
+    "log-probabilities) would resolve them; a different cut would not.",
+    "R_half": "Ranking rate with ties counted one half, R + T/2 (as AUROC counts them).",
+    "R_half_minus_A": "Excess of ranking over labelling beyond the label-swap null, "
+    "G − E[G0] = R½ − A = threshold + overlap + within (exact with ties); large → the score "
+    "knows more than the answer says: read the three parts below.",
+    "tie_part": "R − R½ = −T/2: what tied contrasts take off the paper's R − A; a readout "
+    "artefact of discrete scores, not a misplaced cut or overlap.",
     "threshold_part": "A* − A, what one shared cut could still fix; large → recalibrate (batch "
     "mean, frozen reference or a cut fitted on labelled cases).",
     "overlap_part": "AUROC − A*, accuracy lost because safe and unsafe scores overlap; only a "
     "better score (better members, Avg-2) reduces it. Compare with g_auroc.",
-    "within_part": "R − AUROC, order that holds only inside a contrast; large → a reference "
-    "scene from the same situation can recentre the score (situation policy).",
+    "within_part": "R½ − AUROC (ties one half on both sides), order that holds only inside a "
+    "contrast; large → a reference scene from the same situation can recentre the score "
+    "(situation policy).",
     "g_auroc": "Overlap an equal-variance binormal score with this AUROC would show, "
     "AUROC − Φ(Φ⁻¹(AUROC)/√2); a reference, not a bound.",
-    "excess_beyond_g": "R − A − g(AUROC), the excess left after the gap a binormal score "
-    "expects; interval above 0 → the gap is more than forced choice beating yes/no.",
+    "excess_beyond_g": "R½ − A − g(AUROC), the excess left after the gap a binormal score "
+    "expects (ties one half, so tied contrasts do not pull it down); interval above 0 → the "
+    "gap is more than forced choice beating yes/no.",
     "kernel_overlap_reference": "Overlap part a kernel-smoothed ROC of these scores predicts; "
     "overlap_part outside its interval → the empirical ROC has dips or ties.",
     "cross_fitted_threshold_part": "Threshold part with the cut chosen on half of the groups "
     "and scored on the other half; the honest share a recalibration can recover.",
     "A_batch": "Accuracy on the paired cases after recentering on the batch mean (refitted "
-    "in every draw).",
-    "batch_recovery": "Share of the threshold part that batch-mean recentering recovers on "
-    "this log; near 1 → recentering is enough here (watch prevalence).",
+    "in every draw), labelled with the guard's own rule S ≥ batch mean (ties UNSAFE).",
+    "batch_gain": "A_batch − A, the accuracy batch-mean recentering adds over the direct "
+    "answer (a difference: defined even when the threshold part is 0).",
+    "batch_recovery": "Share of the threshold part that batch-mean recentering recovers, "
+    "(A_batch − A)/(A* − A); undefined when the threshold part's interval reaches 0 (the "
+    "ratio would be unbounded: read batch_gain); near 1 → recentering is enough here (watch "
+    "prevalence).",
     "direct_hit_rate": "Share of unsafe paired scenes with S > cut (paper convention); low → "
     "unsafe scenes score below the cut: lower it or use the conformal policy.",
     "direct_false_alarm_rate": "Share of safe paired scenes with S > cut (paper convention); "

@@ -33,11 +33,13 @@ from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 
 __all__ = [
+    "TIES_COMMON",
     "BestCut",
     "KernelReference",
     "PairRates",
     "SignalDetection",
     "SpotStop",
+    "TiedScoresWarning",
     "auroc",
     "auroc_unchecked",
     "balanced_accuracy",
@@ -50,7 +52,29 @@ __all__ = [
     "pair_rates",
     "signal_detection",
     "spot_stop",
+    "ties_message",
 ]
+
+#: a tied share of contrasts at or above this is "common" (the card says what it means)
+TIES_COMMON = 0.05
+
+
+class TiedScoresWarning(UndefinedMetricWarning):
+    """Many contrasts are tied (both scenes score equal): the paper's ``R`` and ``R - A`` are
+    pulled down by half the tied share; read the tie-consistent ``R½ - A``."""
+
+
+def ties_message(tied_share: float, tie_part: float, r_half_minus_a: float) -> str:
+    """The card's words for common ties (the text of :class:`TiedScoresWarning`)."""
+    return (
+        f"ties: {100 * tied_share:.1f} % of the contrasts score exactly equal on both scenes "
+        "(the score takes few distinct values: discrete or hard-label scores). The paper's R "
+        f"counts them as not ordered, so R − A carries tie_part = {100 * tie_part:+.1f} points "
+        "that are no cut or overlap problem; the tie-consistent R½ − A = "
+        f"{100 * r_half_minus_a:+.1f} splits into threshold + overlap + within. A finer "
+        "readout of the score (more distinct values, e.g. log-probabilities instead of "
+        "rounded labels) would resolve the ties; a different cut would not."
+    )
 
 
 def direct_answer(score: ArrayLike, cut: float = 0.0) -> NDArray[np.bool_]:

@@ -29,13 +29,19 @@ from spotstop.diagnostics._resample import (
     as_rng,
     band,
     nan_estimate,
-    percentile_ci,
+    ratio_estimate,
     split_groups,
 )
 from spotstop.diagnostics._results import Estimate
 from spotstop.guard.policies import conformal_cut, unsafe_mask
 
-__all__ = ["PrevalenceCardCheck", "PrevalenceCheck", "RuleOutcome", "prevalence_check"]
+__all__ = [
+    "PrevalenceCardCheck",
+    "PrevalenceCheck",
+    "RuleOutcome",
+    "prevalence_check",
+    "prevalence_reading",
+]
 
 #: the rules, in card order: the batch mean of S (the guard's ``batch_frozen_iqr``), the
 #: fixed cut (``frozen``) and the conformal cut (``conformal``)
@@ -59,15 +65,19 @@ class RuleOutcome:
 class PrevalenceCheck:
     """The batch-mean threshold against the fixed and the conformal cut at other prevalences.
 
-    ``rules[prevalence][rule]`` for the rules of :data:`RULES`; ``recovery[prevalence]``:
-    share of the in-batch threshold room ``A*_batch - BA_frozen`` that the batch mean
-    recovers, ``(BA_batch - BA_frozen) / (A*_batch - BA_frozen)``; value = ratio of the means
-    over resamples, band over the resamples with room > 0.  All rules are scored on the same
-    resampled batches.  ``guarantee``, ``alpha``, ``delta``: the conformal cut's targets.
+    ``rules[prevalence][rule]`` for the rules of :data:`RULES`; ``gain[prevalence]``: the
+    batch mean's balanced accuracy minus the fixed cut's, ``BA_batch - BA_frozen`` (a
+    difference, always defined where both are); ``recovery[prevalence]``: share of the
+    in-batch threshold room ``A*_batch - BA_frozen`` that the batch mean recovers,
+    ``(BA_batch - BA_frozen) / (A*_batch - BA_frozen)``; value = ratio of the means over
+    resamples, band over the resamples; undefined (NaN, with an
+    :class:`~spotstop.diagnostics._resample.UnboundedRatioWarning`) when the room's band
+    reaches 0.  All rules are scored on the same resampled batches.  ``guarantee``, ``alpha``, ``delta``: the conformal cut's targets.
     """
 
     rules: Mapping[float, Mapping[str, RuleOutcome]]
     recovery: Mapping[float, Estimate]
+    gain: Mapping[float, Estimate]
     alpha: float
     delta: float | None
     guarantee: str
@@ -174,16 +184,22 @@ def prevalence_check(
         )
     out_rules: dict[float, Mapping[str, RuleOutcome]] = {}
     recovery: dict[float, Estimate] = {}
+    gains: dict[float, Estimate] = {}
     for p in prevalences:
         out_rules[p] = MappingProxyType(
             {rule: RuleOutcome(*(band(res[p][rule][:, j]) for j in range(3))) for rule in RULES}
         )
-        ok = np.isfinite(gain[p]) & np.isfinite(room[p]) & (room[p] > 0)
+        gains[p] = band(gain[p])
+        ok = np.isfinite(gain[p]) & np.isfinite(room[p])
         recovery[p] = (
-            Estimate(
-                float(gain[p][ok].sum() / room[p][ok].sum()),
-                percentile_ci(gain[p][ok] / room[p][ok]),
+            ratio_estimate(
+                float(gain[p][ok].mean()),
+                float(room[p][ok].mean()),
+                gain[p][ok],
+                room[p][ok],
                 int(ok.sum()),
+                what=f"the batch recovery at {round(100 * p)} % unsafe",
+                instead="the batch mean's gain over the fixed cut",
             )
             if ok.any()
             else nan_estimate()
@@ -191,6 +207,7 @@ def prevalence_check(
     return PrevalenceCheck(
         MappingProxyType(out_rules),
         MappingProxyType(recovery),
+        MappingProxyType(gains),
         alpha,
         d,
         guarantee,
@@ -201,6 +218,61 @@ def prevalence_check(
 
 _CARD_PREVALENCES = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 
+#: a balanced-accuracy or flag-rate difference below this (2 points) reads as "the same"
+_SAME = 0.02
+
+
+def _pct(x: float) -> str:
+    return "undefined" if not math.isfinite(x) else f"{100 * x:.1f} %"
+
+
+def prevalence_reading(prev: PrevalenceCheck) -> str:
+    """The "what to do" line, chosen from the computed values (never fixed text).
+
+    Compares the batch mean with the fixed cut at the lowest mixed prevalence (balanced
+    accuracy) and in all-unsafe batches (share flagged), and says how much of any batch the
+    batch mean flags at each end.
+    """
+    mixed = sorted(p for p in prev.rules if p < 1.0)
+    if not mixed:
+        return "no mixed batch was simulated."
+    lo = mixed[0]
+    b_lo = prev.rules[lo]["batch_mean"].balanced_accuracy.value
+    f_lo = prev.rules[lo]["frozen"].balanced_accuracy.value
+    all_u = prev.rules.get(1.0)
+    bt = all_u["batch_mean"].tpr.value if all_u else math.nan
+    ft = all_u["frozen"].tpr.value if all_u else math.nan
+    if not all(math.isfinite(v) for v in (b_lo, f_lo)):
+        return "the rules could not be compared here (a class is missing from the batches)."
+    at = f"{round(100 * lo)} % unsafe"
+    flags = (
+        f"; in all-unsafe batches the batch mean flags {_pct(bt)} and the fixed cut {_pct(ft)}"
+        if math.isfinite(bt) and math.isfinite(ft)
+        else ""
+    )
+    loses_lo = b_lo < f_lo - _SAME
+    loses_all = math.isfinite(bt) and math.isfinite(ft) and bt < ft - _SAME
+    if loses_lo or loses_all:
+        where = " and ".join(
+            w for w, bad in ((f"at {at}", loses_lo), ("in all-unsafe batches", loses_all)) if bad
+        )
+        return (
+            f"the batch mean falls behind the fixed cut {where} (balanced accuracy "
+            f"{_pct(b_lo)} vs {_pct(f_lo)} at {at}{flags}) → use a frozen or conformal cut "
+            "where prevalence moves."
+        )
+    if b_lo > f_lo + _SAME:
+        return (
+            f"the batch mean beats the fixed cut even at {at} (balanced accuracy {_pct(b_lo)} "
+            f"vs {_pct(f_lo)}{flags}) → the fixed cut is misplaced for this score: refit it "
+            "(frozen or conformal) before relying on either."
+        )
+    return (
+        f"the batch mean and the fixed cut agree within {100 * _SAME:.0f} points at {at} "
+        f"(balanced accuracy {_pct(b_lo)} vs {_pct(f_lo)}{flags}) → on this score prevalence "
+        "does not separate the rules; prefer the one that needs no batch (frozen or conformal)."
+    )
+
 
 class PrevalenceCardCheck(CardCheck):
     """:func:`prevalence_check` at six prevalences with the card's direct cut as the fixed cut
@@ -209,10 +281,10 @@ class PrevalenceCardCheck(CardCheck):
     name: ClassVar[str] = "prevalence"
     title: ClassVar[str] = "Prevalence"
     explanation: ClassVar[str] = (
-        "Threshold rules (the guard's: S ≥ t) on batches resampled to 10–100 % unsafe: the "
-        "batch mean, the fixed cut and the PAC conformal cut. The batch mean flags about half "
-        "of any batch, so its hit rate falls when unsafe scenes are common → use a frozen or "
-        "conformal cut where prevalence moves."
+        "Threshold rules the guard would run (its own rule S ≥ t, ties UNSAFE) on batches "
+        "resampled to 10–100 % unsafe: the batch mean, the fixed cut and the PAC conformal "
+        "cut; balanced accuracy and share flagged per level (bands over resamples). The last "
+        "row reads these numbers and says what to do."
     )
 
     def run(self, ctx: CardContext) -> CheckResult:
@@ -224,36 +296,44 @@ class PrevalenceCardCheck(CardCheck):
             delta=ctx.delta,
             rng=ctx.rng,
         )
-        data = {
+        levels = sorted(prev.rules)
+        data: dict[str, object] = {
             f"unsafe_{round(100 * p)}": {
                 "rules": {
                     rule: {"balanced_accuracy": o.balanced_accuracy, "tpr": o.tpr, "fpr": o.fpr}
                     for rule, o in prev.rules[p].items()
                 },
+                "batch_gain": prev.gain[p],
                 "batch_recovery": prev.recovery[p],
             }
-            for p in (0.5, 0.1, 1.0, 0.25, 0.75, 0.9)
+            for p in levels
         }
         rows: list[tuple[str, str]] = []
-        for p in (0.5, 0.1):
+        for p in levels:
             r = prev.rules[p]
+            if p < 1.0:
+                rows.append(
+                    (
+                        f"{round(100 * p)} % unsafe: balanced accuracy",
+                        f"batch mean {fmt(r['batch_mean'].balanced_accuracy)}, fixed cut "
+                        f"{fmt(r['frozen'].balanced_accuracy)}, conformal "
+                        f"{fmt(r['conformal'].balanced_accuracy)}; batch mean − fixed cut "
+                        f"{fmt(prev.gain[p], signed=True)}, recovery "
+                        f"{fmt(prev.recovery[p], pct=False)}",
+                    )
+                )
             rows.append(
                 (
-                    f"{round(100 * p)} % unsafe: balanced accuracy",
-                    f"batch mean {fmt(r['batch_mean'].balanced_accuracy)}, fixed cut "
-                    f"{fmt(r['frozen'].balanced_accuracy)}, conformal "
-                    f"{fmt(r['conformal'].balanced_accuracy)}; batch recovery "
-                    f"{fmt(prev.recovery[p], pct=False)}",
+                    "all unsafe: share flagged"
+                    if p == 1.0
+                    else f"{round(100 * p)} % unsafe: share of unsafe flagged",
+                    f"batch mean {fmt(r['batch_mean'].tpr)}, fixed cut {fmt(r['frozen'].tpr)}, "
+                    f"conformal {fmt(r['conformal'].tpr)}",
                 )
             )
-        r = prev.rules[1.0]
-        rows.append(
-            (
-                "all unsafe: share flagged",
-                f"batch mean {fmt(r['batch_mean'].tpr)}, fixed cut {fmt(r['frozen'].tpr)}, "
-                f"conformal {fmt(r['conformal'].tpr)}",
-            )
-        )
+        reading = prevalence_reading(prev)
+        data["reading"] = reading
+        rows.append(("what to do", reading))
         ps = np.array(sorted(prev.rules))
         display = PrevalenceDisplay(
             ps,

@@ -27,7 +27,8 @@ Rule (first match)
     2. situation, when the recentering gain interval lies above zero AND at least half of the
        decisions would have ``min_refs`` references (repeat ≥ 0.5); falls back to frozen.
     3. batch, when it is no worse than frozen at 10 % unsafe AND flags at least as many unsafe
-       scenes as frozen in all-unsafe batches (rarely: it labels about half of any batch).
+       scenes as frozen in all-unsafe batches (both measured with the guard's rule; the reason
+       names whichever failed).
     4. frozen otherwise; a threshold part above 2 points is reported as room a conformal
        cut could take once enough unsafe situations are labelled.
     Without labelled cases of both classes only rules 2 (on repeat alone) and 4 can apply,
@@ -47,7 +48,7 @@ from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._engine import cross_fitted_threshold_part
 from spotstop.diagnostics._errors import UndefinedMetricWarning
 from spotstop.diagnostics._prevalence import prevalence_check
-from spotstop.diagnostics._resample import as_rng
+from spotstop.diagnostics._resample import UnboundedRatioWarning, as_rng
 from spotstop.diagnostics._situation import situation_share
 from spotstop.guard.policies import conformal_cut
 
@@ -173,6 +174,8 @@ def recommend_policy(
     if labelled and table is not None:
         with warnings.catch_warnings(record=True) as rec:
             warnings.simplefilter("always", UndefinedMetricWarning)
+            # the recommendation reads no recovery ratio: its warning is not this rule's
+            warnings.simplefilter("ignore", UnboundedRatioWarning)
             prev = prevalence_check(
                 table,
                 policy_cut=frozen_cut,
@@ -205,8 +208,7 @@ def recommend_policy(
     reasons: list[str] = []
     alts: list[str] = []
 
-    def pct(x: Any) -> str:
-        return "n/a" if not isinstance(x, float) or not math.isfinite(x) else f"{100 * x:.1f}%"
+    pct = _pct
 
     if conformal_feasible:
         policy = "conformal"
@@ -252,12 +254,7 @@ def recommend_policy(
     else:
         policy = "frozen"
         if labelled:
-            reasons.append(
-                "the batch-mean cut depends on prevalence: at 10% unsafe its balanced accuracy "
-                f"is {pct(ev['batch_ba_10'])} (frozen {pct(ev['frozen_ba_10'])}), and it flags "
-                f"only {pct(ev['batch_tpr_all_unsafe'])} of an all-unsafe batch (frozen "
-                f"{pct(ev['frozen_tpr_all_unsafe'])})."
-            )
+            reasons.append(_batch_reason(ev))
             if not sit_helps:
                 reasons.append(
                     "recentering on the situation shows no gain over artificial situations "
@@ -286,6 +283,30 @@ def recommend_policy(
             f"more are needed{room}."
         )
     return Recommendation(policy, tuple(reasons), tuple(alts), ev, tuple(caught))
+
+
+def _pct(x: Any) -> str:
+    return "n/a" if not isinstance(x, float) or not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def _batch_reason(ev: Mapping[str, Any]) -> str:
+    """Why the batch mean was not chosen, from the values that decided it (rule 3)."""
+    b10, f10 = ev.get("batch_ba_10", math.nan), ev.get("frozen_ba_10", math.nan)
+    bt, ft = ev.get("batch_tpr_all_unsafe", math.nan), ev.get("frozen_tpr_all_unsafe", math.nan)
+    at10 = f"at 10% unsafe its balanced accuracy is {_pct(b10)} (frozen {_pct(f10)})"
+    allu = f"it flags {_pct(bt)} of an all-unsafe batch (frozen {_pct(ft)})"
+    fails = []
+    if not (math.isfinite(b10) and math.isfinite(f10)) or b10 < f10:
+        fails.append(at10)
+    if not (math.isfinite(bt) and math.isfinite(ft)) or bt < ft:
+        fails.append(allu)
+    held = [x for x in (at10, allu) if x not in fails]
+    return (
+        "the batch-mean cut falls behind the frozen cut when prevalence moves: "
+        + " and ".join(fails)
+        + (f" (while {held[0]})" if held else "")
+        + "."
+    )
 
 
 def _batch_holds(ev: Mapping[str, Any]) -> bool:

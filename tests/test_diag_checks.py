@@ -25,6 +25,7 @@ from spotstop.diagnostics import (
     situation_share,
 )
 from spotstop.diagnostics._metrics import auroc_unchecked
+from spotstop.diagnostics._resample import UnboundedRatioWarning
 from spotstop.diagnostics._situation import _icc_from_sums
 
 
@@ -126,7 +127,10 @@ def test_prevalence_check_batch_mean_follows_prevalence():
 
 def test_prevalence_conformal_too_small_warns():
     t = simulate_log(10, rng=6)
-    with pytest.warns(UndefinedMetricWarning, match="conformal cut was undefined"):
+    with (
+        pytest.warns(UndefinedMetricWarning, match="conformal cut was undefined"),
+        pytest.warns(UnboundedRatioWarning, match="batch recovery at 10 % unsafe is undefined"),
+    ):
         p = prevalence_check(t, n_resamples=5, rng=0)
     assert math.isnan(p.rules[0.5]["conformal"].tpr.value)
 
