@@ -98,9 +98,13 @@ class Params:
     embed: int  # token table (vocab x hidden)
     head: int  # an untied output layer (vocab x hidden); 0 when tied to the table
     other: int  # text norms, convolutions, biases
+    #: of the vision counts: weights the checkpoint holds but the scoring graph never reads
+    #: (SigLIP2's attention-pooling head), as (linear, other)
+    unused: tuple[int, int] = (0, 0)
 
     @property
     def total(self) -> int:
+        """Every parameter of the checkpoint (the torch model's count)."""
         return (
             self.vision_linear
             + self.vision_other
@@ -111,10 +115,11 @@ class Params:
         )
 
     def bytes(self, precision: str) -> int:
-        """Weight bytes as ``spotstop export`` writes them at ``precision``."""
+        """Weight bytes as ``spotstop export`` writes them at ``precision`` (without the
+        weights the scoring graph never reads)."""
         b = _BYTES[precision]
-        linear = (self.vision_linear + self.text_linear + self.head) * b["linear"]
-        other = (self.vision_other + self.other) * b["other"]
+        linear = (self.vision_linear - self.unused[0] + self.text_linear + self.head) * b["linear"]
+        other = (self.vision_other - self.unused[1] + self.other) * b["other"]
         if self.head or precision in ("fp32", "fp16"):
             table = self.embed * b["embed"]
         else:  # tied, quantized: the output layer's blocks, read by the Gather too
@@ -379,9 +384,10 @@ class Lfm2VlCost(ArchCost):
             vo += 2 * df
         if bool(_g(config, "projector_bias", True)):
             vo += ph + h
+        unused = (0, 0)
         if bool(_g(v, "vision_use_head", True)):  # stored in the checkpoint, never read
-            vl += 4 * d * d + 2 * d * i
-            vo += d + 3 * d + d + 2 * d + i + d
+            unused = (4 * d * d + 2 * d * i, d + 3 * d + d + 2 * d + i + d)
+            vl, vo = vl + unused[0], vo + unused[1]
         layers = list(t["layer_types"])
         nh, nkv = int(t["num_attention_heads"]), int(t["num_key_value_heads"])
         hd = int(_g(t, "head_dim", h // nh))
@@ -394,7 +400,7 @@ class Lfm2VlCost(ArchCost):
         to = h + len(layers) * 2 * h + n_full * 2 * hd
         to += n_conv * (h * k + (3 * h + h + h if cb else 0))
         tied = bool(_g(config, "tie_word_embeddings", _g(t, "tie_word_embeddings", True)))
-        return Params(vl, vo, tl, vocab * h, 0 if tied else vocab * h, to)
+        return Params(vl, vo, tl, vocab * h, 0 if tied else vocab * h, to, unused)
 
 
 # ---- per member, per scene -------------------------------------------------------------------
@@ -560,7 +566,7 @@ def bundle_cost(path: str | os.PathLike[str], *, request: str = DEFAULT_REQUEST)
         )
         padded_len = padded = None
         buckets = sorted(int(x) for x in entry.get("buckets") or [])
-        graphs = bm.path / "graphs.yaml"
+        graphs = bm.path / "spotstop_onnx.yaml"  # guard.backends._graphs.GRAPHS_FILE
         if onnx and not buckets and graphs.is_file():
             meta = yaml.safe_load(graphs.read_text(encoding="utf-8")) or {}
             buckets = sorted(int(x) for x in (meta.get("decoder") or {}).get("buckets") or [])

@@ -142,8 +142,9 @@ def test_parameter_counts_match_the_model(
     mha = sum(h.in_proj_weight.numel() for h in heads)
     assert p.vision_linear + p.text_linear + p.head == sum(linear.values()) + mha
     assert p.embed == model.get_input_embeddings().weight.numel()
-    assert p.bytes("fp16") == 2 * p.total
-    assert p.bytes("fp32") == 4 * p.total
+    read = p.total - sum(p.unused)  # SigLIP2's pooling head: in the checkpoint, never read
+    assert p.bytes("fp16") == 2 * read
+    assert p.bytes("fp32") == 4 * read
     assert p.bytes("int4") < p.bytes("int8") < p.bytes("fp16")
 
 
@@ -263,3 +264,19 @@ def test_measured_over_bound_from_results_md(tmp_path: Path) -> None:
     assert r["member"] == "Qwen3.5-2B" and r["ratio"] == pytest.approx(80.5 / r["bound_ms"])
     assert r["bound_ms"] > 0
     assert measured_latencies(tmp_path / "missing.md", lambda s: True) == []
+
+
+def test_onnx_bundle_cost_runs_at_its_bucket_and_weighs_what_the_export_wrote(
+    member_fp32_bundles: Any,
+) -> None:
+    """An exported member: the decoder as run at its length bucket, at least one full
+    vocabulary row read, and the weight bytes the export recorded (within 1 %: the graph
+    holds the position table resized to its grid and the two first-token rows besides)."""
+    b = member_fp32_bundles("lfm2_vl")
+    (m,) = bundle_cost(b).members
+    assert m.precision == "fp32" and m.padded_len is not None
+    assert m.padded_len >= m.workload.seq_len and m.padded_flops is not None
+    assert m.padded_flops >= m.total
+    assert m.workload.read_rows >= 1
+    assert m.bundle_weight_bytes is not None
+    assert abs(m.weight_bytes("fp32") - m.bundle_weight_bytes) <= 0.01 * m.bundle_weight_bytes
