@@ -67,6 +67,7 @@ __all__ = [
     "get_cost_model",
     "measured_latencies",
     "member_cost",
+    "paper_text_tokens",
     "real_pair_cost",
     "register",
     "report",
@@ -638,6 +639,25 @@ def real_pair_cost(setting: str, *, text_tokens: int = DEFAULT_TEXT_TOKENS) -> P
     )
 
 
+def paper_text_tokens(setting: str, *, limit: int = 100_000) -> int | None:
+    """The prompt text tokens (besides the visual ones) at which :func:`real_pair_cost`
+    reaches the paper's TFLOPs for ``setting``; None when it exceeds them already at one
+    token (this model's visual work alone is more than the paper's figure) or never does."""
+    target = PAPER_TFLOPS[setting] * 1e12
+    if real_pair_cost(setting, text_tokens=1).total >= target:
+        return None
+    if real_pair_cost(setting, text_tokens=limit).total < target:
+        return None
+    lo, hi = 1, limit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if real_pair_cost(setting, text_tokens=mid).total < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 #: bench/gpu.py's real-dimension run: 512x512 images (32x32 patches) for both members
 BENCH_GRID = (32, 32)
 
@@ -759,6 +779,9 @@ def report(
         "scene_flops": pair.total,
         "scene_weight_bytes": {p: pair.weight_bytes(p) for p in PRECISIONS},
         "paper_tflops": PAPER_TFLOPS,
+        "paper_text_tokens": (
+            paper_text_tokens(pair.setting) if pair.setting in PAPER_TFLOPS else None
+        ),
         "roofline": rl,
         "devices": {d: DEVICES[d] for d in devices},
         "measured": ratios,
@@ -838,6 +861,16 @@ def format_report(doc: Mapping[str, Any]) -> str:
         f"resolution, {paper['default']} TFLOPs at the default; this: "
         f"{doc['scene_flops'] / 1e12:.4g} TFLOPs"
     )
+    setting = doc["setting"]
+    if setting in paper:
+        n = doc["paper_text_tokens"]
+        lines.append(
+            f"this model reaches the paper's {paper[setting]} TFLOPs ({setting}) at about {n} "
+            "prompt text tokens per member (the paper does not give its prompt lengths)"
+            if n
+            else f"this model exceeds the paper's {paper[setting]} TFLOPs ({setting}) even at "
+            "one text token: the assumed image tiling is heavier than the paper's"
+        )
     lines.append("")
     lines.append(
         f"{'weights':<16} {'params':>8} "
