@@ -278,9 +278,11 @@ The model:
   * counted: every matrix product of the scoring graphs: linear layers, convolutions (patch
     embedding; depthwise causal convolutions over L + k - 1 outputs), attention scores and
     values over the full L x L matrix (as the exported graph computes them), Gated-DeltaNet
-    as transformers' chunked rule for export (chunk 64, sequence padded to whole chunks:
-    k_beta k^T, q k^T, the UT transform applied as two C x C products, per chunk the state
-    reads, the intra-chunk product and the state update), SigLIP2's position-table resize;
+    as the chunked algorithm of transformers' torch_chunk_gated_delta_rule, the reference
+    an export is validated against (chunk 64, sequence padded to whole chunks: k_beta k^T,
+    q k^T, the UT transform applied as two C x C products, per chunk the state reads, the
+    intra-chunk product and the state update; an exported kernel that computes the same
+    result another way may do other work), SigLIP2's position-table resize;
     output rows actually read: the bundle scores with teacher forcing, so only the answers'
     first-token rows at the last prompt position and one full-vocabulary row per
     continuation read (the ONNX graph reads at least one) — not the L x vocabulary logits.

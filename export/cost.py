@@ -10,7 +10,9 @@ What is counted (one scene, scene pass: the camera image + the request; no gray 
       convolutions over their L + k - 1 padded outputs), attention scores and values over the
       full L x L matrix (the exported graph computes it all; a causal kernel would do about
       half), the Gated-DeltaNet's chunked algorithm as transformers' ``torch_chunk_gated_delta_rule``
-      writes it for export (chunk size 64; the sequence padded to whole chunks): the C x C
+      writes it for export, the reference an export is validated against (chunk size 64; the
+      sequence padded to whole chunks; an exported kernel that computes the same result
+      another way may do other work): the C x C
       products k_beta k^T and q k^T, the UT transform applied as two C x C products, and per
       chunk the state reads k_cumdecay S and q S, the intra-chunk product A v_new and the state
       update k^T v_new; SigLIP2's position-table resize (a matrix product); the output layer
