@@ -13,7 +13,9 @@ cut
     interval lies above 0 and the cross-fitted part is above 1 point (or nothing was
     measured); else ``ok``.  What recovers it: the
     situation (recentering gain over artificial situations with its interval above 0), the
-    batch mean (its recovery at this log's prevalence and at 10 % unsafe), else a refit.
+    batch mean (its recovery at this log's prevalence and at 10 % unsafe; its gain, a
+    difference, when the recovery ratio is undefined), else a refit.  When 5 % or more of the
+    contrasts are tied the sentence says so (a finer readout, not a cut, orders them).
 policy
     :func:`~spotstop.diagnostics._recommend.recommend_policy`'s choice.  ``ok`` when it is the
     deployed kind (or nothing is deployed), ``warn`` when it differs.
@@ -37,6 +39,7 @@ from typing import Any, Literal
 
 from spotstop.diagnostics._check_base import fmt, fmt_p
 from spotstop.diagnostics._errors import DataError
+from spotstop.diagnostics._metrics import TIES_COMMON
 from spotstop.diagnostics._recommend import Recommendation
 from spotstop.diagnostics._results import Estimate
 
@@ -132,9 +135,19 @@ def cut_item(
             f"recentering on the situation gains {fmt(gain)} points over artificial "
             f"situations (ICC {fmt(sit.icc, pct=False)})"
         )
+    bgain = fields.get("batch_gain")
     if math.isfinite(rec.value):
-        at10 = f", {fmt(rec10)} % at 10 % unsafe" if rec10 is not None else ""
+        at10 = (
+            f", {fmt(rec10)} % at 10 % unsafe"
+            if rec10 is not None and math.isfinite(rec10.value)
+            else ""
+        )
         recover.append(f"the batch mean recovers {fmt(rec)} % of it here{at10}")
+    elif bgain is not None and math.isfinite(bgain.value):
+        recover.append(
+            f"the batch mean adds {fmt(bgain, signed=True)} points over the direct answer here "
+            "(its share of the threshold part is undefined: that part's interval reaches 0)"
+        )
     if _above(cf, CUT_ROOM):
         status: Status = "fail"
         head = "The cut is misplaced"
@@ -151,13 +164,20 @@ def cut_item(
         todo = "the batch mean recovers it, also at 10 % unsafe."
     else:
         todo = "refit the cut on labelled decisions (`spotstop recalibrate`, frozen or conformal)."
+    ties = fields.get("tied_share")
+    tied = (
+        f" {fmt(ties)} % of the contrasts are tied (few distinct score values): a finer "
+        "readout of the score, not another cut, would order them."
+        if ties is not None and math.isfinite(ties.value) and ties.value >= TIES_COMMON
+        else ""
+    )
     return VerdictItem(
         status,
         "cut",
         f"{head}: at the direct cut S > {cut:.4g} ({cut_source}) one shared cut chosen on other "
         f"groups would add {fmt(cf)} points of balanced accuracy (in sample {fmt(tp)})"
         + (f"; {'; '.join(recover)}" if recover else "")
-        + f"; {todo}",
+        + f"; {todo}{tied}",
     )
 
 
@@ -256,6 +276,7 @@ COMPARED: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("delivered balanced accuracy", ("delivered_balanced_accuracy",), False),
     ("AUROC", ("fields", "auroc"), False),
     ("R − A", ("fields", "R_minus_A"), False),
+    ("R½ − A", ("fields", "R_half_minus_A"), False),
     ("threshold part", ("fields", "threshold_part"), False),
     ("file reader AUROC", ("checks", "scene_blind", "file_reader_auroc"), False),
 )

@@ -207,3 +207,20 @@ def test_policy_rule_by_hand():
     assert switch.status == "warn" and "--policy conformal" in switch.sentence
     assert "deployed frozen policy (v0004+0123abcd)" in switch.sentence
     assert "nothing is deployed" in policy_item(dataclasses.replace(rec), None).sentence
+
+
+def test_cut_item_reads_the_gain_when_the_recovery_is_undefined_and_names_ties():
+    fields = _fields(_e(0.05, 0.0, 0.1), _e(0.03, 0.01, 0.05), _e(math.nan, math.nan, math.nan))
+    fields["batch_gain"] = _e(0.012, -0.01, 0.03)
+    fields["tied_share"] = _e(0.365, 0.3, 0.43)
+    item = cut_item(fields, _Prev(_e(math.nan, math.nan, math.nan)), None, "x", 0.5)
+    assert "the batch mean adds +1.2 [-1.0, +3.0] points" in item.sentence
+    assert "undefined" in item.sentence and "nan" not in item.sentence.lower()
+    assert "36.5 [30.0, 43.0] % of the contrasts are tied" in item.sentence
+    assert "not another cut" in item.sentence
+    # few ties: no tie sentence; a defined recovery without a defined 10 % one: no 'at 10 %'
+    fields["tied_share"] = _e(0.01, 0.0, 0.02)
+    fields["batch_recovery"] = _e(0.6, 0.2, 0.9)
+    quiet = cut_item(fields, _Prev(_e(math.nan, math.nan, math.nan)), None, "x", 0.5)
+    assert "tied" not in quiet.sentence and "at 10 % unsafe" not in quiet.sentence
+    assert "recovers 60.0 [20.0, 90.0] % of it here" in quiet.sentence
