@@ -461,9 +461,11 @@ def _displays(table: CaseTable, ss: Any, fields: Mapping[str, Estimate]) -> dict
                 batch: unsafe_mask(s, mean),
             }
             out["roc"] = RocDisplay.from_scores(y, s, w, flags, ss.auroc)
-        keys = ("R_minus_A", "threshold_part", "overlap_part", "within_part")
+        # ties count one half: R½ − A = threshold + overlap + within exactly (R − A adds the
+        # tie part, a field of its own)
+        keys = ("R_half_minus_A", "threshold_part", "overlap_part", "within_part")
         out["split"] = SplitDisplay(
-            ("R − A", "threshold", "overlap", "within"),
+            ("R½ − A", "threshold", "overlap", "within"),
             np.array([fields[k].value for k in keys]),
             np.array([fields[k].ci.low for k in keys]),
             np.array([fields[k].ci.high for k in keys]),
