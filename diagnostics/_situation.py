@@ -14,11 +14,17 @@ from numpy.typing import NDArray
 from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult, fmt
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._metrics import _undefined, auroc_unchecked, flag_rates, wbincount
-from spotstop.diagnostics._resample import as_rng, draw_group_counts, nan_estimate, percentile_ci
+from spotstop.diagnostics._resample import (
+    MIN_GROUPS,
+    as_rng,
+    draw_group_counts,
+    nan_estimate,
+    percentile_ci,
+)
 from spotstop.diagnostics._results import Estimate
 from spotstop.guard.policies import unsafe_mask
 
-__all__ = ["SituationShare", "SituationShareCheck", "situation_share"]
+__all__ = ["SituationShare", "SituationShareCheck", "situation_reading", "situation_share"]
 
 
 @dataclass(frozen=True)
@@ -180,14 +186,15 @@ class SituationShareCheck(CardCheck):
     name: ClassVar[str] = "situation_share"
     title: ClassVar[str] = "Situation share"
     explanation: ClassVar[str] = (
-        "Share of the label-adjusted score variance at situation level (ICC); high, with a "
-        "recentering gain above 0 over artificial situations → use the situation policy."
+        "Share of the label-adjusted score variance at situation level (ICC) and the "
+        "balanced-accuracy gain of recentering on real over artificial situations; the last "
+        "row reads these numbers and says what to do."
     )
 
     def run(self, ctx: CardContext) -> CheckResult:
         sit = situation_share(ctx.table, n_boot=ctx.n_boot, rng=ctx.rng)
         n = sit.icc.n
-        data = {
+        data: dict[str, object] = {
             "icc": sit.icc,
             "ba_gain_vs_artificial": sit.ba_gain,
             "auroc_gain_vs_artificial": sit.auroc_gain,
@@ -203,5 +210,34 @@ class SituationShareCheck(CardCheck):
             ("balanced accuracy gain of recentering vs artificial situations", fmt(sit.ba_gain)),
             ("AUROC gain of the centred score vs artificial", fmt(sit.auroc_gain, pct=False)),
             ("situations with two or more cases", str(sit.n_situations)),
+            ("what to do", situation_reading(sit)),
         )
+        data["reading"] = rows[-1][1]
         return CheckResult(data, rows, result=sit)
+
+
+def situation_reading(sit: SituationShare) -> str:
+    """The situation section's "what to do" line, chosen from its computed values."""
+    g = sit.ba_gain
+    few = (
+        f" Only {sit.n_situations} situations: the interval is optimistic (fewer than "
+        f"{MIN_GROUPS} groups)."
+        if 0 < sit.n_situations < MIN_GROUPS
+        else ""
+    )
+    if not math.isfinite(g.value):
+        return "not measured: the cases need situations with both classes; give situation_id." + few
+    if math.isfinite(g.ci.low) and g.ci.low > 0:
+        return (
+            f"recentering on the situation gains {fmt(g)} points over artificial situations "
+            "(interval above 0) → the situation policy can use it, where situations repeat." + few
+        )
+    if math.isfinite(g.ci.high) and g.ci.high < 0:
+        return (
+            f"recentering on the situation loses {fmt(g)} points against artificial "
+            "situations (interval below 0) → do not recentre on the situation." + few
+        )
+    return (
+        f"recentering on the situation gains {fmt(g)} points over artificial situations, an "
+        "interval that includes 0 → no evidence that the situation policy helps here." + few
+    )

@@ -416,3 +416,22 @@ def test_prevalence_card_rows_cover_every_level_and_reading_uses_numbers():
     assert f"{100 * bt:.1f} %" in reading  # the line quotes the computed share flagged
     assert "about half" not in reading
     assert all("batch_gain" in res.data[k] for k in levels)
+
+
+def test_situation_reading_follows_the_interval():
+    from spotstop.diagnostics._results import ConfidenceInterval, Estimate
+    from spotstop.diagnostics._situation import SituationShare, situation_reading
+
+    def share(v: float, lo: float, hi: float, n_sit: int) -> SituationShare:
+        e = Estimate(v, ConfidenceInterval(lo, hi), 100)
+        return SituationShare(e, 0.7, 0.6, e, 0.6, 0.7, 0.8, 0.7, e, n_sit)
+
+    up = situation_reading(share(0.05, 0.02, 0.08, 100))
+    assert "gains 5.0 [2.0, 8.0] points" in up and "can use it" in up and "Only" not in up
+    flat = situation_reading(share(0.01, -0.02, 0.04, 8))
+    assert "includes 0" in flat and "no evidence" in flat
+    assert "Only 8 situations" in flat and "optimistic" in flat
+    down = situation_reading(share(-0.05, -0.08, -0.02, 100))
+    assert "do not recentre" in down
+    none = situation_reading(share(math.nan, math.nan, math.nan, 0))
+    assert none.startswith("not measured")
