@@ -34,6 +34,7 @@ from spotstop.diagnostics._metrics import (
     wbincount,
 )
 from spotstop.diagnostics._resample import as_rng, random_halves
+from spotstop.guard.policies import unsafe_mask
 
 __all__ = ["ROOM_TOL", "STATISTICS", "CrossFit", "CurveEngine", "cross_fitted_threshold_part"]
 
@@ -243,8 +244,10 @@ class CurveEngine:
             au = np.einsum("ij,ij->i", wu, cs + cs_prev) / (2 * ts[:, 0] * tu[:, 0])
             a_star, _ = self._best(cs, cu, ts, tu)
             batch_cut = (counts @ self.sum_g) / (counts @ self.cases_g)
-            # the guard's rule S >= t: cut index of the first unique score >= t
-            k_batch = np.searchsorted(self.v, batch_cut, side="left")
+            # the guard's own rule (S >= t, ties UNSAFE) on the sorted unique scores: the
+            # flagged ones are a suffix, so the cut index is the count of those not flagged
+            flagged = unsafe_mask(self.v[None, :], batch_cut[:, None])
+            k_batch = (~flagged).sum(axis=1)
             a_batch = self._ba_at(cs, cu, ts, tu, k_batch)
             g = au - ndtr(ndtri(au) / math.sqrt(2.0))
             kd = np.full(counts.shape[0], self.k_direct)
