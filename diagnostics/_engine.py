@@ -280,7 +280,8 @@ class CurveEngine:
                 "g_auroc": g,
                 "excess_beyond_g": r_half - A - g,
                 "A_batch": a_batch,
-                "batch_gain": a_batch - A,
+                # a gain at rounding level (the batch cut labels as the direct cut) is 0
+                "batch_gain": np.where(np.abs(a_batch - A) <= ROOM_TOL, 0.0, a_batch - A),
                 # undefined (NaN) without threshold room (A* - A at rounding level); whether
                 # the ratio is reported at all is decided on the room's interval (_bootstrap)
                 "batch_recovery": np.where(

@@ -26,6 +26,7 @@ from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._metrics import _undefined, best_ba_unchecked, flag_rates
 from spotstop.diagnostics._plots import PrevalenceDisplay
 from spotstop.diagnostics._resample import (
+    UnboundedRatioWarning,
     as_rng,
     band,
     nan_estimate,
@@ -185,6 +186,7 @@ def prevalence_check(
     out_rules: dict[float, Mapping[str, RuleOutcome]] = {}
     recovery: dict[float, Estimate] = {}
     gains: dict[float, Estimate] = {}
+    unbounded: list[int] = []
     for p in prevalences:
         out_rules[p] = MappingProxyType(
             {rule: RuleOutcome(*(band(res[p][rule][:, j]) for j in range(3))) for rule in RULES}
@@ -198,11 +200,23 @@ def prevalence_check(
                 gain[p][ok],
                 room[p][ok],
                 int(ok.sum()),
-                what=f"the batch recovery at {round(100 * p)} % unsafe",
-                instead="the batch mean's gain over the fixed cut",
+                what="",
+                instead="",
+                warn=False,
             )
             if ok.any()
             else nan_estimate()
+        )
+        if ok.any() and math.isnan(recovery[p].value):
+            unbounded.append(round(100 * p))
+    if unbounded:
+        warnings.warn(
+            "the batch recovery (BA_batch − BA_frozen)/(A*_batch − BA_frozen) is undefined at "
+            f"{', '.join(map(str, unbounded))} % unsafe: the in-batch threshold room's band "
+            "reaches 0 there, so the ratio is unbounded; read the batch mean's gain over the "
+            "fixed cut (batch_gain) instead; returning NaN.",
+            UnboundedRatioWarning,
+            stacklevel=2,
         )
     return PrevalenceCheck(
         MappingProxyType(out_rules),
@@ -230,8 +244,8 @@ def prevalence_reading(prev: PrevalenceCheck) -> str:
     """The "what to do" line, chosen from the computed values (never fixed text).
 
     Compares the batch mean with the fixed cut at the lowest mixed prevalence (balanced
-    accuracy) and in all-unsafe batches (share flagged), and says how much of any batch the
-    batch mean flags at each end.
+    accuracy) and in all-unsafe batches (share flagged), quotes both comparisons with their
+    numbers, and advises from whichever is behind by more than 2 points.
     """
     mixed = sorted(p for p in prev.rules if p < 1.0)
     if not mixed:
@@ -245,32 +259,29 @@ def prevalence_reading(prev: PrevalenceCheck) -> str:
     if not all(math.isfinite(v) for v in (b_lo, f_lo)):
         return "the rules could not be compared here (a class is missing from the batches)."
     at = f"{round(100 * lo)} % unsafe"
-    flags = (
-        f"; in all-unsafe batches the batch mean flags {_pct(bt)} and the fixed cut {_pct(ft)}"
-        if math.isfinite(bt) and math.isfinite(ft)
-        else ""
-    )
-    loses_lo = b_lo < f_lo - _SAME
-    loses_all = math.isfinite(bt) and math.isfinite(ft) and bt < ft - _SAME
-    if loses_lo or loses_all:
-        where = " and ".join(
-            w for w, bad in ((f"at {at}", loses_lo), ("in all-unsafe batches", loses_all)) if bad
-        )
+    ba = f"balanced accuracy at {at}: batch mean {_pct(b_lo)}, fixed cut {_pct(f_lo)}"
+    has_all = math.isfinite(bt) and math.isfinite(ft)
+    flag = f"share flagged in all-unsafe batches: batch mean {_pct(bt)}, fixed cut {_pct(ft)}"
+    behind = [
+        c for c, bad in ((ba, b_lo < f_lo - _SAME), (flag, has_all and bt < ft - _SAME)) if bad
+    ]
+    level = [c for c in (ba, flag) if c not in behind and (c is ba or has_all)]
+    if behind:
+        also = f" ({'; '.join(level)})" if level else ""
         return (
-            f"the batch mean falls behind the fixed cut {where} (balanced accuracy "
-            f"{_pct(b_lo)} vs {_pct(f_lo)} at {at}{flags}) → use a frozen or conformal cut "
-            "where prevalence moves."
+            f"the batch mean falls behind the fixed cut: {'; '.join(behind)}{also} → use a "
+            "frozen or conformal cut where prevalence moves."
         )
     if b_lo > f_lo + _SAME:
         return (
-            f"the batch mean beats the fixed cut even at {at} (balanced accuracy {_pct(b_lo)} "
-            f"vs {_pct(f_lo)}{flags}) → the fixed cut is misplaced for this score: refit it "
-            "(frozen or conformal) before relying on either."
+            f"the batch mean beats the fixed cut even at {at} ({'; '.join(level)}) → the fixed "
+            "cut is misplaced for this score: refit it (frozen or conformal) before relying on "
+            "either."
         )
     return (
-        f"the batch mean and the fixed cut agree within {100 * _SAME:.0f} points at {at} "
-        f"(balanced accuracy {_pct(b_lo)} vs {_pct(f_lo)}{flags}) → on this score prevalence "
-        "does not separate the rules; prefer the one that needs no batch (frozen or conformal)."
+        f"the batch mean and the fixed cut agree within {100 * _SAME:.0f} points "
+        f"({'; '.join(level)}) → prevalence does not separate the rules on this score; prefer "
+        "the one that needs no batch (frozen or conformal)."
     )
 
 

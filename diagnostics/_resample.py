@@ -253,13 +253,15 @@ def ratio_estimate(
     what: str,
     instead: str,
     tol: float = 1e-9,
+    warn: bool = True,
 ) -> Estimate:
     """``num / den`` with the percentile interval of the draw-wise ratios, or undefined.
 
     When the denominator's value or its 2.5–97.5 % interval reaches 0 (within ``tol``), some
     draws divide by (almost) nothing and the ratio's interval is unbounded: the result is NaN
     with an :class:`UnboundedRatioWarning` that names ``what`` and the quantity to read
-    ``instead``.  Otherwise draws whose denominator is within ``tol`` of 0 are left out.
+    ``instead`` (``warn=False``: no warning, for a caller that names several at once).
+    Otherwise draws whose denominator is within ``tol`` of 0 are left out.
     """
     ci = percentile_ci(den_draws)
     reaches_zero = (
@@ -268,6 +270,8 @@ def ratio_estimate(
         or not (math.isfinite(ci.low) and math.isfinite(ci.high))
         or (ci.low <= tol and ci.high >= -tol)
     )
+    if reaches_zero and not warn:
+        return nan_estimate(n)
     if reaches_zero:
         warnings.warn(
             f"{what} is undefined: its denominator {den:.3g} has the interval "

@@ -129,7 +129,7 @@ def test_prevalence_conformal_too_small_warns():
     t = simulate_log(10, rng=6)
     with (
         pytest.warns(UndefinedMetricWarning, match="conformal cut was undefined"),
-        pytest.warns(UnboundedRatioWarning, match="batch recovery at 10 % unsafe is undefined"),
+        pytest.warns(UnboundedRatioWarning, match="batch recovery .* is undefined at 10"),
     ):
         p = prevalence_check(t, n_resamples=5, rng=0)
     assert math.isnan(p.rules[0.5]["conformal"].tpr.value)

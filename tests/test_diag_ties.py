@@ -435,3 +435,38 @@ def test_situation_reading_follows_the_interval():
     assert "do not recentre" in down
     none = situation_reading(share(math.nan, math.nan, math.nan, 0))
     assert none.startswith("not measured")
+
+
+def _prev_check(b10: float, f10: float, bt: float, ft: float):
+    from spotstop.diagnostics._prevalence import PrevalenceCheck, RuleOutcome
+    from spotstop.diagnostics._results import NAN_CI, Estimate
+
+    def out(ba: float, tpr: float) -> RuleOutcome:
+        return RuleOutcome(
+            Estimate(ba, NAN_CI, 10), Estimate(tpr, NAN_CI, 10), Estimate(0, NAN_CI, 10)
+        )
+
+    rules = {
+        0.1: {"batch_mean": out(b10, 0.5), "frozen": out(f10, 0.5), "conformal": out(math.nan, 0)},
+        1.0: {"batch_mean": out(math.nan, bt), "frozen": out(math.nan, ft), "conformal": out(0, 0)},
+    }
+    return PrevalenceCheck(rules, {}, {}, 0.1, 0.1, "pac", 10, 10)
+
+
+def test_prevalence_reading_is_chosen_from_the_values():
+    # behind in all-unsafe batches only
+    r = prevalence_reading(_prev_check(0.735, 0.735, 0.619, 0.892))
+    assert r.startswith("the batch mean falls behind the fixed cut: share flagged in all-unsafe")
+    assert "batch mean 61.9 %, fixed cut 89.2 %" in r
+    assert "(balanced accuracy at 10 % unsafe: batch mean 73.5 %, fixed cut 73.5 %)" in r
+    assert "frozen or conformal" in r
+    # behind at 10 % only
+    r = prevalence_reading(_prev_check(0.60, 0.75, 0.95, 0.95))
+    assert "falls behind the fixed cut: balanced accuracy at 10 % unsafe" in r
+    # the batch mean flags every unsafe scene as the guard's rule does, and wins at 10 %
+    r = prevalence_reading(_prev_check(0.80, 0.60, 1.0, 1.0))
+    assert r.startswith("the batch mean beats the fixed cut even at 10 % unsafe")
+    assert "batch mean 100.0 %, fixed cut 100.0 %" in r
+    r = prevalence_reading(_prev_check(0.70, 0.705, 0.9, 0.9))
+    assert r.startswith("the batch mean and the fixed cut agree within 2 points")
+    assert "about half" not in r
