@@ -53,7 +53,7 @@ from spotstop.diagnostics._resample import (
     ratio_estimate,
     resampling_groups,
 )
-from spotstop.diagnostics._results import Estimate
+from spotstop.diagnostics._results import ConfidenceInterval, Estimate
 
 __all__ = ["BootstrapResult", "bootstrap_auroc", "draw_group_counts", "group_bootstrap"]
 
@@ -86,6 +86,12 @@ class BootstrapResult:
         lines = [f"BootstrapResult(n_boot={self.n_boot}, n_groups={self.n_groups},"]
         lines += [f"  {k}={v!r}," for k, v in self.estimates.items()]
         return "\n".join(lines) + "\n)"
+
+
+def _tidy(x: float) -> float:
+    """A reported value at float-rounding level of 0 (e.g. ``A* - A`` = -1.1e-16) is 0; the
+    draws themselves are kept as computed."""
+    return 0.0 if abs(x) < 1e-12 else x
 
 
 def _check_bootstrap(n_boot: int, chunk_size: int, n_splits: int) -> None:
@@ -208,7 +214,10 @@ def group_bootstrap(
                 tol=ROOM_TOL,
             )
             continue
-        estimates[k] = Estimate(point[k], percentile_ci(d), prep.n_pairs)
+        ci = percentile_ci(d)
+        estimates[k] = Estimate(
+            _tidy(point[k]), ConfidenceInterval(_tidy(ci.low), _tidy(ci.high)), prep.n_pairs
+        )
     return BootstrapResult(
         estimates=MappingProxyType(estimates),
         draws=MappingProxyType(draws if keep_draws else {}),
