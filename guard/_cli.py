@@ -88,7 +88,18 @@ def add_check_parser(sub: Any) -> None:
         help="bundle folder (default: the demo bundle, $SPOTSTOP_HOME/demo/bundle)",
     )
     _add_log_and_deadline(p, "seconds; past it the answer is UNSAFE (fail-closed)")
-    p.add_argument("--json", action="store_true", help="print the decision as JSON")
+    p.add_argument(
+        "--min-image-side",
+        type=int,
+        default=None,
+        help="smallest image width/height in pixels; a smaller image is UNSAFE (default 32)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the decision as JSON (also when the guard cannot start: the fail-closed "
+        "decision, with its reason, that no log holds)",
+    )
     add_backend_args(p)
     p.set_defaults(func=run_check)
 
@@ -111,14 +122,36 @@ def run_check(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    with Guard(
-        bundle,
-        log=args.log,
-        deadline_s=args.deadline,
-        device=backend_device(args),
-        backend=args.backend,
-    ) as guard:
-        d = guard.check(Scene(args.image.read_bytes(), args.request, args.situation))
+    from spotstop.guard._image import DEFAULT_MIN_SIDE
+    from spotstop.guard._record import Decision
+
+    if args.min_image_side is not None and args.min_image_side < 1:
+        print(
+            f"spotstop check: --min-image-side must be a positive number of pixels; got "
+            f"{args.min_image_side}.",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        guard = Guard(
+            bundle,
+            log=args.log,
+            deadline_s=args.deadline,
+            device=backend_device(args),
+            backend=args.backend,
+            min_image_side=args.min_image_side or DEFAULT_MIN_SIDE,  # None → default
+        )
+    except Exception as e:  # no guard, no log: the answer is still a fail-closed UNSAFE
+        d = Decision.unlogged(
+            f"guard could not start: {type(e).__name__}: {e}",
+            made_by="cli",
+            request=args.request,
+            situation_id=args.situation,
+        )
+        print(f"spotstop check: {d.fail_reason} (not logged)", file=sys.stderr)
+    else:
+        with guard:
+            d = guard.check(Scene(args.image.read_bytes(), args.request, args.situation))
     if args.json:
         print(json.dumps(d.to_dict(), indent=2))
     else:
@@ -127,7 +160,7 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"{d.label}  S={d.fused_score:+.4f}  threshold={d.threshold:+.4f}  policy={d.policy}")
         if d.fail_closed:
             print(f"fail-closed: {d.fail_reason}")
-        print(f"decision {d.decision_id}  bundle {d.bundle_id}")
+        print(f"decision {d.decision_id or '(none: not logged)'}  bundle {d.bundle_id or '-'}")
     return 0 if d.label == "SAFE" else 1
 
 
@@ -140,6 +173,7 @@ _LIMITS = {
     "--max-body-bytes": "largest request body (default 16 MiB)",
     "--max-image-bytes": "largest encoded image (default 12 MiB)",
     "--max-pixels": "largest width*height (default 40000000)",
+    "--min-image-side": "smallest image width/height in pixels (default 32)",
     "--max-request-chars": "longest request text (default 4000)",
 }
 
@@ -168,7 +202,16 @@ def add_serve_parser(sub: Any) -> None:
         help="environment variable holding the token (default SPOTSTOP_TOKEN)",
     )
     _add_log_and_deadline(
-        p, "seconds per check from arrival, queue wait + scoring (default 10; 0 = none)"
+        p,
+        "seconds per check from the moment its body is in: queue wait, decoding, scoring, "
+        "policy and log write (default 10; 0 = none)",
+    )
+    p.add_argument(
+        "--upload-timeout",
+        type=float,
+        default=None,
+        help="seconds a request body may take to arrive; past it 408 and the connection is "
+        "closed (default 10)",
     )
     for flag, text in _LIMITS.items():
         p.add_argument(flag, type=int, default=None, help=text)
@@ -212,6 +255,8 @@ def run_serve(args: argparse.Namespace) -> int:
     given = {k: getattr(args, k) for k in limits if getattr(args, k) is not None}
     if args.deadline is not None:
         given["deadline_s"] = args.deadline if args.deadline > 0 else None
+    if args.upload_timeout is not None:
+        given["upload_timeout_s"] = args.upload_timeout
     settings = ServeSettings(  # validated here: bad limits or an insecure bind stop us now
         bundle=args.bundle,
         host=args.host,

@@ -5,7 +5,9 @@ member that failed to load, a deadline exceeded, or a log that cannot be written
 UNSAFE with the reason in ``Decision.fail_reason``, never SAFE. A caller tells a fail-closed
 UNSAFE from a scored one by ``Decision.fail_closed``. Every decision is written to the log
 before it is returned; a decision whose log write failed is kept in memory, retried on the
-next call, and returned as a fail-closed UNSAFE.
+next call, and returned as a fail-closed UNSAFE (or, with ``require_logged=True``, raised
+as :class:`DecisionNotLogged`: the sidecar answers 503 rather than a 200 that is not in the
+log). The wait for the log is bounded by the call's deadline.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from spotstop.guard._call import (
     _Work,
 )
 from spotstop.guard._errors import GuardError
-from spotstop.guard._image import DecodedImage, decode_image
+from spotstop.guard._image import DEFAULT_MIN_SIDE, DecodedImage, check_min_side, decode_image
 from spotstop.guard._log import DecisionLog, PolicyRow
 from spotstop.guard._member import Member, load_bundle_member
 from spotstop.guard._record import Decision, DecisionRecord
@@ -50,11 +52,30 @@ from spotstop.guard.policies import (
     load_policy,
 )
 
-__all__ = ["Decision", "Guard", "PolicyMissingError", "SituationInfo"]
+__all__ = ["Decision", "DecisionNotLogged", "Guard", "PolicyMissingError", "SituationInfo"]
 
 
 class PolicyMissingError(GuardError, FileNotFoundError):
     """The bundle has no ``policy.yaml``."""
+
+
+class DecisionNotLogged(GuardError, RuntimeError):
+    """The call's decisions could not be written to the log within its deadline.
+
+    Raised by :meth:`Guard.check_batch` with ``require_logged=True`` only (the sidecar: a 200
+    must be a logged decision). ``decisions`` are what the call would have answered, each a
+    fail-closed UNSAFE; ``reason`` says why the write failed. The rows are not lost: the
+    guard keeps them and writes them first on its next call (or :meth:`Guard.flush_pending`,
+    or :meth:`Guard.close`), as the fail-closed UNSAFE they are.
+    """
+
+    def __init__(self, reason: str, decisions: list[Decision]) -> None:
+        super().__init__(
+            f"{reason}. No answer may be acknowledged: the {len(decisions)} decision(s) of "
+            "this call are not in the log yet (they are kept and written on the next call)."
+        )
+        self.reason = reason
+        self.decisions = decisions
 
 
 @dataclass(frozen=True)
@@ -110,6 +131,8 @@ class Guard:
         ``"tensorrt"`` (with ``device="cuda"``) for the engines built on the device from an
         exported bundle's graphs. A member that cannot load on it (library, GPU or engines
         missing) makes every decision a fail-closed UNSAFE that says why.
+    min_image_side: the smallest width and height (pixels) of a scene image; a smaller one
+        cannot show a scene and makes its decision a fail-closed UNSAFE (default 32).
     """
 
     def __init__(
@@ -126,7 +149,17 @@ class Guard:
         threads: int | None = None,
         backend: str | None = None,
         text_detector: TextDetector | None = None,
+        min_image_side: int = DEFAULT_MIN_SIDE,
     ) -> None:
+        if (
+            isinstance(min_image_side, bool)
+            or not isinstance(min_image_side, int)
+            or (min_image_side < 1)
+        ):
+            raise GuardError(
+                f"min_image_side must be a positive int (pixels); got {min_image_side!r}."
+            )
+        self.min_image_side = min_image_side
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle, verify=verify)
         if deadline_s is not None and not deadline_s > 0:
             raise GuardError(f"deadline_s must be > 0 or None; got {deadline_s!r}.")
@@ -162,10 +195,12 @@ class Guard:
         )
         self._active = self._activate(self._load_policy(self.bundle.policy_path))
         self.policy_path = self.bundle.policy_path
-        self._pending: list[DecisionRecord] = []
-        self._pending_policy: PolicyRow | None = None
+        # rows whose write failed, per call with the policy that decided them, and SAFE rows
+        # to amend (written after their deadline); written first by the next write
+        self._pending: list[tuple[list[DecisionRecord], PolicyRow]] = []
         self._late_amendments: list[tuple[list[str], str]] = []
-        self._pending_lock = threading.Lock()  # the log write and the rows still to write
+        self._pending_mutex = threading.Lock()  # guards the two lists (held briefly)
+        self._write_lock = threading.Lock()  # one log write at a time (waited on ≤ deadline)
         self._lock = threading.Lock()  # one call at a time through decode → score → decide
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotstop-score")
         # the text detector runs beside the members (its own thread), on the same deadline
@@ -262,12 +297,22 @@ class Guard:
         rule, thr, refs = pol.next_threshold(active.store.state, situation_id)
         return SituationInfo(situation_id, pol.kind, refs, rule, thr, pol.min_refs, pol.window)
 
-    def check(self, scene: Scene, *, deadline_s: float | _Unset | None = _UNSET) -> Decision:
+    def check(
+        self,
+        scene: Scene,
+        *,
+        deadline_s: float | _Unset | None = _UNSET,
+        require_logged: bool = False,
+    ) -> Decision:
         """Judge one scene (see :meth:`check_batch`)."""
-        return self.check_batch([scene], deadline_s=deadline_s)[0]
+        return self.check_batch([scene], deadline_s=deadline_s, require_logged=require_logged)[0]
 
     def check_batch(
-        self, scenes: Sequence[Scene], *, deadline_s: float | _Unset | None = _UNSET
+        self,
+        scenes: Sequence[Scene],
+        *,
+        deadline_s: float | _Unset | None = _UNSET,
+        require_logged: bool = False,
     ) -> list[Decision]:
         """Judge scenes together (one batch per member); one logged Decision per scene.
 
@@ -279,6 +324,12 @@ class Guard:
         amended to say so). A scoring call that overruns is abandoned, not killed: its thread
         finishes in the background, its late scores are discarded, and the next call waits
         for it (the members run one batch at a time), on that call's own budget.
+
+        The log write waits for a busy log at most until the deadline. A call whose rows
+        could not be written answers fail-closed UNSAFE and keeps the rows for the next write
+        (``require_logged=False``, the library's default), or raises
+        :class:`DecisionNotLogged` (``require_logged=True``: nothing is acknowledged before it
+        is logged).
         """
         t_start = time.perf_counter()
         deadline = self.deadline_s if isinstance(deadline_s, _Unset) else deadline_s
@@ -294,19 +345,51 @@ class Guard:
             for w in works:
                 w.fail_with(clock.reason("waiting for another call to finish"))
             active = self._active
-            return self._write_log(works, [_Outcome.none()] * len(works), active, t_start, clock)
+            outcomes = [_Outcome.none()] * len(works)
+            return self._write_log(works, outcomes, active, t_start, clock, require_logged)
         try:
             active = self._active
             self._decode(works, clock)
             self._score_with_deadline(works, active, clock)
             outcomes = self._decide(works, active, clock)
-            return self._write_log(works, outcomes, active, t_start, clock)
+            return self._write_log(works, outcomes, active, t_start, clock, require_logged)
         finally:
             self._lock.release()
 
+    @property
+    def pending(self) -> int:
+        """Decisions made but not yet in the log (their write failed; written next)."""
+        with self._pending_mutex:
+            return sum(len(rows) for rows, _ in self._pending)
+
+    def flush_pending(self, timeout_s: float | None = None) -> int:
+        """Write the decisions whose log write failed (and pending amendments) now.
+
+        Returns how many rows were written; raises :class:`~spotstop.guard.LogError` when the
+        log still cannot be written (they stay pending). ``timeout_s`` bounds the wait for
+        the log (None: the log's own timeout).
+        """
+        if not self._write_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            raise GuardError(f"the decision log stayed busy for {timeout_s:g} s; retry later.")
+        try:
+            return self._flush_locked(timeout_s)
+        finally:
+            self._write_lock.release()
+
     def close(self) -> None:
+        """Stop the worker threads, write what is still pending, close the log."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._text_pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.flush_pending()
+        except Exception as e:  # nothing more can be done here; say so loudly
+            import logging
+
+            logging.getLogger("spotstop.guard").error(
+                "%d decision(s) could not be written to the log before closing: %s",
+                self.pending,
+                e,
+            )
         self.log.close()
 
     def __enter__(self) -> Guard:
@@ -328,7 +411,11 @@ class Guard:
                 img = w.scene.image
                 if img is None:
                     raise GuardError("the scene has no image")
-                w.image = img if isinstance(img, DecodedImage) else decode_image(img)
+                if isinstance(img, DecodedImage):
+                    check_min_side(img.width, img.height, self.min_image_side)
+                    w.image = img
+                else:
+                    w.image = decode_image(img, min_side=self.min_image_side)
                 if self.store_images and not isinstance(img, DecodedImage):
                     w.raw = (
                         bytes(img)
@@ -530,6 +617,7 @@ class Guard:
         active: _Active,
         t_start: float,
         clock: _Clock,
+        require_logged: bool = False,
     ) -> list[Decision]:
         for w in works:
             w.latency["total_ms"] = (time.perf_counter() - t_start) * 1e3
@@ -538,44 +626,83 @@ class Guard:
             self._record(w, o, active, batch_id) for w, o in zip(works, outcomes, strict=True)
         ]
         t = time.perf_counter()
-        with self._pending_lock:
-            try:
-                if self._pending:  # earlier decisions whose write failed go first
-                    self.log.append_many(self._pending, policy=self._pending_policy)
-                    self._pending = []
-                while self._late_amendments:
-                    self.log.mark_fail_closed(*self._late_amendments[0])
-                    self._late_amendments.pop(0)
-                if self.store_images:
-                    for i, (w, r) in enumerate(zip(works, records, strict=True)):
-                        self.log.append(
-                            r,
-                            image_bytes=w.raw if r.image_sha256 else None,
-                            policy=active.row if i == 0 else None,
-                        )
-                else:
-                    self.log.append_many(records, policy=active.row)
-            except Exception as e:  # never SAFE without a log row; keep the rows for the next call
-                reason = _reason("decision log", e)
-                records = [
-                    r
-                    if r.fail_closed
-                    else replace(r, label="UNSAFE", fail_closed=True, fail_reason=reason)
-                    for r in records
-                ]
-                self._pending.extend(records)
-                self._pending_policy = active.row
-            else:
-                records = self._amend_late(records, clock)
+        error = self._log_within(records, works, active, clock)
+        if error is None:
+            records = self._amend_late(records, clock)
+        else:  # never SAFE without a log row; keep the rows for the next write
+            records = [
+                r
+                if r.fail_closed
+                else replace(r, label="UNSAFE", fail_closed=True, fail_reason=error)
+                for r in records
+            ]
+            with self._pending_mutex:
+                self._pending.append((records, active.row))
         log_ms = (time.perf_counter() - t) * 1e3
-        return [Decision.of(r, latency_ms={**r.latency_ms, "log_ms": log_ms}) for r in records]
+        out = [Decision.of(r, latency_ms={**r.latency_ms, "log_ms": log_ms}) for r in records]
+        if error is not None and require_logged:
+            raise DecisionNotLogged(error, out)
+        return out
+
+    def _log_within(
+        self,
+        records: list[DecisionRecord],
+        works: list[_Work],
+        active: _Active,
+        clock: _Clock,
+    ) -> str | None:
+        """Write ``records`` (after any pending rows), waiting for the log at most until the
+        deadline (at least one attempt); None when written, else why not."""
+        if not self._write_lock.acquire(timeout=clock.lock_timeout()):
+            return (
+                f"decision log: another write held the log past the deadline of "
+                f"{clock.deadline_s:g} s"
+            )
+        try:
+            self._flush_locked(clock.remaining())
+            if self.store_images:
+                for i, (w, r) in enumerate(zip(works, records, strict=True)):
+                    self.log.append(
+                        r,
+                        image_bytes=w.raw if r.image_sha256 else None,
+                        policy=active.row if i == 0 else None,
+                        timeout_s=clock.remaining(),
+                    )
+            else:
+                self.log.append_many(records, policy=active.row, timeout_s=clock.remaining())
+        except Exception as e:  # the caller fails these closed (and keeps them)
+            return _reason("decision log", e)
+        finally:
+            self._write_lock.release()
+        return None
+
+    def _flush_locked(self, timeout_s: float | None) -> int:
+        """Write pending rows and amendments, oldest first; ``_write_lock`` is held."""
+        written = 0
+        while True:
+            with self._pending_mutex:
+                if not self._pending:
+                    break
+                rows, row = self._pending[0]
+            self.log.append_many(rows, policy=row, timeout_s=timeout_s)
+            with self._pending_mutex:
+                self._pending.pop(0)
+            written += len(rows)
+        while True:
+            with self._pending_mutex:
+                if not self._late_amendments:
+                    break
+                ids, reason = self._late_amendments[0]
+            self.log.mark_fail_closed(ids, reason, timeout_s=timeout_s)
+            with self._pending_mutex:
+                self._late_amendments.pop(0)
+        return written
 
     def _amend_late(self, records: list[DecisionRecord], clock: _Clock) -> list[DecisionRecord]:
         """SAFE rows whose write finished after the deadline become fail-closed UNSAFE.
 
         The row is amended in the log first (SAFE → UNSAFE only); if even that fails, the
         amendment is kept and retried before the next write, and the answer is UNSAFE anyway.
-        Called with ``_pending_lock`` held.
         """
         if not clock.expired():
             return records
@@ -584,10 +711,11 @@ class Guard:
         if not late:
             return records
         ids = [r.decision_id for r in late]
-        try:
-            self.log.mark_fail_closed(ids, reason)
+        try:  # one attempt (the deadline is spent): a busy log gets the change on the next write
+            self.log.mark_fail_closed(ids, reason, timeout_s=0.0)
         except Exception:  # the answer below is UNSAFE either way; retry the row change later
-            self._late_amendments.append((ids, reason))
+            with self._pending_mutex:
+                self._late_amendments.append((ids, reason))
         return [
             replace(r, label="UNSAFE", fail_closed=True, fail_reason=reason)
             if r.label == "SAFE"

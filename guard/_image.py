@@ -52,16 +52,23 @@ from spotstop.guard._errors import ConfigError, ImageError
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_PIXELS",
+    "DEFAULT_MIN_SIDE",
     "SUPPORTED_FORMATS",
     "DecodedImage",
     "ImageRefused",
     "RefusalKind",
+    "check_min_side",
     "decode_image",
     "gray_image",
 ]
 
 DEFAULT_MAX_PIXELS: Final[int] = 40_000_000
 """Largest accepted ``width * height`` (a 40-megapixel frame; 160 MB as RGB uint8)."""
+
+DEFAULT_MIN_SIDE: Final[int] = 32
+"""Smallest side (in pixels) the guard and the sidecar accept: a smaller frame cannot show a
+scene (a 1x1 image is a placeholder, not a camera frame). :func:`decode_image` itself defaults
+to 1 (any non-empty image); the guard passes its ``min_image_side``."""
 
 DEFAULT_MAX_BYTES: Final[int] = 50 * 1024 * 1024
 """Largest accepted encoded size in bytes (50 MiB)."""
@@ -78,6 +85,7 @@ RefusalKind = Literal[
     "truncated",
     "zero_size",
     "decompression_bomb",
+    "too_small",
 ]
 
 _REFUSAL_KINDS: Final[frozenset[str]] = frozenset(get_args(RefusalKind))
@@ -168,6 +176,7 @@ def decode_image(
     *,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    min_side: int = 1,
 ) -> DecodedImage:
     """Decode a JPEG, PNG or WebP scene image into an upright RGB image, or refuse it.
 
@@ -180,6 +189,9 @@ def decode_image(
         Largest accepted ``width * height``, checked from the header before decoding.
     max_bytes
         Largest accepted encoded size; a file is checked by ``stat`` before it is read.
+    min_side
+        Smallest accepted width and height, checked from the header before decoding (the
+        guard uses :data:`DEFAULT_MIN_SIDE`, 32 px).
 
     Returns
     -------
@@ -190,15 +202,31 @@ def decode_image(
     ImageRefused
         With ``kind`` one of ``empty``, ``too_large_bytes``, ``not_found``,
         ``unsupported_format``, ``corrupt``, ``truncated``, ``zero_size``,
-        ``decompression_bomb``.
+        ``decompression_bomb``, ``too_small``.
     ConfigError
-        If ``max_pixels`` or ``max_bytes`` is not a positive int.
+        If ``max_pixels``, ``max_bytes`` or ``min_side`` is not a positive int.
     TypeError
         If ``source`` is neither bytes-like nor a path.
     """
     _check_decode_args(source, max_pixels=max_pixels, max_bytes=max_bytes)
+    if not _is_int(min_side) or min_side <= 0:
+        raise ConfigError(
+            f"min_side must be a positive int; got {min_side!r}. The guard's default is "
+            f"{DEFAULT_MIN_SIDE} (min_image_side)."
+        )
     data = _read_source(source, max_bytes=max_bytes)
-    return _decode_bytes(data, max_pixels=max_pixels)
+    return _decode_bytes(data, max_pixels=max_pixels, min_side=int(min_side))
+
+
+def check_min_side(width: int, height: int, min_side: int) -> None:
+    """Refuse an image whose width or height is below ``min_side`` (kind ``too_small``)."""
+    if min(width, height) < min_side:
+        raise ImageRefused(
+            f"image is {width}x{height} pixels; both sides must be at least {min_side} px "
+            "(min_image_side) to show a scene. Send the camera frame itself, not a thumbnail "
+            "or placeholder (or lower min_image_side).",
+            kind="too_small",
+        )
 
 
 def gray_image(width: int, height: int, value: int = 128) -> Image.Image:
@@ -407,7 +435,7 @@ def _bomb(detail: str, max_pixels: int) -> ImageRefused:
 # --------------------------------------------------------------------------- decoding
 
 
-def _decode_bytes(data: bytes, *, max_pixels: int) -> DecodedImage:
+def _decode_bytes(data: bytes, *, max_pixels: int, min_side: int = 1) -> DecodedImage:
     sniffed = _sniff_format(data)
     if sniffed is not None and sniffed not in SUPPORTED_FORMATS:
         raise ImageRefused(
@@ -427,7 +455,9 @@ def _decode_bytes(data: bytes, *, max_pixels: int) -> DecodedImage:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        image = _open_and_load(data, sniffed, max_pixels=max_pixels, caught=caught)
+        image = _open_and_load(
+            data, sniffed, max_pixels=max_pixels, min_side=min_side, caught=caught
+        )
 
     fmt = sniffed
     quality = _estimate_jpeg_quality(image) if fmt == "JPEG" else None
@@ -453,7 +483,12 @@ def _check_bomb_warnings(caught: list[warnings.WarningMessage], max_pixels: int)
 
 
 def _open_and_load(
-    data: bytes, fmt: str, *, max_pixels: int, caught: list[warnings.WarningMessage]
+    data: bytes,
+    fmt: str,
+    *,
+    max_pixels: int,
+    min_side: int,
+    caught: list[warnings.WarningMessage],
 ) -> Image.Image:
     try:
         image = Image.open(io.BytesIO(data), formats=[fmt])
@@ -477,6 +512,9 @@ def _open_and_load(
     if width * height > max_pixels:
         image.close()
         raise _bomb(f"image has {width}x{height} = {width * height:.3g} pixels", max_pixels)
+    if min(width, height) < min_side:  # from the header: no pixel is decoded
+        image.close()
+        check_min_side(width, height, min_side)
 
     try:
         image.load()

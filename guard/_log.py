@@ -212,9 +212,11 @@ class DecisionLog(LogReader):
                 self._connections.append((pid, conn))
         return conn
 
-    def _retry(self, fn: Callable[[], _T], *, what: str) -> _T:
-        """Run ``fn``, retrying on SQLITE_BUSY/LOCKED with bounded backoff up to timeout_s."""
-        deadline = _time.monotonic() + self._timeout_s
+    def _retry(self, fn: Callable[[], _T], *, what: str, timeout_s: float | None = None) -> _T:
+        """Run ``fn``, retrying on SQLITE_BUSY/LOCKED with bounded backoff up to ``timeout_s``
+        (default: the log's ``timeout_s``). At least one attempt is made."""
+        wait = self._timeout_s if timeout_s is None else max(0.0, float(timeout_s))
+        deadline = _time.monotonic() + wait
         delay = 0.001
         while True:
             try:
@@ -224,9 +226,9 @@ class DecisionLog(LogReader):
                     raise self._error(what, exc) from exc
                 if _time.monotonic() >= deadline:
                     raise LogError(
-                        f"decision log {str(self._path)!r} stayed busy for {self._timeout_s:g} "
-                        f"s while trying to {what} ({exc}). Another process holds a long "
-                        "write lock; raise timeout_s or find the process that holds the file."
+                        f"decision log {str(self._path)!r} stayed busy for {wait:g} s while "
+                        f"trying to {what} ({exc}). Another process holds a long write lock; "
+                        "raise timeout_s or find the process that holds the file."
                     ) from exc
                 _time.sleep(delay * (0.5 + self._rng.random()))
                 delay = min(delay * 2, 0.1)
@@ -239,9 +241,20 @@ class DecisionLog(LogReader):
             hint = " The file is not a SQLite database; choose another path for the log."
         return LogError(f"decision log {str(self._path)!r}: could not {what}: {exc}.{hint}")
 
-    def _write(self, body: Callable[[sqlite3.Connection], None], *, what: str) -> None:
-        """Run ``body`` in one BEGIN IMMEDIATE … COMMIT transaction (with retries)."""
+    def _write(
+        self,
+        body: Callable[[sqlite3.Connection], None],
+        *,
+        what: str,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Run ``body`` in one BEGIN IMMEDIATE … COMMIT transaction (with retries).
+
+        ``timeout_s`` bounds the wait for a busy database for this write only (SQLite's
+        busy handler and the retries); None: the log's ``timeout_s``.
+        """
         conn = self._conn()
+        wait = None if timeout_s is None else max(0.0, float(timeout_s))
 
         def attempt() -> None:
             conn.execute("BEGIN IMMEDIATE")
@@ -253,7 +266,14 @@ class DecisionLog(LogReader):
                     conn.execute("ROLLBACK")
                 raise
 
-        self._retry(attempt, what=what)
+        if wait is None:
+            self._retry(attempt, what=what)
+            return
+        conn.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
+        try:
+            self._retry(attempt, what=what, timeout_s=wait)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
 
     def _init_schema(self) -> None:
         def body(conn: sqlite3.Connection) -> None:
@@ -316,6 +336,7 @@ class DecisionLog(LogReader):
         image_bytes: bytes | None = None,
         *,
         policy: PolicyRow | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         """Append one decision; returns only after the write has committed.
 
@@ -323,7 +344,8 @@ class DecisionLog(LogReader):
         then on. ``image_bytes`` (the encoded image) is stored only when the log was opened
         with ``store_images=True``; its SHA-256 must equal ``record.image_sha256``.
         ``policy``: the policy that decided, kept in the ``policies`` table (once per
-        version) in the same transaction.
+        version) in the same transaction. ``timeout_s``: how long this write may wait for a
+        busy database (default: the log's ``timeout_s``); then :class:`LogError`.
         """
         check_append(record, image_bytes)
         image = self._image_row(record, image_bytes)
@@ -335,14 +357,18 @@ class DecisionLog(LogReader):
             if image is not None:
                 self._store_image(conn, *image)
 
-        self._write(body, what="append a decision")
+        self._write(body, what="append a decision", timeout_s=timeout_s)
 
     def append_many(
-        self, records: Iterable[DecisionRecord], *, policy: PolicyRow | None = None
+        self,
+        records: Iterable[DecisionRecord],
+        *,
+        policy: PolicyRow | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         """Append several decisions in one transaction: all of them are written, or none.
 
-        ``policy``: as for :meth:`append`.
+        ``policy`` and ``timeout_s``: as for :meth:`append`.
         """
         records = list(records)
         for r in records:
@@ -355,7 +381,7 @@ class DecisionLog(LogReader):
                 self._insert_policy(conn, policy, t0)
                 self._insert(conn, rows)
 
-            self._write(body, what="append decisions")
+            self._write(body, what="append decisions", timeout_s=timeout_s)
 
     def _insert_policy(self, conn: sqlite3.Connection, p: PolicyRow | None, t: float) -> None:
         if p is None:
@@ -433,7 +459,9 @@ class DecisionLog(LogReader):
                 (int(self._retention_bytes),),
             )
 
-    def mark_fail_closed(self, decision_ids: Sequence[str], reason: str) -> None:
+    def mark_fail_closed(
+        self, decision_ids: Sequence[str], reason: str, *, timeout_s: float | None = None
+    ) -> None:
         """Turn logged SAFE decisions into fail-closed UNSAFE ones, with ``reason``.
 
         The only change the log allows to a written decision, and only towards safety: the
@@ -469,7 +497,7 @@ class DecisionLog(LogReader):
                 [reason, *ids],
             )
 
-        self._write(body, what="mark decisions fail-closed")
+        self._write(body, what="mark decisions fail-closed", timeout_s=timeout_s)
 
     def set_labels(self, labels: Iterable[tuple[str, str, str | None, str | None]]) -> None:
         """Attach reviewer labels: items ``(decision_id, "safe"|"unsafe", contrast_id, reviewer)``.

@@ -86,7 +86,8 @@ class DecisionRecord:
 
     decision_id: str = field(default_factory=_new_id, metadata=_m("str", "TEXT PRIMARY KEY"))
     """Unique id of the decision (uuid4 hex by default); the log's primary key. Empty only for
-    a decision made by the client alone (``GuardClient``'s fail-closed answers), never logged."""
+    a fail-closed UNSAFE made outside the guard and never logged (:meth:`Decision.unlogged`:
+    ``GuardClient``'s answers to faults, ``spotstop check`` when the guard could not start)."""
 
     batch_id: str | None = field(default=None, metadata=_m("opt_str", "TEXT"))
     """Id shared by the decisions of one guard call (one batch); None if unknown (schema 1)."""
@@ -237,6 +238,36 @@ class Decision(DecisionRecord):
         return (
             f"Decision({self.label}, S={self.fused_score:+.3f}, score={self.policy_score:+.3f}, "
             f"t={self.threshold:+.3f}, policy={self.policy}, id={self.decision_id[:8]}{why}{tp})"
+        )
+
+    @classmethod
+    def unlogged(
+        cls,
+        reason: str,
+        *,
+        made_by: str,
+        request: str = "",
+        situation_id: str | None = None,
+        latency_ms: Mapping[str, float] | None = None,
+        detail: str = "",
+    ) -> Decision:
+        """A fail-closed UNSAFE made outside the guard, which no log holds: empty
+        ``decision_id``, ``policy == made_by`` (``"client"``, ``"cli"``), NaN scores."""
+        return cls(
+            request=request,
+            decision_id="",
+            label="UNSAFE",
+            fused_score=math.nan,
+            threshold=math.nan,
+            policy=made_by,
+            member_scores={},
+            fail_closed=True,
+            fail_reason=reason,
+            latency_ms=dict(latency_ms or {}),
+            bundle_id="",
+            prompt_hash="",
+            situation_id=situation_id,
+            detail=detail,
         )
 
     @classmethod

@@ -26,6 +26,7 @@ import base64
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -65,6 +66,10 @@ class SidecarUnavailable(SidecarHTTPError):
     """The sidecar could not be reached or did not answer in time."""
 
 
+class _Overdue(Exception):
+    """The whole call (connect, send, wait, read) did not finish within ``timeout_s``."""
+
+
 def decision_from_dict(d: Mapping[str, Any]) -> Decision:
     """A :class:`Decision` from the sidecar's JSON (:meth:`Decision.from_json`; null → NaN).
 
@@ -79,20 +84,12 @@ def decision_from_dict(d: Mapping[str, Any]) -> Decision:
 def _fail_closed(
     reason: str, *, situation_id: str | None, request: str, ms: float, detail: str = ""
 ) -> Decision:
-    return Decision(
+    return Decision.unlogged(
+        reason,
+        made_by="client",
         request=request,
-        decision_id="",
-        label="UNSAFE",
-        fused_score=math.nan,
-        threshold=math.nan,
-        policy="client",
-        member_scores={},
-        fail_closed=True,
-        fail_reason=reason,
-        latency_ms={"client_ms": ms},
-        bundle_id="",
-        prompt_hash="",
         situation_id=situation_id,
+        latency_ms={"client_ms": ms},
         detail=detail,
     )
 
@@ -210,6 +207,58 @@ class GuardClient:
             ]
         return self._decide("/v1/check/batch", t, sids, reqs, json_body={"scenes": items})
 
+    def _within(self, t: float, method: str, path: str, **kw: Any) -> httpx.Response:
+        """The whole exchange, bounded by ``timeout_s`` from ``t`` (``perf_counter``).
+
+        httpx's timeouts bound each connect, write and read, not the call: a server that
+        trickles its answer a byte at a time keeps every read short and the call long. So
+        the exchange runs on a helper thread that reads the body chunk by chunk and gives up
+        (closing the connection) once the budget is spent, and this thread waits for it at
+        most the budget; an answer that completes after it is never returned (raises
+        :class:`_Overdue`).
+        """
+        due = t + self.timeout_s
+        done = threading.Event()
+        abandon = threading.Event()
+        box: dict[str, Any] = {}
+
+        def exchange() -> None:
+            try:
+                left = due - time.perf_counter()
+                if left <= 0:
+                    raise _Overdue("the budget was spent before the request was sent")
+                req = self._http.build_request(method, path, timeout=httpx.Timeout(left), **kw)
+                resp = self._http.send(req, stream=True)
+                try:
+                    body = bytearray()
+                    # (a transport that hands over a body already read, e.g. httpx's
+                    # MockTransport, has nothing left to stream)
+                    chunks = [resp.content] if resp.is_stream_consumed else resp.iter_raw()
+                    for chunk in chunks:
+                        if abandon.is_set() or time.perf_counter() > due:
+                            raise _Overdue(f"the answer was still arriving ({len(body)} bytes)")
+                        body += chunk
+                finally:
+                    resp.close()
+                box["resp"] = httpx.Response(
+                    resp.status_code, headers=resp.headers, content=bytes(body), request=req
+                )
+            except BaseException as e:  # handed to the caller's thread below
+                box["error"] = e
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=exchange, name="spotstop-client", daemon=True)
+        worker.start()
+        finished = done.wait(max(0.0, due - time.perf_counter()))
+        if not finished or time.perf_counter() > due:
+            abandon.set()
+            raise _Overdue(f"{time.perf_counter() - t:.3g} s elapsed")
+        if "error" in box:
+            raise box["error"]
+        resp_out: httpx.Response = box["resp"]
+        return resp_out
+
     def _decide(
         self,
         path: str,
@@ -229,9 +278,12 @@ class GuardClient:
             ]
 
         try:
-            resp = self._http.post(path, files=files, data=data, json=json_body)
-        except httpx.TimeoutException as e:
-            return fail(f"sidecar timeout after {self.timeout_s:g} s ({type(e).__name__})")
+            resp = self._within(t, "POST", path, files=files, data=data, json=json_body)
+        except (_Overdue, httpx.TimeoutException) as e:
+            return fail(
+                f"sidecar timeout: no complete answer within {self.timeout_s:g} s "
+                f"({type(e).__name__}: {e}); whatever arrives later is ignored"
+            )
         except httpx.HTTPError as e:
             return fail(f"sidecar unreachable: {type(e).__name__}: {e}")
         if resp.status_code != 200:
@@ -255,8 +307,8 @@ class GuardClient:
     # -- everything else (raises) ----------------------------------------------------------
     def _call(self, method: str, path: str, **kw: Any) -> Any:
         try:
-            resp = self._http.request(method, path, **kw)
-        except httpx.TimeoutException as e:
+            resp = self._within(time.perf_counter(), method, path, **kw)
+        except (_Overdue, httpx.TimeoutException) as e:
             raise SidecarUnavailable(
                 f"{method} {path}: no answer within {self.timeout_s:g} s ({type(e).__name__}).",
                 status=None,
@@ -284,15 +336,15 @@ class GuardClient:
     def healthy(self) -> bool:
         """True when ``/healthz`` answers 200 (never raises)."""
         try:
-            return self._http.get("/healthz").status_code == 200
-        except httpx.HTTPError:
+            return self._within(time.perf_counter(), "GET", "/healthz").status_code == 200
+        except (_Overdue, httpx.HTTPError):
             return False
 
     def ready(self) -> bool:
         """True when ``/readyz`` answers 200 (never raises)."""
         try:
-            return self._http.get("/readyz").status_code == 200
-        except httpx.HTTPError:
+            return self._within(time.perf_counter(), "GET", "/readyz").status_code == 200
+        except (_Overdue, httpx.HTTPError):
             return False
 
     def situation(self, situation_id: str) -> dict[str, Any]:

@@ -21,9 +21,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from spotstop.guard._guard import Guard
-from spotstop.guard.serve._errors import PayloadTooLarge, SidecarError
+from spotstop.guard.serve._errors import PayloadTooLarge, SidecarError, UploadTimeout
 from spotstop.guard.serve._metrics import SidecarMetrics
-from spotstop.guard.serve._parse import Limits, field_path
+from spotstop.guard.serve._parse import SITUATION_ID_PATTERN, Limits, field_path
 from spotstop.guard.serve._runner import ModelRunner
 from spotstop.guard.serve._schemas import BatchRequest, CheckJSON, ErrorOut, LabelsRequest
 from spotstop.guard.serve._settings import ServeSettings
@@ -32,6 +32,7 @@ from spotstop.guard.serve.routers import checks, health, labels, policy, situati
 from spotstop.guard.serve.routers import metrics as metrics_routes
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 __all__ = ["create_app", "load_guard", "serve"]
 
@@ -47,10 +48,13 @@ _DESCRIPTION = """\
 The spotstop guard as a local HTTP sidecar. A planner asks `POST /v1/check` before each
 action and acts only on `"label": "SAFE"`.
 
-* **Fail closed.** A 200 is a logged Decision; it is SAFE only when every stage finished.
-  Any 4xx means the input was refused and *no decision was made* (nothing was logged); a 503
-  means the queue was full or the deadline was spent waiting, also without a decision. Treat
-  anything but a 200 SAFE as UNSAFE (`spotstop.guard.client.GuardClient` does).
+* **Fail closed.** A 200 is a logged Decision (its row is in the log before the answer is
+  sent); it is SAFE only when every stage finished within the deadline. Any 4xx means the
+  input was refused and *no decision was made* (nothing was logged; 408: the body did not
+  arrive within the upload timeout); a 503 means the queue was full, the deadline was spent
+  before the models, or the decision could not be logged within it: no decision was
+  acknowledged. Treat anything but a 200 SAFE as UNSAFE
+  (`spotstop.guard.client.GuardClient` does).
 * **Errors** are JSON (`ErrorOut`): a stable `code`, a `message` that says what to change,
   and the `field` at fault.
 * **Auth.** On a non-loopback address every `/v1/*` and `/metrics` call needs
@@ -69,6 +73,7 @@ def load_guard(settings: ServeSettings) -> Guard:
         device=settings.device,
         threads=settings.threads,
         backend=settings.backend,
+        min_image_side=settings.min_image_side,
     )
 
 
@@ -119,6 +124,49 @@ class _BodyLimit:
         await self.app(scope, limited, send)
 
 
+class _UploadDeadline:
+    """Bound the arrival of a request body by ``timeout_s`` from the request's start.
+
+    Each read of the body waits at most for the rest of that budget; past it the read raises
+    :class:`UploadTimeout` (408, ``Connection: close``), so a stalled or trickled body never
+    holds the server, its queue place or its memory for longer. Reads after the body is
+    complete pass through. The upload's time is not part of the check's deadline.
+    """
+
+    def __init__(self, app: ASGIApp, timeout_s: float, metrics: SidecarMetrics) -> None:
+        self.app = app
+        self.timeout_s = timeout_s
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        due = time.monotonic() + self.timeout_s
+        complete = False
+        received = 0
+
+        async def bounded() -> Message:
+            nonlocal complete, received
+            if complete:
+                return await receive()
+            try:
+                msg = await asyncio.wait_for(receive(), max(0.0, due - time.monotonic()))
+            except TimeoutError:
+                self.metrics.uploads_aborted.labels(reason="upload_timeout").inc()
+                raise UploadTimeout(
+                    f"the request body did not arrive within {self.timeout_s:g} s "
+                    f"(upload_timeout_s; {received} bytes came). No decision was made; send "
+                    "the whole body promptly."
+                ) from None
+            if msg["type"] == "http.request":
+                received += len(msg.get("body", b""))
+                complete = not msg.get("more_body", False)
+            return msg
+
+        await self.app(scope, bounded, send)
+
+
 class _HttpMetrics:
     """Latency and status of every request, labelled by route template (bounded)."""
 
@@ -151,9 +199,25 @@ class _HttpMetrics:
 def _install_handlers(app: FastAPI, metrics: SidecarMetrics) -> None:
     async def sidecar_error(_request: Request, e: Exception) -> JSONResponse:
         e = cast(SidecarError, e)  # registered for SidecarError only
-        if 400 <= e.status < 500:
+        if 400 <= e.status < 500 and not isinstance(e, UploadTimeout):  # (counted apart)
             metrics.input_refused.labels(code=e.code).inc()
         return _error_response(e)
+
+    async def client_disconnect(_request: Request, _e: Exception) -> JSONResponse:
+        # The client went away before its body was in: nobody waits for an answer, nothing
+        # was decided, nothing failed on our side (499, as nginx counts it; never a 5xx).
+        metrics.uploads_aborted.labels(reason="client_disconnect").inc()
+        log.info("client disconnected before its request body arrived; no decision made")
+        return JSONResponse(
+            {
+                "code": "client_disconnect",
+                "message": "the client disconnected before the request body arrived; no "
+                "decision was made.",
+                "field": "body",
+                "errors": [],
+            },
+            status_code=499,
+        )
 
     async def validation_error(_request: Request, e: Exception) -> JSONResponse:
         e = cast(RequestValidationError, e)
@@ -200,6 +264,7 @@ def _install_handlers(app: FastAPI, metrics: SidecarMetrics) -> None:
         )
 
     app.add_exception_handler(SidecarError, sidecar_error)
+    app.add_exception_handler(ClientDisconnect, client_disconnect)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, internal_error)
@@ -242,11 +307,13 @@ def _write_limits(schema: dict[str, Any], s: ServeSettings) -> None:
         for alt in sid.get("anyOf", [sid]):
             if alt.get("type") == "string":
                 alt["maxLength"] = s.max_situation_chars
+                alt["pattern"] = SITUATION_ID_PATTERN
     comps["BatchRequest"]["properties"]["scenes"]["maxItems"] = s.max_batch
     comps["LabelsRequest"]["properties"]["labels"]["maxItems"] = s.max_labels
     for p in schema["paths"]["/v1/situations/{situation_id}"]["get"]["parameters"]:
         if p["name"] == "situation_id":
             p["schema"]["maxLength"] = s.max_situation_chars
+            p["schema"]["pattern"] = SITUATION_ID_PATTERN
 
 
 def _install_sighup(sidecar: Sidecar) -> Callable[[], None]:
@@ -300,6 +367,7 @@ def create_app(
             max_request_chars=settings.max_request_chars,
             max_situation_chars=settings.max_situation_chars,
             check_request=_request_checker(g),
+            min_side=settings.min_image_side,
         )
         runner = ModelRunner(
             g, capacity=settings.queue_size, deadline_s=settings.deadline_s, metrics=metrics
@@ -349,6 +417,7 @@ def create_app(
         app.include_router(r, dependencies=deps)
     _install_handlers(app, metrics)
     app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(_UploadDeadline, timeout_s=settings.upload_timeout_s, metrics=metrics)
     app.add_middleware(_HttpMetrics, metrics=metrics)
     app.openapi = _openapi(app, settings)  # type: ignore[method-assign]
     return app

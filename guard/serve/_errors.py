@@ -14,12 +14,15 @@ machine-readable ``code`` and, for input errors, the ``field`` that was wrong::
     ├── Unauthorized(SidecarError)                   401: missing or wrong bearer token
     ├── UnknownDecision(SidecarError, LookupError)   422: a label names an unknown decision
     ├── Overloaded(SidecarError)                     503 + Retry-After: queue full / budget spent
+    ├── NotLogged(SidecarError)                      503 + Retry-After: the log could not be
+    │                                                written within the deadline
+    ├── UploadTimeout(SidecarError)                  408: the body did not arrive in time
     └── PolicyReloadError(SidecarError)              409 mismatch / 422 invalid policy file
 
 An input error means **no decision was made and nothing was logged**: the request never
-reached the models. A scene that reached the models always yields a logged Decision (which
-may be a fail-closed UNSAFE). A 503 also means no decision was made; a client must treat it
-as UNSAFE (``spotstop.guard.client.GuardClient`` does).
+reached the models. A scene that reached the models yields a logged Decision (which may be a fail-closed UNSAFE), answered
+200 only once its row is in the log. A 503 or 408 also means no decision was acknowledged; a
+client must treat it as UNSAFE (``spotstop.guard.client.GuardClient`` does).
 
 The JSON body of every error response is :class:`~spotstop.guard.serve._schemas.ErrorOut`:
 ``{"code": ..., "message": ..., "field": ..., "errors": [{"field", "message", "type"}]}``.
@@ -37,6 +40,7 @@ __all__ = [
     "ImageInputError",
     "InputError",
     "InsecureBindError",
+    "NotLogged",
     "Overloaded",
     "PayloadTooLarge",
     "PolicyReloadError",
@@ -45,6 +49,7 @@ __all__ = [
     "Unauthorized",
     "UnknownDecision",
     "UnsupportedMediaType",
+    "UploadTimeout",
 ]
 
 
@@ -158,6 +163,29 @@ class Overloaded(SidecarError):
     def __init__(self, message: str, *, retry_after_s: int, code: str = "queue_full") -> None:
         super().__init__(message, code=code, headers={"Retry-After": str(int(retry_after_s))})
         self.retry_after_s = int(retry_after_s)
+
+
+class NotLogged(SidecarError):
+    """The call's decisions could not be written to the decision log within the request's
+    deadline (503 with ``Retry-After``): nothing was acknowledged. Treat as UNSAFE. The rows
+    (fail-closed UNSAFE) are kept by the guard and written as soon as the log takes them."""
+
+    status = 503
+    code = "decision_not_logged"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(int(retry_after_s))})
+
+
+class UploadTimeout(SidecarError):
+    """The request body did not arrive within ``upload_timeout_s`` (408; the connection is
+    closed). No decision was made."""
+
+    status = 408
+    code = "upload_timeout"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="body", headers={"Connection": "close"})
 
 
 class PolicyReloadError(SidecarError):

@@ -1,23 +1,28 @@
 """Prometheus metrics of one sidecar (a registry per app, so two apps never collide).
 
-=====================================  ======================================================
-``spotstop_decisions_total``           decisions returned, by ``label`` and ``policy``
-``spotstop_fail_closed_total``         fail-closed decisions, by ``reason`` kind (see
-                                       :func:`reason_kind`)
-``spotstop_stage_seconds``             histogram per ``stage``: ``parse`` (body → decoded
-                                       image, in the sidecar), ``queue_wait``, the guard's
-                                       stages (``decode``, ``score_<member>_<variant>``,
-                                       ``decide``, ``log``, ``total``)
-``spotstop_http_request_seconds``      histogram per ``route`` and ``status``
-``spotstop_queue_depth``               scenes admitted to the model queue (running + waiting)
-``spotstop_queue_capacity``            the queue's bound (``queue_size``)
-``spotstop_queue_rejected_total``      503s without a decision, by ``reason`` (``queue_full``,
-                                       ``deadline_exceeded_in_queue``)
-``spotstop_input_refused_total``       4xx answers, by ``code`` (e.g. ``image_truncated``)
-``spotstop_policy_reloads_total``      reloads by ``trigger`` (http, sighup) and ``result``
-``spotstop_ready``                     1 when /readyz answers 200
-``spotstop_bundle_info``               1, labelled with ``bundle_id`` and ``policy``
-=====================================  ======================================================
+==========================================  ======================================================
+``spotstop_decisions_total``                decisions returned, by ``label`` and ``policy``
+``spotstop_fail_closed_total``              fail-closed decisions, by ``reason`` kind (see
+                                            :func:`reason_kind`)
+``spotstop_stage_seconds``                  histogram per ``stage``: ``parse`` (body → fields, in
+                                            the sidecar), ``queue_wait`` (body in → model thread),
+                                            ``image_decode`` (on the model thread), the guard's
+                                            stages (``decode``, ``score_<member>_<variant>``,
+                                            ``decide``, ``log``, ``total``)
+``spotstop_http_request_seconds``           histogram per ``route`` and ``status``
+``spotstop_queue_depth``                    scenes admitted to the model queue (running + waiting)
+``spotstop_queue_capacity``                 the queue's bound (``queue_size``)
+``spotstop_queue_rejected_total``           503s without a decision, by ``reason`` (``queue_full``,
+                                            ``deadline_exceeded_in_queue``)
+``spotstop_decisions_not_logged_total``     scenes answered 503 ``decision_not_logged`` (the log
+                                            could not be written within the deadline)
+``spotstop_uploads_aborted_total``          bodies that never arrived whole, by ``reason``:
+                                            ``upload_timeout`` (408) or ``client_disconnect``
+``spotstop_input_refused_total``            4xx answers, by ``code`` (e.g. ``image_truncated``)
+``spotstop_policy_reloads_total``           reloads by ``trigger`` (http, sighup) and ``result``
+``spotstop_ready``                          1 when /readyz answers 200
+``spotstop_bundle_info``                    1, labelled with ``bundle_id`` and ``policy``
+==========================================  ======================================================
 """
 
 from __future__ import annotations
@@ -112,6 +117,17 @@ class SidecarMetrics:
         self.queue_rejected = Counter(
             "spotstop_queue_rejected",
             "Requests answered 503 without a decision.",
+            ["reason"],
+            registry=r,
+        )
+        self.not_logged = Counter(
+            "spotstop_decisions_not_logged",
+            "Scenes answered 503: their decision could not be logged within the deadline.",
+            registry=r,
+        )
+        self.uploads_aborted = Counter(
+            "spotstop_uploads_aborted",
+            "Request bodies that never arrived whole (upload timeout, client disconnect).",
             ["reason"],
             registry=r,
         )

@@ -11,9 +11,11 @@ a body that fails here makes no decision. Choices:
   falls back to latin-1 on invalid UTF-8): ``image`` must be a file part, ``request`` and
   ``situation_id`` text parts in UTF-8; unknown or repeated parts are refused; a body that
   ends before its closing boundary is refused as truncated.
-* Images are decoded here (:func:`spotstop.guard._image.decode_image`, limits from the settings); the
-  guard receives the decoded image. A refused image is a 422 whose ``code`` is
-  ``image_<kind>``.
+* Parsing gives :class:`ParsedScene` objects that still hold the *encoded* image: images
+  are decoded later by :meth:`ParsedScene.decode` (:func:`spotstop.guard._image.decode_image`,
+  limits from the settings), after the request was admitted to the model queue, on the
+  model thread, one request at a time, so decoded frames never pile up in memory ahead of
+  the queue. A refused image is a 422 whose ``code`` is ``image_<kind>``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from python_multipart.multipart import (
     parse_options_header,
 )
 from spotstop.guard._errors import RequestError
-from spotstop.guard._image import DecodedImage, ImageRefused, decode_image
+from spotstop.guard._image import DEFAULT_MIN_SIDE, DecodedImage, ImageRefused, decode_image
 from spotstop.guard._types import Scene
 from spotstop.guard.serve._errors import (
     ImageInputError,
@@ -43,7 +45,10 @@ from spotstop.guard.serve._errors import (
 from spotstop.guard.serve._schemas import CheckJSON
 
 __all__ = [
+    "SITUATION_ID_PATTERN",
     "Limits",
+    "ParsedScene",
+    "check_situation_id",
     "field_path",
     "parse_check_body",
     "parse_json_model",
@@ -67,6 +72,23 @@ class Limits:
     max_situation_chars: int
     check_request: Callable[[str], object] = field(default=lambda s: s)
     """The guard's own request check (control tokens etc.); raises RequestError."""
+    min_side: int = DEFAULT_MIN_SIDE
+    """Smallest accepted image width and height (pixels)."""
+
+
+@dataclass(frozen=True)
+class ParsedScene:
+    """A scene whose fields passed their checks and whose image is still encoded."""
+
+    image: bytes
+    field: str
+    """Where the image came from, for errors (``image``, ``scenes[2].image_base64``)."""
+    request: str
+    situation_id: str | None
+
+    def decode(self, limits: Limits) -> Scene:
+        """The scene with its image decoded, or :class:`ImageInputError` naming the field."""
+        return Scene(_decode(self.image, self.field, limits), self.request, self.situation_id)
 
 
 # ------------------------------------------------------------------------------- JSON
@@ -251,10 +273,21 @@ def _check_request(request: str, field_name: str, limits: Limits) -> str:
     return request
 
 
-def _check_situation(sid: str | None, field_name: str, limits: Limits) -> str | None:
+#: The situation id's rule as a JSON-Schema pattern (written into the OpenAPI schema): no
+#: control character (Unicode category Cc) and at least one non-space character. It states
+#: what :func:`check_situation_id` checks; a test holds the two together.
+SITUATION_ID_PATTERN: str = (
+    r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f]"
+    r"[^\u0000-\u001f\u007f-\u009f]*$"
+)
+
+
+def check_situation_id(sid: str | None, field_name: str, limit: int) -> str | None:
+    """The one validator of situation ids (checks, batches, ``/v1/situations/{id}``): not
+    empty, at most ``limit`` characters, no control characters."""
     if sid is None:
         return None
-    _check_text(sid, field_name=field_name, limit=limits.max_situation_chars, what="a situation id")
+    _check_text(sid, field_name=field_name, limit=limit, what="a situation id")
     if any(unicodedata.category(c) == "Cc" for c in sid):
         raise InputError(
             f"{field_name} holds control characters; use printable text.",
@@ -264,15 +297,25 @@ def _check_situation(sid: str | None, field_name: str, limits: Limits) -> str | 
     return sid
 
 
-def _decode(data: bytes, field_name: str, limits: Limits) -> DecodedImage:
+def _nonempty(data: bytes, field_name: str) -> bytes:
     if not data:
         raise ImageInputError(
             f"{field_name} has zero bytes; send the camera frame (JPEG, PNG or WebP).",
             field=field_name,
             kind="empty",
         )
+    return data
+
+
+def _decode(data: bytes, field_name: str, limits: Limits) -> DecodedImage:
+    _nonempty(data, field_name)
     try:
-        return decode_image(data, max_pixels=limits.max_pixels, max_bytes=limits.max_image_bytes)
+        return decode_image(
+            data,
+            max_pixels=limits.max_pixels,
+            max_bytes=limits.max_image_bytes,
+            min_side=limits.min_side,
+        )
     except ImageRefused as e:
         msg = str(e) if field_name == "image" else f"{field_name}: {e}"  # "image has ..."
         raise ImageInputError(msg, field=field_name, kind=e.kind) from None
@@ -304,13 +347,12 @@ def _b64(data: str, field_name: str, limits: Limits) -> bytes:
         ) from None
 
 
-def scene_from_json(item: CheckJSON, limits: Limits, *, prefix: str = "") -> Scene:
-    """A validated JSON scene → a :class:`Scene` with a decoded image."""
+def scene_from_json(item: CheckJSON, limits: Limits, *, prefix: str = "") -> ParsedScene:
+    """A validated JSON scene → a :class:`ParsedScene` (image base64-decoded, not decoded)."""
     request = _check_request(item.request, f"{prefix}request", limits)
-    sid = _check_situation(item.situation_id, f"{prefix}situation_id", limits)
+    sid = check_situation_id(item.situation_id, f"{prefix}situation_id", limits.max_situation_chars)
     name = f"{prefix}image_base64"
-    image = _decode(_b64(item.image_base64, name, limits), name, limits)
-    return Scene(image, request, sid)
+    return ParsedScene(_nonempty(_b64(item.image_base64, name, limits), name), name, request, sid)
 
 
 # -------------------------------------------------------------------------- multipart
@@ -415,7 +457,7 @@ def _text_part(p: _Part) -> str:
         ) from None
 
 
-def scene_from_multipart(body: bytes, content_type: str, limits: Limits) -> Scene:
+def scene_from_multipart(body: bytes, content_type: str, limits: Limits) -> ParsedScene:
     parts = parse_multipart(body, content_type)
     by_name: dict[str, _Part] = {}
     for p in parts:
@@ -446,7 +488,9 @@ def scene_from_multipart(body: bytes, content_type: str, limits: Limits) -> Scen
         )
     request = _check_request(_text_part(by_name["request"]), "request", limits)
     sid_part = by_name.get("situation_id")
-    sid = _check_situation(_text_part(sid_part) if sid_part else None, "situation_id", limits)
+    sid = check_situation_id(
+        _text_part(sid_part) if sid_part else None, "situation_id", limits.max_situation_chars
+    )
     if len(image_part.data) > limits.max_image_bytes:
         raise ImageInputError(
             f"image has {len(image_part.data)} bytes; the limit is {limits.max_image_bytes} "
@@ -454,8 +498,7 @@ def scene_from_multipart(body: bytes, content_type: str, limits: Limits) -> Scen
             field="image",
             kind="too_large_bytes",
         )
-    image = _decode(bytes(image_part.data), "image", limits)
-    return Scene(image, request, sid)
+    return ParsedScene(_nonempty(bytes(image_part.data), "image"), "image", request, sid)
 
 
 # ------------------------------------------------------------------------------ entry
@@ -474,8 +517,8 @@ def require_json(content_type: str) -> None:
         )
 
 
-def parse_check_body(body: bytes, content_type: str, limits: Limits) -> Scene:
-    """``POST /v1/check``: a JSON or multipart body → one scene with a decoded image."""
+def parse_check_body(body: bytes, content_type: str, limits: Limits) -> ParsedScene:
+    """``POST /v1/check``: a JSON or multipart body → one scene (image still encoded)."""
     mt = media_type(content_type)
     if mt == "multipart/form-data":
         return scene_from_multipart(body, content_type, limits)

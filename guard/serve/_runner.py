@@ -3,35 +3,71 @@
 Every guard call of the sidecar (checks, the warm-up) runs on one dedicated worker thread,
 in arrival order, never on the event loop. Admission is counted in *scenes*: at most
 ``capacity`` scenes are admitted at once (the one running plus those waiting). A request
-that does not fit is refused at once with :class:`Overloaded` (503, ``Retry-After``) —
-the backlog never grows past ``capacity``.
+takes its place (a :class:`Ticket`) *before* its body is read and grows it to its number of
+scenes once the body is parsed; one that does not fit is refused at once with
+:class:`Overloaded` (503, ``Retry-After``), so the backlog, and the memory it holds, never
+grows past ``capacity``.
+
+Images are decoded on the model thread, one request at a time, just before that request's
+guard call: at most one request's frames (``max_batch`` at most) are decoded at once, however
+many requests are waiting.
 
 Each HTTP request is its own guard call (no merging of requests into one batch: under the
 ``batch`` policy that would let one client's scenes move another's threshold).
 
-The deadline covers a request from its arrival: when the worker picks a request up after
-its budget is spent, no decision is made (503, ``deadline_exceeded_in_queue``); otherwise
-the guard is given the remaining budget as its scoring deadline, and a scoring run that
-overruns it ends in a logged fail-closed UNSAFE.
+The deadline covers a request from the moment its body is in (the upload has its own
+timeout): when the worker picks a request up after its budget is spent, or its images took
+the rest of it, no decision is made (503, ``deadline_exceeded_in_queue``); otherwise the
+guard is given the remaining budget for its whole call (scoring, policy, log). A call whose
+decisions cannot be logged within that budget is a 503 (``decision_not_logged``), never a
+200: every 200 is a logged decision. The unlogged rows (fail-closed UNSAFE) are kept by the
+guard and written by a flush on the model thread right after, or by the next call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from spotstop.guard._guard import Guard
+from spotstop.guard._guard import DecisionNotLogged, Guard
 from spotstop.guard._record import Decision
-from spotstop.guard._types import Scene
-from spotstop.guard.serve._errors import Overloaded
+from spotstop.guard.serve._errors import NotLogged, Overloaded
 from spotstop.guard.serve._metrics import SidecarMetrics
+from spotstop.guard.serve._parse import Limits, ParsedScene
 
-__all__ = ["ModelRunner"]
+__all__ = ["ModelRunner", "Ticket"]
+
+log = logging.getLogger("spotstop.serve")
+
+
+class Ticket:
+    """A request's places in the queue: taken before its body is read, grown to its number
+    of scenes after parsing, released once (by the route if it never reached the models,
+    else when its guard call ends)."""
+
+    def __init__(self, runner: ModelRunner, n: int) -> None:
+        self._runner = runner
+        self.n = n
+        self._released = False
+        self.handed_over = False
+
+    def grow_to(self, n: int) -> None:
+        """Hold ``n`` places (refused with 503 when the extra ones do not fit)."""
+        if n > self.n:
+            self._runner._admit(n - self.n, shown=n)
+            self.n = n
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._runner._release(self.n)
+
 
 _T = TypeVar("_T")
 
@@ -76,57 +112,86 @@ class ModelRunner:
             retry_after_s=self.retry_after_s(),
         )
 
-    def precheck(self, n: int) -> None:
-        """Refuse early (before parsing the body) when ``n`` scenes would not fit now."""
-        if self._depth + n > self.capacity:
-            raise self._full(n)
-
-    def _admit(self, n: int) -> None:
+    def _admit(self, n: int, *, shown: int | None = None) -> None:
         with self._lock:
             if self._depth + n > self.capacity:
-                raise self._full(n)
+                raise self._full(n if shown is None else shown)
             self._depth += n
             self.metrics.queue_depth.set(self._depth)
+
+    def reserve(self, n: int = 1) -> Ticket:
+        """Take ``n`` places now (before the body is read), or raise :class:`Overloaded`."""
+        self._admit(n)
+        return Ticket(self, n)
 
     def _release(self, n: int) -> None:
         with self._lock:
             self._depth -= n
             self.metrics.queue_depth.set(self._depth)
 
-    async def check(self, scenes: Sequence[Scene], *, arrived: float) -> list[Decision]:
-        """Judge ``scenes`` in one guard call; ``arrived`` is ``time.monotonic()`` at arrival."""
-        n = len(scenes)
-        self._admit(n)
-        try:
-            fut = self._executor.submit(self._run_check, list(scenes), arrived)
-        except BaseException:
-            self._release(n)
-            raise
-        fut.add_done_callback(lambda _f: self._release(n))
+    async def check(
+        self, scenes: Sequence[ParsedScene], *, arrived: float, ticket: Ticket, limits: Limits
+    ) -> list[Decision]:
+        """Decode and judge ``scenes`` in one guard call on the model thread.
+
+        ``arrived``: ``time.monotonic()`` when the body was in; ``ticket``: the request's
+        places (grown to ``len(scenes)`` here; released when the call ends).
+        """
+        ticket.grow_to(len(scenes))
+        fut = self._executor.submit(self._run_check, list(scenes), arrived, limits)
+        ticket.handed_over = True
+        fut.add_done_callback(lambda _f: ticket.release())
         return await asyncio.wrap_future(fut)
 
-    def _run_check(self, scenes: list[Scene], arrived: float) -> list[Decision]:
+    def _spent(self, waited: float, where: str) -> Overloaded:
+        self.metrics.queue_rejected.labels(reason="deadline_exceeded_in_queue").inc()
+        return Overloaded(
+            f"the request {where} {waited:.3g} s after its body was in, past its deadline of "
+            f"{self.deadline_s:g} s. No decision was made; treat it as UNSAFE.",
+            retry_after_s=self.retry_after_s(),
+            code="deadline_exceeded_in_queue",
+        )
+
+    def _run_check(
+        self, parsed: list[ParsedScene], arrived: float, limits: Limits
+    ) -> list[Decision]:
         waited = time.monotonic() - arrived
         self.metrics.stage.labels(stage="queue_wait").observe(waited)
-        if self.deadline_s is not None:
-            remaining = self.deadline_s - waited
-            if remaining <= 0:
-                self.metrics.queue_rejected.labels(reason="deadline_exceeded_in_queue").inc()
-                raise Overloaded(
-                    f"the request waited {waited:.3g} s for the models, past its deadline of "
-                    f"{self.deadline_s:g} s. No decision was made; treat it as UNSAFE.",
-                    retry_after_s=self.retry_after_s(),
-                    code="deadline_exceeded_in_queue",
-                )
+        if self.deadline_s is not None and waited >= self.deadline_s:
+            raise self._spent(waited, "reached the models")
         t = time.perf_counter()
-        # The guard's scoring deadline is the rest of this request's budget.
-        decisions = self.guard.check_batch(
-            scenes, deadline_s=None if self.deadline_s is None else remaining
-        )
+        scenes = [p.decode(limits) for p in parsed]  # ImageInputError → 422, nothing logged
+        self.metrics.stage.labels(stage="image_decode").observe(time.perf_counter() - t)
+        remaining = None
+        if self.deadline_s is not None:
+            spent = time.monotonic() - arrived
+            remaining = self.deadline_s - spent
+            if remaining <= 0:
+                raise self._spent(spent, "had its images decoded")
+        t = time.perf_counter()
+        try:
+            # The guard's deadline is the rest of this request's budget, log write included.
+            decisions = self.guard.check_batch(scenes, deadline_s=remaining, require_logged=True)
+        except DecisionNotLogged as e:
+            self.metrics.not_logged.inc(len(scenes))
+            self._executor.submit(self._flush)  # runs next on this thread, before new checks
+            raise NotLogged(
+                f"the decision could not be logged within the deadline ({e.reason}). No "
+                "decision was made; treat it as UNSAFE and retry after the Retry-After delay.",
+                retry_after_s=self.retry_after_s(),
+            ) from None
         per_scene = (time.perf_counter() - t) / max(1, len(scenes))
         self._per_scene_s = 0.8 * self._per_scene_s + 0.2 * per_scene
         self.metrics.observe_decisions(decisions)
         return decisions
+
+    def _flush(self) -> None:
+        """Write the rows of an unlogged call now (on the model thread); a still-busy log
+        leaves them for the next call's write."""
+        try:
+            self.guard.flush_pending(timeout_s=self.deadline_s)
+        except Exception as e:  # the next guard call retries; say so in the server log
+            log.warning("%d unlogged decision(s) still pending: %s", self.guard.pending, e)
 
     async def call(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` on the model thread (between checks), outside the queue's count."""

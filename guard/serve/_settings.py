@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from spotstop.guard._image import DEFAULT_MAX_PIXELS
+from spotstop.guard._image import DEFAULT_MAX_PIXELS, DEFAULT_MIN_SIDE
 from spotstop.guard._prompt import MAX_REQUEST_CHARS
 from spotstop.guard._types import VARIANTS, Variant
 from spotstop.guard.serve._errors import InsecureBindError, SettingsError
@@ -100,13 +100,22 @@ class ServeSettings:
     log:
         Decision log path (default ``<bundle>/decisions.sqlite``).
     deadline_s:
-        Budget of one check request from its arrival: queue wait plus scoring. Spent in the
-        queue → 503 and no decision; spent while scoring → a logged fail-closed UNSAFE. None:
-        no deadline.
+        Budget of one check request from the moment its body is in: queue wait, image
+        decoding, scoring, policy and the log write. Spent before the guard call → 503 and no
+        decision; spent while scoring → a logged fail-closed UNSAFE; the log not written
+        within it → 503 ``decision_not_logged`` (never a 200 without a row). None: no
+        deadline.
+    upload_timeout_s:
+        Most seconds the request body may take to arrive, from the request's headers. Past
+        it → 408 ``upload_timeout`` and the connection is closed (a stalled half-sent body
+        holds nothing longer). Not part of ``deadline_s``.
     max_body_bytes:
         Largest request body (413 above it, checked from ``Content-Length`` and while reading).
     max_image_bytes, max_pixels:
         Largest encoded image and largest ``width * height`` (checked from the header).
+    min_image_side:
+        Smallest accepted image width and height in pixels (422 ``image_too_small`` below
+        it; checked from the header): a smaller frame cannot show a scene.
     max_request_chars:
         Longest request text (the members' own limit also applies).
     max_situation_chars:
@@ -147,9 +156,11 @@ class ServeSettings:
     token: str | None = field(default=None, repr=False)
     log: Path | None = None
     deadline_s: float | None = 10.0
+    upload_timeout_s: float = 10.0
     max_body_bytes: int = 16 * 1024 * 1024
     max_image_bytes: int = 12 * 1024 * 1024
     max_pixels: int = DEFAULT_MAX_PIXELS
+    min_image_side: int = DEFAULT_MIN_SIDE
     max_request_chars: int = MAX_REQUEST_CHARS
     max_situation_chars: int = 256
     max_batch: int = 16
@@ -196,8 +207,18 @@ def _check_settings(s: ServeSettings) -> None:
         raise SettingsError(
             f"deadline_s must be a positive number of seconds or None; got {s.deadline_s!r}."
         )
+    if (
+        isinstance(s.upload_timeout_s, bool)
+        or not isinstance(s.upload_timeout_s, int | float)
+        or not math.isfinite(s.upload_timeout_s)
+        or s.upload_timeout_s <= 0
+    ):
+        raise SettingsError(
+            f"upload_timeout_s must be a positive number of seconds; got {s.upload_timeout_s!r}."
+        )
     for name in (
         "max_body_bytes",
+        "min_image_side",
         "max_image_bytes",
         "max_pixels",
         "max_request_chars",

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from spotstop.guard._types import Scene
+from spotstop.guard._record import Decision
 from spotstop.guard.serve._errors import InputError
 from spotstop.guard.serve._parse import (
-    Limits,
+    ParsedScene,
     parse_check_body,
     parse_json,
     require_json,
@@ -18,7 +19,7 @@ from spotstop.guard.serve._parse import (
     validate_model,
 )
 from spotstop.guard.serve._schemas import BatchOut, BatchRequest, DecisionOut
-from spotstop.guard.serve._state import SidecarDep
+from spotstop.guard.serve._state import Sidecar, SidecarDep
 from spotstop.guard.serve.routers._common import AUTH, INPUT, OVERLOAD
 from starlette.concurrency import run_in_threadpool
 
@@ -73,11 +74,6 @@ _BATCH_BODY: dict[str, Any] = {
 }
 
 
-def _limits(request: Request) -> Limits:
-    limits: Limits = request.app.state.sidecar.limits
-    return limits
-
-
 @router.post(
     "/check",
     summary="Judge one scene",
@@ -86,30 +82,56 @@ def _limits(request: Request) -> Limits:
     openapi_extra=_CHECK_BODY,
     description=(
         "Score the image and request with the bundle's members, fuse, apply the policy, log "
-        "and return the Decision. A 200 is always a logged decision; `label` is SAFE only "
-        "when every stage finished, otherwise UNSAFE with `fail_closed` and `fail_reason`. "
-        "A 4xx means the input was refused and **no decision was made** (nothing logged).\n\n"
+        "and return the Decision. A 200 is always a logged decision (its row is written before "
+        "the answer); `label` is SAFE only when every stage finished within the deadline, "
+        "otherwise UNSAFE with `fail_closed` and `fail_reason`. A 4xx means the input was "
+        "refused and **no decision was made** (nothing logged); a 503 that none was "
+        "acknowledged (queue full, deadline spent, or the log not written in time).\n\n"
         "Multipart: `curl -F image=@cam.jpg -F request='open the door' -F situation_id=hall-2 "
         'http://127.0.0.1:8750/v1/check`.\n\nJSON: `{"image_base64": ..., "request": ..., '
         '"situation_id": ...}`.'
     ),
 )
 async def check(request: Request, sidecar: SidecarDep) -> JSONResponse:
-    arrived = time.monotonic()
-    sidecar.runner.precheck(1)
-    body = await request.body()
-    t = time.perf_counter()
-    scene = await run_in_threadpool(
-        parse_check_body, body, request.headers.get("content-type", ""), sidecar.limits
-    )
-    sidecar.metrics.stage.labels(stage="parse").observe(time.perf_counter() - t)
-    [decision] = await sidecar.runner.check([scene], arrived=arrived)
+    [decision] = await _judge(request, sidecar, _parse_one)
     return JSONResponse(decision.to_dict())
 
 
-def _parse_batch(body: bytes, content_type: str, limits: Limits, max_batch: int) -> list[Scene]:
+async def _judge(
+    request: Request,
+    sidecar: Sidecar,
+    parse: Callable[[bytes, str, Sidecar], list[ParsedScene]],
+) -> list[Decision]:
+    """Admit, read, parse, then decode and judge on the model thread.
+
+    The request takes its queue place before its body is read (so waiting bodies, and the
+    memory they hold, are bounded by the queue); its deadline starts once the body is in.
+    """
+    ticket = sidecar.runner.reserve(1)
+    try:
+        body = await request.body()  # bounded by the upload timeout (middleware)
+        arrived = time.monotonic()
+        t = time.perf_counter()
+        scenes = await run_in_threadpool(
+            parse, body, request.headers.get("content-type", ""), sidecar
+        )
+        sidecar.metrics.stage.labels(stage="parse").observe(time.perf_counter() - t)
+        return await sidecar.runner.check(
+            scenes, arrived=arrived, ticket=ticket, limits=sidecar.limits
+        )
+    finally:
+        if not ticket.handed_over:  # never reached the models: give the places back now
+            ticket.release()
+
+
+def _parse_one(body: bytes, content_type: str, sidecar: Sidecar) -> list[ParsedScene]:
+    return [parse_check_body(body, content_type, sidecar.limits)]
+
+
+def _parse_batch(body: bytes, content_type: str, sidecar: Sidecar) -> list[ParsedScene]:
     require_json(content_type)
     obj = parse_json(body)
+    max_batch = sidecar.settings.max_batch
     if isinstance(obj, dict) and isinstance(obj.get("scenes"), list):
         n = len(obj["scenes"])
         if n > max_batch:
@@ -120,7 +142,8 @@ def _parse_batch(body: bytes, content_type: str, limits: Limits, max_batch: int)
             )
     req = validate_model(BatchRequest, obj)
     return [
-        scene_from_json(item, limits, prefix=f"scenes[{i}].") for i, item in enumerate(req.scenes)
+        scene_from_json(item, sidecar.limits, prefix=f"scenes[{i}].")
+        for i, item in enumerate(req.scenes)
     ]
 
 
@@ -138,17 +161,5 @@ def _parse_batch(body: bytes, content_type: str, limits: Limits, max_batch: int)
     ),
 )
 async def check_batch(request: Request, sidecar: SidecarDep) -> JSONResponse:
-    arrived = time.monotonic()
-    sidecar.runner.precheck(1)
-    body = await request.body()
-    t = time.perf_counter()
-    scenes = await run_in_threadpool(
-        _parse_batch,
-        body,
-        request.headers.get("content-type", ""),
-        sidecar.limits,
-        sidecar.settings.max_batch,
-    )
-    sidecar.metrics.stage.labels(stage="parse").observe(time.perf_counter() - t)
-    decisions = await sidecar.runner.check(scenes, arrived=arrived)
+    decisions = await _judge(request, sidecar, _parse_batch)
     return JSONResponse({"decisions": [d.to_dict() for d in decisions]})

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
-from spotstop.guard.serve._errors import InputError
+from spotstop.guard.serve._parse import check_situation_id
 from spotstop.guard.serve._schemas import SituationOut
 from spotstop.guard.serve._state import SidecarDep
 from spotstop.guard.serve.routers._common import AUTH, err
@@ -21,7 +21,10 @@ router = APIRouter(prefix="/v1", tags=["situations"])
     "/situations/{situation_id}",
     summary="Recentering state of a situation",
     response_model=SituationOut,
-    responses={**AUTH, 422: err("The situation id is empty or too long.")},
+    responses={
+        **AUTH,
+        422: err("The situation id is empty, too long or holds control characters."),
+    },
     description=(
         "The situation's reference scores, the rule in force and the threshold a new scene "
         "of this situation would meet now. Under a policy other than `situation` the "
@@ -32,13 +35,8 @@ router = APIRouter(prefix="/v1", tags=["situations"])
 def situation(
     situation_id: Annotated[str, PathParam(min_length=1)], sidecar: SidecarDep
 ) -> JSONResponse:
-    limit = sidecar.settings.max_situation_chars
-    if len(situation_id) > limit:
-        raise InputError(
-            f"situation_id has {len(situation_id)} characters; the limit is {limit}.",
-            field="situation_id",
-            code="text_too_long",
-        )
+    # the same validator as the checks' situation_id: an id a check refuses is refused here
+    check_situation_id(situation_id, "situation_id", sidecar.settings.max_situation_chars)
     info = sidecar.guard.situation(situation_id).to_dict()
     info["references"] = [
         r if r == r and abs(r) != float("inf") else None for r in info["references"]
