@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 from spotstop.diagnostics import read_scores_csv, write_card
 
+pytestmark = pytest.mark.browser
+
 BINARIES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
