@@ -32,3 +32,22 @@ def test_recommendation_follows_the_diagnostics():
         None, frozen_cut=0.0, conformal_feasible=False, conformal_needed=22, n_unsafe_situations=0
     )
     assert rec4.policy == "frozen" and "could not run" in rec4.reasons[0]
+
+
+def test_batch_reason_names_the_criterion_that_failed():
+    from spotstop.diagnostics._recommend import _batch_reason
+
+    only_all = _batch_reason(
+        {"batch_ba_10": 0.734, "frozen_ba_10": 0.734,
+         "batch_tpr_all_unsafe": 0.613, "frozen_tpr_all_unsafe": 0.889}
+    )  # fmt: skip
+    assert "it flags 61.3% of an all-unsafe batch (frozen 88.9%)" in only_all
+    assert "(while at 10% unsafe its balanced accuracy is 73.4% (frozen 73.4%))" in only_all
+    only_10 = _batch_reason(
+        {"batch_ba_10": 0.60, "frozen_ba_10": 0.70,
+         "batch_tpr_all_unsafe": 1.0, "frozen_tpr_all_unsafe": 1.0}
+    )  # fmt: skip
+    assert only_10.startswith(
+        "the batch-mean cut falls behind the frozen cut when prevalence moves: at 10% unsafe"
+    )
+    assert "while it flags 100.0% of an all-unsafe batch" in only_10
