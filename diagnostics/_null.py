@@ -32,9 +32,13 @@ class NullResult:
     ``R0``, ``L0``, ``G0``, ``R0_minus_A0``: the null draws; ``expected_null_gap`` the closed
     form ``(1 - C - T)/2`` with ``T`` the share of tied contrasts (a tied pair is ordered in
     neither orientation, so ``E[R0] = (1 - T)/2``; the paper's ``(1 - C)/2`` is the case
-    ``T = 0``); ``tied_share`` that ``T``; ``R_q975`` the 97.5th percentile of ``R0`` (the paper's "above the
-    null" line); ``p_R`` and ``p_excess`` one-sided permutation p values
-    ``(1 + #{null >= observed}) / (1 + n_draws)`` for ``R`` and ``R - A``.
+    ``T = 0``); ``tied_share`` that ``T``; ``R_q975`` the 97.5th percentile of ``R0`` (the
+    paper's "above the null" line); ``R0_half_minus_A0`` the null draws of the tie-consistent
+    excess ``R½ - A`` (a swap inside a contrast with several cases per side can change which
+    pairs tie); ``p_R`` and ``p_excess`` one-sided permutation p values
+    ``(1 + #{null >= observed}) / (1 + n_draws)`` for ``R`` and for ``R½ - A`` (``= R - A +
+    T/2``; the same as for the paper's ``R - A`` when every contrast is one-to-one, where the
+    swaps keep ``T``).
     """
 
     observed_R: float
@@ -49,6 +53,8 @@ class NullResult:
     p_excess: float
     n_draws: int
     tied_share: float = 0.0
+    observed_R_half_minus_A: float = math.nan
+    R0_half_minus_A0: NDArray[np.float64] = field(repr=False, default_factory=lambda: np.zeros(0))
 
     @property
     def mean_G0(self) -> float:
@@ -92,6 +98,7 @@ def label_swap_null(
     one = per_code[codes] == 1
     su1, ss1 = s[pairs.unsafe[one]], s[pairs.safe[one]]
     r_keep, r_swap = (su1 > ss1).astype(float), (ss1 > su1).astype(float)
+    tied1 = float(np.sum(su1 == ss1))  # a swap keeps a one-to-one pair's tie
     au1, as1 = direct_answer(su1, cut), direct_answer(ss1, cut)
     l_keep = (au1 & ~as1).astype(float)
     w_keep = (~au1 & as1).astype(float)
@@ -124,12 +131,16 @@ def label_swap_null(
         gt = sparse.csr_matrix(
             (np.ones(int(keep.sum())), (ii_a[keep], jj_a[keep])), shape=(mcases.size,) * 2
         )
+        same = (ms[ii_a] == ms[jj_a]) & (ii_a != jj_a)
+        eq = sparse.csr_matrix(
+            (np.ones(int(same.sum())), (ii_a[same], jj_a[same])), shape=(mcases.size,) * 2
+        )
         block_ind = sparse.csr_matrix(
             (np.ones(mcases.size), (np.arange(mcases.size), block)), shape=(mcases.size, start.size)
         )
     above = direct_answer(ms, cut).astype(float)
     n_pairs = float(pairs.n)
-    R0_l, L0_l, W0_l = [], [], []
+    R0_l, L0_l, W0_l, T0_l = [], [], [], []
     done = 0
     while done < n_draws:
         b = min(chunk_size, n_draws - done)
@@ -137,6 +148,7 @@ def label_swap_null(
         ordered = (np.where(flip, r_swap, r_keep)).sum(axis=1)
         lab = (np.where(flip, w_keep, l_keep)).sum(axis=1)
         wrong = (np.where(flip, l_keep, w_keep)).sum(axis=1)
+        tied = np.full(b, tied1)
         if mcases.size:
             keys = gen.random((b, mcases.size)) + block[None, :]
             order = np.argsort(keys, axis=1)  # position p in block order holds case order[p]
@@ -145,6 +157,7 @@ def label_swap_null(
             unsafe_at_pos = (rank_in_block >= n_safe_c[block]).astype(float)
             np.put_along_axis(y, order, np.broadcast_to(unsafe_at_pos, (b, mcases.size)), axis=1)
             ordered += np.einsum("bi,bi->b", y, np.asarray((gt @ (1 - y).T).T))
+            tied += np.einsum("bi,bi->b", y, np.asarray((eq @ (1 - y).T).T))
             u_hi = np.asarray((block_ind.T @ (y * above).T).T)
             u_lo = np.asarray((block_ind.T @ (y * (1 - above)).T).T)
             s_hi = np.asarray((block_ind.T @ ((1 - y) * above).T).T)
@@ -154,9 +167,12 @@ def label_swap_null(
         R0_l.append(ordered / n_pairs)
         L0_l.append(lab / n_pairs)
         W0_l.append(wrong / n_pairs)
+        T0_l.append(tied / n_pairs)
         done += b
     R0, L0, W0 = np.concatenate(R0_l), np.concatenate(L0_l), np.concatenate(W0_l)
+    T0 = np.concatenate(T0_l)
     A0 = 0.5 + L0 - (L0 + W0) / 2
+    excess0 = R0 + T0 / 2 - A0
     G0 = R0 - L0
     return NullResult(
         observed_R=obs.R,
@@ -168,10 +184,19 @@ def label_swap_null(
         R0_minus_A0=R0 - A0,
         R_q975=float(np.percentile(R0, 97.5)),
         p_R=float((1 + np.sum(R0 >= obs.R - 1e-12)) / (1 + R0.size)),
-        p_excess=float((1 + np.sum(obs.R_minus_A - 1e-12 <= R0 - A0)) / (1 + R0.size)),
+        p_excess=float((1 + np.sum(obs.R_half_minus_A - 1e-12 <= excess0)) / (1 + R0.size)),
         n_draws=int(R0.size),
         tied_share=obs.tied_share,
+        observed_R_half_minus_A=obs.R_half_minus_A,
+        R0_half_minus_A0=excess0,
     )
+
+
+def _p_at_least(null: NDArray[np.float64], observed: float) -> float:
+    """One-sided permutation p value ``(1 + #{null >= observed}) / (1 + n)``."""
+    if null.size == 0 or math.isnan(observed):
+        return math.nan
+    return float((1 + np.sum(null >= observed - 1e-12)) / (1 + null.size))
 
 
 class LabelSwapNullCheck(CardCheck):
@@ -195,7 +220,9 @@ class LabelSwapNullCheck(CardCheck):
             "null_gap_expected": null.expected_null_gap,
             "tied_share": null.tied_share,
             "p_R": null.p_R,
-            "p_R_minus_A": null.p_excess,
+            # the paper's R − A, and the tie-consistent R½ − A (equal for one-to-one contrasts)
+            "p_R_minus_A": _p_at_least(null.R0_minus_A0, null.observed_R_minus_A),
+            "p_R_half_minus_A": null.p_excess,
         }
         data = {k: Estimate.point(v, n) for k, v in values.items()}
         rows = (
@@ -207,7 +234,7 @@ class LabelSwapNullCheck(CardCheck):
                 f"(tied share T {fmt(null.tied_share)})",
             ),
             (
-                f"permutation p of R / of R − A ({n} label swaps)",
+                f"permutation p of R / of R½ − A ({n} label swaps)",
                 f"{fmt_p(null.p_R)} / {fmt_p(null.p_excess)}",
             ),
         )

@@ -229,7 +229,9 @@ def test_null_check_rows_show_the_closed_form_and_the_draws():
     ctx = CardContext(table=t, direct_cut=0.5, rng=np.random.default_rng(0), n_boot=2000)
     res = LabelSwapNullCheck().run(ctx)
     labels = [r[0] for r in res.rows]
-    assert "permutation p of R / of R − A (2000 label swaps)" in labels
+    assert "permutation p of R / of R½ − A (2000 label swaps)" in labels
+    # one-to-one contrasts keep T under swaps: the two p values agree
+    assert res.data["p_R_minus_A"].value == res.data["p_R_half_minus_A"].value
     assert any("(1 − C − T)/2" in x for x in labels)
     assert res.data["null_gap_expected"].value == pytest.approx(spot_stop(t, 0.5).null_gap)
 
@@ -470,3 +472,22 @@ def test_prevalence_reading_is_chosen_from_the_values():
     r = prevalence_reading(_prev_check(0.70, 0.705, 0.9, 0.9))
     assert r.startswith("the batch mean and the fixed cut agree within 2 points")
     assert "about half" not in r
+
+
+def test_tie_consistent_excess_is_centred_under_the_null_with_multi_case_contrasts():
+    # contrasts of 2 safe + 1 unsafe and 1 + 1 with five-value scores: a swap changes which
+    # pairs tie, but E[R½0 - A0] = 0 (every pair is as likely either way round)
+    rows = []
+    base = discrete_table()
+    for r in range(30):
+        rows += [
+            (f"{c}_{r}", int(y), float(v))
+            for c, y, v in zip(base.contrast_id, base.label, base.score, strict=True)
+        ]
+    t = _table(rows)
+    null = label_swap_null(t, cut=0.5, n_draws=20_000, rng=1)
+    se = null.R0_half_minus_A0.std() / math.sqrt(null.n_draws)
+    assert abs(null.R0_half_minus_A0.mean()) < 5 * se
+    assert null.observed_R_half_minus_A == pytest.approx(1 / 18)
+    # T moves under the swaps here (the 2 + 1 contrasts), so R0 - A0 is not simply shifted
+    assert np.ptp(null.R0_half_minus_A0 - null.R0_minus_A0) > 0
