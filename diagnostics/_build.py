@@ -54,7 +54,8 @@ def card_from_inputs(
     paper's direct answer (default: the deployed constant cut of a log when there is one,
     else 0).  The checks and the delivered rates draw ``min(n_boot, 1000)`` times unless
     ``n_boot_checks`` says otherwise.  Further keyword arguments go to
-    :func:`~spotstop.diagnostics.compute_card`.
+    :func:`~spotstop.diagnostics.compute_card` (e.g. ``group_by``, the resampling unit of
+    ``--group-by``: ``"situation"`` by default, or ``"contrast"``).
     """
     if (log is not None) + (scores is not None) + bool(demo) != 1:
         raise DataError("give exactly one input: LOG, --scores CSV or --demo.")
