@@ -5,9 +5,12 @@
 
 Prints, in one run:
 1. per-scene latency (one scene per call, as a robot asks) of torch eager vs ONNX Runtime
-   fp32 and int8 on the tiny TEST pair (CPU), per member and for the pair;
-2. the tiny bundles' weight bytes per precision;
-3. the real pair's weight bytes per precision (Qwen3.5-2B + LFM2.5-VL-3B), from meta-device
+   fp32 and int8 on the tiny TEST pair (CPU), per member and for the pair, and how many times
+   faster onnxruntime is than torch eager;
+2. the fp32 graphs' node counts per layer type (export/graph_stats.py): the Gated-DeltaNet,
+   attention, MLP, LFM2 short-convolution and vision layers, per layer and in all;
+3. the tiny bundles' weight bytes per precision;
+4. the real pair's weight bytes per precision (Qwen3.5-2B + LFM2.5-VL-3B), from meta-device
    parameter counts of their config classes (jetson/memory_budget.py).
 """
 
@@ -108,6 +111,24 @@ def main(argv: list[str] | None = None) -> int:
     for rt in ("torch eager fp32", "onnxruntime fp32", "onnxruntime int8"):
         tot = sum(sec for _, r, sec in rows if r == rt)
         print(f"{'pair':<16} {rt:<20} {tot * 1e3:9.2f}")
+    print("onnxruntime vs torch eager, per scene (x times faster):")
+    names = [bm.name for bm in b.members]
+    for who in [*names, "pair"]:
+        sel = [r for r in rows if who in ("pair", r[0])]
+        eager = sum(sec for _, r, sec in sel if r == "torch eager fp32")
+        ratios = [
+            f"{prec} {eager / sum(sec for _, r, sec in sel if r == f'onnxruntime {prec}'):.2f}x"
+            for prec in ("fp32", "int8")
+        ]
+        print(f"  {who:<16} " + "  ".join(ratios))
+    print()
+    from spotstop.export.graph_stats import graph_stats
+
+    print("fp32 graphs, ONNX nodes per layer type (per layer: the largest instance):")
+    for bm in b.members:
+        for f in sorted((bm.path / "onnx").glob("*.onnx")):
+            print(f"{bm.name}/{f.name}:")
+            print("\n".join(graph_stats(f).lines()))
     print()
     print("tiny bundles, weight bytes (vision + one decoder per member):")
     for prec in ("fp32", "int8", "int4"):

@@ -18,11 +18,15 @@ Facts these configs encode (checked with torch 2.13 / transformers 5.24 / onnxru
   fixed image grid (the grid-dependent position tables are traced into constants).
 * The LFM2 decoder (short convolutions + attention) exports with the legacy exporter with a
   dynamic batch and sequence length.
-* The Qwen3.5 decoder does NOT export with the legacy exporter: its chunked Gated-DeltaNet
-  (``torch_chunk_gated_delta_rule``) calls ``torch.linalg.solve_triangular``, which has no
-  TorchScript→ONNX symbolic (``UnsupportedOperatorError: aten::linalg_solve_triangular``).
-  It exports with ``dynamo=True`` at a fixed sequence length (the chunk loop is unrolled
-  for that length), so it gets one decoder graph per right-padded length bucket.
+* The Qwen3.5 decoder exports with ``dynamo=True`` and a dynamic sequence length: ONE graph
+  for every length up to the longest bucket. While it is exported, its config's
+  :meth:`ExportConfig.decoder_patcher` swaps transformers' chunked Gated-DeltaNet
+  (``torch_chunk_gated_delta_rule``: a Python loop over chunks and, when exporting, a
+  row-by-row triangular solve, unrolled for one length: ~6,000 nodes per layer and one graph
+  per length bucket) for the exact loop-free kernel of export/gated_delta.py (a few hundred
+  nodes per layer, whatever the length). The legacy exporter cannot give that graph a dynamic
+  length (its traced chunk count becomes a constant), and its graphs carry no module
+  metadata, which the fp16 conversion needs to keep the delta rule float32.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     import torch
 
 __all__ = [
@@ -151,6 +157,16 @@ class ExportConfig:
     member_recipe: ClassVar[MemberRecipe]
 
     @classmethod
+    def decoder_patcher(cls, max_length: int) -> AbstractContextManager[None]:
+        """What is patched while the decoder graph is exported, for sequences up to
+        ``max_length`` tokens (optimum's model patcher): an export-friendly, exact replacement of
+        code that exports badly. The torch reference the export is validated against is the
+        unpatched model. Default: nothing."""
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+    @classmethod
     def position_ids(
         cls, input_ids: torch.Tensor, is_image: torch.Tensor, grid: tuple[int, int]
     ) -> torch.Tensor:
@@ -242,7 +258,7 @@ class Qwen35ExportConfig(ExportConfig):
     model_type = "qwen3_5"
     vision_exporter = "legacy"
     decoder_exporter = "dynamo"
-    decoder_fixed_length = True
+    decoder_fixed_length = False
     member_recipe = MemberRecipe(
         config_class="Qwen3_5Config",
         model_class="Qwen3_5ForConditionalGeneration",
@@ -309,6 +325,14 @@ class Qwen35ExportConfig(ExportConfig):
             "vision_end_token_id": "<|vision_end|>",
         },
     )
+
+    @classmethod
+    def decoder_patcher(cls, max_length: int) -> AbstractContextManager[None]:
+        """The loop-free Gated-DeltaNet kernel (export/gated_delta.py), exact up to
+        ``max_length`` tokens."""
+        from spotstop.export.gated_delta import compact_gated_delta
+
+        return compact_gated_delta(max_length)
 
     @classmethod
     def position_ids(

@@ -7,7 +7,12 @@
       spotstop_member.yaml, SPOTSTOP_TEST_PAIR.txt            (hints / test-pair marker, if any)
       spotstop_onnx.yaml                                       (what spotstop.guard.backends._onnx reads)
       onnx/vision.onnx (+ vision.onnx.data)
-      onnx/decoder.onnx  or  onnx/decoder_L{bucket}.onnx ×buckets  (+ decoder.data, shared)
+      onnx/decoder.onnx  or  onnx/decoder_L{bucket}.onnx ×buckets  (+ decoder.onnx.data, shared)
+
+Every registered architecture now writes ONE ``decoder.onnx`` with a dynamic sequence axis,
+validated at every bucket (Qwen3.5 since its compact Gated-DeltaNet graph,
+export/gated_delta.py); per-bucket decoders (``fixed_length: true``, the old Qwen3.5 format)
+are still written for a config that fixes the length, and the runtime reads both.
 
 The steps follow optimum-onnx: the architecture's registered export config (export/configs.py)
 picks the exporter per graph; after export, every output of every graph is compared with the
@@ -351,7 +356,9 @@ def export_member(
             fname = f"decoder_L{length}.onnx" if ecfg.decoder_fixed_length else "decoder.onnx"
             case0 = cs.get("scene") or cs["text"]
             feeds0 = {k: v for k, v in case0.items() if k != "image_embeds"}
-            export_decoder(decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname)
+            export_decoder(
+                decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname, usable[-1]
+            )
             graphs[fname] = fold_weight_transposes(tie_output_layer(onnx.load(str(tmp / fname))))
             dec_files[length] = fname
         # reference outputs at every usable bucket (a dynamic decoder is checked at each)

@@ -6,9 +6,12 @@ A member folder exported by ``spotstop export`` holds ``spotstop_onnx.yaml`` (wr
 * ``vision``: one image's preprocessed pixels at the fixed grid → its visual tokens;
 * ``decoder``: right-padded token ids + visual tokens + the positions the score reads →
   ``first_logits`` (the answers' first tokens at the last prompt position) and
-  ``read_logprob`` (log-softmax of later answer tokens). With a fixed-length decoder (Qwen3.5,
-  exported with dynamo) there is one graph per length bucket; otherwise one graph whose
-  sequence axis is dynamic, still fed at the bucket lengths.
+  ``read_logprob`` (log-softmax of later answer tokens). Bundles exported before the compact
+  Gated-DeltaNet graph hold one fixed-length Qwen3.5 decoder per length bucket
+  (``decoder_L{bucket}.onnx``, ``fixed_length: true``); otherwise there is one graph whose
+  sequence axis is dynamic (``decoder.onnx``), serving every length up to the largest bucket:
+  onnxruntime feeds it at the batch's own length, TensorRT at the bucket lengths its
+  profiles were built for.
 
 :class:`GraphBackend` holds everything that does not depend on the runtime: reading and
 checking that description, the length bucket of a batch, the decoder's inputs, one vision
@@ -179,6 +182,10 @@ class GraphBackend(ABC):
     """
 
     name = "graphs"
+    #: feed a decoder with a dynamic sequence axis at the batch's own length (True) rather
+    #: than at its length bucket (the buckets then only bound the length); a runtime whose
+    #: engines are built for the bucket range (TensorRT profiles) keeps the buckets
+    exact_length: bool = False
 
     def __init__(self, folder: MemberFolder) -> None:
         self.folder = folder
@@ -249,6 +256,13 @@ class GraphBackend(ABC):
             "re-export with a larger --buckets value."
         )
 
+    def feed_length(self, length: int) -> int:
+        """The length a batch of ``length`` tokens is right-padded to: its bucket, or itself
+        for a dynamic-length decoder on a runtime with :attr:`exact_length` (one graph serves
+        every length up to the largest bucket); longer than every bucket is refused."""
+        bucket = self.bucket(length)
+        return length if self.exact_length and not self.fixed_length else bucket
+
     def check_plan(self, plan: ScorePlan) -> None:
         """Refuse a prompt whose answers start with other tokens than the graphs read."""
         if tuple(plan.first_ids) != self.first_ids:
@@ -295,7 +309,7 @@ class GraphBackend(ABC):
     ) -> np.ndarray:
         self.check_plan(plan)
         n_rows = len(plan.rows)
-        length = self.bucket(max(len(p) for p in prompts) + plan.max_row_len)
+        length = self.feed_length(max(len(p) for p in prompts) + plan.max_row_len)
         feeds = decoder_feeds(prompts, plan, length, self.pad_id)
         b = feeds["input_ids"].shape[0]
         try:

@@ -75,6 +75,7 @@ class OnnxBackend(GraphBackend):
     """Scores with the member's exported ONNX graphs on onnxruntime."""
 
     name = "onnx"
+    exact_length = True  # a dynamic-length decoder runs at the batch's own length
 
     def __init__(
         self,
