@@ -23,7 +23,16 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """The policy kinds' settings given on the command line (None: not given)."""
     return {
         name: getattr(args, name, None)
-        for name in ("window", "min_refs", "min_batch", "weights", "member")
+        for name in (
+            "window",
+            "min_refs",
+            "min_batch",
+            "weights",
+            "member",
+            "first",
+            "share",
+            "cut",
+        )
     }
 
 
@@ -255,6 +264,24 @@ def _add_kind_settings(p: Any) -> None:
         "request-only pass)",
     )
     p.add_argument("--member", default=None, help="direct: the member whose own answer decides")
+    p.add_argument(
+        "--first",
+        default=None,
+        help="cascade: the member that scores every scene (current or the fusion's first)",
+    )
+    p.add_argument(
+        "--share",
+        type=float,
+        default=None,
+        help="cascade: share of scenes the second member scores; the band is set on the pool "
+        "to give it (current or 0.9, the paper's point)",
+    )
+    p.add_argument(
+        "--cut",
+        choices=["frozen", "conformal", "situation"],
+        default=None,
+        help="cascade: the cut it composes with (current or frozen)",
+    )
 
 
 def add_policy_parser(sub: Any) -> None:

@@ -67,6 +67,7 @@ class _Work:
     latency: dict[str, float] = field(default_factory=dict)
     raw: bytes | None = None  # encoded image, kept only when images are stored
     reading: CueReading | None = None  # the text detector's reading, when the policy asks
+    ran: set[str] = field(default_factory=set)  # members run on this scene
 
     def fail_with(self, reason: str) -> None:
         if self.fail is None:  # keep the first cause
@@ -82,6 +83,7 @@ class _Scored:
     text: dict[str, float] = field(default_factory=dict)
     latency: dict[str, float] = field(default_factory=dict)
     fail: str | None = None
+    ran: set[str] = field(default_factory=set)  # members asked to score this scene
 
     def fail_with(self, reason: str) -> None:
         if self.fail is None:

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,15 @@ from spotstop.guard.policies import (
 )
 
 __all__ = ["Decision", "DecisionNotLogged", "Guard", "PolicyMissingError", "SituationInfo"]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Staged scoring: ``first`` scores every scene; ``needed(first_scores)`` says which
+    scenes the other members score (the policy's :meth:`~Policy.second_needed`)."""
+
+    first: str
+    needed: Callable[[np.ndarray], np.ndarray]
 
 
 class PolicyMissingError(GuardError, FileNotFoundError):
@@ -443,7 +452,7 @@ class Guard:
                 w.fail_with(clock.reason("before scoring"))
             return
         scenes = [Scene(w.image, w.scene.request, w.scene.situation_id) for w in live]
-        fut = self._pool.submit(self._score, scenes, active.variants)
+        fut = self._pool.submit(self._score, scenes, active.variants, self._plan(active, live))
         text_fut = None
         if active.detector is not None:
             text_fut = self._text_pool.submit(_read_text, active.detector, [w.image for w in live])
@@ -467,6 +476,7 @@ class Guard:
             w.gray.update(r.gray)
             w.text.update(r.text)
             w.latency.update(r.latency)
+            w.ran = set(r.ran)
             if r.fail is not None:
                 w.fail_with(r.fail)
             if readings is not None:
@@ -477,21 +487,64 @@ class Guard:
                 else:
                     w.reading = reading
 
-    def _score(self, scenes: list[Scene], variants: tuple[Variant, ...]) -> list[_Scored]:
-        """Every member and variant on ``scenes``; runs on the scoring thread, touches no _Work."""
+    def _plan(self, active: _Active, live: list[_Work]) -> _Plan | None:
+        """The staged scoring the policy asks for (``cascade``), or None: every member on
+        every scene. Built on the caller's thread from the state before this call."""
+        pol = active.cfg.policy
+        first = pol.first_member()
+        if first is None:
+            return None
+        fusion, state = active.cfg.fusion, active.store.state
+        sids = [
+            w.scene.situation_id if isinstance(w.scene.situation_id, str) else None for w in live
+        ]
+
+        def needed(first_scores: np.ndarray) -> np.ndarray:
+            return pol.second_needed(fusion, first_scores, sids, state)
+
+        return _Plan(first, needed)
+
+    def _score(
+        self, scenes: list[Scene], variants: tuple[Variant, ...], plan: _Plan | None = None
+    ) -> list[_Scored]:
+        """Every member and variant on ``scenes`` (with a plan: the first member on all of
+        them, the others only where the plan says); runs on the scoring thread, touches no
+        _Work."""
         out = [_Scored() for _ in scenes]
-        for name, m in self.members.items():
+        names = list(self.members)
+        if plan is not None and plan.first in self.members:
+            names.sort(key=lambda n: n != plan.first)  # the first member first
+        rest: list[int] | None = None  # scenes the members after the first must score
+        for name in names:
+            idx = list(range(len(scenes)))
+            if plan is not None and name != plan.first:
+                if rest is None:
+                    s1 = np.array([r.scores.get(plan.first, np.nan) for r in out], dtype=float)
+                    try:
+                        mask = np.asarray(plan.needed(s1), dtype=bool)
+                    except Exception as e:  # the plan failed: every scene fails closed
+                        for r in out:
+                            r.fail_with(_reason("cascade plan", e))
+                        return out
+                    rest = [i for i in range(len(scenes)) if mask[i]]
+                idx = rest
+                if not idx:
+                    continue
+            sub = [scenes[i] for i in idx]
+            for i in idx:
+                out[i].ran.add(name)
             for variant in variants:
                 t = time.perf_counter()
                 try:
-                    res = m.score(scenes, variant, strict=False)
+                    res = self.members[name].score(sub, variant, strict=False)
                 except Exception as e:  # this member failed on this batch: fail those scenes
-                    for r in out:
-                        r.fail_with(_reason(f"member {name} ({variant})", e))
+                    for i in idx:
+                        out[i].fail_with(_reason(f"member {name} ({variant})", e))
                     continue
-                dt = (time.perf_counter() - t) * 1e3 / max(1, len(scenes))
+                dt = (time.perf_counter() - t) * 1e3 / max(1, len(sub))
                 target = {"scene": "scores", "gray": "gray", "text": "text"}[variant]
-                for r, s in zip(out, res, strict=True):
+                for i, s in zip(idx, res, strict=True):
+                    r = out[i]
                     getattr(r, target)[name] = s.score
                     r.latency[f"score_{name}_{variant}_ms"] = dt
                     if variant == "scene" and not np.isfinite(s.score):
@@ -589,6 +642,7 @@ class Guard:
             member_scores={m: w.scores.get(m, float("nan")) for m in self.bundle_member_names},
             member_scores_gray=dict(w.gray) if "gray" in active.variants else None,
             member_scores_text=dict(w.text) if "text" in active.variants else None,
+            members_run={m: m in w.ran for m in self.bundle_member_names},
             fused_score=o.fused,
             policy_score=o.score,
             threshold=o.threshold,

@@ -13,8 +13,8 @@ Storage
   append to the same file; a busy database is waited on (``busy_timeout``) and retried with
   bounded backoff up to ``timeout_s``, then a :class:`LogError` says so.
 * Versioned: a ``meta`` table records the ``schema_version``; a log written by a newer
-  spotstop is refused instead of misread, and a schema-1 log is migrated in place when it is
-  opened (new columns added with documented values for old rows; nothing is dropped).
+  spotstop is refused instead of misread, and a schema-1 or -2 log is migrated in place when
+  it is opened (new columns added with documented values for old rows; nothing is dropped).
 * One shape: the ``decisions`` columns and the row mapping derive from
   :class:`~spotstop.guard._record.DecisionRecord`'s field list.
 * The log says who decided: every row carries the ``policy_version``, ``policy_kind`` and
@@ -54,6 +54,7 @@ from spotstop.guard._log_schema import (
     ID_COLUMN,
     INSERT,
     MIGRATE_1_TO_2,
+    MIGRATE_2_TO_3,
     SCHEMA_SQL,
     LogError,
     PolicyRow,
@@ -305,6 +306,9 @@ class DecisionLog(LogReader):
             if found == 1:
                 for statement in MIGRATE_1_TO_2:
                     conn.execute(statement)
+            if found in (1, 2):
+                for statement in MIGRATE_2_TO_3:
+                    conn.execute(statement)
             for statement in SCHEMA_SQL.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -316,9 +320,9 @@ class DecisionLog(LogReader):
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', ?)",
                 (repr(_time.time()),),
             )
-            if found == 1:
+            if found in (1, 2):
                 conn.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('migrated_from_1', ?)",
+                    f"INSERT OR REPLACE INTO meta (key, value) VALUES ('migrated_from_{found}', ?)",
                     (repr(_time.time()),),
                 )
 

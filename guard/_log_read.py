@@ -123,6 +123,10 @@ class LogArrays:
     cue_flags: dict[str, np.ndarray]
     """Cue name -> flag as int8: 1 flagged, 0 not, -1 not detected."""
 
+    members_run: dict[str, np.ndarray]
+    """Member name -> whether it was run on the scene as int8: 1 run, 0 not, -1 unknown
+    (rows of schema 1 and 2, before the log recorded it)."""
+
     bundle_id: np.ndarray
     """Bundle ids (object array of str)."""
 
@@ -169,13 +173,13 @@ def log_arrays(joined: Joined) -> LogArrays:
     def scores(get: Callable[[DecisionRecord], dict[str, float] | None]) -> dict[str, np.ndarray]:
         return {k: flt((get(r) or {}).get(k, math.nan) for r in recs) for k in names(get)}
 
-    def flags() -> dict[str, np.ndarray]:
+    def flags(get: Callable[[DecisionRecord], dict[str, bool] | None]) -> dict[str, np.ndarray]:
         def code(r: DecisionRecord, k: str) -> int:
-            return -1 if r.cue_flags is None or k not in r.cue_flags else int(r.cue_flags[k])
+            d = get(r)
+            return -1 if d is None or k not in d else int(d[k])
 
         return {
-            k: np.array([code(r, k) for r in recs], dtype=np.int8).reshape(n)
-            for k in names(lambda r: r.cue_flags)
+            k: np.array([code(r, k) for r in recs], dtype=np.int8).reshape(n) for k in names(get)
         }
 
     review = [lab for _, lab in joined]
@@ -205,7 +209,8 @@ def log_arrays(joined: Joined) -> LogArrays:
         policy_kind=obj(r.policy_kind for r in recs),
         policy_version=obj(r.policy_version for r in recs),
         fusion_key=obj(r.fusion_key for r in recs),
-        cue_flags=flags(),
+        cue_flags=flags(lambda r: r.cue_flags),
+        members_run=flags(lambda r: r.members_run),
         bundle_id=obj(r.bundle_id for r in recs),
         prompt_hash=obj(r.prompt_hash for r in recs),
     )
@@ -226,6 +231,7 @@ _PREFIX = {
     "member_scores_text": "score_text",
     "latency_ms": "latency_ms",
     "cue_flags": "cue",
+    "members_run": "ran",
 }
 
 
@@ -234,7 +240,7 @@ def export_columns(joined: Joined) -> list[tuple[str, str, list[Any]]]:
 
     One column per scalar field of :class:`DecisionRecord` (plus ``time_utc``), each dict
     field expanded to ``score.<member>``, ``score_gray.<member>``, ``score_text.<member>``,
-    ``latency_ms.<stage>`` and ``cue.<cue>``, then the reviewer's ``review_*`` columns.
+    ``latency_ms.<stage>``, ``cue.<cue>`` and ``ran.<member>``, then the reviewer's ``review_*`` columns.
     """
     recs = [r for r, _ in joined]
     cols: list[tuple[str, str, list[Any]]] = []
@@ -453,7 +459,7 @@ class LogReader:
         """Write every decision (with reviewer labels) to a CSV file, one column per field.
 
         Dict fields are expanded to ``score.<member>``, ``score_gray.<member>``,
-        ``score_text.<member>``, ``latency_ms.<stage>`` and ``cue.<cue>``; reviewer columns
+        ``score_text.<member>``, ``latency_ms.<stage>``, ``cue.<cue>``, ``ran.<member>``; reviewer columns
         start with ``review_``. Floats are written with ``repr`` (exact), NaN as ``nan`` and
         infinities as ``inf``/``-inf``; None is an empty cell.
         """

@@ -3,8 +3,9 @@
 The ``decisions`` table's columns derive from :class:`~spotstop.guard._record.DecisionRecord`
 (one shape per decision). ``labels`` holds reviewers' labels, ``images`` the stored images
 (off by default), ``policies`` every policy file that decided something (so readers replay
-exactly what decided), ``meta`` the schema version. :data:`MIGRATE_1_TO_2` upgrades a
-schema-1 log in place; :class:`~spotstop.guard._log.DecisionLog` runs it when it opens one.
+exactly what decided), ``meta`` the schema version. :data:`MIGRATE_1_TO_2` and :data:`MIGRATE_2_TO_3` upgrade an
+older log in place, in turn; :class:`~spotstop.guard._log.DecisionLog` runs them when it
+opens one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "COLUMNS",
     "INSERT",
     "MIGRATE_1_TO_2",
+    "MIGRATE_2_TO_3",
     "SCHEMA_SQL",
     "SELECT",
     "LogError",
@@ -108,6 +110,12 @@ MIGRATE_1_TO_2: Final = (
     "ELSE policy END",
     POLICIES_SQL,
     "UPDATE meta SET value = '2' WHERE key = 'schema_version'",
+)
+
+# Schema 2 -> 3: ``members_run`` (NULL for older rows: every member that loaded was run).
+MIGRATE_2_TO_3: Final = (
+    "ALTER TABLE decisions ADD COLUMN members_run TEXT",
+    "UPDATE meta SET value = '3' WHERE key = 'schema_version'",
 )
 
 

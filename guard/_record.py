@@ -14,9 +14,11 @@
 A round-trip test checks record → row → record and record → JSON → record.
 
 Versions: schema 2 added ``batch_id``, ``policy_score``, ``policy_kind``, ``policy_version``,
-``fusion_key``, ``detail``, ``cue_flags``, ``cue_text`` and ``test_pair``. Rows written under
-schema 1 are migrated when a log is opened (see ``_log.py``) and read back with
-``schema_version`` 1 and those fields at their documented defaults.
+``fusion_key``, ``detail``, ``cue_flags``, ``cue_text`` and ``test_pair``; schema 3 added
+``members_run`` (which members scored the scene: the ``cascade`` policy runs the second
+member only on some scenes). Rows written under schema 1 or 2 are migrated when a log is
+opened (see ``_log.py``) and read back with their ``schema_version`` and the new fields at
+their documented defaults.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ __all__ = [
     "sql_columns",
 ]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """Version of the decision schema this module writes (1 is read and migrated)."""
 
 _LABELS: Final = ("SAFE", "UNSAFE")
@@ -125,6 +127,11 @@ class DecisionRecord:
         default=None, metadata=_m("opt_scores", "TEXT")
     )
     """Per member: request-only score (no image); None if that pass was not run."""
+
+    members_run: dict[str, bool] | None = field(default=None, metadata=_m("flags", "TEXT"))
+    """Per member: whether it was run on this scene (False: not asked, e.g. a ``cascade``
+    scene decided by its first member alone, or a scene that failed before scoring). None for
+    rows of schema 1 and 2, where every member that loaded was run."""
 
     fused_score: float = field(metadata=_m("float", "REAL"))
     """Avg-2 fused score S under the policy's reference (frozen) fusion; NaN when not computed."""
@@ -352,9 +359,9 @@ def _check_record(r: DecisionRecord) -> None:
             f"DecisionRecord.time must be a finite float (seconds since the Unix epoch, UTC); "
             f"got {r.time!r}. Use time.time()."
         )
-    if r.schema_version not in (1, SCHEMA_VERSION):
+    if r.schema_version not in range(1, SCHEMA_VERSION + 1):
         raise RecordError(
-            f"DecisionRecord.schema_version must be 1 (migrated) or {SCHEMA_VERSION}; got "
+            f"DecisionRecord.schema_version must be 1 or 2 (migrated) or {SCHEMA_VERSION}; got "
             f"{r.schema_version!r}. Leave it at its default."
         )
     if r.label == "SAFE" and r.fail_closed:

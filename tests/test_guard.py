@@ -634,3 +634,103 @@ def test_the_guard_owns_situation_state_per_policy_version(bundle_copy: Path, tm
         g.reload_policy()
         assert g.situation("k").references == refs
         assert load_policy(bundle_copy / "policy.yaml").state_seed == cfg.state_seed  # untouched
+
+
+# ------------------------------------------------------------------------------ cascade
+
+
+class _CountingMember:
+    """A member whose score is a fixed function of the image (fast), counting the scenes it
+    was asked to score; optionally failing."""
+
+    def __init__(self, real: Any, stats: Any, offset: float, error: Exception | None = None):
+        self._real = real
+        self.stats = stats  # the policy's reference statistics: z = u + offset, u in [-2, 2]
+        self.offset = offset
+        self.error = error
+        self.scored: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def score(self, scenes: Any, variant: str = "scene", strict: bool = True) -> list[Any]:
+        from spotstop.guard import MemberScore
+
+        if self.error is not None:
+            raise self.error
+        out = []
+        for s in scenes:
+            self.scored.append(s.image.sha256)
+            u = int(s.image.sha256[:4], 16) / 65535.0 * 4.0 - 2.0 + self.offset
+            value = self.stats.median + self.stats.iqr * u
+            out.append(MemberScore(self._real.name, variant, value, self._real.prompt_hash, 1))
+        return out
+
+
+def _set_cascade(bundle: Path, band: float, t0: float = 0.0) -> tuple[str, str]:
+    from spotstop.guard.policies import CascadePolicy
+
+    cfg = load_policy(bundle / "policy.yaml")
+    first, second = cfg.fusion.members
+    dump_policy(
+        PolicyConfig(
+            bundle_id=cfg.bundle_id,
+            prompt_hash=cfg.prompt_hash,
+            fusion=cfg.fusion,
+            policy=CascadePolicy(first=first, share=0.5, band=band, cut=FrozenPolicy(t0)),
+            fitted_on={"test": True},
+            created=datetime.now(UTC),
+        ),
+        bundle / "policy.yaml",
+    )
+    return first, second
+
+
+def test_cascade_runs_the_second_member_exactly_inside_the_band_and_logs_who_ran(
+    bundle_copy: Path, tmp_path: Path
+):
+    first, second = _set_cascade(bundle_copy, band=0.4)
+    with Guard(bundle_copy, log=tmp_path / "log.sqlite") as g:
+        st = g.policy_config.fusion.stats
+        m1 = g.members[first] = _CountingMember(g.members[first], st[first], 0.0)  # type: ignore[assignment]
+        m2 = g.members[second] = _CountingMember(g.members[second], st[second], 0.5)  # type: ignore[assignment]
+        scenes = [_scene(i) for i in range(24)]
+        ds = g.check_batch(scenes)
+        pol = g.policy_config.policy
+        s1 = np.array([d.member_scores[first] for d in ds])
+        inside = pol.second_needed(g.policy_config.fusion, s1, [None] * 24, None)
+        assert 0 < inside.sum() < 24  # the band splits this batch
+        assert len(m1.scored) == 24 and len(m2.scored) == int(inside.sum())
+        for d, ins in zip(ds, inside.tolist(), strict=True):
+            assert d.members_run == {first: True, second: ins}
+            assert np.isfinite(d.member_scores[second]) == ins
+            assert d.policy.startswith("cascade[pair]" if ins else f"cascade[{first}]")
+            assert not d.fail_closed
+        rows = {r.decision_id: r for r in g.log.records()}
+        assert all(rows[d.decision_id].members_run == d.members_run for d in ds)
+
+
+def test_cascade_fails_closed_when_the_second_member_fails_inside_the_band(
+    bundle_copy: Path, tmp_path: Path
+):
+    first, second = _set_cascade(bundle_copy, band=0.4)
+    with Guard(bundle_copy, log=tmp_path / "log.sqlite") as g:
+        st = g.policy_config.fusion.stats
+        g.members[first] = _CountingMember(g.members[first], st[first], 0.0)  # type: ignore[assignment]
+        g.members[second] = _CountingMember(  # type: ignore[assignment]
+            g.members[second], st[second], 0.5, error=RuntimeError("simulated fault")
+        )
+        ds = g.check_batch([_scene(i) for i in range(24)])
+    inside = [d for d in ds if d.members_run and d.members_run[second]]
+    outside = [d for d in ds if d.members_run and not d.members_run[second]]
+    assert inside and outside
+    assert all(d.label == "UNSAFE" and d.fail_closed for d in inside)
+    assert all("simulated fault" in (d.fail_reason or "") for d in inside)
+    assert all(not d.fail_closed for d in outside)  # decided by the first member alone
+    # the first member failing fails every scene closed
+    with Guard(bundle_copy, log=tmp_path / "log2.sqlite") as g:
+        g.members[first] = _CountingMember(  # type: ignore[assignment]
+            g.members[first], g.policy_config.fusion.stats[first], 0.0, error=RuntimeError("x")
+        )
+        ds = g.check_batch([_scene(i) for i in range(6)])
+    assert all(d.label == "UNSAFE" and d.fail_closed for d in ds)

@@ -100,7 +100,7 @@ def test_round_trip_nan_inf_none_unicode(log: DecisionLog) -> None:
     assert_same_record(rec, back)
     assert math.isnan(back.fused_score) and math.isnan(back.member_scores["qwen"])
     assert back.member_scores["smol"] == math.inf and back.member_scores["third"] == -math.inf
-    assert back.schema_version == SCHEMA_VERSION == 2
+    assert back.schema_version == SCHEMA_VERSION == 3
     assert [r.decision_id for r in log.records()] == [rec.decision_id]
     assert log.get("no-such-id") is None
 
@@ -144,7 +144,7 @@ def test_schema_version_recorded_and_newer_refused(tmp_path: Path) -> None:
         assert int(value) == SCHEMA_VERSION
         conn.execute("UPDATE meta SET value = ? WHERE key='schema_version'", (SCHEMA_VERSION + 1,))
     conn.close()
-    with pytest.raises(LogError, match=r"schema_version 3.*reads schema_version 2.*Upgrade"):
+    with pytest.raises(LogError, match=r"schema_version 4.*reads schema_version 3.*Upgrade"):
         DecisionLog(path)
     assert issubclass(LogError, GuardError) and issubclass(LogError, RuntimeError)
 
@@ -210,7 +210,7 @@ def test_record_validation_messages() -> None:
         ({"fail_closed": 1}, r"fail_closed must be a bool"),
         ({"request": None}, r"request must be a str"),
         ({"situation_id": 3}, r"situation_id must be a str or None"),
-        ({"schema_version": 3}, r"schema_version must be 1 \(migrated\) or 2"),
+        ({"schema_version": 4}, r"schema_version must be 1 or 2 \(migrated\) or 3"),
         ({"label": "SAFE", "fail_closed": True}, r"a fail-closed decision is UNSAFE"),
         ({"cue_flags": {"alarming": 1}}, r"cue_flags\['alarming'\] must be a bool"),
         ({"policy_version": 2}, r"policy_version must be a str or None"),
@@ -572,7 +572,7 @@ def test_export_csv_round_trip(log: DecisionLog, tmp_path: Path) -> None:
     assert float(r0["latency_ms.total"]) == 20.0
     assert r1["review_label"] == "unsafe" and r1["review_contrast_id"] == "c1"
     assert r0["review_label"] == "" and math.isnan(float(r0["review_time"]))
-    assert r0["schema_version"] == "2" and r0["time_utc"] == recs[0].time_utc
+    assert r0["schema_version"] == "3" and r0["time_utc"] == recs[0].time_utc
 
 
 def test_export_parquet_round_trip(log: DecisionLog, tmp_path: Path) -> None:
@@ -582,7 +582,7 @@ def test_export_parquet_round_trip(log: DecisionLog, tmp_path: Path) -> None:
     log.export_parquet(out)
     table = pq.read_table(out)
     assert table.num_rows == 2
-    assert table.schema.metadata[b"spotstop.schema_version"] == b"2"
+    assert table.schema.metadata[b"spotstop.schema_version"] == b"3"
     cols = table.to_pydict()
     assert cols["decision_id"] == [r.decision_id for r in recs]
     assert cols["request"][0] == recs[0].request
@@ -713,18 +713,44 @@ def test_a_schema_1_log_is_migrated_on_open_and_nothing_is_lost(tmp_path: Path) 
         )
         assert a1.policy_version is None and a1.fusion_key is None and a1.batch_id is None
         assert a1.detail == "" and a1.cue_flags is None and a1.test_pair is False
+        assert a1.members_run is None  # schema 3's field: unknown for old rows
         arr = lg.to_arrays()
         assert arr.label.tolist() == [1, -1, -1] and arr.contrast_id.tolist() == ["c1", None, None]
         assert arr.policy_version.tolist() == [None, None, None]
-        # new decisions are written under schema 2 beside the old ones
+        assert arr.members_run == {}  # no row says which members ran
+        # new decisions are written under the current schema beside the old ones
         lg.append(make_record(5))
         assert lg.count() == 4
     with sqlite3.connect(path) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     conn.close()
-    assert meta["schema_version"] == "2" and "migrated_from_1" in meta
+    assert meta["schema_version"] == "3" and "migrated_from_1" in meta
     with DecisionLog(path) as lg:  # a second open does not migrate again
         assert lg.count() == 4 and lg.get("a1").schema_version == 1  # type: ignore[union-attr]
+
+
+def test_a_schema_2_log_gets_members_run_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "v2.sqlite"
+    with DecisionLog(path) as lg:
+        lg.append(make_record(1))
+    with sqlite3.connect(path) as conn:  # make it the schema-2 file it would have been
+        conn.execute("ALTER TABLE decisions DROP COLUMN members_run")
+        conn.execute("UPDATE decisions SET schema_version = 2")
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    conn.close()
+    with DecisionLog(path) as lg:
+        [old] = list(lg.records())
+        assert old.schema_version == 2 and old.members_run is None
+        lg.append(make_record(2, members_run={"qwen": True, "lfm": False}))
+        arr = lg.to_arrays()
+        assert arr.members_run["lfm"].tolist() == [-1, 0] and arr.members_run["qwen"].tolist() == [
+            -1,
+            1,
+        ]
+    with sqlite3.connect(path) as conn:
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    conn.close()
+    assert meta["schema_version"] == "3" and "migrated_from_2" in meta
 
 
 def test_the_policies_table_keeps_who_decided(log: DecisionLog) -> None:

@@ -24,6 +24,7 @@ from spotstop.guard.policies import (
     POLICY_KINDS,
     BatchFrozenIqrPolicy,
     BatchPolicy,
+    CascadePolicy,
     ConformalPolicy,
     DecisionError,
     DirectPolicy,
@@ -32,6 +33,7 @@ from spotstop.guard.policies import (
     SituationPolicy,
     SituationWindows,
     batch_inputs,
+    cascade_band,
     check_policy_matches,
     conformal_cut,
     conformal_min_n,
@@ -214,6 +216,44 @@ def _hand_situation() -> None:
     assert _labels(replay(pol, _x(a, b, ["k"] * 5))) == [v.label for v in verdicts]
 
 
+def _hand_cascade() -> None:
+    # first a (median 0, IQR 2: z1 = a/2), cut frozen 0.5, band 1: the pair scores a scene
+    # only when |z1 − 0.5| ≤ 1, i.e. −0.5 ≤ z1 ≤ 1.5; S = (a/2 + (b − 1))/2
+    pol = CascadePolicy(first="a", share=0.5, band=1.0, cut=FrozenPolicy(0.5))
+    nan = math.nan
+    a = [4.0, -2.0, 1.0, 2.0, 0.0, 3.0]
+    # z1 = 2 (out: a alone, UNSAFE), −1 (out: SAFE), 0.5 (in: S = 0.25, SAFE),
+    # 1 (in: S = (1 + 1)/2 = 1, UNSAFE), 0 (in, but no pair score: NaN, fail closed),
+    # 1.5 (on the band's edge: in; S = (1.5 − 1)/2 = 0.25, SAFE)
+    b = [nan, nan, 1.0, 2.0, nan, 0.0]
+    np.testing.assert_array_equal(
+        pol.second_needed(FUSION, np.array(a), [None] * 6, None),
+        [False, False, True, True, True, True],
+    )
+    d = decide_batch(pol, _x(a, b))
+    np.testing.assert_allclose([v.score for v in d.verdicts], [2.0, -1.0, 0.25, 1.0, nan, 0.25])
+    assert _labels(d) == ["UNSAFE", "SAFE", "SAFE", "UNSAFE", "UNSAFE", "SAFE"]
+    assert [v.policy for v in d.verdicts][:3] == [
+        "cascade[a]->frozen",
+        "cascade[a]->frozen",
+        "cascade[pair]->frozen",
+    ]
+    assert "not finite" in d.verdicts[4].detail
+    # with a situation cut the references are the cascade's own scores C
+    sit = CascadePolicy(
+        first="a",
+        share=0.5,
+        band=1.0,
+        cut=SituationPolicy(window=4, min_refs=1, fallback=FrozenPolicy(0.5)),
+    )
+    d = decide_batch(sit, _x([4.0, -2.0, 1.0], [nan, nan, 1.0], ["k", "k", "k"]))
+    # scene 1: fallback 0.5 (z1 = 2: out); scene 2: mean(2) = 2, |−1 − 2| = 3 > 1: out,
+    # SAFE; scene 3: pre-cut mean(2, −1) = 0.5, z1 = 0.5: in, S = 0.25 < 0.5: SAFE
+    assert [v.threshold for v in d.verdicts] == [0.5, 2.0, 0.5]
+    assert _labels(d) == ["UNSAFE", "SAFE", "SAFE"]
+    assert d.state.references("k") == (2.0, -1.0, 0.25)
+
+
 _HAND_EXAMPLES: dict[str, Callable[[], None]] = {
     "frozen": _hand_frozen,
     "direct": _hand_direct,
@@ -221,6 +261,7 @@ _HAND_EXAMPLES: dict[str, Callable[[], None]] = {
     "batch": _hand_batch,
     "batch_frozen_iqr": _hand_batch_frozen_iqr,
     "situation": _hand_situation,
+    "cascade": _hand_cascade,
 }
 
 
@@ -239,7 +280,8 @@ def test_registry_filters() -> None:
     assert policy_kinds(single_scene=True) == ("direct", "frozen", "conformal")
     assert "conformal" not in policy_kinds(label_free=True)
     with pytest.raises(PolicyError, match="policy kind must be one of"):
-        policy_class("cascade")
+        policy_class("cascades")
+    assert "cascade" not in policy_kinds(single_scene=True)  # never a fallback
 
 
 # ---------------------------------------------------------------------- batch: the paper's rule
@@ -368,7 +410,26 @@ def _doc(policy: dict[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
+_CASCADE: dict[str, Any] = {
+    "kind": "cascade",
+    "first": "qwen",
+    "share": 0.9,
+    "band": 1.25,
+    "cut": {"kind": "frozen", "threshold": 0.25},
+}
+
 _KINDS = [
+    _CASCADE,
+    {**_CASCADE, "cut": {"kind": "conformal", "alpha": 0.1, "n": 19, "k": 2, "threshold": -0.3}},
+    {
+        **_CASCADE,
+        "cut": {
+            "kind": "situation",
+            "window": 6,
+            "min_refs": 3,
+            "fallback": {"kind": "frozen", "threshold": 0.0},
+        },
+    },
     {"kind": "direct", "member": "lfm"},
     {"kind": "frozen", "threshold": 0.25},
     {"kind": "conformal", "alpha": 0.1, "n": 19, "k": 2, "threshold": -0.3},
@@ -393,7 +454,8 @@ _KINDS = [
 def test_load_dump_round_trip(tmp_path: Path, policy: dict[str, Any]) -> None:
     src = tmp_path / "policy.yaml"
     doc = _doc(policy)
-    if policy["kind"] == "situation":
+    situational = policy["kind"] == "situation" or policy.get("cut", {}).get("kind") == "situation"
+    if situational:
         doc["state_seed"] = {"situations": {"hall": [0.5, -0.25]}}
     src.write_text(yaml.safe_dump(doc, sort_keys=False))
     cfg = load_policy(src)
@@ -404,7 +466,7 @@ def test_load_dump_round_trip(tmp_path: Path, policy: dict[str, Any]) -> None:
     again = load_policy(out)
     assert again.to_dict() == cfg.to_dict() and again.digest == cfg.digest
     assert again.version_id == cfg.version_id and cfg.version_id.startswith("adhoc+")
-    if policy["kind"] == "situation":
+    if situational:
         assert cfg.initial_state().references("hall") == (0.5, -0.25)
     assert not list(tmp_path.glob("*.json"))  # loading reads the file only
 
@@ -474,9 +536,23 @@ _BAD: list[tuple[dict[str, Any], str]] = [
     (_with("fusion.weights", {"qwen": 1.0}), "fusion.weights.lfm is required"),
     (
         _with("policy", {"kind": "situaton"}),
-        "policy.kind must name a policy kind, one of direct, frozen, conformal, batch, batch_frozen_iqr, situation; got 'situaton'. Did you mean 'situation'?",
+        "policy.kind must name a policy kind, one of direct, frozen, conformal, batch, batch_frozen_iqr, situation, cascade; got 'situaton'. Did you mean 'situation'?",
     ),
     (_with("policy", {"kind": "frozen"}), "policy.threshold is required"),
+    (
+        _with("policy", {**_CASCADE, "first": "gpt"}),
+        "policy.first must name a fusion member, one of ['qwen', 'lfm']; got 'gpt'",
+    ),
+    (_with("policy", {**_CASCADE, "share": 0.0}), "policy.share must be in (0, 1]; got 0.0"),
+    (_with("policy", {**_CASCADE, "band": -1.0}), "policy.band must be ≥ 0; got -1.0"),
+    (
+        _with("policy", {**_CASCADE, "cut": {"kind": "batch"}}),
+        "policy.cut.kind must be one of frozen, conformal, situation; got 'batch'",
+    ),
+    (
+        _with("policy", {**_CASCADE, "cut": {"kind": "frozen"}}),
+        "policy.cut.threshold is required",
+    ),
     (
         _with("policy", {"kind": "frozen", "threshold": math.inf}),
         "policy.threshold must be a finite number",
@@ -585,3 +661,72 @@ def test_yaml_file_errors(tmp_path: Path) -> None:
         load_policy(p)
     with pytest.raises(FileNotFoundError):
         load_policy(tmp_path / "missing.yaml")
+
+
+# ---------------------------------------------------------------------- cascade
+
+
+def test_cascade_band_sends_the_chosen_share_of_the_pool() -> None:
+    assert cascade_band(np.array([0.1, 0.5, 0.2, 2.0]), 0.5) == 0.2  # 2 of 4 inside (≤)
+    assert cascade_band(np.array([0.1, 0.5, 0.2, 2.0]), 1.0) == 2.0
+    rng = np.random.default_rng(13)
+    for q in (0.1, 0.25, 0.5, 0.9):
+        z = rng.normal(0.0, 1.5, 997)
+        pol = CascadePolicy(first="a", share=q, band=0.0, cut=FrozenPolicy(0.3))
+        band = cascade_band(np.abs(z - 0.3), q)
+        inside = CascadePolicy(first="a", share=q, band=band, cut=FrozenPolicy(0.3)).second_needed(
+            FUSION, 2.0 * z, [None] * z.size, None
+        )  # a = 2 z: z1 = a / IQR 2 = z
+        assert inside.sum() == math.ceil(q * z.size), q
+        assert pol.first_member() == "a"
+    with pytest.raises(PolicyError, match="share must be in"):
+        cascade_band(np.array([1.0]), 0.0)
+
+
+def test_cascade_never_decides_safe_without_the_pair_inside_the_band() -> None:
+    """Property: whatever the scores, a scene inside the band is SAFE only with a finite pair
+    score below the cut, and a scene without a first score is UNSAFE."""
+    rng = np.random.default_rng(5)
+    pol = CascadePolicy(first="a", share=0.5, band=0.7, cut=FrozenPolicy(0.2))
+    for _ in range(200):
+        a = rng.normal(0, 2, 12)
+        b = rng.normal(1, 1, 12)
+        a[rng.random(12) < 0.1] = math.nan
+        b[rng.random(12) < 0.3] = math.nan
+        inside = pol.second_needed(FUSION, a, [None] * 12, None)
+        d = decide_batch(pol, _x(list(a), list(b)))
+        for i, v in enumerate(d.verdicts):
+            if v.label == "SAFE":
+                assert math.isfinite(a[i])
+                assert not inside[i] or math.isfinite(b[i])
+
+
+def test_cascade_fit_sets_the_band_for_the_share_and_composes_with_each_cut() -> None:
+    from spotstop.guard.policies import FitContext
+
+    rng = np.random.default_rng(8)
+    n = 400
+    y = rng.integers(0, 2, n)
+    a = rng.normal(0, 2, n) + 2 * y
+    b = rng.normal(1, 1, n) + y
+    x = _x(list(a), list(b))
+    sids = np.array([f"s{i % 40}" for i in range(n)], dtype=object)
+    for cut, extra in (("frozen", {}), ("conformal", {"alpha": 0.2}), ("situation", {})):
+        ctx = FitContext(
+            fusion=FUSION,
+            frozen_t0=float(np.mean(x.fused)),
+            fused=x.fused,
+            label=y,
+            situation_id=sids,
+            member_scores={"a": a, "b": b},
+            member_text=None,
+            settings={"share": 0.25, "cut": cut, "first": "a", **extra},
+            current=None,
+            rng=np.random.default_rng(0),
+        )
+        pol = CascadePolicy.fit(ctx)
+        assert pol.cut.kind == cut and pol.share == 0.25 and pol.first == "a"
+        if cut == "frozen":
+            inside = pol.second_needed(FUSION, a, [None] * n, None)
+            assert inside.sum() == math.ceil(0.25 * n)
+            assert pol.cut.threshold == pytest.approx(float(np.mean(x.fused)))  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ from spotstop.guard.policies._base import (
 )
 from spotstop.guard.policies._batch import BatchPolicy
 from spotstop.guard.policies._batch_frozen_iqr import BatchFrozenIqrPolicy
+from spotstop.guard.policies._cascade import CascadePolicy, cascade_band
 from spotstop.guard.policies._config import (
     POLICY_SCHEMA_VERSION,
     PolicyConfig,
@@ -67,6 +68,7 @@ __all__ = [
     "BatchFrozenIqrPolicy",
     "BatchInputs",
     "BatchPolicy",
+    "CascadePolicy",
     "ConformalFit",
     "ConformalPolicy",
     "CutChoice",
@@ -89,6 +91,7 @@ __all__ = [
     "Verdict",
     "batch_inputs",
     "binom_cdf",
+    "cascade_band",
     "check_policy_matches",
     "conformal_cut",
     "conformal_min_n",

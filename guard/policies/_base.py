@@ -369,6 +369,22 @@ class Policy(ABC):
         """Extra scoring passes this policy reads (e.g. ``"text"``); the guard runs them."""
         return ()
 
+    def first_member(self) -> str | None:
+        """The member to run first, alone, on every scene; None (the default): every member
+        on every scene. A kind that names one (``cascade``) says which scenes the others
+        must score with :meth:`second_needed`."""
+        return None
+
+    def second_needed(
+        self,
+        fusion: Avg2Fusion,
+        first_scores: np.ndarray,
+        situation_ids: Sequence[str | None],
+        state: Any,
+    ) -> np.ndarray:
+        """True where the members after :meth:`first_member` must score the scene."""
+        return np.ones(np.asarray(first_scores).shape[0], dtype=bool)
+
     def describe(self) -> str:
         """One line: the kind and its settings."""
         return ", ".join(f"{k}={v}" for k, v in self.to_dict().items())

@@ -25,6 +25,7 @@ POLICY_KINDS: dict[str, tuple[str, str]] = {
     "batch": ("spotstop.guard.policies._batch", "BatchPolicy"),
     "batch_frozen_iqr": ("spotstop.guard.policies._batch_frozen_iqr", "BatchFrozenIqrPolicy"),
     "situation": ("spotstop.guard.policies._situation", "SituationPolicy"),
+    "cascade": ("spotstop.guard.policies._cascade", "CascadePolicy"),
 }
 
 

@@ -1,0 +1,276 @@
+"""``cascade``: the second member only where the first is least certain (seed 000, "Cost").
+
+The first member scores every scene. Its robust z-score ``z1 = (s1 − median1) / IQR1`` (the
+policy's own reference statistics) is compared with the cut the scene would meet; only when
+``|z1 − cut| ≤ band`` does the second member run, and the scene is then decided on the
+pair's fused ``S``. Every other scene is decided on ``z1`` alone, against the same cut: the
+cascade's score is ``C = S`` inside the band and ``C = z1`` outside it. The cut is an inner
+single-threshold policy (``frozen``, ``conformal`` or ``situation``) applied to ``C``.
+
+The band is fitted on the unlabelled pool so that the second member runs on a chosen share
+``q`` of scenes (``share``; the paper's point is 0.9): ``band`` is the q-quantile of
+``|z1 − cut|`` over the pool. The paper's cascade calls LFM2.5-VL-3B only where Qwen3.5-2B is
+least certain and loses 0.002 AUROC at 90 %.
+
+Where the cut comes from: before the second member runs, the cut of each scene is the inner
+policy's threshold with the state before the batch, every scene scored by ``z1``
+(:meth:`CascadePolicy.second_needed`); the label then uses the inner policy on ``C``. For
+``frozen`` and ``conformal`` the two cuts are the same number; for ``situation`` they can
+differ only through earlier scenes of the same batch.
+
+Fail closed: a scene inside the band whose pair score is missing (the second member did not
+run or failed) gets a NaN score, hence UNSAFE; a scene whose first score is missing is UNSAFE.
+The guard runs the second member exactly where :meth:`second_needed` says, and logs which
+members ran (``members_run``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from spotstop.guard._fusion import Avg2Fusion, _is_real
+from spotstop.guard.policies._base import (
+    BatchInputs,
+    FitContext,
+    LoadContext,
+    Policy,
+    PolicyError,
+    Thresholds,
+)
+
+__all__ = ["CUT_KINDS", "CascadePolicy", "cascade_band"]
+
+#: The cuts a cascade composes with (single-threshold kinds on one score).
+CUT_KINDS: tuple[str, ...] = ("frozen", "conformal", "situation")
+
+#: The paper's operating point: the second member on 90 % of scenes.
+DEFAULT_SHARE = 0.9
+
+
+def cascade_band(distance: np.ndarray, share: float) -> float:
+    """The band half-width that sends ``share`` of the pool to the second member.
+
+    ``distance`` holds ``|z1 − cut|`` per pool scene (finite). The band is the
+    ``ceil(share · n)``-th smallest distance, so that (with ``≤``) at least ``share`` of the
+    pool falls inside it and, without ties, exactly ``ceil(share · n)`` scenes; ``share`` 1
+    gives the largest distance (every pool scene).
+    """
+    d = np.sort(np.asarray(distance, dtype=float))
+    if d.size == 0 or not np.all(np.isfinite(d)):
+        raise PolicyError(
+            "cascade: the band needs finite first-member scores on the pool; got "
+            f"{d.size} scenes ({int(np.sum(~np.isfinite(d)))} not finite)."
+        )
+    if not (_is_real(share) and 0 < share <= 1):
+        raise PolicyError(f"cascade share must be in (0, 1]; got {share!r}.")
+    k = max(1, math.ceil(share * d.size - 1e-9))
+    return float(d[k - 1])
+
+
+@dataclass(frozen=True)
+class CascadePolicy(Policy):
+    """First member alone outside a band around the cut; the pair inside it.
+
+    first: the member that scores every scene. share: the share of the pool that went to the
+    second member when the band was fitted (reported; the band is what decides). band: the
+    half-width on ``|z1 − cut|`` (≥ 0). cut: the inner policy (frozen, conformal, situation).
+    """
+
+    kind: ClassVar[str] = "cascade"
+    summary: ClassVar[str] = (
+        "first member alone far from the cut; the second only inside a band (share q)"
+    )
+    single_scene: ClassVar[bool] = False  # it changes what is scored: never a fallback
+    first: str
+    share: float
+    band: float
+    cut: Policy
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.first, str) or not self.first:
+            raise PolicyError(f"CascadePolicy.first must name a member; got {self.first!r}.")
+        if not (_is_real(self.share) and 0 < self.share <= 1):
+            raise PolicyError(f"CascadePolicy.share must be in (0, 1]; got {self.share!r}.")
+        if not (_is_real(self.band) and math.isfinite(self.band) and self.band >= 0):
+            raise PolicyError(f"CascadePolicy.band must be a finite number ≥ 0; got {self.band!r}.")
+        if not isinstance(self.cut, Policy) or self.cut.kind not in CUT_KINDS:
+            got = getattr(self.cut, "kind", type(self.cut).__name__)
+            raise PolicyError(
+                f"CascadePolicy.cut must be one of {', '.join(CUT_KINDS)}; got {got!r}."
+            )
+        object.__setattr__(self, "share", float(self.share))
+        object.__setattr__(self, "band", float(self.band))
+
+    # -- the stateful parts follow the cut's ------------------------------------------------
+    @property
+    def stateful(self) -> bool:  # type: ignore[override]
+        return self.cut.stateful
+
+    def initial_state(self, seed: Any) -> Any:
+        return self.cut.initial_state(seed)
+
+    def seed_from_fit(self, ctx: FitContext) -> Any:
+        return self.cut.seed_from_fit(ctx)
+
+    def seed_to_dict(self, seed: Any) -> Any:
+        return self.cut.seed_to_dict(seed)
+
+    def seed_from_dict(self, d: Any, ctx: LoadContext) -> Any:
+        return self.cut.seed_from_dict(d, ctx)
+
+    # -- YAML --------------------------------------------------------------------------------
+    @classmethod
+    def keys(cls) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return ("first", "share", "band", "cut"), ()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], ctx: LoadContext) -> CascadePolicy:
+        from spotstop.guard.policies._registry import policy_from_dict
+
+        first = d["first"]
+        if first not in ctx.members:
+            raise PolicyError(
+                f"{ctx.key('first')} must name a fusion member, one of {list(ctx.members)}; "
+                f"got {first!r}. Set it in {ctx.source}."
+            )
+        sub = d["cut"]
+        if not isinstance(sub, Mapping) or sub.get("kind") not in CUT_KINDS:
+            got = sub.get("kind") if isinstance(sub, Mapping) else sub
+            raise PolicyError(
+                f"{ctx.key('cut')}.kind must be one of {', '.join(CUT_KINDS)}; got {got!r}. "
+                f"Set it in {ctx.source}."
+            )
+        cut = policy_from_dict(sub, where=ctx.key("cut"), source=ctx.source, members=ctx.members)
+        share = ctx.number(d, "share")
+        band = ctx.number(d, "band")
+        if not 0 < share <= 1:
+            raise PolicyError(
+                f"{ctx.key('share')} must be in (0, 1]; got {share!r}. Set it in {ctx.source}."
+            )
+        if band < 0:
+            raise PolicyError(
+                f"{ctx.key('band')} must be ≥ 0; got {band!r}. Set it in {ctx.source}."
+            )
+        return cls(first=str(first), share=share, band=band, cut=cut)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "first": self.first,
+            "share": self.share,
+            "band": self.band,
+            "cut": self.cut.to_dict(),
+        }
+
+    def members_needed(self) -> tuple[str, ...]:
+        return (self.first,)
+
+    def variants_needed(self) -> tuple[str, ...]:
+        return self.cut.variants_needed()
+
+    # -- the rule ----------------------------------------------------------------------------
+    def first_member(self) -> str | None:
+        """The member the guard runs first, on every scene (see :meth:`second_needed`)."""
+        return self.first
+
+    def z_first(self, fusion: Avg2Fusion, scores: np.ndarray) -> np.ndarray:
+        """The first member's robust z-score under the policy's reference statistics."""
+        st = fusion.stats[self.first]
+        return (np.asarray(scores, dtype=float) - st.median) / st.iqr
+
+    def _pre_cut(
+        self, fusion: Avg2Fusion, z1: np.ndarray, sids: Sequence[str | None], state: Any
+    ) -> np.ndarray:
+        pre = BatchInputs(
+            fused=z1,
+            members={self.first: z1},
+            situation_ids=tuple(sids),
+            fusion=fusion,
+        )
+        return np.asarray(self.cut.thresholds(pre, state).threshold, dtype=float)
+
+    def second_needed(
+        self,
+        fusion: Avg2Fusion,
+        first_scores: np.ndarray,
+        situation_ids: Sequence[str | None],
+        state: Any,
+    ) -> np.ndarray:
+        """True where the rest of the pair must score the scene: ``|z1 − cut| ≤ band``.
+
+        A scene whose first score is not finite is never sent on (it is UNSAFE anyway).
+        """
+        z1 = self.z_first(fusion, first_scores)
+        with np.errstate(invalid="ignore"):
+            return np.asarray(
+                np.abs(z1 - self._pre_cut(fusion, z1, situation_ids, state)) <= self.band,
+                dtype=bool,
+            )
+
+    def _cascade_inputs(self, x: BatchInputs, state: Any) -> tuple[BatchInputs, np.ndarray]:
+        inside = self.second_needed(x.fusion, x.members[self.first], x.situation_ids, state)
+        z1 = self.z_first(x.fusion, x.members[self.first])
+        c = np.where(inside, x.fused, z1)  # inside the band without a pair score: NaN
+        return dataclasses.replace(x, fused=c), inside
+
+    def thresholds(self, x: BatchInputs, state: Any) -> Thresholds:
+        """Score ``C`` (``S`` inside the band, ``z1`` outside); the cut's threshold on it."""
+        xc, inside = self._cascade_inputs(x, state)
+        t = self.cut.thresholds(xc, state)
+        rule = tuple(
+            f"cascade[{'pair' if i else self.first}]->{r}"
+            for i, r in zip(inside.tolist(), t.rule, strict=True)
+        )
+        detail = tuple(
+            (f"inside the band ±{self.band:.4g}: pair S; " if i else f"{self.first} alone: ") + d
+            for i, d in zip(inside.tolist(), t.detail, strict=True)
+        )
+        return Thresholds(score=t.score, threshold=t.threshold, rule=rule, detail=detail)
+
+    def update(self, state: Any, x: BatchInputs) -> Any:
+        xc, _ = self._cascade_inputs(x, state)
+        return self.cut.update(state, xc)
+
+    @classmethod
+    def fit(cls, ctx: FitContext) -> CascadePolicy:
+        """Settings ``first`` (the fusion's first member), ``share`` (0.9), ``cut``
+        (``frozen``; or ``conformal``/``situation`` with their own settings).
+
+        The cut is fitted as that kind on the context (on the pair's ``S``); the band is the
+        ``share``-quantile of ``|z1 − cut|`` over the context's scenes with a finite first
+        score (:func:`cascade_band`).
+        """
+        from spotstop.guard.policies._registry import policy_class
+
+        first = ctx.setting("first", ctx.fusion.members[0])
+        if first not in ctx.fusion.members:
+            raise PolicyError(
+                f"cascade: first must name a fusion member, one of {list(ctx.fusion.members)}; "
+                f"got {first!r}."
+            )
+        share = float(ctx.setting("share", DEFAULT_SHARE))
+        cut_kind = ctx.settings.get("cut")
+        if cut_kind is None:
+            cur = getattr(ctx.current, "cut", None)
+            cut_kind = cur.kind if isinstance(cur, Policy) else "frozen"
+        if cut_kind not in CUT_KINDS:
+            raise PolicyError(
+                f"cascade: cut must be one of {', '.join(CUT_KINDS)}; got {cut_kind!r}."
+            )
+        inner_ctx = dataclasses.replace(
+            ctx, current=getattr(ctx.current, "cut", None) if ctx.current else None
+        )
+        cut = policy_class(cut_kind).fit(inner_ctx)
+        s1 = np.asarray(ctx.member_scores[first], dtype=float)
+        ok = np.isfinite(s1)
+        probe = cls(first=first, share=share, band=0.0, cut=cut)
+        z1 = probe.z_first(ctx.fusion, s1[ok])
+        sids = tuple(s or None for s in np.asarray(ctx.situation_id, dtype=object)[ok].tolist())
+        state = cut.initial_state(cut.seed_from_fit(inner_ctx)) if cut.stateful else None
+        pre = probe._pre_cut(ctx.fusion, z1, sids, state)
+        return cls(first=first, share=share, band=cascade_band(np.abs(z1 - pre), share), cut=cut)
