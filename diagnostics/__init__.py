@@ -1,7 +1,7 @@
 """spotstop diagnostics: what the guard's label measures in a deployment (seed 000).
 
-Metrics and the Spot-Stop decomposition of ``R - A`` into threshold, overlap and within
-parts; a vectorized group bootstrap; the label-swap null; the card checks (prevalence,
+Metrics and the Spot-Stop decomposition of ``R½ - A`` into threshold, overlap and within
+parts (the paper's ``R - A`` adds ``tie_part = -T/2``, T the tied share of contrasts); a vectorized group bootstrap; the label-swap null; the card checks (prevalence,
 situation share, scene-blind readers, the conformal audit of deployed cuts, text in the
 scene), each a registered module (:data:`CARD_CHECKS`); what the guard delivered, from the
 log's own answers; the verdict; and the deployment card (``card.json``, ``card.md``,
@@ -10,12 +10,15 @@ log's own answers; the verdict; and the deployment card (``card.json``, ``card.m
 
 >>> from spotstop.diagnostics import simulate_log, spot_stop
 >>> ss = spot_stop(simulate_log(200, rng=0))
->>> abs(ss.threshold_part + ss.overlap_part + ss.within_part - ss.R_minus_A) < 1e-12
+>>> parts = ss.threshold_part + ss.overlap_part + ss.within_part
+>>> abs(parts - ss.R_half_minus_A) < 1e-12  # R½ − A: ties count one half, exact with ties
+True
+>>> abs(ss.tie_part + parts - ss.R_minus_A) < 1e-12  # the paper's R − A adds tie_part
 True
 """
 
 from spotstop.diagnostics._bootstrap import BootstrapResult, bootstrap_auroc, group_bootstrap
-from spotstop.diagnostics._card import Card, compute_card, write_card
+from spotstop.diagnostics._card import Card, CutWarning, compute_card, write_card
 from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult
 from spotstop.diagnostics._checks import CARD_CHECKS, card_check, run_checks
 from spotstop.diagnostics._conformal_audit import (
@@ -55,6 +58,7 @@ from spotstop.diagnostics._metrics import (
     PairRates,
     SignalDetection,
     SpotStop,
+    TiedScoresWarning,
     auroc,
     balanced_accuracy,
     best_balanced_accuracy,
@@ -72,7 +76,11 @@ from spotstop.diagnostics._recommend import (
     recommend_policy,
     situation_repeat_share,
 )
-from spotstop.diagnostics._resample import draw_group_counts
+from spotstop.diagnostics._resample import (
+    FewGroupsWarning,
+    UnboundedRatioWarning,
+    draw_group_counts,
+)
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
 from spotstop.diagnostics._scene_blind import (
     LongestSideRule,
@@ -99,12 +107,14 @@ __all__ = [
     "CheckResult",
     "ConfidenceInterval",
     "CrossFit",
+    "CutWarning",
     "DataError",
     "Delivered",
     "DeliveredRates",
     "DeployedAudit",
     "DiagnosticsError",
     "Estimate",
+    "FewGroupsWarning",
     "KernelReference",
     "LogCases",
     "LogData",
@@ -123,6 +133,8 @@ __all__ = [
     "SituationShare",
     "SplitSimulation",
     "SpotStop",
+    "TiedScoresWarning",
+    "UnboundedRatioWarning",
     "UndefinedMetricWarning",
     "VerdictItem",
     "audit_deployed",

@@ -80,10 +80,10 @@ def card_from_inputs(
             0.0,
             "the direct answer",
             "the direct answer (s > 0 is UNSAFE for a member's raw score; for a fused score "
-            "in a CSV, pass --direct-cut)",
+            "in a CSV, pass --cut)",
         )
     if direct_cut is not None:
-        cut = DirectCut(float(direct_cut), "--direct-cut", "given with --direct-cut")
+        cut = DirectCut(float(direct_cut), "--cut", "given with --cut")
     kwargs.setdefault("n_boot_checks", min(1000, n_boot))
     return write_card(
         table,

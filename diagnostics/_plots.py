@@ -157,7 +157,9 @@ class ScoreDisplay:
 
 @dataclass(frozen=True)
 class SplitDisplay:
-    """The parts of R − A with intervals (points), and the binormal reference g."""
+    """``R½ − A`` (ties count one half) and its three parts, threshold + overlap + within,
+    which add up to it exactly also with ties, with intervals (points), and the binormal
+    reference g.  The paper's ``R − A`` differs by ``tie_part = −T/2`` (a field of its own)."""
 
     names: tuple[str, ...]
     values: NDArray[np.float64]
@@ -180,7 +182,7 @@ class SplitDisplay:
             _legend_below(ax)
         ax.axhline(0, color="black", lw=0.6)
         ax.set_xticks(x, self.names, fontsize=8)
-        ax.set(ylabel="points", title="R − A and its three parts (95 % CI)")
+        ax.set(ylabel="points", title="R½ − A and its three parts (95 % CI)")
         return ax
 
 
