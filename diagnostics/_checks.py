@@ -24,6 +24,7 @@ CARD_CHECKS: dict[str, tuple[str, str]] = {
     "scene_blind": ("spotstop.diagnostics._scene_blind", "SceneBlindCheck"),
     "conformal_audit": ("spotstop.diagnostics._conformal_audit", "ConformalAuditCheck"),
     "text_in_scene": ("spotstop.diagnostics._text_in_scene", "TextInSceneCheck"),
+    "cascade": ("spotstop.diagnostics._cascade", "CascadeCheck"),
 }
 
 

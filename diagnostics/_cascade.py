@@ -1,0 +1,576 @@
+"""The cascade: how often the second member ran, and what skipping it costs.  A card check.
+
+The ``cascade`` policy (:class:`spotstop.guard.policies.CascadePolicy`; seed 000, "Cost")
+runs its first member on every scene and the second only inside a band around the cut; the
+guard logs which members ran (``members_run``, log schema 3).  For each cascade policy
+version of the log this check reports:
+
+Share
+    Of the version's decisions on which the first member ran (its ``members_run`` is known
+    and true), the share on which every other member of the fusion ran too: the share that
+    went to the second member, with the exact (Clopper–Pearson) 95 % interval of
+    :func:`~spotstop.diagnostics._conformal_audit.clopper_pearson` and ``n``, next to the
+    ``share`` the band was fitted for on the unlabelled pool (the policy document stored in
+    the log).  A configured share outside the interval means the first member's scores sit
+    differently around the cut here than on the pool (refit the band:
+    ``spotstop recalibrate LOG --policy cascade``).  Rows logged before schema 3
+    (``members_run`` unknown) and decisions where the first member did not run (a fail-closed
+    scene that was never scored) are counted apart.
+
+Cost
+    On the labelled decisions (any policy version; not fail-closed) where every member of the
+    version's fusion has a finite score, i.e. where the full pair ran: the AUROC and the
+    balanced accuracy of the full pair (``S`` of the version's own fusion, labelled with the
+    version's cut) against the cascade at the version's band.  The cascade is simulated with
+    the guard's own functions, never a copy of its band rule: per batch (the log's
+    ``batch_id``, in log order; the cut's state threaded from the version's ``state_seed``),
+    :meth:`CascadePolicy.second_needed` says where the second member would run, the other
+    members' scores are masked to NaN elsewhere, and
+    :func:`~spotstop.guard.policies.decide_batch` with the cascade policy gives its score
+    (``S`` inside the band, the first member's ``z1`` outside) and its labels; the pair is the
+    version's cut (:attr:`CascadePolicy.cut`) through the same ``decide_batch`` on the
+    unmasked scores.  Intervals: 95 % percentile intervals of a group bootstrap over the
+    card's groups (contrast and situation ids), both rules and their difference from the same
+    draws; the labels stay fixed (the band and the cut are the policy's, not refitted).
+
+    The scenes where both members ran are the cascade's own inside-band decisions plus those
+    of any other policy (or cascade with share 1) that ran the pair.  On the cascade's own
+    decisions the cascade and the pair agree by construction, so the cost is measured only on
+    scenes the band would have left to the first member (``n_first_only``); when there are
+    none the section says the cost is not measurable from this log and how to measure it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import sparse
+from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult, fmt
+from spotstop.diagnostics._conformal_audit import clopper_pearson
+from spotstop.diagnostics._data import group_codes
+from spotstop.diagnostics._from_log import LogData
+from spotstop.diagnostics._metrics import curve_auroc
+from spotstop.diagnostics._resample import (
+    draw_group_counts,
+    group_sum_draws,
+    nan_estimate,
+    percentile_ci,
+)
+from spotstop.diagnostics._results import Estimate
+from spotstop.guard.policies import (
+    CascadePolicy,
+    PolicyConfig,
+    batch_inputs,
+    decide_batch,
+)
+
+__all__ = [
+    "CascadeCheck",
+    "CascadeCost",
+    "CascadeShare",
+    "SimulatedCascade",
+    "cascade_cost",
+    "cascade_shares",
+    "simulate_cascade",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# the share that went to the second member
+
+
+@dataclass(frozen=True)
+class CascadeShare:
+    """One cascade version's share of decisions that ran the second member (see the module
+    docstring).  ``configured_share``, ``band``, ``first`` and ``cut_kind`` come from the
+    stored policy document (None when it is not stored or does not load)."""
+
+    version_id: str
+    first: str | None
+    configured_share: float | None
+    band: float | None
+    cut_kind: str | None
+    n_decisions: int
+    n_second: int
+    share: Estimate
+    n_unknown: int
+    n_first_not_run: int
+    n_first_only_in_log: int
+    """Decisions decided by the first member alone (their fused S does not exist)."""
+
+    @property
+    def configured_inside(self) -> bool | None:
+        """Whether the configured share lies in the share's interval (None: not comparable)."""
+        if self.configured_share is None or math.isnan(self.share.ci.low):
+            return None
+        return self.share.ci.contains(self.configured_share)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version_id": self.version_id,
+            "first": self.first,
+            "configured_share": self.configured_share,
+            "band": self.band,
+            "cut": self.cut_kind,
+            "n_decisions": self.n_decisions,
+            "n_second": self.n_second,
+            "share": self.share.to_dict(),
+            "interval": "exact (Clopper–Pearson) 95 %",
+            "configured_inside_interval": self.configured_inside,
+            "n_members_run_unknown": self.n_unknown,
+            "n_first_not_run": self.n_first_not_run,
+        }
+
+
+def _cascade_versions(log: LogData) -> list[str]:
+    """Versions decided by a cascade: a stored cascade document, or rows of kind cascade."""
+
+    def is_cascade(v: str) -> bool:
+        cfg = log.policies.get(v)
+        if cfg is None:
+            return log.kind_of(v) == "cascade"
+        return isinstance(cfg.policy, CascadePolicy)
+
+    return [v for v in log.versions() if is_cascade(v)]
+
+
+def _first_from_rules(log: LogData, rows: NDArray[np.bool_]) -> str | None:
+    """The first member named by logged rules ``cascade[<first>]->...`` (None if not one)."""
+    names = {
+        str(r)[len("cascade[") : str(r).index("]")]
+        for r in log.arrays.policy[rows]
+        if str(r).startswith("cascade[") and "]" in str(r)
+    } - {"pair"}
+    return next(iter(names)) if len(names) == 1 else None
+
+
+def cascade_shares(log: LogData) -> tuple[CascadeShare, ...]:
+    """The share of each cascade version's decisions that ran the second member."""
+    out = []
+    run = log.arrays.members_run
+    for v in _cascade_versions(log):
+        rows = log.version == v
+        cfg = log.policies.get(v)
+        pol = cfg.policy if cfg is not None else None
+        first = pol.first if isinstance(pol, CascadePolicy) else _first_from_rules(log, rows)
+        members = list(cfg.fusion.members) if cfg is not None else sorted(run)
+        rest = [m for m in members if m != first]
+        known = rows.copy()
+        for m in members:
+            known &= (run[m] >= 0) if m in run else np.zeros_like(rows)
+        if first is None or first not in run:
+            known[:] = False
+            first_ran = np.zeros_like(rows)
+        else:
+            first_ran = run[first] == 1
+        counted = known & first_ran
+        second = counted.copy()
+        for m in rest:
+            second &= run[m] == 1
+        n, x = int(counted.sum()), int(second.sum())
+        share = Estimate(x / n if n else math.nan, clopper_pearson(x, n), n)
+        out.append(
+            CascadeShare(
+                version_id=v,
+                first=first,
+                configured_share=pol.share if isinstance(pol, CascadePolicy) else None,
+                band=pol.band if isinstance(pol, CascadePolicy) else None,
+                cut_kind=pol.cut.kind if isinstance(pol, CascadePolicy) else None,
+                n_decisions=int(rows.sum()),
+                n_second=x,
+                share=share,
+                n_unknown=int((rows & ~known).sum()),
+                n_first_not_run=int((known & ~first_ran).sum()),
+                n_first_only_in_log=int((counted & ~second).sum()),
+            )
+        )
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------
+# the cascade simulated on scenes where the full pair ran
+
+
+@dataclass(frozen=True, eq=False)
+class SimulatedCascade:
+    """A cascade policy and its cut run on scenes whose every member scored.
+
+    inside: where :meth:`CascadePolicy.second_needed` sends the scene to the second member;
+    score: the cascade's score (``S`` inside, ``z1`` outside); unsafe: its labels;
+    pair_score: the pair's ``S``; pair_unsafe: the cut's labels on ``S``.
+    """
+
+    inside: NDArray[np.bool_]
+    score: NDArray[np.float64]
+    unsafe: NDArray[np.bool_]
+    pair_score: NDArray[np.float64]
+    pair_unsafe: NDArray[np.bool_]
+
+
+def simulate_cascade(
+    cfg: PolicyConfig,
+    member_scores: Mapping[str, NDArray[np.float64]],
+    situation_ids: Sequence[str | None],
+    batch_ids: Sequence[Any] | None = None,
+) -> SimulatedCascade:
+    """Run ``cfg``'s cascade on scenes where every member scored, masking the second member
+    where the policy's own band says it would not run (see the module docstring)."""
+    pol = cfg.policy
+    if not isinstance(pol, CascadePolicy):
+        raise TypeError(f"simulate_cascade needs a cascade policy; got {pol.kind!r}.")
+    full = batch_inputs(cfg.fusion, member_scores, list(situation_ids))
+    n = full.n
+    ids = list(range(n)) if batch_ids is None else list(batch_ids)
+    inside = np.zeros(n, dtype=bool)
+    score = np.full(n, np.nan)
+    unsafe = np.zeros(n, dtype=bool)
+    pair_unsafe = np.zeros(n, dtype=bool)
+    state = cfg.initial_state()
+    pair_state = cfg.initial_state()
+    start = 0
+    while start < n:
+        stop = start + 1
+        while stop < n and ids[stop] == ids[start]:
+            stop += 1
+        idx = np.arange(start, stop)
+        x = full.subset(idx)
+        need = pol.second_needed(cfg.fusion, x.members[pol.first], x.situation_ids, state)
+        masked = {
+            m: v if m == pol.first else np.where(need, v, np.nan) for m, v in x.members.items()
+        }
+        d = decide_batch(pol, batch_inputs(cfg.fusion, masked, list(x.situation_ids)), state)
+        p = decide_batch(pol.cut, x, pair_state)
+        inside[idx] = need
+        score[idx] = [v.score for v in d.verdicts]
+        unsafe[idx] = d.unsafe
+        pair_unsafe[idx] = p.unsafe
+        state, pair_state = d.state, p.state
+        start = stop
+    return SimulatedCascade(inside, score, unsafe, np.asarray(full.fused), pair_unsafe)
+
+
+def _paired_auroc(
+    y: NDArray[np.int8],
+    scores: Sequence[NDArray[np.float64]],
+    group: NDArray[np.intp],
+    *,
+    n_boot: int,
+    rng: np.random.Generator,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """AUROC (ties 1/2) of each score and over the same group-bootstrap draws: (k,), (B, k)."""
+    _, gcode = np.unique(group, return_inverse=True)
+    gcode = gcode.reshape(-1)
+    ng = int(gcode.max()) + 1
+    mats = []
+    for s in scores:
+        v, col = np.unique(s, return_inverse=True)
+        col = col.reshape(-1)
+        ms = sparse.csr_matrix(((y == 0).astype(float), (gcode, col)), shape=(ng, v.size))
+        mu = sparse.csr_matrix(((y == 1).astype(float), (gcode, col)), shape=(ng, v.size))
+        mats.append((ms, mu))
+
+    def auc(counts: NDArray[np.float64]) -> NDArray[np.float64]:
+        cols = []
+        for ms, mu in mats:
+            ws = np.ascontiguousarray(np.asarray(ms.T @ counts.T).T)
+            wu = np.ascontiguousarray(np.asarray(mu.T @ counts.T).T)
+            cols.append(curve_auroc(ws, wu))
+        return np.stack(cols, axis=1)
+
+    point = auc(np.ones((1, ng)))[0]
+    draws = np.concatenate([auc(c) for c in draw_group_counts(ng, n_boot, rng)])
+    return point, draws
+
+
+def _est(point: float, draws: NDArray[np.float64], n: int) -> Estimate:
+    return Estimate(float(point), percentile_ci(draws), n)
+
+
+@dataclass(frozen=True)
+class CascadeCost:
+    """The full pair against one cascade version on labelled scenes where both ran (see the
+    module docstring).  ``n``: scenes; ``n_first_only``: of them, those the band would leave
+    to the first member; ``n_from_cascade``: of them, the version's own inside-band
+    decisions; ``simulated_share``: ``1 − n_first_only / n``."""
+
+    version_id: str
+    n: int
+    n_unsafe: int
+    n_first_only: int
+    n_from_cascade: int
+    simulated_share: float
+    auroc_pair: Estimate
+    auroc_cascade: Estimate
+    auroc_diff: Estimate
+    ba_pair: Estimate
+    ba_cascade: Estimate
+    ba_diff: Estimate
+    note: str = ""
+    sim: SimulatedCascade | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def measurable(self) -> bool:
+        """Whether any scene differs between the rules (some scene outside the band)."""
+        return self.n_first_only > 0 and not math.isnan(self.auroc_diff.value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version_id": self.version_id,
+            "n": self.n,
+            "n_unsafe": self.n_unsafe,
+            "n_first_only": self.n_first_only,
+            "n_from_cascade": self.n_from_cascade,
+            "simulated_share": None if math.isnan(self.simulated_share) else self.simulated_share,
+            "measurable": self.measurable,
+            "auroc": {
+                "pair": self.auroc_pair.to_dict(),
+                "cascade": self.auroc_cascade.to_dict(),
+                "cascade_minus_pair": self.auroc_diff.to_dict(),
+            },
+            "balanced_accuracy": {
+                "pair": self.ba_pair.to_dict(),
+                "cascade": self.ba_cascade.to_dict(),
+                "cascade_minus_pair": self.ba_diff.to_dict(),
+            },
+            "note": self.note,
+        }
+
+
+def _undefined_cost(version: str, n: int, n_unsafe: int, note: str) -> CascadeCost:
+    e = nan_estimate(n)
+    return CascadeCost(version, n, n_unsafe, 0, 0, math.nan, e, e, e, e, e, e, note)
+
+
+def cascade_cost(
+    log: LogData, version: str, *, n_boot: int, rng: np.random.Generator
+) -> CascadeCost:
+    """The full pair against ``version``'s cascade (see the module docstring)."""
+    cfg = log.policies.get(version)
+    if cfg is None or not isinstance(cfg.policy, CascadePolicy):
+        why = log.policy_errors.get(version, "its policy document is not stored in the log")
+        return _undefined_cost(version, 0, 0, f"not simulated: {why}")
+    arr = log.arrays
+    members = cfg.fusion.members
+    if any(m not in arr.member_scores for m in members):
+        return _undefined_cost(version, 0, 0, "not simulated: a member of its fusion is not logged")
+    both = (log.label >= 0) & ~np.asarray(arr.fail_closed, dtype=bool)
+    for m in members:
+        both &= np.isfinite(arr.member_scores[m])
+    rows = np.flatnonzero(both)
+    y = log.label[rows].astype(np.int8)
+    n, n_u = int(rows.size), int((y == 1).sum())
+    if n == 0 or n_u == 0 or n_u == n:
+        return _undefined_cost(
+            version,
+            n,
+            n_u,
+            f"not measured: {n} labelled decisions where every member ran ({n_u} unsafe); "
+            "both classes are needed",
+        )
+    batch = [
+        b if b is not None else f"#decision-{i}"
+        for i, b in zip(rows.tolist(), arr.batch_id[rows], strict=True)
+    ]
+    sim = simulate_cascade(
+        cfg,
+        {m: np.asarray(arr.member_scores[m], dtype=float)[rows] for m in members},
+        [s if s else None for s in log.situation_id[rows]],
+        batch,
+    )
+    group = group_codes(log.contrast_id[rows], log.situation_id[rows])
+    point, draws = _paired_auroc(y, [sim.pair_score, sim.score], group, n_boot=n_boot, rng=rng)
+    parts = np.stack(
+        [y == 1, y == 0, sim.pair_unsafe & (y == 1), sim.pair_unsafe & (y == 0),
+         sim.unsafe & (y == 1), sim.unsafe & (y == 0)]
+    ).astype(float)  # fmt: skip
+    _, gcode = np.unique(group, return_inverse=True)
+    ps, ds = group_sum_draws(parts, gcode.reshape(-1), n_boot=n_boot, rng=rng)
+
+    def ba(s: NDArray[np.float64], k: int) -> NDArray[np.float64]:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.asarray(0.5 * (s[..., k] / s[..., 0] + 1.0 - s[..., k + 1] / s[..., 1]))
+
+    ba_p, ba_c = float(ba(ps, 2)), float(ba(ps, 4))
+    ba_pd, ba_cd = ba(ds, 2), ba(ds, 4)
+    n_first_only = int((~sim.inside).sum())
+    own = (log.version[rows] == version) & (sim.inside)
+    return CascadeCost(
+        version_id=version,
+        n=n,
+        n_unsafe=n_u,
+        n_first_only=n_first_only,
+        n_from_cascade=int(own.sum()),
+        simulated_share=float(sim.inside.mean()),
+        auroc_pair=_est(point[0], draws[:, 0], n),
+        auroc_cascade=_est(point[1], draws[:, 1], n),
+        auroc_diff=_est(point[1] - point[0], draws[:, 1] - draws[:, 0], n),
+        ba_pair=_est(ba_p, ba_pd, n),
+        ba_cascade=_est(ba_c, ba_cd, n),
+        ba_diff=_est(ba_c - ba_p, ba_cd - ba_pd, n),
+        note="" if n_first_only else _NOT_MEASURABLE,
+        sim=sim,
+    )
+
+
+_NOT_MEASURABLE = (
+    "not measurable from this log: every labelled scene where both members ran lies inside "
+    "the band (they are the cascade's own second-member scenes), where the cascade and the "
+    "pair agree by construction. To measure the cost, run the pair on a labelled sample "
+    "(a frozen policy of the same fusion, or the cascade with share 1) and make the card again"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# the card check
+
+
+@dataclass(frozen=True)
+class CascadeResult:
+    """The shares and costs per cascade version, and the note in words."""
+
+    shares: tuple[CascadeShare, ...]
+    costs: tuple[CascadeCost, ...]
+    note: str
+
+    @property
+    def used(self) -> bool:
+        """Whether any cascade policy decided in the log."""
+        return bool(self.shares)
+
+
+def _policy_text(s: CascadeShare) -> str:
+    if s.configured_share is None:
+        return f"{s.version_id} (cascade, first {s.first or '?'}; policy document not stored)"
+    return (
+        f"{s.version_id} (cascade, first {s.first}, band ±{s.band:.4g} on z1 around the "
+        f"{s.cut_kind} cut; fitted for share {100 * s.configured_share:.0f} %)"
+    )
+
+
+def _share_text(s: CascadeShare) -> str:
+    if s.share.n == 0:
+        return (
+            f"not measured: none of its {s.n_decisions} decisions records which members ran "
+            f"({s.n_unknown} logged before schema 3)"
+        )
+    text = (
+        f"second member ran on {fmt(s.share)} % of {s.share.n} decisions ({s.n_second}; exact "
+        "95 % interval)"
+    )
+    q = s.configured_share
+    if q is not None and s.configured_inside is True:
+        text += f"; the fitted share {100 * q:.0f} % lies inside the interval"
+    elif q is not None and s.configured_inside is False:
+        text += (
+            f"; the fitted share {100 * q:.0f} % lies outside it: the first member's scores "
+            "sit differently around the cut here than on the pool, refit the band "
+            "(spotstop recalibrate LOG --policy cascade)"
+        )
+    extra = [
+        f"{k} {w}"
+        for k, w in ((s.n_unknown, "with members_run unknown"),
+                     (s.n_first_not_run, "where the first member did not run"))
+        if k
+    ]  # fmt: skip
+    if extra:
+        text += f"; not counted: {', '.join(extra)}"
+    if s.n_first_only_in_log:
+        text += (
+            f". The {s.n_first_only_in_log} decisions decided by the first member alone have no "
+            "fused S, so the card's Spot-Stop fields (on S) leave them out"
+        )
+    return text
+
+
+def _cost_text(c: CascadeCost) -> str:
+    if math.isnan(c.auroc_pair.value):
+        return c.note
+    own = (
+        f", {c.n_from_cascade} of them this version's own second-member decisions (inside the "
+        "band by selection, so the sample holds more scenes near the cut than the deployment)"
+        if c.n_from_cascade
+        else ""
+    )
+    return (
+        f"{c.n} labelled scenes ({c.n_unsafe} unsafe){own}; the band would send "
+        f"{100 * c.simulated_share:.1f} % of them to the second member. AUROC: pair {fmt(c.auroc_pair, pct=False)}, cascade "
+        f"{fmt(c.auroc_cascade, pct=False)}, cascade − pair "
+        f"{fmt(c.auroc_diff, pct=False, signed=True)}; balanced accuracy at the cut: pair "
+        f"{fmt(c.ba_pair)} %, cascade {fmt(c.ba_cascade)} %, cascade − pair "
+        f"{fmt(c.ba_diff, signed=True)} points"
+    )
+
+
+def _meaning(s: CascadeShare, c: CascadeCost | None) -> str:
+    """The section's sentence in words for one version."""
+    if c is None or math.isnan(c.auroc_pair.value) or not c.measurable:
+        why = c.note if c is not None else "no cost measured"
+        return f"{s.version_id}: what the cascade gives up is {why}."
+    y = s.share.value if s.share.n else c.simulated_share
+    where = "of its decisions in this log" if s.share.n else "of the scenes where both ran"
+    lost = -c.auroc_diff.value
+    ci = c.auroc_diff.ci
+    resolved = math.isfinite(ci.high) and (ci.high < 0 or ci.low > 0)
+    verb = "gives up" if lost >= 0 else "gains"
+    return (
+        f"{s.version_id}: the cascade {verb} {abs(lost):.3f} AUROC for running the second "
+        f"member on {100 * y:.1f} % {where} (cascade − pair "
+        f"{fmt(c.auroc_diff, pct=False, signed=True)}, "
+        f"{'resolved' if resolved else 'not resolved: the interval includes 0'}); its balanced "
+        f"accuracy at the cut differs by {fmt(c.ba_diff, signed=True)} points. The paper's "
+        "cascade gave up 0.002 AUROC at 90 %."
+    )
+
+
+class CascadeCheck(CardCheck):
+    """The share of decisions that ran the second member, and what the cascade costs."""
+
+    name: ClassVar[str] = "cascade"
+    title: ClassVar[str] = "Cascade"
+    explanation: ClassVar[str] = (
+        "For a cascade policy (the second member only where the first is close to the cut): "
+        "the share of decisions that ran the second member, from the log, with an exact "
+        "interval, next to the share the band was fitted for; and on labelled scenes where "
+        "both members ran, the full pair against the cascade at that band (AUROC and balanced "
+        "accuracy, group bootstrap), simulated with the guard's own rule. A share far from "
+        "the fitted one → refit the band; a cost too high → raise the share."
+    )
+
+    def run(self, ctx: CardContext) -> CheckResult:
+        if ctx.log is None:
+            note = "not used: a scores CSV or the demo holds no guard decisions"
+            shares: tuple[CascadeShare, ...] = ()
+        else:
+            shares = cascade_shares(ctx.log)
+            note = (
+                f"{len(shares)} cascade policy version(s) decided in this log"
+                if shares
+                else "not used: no cascade policy decided in this log"
+            )
+        costs = tuple(
+            cascade_cost(ctx.log, s.version_id, n_boot=ctx.n_boot, rng=ctx.rng)
+            for s in shares
+            if ctx.log is not None
+        )
+        res = CascadeResult(shares, costs, note)
+        data: dict[str, Any] = {"used": res.used, "note": note}
+        rows: list[tuple[str, str]] = [("cascade", note)]
+        if res.used:
+            data["versions"] = [
+                {**s.to_dict(), "cost": c.to_dict()} for s, c in zip(shares, costs, strict=True)
+            ]
+            for s, c in zip(shares, costs, strict=True):
+                rows.append((_policy_text(s), _share_text(s)))
+                rows.append(
+                    (
+                        f"{s.version_id}: full pair against the cascade, where both ran",
+                        _cost_text(c),
+                    )
+                )
+                rows.append(("what it means", _meaning(s, c)))
+        return CheckResult(data, tuple(rows), result=res)
