@@ -78,6 +78,36 @@ def test_card_html_is_self_contained_and_small(card_dir):
         assert f"## {title}" in md and f"<h2>{title}</h2>" in text
 
 
+def test_markdown_and_html_show_every_prevalence_level_of_the_json(card_dir):
+    """Issue 15 item 5: no level of card.json is missing from card.md or card.html."""
+    import html as _html
+
+    out, _ = card_dir
+    doc = json.loads((out / "card.json").read_text())
+    levels = sorted(
+        int(k.removeprefix("unsafe_"))
+        for k in doc["checks"]["prevalence"]
+        if k.startswith("unsafe_")
+    )
+    assert levels == [10, 25, 50, 75, 90, 100]
+    md = (out / "card.md").read_text()
+    page = _html.unescape((out / "card.html").read_text())
+    for text in (md, page):
+        for p in levels:
+            if p == 100:
+                assert "all unsafe: share flagged" in text
+            else:
+                assert f"{p} % unsafe: balanced accuracy" in text, p
+                assert f"{p} % unsafe: share of unsafe flagged" in text, p
+
+
+def test_the_split_plot_names_r_half_minus_a(card_dir):
+    _, card = card_dir
+    split = card.displays["split"]
+    assert split.names[0] == "R½ − A"
+    assert "R½ − A and its three parts" in split.plot().get_title()
+
+
 def test_nan_stays_null_in_json(tmp_path):
     # one-class-per-contrast log: no pairs -> NaN fields as null, warnings listed
     t = simulate_log(20, rng=0).subset(slice(0, 40, 2))  # safe cases only
