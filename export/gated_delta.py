@@ -48,7 +48,7 @@ unpatched transformers code.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -79,9 +79,15 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def _const(a: np.ndarray) -> torch.Tensor:
-    """A constant of the graph (an initializer when exported, not a chain of nodes)."""
-    return torch.from_numpy(np.ascontiguousarray(a))
+_CONSTANTS: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
+def _const(key: tuple[Any, ...], make: Callable[[], np.ndarray]) -> torch.Tensor:
+    """A constant of the graph (an initializer when exported, not a chain of nodes), made once
+    per ``key``: every layer reads the same tensor, so the graph stores it once."""
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.from_numpy(np.ascontiguousarray(make()))
+    return _CONSTANTS[key]
 
 
 def _pair_masks(c: int) -> list[np.ndarray]:
@@ -93,9 +99,13 @@ def _pair_masks(c: int) -> list[np.ndarray]:
     while s < c:
         block, pos = idx // (2 * s), idx % (2 * s)
         same = block[:, None] == block[None, :]
-        masks.append((same & (pos[:, None] >= s) & (pos[None, :] < s)).astype(np.float32))
+        masks.append(same & (pos[:, None] >= s) & (pos[None, :] < s))
         s *= 2
     return masks
+
+
+def _pair_mask(c: int, level: int) -> np.ndarray:
+    return _pair_masks(c)[level]
 
 
 def _unit_lower_inverse(n: torch.Tensor) -> torch.Tensor:
@@ -108,10 +118,13 @@ def _unit_lower_inverse(n: torch.Tensor) -> torch.Tensor:
     c = n.shape[-1]
     if c & (c - 1):
         raise ValueError(f"the chunk size must be a power of two; got {c}.")
-    masks = _pair_masks(c)
-    t = _const(np.eye(c, dtype=np.float32)) - n * _const(masks[0])
-    for mask in masks[1:]:
-        t = t - t @ (n * _const(mask)) @ t
+    levels = c.bit_length() - 1
+    mask = [_const(("pair", c, i), partial(_pair_mask, c, i)) for i in range(levels)]
+    # bool masks (a byte an entry) and Where: the graph stores each mask once, for all layers
+    eye = _const(("eye", c), lambda: np.eye(c, dtype=bool))
+    t = torch.where(eye, 1.0, torch.where(mask[0], -n, 0.0))
+    for m in mask[1:]:
+        t = t - t @ torch.where(m, n, 0.0) @ t
     return t
 
 
@@ -152,7 +165,7 @@ def compact_chunk_gated_delta_rule(
     f32 = torch.float32
     query, key = query.to(f32), key.to(f32)
     if hk != hv:  # grouped values: each q/k head serves hv // hk consecutive value heads
-        heads = _const(np.repeat(np.arange(hk), hv // hk))
+        heads = _const(("heads", hk, hv), lambda: np.repeat(np.arange(hk), hv // hk))
         query = torch.index_select(query, 2, heads)
         key = torch.index_select(key, 2, heads)
     if use_qk_l2norm_in_kernel:
@@ -169,8 +182,10 @@ def compact_chunk_gated_delta_rule(
 
     # within a chunk (as the reference): decay from the chunk's start, pairwise decays
     cum = gg.cumsum(dim=1)  # (X, C, 1)
-    upper = np.triu(np.full((c, c), -np.inf, np.float32), 1)
-    decay = (cum - cum.transpose(1, 2) + _const(upper)).exp()  # exp(cum_i - cum_j), j <= i
+    upper = _const(("upper", c), lambda: np.triu(np.ones((c, c), bool), 1))
+    decay = torch.where(
+        upper, -torch.inf, cum - cum.transpose(1, 2)
+    ).exp()  # exp(cum_i - cum_j), j <= i
     kt = k.transpose(1, 2)
     kb = k * b
     n_mat = (kb @ kt) * decay  # its diagonal and upper part are not read
@@ -181,15 +196,17 @@ def compact_chunk_gated_delta_rule(
     kd = k * (last - cum).exp()
     # the state recurrence S_c = A_c S_{c-1} + B_c as one matrix M_c = [A_c | B_c]:
     # A_c = γ_c I - K̃ᵀ W, B_c = K̃ᵀ U
-    eye_zero = _const(np.eye(dk, dk + dv, dtype=np.float32))  # [I | 0]
-    sign = _const(np.r_[np.ones(dk, np.float32), -np.ones(dv, np.float32)])
+    eye_zero = _const(("eye", dk, dv), lambda: np.eye(dk, dk + dv, dtype=np.float32))  # [I | 0]
+    ones_k, ones_v = np.ones(dk, np.float32), np.ones(dv, np.float32)
+    sign = _const(("sign", dk, dv), lambda: np.r_[ones_k, -ones_v])
     m = last.exp() * eye_zero - (kd.transpose(1, 2) @ wu) * sign
     m = m.reshape(-1, n_chunks, dk, dk + dv)  # [batch * heads, chunks, dk, dk + dv]
     # inclusive scan by doubling: M_c ← A_c · M_{c-by} + [0 | B_c], [I | 0] before chunk 0
-    keep_b = _const(np.r_[np.zeros(dk, np.float32), np.ones(dv, np.float32)])
+    keep_b = _const(("keep", dk, dv), lambda: np.r_[0 * ones_k, ones_v])
     for level in range(int(levels)):
         m = m[..., :dk] @ _shift(m, 1 << level, eye_zero) + m * keep_b
-    state = _shift(m[..., dk:], 1, _const(np.zeros((dk, dv), np.float32)))  # S_{c-1}, S_-1 = 0
+    zero = _const(("zero", dk, dv), lambda: np.zeros((dk, dv), np.float32))
+    state = _shift(m[..., dk:], 1, zero)  # S_{c-1}, S_-1 = 0
     state = state.reshape(-1, dk, dv)
     w, u = torch.split(wu, [dk, dv], -1)
     out = (q * cum.exp()) @ state + intra @ (u - w @ state)  # (X, C, dv)

@@ -356,13 +356,16 @@ def export_member(
             fname = f"decoder_L{length}.onnx" if ecfg.decoder_fixed_length else "decoder.onnx"
             case0 = cs.get("scene") or cs["text"]
             feeds0 = {k: v for k, v in case0.items() if k != "image_embeds"}
-            export_decoder(
-                decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname, usable[-1]
-            )
+            export_decoder(decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname, usable[-1])
             graphs[fname] = fold_weight_transposes(tie_output_layer(onnx.load(str(tmp / fname))))
             dec_files[length] = fname
-        # reference outputs at every usable bucket (a dynamic decoder is checked at each)
-        for length in usable:
+        # reference outputs at every usable bucket; a dynamic decoder also at the cases' own
+        # lengths (onnxruntime feeds it a batch at its own length, unpadded)
+        checked = list(usable)
+        if not ecfg.decoder_fixed_length:
+            own = {max(len(p) for p in ps) + plan.max_row_len for ps in cases.prompts.values()}
+            checked = sorted(set(usable) | own)
+        for length in checked:
             for case, feeds in dec_cases(length).items():
                 with torch.no_grad():
                     fl, lp = decoder_t(*(torch.from_numpy(feeds[n]) for n in DECODER_INPUTS))
@@ -389,7 +392,7 @@ def export_member(
             for k, px in cases.pixels.items():
                 (got,) = vs.run(None, {"pixel_values": px["pixel_values"]})
                 checks.append(_compare("vision", "image_embeds", k, got, ref_emb[k], atol, rtol))
-            for length in usable:
+            for length in checked:
                 fname = dec_files[length] if ecfg.decoder_fixed_length else dec_files[usable[0]]
                 for case, feeds in dec_cases(length).items():
                     got_f, got_l = sessions[fname].run(None, _to_numpy_inputs(feeds))

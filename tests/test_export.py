@@ -4,9 +4,10 @@ The export tests are parametrized over the registered export configs (conftest's
 its architecture's tiny member, and :func:`test_every_registered_architecture_is_tested` fails
 when a registered architecture lacks a case. The LFM2-VL member exports in seconds (legacy
 exporter for both graphs): its bundle runs in the default test run and also serves the
-backend and bundle tests. The Qwen3.5 decoder needs the dynamo exporter (minutes on two
-cores): its scoring graphs are checked in torch and its vision graph is exported in the
-default run; its bundle tests are ``slow`` (conftest's ``SLOW_EXPORT``).
+backend and bundle tests. The Qwen3.5 decoder needs the dynamo exporter (about a minute on
+two cores, with the compact Gated-DeltaNet graph: tests/test_export_compact.py): its scoring
+graphs are checked in torch and its vision graph is exported in the default run; its bundle
+tests are ``slow`` (conftest's ``SLOW_EXPORT``).
 """
 
 from __future__ import annotations

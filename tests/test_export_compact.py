@@ -198,7 +198,9 @@ def test_graph_stats_groups_nodes_by_layer_type(gdn_layer: tuple[Any, Path]) -> 
 
 
 @pytest.mark.slow
-def test_qwen_bundle_holds_one_compact_decoder(request: pytest.FixtureRequest) -> None:
+def test_qwen_bundle_holds_one_compact_decoder(
+    request: pytest.FixtureRequest, tiny_pair: Path
+) -> None:
     """The exported Qwen3.5 member: one ``decoder.onnx`` with a dynamic length, each
     Gated-DeltaNet layer within the bound, parity with torch at every length up to its largest
     bucket."""
@@ -218,6 +220,42 @@ def test_qwen_bundle_holds_one_compact_decoder(request: pytest.FixtureRequest) -
     stats = graph_stats(member / "onnx" / "decoder.onnx")
     n = stats.max_per_layer(".linear_attn")
     assert 0 < n <= GDN_LAYER_MAX_NODES, stats.lines()
+
+    # the whole decoder graph against the torch scoring graph at every kind of length
+    from spotstop.export.configs import get_export_config
+    from spotstop.export.exporters import DECODER_INPUTS
+    from spotstop.export.graphs import build_graphs
+    from spotstop.export.onnx import _session
+    from spotstop.guard import load_member
+
+    m: Any = load_member(tiny_pair / "tiny-qwen3_5")
+    _, dec = build_graphs(
+        m.backend.model,
+        get_export_config("qwen3_5"),
+        image_token_id=m.folder.image_token_id,
+        first_ids=m.encoder.plan.first_ids,
+        gray_pixels=m._gray(),
+        geometry=m.geometry,
+    )
+    sess = _session(str(member / "onnx" / "decoder.onnx"))
+    longest = max(int(b) for b in meta["decoder"]["buckets"])
+    rng = np.random.default_rng(0)
+    n_img, hidden = m.geometry.n_image_tokens, int(meta["hidden_size"])
+    for length in (1, 17, 64, 65, longest - 56, longest):
+        ids = rng.integers(0, 200, (2, length)).astype(np.int64)  # no image token
+        at = np.array([[length - 1, 0], [length // 2, length // 3]], np.int64)
+        feeds = {
+            "input_ids": ids,
+            "image_embeds": np.zeros((2, n_img, hidden), np.float32),
+            "last_index": at[:, 0].copy(),
+            "read_index": at,
+            "read_token": rng.integers(0, 200, (2, 2)).astype(np.int64),
+        }
+        with torch.no_grad():
+            want = dec(*(torch.from_numpy(feeds[k]) for k in DECODER_INPUTS))
+        got = sess.run(None, feeds)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w.numpy(), atol=1e-4, rtol=1e-4, err_msg=f"L={length}")
 
 
 def test_onnx_backend_reads_per_bucket_and_single_decoder_bundles(
