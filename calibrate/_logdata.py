@@ -10,8 +10,11 @@ Which decisions
     another scale); the others are counted in ``dropped["other_bundle"]``. Of the kept
     ones, a decision is *usable* when it did not fail closed and every member of the
     fusion has a finite scene score; the others are counted (``fail_closed``,
-    ``nonfinite_member_score``) and never enter a fit. Labels play no part in usability:
-    frozen statistics and situation state use usable decisions whatever their label.
+    ``member_not_run``: a member the guard did not run on the scene, as a ``cascade`` policy
+    skips its second member far from the cut (``members_run``, log schema 3);
+    ``nonfinite_member_score``: any other missing score) and never enter a fit. Labels play
+    no part in usability: frozen statistics and situation state use usable decisions
+    whatever their label. ``member_not_run`` is only listed when some decision has it.
 
 Labels file
     Applied to the whole log before the time window is cut, so rows for decisions outside
@@ -187,11 +190,19 @@ def read_log(
     for v in scores.values():
         finite &= np.isfinite(v)
     usable = ~fail & finite
+    not_run = np.zeros(int(keep.sum()), dtype=bool)
+    for m in members:
+        ran = arr.members_run.get(m)
+        if ran is not None:
+            not_run |= np.asarray(ran)[keep] == 0
+    not_run &= ~fail & ~finite
     dropped = {
         "other_bundle": int((in_window & ~same).sum()),
         "fail_closed": int(fail.sum()),
-        "nonfinite_member_score": int((~fail & ~finite).sum()),
+        "nonfinite_member_score": int((~fail & ~finite & ~not_run).sum()),
     }
+    if not_run.any():
+        dropped["member_not_run"] = int(not_run.sum())
     if missing and keep.any():
         dropped["members_missing_from_log"] = len(missing)
 

@@ -114,6 +114,17 @@ class Recalibrator:
             if isinstance(self.rng, np.random.Generator)
             else np.random.default_rng(self.rng)
         )
+        not_run = data.dropped.get("member_not_run", 0)
+        if not_run:
+            raise CalibrationError(
+                f"{not_run} of the {data.n} decisions of bundle {data.bundle_id} in the window "
+                "did not run every member (a cascade policy runs its second member only near "
+                "the cut). The decisions where every member ran were chosen by the first "
+                "member's score, so statistics, cuts and bands fitted on them alone would be "
+                "biased (scenes near the cut only). Fit on a window where the pair ran on "
+                "every scene (--since/--until around a policy that is not a cascade), or on an "
+                "unlabelled pool of camera frames with `spotstop policy init`."
+            )
         use = data.usable
         pool = {m: data.member_scores[m][use] for m in data.members}
         n_pool = int(use.sum())

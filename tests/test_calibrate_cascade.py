@@ -134,3 +134,47 @@ def test_policy_init_fits_a_cascade_and_a_guard_decides_with_it(tiny_pair: Path,
     assert [str(p).split("->")[0] for p in arr.policy] == [
         "cascade[pair]" if i else f"cascade[{first}]" for i in inside
     ]
+
+
+def test_a_window_where_the_cascade_skipped_a_member_is_refused_with_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """Decisions where the second member ran were chosen by the first member's score: a fit
+    on them alone would see scenes near the cut only, so recalibrate refuses and says why."""
+    import dataclasses
+
+    from spotstop.guard._log import DecisionLog
+
+    bundle = _fake_bundle(tmp_path / "bundle")
+    plain = tmp_path / "plain.sqlite"
+    _simulate(plain, bundle, n_sit=20)
+    with DecisionLog(plain) as src:
+        recs = list(src.records())
+    log = tmp_path / "log.sqlite"
+    out = []
+    for i, r in enumerate(recs):
+        if r.fail_closed or r.bundle_id != recs[0].bundle_id:
+            continue
+        skip = i % 3 == 0  # the cascade left b out here
+        out.append(
+            dataclasses.replace(
+                r,
+                member_scores={**r.member_scores, "b": math.nan} if skip else r.member_scores,
+                members_run={"a": True, "b": not skip},
+            )
+        )
+    with DecisionLog(log) as dst:
+        dst.append_many(out)
+    data = read_log_for_bundle(log, load_bundle(bundle, verify=False))
+    n_skip = sum(1 for r in out if not r.members_run["b"])
+    nan_a = sum(1 for r in out if r.members_run["b"] and not np.isfinite(r.member_scores["a"]))
+    assert data.dropped["member_not_run"] == n_skip > 0
+    assert data.dropped["nonfinite_member_score"] == nan_a
+    dump_policy(_frozen_policy(bundle, 0.0), bundle / "policy.yaml")
+    before = len(list_policy_versions(bundle))
+    for kind in ("cascade", "frozen"):
+        rc = main(["recalibrate", str(log), "--bundle", str(bundle), "--policy", kind])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"{n_skip} of the {data.n} decisions" in err, err
+        assert "did not run every member" in err and "policy init" in err
+    assert len(list_policy_versions(bundle)) == before
