@@ -2,7 +2,10 @@
 
 Audit of a deployed cut
     For each ``conformal`` policy version the log holds (its ``policy.yaml``: alpha, delta for
-    the PAC guarantee or none for the marginal one, n, k, threshold, created), the unit is the
+    the PAC guarantee or none for the marginal one, n, k, threshold, created), and each
+    ``cascade`` whose cut is conformal (its answers are on the cascade's score, which is the
+    first member's alone outside the band, so the cut's guarantee on the pair's S need not
+    carry over: the audit is how to know), the unit is the
     guarantee's: ONE labelled unsafe decision per situation (its first in time; a decision
     without a situation is its own), among the decisions that version made after it was
     created and that did not fail closed.  A miss is the guard's logged answer SAFE.  The
@@ -47,7 +50,7 @@ from spotstop.diagnostics._from_log import LogData
 from spotstop.diagnostics._metrics import _undefined
 from spotstop.diagnostics._resample import as_rng, band, nan_estimate, split_groups
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
-from spotstop.guard.policies import ConformalPolicy, binom_cdf, unsafe_mask
+from spotstop.guard.policies import CascadePolicy, ConformalPolicy, binom_cdf, unsafe_mask
 from spotstop.guard.policies import conformal_cut as guard_conformal_cut
 
 __all__ = [
@@ -135,6 +138,9 @@ class DeployedAudit:
     status: Literal["holds", "violated", "not enough data"]
     n_min: int
     level: float
+    kind: str = "conformal"
+    """The deployed kind: ``conformal``, or ``cascade`` for a cascade whose cut is conformal
+    (its answers, on the cascade's score, are audited against the cut's guarantee)."""
 
     @property
     def n_situations(self) -> int:
@@ -148,12 +154,14 @@ class DeployedAudit:
             if self.delta is not None
             else f"marginal alpha {self.alpha:g}"
         )
-        return f"{g}; n {self.n_calibration}, k {self.k}, threshold {self.threshold:.4g}"
+        via = "cascade with a conformal cut, " if self.kind == "cascade" else ""
+        return f"{via}{g}; n {self.n_calibration}, k {self.k}, threshold {self.threshold:.4g}"
 
     def to_dict(self) -> dict[str, Any]:
         p = self.p_value
         return {
             "version_id": self.version_id,
+            "kind": self.kind,
             "guarantee": self.guarantee,
             "alpha": self.alpha,
             "delta": self.delta,
@@ -189,11 +197,14 @@ def _first_per_situation(
 
 
 def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[DeployedAudit, ...]:
-    """Audit every conformal policy version of the log (in order of first appearance)."""
+    """Audit every conformal policy version of the log (in order of first appearance), and
+    every cascade whose cut is conformal: its logged answers against the cut's alpha."""
     out = []
     arr = log.arrays
     for v, cfg in log.policies.items():
         pol = cfg.policy
+        if isinstance(pol, CascadePolicy):
+            pol = pol.cut
         if not isinstance(pol, ConformalPolicy):
             continue
         created = cfg.created.timestamp()
@@ -233,6 +244,7 @@ def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[Deploye
                 status=status,
                 n_min=n_min,
                 level=level,
+                kind=cfg.kind,
             )
         )
     return tuple(out)

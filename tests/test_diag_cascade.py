@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 from sklearn.metrics import roc_auc_score
-from spotstop.diagnostics import read_log
+from spotstop.diagnostics import audit_deployed, read_log
 from spotstop.diagnostics._build import card_from_inputs
 from spotstop.diagnostics._cascade import (
     CascadeCheck,
@@ -30,8 +30,15 @@ from spotstop.diagnostics._check_base import CardContext
 from spotstop.diagnostics._checks import CARD_CHECKS
 from spotstop.diagnostics._data import CaseTable
 from spotstop.guard._fusion import Avg2Fusion, MemberStats
-from spotstop.guard._log import DecisionLog, DecisionRecord
-from spotstop.guard.policies import CascadePolicy, FrozenPolicy, cascade_band
+from spotstop.guard._log import DecisionLog
+from spotstop.guard.policies import (
+    CascadePolicy,
+    ConformalPolicy,
+    FrozenPolicy,
+    Policy,
+    cascade_band,
+    conformal_cut,
+)
 
 from tests._log_writer import Segment, policy_config, policy_row, segment_records
 
@@ -56,12 +63,15 @@ def _hand_inside(a: np.ndarray, policy: CascadePolicy) -> np.ndarray:
     return np.abs(z1 - CUT) <= policy.band
 
 
-def build(path: Path, *, with_pair_segment: bool = True, seed: int = 0) -> dict:
+def build(
+    path: Path, *, with_pair_segment: bool = True, seed: int = 0, cut: Policy | None = None
+) -> dict:
     rng = np.random.default_rng(seed)
     # the band fitted for a 50 % share on an unlabelled pool of the same scale
     pool = _scenes(rng, 200, "pool")[2]["a"]
     band = cascade_band(np.abs((pool - 0.2) / 1.5 - CUT), 0.5)
-    cascade = CascadePolicy(first="a", share=0.5, band=band, cut=FrozenPolicy(threshold=CUT))
+    cut = cut or FrozenPolicy(threshold=CUT)
+    cascade = CascadePolicy(first="a", share=0.5, band=band, cut=cut)
     cfg1 = policy_config(FrozenPolicy(threshold=CUT), version=1, created=T1 - 10, fusion=FUSION)
     cfg2 = policy_config(cascade, version=2, created=T2 - 10, fusion=FUSION)
     labels, truth = [], {}
@@ -251,3 +261,24 @@ def test_the_card_shows_the_cascade_in_json_markdown_and_html(logged, tmp_path: 
         assert "Cascade" in text and "second member ran on" in text
         assert "AUROC for running the second member on" in text
         assert "full pair against the cascade" in text
+
+
+def test_a_cascade_with_a_conformal_cut_is_audited_on_its_own_answers(tmp_path: Path):
+    """The cut's guarantee is on the pair's S; the cascade answers on z1 outside the band, so
+    its logged answers are audited against the cut's alpha (kind ``cascade``)."""
+    rng = np.random.default_rng(3)
+    y, _, members = _scenes(rng, 150, "cal")
+    s = FUSION.fuse_many(members)[y == 1]
+    fit = conformal_cut(s, alpha=0.1).marginal
+    conf = ConformalPolicy(alpha=0.1, n=fit.n, k=fit.k, threshold=fit.threshold)
+    path = tmp_path / "log.sqlite"
+    b = build(path, cut=conf)
+    log = read_log(path)
+    (a,) = audit_deployed(log)
+    assert a.kind == "cascade" and a.version_id == b["cfg"].version_id
+    assert a.threshold == conf.threshold and a.alpha == 0.1
+    assert a.to_dict()["kind"] == "cascade" and "cascade with a conformal cut" in a.policy_text()
+    # the misses are the logged SAFE answers on unsafe decisions (first per situation)
+    v2 = (log.version == a.version_id) & (log.label == 1) & ~log.arrays.fail_closed
+    assert a.n_decisions == int(v2.sum())
+    assert a.misses == int((log.arrays.guard_label[v2] == 0).sum())  # one unsafe per situation
