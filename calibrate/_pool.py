@@ -72,6 +72,14 @@ def fit_pool_policy(
             f"an unlabelled pool fits the kinds {', '.join(allowed)}; got {kind!r}. Kinds that "
             "need labelled cases (conformal) are fitted from the log: use `spotstop recalibrate`."
         )
+    inner = (settings or {}).get("cut")  # a cascade's cut: it, too, must fit without labels
+    if isinstance(inner, str) and inner in policy_kinds() and inner not in allowed:
+        raise CalibrationError(
+            f"an unlabelled pool cannot fit the {kind}'s cut {inner!r}: it needs labelled "
+            f"cases. Fit it from the log: `spotstop recalibrate LOG --policy {kind} --cut "
+            f"{inner}`, or choose a cut fitted without labels "
+            f"({', '.join(k for k in ('frozen', 'situation') if k in allowed)})."
+        )
     cls = policy_class(kind)
     bundle = load_bundle(bundle_dir)
     scores: dict[str, Any] = {}

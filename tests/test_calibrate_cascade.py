@@ -134,6 +134,12 @@ def test_policy_init_fits_a_cascade_and_a_guard_decides_with_it(tiny_pair: Path,
     assert [str(p).split("->")[0] for p in arr.policy] == [
         "cascade[pair]" if i else f"cascade[{first}]" for i in inside
     ]
+    # a conformal cut needs labels: the pool refuses it before scoring, naming recalibrate
+    from spotstop.calibrate import CalibrationError
+    from spotstop.calibrate._pool import fit_pool_policy
+
+    with pytest.raises(CalibrationError, match="spotstop recalibrate LOG --policy cascade"):
+        fit_pool_policy(bundle, scenes, kind="cascade", settings={"cut": "conformal"})
 
 
 def test_a_window_where_the_cascade_skipped_a_member_is_refused_with_counts(
