@@ -1,4 +1,4 @@
-"""The card's verdict: three to five plain sentences, each with a status, read off the card.
+"""The card's verdict: four to six plain sentences, each with a status, read off the card.
 
 Topics, in order (each a rule below, each sentence with its numbers, intervals and what to do):
 
@@ -23,6 +23,13 @@ guarantee
     The conformal audit of the most recent deployed conformal cut: ``ok`` holds, ``fail``
     violated, ``warn`` not enough data; ``warn`` when no conformal cut decided (or the input
     holds no deployed policy), with the split simulation as a what-if.
+cascade (only when a cascade policy decided in the log)
+    Per cascade version, the share of decisions that ran the second member against the share
+    its band was fitted for, and what the cascade costs against the full pair where both
+    ran (:mod:`spotstop.diagnostics._cascade`).  ``warn`` when a fitted share lies outside
+    the share's exact interval (refit the band), when the AUROC given up is resolved and at
+    least 0.01 (raise the share), or when the cost could not be measured (run the pair on a
+    labelled sample); else ``ok``.
 changes (only with ``--previous``)
     Key fields compared with the previous card of the same bundle; a field changed when the
     two 95 % intervals do not overlap (values differ when an interval is missing).  ``fail``
@@ -52,6 +59,9 @@ LEAK_AUROC = 0.7
 
 CUT_ROOM = 0.02
 """A cross-fitted threshold part whose interval lies above this (2 points) is a fail."""
+
+CASCADE_COST = 0.01
+"""A cascade that gives up at least this much AUROC (interval excluding 0) is a warning."""
 
 
 @dataclass(frozen=True)
@@ -370,6 +380,46 @@ def changes_item(previous: Mapping[str, Any], current: Mapping[str, Any]) -> Ver
     )
 
 
+def cascade_item(res: Any) -> VerdictItem | None:
+    """The ``cascade`` sentence from the cascade check's result (None when no cascade
+    decided)."""
+    if res is None or not getattr(res, "used", False):
+        return None
+    said, todo = [], []
+    for sh, c in zip(res.shares, res.costs, strict=True):
+        text = f"{sh.version_id} ran the second member on " + (
+            f"{fmt(sh.share)} % of {sh.share.n} decisions"
+            if sh.share.n
+            else "an unknown share of its decisions (members_run not logged)"
+        )
+        if sh.configured_share is not None:
+            text += f" (its band was fitted for {100 * sh.configured_share:.0f} %)"
+        if sh.configured_inside is False:
+            todo.append(
+                f"refit the band of {sh.version_id} (spotstop recalibrate --policy cascade)"
+            )
+        if c.measurable:
+            d = c.auroc_diff
+            text += (
+                f" and gives up {-d.value:.3f} AUROC against the full pair "
+                f"({fmt(d, pct=False, signed=True)}, cascade − pair, on {c.n} labelled scenes "
+                "where both ran)"
+            )
+            if math.isfinite(d.ci.high) and d.ci.high < 0 and -d.value >= CASCADE_COST:
+                todo.append(f"raise the share of {sh.version_id} to give up less")
+        else:
+            text += "; what it gives up against the full pair was not measured"
+            todo.append(f"run the pair on a labelled sample to measure what {sh.version_id} costs")
+        said.append(text)
+    return VerdictItem(
+        "warn" if todo else "ok",
+        "cascade",
+        "The cascade policy "
+        + "; ".join(said)
+        + (f"; {'; '.join(todo)}." if todo else "; nothing to do."),
+    )
+
+
 def verdict(
     *,
     fields: Mapping[str, Estimate],
@@ -397,6 +447,9 @@ def verdict(
         policy_item(recommendation, deployed_kind, deployed_version),
         guarantee_item(checks.get("conformal_audit"), deployed_version),
     ]
+    cascade = cascade_item(checks.get("cascade"))
+    if cascade is not None:
+        items.append(cascade)
     if previous is not None and current is not None:
         items.append(changes_item(previous, current))
     return tuple(items)

@@ -29,6 +29,7 @@ from spotstop.diagnostics._cascade import (
 from spotstop.diagnostics._check_base import CardContext
 from spotstop.diagnostics._checks import CARD_CHECKS
 from spotstop.diagnostics._data import CaseTable
+from spotstop.diagnostics._verdict import cascade_item
 from spotstop.guard._fusion import Avg2Fusion, MemberStats
 from spotstop.guard._log import DecisionLog
 from spotstop.guard.policies import (
@@ -211,6 +212,9 @@ def test_only_the_cascades_own_scenes_say_the_cost_is_not_measurable(tmp_path: P
     assert c.auroc_diff.value == 0.0 and "not measurable from this log" in c.note
     res = CascadeCheck().run(_ctx(log))
     assert any("not measurable from this log" in v for _, v in res.rows)
+    item = cascade_item(res.result)
+    assert item is not None and item.status == "warn" and item.topic == "cascade"
+    assert "run the pair on a labelled sample" in item.sentence
 
 
 def _table() -> CaseTable:
@@ -242,6 +246,7 @@ def test_no_cascade_in_the_log_or_no_log_is_not_used_not_an_error(tmp_path: Path
                         policy=policy_row(cfg))  # fmt: skip
     res = CascadeCheck().run(_ctx(read_log(path)))
     assert not res.result.used and "no cascade policy decided" in res.rows[0][1]
+    assert cascade_item(res.result) is None
 
 
 def test_the_card_shows_the_cascade_in_json_markdown_and_html(logged, tmp_path: Path):
@@ -255,6 +260,13 @@ def test_the_card_shows_the_cascade_in_json_markdown_and_html(logged, tmp_path: 
     assert v["version_id"] == b["cfg"].version_id and v["configured_share"] == 0.5
     assert v["share"]["n"] == b["inside"].size
     assert v["cost"]["measurable"] is True and v["cost"]["auroc"]["pair"]["ci"][0] is not None
+    topics = [v["topic"] for v in doc["verdict"]]
+    assert topics == ["leak", "cut", "policy", "guarantee", "cascade"]
+    item = doc["verdict"][-1]
+    lost = -v["cost"]["auroc"]["cascade_minus_pair"]["value"]
+    assert v["cost"]["auroc"]["cascade_minus_pair"]["ci"][1] < 0 and lost >= 0.01
+    assert item["status"] == "warn" and f"gives up {lost:.3f} AUROC" in item["sentence"]
+    assert "raise the share" in item["sentence"] and "fitted for 50 %" in item["sentence"]
     md = (out / "card.md").read_text(encoding="utf-8")
     html = (out / "card.html").read_text(encoding="utf-8")
     for text in (md, html):
