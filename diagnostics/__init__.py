@@ -3,7 +3,7 @@
 Metrics and the Spot-Stop decomposition of ``R½ - A`` into threshold, overlap and within
 parts (the paper's ``R - A`` adds ``tie_part = -T/2``, T the tied share of contrasts); a vectorized group bootstrap; the label-swap null; the card checks (prevalence,
 situation share, scene-blind readers, the conformal audit of deployed cuts, text in the
-scene), each a registered module (:data:`CARD_CHECKS`); what the guard delivered, from the
+scene, the cascade's share and cost), each a registered module (:data:`CARD_CHECKS`); what the guard delivered, from the
 log's own answers; the verdict; and the deployment card (``card.json``, ``card.md``,
 ``card.html``).  Work on a :class:`CaseTable` (built from arrays, :func:`read_scores_csv` or
 :func:`log_cases`).
