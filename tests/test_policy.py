@@ -420,7 +420,11 @@ _CASCADE: dict[str, Any] = {
 
 _KINDS = [
     _CASCADE,
-    {**_CASCADE, "cut": {"kind": "conformal", "alpha": 0.1, "n": 19, "k": 2, "threshold": -0.3}},
+    {
+        **_CASCADE,
+        "centre": -0.25,
+        "cut": {"kind": "conformal", "alpha": 0.1, "n": 19, "k": 2, "threshold": -0.3},
+    },
     {
         **_CASCADE,
         "cut": {
@@ -730,3 +734,42 @@ def test_cascade_fit_sets_the_band_for_the_share_and_composes_with_each_cut() ->
             inside = pol.second_needed(FUSION, a, [None] * n, None)
             assert inside.sum() == math.ceil(0.25 * n)
             assert pol.cut.threshold == pytest.approx(float(np.mean(x.fused)))  # type: ignore[attr-defined]
+
+
+def test_a_cascades_conformal_cut_keeps_its_miss_rate_on_the_cascades_own_score() -> None:
+    """The cut is fitted on the score the guard compares (C: z1 outside the band), so the
+    miss rate on new unsafe scenes stays at alpha even at a small share (it was 15 % for
+    alpha 10 % when the cut was fitted on the pair's S)."""
+    from spotstop.guard.policies import FitContext
+
+    fusion = Avg2Fusion(("a", "b"), {"a": MemberStats(0.0, 1.0), "b": MemberStats(0.0, 1.0)})
+    rng = np.random.default_rng(2026)
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        y = rng.integers(0, 2, n)
+        return y, (y - 0.5) + rng.normal(0, 1.5, n), (y - 0.5) + rng.normal(0, 0.3, n)
+
+    y, a, b = draw(4000)
+    x = batch_inputs(fusion, {"a": a, "b": b})
+    ctx = FitContext(
+        fusion=fusion,
+        frozen_t0=float(np.mean(x.fused)),
+        fused=x.fused,
+        label=y,
+        situation_id=np.array([f"s{i}" for i in range(y.size)], dtype=object),
+        member_scores={"a": a, "b": b},
+        member_text=None,
+        settings={"share": 0.3, "cut": "conformal", "first": "a", "alpha": 0.1,
+                  "guarantee": "marginal"},
+        current=None,
+        rng=np.random.default_rng(0),
+    )  # fmt: skip
+    pol = CascadePolicy.fit(ctx)
+    assert pol.cut.kind == "conformal"
+    y2, a2, b2 = draw(20000)
+    inside = pol.second_needed(fusion, a2, [None] * y2.size, None)
+    b2 = np.where(inside, b2, math.nan)  # the guard runs the second member only inside
+    d = decide_batch(pol, batch_inputs(fusion, {"a": a2, "b": b2}))
+    miss = float(np.mean(~d.unsafe[y2 == 1]))
+    assert miss <= 0.1 + 0.012, miss  # ≈ 3 standard errors over alpha at n ≈ 10,000
+    assert abs(float(np.mean(pol.second_needed(fusion, a, [None] * y.size, None))) - 0.3) < 0.01

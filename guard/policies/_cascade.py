@@ -79,6 +79,9 @@ class CascadePolicy(Policy):
     first: the member that scores every scene. share: the share of the pool that went to the
     second member when the band was fitted (reported; the band is what decides). band: the
     half-width on ``|z1 − cut|`` (≥ 0). cut: the inner policy (frozen, conformal, situation).
+    centre: where the band is centred when not on the cut itself (None: on each scene's cut).
+    A conformal cut is fitted on the cascade's own score, which depends on the band; so its
+    band has a fixed centre near the cut, and the guarantee is exact for that score.
     """
 
     kind: ClassVar[str] = "cascade"
@@ -90,6 +93,7 @@ class CascadePolicy(Policy):
     share: float
     band: float
     cut: Policy
+    centre: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.first, str) or not self.first:
@@ -103,8 +107,14 @@ class CascadePolicy(Policy):
             raise PolicyError(
                 f"CascadePolicy.cut must be one of {', '.join(CUT_KINDS)}; got {got!r}."
             )
+        if self.centre is not None and not (_is_real(self.centre) and math.isfinite(self.centre)):
+            raise PolicyError(
+                f"CascadePolicy.centre must be a finite number or None; got {self.centre!r}."
+            )
         object.__setattr__(self, "share", float(self.share))
         object.__setattr__(self, "band", float(self.band))
+        if self.centre is not None:
+            object.__setattr__(self, "centre", float(self.centre))
 
     # -- the stateful parts follow the cut's ------------------------------------------------
     @property
@@ -126,7 +136,7 @@ class CascadePolicy(Policy):
     # -- YAML --------------------------------------------------------------------------------
     @classmethod
     def keys(cls) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        return ("first", "share", "band", "cut"), ()
+        return ("first", "share", "band", "cut"), ("centre",)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], ctx: LoadContext) -> CascadePolicy:
@@ -156,16 +166,20 @@ class CascadePolicy(Policy):
             raise PolicyError(
                 f"{ctx.key('band')} must be ≥ 0; got {band!r}. Set it in {ctx.source}."
             )
-        return cls(first=str(first), share=share, band=band, cut=cut)
+        centre = ctx.number(d, "centre") if d.get("centre") is not None else None
+        return cls(first=str(first), share=share, band=band, cut=cut, centre=centre)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "kind": self.kind,
             "first": self.first,
             "share": self.share,
             "band": self.band,
-            "cut": self.cut.to_dict(),
         }
+        if self.centre is not None:
+            out["centre"] = self.centre
+        out["cut"] = self.cut.to_dict()
+        return out
 
     def members_needed(self) -> tuple[str, ...]:
         return (self.first,)
@@ -201,16 +215,19 @@ class CascadePolicy(Policy):
         situation_ids: Sequence[str | None],
         state: Any,
     ) -> np.ndarray:
-        """True where the rest of the pair must score the scene: ``|z1 − cut| ≤ band``.
+        """True where the rest of the pair must score the scene: ``|z1 − cut| ≤ band`` (or
+        ``|z1 − centre| ≤ band`` when the band has a fixed centre).
 
         A scene whose first score is not finite is never sent on (it is UNSAFE anyway).
         """
         z1 = self.z_first(fusion, first_scores)
+        mid = (
+            self._pre_cut(fusion, z1, situation_ids, state)
+            if self.centre is None
+            else np.full(z1.shape, self.centre)
+        )
         with np.errstate(invalid="ignore"):
-            return np.asarray(
-                np.abs(z1 - self._pre_cut(fusion, z1, situation_ids, state)) <= self.band,
-                dtype=bool,
-            )
+            return np.asarray(np.abs(z1 - mid) <= self.band, dtype=bool)
 
     def _cascade_inputs(self, x: BatchInputs, state: Any) -> tuple[BatchInputs, np.ndarray]:
         inside = self.second_needed(x.fusion, x.members[self.first], x.situation_ids, state)
@@ -243,7 +260,9 @@ class CascadePolicy(Policy):
 
         The cut is fitted as that kind on the context (on the pair's ``S``); the band is the
         ``share``-quantile of ``|z1 − cut|`` over the context's scenes with a finite first
-        score (:func:`cascade_band`).
+        score (:func:`cascade_band`). A ``conformal`` cut is then refitted on the cascade's
+        own score ``C`` (its miss guarantee is about what the guard compares), alternating
+        with the band until both agree.
         """
         from spotstop.guard.policies._registry import policy_class
 
@@ -271,6 +290,67 @@ class CascadePolicy(Policy):
         probe = cls(first=first, share=share, band=0.0, cut=cut)
         z1 = probe.z_first(ctx.fusion, s1[ok])
         sids = tuple(s or None for s in np.asarray(ctx.situation_id, dtype=object)[ok].tolist())
-        state = cut.initial_state(cut.seed_from_fit(inner_ctx)) if cut.stateful else None
-        pre = probe._pre_cut(ctx.fusion, z1, sids, state)
-        return cls(first=first, share=share, band=cascade_band(np.abs(z1 - pre), share), cut=cut)
+
+        def band_for(c: Policy) -> tuple[float, np.ndarray]:
+            state = c.initial_state(c.seed_from_fit(inner_ctx)) if c.stateful else None
+            dist = np.abs(z1 - probe._pre_cut(ctx.fusion, z1, sids, state))
+            return cascade_band(dist, share), dist
+
+        band, _ = band_for(cut)
+        if cut_kind != "conformal":
+            return cls(first=first, share=share, band=band, cut=cut)
+        return cls._fit_conformal(ctx, inner_ctx, first, share, z1, ok, cut)
+
+    @classmethod
+    def _fit_conformal(
+        cls,
+        ctx: FitContext,
+        inner_ctx: FitContext,
+        first: str,
+        share: float,
+        z1: np.ndarray,
+        ok: np.ndarray,
+        pair_cut: Policy,
+    ) -> CascadePolicy:
+        """A conformal cut fitted on the cascade's own score ``C``.
+
+        The guarantee is about the score the guard compares, ``C`` (``z1`` outside the
+        band), not the pair's ``S``; and ``C`` depends on the band. So the band gets a fixed
+        centre ``m`` (``|z1 − m| ≤ band``, ``band`` the ``share``-quantile of ``|z1 − m|``)
+        and the cut is the conformal cut of ``C_m``: exact for that score, whatever ``m``.
+        ``m`` is chosen near the cut it gives: bisection of ``g(m) − m`` between the pair's
+        cut and ``g`` of it (simple iteration can cycle), else the pair's cut.
+        """
+        from spotstop.guard.policies._registry import policy_class
+
+        fused = np.asarray(ctx.fused, dtype=float)
+
+        def fit_at(m: float) -> tuple[Policy, float]:
+            dist = np.abs(z1 - m)
+            band = cascade_band(dist, share)
+            c = np.full(fused.shape, np.nan)
+            c[ok] = np.where(dist <= band, fused[ok], z1)
+            cut = policy_class("conformal").fit(dataclasses.replace(inner_ctx, fused=c))
+            return cut, band
+
+        def gap(m: float) -> float:
+            return float(fit_at(m)[0].threshold) - m  # type: ignore[attr-defined]
+
+        lo = float(pair_cut.threshold)  # type: ignore[attr-defined]
+        hi = lo + gap(lo)
+        centre = lo
+        g_lo, g_hi = gap(lo), gap(hi)
+        if g_lo != 0 and hi != lo and np.sign(g_lo) != np.sign(g_hi):
+            for _ in range(60):
+                mid = 0.5 * (lo + hi)
+                g_mid = gap(mid)
+                if g_mid == 0:
+                    lo = hi = mid
+                    break
+                if np.sign(g_mid) == np.sign(g_lo):
+                    lo, g_lo = mid, g_mid
+                else:
+                    hi = mid
+            centre = 0.5 * (lo + hi)
+        cut, band = fit_at(centre)
+        return cls(first=first, share=share, band=band, cut=cut, centre=centre)
