@@ -186,10 +186,9 @@ def compact_chunk_gated_delta_rule(
 
     # within a chunk (as the reference): decay from the chunk's start, pairwise decays
     cum = gg.cumsum(dim=1)  # (X, C, 1)
-    upper = _const(("upper", c), lambda: np.triu(np.ones((c, c), bool), 1))
-    decay = torch.where(
-        upper, -torch.inf, cum - cum.transpose(1, 2)
-    ).exp()  # exp(cum_i - cum_j), j <= i
+    # exp(cum_i - cum_j) for j <= i, else 0 (Trilu: no C×C mask stored; the inner one keeps
+    # exp from overflowing where the outer one zeroes)
+    decay = torch.tril(torch.tril(cum - cum.transpose(1, 2)).exp())
     kt = k.transpose(1, 2)
     kb = k * b
     n_mat = (kb @ kt) * decay  # its diagonal and upper part are not read
