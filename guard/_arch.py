@@ -4,7 +4,9 @@ One :class:`ArchSpec` per Hugging Face ``model_type`` (a registry, as optimum ke
 config per architecture). A spec knows, from the member's ``config.json`` and
 ``preprocessor_config.json``:
 
-* the image geometry at a fixed resolution (patch size, merge factor, visual token count);
+* the image geometry at a fixed resolution (patch size, merge factor, visual token count),
+  and the grid that holds a visual-token budget (the member's own bundle setting; the default
+  is the paper's low-resolution rule: Qwen3.5 256 tokens, LFM2-VL 64 without tiling);
 * the numpy/Pillow preprocessing that turns an RGB image into the vision tower's input
   (tested equal to the Hugging Face image processor's output);
 * what the chat template writes for an image and what the processor expands it to;
@@ -20,6 +22,7 @@ specs too.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -81,6 +84,22 @@ def _to_normalized_chw(image: Image.Image, g: ImageGeometry) -> np.ndarray:
     return np.ascontiguousarray(norm.transpose(2, 0, 1), dtype=np.float32)
 
 
+def _token_grid(n: int, aspect: float) -> tuple[int, int] | None:
+    """(rows, columns) with rows · columns = ``n`` and columns / rows closest to ``aspect``
+    (exactly square for aspect 1, else within 10 %), or None."""
+    best: tuple[float, int, int] | None = None
+    for rows in range(1, n + 1):
+        if n % rows:
+            continue
+        cols = n // rows
+        err = abs(math.log(cols / rows / aspect))
+        if best is None or err < best[0]:
+            best = (err, rows, cols)
+    if best is None or best[0] > (1e-9 if aspect == 1.0 else math.log(1.1)):
+        return None
+    return best[1], best[2]
+
+
 @dataclass(frozen=True)
 class ArchSpec(ABC):
     """What spotstop needs to know about one member architecture."""
@@ -92,8 +111,9 @@ class ArchSpec(ABC):
     image_token: str
     #: extra chat-template variables that turn reasoning off
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    #: the paper's low-resolution default: 256 visual tokens
-    default_image_size: tuple[int, int] = (512, 512)
+    #: the default visual-token budget, the paper's low-resolution rule (seed 000, Table S31):
+    #: the cheapest setting of each member whose development AUROC stays within 0.005
+    default_visual_tokens: int = 256
     #: PIL resampling used by the member's own image processor
     resample: int = int(Image.Resampling.BICUBIC)
     #: tokens around the expanded image run, if the processor adds them
@@ -101,17 +121,55 @@ class ArchSpec(ABC):
     image_suffix: str = ""
 
     # -- geometry ------------------------------------------------------------------------
+    def token_factor(self, config: Mapping[str, Any]) -> tuple[int, int]:
+        """(patch size, merge): one visual token covers ``patch × merge`` pixels per side."""
+        vision = config.get("vision_config") or {}
+        return int(_get(vision, "patch_size", 16)), self._merge(config)
+
+    def grid_for_tokens(
+        self, config: Mapping[str, Any], n_tokens: int, aspect: float = 1.0
+    ) -> tuple[int, int]:
+        """(height, width) in pixels of the grid that holds exactly ``n_tokens`` visual tokens.
+
+        ``aspect`` = width / height of the grid (1: square, the default of every budget). The
+        grid is rows × columns of tokens with rows · columns = ``n_tokens`` (a square for
+        aspect 1; columns / rows within 10 % of ``aspect`` otherwise); a budget without such a
+        grid is refused, naming the nearest budgets that have one.
+        """
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens <= 0:
+            raise ConfigError(
+                f"a visual-token budget must be a positive integer; got {n_tokens!r}."
+            )
+        if not aspect > 0:
+            raise ConfigError(f"the grid's aspect (width / height) must be > 0; got {aspect!r}.")
+        patch, merge = self.token_factor(config)
+        factor = patch * merge
+        rc = _token_grid(n_tokens, aspect)
+        if rc is None:
+            lo = next((n for n in range(n_tokens - 1, 0, -1) if _token_grid(n, aspect)), None)
+            hi = next(n for n in range(n_tokens + 1, 4 * n_tokens + 8) if _token_grid(n, aspect))
+            shape = "square grid" if aspect == 1.0 else f"grid of aspect {aspect:g}"
+            near = f"{lo} or {hi}" if lo is not None else str(hi)
+            raise ConfigError(
+                f"{n_tokens} visual tokens do not fill a {shape} of {self.model_type} tokens "
+                f"(each {factor}x{factor} pixels); the nearest budgets that do: {near}."
+            )
+        rows, cols = rc
+        return rows * factor, cols * factor
+
     def geometry(
         self,
         config: Mapping[str, Any],
         preprocessor: Mapping[str, Any],
         size: tuple[int, int] | None = None,
     ) -> ImageGeometry:
-        """The fixed image grid for this member at ``size`` = (height, width)."""
-        h, w = size or self.default_image_size
-        vision = config.get("vision_config") or {}
-        patch = int(_get(vision, "patch_size", 16))
-        merge = self._merge(config)
+        """The fixed image grid for this member at ``size`` = (height, width).
+
+        ``None``: the square grid of the architecture's default visual-token budget
+        (:attr:`default_visual_tokens`).
+        """
+        h, w = size or self.grid_for_tokens(config, self.default_visual_tokens)
+        patch, merge = self.token_factor(config)
         factor = patch * merge
         if h <= 0 or w <= 0 or h % factor or w % factor:
             raise ConfigError(
@@ -208,6 +266,7 @@ ARCHS: dict[str, ArchSpec] = {
         template_image_placeholder="<|image_pad|>",
         image_token="<|image_pad|>",
         chat_template_kwargs={"enable_thinking": False},
+        default_visual_tokens=256,  # 512x512 pixels, 16x16 tokens
         resample=int(Image.Resampling.BICUBIC),
     ),
     "lfm2_vl": _Lfm2Vl(
@@ -215,6 +274,7 @@ ARCHS: dict[str, ArchSpec] = {
         template_image_placeholder="<image>",
         image_token="<image>",
         chat_template_kwargs={},
+        default_visual_tokens=64,  # without tiling: 256x256 pixels, 8x8 tokens
         resample=int(Image.Resampling.BILINEAR),
         image_prefix="<|image_start|>",
         image_suffix="<|image_end|>",

@@ -163,7 +163,9 @@ def test_random_member_from_a_recorded_config(tmp_path: Path) -> None:
         assert "mean nothing" in (path / "SPOTSTOP_TEST_PAIR.txt").read_text()
         assert cfg == _shrunk(rec)  # the caller's config is not modified
         m = load_member(path)
-        assert m.info.test_pair and m.info.n_image_tokens == 256  # the 512x512 default grid
+        # the default budgets: Qwen3.5 256 tokens (512x512), LFM2-VL 64 (256x256)
+        assert m.info.test_pair
+        assert m.info.n_image_tokens == {"qwen3_5": 256, "lfm2_vl": 64}[rec["model_type"]]
         [r] = m.score(demo_scenes(1, seed=1))
         assert r.test_pair
         again = build_random_member(rec["model_type"], cfg, tmp_path / f"{name}-2", seed=3)
