@@ -86,7 +86,8 @@ DEVICES: dict[str, dict[str, Any]] = {
 #: the paper's per-case cost of the equal-weight pair (seed 000, Supp. F.4 and Table S31)
 PAPER_TFLOPS: dict[str, float] = {"low": 7.4, "default": 16.8}
 
-#: Recorded config values (see the module docstring): identical to jetson/memory_budget.py.
+#: Recorded config values (see the module docstring); ``jetson/memory_budget.py`` reads them
+#: from here.
 REAL_PAIR: dict[str, dict[str, Any]] = {
     "Qwen3.5-2B": {
         "model_type": "qwen3_5",

@@ -39,77 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spotstop.export.cost_data import REAL_PAIR
+
 HERE = Path(__file__).resolve().parent
 
 #: Recorded config values. Source: the members' config.json on the Hugging Face hub
 #: (Qwen/Qwen3.5-2B; LiquidAI/LFM2.5-VL-3B, whose text backbone is LFM2.5-2.6B with the
 #: 128K vocabulary and whose vision tower is SigLIP2 NaFlex so400m). UNVERIFIED offline.
-RECORDED: dict[str, dict[str, Any]] = {
-    "Qwen3.5-2B": {
-        "model_type": "qwen3_5",
-        "tie_word_embeddings": True,
-        "text_config": {
-            "vocab_size": 248320,
-            "hidden_size": 2048,
-            "intermediate_size": 6144,
-            "num_hidden_layers": 24,
-            "num_attention_heads": 8,
-            "num_key_value_heads": 2,
-            "head_dim": 256,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 16,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "linear_conv_kernel_dim": 4,
-            "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 6,
-            "tie_word_embeddings": True,
-        },
-        "vision_config": {
-            "depth": 24,
-            "hidden_size": 1024,
-            "intermediate_size": 4096,
-            "num_heads": 16,
-            "out_hidden_size": 2048,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "num_position_embeddings": 2304,
-        },
-    },
-    "LFM2.5-VL-3B": {
-        "model_type": "lfm2_vl",
-        "tie_word_embeddings": True,
-        "downsample_factor": 2,
-        "projector_hidden_size": 2560,
-        "text_config": {
-            "model_type": "lfm2",
-            "vocab_size": 131072,
-            "hidden_size": 2048,
-            "intermediate_size": 10752,
-            "block_ff_dim": 10752,
-            "block_auto_adjust_ff_dim": False,
-            "block_multiple_of": 256,
-            "block_ffn_dim_multiplier": 1.0,
-            "num_hidden_layers": 30,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            # 22 short-convolution + 8 attention layers
-            "layer_types": [
-                "full_attention" if i in (2, 5, 8, 11, 14, 17, 21, 25) else "conv"
-                for i in range(30)
-            ],
-        },
-        "vision_config": {
-            "model_type": "siglip2_vision_model",
-            "hidden_size": 1152,
-            "intermediate_size": 4304,
-            "num_hidden_layers": 27,
-            "num_attention_heads": 16,
-            "patch_size": 16,
-            "num_patches": 256,
-        },
-    },
-}
+#: Kept once, in ``spotstop.export.cost_data`` (``spotstop cost --real`` reads them too).
+RECORDED: dict[str, dict[str, Any]] = REAL_PAIR
 
 #: Scoring shapes: 512x512 → 256 visual tokens; the largest default length bucket.
 IMAGE = 512
