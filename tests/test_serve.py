@@ -1070,27 +1070,16 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
-def test_cli_serve_subprocess_sighup_and_sigterm(bundle: Path, tmp_path: Path):
+@contextmanager
+def serve_process(bundle: Path, tmp_path: Path, *extra: str) -> Iterator[tuple[str, Any]]:
     port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "spotstop.cli",
-        "serve",
-        "--bundle",
-        str(bundle),
-        "--port",
-        str(port),
-        "--log",
-        str(tmp_path / "log.sqlite"),
-        "--state-dir",
-        str(tmp_path / "state"),
-        "--log-level",
-        "warning",
-    ]
+    cmd = [sys.executable, "-m", "spotstop.cli", "serve", "--bundle", str(bundle)]
+    cmd += ["--port", str(port), "--log", str(tmp_path / "log.sqlite")]
+    cmd += ["--state-dir", str(tmp_path / "state"), "--log-level", "warning", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as c:
+        with httpx.Client(base_url=url, timeout=5) as c:
             t0 = time.monotonic()
             while True:
                 try:
@@ -1099,8 +1088,18 @@ def test_cli_serve_subprocess_sighup_and_sigterm(bundle: Path, tmp_path: Path):
                 except httpx.HTTPError:
                     pass
                 assert proc.poll() is None, "the server exited"
-                assert time.monotonic() - t0 < 90, "server did not become ready"
+                assert time.monotonic() - t0 < 120, "server did not become ready"
                 time.sleep(0.1)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_serve_subprocess_sighup_and_sigterm(bundle: Path, tmp_path: Path):
+    with serve_process(bundle, tmp_path) as (url, proc):
+        with httpx.Client(base_url=url, timeout=5) as c:
             assert c.post("/v1/check", **multipart(jpeg())).status_code == 200
             proc.send_signal(signal.SIGHUP)
             t0 = time.monotonic()
@@ -1111,10 +1110,6 @@ def test_cli_serve_subprocess_sighup_and_sigterm(bundle: Path, tmp_path: Path):
         proc.send_signal(signal.SIGTERM)
         # uvicorn shuts down gracefully, then re-raises SIGTERM
         assert proc.wait(30) in (0, -signal.SIGTERM)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     with DecisionLog(tmp_path / "log.sqlite") as lg:
         assert lg.count() == 1
 

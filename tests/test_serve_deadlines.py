@@ -25,15 +25,12 @@ import select
 import signal
 import socket
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -46,11 +43,11 @@ from spotstop.guard.client import GuardClient
 from spotstop.guard.serve import ServeSettings, load_guard
 
 from tests.test_serve import (
-    _free_port,
     jpeg,
     live_server,
     multipart,
     serve_bundle,
+    serve_process,
     settings_for,
     stand_in,
 )
@@ -332,33 +329,6 @@ def _huge_png(seed: int, side: int = 6000) -> bytes:
     return buf.getvalue()
 
 
-@contextmanager
-def serve_process(bundle: Path, tmp_path: Path, *extra: str) -> Iterator[tuple[str, Any]]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "spotstop.cli", "serve", "--bundle", str(bundle)]
-    cmd += ["--port", str(port), "--log", str(tmp_path / "log.sqlite")]
-    cmd += ["--state-dir", str(tmp_path / "state"), "--log-level", "warning", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        with httpx.Client(base_url=url, timeout=5) as c:
-            t0 = time.monotonic()
-            while True:
-                try:
-                    if c.get("/readyz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None, "the server exited"
-                assert time.monotonic() - t0 < 120, "server did not become ready"
-                time.sleep(0.1)
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
 def test_four_concurrent_huge_frames_take_one_frames_memory(bundle: Path, tmp_path: Path):
@@ -415,6 +385,8 @@ def test_a_1x1_image_is_refused_in_the_library_the_cli_and_the_sidecar(
         assert srv.guard.log.count() == 1  # the refused image made no decision
     with pytest.raises(Exception, match="min_image_side"):
         ServeSettings(bundle=bundle, min_image_side=0)
+    with pytest.raises(Exception, match="upload_timeout_s must be a positive number of seconds"):
+        ServeSettings(bundle=bundle, upload_timeout_s=0)
 
 
 def test_cli_check_prints_the_fail_closed_decision_when_the_log_cannot_be_opened(

@@ -77,6 +77,18 @@ def resolve_token(
     return None
 
 
+def _positive_seconds(name: str, value: object, alternative: str = "") -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise SettingsError(
+            f"{name} must be a positive number of seconds{alternative}; got {value!r}."
+        )
+
+
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SettingsError(f"{name} must be a positive integer; got {value!r}.")
@@ -198,24 +210,9 @@ def _check_settings(s: ServeSettings) -> None:
         raise SettingsError(f"host must be a non-empty string; got {s.host!r}.")
     if isinstance(s.port, bool) or not isinstance(s.port, int) or not 0 <= s.port <= 65535:
         raise SettingsError(f"port must be an integer in [0, 65535]; got {s.port!r}.")
-    if s.deadline_s is not None and (
-        isinstance(s.deadline_s, bool)
-        or not isinstance(s.deadline_s, int | float)
-        or not math.isfinite(s.deadline_s)
-        or s.deadline_s <= 0
-    ):
-        raise SettingsError(
-            f"deadline_s must be a positive number of seconds or None; got {s.deadline_s!r}."
-        )
-    if (
-        isinstance(s.upload_timeout_s, bool)
-        or not isinstance(s.upload_timeout_s, int | float)
-        or not math.isfinite(s.upload_timeout_s)
-        or s.upload_timeout_s <= 0
-    ):
-        raise SettingsError(
-            f"upload_timeout_s must be a positive number of seconds; got {s.upload_timeout_s!r}."
-        )
+    if s.deadline_s is not None:
+        _positive_seconds("deadline_s", s.deadline_s, " or None")
+    _positive_seconds("upload_timeout_s", s.upload_timeout_s)
     for name in (
         "max_body_bytes",
         "min_image_side",
