@@ -88,8 +88,10 @@ def fit_pool_policy(
         from tqdm import tqdm
 
         members = tqdm(members, desc="scoring the pool", unit="member")
+    tokens = []
     for bm in members:
         m = load_bundle_member(bundle, bm, device=device)
+        tokens.append(m.geometry.n_image_tokens)
         scores[bm.name] = np.array([r.score for r in m.score(list(scenes))])
     fit = fit_frozen(scores)
     ctx = fit.context(scores, situation_id=[s.situation_id for s in scenes], settings=settings)
@@ -103,6 +105,10 @@ def fit_pool_policy(
             "what": "unlabelled pool (frozen reference statistics and cut t0)",
             "n": fit.n,
             "frozen_t0": fit.policy.threshold,
+            # each member's visual-token budget (also part of the bundle id the policy is for)
+            "visual_tokens": {
+                bm.name: int(n) for bm, n in zip(bundle.members, tokens, strict=True)
+            },
             "tool": f"spotstop {version('spotstop')} policy init",
         },
         created=datetime.now(UTC),

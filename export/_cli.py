@@ -101,9 +101,20 @@ def add_export_parser(sub: Any) -> None:
         "and onnxruntime; nvidia-modelopt's quantizer when installed)",
     )
     p.add_argument(
+        "--visual-tokens",
+        default=None,
+        metavar="BUDGETS",
+        help="each member's visual-token budget, its own bundle setting: a count for every "
+        "member (256) or member=count pairs keyed by member name or model type "
+        "(qwen=256,lfm=64); a square grid of that many tokens (default: the paper's "
+        "low-resolution rule, qwen3_5 256 = 512x512, lfm2_vl 64 = 256x256 without tiling; a "
+        "member folder's spotstop_member.yaml image_size hint before that). Recorded in the "
+        "manifest and the bundle id: a policy fitted at another budget is refused",
+    )
+    p.add_argument(
         "--image-size",
         default=None,
-        help="HxW grid, e.g. 512x512 (default: 512x512 = 256 visual tokens)",
+        help="HxW grid for every member, e.g. 512x384 (non-square grids; prefer --visual-tokens)",
     )
     p.add_argument(
         "--buckets",
@@ -135,9 +146,16 @@ def run_export(args: argparse.Namespace) -> int:
     from spotstop.export.onnx import DEFAULT_BUCKETS
     from spotstop.export.onnx_bundle import write_onnx_bundle
     from spotstop.guard._config import ScoringConfig, load_scoring_config, parse_image_size
+    from spotstop.guard._errors import ConfigError
+    from spotstop.guard._member import parse_visual_tokens
 
     cfg = load_scoring_config(args.config) if args.config else ScoringConfig()
-    size = parse_image_size(args.image_size, "--image-size") if args.image_size else None
+    try:
+        size = parse_image_size(args.image_size, "--image-size") if args.image_size else None
+        budgets = parse_visual_tokens(args.visual_tokens) if args.visual_tokens else None
+    except ConfigError as e:
+        print(f"spotstop export: {e}", file=sys.stderr)
+        return 2
     try:
         buckets = (
             [int(b) for b in args.buckets.split(",")] if args.buckets else list(DEFAULT_BUCKETS)
@@ -161,13 +179,19 @@ def run_export(args: argparse.Namespace) -> int:
             triton=args.triton,
             sessions=args.sessions,
             progress=lambda m: print(m, file=sys.stderr),
+            visual_tokens=budgets,
         )
+    except ConfigError as e:  # a budget that names no member or has no square grid
+        print(f"spotstop export: {e}", file=sys.stderr)
+        return 2
     except ValueError as e:  # validation failures list every output beyond tolerance
         print(f"spotstop export: {e}", file=sys.stderr)
         return 1
     for m in b.members:
         print(
-            f"{m.name:<24} {m.model_type:<8} {m.precision:<8} {m.weight_bytes / 2**20:9.2f} MiB  buckets {list(m.buckets)}"
+            f"{m.name:<24} {m.model_type:<8} {m.precision:<8} {m.weight_bytes / 2**20:9.2f} MiB  "
+            f"{m.n_image_tokens} visual tokens ({m.image_size[0]}x{m.image_size[1]})  "
+            f"buckets {list(m.buckets)}"
         )
     print(f"{'pair':<24} {'':<8} {b.precision:<8} {b.weight_bytes / 2**20:9.2f} MiB")
     print(f"bundle {b.path}  id {b.bundle_id}  prompt_hash {b.prompt_hash}  tensorrt: {b.trt}")

@@ -8,20 +8,25 @@ the bundle id and prompt hash printed here, and replaced by recalibration).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
-from spotstop.guard._bundle import BUNDLE_FORMAT, BUNDLE_VERSION, pair_prompt_hash, sha256_file
+from spotstop.guard._bundle import (
+    BUNDLE_FORMAT,
+    BUNDLE_VERSION,
+    bundle_content_id,
+    pair_prompt_hash,
+    sha256_file,
+)
 from spotstop.guard._config import ScoringConfig
 from spotstop.guard._files import atomic_write_text
 from spotstop.guard._hf import render_template, resolve_member
-from spotstop.guard._member import resolve_image_size
+from spotstop.guard._member import check_budget_keys, member_visual_tokens, resolve_image_size
 from spotstop.guard._prompt import prompt_hash
 
 __all__ = ["write_bundle"]
@@ -42,20 +47,29 @@ def write_bundle(
     config: ScoringConfig | None = None,
     name: str = "bundle",
     copy_members: bool = True,
+    visual_tokens: Mapping[str, int] | None = None,
 ) -> Path:
-    """Write ``out/manifest.yaml`` (and member copies); returns the bundle folder."""
+    """Write ``out/manifest.yaml`` (and member copies); returns the bundle folder.
+
+    ``visual_tokens``: each member's visual-token budget, keyed by member name, model_type or
+    its start (``{"qwen": 256, "lfm": 64}``; ``"*"``: every member); a member without one
+    keeps its configured grid, else its architecture's default budget. The manifest records
+    each member's ``visual_tokens`` beside its ``image_size``, and both enter the bundle id.
+    """
     cfg = config or ScoringConfig()
     root = Path(out)
+    folders = [resolve_member(src) for src in members]
+    check_budget_keys(visual_tokens, [(f.path.name, f.model_type) for f in folders])
     root.mkdir(parents=True, exist_ok=True)
     entries: list[dict[str, Any]] = []
     hashes: dict[str, str] = {}
     test_pair = False
-    for src in members:
-        folder = resolve_member(src)
+    for folder in folders:
         mname = folder.path.name
         if mname in hashes:
             raise ValueError(f"two members are named {mname!r}; member folder names must differ.")
-        size = resolve_image_size(folder, cfg, mname)
+        budget = member_visual_tokens(visual_tokens, mname, folder.model_type)
+        size = resolve_image_size(folder, cfg, mname, visual_tokens=budget)
         g = folder.arch.geometry(folder.config, folder.preprocessor, size)
         template = render_template(folder, cfg.prompt)
         ph = prompt_hash(cfg.prompt, template, folder.model_type)
@@ -75,6 +89,7 @@ def write_bundle(
                 "model_type": folder.model_type,
                 "backend": "torch",
                 "image_size": [g.height, g.width],
+                "visual_tokens": g.n_image_tokens,
                 "n_image_tokens": g.n_image_tokens,
                 "prompt_hash": ph,
                 "template": {
@@ -106,9 +121,7 @@ def _write_manifest(
 ) -> str:
     """Write ``root/manifest.yaml`` atomically; returns the bundle id."""
     ph = pair_prompt_hash(hashes)
-    content_id = hashlib.sha256(
-        (ph + "".join(f"{k}{v}" for k, v in sorted(files.items()))).encode()
-    ).hexdigest()[:12]
+    content_id = bundle_content_id(ph, files, entries)
     manifest = {
         "format": BUNDLE_FORMAT,
         "version": BUNDLE_VERSION,

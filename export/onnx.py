@@ -260,8 +260,12 @@ def export_member(
     buckets: Sequence[int] = DEFAULT_BUCKETS,
     name: str | None = None,
     sessions: str = "resident",
+    visual_tokens: int | None = None,
 ) -> MemberExport:
     """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
+
+    ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);
+    None: ``image_size``, the configured or hinted grid, else the architecture's default budget.
 
     Raises :class:`ExportValidationError` listing every output beyond tolerance (fp32 graphs
     first, then the graphs at ``precision``); nothing is left in ``out_dir`` then.
@@ -282,7 +286,7 @@ def export_member(
     folder = resolve_member(source)
     mname = name or folder.path.name
     ecfg = get_export_config(folder.model_type)
-    size = resolve_image_size(folder, cfg_s, mname, image_size)
+    size = resolve_image_size(folder, cfg_s, mname, image_size, visual_tokens)
     g = folder.arch.geometry(folder.config, folder.preprocessor, size)
     template = render_template(folder, cfg_s.prompt)
     encoder = PromptEncoder(folder.tokenizer(), template, cfg_s.prompt)
@@ -450,6 +454,7 @@ def export_member(
         "source": folder.source,
         "precision": precision,
         "image_size": [g.height, g.width],
+        "visual_tokens": g.n_image_tokens,
         "n_image_tokens": g.n_image_tokens,
         "hidden_size": hidden,
         "image_token_id": folder.image_token_id,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,8 @@ from spotstop.export.triton import write_triton_repository
 from spotstop.export.trt import build_engines, write_trt_script
 from spotstop.guard._bundle import is_device_built, pair_prompt_hash, sha256_file
 from spotstop.guard._config import ScoringConfig
+from spotstop.guard._hf import resolve_member
+from spotstop.guard._member import check_budget_keys, member_visual_tokens
 
 __all__ = ["OnnxBundle", "write_onnx_bundle"]
 
@@ -72,8 +74,15 @@ def write_onnx_bundle(
     max_batch: int = 8,
     sessions: str = "resident",
     progress: Callable[[str], Any] | None = None,
+    visual_tokens: Mapping[str, int] | None = None,
 ) -> OnnxBundle:
     """Export ``members`` into the bundle folder ``out`` (replaced if it exists).
+
+    ``visual_tokens``: each member's visual-token budget, keyed by member name, model_type or
+    its start (``{"qwen": 256, "lfm": 64}``; ``"*"``: every member); a member without one
+    keeps ``image_size`` / its configured grid, else its architecture's default budget
+    (Qwen3.5 256, LFM2-VL 64 without tiling). The manifest records each member's
+    ``visual_tokens``, and the bundle id changes with it.
 
     ``sessions="on-demand"`` makes each member load its graphs when it scores and release them
     after, so the members run one after the other in one process when both do not fit.
@@ -84,6 +93,10 @@ def write_onnx_bundle(
         raise ValueError(f"trt must be 'auto', 'script' or 'off'; got {trt!r}.")
     cfg = config or ScoringConfig()
     say = progress or (lambda _msg: None)
+    # budgets name members by model type too: resolve them first (only then: a missing
+    # member folder is reported by the export itself, after its extra's imports)
+    types = {str(src): resolve_member(src).model_type for src in members} if visual_tokens else {}
+    check_budget_keys(visual_tokens, [(Path(s).name, t) for s, t in types.items()])
     root = Path(out)
     if root.exists():
         shutil.rmtree(root)
@@ -103,6 +116,7 @@ def write_onnx_bundle(
             buckets=buckets,
             name=mname,
             sessions=sessions,
+            visual_tokens=member_visual_tokens(visual_tokens, mname, types.get(str(src), "")),
         )
         say(
             f"  {mname}: {len(e.files)} files, {e.weight_bytes / 2**20:.1f} MiB of weights, "
@@ -135,6 +149,7 @@ def write_onnx_bundle(
                 "backend": "onnx",
                 "precision": e.precision,
                 "image_size": [e.image_size[0], e.image_size[1]],
+                "visual_tokens": e.n_image_tokens,
                 "n_image_tokens": e.n_image_tokens,
                 "prompt_hash": e.prompt_hash,
                 "template": {

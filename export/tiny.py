@@ -325,8 +325,8 @@ def build_random_member(
     * Weights: the model's own initializers after seeding, built directly in ``dtype`` on
       ``device`` (``"cuda"`` keeps a multi-billion-parameter init fast and out of host
       memory), saved with ``save_pretrained`` so the folder loads like a real snapshot.
-    * ``image_size`` is written as the folder's hint; None leaves the architecture default
-      (512x512 → 256 visual tokens).
+    * ``image_size`` is written as the folder's hint; None leaves the architecture's default
+      visual-token budget (Qwen3.5 256 = 512x512, LFM2-VL 64 = 256x256).
 
     Same seed, dtype, device and library versions → the same weights. The tiny pair is built
     by :func:`build_tiny_member`, not by this function (its files stay byte-identical).

@@ -11,7 +11,7 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ __all__ = [
     "Bundle",
     "BundleError",
     "BundleMember",
+    "bundle_content_id",
     "is_device_built",
     "load_bundle",
     "pair_prompt_hash",
@@ -49,6 +50,8 @@ class BundleMember:
     prompt_hash: str
     template: RenderedTemplate
     revision: str | None
+    #: the member's visual-token budget (its own bundle setting; None in older manifests)
+    visual_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,25 @@ def pair_prompt_hash(member_hashes: Mapping[str, str]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def _opt_tokens(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise BundleError(f"{where} must be a positive integer; got {value!r}.")
+    return value
+
+
+def bundle_content_id(
+    prompt_hash: str, files: Mapping[str, str], members: Sequence[Mapping[str, Any]]
+) -> str:
+    """The content part of a bundle id: the prompt hash, every listed file's sha256 and each
+    member's image grid and visual-token budget, so a bundle written at another budget (same
+    member files) has another id and a policy fitted for one is refused by the other."""
+    grids = "".join(f"|{m['name']}:{m.get('image_size')}:{m.get('visual_tokens')}" for m in members)
+    blob = prompt_hash + "".join(f"{k}{v}" for k, v in sorted(files.items())) + grids
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
 def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in d:
         raise BundleError(f"{where}.{key} is missing from manifest.yaml.")
@@ -195,6 +217,7 @@ def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
                     without_image=_req(t, "without_image", f"{where}.template"),
                 ),
                 revision=entry.get("revision"),
+                visual_tokens=_opt_tokens(entry.get("visual_tokens"), f"{where}.visual_tokens"),
             )
         )
     ph = pair_prompt_hash({mm.name: mm.prompt_hash for mm in members})

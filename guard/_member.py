@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,16 @@ from spotstop.guard._prompt import PromptEncoder, RenderedTemplate, prompt_hash
 from spotstop.guard._types import VARIANTS, MemberScore, Scene, Variant
 from spotstop.guard.backends import get_backend_class
 
-__all__ = ["Member", "MemberInfo", "load_bundle_member", "load_member", "resolve_image_size"]
+__all__ = [
+    "Member",
+    "MemberInfo",
+    "check_budget_keys",
+    "load_bundle_member",
+    "load_member",
+    "member_visual_tokens",
+    "parse_visual_tokens",
+    "resolve_image_size",
+]
 
 
 @dataclass(frozen=True)
@@ -155,11 +164,28 @@ def resolve_image_size(
     config: ScoringConfig,
     name: str,
     explicit: tuple[int, int] | None = None,
+    visual_tokens: int | None = None,
 ) -> tuple[int, int] | None:
-    """The image grid for a member: ``explicit``, then the config's per-member and global
-    sizes, then the folder's ``spotstop_member.yaml`` hint; None = the architecture default."""
+    """The image grid for a member: ``explicit``, then the square grid of the
+    ``visual_tokens`` budget, then the config's per-member and global sizes, then the folder's
+    ``spotstop_member.yaml`` hint; None = the architecture's default budget
+    (:attr:`~spotstop.guard._arch.ArchSpec.default_visual_tokens`).
+
+    Both ``explicit`` and ``visual_tokens`` must agree when both are given.
+    """
+    budget_grid = (
+        None if visual_tokens is None else folder.arch.grid_for_tokens(folder.config, visual_tokens)
+    )
     if explicit is not None:
+        if budget_grid is not None and tuple(explicit) != budget_grid:
+            raise ConfigError(
+                f"member {name}: image size {explicit[0]}x{explicit[1]} and a budget of "
+                f"{visual_tokens} visual tokens ({budget_grid[0]}x{budget_grid[1]}) disagree; "
+                "give one of them."
+            )
         return explicit
+    if budget_grid is not None:
+        return budget_grid
     if name in config.member_image_size:
         return config.member_image_size[name]
     if config.image_size is not None:
@@ -171,12 +197,69 @@ def resolve_image_size(
     return None
 
 
+def parse_visual_tokens(value: str, where: str = "--visual-tokens") -> dict[str, int]:
+    """Parse a per-member visual-token budget: ``256`` (every member) or
+    ``qwen=256,lfm=64``: keys are a member's name, its ``model_type`` or the start of it."""
+    out: dict[str, int] = {}
+    for part in str(value).split(","):
+        key, sep, num = part.strip().rpartition("=")
+        key = key.strip() if sep else "*"
+        try:
+            n = int(num)
+        except ValueError:
+            n = 0
+        if n <= 0 or not key:
+            raise ConfigError(
+                f"{where} must be a positive token count (e.g. 256) or member=count pairs "
+                f"(e.g. qwen=256,lfm=64); got {value!r}."
+            )
+        if key in out:
+            raise ConfigError(f"{where} names {key!r} twice.")
+        out[key] = n
+    return out
+
+
+def member_visual_tokens(
+    budgets: Mapping[str, int] | None, name: str, model_type: str
+) -> int | None:
+    """The budget ``budgets`` gives a member (see :func:`parse_visual_tokens`), or None.
+
+    A key names the member, its ``model_type`` or the start of it (``qwen``, ``lfm``); ``*``
+    every member. A member that two keys name is refused.
+    """
+    if not budgets:
+        return None
+    hits = {k: v for k, v in budgets.items() if k != "*" and _names_member(k, name, model_type)}
+    if len(hits) > 1:
+        raise ConfigError(f"member {name} ({model_type}) is named by several budgets: {hits}.")
+    if hits:
+        return next(iter(hits.values()))
+    return budgets.get("*")
+
+
+def check_budget_keys(
+    budgets: Mapping[str, int] | None, members: Sequence[tuple[str, str]]
+) -> None:
+    """Refuse a budget key that names none of ``members`` ((name, model_type) pairs)."""
+    for key in budgets or {}:
+        if key != "*" and not any(_names_member(key, n, t) for n, t in members):
+            listed = ", ".join(f"{n} ({t})" for n, t in members)
+            raise ConfigError(
+                f"the visual-token budget {key}= names no member; the members are {listed}."
+            )
+
+
+def _names_member(key: str, name: str, model_type: str) -> bool:
+    return key in (name, model_type) or model_type.startswith(key)
+
+
 def load_member(
     source: str | os.PathLike[str],
     *,
     name: str | None = None,
     config: ScoringConfig | None = None,
     image_size: tuple[int, int] | None = None,
+    visual_tokens: int | None = None,
     backend: str = "torch",
     revision: str | None = None,
     device: str = "cpu",
@@ -186,9 +269,10 @@ def load_member(
 ) -> Member:
     """Load a member from a Hugging Face folder or hub id, ready to score.
 
-    Image size precedence: ``image_size`` argument, then the config's per-member and global
-    sizes, then the folder's ``spotstop_member.yaml`` hint, then the architecture's default
-    (512x512 = 256 visual tokens, the paper's low-resolution setting). ``template`` is the
+    Image size precedence: ``image_size`` argument, then the square grid of the
+    ``visual_tokens`` budget, then the config's per-member and global sizes, then the folder's
+    ``spotstop_member.yaml`` hint, then the architecture's default budget (the paper's
+    low-resolution rule: Qwen3.5 256 visual tokens = 512x512, LFM2-VL 64 = 256x256). ``template`` is the
     pre-rendered chat template (from a bundle); without it the member's own template is
     rendered with transformers. ``threads`` caps the backend's intra-op CPU threads (None:
     the library's default, all cores); a server that shares the CPU with its HTTP side runs
@@ -197,7 +281,7 @@ def load_member(
     cfg = config or ScoringConfig()
     folder = resolve_member(source, revision=revision)
     member_name = name or Path(folder.path).name
-    size = resolve_image_size(folder, cfg, member_name, image_size)
+    size = resolve_image_size(folder, cfg, member_name, image_size, visual_tokens)
     geometry = folder.arch.geometry(folder.config, folder.preprocessor, size)
     if template is None:  # a bundle carries it pre-rendered; a bare folder needs transformers
         template = render_template(folder, cfg.prompt)
@@ -251,6 +335,12 @@ def load_bundle_member(
         device=device,
         threads=threads,
     )
+    if member.visual_tokens is not None and m.geometry.n_image_tokens != member.visual_tokens:
+        raise MemberLoadError(
+            f"member {member.name}: the bundle records {member.visual_tokens} visual tokens, "
+            f"but its image grid {member.image_size[0]}x{member.image_size[1]} gives "
+            f"{m.geometry.n_image_tokens}; the manifest was edited by hand. Re-export the bundle."
+        )
     if m.prompt_hash != member.prompt_hash:
         raise MemberLoadError(
             f"member {member.name} builds prompt hash {m.prompt_hash}, but the bundle says "

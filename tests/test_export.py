@@ -359,6 +359,100 @@ def test_onnx_backend_refuses_long_prompts_and_other_answers(lfm_fp32: Path) -> 
     assert after.score == before.score
 
 
+# -- per-member visual-token budgets --------------------------------------------------------
+
+
+def _pair(tiny_pair: Path) -> list[Path]:
+    from spotstop.export.tiny import TINY_MEMBERS
+
+    return [tiny_pair / m for m in TINY_MEMBERS]
+
+
+def test_a_visual_token_budget_is_a_bundle_setting(tiny_pair: Path, tmp_path: Path) -> None:
+    """Each member's budget is recorded beside its grid; the bundle id changes with it, so
+    a policy fitted at one budget is refused by the bundle at another."""
+    import yaml
+    from spotstop.calibrate._pool import fit_pool_policy
+    from spotstop.export.bundle import write_bundle
+    from spotstop.export.scenes import demo_scenes
+    from spotstop.guard import Guard, load_bundle
+    from spotstop.guard.policies import PolicyMismatchError, dump_policy
+
+    a = write_bundle(_pair(tiny_pair), tmp_path / "a", visual_tokens={"lfm": 64})
+    b = write_bundle(_pair(tiny_pair), tmp_path / "b", visual_tokens={"lfm2_vl": 16})
+    same = write_bundle(_pair(tiny_pair), tmp_path / "c", visual_tokens={"lfm": 64})
+    ba, bb = load_bundle(a), load_bundle(b)
+    grids = {m.model_type: (m.visual_tokens, m.image_size) for m in ba.members}
+    # LFM at 64 tokens (256x256, 16x16 SigLIP2 patches); Qwen keeps its folder's hint (4)
+    assert grids == {"lfm2_vl": (64, (256, 256)), "qwen3_5": (4, (64, 64))}
+    assert {m.model_type: m.visual_tokens for m in bb.members}["lfm2_vl"] == 16
+    manifest = yaml.safe_load((a / "manifest.yaml").read_text())
+    assert all(e["visual_tokens"] == e["n_image_tokens"] for e in manifest["members"])
+    assert ba.prompt_hash == bb.prompt_hash  # the grid is not part of the rendered template
+    assert ba.bundle_id != bb.bundle_id
+    assert load_bundle(same).bundle_id == ba.bundle_id  # the same setting, the same id
+
+    fit = fit_pool_policy(a, demo_scenes(8, seed=5))
+    assert fit.fitted_on["visual_tokens"] == {"tiny-qwen3_5": 4, "tiny-lfm2_vl": 64}
+    dump_policy(fit, a / "policy.yaml")
+    dump_policy(fit, b / "policy.yaml")
+    with Guard(a, log=tmp_path / "a.sqlite") as g:
+        d = g.check(Scene(make_image_bytes(3), "pick up the knife"))
+    assert not d.fail_closed
+    with pytest.raises(PolicyMismatchError, match="bundle_id"):
+        Guard(b, log=tmp_path / "b.sqlite")
+
+
+def test_a_budget_that_names_no_member_or_fills_no_square_is_refused(
+    tiny_pair: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spotstop.cli import main
+    from spotstop.export.bundle import write_bundle
+    from spotstop.guard._errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"names no member.*tiny-qwen3_5 \(qwen3_5\)"):
+        write_bundle(_pair(tiny_pair), tmp_path / "x", visual_tokens={"llava": 64})
+    with pytest.raises(ConfigError, match="nearest budgets that do: 16 or 25"):
+        write_bundle(_pair(tiny_pair), tmp_path / "x", visual_tokens={"lfm": 20})
+    base = ["export", "--out", str(tmp_path / "e"), "--trt", "off"]
+    for m in _pair(tiny_pair):
+        base += ["--member", str(m)]
+    for budgets, msg in [
+        ("llava=64", "names no member"),
+        ("qwen=20", "nearest budgets"),
+        ("qwen=x", "member=count"),
+    ]:
+        assert main([*base, "--visual-tokens", budgets]) == 2
+        assert msg in capsys.readouterr().err
+    assert main([*base, "--visual-tokens", "16", "--image-size", "64x64"]) == 2
+    assert "disagree" in capsys.readouterr().err
+
+
+def test_an_onnx_bundle_exports_a_member_at_its_budget(tiny_pair: Path, tmp_path: Path) -> None:
+    """The tiny LFM2-VL member exported at 16 visual tokens (128x128): the vision graph's
+    grid, the manifest and the runtime's prompt all follow the budget."""
+    from spotstop.export.onnx_bundle import write_onnx_bundle
+    from spotstop.guard import load_bundle
+    from spotstop.guard._member import load_bundle_member
+
+    out = write_onnx_bundle(
+        [tiny_pair / "tiny-lfm2_vl"],
+        tmp_path / "b",
+        buckets=[256],
+        trt="off",
+        visual_tokens={"lfm": 16},
+    )
+    [e] = out.members
+    assert (e.image_size, e.n_image_tokens) == ((128, 128), 16)
+    b = load_bundle(out.path)
+    [bm] = b.members
+    assert (bm.visual_tokens, bm.image_size) == (16, (128, 128))
+    m = load_bundle_member(b, bm)
+    assert m.geometry.n_image_tokens == 16
+    [r] = m.score([Scene(make_image_bytes(2), "open the door")])
+    assert np.isfinite(r.score)
+
+
 #: the per-architecture export tests: each must have a case per registered export config
 PER_ARCH_TESTS = (
     test_export_configs_state_tolerances_for_every_precision,
