@@ -305,6 +305,14 @@ def add_score_parser(sub: Any) -> None:
         help="HxW grid for the image, e.g. 512x512 (overrides the config)",
     )
     p.add_argument(
+        "--visual-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the member's visual-token budget: a square grid of N tokens (default: the "
+        "folder's hint, else the architecture's, qwen3_5 256 and lfm2_vl 64)",
+    )
+    p.add_argument(
         "--variant",
         action="append",
         choices=["scene", "gray", "text"],
@@ -331,6 +339,7 @@ def run_score(args: argparse.Namespace) -> int:
         args.member,
         config=cfg,
         image_size=size,
+        visual_tokens=args.visual_tokens,
         revision=args.revision,
         device=args.device,
         dtype=args.dtype,
@@ -346,6 +355,8 @@ def run_score(args: argparse.Namespace) -> int:
                     "model_type": member.info.model_type,
                     "test_pair": member.info.test_pair,
                     "prompt_hash": member.prompt_hash,
+                    "visual_tokens": member.info.n_image_tokens,
+                    "image_size": list(member.info.image_size),
                     "image_sha256": image.sha256,
                     "scores": {r.variant: r.score for r in results},
                 },

@@ -291,6 +291,18 @@ def test_score_prints_a_finite_score_and_the_prompt_hash(
     assert all(abs(v) < 1e6 for v in data["scores"].values())
 
 
+def test_score_takes_a_visual_token_budget(tiny_pair: Path, tmp_path: Path, capsys):
+    img = tmp_path / "scene.png"
+    img.write_bytes(make_image_bytes(4))
+    member = str(tiny_pair / "tiny-lfm2_vl")
+    argv = ["score", "--member", member, str(img), "--request", "open the door", "--json"]
+    assert main([*argv, "--visual-tokens", "64"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["visual_tokens"] == 64 and data["image_size"] == [256, 256]
+    assert main([*argv, "--visual-tokens", "60"]) == 2
+    assert "nearest budgets that do: 49 or 64" in capsys.readouterr().err
+
+
 def test_score_bad_image_is_a_usage_error(tiny_pair: Path, tmp_path: Path, capsys):
     bad = tmp_path / "bad.jpg"
     bad.write_bytes(b"")
