@@ -59,7 +59,9 @@ def write_bundle(
     cfg = config or ScoringConfig()
     root = Path(out)
     folders = [resolve_member(src) for src in members]
-    check_budget_keys(visual_tokens, [(f.path.name, f.model_type) for f in folders])
+    named = [(f.path.name, f.model_type) for f in folders]
+    check_budget_keys(visual_tokens, named)
+    check_budget_keys(cfg.visual_tokens, named)
     root.mkdir(parents=True, exist_ok=True)
     entries: list[dict[str, Any]] = []
     hashes: dict[str, str] = {}

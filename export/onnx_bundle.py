@@ -95,8 +95,11 @@ def write_onnx_bundle(
     say = progress or (lambda _msg: None)
     # budgets name members by model type too: resolve them first (only then: a missing
     # member folder is reported by the export itself, after its extra's imports)
-    types = {str(src): resolve_member(src).model_type for src in members} if visual_tokens else {}
-    check_budget_keys(visual_tokens, [(Path(s).name, t) for s, t in types.items()])
+    budgeted = bool(visual_tokens or cfg.visual_tokens)
+    types = {str(src): resolve_member(src).model_type for src in members} if budgeted else {}
+    named = [(Path(s).name, t) for s, t in types.items()]
+    check_budget_keys(visual_tokens, named)
+    check_budget_keys(cfg.visual_tokens, named)
     root = Path(out)
     if root.exists():
         shutil.rmtree(root)

@@ -29,14 +29,18 @@ def spotstop_home() -> Path:
 class ScoringConfig:
     """How members score: the prompt and answers, the image grid, the batch size.
 
-    ``image_size`` = (height, width) applies to every member unless a member override in
-    ``member_image_size`` names it; ``None`` means the member folder's hint, else the
-    architecture's low-resolution default (512x512 = 256 visual tokens).
+    ``visual_tokens`` holds each member's visual-token budget (a square grid of that many
+    tokens), keyed by member name, model_type or its start (``{"qwen": 256, "lfm": 64}``;
+    ``"*"``: every member); a budget comes before the sizes. ``image_size`` = (height, width)
+    applies to every member unless a member override in ``member_image_size`` names it;
+    without either, the member folder's hint, else the architecture's default budget (the
+    paper's low-resolution rule: Qwen3.5 256 visual tokens, LFM2-VL 64).
     """
 
     prompt: PromptSpec = field(default_factory=PromptSpec)
     image_size: tuple[int, int] | None = None
     member_image_size: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    visual_tokens: Mapping[str, int] = field(default_factory=dict)
     batch_size: int = 8
     max_request_chars: int = MAX_REQUEST_CHARS
 
@@ -85,7 +89,16 @@ def scoring_config_from_dict(d: Mapping[str, Any], *, where: str = "scoring") ->
     if not isinstance(d, Mapping):
         raise ConfigError(f"{where} must be a mapping; got {type(d).__name__}.")
     _check_keys(
-        d, ["prompt", "image_size", "member_image_size", "batch_size", "max_request_chars"], where
+        d,
+        [
+            "prompt",
+            "visual_tokens",
+            "image_size",
+            "member_image_size",
+            "batch_size",
+            "max_request_chars",
+        ],
+        where,
     )
     prompt = PromptSpec()
     if "prompt" in d:
@@ -108,10 +121,18 @@ def scoring_config_from_dict(d: Mapping[str, Any], *, where: str = "scoring") ->
         raise ConfigError(f"{where}.member_image_size must map member names to sizes.")
     for name, size in mis.items():
         per_member[str(name)] = parse_image_size(size, f"{where}.member_image_size.{name}")
+    budgets: dict[str, int] = {}
+    vt = d.get("visual_tokens")
+    if isinstance(vt, Mapping):
+        for name, n in vt.items():
+            budgets[str(name)] = _positive_int(n, f"{where}.visual_tokens.{name}")
+    elif vt is not None:
+        budgets["*"] = _positive_int(vt, f"{where}.visual_tokens")
     return ScoringConfig(
         prompt=prompt,
         image_size=image_size,
         member_image_size=per_member,
+        visual_tokens=budgets,
         batch_size=_positive_int(d.get("batch_size", 8), f"{where}.batch_size"),
         max_request_chars=_positive_int(
             d.get("max_request_chars", MAX_REQUEST_CHARS), f"{where}.max_request_chars"

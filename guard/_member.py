@@ -167,12 +167,14 @@ def resolve_image_size(
     visual_tokens: int | None = None,
 ) -> tuple[int, int] | None:
     """The image grid for a member: ``explicit``, then the square grid of the
-    ``visual_tokens`` budget, then the config's per-member and global sizes, then the folder's
-    ``spotstop_member.yaml`` hint; None = the architecture's default budget
-    (:attr:`~spotstop.guard._arch.ArchSpec.default_visual_tokens`).
+    ``visual_tokens`` budget, then the config's budget for the member, then the config's
+    per-member and global sizes, then the folder's ``spotstop_member.yaml`` hint; None = the
+    architecture's default budget (:attr:`~spotstop.guard._arch.ArchSpec.default_visual_tokens`).
 
     Both ``explicit`` and ``visual_tokens`` must agree when both are given.
     """
+    if visual_tokens is None and explicit is None:
+        visual_tokens = member_visual_tokens(config.visual_tokens, name, folder.model_type)
     budget_grid = (
         None if visual_tokens is None else folder.arch.grid_for_tokens(folder.config, visual_tokens)
     )

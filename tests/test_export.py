@@ -368,6 +368,12 @@ def _pair(tiny_pair: Path) -> list[Path]:
     return [tiny_pair / m for m in TINY_MEMBERS]
 
 
+def _cfg(d: dict[str, Any]) -> ScoringConfig:
+    from spotstop.guard._config import scoring_config_from_dict
+
+    return scoring_config_from_dict(d)
+
+
 def test_a_visual_token_budget_is_a_bundle_setting(tiny_pair: Path, tmp_path: Path) -> None:
     """Each member's budget is recorded beside its grid; the bundle id changes with it, so
     a policy fitted at one budget is refused by the bundle at another."""
@@ -391,6 +397,20 @@ def test_a_visual_token_budget_is_a_bundle_setting(tiny_pair: Path, tmp_path: Pa
     assert ba.prompt_hash == bb.prompt_hash  # the grid is not part of the rendered template
     assert ba.bundle_id != bb.bundle_id
     assert load_bundle(same).bundle_id == ba.bundle_id  # the same setting, the same id
+    # the scoring YAML's visual_tokens: one count for every member, or per member; the
+    # explicit setting (export --visual-tokens) wins
+    one = write_bundle(_pair(tiny_pair), tmp_path / "d", config=_cfg({"visual_tokens": 16}))
+    assert {m.visual_tokens for m in load_bundle(one).members} == {16}
+    both = write_bundle(
+        _pair(tiny_pair),
+        tmp_path / "e",
+        config=_cfg({"visual_tokens": {"qwen": 16, "lfm": 64}}),
+        visual_tokens={"qwen": 36},
+    )
+    assert {m.model_type: m.visual_tokens for m in load_bundle(both).members} == {
+        "qwen3_5": 36,
+        "lfm2_vl": 64,
+    }
 
     fit = fit_pool_policy(a, demo_scenes(8, seed=5))
     assert fit.fitted_on["visual_tokens"] == {"tiny-qwen3_5": 4, "tiny-lfm2_vl": 64}
@@ -408,12 +428,18 @@ def test_a_budget_that_names_no_member_or_fills_no_square_is_refused(
 ) -> None:
     from spotstop.cli import main
     from spotstop.export.bundle import write_bundle
+    from spotstop.guard._config import scoring_config_from_dict
     from spotstop.guard._errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"names no member.*tiny-qwen3_5 \(qwen3_5\)"):
         write_bundle(_pair(tiny_pair), tmp_path / "x", visual_tokens={"llava": 64})
     with pytest.raises(ConfigError, match="nearest budgets that do: 16 or 25"):
         write_bundle(_pair(tiny_pair), tmp_path / "x", visual_tokens={"lfm": 20})
+    cfg = scoring_config_from_dict({"visual_tokens": {"llava": 64}})
+    with pytest.raises(ConfigError, match="names no member"):
+        write_bundle(_pair(tiny_pair), tmp_path / "x", config=cfg)
+    with pytest.raises(ConfigError, match=r"visual_tokens\.lfm must be a positive integer"):
+        scoring_config_from_dict({"visual_tokens": {"lfm": 0}})
     base = ["export", "--out", str(tmp_path / "e"), "--trt", "off"]
     for m in _pair(tiny_pair):
         base += ["--member", str(m)]
