@@ -68,3 +68,26 @@ def test_labelled_as_a_test_pair(tiny_pair: Path, tiny_member_dir: Path):
     assert "mean nothing" in marker
     cfg = json.loads((tiny_member_dir / "config.json").read_text())
     assert cfg["model_type"] in {"qwen3_5", "lfm2_vl"}
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3_5", "tiny-lfm2_vl"])
+def test_members_score_at_the_default_visual_token_budgets(tiny_pair: Path, name: str):
+    """The tiny pair keeps its 4-token hint (fast tests), but its vision towers also run at
+    the real members' default budgets (Qwen3.5 256 tokens; LFM2-VL 64, SigLIP2's position
+    embeddings resized to the 16x16 patch grid): the visual tokens the tower yields are the
+    ones the prompt expands, or transformers would refuse the forward pass."""
+    import math
+
+    from spotstop.export.scenes import demo_scenes
+    from spotstop.guard import load_member
+    from spotstop.guard._arch import get_arch
+
+    hinted = load_member(tiny_pair / name)
+    assert hinted.info.n_image_tokens == 4
+    budget = get_arch(name.removeprefix("tiny-")).default_visual_tokens
+    m = load_member(tiny_pair / name, visual_tokens=budget)
+    assert m.info.n_image_tokens == budget
+    assert m.info.image_size == (32 * math.isqrt(budget),) * 2
+    scores = m.score(demo_scenes(2, seed=4))
+    assert all(math.isfinite(r.score) for r in scores)
+    assert scores[0].prompt_hash == hinted.prompt_hash  # the template does not hold the grid
