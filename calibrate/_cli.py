@@ -136,6 +136,8 @@ def _policy_init(args: argparse.Namespace) -> int:
     )
     v = write_policy_version(args.bundle, cfg)
     print(f"fitted on {len(scenes)} unlabelled scenes: {cfg.fusion.to_dict()['stats']}")
+    budgets = ", ".join(f"{k} {n}" for k, n in cfg.fitted_on["visual_tokens"].items())
+    print(f"visual tokens per member (part of bundle {cfg.bundle_id}): {budgets}")
     print(f"frozen cut t0 = {cfg.fitted_on['frozen_t0']:+.4f}; wrote {v.path}")
     first = not (Path(args.bundle) / "policy.yaml").is_file()
     if args.activate or first:

@@ -122,7 +122,10 @@ def add_export_parser(sub: Any) -> None:
         help="comma-separated right-padded sequence lengths (default 384,512,1024)",
     )
     p.add_argument(
-        "--config", type=Path, default=None, help="scoring YAML (prompt, answers, image size)"
+        "--config",
+        type=Path,
+        default=None,
+        help="scoring YAML (prompt, answers, visual_tokens, image size)",
     )
     p.add_argument("--name", default="bundle", help="bundle id prefix")
     p.add_argument(

@@ -38,7 +38,7 @@ def pool_dir(tmp_path: Path) -> Path:
 
 
 def test_policy_init_fits_the_pool_and_makes_the_bundle_servable(
-    bare_bundle: Path, pool_dir: Path, tmp_path: Path
+    bare_bundle: Path, pool_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     with pytest.raises(FileNotFoundError, match="policy init"):
         Guard(bare_bundle, log=tmp_path / "l.sqlite")  # no policy yet
@@ -56,9 +56,11 @@ def test_policy_init_fits_the_pool_and_makes_the_bundle_servable(
         ]
     )
     assert rc == 0
+    assert "visual tokens per member" in capsys.readouterr().out
     assert (bare_bundle / "policy.yaml").is_file()
     assert (bare_bundle / "policies" / "policy-v0001.yaml").is_file()
     cfg = load_policy(bare_bundle / "policy.yaml")
+    assert cfg.fitted_on["visual_tokens"] == {"tiny-qwen3_5": 4, "tiny-lfm2_vl": 4}
     # independent recomputation: member scores of the same scenes, numpy median/IQR, mean S
     b = load_bundle(bare_bundle)
     scenes = pool_scenes(pool_dir, ["open the door", "pick up the knife"])
