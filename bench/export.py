@@ -91,18 +91,27 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ScoringConfig(prompt=b.prompt)
     rows: list[tuple[str, str, float]] = []
     for bm in b.members:
-        ref = load_member(tiny / bm.name, name=bm.name, config=cfg, template=bm.template)
+        threads = args.threads or None  # both runtimes get the same intra-op threads
+        ref = load_member(
+            tiny / bm.name, name=bm.name, config=cfg, template=bm.template, threads=threads
+        )
         rows.append((bm.name, "torch eager fp32", _latency(ref, scenes, args.repeat)))
         for prec in ("fp32", "int8"):
             bb = load_bundle(bundles[prec])
             bmp = next(m for m in bb.members if m.name == bm.name)
             m = load_member(
-                bmp.path, name=bm.name, config=cfg, backend="onnx", template=bmp.template
+                bmp.path,
+                name=bm.name,
+                config=cfg,
+                backend="onnx",
+                template=bmp.template,
+                threads=threads,
             )
             rows.append((bm.name, f"onnxruntime {prec}", _latency(m, scenes, args.repeat)))
     print()
     print(
-        f"per-scene latency, tiny TEST pair, CPU ({os.cpu_count()} cores), median of "
+        f"per-scene latency, tiny TEST pair, CPU ({os.cpu_count()} cores, "
+        f"{args.threads or 'default'} threads), median of "
         f"{args.scenes}x{args.repeat} single-scene calls (preprocessing + prompt + graphs):"
     )
     print(f"{'member':<16} {'runtime':<20} {'ms/scene':>9}")

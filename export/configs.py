@@ -22,9 +22,9 @@ Facts these configs encode (checked with torch 2.13 / transformers 5.24 / onnxru
   for every length up to the longest bucket. While it is exported, its config's
   :meth:`ExportConfig.decoder_patcher` swaps transformers' chunked Gated-DeltaNet
   (``torch_chunk_gated_delta_rule``: a Python loop over chunks and, when exporting, a
-  row-by-row triangular solve, unrolled for one length: ~6,000 nodes per layer and one graph
-  per length bucket) for the exact loop-free kernel of export/gated_delta.py (a few hundred
-  nodes per layer, whatever the length). The legacy exporter cannot give that graph a dynamic
+  row-by-row triangular solve, unrolled for one length: ~5,400 nodes per layer of the tiny
+  member at 256 tokens, and one graph per length bucket) for the exact loop-free kernel of
+  export/gated_delta.py (~185 nodes per layer, whatever the length). The legacy exporter cannot give that graph a dynamic
   length (its traced chunk count becomes a constant), and its graphs carry no module
   metadata, which the fp16 conversion needs to keep the delta rule float32.
 """

@@ -82,12 +82,15 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 _CONSTANTS: dict[tuple[Any, ...], torch.Tensor] = {}
 
 
-def _const(key: tuple[Any, ...], make: Callable[[], np.ndarray]) -> torch.Tensor:
+def _const(
+    key: tuple[Any, ...], make: Callable[[], np.ndarray], device: torch.device
+) -> torch.Tensor:
     """A constant of the graph (an initializer when exported, not a chain of nodes), made once
-    per ``key``: every layer reads the same tensor, so the graph stores it once."""
-    if key not in _CONSTANTS:
-        _CONSTANTS[key] = torch.from_numpy(np.ascontiguousarray(make()))
-    return _CONSTANTS[key]
+    per ``key`` and device: every layer reads the same tensor, so the graph stores it once."""
+    full = (*key, str(device))
+    if full not in _CONSTANTS:
+        _CONSTANTS[full] = torch.from_numpy(np.ascontiguousarray(make())).to(device)
+    return _CONSTANTS[full]
 
 
 def _pair_index(c: int, s: int) -> np.ndarray:
@@ -114,14 +117,14 @@ def _unit_lower_inverse(n: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"the chunk size must be a power of two; got {c}.")
     flat = n.reshape(-1, c * c)
     # s = 1: the 2×2 blocks [[1, 0], [-n21, 1]]
-    n21 = torch.index_select(flat, 1, _const(("pair", c, 1), partial(_pair_index, c, 1)))
-    lower = _const(("lower2",), lambda: np.array([[False, False], [True, False]]))
-    eye2 = _const(("eye2",), lambda: np.eye(2, dtype=np.float32))
+    n21 = torch.index_select(flat, 1, _const(("pair", c, 1), partial(_pair_index, c, 1), n.device))
+    lower = _const(("lower2",), lambda: np.array([[False, False], [True, False]]), n.device)
+    eye2 = _const(("eye2",), lambda: np.eye(2, dtype=np.float32), n.device)
     t = torch.where(lower, -n21.reshape(-1, c // 2, 1, 1), eye2)  # (X, C/2, 2, 2)
     s = 2
     while s < c:
         m = c // (2 * s)
-        idx = _const(("pair", c, s), partial(_pair_index, c, s))
+        idx = _const(("pair", c, s), partial(_pair_index, c, s), n.device)
         n21 = torch.index_select(flat, 1, idx).reshape(-1, m, s, s)
         pairs = t.reshape(-1, m, 2, s, s)
         t11, t22 = pairs[:, :, 0], pairs[:, :, 1]
@@ -163,13 +166,14 @@ def compact_chunk_gated_delta_rule(
             "the compact Gated-DeltaNet kernel serves the scoring pass only (no recurrent state)."
         )
     initial_dtype = query.dtype
+    dev = query.device
     hk, dk = key.shape[2], key.shape[3]
     hv, dv = value.shape[2], value.shape[3]
     c = int(chunk_size)
     f32 = torch.float32
     query, key = query.to(f32), key.to(f32)
     if hk != hv:  # grouped values: each q/k head serves hv // hk consecutive value heads
-        heads = _const(("heads", hk, hv), lambda: np.repeat(np.arange(hk), hv // hk))
+        heads = _const(("heads", hk, hv), lambda: np.repeat(np.arange(hk), hv // hk), dev)
         query = torch.index_select(query, 2, heads)
         key = torch.index_select(key, 2, heads)
     if use_qk_l2norm_in_kernel:
@@ -199,16 +203,18 @@ def compact_chunk_gated_delta_rule(
     kd = k * (last - cum).exp()
     # the state recurrence S_c = A_c S_{c-1} + B_c as one matrix M_c = [A_c | B_c]:
     # A_c = γ_c I - K̃ᵀ W, B_c = K̃ᵀ U
-    eye_zero = _const(("eye", dk, dv), lambda: np.eye(dk, dk + dv, dtype=np.float32))  # [I | 0]
+    eye_zero = _const(
+        ("eye", dk, dv), lambda: np.eye(dk, dk + dv, dtype=np.float32), dev
+    )  # [I | 0]
     ones_k, ones_v = np.ones(dk, np.float32), np.ones(dv, np.float32)
-    sign = _const(("sign", dk, dv), lambda: np.r_[ones_k, -ones_v])
+    sign = _const(("sign", dk, dv), lambda: np.r_[ones_k, -ones_v], dev)
     m = last.exp() * eye_zero - (kd.transpose(1, 2) @ wu) * sign
     m = m.reshape(-1, n_chunks, dk, dk + dv)  # [batch * heads, chunks, dk, dk + dv]
     # inclusive scan by doubling: M_c ← A_c · M_{c-by} + [0 | B_c], [I | 0] before chunk 0
-    keep_b = _const(("keep", dk, dv), lambda: np.r_[0 * ones_k, ones_v])
+    keep_b = _const(("keep", dk, dv), lambda: np.r_[0 * ones_k, ones_v], dev)
     for level in range(int(levels)):
         m = m[..., :dk] @ _shift(m, 1 << level, eye_zero) + m * keep_b
-    zero = _const(("zero", dk, dv), lambda: np.zeros((dk, dv), np.float32))
+    zero = _const(("zero", dk, dv), lambda: np.zeros((dk, dv), np.float32), dev)
     state = _shift(m[..., dk:], 1, zero)  # S_{c-1}, S_-1 = 0
     state = state.reshape(-1, dk, dv)
     w, u = torch.split(wu, [dk, dv], -1)
