@@ -421,6 +421,17 @@ def test_a_visual_token_budget_is_a_bundle_setting(tiny_pair: Path, tmp_path: Pa
     assert not d.fail_closed
     with pytest.raises(PolicyMismatchError, match="bundle_id"):
         Guard(b, log=tmp_path / "b.sqlite")
+    # a manifest whose budget was edited by hand no longer matches its grid
+    from spotstop.guard._errors import MemberLoadError
+    from spotstop.guard._member import load_bundle_member
+
+    for e in manifest["members"]:
+        e["visual_tokens"] = 16 if e["model_type"] == "lfm2_vl" else e["visual_tokens"]
+    (a / "manifest.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    edited = load_bundle(a)
+    [lfm] = [m for m in edited.members if m.model_type == "lfm2_vl"]
+    with pytest.raises(MemberLoadError, match="records 16 visual tokens"):
+        load_bundle_member(edited, lfm)
 
 
 def test_a_budget_that_names_no_member_or_fills_no_square_is_refused(
