@@ -10,7 +10,7 @@ One prepared script for a machine with a CUDA GPU (the device tool's H200). Per 
    (``guard.load_member(..., backend="torch", device="cuda", dtype="bfloat16")``), one scene
    per call, preprocessing + prompt + forward pass, as a robot asks; peak GPU memory.
 3. ``export`` — ``spotstop.export.onnx.export_member`` at the real dimensions, one length bucket (512:
-   256 visual tokens + the prompt); wall time. The export traces and validates on the CPU.
+   the member's default visual-token budget — Qwen3.5 256, LFM2-VL 64 — + the prompt); wall time. The export traces and validates on the CPU.
    Precision ``auto``: fp16 where ``tensorrt`` is importable (fp16 engines need fp16 graphs:
    the tensorrt backend refuses engines of another precision than the member's graphs), else
    fp32 — fp16 adds a conversion and a second validation pass, which at the real size does

@@ -49,8 +49,9 @@ HERE = Path(__file__).resolve().parent
 #: Kept once, in ``spotstop.export.cost_data`` (``spotstop cost --real`` reads them too).
 RECORDED: dict[str, dict[str, Any]] = REAL_PAIR
 
-#: Scoring shapes: 512x512 → 256 visual tokens; the largest default length bucket.
-IMAGE = 512
+#: Scoring shapes: each member's default visual-token budget (the paper's low-resolution
+#: rule: Qwen3.5 256 tokens at 512x512, LFM2-VL 64 without tiling at 256x256, from
+#: ``spotstop.guard._arch``); the largest default length bucket.
 SEQ = 512
 BATCH = 1
 #: Assumptions (state them, do not hide them): JetPack 6 with the desktop off leaves about
@@ -160,8 +161,17 @@ def count(name: str, config: Any) -> Counts:
         vision_hidden=int(v.hidden_size),
         vision_intermediate=int(v.intermediate_size),
         vision_heads=int(getattr(v, "num_heads", getattr(v, "num_attention_heads", 16))),
-        vision_patches=(IMAGE // patch) ** 2,
+        vision_patches=_vision_patches(config, patch),
     )
+
+
+def _vision_patches(config: Any, patch: int) -> int:
+    """Vision patches of one image at the member's default visual-token budget."""
+    from spotstop.guard._arch import get_arch
+
+    arch = get_arch(config.model_type)
+    h, w = arch.grid_for_tokens(config.to_dict(), arch.default_visual_tokens)
+    return (h // patch) * (w // patch)
 
 
 def weight_bytes(c: Counts, precision: str) -> float:
@@ -236,7 +246,8 @@ def render(counts: list[Counts]) -> str:
         "",
         "## Memory budget (generated)",
         "",
-        f"Shapes: {IMAGE}x{IMAGE} image (256 visual tokens), sequence bucket {SEQ}, batch {BATCH}. "
+        "Shapes: each member's default visual-token budget (Qwen3.5 256 tokens at 512x512, "
+        f"LFM2-VL 64 at 256x256 without tiling), sequence bucket {SEQ}, batch {BATCH}. "
         f"Assumed: {OS_RESERVED_GIB} GiB for L4T/OS, {RUNTIME_GIB} GiB for the CUDA context and "
         "runtime libraries, per process.",
         "",
