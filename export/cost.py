@@ -529,8 +529,9 @@ def bundle_cost(path: str | os.PathLike[str], *, request: str = DEFAULT_REQUEST)
 
     The prompt is the bundle's own (rendered template, the member's tokenizer) with ``request``;
     the image grid is the member's; the continuation rows and the rows read follow the score
-    plan of the bundle's answers. An ONNX member runs its decoder at a length bucket: the FLOPs
-    at that padded length are reported too (``padded_flops``).
+    plan of the bundle's answers. An ONNX member whose decoder has one graph per length bucket
+    (or that runs on TensorRT) runs at the padded bucket: the FLOPs at that length are reported
+    too (``padded_flops``); onnxruntime runs a dynamic-length decoder at the prompt's length.
     """
     import json
 
@@ -570,10 +571,16 @@ def bundle_cost(path: str | os.PathLike[str], *, request: str = DEFAULT_REQUEST)
         padded_len = padded = None
         buckets = sorted(int(x) for x in entry.get("buckets") or [])
         graphs = bm.path / "spotstop_onnx.yaml"  # guard.backends._graphs.GRAPHS_FILE
-        if onnx and not buckets and graphs.is_file():
-            meta = yaml.safe_load(graphs.read_text(encoding="utf-8")) or {}
-            buckets = sorted(int(x) for x in (meta.get("decoder") or {}).get("buckets") or [])
-        if onnx and buckets:
+        decoder = {}
+        if onnx and graphs.is_file():
+            decoder = (yaml.safe_load(graphs.read_text(encoding="utf-8")) or {}).get(
+                "decoder"
+            ) or {}
+            buckets = buckets or sorted(int(x) for x in decoder.get("buckets") or [])
+        # onnxruntime runs a dynamic-length decoder at the prompt's own length; one graph per
+        # bucket (the old Qwen3.5 format) and TensorRT engines run at the padded bucket
+        padded_runs = bool(decoder.get("fixed_length", True)) or bm.backend == "tensorrt"
+        if onnx and buckets and padded_runs:
             padded_len = next((x for x in buckets if x >= seq), buckets[-1])
             padded = member_cost(
                 bm.name, config, Workload(w.images, padded_len, rows, w.first_rows, w.read_rows)

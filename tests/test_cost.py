@@ -266,17 +266,30 @@ def test_measured_over_bound_from_results_md(tmp_path: Path) -> None:
     assert measured_latencies(tmp_path / "missing.md", lambda s: True) == []
 
 
-def test_onnx_bundle_cost_runs_at_its_bucket_and_weighs_what_the_export_wrote(
-    member_fp32_bundles: Any,
+def test_onnx_bundle_cost_runs_as_onnxruntime_does_and_weighs_what_the_export_wrote(
+    member_fp32_bundles: Any, tmp_path: Path
 ) -> None:
-    """An exported member: the decoder as run at its length bucket, at least one full
+    """An exported member: a dynamic-length decoder runs at the prompt's own length on
+    onnxruntime (no padded figure); a per-bucket decoder at its bucket; at least one full
     vocabulary row read, and the weight bytes the export recorded (within 1 %: the graph
     holds the position table resized to its grid and the two first-token rows besides)."""
+    import shutil
+
+    import yaml
+
     b = member_fp32_bundles("lfm2_vl")
     (m,) = bundle_cost(b).members
-    assert m.precision == "fp32" and m.padded_len is not None
-    assert m.padded_len >= m.workload.seq_len and m.padded_flops is not None
-    assert m.padded_flops >= m.total
+    assert m.precision == "fp32" and m.padded_len is None and m.padded_flops is None
     assert m.workload.read_rows >= 1
+    # the same member as a per-bucket (fixed-length) decoder runs at its bucket
+    fixed = tmp_path / "fixed"
+    shutil.copytree(b, fixed)
+    [graphs] = list(fixed.rglob("spotstop_onnx.yaml"))
+    meta = yaml.safe_load(graphs.read_text())
+    meta["decoder"]["fixed_length"] = True
+    graphs.write_text(yaml.safe_dump(meta))
+    (p,) = bundle_cost(fixed).members
+    assert p.padded_len is not None and p.padded_len >= p.workload.seq_len
+    assert p.padded_flops is not None and p.padded_flops >= p.total == m.total
     assert m.bundle_weight_bytes is not None
     assert abs(m.weight_bytes("fp32") - m.bundle_weight_bytes) <= 0.01 * m.bundle_weight_bytes
