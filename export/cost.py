@@ -571,7 +571,7 @@ def bundle_cost(path: str | os.PathLike[str], *, request: str = DEFAULT_REQUEST)
         padded_len = padded = None
         buckets = sorted(int(x) for x in entry.get("buckets") or [])
         graphs = bm.path / "spotstop_onnx.yaml"  # guard.backends._graphs.GRAPHS_FILE
-        decoder = {}
+        decoder: dict[str, Any] = {}
         if onnx and graphs.is_file():
             decoder = (yaml.safe_load(graphs.read_text(encoding="utf-8")) or {}).get(
                 "decoder"
