@@ -86,8 +86,12 @@ def _const(
     key: tuple[Any, ...], make: Callable[[], np.ndarray], device: torch.device
 ) -> torch.Tensor:
     """A constant of the graph (an initializer when exported, not a chain of nodes), made once
-    per ``key`` and device: every layer reads the same tensor, so the graph stores it once."""
-    full = (*key, str(device))
+    per ``key`` and device: every layer reads the same tensor, so the graph stores it once.
+
+    The cache is also keyed by the kind of tensor the current mode makes (a tracer's fake
+    tensor during export, a real one in eager code), and emptied around each export, so a
+    fake tensor made while exporting never reaches eager code (or another export)."""
+    full = (*key, str(device), type(torch.empty(0)))
     if full not in _CONSTANTS:
         _CONSTANTS[full] = torch.from_numpy(np.ascontiguousarray(make())).to(device)
     return _CONSTANTS[full]
@@ -233,7 +237,9 @@ def compact_gated_delta(max_length: int) -> Iterator[None]:
     mod.torch_chunk_gated_delta_rule = partial(
         compact_chunk_gated_delta_rule, levels=scan_levels(max_length)
     )
+    _CONSTANTS.clear()
     try:
         yield
     finally:
         mod.torch_chunk_gated_delta_rule = original
+        _CONSTANTS.clear()

@@ -313,3 +313,18 @@ def test_onnx_backend_reads_per_bucket_and_single_decoder_bundles(
     b = np.array([r.score for r in old_m.score(scenes)])
     np.testing.assert_allclose(b, a, atol=1e-4)
     assert set(old_m.backend._decoders) <= {128, 256} and old_m.backend._decoders
+
+
+def test_no_traced_constant_leaks_out_of_an_export(gdn_layer: tuple[Any, Path]) -> None:
+    """The kernel's constants made while exporting are the tracer's fake tensors; none may
+    reach eager code afterwards (CI once ran the parity tests after an export and got them)."""
+    from spotstop.export import gated_delta
+
+    assert gated_delta._CONSTANTS == {}  # emptied when the export's patch was undone
+    q, k, v, decay, beta = _inputs(65, 2, 4, 16, 16)
+    want, _ = _reference()(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True)
+    with gated_delta.compact_gated_delta(MAX_LENGTH):  # inside a patch, in eager code too
+        got, _ = compact_chunk_gated_delta_rule(
+            q, k, v, decay, beta, use_qk_l2norm_in_kernel=True, levels=scan_levels(MAX_LENGTH)
+        )
+    assert float((got - want).abs().max()) <= 1e-5
