@@ -414,6 +414,9 @@ def compute_card(
         k: v for r in checks.values() for k, v in r.displays.items()
     }}  # fmt: skip
     deployed, version = _deployed(log)
+    cascade_cut = None
+    if deployed == "cascade" and log is not None and version is not None:
+        cascade_cut = getattr(getattr(log.policies[version].policy, "cut", None), "kind", None)
     card = Card((), dlv, fields, checks, info, rec, settings, prov, displays)
     items = verdict(
         fields=fields,
@@ -421,6 +424,7 @@ def compute_card(
         recommendation=rec,
         deployed_kind=deployed,
         deployed_version=version,
+        deployed_cascade_cut=cascade_cut,
         direct_cut=direct_cut,
         direct_cut_source=direct_cut_source,
         previous=previous,

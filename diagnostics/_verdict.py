@@ -192,15 +192,45 @@ def cut_item(
 
 
 def policy_item(
-    rec: Recommendation, deployed: str | None, version: str | None = None
+    rec: Recommendation,
+    deployed: str | None,
+    version: str | None = None,
+    cascade_cut: str | None = None,
 ) -> VerdictItem:
     """The ``policy`` sentence from the recommendation and the deployed kind (None: nothing
-    is deployed, e.g. a scores CSV; ``"unknown"``: the log does not say) and version."""
+    is deployed, e.g. a scores CSV; ``"unknown"``: the log does not say) and version. A
+    deployed ``cascade`` is a cost option around its cut (``cascade_cut``): the
+    recommendation is compared with that cut, and the advice keeps the cascade."""
     reason = rec.reasons[0] if rec.reasons else ""
     which = f" ({version})" if version else ""
     if deployed is None:
         return VerdictItem(
             "ok", "policy", f"Use the {rec.policy} policy (nothing is deployed here): {reason}"
+        )
+    if deployed == "cascade" and cascade_cut is not None:
+        from spotstop.guard.policies import CUT_KINDS
+
+        if rec.policy == cascade_cut:
+            return VerdictItem(
+                "ok",
+                "policy",
+                f"Keep the deployed cascade{which} around its {cascade_cut} cut; that cut is "
+                f"the one to use: {reason}",
+            )
+        if rec.policy in CUT_KINDS:
+            return VerdictItem(
+                "warn",
+                "policy",
+                f"Keep the deployed cascade{which} but give it a {rec.policy} cut instead of "
+                f"{cascade_cut} (`spotstop recalibrate --policy cascade --cut {rec.policy}`): "
+                f"{reason}",
+            )
+        return VerdictItem(
+            "warn",
+            "policy",
+            f"Switch from the deployed cascade{which} (a {cascade_cut} cut) to {rec.policy} "
+            f"(`spotstop recalibrate --policy {rec.policy}`; every scene then runs both "
+            f"members): {reason}",
         )
     if deployed == rec.policy:
         return VerdictItem(
@@ -428,6 +458,7 @@ def verdict(
     deployed_kind: str | None,
     deployed_version: str | None,
     direct_cut: float,
+    deployed_cascade_cut: str | None = None,
     direct_cut_source: str,
     previous: Mapping[str, Any] | None = None,
     current: Mapping[str, Any] | None = None,
@@ -444,7 +475,7 @@ def verdict(
             direct_cut_source,
             direct_cut,
         ),
-        policy_item(recommendation, deployed_kind, deployed_version),
+        policy_item(recommendation, deployed_kind, deployed_version, deployed_cascade_cut),
         guarantee_item(checks.get("conformal_audit"), deployed_version),
     ]
     cascade = cascade_item(checks.get("cascade"))

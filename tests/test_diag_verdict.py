@@ -207,6 +207,13 @@ def test_policy_rule_by_hand():
     assert switch.status == "warn" and "--policy conformal" in switch.sentence
     assert "deployed frozen policy (v0004+0123abcd)" in switch.sentence
     assert "nothing is deployed" in policy_item(dataclasses.replace(rec), None).sentence
+    # a deployed cascade is a cost option around its cut: the advice keeps it
+    keep = policy_item(rec, "cascade", "v0005+0123abcd", "conformal")
+    assert keep.status == "ok" and "Keep the deployed cascade" in keep.sentence
+    recut = policy_item(rec, "cascade", "v0005+0123abcd", "frozen")
+    assert recut.status == "warn" and "--policy cascade --cut conformal" in recut.sentence
+    away = policy_item(dataclasses.replace(rec, policy="batch"), "cascade", None, "frozen")
+    assert "Switch from the deployed cascade" in away.sentence and "both members" in away.sentence
 
 
 def test_cut_item_reads_the_gain_when_the_recovery_is_undefined_and_names_ties():

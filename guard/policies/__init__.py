@@ -28,7 +28,7 @@ from spotstop.guard.policies._base import (
 )
 from spotstop.guard.policies._batch import BatchPolicy
 from spotstop.guard.policies._batch_frozen_iqr import BatchFrozenIqrPolicy
-from spotstop.guard.policies._cascade import CascadePolicy, cascade_band
+from spotstop.guard.policies._cascade import CUT_KINDS, CascadePolicy, cascade_band
 from spotstop.guard.policies._config import (
     POLICY_SCHEMA_VERSION,
     PolicyConfig,
@@ -63,6 +63,7 @@ from spotstop.guard.policies._rule import Label, is_unsafe, label_of, unsafe_mas
 from spotstop.guard.policies._situation import SituationPolicy
 
 __all__ = [
+    "CUT_KINDS",
     "POLICY_KINDS",
     "POLICY_SCHEMA_VERSION",
     "BatchFrozenIqrPolicy",
