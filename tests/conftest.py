@@ -44,7 +44,7 @@ def loaded_members(tiny_pair: Path) -> dict[str, object]:
 def tiny_pair_fp32_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Both tiny members exported at fp32 (length buckets 128, 256), ONCE per session.
 
-    The Qwen3.5 decoder exports with the dynamo exporter (minutes on 2 cores), so the slow
+    The Qwen3.5 decoder exports with the dynamo exporter (about a minute on 2 cores), so the slow
     tests that need a Qwen export derive their other precisions from this bundle
     (``spotstop.export.onnx_bundle.derive_bundle``) instead of exporting again. Read-only: copy it
     before changing anything in it.
@@ -59,9 +59,9 @@ def tiny_pair_fp32_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFact
     return out
 
 
-#: Registered architectures whose export takes minutes, and why: their member-export test
+#: Registered architectures whose export is slow, and why: their member-export test
 #: cases are ``slow`` and read the pair's one fp32 export (``tiny_pair_fp32_bundle``).
-SLOW_EXPORT = {"qwen3_5": "its decoder needs the dynamo exporter: minutes on 2 cores"}
+SLOW_EXPORT = {"qwen3_5": "its decoder needs the dynamo exporter: about a minute on 2 cores"}
 
 
 def by_arch(*, bundle: bool = False) -> list[Any]:
