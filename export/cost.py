@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,25 +153,27 @@ def _g(d: Mapping[str, Any], key: str, default: Any) -> Any:
     return default if v is None else v
 
 
-class ArchCost:
+class ArchCost(ABC):
     """FLOP and parameter formulas of one architecture (multiply-adds; x2 for FLOPs)."""
 
     model_type: ClassVar[str]
 
+    @abstractmethod
     def vision_macs(self, config: Mapping[str, Any], grid: tuple[int, int]) -> dict[str, int]:
         """Multiply-adds of one vision pass over a (rows, columns) patch grid, by item."""
-        raise NotImplementedError
 
+    @abstractmethod
     def decoder_macs(self, config: Mapping[str, Any], length: int) -> dict[str, int]:
         """Multiply-adds of the decoder over ONE sequence of ``length`` tokens (no output
         layer), by item."""
-        raise NotImplementedError
 
+    @abstractmethod
     def params(self, config: Mapping[str, Any]) -> Params:
-        raise NotImplementedError
+        """Parameter counts by role."""
 
+    @abstractmethod
     def visual_tokens(self, config: Mapping[str, Any], grid: tuple[int, int]) -> int:
-        raise NotImplementedError
+        """Visual tokens the decoder sees for one image of that patch grid."""
 
     @staticmethod
     def text(config: Mapping[str, Any]) -> Mapping[str, Any]:
