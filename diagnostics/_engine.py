@@ -30,6 +30,7 @@ from spotstop.diagnostics._metrics import (
     NAN,
     _check_cut,
     _undefined,
+    direct_answer,
     unique_class_weights,
     wbincount,
 )
@@ -134,8 +135,8 @@ class CurveEngine:
             pairs_g=per_group(np.ones(pairs.n, dtype=bool)),
             ordered_g=per_group(su > ss),
             tied_g=per_group(su == ss),
-            lab_g=per_group((su > cut) & (ss <= cut)),
-            wrong_g=per_group((su <= cut) & (ss > cut)),
+            lab_g=per_group(direct_answer(su, cut) & ~direct_answer(ss, cut)),
+            wrong_g=per_group(~direct_answer(su, cut) & direct_answer(ss, cut)),
             sum_g=wbincount(g, s, ng),
             cases_g=np.bincount(g, minlength=ng).astype(np.float64),
             paired_s_g=wbincount(g, ((pairs.weight > 0) & (table.label == 0)).astype(float), ng),
