@@ -41,10 +41,23 @@ def _exporter_noise() -> Iterator[None]:
         yield
 
 
-def _exporter_options(cfg: type[ExportConfig], exporter: str) -> dict[str, Any]:
-    """``torch.onnx.export``'s exporter switch and opset for ``exporter`` under ``cfg``."""
+def _exporter_options(
+    cfg: type[ExportConfig], exporter: str, fold_constants: bool = True
+) -> dict[str, Any]:
+    """``torch.onnx.export``'s exporter switch and opset for ``exporter`` under ``cfg``.
+
+    ``fold_constants=False`` (a member whose weights exceed what memory holds twice): the
+    legacy exporter's constant folding writes a folded copy of every transposed weight
+    (``Transpose(W)`` of each linear layer) while the model still holds the original, which
+    doubles the peak memory; unfolded, the weights stream to external data files and
+    export/weights.py ``fold_weight_transposes`` folds the transposes in the ONNX graph after.
+    """
     if exporter == "legacy":
-        return {"opset_version": cfg.legacy_opset, "dynamo": False}
+        return {
+            "opset_version": cfg.legacy_opset,
+            "dynamo": False,
+            "do_constant_folding": fold_constants,
+        }
     # onnxscript's optimizer folds the exporter's shape arithmetic and constants: the compact
     # Gated-DeltaNet layer (export/gated_delta.py) drops from ~415 to ~185 nodes, at no
     # measurable export time (it more than doubled the export time of the old, unrolled graph).
@@ -52,7 +65,11 @@ def _exporter_options(cfg: type[ExportConfig], exporter: str) -> dict[str, Any]:
 
 
 def export_vision(
-    vision: Any, cfg: type[ExportConfig], pixels: dict[str, np.ndarray], path: Path
+    vision: Any,
+    cfg: type[ExportConfig],
+    pixels: dict[str, np.ndarray],
+    path: Path,
+    fold_constants: bool = True,
 ) -> None:
     """Write the vision graph to ``path``, traced on ``pixels`` (its fixed grid)."""
     import torch
@@ -65,7 +82,7 @@ def export_vision(
             str(path),
             input_names=["pixel_values"],
             output_names=["image_embeds"],
-            **_exporter_options(cfg, cfg.vision_exporter),
+            **_exporter_options(cfg, cfg.vision_exporter, fold_constants),
         )
 
 
@@ -93,6 +110,7 @@ def export_decoder(
     image_embeds: np.ndarray,
     path: Path,
     max_length: int | None = None,
+    fold_constants: bool = True,
 ) -> None:
     """Write the decoder graph to ``path``, traced on ``feeds`` + ``image_embeds``, under the
     config's :meth:`~spotstop.export.configs.ExportConfig.decoder_patcher` for sequences up to
@@ -125,5 +143,5 @@ def export_decoder(
             input_names=DECODER_INPUTS,
             output_names=DECODER_OUTPUTS,
             **shapes,
-            **_exporter_options(cfg, cfg.decoder_exporter),
+            **_exporter_options(cfg, cfg.decoder_exporter, fold_constants),
         )

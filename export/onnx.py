@@ -30,6 +30,7 @@ A tied output layer (word embeddings = output layer) is stored ONCE (export/weig
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import shutil
@@ -45,6 +46,7 @@ import yaml
 from PIL import Image
 from spotstop.export.configs import PRECISIONS, get_export_config
 from spotstop.export.exporters import DECODER_INPUTS, DECODER_OUTPUTS, export_decoder, export_vision
+from spotstop.export.memory import is_large, peak_rss_bytes, reset_peak_rss
 from spotstop.export.precision import convert_precision
 from spotstop.export.quant import quantizer_meta
 from spotstop.export.weights import fold_weight_transposes, tie_output_layer
@@ -135,6 +137,10 @@ class MemberExport:
     prompt_hash: str = ""
     checks: tuple[GraphCheck, ...] = field(default=(), repr=False)
     seconds: float = 0.0
+    #: exported streamed (a large member, export/memory.py): validated at ``precision`` only
+    streamed: bool = False
+    #: the process's peak resident memory during this export (Linux; None elsewhere)
+    peak_rss_bytes: int | None = None
 
     @property
     def max_abs_diff(self) -> float:
@@ -192,6 +198,34 @@ def _save(models: dict[str, Any], out_dir: Path, data_name: str) -> None:
             onnx.save_model(model, str(out_dir / fname))
     if data_path.stat().st_size == 0:
         data_path.unlink()
+
+
+def _convert_streamed(
+    src: Path, stage: Path, decoders: list[str], precision: str
+) -> tuple[int, dict[str, Any]]:
+    """Load the exported graphs in ``src`` one file set at a time (the vision graph, then the
+    decoder graphs), fold and tie their weights, convert them to ``precision`` in place and
+    write them to ``stage`` with their weights in external data. Returns the weight bytes of
+    the vision graph and one decoder graph, and the vision graph's quantizer metadata."""
+    import onnx
+
+    total = 0
+    qmeta: dict[str, Any] = {}
+    for files, data_name in ((["vision.onnx"], "vision.onnx.data"), (decoders, "decoder.onnx.data")):
+        models = {}
+        for f in files:
+            m = onnx.load(str(src / f))  # with its external weights: this graph only
+            if f != "vision.onnx":
+                tie_output_layer(m)
+            fold_weight_transposes(m)
+            models[f] = convert_precision(m, precision, copy=False)
+        total += onnx_weight_bytes(models[files[0]])
+        if "vision.onnx" in models:
+            qmeta = quantizer_meta(models["vision.onnx"])
+        _save(models, stage, data_name)  # writes the weights out; the protos keep references
+        del models
+        gc.collect()
+    return total, qmeta
 
 
 def _to_numpy_inputs(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -261,11 +295,22 @@ def export_member(
     name: str | None = None,
     sessions: str = "resident",
     visual_tokens: int | None = None,
+    streamed: bool | None = None,
 ) -> MemberExport:
     """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
 
     ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);
     None: ``image_size``, the configured or hinted grid, else the architecture's default budget.
+
+    ``streamed`` (None: when the member's float32 weights exceed 2 GiB, export/memory.py):
+    memory holds the weights about once, not two or three times, so the real pair exports on
+    a 24 GB workstation. The weights stream from the torch model to external data files (the
+    legacy exporter without constant folding; the weight transposes are folded in the ONNX
+    graph after); the torch reference outputs are computed first and the torch model is
+    released before the graphs are loaded; each graph is converted to ``precision`` in place
+    and written before the next is loaded; onnxruntime validates the graphs from disk. A
+    streamed export at a precision other than fp32 is validated at that precision only
+    (validating the fp32 graphs as well would hold both).
 
     Raises :class:`ExportValidationError` listing every output beyond tolerance (fp32 graphs
     first, then the graphs at ``precision``); nothing is left in ``out_dir`` then.
@@ -275,6 +320,7 @@ def export_member(
     from transformers import AutoModelForImageTextToText
 
     t0 = time.perf_counter()
+    reset_peak_rss()
     if sessions not in ("resident", "on-demand"):
         raise ValueError(f"sessions must be 'resident' or 'on-demand'; got {sessions!r}.")
     if precision not in PRECISIONS:
@@ -304,6 +350,7 @@ def export_member(
 
     model: Any = AutoModelForImageTextToText.from_pretrained(str(folder.path), dtype=torch.float32)
     model = model.eval()
+    large = is_large(model) if streamed is None else bool(streamed)
     text_cfg = model.config.get_text_config()
     hidden = int(text_cfg.hidden_size)
     vision_t, decoder_t = build_graphs(
@@ -347,10 +394,12 @@ def export_member(
     try:
         graphs: dict[str, Any] = {}
         # -- vision
-        export_vision(vision_t, ecfg, cases.pixels["gray"], tmp / "vision.onnx")
+        fold = not large
+        export_vision(vision_t, ecfg, cases.pixels["gray"], tmp / "vision.onnx", fold)
         import onnx
 
-        graphs["vision.onnx"] = onnx.load(str(tmp / "vision.onnx"))
+        if not large:
+            graphs["vision.onnx"] = onnx.load(str(tmp / "vision.onnx"))
         # -- decoder(s)
         dec_lengths = usable if ecfg.decoder_fixed_length else [usable[0]]
         dec_files: dict[int, str] = {}
@@ -360,8 +409,11 @@ def export_member(
             fname = f"decoder_L{length}.onnx" if ecfg.decoder_fixed_length else "decoder.onnx"
             case0 = cs.get("scene") or cs["text"]
             feeds0 = {k: v for k, v in case0.items() if k != "image_embeds"}
-            export_decoder(decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname, usable[-1])
-            graphs[fname] = fold_weight_transposes(tie_output_layer(onnx.load(str(tmp / fname))))
+            export_decoder(
+                decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname, usable[-1], fold
+            )
+            if not large:
+                graphs[fname] = fold_weight_transposes(tie_output_layer(onnx.load(str(tmp / fname))))
             dec_files[length] = fname
         # reference outputs at every usable bucket; a dynamic decoder also at the cases' own
         # lengths (onnxruntime feeds it a batch at its own length, unpadded)
@@ -376,6 +428,7 @@ def export_member(
                 ref_dec[(length, case)] = (fl.numpy(), lp.numpy())
 
         def validate(models: dict[str, Any], prec: str) -> list[GraphCheck]:
+            """Every output at ``prec``'s tolerances; ``models``: protos or file paths."""
             atol, rtol = ecfg.atol[prec], ecfg.rtol[prec]
             checks: list[GraphCheck] = []
             try:
@@ -420,23 +473,40 @@ def export_member(
             if bad:
                 raise ExportValidationError(mname, bad)
 
-        fp32_checks = validate(graphs, "fp32")
-        fail_on(fp32_checks, "fp32")
-        checks = fp32_checks
-        if precision != "fp32":
-            graphs = {f: convert_precision(m, precision) for f, m in graphs.items()}
-            checks = validate(graphs, precision)
-            fail_on(checks, precision)
-
         out = Path(out_dir)
-        if out.exists():
-            shutil.rmtree(out)
-        (out / "onnx").mkdir(parents=True)
-        _save({"vision.onnx": graphs["vision.onnx"]}, out / "onnx", "vision.onnx.data")
-        _save({f: graphs[f] for f in dec_files.values()}, out / "onnx", "decoder.onnx.data")
-        weight_bytes = onnx_weight_bytes(graphs["vision.onnx"]) + onnx_weight_bytes(
-            graphs[dec_files[usable[0]]]
-        )
+        if large:
+            # the references are computed: release the torch model before loading a graph
+            del model, vision_t, decoder_t
+            gc.collect()
+            stage = tmp / "stage"
+            weight_bytes, qmeta = _convert_streamed(
+                tmp, stage, list(dec_files.values()), precision
+            )
+            paths = {f: str(stage / f) for f in ["vision.onnx", *dec_files.values()]}
+            checks = validate(paths, precision)
+            fail_on(checks, precision)
+            if out.exists():
+                shutil.rmtree(out)
+            out.mkdir(parents=True)
+            shutil.move(str(stage), str(out / "onnx"))
+        else:
+            fp32_checks = validate(graphs, "fp32")
+            fail_on(fp32_checks, "fp32")
+            checks = fp32_checks
+            if precision != "fp32":
+                graphs = {f: convert_precision(m, precision) for f, m in graphs.items()}
+                checks = validate(graphs, precision)
+                fail_on(checks, precision)
+
+            if out.exists():
+                shutil.rmtree(out)
+            (out / "onnx").mkdir(parents=True)
+            _save({"vision.onnx": graphs["vision.onnx"]}, out / "onnx", "vision.onnx.data")
+            _save({f: graphs[f] for f in dec_files.values()}, out / "onnx", "decoder.onnx.data")
+            weight_bytes = onnx_weight_bytes(graphs["vision.onnx"]) + onnx_weight_bytes(
+                graphs[dec_files[usable[0]]]
+            )
+            qmeta = quantizer_meta(graphs["vision.onnx"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -470,7 +540,7 @@ def export_member(
         "inputs": {"vision": ["pixel_values"], "decoder": DECODER_INPUTS},
         "outputs": {"vision": ["image_embeds"], "decoder": DECODER_OUTPUTS},
         "weight_bytes": int(weight_bytes),
-        **quantizer_meta(graphs["vision.onnx"]),  # int4-trt: which quantizer made the graphs
+        **qmeta,  # int4-trt: which quantizer made the graphs
         # resident: sessions stay loaded; on-demand: loaded to score, released after (members
         # then run one after the other when both do not fit in memory at once)
         "sessions": sessions,
@@ -500,4 +570,6 @@ def export_member(
         prompt_hash=prompt_hash(cfg_s.prompt, template, folder.model_type),
         checks=tuple(checks),
         seconds=time.perf_counter() - t0,
+        streamed=large,
+        peak_rss_bytes=peak_rss_bytes(),
     )

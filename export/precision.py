@@ -30,14 +30,21 @@ def _quiet_onnxruntime_tools() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def convert_precision(model: Any, precision: str) -> Any:
-    """A copy of fp32 ``model`` at ``precision`` (weights only; float32 inputs and outputs)."""
+def convert_precision(model: Any, precision: str, *, copy: bool = True) -> Any:
+    """fp32 ``model`` at ``precision`` (weights only; float32 inputs and outputs).
+
+    ``copy=False`` converts ``model`` itself (its weights are not held twice; a large member's
+    export, export/memory.py) and returns the converted model, which may be a new object.
+    """
     import onnx
 
     if precision == "fp32":
         return model
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
+    if copy:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+    else:
+        m = model
     if precision == "fp16":
         return to_fp16(m)
     if precision in ("int8", "int4"):

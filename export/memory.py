@@ -1,0 +1,56 @@
+"""What an export holds in memory: when a member is "large", and the process's peak RSS.
+
+A member is *large* when its float32 weights exceed :data:`LARGE_BYTES` (2 GiB, protobuf's
+limit for one serialized message): its graphs cannot be handed to onnxruntime as bytes, and
+the real pair (Qwen3.5-2B 8.2 GiB, LFM2.5-VL-3B 11.7 GiB in float32) does not fit a 24 GB
+workstation twice. export/onnx.py then exports it *streamed* (see ``export_member``): the
+weights go straight from the torch model to external data files, the torch model is released
+before the graphs are loaded, the precision is converted in place and onnxruntime reads the
+graphs from disk.
+
+Peak RSS is read from Linux's ``/proc/self/status`` (``VmHWM``) and reset by writing ``5`` to
+``/proc/self/clear_refs`` (proc(5)), so each member's export reports its own peak. Elsewhere
+both return None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LARGE_BYTES", "fp32_weight_bytes", "is_large", "peak_rss_bytes", "reset_peak_rss"]
+
+#: Float32 weight bytes above which a member is exported streamed (protobuf's 2 GiB limit).
+LARGE_BYTES = 2**31
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def fp32_weight_bytes(model: Any) -> int:
+    """Bytes of a torch model's parameters and buffers at float32 (4 bytes each)."""
+    n = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    return 4 * int(n)
+
+
+def is_large(model: Any) -> bool:
+    """Whether ``model`` is exported streamed (float32 weights over :data:`LARGE_BYTES`)."""
+    return fp32_weight_bytes(model) > LARGE_BYTES
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS to its current RSS; False where the OS cannot."""
+    with contextlib.suppress(OSError):
+        _CLEAR_REFS.write_text("5", encoding="ascii")
+        return True
+    return False
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident set size in bytes since start or the last reset."""
+    with contextlib.suppress(OSError):
+        for line in _STATUS.read_text(encoding="ascii").splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return None
