@@ -13,8 +13,9 @@ One prepared script for a machine with a CUDA GPU (the device tool's H200). Per 
    the member's default visual-token budget — Qwen3.5 256, LFM2-VL 64 — + the prompt); wall time. The export traces and validates on the CPU.
    Precision ``auto``: fp16 where ``tensorrt`` is importable (fp16 engines need fp16 graphs:
    the tensorrt backend refuses engines of another precision than the member's graphs), else
-   fp32 — fp16 adds a conversion and a second validation pass, which at the real size does
-   not fit the budget, and the device's onnxruntime is CPU-only anyway. An fp16 export whose
+   int8, the precision ``bench/real_pair.py`` exports and times on a CPU workstation (both
+   members are large, so the export is streamed: export/memory.py; its peak RSS is recorded).
+   The device's onnxruntime is CPU-only, so the ``ort`` step times int8 on its CPU. An fp16 export whose
    fp16 graphs alone fail validation (the Qwen3.5 graph does, on the tiny pair: onnxruntime
    refuses a converted Expand node) is redone in fp32 when the step has time left.
 4. ``ort``    — per-scene latency through the onnx backend on every onnxruntime provider there
@@ -433,8 +434,8 @@ def _step_export(
     from spotstop.export.onnx import ExportValidationError, export_member
 
     prec = spec["onnx_precision"]
-    if prec == "auto":  # fp16 engines where TensorRT is; else fp32 (one validation pass)
-        prec = "fp16" if importlib.util.find_spec("tensorrt") is not None else "fp32"
+    if prec == "auto":  # fp16 engines where TensorRT is; else int8, as bench/real_pair.py
+        prec = "fp16" if importlib.util.find_spec("tensorrt") is not None else "int8"
     out = Path(spec["onnx_root"]) / "members" / spec["member"]
     figs: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -468,6 +469,8 @@ def _step_export(
         _fig(f"export_member ({prec}, bucket {spec['bucket']}, on the CPU)", secs, "s"),
         _fig("graph weights (vision + decoder)", e.weight_bytes / 2**30, "GiB"),
         _fig("exported folder", _dir_bytes(out) / 2**30, "GiB"),
+        _fig("peak RSS of the export", (e.peak_rss_bytes or 0) / 2**30, "GiB"),
+        _fig("exported streamed (float32 weights over 2 GiB)", int(e.streamed), "yes=1"),
         _fig(f"max |Δ| vs torch ({prec} validation)", float(e.max_abs_diff), "logit"),
     ]
     return figs
@@ -1088,8 +1091,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--onnx-precision",
         default="auto",
-        choices=("auto", "fp32", "fp16"),
-        help="ONNX precision (default auto: fp16 where tensorrt is importable, else fp32)",
+        choices=("auto", "fp32", "fp16", "int8", "int4"),
+        help="ONNX precision (default auto: fp16 where tensorrt is importable, else int8, the "
+        "precision bench/real_pair.py measures on a CPU workstation)",
     )
     ap.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed (default 0)")
     ap.add_argument(

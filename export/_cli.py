@@ -141,6 +141,12 @@ def add_export_parser(sub: Any) -> None:
         default="resident",
         help="on-demand: a member loads its graphs to score and releases them after (members run one after the other)",
     )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as JSON (per member: seconds, peak RSS, weight bytes, whether it "
+        "was exported streamed, max |Δ| against torch)",
+    )
     p.set_defaults(func=run_export)
 
 
@@ -190,7 +196,15 @@ def run_export(args: argparse.Namespace) -> int:
     except ValueError as e:  # validation failures list every output beyond tolerance
         print(f"spotstop export: {e}", file=sys.stderr)
         return 1
+    if args.json:
+        print(json.dumps(_export_json(b), indent=2))
+        return 0
     for m in b.members:
+        rss = f"peak RSS {m.peak_rss_bytes / 2**30:.1f} GiB" if m.peak_rss_bytes else "peak RSS n/a"
+        print(
+            f"{m.name:<24} exported in {m.seconds:.0f} s, {rss}"
+            + (" (streamed: weights over 2 GiB)" if m.streamed else "")
+        )
         print(
             f"{m.name:<24} {m.model_type:<8} {m.precision:<8} {m.weight_bytes / 2**20:9.2f} MiB  "
             f"{m.n_image_tokens} visual tokens ({m.image_size[0]}x{m.image_size[1]})  "
@@ -203,6 +217,34 @@ def run_export(args: argparse.Namespace) -> int:
         f"frames: `spotstop policy init {b.path} --pool FRAMES --request TEXT`."
     )
     return 0
+
+
+def _export_json(b: Any) -> dict[str, Any]:
+    """``spotstop export --json``: the bundle and, per member, what its export cost."""
+    return {
+        "bundle": str(b.path),
+        "bundle_id": b.bundle_id,
+        "prompt_hash": b.prompt_hash,
+        "precision": b.precision,
+        "tensorrt": b.trt,
+        "weight_bytes": int(b.weight_bytes),
+        "members": [
+            {
+                "name": m.name,
+                "model_type": m.model_type,
+                "precision": m.precision,
+                "seconds": round(float(m.seconds), 3),
+                "peak_rss_bytes": m.peak_rss_bytes,
+                "streamed": bool(m.streamed),
+                "weight_bytes": int(m.weight_bytes),
+                "visual_tokens": int(m.n_image_tokens),
+                "image_size": list(m.image_size),
+                "buckets": list(m.buckets),
+                "max_abs_diff": _finite_or_null(float(m.max_abs_diff)),
+            }
+            for m in b.members
+        ],
+    }
 
 
 # ---- verify-bundle ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,37 @@ def _exporter_noise() -> Iterator[None]:
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\..*")
         warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
         yield
+
+
+#: onnxscript rewrite rules left out of the optimizer run after a dynamo export:
+#: ``SlicesSplit`` is its one pattern with several output nodes, which its matcher tries
+#: against every node of the graph for every node of the graph: quadratic in the node count.
+#: On the tiny Qwen3.5 decoder that is nothing; on Qwen3.5-2B's (24 layers) it ran for more than
+#: ten minutes of one core. Without it, two Slices of one tensor stay two Slices.
+_SLOW_REWRITE_RULES = frozenset({"SlicesSplit"})
+
+
+@contextmanager
+def _linear_rewrite_rules() -> Iterator[None]:
+    """onnxscript's default rewrite rules without :data:`_SLOW_REWRITE_RULES`, for one export.
+
+    ``onnxscript.optimizer.optimize_ir`` (which ``torch.onnx.export(optimize=True)`` calls) reads
+    ``onnxscript.rewriter._DEFAULT_REWRITE_RULES`` when it runs and takes no rule list, so the
+    module attribute is swapped while the export runs and restored after.
+    """
+    try:
+        from onnxscript import rewriter
+    except ImportError:  # no onnxscript: the dynamo exporter says so itself
+        yield
+        return
+    rules = rewriter._DEFAULT_REWRITE_RULES
+    rewriter._DEFAULT_REWRITE_RULES = tuple(
+        r for r in rules if getattr(r, "name", None) not in _SLOW_REWRITE_RULES
+    )
+    try:
+        yield
+    finally:
+        rewriter._DEFAULT_REWRITE_RULES = rules
 
 
 def _exporter_options(
@@ -135,7 +166,8 @@ def export_decoder(
             }
         }
     longest = int(max_length) if max_length is not None else int(args[0].shape[1])
-    with torch.no_grad(), _exporter_noise(), cfg.decoder_patcher(longest):
+    rules = _linear_rewrite_rules() if cfg.decoder_exporter == "dynamo" else nullcontext()
+    with torch.no_grad(), _exporter_noise(), cfg.decoder_patcher(longest), rules:
         torch.onnx.export(
             decoder,
             args,

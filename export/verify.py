@@ -14,6 +14,7 @@ its architecture's tolerance at the bundle's precision (``export/configs.py``: f
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import math
 import os
@@ -230,6 +231,8 @@ def verify_bundle(
                 f"{ref_m.prompt_hash}, the bundle {bm.prompt_hash}; wrong reference folder."
             )
         ref = np.concatenate([[r.score for r in ref_m.score(scenes, v)] for v in variants])  # type: ignore[arg-type]
+        del ref_m  # one reference member in memory at a time (the real pair: 8 + 12 GiB fp32)
+        gc.collect()
         ecfg = get_export_config(bm.model_type)
         results.append(
             MemberVerification(
