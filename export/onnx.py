@@ -47,9 +47,9 @@ from PIL import Image
 from spotstop.export.configs import PRECISIONS, get_export_config
 from spotstop.export.exporters import DECODER_INPUTS, DECODER_OUTPUTS, export_decoder, export_vision
 from spotstop.export.memory import is_large, peak_rss_bytes, reset_peak_rss
-from spotstop.export.precision import convert_precision
+from spotstop.export.precision import STREAMABLE, convert_precision
 from spotstop.export.quant import quantizer_meta
-from spotstop.export.weights import fold_weight_transposes, tie_output_layer
+from spotstop.export.weights import DiskWeights, fold_weight_transposes, tie_output_layer
 from spotstop.guard._config import ScoringConfig
 from spotstop.guard._hf import (
     MEMBER_HINTS,
@@ -203,9 +203,10 @@ def _save(models: dict[str, Any], out_dir: Path, data_name: str) -> None:
 def _convert_streamed(
     src: Path, stage: Path, decoders: list[str], precision: str
 ) -> tuple[int, dict[str, Any]]:
-    """Load the exported graphs in ``src`` one file set at a time (the vision graph, then the
-    decoder graphs), fold and tie their weights, convert them to ``precision`` in place and
-    write them to ``stage`` with their weights in external data. Returns the weight bytes of
+    """Convert the exported graphs in ``src`` with their weights on disk: each file set (the
+    vision graph, then the decoder graphs) is loaded as references only, its weights tied and
+    folded and converted to ``precision`` one tensor at a time into ``stage``'s data file
+    (export/weights.py ``DiskWeights``), and written to ``stage``. Returns the weight bytes of
     the vision graph and one decoder graph, and the vision graph's quantizer metadata."""
     import onnx
 
@@ -216,16 +217,19 @@ def _convert_streamed(
         (decoders, "decoder.onnx.data"),
     ):
         models = {}
-        for f in files:
-            m = onnx.load(str(src / f))  # with its external weights: this graph only
-            if f != "vision.onnx":
-                tie_output_layer(m)
-            fold_weight_transposes(m)
-            models[f] = convert_precision(m, precision, copy=False)
+        with DiskWeights(src, stage / data_name) as io:
+            for f in files:
+                m = onnx.load(str(src / f), load_external_data=False)
+                if f != "vision.onnx":
+                    tie_output_layer(m, io)
+                fold_weight_transposes(m, io)
+                models[f] = convert_precision(m, precision, copy=False, io=io)
+            io.finish(list(models.values()))
         total += onnx_weight_bytes(models[files[0]])
         if "vision.onnx" in models:
             qmeta = quantizer_meta(models["vision.onnx"])
-        _save(models, stage, data_name)  # writes the weights out; the protos keep references
+        for f, m in models.items():
+            onnx.save_model(m, str(stage / f))
         del models
         gc.collect()
     return total, qmeta
@@ -356,6 +360,13 @@ def export_member(
     model: Any = AutoModelForImageTextToText.from_pretrained(str(folder.path), dtype=torch.float32)
     model = model.eval()
     large = is_large(model) if streamed is None else bool(streamed)
+    if large and precision not in STREAMABLE:
+        raise ValueError(
+            f"{mname}: its float32 weights exceed 2 GiB, so it is exported streamed, which writes "
+            f"{list(STREAMABLE)}; {precision} rewrites the whole graph in memory. Export at one "
+            "of those (int8/int4 for onnxruntime) or on a machine with about three times the "
+            "member's float32 bytes of memory with streamed=False."
+        )
     text_cfg = model.config.get_text_config()
     hidden = int(text_cfg.hidden_size)
     vision_t, decoder_t = build_graphs(

@@ -1,7 +1,8 @@
 """An exported fp32 graph converted to another precision (weights only).
 
 :func:`convert_precision` writes ``fp16`` (:func:`spotstop.export.fp16.to_fp16`), ``int8`` /
-``int4`` weight-only (onnxruntime ``MatMulNBitsQuantizer``: symmetric, block 128, every MatMul
+``int4`` weight-only (onnxruntime's ``MatMulNBits`` as its ``MatMulNBitsQuantizer`` writes it,
+export/nbits.py: symmetric, block 128, every MatMul
 with a constant weight; embedding tables stored as float16; a tied output layer stays one
 table, see export/weights.py) and ``int4-trt`` (the fp16 graph, then export/quant.py: INT4
 blocked ``DequantizeLinear`` with float16 scales → float16 ``MatMul`` at opset 21, which
@@ -10,12 +11,12 @@ TensorRT parses). Inputs and outputs stay float32.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from spotstop.export.configs import PRECISIONS
 from spotstop.export.fp16 import to_fp16
 from spotstop.export.weights import (
+    WeightIO,
     embeddings_to_fp16,
     fold_weight_transposes,
     gather_from_quantized,
@@ -25,19 +26,29 @@ from spotstop.export.weights import (
 __all__ = ["convert_precision"]
 
 
-def _quiet_onnxruntime_tools() -> None:
-    for name in ("onnxruntime.quantization", "onnxruntime.quantization.matmul_nbits_quantizer"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+#: precisions a graph whose weights stay on disk (:class:`~spotstop.export.weights.DiskWeights`,
+#: a large member's streamed export) can be converted to; fp16 and int4-trt rewrite the graph
+#: in memory (export/fp16.py, export/quant.py)
+STREAMABLE = ("fp32", "int8", "int4")
 
 
-def convert_precision(model: Any, precision: str, *, copy: bool = True) -> Any:
+def convert_precision(
+    model: Any, precision: str, *, copy: bool = True, io: WeightIO | None = None
+) -> Any:
     """fp32 ``model`` at ``precision`` (weights only; float32 inputs and outputs).
 
-    ``copy=False`` converts ``model`` itself (its weights are not held twice; a large member's
-    export, export/memory.py) and returns the converted model, which may be a new object.
+    ``copy=False`` converts ``model`` itself and returns it (or a new object). ``io``: where
+    the weights are read and written (default: in the model); a
+    :class:`~spotstop.export.weights.DiskWeights` needs ``copy=False`` and a precision of
+    :data:`STREAMABLE`.
     """
     import onnx
 
+    if io is not None and (copy or precision not in STREAMABLE):
+        raise ValueError(
+            f"a graph with its weights on disk converts in place to {list(STREAMABLE)}; "
+            f"got precision {precision!r}, copy={copy}."
+        )
     if precision == "fp32":
         return model
     if copy:
@@ -48,21 +59,13 @@ def convert_precision(model: Any, precision: str, *, copy: bool = True) -> Any:
     if precision == "fp16":
         return to_fp16(m)
     if precision in ("int8", "int4"):
-        _quiet_onnxruntime_tools()
-        fold_weight_transposes(m)
-        tied = untie_for_quantizer(m)
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        from spotstop.export.nbits import quantize_matmuls_nbits
 
-        q = MatMulNBitsQuantizer(
-            m,
-            bits=8 if precision == "int8" else 4,
-            block_size=128,
-            is_symmetric=True,
-            op_types_to_quantize=("MatMul",),
-        )
-        q.process()
-        qm = gather_from_quantized(q.model.model, tied, 8 if precision == "int8" else 4)
-        return embeddings_to_fp16(qm)
+        bits = 8 if precision == "int8" else 4
+        fold_weight_transposes(m, io)
+        tied = untie_for_quantizer(m, io)
+        quantize_matmuls_nbits(m, bits, 128, io)  # onnxruntime's MatMulNBits, symmetric
+        return embeddings_to_fp16(gather_from_quantized(m, tied, bits, io), io)
     if precision == "int4-trt":  # DequantizeLinear(INT4) -> MatMul: TensorRT parses it
         from spotstop.export.quant import quantize_int4_trt
 

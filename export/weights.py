@@ -9,15 +9,27 @@
   ``GatherBlockQuantized`` reads for the token embeddings too.
 * :func:`embeddings_to_fp16`: float32 token-embedding tables of int8/int4 graphs stored as
   float16.
+
+Every function here reads and writes weights through a :class:`WeightIO`: by default
+(:class:`WeightIO`) the weights live in the ModelProto; :class:`DiskWeights` keeps them in
+files (a large member's streamed export, export/memory.py). The python protobuf runtime (upb)
+frees nothing of a message until the whole model is freed: a weight replaced or removed in a
+ModelProto still takes its memory, so a pass over a 10 GiB graph held in memory would need
+10 GiB more. With :class:`DiskWeights` the ModelProto holds only references: a weight is read
+from its file when a pass needs it and a new one is appended to the output file at once.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 __all__ = [
+    "DiskWeights",
+    "WeightIO",
     "embeddings_to_fp16",
     "fold_weight_transposes",
     "gather_from_quantized",
@@ -28,6 +40,126 @@ __all__ = [
 
 #: name prefix of the nodes :func:`tie_output_layer` writes (found again by the int8/int4 path)
 _TIED = "tied_output_layer"
+
+
+class WeightIO:
+    """Weights kept in the ModelProto itself (the default; small graphs)."""
+
+    def read(self, t: Any) -> np.ndarray:
+        """The initializer ``t`` as an array."""
+        from onnx import numpy_helper
+
+        return numpy_helper.to_array(t)
+
+    def add(self, model: Any, arr: np.ndarray, name: str) -> Any:
+        """Append ``arr`` to the model's initializers as ``name``; return the TensorProto."""
+        from onnx import numpy_helper
+
+        model.graph.initializer.append(numpy_helper.from_array(arr, name))
+        return model.graph.initializer[-1]
+
+    def add_tensor(self, model: Any, t: Any) -> Any:
+        """Append a ready TensorProto (e.g. packed INT4); return the model's copy."""
+        model.graph.initializer.append(t)
+        return model.graph.initializer[-1]
+
+
+class DiskWeights(WeightIO):
+    """Weights in files: read from ``base_dir`` (external data), new ones appended to ``out``.
+
+    Initializers this class adds are references into ``out`` (64-byte aligned, as onnx's own
+    writer does for mmap). :meth:`finish` copies the weights still read from elsewhere into
+    ``out`` too, so the saved graph needs only ``out`` beside it.
+    """
+
+    #: tensors below this many bytes stay inside the graph
+    MIN_BYTES = 1024
+
+    def __init__(self, base_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
+        self.base_dir = str(base_dir)
+        self.out = Path(out)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.out, "ab")  # noqa: SIM115  (closed by finish)
+        self._written: set[str] = set()
+
+    def read(self, t: Any) -> np.ndarray:
+        from onnx import numpy_helper
+
+        if t.name in self._written:  # a weight this class wrote (the source may have a file
+            # of the same name as ``out``: dynamo writes decoder.onnx.data too)
+            self._f.flush()
+            return numpy_helper.to_array(t, str(self.out.parent))
+        return numpy_helper.to_array(t, self.base_dir)  # does not load into ``t`` (onnx>=1.16)
+
+    def _write(self, raw: bytes | memoryview) -> tuple[int, int]:
+        offset = self._f.tell()
+        pad = (-offset) % 64
+        self._f.write(b"\0" * pad)
+        self._f.write(raw)
+        return offset + pad, len(raw)
+
+    def _reference(self, t: Any, offset: int, length: int) -> None:
+        import onnx
+
+        t.ClearField("raw_data")
+        del t.external_data[:]
+        for key, value in (("location", self.out.name), ("offset", offset), ("length", length)):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, str(value)
+        t.data_location = onnx.TensorProto.EXTERNAL
+        self._written.add(t.name)
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> DiskWeights:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add(self, model: Any, arr: np.ndarray, name: str) -> Any:
+        from onnx import TensorProto, helper
+
+        arr = np.ascontiguousarray(arr)
+        if arr.nbytes < self.MIN_BYTES:
+            return super().add(model, arr, name)
+        t = TensorProto()
+        t.name = name
+        t.dims.extend(arr.shape)
+        t.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
+        self._reference(t, *self._write(arr.reshape(-1).view(np.uint8).data))
+        model.graph.initializer.append(t)
+        return model.graph.initializer[-1]
+
+    def add_tensor(self, model: Any, t: Any) -> Any:
+        if not t.HasField("raw_data") or len(t.raw_data) < self.MIN_BYTES:
+            return super().add_tensor(model, t)
+        stub = type(t)()
+        stub.CopyFrom(t)  # a standalone copy: its bytes are dropped with it
+        self._reference(stub, *self._write(t.raw_data))
+        model.graph.initializer.append(stub)
+        return model.graph.initializer[-1]
+
+    def finish(self, models: list[Any]) -> None:
+        """Copy every weight the ``models`` still read from ``base_dir`` (or hold inline, at
+        least :data:`MIN_BYTES`) into ``out``, one tensor at a time, and close ``out``."""
+        from onnx.external_data_helper import uses_external_data
+
+        for model in models:
+            for t in model.graph.initializer:
+                if uses_external_data(t):
+                    if t.name in self._written:
+                        continue
+                    self._reference(
+                        t,
+                        *self._write(
+                            np.ascontiguousarray(self.read(t)).reshape(-1).view(np.uint8).data
+                        ),
+                    )
+                elif t.HasField("raw_data") and len(t.raw_data) >= self.MIN_BYTES:
+                    self._reference(t, *self._write(t.raw_data))
+        self.close()
 
 
 def _users(model: Any) -> dict[str, int]:
@@ -46,15 +178,14 @@ def _drop_unused_initializers(model: Any) -> None:
         model.graph.initializer.remove(t)
 
 
-def fold_weight_transposes(model: Any) -> Any:
+def fold_weight_transposes(model: Any, io: WeightIO | None = None) -> Any:
     """Replace ``Transpose(initializer)`` by the transposed initializer, in place.
 
     The dynamo exporter (run without onnxscript's optimizer, which more than doubles its time)
     writes every ``Linear`` as ``MatMul(x, Transpose(W))``; weight-only quantizers only see a
     MatMul whose weight is a constant, so the transposes are folded here first.
     """
-    from onnx import numpy_helper
-
+    io = io or WeightIO()
     inits = {t.name: t for t in model.graph.initializer}
     users = _users(model)
     keep = []
@@ -62,11 +193,9 @@ def fold_weight_transposes(model: Any) -> Any:
         src = node.input[0] if node.input else ""
         if node.op_type == "Transpose" and src in inits:
             perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-            arr = numpy_helper.to_array(inits[src])
-            folded = numpy_helper.from_array(
-                np.ascontiguousarray(np.transpose(arr, perm)), node.output[0]
-            )
-            model.graph.initializer.append(folded)
+            arr = io.read(inits[src])
+            io.add(model, np.ascontiguousarray(np.transpose(arr, perm)), node.output[0])
+            del arr
             users[src] -= 1
             if users[src] == 0:
                 model.graph.initializer.remove(inits[src])
@@ -97,7 +226,7 @@ def _gather_tables(model: Any) -> dict[str, Any]:
     return tables
 
 
-def tie_output_layer(model: Any) -> Any:
+def tie_output_layer(model: Any, io: WeightIO | None = None) -> Any:
     """Keep ONE copy of a tied output layer (word embeddings = output layer), in place.
 
     Exporters write ``x @ W.T`` on a tied table ``W`` as ``MatMul(x, Transpose(W))`` (dynamo)
@@ -108,8 +237,9 @@ def tie_output_layer(model: Any) -> Any:
     the very initializer the Gather reads. A folded copy is recognised only when it equals
     ``Wᵀ`` exactly. Returns ``model``; a graph without tied weights is left as it is.
     """
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
+    io = io or WeightIO()
     tables = _gather_tables(model)
     if not tables:
         return model
@@ -128,8 +258,8 @@ def tie_output_layer(model: Any) -> Any:
         for name, e in tables.items():
             if list(t.dims) == list(e.dims)[::-1] and t.data_type == e.data_type:
                 if name not in arrays:
-                    arrays[name] = numpy_helper.to_array(e)
-                if np.array_equal(numpy_helper.to_array(t), arrays[name].T):
+                    arrays[name] = io.read(e)
+                if np.array_equal(io.read(t), arrays[name].T):
                     return name
         return None
 
@@ -181,15 +311,16 @@ def tie_output_layer(model: Any) -> Any:
     return model
 
 
-def untie_for_quantizer(model: Any) -> dict[str, str]:
+def untie_for_quantizer(model: Any, io: WeightIO | None = None) -> dict[str, str]:
     """Give each tied ``Gemm`` of :func:`tie_output_layer` back a MatMul on ``Wᵀ``, in place.
 
-    ``MatMulNBitsQuantizer`` only quantizes a MatMul with a constant weight; the transposed
+    The int8/int4 quantizer (export/nbits.py) only quantizes a MatMul with a constant weight; the transposed
     copy lives only until :func:`gather_from_quantized` points the Gather at the quantized
     blocks. Returns {MatMul output: table}.
     """
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
+    io = io or WeightIO()
     tables = _gather_tables(model)
     names = {t.name for t in model.graph.initializer}
     tied: dict[str, str] = {}
@@ -201,8 +332,7 @@ def untie_for_quantizer(model: Any) -> dict[str, str]:
         table = node.input[1]
         t_name = table + "_T"
         if t_name not in names:
-            arr = np.ascontiguousarray(numpy_helper.to_array(tables[table]).T)
-            model.graph.initializer.append(numpy_helper.from_array(arr, t_name))
+            io.add(model, np.ascontiguousarray(io.read(tables[table]).T), t_name)
             names.add(t_name)
         new_nodes.append(
             helper.make_node("MatMul", [node.input[0], t_name], list(node.output), name=node.name)
@@ -214,20 +344,23 @@ def untie_for_quantizer(model: Any) -> dict[str, str]:
     return tied
 
 
-def gather_from_quantized(model: Any, tied: dict[str, str], bits: int) -> Any:
+def gather_from_quantized(
+    model: Any, tied: dict[str, str], bits: int, io: WeightIO | None = None
+) -> Any:
     """Token embeddings read from the quantized output layer (one table), in place.
 
-    After ``MatMulNBitsQuantizer``, the tied output layer is ``MatMulNBits`` with packed
+    After the int8/int4 quantizer (export/nbits.py), the tied output layer is ``MatMulNBits`` with packed
     blocks ``B`` (vocab, k_blocks, blob) and ``scales`` (vocab, k_blocks): the table itself,
     quantized row by row along hidden. Every ``Gather`` on the float table becomes
     onnxruntime's ``GatherBlockQuantized`` on the same ``B`` (uint8, ``bits``, symmetric: the
     same default zero point), whose rank-3 form needs its scales as (vocab, k_blocks, 1), a
     copy 1/32 (int8) or 1/16 (int4) the size of ``B``. The float table is dropped.
     """
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     if not tied:
         return model
+    io = io or WeightIO()
     inits = {t.name: t for t in model.graph.initializer}
     quant: dict[str, tuple[str, str, int]] = {}  # table → (B, scales3, block_size)
     for node in model.graph.node:
@@ -239,10 +372,8 @@ def gather_from_quantized(model: Any, tied: dict[str, str], bits: int) -> Any:
             )
             s3 = s + "_gather"
             if s3 not in inits:
-                arr = numpy_helper.to_array(inits[s])
-                t3 = numpy_helper.from_array(arr.reshape(*arr.shape, 1), s3)
-                model.graph.initializer.append(t3)
-                inits[s3] = t3
+                arr = io.read(inits[s])
+                inits[s3] = io.add(model, arr.reshape(*arr.shape, 1), s3)
             quant[table] = (b, s3, int(bs))
     new_nodes: list[Any] = []
     for k, node in enumerate(model.graph.node):
@@ -304,10 +435,11 @@ def gather_from_quantized(model: Any, tied: dict[str, str], bits: int) -> Any:
     return model
 
 
-def embeddings_to_fp16(model: Any) -> Any:
+def embeddings_to_fp16(model: Any, io: WeightIO | None = None) -> Any:
     """Store float32 tables read by Gather (token embeddings) as float16 + a Cast."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
+    io = io or WeightIO()
     inits = {t.name: t for t in model.graph.initializer}
     users: dict[str, int] = {}
     for node in model.graph.node:
@@ -324,8 +456,7 @@ def embeddings_to_fp16(model: Any) -> Any:
             and len(t.dims) == 2
             and int(np.prod(t.dims)) >= 4096
         ):
-            half = numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), w + "_fp16")
-            model.graph.initializer.append(half)
+            half = io.add(model, io.read(t).astype(np.float16), w + "_fp16")
             out = node.output[0]
             node.input[0] = half.name
             node.output[0] = out + "_fp16"

@@ -1,0 +1,106 @@
+"""Weight-only int8/int4 as onnxruntime's ``MatMulNBits``, one weight at a time.
+
+The same numbers and graph as onnxruntime's ``MatMulNBitsQuantizer`` (``QOperator`` format,
+symmetric, no zero points, its C++ kernels ``quantize_matmul_8bits`` / ``quantize_matmul_4bits``
+do the quantizing): every ``MatMul`` whose second input is a rank-2 float initializer
+``B`` (K x N) becomes ``MatMulNBits(A, B_Q{bits}, B_scales)`` with ``K``, ``N``, ``bits`` and
+``block_size`` attributes; ``B_Q{bits}`` is uint8 (N, ceil(K / block), block * bits / 8) and
+``B_scales`` float32 (N, ceil(K / block)); ``B`` is dropped when nothing else reads it.
+``tests/test_export_nbits.py`` holds the graph and bytes equal to onnxruntime's quantizer's.
+
+Why not call that quantizer: it reads each weight from the in-memory ModelProto, and a
+quantized copy added to a ModelProto stays in its memory with the float one (protobuf's arena,
+export/weights.py). Here each weight goes through a :class:`~spotstop.export.weights.WeightIO`,
+so a large member's graph (export/memory.py) is quantized with its weights on disk, holding
+one weight at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from spotstop.export.weights import WeightIO
+
+__all__ = ["nbits_blocks", "quantize_matmuls_nbits"]
+
+
+def nbits_blocks(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``w`` (K, N) float → (packed uint8 (N, k_blocks, blob), scales float32 (N, k_blocks)),
+    symmetric, by onnxruntime's own kernels (as its ``MatMulNBitsQuantizer`` calls them)."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
+
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8; got {bits}.")
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    rows, cols = w.shape
+    k_blocks = (rows + block_size - 1) // block_size
+    kpack = 8 // bits
+    blob = (block_size + kpack - 1) // kpack
+    pad = k_blocks * block_size - rows
+    if pad:
+        w = np.pad(w, ((0, pad), (0, 0)), "constant")
+    packed = np.zeros((cols, k_blocks, blob), dtype=np.uint8)
+    zero_point = np.zeros((cols, (k_blocks + kpack - 1) // kpack), dtype=np.uint8)
+    scales = np.zeros((cols, k_blocks), dtype=np.float32)
+    kernel = quantize_matmul_8bits if bits == 8 else quantize_matmul_4bits
+    kernel(packed, w, scales, zero_point, block_size, cols, rows, True)
+    return packed, scales
+
+
+def quantize_matmuls_nbits(
+    model: Any, bits: int, block_size: int = 128, io: WeightIO | None = None
+) -> int:
+    """Quantize, in place, every ``MatMul`` with a rank-2 float initializer weight; return
+    how many weights were quantized. A weight shared by several MatMuls is quantized once."""
+    from onnx import TensorProto, helper
+
+    io = io or WeightIO()
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    users: dict[str, int] = {}
+    for node in g.node:
+        for i in node.input:
+            users[i] = users.get(i, 0) + 1
+    for o in g.output:
+        users[o.name] = users.get(o.name, 0) + 1
+    floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
+    done: dict[str, tuple[str, str, int, int]] = {}
+    new_nodes = []
+    for node in g.node:
+        w = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else ""
+        t = inits.get(w)
+        if t is None or t.data_type not in floats or len(t.dims) != 2:
+            new_nodes.append(node)
+            continue
+        if w not in done:
+            k, n = (int(d) for d in t.dims)
+            packed, scales = nbits_blocks(io.read(t), bits, block_size)
+            qn, sn = f"{w}_Q{bits}", f"{w}_scales"
+            io.add(model, packed, qn)
+            io.add(model, scales, sn)
+            del packed, scales
+            done[w] = (qn, sn, k, n)
+        qn, sn, k, n = done[w]
+        new_nodes.append(
+            helper.make_node(
+                "MatMulNBits",
+                [node.input[0], qn, sn],
+                list(node.output),
+                name=f"{node.name}_Q{bits}" if node.name else "",
+                domain="com.microsoft",
+                K=k,
+                N=n,
+                bits=bits,
+                block_size=block_size,
+            )
+        )
+        users[w] -= 1
+    for w in done:
+        if users[w] == 0:
+            g.initializer.remove(inits[w])
+    del g.node[:]
+    g.node.extend(new_nodes)
+    if done and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return len(done)

@@ -1,0 +1,149 @@
+"""int8/int4 MatMulNBits (export/nbits.py) against onnxruntime's own quantizer, and weights
+kept on disk (export/weights.py DiskWeights) against weights kept in the graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+
+def _graph(seed: int = 0) -> object:
+    """x (B, 300) → MatMul W1 (300 x 70, K not a multiple of 128) → MatMul W2 (70 x 256) and a
+    second MatMul on W1 (a shared weight) → Add; a Transpose-free float32 graph."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w1 = rng.normal(0, 0.05, (300, 70)).astype(np.float32)
+    w2 = rng.normal(0, 0.05, (70, 256)).astype(np.float32)
+    w2[:, :3] = 0.0  # an all-zero block column
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+        helper.make_node("MatMul", ["h", "w2"], ["y1"], name="mm2"),
+        helper.make_node("MatMul", ["x", "w1"], ["h2"], name="mm3"),
+        helper.make_node("ReduceSum", ["h2"], ["s"], keepdims=1, name="sum"),
+        helper.make_node("Add", ["y1", "s"], ["y"], name="add"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 300])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 256])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model: object, x: np.ndarray) -> np.ndarray:
+    s = ort.InferenceSession(
+        model.SerializeToString(),  # type: ignore[attr-defined]
+        providers=["CPUExecutionProvider"],
+    )
+    return np.asarray(s.run(None, {"x": x})[0])
+
+
+def _inits(model: object) -> dict[str, np.ndarray]:
+    from onnx import numpy_helper
+
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_matmul_nbits_equals_onnxruntimes_quantizer(bits: int) -> None:
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from spotstop.export.nbits import quantize_matmuls_nbits
+
+    ref = _graph()
+    q = MatMulNBitsQuantizer(
+        ref, bits=bits, block_size=128, is_symmetric=True, op_types_to_quantize=("MatMul",)
+    )
+    q.process()
+    want = q.model.model
+    got = _graph()
+    assert quantize_matmuls_nbits(got, bits, 128) == 2  # w1 shared by two MatMuls: once
+    want_nodes = [n for n in want.graph.node if n.op_type == "MatMulNBits"]
+    got_nodes = [n for n in got.graph.node if n.op_type == "MatMulNBits"]
+    assert len(got_nodes) == len(want_nodes) == 3
+    for a, b in zip(got_nodes, want_nodes, strict=True):
+        assert a.domain == b.domain == "com.microsoft"
+        assert {x.name: onnx.helper.get_attribute_value(x) for x in a.attribute} == {
+            x.name: onnx.helper.get_attribute_value(x) for x in b.attribute
+        }
+    gi, wi = _inits(got), _inits(want)
+    for name in ("w1", "w2"):
+        np.testing.assert_array_equal(gi[f"{name}_Q{bits}"], wi[f"{name}_Q{bits}"])
+        np.testing.assert_array_equal(gi[f"{name}_scales"], wi[f"{name}_scales"])
+    assert "w1" not in gi and "w2" not in gi  # the float weights are dropped
+    x = np.random.default_rng(1).normal(size=(5, 300)).astype(np.float32)
+    np.testing.assert_array_equal(_run(got, x), _run(want, x))
+    # and the weight-only error is what the bits allow
+    full = _run(_graph(), x)
+    rel = float(np.max(np.abs(_run(got, x) - full)) / np.max(np.abs(full)))
+    assert 0 < rel < (0.02 if bits == 8 else 0.2), rel
+
+
+def test_disk_weights_write_what_the_graph_would_hold(tmp_path: Path) -> None:
+    """The whole int4 conversion (fold, untie, quantize, gather, fp16 tables) with the weights
+    on disk gives the same tensors as with the weights in the graph; nothing large is inline."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.external_data_helper import uses_external_data
+    from spotstop.export.precision import convert_precision
+    from spotstop.export.weights import DiskWeights, tie_output_layer
+
+    rng = np.random.default_rng(3)
+    table = rng.normal(0, 0.05, (512, 64)).astype(np.float32)  # tied: embeddings = output
+    w = rng.normal(0, 0.05, (96, 64)).astype(np.float32)  # a Linear's (out, in) weight
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+        helper.make_node("Transpose", ["w"], ["wT"], perm=[1, 0], name="wt"),
+        helper.make_node("MatMul", ["e", "wT"], ["h0"], name="lin"),
+        helper.make_node("Slice", ["h0", "st", "en", "ax"], ["h"], name="cut"),
+        helper.make_node("Transpose", ["table"], ["tT"], perm=[1, 0], name="tt"),
+        helper.make_node("MatMul", ["h", "tT"], ["logits"], name="head"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, None, 512])],
+        [
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array([0], np.int64), "st"),
+            numpy_helper.from_array(np.array([64], np.int64), "en"),
+            numpy_helper.from_array(np.array([-1], np.int64), "ax"),
+        ],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    src = tmp_path / "src"
+    src.mkdir()
+    onnx.save_model(model, str(src / "m.onnx"), save_as_external_data=True, size_threshold=1024)
+
+    in_mem = tie_output_layer(onnx.load(str(src / "m.onnx")))
+    in_mem = convert_precision(in_mem, "int4", copy=False)
+
+    stage = tmp_path / "stage"
+    on_disk = onnx.load(str(src / "m.onnx"), load_external_data=False)
+    with DiskWeights(src, stage / "m.onnx.data") as io:
+        tie_output_layer(on_disk, io)
+        on_disk = convert_precision(on_disk, "int4", copy=False, io=io)
+        io.finish([on_disk])
+    big = [t for t in on_disk.graph.initializer if not uses_external_data(t)]
+    assert all(len(t.raw_data) < 1024 for t in big)
+    onnx.save_model(on_disk, str(stage / "m.onnx"))
+
+    reloaded = onnx.load(str(stage / "m.onnx"))  # reads stage/m.onnx.data only
+    a, b = _inits(in_mem), _inits(reloaded)
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert [n.op_type for n in in_mem.graph.node] == [n.op_type for n in reloaded.graph.node]
+    assert "GatherBlockQuantized" in {n.op_type for n in reloaded.graph.node}
+    ids = np.array([[1, 7, 300]], np.int64)
+    s1 = ort.InferenceSession(str(stage / "m.onnx"), providers=["CPUExecutionProvider"])
+    s2 = ort.InferenceSession(in_mem.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(s1.run(None, {"ids": ids})[0], s2.run(None, {"ids": ids})[0])
