@@ -19,7 +19,14 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LARGE_BYTES", "fp32_weight_bytes", "is_large", "peak_rss_bytes", "reset_peak_rss"]
+__all__ = [
+    "LARGE_BYTES",
+    "fp32_weight_bytes",
+    "is_large",
+    "peak_rss_bytes",
+    "release_freed_memory",
+    "reset_peak_rss",
+]
 
 #: Float32 weight bytes above which a member is exported streamed (protobuf's 2 GiB limit).
 LARGE_BYTES = 2**31
@@ -37,6 +44,23 @@ def fp32_weight_bytes(model: Any) -> int:
 def is_large(model: Any) -> bool:
     """Whether ``model`` is exported streamed (float32 weights over :data:`LARGE_BYTES`)."""
     return fp32_weight_bytes(model) > LARGE_BYTES
+
+
+def release_freed_memory() -> None:
+    """Collect garbage and hand the C heap's free pages back to the OS (glibc ``malloc_trim``).
+
+    After a torch model is released, glibc keeps the freed tensors below its mmap threshold in
+    its heap; the next phase of a large export would otherwise run beside them.
+    """
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    with contextlib.suppress(OSError, AttributeError):
+        if name:
+            ctypes.CDLL(name).malloc_trim(0)
 
 
 def reset_peak_rss() -> bool:

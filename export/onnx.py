@@ -46,7 +46,12 @@ import yaml
 from PIL import Image
 from spotstop.export.configs import PRECISIONS, get_export_config
 from spotstop.export.exporters import DECODER_INPUTS, DECODER_OUTPUTS, export_decoder, export_vision
-from spotstop.export.memory import is_large, peak_rss_bytes, reset_peak_rss
+from spotstop.export.memory import (
+    is_large,
+    peak_rss_bytes,
+    release_freed_memory,
+    reset_peak_rss,
+)
 from spotstop.export.precision import STREAMABLE, convert_precision
 from spotstop.export.quant import quantizer_meta
 from spotstop.export.weights import DiskWeights, fold_weight_transposes, tie_output_layer
@@ -503,7 +508,7 @@ def export_member(
         if large:
             # the references are computed: release the torch model before loading a graph
             del model, vision_t, decoder_t
-            gc.collect()
+            release_freed_memory()
             stage = tmp / "stage"
             weight_bytes, qmeta = _convert_streamed(tmp, stage, list(dec_files.values()), precision)
             paths = {f: str(stage / f) for f in ["vision.onnx", *dec_files.values()]}

@@ -65,11 +65,13 @@ class WeightIO:
 
 
 class DiskWeights(WeightIO):
-    """Weights in files: read from ``base_dir`` (external data), new ones appended to ``out``.
+    """Weights in files: read from ``base_dir`` (external data), new ones appended to a
+    scratch file beside ``out``.
 
-    Initializers this class adds are references into ``out`` (64-byte aligned, as onnx's own
-    writer does for mmap). :meth:`finish` copies the weights still read from elsewhere into
-    ``out`` too, so the saved graph needs only ``out`` beside it.
+    :meth:`finish` writes ``out``: every weight the graphs still read (from ``base_dir``, the
+    scratch file, or inline), one at a time, 64-byte aligned as onnx's own writer does for
+    mmap, and nothing else (a weight that a later pass replaced is not copied); the scratch
+    file is removed. The saved graphs need only ``out`` beside them.
     """
 
     #: tensors below this many bytes stay inside the graph
@@ -79,44 +81,40 @@ class DiskWeights(WeightIO):
         self.base_dir = str(base_dir)
         self.out = Path(out)
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.out, "ab")  # noqa: SIM115  (closed by finish)
-        self._written: set[str] = set()
+        self.scratch = self.out.with_name(self.out.name + ".scratch")
+        self._f = open(self.scratch, "wb")  # noqa: SIM115  (closed by finish / close)
+        self._written: set[str] = set()  # initializers whose bytes are in the scratch file
 
     def read(self, t: Any) -> np.ndarray:
         from onnx import numpy_helper
 
-        if t.name in self._written:  # a weight this class wrote (the source may have a file
-            # of the same name as ``out``: dynamo writes decoder.onnx.data too)
+        if t.name in self._written:
             self._f.flush()
-            return numpy_helper.to_array(t, str(self.out.parent))
+            return numpy_helper.to_array(t, str(self.scratch.parent))
         return numpy_helper.to_array(t, self.base_dir)  # does not load into ``t`` (onnx>=1.16)
 
-    def _write(self, raw: bytes | memoryview) -> tuple[int, int]:
-        offset = self._f.tell()
+    @staticmethod
+    def _append(f: Any, raw: Any) -> tuple[int, int]:
+        offset = f.tell()
         pad = (-offset) % 64
-        self._f.write(b"\0" * pad)
-        self._f.write(raw)
+        f.write(b"\0" * pad)
+        f.write(raw)
         return offset + pad, len(raw)
 
-    def _reference(self, t: Any, offset: int, length: int) -> None:
+    @staticmethod
+    def _reference(t: Any, location: str, offset: int, length: int) -> None:
         import onnx
 
         t.ClearField("raw_data")
         del t.external_data[:]
-        for key, value in (("location", self.out.name), ("offset", offset), ("length", length)):
+        for key, value in (("location", location), ("offset", offset), ("length", length)):
             entry = t.external_data.add()
             entry.key, entry.value = key, str(value)
         t.data_location = onnx.TensorProto.EXTERNAL
+
+    def _scratch(self, t: Any, raw: Any) -> None:
+        self._reference(t, self.scratch.name, *self._append(self._f, raw))
         self._written.add(t.name)
-
-    def close(self) -> None:
-        self._f.close()
-
-    def __enter__(self) -> DiskWeights:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def add(self, model: Any, arr: np.ndarray, name: str) -> Any:
         from onnx import TensorProto, helper
@@ -128,7 +126,7 @@ class DiskWeights(WeightIO):
         t.name = name
         t.dims.extend(arr.shape)
         t.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
-        self._reference(t, *self._write(arr.reshape(-1).view(np.uint8).data))
+        self._scratch(t, arr.reshape(-1).view(np.uint8).data)
         model.graph.initializer.append(t)
         return model.graph.initializer[-1]
 
@@ -137,28 +135,36 @@ class DiskWeights(WeightIO):
             return super().add_tensor(model, t)
         stub = type(t)()
         stub.CopyFrom(t)  # a standalone copy: its bytes are dropped with it
-        self._reference(stub, *self._write(t.raw_data))
+        self._scratch(stub, t.raw_data)
         model.graph.initializer.append(stub)
         return model.graph.initializer[-1]
 
+    def close(self) -> None:
+        self._f.close()
+        self.scratch.unlink(missing_ok=True)
+
+    def __enter__(self) -> DiskWeights:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def finish(self, models: list[Any]) -> None:
-        """Copy every weight the ``models`` still read from ``base_dir`` (or hold inline, at
-        least :data:`MIN_BYTES`) into ``out``, one tensor at a time, and close ``out``."""
+        """Write ``out``: every weight the ``models`` read from a file, or hold inline with at
+        least :data:`MIN_BYTES`, one tensor at a time; then drop the scratch file."""
         from onnx.external_data_helper import uses_external_data
 
-        for model in models:
-            for t in model.graph.initializer:
-                if uses_external_data(t):
-                    if t.name in self._written:
+        self._f.flush()
+        with open(self.out, "wb") as out:
+            for model in models:
+                for t in model.graph.initializer:
+                    big = t.HasField("raw_data") and len(t.raw_data) >= self.MIN_BYTES
+                    if not (big or uses_external_data(t)):
                         continue
-                    self._reference(
-                        t,
-                        *self._write(
-                            np.ascontiguousarray(self.read(t)).reshape(-1).view(np.uint8).data
-                        ),
-                    )
-                elif t.HasField("raw_data") and len(t.raw_data) >= self.MIN_BYTES:
-                    self._reference(t, *self._write(t.raw_data))
+                    raw = np.ascontiguousarray(self.read(t)).reshape(-1).view(np.uint8).data
+                    self._reference(t, self.out.name, *self._append(out, raw))
+                    self._written.discard(t.name)
+                    del raw
         self.close()
 
 
