@@ -130,6 +130,32 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the device runs this file with its own python3, no install
     sys.path.insert(0, str(ROOT))
+#: the rooms that pyproject.toml maps to ``spotstop.<room>`` (package-dir)
+_ROOMS = ("cli", "guard", "calibrate", "diagnostics", "export")
+
+
+def _ensure_spotstop_importable() -> None:
+    """Make ``spotstop.<room>`` importable without an install (the device's own python3).
+
+    ``spotstop`` is a namespace package whose rooms are top-level folders mapped by
+    pyproject.toml's package-dir; without an install, a folder ``spotstop/`` of links to the
+    rooms under a temporary directory stands in, on ``sys.path`` and on ``PYTHONPATH`` for
+    the child processes.
+    """
+    if importlib.util.find_spec("spotstop") is not None:
+        return
+    shim = Path(tempfile.mkdtemp(prefix="spotstop-shim-"))
+    (shim / "spotstop").mkdir()
+    for room in _ROOMS:
+        (shim / "spotstop" / room).symlink_to(ROOT / room, target_is_directory=True)
+    sys.path.insert(0, str(shim))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(shim), str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
+    importlib.invalidate_caches()
+
+
+_ensure_spotstop_importable()
 
 THIS = Path(__file__).resolve()
 STEPS = ("build", "torch", "export", "ort", "trt")
