@@ -37,7 +37,7 @@ Device command (paste into the device tool's ``run`` with ``timeout_s`` 540 and,
 wheel below was fetched, ``carry`` ``[".whl"]``; without ``.whl`` it runs on the device's own
 transformers)::
 
-    if ls .whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; fi; set -o pipefail; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; PYTHONUNBUFFERED=1 python3 bench/gpu.py --out $OUT 2>&1 | tee $OUT/console.log
+    if ls .whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; fi; set -o pipefail; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; PYTHONUNBUFFERED=1 python3 bench/gpu.py --out $OUT --results bench/RESULTS.md 2>&1 | tee $OUT/console.log; cp bench/RESULTS.md $OUT/
 
 Why the wheel: the device's python3 (/opt/torch/.venv, Python 3.12, torch 2.11.0+cu130) has
 transformers 5.17.0, which has both ``qwen3_5`` and ``lfm2_vl`` (and passes tests/test_tiny.py,
@@ -1024,8 +1024,15 @@ def _table(records: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def _write_report(out_dir: Path, report: dict[str, Any], log: _Log) -> None:
+def _write_report(
+    out_dir: Path, report: dict[str, Any], log: _Log, results: Path | None = None
+) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
+    if results is not None:  # its own section of bench/RESULTS.md (bench/_results.py)
+        sys.path.insert(0, str(THIS.parent))
+        from _results import write_section
+
+        write_section(results, "gpu", _markdown(report))
     (out_dir / "gpu_bench.json").write_text(
         json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8"
     )
@@ -1143,6 +1150,13 @@ def _parser() -> argparse.ArgumentParser:
         help="work folder for members and exports (default: a temporary folder, removed at the end)",
     )
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="also write the markdown into this file's gpu section (bench/RESULTS.md; the "
+        "device command copies it to $OUT)",
+    )
     ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     return ap
 
@@ -1245,7 +1259,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "export" in todo:
                     shutil.rmtree(work / "onnx" / "members" / name, ignore_errors=True)
             report["wall_s"] = time.time() - t0
-            _write_report(out_dir, report, log)  # partial results survive a killed run
+            _write_report(out_dir, report, log, args.results)  # a killed run keeps these
     finally:
         if args.work is None and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -1256,7 +1270,7 @@ def main(argv: list[str] | None = None) -> int:
     md = _markdown(report)
     log("markdown section for bench/RESULTS.md:", stamp=True)
     log(md, stamp=False)
-    _write_report(out_dir, report, log)
+    _write_report(out_dir, report, log, args.results)
     log(
         f"wrote {out_dir / 'gpu_bench.json'}, {out_dir / 'gpu_bench.md'}, {out_dir / 'gpu_bench.log'}"
     )

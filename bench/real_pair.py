@@ -47,7 +47,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "RESULTS.md"
-BEGIN, END = "<!-- cpu-real:begin -->", "<!-- cpu-real:end -->"
+if str(ROOT / "bench") not in sys.path:
+    sys.path.insert(0, str(ROOT / "bench"))
+from _results import write_section  # noqa: E402
+
 STEPS = ("build", "export", "verify", "latency")
 
 
@@ -163,7 +166,7 @@ def step_export(args: argparse.Namespace, res: dict[str, Any], log: Path) -> Non
         if r["rc"] != 0:
             rec["error"] = _tail(log)
         try:  # a slip here must not lose the export's own figures
-            j = json.loads(r["stdout"]) if r["rc"] == 0 else {"members": []}
+            j = _last_json(r["stdout"]) if r["rc"] == 0 else {"members": []}
             rec["bundle_id"] = j.get("bundle_id")
             for m in j["members"]:
                 counts = mb.count(m["name"], mb.build_config(m["name"], mb.RECORDED[m["name"]]))
@@ -185,7 +188,7 @@ def step_verify(args: argparse.Namespace, res: dict[str, Any], log: Path) -> Non
         r = _run(cmd, log)
         rec: dict[str, Any] = {k: r[k] for k in ("cmd", "rc", "seconds", "peak_rss_bytes")}
         try:
-            rec["result"] = json.loads(r["stdout"])
+            rec["result"] = _last_json(r["stdout"])
         except json.JSONDecodeError:
             rec["error"] = _tail(log)
         out[prec] = rec
@@ -208,6 +211,12 @@ def step_latency(args: argparse.Namespace, res: dict[str, Any], log: Path) -> No
                 rec["error"] = _tail(log)
             out.setdefault(name, {})[label] = rec
     res["latency"] = out
+
+
+def _last_json(text: str) -> Any:
+    """The JSON document a command printed last (an indented object from column 0)."""
+    start = text.rfind("\n{\n")
+    return json.loads(text[start + 1 :] if start >= 0 else text)
 
 
 def _tail(log: Path, n: int = 600) -> str:
@@ -339,14 +348,7 @@ def render(res: dict[str, Any]) -> str:
 
 
 def write_results(res: dict[str, Any], path: Path = RESULTS) -> None:
-    section = f"{BEGIN}\n{render(res)}\n{END}"
-    text = path.read_text(encoding="utf-8") if path.is_file() else "# Benchmark results\n\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text, encoding="utf-8")
+    write_section(path, "cpu-real", render(res))
 
 
 def main(argv: list[str] | None = None) -> int:

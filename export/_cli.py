@@ -11,6 +11,7 @@ where the extra is installed; ``cost`` runs on the base install.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -175,21 +176,24 @@ def run_export(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    # with --json, stdout is the JSON alone: what the exporters print goes to stderr
+    quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     try:
-        b = write_onnx_bundle(
-            args.member,
-            args.out,
-            config=cfg,
-            precision=args.precision,
-            image_size=size,
-            buckets=buckets,
-            name=args.name,
-            trt=args.trt,
-            triton=args.triton,
-            sessions=args.sessions,
-            progress=lambda m: print(m, file=sys.stderr),
-            visual_tokens=budgets,
-        )
+        with quiet:
+            b = write_onnx_bundle(
+                args.member,
+                args.out,
+                config=cfg,
+                precision=args.precision,
+                image_size=size,
+                buckets=buckets,
+                name=args.name,
+                trt=args.trt,
+                triton=args.triton,
+                sessions=args.sessions,
+                progress=lambda m: print(m, file=sys.stderr),
+                visual_tokens=budgets,
+            )
     except ConfigError as e:  # a budget that names no member or has no square grid
         print(f"spotstop export: {e}", file=sys.stderr)
         return 2
