@@ -70,13 +70,13 @@ build              25-60 s      seeded init in bf16 on the GPU (seconds) + the t
 torch              20-40 s      load + warm-up + 8 scenes x 3 calls; ~50-200 ms a scene
                                 (Gated-DeltaNet / short-conv run their torch fallbacks:
                                 no flash-linear-attention or causal-conv1d there)
-export (LFM2-VL)   5-10 min     measured here: a 3-layer cut at the real widths (2.2 GB of
-                                fp32 graph weights) took 366 s on 2 shared cores, peak RSS
-                                12 GB; the real member has 10x the layers and 6x the bytes
-                                → probably over its 300 s budget (skipped with the reason)
-export (Qwen3.5)   > 15 min     dynamo export, chunk loop unrolled per bucket: the 4-layer
-                                tiny Qwen3.5 alone took 255 s here; runs last, on what is left
-ort (CPU EP)       60-90 s      session load of a 8-13 GB graph; seconds a scene
+export (LFM2-VL)   3-6 min      int8, streamed: 360 s on this repository's 2-core CPU
+                                workstation (bench/real_pair.py), peak RSS 18 GiB; the
+                                torch phases use the 16 cores there, the weight passes do not
+export (Qwen3.5)   4-10 min     int8, streamed, dynamo (compact Gated-DeltaNet graph, one
+                                decoder for every length): see bench/RESULTS.md for the
+                                CPU figure; runs last, on what is left
+ort (CPU EP)       30-60 s      session load of a 3 GiB int8 graph; seconds a scene
 trt                0 s          no tensorrt on the device: skipped with the reason
 =================  ===========  ===========================================================
 
@@ -90,10 +90,11 @@ Memory at the real dimensions (parameter counts of the config classes on the met
 ``jetson/memory_budget.py`` prints them): Qwen3.5-2B 2.21 B parameters → 4.1 GiB in bf16/fp16;
 on the GPU with torch eager ~6-7 GiB at peak (the backend reads the 248 320-row output layer
 in float32: +1.9 GiB); fp32 8.2 GiB. LFM2.5-VL-3B 3.15 B → 5.9 GiB bf16/fp16, ~7-8 GiB peak
-on the GPU (+1 GiB float32 output layer), fp32 11.7 GiB. Host RAM during an export: the fp32
-model plus two or three copies of the graphs (the probe above peaked at 5.5x its graph bytes):
-~45 GB (Qwen3.5) / ~70 GB (LFM2-VL) — inside 128 GiB, one export at a time. Disk: both bf16
-folders 10 GiB + one member's export at a time (fp32 8-13 GB, temporaries as much again).
+on the GPU (+1 GiB float32 output layer), fp32 11.7 GiB. Host RAM during an export: both
+members are large (float32 weights over 2 GiB), so ``export_member`` streams them
+(export/memory.py): about the fp32 model plus the tracer's working set (LFM2.5-VL-3B peaked at
+18 GiB on the 24 GiB workstation). Disk: both bf16 folders 10 GiB + one member's export at a
+time (fp32 graphs 8-13 GB, the int8 graphs and a scratch file beside them).
 
 Here (no GPU), the same code path runs on the tiny TEST pair on the CPU, GPU-only steps
 skipped with the reason (``tests/test_bench_gpu.py`` runs it)::

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from spotstop.export.weights import WeightIO
+from spotstop.export.weights import WeightIO, rewrite_weight_matmuls
 
 __all__ = ["nbits_blocks", "quantize_matmuls_nbits"]
 
@@ -53,36 +53,21 @@ def quantize_matmuls_nbits(
 ) -> int:
     """Quantize, in place, every ``MatMul`` with a rank-2 float initializer weight; return
     how many weights were quantized. A weight shared by several MatMuls is quantized once."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     io = io or WeightIO()
-    g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    users: dict[str, int] = {}
-    for node in g.node:
-        for i in node.input:
-            users[i] = users.get(i, 0) + 1
-    for o in g.output:
-        users[o.name] = users.get(o.name, 0) + 1
-    floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
     done: dict[str, tuple[str, str, int, int]] = {}
-    new_nodes = []
-    for node in g.node:
-        w = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else ""
-        t = inits.get(w)
-        if t is None or t.data_type not in floats or len(t.dims) != 2:
-            new_nodes.append(node)
-            continue
-        if w not in done:
+
+    def rewrite(node: Any, t: Any) -> list[Any]:
+        if t.name not in done:
             k, n = (int(d) for d in t.dims)
             packed, scales = nbits_blocks(io.read(t), bits, block_size)
-            qn, sn = f"{w}_Q{bits}", f"{w}_scales"
+            qn, sn = f"{t.name}_Q{bits}", f"{t.name}_scales"
             io.add(model, packed, qn)
             io.add(model, scales, sn)
-            del packed, scales
-            done[w] = (qn, sn, k, n)
-        qn, sn, k, n = done[w]
-        new_nodes.append(
+            done[t.name] = (qn, sn, k, n)
+        qn, sn, k, n = done[t.name]
+        return [
             helper.make_node(
                 "MatMulNBits",
                 [node.input[0], qn, sn],
@@ -94,13 +79,9 @@ def quantize_matmuls_nbits(
                 bits=bits,
                 block_size=block_size,
             )
-        )
-        users[w] -= 1
-    for w in done:
-        if users[w] == 0:
-            g.initializer.remove(inits[w])
-    del g.node[:]
-    g.node.extend(new_nodes)
-    if done and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        ]
+
+    count = rewrite_weight_matmuls(model, rewrite)
+    if count and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return len(done)
+    return count

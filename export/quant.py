@@ -232,52 +232,34 @@ def rtn_quantize_matmuls(model: Any, block_size: int = BLOCK_SIZE) -> int:
     MatMuls is quantized once; the float weight is dropped when nothing else reads it. Returns
     the number of weights quantized.
     """
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
+    from spotstop.export.weights import rewrite_weight_matmuls
 
     g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
-    users: dict[str, int] = {}
-    for node in g.node:
-        for i in node.input:
-            users[i] = users.get(i, 0) + 1
-    for o in g.output:
-        users[o.name] = users.get(o.name, 0) + 1
     done: dict[str, str] = {}  # weight name → DequantizeLinear output
-    new_nodes = []
-    for node in g.node:
-        w = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else ""
-        t = inits.get(w)
-        if t is None or t.data_type not in floats or len(t.dims) != 2:
-            new_nodes.append(node)
-            continue
+
+    def rewrite(node: Any, t: Any) -> list[Any]:
+        w, first = t.name, []
         if w not in done:
-            arr = numpy_helper.to_array(t)
-            q, s = rtn_int4_blocks(arr, block_size)
+            q, s = rtn_int4_blocks(numpy_helper.to_array(t), block_size)
             qt = _int4_tensor(w + "_i4", q)
             st = numpy_helper.from_array(s, w + "_scale")
-            out = w + "_DequantizeLinear_Output"
             g.initializer.extend([qt, st])
-            new_nodes.append(
+            done[w] = w + "_DequantizeLinear_Output"
+            first.append(
                 helper.make_node(
                     "DequantizeLinear",
                     [qt.name, st.name],
-                    [out],
+                    [done[w]],
                     name=w + "_DequantizeLinear",
                     axis=0,
                     block_size=block_size,
                 )
             )
-            done[w] = out
         node.input[1] = done[w]
-        users[w] -= 1
-        new_nodes.append(node)
-    for w in done:
-        if users[w] == 0:
-            g.initializer.remove(inits[w])
-    del g.node[:]
-    g.node.extend(new_nodes)
-    return len(done)
+        return [*first, node]
+
+    return rewrite_weight_matmuls(model, rewrite)
 
 
 # -- opset -------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from its file when a pass needs it and a new one is appended to the output file 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "embeddings_to_fp16",
     "fold_weight_transposes",
     "gather_from_quantized",
+    "rewrite_weight_matmuls",
     "tie_output_layer",
     "untie_for_quantizer",
 ]
@@ -176,6 +178,36 @@ def _users(model: Any) -> dict[str, int]:
     for o in model.graph.output:
         users[o.name] = users.get(o.name, 0) + 1
     return users
+
+
+def rewrite_weight_matmuls(model: Any, rewrite: Callable[[Any, Any], list[Any]]) -> int:
+    """Replace, in place, every ``MatMul`` whose second input is a rank-2 float initializer
+    (a weight) by the nodes ``rewrite(node, weight)`` returns (the weight-only quantizers:
+    export/nbits.py, export/quant.py); a weight nothing reads any more is dropped. Returns
+    how many distinct weights were rewritten."""
+    from onnx import TensorProto
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    users = _users(model)
+    floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
+    seen: set[str] = set()
+    new_nodes: list[Any] = []
+    for node in g.node:
+        w = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else ""
+        t = inits.get(w)
+        if t is None or t.data_type not in floats or len(t.dims) != 2:
+            new_nodes.append(node)
+            continue
+        new_nodes += rewrite(node, t)
+        seen.add(w)
+        users[w] -= 1
+    for w in seen:
+        if users[w] == 0:
+            g.initializer.remove(inits[w])
+    del g.node[:]
+    g.node.extend(new_nodes)
+    return len(seen)
 
 
 def _drop_unused_initializers(model: Any) -> None:
