@@ -1,0 +1,95 @@
+"""bench/real_pair.py's report and bench/_results.py's sections of bench/RESULTS.md.
+
+The run itself (an hour of a 24 GB workstation at the real dimensions) is not a test; its
+figures are in bench/RESULTS.md. Here: what it writes from the figures it holds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sections_are_rewritten_in_place_and_others_kept(tmp_path: Path) -> None:
+    results = _load("_results")
+    f = tmp_path / "RESULTS.md"
+    results.write_section(f, "gpu", "### GPU one")
+    results.write_section(f, "cpu-real", "## CPU one")
+    results.write_section(f, "gpu", "### GPU two")
+    text = f.read_text(encoding="utf-8")
+    assert text.startswith("# Benchmark results")
+    assert "GPU one" not in text and text.count("GPU two") == 1 and "CPU one" in text
+    assert text.index("GPU two") < text.index("CPU one")  # the section stays where it was
+
+
+def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
+    rp = _load("real_pair")
+    gib = 2**30
+    res = {
+        "environment": {"date": "d", "cores": 2, "ram_gib": 23.5, "versions": {"torch": "x"}},
+        "argv": "--work w",
+        "export": {
+            "int8": {
+                "rc": 0,
+                "seconds": 600.0,
+                "peak_rss_bytes": 18 * gib,
+                "members": [
+                    {
+                        "name": "M",
+                        "seconds": 300.0,
+                        "peak_rss_bytes": 9 * gib,
+                        "streamed": True,
+                        "file_bytes": 3 * gib,
+                        "predicted_bytes": 2 * gib,
+                    }
+                ],
+            },
+            "int4": {"rc": 1, "seconds": 5.0, "peak_rss_bytes": gib, "error": "boom"},
+        },
+        "latency": {
+            "M": {
+                "torch eager fp32": {
+                    "rc": 0,
+                    "times_s": [4.0, 6.0, 5.0],
+                    "first_s": 9.0,
+                    "tokens": [300, 300, 300],
+                    "peak_rss_bytes": 9 * gib,
+                },
+                "onnxruntime int8": {
+                    "rc": 0,
+                    "times_s": [2.0, 2.5, 3.0],
+                    "first_s": 3.0,
+                    "tokens": [300, 300, 300],
+                    "peak_rss_bytes": 4 * gib,
+                },
+                "onnxruntime int4": {"rc": 1, "error": "no"},
+            }
+        },
+    }
+    md = rp.render(res)
+    assert "| int8 | M | 300 s | 9.00 GiB | yes | 3.00 GiB | 2.00 GiB | 1.500 |" in md
+    assert "**10.0 min**" in md
+    assert "| int4 | FAILED (exit 1) |" in md and "- int4: boom" in md
+    # medians 5.0 s and 2.5 s: torch / onnxruntime = 2.00x
+    assert "| M | onnxruntime int8 | 2.50 s | 2.00 s | 3.0 s | 300 | 4.00 GiB | 2.00x |" in md
+    assert "| M | onnxruntime int4 | FAILED |" in md
+    assert "verify-bundle" not in md  # no verify figures held: no verify table
+
+
+def test_last_json_skips_what_a_command_printed_before() -> None:
+    rp = _load("real_pair")
+    out = '[torch.onnx] Translate...\n{\n  "a": [\n    {\n      "b": 1\n    }\n  ]\n}\n'
+    assert rp._last_json(out) == {"a": [{"b": 1}]}
