@@ -20,6 +20,7 @@ from spotstop.export.weights import (
     embeddings_to_fp16,
     fold_weight_transposes,
     gather_from_quantized,
+    gemms_to_matmuls,
     untie_for_quantizer,
 )
 
@@ -64,6 +65,7 @@ def convert_precision(
         bits = 8 if precision == "int8" else 4
         fold_weight_transposes(m, io)
         tied = untie_for_quantizer(m, io)
+        gemms_to_matmuls(m, io)  # a Linear exported as Gemm is quantized too
         quantize_matmuls_nbits(m, bits, 128, io)  # onnxruntime's MatMulNBits, symmetric
         return embeddings_to_fp16(gather_from_quantized(m, tied, bits, io), io)
     if precision == "int4-trt":  # DequantizeLinear(INT4) -> MatMul: TensorRT parses it

@@ -34,6 +34,7 @@ __all__ = [
     "embeddings_to_fp16",
     "fold_weight_transposes",
     "gather_from_quantized",
+    "gemms_to_matmuls",
     "rewrite_weight_matmuls",
     "tie_output_layer",
     "untie_for_quantizer",
@@ -347,6 +348,58 @@ def tie_output_layer(model: Any, io: WeightIO | None = None) -> Any:
             model.graph.node.remove(n)
     _drop_unused_initializers(model)
     return model
+
+
+def gemms_to_matmuls(model: Any, io: WeightIO | None = None) -> int:
+    """``Gemm(A, B[, C])`` with a rank-2 float initializer ``B`` (alpha = beta = 1, no transA)
+    as ``MatMul(A, B')`` (+ ``Add(·, C)``), ``B' = Bᵀ`` when ``transB``, in place; returns how
+    many Gemms were rewritten.
+
+    The legacy exporter writes a Linear on a 2-D input as Gemm (the Qwen3.5 vision tower's
+    every Linear), and the weight-only quantizers read MatMuls only: without this, int8/int4
+    left those weights float32 (about 1.3 GiB of Qwen3.5-2B's vision tower). A tied output
+    layer's Gemm (:func:`tie_output_layer`) is turned back by :func:`untie_for_quantizer`.
+    """
+    from onnx import TensorProto, helper
+
+    io = io or WeightIO()
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    users = _users(model)
+    floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
+    transposed: dict[str, str] = {}
+    new_nodes: list[Any] = []
+    count = 0
+    for node in g.node:
+        t = inits.get(node.input[1]) if node.op_type == "Gemm" and len(node.input) > 1 else None
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        plain = attrs.get("transA", 0) == 0 and attrs.get("alpha", 1.0) == 1.0
+        plain = plain and attrs.get("beta", 1.0) == 1.0
+        if t is None or not plain or len(t.dims) != 2 or t.data_type not in floats:
+            new_nodes.append(node)
+            continue
+        b = t.name
+        w = b
+        if attrs.get("transB", 0):
+            if b not in transposed:
+                transposed[b] = f"{b}_gemmT"
+                io.add(model, np.ascontiguousarray(io.read(t).T), transposed[b])
+            w = transposed[b]
+        bias = node.input[2] if len(node.input) > 2 and node.input[2] else ""
+        y = node.output[0]
+        out = f"{y}_matmul" if bias else y
+        new_nodes.append(helper.make_node("MatMul", [node.input[0], w], [out], name=node.name))
+        if bias:
+            new_nodes.append(helper.make_node("Add", [out, bias], [y], name=f"{node.name}_bias"))
+        users[b] -= 1
+        count += 1
+    if count:
+        for b, n in users.items():
+            if n == 0 and b in inits and b in transposed:
+                g.initializer.remove(inits[b])
+        del g.node[:]
+        g.node.extend(new_nodes)
+    return count
 
 
 def untie_for_quantizer(model: Any, io: WeightIO | None = None) -> dict[str, str]:

@@ -147,3 +147,37 @@ def test_disk_weights_write_what_the_graph_would_hold(tmp_path: Path) -> None:
     s1 = ort.InferenceSession(str(stage / "m.onnx"), providers=["CPUExecutionProvider"])
     s2 = ort.InferenceSession(in_mem.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(s1.run(None, {"ids": ids})[0], s2.run(None, {"ids": ids})[0])
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_linears_exported_as_gemm_are_quantized_too(precision: str) -> None:
+    """A Linear on a 2-D input exports as Gemm (the Qwen3.5 vision tower): int8/int4 turn it
+    into MatMulNBits (+ its bias), not a float32 Gemm; the answer moves by the weight error."""
+    from onnx import TensorProto, helper, numpy_helper
+    from spotstop.export.precision import convert_precision
+
+    rng = np.random.default_rng(5)
+    w1 = rng.normal(0, 0.05, (64, 256)).astype(np.float32)  # Linear(256 → 64): (out, in)
+    b1 = rng.normal(0, 0.1, 64).astype(np.float32)
+    w2 = rng.normal(0, 0.05, (64, 128)).astype(np.float32)  # transB = 0: (in, out)
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], transB=1, name="fc1"),
+        helper.make_node("Gemm", ["h", "w2"], ["y"], name="fc2"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 128])],
+        [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"))],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    q = convert_precision(model, precision)
+    ops = [n.op_type for n in q.graph.node]
+    assert "Gemm" not in ops and ops.count("MatMulNBits") == 2 and "Add" in ops
+    assert {t.name for t in q.graph.initializer} & {"w1", "w2", "w1_gemmT"} == set()
+    x = rng.normal(size=(3, 256)).astype(np.float32)
+    want = (x @ w1.T + b1) @ w2  # the float answer, by numpy
+    got = _run(q, x)
+    rel = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+    assert 0 < rel < (0.02 if precision == "int8" else 0.2), rel
