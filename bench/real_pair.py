@@ -248,7 +248,11 @@ def render(res: dict[str, Any]) -> str:
         "## The real pair's dimensions on a CPU workstation (issue #13, item 4)",
         "",
         "Seeded random weights at the real dimensions (TEST WEIGHTS: the scores mean nothing);",
-        f"command `python bench/real_pair.py {res.get('argv', '')}`; {env.get('date', '?')};",
+        "commands "
+        + ", ".join(
+            f"`python bench/real_pair.py {c}`" for c in res.get("commands") or [res.get("argv", "")]
+        )
+        + f"; {env.get('date', '?')};",
         f"{env.get('cores', '?')} cores, {env.get('ram_gib', '?')} GiB RAM; "
         + ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
         + ".",
@@ -376,7 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     store = args.work / "real_pair.json"
     res: dict[str, Any] = json.loads(store.read_text()) if store.is_file() else {}
     res["environment"] = _environment()
+    res.setdefault("commands", [res["argv"]] if res.get("argv") else [])
     res["argv"] = " ".join(sys.argv[1:] if argv is None else argv)
+    if res["argv"] not in res["commands"]:
+        res["commands"].append(res["argv"])
     log = args.work / "real_pair.log"
     for s in steps:
         print(f"[{time.strftime('%H:%M:%S')}] {s} ...", flush=True)
