@@ -4,4 +4,5 @@ import sys
 
 from spotstop.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not again in a spawned child process (export of a large member)
+    sys.exit(main())

@@ -21,6 +21,7 @@ from typing import Any
 
 __all__ = [
     "LARGE_BYTES",
+    "folder_fp32_bytes",
     "fp32_weight_bytes",
     "is_large",
     "peak_rss_bytes",
@@ -39,6 +40,22 @@ def fp32_weight_bytes(model: Any) -> int:
     """Bytes of a torch model's parameters and buffers at float32 (4 bytes each)."""
     n = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
     return 4 * int(n)
+
+
+def folder_fp32_bytes(folder: str | Path) -> int:
+    """Float32 bytes of the weights in a member folder's ``*.safetensors`` files, from their
+    headers (element counts; nothing is loaded)."""
+    import json
+    import math
+    import struct
+
+    total = 0
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    return 4 * total
 
 
 def is_large(model: Any) -> bool:

@@ -101,11 +101,15 @@ class ExportValidationError(ValueError):
     """
 
     def __init__(self, member: str, failures: Sequence[str]) -> None:
+        self.member = member
         self.failures = list(failures)
         super().__init__(
             f"export of {member} failed validation ({len(self.failures)} failure(s)):\n  "
             + "\n  ".join(self.failures)
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # raised in a child process, re-raised here
+        return (type(self), (self.member, self.failures))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from spotstop.export.bundle import _write_manifest
+from spotstop.export.memory import LARGE_BYTES, folder_fp32_bytes
 from spotstop.export.onnx import DEFAULT_BUCKETS, MemberExport, export_member
 from spotstop.export.triton import write_triton_repository
 from spotstop.export.trt import build_engines, write_trt_script
@@ -58,6 +59,27 @@ def _source(src: str | os.PathLike[str]) -> str:
     """What verify-bundle loads as the torch reference: an absolute folder, or the hub id."""
     p = Path(src).expanduser()
     return str(p.resolve()) if p.exists() else str(src)
+
+
+def _export_quietly(src: str, out: Path, kw: dict[str, Any]) -> MemberExport:
+    """:func:`export_member` in a child process; what the exporters print goes to stderr."""
+    import contextlib
+    import sys
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return export_member(src, out, **kw)
+
+
+def _export_in_child(src: str | os.PathLike[str], out: Path, kw: dict[str, Any]) -> MemberExport:
+    """Export a large member in a fresh process (spawned: no copy of this one), so all of its
+    memory is returned when it ends: a 24 GB workstation holds one real member's export, not
+    one and what the previous export left behind (the python heap, the tracer's caches)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(_export_quietly, str(src), out, kw).result()
 
 
 def write_onnx_bundle(
@@ -109,18 +131,21 @@ def write_onnx_bundle(
         mname = Path(str(src)).name
         if any(e.name == mname for e in exports):
             raise ValueError(f"two members are named {mname!r}; member folder names must differ.")
-        say(f"exporting {mname} ({precision}) …")
-        e = export_member(
-            src,
-            root / "members" / mname,
-            config=cfg,
-            precision=precision,
-            image_size=image_size,
-            buckets=buckets,
-            name=mname,
-            sessions=sessions,
-            visual_tokens=member_visual_tokens(visual_tokens, mname, types.get(str(src), "")),
-        )
+        kw = {
+            "config": cfg,
+            "precision": precision,
+            "image_size": image_size,
+            "buckets": buckets,
+            "name": mname,
+            "sessions": sessions,
+            "visual_tokens": member_visual_tokens(visual_tokens, mname, types.get(str(src), "")),
+        }
+        large = folder_fp32_bytes(resolve_member(src).path) > LARGE_BYTES
+        say(f"exporting {mname} ({precision}{', in its own process' if large else ''}) …")
+        if large:  # what one large export leaves in a process must not crowd the next one
+            e = _export_in_child(src, root / "members" / mname, kw)
+        else:
+            e = export_member(src, root / "members" / mname, **kw)  # type: ignore[arg-type]
         say(
             f"  {mname}: {len(e.files)} files, {e.weight_bytes / 2**20:.1f} MiB of weights, "
             f"max |Δ| vs torch {e.max_abs_diff:.2g}, {e.seconds:.0f} s"

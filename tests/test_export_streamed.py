@@ -106,3 +106,38 @@ def test_export_json_reports_each_member(tiny_pair: Path, tmp_path: Path, capsys
     assert m["seconds"] > 0 and m["weight_bytes"] > 0 and m["visual_tokens"] > 0
     if Path("/proc/self/status").exists():
         assert m["peak_rss_bytes"] > 0
+
+
+def test_validation_error_survives_a_process_boundary() -> None:
+    import pickle
+
+    from spotstop.export.onnx import ExportValidationError
+
+    e = pickle.loads(pickle.dumps(ExportValidationError("m", ["a > b", "c > d"])))
+    assert isinstance(e, ExportValidationError) and e.member == "m"
+    assert e.failures == ["a > b", "c > d"] and "2 failure(s)" in str(e)
+
+
+def test_folder_fp32_bytes_counts_the_safetensors_headers(tiny_pair: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from spotstop.export.memory import folder_fp32_bytes
+    from transformers import AutoModelForImageTextToText
+
+    folder = tiny_pair / "tiny-lfm2_vl"
+    model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=torch.float32)
+    n = sum(p.numel() for p in model.parameters())  # a tied table counted once, as stored
+    assert folder_fp32_bytes(folder) == 4 * n
+
+
+def test_a_large_member_exports_in_its_own_process(tiny_pair: Path, tmp_path: Path) -> None:
+    """write_onnx_bundle exports a large member in a spawned process (its memory returned
+    when it ends); the result comes back whole."""
+    from spotstop.export.onnx_bundle import _export_in_child
+
+    kw = {"precision": "int8", "buckets": [256], "name": "tiny-lfm2_vl"}
+    e = _export_in_child(tiny_pair / "tiny-lfm2_vl", tmp_path / "m", kw)
+    assert e.name == "tiny-lfm2_vl" and e.precision == "int8" and e.checks
+    assert all(c.ok for c in e.checks)
+    assert (tmp_path / "m" / "onnx" / "decoder.onnx").is_file()
+    if Path("/proc/self/status").exists():  # the child's own peak, not this process's
+        assert e.peak_rss_bytes is not None and e.peak_rss_bytes > 50 * 2**20
