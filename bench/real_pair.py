@@ -10,9 +10,12 @@ measured), run the product's own commands as a user runs them:
 2. ``export``  — ``spotstop export --member Q --member L --precision P --json`` per precision
    (int8, int4): the members are large (float32 weights over 2 GiB), so the export runs
    streamed (export/memory.py); wall time of the command, and per member the seconds and
-   peak RSS the export reports.
-3. ``verify``  — ``spotstop verify-bundle BUNDLE --json`` per precision: every member's score
-   against its torch reference at the precision's tolerance (export/configs.py).
+   peak RSS the export reports. When the pair's export fails (a member beyond its
+   tolerance: no bundle is written), each member is exported alone, so one that passes still
+   has a bundle to verify and time; the pair's failure stays in the report.
+3. ``verify``  — ``spotstop verify-bundle BUNDLE --json`` per bundle this run's export wrote:
+   every member's score against its torch reference at the precision's tolerance
+   (export/configs.py).
 4. ``latency`` — per member, on the same generated scenes, one scene per call after a
    warm-up call: torch eager fp32 (the member folder, ``backend="torch"``) against
    onnxruntime int8 and int4 (the bundles), each in its own process, measured in this run.
@@ -151,58 +154,101 @@ def step_build(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None
         out[name]["folder_bytes"] = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def step_export(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None:
+def _export(
+    args: argparse.Namespace, prec: str, names: list[str], bundle: Path, log: Path
+) -> dict[str, Any]:
+    """``spotstop export`` of ``names`` at ``prec`` into ``bundle``: the command's figures and,
+    when it wrote the bundle, each member's seconds, peak RSS and bytes against the budget."""
     mb = _budget()
+    cmd = [sys.executable, "-m", "spotstop.cli", "export", "--precision", prec, "--json"]
+    cmd += ["--buckets", str(args.bucket), "--trt", "script", "--out", str(bundle)]
+    cmd += ["--name", f"real-{'pair' if len(names) > 1 else names[0]}-{prec}"]
+    for name in names:
+        cmd += ["--member", str(args.work / name)]
+    r = _run(cmd, log)
+    rec: dict[str, Any] = {k: r[k] for k in ("cmd", "rc", "seconds", "peak_rss_bytes")}
+    rec["bundle"] = str(bundle)
+    if r["rc"] != 0:
+        rec["error"] = _tail(log)
+    try:  # a slip here must not lose the export's own figures
+        j = _last_json(r["stdout"]) if r["rc"] == 0 else {"members": []}
+        rec["bundle_id"] = j.get("bundle_id")
+        for m in j["members"]:
+            counts = mb.count(m["name"], mb.build_config(m["name"], mb.RECORDED[m["name"]]))
+            m["predicted_bytes"] = float(mb.weight_bytes(counts, prec))
+            m["file_bytes"] = _member_bytes(bundle, m["name"])
+        rec["members"] = j["members"]
+    except Exception as ex:
+        rec["error"] = f"{type(ex).__name__}: {ex}; stdout: {r['stdout'][-400:]}"
+        rec["rc"] = rec["rc"] or -1
+    return rec
+
+
+def step_export(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None:
+    """One ``spotstop export`` of the pair per precision. When the pair's export fails (one
+    member beyond its tolerance writes no bundle), each member is exported alone, so a member
+    that passes still gets its own bundle to verify and time; the pair's failure is kept."""
+    mb = _budget()
+    names = list(mb.RECORDED)
     out = res.setdefault("export", {})
     for prec in args.precisions:
-        bundle = args.work / f"bundle-{prec}"
-        cmd = [sys.executable, "-m", "spotstop.cli", "export", "--precision", prec, "--json"]
-        cmd += ["--buckets", str(args.bucket), "--trt", "script", "--out", str(bundle)]
-        cmd += ["--name", f"real-pair-{prec}"]
-        for name in mb.RECORDED:
-            cmd += ["--member", str(args.work / name)]
-        r = _run(cmd, log)
-        rec: dict[str, Any] = {k: r[k] for k in ("cmd", "rc", "seconds", "peak_rss_bytes")}
-        if r["rc"] != 0:
-            rec["error"] = _tail(log)
-        try:  # a slip here must not lose the export's own figures
-            j = _last_json(r["stdout"]) if r["rc"] == 0 else {"members": []}
-            rec["bundle_id"] = j.get("bundle_id")
-            for m in j["members"]:
-                counts = mb.count(m["name"], mb.build_config(m["name"], mb.RECORDED[m["name"]]))
-                m["predicted_bytes"] = float(mb.weight_bytes(counts, prec))
-                m["file_bytes"] = _member_bytes(bundle, m["name"])
-            rec["members"] = j["members"]
-        except Exception as ex:
-            rec["error"] = f"{type(ex).__name__}: {ex}; stdout: {r['stdout'][-400:]}"
-            rec["rc"] = rec["rc"] or -1
+        rec = _export(args, prec, names, args.work / f"bundle-{prec}", log)
+        if rec["rc"] != 0 and len(names) > 1:
+            rec["alone"] = {
+                n: _export(args, prec, [n], args.work / f"bundle-{prec}-{n}", log) for n in names
+            }
         out[prec] = rec
+
+
+def bundles(res: dict[str, Any], prec: str) -> dict[str, str]:
+    """member name → the bundle this run's export wrote it into at ``prec`` (the pair's, else
+    its own); a member whose export failed is absent. Never a bundle left by an earlier run."""
+    e = res.get("export", {}).get(prec, {})
+    if e.get("rc") == 0:
+        return {m["name"]: e["bundle"] for m in e.get("members", []) if e.get("bundle")}
+    return {
+        n: a["bundle"]
+        for n, a in e.get("alone", {}).items()
+        if a.get("rc") == 0 and a.get("members") and a.get("bundle")
+    }
 
 
 def step_verify(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None:
     out = res.setdefault("verify", {})
     for prec in args.precisions:
-        bundle = args.work / f"bundle-{prec}"
-        cmd = [sys.executable, "-m", "spotstop.cli", "verify-bundle", str(bundle), "--json"]
-        cmd += ["--scenes", str(args.verify_scenes)]
-        r = _run(cmd, log)
-        rec: dict[str, Any] = {k: r[k] for k in ("cmd", "rc", "seconds", "peak_rss_bytes")}
-        try:
-            rec["result"] = _last_json(r["stdout"])
-        except json.JSONDecodeError:
-            rec["error"] = _tail(log)
-        out[prec] = rec
+        written = sorted(set(bundles(res, prec).values()))
+        if not written:
+            out[prec] = {"rc": None, "error": "no bundle: its export failed (see the export table)"}
+            continue
+        runs = []
+        for bundle in written:
+            cmd = [sys.executable, "-m", "spotstop.cli", "verify-bundle", bundle, "--json"]
+            cmd += ["--scenes", str(args.verify_scenes)]
+            r = _run(cmd, log)
+            rec: dict[str, Any] = {k: r[k] for k in ("cmd", "rc", "seconds", "peak_rss_bytes")}
+            try:
+                rec["result"] = _last_json(r["stdout"])
+            except json.JSONDecodeError:
+                rec["error"] = _tail(log)
+            runs.append(rec)
+        out[prec] = runs[0] if len(runs) == 1 else {"runs": runs}
 
 
 def step_latency(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None:
     mb = _budget()
     out: dict[str, Any] = {}
     for name in mb.RECORDED:
-        runs = [("torch eager fp32", "torch", str(args.work / name))]
-        runs += [
-            (f"onnxruntime {p}", "onnx", str(args.work / f"bundle-{p}")) for p in args.precisions
+        runs: list[tuple[str, str, str | None]] = [
+            ("torch eager fp32", "torch", str(args.work / name))
         ]
+        runs += [(f"onnxruntime {p}", "onnx", bundles(res, p).get(name)) for p in args.precisions]
         for label, kind, where in runs:
+            if where is None:
+                out.setdefault(name, {})[label] = {
+                    "rc": None,
+                    "error": "no bundle: this member's export failed validation at this precision",
+                }
+                continue
             r = _run(_py(_LATENCY, kind, where, name, str(args.scenes)), log)
             rec: dict[str, Any] = {"rc": r["rc"], "peak_rss_bytes": r["peak_rss_bytes"]}
             if r["rc"] == 0:
@@ -217,6 +263,13 @@ def _last_json(text: str) -> Any:
     """The JSON document a command printed last (an indented object from column 0)."""
     start = text.rfind("\n{\n")
     return json.loads(text[start + 1 :] if start >= 0 else text)
+
+
+def _error_lines(text: str) -> str:
+    """The lines of a failed command's log tail that say why (spotstop's own message and the
+    outputs beyond tolerance), without the exporter's warnings."""
+    keep = [ln.strip() for ln in text.splitlines() if "spotstop" in ln or "max|Δ|" in ln]
+    return "; ".join(keep) if keep else text.strip().replace("\n", " ")[-300:]
 
 
 def _tail(log: Path, n: int = 600) -> str:
@@ -282,10 +335,8 @@ def render(res: dict[str, Any]) -> str:
             "| precision | member | export | peak RSS | streamed | graph files | memory_budget.py predicts | files / predicted |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for prec, e in exp.items():
-            if e.get("rc") != 0:
-                lines.append(f"| {prec} | FAILED (exit {e.get('rc')}) | | | | | | |")
-                continue
+
+        def member_rows(prec: str, e: dict[str, Any], what: str) -> None:
             for m in e["members"]:
                 lines.append(
                     f"| {prec} | {m['name']} | {m['seconds']:.0f} s | {_fmt_b(m['peak_rss_bytes'])} | "
@@ -293,11 +344,32 @@ def render(res: dict[str, Any]) -> str:
                     f"{_fmt_b(m['predicted_bytes'])} | {m['file_bytes'] / m['predicted_bytes']:.3f} |"
                 )
             lines.append(
-                f"| {prec} | **the pair** (whole command) | **{e['seconds'] / 60:.1f} min** | "
+                f"| {prec} | **{what}** (whole command) | **{e['seconds'] / 60:.1f} min** | "
                 f"{_fmt_b(e['peak_rss_bytes'])} | | | | |"
             )
+
+        for prec, e in exp.items():
+            if e.get("rc") == 0:
+                member_rows(prec, e, "the pair")
+                continue
+            lines.append(
+                f"| {prec} | the pair: FAILED (exit {e.get('rc')}) | {e.get('seconds', 0) / 60:.1f} min | | | | | |"
+            )
+            for name, a in e.get("alone", {}).items():
+                if a.get("rc") == 0:
+                    member_rows(prec, a, f"{name} alone")
+                else:
+                    lines.append(
+                        f"| {prec} | {name} alone: FAILED (exit {a.get('rc')}) | {a.get('seconds', 0) / 60:.1f} min | | | | | |"
+                    )
         lines.append("")
-        errs = [f"- {p}: {e.get('error', '')}" for p, e in exp.items() if e.get("rc") != 0]
+        errs = []
+        for p, e in exp.items():
+            if e.get("rc") != 0:
+                errs.append(f"- {p}, the pair: {_error_lines(e.get('error', ''))}")
+            for name, a in e.get("alone", {}).items():
+                if a.get("rc") != 0:
+                    errs.append(f"- {p}, {name} alone: {_error_lines(a.get('error', ''))}")
         lines += errs + ([""] if errs else [])
     ver = res.get("verify", {})
     if ver:
@@ -308,20 +380,22 @@ def render(res: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for prec, v in ver.items():
-            r = v.get("result")
-            if not r:
-                lines.append(f"| {prec} | FAILED (exit {v.get('rc')}) | | | | | | | |")
-                continue
-            for m in r.get("members", []):
+            for one in v.get("runs", [v]):
+                r = one.get("result")
+                if not r:
+                    why = one.get("error", "") if one.get("rc") is None else f"exit {one.get('rc')}"
+                    lines.append(f"| {prec} | FAILED ({why}) | | | | | | | |")
+                    continue
+                for m in r.get("members", []):
+                    lines.append(
+                        f"| {prec} | {m['name']} | {m['n']} | {m['max_abs_diff']:.3f} | {m['tolerance']} | "
+                        f"{m['spearman']:.3f} | {m['min_spearman']} | {m['decision_agreement']:.2f} | "
+                        f"{'PASS' if m['ok'] else 'FAIL'} |"
+                    )
                 lines.append(
-                    f"| {prec} | {m['name']} | {m['n']} | {m['max_abs_diff']:.3f} | {m['tolerance']} | "
-                    f"{m['spearman']:.3f} | {m['min_spearman']} | {m['decision_agreement']:.2f} | "
-                    f"{'PASS' if m['ok'] else 'FAIL'} |"
+                    f"| {prec} | whole command | {one['seconds'] / 60:.1f} min, peak RSS {_fmt_b(one['peak_rss_bytes'])} | | | | | | "
+                    f"**{'PASS' if r.get('ok') else 'FAIL'}** |"
                 )
-            lines.append(
-                f"| {prec} | whole command | {v['seconds'] / 60:.1f} min, peak RSS {_fmt_b(v['peak_rss_bytes'])} | | | | | | "
-                f"**{'PASS' if r.get('ok') else 'FAIL'}** |"
-            )
         lines.append("")
     lat = res.get("latency", {})
     if lat:
@@ -336,7 +410,8 @@ def render(res: dict[str, Any]) -> str:
             b_med = statistics.median(base) if base else None
             for label, r in runs.items():
                 if r.get("rc") != 0:
-                    lines.append(f"| {name} | {label} | FAILED | | | | | |")
+                    why = r["error"] if r.get("rc") is None else "FAILED"
+                    lines.append(f"| {name} | {label} | {why} | | | | | |")
                     continue
                 med = statistics.median(r["times_s"])
                 ratio = f"{b_med / med:.2f}x" if b_med else "n/a"

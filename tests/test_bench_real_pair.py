@@ -57,7 +57,32 @@ def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
                     }
                 ],
             },
-            "int4": {"rc": 1, "seconds": 5.0, "peak_rss_bytes": gib, "error": "boom"},
+            "int4": {
+                "rc": 1,
+                "seconds": 300.0,
+                "peak_rss_bytes": gib,
+                "error": "UserWarning: noise\nspotstop export: export of N failed validation\n"
+                "  [int4] decoder.onnx score (scene@L195): max|Δ| = 2.41 > atol 1",
+                "alone": {
+                    "M": {
+                        "rc": 0,
+                        "bundle": "w/bundle-int4-M",
+                        "seconds": 120.0,
+                        "peak_rss_bytes": 8 * gib,
+                        "members": [
+                            {
+                                "name": "M",
+                                "seconds": 110.0,
+                                "peak_rss_bytes": 8 * gib,
+                                "streamed": True,
+                                "file_bytes": gib,
+                                "predicted_bytes": gib,
+                            }
+                        ],
+                    },
+                    "N": {"rc": 1, "seconds": 60.0, "error": "spotstop export: N failed"},
+                },
+            },
         },
         "latency": {
             "M": {
@@ -82,11 +107,49 @@ def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
     md = rp.render(res)
     assert "| int8 | M | 300 s | 9.00 GiB | yes | 3.00 GiB | 2.00 GiB | 1.500 |" in md
     assert "**10.0 min**" in md
-    assert "| int4 | FAILED (exit 1) |" in md and "- int4: boom" in md
+    # the pair failed at int4: each member alone; the reason without the exporter's warnings
+    assert "| int4 | the pair: FAILED (exit 1) | 5.0 min |" in md
+    assert "| int4 | M | 110 s | 8.00 GiB | yes | 1.00 GiB | 1.00 GiB | 1.000 |" in md
+    assert "| int4 | **M alone** (whole command) | **2.0 min** |" in md
+    assert "| int4 | N alone: FAILED (exit 1) | 1.0 min |" in md
+    assert "- int4, the pair: spotstop export: export of N failed validation; [int4] " in md
+    assert "UserWarning" not in md
     # medians 5.0 s and 2.5 s: torch / onnxruntime = 2.00x
     assert "| M | onnxruntime int8 | 2.50 s | 2.00 s | 3.0 s | 300 | 4.00 GiB | 2.00x |" in md
     assert "| M | onnxruntime int4 | FAILED |" in md
     assert "verify-bundle" not in md  # no verify figures held: no verify table
+    # what each precision's bundles are: the pair's, else each member's own; never a stale one
+    assert rp.bundles(res, "int4") == {"M": "w/bundle-int4-M"}
+    assert rp.bundles(res, "int8") == {}  # the int8 record names no bundle folder: none used
+    res["export"]["int8"]["bundle"] = "w/bundle-int8"
+    assert rp.bundles(res, "int8") == {"M": "w/bundle-int8"}
+    assert rp.bundles(res, "fp16") == {}
+
+
+def test_report_lists_every_verify_run_and_a_member_without_a_bundle() -> None:
+    rp = _load("real_pair")
+    member = {
+        "name": "M",
+        "n": 12,
+        "max_abs_diff": 0.5,
+        "tolerance": 1.0,
+        "spearman": 0.95,
+        "min_spearman": 0.8,
+        "decision_agreement": 1.0,
+        "ok": True,
+    }
+    one = {"rc": 0, "seconds": 60.0, "peak_rss_bytes": 2**30}
+    res = {
+        "verify": {
+            "int4": {"runs": [{**one, "result": {"ok": True, "members": [member]}}]},
+            "int8": {"rc": None, "error": "no bundle: its export failed (see the export table)"},
+        },
+        "latency": {"N": {"onnxruntime int4": {"rc": None, "error": "no bundle: failed"}}},
+    }
+    md = rp.render(res)
+    assert "| int4 | M | 12 | 0.500 | 1.0 | 0.950 | 0.8 | 1.00 | PASS |" in md
+    assert "| int8 | FAILED (no bundle: its export failed (see the export table)) |" in md
+    assert "| N | onnxruntime int4 | no bundle: failed |" in md
 
 
 def test_last_json_skips_what_a_command_printed_before() -> None:
