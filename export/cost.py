@@ -29,7 +29,9 @@ What is counted (one scene, scene pass: the camera image + the request; no gray 
       fp32 4 B, fp16 2 B per parameter; int8/int4 weight-only MatMulNBits on the matrix
       multiplies (1 / 0.5 B per weight + a float32 scale per block of 128), the token table as
       float16 (tied: the output layer's blocks plus a second copy of the scales), the rest
-      float32.
+      float32; int4-trt int4 blocks with float16 scales on the fp16 graph (tied: the float16
+      table and the blocks). One rule, :func:`stored_weight_bytes`, which
+      ``jetson/memory_budget.py`` calls too.
 
 Roofline: the lower bound of one scene on a device is ``max(FLOPs / peak, bytes / bandwidth)``
 with every weight read once from memory (activations at batch one are neglected: they are a few
@@ -53,12 +55,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from spotstop.export.cost_data import DEVICES, PAPER_TFLOPS, REAL_PAIR, REAL_SETTINGS
+from spotstop.export.quant import BLOCK_SIZE
 
 __all__ = [
     "ASSUMPTIONS",
     "CHUNK",
     "COST_MODELS",
     "DEVICES",
+    "PRECISIONS",
+    "WEIGHT_BYTES",
     "ArchCost",
     "MemberCost",
     "PairCost",
@@ -75,18 +80,50 @@ __all__ = [
     "register",
     "report",
     "roofline",
+    "stored_weight_bytes",
 ]
 
 #: chunk size of transformers' torch_chunk_gated_delta_rule
 CHUNK = 64
-#: bytes per parameter by role and precision (see the module docstring)
-_BYTES: dict[str, dict[str, float]] = {
+#: bytes per parameter by role and precision, as ``spotstop export`` writes them (the module
+#: docstring): ``linear`` matrix-multiply weights, ``embed`` the token table, ``other`` the rest.
+#: int8/int4: MatMulNBits, a float32 scale per block of BLOCK_SIZE weights; int4-trt: INT4
+#: DequantizeLinear blocks with float16 scales on the fp16 graph.
+WEIGHT_BYTES: dict[str, dict[str, float]] = {
     "fp32": {"linear": 4.0, "embed": 4.0, "other": 4.0},
     "fp16": {"linear": 2.0, "embed": 2.0, "other": 2.0},
-    "int8": {"linear": 1.0 + 4 / 128, "embed": 2.0, "other": 4.0},
-    "int4": {"linear": 0.5 + 4 / 128, "embed": 2.0, "other": 4.0},
+    "int8": {"linear": 1.0 + 4 / BLOCK_SIZE, "embed": 2.0, "other": 4.0},
+    "int4": {"linear": 0.5 + 4 / BLOCK_SIZE, "embed": 2.0, "other": 4.0},
+    "int4-trt": {"linear": 0.5 + 2 / BLOCK_SIZE, "embed": 2.0, "other": 2.0},
 }
-PRECISIONS: tuple[str, ...] = tuple(_BYTES)
+PRECISIONS: tuple[str, ...] = tuple(WEIGHT_BYTES)
+
+
+def stored_weight_bytes(
+    precision: str, *, linear: float, table: float, other: float, tied: bool
+) -> float:
+    """Bytes of a member's weights as ``spotstop export`` stores them at ``precision``: the one
+    rule the cost model and ``jetson/memory_budget.py`` both use.
+
+    ``linear``: matrix-multiply weights (an untied output layer included); ``table``: the token
+    table; ``other``: norms, convolutions, biases; ``tied``: the output layer is the token
+    table. A tied table is stored once at fp32/fp16 (the Gather and the output layer read it);
+    at int8/int4 it is the output layer's MatMulNBits blocks, which ``GatherBlockQuantized``
+    reads with a second copy of the scales; at int4-trt (TensorRT has no quantized Gather) the
+    float16 table and the int4 blocks are both stored.
+    """
+    if precision not in WEIGHT_BYTES:
+        raise ValueError(f"unknown precision {precision!r}; choose from {list(WEIGHT_BYTES)}.")
+    b = WEIGHT_BYTES[precision]
+    if tied and precision in ("int8", "int4"):
+        table_bytes = table * (b["linear"] + 4 / BLOCK_SIZE)
+    elif tied and precision == "int4-trt":
+        table_bytes = table * (b["embed"] + b["linear"])
+    else:
+        table_bytes = table * b["embed"]
+    return linear * b["linear"] + table_bytes + other * b["other"]
+
+
 #: precision -> which dense peak its compute runs at (module docstring)
 _PEAK_OF = {"fp16": "fp16_tflops", "int8": "int8_tops", "int4": "fp16_tflops"}
 ROOFLINE_PRECISIONS: tuple[str, ...] = tuple(_PEAK_OF)
@@ -121,14 +158,15 @@ class Params:
     def bytes(self, precision: str) -> int:
         """Weight bytes as ``spotstop export`` writes them at ``precision`` (without the
         weights the scoring graph never reads)."""
-        b = _BYTES[precision]
-        linear = (self.vision_linear - self.unused[0] + self.text_linear + self.head) * b["linear"]
-        other = (self.vision_other - self.unused[1] + self.other) * b["other"]
-        if self.head or precision in ("fp32", "fp16"):
-            table = self.embed * b["embed"]
-        else:  # tied, quantized: the output layer's blocks, read by the Gather too
-            table = self.embed * (b["linear"] + 4 / 128)
-        return round(linear + other + table)
+        return round(
+            stored_weight_bytes(
+                precision,
+                linear=self.vision_linear - self.unused[0] + self.text_linear + self.head,
+                table=self.embed,
+                other=self.vision_other - self.unused[1] + self.other,
+                tied=not self.head,
+            )
+        )
 
 
 @dataclass(frozen=True)

@@ -61,12 +61,13 @@ def convert_precision(
         return to_fp16(m)
     if precision in ("int8", "int4"):
         from spotstop.export.nbits import quantize_matmuls_nbits
+        from spotstop.export.quant import BLOCK_SIZE
 
         bits = 8 if precision == "int8" else 4
         fold_weight_transposes(m, io)
         tied = untie_for_quantizer(m, io)
         gemms_to_matmuls(m, io)  # a Linear exported as Gemm is quantized too
-        quantize_matmuls_nbits(m, bits, 128, io)  # onnxruntime's MatMulNBits, symmetric
+        quantize_matmuls_nbits(m, bits, BLOCK_SIZE, io)  # onnxruntime's MatMulNBits, symmetric
         return embeddings_to_fp16(gather_from_quantized(m, tied, bits, io), io)
     if precision == "int4-trt":  # DequantizeLinear(INT4) -> MatMul: TensorRT parses it
         from spotstop.export.quant import quantize_int4_trt

@@ -78,7 +78,9 @@ __all__ = [
 
 logger = logging.getLogger("spotstop.export.quant")
 
-#: Rows of the weight (input features, K) that share one scale.
+#: Rows of the weight (input features, K) that share one scale: int4-trt's DequantizeLinear
+#: blocks and int8/int4's MatMulNBits blocks (export/precision.py), and the scale bytes the
+#: cost model and jetson/memory_budget.py count (export/cost.py).
 BLOCK_SIZE = 128
 #: First opset whose DequantizeLinear takes INT4 inputs and the ``block_size`` attribute.
 INT4_OPSET = 21

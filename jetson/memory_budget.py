@@ -6,9 +6,13 @@
     python jetson/memory_budget.py --print         # print instead of writing the README
 
 Parameter counts are not typed by hand: each member's config object is built with its
-transformers config class (``Qwen3_5Config``, ``Lfm2VlConfig``) and the model is instantiated
-on the meta device (no memory, no weights), then its parameters are counted by role.
-Bytes per precision follow what ``spotstop export`` writes (export/onnx.py):
+transformers config class (``Qwen3_5Config``, ``Lfm2VlConfig``); the parameters are split by
+role with the cost model's per-architecture formulas (``spotstop.export.cost``, tested against
+the tiny pair's torch modules), whose total must equal the model instantiated on the meta device
+(no memory, no weights). Weights the scoring graph never reads (SigLIP2's attention-pooling
+head, 15 M in LFM2.5-VL-3B) are not stored and not counted.
+Bytes per precision follow what ``spotstop export`` writes (one rule,
+``spotstop.export.cost.stored_weight_bytes``):
 
 * fp32 4 B, fp16 2 B per parameter;
 * int8 / int4: weight-only MatMulNBits on every matrix multiply (1 B / 0.5 B per weight plus
@@ -39,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spotstop.export.cost import PRECISIONS as _PRECISIONS
+from spotstop.export.cost import stored_weight_bytes
 from spotstop.export.cost_data import REAL_PAIR
 
 HERE = Path(__file__).resolve().parent
@@ -61,19 +67,8 @@ DEVICE_GIB = {"Orin NX 8GB": 8.0, "Orin Nano 8GB": 8.0}
 OS_RESERVED_GIB = 1.5
 RUNTIME_GIB = 1.0
 
-_BYTES = {
-    "fp32": {"linear": 4.0, "embed": 4.0, "other": 4.0},
-    "fp16": {"linear": 2.0, "embed": 2.0, "other": 2.0},
-    "int8": {"linear": 1.0 + 4 / 128, "embed": 2.0, "other": 4.0},
-    "int4": {"linear": 0.5 + 4 / 128, "embed": 2.0, "other": 4.0},
-    # INT4 DequantizeLinear (blocks of 128, float16 scales) on the fp16 graph, for TensorRT;
-    # the Gather table stays float16, so a tied output layer is stored twice (int4 blocks +
-    # float16 table)
-    "int4-trt": {"linear": 0.5 + 2 / 128, "embed": 2.0, "other": 2.0},
-}
-PRECISIONS = tuple(_BYTES)
-#: float32 scale per block of 128 weights (MatMulNBits / GatherBlockQuantized)
-_SCALE_BYTES = 4 / 128
+#: bytes per parameter by role and precision: the export's one rule (export/cost.py)
+PRECISIONS = _PRECISIONS
 
 
 def build_config(name: str, recorded: dict[str, Any]) -> Any:
@@ -116,34 +111,28 @@ class Counts:
 
 
 def count(name: str, config: Any) -> Counts:
-    """Instantiate on the meta device and count parameters by role."""
+    """Parameters by role as the export stores them: the cost model's split
+    (``spotstop.export.cost``: matrix multiplies, the token table, the rest; weights the
+    scoring graph never reads, such as SigLIP2's attention-pooling head, left out), checked
+    against the parameters of the model instantiated on the meta device."""
     import torch
+    from spotstop.export.cost import get_cost_model
     from transformers import AutoModelForImageTextToText
 
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(config)
-    vision_prefixes = ("model.visual", "model.vision_tower", "model.multi_modal_projector")
-    vl = vo = tl = em = to = 0
-    seen: set[int] = set()
-    for pname, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        n = p.numel()
-        is_vision = pname.startswith(vision_prefixes)
-        if "embed_tokens" in pname:
-            em += n
-        elif p.ndim == 2 and (pname.endswith(".weight") or pname.endswith("weight")):
-            if is_vision:
-                vl += n
-            else:
-                tl += n
-        elif is_vision:
-            vo += n
-        else:
-            to += n
+    on_meta = sum(p.numel() for p in model.parameters())  # a tied table counts once
+    params = get_cost_model(str(config.model_type)).params(config.to_dict())
+    if params.total != on_meta:
+        raise RuntimeError(
+            f"{name}: the cost model counts {params.total:,} parameters, transformers "
+            f"instantiates {on_meta:,}; export/cost.py's {config.model_type} formulas are stale."
+        )
+    vl = params.vision_linear - params.unused[0]
+    vo = params.vision_other - params.unused[1]
+    tl, em, to = params.text_linear + params.head, params.embed, params.other
     text = config.get_text_config()
-    tied = bool(getattr(config, "tie_word_embeddings", False) or text.tie_word_embeddings)
+    tied = not params.head
     v = config.vision_config
     patch = int(getattr(v, "patch_size", 16))
     return Counts(
@@ -175,17 +164,15 @@ def _vision_patches(config: Any, patch: int) -> int:
 
 
 def weight_bytes(c: Counts, precision: str) -> float:
-    b = _BYTES[precision]
-    linear = c.vision_linear + c.text_linear
-    if c.tied and precision in ("int8", "int4"):
-        # the table is the output layer's quantized blocks, read by GatherBlockQuantized too
-        embed = c.embed * (b["linear"] + _SCALE_BYTES)
-    elif c.tied and precision == "int4-trt":
-        # TensorRT has no quantized Gather: the float16 table + the output layer's int4 blocks
-        embed = c.embed * (b["embed"] + b["linear"])
-    else:
-        embed = c.embed * b["embed"]
-    return linear * b["linear"] + embed + (c.vision_other + c.text_other) * b["other"]
+    """Weight bytes as ``spotstop export`` stores them (the export's rule,
+    ``spotstop.export.cost.stored_weight_bytes``)."""
+    return stored_weight_bytes(
+        precision,
+        linear=c.vision_linear + c.text_linear,
+        table=c.embed,
+        other=c.vision_other + c.text_other,
+        tied=c.tied,
+    )
 
 
 def activation_bytes(c: Counts, precision: str) -> float:
@@ -257,7 +244,7 @@ def render(counts: list[Counts]) -> str:
         "Qwen3.5-2B=/models/Qwen3.5-2B --config-dir LFM2.5-VL-3B=/models/LFM2.5-VL-3B` (the real "
         "snapshot folders) before relying on the numbers.",
         "",
-        "Parameters (meta-device count from the config classes):",
+        "Parameters the bundle stores (the cost model's split by role; its total checked against the meta-device model of the config classes):",
         "",
         "| member | vision | text matmul | embeddings | other | total |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",

@@ -470,6 +470,20 @@ def test_memory_budget_counts_a_tied_table_once() -> None:
         other = c.vision_other + c.text_other
         want = linear * (1 + 4 / 128) + c.embed * 4 / 128 + other * 4
         assert mb.weight_bytes(c, "int8") == pytest.approx(want)
+        # int4-trt: the output layer's int4 blocks (float16 scales) AND the float16 table
+        want = linear * (0.5 + 2 / 128) + c.embed * 2 + other * 2
+        assert mb.weight_bytes(c, "int4-trt") == pytest.approx(want)
+    # `spotstop cost` counts the parameters its own way; the bytes are the same rule
+    from spotstop.export.cost import PRECISIONS, real_pair_cost
+
+    assert set(PRECISIONS) == set(mb.PRECISIONS)
+    for m in real_pair_cost("low").members:
+        c = mb.count(m.name, mb.build_config(m.name, mb.RECORDED[m.name]))
+        for prec in PRECISIONS:
+            assert m.params.bytes(prec) == pytest.approx(mb.weight_bytes(c, prec), rel=1e-9), (
+                m.name,
+                prec,
+            )
 
 
 def test_memory_budget_readme_is_current() -> None:
