@@ -420,7 +420,7 @@ def render(res: dict[str, Any]) -> str:
                     f"{int(statistics.median(r['tokens']))} | {_fmt_b(r['peak_rss_bytes'])} | {ratio} |"
                 )
         lines.append("")
-        n = {len(r.get("times_s", [])) for runs in lat.values() for r in runs.values()}
+        n = {len(r["times_s"]) for runs in lat.values() for r in runs.values() if r.get("times_s")}
         lines.append(f"Scenes timed per runtime: {sorted(n)}; one run, a noisy shared machine.")
         lines.append("")
     return "\n".join(lines)
