@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from spotstop.export.weights import WeightIO, rewrite_weight_matmuls
 
-__all__ = ["nbits_blocks", "quantize_matmuls_nbits"]
+__all__ = ["dequantize_nbits", "nbits_blocks", "quantize_matmuls_nbits"]
 
 
 def nbits_blocks(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -46,6 +46,24 @@ def nbits_blocks(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray,
     kernel = quantize_matmul_8bits if bits == 8 else quantize_matmul_4bits
     kernel(packed, w, scales, zero_point, block_size, cols, rows, True)
     return packed, scales
+
+
+def dequantize_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, rows: int) -> np.ndarray:
+    """The (K, N) float32 weight a symmetric ``MatMulNBits`` multiplies by: the inverse of
+    :func:`nbits_blocks` (``rows`` = K). Each block's codes are unsigned around the implicit
+    zero point ``2**(bits-1)``; int4 packs two codes a byte, the lower nibble first.
+    ``x @ dequantize_nbits(...)`` equals onnxruntime's MatMulNBits output (float32 compute);
+    ``bench/quant_error.py`` uses it to put the exact quantized weights into a torch model."""
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8; got {bits}.")
+    cols, k_blocks = packed.shape[:2]
+    if bits == 8:
+        codes = packed.astype(np.int16)
+    else:
+        codes = np.stack([packed & 0x0F, packed >> 4], axis=-1).astype(np.int16)
+    codes = codes.reshape(cols, k_blocks, -1) - (1 << (bits - 1))
+    w = codes.astype(np.float32) * scales[:, :, None].astype(np.float32)
+    return np.ascontiguousarray(w.reshape(cols, -1)[:, :rows].T)
 
 
 def quantize_matmuls_nbits(

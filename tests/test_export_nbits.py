@@ -86,6 +86,40 @@ def test_matmul_nbits_equals_onnxruntimes_quantizer(bits: int) -> None:
     assert 0 < rel < (0.02 if bits == 8 else 0.2), rel
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("block", [32, 128])
+def test_dequantized_weight_is_what_matmul_nbits_multiplies_by(bits: int, block: int) -> None:
+    """x @ dequantize_nbits(...) is onnxruntime's MatMulNBits output (float32 compute), with
+    the rows beyond K (a last partial block) dropped; the weight error is a rounding error."""
+    from onnx import helper, numpy_helper
+    from spotstop.export.nbits import dequantize_nbits, nbits_blocks, quantize_matmuls_nbits
+
+    rng = np.random.default_rng(bits + block)
+    w = (rng.normal(size=(300, 48)) * 0.02).astype(np.float32)  # K = 300: a partial block
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [5, 300])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [5, 48])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    quantize_matmuls_nbits(m, bits, block)
+    x = rng.normal(size=(5, 300)).astype(np.float32)
+    packed, scales = nbits_blocks(w, bits, block)
+    deq = dequantize_nbits(packed, scales, bits, 300)
+    assert deq.shape == w.shape and deq.dtype == np.float32
+    np.testing.assert_allclose(_run(m, x), x @ deq, rtol=0, atol=2e-6)
+    # each weight's block step; the block's largest magnitude is code -2**(bits-1) (a signed
+    # scale), so a weight of the other sign near it clips at 2**(bits-1) - 1: one step at most,
+    # half a step for the rest
+    step = np.repeat(np.abs(scales).T, block, axis=0)[:300]
+    err = np.abs(deq - w)
+    assert np.all(err <= step * (1 + 1e-5))
+    assert np.mean(err <= 0.5 * step * (1 + 1e-5)) > 0.99
+    assert err.max() > 0  # it is quantized
+
+
 def test_disk_weights_write_what_the_graph_would_hold(tmp_path: Path) -> None:
     """The whole int4 conversion (fold, untie, quantize, gather, fp16 tables) with the weights
     on disk gives the same tensors as with the weights in the graph; nothing large is inline."""

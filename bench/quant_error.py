@@ -1,0 +1,196 @@
+"""Where a weight-only int8/int4 bundle's score error comes from, simulated in torch.
+
+``spotstop verify-bundle`` says how far a quantized bundle's scores are from the torch
+reference; this says which weights put the error there. The member's torch model (float32, the
+reference ``verify-bundle`` uses) scores generated scenes; then, variant by variant, a group of
+its ``nn.Linear`` weights is replaced by exactly what onnxruntime's ``MatMulNBits`` multiplies
+by (``export/nbits.py``: ``nbits_blocks`` quantizes with onnxruntime's own kernel,
+``dequantize_nbits`` inverts it; tests/test_export_nbits.py holds ``x @ W`` equal to the
+operator's output), and the scenes are scored again. The output layer (tied to the token
+table in both real members) is quantized as the bundle quantizes it, unless the variant says
+``nohead``; the token table the embedding reads stays float, as in the bundle.
+
+Per variant it prints the largest |Δs| over the scores (the figure ``verify-bundle`` bounds),
+the RMS, and the mean Δs: the part of the error common to every scene (a shift of the score,
+which the robust z-score's recentring on the deployment's own scores removes, and a direct
+``s > 0`` decision does not).
+
+    python bench/quant_error.py MEMBER_FOLDER                     # int8 and int4, all weights
+    python bench/quant_error.py MEMBER_FOLDER --variants "8:128:all,8:128:vision,8:128:mlp"
+    python bench/quant_error.py MEMBER_FOLDER --bias-correct      # + per-layer bias correction
+
+A variant is ``BITS:BLOCK:GROUP[:nohead]``; groups: ``all``, ``vision`` (the vision tower and
+projector), ``decoder``, ``mlp`` (decoder feed-forward), ``mixer`` (decoder attention,
+Gated-DeltaNet and short-convolution projections), ``none``. ``--bias-correct`` also scores each
+variant with every quantized Linear given the bias ``-(W_q - W) x̄`` (``x̄``: the Linear's mean
+input on a second set of calibration scenes), which removes each layer's mean output shift
+(bias correction, Nagel et al. 2019, "Data-Free Quantization"); the export does not do this.
+
+The torch model is held in float32 (Qwen3.5-2B 8 GiB, LFM2.5-VL-3B 12 GiB at the real
+dimensions) with a copy of its Linear weights to restore between variants (bfloat16 where
+that is exact, as for a bfloat16 checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: group -> test on a module's qualified name
+_VISION = re.compile(r"(^|\.)(visual|vision_tower|multi_modal_projector)\.")
+GROUPS: dict[str, Callable[[str], bool]] = {
+    "all": lambda n: True,
+    "none": lambda n: False,
+    "vision": lambda n: _VISION.search(n) is not None,
+    "decoder": lambda n: _VISION.search(n) is None,
+    "mlp": lambda n: (
+        _VISION.search(n) is None and re.search(r"\.(mlp|feed_forward)\.", n) is not None
+    ),
+    "mixer": lambda n: (
+        _VISION.search(n) is None and re.search(r"\.(self_attn|linear_attn|conv)\.", n) is not None
+    ),
+}
+
+
+def parse_variant(text: str) -> tuple[int, int, str, bool]:
+    """``BITS:BLOCK:GROUP[:nohead]`` → (bits, block, group, quantize the output layer)."""
+    parts = text.strip().split(":")
+    if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "nohead"):
+        raise ValueError(f"variant {text!r}: want BITS:BLOCK:GROUP[:nohead], e.g. 8:128:all.")
+    bits, block, group = int(parts[0]), int(parts[1]), parts[2]
+    if bits not in (4, 8):
+        raise ValueError(f"variant {text!r}: bits must be 4 or 8.")
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"variant {text!r}: the block must be a power of two, at least 16.")
+    if group not in GROUPS:
+        raise ValueError(f"variant {text!r}: group must be one of {sorted(GROUPS)}.")
+    return bits, block, group, len(parts) == 3
+
+
+def quantized(w: Any, bits: int, block: int, rows_per_chunk: int = 8192) -> Any:
+    """``w`` (out, in) torch weight → the float32 weight MatMulNBits multiplies by (the graph's
+    MatMul weight is ``w.T``), a chunk of output rows at a time (the output layer is 500 M
+    weights in Qwen3.5-2B)."""
+    import torch
+    from spotstop.export.nbits import dequantize_nbits, nbits_blocks
+
+    out = torch.empty(w.shape, dtype=torch.float32)
+    for a in range(0, w.shape[0], rows_per_chunk):
+        part = w[a : a + rows_per_chunk].float().T.contiguous().numpy()  # (K, N)
+        packed, scales = nbits_blocks(part, bits, block)
+        out[a : a + rows_per_chunk] = torch.from_numpy(
+            dequantize_nbits(packed, scales, bits, part.shape[0]).T.copy()
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Variants: BITS:BLOCK:GROUP[:nohead]; groups " + ", ".join(GROUPS) + ".",
+    )
+    ap.add_argument("member", help="member folder (Hugging Face layout)")
+    ap.add_argument("--scenes", type=int, default=4, help="generated scenes (default 4)")
+    ap.add_argument(
+        "--variants",
+        default="8:128:all,4:128:all",
+        help="comma-separated BITS:BLOCK:GROUP[:nohead] (default 8:128:all,4:128:all)",
+    )
+    ap.add_argument(
+        "--bias-correct", action="store_true", help="also score each variant bias-corrected"
+    )
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    args = ap.parse_args(argv)
+    try:
+        variants = [parse_variant(v) for v in args.variants.split(",") if v.strip()]
+    except ValueError as e:
+        ap.error(str(e))
+
+    import numpy as np
+    import torch
+    from spotstop.export.scenes import demo_scenes
+    from spotstop.guard._member import load_member
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    m = load_member(args.member, backend="torch", dtype="float32")
+    backend: Any = m.backend
+    model = backend.model
+    head = backend._head_weight
+    scenes = demo_scenes(args.scenes, seed=0)
+
+    def score(sc: list[Any]) -> np.ndarray:
+        return np.concatenate([[r.score for r in m.score(sc, v)] for v in ("scene", "text")])
+
+    linears = [
+        (n, mod)
+        for n, mod in model.named_modules()
+        if isinstance(mod, torch.nn.Linear) and mod.weight is not head
+    ]
+    means: dict[str, Any] = {}
+    if args.bias_correct:  # each Linear's mean input on other scenes
+        sums: dict[str, list[Any]] = {n: [0.0, 0] for n, _ in linears}
+
+        def hook(name: str) -> Callable[..., None]:
+            def pre(_mod: Any, inputs: tuple[Any, ...]) -> None:
+                x = inputs[0].detach().float().reshape(-1, inputs[0].shape[-1])
+                sums[name][0] = sums[name][0] + x.sum(0)
+                sums[name][1] += x.shape[0]
+
+            return pre
+
+        handles = [mod.register_forward_pre_hook(hook(n)) for n, mod in linears]
+        score(demo_scenes(args.scenes, seed=1))
+        for h in handles:
+            h.remove()
+        means = {n: s / c for n, (s, c) in sums.items() if c}  # a Linear the score never runs: none
+
+    t = time.perf_counter()
+    ref = score(scenes)
+    print(
+        f"{Path(args.member).name}: {len(linears)} Linear weights; {len(ref)} scores "
+        f"(scene and request-only passes of {args.scenes} scenes), reference fp32 "
+        f"{ref.min():.2f} .. {ref.max():.2f}, {time.perf_counter() - t:.0f} s",
+        flush=True,
+    )
+
+    def keep(w: Any) -> Any:  # bfloat16 when that is exact (a bf16 checkpoint), else float32
+        half = w.detach().to(torch.bfloat16)
+        return half if torch.equal(half.float(), w.detach()) else w.detach().clone()
+
+    original = {n: keep(mod.weight) for n, mod in linears}
+    biases = {n: None if mod.bias is None else mod.bias.detach().clone() for n, mod in linears}
+    head_float = head.detach().clone()
+    print(f"{'variant':>22} {'bias-corr':>9} {'max|Δs|':>8} {'rms':>7} {'mean Δs':>8} {'s':>5}")
+    for bits, block, group, qhead in variants:
+        chosen = GROUPS[group]
+        for correct in (False, True) if args.bias_correct else (False,):
+            t = time.perf_counter()
+            for n, mod in linears:
+                w = original[n].float()
+                wq = quantized(w, bits, block) if chosen(n) else w
+                mod.weight.data.copy_(wq)
+                b = biases[n]
+                if correct and chosen(n) and n in means:
+                    b = (b if b is not None else torch.zeros(w.shape[0])) - (wq - w) @ means[n]
+                mod.bias = None if b is None else torch.nn.Parameter(b, requires_grad=False)
+            backend._head_weight = quantized(head_float, bits, block) if qhead else head_float
+            d = score(scenes) - ref
+            name = f"int{bits} b{block} {group}{'' if qhead else ' nohead'}"
+            print(
+                f"{name:>22} {'yes' if correct else 'no':>9} {np.abs(d).max():8.3f} "
+                f"{np.sqrt(np.mean(d**2)):7.3f} {d.mean():+8.3f} {time.perf_counter() - t:5.0f}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""bench/quant_error.py on the tiny pair: the simulation is exact where nothing is quantized,
+moves scores where weights are, and its variants are validated."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load() -> Any:
+    spec = importlib.util.spec_from_file_location("quant_error", ROOT / "bench" / "quant_error.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_variants_are_parsed_and_checked() -> None:
+    qe = _load()
+    assert qe.parse_variant("8:128:all") == (8, 128, "all", True)
+    assert qe.parse_variant("4:32:mlp:nohead") == (4, 32, "mlp", False)
+    for bad in ("8:128", "3:128:all", "8:100:all", "8:128:heads", "8:128:all:head"):
+        with pytest.raises(ValueError, match="variant"):
+            qe.parse_variant(bad)
+
+
+def test_groups_split_the_real_module_names() -> None:
+    g = _load().GROUPS
+    vision = "model.visual.blocks.0.mlp.linear_fc1"
+    assert g["vision"](vision) and not g["decoder"](vision) and not g["mlp"](vision)
+    assert g["vision"]("model.multi_modal_projector.linear_1")
+    assert g["mlp"]("model.language_model.layers.3.mlp.down_proj")
+    assert g["mlp"]("model.language_model.layers.3.feed_forward.w2")  # LFM2
+    assert g["mixer"]("model.language_model.layers.0.linear_attn.in_proj_qkv")  # Gated-DeltaNet
+    assert g["mixer"]("model.language_model.layers.0.conv.in_proj")  # LFM2 short convolution
+    assert not g["mixer"]("model.language_model.layers.3.mlp.down_proj")
+
+
+def test_quantized_weight_is_the_operators(tiny_member_dir: Path) -> None:
+    """The simulation's weight is what MatMulNBits multiplies by (export/nbits.py's inverse),
+    chunked or not."""
+    import torch
+
+    qe = _load()
+    w = torch.randn(70, 96) * 0.02
+    a = qe.quantized(w, 4, 32)
+    b = qe.quantized(w, 4, 32, rows_per_chunk=16)
+    assert torch.equal(a, b) and not torch.equal(a, w)
+    assert float((a - w).abs().max()) <= float(w.abs().max()) / 7
+
+
+def test_simulation_on_a_tiny_member(
+    tiny_member_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    qe = _load()
+    argv = [str(tiny_member_dir), "--scenes", "2", "--threads", "1", "--bias-correct"]
+    assert qe.main([*argv, "--variants", "8:128:none:nohead,4:32:all"]) == 0
+    out = capsys.readouterr().out
+    rows = {
+        (m.group(1).strip(), m.group(2)): float(m.group(3))
+        for m in re.finditer(r"^\s*(int\d b\d+ \w+(?: nohead)?)\s+(yes|no)\s+([\d.]+)", out, re.M)
+    }
+    assert rows[("int8 b128 none nohead", "no")] == 0.0  # nothing quantized: the reference
+    assert rows[("int8 b128 none nohead", "yes")] == 0.0  # nothing to correct
+    assert rows[("int4 b32 all", "no")] > 0  # int4 everywhere moves the scores
+    assert np.isfinite(rows[("int4 b32 all", "yes")])
+    assert "4 scores" in out  # scene and request-only passes of 2 scenes
