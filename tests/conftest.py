@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,18 @@ from spotstop.export.configs import EXPORT_CONFIGS
 #: The tiny TEST pair's member folders, one per registered architecture (as export/tiny.py
 #: names them); torch-free, so collection needs no export extra.
 TINY_MEMBERS = tuple(f"tiny-{model_type}" for model_type in EXPORT_CONFIGS)
+
+
+def load_bench(name: str, module: str | None = None) -> Any:
+    """``bench/NAME.py`` as a module (the bench scripts are not a package), registered in
+    ``sys.modules`` as ``module`` (default ``name``)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(module or name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ path runs on the tiny TEST pair on the CPU, with the GPU-only steps skipped with
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,18 +15,15 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import load_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu.py"
 STEPS = ("build", "torch", "export", "ort", "trt")
 
 
 def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("gpu", "bench_gpu")
 
 
 def test_help_explains_the_steps_and_the_exit_status() -> None:

@@ -3,25 +3,20 @@ moves scores where weights are, and its variants are validated."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.conftest import load_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load() -> Any:
-    spec = importlib.util.spec_from_file_location("quant_error", ROOT / "bench" / "quant_error.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("quant_error")
 
 
 def test_variants_are_parsed_and_checked() -> None:

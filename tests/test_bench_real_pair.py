@@ -6,21 +6,16 @@ figures are in bench/RESULTS.md. Here: what it writes from the figures it holds.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
+
+from tests.conftest import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench(name)
 
 
 def test_sections_are_rewritten_in_place_and_others_kept(tmp_path: Path) -> None:
@@ -38,7 +33,7 @@ def test_sections_are_rewritten_in_place_and_others_kept(tmp_path: Path) -> None
 def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
     rp = _load("real_pair")
     gib = 2**30
-    res = {
+    res: dict[str, Any] = {
         "environment": {"date": "d", "cores": 2, "ram_gib": 23.5, "versions": {"torch": "x"}},
         "argv": "--work w",
         "export": {
