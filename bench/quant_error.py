@@ -18,6 +18,7 @@ which the robust z-score's recentring on the deployment's own scores removes, an
     python bench/quant_error.py MEMBER_FOLDER                     # int8 and int4, all weights
     python bench/quant_error.py MEMBER_FOLDER --variants "8:128:all,8:128:vision,8:128:mlp"
     python bench/quant_error.py MEMBER_FOLDER --bias-correct      # + per-layer bias correction
+    python bench/quant_error.py MEMBER_FOLDER --results bench/RESULTS.md   # + its own section
 
 A variant is ``BITS:BLOCK:GROUP[:nohead]``; groups: ``all``, ``vision`` (the vision tower and
 projector), ``decoder``, ``mlp`` (decoder feed-forward), ``mixer`` (decoder attention,
@@ -34,6 +35,8 @@ that is exact, as for a bfloat16 checkpoint).
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
+import os
 import re
 import sys
 import time
@@ -42,6 +45,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "bench") not in sys.path:
+    sys.path.insert(0, str(ROOT / "bench"))
+from _results import write_section  # noqa: E402
 
 #: group -> test on a module's qualified name
 _VISION = re.compile(r"(^|\.)(visual|vision_tower|multi_modal_projector)\.")
@@ -107,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         "--bias-correct", action="store_true", help="also score each variant bias-corrected"
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="also write the table into this RESULTS.md, in the member's own section",
+    )
     args = ap.parse_args(argv)
     try:
         variants = [parse_variant(v) for v in args.variants.split(",") if v.strip()]
@@ -169,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     biases = {n: None if mod.bias is None else mod.bias.detach().clone() for n, mod in linears}
     head_float = head.detach().clone()
     print(f"{'variant':>22} {'bias-corr':>9} {'max|Δs|':>8} {'rms':>7} {'mean Δs':>8} {'s':>5}")
+    rows: list[tuple[str, bool, float, float, float]] = []
     for bits, block, group, qhead in variants:
         chosen = GROUPS[group]
         for correct in (False, True) if args.bias_correct else (False,):
@@ -184,12 +197,57 @@ def main(argv: list[str] | None = None) -> int:
             backend._head_weight = quantized(head_float, bits, block) if qhead else head_float
             d = score(scenes) - ref
             name = f"int{bits} b{block} {group}{'' if qhead else ' nohead'}"
+            rows.append(
+                (
+                    name,
+                    correct,
+                    float(np.abs(d).max()),
+                    float(np.sqrt(np.mean(d**2))),
+                    float(d.mean()),
+                )
+            )
             print(
                 f"{name:>22} {'yes' if correct else 'no':>9} {np.abs(d).max():8.3f} "
                 f"{np.sqrt(np.mean(d**2)):7.3f} {d.mean():+8.3f} {time.perf_counter() - t:5.0f}",
                 flush=True,
             )
+    if args.results:
+        member = Path(args.member).name
+        head_line = (
+            f"{member}: {len(linears)} Linear weights, {len(ref)} scores (scene and request-only "
+            f"passes of {args.scenes} generated scenes), torch fp32 reference "
+            f"{ref.min():.2f} .. {ref.max():.2f}"
+        )
+        write_section(args.results, f"quant-error-{member}", render(member, head_line, rows, argv))
     return 0
+
+
+def render(
+    member: str,
+    head_line: str,
+    rows: list[tuple[str, bool, float, float, float]],
+    argv: list[str] | None,
+) -> str:
+    """The RESULTS.md section of one run: the command, the reference, a row per variant."""
+    cmd = " ".join(sys.argv[1:] if argv is None else argv)
+    date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"### Where the quantized score error comes from: {member} (`bench/quant_error.py`)",
+        "",
+        f"Command `python bench/quant_error.py {cmd}`; {date}; {os.cpu_count()} cores. "
+        "A torch simulation with the exact weights MatMulNBits multiplies by; "
+        "mean Δs is the part of the error common to every scene.",
+        "",
+        head_line + ".",
+        "",
+        "| variant | bias-corrected | max abs Δs | RMS Δs | mean Δs |",
+        "|---|---|---|---|---|",
+    ]
+    for name, correct, mx, rms, mean in rows:
+        lines.append(
+            f"| {name} | {'yes' if correct else 'no'} | {mx:.3f} | {rms:.3f} | {mean:+.3f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

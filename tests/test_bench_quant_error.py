@@ -69,3 +69,17 @@ def test_simulation_on_a_tiny_member(
     assert rows[("int4 b32 all", "no")] > 0  # int4 everywhere moves the scores
     assert np.isfinite(rows[("int4 b32 all", "yes")])
     assert "4 scores" in out  # scene and request-only passes of 2 scenes
+
+
+def test_results_section_names_the_command_and_every_variant(
+    tiny_member_dir: Path, tmp_path: Path
+) -> None:
+    qe = _load()
+    results = tmp_path / "RESULTS.md"
+    argv = [str(tiny_member_dir), "--scenes", "1", "--threads", "1", "--variants", "8:128:mlp"]
+    assert qe.main([*argv, "--results", str(results)]) == 0
+    text = results.read_text(encoding="utf-8")
+    name = tiny_member_dir.name
+    assert f"<!-- quant-error-{name}:begin -->" in text
+    assert f"`python bench/quant_error.py {' '.join(argv)} --results {results}`" in text
+    assert re.search(r"\| int8 b128 mlp \| no \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|", text)
