@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         "--results",
         type=Path,
         default=None,
-        help="also write the table into this RESULTS.md, in the member's own section",
+        help="also write the table into this RESULTS.md, in the member's own section "
+        "(one for runs with --bias-correct, one without)",
     )
     args = ap.parse_args(argv)
     try:
@@ -218,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             f"passes of {args.scenes} generated scenes), torch fp32 reference "
             f"{ref.min():.2f} .. {ref.max():.2f}"
         )
-        write_section(args.results, f"quant-error-{member}", render(member, head_line, rows, argv))
+        key = f"quant-error-{member}" + ("-bias-corrected" if args.bias_correct else "")
+        write_section(args.results, key, render(member, head_line, rows, argv))
     return 0
 
 
