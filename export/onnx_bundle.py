@@ -113,10 +113,15 @@ def write_onnx_bundle(
     """
     if trt not in ("auto", "script", "off"):
         raise ValueError(f"trt must be 'auto', 'script' or 'off'; got {trt!r}.")
+    # the export extra before any member is looked at: without it the CLI's install hint, not
+    # a member error (a member's size is read before its export imports torch)
+    import onnx  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
     cfg = config or ScoringConfig()
     say = progress or (lambda _msg: None)
-    # budgets name members by model type too: resolve them first (only then: a missing
-    # member folder is reported by the export itself, after its extra's imports)
+    # budgets name members by model type too: resolve them first
     budgeted = bool(visual_tokens or cfg.visual_tokens)
     types = {str(src): resolve_member(src).model_type for src in members} if budgeted else {}
     named = [(Path(s).name, t) for s, t in types.items()]
