@@ -303,9 +303,11 @@ def render(res: dict[str, Any]) -> str:
         "Seeded random weights at the real dimensions (TEST WEIGHTS: the scores mean nothing);",
         "commands "
         + ", ".join(
-            f"`python bench/real_pair.py {c}`" for c in res.get("commands") or [res.get("argv", "")]
+            f"`python bench/real_pair.py {c}`"
+            + (f" ({res['started'][c]})" if c in res.get("started", {}) else "")
+            for c in res.get("commands") or [res.get("argv", "")]
         )
-        + f"; {env.get('date', '?')};",
+        + (f"; {env.get('date', '?')};" if not res.get("started") else ";"),
         f"{env.get('cores', '?')} cores, {env.get('ram_gib', '?')} GiB RAM; "
         + ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
         + ".",
@@ -459,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     res["argv"] = " ".join(sys.argv[1:] if argv is None else argv)
     if res["argv"] not in res["commands"]:
         res["commands"].append(res["argv"])
+    res.setdefault("started", {})[res["argv"]] = res["environment"]["date"]  # when each ran
     log = args.work / "real_pair.log"
     for s in steps:
         print(f"[{time.strftime('%H:%M:%S')}] {s} ...", flush=True)

@@ -113,6 +113,13 @@ def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
     assert "| M | onnxruntime int8 | 2.50 s | 2.00 s | 3.0 s | 300 | 4.00 GiB | 2.00x |" in md
     assert "| M | onnxruntime int4 | FAILED |" in md
     assert "verify-bundle" not in md  # no verify figures held: no verify table
+    # each command with the time it started, when recorded
+    res["commands"], res["started"] = ["--work w --steps build", "--work w"], {"--work w": "t2"}
+    md = rp.render(res)
+    assert (
+        "`python bench/real_pair.py --work w --steps build`, `python bench/real_pair.py --work w` (t2);"
+        in md
+    )
     # what each precision's bundles are: the pair's, else each member's own; never a stale one
     assert rp.bundles(res, "int4") == {"M": "w/bundle-int4-M"}
     assert rp.bundles(res, "int8") == {}  # the int8 record names no bundle folder: none used
