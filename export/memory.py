@@ -9,8 +9,9 @@ before the graphs are loaded, the precision is converted in place and onnxruntim
 graphs from disk.
 
 Peak RSS is read from Linux's ``/proc/self/status`` (``VmHWM``) and reset by writing ``5`` to
-``/proc/self/clear_refs`` (proc(5)), so each member's export reports its own peak. Elsewhere
-both return None.
+``/proc/self/clear_refs`` (proc(5)), so each member's export reports its own peak. Where the
+reset does not take effect (checked by reading the peak back), an export reports no peak
+rather than the whole process's; elsewhere both return None/False.
 """
 
 from __future__ import annotations
@@ -80,18 +81,36 @@ def release_freed_memory() -> None:
             ctypes.CDLL(name).malloc_trim(0)
 
 
+#: How far the peak may stand above the current RSS right after a reset that took effect
+#: (memory another thread freed between the reset and the reading).
+_RESET_SLACK_BYTES = 16 * 2**20
+
+
 def reset_peak_rss() -> bool:
-    """Reset this process's peak RSS to its current RSS; False where the OS cannot."""
-    with contextlib.suppress(OSError):
+    """Reset this process's peak RSS to its current RSS; False where it did not take effect.
+
+    Some kernels (sandboxes, emulated ``/proc``) accept the write to ``clear_refs`` and
+    ignore it. The peak is therefore read back: a reset took effect when the peak no longer
+    stands above the current RSS (by more than what a concurrent free explains). A caller
+    that gets False must not report the peak as its own: it is the whole process's.
+    """
+    try:
         _CLEAR_REFS.write_text("5", encoding="ascii")
-        return True
-    return False
+    except OSError:
+        return False
+    hwm, rss = _status_bytes("VmHWM"), _status_bytes("VmRSS")
+    return hwm is not None and rss is not None and hwm <= rss + _RESET_SLACK_BYTES
 
 
 def peak_rss_bytes() -> int | None:
     """This process's peak resident set size in bytes since start or the last reset."""
-    with contextlib.suppress(OSError):
+    return _status_bytes("VmHWM")
+
+
+def _status_bytes(field: str) -> int | None:
+    """One ``kB`` field of ``/proc/self/status`` in bytes; None where it cannot be read."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in _STATUS.read_text(encoding="ascii").splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     return None

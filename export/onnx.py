@@ -148,7 +148,8 @@ class MemberExport:
     seconds: float = 0.0
     #: exported streamed (a large member, export/memory.py): validated at ``precision`` only
     streamed: bool = False
-    #: the process's peak resident memory during this export (Linux; None elsewhere)
+    #: the process's peak resident memory during this export (Linux, where the peak can be
+    #: reset so it is this export's own; None elsewhere)
     peak_rss_bytes: int | None = None
 
     @property
@@ -338,7 +339,7 @@ def export_member(
     from transformers import AutoModelForImageTextToText
 
     t0 = time.perf_counter()
-    reset_peak_rss()
+    own_peak = reset_peak_rss()  # False: the peak would be the process's, not this member's
     if sessions not in ("resident", "on-demand"):
         raise ValueError(f"sessions must be 'resident' or 'on-demand'; got {sessions!r}.")
     if precision not in PRECISIONS:
@@ -604,5 +605,5 @@ def export_member(
         checks=tuple(checks),
         seconds=time.perf_counter() - t0,
         streamed=large,
-        peak_rss_bytes=peak_rss_bytes(),
+        peak_rss_bytes=peak_rss_bytes() if own_peak else None,
     )
