@@ -97,6 +97,22 @@ def quantized(w: Any, bits: int, block: int, rows_per_chunk: int = 8192) -> Any:
     return out
 
 
+def gptq_quantized(w: Any, h: Any, bits: int, block: int) -> Any:
+    """``w`` (out, in) torch weight → the float32 weight MatMulNBits multiplies by when GPTQ
+    (export/gptq.py) chose its codes, with ``h`` the Hessian (numpy) of the Linear's inputs."""
+    import torch
+    from spotstop.export.gptq import gptq_nbits
+    from spotstop.export.nbits import dequantize_nbits
+
+    part = w.float().T.contiguous().numpy()  # (K, N)
+    packed, scales = gptq_nbits(part, h, bits, block)
+    return torch.from_numpy(dequantize_nbits(packed, scales, bits, part.shape[0]).T.copy())
+
+
+#: how a variant's weights were chosen, as RESULTS.md names it
+_METHODS = {"rtn": "round to nearest", "bias": "RTN + bias correction", "gptq": "GPTQ"}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -111,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--bias-correct", action="store_true", help="also score each variant bias-corrected"
+    )
+    ap.add_argument(
+        "--gptq",
+        action="store_true",
+        help="also score each variant quantized by GPTQ (export/gptq.py; Hessians of each "
+        "Linear's inputs on other scenes)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     ap.add_argument(
@@ -147,6 +169,26 @@ def main(argv: list[str] | None = None) -> int:
         for n, mod in model.named_modules()
         if isinstance(mod, torch.nn.Linear) and mod.weight is not head
     ]
+    calib: Any = None
+    if args.gptq:  # each Linear's inputs on other scenes, to disk (export/gptq.py, as the export)
+        import atexit
+        import shutil
+        import tempfile
+
+        from spotstop.export.gptq import CalibrationInputs, InputRecorder
+
+        calib_dir = Path(tempfile.mkdtemp(prefix="spotstop-quant-error-"))
+        atexit.register(shutil.rmtree, calib_dir, True)
+        with InputRecorder(model, calib_dir) as rec:
+            for sc in demo_scenes(args.scenes, seed=1):
+                rec.new_pass()
+                score([sc])
+        calib = CalibrationInputs(calib_dir)
+        print(
+            f"GPTQ: inputs of {len(calib.index)} Linear weights recorded, "
+            f"{sum(f.stat().st_size for f in calib_dir.glob('*.f32')) / 2**30:.1f} GiB on disk",
+            flush=True,
+        )
     means: dict[str, Any] = {}
     if args.bias_correct:  # each Linear's mean input on other scenes
         sums: dict[str, list[Any]] = {n: [0.0, 0] for n, _ in linears}
@@ -181,18 +223,24 @@ def main(argv: list[str] | None = None) -> int:
     original = {n: keep(mod.weight) for n, mod in linears}
     biases = {n: None if mod.bias is None else mod.bias.detach().clone() for n, mod in linears}
     head_float = head.detach().clone()
-    print(f"{'variant':>22} {'bias-corr':>9} {'max|Δs|':>8} {'rms':>7} {'mean Δs':>8} {'s':>5}")
-    rows: list[tuple[str, bool, float, float, float]] = []
+    modes = ["rtn"] + (["bias"] if args.bias_correct else []) + (["gptq"] if args.gptq else [])
+    print(f"{'variant':>22} {'method':>9} {'max|Δs|':>8} {'rms':>7} {'mean Δs':>8} {'s':>5}")
+    rows: list[tuple[str, str, float, float, float]] = []
     for bits, block, group, qhead in variants:
         chosen = GROUPS[group]
-        for correct in (False, True) if args.bias_correct else (False,):
+        for mode in modes:
             t = time.perf_counter()
             for n, mod in linears:
                 w = original[n].float()
-                wq = quantized(w, bits, block) if chosen(n) else w
+                if not chosen(n):
+                    wq = w
+                elif mode == "gptq" and (h := calib.hessian(w.T.numpy())) is not None:
+                    wq = gptq_quantized(w, h, bits, block)
+                else:
+                    wq = quantized(w, bits, block)
                 mod.weight.data.copy_(wq)
                 b = biases[n]
-                if correct and chosen(n) and n in means:
+                if mode == "bias" and chosen(n) and n in means:
                     b = (b if b is not None else torch.zeros(w.shape[0])) - (wq - w) @ means[n]
                 mod.bias = None if b is None else torch.nn.Parameter(b, requires_grad=False)
             backend._head_weight = quantized(head_float, bits, block) if qhead else head_float
@@ -201,14 +249,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(
                 (
                     name,
-                    correct,
+                    mode,
                     float(np.abs(d).max()),
                     float(np.sqrt(np.mean(d**2))),
                     float(d.mean()),
                 )
             )
             print(
-                f"{name:>22} {'yes' if correct else 'no':>9} {np.abs(d).max():8.3f} "
+                f"{name:>22} {mode:>9} {np.abs(d).max():8.3f} "
                 f"{np.sqrt(np.mean(d**2)):7.3f} {d.mean():+8.3f} {time.perf_counter() - t:5.0f}",
                 flush=True,
             )
@@ -219,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
             f"passes of {args.scenes} generated scenes), torch fp32 reference "
             f"{ref.min():.2f} .. {ref.max():.2f}"
         )
-        key = f"quant-error-{member}" + ("-bias-corrected" if args.bias_correct else "")
+        key = f"quant-error-{member}" + "".join(f"-{m}" for m in modes[1:]).replace(
+            "-bias", "-bias-corrected"
+        )
         write_section(args.results, key, render(member, head_line, rows, argv))
     return 0
 
@@ -227,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
 def render(
     member: str,
     head_line: str,
-    rows: list[tuple[str, bool, float, float, float]],
+    rows: list[tuple[str, str, float, float, float]],
     argv: list[str] | None,
 ) -> str:
     """The RESULTS.md section of one run: the command, the reference, a row per variant."""
@@ -242,13 +292,11 @@ def render(
         "",
         head_line + ".",
         "",
-        "| variant | bias-corrected | max abs Δs | RMS Δs | mean Δs |",
+        "| variant | method | max abs Δs | RMS Δs | mean Δs |",
         "|---|---|---|---|---|",
     ]
-    for name, correct, mx, rms, mean in rows:
-        lines.append(
-            f"| {name} | {'yes' if correct else 'no'} | {mx:.3f} | {rms:.3f} | {mean:+.3f} |"
-        )
+    for name, mode, mx, rms, mean in rows:
+        lines.append(f"| {name} | {_METHODS[mode]} | {mx:.3f} | {rms:.3f} | {mean:+.3f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -334,19 +334,19 @@ def render(res: dict[str, Any]) -> str:
         lines += [
             "### `spotstop export` (both members, one command per precision)",
             "",
-            "| precision | member | export | peak RSS | streamed | graph files | memory_budget.py predicts | files / predicted |",
-            "|---|---|---|---|---|---|---|---|",
+            "| precision | member | quantizer | export | peak RSS | streamed | graph files | memory_budget.py predicts | files / predicted |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
 
         def member_rows(prec: str, e: dict[str, Any], what: str) -> None:
             for m in e["members"]:
                 lines.append(
-                    f"| {prec} | {m['name']} | {m['seconds']:.0f} s | {_fmt_b(m['peak_rss_bytes'])} | "
+                    f"| {prec} | {m['name']} | {_quantizer(m)} | {m['seconds']:.0f} s | {_fmt_b(m['peak_rss_bytes'])} | "
                     f"{'yes' if m['streamed'] else 'no'} | {_fmt_b(m['file_bytes'])} | "
                     f"{_fmt_b(m['predicted_bytes'])} | {m['file_bytes'] / m['predicted_bytes']:.3f} |"
                 )
             lines.append(
-                f"| {prec} | **{what}** (whole command) | **{e['seconds'] / 60:.1f} min** | "
+                f"| {prec} | **{what}** (whole command) | | **{e['seconds'] / 60:.1f} min** | "
                 f"{_fmt_b(e['peak_rss_bytes'])} | | | | |"
             )
 
@@ -355,14 +355,14 @@ def render(res: dict[str, Any]) -> str:
                 member_rows(prec, e, "the pair")
                 continue
             lines.append(
-                f"| {prec} | the pair: FAILED (exit {e.get('rc')}) | {e.get('seconds', 0) / 60:.1f} min | | | | | |"
+                f"| {prec} | the pair: FAILED (exit {e.get('rc')}) | | {e.get('seconds', 0) / 60:.1f} min | | | | | |"
             )
             for name, a in e.get("alone", {}).items():
                 if a.get("rc") == 0:
                     member_rows(prec, a, f"{name} alone")
                 else:
                     lines.append(
-                        f"| {prec} | {name} alone: FAILED (exit {a.get('rc')}) | {a.get('seconds', 0) / 60:.1f} min | | | | | |"
+                        f"| {prec} | {name} alone: FAILED (exit {a.get('rc')}) | | {a.get('seconds', 0) / 60:.1f} min | | | | | |"
                     )
         lines.append("")
         errs = []
@@ -426,6 +426,18 @@ def render(res: dict[str, Any]) -> str:
         lines.append(f"Scenes timed per runtime: {sorted(n)}; one run, a noisy shared machine.")
         lines.append("")
     return "\n".join(lines)
+
+
+def _quantizer(m: dict[str, Any]) -> str:
+    """How a member's int8/int4 weights were chosen, from its ``export --json`` record (an
+    export from before the record carried it rounded to nearest: the only method then)."""
+    q = m.get("quantizer")
+    if not q:
+        return "rtn"
+    w = q.get("weights")
+    if q.get("method") == "gptq" and w:
+        return f"gptq ({w['gptq']} of {w['gptq'] + w['round_to_nearest']} weights)"
+    return str(q.get("method", "?"))
 
 
 def write_results(res: dict[str, Any], path: Path = RESULTS) -> None:

@@ -74,6 +74,8 @@ def run_tiny(args: argparse.Namespace) -> int:
 
 def add_export_parser(sub: Any) -> None:
     """``spotstop export``: Hugging Face members → ONNX scoring graphs → a verified bundle."""
+    from spotstop.export.gptq import CALIBRATION_SCENES, CALIBRATION_SEED
+
     p = sub.add_parser(
         "export",
         help="export members to ONNX scoring graphs in a verified bundle (workstation)",
@@ -127,6 +129,25 @@ def add_export_parser(sub: Any) -> None:
         type=Path,
         default=None,
         help="scoring YAML (prompt, answers, visual_tokens, image size)",
+    )
+    p.add_argument(
+        "--quantizer",
+        choices=["gptq", "rtn"],
+        default="gptq",
+        help="int8/int4: how each weight's codes are chosen. gptq (default): GPTQ, each "
+        "weight's rounding error moved onto the weights not yet rounded so that the layer's "
+        "output on calibration inputs changes least (the member's torch model scores "
+        "--calibration-scenes generated scenes; minutes of CPU per member at the real size); "
+        "rtn: round to nearest, as onnxruntime's quantizer. Same operator and bytes",
+    )
+    p.add_argument(
+        "--calibration-scenes",
+        type=int,
+        default=CALIBRATION_SCENES,
+        metavar="N",
+        help="generated scenes GPTQ calibrates on, each scored with its image and "
+        f"request-only (default {CALIBRATION_SCENES}; seed {CALIBRATION_SEED}, not the "
+        "scenes verify-bundle checks)",
     )
     p.add_argument("--name", default="bundle", help="bundle id prefix")
     p.add_argument(
@@ -193,6 +214,8 @@ def run_export(args: argparse.Namespace) -> int:
                 sessions=args.sessions,
                 progress=lambda m: print(m, file=sys.stderr),
                 visual_tokens=budgets,
+                quantizer=args.quantizer,
+                calibration_scenes=args.calibration_scenes,
             )
     except ConfigError as e:  # a budget that names no member or has no square grid
         print(f"spotstop export: {e}", file=sys.stderr)
@@ -245,6 +268,7 @@ def _export_json(b: Any) -> dict[str, Any]:
                 "image_size": list(m.image_size),
                 "buckets": list(m.buckets),
                 "max_abs_diff": _finite_or_null(float(m.max_abs_diff)),
+                "quantizer": m.quantizer,
             }
             for m in b.members
         ],

@@ -7,6 +7,8 @@ do the quantizing): every ``MatMul`` whose second input is a rank-2 float initia
 ``block_size`` attributes; ``B_Q{bits}`` is uint8 (N, ceil(K / block), block * bits / 8) and
 ``B_scales`` float32 (N, ceil(K / block)); ``B`` is dropped when nothing else reads it.
 ``tests/test_export_nbits.py`` holds the graph and bytes equal to onnxruntime's quantizer's.
+With calibration inputs, each weight's codes and scales are chosen by GPTQ instead
+(export/gptq.py): the same operator, layout and dequantization.
 
 Why not call that quantizer: it reads each weight from the in-memory ModelProto, and a
 quantized copy added to a ModelProto stays in its memory with the float one (protobuf's arena,
@@ -20,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from spotstop.export.gptq import CalibrationInputs, gptq_nbits
 from spotstop.export.weights import WeightIO, rewrite_weight_matmuls
 
 __all__ = ["dequantize_nbits", "nbits_blocks", "quantize_matmuls_nbits"]
@@ -67,10 +70,18 @@ def dequantize_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, rows: in
 
 
 def quantize_matmuls_nbits(
-    model: Any, bits: int, block_size: int = 128, io: WeightIO | None = None
+    model: Any,
+    bits: int,
+    block_size: int = 128,
+    io: WeightIO | None = None,
+    calibration: CalibrationInputs | None = None,
 ) -> int:
     """Quantize, in place, every ``MatMul`` with a rank-2 float initializer weight; return
-    how many weights were quantized. A weight shared by several MatMuls is quantized once."""
+    how many weights were quantized. A weight shared by several MatMuls is quantized once.
+
+    ``calibration``: the recorded inputs of the member's Linears (export/gptq.py); a weight
+    they hold inputs for is quantized by GPTQ (same operator and layout, other codes), any
+    other (none: every weight) is rounded to nearest."""
     from onnx import helper
 
     io = io or WeightIO()
@@ -79,7 +90,13 @@ def quantize_matmuls_nbits(
     def rewrite(node: Any, t: Any) -> list[Any]:
         if t.name not in done:
             k, n = (int(d) for d in t.dims)
-            packed, scales = nbits_blocks(io.read(t), bits, block_size)
+            w = io.read(t)
+            h = calibration.hessian(w) if calibration is not None else None
+            if h is not None:
+                packed, scales = gptq_nbits(w, h, bits, block_size)
+            else:
+                packed, scales = nbits_blocks(w, bits, block_size)
+            del w, h
             qn, sn = f"{t.name}_Q{bits}", f"{t.name}_scales"
             io.add(model, packed, qn)
             io.add(model, scales, sn)

@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,14 @@ import yaml
 from PIL import Image
 from spotstop.export.configs import PRECISIONS, get_export_config
 from spotstop.export.exporters import DECODER_INPUTS, DECODER_OUTPUTS, export_decoder, export_vision
+from spotstop.export.gptq import (
+    CALIBRATION_SCENES,
+    CALIBRATION_SEED,
+    QUANTIZERS,
+    CalibrationInputs,
+    InputRecorder,
+    nbits_quantizer_meta,
+)
 from spotstop.export.memory import (
     is_large,
     peak_rss_bytes,
@@ -151,6 +159,8 @@ class MemberExport:
     #: the process's peak resident memory during this export (Linux, where the peak can be
     #: reset so it is this export's own; None elsewhere)
     peak_rss_bytes: int | None = None
+    #: int8/int4/int4-trt: which quantizer chose the weights (spotstop_onnx.yaml's entry)
+    quantizer: Mapping[str, Any] | None = field(default=None, repr=False)
 
     @property
     def max_abs_diff(self) -> float:
@@ -211,7 +221,11 @@ def _save(models: dict[str, Any], out_dir: Path, data_name: str) -> None:
 
 
 def _convert_streamed(
-    src: Path, stage: Path, decoders: list[str], precision: str
+    src: Path,
+    stage: Path,
+    decoders: list[str],
+    precision: str,
+    calibration: CalibrationInputs | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Convert the exported graphs in ``src`` with their weights on disk: each file set (the
     vision graph, then the decoder graphs) is loaded as references only, its weights tied and
@@ -233,7 +247,9 @@ def _convert_streamed(
                 if f != "vision.onnx":
                     tie_output_layer(m, io)
                 fold_weight_transposes(m, io)
-                models[f] = convert_precision(m, precision, copy=False, io=io)
+                models[f] = convert_precision(
+                    m, precision, copy=False, io=io, calibration=calibration
+                )
             io.finish(list(models.values()))
         total += onnx_weight_bytes(models[files[0]])
         if "vision.onnx" in models:
@@ -276,6 +292,55 @@ def _validation_cases(folder: MemberFolder, encoder: PromptEncoder, g: Any) -> _
     return _Cases(pixels, prompts)
 
 
+def _record_calibration(
+    model: Any,
+    vision_t: Any,
+    decoder_t: Any,
+    folder: MemberFolder,
+    encoder: PromptEncoder,
+    g: Any,
+    n_img: int,
+    hidden: int,
+    out: Path,
+    n_scenes: int,
+) -> CalibrationInputs:
+    """Run ``n_scenes`` generated calibration scenes (export/gptq.py: their seed is not the one
+    ``verify-bundle`` checks on) through the torch scoring graphs as the guard scores them (the
+    scene with its image, then request-only), one prompt at a time so no padding is recorded,
+    and record every Linear's inputs to ``out`` for GPTQ."""
+    import torch
+    from spotstop.export.scenes import demo_scenes
+    from spotstop.guard._image import decode_image
+
+    plan = encoder.plan
+    img_text = folder.arch.image_text(g)
+    rows = len(plan.rows)
+    with torch.inference_mode(), InputRecorder(model, out) as rec:
+        for scene in _progress(demo_scenes(n_scenes, seed=CALIBRATION_SEED), "calibration"):
+            rec.new_pass()
+            px = folder.arch.preprocess(decode_image(scene.image).image, g)
+            emb = vision_t(torch.from_numpy(px["pixel_values"])).numpy()
+            for prompt, e in (
+                (encoder.prompt_ids(scene.request, img_text), emb[0]),
+                (encoder.prompt_ids(scene.request, None), np.zeros((n_img, hidden), np.float32)),
+            ):
+                rec.new_pass()
+                feeds = decoder_feeds([prompt], plan, len(prompt) + plan.max_row_len)
+                feeds["image_embeds"] = np.repeat(e[None], rows, axis=0)
+                with rec.stride(rows):  # the batch repeats the prompt once per answer row
+                    decoder_t(*(torch.from_numpy(feeds[n]) for n in DECODER_INPUTS))
+    return CalibrationInputs(out)
+
+
+def _progress(items: list[Any], what: str) -> Any:
+    """A progress bar on stderr where tqdm is installed (the export extra has it)."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=what, unit="scene", leave=False)
+
+
 def _compare(
     name: str,
     output: str,
@@ -313,8 +378,15 @@ def export_member(
     sessions: str = "resident",
     visual_tokens: int | None = None,
     streamed: bool | None = None,
+    quantizer: str = "gptq",
+    calibration_scenes: int = CALIBRATION_SCENES,
 ) -> MemberExport:
     """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
+
+    ``quantizer`` (int8/int4): ``"gptq"`` (default) chooses each weight's codes by GPTQ on the
+    inputs of ``calibration_scenes`` generated scenes scored by the torch model (export/gptq.py);
+    ``"rtn"`` rounds each weight to nearest as onnxruntime's quantizer does. Both write the same
+    operator (``MatMulNBits``) and bytes per weight; the manifest records which.
 
     ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);
     None: ``image_size``, the configured or hinted grid, else the architecture's default budget.
@@ -344,6 +416,11 @@ def export_member(
         raise ValueError(f"sessions must be 'resident' or 'on-demand'; got {sessions!r}.")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}; got {precision!r}.")
+    if quantizer not in QUANTIZERS:
+        raise ValueError(f"quantizer must be one of {list(QUANTIZERS)}; got {quantizer!r}.")
+    if calibration_scenes < 1:
+        raise ValueError(f"calibration_scenes must be at least 1; got {calibration_scenes}.")
+    gptq = quantizer == "gptq" and precision in ("int8", "int4")
     bks = tuple(sorted({int(b) for b in buckets}))
     if not bks or bks[0] <= 0:
         raise ValueError(f"buckets must be positive token counts; got {list(buckets)}.")
@@ -510,12 +587,28 @@ def export_member(
                 raise ExportValidationError(mname, bad)
 
         out = Path(out_dir)
+        calib = None
+        if gptq:  # every Linear's inputs on the calibration scenes, to disk, while torch is here
+            calib = _record_calibration(
+                model,
+                vision_t,
+                decoder_t,
+                folder,
+                encoder,
+                g,
+                n_img,
+                hidden,
+                tmp / "calibration",
+                calibration_scenes,
+            )
         if large:
             # the references are computed: release the torch model before loading a graph
             del model, vision_t, decoder_t
             release_freed_memory()
             stage = tmp / "stage"
-            weight_bytes, qmeta = _convert_streamed(tmp, stage, list(dec_files.values()), precision)
+            weight_bytes, qmeta = _convert_streamed(
+                tmp, stage, list(dec_files.values()), precision, calib
+            )
             paths = {f: str(stage / f) for f in ["vision.onnx", *dec_files.values()]}
             checks = validate(paths, precision)
             fail_on(checks, precision)
@@ -528,7 +621,9 @@ def export_member(
             fail_on(fp32_checks, "fp32")
             checks = fp32_checks
             if precision != "fp32":
-                graphs = {f: convert_precision(m, precision) for f, m in graphs.items()}
+                graphs = {
+                    f: convert_precision(m, precision, calibration=calib) for f, m in graphs.items()
+                }
                 checks = validate(graphs, precision)
                 fail_on(checks, precision)
 
@@ -541,6 +636,8 @@ def export_member(
                 graphs[dec_files[usable[0]]]
             )
             qmeta = quantizer_meta(graphs["vision.onnx"])
+        if precision in ("int8", "int4"):
+            qmeta = {"quantizer": nbits_quantizer_meta(precision, calib, calibration_scenes)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -606,4 +703,5 @@ def export_member(
         seconds=time.perf_counter() - t0,
         streamed=large,
         peak_rss_bytes=peak_rss_bytes() if own_peak else None,
+        quantizer=qmeta.get("quantizer"),
     )

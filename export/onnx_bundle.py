@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from spotstop.export.bundle import _write_manifest
+from spotstop.export.gptq import CALIBRATION_SCENES, QUANTIZERS
 from spotstop.export.memory import LARGE_BYTES, folder_fp32_bytes
 from spotstop.export.onnx import DEFAULT_BUCKETS, MemberExport, export_member
 from spotstop.export.triton import write_triton_repository
@@ -97,6 +98,8 @@ def write_onnx_bundle(
     sessions: str = "resident",
     progress: Callable[[str], Any] | None = None,
     visual_tokens: Mapping[str, int] | None = None,
+    quantizer: str = "gptq",
+    calibration_scenes: int = CALIBRATION_SCENES,
 ) -> OnnxBundle:
     """Export ``members`` into the bundle folder ``out`` (replaced if it exists).
 
@@ -106,6 +109,10 @@ def write_onnx_bundle(
     (Qwen3.5 256, LFM2-VL 64 without tiling). The manifest records each member's
     ``visual_tokens``, and the bundle id changes with it.
 
+    ``quantizer`` / ``calibration_scenes`` (int8/int4): how each member's weights are quantized,
+    see :func:`~spotstop.export.onnx.export_member` (GPTQ on generated calibration scenes by
+    default, or ``"rtn"``).
+
     ``sessions="on-demand"`` makes each member load its graphs when it scores and release them
     after, so the members run one after the other in one process when both do not fit.
     ``trt``: ``"auto"`` builds engines when tensorrt and a GPU are present, else writes
@@ -113,6 +120,10 @@ def write_onnx_bundle(
     """
     if trt not in ("auto", "script", "off"):
         raise ValueError(f"trt must be 'auto', 'script' or 'off'; got {trt!r}.")
+    if quantizer not in QUANTIZERS:  # before any member is exported
+        raise ValueError(f"quantizer must be one of {list(QUANTIZERS)}; got {quantizer!r}.")
+    if calibration_scenes < 1:
+        raise ValueError(f"calibration_scenes must be at least 1; got {calibration_scenes}.")
     # the export extra before any member is looked at: without it the CLI's install hint, not
     # a member error (a member's size is read before its export imports torch)
     import onnx  # noqa: F401
@@ -144,6 +155,8 @@ def write_onnx_bundle(
             "name": mname,
             "sessions": sessions,
             "visual_tokens": member_visual_tokens(visual_tokens, mname, types.get(str(src), "")),
+            "quantizer": quantizer,
+            "calibration_scenes": calibration_scenes,
         }
         large = folder_fp32_bytes(resolve_member(src).path) > LARGE_BYTES
         say(f"exporting {mname} ({precision}{', in its own process' if large else ''}) …")
@@ -193,6 +206,7 @@ def write_onnx_bundle(
                 "first_ids": list(e.first_ids),
                 "buckets": list(e.buckets),
                 "weight_bytes": e.weight_bytes,
+                "quantizer": (e.quantizer or {}).get("method"),
                 "test_pair": tp,
             }
         )
@@ -245,6 +259,7 @@ def derive_bundle(
     """
     import onnx
     import yaml
+    from spotstop.export.gptq import nbits_quantizer_meta
     from spotstop.export.onnx import _save, onnx_weight_bytes
     from spotstop.export.precision import convert_precision
     from spotstop.export.quant import quantizer_meta
@@ -274,11 +289,17 @@ def derive_bundle(
         _save({"vision.onnx": vision}, onnx_dir, "vision.onnx.data")
         _save(decs, onnx_dir, "decoder.onnx.data")
         wb = onnx_weight_bytes(vision) + onnx_weight_bytes(next(iter(decs.values())))
-        meta.update(precision=precision, weight_bytes=int(wb), **quantizer_meta(vision))
+        qmeta = quantizer_meta(vision)
+        if precision in ("int8", "int4"):  # no torch model here: rounded to nearest
+            qmeta = {"quantizer": nbits_quantizer_meta(precision, None, 0)}
+        meta.update(precision=precision, weight_bytes=int(wb), **qmeta)
         (mdir / GRAPHS_FILE).write_text(
             yaml.safe_dump(meta, sort_keys=False, allow_unicode=True), encoding="utf-8"
         )
-        entries.append({**entry, "precision": precision, "weight_bytes": int(wb)})
+        method = qmeta["quantizer"]["method"] if qmeta else None
+        entries.append(
+            {**entry, "precision": precision, "weight_bytes": int(wb), "quantizer": method}
+        )
         total += wb
     if (root / "trt" / "build.sh").is_file():
         from types import SimpleNamespace

@@ -15,6 +15,7 @@ from typing import Any
 
 from spotstop.export.configs import PRECISIONS
 from spotstop.export.fp16 import to_fp16
+from spotstop.export.gptq import CalibrationInputs
 from spotstop.export.weights import (
     WeightIO,
     embeddings_to_fp16,
@@ -34,14 +35,20 @@ STREAMABLE = ("fp32", "int8", "int4")
 
 
 def convert_precision(
-    model: Any, precision: str, *, copy: bool = True, io: WeightIO | None = None
+    model: Any,
+    precision: str,
+    *,
+    copy: bool = True,
+    io: WeightIO | None = None,
+    calibration: CalibrationInputs | None = None,
 ) -> Any:
     """fp32 ``model`` at ``precision`` (weights only; float32 inputs and outputs).
 
     ``copy=False`` converts ``model`` itself and returns it (or a new object). ``io``: where
     the weights are read and written (default: in the model); a
     :class:`~spotstop.export.weights.DiskWeights` needs ``copy=False`` and a precision of
-    :data:`STREAMABLE`.
+    :data:`STREAMABLE`. ``calibration``: int8/int4 by GPTQ where it holds a weight's inputs
+    (export/gptq.py), else round to nearest.
     """
     import onnx
 
@@ -67,7 +74,8 @@ def convert_precision(
         fold_weight_transposes(m, io)
         tied = untie_for_quantizer(m, io)
         gemms_to_matmuls(m, io)  # a Linear exported as Gemm is quantized too
-        quantize_matmuls_nbits(m, bits, BLOCK_SIZE, io)  # onnxruntime's MatMulNBits, symmetric
+        # onnxruntime's MatMulNBits, symmetric; codes by GPTQ where calibration has the inputs
+        quantize_matmuls_nbits(m, bits, BLOCK_SIZE, io, calibration)
         return embeddings_to_fp16(gather_from_quantized(m, tied, bits, io), io)
     if precision == "int4-trt":  # DequantizeLinear(INT4) -> MatMul: TensorRT parses it
         from spotstop.export.quant import quantize_int4_trt

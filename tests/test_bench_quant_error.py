@@ -57,18 +57,22 @@ def test_simulation_on_a_tiny_member(
     tiny_member_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     qe = _load()
-    argv = [str(tiny_member_dir), "--scenes", "2", "--threads", "1", "--bias-correct"]
+    argv = [str(tiny_member_dir), "--scenes", "2", "--threads", "1", "--bias-correct", "--gptq"]
     assert qe.main([*argv, "--variants", "8:128:none:nohead,4:32:all"]) == 0
     out = capsys.readouterr().out
     rows = {
         (m.group(1).strip(), m.group(2)): float(m.group(3))
-        for m in re.finditer(r"^\s*(int\d b\d+ \w+(?: nohead)?)\s+(yes|no)\s+([\d.]+)", out, re.M)
+        for m in re.finditer(
+            r"^\s*(int\d b\d+ \w+(?: nohead)?)\s+(rtn|bias|gptq)\s+([\d.]+)", out, re.M
+        )
     }
-    assert rows[("int8 b128 none nohead", "no")] == 0.0  # nothing quantized: the reference
-    assert rows[("int8 b128 none nohead", "yes")] == 0.0  # nothing to correct
-    assert rows[("int4 b32 all", "no")] > 0  # int4 everywhere moves the scores
-    assert np.isfinite(rows[("int4 b32 all", "yes")])
+    for mode in ("rtn", "bias", "gptq"):  # nothing quantized: the reference, nothing to correct
+        assert rows[("int8 b128 none nohead", mode)] == 0.0
+    assert rows[("int4 b32 all", "rtn")] > 0  # int4 everywhere moves the scores
+    assert np.isfinite(rows[("int4 b32 all", "bias")])
+    assert 0 < rows[("int4 b32 all", "gptq")] < np.inf
     assert "4 scores" in out  # scene and request-only passes of 2 scenes
+    assert re.search(r"GPTQ: inputs of \d+ Linear weights recorded", out)
 
 
 def test_results_section_names_the_command_and_every_variant(
@@ -82,4 +86,6 @@ def test_results_section_names_the_command_and_every_variant(
     name = tiny_member_dir.name
     assert f"<!-- quant-error-{name}:begin -->" in text
     assert f"`python bench/quant_error.py {' '.join(argv)} --results {results}`" in text
-    assert re.search(r"\| int8 b128 mlp \| no \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|", text)
+    assert re.search(
+        r"\| int8 b128 mlp \| round to nearest \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|", text
+    )

@@ -72,6 +72,10 @@ def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
                                 "streamed": True,
                                 "file_bytes": gib,
                                 "predicted_bytes": gib,
+                                "quantizer": {
+                                    "method": "gptq",
+                                    "weights": {"gptq": 40, "round_to_nearest": 2},
+                                },
                             }
                         ],
                     },
@@ -100,13 +104,16 @@ def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
         },
     }
     md = rp.render(res)
-    assert "| int8 | M | 300 s | 9.00 GiB | yes | 3.00 GiB | 2.00 GiB | 1.500 |" in md
+    assert "| int8 | M | rtn | 300 s | 9.00 GiB | yes | 3.00 GiB | 2.00 GiB | 1.500 |" in md
     assert "**10.0 min**" in md
     # the pair failed at int4: each member alone; the reason without the exporter's warnings
-    assert "| int4 | the pair: FAILED (exit 1) | 5.0 min |" in md
-    assert "| int4 | M | 110 s | 8.00 GiB | yes | 1.00 GiB | 1.00 GiB | 1.000 |" in md
-    assert "| int4 | **M alone** (whole command) | **2.0 min** |" in md
-    assert "| int4 | N alone: FAILED (exit 1) | 1.0 min |" in md
+    assert "| int4 | the pair: FAILED (exit 1) | | 5.0 min |" in md
+    assert (
+        "| int4 | M | gptq (40 of 42 weights) | 110 s | 8.00 GiB | yes | 1.00 GiB | 1.00 GiB | 1.000 |"
+        in md
+    )
+    assert "| int4 | **M alone** (whole command) | | **2.0 min** |" in md
+    assert "| int4 | N alone: FAILED (exit 1) | | 1.0 min |" in md
     assert "- int4, the pair: spotstop export: export of N failed validation; [int4] " in md
     assert "UserWarning" not in md
     # medians 5.0 s and 2.5 s: torch / onnxruntime = 2.00x

@@ -1,0 +1,309 @@
+"""GPTQ: weight-only int8/int4 that compensates each weight's rounding error, in MatMulNBits form.
+
+Round-to-nearest (export/nbits.py) rounds every weight on its own. GPTQ (Frantar et al. 2023,
+"GPTQ: Accurate Post-Training Quantization for Generative Pre-trained Transformers",
+Algorithm 1) quantizes a weight's input rows one at a time and moves each row's rounding
+error onto the rows not yet quantized, weighted by the inverse Hessian ``H = 2 XᵀX`` of the
+layer's inputs ``X`` on calibration data, so that ``‖X W − X Ŵ‖`` is minimised rather than
+``‖W − Ŵ‖``. The result is the same operator, the same bytes and the same dequantization as
+round-to-nearest (``MatMulNBits``, symmetric, implicit zero point ``2**(bits-1)``, one float32
+scale per block of ``block_size`` input rows and output column): only the codes and scales
+differ. A block's scale is set, as onnxruntime's kernel sets it, from the value of largest
+magnitude in the block (``scale = v / -2**(bits-1)``), but from the block's weights as GPTQ has
+updated them when the block starts (the paper's grouped variant).
+
+Here the weight is in the graph's layout, ``w`` (K, N) with ``y = x @ w``; GPTQ's "columns" are
+its K input rows. Options are the paper's: 1 % of the mean diagonal as dampening, lazy batches
+of 128 rows, no reordering (so the blocks stay contiguous, as MatMulNBits needs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CALIBRATION_SCENES",
+    "CALIBRATION_SEED",
+    "DAMP",
+    "QUANTIZERS",
+    "CalibrationInputs",
+    "InputRecorder",
+    "gptq_nbits",
+    "hessian",
+    "nbits_quantizer_meta",
+    "pack_codes",
+    "weight_key",
+]
+
+#: how export_member chooses int8/int4 codes: GPTQ on calibration inputs, or round to nearest
+QUANTIZERS = ("gptq", "rtn")
+
+#: dampening added to H's diagonal, as a share of its mean diagonal (the paper's 1 %)
+DAMP = 0.01
+
+
+def pack_codes(codes: np.ndarray, bits: int, block_size: int) -> np.ndarray:
+    """Unsigned codes (N, K_pad) (K_pad a multiple of ``block_size``) → MatMulNBits' ``B_Q``
+    (N, k_blocks, block_size * bits / 8) uint8; int4 packs two codes a byte, lower nibble first."""
+    n, k_pad = codes.shape
+    if k_pad % block_size:
+        raise ValueError(f"{k_pad} codes per column is not a multiple of the block {block_size}.")
+    c = codes.astype(np.uint8).reshape(n, k_pad // block_size, block_size)
+    if bits == 8:
+        return np.ascontiguousarray(c)
+    if bits == 4:
+        return np.ascontiguousarray(c[..., 0::2] | (c[..., 1::2] << 4))
+    raise ValueError(f"bits must be 4 or 8; got {bits}.")
+
+
+def gptq_nbits(
+    w: np.ndarray,
+    h: np.ndarray,
+    bits: int,
+    block_size: int = 128,
+    damp: float = DAMP,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``w`` (K, N) and the Hessian ``h`` (K, K) of its inputs → (packed uint8 (N, k_blocks,
+    blob), scales float32 (N, k_blocks)): the arrays :func:`spotstop.export.nbits.nbits_blocks`
+    returns, chosen by GPTQ. ``h`` is ``XᵀX`` (any positive scale) over calibration inputs;
+    an input row no calibration input reached (zero diagonal) is rounded on its own."""
+    import torch
+
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8; got {bits}.")
+    rows, cols = w.shape
+    if h.shape != (rows, rows):
+        raise ValueError(f"the Hessian is {h.shape}; the weight has {rows} input rows.")
+    k_blocks = (rows + block_size - 1) // block_size
+    k_pad = k_blocks * block_size
+    zp, top = 1 << (bits - 1), (1 << bits) - 1
+    wt = np.zeros((cols, k_pad), dtype=np.float32)  # (a weight read from disk is read-only)
+    wt[:, :rows] = w.T
+    W = torch.from_numpy(wt)
+    hp = np.zeros((k_pad, k_pad), dtype=np.float64)
+    hp[:rows, :rows] = h
+    H = torch.from_numpy(hp)
+    dead = torch.diagonal(H) <= 0
+    H[dead, dead] = 1.0  # unreached rows (and the padding): plain rounding, no error moved
+    H += damp * torch.mean(torch.diagonal(H)) * torch.eye(k_pad, dtype=torch.float64)
+    try:  # float32 as the paper's code: the dampening keeps H well conditioned
+        L = torch.linalg.cholesky(H.float())
+        del H
+        Hinv = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
+        del L
+    except RuntimeError as e:  # torch.linalg.LinAlgError subclasses RuntimeError
+        raise ValueError(f"the Hessian is not positive definite after dampening: {e}") from e
+    codes = torch.empty(cols, k_pad, dtype=torch.int16)
+    scales = torch.empty(cols, k_blocks, dtype=torch.float32)
+    for b in range(k_blocks):
+        i1, i2 = b * block_size, (b + 1) * block_size
+        W1 = W[:, i1:i2].clone()
+        Err1 = torch.zeros_like(W1)
+        Hinv1 = Hinv[i1:i2, i1:i2]
+        # the block's scale, from the value of largest magnitude (onnxruntime's rule), as updated
+        idx = W1.abs().argmax(dim=1, keepdim=True)
+        scale = torch.gather(W1, 1, idx).squeeze(1) / -zp
+        safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+        scales[:, b] = scale
+        for i in range(block_size):
+            x = W1[:, i]
+            c = torch.clamp(torch.round(x / safe) + zp, 0, top)
+            q = (c - zp) * scale
+            codes[:, i1 + i] = c.to(torch.int16)
+            err = (x - q) / Hinv1[i, i]
+            W1[:, i:] -= err.unsqueeze(1) * Hinv1[i, i:].unsqueeze(0)
+            Err1[:, i] = err
+        W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
+    codes[:, rows:] = 0  # the padding, as onnxruntime's kernel leaves it (never read)
+    return pack_codes(codes.numpy(), bits, block_size), scales.numpy()
+
+
+def hessian(x: Any) -> Any:
+    """``XᵀX`` (float32) of torch inputs ``x`` (..., K), for :func:`gptq_nbits` (summed over
+    calls; float32 keeps a 6144-wide layer's at 151 MB, the factorisation is in float64)."""
+    import torch
+
+    x = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
+    return x.T @ x
+
+
+# -- calibration inputs ----------------------------------------------------------------------
+
+#: generated scenes (export/scenes.py) whose inputs GPTQ minimises the error on; each is
+#: scored twice, with its image and request-only, as the guard scores it
+CALIBRATION_SCENES = 8
+#: their seed: ``spotstop verify-bundle`` scores seed 0, so it never checks on them
+CALIBRATION_SEED = 1
+
+_INDEX = "index.json"
+
+
+def weight_key(w_nk: np.ndarray) -> str:
+    """A weight's identity across torch and ONNX: the hash of its float32 values as an
+    ``(out, in)`` matrix (torch's ``nn.Linear.weight``; the graph's ``w`` is its transpose)."""
+    import hashlib
+
+    a = np.ascontiguousarray(w_nk, dtype=np.float32)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr(a.shape).encode())
+    h.update(a.data)
+    return h.hexdigest()
+
+
+class InputRecorder:
+    """Writes the input rows of every ``nn.Linear`` of a torch model to files while it runs.
+
+    A context manager: while it is open, each Linear's input (``(..., K)``, as float32 rows) is
+    appended to a file in ``folder``, nothing held in memory (a member's Hessians would be
+    6 GiB at the real size). Linears that read the same tensor (q/k/v, gate/up) share one file.
+    ``stride(n)`` keeps every n-th batch row only: the scoring batch repeats each prompt once
+    per answer row, and the repeats add nothing. On exit the index (weight key → file) is
+    written for :class:`CalibrationInputs`.
+    """
+
+    def __init__(self, model: Any, folder: str | os.PathLike[str]) -> None:
+        import torch
+
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+        self._files: dict[str, Any] = {}  # file name -> open handle
+        self._rows: dict[str, int] = {}  # file name -> rows written
+        self._width: dict[str, int] = {}
+        self._file_of: dict[str, str] = {}  # Linear name -> file name
+        self._seen: dict[tuple[Any, ...], str] = {}  # one forward's input tensors -> file
+        self._stride = 1
+        self._handles: list[Any] = []
+
+    @contextlib.contextmanager
+    def stride(self, n: int) -> Iterator[None]:
+        """Within the block, keep every ``n``-th row of a batched (3-d) input."""
+        old, self._stride = self._stride, max(1, int(n))
+        try:
+            yield
+        finally:
+            self._stride = old
+
+    def new_pass(self) -> None:
+        """Forget which tensors this forward pass has seen (call before each pass)."""
+        self._seen.clear()
+
+    def _hook(self, name: str) -> Callable[..., None]:
+        def pre(_mod: Any, inputs: tuple[Any, ...]) -> None:
+            x = inputs[0]
+            if x.dim() == 3 and self._stride > 1:
+                x = x[:: self._stride]
+            # the same tensor read by several Linears: same storage, shape and contents
+            # (inference tensors keep no version counter to tell a reused buffer apart)
+            key = (inputs[0].data_ptr(), tuple(inputs[0].shape), float(x.sum()))
+            shared = self._seen.get(key)
+            if shared is not None:
+                self._file_of.setdefault(name, shared)
+                return
+            fname = self._file_of.setdefault(name, f"x{len(self._file_of):04d}.f32")
+            self._seen[key] = fname
+            rows = x.detach().reshape(-1, x.shape[-1]).float().contiguous()
+            f = self._files.get(fname)
+            if f is None:
+                f = self._files[fname] = open(self.folder / fname, "ab")  # noqa: SIM115
+                self._width[fname] = int(rows.shape[1])
+            f.write(rows.numpy().data)
+            self._rows[fname] = self._rows.get(fname, 0) + int(rows.shape[0])
+
+        return pre
+
+    def __enter__(self) -> InputRecorder:
+        self._handles = [m.register_forward_pre_hook(self._hook(n)) for n, m in self._linears]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for f in self._files.values():
+            f.close()
+        index = {}
+        for name, mod in self._linears:
+            fname = self._file_of.get(name)
+            if fname is None or fname not in self._rows:
+                continue  # never ran in the scoring pass (e.g. an unused head)
+            w = mod.weight.detach().float().numpy()
+            index[weight_key(w)] = {
+                "file": fname,
+                "rows": self._rows[fname],
+                "width": self._width[fname],
+                "linear": name,
+            }
+        (self.folder / _INDEX).write_text(json.dumps(index, indent=1), encoding="utf-8")
+
+
+class CalibrationInputs:
+    """The recorded inputs of a member's Linears, by weight (see :class:`InputRecorder`)."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        self.index: dict[str, dict[str, Any]] = json.loads(
+            (self.folder / _INDEX).read_text(encoding="utf-8")
+        )
+        self._cache: tuple[str, np.ndarray] | None = None  # the last Hessian (q, k, v share it)
+        self.used = 0
+        self.missed = 0
+
+    @property
+    def tokens(self) -> int:
+        """The most input rows any Linear saw (the decoder's calibration tokens)."""
+        return max((int(e["rows"]) for e in self.index.values()), default=0)
+
+    def hessian(self, w_kn: np.ndarray, chunk_rows: int = 4096) -> np.ndarray | None:
+        """``XᵀX`` (float64) of the inputs of the Linear whose graph weight is ``w_kn`` (K, N);
+        None when no recorded Linear has that weight."""
+        e = self.index.get(weight_key(np.asarray(w_kn).T))
+        if e is None or int(e["width"]) != w_kn.shape[0]:
+            self.missed += 1
+            return None
+        self.used += 1
+        if self._cache is not None and self._cache[0] == e["file"]:
+            return self._cache[1]
+        x = np.memmap(
+            self.folder / e["file"], dtype=np.float32, mode="r", shape=(e["rows"], e["width"])
+        )
+        h = np.zeros((e["width"], e["width"]), dtype=np.float64)
+        for a in range(0, x.shape[0], chunk_rows):
+            part = np.asarray(x[a : a + chunk_rows])
+            h += (part.T @ part).astype(np.float64)
+        del x
+        self._cache = (e["file"], h)
+        return h
+
+
+def nbits_quantizer_meta(
+    precision: str, calibration: CalibrationInputs | None, scenes: int
+) -> dict[str, Any]:
+    """The ``quantizer`` entry of an int8/int4 member's ``spotstop_onnx.yaml``: which method
+    chose the codes and, for GPTQ, on what and for how many weights."""
+    from spotstop.export.quant import BLOCK_SIZE, _spotstop_version
+
+    bits = 8 if precision == "int8" else 4
+    meta: dict[str, Any] = {
+        "name": "spotstop-gptq" if calibration is not None else "spotstop-rtn",
+        "version": _spotstop_version(),
+        "method": "gptq" if calibration is not None else "rtn",
+        "block_size": BLOCK_SIZE,
+        "format": f"MatMulNBits (com.microsoft), {bits}-bit, symmetric, one scale per block",
+    }
+    if calibration is not None:
+        meta["calibration"] = {
+            "scenes": int(scenes),
+            "seed": CALIBRATION_SEED,
+            "tokens": calibration.tokens,
+            "damp": DAMP,
+        }
+        meta["weights"] = {"gptq": calibration.used, "round_to_nearest": calibration.missed}
+    return meta
