@@ -84,9 +84,10 @@ def gptq_nbits(
     k_blocks = (rows + block_size - 1) // block_size
     k_pad = k_blocks * block_size
     zp, top = 1 << (bits - 1), (1 << bits) - 1
-    wt = np.zeros((cols, k_pad), dtype=np.float32)  # (a weight read from disk is read-only)
-    wt[:, :rows] = w.T
-    W = torch.from_numpy(wt)
+    # GPTQ's columns are the graph weight's input rows: kept as rows here (contiguous updates)
+    wk = np.zeros((k_pad, cols), dtype=np.float32)  # (a weight read from disk is read-only)
+    wk[:rows] = w
+    W = torch.from_numpy(wk)
     hp = np.zeros((k_pad, k_pad), dtype=np.float64)
     hp[:rows, :rows] = h
     H = torch.from_numpy(hp)
@@ -100,29 +101,29 @@ def gptq_nbits(
         del L
     except RuntimeError as e:  # torch.linalg.LinAlgError subclasses RuntimeError
         raise ValueError(f"the Hessian is not positive definite after dampening: {e}") from e
-    codes = torch.empty(cols, k_pad, dtype=torch.int16)
-    scales = torch.empty(cols, k_blocks, dtype=torch.float32)
+    codes = torch.empty(k_pad, cols, dtype=torch.uint8)
+    scales = torch.empty(k_blocks, cols, dtype=torch.float32)
     for b in range(k_blocks):
         i1, i2 = b * block_size, (b + 1) * block_size
-        W1 = W[:, i1:i2].clone()
-        Err1 = torch.zeros_like(W1)
+        W1 = W[i1:i2].clone()
+        Err1 = torch.empty_like(W1)
         Hinv1 = Hinv[i1:i2, i1:i2]
         # the block's scale, from the value of largest magnitude (onnxruntime's rule), as updated
-        idx = W1.abs().argmax(dim=1, keepdim=True)
-        scale = torch.gather(W1, 1, idx).squeeze(1) / -zp
+        idx = W1.abs().argmax(dim=0, keepdim=True)
+        scale = torch.gather(W1, 0, idx).squeeze(0) / -zp
         safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-        scales[:, b] = scale
+        scales[b] = scale
         for i in range(block_size):
-            x = W1[:, i]
+            x = W1[i]
             c = torch.clamp(torch.round(x / safe) + zp, 0, top)
-            q = (c - zp) * scale
-            codes[:, i1 + i] = c.to(torch.int16)
-            err = (x - q) / Hinv1[i, i]
-            W1[:, i:] -= err.unsqueeze(1) * Hinv1[i, i:].unsqueeze(0)
-            Err1[:, i] = err
-        W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
-    codes[:, rows:] = 0  # the padding, as onnxruntime's kernel leaves it (never read)
-    return pack_codes(codes.numpy(), bits, block_size), scales.numpy()
+            codes[i1 + i] = c.to(torch.uint8)
+            err = (x - (c - zp) * scale) / Hinv1[i, i]
+            W1[i:].addr_(Hinv1[i, i:], err, alpha=-1.0)  # the error onto the rows not yet done
+            Err1[i] = err
+        if i2 < k_pad:
+            W[i2:].addmm_(Hinv[i1:i2, i2:].T, Err1, alpha=-1.0)
+    codes[rows:] = 0  # the padding, as onnxruntime's kernel leaves it (never read)
+    return pack_codes(codes.T.numpy(), bits, block_size), np.ascontiguousarray(scales.T.numpy())
 
 
 def hessian(x: Any) -> Any:
