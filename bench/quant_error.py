@@ -18,6 +18,7 @@ which the robust z-score's recentring on the deployment's own scores removes, an
     python bench/quant_error.py MEMBER_FOLDER                     # int8 and int4, all weights
     python bench/quant_error.py MEMBER_FOLDER --variants "8:128:all,8:128:vision,8:128:mlp"
     python bench/quant_error.py MEMBER_FOLDER --bias-correct      # + per-layer bias correction
+    python bench/quant_error.py MEMBER_FOLDER --gptq              # + GPTQ, as the export does it
     python bench/quant_error.py MEMBER_FOLDER --results bench/RESULTS.md   # + its own section
 
 A variant is ``BITS:BLOCK:GROUP[:nohead]``; groups: ``all``, ``vision`` (the vision tower and
@@ -26,6 +27,9 @@ Gated-DeltaNet and short-convolution projections), ``none``. ``--bias-correct`` 
 variant with every quantized Linear given the bias ``-(W_q - W) x̄`` (``x̄``: the Linear's mean
 input on a second set of calibration scenes), which removes each layer's mean output shift
 (bias correction, Nagel et al. 2019, "Data-Free Quantization"); the export does not do this.
+``--gptq`` also scores each variant with its weights chosen by GPTQ exactly as the export
+chooses them (export/gptq.py: every Linear's inputs recorded to disk on the calibration scenes,
+then ``gptq_nbits`` per weight).
 
 The torch model is held in float32 (Qwen3.5-2B 8 GiB, LFM2.5-VL-3B 12 GiB at the real
 dimensions) with a copy of its Linear weights to restore between variants (bfloat16 where
@@ -150,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
     import torch
+    from spotstop.export.gptq import CALIBRATION_SEED
     from spotstop.export.scenes import demo_scenes
     from spotstop.guard._member import load_member
 
@@ -180,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         calib_dir = Path(tempfile.mkdtemp(prefix="spotstop-quant-error-"))
         atexit.register(shutil.rmtree, calib_dir, True)
         with InputRecorder(model, calib_dir) as rec:
-            for sc in demo_scenes(args.scenes, seed=1):
+            for sc in demo_scenes(args.scenes, seed=CALIBRATION_SEED):
                 rec.new_pass()
                 score([sc])
         calib = CalibrationInputs(calib_dir)
@@ -202,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             return pre
 
         handles = [mod.register_forward_pre_hook(hook(n)) for n, mod in linears]
-        score(demo_scenes(args.scenes, seed=1))
+        score(demo_scenes(args.scenes, seed=CALIBRATION_SEED))
         for h in handles:
             h.remove()
         means = {n: s / c for n, (s, c) in sums.items() if c}  # a Linear the score never runs: none
@@ -266,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{member}: {len(linears)} Linear weights, {len(ref)} scores (scene and request-only "
             f"passes of {args.scenes} generated scenes), torch fp32 reference "
             f"{ref.min():.2f} .. {ref.max():.2f}"
+            + (
+                f"; GPTQ and bias correction calibrate on {args.scenes} other generated scenes "
+                f"(seed {CALIBRATION_SEED})"
+                if len(modes) > 1
+                else ""
+            )
         )
         key = f"quant-error-{member}" + "".join(f"-{m}" for m in modes[1:]).replace(
             "-bias", "-bias-corrected"

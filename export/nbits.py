@@ -116,7 +116,7 @@ def quantize_matmuls_nbits(
             )
         ]
 
-    count = rewrite_weight_matmuls(model, rewrite)
+    count = rewrite_weight_matmuls(model, rewrite, f"GPTQ int{bits}" if calibration else None)
     if count and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return count

@@ -21,6 +21,7 @@ from its file when a pass needs it and a new one is appended to the output file 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -181,28 +182,47 @@ def _users(model: Any) -> dict[str, int]:
     return users
 
 
-def rewrite_weight_matmuls(model: Any, rewrite: Callable[[Any, Any], list[Any]]) -> int:
+def rewrite_weight_matmuls(
+    model: Any, rewrite: Callable[[Any, Any], list[Any]], progress: str | None = None
+) -> int:
     """Replace, in place, every ``MatMul`` whose second input is a rank-2 float initializer
     (a weight) by the nodes ``rewrite(node, weight)`` returns (the weight-only quantizers:
     export/nbits.py, export/quant.py); a weight nothing reads any more is dropped. Returns
-    how many distinct weights were rewritten."""
+    how many distinct weights were rewritten. ``progress``: a bar of that name over the
+    weights on stderr (GPTQ takes minutes per member at the real size)."""
     from onnx import TensorProto
 
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     users = _users(model)
     floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
+
+    def weight(node: Any) -> Any:
+        w = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else ""
+        t = inits.get(w)
+        return None if t is None or t.data_type not in floats or len(t.dims) != 2 else t
+
+    bar = None
+    if progress:
+        with contextlib.suppress(ImportError):
+            from tqdm.auto import tqdm
+
+            n = len({t.name for t in map(weight, g.node) if t is not None})
+            bar = tqdm(total=n, desc=progress, unit="weight", leave=False)
     seen: set[str] = set()
     new_nodes: list[Any] = []
     for node in g.node:
-        w = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else ""
-        t = inits.get(w)
-        if t is None or t.data_type not in floats or len(t.dims) != 2:
+        t = weight(node)
+        if t is None:
             new_nodes.append(node)
             continue
         new_nodes += rewrite(node, t)
-        seen.add(w)
-        users[w] -= 1
+        if bar is not None and t.name not in seen:
+            bar.update()
+        seen.add(t.name)
+        users[t.name] -= 1
+    if bar is not None:
+        bar.close()
     for w in seen:
         if users[w] == 0:
             g.initializer.remove(inits[w])
