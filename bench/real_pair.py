@@ -257,6 +257,7 @@ def step_latency(args: argparse.Namespace, res: dict[str, Any], log: Path) -> No
                 rec["error"] = _tail(log)
             out.setdefault(name, {})[label] = rec
     res["latency"] = out
+    res["latency_run"] = {"command": res.get("argv", ""), "started": _environment()["date"]}
 
 
 def _last_json(text: str) -> Any:
@@ -424,6 +425,14 @@ def render(res: dict[str, Any]) -> str:
         lines.append("")
         n = {len(r["times_s"]) for runs in lat.values() for r in runs.values() if r.get("times_s")}
         lines.append(f"Scenes timed per runtime: {sorted(n)}; one run, a noisy shared machine.")
+        run = res.get("latency_run")
+        if run:
+            lines.append(
+                f"Measured by `python bench/real_pair.py {run['command']}` ({run['started']}) on "
+                "the bundles that run's export wrote"
+                + (f" ({run['note']})" if run.get("note") else "")
+                + "; a later export does not change this table."
+            )
         lines.append("")
     return "\n".join(lines)
 

@@ -120,6 +120,13 @@ def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
     assert "| M | onnxruntime int8 | 2.50 s | 2.00 s | 3.0 s | 300 | 4.00 GiB | 2.00x |" in md
     assert "| M | onnxruntime int4 | FAILED |" in md
     assert "verify-bundle" not in md  # no verify figures held: no verify table
+    assert "Measured by" not in md  # which run timed it: said only when recorded
+    res["latency_run"] = {"command": "--work w --steps latency", "started": "t1", "note": "rtn"}
+    assert (
+        "Measured by `python bench/real_pair.py --work w --steps latency` (t1) on the bundles "
+        "that run's export wrote (rtn); a later export does not change this table."
+        in rp.render(res)
+    )
     # each command with the time it started, when recorded
     res["commands"], res["started"] = ["--work w --steps build", "--work w"], {"--work w": "t2"}
     md = rp.render(res)
