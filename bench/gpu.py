@@ -13,7 +13,9 @@ One prepared script for a machine with a CUDA GPU (the device tool's H200). Per 
    the member's default visual-token budget — Qwen3.5 256, LFM2-VL 64 — + the prompt); wall time. The export traces and validates on the CPU.
    Precision ``auto``: fp16 where ``tensorrt`` is importable (fp16 engines need fp16 graphs:
    the tensorrt backend refuses engines of another precision than the member's graphs), else
-   int8, the precision ``bench/real_pair.py`` exports and times on a CPU workstation (both
+   int8 rounded to nearest (``quantizer="rtn"``: GPTQ, the export's default, spends minutes of
+   CPU on calibration and writes the same graphs and bytes, so the device's time goes to
+   latency), the precision ``bench/real_pair.py`` exports and times on a CPU workstation (both
    members are large, so the export is streamed: export/memory.py; its peak RSS is recorded).
    The device's onnxruntime is CPU-only, so the ``ort`` step times int8 on its CPU. An fp16 export whose
    fp16 graphs alone fail validation (the Qwen3.5 graph does, on the tiny pair: onnxruntime
@@ -469,8 +471,15 @@ def _step_export(
     ctx["notes"] = notes
     t = time.perf_counter()
     try:
+        # rounded to nearest: GPTQ's calibration (minutes of CPU, export/gptq.py) chooses other
+        # codes for the same graphs and bytes, so it changes no timing measured here
         e = export_member(
-            folder, out, precision=prec, buckets=[spec["bucket"]], name=spec["member"]
+            folder,
+            out,
+            precision=prec,
+            buckets=[spec["bucket"]],
+            name=spec["member"],
+            quantizer="rtn",
         )
     except Exception as ex:
         spent = time.perf_counter() - t
@@ -487,8 +496,15 @@ def _step_export(
         _say(f"  {notes[-1]}")
         prec = "fp32"
         t = time.perf_counter()
+        # rounded to nearest: GPTQ's calibration (minutes of CPU, export/gptq.py) chooses other
+        # codes for the same graphs and bytes, so it changes no timing measured here
         e = export_member(
-            folder, out, precision=prec, buckets=[spec["bucket"]], name=spec["member"]
+            folder,
+            out,
+            precision=prec,
+            buckets=[spec["bucket"]],
+            name=spec["member"],
+            quantizer="rtn",
         )
     secs = time.perf_counter() - t
     _save_export(e, _export_info_path(spec))
