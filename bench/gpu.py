@@ -469,18 +469,22 @@ def _step_export(
     figs: list[dict[str, Any]] = []
     notes: list[str] = []
     ctx["notes"] = notes
-    t = time.perf_counter()
-    try:
+
+    def export(precision: str) -> Any:
         # rounded to nearest: GPTQ's calibration (minutes of CPU, export/gptq.py) chooses other
         # codes for the same graphs and bytes, so it changes no timing measured here
-        e = export_member(
+        return export_member(
             folder,
             out,
-            precision=prec,
+            precision=precision,
             buckets=[spec["bucket"]],
             name=spec["member"],
             quantizer="rtn",
         )
+
+    t = time.perf_counter()
+    try:
+        e = export(prec)
     except Exception as ex:
         spent = time.perf_counter() - t
         left = deadline - time.time()
@@ -496,16 +500,7 @@ def _step_export(
         _say(f"  {notes[-1]}")
         prec = "fp32"
         t = time.perf_counter()
-        # rounded to nearest: GPTQ's calibration (minutes of CPU, export/gptq.py) chooses other
-        # codes for the same graphs and bytes, so it changes no timing measured here
-        e = export_member(
-            folder,
-            out,
-            precision=prec,
-            buckets=[spec["bucket"]],
-            name=spec["member"],
-            quantizer="rtn",
-        )
+        e = export(prec)
     secs = time.perf_counter() - t
     _save_export(e, _export_info_path(spec))
     figs += [
