@@ -36,7 +36,6 @@ __all__ = [
     "CalibrationInputs",
     "InputRecorder",
     "gptq_nbits",
-    "hessian",
     "nbits_quantizer_meta",
     "pack_codes",
     "weight_key",
@@ -124,15 +123,6 @@ def gptq_nbits(
             W[i2:].addmm_(Hinv[i1:i2, i2:].T, Err1, alpha=-1.0)
     codes[rows:] = 0  # the padding, as onnxruntime's kernel leaves it (never read)
     return pack_codes(codes.T.numpy(), bits, block_size), np.ascontiguousarray(scales.T.numpy())
-
-
-def hessian(x: Any) -> Any:
-    """``XᵀX`` (float32) of torch inputs ``x`` (..., K), for :func:`gptq_nbits` (summed over
-    calls; float32 keeps a 6144-wide layer's at 151 MB, the factorisation is in float64)."""
-    import torch
-
-    x = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
-    return x.T @ x
 
 
 # -- calibration inputs ----------------------------------------------------------------------

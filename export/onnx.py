@@ -311,12 +311,14 @@ def _record_calibration(
     import torch
     from spotstop.export.scenes import demo_scenes
     from spotstop.guard._image import decode_image
+    from tqdm.auto import tqdm
 
     plan = encoder.plan
     img_text = folder.arch.image_text(g)
     rows = len(plan.rows)
     with torch.inference_mode(), InputRecorder(model, out) as rec:
-        for scene in _progress(demo_scenes(n_scenes, seed=CALIBRATION_SEED), "calibration"):
+        scenes = demo_scenes(n_scenes, seed=CALIBRATION_SEED)
+        for scene in tqdm(scenes, desc="calibration", unit="scene", leave=False):
             rec.new_pass()
             px = folder.arch.preprocess(decode_image(scene.image).image, g)
             emb = vision_t(torch.from_numpy(px["pixel_values"])).numpy()
@@ -330,15 +332,6 @@ def _record_calibration(
                 with rec.stride(rows):  # the batch repeats the prompt once per answer row
                     decoder_t(*(torch.from_numpy(feeds[n]) for n in DECODER_INPUTS))
     return CalibrationInputs(out)
-
-
-def _progress(items: list[Any], what: str) -> Any:
-    """A progress bar on stderr where tqdm is installed (the export extra has it)."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return items
-    return tqdm(items, desc=what, unit="scene", leave=False)
 
 
 def _compare(

@@ -21,7 +21,6 @@ from its file when a pass needs it and a new one is appended to the output file 
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -204,11 +203,10 @@ def rewrite_weight_matmuls(
 
     bar = None
     if progress:
-        with contextlib.suppress(ImportError):
-            from tqdm.auto import tqdm
+        from tqdm.auto import tqdm
 
-            n = len({t.name for t in map(weight, g.node) if t is not None})
-            bar = tqdm(total=n, desc=progress, unit="weight", leave=False)
+        n = len({t.name for t in map(weight, g.node) if t is not None})
+        bar = tqdm(total=n, desc=progress, unit="weight", leave=False)
     seen: set[str] = set()
     new_nodes: list[Any] = []
     for node in g.node:
