@@ -22,9 +22,13 @@ measured), run the product's own commands as a user runs them:
 
 Each step runs in a child process; its peak RSS is the child's (``os.wait4``). Results
 accumulate in ``WORK/real_pair.json`` (a step run again replaces its own figures) and are
-rendered into ``bench/RESULTS.md`` between the ``cpu-real`` markers, with the bundle bytes
-against ``jetson/memory_budget.py``'s prediction. Only figures this machine measured are
-written; a step that failed is written with its error.
+rendered into ``bench/RESULTS.md``, with the bundle bytes against ``jetson/memory_budget.py``'s
+prediction, in sections a run rewrites only when it measured them: ``cpu-real`` (the header
+and the member folders), ``cpu-real-export-PRECISION``, ``cpu-real-verify-PRECISION`` and
+``cpu-real-latency``; each table names the command, date and machine that measured it. So an
+int4 export run again leaves the int8 figures as they were measured, even when the store is
+gone. Only figures this machine measured are written; a step that failed is written with its
+error.
 
     python bench/real_pair.py --work /work/real                      # everything (~1 h here)
     python bench/real_pair.py --work /work/real --steps latency      # one step again
@@ -152,6 +156,7 @@ def step_build(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None
         r = _run(_py(_BUILD, name, str(folder), str(ROOT / "jetson" / "memory_budget.py")), log)
         out[name] = {k: r[k] for k in ("rc", "seconds", "peak_rss_bytes")}
         out[name]["folder_bytes"] = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        res["build_run"] = {"run": _stamp(res)}
 
 
 def _export(
@@ -197,6 +202,7 @@ def step_export(args: argparse.Namespace, res: dict[str, Any], log: Path) -> Non
             rec["alone"] = {
                 n: _export(args, prec, [n], args.work / f"bundle-{prec}-{n}", log) for n in names
             }
+        rec["run"] = _stamp(res)
         out[prec] = rec
 
 
@@ -218,7 +224,11 @@ def step_verify(args: argparse.Namespace, res: dict[str, Any], log: Path) -> Non
     for prec in args.precisions:
         written = sorted(set(bundles(res, prec).values()))
         if not written:
-            out[prec] = {"rc": None, "error": "no bundle: its export failed (see the export table)"}
+            out[prec] = {
+                "rc": None,
+                "error": "no bundle: its export failed (see the export table)",
+                "run": _stamp(res),
+            }
             continue
         runs = []
         for bundle in written:
@@ -231,7 +241,8 @@ def step_verify(args: argparse.Namespace, res: dict[str, Any], log: Path) -> Non
             except json.JSONDecodeError:
                 rec["error"] = _tail(log)
             runs.append(rec)
-        out[prec] = runs[0] if len(runs) == 1 else {"runs": runs}
+        out[prec] = {**runs[0]} if len(runs) == 1 else {"runs": runs}
+        out[prec]["run"] = _stamp(res)
 
 
 def step_latency(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None:
@@ -257,7 +268,16 @@ def step_latency(args: argparse.Namespace, res: dict[str, Any], log: Path) -> No
                 rec["error"] = _tail(log)
             out.setdefault(name, {})[label] = rec
     res["latency"] = out
-    res["latency_run"] = {"command": res.get("argv", ""), "started": _environment()["date"]}
+    res["latency_run"] = {"run": _stamp(res)}
+
+
+def _stamp(res: dict[str, Any]) -> dict[str, Any]:
+    """Which command measured a step's figures, when, and on what (its table says so)."""
+    return {
+        "command": res.get("argv", ""),
+        "started": res.get("environment", {}).get("date", "?"),
+        "environment": res.get("environment", {}),
+    }
 
 
 def _last_json(text: str) -> Any:
@@ -295,23 +315,53 @@ def _environment() -> dict[str, Any]:
     }
 
 
-def render(res: dict[str, Any]) -> str:
-    """The RESULTS.md section of this run: only the figures it holds."""
-    env = res.get("environment", {})
-    lines = [
-        "## The real pair's dimensions on a CPU workstation (issue #13, item 4)",
-        "",
-        "Seeded random weights at the real dimensions (TEST WEIGHTS: the scores mean nothing);",
-        "commands "
-        + ", ".join(
+def _run_line(res: dict[str, Any], rec: dict[str, Any]) -> str:
+    """ "Measured by COMMAND (date); machine and versions": the run a table's figures came from
+    (its step's ``run`` stamp; a record from before the stamps: the store's commands)."""
+    run = rec.get("run")
+    if run:
+        env = run.get("environment", {})
+        what = f"`python bench/real_pair.py {run['command']}` ({run['started']})"
+    else:
+        env = res.get("environment", {})
+        what = ", ".join(
             f"`python bench/real_pair.py {c}`"
             + (f" ({res['started'][c]})" if c in res.get("started", {}) else "")
             for c in res.get("commands") or [res.get("argv", "")]
         )
-        + (f"; {env.get('date', '?')};" if not res.get("started") else ";"),
-        f"{env.get('cores', '?')} cores, {env.get('ram_gib', '?')} GiB RAM; "
-        + ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
-        + ".",
+    return (
+        f"Measured by {what}; {env.get('cores', '?')} cores, {env.get('ram_gib', '?')} GiB RAM"
+        + "".join(f", {k} {v}" for k, v in env.get("versions", {}).items())
+        + "."
+    )
+
+
+def _export_rows(prec: str, e: dict[str, Any], what: str) -> list[str]:
+    """An export command's rows: each member it wrote, then the whole command."""
+    rows = [
+        f"| {prec} | {m['name']} | {_quantizer(m)} | {m['seconds']:.0f} s | {_fmt_b(m['peak_rss_bytes'])} | "
+        f"{'yes' if m['streamed'] else 'no'} | {_fmt_b(m['file_bytes'])} | "
+        f"{_fmt_b(m['predicted_bytes'])} | {m['file_bytes'] / m['predicted_bytes']:.3f} |"
+        for m in e["members"]
+    ]
+    rows.append(
+        f"| {prec} | **{what}** (whole command) | | **{e['seconds'] / 60:.1f} min** | "
+        f"{_fmt_b(e['peak_rss_bytes'])} | | | | |"
+    )
+    return rows
+
+
+def sections(res: dict[str, Any]) -> list[tuple[str, str]]:
+    """The RESULTS.md sections this store's figures fill, as (marker key, text): the header
+    and member folders (``cpu-real``), then one section per precision for the export and the
+    verify step, and the latency table. A run writes only the sections it measured, so a later
+    run of one precision leaves another precision's figures as they were measured."""
+    out: list[tuple[str, str]] = []
+    lines = [
+        "## The real pair's dimensions on a CPU workstation (issue #13, item 4)",
+        "",
+        "Seeded random weights at the real dimensions (TEST WEIGHTS: the scores mean nothing);",
+        "each table says which `bench/real_pair.py` command measured it, when, and on what.",
         "",
     ]
     build = res.get("build", {})
@@ -329,80 +379,70 @@ def render(res: dict[str, Any]) -> str:
                 )
             else:
                 lines.append(f"| {name} | {b.get('note', '')} | | |")
-        lines.append("")
-    exp = res.get("export", {})
-    if exp:
-        lines += [
-            "### `spotstop export` (both members, one command per precision)",
+        lines += ["", _run_line(res, res.get("build_run", {})), ""]
+    out.append(("cpu-real", "\n".join(lines)))
+
+    for prec, e in res.get("export", {}).items():
+        lines = [
+            f"### `spotstop export` at {prec} (both members, one command)",
             "",
             "| precision | member | quantizer | export | peak RSS | streamed | graph files | memory_budget.py predicts | files / predicted |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
 
-        def member_rows(prec: str, e: dict[str, Any], what: str) -> None:
-            for m in e["members"]:
-                lines.append(
-                    f"| {prec} | {m['name']} | {_quantizer(m)} | {m['seconds']:.0f} s | {_fmt_b(m['peak_rss_bytes'])} | "
-                    f"{'yes' if m['streamed'] else 'no'} | {_fmt_b(m['file_bytes'])} | "
-                    f"{_fmt_b(m['predicted_bytes'])} | {m['file_bytes'] / m['predicted_bytes']:.3f} |"
-                )
-            lines.append(
-                f"| {prec} | **{what}** (whole command) | | **{e['seconds'] / 60:.1f} min** | "
-                f"{_fmt_b(e['peak_rss_bytes'])} | | | | |"
-            )
-
-        for prec, e in exp.items():
-            if e.get("rc") == 0:
-                member_rows(prec, e, "the pair")
-                continue
+        if e.get("rc") == 0:
+            lines += _export_rows(prec, e, "the pair")
+        else:
             lines.append(
                 f"| {prec} | the pair: FAILED (exit {e.get('rc')}) | | {e.get('seconds', 0) / 60:.1f} min | | | | | |"
             )
             for name, a in e.get("alone", {}).items():
                 if a.get("rc") == 0:
-                    member_rows(prec, a, f"{name} alone")
+                    lines += _export_rows(prec, a, f"{name} alone")
                 else:
                     lines.append(
                         f"| {prec} | {name} alone: FAILED (exit {a.get('rc')}) | | {a.get('seconds', 0) / 60:.1f} min | | | | | |"
                     )
         lines.append("")
         errs = []
-        for p, e in exp.items():
-            if e.get("rc") != 0:
-                errs.append(f"- {p}, the pair: {_error_lines(e.get('error', ''))}")
-            for name, a in e.get("alone", {}).items():
-                if a.get("rc") != 0:
-                    errs.append(f"- {p}, {name} alone: {_error_lines(a.get('error', ''))}")
+        if e.get("rc") != 0:
+            errs.append(f"- {prec}, the pair: {_error_lines(e.get('error', ''))}")
+        for name, a in e.get("alone", {}).items():
+            if a.get("rc") != 0:
+                errs.append(f"- {prec}, {name} alone: {_error_lines(a.get('error', ''))}")
         lines += errs + ([""] if errs else [])
-    ver = res.get("verify", {})
-    if ver:
-        lines += [
-            "### `spotstop verify-bundle` (torch reference fp32 vs the bundle)",
+        lines.append(_run_line(res, e))
+        out.append((f"cpu-real-export-{prec}", "\n".join(lines)))
+
+    for prec, v in res.get("verify", {}).items():
+        lines = [
+            f"### `spotstop verify-bundle` at {prec} (torch reference fp32 vs the bundle)",
             "",
             "| precision | member | scores | max abs Δs | tolerance | Spearman | min | decisions agree | result |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
-        for prec, v in ver.items():
-            for one in v.get("runs", [v]):
-                r = one.get("result")
-                if not r:
-                    why = one.get("error", "") if one.get("rc") is None else f"exit {one.get('rc')}"
-                    lines.append(f"| {prec} | FAILED ({why}) | | | | | | | |")
-                    continue
-                for m in r.get("members", []):
-                    lines.append(
-                        f"| {prec} | {m['name']} | {m['n']} | {m['max_abs_diff']:.3f} | {m['tolerance']} | "
-                        f"{m['spearman']:.3f} | {m['min_spearman']} | {m['decision_agreement']:.2f} | "
-                        f"{'PASS' if m['ok'] else 'FAIL'} |"
-                    )
+        for one in v.get("runs", [v]):
+            r = one.get("result")
+            if not r:
+                why = one.get("error", "") if one.get("rc") is None else f"exit {one.get('rc')}"
+                lines.append(f"| {prec} | FAILED ({why}) | | | | | | | |")
+                continue
+            for m in r.get("members", []):
                 lines.append(
-                    f"| {prec} | whole command | {one['seconds'] / 60:.1f} min, peak RSS {_fmt_b(one['peak_rss_bytes'])} | | | | | | "
-                    f"**{'PASS' if r.get('ok') else 'FAIL'}** |"
+                    f"| {prec} | {m['name']} | {m['n']} | {m['max_abs_diff']:.3f} | {m['tolerance']} | "
+                    f"{m['spearman']:.3f} | {m['min_spearman']} | {m['decision_agreement']:.2f} | "
+                    f"{'PASS' if m['ok'] else 'FAIL'} |"
                 )
-        lines.append("")
+            lines.append(
+                f"| {prec} | whole command | {one['seconds'] / 60:.1f} min, peak RSS {_fmt_b(one['peak_rss_bytes'])} | | | | | | "
+                f"**{'PASS' if r.get('ok') else 'FAIL'}** |"
+            )
+        lines += ["", _run_line(res, v)]
+        out.append((f"cpu-real-verify-{prec}", "\n".join(lines)))
+
     lat = res.get("latency", {})
     if lat:
-        lines += [
+        lines = [
             "### Per-scene latency on this CPU (same scenes, one scene a call, after one warm-up call)",
             "",
             "| member | runtime | median | min | first call | prompt tokens | process peak RSS | torch eager / this |",
@@ -425,16 +465,17 @@ def render(res: dict[str, Any]) -> str:
         lines.append("")
         n = {len(r["times_s"]) for runs in lat.values() for r in runs.values() if r.get("times_s")}
         lines.append(f"Scenes timed per runtime: {sorted(n)}; one run, a noisy shared machine.")
-        run = res.get("latency_run")
-        if run:
-            lines.append(
-                f"Measured by `python bench/real_pair.py {run['command']}` ({run['started']}) on "
-                "the bundles that run's export wrote"
-                + (f" ({run['note']})" if run.get("note") else "")
-                + "; a later export does not change this table."
-            )
-        lines.append("")
-    return "\n".join(lines)
+        lines.append(
+            _run_line(res, res.get("latency_run", {}))
+            + " On the bundles that run's export wrote; a later export does not change this table."
+        )
+        out.append(("cpu-real-latency", "\n".join(lines)))
+    return out
+
+
+def render(res: dict[str, Any]) -> str:
+    """All of this store's sections, as one text (what a run prints at its end)."""
+    return "\n\n".join(text for _, text in sections(res)) + "\n"
 
 
 def _quantizer(m: dict[str, Any]) -> str:
@@ -450,7 +491,8 @@ def _quantizer(m: dict[str, Any]) -> str:
 
 
 def write_results(res: dict[str, Any], path: Path = RESULTS) -> None:
-    write_section(path, "cpu-real", render(res))
+    for key, text in sections(res):
+        write_section(path, key, text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -120,12 +120,18 @@ def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
     assert "| M | onnxruntime int8 | 2.50 s | 2.00 s | 3.0 s | 300 | 4.00 GiB | 2.00x |" in md
     assert "| M | onnxruntime int4 | FAILED |" in md
     assert "verify-bundle" not in md  # no verify figures held: no verify table
-    assert "Measured by" not in md  # which run timed it: said only when recorded
-    res["latency_run"] = {"command": "--work w --steps latency", "started": "t1", "note": "rtn"}
+    # a record without its run's stamp (from before the stamps): the store's commands
+    assert "Measured by `python bench/real_pair.py --work w`; 2 cores, 23.5 GiB RAM, torch x." in md
+    stamp = {
+        "command": "--work w --steps latency",
+        "started": "t1",
+        "environment": {"cores": 16, "ram_gib": 64, "versions": {"onnxruntime": "y"}},
+    }
+    res["latency_run"] = {"run": stamp}
     assert (
-        "Measured by `python bench/real_pair.py --work w --steps latency` (t1) on the bundles "
-        "that run's export wrote (rtn); a later export does not change this table."
-        in rp.render(res)
+        "Measured by `python bench/real_pair.py --work w --steps latency` (t1); 16 cores, 64 GiB "
+        "RAM, onnxruntime y. On the bundles that run's export wrote; a later export does not "
+        "change this table." in rp.render(res)
     )
     # each command with the time it started, when recorded
     res["commands"], res["started"] = ["--work w --steps build", "--work w"], {"--work w": "t2"}
@@ -134,6 +140,9 @@ def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
         "`python bench/real_pair.py --work w --steps build`, `python bench/real_pair.py --work w` (t2);"
         in md
     )
+    # one section per precision and step: a run writes only what it measured
+    keys = [k for k, _ in rp.sections(res)]
+    assert keys == ["cpu-real", "cpu-real-export-int8", "cpu-real-export-int4", "cpu-real-latency"]
     # what each precision's bundles are: the pair's, else each member's own; never a stale one
     assert rp.bundles(res, "int4") == {"M": "w/bundle-int4-M"}
     assert rp.bundles(res, "int8") == {}  # the int8 record names no bundle folder: none used
@@ -166,6 +175,52 @@ def test_report_lists_every_verify_run_and_a_member_without_a_bundle() -> None:
     assert "| int4 | M | 12 | 0.500 | 1.0 | 0.950 | 0.8 | 1.00 | PASS |" in md
     assert "| int8 | FAILED (no bundle: its export failed (see the export table)) |" in md
     assert "| N | onnxruntime int4 | no bundle: failed |" in md
+
+
+def test_a_run_rewrites_only_the_sections_it_measured(tmp_path: Path) -> None:
+    rp = _load("real_pair")
+    member = {
+        "name": "M",
+        "n": 12,
+        "max_abs_diff": 0.5,
+        "tolerance": 1.0,
+        "spearman": 0.95,
+        "min_spearman": 0.8,
+        "decision_agreement": 1.0,
+        "ok": True,
+    }
+    env = {"cores": 2, "ram_gib": 23.5, "versions": {}}
+    one = {
+        "rc": 0,
+        "seconds": 60.0,
+        "peak_rss_bytes": 2**30,
+        "result": {"ok": True, "members": [member]},
+    }
+    f = tmp_path / "RESULTS.md"
+    first = {
+        "verify": {
+            p: {**one, "run": {"command": f"--p {p}", "started": "t1", "environment": env}}
+            for p in ("int8", "int4")
+        }
+    }
+    rp.write_results(first, f)
+    # a later run with a fresh store measures int4 only: the int8 table stays as measured
+    member4 = {**member, "max_abs_diff": 0.25}
+    later = {
+        "verify": {
+            "int4": {
+                **one,
+                "result": {"ok": True, "members": [member4]},
+                "run": {"command": "--p int4 again", "started": "t2", "environment": env},
+            }
+        }
+    }
+    rp.write_results(later, f)
+    text = f.read_text(encoding="utf-8")
+    assert "| int8 | M | 12 | 0.500 |" in text and "(t1)" in text
+    assert "| int4 | M | 12 | 0.250 |" in text and "| int4 | M | 12 | 0.500 |" not in text
+    assert "`python bench/real_pair.py --p int4 again` (t2)" in text
+    assert text.index("int8 (torch") < text.index("int4 (torch")  # each section where it was
 
 
 def test_last_json_skips_what_a_command_printed_before() -> None:
