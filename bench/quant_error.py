@@ -69,19 +69,31 @@ GROUPS: dict[str, Callable[[str], bool]] = {
 }
 
 
-def parse_variant(text: str) -> tuple[int, int, str, bool]:
-    """``BITS:BLOCK:GROUP[:nohead]`` → (bits, block, group, quantize the output layer)."""
+def parse_variant(text: str) -> tuple[int, int, str, bool, tuple[str, ...]]:
+    """``BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL]`` → (bits, block, group, quantize the output
+    layer, the selectors export/mixed.py keeps at int8 among the group's weights)."""
+    from spotstop.export.mixed import parse_selectors
+
     parts = text.strip().split(":")
-    if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "nohead"):
-        raise ValueError(f"variant {text!r}: want BITS:BLOCK:GROUP[:nohead], e.g. 8:128:all.")
+    want = "want BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL], e.g. 8:128:all or 4:128:all:int8=output_layer"
+    if len(parts) < 3:
+        raise ValueError(f"variant {text!r}: {want}.")
     bits, block, group = int(parts[0]), int(parts[1]), parts[2]
+    qhead, int8 = True, ()
+    for extra in parts[3:]:
+        if extra == "nohead":
+            qhead = False
+        elif extra.startswith("int8="):
+            int8 = parse_selectors(extra[5:].replace("+", ","))
+        else:
+            raise ValueError(f"variant {text!r}: {want}.")
     if bits not in (4, 8):
         raise ValueError(f"variant {text!r}: bits must be 4 or 8.")
     if block < 16 or block & (block - 1):
         raise ValueError(f"variant {text!r}: the block must be a power of two, at least 16.")
     if group not in GROUPS:
         raise ValueError(f"variant {text!r}: group must be one of {sorted(GROUPS)}.")
-    return bits, block, group, len(parts) == 3
+    return bits, block, group, qhead, int8
 
 
 def quantized(w: Any, bits: int, block: int, rows_per_chunk: int = 8192) -> Any:
@@ -138,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also score each variant quantized by GPTQ (export/gptq.py; Hessians of each "
         "Linear's inputs on other scenes)",
     )
+    ap.add_argument(
+        "--gptq-only",
+        action="store_true",
+        help="with --gptq: score GPTQ only, not round to nearest as well (half the time)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     ap.add_argument(
         "--results",
@@ -155,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
     from spotstop.export.gptq import CALIBRATION_SEED
+    from spotstop.export.mixed import int8_linears
     from spotstop.export.scenes import demo_scenes
+    from spotstop.export.verify import spearman
     from spotstop.guard._member import load_member
 
     if args.threads:
@@ -228,29 +247,44 @@ def main(argv: list[str] | None = None) -> int:
     original = {n: keep(mod.weight) for n, mod in linears}
     biases = {n: None if mod.bias is None else mod.bias.detach().clone() for n, mod in linears}
     head_float = head.detach().clone()
-    modes = ["rtn"] + (["bias"] if args.bias_correct else []) + (["gptq"] if args.gptq else [])
-    print(f"{'variant':>22} {'method':>9} {'max|Δs|':>8} {'rms':>7} {'mean Δs':>8} {'s':>5}")
-    rows: list[tuple[str, str, float, float, float]] = []
-    for bits, block, group, qhead in variants:
+    modes = (
+        ([] if args.gptq and args.gptq_only else ["rtn"])
+        + (["bias"] if args.bias_correct else [])
+        + (["gptq"] if args.gptq else [])
+    )
+    print(
+        f"{'variant':>22} {'method':>9} {'max|Δs|':>8} {'rms':>7} {'mean Δs':>8} {'rho':>6} "
+        f"{'s':>5}"
+    )
+    rows: list[tuple[str, str, float, float, float, float]] = []
+    for bits, block, group, qhead, int8 in variants:
         chosen = GROUPS[group]
+        # export/mixed.py's rule, on the same names the export reads (the head is ``lm_head``)
+        at8 = int8_linears([n for n, _ in linears] + ["lm_head"], int8)
         for mode in modes:
             t = time.perf_counter()
             for n, mod in linears:
                 w = original[n].float()
+                b_n = 8 if n in at8 else bits
                 if not chosen(n):
                     wq = w
                 elif mode == "gptq" and (h := calib.hessian(w.T.numpy())) is not None:
-                    wq = gptq_quantized(w, h, bits, block)
+                    wq = gptq_quantized(w, h, b_n, block)
                 else:
-                    wq = quantized(w, bits, block)
+                    wq = quantized(w, b_n, block)
                 mod.weight.data.copy_(wq)
                 b = biases[n]
                 if mode == "bias" and chosen(n) and n in means:
                     b = (b if b is not None else torch.zeros(w.shape[0])) - (wq - w) @ means[n]
                 mod.bias = None if b is None else torch.nn.Parameter(b, requires_grad=False)
-            backend._head_weight = quantized(head_float, bits, block) if qhead else head_float
-            d = score(scenes) - ref
-            name = f"int{bits} b{block} {group}{'' if qhead else ' nohead'}"
+            head_bits = 8 if "lm_head" in at8 else bits
+            backend._head_weight = quantized(head_float, head_bits, block) if qhead else head_float
+            got = score(scenes)
+            d = got - ref
+            rho = spearman(got, ref)  # verify-bundle's rank check, on these scores
+            name = f"int{bits} b{block} {group}{'' if qhead else ' nohead'}" + (
+                f" (int8: {', '.join(int8)}; {len(at8)} weights)" if int8 else ""
+            )
             rows.append(
                 (
                     name,
@@ -258,11 +292,12 @@ def main(argv: list[str] | None = None) -> int:
                     float(np.abs(d).max()),
                     float(np.sqrt(np.mean(d**2))),
                     float(d.mean()),
+                    rho,
                 )
             )
             print(
-                f"{name:>22} {mode:>9} {np.abs(d).max():8.3f} "
-                f"{np.sqrt(np.mean(d**2)):7.3f} {d.mean():+8.3f} {time.perf_counter() - t:5.0f}",
+                f"{name:>22} {mode:>9} {np.abs(d).max():8.3f} {np.sqrt(np.mean(d**2)):7.3f} "
+                f"{d.mean():+8.3f} {rho:6.3f} {time.perf_counter() - t:5.0f}",
                 flush=True,
             )
     if args.results:
@@ -272,14 +307,17 @@ def main(argv: list[str] | None = None) -> int:
             f"passes of {args.scenes} generated scenes), torch fp32 reference "
             f"{ref.min():.2f} .. {ref.max():.2f}"
             + (
-                f"; GPTQ and bias correction calibrate on {args.scenes} other generated scenes "
-                f"(seed {CALIBRATION_SEED})"
-                if len(modes) > 1
+                f"; {' and '.join(_METHODS[m] for m in modes if m != 'rtn')} calibrate"
+                f"{'s' if len(set(modes) - {'rtn'}) == 1 else ''} on {args.scenes} other "
+                f"generated scenes (seed {CALIBRATION_SEED})"
+                if set(modes) - {"rtn"}
                 else ""
             )
         )
-        key = f"quant-error-{member}" + "".join(f"-{m}" for m in modes[1:]).replace(
-            "-bias", "-bias-corrected"
+        key = (
+            f"quant-error-{member}"
+            + "".join(f"-{m}" for m in modes if m != "rtn").replace("-bias", "-bias-corrected")
+            + ("-mixed" if any(v[4] for v in variants) else "")
         )
         write_section(args.results, key, render(member, head_line, rows, argv))
     return 0
@@ -288,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
 def render(
     member: str,
     head_line: str,
-    rows: list[tuple[str, str, float, float, float]],
+    rows: list[tuple[str, str, float, float, float, float]],
     argv: list[str] | None,
 ) -> str:
     """The RESULTS.md section of one run: the command, the reference, a row per variant."""
@@ -299,15 +337,18 @@ def render(
         "",
         f"Command `python bench/quant_error.py {cmd}`; {date}; {os.cpu_count()} cores. "
         "A torch simulation with the exact weights MatMulNBits multiplies by; "
-        "mean Δs is the part of the error common to every scene.",
+        "mean Δs is the part of the error common to every scene; Spearman is verify-bundle's "
+        "rank check (export/verify.py) on these scores.",
         "",
         head_line + ".",
         "",
-        "| variant | method | max abs Δs | RMS Δs | mean Δs |",
-        "|---|---|---|---|---|",
+        "| variant | method | max abs Δs | RMS Δs | mean Δs | Spearman |",
+        "|---|---|---|---|---|---|",
     ]
-    for name, mode, mx, rms, mean in rows:
-        lines.append(f"| {name} | {_METHODS[mode]} | {mx:.3f} | {rms:.3f} | {mean:+.3f} |")
+    for name, mode, mx, rms, mean, rho in rows:
+        lines.append(
+            f"| {name} | {_METHODS[mode]} | {mx:.3f} | {rms:.3f} | {mean:+.3f} | {rho:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -45,6 +45,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -168,6 +169,7 @@ def _export(
     cmd = [sys.executable, "-m", "spotstop.cli", "export", "--precision", prec, "--json"]
     cmd += ["--buckets", str(args.bucket), "--trt", "script", "--out", str(bundle)]
     cmd += ["--name", f"real-{'pair' if len(names) > 1 else names[0]}-{prec}"]
+    cmd += shlex.split(args.export_args)
     for name in names:
         cmd += ["--member", str(args.work / name)]
     r = _run(cmd, log)
@@ -509,6 +511,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenes", type=int, default=4, help="timed scenes per runtime (default 4)")
     ap.add_argument("--verify-scenes", type=int, default=6, help="verify-bundle scenes (default 6)")
     ap.add_argument("--rebuild", action="store_true", help="rebuild member folders that exist")
+    ap.add_argument(
+        "--export-args",
+        default="",
+        metavar="ARGS",
+        help="more `spotstop export` options for the export step, as one string (e.g. "
+        '"--calibration-scenes 16 --int4-int8 none"); the command in RESULTS.md shows them',
+    )
     ap.add_argument("--results", type=Path, default=RESULTS, help="RESULTS.md to update")
     args = ap.parse_args(argv)
     args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]

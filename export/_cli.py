@@ -75,6 +75,7 @@ def run_tiny(args: argparse.Namespace) -> int:
 def add_export_parser(sub: Any) -> None:
     """``spotstop export``: Hugging Face members → ONNX scoring graphs → a verified bundle."""
     from spotstop.export.gptq import CALIBRATION_SCENES, CALIBRATION_SEED
+    from spotstop.export.mixed import DEFAULT_INT4_INT8
 
     p = sub.add_parser(
         "export",
@@ -149,6 +150,19 @@ def add_export_parser(sub: Any) -> None:
         f"request-only (default {CALIBRATION_SCENES}; seed {CALIBRATION_SEED}, not the "
         "scenes verify-bundle checks)",
     )
+    p.add_argument(
+        "--int4-int8",
+        default=",".join(DEFAULT_INT4_INT8) or "none",
+        metavar="SELECTORS",
+        help="int4: the weights kept at 8 bits (comma-separated; 'none': every weight at "
+        "int4): output_layer (the output layer, and the token table tied to it), "
+        "mixed_layers (attention's value and the feed-forward down projections in the first "
+        "and last eighth of the layers and every third between: llama.cpp's Q4_K_M mix), "
+        "linear_attn (every Qwen3.5 Gated-DeltaNet layer's projections and feed-forward), "
+        "vision (the vision tower and projector). The selectors of onnxruntime-genai's "
+        "matmul_mixed_precision; 'output_layer,mixed_layers' is llama.cpp's Q4_K_M mix. "
+        f"Default {','.join(DEFAULT_INT4_INT8) or 'none'} (export/mixed.py says why)",
+    )
     p.add_argument("--name", default="bundle", help="bundle id prefix")
     p.add_argument(
         "--trt",
@@ -174,6 +188,7 @@ def add_export_parser(sub: Any) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     """Run ``spotstop export``: 0 written, 1 beyond tolerance, 2 bad input."""
+    from spotstop.export.mixed import parse_selectors
     from spotstop.export.onnx import DEFAULT_BUCKETS
     from spotstop.export.onnx_bundle import write_onnx_bundle
     from spotstop.guard._config import ScoringConfig, load_scoring_config, parse_image_size
@@ -186,6 +201,11 @@ def run_export(args: argparse.Namespace) -> int:
         budgets = parse_visual_tokens(args.visual_tokens) if args.visual_tokens else None
     except ConfigError as e:
         print(f"spotstop export: {e}", file=sys.stderr)
+        return 2
+    try:
+        int4_int8 = parse_selectors(args.int4_int8)
+    except ValueError as e:
+        print(f"spotstop export: --int4-int8: {e}", file=sys.stderr)
         return 2
     try:
         buckets = (
@@ -216,6 +236,7 @@ def run_export(args: argparse.Namespace) -> int:
                 visual_tokens=budgets,
                 quantizer=args.quantizer,
                 calibration_scenes=args.calibration_scenes,
+                int4_int8=int4_int8,
             )
     except ConfigError as e:  # a budget that names no member or has no square grid
         print(f"spotstop export: {e}", file=sys.stderr)

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from spotstop.export.cost_data import DEVICES, PAPER_TFLOPS, REAL_PAIR, REAL_SETTINGS
+from spotstop.export.mixed import DEFAULT_INT4_INT8
 from spotstop.export.quant import BLOCK_SIZE
 
 __all__ = [
@@ -100,7 +101,14 @@ PRECISIONS: tuple[str, ...] = tuple(WEIGHT_BYTES)
 
 
 def stored_weight_bytes(
-    precision: str, *, linear: float, table: float, other: float, tied: bool
+    precision: str,
+    *,
+    linear: float,
+    table: float,
+    other: float,
+    tied: bool,
+    linear_int8: float = 0,
+    table_int8: bool = False,
 ) -> float:
     """Bytes of a member's weights as ``spotstop export`` stores them at ``precision``: the one
     rule the cost model and ``jetson/memory_budget.py`` both use.
@@ -110,18 +118,28 @@ def stored_weight_bytes(
     table. A tied table is stored once at fp32/fp16 (the Gather and the output layer read it);
     at int8/int4 it is the output layer's MatMulNBits blocks, which ``GatherBlockQuantized``
     reads with a second copy of the scales; at int4-trt (TensorRT has no quantized Gather) the
-    float16 table and the int4 blocks are both stored.
+    float16 table and the int4 blocks are both stored. At int4, ``linear_int8`` of the
+    ``linear`` weights and, with ``table_int8``, a tied table are kept at int8
+    (export/mixed.py decides which).
     """
     if precision not in WEIGHT_BYTES:
         raise ValueError(f"unknown precision {precision!r}; choose from {list(WEIGHT_BYTES)}.")
     b = WEIGHT_BYTES[precision]
+    per, per_table = b["linear"], b["linear"]
+    if precision != "int4":
+        linear_int8, table_int8 = 0, False
+    elif table_int8:
+        per_table = WEIGHT_BYTES["int8"]["linear"]
+    if not 0 <= linear_int8 <= linear:
+        raise ValueError(f"linear_int8 ({linear_int8}) must lie in [0, linear ({linear})].")
     if tied and precision in ("int8", "int4"):
-        table_bytes = table * (b["linear"] + 4 / BLOCK_SIZE)
+        table_bytes = table * (per_table + 4 / BLOCK_SIZE)
     elif tied and precision == "int4-trt":
         table_bytes = table * (b["embed"] + b["linear"])
     else:
         table_bytes = table * b["embed"]
-    return linear * b["linear"] + table_bytes + other * b["other"]
+    linear_bytes = (linear - linear_int8) * per + linear_int8 * WEIGHT_BYTES["int8"]["linear"]
+    return linear_bytes + table_bytes + other * b["other"]
 
 
 #: precision -> which dense peak its compute runs at (module docstring)
@@ -155,9 +173,10 @@ class Params:
             + self.other
         )
 
-    def bytes(self, precision: str) -> int:
+    def bytes(self, precision: str, linear_int8: int = 0, table_int8: bool = False) -> int:
         """Weight bytes as ``spotstop export`` writes them at ``precision`` (without the
-        weights the scoring graph never reads)."""
+        weights the scoring graph never reads); at int4, ``linear_int8`` of the linear weights
+        and (``table_int8``) a tied table kept at int8 (:meth:`ArchCost.int8_linear`)."""
         return round(
             stored_weight_bytes(
                 precision,
@@ -165,6 +184,8 @@ class Params:
                 table=self.embed,
                 other=self.vision_other - self.unused[1] + self.other,
                 tied=not self.head,
+                linear_int8=linear_int8,
+                table_int8=table_int8 and not self.head,
             )
         )
 
@@ -212,6 +233,29 @@ class ArchCost(ABC):
     @abstractmethod
     def visual_tokens(self, config: Mapping[str, Any], grid: tuple[int, int]) -> int:
         """Visual tokens the decoder sees for one image of that patch grid."""
+
+    @abstractmethod
+    def decoder_linears(self, config: Mapping[str, Any]) -> list[tuple[int, bool, str, int]]:
+        """The decoder layers' matrix-multiply weights by role, for export/mixed.py's rule:
+        (layer, a Gated-DeltaNet layer, role, parameters); together they are
+        ``params(config).text_linear``."""
+
+    def int8_linear(self, config: Mapping[str, Any], selectors: Sequence[str]) -> int:
+        """Linear weights an int4 export with ``selectors`` keeps at int8 (export/mixed.py's
+        rule, :func:`~spotstop.export.mixed.keeps_int8`): the decoder's chosen weights, the
+        vision tower's (``vision``) and an untied output layer (``output_layer``). A tied
+        output layer is the token table: :meth:`Params.bytes` takes it as ``table_int8``."""
+        from spotstop.export.mixed import keeps_int8
+
+        p = self.params(config)
+        rows = self.decoder_linears(config)
+        n = max((i for i, *_ in rows), default=-1) + 1
+        total = sum(c for i, lin, role, c in rows if keeps_int8(selectors, role, i, n, lin))
+        if keeps_int8(selectors, "vision"):
+            total += p.vision_linear - p.unused[0]
+        if keeps_int8(selectors, "output"):
+            total += p.head
+        return total
 
     @staticmethod
     def text(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -303,6 +347,29 @@ class Qwen35Cost(ArchCost):
             "Gated-DeltaNet conv": n_lin * conv_dim * k * (big_l + k - 1),
             "Gated-DeltaNet chunked rule": n_lin * gdn_core,
         }
+
+    def decoder_linears(self, config: Mapping[str, Any]) -> list[tuple[int, bool, str, int]]:
+        t = self.text(config)
+        h, inter = int(t["hidden_size"]), int(t["intermediate_size"])
+        nh, nkv = int(t["num_attention_heads"]), int(t["num_key_value_heads"])
+        hd = int(_g(t, "head_dim", h // nh))
+        hk, hv = int(t["linear_num_key_heads"]), int(t["linear_num_value_heads"])
+        kd, vd = hk * int(t["linear_key_head_dim"]), hv * int(t["linear_value_head_dim"])
+        out: list[tuple[int, bool, str, int]] = []
+        for i, kind in enumerate(lin_check(list(t["layer_types"]), self.model_type)):
+            lin = kind == "linear_attention"
+            if lin:  # in_proj_qkv (fused q/k/v); in_proj_z, in_proj_b, in_proj_a, out_proj
+                out += [
+                    (i, lin, "value", h * (2 * kd + vd)),
+                    (i, lin, "mixer", h * (2 * vd + 2 * hv)),
+                ]
+            else:  # v_proj; q_proj (with its gate), k_proj, o_proj
+                out += [
+                    (i, lin, "value", h * nkv * hd),
+                    (i, lin, "mixer", h * (3 * nh * hd + nkv * hd)),
+                ]
+            out += [(i, lin, "down", inter * h), (i, lin, "feed_forward", 2 * h * inter)]
+        return out
 
     def params(self, config: Mapping[str, Any]) -> Params:
         t, v = self.text(config), self.vision(config)
@@ -414,6 +481,23 @@ class Lfm2VlCost(ArchCost):
             "short conv": n_conv * h * k * (big_l + k - 1),
         }
 
+    def decoder_linears(self, config: Mapping[str, Any]) -> list[tuple[int, bool, str, int]]:
+        t = self.text(config)
+        h, ff = int(t["hidden_size"]), self._ff(t)
+        nh, nkv = int(t["num_attention_heads"]), int(t["num_key_value_heads"])
+        hd = int(_g(t, "head_dim", h // nh))
+        out: list[tuple[int, bool, str, int]] = []
+        for i, kind in enumerate(lin_check(list(t["layer_types"]), self.model_type)):
+            if kind == "full_attention":  # v_proj; q_proj, k_proj, out_proj
+                out += [
+                    (i, False, "value", h * nkv * hd),
+                    (i, False, "mixer", h * (2 * nh * hd + nkv * hd)),
+                ]
+            else:  # the short convolution's in_proj (B, C, x) and out_proj
+                out.append((i, False, "mixer", 4 * h * h))
+            out += [(i, False, "down", ff * h), (i, False, "feed_forward", 2 * h * ff)]
+        return out
+
     def params(self, config: Mapping[str, Any]) -> Params:
         t, v = self.text(config), self.vision(config)
         d, i = int(v["hidden_size"]), int(v["intermediate_size"])
@@ -466,6 +550,10 @@ class MemberCost:
     bundle_weight_bytes: int | None = None  # as the bundle's manifest records them
     padded_len: int | None = None  # the length bucket the ONNX graph runs at, if any
     padded_flops: int | None = None  # total FLOPs at that bucket
+    #: what an int4 export of this member keeps at int8 (export/mixed.py's selectors) and the
+    #: linear weights that makes (a tied output layer is the token table, not counted here)
+    int4_int8: tuple[str, ...] = DEFAULT_INT4_INT8
+    int4_linear_int8: int = 0
 
     @property
     def vision(self) -> int:
@@ -481,6 +569,10 @@ class MemberCost:
         return self.vision + self.decoder
 
     def weight_bytes(self, precision: str) -> int:
+        if precision == "int4":
+            return self.params.bytes(
+                precision, self.int4_linear_int8, "output_layer" in self.int4_int8
+            )
         return self.params.bytes(precision)
 
     def as_dict(self) -> dict[str, Any]:
@@ -501,6 +593,7 @@ class MemberCost:
             "total_flops": self.total,
             "params": self.params.total,
             "weight_bytes": {p: self.weight_bytes(p) for p in PRECISIONS},
+            "int4_int8": list(self.int4_int8),
             "precision": self.precision,
             "bundle_weight_bytes": self.bundle_weight_bytes,
             "padded_len": self.padded_len,
@@ -509,10 +602,17 @@ class MemberCost:
 
 
 def member_cost(
-    name: str, config: Mapping[str, Any], workload: Workload, **extra: Any
+    name: str,
+    config: Mapping[str, Any],
+    workload: Workload,
+    *,
+    int4_int8: Sequence[str] = DEFAULT_INT4_INT8,
+    **extra: Any,
 ) -> MemberCost:
-    """A member's cost of one scene from its Hugging Face ``config`` (config.json as a dict)."""
+    """A member's cost of one scene from its Hugging Face ``config`` (config.json as a dict);
+    ``int4_int8``: what its int4 export keeps at int8 (export/mixed.py)."""
     model = get_cost_model(str(config["model_type"]))
+    sel = tuple(int4_int8)
     vision: dict[str, int] = {}
     for grid in workload.images:
         for item, macs in model.vision_macs(config, grid).items():
@@ -530,6 +630,8 @@ def member_cost(
         decoder_flops=decoder,
         output_flops=2 * model.output_macs(config, workload),
         params=model.params(config),
+        int4_int8=sel,
+        int4_linear_int8=model.int8_linear(config, sel),
         **extra,
     )
 
@@ -626,12 +728,20 @@ def bundle_cost(path: str | os.PathLike[str], *, request: str = DEFAULT_REQUEST)
             padded = member_cost(
                 bm.name, config, Workload(w.images, padded_len, rows, w.first_rows, w.read_rows)
             ).total
+        precision = entry.get("precision") or ("fp32" if not onnx else None)
+        # what this bundle's int4 weights keep at int8, as its export recorded (an int4 bundle
+        # from before the record: none); another precision's int4 figure: the default
+        int8 = entry.get("int4_int8")
+        sel = (
+            tuple(int8) if int8 is not None else (() if precision == "int4" else DEFAULT_INT4_INT8)
+        )
         members.append(
             member_cost(
                 bm.name,
                 config,
                 w,
-                precision=entry.get("precision") or ("fp32" if not onnx else None),
+                int4_int8=sel,
+                precision=precision,
                 bundle_weight_bytes=entry.get("weight_bytes"),
                 padded_len=padded_len,
                 padded_flops=padded,

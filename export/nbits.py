@@ -19,13 +19,14 @@ one weight at a time.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import numpy as np
-from spotstop.export.gptq import CalibrationInputs, gptq_nbits
+from spotstop.export.gptq import CalibrationInputs, gptq_nbits, weight_key
 from spotstop.export.weights import WeightIO, rewrite_weight_matmuls
 
-__all__ = ["dequantize_nbits", "nbits_blocks", "quantize_matmuls_nbits"]
+__all__ = ["dequantize_nbits", "nbits_blocks", "nbits_weights", "quantize_matmuls_nbits"]
 
 
 def nbits_blocks(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -75,43 +76,48 @@ def quantize_matmuls_nbits(
     block_size: int = 128,
     io: WeightIO | None = None,
     calibration: CalibrationInputs | None = None,
+    int8: Collection[str] = (),
 ) -> int:
     """Quantize, in place, every ``MatMul`` with a rank-2 float initializer weight; return
     how many weights were quantized. A weight shared by several MatMuls is quantized once.
 
     ``calibration``: the recorded inputs of the member's Linears (export/gptq.py); a weight
     they hold inputs for is quantized by GPTQ (same operator and layout, other codes), any
-    other (none: every weight) is rounded to nearest."""
+    other (none: every weight) is rounded to nearest. ``int8``: the
+    :func:`~spotstop.export.gptq.weight_key` of weights kept at 8 bits whatever ``bits`` is
+    (export/mixed.py's rule chose them on the torch model)."""
     from onnx import helper
 
     io = io or WeightIO()
-    done: dict[str, tuple[str, str, int, int]] = {}
+    done: dict[str, tuple[str, str, int, int, int]] = {}
+    int8 = frozenset(int8)
 
     def rewrite(node: Any, t: Any) -> list[Any]:
         if t.name not in done:
             k, n = (int(d) for d in t.dims)
             w = io.read(t)
+            b = 8 if int8 and weight_key(w.T) in int8 else bits
             h = calibration.hessian(w) if calibration is not None else None
             if h is not None:
-                packed, scales = gptq_nbits(w, h, bits, block_size)
+                packed, scales = gptq_nbits(w, h, b, block_size)
             else:
-                packed, scales = nbits_blocks(w, bits, block_size)
+                packed, scales = nbits_blocks(w, b, block_size)
             del w, h
-            qn, sn = f"{t.name}_Q{bits}", f"{t.name}_scales"
+            qn, sn = f"{t.name}_Q{b}", f"{t.name}_scales"
             io.add(model, packed, qn)
             io.add(model, scales, sn)
-            done[t.name] = (qn, sn, k, n)
-        qn, sn, k, n = done[t.name]
+            done[t.name] = (qn, sn, k, n, b)
+        qn, sn, k, n, b = done[t.name]
         return [
             helper.make_node(
                 "MatMulNBits",
                 [node.input[0], qn, sn],
                 list(node.output),
-                name=f"{node.name}_Q{bits}" if node.name else "",
+                name=f"{node.name}_Q{b}" if node.name else "",
                 domain="com.microsoft",
                 K=k,
                 N=n,
-                bits=bits,
+                bits=b,
                 block_size=block_size,
             )
         ]
@@ -120,3 +126,28 @@ def quantize_matmuls_nbits(
     if count and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return count
+
+
+def nbits_weights(models: Iterable[Any]) -> dict[int, int]:
+    """bits → how many weights the graphs' ``MatMulNBits`` nodes hold at that width (a weight
+    several nodes or graphs read counts once): what a bundle really stores, read back from its
+    graphs for the manifest."""
+    from onnx import helper
+
+    seen: dict[str, int] = {}
+    for m in models:
+        for node in m.graph.node:
+            if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+                bits = next(
+                    (
+                        int(helper.get_attribute_value(a))
+                        for a in node.attribute
+                        if a.name == "bits"
+                    ),
+                    4,  # the operator's default
+                )
+                seen[node.input[1]] = bits
+    out: dict[int, int] = {}
+    for bits in seen.values():
+        out[bits] = out.get(bits, 0) + 1
+    return out

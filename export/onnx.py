@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,8 @@ from spotstop.export.memory import (
     release_freed_memory,
     reset_peak_rss,
 )
+from spotstop.export.mixed import DEFAULT_INT4_INT8, int8_weight_keys, parse_selectors
+from spotstop.export.nbits import nbits_weights
 from spotstop.export.precision import STREAMABLE, convert_precision
 from spotstop.export.quant import quantizer_meta
 from spotstop.export.weights import DiskWeights, fold_weight_transposes, tie_output_layer
@@ -226,6 +228,7 @@ def _convert_streamed(
     decoders: list[str],
     precision: str,
     calibration: CalibrationInputs | None = None,
+    int8: Collection[str] = (),
 ) -> tuple[int, dict[str, Any]]:
     """Convert the exported graphs in ``src`` with their weights on disk: each file set (the
     vision graph, then the decoder graphs) is loaded as references only, its weights tied and
@@ -248,7 +251,7 @@ def _convert_streamed(
                     tie_output_layer(m, io)
                 fold_weight_transposes(m, io)
                 models[f] = convert_precision(
-                    m, precision, copy=False, io=io, calibration=calibration
+                    m, precision, copy=False, io=io, calibration=calibration, int8=int8
                 )
             io.finish(list(models.values()))
         total += onnx_weight_bytes(models[files[0]])
@@ -373,6 +376,7 @@ def export_member(
     streamed: bool | None = None,
     quantizer: str = "gptq",
     calibration_scenes: int = CALIBRATION_SCENES,
+    int4_int8: Sequence[str] | None = None,
 ) -> MemberExport:
     """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
 
@@ -380,6 +384,10 @@ def export_member(
     inputs of ``calibration_scenes`` generated scenes scored by the torch model (export/gptq.py);
     ``"rtn"`` rounds each weight to nearest as onnxruntime's quantizer does. Both write the same
     operator (``MatMulNBits``) and bytes per weight; the manifest records which.
+
+    ``int4_int8`` (int4): which weights stay at 8 bits, by export/mixed.py's selectors (None:
+    its ``DEFAULT_INT4_INT8``, none; ``Q4_K_M``: the output layer and llama.cpp's mixed
+    layers); the manifest records the selectors and how many weights each precision holds.
 
     ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);
     None: ``image_size``, the configured or hinted grid, else the architecture's default budget.
@@ -414,6 +422,9 @@ def export_member(
     if calibration_scenes < 1:
         raise ValueError(f"calibration_scenes must be at least 1; got {calibration_scenes}.")
     gptq = quantizer == "gptq" and precision in ("int8", "int4")
+    int8_sel = parse_selectors(DEFAULT_INT4_INT8 if int4_int8 is None else list(int4_int8))
+    if precision != "int4":
+        int8_sel = ()
     bks = tuple(sorted({int(b) for b in buckets}))
     if not bks or bks[0] <= 0:
         raise ValueError(f"buckets must be positive token counts; got {list(buckets)}.")
@@ -594,15 +605,21 @@ def export_member(
                 tmp / "calibration",
                 calibration_scenes,
             )
+        # export/mixed.py's rule on the torch names, found in the graphs by the weights' values
+        int8_keys = int8_weight_keys(model, int8_sel) if int8_sel else {}
         if large:
             # the references are computed: release the torch model before loading a graph
             del model, vision_t, decoder_t
             release_freed_memory()
             stage = tmp / "stage"
             weight_bytes, qmeta = _convert_streamed(
-                tmp, stage, list(dec_files.values()), precision, calib
+                tmp, stage, list(dec_files.values()), precision, calib, int8_keys
             )
             paths = {f: str(stage / f) for f in ["vision.onnx", *dec_files.values()]}
+            held = nbits_weights(
+                onnx.load(paths[f], load_external_data=False)
+                for f in ("vision.onnx", dec_files[usable[0]])
+            )
             checks = validate(paths, precision)
             fail_on(checks, precision)
             if out.exists():
@@ -615,7 +632,8 @@ def export_member(
             checks = fp32_checks
             if precision != "fp32":
                 graphs = {
-                    f: convert_precision(m, precision, calibration=calib) for f, m in graphs.items()
+                    f: convert_precision(m, precision, calibration=calib, int8=int8_keys)
+                    for f, m in graphs.items()
                 }
                 checks = validate(graphs, precision)
                 fail_on(checks, precision)
@@ -629,8 +647,23 @@ def export_member(
                 graphs[dec_files[usable[0]]]
             )
             qmeta = quantizer_meta(graphs["vision.onnx"])
+            held = nbits_weights([graphs["vision.onnx"], graphs[dec_files[usable[0]]]])
         if precision in ("int8", "int4"):
-            qmeta = {"quantizer": nbits_quantizer_meta(precision, calib, calibration_scenes)}
+            q = nbits_quantizer_meta(precision, calib, calibration_scenes)
+            if precision == "int4":
+                if int8_keys and not held.get(8):
+                    raise RuntimeError(
+                        f"{mname}: {len(int8_keys)} weights were chosen to stay at int8 "
+                        f"({', '.join(int8_sel)}) and none was found in the graphs; the "
+                        "graph's weights are not the torch model's (a bug: please report it)."
+                    )
+                q["int8"] = {
+                    "selectors": list(int8_sel),
+                    "rule": "export/mixed.py (onnxruntime-genai matmul_mixed_precision)",
+                    "chosen": len(int8_keys),
+                }
+            q["weights_by_bits"] = {f"int{b}": n for b, n in sorted(held.items())}
+            qmeta = {"quantizer": q}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -26,6 +26,7 @@ from typing import Any
 from spotstop.export.bundle import _write_manifest
 from spotstop.export.gptq import CALIBRATION_SCENES, QUANTIZERS
 from spotstop.export.memory import LARGE_BYTES, folder_fp32_bytes
+from spotstop.export.mixed import DEFAULT_INT4_INT8, parse_selectors
 from spotstop.export.onnx import DEFAULT_BUCKETS, MemberExport, export_member
 from spotstop.export.triton import write_triton_repository
 from spotstop.export.trt import build_engines, write_trt_script
@@ -100,6 +101,7 @@ def write_onnx_bundle(
     visual_tokens: Mapping[str, int] | None = None,
     quantizer: str = "gptq",
     calibration_scenes: int = CALIBRATION_SCENES,
+    int4_int8: Sequence[str] | None = None,
 ) -> OnnxBundle:
     """Export ``members`` into the bundle folder ``out`` (replaced if it exists).
 
@@ -111,7 +113,9 @@ def write_onnx_bundle(
 
     ``quantizer`` / ``calibration_scenes`` (int8/int4): how each member's weights are quantized,
     see :func:`~spotstop.export.onnx.export_member` (GPTQ on generated calibration scenes by
-    default, or ``"rtn"``).
+    default, or ``"rtn"``). ``int4_int8`` (int4): the weights kept at 8 bits, by
+    export/mixed.py's selectors (None: its default; ``()``: none); each member entry of the
+    manifest records them (``int4_int8``).
 
     ``sessions="on-demand"`` makes each member load its graphs when it scores and release them
     after, so the members run one after the other in one process when both do not fit.
@@ -124,6 +128,7 @@ def write_onnx_bundle(
         raise ValueError(f"quantizer must be one of {list(QUANTIZERS)}; got {quantizer!r}.")
     if calibration_scenes < 1:
         raise ValueError(f"calibration_scenes must be at least 1; got {calibration_scenes}.")
+    int8_sel = parse_selectors(DEFAULT_INT4_INT8 if int4_int8 is None else list(int4_int8))
     # the export extra before any member is looked at: without it the CLI's install hint, not
     # a member error (a member's size is read before its export imports torch)
     import onnx  # noqa: F401
@@ -157,6 +162,7 @@ def write_onnx_bundle(
             "visual_tokens": member_visual_tokens(visual_tokens, mname, types.get(str(src), "")),
             "quantizer": quantizer,
             "calibration_scenes": calibration_scenes,
+            "int4_int8": int8_sel,
         }
         large = folder_fp32_bytes(resolve_member(src).path) > LARGE_BYTES
         say(f"exporting {mname} ({precision}{', in its own process' if large else ''}) …")
@@ -207,6 +213,11 @@ def write_onnx_bundle(
                 "buckets": list(e.buckets),
                 "weight_bytes": e.weight_bytes,
                 "quantizer": (e.quantizer or {}).get("method"),
+                **(
+                    {"int4_int8": list((e.quantizer or {}).get("int8", {}).get("selectors", []))}
+                    if e.precision == "int4"
+                    else {}
+                ),
                 "test_pair": tp,
             }
         )
@@ -260,6 +271,7 @@ def derive_bundle(
     import onnx
     import yaml
     from spotstop.export.gptq import nbits_quantizer_meta
+    from spotstop.export.nbits import nbits_weights
     from spotstop.export.onnx import _save, onnx_weight_bytes
     from spotstop.export.precision import convert_precision
     from spotstop.export.quant import quantizer_meta
@@ -292,14 +304,21 @@ def derive_bundle(
         qmeta = quantizer_meta(vision)
         if precision in ("int8", "int4"):  # no torch model here: rounded to nearest
             qmeta = {"quantizer": nbits_quantizer_meta(precision, None, 0)}
+            if precision == "int4":  # no torch model to name the weights: all at int4
+                qmeta["quantizer"]["int8"] = {"selectors": [], "chosen": 0}
+            qmeta["quantizer"]["weights_by_bits"] = {
+                f"int{b}": n for b, n in sorted(nbits_weights([vision, *decs.values()]).items())
+            }
         meta.update(precision=precision, weight_bytes=int(wb), **qmeta)
         (mdir / GRAPHS_FILE).write_text(
             yaml.safe_dump(meta, sort_keys=False, allow_unicode=True), encoding="utf-8"
         )
         method = qmeta["quantizer"]["method"] if qmeta else None
-        entries.append(
-            {**entry, "precision": precision, "weight_bytes": int(wb), "quantizer": method}
-        )
+        new = {**entry, "precision": precision, "weight_bytes": int(wb), "quantizer": method}
+        new.pop("int4_int8", None)
+        if precision == "int4":  # no torch model to name the weights: every weight at int4
+            new["int4_int8"] = []
+        entries.append(new)
         total += wb
     if (root / "trt" / "build.sh").is_file():
         from types import SimpleNamespace

@@ -11,6 +11,7 @@ TensorRT parses). Inputs and outputs stay float32.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from spotstop.export.configs import PRECISIONS
@@ -41,6 +42,7 @@ def convert_precision(
     copy: bool = True,
     io: WeightIO | None = None,
     calibration: CalibrationInputs | None = None,
+    int8: Collection[str] = (),
 ) -> Any:
     """fp32 ``model`` at ``precision`` (weights only; float32 inputs and outputs).
 
@@ -48,7 +50,8 @@ def convert_precision(
     the weights are read and written (default: in the model); a
     :class:`~spotstop.export.weights.DiskWeights` needs ``copy=False`` and a precision of
     :data:`STREAMABLE`. ``calibration``: int8/int4 by GPTQ where it holds a weight's inputs
-    (export/gptq.py), else round to nearest.
+    (export/gptq.py), else round to nearest. ``int8`` (int4): the weight keys
+    (:func:`~spotstop.export.gptq.weight_key`) kept at 8 bits, as export/mixed.py chose them.
     """
     import onnx
 
@@ -75,7 +78,7 @@ def convert_precision(
         tied = untie_for_quantizer(m, io)
         gemms_to_matmuls(m, io)  # a Linear exported as Gemm is quantized too
         # onnxruntime's MatMulNBits, symmetric; codes by GPTQ where calibration has the inputs
-        quantize_matmuls_nbits(m, bits, BLOCK_SIZE, io, calibration)
+        quantize_matmuls_nbits(m, bits, BLOCK_SIZE, io, calibration, int8 if bits == 4 else ())
         return embeddings_to_fp16(gather_from_quantized(m, tied, bits, io), io)
     if precision == "int4-trt":  # DequantizeLinear(INT4) -> MatMul: TensorRT parses it
         from spotstop.export.quant import quantize_int4_trt

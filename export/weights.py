@@ -461,9 +461,11 @@ def gather_from_quantized(
     After the int8/int4 quantizer (export/nbits.py), the tied output layer is ``MatMulNBits`` with packed
     blocks ``B`` (vocab, k_blocks, blob) and ``scales`` (vocab, k_blocks): the table itself,
     quantized row by row along hidden. Every ``Gather`` on the float table becomes
-    onnxruntime's ``GatherBlockQuantized`` on the same ``B`` (uint8, ``bits``, symmetric: the
-    same default zero point), whose rank-3 form needs its scales as (vocab, k_blocks, 1), a
-    copy 1/32 (int8) or 1/16 (int4) the size of ``B``. The float table is dropped.
+    onnxruntime's ``GatherBlockQuantized`` on the same ``B`` (uint8, at the bits the output
+    layer's ``MatMulNBits`` has, which an int4 export may keep at 8, export/mixed.py; ``bits``
+    when the node does not say; symmetric: the same default zero point), whose rank-3 form
+    needs its scales as (vocab, k_blocks, 1), a copy 1/32 (int8) or 1/16 (int4) the size of
+    ``B``. The float table is dropped.
     """
     from onnx import TensorProto, helper
 
@@ -471,26 +473,25 @@ def gather_from_quantized(
         return model
     io = io or WeightIO()
     inits = {t.name: t for t in model.graph.initializer}
-    quant: dict[str, tuple[str, str, int]] = {}  # table → (B, scales3, block_size)
+    quant: dict[str, tuple[str, str, int, int]] = {}  # table → (B, scales3, block_size, bits)
     for node in model.graph.node:
         if node.op_type == "MatMulNBits" and node.output[0] in tied:
             table = tied[node.output[0]]
             b, s = node.input[1], node.input[2]
-            bs = next(
-                helper.get_attribute_value(a) for a in node.attribute if a.name == "block_size"
-            )
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            bs = attrs["block_size"]
             s3 = s + "_gather"
             if s3 not in inits:
                 arr = io.read(inits[s])
                 inits[s3] = io.add(model, arr.reshape(*arr.shape, 1), s3)
-            quant[table] = (b, s3, int(bs))
+            quant[table] = (b, s3, int(bs), int(attrs.get("bits", bits)))
     new_nodes: list[Any] = []
     for k, node in enumerate(model.graph.node):
         table = node.input[0] if node.op_type == "Gather" and node.input else ""
         if table not in quant:
             new_nodes.append(node)
             continue
-        b, s3, bs = quant[table]
+        b, s3, bs, nbits = quant[table]
         hidden = int(inits[table].dims[1])
         nb = int(inits[b].dims[1])
         p = f"{_TIED}/gather{k}"
@@ -509,7 +510,7 @@ def gather_from_quantized(
                 gather_axis=0,
                 quantize_axis=2,
                 block_size=bs,
-                bits=bits,
+                bits=nbits,
             ),
             helper.make_node("Shape", [idx], [f"{p}/lead"], name=f"{p}/lead"),
             helper.make_node(

@@ -17,7 +17,8 @@ Bytes per precision follow what ``spotstop export`` writes (one rule,
 * fp32 4 B, fp16 2 B per parameter;
 * int8 / int4: weight-only MatMulNBits on every matrix multiply (1 B / 0.5 B per weight plus
   one float32 scale per block of 128), token-embedding tables stored as float16, the rest
-  (norms, convolutions, biases) float32;
+  (norms, convolutions, biases) float32; int4 keeps at int8 what export/mixed.py's default
+  selectors choose (``DEFAULT_INT4_INT8``; none unless that default changes);
 * a tied output layer (word embeddings = output layer, both members) is stored ONCE, as the
   exported graph holds it (export/onnx.py ``tie_output_layer``): at fp32/fp16 the token
   Gather and the output layer's ``Gemm(transB=1)`` read the same table; at int8/int4 the
@@ -46,6 +47,7 @@ from typing import Any
 from spotstop.export.cost import PRECISIONS as _PRECISIONS
 from spotstop.export.cost import stored_weight_bytes
 from spotstop.export.cost_data import REAL_PAIR
+from spotstop.export.mixed import DEFAULT_INT4_INT8
 
 HERE = Path(__file__).resolve().parent
 
@@ -102,6 +104,10 @@ class Counts:
     vision_intermediate: int
     vision_heads: int
     vision_patches: int
+    #: what ``spotstop export --precision int4`` keeps at int8 by default (export/mixed.py):
+    #: linear weights, and whether the tied table is one of them
+    int4_linear_int8: int = 0
+    int4_table_int8: bool = False
 
     @property
     def total(self) -> int:
@@ -151,6 +157,10 @@ def count(name: str, config: Any) -> Counts:
         vision_intermediate=int(v.intermediate_size),
         vision_heads=int(getattr(v, "num_heads", getattr(v, "num_attention_heads", 16))),
         vision_patches=_vision_patches(config, patch),
+        int4_linear_int8=get_cost_model(str(config.model_type)).int8_linear(
+            config.to_dict(), DEFAULT_INT4_INT8
+        ),
+        int4_table_int8=tied and "output_layer" in DEFAULT_INT4_INT8,
     )
 
 
@@ -172,6 +182,8 @@ def weight_bytes(c: Counts, precision: str) -> float:
         table=c.embed,
         other=c.vision_other + c.text_other,
         tied=c.tied,
+        linear_int8=c.int4_linear_int8,
+        table_int8=c.int4_table_int8,
     )
 
 

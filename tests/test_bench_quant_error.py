@@ -21,11 +21,21 @@ def _load() -> Any:
 
 def test_variants_are_parsed_and_checked() -> None:
     qe = _load()
-    assert qe.parse_variant("8:128:all") == (8, 128, "all", True)
-    assert qe.parse_variant("4:32:mlp:nohead") == (4, 32, "mlp", False)
+    assert qe.parse_variant("8:128:all") == (8, 128, "all", True, ())
+    assert qe.parse_variant("4:32:mlp:nohead") == (4, 32, "mlp", False, ())
+    # int8 selectors (export/mixed.py), in the rule's own order
+    assert qe.parse_variant("4:128:all:int8=mixed_layers+output_layer") == (
+        4,
+        128,
+        "all",
+        True,
+        ("output_layer", "mixed_layers"),
+    )
     for bad in ("8:128", "3:128:all", "8:100:all", "8:128:heads", "8:128:all:head"):
         with pytest.raises(ValueError, match="variant"):
             qe.parse_variant(bad)
+    with pytest.raises(ValueError, match=r"unknown int8 selector.*'attn'"):
+        qe.parse_variant("4:128:all:int8=attn")
 
 
 def test_groups_split_the_real_module_names() -> None:
@@ -89,3 +99,61 @@ def test_results_section_names_the_command_and_every_variant(
     assert re.search(
         r"\| int8 b128 mlp \| round to nearest \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|", text
     )
+    assert "| mean Δs | Spearman |" in text
+
+
+def test_nothing_quantized_ranks_the_scores_as_the_reference(
+    tiny_member_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The printed rank check is verify-bundle's Spearman: 1 when no weight moved."""
+    qe = _load()
+    argv = [str(tiny_member_dir), "--scenes", "2", "--threads", "1"]
+    assert qe.main([*argv, "--variants", "8:128:none:nohead,4:32:all"]) == 0
+    out = capsys.readouterr().out
+    rho = {
+        m.group(1).strip(): float(m.group(2))
+        for m in re.finditer(
+            r"^\s*(int\d b\d+ \w+(?: nohead)?)\s+rtn\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+\s+(-?[\d.]+|nan)",
+            out,
+            re.M,
+        )
+    }
+    assert rho["int8 b128 none nohead"] == 1.0
+    assert -1.0 <= rho["int4 b32 all"] <= 1.0
+
+
+def test_int8_selectors_simulate_what_the_rule_keeps_at_8_bits(
+    tiny_member_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``int8=vision`` on the vision group is the int8 variant of that group, bit for bit (the
+    same weights at 8 bits, by export/mixed.py's rule); --gptq-only scores GPTQ alone and the
+    section of a run with selectors is its own."""
+    qe = _load()
+    argv = [str(tiny_member_dir), "--scenes", "1", "--threads", "1"]
+    variants = "8:32:vision:nohead,4:32:vision:nohead:int8=vision,4:32:vision:nohead"
+    assert qe.main([*argv, "--variants", variants]) == 0
+    out = capsys.readouterr().out
+    found = re.findall(r"^\s*(int\d b32 vision nohead.*?)\s+rtn\s+([\d.]+)", out, re.M)
+    got = {name.strip(): float(v) for name, v in found}
+    at8 = [v for name, v in got.items() if "int8: vision" in name]
+    assert len(got) == 3 and len(at8) == 1
+    assert at8[0] == got["int8 b32 vision nohead"] != got["int4 b32 vision nohead"]
+    results = tmp_path / "RESULTS.md"
+    assert (
+        qe.main(
+            [
+                *argv,
+                "--gptq",
+                "--gptq-only",
+                "--variants",
+                "4:32:all:int8=output_layer+mixed_layers",
+                "--results",
+                str(results),
+            ]
+        )
+        == 0
+    )
+    text = results.read_text(encoding="utf-8")
+    assert f"<!-- quant-error-{tiny_member_dir.name}-gptq-mixed:begin -->" in text
+    assert "| GPTQ |" in text and "round to nearest" not in text
+    assert "int8: output_layer, mixed_layers;" in text

@@ -227,3 +227,28 @@ def test_last_json_skips_what_a_command_printed_before() -> None:
     rp = _load("real_pair")
     out = '[torch.onnx] Translate...\n{\n  "a": [\n    {\n      "b": 1\n    }\n  ]\n}\n'
     assert rp._last_json(out) == {"a": [{"b": 1}]}
+
+
+def test_export_args_reach_the_export_command(tmp_path: Path, monkeypatch: Any) -> None:
+    """``--export-args`` are passed on to ``spotstop export`` as separate arguments (shell
+    quoting undone), after the step's own options; a failed export keeps its error."""
+    import argparse
+
+    rp = _load("real_pair")
+    seen: list[list[str]] = []
+
+    def fake_run(cmd: list[str], log: Path, timeout_s: float | None = None) -> dict[str, Any]:
+        seen.append(cmd)
+        return {"cmd": cmd, "rc": 1, "seconds": 1.0, "peak_rss_bytes": 0, "stdout": ""}
+
+    monkeypatch.setattr(rp, "_run", fake_run)
+    args = argparse.Namespace(
+        work=tmp_path, bucket=512, export_args="--calibration-scenes 16 --int4-int8 'none'"
+    )
+    log = tmp_path / "log"
+    log.write_text("spotstop export: failed validation\n")
+    rec = rp._export(args, "int4", ["Qwen3.5-2B"], tmp_path / "b", log)
+    i = seen[0].index("--calibration-scenes")
+    assert seen[0][i : i + 4] == ["--calibration-scenes", "16", "--int4-int8", "none"]
+    assert seen[0].index("--precision") < seen[0].index("--calibration-scenes")
+    assert rec["rc"] == 1 and "failed validation" in rec["error"]

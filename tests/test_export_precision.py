@@ -473,14 +473,16 @@ def test_memory_budget_counts_a_tied_table_once() -> None:
         # int4-trt: the output layer's int4 blocks (float16 scales) AND the float16 table
         want = linear * (0.5 + 2 / 128) + c.embed * 2 + other * 2
         assert mb.weight_bytes(c, "int4-trt") == pytest.approx(want)
-    # `spotstop cost` counts the parameters its own way; the bytes are the same rule
+    # `spotstop cost` counts the parameters its own way; the bytes are the same rule, and both
+    # keep export/mixed.py's default int4 selectors at int8
     from spotstop.export.cost import PRECISIONS, real_pair_cost
 
     assert set(PRECISIONS) == set(mb.PRECISIONS)
     for m in real_pair_cost("low").members:
         c = mb.count(m.name, mb.build_config(m.name, mb.RECORDED[m.name]))
+        assert c.int4_linear_int8 == m.int4_linear_int8 < c.text_linear
         for prec in PRECISIONS:
-            assert m.params.bytes(prec) == pytest.approx(mb.weight_bytes(c, prec), rel=1e-9), (
+            assert m.weight_bytes(prec) == pytest.approx(mb.weight_bytes(c, prec), rel=1e-9), (
                 m.name,
                 prec,
             )
