@@ -56,7 +56,7 @@ from typing import Any, ClassVar
 
 from spotstop.export.cost_data import DEVICES, PAPER_TFLOPS, REAL_PAIR, REAL_SETTINGS
 from spotstop.export.mixed import DEFAULT_INT4_INT8
-from spotstop.export.quant import BLOCK_SIZE
+from spotstop.export.quant import BLOCK_SIZE, NBITS_BLOCK
 
 __all__ = [
     "ASSUMPTIONS",
@@ -88,13 +88,13 @@ __all__ = [
 CHUNK = 64
 #: bytes per parameter by role and precision, as ``spotstop export`` writes them (the module
 #: docstring): ``linear`` matrix-multiply weights, ``embed`` the token table, ``other`` the rest.
-#: int8/int4: MatMulNBits, a float32 scale per block of BLOCK_SIZE weights; int4-trt: INT4
-#: DequantizeLinear blocks with float16 scales on the fp16 graph.
+#: int8/int4: MatMulNBits, a float32 scale per block of NBITS_BLOCK[precision] weights;
+#: int4-trt: INT4 DequantizeLinear blocks of BLOCK_SIZE with float16 scales on the fp16 graph.
 WEIGHT_BYTES: dict[str, dict[str, float]] = {
     "fp32": {"linear": 4.0, "embed": 4.0, "other": 4.0},
     "fp16": {"linear": 2.0, "embed": 2.0, "other": 2.0},
-    "int8": {"linear": 1.0 + 4 / BLOCK_SIZE, "embed": 2.0, "other": 4.0},
-    "int4": {"linear": 0.5 + 4 / BLOCK_SIZE, "embed": 2.0, "other": 4.0},
+    "int8": {"linear": 1.0 + 4 / NBITS_BLOCK["int8"], "embed": 2.0, "other": 4.0},
+    "int4": {"linear": 0.5 + 4 / NBITS_BLOCK["int4"], "embed": 2.0, "other": 4.0},
     "int4-trt": {"linear": 0.5 + 2 / BLOCK_SIZE, "embed": 2.0, "other": 2.0},
 }
 PRECISIONS: tuple[str, ...] = tuple(WEIGHT_BYTES)
@@ -120,25 +120,27 @@ def stored_weight_bytes(
     reads with a second copy of the scales; at int4-trt (TensorRT has no quantized Gather) the
     float16 table and the int4 blocks are both stored. At int4, ``linear_int8`` of the
     ``linear`` weights and, with ``table_int8``, a tied table are kept at int8
-    (export/mixed.py decides which).
+    (export/mixed.py decides which), in int4's blocks (one MatMulNBits block per graph).
     """
     if precision not in WEIGHT_BYTES:
         raise ValueError(f"unknown precision {precision!r}; choose from {list(WEIGHT_BYTES)}.")
     b = WEIGHT_BYTES[precision]
     per, per_table = b["linear"], b["linear"]
+    scale = 4 / NBITS_BLOCK.get(precision, BLOCK_SIZE)  # a float32 scale per block
+    per8 = 1.0 + scale  # an int8 weight in this precision's blocks
     if precision != "int4":
         linear_int8, table_int8 = 0, False
     elif table_int8:
-        per_table = WEIGHT_BYTES["int8"]["linear"]
+        per_table = per8
     if not 0 <= linear_int8 <= linear:
         raise ValueError(f"linear_int8 ({linear_int8}) must lie in [0, linear ({linear})].")
     if tied and precision in ("int8", "int4"):
-        table_bytes = table * (per_table + 4 / BLOCK_SIZE)
+        table_bytes = table * (per_table + scale)
     elif tied and precision == "int4-trt":
         table_bytes = table * (b["embed"] + b["linear"])
     else:
         table_bytes = table * b["embed"]
-    linear_bytes = (linear - linear_int8) * per + linear_int8 * WEIGHT_BYTES["int8"]["linear"]
+    linear_bytes = (linear - linear_int8) * per + linear_int8 * per8
     return linear_bytes + table_bytes + other * b["other"]
 
 

@@ -279,14 +279,14 @@ def nbits_quantizer_meta(
 ) -> dict[str, Any]:
     """The ``quantizer`` entry of an int8/int4 member's ``spotstop_onnx.yaml``: which method
     chose the codes and, for GPTQ, on what and for how many weights."""
-    from spotstop.export.quant import BLOCK_SIZE, _spotstop_version
+    from spotstop.export.quant import NBITS_BLOCK, _spotstop_version
 
     bits = 8 if precision == "int8" else 4
     meta: dict[str, Any] = {
         "name": "spotstop-gptq" if calibration is not None else "spotstop-rtn",
         "version": _spotstop_version(),
         "method": "gptq" if calibration is not None else "rtn",
-        "block_size": BLOCK_SIZE,
+        "block_size": NBITS_BLOCK[precision],
         "format": f"MatMulNBits (com.microsoft), {bits}-bit, symmetric, one scale per block",
     }
     if calibration is not None:

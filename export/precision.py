@@ -71,14 +71,15 @@ def convert_precision(
         return to_fp16(m)
     if precision in ("int8", "int4"):
         from spotstop.export.nbits import quantize_matmuls_nbits
-        from spotstop.export.quant import BLOCK_SIZE
+        from spotstop.export.quant import NBITS_BLOCK
 
         bits = 8 if precision == "int8" else 4
         fold_weight_transposes(m, io)
         tied = untie_for_quantizer(m, io)
         gemms_to_matmuls(m, io)  # a Linear exported as Gemm is quantized too
         # onnxruntime's MatMulNBits, symmetric; codes by GPTQ where calibration has the inputs
-        quantize_matmuls_nbits(m, bits, BLOCK_SIZE, io, calibration, int8 if bits == 4 else ())
+        block, kept = NBITS_BLOCK[precision], int8 if bits == 4 else ()
+        quantize_matmuls_nbits(m, bits, block, io, calibration, kept)
         return embeddings_to_fp16(gather_from_quantized(m, tied, bits, io), io)
     if precision == "int4-trt":  # DequantizeLinear(INT4) -> MatMul: TensorRT parses it
         from spotstop.export.quant import quantize_int4_trt
