@@ -130,21 +130,21 @@ def keeps_int8(
     return "mixed_layers" in sel and role in ("value", "down") and _mixed_layer(layer, n_layers)
 
 
+#: a Linear's role by its qualified name: the first pattern that matches (a decoder layer's
+#: weight no earlier pattern names is its token mixer's)
+_ROLE_OF: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("output", _OUTPUT),
+    ("vision", _VISION),
+    ("value", _VALUE),
+    ("down", _DOWN),
+    ("feed_forward", _FEED_FORWARD),
+    ("mixer", _LAYER),
+)
+
+
 def _role(name: str) -> str | None:
     """The role of a torch Linear by its qualified name (None: not a weight the rule knows)."""
-    if _OUTPUT.search(name):
-        return "output"
-    if _VISION.search(name):
-        return "vision"
-    if _VALUE.search(name):
-        return "value"
-    if _DOWN.search(name):
-        return "down"
-    if _FEED_FORWARD.search(name):
-        return "feed_forward"
-    if _LAYER.search(name):
-        return "mixer"
-    return None
+    return next((role for role, pat in _ROLE_OF if pat.search(name)), None)
 
 
 def int8_linears(names: Sequence[str], selectors: Iterable[str]) -> dict[str, str]:

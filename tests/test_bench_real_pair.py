@@ -151,9 +151,9 @@ def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
     assert rp.bundles(res, "fp16") == {}
 
 
-def test_report_lists_every_verify_run_and_a_member_without_a_bundle() -> None:
-    rp = _load("real_pair")
-    member = {
+def _verified_member(**changed: Any) -> dict[str, Any]:
+    """One member's row of a verify-bundle --json result."""
+    m = {
         "name": "M",
         "n": 12,
         "max_abs_diff": 0.5,
@@ -163,6 +163,12 @@ def test_report_lists_every_verify_run_and_a_member_without_a_bundle() -> None:
         "decision_agreement": 1.0,
         "ok": True,
     }
+    return {**m, **changed}
+
+
+def test_report_lists_every_verify_run_and_a_member_without_a_bundle() -> None:
+    rp = _load("real_pair")
+    member = _verified_member()
     one = {"rc": 0, "seconds": 60.0, "peak_rss_bytes": 2**30}
     res = {
         "verify": {
@@ -179,16 +185,7 @@ def test_report_lists_every_verify_run_and_a_member_without_a_bundle() -> None:
 
 def test_a_run_rewrites_only_the_sections_it_measured(tmp_path: Path) -> None:
     rp = _load("real_pair")
-    member = {
-        "name": "M",
-        "n": 12,
-        "max_abs_diff": 0.5,
-        "tolerance": 1.0,
-        "spearman": 0.95,
-        "min_spearman": 0.8,
-        "decision_agreement": 1.0,
-        "ok": True,
-    }
+    member = _verified_member()
     env = {"cores": 2, "ram_gib": 23.5, "versions": {}}
     one = {
         "rc": 0,
@@ -205,7 +202,7 @@ def test_a_run_rewrites_only_the_sections_it_measured(tmp_path: Path) -> None:
     }
     rp.write_results(first, f)
     # a later run with a fresh store measures int4 only: the int8 table stays as measured
-    member4 = {**member, "max_abs_diff": 0.25}
+    member4 = _verified_member(max_abs_diff=0.25)
     later = {
         "verify": {
             "int4": {
