@@ -195,8 +195,7 @@ def step_export(args: argparse.Namespace, res: dict[str, Any], log: Path) -> Non
     """One ``spotstop export`` of the pair per precision. When the pair's export fails (one
     member beyond its tolerance writes no bundle), each member is exported alone, so a member
     that passes still gets its own bundle to verify and time; the pair's failure is kept."""
-    mb = _budget()
-    names = list(mb.RECORDED)
+    names = args.members
     out = res.setdefault("export", {})
     for prec in args.precisions:
         rec = _export(args, prec, names, args.work / f"bundle-{prec}", log)
@@ -248,9 +247,8 @@ def step_verify(args: argparse.Namespace, res: dict[str, Any], log: Path) -> Non
 
 
 def step_latency(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None:
-    mb = _budget()
     out: dict[str, Any] = {}
-    for name in mb.RECORDED:
+    for name in args.members:
         runs: list[tuple[str, str, str | None]] = [
             ("torch eager fp32", "torch", str(args.work / name))
         ]
@@ -279,7 +277,19 @@ def _stamp(res: dict[str, Any]) -> dict[str, Any]:
         "command": res.get("argv", ""),
         "started": res.get("environment", {}).get("date", "?"),
         "environment": res.get("environment", {}),
+        "members": res.get("members"),
     }
+
+
+def _subset(rec: dict[str, Any]) -> list[str]:
+    """The members a step ran on when its run named fewer than all (``--members``): its
+    RESULTS.md section is then its own (``…-NAME``), beside the pair's; else []."""
+    asked = (rec.get("run") or {}).get("members") or []
+    return list(asked) if set(asked) != set(_budget().RECORDED) else []
+
+
+def _key(base: str, rec: dict[str, Any]) -> str:
+    return base + "".join(f"-{m}" for m in _subset(rec))
 
 
 def _last_json(text: str) -> Any:
@@ -385,8 +395,9 @@ def sections(res: dict[str, Any]) -> list[tuple[str, str]]:
     out.append(("cpu-real", "\n".join(lines)))
 
     for prec, e in res.get("export", {}).items():
+        who = " and ".join(_subset(e)) + " alone" if _subset(e) else "both members"
         lines = [
-            f"### `spotstop export` at {prec} (both members, one command)",
+            f"### `spotstop export` at {prec} ({who}, one command)",
             "",
             "| precision | member | quantizer | export | peak RSS | streamed | graph files | memory_budget.py predicts | files / predicted |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -414,7 +425,7 @@ def sections(res: dict[str, Any]) -> list[tuple[str, str]]:
                 errs.append(f"- {prec}, {name} alone: {_error_lines(a.get('error', ''))}")
         lines += errs + ([""] if errs else [])
         lines.append(_run_line(res, e))
-        out.append((f"cpu-real-export-{prec}", "\n".join(lines)))
+        out.append((_key(f"cpu-real-export-{prec}", e), "\n".join(lines)))
 
     for prec, v in res.get("verify", {}).items():
         lines = [
@@ -440,7 +451,7 @@ def sections(res: dict[str, Any]) -> list[tuple[str, str]]:
                 f"**{'PASS' if r.get('ok') else 'FAIL'}** |"
             )
         lines += ["", _run_line(res, v)]
-        out.append((f"cpu-real-verify-{prec}", "\n".join(lines)))
+        out.append((_key(f"cpu-real-verify-{prec}", v), "\n".join(lines)))
 
     lat = res.get("latency", {})
     if lat:
@@ -471,7 +482,7 @@ def sections(res: dict[str, Any]) -> list[tuple[str, str]]:
             _run_line(res, res.get("latency_run", {}))
             + " On the bundles that run's export wrote; a later export does not change this table."
         )
-        out.append(("cpu-real-latency", "\n".join(lines)))
+        out.append((_key("cpu-real-latency", res.get("latency_run", {})), "\n".join(lines)))
     return out
 
 
@@ -512,6 +523,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify-scenes", type=int, default=6, help="verify-bundle scenes (default 6)")
     ap.add_argument("--rebuild", action="store_true", help="rebuild member folders that exist")
     ap.add_argument(
+        "--members",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated members to export and time (default: both; one alone is exported "
+        "as its own bundle)",
+    )
+    ap.add_argument(
         "--export-args",
         default="",
         metavar="ARGS",
@@ -521,6 +539,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=RESULTS, help="RESULTS.md to update")
     args = ap.parse_args(argv)
     args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    known = list(_budget().RECORDED)
+    args.members = [m.strip() for m in (args.members or ",".join(known)).split(",") if m.strip()]
+    if not args.members or set(args.members) - set(known):
+        ap.error(f"--members: choose from {known}; got {args.members}")
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     bad = [s for s in steps if s not in STEPS]
     if bad:
@@ -529,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     store = args.work / "real_pair.json"
     res: dict[str, Any] = json.loads(store.read_text()) if store.is_file() else {}
     res["environment"] = _environment()
+    res["members"] = args.members
     res.setdefault("commands", [res["argv"]] if res.get("argv") else [])
     res["argv"] = " ".join(sys.argv[1:] if argv is None else argv)
     if res["argv"] not in res["commands"]:

@@ -249,3 +249,28 @@ def test_export_args_reach_the_export_command(tmp_path: Path, monkeypatch: Any) 
     assert seen[0][i : i + 4] == ["--calibration-scenes", "16", "--int4-int8", "none"]
     assert seen[0].index("--precision") < seen[0].index("--calibration-scenes")
     assert rec["rc"] == 1 and "failed validation" in rec["error"]
+
+
+def test_a_run_on_one_member_has_sections_of_its_own() -> None:
+    """``--members Qwen3.5-2B``: its export, verify and latency sections are keyed by the
+    member (the pair's sections stay as measured) and the export table says it ran alone."""
+    rp = _load("real_pair")
+    one = ["Qwen3.5-2B"]
+    run = {"command": "--members Qwen3.5-2B", "started": "t", "environment": {}, "members": one}
+    both = {**run, "members": ["Qwen3.5-2B", "LFM2.5-VL-3B"]}
+    res: dict[str, Any] = {
+        "export": {
+            "int4": {"rc": 1, "seconds": 60.0, "error": "failed", "run": run},
+            "int8": {"rc": 1, "seconds": 60.0, "error": "failed", "run": both},
+        },
+        "verify": {"int4": {"rc": None, "error": "no bundle", "run": run}},
+    }
+    keys = dict(rp.sections(res))
+    assert set(keys) == {
+        "cpu-real",
+        "cpu-real-export-int4-Qwen3.5-2B",
+        "cpu-real-export-int8",
+        "cpu-real-verify-int4-Qwen3.5-2B",
+    }
+    assert "at int4 (Qwen3.5-2B alone, one command)" in keys["cpu-real-export-int4-Qwen3.5-2B"]
+    assert "at int8 (both members, one command)" in keys["cpu-real-export-int8"]
