@@ -63,11 +63,29 @@ def _source(src: str | os.PathLike[str]) -> str:
     return str(p.resolve()) if p.exists() else str(src)
 
 
+def die_with_parent() -> None:
+    """In a child process: end it (SIGTERM) when the process that started it ends, so a
+    killed ``spotstop export`` leaves no orphaned member export holding its memory and cores
+    (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing is done)."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() != parent:  # the parent ended before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _export_quietly(src: str, out: Path, kw: dict[str, Any]) -> MemberExport:
     """:func:`export_member` in a child process; what the exporters print goes to stderr."""
     import contextlib
     import sys
 
+    die_with_parent()
     with contextlib.redirect_stdout(sys.stderr):
         return export_member(src, out, **kw)
 

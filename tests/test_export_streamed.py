@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +187,54 @@ def test_a_large_member_exports_in_its_own_process(tiny_pair: Path, tmp_path: Pa
     assert (tmp_path / "m" / "onnx" / "decoder.onnx").is_file()
     if _peak_resettable():  # the child's own peak, not this process's
         assert e.peak_rss_bytes is not None and e.peak_rss_bytes > 50 * 2**20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux only")
+def test_a_member_export_child_ends_with_its_parent(tmp_path: Path) -> None:
+    """A killed ``spotstop export`` leaves no orphaned member export: the spawned child arms
+    ``die_with_parent`` and ends when its parent is SIGKILLed."""
+    import signal
+    import subprocess
+    import time
+
+    script = tmp_path / "parent.py"
+    pidfile = tmp_path / "child.pid"
+    script.write_text(
+        "import multiprocessing, os, sys, time\n"
+        "def child(path):\n"
+        "    from spotstop.export.onnx_bundle import die_with_parent\n"
+        "    die_with_parent()\n"
+        "    open(path, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(120)\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = multiprocessing.get_context('spawn')\n"
+        "    p = ctx.Process(target=child, args=(sys.argv[1],))\n"
+        "    p.start()\n"
+        "    time.sleep(120)\n",
+        encoding="utf-8",
+    )
+    parent = subprocess.Popen([sys.executable, str(script), str(pidfile)])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.is_file() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child = int(pidfile.read_text())
+        os.kill(child, 0)  # alive while its parent is
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+
+        def alive(pid: int) -> bool:  # a zombie (ended, not yet reaped) counts as ended
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except FileNotFoundError:
+                return False
+            return "\nState:\tZ" not in status
+
+        deadline = time.monotonic() + 10
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+            pytest.fail("the child outlived its parent")
+    finally:
+        parent.kill()
