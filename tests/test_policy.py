@@ -40,6 +40,7 @@ from spotstop.guard.policies import (
     conformal_rank,
     decide_batch,
     dump_policy,
+    entered_scores,
     is_unsafe,
     label_of,
     load_policy,
@@ -340,6 +341,34 @@ def test_batch_nan_is_unsafe_left_out_and_small_batches_fall_back() -> None:
         BatchPolicy(FrozenPolicy(0.0), min_batch=1)
     with pytest.raises(PolicyError, match="labels one scene on its own"):
         BatchPolicy(BatchPolicy(FrozenPolicy(0.0)))  # type: ignore[arg-type]
+
+
+def test_a_scene_missing_a_member_score_is_never_safe_whatever_the_kind() -> None:
+    # direct reads member a only, but a scene member b failed on is missing a part: UNSAFE
+    x = _x([-3.0, -3.0], [math.nan, 0.0])
+    for pol in (
+        DirectPolicy("a"),
+        SituationPolicy(window=4, min_refs=1, fallback=DirectPolicy("a")),
+        FrozenPolicy(1e9),
+    ):
+        d = decide_batch(pol, x, None)
+        v = d.verdicts[0]
+        assert v.label == "UNSAFE" and v.fail_closed, (pol.kind, v)
+        assert "missing or not finite" in v.detail or "not finite" in v.detail
+        assert d.verdicts[1].label == "SAFE" and not d.verdicts[1].fail_closed, pol.kind
+    # a cascade needs the second member only inside its band
+    cas = CascadePolicy(first="a", share=0.5, band=1.0, cut=FrozenPolicy(0.0))
+    out = decide_batch(cas, _x([-10.0, -10.0, 0.5], [math.nan, -10.0, math.nan]))
+    assert [v.label for v in out.verdicts] == ["SAFE", "SAFE", "UNSAFE"]
+    assert not out.verdicts[0].fail_closed and out.verdicts[2].fail_closed
+
+
+def test_entered_scores_blanks_what_the_guard_gave_its_policy_as_missing() -> None:
+    got = entered_scores({"a": [1.0, 2.0, 3.0], "b": [4.0, 5.0, 6.0]}, [0.1, math.nan, -0.2])
+    assert np.isnan(got["a"][1]) and np.isnan(got["b"][1])
+    assert got["a"][[0, 2]].tolist() == [1.0, 3.0] and got["b"][[0, 2]].tolist() == [4.0, 6.0]
+    with pytest.raises(DecisionError, match="policy_score has 2"):
+        entered_scores({"a": [1.0, 2.0, 3.0]}, [0.0, 0.0])
 
 
 def test_decide_batch_checks_inputs() -> None:

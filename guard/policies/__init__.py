@@ -50,7 +50,13 @@ from spotstop.guard.policies._conformal_rule import (
     conformal_rank,
     one_per_situation,
 )
-from spotstop.guard.policies._decide import Decided, batch_inputs, decide_batch, replay
+from spotstop.guard.policies._decide import (
+    Decided,
+    batch_inputs,
+    decide_batch,
+    entered_scores,
+    replay,
+)
 from spotstop.guard.policies._direct import DirectPolicy
 from spotstop.guard.policies._frozen import FrozenPolicy
 from spotstop.guard.policies._registry import (
@@ -101,6 +107,7 @@ __all__ = [
     "conformal_rank",
     "decide_batch",
     "dump_policy",
+    "entered_scores",
     "fusion_key",
     "is_unsafe",
     "label_of",

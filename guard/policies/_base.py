@@ -141,10 +141,13 @@ class Thresholds:
 class Verdict:
     """The label of one scene.
 
-    label: ``"UNSAFE"`` when ``score ≥ threshold`` or either is not finite, else ``"SAFE"``.
+    label: ``"UNSAFE"`` when ``score ≥ threshold``, when either is not finite or when a
+    member score the policy needs is missing, else ``"SAFE"``.
     score: the value compared with the threshold (NaN kept). threshold: the threshold applied
     to this scene (NaN kept). policy: the rule that set it, e.g. ``"batch"`` or
     ``"situation->frozen"`` (configured kind, then the fallback actually used). detail: why.
+    fail_closed: the label is UNSAFE because something was missing or not finite, not by
+    the comparison (the guard logs such a decision as failed closed).
     """
 
     label: Label
@@ -152,6 +155,7 @@ class Verdict:
     threshold: float
     policy: str
     detail: str
+    fail_closed: bool = False
 
 
 @dataclass(frozen=True)
@@ -364,6 +368,15 @@ class Policy(ABC):
     def members_needed(self) -> tuple[str, ...]:
         """Members whose raw scores must be finite for this policy to score a scene."""
         return ()
+
+    def complete(self, x: BatchInputs, state: Any) -> np.ndarray:
+        """True where a scene has every score this kind decides it on; elsewhere
+        :func:`~spotstop.guard.policies.decide_batch` labels it UNSAFE (fail closed), whatever
+        its score and threshold say. Default: the fused ``S`` is finite, i.e. every fusion
+        member scored the scene (a ``direct`` policy reads one member, but a scene another
+        member failed on is missing a part). A staged kind (``cascade``) says which scores
+        it needed."""
+        return np.isfinite(x.fused)
 
     def variants_needed(self) -> tuple[str, ...]:
         """Extra scoring passes this policy reads (e.g. ``"text"``); the guard runs them."""

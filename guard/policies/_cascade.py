@@ -235,6 +235,12 @@ class CascadePolicy(Policy):
         c = np.where(inside, x.fused, z1)  # inside the band without a pair score: NaN
         return dataclasses.replace(x, fused=c), inside
 
+    def complete(self, x: BatchInputs, state: Any) -> np.ndarray:
+        """The first member's score, and inside the band the pair's ``S`` (the second member
+        is not needed outside it)."""
+        xc, _ = self._cascade_inputs(x, state)
+        return np.isfinite(xc.fused)
+
     def thresholds(self, x: BatchInputs, state: Any) -> Thresholds:
         """Score ``C`` (``S`` inside the band, ``z1`` outside); the cut's threshold on it."""
         xc, inside = self._cascade_inputs(x, state)

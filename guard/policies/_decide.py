@@ -17,7 +17,7 @@ from spotstop.guard._fusion import Avg2Fusion, _as_1d_float
 from spotstop.guard.policies._base import BatchInputs, DecisionError, Policy, Verdict
 from spotstop.guard.policies._rule import label_of
 
-__all__ = ["Decided", "batch_inputs", "decide_batch", "replay"]
+__all__ = ["Decided", "batch_inputs", "decide_batch", "entered_scores", "replay"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,7 +93,8 @@ def batch_inputs(
 
 
 def decide_batch(policy: Policy, x: BatchInputs, state: Any = None) -> Decided:
-    """Label a batch: each scene is UNSAFE when ``score ≥ threshold`` or either is not finite.
+    """Label a batch: each scene is UNSAFE when ``score ≥ threshold`` or either is not finite,
+    or when a score the policy decides it on is missing (:meth:`Policy.complete`).
 
     ``state`` is the policy's state before the batch (None for stateless kinds, or for a
     stateful one starting empty); the returned :class:`Decided` carries the state after it.
@@ -110,23 +111,62 @@ def decide_batch(policy: Policy, x: BatchInputs, state: Any = None) -> Decided:
     if policy.stateful and state is None:
         state = policy.initial_state(None)
     t = policy.thresholds(x, state)
+    complete = np.asarray(policy.complete(x, state), dtype=bool)
     n = x.n
     if not (
-        t.score.shape == (n,) and t.threshold.shape == (n,) and len(t.rule) == len(t.detail) == n
+        t.score.shape == (n,)
+        and t.threshold.shape == (n,)
+        and len(t.rule) == len(t.detail) == n
+        and complete.shape == (n,)
     ):
         raise DecisionError(
             f"policy {policy.kind!r} returned thresholds that do not match the {n} scenes."
         )
     out: list[Verdict] = []
-    for s, thr, rule, det in zip(
-        t.score.tolist(), t.threshold.tolist(), t.rule, t.detail, strict=True
+    for s, thr, rule, det, ok in zip(
+        t.score.tolist(), t.threshold.tolist(), t.rule, t.detail, complete.tolist(), strict=True
     ):
+        label, failed = label_of(s, thr), True
         if not np.isfinite(s):
             det = f"score is {s!r}, not finite: fail closed ({det})"
         elif not np.isfinite(thr):
             det = f"threshold is {thr!r}, not finite: fail closed ({det})"
-        out.append(Verdict(label=label_of(s, thr), score=s, threshold=thr, policy=rule, detail=det))
+        elif not ok:
+            label = "UNSAFE"
+            det = f"a member score it needs is missing or not finite: fail closed ({det})"
+        else:
+            failed = False
+        out.append(
+            Verdict(
+                label=label, score=s, threshold=thr, policy=rule, detail=det, fail_closed=failed
+            )
+        )
     return Decided(verdicts=tuple(out), state=policy.update(state, x))
+
+
+def entered_scores(member_scores: Mapping[str, Any], policy_score: Any) -> dict[str, np.ndarray]:
+    """Logged member scores as the guard gave them to its policy: NaN where it did not.
+
+    The guard passes a scene that failed closed before its decision (a member or the text
+    detector failed, text in the scene flagged it ``fail_closed``) to the policy as missing,
+    so that its scores move no batch statistic and no situation window; such a scene's logged
+    ``policy_score`` is then not finite, while every scene whose scores the policy saw has a
+    finite one (a SAFE label needs it, and an UNSAFE one without it failed closed in the
+    policy itself). A replay of the log (the card, ``policy diff``) calls this, so that it
+    runs the policy on what the guard ran it on; a log written before the guard did this
+    (text-flagged scenes entered then) replays as that guard decided, by the same test.
+    """
+    ps = np.asarray(policy_score, dtype=float).reshape(-1)
+    entered = np.isfinite(ps)
+    out: dict[str, np.ndarray] = {}
+    for m, v in member_scores.items():
+        a = np.asarray(v, dtype=float).reshape(-1)
+        if a.shape != ps.shape:
+            raise DecisionError(
+                f"member_scores[{m!r}] has {a.shape[0]} scores; policy_score has {ps.shape[0]}."
+            )
+        out[m] = np.where(entered, a, np.nan)
+    return out
 
 
 def replay(
