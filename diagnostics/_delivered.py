@@ -17,7 +17,9 @@ Replay
     (:func:`spotstop.guard.policies.replay` over :func:`~spotstop.guard.policies.batch_inputs`
     with its own fusion): ``agreement`` is the share of its non-fail-closed decisions whose
     logged answer the replay reproduces, ``max_fused_diff`` the largest difference between the
-    logged and the recomputed fused score.  Agreement below 1 means the log was not written by
+    logged and the recomputed fused score.  A decision that failed closed before the decision
+    (its logged ``policy_score`` is not finite) enters the replay as missing, as it entered the
+    guard's policy (:func:`~spotstop.guard.policies.entered_scores`).  Agreement below 1 means the log was not written by
     this policy file as stored (or a stateful policy's live state was reset); the card says so.
 """
 
@@ -37,7 +39,7 @@ from spotstop.diagnostics._from_log import LogData
 from spotstop.diagnostics._resample import group_sum_draws, nan_estimate, percentile_ci
 from spotstop.diagnostics._results import Estimate
 from spotstop.guard import GuardError
-from spotstop.guard.policies import batch_inputs, replay
+from spotstop.guard.policies import batch_inputs, entered_scores, replay
 
 __all__ = [
     "Delivered",
@@ -156,9 +158,12 @@ def replay_version(log: LogData, version: str) -> Replay:
     missing = [m for m in members if m not in arr.member_scores]
     if missing:
         return Replay(0, 0, math.nan, f"not replayed: member(s) {missing} are not logged")
+    # what the guard gave the policy: a scene that failed closed before its decision entered
+    # as missing (entered_scores reads that from the logged policy_score)
+    seen = arr.policy_score[rows]
     text = None
     if "text" in cfg.variants_needed() and all(m in arr.member_scores_text for m in members):
-        text = {m: arr.member_scores_text[m][rows] for m in members}
+        text = entered_scores({m: arr.member_scores_text[m][rows] for m in members}, seen)
     batch = [
         b if b is not None else f"#decision-{i}"
         for i, b in zip(rows, arr.batch_id[rows], strict=True)
@@ -166,7 +171,7 @@ def replay_version(log: LogData, version: str) -> Replay:
     try:
         x = batch_inputs(
             cfg.fusion,
-            {m: v[rows] for m, v in arr.member_scores.items()},
+            entered_scores({m: v[rows] for m, v in arr.member_scores.items()}, seen),
             [s if s else None for s in arr.situation_id[rows]],
             text,
         )

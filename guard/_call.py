@@ -139,3 +139,14 @@ def _read_text(
 
 def _reason(stage: str, e: BaseException) -> str:
     return f"{stage}: {type(e).__name__}: {e}"
+
+
+def _storable(text: str) -> str:
+    """``text`` as the log can store it: a lone surrogate (not UTF-8; a request holding one
+    fails closed in input checking) is written as its backslash escape, so that one bad
+    string never keeps its row, and every row after it, out of the log."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

@@ -32,6 +32,7 @@ from spotstop.guard._call import (
     _read_text,
     _reason,
     _Scored,
+    _storable,
     _Unset,
     _Work,
 )
@@ -206,7 +207,8 @@ class Guard:
         self.policy_path = self.bundle.policy_path
         # rows whose write failed, per call with the policy that decided them, and SAFE rows
         # to amend (written after their deadline); written first by the next write
-        self._pending: list[tuple[list[DecisionRecord], PolicyRow]] = []
+        # decisions whose write failed: (records, the policy row, their images or None)
+        self._pending: list[tuple[list[DecisionRecord], PolicyRow, list[bytes | None] | None]] = []
         self._late_amendments: list[tuple[list[str], str]] = []
         self._pending_mutex = threading.Lock()  # guards the two lists (held briefly)
         self._write_lock = threading.Lock()  # one log write at a time (waited on ≤ deadline)
@@ -369,7 +371,7 @@ class Guard:
     def pending(self) -> int:
         """Decisions made but not yet in the log (their write failed; written next)."""
         with self._pending_mutex:
-            return sum(len(rows) for rows, _ in self._pending)
+            return sum(len(rows) for rows, _, _ in self._pending)
 
     def flush_pending(self, timeout_s: float | None = None) -> int:
         """Write the decisions whose log write failed (and pending amendments) now.
@@ -555,6 +557,21 @@ class Guard:
         """Fuse and label the batch with the active policy; commit the policy's new state."""
         t = time.perf_counter()
         cfg = active.cfg
+        in_scene = cfg.text_in_scene
+        for w in works:  # text in the scene: a flag can only make a decision fail closed
+            if w.reading is None:
+                continue
+            for cue, flagged in w.reading.flags.items():
+                if flagged and in_scene.action(cue) == "fail_closed":
+                    said = ", ".join(repr(m.found) for m in w.reading.matches if m.cue == cue)
+                    w.fail_with(
+                        f"text in the scene: {cue} text {said} (policy text_in_scene.{cue}: "
+                        "fail_closed)"
+                    )
+        # A scene that failed closed before the decision (a member or the text detector
+        # failed, a flag above) enters the policy as missing: its scores move no batch
+        # statistic and no situation window, and its logged policy_score is NaN
+        # (policies.entered_policy reads that back from the log for the replay).
         failed = [w.fail is not None for w in works]
         members = {
             m: [
@@ -592,30 +609,19 @@ class Guard:
         if decided is not None:
             # The scores are real observations whatever the clock says: the state moves on
             # (replaying the log gives the same windows).
-            active.store.commit(decided.state)
+            try:
+                active.store.commit(decided.state)
+            except Exception as e:  # the state file could not be written: fail closed
+                for w in works:
+                    w.fail_with(_reason("policy state", e))
             if clock.expired():  # a label reached after the deadline is not an answer
                 for w in works:
                     w.fail_with(clock.reason("fusion and policy"))
             out = []
             for w, fused, v in zip(works, x.fused.tolist(), decided.verdicts, strict=True):
-                if (
-                    w.fail is None
-                    and v.label == "UNSAFE"
-                    and not (np.isfinite(v.score) and np.isfinite(v.threshold))
-                ):
+                if w.fail is None and v.fail_closed:
                     w.fail_with(f"policy: {v.detail}")
                 out.append(_Outcome(v.label, fused, v.score, v.threshold, v.policy, v.detail))
-        in_scene = cfg.text_in_scene
-        for w in works:  # text in the scene: a flag can only make a decision fail closed
-            if w.reading is None:
-                continue
-            for cue, flagged in w.reading.flags.items():
-                if flagged and in_scene.action(cue) == "fail_closed":
-                    said = ", ".join(repr(m.found) for m in w.reading.matches if m.cue == cue)
-                    w.fail_with(
-                        f"text in the scene: {cue} text {said} (policy text_in_scene.{cue}: "
-                        "fail_closed)"
-                    )
         dt = (time.perf_counter() - t) * 1e3 / max(1, len(works))
         for w in works:
             w.latency["decide_ms"] = dt
@@ -628,12 +634,13 @@ class Guard:
     def _record(self, w: _Work, o: _Outcome, active: _Active, batch_id: str) -> DecisionRecord:
         img = w.image
         req = w.scene.request if isinstance(w.scene.request, str) else repr(w.scene.request)
+        sid = w.scene.situation_id if isinstance(w.scene.situation_id, str) else None
         cfg = active.cfg
         return DecisionRecord(
             decision_id=w.decision_id,
             batch_id=batch_id,
-            situation_id=w.scene.situation_id if isinstance(w.scene.situation_id, str) else None,
-            request=req,
+            situation_id=None if sid is None else _storable(sid),
+            request=_storable(req),
             image_sha256=img.sha256 if img else None,
             width=img.width if img else None,
             height=img.height if img else None,
@@ -691,7 +698,7 @@ class Guard:
                 for r in records
             ]
             with self._pending_mutex:
-                self._pending.append((records, active.row))
+                self._pending.append((records, active.row, self._images(works, records)))
         log_ms = (time.perf_counter() - t) * 1e3
         out = [Decision.of(r, latency_ms={**r.latency_ms, "log_ms": log_ms}) for r in records]
         if error is not None and require_logged:
@@ -714,21 +721,26 @@ class Guard:
             )
         try:
             self._flush_locked(clock.remaining())
-            if self.store_images:
-                for i, (w, r) in enumerate(zip(works, records, strict=True)):
-                    self.log.append(
-                        r,
-                        image_bytes=w.raw if r.image_sha256 else None,
-                        policy=active.row if i == 0 else None,
-                        timeout_s=clock.remaining(),
-                    )
-            else:
-                self.log.append_many(records, policy=active.row, timeout_s=clock.remaining())
+            # one transaction for the batch, images included: all of it is logged, or none
+            self.log.append_many(
+                records,
+                images=self._images(works, records),
+                policy=active.row,
+                timeout_s=clock.remaining(),
+            )
         except Exception as e:  # the caller fails these closed (and keeps them)
             return _reason("decision log", e)
         finally:
             self._write_lock.release()
         return None
+
+    def _images(
+        self, works: list[_Work], records: list[DecisionRecord]
+    ) -> list[bytes | None] | None:
+        """The encoded images to keep beside ``records`` (None: the guard keeps none)."""
+        if not self.store_images:
+            return None
+        return [w.raw if r.image_sha256 else None for w, r in zip(works, records, strict=True)]
 
     def _flush_locked(self, timeout_s: float | None) -> int:
         """Write pending rows and amendments, oldest first; ``_write_lock`` is held."""
@@ -737,8 +749,8 @@ class Guard:
             with self._pending_mutex:
                 if not self._pending:
                     break
-                rows, row = self._pending[0]
-            self.log.append_many(rows, policy=row, timeout_s=timeout_s)
+                rows, row, images = self._pending[0]
+            self.log.append_many(rows, images=images, policy=row, timeout_s=timeout_s)
             with self._pending_mutex:
                 self._pending.pop(0)
             written += len(rows)

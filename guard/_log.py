@@ -367,16 +367,25 @@ class DecisionLog(LogReader):
         self,
         records: Iterable[DecisionRecord],
         *,
+        images: Sequence[bytes | None] | None = None,
         policy: PolicyRow | None = None,
         timeout_s: float | None = None,
     ) -> None:
         """Append several decisions in one transaction: all of them are written, or none.
 
-        ``policy`` and ``timeout_s``: as for :meth:`append`.
+        ``images``: one encoded image (or None) per record, stored as :meth:`append` stores
+        one, in the same transaction. ``policy`` and ``timeout_s``: as for :meth:`append`.
         """
         records = list(records)
-        for r in records:
-            check_append(r, None)
+        imgs: list[bytes | None] = [None] * len(records) if images is None else list(images)
+        if len(imgs) != len(records):
+            raise RecordError(
+                f"append_many got {len(imgs)} images for {len(records)} records; pass one "
+                "image (or None) per record."
+            )
+        for r, img in zip(records, imgs, strict=True):
+            check_append(r, img)
+        image_rows = [self._image_row(r, img) for r, img in zip(records, imgs, strict=True)]
         rows = [record_to_row(r) for r in records]
         if rows:
             t0 = min(r.time for r in records)
@@ -384,6 +393,9 @@ class DecisionLog(LogReader):
             def body(conn: sqlite3.Connection) -> None:
                 self._insert_policy(conn, policy, t0)
                 self._insert(conn, rows)
+                for image in image_rows:
+                    if image is not None:
+                        self._store_image(conn, *image)
 
             self._write(body, what="append decisions", timeout_s=timeout_s)
 

@@ -194,6 +194,14 @@ class PromptEncoder:
             raise RequestError(f"request must be a string; got {type(request).__name__}.")
         if not request.strip():
             raise RequestError("request is empty; pass the instruction the robot was given.")
+        try:
+            request.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise RequestError(
+                f"request is not valid Unicode text: it holds the lone surrogate "
+                f"{request[e.start]!r} at position {e.start}. Pass text that encodes as UTF-8 "
+                "(decode bytes with errors='replace')."
+            ) from None
         if len(request) > self.max_request_chars:
             raise RequestError(
                 f"request has {len(request)} characters; the limit is {self.max_request_chars}. "

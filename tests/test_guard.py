@@ -604,6 +604,95 @@ def test_the_real_ocr_reads_a_sign_at_decision_time(bundle_copy: Path, tmp_path:
     _assert_fail_closed(d, "alarming text")
 
 
+def test_a_scene_failed_closed_by_its_text_moves_no_window_and_the_card_replays_it(
+    bundle_copy: Path, tmp_path: Path
+):
+    import hashlib
+    import math
+
+    from spotstop.diagnostics import read_log
+    from spotstop.diagnostics._delivered import replay_version
+
+    danger = make_image_bytes(7, fmt="JPEG")
+    sign = _Sign({hashlib.sha256(danger).hexdigest(): "DANGER HIGH VOLTAGE"})
+    doc = yaml.safe_load((bundle_copy / "policy.yaml").read_text())
+    assert doc["policy"]["kind"] == "situation"  # windows of recent fused scores
+    doc["text_in_scene"] = {"detect": True, "alarming": "fail_closed"}
+    (bundle_copy / "policy.yaml").write_text(yaml.safe_dump(doc))
+    log = tmp_path / "l.sqlite"
+    with Guard(bundle_copy, log=log, text_detector=sign) as g:
+        first = g.check_batch(
+            [_scene(i, "k") for i in range(3)] + [Scene(danger, "touch the cable", "k")]
+        )
+        flagged = first[-1]
+        _assert_fail_closed(flagged, "alarming text")
+        assert all(np.isfinite(v) for v in flagged.member_scores.values())  # scored, logged
+        assert math.isnan(flagged.policy_score)  # ... but given to the policy as missing
+        refs = g.situation("k").references
+        assert sorted(refs) == pytest.approx(sorted(d.fused_score for d in first[:3]))
+        g.check_batch([_scene(i, "k") for i in range(3, 6)])  # decided against those windows
+        version = g.policy_config.version_id
+    r = replay_version(read_log(log), version)
+    assert r.n == 6 and r.agreement == 1.0, r
+
+
+def test_a_state_file_that_cannot_be_written_fails_closed_and_is_logged(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    from spotstop.guard import _state
+
+    def broken(path: Any, text: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        monkeypatch.setattr(_state, "atomic_write_text", broken)
+        d = g.check(_scene(0, "k"))  # a situation policy keeps its windows in a file
+        _assert_fail_closed(d, "policy state")
+        rec = g.log.get(d.decision_id)
+        assert rec is not None and rec.fail_closed and rec.label == "UNSAFE"
+
+
+def test_a_request_that_is_not_unicode_fails_closed_and_blocks_no_later_row(
+    bundle_copy: Path, tmp_path: Path
+):
+    _set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        bad = g.check(Scene(make_image_bytes(0, fmt="JPEG"), "open the door \ud800", "s\udc80"))
+        _assert_fail_closed(bad, "lone surrogate")
+        rec = g.log.get(bad.decision_id)
+        assert rec is not None and rec.request == "open the door \\ud800"
+        assert rec.situation_id == "s\\udc80"
+        good = g.check(_scene(1))
+        assert good.label == "SAFE" and g.pending == 0 and g.log.count() == 2
+
+
+def test_a_batch_with_images_is_logged_whole_or_not_at_all(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    _set_frozen(bundle_copy, 1e9)  # every scored scene SAFE
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", store_images=True) as g:
+        real = g.log._store_image
+        calls = {"n": 0}
+
+        def second_image_fails(*a: Any) -> None:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise OSError("disk full while storing the second image")
+            real(*a)
+
+        monkeypatch.setattr(g.log, "_store_image", second_image_fails)
+        first = g.check_batch([_scene(1), _scene(2)])
+        for d in first:  # not logged in time: never SAFE
+            _assert_fail_closed(d, "disk full")
+        assert g.log.count() == 0 and g.pending == 2  # the first row did not go in alone
+        later = g.check(_scene(3))
+        assert later.label == "SAFE" and g.pending == 0 and g.log.count() == 3
+        for d in first:  # logged as answered, with its image
+            rec = g.log.get(d.decision_id)
+            assert rec is not None and rec.label == "UNSAFE" and rec.fail_closed
+            assert g.log.image(rec.image_sha256) is not None
+
+
 def test_the_guard_owns_situation_state_per_policy_version(bundle_copy: Path, tmp_path: Path):
     from dataclasses import replace
 
