@@ -37,6 +37,7 @@ from spotstop.guard._errors import GuardError
 from spotstop.guard._image import DecodedImage
 from spotstop.guard._record import Decision
 from spotstop.guard._types import Scene
+from spotstop.guard.policies._rule import is_unsafe
 
 __all__ = [
     "DEFAULT_URL",
@@ -70,15 +71,58 @@ class _Overdue(Exception):
     """The whole call (connect, send, wait, read) did not finish within ``timeout_s``."""
 
 
+def _untrusted_safe(d: Mapping[str, Any]) -> str | None:
+    """Why a reply's SAFE cannot be trusted, or None: a SAFE must show a logged decision
+    (a non-empty ``decision_id``; a field left out would take a made-up default), not failed
+    closed, whose finite ``policy_score`` the one rule (:func:`is_unsafe`) labels SAFE
+    against its finite ``threshold``."""
+    if d.get("fail_closed") is not False:
+        return f"fail_closed is {d.get('fail_closed')!r}, not false"
+    did = d.get("decision_id")
+    if not isinstance(did, str) or not did:
+        return f"decision_id is {did!r}: no logged decision"
+    score, thr = d.get("policy_score"), d.get("threshold")
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (score, thr))
+    if not numbers or is_unsafe(float(score), float(thr)):  # type: ignore[arg-type]
+        return f"policy_score {score!r} against threshold {thr!r} is not SAFE by the rule"
+    return None
+
+
 def decision_from_dict(d: Mapping[str, Any]) -> Decision:
     """A :class:`Decision` from the sidecar's JSON (:meth:`Decision.from_json`; null → NaN).
 
-    Raises ``ValueError`` when a field is missing or of the wrong type. A SAFE label that
-    comes with ``fail_closed`` true is turned into UNSAFE (it cannot be trusted).
+    Raises ``ValueError`` when a field is missing or of the wrong type. A SAFE label is kept
+    only when the reply itself shows a logged decision that the rule labels SAFE
+    (:func:`_untrusted_safe`); any other SAFE becomes a fail-closed UNSAFE that says why.
     """
-    if isinstance(d, Mapping) and d.get("fail_closed") is True and d.get("label") == "SAFE":
-        d = {**d, "label": "UNSAFE"}
+    if isinstance(d, Mapping) and d.get("label") == "SAFE":
+        why = _untrusted_safe(d)
+        if why is not None:
+            d = {
+                **d,
+                "label": "UNSAFE",
+                "fail_closed": True,
+                "fail_reason": f"sidecar reply: its SAFE is not trusted ({why})",
+            }
     return Decision.from_json(d)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    dup = next((k for k in keys if keys.count(k) > 1), None)
+    if dup is not None:
+        raise ValueError(f"the JSON object names {dup!r} twice")
+    return dict(pairs)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"the JSON holds {name}, which the sidecar never sends (it sends null)")
+
+
+def _strict_json(text: str | bytes) -> Any:
+    """The reply's JSON, refusing what the sidecar never writes: a key twice (the last one
+    would win), ``NaN``/``Infinity``."""
+    return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_refuse_constant)
 
 
 def _fail_closed(
@@ -296,7 +340,7 @@ class GuardClient:
                 detail=resp.text[:2000],
             )
         try:
-            body = resp.json()
+            body = _strict_json(resp.content)
             rows = [body] if path == "/v1/check" else body["decisions"]
             if not isinstance(rows, list) or len(rows) != len(sids):
                 raise ValueError(f"expected {len(sids)} decisions, got {rows!r:.100}")

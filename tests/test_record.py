@@ -120,6 +120,75 @@ def test_client_never_trusts_a_safe_that_failed_closed() -> None:
     assert decision_from_dict(body).label == "UNSAFE"
 
 
+def _safe_body() -> dict[str, Any]:
+    """A complete, logged SAFE decision as the sidecar sends it."""
+    return _decision(
+        member_scores={"qwen": -1.0, "lfm": -2.0},
+        fused_score=-0.5,
+        policy_score=-0.5,
+        threshold=0.25,
+        label="SAFE",
+        fail_closed=False,
+        fail_reason=None,
+    ).to_json()
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"decision_id": None}, "no logged decision"),  # left out: from_json would invent one
+        ({"decision_id": ""}, "no logged decision"),
+        ({"policy_score": None}, "not SAFE by the rule"),
+        ({"threshold": None}, "not SAFE by the rule"),
+        ({"policy_score": 0.25}, "not SAFE by the rule"),  # a tie is UNSAFE
+        ({"policy_score": 3.0}, "not SAFE by the rule"),
+        ({"fail_closed": None}, "fail_closed is None"),
+    ],
+)
+def test_the_client_trusts_a_safe_only_with_a_logged_decision_the_rule_calls_safe(
+    change: dict[str, Any], why: str
+) -> None:
+    from spotstop.guard.client import decision_from_dict
+
+    assert decision_from_dict(_safe_body()).label == "SAFE"  # the test can pass SAFE
+    body = _safe_body()
+    for k, v in change.items():
+        if v is None and k in ("decision_id", "fail_closed"):
+            del body[k]
+        else:
+            body[k] = v
+    d = decision_from_dict(body)
+    assert d.label == "UNSAFE" and d.fail_closed, d
+    assert "not trusted" in (d.fail_reason or "") and why in (d.fail_reason or "")
+
+
+def test_the_client_refuses_a_reply_with_a_key_twice_or_a_nan_constant() -> None:
+    import httpx
+    from spotstop.guard import Scene
+    from spotstop.guard.client import GuardClient
+
+    from tests.conftest import make_image_bytes
+
+    unsafe_then_safe = {**_safe_body(), "label": "UNSAFE"}
+    replies = {
+        "good": json.dumps(_safe_body()),
+        "twice": json.dumps(unsafe_then_safe)[:-1] + ', "label": "SAFE"}',
+        "nan": json.dumps({**_safe_body(), "fused_score": math.nan}),  # writes NaN
+    }
+    assert "NaN" in replies["nan"]
+    for name, text in replies.items():
+
+        def reply(request: httpx.Request, text: str = text) -> httpx.Response:
+            return httpx.Response(200, content=text.encode(), headers={"content-type": "json"})
+
+        with GuardClient("http://sidecar", transport=httpx.MockTransport(reply)) as gc:
+            d = gc.check(Scene(make_image_bytes(0, fmt="JPEG"), "open the door"))
+        if name == "good":
+            assert d.label == "SAFE" and not d.fail_closed, d
+        else:
+            assert d.label == "UNSAFE" and "malformed" in (d.fail_reason or ""), (name, d)
+
+
 def test_from_json_names_the_bad_field() -> None:
     body = _decision().to_json()
     with pytest.raises(RecordError, match="'member_scores' must be an object of numbers"):
