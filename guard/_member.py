@@ -134,11 +134,20 @@ class Member:
         scores = np.empty(len(scenes), dtype=np.float64)
         for start in range(0, len(scenes), self.batch_size):
             stop = start + self.batch_size
-            chunk = self.backend.score(
-                prompts[start:stop],
-                None if pixels is None else pixels[start:stop],
-                self.encoder.plan,
+            chunk = np.asarray(
+                self.backend.score(
+                    prompts[start:stop],
+                    None if pixels is None else pixels[start:stop],
+                    self.encoder.plan,
+                ),
+                dtype=np.float64,
             )
+            want = len(prompts[start:stop])
+            if chunk.shape != (want,):  # never broadcast one score onto several scenes
+                raise ScoringError(
+                    f"member {self.name}'s backend returned scores of shape {chunk.shape} for "
+                    f"{want} scene(s); a backend must return one score per scene."
+                )
             scores[start:stop] = chunk
         bad = ~np.isfinite(scores)
         if strict and bad.any():
