@@ -17,80 +17,87 @@ True
 True
 """
 
-from spotstop.diagnostics._bootstrap import BootstrapResult, bootstrap_auroc, group_bootstrap
-from spotstop.diagnostics._card import Card, CutWarning, compute_card, write_card
-from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult
-from spotstop.diagnostics._checks import CARD_CHECKS, card_check, run_checks
-from spotstop.diagnostics._conformal_audit import (
-    DeployedAudit,
-    SplitSimulation,
-    audit_deployed,
-    audit_min_n,
-    binomial_upper_p,
-    clopper_pearson,
-    conformal_cut,
-    conformal_split_simulation,
-)
-from spotstop.diagnostics._data import CaseTable, Pairs, group_codes, read_scores_csv
-from spotstop.diagnostics._delivered import (
-    Delivered,
-    DeliveredRates,
-    PolicyDelivered,
-    Replay,
-    delivered,
-    delivered_rates,
-)
-from spotstop.diagnostics._engine import CrossFit, cross_fitted_threshold_part
-from spotstop.diagnostics._errors import DataError, DiagnosticsError, UndefinedMetricWarning
-from spotstop.diagnostics._explanations import DELIVERED_EXPLANATIONS, EXPLANATIONS, FIELD_KEYS
-from spotstop.diagnostics._from_log import (
-    UNKNOWN_VERSION,
-    LogCases,
-    LogData,
-    case_table_from_log,
-    log_cases,
-    read_log,
-)
-from spotstop.diagnostics._logistic import LogisticRegression, grouped_folds
-from spotstop.diagnostics._metrics import (
-    BestCut,
-    KernelReference,
-    PairRates,
-    SignalDetection,
-    SpotStop,
-    TiedScoresWarning,
-    auroc,
-    balanced_accuracy,
-    best_balanced_accuracy,
-    g_auroc,
-    kernel_reference,
-    pair_rates,
-    signal_detection,
-    spot_stop,
-)
-from spotstop.diagnostics._null import NullResult, label_swap_null
-from spotstop.diagnostics._prevalence import PrevalenceCheck, RuleOutcome, prevalence_check
-from spotstop.diagnostics._recommend import (
-    Recommendation,
-    recommend_for_card,
-    recommend_policy,
-    situation_repeat_share,
-)
-from spotstop.diagnostics._resample import (
-    FewGroupsWarning,
-    UnboundedRatioWarning,
-    draw_group_counts,
-)
-from spotstop.diagnostics._results import ConfidenceInterval, Estimate
-from spotstop.diagnostics._scene_blind import (
-    LongestSideRule,
-    SceneBlindReaders,
-    file_features,
-    scene_blind_readers,
-)
-from spotstop.diagnostics._simulate import simulate_log
-from spotstop.diagnostics._situation import SituationShare, situation_share
-from spotstop.diagnostics._verdict import VerdictItem, verdict
+from typing import TYPE_CHECKING
+
+from spotstop.diagnostics._lazy import attach
+
+if TYPE_CHECKING:  # the public names; imported on first use (_lazy.attach reads this block)
+    from spotstop.diagnostics._bootstrap import BootstrapResult, bootstrap_auroc, group_bootstrap
+    from spotstop.diagnostics._card import Card, CutWarning, compute_card, write_card
+    from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult
+    from spotstop.diagnostics._checks import CARD_CHECKS, card_check, run_checks
+    from spotstop.diagnostics._conformal_audit import (
+        DeployedAudit,
+        SplitSimulation,
+        audit_deployed,
+        audit_min_n,
+        binomial_upper_p,
+        clopper_pearson,
+        conformal_cut,
+        conformal_split_simulation,
+    )
+    from spotstop.diagnostics._data import CaseTable, Pairs, group_codes, read_scores_csv
+    from spotstop.diagnostics._delivered import (
+        Delivered,
+        DeliveredRates,
+        PolicyDelivered,
+        Replay,
+        delivered,
+        delivered_rates,
+    )
+    from spotstop.diagnostics._engine import CrossFit, cross_fitted_threshold_part
+    from spotstop.diagnostics._errors import DataError, DiagnosticsError, UndefinedMetricWarning
+    from spotstop.diagnostics._explanations import DELIVERED_EXPLANATIONS, EXPLANATIONS, FIELD_KEYS
+    from spotstop.diagnostics._from_log import (
+        UNKNOWN_VERSION,
+        LogCases,
+        LogData,
+        case_table_from_log,
+        log_cases,
+        read_log,
+    )
+    from spotstop.diagnostics._logistic import LogisticRegression, grouped_folds
+    from spotstop.diagnostics._metrics import (
+        BestCut,
+        KernelReference,
+        PairRates,
+        SignalDetection,
+        SpotStop,
+        TiedScoresWarning,
+        auroc,
+        balanced_accuracy,
+        best_balanced_accuracy,
+        g_auroc,
+        kernel_reference,
+        pair_rates,
+        signal_detection,
+        spot_stop,
+    )
+    from spotstop.diagnostics._null import NullResult, label_swap_null
+    from spotstop.diagnostics._prevalence import PrevalenceCheck, RuleOutcome, prevalence_check
+    from spotstop.diagnostics._recommend import (
+        Recommendation,
+        recommend_for_card,
+        recommend_policy,
+        situation_repeat_share,
+    )
+    from spotstop.diagnostics._resample import (
+        FewGroupsWarning,
+        UnboundedRatioWarning,
+        draw_group_counts,
+    )
+    from spotstop.diagnostics._results import ConfidenceInterval, Estimate
+    from spotstop.diagnostics._scene_blind import (
+        LongestSideRule,
+        SceneBlindReaders,
+        file_features,
+        scene_blind_readers,
+    )
+    from spotstop.diagnostics._simulate import simulate_log
+    from spotstop.diagnostics._situation import SituationShare, situation_share
+    from spotstop.diagnostics._verdict import VerdictItem, verdict
+
+__getattr__, __dir__, _names = attach(__name__, __file__)
 
 __all__ = [
     "CARD_CHECKS",

@@ -16,63 +16,70 @@
 (0.0, 1.0)
 """
 
-from spotstop.diagnostics.cues._candidates import (
-    CandidateSet,
-    RelianceRun,
-    load_candidates,
-    measure_reliance,
-)
-from spotstop.diagnostics.cues._deployed import DeployedLabels, label_as_deployed
-from spotstop.diagnostics.cues._edits import EditRecord, EditSet, placebo_text, plan_edits
-from spotstop.diagnostics.cues._frames import (
-    DeploymentFrames,
-    frames_from_folder,
-    frames_from_log,
-    measure_shift,
-)
-from spotstop.diagnostics.cues._reliance import (
-    GuardSpec,
-    answer_errors,
-    estimate_reliance,
-    probability_errors,
-)
-from spotstop.diagnostics.cues._results import CandidateReliance, CueReliance, RelianceResult
-from spotstop.diagnostics.cues._scoring import (
-    MemberSpec,
-    MemberTiming,
-    Scorer,
-    ScoreTable,
-    score_edit_set,
-)
-from spotstop.diagnostics.cues._select import (
-    Prediction,
-    SelectionResult,
-    crossing_scale,
-    predicted_error,
-    select,
-)
-from spotstop.diagnostics.cues._shift import (
-    CueShift,
-    ShiftResult,
-    corrected_share,
-    detect_flags,
-    estimate_shift,
-)
-from spotstop.diagnostics.cues._source import (
-    CalibrationImage,
-    CalibrationSet,
-    SourceScene,
-    SourceSet,
-    read_calibration_csv,
-    read_source_set,
-)
-from spotstop.diagnostics.cues._templates import (
-    CUES,
-    HELD_OUT,
-    KINDS,
-    TEMPLATES,
-    EditTemplate,
-)
+from typing import TYPE_CHECKING
+
+from spotstop.diagnostics._lazy import attach
+
+if TYPE_CHECKING:  # the public names; imported on first use (_lazy.attach reads this block)
+    from spotstop.diagnostics.cues._candidates import (
+        CandidateSet,
+        RelianceRun,
+        load_candidates,
+        measure_reliance,
+    )
+    from spotstop.diagnostics.cues._deployed import DeployedLabels, label_as_deployed
+    from spotstop.diagnostics.cues._edits import EditRecord, EditSet, placebo_text, plan_edits
+    from spotstop.diagnostics.cues._frames import (
+        DeploymentFrames,
+        frames_from_folder,
+        frames_from_log,
+        measure_shift,
+    )
+    from spotstop.diagnostics.cues._reliance import (
+        GuardSpec,
+        answer_errors,
+        estimate_reliance,
+        probability_errors,
+    )
+    from spotstop.diagnostics.cues._results import CandidateReliance, CueReliance, RelianceResult
+    from spotstop.diagnostics.cues._scoring import (
+        MemberSpec,
+        MemberTiming,
+        Scorer,
+        ScoreTable,
+        score_edit_set,
+    )
+    from spotstop.diagnostics.cues._select import (
+        Prediction,
+        SelectionResult,
+        crossing_scale,
+        predicted_error,
+        select,
+    )
+    from spotstop.diagnostics.cues._shift import (
+        CueShift,
+        ShiftResult,
+        corrected_share,
+        detect_flags,
+        estimate_shift,
+    )
+    from spotstop.diagnostics.cues._source import (
+        CalibrationImage,
+        CalibrationSet,
+        SourceScene,
+        SourceSet,
+        read_calibration_csv,
+        read_source_set,
+    )
+    from spotstop.diagnostics.cues._templates import (
+        CUES,
+        HELD_OUT,
+        KINDS,
+        TEMPLATES,
+        EditTemplate,
+    )
+
+__getattr__, __dir__, _names = attach(__name__, __file__)
 
 __all__ = [
     "CUES",
