@@ -13,7 +13,9 @@ table in both real members) is quantized as the bundle quantizes it, unless the 
 Per variant it prints the largest |Δs| over the scores (the figure ``verify-bundle`` bounds),
 the RMS, and the mean Δs: the part of the error common to every scene (a shift of the score,
 which the robust z-score's recentring on the deployment's own scores removes, and a direct
-``s > 0`` decision does not).
+``s > 0`` decision does not); then the SD of ``Δs − mean Δs``, the part that differs between
+scenes, and its ratio to the SD of the reference scores themselves: what can reorder the
+scenes (verify-bundle's Spearman check). A ratio near 1 leaves no rank correlation to keep.
 
     python bench/quant_error.py MEMBER_FOLDER                     # int8 and int4, all weights
     python bench/quant_error.py MEMBER_FOLDER --variants "8:128:all,8:128:vision,8:128:mlp"
@@ -45,6 +47,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -252,11 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         + (["bias"] if args.bias_correct else [])
         + (["gptq"] if args.gptq else [])
     )
+    ref_sd = float(np.std(ref))
+    print(f"reference scores: SD {ref_sd:.3f} over the {len(ref)} scores")
     print(
-        f"{'variant':>22} {'method':>9} {'max|Δs|':>8} {'rms':>7} {'mean Δs':>8} {'rho':>6} "
-        f"{'s':>5}"
+        f"{'variant':>22} {'method':>9} {'max|Δs|':>8} {'rms':>7} {'mean Δs':>8} "
+        f"{'SD(Δs)':>7} {'/SD(s)':>6} {'rho':>6} {'s':>5}"
     )
-    rows: list[tuple[str, str, float, float, float, float]] = []
+    rows: list[QuantError] = []
     for bits, block, group, qhead, int8 in variants:
         chosen = GROUPS[group]
         # export/mixed.py's rule, on the same names the export reads (the head is ``lm_head``)
@@ -285,19 +290,12 @@ def main(argv: list[str] | None = None) -> int:
             name = f"int{bits} b{block} {group}{'' if qhead else ' nohead'}" + (
                 f" (int8: {', '.join(int8)}; {len(at8)} weights)" if int8 else ""
             )
-            rows.append(
-                (
-                    name,
-                    mode,
-                    float(np.abs(d).max()),
-                    float(np.sqrt(np.mean(d**2))),
-                    float(d.mean()),
-                    rho,
-                )
-            )
+            row = QuantError.of(name, mode, d, ref_sd, rho)
+            rows.append(row)
             print(
-                f"{name:>22} {mode:>9} {np.abs(d).max():8.3f} {np.sqrt(np.mean(d**2)):7.3f} "
-                f"{d.mean():+8.3f} {rho:6.3f} {time.perf_counter() - t:5.0f}",
+                f"{name:>22} {mode:>9} {row.max_abs:8.3f} {row.rms:7.3f} {row.mean:+8.3f} "
+                f"{row.scene_sd:7.3f} {row.ratio:6.2f} {rho:6.3f} "
+                f"{time.perf_counter() - t:5.0f}",
                 flush=True,
             )
     if args.results:
@@ -305,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         head_line = (
             f"{member}: {len(linears)} Linear weights, {len(ref)} scores (scene and request-only "
             f"passes of {args.scenes} generated scenes), torch fp32 reference "
-            f"{ref.min():.2f} .. {ref.max():.2f}"
+            f"{ref.min():.2f} .. {ref.max():.2f} (SD {ref_sd:.3f})"
             + (
                 f"; {' and '.join(_METHODS[m] for m in modes if m != 'rtn')} calibrate"
                 f"{'s' if len(set(modes) - {'rtn'}) == 1 else ''} on {args.scenes} other "
@@ -323,10 +321,49 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class QuantError:
+    """One variant's score error against the fp32 reference (Δs = quantized − reference).
+
+    max_abs, rms, mean: of Δs; scene_sd: SD of ``Δs − mean``, the part that differs between
+    scenes; ref_sd: SD of the reference scores; spearman: verify-bundle's rank check.
+    """
+
+    variant: str
+    method: str
+    max_abs: float
+    rms: float
+    mean: float
+    scene_sd: float
+    ref_sd: float
+    spearman: float
+
+    @property
+    def ratio(self) -> float:
+        """``scene_sd / ref_sd`` (NaN when the reference scores do not vary at all)."""
+        return self.scene_sd / self.ref_sd if self.ref_sd > 0 else float("nan")
+
+    @classmethod
+    def of(cls, variant: str, method: str, d: Any, ref_sd: float, rho: float) -> QuantError:
+        import numpy as np
+
+        d = np.asarray(d, dtype=float)
+        return cls(
+            variant,
+            method,
+            float(np.abs(d).max()),
+            float(np.sqrt(np.mean(d**2))),
+            float(d.mean()),
+            float(np.std(d - d.mean())),
+            float(ref_sd),
+            float(rho),
+        )
+
+
 def render(
     member: str,
     head_line: str,
-    rows: list[tuple[str, str, float, float, float, float]],
+    rows: list[QuantError],
     argv: list[str] | None,
 ) -> str:
     """The RESULTS.md section of one run: the command, the reference, a row per variant."""
@@ -337,17 +374,20 @@ def render(
         "",
         f"Command `python bench/quant_error.py {cmd}`; {date}; {os.cpu_count()} cores. "
         "A torch simulation with the exact weights MatMulNBits multiplies by; "
-        "mean Δs is the part of the error common to every scene; Spearman is verify-bundle's "
-        "rank check (export/verify.py) on these scores.",
+        "mean Δs is the part of the error common to every scene, SD(Δs) the part that differs "
+        "between scenes (SD of Δs − mean Δs), and /SD(s) its ratio to the spread of the "
+        "reference scores; Spearman is verify-bundle's rank check (export/verify.py) on these "
+        "scores.",
         "",
         head_line + ".",
         "",
-        "| variant | method | max abs Δs | RMS Δs | mean Δs | Spearman |",
-        "|---|---|---|---|---|---|",
+        "| variant | method | max abs Δs | RMS Δs | mean Δs | SD(Δs) | SD(Δs) / SD(s) | Spearman |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, mode, mx, rms, mean, rho in rows:
+    for r in rows:
         lines.append(
-            f"| {name} | {_METHODS[mode]} | {mx:.3f} | {rms:.3f} | {mean:+.3f} | {rho:.3f} |"
+            f"| {r.variant} | {_METHODS[r.method]} | {r.max_abs:.3f} | {r.rms:.3f} | "
+            f"{r.mean:+.3f} | {r.scene_sd:.3f} | {r.ratio:.2f} | {r.spearman:.3f} |"
         )
     return "\n".join(lines) + "\n"
 

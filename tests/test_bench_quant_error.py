@@ -99,7 +99,7 @@ def test_results_section_names_the_command_and_every_variant(
     assert re.search(
         r"\| int8 b128 mlp \| round to nearest \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|", text
     )
-    assert "| mean Δs | Spearman |" in text
+    assert "| mean Δs | SD(Δs) | SD(Δs) / SD(s) | Spearman |" in text
 
 
 def test_nothing_quantized_ranks_the_scores_as_the_reference(
@@ -113,7 +113,8 @@ def test_nothing_quantized_ranks_the_scores_as_the_reference(
     rho = {
         m.group(1).strip(): float(m.group(2))
         for m in re.finditer(
-            r"^\s*(int\d b\d+ \w+(?: nohead)?)\s+rtn\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+\s+(-?[\d.]+|nan)",
+            r"^\s*(int\d b\d+ \w+(?: nohead)?)\s+rtn\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+"
+            r"\s+[\d.]+\s+(?:[\d.]+|nan)\s+(-?[\d.]+|nan)",
             out,
             re.M,
         )
@@ -157,3 +158,14 @@ def test_int8_selectors_simulate_what_the_rule_keeps_at_8_bits(
     assert f"<!-- quant-error-{tiny_member_dir.name}-gptq-mixed:begin -->" in text
     assert "| GPTQ |" in text and "round to nearest" not in text
     assert "int8: output_layer, mixed_layers;" in text
+
+
+def test_the_error_split_into_a_common_shift_and_a_scene_part_by_hand() -> None:
+    qe = _load()
+    r = qe.QuantError.of("v", "rtn", [1.0, 2.0, 3.0, 6.0], 2.0, 0.5)
+    assert r.max_abs == 6.0 and r.mean == 3.0
+    assert r.rms == pytest.approx(np.sqrt((1 + 4 + 9 + 36) / 4))
+    assert r.scene_sd == pytest.approx(np.sqrt((4 + 1 + 0 + 9) / 4))  # of Δs − 3
+    assert r.ratio == pytest.approx(np.sqrt(3.5) / 2.0)
+    assert r.rms**2 == pytest.approx(r.mean**2 + r.scene_sd**2)  # the two parts add up
+    assert np.isnan(qe.QuantError.of("v", "rtn", [0.1, 0.2], 0.0, np.nan).ratio)
