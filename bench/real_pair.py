@@ -403,11 +403,12 @@ def sections(res: dict[str, Any]) -> list[tuple[str, str]]:
             "|---|---|---|---|---|---|---|---|---|",
         ]
 
+        ran = " and ".join(_subset(e)) + " alone" if _subset(e) else "the pair"
         if e.get("rc") == 0:
-            lines += _export_rows(prec, e, "the pair")
+            lines += _export_rows(prec, e, ran)
         else:
             lines.append(
-                f"| {prec} | the pair: FAILED (exit {e.get('rc')}) | | {e.get('seconds', 0) / 60:.1f} min | | | | | |"
+                f"| {prec} | {ran}: FAILED (exit {e.get('rc')}) | | {e.get('seconds', 0) / 60:.1f} min | | | | | |"
             )
             for name, a in e.get("alone", {}).items():
                 if a.get("rc") == 0:
@@ -419,7 +420,7 @@ def sections(res: dict[str, Any]) -> list[tuple[str, str]]:
         lines.append("")
         errs = []
         if e.get("rc") != 0:
-            errs.append(f"- {prec}, the pair: {_error_lines(e.get('error', ''))}")
+            errs.append(f"- {prec}, {ran}: {_error_lines(e.get('error', ''))}")
         for name, a in e.get("alone", {}).items():
             if a.get("rc") != 0:
                 errs.append(f"- {prec}, {name} alone: {_error_lines(a.get('error', ''))}")

@@ -273,4 +273,8 @@ def test_a_run_on_one_member_has_sections_of_its_own() -> None:
         "cpu-real-verify-int4-Qwen3.5-2B",
     }
     assert "at int4 (Qwen3.5-2B alone, one command)" in keys["cpu-real-export-int4-Qwen3.5-2B"]
+    # its rows name the member, not the pair
+    assert "| int4 | Qwen3.5-2B alone: FAILED (exit 1) |" in keys["cpu-real-export-int4-Qwen3.5-2B"]
+    assert "the pair" not in keys["cpu-real-export-int4-Qwen3.5-2B"]
+    assert "| int8 | the pair: FAILED (exit 1) |" in keys["cpu-real-export-int8"]
     assert "at int8 (both members, one command)" in keys["cpu-real-export-int8"]
