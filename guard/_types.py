@@ -8,7 +8,7 @@ from typing import Literal
 
 from spotstop.guard._image import DecodedImage
 
-__all__ = ["ImageSource", "MemberScore", "Scene", "Variant"]
+__all__ = ["BUDGET_HEADER", "ImageSource", "MemberScore", "Scene", "Variant"]
 
 #: Where a scene's image comes from: encoded bytes, a file path, or an already decoded image.
 ImageSource = bytes | bytearray | memoryview | str | os.PathLike[str] | DecodedImage
@@ -16,6 +16,14 @@ ImageSource = bytes | bytearray | memoryview | str | os.PathLike[str] | DecodedI
 #: Which input a member scored: the camera image, a content-free gray image, or no image.
 Variant = Literal["scene", "gray", "text"]
 VARIANTS: tuple[Variant, ...] = ("scene", "gray", "text")
+
+
+#: The HTTP request header in which a caller of the sidecar says how many seconds it will wait
+#: for this answer (:class:`~spotstop.guard.client.GuardClient` sends what is left of its
+#: ``timeout_s``). The request's deadline is then the earlier of the sidecar's own
+#: (``deadline_s`` from the body's arrival) and the caller's (from the request's arrival), so
+#: that the sidecar does not log SAFE for an answer its caller has already taken as UNSAFE.
+BUDGET_HEADER = "X-Spotstop-Budget-S"
 
 
 @dataclass(frozen=True)

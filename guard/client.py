@@ -36,7 +36,7 @@ import httpx
 from spotstop.guard._errors import GuardError
 from spotstop.guard._image import DecodedImage
 from spotstop.guard._record import Decision
-from spotstop.guard._types import Scene
+from spotstop.guard._types import BUDGET_HEADER, Scene
 from spotstop.guard.policies._rule import is_unsafe
 
 __all__ = [
@@ -271,7 +271,10 @@ class GuardClient:
                 left = due - time.perf_counter()
                 if left <= 0:
                     raise _Overdue("the budget was spent before the request was sent")
-                req = self._http.build_request(method, path, timeout=httpx.Timeout(left), **kw)
+                headers = {**kw.pop("headers", {}), BUDGET_HEADER: f"{left:.3f}"}
+                req = self._http.build_request(
+                    method, path, timeout=httpx.Timeout(left), headers=headers, **kw
+                )
                 resp = self._http.send(req, stream=True)
                 try:
                     body = bytearray()

@@ -479,3 +479,56 @@ def test_the_schema_pattern_states_the_situation_id_validator():
         except InputError:
             ok = False
         assert ok == bool(re.fullmatch(SITUATION_ID_PATTERN, sid)), repr(sid)
+
+
+# ------------------------------------------------- the caller's budget is the sidecar's deadline
+
+
+def test_the_sidecar_never_logs_a_safe_its_caller_has_already_taken_as_unsafe(
+    bundle: Path, tmp_path: Path
+):
+    """The client gives up at its ``timeout_s`` (1 s) and answers UNSAFE; the sidecar's own
+    deadline (10 s) would let the call finish (3 s) and log SAFE. With the budget header the
+    sidecar's deadline is the caller's: the row is a fail-closed UNSAFE, as the caller answered."""
+    import shutil
+
+    from spotstop.guard._types import BUDGET_HEADER
+
+    from tests.test_guard import _set_frozen
+
+    mine = tmp_path / "bundle"
+    shutil.copytree(bundle, mine, ignore=shutil.ignore_patterns("situations.json", "*.sqlite*"))
+    _set_frozen(mine, 1e9)  # every scored scene is SAFE
+    settings = settings_for(mine, tmp_path, deadline_s=10.0, warmup=False)
+    g = stand_in(load_guard(settings), delay_s=1.5)  # each member 1.5 s: 3 s a call
+    with live_server(settings, g) as srv:
+        with GuardClient(srv.url, timeout_s=1.0) as gc:
+            d = gc.check(Scene(jpeg(1), "open the door"))
+        assert d.label == "UNSAFE" and "timeout" in (d.fail_reason or ""), d
+        t0 = time.monotonic()
+        while srv.guard.log.count() < 1 and time.monotonic() - t0 < 15:
+            time.sleep(0.05)
+        [row] = list(srv.guard.log.records())
+        assert row.label == "UNSAFE" and row.fail_closed, row
+        assert "deadline" in (row.fail_reason or ""), row.fail_reason
+        # the same sidecar, asked with a budget long enough, answers (and logs) SAFE
+        with GuardClient(srv.url, timeout_s=8.0) as gc:
+            ok = gc.check(Scene(jpeg(2), "open the door"))
+        assert ok.label == "SAFE" and srv.guard.log.get(ok.decision_id) is not None
+        # a budget that is not a positive number of seconds is refused, naming the header
+        with srv.client() as c:
+            for bad in ("abc", "0", "-1", "nan", "inf"):
+                r = c.post("/v1/check", **multipart(jpeg(3)), headers={BUDGET_HEADER: bad})
+                assert r.status_code == 422, (bad, r.text)
+                assert r.json()["field"] == BUDGET_HEADER, r.text
+
+
+def test_the_budget_header_is_in_the_openapi_schema():
+    from spotstop.guard._types import BUDGET_HEADER
+    from spotstop.guard.serve import create_app
+
+    app = create_app(ServeSettings(bundle=Path("unused")))
+    schema = app.openapi()
+    for path in ("/v1/check", "/v1/check/batch"):
+        names = [p["name"] for p in schema["paths"][path]["post"].get("parameters", [])]
+        assert BUDGET_HEADER in names, (path, names)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from python_multipart.multipart import (
 )
 from spotstop.guard._errors import RequestError
 from spotstop.guard._image import DEFAULT_MIN_SIDE, DecodedImage, ImageRefused, decode_image
-from spotstop.guard._types import Scene
+from spotstop.guard._types import BUDGET_HEADER, Scene
 from spotstop.guard.serve._errors import (
     ImageInputError,
     InputError,
@@ -48,6 +49,7 @@ __all__ = [
     "SITUATION_ID_PATTERN",
     "Limits",
     "ParsedScene",
+    "caller_budget_s",
     "check_situation_id",
     "field_path",
     "parse_check_body",
@@ -280,6 +282,25 @@ SITUATION_ID_PATTERN: str = (
     r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f]"
     r"[^\u0000-\u001f\u007f-\u009f]*$"
 )
+
+
+def caller_budget_s(value: str | None) -> float | None:
+    """The caller's budget from :data:`BUDGET_HEADER` (None: the header is absent); a value that
+    is not a positive, finite number of seconds is an :class:`InputError` naming the header."""
+    if value is None:
+        return None
+    try:
+        budget = float(value.strip())
+    except ValueError:
+        budget = math.nan
+    if not (math.isfinite(budget) and budget > 0):
+        raise InputError(
+            f"header {BUDGET_HEADER} must be a positive number of seconds (how long the caller "
+            f"waits for this answer); got {value!r}. Leave it out to use the sidecar's deadline.",
+            field=BUDGET_HEADER,
+            code="invalid_value",
+        )
+    return budget
 
 
 def check_situation_id(sid: str | None, field_name: str, limit: int) -> str | None:

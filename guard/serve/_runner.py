@@ -37,6 +37,7 @@ from typing import TypeVar
 
 from spotstop.guard._guard import DecisionNotLogged, Guard
 from spotstop.guard._record import Decision
+from spotstop.guard._types import BUDGET_HEADER
 from spotstop.guard.serve._errors import NotLogged, Overloaded
 from spotstop.guard.serve._metrics import SidecarMetrics
 from spotstop.guard.serve._parse import Limits, ParsedScene
@@ -130,44 +131,64 @@ class ModelRunner:
             self.metrics.queue_depth.set(self._depth)
 
     async def check(
-        self, scenes: Sequence[ParsedScene], *, arrived: float, ticket: Ticket, limits: Limits
+        self,
+        scenes: Sequence[ParsedScene],
+        *,
+        arrived: float,
+        ticket: Ticket,
+        limits: Limits,
+        caller_due: float | None = None,
     ) -> list[Decision]:
         """Decode and judge ``scenes`` in one guard call on the model thread.
 
         ``arrived``: ``time.monotonic()`` when the body was in; ``ticket``: the request's
-        places (grown to ``len(scenes)`` here; released when the call ends).
+        places (grown to ``len(scenes)`` here; released when the call ends); ``caller_due``:
+        the ``time.monotonic()`` after which the caller no longer waits (its budget header),
+        or None. The call's deadline is the earlier of the sidecar's and the caller's.
         """
         ticket.grow_to(len(scenes))
-        fut = self._executor.submit(self._run_check, list(scenes), arrived, limits)
+        fut = self._executor.submit(self._run_check, list(scenes), arrived, limits, caller_due)
         ticket.handed_over = True
         fut.add_done_callback(lambda _f: ticket.release())
         return await asyncio.wrap_future(fut)
 
-    def _spent(self, waited: float, where: str) -> Overloaded:
+    def _spent(self, waited: float, where: str, whose: str) -> Overloaded:
         self.metrics.queue_rejected.labels(reason="deadline_exceeded_in_queue").inc()
         return Overloaded(
-            f"the request {where} {waited:.3g} s after its body was in, past its deadline of "
-            f"{self.deadline_s:g} s. No decision was made; treat it as UNSAFE.",
+            f"the request {where} {waited:.3g} s after its body was in, past {whose}. No "
+            "decision was made; treat it as UNSAFE.",
             retry_after_s=self.retry_after_s(),
             code="deadline_exceeded_in_queue",
         )
 
+    def _left(self, arrived: float, caller_due: float | None) -> tuple[float | None, str]:
+        """Seconds left of the request's deadline (None: none) and whose deadline it is."""
+        now = time.monotonic()
+        left, whose = None, ""
+        if self.deadline_s is not None:
+            left, whose = arrived + self.deadline_s - now, f"its deadline of {self.deadline_s:g} s"
+        if caller_due is not None and (left is None or caller_due - now < left):
+            left, whose = caller_due - now, f"the caller's budget (header {BUDGET_HEADER})"
+        return left, whose
+
     def _run_check(
-        self, parsed: list[ParsedScene], arrived: float, limits: Limits
+        self,
+        parsed: list[ParsedScene],
+        arrived: float,
+        limits: Limits,
+        caller_due: float | None = None,
     ) -> list[Decision]:
         waited = time.monotonic() - arrived
         self.metrics.stage.labels(stage="queue_wait").observe(waited)
-        if self.deadline_s is not None and waited >= self.deadline_s:
-            raise self._spent(waited, "reached the models")
+        left, whose = self._left(arrived, caller_due)
+        if left is not None and left <= 0:
+            raise self._spent(waited, "reached the models", whose)
         t = time.perf_counter()
         scenes = [p.decode(limits) for p in parsed]  # ImageInputError → 422, nothing logged
         self.metrics.stage.labels(stage="image_decode").observe(time.perf_counter() - t)
-        remaining = None
-        if self.deadline_s is not None:
-            spent = time.monotonic() - arrived
-            remaining = self.deadline_s - spent
-            if remaining <= 0:
-                raise self._spent(spent, "had its images decoded")
+        remaining, whose = self._left(arrived, caller_due)
+        if remaining is not None and remaining <= 0:
+            raise self._spent(time.monotonic() - arrived, "had its images decoded", whose)
         t = time.perf_counter()
         try:
             # The guard's deadline is the rest of this request's budget, log write included.

@@ -9,9 +9,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from spotstop.guard._record import Decision
+from spotstop.guard._types import BUDGET_HEADER
 from spotstop.guard.serve._errors import InputError
 from spotstop.guard.serve._parse import (
     ParsedScene,
+    caller_budget_s,
     parse_check_body,
     parse_json,
     require_json,
@@ -50,7 +52,22 @@ _MULTIPART_SCHEMA: dict[str, Any] = {
     },
 }
 
+#: The caller's budget header (GuardClient sends it), as the OpenAPI schema states it.
+_BUDGET_PARAMETER: dict[str, Any] = {
+    "name": BUDGET_HEADER,
+    "in": "header",
+    "required": False,
+    "description": (
+        "Seconds the caller waits for this answer, counted from its request. The request's "
+        "deadline is the earlier of this and the sidecar's own; past it no decision is "
+        "acknowledged (503) or a late one is a fail-closed UNSAFE, so the log never holds a "
+        "SAFE the caller did not get."
+    ),
+    "schema": {"type": "number", "exclusiveMinimum": 0},
+}
+
 _CHECK_BODY: dict[str, Any] = {
+    "parameters": [_BUDGET_PARAMETER],
     "requestBody": {
         "required": True,
         "description": "One scene, as multipart (a file upload) or as JSON (base64 image).",
@@ -63,14 +80,15 @@ _CHECK_BODY: dict[str, Any] = {
                 "schema": {"$ref": "#/components/schemas/CheckJSON"},
             },
         },
-    }
+    },
 }
 
 _BATCH_BODY: dict[str, Any] = {
+    "parameters": [_BUDGET_PARAMETER],
     "requestBody": {
         "required": True,
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/BatchRequest"}}},
-    }
+    },
 }
 
 
@@ -107,6 +125,8 @@ async def _judge(
     The request takes its queue place before its body is read (so waiting bodies, and the
     memory they hold, are bounded by the queue); its deadline starts once the body is in.
     """
+    received = time.monotonic()  # the caller's budget runs from its request, upload included
+    caller_s = caller_budget_s(request.headers.get(BUDGET_HEADER))
     ticket = sidecar.runner.reserve(1)
     try:
         body = await request.body()  # bounded by the upload timeout (middleware)
@@ -117,7 +137,11 @@ async def _judge(
         )
         sidecar.metrics.stage.labels(stage="parse").observe(time.perf_counter() - t)
         return await sidecar.runner.check(
-            scenes, arrived=arrived, ticket=ticket, limits=sidecar.limits
+            scenes,
+            arrived=arrived,
+            ticket=ticket,
+            limits=sidecar.limits,
+            caller_due=None if caller_s is None else received + caller_s,
         )
     finally:
         if not ticket.handed_over:  # never reached the models: give the places back now
