@@ -5,10 +5,12 @@ Audit of a deployed cut
     the PAC guarantee or none for the marginal one, n, k, threshold, created), and each
     ``cascade`` whose cut is conformal (its answers are on the cascade's score, which is the
     first member's alone outside the band, so the cut's guarantee on the pair's S need not
-    carry over: the audit is how to know), the unit is the
+    carry over: the audit is how to know), and each policy whose fallback is a conformal cut
+    (``situation``, ``batch``: only the decisions the fallback made, which the logged rule
+    names, e.g. ``situation->conformal``), the unit is the
     guarantee's: ONE labelled unsafe decision per situation (its first in time; a decision
-    without a situation is its own), among the decisions that version made after it was
-    created and that did not fail closed.  A miss is the guard's logged answer SAFE.  The
+    without a situation is its own), among the decisions that version made with that cut
+    after it was created and that did not fail closed.  A miss is the guard's logged answer SAFE.  The
     card reports the misses ``x`` of ``n`` situations, the miss rate ``x/n`` with its exact
     two-sided 95 % Clopper–Pearson interval, and the one-sided exact binomial test of
     ``H0: miss rate ≤ alpha`` against ``miss rate > alpha``: ``p = P(Binomial(n, alpha) ≥ x)``.
@@ -50,7 +52,7 @@ from spotstop.diagnostics._from_log import LogData
 from spotstop.diagnostics._metrics import _undefined
 from spotstop.diagnostics._resample import as_rng, band, nan_estimate, split_groups
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
-from spotstop.guard.policies import CascadePolicy, ConformalPolicy, binom_cdf, unsafe_mask
+from spotstop.guard.policies import ConformalPolicy, Policy, binom_cdf, unsafe_mask
 from spotstop.guard.policies import conformal_cut as guard_conformal_cut
 
 __all__ = [
@@ -139,8 +141,10 @@ class DeployedAudit:
     n_min: int
     level: float
     kind: str = "conformal"
-    """The deployed kind: ``conformal``, or ``cascade`` for a cascade whose cut is conformal
-    (its answers, on the cascade's score, are audited against the cut's guarantee)."""
+    """The deployed kind: ``conformal``; ``cascade`` for a cascade whose cut is conformal
+    (its answers, on the cascade's score, are audited against the cut's guarantee); or the
+    kind whose fallback is the conformal cut (``situation``, ``batch``; its fallback's
+    decisions only)."""
 
     @property
     def n_situations(self) -> int:
@@ -154,7 +158,9 @@ class DeployedAudit:
             if self.delta is not None
             else f"marginal alpha {self.alpha:g}"
         )
-        via = "cascade with a conformal cut, " if self.kind == "cascade" else ""
+        via = {"conformal": "", "cascade": "cascade with a conformal cut, "}.get(
+            self.kind, f"{self.kind} with a conformal fallback (its decisions), "
+        )
         return f"{via}{g}; n {self.n_calibration}, k {self.k}, threshold {self.threshold:.4g}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -196,16 +202,28 @@ def _first_per_situation(
     return np.asarray(out, dtype=np.intp)
 
 
+def _conformal_cut_of(pol: Policy) -> ConformalPolicy | None:
+    """The conformal cut a deployed policy decides with: itself, a cascade's cut or a fallback
+    (:meth:`~spotstop.guard.policies.Policy.inner`, depth first), or None."""
+    if isinstance(pol, ConformalPolicy):
+        return pol
+    for inner in pol.inner():
+        found = _conformal_cut_of(inner)
+        if found is not None:
+            return found
+    return None
+
+
 def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[DeployedAudit, ...]:
-    """Audit every conformal policy version of the log (in order of first appearance), and
-    every cascade whose cut is conformal: its logged answers against the cut's alpha."""
+    """Audit every conformal policy version of the log (in order of first appearance), every
+    cascade whose cut is conformal and every policy with a conformal fallback: the logged
+    answers of the decisions that cut made, against its alpha."""
     out = []
     arr = log.arrays
+    by_cut = np.array([str(r).rsplit("->", 1)[-1] == ConformalPolicy.kind for r in arr.policy])
     for v, cfg in log.policies.items():
-        pol = cfg.policy
-        if isinstance(pol, CascadePolicy):
-            pol = pol.cut
-        if not isinstance(pol, ConformalPolicy):
+        pol = _conformal_cut_of(cfg.policy)
+        if pol is None:
             continue
         created = cfg.created.timestamp()
         use = (
@@ -213,6 +231,7 @@ def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[Deploye
             & (log.label == 1)
             & ~arr.fail_closed
             & (np.asarray(arr.time, dtype=float) > created)
+            & by_cut  # the decisions the conformal cut made (all of them, but for a fallback)
         )
         rows = _first_per_situation(log.situation_id, np.flatnonzero(use))
         n = int(rows.size)

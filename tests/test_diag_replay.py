@@ -283,3 +283,43 @@ def test_spotstop_card_log_end_to_end(built, tmp_path):
     assert versions[1] in md and "unknown (schema 1)" in md
     html = (out / "card.html").read_text()
     assert html.index("Verdict") < html.index("What the guard delivered")
+
+
+def test_the_conformal_audit_covers_a_conformal_fallback_and_only_its_decisions(tmp_path):
+    """situation(min_refs 2, fallback conformal) on situations of four scenes, one at a time:
+    the first two of each fall back (the rule logs ``situation->conformal``); the audit counts
+    exactly those, one unsafe decision per situation, as counted here from the log."""
+    rng = np.random.default_rng(3)
+    fusion = Avg2Fusion(("a", "b"), {"a": MemberStats(0.0, 1.0), "b": MemberStats(0.0, 1.0)})
+    cut = _conformal(rng, fusion, 0.0)
+    cfg = policy_config(
+        SituationPolicy(window=4, min_refs=2, fallback=cut), version=5, created=T1 - 10,
+        fusion=fusion,
+    )  # fmt: skip
+    y, _, members, _, _ = _scenes(rng, 80, "fb")
+    sit = [f"fb-s{i // 4}" for i in range(y.size)]  # safe, unsafe, safe, unsafe per situation
+    seg = Segment(cfg, members, sit, T1, batch_size=1)
+    labels = [
+        (f"fb{i:05d}", "unsafe" if y[i] else "safe", f"fbc{i // 2}", "rev") for i in range(y.size)
+    ]
+    path = tmp_path / "log.sqlite"
+    write_log(path, [(seg, "fb")], labels)
+    [a] = audit_deployed(read_log(path))
+    assert a.version_id == cfg.version_id and a.kind == "situation"
+    assert (a.alpha, a.k, a.threshold) == (cut.alpha, cut.k, cut.threshold)
+    with DecisionLog(path) as log:
+        arr = log.to_arrays()
+    rules = set(arr.policy.tolist())
+    assert rules == {"situation", "situation->conformal"}  # both decided, by the log
+    seen: set[str] = set()
+    x = n = 0
+    for i in range(arr.n):
+        if arr.policy[i] != "situation->conformal" or arr.label[i] != 1:
+            continue
+        if arr.situation_id[i] in seen:
+            continue
+        seen.add(arr.situation_id[i])
+        n += 1
+        x += int(arr.guard_label[i] == 0)
+    assert (a.misses, a.n_situations) == (x, n) and n == 40  # one fallback unsafe per situation
+    assert "situation with a conformal fallback" in a.policy_text()

@@ -398,6 +398,11 @@ class Policy(ABC):
         """True where the members after :meth:`first_member` must score the scene."""
         return np.ones(np.asarray(first_scores).shape[0], dtype=bool)
 
+    def inner(self) -> tuple[Policy, ...]:
+        """The policies this one decides some scenes with (a fallback, a cascade's cut); the
+        logged rule of such a scene ends with the inner kind (``"situation->conformal"``)."""
+        return ()
+
     def describe(self) -> str:
         """One line: the kind and its settings."""
         return ", ".join(f"{k}={v}" for k, v in self.to_dict().items())

@@ -147,6 +147,9 @@ class BatchPolicy(Policy):
             weights=ctx.choice(d, "weights", WEIGHTS, "equal"),
         )
 
+    def inner(self) -> tuple[Policy, ...]:
+        return (self.fallback,)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,

@@ -61,6 +61,9 @@ class BatchFrozenIqrPolicy(Policy):
             min_batch=ctx.integer(d, "min_batch", low=2, default=2),
         )
 
+    def inner(self) -> tuple[Policy, ...]:
+        return (self.fallback,)
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "min_batch": self.min_batch, "fallback": self.fallback.to_dict()}
 

@@ -169,6 +169,9 @@ class CascadePolicy(Policy):
         centre = ctx.number(d, "centre") if d.get("centre") is not None else None
         return cls(first=str(first), share=share, band=band, cut=cut, centre=centre)
 
+    def inner(self) -> tuple[Policy, ...]:
+        return (self.cut,)
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "kind": self.kind,

@@ -79,6 +79,9 @@ class SituationPolicy(Policy):
             fallback=ctx.parse_fallback(d["fallback"], ctx.key("fallback")),
         )
 
+    def inner(self) -> tuple[Policy, ...]:
+        return (self.fallback,)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
