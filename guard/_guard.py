@@ -571,7 +571,7 @@ class Guard:
         # A scene that failed closed before the decision (a member or the text detector
         # failed, a flag above) enters the policy as missing: its scores move no batch
         # statistic and no situation window, and its logged policy_score is NaN
-        # (policies.entered_policy reads that back from the log for the replay).
+        # (policies.entered_scores reads that back from the log for the replay).
         failed = [w.fail is not None for w in works]
         members = {
             m: [
