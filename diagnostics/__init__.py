@@ -97,7 +97,7 @@ if TYPE_CHECKING:  # the public names; imported on first use (_lazy.attach reads
     from spotstop.diagnostics._situation import SituationShare, situation_share
     from spotstop.diagnostics._verdict import VerdictItem, verdict
 
-__getattr__, __dir__, _names = attach(__name__, __file__)
+__getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "CARD_CHECKS",

@@ -38,8 +38,8 @@ def exported_names(init_file: str | Path) -> dict[str, str]:
 
 def attach(
     package: str, init_file: str | Path
-) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
-    """``(__getattr__, __dir__, __all__)`` for ``package`` from its ``TYPE_CHECKING`` block."""
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for ``package`` from its ``TYPE_CHECKING`` block."""
     table = exported_names(init_file)
     if not table:
         raise ImportError(f"{package}: no names in an `if TYPE_CHECKING:` block of {init_file}")
@@ -55,4 +55,4 @@ def attach(
     def __dir__() -> list[str]:
         return sorted(table)
 
-    return __getattr__, __dir__, sorted(table)
+    return __getattr__, __dir__

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import httpx
 from spotstop.guard._errors import GuardError
@@ -82,10 +82,14 @@ def _untrusted_safe(d: Mapping[str, Any]) -> str | None:
     if not isinstance(did, str) or not did:
         return f"decision_id is {did!r}: no logged decision"
     score, thr = d.get("policy_score"), d.get("threshold")
-    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (score, thr))
-    if not numbers or is_unsafe(float(score), float(thr)):  # type: ignore[arg-type]
+    if not (_number(score) and _number(thr)) or is_unsafe(score, thr):
         return f"policy_score {score!r} against threshold {thr!r} is not SAFE by the rule"
     return None
+
+
+def _number(v: object) -> TypeGuard[float]:
+    """A JSON number (``True`` is not one)."""
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def decision_from_dict(d: Mapping[str, Any]) -> Decision:

@@ -79,7 +79,7 @@ if TYPE_CHECKING:  # the public names; imported on first use (_lazy.attach reads
         EditTemplate,
     )
 
-__getattr__, __dir__, _names = attach(__name__, __file__)
+__getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "CUES",
