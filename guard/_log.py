@@ -351,17 +351,7 @@ class DecisionLog(LogReader):
         version) in the same transaction. ``timeout_s``: how long this write may wait for a
         busy database (default: the log's ``timeout_s``); then :class:`LogError`.
         """
-        check_append(record, image_bytes)
-        image = self._image_row(record, image_bytes)
-        row = record_to_row(record)
-
-        def body(conn: sqlite3.Connection) -> None:
-            self._insert_policy(conn, policy, record.time)
-            self._insert(conn, [row])
-            if image is not None:
-                self._store_image(conn, *image)
-
-        self._write(body, what="append a decision", timeout_s=timeout_s)
+        self.append_many([record], images=[image_bytes], policy=policy, timeout_s=timeout_s)
 
     def append_many(
         self,
