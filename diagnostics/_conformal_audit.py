@@ -52,7 +52,13 @@ from spotstop.diagnostics._from_log import LogData
 from spotstop.diagnostics._metrics import _undefined
 from spotstop.diagnostics._resample import as_rng, band, nan_estimate, split_groups
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
-from spotstop.guard.policies import ConformalPolicy, Policy, binom_cdf, unsafe_mask
+from spotstop.guard.policies import (
+    ConformalPolicy,
+    Policy,
+    binom_cdf,
+    deciding_kind,
+    unsafe_mask,
+)
 from spotstop.guard.policies import conformal_cut as guard_conformal_cut
 
 __all__ = [
@@ -220,7 +226,7 @@ def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[Deploye
     answers of the decisions that cut made, against its alpha."""
     out = []
     arr = log.arrays
-    by_cut = np.array([str(r).rsplit("->", 1)[-1] == ConformalPolicy.kind for r in arr.policy])
+    by_cut = np.array([deciding_kind(r) == ConformalPolicy.kind for r in arr.policy])
     for v, cfg in log.policies.items():
         pol = _conformal_cut_of(cfg.policy)
         if pol is None:
