@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from spotstop.guard import ConfigError, PromptSpec, RequestError, Scene, ScoringConfig, load_member  # noqa: E402
 from spotstop.guard._image import decode_image  # noqa: E402
 
+from tests._tolerance import output_tolerance, score_tolerance  # noqa: E402
 from tests.conftest import make_image_bytes  # noqa: E402
 
 REQUESTS = [
@@ -93,13 +94,19 @@ def test_score_does_not_depend_on_batch_mates_or_padding(loaded_members, name):
     # the prompts differ in length, so in a batch all but the longest are padded
     lengths = {len(member.prompt_ids(s.request)) for s in scenes}
     assert len(lengths) > 1
-    assert np.max(np.abs(alone - together)) <= 1e-5
-    assert np.max(np.abs(alone[shuffled_order] - shuffled)) <= 1e-5
+    # other batch shapes round differently (by CPU): equal within the backend's score bound,
+    # which the scenes' own scores exceed, so a mixed-up or leaking batch still fails
+    tol = score_tolerance(member)
+    assert np.min(np.diff(np.sort(alone))) > 2 * tol, alone
+    assert np.max(np.abs(alone - together)) <= tol
+    assert np.max(np.abs(alone[shuffled_order] - shuffled)) <= tol
     # padding directly: the hidden states of a sequence do not change when padded further
     ids = member.prompt_ids(REQUESTS[0], "text")
     h1 = member.backend.hidden_states([ids], None)
     h2 = member.backend.hidden_states([ids, ids + [ids[-1]] * 37], None)
-    assert torch.max(torch.abs(h1[0] - h2[0, : len(ids)])).item() <= 1e-5
+    atol, rtol = output_tolerance(member)
+    got, want = h2[0, : len(ids)].detach().numpy(), h1[0].detach().numpy()
+    np.testing.assert_allclose(got, want, atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3_5", "tiny-lfm2_vl"])
@@ -139,9 +146,12 @@ def test_gray_variant_is_content_free_and_image_matters(loaded_members):
     gray = [r.score for r in member.score(scenes, "gray")]
     scene = [r.score for r in member.score(scenes, "scene")]
     text = [r.score for r in member.score(scenes, "text")]
-    assert max(gray) - min(gray) <= 1e-6  # same request, same gray image
-    assert max(text) - min(text) <= 1e-6
-    assert max(scene) - min(scene) > 1e-4  # the scene image changes the score
+    # identical rows of one batch may still round apart (their place in the GEMM's blocks):
+    # equal within the backend's score bound, which the scene images move the score past
+    tol = score_tolerance(member)
+    assert max(gray) - min(gray) <= tol  # same request, same gray image
+    assert max(text) - min(text) <= tol
+    assert max(scene) - min(scene) > tol  # the scene image changes the score
     assert all(r.variant == "gray" for r in member.score(scenes[:1], "gray"))
 
 
