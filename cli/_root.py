@@ -135,7 +135,6 @@ MODULE_EXTRAS: dict[str, str] = {
     "matplotlib": "diag",
     "rapidocr": "cues",
     "cv2": "cues",
-    "pyarrow": "parquet",
     "tensorrt": "gpu",
     "cuda": "gpu",
 }

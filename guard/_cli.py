@@ -56,12 +56,49 @@ def backend_device(args: argparse.Namespace) -> str:
     return "cuda" if args.backend == "tensorrt" else "cpu"
 
 
+def _bytes(text: str) -> int:
+    """argparse type: a byte count such as 536870912, 512M or 1GiB."""
+    from spotstop.guard._log_writer import parse_bytes
+
+    try:
+        return parse_bytes(text, "the value")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def _add_log_and_deadline(p: argparse.ArgumentParser, deadline_help: str) -> None:
-    """``--log`` (default: next to the bundle) and ``--deadline`` of a guard's checks."""
+    """``--log`` (default: next to the bundle), its journal and floor, and ``--deadline``."""
     p.add_argument(
         "--log", type=Path, default=None, help="decision log (default: <bundle>/decisions.sqlite)"
     )
+    p.add_argument(
+        "--journal",
+        type=Path,
+        default=None,
+        help="file where decisions wait while the log cannot be written (a full disk, a "
+        "read-only file system); the log imports it as soon as it can, and on the next start. "
+        "Put it on another file system than the log (default: "
+        "$XDG_STATE_HOME/spotstop/journal/, i.e. ~/.local/state/spotstop/journal/)",
+    )
+    p.add_argument(
+        "--log-min-free-bytes",
+        type=_bytes,
+        default=None,
+        metavar="BYTES",
+        help="free space the log's file system must keep, e.g. 64M; below it the log counts "
+        "as full and checks fail closed, before SQLite fills the disk (default 32M)",
+    )
     p.add_argument("--deadline", type=float, default=None, help=deadline_help)
+
+
+def _log_options(args: argparse.Namespace) -> Any:
+    """The ``LogOptions`` of ``check``'s flags."""
+    from spotstop.guard._log_writer import LogOptions
+
+    kw: dict[str, Any] = {"journal": args.journal}
+    if args.log_min_free_bytes is not None:
+        kw["min_free_bytes"] = args.log_min_free_bytes
+    return LogOptions(**kw)
 
 
 # ---- check -----------------------------------------------------------------------------------
@@ -140,6 +177,7 @@ def run_check(args: argparse.Namespace) -> int:
             device=backend_device(args),
             backend=args.backend,
             min_image_side=args.min_image_side or DEFAULT_MIN_SIDE,  # None → default
+            log_options=_log_options(args),
         )
     except Exception as e:  # no guard, no log: the answer is still a fail-closed UNSAFE
         d = Decision.unlogged(
@@ -192,19 +230,42 @@ def add_serve_parser(sub: Any) -> None:
             "server refuses to start."
         ),
     )
-    p.add_argument("--bundle", type=Path, required=True, help="bundle folder")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8750, help="port (default 8750)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="YAML file of settings: the keys of ServeSettings (bundle, host, port, log, "
+        "journal, log_max_bytes, log_keep_days, log_min_free_bytes, deadline_s, queue_size, "
+        "...; token_file or token_env, never the token); a flag given here wins over the file",
+    )
+    p.add_argument("--bundle", type=Path, default=None, help="bundle folder (or in --config)")
+    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port (default 8750)")
     p.add_argument("--token-file", type=Path, default=None, help="file holding the bearer token")
     p.add_argument(
         "--token-env",
-        default="SPOTSTOP_TOKEN",
+        default=None,
         help="environment variable holding the token (default SPOTSTOP_TOKEN)",
     )
     _add_log_and_deadline(
         p,
         "seconds per check from the moment its body is in: queue wait, decoding, scoring, "
         "policy and log write (default 10; 0 = none)",
+    )
+    p.add_argument(
+        "--log-max-bytes",
+        type=_bytes,
+        default=None,
+        metavar="BYTES",
+        help="disk budget of the live log, e.g. 2G: older decisions are archived as Parquet "
+        "in <log>.archive/ beside it, then removed from it, oldest first (default: no budget)",
+    )
+    p.add_argument(
+        "--log-keep-days",
+        type=float,
+        default=None,
+        metavar="DAYS",
+        help="archive decisions older than this many days the same way (default: no limit)",
     )
     p.add_argument(
         "--upload-timeout",
@@ -247,29 +308,50 @@ def add_serve_parser(sub: Any) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``spotstop serve`` until it is stopped."""
     from spotstop.guard.serve import ServeSettings, load_guard, resolve_token, serve
+    from spotstop.guard.serve._settings import load_serve_config
 
-    if not (args.bundle / "manifest.yaml").is_file():
-        print(f"spotstop serve: {args.bundle} is not a bundle (no manifest.yaml).", file=sys.stderr)
-        return 2
+    conf = load_serve_config(args.config) if args.config is not None else {}
+    token_file = args.token_file or conf.pop("token_file", None)
+    token_env = args.token_env or conf.pop("token_env", None) or "SPOTSTOP_TOKEN"
+    conf.pop("token_file", None)
+    conf.pop("token_env", None)
     limits = [flag[2:].replace("-", "_") for flag in _LIMITS]  # argparse's dest of each flag
-    given = {k: getattr(args, k) for k in limits if getattr(args, k) is not None}
-    if args.deadline is not None:
-        given["deadline_s"] = args.deadline if args.deadline > 0 else None
-    if args.upload_timeout is not None:
-        given["upload_timeout_s"] = args.upload_timeout
-    settings = ServeSettings(  # validated here: bad limits or an insecure bind stop us now
+    flags: dict[str, Any] = {k: getattr(args, k) for k in limits}
+    flags.update(
         bundle=args.bundle,
         host=args.host,
         port=args.port,
-        token=resolve_token(args.token_file, args.token_env),
         log=args.log,
-        variants=tuple(dict.fromkeys(["scene", *(args.variant or [])])),
         state_dir=args.state_dir,
-        device=backend_device(args),
         backend=args.backend,
-        threads=args.threads if args.threads is not None else max(1, (os.cpu_count() or 2) - 1),
-        warmup=not args.no_warmup,
-        **given,
+        threads=args.threads,
+        journal=args.journal,
+        log_max_bytes=args.log_max_bytes,
+        log_keep_days=args.log_keep_days,
+        log_min_free_bytes=args.log_min_free_bytes,
+        upload_timeout_s=args.upload_timeout,
+    )
+    if args.deadline is not None:
+        flags["deadline_s"] = args.deadline if args.deadline > 0 else None
+    if args.variant:
+        flags["variants"] = tuple(dict.fromkeys(["scene", *args.variant]))
+    if args.no_warmup:
+        flags["warmup"] = False
+    given = {**conf, **{k: v for k, v in flags.items() if v is not None}}
+    if given.get("bundle") is None:
+        print(
+            "spotstop serve: name the bundle (--bundle, or bundle: in --config).", file=sys.stderr
+        )
+        return 2
+    bundle = Path(given["bundle"])
+    if not (bundle / "manifest.yaml").is_file():
+        print(f"spotstop serve: {bundle} is not a bundle (no manifest.yaml).", file=sys.stderr)
+        return 2
+    given.setdefault("threads", max(1, (os.cpu_count() or 2) - 1))
+    if args.device is not None or "device" not in given:
+        given["device"] = args.device or ("cuda" if given.get("backend") == "tensorrt" else "cpu")
+    settings = ServeSettings(  # validated here: bad limits or an insecure bind stop us now
+        token=resolve_token(token_file, token_env), **given
     )
     guard = load_guard(settings)  # before binding: a bad bundle is reported plainly
     return serve(settings, guard=guard, log_level=args.log_level)  # closes the guard

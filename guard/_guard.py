@@ -4,10 +4,11 @@ It fails closed. Any error while decoding, scoring or fusing, a NaN or infinite 
 member that failed to load, a deadline exceeded, or a log that cannot be written gives
 UNSAFE with the reason in ``Decision.fail_reason``, never SAFE. A caller tells a fail-closed
 UNSAFE from a scored one by ``Decision.fail_closed``. Every decision is written to the log
-before it is returned; a decision whose log write failed is kept in memory, retried on the
-next call, and returned as a fail-closed UNSAFE (or, with ``require_logged=True``, raised
-as :class:`DecisionNotLogged`: the sidecar answers 503 rather than a 200 that is not in the
-log). The wait for the log is bounded by the call's deadline.
+before it is returned; a decision whose log write failed is kept (in memory, then in the
+journal: ``_log_writer.py``), written as soon as the log takes writes again, and returned as
+a fail-closed UNSAFE (or, with ``require_logged=True``, raised as :class:`DecisionNotLogged`:
+the sidecar answers 503 rather than a 200 that is not in the log). The wait for the log is
+bounded by the call's deadline.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ from spotstop.guard._call import (
 )
 from spotstop.guard._errors import GuardError
 from spotstop.guard._image import DEFAULT_MIN_SIDE, DecodedImage, check_min_side, decode_image
-from spotstop.guard._log import DecisionLog, PolicyRow
+from spotstop.guard._log import DecisionLog
+from spotstop.guard._log_archive import RetentionResult
+from spotstop.guard._log_writer import LogOptions, LogStatus, LogWriter
 from spotstop.guard._member import Member, load_bundle_member
 from spotstop.guard._record import Decision, DecisionRecord
 from spotstop.guard._state import StateStore
@@ -75,14 +78,17 @@ class DecisionNotLogged(GuardError, RuntimeError):
     Raised by :meth:`Guard.check_batch` with ``require_logged=True`` only (the sidecar: a 200
     must be a logged decision). ``decisions`` are what the call would have answered, each a
     fail-closed UNSAFE; ``reason`` says why the write failed. The rows are not lost: the
-    guard keeps them and writes them first on its next call (or :meth:`Guard.flush_pending`,
-    or :meth:`Guard.close`), as the fail-closed UNSAFE they are.
+    guard keeps them (in memory, then in its journal) and writes them first on its next call
+    (or :meth:`Guard.flush_pending`), as the fail-closed UNSAFE they are; :meth:`Guard.close`
+    leaves what it could not write in the journal, which the next start imports. When the
+    guard could not even keep them (memory at its bound and the journal unwritable) no
+    decision was made: ``decisions`` are then unlogged (empty ``decision_id``).
     """
 
     def __init__(self, reason: str, decisions: list[Decision]) -> None:
         super().__init__(
             f"{reason}. No answer may be acknowledged: the {len(decisions)} decision(s) of "
-            "this call are not in the log yet (they are kept and written on the next call)."
+            "this call are not in the log."
         )
         self.reason = reason
         self.decisions = decisions
@@ -143,6 +149,9 @@ class Guard:
         missing) makes every decision a fail-closed UNSAFE that says why.
     min_image_side: the smallest width and height (pixels) of a scene image; a smaller one
         cannot show a scene and makes its decision a fail-closed UNSAFE (default 32).
+    log_options: how the log is kept when it cannot be written and how big it may grow: the
+        journal, the disk budget and the free-space floor (:class:`LogOptions`; its defaults
+        are stated there).
     """
 
     def __init__(
@@ -160,6 +169,7 @@ class Guard:
         backend: str | None = None,
         text_detector: TextDetector | None = None,
         min_image_side: int = DEFAULT_MIN_SIDE,
+        log_options: LogOptions | None = None,
     ) -> None:
         if (
             isinstance(min_image_side, bool)
@@ -205,13 +215,8 @@ class Guard:
         )
         self._active = self._activate(self._load_policy(self.bundle.policy_path))
         self.policy_path = self.bundle.policy_path
-        # rows whose write failed, per call with the policy that decided them, and SAFE rows
-        # to amend (written after their deadline); written first by the next write
-        # decisions whose write failed: (records, the policy row, their images or None)
-        self._pending: list[tuple[list[DecisionRecord], PolicyRow, list[bytes | None] | None]] = []
-        self._late_amendments: list[tuple[list[str], str]] = []
-        self._pending_mutex = threading.Lock()  # guards the two lists (held briefly)
-        self._write_lock = threading.Lock()  # one log write at a time (waited on ≤ deadline)
+        # writes the log, keeps what it cannot take yet (memory, journal), runs retention
+        self._writer = LogWriter(self.log, log_options, windows=self._state_windows)
         self._lock = threading.Lock()  # one call at a time through decode → score → decide
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotstop-score")
         # the text detector runs beside the members (its own thread), on the same deadline
@@ -347,6 +352,8 @@ class Guard:
         if deadline is not None and not deadline > 0:
             raise GuardError(f"deadline_s must be > 0 or None; got {deadline!r}.")
         clock = _Clock(deadline)
+        if not self._writer.accepting:
+            return self._refuse(scenes, require_logged)
         works = [_Work(s if isinstance(s, Scene) else Scene(None, "")) for s in scenes]
         for w, s in zip(works, scenes, strict=True):
             if not isinstance(s, Scene):
@@ -369,38 +376,46 @@ class Guard:
 
     @property
     def pending(self) -> int:
-        """Decisions made but not yet in the log (their write failed; written next)."""
-        with self._pending_mutex:
-            return sum(len(rows) for rows, _, _ in self._pending)
+        """Decisions made but not yet in the log (in memory or in the journal)."""
+        return self._writer.status().waiting_rows
+
+    def log_status(self) -> LogStatus:
+        """Where the decision log stands: writable or why not, what waits, what was archived."""
+        return self._writer.status()
 
     def flush_pending(self, timeout_s: float | None = None) -> int:
-        """Write the decisions whose log write failed (and pending amendments) now.
+        """Write the decisions that wait (journal first, then memory) and pending amendments
+        now, or probe the log when nothing waits.
 
-        Returns how many rows were written; raises :class:`~spotstop.guard.LogError` when the
-        log still cannot be written (they stay pending). ``timeout_s`` bounds the wait for
-        the log (None: the log's own timeout).
+        Returns how many rows were written; raises :class:`~spotstop.guard.LogError` (its
+        ``kind`` says why) when the log still cannot be written (they keep waiting).
+        ``timeout_s`` bounds the wait for the log (None: the log's own timeout).
         """
-        if not self._write_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
-            raise GuardError(f"the decision log stayed busy for {timeout_s:g} s; retry later.")
-        try:
-            return self._flush_locked(timeout_s)
-        finally:
-            self._write_lock.release()
+        return self._writer.flush(timeout_s)
+
+    def apply_retention(self) -> RetentionResult:
+        """Run one retention pass now (the guard also runs them in the background when the
+        log has a budget), never moving what the active policy's state needs."""
+        return self._writer.apply_retention()
+
+    def _state_windows(self) -> dict[str, int]:
+        """Policy version → situation window, for the policies in force that keep one."""
+        active = self._active
+        todo = [active.cfg.policy]
+        out: dict[str, int] = {}
+        while todo:
+            pol = todo.pop()
+            if isinstance(pol, SituationPolicy):
+                out[active.cfg.version_id] = max(out.get(active.cfg.version_id, 0), pol.window)
+            todo.extend(pol.inner())
+        return out
 
     def close(self) -> None:
-        """Stop the worker threads, write what is still pending, close the log."""
+        """Stop the worker threads, write what waits (or leave it in the journal for the next
+        start), close the log."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._text_pool.shutdown(wait=False, cancel_futures=True)
-        try:
-            self.flush_pending()
-        except Exception as e:  # nothing more can be done here; say so loudly
-            import logging
-
-            logging.getLogger("spotstop.guard").error(
-                "%d decision(s) could not be written to the log before closing: %s",
-                self.pending,
-                e,
-            )
+        self._writer.close()
         self.log.close()
 
     def __enter__(self) -> Guard:
@@ -408,6 +423,30 @@ class Guard:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _refuse(self, scenes: Sequence[Scene], require_logged: bool) -> list[Decision]:
+        """No decision at all: the log cannot be written, memory holds all it may, and the
+        journal cannot take more. Each scene gets an unlogged fail-closed UNSAFE."""
+        status = self._writer.status()
+        reason = (
+            f"no decision made: the decision log cannot be written ({status.reason}), "
+            f"{status.pending_rows} waiting decisions fill the memory bound and the journal "
+            f"{status.journal} cannot take more"
+        )
+        out = [
+            Decision.unlogged(
+                reason,
+                made_by="guard",
+                request=s.request if isinstance(s, Scene) and isinstance(s.request, str) else "",
+                situation_id=s.situation_id
+                if isinstance(s, Scene) and isinstance(s.situation_id, str)
+                else None,
+            )
+            for s in scenes
+        ]
+        if require_logged:
+            raise DecisionNotLogged(reason, out)
+        return out
 
     # -- stages ------------------------------------------------------------------------------
     def _decode(self, works: list[_Work], clock: _Clock) -> None:
@@ -687,7 +726,14 @@ class Guard:
             self._record(w, o, active, batch_id) for w, o in zip(works, outcomes, strict=True)
         ]
         t = time.perf_counter()
-        error = self._log_within(records, works, active, clock)
+        images = self._images(works, records)
+        error = self._writer.write(
+            records,
+            images=images,
+            policy=active.row,
+            timeout_s=clock.remaining(),
+            lock_timeout_s=clock.lock_timeout(),
+        )
         if error is None:
             records = self._amend_late(records, clock)
         else:  # never SAFE without a log row; keep the rows for the next write
@@ -697,42 +743,12 @@ class Guard:
                 else replace(r, label="UNSAFE", fail_closed=True, fail_reason=error)
                 for r in records
             ]
-            with self._pending_mutex:
-                self._pending.append((records, active.row, self._images(works, records)))
+            self._writer.keep(records, images=images, policy=active.row)
         log_ms = (time.perf_counter() - t) * 1e3
         out = [Decision.of(r, latency_ms={**r.latency_ms, "log_ms": log_ms}) for r in records]
         if error is not None and require_logged:
             raise DecisionNotLogged(error, out)
         return out
-
-    def _log_within(
-        self,
-        records: list[DecisionRecord],
-        works: list[_Work],
-        active: _Active,
-        clock: _Clock,
-    ) -> str | None:
-        """Write ``records`` (after any pending rows), waiting for the log at most until the
-        deadline (at least one attempt); None when written, else why not."""
-        if not self._write_lock.acquire(timeout=clock.lock_timeout()):
-            return (
-                f"decision log: another write held the log past the deadline of "
-                f"{clock.deadline_s:g} s"
-            )
-        try:
-            self._flush_locked(clock.remaining())
-            # one transaction for the batch, images included: all of it is logged, or none
-            self.log.append_many(
-                records,
-                images=self._images(works, records),
-                policy=active.row,
-                timeout_s=clock.remaining(),
-            )
-        except Exception as e:  # the caller fails these closed (and keeps them)
-            return _reason("decision log", e)
-        finally:
-            self._write_lock.release()
-        return None
 
     def _images(
         self, works: list[_Work], records: list[DecisionRecord]
@@ -741,28 +757,6 @@ class Guard:
         if not self.store_images:
             return None
         return [w.raw if r.image_sha256 else None for w, r in zip(works, records, strict=True)]
-
-    def _flush_locked(self, timeout_s: float | None) -> int:
-        """Write pending rows and amendments, oldest first; ``_write_lock`` is held."""
-        written = 0
-        while True:
-            with self._pending_mutex:
-                if not self._pending:
-                    break
-                rows, row, images = self._pending[0]
-            self.log.append_many(rows, images=images, policy=row, timeout_s=timeout_s)
-            with self._pending_mutex:
-                self._pending.pop(0)
-            written += len(rows)
-        while True:
-            with self._pending_mutex:
-                if not self._late_amendments:
-                    break
-                ids, reason = self._late_amendments[0]
-            self.log.mark_fail_closed(ids, reason, timeout_s=timeout_s)
-            with self._pending_mutex:
-                self._late_amendments.pop(0)
-        return written
 
     def _amend_late(self, records: list[DecisionRecord], clock: _Clock) -> list[DecisionRecord]:
         """SAFE rows whose write finished after the deadline become fail-closed UNSAFE.
@@ -776,12 +770,7 @@ class Guard:
         late = [r for r in records if r.label == "SAFE"]
         if not late:
             return records
-        ids = [r.decision_id for r in late]
-        try:  # one attempt (the deadline is spent): a busy log gets the change on the next write
-            self.log.mark_fail_closed(ids, reason, timeout_s=0.0)
-        except Exception:  # the answer below is UNSAFE either way; retry the row change later
-            with self._pending_mutex:
-                self._late_amendments.append((ids, reason))
+        self._writer.amend_late([r.decision_id for r in late], reason)
         return [
             replace(r, label="UNSAFE", fail_closed=True, fail_reason=reason)
             if r.label == "SAFE"

@@ -49,18 +49,28 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
 
+from spotstop.guard._log_archive import (
+    ArchiveInfo,
+    ArchiveStore,
+    Protect,
+    Retention,
+    RetentionResult,
+)
 from spotstop.guard._log_read import LogArrays, LogReader
 from spotstop.guard._log_schema import (
     ID_COLUMN,
     INSERT,
+    LOG_SCHEMA_VERSION,
     MIGRATE_1_TO_2,
     MIGRATE_2_TO_3,
+    MIGRATE_3_TO_4,
     SCHEMA_SQL,
     LogError,
     PolicyRow,
     check_append,
     check_labels,
     check_log_args,
+    fault_kind,
 )
 from spotstop.guard._record import (
     SCHEMA_VERSION,
@@ -71,12 +81,16 @@ from spotstop.guard._record import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ArchiveInfo",
     "DecisionLog",
     "DecisionRecord",
     "LogArrays",
     "LogError",
     "PolicyRow",
+    "Protect",
     "RecordError",
+    "Retention",
+    "RetentionResult",
 ]
 
 _T = TypeVar("_T")
@@ -94,6 +108,11 @@ _SYNCHRONOUS: Final = "NORMAL"
 REVIEW_LABELS: Final = ("safe", "unsafe")
 _DEFAULT_RETENTION_BYTES: Final = 1 << 30  # 1 GiB
 _DEFAULT_RETENTION_DAYS: Final = 30.0
+_WAL_LIMIT_BYTES: Final = 4 << 20
+
+
+class _NeedArchivedIds(Exception):
+    """set_labels met ids that are not live; it reads the archives' ids and tries again."""
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -109,7 +128,7 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 # --------------------------------------------------------------------------------------
 
 
-class DecisionLog(LogReader):
+class DecisionLog(LogReader, ArchiveStore):
     """Append-only log of guard decisions in one SQLite file (WAL mode).
 
     Parameters
@@ -175,7 +194,8 @@ class DecisionLog(LogReader):
         except sqlite3.Error as exc:
             raise LogError(
                 f"cannot open decision log {str(self._path)!r}: {exc}. Check that the folder "
-                "exists and is writable."
+                "exists and is writable.",
+                fault_kind(exc),
             ) from exc
         try:
             self._retry(lambda: self._configure(conn), what="configure the connection")
@@ -186,6 +206,11 @@ class DecisionLog(LogReader):
 
     def _configure(self, conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
+        if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+            # A new log gives the pages retention frees back to the file system (incremental
+            # vacuum); this can be set only before the first table exists, outside a
+            # transaction. An older log keeps its pages for its next rows instead.
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise LogError(
@@ -195,11 +220,16 @@ class DecisionLog(LogReader):
             )
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA temp_store = MEMORY")  # retention's temp table needs no disk
+        # After a checkpoint the -wal file is cut back to this size, so a WAL that grew once
+        # (a burst of writes, a full disk) does not keep its space.
+        conn.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT_BYTES}")
 
     def _conn(self) -> sqlite3.Connection:
         if self._closed:
             raise LogError(
-                f"decision log {str(self._path)!r} is closed. Open a new DecisionLog to use it."
+                f"decision log {str(self._path)!r} is closed. Open a new DecisionLog to use it.",
+                "closed",
             )
         pid = os.getpid()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -229,7 +259,8 @@ class DecisionLog(LogReader):
                     raise LogError(
                         f"decision log {str(self._path)!r} stayed busy for {wait:g} s while "
                         f"trying to {what} ({exc}). Another process holds a long write lock; "
-                        "raise timeout_s or find the process that holds the file."
+                        "raise timeout_s or find the process that holds the file.",
+                        kind="locked",
                     ) from exc
                 _time.sleep(delay * (0.5 + self._rng.random()))
                 delay = min(delay * 2, 0.1)
@@ -237,10 +268,16 @@ class DecisionLog(LogReader):
                 raise self._error(what, exc) from exc
 
     def _error(self, what: str, exc: sqlite3.Error) -> LogError:
-        hint = ""
+        kind = fault_kind(exc)
+        hint = {
+            "disk_full": " The file system is full: free space (or lower the log's budget).",
+            "read_only": " The log's file or file system is read-only: make it writable.",
+        }.get(kind, "")
         if "not a database" in str(exc):
             hint = " The file is not a SQLite database; choose another path for the log."
-        return LogError(f"decision log {str(self._path)!r}: could not {what}: {exc}.{hint}")
+        return LogError(
+            f"decision log {str(self._path)!r}: could not {what}: {exc} ({kind}).{hint}", kind
+        )
 
     def _write(
         self,
@@ -252,7 +289,9 @@ class DecisionLog(LogReader):
         """Run ``body`` in one BEGIN IMMEDIATE … COMMIT transaction (with retries).
 
         ``timeout_s`` bounds the wait for a busy database for this write only (SQLite's
-        busy handler and the retries); None: the log's ``timeout_s``.
+        busy handler and the retries); None: the log's ``timeout_s``. A write refused for a
+        full disk is tried once more after a WAL checkpoint that truncates the -wal file
+        (the space a grown WAL holds is often what the write needs).
         """
         conn = self._conn()
         wait = None if timeout_s is None else max(0.0, float(timeout_s))
@@ -264,17 +303,44 @@ class DecisionLog(LogReader):
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                    # SQLite may have rolled back itself already; the first error counts
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
                 raise
 
+        def run() -> None:
+            try:
+                self._retry(attempt, what=what, timeout_s=wait)
+            except LogError as e:
+                if e.kind != "disk_full" or not self._reclaim_wal(conn):
+                    raise
+                self._retry(attempt, what=what, timeout_s=wait)
+
         if wait is None:
-            self._retry(attempt, what=what)
+            run()
             return
         conn.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
         try:
-            self._retry(attempt, what=what, timeout_s=wait)
+            run()
         finally:
             conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
+
+    def checkpoint(self) -> bool:
+        """Move the WAL's pages into the database and truncate the -wal file, giving its
+        space back; True when done (False: a reader or writer held it, or it failed)."""
+        try:
+            conn = self._conn()
+        except LogError:
+            return False
+        return self._reclaim_wal(conn)
+
+    def _reclaim_wal(self, conn: sqlite3.Connection) -> bool:
+        """Checkpoint the WAL into the database and truncate it; True when it was done."""
+        try:
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error:
+            return False
+        return int(busy) == 0
 
     def _init_schema(self) -> None:
         def body(conn: sqlite3.Connection) -> None:
@@ -292,16 +358,16 @@ class DecisionLog(LogReader):
             if "meta" in tables:
                 row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
                 found = int(row[0]) if row is not None else None
-                if found is not None and found > SCHEMA_VERSION:
+                if found is not None and found > LOG_SCHEMA_VERSION:
                     raise LogError(
                         f"decision log {str(self._path)!r} has schema_version {found}, but "
-                        f"this spotstop reads schema_version {SCHEMA_VERSION} at most. "
+                        f"this spotstop reads schema_version {LOG_SCHEMA_VERSION} at most. "
                         "Upgrade spotstop to read it, or open a different log file."
                     )
                 if found is not None and found < 1:
                     raise LogError(
                         f"decision log {str(self._path)!r} has an invalid schema_version "
-                        f"{found}; expected 1..{SCHEMA_VERSION}."
+                        f"{found}; expected 1..{LOG_SCHEMA_VERSION}."
                     )
             if found == 1:
                 for statement in MIGRATE_1_TO_2:
@@ -309,18 +375,21 @@ class DecisionLog(LogReader):
             if found in (1, 2):
                 for statement in MIGRATE_2_TO_3:
                     conn.execute(statement)
+            if found in (1, 2, 3):
+                for statement in MIGRATE_3_TO_4:
+                    conn.execute(statement)
             for statement in SCHEMA_SQL.split(";"):
                 if statement.strip():
                     conn.execute(statement)
             conn.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
+                (str(LOG_SCHEMA_VERSION),),
             )
             conn.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', ?)",
                 (repr(_time.time()),),
             )
-            if found in (1, 2):
+            if found in (1, 2, 3):
                 conn.execute(
                     f"INSERT OR REPLACE INTO meta (key, value) VALUES ('migrated_from_{found}', ?)",
                     (repr(_time.time()),),
@@ -465,6 +534,75 @@ class DecisionLog(LogReader):
                 (int(self._retention_bytes),),
             )
 
+    def probe(self, *, timeout_s: float | None = None) -> None:
+        """Write one small row now (``meta.probe``), to learn whether the log takes writes.
+
+        Raises :class:`LogError` (with its ``kind``) when it does not.
+        """
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('probe', ?)",
+                (repr(_time.time()),),
+            )
+
+        self._write(body, what="write a probe row", timeout_s=timeout_s)
+
+    def import_batch(
+        self,
+        records: Sequence[DecisionRecord],
+        *,
+        images: Sequence[bytes | None] | None = None,
+        policy: PolicyRow | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
+        """Append the records that are not in the log yet, in one transaction; returns how
+        many were added.
+
+        For rows kept elsewhere while the log could not be written (the guard's journal): a
+        row imported once is skipped when its batch is imported again (after a crash between
+        the import and the journal's truncation), so importing twice is importing once.
+        """
+        records = list(records)
+        imgs: list[bytes | None] = [None] * len(records) if images is None else list(images)
+        if len(imgs) != len(records):
+            raise RecordError(
+                f"import_batch got {len(imgs)} images for {len(records)} records; pass one "
+                "image (or None) per record."
+            )
+        for r, img in zip(records, imgs, strict=True):
+            check_append(r, img)
+        if not records:
+            return 0
+        added = 0
+
+        def body(conn: sqlite3.Connection) -> None:
+            nonlocal added
+            ids = [r.decision_id for r in records]
+            present = {
+                row[0]
+                for row in conn.execute(
+                    f"SELECT decision_id FROM decisions WHERE decision_id IN "
+                    f"({', '.join('?' * len(ids))})",
+                    ids,
+                )
+            }
+            fresh = [
+                (r, img)
+                for r, img in zip(records, imgs, strict=True)
+                if r.decision_id not in present
+            ]
+            self._insert_policy(conn, policy, min(r.time for r in records))
+            self._insert(conn, [record_to_row(r) for r, _ in fresh])
+            for r, img in fresh:
+                image = self._image_row(r, img)
+                if image is not None:
+                    self._store_image(conn, *image)
+            added = len(fresh)
+
+        self._write(body, what="import decisions", timeout_s=timeout_s)
+        return added
+
     def mark_fail_closed(
         self, decision_ids: Sequence[str], reason: str, *, timeout_s: float | None = None
     ) -> None:
@@ -530,6 +668,9 @@ class DecisionLog(LogReader):
                     )
                 )
             unknown = [i for i in ids if i not in known]
+            if unknown and archived is None:
+                raise _NeedArchivedIds
+            unknown = [i for i in unknown if archived is None or i not in archived]
             if unknown:
                 shown = ", ".join(repr(u) for u in unknown[:5])
                 more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
@@ -546,7 +687,12 @@ class DecisionLog(LogReader):
                 [(*it, now) for it in items],
             )
 
-        self._write(body, what="set labels")
+        archived: set[str] | None = None
+        try:
+            self._write(body, what="set labels")
+        except _NeedArchivedIds:  # some ids are not live: they may name archived decisions
+            archived = self.archived_ids()
+            self._write(body, what="set labels")
 
     # -- lifetime ------------------------------------------------------------------
 

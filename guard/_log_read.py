@@ -8,9 +8,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import datetime as _dt
+import heapq
 import json
 import math
 import os
@@ -22,8 +24,10 @@ from typing import Any, Final
 
 import numpy as np
 from spotstop.guard._errors import GuardError
+from spotstop.guard._log_archive import ArchiveInfo, read_archive
 from spotstop.guard._log_schema import (
     COLUMNS,
+    ID_COLUMN,
     SELECT,
     TIME_COLUMN,
     LogError,
@@ -36,6 +40,7 @@ from spotstop.guard._record import SCHEMA_VERSION, DecisionRecord, record_from_r
 __all__ = ["LogArrays", "LogReader", "export_columns", "log_arrays", "write_csv", "write_parquet"]
 
 _PAGE_ROWS: Final = 1000  # rows per read page of DecisionLog.records
+_SITUATION_COLUMN: Final = COLUMNS.index("situation_id")
 
 Joined = Sequence[tuple[DecisionRecord, tuple[Any, ...]]]
 """(record, (review label, contrast id, reviewer, review time)) per decision, in log order."""
@@ -295,7 +300,7 @@ def write_parquet(joined: Joined, path: str | os.PathLike[str], error: type[Guar
     except ImportError as exc:
         raise error(
             "export_parquet needs pyarrow, which is not installed. Install it with "
-            "`pip install 'spotstop[parquet]'`, or use export_csv."
+            "`pip install spotstop` (pyarrow is a base dependency), or use export_csv."
         ) from exc
     types = {"str": pa.string(), "float": pa.float64(), "int": pa.int64(), "bool": pa.bool_()}
     arrays = []
@@ -327,18 +332,23 @@ class LogReader:
     """The reading half of :class:`~spotstop.guard.DecisionLog` (mixed into it).
 
     Every read runs in one statement or transaction through the log's ``_retry`` (busy
-    database waited on) on the calling thread's connection; rows come back in time order.
+    database waited on) on the calling thread's connection; rows come back in log order
+    (time, then position). The log's decisions are the live table's rows and those of its
+    registered archives (``_log_archive.py``): every read here returns both, as one log.
     """
 
     _retry: Callable[..., Any]
     _conn: Callable[[], sqlite3.Connection]
+    archive_folder: Path
+    archives: Callable[[], list[ArchiveInfo]]
 
     def _where(
         self,
         since: float | _dt.datetime | None,
         until: float | _dt.datetime | None,
         situation_id: str | None,
-    ) -> tuple[str, list[Any]]:
+    ) -> tuple[str, list[Any], Callable[[tuple[Any, ...]], bool]]:
+        """SQL ``WHERE`` clause, its parameters, and the same filter on an archived row."""
         clauses: list[str] = []
         params: list[Any] = []
         t0 = to_epoch("since", since)
@@ -357,7 +367,16 @@ class LogReader:
             clauses.append("d.situation_id = ?")
             params.append(situation_id)
         where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
-        return where, params
+
+        def keep(row: tuple[Any, ...]) -> bool:
+            t = row[TIME_COLUMN]
+            return (
+                (t0 is None or t >= t0)
+                and (t1 is None or t < t1)
+                and (situation_id is None or row[_SITUATION_COLUMN] == situation_id)
+            )
+
+        return where, params, keep
 
     def records(
         self,
@@ -365,17 +384,19 @@ class LogReader:
         until: float | _dt.datetime | None = None,
         situation_id: str | None = None,
     ) -> Iterator[DecisionRecord]:
-        """Yield decisions with ``since <= time < until`` (and of one situation), in time order.
+        """Yield decisions with ``since <= time < until`` (and of one situation), in log order.
 
         ``since``/``until`` are seconds since the epoch or aware datetimes; None: open end.
+        Archived decisions are included. Raises :class:`LogError` if retention moved rows
+        while the iteration was under way (read again).
         """
-        where, params = self._where(since, until, situation_id)  # checked now, not lazily
-        return self._iter_records(where, params)
+        where, params, keep = self._where(since, until, situation_id)  # checked now
+        return self._iter_records(where, params, keep)
 
     def _fetchall(self, sql: str, params: Sequence[Any]) -> list[Any]:
         return self._retry(lambda: self._conn().execute(sql, params).fetchall(), what="read")
 
-    def _iter_records(self, where: str, params: list[Any]) -> Iterator[DecisionRecord]:
+    def _iter_live(self, where: str, params: list[Any]) -> Iterator[tuple[float, int, Any]]:
         # Read in pages keyed on (time, rowid): no cursor stays open between yields, so a
         # slow consumer never pins a read snapshot (which would stall WAL checkpoints).
         base = f"{SELECT}, d.rowid FROM decisions AS d{where}"
@@ -384,7 +405,7 @@ class LogReader:
         rows = self._fetchall(base + order, params)
         while True:
             for row in rows:
-                yield record_from_row(row[:-1])
+                yield row[TIME_COLUMN], row[-1], row[:-1]
             if len(rows) < _PAGE_ROWS:
                 return
             last_time, last_rowid = rows[-1][TIME_COLUMN], rows[-1][-1]
@@ -393,11 +414,42 @@ class LogReader:
                 [*params, last_time, last_rowid],
             )
 
+    def _iter_archived(
+        self, infos: list[ArchiveInfo], keep: Callable[[tuple[Any, ...]], bool]
+    ) -> list[Iterator[tuple[float, int, Any]]]:
+        folder = self.archive_folder
+
+        def one(info: ArchiveInfo) -> Iterator[tuple[float, int, Any]]:
+            for seq, row in read_archive(folder, info):
+                if keep(row):
+                    yield row[TIME_COLUMN], seq, row
+
+        return [one(info) for info in infos]
+
+    def _iter_records(
+        self, where: str, params: list[Any], keep: Callable[[tuple[Any, ...]], bool]
+    ) -> Iterator[DecisionRecord]:
+        infos = self.archives()
+        streams = [*self._iter_archived(infos, keep), self._iter_live(where, params)]
+        for _, _, row in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
+            yield record_from_row(row)
+        if [a.name for a in self.archives()] != [a.name for a in infos]:
+            raise LogError(
+                "the log's retention archived rows while they were being read; some may have "
+                "been skipped. Read again (or read while the guard is stopped)."
+            )
+
     def get(self, decision_id: str) -> DecisionRecord | None:
-        """The decision with this id, or None if the log has none."""
+        """The decision with this id (live or archived), or None if the log has none."""
         sql = f"{SELECT} FROM decisions AS d WHERE d.decision_id = ?"
         row = self._retry(lambda: self._conn().execute(sql, (decision_id,)).fetchone(), what="read")
-        return None if row is None else record_from_row(row)
+        if row is not None:
+            return record_from_row(row)
+        for info in self.archives():
+            for _, arow in read_archive(self.archive_folder, info):
+                if arow[ID_COLUMN] == decision_id:
+                    return record_from_row(arow)
+        return None
 
     def count(
         self,
@@ -405,11 +457,34 @@ class LogReader:
         until: float | _dt.datetime | None = None,
         situation_id: str | None = None,
     ) -> int:
-        """Number of decisions (with the same filters as :meth:`records`)."""
-        where, params = self._where(since, until, situation_id)
+        """Number of decisions, live and archived (with the same filters as :meth:`records`)."""
+        where, params, keep = self._where(since, until, situation_id)
         sql = f"SELECT COUNT(*) FROM decisions AS d{where}"
-        row = self._retry(lambda: self._conn().execute(sql, params).fetchone(), what="count")
-        return int(row[0])
+
+        def read() -> tuple[int, list[ArchiveInfo]]:
+            with self._snapshot() as conn:
+                return int(conn.execute(sql, params).fetchone()[0]), self.archives()
+
+        n, infos = self._retry(read, what="count")
+        if not where:
+            return n + sum(a.n_rows for a in infos)
+        return n + sum(1 for stream in self._iter_archived(infos, keep) for _ in stream)
+
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction on this thread's connection: every read inside it sees the
+        same log (live rows and the archives table agree)."""
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    def archived_ids(self) -> set[str]:
+        """The ids of every archived decision."""
+        folder = self.archive_folder
+        return {row[ID_COLUMN] for a in self.archives() for _, row in read_archive(folder, a)}
 
     def image(self, sha256: str) -> bytes | None:
         """The stored image bytes with this SHA-256, or None if not stored (or pruned)."""
@@ -429,20 +504,40 @@ class LogReader:
         until: float | _dt.datetime | None,
         situation_id: str | None,
     ) -> list[tuple[DecisionRecord, tuple[Any, ...]]]:
-        where, params = self._where(since, until, situation_id)
+        where, params, keep = self._where(since, until, situation_id)
         sql = (
-            f"{SELECT}, l.label, l.contrast_id, l.reviewer, l.time FROM decisions AS d "
+            f"{SELECT}, d.rowid, l.label, l.contrast_id, l.reviewer, l.time FROM decisions AS d "
             f"LEFT JOIN labels AS l ON l.decision_id = d.decision_id{where} "
             "ORDER BY d.time, d.rowid"
         )
 
-        def read() -> list[Any]:
-            # One read transaction: rows and labels form one consistent snapshot.
-            return self._conn().execute(sql, params).fetchall()
+        def read() -> tuple[list[Any], list[ArchiveInfo], dict[str, tuple[Any, ...]]]:
+            # One read transaction: rows, labels and the archives list form one snapshot.
+            with self._snapshot() as conn:
+                rows = conn.execute(sql, params).fetchall()
+                infos = self.archives()
+                labels: dict[str, tuple[Any, ...]] = {}
+                if infos:
+                    labels = {
+                        r[0]: tuple(r[1:])
+                        for r in conn.execute(
+                            "SELECT decision_id, label, contrast_id, reviewer, time FROM labels"
+                        )
+                    }
+                return rows, infos, labels
 
-        rows = self._retry(read, what="read")
+        rows, infos, labels = self._retry(read, what="read")
         n = len(COLUMNS)
-        return [(record_from_row(row[:n]), tuple(row[n:])) for row in rows]
+        live = [(row[TIME_COLUMN], row[n], row[:n], tuple(row[n + 1 :])) for row in rows]
+        if not infos:
+            return [(record_from_row(r[2]), r[3]) for r in live]
+        none = (None, None, None, None)
+        archived = [
+            [(t, seq, row, labels.get(row[ID_COLUMN], none)) for t, seq, row in stream]
+            for stream in self._iter_archived(infos, keep)
+        ]
+        merged = heapq.merge(*archived, live, key=lambda x: (x[0], x[1]))
+        return [(record_from_row(r[2]), r[3]) for r in merged]
 
     def to_arrays(
         self,

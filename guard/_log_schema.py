@@ -5,39 +5,109 @@ The ``decisions`` table's columns derive from :class:`~spotstop.guard._record.De
 (off by default), ``policies`` every policy file that decided something (so readers replay
 exactly what decided), ``meta`` the schema version. :data:`MIGRATE_1_TO_2` and :data:`MIGRATE_2_TO_3` upgrade an
 older log in place, in turn; :class:`~spotstop.guard._log.DecisionLog` runs them when it
-opens one.
+opens one. Log schema 4 (:data:`LOG_SCHEMA_VERSION`) keeps the record's shape (record schema 3)
+and adds ``archives``: the Parquet files beside the log that hold the decisions retention moved
+out of it (``_log_archive.py``); its ``labels`` may name an archived decision.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import math
 import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from spotstop.guard._errors import GuardError
 from spotstop.guard._record import DecisionRecord, RecordError, _is_real, sql_columns
 
 __all__ = [
     "COLUMNS",
+    "FAULT_KINDS",
     "INSERT",
+    "LOG_SCHEMA_VERSION",
     "MIGRATE_1_TO_2",
     "MIGRATE_2_TO_3",
+    "MIGRATE_3_TO_4",
     "SCHEMA_SQL",
     "SELECT",
+    "FaultKind",
     "LogError",
     "PolicyRow",
+    "fault_kind",
 ]
 
 REVIEW_LABELS: Final = ("safe", "unsafe")
 
+LOG_SCHEMA_VERSION: Final = 4
+"""Version of the log's tables (``meta.schema_version``): 4 = record schema 3 + archives.
+A log of a higher version is refused (an older spotstop would miss the archived rows)."""
+
+FaultKind = Literal["disk_full", "read_only", "locked", "io_error", "closed", "other"]
+FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
+    "disk_full",
+    "read_only",
+    "locked",
+    "io_error",
+    "closed",
+    "other",
+)
+"""Why a log write failed, as the guard's reasons and the sidecar's metrics name it:
+``disk_full`` (SQLITE_FULL, ENOSPC, or free space below the floor), ``read_only`` (a read-only
+file or file system), ``locked`` (another process held the write lock past the wait),
+``io_error`` (other I/O errors, a file that cannot be opened), ``closed`` (the log was
+closed), ``other``."""
+
+# SQLite primary result codes (sqlite3.h); Python exposes them on sqlite3.Error since 3.11
+_SQLITE_KIND: Final[dict[int, FaultKind]] = {
+    5: "locked",  # SQLITE_BUSY
+    6: "locked",  # SQLITE_LOCKED
+    8: "read_only",  # SQLITE_READONLY
+    10: "io_error",  # SQLITE_IOERR
+    13: "disk_full",  # SQLITE_FULL
+    14: "io_error",  # SQLITE_CANTOPEN
+}
+
+
+def fault_kind(exc: BaseException) -> FaultKind:
+    """The :data:`FaultKind` of an exception from SQLite or the file system."""
+    if isinstance(exc, LogError):
+        return exc.kind
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int) and (code & 0xFF) in _SQLITE_KIND:
+        return _SQLITE_KIND[code & 0xFF]
+    if isinstance(exc, OSError) and exc.errno is not None:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "disk_full"
+        if exc.errno == errno.EROFS:
+            return "read_only"
+        return "io_error"
+    msg = str(exc).lower()
+    if "disk is full" in msg or "no space" in msg:
+        return "disk_full"
+    if "readonly" in msg or "read-only" in msg:
+        return "read_only"
+    if "locked" in msg or "busy" in msg:
+        return "locked"
+    return "other"
+
 
 class LogError(GuardError, RuntimeError):
-    """The decision log could not be opened, read or written (schema, lock, closed, I/O)."""
+    """The decision log could not be opened, read or written (schema, lock, closed, I/O).
+
+    ``kind`` says why, as one of :data:`FAULT_KINDS` (``other`` for schema and usage errors).
+    """
+
+    def __init__(self, message: str, kind: FaultKind = "other") -> None:
+        super().__init__(message)
+        self.kind: FaultKind = kind
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.kind))
 
 
 POLICIES_SQL: Final = """
@@ -52,6 +122,31 @@ CREATE TABLE IF NOT EXISTS policies (
     first_time REAL NOT NULL
 )"""
 
+
+# Labels name a decision of the log or of one of its archives, so no foreign key (log
+# schema 4; set_labels checks the ids itself).
+LABELS_SQL: Final = """
+CREATE TABLE IF NOT EXISTS labels (
+    decision_id TEXT PRIMARY KEY,
+    label TEXT NOT NULL CHECK (label IN ('safe', 'unsafe')),
+    contrast_id TEXT,
+    reviewer TEXT,
+    time REAL NOT NULL
+)"""
+
+# One row per archive file (a Parquet file in the ``<log>.archive/`` folder beside the log):
+# its rows left the decisions table in the transaction that registered it, so a decision is
+# in the live table or in exactly one registered archive, never both.
+ARCHIVES_SQL: Final = """
+CREATE TABLE IF NOT EXISTS archives (
+    name TEXT PRIMARY KEY,
+    n_rows INTEGER NOT NULL,
+    first_time REAL NOT NULL,
+    last_time REAL NOT NULL,
+    n_bytes INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    created REAL NOT NULL
+)"""
 
 COLUMNS: Final = tuple(name for name, _ in sql_columns())
 ID_COLUMN: Final = COLUMNS.index("decision_id")
@@ -74,13 +169,9 @@ CREATE TABLE IF NOT EXISTS decisions (
 );
 CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time);
 CREATE INDEX IF NOT EXISTS decisions_situation ON decisions (situation_id, time);
-CREATE TABLE IF NOT EXISTS labels (
-    decision_id TEXT PRIMARY KEY REFERENCES decisions (decision_id),
-    label TEXT NOT NULL CHECK (label IN ('safe', 'unsafe')),
-    contrast_id TEXT,
-    reviewer TEXT,
-    time REAL NOT NULL
-);
+"""
+    + LABELS_SQL
+    + """;
 CREATE TABLE IF NOT EXISTS images (
     sha256 TEXT PRIMARY KEY,
     data BLOB NOT NULL,
@@ -90,6 +181,8 @@ CREATE TABLE IF NOT EXISTS images (
 CREATE INDEX IF NOT EXISTS images_time ON images (time);
 """
     + POLICIES_SQL
+    + ";"
+    + ARCHIVES_SQL
 )
 
 # Schema 1 -> 2: the columns schema 2 added, with what schema-1 rows get. A schema-1 row's
@@ -116,6 +209,19 @@ MIGRATE_1_TO_2: Final = (
 MIGRATE_2_TO_3: Final = (
     "ALTER TABLE decisions ADD COLUMN members_run TEXT",
     "UPDATE meta SET value = '3' WHERE key = 'schema_version'",
+)
+
+
+# Schema 3 -> 4: archives, and labels without the foreign key (a label may name an archived
+# decision). The labels are copied whole.
+MIGRATE_3_TO_4: Final = (
+    LABELS_SQL.replace("EXISTS labels", "EXISTS labels_v4"),
+    "INSERT INTO labels_v4 (decision_id, label, contrast_id, reviewer, time) "
+    "SELECT decision_id, label, contrast_id, reviewer, time FROM labels",
+    "DROP TABLE labels",
+    "ALTER TABLE labels_v4 RENAME TO labels",
+    ARCHIVES_SQL,
+    "UPDATE meta SET value = '4' WHERE key = 'schema_version'",
 )
 
 

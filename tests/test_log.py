@@ -30,6 +30,7 @@ from spotstop.guard._log import (
     LogError,
     RecordError,
 )
+from spotstop.guard._log_schema import LOG_SCHEMA_VERSION
 
 TESTS = Path(__file__).resolve().parent
 
@@ -141,10 +142,12 @@ def test_schema_version_recorded_and_newer_refused(tmp_path: Path) -> None:
     DecisionLog(path).close()
     with sqlite3.connect(path) as conn:
         (value,) = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        assert int(value) == SCHEMA_VERSION
-        conn.execute("UPDATE meta SET value = ? WHERE key='schema_version'", (SCHEMA_VERSION + 1,))
+        assert int(value) == LOG_SCHEMA_VERSION == 4  # the tables' version, apart from the record's
+        conn.execute(
+            "UPDATE meta SET value = ? WHERE key='schema_version'", (LOG_SCHEMA_VERSION + 1,)
+        )
     conn.close()
-    with pytest.raises(LogError, match=r"schema_version 4.*reads schema_version 3.*Upgrade"):
+    with pytest.raises(LogError, match=r"schema_version 5.*reads schema_version 4.*Upgrade"):
         DecisionLog(path)
     assert issubclass(LogError, GuardError) and issubclass(LogError, RuntimeError)
 
@@ -602,7 +605,7 @@ def test_export_parquet_without_pyarrow(
     _export_fixture(log)
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    with pytest.raises(LogError, match=r"pip install 'spotstop\[parquet\]'"):
+    with pytest.raises(LogError, match=r"pyarrow is a base dependency"):
         log.export_parquet(tmp_path / "x.parquet")
 
 
@@ -724,7 +727,7 @@ def test_a_schema_1_log_is_migrated_on_open_and_nothing_is_lost(tmp_path: Path) 
     with sqlite3.connect(path) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     conn.close()
-    assert meta["schema_version"] == "3" and "migrated_from_1" in meta
+    assert meta["schema_version"] == "4" and "migrated_from_1" in meta
     with DecisionLog(path) as lg:  # a second open does not migrate again
         assert lg.count() == 4 and lg.get("a1").schema_version == 1  # type: ignore[union-attr]
 
@@ -750,7 +753,7 @@ def test_a_schema_2_log_gets_members_run_on_open(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     conn.close()
-    assert meta["schema_version"] == "3" and "migrated_from_2" in meta
+    assert meta["schema_version"] == "4" and "migrated_from_2" in meta
 
 
 def test_the_policies_table_keeps_who_decided(log: DecisionLog) -> None:

@@ -9,6 +9,7 @@ after the model queue has drained.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -74,6 +75,7 @@ def load_guard(settings: ServeSettings) -> Guard:
         threads=settings.threads,
         backend=settings.backend,
         min_image_side=settings.min_image_side,
+        log_options=settings.log_options,
     )
 
 
@@ -389,15 +391,20 @@ def create_app(
             except Exception as e:  # not ready: /readyz says why; checks still fail closed
                 sidecar.warmup_error = f"{type(e).__name__}: {e}"
                 log.error("warm-up failed: %s", sidecar.warmup_error)
+        metrics.watch_log(g.log_status)
         metrics.ready.set(1 if sidecar.ready else 0)
         uninstall = _install_sighup(sidecar)
+        watch = asyncio.create_task(_watch_log(sidecar))
         try:
             yield
         finally:
             uninstall()
-            await run_in_threadpool(runner.shutdown)
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            await run_in_threadpool(runner.shutdown)  # every admitted check answered and logged
             if owns:
-                g.close()
+                g.close()  # what the log could not take goes to the journal
 
     app = FastAPI(
         title="spotstop sidecar",
@@ -421,6 +428,22 @@ def create_app(
     app.add_middleware(_HttpMetrics, metrics=metrics)
     app.openapi = _openapi(app, settings)  # type: ignore[method-assign]
     return app
+
+
+async def _watch_log(sidecar: Sidecar) -> None:
+    """While the decision log cannot be written or decisions wait, retry it every
+    ``log_retry_s`` on the model thread (between checks): the first write that succeeds
+    writes what waits and makes the sidecar ready again, with no restart."""
+    g, every = sidecar.guard, sidecar.settings.log_retry_s
+    while True:
+        await asyncio.sleep(every)
+        status = g.log_status()
+        if status.writable and not status.waiting_rows:
+            continue
+        try:
+            await sidecar.runner.call(lambda: g.flush_pending(timeout_s=min(1.0, every)))
+        except Exception as e:  # still failing: status and /readyz say why; retry next tick
+            log.debug("decision log still not writable: %s", e)
 
 
 def _request_checker(g: Guard) -> Callable[[str], object]:

@@ -22,14 +22,31 @@
 ``spotstop_policy_reloads_total``           reloads by ``trigger`` (http, sighup) and ``result``
 ``spotstop_ready``                          1 when /readyz answers 200
 ``spotstop_bundle_info``                    1, labelled with ``bundle_id`` and ``policy``
+``spotstop_log_writable``                   1 when the decision log takes writes (and the free
+                                            space is above the floor)
+``spotstop_log_fault``                      1 for the ``kind`` of the log's current fault
+                                            (``disk_full``, ``read_only``, ``locked``, ...)
+``spotstop_log_write_failures_total``       failed log write attempts, by ``kind``
+``spotstop_log_rows_pending``               decisions waiting in memory for the log
+``spotstop_log_rows_journal``               decisions waiting in the journal
+``spotstop_log_rows_spilled_total``         decisions spilled from memory to the journal
+``spotstop_log_rows_imported_total``        decisions imported from the journal into the log
+``spotstop_log_rows_archived_total``        decisions retention moved to Parquet archives
+``spotstop_log_free_bytes``                 free bytes on the log's file system
+``spotstop_log_over_budget``                1 when retention left the log over its budget
 ==========================================  ======================================================
+
+The ``spotstop_log_*`` values are read from the guard's :class:`LogStatus` when scraped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from spotstop.guard._log_schema import FAULT_KINDS
+from spotstop.guard._log_writer import LogStatus
 from spotstop.guard._record import Decision
 
 __all__ = ["SidecarMetrics", "reason_kind"]
@@ -154,6 +171,59 @@ class SidecarMetrics:
                 stage = key[:-3] if key.endswith("_ms") else key
                 self.stage.labels(stage=stage).observe(max(0.0, ms) / 1e3)
 
+    def watch_log(self, status: Callable[[], LogStatus]) -> None:
+        """Export the decision log's status (read at every scrape)."""
+        self.registry.register(_LogCollector(status))
+
     def set_bundle(self, bundle_id: str, policy: str) -> None:
         self.bundle_info.clear()
         self.bundle_info.labels(bundle_id=bundle_id, policy=policy).set(1)
+
+
+class _LogCollector:
+    """The ``spotstop_log_*`` metrics, from the guard's log status at scrape time."""
+
+    def __init__(self, status: Callable[[], LogStatus]) -> None:
+        self._status = status
+
+    def describe(self) -> list[Metric]:
+        return []  # no sample at registration time (the guard may still be loading)
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._status()
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, value=value)
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, value=value)
+
+        yield gauge("spotstop_log_writable", "1 when the decision log takes writes.", st.writable)
+        fault = GaugeMetricFamily(
+            "spotstop_log_fault", "1 for the kind of the log's current fault.", labels=["kind"]
+        )
+        for kind in FAULT_KINDS:
+            fault.add_metric([kind], 1.0 if st.fault == kind else 0.0)
+        yield fault
+        failures = CounterMetricFamily(
+            "spotstop_log_write_failures", "Failed log write attempts, by kind.", labels=["kind"]
+        )
+        for kind in FAULT_KINDS:
+            failures.add_metric([kind], float(st.faults.get(kind, 0)))
+        yield failures
+        yield gauge("spotstop_log_rows_pending", "Decisions waiting in memory.", st.pending_rows)
+        yield gauge(
+            "spotstop_log_rows_journal", "Decisions waiting in the journal.", st.journal_rows
+        )
+        yield counter(
+            "spotstop_log_rows_spilled", "Decisions spilled to the journal.", st.spilled_rows
+        )
+        yield counter(
+            "spotstop_log_rows_imported", "Decisions imported from the journal.", st.imported_rows
+        )
+        yield counter(
+            "spotstop_log_rows_archived", "Decisions moved to archives.", st.archived_rows
+        )
+        if st.free_bytes is not None:
+            yield gauge("spotstop_log_free_bytes", "Free bytes by the log.", st.free_bytes)
+        yield gauge("spotstop_log_over_budget", "1 when over the log budget.", st.over_budget)

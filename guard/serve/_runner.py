@@ -21,14 +21,14 @@ the rest of it, no decision is made (503, ``deadline_exceeded_in_queue``); other
 guard is given the remaining budget for its whole call (scoring, policy, log). A call whose
 decisions cannot be logged within that budget is a 503 (``decision_not_logged``), never a
 200: every 200 is a logged decision. The unlogged rows (fail-closed UNSAFE) are kept by the
-guard and written by a flush on the model thread right after, or by the next call.
+guard (memory, then its journal) and written by the next call, or by the sidecar's log watch,
+which retries the log every ``log_retry_s`` on this thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import logging
 import math
 import threading
 import time
@@ -43,8 +43,6 @@ from spotstop.guard.serve._metrics import SidecarMetrics
 from spotstop.guard.serve._parse import Limits, ParsedScene
 
 __all__ = ["ModelRunner", "Ticket"]
-
-log = logging.getLogger("spotstop.serve")
 
 
 class Ticket:
@@ -195,7 +193,6 @@ class ModelRunner:
             decisions = self.guard.check_batch(scenes, deadline_s=remaining, require_logged=True)
         except DecisionNotLogged as e:
             self.metrics.not_logged.inc(len(scenes))
-            self._executor.submit(self._flush)  # runs next on this thread, before new checks
             raise NotLogged(
                 f"the decision could not be logged within the deadline ({e.reason}). No "
                 "decision was made; treat it as UNSAFE and retry after the Retry-After delay.",
@@ -205,14 +202,6 @@ class ModelRunner:
         self._per_scene_s = 0.8 * self._per_scene_s + 0.2 * per_scene
         self.metrics.observe_decisions(decisions)
         return decisions
-
-    def _flush(self) -> None:
-        """Write the rows of an unlogged call now (on the model thread); a still-busy log
-        leaves them for the next call's write."""
-        try:
-            self.guard.flush_pending(timeout_s=self.deadline_s)
-        except Exception as e:  # the next guard call retries; say so in the server log
-            log.warning("%d unlogged decision(s) still pending: %s", self.guard.pending, e)
 
     async def call(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` on the model thread (between checks), outside the queue's count."""

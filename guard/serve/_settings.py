@@ -1,21 +1,27 @@
-"""The sidecar's settings: bind address, auth token, limits, deadline, queue.
+"""The sidecar's settings: bind address, auth token, limits, deadline, queue, the log's keeping.
 
 :class:`ServeSettings` is validated when it is built (every option named in its message), so
-a bad configuration is refused before anything is loaded or bound. The token is resolved
-from a file or an environment variable by :func:`resolve_token`; it never appears in
-``repr`` or in logs.
+a bad configuration is refused before anything is loaded or bound. :func:`load_serve_config`
+reads the same keys from a YAML file (``spotstop serve --config``), naming any unknown key.
+The token is resolved from a file or an environment variable by :func:`resolve_token`; it
+never appears in ``repr`` or in logs (nor in the YAML file: name ``token_file`` or
+``token_env`` there).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import ipaddress
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
+import yaml
 from spotstop.guard._image import DEFAULT_MAX_PIXELS, DEFAULT_MIN_SIDE
+from spotstop.guard._log_writer import DEFAULT_MIN_FREE_BYTES, LogOptions, parse_bytes
 from spotstop.guard._prompt import MAX_REQUEST_CHARS
 from spotstop.guard._types import VARIANTS, Variant
 from spotstop.guard.serve._errors import InsecureBindError, SettingsError
@@ -26,6 +32,7 @@ __all__ = [
     "MIN_TOKEN_CHARS",
     "ServeSettings",
     "is_loopback",
+    "load_serve_config",
     "resolve_token",
 ]
 
@@ -160,6 +167,18 @@ class ServeSettings:
         decision); ``/readyz`` answers 200 only after it succeeded.
     sighup:
         Reload the policy on SIGHUP (only where the server runs in the main thread).
+    journal:
+        Where decisions wait on disk while the log cannot be written (default
+        ``$XDG_STATE_HOME/spotstop/journal/``); put it on another file system than the log.
+    log_max_bytes, log_keep_days:
+        The log's disk budget: older decisions are archived as Parquet beside the log, then
+        removed from it (None: no budget).
+    log_min_free_bytes:
+        Free space the log's file system must keep (default 32 MiB); below it the log counts
+        as full: checks fail closed (503) and ``/readyz`` says so, before SQLite fills it.
+    log_retry_s:
+        While the log cannot be written or decisions wait, the sidecar retries it this often
+        (default 1 s): once it takes writes again, checks are answered again without a restart.
     """
 
     bundle: Path
@@ -185,9 +204,24 @@ class ServeSettings:
     threads: int | None = None
     warmup: bool = True
     sighup: bool = True
+    journal: Path | None = None
+    log_max_bytes: int | None = None
+    log_keep_days: float | None = None
+    log_min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
+    log_retry_s: float = 1.0
 
     def __post_init__(self) -> None:
         _check_settings(self)
+
+    @property
+    def log_options(self) -> LogOptions:
+        """How the guard keeps its log (journal, budget, free-space floor)."""
+        return LogOptions(
+            journal=self.journal,
+            max_bytes=self.log_max_bytes,
+            keep_days=self.log_keep_days,
+            min_free_bytes=self.log_min_free_bytes,
+        )
 
     @property
     def loopback(self) -> bool:
@@ -206,6 +240,28 @@ def _check_settings(s: ServeSettings) -> None:
         object.__setattr__(s, "log", Path(s.log))
     if s.state_dir is not None and not isinstance(s.state_dir, Path):
         object.__setattr__(s, "state_dir", Path(s.state_dir))
+    if s.journal is not None and not isinstance(s.journal, Path):
+        object.__setattr__(s, "journal", Path(s.journal))
+    _positive_seconds("log_retry_s", s.log_retry_s)
+    if s.log_max_bytes is not None:
+        _positive_int("log_max_bytes", s.log_max_bytes)
+    if s.log_keep_days is not None and (
+        isinstance(s.log_keep_days, bool)
+        or not isinstance(s.log_keep_days, int | float)
+        or not math.isfinite(s.log_keep_days)
+        or s.log_keep_days <= 0
+    ):
+        raise SettingsError(
+            f"log_keep_days must be a positive number of days or None; got {s.log_keep_days!r}."
+        )
+    if (
+        isinstance(s.log_min_free_bytes, bool)
+        or not isinstance(s.log_min_free_bytes, int)
+        or (s.log_min_free_bytes < 0)
+    ):
+        raise SettingsError(
+            f"log_min_free_bytes must be a non-negative integer; got {s.log_min_free_bytes!r}."
+        )
     if not isinstance(s.host, str) or not s.host:
         raise SettingsError(f"host must be a non-empty string; got {s.host!r}.")
     if isinstance(s.port, bool) or not isinstance(s.port, int) or not 0 <= s.port <= 65535:
@@ -264,3 +320,60 @@ def _check_settings(s: ServeSettings) -> None:
             f"(127.0.0.1, ::1, localhost) may serve without auth. Set ${DEFAULT_TOKEN_ENV} or "
             "pass --token-file FILE (e.g. `openssl rand -hex 32 > FILE`), or bind 127.0.0.1."
         )
+
+
+_NOT_IN_FILE: Final = ("token",)  # the token itself never sits in a config file
+_FILE_ONLY: Final = ("token_file", "token_env")
+_BYTE_KEYS: Final = (
+    "log_max_bytes",
+    "log_min_free_bytes",
+    "max_body_bytes",
+    "max_image_bytes",
+)
+_PATH_KEYS: Final = ("bundle", "log", "state_dir", "journal", "token_file")
+
+
+def load_serve_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The keys of a serve config file (YAML mapping of :class:`ServeSettings` fields, plus
+    ``token_file``/``token_env``), checked by name; values are checked when the settings are
+    built. Relative paths are taken from the file's folder; byte sizes may carry a unit
+    (``log_max_bytes: 2G``)."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise SettingsError(f"serve config {str(p)!r} cannot be read: {e}") from e
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise SettingsError(
+            f"serve config {str(p)!r} must be a YAML mapping of settings; got {type(raw).__name__}."
+        )
+    allowed = sorted(
+        {f.name for f in dataclasses.fields(ServeSettings)} - set(_NOT_IN_FILE) | set(_FILE_ONLY)
+    )
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            why = " (name token_file or token_env instead)" if key in _NOT_IN_FILE else ""
+            raise SettingsError(
+                f"serve config {str(p)!r}: {key!r} is not a known key{why}; allowed: "
+                f"{allowed}.{hint}"
+            )
+        if key in _BYTE_KEYS and value is not None:
+            try:
+                value = parse_bytes(value, f"serve config {str(p)!r}: {key}")
+            except ValueError as e:
+                raise SettingsError(str(e)) from e
+        if key in _PATH_KEYS and value is not None:
+            if not isinstance(value, str):
+                raise SettingsError(
+                    f"serve config {str(p)!r}: {key} must be a path (string); got {value!r}."
+                )
+            value = Path(value) if Path(value).is_absolute() else p.parent / value
+        if key == "variants" and isinstance(value, list):
+            value = tuple(value)
+        out[key] = value
+    return out

@@ -50,6 +50,12 @@ class Sidecar:
             reasons.append(f"warm-up failed: {self.warmup_error}")
         elif self.settings.warmup and not self.warmed_up:
             reasons.append("warming up")
+        log = self.guard.log_status()
+        if not log.writable:  # checks fail closed (503) until it takes writes again
+            reasons.append(
+                f"{log.reason} (since {_ago(log.since)}; {log.waiting_rows} decision(s) wait, "
+                f"{log.journal_rows} of them in the journal {log.journal})"
+            )
         return reasons
 
     @property
@@ -103,6 +109,12 @@ class Sidecar:
         if mismatch:
             return PolicyReloadError(msg, code="policy_mismatch", status=409, field="policy")
         return PolicyReloadError(msg, field="policy")
+
+
+def _ago(t: float | None) -> str:
+    import time
+
+    return "now" if t is None else f"{max(0.0, time.time() - t):.0f} s ago"
 
 
 def get_sidecar(request: Request) -> Sidecar:

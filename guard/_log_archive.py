@@ -1,0 +1,528 @@
+"""Retention: old decisions leave the live log for Parquet archives beside it, and come back.
+
+A robot that checks every action fills its disk over weeks. :class:`Retention` gives the log a
+budget (``max_bytes`` for the pages the live database uses, ``keep_days`` for the age of its
+rows); :meth:`DecisionLog.apply_retention <spotstop.guard.DecisionLog.apply_retention>` moves
+the oldest decisions over it into Parquet files in ``<log>.archive/``, then deletes them from
+the live table:
+
+1. the rows to move are chosen oldest first, never one that :class:`Protect` names (a row
+   whose fail-closed amendment is still pending, the rows of the active policy's situation
+   windows, a row under review: its image is still stored and it has no label yet);
+2. they are written to a new Parquet file (temp file, fsync, rename, fsync of the folder);
+3. one transaction registers the file in the ``archives`` table (name, rows, time span, size,
+   sha256) and deletes exactly those rows. Before that commit the rows are live and the file
+   is an orphan that no reader reads (the next pass removes it); after it, they are archived.
+
+So a decision is in the live table or in exactly one registered archive, never both, never
+neither: the one rule of which rows count, which every reader of the log applies
+(:class:`~spotstop.guard._log_read.LogReader`). An archive holds the live table's columns as
+they are (same codecs: NaN as null, JSON text for the dict fields) plus ``log_seq``, the row's
+position in the log, so reading it back gives the very records that were written; DuckDB and
+pyarrow read the files as they are. Labels stay in the live ``labels`` table, which may name an
+archived decision. Stored images are not archived: they follow the image retention.
+
+Parquet needs pyarrow (a base dependency: retention runs on the robot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import math
+import numbers
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from spotstop.guard._files import fsync_dir
+from spotstop.guard._log_schema import COLUMNS, LOG_SCHEMA_VERSION, LogError, RecordError
+from spotstop.guard._record import sql_columns
+
+__all__ = [
+    "ARCHIVE_SUFFIX",
+    "SEQ_COLUMN",
+    "ArchiveInfo",
+    "Protect",
+    "Retention",
+    "RetentionResult",
+    "archive_folder",
+    "read_archive",
+    "write_archive",
+]
+
+ARCHIVE_SUFFIX: Final = ".archive"
+"""The archive folder is the log's path plus this suffix (``decisions.sqlite.archive/``)."""
+
+SEQ_COLUMN: Final = "log_seq"
+"""The archive column that keeps each row's position in the log (its SQLite rowid)."""
+
+_ARROW_TYPE: Final = {"TEXT": "string", "REAL": "float64", "INTEGER": "int64"}
+
+
+def archive_folder(log_path: Path) -> Path:
+    """Where the archives of the log at ``log_path`` live."""
+    return log_path.with_name(log_path.name + ARCHIVE_SUFFIX)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """The log's disk budget.
+
+    max_bytes:
+        Most bytes of database pages the live log may use (its rows, indexes, labels, stored
+        images). Over it, the oldest unprotected decisions are archived until the log is
+        back under ``low_water · max_bytes``. The WAL file adds up to about 4 MiB on top.
+        None: no size budget.
+    keep_days:
+        Decisions older than this many days are archived. None: no age limit.
+    low_water:
+        The fraction of ``max_bytes`` a size-driven pass trims down to (so that the next
+        decisions do not start a pass each).
+    """
+
+    max_bytes: int | None = None
+    keep_days: float | None = None
+    low_water: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.max_bytes is not None and (
+            isinstance(self.max_bytes, bool)
+            or not isinstance(self.max_bytes, numbers.Integral)
+            or self.max_bytes <= 0
+        ):
+            raise RecordError(
+                f"retention max_bytes (--log-max-bytes, log_max_bytes) must be a positive "
+                f"number of bytes or None; got {self.max_bytes!r}."
+            )
+        if self.keep_days is not None and (
+            isinstance(self.keep_days, bool)
+            or not isinstance(self.keep_days, numbers.Real)
+            or not math.isfinite(float(self.keep_days))
+            or float(self.keep_days) <= 0
+        ):
+            raise RecordError(
+                f"retention keep_days (--log-keep-days, log_keep_days) must be a positive "
+                f"number of days or None; got {self.keep_days!r}."
+            )
+        if (
+            isinstance(self.low_water, bool)
+            or not isinstance(self.low_water, numbers.Real)
+            or not 0 < float(self.low_water) <= 1
+        ):
+            raise RecordError(f"retention low_water must be in (0, 1]; got {self.low_water!r}.")
+
+    @property
+    def active(self) -> bool:
+        """Whether this retention ever archives anything."""
+        return self.max_bytes is not None or self.keep_days is not None
+
+
+@dataclass(frozen=True)
+class Protect:
+    """What retention must leave in the live log.
+
+    decision_ids: these decisions (e.g. a SAFE row whose fail-closed amendment is pending).
+    windows: policy version id → window: per situation, the last ``window`` decisions that
+        entered that policy (finite ``policy_score``), which make its live state.
+    review: keep each decision whose image is still stored and that has no label yet.
+    """
+
+    decision_ids: frozenset[str] = frozenset()
+    windows: Mapping[str, int] = field(default_factory=dict)
+    review: bool = True
+
+
+@dataclass(frozen=True)
+class ArchiveInfo:
+    """One registered archive file (a row of the log's ``archives`` table)."""
+
+    name: str
+    n_rows: int
+    first_time: float
+    last_time: float
+    n_bytes: int
+    sha256: str
+    created: float
+
+    def __repr__(self) -> str:
+        span = f"{_utc(self.first_time)} .. {_utc(self.last_time)}"
+        return f"ArchiveInfo({self.name!r}, n_rows={self.n_rows}, {span}, {self.n_bytes} B)"
+
+
+@dataclass(frozen=True)
+class RetentionResult:
+    """What one retention pass did.
+
+    ``bytes_before``/``bytes_after``: database pages in use before and after; ``over_budget``:
+    still over ``max_bytes`` after the pass (only protected rows were left to move);
+    ``protected_rows``: rows the pass had to leave.
+    """
+
+    archived_rows: int
+    files: tuple[str, ...]
+    bytes_before: int
+    bytes_after: int
+    max_bytes: int | None
+    protected_rows: int
+    over_budget: bool
+
+    def __repr__(self) -> str:
+        budget = "no size budget" if self.max_bytes is None else f"budget {self.max_bytes} B"
+        over = ", OVER BUDGET (only protected rows left)" if self.over_budget else ""
+        return (
+            f"RetentionResult(archived {self.archived_rows} rows in {len(self.files)} file(s), "
+            f"{self.bytes_before} -> {self.bytes_after} B, {budget}, "
+            f"protected {self.protected_rows}{over})"
+        )
+
+
+def _utc(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # a base dependency; a broken install says so
+        raise LogError(
+            "log archives are Parquet files and need pyarrow, a base dependency of spotstop "
+            "that is not importable here. Reinstall spotstop (`pip install spotstop`)."
+        ) from exc
+    return pa, pq
+
+
+def write_archive(folder: Path, seqs: list[int], rows: list[tuple[Any, ...]]) -> ArchiveInfo:
+    """Write ``rows`` (rows of the ``decisions`` table, in log order) to a new Parquet file.
+
+    The file is complete and synced under its final name when this returns; its name carries
+    its time span and the start of its sha256. Registering it (and deleting the rows from the
+    live table) is the caller's transaction.
+    """
+    pa, pq = _pyarrow()
+    if not rows:
+        raise LogError("write_archive: no rows to archive.")
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = [pa.array(seqs, type=pa.int64())]
+    names = [SEQ_COLUMN]
+    for i, (name, sql) in enumerate(sql_columns()):
+        kind = _ARROW_TYPE[sql.split()[0]]
+        arrays.append(pa.array([r[i] for r in rows], type=getattr(pa, kind)()))
+        names.append(name)
+    table = pa.Table.from_arrays(arrays, names=names).replace_schema_metadata(
+        {
+            "spotstop.table": "decisions",
+            "spotstop.log_schema_version": str(LOG_SCHEMA_VERSION),
+        }
+    )
+    times = [float(r[COLUMNS.index("time")]) for r in rows]
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".archive-", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        data = Path(tmp).read_bytes()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        sha = hashlib.sha256(data).hexdigest()
+        stamp = _utc(min(times)).replace(":", "").replace("-", "")
+        name = f"decisions-{stamp}-{len(rows)}-{sha[:16]}.parquet"
+        os.replace(tmp, folder / name)
+        fsync_dir(folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return ArchiveInfo(
+        name=name,
+        n_rows=len(rows),
+        first_time=min(times),
+        last_time=max(times),
+        n_bytes=len(data),
+        sha256=sha,
+        created=_dt.datetime.now(_dt.UTC).timestamp(),
+    )
+
+
+def read_archive(folder: Path, info: ArchiveInfo) -> Iterator[tuple[int, tuple[Any, ...]]]:
+    """``(log_seq, row)`` of every decision in a registered archive, in log order.
+
+    The file must be the one registered: present, with the registered sha256 and row count;
+    otherwise :class:`LogError` says which file and what to do (a card on part of a log would
+    be a false statement, so a missing archive is never skipped).
+    """
+    pa, pq = _pyarrow()
+    path = folder / info.name
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LogError(
+            f"log archive {str(path)!r} is registered in the log but cannot be read ({exc}). "
+            "Put the archive folder back beside the log (it holds decisions no longer in the "
+            "live table)."
+        ) from exc
+    sha = hashlib.sha256(data).hexdigest()
+    if sha != info.sha256:
+        raise LogError(
+            f"log archive {str(path)!r} has sha256 {sha}, but the log registered "
+            f"{info.sha256}: the file changed since it was written. Restore it from a copy."
+        )
+    table = pq.read_table(pa.BufferReader(data))
+    missing = [c for c in (SEQ_COLUMN, *COLUMNS) if c not in table.column_names]
+    if missing or table.num_rows != info.n_rows:
+        raise LogError(
+            f"log archive {str(path)!r} does not hold what the log registered ({info.n_rows} "
+            f"rows; it has {table.num_rows}, missing columns {missing}). Restore it from a copy."
+        )
+    seqs = table.column(SEQ_COLUMN).to_pylist()
+    cols = [table.column(c).to_pylist() for c in COLUMNS]
+    for i, seq in enumerate(seqs):
+        yield int(seq), tuple(c[i] for c in cols)
+
+
+# --------------------------------------------------------------------------------------
+# The log's side (mixed into DecisionLog, which provides the connection and the writes)
+# --------------------------------------------------------------------------------------
+
+_KEEP_SQL: Final = "CREATE TEMP TABLE IF NOT EXISTS _spotstop_keep (r INTEGER PRIMARY KEY)"
+
+
+class ArchiveStore:
+    """Archives and retention of :class:`~spotstop.guard.DecisionLog` (mixed into it)."""
+
+    _path: Path
+    _retry: Any
+    _conn: Any
+    _write: Any
+
+    @property
+    def archive_folder(self) -> Path:
+        """The folder beside the log that holds its archives (``<log>.archive/``)."""
+        return archive_folder(self._path)
+
+    def archives(self) -> list[ArchiveInfo]:
+        """The registered archive files, oldest first."""
+        rows = self._retry(
+            lambda: (
+                self._conn()
+                .execute(
+                    "SELECT name, n_rows, first_time, last_time, n_bytes, sha256, created "
+                    "FROM archives ORDER BY first_time, name"
+                )
+                .fetchall()
+            ),
+            what="read the archives table",
+        )
+        return [ArchiveInfo(r[0], int(r[1]), r[2], r[3], int(r[4]), r[5], r[6]) for r in rows]
+
+    def used_bytes(self) -> int:
+        """Bytes of database pages in use (what :class:`Retention` budgets; the WAL is apart)."""
+
+        def read() -> int:
+            c = self._conn()
+            size = c.execute("PRAGMA page_size").fetchone()[0]
+            count = c.execute("PRAGMA page_count").fetchone()[0]
+            free = c.execute("PRAGMA freelist_count").fetchone()[0]
+            return int((count - free) * size)
+
+        return int(self._retry(read, what="measure the log"))
+
+    def file_bytes(self) -> int:
+        """Bytes of the log's files on disk now (database, WAL and shared-memory file)."""
+        total = 0
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(str(self._path) + suffix)
+        return total
+
+    def apply_retention(
+        self,
+        retention: Retention,
+        protect: Protect | None = None,
+        *,
+        now: float | None = None,
+        max_rows_per_file: int = 50_000,
+    ) -> RetentionResult:
+        """Archive the oldest unprotected decisions over ``retention``'s budget (see module).
+
+        Rows older than ``keep_days`` (relative to ``now``, default the clock) are archived;
+        while the pages in use exceed ``max_bytes``, the oldest unprotected rows are archived
+        until they are under ``low_water · max_bytes``. Raises :class:`LogError` when the
+        archive or the log cannot be written; what was registered before stays archived and
+        the rest stays live.
+        """
+        if not isinstance(retention, Retention):
+            raise RecordError(
+                f"apply_retention expects a Retention; got {type(retention).__name__}."
+            )
+        protect = Protect() if protect is None else protect
+        now = _dt.datetime.now(_dt.UTC).timestamp() if now is None else float(now)
+        self._remove_orphans()
+        before = used = self.used_bytes()
+        cutoff = None if retention.keep_days is None else now - retention.keep_days * 86400.0
+        budget = retention.max_bytes
+        target = None if budget is None else int(budget * retention.low_water)
+        files: list[str] = []
+        archived = 0
+        while True:
+            if budget is not None and target is not None and used > (target if files else budget):
+                n = self._rows_to_free(used - target)
+                older_than = None
+            elif cutoff is not None:
+                n, older_than = max_rows_per_file, cutoff
+            else:
+                break
+            seqs, rows = self._candidates(protect, min(n, max_rows_per_file), older_than)
+            if not rows:
+                break
+            info = write_archive(self.archive_folder, seqs, rows)
+            try:
+                self._register(info, seqs)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    (self.archive_folder / info.name).unlink()
+                raise
+            files.append(info.name)
+            archived += len(rows)
+            used = self.used_bytes()
+        if files:
+            self._give_back_pages()
+        after = self.used_bytes()
+        protected = self._protect(protect)
+        return RetentionResult(
+            archived_rows=archived,
+            files=tuple(files),
+            bytes_before=before,
+            bytes_after=after,
+            max_bytes=budget,
+            protected_rows=protected,
+            over_budget=budget is not None and after > budget,
+        )
+
+    def _rows_to_free(self, excess: int) -> int:
+        """Rows to archive to free about ``excess`` bytes (at least one)."""
+
+        def read() -> tuple[int, int]:
+            c = self._conn()
+            n = c.execute("SELECT COUNT(*) FROM decisions").fetchone()[0]
+            img = c.execute("SELECT COALESCE(SUM(n_bytes), 0) FROM images").fetchone()[0]
+            return int(n), int(img)
+
+        n, image_bytes = self._retry(read, what="measure the log")
+        per_row = max(1.0, (self.used_bytes() - image_bytes) / max(1, n))
+        return max(1, math.ceil(excess / per_row))
+
+    def _protect(self, protect: Protect) -> int:
+        """Fill the connection's temp table of protected rowids; returns how many."""
+
+        def fill() -> int:
+            c = self._conn()
+            c.execute(_KEEP_SQL)
+            c.execute("DELETE FROM temp._spotstop_keep")
+            ids = sorted(protect.decision_ids)
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                c.execute(
+                    "INSERT OR IGNORE INTO temp._spotstop_keep SELECT rowid FROM decisions "
+                    f"WHERE decision_id IN ({', '.join('?' * len(chunk))})",
+                    chunk,
+                )
+            for version, window in protect.windows.items():
+                c.execute(
+                    "INSERT OR IGNORE INTO temp._spotstop_keep SELECT r FROM (SELECT rowid AS r, "
+                    "ROW_NUMBER() OVER (PARTITION BY situation_id ORDER BY time DESC, rowid "
+                    "DESC) AS n FROM decisions WHERE policy_version = ? AND situation_id IS NOT "
+                    "NULL AND policy_score IS NOT NULL) WHERE n <= ?",
+                    (version, int(window)),
+                )
+            if protect.review:
+                c.execute(
+                    "INSERT OR IGNORE INTO temp._spotstop_keep SELECT d.rowid FROM decisions "
+                    "AS d JOIN images AS i ON i.sha256 = d.image_sha256 WHERE NOT EXISTS "
+                    "(SELECT 1 FROM labels AS l WHERE l.decision_id = d.decision_id)"
+                )
+            return int(c.execute("SELECT COUNT(*) FROM temp._spotstop_keep").fetchone()[0])
+
+        return int(self._retry(fill, what="mark the rows retention keeps"))
+
+    def _candidates(
+        self, protect: Protect, n: int, older_than: float | None
+    ) -> tuple[list[int], list[tuple[Any, ...]]]:
+        """The ``n`` oldest unprotected rows (older than ``older_than`` when given)."""
+        self._protect(protect)
+        where = "WHERE rowid NOT IN (SELECT r FROM temp._spotstop_keep)"
+        params: list[Any] = []
+        if older_than is not None:
+            where += " AND time < ?"
+            params.append(older_than)
+        sql = (
+            f"SELECT rowid, {', '.join(COLUMNS)} FROM decisions {where} "
+            "ORDER BY time, rowid LIMIT ?"
+        )
+        rows = self._retry(
+            lambda: self._conn().execute(sql, [*params, int(n)]).fetchall(),
+            what="choose rows to archive",
+        )
+        return [int(r[0]) for r in rows], [tuple(r[1:]) for r in rows]
+
+    def _register(self, info: ArchiveInfo, seqs: list[int]) -> None:
+        """One transaction: the archive is registered and exactly its rows leave the table."""
+
+        def body(conn: Any) -> None:
+            conn.execute(
+                "INSERT INTO archives (name, n_rows, first_time, last_time, n_bytes, sha256, "
+                "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    info.name,
+                    info.n_rows,
+                    info.first_time,
+                    info.last_time,
+                    info.n_bytes,
+                    info.sha256,
+                    info.created,
+                ),
+            )
+            gone = 0
+            for start in range(0, len(seqs), 500):
+                chunk = seqs[start : start + 500]
+                cur = conn.execute(
+                    f"DELETE FROM decisions WHERE rowid IN ({', '.join('?' * len(chunk))})", chunk
+                )
+                gone += cur.rowcount
+            if gone != len(seqs):  # another writer changed them: archive nothing this time
+                raise LogError(
+                    f"retention: {len(seqs) - gone} of the {len(seqs)} rows chosen for "
+                    f"{info.name} left the log meanwhile; the pass was rolled back. Run it "
+                    "again (one process should own a log's retention)."
+                )
+
+        self._write(body, what="register an archive")
+
+    def _remove_orphans(self) -> None:
+        """Delete archive files no registration names (a pass stopped before its commit:
+        their rows are still live)."""
+        folder = self.archive_folder
+        if not folder.is_dir():
+            return
+        known = {a.name for a in self.archives()}
+        for p in folder.iterdir():
+            orphan = p.suffix == ".parquet" and p.name not in known
+            if orphan or (p.name.startswith(".archive-") and p.suffix == ".tmp"):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+    def _give_back_pages(self) -> None:
+        """Return freed pages to the file system (logs created with incremental vacuum) and
+        cut the WAL back; a busy log keeps them for now (its next rows reuse them)."""
+
+        def run() -> None:
+            c = self._conn()
+            c.executescript("PRAGMA incremental_vacuum;")
+            c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+        with contextlib.suppress(LogError):
+            self._retry(run, what="give freed pages back")

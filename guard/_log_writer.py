@@ -1,0 +1,637 @@
+"""The guard's log writer: every decision reaches the log, whatever the disk does.
+
+:class:`LogWriter` stands between the guard's pipeline and its :class:`DecisionLog`:
+
+* **Write, or keep.** A call's rows are written in one transaction after whatever is still
+  waiting (oldest first). When the log cannot take them the guard answers fail-closed UNSAFE
+  and hands the rows to :meth:`LogWriter.keep`: they wait in memory, at most
+  ``max_pending_bytes`` of them (8 MiB by default) and at most ``spill_after_s`` seconds
+  (5 s), then are *spilled* to the journal (``_journal.py``), a second place on disk. When the
+  journal cannot take them either and memory is at its bound, the writer stops
+  :attr:`~LogWriter.accepting`: the guard then makes no decision at all (the sidecar answers
+  503) rather than one it could not keep.
+* **Recover by itself.** :meth:`LogWriter.flush` (the sidecar calls it every second while
+  anything waits, and every write calls it first) imports the journal, writes what waits in
+  memory and the pending amendments, or probes the log when nothing waits: the first success
+  makes the log writable again, with no operator action.
+* **Say why.** Each failure is classified (``disk_full``, ``read_only``, ``locked``,
+  ``io_error``, ...; :data:`~spotstop.guard._log_schema.FAULT_KINDS`), counted, and kept in
+  :meth:`LogWriter.status` with the time it began. Free disk space below ``min_free_bytes``
+  (32 MiB by default) counts as a full disk *before* SQLite meets it.
+* **Close without loss.** :meth:`LogWriter.close` writes what waits, or spills it to the
+  journal; the log imports the journal on the next start.
+* **Retention.** With a :class:`~spotstop.guard._log_archive.Retention`, a pass runs in a
+  background thread at most every ``retention_every_s`` seconds after a successful write,
+  while nothing waits, never moving the rows the guard still needs (pending amendments, the
+  active policy's situation windows, rows under review).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import math
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from spotstop.guard._journal import Journal, JournalEntry, default_journal_path
+from spotstop.guard._log import DecisionLog, PolicyRow
+from spotstop.guard._log_archive import Protect, Retention, RetentionResult
+from spotstop.guard._log_schema import FaultKind, LogError, RecordError, fault_kind
+from spotstop.guard._record import DecisionRecord
+
+__all__ = [
+    "DEFAULT_MAX_PENDING_BYTES",
+    "DEFAULT_MIN_FREE_BYTES",
+    "LogOptions",
+    "LogStatus",
+    "LogWriter",
+    "parse_bytes",
+]
+
+DEFAULT_MAX_PENDING_BYTES: Final = 8 << 20
+DEFAULT_MIN_FREE_BYTES: Final = 32 << 20
+_log = logging.getLogger("spotstop.guard")
+
+
+_UNITS: Final = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text: str | int, name: str) -> int:
+    """A byte count: an int, or a number with K, M, G or T (powers of 1024), e.g. ``512M``,
+    ``1.5GiB``; :class:`RecordError` (a ValueError) naming ``name`` otherwise."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text), re.IGNORECASE)
+    if m is None:
+        raise RecordError(
+            f"{name} must be a number of bytes, e.g. 536870912, 512M or 1GiB; got {text!r}."
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _nonneg_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RecordError(f"{name} must be a non-negative int (bytes); got {value!r}.")
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    """How the guard keeps its decision log (all optional; the defaults are stated).
+
+    journal:
+        The journal file for rows the log cannot take yet. None: the default place,
+        ``$XDG_STATE_HOME/spotstop/journal/`` (``~/.local/state/...``). Put it on another file
+        system than the log, so one full disk does not stop both.
+    max_bytes, keep_days:
+        The log's disk budget (:class:`~spotstop.guard._log_archive.Retention`): older
+        decisions are archived as Parquet beside the log, then removed from it. None: no
+        budget (the default: nothing is archived).
+    min_free_bytes:
+        Free space the log's file system must keep (default 32 MiB); below it the log is
+        treated as full (decisions fail closed and wait) before SQLite fills the disk.
+    max_pending_bytes:
+        Most bytes of unwritten rows (and their images) held in memory (default 8 MiB);
+        beyond it they are spilled to the journal.
+    spill_after_s:
+        Rows wait in memory at most this long before they are spilled (default 5 s), so a
+        crash during a long outage loses none that waited longer.
+    retention_every_s:
+        Least time between two retention passes (default 60 s).
+    """
+
+    journal: Path | None = None
+    max_bytes: int | None = None
+    keep_days: float | None = None
+    min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
+    spill_after_s: float = 5.0
+    retention_every_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.journal is not None and not isinstance(self.journal, Path):
+            object.__setattr__(self, "journal", Path(self.journal))
+        _nonneg_int("min_free_bytes (--log-min-free-bytes)", self.min_free_bytes)
+        _nonneg_int("max_pending_bytes", self.max_pending_bytes)
+        for name in ("spill_after_s", "retention_every_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:
+                raise RecordError(f"{name} must be a non-negative number of seconds; got {v!r}.")
+        self.retention  # noqa: B018 - validates max_bytes and keep_days now
+
+    @property
+    def retention(self) -> Retention:
+        return Retention(max_bytes=self.max_bytes, keep_days=self.keep_days)
+
+
+@dataclass(frozen=True)
+class LogStatus:
+    """Where the decision log stands.
+
+    ``writable``: the last write succeeded and the free space is above the floor; else
+    ``fault`` (a :data:`~spotstop.guard._log_schema.FAULT_KINDS` kind), ``reason`` and
+    ``since`` (epoch seconds) say what and since when. ``pending_rows``/``pending_bytes``:
+    rows waiting in memory; ``journal_rows``: rows waiting in the journal. ``spilled_rows``,
+    ``imported_rows``, ``archived_rows``: totals since the writer started; ``faults``: failed
+    write attempts by kind since then. ``accepting``: False only when memory is at its bound
+    and the journal cannot take more (the guard then makes no decision).
+    """
+
+    log: str
+    writable: bool
+    fault: FaultKind | None
+    reason: str | None
+    since: float | None
+    pending_rows: int
+    pending_bytes: int
+    max_pending_bytes: int
+    journal: str
+    journal_rows: int
+    spilled_rows: int
+    imported_rows: int
+    rejected_lines: int
+    archived_rows: int
+    over_budget: bool
+    faults: Mapping[str, int]
+    free_bytes: int | None
+    min_free_bytes: int
+    accepting: bool
+
+    @property
+    def waiting_rows(self) -> int:
+        """Decisions made and not yet in the log (memory + journal)."""
+        return self.pending_rows + self.journal_rows
+
+    def __repr__(self) -> str:
+        state = "writable" if self.writable else f"NOT WRITABLE ({self.fault}: {self.reason})"
+        return (
+            f"LogStatus({self.log!r} {state}, pending {self.pending_rows} rows in memory, "
+            f"{self.journal_rows} in journal {self.journal!r}, spilled {self.spilled_rows}, "
+            f"imported {self.imported_rows}, archived {self.archived_rows})"
+        )
+
+
+@dataclass
+class _Batch:
+    records: list[DecisionRecord]
+    policy: PolicyRow | None
+    images: list[bytes | None] | None
+    n_bytes: int
+    since: float = field(default_factory=time.monotonic)
+
+
+def _batch_bytes(records: Sequence[DecisionRecord], images: Sequence[bytes | None] | None) -> int:
+    rows = sum(len(str(r.request)) + 1024 for r in records)  # a row is about 1 KiB + its text
+    return rows + sum(len(b) for b in images or () if b is not None)
+
+
+class LogWriter:
+    """Writes the guard's decisions to its log, keeping what the log cannot take yet."""
+
+    def __init__(
+        self,
+        log: DecisionLog,
+        options: LogOptions | None = None,
+        *,
+        windows: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
+        self.log = log
+        self.options = options if options is not None else LogOptions()
+        opts = self.options
+        self.journal = Journal(opts.journal or default_journal_path(log.path))
+        self._windows = windows
+        self._pending: collections.deque[_Batch] = collections.deque()
+        self._amendments: list[tuple[list[str], str]] = []
+        self._mutex = threading.Lock()  # the queues and counters (held briefly)
+        self._write_lock = threading.Lock()  # one log write at a time
+        self._fault: FaultKind | None = None
+        self._reason: str | None = None
+        self._since: float | None = None
+        self._journal_ok = True
+        self._journal_rows = 0
+        self._spilled = 0
+        self._imported = 0
+        self._rejected = 0
+        self._archived = 0
+        self._over_budget = False
+        self._faults: collections.Counter[str] = collections.Counter()
+        self._last_retention = -math.inf
+        self._retention_thread: threading.Thread | None = None
+        self._closed = False
+        self._warn_if_shared()
+        try:
+            self._journal_rows = self.journal.read().n_rows
+        except (OSError, LogError) as e:
+            _log.error("journal %s cannot be read: %s", self.journal.path, e)
+        if self._journal_rows:
+            _log.warning(
+                "%d decision(s) wait in the journal %s; importing them into %s",
+                self._journal_rows,
+                self.journal.path,
+                log.path,
+            )
+            # a failure is in status(); the next write or flush retries
+            with contextlib.suppress(LogError):
+                self.flush()
+
+    def _warn_if_shared(self) -> None:
+        try:
+            parent = self.journal.path.parent
+            while not parent.exists():
+                parent = parent.parent
+            same = parent.stat().st_dev == self.log.path.parent.stat().st_dev
+        except OSError:
+            return
+        if same:
+            _log.info(
+                "the journal %s is on the same file system as the log %s: a full disk stops "
+                "both (name another place with --journal)",
+                self.journal.path,
+                self.log.path,
+            )
+
+    # -- state -----------------------------------------------------------------------------
+    def _free_bytes(self) -> int | None:
+        try:
+            return shutil.disk_usage(self.log.path.parent).free
+        except OSError:
+            return None
+
+    def _check_floor(self) -> None:
+        free = self._free_bytes()
+        floor = self.options.min_free_bytes
+        if free is not None and free < floor and self.log.checkpoint():
+            free = self._free_bytes()  # a grown WAL may have held what was missing
+        if free is not None and free < floor:
+            raise LogError(
+                f"decision log {str(self.log.path)!r}: only {free} bytes are free on its file "
+                f"system, below the floor of {floor} (min_free_bytes); the log stops before "
+                "SQLite fills the disk. Free space there, set a budget (--log-max-bytes), or "
+                "lower --log-min-free-bytes.",
+                "disk_full",
+            )
+
+    def _tend_wal(self) -> None:
+        """Checkpoint and truncate the WAL when it holds more than half the free space.
+
+        SQLite checkpoints on its own only every 1000 pages (about 4 MiB); on a nearly full
+        file system the WAL would take the last free bytes, and a WAL that holds the whole
+        database cannot be checkpointed without room for the pages it copies back.
+        """
+        try:
+            wal = os.path.getsize(f"{self.log.path}-wal")
+        except OSError:
+            return
+        free = self._free_bytes()
+        if free is not None and wal > free // 2:
+            self.log.checkpoint()
+
+    def _failed(self, e: BaseException) -> str:
+        kind = fault_kind(e)
+        reason = f"decision log ({kind}): {type(e).__name__}: {e}"
+        with self._mutex:
+            self._faults[kind] += 1
+            first = self._fault is None
+            self._fault, self._reason = kind, reason
+            if first:
+                self._since = time.time()
+        if first:
+            _log.error(
+                "the decision log cannot be written (%s): %s Decisions fail closed and wait "
+                "in memory, then in the journal %s, until it can.",
+                kind,
+                e,
+                self.journal.path,
+            )
+        return reason
+
+    def _succeeded(self) -> None:
+        with self._mutex:
+            was, since = self._fault, self._since
+            self._fault = self._reason = self._since = None
+        if was is not None:
+            _log.warning(
+                "the decision log %s is writable again after %.1f s (%s)",
+                self.log.path,
+                time.time() - (since or time.time()),
+                was,
+            )
+
+    @property
+    def pending(self) -> int:
+        """Rows waiting in memory."""
+        with self._mutex:
+            return sum(len(b.records) for b in self._pending)
+
+    @property
+    def accepting(self) -> bool:
+        """False when memory is at its bound and the journal cannot take more."""
+        with self._mutex:
+            return self._journal_ok or self._pending_bytes() < self.options.max_pending_bytes
+
+    def _pending_bytes(self) -> int:
+        return sum(b.n_bytes for b in self._pending)
+
+    def status(self) -> LogStatus:
+        """Where the log stands now (the free-space floor is checked now)."""
+        free = self._free_bytes()
+        floor = self.options.min_free_bytes
+        with self._mutex:
+            fault, reason, since = self._fault, self._reason, self._since
+            if fault is None and free is not None and free < floor:
+                fault, since = "disk_full", time.time()
+                reason = (
+                    f"decision log (disk_full): {free} bytes free on its file system, below "
+                    f"the floor of {floor} (min_free_bytes)"
+                )
+            return LogStatus(
+                log=str(self.log.path),
+                writable=fault is None,
+                fault=fault,
+                reason=reason,
+                since=since,
+                pending_rows=sum(len(b.records) for b in self._pending),
+                pending_bytes=self._pending_bytes(),
+                max_pending_bytes=self.options.max_pending_bytes,
+                journal=str(self.journal.path),
+                journal_rows=self._journal_rows,
+                spilled_rows=self._spilled,
+                imported_rows=self._imported,
+                rejected_lines=self._rejected,
+                archived_rows=self._archived,
+                over_budget=self._over_budget,
+                faults=dict(self._faults),
+                free_bytes=free,
+                min_free_bytes=floor,
+                accepting=self._journal_ok
+                or self._pending_bytes() < self.options.max_pending_bytes,
+            )
+
+    # -- writing ---------------------------------------------------------------------------
+    def write(
+        self,
+        records: list[DecisionRecord],
+        *,
+        images: list[bytes | None] | None,
+        policy: PolicyRow | None,
+        timeout_s: float | None,
+        lock_timeout_s: float = -1,
+    ) -> str | None:
+        """Write what waits, then ``records`` (one transaction, images included); None when
+        written, else why not (the caller fails them closed and hands them to :meth:`keep`).
+        ``timeout_s`` bounds the wait for a busy log; ``lock_timeout_s`` the wait for another
+        write of this guard (-1: no bound)."""
+        if not self._write_lock.acquire(timeout=lock_timeout_s):
+            return "decision log: another write held the log past the deadline"
+        try:
+            self._check_floor()
+            self._flush_locked(timeout_s)
+            self.log.append_many(records, images=images, policy=policy, timeout_s=timeout_s)
+            self._tend_wal()
+        except Exception as e:  # the caller fails these closed and keeps them
+            return self._failed(e)
+        finally:
+            self._write_lock.release()
+        self._succeeded()
+        self._maybe_retain()
+        return None
+
+    def keep(
+        self,
+        records: list[DecisionRecord],
+        *,
+        images: list[bytes | None] | None,
+        policy: PolicyRow | None,
+    ) -> None:
+        """Hold rows the log could not take (in memory, spilled to the journal past the
+        bounds); they are written first by the next write or flush."""
+        batch = _Batch(list(records), policy, images, _batch_bytes(records, images))
+        with self._mutex:
+            self._pending.append(batch)
+        self._spill(force=False)
+
+    def amend_late(self, ids: list[str], reason: str) -> None:
+        """Turn logged SAFE rows into fail-closed UNSAFE ones (their write finished after the
+        deadline): one attempt now, else kept and retried before the next write."""
+        try:  # one attempt (the deadline is spent): a busy log gets the change on the next write
+            self.log.mark_fail_closed(ids, reason, timeout_s=0.0)
+        except Exception:  # the answer is UNSAFE either way; retry the row change later
+            with self._mutex:
+                self._amendments.append((list(ids), reason))
+
+    def flush(self, timeout_s: float | None = None) -> int:
+        """Import the journal, write the rows and amendments that wait, or probe the log when
+        nothing waits. Returns the rows written; raises :class:`LogError` when the log still
+        cannot be written (everything stays where it was, spilled if it waited too long)."""
+        lock = -1 if timeout_s is None else max(0.0, timeout_s)
+        if not self._write_lock.acquire(timeout=lock):
+            raise LogError(
+                f"decision log {str(self.log.path)!r}: another write held it for {timeout_s:g} "
+                "s; retry later.",
+                "locked",
+            )
+        try:
+            try:
+                self._check_floor()
+                written = self._flush_locked(timeout_s)
+                if not written and self._fault is not None:
+                    self.log.probe(timeout_s=timeout_s)
+                self._tend_wal()
+            except Exception as e:
+                self._failed(e)
+                raise e if isinstance(e, LogError) else LogError(str(e), fault_kind(e)) from e
+        finally:
+            self._write_lock.release()
+            self._spill(force=False)  # what waited too long goes to the journal meanwhile
+        self._succeeded()
+        self._maybe_retain()
+        return written
+
+    def _flush_locked(self, timeout_s: float | None) -> int:
+        """Journal first (its rows are the oldest), then memory, then amendments."""
+        written = self._import_journal(timeout_s)
+        while True:
+            with self._mutex:
+                if not self._pending:
+                    break
+                batch = self._pending[0]
+            self.log.append_many(
+                batch.records, images=batch.images, policy=batch.policy, timeout_s=timeout_s
+            )
+            with self._mutex:
+                self._pending.popleft()
+            written += len(batch.records)
+            self._tend_wal()
+        while True:
+            with self._mutex:
+                if not self._amendments:
+                    break
+                ids, reason = self._amendments[0]
+            self.log.mark_fail_closed(ids, reason, timeout_s=timeout_s)
+            with self._mutex:
+                self._amendments.pop(0)
+        return written
+
+    def _import_journal(self, timeout_s: float | None) -> int:
+        with self._mutex:
+            if not self._journal_rows and not self.journal.path.exists():
+                return 0
+        imported = 0
+        try:
+            with self.journal.draining() as read:
+                for entry in read.entries:
+                    if entry.kind == "rows":
+                        imported += self.log.import_batch(
+                            list(entry.records),
+                            images=None if entry.images is None else list(entry.images),
+                            policy=entry.policy,
+                            timeout_s=timeout_s,
+                        )
+                        self._tend_wal()
+                    else:
+                        try:
+                            self.log.mark_fail_closed(
+                                list(entry.amend_ids), entry.amend_reason, timeout_s=timeout_s
+                            )
+                        except RecordError as e:  # ids the log does not hold: say so
+                            _log.error("journal amendment not applied: %s", e)
+        except OSError as e:
+            raise LogError(
+                f"journal {str(self.journal.path)!r} cannot be read or emptied ({e}).",
+                fault_kind(e),
+            ) from e
+        with self._mutex:
+            self._rejected += read.rejected
+            self._imported += imported
+            self._journal_rows = 0
+        if read.rejected:
+            _log.error(
+                "%d journal line(s) could not be read (torn or altered); kept in %s.rejected",
+                read.rejected,
+                self.journal.path,
+            )
+        if imported:
+            _log.warning("imported %d decision(s) from the journal %s", imported, self.journal.path)
+        return imported
+
+    def _spill(self, *, force: bool) -> None:
+        """Move batches that waited too long, or beyond the memory bound, to the journal."""
+        now = time.monotonic()
+        with self._mutex:
+            out: list[_Batch] = []
+            left = list(self._pending)
+            total = self._pending_bytes()
+            while left and (
+                force
+                or total > self.options.max_pending_bytes
+                or now - left[0].since >= self.options.spill_after_s
+            ):
+                b = left.pop(0)
+                out.append(b)
+                total -= b.n_bytes
+            amend = list(self._amendments) if force else []
+        if not out and not amend:
+            return
+        entries = [
+            JournalEntry(
+                "rows", tuple(b.records), b.policy, None if b.images is None else tuple(b.images)
+            )
+            for b in out
+        ] + [JournalEntry("amend", amend_ids=tuple(i), amend_reason=r) for i, r in amend]
+        try:
+            self.journal.append(entries)
+        except LogError as e:
+            with self._mutex:
+                first = self._journal_ok
+                self._journal_ok = False
+            if first:
+                _log.error("the journal cannot take the waiting decisions either: %s", e)
+            return
+        n = sum(len(b.records) for b in out)
+        with self._mutex:
+            self._journal_ok = True
+            for b in out:
+                self._pending.remove(b)
+            for a in amend:
+                self._amendments.remove(a)
+            self._journal_rows += n
+            self._spilled += n
+        _log.warning("spilled %d waiting decision(s) to the journal %s", n, self.journal.path)
+
+    # -- retention -------------------------------------------------------------------------
+    def _maybe_retain(self) -> None:
+        retention = self.options.retention
+        if not retention.active or self._closed:
+            return
+        now = time.monotonic()
+        with self._mutex:
+            busy = self._retention_thread is not None and self._retention_thread.is_alive()
+            due = now - self._last_retention >= self.options.retention_every_s
+            idle = not self._pending and not self._journal_rows and not self._amendments
+            if busy or not due or not idle:
+                return
+            self._last_retention = now
+            t = threading.Thread(
+                target=self._retain_quietly, name="spotstop-retention", daemon=True
+            )
+            self._retention_thread = t
+        t.start()
+
+    def _retain_quietly(self) -> None:
+        try:
+            self.apply_retention()
+        except Exception as e:  # the next pass retries; say so in the server log
+            _log.error("log retention failed: %s", e)
+
+    def apply_retention(self, *, now: float | None = None) -> RetentionResult:
+        """One retention pass now (the background thread's work), protecting what the guard
+        needs; the result is also counted in :meth:`status`."""
+        with self._mutex:
+            ids = frozenset(i for batch, _ in self._amendments for i in batch)
+        protect = Protect(decision_ids=ids, windows=dict(self._windows()))
+        result = self.log.apply_retention(self.options.retention, protect, now=now)
+        with self._mutex:
+            self._archived += result.archived_rows
+            self._over_budget = result.over_budget
+        if result.archived_rows:
+            _log.info("retention: %r", result)
+        if result.over_budget:
+            _log.warning(
+                "the decision log is over its budget after retention (%d > %s bytes): only "
+                "protected rows are left in it",
+                result.bytes_after,
+                result.max_bytes,
+            )
+        return result
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self, timeout_s: float | None = 5.0) -> None:
+        """Write what waits (waiting at most ``timeout_s`` for a busy log), else spill it to
+        the journal; then stop retention. Nothing waiting is dropped: what neither the log
+        nor the journal took is reported loudly with its count."""
+        self._closed = True
+        t = self._retention_thread
+        if t is not None:
+            t.join()
+        try:
+            self.flush(timeout_s)
+        except LogError:
+            self._spill(force=True)
+        left = self.pending
+        if left:
+            _log.critical(
+                "%d decision(s) could be written neither to the log %s nor to the journal %s "
+                "before closing: %s",
+                left,
+                self.log.path,
+                self.journal.path,
+                self._reason,
+            )
