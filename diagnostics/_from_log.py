@@ -40,6 +40,7 @@ Labels
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -96,6 +97,8 @@ class LogData:
     first_time: Mapping[str, float]
     labels_source: str
     n_labelled_from_file: int
+    archived: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Decisions read from the log's Parquet archives: ``{"files": …, "rows": …}`` ({} none)."""
 
     @property
     def n(self) -> int:
@@ -133,6 +136,7 @@ def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogDa
         with DecisionLog(path) as log:
             reviewed = read_reviewed(log, labels)
             rows = log.policies()
+            infos = log.archives()
     except LabelsFileError as exc:
         raise DataError(str(exc)) from exc
     except GuardError as exc:
@@ -164,6 +168,7 @@ def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogDa
         first_time={vid: row.first_time for vid, row in rows.items()},
         labels_source=reviewed.labels,
         n_labelled_from_file=reviewed.n_from_file,
+        archived={"files": len(infos), "rows": sum(a.n_rows for a in infos)} if infos else {},
     )
 
 
@@ -316,6 +321,7 @@ def log_cases(log_path: str | Path, *, labels: str | Path | None = None) -> LogC
         "time_range": _time_range(np.asarray(arr.time)[keep]),
         "time_range_log": _time_range(np.asarray(arr.time)),
         "n_decisions": arr.n,
+        "archived": dict(log.archived),
         "n_cases": int(keep.sum()),
         "n_labelled_from_file": log.n_labelled_from_file,
         "dropped": dropped,

@@ -51,6 +51,7 @@ __all__ = [
     "Retention",
     "RetentionResult",
     "archive_folder",
+    "check_present",
     "read_archive",
     "write_archive",
 ]
@@ -159,7 +160,8 @@ class RetentionResult:
     """What one retention pass did.
 
     ``bytes_before``/``bytes_after``: database pages in use before and after; ``over_budget``:
-    still over ``max_bytes`` after the pass (only protected rows were left to move);
+    still over ``max_bytes`` after the pass (what is left cannot be archived: protected rows,
+    labels, policies, stored images, the tables themselves);
     ``protected_rows``: rows the pass had to leave.
     """
 
@@ -173,7 +175,7 @@ class RetentionResult:
 
     def __repr__(self) -> str:
         budget = "no size budget" if self.max_bytes is None else f"budget {self.max_bytes} B"
-        over = ", OVER BUDGET (only protected rows left)" if self.over_budget else ""
+        over = ", OVER BUDGET (what is left cannot be archived)" if self.over_budget else ""
         return (
             f"RetentionResult(archived {self.archived_rows} rows in {len(self.files)} file(s), "
             f"{self.bytes_before} -> {self.bytes_after} B, {budget}, "
@@ -246,6 +248,26 @@ def write_archive(folder: Path, seqs: list[int], rows: list[tuple[Any, ...]]) ->
         sha256=sha,
         created=_dt.datetime.now(_dt.UTC).timestamp(),
     )
+
+
+def check_present(folder: Path, infos: list[ArchiveInfo]) -> None:
+    """Every registered archive is there with its registered size (a cheap check; reading
+    one also checks its sha256); :class:`LogError` names the first that is not."""
+    for info in infos:
+        path = folder / info.name
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            raise LogError(
+                f"log archive {str(path)!r} is registered in the log but cannot be read "
+                f"({exc}). Put the archive folder back beside the log (it holds decisions no "
+                "longer in the live table)."
+            ) from exc
+        if size != info.n_bytes:
+            raise LogError(
+                f"log archive {str(path)!r} has {size} bytes, but the log registered "
+                f"{info.n_bytes}: the file changed since it was written. Restore it from a copy."
+            )
 
 
 def read_archive(folder: Path, info: ArchiveInfo) -> Iterator[tuple[int, tuple[Any, ...]]]:

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import numpy as np
 from spotstop.guard._errors import GuardError
-from spotstop.guard._log_archive import ArchiveInfo, read_archive
+from spotstop.guard._log_archive import ArchiveInfo, check_present, read_archive
 from spotstop.guard._log_schema import (
     COLUMNS,
     ID_COLUMN,
@@ -467,6 +467,7 @@ class LogReader:
 
         n, infos = self._retry(read, what="count")
         if not where:
+            check_present(self.archive_folder, infos)
             return n + sum(a.n_rows for a in infos)
         return n + sum(1 for stream in self._iter_archived(infos, keep) for _ in stream)
 

@@ -605,8 +605,9 @@ class LogWriter:
             _log.info("retention: %r", result)
         if result.over_budget:
             _log.warning(
-                "the decision log is over its budget after retention (%d > %s bytes): only "
-                "protected rows are left in it",
+                "the decision log is over its budget after retention (%d > %s bytes): what is "
+                "left cannot be archived (protected rows, labels, stored images); raise the "
+                "budget or shorten the image retention",
                 result.bytes_after,
                 result.max_bytes,
             )

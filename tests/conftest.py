@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,19 @@ from spotstop.export.configs import EXPORT_CONFIGS
 #: The tiny TEST pair's member folders, one per registered architecture (as export/tiny.py
 #: names them); torch-free, so collection needs no export extra.
 TINY_MEMBERS = tuple(f"tiny-{model_type}" for model_type in EXPORT_CONFIGS)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _journal_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Guards of this test session keep their default journals (``$XDG_STATE_HOME``) in a
+    temp folder, never in the home of whoever runs the tests (subprocesses inherit it)."""
+    old = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = old
 
 
 def load_bench(name: str, module: str | None = None) -> Any:

@@ -7,13 +7,15 @@ import dataclasses
 import hashlib
 import json
 import math
+import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from spotstop.diagnostics import CaseTable, DataError, case_table_from_log, log_cases, simulate_log
 from spotstop.diagnostics._cli import card_main
-from spotstop.guard._log import DecisionLog, DecisionRecord
+from spotstop.guard._log import DecisionLog, DecisionRecord, Retention
 from spotstop.guard.policies import FrozenPolicy
 
 from tests._log_writer import policy_config, policy_row
@@ -268,3 +270,39 @@ def test_card_main_sources_are_exclusive(tmp_path, labelled_log, capsys):
     assert "--labels goes with a decision LOG" in capsys.readouterr().err
     assert card_main([str(tmp_path / "missing.sqlite"), "--out", out, "--quiet"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# -- retention: the card on archive + live log is the card on the untrimmed log ----------------
+
+
+def _card(log: Path, out: Path) -> dict[str, Any]:
+    from spotstop.diagnostics._cli import card_main
+
+    assert card_main([str(log), "--out", str(out), "--n-boot", "200", "--quiet"]) == 0
+    doc = json.loads((out / "card.json").read_text())
+    prov = doc["provenance"]
+    for key in ("source", "created_utc"):  # where and when the card was made
+        prov.pop(key)
+    prov["log"].pop("log")
+    return doc
+
+
+def test_the_card_on_archive_and_live_log_is_the_card_on_the_untrimmed_log(
+    tmp_path: Path, labelled_log: Path
+) -> None:
+    whole = tmp_path / "whole" / "decisions.sqlite"
+    trimmed = tmp_path / "trimmed" / "decisions.sqlite"
+    for p in (whole, trimmed):
+        p.parent.mkdir()
+        shutil.copy(labelled_log, p)
+    with DecisionLog(trimmed) as log:
+        res = log.apply_retention(Retention(max_bytes=log.used_bytes() * 4 // 5))
+        assert res.archived_rows > 10 and log._fetchall("SELECT 1 FROM decisions LIMIT 1", [])
+    a = _card(whole, tmp_path / "card-whole")
+    b = _card(trimmed, tmp_path / "card-trimmed")
+    assert a["provenance"]["log"].pop("archived") == {}
+    assert b["provenance"]["log"].pop("archived") == {
+        "files": len(res.files),
+        "rows": res.archived_rows,
+    }
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)

@@ -1,0 +1,313 @@
+"""A log that cannot be written: fault kinds, the journal, the log writer, and the guard on top.
+
+The faults are SQLite's own, raised on the log's own connection: ``PRAGMA max_page_count``
+makes the database full (SQLITE_FULL, what a full disk gives), ``PRAGMA query_only`` makes it
+read-only (SQLITE_READONLY), another connection's write transaction locks it (SQLITE_BUSY).
+Lifting the pragma is the space coming back. ``test_serve_log.py`` fills a real file system.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from spotstop.guard._journal import Journal, JournalEntry, default_journal_path
+from spotstop.guard._log import DecisionLog, PolicyRow
+from spotstop.guard._log_schema import FAULT_KINDS, LogError, fault_kind
+from spotstop.guard._log_writer import LogOptions, LogWriter, parse_bytes
+from spotstop.guard._record import RecordError
+
+from tests.test_log import assert_same_record, make_record
+
+BIG = "x" * 6000  # a request that needs pages of its own
+
+
+def fill_up(log: DecisionLog) -> None:
+    """SQLITE_FULL from now on for this thread's connection: no page may be added."""
+    conn = log._conn()
+    (n,) = conn.execute("PRAGMA page_count").fetchone()
+    conn.execute(f"PRAGMA max_page_count = {n}")
+
+
+def make_room(log: DecisionLog) -> None:
+    log._conn().execute("PRAGMA max_page_count = 1073741823")
+
+
+def policy_row() -> PolicyRow:
+    return PolicyRow("v1", "frozen", "fk", "bundle-1", "abc123", "2026-01-01", {"kind": "frozen"})
+
+
+# -- fault kinds ---------------------------------------------------------------------------
+
+
+def test_fault_kinds_of_real_sqlite_errors(tmp_path: Path) -> None:
+    with DecisionLog(tmp_path / "log.sqlite") as log:
+        log.append(make_record(0))
+        fill_up(log)
+        with pytest.raises(LogError, match=r"disk_full") as full:
+            log.append(make_record(1, request=BIG))
+        assert full.value.kind == "disk_full" and "log.sqlite" in str(full.value)
+        make_room(log)
+        log._conn().execute("PRAGMA query_only = 1")
+        with pytest.raises(LogError) as ro:
+            log.append(make_record(2))
+        assert ro.value.kind == "read_only" and "read-only" in str(ro.value)
+        log._conn().execute("PRAGMA query_only = 0")
+        other = sqlite3.connect(log.path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(LogError) as busy:
+            log.append(make_record(3), timeout_s=0.05)
+        assert busy.value.kind == "locked"
+        other.execute("ROLLBACK")
+        other.close()
+        log.append(make_record(4))  # every fault passed: the log takes rows again
+        assert log.count() == 2
+    with pytest.raises(LogError) as closed:
+        log.append(make_record(5))
+    assert closed.value.kind == "closed"
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "disk_full"),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), "disk_full"),
+        (OSError(errno.EROFS, "Read-only file system"), "read_only"),
+        (OSError(errno.EIO, "Input/output error"), "io_error"),
+        (sqlite3.OperationalError("database or disk is full"), "disk_full"),
+        (sqlite3.OperationalError("attempt to write a readonly database"), "read_only"),
+        (sqlite3.OperationalError("database is locked"), "locked"),
+        (ValueError("something else"), "other"),
+        (LogError("x", "locked"), "locked"),
+    ],
+)
+def test_fault_kind_of_each_error(exc: BaseException, kind: str) -> None:
+    assert fault_kind(exc) == kind
+    assert kind in FAULT_KINDS
+
+
+def test_log_error_keeps_its_kind_across_pickling() -> None:
+    import pickle
+
+    e = pickle.loads(pickle.dumps(LogError("disk gone", "disk_full")))
+    assert isinstance(e, LogError) and e.kind == "disk_full" and str(e) == "disk gone"
+
+
+# -- the journal -----------------------------------------------------------------------------
+
+
+def test_journal_round_trip_keeps_nan_infinities_images_and_policy(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j" / "decisions.journal")
+    r0 = make_record(0, fused_score=math.nan, member_scores={"a": math.inf, "b": -math.inf})
+    r1 = make_record(1, request="ünïcode ✓", threshold=math.inf)
+    j.append([JournalEntry("rows", (r0, r1), policy_row(), (b"\x00\xff", None))])
+    j.append([JournalEntry("amend", amend_ids=("x",), amend_reason="late")])
+    read = j.read()
+    assert read.rejected == 0 and read.n_rows == 2 and len(read.entries) == 2
+    rows, amend = read.entries
+    for want, got in zip((r0, r1), rows.records, strict=True):
+        assert_same_record(want, got)
+    assert rows.policy == policy_row() and rows.images == (b"\x00\xff", None)
+    assert amend.kind == "amend" and amend.amend_ids == ("x",) and amend.amend_reason == "late"
+
+
+def test_journal_torn_line_is_set_apart_and_counted_never_imported(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "decisions.journal")
+    j.append([JournalEntry("rows", (make_record(0),), None)])
+    good = j.path.read_bytes()
+    altered = good.replace(b'"pick up the knife 0"', b'"pick up the knife 9"')
+    j.path.write_bytes(good + altered + good[:40])  # a changed line and a torn last line
+    read = j.read()
+    assert read.n_rows == 1 and read.rejected == 2
+    assert j.path.read_bytes() == good  # the journal keeps only what can be imported
+    assert j.path.with_name(j.path.name + ".rejected").read_bytes().count(b"\n") == 2
+
+
+def test_journal_is_emptied_only_when_the_import_finished(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "decisions.journal")
+    j.append([JournalEntry("rows", (make_record(0),), None)])
+    with pytest.raises(RuntimeError), j.draining() as read:
+        assert read.n_rows == 1
+        raise RuntimeError("the log failed half-way")
+    assert j.read().n_rows == 1
+    with j.draining() as read:
+        assert read.n_rows == 1
+    assert j.read().n_rows == 0
+
+
+def test_journal_that_cannot_be_written_says_where_and_why(tmp_path: Path) -> None:
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    j = Journal(tmp_path / "blocker" / "decisions.journal")
+    with pytest.raises(LogError, match=r"journal .*cannot be written.*--journal"):
+        j.append([JournalEntry("rows", (make_record(0),), None)])
+    with pytest.raises(LogError, match=r"is not a file"):
+        Journal(tmp_path)
+
+
+def test_default_journal_is_per_log_under_xdg_state_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    a = default_journal_path(tmp_path / "a" / "decisions.sqlite")
+    b = default_journal_path(tmp_path / "b" / "decisions.sqlite")
+    assert a != b and a.parent == b.parent == tmp_path / "state" / "spotstop" / "journal"
+    assert a.name.startswith("decisions.sqlite-") and a.suffix == ".journal"
+
+
+def test_import_twice_is_importing_once(tmp_path: Path) -> None:
+    recs = [make_record(i) for i in range(3)]
+    with DecisionLog(tmp_path / "log.sqlite") as log:
+        assert log.import_batch(recs[:2], policy=policy_row()) == 2
+        assert log.import_batch(recs, policy=policy_row()) == 1  # a re-import after a crash
+        assert [r.decision_id for r in log.records()] == [r.decision_id for r in recs]
+        assert set(log.policies()) == {"v1"}
+
+
+# -- the writer ------------------------------------------------------------------------------
+
+
+def _writer(tmp_path: Path, **kw: object) -> LogWriter:
+    opts = LogOptions(journal=tmp_path / "elsewhere" / "decisions.journal", **kw)  # type: ignore[arg-type]
+    return LogWriter(DecisionLog(tmp_path / "log.sqlite"), opts)
+
+
+def test_writer_keeps_rows_then_recovers_by_itself(tmp_path: Path) -> None:
+    w = _writer(tmp_path, spill_after_s=3600.0)
+    log = w.log
+    assert w.write([make_record(0)], images=None, policy=policy_row(), timeout_s=1) is None
+    fill_up(log)
+    why = w.write([make_record(1, request=BIG)], images=None, policy=policy_row(), timeout_s=1)
+    assert why is not None and why.startswith("decision log (disk_full)") and "log.sqlite" in why
+    w.keep([make_record(1, request=BIG)], images=None, policy=policy_row())
+    st = w.status()
+    assert not st.writable and st.fault == "disk_full" and st.pending_rows == 1
+    assert st.faults == {"disk_full": 1} and st.since is not None and st.accepting
+    with pytest.raises(LogError) as still:
+        w.flush(1.0)
+    assert still.value.kind == "disk_full" and w.status().faults["disk_full"] == 2
+    make_room(log)  # the space came back
+    assert w.flush(1.0) == 1
+    st = w.status()
+    assert st.writable and st.fault is None and st.pending_rows == 0 and log.count() == 2
+    w.close()
+    log.close()
+
+
+def test_writer_probes_a_log_that_failed_with_nothing_waiting(tmp_path: Path) -> None:
+    w = _writer(tmp_path)
+    w.log._conn().execute("PRAGMA query_only = 1")
+    assert w.write([make_record(0)], images=None, policy=None, timeout_s=1) is not None
+    assert w.status().fault == "read_only" and w.status().waiting_rows == 0
+    with pytest.raises(LogError, match="read_only"):
+        w.flush(1.0)  # nothing waits: the probe row finds the fault still there
+    assert w.status().faults == {"read_only": 2}
+    w.log._conn().execute("PRAGMA query_only = 0")
+    assert w.flush(1.0) == 0 and w.status().writable  # the probe row went in
+    w.close()
+    w.log.close()
+
+
+def test_writer_spills_past_its_time_and_its_memory_bound(tmp_path: Path) -> None:
+    w = _writer(tmp_path, spill_after_s=3600.0, max_pending_bytes=3000)
+    fill_up(w.log)
+    w.keep([make_record(0)], images=None, policy=policy_row())  # about 1 KiB: stays in memory
+    assert w.status().pending_rows == 1 and w.status().journal_rows == 0
+    w.keep([make_record(1)], images=[b"\x01" * 4000], policy=policy_row())  # past the bound
+    st = w.status()
+    assert st.journal_rows == 2 and st.spilled_rows == 2 and st.pending_rows == 0
+    (tmp_path / "t").mkdir()
+    w2 = _writer(tmp_path / "t", spill_after_s=0.0)
+    w2.keep([make_record(2)], images=None, policy=None)  # waited "too long" at once
+    assert w2.status().journal_rows == 1
+    w.close()
+    w2.close()
+    w.log.close()
+    w2.log.close()
+
+
+def test_close_while_full_spills_and_the_next_start_imports(tmp_path: Path) -> None:
+    w = _writer(tmp_path, spill_after_s=3600.0)
+    recs = [make_record(i, request=BIG) for i in range(3)]
+    fill_up(w.log)
+    for r in recs:
+        assert w.write([r], images=None, policy=policy_row(), timeout_s=1) is not None
+        w.keep([r], images=None, policy=policy_row())
+    w.amend_late(["not-yet-logged"], "deadline exceeded")  # kept: its row is not in the log
+    w.close()  # the log is still full: everything goes to the journal
+    w.log.close()
+    journal = tmp_path / "elsewhere" / "decisions.journal"
+    read = Journal(journal).read()
+    assert read.n_rows == 3 and [e.kind for e in read.entries][-1] == "amend"
+    w2 = _writer(tmp_path)  # the next start, with room again: the journal is imported
+    st = w2.status()
+    assert st.imported_rows == 3 and st.journal_rows == 0 and st.writable
+    got = [r.decision_id for r in w2.log.records()]
+    assert got == [r.decision_id for r in recs]
+    assert Journal(journal).read().n_rows == 0
+    w2.close()
+    w2.log.close()
+
+
+def test_refusal_when_memory_is_full_and_the_journal_cannot_take_more(tmp_path: Path) -> None:
+    (tmp_path / "blocker").write_text("not a folder")
+    w = LogWriter(
+        DecisionLog(tmp_path / "log.sqlite"),
+        LogOptions(journal=tmp_path / "blocker" / "j", max_pending_bytes=100, spill_after_s=3600),
+    )
+    fill_up(w.log)
+    w.keep([make_record(0)], images=None, policy=None)
+    st = w.status()
+    assert not st.accepting and st.pending_rows == 1  # kept in memory, never dropped
+    make_room(w.log)
+    assert w.flush(1.0) == 1 and w.accepting
+    w.close()
+    w.log.close()
+
+
+def test_floor_counts_as_full_before_sqlite_meets_it(tmp_path: Path) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    w = _writer(tmp_path, min_free_bytes=free * 4)
+    why = w.write([make_record(0)], images=None, policy=None, timeout_s=1)
+    assert why is not None and "below the floor" in why and "(disk_full)" in why
+    st = w.status()
+    assert not st.writable and st.fault == "disk_full" and st.min_free_bytes == free * 4
+    assert w.log.count() == 0
+    w.close()
+    w.log.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "n"),
+    [("512", 512), ("64K", 65536), ("1.5GiB", 3 << 29), ("2 mb", 2 << 20), (7, 7)],
+)
+def test_parse_bytes(text: str | int, n: int) -> None:
+    assert parse_bytes(text, "x") == n
+
+
+def test_log_options_name_the_bad_key() -> None:
+    with pytest.raises(RecordError, match=r"min_free_bytes .*non-negative int"):
+        LogOptions(min_free_bytes=-1)
+    with pytest.raises(RecordError, match=r"max_bytes .*--log-max-bytes.*got 0"):
+        LogOptions(max_bytes=0)
+    with pytest.raises(RecordError, match=r"keep_days .*positive"):
+        LogOptions(keep_days=float("nan"))
+    with pytest.raises(RecordError, match=r"a number of bytes, e.g."):
+        parse_bytes("lots", "--log-max-bytes")
+
+
+def test_status_repr_says_what_waits(tmp_path: Path) -> None:
+    w = _writer(tmp_path, spill_after_s=3600.0)
+    fill_up(w.log)
+    w.write([make_record(0, request=BIG)], images=None, policy=None, timeout_s=1)
+    w.keep([make_record(0, request=BIG)], images=None, policy=None)
+    text = repr(w.status())
+    assert "NOT WRITABLE (disk_full" in text and "pending 1 rows in memory" in text
+    json.dumps(dict(w.status().faults))  # plain counts
+    make_room(w.log)
+    w.close()
+    w.log.close()
