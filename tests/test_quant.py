@@ -38,6 +38,13 @@ from tests.conftest import by_arch, fp32_bundle  # noqa: E402
 
 HAS_MODELOPT = modelopt_version() is not None
 
+#: onnxruntime's default optimizations fuse DequantizeLinear → MatMul into MatMulNBits with
+#: accuracy_level 4: on a CPU with int8 dot products the activations are quantized to int8
+#: per block, a few % of the output's scale, by how much depends on the CPU's kernel (one
+#: without int8 dot products computes in float32). A fused run is held to this share of the
+#: output's scale, elementwise and of its largest entry (``rtol`` and ``atol / max|want|``).
+INT8_ACTIVATIONS = 0.05
+
 
 def _matmul_model(weights: dict[str, np.ndarray], opset: int = 17) -> onnx.ModelProto:
     """x → MatMul(·, W0) → MatMul(·, W1) … (every W a constant [K, N] initializer).
@@ -174,7 +181,8 @@ def test_onnxruntime_runs_int4_trt_and_matches_numpy() -> None:
     (y2,) = ort.InferenceSession(
         q_model.SerializeToString(), providers=["CPUExecutionProvider"]
     ).run(None, {"x": x})
-    np.testing.assert_allclose(y2, want, rtol=0.05, atol=0.05 * float(np.abs(want).max()))
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(y2, want, rtol=INT8_ACTIVATIONS, atol=INT8_ACTIVATIONS * scale)
 
 
 def _known_weights_fp16() -> dict[str, np.ndarray]:
@@ -235,7 +243,8 @@ def test_int4_trt_fp16_scales_match_an_independent_reference() -> None:
         )
         (y,) = sess.run(None, {"x": x})
         assert y.dtype == np.float16
-        np.testing.assert_allclose(y, want, rtol=0.05, atol=0.05 * float(np.abs(want).max()))
+        scale = float(np.abs(want).max())
+        np.testing.assert_allclose(y, want, rtol=INT8_ACTIVATIONS, atol=INT8_ACTIVATIONS * scale)
 
 
 def _norm_softmax_matmul_model() -> onnx.ModelProto:
@@ -313,8 +322,11 @@ def test_convert_precision_int4_trt_quantizes_the_fp16_graph() -> None:
             assert types[inner.input[0]] != TensorProto.FLOAT or types[n.output[0]] != (
                 TensorProto.FLOAT
             ), n.name
-    # x² ≫ 65504: finite only because the norm stays float32; the rest matches numpy on the
-    # int4 weights within float16 rounding
+    # x² ≫ 65504: finite only because the norm stays float32; the rest, as written, matches
+    # numpy on the int4 weights within float16 rounding (a float16 MatMul that accumulates in
+    # float16 too, simulated in numpy, comes to 0.17 of this bound), and fused by onnxruntime's
+    # default optimizations within INT8_ACTIVATIONS (the fused run reached 0.995 of the
+    # float16 bound on a CPU with int8 dot products: that CPU's kernel decided, not the graph)
     x = (3000 * np.random.default_rng(6).standard_normal((3, 256))).astype(np.float32)
     deq = {
         k: q.astype(np.float64) * np.repeat(s.astype(np.float64), BLOCK_SIZE, axis=0)[: q.shape[0]]
@@ -331,7 +343,12 @@ def test_convert_precision_int4_trt_quantizes_the_fp16_graph() -> None:
         sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         (got,) = sess.run(None, {"x": x})
         assert got.dtype == np.float32 and np.all(np.isfinite(got))
-        np.testing.assert_allclose(got, want, atol=2e-3, rtol=2e-2)
+        if level is None:
+            scale = float(np.abs(want).max())
+            atol, rtol = INT8_ACTIVATIONS * scale, INT8_ACTIVATIONS
+        else:
+            atol, rtol = 2e-3, 2e-2
+        np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=str(level))
 
 
 def test_floor_fp16_scales_requantizes_subnormal_blocks() -> None:
