@@ -435,28 +435,75 @@ class DecisionLog(LogReader, ArchiveStore):
         ``images``: one encoded image (or None) per record, stored as :meth:`append` stores
         one, in the same transaction. ``policy`` and ``timeout_s``: as for :meth:`append`.
         """
-        records = list(records)
+        self._append(list(records), images, policy, timeout_s, skip_present=False)
+
+    def import_batch(
+        self,
+        records: Sequence[DecisionRecord],
+        *,
+        images: Sequence[bytes | None] | None = None,
+        policy: PolicyRow | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
+        """Append the records that are not in the log yet, in one transaction; returns how
+        many were added.
+
+        For rows kept elsewhere while the log could not be written (the guard's journal): a
+        row imported once is skipped when its batch is imported again (after a crash between
+        the import and the journal's truncation), so importing twice is importing once.
+        """
+        return self._append(list(records), images, policy, timeout_s, skip_present=True)
+
+    def _append(
+        self,
+        records: list[DecisionRecord],
+        images: Sequence[bytes | None] | None,
+        policy: PolicyRow | None,
+        timeout_s: float | None,
+        *,
+        skip_present: bool,
+    ) -> int:
+        """The one write path of decisions (rows, their images, the deciding policy)."""
         imgs: list[bytes | None] = [None] * len(records) if images is None else list(images)
         if len(imgs) != len(records):
             raise RecordError(
-                f"append_many got {len(imgs)} images for {len(records)} records; pass one "
-                "image (or None) per record."
+                f"{'import_batch' if skip_present else 'append_many'} got {len(imgs)} images "
+                f"for {len(records)} records; pass one image (or None) per record."
             )
         for r, img in zip(records, imgs, strict=True):
             check_append(r, img)
-        image_rows = [self._image_row(r, img) for r, img in zip(records, imgs, strict=True)]
-        rows = [record_to_row(r) for r in records]
-        if rows:
-            t0 = min(r.time for r in records)
+        if not records:
+            return 0
+        pairs = list(zip(records, imgs, strict=True))
+        added = 0
 
-            def body(conn: sqlite3.Connection) -> None:
-                self._insert_policy(conn, policy, t0)
-                self._insert(conn, rows)
-                for image in image_rows:
-                    if image is not None:
-                        self._store_image(conn, *image)
+        def body(conn: sqlite3.Connection) -> None:
+            nonlocal added
+            todo = pairs
+            if skip_present:
+                ids = [r.decision_id for r in records]
+                q = ", ".join("?" * len(ids))
+                present = {
+                    row[0]
+                    for row in conn.execute(
+                        f"SELECT decision_id FROM decisions WHERE decision_id IN ({q})", ids
+                    )
+                }
+                todo = [(r, img) for r, img in pairs if r.decision_id not in present]
+            self._insert_policy(conn, policy, min(r.time for r in records))
+            self._insert(conn, [record_to_row(r) for r, _ in todo])
+            for r, img in todo:
+                image = self._image_row(r, img)
+                if image is not None:
+                    self._store_image(conn, *image)
+            added = len(todo)
 
-            self._write(body, what="append decisions", timeout_s=timeout_s)
+        self._write(
+            body,
+            what="import decisions" if skip_present else "append decisions",
+            timeout_s=timeout_s,
+        )
+        return added
 
     def _insert_policy(self, conn: sqlite3.Connection, p: PolicyRow | None, t: float) -> None:
         if p is None:
@@ -547,61 +594,6 @@ class DecisionLog(LogReader, ArchiveStore):
             )
 
         self._write(body, what="write a probe row", timeout_s=timeout_s)
-
-    def import_batch(
-        self,
-        records: Sequence[DecisionRecord],
-        *,
-        images: Sequence[bytes | None] | None = None,
-        policy: PolicyRow | None = None,
-        timeout_s: float | None = None,
-    ) -> int:
-        """Append the records that are not in the log yet, in one transaction; returns how
-        many were added.
-
-        For rows kept elsewhere while the log could not be written (the guard's journal): a
-        row imported once is skipped when its batch is imported again (after a crash between
-        the import and the journal's truncation), so importing twice is importing once.
-        """
-        records = list(records)
-        imgs: list[bytes | None] = [None] * len(records) if images is None else list(images)
-        if len(imgs) != len(records):
-            raise RecordError(
-                f"import_batch got {len(imgs)} images for {len(records)} records; pass one "
-                "image (or None) per record."
-            )
-        for r, img in zip(records, imgs, strict=True):
-            check_append(r, img)
-        if not records:
-            return 0
-        added = 0
-
-        def body(conn: sqlite3.Connection) -> None:
-            nonlocal added
-            ids = [r.decision_id for r in records]
-            present = {
-                row[0]
-                for row in conn.execute(
-                    f"SELECT decision_id FROM decisions WHERE decision_id IN "
-                    f"({', '.join('?' * len(ids))})",
-                    ids,
-                )
-            }
-            fresh = [
-                (r, img)
-                for r, img in zip(records, imgs, strict=True)
-                if r.decision_id not in present
-            ]
-            self._insert_policy(conn, policy, min(r.time for r in records))
-            self._insert(conn, [record_to_row(r) for r, _ in fresh])
-            for r, img in fresh:
-                image = self._image_row(r, img)
-                if image is not None:
-                    self._store_image(conn, *image)
-            added = len(fresh)
-
-        self._write(body, what="import decisions", timeout_s=timeout_s)
-        return added
 
     def mark_fail_closed(
         self, decision_ids: Sequence[str], reason: str, *, timeout_s: float | None = None
