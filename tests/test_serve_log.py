@@ -326,3 +326,22 @@ def test_cli_serve_reads_its_config_and_a_flag_wins(bundle: Path, tmp_path: Path
         text=True,
     )
     assert bad.returncode == 2 and "cannot be read" in bad.stderr
+
+
+def test_the_jetson_unit_and_container_serve_lines_parse() -> None:
+    import json as _json
+    import shlex
+
+    from spotstop.cli._root import build_parser
+
+    root = Path(__file__).resolve().parents[1] / "jetson"
+    unit = (root / "spotstop-sidecar.service").read_text().replace("\\\n", " ")
+    start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    serve = shlex.split(start.split("spotstop-jetson", 1)[1])
+    docker = (root / "Dockerfile").read_text().replace("\\\n", " ")
+    cmd = next(line for line in docker.splitlines() if line.startswith("CMD "))
+    for argv in (serve, _json.loads(cmd[4:])):
+        args = build_parser("serve").parse_args(argv)
+        assert args.journal == Path("/var/lib/spotstop-journal/decisions.journal")
+        assert args.log == Path("/var/lib/spotstop/decisions.sqlite")
+    assert build_parser("serve").parse_args(serve).log_max_bytes == 2 << 30
