@@ -141,6 +141,7 @@ def test_the_robots_commands_run_on_the_base_install(
         proc = subprocess.Popen(
             [str(base_venv / "spotstop"), "serve", "--bundle", str(bundle), "--port", str(port),
              "--log", str(tmp_path / "serve.sqlite"), "--state-dir", str(tmp_path / "state"),
+             "--journal", str(tmp_path / "journal" / "j"), "--log-max-bytes", "1",
              "--log-level", "warning"],
             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
         )  # fmt: skip
@@ -160,9 +161,19 @@ def test_the_robots_commands_run_on_the_base_install(
             resp = c.post("/v1/check", files=files, data={"request": "open the door"})
             assert resp.status_code == 200, resp.text
             assert resp.json()["label"] in ("SAFE", "UNSAFE")
+            # a 1-byte budget: retention archives the decision as Parquet with the base install
+            t0 = time.monotonic()
+            while "spotstop_log_rows_archived_total 1.0" not in c.get("/metrics").text:
+                assert time.monotonic() - t0 < 60, f"nothing was archived: {err.read_text()}"
+                time.sleep(0.2)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    from spotstop.guard import DecisionLog
+
+    with DecisionLog(tmp_path / "serve.sqlite") as lg:
+        assert lg.count() == 1 and len(lg.archives()) == 1
+        assert lg.get(resp.json()["decision_id"]) is not None  # read back from the archive
 
     # -- a command that needs an extra says which, in one line ----------------------------------
     for args, extra, libraries in (
