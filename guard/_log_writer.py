@@ -391,15 +391,20 @@ class LogWriter:
         write of this guard (-1: no bound)."""
         if not self._write_lock.acquire(timeout=lock_timeout_s):
             return "decision log: another write held the log past the deadline"
+        error: Exception | None = None
         try:
-            self._check_floor()
-            self._flush_locked(timeout_s)
-            self.log.append_many(records, images=images, policy=policy, timeout_s=timeout_s)
-            self._tend_wal()
-        except Exception as e:  # the caller fails these closed and keeps them
-            return self._failed(e)
+            try:
+                self._check_floor()
+                self._flush_locked(timeout_s)
+                self.log.append_many(records, images=images, policy=policy, timeout_s=timeout_s)
+            except Exception as e:  # the caller fails these closed and keeps them
+                error = e
+            else:  # committed: nothing after this may report the write failed
+                self._tend_wal()
         finally:
             self._write_lock.release()
+        if error is not None:
+            return self._failed(error)
         self._succeeded()
         self._maybe_retain()
         return None
@@ -463,12 +468,10 @@ class LogWriter:
                 if not self._pending:
                     break
                 batch = self._pending[0]
-            self.log.append_many(
-                batch.records, images=batch.images, policy=batch.policy, timeout_s=timeout_s
-            )
+            added = self._rewrite(batch.records, batch.images, batch.policy, timeout_s)
             with self._mutex:
                 self._pending.popleft()
-            written += len(batch.records)
+            written += added
             self._tend_wal()
         while True:
             with self._mutex:
@@ -480,6 +483,25 @@ class LogWriter:
                 self._amendments.pop(0)
         return written
 
+    def _rewrite(
+        self,
+        records: list[DecisionRecord],
+        images: list[bytes | None] | None,
+        policy: PolicyRow | None,
+        timeout_s: float | None,
+    ) -> int:
+        """Write kept rows (each a fail-closed UNSAFE, as answered); returns how many were
+        added. A row already in the log is not written twice: a write reported failed may
+        have committed (a crash between an import and the journal's truncation, an error
+        after COMMIT). Such a row is made to say what its caller was told: if it went in as
+        SAFE, it is amended to the fail-closed UNSAFE that was answered."""
+        added = self.log.import_batch(records, images=images, policy=policy, timeout_s=timeout_s)
+        if added < len(records):
+            for reason in {r.fail_reason or "" for r in records}:
+                ids = [r.decision_id for r in records if (r.fail_reason or "") == reason]
+                self.log.mark_fail_closed(ids, reason, timeout_s=timeout_s)
+        return added
+
     def _import_journal(self, timeout_s: float | None) -> int:
         with self._mutex:
             if not self._journal_rows and not self.journal.path.exists():
@@ -489,11 +511,11 @@ class LogWriter:
             with self.journal.draining() as read:
                 for entry in read.entries:
                     if entry.kind == "rows":
-                        imported += self.log.import_batch(
+                        imported += self._rewrite(
                             list(entry.records),
-                            images=None if entry.images is None else list(entry.images),
-                            policy=entry.policy,
-                            timeout_s=timeout_s,
+                            None if entry.images is None else list(entry.images),
+                            entry.policy,
+                            timeout_s,
                         )
                         self._tend_wal()
                     else:

@@ -311,3 +311,25 @@ def test_status_repr_says_what_waits(tmp_path: Path) -> None:
     make_room(w.log)
     w.close()
     w.log.close()
+
+
+def test_a_write_reported_failed_that_committed_never_blocks_and_says_what_was_answered(
+    tmp_path: Path,
+) -> None:
+    import dataclasses
+
+    w = _writer(tmp_path)
+    rec = make_record(0, label="SAFE")
+    w.log.append(rec)  # it went in, but the writer was told it failed
+    answered = dataclasses.replace(
+        rec, label="UNSAFE", fail_closed=True, fail_reason="decision log (io_error): lost reply"
+    )
+    w.keep([answered, make_record(1, label="UNSAFE", fail_closed=True, fail_reason="x")],
+           images=None, policy=None)  # fmt: skip
+    assert w.flush(1.0) == 1  # the other row; no duplicate-id error that blocks the log
+    got = w.log.get(rec.decision_id)
+    assert got is not None and got.label == "UNSAFE" and got.fail_closed
+    assert got.fail_reason == "decision log (io_error): lost reply"
+    assert w.status().writable and w.log.count() == 2
+    w.close()
+    w.log.close()
