@@ -8,6 +8,7 @@ optional previous card and ``--cues`` folder, computes the card and writes ``car
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ def read_previous(path: str | Path) -> dict[str, Any]:
 
 def card_from_inputs(
     *,
-    log: str | Path | None = None,
+    log: str | Path | Sequence[str | Path] | None = None,
     scores: str | Path | None = None,
     demo: bool = False,
     labels: str | Path | None = None,
@@ -69,7 +70,8 @@ def card_from_inputs(
         cut = DirectCut(0.0, "the direct answer", "the direct answer of the simulated score")
     elif log is not None:
         cases = log_cases(log, labels=labels)
-        table, data, source = cases.table, cases.log, f"decision log: {log}"
+        what = log if isinstance(log, str | Path) else ", ".join(str(x) for x in log)
+        table, data, source = cases.table, cases.log, f"decision log: {what}"
         cut = direct_cut_of(cases.log, cases.keep)
         extra = {"log": cases.provenance, "bundle_ids": cases.provenance["bundle_ids"]}
         extra["fusion_keys"] = cases.provenance["fusion_keys"]

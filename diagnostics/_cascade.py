@@ -346,6 +346,31 @@ def _undefined_cost(version: str, n: int, n_unsafe: int, note: str) -> CascadeCo
     return CascadeCost(version, n, n_unsafe, 0, 0, math.nan, e, e, e, e, e, e, note)
 
 
+def _simulate_by_robot(
+    log: LogData, cfg: PolicyConfig, rows: NDArray[np.intp], batch: list[Any]
+) -> SimulatedCascade:
+    """:func:`simulate_cascade` on ``rows``, each robot's apart (each kept its own state),
+    put back in the order of ``rows``."""
+    arr = log.arrays
+    where = {int(r): k for k, r in enumerate(rows.tolist())}
+    n = rows.size
+    out = SimulatedCascade(
+        np.zeros(n, dtype=bool), np.full(n, np.nan), np.zeros(n, dtype=bool),
+        np.full(n, np.nan), np.zeros(n, dtype=bool),
+    )  # fmt: skip
+    for part in log.by_robot(rows):
+        pos = np.array([where[int(r)] for r in part], dtype=np.intp)
+        sim = simulate_cascade(
+            cfg,
+            {m: np.asarray(arr.member_scores[m], dtype=float)[part] for m in cfg.fusion.members},
+            [s if s else None for s in log.situation_id[part]],
+            [batch[k] for k in pos],
+        )
+        for name in ("inside", "score", "unsafe", "pair_score", "pair_unsafe"):
+            getattr(out, name)[pos] = getattr(sim, name)
+    return out
+
+
 def cascade_cost(
     log: LogData, version: str, *, n_boot: int, rng: np.random.Generator
 ) -> CascadeCost:
@@ -376,13 +401,9 @@ def cascade_cost(
         b if b is not None else f"#decision-{i}"
         for i, b in zip(rows.tolist(), arr.batch_id[rows], strict=True)
     ]
-    sim = simulate_cascade(
-        cfg,
-        {m: np.asarray(arr.member_scores[m], dtype=float)[rows] for m in members},
-        [s if s else None for s in log.situation_id[rows]],
-        batch,
-    )
-    group = group_codes(log.contrast_id[rows], log.situation_id[rows])
+    sim = _simulate_by_robot(log, cfg, rows, batch)
+    contrast, situation = log.group_ids()
+    group = group_codes(contrast[rows], situation[rows])
     point, draws = _paired_auroc(y, [sim.pair_score, sim.score], group, n_boot=n_boot, rng=rng)
     parts = np.stack(
         [y == 1, y == 0, sim.pair_unsafe & (y == 1), sim.pair_unsafe & (y == 0),

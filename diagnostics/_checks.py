@@ -25,6 +25,7 @@ CARD_CHECKS: dict[str, tuple[str, str]] = {
     "conformal_audit": ("spotstop.diagnostics._conformal_audit", "ConformalAuditCheck"),
     "text_in_scene": ("spotstop.diagnostics._text_in_scene", "TextInSceneCheck"),
     "cascade": ("spotstop.diagnostics._cascade", "CascadeCheck"),
+    "fleet": ("spotstop.diagnostics._fleet", "FleetCheck"),
 }
 
 

@@ -28,6 +28,13 @@ _DESCRIPTION = (
 _EPILOG = """\
 Exactly one input: LOG (the guard's decision-log SQLite file), --scores CSV or --demo.
 
+A fleet: give several LOGs, a folder or a glob (quoted), with the logs (*.sqlite, each read
+with its archives) and collected Parquet archives (*.parquet) of many robots: they are read
+as one log. Each decision keeps its robot (the log's --robot-id, else the file's folder or
+name); the bootstrap groups are contrasts and situations within a robot, each robot's
+decisions are replayed apart, and the card's "Robots of the fleet" section flags a robot
+whose delivered accuracy or conformal miss rate differs from the rest's.
+
 From LOG:
   * delivered_* are the guard's own logged answers against the reviewer labels, over the
     labelled decisions that did not fail closed, overall and per policy version;
@@ -64,6 +71,7 @@ Writes OUT/card.json (every number as {"value","ci":[low,high],"n"}, the verdict
 
 examples:
   spotstop card decisions.sqlite --labels labels.csv --out card/
+  spotstop card fleet/ --out fleet-card/                     # every robot's log and archives
   spotstop card decisions.sqlite --previous old_card/card.json --cues cues/ --out card/
   spotstop card --demo --out card/ --n-boot 2000
   spotstop card --scores scores.csv --cut 0.5 --out card/ --seed 7
@@ -75,7 +83,9 @@ def _formatter(prog: str) -> argparse.HelpFormatter:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("log", nargs="?", metavar="LOG", help="the guard's decision log (SQLite)")
+    p.add_argument("log", nargs="*", metavar="LOG",
+                   help="the guard's decision log (SQLite); several, a folder or a glob: a "
+                   "fleet's logs and archives, read as one")  # fmt: skip
     p.add_argument("--scores", metavar="CSV", help="scores CSV instead of a log (see below)")
     p.add_argument("--demo", action="store_true", help="use a simulated log of 600 contrasts")
     p.add_argument("--labels", metavar="F",
@@ -132,7 +142,7 @@ class _BadInput(Exception):
 def _check_args(args: argparse.Namespace) -> None:
     if args.out is None:
         raise _BadInput("--out DIR is required: the folder to write card.json, card.md, card.html.")
-    n_src = (args.log is not None) + (args.scores is not None) + bool(args.demo)
+    n_src = bool(args.log) + (args.scores is not None) + bool(args.demo)
     if n_src != 1:
         raise _BadInput("give exactly one input: LOG, --scores CSV or --demo.")
     if args.scores is not None and args.direct_cut is None:
@@ -145,7 +155,7 @@ def _check_args(args: argparse.Namespace) -> None:
         )
     if args.direct_cut is not None and not math.isfinite(args.direct_cut):
         raise _BadInput(f"--cut must be a finite number; got {args.direct_cut}.")
-    if args.labels is not None and args.log is None:
+    if args.labels is not None and not args.log:
         raise _BadInput("--labels goes with a decision LOG; a scores CSV carries its own labels.")
     if args.n_boot < 1:
         raise _BadInput(f"--n-boot must be >= 1; got {args.n_boot}.")
@@ -169,7 +179,7 @@ def run_card(args: argparse.Namespace) -> int:
         from spotstop.diagnostics._build import card_from_inputs
 
         card = card_from_inputs(
-            log=args.log,
+            log=(args.log[0] if len(args.log) == 1 else args.log) or None,
             scores=args.scores,
             demo=bool(args.demo),
             labels=args.labels,

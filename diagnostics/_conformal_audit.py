@@ -239,7 +239,7 @@ def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[Deploye
             & (np.asarray(arr.time, dtype=float) > created)
             & by_cut  # the decisions the conformal cut made (all of them, but for a fallback)
         )
-        rows = _first_per_situation(log.situation_id, np.flatnonzero(use))
+        rows = _first_per_situation(log.group_ids()[1], np.flatnonzero(use))
         n = int(rows.size)
         x = int((arr.guard_label[rows] == 0).sum())
         p = binomial_upper_p(x, n, pol.alpha)

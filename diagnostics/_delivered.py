@@ -147,47 +147,55 @@ class Replay:
 
 
 def replay_version(log: LogData, version: str) -> Replay:
-    """Replay one version's stored policy on its decisions (see the module docstring)."""
+    """Replay one version's stored policy on its decisions (see the module docstring); each
+    robot's decisions apart, from the policy's ``state_seed`` (each robot kept its own state)."""
     cfg = log.policies.get(version)
     if cfg is None:
         why = log.policy_errors.get(version, "no policy document stored in the log")
         return Replay(0, 0, math.nan, f"not replayed: {why}")
     arr = log.arrays
-    rows = np.flatnonzero(log.version == version)
     members = cfg.fusion.members
     missing = [m for m in members if m not in arr.member_scores]
     if missing:
         return Replay(0, 0, math.nan, f"not replayed: member(s) {missing} are not logged")
-    # what the guard gave the policy: a scene that failed closed before its decision entered
-    # as missing (entered_scores reads that from the logged policy_score)
-    seen = arr.policy_score[rows]
-    text = None
-    if "text" in cfg.variants_needed() and all(m in arr.member_scores_text for m in members):
-        text = entered_scores({m: arr.member_scores_text[m][rows] for m in members}, seen)
-    batch = [
-        b if b is not None else f"#decision-{i}"
-        for i, b in zip(rows, arr.batch_id[rows], strict=True)
-    ]
-    try:
-        x = batch_inputs(
-            cfg.fusion,
-            entered_scores({m: v[rows] for m, v in arr.member_scores.items()}, seen),
-            [s if s else None for s in arr.situation_id[rows]],
-            text,
-        )
-        got = replay(cfg.policy, x, batch_ids=batch, state=cfg.initial_state()).unsafe
-    except GuardError as exc:
-        return Replay(0, 0, math.nan, f"not replayed: {exc}")
-    compare = ~arr.fail_closed[rows]
-    agree = got[compare] == (arr.guard_label[rows][compare] == 1)
-    logged = arr.fused[rows]
-    both = np.isfinite(logged) & np.isfinite(x.fused)
-    diff = float(np.max(np.abs(logged[both] - x.fused[both]))) if both.any() else math.nan
+    n_compare = n_agree = n_batches = 0
+    diffs: list[float] = []
+    for rows in log.by_robot(np.flatnonzero(log.version == version)):
+        # what the guard gave the policy: a scene that failed closed before its decision
+        # entered as missing (entered_scores reads that from the logged policy_score)
+        seen = arr.policy_score[rows]
+        text = None
+        if "text" in cfg.variants_needed() and all(m in arr.member_scores_text for m in members):
+            text = entered_scores({m: arr.member_scores_text[m][rows] for m in members}, seen)
+        batch = [
+            b if b is not None else f"#decision-{i}"
+            for i, b in zip(rows, arr.batch_id[rows], strict=True)
+        ]
+        try:
+            x = batch_inputs(
+                cfg.fusion,
+                entered_scores({m: v[rows] for m, v in arr.member_scores.items()}, seen),
+                [s if s else None for s in arr.situation_id[rows]],
+                text,
+            )
+            got = replay(cfg.policy, x, batch_ids=batch, state=cfg.initial_state()).unsafe
+        except GuardError as exc:
+            return Replay(0, 0, math.nan, f"not replayed: {exc}")
+        compare = ~arr.fail_closed[rows]
+        n_compare += int(compare.sum())
+        n_agree += int((got[compare] == (arr.guard_label[rows][compare] == 1)).sum())
+        n_batches += len(set(batch))
+        logged = arr.fused[rows]
+        both = np.isfinite(logged) & np.isfinite(x.fused)
+        if both.any():
+            diffs.append(float(np.max(np.abs(logged[both] - x.fused[both]))))
+    robots = len(log.robots)
+    each = f", each of {robots} robots apart" if robots > 1 else ""
     return Replay(
-        int(compare.sum()),
-        int(agree.sum()),
-        diff,
-        f"{cfg.kind} from policy.yaml {version}, {len(set(batch))} batch(es), from its state_seed",
+        n_compare,
+        n_agree,
+        max(diffs) if diffs else math.nan,
+        f"{cfg.kind} from policy.yaml {version}, {n_batches} batch(es), from its state_seed{each}",
     )
 
 
@@ -235,7 +243,8 @@ def delivered(log: LogData, *, n_boot: int, rng: np.random.Generator) -> Deliver
     use = log.delivered
     y = log.label[use]
     flagged = np.asarray(log.arrays.guard_label, dtype=np.int8)[use]
-    group = group_codes(log.contrast_id[use], log.situation_id[use])
+    contrast, situation = log.group_ids()
+    group = group_codes(contrast[use], situation[use])
     overall = delivered_rates(y, flagged, group, n_boot=n_boot, rng=rng, what="the guard's answers")
     fail_lab = (log.label >= 0) & log.arrays.fail_closed
     by: dict[str, PolicyDelivered] = {}

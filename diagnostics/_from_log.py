@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +52,9 @@ from numpy.typing import NDArray
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError
 from spotstop.guard import DecisionLog, GuardError
-from spotstop.guard._labels import LabelsFileError, _cell, read_reviewed
+from spotstop.guard._labels import LabelsFileError, Reviewed, _cell, read_reviewed
 from spotstop.guard._log_read import LogArrays
+from spotstop.guard._log_schema import PolicyRow
 from spotstop.guard.policies import PolicyConfig, load_policy
 
 __all__ = [
@@ -64,6 +65,8 @@ __all__ = [
     "case_table_from_log",
     "log_cases",
     "read_log",
+    "read_logs",
+    "robot_of_path",
 ]
 
 UNKNOWN_VERSION = "unknown (schema 1)"
@@ -99,11 +102,43 @@ class LogData:
     n_labelled_from_file: int
     archived: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """Decisions read from the log's Parquet archives: ``{"files": …, "rows": …}`` ({} none)."""
+    robot_id: NDArray[np.object_] | None = None
+    """The robot of each decision (a fleet); None: one robot, the log's."""
+    sources: tuple[str, ...] = ()
+    """The files read (a fleet's logs and stand-alone archives); () for one log."""
 
     @property
     def n(self) -> int:
         """Number of decisions."""
         return self.arrays.n
+
+    @property
+    def robots(self) -> list[str]:
+        """The robots, in order of first appearance ([] for one log)."""
+        return [] if self.robot_id is None else list(dict.fromkeys(self.robot_id.tolist()))
+
+    def by_robot(self, rows: NDArray[np.intp]) -> list[NDArray[np.intp]]:
+        """``rows`` (indices, in log order) split by robot, each part in log order: what a
+        replay runs on, since each robot's guard kept its own policy state."""
+        if self.robot_id is None:
+            return [rows]
+        robots = self.robot_id[rows]
+        return [rows[robots == r] for r in dict.fromkeys(robots.tolist())]
+
+    def group_ids(self) -> tuple[NDArray[np.object_], NDArray[np.object_]]:
+        """Contrast and situation ids as the resampling groups use them: within a robot (the
+        robot's id in front) when the decisions come from several robots."""
+        return self.within_robot(self.contrast_id), self.within_robot(self.situation_id)
+
+    def within_robot(self, ids: NDArray[Any]) -> NDArray[Any]:
+        """``ids`` (one per decision; '' or None for none) as ids within a robot: unchanged
+        for one robot, else ``"<robot>/<id>"`` (a situation of one robot is not another's)."""
+        if len(self.robots) <= 1 or self.robot_id is None:
+            return ids
+        return np.array(
+            [f"{r}/{i}" if i else i for r, i in zip(self.robot_id, ids, strict=True)],
+            dtype=object,
+        )
 
     @property
     def delivered(self) -> NDArray[np.bool_]:
@@ -137,10 +172,34 @@ def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogDa
             reviewed = read_reviewed(log, labels)
             rows = log.policies()
             infos = log.archives()
+            robot = log.robot_id or robot_of_path(path)
     except LabelsFileError as exc:
         raise DataError(str(exc)) from exc
     except GuardError as exc:
         raise DataError(f"cannot read the decision log {str(path)!r}: {exc}") from exc
+    archived = {"files": len(infos), "rows": sum(a.n_rows for a in infos)} if infos else {}
+    robots = np.full(reviewed.arrays.n, robot, dtype=object)
+    return _log_data(path, reviewed, rows, archived, robots)
+
+
+def robot_of_path(path: Path) -> str:
+    """The robot of a log that does not name one: its file name without ``.sqlite``, or its
+    folder's name when the file is the default ``decisions.sqlite`` (``fleet/arm-07/decisions.sqlite``
+    → ``arm-07``); an archive's is its log's (``…/decisions.sqlite.archive/x.parquet``)."""
+    if path.suffix == ".parquet" and path.parent.name.endswith(".archive"):
+        path = path.parent.with_name(path.parent.name.removesuffix(".archive"))
+    stem = path.name.removesuffix(".sqlite")
+    return path.parent.name if stem == "decisions" and path.parent.name else stem
+
+
+def _log_data(
+    path: Path,
+    reviewed: Reviewed,
+    rows: Mapping[str, PolicyRow],
+    archived: Mapping[str, int],
+    robot_id: NDArray[np.object_] | None = None,
+    sources: tuple[str, ...] = (),
+) -> LogData:
     arr = reviewed.arrays
     if arr.n == 0:
         raise DataError(f"decision log {str(path)!r} holds no decisions.")
@@ -168,8 +227,29 @@ def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogDa
         first_time={vid: row.first_time for vid, row in rows.items()},
         labels_source=reviewed.labels,
         n_labelled_from_file=reviewed.n_from_file,
-        archived={"files": len(infos), "rows": sum(a.n_rows for a in infos)} if infos else {},
+        archived=dict(archived),
+        robot_id=robot_id,
+        sources=sources,
     )
+
+
+def read_logs(
+    inputs: str | Path | Sequence[str | Path], *, labels: str | Path | None = None
+) -> LogData:
+    """One decision log (a SQLite file) as :func:`read_log` reads it; anything else (several
+    files, a folder, a glob, stand-alone archives) as :func:`~spotstop.diagnostics._fleet.read_fleet`."""
+    items = [inputs] if isinstance(inputs, str | Path) else list(inputs)
+    one = Path(items[0]) if len(items) == 1 else None
+    if (
+        one is not None
+        and not one.is_dir()
+        and one.suffix != ".parquet"
+        and not any(c in str(one) for c in "*?[")
+    ):
+        return read_log(one, labels=labels)
+    from spotstop.diagnostics._fleet import read_fleet
+
+    return read_fleet(items, labels=labels)
 
 
 @dataclass(frozen=True)
@@ -263,9 +343,15 @@ def direct_cut_of(log: LogData, keep: NDArray[np.bool_]) -> DirectCut:
     )
 
 
-def log_cases(log_path: str | Path, *, labels: str | Path | None = None) -> LogCases:
-    """Read a decision log into a :class:`LogCases` (table + provenance); see the module doc."""
-    log = read_log(log_path, labels=labels)
+def log_cases(
+    log_path: str | Path | Sequence[str | Path], *, labels: str | Path | None = None
+) -> LogCases:
+    """Read a decision log into a :class:`LogCases` (table + provenance); see the module doc.
+
+    ``log_path``: one log, or a fleet (several logs and archives, a folder or a glob;
+    :func:`~spotstop.diagnostics._fleet.read_fleet`), whose groups are then situations and
+    contrasts within a robot."""
+    log = read_logs(log_path, labels=labels)
     arr = log.arrays
     fused = np.asarray(arr.fused, dtype=np.float64)
     fail = np.asarray(arr.fail_closed, dtype=bool)
@@ -295,12 +381,13 @@ def log_cases(log_path: str | Path, *, labels: str | Path | None = None) -> LogC
         extra[kind] = v if np.isfinite(v).any() else None
         gray_notes[kind] = {"n": int(np.isfinite(v).sum()), "by_version": notes}
     fmt = np.array([_cell(f) for f in arr.image_format[keep]], dtype=object)
+    contrast_ids, situation_ids = log.group_ids()
     table = CaseTable(
         case_id=np.asarray(arr.decision_id, dtype=object)[keep],
         label=log.label[keep],
         score=fused[keep],
-        contrast_id=log.contrast_id[keep],
-        situation_id=log.situation_id[keep],
+        contrast_id=contrast_ids[keep],
+        situation_id=situation_ids[keep],
         member_scores={k: np.asarray(v)[keep] for k, v in arr.member_scores.items()},
         width=np.asarray(arr.width)[keep],
         height=np.asarray(arr.height)[keep],
@@ -312,7 +399,7 @@ def log_cases(log_path: str | Path, *, labels: str | Path | None = None) -> LogC
     thr = np.asarray(arr.threshold, dtype=np.float64)[keep]
     thr = thr[np.isfinite(thr)]
     provenance: dict[str, Any] = {
-        "log": str(log.path),
+        "log": str(log.path) if not log.sources else list(log.sources),
         "labels": log.labels_source,
         "bundle_ids": sorted({str(b) for b in arr.bundle_id[keep]}),
         "prompt_hashes": sorted({str(p) for p in arr.prompt_hash[keep]}),
@@ -334,6 +421,9 @@ def log_cases(log_path: str | Path, *, labels: str | Path | None = None) -> LogC
         "gray_text": gray_notes,
         "policy_errors": dict(log.policy_errors),
     }
+    if log.robot_id is not None:
+        robots, counts = np.unique(log.robot_id, return_counts=True)
+        provenance["robots"] = {str(r): int(c) for r, c in zip(robots, counts, strict=True)}
     return LogCases(table=table, provenance=provenance, log=log, keep=keep)
 
 

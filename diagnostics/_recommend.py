@@ -359,7 +359,8 @@ def recommend_for_card(
     else:
         arr = log.arrays
         usable = ~arr.fail_closed & np.isfinite(np.asarray(arr.fused, dtype=float))
-        repeat = situation_repeat_share(arr.situation_id, usable, min_refs=min_refs)
+        sids = log.within_robot(arr.situation_id)  # a fleet: situations within a robot
+        repeat = situation_repeat_share(sids, usable, min_refs=min_refs)
     return recommend_policy(
         table,
         frozen_cut=frozen_cut,

@@ -89,7 +89,7 @@ def log_cue_shares(log: LogData, *, n_boot: int, rng: np.random.Generator) -> di
     out: dict[str, Any] = {}
     if not flags:
         return out
-    group = group_codes(log.contrast_id, log.situation_id)
+    group = group_codes(*log.group_ids())
     for cue, f in flags.items():
         read = f >= 0
         among = {"flagged": (read, " of read"), "flagged_unsafe": (read & (log.label == 1), " of unsafe"),

@@ -88,6 +88,12 @@ def _add_log_and_deadline(p: argparse.ArgumentParser, deadline_help: str) -> Non
         help="free space the log's file system must keep, e.g. 64M; below it the log counts "
         "as full and checks fail closed, before SQLite fills the disk (default 32M)",
     )
+    p.add_argument(
+        "--robot-id",
+        default=None,
+        help="the robot this log belongs to (kept in the log; a fleet card tells robots apart "
+        "by it); a log of another robot is refused",
+    )
     p.add_argument("--deadline", type=float, default=None, help=deadline_help)
 
 
@@ -95,7 +101,7 @@ def _log_options(args: argparse.Namespace) -> Any:
     """The ``LogOptions`` of ``check``'s flags."""
     from spotstop.guard._log_writer import LogOptions
 
-    kw: dict[str, Any] = {"journal": args.journal}
+    kw: dict[str, Any] = {"journal": args.journal, "robot_id": args.robot_id}
     if args.log_min_free_bytes is not None:
         kw["min_free_bytes"] = args.log_min_free_bytes
     return LogOptions(**kw)
@@ -329,6 +335,7 @@ def run_serve(args: argparse.Namespace) -> int:
         log_max_bytes=args.log_max_bytes,
         log_keep_days=args.log_keep_days,
         log_min_free_bytes=args.log_min_free_bytes,
+        robot_id=args.robot_id,
         upload_timeout_s=args.upload_timeout,
     )
     if args.deadline is not None:

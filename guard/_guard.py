@@ -203,12 +203,16 @@ class Guard:
             except Exception as e:  # a member that cannot load makes every decision fail closed
                 self.member_errors[bm.name] = _reason("load", e)
         self.store_images = store_images and not isinstance(log, DecisionLog)
+        robot = None if log_options is None else log_options.robot_id
         if isinstance(log, DecisionLog):
             self.log = log
+            if robot is not None:
+                log._claim_robot(robot)
         else:
             self.log = DecisionLog(
                 log if log is not None else self.bundle.path / "decisions.sqlite",
                 store_images=store_images,
+                robot_id=robot,
             )
         self.state_dir = (
             Path(state_dir) if state_dir is not None else self.log.path.parent / "state"

@@ -167,10 +167,14 @@ class Reviewed:
     labels: str
 
 
-def read_reviewed(log: DecisionLog, labels: str | os.PathLike[str] | None = None) -> Reviewed:
+def read_reviewed(
+    log: DecisionLog | LogArrays, labels: str | os.PathLike[str] | None = None
+) -> Reviewed:
     """The log's decisions with the reviewers' labels: the one reader of labels for the card,
-    ``calibrate`` and the cue shift. Raises :class:`LabelsFileError` for a bad labels file."""
-    arr = log.to_arrays()
+    ``calibrate`` and the cue shift. ``log``: a decision log, or decisions already read as
+    arrays (a fleet's logs and archives, with their labels tables). Raises
+    :class:`LabelsFileError` for a bad labels file."""
+    arr = log if isinstance(log, LogArrays) else log.to_arrays()
     ids = np.asarray(arr.decision_id, dtype=object)
     sha = np.array([_cell(s) for s in arr.image_sha256], dtype=object)
     label = np.array(arr.label, dtype=np.int8, copy=True)

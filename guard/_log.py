@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import sqlite3
 import threading
 import time as _time
@@ -109,6 +110,16 @@ REVIEW_LABELS: Final = ("safe", "unsafe")
 _DEFAULT_RETENTION_BYTES: Final = 1 << 30  # 1 GiB
 _DEFAULT_RETENTION_DAYS: Final = 30.0
 _WAL_LIMIT_BYTES: Final = 4 << 20
+ROBOT_ID: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""What a robot id may be: it names a robot in a fleet card and in file names."""
+
+
+def _check_robot_id(robot_id: object) -> None:
+    if not isinstance(robot_id, str) or not ROBOT_ID.fullmatch(robot_id):
+        raise RecordError(
+            f"robot_id must be 1-64 characters of letters, digits, '.', '_' or '-'; got "
+            f"{robot_id!r}. Name the robot as the fleet knows it, e.g. 'arm-07'."
+        )
 
 
 class _NeedArchivedIds(Exception):
@@ -149,6 +160,10 @@ class DecisionLog(LogReader, ArchiveStore):
     synchronous:
         ``"NORMAL"`` (default): an acknowledged write survives a kill of the process.
         ``"FULL"``: it also survives an OS crash or power loss (one fsync per commit).
+    robot_id:
+        The robot this log belongs to, kept in the log (``meta.robot_id``) so that a fleet
+        card tells robots apart. Stored when the log has none; a log of another robot is
+        refused. None: leave the log's as it is.
     """
 
     def __init__(
@@ -160,6 +175,7 @@ class DecisionLog(LogReader, ArchiveStore):
         image_retention_days: float | None = _DEFAULT_RETENTION_DAYS,
         timeout_s: float = 30.0,
         synchronous: Literal["NORMAL", "FULL"] = _SYNCHRONOUS,
+        robot_id: str | None = None,
     ) -> None:
         self._path = check_log_args(
             path, image_retention_bytes, image_retention_days, timeout_s, synchronous
@@ -174,7 +190,15 @@ class DecisionLog(LogReader, ArchiveStore):
         self._connections: list[tuple[int, sqlite3.Connection]] = []
         self._closed = False
         self._rng = random.Random()  # backoff jitter only; results never depend on it
+        if robot_id is not None:
+            _check_robot_id(robot_id)  # bad input changes nothing: checked before the file
         self._init_schema()
+        if robot_id is not None:
+            try:
+                self._claim_robot(robot_id)
+            except BaseException:
+                self.close()
+                raise
 
     # -- connections ---------------------------------------------------------------
 
@@ -400,6 +424,33 @@ class DecisionLog(LogReader, ArchiveStore):
         except BaseException:
             self.close()
             raise
+
+    @property
+    def robot_id(self) -> str | None:
+        """The robot this log belongs to (``meta.robot_id``), or None when it was never set."""
+        row = self._retry(
+            lambda: (
+                self._conn().execute("SELECT value FROM meta WHERE key = 'robot_id'").fetchone()
+            ),
+            what="read the robot id",
+        )
+        return None if row is None else str(row[0])
+
+    def _claim_robot(self, robot_id: str) -> None:
+        _check_robot_id(robot_id)
+
+        def body(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'robot_id'").fetchone()
+            if row is None:
+                conn.execute("INSERT INTO meta (key, value) VALUES ('robot_id', ?)", (robot_id,))
+            elif row[0] != robot_id:
+                raise LogError(
+                    f"decision log {str(self._path)!r} belongs to robot {row[0]!r}, not "
+                    f"{robot_id!r}: one log per robot. Give this robot its own log file (or "
+                    "its own --robot-id)."
+                )
+
+        self._write(body, what="record the robot id")
 
     # -- writing -------------------------------------------------------------------
 

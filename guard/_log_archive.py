@@ -28,8 +28,10 @@ Parquet needs pyarrow (a base dependency: retention runs on the robot).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import hashlib
+import json
 import math
 import numbers
 import os
@@ -40,12 +42,19 @@ from pathlib import Path
 from typing import Any, Final
 
 from spotstop.guard._files import fsync_dir
-from spotstop.guard._log_schema import COLUMNS, LOG_SCHEMA_VERSION, LogError, RecordError
+from spotstop.guard._log_schema import (
+    COLUMNS,
+    LOG_SCHEMA_VERSION,
+    LogError,
+    PolicyRow,
+    RecordError,
+)
 from spotstop.guard._record import sql_columns
 
 __all__ = [
     "ARCHIVE_SUFFIX",
     "SEQ_COLUMN",
+    "ArchiveFile",
     "ArchiveInfo",
     "Protect",
     "Retention",
@@ -53,6 +62,7 @@ __all__ = [
     "archive_folder",
     "check_present",
     "read_archive",
+    "read_archive_file",
     "write_archive",
 ]
 
@@ -199,12 +209,21 @@ def _pyarrow() -> Any:
     return pa, pq
 
 
-def write_archive(folder: Path, seqs: list[int], rows: list[tuple[Any, ...]]) -> ArchiveInfo:
+def write_archive(
+    folder: Path,
+    seqs: list[int],
+    rows: list[tuple[Any, ...]],
+    *,
+    robot_id: str | None = None,
+    policies: Mapping[str, PolicyRow] | None = None,
+) -> ArchiveInfo:
     """Write ``rows`` (rows of the ``decisions`` table, in log order) to a new Parquet file.
 
     The file is complete and synced under its final name when this returns; its name carries
     its time span and the start of its sha256. Registering it (and deleting the rows from the
-    live table) is the caller's transaction.
+    live table) is the caller's transaction. ``robot_id`` and the ``policies`` that decided
+    the rows go into the file's metadata, so that a copy of the archive alone (a fleet's
+    collected archives) still says whose decisions these are and what decided them.
     """
     pa, pq = _pyarrow()
     if not rows:
@@ -216,12 +235,16 @@ def write_archive(folder: Path, seqs: list[int], rows: list[tuple[Any, ...]]) ->
         kind = _ARROW_TYPE[sql.split()[0]]
         arrays.append(pa.array([r[i] for r in rows], type=getattr(pa, kind)()))
         names.append(name)
-    table = pa.Table.from_arrays(arrays, names=names).replace_schema_metadata(
-        {
-            "spotstop.table": "decisions",
-            "spotstop.log_schema_version": str(LOG_SCHEMA_VERSION),
-        }
-    )
+    versions = {r[COLUMNS.index("policy_version")] for r in rows}
+    used = {v: dataclasses.asdict(p) for v, p in (policies or {}).items() if v in versions}
+    meta = {
+        "spotstop.table": "decisions",
+        "spotstop.log_schema_version": str(LOG_SCHEMA_VERSION),
+        "spotstop.policies": json.dumps(used, sort_keys=True, default=str),
+    }
+    if robot_id is not None:
+        meta["spotstop.robot_id"] = robot_id
+    table = pa.Table.from_arrays(arrays, names=names).replace_schema_metadata(meta)
     times = [float(r[COLUMNS.index("time")]) for r in rows]
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".archive-", suffix=".tmp")
     os.close(fd)
@@ -268,6 +291,50 @@ def check_present(folder: Path, infos: list[ArchiveInfo]) -> None:
                 f"log archive {str(path)!r} has {size} bytes, but the log registered "
                 f"{info.n_bytes}: the file changed since it was written. Restore it from a copy."
             )
+
+
+@dataclass(frozen=True)
+class ArchiveFile:
+    """An archive read on its own (not through its log): its rows, in log order, with their
+    ``log_seq``, the policies that decided them and the robot, from the file's metadata."""
+
+    path: Path
+    seqs: tuple[int, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    policies: Mapping[str, PolicyRow]
+    robot_id: str | None
+
+
+def read_archive_file(path: str | os.PathLike[str]) -> ArchiveFile:
+    """Read one archive file without its log (no sha256 to check it against: a copy)."""
+    pa, pq = _pyarrow()
+    p = Path(path)
+    try:
+        table = pq.read_table(p)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise LogError(f"{str(p)!r} cannot be read as a log archive (Parquet): {exc}") from exc
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    missing = [c for c in (SEQ_COLUMN, *COLUMNS) if c not in table.column_names]
+    if meta.get("spotstop.table") != "decisions" or missing:
+        raise LogError(
+            f"{str(p)!r} is not a spotstop log archive (metadata table "
+            f"{meta.get('spotstop.table')!r}, missing columns {missing})."
+        )
+    version = int(meta.get("spotstop.log_schema_version", "0"))
+    if version > LOG_SCHEMA_VERSION:
+        raise LogError(
+            f"log archive {str(p)!r} has log schema {version}; this spotstop reads "
+            f"{LOG_SCHEMA_VERSION} at most. Upgrade spotstop to read it."
+        )
+    policies = {
+        v: PolicyRow(**d) for v, d in json.loads(meta.get("spotstop.policies", "{}")).items()
+    }
+    seqs = table.column(SEQ_COLUMN).to_pylist()
+    cols = [table.column(c).to_pylist() for c in COLUMNS]
+    rows = tuple(tuple(c[i] for c in cols) for i in range(len(seqs)))
+    return ArchiveFile(
+        p, tuple(int(x) for x in seqs), rows, policies, meta.get("spotstop.robot_id")
+    )
 
 
 def read_archive(folder: Path, info: ArchiveInfo) -> Iterator[tuple[int, tuple[Any, ...]]]:
@@ -320,6 +387,8 @@ class ArchiveStore:
     _retry: Any
     _conn: Any
     _write: Any
+    robot_id: Any
+    policies: Any
 
     @property
     def archive_folder(self) -> Path:
@@ -401,7 +470,13 @@ class ArchiveStore:
             seqs, rows = self._candidates(protect, min(n, max_rows_per_file), older_than)
             if not rows:
                 break
-            info = write_archive(self.archive_folder, seqs, rows)
+            info = write_archive(
+                self.archive_folder,
+                seqs,
+                rows,
+                robot_id=self.robot_id,
+                policies=self.policies(),
+            )
             try:
                 self._register(info, seqs)
             except BaseException:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+from numpy.typing import NDArray
 from spotstop.guard._errors import GuardError
 from spotstop.guard._log_archive import ArchiveInfo, check_present, read_archive
 from spotstop.guard._log_schema import (
@@ -152,6 +153,40 @@ class LogArrays:
             f"LogArrays(n={self.n}, members={sorted(self.member_scores)}, "
             f"labelled={labelled}, fail_closed={int(np.count_nonzero(self.fail_closed))})"
         )
+
+    def take(self, idx: NDArray[np.intp]) -> LogArrays:
+        """These decisions in the order ``idx`` gives (a subset or a permutation)."""
+        kw: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            kw[f.name] = {k: a[idx] for k, a in v.items()} if isinstance(v, dict) else v[idx]
+        return LogArrays(**kw)
+
+    @classmethod
+    def concat(cls, parts: Sequence[LogArrays]) -> LogArrays:
+        """The decisions of ``parts`` one after the other. A member or cue some part lacks is
+        NaN (scores) or -1 (flags, members run) there, as for a decision that has none."""
+        if not parts:
+            return log_arrays([])
+        kw: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            vals = [getattr(p, f.name) for p in parts]
+            if not isinstance(vals[0], dict):
+                kw[f.name] = np.concatenate(vals)
+                continue
+            keys = list(dict.fromkeys(k for v in vals for k in v))
+            flags = f.name in ("cue_flags", "members_run")
+            dtype, fill = (np.int8, -1) if flags else (np.float64, math.nan)
+            kw[f.name] = {
+                k: np.concatenate(
+                    [
+                        v.get(k, np.full(q.n, fill, dtype=dtype))
+                        for v, q in zip(vals, parts, strict=True)
+                    ]
+                )
+                for k in keys
+            }
+        return cls(**kw)
 
 
 def log_arrays(joined: Joined) -> LogArrays:

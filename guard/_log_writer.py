@@ -106,6 +106,9 @@ class LogOptions:
         crash during a long outage loses none that waited longer.
     retention_every_s:
         Least time between two retention passes (default 60 s).
+    robot_id:
+        The robot the log belongs to (kept in it; a fleet card tells robots apart by it).
+        None: as the log says.
     """
 
     journal: Path | None = None
@@ -115,6 +118,7 @@ class LogOptions:
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
     spill_after_s: float = 5.0
     retention_every_s: float = 60.0
+    robot_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.journal is not None and not isinstance(self.journal, Path):

@@ -284,6 +284,7 @@ def _card(log: Path, out: Path) -> dict[str, Any]:
     for key in ("source", "created_utc"):  # where and when the card was made
         prov.pop(key)
     prov["log"].pop("log")
+    prov["log"].pop("robots")  # from the folder name: whole/ and trimmed/
     return doc
 
 

@@ -179,6 +179,9 @@ class ServeSettings:
     log_retry_s:
         While the log cannot be written or decisions wait, the sidecar retries it this often
         (default 1 s): once it takes writes again, checks are answered again without a restart.
+    robot_id:
+        The robot the log belongs to, kept in the log for the fleet card (None: as the log
+        says).
     """
 
     bundle: Path
@@ -209,6 +212,7 @@ class ServeSettings:
     log_keep_days: float | None = None
     log_min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
     log_retry_s: float = 1.0
+    robot_id: str | None = None
 
     def __post_init__(self) -> None:
         _check_settings(self)
@@ -221,6 +225,7 @@ class ServeSettings:
             max_bytes=self.log_max_bytes,
             keep_days=self.log_keep_days,
             min_free_bytes=self.log_min_free_bytes,
+            robot_id=self.robot_id,
         )
 
     @property
@@ -262,6 +267,14 @@ def _check_settings(s: ServeSettings) -> None:
         raise SettingsError(
             f"log_min_free_bytes must be a non-negative integer; got {s.log_min_free_bytes!r}."
         )
+    if s.robot_id is not None:
+        from spotstop.guard._log import ROBOT_ID
+
+        if not isinstance(s.robot_id, str) or not ROBOT_ID.fullmatch(s.robot_id):
+            raise SettingsError(
+                f"robot_id must be 1-64 characters of letters, digits, '.', '_' or '-'; got "
+                f"{s.robot_id!r}."
+            )
     if not isinstance(s.host, str) or not s.host:
         raise SettingsError(f"host must be a non-empty string; got {s.host!r}.")
     if isinstance(s.port, bool) or not isinstance(s.port, int) or not 0 <= s.port <= 65535:

@@ -1,0 +1,305 @@
+"""A fleet's decision logs as one log: ``spotstop card LOG [LOG ...]`` with many robots.
+
+:func:`read_fleet` reads SQLite decision logs (each with its registered Parquet archives, as
+:class:`~spotstop.guard.DecisionLog` reads them) and stand-alone archive files (a fleet's
+collected ``*.parquet``, each carrying its robot and the policies that decided its rows in its
+metadata) into one :class:`~spotstop.diagnostics._from_log.LogData`, in time order:
+
+* **Inputs.** Each item is a file (a log, or an archive), a folder (every ``*.sqlite`` log
+  under it, and every ``*.parquet`` archive under it that no log given registers), or a glob.
+  An item that matches nothing is an error that names it.
+* **Robots.** Each decision keeps its robot: the log's ``robot_id`` (``spotstop serve
+  --robot-id``), else the archive's, else one taken from the file's path
+  (:func:`~spotstop.diagnostics._from_log.robot_of_path`).  Resampling groups are contrasts
+  and situations *within a robot*, and each robot's decisions are replayed apart (its guard
+  kept its own policy state).
+* **One rule for which rows count.** A decision id read twice (a log given twice, an archive
+  given beside its log) is an error naming both files, never a decision counted twice.  Two
+  files that store different documents under one policy version id are an error too.
+* **Labels** come from each log's labels table (they may name archived decisions), and an
+  optional labels file over all of them (by decision id or image sha256).
+
+:class:`FleetCheck` (``checks.fleet`` of the card) compares each robot with the rest of the
+fleet: its delivered balanced accuracy and, where its decisions were made by a conformal cut,
+its miss rate on the labelled unsafe ones, each with the difference from the rest and a
+Bonferroni-adjusted interval over the robots. A robot is flagged when that interval puts it
+*worse* than the rest (lower accuracy, more misses); a better one is not flagged, since one
+bad robot makes every other one look better than "the rest".
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult, fmt
+from spotstop.diagnostics._data import group_codes
+from spotstop.diagnostics._errors import DataError
+from spotstop.diagnostics._from_log import LogData, _log_data, robot_of_path
+from spotstop.diagnostics._resample import group_sum_draws
+from spotstop.diagnostics._results import ConfidenceInterval, Estimate
+from spotstop.guard import DecisionLog, GuardError
+from spotstop.guard._labels import LabelsFileError, read_reviewed
+from spotstop.guard._log_archive import archive_folder, read_archive_file
+from spotstop.guard._log_read import LogArrays, log_arrays
+from spotstop.guard._log_schema import PolicyRow
+from spotstop.guard._record import record_from_row
+
+__all__ = ["FleetCheck", "FleetRobot", "expand_inputs", "read_fleet"]
+
+FLEET_LEVEL = 0.95
+"""Family-wise coverage of the per-robot intervals (Bonferroni over the robots)."""
+
+
+def expand_inputs(items: Sequence[str | Path]) -> list[Path]:
+    """The logs and stand-alone archives that ``items`` name, each once, logs first.
+
+    An archive registered by a log that is also read is left out (the log reads it)."""
+    if not items:
+        raise DataError("give at least one decision log, archive, folder or glob.")
+    found: list[Path] = []
+    for item in items:
+        p = Path(item)
+        if p.is_file():
+            hits = [p]
+        elif p.is_dir():
+            hits = sorted([*p.rglob("*.sqlite"), *p.rglob("*.parquet")])
+        else:
+            hits = [Path(h) for h in sorted(glob.glob(str(item), recursive=True))]
+            hits = [h for h in hits if h.is_file()]
+        hits = [h for h in hits if h.suffix in (".sqlite", ".parquet")]
+        if not hits:
+            raise DataError(
+                f"{str(item)!r} names no decision log (*.sqlite) or archive (*.parquet): give "
+                "a log file, an archive, a folder that holds them, or a glob."
+            )
+        found += hits
+    unique = list(dict.fromkeys(h.resolve() for h in found))
+    logs = [h for h in unique if h.suffix == ".sqlite"]
+    beside = {archive_folder(log) for log in logs}
+    archives = [h for h in unique if h.suffix == ".parquet" and h.parent not in beside]
+    return logs + archives
+
+
+@dataclass
+class _Part:
+    source: Path
+    arrays: LogArrays
+    robot: str
+    policies: Mapping[str, PolicyRow]
+    archived: int = 0
+    archive_files: int = 0
+
+
+def _read_part(path: Path) -> _Part:
+    try:
+        if path.suffix == ".parquet":
+            af = read_archive_file(path)
+            joined = [(record_from_row(r), (None, None, None, None)) for r in af.rows]
+            robot = af.robot_id or robot_of_path(path)
+            return _Part(path, log_arrays(joined), robot, af.policies, len(af.rows), 1)
+        with DecisionLog(path) as log:
+            infos = log.archives()
+            return _Part(
+                path,
+                log.to_arrays(),
+                log.robot_id or robot_of_path(path),
+                log.policies(),
+                sum(a.n_rows for a in infos),
+                len(infos),
+            )
+    except GuardError as exc:
+        raise DataError(f"cannot read {str(path)!r}: {exc}") from exc
+
+
+def read_fleet(inputs: Sequence[str | Path], *, labels: str | Path | None = None) -> LogData:
+    """Many robots' logs and archives as one :class:`LogData` (see the module docstring)."""
+    paths = expand_inputs(inputs)
+    parts = [_read_part(p) for p in paths]
+    seen: dict[str, Path] = {}
+    for part in parts:
+        for i in part.arrays.decision_id.tolist():
+            if i in seen:
+                raise DataError(
+                    f"decision {i!r} is in {str(seen[i])!r} and in {str(part.source)!r}: give "
+                    "each log or archive once (a log reads its own archives)."
+                )
+            seen[i] = part.source
+    policies: dict[str, PolicyRow] = {}
+    origin: dict[str, Path] = {}
+    for part in parts:
+        for v, row in part.policies.items():
+            old = policies.get(v)
+            if old is not None and dict(old.document) != dict(row.document):
+                raise DataError(
+                    f"policy version {v!r} is stored differently in {str(origin[v])!r} and "
+                    f"{str(part.source)!r}: one version id must name one policy file."
+                )
+            if old is None or row.first_time < old.first_time:
+                policies[v], origin[v] = row, part.source
+    arrays = LogArrays.concat([p.arrays for p in parts])
+    robots = (
+        np.concatenate([np.full(p.arrays.n, p.robot, dtype=object) for p in parts])
+        if parts
+        else np.zeros(0, dtype=object)
+    )
+    order = np.lexsort((np.arange(arrays.n), arrays.time))  # time order; ties keep file order
+    arrays, robots = arrays.take(order), robots[order]
+    try:
+        reviewed = read_reviewed(arrays, labels)
+    except LabelsFileError as exc:
+        raise DataError(str(exc)) from exc
+    n_arch = sum(p.archived for p in parts)
+    archived = {"files": sum(p.archive_files for p in parts), "rows": n_arch} if n_arch else {}
+    root = Path(paths[0]).parent
+    return _log_data(root, reviewed, policies, archived, robots, tuple(str(p) for p in paths))
+
+
+# -- the card's per-robot section ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetRobot:
+    """One robot against the rest of the fleet.
+
+    ``balanced_accuracy``: its delivered balanced accuracy (95 % interval);
+    ``vs_rest``: that minus the rest's, with the family-wise interval; ``miss_rate`` and
+    ``miss_vs_rest``: the same for the share of its labelled unsafe decisions that a
+    conformal cut let through (NaN without any); ``flagged``: why it is worse than the rest
+    (empty when it is not, beyond chance).
+    """
+
+    robot: str
+    n: int
+    balanced_accuracy: Estimate
+    vs_rest: Estimate
+    miss_rate: Estimate
+    miss_vs_rest: Estimate
+    flagged: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "robot": self.robot,
+            "n": self.n,
+            "balanced_accuracy": self.balanced_accuracy.to_dict(),
+            "vs_rest": self.vs_rest.to_dict(),
+            "miss_rate": self.miss_rate.to_dict(),
+            "miss_vs_rest": self.miss_vs_rest.to_dict(),
+            "flagged": list(self.flagged),
+        }
+
+
+def _ci(draws: NDArray[np.float64], level: float) -> ConfidenceInterval:
+    ok = draws[np.isfinite(draws)]
+    if ok.size == 0:
+        return ConfidenceInterval(math.nan, math.nan)
+    lo, hi = np.percentile(ok, [50 * (1 - level), 50 * (1 + level)])
+    return ConfidenceInterval(float(lo), float(hi))
+
+
+def _div(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(a / b, dtype=np.float64)
+
+
+def fleet_robots(
+    log: LogData, *, n_boot: int, rng: np.random.Generator, level: float = FLEET_LEVEL
+) -> tuple[FleetRobot, ...]:
+    """Each robot against the rest (see :class:`FleetRobot`), all from one group bootstrap of
+    the fleet's delivered decisions (groups: contrasts and situations within a robot)."""
+    robots = log.robots
+    use = np.flatnonzero(log.delivered)
+    if len(robots) < 2 or use.size == 0 or log.robot_id is None:
+        return ()
+    contrast, situation = log.group_ids()
+    group = group_codes(contrast[use], situation[use])
+    unsafe = log.label[use] == 1
+    flagged = log.arrays.guard_label[use] == 1
+    conformal = np.array([log.kind_of(v) == "conformal" for v in log.version[use]], dtype=bool)
+    rid = log.robot_id[use]
+    # per case: hits, unsafe, false alarms, safe, conformal misses, conformal unsafe
+    base = np.stack(
+        [
+            unsafe & flagged,
+            unsafe,
+            ~unsafe & flagged,
+            ~unsafe,
+            conformal & unsafe & ~flagged,
+            conformal & unsafe,
+        ]
+    ).astype(np.float64)
+    values = np.concatenate([base, *[base * (rid == r) for r in robots]])
+    point, draws = group_sum_draws(values, group, n_boot=n_boot, rng=rng)
+    sums = np.vstack([point[None, :], draws])  # row 0: the data; then the draws
+
+    def rates(cols: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        ba = 0.5 * (_div(cols[:, 0], cols[:, 1]) + 1.0 - _div(cols[:, 2], cols[:, 3]))
+        return ba, _div(cols[:, 4], cols[:, 5])
+
+    total = sums[:, :6]
+    width = 1.0 - (1.0 - level) / len(robots)
+
+    def est(v: NDArray[np.float64], n: int, lv: float) -> Estimate:
+        ci = _ci(v[1:], lv) if math.isfinite(v[0]) else ConfidenceInterval(math.nan, math.nan)
+        return Estimate(float(v[0]), ci, n)
+
+    out = []
+    for k, r in enumerate(robots):
+        mine = sums[:, 6 * (k + 1) : 6 * (k + 2)]
+        ba, miss = rates(mine)
+        ba_rest, miss_rest = rates(total - mine)
+        n = int(point[6 * (k + 1) + 1] + point[6 * (k + 1) + 3])
+        n_conf = int(point[6 * (k + 1) + 5])
+        vs, mvs = est(ba - ba_rest, n, width), est(miss - miss_rest, n_conf, width)
+        why = []  # worse than the rest only: one bad robot makes all others look better
+        if math.isfinite(vs.ci.high) and vs.ci.high < 0:
+            why.append("balanced accuracy below the rest's")
+        if math.isfinite(mvs.ci.low) and mvs.ci.low > 0:
+            why.append("conformal miss rate above the rest's")
+        out.append(FleetRobot(r, n, est(ba, n, 0.95), vs, est(miss, n_conf, 0.95), mvs, tuple(why)))
+    return tuple(out)
+
+
+class FleetCheck(CardCheck):
+    """``checks.fleet``: each robot against the rest (only for decisions of several robots)."""
+
+    name: ClassVar[str] = "fleet"
+    title: ClassVar[str] = "Robots of the fleet"
+    explanation: ClassVar[str] = (
+        "Each robot's delivered balanced accuracy, and its conformal miss rate where a "
+        "conformal cut decided, against the rest of the fleet: the difference with a "
+        f"{FLEET_LEVEL:.0%} family-wise interval (Bonferroni over the robots). A flagged robot "
+        "is worse than the rest beyond chance: look at its camera, its situations, its policy."
+    )
+
+    def run(self, ctx: CardContext) -> CheckResult:
+        log = ctx.log
+        if log is None or len(log.robots) < 2:
+            return CheckResult({"applicable": False}, (("fleet", "one robot: not applicable"),))
+        # its own stream, spawned from the card's: the sections after this one draw what they
+        # draw for one robot, so a fleet card equals the card of the merged log but for this
+        rows = fleet_robots(log, n_boot=ctx.n_boot, rng=ctx.rng.spawn(1)[0])
+        table = []
+        for r in rows:
+            flag = "FLAGGED: " + "; ".join(r.flagged) if r.flagged else "in line with the rest"
+            table.append(
+                (
+                    f"robot {r.robot} (n={r.n})",
+                    f"BA {fmt(r.balanced_accuracy)}, vs rest {fmt(r.vs_rest, signed=True)}; "
+                    f"conformal miss {fmt(r.miss_rate)}, vs rest "
+                    f"{fmt(r.miss_vs_rest, signed=True)} — {flag}",
+                )
+            )
+        data = {
+            "applicable": True,
+            "level": FLEET_LEVEL,
+            "robots": [r.to_dict() for r in rows],
+            "flagged": [r.robot for r in rows if r.flagged],
+        }
+        return CheckResult(data, tuple(table), result=rows)
