@@ -8,6 +8,16 @@ batch-mean cut and the cross-fitted cut are then cumulative sums along the sorte
 bootstrap (:mod:`._bootstrap`) feeds it resampled counts, :func:`cross_fitted_threshold_part`
 unit counts with random halves.
 
+The sweep (:meth:`CurveEngine._sweep`) runs score-major: the unique scores are cut into blocks
+of :data:`BLOCK_ROWS`; per block one sparse product (block × groups) @ (groups × draws) gives
+the safe and unsafe weights of every draw (and of its fit half) at once, a blocked cumulative
+sum carries the curves from block to block, and the running first argmax of ``D``, the AUROC
+sum and the values at the cuts that are needed are updated; nothing (draws × unique scores)
+is ever held.  Draws are swept in sub-chunks sized to a memory budget (:data:`MEMORY_BUDGET`;
+see :func:`draws_per_sweep`).  Every curve quantity is an integer sum of integer weights held in
+float64 below 2**53, so it is exact and the results do not depend on the blocking, the
+sub-chunks or the order of summation.
+
 Conventions: the paper's direct answer, ``score > cut`` is UNSAFE (see :mod:`._metrics`), for
 ``L``, ``W``, ``A`` and the cuts of ``A*``; the batch-mean cut is a rule the guard would run,
 so ``A_batch`` labels with the guard's own rule ``S ≥ t`` (ties UNSAFE,
@@ -19,7 +29,8 @@ the tie-consistent ones of :mod:`._metrics`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import NDArray
@@ -37,10 +48,134 @@ from spotstop.diagnostics._metrics import (
 from spotstop.diagnostics._resample import as_rng, random_halves
 from spotstop.guard.policies import unsafe_mask
 
-__all__ = ["ROOM_TOL", "STATISTICS", "CrossFit", "CurveEngine", "cross_fitted_threshold_part"]
+__all__ = [
+    "BLOCK_ROWS",
+    "MEMORY_BUDGET",
+    "ROOM_TOL",
+    "STATISTICS",
+    "CrossFit",
+    "CurveEngine",
+    "cross_fitted_threshold_part",
+    "draws_per_sweep",
+]
 
 #: a threshold part at or below this is no room at all (float rounding of ``A* - A``)
 ROOM_TOL = 1e-9
+
+#: unique scores per block of the sweep (a multiple of :data:`_SPLIT`)
+BLOCK_ROWS = 256
+
+#: the blocked cumulative sum splits a block into this many runs of rows
+_SPLIT = 16
+
+#: default memory budget of one sweep in bytes (see :func:`draws_per_sweep`)
+MEMORY_BUDGET = 256 * 2**20
+
+#: the most draws swept together (larger sub-chunks only grow the cache footprint)
+_MAX_DRAWS = 128
+
+#: above this every curve total must stay for the float64 sums to be exact integers
+_EXACT = 2.0**53
+
+
+def draws_per_sweep(n_groups: int, memory_budget: int = MEMORY_BUDGET) -> int:
+    """Draws swept together under ``memory_budget`` bytes.
+
+    A sweep of ``b`` draws holds the (groups × 2b) float64 right-hand side (draw counts and
+    fit-half counts: ``16 * n_groups`` bytes per draw) and per block about
+    ``100 * BLOCK_ROWS`` bytes per draw (weights, curves, ``D`` and temporaries), so the memory
+    is about ``b * (16 * n_groups + 100 * BLOCK_ROWS)`` bytes, independent of the number of
+    unique scores; ``b`` is at most 128 and at least 1.
+    """
+    per_draw = 16 * max(n_groups, 1) + 100 * BLOCK_ROWS
+    return int(max(1, min(_MAX_DRAWS, memory_budget // per_draw)))
+
+
+def _cumsum_rows(x: NDArray[np.float64], carry: NDArray[np.float64]) -> None:
+    """In place: ``x = carry + cumsum(x, axis=0)``, then ``carry = x[-1]``.
+
+    ``np.cumsum(axis=0)`` walks each column with a stride (about 10 ns an element); this adds
+    whole rows instead, in :data:`_SPLIT` runs and one carry step (about 1 ns an element).
+    Exact for integer sums below 2**53 (any order gives the same result).
+    """
+    x[0] += carry
+    y = x.reshape(_SPLIT, x.shape[0] // _SPLIT, x.shape[1])
+    for i in range(1, y.shape[1]):
+        np.add(y[:, i], y[:, i - 1], out=y[:, i])
+    last = y[:, -1]
+    for i in range(1, _SPLIT):
+        np.add(last[i], last[i - 1], out=last[i])
+    if y.shape[1] > 1:
+        y[1:, :-1] += last[:-1, None]
+    carry[:] = x[-1]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The paired cases score-major: one CSR matrix (2 rows, G) per block of unique scores,
+    safe weights in its first ``rows`` rows and unsafe ones in the rest (a block's rows padded
+    with empty ones to a multiple of :data:`_SPLIT`); ``order`` renumbers the groups by their
+    first score so that about half of the product's gathers stream."""
+
+    starts: tuple[int, ...]
+    blocks: tuple[sparse.csr_matrix, ...]
+    order: NDArray[np.intp]
+
+
+def _layout(ms: sparse.csr_matrix, mu: sparse.csr_matrix, ng: int) -> _Layout:
+    """The score-major blocks of the (groups, m) safe / unsafe weights (see :class:`_Layout`)."""
+    m = ms.shape[1]
+    st, ut = sparse.csr_matrix(ms.T), sparse.csr_matrix(mu.T)
+    first = np.full(ng, m, dtype=np.intp)
+    both = (st + ut).tocoo()
+    np.minimum.at(first, both.col, both.row)
+    order = np.argsort(first, kind="stable")
+    st, ut = st[:, order], ut[:, order]
+    starts, blocks = [], []
+    for j0 in range(0, m, BLOCK_ROWS):
+        rows = min(BLOCK_ROWS, m - j0)
+        pad = sparse.csr_matrix((-(-rows // _SPLIT) * _SPLIT - rows, ng))
+        blk = sparse.vstack([st[j0 : j0 + rows], pad, ut[j0 : j0 + rows], pad], format="csr")
+        blk.sort_indices()
+        starts.append(j0)
+        blocks.append(blk)
+    return _Layout(tuple(starts), tuple(blocks), np.asarray(order, dtype=np.intp))
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """What one sweep of the sorted scores gives per draw (see :meth:`CurveEngine._sweep`).
+
+    ``au2 = sum_j wu_j (cs_j + cs_{j-1})`` (twice the AUROC numerator); ``dmax`` and ``k`` the
+    best ``D`` and its cut index (as :meth:`CurveEngine._best`); ``batch_s``, ``batch_u`` the
+    cumulative safe / unsafe weight below the cut index ``k_batch``; with halves, ``k1``
+    (fitted on half 1) with half 2's cumulative weights below it (``s2_at_k1``, ``u2_at_k1``),
+    and ``k2`` with half 1's (``s1_at_k2``, ``u1_at_k2``).
+    """
+
+    au2: NDArray[np.float64]
+    dmax: NDArray[np.float64]
+    k: NDArray[np.intp]
+    batch_s: NDArray[np.float64]
+    batch_u: NDArray[np.float64]
+    k1: NDArray[np.intp]
+    k2: NDArray[np.intp]
+    s2_at_k1: NDArray[np.float64]
+    u2_at_k1: NDArray[np.float64]
+    s1_at_k2: NDArray[np.float64]
+    u1_at_k2: NDArray[np.float64]
+
+
+def _ba(
+    c_s: NDArray[np.float64],
+    c_u: NDArray[np.float64],
+    ts: NDArray[np.float64],
+    tu: NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """Balanced accuracy from the cumulative weights below a cut (NaN if a class is missing)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(0.5 * (c_s / ts + 1.0 - c_u / tu), dtype=np.float64)
+
 
 #: statistics of :func:`group_bootstrap`, in card order
 STATISTICS = (
@@ -94,13 +229,25 @@ class CurveEngine:
     paired_s_g: NDArray[np.float64]  # paired safe / unsafe cases per group (1/(2n) rule)
     paired_u_g: NDArray[np.float64]
     k_direct: int
+    ts_g: NDArray[np.float64]  # pair-weighted safe / unsafe totals per group
+    tu_g: NDArray[np.float64]
+    below_s_g: NDArray[np.float64]  # the same below the direct cut index
+    below_u_g: NDArray[np.float64]
+    layout: _Layout
+    memory_budget: int = MEMORY_BUDGET
 
     @classmethod
     def build(
-        cls, table: CaseTable, cut: float, group: NDArray[np.intp] | None = None
+        cls,
+        table: CaseTable,
+        cut: float,
+        group: NDArray[np.intp] | None = None,
+        *,
+        memory_budget: int = MEMORY_BUDGET,
     ) -> CurveEngine:
         """The engine of ``table`` at the direct ``cut``; ``group`` codes 0..G-1 per case are
-        the resampling unit (default :attr:`CaseTable.group`)."""
+        the resampling unit (default :attr:`CaseTable.group`); ``memory_budget`` bytes bound
+        one sweep (:func:`draws_per_sweep`)."""
         pairs = table.pairs
         g = table.group if group is None else np.asarray(group, dtype=np.intp)
         ng = int(g.max()) + 1
@@ -125,6 +272,7 @@ class CurveEngine:
         else:
             v = np.zeros(0)
             ms = mu = sparse.csr_matrix((ng, 0))
+        kd = int(np.searchsorted(v, cut, side="right"))
         return cls(
             cut=cut,
             n_groups=ng,
@@ -141,123 +289,235 @@ class CurveEngine:
             cases_g=np.bincount(g, minlength=ng).astype(np.float64),
             paired_s_g=wbincount(g, ((pairs.weight > 0) & (table.label == 0)).astype(float), ng),
             paired_u_g=wbincount(g, ((pairs.weight > 0) & (table.label == 1)).astype(float), ng),
-            k_direct=int(np.searchsorted(v, cut, side="right")),
+            k_direct=kd,
+            ts_g=np.asarray(ms.sum(axis=1), dtype=np.float64).ravel(),
+            tu_g=np.asarray(mu.sum(axis=1), dtype=np.float64).ravel(),
+            below_s_g=np.asarray(ms[:, :kd].sum(axis=1), dtype=np.float64).ravel(),
+            below_u_g=np.asarray(mu[:, :kd].sum(axis=1), dtype=np.float64).ravel(),
+            layout=_layout(ms, mu, ng),
+            memory_budget=memory_budget,
         )
+
+    #: the per-group integer totals that :meth:`_totals` sums in one product
+    _TOTALS = (
+        "pairs_g",
+        "ordered_g",
+        "tied_g",
+        "lab_g",
+        "wrong_g",
+        "cases_g",
+        "paired_s_g",
+        "paired_u_g",
+        "ts_g",
+        "tu_g",
+        "below_s_g",
+        "below_u_g",
+    )
+
+    @cached_property
+    def _stacked(self) -> NDArray[np.float64]:
+        return np.column_stack([getattr(self, k) for k in self._TOTALS])
+
+    def _totals(self, counts: NDArray[np.float64]) -> dict[str, NDArray[np.float64]]:
+        """``counts @ x`` for every per-group integer total ``x`` of :data:`_TOTALS`, as one
+        matrix product (integer sums below 2**53: exact, so equal to the single products)."""
+        prod = counts @ self._stacked
+        return {k[:-2]: prod[:, i] for i, k in enumerate(self._TOTALS)}
 
     def class_weights(
         self, counts: NDArray[np.float64]
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """(draws, m) safe and unsafe weight at each unique score, C-contiguous."""
+        """(draws, m) safe and unsafe weight at each unique score, C-contiguous (for
+        inspection; the statistics sweep the scores in blocks instead)."""
         ws = np.ascontiguousarray(np.asarray(self.ms.T @ counts.T, dtype=np.float64).T)
         wu = np.ascontiguousarray(np.asarray(self.mu.T @ counts.T, dtype=np.float64).T)
         return ws, wu
 
-    def _curves(
-        self, counts: NDArray[np.float64]
-    ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-        """Cumulative safe / unsafe weights (draws, m) and class totals (draws, 1)."""
-        ws, wu = self.class_weights(counts)
-        cs = np.cumsum(ws, axis=1)
-        cu = np.cumsum(wu, axis=1)
-        return cs, cu, cs[:, -1:], cu[:, -1:]
+    def _sweep(
+        self,
+        counts: NDArray[np.float64],
+        halves: NDArray[np.bool_] | None,
+        k_batch: NDArray[np.intp] | None,
+    ) -> _Sweep:
+        """One pass over the sorted unique scores for the draws ``counts`` (see the module
+        docstring), in sub-chunks of :func:`draws_per_sweep` draws."""
+        step = draws_per_sweep(self.n_groups, self.memory_budget)
+        # one right-hand-side buffer for all sub-chunks (fresh pages cost a fault each)
+        buf = np.empty(self.n_groups * 2 * min(step, counts.shape[0]))
+        if counts.shape[0] <= step:
+            return self._sweep_chunk(counts, halves, k_batch, buf)
+        parts = [
+            self._sweep_chunk(
+                counts[i : i + step],
+                None if halves is None else halves[i : i + step],
+                None if k_batch is None else k_batch[i : i + step],
+                buf,
+            )
+            for i in range(0, counts.shape[0], step)
+        ]
+        return _Sweep(
+            **{f.name: np.concatenate([getattr(q, f.name) for q in parts]) for f in fields(_Sweep)}
+        )
 
-    @staticmethod
-    def _best(
-        cs: NDArray[np.float64],
-        cu: NDArray[np.float64],
-        ts: NDArray[np.float64],
-        tu: NDArray[np.float64],
-    ) -> tuple[NDArray[np.float64], NDArray[np.intp]]:
-        """Best balanced accuracy and its first cut index ``k`` (0..m) per draw.
+    def _sweep_chunk(
+        self,
+        counts: NDArray[np.float64],
+        halves: NDArray[np.bool_] | None,
+        k_batch: NDArray[np.intp] | None,
+        buf: NDArray[np.float64],
+    ) -> _Sweep:
+        n = counts.shape[0]
+        lay = self.layout
+        cf = halves is not None
+        w = 2 * n if cf else n  # right-hand-side columns: the draws, then their fit halves
+        nd = w + n if cf else w  # D columns: total, half 1, half 2
+        rhs = buf[: self.n_groups * w].reshape(self.n_groups, w)
+        rhs[:, :n] = counts[:, lay.order].T
+        ts, tu = counts @ self.ts_g, counts @ self.tu_g
+        if halves is not None:
+            c1 = counts * halves
+            rhs[:, n:] = c1[:, lay.order].T
+            ts1, tu1 = c1 @ self.ts_g, c1 @ self.tu_g
+            ts_all, tu_all = np.concatenate([ts, ts1]), np.concatenate([tu, tu1])
+            ts2, tu2 = ts - ts1, tu - tu1
+        else:
+            ts_all, tu_all = ts, tu
+        carry = np.zeros((2, w))
+        cs_prev = np.zeros(n)
+        au2 = np.zeros(n)
+        best = np.full(nd, -np.inf)
+        idx = np.zeros(nd, dtype=np.intp)
+        at_s = np.zeros(nd)
+        at_u = np.zeros(nd)
+        kb = np.zeros(n, dtype=np.intp) if k_batch is None else np.asarray(k_batch) - 1
+        batch_s, batch_u = np.zeros(n), np.zeros(n)
+        rows_max = max((b.shape[0] // 2 for b in lay.blocks), default=0)
+        dbuf = np.empty((rows_max, nd))
+        tbuf = np.empty((rows_max, w))
+        cols = np.arange(nd)
+        for j0, blk in zip(lay.starts, lay.blocks, strict=True):
+            mb = blk.shape[0] // 2
+            prod = np.asarray(blk @ rhs, dtype=np.float64)
+            s, u = prod[:mb], prod[mb:]
+            _cumsum_rows(s, carry[0])
+            # AUROC: sum_j wu_j (cs_j + cs_{j-1}), with wu before its cumulative sum
+            au2 += np.einsum("jb,jb->b", u[:, :n], s[:, :n])
+            au2 += np.einsum("jb,jb->b", u[1:, :n], s[:-1, :n]) + u[0, :n] * cs_prev
+            cs_prev = s[-1, :n].copy()
+            _cumsum_rows(u, carry[1])
+            d, t = dbuf[:mb], tbuf[:mb]
+            # D_k = cs_k tu - cu_k ts (exact in float64 for integer weights)
+            np.multiply(s, tu_all, out=d[:, :w])
+            np.multiply(u, ts_all, out=t)
+            np.subtract(d[:, :w], t, out=d[:, :w])
+            if cf:
+                t2 = t[:, :n]
+                np.subtract(s[:, :n], s[:, n:], out=t2)
+                np.multiply(t2, tu2, out=d[:, w:])
+                np.subtract(u[:, :n], u[:, n:], out=t2)
+                t2 *= ts2
+                np.subtract(d[:, w:], t2, out=d[:, w:])
+            r = np.argmax(d, axis=0)
+            val = d[r, cols]
+            up = np.flatnonzero(val > best)  # strictly: the first maximum stays
+            if up.size:
+                best[up] = val[up]
+                idx[up] = j0 + r[up]
+                if cf:
+                    # fitted on half 1 (columns n..2n-1), scored on half 2 = total - half 1
+                    b1 = up[(up >= n) & (up < w)] - n
+                    r1 = r[n + b1]
+                    at_s[n + b1] = s[r1, b1] - s[r1, n + b1]
+                    at_u[n + b1] = u[r1, b1] - u[r1, n + b1]
+                    # fitted on half 2 (columns 2n..3n-1), scored on half 1
+                    b2 = up[up >= w] - w
+                    r2 = r[w + b2]
+                    at_s[w + b2] = s[r2, n + b2]
+                    at_u[w + b2] = u[r2, n + b2]
+            if k_batch is not None:
+                sel = np.flatnonzero((kb >= j0) & (kb < j0 + mb))
+                if sel.size:
+                    batch_s[sel] = s[kb[sel] - j0, sel]
+                    batch_u[sel] = u[kb[sel] - j0, sel]
 
-        Maximises ``D_k = cs_k tu - cu_k ts`` (``BA_k = 1/2 + D_k / (2 ts tu)``), which is
-        exact in float64 for integer weights, so ties between cuts resolve exactly; ``k = 0``
-        (flag everything, ``D = 0``) wins unless some cut has ``D > 0``.  A draw without one
-        of the classes gives NaN.
-        """
-        d = cs * tu - cu * ts
-        j = np.argmax(d, axis=1)
-        rows = np.arange(d.shape[0])
-        dmax = d[rows, j]
-        k = np.where(dmax > 0, j + 1, 0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            val = 0.5 + np.maximum(dmax, 0.0) / (2 * ts[:, 0] * tu[:, 0])
-        return np.asarray(val, dtype=np.float64), k
+        def cut_index(lo: int, hi: int) -> NDArray[np.intp]:
+            return np.where(best[lo:hi] > 0, idx[lo:hi] + 1, 0)
 
-    @staticmethod
-    def _ba_at(
-        cs: NDArray[np.float64],
-        cu: NDArray[np.float64],
-        ts: NDArray[np.float64],
-        tu: NDArray[np.float64],
-        k: NDArray[np.intp],
-    ) -> NDArray[np.float64]:
-        """Balanced accuracy at cut index ``k`` per draw (``k = 0`` → 1/2; NaN if a class is
-        missing)."""
-        rows = np.arange(cs.shape[0])
-        j = np.maximum(k - 1, 0)
-        c_s = np.where(k == 0, 0.0, cs[rows, j])
-        c_u = np.where(k == 0, 0.0, cu[rows, j])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.asarray(0.5 * (c_s / ts[:, 0] + 1.0 - c_u / tu[:, 0]), dtype=np.float64)
+        k1, k2 = cut_index(n, w), cut_index(w, nd)  # empty without halves
+        return _Sweep(
+            au2=au2,
+            dmax=best[:n],
+            k=cut_index(0, n),
+            batch_s=batch_s,
+            batch_u=batch_u,
+            k1=k1,
+            k2=k2,
+            s2_at_k1=np.where(k1 == 0, 0.0, at_s[n:w]),
+            u2_at_k1=np.where(k1 == 0, 0.0, at_u[n:w]),
+            s1_at_k2=np.where(k2 == 0, 0.0, at_s[w:nd]),
+            u1_at_k2=np.where(k2 == 0, 0.0, at_u[w:nd]),
+        )
 
     def cross_fit(
         self,
         counts: NDArray[np.float64],
         halves: NDArray[np.bool_],
-        total: tuple[NDArray[np.float64], ...] | None = None,
+        sweep: _Sweep | None = None,
     ) -> NDArray[np.float64]:
-        """Cross-fitted threshold part per draw (NaN where a half lacks a class)."""
-        cs, cu, ts, tu = total if total is not None else self._curves(counts)
+        """Cross-fitted threshold part per draw (NaN where a half lacks a class); ``sweep``:
+        the sweep of these draws with these halves, when already made."""
+        sw = sweep if sweep is not None else self._sweep(counts, halves, None)
+        assert sw.k1 is not None and sw.k2 is not None
+        assert sw.s2_at_k1 is not None and sw.u2_at_k1 is not None
+        assert sw.s1_at_k2 is not None and sw.u1_at_k2 is not None
         c1 = counts * halves
-        cs1, cu1, ts1, tu1 = self._curves(c1)
-        cs2, cu2, ts2, tu2 = cs - cs1, cu - cu1, ts - ts1, tu - tu1
-        _, k1 = self._best(cs1, cu1, ts1, tu1)
-        _, k2 = self._best(cs2, cu2, ts2, tu2)
-        kd = np.full(k1.shape, self.k_direct)
-        gain2 = self._ba_at(cs2, cu2, ts2, tu2, k1) - self._ba_at(cs2, cu2, ts2, tu2, kd)
-        gain1 = self._ba_at(cs1, cu1, ts1, tu1, k2) - self._ba_at(cs1, cu1, ts1, tu1, kd)
-        n1 = c1 @ self.pairs_g
-        n2 = counts @ self.pairs_g - n1
+        t0, t1 = self._totals(counts), self._totals(c1)
+        ts1, tu1 = t1["ts"], t1["tu"]
+        ts2, tu2 = t0["ts"] - ts1, t0["tu"] - tu1
+        # below the direct cut index: fixed, so a product with the per-group totals below it
+        bs1, bu1 = t1["below_s"], t1["below_u"]
+        bs2, bu2 = t0["below_s"] - bs1, t0["below_u"] - bu1
+        gain2 = _ba(sw.s2_at_k1, sw.u2_at_k1, ts2, tu2) - _ba(bs2, bu2, ts2, tu2)
+        gain1 = _ba(sw.s1_at_k2, sw.u1_at_k2, ts1, tu1) - _ba(bs1, bu1, ts1, tu1)
+        n1 = t1["pairs"]
+        n2 = t0["pairs"] - n1
         with np.errstate(invalid="ignore", divide="ignore"):
             out = (gain1 * n1 + gain2 * n2) / (n1 + n2)
-        bad = (ts1[:, 0] * tu1[:, 0] == 0) | (ts2[:, 0] * tu2[:, 0] == 0)
+        bad = (ts1 * tu1 == 0) | (ts2 * tu2 == 0)
         return np.asarray(np.where(bad, np.nan, out), dtype=np.float64)
 
     def statistics(
         self, counts: NDArray[np.float64], halves: NDArray[np.bool_] | None
     ) -> dict[str, NDArray[np.float64]]:
         """All statistics of :data:`STATISTICS` for each row of ``counts``."""
-        curves = self._curves(counts)
-        cs, cu, ts, tu = curves
+        tot = self._totals(counts)
+        ts, tu = tot["ts"], tot["tu"]
         with np.errstate(invalid="ignore", divide="ignore"):
-            npairs = counts @ self.pairs_g
-            R = counts @ self.ordered_g / npairs
-            T = counts @ self.tied_g / npairs
+            batch_cut = (counts @ self.sum_g) / tot["cases"]
+        # the guard's own rule (S >= t, ties UNSAFE) on the sorted unique scores: the flagged
+        # ones are a suffix, so the cut index is the count of those not flagged
+        flagged = unsafe_mask(self.v[None, :], batch_cut[:, None])
+        k_batch = (~flagged).sum(axis=1)
+        sw = self._sweep(counts, halves, k_batch)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            npairs = tot["pairs"]
+            R = tot["ordered"] / npairs
+            T = tot["tied"] / npairs
             r_half = R + T / 2
-            L = counts @ self.lab_g / npairs
-            W = counts @ self.wrong_g / npairs
+            L = tot["lab"] / npairs
+            W = tot["wrong"] / npairs
             C = L + W
             A = 0.5 + L - C / 2
-            wu = np.diff(cu, axis=1, prepend=0.0)
             # AUROC = sum_j wu_j (cs_j - ws_j / 2) / (ts tu) = sum_j wu_j (cs_j + cs_{j-1}) / 2
-            cs_prev = cs - np.diff(cs, axis=1, prepend=0.0)
-            au = np.einsum("ij,ij->i", wu, cs + cs_prev) / (2 * ts[:, 0] * tu[:, 0])
-            a_star, _ = self._best(cs, cu, ts, tu)
-            batch_cut = (counts @ self.sum_g) / (counts @ self.cases_g)
-            # the guard's own rule (S >= t, ties UNSAFE) on the sorted unique scores: the
-            # flagged ones are a suffix, so the cut index is the count of those not flagged
-            flagged = unsafe_mask(self.v[None, :], batch_cut[:, None])
-            k_batch = (~flagged).sum(axis=1)
-            a_batch = self._ba_at(cs, cu, ts, tu, k_batch)
+            au = sw.au2 / (2 * ts * tu)
+            a_star = 0.5 + np.maximum(sw.dmax, 0.0) / (2 * ts * tu)
+            a_batch = _ba(sw.batch_s, sw.batch_u, ts, tu)
             g = au - ndtr(ndtri(au) / math.sqrt(2.0))
-            kd = np.full(counts.shape[0], self.k_direct)
-            rows = np.arange(counts.shape[0])
-            below_s = np.where(kd == 0, 0.0, cs[rows, np.maximum(kd - 1, 0)])
-            below_u = np.where(kd == 0, 0.0, cu[rows, np.maximum(kd - 1, 0)])
-            hit = 1.0 - below_u / tu[:, 0]
-            fa = 1.0 - below_s / ts[:, 0]
-            n_u, n_s = counts @ self.paired_u_g, counts @ self.paired_s_g
+            below_s = tot["below_s"]
+            below_u = tot["below_u"]
+            hit = 1.0 - below_u / tu
+            fa = 1.0 - below_s / ts
+            n_u, n_s = tot["paired_u"], tot["paired_s"]
             zh = ndtri(np.clip(hit, 1 / (2 * n_u), 1 - 1 / (2 * n_u)))
             zf = ndtri(np.clip(fa, 1 / (2 * n_s), 1 - 1 / (2 * n_s)))
             out = {
@@ -294,7 +554,7 @@ class CurveEngine:
                 "criterion": -(zh + zf) / 2,
             }
         if halves is not None:
-            out["cross_fitted_threshold_part"] = self.cross_fit(counts, halves, curves)
+            out["cross_fitted_threshold_part"] = self.cross_fit(counts, halves, sw)
         return out
 
 

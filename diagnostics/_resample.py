@@ -141,10 +141,24 @@ def as_rng(rng: np.random.Generator | int | None) -> np.random.Generator:
 
 
 def random_halves(rng: np.random.Generator, n_draws: int, n_groups: int) -> NDArray[np.bool_]:
-    """Boolean (n_draws, n_groups): True for a random ``floor(G/2)`` of the groups per row."""
-    ranks = np.argsort(rng.random((n_draws, n_groups)), axis=1)
-    half = np.zeros((n_draws, n_groups), dtype=bool)
-    np.put_along_axis(half, ranks[:, : n_groups // 2], True, axis=1)
+    """Boolean (n_draws, n_groups): True for a random ``floor(G/2)`` of the groups per row.
+
+    The half is the ``floor(G/2)`` smallest of one ``rng.random((n_draws, n_groups))`` call per
+    row (the first ``floor(G/2)`` of its argsort); found by a partition (linear time), and by
+    the argsort itself in a row where a tie straddles the boundary, so the result is that of
+    the argsort in every case.
+    """
+    r = rng.random((n_draws, n_groups))
+    k = n_groups // 2
+    if k == 0:
+        return np.zeros((n_draws, n_groups), dtype=bool)
+    half = r <= np.partition(r, k - 1, axis=1)[:, k - 1 : k]
+    tied = np.flatnonzero(half.sum(axis=1) != k)
+    if tied.size:
+        ranks = np.argsort(r[tied], axis=1)
+        rows = np.zeros((tied.size, n_groups), dtype=bool)
+        np.put_along_axis(rows, ranks[:, :k], True, axis=1)
+        half[tied] = rows
     return half
 
 
@@ -163,19 +177,20 @@ def draw_group_counts(
     """Yield ``(chunk, n_groups)`` arrays of group multiplicities (each row sums to ``n_groups``).
 
     Each row counts ``n_groups`` groups drawn uniformly with replacement (one
-    ``rng.integers`` call per chunk, then a bincount: the multinomial(G, 1/G) distribution,
-    several times faster than ``rng.multinomial`` with ``size=``).
+    ``rng.integers`` call per chunk, then a bincount per row: the multinomial(G, 1/G)
+    distribution, several times faster than ``rng.multinomial`` with ``size=``; a bincount per
+    row stays in cache and writes the float64 result once, where one bincount of the whole
+    chunk and its cast touch three chunk-sized arrays).
     """
     done = 0
     while done < n_boot:
         b = min(chunk_size, n_boot - done)
         picks = rng.integers(0, n_groups, size=(b, n_groups))
-        picks += np.arange(b)[:, None] * n_groups
-        yield (
-            np.bincount(picks.ravel(), minlength=b * n_groups)
-            .reshape(b, n_groups)
-            .astype(np.float64)
-        )
+        out = np.empty((b, n_groups), dtype=np.float64)
+        for i in range(b):
+            out[i] = np.bincount(picks[i], minlength=n_groups)
+        del picks
+        yield out
         done += b
 
 
