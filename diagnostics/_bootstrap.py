@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import sparse
 from spotstop.diagnostics._data import CaseTable
-from spotstop.diagnostics._engine import ROOM_TOL, STATISTICS, CurveEngine
+from spotstop.diagnostics._engine import MEMORY_BUDGET, ROOM_TOL, STATISTICS, CurveEngine
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._metrics import (
     TIES_COMMON,
@@ -94,8 +94,12 @@ def _tidy(x: float) -> float:
     return 0.0 if abs(x) < 1e-12 else x
 
 
-def _check_bootstrap(n_boot: int, chunk_size: int, n_splits: int) -> None:
-    for name, value, low in (("n_boot", n_boot, 1), ("chunk_size", chunk_size, 1)):
+def _check_bootstrap(n_boot: int, chunk_size: int, n_splits: int, memory_budget: int) -> None:
+    for name, value, low in (
+        ("n_boot", n_boot, 1),
+        ("chunk_size", chunk_size, 1),
+        ("memory_budget", memory_budget, 1),
+    ):
         if not isinstance(value, (int, np.integer)) or value < low:
             raise DataError(f"{name} must be an integer >= {low}; got {value!r}.")
     if not isinstance(n_splits, (int, np.integer)) or n_splits < 1:
@@ -121,6 +125,7 @@ def group_bootstrap(
     progress: bool = False,
     keep_draws: bool = True,
     group_by: str = "situation",
+    memory_budget: int = MEMORY_BUDGET,
 ) -> BootstrapResult:
     """Group bootstrap of the Spot-Stop terms (10,000 draws by default; Sec. 3.3).
 
@@ -133,7 +138,13 @@ def group_bootstrap(
         the generator in this order per chunk: one multinomial call (group counts), one
         ``random`` call (cross-fit halves).  The point estimate of the cross-fitted part uses
         ``n_splits`` further halves drawn after the bootstrap.
-    chunk_size : draws per chunk (memory is about ``40 * chunk_size * unique scores`` bytes).
+    chunk_size : draws per generator call (part of the RNG order: another value gives other
+        draws); a chunk holds ``chunk_size * groups`` float64 counts and as many cross-fit
+        halves, about ``33 * chunk_size * groups`` bytes at its peak.
+    memory_budget : bytes for the engine's sweep of a chunk, independent of the number of
+        unique scores (:func:`~spotstop.diagnostics._engine.draws_per_sweep`: about
+        ``16 * groups + 25,600`` bytes per draw swept together); the results do not depend
+        on it.
     progress : show a tqdm bar.
     keep_draws : keep the draws in the result (needed for draw-by-draw checks and plots).
     group_by : the resampling unit, ``"situation"`` (contrast and situation ids together, the
@@ -144,9 +155,11 @@ def group_bootstrap(
     contrasts → :class:`UndefinedMetricWarning` and NaN estimates.
     """
     _check_cut(cut)
-    _check_bootstrap(n_boot, chunk_size, n_splits)
+    _check_bootstrap(n_boot, chunk_size, n_splits, memory_budget)
     gen = as_rng(rng)
-    prep = CurveEngine.build(table, cut, resampling_groups(table, group_by))
+    prep = CurveEngine.build(
+        table, cut, resampling_groups(table, group_by), memory_budget=memory_budget
+    )
     if prep.n_pairs > 0 and prep.n_groups < MIN_GROUPS:
         n_alt = None
         if group_by != "contrast":

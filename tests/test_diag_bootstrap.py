@@ -238,3 +238,46 @@ def test_batch_recovery_without_threshold_room_is_nan_with_a_warning():
         b = group_bootstrap(t, n_boot=50, rng=0)
     assert b["threshold_part"].value == 0.0 and math.isnan(b["batch_recovery"].value)
     assert not np.isinf(b.draws["batch_recovery"]).any()
+
+
+@pytest.mark.parametrize("decimals", [None, 1])
+def test_sweep_across_blocks_and_sub_chunks_equals_naive_loop(decimals):
+    # 1,000 paired cases: several blocks of BLOCK_ROWS unique scores (with decimals=1 many
+    # ties across classes), swept one draw at a time (memory_budget=1) and all at once
+    from spotstop.diagnostics._engine import BLOCK_ROWS
+
+    t = simulate_log(500, rng=4)
+    if decimals is not None:
+        t = CaseTable(
+            case_id=t.case_id,
+            label=t.label,
+            contrast_id=t.contrast_id,
+            situation_id=t.situation_id,
+            score=np.round(t.score, decimals),
+        )
+    rng = np.random.default_rng(5)
+    counts = next(draw_group_counts(t.n_groups, 4, rng))
+    halves = random_halves(rng, 4, t.n_groups)
+    prep = CurveEngine.build(t, 0.0)
+    if decimals is None:
+        assert prep.v.size > 3 * BLOCK_ROWS
+    tiny = CurveEngine.build(t, 0.0, memory_budget=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        stats = prep.statistics(counts, halves)
+        one_by_one = tiny.statistics(counts, halves)
+    for k, v in stats.items():
+        np.testing.assert_array_equal(v, one_by_one[k], err_msg=k)
+    for b in range(4):
+        ss, au, a_batch = naive_draw(t, counts[b], 0.0)
+        assert stats["auroc"][b] == pytest.approx(au, abs=1e-12)
+        assert stats["A_star"][b] == pytest.approx(ss.A_star, abs=1e-12)
+        assert stats["A_batch"][b] == pytest.approx(a_batch, abs=1e-12)
+        assert stats["cross_fitted_threshold_part"][b] == pytest.approx(
+            naive_cross_fit(t, counts[b], halves[b], 0.0), abs=1e-12
+        )
+
+
+def test_memory_budget_is_validated():
+    with pytest.raises(DataError, match="memory_budget must be an integer >= 1"):
+        group_bootstrap(simulate_log(40, rng=1), n_boot=10, memory_budget=0)
