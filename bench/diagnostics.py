@@ -1,6 +1,7 @@
 """Benchmark: the vectorized card statistics against a naive sklearn bootstrap loop.
 
-Run: ``python bench/diagnostics.py [--naive-draws 300] [--threads N]``.
+Run: ``python bench/diagnostics.py [--naive-draws 300] [--skip-card] [--scale-cases 12000,120000]
+[--scale-draws 10000] [--old-draws 2000,500] [--results]``.
 
 Data: ``simulate_log(600)``: 1,200 cases in 600 one-to-one contrasts (600 groups).
 
@@ -13,17 +14,122 @@ Data: ``simulate_log(600)``: 1,200 cases in 600 one-to-one contrasts (600 groups
   extrapolated linearly to 10,000 (stated in the output).
 * the full card (the verdict, every registered card check, the recommendation; plots and
   files excluded) is timed once for reference, on the simulated cases (no decision log).
+* scale run (issue 27): :func:`diagnostics.group_bootstrap` (``keep_draws=False``, one contrast
+  per situation) at ``--scale-cases`` cases with ``--scale-draws`` draws, today's engine
+  against the engine of the commit before the sweep (:data:`OLD_COMMIT`, its ``_engine.py``
+  and the two resampling functions it used, read from git history at run time, never kept in
+  the package).  The old engine runs ``--old-draws`` draws (one per scale) and is extrapolated
+  linearly to ``--scale-draws`` (said in the output); each run is its own process, so the
+  peak RSS printed is that run's.  ``--results`` writes the scale section of RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
+import platform
+import resource
+import subprocess
 import sys
 import time
+import types
+import warnings
 from pathlib import Path
 
 import numpy as np
+
+#: the last commit with the (draws × unique scores) engine
+OLD_COMMIT = "75525c86ab3412c482d2b63d93fbc59273a711d1"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _old_modules() -> tuple[types.ModuleType, types.ModuleType]:
+    """The old ``_engine`` and ``_resample`` modules, from git history (not the package)."""
+    mods = []
+    for name in ("_engine", "_resample"):
+        src = subprocess.run(
+            ["git", "show", f"{OLD_COMMIT}:diagnostics/{name}.py"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        mod = types.ModuleType(f"old{name}")
+        sys.modules[mod.__name__] = mod
+        exec(compile(src, f"{OLD_COMMIT[:7]}:diagnostics/{name}.py", "exec"), mod.__dict__)
+        mods.append(mod)
+    return mods[0], mods[1]
+
+
+def _one_run(which: str, n_cases: int, n_draws: int) -> dict[str, float]:
+    """One timed group bootstrap in this process (called in a child process)."""
+    import spotstop.diagnostics._bootstrap as bs
+    from spotstop.diagnostics import simulate_log
+
+    table = simulate_log(n_cases // 2, rng=1)
+    if which == "old":
+        old_engine, old_resample = _old_modules()
+
+        class OldEngine(old_engine.CurveEngine):  # type: ignore[misc,name-defined]
+            @classmethod
+            def build(cls, table, cut, group=None, memory_budget=None):  # type: ignore[no-untyped-def]
+                return old_engine.CurveEngine.build.__func__(cls, table, cut, group)
+
+        bs.CurveEngine = OldEngine
+        bs.draw_group_counts = old_resample.draw_group_counts
+        bs.random_halves = old_resample.random_halves
+    warnings.simplefilter("ignore")
+    t0 = time.perf_counter()
+    res = bs.group_bootstrap(table, n_boot=n_draws, rng=0, keep_draws=False)
+    dt = time.perf_counter() - t0
+    return {
+        "seconds": dt,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "auroc_low": res["auroc"].ci.low,
+        "A_star": res["A_star"].value,
+    }
+
+
+def _child(which: str, n_cases: int, n_draws: int) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--_one", f"{which},{n_cases},{n_draws}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def scale_run(cases: list[int], n_draws: int, old_draws: list[int]) -> list[str]:
+    """Today's engine against the old one at each size; the printed lines."""
+    lines = [
+        f"scale run: group_bootstrap(simulate_log(n/2, rng=1), n_boot={n_draws}, rng=0, "
+        f"keep_draws=False); old engine = {OLD_COMMIT[:7]} (git history); each run its own "
+        "process; peak RSS = that process's maximum resident set"
+    ]
+    for n, od in zip(cases, old_draws, strict=True):
+        new = _child("new", n, n_draws)
+        old = _child("old", n, min(od, n_draws))
+        od = min(od, n_draws)
+        t_old = old["seconds"] * n_draws / od
+        how = (
+            "measured"
+            if od == n_draws
+            else f"{od} draws timed in {old['seconds']:.1f} s, extrapolated linearly"
+        )
+        lines.append(
+            f"  {n:>9,} cases, {n_draws} draws: new {new['seconds']:.1f} s "
+            f"(peak RSS {new['peak_rss_mib']:.0f} MiB); old {t_old:.1f} s ({how}; peak RSS "
+            f"{old['peak_rss_mib']:.0f} MiB); old / new = {t_old / new['seconds']:.1f}x"
+            + (
+                f"; same estimates: {old['auroc_low'] == new['auroc_low'] and old['A_star'] == new['A_star']}"
+                if od == n_draws
+                else ""
+            )
+        )
+    return lines
 
 
 def naive_bootstrap(table, n_draws: int, rng: np.random.Generator) -> dict[str, list[float]]:
@@ -73,14 +179,50 @@ def main() -> None:
     ap.add_argument("--naive-draws", type=int, default=300)
     ap.add_argument("--n-boot", type=int, default=10_000)
     ap.add_argument("--skip-card", action="store_true")
+    ap.add_argument("--scale-cases", default="12000,120000", help="comma list; '' skips")
+    ap.add_argument("--scale-draws", type=int, default=10_000)
+    ap.add_argument("--old-draws", default="2000,500", help="old-engine draws per scale")
+    ap.add_argument("--skip-small", action="store_true", help="only the scale run")
+    ap.add_argument("--results", action="store_true", help="write the scale section")
+    ap.add_argument("--_one", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     # this file is named like the package: drop its own folder from the import path
     here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
     sys.modules.pop("diagnostics", None)
+    if args._one:
+        which, n, d = args._one.split(",")
+        print(json.dumps(_one_run(which, int(n), int(d))))
+        return
     from spotstop.diagnostics import compute_card, group_bootstrap, label_swap_null, simulate_log
 
+    if not args.skip_small:
+        _small(args, compute_card, group_bootstrap, label_swap_null, simulate_log)
+    cases = [int(x) for x in args.scale_cases.split(",") if x]
+    if cases:
+        olds = [int(x) for x in args.old_draws.split(",")]
+        olds += [olds[-1]] * (len(cases) - len(olds))
+        lines = scale_run(cases, args.scale_draws, olds[: len(cases)])
+        print("\n".join(lines))
+        if args.results:
+            sys.path.insert(0, str(ROOT / "bench"))
+            from _results import write_section
+
+            cmd = " ".join(["python bench/diagnostics.py", *sys.argv[1:]])
+            head = (
+                "### Group bootstrap at scale (`bench/diagnostics.py`, issue 27)\n\n"
+                f"`{cmd}` on {datetime.date.today()}, {platform.machine()} "
+                f"{os.cpu_count()} CPUs, Python {platform.python_version()}\n\n"
+            )
+            write_section(
+                ROOT / "bench" / "RESULTS.md",
+                "diagnostics-scale",
+                head + "```\n" + "\n".join(lines) + "\n```",
+            )
+
+
+def _small(args, compute_card, group_bootstrap, label_swap_null, simulate_log) -> None:  # type: ignore[no-untyped-def]
     table = simulate_log(600, rng=0, size_leak=0.3)
     print(f"data: {len(table)} cases, {table.pairs.n} contrasts, {table.n_groups} groups; "
           f"cpus visible: {os.cpu_count()}; OMP/OPENBLAS threads: "
