@@ -14,6 +14,7 @@ bounded by the call's deadline.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import os
 import threading
 import time
@@ -222,6 +223,7 @@ class Guard:
         # writes the log, keeps what it cannot take yet (memory, journal), runs retention
         self._writer = LogWriter(self.log, log_options, windows=self._state_windows)
         self._lock = threading.Lock()  # one call at a time through decode → score → decide
+        self._closed = False
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotstop-score")
         # the text detector runs beside the members (its own thread), on the same deadline
         self._text_pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotstop-text")
@@ -356,8 +358,14 @@ class Guard:
         if deadline is not None and not deadline > 0:
             raise GuardError(f"deadline_s must be > 0 or None; got {deadline!r}.")
         clock = _Clock(deadline)
+        if self._closed:
+            raise GuardError("this guard is closed; make a new Guard to check scenes.")
         if not self._writer.accepting:
-            return self._refuse(scenes, require_logged)
+            # memory is at its bound and the journal took nothing: try the log once more
+            with contextlib.suppress(GuardError):
+                self._writer.flush(clock.remaining())
+            if not self._writer.accepting:
+                return self._refuse(scenes, require_logged)
         works = [_Work(s if isinstance(s, Scene) else Scene(None, "")) for s in scenes]
         for w, s in zip(works, scenes, strict=True):
             if not isinstance(s, Scene):
@@ -415,8 +423,12 @@ class Guard:
         return out
 
     def close(self) -> None:
-        """Stop the worker threads, write what waits (or leave it in the journal for the next
-        start), close the log."""
+        """Wait for a check in progress, stop the worker threads, write what waits (or leave
+        it in the journal for the next start), close the log. Checking after this raises."""
+        with self._lock:  # a check in flight finishes, and is logged or kept, first
+            if self._closed:
+                return
+            self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._text_pool.shutdown(wait=False, cancel_futures=True)
         self._writer.close()

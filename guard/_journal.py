@@ -10,9 +10,12 @@ journal as soon as it can write again, and on the next start.
 Format: one line per entry, ``<sha256 of the JSON> <JSON>\\n``; an entry is a batch of rows
 (``{"v": 1, "kind": "rows", "rows": [...], "policy": {...}, "images": [...]}``, each row the
 log's own SQL row, so NaN and infinities survive) or a pending amendment (``"kind": "amend"``:
-decision ids and the fail-closed reason). Every append is one ``write`` followed by
-``fsync``; the file is locked (``flock``) while it is written, read or truncated, so two
-processes may share it. A line whose hash does not match (a write cut short by a crash) is
+decision ids and the fail-closed reason), stamped with the log it is for. Every append is
+one ``write`` followed by ``fsync`` (after a newline, if a killed writer left a torn last
+line); the journal's lock file (``<journal>.lock``, ``flock``) is held while it is written,
+read or emptied, so two processes, even of different logs, may share it. Emptying and
+setting lines apart replace the file (temp file, fsync, rename): a crash leaves the old
+journal or the new one. A line whose hash does not match (a write cut short by a crash) is
 moved to ``<journal>.rejected`` and reported, never imported and never silently dropped.
 """
 
@@ -30,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from spotstop.guard._files import fsync_dir
+from spotstop.guard._files import atomic_write_bytes, fsync_dir
 from spotstop.guard._log_schema import COLUMNS, LogError, PolicyRow, fault_kind
 from spotstop.guard._record import DecisionRecord, record_from_row, record_to_row
 
-__all__ = ["Journal", "JournalEntry", "JournalRead", "default_journal_path"]
+__all__ = ["Journal", "JournalEntry", "JournalError", "JournalRead", "default_journal_path"]
 
 _VERSION: Final = 1
 
@@ -62,13 +65,15 @@ class JournalEntry:
     images: tuple[bytes | None, ...] | None = None
     amend_ids: tuple[str, ...] = ()
     amend_reason: str = ""
+    log: str | None = None
+    """The log the entry is for (its absolute path); a journal may be shared by guards."""
 
     @property
     def n_rows(self) -> int:
         return len(self.records)
 
     def to_line(self) -> bytes:
-        body: dict[str, Any] = {"v": _VERSION, "kind": self.kind}
+        body: dict[str, Any] = {"v": _VERSION, "kind": self.kind, "log": self.log}
         if self.kind == "rows":
             body["rows"] = [list(record_to_row(r)) for r in self.records]
             body["policy"] = None if self.policy is None else dataclasses.asdict(self.policy)
@@ -93,8 +98,11 @@ class JournalEntry:
         body = json.loads(text)
         if body.get("v") != _VERSION:
             raise ValueError(f"journal entry version {body.get('v')!r}; expected {_VERSION}")
+        log = body.get("log")
         if body["kind"] == "amend":
-            return cls("amend", amend_ids=tuple(body["ids"]), amend_reason=str(body["reason"]))
+            return cls(
+                "amend", amend_ids=tuple(body["ids"]), amend_reason=str(body["reason"]), log=log
+            )
         if body["kind"] != "rows":
             raise ValueError(f"unknown journal entry kind {body['kind']!r}")
         rows = body["rows"]
@@ -108,6 +116,7 @@ class JournalEntry:
             images=None
             if images is None
             else tuple(None if b is None else base64.b64decode(b) for b in images),
+            log=log,
         )
 
 
@@ -121,14 +130,26 @@ class JournalRead:
 
     @property
     def n_rows(self) -> int:
+        """Decisions in the entries (amendments hold none)."""
         return sum(e.n_rows for e in self.entries)
 
 
-class Journal:
-    """An append-only journal file (see the module docstring)."""
+class JournalError(LogError):
+    """The journal (not the log) cannot be read or written; ``kind`` says why."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+
+class Journal:
+    """An append-only journal file (see the module docstring).
+
+    ``owner``: the log this guard writes (its absolute path). Entries are stamped with it;
+    :meth:`draining` gives and removes only the owner's entries (and unstamped ones), so
+    guards of different logs may share one journal file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], owner: str | None = None) -> None:
         self.path = Path(path)
+        self.owner = owner
+        self._lock_path = self.path.with_name(self.path.name + ".lock")
         if self.path.exists() and not self.path.is_file():
             raise LogError(
                 f"journal {str(self.path)!r} exists and is not a file. Name a file path for "
@@ -138,56 +159,61 @@ class Journal:
     def __repr__(self) -> str:
         return f"Journal({str(self.path)!r})"
 
+    def _error(self, what: str, exc: OSError) -> JournalError:
+        return JournalError(
+            f"journal {str(self.path)!r} cannot be {what} ({exc}). Give the journal a writable "
+            "place on another file system than the log (--journal).",
+            fault_kind(exc),
+        )
+
     @contextlib.contextmanager
-    def _locked(self, mode: int) -> Iterator[int]:
-        fd = os.open(self.path, mode | os.O_CREAT, 0o600)
+    def _locked(self) -> Iterator[None]:
+        """Hold the journal's lock file (not the journal itself: it is replaced by rename)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield fd
+            yield
         finally:
             os.close(fd)  # closing the descriptor releases the lock
 
     def append(self, entries: Sequence[JournalEntry]) -> None:
-        """Append ``entries`` durably (one write, then fsync); :class:`LogError` when the
+        """Append ``entries`` durably (one write, then fsync); :class:`JournalError` when the
         journal cannot take them (nothing is half-written that a reader would import)."""
         if not entries:
             return
-        data = b"".join(e.to_line() for e in entries)
+        data = b"".join(dataclasses.replace(e, log=self.owner).to_line() for e in entries)
         try:
-            new = not self.path.exists()
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self._locked(os.O_WRONLY | os.O_APPEND) as fd:
-                start = os.lseek(fd, 0, os.SEEK_END)
+            with self._locked():
+                new = not self.path.exists()
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
                 try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                    os.fsync(fd)
-                except OSError:
-                    # cut a partial write off again: the entries are still the caller's
-                    with contextlib.suppress(OSError):
-                        os.ftruncate(fd, start)
-                    raise
-            if new:
-                fsync_dir(self.path.parent)
+                    start = os.fstat(fd).st_size
+                    if start and os.pread(fd, 1, start - 1) != b"\n":
+                        data = b"\n" + data  # a torn tail (a writer killed mid-line) stays apart
+                    try:
+                        view = memoryview(data)
+                        while view:
+                            view = view[os.write(fd, view) :]
+                        os.fsync(fd)
+                    except OSError:
+                        # cut a partial write off again: the entries are still the caller's
+                        with contextlib.suppress(OSError):
+                            os.ftruncate(fd, start)
+                        raise
+                finally:
+                    os.close(fd)
+                if new:
+                    fsync_dir(self.path.parent)
         except OSError as exc:
-            raise LogError(
-                f"journal {str(self.path)!r} cannot be written ({exc}). Give the journal a "
-                "writable place on another file system than the log (--journal).",
-                fault_kind(exc),
-            ) from exc
+            raise self._error("written", exc) from exc
 
-    def read(self) -> JournalRead:
-        """Every readable entry, oldest first; unreadable lines are moved to the rejected
-        file (and counted)."""
-        if not self.path.exists():
-            return JournalRead((), 0, 0)
-        with self._locked(os.O_RDWR) as fd:
-            return self._read_locked(fd)
-
-    def _read_locked(self, fd: int) -> JournalRead:
-        size = os.fstat(fd).st_size
-        data = os.pread(fd, size, 0) if size else b""
+    def _load(self) -> tuple[list[JournalEntry], list[bytes], int]:
+        """All entries, the unreadable lines and the bytes read (the lock is held)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return [], [], 0
         entries: list[JournalEntry] = []
         bad: list[bytes] = []
         for line in data.splitlines(keepends=True):
@@ -195,35 +221,64 @@ class Journal:
                 entries.append(JournalEntry.from_line(line))
             except (ValueError, KeyError, TypeError):  # torn or altered: kept apart, counted
                 bad.append(line if line.endswith(b"\n") else line + b"\n")
-        if bad:
-            rejected = self.path.with_name(self.path.name + ".rejected")
-            with open(rejected, "ab") as fh:
-                fh.write(b"".join(bad))
-                fh.flush()
-                os.fsync(fh.fileno())
-            good = b"".join(e.to_line() for e in entries)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, good, 0)
-            os.fsync(fd)
-        return JournalRead(tuple(entries), len(bad), len(data))
+        return entries, bad, len(data)
+
+    def _set_aside(self, bad: list[bytes]) -> None:
+        rejected = self.path.with_name(self.path.name + ".rejected")
+        with open(rejected, "ab") as fh:
+            fh.write(b"".join(bad))
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def _rewrite(self, entries: list[JournalEntry]) -> None:
+        """Replace the journal by ``entries`` (temp file, fsync, rename): a crash leaves the
+        old journal or the new one, never an empty one in between."""
+        if not entries:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            fsync_dir(self.path.parent)
+            return
+        atomic_write_bytes(self.path, b"".join(e.to_line() for e in entries))
+        fsync_dir(self.path.parent)
+
+    def _mine(self, e: JournalEntry) -> bool:
+        return e.log is None or self.owner is None or e.log == self.owner
+
+    def read(self) -> JournalRead:
+        """This log's readable entries, oldest first; unreadable lines are set apart in the
+        rejected file (and counted)."""
+        if not self.path.exists():
+            return JournalRead((), 0, 0)
+        try:
+            with self._locked():
+                entries, bad, n = self._load()
+                if bad:
+                    self._set_aside(bad)
+                    self._rewrite(entries)
+        except OSError as exc:
+            raise self._error("read", exc) from exc
+        return JournalRead(tuple(e for e in entries if self._mine(e)), len(bad), n)
 
     @contextlib.contextmanager
     def draining(self) -> Iterator[JournalRead]:
-        """Hold the journal locked, give its entries, and empty it if the block ends
-        without an exception (the caller imported them all)."""
+        """Hold the journal locked, give this log's entries, and remove them if the block
+        ends without an exception (the caller imported them all); other logs' entries stay."""
         if not self.path.exists():
             yield JournalRead((), 0, 0)
             return
-        with self._locked(os.O_RDWR) as fd:
-            read = self._read_locked(fd)
-            yield read
-            if read.entries or read.n_bytes:
-                os.ftruncate(fd, 0)
-                os.fsync(fd)
-
-    def n_rows(self) -> int:
-        """Decisions waiting in the journal."""
-        try:
-            return self.read().n_rows
-        except OSError:
-            return 0
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self._locked())
+                entries, bad, n = self._load()
+                if bad:
+                    self._set_aside(bad)
+                    self._rewrite(entries)
+            except OSError as exc:
+                raise self._error("read", exc) from exc
+            mine = [e for e in entries if self._mine(e)]
+            yield JournalRead(tuple(mine), len(bad), n)
+            if mine:
+                try:
+                    self._rewrite([e for e in entries if not self._mine(e)])
+                except OSError as exc:
+                    raise self._error("emptied", exc) from exc

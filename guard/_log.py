@@ -56,6 +56,7 @@ from spotstop.guard._log_archive import (
     Protect,
     Retention,
     RetentionResult,
+    read_archive,
 )
 from spotstop.guard._log_read import LogArrays, LogReader
 from spotstop.guard._log_schema import (
@@ -189,6 +190,7 @@ class DecisionLog(LogReader, ArchiveStore):
         self._lock = threading.Lock()
         self._connections: list[tuple[int, sqlite3.Connection]] = []
         self._closed = False
+        self._retention_mutex = threading.Lock()  # one retention pass at a time
         self._rng = random.Random()  # backoff jitter only; results never depend on it
         if robot_id is not None:
             _check_robot_id(robot_id)  # bad input changes nothing: checked before the file
@@ -527,6 +529,14 @@ class DecisionLog(LogReader, ArchiveStore):
             return 0
         pairs = list(zip(records, imgs, strict=True))
         added = 0
+        archived: set[str] = set()
+        if skip_present:  # an archived row is in the log too (archives overlapping in time)
+            lo, hi = min(r.time for r in records), max(r.time for r in records)
+            for info in self.archives():
+                if info.first_time <= hi and info.last_time >= lo:
+                    archived |= {
+                        row[ID_COLUMN] for _, row in read_archive(self.archive_folder, info)
+                    }
 
         def body(conn: sqlite3.Connection) -> None:
             nonlocal added
@@ -539,7 +549,7 @@ class DecisionLog(LogReader, ArchiveStore):
                     for row in conn.execute(
                         f"SELECT decision_id FROM decisions WHERE decision_id IN ({q})", ids
                     )
-                }
+                } | archived
                 todo = [(r, img) for r, img in pairs if r.decision_id not in present]
             self._insert_policy(conn, policy, min(r.time for r in records))
             self._insert(conn, [record_to_row(r) for r, _ in todo])

@@ -30,12 +30,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import fcntl
 import hashlib
 import json
 import math
 import numbers
 import os
+import secrets
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +56,7 @@ from spotstop.guard._record import sql_columns
 
 __all__ = [
     "ARCHIVE_SUFFIX",
+    "MIN_ARCHIVE_AGE_S",
     "SEQ_COLUMN",
     "ArchiveFile",
     "ArchiveInfo",
@@ -68,6 +72,9 @@ __all__ = [
 
 ARCHIVE_SUFFIX: Final = ".archive"
 """The archive folder is the log's path plus this suffix (``decisions.sqlite.archive/``)."""
+
+MIN_ARCHIVE_AGE_S: Final = 600.0
+"""Retention never archives a decision younger than this by default (10 minutes)."""
 
 SEQ_COLUMN: Final = "log_seq"
 """The archive column that keeps each row's position in the log (its SQLite rowid)."""
@@ -141,11 +148,15 @@ class Protect:
     windows: policy version id → window: per situation, the last ``window`` decisions that
         entered that policy (finite ``policy_score``), which make its live state.
     review: keep each decision whose image is still stored and that has no label yet.
+    min_age_s: keep every decision younger than this (seconds before the pass's ``now``; 10
+        minutes by default): a late answer's fail-closed amendment may still be on its way
+        to it. 0: no age protection.
     """
 
     decision_ids: frozenset[str] = frozenset()
     windows: Mapping[str, int] = field(default_factory=dict)
     review: bool = True
+    min_age_s: float = MIN_ARCHIVE_AGE_S
 
 
 @dataclass(frozen=True)
@@ -255,7 +266,8 @@ def write_archive(
             os.fsync(fh.fileno())
         sha = hashlib.sha256(data).hexdigest()
         stamp = _utc(min(times)).replace(":", "").replace("-", "")
-        name = f"decisions-{stamp}-{len(rows)}-{sha[:16]}.parquet"
+        # unique per pass (a random part): two passes never write, or remove, one file
+        name = f"decisions-{stamp}-{len(rows)}-{sha[:12]}-{secrets.token_hex(4)}.parquet"
         os.replace(tmp, folder / name)
         fsync_dir(folder)
     except BaseException:
@@ -389,6 +401,7 @@ class ArchiveStore:
     _write: Any
     robot_id: Any
     policies: Any
+    _retention_mutex: threading.Lock
 
     @property
     def archive_folder(self) -> Path:
@@ -450,6 +463,30 @@ class ArchiveStore:
             raise RecordError(
                 f"apply_retention expects a Retention; got {type(retention).__name__}."
             )
+        with self._retention_lock():
+            return self._apply_retention(retention, protect, now, max_rows_per_file)
+
+    @contextlib.contextmanager
+    def _retention_lock(self) -> Iterator[None]:
+        """One pass at a time: in this process (a lock per log object) and across processes
+        (``flock`` on ``<log>.archive/.lock``), from the orphan clean-up to the last commit."""
+        with self._retention_mutex:
+            folder = self.archive_folder
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+    def _apply_retention(
+        self,
+        retention: Retention,
+        protect: Protect | None,
+        now: float | None,
+        max_rows_per_file: int,
+    ) -> RetentionResult:
         protect = Protect() if protect is None else protect
         now = _dt.datetime.now(_dt.UTC).timestamp() if now is None else float(now)
         self._remove_orphans()
@@ -467,7 +504,7 @@ class ArchiveStore:
                 n, older_than = max_rows_per_file, cutoff
             else:
                 break
-            seqs, rows = self._candidates(protect, min(n, max_rows_per_file), older_than)
+            seqs, rows = self._candidates(protect, now, min(n, max_rows_per_file), older_than)
             if not rows:
                 break
             info = write_archive(
@@ -478,7 +515,7 @@ class ArchiveStore:
                 policies=self.policies(),
             )
             try:
-                self._register(info, seqs)
+                self._register(info, seqs, rows)
             except BaseException:
                 with contextlib.suppress(OSError):
                     (self.archive_folder / info.name).unlink()
@@ -489,7 +526,7 @@ class ArchiveStore:
         if files:
             self._give_back_pages()
         after = self.used_bytes()
-        protected = self._protect(protect)
+        protected = self._protect(protect, now)
         return RetentionResult(
             archived_rows=archived,
             files=tuple(files),
@@ -513,7 +550,7 @@ class ArchiveStore:
         per_row = max(1.0, (self.used_bytes() - image_bytes) / max(1, n))
         return max(1, math.ceil(excess / per_row))
 
-    def _protect(self, protect: Protect) -> int:
+    def _protect(self, protect: Protect, now: float) -> int:
         """Fill the connection's temp table of protected rowids; returns how many."""
 
         def fill() -> int:
@@ -536,6 +573,12 @@ class ArchiveStore:
                     "NULL AND policy_score IS NOT NULL) WHERE n <= ?",
                     (version, int(window)),
                 )
+            if protect.min_age_s > 0:
+                c.execute(
+                    "INSERT OR IGNORE INTO temp._spotstop_keep SELECT rowid FROM decisions "
+                    "WHERE time > ?",
+                    (now - float(protect.min_age_s),),
+                )
             if protect.review:
                 c.execute(
                     "INSERT OR IGNORE INTO temp._spotstop_keep SELECT d.rowid FROM decisions "
@@ -547,10 +590,10 @@ class ArchiveStore:
         return int(self._retry(fill, what="mark the rows retention keeps"))
 
     def _candidates(
-        self, protect: Protect, n: int, older_than: float | None
+        self, protect: Protect, now: float, n: int, older_than: float | None
     ) -> tuple[list[int], list[tuple[Any, ...]]]:
         """The ``n`` oldest unprotected rows (older than ``older_than`` when given)."""
-        self._protect(protect)
+        self._protect(protect, now)
         where = "WHERE rowid NOT IN (SELECT r FROM temp._spotstop_keep)"
         params: list[Any] = []
         if older_than is not None:
@@ -566,8 +609,12 @@ class ArchiveStore:
         )
         return [int(r[0]) for r in rows], [tuple(r[1:]) for r in rows]
 
-    def _register(self, info: ArchiveInfo, seqs: list[int]) -> None:
-        """One transaction: the archive is registered and exactly its rows leave the table."""
+    def _register(self, info: ArchiveInfo, seqs: list[int], rows: list[tuple[Any, ...]]) -> None:
+        """One transaction: the archive is registered and exactly its rows leave the table,
+        only if each is still as it was archived (an amendment made meanwhile, e.g. a late
+        answer turned fail-closed UNSAFE, rolls the pass back: the next one archives it as
+        it is now)."""
+        id_col = COLUMNS.index("decision_id")
 
         def body(conn: Any) -> None:
             conn.execute(
@@ -583,18 +630,24 @@ class ArchiveStore:
                     info.created,
                 ),
             )
-            gone = 0
+            want = {int(q): tuple(r) for q, r in zip(seqs, rows, strict=True)}
+            cols = ", ".join(COLUMNS)
             for start in range(0, len(seqs), 500):
                 chunk = seqs[start : start + 500]
-                cur = conn.execute(
-                    f"DELETE FROM decisions WHERE rowid IN ({', '.join('?' * len(chunk))})", chunk
-                )
-                gone += cur.rowcount
-            if gone != len(seqs):  # another writer changed them: archive nothing this time
-                raise LogError(
-                    f"retention: {len(seqs) - gone} of the {len(seqs)} rows chosen for "
-                    f"{info.name} left the log meanwhile; the pass was rolled back. Run it "
-                    "again (one process should own a log's retention)."
+                q = ", ".join("?" * len(chunk))
+                now = conn.execute(
+                    f"SELECT rowid, {cols} FROM decisions WHERE rowid IN ({q})", chunk
+                ).fetchall()
+                changed = [r[0] for r in now if tuple(r[1:]) != want[int(r[0])]]
+                if len(now) != len(chunk) or changed:
+                    raise LogError(
+                        f"retention: rows chosen for {info.name} changed or left the log "
+                        "meanwhile; the pass was rolled back and the next one archives them "
+                        "as they are now."
+                    )
+                conn.executemany(
+                    "DELETE FROM decisions WHERE rowid = ? AND decision_id = ?",
+                    [(q_, want[int(q_)][id_col]) for q_ in chunk],
                 )
 
         self._write(body, what="register an archive")

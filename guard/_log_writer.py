@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from spotstop.guard._journal import Journal, JournalEntry, default_journal_path
+from spotstop.guard._journal import Journal, JournalEntry, JournalError, default_journal_path
 from spotstop.guard._log import DecisionLog, PolicyRow
 from spotstop.guard._log_archive import Protect, Retention, RetentionResult
 from spotstop.guard._log_schema import FaultKind, LogError, RecordError, fault_kind
@@ -59,6 +59,7 @@ __all__ = [
 
 DEFAULT_MAX_PENDING_BYTES: Final = 8 << 20
 DEFAULT_MIN_FREE_BYTES: Final = 32 << 20
+
 _log = logging.getLogger("spotstop.guard")
 
 
@@ -143,7 +144,9 @@ class LogStatus:
     ``writable``: the last write succeeded and the free space is above the floor; else
     ``fault`` (a :data:`~spotstop.guard._log_schema.FAULT_KINDS` kind), ``reason`` and
     ``since`` (epoch seconds) say what and since when. ``pending_rows``/``pending_bytes``:
-    rows waiting in memory; ``journal_rows``: rows waiting in the journal. ``spilled_rows``,
+    rows waiting in memory, ``pending_amendments`` fail-closed amendments; ``journal_rows``
+    and ``journal_entries``: what waits in the journal; ``journal_fault``: why the journal
+    cannot be read or written (None: it can; the log itself may still take decisions). ``spilled_rows``,
     ``imported_rows``, ``archived_rows``: totals since the writer started; ``faults``: failed
     write attempts by kind since then. ``accepting``: False only when memory is at its bound
     and the journal cannot take more (the guard then makes no decision).
@@ -156,9 +159,12 @@ class LogStatus:
     since: float | None
     pending_rows: int
     pending_bytes: int
+    pending_amendments: int
     max_pending_bytes: int
     journal: str
     journal_rows: int
+    journal_entries: int
+    journal_fault: str | None
     spilled_rows: int
     imported_rows: int
     rejected_lines: int
@@ -173,6 +179,11 @@ class LogStatus:
     def waiting_rows(self) -> int:
         """Decisions made and not yet in the log (memory + journal)."""
         return self.pending_rows + self.journal_rows
+
+    @property
+    def waiting(self) -> bool:
+        """Anything not yet in the log: rows or amendments, in memory or in the journal."""
+        return bool(self.pending_rows or self.pending_amendments or self.journal_entries)
 
     def __repr__(self) -> str:
         state = "writable" if self.writable else f"NOT WRITABLE ({self.fault}: {self.reason})"
@@ -210,17 +221,22 @@ class LogWriter:
         self.log = log
         self.options = options if options is not None else LogOptions()
         opts = self.options
-        self.journal = Journal(opts.journal or default_journal_path(log.path))
+        self.journal = Journal(
+            opts.journal or default_journal_path(log.path), owner=str(log.path.resolve())
+        )
         self._windows = windows
         self._pending: collections.deque[_Batch] = collections.deque()
-        self._amendments: list[tuple[list[str], str]] = []
+        # SAFE rows to amend to fail-closed UNSAFE: (ids, reason, monotonic time kept)
+        self._amendments: list[tuple[list[str], str, float]] = []
         self._mutex = threading.Lock()  # the queues and counters (held briefly)
         self._write_lock = threading.Lock()  # one log write at a time
         self._fault: FaultKind | None = None
         self._reason: str | None = None
         self._since: float | None = None
         self._journal_ok = True
+        self._journal_fault: str | None = None
         self._journal_rows = 0
+        self._journal_entries = 0
         self._spilled = 0
         self._imported = 0
         self._rejected = 0
@@ -232,12 +248,15 @@ class LogWriter:
         self._closed = False
         self._warn_if_shared()
         try:
-            self._journal_rows = self.journal.read().n_rows
-        except (OSError, LogError) as e:
+            read = self.journal.read()
+            self._journal_rows, self._journal_entries = read.n_rows, len(read.entries)
+        except LogError as e:
+            self._journal_fault = str(e)
             _log.error("journal %s cannot be read: %s", self.journal.path, e)
-        if self._journal_rows:
+        if self._journal_entries:
             _log.warning(
-                "%d decision(s) wait in the journal %s; importing them into %s",
+                "%d journal entries (%d decisions) wait in %s; importing them into %s",
+                self._journal_entries,
                 self._journal_rows,
                 self.journal.path,
                 log.path,
@@ -364,9 +383,12 @@ class LogWriter:
                 since=since,
                 pending_rows=sum(len(b.records) for b in self._pending),
                 pending_bytes=self._pending_bytes(),
+                pending_amendments=len(self._amendments),
                 max_pending_bytes=self.options.max_pending_bytes,
                 journal=str(self.journal.path),
                 journal_rows=self._journal_rows,
+                journal_entries=self._journal_entries,
+                journal_fault=self._journal_fault,
                 spilled_rows=self._spilled,
                 imported_rows=self._imported,
                 rejected_lines=self._rejected,
@@ -375,9 +397,11 @@ class LogWriter:
                 faults=dict(self._faults),
                 free_bytes=free,
                 min_free_bytes=floor,
-                accepting=self._journal_ok
-                or self._pending_bytes() < self.options.max_pending_bytes,
+                accepting=self._accepting_locked(),
             )
+
+    def _accepting_locked(self) -> bool:
+        return self._journal_ok or self._pending_bytes() < self.options.max_pending_bytes
 
     # -- writing ---------------------------------------------------------------------------
     def write(
@@ -410,6 +434,7 @@ class LogWriter:
         if error is not None:
             return self._failed(error)
         self._succeeded()
+        self._spill(force=False)  # what keep() could not spill while this write held the lock
         self._maybe_retain()
         return None
 
@@ -429,12 +454,14 @@ class LogWriter:
 
     def amend_late(self, ids: list[str], reason: str) -> None:
         """Turn logged SAFE rows into fail-closed UNSAFE ones (their write finished after the
-        deadline): one attempt now, else kept and retried before the next write."""
+        deadline): one attempt now, else kept (spilled to the journal like rows) and retried
+        before the next write."""
         try:  # one attempt (the deadline is spent): a busy log gets the change on the next write
             self.log.mark_fail_closed(ids, reason, timeout_s=0.0)
         except Exception:  # the answer is UNSAFE either way; retry the row change later
             with self._mutex:
-                self._amendments.append((list(ids), reason))
+                self._amendments.append((list(ids), reason, time.monotonic()))
+            self._spill(force=False)
 
     def flush(self, timeout_s: float | None = None) -> int:
         """Import the journal, write the rows and amendments that wait, or probe the log when
@@ -447,6 +474,8 @@ class LogWriter:
                 "s; retry later.",
                 "locked",
             )
+        error: Exception | None = None
+        written = 0
         try:
             try:
                 self._check_floor()
@@ -455,11 +484,15 @@ class LogWriter:
                     self.log.probe(timeout_s=timeout_s)
                 self._tend_wal()
             except Exception as e:
-                self._failed(e)
-                raise e if isinstance(e, LogError) else LogError(str(e), fault_kind(e)) from e
+                error = e
         finally:
             self._write_lock.release()
-            self._spill(force=False)  # what waited too long goes to the journal meanwhile
+        self._spill(force=False)  # what waited too long goes to the journal meanwhile
+        if error is not None:
+            self._failed(error)
+            if isinstance(error, LogError):
+                raise error
+            raise LogError(str(error), fault_kind(error)) from error
         self._succeeded()
         self._maybe_retain()
         return written
@@ -474,18 +507,30 @@ class LogWriter:
                 batch = self._pending[0]
             added = self._rewrite(batch.records, batch.images, batch.policy, timeout_s)
             with self._mutex:
-                self._pending.popleft()
+                self._pending.remove(batch)  # by identity: only a lock holder moves batches
             written += added
             self._tend_wal()
         while True:
             with self._mutex:
                 if not self._amendments:
                     break
-                ids, reason = self._amendments[0]
-            self.log.mark_fail_closed(ids, reason, timeout_s=timeout_s)
+                item = self._amendments[0]
+            self._amend(item[0], item[1], timeout_s)
             with self._mutex:
-                self._amendments.pop(0)
+                self._amendments.remove(item)
         return written
+
+    def _amend(self, ids: list[str], reason: str, timeout_s: float | None) -> None:
+        try:
+            self.log.mark_fail_closed(ids, reason, timeout_s=timeout_s)
+        except RecordError as e:  # ids the live log does not hold: say so, never block on it
+            _log.error(
+                "a fail-closed amendment of %s cannot be applied (%s); the log may say SAFE "
+                "for a decision its caller was answered UNSAFE: %s",
+                ids,
+                e,
+                reason,
+            )
 
     def _rewrite(
         self,
@@ -503,13 +548,15 @@ class LogWriter:
         if added < len(records):
             for reason in {r.fail_reason or "" for r in records}:
                 ids = [r.decision_id for r in records if (r.fail_reason or "") == reason]
-                self.log.mark_fail_closed(ids, reason, timeout_s=timeout_s)
+                self._amend(ids, reason, timeout_s)
         return added
 
     def _import_journal(self, timeout_s: float | None) -> int:
-        with self._mutex:
-            if not self._journal_rows and not self.journal.path.exists():
-                return 0
+        """Import this log's journal entries. A journal that cannot be read does not stop the
+        log: its rows stay where they are, the fault is in :meth:`status` (``journal_fault``)
+        and the memory's rows are written meanwhile."""
+        if not self.journal.path.exists():  # a stat: an empty journal is no file at all
+            return 0
         imported = 0
         try:
             with self.journal.draining() as read:
@@ -523,21 +570,19 @@ class LogWriter:
                         )
                         self._tend_wal()
                     else:
-                        try:
-                            self.log.mark_fail_closed(
-                                list(entry.amend_ids), entry.amend_reason, timeout_s=timeout_s
-                            )
-                        except RecordError as e:  # ids the log does not hold: say so
-                            _log.error("journal amendment not applied: %s", e)
-        except OSError as e:
-            raise LogError(
-                f"journal {str(self.journal.path)!r} cannot be read or emptied ({e}).",
-                fault_kind(e),
-            ) from e
+                        self._amend(list(entry.amend_ids), entry.amend_reason, timeout_s)
+        except JournalError as e:
+            with self._mutex:
+                first = self._journal_fault is None
+                self._journal_fault = str(e)
+            if first:
+                _log.error("%s; the log goes on taking decisions meanwhile", e)
+            return imported
         with self._mutex:
+            self._journal_fault = None
             self._rejected += read.rejected
             self._imported += imported
-            self._journal_rows = 0
+            self._journal_rows = self._journal_entries = 0
         if read.rejected:
             _log.error(
                 "%d journal line(s) could not be read (torn or altered); kept in %s.rejected",
@@ -549,21 +594,30 @@ class LogWriter:
         return imported
 
     def _spill(self, *, force: bool) -> None:
-        """Move batches that waited too long, or beyond the memory bound, to the journal."""
+        """Move batches and amendments that waited too long, or beyond the memory bound, to
+        the journal. Only while holding the write lock (never while a batch is being
+        written): when another thread holds it, that thread spills when it is done."""
+        if not self._write_lock.acquire(blocking=False):
+            return
+        try:
+            self._spill_locked(force)
+        finally:
+            self._write_lock.release()
+
+    def _spill_locked(self, force: bool) -> None:
         now = time.monotonic()
+        after = self.options.spill_after_s
         with self._mutex:
             out: list[_Batch] = []
             left = list(self._pending)
             total = self._pending_bytes()
             while left and (
-                force
-                or total > self.options.max_pending_bytes
-                or now - left[0].since >= self.options.spill_after_s
+                force or total > self.options.max_pending_bytes or now - left[0].since >= after
             ):
                 b = left.pop(0)
                 out.append(b)
                 total -= b.n_bytes
-            amend = list(self._amendments) if force else []
+            amend = [a for a in self._amendments if force or now - a[2] >= after]
         if not out and not amend:
             return
         entries = [
@@ -571,13 +625,14 @@ class LogWriter:
                 "rows", tuple(b.records), b.policy, None if b.images is None else tuple(b.images)
             )
             for b in out
-        ] + [JournalEntry("amend", amend_ids=tuple(i), amend_reason=r) for i, r in amend]
+        ] + [JournalEntry("amend", amend_ids=tuple(i), amend_reason=r) for i, r, _ in amend]
         try:
             self.journal.append(entries)
-        except LogError as e:
+        except JournalError as e:
             with self._mutex:
                 first = self._journal_ok
                 self._journal_ok = False
+                self._journal_fault = str(e)
             if first:
                 _log.error("the journal cannot take the waiting decisions either: %s", e)
             return
@@ -589,8 +644,14 @@ class LogWriter:
             for a in amend:
                 self._amendments.remove(a)
             self._journal_rows += n
+            self._journal_entries += len(entries)
             self._spilled += n
-        _log.warning("spilled %d waiting decision(s) to the journal %s", n, self.journal.path)
+        _log.warning(
+            "spilled %d waiting decision(s) and %d amendment(s) to the journal %s",
+            n,
+            len(amend),
+            self.journal.path,
+        )
 
     # -- retention -------------------------------------------------------------------------
     def _maybe_retain(self) -> None:
@@ -601,7 +662,7 @@ class LogWriter:
         with self._mutex:
             busy = self._retention_thread is not None and self._retention_thread.is_alive()
             due = now - self._last_retention >= self.options.retention_every_s
-            idle = not self._pending and not self._journal_rows and not self._amendments
+            idle = not self._pending and not self._journal_entries and not self._amendments
             if busy or not due or not idle:
                 return
             self._last_retention = now
@@ -619,9 +680,10 @@ class LogWriter:
 
     def apply_retention(self, *, now: float | None = None) -> RetentionResult:
         """One retention pass now (the background thread's work), protecting what the guard
-        needs; the result is also counted in :meth:`status`."""
+        needs: pending amendments, the active policy's situation windows, rows under review,
+        and every decision younger than 10 minutes (:class:`Protect`). The result is also counted in :meth:`status`."""
         with self._mutex:
-            ids = frozenset(i for batch, _ in self._amendments for i in batch)
+            ids = frozenset(i for batch, _, _ in self._amendments for i in batch)
         protect = Protect(decision_ids=ids, windows=dict(self._windows()))
         result = self.log.apply_retention(self.options.retention, protect, now=now)
         with self._mutex:
@@ -642,16 +704,16 @@ class LogWriter:
     # -- lifetime --------------------------------------------------------------------------
     def close(self, timeout_s: float | None = 5.0) -> None:
         """Write what waits (waiting at most ``timeout_s`` for a busy log), else spill it to
-        the journal; then stop retention. Nothing waiting is dropped: what neither the log
-        nor the journal took is reported loudly with its count."""
+        the journal; then wait for a retention pass to end. Nothing waiting is dropped: what
+        neither the log nor the journal took is reported loudly with its count."""
         self._closed = True
-        t = self._retention_thread
-        if t is not None:
-            t.join()
         try:
             self.flush(timeout_s)
         except LogError:
             self._spill(force=True)
+        t = self._retention_thread
+        if t is not None:
+            t.join()
         left = self.pending
         if left:
             _log.critical(

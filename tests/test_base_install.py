@@ -135,6 +135,17 @@ def test_the_robots_commands_run_on_the_base_install(
     assert len(hints) == 1 and "torch-reference comparison" in hints[0]
 
     # -- serve ----------------------------------------------------------------------------------
+    # a log that holds an old decision, which retention archives (decisions younger than 10
+    # minutes are never archived), as Parquet, with the base install's pyarrow
+    from spotstop.guard import DecisionLog, DecisionRecord
+
+    old = DecisionRecord(
+        time=time.time() - 86400.0, request="an old decision", member_scores={"a": 0.0},
+        fused_score=0.0, threshold=0.0, policy="frozen", label="UNSAFE", fail_closed=False,
+        latency_ms={"total": 1.0}, bundle_id="b", prompt_hash="p",
+    )  # fmt: skip
+    with DecisionLog(tmp_path / "serve.sqlite") as lg:
+        lg.append(old)
     port = _free_port()
     err = tmp_path / "serve.stderr"
     with err.open("w") as stderr:
@@ -161,7 +172,7 @@ def test_the_robots_commands_run_on_the_base_install(
             resp = c.post("/v1/check", files=files, data={"request": "open the door"})
             assert resp.status_code == 200, resp.text
             assert resp.json()["label"] in ("SAFE", "UNSAFE")
-            # a 1-byte budget: retention archives the decision as Parquet with the base install
+            # a 1-byte budget: retention archives the old decision, with the base install
             t0 = time.monotonic()
             while "spotstop_log_rows_archived_total 1.0" not in c.get("/metrics").text:
                 assert time.monotonic() - t0 < 60, f"nothing was archived: {err.read_text()}"
@@ -169,11 +180,11 @@ def test_the_robots_commands_run_on_the_base_install(
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    from spotstop.guard import DecisionLog
-
     with DecisionLog(tmp_path / "serve.sqlite") as lg:
-        assert lg.count() == 1 and len(lg.archives()) == 1
-        assert lg.get(resp.json()["decision_id"]) is not None  # read back from the archive
+        assert lg.count() == 2 and len(lg.archives()) == 1
+        assert lg.get(old.decision_id) is not None  # read back from the archive
+        live = lg._fetchall("SELECT decision_id FROM decisions", [])
+        assert live == [(resp.json()["decision_id"],)]  # the new decision stays live
 
     # -- a command that needs an extra says which, in one line ----------------------------------
     for args, extra, libraries in (

@@ -150,3 +150,25 @@ def test_check_command_names_the_log_and_the_next_check_imports(
         rows = {r.decision_id: r for r in lg.records()}
     assert set(rows) == {d["decision_id"], json.loads(ok.stdout)["decision_id"]}
     assert rows[d["decision_id"]].fail_closed
+
+
+def test_a_guard_that_refused_decides_again_once_the_log_is_back(safe_bundle: Path, logdir: Path):
+    (logdir / "blocker").write_text("not a folder: the journal cannot be created")
+    opts = LogOptions(journal=logdir / "blocker" / "j", max_pending_bytes=1, spill_after_s=3600.0)
+    with Guard(safe_bundle, log=logdir / "log" / "decisions.sqlite", log_options=opts) as g:
+        break_log(g.log)
+        g.check(_scene(0))
+        assert g.check(_scene(1)).decision_id == ""  # refused
+        mend_log(g.log)
+        back = g.check(_scene(2))  # no flush_pending by anyone: the check tries the log itself
+        assert back.label == "SAFE" and back.decision_id and g.pending == 0
+
+
+def test_a_closed_guard_says_so(safe_bundle: Path, logdir: Path):
+    g = _guard(safe_bundle, logdir)
+    g.close()
+    g.close()  # twice is fine
+    from spotstop.guard import GuardError
+
+    with pytest.raises(GuardError, match="this guard is closed"):
+        g.check(_scene(0))

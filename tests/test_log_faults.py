@@ -333,3 +333,205 @@ def test_a_write_reported_failed_that_committed_never_blocks_and_says_what_was_a
     assert w.status().writable and w.log.count() == 2
     w.close()
     w.log.close()
+
+
+# -- races and crash windows (each failed before its fix) --------------------------------------
+
+
+def test_a_spill_never_moves_a_batch_while_it_is_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = _writer(tmp_path, spill_after_s=0.0)
+    real = w.log.import_batch
+    landed: list[bool] = []
+    r1, r2, r9 = make_record(1), make_record(2), make_record(9)
+
+    def import_batch(records, **kw):  # another thread's keep() lands mid-write, once
+        if not landed:
+            landed.append(True)
+            w.keep([r9], images=None, policy=None)
+        return real(records, **kw)
+
+    w.log._conn().execute("PRAGMA query_only = 1")
+    monkeypatch.setattr(w, "_spill", lambda *, force: None)  # keep both batches in memory
+    w.keep([r1], images=None, policy=None)
+    w.keep([r2], images=None, policy=None)
+    monkeypatch.undo()
+    w.log._conn().execute("PRAGMA query_only = 0")
+    monkeypatch.setattr(w.log, "import_batch", import_batch)
+    w.flush(1.0)
+    monkeypatch.undo()
+    w.flush(1.0)
+    ids = sorted(r.decision_id for r in w.log.records())
+    assert ids == sorted(r.decision_id for r in (r1, r2, r9))  # each once, none lost
+    assert w.journal.read().n_rows == 0 and w.status().pending_rows == 0
+    w.close()
+    w.log.close()
+
+
+def test_retention_leaves_young_rows_and_rolls_back_over_an_amendment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import spotstop.guard._log_archive as arch
+    from spotstop.guard._log import Protect, Retention
+
+    w = _writer(tmp_path, max_bytes=1)
+    now = 1_800_000_000.0
+    old = make_record(0, time=now - 3600, label="SAFE")
+    young = make_record(1, time=now - 10, label="SAFE")
+    w.log.append_many([old, young])
+    res = w.apply_retention(now=now)  # the writer protects what is younger than 10 minutes
+    assert res.archived_rows == 1 and w.log.get(young.decision_id) is not None
+    assert [r[0] for r in w.log._fetchall("SELECT decision_id FROM decisions", [])] == [
+        young.decision_id
+    ]
+    # a row amended while its archive is being written: the pass is rolled back
+    real = arch.write_archive
+
+    def write_archive(*a, **kw):
+        info = real(*a, **kw)
+        w.log.mark_fail_closed([young.decision_id], "deadline exceeded (late write)")
+        return info
+
+    monkeypatch.setattr(arch, "write_archive", write_archive)
+    anyage = Protect(min_age_s=0)  # as if ten minutes had passed
+    with pytest.raises(LogError, match="changed or left the log meanwhile"):
+        w.log.apply_retention(Retention(max_bytes=1), anyage, now=now)
+    monkeypatch.undo()
+    got = w.log.get(young.decision_id)
+    assert got is not None and got.label == "UNSAFE" and got.fail_closed
+    assert len(w.log.archives()) == 1  # only the first pass's archive is registered
+    assert sorted(p.name for p in w.log.archive_folder.glob("*.parquet")) == [
+        a.name for a in w.log.archives()
+    ]
+    w.log.apply_retention(Retention(max_bytes=1), anyage, now=now)  # archived as it is now
+    back = w.log.get(young.decision_id)
+    assert back is not None and back.label == "UNSAFE" and w.log.count() == 2
+    w.close()
+    w.log.close()
+
+
+def test_two_retention_passes_at_once_lose_nothing(tmp_path: Path) -> None:
+    import threading
+
+    from spotstop.guard._log import Retention
+
+    log = DecisionLog(tmp_path / "log.sqlite")
+    log.append_many([make_record(i) for i in range(300)])
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            DecisionLog(log.path).apply_retention(Retention(keep_days=1), now=2e9)
+        except BaseException as e:  # collected for the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert log.count() == 300 and len({r.decision_id for r in log.records()}) == 300
+    assert sorted(p.name for p in log.archive_folder.glob("*.parquet")) == sorted(
+        a.name for a in log.archives()
+    )
+    log.close()
+
+
+def test_an_entry_after_a_torn_tail_is_imported(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "decisions.journal")
+    j.append([JournalEntry("rows", (make_record(0),), None)])
+    with open(j.path, "ab") as fh:  # another process died mid-line
+        fh.write(b'0123 {"v": 1, "kind"')
+    j.append([JournalEntry("rows", (make_record(1),), None)])
+    read = j.read()
+    assert [e.records[0].request for e in read.entries] == [
+        "pick up the knife 0",
+        "pick up the knife 1",
+    ]
+    assert read.rejected == 1
+
+
+def test_setting_lines_apart_never_leaves_an_empty_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import spotstop.guard._journal as journal_module
+    from spotstop.guard._journal import JournalError
+
+    j = Journal(tmp_path / "decisions.journal")
+    j.append([JournalEntry("rows", (make_record(0),), None)])
+    with open(j.path, "ab") as fh:
+        fh.write(b"garbage line\n")
+    before = j.path.read_bytes()
+
+    def broken(path: object, data: bytes) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(journal_module, "atomic_write_bytes", broken)
+    with pytest.raises(JournalError, match="cannot be read"):
+        j.read()
+    assert j.path.read_bytes() == before  # the good entry is still there
+    monkeypatch.undo()
+    assert j.read().n_rows == 1
+
+
+def test_waiting_amendments_reach_the_journal_and_the_next_start(tmp_path: Path) -> None:
+    w = _writer(tmp_path, spill_after_s=0.0)
+    rec = make_record(0, label="SAFE")
+    w.log.append(rec)
+    w.log._conn().execute("PRAGMA query_only = 1")
+    w.amend_late([rec.decision_id], "deadline exceeded (late write)")
+    st = w.status()
+    assert st.pending_amendments == 0 and st.journal_entries == 1 and st.waiting
+    w.log._conn().execute("PRAGMA query_only = 0")
+    w.log.close()  # a crash: no close() of the writer
+    w2 = _writer(tmp_path)
+    got = w2.log.get(rec.decision_id)
+    assert got is not None and got.label == "UNSAFE" and got.fail_closed
+    assert not w2.status().waiting
+    w2.close()
+    w2.log.close()
+
+
+def test_a_broken_journal_does_not_stop_a_healthy_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spotstop.guard._journal import JournalError
+
+    w = _writer(tmp_path, spill_after_s=0.0)
+    w.log._conn().execute("PRAGMA query_only = 1")
+    w.keep([make_record(0)], images=None, policy=None)  # spilled: the journal exists
+    w.log._conn().execute("PRAGMA query_only = 0")
+
+    def draining() -> object:
+        raise JournalError("journal 'x' cannot be read (Errno 30)", "read_only")
+
+    monkeypatch.setattr(w.journal, "draining", draining)
+    assert w.write([make_record(1)], images=None, policy=None, timeout_s=1) is None
+    st = w.status()
+    assert st.writable and st.journal_fault is not None and "journal" in st.journal_fault
+    monkeypatch.undo()
+    w.flush(1.0)  # the journal is readable again: its row goes in
+    assert w.log.count() == 2 and w.status().journal_fault is None
+    w.close()
+    w.log.close()
+
+
+def test_guards_of_two_logs_may_share_one_journal(tmp_path: Path) -> None:
+    shared = tmp_path / "shared" / "decisions.journal"
+    a = LogWriter(DecisionLog(tmp_path / "a.sqlite"), LogOptions(journal=shared, spill_after_s=0))
+    b = LogWriter(DecisionLog(tmp_path / "b.sqlite"), LogOptions(journal=shared, spill_after_s=0))
+    ra, rb = make_record(0), make_record(1)
+    for w, r in ((a, ra), (b, rb)):
+        w.log._conn().execute("PRAGMA query_only = 1")
+        w.keep([r], images=None, policy=None)
+        w.log._conn().execute("PRAGMA query_only = 0")
+    a.flush(1.0)
+    assert [r.decision_id for r in a.log.records()] == [ra.decision_id]
+    assert b.log.count() == 0 and b.journal.read().n_rows == 1  # b's row waits for b
+    b.flush(1.0)
+    assert [r.decision_id for r in b.log.records()] == [rb.decision_id]
+    for w in (a, b):
+        w.close()
+        w.log.close()

@@ -140,7 +140,9 @@ def test_protected_rows_stay_and_an_unmeetable_budget_says_so(tmp_path: Path) ->
             )
             log.append(recs[-1], img if i < 5 else None)
         log.set_labels([(recs[0].decision_id, "safe", None, None)])  # review of 0 is done
-        protect = Protect(decision_ids=frozenset({recs[7].decision_id}), windows={"v-active": 2})
+        protect = Protect(
+            decision_ids=frozenset({recs[7].decision_id}), windows={"v-active": 2}, min_age_s=0
+        )
         res = log.apply_retention(Retention(max_bytes=1), protect)
         live = {r[0] for r in log._fetchall("SELECT decision_id FROM decisions", [])}
         # in review (1..4), a pending amendment (7), the last 2 of each situation of v-active
@@ -212,3 +214,12 @@ def test_retention_settings_name_the_bad_key() -> None:
     with pytest.raises(RecordError, match=r"low_water must be in \(0, 1\]"):
         Retention(max_bytes=10, low_water=0.0)
     assert not Retention().active and Retention(keep_days=1).active
+
+
+def test_young_decisions_are_never_archived_by_default(tmp_path: Path) -> None:
+    with DecisionLog(tmp_path / "log.sqlite") as log:
+        _fill(log, 20, t0=T0, step=60.0)  # 20 minutes of decisions
+        res = log.apply_retention(Retention(max_bytes=1), now=T0 + 19 * 60 + 1)
+        live = log._fetchall("SELECT time FROM decisions ORDER BY time", [])
+        assert res.over_budget and len(live) == 10  # the last 10 minutes
+        assert min(t for (t,) in live) >= T0 + 19 * 60 + 1 - 600

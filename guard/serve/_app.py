@@ -438,7 +438,7 @@ async def _watch_log(sidecar: Sidecar) -> None:
     while True:
         await asyncio.sleep(every)
         status = g.log_status()
-        if status.writable and not status.waiting_rows:
+        if status.writable and not status.waiting:
             continue
         try:
             await sidecar.runner.call(lambda: g.flush_pending(timeout_s=min(1.0, every)))
