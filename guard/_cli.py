@@ -89,6 +89,14 @@ def _add_log_and_deadline(p: argparse.ArgumentParser, deadline_help: str) -> Non
         "as full and checks fail closed, before SQLite fills the disk (default 32M)",
     )
     p.add_argument(
+        "--log-sync",
+        choices=["full", "normal"],
+        default=None,
+        help="full (default): a decision is answered only once its row is on disk, so it "
+        "survives a power cut; normal: it survives a crash of the process, not a power cut "
+        "(one fsync less per check)",
+    )
+    p.add_argument(
         "--robot-id",
         default=None,
         help="the robot this log belongs to (kept in the log; a fleet card tells robots apart "
@@ -102,6 +110,8 @@ def _log_options(args: argparse.Namespace) -> Any:
     from spotstop.guard._log_writer import LogOptions
 
     kw: dict[str, Any] = {"journal": args.journal, "robot_id": args.robot_id}
+    if args.log_sync is not None:
+        kw["synchronous"] = args.log_sync.upper()
     if args.log_min_free_bytes is not None:
         kw["min_free_bytes"] = args.log_min_free_bytes
     return LogOptions(**kw)
@@ -336,6 +346,7 @@ def run_serve(args: argparse.Namespace) -> int:
         log_keep_days=args.log_keep_days,
         log_min_free_bytes=args.log_min_free_bytes,
         robot_id=args.robot_id,
+        log_synchronous=None if args.log_sync is None else args.log_sync.upper(),
         upload_timeout_s=args.upload_timeout,
     )
     if args.deadline is not None:

@@ -204,7 +204,8 @@ class Guard:
             except Exception as e:  # a member that cannot load makes every decision fail closed
                 self.member_errors[bm.name] = _reason("load", e)
         self.store_images = store_images and not isinstance(log, DecisionLog)
-        robot = None if log_options is None else log_options.robot_id
+        opts = log_options if log_options is not None else LogOptions()
+        robot = opts.robot_id
         if isinstance(log, DecisionLog):
             self.log = log
             if robot is not None:
@@ -214,6 +215,7 @@ class Guard:
                 log if log is not None else self.bundle.path / "decisions.sqlite",
                 store_images=store_images,
                 robot_id=robot,
+                synchronous=opts.synchronous,
             )
         self.state_dir = (
             Path(state_dir) if state_dir is not None else self.log.path.parent / "state"

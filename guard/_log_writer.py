@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from spotstop.guard._journal import Journal, JournalEntry, JournalError, default_journal_path
 from spotstop.guard._log import DecisionLog, PolicyRow
@@ -110,6 +110,10 @@ class LogOptions:
     robot_id:
         The robot the log belongs to (kept in it; a fleet card tells robots apart by it).
         None: as the log says.
+    synchronous:
+        ``"FULL"`` (the guard's default): a decision is acknowledged only once its row is
+        fsynced, so it survives a power cut too (one fsync per guard call). ``"NORMAL"``: it
+        survives a kill of the process, not a power cut (the last calls may roll back).
     """
 
     journal: Path | None = None
@@ -120,8 +124,13 @@ class LogOptions:
     spill_after_s: float = 5.0
     retention_every_s: float = 60.0
     robot_id: str | None = None
+    synchronous: Literal["NORMAL", "FULL"] = "FULL"
 
     def __post_init__(self) -> None:
+        if self.synchronous not in ("NORMAL", "FULL"):
+            raise RecordError(
+                f"synchronous (--log-sync) must be 'NORMAL' or 'FULL'; got {self.synchronous!r}."
+            )
         if self.journal is not None and not isinstance(self.journal, Path):
             object.__setattr__(self, "journal", Path(self.journal))
         _nonneg_int("min_free_bytes (--log-min-free-bytes)", self.min_free_bytes)

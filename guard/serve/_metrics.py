@@ -29,6 +29,8 @@
 ``spotstop_log_write_failures_total``       failed log write attempts, by ``kind``
 ``spotstop_log_rows_pending``               decisions waiting in memory for the log
 ``spotstop_log_rows_journal``               decisions waiting in the journal
+``spotstop_log_amendments_pending``         fail-closed amendments waiting in memory
+``spotstop_log_journal_fault``              1 when the journal cannot be read or written
 ``spotstop_log_rows_spilled_total``         decisions spilled from memory to the journal
 ``spotstop_log_rows_imported_total``        decisions imported from the journal into the log
 ``spotstop_log_rows_archived_total``        decisions retention moved to Parquet archives

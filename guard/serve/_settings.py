@@ -182,6 +182,9 @@ class ServeSettings:
     robot_id:
         The robot the log belongs to, kept in the log for the fleet card (None: as the log
         says).
+    log_synchronous:
+        ``"FULL"`` (default): a 200 is sent only once its row is fsynced (it survives a power
+        cut); ``"NORMAL"``: it survives a crash of the process only.
     """
 
     bundle: Path
@@ -213,6 +216,7 @@ class ServeSettings:
     log_min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
     log_retry_s: float = 1.0
     robot_id: str | None = None
+    log_synchronous: str = "FULL"
 
     def __post_init__(self) -> None:
         _check_settings(self)
@@ -226,6 +230,7 @@ class ServeSettings:
             keep_days=self.log_keep_days,
             min_free_bytes=self.log_min_free_bytes,
             robot_id=self.robot_id,
+            synchronous="NORMAL" if self.log_synchronous == "NORMAL" else "FULL",
         )
 
     @property
@@ -266,6 +271,10 @@ def _check_settings(s: ServeSettings) -> None:
     ):
         raise SettingsError(
             f"log_min_free_bytes must be a non-negative integer; got {s.log_min_free_bytes!r}."
+        )
+    if s.log_synchronous not in ("FULL", "NORMAL"):
+        raise SettingsError(
+            f"log_synchronous must be 'FULL' or 'NORMAL'; got {s.log_synchronous!r}."
         )
     if s.robot_id is not None:
         from spotstop.guard._log import ROBOT_ID
