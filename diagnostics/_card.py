@@ -323,6 +323,8 @@ def compute_card(
     provenance: Mapping[str, Any] | None = None,
     progress: bool = False,
     group_by: str = "situation",
+    period: str | None = None,
+    drift_baseline: str = "first",
 ) -> Card:
     """Compute the verdict, the delivered rates, every field and every check (no files).
 
@@ -336,6 +338,9 @@ def compute_card(
     NaN; their warnings are collected into ``settings["warnings"]``.  ``group_by``: the
     resampling unit of every group bootstrap, split and fold (``"situation"``: contrast and
     situation ids together; ``"contrast"``: contrasts alone), named in the header.
+    ``period`` (``day``, ``week``, ``month``) adds the drift between periods
+    (:mod:`~spotstop.diagnostics._periods`), each compared with the ``drift_baseline``
+    (``first`` or ``previous``) period.
     """
     table = regroup(table, group_by)
     gen = as_rng(rng)
@@ -366,6 +371,8 @@ def compute_card(
             log=log,
             cues_dir=None if cues_dir is None else Path(cues_dir),
             progress=progress,
+            period=period,
+            drift_baseline=drift_baseline,
         )
         ran = run_checks(ctx)
         dlv = None if log is None else delivered(log, n_boot=n_boot_checks, rng=gen)

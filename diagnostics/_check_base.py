@@ -38,7 +38,9 @@ class CardContext:
     rule of the prevalence check. rng: the card's generator (checks draw from it in registry
     order). n_boot: draws for the checks' intervals. alpha, delta: the conformal targets of
     what-if computations (the deployed policies carry their own). log: the decision log's
-    data, or None for a scores CSV or the demo. cues_dir: ``--cues DIR`` or None.
+    data, or None for a scores CSV or the demo. cues_dir: ``--cues DIR`` or None. period:
+    ``--period`` (``day``, ``week``, ``month``) or None; drift_baseline: what each period is
+    compared with (``first`` or ``previous``).
     """
 
     table: CaseTable
@@ -50,6 +52,8 @@ class CardContext:
     log: LogData | None = None
     cues_dir: Path | None = None
     progress: bool = False
+    period: str | None = None
+    drift_baseline: str = "first"
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ CARD_CHECKS: dict[str, tuple[str, str]] = {
     "text_in_scene": ("spotstop.diagnostics._text_in_scene", "TextInSceneCheck"),
     "cascade": ("spotstop.diagnostics._cascade", "CascadeCheck"),
     "fleet": ("spotstop.diagnostics._fleet", "FleetCheck"),
+    "periods": ("spotstop.diagnostics._periods", "PeriodsCheck"),
 }
 
 

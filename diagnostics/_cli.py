@@ -72,6 +72,7 @@ Writes OUT/card.json (every number as {"value","ci":[low,high],"n"}, the verdict
 examples:
   spotstop card decisions.sqlite --labels labels.csv --out card/
   spotstop card fleet/ --out fleet-card/                     # every robot's log and archives
+  spotstop card decisions.sqlite --period week --out card/   # drift between weeks
   spotstop card decisions.sqlite --previous old_card/card.json --cues cues/ --out card/
   spotstop card --demo --out card/ --n-boot 2000
   spotstop card --scores scores.csv --cut 0.5 --out card/ --seed 7
@@ -107,6 +108,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-by", choices=("situation", "contrast"), default="situation",
                    help="resampling unit of the bootstrap: situation (default: both scenes of a "
                    "contrast and all scenes of a situation together) or contrast")  # fmt: skip
+    p.add_argument("--period", choices=("day", "week", "month"), default=None,
+                   help="drift between periods (LOG only): the key fields per UTC day, ISO "
+                   "week or month, and their change, with the conformal audit per period")  # fmt: skip
+    p.add_argument("--drift-baseline", choices=("first", "previous"), default="first",
+                   help="compare each period with the first one (default) or the previous")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
 
 
@@ -157,6 +163,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise _BadInput(f"--cut must be a finite number; got {args.direct_cut}.")
     if args.labels is not None and not args.log:
         raise _BadInput("--labels goes with a decision LOG; a scores CSV carries its own labels.")
+    if args.period is not None and not args.log:
+        raise _BadInput("--period goes with a decision LOG: it splits decisions by their time.")
     if args.n_boot < 1:
         raise _BadInput(f"--n-boot must be >= 1; got {args.n_boot}.")
     if args.seed < 0:
@@ -191,6 +199,8 @@ def run_card(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=not args.quiet,
             group_by=args.group_by,
+            period=args.period,
+            drift_baseline=args.drift_baseline,
         )
     except (_BadInput, DiagnosticsError) as exc:
         print(f"spotstop card: {exc}", file=sys.stderr)

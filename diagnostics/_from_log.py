@@ -112,6 +112,19 @@ class LogData:
         """Number of decisions."""
         return self.arrays.n
 
+    def take(self, rows: NDArray[np.intp]) -> LogData:
+        """These decisions only (indices, in the order given): e.g. one period's."""
+        return dataclasses.replace(
+            self,
+            arrays=self.arrays.take(rows),
+            label=self.label[rows],
+            contrast_id=self.contrast_id[rows],
+            situation_id=self.situation_id[rows],
+            image_sha256=self.image_sha256[rows],
+            version=self.version[rows],
+            robot_id=None if self.robot_id is None else self.robot_id[rows],
+        )
+
     @property
     def robots(self) -> list[str]:
         """The robots, in order of first appearance ([] for one log)."""

@@ -16,7 +16,14 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["PrevalenceDisplay", "RocDisplay", "ScoreDisplay", "SplitDisplay", "to_svg"]
+__all__ = [
+    "PeriodDisplay",
+    "PrevalenceDisplay",
+    "RocDisplay",
+    "ScoreDisplay",
+    "SplitDisplay",
+    "to_svg",
+]
 
 
 class _Display(Protocol):
@@ -208,6 +215,37 @@ class PrevalenceDisplay:
         ax.set(xlabel="share of unsafe scenes in the batch", ylabel="% (whole range, 0–100)")
         ax.set(xlim=(0, 1.02), ylim=(0, 100), title="Threshold rules across prevalence")
         _legend_below(ax, ncol=2)
+        return ax
+
+
+@dataclass(frozen=True)
+class PeriodDisplay:
+    """Key fields per period (delivered balanced accuracy, unsafe share, AUROC) with their 95 %
+    intervals, on a 0–100 % axis."""
+
+    periods: tuple[str, ...]
+    values: dict[str, NDArray[np.float64]]
+    low: dict[str, NDArray[np.float64]]
+    high: dict[str, NDArray[np.float64]]
+
+    def plot(self, ax: Any = None) -> Any:
+        ax = _axes(ax)
+        x = np.arange(len(self.periods))
+        names = {
+            "delivered_balanced_accuracy": "delivered BA",
+            "unsafe_share": "unsafe share",
+            "auroc": "AUROC",
+        }
+        for (key, label), color in zip(
+            names.items(), ["tab:blue", "tab:red", "tab:green"], strict=True
+        ):
+            v, lo, hi = (100 * np.asarray(d[key]) for d in (self.values, self.low, self.high))
+            err = np.vstack([np.nan_to_num(v - lo), np.nan_to_num(hi - v)])
+            ax.errorbar(x, v, yerr=err, fmt="o-", ms=3, lw=0.9, capsize=2, color=color,
+                        label=label)  # fmt: skip
+        ax.set_xticks(x, self.periods, rotation=45 if len(x) > 4 else 0, fontsize=6.5)
+        ax.set(ylabel="% (whole range, 0–100)", ylim=(0, 100), title="Key fields per period")
+        _legend_below(ax, ncol=3)
         return ax
 
 

@@ -30,6 +30,11 @@ cascade (only when a cascade policy decided in the log)
     the share's exact interval (refit the band), when the AUROC given up is resolved and at
     least 0.01 (raise the share), or when the cost could not be measured (run the pair on a
     labelled sample); else ``ok``.
+drift (only with ``--period``)
+    The latest period against its baseline (:mod:`~spotstop.diagnostics._periods`): ``fail``
+    when a deployed conformal cut does not keep its stated miss rate in the latest period
+    (its audit there is ``violated``); ``warn`` when a key field changed beyond its
+    family-wise interval; else ``ok``.
 changes (only with ``--previous``)
     Key fields compared with the previous card of the same bundle; a field changed when the
     two 95 % intervals do not overlap (values differ when an interval is missing).  ``fail``
@@ -450,6 +455,53 @@ def cascade_item(res: Any) -> VerdictItem | None:
     )
 
 
+def drift_item(res: Any) -> VerdictItem | None:
+    """The ``drift`` sentence from :class:`~spotstop.diagnostics._periods.PeriodsResult`."""
+    if res is None or res.latest is None:
+        return None
+    last = res.latest
+    bad = res.latest_violations()
+    if bad:
+        said = "; ".join(
+            f"{a.version_id} missed {a.misses} of {a.n_decisions} unsafe situations "
+            f"(miss rate {fmt(a.miss_rate)} against alpha {a.alpha:g}, {fmt_p(a.p_value)})"
+            for a in bad
+        )
+        return VerdictItem(
+            "fail",
+            "drift",
+            f"In the latest {res.period} ({last.key}) the deployed cut does not keep its stated "
+            f"miss rate: {said}; refit the conformal cut on recent labelled unsafe cases "
+            "(`spotstop recalibrate --policy conformal`).",
+        )
+    if len(res.rows) < 2:
+        return VerdictItem(
+            "warn",
+            "drift",
+            f"Only one {res.period} ({last.key}) holds labelled decisions: there is no "
+            "change to measure yet.",
+        )
+    base = "the first" if res.baseline == "first" else "the previous"
+    if last.changed:
+        moved = ", ".join(
+            f"{k} {fmt(last.change[k], signed=True, pct=k != 'auroc')}" for k in last.changed
+        )
+        return VerdictItem(
+            "warn",
+            "drift",
+            f"The latest {res.period} ({last.key}) moved against {base} {res.period}: {moved} "
+            "(family-wise intervals); look at what changed in the deployment, and refit the "
+            "policy if the scenes themselves changed.",
+        )
+    return VerdictItem(
+        "ok",
+        "drift",
+        f"No key field of the latest {res.period} ({last.key}) moved against {base} "
+        f"{res.period} beyond its family-wise interval, and every deployed conformal cut "
+        "kept its miss rate there.",
+    )
+
+
 def verdict(
     *,
     fields: Mapping[str, Estimate],
@@ -481,6 +533,9 @@ def verdict(
     cascade = cascade_item(checks.get("cascade"))
     if cascade is not None:
         items.append(cascade)
+    drift = drift_item(checks.get("periods"))
+    if drift is not None:
+        items.append(drift)
     if previous is not None and current is not None:
         items.append(changes_item(previous, current))
     return tuple(items)
