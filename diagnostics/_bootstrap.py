@@ -139,8 +139,9 @@ def group_bootstrap(
         ``random`` call (cross-fit halves).  The point estimate of the cross-fitted part uses
         ``n_splits`` further halves drawn after the bootstrap.
     chunk_size : draws per generator call (part of the RNG order: another value gives other
-        draws); a chunk holds ``chunk_size * groups`` float64 counts and as many cross-fit
-        halves, about ``33 * chunk_size * groups`` bytes at its peak.
+        draws); a chunk holds ``chunk_size * groups`` float64 counts and as many one-byte
+        cross-fit halves, about ``9 * chunk_size * groups`` bytes (the random numbers behind
+        them are generated in sub-blocks of about 16 MiB, the same stream as one call).
     memory_budget : bytes for the engine's sweep of a chunk, independent of the number of
         unique scores (:func:`~spotstop.diagnostics._engine.draws_per_sweep`: about
         ``16 * groups + 25,600`` bytes per draw swept together); the results do not depend

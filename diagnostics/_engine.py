@@ -8,8 +8,17 @@ batch-mean cut and the cross-fitted cut are then cumulative sums along the sorte
 bootstrap (:mod:`._bootstrap`) feeds it resampled counts, :func:`cross_fitted_threshold_part`
 unit counts with random halves.
 
-The sweep (:meth:`CurveEngine._sweep`) runs score-major: the unique scores are cut into blocks
-of :data:`BLOCK_ROWS`; per block one sparse product (block × groups) @ (groups × draws) gives
+The sweep (:meth:`CurveEngine._sweep`) runs score-major over *merged rows* (:class:`_Runs`):
+neighbouring unique scores that hold pair weight of one class only form one row (on simulated
+logs about a third as many rows as scores); a score holding both classes stays a row of its
+own.  Every curve quantity at a row's end is the one at its last score; AUROC needs no more
+(along unsafe-only scores the safe curve stands still), and ``D`` grows along safe-only scores
+and shrinks along unsafe-only ones, so its first maximum lies at a row's end or, inside a row
+of safe-only scores, at the last of them with weight in the draw: found after the sweep from
+the (score, group) weights of that row, with the partial sums there
+(:meth:`CurveEngine._first_best`, :meth:`CurveEngine._batch_inside` for the batch-mean cut).
+The rows are cut into blocks of :data:`BLOCK_ROWS`; per block one sparse product (block ×
+groups) @ (groups × draws) gives
 the safe and unsafe weights of every draw (and of its fit half) at once, a blocked cumulative
 sum carries the curves from block to block, and the running first argmax of ``D``, the AUROC
 sum and the values at the cuts that are needed are updated; nothing (draws × unique scores)
@@ -46,7 +55,6 @@ from spotstop.diagnostics._metrics import (
     wbincount,
 )
 from spotstop.diagnostics._resample import as_rng, random_halves
-from spotstop.guard.policies import unsafe_mask
 
 __all__ = [
     "BLOCK_ROWS",
@@ -70,6 +78,9 @@ _SPLIT = 16
 
 #: default memory budget of one sweep in bytes (see :func:`draws_per_sweep`)
 MEMORY_BUDGET = 256 * 2**20
+
+#: groups per tile of the transposed copy that builds a sweep's right-hand side
+_TILE = 1024
 
 #: the most draws swept together (larger sub-chunks only grow the cache footprint)
 _MAX_DRAWS = 128
@@ -110,12 +121,134 @@ def _cumsum_rows(x: NDArray[np.float64], carry: NDArray[np.float64]) -> None:
     carry[:] = x[-1]
 
 
+def _transpose_into(
+    out: NDArray[np.float64], a: NDArray[np.float64], order: NDArray[np.intp]
+) -> None:
+    """``out[:] = a[:, order].T`` in tiles of columns (a whole-array transposed copy misses
+    the cache on every element)."""
+    for g0 in range(0, order.size, _TILE):
+        out[g0 : g0 + _TILE] = a[:, order[g0 : g0 + _TILE]].T
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """The unique scores merged into rows: neighbouring scores that hold pair weight of one
+    class only (safe-only or unsafe-only, in the whole table) form one row; a score that holds
+    both classes is a row of its own.  ``row_of[j]`` is the row of unique score ``j``;
+    ``start``, ``end`` the first and last score of each row; ``safe`` (``unsafe``) marks the
+    rows that hold only safe (only unsafe) weight.  ``indptr``, ``group``, ``weight``: the
+    pair weight of each (unique score, group), CSR by score (for the cuts and the batch cut
+    inside a merged row, :meth:`CurveEngine._within_rows`)."""
+
+    row_of: NDArray[np.intp]
+    start: NDArray[np.intp]
+    end: NDArray[np.intp]
+    safe: NDArray[np.bool_]
+    unsafe: NDArray[np.bool_]
+    indptr: NDArray[np.intp]
+    group: NDArray[np.intp]
+    weight: NDArray[np.float64]
+    pos: NDArray[np.intp]  # the unique score of each entry
+
+    @classmethod
+    def build(
+        cls,
+        ws: NDArray[np.float64],
+        wu: NDArray[np.float64],
+        col: NDArray[np.intp],
+        gi: NDArray[np.intp],
+        w: NDArray[np.float64],
+        ng: int,
+    ) -> _Runs:
+        m = ws.size
+        kind = (ws > 0).astype(np.int8) + 2 * (wu > 0)  # 1 safe, 2 unsafe, 3 both
+        new = np.ones(m, dtype=bool)
+        new[1:] = (kind[1:] != kind[:-1]) | (kind[1:] == 3)
+        start = np.flatnonzero(new)
+        end = np.append(start[1:] - 1, m - 1) if m else start
+        by_score = sparse.csr_matrix((w, (col, gi)), shape=(m, ng))
+        by_score.sum_duplicates()
+        indptr = np.asarray(by_score.indptr, dtype=np.intp)
+        return cls(
+            row_of=np.cumsum(new, dtype=np.intp) - 1,
+            start=start,
+            end=end,
+            safe=kind[start] == 1,
+            unsafe=kind[start] == 2,
+            indptr=indptr,
+            group=np.asarray(by_score.indices, dtype=np.intp),
+            weight=np.asarray(by_score.data, dtype=np.float64),
+            pos=np.repeat(np.arange(m, dtype=np.intp), np.diff(indptr)),
+        )
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.start.size)
+
+    def entries(
+        self, lo: NDArray[np.intp], hi: NDArray[np.intp]
+    ) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+        """For queries ``q`` over the unique scores ``lo[q] .. hi[q] - 1``: the query and the
+        entry index of every (score, group) entry they cover, in score order."""
+        a, b = self.indptr[lo], self.indptr[hi]
+        n = b - a
+        q = np.repeat(np.arange(lo.size), n)
+        e = np.arange(int(n.sum()), dtype=np.intp) + np.repeat(a - (np.cumsum(n) - n), n)
+        return q, e
+
+    @staticmethod
+    def _draw_weight(
+        counts: NDArray[np.float64],
+        half: NDArray[np.bool_] | None,
+        in_half: bool,
+        d: NDArray[np.intp],
+        g: NDArray[np.intp],
+    ) -> NDArray[np.float64]:
+        """``counts[d, g]``, times ``half[d, g] == in_half`` when a half is given."""
+        c = counts[d, g]
+        return c if half is None else np.where(half[d, g] == in_half, c, 0.0)
+
+    def tail_sum(
+        self,
+        counts: NDArray[np.float64],
+        half: NDArray[np.bool_] | None,
+        in_half: bool,
+        draws: NDArray[np.intp],
+        lo: NDArray[np.intp],
+        hi: NDArray[np.intp],
+    ) -> NDArray[np.float64]:
+        """``sum_{lo <= j < hi} sum_g weight[j, g] * c[draw, g]`` per query, ``c`` the draw's
+        counts (of one half: see :meth:`_draw_weight`); integer sums: exact."""
+        q, e = self.entries(lo, hi)
+        c = self._draw_weight(counts, half, in_half, draws[q], self.group[e])
+        return np.asarray(np.bincount(q, self.weight[e] * c, minlength=lo.size), dtype=np.float64)
+
+    def last_with_weight(
+        self,
+        counts: NDArray[np.float64],
+        half: NDArray[np.bool_] | None,
+        in_half: bool,
+        draws: NDArray[np.intp],
+        lo: NDArray[np.intp],
+        hi: NDArray[np.intp],
+    ) -> NDArray[np.intp]:
+        """The last unique score in ``lo .. hi - 1`` with weight in the draw (counts as in
+        :meth:`tail_sum`) per query; ``lo - 1`` where none has."""
+        q, e = self.entries(lo, hi)
+        c = self._draw_weight(counts, half, in_half, draws[q], self.group[e])
+        pos = np.where(c > 0, self.pos[e], -1)
+        out = lo - 1
+        np.maximum.at(out, q, pos)
+        return out
+
+
 @dataclass(frozen=True)
 class _Layout:
-    """The paired cases score-major: one CSR matrix (2 rows, G) per block of unique scores,
-    safe weights in its first ``rows`` rows and unsafe ones in the rest (a block's rows padded
-    with empty ones to a multiple of :data:`_SPLIT`); ``order`` renumbers the groups by their
-    first score so that about half of the product's gathers stream."""
+    """The paired cases row-major over the merged rows (:class:`_Runs`): one CSR matrix
+    (2 rows, G) per block of rows, safe weights in its first ``rows`` rows and unsafe ones in
+    the rest (a block's rows padded with empty ones to a multiple of :data:`_SPLIT`);
+    ``order`` renumbers the groups by their first row so that about half of the product's
+    gathers stream."""
 
     starts: tuple[int, ...]
     blocks: tuple[sparse.csr_matrix, ...]
@@ -123,7 +256,7 @@ class _Layout:
 
 
 def _layout(ms: sparse.csr_matrix, mu: sparse.csr_matrix, ng: int) -> _Layout:
-    """The score-major blocks of the (groups, m) safe / unsafe weights (see :class:`_Layout`)."""
+    """The row-major blocks of the (groups, rows) safe / unsafe weights (see :class:`_Layout`)."""
     m = ms.shape[1]
     st, ut = sparse.csr_matrix(ms.T), sparse.csr_matrix(mu.T)
     first = np.full(ng, m, dtype=np.intp)
@@ -233,6 +366,7 @@ class CurveEngine:
     tu_g: NDArray[np.float64]
     below_s_g: NDArray[np.float64]  # the same below the direct cut index
     below_u_g: NDArray[np.float64]
+    runs: _Runs
     layout: _Layout
     memory_budget: int = MEMORY_BUDGET
 
@@ -263,15 +397,20 @@ class CurveEngine:
             v, ws, wu, col = unique_class_weights(
                 table.label[paired], s[paired], pairs.weight[paired]
             )
-            del ws, wu
             w = pairs.weight[paired]
             y = table.label[paired]
             gi = g[paired]
             ms = sparse.csr_matrix((w * (y == 0), (gi, col)), shape=(ng, v.size))
             mu = sparse.csr_matrix((w * (y == 1), (gi, col)), shape=(ng, v.size))
+            runs = _Runs.build(ws, wu, col, gi, w, ng)
+            row = runs.row_of[col]
+            rms = sparse.csr_matrix((w * (y == 0), (gi, row)), shape=(ng, runs.n_rows))
+            rmu = sparse.csr_matrix((w * (y == 1), (gi, row)), shape=(ng, runs.n_rows))
         else:
             v = np.zeros(0)
-            ms = mu = sparse.csr_matrix((ng, 0))
+            ms = mu = rms = rmu = sparse.csr_matrix((ng, 0))
+            none = np.zeros(0, dtype=np.intp)
+            runs = _Runs.build(np.zeros(0), np.zeros(0), none, none, np.zeros(0), ng)
         kd = int(np.searchsorted(v, cut, side="right"))
         return cls(
             cut=cut,
@@ -294,7 +433,8 @@ class CurveEngine:
             tu_g=np.asarray(mu.sum(axis=1), dtype=np.float64).ravel(),
             below_s_g=np.asarray(ms[:, :kd].sum(axis=1), dtype=np.float64).ravel(),
             below_u_g=np.asarray(mu[:, :kd].sum(axis=1), dtype=np.float64).ravel(),
-            layout=_layout(ms, mu, ng),
+            runs=runs,
+            layout=_layout(rms, rmu, ng),
             memory_budget=memory_budget,
         )
 
@@ -313,6 +453,11 @@ class CurveEngine:
         "below_s_g",
         "below_u_g",
     )
+
+    @cached_property
+    def _scratch(self) -> dict[str, NDArray[np.float64]]:
+        """Buffers kept between sweeps (the engine is not shared between threads)."""
+        return {}
 
     @cached_property
     def _stacked(self) -> NDArray[np.float64]:
@@ -342,8 +487,12 @@ class CurveEngine:
         """One pass over the sorted unique scores for the draws ``counts`` (see the module
         docstring), in sub-chunks of :func:`draws_per_sweep` draws."""
         step = draws_per_sweep(self.n_groups, self.memory_budget)
-        # one right-hand-side buffer for all sub-chunks (fresh pages cost a fault each)
-        buf = np.empty(self.n_groups * 2 * min(step, counts.shape[0]))
+        # one right-hand-side buffer for all sub-chunks and calls (fresh pages cost a fault
+        # each)
+        size = self.n_groups * 2 * min(step, counts.shape[0])
+        buf = self._scratch.get("rhs")
+        if buf is None or buf.size < size:
+            buf = self._scratch["rhs"] = np.empty(size)
         if counts.shape[0] <= step:
             return self._sweep_chunk(counts, halves, k_batch, buf)
         parts = [
@@ -367,16 +516,16 @@ class CurveEngine:
         buf: NDArray[np.float64],
     ) -> _Sweep:
         n = counts.shape[0]
-        lay = self.layout
+        lay, runs = self.layout, self.runs
         cf = halves is not None
         w = 2 * n if cf else n  # right-hand-side columns: the draws, then their fit halves
         nd = w + n if cf else w  # D columns: total, half 1, half 2
         rhs = buf[: self.n_groups * w].reshape(self.n_groups, w)
-        rhs[:, :n] = counts[:, lay.order].T
+        _transpose_into(rhs[:, :n], counts, lay.order)
         ts, tu = counts @ self.ts_g, counts @ self.tu_g
         if halves is not None:
             c1 = counts * halves
-            rhs[:, n:] = c1[:, lay.order].T
+            _transpose_into(rhs[:, n:], c1, lay.order)
             ts1, tu1 = c1 @ self.ts_g, c1 @ self.tu_g
             ts_all, tu_all = np.concatenate([ts, ts1]), np.concatenate([tu, tu1])
             ts2, tu2 = ts - ts1, tu - tu1
@@ -386,10 +535,11 @@ class CurveEngine:
         cs_prev = np.zeros(n)
         au2 = np.zeros(n)
         best = np.full(nd, -np.inf)
-        idx = np.zeros(nd, dtype=np.intp)
+        idx = np.zeros(nd, dtype=np.intp)  # the merged row of the best D
         at_s = np.zeros(nd)
         at_u = np.zeros(nd)
-        kb = np.zeros(n, dtype=np.intp) if k_batch is None else np.asarray(k_batch) - 1
+        kb = np.full(n, -1, dtype=np.intp) if k_batch is None else np.asarray(k_batch) - 1
+        rb = np.where(kb >= 0, runs.row_of[np.maximum(kb, 0)], -1) if runs.n_rows else kb
         batch_s, batch_u = np.zeros(n), np.zeros(n)
         rows_max = max((b.shape[0] // 2 for b in lay.blocks), default=0)
         dbuf = np.empty((rows_max, nd))
@@ -400,7 +550,8 @@ class CurveEngine:
             prod = np.asarray(blk @ rhs, dtype=np.float64)
             s, u = prod[:mb], prod[mb:]
             _cumsum_rows(s, carry[0])
-            # AUROC: sum_j wu_j (cs_j + cs_{j-1}), with wu before its cumulative sum
+            # AUROC: sum_j wu_j (cs_j + cs_{j-1}), with wu before its cumulative sum (a merged
+            # row of unsafe-only scores has cs_j = cs_{j-1} at each of them)
             au2 += np.einsum("jb,jb->b", u[:, :n], s[:, :n])
             au2 += np.einsum("jb,jb->b", u[1:, :n], s[:-1, :n]) + u[0, :n] * cs_prev
             cs_prev = s[-1, :n].copy()
@@ -435,13 +586,16 @@ class CurveEngine:
                     at_s[w + b2] = s[r2, n + b2]
                     at_u[w + b2] = u[r2, n + b2]
             if k_batch is not None:
-                sel = np.flatnonzero((kb >= j0) & (kb < j0 + mb))
+                sel = np.flatnonzero((rb >= j0) & (rb < j0 + mb))
                 if sel.size:
-                    batch_s[sel] = s[kb[sel] - j0, sel]
-                    batch_u[sel] = u[kb[sel] - j0, sel]
+                    batch_s[sel] = s[rb[sel] - j0, sel]
+                    batch_u[sel] = u[rb[sel] - j0, sel]
+        pos = self._first_best(counts, halves, best, idx, at_s, n)
+        if k_batch is not None:
+            self._batch_inside(counts, kb, rb, batch_s, batch_u)
 
         def cut_index(lo: int, hi: int) -> NDArray[np.intp]:
-            return np.where(best[lo:hi] > 0, idx[lo:hi] + 1, 0)
+            return np.where(best[lo:hi] > 0, pos[lo:hi] + 1, 0)
 
         k1, k2 = cut_index(n, w), cut_index(w, nd)  # empty without halves
         return _Sweep(
@@ -457,6 +611,69 @@ class CurveEngine:
             s1_at_k2=np.where(k2 == 0, 0.0, at_s[w:nd]),
             u1_at_k2=np.where(k2 == 0, 0.0, at_u[w:nd]),
         )
+
+    def _first_best(
+        self,
+        counts: NDArray[np.float64],
+        halves: NDArray[np.bool_] | None,
+        best: NDArray[np.float64],
+        idx: NDArray[np.intp],
+        at_s: NDArray[np.float64],
+        n: int,
+    ) -> NDArray[np.intp]:
+        """The unique score of the first best ``D`` per column, from its merged row ``idx``;
+        in place: ``at_s`` of a fitted half becomes the other half's safe weight at that score.
+
+        ``D`` grows along safe-only scores and shrinks along unsafe-only ones, so a positive
+        first maximum lies at the end of a merged row or, in a row of safe-only scores, at the
+        last of them with weight in the fitted draw (the scores after it add nothing to the
+        fitted ``D``); the other half's safe weight there is its weight at the row's end less
+        the weight of the row's later scores (integer sums: exact).
+        """
+        runs = self.runs
+        pos = runs.end[idx] if runs.n_rows else idx.copy()
+        fix = np.flatnonzero(
+            (best > 0) & runs.safe[idx] & (runs.start[idx] < runs.end[idx])
+            if runs.n_rows
+            else np.zeros(0, dtype=bool)
+        )
+        if fix.size == 0:
+            return pos
+        part = fix // n  # 0: the total, 1: fitted on half 1, 2: fitted on half 2
+        for h in range(3):
+            sel = fix[part == h]
+            if sel.size == 0:
+                continue
+            d, r = sel - h * n, idx[sel]
+            end = runs.end[r] + 1
+            fit = None if h == 0 else halves  # half 1: the groups in `halves`; half 2: the rest
+            p = runs.last_with_weight(counts, fit, h == 1, d, runs.start[r], end)
+            pos[sel] = p
+            if h > 0:
+                at_s[sel] -= runs.tail_sum(counts, halves, h == 2, d, p + 1, end)
+        return pos
+
+    def _batch_inside(
+        self,
+        counts: NDArray[np.float64],
+        kb: NDArray[np.intp],
+        rb: NDArray[np.intp],
+        batch_s: NDArray[np.float64],
+        batch_u: NDArray[np.float64],
+    ) -> None:
+        """In place: the cumulative weights at the batch cut's score ``kb`` where it lies inside
+        a merged row (one class only): the row's end value less its later scores' weight."""
+        runs = self.runs
+        if runs.n_rows == 0:
+            return
+        inside = np.flatnonzero((kb >= 0) & (kb < runs.end[np.maximum(rb, 0)]))
+        if inside.size == 0:
+            return
+        r = rb[inside]
+        tail = runs.tail_sum(counts, None, True, inside, kb[inside] + 1, runs.end[r] + 1)
+        sf = runs.safe[r]
+        batch_s[inside[sf]] -= tail[sf]
+        batch_u[inside[~sf]] -= tail[~sf]
 
     def cross_fit(
         self,
@@ -494,10 +711,12 @@ class CurveEngine:
         ts, tu = tot["ts"], tot["tu"]
         with np.errstate(invalid="ignore", divide="ignore"):
             batch_cut = (counts @ self.sum_g) / tot["cases"]
-        # the guard's own rule (S >= t, ties UNSAFE) on the sorted unique scores: the flagged
-        # ones are a suffix, so the cut index is the count of those not flagged
-        flagged = unsafe_mask(self.v[None, :], batch_cut[:, None])
-        k_batch = (~flagged).sum(axis=1)
+        # the guard's own rule (S >= t, ties UNSAFE; a cut that is not finite flags all) on the
+        # sorted unique scores: the flagged ones are a suffix, so the cut index is the count of
+        # those below t
+        k_batch = np.where(
+            np.isfinite(batch_cut), np.searchsorted(self.v, batch_cut, side="left"), 0
+        )
         sw = self._sweep(counts, halves, k_batch)
         with np.errstate(invalid="ignore", divide="ignore"):
             npairs = tot["pairs"]

@@ -140,25 +140,69 @@ def as_rng(rng: np.random.Generator | int | None) -> np.random.Generator:
     )
 
 
+#: elements of one sub-block of random numbers (the draws of a chunk are generated in
+#: sub-blocks of rows: the same stream as one call, see :func:`draw_group_counts`)
+_SUB_BLOCK = 2**21
+
+
+def _sub_rows(n_groups: int) -> int:
+    return max(1, _SUB_BLOCK // max(n_groups, 1))
+
+
+def _kth_smallest(r: NDArray[np.float64], k: int) -> NDArray[np.float64]:
+    """The ``k``-th smallest (1-based) value of each row of ``r`` (uniform numbers in [0, 1)).
+
+    Exactly ``np.partition(r, k - 1, axis=1)[:, k - 1]``, found in linear time with fewer
+    passes: the values in a narrow bracket around the row's ``k/G`` quantile (eight standard
+    deviations of that order statistic either side) are partitioned alone when the ``k``-th
+    smallest lies in it (counted); a row where it does not is partitioned whole.
+    """
+    nr, g = r.shape
+    q = k / g
+    half_width = 8.0 * math.sqrt(q * (1.0 - q) / g) + 4.0 / g
+    lo, hi = q - half_width, q + half_width
+    if hi - lo >= 0.5:  # few groups: the bracket saves nothing
+        return np.partition(r, k - 1, axis=1)[:, k - 1]
+    below = np.count_nonzero(r < lo, axis=1)
+    inside = (r >= lo) & (r <= hi)
+    n_in = np.count_nonzero(inside, axis=1)
+    cand = r[inside]  # row by row
+    first = np.cumsum(n_in) - n_in
+    out = np.empty(nr)
+    for i in range(nr):
+        j = k - int(below[i])
+        if 1 <= j <= n_in[i]:
+            out[i] = np.partition(cand[first[i] : first[i] + n_in[i]], j - 1)[j - 1]
+        else:
+            out[i] = np.partition(r[i], k - 1)[k - 1]
+    return out
+
+
 def random_halves(rng: np.random.Generator, n_draws: int, n_groups: int) -> NDArray[np.bool_]:
     """Boolean (n_draws, n_groups): True for a random ``floor(G/2)`` of the groups per row.
 
     The half is the ``floor(G/2)`` smallest of one ``rng.random((n_draws, n_groups))`` call per
-    row (the first ``floor(G/2)`` of its argsort); found by a partition (linear time), and by
-    the argsort itself in a row where a tie straddles the boundary, so the result is that of
-    the argsort in every case.
+    row (the first ``floor(G/2)`` of its argsort): the numbers are generated in sub-blocks of
+    rows (the same stream as that one call), the ``floor(G/2)``-th smallest of a row found in
+    linear time (:func:`_kth_smallest`), and the argsort itself is used in a row where a tie
+    straddles the boundary, so the result is that of the argsort in every case.
     """
-    r = rng.random((n_draws, n_groups))
     k = n_groups // 2
-    if k == 0:
-        return np.zeros((n_draws, n_groups), dtype=bool)
-    half = r <= np.partition(r, k - 1, axis=1)[:, k - 1 : k]
-    tied = np.flatnonzero(half.sum(axis=1) != k)
-    if tied.size:
-        ranks = np.argsort(r[tied], axis=1)
-        rows = np.zeros((tied.size, n_groups), dtype=bool)
-        np.put_along_axis(rows, ranks[:, :k], True, axis=1)
-        half[tied] = rows
+    half = np.zeros((n_draws, n_groups), dtype=bool)
+    step = _sub_rows(n_groups)
+    buf = np.empty((min(step, n_draws), n_groups))
+    for i in range(0, n_draws, step):
+        r = rng.random(out=buf[: min(step, n_draws - i)])
+        if k == 0:
+            continue
+        h = half[i : i + r.shape[0]]
+        np.less_equal(r, _kth_smallest(r, k)[:, None], out=h)
+        tied = np.flatnonzero(h.sum(axis=1) != k)
+        if tied.size:
+            ranks = np.argsort(r[tied], axis=1)
+            rows = np.zeros((tied.size, n_groups), dtype=bool)
+            np.put_along_axis(rows, ranks[:, :k], True, axis=1)
+            h[tied] = rows
     return half
 
 
@@ -176,20 +220,26 @@ def draw_group_counts(
 ) -> Iterator[NDArray[np.float64]]:
     """Yield ``(chunk, n_groups)`` arrays of group multiplicities (each row sums to ``n_groups``).
 
-    Each row counts ``n_groups`` groups drawn uniformly with replacement (one
-    ``rng.integers`` call per chunk, then a bincount per row: the multinomial(G, 1/G)
-    distribution, several times faster than ``rng.multinomial`` with ``size=``; a bincount per
-    row stays in cache and writes the float64 result once, where one bincount of the whole
-    chunk and its cast touch three chunk-sized arrays).
+    Each row counts ``n_groups`` groups drawn uniformly with replacement (the integers of one
+    ``rng.integers(0, G, size=(chunk, G))`` call per chunk, then a bincount per row: the
+    multinomial(G, 1/G) distribution, several times faster than ``rng.multinomial`` with
+    ``size=``; a bincount per row stays in cache and writes the float64 result once).  The
+    integers are generated in sub-blocks of rows, as int32: numpy draws a bounded integer of a
+    range below 2**32 from the generator's 32-bit stream whatever the dtype, one after another
+    (a rejected number is redrawn at once; half of a 64-bit output left over is kept in the bit
+    generator's state), so the sub-blocks give the same integers as the one call and leave
+    the generator in the same state; only a sub-block, not a (chunk, G) array of int64, is held.
     """
+    step = _sub_rows(n_groups)
+    dtype = np.int32 if n_groups <= 2**31 else np.int64
     done = 0
     while done < n_boot:
         b = min(chunk_size, n_boot - done)
-        picks = rng.integers(0, n_groups, size=(b, n_groups))
         out = np.empty((b, n_groups), dtype=np.float64)
-        for i in range(b):
-            out[i] = np.bincount(picks[i], minlength=n_groups)
-        del picks
+        for i0 in range(0, b, step):
+            picks = rng.integers(0, n_groups, size=(min(step, b - i0), n_groups), dtype=dtype)
+            for i in range(picks.shape[0]):
+                out[i0 + i] = np.bincount(picks[i], minlength=n_groups)
         yield out
         done += b
 
