@@ -106,15 +106,6 @@ def _float_array(values: ArrayLike | None, n: int, name: str) -> NDArray[np.floa
     return arr
 
 
-def _find(parent: NDArray[np.intp], i: int) -> int:
-    root = i
-    while parent[root] != root:
-        root = int(parent[root])
-    while parent[i] != root:  # path compression
-        parent[i], i = root, int(parent[i])
-    return root
-
-
 def _codes(ids: NDArray[np.object_]) -> tuple[NDArray[np.intp], int]:
     """Integer codes for non-empty ids (first-appearance order); -1 for ''."""
     lookup: dict[str, int] = {}
@@ -130,25 +121,36 @@ def group_codes(*ids: ArrayLike) -> NDArray[np.intp]:
 
     ``ids`` are string arrays of one length (e.g. contrast and situation ids; '' or None for
     none); codes run 0..G-1 in order of first appearance.  A case with no id is its own group.
+
+    Found by label propagation: every case starts with its own index; each round gives all
+    cases of an id the smallest label among them and then follows labels to their labels
+    (pointer jumping), until nothing changes; a component then carries its smallest index,
+    as a union-find with union by the smaller root would give.
     """
     cols = [_str_array(x, len(np.asarray(ids[0])), "ids") for x in ids]
     n = cols[0].size if cols else 0
-    parent = np.arange(n, dtype=np.intp)
+    label = np.arange(n, dtype=np.intp)
+    members = []  # per column: its cases with an id sorted by id, and where each id starts
     for col in cols:
-        codes, k = _codes(col)
-        first = np.full(k, -1, dtype=np.intp)
-        for i in range(n):
-            c = codes[i]
-            if c < 0:
-                continue
-            if first[c] < 0:
-                first[c] = i
-            else:
-                a, b = _find(parent, i), _find(parent, int(first[c]))
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
-    roots = np.array([_find(parent, i) for i in range(n)], dtype=np.intp)
-    _, inverse = np.unique(roots, return_inverse=True)
+        codes, _ = _codes(col)
+        rows = np.flatnonzero(codes >= 0)
+        rows = rows[np.argsort(codes[rows], kind="stable")]
+        if rows.size:
+            starts = np.flatnonzero(np.r_[True, np.diff(codes[rows]) != 0])
+            members.append((rows, starts, np.diff(np.r_[starts, rows.size])))
+    while members:
+        before = label.copy()
+        for rows, starts, sizes in members:
+            low = np.minimum.reduceat(label[rows], starts)
+            np.minimum.at(label, rows, np.repeat(low, sizes))
+        while True:
+            jumped = label[label]
+            if np.array_equal(jumped, label):
+                break
+            label = jumped
+        if np.array_equal(label, before):
+            break
+    _, inverse = np.unique(label, return_inverse=True)
     return np.asarray(inverse.reshape(-1), dtype=np.intp)
 
 
@@ -253,32 +255,37 @@ class CaseTable:
 
     @cached_property
     def pairs(self) -> Pairs:
-        """All safe x unsafe pairs within each contrast id."""
-        codes, _ = _codes(self.contrast_id)
-        order = np.lexsort((np.arange(len(self)), codes))
-        safe_l: list[NDArray[np.intp]] = []
-        unsafe_l: list[NDArray[np.intp]] = []
-        contrast_l: list[NDArray[np.intp]] = []
+        """All safe x unsafe pairs within each contrast id.
+
+        Pairs run contrast by contrast (in order of first appearance); within a contrast, safe
+        case by safe case (in row order), each with every unsafe case (in row order).
+        """
+        codes, k = _codes(self.contrast_id)
+        rows = np.flatnonzero(codes >= 0)
+        rows = rows[np.argsort(codes[rows], kind="stable")]  # by contrast, then row
+        lab = self.label[rows]
+        n_s = np.bincount(codes[rows], weights=lab == 0, minlength=k).astype(np.intp)
+        n_u = np.bincount(codes[rows], weights=lab == 1, minlength=k).astype(np.intp)
+        s_rows, u_rows = rows[lab == 0], rows[lab == 1]
+        u_first = np.cumsum(n_u) - n_u  # where each contrast's unsafe cases start in u_rows
+        reps = n_u[codes[s_rows]]  # every safe case meets all unsafe cases of its contrast
+        safe = np.repeat(s_rows, reps)
+        ends = np.cumsum(reps)
+        within = np.arange(safe.size, dtype=np.intp) - np.repeat(ends - reps, reps)
+        unsafe = u_rows[np.repeat(u_first[codes[s_rows]], reps) + within]
+        contrast = np.asarray(codes[safe], dtype=np.intp)
         weight = np.zeros(len(self), dtype=np.float64)
-        order = order[codes[order] >= 0]
-        bounds = np.flatnonzero(np.diff(codes[order])) + 1
-        for block in np.split(order, bounds) if order.size else []:
-            s = block[self.label[block] == 0]
-            u = block[self.label[block] == 1]
-            if s.size == 0 or u.size == 0:
-                continue
-            ss, uu = np.meshgrid(s, u, indexing="ij")
-            safe_l.append(ss.ravel())
-            unsafe_l.append(uu.ravel())
-            contrast_l.append(np.full(ss.size, codes[block[0]], dtype=np.intp))
-            weight[s] = u.size
-            weight[u] = s.size
-        if safe_l:
-            safe, unsafe = np.concatenate(safe_l), np.concatenate(unsafe_l)
-            contrast = np.concatenate(contrast_l)
-        else:
-            safe = unsafe = contrast = np.zeros(0, dtype=np.intp)
-        return Pairs(_readonly(safe), _readonly(unsafe), _readonly(contrast), _readonly(weight))
+        paired = (n_s > 0) & (n_u > 0)
+        s_in = s_rows[paired[codes[s_rows]]]
+        u_in = u_rows[paired[codes[u_rows]]]
+        weight[s_in] = n_u[codes[s_in]]
+        weight[u_in] = n_s[codes[u_in]]
+        return Pairs(
+            _readonly(safe.astype(np.intp)),
+            _readonly(unsafe.astype(np.intp)),
+            _readonly(contrast),
+            _readonly(weight),
+        )
 
     @cached_property
     def one_class_contrasts(self) -> tuple[str, ...]:
