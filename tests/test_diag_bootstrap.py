@@ -281,3 +281,33 @@ def test_sweep_across_blocks_and_sub_chunks_equals_naive_loop(decimals):
 def test_memory_budget_is_validated():
     with pytest.raises(DataError, match="memory_budget must be an integer >= 1"):
         group_bootstrap(simulate_log(40, rng=1), n_boot=10, memory_budget=0)
+
+
+@pytest.mark.parametrize("n_groups", [1, 2, 7, 301, 5000])
+def test_sub_blocks_give_the_stream_of_one_call(monkeypatch, n_groups):
+    # the counts and halves, generated in sub-blocks of rows, equal their one-call definitions
+    from spotstop.diagnostics import _resample
+
+    monkeypatch.setattr(_resample, "_SUB_BLOCK", 3 * n_groups + 1)  # sub-blocks of 3 rows
+    got, want = np.random.default_rng(3), np.random.default_rng(3)
+    for counts in draw_group_counts(n_groups, 23, got, 10):
+        b = counts.shape[0]
+        picks = want.integers(0, n_groups, size=(b, n_groups))
+        np.testing.assert_array_equal(counts, [np.bincount(p, minlength=n_groups) for p in picks])
+        half = random_halves(got, b, n_groups)
+        ranks = np.argsort(want.random((b, n_groups)), axis=1)[:, : n_groups // 2]
+        expect = np.zeros((b, n_groups), dtype=bool)
+        np.put_along_axis(expect, ranks, True, axis=1)
+        np.testing.assert_array_equal(half, expect)
+    assert got.bit_generator.state == want.bit_generator.state
+
+
+def test_merged_rows_hold_one_class_runs():
+    # neighbouring one-class scores form one row; a score with both classes stays alone
+    t = pairs_table([1.0, 2.0, 3.0, 5.0], [4.0, 5.0, 6.0, 7.0])
+    prep = CurveEngine.build(t, 0.0)
+    assert prep.v.tolist() == [1, 2, 3, 4, 5, 6, 7]
+    assert prep.runs.start.tolist() == [0, 3, 4, 5]
+    assert prep.runs.end.tolist() == [2, 3, 4, 6]
+    assert prep.runs.safe.tolist() == [True, False, False, False]
+    assert prep.runs.unsafe.tolist() == [False, True, False, True]

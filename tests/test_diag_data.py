@@ -173,3 +173,75 @@ def test_groups_union_find():
     assert t.n_groups == 3
     sub = t.subset([3, 4])
     assert sub.n_groups == 1 and list(sub.case_id) == ["d", "e"]
+
+
+def _naive_groups(*ids):
+    """Connected components by a plain union-find, codes in order of first appearance."""
+    n = len(ids[0])
+    parent = list(range(n))
+
+    def find(i):
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for col in ids:
+        first: dict[str, int] = {}
+        for i, v in enumerate(col):
+            if v:
+                j = first.setdefault(v, i)
+                a, b = find(i), find(j)
+                parent[max(a, b)] = min(a, b)
+    roots = [find(i) for i in range(n)]
+    code = {r: k for k, r in enumerate(sorted(set(roots)))}
+    return [code[r] for r in roots]
+
+
+def _naive_pairs(contrast, label):
+    safe, unsafe = [], []
+    order = list(dict.fromkeys(c for c in contrast if c))
+    for c in order:
+        rows = [i for i, x in enumerate(contrast) if x == c]
+        for s in (i for i in rows if label[i] == 0):
+            for u in (i for i in rows if label[i] == 1):
+                safe.append(s)
+                unsafe.append(u)
+    return safe, unsafe
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_vectorised_groups_and_pairs_equal_the_plain_loops(seed):
+    from spotstop.diagnostics import group_codes
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    k = int(rng.integers(1, 20))
+    ids = [
+        np.array(["" if rng.random() < 0.2 else f"i{rng.integers(0, k)}" for _ in range(n)])
+        for _ in range(int(rng.integers(1, 4)))
+    ]
+    assert group_codes(*ids).tolist() == _naive_groups(*ids)
+    label = rng.integers(0, 2, n)
+    t = CaseTable(
+        case_id=[f"x{i}" for i in range(n)],
+        label=label,
+        score=rng.normal(size=n),
+        contrast_id=ids[0],
+        situation_id=ids[-1],
+    )
+    safe, unsafe = _naive_pairs(ids[0].tolist(), label.tolist())
+    assert t.pairs.safe.tolist() == safe and t.pairs.unsafe.tolist() == unsafe
+    weight = np.zeros(n)
+    for s, u in zip(safe, unsafe, strict=True):
+        weight[s] += 1
+        weight[u] += 1
+    np.testing.assert_array_equal(t.pairs.weight, weight)
+
+
+def test_groups_along_a_long_chain():
+    from spotstop.diagnostics import group_codes
+
+    n = 2001  # cases i, i+1 share a contrast id or a situation id in turn: one component
+    contrast = [f"c{i // 2}" for i in range(n)]
+    situation = [f"s{(i + 1) // 2}" for i in range(n)]
+    assert set(group_codes(contrast, situation).tolist()) == {0}
