@@ -17,7 +17,7 @@ import json
 import math
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -36,9 +36,23 @@ from spotstop.guard._log_schema import (
     RecordError,
     to_epoch,
 )
-from spotstop.guard._record import SCHEMA_VERSION, DecisionRecord, record_from_row
+from spotstop.guard._record import (
+    _FIELDS,
+    SCHEMA_VERSION,
+    DecisionRecord,
+    _from_sql,
+    record_from_row,
+)
 
-__all__ = ["LogArrays", "LogReader", "export_columns", "log_arrays", "write_csv", "write_parquet"]
+__all__ = [
+    "LogArrays",
+    "LogReader",
+    "arrays_from_rows",
+    "export_columns",
+    "log_arrays",
+    "write_csv",
+    "write_parquet",
+]
 
 _PAGE_ROWS: Final = 1000  # rows per read page of DecisionLog.records
 _SITUATION_COLUMN: Final = COLUMNS.index("situation_id")
@@ -190,9 +204,24 @@ class LogArrays:
 
 
 def log_arrays(joined: Joined) -> LogArrays:
-    """The joined rows as aligned arrays (see :class:`LogArrays`)."""
+    """The joined records as aligned arrays (see :class:`LogArrays`)."""
     recs = [r for r, _ in joined]
-    n = len(recs)
+    cols = {f.name: [getattr(r, f.name) for r in recs] for f in _FIELDS}
+    return _arrays(cols, [lab for _, lab in joined])
+
+
+def arrays_from_rows(rows: Sequence[Sequence[Any]], review: Sequence[tuple[Any, ...]]) -> LogArrays:
+    """Rows of the ``decisions`` table (live or archived) and their review labels as aligned
+    arrays: :func:`log_arrays` without building a validated record per row (they were
+    validated when written), decoded column by column: twice as fast on a big log."""
+    cols = {
+        f.name: [_from_sql(f.metadata["codec"], r[i]) for r in rows] for i, f in enumerate(_FIELDS)
+    }
+    return _arrays(cols, list(review))
+
+
+def _arrays(cols: Mapping[str, list[Any]], review: list[tuple[Any, ...]]) -> LogArrays:
+    n = len(review)
 
     def obj(values: Iterable[Any]) -> np.ndarray:
         out = np.empty(n, dtype=object)
@@ -204,55 +233,53 @@ def log_arrays(joined: Joined) -> LogArrays:
             [math.nan if v is None else float(v) for v in values], dtype=np.float64
         ).reshape(n)
 
-    def names(get: Callable[[DecisionRecord], Any]) -> list[str]:
+    def names(col: list[Any]) -> list[str]:
         seen: dict[str, None] = {}
-        for r in recs:
-            seen.update(dict.fromkeys(get(r) or {}))
+        for d in col:
+            seen.update(dict.fromkeys(d or {}))
         return list(seen)
 
-    def scores(get: Callable[[DecisionRecord], dict[str, float] | None]) -> dict[str, np.ndarray]:
-        return {k: flt((get(r) or {}).get(k, math.nan) for r in recs) for k in names(get)}
+    def scores(col: list[Any]) -> dict[str, np.ndarray]:
+        return {k: flt((d or {}).get(k, math.nan) for d in col) for k in names(col)}
 
-    def flags(get: Callable[[DecisionRecord], dict[str, bool] | None]) -> dict[str, np.ndarray]:
-        def code(r: DecisionRecord, k: str) -> int:
-            d = get(r)
-            return -1 if d is None or k not in d else int(d[k])
-
+    def flags(col: list[Any]) -> dict[str, np.ndarray]:
         return {
-            k: np.array([code(r, k) for r in recs], dtype=np.int8).reshape(n) for k in names(get)
+            k: np.array(
+                [-1 if d is None or k not in d else int(d[k]) for d in col], dtype=np.int8
+            ).reshape(n)
+            for k in names(col)
         }
 
-    review = [lab for _, lab in joined]
     label_code = {"unsafe": 1, "safe": 0, None: -1}
     return LogArrays(
-        decision_id=obj(r.decision_id for r in recs),
-        time=flt(r.time for r in recs),
-        batch_id=obj(r.batch_id for r in recs),
-        situation_id=obj(r.situation_id for r in recs),
-        request=obj(r.request for r in recs),
-        image_sha256=obj(r.image_sha256 for r in recs),
-        fused=flt(r.fused_score for r in recs),
-        policy_score=flt(r.policy_score for r in recs),
-        threshold=flt(r.threshold for r in recs),
-        member_scores=scores(lambda r: r.member_scores),
-        member_scores_gray=scores(lambda r: r.member_scores_gray),
-        member_scores_text=scores(lambda r: r.member_scores_text),
-        guard_label=np.array([r.label == "UNSAFE" for r in recs], dtype=np.int8).reshape(n),
+        decision_id=obj(cols["decision_id"]),
+        time=flt(cols["time"]),
+        batch_id=obj(cols["batch_id"]),
+        situation_id=obj(cols["situation_id"]),
+        request=obj(cols["request"]),
+        image_sha256=obj(cols["image_sha256"]),
+        fused=flt(cols["fused_score"]),
+        policy_score=flt(cols["policy_score"]),
+        threshold=flt(cols["threshold"]),
+        member_scores=scores(cols["member_scores"]),
+        member_scores_gray=scores(cols["member_scores_gray"]),
+        member_scores_text=scores(cols["member_scores_text"]),
+        guard_label=np.array([x == "UNSAFE" for x in cols["label"]], dtype=np.int8).reshape(n),
         label=np.array([label_code[lab[0]] for lab in review], dtype=np.int8).reshape(n),
         contrast_id=obj(lab[1] for lab in review),
-        width=flt(r.width for r in recs),
-        height=flt(r.height for r in recs),
-        n_bytes=flt(r.n_bytes for r in recs),
-        image_format=obj(r.image_format for r in recs),
-        fail_closed=np.array([r.fail_closed for r in recs], dtype=bool).reshape(n),
-        policy=obj(r.policy for r in recs),
-        policy_kind=obj(r.policy_kind for r in recs),
-        policy_version=obj(r.policy_version for r in recs),
-        fusion_key=obj(r.fusion_key for r in recs),
-        cue_flags=flags(lambda r: r.cue_flags),
-        members_run=flags(lambda r: r.members_run),
-        bundle_id=obj(r.bundle_id for r in recs),
-        prompt_hash=obj(r.prompt_hash for r in recs),
+        width=flt(cols["width"]),
+        height=flt(cols["height"]),
+        n_bytes=flt(cols["n_bytes"]),
+        image_format=obj(cols["image_format"]),
+        fail_closed=np.array([bool(x) for x in cols["fail_closed"]], dtype=bool).reshape(n),
+        policy=obj(cols["policy"]),
+        policy_kind=obj(cols["policy_kind"]),
+        policy_version=obj(cols["policy_version"]),
+        fusion_key=obj(cols["fusion_key"]),
+        cue_flags=flags(cols["cue_flags"]),
+        members_run=flags(cols["members_run"]),
+        bundle_id=obj(cols["bundle_id"]),
+        prompt_hash=obj(cols["prompt_hash"]),
     )
 
 
@@ -534,12 +561,14 @@ class LogReader:
         )
         return None if row is None else bytes(row[0])
 
-    def _joined_rows(
+    def _joined_sql_rows(
         self,
         since: float | _dt.datetime | None,
         until: float | _dt.datetime | None,
         situation_id: str | None,
-    ) -> list[tuple[DecisionRecord, tuple[Any, ...]]]:
+    ) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+        """(row of the decisions table, review label tuple) of every decision, live and
+        archived, in log order."""
         where, params, keep = self._where(since, until, situation_id)
         sql = (
             f"{SELECT}, d.rowid, l.label, l.contrast_id, l.reviewer, l.time FROM decisions AS d "
@@ -566,14 +595,25 @@ class LogReader:
         n = len(COLUMNS)
         live = [(row[TIME_COLUMN], row[n], row[:n], tuple(row[n + 1 :])) for row in rows]
         if not infos:
-            return [(record_from_row(r[2]), r[3]) for r in live]
+            return [(r[2], r[3]) for r in live]
         none = (None, None, None, None)
         archived = [
             [(t, seq, row, labels.get(row[ID_COLUMN], none)) for t, seq, row in stream]
             for stream in self._iter_archived(infos, keep)
         ]
         merged = heapq.merge(*archived, live, key=lambda x: (x[0], x[1]))
-        return [(record_from_row(r[2]), r[3]) for r in merged]
+        return [(r[2], r[3]) for r in merged]
+
+    def _joined_rows(
+        self,
+        since: float | _dt.datetime | None,
+        until: float | _dt.datetime | None,
+        situation_id: str | None,
+    ) -> list[tuple[DecisionRecord, tuple[Any, ...]]]:
+        return [
+            (record_from_row(row), lab)
+            for row, lab in self._joined_sql_rows(since, until, situation_id)
+        ]
 
     def to_arrays(
         self,
@@ -582,7 +622,8 @@ class LogReader:
         situation_id: str | None = None,
     ) -> LogArrays:
         """The decisions (same filters as :meth:`records`) as aligned arrays with labels."""
-        return log_arrays(self._joined_rows(since, until, situation_id))
+        joined = self._joined_sql_rows(since, until, situation_id)
+        return arrays_from_rows([r for r, _ in joined], [lab for _, lab in joined])
 
     # -- export --------------------------------------------------------------------
 

@@ -223,3 +223,25 @@ def test_young_decisions_are_never_archived_by_default(tmp_path: Path) -> None:
         live = log._fetchall("SELECT time FROM decisions ORDER BY time", [])
         assert res.over_budget and len(live) == 10  # the last 10 minutes
         assert min(t for (t,) in live) >= T0 + 19 * 60 + 1 - 600
+
+
+def test_arrays_from_rows_are_the_arrays_of_the_records(big_log) -> None:
+    from spotstop.guard._log_read import log_arrays
+
+    log, _ = big_log
+    log.set_labels([(r.decision_id, "safe", "c", None) for r in list(log.records())[:40]])
+    log.apply_retention(Retention(max_bytes=log.used_bytes() // 2))
+    fast, slow = log.to_arrays(), log_arrays(log._joined_rows(None, None, None))
+    for f in dataclasses.fields(fast):
+        a, b = getattr(fast, f.name), getattr(slow, f.name)
+        if isinstance(a, dict):
+            assert a.keys() == b.keys()
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k])
+                assert a[k].dtype == b[k].dtype
+        else:
+            assert a.dtype == b.dtype, f.name
+            if a.dtype == object:
+                assert list(a) == list(b), f.name
+            else:
+                np.testing.assert_array_equal(a, b)  # NaN equals NaN here
