@@ -47,9 +47,8 @@ from spotstop.diagnostics._results import ConfidenceInterval, Estimate
 from spotstop.guard import DecisionLog, GuardError
 from spotstop.guard._labels import LabelsFileError, read_reviewed
 from spotstop.guard._log_archive import archive_folder, read_archive_file
-from spotstop.guard._log_read import LogArrays, log_arrays
+from spotstop.guard._log_read import LogArrays, arrays_from_rows
 from spotstop.guard._log_schema import PolicyRow
-from spotstop.guard._record import record_from_row
 
 __all__ = ["FleetCheck", "FleetRobot", "expand_inputs", "read_fleet"]
 
@@ -101,9 +100,9 @@ def _read_part(path: Path) -> _Part:
     try:
         if path.suffix == ".parquet":
             af = read_archive_file(path)
-            joined = [(record_from_row(r), (None, None, None, None)) for r in af.rows]
+            arrays = arrays_from_rows(af.rows, [(None, None, None, None)] * len(af.rows))
             robot = af.robot_id or robot_of_path(path)
-            return _Part(path, log_arrays(joined), robot, af.policies, len(af.rows), 1)
+            return _Part(path, arrays, robot, af.policies, len(af.rows), 1)
         with DecisionLog(path) as log:
             infos = log.archives()
             return _Part(
