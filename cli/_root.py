@@ -137,6 +137,8 @@ MODULE_EXTRAS: dict[str, str] = {
     "cv2": "cues",
     "tensorrt": "gpu",
     "cuda": "gpu",
+    "ray": "ray",
+    "pandas": "ray",
 }
 
 _DESCRIPTION = """\
