@@ -19,9 +19,12 @@ from typing import Any
 __all__ = [
     "add_backend_args",
     "add_check_parser",
+    "add_ray_args",
     "add_score_parser",
     "add_serve_parser",
     "backend_device",
+    "ray_engine",
+    "ray_threads",
     "run_check",
     "run_score",
     "run_serve",
@@ -377,9 +380,95 @@ def run_serve(args: argparse.Namespace) -> int:
 
 # ---- score -----------------------------------------------------------------------------------
 
+_SCORE_EPILOG = """\
+Many scenes: IMAGE may be a folder of JPEG/PNG/WebP images (sorted by path; --request is
+their request) or a CSV image,request[,situation_id] (image paths relative to the CSV). Every
+image is decoded first (a refused one stops the run, naming it). The scores go to --out FILE
+(.csv or .jsonl) or to stdout (CSV; JSONL with --json), one row per scene and variant, in
+input order, with the columns
+  scene,image,image_sha256,request,situation_id,member,variant,score,prompt_hash
+(scene: the 0-based input position; score: s, empty in CSV / null in JSONL where the member
+gave a non-finite score, with a warning). A progress bar counts scenes on stderr.
+
+Ray (pip install 'spotstop[ray]'): --ray scores the scenes as a Ray Data map_batches with one
+member per actor. --ray alone connects to $RAY_ADDRESS, else starts a local Ray; --ray auto
+joins the cluster `ray start --head` started on this machine; --ray ray://HOST:10001 a remote
+one (Ray Client). Every node must read the member folder and the images at the same paths.
+Put IMAGE before a bare --ray (or write --ray=ADDRESS).
+
+examples:
+  spotstop score --member tiny/tiny-qwen3_5 scene.jpg --request "open the door"
+  spotstop score --member tiny/tiny-qwen3_5 scenes.csv --out scores.csv
+  spotstop score --member M frames/ --request "pick up the knife" --out s.jsonl --ray auto
+"""
+
+
+def add_ray_args(p: Any) -> None:
+    """``--ray [ADDRESS]``, ``--actors``, ``--cpus-per-actor``, ``--gpus-per-actor``: scoring
+    many scenes on Ray (``score``, ``reliance``, ``select``); see :func:`ray_engine`."""
+    p.add_argument(
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help="score on Ray (the ray extra), one member per actor: $RAY_ADDRESS or a local "
+        "Ray, 'auto', or ray://HOST:10001",
+    )  # fmt: skip
+    p.add_argument(
+        "--actors", type=int, default=None, metavar="N",
+        help="Ray actors per member (default: the cluster's CPUs / --cpus-per-actor)",
+    )  # fmt: skip
+    p.add_argument(
+        "--cpus-per-actor", type=float, default=1.0, metavar="C",
+        help="CPUs Ray reserves per actor, and the member's threads (default 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--gpus-per-actor", type=float, default=0.0, metavar="G",
+        help="GPUs Ray reserves per actor (default 0; give one with --device cuda)",
+    )  # fmt: skip
+
+
+def ray_threads(args: argparse.Namespace, threads: int | None = None) -> int | None:
+    """A member's CPU threads: ``threads`` when given, else on Ray the actor's CPUs."""
+    if threads is None and args.ray is not None:
+        return max(1, int(args.cpus_per_actor))
+    return threads
+
+
+def ray_engine(args: argparse.Namespace, chunk_size: int | None = None) -> Any:
+    """The Ray engine of :func:`add_ray_args`' flags, or None without ``--ray``.
+
+    Building it imports Ray (a missing extra raises its ImportError, which the CLI turns into
+    the install hint) but connects to nothing yet. Raises ConfigError for flags that need
+    ``--ray`` without it, and for a CUDA device on actors that reserve no GPU.
+    """
+    from spotstop.guard._errors import ConfigError
+
+    if args.ray is None:
+        if args.actors is not None or args.gpus_per_actor:
+            raise ConfigError(
+                "--actors and --gpus-per-actor go with --ray (without it the members score "
+                "in this process)."
+            )
+        return None
+    if str(args.device).startswith("cuda") and not args.gpus_per_actor:
+        raise ConfigError(
+            f"--device {args.device} on Ray needs GPUs reserved per actor: add "
+            "--gpus-per-actor 1 (or a share, e.g. 0.5 for two actors per GPU)."
+        )
+    from spotstop.guard._batch import get_engine
+
+    settings = {} if chunk_size is None else {"chunk_size": chunk_size}
+    return get_engine(
+        "ray",
+        address=args.ray or None,
+        actors=args.actors,
+        cpus_per_actor=args.cpus_per_actor,
+        gpus_per_actor=args.gpus_per_actor,
+        **settings,
+    )
+
 
 def add_score_parser(sub: Any) -> None:
-    """``spotstop score``: one member's teacher-forced score (torch reference backend)."""
+    """``spotstop score``: one member's teacher-forced score (torch reference backend) of one
+    scene, or of many (a folder or a CSV), in this process or on Ray."""
     p = sub.add_parser(
         "score",
         help="print one member's teacher-forced score of a scene",
@@ -388,14 +477,27 @@ def add_score_parser(sub: Any) -> None:
             "the answers appended right after the member's own generation prompt (reasoning "
             "off) and summed over their tokens. s > 0 is the member's direct answer UNSAFE. "
             "Prints the score and the prompt hash (which identifies prompt, answers and chat "
-            "template). Uses the torch reference backend."
+            "template). Uses the torch reference backend. IMAGE may also be a folder of images "
+            "or a CSV of scenes: then a table of scores is written (see below)."
         ),
+        epilog=_SCORE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("image", type=Path, help="the camera image (JPEG, PNG or WebP)")
+    p.add_argument(
+        "image",
+        type=Path,
+        metavar="IMAGE",
+        help="the camera image (JPEG, PNG or WebP), a folder of images, or a CSV "
+        "image,request[,situation_id]",
+    )
     p.add_argument(
         "--member", required=True, help="member folder (Hugging Face snapshot) or hub id"
     )
-    p.add_argument("--request", required=True, help="what the robot was asked to do")
+    p.add_argument(
+        "--request",
+        default=None,
+        help="what the robot was asked to do (one image or a folder; a CSV has a request per row)",
+    )
     p.add_argument(
         "--config", type=Path, default=None, help="scoring YAML (prompt, answers, image size)"
     )
@@ -421,17 +523,41 @@ def add_score_parser(sub: Any) -> None:
     p.add_argument("--revision", default=None, help="hub revision when --member is a hub id")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text (many: JSONL)")
+    many = p.add_argument_group("many scenes (IMAGE a folder or a CSV)")
+    many.add_argument(
+        "--out", type=Path, default=None, metavar="FILE",
+        help="write the scores to FILE.csv or FILE.jsonl (default: stdout)",
+    )  # fmt: skip
+    add_ray_args(many)
+    many.add_argument(
+        "--chunk-size", type=int, default=16, metavar="N",
+        help="scenes per chunk (a Ray batch) (default 16)",
+    )  # fmt: skip
+    many.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
     p.set_defaults(func=run_score)
 
 
 def run_score(args: argparse.Namespace) -> int:
     """Run ``spotstop score``."""
     from spotstop.guard._config import ScoringConfig, load_scoring_config, parse_image_size
+    from spotstop.guard._errors import ConfigError
     from spotstop.guard._image import decode_image
     from spotstop.guard._member import load_member
     from spotstop.guard._types import Scene
 
+    if args.image.is_dir() or args.image.suffix.lower() == ".csv":
+        return _run_score_many(args)
+    flags = (("--out", args.out), ("--ray", args.ray), ("--actors", args.actors))
+    given = [f for f, v in flags if v is not None]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with many scenes; "
+            f"{args.image} is one image. Pass a "
+            "folder of images or a CSV image,request[,situation_id]."
+        )
+    if args.request is None:
+        raise ConfigError("--request is required: what the robot was asked to do.")
     cfg = load_scoring_config(args.config) if args.config else ScoringConfig()
     size = parse_image_size(args.image_size, "--image-size") if args.image_size else None
     image = decode_image(args.image)  # bad images fail before any model is loaded
@@ -470,4 +596,60 @@ def run_score(args: argparse.Namespace) -> int:
             verdict = "UNSAFE" if r.score > 0 else "SAFE"
             print(f"{member.name}  {r.variant:5s}  score {r.score:+.6f}  (direct answer {verdict})")
         print(f"prompt_hash {member.prompt_hash}")
+    return 0
+
+
+def _run_score_many(args: argparse.Namespace) -> int:
+    """``spotstop score FOLDER|CSV``: a table of scores, on the local or the Ray engine."""
+    import functools
+
+    from spotstop.guard._batch import MemberRef, get_engine, score_scenes
+    from spotstop.guard._config import ScoringConfig, load_scoring_config, parse_image_size
+    from spotstop.guard._errors import ConfigError
+    from spotstop.guard._hf import resolve_member
+    from spotstop.guard._member import load_member
+    from spotstop.guard._scene_table import read_scene_table, write_scores
+
+    fmt = "jsonl" if args.json else "csv"
+    if args.out is not None:
+        fmt = {".csv": "csv", ".jsonl": "jsonl"}.get(args.out.suffix.lower(), "")
+        if not fmt:
+            raise ConfigError(f"--out must end in .csv or .jsonl; got {str(args.out)!r}.")
+    if args.chunk_size < 1:
+        raise ConfigError(f"--chunk-size must be >= 1; got {args.chunk_size}.")
+    engine = ray_engine(args, args.chunk_size)  # Ray flags checked before any image is read
+    cfg = load_scoring_config(args.config) if args.config else ScoringConfig()
+    size = parse_image_size(args.image_size, "--image-size") if args.image_size else None
+    table = read_scene_table(args.image, args.request)  # bad images fail before any model
+    load = functools.partial(
+        load_member,
+        args.member,
+        config=cfg,
+        image_size=size,
+        visual_tokens=args.visual_tokens,
+        revision=args.revision,
+        device=args.device,
+        dtype=args.dtype,
+        threads=ray_threads(args),
+    )
+    if engine is None:
+        member = load()
+        ref = MemberRef(member.name, load, loaded=member)
+        engine = get_engine("local", chunk_size=args.chunk_size)
+    else:  # the member loads in the actors; find its folder here, so a bad one fails now
+        folder = resolve_member(args.member, revision=args.revision)
+        ref = MemberRef(Path(folder.path).name, load)
+    res = score_scenes(table, [ref], args.variant or ["scene"], engine=engine,
+                       progress=not args.quiet)  # fmt: skip
+    write_scores(table, res, sys.stdout if args.out is None else args.out, fmt)
+    run = res.members[ref.name]
+    if run.test_pair:
+        print("TEST PAIR member: its scores mean nothing.", file=sys.stderr)
+    if not args.quiet:
+        where = "stdout" if args.out is None else str(args.out)
+        print(
+            f"scored {res.n} scene(s) × {len(res.variants)} variant(s) with {ref.name} (prompt "
+            f"{run.prompt_hash}) on the {res.engine} engine in {res.seconds:.1f} s; wrote {where}",
+            file=sys.stderr,
+        )
     return 0

@@ -1,0 +1,236 @@
+"""Many scenes to score offline: a folder of images or a CSV, and the table of their scores.
+
+* :func:`read_scene_table`: a folder of JPEG/PNG/WebP images (sorted by path, one request for
+  all) or a CSV ``image,request[,situation_id]`` (image paths relative to the CSV's folder, or
+  absolute). Every image is decoded the way the guard decodes it, so a scene it would refuse
+  is an error here, naming the row, before any model is loaded; its sha256 is recorded.
+* :class:`SceneTable`: the scenes by index (:meth:`SceneTable.scenes`), small to pickle, so an
+  engine may read the images where it scores them (a Ray worker; the images must be readable
+  at the same paths there). A file whose bytes changed since it was read is refused.
+* :func:`write_scores`: one row per scene and variant, CSV or JSONL (:data:`SCORE_COLUMNS`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from spotstop.guard._errors import ConfigError, ImageError
+from spotstop.guard._types import Scene
+
+if TYPE_CHECKING:
+    from spotstop.guard._batch import BatchScores
+
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "SCORE_COLUMNS",
+    "SceneRow",
+    "SceneTable",
+    "read_scene_table",
+    "write_scores",
+]
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
+
+#: the columns of :func:`write_scores`, in order (JSONL: the same keys)
+SCORE_COLUMNS = (
+    "scene",
+    "image",
+    "image_sha256",
+    "request",
+    "situation_id",
+    "member",
+    "variant",
+    "score",
+    "prompt_hash",
+)
+
+
+@dataclass(frozen=True)
+class SceneRow:
+    """One scene of a table: ``image`` as the input names it (the CSV's cell, or the path
+    relative to the folder), ``path`` the file read, ``sha256`` of its bytes when read."""
+
+    image: str
+    path: Path
+    request: str
+    situation_id: str | None
+    sha256: str
+
+
+@dataclass(frozen=True)
+class SceneTable:
+    """Scenes to score, in input order (a folder sorted by path, a CSV in row order)."""
+
+    rows: tuple[SceneRow, ...]
+    source: Path
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __repr__(self) -> str:
+        return f"SceneTable({self.source}, n={len(self)})"
+
+    def scenes(self, indices: Sequence[int]) -> list[Scene]:
+        """The scenes at ``indices``, their images decoded now (wherever this runs)."""
+        from spotstop.guard._image import decode_image
+
+        out = []
+        for i in indices:
+            row = self.rows[int(i)]
+            img = decode_image(row.path)
+            if img.sha256 != row.sha256:
+                raise ImageError(
+                    f"{row.path} changed since the scene table was read (sha256 "
+                    f"{img.sha256[:12]}…, was {row.sha256[:12]}…); on a cluster every node "
+                    "must read the same files. Score again once the images are settled."
+                )
+            out.append(Scene(img, row.request, row.situation_id))
+        return out
+
+
+def read_scene_table(source: str | os.PathLike[str], request: str | None = None) -> SceneTable:
+    """Read a folder of images (``request`` for every scene) or a CSV
+    ``image,request[,situation_id]`` (``request`` must then be None), and decode every image."""
+    p = Path(source)
+    if p.is_dir():
+        if request is None or not request.strip():
+            raise ConfigError(
+                f"{p} is a folder of images: give the request its scenes share with --request "
+                "(or score a CSV image,request[,situation_id] with a request per scene)."
+            )
+        files = sorted(
+            f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES
+        )
+        if not files:
+            raise ConfigError(f"the folder {p} holds no JPEG, PNG or WebP image.")
+        cells: list[tuple[str, str, Path, str, str | None]] = [
+            (str(f), f.relative_to(p).as_posix(), f, request, None) for f in files
+        ]
+    elif p.is_file() and p.suffix.lower() == ".csv":
+        if request is not None:
+            raise ConfigError(
+                f"{p} is a CSV with a request per scene; drop --request (it is for one image "
+                "or a folder of images)."
+            )
+        cells = _csv_cells(p)
+    else:
+        raise ConfigError(
+            f"{p} is not a folder of images or a .csv file; pass one image, a folder of "
+            "JPEG/PNG/WebP images or a CSV image,request[,situation_id]."
+        )
+    return SceneTable(rows=tuple(_decoded_row(*c) for c in cells), source=p)
+
+
+def _decoded_row(
+    where: str, name: str, path: Path, request: str, situation_id: str | None
+) -> SceneRow:
+    from spotstop.guard._image import ImageRefused, decode_image
+
+    try:
+        img = decode_image(path)
+    except ImageRefused as e:
+        raise ImageError(f"{where}: the guard refuses this image: {e}") from e
+    return SceneRow(
+        image=name, path=path, request=request, situation_id=situation_id, sha256=img.sha256
+    )
+
+
+def _csv_cells(path: Path) -> list[tuple[str, str, Path, str, str | None]]:
+    """(where, image cell, image path, request, situation_id) per data row, checked."""
+    required, optional = ("image", "request"), ("situation_id",)
+    out = []
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        missing = [c for c in required if c not in header]
+        extra = [c for c in header if c not in required + optional]
+        if missing or extra:
+            raise ConfigError(
+                f"{path}: the header must be image,request[,situation_id]; got "
+                f"{','.join(header) or 'no header'}"
+                + (f" (missing {', '.join(missing)})" if missing else "")
+                + (f" (unknown {', '.join(extra)})" if extra else "")
+                + "."
+            )
+        reader.fieldnames = header
+        for row_no, row in enumerate(reader, start=1):
+            where = f"{path}, row {row_no} (line {reader.line_num})"
+            if None in row:
+                raise ConfigError(f"{where}: more cells than header columns; check the quoting.")
+            cells = {c: (row[c] or "").strip() for c in header if row[c] is not None}
+            if len(cells) != len(header):
+                raise ConfigError(f"{where}: the row is too short; every column needs a cell.")
+            if not cells["image"]:
+                raise ConfigError(f"{where}, column 'image': a file name is required.")
+            if not cells["request"]:
+                raise ConfigError(f"{where}, column 'request': the request text is empty.")
+            img = Path(cells["image"])
+            img = img if img.is_absolute() else path.parent / img
+            if not img.is_file():
+                raise ConfigError(
+                    f"{where}, column 'image': {str(img)!r} does not exist; paths are relative "
+                    "to the CSV's folder."
+                )
+            out.append(
+                (where, cells["image"], img, cells["request"], cells.get("situation_id") or None)
+            )
+    if not out:
+        raise ConfigError(f"{path}: no data rows after the header.")
+    return out
+
+
+def _records(table: SceneTable, scores: BatchScores) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for i, row in enumerate(table.rows):
+        for name, run in scores.members.items():
+            for variant in scores.variants:
+                s = float(run.scores[variant][i])
+                out.append(
+                    {
+                        "scene": i,
+                        "image": row.image,
+                        "image_sha256": row.sha256,
+                        "request": row.request,
+                        "situation_id": row.situation_id,
+                        "member": name,
+                        "variant": variant,
+                        "score": s if math.isfinite(s) else None,
+                        "prompt_hash": run.prompt_hash,
+                    }
+                )
+    return out
+
+
+def write_scores(
+    table: SceneTable, scores: BatchScores, out: IO[str] | str | os.PathLike[str], fmt: str
+) -> None:
+    """Write one row per scene, member and variant (scene order, then member, then variant),
+    with the columns :data:`SCORE_COLUMNS`, as ``fmt`` ``"csv"`` or ``"jsonl"``.
+
+    A non-finite score (the member failed on that scene) is an empty cell in CSV and ``null``
+    in JSONL, never a number; ``situation_id`` likewise when the scene has none.
+    """
+    if fmt not in ("csv", "jsonl"):
+        raise ConfigError(f"the scores' format must be csv or jsonl; got {fmt!r}.")
+    records = _records(table, scores)
+    buf = io.StringIO()
+    if fmt == "csv":
+        w = csv.DictWriter(buf, fieldnames=SCORE_COLUMNS, lineterminator="\n")
+        w.writeheader()
+        w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in records)
+    else:
+        buf.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
+    if isinstance(out, str | os.PathLike):
+        from spotstop.guard._files import atomic_write_text
+
+        atomic_write_text(Path(out), buf.getvalue())
+    else:
+        out.write(buf.getvalue())

@@ -1,0 +1,63 @@
+"""Scorers without a model, for the scoring engines' tests (light to import: a Ray worker
+imports this module to build them)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from spotstop.guard import MemberScore, Scene
+from spotstop.guard._image import DecodedImage
+
+
+class RequestNumber:
+    """s = the number at the end of the request ("scene 7" → 7.0); NaN for a request that
+    ends in "fail" (a member that fails on that scene)."""
+
+    prompt_hash = "numbers-hash"
+
+    def __init__(self, name: str = "numbers") -> None:
+        self.name = name
+
+    def score(
+        self, scenes: Sequence[Scene], variant: str = "scene", *, strict: bool = True
+    ) -> list[MemberScore]:
+        out = []
+        for s in scenes:
+            last = s.request.rsplit(" ", 1)[-1]
+            v = math.nan if last == "fail" else float(last) + (0.5 if variant == "text" else 0.0)
+            out.append(MemberScore(self.name, variant, v, self.prompt_hash, 0, True))  # type: ignore[arg-type]
+        return out
+
+
+class PixelHash:
+    """s = a number drawn from the sha256 of the scene's image bytes: equal scores mean equal
+    pixels (an edit rendered in a Ray worker as on the driver)."""
+
+    name = "pixels"
+    prompt_hash = "pixels-hash"
+
+    def score(
+        self, scenes: Sequence[Scene], variant: str = "scene", *, strict: bool = True
+    ) -> list[MemberScore]:
+        out = []
+        for s in scenes:
+            img = s.image
+            digest = (
+                img.sha256
+                if isinstance(img, DecodedImage)
+                else hashlib.sha256(bytes(img)).hexdigest()  # type: ignore[arg-type]
+            )
+            v = int(digest[:8], 16) / 2**32
+            out.append(MemberScore(self.name, "scene", v, self.prompt_hash, 0, True))
+        return out
+
+
+def load_numbers(source: str | os.PathLike[str], **settings: Any) -> RequestNumber:
+    """Stands in for :func:`spotstop.guard.load_member`: a :class:`RequestNumber` named after
+    the member folder, as ``load_member`` names a member."""
+    return RequestNumber(Path(source).name)
