@@ -25,6 +25,7 @@ from spotstop.diagnostics.cues._reliance import GuardSpec, estimate_reliance
 from spotstop.diagnostics.cues._results import RelianceResult
 from spotstop.diagnostics.cues._scoring import MemberSpec, ScoreTable, score_edit_set
 from spotstop.diagnostics.cues._source import SourceSet
+from spotstop.guard._batch import Engine
 
 __all__ = ["CandidateSet", "RelianceRun", "load_candidates", "measure_reliance"]
 
@@ -166,12 +167,16 @@ def measure_reliance(
     rng: np.random.Generator | int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool = False,
+    engine: Engine | None = None,
 ) -> RelianceRun:
-    """Plan the edits, score them with every member (cache first), and estimate reliance for
-    the members, their Avg-2 pairs (``pairs=True``) and the guards."""
+    """Plan the edits, score them with every member (cache first; the rest on ``engine``,
+    default in this process), and estimate reliance for the members, their Avg-2 pairs
+    (``pairs=True``) and the guards."""
     t0 = time.perf_counter()
     edits = plan_edits(source, seed=seed)
-    table = score_edit_set(edits, candidates.members, cache_dir=cache_dir, progress=progress)
+    table = score_edit_set(
+        edits, candidates.members, cache_dir=cache_dir, progress=progress, engine=engine
+    )
     result = estimate_reliance(
         table,
         pairs=candidates.pairs if pairs else (),

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spotstop.guard._cli import add_ray_args
+
 __all__ = [
     "add_reliance_parser",
     "add_select_parser",
@@ -37,6 +39,11 @@ control, averaged over the four templates (seed 002, Eq. 2), with a group-bootst
 A member's error is its probability of the wrong answer (sigma(s) for P(UNSAFE)) and also its
 hard-answer error (s > 0 is UNSAFE); the guard's error is the error of its decisions (its
 fusion, policy and tie rule, each probe scene as one check without a situation).
+
+With --ray the edited scenes are scored on a Ray cluster (pip install 'spotstop[ray]'): a Ray
+Data map_batches per member, one member per actor, each actor rendering the edits it scores;
+the scores and the cache are those of a local run. Every node must read the candidates and the
+source images at the same paths.
 
 Writes OUT/reliance.json: candidates[name][cue] with reliance, placebo, source_error as
 {"value","ci","n"} (names: the members and "guard"). Member scores are cached per member,
@@ -70,7 +77,7 @@ source scenes), and each bundle's guard as deployed. Each is ranked by its predi
 E = source error + sum over cues of reliance * misleading share (seed 002, Eq. 1), on the
 hard-answer scale shared by members, pairs and guards; the ranking by source error alone is
 printed beside it, with where SRA changes it and why. Reliance runs as `spotstop reliance`
-(cached per member), the shift as `spotstop shift`.
+(cached per member; --ray scores the edits on a Ray cluster), the shift as `spotstop shift`.
 
 Writes OUT/reliance.json, OUT/shift.json and OUT/select.json (candidates in rank order with
 name, predicted_error {"value","ci"}, source_error and rank_by_source_error).
@@ -104,6 +111,7 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None,
                    help="override the bundle's backend (onnx, tensorrt, torch)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads per member")
+    add_ray_args(p)
 
 
 def _add_frames(p: argparse.ArgumentParser) -> None:
@@ -261,9 +269,12 @@ def _shift(args: argparse.Namespace, rng: Any, detector: Any) -> Any:
 def _reliance(args: argparse.Namespace, folders: list[str], pairs: bool, rng: Any) -> Any:
     from spotstop.diagnostics.cues._candidates import load_candidates, measure_reliance
     from spotstop.diagnostics.cues._source import read_source_set
+    from spotstop.guard._cli import ray_engine, ray_threads
 
+    engine = ray_engine(args)  # Ray flags checked before any scene is read
     source = read_source_set(args.source)
-    cands = load_candidates(folders, device=args.device, backend=args.backend, threads=args.threads)
+    threads = ray_threads(args, args.threads)
+    cands = load_candidates(folders, device=args.device, backend=args.backend, threads=threads)
     return measure_reliance(
         cands,
         source,
@@ -273,6 +284,7 @@ def _reliance(args: argparse.Namespace, folders: list[str], pairs: bool, rng: An
         rng=rng,
         cache_dir=_cache_dir(args),
         progress=not args.quiet,
+        engine=engine,
     ).result
 
 

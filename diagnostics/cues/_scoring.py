@@ -5,6 +5,10 @@ pixels and requests of the scenes, so they are cached per member, prompt hash an
 :attr:`EditSet.digest` (one JSON file each). Reliance and source error are computed from the
 scores (a fraction of a second), so with a warm cache a new deployment costs only the
 detector's pass over its frames (seed 002: each model is measured once).
+
+The scores that are not cached come from a scoring engine (:mod:`spotstop.guard._batch`): in
+this process by default, or on a Ray cluster (``engine=get_engine("ray", ...)``, ``--ray`` on
+the command line), where each actor loads one member and renders the edits it scores.
 """
 
 from __future__ import annotations
@@ -14,24 +18,22 @@ import json
 import math
 import os
 import re
-import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics.cues._edits import EditSet
-from spotstop.guard import MemberScore, Scene
+from spotstop.guard import Scene
+from spotstop.guard._batch import Engine, LocalEngine, MemberRef, Scorer, warn_non_finite
 from spotstop.guard._files import atomic_write_text
-from spotstop.guard._types import Variant
 
 __all__ = [
     "CACHE_VERSION",
+    "EditScenes",
     "MemberSpec",
     "MemberTiming",
     "ScoreTable",
@@ -40,20 +42,6 @@ __all__ = [
 ]
 
 CACHE_VERSION = 1
-
-
-class Scorer(Protocol):
-    """What scores scenes: :class:`spotstop.guard.Member` (or a test double)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def prompt_hash(self) -> str: ...
-
-    def score(
-        self, scenes: Sequence[Scene], variant: Variant = "scene", *, strict: bool = True
-    ) -> list[MemberScore]: ...
 
 
 @dataclass(frozen=True)
@@ -101,6 +89,20 @@ class ScoreTable:
     def __repr__(self) -> str:
         names = ", ".join(f"{m} ({self.prompt_hashes[m]})" for m in self.scores)
         return f"ScoreTable({len(self.edits)} scenes × [{names}])"
+
+
+@dataclass(frozen=True)
+class EditScenes:
+    """An edit set as a scene source for a scoring engine: scenes rendered on demand, where
+    the engine scores them (a Ray actor renders its own chunks)."""
+
+    edits: EditSet
+
+    def __len__(self) -> int:
+        return len(self.edits)
+
+    def scenes(self, indices: Sequence[int]) -> list[Scene]:
+        return [Scene(img, r.request) for r, img in self.edits.images([int(i) for i in indices])]
 
 
 def _slug(name: str) -> str:
@@ -153,11 +155,14 @@ def score_edit_set(
     cache_dir: str | os.PathLike[str] | None = None,
     chunk_size: int = 16,
     progress: bool = False,
+    engine: Engine | None = None,
 ) -> ScoreTable:
     """Score every scene of ``edits`` with every member (from the cache where it has them).
 
-    A tqdm bar counts scenes while scoring. A non-finite score is kept as NaN (the guard
-    fails such a scene closed) and reported with a warning.
+    The members the cache lacks are scored on ``engine`` (default: in this process, in
+    chunks of ``chunk_size`` scenes; a Ray engine has its own chunk size), and their scores
+    cached. A tqdm bar counts scenes while scoring. A non-finite score is kept as NaN (the
+    guard fails such a scene closed) and reported with a warning.
     """
     if chunk_size < 1:
         raise DataError(f"chunk_size must be >= 1; got {chunk_size!r}.")
@@ -169,7 +174,7 @@ def score_edit_set(
     scores: dict[str, NDArray[np.float64]] = {}
     hashes: dict[str, str] = {}
     timings: dict[str, MemberTiming] = {}
-    todo: list[tuple[MemberSpec, Scorer, Path | None]] = []
+    todo: list[tuple[MemberSpec, Scorer | None, Path | None]] = []
     for spec in members:
         loaded: Scorer | None = None
         ph = spec.prompt_hash
@@ -183,46 +188,28 @@ def score_edit_set(
             scores[spec.name] = hit[0]
             timings[spec.name] = MemberTiming(n=n, seconds=hit[1], cached=True)
         else:
-            todo.append((spec, loaded if loaded is not None else spec.load(), path))
+            todo.append((spec, loaded, path))
     render_s = 0.0
     if todo:
-        bar = _bar(n * len(todo), progress)
-        out = {spec.name: np.full(n, np.nan) for spec, _, _ in todo}
-        secs = dict.fromkeys(out, 0.0)
-        for start in range(0, n, chunk_size):
-            t0 = time.perf_counter()
-            chunk = list(edits.images(range(start, min(n, start + chunk_size))))
-            scenes = [Scene(img, r.request) for r, img in chunk]
-            render_s += time.perf_counter() - t0
-            for spec, scorer, _ in todo:
-                t1 = time.perf_counter()
-                res = scorer.score(scenes, strict=False)
-                secs[spec.name] += time.perf_counter() - t1
-                out[spec.name][start : start + len(chunk)] = [r.score for r in res]
-                if bar is not None:
-                    bar.update(len(chunk))
-        if bar is not None:
-            bar.close()
-        for spec, scorer, path in todo:
-            if scorer.prompt_hash != hashes[spec.name]:
+        refs = [MemberRef(spec.name, spec.load, loaded) for spec, loaded, _ in todo]
+        run = (engine or LocalEngine(chunk_size=chunk_size)).run(
+            EditScenes(edits), refs, ("scene",), progress=progress
+        )
+        render_s = run.scene_seconds
+        for spec, _, path in todo:
+            got = run.members[spec.name]
+            if got.prompt_hash != hashes[spec.name]:
                 raise DataError(
-                    f"member {spec.name} scored with prompt hash {scorer.prompt_hash}, but "
+                    f"member {spec.name} scored with prompt hash {got.prompt_hash}, but "
                     f"{hashes[spec.name]} was expected; re-export its bundle."
                 )
-            scores[spec.name] = out[spec.name]
-            timings[spec.name] = MemberTiming(n=n, seconds=secs[spec.name], cached=False)
+            scores[spec.name] = got.scores["scene"]
+            timings[spec.name] = MemberTiming(n=n, seconds=got.seconds, cached=False)
             if path is not None:
-                _write_cache(path, spec, hashes[spec.name], edits.digest, out[spec.name],
-                             secs[spec.name])  # fmt: skip
+                _write_cache(path, spec, hashes[spec.name], edits.digest, scores[spec.name],
+                             got.seconds)  # fmt: skip
     for name, s in scores.items():
-        bad = int((~np.isfinite(s)).sum())
-        if bad:
-            warnings.warn(
-                f"member {name} gave {bad} non-finite score(s); kept as NaN (the guard fails "
-                "such a scene closed, i.e. answers UNSAFE).",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        warn_non_finite(name, s)
     return ScoreTable(
         edits=edits,
         scores={m: scores[m] for m in names},
@@ -230,11 +217,3 @@ def score_edit_set(
         timings={m: timings[m] for m in names},
         render_seconds=render_s,
     )
-
-
-def _bar(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="scoring edited scenes", unit="scene", leave=False)
