@@ -1,7 +1,8 @@
 """Benchmark: the vectorized card statistics against a naive sklearn bootstrap loop.
 
-Run: ``python bench/diagnostics.py [--naive-draws 300] [--skip-card] [--scale-cases 12000,120000]
-[--scale-draws 10000] [--old-draws 2000,500] [--results]``.
+Run: ``python bench/diagnostics.py [--naive-draws 300] [--skip-card]
+[--scale-cases 12000,120000,1200000] [--scale-draws 10000] [--old-draws 2000,500,50]
+[--results]``.
 
 Data: ``simulate_log(600)``: 1,200 cases in 600 one-to-one contrasts (600 groups).
 
@@ -179,9 +180,9 @@ def main() -> None:
     ap.add_argument("--naive-draws", type=int, default=300)
     ap.add_argument("--n-boot", type=int, default=10_000)
     ap.add_argument("--skip-card", action="store_true")
-    ap.add_argument("--scale-cases", default="12000,120000", help="comma list; '' skips")
+    ap.add_argument("--scale-cases", default="12000,120000,1200000", help="comma list; '' skips")
     ap.add_argument("--scale-draws", type=int, default=10_000)
-    ap.add_argument("--old-draws", default="2000,500", help="old-engine draws per scale")
+    ap.add_argument("--old-draws", default="2000,500,50", help="old-engine draws per scale")
     ap.add_argument("--skip-small", action="store_true", help="only the scale run")
     ap.add_argument("--results", action="store_true", help="write the scale section")
     ap.add_argument("--_one", help=argparse.SUPPRESS)
