@@ -7,7 +7,16 @@ contrasts (:func:`~spotstop.diagnostics._resample.resampling_groups`).  Fewer th
 of clusters are too narrow).  A draw is a vector of group multiplicities
 (:func:`~spotstop.diagnostics._resample.draw_group_counts`), and
 :class:`~spotstop.diagnostics._engine.CurveEngine` turns a chunk of draws into every
-statistic at once.  There is no Python loop over draws, and all quantities come from the same draws, so
+statistic at once.
+
+The draws come in blocks of :data:`~spotstop.diagnostics._resample.BLOCK_DRAWS` (250), each
+drawn from its own seed, a child of a seed taken from the caller's generator
+(:func:`~spotstop.diagnostics._resample.draw_blocks`): a block's statistics depend only on
+the table, the cut and the block's seed, so the blocks run in this process one after another
+(:func:`block_statistics`) or, with ``ray=``, as Ray tasks (:mod:`._bootstrap_ray`), and are
+joined in block order: the same numbers either way, and whatever the memory budget or the
+chunk of draws held at once.  (Since this scheme a seed gives other draws than in earlier
+versions, where the draws came from the caller's generator in chunks of ``chunk_size``.)  There is no Python loop over draws, and all quantities come from the same draws, so
 ``threshold + overlap + within == R_half - A`` and ``tie_part + threshold + overlap + within
 == R - A`` hold draw by draw.
 
@@ -31,6 +40,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from scipy import sparse
+from spotstop.diagnostics import _resample
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._engine import MEMORY_BUDGET, ROOM_TOL, STATISTICS, CurveEngine
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
@@ -43,8 +53,11 @@ from spotstop.diagnostics._metrics import (
 )
 from spotstop.diagnostics._resample import (
     MIN_GROUPS,
+    Block,
     FewGroupsWarning,
     as_rng,
+    block_draws,
+    draw_blocks,
     draw_group_counts,
     few_groups_message,
     nan_estimate,
@@ -55,7 +68,13 @@ from spotstop.diagnostics._resample import (
 )
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
 
-__all__ = ["BootstrapResult", "bootstrap_auroc", "draw_group_counts", "group_bootstrap"]
+__all__ = [
+    "BootstrapResult",
+    "block_statistics",
+    "bootstrap_auroc",
+    "draw_group_counts",
+    "group_bootstrap",
+]
 
 
 @dataclass(frozen=True)
@@ -94,14 +113,21 @@ def _tidy(x: float) -> float:
     return 0.0 if abs(x) < 1e-12 else x
 
 
-def _check_bootstrap(n_boot: int, chunk_size: int, n_splits: int, memory_budget: int) -> None:
+def _check_bootstrap(
+    n_boot: int, chunk_size: int | None, n_splits: int, memory_budget: int, ray: str | bool | None
+) -> None:
     for name, value, low in (
         ("n_boot", n_boot, 1),
-        ("chunk_size", chunk_size, 1),
+        ("chunk_size", 1 if chunk_size is None else chunk_size, 1),
         ("memory_budget", memory_budget, 1),
     ):
         if not isinstance(value, (int, np.integer)) or value < low:
             raise DataError(f"{name} must be an integer >= {low}; got {value!r}.")
+    if ray is not None and not isinstance(ray, (bool, str)):
+        raise DataError(
+            f"ray must be None (this process), True (a local Ray or $RAY_ADDRESS) or a Ray "
+            f"address string; got {ray!r}."
+        )
     if not isinstance(n_splits, (int, np.integer)) or n_splits < 1:
         raise DataError(f"n_splits must be an integer >= 1; got {n_splits!r}.")
 
@@ -114,6 +140,44 @@ def _progress(total: int, enabled: bool, desc: str) -> Any:
     return tqdm(total=total, desc=desc, unit="draw", leave=False)
 
 
+def _chunk_draws(n_groups: int, chunk_size: int | None, memory_budget: int) -> int:
+    """Draws generated and handed to the engine at once inside a block: ``chunk_size``, or by
+    default as many as keep their counts and halves (9 bytes a group) within
+    ``memory_budget``; at most a block, at least one.  The results do not depend on it."""
+    if chunk_size is None:
+        chunk_size = memory_budget // (9 * max(n_groups, 1))
+    return int(max(1, min(_resample.BLOCK_DRAWS, chunk_size)))
+
+
+def block_statistics(
+    prep: CurveEngine, block: Block, chunk_size: int
+) -> dict[str, NDArray[np.float64]]:
+    """Every statistic of :data:`STATISTICS` for the draws of ``block`` (in draw order), their
+    counts and halves generated ``chunk_size`` draws at a time
+    (:func:`~spotstop.diagnostics._resample.block_draws`); the result depends only on
+    ``prep`` and the block's seed."""
+    parts: dict[str, list[NDArray[np.float64]]] = {k: [] for k in STATISTICS}
+    for counts, halves in block_draws(block, prep.n_groups, chunk_size):
+        for k, val in prep.statistics(counts, halves).items():
+            parts[k].append(val)
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def _local_blocks(
+    prep: CurveEngine, blocks: tuple[Block, ...], chunk: int, progress: bool
+) -> list[dict[str, NDArray[np.float64]]]:
+    """The blocks one after another in this process."""
+    bar = _progress(sum(b.n_draws for b in blocks), progress, "group bootstrap")
+    out = []
+    for b in blocks:
+        out.append(block_statistics(prep, b, chunk))
+        if bar is not None:
+            bar.update(b.n_draws)
+    if bar is not None:
+        bar.close()
+    return out
+
+
 def group_bootstrap(
     table: CaseTable,
     *,
@@ -121,11 +185,12 @@ def group_bootstrap(
     n_boot: int = 10_000,
     rng: np.random.Generator | int | None = None,
     n_splits: int = 200,
-    chunk_size: int = 500,
+    chunk_size: int | None = None,
     progress: bool = False,
     keep_draws: bool = True,
     group_by: str = "situation",
     memory_budget: int = MEMORY_BUDGET,
+    ray: str | bool | None = None,
 ) -> BootstrapResult:
     """Group bootstrap of the Spot-Stop terms (10,000 draws by default; Sec. 3.3).
 
@@ -134,18 +199,27 @@ def group_bootstrap(
     table : the cases; groups are :attr:`CaseTable.group`.
     cut : the direct cut (``score > cut`` → UNSAFE).
     n_boot : number of draws.
-    rng : a :class:`numpy.random.Generator` or a seed; never the global RNG.  The draws consume
-        the generator in this order per chunk: one multinomial call (group counts), one
-        ``random`` call (cross-fit halves).  The point estimate of the cross-fitted part uses
-        ``n_splits`` further halves drawn after the bootstrap.
-    chunk_size : draws per generator call (part of the RNG order: another value gives other
-        draws); a chunk holds ``chunk_size * groups`` float64 counts and as many one-byte
-        cross-fit halves, about ``9 * chunk_size * groups`` bytes (the random numbers behind
-        them are generated in sub-blocks of about 16 MiB, the same stream as one call).
+    rng : a :class:`numpy.random.Generator` or a seed; never the global RNG.  The draws come
+        in blocks of :data:`~spotstop.diagnostics._resample.BLOCK_DRAWS` (250) draws, block
+        ``i`` from child ``i`` of a seed sequence whose entropy is one call of the generator
+        (:func:`~spotstop.diagnostics._resample.draw_blocks`); inside a block one generator
+        gives the group counts, another the cross-fit halves
+        (:func:`~spotstop.diagnostics._resample.block_draws`).  The point estimate of the
+        cross-fitted part uses ``n_splits`` further halves drawn from ``rng`` after that call.
+        (This block scheme, new in this version, gives other draws for a seed than earlier
+        versions.)
+    chunk_size : draws generated at once inside a block (at most a block): a chunk holds
+        ``chunk_size * groups`` float64 counts and as many one-byte cross-fit halves, about
+        ``9 * chunk_size * groups`` bytes; default: as many as ``memory_budget`` holds.  The
+        results do not depend on it.
     memory_budget : bytes for the engine's sweep of a chunk, independent of the number of
         unique scores (:func:`~spotstop.diagnostics._engine.draws_per_sweep`: about
-        ``16 * groups + 25,600`` bytes per draw swept together); the results do not depend
-        on it.
+        ``16 * groups + 25,600`` bytes per draw swept together), and the default chunk; the
+        results do not depend on it.
+    ray : None or False: the blocks run in this process; True or ``""``: as Ray tasks on
+        ``$RAY_ADDRESS`` or a new local Ray (a process already connected to Ray uses that
+        connection); a string: the address to connect to (``"auto"``, ``"ray://HOST:10001"``).
+        Needs the ``ray`` extra; the result equals the local one to the bit.
     progress : show a tqdm bar.
     keep_draws : keep the draws in the result (needed for draw-by-draw checks and plots).
     group_by : the resampling unit, ``"situation"`` (contrast and situation ids together, the
@@ -156,7 +230,7 @@ def group_bootstrap(
     contrasts → :class:`UndefinedMetricWarning` and NaN estimates.
     """
     _check_cut(cut)
-    _check_bootstrap(n_boot, chunk_size, n_splits, memory_budget)
+    _check_bootstrap(n_boot, chunk_size, n_splits, memory_budget, ray)
     gen = as_rng(rng)
     prep = CurveEngine.build(
         table, cut, resampling_groups(table, group_by), memory_budget=memory_budget
@@ -182,17 +256,16 @@ def group_bootstrap(
             prep.n_groups,
             group_by=group_by,
         )
-    chunks: dict[str, list[NDArray[np.float64]]] = {k: [] for k in STATISTICS}
-    bar = _progress(n_boot, progress, "group bootstrap")
-    for counts in draw_group_counts(prep.n_groups, n_boot, gen, chunk_size):
-        halves = random_halves(gen, counts.shape[0], prep.n_groups)
-        for k, val in prep.statistics(counts, halves).items():
-            chunks[k].append(val)
-        if bar is not None:
-            bar.update(counts.shape[0])
-    if bar is not None:
-        bar.close()
-    draws = {k: np.concatenate(v) for k, v in chunks.items()}
+    blocks = draw_blocks(gen, n_boot)
+    chunk = _chunk_draws(prep.n_groups, chunk_size, memory_budget)
+    if ray is None or ray is False:
+        parts = _local_blocks(prep, blocks, chunk, progress)
+    else:
+        from spotstop.diagnostics._bootstrap_ray import ray_blocks
+
+        address = None if ray is True or ray == "" else str(ray)
+        parts = ray_blocks(prep, blocks, chunk, address=address, progress=progress)
+    draws = {k: np.concatenate([p[k] for p in parts]) for k in STATISTICS}
     # point estimates: the full data (unit counts); cross-fit averaged over n_splits splits
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UndefinedMetricWarning)

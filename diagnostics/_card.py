@@ -276,10 +276,11 @@ def _fields(
     gen: Any,
     progress: bool,
     group_by: str = "situation",
+    ray: str | bool | None = None,
 ) -> tuple[dict[str, Estimate], Any]:
     ss = spot_stop(table, cut)
     boot = group_bootstrap(
-        table, cut=cut, n_boot=n_boot, rng=gen, progress=progress, group_by=group_by
+        table, cut=cut, n_boot=n_boot, rng=gen, progress=progress, group_by=group_by, ray=ray
     )
     out: dict[str, Estimate] = {}
     for k in FIELD_KEYS:
@@ -325,6 +326,7 @@ def compute_card(
     group_by: str = "situation",
     period: str | None = None,
     drift_baseline: str = "first",
+    ray: str | bool | None = None,
 ) -> Card:
     """Compute the verdict, the delivered rates, every field and every check (no files).
 
@@ -340,7 +342,9 @@ def compute_card(
     situation ids together; ``"contrast"``: contrasts alone), named in the header.
     ``period`` (``day``, ``week``, ``month``) adds the drift between periods
     (:mod:`~spotstop.diagnostics._periods`), each compared with the ``drift_baseline``
-    (``first`` or ``previous``) period.
+    (``first`` or ``previous``) period.  ``ray``: run the Spot-Stop fields' group bootstrap
+    (the ``n_boot`` draws) as Ray tasks (True: ``$RAY_ADDRESS`` or a local Ray; a string: that
+    address; see :func:`~spotstop.diagnostics.group_bootstrap`): the same card as without.
     """
     table = regroup(table, group_by)
     gen = as_rng(rng)
@@ -359,7 +363,7 @@ def compute_card(
         warnings.simplefilter("always", CutWarning)
         cut_notes = _cut_warnings(table.score, direct_cut, ties)
         fields, ss = _fields(
-            table, direct_cut, n_boot, n_boot_checks, n_boot_kernel, gen, progress, group_by
+            table, direct_cut, n_boot, n_boot_checks, n_boot_kernel, gen, progress, group_by, ray
         )
         ctx = CardContext(
             table=table,

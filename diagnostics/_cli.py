@@ -76,6 +76,11 @@ examples:
   spotstop card decisions.sqlite --previous old_card/card.json --cues cues/ --out card/
   spotstop card --demo --out card/ --n-boot 2000
   spotstop card --scores scores.csv --cut 0.5 --out card/ --seed 7
+  spotstop card --demo --out card/ --ray       # the bootstrap's draws as Ray tasks
+
+--ray [ADDRESS] (pip install 'spotstop[ray]') runs the group bootstrap's blocks of draws as
+Ray tasks, each block with its own seed derived from --seed: the card equals the local one.
+Put LOG before a bare --ray (or write --ray=ADDRESS).
 """
 
 
@@ -113,6 +118,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    "week or month, and their change, with the conformal audit per period")  # fmt: skip
     p.add_argument("--drift-baseline", choices=("first", "previous"), default="first",
                    help="compare each period with the first one (default) or the previous")  # fmt: skip
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the bootstrap's blocks of draws as Ray tasks (the ray extra): "
+                   "$RAY_ADDRESS or a local Ray, 'auto', or ray://HOST:10001; the same card")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
 
 
@@ -201,6 +209,7 @@ def run_card(args: argparse.Namespace) -> int:
             group_by=args.group_by,
             period=args.period,
             drift_baseline=args.drift_baseline,
+            **({} if args.ray is None else {"ray": args.ray or True}),
         )
     except (_BadInput, DiagnosticsError) as exc:
         print(f"spotstop card: {exc}", file=sys.stderr)

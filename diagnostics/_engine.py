@@ -454,6 +454,10 @@ class CurveEngine:
         "below_u_g",
     )
 
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled (e.g. into Ray's object store) without the kept buffers and caches."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_scratch", "_stacked")}
+
     @cached_property
     def _scratch(self) -> dict[str, NDArray[np.float64]]:
         """Buffers kept between sweeps (the engine is not shared between threads)."""

@@ -1,7 +1,8 @@
 """Resampling primitives shared by the bootstrap, the checks and the delivered rates.
 
 Group multiplicities for a group bootstrap (:func:`draw_group_counts`), random halves of the
-groups (:func:`random_halves`), percentile intervals and bands (:func:`percentile_ci`,
+groups (:func:`random_halves`), the blocks of draws of a large bootstrap, each with its own
+seed (:func:`draw_blocks`, :func:`block_draws`), percentile intervals and bands (:func:`percentile_ci`,
 :func:`band`), and the group-bootstrap estimate of a ratio of per-case sums
 (:func:`share_estimate`: a hit rate, a flagged share), the resampling unit
 (:func:`resampling_groups`, :func:`regroup`, :func:`resampling_note`) and the rule for a ratio
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -23,12 +25,16 @@ from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._results import NAN_CI, ConfidenceInterval, Estimate
 
 __all__ = [
+    "BLOCK_DRAWS",
     "GROUP_BY",
     "MIN_GROUPS",
+    "Block",
     "FewGroupsWarning",
     "UnboundedRatioWarning",
     "as_rng",
     "band",
+    "block_draws",
+    "draw_blocks",
     "draw_group_counts",
     "few_groups_message",
     "group_sum_draws",
@@ -242,6 +248,62 @@ def draw_group_counts(
                 out[i0 + i] = np.bincount(picks[i], minlength=n_groups)
         yield out
         done += b
+
+
+#: draws per block of a blocked bootstrap (:func:`draw_blocks`): a block's draws come from its
+#: own seed, so blocks may run anywhere, in any order, and be chunked freely in memory
+BLOCK_DRAWS = 250
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of draws of a blocked bootstrap: its index, its first draw, its number of
+    draws and its seed (a :class:`numpy.random.SeedSequence`, see :func:`draw_blocks`)."""
+
+    index: int
+    start: int
+    n_draws: int
+    seed: np.random.SeedSequence
+
+
+def draw_blocks(rng: np.random.Generator, n_boot: int) -> tuple[Block, ...]:
+    """The blocks of ``n_boot`` draws (:data:`BLOCK_DRAWS` each, the last one the rest), each
+    with its own seed derived from ``rng``.
+
+    ``rng`` is consumed once: four 32-bit words (one ``rng.integers(0, 2**32, size=4,
+    dtype=np.uint64)`` call) are the entropy of a root :class:`numpy.random.SeedSequence`,
+    and block ``i`` gets its child ``i`` (``SeedSequence(entropy, spawn_key=(i,))``, equal to
+    ``root.spawn(n_blocks)[i]``).  So a block's draws depend only on ``rng``'s state and the
+    block's index, wherever and in whatever order the blocks run.
+    """
+    words = rng.integers(0, 2**32, size=4, dtype=np.uint64)
+    entropy = [int(x) for x in words]
+    size = BLOCK_DRAWS
+    return tuple(
+        Block(i, a, min(size, n_boot - a), np.random.SeedSequence(entropy, spawn_key=(i,)))
+        for i, a in enumerate(range(0, n_boot, size))
+    )
+
+
+def block_draws(
+    block: Block, n_groups: int, chunk_size: int
+) -> Iterator[tuple[NDArray[np.float64], NDArray[np.bool_]]]:
+    """The group counts and cross-fit halves of ``block``, ``chunk_size`` draws at a time.
+
+    The block's seed has two children (spawn keys ``+ (0,)`` and ``+ (1,)``, as its
+    ``spawn(2)`` would give, without touching the seed), each a PCG64 generator
+    (:func:`numpy.random.default_rng`): the first gives the counts
+    (:func:`draw_group_counts`), the second the halves (:func:`random_halves`); each consumes
+    its stream in draw order whatever the chunk, so the draws do not depend on ``chunk_size``
+    (only the memory held at once does).
+    """
+    seed = block.seed
+    g_counts, g_halves = (
+        np.random.default_rng(np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, j)))
+        for j in (0, 1)
+    )
+    for counts in draw_group_counts(n_groups, block.n_draws, g_counts, chunk_size):
+        yield counts, random_halves(g_halves, counts.shape[0], n_groups)
 
 
 def percentile_ci(d: NDArray[np.float64]) -> ConfidenceInterval:

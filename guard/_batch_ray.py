@@ -38,7 +38,15 @@ from spotstop.guard._batch import (
 from spotstop.guard._errors import ConfigError, GuardError, ScoringError
 from spotstop.guard._types import Variant
 
-__all__ = ["RayEngine"]
+__all__ = ["RayEngine", "connect_ray"]
+
+
+def connect_ray(address: str | None = None) -> None:
+    """Connect this process to Ray unless it is connected: ``address`` as :class:`RayEngine`
+    takes it (None: ``$RAY_ADDRESS`` if set, else a new local Ray; ``"auto"``;
+    ``"ray://HOST:10001"``). A process already connected to Ray is left as it is."""
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level=logging.WARNING)
 
 
 class _MemberActor:
@@ -129,8 +137,7 @@ class RayEngine:
 
     def connect(self) -> int:
         """Connect to Ray unless connected; the number of actors a member gets."""
-        if not ray.is_initialized():
-            ray.init(address=self.address, logging_level=logging.WARNING)
+        connect_ray(self.address)
         if self.actors is not None:
             return self.actors
         cpus = float(ray.cluster_resources().get("CPU", 1.0))

@@ -128,22 +128,72 @@ def test_vectorized_equals_naive_loop(t, seed, cut):
                 )
 
 
-def test_same_rng_same_draws_and_naive_bootstrap_reproduced():
+def test_same_rng_same_draws_and_naive_bootstrap_reproduced(monkeypatch):
+    from spotstop.diagnostics import _resample
+
+    monkeypatch.setattr(_resample, "BLOCK_DRAWS", 12)  # blocks of 12, 12 and 6 draws
     t = simulate_log(40, rng=1)
-    res = group_bootstrap(t, n_boot=30, rng=np.random.default_rng(9), chunk_size=7)
-    # replay the generator: the same counts, chunk by chunk, give the same draws
-    rng = np.random.default_rng(9)
+    with warnings.catch_warnings():  # 30 draws: the threshold part's interval may reach 0
+        warnings.simplefilter("ignore", UnboundedRatioWarning)
+        res = group_bootstrap(t, n_boot=30, rng=np.random.default_rng(9), chunk_size=7)
+    # replay the scheme: one call of the generator seeds the blocks; block i's child seed i
+    # spawns the counts' and the halves' generators
+    words = np.random.default_rng(9).integers(0, 2**32, size=4, dtype=np.uint64)
+    root = np.random.SeedSequence([int(w) for w in words])
     prep = CurveEngine.build(t, 0.0)
-    aur, rr = [], []
-    for counts in draw_group_counts(t.n_groups, 30, rng, 7):
-        random_halves(rng, counts.shape[0], t.n_groups)
+    aur, rr, cf, n_draws = [], [], [], 0
+    for i, child in enumerate(root.spawn(3)):
+        assert child.spawn_key == (i,)
+        g_counts, g_halves = (np.random.default_rng(s) for s in child.spawn(2))
+        b = min(12, 30 - n_draws)
+        n_draws += b
+        picks = g_counts.integers(0, t.n_groups, size=(b, t.n_groups))
+        counts = np.array([np.bincount(p, minlength=t.n_groups) for p in picks], dtype=float)
         for c in counts:
             ss, au, _ = naive_draw(t, c, 0.0)
             aur.append(au)
             rr.append(ss.R_minus_A)
+        cf.append(prep.cross_fit(counts, random_halves(g_halves, b, t.n_groups)))
+    assert n_draws == 30
     np.testing.assert_allclose(res.draws["auroc"], aur)
     np.testing.assert_allclose(res.draws["R_minus_A"], rr)
-    assert prep.n_pairs == 40
+    np.testing.assert_array_equal(res.draws["cross_fitted_threshold_part"], np.concatenate(cf))
+
+
+@pytest.mark.parametrize("decimals", [1, 2])
+def test_draws_do_not_depend_on_memory_budget_or_chunk(decimals):
+    # blocks of BLOCK_DRAWS draws, each from its own seed: the memory budget (draws swept
+    # together), the chunk of draws generated at once and the block order change nothing
+    from spotstop.diagnostics._bootstrap import block_statistics
+    from spotstop.diagnostics._resample import draw_blocks
+
+    t = simulate_log(300, rng=decimals)
+    t = CaseTable(
+        case_id=t.case_id,
+        label=t.label,
+        contrast_id=t.contrast_id,
+        situation_id=t.situation_id,
+        score=np.round(t.score, decimals),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        ref = group_bootstrap(t, n_boot=620, rng=4)
+        for kw in (
+            {"memory_budget": 1},
+            {"memory_budget": 2**33, "chunk_size": 3},
+            {"chunk_size": 250},
+        ):
+            other = group_bootstrap(t, n_boot=620, rng=4, **kw)
+            for k, d in ref.draws.items():
+                np.testing.assert_array_equal(other.draws[k], d, err_msg=f"{k} {kw}")
+            assert repr(other) == repr(ref)
+        # the blocks in reverse order, each on its own, give the same draws
+        prep = CurveEngine.build(t, 0.0)
+        blocks = draw_blocks(np.random.default_rng(4), 620)
+        assert [b.n_draws for b in blocks] == [250, 250, 120]
+        back = {b.index: block_statistics(prep, b, 50) for b in reversed(blocks)}
+    for k, d in ref.draws.items():
+        np.testing.assert_array_equal(np.concatenate([back[i][k] for i in range(3)]), d)
 
 
 def test_group_counts_are_multinomial():
