@@ -249,23 +249,13 @@ class Journal:
         rejected file (and counted)."""
         if not self.path.exists():
             return JournalRead((), 0, 0)
-        try:
-            with self._locked():
-                entries, bad, n = self._load()
-                if bad:
-                    self._set_aside(bad)
-                    self._rewrite(entries)
-        except OSError as exc:
-            raise self._error("read", exc) from exc
-        return JournalRead(tuple(e for e in entries if self._mine(e)), len(bad), n)
+        with self._locked_read() as (entries, bad, n):
+            return JournalRead(tuple(e for e in entries if self._mine(e)), bad, n)
 
     @contextlib.contextmanager
-    def draining(self) -> Iterator[JournalRead]:
-        """Hold the journal locked, give this log's entries, and remove them if the block
-        ends without an exception (the caller imported them all); other logs' entries stay."""
-        if not self.path.exists():
-            yield JournalRead((), 0, 0)
-            return
+    def _locked_read(self) -> Iterator[tuple[list[JournalEntry], int, int]]:
+        """Hold the lock; give every entry (unreadable lines set apart first), how many lines
+        were set apart, and the bytes read."""
         with contextlib.ExitStack() as stack:
             try:
                 stack.enter_context(self._locked())
@@ -275,8 +265,18 @@ class Journal:
                     self._rewrite(entries)
             except OSError as exc:
                 raise self._error("read", exc) from exc
+            yield entries, len(bad), n
+
+    @contextlib.contextmanager
+    def draining(self) -> Iterator[JournalRead]:
+        """Hold the journal locked, give this log's entries, and remove them if the block
+        ends without an exception (the caller imported them all); other logs' entries stay."""
+        if not self.path.exists():
+            yield JournalRead((), 0, 0)
+            return
+        with self._locked_read() as (entries, bad, n):
             mine = [e for e in entries if self._mine(e)]
-            yield JournalRead(tuple(mine), len(bad), n)
+            yield JournalRead(tuple(mine), bad, n)
             if mine:
                 try:
                     self._rewrite([e for e in entries if not self._mine(e)])
