@@ -46,10 +46,11 @@ OLD_COMMIT = "75525c86ab3412c482d2b63d93fbc59273a711d1"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _old_modules() -> tuple[types.ModuleType, types.ModuleType]:
-    """The old ``_engine`` and ``_resample`` modules, from git history (not the package)."""
+def _old_modules() -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
+    """The old ``_engine``, ``_resample`` and ``_bootstrap`` modules, from git history (not
+    the package)."""
     mods = []
-    for name in ("_engine", "_resample"):
+    for name in ("_engine", "_resample", "_bootstrap"):
         src = subprocess.run(
             ["git", "show", f"{OLD_COMMIT}:diagnostics/{name}.py"],
             cwd=ROOT,
@@ -61,7 +62,7 @@ def _old_modules() -> tuple[types.ModuleType, types.ModuleType]:
         sys.modules[mod.__name__] = mod
         exec(compile(src, f"{OLD_COMMIT[:7]}:diagnostics/{name}.py", "exec"), mod.__dict__)
         mods.append(mod)
-    return mods[0], mods[1]
+    return mods[0], mods[1], mods[2]
 
 
 def _one_run(which: str, n_cases: int, n_draws: int) -> dict[str, float]:
@@ -71,7 +72,7 @@ def _one_run(which: str, n_cases: int, n_draws: int) -> dict[str, float]:
 
     table = simulate_log(n_cases // 2, rng=1)
     if which == "old":
-        old_engine, old_resample = _old_modules()
+        old_engine, old_resample, bs = _old_modules()  # the old loop over chunks of draws
 
         class OldEngine(old_engine.CurveEngine):  # type: ignore[misc,name-defined]
             @classmethod
@@ -82,11 +83,13 @@ def _one_run(which: str, n_cases: int, n_draws: int) -> dict[str, float]:
         bs.draw_group_counts = old_resample.draw_group_counts
         bs.random_halves = old_resample.random_halves
     warnings.simplefilter("ignore")
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     res = bs.group_bootstrap(table, n_boot=n_draws, rng=0, keep_draws=False)
     dt = time.perf_counter() - t0
     return {
         "seconds": dt,
+        "load": (load0 + os.getloadavg()[0]) / 2,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "auroc_low": res["auroc"].ci.low,
         "A_star": res["A_star"].value,
@@ -107,8 +110,9 @@ def scale_run(cases: list[int], n_draws: int, old_draws: list[int]) -> list[str]
     """Today's engine against the old one at each size; the printed lines."""
     lines = [
         f"scale run: group_bootstrap(simulate_log(n/2, rng=1), n_boot={n_draws}, rng=0, "
-        f"keep_draws=False); old engine = {OLD_COMMIT[:7]} (git history); each run its own "
-        "process; peak RSS = that process's maximum resident set"
+        f"keep_draws=False); old engine = {OLD_COMMIT[:7]} (git history: its engine, "
+        "resampling and bootstrap loop); each run its own process; peak RSS = that process's "
+        "maximum resident set; load = the 1-minute load average, mean of start and end of the run"
     ]
     for n, od in zip(cases, old_draws, strict=True):
         new = _child("new", n, n_draws)
@@ -122,13 +126,9 @@ def scale_run(cases: list[int], n_draws: int, old_draws: list[int]) -> list[str]
         )
         lines.append(
             f"  {n:>9,} cases, {n_draws} draws: new {new['seconds']:.1f} s "
-            f"(peak RSS {new['peak_rss_mib']:.0f} MiB); old {t_old:.1f} s ({how}; peak RSS "
-            f"{old['peak_rss_mib']:.0f} MiB); old / new = {t_old / new['seconds']:.1f}x"
-            + (
-                f"; same estimates: {old['auroc_low'] == new['auroc_low'] and old['A_star'] == new['A_star']}"
-                if od == n_draws
-                else ""
-            )
+            f"(peak RSS {new['peak_rss_mib']:.0f} MiB, load {new['load']:.1f}); old "
+            f"{t_old:.1f} s ({how}; peak RSS {old['peak_rss_mib']:.0f} MiB, load "
+            f"{old['load']:.1f}); old / new = {t_old / new['seconds']:.1f}x"
         )
     return lines
 

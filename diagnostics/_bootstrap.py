@@ -107,6 +107,10 @@ class BootstrapResult:
         return "\n".join(lines) + "\n)"
 
 
+#: splits of the cross-fitted point estimate swept at once (fresh memory is slow to touch)
+_SPLIT_CHUNK = 64
+
+
 def _tidy(x: float) -> float:
     """A reported value at float-rounding level of 0 (e.g. ``A* - A`` = -1.1e-16) is 0; the
     draws themselves are kept as computed."""
@@ -157,8 +161,11 @@ def block_statistics(
     (:func:`~spotstop.diagnostics._resample.block_draws`); the result depends only on
     ``prep`` and the block's seed."""
     parts: dict[str, list[NDArray[np.float64]]] = {k: [] for k in STATISTICS}
-    for counts, halves in block_draws(block, prep.n_groups, chunk_size):
-        for k, val in prep.statistics(counts, halves).items():
+    draws = block_draws(
+        block, prep.n_groups, chunk_size, order=prep.group_order, buffers=prep.scratch
+    )
+    for counts, halves in draws:
+        for k, val in prep.statistics_in_order(counts, halves).items():
             parts[k].append(val)
     return {k: np.concatenate(v) for k, v in parts.items()}
 
@@ -272,8 +279,17 @@ def group_bootstrap(
         point = {
             k: float(v[0]) for k, v in prep.statistics(np.ones((1, prep.n_groups)), None).items()
         }
-    cf = prep.cross_fit(
-        np.ones((n_splits, prep.n_groups)), random_halves(gen, n_splits, prep.n_groups)
+    # the splits' halves are one random_halves call's (made in chunks of at most
+    # _SPLIT_CHUNK: the same stream), in the engine's group labels
+    step = min(chunk, _SPLIT_CHUNK)
+    ones = np.ones((min(n_splits, step), prep.n_groups))
+    cf = np.concatenate(
+        [
+            prep.cross_fit_in_order(
+                ones[:b], random_halves(gen, b, prep.n_groups, order=prep.group_order)
+            )
+            for b in (min(step, n_splits - i) for i in range(0, n_splits, step))
+        ]
     )
     point["cross_fitted_threshold_part"] = (
         float(np.nanmean(cf)) if np.isfinite(cf).any() else math.nan

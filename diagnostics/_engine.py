@@ -22,8 +22,14 @@ groups) @ (groups × draws) gives
 the safe and unsafe weights of every draw (and of its fit half) at once, a blocked cumulative
 sum carries the curves from block to block, and the running first argmax of ``D``, the AUROC
 sum and the values at the cuts that are needed are updated; nothing (draws × unique scores)
-is ever held.  Draws are swept in sub-chunks sized to a memory budget (:data:`MEMORY_BUDGET`;
-see :func:`draws_per_sweep`).  Every curve quantity is an integer sum of integer weights held in
+is ever held.  Draws are swept in sub-chunks sized to a memory budget (:data:`MEMORY_BUDGET`,
+1 GiB: at 1.2M cases about 110 draws a sweep; see :func:`draws_per_sweep`).  The engine
+labels the groups by their first merged row (:attr:`CurveEngine.group_order`): counts made
+in those labels (:func:`~spotstop.diagnostics._resample.block_draws`) need only a plain
+tiled transpose to become the sweep's right-hand side, and the public methods relabel the
+caller's counts once per call.  The fit halves' counts and the draws' totals are made once
+per chunk and shared by the sweep and the cross-fit; the buffers are kept between chunks
+(:attr:`CurveEngine.scratch`).  Every curve quantity is an integer sum of integer weights held in
 float64 below 2**53, so it is exact and the results do not depend on the blocking, the
 sub-chunks or the order of summation.
 
@@ -40,6 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -77,7 +84,7 @@ BLOCK_ROWS = 256
 _SPLIT = 16
 
 #: default memory budget of one sweep in bytes (see :func:`draws_per_sweep`)
-MEMORY_BUDGET = 256 * 2**20
+MEMORY_BUDGET = 2**30
 
 #: groups per tile of the transposed copy that builds a sweep's right-hand side
 _TILE = 1024
@@ -121,13 +128,11 @@ def _cumsum_rows(x: NDArray[np.float64], carry: NDArray[np.float64]) -> None:
     carry[:] = x[-1]
 
 
-def _transpose_into(
-    out: NDArray[np.float64], a: NDArray[np.float64], order: NDArray[np.intp]
-) -> None:
-    """``out[:] = a[:, order].T`` in tiles of columns (a whole-array transposed copy misses
-    the cache on every element)."""
-    for g0 in range(0, order.size, _TILE):
-        out[g0 : g0 + _TILE] = a[:, order[g0 : g0 + _TILE]].T
+def _transpose_into(out: NDArray[np.float64], a: NDArray[np.float64]) -> None:
+    """``out[:] = a.T`` in tiles of columns (a whole-array transposed copy misses the cache on
+    every element)."""
+    for g0 in range(0, a.shape[1], _TILE):
+        out[g0 : g0 + _TILE] = a[:, g0 : g0 + _TILE].T
 
 
 @dataclass(frozen=True)
@@ -246,24 +251,18 @@ class _Runs:
 class _Layout:
     """The paired cases row-major over the merged rows (:class:`_Runs`): one CSR matrix
     (2 rows, G) per block of rows, safe weights in its first ``rows`` rows and unsafe ones in
-    the rest (a block's rows padded with empty ones to a multiple of :data:`_SPLIT`);
-    ``order`` renumbers the groups by their first row so that about half of the product's
-    gathers stream."""
+    the rest (a block's rows padded with empty ones to a multiple of :data:`_SPLIT`).  The
+    engine numbers the groups by their first row (:attr:`CurveEngine.group_order`), so that
+    about half of the product's gathers stream."""
 
     starts: tuple[int, ...]
     blocks: tuple[sparse.csr_matrix, ...]
-    order: NDArray[np.intp]
 
 
 def _layout(ms: sparse.csr_matrix, mu: sparse.csr_matrix, ng: int) -> _Layout:
     """The row-major blocks of the (groups, rows) safe / unsafe weights (see :class:`_Layout`)."""
     m = ms.shape[1]
     st, ut = sparse.csr_matrix(ms.T), sparse.csr_matrix(mu.T)
-    first = np.full(ng, m, dtype=np.intp)
-    both = (st + ut).tocoo()
-    np.minimum.at(first, both.col, both.row)
-    order = np.argsort(first, kind="stable")
-    st, ut = st[:, order], ut[:, order]
     starts, blocks = [], []
     for j0 in range(0, m, BLOCK_ROWS):
         rows = min(BLOCK_ROWS, m - j0)
@@ -272,7 +271,7 @@ def _layout(ms: sparse.csr_matrix, mu: sparse.csr_matrix, ng: int) -> _Layout:
         blk.sort_indices()
         starts.append(j0)
         blocks.append(blk)
-    return _Layout(tuple(starts), tuple(blocks), np.asarray(order, dtype=np.intp))
+    return _Layout(tuple(starts), tuple(blocks))
 
 
 @dataclass(frozen=True)
@@ -368,6 +367,11 @@ class CurveEngine:
     below_u_g: NDArray[np.float64]
     runs: _Runs
     layout: _Layout
+    #: the caller's group of each of the engine's groups: the engine labels the groups by
+    #: their first merged row; the public methods take counts and halves in the caller's
+    #: labels (``counts[:, group_order]`` in the engine's), :meth:`statistics_in_order` in its
+    #: own
+    group_order: NDArray[np.intp]
     memory_budget: int = MEMORY_BUDGET
 
     @classmethod
@@ -393,12 +397,23 @@ class CurveEngine:
             return wbincount(pg, x.astype(np.float64), ng)
 
         paired = np.flatnonzero(pairs.weight > 0)
+        order = np.arange(ng, dtype=np.intp)
         if paired.size:
             v, ws, wu, col = unique_class_weights(
                 table.label[paired], s[paired], pairs.weight[paired]
             )
             w = pairs.weight[paired]
             y = table.label[paired]
+            # the engine's own group labels: groups renumbered by their first merged row
+            # (stable), so the sweep's right-hand side is a plain transpose of the counts
+            row_of = _Runs.build(ws, wu, col, g[paired], w, ng).row_of
+            first = np.full(ng, row_of.size, dtype=np.intp)
+            np.minimum.at(first, g[paired], row_of[col])
+            order = np.asarray(np.argsort(first, kind="stable"), dtype=np.intp)
+            rank = np.empty(ng, dtype=np.intp)
+            rank[order] = np.arange(ng, dtype=np.intp)
+            g = rank[g]
+            pg = g[pairs.safe]
             gi = g[paired]
             ms = sparse.csr_matrix((w * (y == 0), (gi, col)), shape=(ng, v.size))
             mu = sparse.csr_matrix((w * (y == 1), (gi, col)), shape=(ng, v.size))
@@ -435,6 +450,7 @@ class CurveEngine:
             below_u_g=np.asarray(mu[:, :kd].sum(axis=1), dtype=np.float64).ravel(),
             runs=runs,
             layout=_layout(rms, rmu, ng),
+            group_order=order,
             memory_budget=memory_budget,
         )
 
@@ -456,11 +472,16 @@ class CurveEngine:
 
     def __getstate__(self) -> dict[str, object]:
         """Pickled (e.g. into Ray's object store) without the kept buffers and caches."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("_scratch", "_stacked")}
+        return {
+            k: v
+            for k, v in self.__dict__.items()
+            if k not in ("scratch", "_stacked", "_score_sums")
+        }
 
     @cached_property
-    def _scratch(self) -> dict[str, NDArray[np.float64]]:
-        """Buffers kept between sweeps (the engine is not shared between threads)."""
+    def scratch(self) -> dict[str, NDArray[Any]]:
+        """Buffers kept between sweeps and chunks of draws (fresh pages cost a fault each; the
+        engine is not shared between threads)."""
         return {}
 
     @cached_property
@@ -477,9 +498,11 @@ class CurveEngine:
         self, counts: NDArray[np.float64]
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """(draws, m) safe and unsafe weight at each unique score, C-contiguous (for
-        inspection; the statistics sweep the scores in blocks instead)."""
-        ws = np.ascontiguousarray(np.asarray(self.ms.T @ counts.T, dtype=np.float64).T)
-        wu = np.ascontiguousarray(np.asarray(self.mu.T @ counts.T, dtype=np.float64).T)
+        inspection; the statistics sweep the scores in blocks instead); ``counts`` in the
+        caller's group labels."""
+        c = counts[:, self.group_order]
+        ws = np.ascontiguousarray(np.asarray(self.ms.T @ c.T, dtype=np.float64).T)
+        wu = np.ascontiguousarray(np.asarray(self.mu.T @ c.T, dtype=np.float64).T)
         return ws, wu
 
     def _sweep(
@@ -487,23 +510,39 @@ class CurveEngine:
         counts: NDArray[np.float64],
         halves: NDArray[np.bool_] | None,
         k_batch: NDArray[np.intp] | None,
+        c1: NDArray[np.float64] | None = None,
+        totals: tuple[NDArray[np.float64], ...] | None = None,
     ) -> _Sweep:
         """One pass over the sorted unique scores for the draws ``counts`` (see the module
-        docstring), in sub-chunks of :func:`draws_per_sweep` draws."""
+        docstring), in sub-chunks of :func:`draws_per_sweep` draws; ``c1`` the fit-half
+        counts ``counts * halves`` and ``totals`` the draws' ``(ts, tu, ts1, tu1)`` when
+        already made (engine labels throughout)."""
+        if halves is not None and c1 is None:
+            c1 = counts * halves
+        if totals is None:
+            ts, tu = counts @ self.ts_g, counts @ self.tu_g
+            ts1, tu1 = (ts, tu) if c1 is None else (c1 @ self.ts_g, c1 @ self.tu_g)
+            totals = (ts, tu, ts1, tu1)
         step = draws_per_sweep(self.n_groups, self.memory_budget)
         # one right-hand-side buffer for all sub-chunks and calls (fresh pages cost a fault
         # each)
         size = self.n_groups * 2 * min(step, counts.shape[0])
-        buf = self._scratch.get("rhs")
+        buf = self.scratch.get("rhs")
         if buf is None or buf.size < size:
-            buf = self._scratch["rhs"] = np.empty(size)
+            buf = self.scratch["rhs"] = np.empty(size)
         if counts.shape[0] <= step:
-            return self._sweep_chunk(counts, halves, k_batch, buf)
+            return self._sweep_chunk(counts, halves, c1, k_batch, totals, buf)
+
+        def cut(x: NDArray[Any] | None, i: int) -> NDArray[Any] | None:
+            return None if x is None else x[i : i + step]
+
         parts = [
             self._sweep_chunk(
                 counts[i : i + step],
-                None if halves is None else halves[i : i + step],
-                None if k_batch is None else k_batch[i : i + step],
+                cut(halves, i),
+                cut(c1, i),
+                cut(k_batch, i),
+                tuple(t[i : i + step] for t in totals),
                 buf,
             )
             for i in range(0, counts.shape[0], step)
@@ -516,7 +555,9 @@ class CurveEngine:
         self,
         counts: NDArray[np.float64],
         halves: NDArray[np.bool_] | None,
+        c1: NDArray[np.float64] | None,
         k_batch: NDArray[np.intp] | None,
+        totals: tuple[NDArray[np.float64], ...],
         buf: NDArray[np.float64],
     ) -> _Sweep:
         n = counts.shape[0]
@@ -525,12 +566,10 @@ class CurveEngine:
         w = 2 * n if cf else n  # right-hand-side columns: the draws, then their fit halves
         nd = w + n if cf else w  # D columns: total, half 1, half 2
         rhs = buf[: self.n_groups * w].reshape(self.n_groups, w)
-        _transpose_into(rhs[:, :n], counts, lay.order)
-        ts, tu = counts @ self.ts_g, counts @ self.tu_g
-        if halves is not None:
-            c1 = counts * halves
-            _transpose_into(rhs[:, n:], c1, lay.order)
-            ts1, tu1 = c1 @ self.ts_g, c1 @ self.tu_g
+        _transpose_into(rhs[:, :n], counts)
+        ts, tu, ts1, tu1 = totals
+        if c1 is not None:
+            _transpose_into(rhs[:, n:], c1)
             ts_all, tu_all = np.concatenate([ts, ts1]), np.concatenate([tu, tu1])
             ts2, tu2 = ts - ts1, tu - tu1
         else:
@@ -683,16 +722,42 @@ class CurveEngine:
         self,
         counts: NDArray[np.float64],
         halves: NDArray[np.bool_],
-        sweep: _Sweep | None = None,
     ) -> NDArray[np.float64]:
-        """Cross-fitted threshold part per draw (NaN where a half lacks a class); ``sweep``:
-        the sweep of these draws with these halves, when already made."""
-        sw = sweep if sweep is not None else self._sweep(counts, halves, None)
-        assert sw.k1 is not None and sw.k2 is not None
-        assert sw.s2_at_k1 is not None and sw.u2_at_k1 is not None
-        assert sw.s1_at_k2 is not None and sw.u1_at_k2 is not None
-        c1 = counts * halves
-        t0, t1 = self._totals(counts), self._totals(c1)
+        """Cross-fitted threshold part per draw (NaN where a half lacks a class); ``counts``
+        and ``halves`` in the caller's group labels."""
+        c = np.ascontiguousarray(counts[:, self.group_order])
+        h = np.ascontiguousarray(halves[:, self.group_order])
+        return self.cross_fit_in_order(c, h)
+
+    def cross_fit_in_order(
+        self, counts: NDArray[np.float64], halves: NDArray[np.bool_]
+    ) -> NDArray[np.float64]:
+        """:meth:`cross_fit` for ``counts`` and ``halves`` in the engine's group labels."""
+        c1 = self._fit_half(counts, halves)
+        tot, tot1 = self._totals(counts), self._totals(c1)
+        sw = self._sweep(counts, halves, None, c1, (tot["ts"], tot["tu"], tot1["ts"], tot1["tu"]))
+        return self._cross_fit(sw, tot, tot1)
+
+    def _fit_half(
+        self, counts: NDArray[np.float64], halves: NDArray[np.bool_]
+    ) -> NDArray[np.float64]:
+        """``counts * halves`` (the fit half's counts) in a kept buffer."""
+        size = counts.size
+        buf = self.scratch.get("c1")
+        if buf is None or buf.size < size:
+            buf = self.scratch["c1"] = np.empty(size)
+        out = buf[:size].reshape(counts.shape)
+        np.multiply(counts, halves, out=out)
+        return out
+
+    def _cross_fit(
+        self,
+        sw: _Sweep,
+        t0: dict[str, NDArray[np.float64]],
+        t1: dict[str, NDArray[np.float64]],
+    ) -> NDArray[np.float64]:
+        """The cross-fitted threshold part from the sweep with halves and the totals of the
+        draws (``t0``) and of their fit halves (``t1``)."""
         ts1, tu1 = t1["ts"], t1["tu"]
         ts2, tu2 = t0["ts"] - ts1, t0["tu"] - tu1
         # below the direct cut index: fixed, so a product with the per-group totals below it
@@ -710,18 +775,62 @@ class CurveEngine:
     def statistics(
         self, counts: NDArray[np.float64], halves: NDArray[np.bool_] | None
     ) -> dict[str, NDArray[np.float64]]:
-        """All statistics of :data:`STATISTICS` for each row of ``counts``."""
+        """All statistics of :data:`STATISTICS` for each row of ``counts`` (and of
+        ``halves``, the cross-fit halves, or None: no cross-fitted part), in the caller's
+        group labels."""
+        c = np.ascontiguousarray(counts[:, self.group_order])
+        h = None if halves is None else np.ascontiguousarray(halves[:, self.group_order])
+        return self.statistics_in_order(c, h)
+
+    def _batch_index(
+        self, counts: NDArray[np.float64], cases: NDArray[np.float64]
+    ) -> NDArray[np.intp]:
+        """The batch-mean cut's index per draw: the number of unique scores below the mean
+        score ``t`` of the draw's cases (the guard's own rule ``S >= t``, ties UNSAFE, flags a
+        suffix; a ``t`` that is not finite flags all).
+
+        ``t`` is ``fsum(counts * sum_g) / cases`` (the products summed exactly), so the index
+        does not depend on the order of summation (the group labels, the chunk of draws, the
+        matrix-product kernel): a fast product decides it, and a draw whose mean lies within
+        the product's error bound (``1e-9`` of the sum of absolute values, far above it) of a
+        unique score is summed again with :func:`math.fsum`.
+        """
+        prod = counts @ self._score_sums
+        with np.errstate(invalid="ignore", divide="ignore"):
+            t = prod[:, 0] / cases
+            bound = 1e-9 * prod[:, 1] / cases
+        ok = np.isfinite(t)
+        k = np.where(ok, np.searchsorted(self.v, t, side="left"), 0)
+        m = self.v.size
+        if m:
+            lo = self.v[np.clip(k - 1, 0, m - 1)]
+            hi = self.v[np.clip(k, 0, m - 1)]
+            near = ok & ((np.abs(t - lo) <= bound) | (np.abs(hi - t) <= bound))
+            for i in np.flatnonzero(near):
+                exact = math.fsum(counts[i] * self.sum_g) / cases[i]
+                k[i] = np.searchsorted(self.v, exact, side="left")
+        return np.asarray(k, dtype=np.intp)
+
+    @cached_property
+    def _score_sums(self) -> NDArray[np.float64]:
+        return np.column_stack([self.sum_g, np.abs(self.sum_g)])
+
+    def statistics_in_order(
+        self, counts: NDArray[np.float64], halves: NDArray[np.bool_] | None
+    ) -> dict[str, NDArray[np.float64]]:
+        """:meth:`statistics` for ``counts`` and ``halves`` in the engine's group labels
+        (:attr:`group_order`), as :func:`~spotstop.diagnostics._resample.block_draws` makes
+        them: no relabelling copy."""
         tot = self._totals(counts)
         ts, tu = tot["ts"], tot["tu"]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            batch_cut = (counts @ self.sum_g) / tot["cases"]
-        # the guard's own rule (S >= t, ties UNSAFE; a cut that is not finite flags all) on the
-        # sorted unique scores: the flagged ones are a suffix, so the cut index is the count of
-        # those below t
-        k_batch = np.where(
-            np.isfinite(batch_cut), np.searchsorted(self.v, batch_cut, side="left"), 0
-        )
-        sw = self._sweep(counts, halves, k_batch)
+        k_batch = self._batch_index(counts, tot["cases"])
+        tot1 = None
+        if halves is not None:
+            c1 = self._fit_half(counts, halves)
+            tot1 = self._totals(c1)
+            sw = self._sweep(counts, halves, k_batch, c1, (ts, tu, tot1["ts"], tot1["tu"]))
+        else:
+            sw = self._sweep(counts, None, k_batch)
         with np.errstate(invalid="ignore", divide="ignore"):
             npairs = tot["pairs"]
             R = tot["ordered"] / npairs
@@ -776,8 +885,8 @@ class CurveEngine:
                 "d_prime": zh - zf,
                 "criterion": -(zh + zf) / 2,
             }
-        if halves is not None:
-            out["cross_fitted_threshold_part"] = self.cross_fit(counts, halves, sw)
+        if tot1 is not None:
+            out["cross_fitted_threshold_part"] = self._cross_fit(sw, tot, tot1)
         return out
 
 

@@ -16,7 +16,7 @@ import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -184,7 +184,14 @@ def _kth_smallest(r: NDArray[np.float64], k: int) -> NDArray[np.float64]:
     return out
 
 
-def random_halves(rng: np.random.Generator, n_draws: int, n_groups: int) -> NDArray[np.bool_]:
+def random_halves(
+    rng: np.random.Generator,
+    n_draws: int,
+    n_groups: int,
+    *,
+    order: NDArray[np.intp] | None = None,
+    out: NDArray[np.bool_] | None = None,
+) -> NDArray[np.bool_]:
     """Boolean (n_draws, n_groups): True for a random ``floor(G/2)`` of the groups per row.
 
     The half is the ``floor(G/2)`` smallest of one ``rng.random((n_draws, n_groups))`` call per
@@ -192,23 +199,30 @@ def random_halves(rng: np.random.Generator, n_draws: int, n_groups: int) -> NDAr
     rows (the same stream as that one call), the ``floor(G/2)``-th smallest of a row found in
     linear time (:func:`_kth_smallest`), and the argsort itself is used in a row where a tie
     straddles the boundary, so the result is that of the argsort in every case.
+
+    ``order``: column ``j`` of the result is group ``order[j]`` (``half[:, order]``, the
+    engine's own group labels); ``out``: an ``(n_draws, n_groups)`` buffer to write into.
     """
     k = n_groups // 2
-    half = np.zeros((n_draws, n_groups), dtype=bool)
+    half = np.empty((n_draws, n_groups), dtype=bool) if out is None else out[:n_draws]
     step = _sub_rows(n_groups)
     buf = np.empty((min(step, n_draws), n_groups))
+    hbuf = None if order is None else np.empty((min(step, n_draws), n_groups), dtype=bool)
     for i in range(0, n_draws, step):
         r = rng.random(out=buf[: min(step, n_draws - i)])
+        h = half[i : i + r.shape[0]] if hbuf is None else hbuf[: r.shape[0]]
         if k == 0:
-            continue
-        h = half[i : i + r.shape[0]]
-        np.less_equal(r, _kth_smallest(r, k)[:, None], out=h)
-        tied = np.flatnonzero(h.sum(axis=1) != k)
-        if tied.size:
-            ranks = np.argsort(r[tied], axis=1)
-            rows = np.zeros((tied.size, n_groups), dtype=bool)
-            np.put_along_axis(rows, ranks[:, :k], True, axis=1)
-            h[tied] = rows
+            h[:] = False
+        else:
+            np.less_equal(r, _kth_smallest(r, k)[:, None], out=h)
+            tied = np.flatnonzero(h.sum(axis=1) != k)
+            if tied.size:
+                ranks = np.argsort(r[tied], axis=1)
+                rows = np.zeros((tied.size, n_groups), dtype=bool)
+                np.put_along_axis(rows, ranks[:, :k], True, axis=1)
+                h[tied] = rows
+        if order is not None:
+            np.take(h, order, axis=1, out=half[i : i + r.shape[0]])
     return half
 
 
@@ -222,7 +236,13 @@ def split_groups(rng: np.random.Generator, n_groups: int, share: float) -> NDArr
 
 
 def draw_group_counts(
-    n_groups: int, n_boot: int, rng: np.random.Generator, chunk_size: int = 500
+    n_groups: int,
+    n_boot: int,
+    rng: np.random.Generator,
+    chunk_size: int = 500,
+    *,
+    relabel: NDArray[np.intp] | None = None,
+    out: NDArray[np.float64] | None = None,
 ) -> Iterator[NDArray[np.float64]]:
     """Yield ``(chunk, n_groups)`` arrays of group multiplicities (each row sums to ``n_groups``).
 
@@ -235,18 +255,25 @@ def draw_group_counts(
     (a rejected number is redrawn at once; half of a 64-bit output left over is kept in the bit
     generator's state), so the sub-blocks give the same integers as the one call and leave
     the generator in the same state; only a sub-block, not a (chunk, G) array of int64, is held.
+
+    ``relabel``: group ``g`` is counted in column ``relabel[g]`` (a permutation: the engine's
+    own group labels); ``out``: a ``(chunk_size, G)`` buffer that every chunk is written into
+    (each yielded array is then a view of it, valid until the next one).
     """
     step = _sub_rows(n_groups)
     dtype = np.int32 if n_groups <= 2**31 else np.int64
+    lab = None if relabel is None else np.asarray(relabel, dtype=dtype)
     done = 0
     while done < n_boot:
         b = min(chunk_size, n_boot - done)
-        out = np.empty((b, n_groups), dtype=np.float64)
+        chunk = np.empty((b, n_groups), dtype=np.float64) if out is None else out[:b]
         for i0 in range(0, b, step):
             picks = rng.integers(0, n_groups, size=(min(step, b - i0), n_groups), dtype=dtype)
+            if lab is not None:
+                np.take(lab, picks, out=picks)
             for i in range(picks.shape[0]):
-                out[i0 + i] = np.bincount(picks[i], minlength=n_groups)
-        yield out
+                chunk[i0 + i] = np.bincount(picks[i], minlength=n_groups)
+        yield chunk
         done += b
 
 
@@ -286,7 +313,12 @@ def draw_blocks(rng: np.random.Generator, n_boot: int) -> tuple[Block, ...]:
 
 
 def block_draws(
-    block: Block, n_groups: int, chunk_size: int
+    block: Block,
+    n_groups: int,
+    chunk_size: int,
+    *,
+    order: NDArray[np.intp] | None = None,
+    buffers: dict[str, NDArray[Any]] | None = None,
 ) -> Iterator[tuple[NDArray[np.float64], NDArray[np.bool_]]]:
     """The group counts and cross-fit halves of ``block``, ``chunk_size`` draws at a time.
 
@@ -296,14 +328,40 @@ def block_draws(
     (:func:`draw_group_counts`), the second the halves (:func:`random_halves`); each consumes
     its stream in draw order whatever the chunk, so the draws do not depend on ``chunk_size``
     (only the memory held at once does).
+
+    ``order``: the columns are the groups ``order[0], order[1], ...`` (a permutation: the
+    engine's own labels, :attr:`~spotstop.diagnostics._engine.CurveEngine.group_order`);
+    ``buffers``: a dict whose ``"counts"`` and ``"halves"`` arrays are reused (and made or
+    grown) from call to call; the yielded arrays are then views valid until the next chunk.
     """
     seed = block.seed
     g_counts, g_halves = (
         np.random.default_rng(np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, j)))
         for j in (0, 1)
     )
-    for counts in draw_group_counts(n_groups, block.n_draws, g_counts, chunk_size):
-        yield counts, random_halves(g_halves, counts.shape[0], n_groups)
+    relabel = None
+    if order is not None:
+        relabel = np.empty(n_groups, dtype=np.intp)
+        relabel[order] = np.arange(n_groups, dtype=np.intp)
+    c_out = h_out = None
+    if buffers is not None:
+        rows = min(chunk_size, block.n_draws)
+        c_out = _buffer(buffers, "counts", rows * n_groups, np.float64)
+        h_out = _buffer(buffers, "halves", rows * n_groups, np.bool_)
+        c_out, h_out = c_out.reshape(rows, n_groups), h_out.reshape(rows, n_groups)
+    counts_iter = draw_group_counts(
+        n_groups, block.n_draws, g_counts, chunk_size, relabel=relabel, out=c_out
+    )
+    for counts in counts_iter:
+        yield counts, random_halves(g_halves, counts.shape[0], n_groups, order=order, out=h_out)
+
+
+def _buffer(buffers: dict[str, NDArray[Any]], name: str, size: int, dtype: Any) -> NDArray[Any]:
+    """The first ``size`` elements of the kept flat buffer ``name`` (grown when too small)."""
+    buf = buffers.get(name)
+    if buf is None or buf.size < size:
+        buf = buffers[name] = np.empty(size, dtype=dtype)
+    return buf[:size]
 
 
 def percentile_ci(d: NDArray[np.float64]) -> ConfidenceInterval:
