@@ -42,7 +42,7 @@ from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult
 from spotstop.diagnostics._data import group_codes
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics._from_log import LogData, _log_data, robot_of_path
-from spotstop.diagnostics._resample import group_sum_draws
+from spotstop.diagnostics._resample import group_sum_draws, nan_divide, percentile_ci
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
 from spotstop.guard import DecisionLog, GuardError
 from spotstop.guard._labels import LabelsFileError, read_reviewed
@@ -194,19 +194,6 @@ class FleetRobot:
         }
 
 
-def _ci(draws: NDArray[np.float64], level: float) -> ConfidenceInterval:
-    ok = draws[np.isfinite(draws)]
-    if ok.size == 0:
-        return ConfidenceInterval(math.nan, math.nan)
-    lo, hi = np.percentile(ok, [50 * (1 - level), 50 * (1 + level)])
-    return ConfidenceInterval(float(lo), float(hi))
-
-
-def _div(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.asarray(a / b, dtype=np.float64)
-
-
 def fleet_robots(
     log: LogData, *, n_boot: int, rng: np.random.Generator, level: float = FLEET_LEVEL
 ) -> tuple[FleetRobot, ...]:
@@ -238,14 +225,18 @@ def fleet_robots(
     sums = np.vstack([point[None, :], draws])  # row 0: the data; then the draws
 
     def rates(cols: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        ba = 0.5 * (_div(cols[:, 0], cols[:, 1]) + 1.0 - _div(cols[:, 2], cols[:, 3]))
-        return ba, _div(cols[:, 4], cols[:, 5])
+        ba = 0.5 * (nan_divide(cols[:, 0], cols[:, 1]) + 1.0 - nan_divide(cols[:, 2], cols[:, 3]))
+        return ba, nan_divide(cols[:, 4], cols[:, 5])
 
     total = sums[:, :6]
     width = 1.0 - (1.0 - level) / len(robots)
 
     def est(v: NDArray[np.float64], n: int, lv: float) -> Estimate:
-        ci = _ci(v[1:], lv) if math.isfinite(v[0]) else ConfidenceInterval(math.nan, math.nan)
+        ci = (
+            percentile_ci(v[1:], lv)
+            if math.isfinite(v[0])
+            else ConfidenceInterval(math.nan, math.nan)
+        )
         return Estimate(float(v[0]), ci, n)
 
     out = []

@@ -47,7 +47,7 @@ from spotstop.diagnostics._conformal_audit import DeployedAudit, audit_deployed
 from spotstop.diagnostics._data import group_codes
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics._plots import PeriodDisplay
-from spotstop.diagnostics._resample import MIN_GROUPS, group_sum_draws
+from spotstop.diagnostics._resample import MIN_GROUPS, group_sum_draws, nan_divide, percentile_ci
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
 
 __all__ = ["PERIODS", "Period", "PeriodsCheck", "PeriodsResult", "period_key", "periods"]
@@ -138,19 +138,6 @@ class PeriodsResult:
         return () if last is None else tuple(a for a in last.audits if a.status == "violated")
 
 
-def _ci(d: NDArray[np.float64], level: float) -> ConfidenceInterval:
-    ok = d[np.isfinite(d)]
-    if ok.size == 0:
-        return ConfidenceInterval(math.nan, math.nan)
-    lo, hi = np.percentile(ok, [50 * (1 - level), 50 * (1 + level)])
-    return ConfidenceInterval(float(lo), float(hi))
-
-
-def _div(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.asarray(a / b, dtype=np.float64)
-
-
 def periods(
     ctx: CardContext,
     *,
@@ -183,13 +170,17 @@ def periods(
         group = group_codes(contrast[mine], situation[mine])
         parts = np.stack([(y == 1) & f, y == 1, (y == 0) & f, y == 0]).astype(np.float64)
         point, d = group_sum_draws(parts, group, n_boot=ctx.n_boot, rng=rng)
-        ba_d = 0.5 * (_div(d[:, 0], d[:, 1]) + 1.0 - _div(d[:, 2], d[:, 3]))
-        ba = 0.5 * (_div(point[0:1], point[1:2]) + 1.0 - _div(point[2:3], point[3:4]))[0]
-        share_d = _div(d[:, 1], d[:, 1] + d[:, 3])
+        ba_d = 0.5 * (nan_divide(d[:, 0], d[:, 1]) + 1.0 - nan_divide(d[:, 2], d[:, 3]))
+        ba = (
+            0.5 * (nan_divide(point[0:1], point[1:2]) + 1.0 - nan_divide(point[2:3], point[3:4]))[0]
+        )
+        share_d = nan_divide(d[:, 1], d[:, 1] + d[:, 3])
         share = float(point[1] / (point[1] + point[3]))
         fields = {
-            "delivered_balanced_accuracy": Estimate(float(ba), _ci(ba_d, LEVEL), mine.size),
-            "unsafe_share": Estimate(share, _ci(share_d, LEVEL), mine.size),
+            "delivered_balanced_accuracy": Estimate(
+                float(ba), percentile_ci(ba_d, LEVEL), mine.size
+            ),
+            "unsafe_share": Estimate(share, percentile_ci(share_d, LEVEL), mine.size),
         }
         fd = {"delivered_balanced_accuracy": ba_d, "unsafe_share": share_d}
         sub = table.subset(np.flatnonzero(case_key == key))
@@ -230,7 +221,7 @@ def periods(
             for name in FIELDS:
                 value = fields[name].value - rows[bi][2][name].value
                 nan = ConfidenceInterval(math.nan, math.nan)
-                ci = nan if few else _ci(draws[key][name] - draws[base][name], width)
+                ci = nan if few else percentile_ci(draws[key][name] - draws[base][name], width)
                 change[name] = Estimate(float(value), ci, n)
                 if math.isfinite(ci.low) and (ci.low > 0 or ci.high < 0):
                     changed.append(name)

@@ -38,6 +38,7 @@ __all__ = [
     "draw_group_counts",
     "few_groups_message",
     "group_sum_draws",
+    "nan_divide",
     "nan_estimate",
     "percentile_ci",
     "random_halves",
@@ -364,13 +365,20 @@ def _buffer(buffers: dict[str, NDArray[Any]], name: str, size: int, dtype: Any) 
     return buf[:size]
 
 
-def percentile_ci(d: NDArray[np.float64]) -> ConfidenceInterval:
-    """2.5 and 97.5 percentiles of the finite draws (NaN interval when none is finite)."""
+def percentile_ci(d: NDArray[np.float64], level: float = 0.95) -> ConfidenceInterval:
+    """The central ``level`` percentile interval of the finite draws (2.5 and 97.5
+    percentiles by default; NaN interval when none is finite)."""
     ok = d[np.isfinite(d)]
     if ok.size == 0:
         return NAN_CI
-    lo, hi = np.percentile(ok, [2.5, 97.5])
+    lo, hi = np.percentile(ok, [50 * (1 - level), 50 * (1 + level)])
     return ConfidenceInterval(float(lo), float(hi))
+
+
+def nan_divide(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``a / b`` elementwise, NaN (not a warning) where ``b`` is 0: a rate over no cases."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(a / b, dtype=np.float64)
 
 
 def nan_estimate(n: int = 0) -> Estimate:
