@@ -17,7 +17,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -33,6 +33,7 @@ __all__ = [
     "SCORE_COLUMNS",
     "SceneRow",
     "SceneTable",
+    "image_csv_rows",
     "read_scene_table",
     "write_scores",
 ]
@@ -143,47 +144,64 @@ def _decoded_row(
     )
 
 
-def _csv_cells(path: Path) -> list[tuple[str, str, Path, str, str | None]]:
-    """(where, image cell, image path, request, situation_id) per data row, checked."""
-    required, optional = ("image", "request"), ("situation_id",)
-    out = []
+def image_csv_rows(
+    path: Path,
+    required: tuple[str, ...],
+    optional: tuple[str, ...],
+    *,
+    error: type[Exception] = ConfigError,
+) -> Iterator[tuple[str, int, dict[str, str], Path]]:
+    """Yield ``(where, row_no, cells, image_path)`` per data row of a CSV that names an image
+    per row (column ``image``, relative to the CSV's folder), checking the header, each row's
+    shape and that its image exists; ``error`` is the exception raised, naming row and line.
+    The one reader of such CSVs: ``spotstop score``'s scenes and the cue analysis's sets."""
     with path.open(newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         header = [h.strip() for h in (reader.fieldnames or [])]
         missing = [c for c in required if c not in header]
         extra = [c for c in header if c not in required + optional]
         if missing or extra:
-            raise ConfigError(
-                f"{path}: the header must be image,request[,situation_id]; got "
-                f"{','.join(header) or 'no header'}"
+            raise error(
+                f"{path}: the header must be {','.join(required)}"
+                + (f"[,{','.join(optional)}]" if optional else "")
+                + f"; got {','.join(header) or 'no header'}"
                 + (f" (missing {', '.join(missing)})" if missing else "")
                 + (f" (unknown {', '.join(extra)})" if extra else "")
                 + "."
             )
         reader.fieldnames = header
+        n = 0
         for row_no, row in enumerate(reader, start=1):
             where = f"{path}, row {row_no} (line {reader.line_num})"
             if None in row:
-                raise ConfigError(f"{where}: more cells than header columns; check the quoting.")
+                raise error(f"{where}: more cells than header columns; check the quoting.")
             cells = {c: (row[c] or "").strip() for c in header if row[c] is not None}
             if len(cells) != len(header):
-                raise ConfigError(f"{where}: the row is too short; every column needs a cell.")
+                raise error(f"{where}: the row is too short; every column needs a cell.")
             if not cells["image"]:
-                raise ConfigError(f"{where}, column 'image': a file name is required.")
-            if not cells["request"]:
-                raise ConfigError(f"{where}, column 'request': the request text is empty.")
+                raise error(f"{where}, column 'image': a file name is required.")
             img = Path(cells["image"])
             img = img if img.is_absolute() else path.parent / img
             if not img.is_file():
-                raise ConfigError(
+                raise error(
                     f"{where}, column 'image': {str(img)!r} does not exist; paths are relative "
                     "to the CSV's folder."
                 )
-            out.append(
-                (where, cells["image"], img, cells["request"], cells.get("situation_id") or None)
-            )
-    if not out:
-        raise ConfigError(f"{path}: no data rows after the header.")
+            n += 1
+            yield where, row_no, cells, img
+        if n == 0:
+            raise error(f"{path}: no data rows after the header.")
+
+
+def _csv_cells(path: Path) -> list[tuple[str, str, Path, str, str | None]]:
+    """(where, image cell, image path, request, situation_id) per data row, checked."""
+    out = []
+    for where, _, cells, img in image_csv_rows(path, ("image", "request"), ("situation_id",)):
+        if not cells["request"]:
+            raise ConfigError(f"{where}, column 'request': the request text is empty.")
+        out.append(
+            (where, cells["image"], img, cells["request"], cells.get("situation_id") or None)
+        )
     return out
 
 

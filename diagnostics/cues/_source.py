@@ -15,14 +15,13 @@ column, and say what to do.
 
 from __future__ import annotations
 
-import csv
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics.cues._templates import CUES
+from spotstop.guard._scene_table import image_csv_rows
 
 __all__ = [
     "CalibrationImage",
@@ -116,48 +115,6 @@ def _find_csv(source: str | os.PathLike[str], what: str, option: str) -> Path:
     raise DataError(f"{what} {str(p)!r} does not exist; pass a CSV or its folder to {option}.")
 
 
-def _rows(
-    path: Path, required: tuple[str, ...], optional: tuple[str, ...]
-) -> Iterator[tuple[str, int, dict[str, str], Path]]:
-    """Yield ``(where, row_no, cells, image_path)`` per data row, checking shape and image."""
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        header = [h.strip() for h in (reader.fieldnames or [])]
-        missing = [c for c in required if c not in header]
-        extra = [c for c in header if c not in required + optional]
-        if missing or extra:
-            raise DataError(
-                f"{path}: the header must be {','.join(required)}"
-                + (f"[,{','.join(optional)}]" if optional else "")
-                + f"; got {','.join(header) or 'no header'}"
-                + (f" (missing {', '.join(missing)})" if missing else "")
-                + (f" (unknown {', '.join(extra)})" if extra else "")
-                + "."
-            )
-        reader.fieldnames = header
-        n = 0
-        for row_no, row in enumerate(reader, start=1):
-            where = f"{path}, row {row_no} (line {reader.line_num})"
-            if None in row:
-                raise DataError(f"{where}: more cells than header columns; check the quoting.")
-            cells = {c: (row[c] or "").strip() for c in header if row[c] is not None}
-            if len(cells) != len(header):
-                raise DataError(f"{where}: the row is too short; every column needs a cell.")
-            if not cells["image"]:
-                raise DataError(f"{where}, column 'image': a file name is required.")
-            img = Path(cells["image"])
-            img = img if img.is_absolute() else path.parent / img
-            if not img.is_file():
-                raise DataError(
-                    f"{where}, column 'image': {str(img)!r} does not exist; paths are relative "
-                    "to the CSV's folder."
-                )
-            n += 1
-            yield where, row_no, cells, img
-        if n == 0:
-            raise DataError(f"{path}: no data rows after the header.")
-
-
 def read_source_set(source: str | os.PathLike[str]) -> SourceSet:
     """Read and validate a source set: a CSV ``image,request,label[,situation_id]`` or its folder.
 
@@ -168,7 +125,9 @@ def read_source_set(source: str | os.PathLike[str]) -> SourceSet:
 
     path = _find_csv(source, "source set", "--source")
     scenes = []
-    for where, row_no, cells, img in _rows(path, ("image", "request", "label"), ("situation_id",)):
+    for where, row_no, cells, img in image_csv_rows(
+        path, ("image", "request", "label"), ("situation_id",), error=DataError
+    ):
         if not cells["request"]:
             raise DataError(f"{where}, column 'request': the request text is empty.")
         lab = cells["label"].upper()
@@ -199,7 +158,7 @@ def read_calibration_csv(source: str | os.PathLike[str]) -> CalibrationSet:
     """Read and validate the detector's calibration CSV ``image,cue`` (or its folder)."""
     path = _find_csv(source, "calibration set", "--calibration")
     images = []
-    for where, row_no, cells, img in _rows(path, ("image", "cue"), ()):
+    for where, row_no, cells, img in image_csv_rows(path, ("image", "cue"), (), error=DataError):
         cue = cells["cue"].lower()
         if cue not in _CAL_CUES:
             raise DataError(
