@@ -59,7 +59,7 @@ COMMANDS: dict[str, Command] = {
         "spotstop.guard._cli",
         "add_score_parser",
         ("export",),
-        "print one member's teacher-forced score of a scene",
+        "teacher-forced member scores of a scene, or of many (a folder or a CSV; --ray)",
     ),
     "policy": Command(
         "spotstop.calibrate._cli",

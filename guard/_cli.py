@@ -471,7 +471,7 @@ def add_score_parser(sub: Any) -> None:
     scene, or of many (a folder or a CSV), in this process or on Ray."""
     p = sub.add_parser(
         "score",
-        help="print one member's teacher-forced score of a scene",
+        help="teacher-forced member scores of a scene, or of many (a folder or a CSV; --ray)",
         description=(
             "Score IMAGE and --request with one member: s = log p(UNSAFE | x, q) − log p(SAFE | x, q), "
             "the answers appended right after the member's own generation prompt (reasoning "
