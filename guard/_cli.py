@@ -538,12 +538,34 @@ def add_score_parser(sub: Any) -> None:
     p.set_defaults(func=run_score)
 
 
+def _member_loader(args: argparse.Namespace, threads: int | None = None) -> Any:
+    """A no-argument loader of ``--member`` as the score flags say (the scoring config, grid
+    and size are read and checked now, the member loads when called)."""
+    import functools
+
+    from spotstop.guard._config import ScoringConfig, load_scoring_config, parse_image_size
+    from spotstop.guard._member import load_member
+
+    cfg = load_scoring_config(args.config) if args.config else ScoringConfig()
+    size = parse_image_size(args.image_size, "--image-size") if args.image_size else None
+    kw: dict[str, Any] = {"threads": threads} if threads is not None else {}
+    return functools.partial(
+        load_member,
+        args.member,
+        config=cfg,
+        image_size=size,
+        visual_tokens=args.visual_tokens,
+        revision=args.revision,
+        device=args.device,
+        dtype=args.dtype,
+        **kw,
+    )
+
+
 def run_score(args: argparse.Namespace) -> int:
     """Run ``spotstop score``."""
-    from spotstop.guard._config import ScoringConfig, load_scoring_config, parse_image_size
     from spotstop.guard._errors import ConfigError
     from spotstop.guard._image import decode_image
-    from spotstop.guard._member import load_member
     from spotstop.guard._types import Scene
 
     if args.image.is_dir() or args.image.suffix.lower() == ".csv":
@@ -558,18 +580,9 @@ def run_score(args: argparse.Namespace) -> int:
         )
     if args.request is None:
         raise ConfigError("--request is required: what the robot was asked to do.")
-    cfg = load_scoring_config(args.config) if args.config else ScoringConfig()
-    size = parse_image_size(args.image_size, "--image-size") if args.image_size else None
+    load = _member_loader(args)  # a bad config or size fails before the image is read
     image = decode_image(args.image)  # bad images fail before any model is loaded
-    member = load_member(
-        args.member,
-        config=cfg,
-        image_size=size,
-        visual_tokens=args.visual_tokens,
-        revision=args.revision,
-        device=args.device,
-        dtype=args.dtype,
-    )
+    member = load()
     scene = Scene(image=image, request=args.request)
     variants = args.variant or ["scene"]
     results = [member.score([scene], v)[0] for v in variants]
@@ -601,13 +614,10 @@ def run_score(args: argparse.Namespace) -> int:
 
 def _run_score_many(args: argparse.Namespace) -> int:
     """``spotstop score FOLDER|CSV``: a table of scores, on the local or the Ray engine."""
-    import functools
 
     from spotstop.guard._batch import MemberRef, get_engine, score_scenes
-    from spotstop.guard._config import ScoringConfig, load_scoring_config, parse_image_size
     from spotstop.guard._errors import ConfigError
     from spotstop.guard._hf import resolve_member
-    from spotstop.guard._member import load_member
     from spotstop.guard._scene_table import read_scene_table, write_scores
 
     fmt = "jsonl" if args.json else "csv"
@@ -618,20 +628,8 @@ def _run_score_many(args: argparse.Namespace) -> int:
     if args.chunk_size < 1:
         raise ConfigError(f"--chunk-size must be >= 1; got {args.chunk_size}.")
     engine = ray_engine(args, args.chunk_size)  # Ray flags checked before any image is read
-    cfg = load_scoring_config(args.config) if args.config else ScoringConfig()
-    size = parse_image_size(args.image_size, "--image-size") if args.image_size else None
+    load = _member_loader(args, threads=ray_threads(args))
     table = read_scene_table(args.image, args.request)  # bad images fail before any model
-    load = functools.partial(
-        load_member,
-        args.member,
-        config=cfg,
-        image_size=size,
-        visual_tokens=args.visual_tokens,
-        revision=args.revision,
-        device=args.device,
-        dtype=args.dtype,
-        threads=ray_threads(args),
-    )
     if engine is None:
         member = load()
         ref = MemberRef(member.name, load, loaded=member)
