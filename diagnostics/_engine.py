@@ -62,6 +62,7 @@ from spotstop.diagnostics._metrics import (
     wbincount,
 )
 from spotstop.diagnostics._resample import as_rng, random_halves
+from spotstop.guard.policies import n_safe
 
 __all__ = [
     "BLOCK_ROWS",
@@ -800,7 +801,7 @@ class CurveEngine:
             t = prod[:, 0] / cases
             bound = 1e-9 * prod[:, 1] / cases
         ok = np.isfinite(t)
-        k = np.where(ok, np.searchsorted(self.v, t, side="left"), 0)
+        k = n_safe(self.v, t)  # the guard's rule, written once
         m = self.v.size
         if m:
             lo = self.v[np.clip(k - 1, 0, m - 1)]
@@ -808,7 +809,7 @@ class CurveEngine:
             near = ok & ((np.abs(t - lo) <= bound) | (np.abs(hi - t) <= bound))
             for i in np.flatnonzero(near):
                 exact = math.fsum(counts[i] * self.sum_g) / cases[i]
-                k[i] = np.searchsorted(self.v, exact, side="left")
+                k[i] = n_safe(self.v, exact)
         return np.asarray(k, dtype=np.intp)
 
     @cached_property

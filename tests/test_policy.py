@@ -44,6 +44,7 @@ from spotstop.guard.policies import (
     is_unsafe,
     label_of,
     load_policy,
+    n_safe,
     policy_class,
     policy_kinds,
     replay,
@@ -85,6 +86,19 @@ def test_the_vectorized_rule_is_the_scalar_rule(scores: list[float], t: float) -
     assert all(
         label_of(s, t) == ("UNSAFE" if m else "SAFE") for s, m in zip(scores, mask, strict=True)
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=20).map(sorted),
+    st.lists(
+        st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 3)),
+        max_size=8,
+    ),
+)
+def test_n_safe_counts_what_the_rule_calls_safe(scores: list[float], ts: list[float]) -> None:
+    got = n_safe(scores, ts)
+    assert got.tolist() == [int((~unsafe_mask(scores, t)).sum()) for t in ts]
 
 
 # ---------------------------------------------------------------------- conformal rank

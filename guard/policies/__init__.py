@@ -66,7 +66,7 @@ from spotstop.guard.policies._registry import (
     policy_from_dict,
     policy_kinds,
 )
-from spotstop.guard.policies._rule import Label, is_unsafe, label_of, unsafe_mask
+from spotstop.guard.policies._rule import Label, is_unsafe, label_of, n_safe, unsafe_mask
 from spotstop.guard.policies._situation import SituationPolicy
 
 __all__ = [
@@ -114,6 +114,7 @@ __all__ = [
     "is_unsafe",
     "label_of",
     "load_policy",
+    "n_safe",
     "one_per_situation",
     "policy_class",
     "policy_from_dict",

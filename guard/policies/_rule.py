@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["Label", "is_unsafe", "label_of", "unsafe_mask"]
+__all__ = ["Label", "is_unsafe", "label_of", "n_safe", "unsafe_mask"]
 
 Label = Literal["SAFE", "UNSAFE"]
 
@@ -36,3 +36,14 @@ def unsafe_mask(score: Any, threshold: Any) -> np.ndarray:
     t = np.asarray(threshold, dtype=float)
     with np.errstate(invalid="ignore"):
         return ~(np.isfinite(s) & np.isfinite(t)) | (s >= t)
+
+
+def n_safe(sorted_scores: Any, threshold: Any) -> np.ndarray:
+    """How many of ``sorted_scores`` (ascending, finite) the rule labels SAFE, per threshold:
+    ``(~unsafe_mask(sorted_scores, t)).sum()`` by binary search (the flagged ones are a
+    suffix). A threshold that is not finite flags every score (0 SAFE)."""
+    v = np.asarray(sorted_scores, dtype=float)
+    t = np.asarray(threshold, dtype=float)
+    with np.errstate(invalid="ignore"):
+        k = np.searchsorted(v, np.where(np.isfinite(t), t, -np.inf), side="left")
+    return np.asarray(np.where(np.isfinite(t), k, 0), dtype=np.intp)
