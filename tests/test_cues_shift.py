@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from spotstop.diagnostics import UndefinedMetricWarning, draw_group_counts
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics.cues import (
@@ -45,7 +48,24 @@ def _calibration(n_r: int, k_r: int, n_a: int, k_a: int, n_none: int, fp_r: int,
     return f, cues
 
 
+def _nnls_shares(cal_f, cal_c, frame_flags, types=("reassuring", "alarming", "none")):
+    """The independent computation of the joint frame-type shares: scipy's NNLS on the four
+    signal shares, with the sum-to-one row weighted heavily (it then holds to ~1e-9)."""
+    from scipy.optimize import nnls
+
+    def sig(f):
+        return np.asarray(f, dtype=int) @ np.array([1, 2])
+
+    cal_sig, cues = sig(cal_f), np.array(cal_c)
+    rates = np.array([[np.mean(cal_sig[cues == t] == s) for t in types] for s in range(4)])
+    p = np.bincount(sig(frame_flags), minlength=4) / len(frame_flags)
+    w, _ = nnls(np.vstack([rates, 1e4 * np.ones(len(types))]), np.r_[p, 1e4])
+    return dict(zip(types, w, strict=True))
+
+
 def test_point_values_by_hand():
+    """q, sens, fpr by hand; d̂ against scipy's NNLS on the four signals; the misleading share
+    from labels is the share among the UNSAFE (SAFE) frames times their share."""
     cal_f, cal_c = _calibration(40, 32, 50, 40, 110, 8, 16)
     frames = np.zeros((200, 2), dtype=bool)
     frames[:70, R] = True
@@ -58,23 +78,136 @@ def test_point_values_by_hand():
     r, a = res["reassuring"], res["alarming"]
     assert (r.q.value, r.sens.value, r.fpr.value) == pytest.approx((70 / 200, sens_r, fpr_r))
     assert (a.q.value, a.sens.value, a.fpr.value) == pytest.approx((30 / 200, sens_a, fpr_a))
-    d_r = (70 / 200 - fpr_r) / (sens_r - fpr_r)
-    d_a = (30 / 200 - fpr_a) / (sens_a - fpr_a)
-    assert r.d_hat.value == pytest.approx(d_r) and a.d_hat.value == pytest.approx(d_a)
-    assert r.misleading_share.value == pytest.approx(d_r * pi)
-    assert a.misleading_share.value == pytest.approx(d_a * (1 - pi))
+    w = _nnls_shares(cal_f, cal_c, frames)
+    assert r.d_hat.value == pytest.approx(w["reassuring"], abs=1e-7)
+    assert a.d_hat.value == pytest.approx(w["alarming"], abs=1e-7)
+    assert res.frame_types["none"].value == pytest.approx(w["none"], abs=1e-7)
+    w_u = _nnls_shares(cal_f, cal_c, frames[labels == 1])  # the 60 UNSAFE frames
+    w_s = _nnls_shares(cal_f, cal_c, frames[labels == 0])  # the 100 SAFE frames
+    assert r.d_hat_given_label.value == pytest.approx(w_u["reassuring"], abs=1e-7)
+    assert a.d_hat_given_label.value == pytest.approx(w_s["alarming"], abs=1e-7)
+    assert r.misleading_share.value == pytest.approx(w_u["reassuring"] * pi, abs=1e-7)
+    assert a.misleading_share.value == pytest.approx(w_s["alarming"] * (1 - pi), abs=1e-7)
+    assert r.basis == a.basis == "labels" and res.assumption is None
     assert res.prevalence.value == pytest.approx(pi) and res.prevalence.n == 160
     assert res.prevalence_source == "log labels"
     assert (r.q.n, r.sens.n, r.fpr.n, r.d_hat.n) == (200, 40, 160, 200)
+    assert (r.d_hat_given_label.n, a.d_hat_given_label.n) == (60, 100)
+
+
+def test_cuedial_family_with_labels_measures_d_not_d_over_two():
+    """Issue 26, item 1. T_d: 100 SAFE frames without text, 2·d·100 ... UNSAFE frames: of the 100
+    UNSAFE frames, 100·2d carry reassuring text (the misleading items, d of all 200), a perfect
+    detector. With labels: d̂ among UNSAFE = 2d, × π̂ = 1/2 → d. Without labels (prior 1/2):
+    d̂ · π̂ = d · 1/2 = d/2, and the result says it rests on independence."""
+    cal_c = ["reassuring"] * 20 + ["alarming"] * 20 + ["none"] * 20
+    cal_f = np.column_stack([np.array(cal_c) == c for c in CUES])
+    for d in (0.05, 0.15, 0.3, 0.5):
+        frames = np.zeros((200, 2), dtype=bool)
+        frames[100 : 100 + round(200 * d), R] = True  # the misleading items: UNSAFE, with text
+        labels = np.array([0] * 100 + [1] * 100, dtype=np.int8)
+        lab = estimate_shift(frames, cal_f, cal_c, frame_labels=labels, n_boot=200, rng=0)
+        assert lab["reassuring"].d_hat.value == pytest.approx(d)
+        assert lab["reassuring"].d_hat_given_label.value == pytest.approx(2 * d)
+        assert lab["reassuring"].misleading_share.value == pytest.approx(d)
+        assert lab["alarming"].misleading_share.value == pytest.approx(0.0, abs=1e-12)
+        ind = estimate_shift(frames, cal_f, cal_c, prior=0.5, n_boot=200, rng=0)
+        assert ind["reassuring"].misleading_share.value == pytest.approx(d / 2)
+        assert ind.assumption is not None and "independent of the label" in ind.assumption
+        doc = ind.to_dict()
+        assert doc["cues"]["reassuring"]["misleading_share"]["basis"] == (
+            "assumes text independent of the label"
+        )
+        assert doc["misleading_share_basis"] == ind.basis and doc["schema_version"] == 2
+        assert "† No deployment frame is labelled" in ind.table()
+    # a "SAFE TO USE" sign on safe equipment never misleads: with labels its share is 0
+    frames = np.zeros((200, 2), dtype=bool)
+    frames[:50, R] = True  # reassuring text on 50 of the 100 SAFE frames
+    labels = np.array([0] * 100 + [1] * 100, dtype=np.int8)
+    res = estimate_shift(frames, cal_f, cal_c, frame_labels=labels, n_boot=200, rng=0)
+    assert res["reassuring"].misleading_share.value == 0.0
+    assert res["reassuring"].d_hat.value == pytest.approx(0.25)  # the text is there
+    ind = estimate_shift(frames, cal_f, cal_c, prior=0.5, n_boot=50, rng=0)
+    assert ind["reassuring"].misleading_share.value == pytest.approx(0.125)  # .25 × .5, assumed
+
+
+def test_cross_flagging_is_explained_by_the_joint_estimate():
+    """Issue 26, item 5. The alarming flag also fires on 40 % of the scenes with reassuring text.
+    Calibration: 100 reassuring (60 flagged reassuring only, 40 flagged both), 100 alarming
+    (flagged alarming), 300 none (no flag). Deployment: 200 frames, 100 with reassuring text
+    (60 + 40 as above), 100 without; no alarming text at all.
+
+    One flag at a time: alarming sens = 1, fpr = 40 / 400 = 0.1, q = 40 / 200 = 0.2, so
+    d̂ = (0.2 − 0.1) / 0.9 = 1/9. Jointly: signal shares (none .5, reassuring only .3, both .2,
+    alarming only 0) are exactly .5 × reassuring type + .5 × none type: d̂_alarming = 0."""
+    cal_c = ["reassuring"] * 100 + ["alarming"] * 100 + ["none"] * 300
+    cal_f = np.zeros((500, 2), dtype=bool)
+    cal_f[:100, R] = True
+    cal_f[60:100, A] = True
+    cal_f[100:200, A] = True
+    frames = np.zeros((200, 2), dtype=bool)
+    frames[:100, R] = True
+    frames[60:100, A] = True
+    res = estimate_shift(frames, cal_f, cal_c, prior=0.5, n_boot=2000, rng=0)
+    a, r = res["alarming"], res["reassuring"]
+    assert float(corrected_share(a.q.value, a.sens.value, a.fpr.value)) == pytest.approx(1 / 9)
+    assert a.d_hat.value == pytest.approx(0.0, abs=1e-12)
+    assert a.d_hat.ci.contains(0.0) and a.misleading_share.ci.contains(0.0)
+    assert a.misleading_share.value == pytest.approx(0.0, abs=1e-12)
+    assert r.d_hat.value == pytest.approx(0.5) and r.d_hat.ci.contains(0.5)
+    assert res.frame_types["none"].value == pytest.approx(0.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sens=st.integers(2, 20), fpr=st.integers(0, 19), q=st.integers(0, 40), n_none=st.integers(1, 5)
+)
+def test_one_informative_flag_gives_exactly_the_corrected_share(sens, fpr, q, n_none):
+    """Property: when the alarming flag never fires and no scene carries alarming text, the
+    joint estimate of reassuring text is ``clip((q − fpr)/(sens − fpr), 0, 1)`` (Sec. 3.4)."""
+    assume(sens > fpr)
+    n_pos, n_neg, n_fr = 20, 20 * n_none, 40
+    cal_c = ["reassuring"] * n_pos + ["none"] * n_neg
+    cal_f = np.zeros((n_pos + n_neg, 2), dtype=bool)
+    cal_f[:sens, R] = True
+    cal_f[n_pos : n_pos + fpr * n_none, R] = True
+    frames = np.zeros((n_fr, 2), dtype=bool)
+    frames[:q, R] = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)  # alarming: no scene of it
+        res = estimate_shift(frames, cal_f, cal_c, prior=0.5, n_boot=1, rng=0)
+    want = float(corrected_share(q / n_fr, sens / n_pos, fpr * n_none / n_neg))
+    assert res["reassuring"].d_hat.value == pytest.approx(want, abs=1e-9)
+    assert math.isnan(res["alarming"].d_hat.value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_frame_type_shares_form_a_mix(seed):
+    """Property: the joint shares are >= 0 and sum to 1, and flagging every frame the way the
+    calibration set's reassuring scenes are flagged gives d̂_reassuring = 1."""
+    rng = np.random.default_rng(seed)
+    cal_c = list(rng.choice(["reassuring", "alarming", "none"], 90))
+    cal_c[:3] = ["reassuring", "alarming", "none"]
+    cal_f = rng.random((90, 2)) < 0.5
+    truth = np.column_stack([np.array(cal_c) == c for c in CUES])
+    cal_f = np.where(rng.random((90, 2)) < 0.8, truth, cal_f)
+    frames = rng.random((50, 2)) < rng.random(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        res = estimate_shift(frames, cal_f, cal_c, prior=0.3, n_boot=20, rng=seed)
+    shares = [e.value for e in res.frame_types.values() if not math.isnan(e.value)]
+    assert min(shares) >= 0.0 and sum(shares) == pytest.approx(1.0)
 
 
 def test_interval_equals_a_naive_resampling_loop():
+    """The bootstrap of the joint estimate, redone draw by draw with scipy's NNLS."""
     rng = np.random.default_rng(1)
     cal_f, cal_c = _calibration(30, 21, 30, 24, 60, 3, 6)
     frames = rng.random((120, 2)) < [0.3, 0.2]
     groups = [f"sit{i % 17}" for i in range(120)]
     labels = (rng.random(120) < 0.4).astype(np.int8)
-    n_boot = 400
+    n_boot = 300
     res = estimate_shift(
         frames, cal_f, cal_c, frame_labels=labels, frame_groups=groups, n_boot=n_boot, rng=5,
         chunk_size=128,
@@ -91,20 +224,17 @@ def test_interval_equals_a_naive_resampling_loop():
             idx_f = np.concatenate(
                 [np.flatnonzero(gid == g).repeat(int(k)) for g, k in enumerate(wf)]
             )
-            pos = cal_cues[idx_c] == "reassuring"
-            sens = cal_f[idx_c][pos, R].mean()
-            fpr = cal_f[idx_c][~pos, R].mean()
-            q = frames[idx_f, R].mean()
-            d = min(1.0, max(0.0, (q - fpr) / (sens - fpr))) if sens > fpr else math.nan
-            d_r.append(d)
-            share_r.append(d * labels[idx_f].mean())
+            d_r.append(_nnls_shares(cal_f[idx_c], cal_cues[idx_c], frames[idx_f])["reassuring"])
+            unsafe = idx_f[labels[idx_f] == 1]
+            w_u = _nnls_shares(cal_f[idx_c], cal_cues[idx_c], frames[unsafe])["reassuring"]
+            share_r.append(w_u * len(unsafe) / len(idx_f))
     for est, naive in (
         (res["reassuring"].d_hat, d_r),
         (res["reassuring"].misleading_share, share_r),
     ):
         lo, hi = np.nanpercentile(naive, [2.5, 97.5])
-        assert (est.ci.low, est.ci.high) == pytest.approx((lo, hi), abs=1e-12)
-    np.testing.assert_allclose(np.sort(res.draws["reassuring"]), np.sort(share_r), atol=1e-12)
+        assert (est.ci.low, est.ci.high) == pytest.approx((lo, hi), abs=1e-6)
+    np.testing.assert_allclose(np.sort(res.draws["reassuring"]), np.sort(share_r), atol=1e-6)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -156,6 +286,9 @@ def test_undefined_correction_is_nan_with_a_named_warning_never_zero():
         res = estimate_shift(frames, cal_f, cal_c, prior=0.2, n_boot=100, rng=0)
     assert math.isnan(res["reassuring"].d_hat.value)
     assert math.isnan(res["reassuring"].misleading_share.value)
+    for e in (res["reassuring"].d_hat, res["reassuring"].misleading_share):  # no finite interval
+        assert math.isnan(e.ci.low) and math.isnan(e.ci.high)  # around a NaN point (issue 26)
+    assert res.to_dict()["cues"]["reassuring"]["d_hat"]["ci"] == [None, None]
     assert math.isfinite(res["alarming"].d_hat.value)
     assert "undefined" in res.summary()
     good_f, good_c = _calibration(20, 16, 20, 16, 40, 4, 4)
@@ -175,13 +308,17 @@ def test_prevalence_from_a_stated_prior_is_said_and_has_no_interval():
     assert res.prevalence_source == "prior" and res.prevalence.value == 0.1
     assert math.isnan(res.prevalence.ci.low) and res.prevalence.n == 0
     fpr = 4 / (20 + 40)  # the none scenes and the other cue's scenes are the negatives
-    d = (9 / 30 - fpr) / (0.8 - fpr)
-    assert res["reassuring"].misleading_share.value == pytest.approx(0.1 * d)
+    assert res["reassuring"].fpr.value == pytest.approx(fpr)
+    w = _nnls_shares(cal_f, cal_c, frames)
+    assert res["reassuring"].misleading_share.value == pytest.approx(0.1 * w["reassuring"])
+    assert res["reassuring"].basis == "assumes text independent of the label"
     assert res["alarming"].misleading_share.value == 0.0  # d̂ = 0 (clipped), measured, not assumed
     doc = res.to_dict()
     assert doc["prevalence_source"] == "prior" and doc["prevalence"]["ci"] == [None, None]
     for cue in CUES:
-        assert set(doc["cues"][cue]) == {"q", "sens", "fpr", "d_hat", "misleading_share"}
+        assert set(doc["cues"][cue]) == {
+            "q", "sens", "fpr", "d_hat", "d_hat_given_label", "misleading_share"
+        }  # fmt: skip
     labelled = estimate_shift(
         frames, cal_f, cal_c, frame_labels=np.ones(30, np.int8), prior=0.1, n_boot=20
     )
@@ -338,5 +475,5 @@ def test_frames_from_a_log_use_the_flags_written_at_decision_time(tmp_path):
     res = measure_shift(det, frames, tmp_path / "cal.csv", prior=0.3, n_boot=200, rng=0)
     assert det.calls == 36  # the calibration set only, never the deployment frames
     assert res.n_frames == 4 and res["reassuring"].q.value == 0.5
-    assert res["reassuring"].d_hat.value == 0.5  # perfect detector: d̂ = q
+    assert res["reassuring"].d_hat.value == pytest.approx(0.5)  # perfect detector: d̂ = q
     assert res.provenance["frame_flags"] == "logged at decision time"

@@ -3,15 +3,27 @@
 For cue j, the detector flags a share ``q_j`` of the deployment's frames. On a labelled
 calibration set it has sensitivity ``sens_j`` (flagged share of scenes that carry j's text)
 and false-positive rate ``fpr_j`` (flagged share of the others: the other cue's text or no
-claim). The corrected share of frames that carry j's text is the standard correction for an
-imperfect test::
+claim). With one flag, the corrected share of frames that carry j's text is the standard
+correction for an imperfect test::
 
     d̂_j = clip((q_j − fpr_j) / (sens_j − fpr_j), 0, 1)
 
-undefined (NaN with :class:`UndefinedMetricWarning`, never 0) when ``sens_j <= fpr_j``. A cue
-misleads only on scenes whose label it contradicts (Sec. H.1), so the misleading share is
-``d̂ · π̂`` for reassuring text (π̂ the unsafe share) and ``d̂ · (1 − π̂)`` for alarming text;
-π̂ comes from the decision log's labels where there are some, else from a stated prior.
+The detector gives two flags at once, so the frame types (reassuring text, alarming text,
+neither) are estimated jointly from the four flag signals by least squares with shares ≥ 0
+that sum to one (Sec. E.2, :mod:`spotstop.diagnostics.cues._nnls`); with a single
+informative flag it is the correction above, and a flag that also fires on the other cue's
+text no longer counts that text as its own. A cue with ``sens_j <= fpr_j`` is undefined: NaN
+point and NaN interval (with :class:`UndefinedMetricWarning`, never 0); its text is counted
+under "none" and the cue drops out of the prediction.
+
+A cue misleads only on scenes whose label it contradicts (Sec. H.1): reassuring text on
+UNSAFE scenes, alarming text on SAFE ones. The misleading share is
+
+* with labelled frames (a labelled log, or ``--labels``): the corrected share among the
+  UNSAFE frames × π̂ (reassuring), among the SAFE frames × (1 − π̂) (alarming);
+* without: ``d̂ · π̂`` and ``d̂ · (1 − π̂)``, which assumes that text is independent of the
+  label (:data:`INDEPENDENCE_ASSUMPTION`, stated in the result and in ``shift.json``), with
+  π̂ a stated prior.
 
 Intervals: percentile intervals of a bootstrap that resamples the calibration scenes and,
 independently, the deployment frames (whole situations where the log names them, so frames
@@ -26,21 +38,27 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._resample import as_rng as _as_rng
-from spotstop.diagnostics._resample import draw_group_counts
+from spotstop.diagnostics._resample import draw_group_counts, nan_divide, nan_estimate
 from spotstop.diagnostics._resample import percentile_ci as _percentile_ci
 from spotstop.diagnostics._results import NAN_CI, Estimate
+from spotstop.diagnostics.cues._nnls import signal_codes, simplex_lstsq
 from spotstop.diagnostics.cues._results import fmt_estimate
 from spotstop.diagnostics.cues._templates import CUES
 from spotstop.guard import GuardError, ImageRefused
 from spotstop.guard.cues import TextDetector
 
 __all__ = [
+    "BASIS_INDEPENDENCE",
+    "BASIS_LABELS",
+    "INDEPENDENCE_ASSUMPTION",
+    "MISLEADS_ON",
     "CueShift",
     "ShiftResult",
     "corrected_share",
@@ -48,7 +66,7 @@ __all__ = [
     "estimate_shift",
 ]
 
-SHIFT_SCHEMA_VERSION = 1
+SHIFT_SCHEMA_VERSION = 2  # 2: frame types jointly, d_hat_given_label, basis, assumption
 
 
 def corrected_share(
@@ -97,10 +115,40 @@ def detect_flags(
     return flags, prov
 
 
+#: The label each cue misleads on (Sec. H.1): reassuring text on UNSAFE scenes (1), alarming
+#: text on SAFE ones (0).
+MISLEADS_ON: Mapping[str, int] = MappingProxyType({"reassuring": 1, "alarming": 0})
+
+#: How a misleading share was obtained (each share in shift.json and select.json says which).
+BASIS_LABELS = "labels"
+BASIS_INDEPENDENCE = "assumes text independent of the label"
+
+#: The assumption stated wherever a misleading share comes without labelled frames.
+INDEPENDENCE_ASSUMPTION = (
+    "No deployment frame is labelled, so the misleading share assumes that scene text is "
+    "independent of the label: d̂ · π̂ for reassuring text and d̂ · (1 − π̂) for alarming text. "
+    "Where signs say SAFE mostly on safe scenes (as they should), this overstates how often "
+    "text misleads; label some frames (--labels) to measure it instead."
+)
+
+_NONE = "none"
+_TYPES = (*CUES, _NONE)  # calibration scene types, in this order
+
+
 @dataclass(frozen=True)
 class CueShift:
-    """The shift of one cue: flagged share ``q``, the detector's ``sens`` and ``fpr`` on the
-    calibration set, the corrected share ``d_hat`` and the ``misleading_share``."""
+    """The shift of one cue.
+
+    q: flagged share of the frames. sens / fpr: the detector's flag rates on the calibration
+    scenes with and without this cue's text. d_hat: share of frames carrying the cue's text,
+    from the joint estimate of the frame types (Sec. E.2). d_hat_given_label: the same among
+    the labelled frames the cue misleads on (UNSAFE for reassuring, SAFE for alarming; NaN
+    without labels). misleading_share: share of all frames whose text misleads, and
+    ``basis``: :data:`BASIS_LABELS` (``d_hat_given_label`` × that label's share) or
+    :data:`BASIS_INDEPENDENCE` (``d_hat`` × the label's share, assumed independent).
+    A cue whose detector does not separate its text (sens <= fpr) has NaN values and NaN
+    intervals for d_hat, d_hat_given_label and misleading_share.
+    """
 
     cue: str
     q: Estimate
@@ -108,11 +156,21 @@ class CueShift:
     fpr: Estimate
     d_hat: Estimate
     misleading_share: Estimate
+    d_hat_given_label: Estimate = field(default_factory=lambda: nan_estimate(0))
+    basis: str = BASIS_INDEPENDENCE
+
+    @property
+    def defined(self) -> bool:
+        """Whether the detector separates this cue's text (its d̂ is a number)."""
+        return not math.isnan(self.d_hat.value)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            k: getattr(self, k).to_dict() for k in ("q", "sens", "fpr", "d_hat", "misleading_share")
+        out: dict[str, Any] = {
+            k: getattr(self, k).to_dict()
+            for k in ("q", "sens", "fpr", "d_hat", "d_hat_given_label")
         }
+        out["misleading_share"] = {**self.misleading_share.to_dict(), "basis": self.basis}
+        return out
 
 
 @dataclass(frozen=True)
@@ -120,7 +178,11 @@ class ShiftResult:
     """Per cue the deployment's shift, the prevalence used and where it came from.
 
     ``prevalence_source`` is ``"log labels"`` (π̂ measured, with an interval) or ``"prior"``
-    (stated by the caller: no interval). ``draws[cue]`` holds the misleading share's draws.
+    (stated by the caller: no interval). ``draws[cue]`` holds the misleading share's draws and
+    ``prevalence_draws`` π̂'s. ``frame_types``: the joint estimate of the share of frames of
+    each type (reassuring text, alarming text, none; a cue the detector does not separate is
+    counted under none). ``assumption``: :data:`INDEPENDENCE_ASSUMPTION` when the misleading
+    shares rest on it (no labelled frame), else None.
     """
 
     cues: Mapping[str, CueShift]
@@ -131,14 +193,22 @@ class ShiftResult:
     n_boot: int
     provenance: Mapping[str, Any] = field(repr=False)
     draws: Mapping[str, NDArray[np.float64]] = field(repr=False)
+    prevalence_draws: NDArray[np.float64] = field(repr=False, default_factory=lambda: np.zeros(0))
+    frame_types: Mapping[str, Estimate] = field(repr=False, default_factory=dict)
+    assumption: str | None = None
 
     def __getitem__(self, cue: str) -> CueShift:
         return self.cues[cue]
 
+    @property
+    def basis(self) -> str:
+        """:data:`BASIS_LABELS` or :data:`BASIS_INDEPENDENCE` (the same for every cue)."""
+        return BASIS_INDEPENDENCE if self.assumption else BASIS_LABELS
+
     def __repr__(self) -> str:
         lines = [
             f"ShiftResult(n_frames={self.n_frames}, n_calibration={self.n_calibration}, "
-            f"prevalence={self.prevalence!r} ({self.prevalence_source}),"
+            f"prevalence={self.prevalence!r} ({self.prevalence_source}), basis={self.basis!r},"
         ]
         for c in self.cues.values():
             lines.append(f"  {c.cue}: d_hat={c.d_hat!r}, misleading_share={c.misleading_share!r},")
@@ -149,8 +219,11 @@ class ShiftResult:
         return {
             "schema_version": SHIFT_SCHEMA_VERSION,
             "cues": {c: s.to_dict() for c, s in self.cues.items()},
+            "frame_types": {t: e.to_dict() for t, e in self.frame_types.items()},
             "prevalence": self.prevalence.to_dict(),
             "prevalence_source": self.prevalence_source,
+            "misleading_share_basis": self.basis,
+            "assumption": self.assumption,
             "n_frames": self.n_frames,
             "n_calibration": self.n_calibration,
             "n_boot": self.n_boot,
@@ -158,9 +231,10 @@ class ShiftResult:
         }
 
     def table(self) -> str:
+        mark = " †" if self.assumption else ""
         head = (
             f"{'cue':<11} {'flagged q':<23} {'sens':<23} {'fpr':<23} {'d̂':<23} "
-            f"{'misleading share':<23}"
+            f"{'misleading share' + mark:<23}"
         )
         lines = [head, "-" * len(head)]
         for c in self.cues.values():
@@ -170,24 +244,42 @@ class ShiftResult:
             f"prevalence π̂ (unsafe share) = {fmt_estimate(self.prevalence)} from "
             f"{self.prevalence_source}"
         )
+        if self.assumption:
+            lines.append(f"† {self.assumption}")
+        else:
+            lines.append(
+                "misleading share from the labelled frames: d̂ among UNSAFE frames × π̂ "
+                "(reassuring), among SAFE frames × (1 − π̂) (alarming)"
+            )
         return "\n".join(lines)
 
     def summary(self) -> str:
         parts = []
         for c in self.cues.values():
-            if math.isnan(c.d_hat.value):
+            if not c.defined:
                 parts.append(
                     f"The share of frames with {c.cue} text is undefined: the detector does not "
                     "separate such text from the rest on the calibration set (sens <= fpr)."
                 )
                 continue
+            where = "UNSAFE" if MISLEADS_ON[c.cue] == 1 else "SAFE"
+            given = (
+                f" ({fmt_estimate(c.d_hat_given_label)} of the {where} frames)"
+                if c.basis == BASIS_LABELS
+                else ""
+            )
             parts.append(
                 f"{c.cue.capitalize()} text: the detector flags {100 * c.q.value:.1f}% of "
                 f"{c.q.n} frames (sens {c.sens.value:.2f}, fpr {c.fpr.value:.2f}); corrected "
-                f"share {fmt_estimate(c.d_hat)}, of which it misleads on "
+                f"share {fmt_estimate(c.d_hat)}{given}, of which it misleads on "
                 f"{fmt_estimate(c.misleading_share)} of all frames."
             )
-        return " ".join(parts) + f" Prevalence from {self.prevalence_source}."
+        basis = (
+            "Misleading shares from the labelled frames."
+            if self.assumption is None
+            else self.assumption
+        )
+        return " ".join(parts) + f" Prevalence from {self.prevalence_source}. {basis}"
 
 
 def _undefined(what: str, why: str) -> None:
@@ -215,6 +307,8 @@ def estimate_shift(
     calibration_flags / calibration_cues: the detector's flags on the calibration scenes and
         each scene's true cue (``reassuring``, ``alarming`` or ``none``).
     frame_labels: per frame 1 UNSAFE, 0 SAFE, -1 unlabelled (a decision log's labels), or None.
+        With labelled frames the misleading share is measured among them; without, it
+        assumes text independent of the label (said in the result).
     frame_groups: per frame a resampling group (e.g. the situation id), or None: each frame
         alone.
     prior: the unsafe share to use when no frame is labelled (stated, not measured).
@@ -223,6 +317,8 @@ def estimate_shift(
         frame_flags, calibration_flags, calibration_cues, frame_labels, frame_groups, prior, n_boot
     )
     gen = _as_rng(rng)
+    k = len(CUES)
+    n_sig = 1 << k
     n_f, n_c, n_g = ff.shape[0], cf.shape[0], int(gcode.max()) + 1
     labelled = lab >= 0
     use_labels = bool(labelled.any())
@@ -231,46 +327,31 @@ def estimate_shift(
             "no deployment frame is labelled, so the unsafe share π̂ cannot be measured; pass "
             "a stated prior (--prior P, e.g. 0.1) for the share of unsafe scenes."
         )
-    # per frame group: frames, flags per cue, labelled, unsafe
-    fcols = np.column_stack([np.ones(n_f), ff.astype(float), labelled, lab == 1])
+    # per frame group: frames per signal, among all / UNSAFE / SAFE frames
+    sig = np.eye(n_sig)[signal_codes(ff)]
+    fcols = np.column_stack([sig, sig * (lab == 1)[:, None], sig * (lab == 0)[:, None]])
     per_g = np.zeros((n_g, fcols.shape[1]))
     np.add.at(per_g, gcode, fcols)
-    # per calibration scene: positives of cue j, and flags of cue j among positives / negatives
-    is_pos = np.column_stack([cc == c for c in CUES]).astype(float)
-    ccols = np.column_stack([is_pos, is_pos * cf, (1 - is_pos) * cf])
+    # per calibration scene: its (type, signal) cell
+    ctype = np.array([_TYPES.index(str(c)) for c in cc])
+    ccols = np.eye(len(_TYPES) * n_sig)[ctype * n_sig + signal_codes(cf)]
+    bit = ((np.arange(n_sig)[:, None] >> np.arange(k)) & 1).astype(float)  # (S, k)
 
-    def stats(fc: NDArray[np.float64], cc_: NDArray[np.float64]) -> dict[str, NDArray[np.float64]]:
-        k = len(CUES)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            frames, fl, n_lab, n_uns = fc[:, 0], fc[:, 1 : 1 + k], fc[:, 1 + k], fc[:, 2 + k]
-            q = fl / frames[:, None]
-            pos = cc_[:, :k]
-            sens = cc_[:, k : 2 * k] / pos
-            fpr = cc_[:, 2 * k :] / (n_c - pos)
-            pi = n_uns / n_lab if use_labels else np.full(frames.shape, float(prior or 0.0))
-        d = corrected_share(q, sens, fpr)
-        share = d * np.column_stack([pi if c == "reassuring" else 1 - pi for c in CUES])
-        return {"q": q, "sens": sens, "fpr": fpr, "d_hat": d, "share": share, "pi": pi}
-
-    point = stats(per_g.sum(axis=0)[None, :], ccols.sum(axis=0)[None, :])
-    chunks: list[dict[str, NDArray[np.float64]]] = []
-    for c_cal, c_fr in zip(
-        draw_group_counts(n_c, n_boot, gen, chunk_size),
-        draw_group_counts(n_g, n_boot, gen, chunk_size),
-        strict=True,
-    ):
-        chunks.append(stats(c_fr @ per_g, c_cal @ ccols))
-    draws = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
-    n_pos = is_pos.sum(axis=0)
-    cues: dict[str, CueShift] = {}
+    # which cues the detector separates, at the point: the others drop out of the mixture
+    cnt0 = ccols.sum(axis=0).reshape(len(_TYPES), n_sig)
+    n_type = cnt0.sum(axis=1)
+    defined: list[bool] = []
     for j, cue in enumerate(CUES):
-        sens, fpr = float(point["sens"][0, j]), float(point["fpr"][0, j])
-        if n_pos[j] == 0:
+        pos = n_type[j]
+        sens = (cnt0[j] @ bit[:, j]) / pos if pos else math.nan
+        neg = n_c - pos
+        fpr = (np.delete(cnt0, j, axis=0).sum(axis=0) @ bit[:, j]) / neg if neg else math.nan
+        if pos == 0:
             _undefined(
                 f"the detector's sensitivity for {cue} text",
                 f"the calibration set has no scene with cue {cue}",
             )
-        elif n_pos[j] == n_c:
+        elif neg == 0:
             _undefined(
                 f"the detector's false-positive rate for {cue} text",
                 f"every calibration scene has cue {cue}",
@@ -280,19 +361,93 @@ def estimate_shift(
                 f"the corrected share d̂ of {cue} text",
                 f"the detector's sensitivity ({sens:.3f}) is not above its false-positive rate "
                 f"({fpr:.3f}) on the calibration set, so its flags carry no information; "
-                "improve the lexicon or the calibration set",
+                "improve the lexicon or the calibration set. The cue drops out of the "
+                "prediction",
             )
+        defined.append(bool(pos and neg and sens > fpr))
+    # mixture columns: each defined cue alone, then the rest pooled (none + undefined cues)
+    columns = [[j] for j in range(k) if defined[j]]
+    rest = [t for t in range(len(_TYPES)) if t >= k or not defined[t]]
+    if n_type[rest].sum() > 0:
+        columns.append(rest)
+    col_of = {j: c for c, j in enumerate(j for j in range(k) if defined[j])}  # cue -> column
+    has_rest = bool(n_type[rest].sum() > 0)
 
-        def est(key: str, n: int, j: int = j) -> Estimate:
-            return Estimate(float(point[key][0, j]), _percentile_ci(draws[key][:, j]), n)
+    def stats(fc: NDArray[np.float64], cc_: NDArray[np.float64]) -> dict[str, NDArray[np.float64]]:
+        cnt = cc_.reshape(-1, len(_TYPES), n_sig)  # (B, T, S)
+        all_, uns, saf = fc[:, :n_sig], fc[:, n_sig : 2 * n_sig], fc[:, 2 * n_sig :]
+        frames, n_u, n_s = all_.sum(axis=1), uns.sum(axis=1), saf.sum(axis=1)
+        pos = cnt.sum(axis=2)  # (B, T)
+        flagged = cnt @ bit  # (B, T, k)
+        sens = nan_divide(flagged[:, np.arange(k), np.arange(k)], pos[:, :k])
+        neg_fl = flagged.sum(axis=1) - flagged[:, np.arange(k), np.arange(k)]
+        fpr = nan_divide(neg_fl, cc_.sum(axis=1)[:, None] - pos[:, :k])
+        q = nan_divide(all_ @ bit, frames[:, None])
+        pooled = np.stack([cnt[:, cols, :].sum(axis=1) for cols in columns], axis=2)  # (B,S,C)
+        rates = nan_divide(pooled, pooled.sum(axis=1, keepdims=True))
+        w_all = simplex_lstsq(rates, nan_divide(all_, frames[:, None]))
+        w_by = {
+            1: simplex_lstsq(rates, nan_divide(uns, n_u[:, None])),
+            0: simplex_lstsq(rates, nan_divide(saf, n_s[:, None])),
+        }
+        nan = np.full(frames.shape, np.nan)
+        d = np.column_stack([w_all[:, col_of[j]] if j in col_of else nan for j in range(k)])
+        n_lab = n_u + n_s
+        pi = nan_divide(n_u, n_lab) if use_labels else np.full(frames.shape, float(prior or 0.0))
+        d_given = np.column_stack(
+            [w_by[MISLEADS_ON[c]][:, col_of[j]] if j in col_of else nan for j, c in enumerate(CUES)]
+        )
+        if use_labels:
+            n_class = {1: n_u, 0: n_s}
+            share = np.column_stack(
+                [
+                    np.where(n_class[MISLEADS_ON[c]] > 0, d_given[:, j], 0.0)
+                    * nan_divide(n_class[MISLEADS_ON[c]], n_lab)
+                    if j in col_of
+                    else nan
+                    for j, c in enumerate(CUES)
+                ]
+            )
+        else:
+            share = d * np.column_stack([pi if MISLEADS_ON[c] == 1 else 1 - pi for c in CUES])
+        types = np.column_stack(
+            [w_all[:, col_of[j]] if j in col_of else nan for j in range(k)]
+            + [w_all[:, -1] if has_rest else nan]
+        )
+        return {"q": q, "sens": sens, "fpr": fpr, "d_hat": d, "d_given": d_given,
+                "share": share, "pi": pi, "types": types}  # fmt: skip
 
+    point = stats(per_g.sum(axis=0)[None, :], ccols.sum(axis=0)[None, :])
+    chunks: list[dict[str, NDArray[np.float64]]] = []
+    for c_cal, c_fr in zip(
+        draw_group_counts(n_c, n_boot, gen, chunk_size),
+        draw_group_counts(n_g, n_boot, gen, chunk_size),
+        strict=True,
+    ):
+        chunks.append(stats(c_fr @ per_g, c_cal @ ccols))
+    draws = {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}
+
+    def est(key: str, j: int, n: int) -> Estimate:
+        value = float(point[key][0, j])
+        if math.isnan(value):  # no finite interval around an undefined point
+            return nan_estimate(n)
+        return Estimate(value, _percentile_ci(draws[key][:, j]), n)
+
+    n_class = {1: int((lab == 1).sum()), 0: int((lab == 0).sum())}
+    basis = BASIS_LABELS if use_labels else BASIS_INDEPENDENCE
+    cues: dict[str, CueShift] = {}
+    for j, cue in enumerate(CUES):
         cues[cue] = CueShift(
             cue=cue,
-            q=est("q", n_f),
-            sens=est("sens", int(n_pos[j])),
-            fpr=est("fpr", int(n_c - n_pos[j])),
-            d_hat=est("d_hat", n_f),
-            misleading_share=est("share", n_f),
+            q=est("q", j, n_f),
+            sens=est("sens", j, int(n_type[j])),
+            fpr=est("fpr", j, int(n_c - n_type[j])),
+            d_hat=est("d_hat", j, n_f),
+            misleading_share=est("share", j, n_f),
+            d_hat_given_label=(
+                est("d_given", j, n_class[MISLEADS_ON[cue]]) if use_labels else nan_estimate(0)
+            ),
+            basis=basis,
         )
     if use_labels:
         prevalence = Estimate(
@@ -305,6 +460,12 @@ def estimate_shift(
     prov = dict(provenance or {})
     if use_labels and prior is not None:
         prov["prior_ignored"] = f"{prior} (the labels of {int(labelled.sum())} frames were used)"
+    undefined = [c for j, c in enumerate(CUES) if not defined[j]]
+    prov["frame_type_estimate"] = (
+        "joint, by least squares on the four flag signals with shares >= 0 summing to 1 (seed "
+        "002, Sec. E.2)"
+        + (f"; {', '.join(undefined)} text counted under none (undefined)" if undefined else "")
+    )
     return ShiftResult(
         cues=cues,
         prevalence=prevalence,
@@ -314,6 +475,9 @@ def estimate_shift(
         n_boot=n_boot,
         provenance=prov,
         draws={c: draws["share"][:, j] for j, c in enumerate(CUES)},
+        prevalence_draws=draws["pi"],
+        frame_types={t: est("types", i, n_f) for i, t in enumerate(_TYPES)},
+        assumption=None if use_labels else INDEPENDENCE_ASSUMPTION,
     )
 
 
