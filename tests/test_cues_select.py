@@ -7,7 +7,10 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from spotstop.diagnostics import UndefinedMetricWarning
+from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics.cues import (
     CUES,
     crossing_scale,
@@ -60,9 +63,10 @@ def crossing(tmp_path_factory):
 def test_ranking_switches_at_the_predicted_share(crossing):
     _, _, rel = crossing
     a, b = rel["reader"].hard, rel["steady"].hard
+    # every frame is UNSAFE (prior 1): the intercept is the error on the UNSAFE source scenes
     d_star = crossing_scale(
-        a.source_error.value, a.cues["reassuring"].reliance.value,
-        b.source_error.value, b.cues["reassuring"].reliance.value,
+        a.cues["reassuring"].source_error.value, a.cues["reassuring"].reliance.value,
+        b.cues["reassuring"].source_error.value, b.cues["reassuring"].reliance.value,
     )  # fmt: skip
     assert 0.05 < d_star < 0.5
     for share in (0.0, d_star - 0.03, d_star + 0.03, 0.8):
@@ -72,10 +76,11 @@ def test_ranking_switches_at_the_predicted_share(crossing):
         for p in sel.ranking:
             h = rel[p.name].as_hard()
             want = (
-                h.source_error.value
+                h.cues["reassuring"].source_error.value
                 + h.cues["reassuring"].reliance.value * round(share * 400) / 400
             )
             assert p.predicted_error.value == pytest.approx(want)
+            assert p.intercept.value == pytest.approx(h.cues["reassuring"].source_error.value)
     by_src = select(rel, _shift_at(0.8))
     assert [p.rank_by_source_error for p in by_src.ranking] == [2, 1]  # source error prefers reader
     assert "SRA picks steady where source error alone picks reader" in by_src.explanation
@@ -130,8 +135,8 @@ def test_predicted_error_interval_combines_the_draws(crossing):
     sh = _shift_at(0.3)
     sel = select(rel, sh)
     n = min(rel.n_boot, sh.n_boot)
-    for p in sel.ranking:
-        d = np.asarray(rel.draws[(p.name, "hard", "all", "source_error")][:n]).copy()
+    for p in sel.ranking:  # π = 1 (a stated prior): the intercept is the UNSAFE scenes' error
+        d = np.asarray(rel.draws[(p.name, "hard", "reassuring", "source_error")][:n]).copy()
         for c in CUES:
             d += rel.draws[(p.name, "hard", c, "reliance")][:n] * sh.draws[c][:n]
         lo, hi = np.percentile(d, [2.5, 97.5])
@@ -145,21 +150,122 @@ def test_select_json_keys_and_rank_order(crossing):
     names = [c["name"] for c in doc["candidates"]]
     assert names == ["steady", "reader"] and [c["rank"] for c in doc["candidates"]] == [1, 2]
     for c in doc["candidates"]:
-        assert set(c["predicted_error"]) == {"value", "ci"}
+        assert set(c["predicted_error"]) == {"value", "ci", "basis"}
         assert set(c["source_error"]) == {"value", "ci", "n"}
         assert "rank_by_source_error" in c
     assert doc["ranking_by_source_error"] == ["reader", "steady"] and doc["error"] == "hard"
+    assert doc["schema_version"] == 2 and doc["dropped_cues"] == [] and doc["check"] is None
+    assert doc["weighting"]["intercept"] == "deployment" and doc["weighting"]["prevalence"] == 1.0
+    assert doc["weighting"]["miss_cost"] == 1.0 and doc["weighting"]["units"] == "error"
+    # a stated prior and no labels: every share and prediction says it rests on independence
+    assert doc["misleading_share_basis"] == "assumes text independent of the label"
+    assert "independent of the label" in doc["assumption"]
+    assert all(c["predicted_error"]["basis"] == doc["misleading_share_basis"]
+               for c in doc["candidates"])  # fmt: skip
+    assert doc["candidates"][0]["operating_point"]["rule"].startswith("the member's own answer")
 
 
-def test_undefined_share_gives_nan_predictions_and_says_so(crossing):
+def test_undefined_share_drops_out_and_the_ranking_says_so(crossing):
     _, _, rel = crossing
     cal_c = ["reassuring"] * 10 + ["none"] * 10  # no alarming scene: its share is undefined
     cal_f = np.column_stack([np.array(cal_c) == c for c in CUES])
+    frames = np.zeros((20, 2), bool)
+    frames[:10, 0] = True
     with pytest.warns(UndefinedMetricWarning):
-        sh = estimate_shift(np.zeros((20, 2), bool), cal_f, cal_c, prior=0.5, n_boot=50, rng=0)
-    with pytest.warns(
-        UndefinedMetricWarning, match="misleading share of alarming text is undefined"
-    ):
+        sh = estimate_shift(frames, cal_f, cal_c, prior=0.5, n_boot=50, rng=0)
+    with pytest.warns(UndefinedMetricWarning, match="alarming text is undefined, so it drops out"):
         sel = select(rel, sh)
-    assert all(math.isnan(p.predicted_error.value) for p in sel.ranking)
-    assert sel.explanation.startswith("SRA cannot rank")
+    assert sel.dropped_cues == ("alarming",)
+    for p in sel.ranking:  # the remaining terms: intercept + reassuring reliance × share
+        h = rel[p.name].as_hard()
+        want = (0.5 * h.cues["reassuring"].source_error.value
+                + 0.5 * h.cues["alarming"].source_error.value
+                + h.cues["reassuring"].reliance.value * 0.5 * 0.5)  # fmt: skip
+        assert p.predicted_error.value == pytest.approx(want)
+        assert math.isnan(p.extra_error["alarming"])
+    assert "drops out: the ranking falls back to source error and reassuring text" in (
+        sel.explanation
+    )
+    assert sel.to_dict()["dropped_cues"] == ["alarming"]
+
+
+def _no_text_shift(prior: float):
+    """A deployment without any scene text (a perfect detector sees none) and a stated prior."""
+    cal_c = ["reassuring"] * 20 + ["alarming"] * 20 + ["none"] * 20
+    cal_f = np.column_stack([np.array(cal_c) == c for c in CUES])
+    return estimate_shift(np.zeros((100, 2), bool), cal_f, cal_c, prior=prior, n_boot=200, rng=0)
+
+
+@pytest.fixture(scope="module")
+def a_and_e(tmp_path_factory):
+    """Issue 26, item 2. 50 UNSAFE and 50 SAFE source scenes, no reaction to text.
+    A errs on 5 of 50 UNSAFE and 5 of 50 SAFE scenes (0.10 on each); E errs on 24 of 50
+    UNSAFE scenes (0.48) and on no SAFE one."""
+    edits = make_edits(tmp_path_factory.mktemp("ae"), 50, 50)
+    unsafe = np.arange(100) < 50
+    base_a = np.where(unsafe, 1.0, -1.0)
+    base_a[:5], base_a[50:55] = -1.0, 1.0
+    base_e = np.where(unsafe, 1.0, -1.0)
+    base_e[:24] = -1.0
+    scores = {"A": text_scores(edits, base_a, 0, 0), "E": text_scores(edits, base_e, 0, 0)}
+    return estimate_reliance(score_table(edits, scores), n_boot=300, rng=0)
+
+
+def test_prevalence_in_the_intercept_selects_e_at_pi_0_1(a_and_e):
+    """By hand, π = 0.1: A = 0.1·0.10 + 0.9·0.10 = 0.100, E = 0.1·0.48 + 0.9·0 = 0.048, so E.
+    On the source set's own (balanced) mix: A = 0.10, E = 0.24, so A (the old answer).
+    A miss costing 5 false stops at π = 0.1: A = 5·0.1·0.10 + 0.9·0.10 = 0.14,
+    E = 5·0.1·0.48 = 0.24, so A again."""
+    sh = _no_text_shift(0.1)
+    sel = select(a_and_e, sh)
+    assert sel.best.name == "E"
+    got = {p.name: p.predicted_error.value for p in sel.ranking}
+    assert got == pytest.approx({"A": 0.100, "E": 0.048})
+    assert "π̂ = 0.100 (prior)" in sel.weighting["description"]
+    balanced = select(a_and_e, sh, weighting="source")
+    assert balanced.best.name == "A"
+    assert {p.name: p.predicted_error.value for p in balanced.ranking} == pytest.approx(
+        {"A": 0.10, "E": 0.24}
+    )
+    assert balanced.weighting["intercept"] == "source"
+    costly = select(a_and_e, sh, miss_cost=5.0)
+    assert costly.best.name == "A"
+    assert {p.name: p.predicted_error.value for p in costly.ranking} == pytest.approx(
+        {"A": 0.14, "E": 0.24}
+    )
+    assert costly.weighting["units"].startswith("cost per frame")
+    with pytest.raises(DataError, match="miss_cost is the cost of a missed hazard"):
+        select(a_and_e, sh, miss_cost=0.0)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(pi=st.floats(0.0, 1.0), cost=st.floats(0.2, 20.0))
+def test_intercept_is_linear_in_the_mix(a_and_e, pi, cost):
+    """Property (seed 002, Sec. A): the intercept is cost·π·err_UNSAFE + (1 − π)·err_SAFE."""
+    sel = select(a_and_e, _no_text_shift(pi), miss_cost=cost)
+    for p in sel.ranking:
+        h = a_and_e[p.name].as_hard()
+        want = cost * pi * h.cues["reassuring"].source_error.value + (1 - pi) * (
+            h.cues["alarming"].source_error.value
+        )
+        assert p.intercept.value == pytest.approx(want, abs=1e-12)
+        assert p.predicted_error.value == pytest.approx(want, abs=1e-12)  # no text here
+
+
+def test_ranking_never_follows_the_input_order(a_and_e):
+    """The same candidates in another order rank the same; equal candidates rank by name."""
+    from dataclasses import replace
+
+    sh = _no_text_shift(0.1)
+    twin = replace(a_and_e["A"], name="AA")
+    cands = {"E": a_and_e["E"], "AA": twin, "A": a_and_e["A"]}
+    draws = dict(a_and_e.draws)
+    draws.update({("AA", *k[1:]): v for k, v in a_and_e.draws.items() if k[0] == "A"})
+    forward = replace(a_and_e, candidates=cands, draws=draws)
+    backward = replace(a_and_e, candidates=dict(reversed(cands.items())), draws=draws)
+    for rel in (forward, backward):
+        sel = select(rel, sh)
+        assert [p.name for p in sel.ranking] == ["E", "A", "AA"]  # A and AA tie: by name
+        assert [p.rank_by_source_error for p in sel.ranking] == [1, 2, 3]

@@ -5,9 +5,15 @@
   placebo non-word, over four templates and one held-out template.
 * Reliance (:func:`estimate_reliance`, Eq. 2): misleading-edit error minus matched-control
   error, per member, Avg-2 pair and guard as deployed, with group-bootstrap intervals.
-* Shift (:func:`estimate_shift`, Sec. 3.4): the detector's flagged share corrected for its
-  sensitivity and false-positive rate, times the share of scenes the cue misleads on.
-* Selection (:func:`select`, Eq. 1): source error + reliance · misleading share, ranked.
+* Shift (:func:`estimate_shift`, Sec. 3.4, E.2): the frame types estimated jointly from the
+  detector's two flags, corrected for its error rates; the misleading share among the frames
+  the cue misleads on (from labels, or assuming text independent of the label, said so).
+* Selection (:func:`select`, Eq. 1): source error weighted to the deployment's unsafe share
+  (and a miss cost) + reliance · misleading share, ranked, each candidate at its operating
+  point; :func:`check_selection` scores SRA, source error and ATC on test sets T_d built from
+  the scored edits (Sec. 3.5: regret and W_s).
+
+See docs/cues.md.
 
 >>> from spotstop.diagnostics.cues import corrected_share
 >>> round(float(corrected_share(0.3, 0.8, 0.1)), 6)   # (0.3 - 0.1) / (0.8 - 0.1)
@@ -26,6 +32,8 @@ if TYPE_CHECKING:  # the public names; imported on first use (_lazy.attach reads
         RelianceRun,
         load_candidates,
         measure_reliance,
+        operating_points,
+        reliance_at_operating_points,
     )
     from spotstop.diagnostics.cues._deployed import DeployedLabels, label_as_deployed
     from spotstop.diagnostics.cues._edits import EditRecord, EditSet, placebo_text, plan_edits
@@ -50,13 +58,22 @@ if TYPE_CHECKING:  # the public names; imported on first use (_lazy.attach reads
         score_edit_set,
     )
     from spotstop.diagnostics.cues._select import (
+        WEIGHTINGS,
         Prediction,
         SelectionResult,
         crossing_scale,
         predicted_error,
         select,
     )
+    from spotstop.diagnostics.cues._selfcheck import (
+        FamilyCheck,
+        SelectionCheck,
+        SelectorCheck,
+        check_selection,
+    )
     from spotstop.diagnostics.cues._shift import (
+        INDEPENDENCE_ASSUMPTION,
+        MISLEADS_ON,
         CueShift,
         ShiftResult,
         corrected_share,
@@ -84,8 +101,11 @@ __getattr__, __dir__ = attach(__name__, __file__)
 __all__ = [
     "CUES",
     "HELD_OUT",
+    "INDEPENDENCE_ASSUMPTION",
     "KINDS",
+    "MISLEADS_ON",
     "TEMPLATES",
+    "WEIGHTINGS",
     "CalibrationImage",
     "CalibrationSet",
     "CandidateReliance",
@@ -97,6 +117,7 @@ __all__ = [
     "EditRecord",
     "EditSet",
     "EditTemplate",
+    "FamilyCheck",
     "GuardSpec",
     "MemberSpec",
     "MemberTiming",
@@ -105,11 +126,14 @@ __all__ = [
     "RelianceRun",
     "ScoreTable",
     "Scorer",
+    "SelectionCheck",
     "SelectionResult",
+    "SelectorCheck",
     "ShiftResult",
     "SourceScene",
     "SourceSet",
     "answer_errors",
+    "check_selection",
     "corrected_share",
     "crossing_scale",
     "detect_flags",
@@ -121,12 +145,14 @@ __all__ = [
     "load_candidates",
     "measure_reliance",
     "measure_shift",
+    "operating_points",
     "placebo_text",
     "plan_edits",
     "predicted_error",
     "probability_errors",
     "read_calibration_csv",
     "read_source_set",
+    "reliance_at_operating_points",
     "score_edit_set",
     "select",
 ]

@@ -13,13 +13,20 @@ import itertools
 import os
 import time
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from spotstop.diagnostics._errors import DataError
+from spotstop.diagnostics.cues._deployed import (
+    DeployedLabels,
+    fitted_cut_policy,
+    label_as_deployed,
+    stated_cut_policy,
+)
 from spotstop.diagnostics.cues._edits import plan_edits
 from spotstop.diagnostics.cues._reliance import GuardSpec, estimate_reliance
 from spotstop.diagnostics.cues._results import RelianceResult
@@ -27,7 +34,14 @@ from spotstop.diagnostics.cues._scoring import MemberSpec, ScoreTable, score_edi
 from spotstop.diagnostics.cues._source import SourceSet
 from spotstop.guard._batch import Engine
 
-__all__ = ["CandidateSet", "RelianceRun", "load_candidates", "measure_reliance"]
+__all__ = [
+    "CandidateSet",
+    "RelianceRun",
+    "load_candidates",
+    "measure_reliance",
+    "operating_points",
+    "reliance_at_operating_points",
+]
 
 
 @dataclass(frozen=True)
@@ -143,18 +157,101 @@ def load_candidates(
     )
 
 
+#: How each kind of candidate is put at its operating point (said in select.json).
+FITTED_CUT_RULE = "frozen cut: mean robust z-score of the unedited source scenes (no labels)"
+PAIR_CUT_RULE = "frozen cut: mean Avg-2 score of the unedited source scenes (no labels)"
+STATED_CUT_RULE = "cut stated by the user on the raw score s (UNSAFE when s >= cut)"
+GUARD_CUT_RULE = "its own policy (policy.yaml), each probe scene as one check"
+
+
 @dataclass(frozen=True)
 class RelianceRun:
     """A reliance measurement and how long it took: ``result``, the members' ``scores``, the
-    wall time of the whole run and the scenes it covered (for ``bench/``)."""
+    wall time of the whole run and the scenes it covered (for ``bench/``), and ``answers``:
+    every candidate's decisions on every edited scene at its operating point (a member at
+    its cut, a pair at its frozen cut, a guard by its policy), the per-scene errors behind the
+    hard-answer reliance, which the selection check draws its test sets from."""
 
     result: RelianceResult
     scores: ScoreTable = field(repr=False)
     seconds: float
+    answers: Mapping[str, DeployedLabels] = field(repr=False, default_factory=dict)
 
     @property
     def scenes_per_s(self) -> float:
         return self.result.n_scenes / self.seconds if self.seconds > 0 else float("nan")
+
+
+def _source_pool(table: ScoreTable, names: Sequence[str]) -> dict[str, NDArray[np.float64]]:
+    src = np.array([r.index for r in table.edits.records if r.kind == "source"], dtype=np.intp)
+    return {m: np.asarray(table.scores[m])[src] for m in names}
+
+
+def operating_points(
+    table: ScoreTable,
+    candidates: CandidateSet,
+    *,
+    pairs: bool,
+    member_cuts: Mapping[str, float] | None = None,
+) -> dict[str, tuple[Any, dict[str, Any], Mapping[str, str]]]:
+    """Every candidate's policy at its operating point: name -> (policy, note, members).
+
+    A member: its frozen cut fitted on the unedited source scenes (:func:`fitted_cut_policy`),
+    or the cut ``member_cuts[name]`` on its raw score; a pair: the same frozen rule on its
+    Avg-2 score; a guard: its own policy. ``note`` is ``{"rule", "cut"}`` (cut None for a
+    guard), and ``members`` maps the policy's member names to the score table's.
+    """
+    cuts = dict(member_cuts or {})
+    names = [m.name for m in candidates.members]
+    unknown = sorted(set(cuts) - set(names))
+    if unknown:
+        raise DataError(
+            f"--member-cut names {unknown}, which are not candidate members; the members are "
+            f"{names}."
+        )
+    out: dict[str, tuple[Any, dict[str, Any], Mapping[str, str]]] = {}
+    for m in names:
+        if m in cuts:
+            policy, note = stated_cut_policy(m, cuts[m]), {"rule": STATED_CUT_RULE, "cut": cuts[m]}
+        else:
+            policy, t0 = fitted_cut_policy(
+                _source_pool(table, [m]), name=m, what="the unedited source scenes"
+            )
+            note = {"rule": FITTED_CUT_RULE, "cut": t0}
+        out[m] = (policy, note, {m: m})
+    for a, b in candidates.pairs if pairs else ():
+        policy, t0 = fitted_cut_policy(
+            _source_pool(table, [a, b]), name=f"{a}+{b}", what="the unedited source scenes"
+        )
+        out[f"{a}+{b}"] = (policy, {"rule": PAIR_CUT_RULE, "cut": t0}, {a: a, b: b})
+    for g in candidates.guards:
+        out[g.name] = (g.policy, {"rule": GUARD_CUT_RULE, "cut": None}, g.members)
+    return out
+
+
+def _at_cut(name: str) -> str:
+    return f"{name} @ operating point"
+
+
+def _fold_member_cuts(
+    result: RelianceResult, members: Sequence[str], points: Mapping[str, Any]
+) -> RelianceResult:
+    """Each member's hard-answer view becomes its view at its operating point (measured as a
+    one-member guard under :func:`_at_cut`'s name), and every candidate notes its point."""
+    cands = dict(result.candidates)
+    draws = dict(result.draws)
+    for m in members:
+        at = cands.pop(_at_cut(m))
+        hard = replace(at, name=m, kind="member", notes={"operating_point": points[m][1]})
+        cands[m] = replace(
+            cands[m], hard=hard, notes={**cands[m].notes, "operating_point": points[m][1]}
+        )
+        for key in [k for k in draws if k[0] == _at_cut(m)]:
+            draws[(m, *key[1:])] = draws.pop(key)
+    for name, c in cands.items():
+        if c.kind != "member" and name in points:
+            cands[name] = replace(c, notes={**c.notes, "operating_point": points[name][1]})
+    return replace(result, candidates=cands, draws=draws)
 
 
 def measure_reliance(
@@ -162,6 +259,7 @@ def measure_reliance(
     source: SourceSet,
     *,
     pairs: bool = False,
+    member_cuts: Mapping[str, float] | None = None,
     seed: int = 0,
     n_boot: int = 10_000,
     rng: np.random.Generator | int | None = None,
@@ -171,16 +269,18 @@ def measure_reliance(
 ) -> RelianceRun:
     """Plan the edits, score them with every member (cache first; the rest on ``engine``,
     default in this process), and estimate reliance for the members, their Avg-2 pairs
-    (``pairs=True``) and the guards."""
+    (``pairs=True``) and the guards, each at its operating point (:func:`operating_points`:
+    a member's hard answer at its frozen cut or at ``member_cuts[name]``)."""
     t0 = time.perf_counter()
     edits = plan_edits(source, seed=seed)
     table = score_edit_set(
         edits, candidates.members, cache_dir=cache_dir, progress=progress, engine=engine
     )
-    result = estimate_reliance(
+    run = reliance_at_operating_points(
         table,
-        pairs=candidates.pairs if pairs else (),
-        guards=candidates.guards,
+        candidates,
+        pairs=pairs,
+        member_cuts=member_cuts,
         n_boot=n_boot,
         rng=rng,
         provenance={
@@ -194,4 +294,41 @@ def measure_reliance(
             },
         },
     )
-    return RelianceRun(result=result, scores=table, seconds=time.perf_counter() - t0)
+    return replace(run, seconds=time.perf_counter() - t0)
+
+
+def reliance_at_operating_points(
+    table: ScoreTable,
+    candidates: CandidateSet,
+    *,
+    pairs: bool = False,
+    member_cuts: Mapping[str, float] | None = None,
+    n_boot: int = 10_000,
+    rng: np.random.Generator | int | None = None,
+    provenance: Mapping[str, Any] | None = None,
+) -> RelianceRun:
+    """Reliance of every candidate from scores already in ``table``, each candidate at its
+    operating point (:func:`operating_points`), with every candidate's decisions per scene."""
+    t0 = time.perf_counter()
+    points = operating_points(table, candidates, pairs=pairs, member_cuts=member_cuts)
+    members = [m.name for m in candidates.members]
+    member_guards = [GuardSpec(_at_cut(m), points[m][0], points[m][2]) for m in members]
+    result = estimate_reliance(
+        table,
+        members=members,
+        pairs=candidates.pairs if pairs else (),
+        guards=(*candidates.guards, *member_guards),
+        n_boot=n_boot,
+        rng=rng,
+        provenance=provenance,
+    )
+    answers = {
+        name: label_as_deployed(policy, {p: table.scores[m] for p, m in mapping.items()})
+        for name, (policy, _, mapping) in points.items()
+    }
+    return RelianceRun(
+        result=_fold_member_cuts(result, members, points),
+        scores=table,
+        seconds=time.perf_counter() - t0,
+        answers=answers,
+    )

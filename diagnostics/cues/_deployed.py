@@ -10,23 +10,33 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["DeployedLabels", "frozen_pair_policy", "label_as_deployed"]
+__all__ = [
+    "DeployedLabels",
+    "fitted_cut_policy",
+    "frozen_pair_policy",
+    "label_as_deployed",
+    "stated_cut_policy",
+]
 
 
 @dataclass(frozen=True)
 class DeployedLabels:
     """The guard's answer per scene: ``unsafe[i]`` True for UNSAFE; ``rules`` counts the
-    policy rules that set the thresholds (e.g. ``{"situation->frozen": 84}``)."""
+    policy rules that set the thresholds (e.g. ``{"situation->frozen": 84}``); ``margin[i]``
+    the compared score minus the threshold applied to it (NaN where either is not finite:
+    the scene failed closed), the distance from the cut that a confidence-based selector
+    reads."""
 
     unsafe: NDArray[np.bool_]
     rules: Mapping[str, int]
+    margin: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
 
 def label_as_deployed(
@@ -53,12 +63,45 @@ def label_as_deployed(
     arrays = {m: np.asarray(x, dtype=np.float64) for m, x in member_scores.items()}
     n = next(iter(arrays.values())).shape[0] if arrays else 0
     unsafe = np.empty(n, dtype=bool)
+    margin = np.empty(n, dtype=np.float64)
     rules: Counter[str] = Counter()
     for i in range(n):
         v = cfg.decide({m: x[i : i + 1] for m, x in arrays.items()}, state=start).verdicts[0]
         unsafe[i] = v.label == "UNSAFE"
+        margin[i] = v.score - v.threshold
         rules[v.policy] += 1
-    return DeployedLabels(unsafe=unsafe, rules=dict(rules))
+    return DeployedLabels(unsafe=unsafe, rules=dict(rules), margin=margin)
+
+
+def fitted_cut_policy(
+    pool: Mapping[str, NDArray[np.float64]], *, name: str, what: str
+) -> tuple[dict[str, Any], float]:
+    """The frozen operating point of a member (one score) or an Avg-2 pair (two), fitted on
+    an unlabelled pool: the fusion's reference statistics and the cut ``t0`` = the mean fused
+    score of the pool (the guard's ``frozen`` policy, seed 000). Returns the policy dict for
+    :func:`label_as_deployed` and ``t0``. ``what`` names the pool (recorded as ``fitted_on``).
+
+    One rule for every candidate that has no policy file of its own: a member is measured at
+    the cut it would be deployed at, not at ``s > 0``.
+    """
+    from spotstop.diagnostics._errors import DataError
+    from spotstop.guard import Avg2Fusion, FusionError
+
+    try:
+        fusion = Avg2Fusion.fit(pool)
+    except FusionError as e:
+        raise DataError(f"cannot fit the frozen cut of {name} on {what}: {e}") from e
+    t0 = float(np.mean(fusion.fuse_many(pool)))
+    return frozen_pair_policy(fusion, t0, name=name, fitted_on={"what": f"{what} (no labels)"}), t0
+
+
+def stated_cut_policy(member: str, cut: float) -> dict[str, Any]:
+    """A member at a cut the user states on its raw score ``s`` (UNSAFE when ``s ≥ cut``):
+    reference statistics of median 0 and IQR 1, so the fused score is ``s`` itself."""
+    from spotstop.guard._fusion import Avg2Fusion, MemberStats
+
+    fusion = Avg2Fusion((member,), {member: MemberStats(0.0, 1.0)})
+    return frozen_pair_policy(fusion, cut, name=member, fitted_on={"what": "stated by the user"})
 
 
 def frozen_pair_policy(
