@@ -66,6 +66,10 @@ def test_help_explains_the_command(cmd, capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert f"{cmd}.json" in out and "seed 002" in out and "example" in out
+    if cmd in ("shift", "select"):  # the assumption behind shares without labels is stated
+        assert "INDEPENDENT OF THE LABEL" in " ".join(out.split())
+    if cmd == "select":
+        assert "--miss-cost" in out and "--member-cut" in out and "W_s" in out
 
 
 def _calibration(root: Path, det: RecordedTextDetector) -> Path:
@@ -163,13 +167,33 @@ def test_shift_and_select_commands(doubles, capsys):
         "--n-boot",
         "300",
     ]
-    assert spotstop(sel_argv) == 0
+    assert spotstop([*sel_argv, "--check-sets", "5", "--member-cut", "steady=0.5"]) == 0
     printed = capsys.readouterr().out
     sel = json.loads((out / "select.json").read_text())
     names = [c["name"] for c in sel["candidates"]]
     assert sorted(names) == ["guard", "reader", "reader+steady", "steady"]
     assert names[0] != "reader"  # 40% of frames carry misleading reassuring text
     assert (out / "reliance.json").is_file() and "SRA" in printed
+    assert sel["schema_version"] == 2 and sel["weighting"]["intercept"] == "deployment"
+    assert sel["weighting"]["prevalence"] == 0.8 and sel["weighting"]["miss_cost"] == 1.0
+    assert sel["misleading_share_basis"] == "assumes text independent of the label"
+    assert "† No deployment frame is labelled" in printed and "W_s" in printed
+    points = {c["name"]: c["operating_point"] for c in sel["candidates"]}
+    assert points["steady"] == {
+        "rule": "cut stated by the user on the raw score s (UNSAFE when s >= cut)",
+        "cut": 0.5,
+    }
+    assert points["reader"]["rule"].startswith("frozen cut: mean robust z-score")
+    assert points["reader+steady"]["rule"].startswith("frozen cut: mean Avg-2 score")
+    assert points["guard"]["cut"] is None
+    fam = sel["check"]["families"]["reassuring"]
+    assert fam["n_sets"] == 5 and len(fam["selectors"]["SRA"]["mean_regret"]) == 11
+    assert {"SRA", "source error", "ATC"} == set(fam["selectors"])
+    # a costly miss is said in the weighting and changes the units
+    assert spotstop([*sel_argv, "--miss-cost", "5", "--check-sets", "0", "--quiet"]) == 0
+    costly = json.loads((out / "select.json").read_text())
+    assert costly["weighting"]["miss_cost"] == 5.0 and costly["check"] is None
+    assert costly["weighting"]["units"].startswith("cost per frame")
 
 
 @pytest.mark.parametrize(
@@ -194,6 +218,58 @@ def test_shift_and_select_commands(doubles, capsys):
         (
             ["shift", "--frames", "/nope", "--calibration", "C", "--out", "o"],
             "frames folder '/nope' does not exist",
+        ),
+        (
+            [
+                "select",
+                "--candidate",
+                "A",
+                "--source",
+                "S",
+                "--frames",
+                "F",
+                "--calibration",
+                "C",
+                "--out",
+                "o",
+                "--miss-cost",
+                "0",
+            ],
+            "--miss-cost is the cost of a missed hazard",
+        ),
+        (
+            [
+                "select",
+                "--candidate",
+                "A",
+                "--source",
+                "S",
+                "--frames",
+                "F",
+                "--calibration",
+                "C",
+                "--out",
+                "o",
+                "--member-cut",
+                "qwen",
+            ],
+            "--member-cut takes NAME=CUT",
+        ),
+        (
+            [
+                "reliance",
+                "--bundle",
+                "B",
+                "--source",
+                "S",
+                "--out",
+                "o",
+                "--member-cut",
+                "a=1",
+                "--member-cut",
+                "a=2",
+            ],
+            "--member-cut names 'a' twice",
         ),
         (
             ["shift", "--log", "/nope.sqlite", "--calibration", "C", "--out", "o"],

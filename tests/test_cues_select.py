@@ -269,3 +269,36 @@ def test_ranking_never_follows_the_input_order(a_and_e):
         sel = select(rel, sh)
         assert [p.name for p in sel.ranking] == ["E", "A", "AA"]  # A and AA tie: by name
         assert [p.rank_by_source_error for p in sel.ranking] == [1, 2, 3]
+
+
+def test_sens_equal_to_fpr_is_undefined_point_and_interval_and_the_fallback_is_named(a_and_e):
+    """Issue 26, item 4. The alarming flag fires on half the scenes of every type: sens = 10/20
+    = 0.5, fpr = 20/40 = 0.5. d̂_alarming, its share among SAFE frames and its misleading share
+    are NaN with NaN intervals (never [1, 1]); select drops the cue and ranks on source error
+    and reassuring text: at π̂ = 1/2 (labels) and no reassuring text, A = 0.5·0.10 + 0.5·0.10 =
+    0.10 and E = 0.5·0.48 = 0.24, so A, and the explanation names the fallback."""
+    cal_c = ["reassuring"] * 20 + ["alarming"] * 20 + ["none"] * 20
+    cal_f = np.zeros((60, 2), dtype=bool)
+    cal_f[:20, 0] = True
+    cal_f[::2, 1] = True  # every other scene of each type
+    frames = np.zeros((40, 2), dtype=bool)
+    frames[:30, 1] = True
+    labels = np.array([0, 1] * 20, dtype=np.int8)
+    with pytest.warns(UndefinedMetricWarning, match="d̂ of alarming text is undefined"):
+        sh = estimate_shift(frames, cal_f, cal_c, frame_labels=labels, n_boot=300, rng=0)
+    a = sh["alarming"]
+    assert a.sens.value == a.fpr.value == 0.5
+    for e in (a.d_hat, a.d_hat_given_label, a.misleading_share):
+        assert math.isnan(e.value) and math.isnan(e.ci.low) and math.isnan(e.ci.high)
+    assert sh["reassuring"].d_hat.value == pytest.approx(0.0, abs=1e-12)
+    with pytest.warns(UndefinedMetricWarning, match="drops out"):
+        sel = select(a_and_e, sh)
+    assert {p.name: p.predicted_error.value for p in sel.ranking} == pytest.approx(
+        {"A": 0.10, "E": 0.24}
+    )
+    assert [p.name for p in sel.ranking] == ["A", "E"]
+    assert "falls back to source error and reassuring text" in sel.explanation
+    assert sel.summary().startswith("SRA ranks A first")
+    doc = sel.to_dict()
+    assert doc["misleading_share"]["alarming"]["value"] is None
+    assert doc["misleading_share"]["alarming"]["ci"] == [None, None]

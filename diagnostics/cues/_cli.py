@@ -37,8 +37,12 @@ control, averaged over the four templates (seed 002, Eq. 2), with a group-bootst
 (groups = source scenes).
 
 A member's error is its probability of the wrong answer (sigma(s) for P(UNSAFE)) and also its
-hard-answer error (s > 0 is UNSAFE); the guard's error is the error of its decisions (its
-fusion, policy and tie rule, each probe scene as one check without a situation).
+hard-answer error at the cut it would be deployed at: its frozen cut (the mean robust z-score
+of the unedited source scenes, no labels), or the cut you state with --member-cut NAME=CUT on
+its raw score s (UNSAFE when s >= CUT; --member-cut NAME=0 is the member's own answer). A pair
+uses the same frozen rule on its Avg-2 score; the guard's error is the error of its decisions
+(its fusion, policy and tie rule, each probe scene as one check without a situation).
+reliance.json notes each candidate's operating_point (rule and cut).
 
 With --ray the edited scenes are scored on a Ray cluster (pip install 'spotstop[ray]'): a Ray
 Data map_batches per member, one member per actor, each actor rendering the edits it scores;
@@ -56,14 +60,24 @@ example:
 _SHIFT_EPILOG = """\
 The text detector (OCR + claim lexicon) flags each frame's reassuring and alarming claims.
 Its sensitivity and false-positive rate per cue are measured on the calibration CSV image,cue
-(cue: reassuring, alarming or none). The corrected share of frames with a cue's text is
-d = clip((q - fpr)/(sens - fpr), 0, 1) (seed 002, Sec. 3.4), undefined when sens <= fpr;
-the misleading share is d * pi for reassuring text and d * (1 - pi) for alarming text, pi the
-unsafe share from the log's labels (or --labels), else --prior. Intervals resample the
-calibration scenes and the frames (whole situations from a log).
+(cue: reassuring, alarming or none). The shares of frames with reassuring text, alarming text
+and neither are estimated jointly from the two flags (least squares on the four flag
+combinations with shares >= 0 summing to 1, seed 002 Sec. E.2); with one flag this is the
+correction d = clip((q - fpr)/(sens - fpr), 0, 1) of Sec. 3.4. A cue with sens <= fpr is
+undefined: no number and no interval, and it drops out of select's prediction.
 
-Writes OUT/shift.json: cues[cue] with q, sens, fpr, d_hat, misleading_share as
-{"value","ci","n"}, plus prevalence and prevalence_source.
+Reassuring text misleads only on UNSAFE scenes, alarming text only on SAFE ones. With labelled
+frames (a labelled log, or --labels) the misleading share is measured: the corrected share
+among the UNSAFE frames times their share pi (reassuring), among the SAFE frames times 1 - pi
+(alarming). Without labels it ASSUMES TEXT INDEPENDENT OF THE LABEL: d * pi and d * (1 - pi),
+pi the --prior; shift.json then states the assumption and marks every misleading share with
+"basis": "assumes text independent of the label" (a sign saying SAFE on safe equipment is then
+counted as misleading pi of the time). Intervals resample the calibration scenes and the
+frames (whole situations from a log).
+
+Writes OUT/shift.json (schema 2): cues[cue] with q, sens, fpr, d_hat, d_hat_given_label and
+misleading_share (with its basis) as {"value","ci","n"}, frame_types, prevalence,
+prevalence_source, misleading_share_basis and assumption.
 
 examples:
   spotstop shift --frames frames/ --calibration cal.csv --prior 0.1 --out cues/
@@ -71,16 +85,31 @@ examples:
 """
 
 _SELECT_EPILOG = """\
-Candidates: each member of every --candidate (a bundle or a member folder), every pair of
-those members fused as Avg-2 (reference statistics and frozen cut fitted on the unedited
-source scenes), and each bundle's guard as deployed. Each is ranked by its predicted error
-E = source error + sum over cues of reliance * misleading share (seed 002, Eq. 1), on the
-hard-answer scale shared by members, pairs and guards; the ranking by source error alone is
-printed beside it, with where SRA changes it and why. Reliance runs as `spotstop reliance`
-(cached per member; --ray scores the edits on a Ray cluster), the shift as `spotstop shift`.
+Candidates: each member of every --candidate (a bundle or a member folder) at its frozen cut
+(or --member-cut NAME=CUT), every pair of those members fused as Avg-2 (reference statistics
+and frozen cut fitted on the unedited source scenes), and each bundle's guard as deployed.
+Each is ranked by its predicted error (seed 002, Eq. 1)
 
-Writes OUT/reliance.json, OUT/shift.json and OUT/select.json (candidates in rank order with
-name, predicted_error {"value","ci"}, source_error and rank_by_source_error).
+  E = intercept + sum over cues of cost * reliance * misleading share
+  intercept = miss_cost * pi * error on UNSAFE source scenes + (1 - pi) * error on SAFE ones
+
+on the hard-answer scale shared by members, pairs and guards. pi is the deployment's unsafe
+share (labels or --prior; --weighting source uses the source set's own mix instead); a miss
+counts --miss-cost false stops (default 1: E is an error rate), so reassuring text, which
+causes misses, is weighted by it. The ranking by the intercept alone is printed beside it,
+with where SRA changes it and why. Without labelled frames the misleading shares, and so
+every predicted error, ASSUME TEXT INDEPENDENT OF THE LABEL (marked with a dagger and in
+select.json). Reliance runs as `spotstop reliance` (cached per member; --ray scores the edits
+on a Ray cluster), the shift as `spotstop shift`.
+
+The selection then checks itself (seed 002, Sec. 3.5): from the unedited scenes and the
+held-out template's misleading edits it draws --check-sets test sets T_d per d = 0, 0.05, ...,
+0.5 for each cue and reports each selector's mean regret and worst case W_s (SRA given the
+true d, source error, and ATC), with a warning when they disagree.
+
+Writes OUT/reliance.json, OUT/shift.json and OUT/select.json (schema 2: candidates in rank
+order with name, predicted_error {"value","ci","basis"}, intercept, source_error,
+rank_by_source_error and operating_point; weighting; dropped_cues; assumption; check).
 
 example:
   spotstop select --candidate bundleA/ --candidate bundleB/ --source source/ \\
@@ -120,7 +149,10 @@ def _add_frames(p: argparse.ArgumentParser) -> None:
     src.add_argument("--log", metavar="LOG",
                      help="decision log whose images are stored (Guard(..., store_images=True))")  # fmt: skip
     p.add_argument(
-        "--labels", metavar="F", help="labels file (CSV/JSONL) for --log, as for the card"
+        "--labels",
+        metavar="F",
+        help="labels file (CSV/JSONL) for --log, as for the card: labelled frames measure the "
+        "misleading share instead of assuming text independent of the label",
     )
     p.add_argument("--calibration", metavar="CSV", required=True,
                    help="detector calibration set: CSV image,cue (reassuring/alarming/none)")  # fmt: skip
@@ -132,11 +164,30 @@ def _add_frames(p: argparse.ArgumentParser) -> None:
 
 def _add_bundle(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", metavar="B", required=True, help="the guard's bundle folder")
+    _add_member_cut(p)
+
+
+def _add_member_cut(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--member-cut", metavar="NAME=CUT", action="append", default=[],
+                   help="measure member NAME at the cut CUT on its raw score s (UNSAFE when "
+                        "s >= CUT) instead of its frozen cut (repeat per member)")  # fmt: skip
+
+
+def _add_weighting(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--miss-cost", type=float, default=1.0, metavar="C",
+                   help="cost of a missed hazard relative to a false stop (default: 1)")  # fmt: skip
+    p.add_argument("--weighting", choices=("deployment", "source"), default="deployment",
+                   help="weight the source error to the deployment's unsafe share (default) or "
+                        "keep the source set's own mix")  # fmt: skip
+    p.add_argument("--check-sets", type=int, default=30, metavar="N",
+                   help="test sets per d for the selection check (default: 30; 0: no check)")  # fmt: skip
 
 
 def _add_candidates(p: argparse.ArgumentParser) -> None:
     p.add_argument("--candidate", metavar="DIR", action="append", required=True,
                    help="a bundle or a member folder (repeat for each candidate)")  # fmt: skip
+    _add_member_cut(p)
+    _add_weighting(p)
 
 
 def _command(subparsers: Any, name: str) -> argparse.ArgumentParser:
@@ -223,6 +274,33 @@ def _check_args(args: argparse.Namespace) -> None:
     prior = getattr(args, "prior", None)
     if prior is not None and not 0.0 <= prior <= 1.0:
         raise _BadInput(f"--prior is the unsafe share, in [0, 1]; got {prior}.")
+    cost = getattr(args, "miss_cost", 1.0)
+    if not (math.isfinite(cost) and cost > 0):
+        raise _BadInput(
+            f"--miss-cost is the cost of a missed hazard relative to a false stop, > 0; got {cost}."
+        )
+    if getattr(args, "check_sets", 0) < 0:
+        raise _BadInput(f"--check-sets must be >= 0; got {args.check_sets}.")
+    _member_cuts(args)
+
+
+def _member_cuts(args: argparse.Namespace) -> dict[str, float]:
+    """``--member-cut NAME=CUT`` (repeated) as ``{name: cut}``."""
+    out: dict[str, float] = {}
+    for item in getattr(args, "member_cut", None) or []:
+        name, sep, value = str(item).rpartition("=")
+        try:
+            cut = float(value)
+        except ValueError:
+            cut = math.nan
+        if not sep or not name or not math.isfinite(cut):
+            raise _BadInput(
+                f"--member-cut takes NAME=CUT with a finite number CUT (e.g. qwen=0); got {item!r}."
+            )
+        if name in out:
+            raise _BadInput(f"--member-cut names {name!r} twice; give one cut per member.")
+        out[name] = cut
+    return out
 
 
 def _cache_dir(args: argparse.Namespace) -> Path | None:
@@ -267,6 +345,8 @@ def _shift(args: argparse.Namespace, rng: Any, detector: Any) -> Any:
 
 
 def _reliance(args: argparse.Namespace, folders: list[str], pairs: bool, rng: Any) -> Any:
+    """The reliance run (:class:`RelianceRun`: the result, the scores and every candidate's
+    decisions at its operating point)."""
     from spotstop.diagnostics.cues._candidates import load_candidates, measure_reliance
     from spotstop.diagnostics.cues._source import read_source_set
     from spotstop.guard._cli import ray_engine, ray_threads
@@ -279,13 +359,14 @@ def _reliance(args: argparse.Namespace, folders: list[str], pairs: bool, rng: An
         cands,
         source,
         pairs=pairs,
+        member_cuts=_member_cuts(args),
         seed=args.seed,
         n_boot=args.n_boot,
         rng=rng,
         cache_dir=_cache_dir(args),
         progress=not args.quiet,
         engine=engine,
-    ).result
+    )
 
 
 def _run(cmd: str, args: argparse.Namespace, body: Any) -> int:
@@ -318,7 +399,7 @@ def run_reliance(args: argparse.Namespace) -> int:
     return _run(
         "reliance",
         args,
-        lambda rng: _emit(args, "reliance", _reliance(args, [args.bundle], False, rng)),
+        lambda rng: _emit(args, "reliance", _reliance(args, [args.bundle], False, rng).result),
     )
 
 
@@ -335,13 +416,21 @@ def run_select(args: argparse.Namespace) -> int:
 
     def body(rng: Any) -> int:
         from spotstop.diagnostics.cues._select import select
+        from spotstop.diagnostics.cues._selfcheck import check_selection
 
         detector = _make_detector(args)  # a missing extra fails before any scoring
-        rel = _reliance(args, list(args.candidate), True, rng)
+        run = _reliance(args, list(args.candidate), True, rng)
         sh = _shift(args, rng, detector)
-        sel = select(rel, sh)
+        check = (
+            check_selection(run, n_sets=args.check_sets, miss_cost=args.miss_cost, rng=rng)
+            if args.check_sets
+            else None
+        )
+        sel = select(
+            run.result, sh, miss_cost=args.miss_cost, weighting=args.weighting, check=check
+        )
         out = Path(args.out)
-        _write(out, "reliance.json", rel.to_dict())
+        _write(out, "reliance.json", run.result.to_dict())
         _write(out, "shift.json", sh.to_dict())
         path = _write(out, "select.json", sel.to_dict())
         if not args.quiet:
