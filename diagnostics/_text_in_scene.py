@@ -7,7 +7,10 @@ cue.  Reports: reliance per member and for the guard with intervals (and the pla
 d̂ per cue with its interval and its detector's sensitivity and false-positive rate; the
 predicted extra error of the guard (``Σ_cue reliance · misleading share``, from
 ``select.json`` when present, else from the point values of the two files, without an
-interval); the OCR model's name and sha256; and what to do.
+interval), with the intercept's weighting and the selection check's W_s when select.json
+has them; the OCR model's name and sha256; and what to do. A misleading share measured
+without labelled frames rests on the assumption that text is independent of the label: the
+section says so beside every such number.
 """
 
 from __future__ import annotations
@@ -183,6 +186,29 @@ def _extra_error(files: CueFiles, rel: Mapping[str, Any], sh: Mapping[str, Any])
     return {}
 
 
+def _basis(files: CueFiles | None) -> tuple[str | None, str | None]:
+    """The misleading shares' basis and the assumption they rest on (None: from labels, or
+    a file written before schema 2, which does not say)."""
+    for doc in (None if files is None else files.select, None if files is None else files.shift):
+        if doc is not None and "misleading_share_basis" in doc:
+            return doc["misleading_share_basis"], doc.get("assumption")
+    return None, None
+
+
+def _check_rows(files: CueFiles | None) -> list[tuple[str, str]]:
+    """The selection check of select.json: W_s per selector and family, and its warning."""
+    chk = None if files is None or files.select is None else files.select.get("check")
+    if not chk:
+        return []
+    rows = []
+    for cue, fam in chk.get("families", {}).items():
+        ws = ", ".join(f"{s} {v['w_s']:.3f}" for s, v in fam.get("selectors", {}).items())
+        rows.append((f"selection check on {cue} text (worst mean regret W_s)", ws))
+    if chk.get("warning"):
+        rows.append(("selection check: warning", chk["warning"]))
+    return rows
+
+
 def _advice(ts: TextInScene) -> tuple[str, ...]:
     out = []
     best = ts.extra_error.get("best")
@@ -245,7 +271,15 @@ class TextInSceneCheck(CardCheck):
         extra = {} if files is None else _extra_error(files, rel, sh)
         ts = TextInScene(files, rel, sh, extra, ocr, flags)
         ts = TextInScene(files, rel, sh, extra, ocr, flags, _advice(ts))
+        basis, assumption = _basis(files)
+        weighting = None if files is None or files.select is None else files.select.get("weighting")
         data = {
+            "misleading_share_basis": basis,
+            "assumption": assumption,
+            "weighting": weighting,
+            "selection_check": None
+            if files is None or files.select is None
+            else files.select.get("check"),
             "files": None if files is None else files.found,
             "reliance": rel,
             "shift": sh,
@@ -257,10 +291,15 @@ class TextInSceneCheck(CardCheck):
             "log_flags": flags,
             "advice": list(ts.advice),
         }
-        return CheckResult(data, _rows(ts), result=ts)
+        return CheckResult(data, _rows(ts, assumption, weighting, _check_rows(files)), result=ts)
 
 
-def _rows(ts: TextInScene) -> tuple[tuple[str, str], ...]:
+def _rows(
+    ts: TextInScene,
+    assumption: str | None = None,
+    weighting: Mapping[str, Any] | None = None,
+    check: list[tuple[str, str]] | None = None,
+) -> tuple[tuple[str, str], ...]:
     if ts.files is None and not ts.log_flags:
         return (
             (
@@ -283,13 +322,14 @@ def _rows(ts: TextInScene) -> tuple[tuple[str, str], ...]:
                     fmt(r["reliance"], pct=False, signed=True) + flag,
                 )
             )
+    mark = " (assumes text independent of the label †)" if assumption else ""
     for cue, s in ts.shift.items():
         rows.append(
             (
                 f"{cue} text in the deployment: d̂",
                 f"{fmt(s.get('d_hat'))} % (detector sens {fmt(s.get('sens'), pct=False)}, fpr "
                 f"{fmt(s.get('fpr'), pct=False)}); misleading share "
-                f"{fmt(s.get('misleading_share'))} %",
+                f"{fmt(s.get('misleading_share'))} %{mark}",
             )
         )
     if ts.extra_error:
@@ -306,9 +346,15 @@ def _rows(ts: TextInScene) -> tuple[tuple[str, str], ...]:
             (
                 f"predicted extra error of {ts.extra_error['candidate']}",
                 ", ".join(f"{k} {v:+.3f}" for k, v in by.items() if v is not None)
-                + f" (total {total:+.3f}){pred}; from {ts.extra_error['source']}",
+                + f" (total {total:+.3f}){pred}; from {ts.extra_error['source']}"
+                + (" †" if assumption else ""),
             )
         )
+    if weighting and weighting.get("description"):
+        rows.append(("predicted error: weighting", str(weighting["description"])))
+    if assumption:
+        rows.append(("† assumption", assumption))
+    rows += check or []
     if ts.ocr.get("name"):
         rows.append(("OCR model", f"{ts.ocr['name']} (sha256 {ts.ocr['sha256']})"))
     for cue, f in ts.log_flags.items():

@@ -43,7 +43,12 @@ def _cand(name: str, kind: str, reassuring: Estimate, alarming: Estimate) -> Can
     return CandidateReliance(name, kind, "hard", _e(0.2, 0.15, 0.25), cues)
 
 
-def write_cue_files(folder: Path, *, which: tuple[str, ...] = ("reliance", "shift", "select")):
+def write_cue_files(
+    folder: Path,
+    *,
+    which: tuple[str, ...] = ("reliance", "shift", "select"),
+    assumption: str | None = None,
+):
     folder.mkdir(parents=True, exist_ok=True)
     rel = RelianceResult(
         candidates={
@@ -79,6 +84,7 @@ def write_cue_files(folder: Path, *, which: tuple[str, ...] = ("reliance", "shif
         n_boot=200,
         provenance={"ocr_model": OCR, "lexicon_sha256": "cd" * 32},
         draws={},
+        assumption=assumption,
     )
     preds = (
         Prediction(
@@ -102,7 +108,14 @@ def write_cue_files(folder: Path, *, which: tuple[str, ...] = ("reliance", "shif
             1,
         ),
     )
-    sel = SelectionResult(preds, {c: sh.cues[c].misleading_share for c in CUES}, "SRA picks qwen.")
+    sel = SelectionResult(
+        preds,
+        {c: sh.cues[c].misleading_share for c in CUES},
+        "SRA picks qwen.",
+        weighting={"description": "intercept = source error weighted to π̂ = 0.300"},
+        basis=sh.basis,
+        assumption=sh.assumption,
+    )
     docs = {"reliance": rel.to_dict(), "shift": sh.to_dict(), "select": sel.to_dict()}
     for name in which:
         (folder / f"{name}.json").write_text(json.dumps(docs[name]))
@@ -195,3 +208,33 @@ def test_flag_shares_logged_at_decision_time(tmp_path):
         assert got["flagged_unsafe"].value == pytest.approx((f[unsafe] == 1).mean())
         assert got["flagged_unsafe"].n == int(unsafe.sum())
     assert any(r[0] == "reassuring flags logged at decision time" for r in res.rows)
+
+
+def test_shares_without_labels_say_they_assume_independence(tmp_path):
+    """Issue 26, item 1: a misleading share measured without labelled frames rests on the
+    assumption that text is independent of the label; the card says so beside the numbers."""
+    from spotstop.diagnostics.cues import INDEPENDENCE_ASSUMPTION
+
+    labelled = _run(simulate_log(20, rng=0), write_cue_files(tmp_path / "lab"))
+    assert labelled.data["misleading_share_basis"] == "labels"
+    assert labelled.data["assumption"] is None
+    assert "† assumption" not in dict(labelled.rows)
+    res = _run(
+        simulate_log(20, rng=0),
+        write_cue_files(tmp_path / "ind", assumption=INDEPENDENCE_ASSUMPTION),
+    )
+    rows = dict(res.rows)
+    assert res.data["misleading_share_basis"] == "assumes text independent of the label"
+    assert rows["† assumption"] == INDEPENDENCE_ASSUMPTION
+    assert (
+        "(assumes text independent of the label †)" in rows["reassuring text in the deployment: d̂"]
+    )
+    assert rows["predicted extra error of guard"].endswith("†")
+    assert rows["predicted error: weighting"].startswith("intercept = source error weighted")
+    # a shift.json of schema 1 does not say: nothing is claimed either way
+    old = json.loads((tmp_path / "ind" / "shift.json").read_text())
+    for k in ("misleading_share_basis", "assumption"):
+        old.pop(k)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "shift.json").write_text(json.dumps(old))
+    assert _run(simulate_log(20, rng=0), tmp_path / "old").data["misleading_share_basis"] is None
