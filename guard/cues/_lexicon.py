@@ -33,6 +33,17 @@ The rule, in order (every step is case-, accent- and spacing-tolerant):
    alarming one and vice versa ("not safe", "NOT 100% SAFE" → alarming; "no danger",
    "non-toxic" → reassuring). A negated neutral phrase stays neutral.
 
+7. **Grammar** (optional ``grammar`` key, :class:`ClaimGrammar`). Nouns (things) and state
+   words of each group are matched like phrases (steps 3–5; a noun also matches its plural in
+   -s/-es). A state claims only about a thing: the nearest noun before it, with at most
+   ``grammar.window`` link words (``grammar.links``) or negation words between, in the same
+   clause ("the stove is now off", "blade guard removed": the last noun of a compound is the
+   thing), else a noun right after it ("wet floor", "bare wires"; not for the states in
+   ``grammar.after_noun_only``: "on floor" claims nothing). The claim's cue is the state's cue
+   in the thing's group, so "off" is reassuring for a stove and alarming for a guard. Negation
+   (step 6) then applies to the state ("fan is not running" → reassuring). A state without a
+   thing, and a thing without a state, claim nothing ("push to open", "power tools").
+
 Each kept match of a cue flags that cue. The lexicon does not judge whether the claim is
 true, only that the text makes it.
 """
@@ -51,14 +62,22 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
-from spotstop.guard._errors import ConfigError
 from spotstop.guard._fusion import _check_keys, _check_mapping
+from spotstop.guard.cues._grammar import (
+    ClaimGrammar,
+    LexiconError,
+    StateGroup,
+    check_grammar_shape,
+    grammar_from_dict,
+)
 from spotstop.guard.cues._types import CUES, Cue, CueMatch
 
 __all__ = [
     "LEXICON_VERSION",
+    "ClaimGrammar",
     "ClaimLexicon",
     "LexiconError",
+    "StateGroup",
     "default_lexicon",
     "lexicon_from_dict",
     "load_lexicon",
@@ -75,17 +94,13 @@ _CLAUSE_BREAKS: Final[frozenset[str]] = frozenset(".,;:!?|/\\•–—―")
 _MAX_WINDOW: Final[int] = 5
 _MAX_GLUED: Final[int] = 64  # longer words are not split (the split is quadratic in length)
 _TOP_KEYS: Final[tuple[str, ...]] = ("reassuring", "alarming", "negation")
-_OPTIONAL_KEYS: Final[tuple[str, ...]] = ("version", "neutral")
+_OPTIONAL_KEYS: Final[tuple[str, ...]] = ("version", "neutral", "grammar")
 _LISTS: Final[tuple[str, ...]] = ("reassuring", "alarming", "neutral")
 _LIST_CUE: Final[dict[str, Cue | None]] = {
     "reassuring": "reassuring",
     "alarming": "alarming",
     "neutral": None,
 }
-
-
-class LexiconError(ConfigError):
-    """The claim lexicon is invalid; the message names the key (``alarming[3]``) and the fix."""
 
 
 # --------------------------------------------------------------------------- normalisation
@@ -197,8 +212,11 @@ def _split_glued(word: str, vocab: frozenset[str]) -> list[str] | None:
 
 @dataclass(frozen=True)
 class _Entry:
-    cue: Cue | None  # None: neutral
+    cue: Cue | None  # None: neutral, a noun or a state (a state's cue depends on its thing)
     phrase: str
+    role: str = "phrase"  # "phrase", "noun" (a thing of group `group`) or "state"
+    group: int = -1
+    states: tuple[tuple[int, Cue, str], ...] = ()  # a state's (group, cue, word as written)
 
 
 @dataclass(frozen=True)
@@ -228,12 +246,16 @@ class ClaimLexicon:
     """How many pieces before a phrase are searched for a negation word (0: no negation)."""
     neutral: tuple[str, ...] = ()
     """Phrases that flag nothing and hide the claims inside them ("fail safe")."""
+    grammar: ClaimGrammar | None = None
+    """Things and their states, composed into claims (step 7); None: phrases only."""
     source: str = field(default="<constructed>", compare=False)
     """Where the lexicon came from (a file path, or ``<default>``), for messages."""
     _phrases: dict[str, _Entry] = field(init=False, repr=False, compare=False)
     _vocab: frozenset[str] = field(init=False, repr=False, compare=False)
     _negators: frozenset[str] = field(init=False, repr=False, compare=False)
     _longest: int = field(init=False, repr=False, compare=False)
+    _links: frozenset[str] = field(init=False, repr=False, compare=False)
+    _noun_only_after: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("reassuring", "alarming", "neutral", "negation_words"):
@@ -252,15 +274,23 @@ class ClaimLexicon:
                 f"negation.words {collide} are also phrases ({where[collide[0]]}); a word "
                 f"cannot both make a claim and negate one. Remove one of them in {self.source}."
             )
+        links, after_only = _check_grammar(self, phrases, where, negators)
         vocab = set(phrases) | negators
         for entry in phrases.values():
             vocab.update(w.text for w in _words(entry.phrase))
+        object.__setattr__(self, "_links", links)
+        object.__setattr__(self, "_noun_only_after", after_only)
         object.__setattr__(self, "_phrases", phrases)
         object.__setattr__(self, "_vocab", frozenset(vocab))
         object.__setattr__(self, "_negators", negators)
         object.__setattr__(self, "_longest", max(len(p) for p in phrases))
 
     # -- identity -----------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """``lexicon``: the claim reader's name (:class:`~spotstop.guard.cues.ClaimReader`)."""
+        return "lexicon"
+
     @functools.cached_property
     def sha256(self) -> str:
         """Digest of what the lexicon matches: normalised phrases per list, negation words and
@@ -273,6 +303,23 @@ class ClaimLexicon:
                 "window": self.negation_window,
             },
         }
+        if self.grammar is not None:  # absent from the digest of a phrases-only lexicon
+            g = self.grammar
+            doc["grammar"] = {
+                "groups": [
+                    {
+                        "name": grp.name,
+                        **{
+                            k: sorted(normalize_text(w) for w in getattr(grp, k))
+                            for k in ("nouns", "reassuring", "alarming")
+                        },
+                    }
+                    for grp in g.groups
+                ],
+                "links": sorted(normalize_text(w) for w in g.links),
+                "window": g.window,
+                "after_noun_only": sorted(normalize_text(w) for w in g.after_noun_only),
+            }
         blob = json.dumps(doc, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return hashlib.sha256(blob).hexdigest()
 
@@ -280,7 +327,8 @@ class ClaimLexicon:
         return (
             f"ClaimLexicon({len(self.reassuring)} reassuring, {len(self.alarming)} alarming, "
             f"{len(self.neutral)} neutral phrases; {len(self.negation_words)} negation words, "
-            f"window {self.negation_window}; sha256={self.sha256[:12]}…; from {self.source})"
+            f"window {self.negation_window}; {self.grammar!r}; sha256={self.sha256[:12]}…; "
+            f"from {self.source})"
         )
 
     # -- matching -----------------------------------------------------------------------------
@@ -291,21 +339,26 @@ class ClaimLexicon:
         pieces = list(self._pieces(text))
         spans = _outermost(list(self._spans(pieces)))
         covered = {k for s in spans for k in range(s.first, s.last + 1)}
+        nouns = [s for s in spans if s.entry.role == "noun"]
+        noun_end = {s.last: s for s in nouns}
+        noun_start = {s.first: s for s in nouns}
         out: list[CueMatch] = []
         for span in spans:
-            cue = span.entry.cue
-            if cue is None:
-                continue
+            if span.entry.role == "state":
+                claim = self._compose(pieces, span, noun_end, noun_start, covered)
+                if claim is None:
+                    continue
+                cue, phrase, lo, hi = claim
+            elif span.entry.cue is None:
+                continue  # neutral phrase or a noun: no claim of its own
+            else:
+                cue, phrase, lo, hi = span.entry.cue, span.entry.phrase, span.first, span.last
             negator = self._negator(pieces, span.first, covered)
             if negator is not None:
                 cue = "alarming" if cue == "reassuring" else "reassuring"
-            first = span.first if negator is None else negator
-            found = text[pieces[first].start : pieces[span.last].end]
-            out.append(
-                CueMatch(
-                    cue=cue, phrase=span.entry.phrase, found=found, negated=negator is not None
-                )
-            )
+            first = lo if negator is None else min(lo, negator)
+            found = text[pieces[first].start : pieces[hi].end]
+            out.append(CueMatch(cue=cue, phrase=phrase, found=found, negated=negator is not None))
         return tuple(out)
 
     def flags(self, text: str) -> dict[Cue, bool]:
@@ -335,6 +388,49 @@ class ClaimLexicon:
                 entry = self._phrases.get(letters)
                 if entry is not None:
                     yield _Span(first, last, entry)
+
+    def _compose(
+        self,
+        pieces: Sequence[_Piece],
+        state: _Span,
+        noun_end: dict[int, _Span],
+        noun_start: dict[int, _Span],
+        covered: set[int],
+    ) -> tuple[Cue, str, int, int] | None:
+        """Step 7: the claim a state makes about its thing, as (cue, phrase, first, last), or
+        None when no thing of a group that has this state stands beside it."""
+        grammar = self.grammar
+        if grammar is None:  # pragma: no cover - states exist only with a grammar
+            return None
+        clause = pieces[state.first].clause
+        k, skipped, noun, before = state.first - 1, 0, None, True
+        while k >= 0 and pieces[k].clause == clause:
+            if k in noun_end:
+                noun = noun_end[k]
+                break
+            text = pieces[k].text
+            if k in covered or skipped >= grammar.window:
+                break
+            if text not in self._links and text not in self._negators:
+                break
+            skipped += 1
+            k -= 1
+        after = state.last + 1
+        if (
+            noun is None
+            and _letters(state.entry.phrase) not in self._noun_only_after
+            and after in noun_start
+            and pieces[after].clause == clause
+        ):
+            noun, before = noun_start[after], False
+        if noun is None:
+            return None
+        for group, cue, word in state.entry.states:
+            if group == noun.entry.group:
+                if before:
+                    return cue, f"{noun.entry.phrase} {word}", noun.first, state.last
+                return cue, f"{word} {noun.entry.phrase}", state.first, noun.last
+        return None
 
     def _negator(self, pieces: Sequence[_Piece], first: int, covered: set[int]) -> int | None:
         """Index of the negation word that negates the match starting at ``first`` (step 6)."""
@@ -444,6 +540,110 @@ def _check_negation(lex: ClaimLexicon) -> frozenset[str]:
     return frozenset(words)
 
 
+def _letters(phrase: str) -> str:
+    return _compact(phrase)
+
+
+def _plural(letters: str) -> str:
+    return letters + ("es" if letters.endswith(("s", "x", "z", "ch", "sh")) else "s")
+
+
+def _check_grammar(
+    lex: ClaimLexicon, phrases: dict[str, _Entry], where: dict[str, str], negators: frozenset[str]
+) -> tuple[frozenset[str], frozenset[str]]:
+    """Add the grammar's nouns (and their plurals) and states to ``phrases`` (one role per
+    word: a noun or a state is never also a phrase, and a noun belongs to one group); returns
+    the link words and the after-noun-only states."""
+    if lex.grammar is None:
+        return frozenset(), frozenset()
+    grammar = check_grammar_shape(lex.grammar, lex.source)
+    plurals: dict[str, _Entry] = {}
+    states: dict[str, list[tuple[int, Cue, str]]] = {}
+    state_where: dict[str, str] = {}
+    for gi, group in enumerate(grammar.groups):
+        base = f"grammar.groups[{gi}]"
+        for i, noun in enumerate(group.nouns):
+            letters = _grammar_word(noun, f"{base}.nouns[{i}]", lex.source)
+            if letters in negators:
+                raise LexiconError(
+                    f"{base}.nouns[{i}] {noun!r} is also a negation word. Remove one of them "
+                    f"in {lex.source}."
+                )
+            if letters in phrases:
+                raise LexiconError(
+                    f"{base}.nouns[{i}] {noun!r} is the same word as {where[letters]} "
+                    f"{phrases[letters].phrase!r}; a word has one role (phrase, noun or "
+                    f"state). Keep one of them in {lex.source}."
+                )
+            phrases[letters] = _Entry(None, noun, role="noun", group=gi)
+            where[letters] = f"{base}.nouns[{i}]"
+            plurals[_plural(letters)] = _Entry(None, noun, role="noun", group=gi)
+        seen: dict[str, str] = {}
+        for cue in CUES:
+            for i, word in enumerate(getattr(group, cue)):
+                here = f"{base}.{cue}[{i}]"
+                letters = _grammar_word(word, here, lex.source)
+                if letters in seen:
+                    raise LexiconError(
+                        f"{here} {word!r} is already a state of this group ({seen[letters]}); "
+                        f"a state has one cue per group. Keep one in {lex.source}."
+                    )
+                seen[letters] = here
+                states.setdefault(letters, []).append((gi, cue, word))
+                state_where.setdefault(letters, here)
+    for letters, here in state_where.items():
+        if letters in phrases:
+            raise LexiconError(
+                f"{here} {states[letters][0][2]!r} is the same word as {where[letters]} "
+                f"{phrases[letters].phrase!r}; a word has one role (phrase, noun or state). "
+                f"Keep one of them in {lex.source}."
+            )
+        if letters in negators:
+            raise LexiconError(
+                f"{here} {states[letters][0][2]!r} is also a negation word. Remove one of "
+                f"them in {lex.source}."
+            )
+    for letters, entries in states.items():
+        phrases[letters] = _Entry(None, entries[0][2], role="state", states=tuple(entries))
+        where[letters] = state_where[letters]
+    for letters, entry in plurals.items():  # a plural never shadows a listed word
+        phrases.setdefault(letters, entry)
+    links: set[str] = set()
+    for i, word in enumerate(grammar.links):
+        here = f"grammar.links[{i}]"
+        letters = _grammar_word(word, here, lex.source)
+        if " " in normalize_text(word):
+            raise LexiconError(f"{here} {word!r} must be one word. Fix it in {lex.source}.")
+        if letters in phrases or letters in negators:
+            other = where.get(letters, "negation.words")
+            raise LexiconError(
+                f"{here} {word!r} is also {other}; a link word must carry no claim and no "
+                f"negation. Remove one of them in {lex.source}."
+            )
+        links.add(letters)
+    after_only: set[str] = set()
+    for i, word in enumerate(grammar.after_noun_only):
+        here = f"grammar.after_noun_only[{i}]"
+        letters = _grammar_word(word, here, lex.source)
+        if letters not in states:
+            raise LexiconError(
+                f"{here} {word!r} is not a state of any group; list it under a group's "
+                f"reassuring or alarming states first, or remove it in {lex.source}."
+            )
+        after_only.add(letters)
+    return frozenset(links), frozenset(after_only)
+
+
+def _grammar_word(word: object, here: str, source: str) -> str:
+    letters = _compact(word) if isinstance(word, str) else ""
+    if not letters:
+        raise LexiconError(
+            f"{here} must be a word with letters or digits; got {type(word).__name__} "
+            f"{word!r}.{_quote_hint(word)} Fix it in {source}."
+        )
+    return letters
+
+
 # --------------------------------------------------------------------------- loading
 
 
@@ -483,12 +683,16 @@ def lexicon_from_dict(doc: Any, *, source: str = "the lexicon dict") -> ClaimLex
             f"negation.words must be a list of words; got {type(negation['words']).__name__} "
             f"{negation['words']!r}. Fix it in {source}."
         )
+    grammar = (
+        None if doc.get("grammar") is None else grammar_from_dict(doc["grammar"], source=source)
+    )
     return ClaimLexicon(
         reassuring=lists["reassuring"],
         alarming=lists["alarming"],
         neutral=lists["neutral"],
         negation_words=tuple(negation["words"]),
         negation_window=negation["window"],
+        grammar=grammar,
         source=source,
     )
 
