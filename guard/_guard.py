@@ -292,7 +292,14 @@ class Guard:
             if text.lexicon is not None:
                 lex = Path(text.lexicon)
                 lexicon = lex if lex.is_absolute() or cfg.base_dir is None else cfg.base_dir / lex
-            return RapidOcrDetector(lexicon, threads=self._threads).load(), None
+            reader = None
+            if text.reader is not None:  # by name; a guard member is shared, not loaded twice
+                from spotstop.guard.cues import claim_reader
+
+                reader = claim_reader(
+                    text.reader, lexicon=lexicon, members=self.members, threads=self._threads
+                )
+            return RapidOcrDetector(lexicon, reader=reader, threads=self._threads).load(), None
         except Exception as e:  # the policy asked for detection: without it, fail closed
             return None, _reason("text detector", e)
 

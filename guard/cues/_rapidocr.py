@@ -24,10 +24,17 @@ from typing import Any, Final
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-from spotstop.guard._errors import BackendUnavailableError, ConfigError, GuardError, ImageError
+from spotstop.guard._errors import BackendUnavailableError, ConfigError, ImageError
 from spotstop.guard._image import DecodedImage, decode_image
-from spotstop.guard.cues._lexicon import ClaimLexicon, load_lexicon
-from spotstop.guard.cues._types import CueReading, DetectorInput, OcrModel
+from spotstop.guard.cues._lexicon import ClaimLexicon
+from spotstop.guard.cues._reader import claim_reader
+from spotstop.guard.cues._types import (
+    ClaimReader,
+    CueReading,
+    DetectorInput,
+    OcrModel,
+    TextDetectionError,
+)
 
 __all__ = ["INSTALL_HINT", "RapidOcrDetector", "TextDetectionError"]
 
@@ -43,18 +50,20 @@ _MODEL_GLOBS: Final[dict[str, str]] = {
 }
 
 
-class TextDetectionError(GuardError, RuntimeError):
-    """The OCR failed on an image (a model raised); a guard treats the scene as unread."""
-
-
 class RapidOcrDetector:
-    """OCR a scene with RapidOCR's bundled PP-OCRv6 models, then flag claims with a lexicon.
+    """OCR a scene with RapidOCR's bundled PP-OCRv6 models, then flag claims with a claim
+    reader (the lexicon by default).
 
     Parameters
     ----------
     lexicon
         A :class:`ClaimLexicon`, a path to a lexicon YAML file, or ``None`` for the packaged
         default.
+    reader
+        The claim reader: ``None`` or ``"lexicon"`` (the ``lexicon``), a reader name such as
+        ``"member:/path/to/member"`` (:func:`~spotstop.guard.cues.claim_reader`), or a built
+        :class:`~spotstop.guard.cues.ClaimReader` (e.g. a
+        :class:`~spotstop.guard.cues.MemberClaimReader` over a guard's member).
     threads
         onnxruntime intra-op threads per model (None: onnxruntime's default, all cores). Values
         above ``os.cpu_count()`` are capped to it.
@@ -81,13 +90,18 @@ class RapidOcrDetector:
         self,
         lexicon: ClaimLexicon | str | os.PathLike[str] | None = None,
         *,
+        reader: ClaimReader | str | None = None,
         threads: int | None = None,
         max_side: int = 960,
         min_text_score: float = 0.5,
         upside_down: bool = False,
     ) -> None:
         _check_settings(threads=threads, max_side=max_side, min_text_score=min_text_score)
-        self.lexicon = lexicon if isinstance(lexicon, ClaimLexicon) else load_lexicon(lexicon)
+        self.reader: ClaimReader = (
+            claim_reader(reader, lexicon=lexicon, threads=threads)
+            if reader is None or isinstance(reader, str)
+            else reader
+        )
         self.threads = None if threads is None else min(threads, os.cpu_count() or threads)
         self.max_side = max_side
         self.min_text_score = float(min_text_score)
@@ -103,7 +117,8 @@ class RapidOcrDetector:
         return (
             f"RapidOcrDetector({', '.join(p.name for p in self._files.values())}; threads="
             f"{self.threads}, max_side={self.max_side}, min_text_score={self.min_text_score}, "
-            f"upside_down={self.upside_down}; {state}; lexicon sha256={self.lexicon.sha256[:12]}…)"
+            f"upside_down={self.upside_down}; {state}; reader {self.reader.name} "
+            f"sha256={self.reader.sha256[:12]}…)"
         )
 
     # -- loading ----------------------------------------------------------------------------
@@ -182,14 +197,20 @@ class RapidOcrDetector:
         lines = getattr(out, "txts", None) or ()
         return " ".join(" ".join(str(line).split()) for line in lines if str(line).strip())
 
+    @property
+    def lexicon(self) -> ClaimLexicon | None:
+        """The claim lexicon when the reader is the lexicon, else None."""
+        return self.reader if isinstance(self.reader, ClaimLexicon) else None
+
     def detect(self, image: DetectorInput) -> CueReading:
-        """OCR ``image`` (:meth:`read_text`) and apply the lexicon to the text read."""
+        """OCR ``image`` (:meth:`read_text`) and apply the claim reader to the text read."""
         text = self.read_text(image)
         return CueReading(
             text=text,
-            matches=self.lexicon.find(text),
+            matches=self.reader.find(text),
             ocr_model=self.model,
-            lexicon_sha256=self.lexicon.sha256,
+            lexicon_sha256=self.reader.sha256,
+            reader=self.reader.name,
         )
 
 

@@ -21,9 +21,20 @@ from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 import numpy as np
 from PIL import Image
+from spotstop.guard._errors import GuardError
 from spotstop.guard._types import ImageSource
 
-__all__ = ["CUES", "Cue", "CueMatch", "CueReading", "DetectorInput", "OcrModel", "TextDetector"]
+__all__ = [
+    "CUES",
+    "ClaimReader",
+    "Cue",
+    "CueMatch",
+    "CueReading",
+    "DetectorInput",
+    "OcrModel",
+    "TextDetectionError",
+    "TextDetector",
+]
 
 Cue = Literal["reassuring", "alarming"]
 
@@ -35,6 +46,11 @@ and ``alarming`` (asserts danger; misleads on safe scenes)."""
 #: :func:`spotstop.guard.decode_image`), a :class:`spotstop.guard.DecodedImage`, a Pillow image,
 #: or a ``uint8`` numpy array in RGB order (``H×W×3``; ``H×W`` is read as gray).
 DetectorInput = ImageSource | Image.Image | np.ndarray
+
+
+class TextDetectionError(GuardError, RuntimeError):
+    """The OCR or the claim reader failed on an image or a text (a model raised, or answered
+    with a non-finite score); a guard treats the scene as unread and fails it closed."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +116,11 @@ class CueReading:
     ocr_model: OcrModel
     """The OCR that read ``text``."""
     lexicon_sha256: str
-    """:attr:`ClaimLexicon.sha256` of the lexicon that turned ``text`` into claims."""
+    """The ``sha256`` of the claim reader that turned ``text`` into claims
+    (:attr:`ClaimLexicon.sha256` for the lexicon; a model reader's digest names its member,
+    prompt and margin)."""
+    reader: str = "lexicon"
+    """The claim reader's name: ``lexicon``, or ``member:<name>`` for a model reader."""
 
     @property
     def reassuring(self) -> bool:
@@ -133,6 +153,7 @@ class CueReading:
             ],
             "ocr_model": self.ocr_model.to_dict(),
             "lexicon_sha256": self.lexicon_sha256,
+            "reader": self.reader,
         }
 
     def __repr__(self) -> str:
@@ -140,8 +161,35 @@ class CueReading:
         return (
             f"CueReading(reassuring={self.reassuring}, alarming={self.alarming}, text={text!r}, "
             f"matches={list(self.matches)}, ocr={self.ocr_model.name} "
-            f"sha256={self.ocr_model.sha256[:12]}…, lexicon={self.lexicon_sha256[:12]}…)"
+            f"sha256={self.ocr_model.sha256[:12]}…, {self.reader}={self.lexicon_sha256[:12]}…)"
         )
+
+
+@runtime_checkable
+class ClaimReader(Protocol):
+    """Turns the text read in a scene into claims, per cue: the lexicon
+    (:class:`~spotstop.guard.cues.ClaimLexicon`) or a model
+    (:class:`~spotstop.guard.cues.MemberClaimReader`). :func:`~spotstop.guard.cues.claim_reader`
+    builds one by name."""
+
+    @property
+    def name(self) -> str:
+        """``lexicon`` or ``member:<name>``: recorded on every reading."""
+        ...
+
+    @property
+    def sha256(self) -> str:
+        """What identifies the reader's answers (recorded on every reading)."""
+        ...
+
+    def find(self, text: str) -> tuple[CueMatch, ...]:
+        """The claims in ``text``, in text order; raises rather than return nothing on a
+        failure (a reader never silently flags nothing)."""
+        ...
+
+    def flags(self, text: str) -> dict[Cue, bool]:
+        """``{cue: flagged}`` for every cue in :data:`CUES`."""
+        ...
 
 
 @runtime_checkable

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from spotstop.guard._errors import ConfigError
 from spotstop.guard._files import atomic_write_text
 from spotstop.guard._fusion import (
     Avg2Fusion,
@@ -78,12 +79,16 @@ class TextInScene:
         where a printed "ALL CLEAR" must never be trusted set ``reassuring: fail_closed``.
     lexicon: a claim-lexicon YAML (relative paths are read from the policy file's folder);
         None: the packaged lexicon.
+    reader: the claim reader by name (:func:`spotstop.guard.cues.claim_reader`): None or
+        ``lexicon`` (the lexicon), or ``member:<name>`` (a text-only pass of the bundle's
+        member ``<name>`` over the text read; a folder path names another member).
     """
 
     detect: bool = False
     reassuring: str = "log"
     alarming: str = "log"
     lexicon: str | None = None
+    reader: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -93,6 +98,8 @@ class TextInScene:
         }
         if self.lexicon is not None:
             d["lexicon"] = self.lexicon
+        if self.reader is not None:
+            d["reader"] = self.reader
         return d
 
     def action(self, cue: str) -> str:
@@ -107,7 +114,7 @@ def _text_in_scene(d: Any, src: str) -> TextInScene:
         d,
         where=where,
         required=("detect",),
-        optional=("reassuring", "alarming", "lexicon"),
+        optional=("reassuring", "alarming", "lexicon", "reader"),
         source=src,
         error=PolicyError,
     )
@@ -122,11 +129,20 @@ def _text_in_scene(d: Any, src: str) -> TextInScene:
             f"{where}.lexicon must be a path to a lexicon YAML or absent; got {lexicon!r}. "
             f"Set it in {src}."
         )
+    reader = d.get("reader")
+    if reader is not None:
+        from spotstop.guard.cues import parse_reader_name
+
+        try:
+            parse_reader_name(reader, where=f"{where}.reader")
+        except ConfigError as e:
+            raise PolicyError(f"{e} Set it in {src}.") from None
     return TextInScene(
         detect=d["detect"],
         reassuring=ctx.choice(d, "reassuring", _CUE_ACTIONS, "log"),
         alarming=ctx.choice(d, "alarming", _CUE_ACTIONS, "log"),
         lexicon=lexicon,
+        reader=reader,
     )
 
 
