@@ -9,6 +9,7 @@ from spotstop.diagnostics.cues import (
     CUES,
     CandidateSet,
     MemberSpec,
+    Scorer,
     check_selection,
     crossing_scale,
     estimate_shift,
@@ -22,9 +23,13 @@ from tests.test_cues_fakes import make_edits, score_table, text_scores
 K = 26  # SAFE scenes on which E stops falsely: E's error on T_d is 26 / 200 = 0.13
 
 
+def _never_loaded() -> Scorer:
+    raise AssertionError("the scores are given: no member is loaded")
+
+
 def _members(*names: str) -> CandidateSet:
     return CandidateSet(
-        members=tuple(MemberSpec(n, n, "h", lambda: None) for n in names),
+        members=tuple(MemberSpec(n, n, "h", _never_loaded) for n in names),
         guards=(),
         folders=("test",),
     )
