@@ -9,6 +9,9 @@ The scored edit set already holds, per cue, the three pools of a CueDial family:
 * ``N``: the same scenes unedited (same label, no text misleads);
 * ``O``: the unedited scenes of the other label.
 
+With several held-out templates (a sign and a sticker, say) each gives its own family, named
+``<cue>/<template>``; with one, the family is named by its cue.
+
 A test set with a share ``d`` of misleading items draws
 ``T_d = O_{n/2} ∪ C_{dn} ∪ N_{(1/2 − d)n}`` without replacement: ``n/2`` scenes of the other
 label, and ``n/2`` scenes of the cue's label of which ``dn`` are shown with the misleading edit
@@ -33,6 +36,7 @@ its mean regret over the sets drawn at ``d``, maximised over ``d``. Selectors:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -239,21 +243,25 @@ def check_selection(
             "the edit set has no held-out template, so there is no out-of-template pool"
         )
         return SelectionCheck(families, miss_cost, skipped, None)
-    for cue in CUES:
+    held_templates = sorted({r.template for r in held})
+    unedited = {r.group: r.index for r in recs if r.kind == "source"}
+    for cue, template in itertools.product(CUES, held_templates):
         label = 1 if cue == "reassuring" else 0
-        by_group = {r.group: r.index for r in held if r.label == label}
-        unedited = {r.group: r.index for r in recs if r.kind == "source"}
+        family = cue if len(held_templates) == 1 else f"{cue}/{template}"
+        by_group = {r.group: r.index for r in held if r.label == label and r.template == template}
         groups = sorted(by_group)
         other = np.array([unedited[g] for g in sorted(unedited) if y[unedited[g]] != label])
         if not groups or other.size == 0:
-            skipped[cue] = "the source set lacks scenes of one label, so no test set can be drawn"
+            skipped[family] = (
+                "the source set lacks scenes of one label, so no test set can be drawn"
+            )
             continue
         n_c = np.array([by_group[g] for g in groups])
         n_n = np.array([unedited[g] for g in groups])
         half = min(n // 2, len(groups), other.size)
         rel = np.array([h.cues[cue].reliance.value for h in hard])
         if not np.isfinite(rel).all() or not np.isfinite(intercept).all():
-            skipped[cue] = "a candidate's reliance or source error is undefined"
+            skipped[family] = "a candidate's reliance or source error is undefined"
             continue
         mean_reg = {s: np.zeros(len(grid)) for s in SELECTORS if s != "ATC" or atc_ok}
         picks: dict[str, list[str]] = {s: [] for s in mean_reg}
@@ -279,7 +287,7 @@ def check_selection(
                 r, first = regret(realized, np.asarray(preds[s]))
                 mean_reg[s][gi] = float(r.mean())
                 picks[s].append(names[int(np.bincount(first, minlength=len(names)).argmax())])
-        families[cue] = FamilyCheck(
+        families[family] = FamilyCheck(
             cue=cue,
             grid=tuple(float(x) for x in grid),
             n=2 * half,
