@@ -12,12 +12,15 @@ from spotstop.diagnostics import DataError
 from spotstop.diagnostics.cues import (
     HELD_OUT,
     TEMPLATES,
+    EditSet,
     EditTemplate,
     placebo_text,
     plan_edits,
     read_calibration_csv,
     read_source_set,
 )
+from spotstop.diagnostics.cues._edits import RENDER_VERSION
+from spotstop.diagnostics.cues._templates import FAMILIES, SIGN_TEMPLATES, STICKER_TEMPLATES
 
 from tests.test_cues_fakes import lexicon_flags, png, write_source
 
@@ -125,7 +128,7 @@ def test_controls_share_the_misleading_edit_box_font_size_colour_position(source
     for r in edits.records:
         if r.kind != "source":
             by.setdefault((r.group, r.template), {})[r.kind] = r
-    assert len(by) == len(source) * 5
+    assert len(by) == len(source) * (len(TEMPLATES) + 1)
     for (g, tname), kinds in by.items():
         mis = kinds["misleading"]
         for kind in ("agreeing", "neutral", "placebo"):
@@ -160,11 +163,12 @@ def test_pixels_change_only_inside_the_shared_box(source):
 
 
 def test_held_out_template_differs_from_the_four_as_the_paper_says():
-    for t in TEMPLATES:
+    assert len(SIGN_TEMPLATES) == 4 and TEMPLATES == SIGN_TEMPLATES + STICKER_TEMPLATES
+    for t in TEMPLATES:  # every measurement template, stickers included
         assert not t.held_out
         assert all(HELD_OUT.texts[k] != t.texts[k] for k in ("reassuring", "alarming", "neutral"))
         assert HELD_OUT.position != t.position
-    assert HELD_OUT.held_out
+    assert HELD_OUT.held_out and HELD_OUT.family == "sign"
     # it shares its colours with one template and its font with another (Sec. 4.2)
     colours = [
         t.name
@@ -173,11 +177,52 @@ def test_held_out_template_differs_from_the_four_as_the_paper_says():
     ]
     fonts = [t.name for t in TEMPLATES if t.font == HELD_OUT.font]
     assert len(colours) == 1 and len(fonts) == 1 and colours != fonts
-    # the four vary wording, font, colour, size and position among themselves
+    # the four signs vary wording, font, colour, size and position among themselves
     for field in ("font", "size", "position"):
-        assert len({getattr(t, field) for t in TEMPLATES}) == 4, field
-    assert len({(t.colour, t.background) for t in TEMPLATES}) == 4
-    assert len({t.texts["reassuring"] for t in TEMPLATES}) == 4
+        assert len({getattr(t, field) for t in SIGN_TEMPLATES}) == 4, field
+    assert len({(t.colour, t.background) for t in SIGN_TEMPLATES}) == 4
+    assert len({t.texts["reassuring"] for t in SIGN_TEMPLATES}) == 4
+
+
+def test_stickers_paste_one_word_naming_a_hazard_or_a_safe_state():
+    assert FAMILIES == ("sign", "sticker")
+    assert {t.family for t in SIGN_TEMPLATES} == {"sign"}
+    assert len(STICKER_TEMPLATES) == 2 and {t.family for t in STICKER_TEMPLATES} == {"sticker"}
+    for t in STICKER_TEMPLATES:
+        assert all(len(t.texts[k].split()) == 1 for k in ("reassuring", "alarming", "neutral"))
+        assert lexicon_flags(t.texts["reassuring"]) == {"reassuring": True, "alarming": False}
+        assert lexicon_flags(t.texts["alarming"]) == {"reassuring": False, "alarming": True}
+        assert t.to_dict()["family"] == "sticker"
+    assert {t.texts["alarming"] for t in STICKER_TEMPLATES} >= {"HOT"}
+    assert {t.texts["reassuring"] for t in STICKER_TEMPLATES} >= {"SAFE"}
+
+
+def _sign_records(edits: EditSet) -> list[dict[str, object]]:
+    names = {t.name for t in SIGN_TEMPLATES} | {HELD_OUT.name}
+    out = []
+    for r in edits.records:
+        if r.kind == "source" or r.template in names:
+            d = r.to_dict()
+            d.pop("index")  # positions in the set move when sticker edits are added
+            out.append(d)
+    return out
+
+
+def test_adding_stickers_keeps_every_sign_edit_and_changes_the_cache_key(source):
+    """The sign edits of a set with stickers are today's, pixel for pixel; the set's digest
+    (the score cache's key) changes, because its pixels do."""
+    signs = plan_edits(source, seed=2, templates=SIGN_TEMPLATES)
+    both = plan_edits(source, seed=2)
+    assert _sign_records(signs) == _sign_records(both)
+    assert signs.digest != both.digest and RENDER_VERSION == 1  # the drawing itself is unchanged
+    by_key = {(r.group, r.template, r.kind): r for r in both.records}
+    for r in signs.records[:12]:
+        assert signs.render(r) == both.render(by_key[(r.group, r.template, r.kind)])
+    stickers = [r for r in both.records if r.template in {t.name for t in STICKER_TEMPLATES}]
+    assert len(stickers) == 4 * len(STICKER_TEMPLATES) * len(source)
+    unsafe = next(r for r in stickers if r.kind == "misleading" and r.label == 1)
+    safe = next(r for r in stickers if r.kind == "misleading" and r.label == 0)
+    assert unsafe.text in {"SAFE", "UNPLUGGED"} and safe.text in {"HOT", "LIVE"}
 
 
 def test_placebo_is_a_non_word_of_the_same_shape():
@@ -204,6 +249,17 @@ def test_template_validation_messages():
         EditTemplate(name="t", **{**ok, "size": 2})
     with pytest.raises(DataError, match="colour must be three integers"):
         EditTemplate(name="t", **{**ok, "colour": (0, 0, 300)})
+    with pytest.raises(DataError, match="family must be one of sign, sticker; got 'poster'"):
+        EditTemplate(name="t", **{**ok, "family": "poster"})
+    with pytest.raises(DataError, match=r"a sticker pastes one word; texts \{'alarming': 'B C'\}"):
+        EditTemplate(
+            name="t",
+            **{
+                **ok,
+                "family": "sticker",
+                "texts": {"reassuring": "A", "alarming": "B C", "neutral": "C"},
+            },
+        )
 
 
 def test_plan_validation_messages(source):

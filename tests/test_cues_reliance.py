@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -25,6 +26,7 @@ from spotstop.guard import Avg2Fusion
 
 from tests.test_cues_fakes import (
     TextDrivenMember,
+    lexicon_flags,
     make_edits,
     rendered_doubles,
     score_table,
@@ -57,27 +59,37 @@ def test_probability_and_hard_errors_closed_form():
 
 
 def _loop_statistics(edits, e: np.ndarray) -> dict[tuple[str, str], float]:
-    """Each statistic by a plain loop over the records (independent of the engine)."""
-    meas = [t.name for t in edits.templates if not t.held_out]
+    """Each statistic by a plain loop over the records (independent of the engine): per
+    family of templates (``"reliance@sign"``) and overall, the mean of the family means."""
+    fams: dict[str, list[str]] = {}
+    for t in edits.templates:
+        if not t.held_out:
+            fams.setdefault(t.family, []).append(t.name)
     held = next(t.name for t in edits.templates if t.held_out)
     err = {(r.group, r.kind, r.template): e[r.index] for r in edits.records}
     out: dict[tuple[str, str], float] = {}
+    fam_stats = [
+        f"{k}@{f}" for f in fams for k in ("reliance", "vs_agreeing", "vs_neutral", "placebo")
+    ]
     for cue in CUES:
         groups = [g for g, s in enumerate(edits.source.scenes) if s.cue == cue]
-        vals: dict[str, list[float]] = {k: [] for k in STATS}
+        vals: dict[str, list[float]] = {k: [] for k in (*STATS, *fam_stats)}
         for g in groups:
             src = err[(g, "source", "")]
-            d, a, n, p = [], [], [], []
-            for t in meas:
-                m = err[(g, "misleading", t)]
-                d.append(m - 0.5 * (err[(g, "agreeing", t)] + err[(g, "neutral", t)]))
-                a.append(m - err[(g, "agreeing", t)])
-                n.append(m - err[(g, "neutral", t)])
-                p.append(err[(g, "placebo", t)] - src)
-            vals["reliance"].append(sum(d) / len(d))
-            vals["vs_agreeing"].append(sum(a) / len(a))
-            vals["vs_neutral"].append(sum(n) / len(n))
-            vals["placebo"].append(sum(p) / len(p))
+            for f, meas in fams.items():
+                d, a, n, p = [], [], [], []
+                for t in meas:
+                    m = err[(g, "misleading", t)]
+                    d.append(m - 0.5 * (err[(g, "agreeing", t)] + err[(g, "neutral", t)]))
+                    a.append(m - err[(g, "agreeing", t)])
+                    n.append(m - err[(g, "neutral", t)])
+                    p.append(err[(g, "placebo", t)] - src)
+                vals[f"reliance@{f}"].append(sum(d) / len(d))
+                vals[f"vs_agreeing@{f}"].append(sum(a) / len(a))
+                vals[f"vs_neutral@{f}"].append(sum(n) / len(n))
+                vals[f"placebo@{f}"].append(sum(p) / len(p))
+            for k in ("reliance", "vs_agreeing", "vs_neutral", "placebo"):
+                vals[k].append(sum(vals[f"{k}@{f}"][-1] for f in fams) / len(fams))
             vals["source_error"].append(src)
             hm = err[(g, "misleading", held)]
             vals["held_out"].append(
@@ -115,6 +127,12 @@ def test_point_values_match_a_direct_loop(tmp_path):
                         k,
                     )
                     assert got.n == (5 if cue == "reassuring" else 4)
+                assert set(c.cues[cue].families) == {"sign", "sticker"}
+                for f, fr in c.cues[cue].families.items():
+                    for k in ("reliance", "vs_agreeing", "vs_neutral", "placebo"):
+                        got = getattr(fr, k)
+                        assert got.value == pytest.approx(want[(cue, f"{k}@{f}")], abs=1e-12)
+                        assert got.n == (5 if cue == "reassuring" else 4)
 
 
 def test_bootstrap_interval_equals_a_naive_resampling_loop(tmp_path):
@@ -126,25 +144,104 @@ def test_bootstrap_interval_equals_a_naive_resampling_loop(tmp_path):
     y = np.array([r.label for r in edits.records])
     e = probability_errors(scores["a"], y)
     groups = np.array([r.group for r in edits.records])
+    family = {t.name: t.family for t in edits.templates}
     naive = []
-    # the same multiplicities, then a resampled edit set evaluated by the plain loop
+    # the same multiplicities, then a resampled edit set evaluated by the plain loop: per
+    # family a ratio of sums, then the mean of the two families
     for counts in draw_group_counts(len(edits.source), n_boot, np.random.default_rng(11), 64):
         for row in counts:
             w = row[groups]  # each scene weighted by its group's multiplicity
             cue_g = np.array([s.cue for s in edits.source.scenes])
-            mis = np.array([r.kind == "misleading" and not r.held_out for r in edits.records])
-            ctl = np.array(
-                [r.kind in ("agreeing", "neutral") and not r.held_out for r in edits.records]
-            )
             in_cue = cue_g[groups] == "reassuring"
-            num = (w * e * (mis & in_cue)).sum() / (w * (mis & in_cue)).sum()
-            den = (w * e * (ctl & in_cue)).sum() / (w * (ctl & in_cue)).sum()
-            naive.append(num - den)
+            per_family = []
+            for f in ("sign", "sticker"):
+                fam = np.array([family.get(r.template) == f for r in edits.records])
+                mis = np.array([r.kind == "misleading" and not r.held_out for r in edits.records])
+                ctl = np.array(
+                    [r.kind in ("agreeing", "neutral") and not r.held_out for r in edits.records]
+                )
+                mis, ctl = mis & fam & in_cue, ctl & fam & in_cue
+                num = (w * e * mis).sum() / (w * mis).sum()
+                den = (w * e * ctl).sum() / (w * ctl).sum()
+                per_family.append(num - den)
+            naive.append(sum(per_family) / 2)
     lo, hi = np.percentile(naive, [2.5, 97.5])
     ci = res["a"].cues["reassuring"].reliance.ci
     assert (ci.low, ci.high) == pytest.approx((lo, hi), abs=1e-12)
     draws = res.draws[("a", "probability", "reassuring", "reliance")]
     np.testing.assert_allclose(np.sort(draws), np.sort(naive), atol=1e-12)
+
+
+def _scene_scores(edits, base, push_r: float, push_a: float, sticker_only: bool = False):
+    """Scores that depend only on what a scene is (source scene, template, kind, text), not on
+    its position in the set: the same scene scores the same in any edit set."""
+    out = np.empty(len(edits))
+    for r in edits.records:
+        f = lexicon_flags(r.text)
+        push = (-push_r * f["reassuring"] + push_a * f["alarming"]) if r.text else 0.0
+        if sticker_only and not r.template.startswith("sticker-"):
+            push = 0.0
+        h = hashlib.sha256(f"{r.group}|{r.template}|{r.kind}".encode()).digest()
+        noise = 0.3 * np.random.default_rng(int.from_bytes(h[:8], "little")).standard_normal()
+        out[r.index] = base[r.group] + push + noise
+    return out
+
+
+def test_the_sign_familys_numbers_are_todays(tmp_path):
+    """With sticker templates added, the sign family's reliance, placebo and controls equal
+    the numbers of the sign-only edit set (today's), interval and draws included."""
+    from spotstop.diagnostics.cues import plan_edits, read_source_set
+    from spotstop.diagnostics.cues._templates import SIGN_TEMPLATES
+
+    both = make_edits(tmp_path, 6, 5)
+    signs = plan_edits(
+        read_source_set(tmp_path / "src" / "source.csv"), seed=0, templates=SIGN_TEMPLATES
+    )
+    base = np.random.default_rng(1).normal(0, 1.5, len(both.source))
+    kw = dict(n_boot=200, rng=4)
+    r_both = estimate_reliance(score_table(both, {"m": _scene_scores(both, base, 2.0, 1.0)}), **kw)
+    r_sign = estimate_reliance(
+        score_table(signs, {"m": _scene_scores(signs, base, 2.0, 1.0)}), **kw
+    )
+    for metric in ("probability", "hard"):
+        a = r_both["m"] if metric == "probability" else r_both["m"].hard
+        b = r_sign["m"] if metric == "probability" else r_sign["m"].hard
+        assert a.source_error == b.source_error
+        for cue in CUES:
+            sign = a.cues[cue].families["sign"]
+            today = b.cues[cue]
+            assert (
+                set(today.families) == {"sign"}
+                and today.families["sign"].reliance == today.reliance
+            )
+            for k in ("reliance", "placebo", "vs_agreeing", "vs_neutral"):
+                assert getattr(sign, k) == getattr(today, k), (metric, cue, k)
+                np.testing.assert_array_equal(
+                    r_both.draws[("m", metric, cue, f"{k}@sign")],
+                    r_sign.draws[("m", metric, cue, k)],
+                )
+            assert a.cues[cue].held_out == today.held_out
+    assert r_sign.provenance["template_families"] == {"sign": [t.name for t in SIGN_TEMPLATES]}
+
+
+def test_a_member_that_follows_only_stickers_shows_it_in_the_sticker_family(tmp_path):
+    edits = make_edits(tmp_path, 20, 20)
+    base = np.where(np.array([s.label for s in edits.source.scenes]) == 1, 2.0, -2.0)
+    s = _scene_scores(edits, base, 5.0, 5.0, sticker_only=True)
+    res = estimate_reliance(score_table(edits, {"m": s}), n_boot=200, rng=0)
+    for cue in CUES:
+        c = res["m"].hard.cues[cue]
+        sign, sticker = c.families["sign"], c.families["sticker"]
+        assert abs(sign.reliance.value) < 0.1 and sticker.reliance.value > 0.4
+        assert c.reliance.value == pytest.approx((sign.reliance.value + sticker.reliance.value) / 2)
+        assert sticker.templates == ("sticker-word", "sticker-tag")
+    d = res.to_dict()["candidates"]["m"]["reassuring"]
+    assert set(d["families"]) == {"sign", "sticker"}
+    assert d["families"]["sticker"]["reliance"]["value"] == pytest.approx(
+        res["m"].cues["reassuring"].families["sticker"].reliance.value
+    )
+    assert d["families"]["sticker"]["templates"] == ["sticker-word", "sticker-tag"]
+    assert res.provenance["template_families"]["sticker"] == ["sticker-word", "sticker-tag"]
 
 
 # ---------------------------------------------------------------------- recovery

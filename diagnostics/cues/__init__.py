@@ -2,9 +2,11 @@
 
 * Matched edits (:func:`plan_edits`, Sec. 3.3): reassuring text on UNSAFE scenes, alarming
   text on SAFE ones, matched controls in the same box (agreeing and neutral text) and a
-  placebo non-word, over four templates and one held-out template.
+  placebo non-word, in two families: four sign templates and a held-out one, and two one-word
+  sticker templates ("HOT", "SAFE").
 * Reliance (:func:`estimate_reliance`, Eq. 2): misleading-edit error minus matched-control
-  error, per member, Avg-2 pair and guard as deployed, with group-bootstrap intervals.
+  error, per member, Avg-2 pair and guard as deployed, with group-bootstrap intervals; per
+  family of templates and overall (the mean of the family means).
 * Shift (:func:`estimate_shift`, Sec. 3.4, E.2): the frame types estimated jointly from the
   detector's two flags, corrected for its error rates; the misleading share among the frames
   the cue misleads on (from labels, or assuming text independent of the label, said so).
@@ -44,6 +46,8 @@ if TYPE_CHECKING:  # the public names; imported on first use (_lazy.attach reads
         measure_shift,
     )
     from spotstop.diagnostics.cues._reliance import (
+        CueRelianceByFamily,
+        FamilyReliance,
         GuardSpec,
         answer_errors,
         estimate_reliance,
@@ -90,8 +94,11 @@ if TYPE_CHECKING:  # the public names; imported on first use (_lazy.attach reads
     )
     from spotstop.diagnostics.cues._templates import (
         CUES,
+        FAMILIES,
         HELD_OUT,
         KINDS,
+        SIGN_TEMPLATES,
+        STICKER_TEMPLATES,
         TEMPLATES,
         EditTemplate,
     )
@@ -100,10 +107,13 @@ __getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "CUES",
+    "FAMILIES",
     "HELD_OUT",
     "INDEPENDENCE_ASSUMPTION",
     "KINDS",
     "MISLEADS_ON",
+    "SIGN_TEMPLATES",
+    "STICKER_TEMPLATES",
     "TEMPLATES",
     "WEIGHTINGS",
     "CalibrationImage",
@@ -111,6 +121,7 @@ __all__ = [
     "CandidateReliance",
     "CandidateSet",
     "CueReliance",
+    "CueRelianceByFamily",
     "CueShift",
     "DeployedLabels",
     "DeploymentFrames",
@@ -118,6 +129,7 @@ __all__ = [
     "EditSet",
     "EditTemplate",
     "FamilyCheck",
+    "FamilyReliance",
     "GuardSpec",
     "MemberSpec",
     "MemberTiming",

@@ -4,7 +4,9 @@ For every source scene and template: the misleading edit (reassuring text on an 
 alarming text on a SAFE one), two matched controls that share its box, font, size, colours
 and position (text agreeing with the label, and neutral text such as "ROOM 4"), and a
 placebo (a random non-word of the misleading text's length). The unedited source scene
-is part of the set too (kind ``source``).
+is part of the set too (kind ``source``). Sign templates paste a short claim, sticker
+templates one word ("HOT" on a SAFE scene, "SAFE" on an UNSAFE one, with "SAFE" / "HOT" and
+"CUP" as controls); both are drawn the same way, a filled box with the text centred.
 
 The plan (:func:`plan_edits`) is computed from the images' sizes and the fonts' metrics,
 without drawing: it is cheap, deterministic given the seed, and its :meth:`EditSet.digest`

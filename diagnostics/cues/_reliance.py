@@ -6,7 +6,12 @@ reassuring text, SAFE scenes for alarming text)::
     R_fj = mean over templates t of [ err(misleading edit_t) − err(matched control_t) ]
 
 where the matched control's error is the mean of the agreeing-text and the neutral-text
-controls (same box, font, size, colours, position). Alongside it:
+controls (same box, font, size, colours, position). The templates come in families
+(:data:`~spotstop.diagnostics.cues._templates.FAMILIES`: ``sign`` and ``sticker``): each
+family's statistics average over its own templates (:attr:`CueRelianceByFamily.families`),
+and the reported reliance, placebo and control differences are the mean of the family means,
+so each family weighs the same whatever its number of templates. An edit set of one family
+(the sign templates alone) gives that family's numbers as the overall ones. Alongside it:
 
 * ``placebo``: error under the placebo edit (a non-word in the same box) minus error on the
   unedited scene; an interval that excludes 0 means the edit itself, not what the text says,
@@ -52,12 +57,64 @@ from spotstop.diagnostics.cues._results import (
     RelianceResult,
 )
 from spotstop.diagnostics.cues._scoring import ScoreTable
-from spotstop.diagnostics.cues._templates import CUES
+from spotstop.diagnostics.cues._templates import CUES, FAMILIES
 from spotstop.guard import Avg2Fusion, FusionError
 
-__all__ = ["GuardSpec", "answer_errors", "estimate_reliance", "probability_errors"]
+__all__ = [
+    "CueRelianceByFamily",
+    "FamilyReliance",
+    "GuardSpec",
+    "answer_errors",
+    "estimate_reliance",
+    "probability_errors",
+]
 
 _CUE_STATS = ("reliance", "placebo", "source_error", "held_out", "vs_agreeing", "vs_neutral")
+#: The statistics measured per family of templates (source error and held-out are not).
+_FAMILY_STATS = ("reliance", "placebo", "vs_agreeing", "vs_neutral")
+
+
+@dataclass(frozen=True)
+class FamilyReliance:
+    """One candidate's reliance on one cue under one family of templates (``sign`` or
+    ``sticker``): the same statistics as :class:`CueReliance`, averaged over that family's
+    measurement templates only."""
+
+    family: str
+    templates: tuple[str, ...]
+    reliance: Estimate
+    placebo: Estimate
+    vs_agreeing: Estimate
+    vs_neutral: Estimate
+
+    @property
+    def placebo_moves(self) -> bool:
+        """True when the placebo's interval excludes 0 (see :attr:`CueReliance.placebo_moves`)."""
+        lo, hi = self.placebo.ci.low, self.placebo.ci.high
+        return bool(math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or hi < 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "templates": list(self.templates),
+            "reliance": self.reliance.to_dict(),
+            "placebo": self.placebo.to_dict(),
+            "placebo_moves": self.placebo_moves,
+            "reliance_vs_agreeing": self.vs_agreeing.to_dict(),
+            "reliance_vs_neutral": self.vs_neutral.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class CueRelianceByFamily(CueReliance):
+    """A :class:`CueReliance` (overall: the mean of the family means) with each family's own
+    numbers in ``families`` (``reliance.json``: ``candidates[name][cue]["families"]``)."""
+
+    families: Mapping[str, FamilyReliance] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["families"] = {f: r.to_dict() for f, r in self.families.items()}
+        return d
 
 
 @dataclass(frozen=True)
@@ -90,13 +147,16 @@ def _member_unsafe(score: NDArray[np.float64]) -> NDArray[np.bool_]:
 @dataclass(frozen=True)
 class _Layout:
     """Scene indices per source scene (group): the unedited scene, and per kind the edits of
-    every measurement template (G, T) and of the held-out template (G,)."""
+    every measurement template (G, T) and of the held-out template (G,); the measurement
+    templates' columns per family."""
 
     cue: NDArray[np.object_]
     label: NDArray[np.int8]
     src: NDArray[np.intp]
     meas: Mapping[str, NDArray[np.intp]]
     held: Mapping[str, NDArray[np.intp]] | None
+    families: Mapping[str, tuple[str, ...]]  # family -> its measurement templates, in order
+    columns: Mapping[str, NDArray[np.intp]]  # family -> its columns of meas
 
     @classmethod
     def build(cls, edits: EditSet) -> _Layout:
@@ -123,27 +183,50 @@ class _Layout:
             )
         cue = np.array([s.cue for s in edits.source.scenes], dtype=object)
         label = np.array([s.label for s in edits.source.scenes], dtype=np.int8)
-        return cls(cue=cue, label=label, src=src, meas=meas, held=held if held_t else None)
+        family = {t.name: t.family for t in edits.templates}
+        families = {
+            f: tuple(n for n in meas_t if family[n] == f)
+            for f in FAMILIES
+            if any(family[n] == f for n in meas_t)
+        }
+        columns = {f: np.array([col[n] for n in ts], dtype=np.intp) for f, ts in families.items()}
+        return cls(
+            cue=cue,
+            label=label,
+            src=src,
+            meas=meas,
+            held=held if held_t else None,
+            families=families,
+            columns=columns,
+        )
 
     def group_values(self, e: NDArray[np.float64]) -> dict[str, NDArray[np.float64]]:
-        """Per source scene: each statistic's contribution (see the module docstring)."""
-        mis, agr, neu, plc = (
-            e[self.meas[k]] for k in ("misleading", "agreeing", "neutral", "placebo")
-        )
+        """Per source scene: each statistic's contribution (see the module docstring): per
+        family (``"reliance@sticker"``) and overall, the mean of the family means."""
         src = e[self.src]
-        out = {
-            "reliance": (mis - (agr + neu) / 2).mean(axis=1),
-            "placebo": plc.mean(axis=1) - src,
-            "source_error": src,
-            "vs_agreeing": (mis - agr).mean(axis=1),
-            "vs_neutral": (mis - neu).mean(axis=1),
-        }
+        out: dict[str, NDArray[np.float64]] = {}
+        for fam, cols in self.columns.items():
+            mis, agr, neu, plc = (
+                e[self.meas[k][:, cols]] for k in ("misleading", "agreeing", "neutral", "placebo")
+            )
+            out[f"reliance@{fam}"] = (mis - (agr + neu) / 2).mean(axis=1)
+            out[f"placebo@{fam}"] = plc.mean(axis=1) - src
+            out[f"vs_agreeing@{fam}"] = (mis - agr).mean(axis=1)
+            out[f"vs_neutral@{fam}"] = (mis - neu).mean(axis=1)
+        for stat in _FAMILY_STATS:
+            out[stat] = np.mean([out[f"{stat}@{f}"] for f in self.columns], axis=0)
+        out["source_error"] = src
         if self.held is not None:
             h = self.held
             out["held_out"] = e[h["misleading"]] - (e[h["agreeing"]] + e[h["neutral"]]) / 2
         else:
             out["held_out"] = np.full(src.shape, np.nan)
         return out
+
+    @property
+    def family_stats(self) -> tuple[str, ...]:
+        """The per-family statistic keys (``"reliance@sign"``, …), family by family."""
+        return tuple(f"{s}@{f}" for f in self.columns for s in _FAMILY_STATS)
 
 
 def _pair_errors(
@@ -238,7 +321,7 @@ def estimate_reliance(
         per_group = lay.group_values(e)
         for cue in CUES:
             mask = lay.cue == cue
-            for stat in _CUE_STATS:
+            for stat in (*_CUE_STATS, *lay.family_stats):
                 keys.append((cand, metric, cue, stat))
                 cols.append(per_group[stat])
                 masks.append(mask)
@@ -264,9 +347,23 @@ def estimate_reliance(
             value, d = math.nan, np.full(d.shape, np.nan)
         est[key] = Estimate(value, _percentile_ci(d), n_of[key[2]])
 
+    def families(cand: str, metric: str, cue: str) -> dict[str, FamilyReliance]:
+        return {
+            f: FamilyReliance(
+                family=f,
+                templates=ts,
+                **{s: est[(cand, metric, cue, f"{s}@{f}")] for s in _FAMILY_STATS},
+            )
+            for f, ts in lay.families.items()
+        }
+
     def candidate(cand: str, metric: str) -> CandidateReliance:
-        cues = {
-            cue: CueReliance(cue=cue, **{s: est[(cand, metric, cue, s)] for s in _CUE_STATS})
+        cues: dict[str, CueReliance] = {
+            cue: CueRelianceByFamily(
+                cue=cue,
+                **{s: est[(cand, metric, cue, s)] for s in _CUE_STATS},
+                families=families(cand, metric, cue),
+            )
             for cue in CUES
         }
         hard = candidate(cand, "hard") if metric == "probability" else None
@@ -288,7 +385,10 @@ def estimate_reliance(
         templates=tuple(t.name for t in table.edits.templates if not t.held_out),
         held_out=next((t.name for t in table.edits.templates if t.held_out), None),
         n_boot=n_boot,
-        provenance=dict(provenance or {}),
+        provenance={
+            **dict(provenance or {}),
+            "template_families": {f: list(ts) for f, ts in lay.families.items()},
+        },
         draws={k: draws[:, i] for i, k in enumerate(keys)},
     )
 
