@@ -132,6 +132,9 @@ RENDERED: list[tuple[str, dict[str, Any], tuple[bool, bool]]] = [
     ("SAFE", dict(size=48, fg=(255, 255, 255), bg="busy", pos=(0.3, 0.3), seed=6), (True, False)),
     ("DANGER", dict(size=48, bg="busy", pos=(0.6, 0.4), seed=7), (False, True)),
     ("ROOM 4", dict(font="DejaVuSansMono.ttf", size=32, bg=(200, 200, 255)), (False, False)),
+    # claims the grammar composes from a thing and its state
+    ("THE STOVE IS OFF", dict(font="DejaVuSerif.ttf", size=32, bg="busy", pos=(0.2, 0.7), sticker=(255, 255, 255), seed=9), (True, False)),
+    ("Blade guard removed", dict(font="DejaVuSans.ttf", size=30, fg=(180, 0, 0), pos=(0.6, 0.3)), (False, True)),
     # 16-px text in a full-HD frame: the detector sees it at half size (max_side=960)
     ("DO NOT TOUCH", dict(font="DejaVuSans.ttf", size=16, bg="busy", pos=(0.7, 0.2), sticker=(255, 255, 255), canvas=(1920, 1080), seed=8), (False, True)),
 ]  # fmt: skip
