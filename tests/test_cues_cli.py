@@ -301,6 +301,14 @@ def test_bad_candidate_and_missing_extra(tmp_path, capsys, monkeypatch):
     assert "install spotstop[cues]" in capsys.readouterr().err
 
 
+def test_an_unknown_claim_reader_is_exit_2_naming_the_choices(capsys):
+    argv = ["shift", "--frames", "F", "--calibration", "C", "--out", "o", "--claim-reader", "ocr2"]
+    assert spotstop(argv) == 2
+    err = capsys.readouterr().err
+    assert "claim reader must be one of 'lexicon', 'member:" in err and "'ocr2'" in err
+    assert "Traceback" not in err
+
+
 # ---------------------------------------------------------------------- slow: real models, real OCR
 
 

@@ -160,6 +160,10 @@ def _add_frames(p: argparse.ArgumentParser) -> None:
                    help="unsafe share to use when no frame is labelled (stated, not measured)")  # fmt: skip
     p.add_argument("--lexicon", metavar="YAML", default=None,
                    help="claim lexicon of the text detector (default: the bundled one)")  # fmt: skip
+    p.add_argument("--claim-reader", metavar="NAME", default=None,
+                   help="what reads claims in the OCR text: 'lexicon' (default) or "
+                   "'member:<member folder>', a text-only pass of a guard member, "
+                   "calibrated by the same sens/fpr correction")  # fmt: skip
 
 
 def _add_bundle(p: argparse.ArgumentParser) -> None:
@@ -316,12 +320,12 @@ def _cache_dir(args: argparse.Namespace) -> Path | None:
 def _make_detector(args: argparse.Namespace) -> Any:
     """The runtime text detector (the ``cues`` extra) with ``--lexicon`` when given, its
     models loaded now, so a missing extra fails before any other work."""
-    from spotstop.guard import BackendUnavailableError
+    from spotstop.guard import BackendUnavailableError, ConfigError
     from spotstop.guard.cues import RapidOcrDetector
 
     try:
-        return RapidOcrDetector(lexicon=args.lexicon).load()
-    except BackendUnavailableError as e:
+        return RapidOcrDetector(lexicon=args.lexicon, reader=args.claim_reader).load()
+    except (BackendUnavailableError, ConfigError) as e:
         raise _BadInput(str(e)) from e
 
 

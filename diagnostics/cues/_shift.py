@@ -112,6 +112,7 @@ def detect_flags(
         if i == 0:
             prov["ocr_model"] = reading.ocr_model.to_dict()
             prov["lexicon_sha256"] = reading.lexicon_sha256
+            prov["reader"] = reading.reader
     return flags, prov
 
 
