@@ -1,0 +1,972 @@
+"""Benchmark: issue 25's acceptance, measured -- the trained tiny TEST pair on held-out toy worlds.
+
+Run: ``python bench/trained_world.py [--quick] [--n-boot N] [--no-export] [--results]``.
+
+The pair: ``spotstop tiny --trained`` (the committed weights of ``export/trained/``, trained on
+world seed 0). A TEST pair on a TOY world of drawn shapes: these figures show the method
+working where the answer is known, never anything about real safety. Every world below is
+drawn from a seed the training never used, so its rooms, layouts and lighting are new.
+
+Every statistic is the project's own: the Avg-2 fusion and the frozen cut of
+:func:`spotstop.calibrate.fit_frozen` (on an unlabelled pool of another seed), the guard's
+policies (:mod:`spotstop.guard.policies`: frozen, situation, cascade, conformal; decisions by
+``decide_batch`` / ``replay``), :func:`spotstop.diagnostics.group_bootstrap` (AUROC, Spot-Stop,
+batch recovery), the group-bootstrap sums of :mod:`spotstop.diagnostics._resample`, the cue
+analysis of :mod:`spotstop.diagnostics.cues` (reliance, shift with the real OCR detector,
+select), ``spotstop export`` / ``spotstop verify-bundle`` and ``spotstop demo``.
+
+Intervals: 95 % percentile intervals of a group bootstrap whose groups are the rooms (all
+contrasts of a room together: the card's default ``situation`` unit), ``--n-boot`` draws.
+
+Items (issue 25, "Acceptance"):
+
+1. AUROC of the Avg-2 pair (frozen statistics) and of each member.
+2. The SAFE-leaning member's Spot-Stop decomposition at cut 0 and the batch-mean recovery.
+3. Situation recentering against the frozen cut in a world with strong room offsets.
+4. Reliance on text (seed 002 Eq. 2) on a sign-free source set.
+5. ``select`` on a deployment whose signs mislead on half the frames, and on one without.
+6. ``verify-bundle`` of int8 and int4 exports (its own scenes, and held-out world scenes).
+7. The cascade's share and accuracy; the conformal cut's miss rate on a fresh seed.
+8. ``spotstop demo``'s agreement with the world's rule.
+
+``--results`` writes section ``trained-world`` of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "bench") not in sys.path:
+    sys.path.insert(0, str(ROOT / "bench"))
+from _results import write_section  # noqa: E402
+
+SECTION = "trained-world"
+
+#: world seeds; the training drew seed 0 only
+SEEDS = {
+    "pool": 101,  # unlabelled pool: fusion statistics and the frozen cut t0
+    "eval": 202,  # held-out scenes: AUROC, Spot-Stop, cascade, conformal check
+    "cal": 303,  # labelled unsafe calibration scenes of the conformal cut
+    "off_pool": 404,  # unlabelled pool of the strong-offset world
+    "off_eval": 505,  # the strong-offset world: situation against frozen
+    "source": 606,  # the sign-free source set of the reliance run
+    "signs": 707,  # deployment: every frame signed, half of the signs mislead
+    "plain": 808,  # deployment: no signs
+    "ocr_cal": 909,  # the text detector's calibration set
+}
+
+#: room lighting offsets: moderate in the main worlds, strong where situations are tested
+OFFSETS, STRONG_OFFSETS = 0.3, 0.8
+ALPHA, DELTA = 0.1, 0.1  # the conformal cut's miss rate and PAC confidence
+CASCADE_SHARE = 0.9  # the paper's operating point
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each world is (rooms x contrasts per room; two scenes per contrast)."""
+
+    pool: tuple[int, int]
+    eval: tuple[int, int]
+    cal: tuple[int, int]
+    off_pool: tuple[int, int]
+    off_eval: tuple[int, int]
+    source: tuple[int, int]
+    deploy: tuple[int, int]
+    ocr_cal: tuple[int, int]
+    world_spearman: int
+    n_boot: int
+    precisions: tuple[str, ...]
+    quantizer: str
+
+
+FULL = Sizes(
+    pool=(24, 4),
+    eval=(48, 8),
+    cal=(64, 2),
+    off_pool=(24, 4),
+    off_eval=(48, 8),
+    source=(24, 1),
+    deploy=(24, 2),
+    ocr_cal=(32, 2),
+    world_spearman=128,
+    n_boot=10_000,
+    precisions=("int8", "int4"),
+    quantizer="gptq",
+)
+QUICK = Sizes(
+    pool=(16, 2),
+    eval=(32, 3),
+    cal=(32, 1),
+    off_pool=(16, 2),
+    off_eval=(32, 6),
+    source=(8, 1),
+    deploy=(8, 2),
+    ocr_cal=(12, 2),
+    world_spearman=32,
+    n_boot=500,
+    precisions=("int8",),
+    quantizer="rtn",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: item, what was measured, its value, n, the goal and whether the
+    measurement meets it (None: no goal, reported only)."""
+
+    item: str
+    what: str
+    value: str
+    n: str
+    goal: str
+    met: bool | None
+
+
+def fmt(e: Any, signed: bool = False) -> str:
+    """An :class:`~spotstop.diagnostics.Estimate` as ``value [low, high]``."""
+    from spotstop.diagnostics.cues._results import fmt_estimate
+
+    return fmt_estimate(e, signed=signed)
+
+
+def at_least(e: Any, x: float) -> bool:
+    return bool(math.isfinite(e.value) and e.value >= x)
+
+
+def interval_above(e: Any, x: float = 0.0) -> bool:
+    """The whole interval lies above ``x``."""
+    return bool(math.isfinite(e.ci.low) and e.ci.low > x)
+
+
+def interval_covers(e: Any, x: float = 0.0) -> bool:
+    return bool(math.isfinite(e.ci.low) and math.isfinite(e.ci.high) and e.ci.contains(x))
+
+
+def verdict(met: bool | None) -> str:
+    return {True: "yes", False: "NO", None: "-"}[met]
+
+
+def render(rows: Sequence[Row]) -> list[str]:
+    """The table, one line per row, columns aligned."""
+    head = Row("#", "measure", "value [95% CI]", "n", "goal", None)
+    cells = [
+        (r.item, r.what, r.value, r.n, r.goal, "met" if r is head else verdict(r.met))
+        for r in (head, *rows)
+    ]
+    widths = [max(len(c[i]) for c in cells) for i in range(6)]
+    lines = ["  ".join(c[i].ljust(widths[i]) for i in range(6)).rstrip() for c in cells]
+    lines.insert(1, "-" * len(lines[0]))
+    return lines
+
+
+def demo_agreement(lines: Sequence[str]) -> tuple[int, int] | None:
+    """(k, n) from the demo's line "... follow the world's rule on k of n scenes", or None."""
+    for line in lines:
+        m = re.search(r"follow the world's rule on (\d+) of (\d+) scenes", line)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def arrival_order(situation_ids: Sequence[str], seed: int) -> np.ndarray:
+    """The order a robot meets the scenes: room after room (first appearance), the scenes of
+    a room in a random order drawn from ``seed`` (not the CSV's safe/unsafe alternation)."""
+    rng = np.random.default_rng(seed)
+    sids = np.asarray(situation_ids, dtype=object)
+    rooms = list(dict.fromkeys(sids.tolist()))
+    return np.concatenate([rng.permutation(np.flatnonzero(sids == r)) for r in rooms])
+
+
+def calibration_cue(sign_cue: str) -> str:
+    """A world scene's cue in the detector's calibration set: the claim its sign makes
+    (``reassuring``/``alarming``), or ``none`` (no sign, or a neutral one)."""
+    return sign_cue if sign_cue in ("reassuring", "alarming") else "none"
+
+
+def ranks_follow_source_error(ranking: Sequence[Any]) -> bool:
+    """Whether every candidate's rank equals its rank by the source-error intercept alone."""
+    return all(p.rank == p.rank_by_source_error for p in ranking)
+
+
+# ---------------------------------------------------------------------------------------------
+# worlds and scores
+
+
+@dataclass
+class Scored:
+    """Scenes of one world with every member's raw score, in CSV order."""
+
+    tag: str
+    cases: list[Any]
+    scores: dict[str, np.ndarray]
+
+    @property
+    def label(self) -> np.ndarray:
+        return np.array([c.label for c in self.cases], dtype=np.int8)
+
+    @property
+    def sids(self) -> list[str]:
+        return [f"{self.tag}/{c.room.room_id}" for c in self.cases]
+
+    @property
+    def room_codes(self) -> np.ndarray:
+        _, codes = np.unique(np.asarray(self.sids), return_inverse=True)
+        return np.asarray(codes.reshape(-1), dtype=np.intp)
+
+    def table(self, score: np.ndarray) -> Any:
+        from spotstop.diagnostics import CaseTable
+
+        return CaseTable(
+            case_id=[f"{self.tag}/{c.case_id}" for c in self.cases],
+            label=self.label,
+            score=score,
+            contrast_id=[f"{self.tag}/{c.contrast_id}" for c in self.cases],
+            situation_id=self.sids,
+            member_scores=self.scores,
+        )
+
+
+def world_options(size: tuple[int, int], **kw: Any) -> Any:
+    from spotstop.export.world import WorldOptions
+
+    return WorldOptions(rooms=size[0], contrasts_per_room=size[1], test_share=1.0, **kw)
+
+
+def score_world(
+    members: Mapping[str, Any], tag: str, seed: int, opts: Any, *, chunk: int = 32
+) -> Scored:
+    from spotstop.export.world import case_scene, world_cases
+    from tqdm import tqdm
+
+    cases = world_cases(seed, opts)
+    scenes = [case_scene(c, opts) for c in tqdm(cases, desc=f"drawing {tag}", unit="scene")]
+    scores = {}
+    for name, m in members.items():
+        vals: list[float] = []
+        with tqdm(total=len(scenes), desc=f"{name} on {tag}", unit="scene") as bar:
+            for i in range(0, len(scenes), chunk):
+                vals += [r.score for r in m.score(scenes[i : i + chunk])]
+                bar.update(min(chunk, len(scenes) - i))
+        scores[name] = np.asarray(vals, dtype=np.float64)
+    return Scored(tag, cases, scores)
+
+
+# ---------------------------------------------------------------------------------------------
+# the items
+
+
+def item_auroc(fit: Any, ev: Scored, names: Sequence[str], n_boot: int) -> tuple[list[Row], Any]:
+    from spotstop.diagnostics import group_bootstrap
+
+    fused = fit.fusion.fuse_many(ev.scores)
+    n = f"{len(ev.cases)} scenes, {len(set(ev.sids))} rooms"
+    pair = group_bootstrap(ev.table(fused), n_boot=n_boot, rng=1)["auroc"]
+    rows = [
+        Row(
+            "1",
+            "pair AUROC (Avg-2, frozen statistics)",
+            fmt(pair),
+            n,
+            ">= 0.9",
+            at_least(pair, 0.9),
+        )
+    ]
+    for m in names:
+        e = group_bootstrap(ev.table(ev.scores[m]), n_boot=n_boot, rng=1)["auroc"]
+        rows.append(Row("1", f"{m} AUROC", fmt(e), n, "> 0.8", bool(e.value > 0.8)))
+    return rows, fused
+
+
+def item_spot_stop(ev: Scored, member: str, n_boot: int) -> list[Row]:
+    from spotstop.diagnostics import UnboundedRatioWarning, group_bootstrap
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnboundedRatioWarning)  # the row says it instead
+        b = group_bootstrap(ev.table(ev.scores[member]), cut=0.0, n_boot=n_boot, rng=2)
+    n = f"{b['A'].n} contrasts"
+    thr, rec, gain = b["threshold_part"], b["batch_recovery"], b["batch_gain"]
+    rows = [
+        Row("2", f"{member} A (direct answer, cut 0)", fmt(b["A"]), n, "", None),
+        Row("2", f"{member} A* (best single cut)", fmt(b["A_star"]), n, "", None),
+        Row(
+            "2",
+            f"{member} threshold part A*-A",
+            fmt(thr, True),
+            n,
+            "> 0, CI above 0",
+            bool(thr.value > 0 and interval_above(thr)),
+        ),
+        Row("2", f"{member} A_batch (batch-mean cut)", fmt(b["A_batch"]), n, "", None),
+    ]
+    if math.isfinite(rec.value):
+        rows.append(
+            Row("2", "batch recovery (A_batch-A)/(A*-A)", fmt(rec), n, ">= 0.5", at_least(rec, 0.5))
+        )
+    else:
+        rows.append(
+            Row(
+                "2",
+                "batch recovery undefined (A*-A CI reaches 0); gain A_batch-A",
+                fmt(gain, True),
+                n,
+                ">= 0.5 of A*-A",
+                False,
+            )
+        )
+    return rows
+
+
+def replay_flags(policy: Any, fusion: Any, sc: Scored, order: np.ndarray) -> np.ndarray:
+    """The guard's decisions on ``sc``'s scenes met in ``order``, one scene per check (the
+    policy's state threaded through), mapped back to CSV order: True = UNSAFE."""
+    from spotstop.guard.policies import batch_inputs, replay
+
+    sids = np.asarray(sc.sids, dtype=object)[order].tolist()
+    x = batch_inputs(fusion, {m: v[order] for m, v in sc.scores.items()}, sids)
+    flags = np.empty(len(order), dtype=bool)
+    flags[order] = replay(policy, x, state=None).unsafe
+    return flags
+
+
+def ba_draws(
+    y: np.ndarray, flags: Sequence[np.ndarray], group: np.ndarray, n_boot: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Balanced accuracy of each flag vector (points (k,), draws (B, k)) from one set of
+    group-bootstrap draws (:func:`~spotstop.diagnostics._resample.group_sum_draws`)."""
+    from spotstop.diagnostics._resample import group_sum_draws
+
+    parts = [y == 1, y == 0]
+    for f in flags:
+        parts += [f & (y == 1), f & (y == 0)]
+    point, draws = group_sum_draws(
+        np.stack(parts).astype(float), group, n_boot=n_boot, rng=np.random.default_rng(seed)
+    )
+
+    def ba(s: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.stack(
+                [
+                    0.5 * (s[..., 2 + 2 * k] / s[..., 0] + 1 - s[..., 3 + 2 * k] / s[..., 1])
+                    for k in range(len(flags))
+                ],
+                axis=-1,
+            )
+
+    return ba(point), ba(draws)
+
+
+def item_situation(off_pool: Scored, off_eval: Scored, n_boot: int) -> list[Row]:
+    from spotstop.calibrate import fit_frozen
+    from spotstop.diagnostics import Estimate
+    from spotstop.diagnostics._resample import percentile_ci
+    from spotstop.guard.policies import SituationPolicy
+
+    fit = fit_frozen(off_pool.scores)
+    ctx = fit.context(off_pool.scores, situation_id=off_pool.sids)
+    situation = SituationPolicy.fit(ctx)  # the guard's defaults: window 8, 3 references
+    order = arrival_order(off_eval.sids, seed=SEEDS["off_eval"])
+    f_sit = replay_flags(situation, fit.fusion, off_eval, order)
+    f_fro = replay_flags(fit.policy, fit.fusion, off_eval, order)
+    y = off_eval.label
+    point, draws = ba_draws(y, [f_sit, f_fro], off_eval.room_codes, n_boot, seed=3)
+    n = len(y)
+    est = [Estimate(float(point[k]), percentile_ci(draws[:, k]), n) for k in range(2)]
+    diff = Estimate(float(point[0] - point[1]), percentile_ci(draws[:, 0] - draws[:, 1]), n)
+    nr = f"{n} scenes, {len(set(off_eval.sids))} rooms"
+    rule = f"window {situation.window}, >= {situation.min_refs} refs"
+    return [
+        Row(
+            "3",
+            f"frozen cut t0={fit.policy.threshold:+.3f}: balanced acc.",
+            fmt(est[1]),
+            nr,
+            "",
+            None,
+        ),
+        Row("3", f"situation ({rule}): balanced acc.", fmt(est[0]), nr, "", None),
+        Row("3", "situation - frozen", fmt(diff, True), nr, "CI above 0", interval_above(diff)),
+    ]
+
+
+def item_reliance(
+    folders: Mapping[str, Path],
+    work: Path,
+    sz: Sizes,
+    n_boot: int,
+    sign_member: str,
+    lean_member: str,
+) -> tuple[list[Row], Any]:
+    from spotstop.diagnostics.cues import load_candidates, measure_reliance, read_source_set
+    from spotstop.export.world import build_world
+
+    src = build_world(
+        work / "source", seed=SEEDS["source"], options=world_options(sz.source, offsets=OFFSETS)
+    )
+    source = read_source_set(src.root)
+    cands = load_candidates([str(folders[m]) for m in folders], threads=2)
+    run = measure_reliance(cands, source, n_boot=n_boot, rng=4, cache_dir=None, progress=True)
+    res = run.result
+    n = f"{res.n_sources} sources, {res.n_scenes} scenes"
+    rows = []
+    for m in folders:
+        r = res.candidates[m].cues["reassuring"]
+        if m == sign_member:
+            goal, met = (
+                ">= 0.2, CI above 0",
+                at_least(r.reliance, 0.2) and interval_above(r.reliance),
+            )
+        elif m == lean_member:
+            goal, met = "CI covers 0", interval_covers(r.reliance)
+        else:
+            goal, met = "", None
+        rows.append(
+            Row("4", f"{m} reliance, reassuring (P(wrong))", fmt(r.reliance, True), n, goal, met)
+        )
+        fams = getattr(r, "families", {}) or {}
+        for fam, fr in fams.items():
+            rows.append(Row("4", f"  {fam} templates", fmt(fr.reliance, True), n, "", None))
+        hard = res.candidates[m].as_hard().cues["reassuring"]
+        rows.append(
+            Row("4", "  hard answer at its operating point", fmt(hard.reliance, True), n, "", None)
+        )
+        a = res.candidates[m].cues["alarming"]
+        rows.append(
+            Row("4", f"{m} reliance, alarming (P(wrong))", fmt(a.reliance, True), n, "", None)
+        )
+        if r.placebo_moves or a.placebo_moves:
+            rows.append(Row("4", f"  {m}: the placebo edit moves the answers", "", n, "", None))
+    return rows, run
+
+
+def _frames(world: Any) -> Any:
+    """A written world's images as deployment frames, labelled, grouped by room."""
+    from spotstop.diagnostics.cues import DeploymentFrames
+
+    paths = [world.root / c.image_name for c in world.cases]
+    return DeploymentFrames(
+        items=tuple((str(p), p.read_bytes) for p in paths),
+        labels=np.array([c.label for c in world.cases], dtype=np.int8),
+        groups=tuple(c.room.room_id for c in world.cases),
+        source={"frames": str(world.root), "n_images": len(paths), "world_seed": world.seed},
+    )
+
+
+def item_select(
+    run: Any, work: Path, sz: Sizes, n_boot: int, sign_member: str, lean_member: str
+) -> list[Row]:
+    from spotstop.diagnostics.cues import measure_shift, select
+    from spotstop.export.world import build_world
+    from spotstop.guard.cues import RapidOcrDetector
+
+    cal = build_world(
+        work / "ocr-cal",
+        seed=SEEDS["ocr_cal"],
+        options=world_options(sz.ocr_cal, offsets=OFFSETS, signs=0.75, misleading=0.5),
+    )
+    lines = ["image,cue"] + [f"{c.image_name},{calibration_cue(c.sign_cue)}" for c in cal.cases]
+    (cal.root / "calibration.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    detector = RapidOcrDetector(threads=2).load()
+    rows = []
+    for key, kw in (("signs", {"signs": 1.0, "misleading": 0.5}), ("plain", {})):
+        dep = build_world(
+            work / f"deploy-{key}",
+            seed=SEEDS[key],
+            options=world_options(sz.deploy, offsets=OFFSETS, **kw),
+        )
+        shift = measure_shift(
+            detector,
+            _frames(dep),
+            cal.root / "calibration.csv",
+            n_boot=n_boot,
+            rng=5,
+            progress=True,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an undefined cue: the row says so
+            sel = select(run.result, shift)
+        n = f"{len(dep.cases)} frames, {len(cal.cases)} cal."
+        shares = ", ".join(f"{c} {fmt(shift.cues[c].misleading_share)}" for c in shift.cues)
+        rows.append(Row("5", f"deployment '{key}': misleading shares", shares, n, "", None))
+        if key == "signs":
+            det = ", ".join(
+                f"{c} sens {shift.cues[c].sens.value:.2f} fpr {shift.cues[c].fpr.value:.2f}"
+                for c in shift.cues
+            )
+            rows.append(Row("5", "  the detector on its calibration set", det, n, "", None))
+        order = " > ".join(f"{p.name} {p.predicted_error.value:.3f}" for p in sel.ranking)
+        if sel.dropped_cues:
+            order += f" (dropped: {', '.join(sel.dropped_cues)})"
+        if key == "signs":
+            rows.append(
+                Row(
+                    "5",
+                    "  select's ranking (predicted error)",
+                    order,
+                    n,
+                    f"{lean_member} first",
+                    sel.ranking[0].name == lean_member,
+                )
+            )
+        else:
+            rows.append(
+                Row(
+                    "5",
+                    "  select's ranking (predicted error)",
+                    order,
+                    n,
+                    "= ranking by source error",
+                    ranks_follow_source_error(sel.ranking),
+                )
+            )
+    return rows
+
+
+def _cli(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "spotstop.cli", *args]
+    return subprocess.run(cmd, text=True, stdout=subprocess.PIPE if capture else None, check=False)
+
+
+def item_export(
+    folders: Mapping[str, Path], work: Path, sz: Sizes, ev: Scored, opts: Any
+) -> tuple[list[Row], dict[str, float]]:
+    from spotstop.export.verify import spearman
+    from spotstop.export.world import case_scene
+    from spotstop.guard._bundle import load_bundle
+    from spotstop.guard._member import load_bundle_member
+
+    goals = {"int8": 0.99, "int4": 0.95}
+    rows, secs = [], {}
+    scenes = [case_scene(c, opts) for c in ev.cases[: sz.world_spearman]]
+    for prec in sz.precisions:
+        out = work / f"bundle-{prec}"
+        t0 = time.perf_counter()
+        args = [
+            "export",
+            "--out",
+            str(out),
+            "--precision",
+            prec,
+            "--buckets",
+            "128,256",
+            "--trt",
+            "off",
+            "--quantizer",
+            sz.quantizer,
+        ]
+        for f in folders.values():
+            args += ["--member", str(f)]
+        rc = _cli(*args).returncode
+        secs[prec] = time.perf_counter() - t0
+        if rc != 0:
+            rows.append(Row("6", f"{prec} export", f"failed (exit {rc})", "", "exports", False))
+            continue
+        v = _cli("verify-bundle", str(out), "--json", capture=True)
+        doc = json.loads(v.stdout)
+        for m in doc["members"]:
+            rows.append(
+                Row(
+                    "6",
+                    f"{prec} verify-bundle {m['name']}: Spearman",
+                    f"{m['spearman']:.4f} (max|ds| {m['max_abs_diff']:.3g})",
+                    f"{m['n']} scores",
+                    f">= {goals[prec]}, passes",
+                    bool(m["ok"] and m["spearman"] >= goals[prec]),
+                )
+            )
+        b = load_bundle(out)
+        for bm in b.members:
+            got = np.array([r.score for r in load_bundle_member(b, bm).score(scenes)])
+            rho = spearman(got, ev.scores[bm.name][: len(scenes)])
+            rows.append(
+                Row(
+                    "6",
+                    f"{prec} {bm.name}: Spearman on world scenes",
+                    f"{rho:.4f}",
+                    f"{len(scenes)} scenes",
+                    f">= {goals[prec]}",
+                    bool(rho >= goals[prec]),
+                )
+            )
+    return rows, secs
+
+
+def item_cascade_conformal(
+    fit: Any, pool: Scored, ev: Scored, cal: Scored, n_boot: int, first: str
+) -> list[Row]:
+    from spotstop.diagnostics import (
+        Estimate,
+        binomial_upper_p,
+        clopper_pearson,
+        group_bootstrap,
+    )
+    from spotstop.diagnostics._cascade import simulate_cascade
+    from spotstop.diagnostics._delivered import delivered_rates
+    from spotstop.diagnostics._resample import percentile_ci
+    from spotstop.guard.policies import (
+        CascadePolicy,
+        ConformalPolicy,
+        PolicyConfig,
+        batch_inputs,
+        conformal_cut,
+        decide_batch,
+    )
+
+    y, group = ev.label, ev.room_codes
+    ctx = fit.context(
+        pool.scores, situation_id=pool.sids, settings={"share": CASCADE_SHARE, "first": first}
+    )
+    cascade = CascadePolicy.fit(ctx)
+    cfg = PolicyConfig(
+        bundle_id="bench",
+        prompt_hash="bench",
+        fusion=fit.fusion,
+        policy=cascade,
+        fitted_on={"pool_seed": SEEDS["pool"]},
+        created=_dt.datetime.now(_dt.UTC),
+    )
+    sim = simulate_cascade(cfg, ev.scores, ev.sids)
+    n = len(y)
+    k_in = int(sim.inside.sum())
+    share_ci = clopper_pearson(k_in, n)
+    rows = [
+        Row(
+            "7",
+            f"cascade (first {first}, band for q={CASCADE_SHARE}): share to second",
+            f"{k_in / n:.3f} [{share_ci.low:.3f}, {share_ci.high:.3f}]",
+            f"{n} scenes",
+            "",
+            None,
+        )
+    ]
+    alone = ~sim.inside
+    if alone.any() and 0 < int(y[alone].sum()) < int(alone.sum()):
+        r = delivered_rates(
+            y[alone],
+            sim.unsafe[alone],
+            group[alone],
+            n_boot=n_boot,
+            rng=np.random.default_rng(6),
+            what="the first member alone",
+        )
+        rows.append(
+            Row(
+                "7",
+                f"  {first} alone (outside the band): balanced acc.",
+                fmt(r.balanced_accuracy),
+                f"{int(alone.sum())} scenes",
+                "",
+                None,
+            )
+        )
+    elif alone.any():
+        acc = float(np.mean(sim.unsafe[alone] == (y[alone] == 1)))
+        rows.append(
+            Row(
+                "7",
+                f"  {first} alone (outside the band): accuracy (one class)",
+                f"{acc:.3f}",
+                f"{int(alone.sum())} scenes",
+                "",
+                None,
+            )
+        )
+    point, draws = ba_draws(y, [sim.unsafe, sim.pair_unsafe], group, n_boot, seed=7)
+    for k, what in ((1, "pair (frozen cut): balanced acc."), (0, "cascade: balanced acc.")):
+        rows.append(
+            Row(
+                "7",
+                f"  {what}",
+                fmt(Estimate(float(point[k]), percentile_ci(draws[:, k]), n)),
+                f"{n} scenes",
+                "",
+                None,
+            )
+        )
+    diff = Estimate(float(point[0] - point[1]), percentile_ci(draws[:, 0] - draws[:, 1]), n)
+    rows.append(
+        Row("7", "  cascade - pair: balanced acc.", fmt(diff, True), f"{n} scenes", "", None)
+    )
+    au = group_bootstrap(ev.table(sim.score), n_boot=n_boot, rng=8)["auroc"]
+    rows.append(Row("7", "  cascade score AUROC", fmt(au), f"{n} scenes", "", None))
+    # the conformal cut: unsafe calibration scenes of another seed, one per room
+    s_cal = fit.fusion.fuse_many(cal.scores)
+    unsafe = cal.label == 1
+    cut = conformal_cut(
+        s_cal[unsafe], np.asarray(cal.sids, dtype=object)[unsafe], alpha=ALPHA, delta=DELTA
+    )
+    x = batch_inputs(fit.fusion, ev.scores, ev.sids)
+    for choice in (cut.marginal, cut.pac):
+        if choice is None or not choice.feasible:
+            rows.append(
+                Row(
+                    "7",
+                    f"conformal ({choice.guarantee if choice else 'pac'})",
+                    "infeasible: too few calibration rooms",
+                    "",
+                    "",
+                    False,
+                )
+            )
+            continue
+        pol = ConformalPolicy(
+            alpha=ALPHA, n=choice.n, k=choice.k, threshold=choice.threshold, delta=choice.delta
+        )
+        flags = decide_batch(pol, x).unsafe
+        n_u = int((y == 1).sum())
+        miss = int(((y == 1) & ~flags).sum())
+        ci = clopper_pearson(miss, n_u)
+        p = binomial_upper_p(miss, n_u, ALPHA)
+        fa = float(flags[y == 0].mean())
+        rows.append(
+            Row(
+                "7",
+                f"conformal {choice.guarantee} (alpha {ALPHA}, k={choice.k} of "
+                f"{choice.n} rooms): miss rate on fresh seed",
+                f"{miss / n_u:.3f} [{ci.low:.3f}, {ci.high:.3f}] p={p:.2f}",
+                f"{n_u} unsafe",
+                f"<= {ALPHA} (binomial p >= 0.05)",
+                bool(p >= 0.05),
+            )
+        )
+        rows.append(
+            Row(
+                "7",
+                "  its false-alarm rate (safe scenes flagged)",
+                f"{fa:.3f}",
+                f"{int((y == 0).sum())} safe",
+                "",
+                None,
+            )
+        )
+    return rows
+
+
+def item_demo(work: Path) -> list[Row]:
+    from spotstop.cli._demo import run_demo
+
+    lines: list[str] = []
+    run_demo(work / "demo", out=lines.append)
+    got = demo_agreement(lines)
+    if got is None:
+        return [Row("8", "demo: agreement line not found", "", "", ">= 10 of 12", False)]
+    k, n = got
+    return [
+        Row(
+            "8",
+            "spotstop demo follows the world's rule",
+            f"{k} of {n}",
+            f"{n} scenes",
+            ">= 10 of 12",
+            bool(k >= 10),
+        )
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _versions() -> str:
+    import torch
+    import transformers
+
+    return (
+        f"Python {platform.python_version()}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}"
+    )
+
+
+def _pair_identity() -> str:
+    from spotstop.export.train import TRAINED_DIR
+
+    doc = json.loads((TRAINED_DIR / "trained.json").read_text(encoding="utf-8"))
+    ids = ", ".join(f"{m} sha256 {e['sha256'][:12]}" for m, e in sorted(doc["members"].items()))
+    return f"trained tiny TEST pair (`spotstop tiny --trained`, training seed {doc['seed']}: {ids})"
+
+
+def run(
+    sz: Sizes,
+    *,
+    n_boot: int,
+    export: bool,
+    demo: bool,
+    work: Path,
+    log: Callable[[str], None] = print,
+) -> tuple[list[Row], dict[str, float]]:
+    """Every item; returns the rows and the seconds each phase took."""
+    import torch
+    from spotstop.calibrate import fit_frozen
+    from spotstop.export.train import TRAINING, build_trained_pair
+    from spotstop.guard._member import load_member
+
+    torch.set_num_threads(2)
+    secs: dict[str, float] = {}
+    t = time.perf_counter()
+    pair = build_trained_pair(work / "tiny-trained")
+    folders = {p.name: p for p in pair.members}
+    names = list(folders)
+    lean = next(r.member for r in TRAINING if r.lean > 0)
+    signs = next(r.member for r in TRAINING if r.signs)
+    members = {m: load_member(folders[m], threads=2) for m in names}
+    o = world_options
+    pool = score_world(members, "pool", SEEDS["pool"], o(sz.pool, offsets=OFFSETS))
+    ev_opts = o(sz.eval, offsets=OFFSETS)
+    ev = score_world(members, "eval", SEEDS["eval"], ev_opts)
+    cal = score_world(members, "cal", SEEDS["cal"], o(sz.cal, offsets=OFFSETS))
+    off_pool = score_world(
+        members, "off-pool", SEEDS["off_pool"], o(sz.off_pool, offsets=STRONG_OFFSETS)
+    )
+    off_eval = score_world(
+        members, "off-eval", SEEDS["off_eval"], o(sz.off_eval, offsets=STRONG_OFFSETS)
+    )
+    secs["scoring the worlds"] = time.perf_counter() - t
+    rows: list[Row] = []
+
+    def phase(name: str, fn: Callable[[], list[Row]]) -> None:
+        t0 = time.perf_counter()
+        log(f"-- {name}")
+        rows.extend(fn())
+        secs[name] = time.perf_counter() - t0
+
+    fit = fit_frozen(pool.scores)
+    phase("1 AUROC", lambda: item_auroc(fit, ev, names, n_boot)[0])
+    phase("2 Spot-Stop", lambda: item_spot_stop(ev, lean, n_boot))
+    phase("3 situation", lambda: item_situation(off_pool, off_eval, n_boot))
+    holder: dict[str, Any] = {}
+
+    def rel() -> list[Row]:
+        r, holder["run"] = item_reliance(folders, work, sz, n_boot, signs, lean)
+        return r
+
+    phase("4 reliance", rel)
+    phase("5 select", lambda: item_select(holder["run"], work, sz, n_boot, signs, lean))
+    if export:
+
+        def exp() -> list[Row]:
+            r, s = item_export(folders, work, sz, ev, ev_opts)
+            secs.update({f"export {k}": v for k, v in s.items()})
+            return r
+
+        phase("6 export", exp)
+    else:
+        rows.append(Row("6", "verify-bundle int8/int4", "not run (--no-export)", "", "", None))
+    phase(
+        "7 cascade, conformal",
+        lambda: item_cascade_conformal(fit, pool, ev, cal, n_boot, first=lean),
+    )
+    if demo:
+        phase("8 demo", lambda: item_demo(work))
+    else:
+        rows.append(Row("8", "demo", "not run (--no-demo)", "", "", None))
+    rows.sort(key=lambda r: r.item)
+    return rows, secs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small worlds, few draws (a test)")
+    ap.add_argument("--n-boot", type=int, default=None, help="bootstrap draws (10000; quick 500)")
+    ap.add_argument("--no-export", action="store_true", help="skip item 6 (export, verify)")
+    ap.add_argument("--no-demo", action="store_true", help="skip item 8 (the demo)")
+    ap.add_argument("--work", type=Path, default=None, help="working folder (default: a temp)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    ap.add_argument("--results", action="store_true", help="write bench/RESULTS.md's section")
+    args = ap.parse_args(argv)
+    sz = QUICK if args.quick else FULL
+    n_boot = args.n_boot or sz.n_boot
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="trained-world-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        rows, secs = run(
+            sz, n_boot=n_boot, export=not args.no_export, demo=not args.no_demo, work=work
+        )
+    wall = time.perf_counter() - t0
+    table = render(rows)
+    timing = ", ".join(f"{k} {v:.0f} s" for k, v in secs.items())
+    print()
+    print(_pair_identity())
+    print("\n".join(table))
+    print(f"\nwall time {wall:.0f} s ({timing})")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "rows": [r.__dict__ for r in rows],
+                    "seconds": secs,
+                    "wall": wall,
+                    "quick": args.quick,
+                    "n_boot": n_boot,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    if args.results:
+        cmd = " ".join(
+            ["python bench/trained_world.py", *(argv if argv is not None else sys.argv[1:])]
+        )
+        text = _section(cmd, sz, n_boot, table, wall, timing)
+        write_section(ROOT / "bench" / "RESULTS.md", SECTION, text)
+    return 0
+
+
+def _section(cmd: str, sz: Sizes, n_boot: int, table: list[str], wall: float, timing: str) -> str:
+    def w(key: str, size: tuple[int, int], extra: str = "") -> str:
+        return f"{key} seed {SEEDS[key]} ({size[0]} rooms x {size[1]} contrasts{extra})"
+
+    worlds = "; ".join(
+        [
+            w("pool", sz.pool, f", offsets {OFFSETS}, unlabelled: fusion statistics and t0"),
+            w("eval", sz.eval, f", offsets {OFFSETS}: items 1, 2, 7"),
+            w("cal", sz.cal, ": conformal calibration, unsafe scenes, one per room"),
+            w("off_pool", sz.off_pool, f", offsets {STRONG_OFFSETS}, unlabelled"),
+            w("off_eval", sz.off_eval, f", offsets {STRONG_OFFSETS}: item 3"),
+            w("source", sz.source, ", no signs: the reliance source set"),
+            w("signs", sz.deploy, ", signs on every scene, half misleading"),
+            w("plain", sz.deploy, ", no signs"),
+            w("ocr_cal", sz.ocr_cal, ", signs on 75 %: the detector's calibration set"),
+        ]
+    )
+    return (
+        "### The trained tiny pair on held-out toy worlds (`bench/trained_world.py`, issue 25)\n\n"
+        f"`{cmd}` on {_dt.date.today()}, {_versions()}, CPU, 2 threads; wall time {wall:.0f} s "
+        f"({timing}).\n\n"
+        f"Pair: {_pair_identity()}. A TEST pair on a TOY world of drawn shapes: the figures "
+        "show the method where the answer is known, nothing about real safety. Worlds (none "
+        f"drawn by the training, which used seed 0): {worlds}. Intervals: 95 % percentile "
+        f"intervals of a group bootstrap over rooms ({n_boot} draws); the conformal miss rate "
+        "has an exact binomial (Clopper-Pearson) interval and the one-sided binomial p of "
+        "exceeding alpha (misses within a room are not independent: read it as approximate). "
+        "Item 3 replays each room's scenes in a random order, one check per scene, through "
+        "the guard's own policies. Item 5 reads the frames with the real OCR detector "
+        "(RapidOCR + the claim lexicon), with labelled frames (the world knows the labels). "
+        "Item 6's first rows are `spotstop verify-bundle`'s own generated scenes (scene and "
+        "request-only passes), the next the bundle against the torch member on held-out world "
+        "scenes.\n\n"
+        "```\n" + "\n".join(table) + "\n```"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
