@@ -101,7 +101,13 @@ COMMANDS: dict[str, Command] = {
         "spotstop.export._cli",
         "add_tiny_parser",
         ("export",),
-        "build the tiny test pair (seeded random weights; its decisions mean nothing)",
+        "build the tiny test pair (random weights, or --trained on the toy world)",
+    ),
+    "world": Command(
+        "spotstop.export._cli",
+        "add_world_parser",
+        ("export", "diag"),
+        "render the toy situational-safety world (scenes, requests, labels by a rule)",
     ),
     "export": Command(
         "spotstop.export._cli",

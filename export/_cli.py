@@ -23,10 +23,12 @@ __all__ = [
     "add_export_parser",
     "add_tiny_parser",
     "add_verify_bundle_parser",
+    "add_world_parser",
     "run_cost",
     "run_export",
     "run_tiny",
     "run_verify_bundle",
+    "run_world",
 ]
 
 
@@ -34,26 +36,41 @@ __all__ = [
 
 
 def add_tiny_parser(sub: Any) -> None:
-    """``spotstop tiny``: build the tiny TEST pair."""
+    """``spotstop tiny``: build the tiny TEST pair (random, or trained on the toy world)."""
     p = sub.add_parser(
         "tiny",
-        help="build the tiny test pair (seeded random weights; its decisions mean nothing)",
+        help="build the tiny test pair (random weights, or --trained on the toy world)",
         description=(
             "Build two tiny Hugging Face model folders from the real architectures' config "
             "classes (qwen3_5: Gated-DeltaNet + full attention with the Qwen3.5 vision tower; "
-            "lfm2_vl: LFM2 short-conv + attention with a SigLIP2 vision tower), with seeded "
-            "random weights and a locally trained byte-level BPE tokenizer whose chat template "
-            "is shaped like each real model's. THIS IS A TEST PAIR: its scores and decisions "
-            "mean nothing. Same seed → byte-identical files."
+            "lfm2_vl: LFM2 short-conv + attention with a SigLIP2 vision tower) and a locally "
+            "trained byte-level BPE tokenizer whose chat template is shaped like each real "
+            "model's. THIS IS A TEST PAIR. Without --trained its weights are seeded random "
+            "numbers: its scores and decisions mean nothing (same seed → byte-identical "
+            "files). With --trained it is the pair taught the toy world's rule (`spotstop "
+            "world --rules`): the committed weights, checked against their sha256, or with "
+            "--retrain the same training run again here (about 10 minutes on 2 cores). Its "
+            "scores carry a signal in that toy world only."
         ),
     )
     p.add_argument(
         "--out",
         type=Path,
         default=None,
-        help="folder to write (default: $SPOTSTOP_HOME/tiny, ~/.cache/spotstop/tiny)",
+        help="folder to write (default: $SPOTSTOP_HOME/tiny, or $SPOTSTOP_HOME/tiny-trained "
+        "with --trained)",
     )
     p.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed (default 0)")
+    p.add_argument(
+        "--trained",
+        action="store_true",
+        help="the pair trained on the toy world (a test pair whose scores carry a signal there)",
+    )
+    p.add_argument(
+        "--retrain",
+        action="store_true",
+        help="with --trained: train again from --seed instead of using the committed weights",
+    )
     p.set_defaults(func=run_tiny)
 
 
@@ -61,11 +78,153 @@ def run_tiny(args: argparse.Namespace) -> int:
     """Run ``spotstop tiny``."""
     from spotstop.export.tiny import build_tiny_pair, tree_digest
 
+    if args.retrain and not args.trained:
+        print("spotstop tiny: --retrain needs --trained.", file=sys.stderr)
+        return 2
+    if args.trained:
+        from spotstop.export.train import build_trained_pair, default_trained_dir
+
+        trained = build_trained_pair(
+            args.out or default_trained_dir(), seed=args.seed, retrain=args.retrain, progress=True
+        )
+        for m in trained.members:
+            weights = tree_digest(m).get("model.safetensors", "?")
+            print(f"{m}  (model.safetensors sha256 {weights[:16]}…)")
+        for run in trained.runs:
+            print(run)
+        print(
+            "TEST PAIR trained on a toy world: its scores carry a signal in that world only "
+            "(`spotstop world --rules`), never about real safety."
+        )
+        return 0
     pair = build_tiny_pair(args.out, seed=args.seed, progress=True)
     for m in pair.members:
         weights = tree_digest(m).get("model.safetensors", "?")
         print(f"{m}  (model.safetensors sha256 {weights[:16]}…)")
     print("TEST PAIR: seeded random weights — its scores and decisions mean nothing.")
+    return 0
+
+
+# ---- world -----------------------------------------------------------------------------------
+
+
+def add_world_parser(sub: Any) -> None:
+    """``spotstop world``: render the toy situational-safety world."""
+    from spotstop.export.world import WorldOptions
+
+    d = WorldOptions()
+    p = sub.add_parser(
+        "world",
+        help="render the toy situational-safety world (scenes, requests, labels by a rule)",
+        description=(
+            "Render a procedural situational-safety world: rooms (situations) with their own "
+            "lighting, camera and clutter; in each, contrasts of two scenes with one request "
+            "that differ only in the state of the object the request names (burner on/off, "
+            "floor wet/dry, cable bare/insulated, knife at the edge by the child/in the "
+            "middle). Labels follow a rule table (--rules prints it; rules.txt stores it). "
+            "Optional cues, each at a stated rate: signs with reassuring, alarming or neutral "
+            "text, a share of which mislead; a file cue (UNSAFE scenes saved as JPEG at another "
+            "size). Writes OUT/images/, OUT/world.csv (case_id,image,request,label,contrast_id,"
+            "situation_id and the cue columns), OUT/rules.txt and OUT/world.json. The same "
+            "seed and options give byte-identical files. A TOY WORLD of drawn shapes: a member "
+            "scored on it is checked on this world's rule, not on real safety."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "examples:\n"
+            "  spotstop world --rules\n"
+            "  spotstop world --out world/ --seed 3 --offsets 0.8\n"
+            "  spotstop world --out signs/ --signs 0.6 --misleading 0.5 --file-cue 0.3\n"
+            "  spotstop score --member ./tiny-trained/tiny-qwen3_5 --scenes world/world.csv"
+        ),
+    )
+    p.add_argument("--out", type=Path, help="folder to write (required unless --rules)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the world (default 0)")
+    p.add_argument("--rules", action="store_true", help="print the rule table and exit")
+    p.add_argument("--rooms", type=int, default=d.rooms, help=f"rooms (situations; {d.rooms})")
+    p.add_argument(
+        "--contrasts-per-room",
+        type=int,
+        default=d.contrasts_per_room,
+        help=f"contrasts (two scenes each) per room ({d.contrasts_per_room})",
+    )
+    p.add_argument(
+        "--test-share",
+        type=float,
+        default=d.test_share,
+        help=f"share of rooms in the held-out 'test' split ({d.test_share})",
+    )
+    p.add_argument(
+        "--offsets",
+        type=float,
+        default=d.offsets,
+        help="how far a room's lighting moves from neutral, 0..1 (0: all rooms alike)",
+    )
+    p.add_argument("--signs", type=float, default=d.signs, help="share of scenes with a sign")
+    p.add_argument(
+        "--misleading",
+        type=float,
+        default=d.misleading,
+        help="share of signed scenes whose sign contradicts the label",
+    )
+    p.add_argument(
+        "--neutral-signs",
+        type=float,
+        default=d.neutral_signs,
+        help=f"share of the other signs that are neutral ({d.neutral_signs})",
+    )
+    p.add_argument(
+        "--file-cue",
+        type=float,
+        default=d.file_cue,
+        help="share of UNSAFE scenes saved as JPEG at another size",
+    )
+    p.add_argument(
+        "--occluded",
+        type=float,
+        default=d.occluded,
+        help="share of contrasts with signs whose object is hidden behind a crate (only the "
+        "sign tells its state)",
+    )
+    p.set_defaults(func=run_world)
+
+
+def run_world(args: argparse.Namespace) -> int:
+    """Run ``spotstop world``."""
+    from spotstop.export.world import WorldOptions, build_world, rules_text
+
+    if args.rules:
+        print(rules_text())
+        return 0
+    if args.out is None:
+        print(
+            "spotstop world: --out DIR is required (or --rules to print the rule).", file=sys.stderr
+        )
+        return 2
+    try:
+        opts = WorldOptions(
+            rooms=args.rooms,
+            contrasts_per_room=args.contrasts_per_room,
+            test_share=args.test_share,
+            offsets=args.offsets,
+            signs=args.signs,
+            misleading=args.misleading,
+            neutral_signs=args.neutral_signs,
+            file_cue=args.file_cue,
+            occluded=args.occluded,
+        )
+    except ValueError as e:
+        msg = str(e)
+        for name in WorldOptions.__dataclass_fields__:  # name the flag, not the field
+            msg = msg.replace(f"WorldOptions.{name}", "--" + name.replace("_", "-"))
+        print(f"spotstop world: {msg}", file=sys.stderr)
+        return 2
+    world = build_world(args.out, seed=args.seed, options=opts, progress=True)
+    print(world)
+    print(
+        f"wrote {world.csv_path} and {len(world.cases)} images; the rule: {world.root / 'rules.txt'}"
+    )
+    print("A TOY WORLD: drawn shapes labelled by a rule table, not real safety.")
     return 0
 
 

@@ -218,13 +218,23 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _marker_text(arch: str, built_by: str = "`spotstop tiny`") -> str:
+def _marker_text(arch: str, built_by: str = "`spotstop tiny`", trained: bool = False) -> str:
+    if trained:
+        what = (
+            "weights trained here on `spotstop world`, a toy world of drawn shapes labelled by a\n"
+            "rule table, and a locally trained tokenizer. Its scores carry a signal in that\n"
+            "toy world only, never about real safety. Use it to test the method, never to\n"
+            "guard a robot.\n"
+        )
+    else:
+        what = (
+            "seeded random weights and a locally trained tokenizer. Its scores and decisions\n"
+            "mean nothing. Use it to test code paths, never to guard a robot.\n"
+        )
     return (
         "SPOTSTOP TEST PAIR — NOT A SAFETY MODEL\n"
         f"architecture: {arch}\n"
-        f"This folder was built by {built_by} from the real configuration class with\n"
-        "seeded random weights and a locally trained tokenizer. Its scores and decisions\n"
-        "mean nothing. Use it to test code paths, never to guard a robot.\n"
+        f"This folder was built by {built_by} from the real configuration class with\n" + what
     )
 
 
@@ -233,12 +243,17 @@ def _write_markers(
     arch: str,
     image_size: tuple[int, int] | None = (_IMAGE_SIZE, _IMAGE_SIZE),
     built_by: str = "`spotstop tiny`",
+    trained: bool = False,
 ) -> None:
-    (out / TEST_PAIR_MARKER).write_text(_marker_text(arch, built_by), encoding="utf-8")
+    (out / TEST_PAIR_MARKER).write_text(_marker_text(arch, built_by, trained), encoding="utf-8")
     size = "" if image_size is None else f"image_size: [{image_size[0]}, {image_size[1]}]\n"
+    note = (
+        "trained on a toy world: scores mean something there only"
+        if trained
+        else "seeded random weights: decisions mean nothing"
+    )
     (out / MEMBER_HINTS).write_text(
-        "# spotstop hints for this member folder\n"
-        "test_pair: true  # seeded random weights: decisions mean nothing\n" + size,
+        f"# spotstop hints for this member folder\ntest_pair: true  # {note}\n" + size,
         encoding="utf-8",
     )
 

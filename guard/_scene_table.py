@@ -2,7 +2,7 @@
 
 * :func:`read_scene_table`: a folder of JPEG/PNG/WebP images (sorted by path, one request for
   all) or a CSV ``image,request[,situation_id]`` (image paths relative to the CSV's folder, or
-  absolute). Every image is decoded the way the guard decodes it, so a scene it would refuse
+  absolute; other columns, such as a labelled table's, are passed over). Every image is decoded the way the guard decodes it, so a scene it would refuse
   is an error here, naming the row, before any model is loaded; its sha256 is recorded.
 * :class:`SceneTable`: the scenes by index (:meth:`SceneTable.scenes`), small to pickle, so an
   engine may read the images where it scores them (a Ray worker; the images must be readable
@@ -150,16 +150,33 @@ def image_csv_rows(
     optional: tuple[str, ...],
     *,
     error: type[Exception] = ConfigError,
+    other_columns: bool = False,
 ) -> Iterator[tuple[str, int, dict[str, str], Path]]:
     """Yield ``(where, row_no, cells, image_path)`` per data row of a CSV that names an image
     per row (column ``image``, relative to the CSV's folder), checking the header, each row's
     shape and that its image exists; ``error`` is the exception raised, naming row and line.
-    The one reader of such CSVs: ``spotstop score``'s scenes and the cue analysis's sets."""
+    The one reader of such CSVs: ``spotstop score``'s scenes and the cue analysis's sets.
+
+    ``other_columns``: columns beyond ``required`` and ``optional`` are passed over (a
+    labelled table such as ``spotstop world``'s ``world.csv`` read for its scenes), except one
+    so close to a known column's name that it is likely a misspelling, which is an error."""
+    import difflib
+
     with path.open(newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         header = [h.strip() for h in (reader.fieldnames or [])]
         missing = [c for c in required if c not in header]
         extra = [c for c in header if c not in required + optional]
+        known = required + optional
+        if other_columns:
+            for c in extra:
+                near = difflib.get_close_matches(c, known, n=1, cutoff=0.8)
+                if near and near[0] not in header:
+                    raise error(
+                        f"{path}: column {c!r} is not one this reader knows; did you mean "
+                        f"{near[0]!r}? Rename it (the known columns: {', '.join(known)})."
+                    )
+            extra = []
         if missing or extra:
             raise error(
                 f"{path}: the header must be {','.join(required)}"
@@ -196,7 +213,9 @@ def image_csv_rows(
 def _csv_cells(path: Path) -> list[tuple[str, str, Path, str, str | None]]:
     """(where, image cell, image path, request, situation_id) per data row, checked."""
     out = []
-    for where, _, cells, img in image_csv_rows(path, ("image", "request"), ("situation_id",)):
+    for where, _, cells, img in image_csv_rows(
+        path, ("image", "request"), ("situation_id",), other_columns=True
+    ):
         if not cells["request"]:
             raise ConfigError(f"{where}, column 'request': the request text is empty.")
         out.append(

@@ -336,9 +336,10 @@ def test_end_to_end_on_the_tiny_pair(tmp_path, tiny_pair, capsys):
     composition root) on the tiny TEST pair and the real OCR."""
     from spotstop.cli import main as spotstop_main
     from spotstop.cli._demo import make_demo_bundle
+    from spotstop.export.tiny import TINY_MEMBERS
 
     shutil.copytree(tiny_pair, tmp_path / "tiny")
-    bundle = make_demo_bundle(tmp_path)
+    bundle = make_demo_bundle(tmp_path, members=[tmp_path / "tiny" / m for m in TINY_MEMBERS])
     _demo_source(tmp_path / "src", 3, seed=11)
     cache = tmp_path / "cache"
     rel_argv = ["reliance", "--bundle", str(bundle), "--source", str(tmp_path / "src"),
@@ -388,7 +389,7 @@ def test_end_to_end_on_the_tiny_pair(tmp_path, tiny_pair, capsys):
     alone = json.loads((tmp_path / "sh" / "shift.json").read_text())
     q_alone, q_sel = alone["cues"]["reassuring"]["q"], shift["cues"]["reassuring"]["q"]
     assert (q_alone["value"], q_alone["n"]) == (q_sel["value"], q_sel["n"])  # the same frames
-    card_argv = ["card", "--demo", "--cues", str(tmp_path / "sel"), "--out", str(tmp_path / "card"),
+    card_argv = ["card", "--simulated", "--cues", str(tmp_path / "sel"), "--out", str(tmp_path / "card"),
                  "--n-boot", "200", "--quiet"]  # fmt: skip
     assert spotstop_main(card_argv) == 0
     card = json.loads((tmp_path / "card" / "card.json").read_text())

@@ -49,7 +49,10 @@ def test_source_reader_records_label_cue_sha_and_size(tmp_path):
     ("csv_text", "message"),
     [
         ("image,label\nimg0.png,SAFE\n", "the header must be image,request,label[,situation_id]"),
-        ("image,request,label,extra\n", "unknown extra"),
+        (
+            "image,request,labels\n",
+            "column 'labels' is not one this reader knows; did you mean 'label'",
+        ),
         ("image,request,label\n", "no data rows"),
         (
             "image,request,label\nimg0.png,go,MAYBE\n",

@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 
 from spotstop.cli._demo import make_demo_bundle
 from spotstop.export.scenes import demo_scenes
+from spotstop.export.tiny import TINY_MEMBERS
 from spotstop.guard import (
     BundleError,
     Decision,
@@ -36,8 +37,7 @@ from tests.conftest import make_image_bytes
 @pytest.fixture(scope="module")
 def demo_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
     root = tmp_path_factory.mktemp("demo")
-    shutil.copytree(tiny_pair, root / "tiny")
-    return make_demo_bundle(root)
+    return make_demo_bundle(root, members=[tiny_pair / m for m in TINY_MEMBERS])
 
 
 @pytest.fixture
@@ -434,13 +434,18 @@ def test_check_exit_codes(bundle_copy: Path, tmp_path: Path, capsys):
     assert e.value.code == 2
 
 
-def test_demo_runs_and_prints_the_table(tiny_pair: Path, tmp_path: Path, capsys):
+def test_demo_runs_on_the_trained_pair_and_follows_the_world_rule(tmp_path: Path, capsys):
+    """Acceptance (issue 25): the demo's decisions follow the toy world's rule on at least 10 of
+    its 12 scenes, and it says the pair is a test pair on a toy world."""
+    import re
+
     from spotstop.cli import main
 
-    shutil.copytree(tiny_pair, tmp_path / "tiny")
     assert main(["demo", "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "TEST PAIR" in out and "kitchen-1" in out and "decision log" in out
+    assert "TEST pair trained on a TOY WORLD" in out and "room-000" in out and "decision log" in out
+    m = re.search(r"follow the world's rule on (\d+) of 12 scenes", out)
+    assert m is not None and int(m.group(1)) >= 10, out
     with DecisionLog(tmp_path / "decisions.sqlite") as lg:
         assert lg.count() == 12
 

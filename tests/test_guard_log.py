@@ -38,10 +38,11 @@ def mend_log(log: DecisionLog) -> None:
 @pytest.fixture(scope="module")
 def safe_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
     from spotstop.cli._demo import make_demo_bundle
+    from spotstop.export.tiny import TINY_MEMBERS
 
     root = tmp_path_factory.mktemp("guardlog")
     shutil.copytree(tiny_pair, root / "tiny")
-    bundle = make_demo_bundle(root, pool_size=8)
+    bundle = make_demo_bundle(root, pool_size=8, members=[root / "tiny" / m for m in TINY_MEMBERS])
     _set_frozen(bundle, 1e9)  # every scored scene is SAFE
     return bundle
 

@@ -46,7 +46,10 @@ def test_a_csv_and_a_folder_read_in_order(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("csv_text", "message"),
     [
-        ("image,request,label\n", r"header must be image,request\[,situation_id\].*unknown label"),
+        (
+            "image,request,situation\nimg/0.png,go,k\n",
+            r"column 'situation'.*did you mean 'situation_id'",
+        ),
         ("image\nimg/0.png\n", r"missing request"),
         ("image,request\n", r"no data rows"),
         ("image,request\nimg/nope.png,go\n", r"row 1 .*'image'.*does not exist"),

@@ -63,10 +63,13 @@ def serve_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> P
     """The demo bundle on the tiny pair, built once per test session (read-only use)."""
     if tiny_pair not in _BUNDLES:
         from spotstop.cli._demo import make_demo_bundle
+        from spotstop.export.tiny import TINY_MEMBERS
 
         root = tmp_path_factory.mktemp("serve")
         shutil.copytree(tiny_pair, root / "tiny")
-        _BUNDLES[tiny_pair] = make_demo_bundle(root, pool_size=8)
+        _BUNDLES[tiny_pair] = make_demo_bundle(
+            root, pool_size=8, members=[root / "tiny" / m for m in TINY_MEMBERS]
+        )
     return _BUNDLES[tiny_pair]
 
 

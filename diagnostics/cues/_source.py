@@ -116,7 +116,8 @@ def _find_csv(source: str | os.PathLike[str], what: str, option: str) -> Path:
 
 
 def read_source_set(source: str | os.PathLike[str]) -> SourceSet:
-    """Read and validate a source set: a CSV ``image,request,label[,situation_id]`` or its folder.
+    """Read and validate a source set: a CSV ``image,request,label[,situation_id]`` or its folder
+    (other columns are passed over, so ``spotstop world``'s ``world.csv`` is a source set).
 
     Every image is decoded the way the guard decodes it (so a scene it would refuse is an
     error here, naming the row) and its sha256 recorded.
@@ -126,7 +127,7 @@ def read_source_set(source: str | os.PathLike[str]) -> SourceSet:
     path = _find_csv(source, "source set", "--source")
     scenes = []
     for where, row_no, cells, img in image_csv_rows(
-        path, ("image", "request", "label"), ("situation_id",), error=DataError
+        path, ("image", "request", "label"), ("situation_id",), error=DataError, other_columns=True
     ):
         if not cells["request"]:
             raise DataError(f"{where}, column 'request': the request text is empty.")

@@ -105,21 +105,52 @@ class TorchBackend:
         pixels: Sequence[Mapping[str, np.ndarray]] | None,
         plan: ScorePlan,
     ) -> np.ndarray:
-        n_rows = len(plan.rows)
-        sequences = [list(p) + list(row) for p in prompts for row in plan.rows]
-        seq_pixels = None if pixels is None else [px for px in pixels for _ in plan.rows]
         try:
-            hidden = self.hidden_states(sequences, seq_pixels)
+            scores = self.score_tensor(prompts, pixels, plan)
         except Exception as e:  # a forward-pass failure is a scoring failure, with its cause
             raise ScoringError(
                 f"{self.model_type} forward pass failed: {type(e).__name__}: {e}"
             ) from e
+        return scores.double().numpy()
+
+    def score_tensor(
+        self,
+        prompts: Sequence[Sequence[int]],
+        pixels: Sequence[Mapping[str, np.ndarray]] | None,
+        plan: ScorePlan,
+    ) -> torch.Tensor:
+        """The scores ``s = log p(UNSAFE) − log p(SAFE)`` as a float32 tensor, one per prompt.
+
+        Differentiable when called outside :func:`torch.inference_mode` (the trained test pair
+        is trained through it, so training and scoring share one rule); :meth:`score` is this
+        under inference mode.
+        """
+        return self.scores_from_hidden(
+            self.plan_hidden_states(prompts, pixels, plan), prompts, plan
+        )
+
+    def plan_hidden_states(
+        self,
+        prompts: Sequence[Sequence[int]],
+        pixels: Sequence[Mapping[str, np.ndarray]] | None,
+        plan: ScorePlan,
+    ) -> torch.Tensor:
+        """Last hidden states of every ``prompt + row`` of ``plan`` (prompt-major order)."""
+        sequences = [list(p) + list(row) for p in prompts for row in plan.rows]
+        seq_pixels = None if pixels is None else [px for px in pixels for _ in plan.rows]
+        return self.hidden_states(sequences, seq_pixels)
+
+    def scores_from_hidden(
+        self, hidden: torch.Tensor, prompts: Sequence[Sequence[int]], plan: ScorePlan
+    ) -> torch.Tensor:
+        """The scores read from :meth:`plan_hidden_states`' output (the scoring rule)."""
+        n_rows = len(plan.rows)
         w = self._head_weight.float()
         first_idx = {t: k for k, t in enumerate(plan.first_ids)}
         w_first = w[list(plan.first_ids)]  # only the answers' rows at the shared position
         u_reads = plan.continuation_reads(plan.unsafe_ids)
         s_reads = plan.continuation_reads(plan.safe_ids)
-        scores = np.empty(len(prompts), dtype=np.float64)
+        scores = []
         for i, p in enumerate(prompts):
             pos0 = len(p) - 1
             first = hidden[i * n_rows, pos0] @ w_first.T
@@ -127,14 +158,14 @@ class TorchBackend:
             def cont(
                 reads: list[tuple[int, int, int]], i: int = i, pos0: int = pos0
             ) -> torch.Tensor:
-                total = torch.zeros((), dtype=torch.float32)
+                total = torch.zeros((), dtype=torch.float32, device=hidden.device)
                 for r, j, tok in reads:
                     h = hidden[i * n_rows + r, pos0 + j]
                     total = total + torch.log_softmax(h @ w.T, dim=-1)[tok]
                 return total
 
-            s = (first[first_idx[plan.unsafe_ids[0]]] + cont(u_reads)) - (
-                first[first_idx[plan.safe_ids[0]]] + cont(s_reads)
+            scores.append(
+                (first[first_idx[plan.unsafe_ids[0]]] + cont(u_reads))
+                - (first[first_idx[plan.safe_ids[0]]] + cont(s_reads))
             )
-            scores[i] = float(s)
-        return scores
+        return torch.stack(scores).cpu()

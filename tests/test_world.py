@@ -1,0 +1,185 @@
+"""The toy world (spotstop world): deterministic files, labels by the rule, contrasts, cues."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from PIL import Image
+from spotstop.export.tiny import tree_digest
+from spotstop.export.world import (
+    HAZARDS,
+    RULES,
+    WORLD_COLUMNS,
+    WorldOptions,
+    build_world,
+    read_world,
+    render_case,
+    world_cases,
+)
+
+SMALL = WorldOptions(rooms=4, contrasts_per_room=3, signs=0.5, misleading=0.5, file_cue=0.5)
+
+
+def test_same_seed_gives_identical_files_and_another_seed_does_not(tmp_path: Path) -> None:
+    a = build_world(tmp_path / "a", seed=3, options=SMALL)
+    b = build_world(tmp_path / "b", seed=3, options=SMALL)
+    c = build_world(tmp_path / "c", seed=4, options=SMALL)
+    assert tree_digest(a.root) == tree_digest(b.root)
+    assert tree_digest(a.root)["world.csv"] != tree_digest(c.root)["world.csv"]
+
+
+def test_csv_has_the_documented_columns_and_one_row_per_image(tmp_path: Path) -> None:
+    w = build_world(tmp_path, seed=0, options=SMALL)
+    with w.csv_path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert tuple(rows[0]) == WORLD_COLUMNS
+    assert len(rows) == 2 * 4 * 3 == len(w.cases)
+    for r in rows:
+        assert (tmp_path / r["image"]).is_file()
+        assert r["label"] in ("SAFE", "UNSAFE")
+        assert r["request"] in RULES[r["hazard"]]["requests"]
+
+
+def test_every_contrast_is_one_safe_and_one_unsafe_scene_with_one_request() -> None:
+    cases = world_cases(1, SMALL)
+    by: dict[str, list] = {}
+    for c in cases:
+        by.setdefault(c.contrast_id, []).append(c)
+    assert all(len(v) == 2 for v in by.values())
+    for safe, unsafe in by.values():
+        assert (safe.label, unsafe.label) == (0, 1)
+        assert safe.request == unsafe.request and safe.room == unsafe.room
+        assert safe.hazard == unsafe.hazard and safe.distractor == unsafe.distractor
+        assert safe.distractor_unsafe == unsafe.distractor_unsafe
+        assert safe.layout_seed == unsafe.layout_seed
+
+
+def test_contrast_scenes_differ_only_where_the_target_object_is_drawn() -> None:
+    """Without signs the two scenes of a contrast differ in the target object's pixels only:
+    the label is in the image, and nothing else moves between them."""
+    opts = WorldOptions(rooms=2, contrasts_per_room=6)
+    cases = world_cases(0, opts)
+    for safe, unsafe in zip(cases[0::2], cases[1::2], strict=True):
+        a = np.asarray(render_case(safe, opts), dtype=int)
+        b = np.asarray(render_case(unsafe, opts), dtype=int)
+        diff = np.abs(a - b).sum(axis=2) > 0
+        assert diff.any(), safe.case_id
+        assert diff.mean() < 0.2, (safe.case_id, diff.mean())
+
+
+def test_the_distractor_state_does_not_decide_the_label() -> None:
+    cases = world_cases(2, WorldOptions(rooms=6, contrasts_per_room=8))
+    both = {(c.distractor_unsafe, c.label) for c in cases}
+    assert both == {(False, 0), (False, 1), (True, 0), (True, 1)}
+    assert {c.hazard for c in cases} == set(HAZARDS)
+
+
+def test_sign_rates_follow_the_options() -> None:
+    opts = WorldOptions(rooms=40, contrasts_per_room=20, signs=0.6, misleading=0.5)
+    cases = world_cases(0, opts)
+    signed = [c for c in cases if c.sign_cue != "none"]
+    share = len(signed) / len(cases)
+    n = len(cases)
+    assert abs(share - 0.6) < 4 * np.sqrt(0.6 * 0.4 / n)
+    mis = np.mean([c.sign_misleading for c in signed])
+    assert abs(mis - 0.5) < 4 * np.sqrt(0.25 / len(signed))
+    for c in signed:  # misleading means: reassuring on UNSAFE, alarming on SAFE
+        expect = (c.sign_cue == "reassuring" and c.label == 1) or (
+            c.sign_cue == "alarming" and c.label == 0
+        )
+        assert c.sign_misleading == expect
+
+
+def test_the_file_cue_marks_unsafe_scenes_only_and_changes_the_file(tmp_path: Path) -> None:
+    w = build_world(tmp_path, seed=0, options=SMALL)
+    cued = [c for c in w.cases if c.file_cue]
+    assert cued and all(c.label == 1 for c in cued)
+    for c in w.cases:
+        with Image.open(tmp_path / c.image_name) as im:
+            assert im.format == ("JPEG" if c.file_cue else "PNG")
+            assert im.size == ((200, 150) if c.file_cue else SMALL.size)
+
+
+def test_test_split_holds_whole_rooms() -> None:
+    cases = world_cases(0, WorldOptions(rooms=8, contrasts_per_room=2, test_share=0.25))
+    rooms = {c.room.room_id: c.split for c in cases}
+    assert sorted(rooms.values()).count("test") == 2
+    assert all(c.split == rooms[c.room.room_id] for c in cases)
+
+
+def test_offsets_zero_lights_every_room_alike() -> None:
+    rooms = {c.room for c in world_cases(0, WorldOptions(rooms=5, contrasts_per_room=1))}
+    assert {(r.brightness, r.tint) for r in rooms} == {(1.0, (0.0, 0.0, 0.0))}
+    lit = {c.room for c in world_cases(0, WorldOptions(rooms=5, contrasts_per_room=1, offsets=1))}
+    assert len({r.brightness for r in lit}) == 5
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("signs", 1.5), ("misleading", -0.1), ("rooms", 0), ("size", (10, 10))]
+)
+def test_bad_options_are_refused_by_name(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        WorldOptions(**{field: value})  # type: ignore[arg-type]
+
+
+def test_read_world_recreates_the_cases_and_refuses_an_edited_csv(tmp_path: Path) -> None:
+    w = build_world(tmp_path, seed=5, options=SMALL)
+    assert read_world(tmp_path).cases == w.cases
+    text = w.csv_path.read_text()
+    w.csv_path.write_text(text.replace("UNSAFE", "SAFE", 1))
+    with pytest.raises(ValueError, match="sha256"):
+        read_world(tmp_path)
+
+
+def test_cli_prints_the_rules_and_names_a_bad_flag(tmp_path: Path) -> None:
+    run = [sys.executable, "-m", "spotstop.cli", "world"]
+    out = subprocess.run([*run, "--rules"], capture_output=True, text=True, check=True).stdout
+    for hz in HAZARDS:
+        assert f"{hz}: UNSAFE when {RULES[hz]['unsafe']}" in out
+    bad = subprocess.run(
+        [*run, "--out", str(tmp_path), "--signs", "2"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--signs must be a share" in bad.stderr
+    ok = subprocess.run(
+        [*run, "--out", str(tmp_path / "w"), "--rooms", "2", "--contrasts-per-room", "1"],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "w" / "rules.txt").read_text().startswith("spotstop world")
+
+
+def test_world_csv_is_a_scene_table_and_a_source_set(tmp_path: Path) -> None:
+    """`spotstop score --scenes world.csv` and `spotstop reliance --source world.csv` read it:
+    the labelled table's other columns are passed over."""
+    from spotstop.diagnostics.cues import read_source_set
+    from spotstop.guard._scene_table import read_scene_table
+
+    w = build_world(tmp_path, seed=0, options=WorldOptions(rooms=2, contrasts_per_room=2))
+    table = read_scene_table(w.csv_path)
+    assert [r.request for r in table.rows] == [c.request for c in w.cases]
+    assert [r.situation_id for r in table.rows] == [c.room.room_id for c in w.cases]
+    src = read_source_set(w.csv_path)
+    assert [s.label for s in src.scenes] == [c.label for c in w.cases]
+
+
+def test_an_occluded_contrast_hides_its_object_and_always_carries_a_claim() -> None:
+    """Only the sign tells the state: the two scenes' pixels differ inside the sign only."""
+    opts = WorldOptions(rooms=3, contrasts_per_room=6, signs=0.2, occluded=1.0)
+    cases = world_cases(0, opts)
+    assert all(c.occluded for c in cases)
+    assert all(c.sign_cue in ("reassuring", "alarming") for c in cases)
+    safe, unsafe = cases[0], cases[1]
+    a = np.asarray(render_case(replace(safe, sign_cue="none"), opts), dtype=int)
+    b = np.asarray(render_case(replace(unsafe, sign_cue="none"), opts), dtype=int)
+    np.testing.assert_array_equal(a, b)  # the crate hides the only difference
+    assert not any(c.occluded for c in world_cases(0, replace(opts, signs=0.0)))
