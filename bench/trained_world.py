@@ -122,7 +122,7 @@ QUICK = Sizes(
     world_spearman=32,
     n_boot=500,
     precisions=("int8",),
-    quantizer="rtn",
+    quantizer="gptq",
 )
 
 
@@ -318,6 +318,8 @@ def item_spot_stop(ev: Scored, member: str, n_boot: int) -> list[Row]:
             bool(thr.value > 0 and interval_above(thr)),
         ),
         Row("2", f"{member} A_batch (batch-mean cut)", fmt(b["A_batch"]), n, "", None),
+        Row("2", f"{member} at cut 0: hit rate", fmt(b["hit_rate"]), n, "", None),
+        Row("2", f"{member} at cut 0: false-alarm rate", fmt(b["false_alarm_rate"]), n, "", None),
     ]
     if math.isfinite(rec.value):
         rows.append(
@@ -472,8 +474,50 @@ def _frames(world: Any) -> Any:
     )
 
 
+def sign_subsets(cases: Sequence[Any]) -> dict[str, np.ndarray]:
+    """Masks of a world's scenes whose sign misleads, and whose sign claims the truth."""
+    claim = np.array([c.sign_cue in ("reassuring", "alarming") for c in cases])
+    mis = np.array([c.sign_misleading for c in cases], dtype=bool)
+    return {"misleading": claim & mis, "agreeing": claim & ~mis}
+
+
+def sign_following(members: Mapping[str, Any], dep: Any) -> list[Row]:
+    """Each member's AUROC on the deployment's frames whose sign misleads and whose sign
+    agrees (the world's own signs): a member that follows signs ranks the misleading ones
+    backwards. A diagnostic beside item 5, not one of the acceptance goals."""
+    from spotstop.diagnostics import auroc
+
+    sc = score_world(members, "signs-frames", dep.seed, dep.options)
+    y = sc.label
+    rows = []
+    for m in members:
+        parts = []
+        for key, mask in sign_subsets(sc.cases).items():
+            if 0 < int(y[mask].sum()) < int(mask.sum()):
+                parts.append(
+                    f"{key} {auroc(y[mask], sc.scores[m][mask]):.3f} (n {int(mask.sum())})"
+                )
+        rows.append(
+            Row(
+                "5",
+                f"  {m} AUROC on frames whose sign ...",
+                ", ".join(parts),
+                f"{len(y)} frames",
+                "",
+                None,
+            )
+        )
+    return rows
+
+
 def item_select(
-    run: Any, work: Path, sz: Sizes, n_boot: int, sign_member: str, lean_member: str
+    run: Any,
+    work: Path,
+    sz: Sizes,
+    n_boot: int,
+    sign_member: str,
+    lean_member: str,
+    members: Mapping[str, Any] | None = None,
 ) -> list[Row]:
     from spotstop.diagnostics.cues import measure_shift, select
     from spotstop.export.world import build_world
@@ -514,6 +558,8 @@ def item_select(
                 for c in shift.cues
             )
             rows.append(Row("5", "  the detector on its calibration set", det, n, "", None))
+            if members is not None:
+                rows += sign_following(members, dep)
         order = " > ".join(f"{p.name} {p.predicted_error.value:.3f}" for p in sel.ranking)
         if sel.dropped_cues:
             order += f" (dropped: {', '.join(sel.dropped_cues)})"
@@ -588,7 +634,8 @@ def item_export(
                 Row(
                     "6",
                     f"{prec} verify-bundle {m['name']}: Spearman",
-                    f"{m['spearman']:.4f} (max|ds| {m['max_abs_diff']:.3g})",
+                    f"{m['spearman']:.4f} (max|ds| {m['max_abs_diff']:.3g}, tol "
+                    f"{m['tolerance']:g}: {'pass' if m['ok'] else 'FAIL'})",
                     f"{m['n']} scores",
                     f">= {goals[prec]}, passes",
                     bool(m["ok"] and m["spearman"] >= goals[prec]),
@@ -859,7 +906,10 @@ def run(
         return r
 
     phase("4 reliance", rel)
-    phase("5 select", lambda: item_select(holder["run"], work, sz, n_boot, signs, lean))
+    phase(
+        "5 select",
+        lambda: item_select(holder["run"], work, sz, n_boot, signs, lean, members=members),
+    )
     if export:
 
         def exp() -> list[Row]:
