@@ -429,7 +429,7 @@ def test_reliance_validation_messages(tmp_path):
         estimate_reliance(t, pairs=[("a", "zz")])
     with pytest.raises(DataError, match="candidate names must be unique"):
         estimate_reliance(t, guards=[GuardSpec("a", {}, {"a": "a"})])
-    with pytest.raises(DataError, match="cannot fuse a\\+a2 as Avg-2"):
+    with pytest.raises(DataError, match="cannot fit the frozen cut of a\\+a2"):
         estimate_reliance(
             score_table(edits, {"a": np.zeros(len(edits)), "a2": np.zeros(len(edits))}),
             pairs=[("a", "a2")],

@@ -49,7 +49,7 @@ from spotstop.diagnostics._resample import as_rng as _as_rng
 from spotstop.diagnostics._resample import draw_group_counts
 from spotstop.diagnostics._resample import percentile_ci as _percentile_ci
 from spotstop.diagnostics._results import Estimate
-from spotstop.diagnostics.cues._deployed import frozen_pair_policy, label_as_deployed
+from spotstop.diagnostics.cues._deployed import fitted_cut_policy, label_as_deployed
 from spotstop.diagnostics.cues._edits import EditSet
 from spotstop.diagnostics.cues._results import (
     CandidateReliance,
@@ -58,7 +58,6 @@ from spotstop.diagnostics.cues._results import (
 )
 from spotstop.diagnostics.cues._scoring import ScoreTable
 from spotstop.diagnostics.cues._templates import CUES, FAMILIES
-from spotstop.guard import Avg2Fusion, FusionError
 
 __all__ = [
     "CueRelianceByFamily",
@@ -235,18 +234,10 @@ def _pair_errors(
     """Avg-2 of members a and b: reference statistics and the frozen cut t0 = mean fused score
     fitted on the unedited source scenes (unlabelled use), then the guard's decision rule."""
     pool = {m: table.scores[m][lay.src] for m in (a, b)}
-    try:
-        fusion = Avg2Fusion.fit(pool)
-    except FusionError as e:
-        raise DataError(f"cannot fuse {a}+{b} as Avg-2 on the source scenes: {e}") from e
-    t0 = float(np.mean(fusion.fuse_many(pool)))
-    name = f"{a}+{b}"
-    policy = frozen_pair_policy(
-        fusion, t0, name=name, fitted_on={"what": "unedited source scenes (no labels)"}
-    )
+    policy, t0 = fitted_cut_policy(pool, name=f"{a}+{b}", what="unedited source scenes")
     labels = label_as_deployed(policy, {m: table.scores[m] for m in (a, b)})
     return answer_errors(labels.unsafe, _scene_labels(table.edits)), {
-        "fusion": fusion.to_dict(),
+        "fusion": policy["fusion"],
         "frozen_t0": t0,
         "rules": dict(labels.rules),
     }
