@@ -1,5 +1,9 @@
 """``spotstop card``: write the deployment card from a decision log, a scores CSV or a demo.
 
+``--demo`` reads the packaged demo log (the trained tiny TEST pair on a toy world, checked
+through the guard and labelled by the world's rule) as a LOG; ``--simulated`` reads the
+simulated log that ``--demo`` read before (no guard answers).
+
 :func:`add_card_parser` adds the ``card`` parser to the composition root's subparsers and sets
 ``func=run_card``; :func:`run_card` runs it (0 done; 2 bad input, with one line on stderr).
 :func:`card_main` parses an argument list on its own and calls :func:`run_card`. Nothing
@@ -26,7 +30,17 @@ _DESCRIPTION = (
 )
 
 _EPILOG = """\
-Exactly one input: LOG (the guard's decision-log SQLite file), --scores CSV or --demo.
+Exactly one input: LOG (the guard's decision-log SQLite file), --scores CSV, --demo or
+--simulated.
+
+--demo reads the packaged demo log as a LOG: the trained tiny TEST pair on a TOY WORLD
+(`spotstop world --rules`: drawn shapes labelled by a rule table), ~480 scenes of 24 rooms
+checked one by one through the guard (situation recentering, then a conformal cut
+recalibrated from the first half's labels), every decision labelled by the world's rule. It
+shows the method on that world (delivered rates, replay, conformal audit, situation share,
+a file cue for the scene-blind readers), never anything about real safety. Maintainers write
+it again with `spotstop demo --write-card-log PATH`. --simulated reads a simulated log of
+600 contrasts instead (no guard, no deployed policy; what --demo read before).
 
 A fleet: give several LOGs, a folder or a glob (quoted), with the logs (*.sqlite, each read
 with its archives) and collected Parquet archives (*.parquet) of many robots: they are read
@@ -52,8 +66,8 @@ and situation_id), which override the table's.
 The scores CSV needs the columns case_id,label,score,contrast_id (label: safe/unsafe or
 0/1; contrast_id may be empty) and may have situation_id (absent or empty: no situation).
 Optional columns: score_<member>, score_gray, score_text, width, height, bytes, jpeg_quality,
-format, request. A scores CSV or the demo has no deployed policy: the card says so and has
-no delivered_*.
+format, request. A scores CSV or the simulated log has no deployed policy: the card says so
+and has no delivered_*.
 
 --scores needs --cut T, the score that separates the answers: no default fits every scale
 (0 is the direct answer of a log-odds score, and "any refusal at all" for scores in [0, 1]).
@@ -74,9 +88,10 @@ examples:
   spotstop card fleet/ --out fleet-card/                     # every robot's log and archives
   spotstop card decisions.sqlite --period week --out card/   # drift between weeks
   spotstop card decisions.sqlite --previous old_card/card.json --cues cues/ --out card/
-  spotstop card --demo --out card/ --n-boot 2000
+  spotstop card --demo --out card/ --n-boot 2000         # the packaged demo log (TEST pair)
+  spotstop card --simulated --out card/ --n-boot 2000    # a simulated log, no guard
   spotstop card --scores scores.csv --cut 0.5 --out card/ --seed 7
-  spotstop card --demo --out card/ --ray       # the bootstrap's draws as Ray tasks
+  spotstop card --simulated --out card/ --ray   # the bootstrap's draws as Ray tasks
 
 --ray [ADDRESS] (pip install 'spotstop[ray]') runs the group bootstrap's blocks of draws as
 Ray tasks, each block with its own seed derived from --seed: the card equals the local one.
@@ -93,7 +108,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the guard's decision log (SQLite); several, a folder or a glob: a "
                    "fleet's logs and archives, read as one")  # fmt: skip
     p.add_argument("--scores", metavar="CSV", help="scores CSV instead of a log (see below)")
-    p.add_argument("--demo", action="store_true", help="use a simulated log of 600 contrasts")
+    p.add_argument("--demo", action="store_true",
+                   help="read the packaged demo log: the trained tiny TEST pair on a toy world, "
+                   "labelled by the world's rule (a LOG input)")  # fmt: skip
+    p.add_argument("--simulated", action="store_true",
+                   help="use a simulated log of 600 contrasts (no guard answers)")  # fmt: skip
     p.add_argument("--labels", metavar="F",
                    help="labels file (CSV or JSONL) for LOG; overrides the log's labels")  # fmt: skip
     p.add_argument("--previous", metavar="CARD_JSON",
@@ -104,7 +123,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="T", help="the card's cut on the score: S > T is the direct answer "
                    "UNSAFE in the Spot-Stop fields, S >= T the fixed cut of the prevalence check "
                    "(required with --scores; default for LOG: the deployed constant cut, else 0; "
-                   "for --demo: 0)")  # fmt: skip
+                   "for --simulated: 0)")  # fmt: skip
     p.add_argument("--out", metavar="DIR", help="output folder (created if needed; required)")
     p.add_argument("--n-boot", type=int, default=10_000, metavar="N",
                    help="group-bootstrap draws of the Spot-Stop fields (default: 10000); the "
@@ -114,7 +133,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="resampling unit of the bootstrap: situation (default: both scenes of a "
                    "contrast and all scenes of a situation together) or contrast")  # fmt: skip
     p.add_argument("--period", choices=("day", "week", "month"), default=None,
-                   help="drift between periods (LOG only): the key fields per UTC day, ISO "
+                   help="drift between periods (LOG or --demo): the key fields per UTC day, ISO "
                    "week or month, and their change, with the conformal audit per period")  # fmt: skip
     p.add_argument("--drift-baseline", choices=("first", "previous"), default="first",
                    help="compare each period with the first one (default) or the previous")  # fmt: skip
@@ -156,9 +175,9 @@ class _BadInput(Exception):
 def _check_args(args: argparse.Namespace) -> None:
     if args.out is None:
         raise _BadInput("--out DIR is required: the folder to write card.json, card.md, card.html.")
-    n_src = bool(args.log) + (args.scores is not None) + bool(args.demo)
+    n_src = bool(args.log) + (args.scores is not None) + bool(args.demo) + bool(args.simulated)
     if n_src != 1:
-        raise _BadInput("give exactly one input: LOG, --scores CSV or --demo.")
+        raise _BadInput("give exactly one input: LOG, --scores CSV, --demo or --simulated.")
     if args.scores is not None and args.direct_cut is None:
         raise _BadInput(
             "--scores needs --cut T, the score that separates SAFE from UNSAFE (S > T is the "
@@ -170,9 +189,14 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.direct_cut is not None and not math.isfinite(args.direct_cut):
         raise _BadInput(f"--cut must be a finite number; got {args.direct_cut}.")
     if args.labels is not None and not args.log:
-        raise _BadInput("--labels goes with a decision LOG; a scores CSV carries its own labels.")
-    if args.period is not None and not args.log:
-        raise _BadInput("--period goes with a decision LOG: it splits decisions by their time.")
+        raise _BadInput(
+            "--labels goes with a decision LOG; a scores CSV, the demo log and the simulated "
+            "log carry their own labels."
+        )
+    if args.period is not None and not (args.log or args.demo):
+        raise _BadInput(
+            "--period goes with a decision LOG (or --demo): it splits decisions by their time."
+        )
     if args.n_boot < 1:
         raise _BadInput(f"--n-boot must be >= 1; got {args.n_boot}.")
     if args.seed < 0:
@@ -198,6 +222,7 @@ def run_card(args: argparse.Namespace) -> int:
             log=(args.log[0] if len(args.log) == 1 else args.log) or None,
             scores=args.scores,
             demo=bool(args.demo),
+            simulated=bool(args.simulated),
             labels=args.labels,
             previous=args.previous,
             cues=args.cues,
@@ -217,6 +242,10 @@ def run_card(args: argparse.Namespace) -> int:
     for msg in card.settings.get("cut_warnings", ()):
         print(f"spotstop card: warning: {msg}", file=sys.stderr)
     if not args.quiet:
+        if args.demo:
+            from spotstop.diagnostics._build import DEMO_WHAT
+
+            print(f"demo: {card.provenance['demo']['log']}, {DEMO_WHAT}.")
         print(card.summary())
         print(f"wrote {args.out}/card.{{json,md,html}}")
     return 0

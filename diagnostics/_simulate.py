@@ -1,4 +1,6 @@
-"""A documented simulator of a deployment log, for demos, tests and benchmarks.
+"""A documented simulator of a deployment log, for ``spotstop card --simulated``, tests and
+benchmarks (``spotstop card --demo`` reads a real log instead: the trained tiny TEST pair on a
+toy world, see ``docs/world.md``).
 
 Model (all draws from the ``rng`` passed in):
 

@@ -261,7 +261,7 @@ sys.exit(main(sys.argv[2:]))
 @pytest.mark.parametrize(
     ("blocked", "argv", "extra"),
     [
-        ("scipy", ["card", "--demo", "--out", "{tmp}/card"], "diag"),
+        ("scipy", ["card", "--simulated", "--out", "{tmp}/card"], "diag"),
         ("torch", ["export", "--member", "{tmp}/m", "--out", "{tmp}/b"], "export"),
     ],
 )

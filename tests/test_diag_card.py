@@ -128,7 +128,7 @@ def test_cli_demo_and_errors(tmp_path, capsys):
     argv = ["--scores", str(bad), "--cut", "0.5", "--out", str(tmp_path / "o"), "--quiet"]
     assert card_main(argv) == 2
     assert "row 1 (line 2), column 'label'" in capsys.readouterr().err
-    assert card_main(["--out", str(tmp_path)]) == 2  # neither --scores nor --demo
+    assert card_main(["--out", str(tmp_path)]) == 2  # no input
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "exactly one input" in err
 
@@ -136,21 +136,25 @@ def test_cli_demo_and_errors(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--demo"], "--out DIR is required"),
-        (["--out", "o"], "give exactly one input: LOG, --scores CSV or --demo."),
-        (["--demo", "--scores", "x.csv", "--out", "o"], "give exactly one input"),
+        (["--simulated"], "--out DIR is required"),
+        (["--out", "o"], "give exactly one input: LOG, --scores CSV, --demo or --simulated."),
+        (["--demo", "--simulated", "--out", "o"], "give exactly one input"),
+        (["--simulated", "--scores", "x.csv", "--out", "o"], "give exactly one input"),
         (
             ["--scores", "x.csv", "--out", "o"],
             "--scores needs --cut T, the score that separates SAFE from UNSAFE",
         ),
         (["--scores", "x.csv", "--cut", "nan", "--out", "o"], "--cut must be a finite number"),
-        (["--demo", "--direct-cut", "inf", "--out", "o"], "--cut must be a finite number"),
+        (["--simulated", "--direct-cut", "inf", "--out", "o"], "--cut must be a finite number"),
         (["--scores", "x.csv", "--cut", "0.5", "--out", "o"], "scores file 'x.csv' does not"),
-        (["--demo", "--labels", "l.csv", "--out", "o"], "--labels goes with a decision LOG"),
-        (["--demo", "--n-boot", "0", "--out", "o"], "--n-boot must be >= 1; got 0."),
-        (["--demo", "--seed", "-1", "--out", "o"], "--seed must be >= 0; got -1."),
-        (["--demo", "--previous", "nope.json", "--out", "o"], "is not a file; pass an earlier"),
-        (["--demo", "--cues", "nope", "--out", "o"], "is not a folder; pass the --out folder"),
+        (["--simulated", "--labels", "l.csv", "--out", "o"], "--labels goes with a decision LOG"),
+        (["--simulated", "--n-boot", "0", "--out", "o"], "--n-boot must be >= 1; got 0."),
+        (["--simulated", "--seed", "-1", "--out", "o"], "--seed must be >= 0; got -1."),
+        (
+            ["--simulated", "--previous", "nope.json", "--out", "o"],
+            "is not a file; pass an earlier",
+        ),
+        (["--simulated", "--cues", "nope", "--out", "o"], "is not a folder; pass the --out folder"),
         (["missing.sqlite", "--out", "o"], "does not exist; pass the log's SQLite file"),
     ],
 )

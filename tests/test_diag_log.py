@@ -264,9 +264,10 @@ def test_card_main_from_log(tmp_path, labelled_log, capsys):
 def test_card_main_sources_are_exclusive(tmp_path, labelled_log, capsys):
     out = str(tmp_path / "c")
     assert card_main([str(labelled_log), "--demo", "--out", out]) == 2
+    assert card_main([str(labelled_log), "--simulated", "--out", out]) == 2
     assert card_main(["--out", out]) == 2
     assert "exactly one input" in capsys.readouterr().err
-    assert card_main(["--demo", "--labels", "x.csv", "--out", out]) == 2
+    assert card_main(["--simulated", "--labels", "x.csv", "--out", out]) == 2
     assert "--labels goes with a decision LOG" in capsys.readouterr().err
     assert card_main([str(tmp_path / "missing.sqlite"), "--out", out, "--quiet"]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -141,5 +141,5 @@ def test_the_card_with_periods_adds_its_section_and_a_drift_sentence_only(
 
 def test_period_needs_a_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "c")
-    assert card_main(["--demo", "--period", "week", "--out", out]) == 2
+    assert card_main(["--simulated", "--period", "week", "--out", out]) == 2
     assert "--period goes with a decision LOG" in capsys.readouterr().err

@@ -81,7 +81,7 @@ def test_ray_bootstrap_equals_local_bit_for_bit(ray_cluster, n, decimals, n_boot
 
 
 def test_card_with_ray_equals_the_local_card(ray_cluster, tmp_path: Path) -> None:
-    args = ["card", "--demo", "--n-boot", "600", "--seed", "3", "--quiet"]
+    args = ["card", "--simulated", "--n-boot", "600", "--seed", "3", "--quiet"]
     assert main([*args, "--out", str(tmp_path / "local")]) == 0
     assert main([*args, "--out", str(tmp_path / "ray"), "--ray"]) == 0
 
@@ -101,7 +101,7 @@ def test_a_local_card_imports_no_ray(tmp_path: Path) -> None:
         f"""
         import sys
         from spotstop.cli import main
-        assert main(["card", "--demo", "--n-boot", "50", "--quiet", "--out", {str(tmp_path)!r}]) == 0
+        assert main(["card", "--simulated", "--n-boot", "50", "--quiet", "--out", {str(tmp_path)!r}]) == 0
         print(sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")))
         """
     )
@@ -118,7 +118,7 @@ def test_card_ray_without_the_extra_says_what_to_install(monkeypatch, capsys, tm
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ModuleNotFoundError
     monkeypatch.delitem(sys.modules, "spotstop.guard._batch_ray", raising=False)
     monkeypatch.delitem(sys.modules, "spotstop.diagnostics._bootstrap_ray", raising=False)
-    rc = main(["card", "--demo", "--n-boot", "20", "--quiet", "--out", str(tmp_path), "--ray"])
+    rc = main(["card", "--simulated", "--n-boot", "20", "--quiet", "--out", str(tmp_path), "--ray"])
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [

@@ -357,12 +357,11 @@ def test_card_states_unit_and_count_in_header(tmp_path):
 def test_cli_group_by_flag_parses():
     from spotstop.diagnostics._cli import _parser
 
-    assert _parser().parse_args(["--demo", "--out", "x"]).group_by == "situation"
-    assert _parser().parse_args(["--demo", "--out", "x", "--group-by", "contrast"]).group_by == (
-        "contrast"
-    )
+    base = ["--simulated", "--out", "x"]
+    assert _parser().parse_args(base).group_by == "situation"
+    assert _parser().parse_args([*base, "--group-by", "contrast"]).group_by == "contrast"
     with pytest.raises(SystemExit):
-        _parser().parse_args(["--demo", "--out", "x", "--group-by", "case"])
+        _parser().parse_args([*base, "--group-by", "case"])
 
 
 # ------------------------------------------------------------------ the guard's rule, text
