@@ -201,3 +201,18 @@ def test_the_robots_commands_run_on_the_base_install(
             for lib in libraries
         ), line
         assert before == [] or args[0] != "card"
+
+    # -- the wheel carries the demo log that `card --demo` reads (with the diag extra) ----------
+    probe = (
+        "import importlib.resources as r; d = r.files('spotstop.diagnostics') / 'data'; "
+        "print((d / 'demo_log.sqlite').is_file(), (d / 'demo_log.json').is_file())"
+    )
+    out = subprocess.run(
+        [str(base_venv / "python"), "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        check=True,
+    )
+    assert out.stdout.split() == ["True", "True"], out.stdout
