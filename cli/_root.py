@@ -157,10 +157,10 @@ scores, applies a threshold policy, answers SAFE or UNSAFE and logs the decision
 
 _EPILOG = """\
 examples:
-  spotstop demo                                   the guard end to end on the tiny TEST pair
+  spotstop demo                                   the guard end to end on the tiny TEST pair (toy world)
   spotstop check cam.jpg --request "open the door" --bundle BUNDLE && open_door
   spotstop policy init BUNDLE --pool frames/ --request "..."   a first policy, no labels
-  spotstop card --demo --out card/               the per-deployment card on a simulated log
+  spotstop card --demo --out card/               the card of the demo log (trained TEST pair, toy world)
   spotstop tiny --out ./tiny                      build the tiny TEST pair (decisions mean nothing)
   spotstop score --member ./tiny/tiny-qwen3_5 scene.jpg --request "pick up the knife"
 

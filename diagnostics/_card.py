@@ -196,7 +196,7 @@ def _delivered_json(d: Delivered | None) -> dict[str, Any]:
             "delivered_hit_rate": None,
             "delivered_false_alarm_rate": None,
             "delivered_by_policy": {},
-            "delivered_note": "no decision log: a scores CSV or the demo holds no guard answers",
+            "delivered_note": "no decision log: a scores CSV or the simulated log holds no guard answers",
         }
     return {
         "delivered_balanced_accuracy": d.overall.balanced_accuracy.to_dict(),
@@ -331,7 +331,7 @@ def compute_card(
     """Compute the verdict, the delivered rates, every field and every check (no files).
 
     ``table``: the labelled cases; ``log``: the decision log they came from (None for a scores
-    CSV or the demo: no delivered rates, no audit of a deployed cut); ``direct_cut``: the cut
+    CSV or the simulated log: no delivered rates, no audit of a deployed cut); ``direct_cut``: the cut
     of the paper's direct answer for the Spot-Stop fields, ``direct_cut_source`` a short name
     for it (quoted by the verdict) and ``direct_cut_note`` why it is that cut; ``previous``: an earlier ``card.json`` of the same bundle (refused otherwise).
     ``n_boot`` draws for the Spot-Stop fields, ``n_boot_checks`` for the checks and the

@@ -564,7 +564,7 @@ class CascadeCheck(CardCheck):
 
     def run(self, ctx: CardContext) -> CheckResult:
         if ctx.log is None:
-            note = "not used: a scores CSV or the demo holds no guard decisions"
+            note = "not used: a scores CSV or the simulated log holds no guard decisions"
             shares: tuple[CascadeShare, ...] = ()
         else:
             shares = cascade_shares(ctx.log)

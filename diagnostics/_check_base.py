@@ -38,7 +38,7 @@ class CardContext:
     rule of the prevalence check. rng: the card's generator (checks draw from it in registry
     order). n_boot: draws for the checks' intervals. alpha, delta: the conformal targets of
     what-if computations (the deployed policies carry their own). log: the decision log's
-    data, or None for a scores CSV or the demo. cues_dir: ``--cues DIR`` or None. period:
+    data, or None for a scores CSV or the simulated log. cues_dir: ``--cues DIR`` or None. period:
     ``--period`` (``day``, ``week``, ``month``) or None; drift_baseline: what each period is
     compared with (``first`` or ``previous``).
     """

@@ -397,7 +397,7 @@ class ConformalAuditResult:
 def _reason(log: LogData | None, deployed: tuple[DeployedAudit, ...]) -> str:
     """Why nothing was audited, in words ('' when something was)."""
     if log is None:
-        return "a scores CSV or the demo holds no deployed policy"
+        return "a scores CSV or the simulated log holds no deployed policy"
     if not deployed:
         kinds = sorted({str(log.kind_of(v)) for v in log.versions()})
         return f"no conformal policy decided in this log (policies: {', '.join(kinds)})"

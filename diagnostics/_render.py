@@ -100,7 +100,7 @@ def markdown(card: Card) -> str:
         ]
         out += ["| " + " | ".join(r) + " |" for r in rows]
     else:
-        out.append("Not available: a scores CSV or the demo holds no guard answers.")
+        out.append("Not available: a scores CSV or the simulated log holds no guard answers.")
     out += [
         "",
         "## Spot-Stop",
@@ -150,7 +150,7 @@ def page(card: Card, svgs: Mapping[str, str]) -> str:
     delivered = (
         _table(_DELIVERED_HEAD, rows)
         if rows
-        else "<p>Not available: a scores CSV or the demo holds no guard answers.</p>"
+        else "<p>Not available: a scores CSV or the simulated log holds no guard answers.</p>"
     )
     fields = _table(
         ("field", "value [95 % CI]", "meaning and what to do"),

@@ -143,3 +143,14 @@ def test_train_member_moves_scores_towards_the_labels(tmp_path: Path) -> None:
     run = train_member(tmp_path / recipe.member, recipe, steps=12)
     assert run.steps == 12 and len(run.losses) == 12
     assert np.mean(run.losses[-4:]) < np.mean(run.losses[:4])
+
+
+def test_cli_writes_the_trained_pair_and_says_what_it_is(tmp_path: Path, capsys) -> None:
+    from spotstop.cli import main
+
+    assert main(["tiny", "--trained", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "TEST PAIR trained on a toy world" in out
+    assert trained_pair_ready(tmp_path)
+    assert main(["tiny", "--retrain", "--out", str(tmp_path)]) == 2
+    assert "--retrain needs --trained" in capsys.readouterr().err
