@@ -198,6 +198,19 @@ def arrival_order(situation_ids: Sequence[str], seed: int) -> np.ndarray:
     return np.concatenate([rng.permutation(np.flatnonzero(sids == r)) for r in rooms])
 
 
+def shown_args(argv: Sequence[str]) -> list[str]:
+    """The command line as RESULTS.md shows it: without the local paths of --work/--json."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--work", "--json"):
+            skip = True
+        elif not a.startswith(("--work=", "--json=")):
+            out.append(a)
+    return out
+
+
 def calibration_cue(sign_cue: str) -> str:
     """A world scene's cue in the detector's calibration set: the claim its sign makes
     (``reassuring``/``alarming``), or ``none`` (no sign, or a neutral one)."""
@@ -564,6 +577,16 @@ def item_select(
         if sel.dropped_cues:
             order += f" (dropped: {', '.join(sel.dropped_cues)})"
         if key == "signs":
+            rows.append(
+                Row(
+                    "5",
+                    "  the same order as by source error alone",
+                    "yes" if ranks_follow_source_error(sel.ranking) else "no",
+                    n,
+                    "",
+                    None,
+                )
+            )
             rows.append(
                 Row(
                     "5",
@@ -974,7 +997,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.results:
         cmd = " ".join(
-            ["python bench/trained_world.py", *(argv if argv is not None else sys.argv[1:])]
+            [
+                "python bench/trained_world.py",
+                *shown_args(argv if argv is not None else sys.argv[1:]),
+            ]
         )
         text = _section(cmd, sz, n_boot, table, wall, timing)
         write_section(ROOT / "bench" / "RESULTS.md", SECTION, text)
