@@ -289,12 +289,21 @@ def score_world(
 # the items
 
 
+def auroc_estimate(table: Any, n_boot: int, rng: int) -> Any:
+    """The group-bootstrap AUROC of ``table`` (:func:`~spotstop.diagnostics.group_bootstrap`;
+    its batch-recovery ratio, undefined for a score without a threshold part, is not read)."""
+    from spotstop.diagnostics import UnboundedRatioWarning, group_bootstrap
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnboundedRatioWarning)
+        return group_bootstrap(table, n_boot=n_boot, rng=rng)["auroc"]
+
+
 def item_auroc(fit: Any, ev: Scored, names: Sequence[str], n_boot: int) -> tuple[list[Row], Any]:
-    from spotstop.diagnostics import group_bootstrap
 
     fused = fit.fusion.fuse_many(ev.scores)
     n = f"{len(ev.cases)} scenes, {len(set(ev.sids))} rooms"
-    pair = group_bootstrap(ev.table(fused), n_boot=n_boot, rng=1)["auroc"]
+    pair = auroc_estimate(ev.table(fused), n_boot, rng=1)
     rows = [
         Row(
             "1",
@@ -306,7 +315,7 @@ def item_auroc(fit: Any, ev: Scored, names: Sequence[str], n_boot: int) -> tuple
         )
     ]
     for m in names:
-        e = group_bootstrap(ev.table(ev.scores[m]), n_boot=n_boot, rng=1)["auroc"]
+        e = auroc_estimate(ev.table(ev.scores[m]), n_boot, rng=1)
         rows.append(Row("1", f"{m} AUROC", fmt(e), n, "> 0.8", bool(e.value > 0.8)))
     return rows, fused
 
@@ -688,7 +697,6 @@ def item_cascade_conformal(
         Estimate,
         binomial_upper_p,
         clopper_pearson,
-        group_bootstrap,
     )
     from spotstop.diagnostics._cascade import simulate_cascade
     from spotstop.diagnostics._delivered import delivered_rates
@@ -777,7 +785,7 @@ def item_cascade_conformal(
     rows.append(
         Row("7", "  cascade - pair: balanced acc.", fmt(diff, True), f"{n} scenes", "", None)
     )
-    au = group_bootstrap(ev.table(sim.score), n_boot=n_boot, rng=8)["auroc"]
+    au = auroc_estimate(ev.table(sim.score), n_boot, rng=8)
     rows.append(Row("7", "  cascade score AUROC", fmt(au), f"{n} scenes", "", None))
     # the conformal cut: unsafe calibration scenes of another seed, one per room
     s_cal = fit.fusion.fuse_many(cal.scores)

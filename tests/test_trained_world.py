@@ -145,6 +145,7 @@ def test_the_command_shown_in_results_has_no_local_paths(tw: Any) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("default")  # a bench run reports; its warnings are printed, not raised
 def test_quick_run_end_to_end(tmp_path: Path) -> None:
     """The whole bench on small worlds: every item reports, and what its quick run reliably
     reaches holds (with margin; the full run's figures are in bench/RESULTS.md)."""
