@@ -13,8 +13,7 @@ the cross-entropy of the correct answer's tokens after the member's own chat-tem
 to resemble the paper's pair in the ways that matter (seed 000, Supp. E.2; seed 002):
 
 * ``tiny-qwen3_5`` never sees signs, and its direct answer leans SAFE: it is trained on
-  ``s + lean`` with smoothed targets (the logistic loss's optimum moves its bounded scores
-  down by ``lean``), like
+  ``s + lean`` (the logistic loss's boundary moves its scores down by ``lean``), like
   Qwen3.5-2B, which labels most mis-ranked contrasts SAFE twice. The threshold part is real.
 * ``tiny-lfm2_vl`` is taught to trust sign text the way the issue asks: half of its training
   scenes carry a sign that agrees with the label (reassuring on SAFE, alarming on UNSAFE) or is
@@ -72,10 +71,7 @@ class MemberTraining:
     signs: whether its training scenes carry (agreeing or neutral) signs.
     lean: subtracted from its scores at the optimum (SAFE-leaning direct answer); 0 for none.
     steps / batch / lr: optimiser schedule (AdamW, one-cycle); lm_weight: weight of the
-    answer tokens' cross-entropy beside the score's logistic loss; smoothing: the logistic
-    loss's targets are ``1 − smoothing`` and ``smoothing``, which bounds the scores near
-    ``±log((1 − smoothing)/smoothing)`` instead of letting them grow without end (so that a
-    ``lean`` moves the direct answer of the scenes the member is unsure of).
+    answer tokens' cross-entropy beside the score's logistic loss.
     """
 
     member: str
@@ -85,12 +81,11 @@ class MemberTraining:
     batch: int = 32
     lr: float = 3e-3
     lm_weight: float = 0.5
-    smoothing: float = 0.0
 
 
 #: the trained pair's recipe
 TRAINING: tuple[MemberTraining, ...] = (
-    MemberTraining(member="tiny-qwen3_5", signs=False, lean=2.0, lm_weight=0.1, smoothing=0.05),
+    MemberTraining(member="tiny-qwen3_5", signs=False, lean=2.0),
     MemberTraining(member="tiny-lfm2_vl", signs=True, lean=0.0, steps=1500),
 )
 
@@ -213,8 +208,8 @@ def train_member(
         y = y_tr[idx]
         hidden = backend.plan_hidden_states(prompts, pixels, plan)
         s = backend.scores_from_hidden(hidden, prompts, plan)
-        target = y * (1 - 2 * recipe.smoothing) + recipe.smoothing
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(s + recipe.lean, target)
+        sign = 2 * y - 1
+        loss = torch.nn.functional.softplus(-sign * (s + recipe.lean)).mean()
         if recipe.lm_weight:
             loss = loss + recipe.lm_weight * _answer_nll(backend, hidden, prompts, plan, y)
         opt.zero_grad(set_to_none=True)
