@@ -477,6 +477,14 @@ def add_verify_bundle_parser(sub: Any) -> None:
     p.add_argument("--scenes", type=int, default=12, help="generated scenes (default 12)")
     p.add_argument("--seed", type=int, default=0, help="scene seed")
     p.add_argument(
+        "--scene-table",
+        type=Path,
+        default=None,
+        metavar="CSV",
+        help="score these scenes instead of generated ones: a CSV image,request[,situation_id] "
+        "(e.g. `spotstop world`'s world.csv); every row is scored",
+    )
+    p.add_argument(
         "--source",
         action="append",
         default=[],
@@ -507,12 +515,24 @@ def run_verify_bundle(args: argparse.Namespace) -> int:
             )
             return 2
         sources[name] = path
+    scenes = None
+    if args.scene_table is not None:
+        from spotstop.guard import GuardError
+        from spotstop.guard._scene_table import read_scene_table
+
+        try:
+            table = read_scene_table(args.scene_table)
+        except GuardError as e:
+            print(f"spotstop verify-bundle: --scene-table: {e}", file=sys.stderr)
+            return 2
+        scenes = table.scenes(range(len(table)))
     v = verify_bundle(
         args.bundle,
         n_scenes=args.scenes,
         seed=args.seed,
         sources=sources,
         reference=False if args.runtime_only else None,
+        scenes=scenes,
     )
     if args.json:
         doc = {

@@ -189,16 +189,20 @@ def verify_bundle(
     sources: Mapping[str, str] | None = None,
     variants: Sequence[str] = ("scene", "text"),
     reference: bool | None = None,
+    scenes: Sequence[Scene] | None = None,
 ) -> BundleVerification:
-    """Score ``n_scenes`` generated scenes with the bundle and, with ``reference``, with each
-    member's torch reference; compare.
+    """Score ``n_scenes`` generated scenes (or ``scenes``, the deployment's own, e.g. a
+    ``spotstop world`` table) with the bundle and, with ``reference``, with each member's torch
+    reference; compare.
 
     ``reference=None`` runs the reference half when :func:`reference_available`, else skips
     it with :data:`REFERENCE_HINT`; ``False`` skips it; ``True`` runs it (and fails without
     torch).
     """
     b = load_bundle(bundle)  # checks every listed file's sha256
-    scenes = demo_scenes(n_scenes, seed=seed)
+    scenes = list(scenes) if scenes is not None else demo_scenes(n_scenes, seed=seed)
+    if not scenes:
+        raise ValueError("verify_bundle needs at least one scene; the scene table is empty.")
     runs = [_run_member(b, bm, scenes, variants) for bm in b.members]
     runtime = tuple(r for r, _ in runs)
     if reference is None and not reference_available():

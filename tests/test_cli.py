@@ -357,3 +357,20 @@ def test_verify_bundle_runs_its_runtime_half_without_the_reference(
     assert main(["verify-bundle", str(bundle), "--scenes", "3", "--runtime-only", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] and doc["members"] == [] and doc["runtime"][0]["n"] == 6
+
+
+def test_verify_bundle_scores_a_scene_table_when_given_one(member_fp32_bundles, tmp_path, capsys):
+    """--scene-table: the deployment's own scenes (a world.csv) instead of generated ones; every
+    row is scored (scene and request-only passes), and a bad table is exit 2 naming it."""
+    pytest.importorskip("matplotlib")
+    from spotstop.export.world import WorldOptions, build_world
+
+    bundle = member_fp32_bundles("lfm2_vl")
+    w = build_world(tmp_path / "w", seed=1, options=WorldOptions(rooms=1, contrasts_per_room=2))
+    argv = ["verify-bundle", str(bundle), "--runtime-only", "--json", "--scene-table"]
+    assert main([*argv, str(w.csv_path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] and doc["runtime"][0]["n"] == 2 * len(w.cases)
+    (tmp_path / "bad.csv").write_text("image,request\nnope.png,go\n")
+    assert main([*argv, str(tmp_path / "bad.csv")]) == 2
+    assert "--scene-table" in capsys.readouterr().err
