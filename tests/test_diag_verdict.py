@@ -115,7 +115,8 @@ def test_guarantee_without_a_deployed_cut():
     res = ConformalAuditCheck().run(CardContext(t, 0.0, np.random.default_rng(0), n_boot=50))
     item = guarantee_item(res.result)
     assert (
-        item.status == "warn" and "scores CSV or the simulated log holds no deployed policy" in item.sentence
+        item.status == "warn"
+        and "scores CSV or the simulated log holds no deployed policy" in item.sentence
     )
     assert res.data["deployed"] == [] and "what-if" in res.data["note"]
 
