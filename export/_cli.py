@@ -649,8 +649,10 @@ def add_cost_parser(sub: Any) -> None:
     p.add_argument(
         "--results",
         type=Path,
-        default=Path("bench") / "RESULTS.md",
-        help="measured latencies (default bench/RESULTS.md; ignored when absent)",
+        default=None,
+        metavar="MD",
+        help="measured latencies to set beside the bound: a results file in the format "
+        "bench/gpu.py writes (e.g. a checkout's bench/RESULTS.md); none by default",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_cost)
@@ -664,11 +666,22 @@ def run_cost(args: argparse.Namespace) -> int:
         print("spotstop cost: give a BUNDLE folder or --real (not both).", file=sys.stderr)
         return 2
     devices = args.device or list(cost.DEVICES)
+    if args.results is not None and not args.results.is_file():
+        print(
+            f"spotstop cost: --results {str(args.results)!r} is not a file; pass a results file "
+            "written by bench/gpu.py (e.g. bench/RESULTS.md of a checkout), or leave it out.",
+            file=sys.stderr,
+        )
+        return 2
     docs = []
     if args.real:
         settings = ["low", "default"] if args.setting == "both" else [args.setting]
-        measured = cost.measured_latencies(
-            args.results, lambda sec: "--tiny" not in sec.splitlines()[0]
+        measured = (
+            []
+            if args.results is None
+            else cost.measured_latencies(
+                args.results, lambda sec: "--tiny" not in sec.splitlines()[0]
+            )
         )
         text = cost.DEFAULT_TEXT_TOKENS if args.text_tokens is None else args.text_tokens
         if text < 1:
@@ -683,7 +696,11 @@ def run_cost(args: argparse.Namespace) -> int:
             )
     else:
         pair = cost.bundle_cost(args.bundle, request=args.request or cost.DEFAULT_REQUEST)
-        measured = cost.measured_latencies(args.results, lambda sec: pair.label in sec)
+        measured = (
+            []
+            if args.results is None
+            else cost.measured_latencies(args.results, lambda sec: pair.label in sec)
+        )
         docs.append(cost.report(pair, devices=devices, measured=measured))
     if args.json:
         print(json.dumps(docs if len(docs) > 1 else docs[0], indent=2, allow_nan=False))

@@ -834,7 +834,7 @@ def bench_member_cost(record: Mapping[str, Any]) -> MemberCost | None:
     return member_cost(str(record["member"]), config, Workload((BENCH_GRID,), int(tokens)))
 
 
-# ---- measured latencies (bench/RESULTS.md) ---------------------------------------------------
+# ---- measured latencies (a results file the user passes, e.g. bench/RESULTS.md) ---------------
 
 _ROW = re.compile(
     r"^\|\s*(?P<member>[^|]+?)\s*\|\s*(?P<step>[^|]+?)\s*\|\s*(?P<figure>median latency|"
@@ -1076,14 +1076,17 @@ def format_report(doc: Mapping[str, Any]) -> str:
         )
     lines.append("")
     if doc["measured"]:
-        lines.append("measured (bench/RESULTS.md) / bound (fp16):")
+        lines.append("measured (--results) / bound (fp16):")
         for r in doc["measured"]:
             lines.append(
                 f"  {r['member']} {r['step']} on {r['gpu']}: {r['ms']:.2f} ms / "
                 f"{r['bound_ms']:.3f} ms = {r['ratio']:.1f}x"
             )
     else:
-        lines.append("measured / bound: no measured latency for this pair in bench/RESULTS.md.")
+        lines.append(
+            "measured / bound: no measured latency for this pair (pass a results file with "
+            "--results)."
+        )
     lines.append("")
     lines.append("assumptions: " + "; ".join(doc["assumptions"]) + ".")
     return "\n".join(lines)

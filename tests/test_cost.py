@@ -224,6 +224,30 @@ def test_real_pair_at_the_papers_settings(capsys: pytest.CaptureFixture[str]) ->
     doc = json.loads(capsys.readouterr().out)
     assert doc["setting"] == "low" and doc["scene_flops"] == low.total
     assert main(["cost"]) == 2
+    assert main(["cost", "--real", "--results", "/nope/RESULTS.md"]) == 2
+    assert "--results '/nope/RESULTS.md' is not a file" in capsys.readouterr().err
+
+
+def test_cost_reads_measured_latencies_only_from_a_file_it_is_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Product code reads no development file: run from a checkout, `spotstop cost --real`
+    leaves bench/RESULTS.md alone unless --results names it."""
+    from spotstop.cli import main
+
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "RESULTS.md").write_text(
+        "### 2026-01-01 — NVIDIA L4 — python bench/gpu.py\n\n"
+        "| member | step | figure | value | unit |\n| --- | --- | --- | --- | --- |\n"
+        "| Qwen3.5-2B | trt | median latency | 12.5 | ms |\n"
+        "| Qwen3.5-2B | trt | prompt length | 300 | tokens |\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["cost", "--real", "--setting", "low", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["measured"] == []
+    argv = ["cost", "--real", "--setting", "low", "--json", "--results", "bench/RESULTS.md"]
+    assert main(argv) == 0
+    assert [r["ms"] for r in json.loads(capsys.readouterr().out)["measured"]] == [12.5]
 
 
 def test_roofline_is_the_larger_of_compute_and_memory() -> None:
