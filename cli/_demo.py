@@ -123,7 +123,9 @@ def make_demo_bundle(
         shutil.rmtree(bdir)
     write_bundle(folders, bdir, name="tiny-demo")
     opts = WorldOptions(rooms=max(1, pool_size // 4), contrasts_per_room=2, offsets=_OFFSETS)
-    pool = [case_scene(c, opts) for c in world_cases(seed + 1000, opts)][:pool_size]
+    # no situation ids: the pool's rooms are not the checked ones, so they seed no window
+    pool = [case_scene(c, opts, situation=False) for c in world_cases(seed + 1000, opts)]
+    pool = pool[:pool_size]
     # fusion statistics and the frozen cut t0 on the pool; situation recentering on top
     fit = fit_pool_policy(bdir, pool, kind="situation", settings={"window": 8, "min_refs": 3})
     dump_policy(
