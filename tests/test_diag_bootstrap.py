@@ -274,9 +274,14 @@ def test_bootstrap_auroc_and_estimate_repr():
     assert Estimate(math.nan, e.ci, 0).to_dict()["value"] is None
 
 
-def test_progress_bar_can_run():
+def test_the_progress_bar_shows_the_draws_and_changes_no_number(capsys):
     t = simulate_log(40, rng=0)
-    group_bootstrap(t, n_boot=20, rng=0, progress=True)
+    with_bar = group_bootstrap(t, n_boot=20, rng=0, progress=True)
+    err = capsys.readouterr().err
+    assert "group bootstrap" in err and "/20" in err and "draw/s" in err
+    without = group_bootstrap(t, n_boot=20, rng=0, progress=False)
+    for key in ("auroc", "threshold_part", "R_minus_A"):
+        assert with_bar[key] == without[key], key
 
 
 def test_batch_recovery_without_threshold_room_is_nan_with_a_warning():

@@ -1,4 +1,4 @@
-"""fp16 graphs and tied output layers of exported members (issue #5).
+"""fp16 graphs and tied output layers of exported members.
 
 * fp16: every graph loads in onnxruntime (CPU) and matches its fp32 graph within the fp16
   tolerances of its export config, also where float16 would overflow (RMSNorm variance of
