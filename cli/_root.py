@@ -40,8 +40,8 @@ COMMANDS: dict[str, Command] = {
     "demo": Command(
         "spotstop.cli._demo",
         "add_demo_parser",
-        ("export",),
-        "run the guard end to end on the tiny TEST pair",
+        ("export", "diag"),
+        "run the guard end to end on the tiny TEST pair trained on the toy world",
     ),
     "check": Command(
         "spotstop.guard._cli",
