@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import shutil
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -241,11 +240,10 @@ def test_the_policy_names_the_reader_and_the_guard_fails_closed_when_it_cannot_r
     says why, instead of reading no claim."""
     pytest.importorskip("rapidocr")
     from spotstop.cli._demo import make_demo_bundle
+    from spotstop.export.tiny import TINY_MEMBERS
     from spotstop.guard import Guard, PolicyError, load_policy
 
-    root = tmp_path / "demo"
-    shutil.copytree(tiny_pair, root / "tiny")
-    bundle = make_demo_bundle(root)
+    bundle = make_demo_bundle(tmp_path / "demo", members=[tiny_pair / m for m in TINY_MEMBERS])
     doc = yaml.safe_load((bundle / "policy.yaml").read_text())
     doc["text_in_scene"] = {"detect": True, "reader": "member:tiny-qwen3_5"}
     (bundle / "policy.yaml").write_text(yaml.safe_dump(doc))
