@@ -131,38 +131,23 @@ def card_from_inputs(
     """
     if (log is not None) + (scores is not None) + bool(demo) + bool(simulated) != 1:
         raise DataError("give exactly one input: LOG, --scores CSV, --demo or --simulated.")
+    common: dict[str, Any] = {
+        "labels": labels,
+        "previous": previous,
+        "cues": cues,
+        "direct_cut": direct_cut,
+        "out": out,
+        "n_boot": n_boot,
+        "seed": seed,
+        "progress": progress,
+        **kwargs,
+    }
     if demo:
         packaged = demo_log_path()
         meta = demo_log_meta(packaged)
         with _readable_copy(packaged) as copy:
-            return _card(
-                log=copy,
-                shown=packaged,
-                demo_meta=meta,
-                labels=labels,
-                previous=previous,
-                cues=cues,
-                direct_cut=direct_cut,
-                out=out,
-                n_boot=n_boot,
-                seed=seed,
-                progress=progress,
-                **kwargs,
-            )
-    return _card(
-        log=log,
-        scores=scores,
-        simulated=simulated,
-        labels=labels,
-        previous=previous,
-        cues=cues,
-        direct_cut=direct_cut,
-        out=out,
-        n_boot=n_boot,
-        seed=seed,
-        progress=progress,
-        **kwargs,
-    )
+            return _card(log=copy, shown=packaged, demo_meta=meta, **common)
+    return _card(log=log, scores=scores, simulated=simulated, **common)
 
 
 def _card(
