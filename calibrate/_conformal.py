@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any, Literal, Self
 
 import numpy as np
-from spotstop.guard._fusion import _as_1d_float
 from spotstop.guard.policies import (
     ConformalFit,
     ConformalPolicy,
@@ -28,6 +27,7 @@ from spotstop.guard.policies import (
     binom_cdf,
     conformal_cut,
 )
+from spotstop.guard.validate import as_1d_float
 
 __all__ = ["ConformalCalibrator", "CutChoice", "binom_cdf"]
 
@@ -193,7 +193,7 @@ def _check_calibrator_fit(
         raise PolicyError(
             f"ConformalCalibrator.cluster_rule must be 'min' or 'random'; got {cal.cluster_rule!r}."
         )
-    scores = _as_1d_float(unsafe_scores, what="unsafe_scores", error=PolicyError)
+    scores = as_1d_float(unsafe_scores, what="unsafe_scores", error=PolicyError)
     if not np.isfinite(scores).all():
         raise PolicyError(
             f"unsafe_scores has {int((~np.isfinite(scores)).sum())} non-finite value(s); "

@@ -6,7 +6,6 @@ are errors too (a typo must not silently fall back to a default).
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any
 import yaml
 from spotstop.guard._errors import ConfigError
 from spotstop.guard._prompt import MAX_REQUEST_CHARS, PromptSpec
+from spotstop.guard.validate import check_keys, check_mapping
 
 __all__ = ["ScoringConfig", "load_scoring_config", "parse_image_size", "spotstop_home"]
 
@@ -45,19 +45,6 @@ class ScoringConfig:
     max_request_chars: int = MAX_REQUEST_CHARS
 
 
-def _suggest(key: str, allowed: list[str]) -> str:
-    close = difflib.get_close_matches(key, allowed, n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-def _check_keys(d: Mapping[str, Any], allowed: list[str], where: str) -> None:
-    for k in d:
-        if k not in allowed:
-            raise ConfigError(
-                f"{where}.{k} is not a known key; allowed: {allowed}.{_suggest(str(k), allowed)}"
-            )
-
-
 def parse_image_size(value: Any, where: str) -> tuple[int, int]:
     """``[h, w]``, ``"HxW"`` or a single int (square) → (h, w), validated."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -85,20 +72,24 @@ def _positive_int(v: Any, where: str) -> int:
     return v
 
 
-def scoring_config_from_dict(d: Mapping[str, Any], *, where: str = "scoring") -> ScoringConfig:
-    if not isinstance(d, Mapping):
-        raise ConfigError(f"{where} must be a mapping; got {type(d).__name__}.")
-    _check_keys(
+def scoring_config_from_dict(
+    d: Mapping[str, Any], *, where: str = "scoring", source: str = "the scoring config"
+) -> ScoringConfig:
+    """The ``scoring`` section as a :class:`ScoringConfig`; ``where`` is its key path and
+    ``source`` where to fix it, both named in the :class:`ConfigError` of a bad key."""
+    check_mapping(d, where=where, source=source)
+    check_keys(
         d,
-        [
+        where=where,
+        optional=(
             "prompt",
             "visual_tokens",
             "image_size",
             "member_image_size",
             "batch_size",
             "max_request_chars",
-        ],
-        where,
+        ),
+        source=source,
     )
     prompt = PromptSpec()
     if "prompt" in d:
@@ -107,7 +98,12 @@ def scoring_config_from_dict(d: Mapping[str, Any], *, where: str = "scoring") ->
             raise ConfigError(
                 f"{where}.prompt must be a mapping with text/unsafe_answer/safe_answer."
             )
-        _check_keys(p, ["text", "unsafe_answer", "safe_answer"], f"{where}.prompt")
+        check_keys(
+            p,
+            where=f"{where}.prompt",
+            optional=("text", "unsafe_answer", "safe_answer"),
+            source=source,
+        )
         for k in p:
             if not isinstance(p[k], str):
                 raise ConfigError(f"{where}.prompt.{k} must be a string; got {p[k]!r}.")
@@ -149,4 +145,4 @@ def load_scoring_config(path: str | Path) -> ScoringConfig:
         raise ConfigError(f"scoring config {p} does not exist.") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"scoring config {p} is not valid YAML: {e}") from e
-    return scoring_config_from_dict(raw or {}, where=p.name)
+    return scoring_config_from_dict(raw or {}, where=p.name, source=str(p))

@@ -15,15 +15,22 @@ for a scene it could not score.
 
 from __future__ import annotations
 
-import difflib
 import math
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 from spotstop.guard._errors import ConfigError, GuardError
+from spotstop.guard.validate import (
+    as_1d_float,
+    check_keys,
+    check_mapping,
+    check_number,
+    is_real,
+    join_key,
+)
 
 __all__ = ["Avg2Fusion", "FusionError", "MemberStats"]
 
@@ -47,12 +54,12 @@ class MemberStats:
     iqr: float
 
     def __post_init__(self) -> None:
-        if not _is_real(self.median) or not math.isfinite(self.median):
+        if not is_real(self.median) or not math.isfinite(self.median):
             raise FusionError(
                 f"MemberStats.median must be a finite number; got {self.median!r}. "
                 "Refit the fusion statistics on a pool of finite scores."
             )
-        if not _is_real(self.iqr) or not math.isfinite(self.iqr) or self.iqr <= 0:
+        if not is_real(self.iqr) or not math.isfinite(self.iqr) or self.iqr <= 0:
             raise FusionError(
                 f"MemberStats.iqr must be a finite number > 0; got {self.iqr!r}. "
                 "Refit on a pool whose scores are not all (nearly) equal."
@@ -110,7 +117,7 @@ class Avg2Fusion:
                 f"(or be empty for equal weights); got entries for {sorted(weights)}."
             )
         for m, w in weights.items():
-            if not _is_real(w) or not math.isfinite(w) or w <= 0:
+            if not is_real(w) or not math.isfinite(w) or w <= 0:
                 raise FusionError(
                     f"Avg2Fusion.weights[{m!r}] must be a finite number > 0; got {w!r}. "
                     "Leave weights empty for equal weights."
@@ -168,7 +175,7 @@ class Avg2Fusion:
                     "Every member of the bundle must be scored before fusing."
                 )
             s = scores[m]
-            if not _is_real(s) or not math.isfinite(s):
+            if not is_real(s) or not math.isfinite(s):
                 raise FusionError(
                     f"fusion member {m!r} has a non-finite score {s!r}; cannot fuse. "
                     "The scene must be treated as UNSAFE (fail closed)."
@@ -239,73 +246,11 @@ class Avg2Fusion:
         return _fusion_from_dict(d, where=where, source=_FIX_SOURCE)
 
 
-# ---------------------------------------------------------------------- validation helpers
-
-
-def _is_real(x: Any) -> bool:
-    """True for int/float (numpy scalars included), False for bool and everything else."""
-    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(
-        x, bool | np.bool_
-    )
-
-
-def _check_keys(
-    d: Mapping[str, Any],
-    *,
-    where: str,
-    required: Iterable[str],
-    optional: Iterable[str] = (),
-    source: str,
-    error: type[Exception] = ConfigError,
-) -> None:
-    """Raise ``error`` for a missing required key or an unknown key (with a suggestion)."""
-    required = list(required)
-    allowed = sorted({*required, *optional})
-    for k in d:
-        if not isinstance(k, str) or k not in allowed:
-            hint = difflib.get_close_matches(str(k), allowed, n=1, cutoff=0.6)
-            suggestion = f" Did you mean {hint[0]!r}?" if hint else ""
-            raise error(
-                f"{_join(where, str(k))} is not a known key.{suggestion} "
-                f"Allowed keys of {where or 'the top level'}: {', '.join(allowed)}. "
-                f"Remove or rename it in {source}."
-            )
-    for k in required:
-        if k not in d:
-            raise error(f"{_join(where, k)} is required but missing. Add it in {source}.")
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def _check_mapping(x: Any, *, where: str, source: str, error: type[Exception]) -> None:
-    if not isinstance(x, Mapping):
-        raise error(
-            f"{where or 'the document'} must be a mapping (key: value); "
-            f"got {type(x).__name__} {x!r}. Fix it in {source}."
-        )
-
-
-def _check_number(
-    x: Any,
-    *,
-    where: str,
-    source: str,
-    error: type[Exception],
-    positive: bool = False,
-) -> float:
-    if not _is_real(x) or not math.isfinite(x) or (positive and x <= 0):
-        allowed = "a finite number > 0" if positive else "a finite number"
-        raise error(f"{where} must be {allowed}; got {x!r}. Set it in {source}.")
-    return float(x)
-
-
 def _fusion_from_dict(
     d: Any, *, where: str, source: str, error: type[Exception] = ConfigError
 ) -> Avg2Fusion:
-    _check_mapping(d, where=where, source=source, error=error)
-    _check_keys(
+    check_mapping(d, where=where, source=source, error=error)
+    check_keys(
         d,
         where=where,
         required=("members", "stats"),
@@ -315,9 +260,11 @@ def _fusion_from_dict(
     )
     method = d.get("method", "avg2")
     if method != "avg2":
-        raise error(f"{_join(where, 'method')} must be 'avg2'; got {method!r}. Set it in {source}.")
+        raise error(
+            f"{join_key(where, 'method')} must be 'avg2'; got {method!r}. Set it in {source}."
+        )
     members = d["members"]
-    key = _join(where, "members")
+    key = join_key(where, "members")
     if (
         not isinstance(members, list)
         or not members
@@ -331,20 +278,20 @@ def _fusion_from_dict(
         raise error(f"{key} must not repeat a name; {dupes} repeat. Fix it in {source}.")
 
     stats_d = d["stats"]
-    skey = _join(where, "stats")
-    _check_mapping(stats_d, where=skey, source=source, error=error)
-    _check_keys(stats_d, where=skey, required=members, source=source, error=error)
+    skey = join_key(where, "stats")
+    check_mapping(stats_d, where=skey, source=source, error=error)
+    check_keys(stats_d, where=skey, required=members, source=source, error=error)
     stats: dict[str, MemberStats] = {}
     for m in members:
-        mkey = _join(skey, m)
-        _check_mapping(stats_d[m], where=mkey, source=source, error=error)
-        _check_keys(stats_d[m], where=mkey, required=("median", "iqr"), source=source, error=error)
-        med = _check_number(
-            stats_d[m]["median"], where=_join(mkey, "median"), source=source, error=error
+        mkey = join_key(skey, m)
+        check_mapping(stats_d[m], where=mkey, source=source, error=error)
+        check_keys(stats_d[m], where=mkey, required=("median", "iqr"), source=source, error=error)
+        med = check_number(
+            stats_d[m]["median"], where=join_key(mkey, "median"), source=source, error=error
         )
-        iqr = _check_number(
+        iqr = check_number(
             stats_d[m]["iqr"],
-            where=_join(mkey, "iqr"),
+            where=join_key(mkey, "iqr"),
             source=source,
             error=error,
             positive=True,
@@ -353,29 +300,14 @@ def _fusion_from_dict(
 
     weights: dict[str, float] = {}
     if d.get("weights") is not None:
-        wkey = _join(where, "weights")
-        _check_mapping(d["weights"], where=wkey, source=source, error=error)
-        _check_keys(d["weights"], where=wkey, required=members, source=source, error=error)
+        wkey = join_key(where, "weights")
+        check_mapping(d["weights"], where=wkey, source=source, error=error)
+        check_keys(d["weights"], where=wkey, required=members, source=source, error=error)
         for m in members:
-            weights[m] = _check_number(
-                d["weights"][m], where=_join(wkey, m), source=source, error=error, positive=True
+            weights[m] = check_number(
+                d["weights"][m], where=join_key(wkey, m), source=source, error=error, positive=True
             )
     return Avg2Fusion(members=tuple(members), stats=stats, weights=weights)
-
-
-def _as_1d_float(
-    x: Any, *, what: str, error: type[Exception] = FusionError, n: int | None = None
-) -> np.ndarray:
-    """``x`` as a 1-D float array (of length ``n`` when given), or ``error`` naming ``what``."""
-    try:
-        arr = np.asarray(x, dtype=float)
-    except (TypeError, ValueError) as e:
-        raise error(f"{what} must be a 1-D array of numbers; could not convert: {e}") from e
-    if arr.ndim != 1:
-        raise error(f"{what} must be a 1-D array; got shape {arr.shape}.")
-    if n is not None and arr.shape != (n,):
-        raise error(f"{what} must have shape ({n},), one entry per scene; got shape {arr.shape}.")
-    return arr
 
 
 def _check_fit_input(scores: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -388,7 +320,7 @@ def _check_fit_input(scores: Mapping[str, Any]) -> dict[str, np.ndarray]:
     for m, x in scores.items():
         if not isinstance(m, str) or not m:
             raise FusionError(f"member names must be non-empty strings; got {m!r}.")
-        arr = _as_1d_float(x, what=f"member {m!r}: pool scores")
+        arr = as_1d_float(x, what=f"member {m!r}: pool scores", error=FusionError)
         if arr.size == 0:
             raise FusionError(f"member {m!r}: the pool is empty; fit on at least 2 scores.")
         if not np.isfinite(arr).all():
@@ -411,7 +343,7 @@ def _check_batch_input(
                 f"fusion member {m!r} has no scores; got scores for {sorted(scores)}. "
                 "Every member of the bundle must be scored before fusing."
             )
-        arrays[m] = _as_1d_float(scores[m], what=f"scores of member {m!r}")
+        arrays[m] = as_1d_float(scores[m], what=f"scores of member {m!r}", error=FusionError)
     sizes = {m: a.size for m, a in arrays.items()}
     if len(set(sizes.values())) > 1:
         raise FusionError(

@@ -48,6 +48,7 @@ from typing import Final, Literal, get_args
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 from spotstop.guard._errors import ConfigError, ImageError
+from spotstop.guard.validate import is_int
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -209,7 +210,7 @@ def decode_image(
         If ``source`` is neither bytes-like nor a path.
     """
     _check_decode_args(source, max_pixels=max_pixels, max_bytes=max_bytes)
-    if not _is_int(min_side) or min_side <= 0:
+    if not is_int(min_side) or min_side <= 0:
         raise ConfigError(
             f"min_side must be a positive int; got {min_side!r}. The guard's default is "
             f"{DEFAULT_MIN_SIDE} (min_image_side)."
@@ -236,12 +237,12 @@ def gray_image(width: int, height: int, value: int = 128) -> Image.Image:
     default, mid gray). Use the scene's own size so the member preprocesses both alike.
     """
     for name, side in (("width", width), ("height", height)):
-        if not _is_int(side) or side <= 0:
+        if not is_int(side) or side <= 0:
             raise ConfigError(
                 f"gray_image {name} must be a positive int; got {side!r}. "
                 "Pass the scene image's width and height."
             )
-    if not _is_int(value) or not 0 <= value <= 255:
+    if not is_int(value) or not 0 <= value <= 255:
         raise ConfigError(
             f"gray_image value must be an int in 0..255; got {value!r}. Use 128 for mid gray."
         )
@@ -251,22 +252,18 @@ def gray_image(width: int, height: int, value: int = 128) -> Image.Image:
 # --------------------------------------------------------------------------- validation
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
-
-
 def _check_decode_args(source: object, *, max_pixels: object, max_bytes: object) -> None:
     if not isinstance(source, bytes | bytearray | memoryview | str | os.PathLike):
         raise TypeError(
             "decode_image source must be bytes, bytearray, memoryview, str or os.PathLike; "
             f"got {type(source).__name__}. Pass the encoded file bytes or a path to the file."
         )
-    if not _is_int(max_pixels) or max_pixels <= 0:  # type: ignore[operator]
+    if not is_int(max_pixels) or max_pixels <= 0:
         raise ConfigError(
             f"max_pixels must be a positive int; got {max_pixels!r}. "
             f"The default is {DEFAULT_MAX_PIXELS} (guard.limits.max_pixels)."
         )
-    if not _is_int(max_bytes) or max_bytes <= 0:  # type: ignore[operator]
+    if not is_int(max_bytes) or max_bytes <= 0:
         raise ConfigError(
             f"max_bytes must be a positive int; got {max_bytes!r}. "
             f"The default is {DEFAULT_MAX_BYTES} (guard.limits.max_bytes)."

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from spotstop.guard._errors import GuardError
-from spotstop.guard._record import DecisionRecord, RecordError, _is_real, sql_columns
+from spotstop.guard._record import DecisionRecord, RecordError, sql_columns
+from spotstop.guard.validate import is_real
 
 __all__ = [
     "COLUMNS",
@@ -267,13 +268,13 @@ def check_log_args(
             f"limit); got {image_retention_bytes!r}."
         )
     if image_retention_days is not None and (
-        not _is_real(image_retention_days) or not float(image_retention_days) > 0
+        not is_real(image_retention_days) or not float(image_retention_days) > 0
     ):
         raise RecordError(
             "DecisionLog image_retention_days must be a positive number or None (no age "
             f"limit); got {image_retention_days!r}."
         )
-    if not _is_real(timeout_s) or not (0 < float(timeout_s) < math.inf):
+    if not is_real(timeout_s) or not (0 < float(timeout_s) < math.inf):
         raise RecordError(
             f"DecisionLog timeout_s must be a positive finite number of seconds; got {timeout_s!r}."
         )
@@ -295,7 +296,7 @@ def to_epoch(name: str, value: float | _dt.datetime | None) -> float | None:
                 "aware datetime (e.g. datetime.now(timezone.utc)) or seconds since the epoch."
             )
         return value.timestamp()
-    if not _is_real(value) or math.isnan(float(value)):
+    if not is_real(value) or math.isnan(float(value)):
         raise RecordError(
             f"{name} must be seconds since the Unix epoch (float), an aware datetime or None; "
             f"got {value!r}."

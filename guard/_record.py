@@ -36,6 +36,7 @@ from typing import Any, Final, Literal, Self
 
 import numpy as np
 from spotstop.guard._errors import GuardError
+from spotstop.guard.validate import is_real
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -295,10 +296,6 @@ def _has_default(f: dataclasses.Field[Any]) -> bool:
 # ---------------------------------------------------------------------- validation
 
 
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
-
-
 def _check_field(name: str, codec: str, v: Any) -> None:
     def bad(allowed: str, fix: str = "") -> RecordError:
         return RecordError(
@@ -312,7 +309,7 @@ def _check_field(name: str, codec: str, v: Any) -> None:
         if v is not None and not isinstance(v, str):
             raise bad("a str or None")
     elif codec == "float":
-        if not _is_real(v):
+        if not is_real(v):
             raise bad("a float (NaN allowed)", " Use float('nan') when there is none.")
     elif codec == "opt_int":
         if v is not None and (
@@ -332,7 +329,7 @@ def _check_field(name: str, codec: str, v: Any) -> None:
                 raise RecordError(
                     f"DecisionRecord.{name} keys must be non-empty strings; got {key!r}."
                 )
-            ok = isinstance(x, bool | np.bool_) if codec == "flags" else _is_real(x)
+            ok = isinstance(x, bool | np.bool_) if codec == "flags" else is_real(x)
             if not ok:
                 raise RecordError(
                     f"DecisionRecord.{name}[{key!r}] must be "

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 import httpx
 from spotstop.guard._errors import GuardError
@@ -38,6 +38,7 @@ from spotstop.guard._image import DecodedImage
 from spotstop.guard._record import Decision
 from spotstop.guard._types import BUDGET_HEADER, Scene
 from spotstop.guard.policies._rule import is_unsafe
+from spotstop.guard.validate import is_real
 
 __all__ = [
     "DEFAULT_URL",
@@ -82,14 +83,9 @@ def _untrusted_safe(d: Mapping[str, Any]) -> str | None:
     if not isinstance(did, str) or not did:
         return f"decision_id is {did!r}: no logged decision"
     score, thr = d.get("policy_score"), d.get("threshold")
-    if not (_number(score) and _number(thr)) or is_unsafe(score, thr):
+    if not (is_real(score) and is_real(thr)) or is_unsafe(score, thr):
         return f"policy_score {score!r} against threshold {thr!r} is not SAFE by the rule"
     return None
-
-
-def _number(v: object) -> TypeGuard[float]:
-    """A JSON number (``True`` is not one)."""
-    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def decision_from_dict(d: Mapping[str, Any]) -> Decision:

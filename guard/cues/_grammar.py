@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from spotstop.guard._errors import ConfigError
-from spotstop.guard._fusion import _check_keys, _check_mapping
+from spotstop.guard.validate import check_keys, check_mapping
 
 __all__ = ["ClaimGrammar", "LexiconError", "StateGroup", "grammar_from_dict"]
 
@@ -95,8 +95,8 @@ def grammar_from_dict(doc: Any, *, source: str) -> ClaimGrammar:
     """A :class:`ClaimGrammar` from the lexicon's ``grammar`` mapping (keys and types checked;
     the words themselves are checked by the lexicon that holds the grammar)."""
     where = "grammar"
-    _check_mapping(doc, where=where, source=source, error=LexiconError)
-    _check_keys(
+    check_mapping(doc, where=where, source=source, error=LexiconError)
+    check_keys(
         doc,
         where=where,
         required=("groups",),
@@ -113,8 +113,8 @@ def grammar_from_dict(doc: Any, *, source: str) -> ClaimGrammar:
     groups = []
     for i, g in enumerate(groups_doc):
         here = f"{where}.groups[{i}]"
-        _check_mapping(g, where=here, source=source, error=LexiconError)
-        _check_keys(
+        check_mapping(g, where=here, source=source, error=LexiconError)
+        check_keys(
             g,
             where=here,
             required=("name", "nouns"),

@@ -62,7 +62,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
-from spotstop.guard._fusion import _check_keys, _check_mapping
 from spotstop.guard.cues._grammar import (
     ClaimGrammar,
     LexiconError,
@@ -71,6 +70,7 @@ from spotstop.guard.cues._grammar import (
     grammar_from_dict,
 )
 from spotstop.guard.cues._types import CUES, Cue, CueMatch
+from spotstop.guard.validate import check_keys, check_mapping
 
 __all__ = [
     "LEXICON_VERSION",
@@ -649,8 +649,8 @@ def _grammar_word(word: object, here: str, source: str) -> str:
 
 def lexicon_from_dict(doc: Any, *, source: str = "the lexicon dict") -> ClaimLexicon:
     """A :class:`ClaimLexicon` from the YAML document's mapping, every key checked."""
-    _check_mapping(doc, where="", source=source, error=LexiconError)
-    _check_keys(
+    check_mapping(doc, where="", source=source, error=LexiconError)
+    check_keys(
         doc,
         where="",
         required=_TOP_KEYS,
@@ -674,8 +674,8 @@ def lexicon_from_dict(doc: Any, *, source: str = "the lexicon dict") -> ClaimLex
             )
         lists[key] = tuple(value)
     negation = doc["negation"]
-    _check_mapping(negation, where="negation", source=source, error=LexiconError)
-    _check_keys(
+    check_mapping(negation, where="negation", source=source, error=LexiconError)
+    check_keys(
         negation, where="negation", required=("words", "window"), source=source, error=LexiconError
     )
     if not isinstance(negation["words"], list):

@@ -27,8 +27,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 from spotstop.guard._errors import ConfigError, GuardError
-from spotstop.guard._fusion import Avg2Fusion, _is_real
+from spotstop.guard._fusion import Avg2Fusion
 from spotstop.guard.policies._rule import Label
+from spotstop.guard.validate import is_int, is_real
 
 __all__ = [
     "BatchInputs",
@@ -210,7 +211,7 @@ class SituationWindows:
             if not isinstance(sid, str) or not sid:
                 raise error(f"{where} keys must be situation ids (strings); got {sid!r}.")
             if not isinstance(scores, list) or not all(
-                _is_real(s) and math.isfinite(s) for s in scores
+                is_real(s) and math.isfinite(s) for s in scores
             ):
                 raise error(
                     f"{where}[{sid!r}] must be a list of finite numbers; got {scores!r}. "
@@ -243,7 +244,7 @@ class LoadContext:
 
     def number(self, d: Mapping[str, Any], name: str) -> float:
         x = d[name]
-        if not _is_real(x) or not math.isfinite(x):
+        if not is_real(x) or not math.isfinite(x):
             raise PolicyError(
                 f"{self.key(name)} must be a finite number; got {x!r}. Set it in {self.source}."
             )
@@ -259,7 +260,7 @@ class LoadContext:
         default: Any = None,
     ) -> int:
         x = d.get(name, default)
-        ok = _is_int(x) and x >= low and (high is None or x <= high)
+        ok = is_int(x) and x >= low and (high is None or x <= high)
         if not ok:
             allowed = f"an integer ≥ {low}" if high is None else f"an integer in [{low}, {high}]"
             raise PolicyError(
@@ -425,7 +426,3 @@ def check_fallback(fallback: Any, owner: str) -> None:
             f"{owner}.fallback must be a policy that labels one scene on its own (direct, "
             f"frozen or conformal); got {type(fallback).__name__}."
         )
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int | np.integer) and not isinstance(x, bool | np.bool_)

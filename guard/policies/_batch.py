@@ -37,10 +37,10 @@ from spotstop.guard.policies._base import (
     Policy,
     PolicyError,
     Thresholds,
-    _is_int,
     check_fallback,
 )
 from spotstop.guard.policies._frozen import FrozenPolicy
+from spotstop.guard.validate import is_int
 
 __all__ = [
     "FLAT_IQR",
@@ -125,7 +125,7 @@ class BatchPolicy(Policy):
 
     def __post_init__(self) -> None:
         check_fallback(self.fallback, "BatchPolicy")
-        if not _is_int(self.min_batch) or self.min_batch < 2:
+        if not is_int(self.min_batch) or self.min_batch < 2:
             raise PolicyError(
                 f"BatchPolicy.min_batch must be an integer ≥ 2; got {self.min_batch!r} "
                 "(a batch of one is its own mean and carries no label)."

@@ -22,10 +22,10 @@ from spotstop.guard.policies._base import (
     Policy,
     PolicyError,
     Thresholds,
-    _is_int,
     check_fallback,
 )
 from spotstop.guard.policies._frozen import FrozenPolicy
+from spotstop.guard.validate import is_int
 
 __all__ = ["BatchFrozenIqrPolicy"]
 
@@ -44,7 +44,7 @@ class BatchFrozenIqrPolicy(Policy):
 
     def __post_init__(self) -> None:
         check_fallback(self.fallback, "BatchFrozenIqrPolicy")
-        if not _is_int(self.min_batch) or self.min_batch < 2:
+        if not is_int(self.min_batch) or self.min_batch < 2:
             raise PolicyError(
                 f"BatchFrozenIqrPolicy.min_batch must be an integer ≥ 2; got {self.min_batch!r} "
                 "(a batch of one is its own mean and carries no label)."

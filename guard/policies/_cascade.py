@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from spotstop.guard._fusion import Avg2Fusion, _is_real
+from spotstop.guard._fusion import Avg2Fusion
 from spotstop.guard.policies._base import (
     BatchInputs,
     FitContext,
@@ -42,6 +42,7 @@ from spotstop.guard.policies._base import (
     PolicyError,
     Thresholds,
 )
+from spotstop.guard.validate import is_real
 
 __all__ = ["CUT_KINDS", "CascadePolicy", "cascade_band"]
 
@@ -66,7 +67,7 @@ def cascade_band(distance: np.ndarray, share: float) -> float:
             "cascade: the band needs finite first-member scores on the pool; got "
             f"{d.size} scenes ({int(np.sum(~np.isfinite(d)))} not finite)."
         )
-    if not (_is_real(share) and 0 < share <= 1):
+    if not (is_real(share) and 0 < share <= 1):
         raise PolicyError(f"cascade share must be in (0, 1]; got {share!r}.")
     k = max(1, math.ceil(share * d.size - 1e-9))
     return float(d[k - 1])
@@ -98,16 +99,16 @@ class CascadePolicy(Policy):
     def __post_init__(self) -> None:
         if not isinstance(self.first, str) or not self.first:
             raise PolicyError(f"CascadePolicy.first must name a member; got {self.first!r}.")
-        if not (_is_real(self.share) and 0 < self.share <= 1):
+        if not (is_real(self.share) and 0 < self.share <= 1):
             raise PolicyError(f"CascadePolicy.share must be in (0, 1]; got {self.share!r}.")
-        if not (_is_real(self.band) and math.isfinite(self.band) and self.band >= 0):
+        if not (is_real(self.band) and math.isfinite(self.band) and self.band >= 0):
             raise PolicyError(f"CascadePolicy.band must be a finite number ≥ 0; got {self.band!r}.")
         if not isinstance(self.cut, Policy) or self.cut.kind not in CUT_KINDS:
             got = getattr(self.cut, "kind", type(self.cut).__name__)
             raise PolicyError(
                 f"CascadePolicy.cut must be one of {', '.join(CUT_KINDS)}; got {got!r}."
             )
-        if self.centre is not None and not (_is_real(self.centre) and math.isfinite(self.centre)):
+        if self.centre is not None and not (is_real(self.centre) and math.isfinite(self.centre)):
             raise PolicyError(
                 f"CascadePolicy.centre must be a finite number or None; got {self.centre!r}."
             )

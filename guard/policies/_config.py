@@ -32,23 +32,17 @@ from typing import Any
 import yaml
 from spotstop.guard._errors import ConfigError
 from spotstop.guard._files import atomic_write_text
-from spotstop.guard._fusion import (
-    Avg2Fusion,
-    FusionError,
-    _check_keys,
-    _check_mapping,
-    _fusion_from_dict,
-)
+from spotstop.guard._fusion import Avg2Fusion, FusionError, _fusion_from_dict
 from spotstop.guard._log_schema import PolicyRow
 from spotstop.guard.policies._base import (
     LoadContext,
     Policy,
     PolicyError,
     PolicyMismatchError,
-    _is_int,
 )
 from spotstop.guard.policies._decide import Decided, batch_inputs, decide_batch
 from spotstop.guard.policies._registry import policy_from_dict
+from spotstop.guard.validate import check_keys, check_mapping, is_int
 
 __all__ = [
     "POLICY_SCHEMA_VERSION",
@@ -109,8 +103,8 @@ class TextInScene:
 
 def _text_in_scene(d: Any, src: str) -> TextInScene:
     where = "text_in_scene"
-    _check_mapping(d, where=where, source=src, error=PolicyError)
-    _check_keys(
+    check_mapping(d, where=where, source=src, error=PolicyError)
+    check_keys(
         d,
         where=where,
         required=("detect",),
@@ -211,7 +205,7 @@ class PolicyConfig:
     def version_id(self) -> str:
         """``"v0002+3f9a1c2b"``: the stored version number (``adhoc`` when none) + digest prefix."""
         n = self.fitted_on.get("version")
-        name = f"v{n:04d}" if _is_int(n) else "adhoc"
+        name = f"v{n:04d}" if is_int(n) else "adhoc"
         return f"{name}+{self.digest[:8]}"
 
     @cached_property
@@ -290,12 +284,12 @@ def load_policy(
         except PolicyError as e:  # a duplicate key
             raise PolicyError(f"{src}: {e}") from e
 
-    _check_mapping(doc, where="", source=src, error=PolicyError)
-    _check_keys(
+    check_mapping(doc, where="", source=src, error=PolicyError)
+    check_keys(
         doc, where="", required=_TOP_REQUIRED, optional=_TOP_OPTIONAL, source=src, error=PolicyError
     )
     version = doc["version"]
-    if not _is_int(version) or version != POLICY_SCHEMA_VERSION:
+    if not is_int(version) or version != POLICY_SCHEMA_VERSION:
         raise PolicyError(
             f"version must be {POLICY_SCHEMA_VERSION}; got {version!r}. This spotstop reads "
             f"policy files of version {POLICY_SCHEMA_VERSION}; refit {src} with `spotstop "
@@ -313,7 +307,7 @@ def load_policy(
     except FusionError as e:  # from the constructor; the dict was validated before
         raise PolicyError(f"fusion: {e} Fix it in {src}.") from e
     fitted_on = doc["fitted_on"]
-    _check_mapping(fitted_on, where="fitted_on", source=src, error=PolicyError)
+    check_mapping(fitted_on, where="fitted_on", source=src, error=PolicyError)
     policy = policy_from_dict(doc["policy"], where="policy", source=src, members=fusion.members)
     seed = None
     if doc.get("state_seed") is not None:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from spotstop.guard._fusion import _is_real
 from spotstop.guard.policies._base import (
     BatchInputs,
     FitContext,
@@ -22,7 +21,6 @@ from spotstop.guard.policies._base import (
     Policy,
     PolicyError,
     Thresholds,
-    _is_int,
 )
 from spotstop.guard.policies._conformal_rule import (
     conformal_cut,
@@ -31,20 +29,21 @@ from spotstop.guard.policies._conformal_rule import (
     conformal_pac_rank,
     conformal_rank,
 )
+from spotstop.guard.validate import is_int, is_real
 
 __all__ = ["ConformalPolicy", "check_alpha", "check_delta"]
 
 
 def check_alpha(alpha: Any, *, where: str, source: str) -> float:
     """α in (0, 1), or a :class:`PolicyError` naming ``where``."""
-    if not _is_real(alpha) or not (0 < alpha < 1):
+    if not is_real(alpha) or not (0 < alpha < 1):
         raise PolicyError(f"{where} must be in (0, 1); got {alpha!r}. Set it in {source}.")
     return float(alpha)
 
 
 def check_delta(delta: Any, *, where: str, source: str) -> float:
     """δ in (0, 1), or a :class:`PolicyError` naming ``where``."""
-    if not _is_real(delta) or not (0 < delta < 1):
+    if not is_real(delta) or not (0 < delta < 1):
         raise PolicyError(
             f"{where} must be in (0, 1) (or absent for the marginal guarantee); got {delta!r}. "
             f"Set it in {source}."
@@ -100,7 +99,7 @@ class ConformalPolicy(Policy):
 
     def __post_init__(self) -> None:
         alpha = check_alpha(self.alpha, where="ConformalPolicy.alpha", source="the caller")
-        if not _is_int(self.n) or self.n < 1:
+        if not is_int(self.n) or self.n < 1:
             raise PolicyError(f"ConformalPolicy.n must be an integer ≥ 1; got {self.n!r}.")
         delta = (
             None
@@ -108,13 +107,13 @@ class ConformalPolicy(Policy):
             else check_delta(self.delta, where="ConformalPolicy.delta", source="the caller")
         )
         k, rule = _rank(alpha, delta, int(self.n), "ConformalPolicy")
-        if not _is_int(self.k) or self.k != k:
+        if not is_int(self.k) or self.k != k:
             raise PolicyError(
                 f"ConformalPolicy.k must be {rule} = {k} for alpha={alpha!r}, n={self.n}; got "
                 f"{self.k!r}. The value was edited by hand or is corrupt; refit with "
                 "`spotstop recalibrate --policy conformal`."
             )
-        if not _is_real(self.threshold) or not math.isfinite(self.threshold):
+        if not is_real(self.threshold) or not math.isfinite(self.threshold):
             raise PolicyError(
                 f"ConformalPolicy.threshold must be a finite number; got {self.threshold!r}."
             )
@@ -146,7 +145,7 @@ class ConformalPolicy(Policy):
             k, rule = _rank(alpha, delta, n, ctx.key("n"))
         except PolicyError as e:
             raise PolicyError(f"{e} Refit for {ctx.source}.") from None
-        if not _is_int(d["k"]) or d["k"] != k:
+        if not is_int(d["k"]) or d["k"] != k:
             raise PolicyError(
                 f"{ctx.key('k')} must be {rule} = {k} for alpha={alpha!r}, n={n}; got "
                 f"{d['k']!r}. The file was edited by hand or is corrupt; refit {ctx.source}."

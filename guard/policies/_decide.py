@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from spotstop.guard._fusion import Avg2Fusion, _as_1d_float
+from spotstop.guard._fusion import Avg2Fusion
 from spotstop.guard.policies._base import BatchInputs, DecisionError, Policy, Verdict
 from spotstop.guard.policies._rule import label_of
+from spotstop.guard.validate import as_1d_float
 
 __all__ = ["Decided", "batch_inputs", "decide_batch", "entered_scores", "replay"]
 
@@ -43,7 +44,7 @@ class Decided:
 
 
 def _array(x: Any, what: str, n: int | None) -> np.ndarray:
-    return _as_1d_float(x, what=what, error=DecisionError, n=n)
+    return as_1d_float(x, what=what, error=DecisionError, n=n)
 
 
 def batch_inputs(

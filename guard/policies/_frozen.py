@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from spotstop.guard._fusion import _is_real
 from spotstop.guard.policies._base import (
     BatchInputs,
     FitContext,
@@ -21,6 +20,7 @@ from spotstop.guard.policies._base import (
     PolicyError,
     Thresholds,
 )
+from spotstop.guard.validate import is_real
 
 __all__ = ["FrozenPolicy"]
 
@@ -34,7 +34,7 @@ class FrozenPolicy(Policy):
     threshold: float
 
     def __post_init__(self) -> None:
-        if not _is_real(self.threshold) or not math.isfinite(self.threshold):
+        if not is_real(self.threshold) or not math.isfinite(self.threshold):
             raise PolicyError(
                 f"FrozenPolicy.threshold must be a finite number; got {self.threshold!r}."
             )

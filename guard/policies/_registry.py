@@ -12,8 +12,8 @@ import difflib
 import importlib
 from typing import Any
 
-from spotstop.guard._fusion import _check_keys, _check_mapping
 from spotstop.guard.policies._base import LoadContext, Policy, PolicyError
+from spotstop.guard.validate import check_keys, check_mapping
 
 __all__ = ["POLICY_KINDS", "policy_class", "policy_from_dict", "policy_kinds"]
 
@@ -67,7 +67,7 @@ def policy_from_dict(
     single_scene_only: bool = False,
 ) -> Policy:
     """Read one ``policy:`` (or nested ``fallback:``) section, validating every key."""
-    _check_mapping(d, where=where, source=source, error=PolicyError)
+    check_mapping(d, where=where, source=source, error=PolicyError)
     kinds = policy_kinds(single_scene=True) if single_scene_only else tuple(POLICY_KINDS)
     kind = d.get("kind")
     if kind not in kinds:
@@ -80,7 +80,7 @@ def policy_from_dict(
         )
     cls = policy_class(kind)
     required, optional = cls.keys()
-    _check_keys(
+    check_keys(
         d,
         where=where,
         required=("kind", *required),

@@ -30,10 +30,10 @@ from spotstop.guard.policies._base import (
     PolicyError,
     SituationWindows,
     Thresholds,
-    _is_int,
     check_fallback,
 )
 from spotstop.guard.policies._frozen import FrozenPolicy
+from spotstop.guard.validate import is_int
 
 __all__ = ["SituationPolicy"]
 
@@ -56,11 +56,11 @@ class SituationPolicy(Policy):
 
     def __post_init__(self) -> None:
         check_fallback(self.fallback, "SituationPolicy")
-        if not _is_int(self.window) or self.window < 1:
+        if not is_int(self.window) or self.window < 1:
             raise PolicyError(
                 f"SituationPolicy.window must be an integer ≥ 1; got {self.window!r}."
             )
-        if not _is_int(self.min_refs) or not (1 <= self.min_refs <= self.window):
+        if not is_int(self.min_refs) or not (1 <= self.min_refs <= self.window):
             raise PolicyError(
                 f"SituationPolicy.min_refs must be an integer in [1, window={self.window}]; "
                 f"got {self.min_refs!r}."

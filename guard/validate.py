@@ -1,0 +1,128 @@
+"""Input validation that every room shares: numbers, integers, key sets, mappings, 1-D arrays.
+
+One behaviour per check, so a config value, a record field or a score array is accepted or
+refused alike wherever it enters (``guard``, ``calibrate``, ``diagnostics``, ``export`` and the
+CLI may all import this module; DESIGN.md, "may import"). The checks raise the caller's error
+type (``error=``), so each room keeps its own exception hierarchy, and the messages name the
+key, what was allowed, what came and where to fix it.
+
+- :func:`is_real` — a real number: ``int``/``float`` and numpy's integer and floating
+  scalars; ``bool`` and ``numpy.bool_`` are not numbers here. NaN and inf count as real (the
+  caller decides about finiteness).
+- :func:`is_int` — an integer: ``int`` and numpy's integer scalars; never a ``bool``.
+- :func:`check_mapping`, :func:`check_keys`, :func:`check_number` — one section of a YAML
+  document: a mapping, with its required keys and no unknown key (a close match suggested),
+  and a finite number (> 0 when ``positive``).
+- :func:`as_1d_float` — a 1-D float array (of length ``n`` when given).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeGuard
+
+import numpy as np
+from spotstop.guard._errors import ConfigError
+
+__all__ = [
+    "as_1d_float",
+    "check_keys",
+    "check_mapping",
+    "check_number",
+    "is_int",
+    "is_real",
+    "join_key",
+]
+
+
+def is_real(x: object) -> TypeGuard[float]:
+    """True for ``int``/``float`` and numpy integer/floating scalars; False for ``bool``,
+    ``numpy.bool_`` and everything else (strings, ``None``, arrays, ``Fraction``, ``Decimal``).
+
+    NaN and ±inf are real: check ``math.isfinite`` where the value must be finite.
+    """
+    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(
+        x, bool | np.bool_
+    )
+
+
+def is_int(x: object) -> TypeGuard[int]:
+    """True for ``int`` and numpy integer scalars; False for ``bool``, ``numpy.bool_``, floats
+    (``2.0`` too) and everything else."""
+    return isinstance(x, int | np.integer) and not isinstance(x, bool | np.bool_)
+
+
+def join_key(where: str, key: str) -> str:
+    """The dotted key path of ``key`` inside the section ``where`` (``""``: the top level)."""
+    return f"{where}.{key}" if where else key
+
+
+def check_mapping(x: Any, *, where: str, source: str, error: type[Exception] = ConfigError) -> None:
+    """Raise ``error`` unless ``x`` is a mapping; ``where`` names it (``""``: the document),
+    ``source`` says where to fix it (``"the policy file"``, a path)."""
+    if not isinstance(x, Mapping):
+        raise error(
+            f"{where or 'the document'} must be a mapping (key: value); "
+            f"got {type(x).__name__} {x!r}. Fix it in {source}."
+        )
+
+
+def check_keys(
+    d: Mapping[Any, Any],
+    *,
+    where: str,
+    required: Iterable[str] = (),
+    optional: Iterable[str] = (),
+    source: str,
+    error: type[Exception] = ConfigError,
+) -> None:
+    """Raise ``error`` for an unknown key (with a close match suggested) or a missing required
+    key of the section ``d`` at key path ``where``; unknown keys are reported first."""
+    required = list(required)
+    allowed = sorted({*required, *optional})
+    for k in d:
+        if not isinstance(k, str) or k not in allowed:
+            hint = difflib.get_close_matches(str(k), allowed, n=1, cutoff=0.6)
+            suggestion = f" Did you mean {hint[0]!r}?" if hint else ""
+            raise error(
+                f"{join_key(where, str(k))} is not a known key.{suggestion} "
+                f"Allowed keys of {where or 'the top level'}: {', '.join(allowed)}. "
+                f"Remove or rename it in {source}."
+            )
+    for k in required:
+        if k not in d:
+            raise error(f"{join_key(where, k)} is required but missing. Add it in {source}.")
+
+
+def check_number(
+    x: Any,
+    *,
+    where: str,
+    source: str,
+    error: type[Exception] = ConfigError,
+    positive: bool = False,
+) -> float:
+    """``x`` as a float when it is a finite real number (and > 0 when ``positive``), else
+    ``error`` naming the key ``where``."""
+    if not is_real(x) or not math.isfinite(x) or (positive and x <= 0):
+        allowed = "a finite number > 0" if positive else "a finite number"
+        raise error(f"{where} must be {allowed}; got {x!r}. Set it in {source}.")
+    return float(x)
+
+
+def as_1d_float(
+    x: Any, *, what: str, error: type[Exception] = ValueError, n: int | None = None
+) -> np.ndarray:
+    """``x`` as a 1-D float array (of shape ``(n,)`` when ``n`` is given), else ``error``
+    naming ``what``. NaN and inf are kept: finiteness is the caller's rule."""
+    try:
+        arr = np.asarray(x, dtype=float)
+    except (TypeError, ValueError) as e:
+        raise error(f"{what} must be a 1-D array of numbers; could not convert: {e}") from e
+    if arr.ndim != 1:
+        raise error(f"{what} must be a 1-D array; got shape {arr.shape}.")
+    if n is not None and arr.shape != (n,):
+        raise error(f"{what} must have shape ({n},), one entry per scene; got shape {arr.shape}.")
+    return arr
