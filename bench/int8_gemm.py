@@ -1,0 +1,418 @@
+"""One linear layer at Qwen3.5-2B's size in every form onnxruntime and torch run it on this CPU.
+
+Issue #24. ``x (M x K) @ W (K x N)`` with M = 383 (the real member's prompt tokens in
+``bench/real_pair.py``'s latency table), K = 2048 (hidden size), N = 6144 (the MLP's
+intermediate size), on ``--threads`` threads (default 2: the workstation this project is
+measured on), each form timed best of ``--repeats`` after one warm-up call, all in one run:
+
+* ``onnxruntime fp32 MatMul``: the float graph, the reference every error is against;
+* ``onnxruntime MatMulNBits b-bit acc L``: weight-only blocks as ``spotstop export`` writes them
+  (``spotstop.export.nbits.nbits_blocks``, onnxruntime's own quantizer; block size
+  ``spotstop.export.quant.NBITS_BLOCK`` of the precision), 8 and 4 bits, accuracy level 0
+  (dequantize, multiply in float32) and 4 (activations quantized to int8 per block, int8 dot
+  products);
+* ``onnxruntime DynamicQuantizeMatMul``: int8 weights with one scale per output channel,
+  activations quantized at run time to uint8 with one scale per tensor (W8A8);
+* ``onnxruntime MatMulInteger + DynamicQuantizeLinear``: the same arithmetic as standard ONNX
+  operators (quantize, integer product, two rescales);
+* ``torch fp32`` and ``torch bf16``: ``torch.nn.functional.linear``, eager.
+
+Per form: the best time, GFLOP/s (2 M K N / time, the int8 forms' integer operations
+counted alike), the weight bytes it reads, the relative error ``||Y - Y_fp32|| / ||Y_fp32||``
+against onnxruntime's float32 output (Gaussian activations and weights: no outlier channels,
+so the int8 errors are a floor, not what a real layer sees), and the ratio of its time to
+onnxruntime fp32's and to torch bf16's. A last line times a read of 1 GiB (``torch.sum`` on
+the same threads): the memory bandwidth a roofline divides weight bytes by.
+
+The stamp names the CPU model and the instruction-set flags that decide which kernels run
+(AVX2, AVX-512, VNNI, BF16, AMX): an int8 or bf16 speed-up measured on a CPU with AMX tiles
+does not carry to one without them.
+
+    python bench/int8_gemm.py                         # the table, into bench/RESULTS.md
+    python bench/int8_gemm.py --repeats 20 --threads 2
+    python bench/int8_gemm.py --json --no-results     # figures only (bench/real_pair.py)
+
+Writes the section ``int8-gemm`` of bench/RESULTS.md (``--results``; ``--no-results``: none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "RESULTS.md"
+if str(ROOT / "bench") not in sys.path:
+    sys.path.insert(0, str(ROOT / "bench"))
+from _results import write_section  # noqa: E402
+
+#: Qwen3.5-2B's MLP up projection at the latency table's prompt length
+SHAPE = (383, 2048, 6144)
+REF = "onnxruntime fp32 MatMul"
+BF16 = "torch bf16"
+#: the instruction-set flags that decide which GEMM kernels a CPU runs
+FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+)
+
+
+@dataclass
+class Form:
+    """One way to run the layer: its name, its weight bytes and a call on the activations."""
+
+    name: str
+    weight_bytes: int
+    run: Callable[[], np.ndarray]
+
+
+def cpu_info() -> dict[str, Any]:
+    """The CPU's model name, which of :data:`FLAGS` it has, and its logical cores."""
+    model: str = platform.processor() or platform.machine()
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "model name" and model in ("", platform.machine()):
+                model = val.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(val.split())
+    except OSError:
+        pass
+    return {
+        "model": model or "?",
+        "flags": [f for f in FLAGS if f in flags],
+        "missing": [f for f in FLAGS if f not in flags],
+        "cores": os.cpu_count(),
+    }
+
+
+def _ort_session(nodes: list[Any], inits: list[Any], m: int, n: int, k: int, threads: int) -> Any:
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        nodes,
+        "layer",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [m, n])],
+        initializer=inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 10
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    onnx.checker.check_model(model)
+    return ort.InferenceSession(
+        model.SerializeToString(),
+        sess_options=opts,
+        providers=["CPUExecutionProvider"],
+    )
+
+
+def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
+    """Every form of ``x @ w`` (float32 ``x`` M x K, ``w`` K x N) this script times."""
+    import torch
+    from onnx import helper
+    from onnx import numpy_helper as nh
+    from spotstop.export.nbits import nbits_blocks
+    from spotstop.export.quant import NBITS_BLOCK
+
+    m, k = x.shape
+    n = w.shape[1]
+    feed = {"X": x}
+
+    def ort_form(name: str, nodes: list[Any], inits: list[Any], nbytes: int) -> Form:
+        sess = _ort_session(nodes, inits, m, n, k, threads)
+        return Form(name, nbytes, lambda: sess.run(["Y"], feed)[0])
+
+    forms = [
+        ort_form(
+            REF,
+            [helper.make_node("MatMul", ["X", "W"], ["Y"])],
+            [nh.from_array(w, "W")],
+            w.nbytes,
+        )
+    ]
+    for bits, prec in ((8, "int8"), (4, "int4")):
+        block = NBITS_BLOCK[prec]
+        packed, scales = nbits_blocks(w, bits, block)
+        for acc in (0, 4):
+            node = helper.make_node(
+                "MatMulNBits",
+                ["X", "B", "S"],
+                ["Y"],
+                domain="com.microsoft",
+                K=k,
+                N=n,
+                bits=bits,
+                block_size=block,
+                accuracy_level=acc,
+            )
+            forms.append(
+                ort_form(
+                    f"onnxruntime MatMulNBits {bits}-bit block {block} acc {acc}",
+                    [node],
+                    [nh.from_array(packed, "B"), nh.from_array(scales, "S")],
+                    packed.nbytes + scales.nbytes,
+                )
+            )
+    # int8 per output channel, symmetric (zero point 0)
+    wscale = (np.abs(w).max(axis=0) / 127.0).astype(np.float32)
+    wscale[wscale == 0] = 1.0
+    wq = np.clip(np.rint(w / wscale), -127, 127).astype(np.int8)
+    forms.append(
+        ort_form(
+            "onnxruntime DynamicQuantizeMatMul (s8 per-channel W, u8 per-tensor A)",
+            [
+                helper.make_node(
+                    "DynamicQuantizeMatMul", ["X", "Wq", "Ws"], ["Y"], domain="com.microsoft"
+                )
+            ],
+            [nh.from_array(wq, "Wq"), nh.from_array(wscale, "Ws")],
+            wq.nbytes + wscale.nbytes,
+        )
+    )
+    forms.append(
+        ort_form(
+            "onnxruntime MatMulInteger + DynamicQuantizeLinear",
+            [
+                helper.make_node("DynamicQuantizeLinear", ["X"], ["Xq", "Xs", "Xz"]),
+                helper.make_node("MatMulInteger", ["Xq", "Wq", "Xz"], ["Yi"]),
+                helper.make_node("Cast", ["Yi"], ["Yf"], to=1),
+                helper.make_node("Mul", ["Xs", "Ws"], ["S2"]),
+                helper.make_node("Mul", ["Yf", "S2"], ["Y"]),
+            ],
+            [nh.from_array(wq, "Wq"), nh.from_array(wscale, "Ws")],
+            wq.nbytes + wscale.nbytes,
+        )
+    )
+    torch.set_num_threads(threads)
+    xt, wt = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(w.T))
+    xb, wb = xt.bfloat16(), wt.bfloat16()
+
+    def lin(a: Any, b: Any) -> Callable[[], np.ndarray]:
+        def call() -> np.ndarray:
+            with torch.inference_mode():
+                return torch.nn.functional.linear(a, b).float().numpy()
+
+        return call
+
+    forms.append(Form("torch fp32", wt.numel() * 4, lin(xt, wt)))
+    forms.append(Form(BF16, wb.numel() * 2, lin(xb, wb)))
+    return forms
+
+
+def _best(call: Callable[[], Any], repeats: int) -> float:
+    call()  # warm-up: pre-packing, first-touch allocation
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def read_bandwidth(threads: int, repeats: int, gib: float = 1.0) -> float:
+    """GB/s of ``torch.sum`` over ``gib`` GiB of float32 on ``threads`` threads, best of
+    ``repeats``: the rate weights stream from memory."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
+    s = _best(lambda: float(a.sum()), repeats)
+    return a.numel() * 4 / s / 1e9
+
+
+def measure(
+    shape: tuple[int, int, int] = SHAPE,
+    threads: int = 2,
+    repeats: int = 10,
+    seed: int = 0,
+    read_gib: float = 1.0,
+) -> dict[str, Any]:
+    """Every form's best time and error, and the read bandwidth, measured now."""
+    m, k, n = shape
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    w = (rng.standard_normal((k, n), dtype=np.float32) * 0.02).astype(np.float32)
+    forms = build_forms(x, w, threads)
+    ref = forms[0].run()
+    norm = float(np.linalg.norm(ref))
+    rows = []
+    for f in forms:
+        y = f.run()
+        rows.append(
+            {
+                "form": f.name,
+                "seconds": _best(f.run, repeats),
+                "weight_bytes": int(f.weight_bytes),
+                "rel_err": float(np.linalg.norm(y.astype(np.float32) - ref)) / norm,
+            }
+        )
+        del y
+    del forms
+    return {
+        "shape": [m, k, n],
+        "threads": threads,
+        "repeats": repeats,
+        "rows": rows,
+        "read_gbs": read_bandwidth(threads, max(3, repeats // 2), read_gib),
+        "read_gib": read_gib,
+        "cpu": cpu_info(),
+        "versions": _versions(),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def with_ratios(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each row with its GFLOP/s and its speed against onnxruntime fp32 and torch bf16 (their
+    time / its time: above 1 is faster); a baseline missing from the run: None."""
+    m, k, n = doc["shape"]
+    by = {r["form"]: r["seconds"] for r in doc["rows"]}
+    out = []
+    for r in doc["rows"]:
+        s = r["seconds"]
+        out.append(
+            {
+                **r,
+                "gflops": 2 * m * k * n / s / 1e9,
+                "vs_ort_fp32": by[REF] / s if REF in by else None,
+                "vs_torch_bf16": by[BF16] / s if BF16 in by else None,
+            }
+        )
+    return out
+
+
+def peaks(doc: dict[str, Any]) -> dict[str, float]:
+    """The best GFLOP/s this run measured per arithmetic (fp32, bf16, int8) and the read
+    bandwidth: the CPU figures a roofline of this machine divides by (bench/real_pair.py)."""
+    rows = with_ratios(doc)
+
+    def best(pred: Callable[[str], bool]) -> float:
+        return max((r["gflops"] for r in rows if pred(r["form"])), default=float("nan"))
+
+    return {
+        "fp32_gflops": best(lambda f: f in (REF, "torch fp32")),
+        "bf16_gflops": best(lambda f: f == BF16),
+        "int8_gops": best(
+            lambda f: "DynamicQuantize" in f or "MatMulInteger" in f or f.endswith("acc 4")
+        ),
+        "read_gbs": float(doc["read_gbs"]),
+    }
+
+
+def _x(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def render(doc: dict[str, Any], command: str = "") -> str:
+    m, k, n = doc["shape"]
+    cpu = doc["cpu"]
+    lines = [
+        f"### One linear layer, {m} x {k} @ {k} x {n}, every form on this CPU (issue #24)",
+        "",
+        f"Best of {doc['repeats']} after a warm-up, {doc['threads']} threads, one run; Gaussian "
+        "activations and weights (no outlier channels: the int8 errors are a floor). "
+        "Speed-up = baseline time / this time.",
+        "",
+        "| form | best | GFLOP/s | weight bytes | rel. error vs fp32 | vs onnxruntime fp32 | vs torch bf16 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in with_ratios(doc):
+        lines.append(
+            f"| {r['form']} | {r['seconds'] * 1e3:.1f} ms | {r['gflops']:.0f} | "
+            f"{r['weight_bytes'] / 2**20:.1f} MiB | {r['rel_err']:.2e} | {_x(r['vs_ort_fp32'])} | "
+            f"{_x(r['vs_torch_bf16'])} |"
+        )
+    lines += [
+        "",
+        f"Memory read (torch.sum over {doc.get('read_gib', 1.0):g} GiB float32, "
+        f"{doc['threads']} threads): "
+        f"{doc['read_gbs']:.1f} GB/s.",
+        "",
+        f"Measured by `python bench/int8_gemm.py{(' ' + command) if command else ''}` "
+        f"({doc['date']}); CPU {cpu['model']}, {cpu['cores']} logical cores; flags "
+        f"{', '.join(cpu['flags']) or 'none of ' + ', '.join(FLAGS)}"
+        + (f"; without {', '.join(cpu['missing'])}" if cpu["missing"] else "")
+        + "; "
+        + ", ".join(f"{a} {b}" for a, b in doc["versions"].items())
+        + ".",
+    ]
+    return "\n".join(lines)
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for d in ("onnxruntime", "torch", "numpy"):
+        try:
+            out[d] = md.version(d)
+        except md.PackageNotFoundError:
+            out[d] = "absent"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--shape",
+        default="x".join(map(str, SHAPE)),
+        metavar="MxKxN",
+        help=f"layer shape (default {'x'.join(map(str, SHAPE))}: Qwen3.5-2B's MLP up projection)",
+    )
+    ap.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    ap.add_argument("--repeats", type=int, default=10, help="timed calls per form (default 10)")
+    ap.add_argument(
+        "--read-gib", type=float, default=1.0, help="GiB read for the bandwidth (default 1)"
+    )
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="RESULTS.md to update")
+    ap.add_argument("--no-results", action="store_true", help="write no RESULTS.md section")
+    args = ap.parse_args(argv)
+    try:
+        shape = tuple(int(v) for v in args.shape.lower().split("x"))
+        assert len(shape) == 3 and min(shape) > 0
+    except (ValueError, AssertionError):
+        ap.error(f"--shape must be MxKxN, e.g. 383x2048x6144; got {args.shape!r}")
+    doc = measure(shape, args.threads, args.repeats, read_gib=args.read_gib)
+    doc["peaks"] = peaks(doc)
+    command = " ".join(sys.argv[1:] if argv is None else argv)
+    text = render(doc, command)
+    if not args.no_results:
+        write_section(args.results, "int8-gemm", text)
+    print(json.dumps(doc, indent=1) if args.json else text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
