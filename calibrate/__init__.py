@@ -3,7 +3,7 @@
 * :func:`fit_frozen` — fusion statistics and the frozen cut on an unlabelled pool.
 * :class:`ConformalCalibrator` — the conformal cut with its marginal and training-conditional
   (PAC) guarantees, one calibration case per situation.
-* :func:`read_log` → :class:`LogData`; :class:`Recalibrator` ``.fit(data).to_config()``.
+* :func:`read_calibration_log` → :class:`CalibrationLog`; :class:`Recalibrator` ``.fit(data).to_config()``.
 * :func:`write_policy_version`, :func:`activate_policy_version`,
   :func:`list_policy_versions` — ``policies/policy-vNNNN.yaml`` next to the active
   ``policy.yaml``.
@@ -23,7 +23,12 @@ from spotstop.calibrate._diff import (
     predict_effect,
 )
 from spotstop.calibrate._frozen import FrozenFit, fit_frozen
-from spotstop.calibrate._logdata import CalibrationError, LogData, parse_time, read_log
+from spotstop.calibrate._logdata import (
+    CalibrationError,
+    CalibrationLog,
+    parse_time,
+    read_calibration_log,
+)
 from spotstop.calibrate._pool import fit_pool_policy, pool_scenes
 from spotstop.calibrate._recalibrate import Recalibrator
 from spotstop.calibrate._versions import (
@@ -37,11 +42,11 @@ from spotstop.calibrate._versions import (
 
 __all__ = [
     "CalibrationError",
+    "CalibrationLog",
     "Change",
     "ConformalCalibrator",
     "CutChoice",
     "FrozenFit",
-    "LogData",
     "PolicyDiff",
     "PolicyVersion",
     "PredictedEffect",
@@ -56,7 +61,7 @@ __all__ = [
     "parse_time",
     "pool_scenes",
     "predict_effect",
-    "read_log",
+    "read_calibration_log",
     "resolve_policy_version",
     "write_policy_version",
 ]

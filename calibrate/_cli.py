@@ -170,7 +170,7 @@ def policy_command(args: argparse.Namespace) -> int:
         return 0
     # diff
     from spotstop.calibrate._diff import diff_policies
-    from spotstop.calibrate._logdata import read_log
+    from spotstop.calibrate._logdata import read_calibration_log
 
     pa, na = _resolve(args.a, args.bundle)
     pb, nb = _resolve(args.b, args.bundle)
@@ -179,7 +179,7 @@ def policy_command(args: argparse.Namespace) -> int:
     a, b = load_policy(pa), load_policy(pb)
     data = None
     if args.log is not None:
-        data = read_log(
+        data = read_calibration_log(
             args.log,
             bundle_id=b.bundle_id,
             prompt_hash=b.prompt_hash,

@@ -1,6 +1,6 @@
 """What changed between two policies, and the effect each would have had on the logged data.
 
-:func:`predict_effect` replays a policy over a :class:`~spotstop.calibrate.LogData` with the
+:func:`predict_effect` replays a policy over a :class:`~spotstop.calibrate.CalibrationLog` with the
 guard's own replay (:func:`spotstop.guard.policies.replay`): fused scores are recomputed from
 the logged member scores with THAT policy's fusion (the logged fused score belongs to
 whatever fusion was active then), decisions are taken in log order, grouped into the batches
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from spotstop.calibrate._logdata import CalibrationError, LogData
+from spotstop.calibrate._logdata import CalibrationError, CalibrationLog
 from spotstop.guard.policies import PolicyConfig, batch_inputs, replay
 
 __all__ = ["Change", "PolicyDiff", "PredictedEffect", "diff_policies", "predict_effect"]
@@ -162,7 +162,7 @@ def _rate(x: np.ndarray) -> float:
 
 
 def predict_effect(
-    cfg: PolicyConfig, data: LogData, *, batch_size: int | None = None
+    cfg: PolicyConfig, data: CalibrationLog, *, batch_size: int | None = None
 ) -> PredictedEffect:
     """Replay ``cfg`` on the usable decisions of ``data`` (see the module docstring)."""
     if batch_size is not None and (
@@ -221,7 +221,7 @@ def predict_effect(
 def diff_policies(
     a: PolicyConfig,
     b: PolicyConfig,
-    data: LogData | None = None,
+    data: CalibrationLog | None = None,
     *,
     names: tuple[str, str] = ("A", "B"),
     batch_size: int | None = None,

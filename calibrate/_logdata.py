@@ -1,20 +1,23 @@
 """The decisions a recalibration learns from: one bundle's scored decisions in a time window.
 
-:func:`read_log` reads a decision log (``spotstop.guard._log.DecisionLog``) and labels (the log's
-labels table, overridden by a CSV/JSONL labels file read by :mod:`spotstop.guard._labels`, the
-same reader as ``spotstop card``) into a :class:`LogData`.
+:func:`read_calibration_log` reads a decision log (``spotstop.guard.DecisionLog``) and labels
+(the log's labels table, overridden by a CSV/JSONL labels file) through the log's one reader,
+:func:`spotstop.guard.read_reviewed` (the card's too), into a :class:`CalibrationLog`: the window
+of one bundle that a fit uses.
 
 Which decisions
-    Decisions with ``since ≤ time < until`` (times as UTC). Only decisions of the given
-    bundle id AND prompt hash are kept (member scores of another bundle or prompt are on
-    another scale); the others are counted in ``dropped["other_bundle"]``. Of the kept
-    ones, a decision is *usable* when it did not fail closed and every member of the
-    fusion has a finite scene score; the others are counted (``fail_closed``,
-    ``member_not_run``: a member the guard did not run on the scene, as a ``cascade`` policy
-    skips its second member far from the cut (``members_run``, log schema 3);
-    ``nonfinite_member_score``: any other missing score) and never enter a fit. Labels play
-    no part in usability: frozen statistics and situation state use usable decisions
-    whatever their label. ``member_not_run`` is only listed when some decision has it.
+    Decisions with ``since ≤ time < until`` (times as UTC), live and archived. Only decisions
+    of the given bundle id AND prompt hash are kept (member scores of another bundle or
+    prompt are on another scale); the others are counted in ``dropped["other_bundle"]``. Of
+    the kept ones, the *usable* decisions are those that count by the log's one rule,
+    :func:`spotstop.guard.decisions_that_count` with the fusion members' scene scores
+    (``needs=members``, no label needed): not fail-closed, and every member of the fusion
+    with a finite scene score. The others are counted (``fail_closed``; ``member_not_run``:
+    a member the guard did not run on the scene, as a ``cascade`` policy skips its second
+    member far from the cut (``members_run``, log schema 3); ``nonfinite_member_score``: any
+    other missing score) and never enter a fit. Labels play no part in usability: frozen
+    statistics and situation state use usable decisions whatever their label.
+    ``member_not_run`` is only listed when some decision has it.
 
 Labels file
     Applied to the whole log before the time window is cut, so rows for decisions outside
@@ -33,7 +36,7 @@ from typing import Any
 import numpy as np
 from spotstop.guard._errors import GuardError
 
-__all__ = ["CalibrationError", "LogData", "parse_time", "read_log"]
+__all__ = ["CalibrationError", "CalibrationLog", "parse_time", "read_calibration_log"]
 
 
 class CalibrationError(GuardError, ValueError):
@@ -41,7 +44,7 @@ class CalibrationError(GuardError, ValueError):
 
 
 @dataclass(frozen=True, eq=False)
-class LogData:
+class CalibrationLog:
     """One bundle's decisions in a time window, aligned arrays in log (time) order.
 
     decision_id, time, situation_id ('' for none), contrast_id ('' for none), label (int8:
@@ -98,9 +101,7 @@ class LogData:
         return [_iso(float(t.min())), _iso(float(t.max()))]
 
     def __repr__(self) -> str:
-        return (
-            f"LogData(bundle={self.bundle_id}, n={self.n}, {self.counts()}, dropped={self.dropped})"
-        )
+        return f"CalibrationLog(bundle={self.bundle_id}, n={self.n}, {self.counts()}, dropped={self.dropped})"
 
 
 def _iso(t: float) -> str:
@@ -130,7 +131,7 @@ def parse_time(value: str | float | _dt.datetime | None, name: str) -> float | N
     raise CalibrationError(f"{name} must be an ISO-8601 string or a number; got {value!r}.")
 
 
-def read_log(
+def read_calibration_log(
     log_path: str | Path,
     *,
     bundle_id: str,
@@ -139,10 +140,9 @@ def read_log(
     labels: str | Path | None = None,
     since: str | float | _dt.datetime | None = None,
     until: str | float | _dt.datetime | None = None,
-) -> LogData:
+) -> CalibrationLog:
     """Read one bundle's decisions in ``[since, until)`` with labels; see the module doc."""
-    from spotstop.guard._labels import LabelsFileError, read_reviewed
-    from spotstop.guard._log import DecisionLog
+    from spotstop.guard import DecisionLog, LabelsFileError, decisions_that_count, read_reviewed
 
     path = Path(log_path)
     t0, t1 = parse_time(since, "since"), parse_time(until, "until")
@@ -157,7 +157,7 @@ def read_log(
         )
     try:
         with DecisionLog(path) as log:
-            arr = read_reviewed(log, labels).arrays  # the card's reader of labels
+            arr = read_reviewed(log, labels).arrays  # the card's reader too
     except LabelsFileError as e:
         raise CalibrationError(f"labels file: {e}") from e
     decision_id = np.asarray(arr.decision_id, dtype=object)
@@ -185,21 +185,13 @@ def read_log(
             m: np.asarray(arr.member_scores_text.get(m, np.full(t.size, np.nan)), float)[keep]
             for m in members
         }
-    fail = np.asarray(arr.fail_closed, dtype=bool)[keep]
-    finite = np.ones(int(keep.sum()), dtype=bool)
-    for v in scores.values():
-        finite &= np.isfinite(v)
-    usable = ~fail & finite
-    not_run = np.zeros(int(keep.sum()), dtype=bool)
-    for m in members:
-        ran = arr.members_run.get(m)
-        if ran is not None:
-            not_run |= np.asarray(ran)[keep] == 0
-    not_run &= ~fail & ~finite
+    counted = decisions_that_count(arr, needs=tuple(members))  # the log's one rule
+    fail, unscored = counted.fail_closed[keep], counted.unscored[keep]
+    not_run = counted.member_not_run[keep]
     dropped = {
         "other_bundle": int((in_window & ~same).sum()),
         "fail_closed": int(fail.sum()),
-        "nonfinite_member_score": int((~fail & ~finite & ~not_run).sum()),
+        "nonfinite_member_score": int((unscored & ~not_run).sum()),
     }
     if not_run.any():
         dropped["member_not_run"] = int(not_run.sum())
@@ -209,7 +201,7 @@ def read_log(
     def iso_or_none(x: float | None) -> str | None:
         return None if x is None else _iso(x)
 
-    return LogData(
+    return CalibrationLog(
         decision_id=decision_id[keep],
         time=t[keep],
         situation_id=situation[keep],
@@ -217,7 +209,7 @@ def read_log(
         label=label[keep],
         fused_logged=np.asarray(arr.fused, dtype=np.float64)[keep],
         member_scores=scores,
-        usable=usable,
+        usable=counted.mask[keep],
         batch_id=np.asarray(arr.batch_id, dtype=object)[keep],
         member_text=text,
         bundle_id=bundle_id,
@@ -236,9 +228,9 @@ def read_log_for_bundle(
     log_path: str | Path,
     bundle: Any,
     **kwargs: Any,
-) -> LogData:
-    """:func:`read_log` keyed by a loaded ``spotstop.guard._bundle.Bundle``."""
-    return read_log(
+) -> CalibrationLog:
+    """:func:`read_calibration_log` keyed by a loaded ``spotstop.guard._bundle.Bundle``."""
+    return read_calibration_log(
         log_path,
         bundle_id=bundle.bundle_id,
         prompt_hash=bundle.prompt_hash,

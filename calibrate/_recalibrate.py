@@ -1,7 +1,7 @@
 """Offline recalibration from the decision log: fusion, the chosen policy kind, its state seed.
 
 :class:`Recalibrator` holds the settings; ``fit(data)`` learns from a
-:class:`~spotstop.calibrate.LogData` (one bundle's decisions in a window):
+:class:`~spotstop.calibrate.CalibrationLog` (one bundle's decisions in a window):
 
 1. fusion statistics (per-member median and IQR) and the frozen cut t₀ = mean fused score,
    on the *usable* decisions, labels unused (:func:`spotstop.calibrate.fit_frozen`). With
@@ -37,7 +37,7 @@ from typing import Any, Literal, Self
 import numpy as np
 from spotstop.calibrate._conformal import ConformalCalibrator
 from spotstop.calibrate._frozen import FrozenFit, fit_frozen
-from spotstop.calibrate._logdata import CalibrationError, LogData
+from spotstop.calibrate._logdata import CalibrationError, CalibrationLog
 from spotstop.guard._fusion import Avg2Fusion
 from spotstop.guard.policies import (
     POLICY_KINDS,
@@ -106,7 +106,7 @@ class Recalibrator:
         self.rng = rng
 
     # ------------------------------------------------------------------ learning
-    def fit(self, data: LogData, current: PolicyConfig | None = None) -> Self:
+    def fit(self, data: CalibrationLog, current: PolicyConfig | None = None) -> Self:
         """Learn everything from ``data``; ``current`` is the active policy (may be None)."""
         _check_recalibrator(self, data, current)
         gen = (
@@ -186,7 +186,7 @@ class Recalibrator:
             return getattr(self, name)
         except AttributeError:
             raise NotFittedError(
-                "This Recalibrator is not fitted yet; call fit(read_log(...)) first."
+                "This Recalibrator is not fitted yet; call fit(read_calibration_log(...)) first."
             ) from None
 
     @property
@@ -220,7 +220,7 @@ class Recalibrator:
         return self._fitted("_seed")
 
     @property
-    def data_(self) -> LogData:
+    def data_(self) -> CalibrationLog:
         """The data the fit used."""
         return self._fitted("_data")
 
@@ -356,8 +356,10 @@ def _check_recalibrator(r: Recalibrator, data: Any, current: PolicyConfig | None
         raise PolicyError(
             f"policy must be one of {', '.join(POLICY_KINDS)}; got {r.policy!r}. Pass --policy."
         )
-    if not isinstance(data, LogData):
-        raise CalibrationError(f"fit needs a LogData from read_log(); got {type(data).__name__}.")
+    if not isinstance(data, CalibrationLog):
+        raise CalibrationError(
+            f"fit needs a CalibrationLog from read_calibration_log(); got {type(data).__name__}."
+        )
     if not r.refit_fusion and current is None:
         raise CalibrationError(
             "refit_fusion=False keeps the current policy's fusion, but no current policy was "

@@ -383,9 +383,7 @@ def cascade_cost(
     members = cfg.fusion.members
     if any(m not in arr.member_scores for m in members):
         return _undefined_cost(version, 0, 0, "not simulated: a member of its fusion is not logged")
-    both = (log.label >= 0) & ~np.asarray(arr.fail_closed, dtype=bool)
-    for m in members:
-        both &= np.isfinite(arr.member_scores[m])
+    both = log.counting(needs=members, labelled=True).mask  # labelled, both members scored
     rows = np.flatnonzero(both)
     y = log.label[rows].astype(np.int8)
     n, n_u = int(rows.size), int((y == 1).sum())

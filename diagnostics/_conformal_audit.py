@@ -234,8 +234,8 @@ def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[Deploye
         created = cfg.created.timestamp()
         use = (
             (log.version == v)
+            & log.delivered  # labelled, not fail-closed: the log's one rule
             & (log.label == 1)
-            & ~arr.fail_closed
             & (np.asarray(arr.time, dtype=float) > created)
             & by_cut  # the decisions the conformal cut made (all of them, but for a fallback)
         )

@@ -181,7 +181,7 @@ def replay_version(log: LogData, version: str) -> Replay:
             got = replay(cfg.policy, x, batch_ids=batch, state=cfg.initial_state()).unsafe
         except GuardError as exc:
             return Replay(0, 0, math.nan, f"not replayed: {exc}")
-        compare = ~arr.fail_closed[rows]
+        compare = log.counting(needs=None).mask[rows]  # its answers that were not fail-closed
         n_compare += int(compare.sum())
         n_agree += int((got[compare] == (arr.guard_label[rows][compare] == 1)).sum())
         n_batches += len(set(batch))
@@ -240,13 +240,14 @@ def _iso(t: float | None) -> str | None:
 
 def delivered(log: LogData, *, n_boot: int, rng: np.random.Generator) -> Delivered:
     """The delivered rates of a log, overall and per policy version, with each replay."""
-    use = log.delivered
+    counted = log.counting(needs=None, labelled=True)
+    use = counted.mask  # log.delivered
     y = log.label[use]
     flagged = np.asarray(log.arrays.guard_label, dtype=np.int8)[use]
     contrast, situation = log.group_ids()
     group = group_codes(contrast[use], situation[use])
     overall = delivered_rates(y, flagged, group, n_boot=n_boot, rng=rng, what="the guard's answers")
-    fail_lab = (log.label >= 0) & log.arrays.fail_closed
+    fail_lab = counted.fail_closed & (log.label >= 0)
     by: dict[str, PolicyDelivered] = {}
     for v in log.versions():
         mine = (log.version == v)[use]

@@ -9,10 +9,12 @@ table only.
 
 Rows
     One case per decision; ``case_id`` is the ``decision_id``.  A decision enters the table
-    only when it did not fail closed, has a reviewer label and has a finite fused score.
-    The others are dropped and counted in ``provenance["dropped"]``, each under the *first*
-    reason that applies, in this order: ``fail_closed`` (a fail-closed UNSAFE is not a
-    score-based answer, so it never enters the statistics, labelled or not),
+    when it counts by the log's one rule, :func:`spotstop.guard.decisions_that_count` with
+    the fused score and a label (``calibrate`` calls the same rule): it did not fail closed,
+    has a reviewer label and has a finite fused score.  Archived decisions count like live
+    ones.  The others are dropped and counted in ``provenance["dropped"]``, each under the
+    *first* reason that applies, in this order: ``fail_closed`` (a fail-closed UNSAFE is not
+    a score-based answer, so it never enters the statistics, labelled or not),
     ``unlabelled``, ``nonfinite_score``.  (What the guard delivered is computed on all
     labelled decisions that did not fail closed, NaN scores included: see ``_delivered``.)
 
@@ -51,8 +53,16 @@ import numpy as np
 from numpy.typing import NDArray
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError
-from spotstop.guard import DecisionLog, GuardError
-from spotstop.guard._labels import LabelsFileError, Reviewed, _cell, read_reviewed
+from spotstop.guard import (
+    CountedDecisions,
+    DecisionLog,
+    GuardError,
+    LabelsFileError,
+    Reviewed,
+    decisions_that_count,
+    read_reviewed,
+)
+from spotstop.guard._labels import _cell
 from spotstop.guard._log_read import LogArrays
 from spotstop.guard._log_schema import PolicyRow
 from spotstop.guard.policies import PolicyConfig, load_policy
@@ -153,10 +163,18 @@ class LogData:
             dtype=object,
         )
 
+    def counting(
+        self, *, needs: str | Sequence[str] | None = "fused", labelled: bool = False
+    ) -> CountedDecisions:
+        """Which decisions count, by the log's one rule
+        (:func:`spotstop.guard.decisions_that_count`, the rule ``calibrate`` uses too)."""
+        return decisions_that_count(self.arrays, needs=needs, labelled=labelled)
+
     @property
     def delivered(self) -> NDArray[np.bool_]:
-        """Labelled decisions that did not fail closed: where the guard's answer is graded."""
-        return np.asarray((self.label >= 0) & ~self.arrays.fail_closed, dtype=bool)
+        """Labelled decisions that did not fail closed: where the guard's answer is graded
+        (:meth:`counting` with no score needed)."""
+        return self.counting(needs=None, labelled=True).mask
 
     def versions(self) -> list[str]:
         """The version keys in order of first appearance."""
@@ -367,15 +385,13 @@ def log_cases(
     log = read_logs(log_path, labels=labels)
     arr = log.arrays
     fused = np.asarray(arr.fused, dtype=np.float64)
-    fail = np.asarray(arr.fail_closed, dtype=bool)
-    unlabelled = ~fail & (log.label < 0)
-    nonfinite = ~fail & ~unlabelled & ~np.isfinite(fused)
-    keep = ~(fail | unlabelled | nonfinite)
+    counted = log.counting(needs="fused", labelled=True)  # the log's one rule
+    keep = counted.mask
     dropped = {
-        "fail_closed": int(fail.sum()),
-        "fail_closed_labelled": int((fail & (log.label >= 0)).sum()),
-        "unlabelled": int(unlabelled.sum()),
-        "nonfinite_score": int(nonfinite.sum()),
+        "fail_closed": int(counted.fail_closed.sum()),
+        "fail_closed_labelled": int((counted.fail_closed & (log.label >= 0)).sum()),
+        "unlabelled": int(counted.unlabelled.sum()),
+        "nonfinite_score": int(counted.unscored.sum()),
     }
     if not keep.any():
         raise DataError(

@@ -358,7 +358,7 @@ def recommend_for_card(
         repeat = situation_repeat_share(table.situation_id, min_refs=min_refs)
     else:
         arr = log.arrays
-        usable = ~arr.fail_closed & np.isfinite(np.asarray(arr.fused, dtype=float))
+        usable = log.counting(needs="fused").mask  # the log's one rule, no label needed
         sids = log.within_robot(arr.situation_id)  # a fleet: situations within a robot
         repeat = situation_repeat_share(sids, usable, min_refs=min_refs)
     return recommend_policy(

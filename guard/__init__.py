@@ -18,13 +18,19 @@ from spotstop.guard._errors import (
 from spotstop.guard._fusion import Avg2Fusion, FusionError
 from spotstop.guard._guard import Guard
 from spotstop.guard._image import DecodedImage, ImageRefused, decode_image
-from spotstop.guard._labels import LabelsFileError, Reviewed, apply_labels_file, read_reviewed
+from spotstop.guard._labels import LabelsFileError, apply_labels_file
 from spotstop.guard._log import DecisionLog, LogError
 from spotstop.guard._log_read import LogArrays
 from spotstop.guard._log_schema import PolicyRow
 from spotstop.guard._member import Member, MemberInfo, load_member
 from spotstop.guard._prompt import PromptSpec
 from spotstop.guard._record import Decision, DecisionRecord
+from spotstop.guard._reviewed import (
+    CountedDecisions,
+    Reviewed,
+    decisions_that_count,
+    read_reviewed,
+)
 from spotstop.guard._types import MemberScore, Scene
 from spotstop.guard.policies import PolicyConfig, PolicyError, load_policy
 
@@ -34,6 +40,7 @@ __all__ = [
     "Bundle",
     "BundleError",
     "ConfigError",
+    "CountedDecisions",
     "Decision",
     "DecisionLog",
     "DecisionRecord",
@@ -60,6 +67,7 @@ __all__ = [
     "ScoringConfig",
     "ScoringError",
     "apply_labels_file",
+    "decisions_that_count",
     "decode_image",
     "load_bundle",
     "load_member",

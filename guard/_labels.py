@@ -2,7 +2,8 @@
 
 The decision log has a labels table (``DecisionLog.set_labels``, the sidecar's
 ``POST /v1/labels``); a labels *file* overrides it for one reading. ``calibrate`` and the
-card read it with the same function, :func:`apply_labels_file`.
+card read it with the same function, :func:`apply_labels_file`, through the one log reader
+(:func:`spotstop.guard._reviewed.read_reviewed`).
 
 Rows are keyed by ``decision_id`` or ``image_sha256`` (a row may hold either;
 ``decision_id`` wins when both are filled); an ``image_sha256`` key labels every decision with
@@ -14,23 +15,16 @@ decision is an error listing a few; so is a decision given two different labels 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from spotstop.guard._errors import GuardError
-from spotstop.guard._log_read import LogArrays
 
-if TYPE_CHECKING:
-    from spotstop.guard._log import DecisionLog
-
-__all__ = ["LabelsFileError", "Reviewed", "apply_labels_file", "read_reviewed"]
+__all__ = ["LabelsFileError", "apply_labels_file"]
 
 _LABELS = {"0": 0, "1": 1, "safe": 0, "unsafe": 1}
 _KEYS = ("decision_id", "image_sha256")
@@ -149,39 +143,3 @@ def apply_labels_file(
             "Check the keys (and that the labels belong to this log)."
         )
     return len(given)
-
-
-@dataclass(frozen=True, eq=False)
-class Reviewed:
-    """A log's decisions as arrays with the reviewers' labels (see :func:`read_reviewed`).
-
-    arrays: the log's :class:`~spotstop.guard._log_read.LogArrays` with ``label``,
-        ``contrast_id`` and ``situation_id`` as the reviewers have them (the labels file over
-        the labels table), ids as cleaned strings (``""`` for none).
-    n_from_file: decisions the labels file labelled (0 without a file).
-    labels: the labels file's path, or ``"log labels table"``.
-    """
-
-    arrays: LogArrays
-    n_from_file: int
-    labels: str
-
-
-def read_reviewed(
-    log: DecisionLog | LogArrays, labels: str | os.PathLike[str] | None = None
-) -> Reviewed:
-    """The log's decisions with the reviewers' labels: the one reader of labels for the card,
-    ``calibrate`` and the cue shift. ``log``: a decision log, or decisions already read as
-    arrays (a fleet's logs and archives, with their labels tables). Raises
-    :class:`LabelsFileError` for a bad labels file."""
-    arr = log if isinstance(log, LogArrays) else log.to_arrays()
-    ids = np.asarray(arr.decision_id, dtype=object)
-    sha = np.array([_cell(s) for s in arr.image_sha256], dtype=object)
-    label = np.array(arr.label, dtype=np.int8, copy=True)
-    contrast = np.array([_cell(c) for c in arr.contrast_id], dtype=object)
-    situation = np.array([_cell(s) for s in arr.situation_id], dtype=object)
-    n = 0
-    if labels is not None:
-        n = apply_labels_file(Path(labels), ids, sha, label, contrast, situation)
-    reviewed = dataclasses.replace(arr, label=label, contrast_id=contrast, situation_id=situation)
-    return Reviewed(reviewed, n, "log labels table" if labels is None else str(labels))

@@ -19,7 +19,7 @@ from spotstop.calibrate import (
     diff_policies,
     list_policy_versions,
     predict_effect,
-    read_log,
+    read_calibration_log,
     write_policy_version,
 )
 from spotstop.calibrate._logdata import read_log_for_bundle
@@ -432,4 +432,6 @@ def test_reload_under_load_drops_nothing(tiny_pair: Path, tmp_path: Path):
 
 def test_read_log_refuses_a_missing_log(tmp_path: Path):
     with pytest.raises(CalibrationError, match="does not exist"):
-        read_log(tmp_path / "none.sqlite", bundle_id="b", prompt_hash="p", members=["a"])
+        read_calibration_log(
+            tmp_path / "none.sqlite", bundle_id="b", prompt_hash="p", members=["a"]
+        )

@@ -79,8 +79,7 @@ def frames_from_log(
     as for the card) and situation ids: the decisions with text flags logged at decision time
     when the log has any (the others are counted and left out, with a warning), else the
     decisions whose image is stored (likewise). A log with neither is an error."""
-    from spotstop.guard import DecisionLog, GuardError
-    from spotstop.guard._labels import LabelsFileError, read_reviewed
+    from spotstop.guard import DecisionLog, GuardError, LabelsFileError, read_reviewed
 
     path = Path(log_path)
     if not path.is_file():

@@ -1,0 +1,192 @@
+"""The decision log as the offline rooms read it: one reader, one rule for which decisions count.
+
+:func:`read_reviewed` is the one reader of a log for ``calibrate``, the card and the cue shift:
+the live rows and the registered Parquet archives as one log, in log order
+(:meth:`~spotstop.guard.DecisionLog.to_arrays`), or a fleet's logs and archives already read
+as one :class:`~spotstop.guard.LogArrays`; with the reviewers' labels (a labels file over the
+log's labels table, :func:`~spotstop.guard._labels.apply_labels_file`).
+
+:func:`decisions_that_count` is the one rule for which of those decisions enter a fit, a
+statistic or a grade; ``calibrate`` (its fits) and ``diagnostics`` (the card's cases, what the
+guard delivered, the checks) call it, each saying only which score it uses and whether it needs
+a label.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+from spotstop.guard._labels import _cell, apply_labels_file
+from spotstop.guard._log_read import LogArrays
+
+if TYPE_CHECKING:
+    from spotstop.guard._log import DecisionLog
+
+__all__ = ["CountedDecisions", "Reviewed", "decisions_that_count", "read_reviewed"]
+
+
+@dataclass(frozen=True, eq=False)
+class Reviewed:
+    """A log's decisions as arrays with the reviewers' labels (see :func:`read_reviewed`).
+
+    arrays: the log's :class:`~spotstop.guard._log_read.LogArrays` with ``label``,
+        ``contrast_id`` and ``situation_id`` as the reviewers have them (the labels file over
+        the labels table), ids as cleaned strings (``""`` for none).
+    n_from_file: decisions the labels file labelled (0 without a file).
+    labels: the labels file's path, or ``"log labels table"``.
+    """
+
+    arrays: LogArrays
+    n_from_file: int
+    labels: str
+
+    def counting(
+        self, *, needs: str | Sequence[str] | None = "fused", labelled: bool = False
+    ) -> CountedDecisions:
+        """:func:`decisions_that_count` on these decisions."""
+        return decisions_that_count(self.arrays, needs=needs, labelled=labelled)
+
+
+def read_reviewed(
+    log: DecisionLog | LogArrays, labels: str | os.PathLike[str] | None = None
+) -> Reviewed:
+    """The log's decisions with the reviewers' labels: the one reader of a log for the card,
+    ``calibrate`` and the cue shift. ``log``: a decision log (its live rows and archives, as
+    one log), or decisions already read as arrays (a fleet's logs and archives, with their
+    labels tables). Raises :class:`~spotstop.guard.LabelsFileError` for a bad labels file."""
+    arr = log if isinstance(log, LogArrays) else log.to_arrays()
+    ids = np.asarray(arr.decision_id, dtype=object)
+    sha = np.array([_cell(s) for s in arr.image_sha256], dtype=object)
+    label = np.array(arr.label, dtype=np.int8, copy=True)
+    contrast = np.array([_cell(c) for c in arr.contrast_id], dtype=object)
+    situation = np.array([_cell(s) for s in arr.situation_id], dtype=object)
+    n = 0
+    if labels is not None:
+        n = apply_labels_file(Path(labels), ids, sha, label, contrast, situation)
+    reviewed = dataclasses.replace(arr, label=label, contrast_id=contrast, situation_id=situation)
+    return Reviewed(reviewed, n, "log labels table" if labels is None else str(labels))
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class CountedDecisions:
+    """Which decisions count, and why each other one does not (see :func:`decisions_that_count`).
+
+    Every array has one bool per decision, in log order. A decision that does not count is
+    under exactly one reason, the first that applies in the order below.
+
+    mask: the decisions that count.
+    fail_closed: the guard failed closed on it (whatever its label or score).
+    unlabelled: it did not fail closed and has no reviewer label (all False unless
+        ``labelled``).
+    unscored: it did not fail closed (and is labelled, when ``labelled``) but lacks the
+        score the reader uses (missing or not finite).
+    member_not_run: the part of ``unscored`` where the guard did not run a needed member on
+        the scene (a cascade's second member far from the cut, ``members_run``, log schema 3);
+        all False unless ``needs`` names members.
+    needs, labelled: what was asked.
+    """
+
+    mask: NDArray[np.bool_]
+    fail_closed: NDArray[np.bool_]
+    unlabelled: NDArray[np.bool_]
+    unscored: NDArray[np.bool_]
+    member_not_run: NDArray[np.bool_]
+    needs: str | tuple[str, ...] | None
+    labelled: bool
+
+    @property
+    def n(self) -> int:
+        """Decisions that count."""
+        return int(np.count_nonzero(self.mask))
+
+    def __repr__(self) -> str:
+        return (
+            f"CountedDecisions(n={self.n} of {self.mask.size}, needs={self.needs!r}, "
+            f"labelled={self.labelled}, fail_closed={int(self.fail_closed.sum())}, "
+            f"unlabelled={int(self.unlabelled.sum())}, unscored={int(self.unscored.sum())})"
+        )
+
+
+_NEEDS_FUSED = "fused"
+
+
+def decisions_that_count(
+    arrays: LogArrays,
+    *,
+    needs: str | Sequence[str] | None = "fused",
+    labelled: bool = False,
+) -> CountedDecisions:
+    """The decisions of a log that count, with the reason each other one does not.
+
+    The rule, checked in this order (the first test a decision fails is its reason):
+
+    1. **It did not fail closed.** A fail-closed UNSAFE (a bad image or request, a member that
+       raised or gave NaN, the deadline, a fusion or policy fault, a failed log write, and a
+       SAFE whose write ended after the deadline, which the log amends in place to a
+       fail-closed UNSAFE) is the guard refusing to score, not an answer from a score: it
+       enters no fit, statistic or grade, labelled or not.
+    2. **It has a reviewer label** (only when ``labelled``): the label after the labels file
+       (:func:`read_reviewed`), 1 unsafe or 0 safe.
+    3. **It has the score the reader uses, finite**: ``needs="fused"`` the logged fused score
+       S (the card's statistics); a sequence of member names, each member's logged scene
+       score (a refit, which fuses the raw scores again: a member the guard did not run on
+       the scene, as a cascade skips its second member far from the cut, is missing there);
+       ``None``, no score (grading the guard's logged answer).
+
+    Archived decisions count like live ones: :func:`read_reviewed` gives both as one log.
+    Which bundle, time window or policy version a reader looks at is its own selection, made
+    apart from this rule.
+
+    ``arrays``: the decisions as :func:`read_reviewed` gives them (``Reviewed.arrays``), or
+    a subset of them.
+    """
+    if not isinstance(arrays, LogArrays):
+        raise TypeError(
+            "decisions_that_count needs the log's arrays (read_reviewed(log).arrays); got "
+            f"{type(arrays).__name__}."
+        )
+    n = arrays.n
+    fail = np.asarray(arrays.fail_closed, dtype=bool).reshape(n)
+    no_label = ~fail & (np.asarray(arrays.label) < 0) if labelled else np.zeros(n, dtype=bool)
+    ahead = ~fail & ~no_label
+    not_run = np.zeros(n, dtype=bool)
+    members: tuple[str, ...] = ()
+    if needs is None:
+        scored = np.ones(n, dtype=bool)
+    elif isinstance(needs, str):
+        if needs != _NEEDS_FUSED:
+            raise ValueError(
+                f"decisions_that_count: needs must be 'fused', a sequence of member names or "
+                f"None; got {needs!r}. Pass needs=('member_a', ...) for member scores."
+            )
+        scored = np.isfinite(np.asarray(arrays.fused, dtype=np.float64))
+    else:
+        members = tuple(needs)
+        if not members or not all(isinstance(m, str) and m for m in members):
+            raise ValueError(
+                f"decisions_that_count: needs must name at least one member; got {needs!r}."
+            )
+        scored = np.ones(n, dtype=bool)
+        for m in members:
+            col = arrays.member_scores.get(m)
+            scored &= False if col is None else np.isfinite(np.asarray(col, dtype=np.float64))
+            ran = arrays.members_run.get(m)
+            if ran is not None:
+                not_run |= np.asarray(ran) == 0
+    unscored = ahead & ~scored
+    return CountedDecisions(
+        mask=ahead & scored,
+        fail_closed=fail,
+        unlabelled=no_label,
+        unscored=unscored,
+        member_not_run=unscored & not_run,
+        needs=members or (None if needs is None else _NEEDS_FUSED),
+        labelled=labelled,
+    )
