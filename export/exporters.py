@@ -142,11 +142,20 @@ def export_decoder(
     path: Path,
     max_length: int | None = None,
     fold_constants: bool = True,
+    graph_form: str = "standard",
 ) -> None:
     """Write the decoder graph to ``path``, traced on ``feeds`` + ``image_embeds``, under the
     config's :meth:`~spotstop.export.configs.ExportConfig.decoder_patcher` for sequences up to
-    ``max_length`` tokens (default: the traced length)."""
+    ``max_length`` tokens (default: the traced length).
+
+    ``graph_form``: ``"standard"`` (standard ONNX operators: TensorRT, fp16, int4-trt) or
+    ``"fused"`` (onnxruntime's com.microsoft operators where they fit, export/fused.py: also under
+    :func:`~spotstop.export.fused.fused_patcher`, with its translations for a dynamo export)."""
     import torch
+    from spotstop.export.fused import GRAPH_FORMS, dynamo_translations, fused_patcher
+
+    if graph_form not in GRAPH_FORMS:
+        raise ValueError(f"graph_form must be one of {list(GRAPH_FORMS)}; got {graph_form!r}.")
 
     args = tuple(
         torch.from_numpy(image_embeds if n == "image_embeds" else feeds[n]) for n in DECODER_INPUTS
@@ -167,7 +176,13 @@ def export_decoder(
         }
     longest = int(max_length) if max_length is not None else int(args[0].shape[1])
     rules = _linear_rewrite_rules() if cfg.decoder_exporter == "dynamo" else nullcontext()
-    with torch.no_grad(), _exporter_noise(), cfg.decoder_patcher(longest), rules:
+    fused = graph_form == "fused"
+    form = fused_patcher(cfg.model_type, longest) if fused else nullcontext()
+    extra: dict[str, Any] = {}
+    if fused and cfg.decoder_exporter == "dynamo":
+        extra["custom_translation_table"] = dynamo_translations()
+    # the fused patch inside the config's own: where both replace a function, the fused one wins
+    with torch.no_grad(), _exporter_noise(), cfg.decoder_patcher(longest), form, rules:
         torch.onnx.export(
             decoder,
             args,
@@ -175,5 +190,6 @@ def export_decoder(
             input_names=DECODER_INPUTS,
             output_names=DECODER_OUTPUTS,
             **shapes,
+            **extra,
             **_exporter_options(cfg, cfg.decoder_exporter, fold_constants),
         )

@@ -1,0 +1,679 @@
+"""The "fused" decoder graph form: onnxruntime's ``com.microsoft`` operators where they fit.
+
+Two graph forms per target. ``standard`` (TensorRT, and fp16 / int4-trt) is the decoder as
+export/graphs.py writes it from standard ONNX operators: Qwen3.5's Gated-DeltaNet is the loop-free
+kernel of export/gated_delta.py (~185 nodes per layer), attention is MatMul/Softmax, the
+short convolutions are ``Conv``. ``fused`` (onnxruntime CPU: fp32, int8, int4) replaces, while the
+decoder is exported, the pieces onnxruntime has one kernel for, the way onnxruntime-genai 0.18's
+model builder writes ``qwen3_5`` and ``lfm2`` (builders/qwen.py ``make_qwen_gated_delta_net``,
+builders/base.py ``make_linear_attention`` / ``make_causal_conv_with_state`` /
+``make_group_query_attention``):
+
+=========================  =========================================================================
+Qwen3.5 Gated-DeltaNet     ``LinearAttention`` (update_rule="gated_delta"), as genai: q and k
+                           L2-normalised outside the op (standard nodes), ``q_num_heads`` = the
+                           key heads and ``kv_num_heads`` = the value heads (each key head serves
+                           ``Hv / Hk`` consecutive value heads, transformers' ``repeat_interleave``),
+                           decay ``g`` and ``beta`` per value head, no past state.
+Qwen3.5 conv (+ SiLU)      ``CausalConvWithState`` (activation="silu"), channels-first, weight
+                           (C, 1, K), no past state.
+Qwen3.5 attention          ``GroupQueryAttention`` without rotary (``do_rotary=0``): the q/k RMSNorms
+                           and the interleaved M-RoPE stay standard nodes before it, the output gate
+                           ``sigmoid(gate)`` after it (genai does the same: ``is_fused_rope_supported``
+                           is False for qwen3_5; M-RoPE places each token at three positions, which
+                           neither GQA's rotary nor ``RotaryEmbedding``'s position ids express).
+LFM2 attention             ``GroupQueryAttention`` WITH rotary (``do_rotary=1``, half-split, not
+                           interleaved): the q/k layernorms (RMSNorm) stay standard nodes before it.
+LFM2 short convolutions    ``CausalConvWithState`` (activation="none"); the ``B * x`` gate before
+                           and ``C * y`` after stay standard nodes.
+=========================  =========================================================================
+
+The projections stay ``MatMul`` nodes outside every fused op (as genai keeps them), so the int8 /
+int4 quantizers still rewrite them (MatMulNBits); the output layer and everything after the last
+hidden state are unchanged.
+
+Padding and the mask. The decoder runs right-padded batches and passes transformers an all-ones
+attention mask (export/graphs.py ``DecoderGraph``): every layer is causal, so the padding after a
+sequence never reaches its positions, and the standard graph's attention is exactly causal
+attention over the whole padded length. The fused attention is the same: ``GroupQueryAttention``
+with ``causal=1``, ``seqlens_k = L - 1`` for every row and ``total_sequence_length = L`` (the padded
+length), no ``query_seqlens``. Rows past a sequence's end differ from nothing (neither graph's
+outputs read them). The fused attention IGNORES the mask transformers passes it; that is exact
+only because that mask is all ones, which is why :func:`fused_patcher` is meant for exporting
+:class:`~spotstop.export.graphs.DecoderGraph` and nothing else. LFM2's fused rotary reads GQA's own
+positions (0 .. L-1 of a first prompt chunk); that equals the decoder's ``position_ids`` because
+LFM2's export config keeps the default ``ExportConfig.position_ids`` (0, 1, 2, ...), and
+:func:`fused_patcher` refuses an architecture whose config overrides it.
+
+Why at the torch level. While the decoder is exported under :func:`fused_patcher`, the layers call
+``torch.library`` custom ops (``spotstop_fused::*``) whose ONNX translation is the com.microsoft
+node: ``custom_translation_table`` for the dynamo exporter (:func:`dynamo_translations`), a
+``register_custom_op_symbolic`` symbolic for the legacy exporter (registered on import). Each op
+also has an eager torch implementation of the same maths, so the patched model runs in torch (and
+the legacy exporter, which traces by running, computes real values). The export is validated, as
+ever, against the UNPATCHED transformers model, so the parity is real.
+
+Where the lead calls it (export/onnx.py ``export_member``), the decoder stage only::
+
+    export_decoder(decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname, usable[-1], fold,
+                   graph_form=form)       # form: "fused" for fp32/int8/int4 on onnxruntime CPU,
+                                          #       "standard" for fp16 / int4-trt / TensorRT
+
+``export_decoder`` (export/exporters.py) enters :func:`fused_patcher` (``ecfg.model_type``,
+``max_length``) inside the config's own ``decoder_patcher`` and passes
+:func:`dynamo_translations` to a dynamo export. The vision graph is not fused (its attention is
+bidirectional over ``cu_seqlens`` windows, which no fused CPU op here covers); ``export_vision``
+takes no graph form. For the manifest, :func:`graph_form_ops` (an ``onnx.ModelProto``) gives the
+fused operators a graph holds, e.g. ``{"LinearAttention": 3, "CausalConvWithState": 3,
+"GroupQueryAttention": 1}`` for the tiny Qwen3.5 decoder; ``{}`` for a standard graph.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "FUSED_DOMAIN",
+    "FUSED_OPS",
+    "GRAPH_FORMS",
+    "dynamo_translations",
+    "fused_architectures",
+    "fused_patcher",
+    "graph_form_ops",
+]
+
+#: the graph forms an export can write (see the module doc)
+GRAPH_FORMS: tuple[str, ...] = ("standard", "fused")
+
+#: the domain (and opset version) of every fused operator
+FUSED_DOMAIN = "com.microsoft"
+FUSED_DOMAIN_VERSION = 1
+
+#: the fused operators the "fused" form writes, by op_type
+FUSED_OPS: tuple[str, ...] = ("LinearAttention", "CausalConvWithState", "GroupQueryAttention")
+
+#: the legacy exporter's opset the symbolics are registered at (export/configs.py legacy_opset)
+_LEGACY_OPSETS = range(9, 21)
+
+
+# -- the custom ops: eager maths, fake shapes ---------------------------------------------------
+
+
+@torch.library.custom_op("spotstop_fused::linear_attention", mutates_args=())
+def linear_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    q_num_heads: int,
+    kv_num_heads: int,
+    scale: float,
+) -> torch.Tensor:
+    """com.microsoft ``LinearAttention`` (update_rule="gated_delta", no past state), packed
+    layout: query/key (B, T, Hq·dk), value (B, T, Hkv·dv), decay/beta (B, T, Hkv) → (B, T, Hkv·dv).
+
+    Eager maths: the recurrence token by token (the op's own definition),
+    ``S_t = e^g S + β k ⊗ (v − e^g Sᵀ k)``, ``o_t = scale · q_tᵀ S_t``, with key head
+    ``h // (Hkv / Hq)`` serving value head ``h`` (inverse GQA, as transformers' Qwen3.5).
+    """
+    b, t = query.shape[0], query.shape[1]
+    dk = query.shape[-1] // q_num_heads
+    dv = value.shape[-1] // kv_num_heads
+    rep = kv_num_heads // q_num_heads
+    q = query.reshape(b, t, q_num_heads, dk).repeat_interleave(rep, 2).transpose(1, 2).float()
+    k = key.reshape(b, t, q_num_heads, dk).repeat_interleave(rep, 2).transpose(1, 2).float()
+    v = value.reshape(b, t, kv_num_heads, dv).transpose(1, 2).float()
+    g = decay.transpose(1, 2).float().exp()
+    bt = beta.transpose(1, 2).float()
+    state = torch.zeros(b, kv_num_heads, dk, dv, dtype=torch.float32, device=query.device)
+    outs = []
+    for i in range(t):
+        state = state * g[:, :, i, None, None]
+        kv_mem = (state * k[:, :, i, :, None]).sum(-2)
+        delta = (v[:, :, i] - kv_mem) * bt[:, :, i, None]
+        state = state + k[:, :, i, :, None] * delta[:, :, None, :]
+        outs.append((state * q[:, :, i, :, None]).sum(-2) * scale)
+    out = torch.stack(outs, 2) if outs else v.new_zeros(b, kv_num_heads, 0, dv)
+    return out.transpose(1, 2).reshape(b, t, kv_num_heads * dv).to(value.dtype)
+
+
+@linear_attention.register_fake
+def _(query, key, value, decay, beta, q_num_heads, kv_num_heads, scale):
+    return value.new_empty(value.shape)
+
+
+@torch.library.custom_op("spotstop_fused::causal_conv", mutates_args=())
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, silu: int) -> torch.Tensor:
+    """com.microsoft ``CausalConvWithState`` (no past state, no bias): depthwise causal
+    convolution of ``x`` (B, C, L) with ``weight`` (C, 1, K), zero history, SiLU after when
+    ``silu`` → (B, C, L)."""
+    k = weight.shape[-1]
+    out = F.conv1d(x, weight, padding=k - 1, groups=x.shape[1])[..., : x.shape[-1]]
+    return F.silu(out) if silu else out
+
+
+@causal_conv.register_fake
+def _(x, weight, silu):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("spotstop_fused::group_query_attention", mutates_args=())
+def group_query_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    num_heads: int,
+    kv_num_heads: int,
+    do_rotary: int,
+    scale: float,
+) -> torch.Tensor:
+    """com.microsoft ``GroupQueryAttention`` for a first prompt chunk with no cache: causal
+    attention over the whole length, ``query`` (B, L, H·D), ``key``/``value`` (B, L, Hkv·D) →
+    (B, L, H·D). With ``do_rotary``, q and k are first rotated (half split) at positions
+    0 .. L-1 by ``cos_cache``/``sin_cache`` (≥ L, D/2); without, the caches are not read."""
+    b, length = query.shape[0], query.shape[1]
+    d = query.shape[-1] // num_heads
+    q = query.reshape(b, length, num_heads, d).transpose(1, 2)
+    k = key.reshape(b, length, kv_num_heads, d).transpose(1, 2)
+    v = value.reshape(b, length, kv_num_heads, d).transpose(1, 2)
+    if do_rotary:
+        cos = torch.cat([cos_cache[:length]] * 2, -1)
+        sin = torch.cat([sin_cache[:length]] * 2, -1)
+
+        def rot(x: torch.Tensor) -> torch.Tensor:
+            x1, x2 = x.chunk(2, -1)
+            return x * cos + torch.cat([-x2, x1], -1) * sin
+
+        q, k = rot(q), rot(k)
+    rep = num_heads // kv_num_heads
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return out.transpose(1, 2).reshape(b, length, num_heads * d)
+
+
+@group_query_attention.register_fake
+def _(query, key, value, cos_cache, sin_cache, num_heads, kv_num_heads, do_rotary, scale):
+    return query.new_empty(query.shape)
+
+
+# -- ONNX translations: dynamo (onnxscript) ----------------------------------------------------
+
+
+def _register_onnx_schemas() -> None:
+    """Make onnx (and so onnxscript, which builds a node from its ``onnx.defs`` schema) know the
+    fused operators, with the schemas onnxruntime itself registers for them.
+
+    onnx ships no ``com.microsoft`` schemas; onnxruntime's are read from the installed
+    onnxruntime (``get_all_operator_schema``) and registered with ``onnx.defs.register_schema``,
+    once per process, unless onnx knows the op already. Outputs: the ones onnxruntime requires
+    (``min_output``: output and state; GroupQueryAttention's present key and value), because
+    the dynamo exporter gives a node every output its schema lists, and the optional ones are
+    extras the CPU kernels do not serve (CausalConvWithState's ``state_update`` is CUDA-only)."""
+    import onnx
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+    ort_schemas = {
+        s.name: s
+        for s in ort_c.get_all_operator_schema()
+        if s.domain == FUSED_DOMAIN and s.name in FUSED_OPS
+    }
+    missing = set(FUSED_OPS) - set(ort_schemas)
+    if missing:
+        import onnxruntime
+
+        raise RuntimeError(
+            f"onnxruntime {onnxruntime.__version__} has no {FUSED_DOMAIN} schema for "
+            f"{sorted(missing)}; the fused graph form needs onnxruntime >= 1.32 (or export the "
+            "standard graph form)."
+        )
+    Param = onnx.defs.OpSchema.FormalParameter
+    options = {
+        0: onnx.defs.OpSchema.FormalParameterOption.Single,
+        1: onnx.defs.OpSchema.FormalParameterOption.Optional,
+        2: onnx.defs.OpSchema.FormalParameterOption.Variadic,
+    }
+
+    def param(p: Any) -> Any:
+        return Param(p.name, p.typeStr, p.description, param_option=options[int(p.option)])
+
+    for name, s in ort_schemas.items():
+        if onnx.defs.has(name, FUSED_DOMAIN):
+            continue
+        schema = onnx.defs.OpSchema(
+            name,
+            FUSED_DOMAIN,
+            FUSED_DOMAIN_VERSION,
+            s.doc or "",
+            inputs=[param(p) for p in s.inputs],
+            outputs=[param(p) for p in s.outputs[: s.min_output]],
+            type_constraints=[
+                (t.type_param_str, list(t.allowed_type_strs), t.description)
+                for t in s.type_constraints
+            ],
+            attributes=[
+                onnx.defs.OpSchema.Attribute(
+                    a.name,
+                    getattr(onnx.defs.OpSchema.AttrType, a.type.name),
+                    a.description,
+                    required=bool(a.required),
+                )
+                for a in s.attributes.values()
+            ],
+        )
+        onnx.defs.register_schema(schema)
+
+
+def _dynamo_translations() -> dict[Any, Callable[..., Any]]:
+    """The custom ops' ONNX translations for the dynamo exporter's ``custom_translation_table``.
+
+    Each writes its com.microsoft node with the outputs onnxruntime requires (the state outputs
+    are left unused: the scoring pass has no next step)."""
+    import onnxscript
+    from onnxscript import opset18 as op
+
+    _register_onnx_schemas()
+
+    ms = onnxscript.values.Opset(FUSED_DOMAIN, FUSED_DOMAIN_VERSION)
+
+    def la(query, key, value, decay, beta, q_num_heads, kv_num_heads, scale):
+        out, _state = ms.LinearAttention(
+            query,
+            key,
+            value,
+            None,
+            decay,
+            beta,
+            q_num_heads=q_num_heads,
+            kv_num_heads=kv_num_heads,
+            scale=float(scale),
+            update_rule="gated_delta",
+        )
+        return out
+
+    def conv(x, weight, silu):
+        out, _state = ms.CausalConvWithState(x, weight, activation="silu" if silu else "none")
+        return out
+
+    def gqa(query, key, value, cos_cache, sin_cache, num_heads, kv_num_heads, do_rotary, scale):
+        shape = op.Shape(query)
+        length = op.Slice(shape, [1], [2])  # (1,) int64: the padded length L
+        total = op.Cast(op.Squeeze(length, [0]), to=6)  # int32 scalar: L
+        seqlens = op.Cast(op.Expand(op.Sub(length, [1]), op.Slice(shape, [0], [1])), to=6)  # L-1
+        cos, sin = (cos_cache, sin_cache) if do_rotary else (None, None)
+        out = ms.GroupQueryAttention(
+            query,
+            key,
+            value,
+            None,
+            None,
+            seqlens,
+            total,
+            cos,
+            sin,
+            num_heads=num_heads,
+            kv_num_heads=kv_num_heads,
+            do_rotary=int(do_rotary),
+            rotary_interleaved=0,
+            scale=float(scale),
+        )
+        return out  # the one output it requires (no cache: present key/value not written)
+
+    return {
+        torch.ops.spotstop_fused.linear_attention.default: la,
+        torch.ops.spotstop_fused.causal_conv.default: conv,
+        torch.ops.spotstop_fused.group_query_attention.default: gqa,
+    }
+
+
+#: the dynamo exporter's ``custom_translation_table`` for the fused custom ops (built once, on
+#: first use: importing onnxscript is not free)
+@functools.lru_cache(maxsize=1)
+def dynamo_translations() -> dict[Any, Callable[..., Any]]:
+    """``torch.onnx.export(..., dynamo=True, custom_translation_table=dynamo_translations())``."""
+    return _dynamo_translations()
+
+
+# -- ONNX translations: legacy (TorchScript symbolics) -----------------------------------------
+
+
+def _register_legacy_symbolics() -> None:
+    """``register_custom_op_symbolic`` for each custom op at every legacy opset we export at."""
+    from torch.onnx import register_custom_op_symbolic
+    from torch.onnx.symbolic_helper import parse_args
+
+    ms = FUSED_DOMAIN
+
+    @parse_args("v", "v", "v", "v", "v", "i", "i", "f")
+    def la(g, query, key, value, decay, beta, q_num_heads, kv_num_heads, scale):
+        none = g.op("prim::Constant").setType(torch._C.OptionalType.ofTensor())
+        out, _ = g.op(
+            f"{ms}::LinearAttention",
+            query,
+            key,
+            value,
+            none,
+            decay,
+            beta,
+            q_num_heads_i=q_num_heads,
+            kv_num_heads_i=kv_num_heads,
+            scale_f=scale,
+            update_rule_s="gated_delta",
+            outputs=2,
+        )
+        return out
+
+    @parse_args("v", "v", "i")
+    def conv(g, x, weight, silu):
+        out, _ = g.op(
+            f"{ms}::CausalConvWithState",
+            x,
+            weight,
+            activation_s="silu" if silu else "none",
+            outputs=2,
+        )
+        out.setType(x.type())
+        return out
+
+    @parse_args("v", "v", "v", "v", "v", "i", "i", "i", "f")
+    def gqa(g, query, key, value, cos_cache, sin_cache, num_heads, kv_num_heads, do_rotary, scale):
+        shape = g.op("Shape", query)
+        one = g.op("Constant", value_t=torch.tensor([1], dtype=torch.int64))
+        zero = g.op("Constant", value_t=torch.tensor([0], dtype=torch.int64))
+        two = g.op("Constant", value_t=torch.tensor([2], dtype=torch.int64))
+        length = g.op("Slice", shape, one, two)
+        batch = g.op("Slice", shape, zero, one)
+        total = g.op("Cast", g.op("Squeeze", length, zero), to_i=6)
+        seqlens = g.op("Cast", g.op("Expand", g.op("Sub", length, one), batch), to_i=6)
+        none = g.op("prim::Constant").setType(torch._C.OptionalType.ofTensor())
+        cos, sin = (cos_cache, sin_cache) if do_rotary else (none, none)
+        out = g.op(
+            f"{ms}::GroupQueryAttention",
+            query,
+            key,
+            value,
+            none,
+            none,
+            seqlens,
+            total,
+            cos,
+            sin,
+            num_heads_i=num_heads,
+            kv_num_heads_i=kv_num_heads,
+            do_rotary_i=int(do_rotary),
+            rotary_interleaved_i=0,
+            scale_f=scale,
+        )
+        out.setType(query.type())
+        return out
+
+    for opset in _LEGACY_OPSETS:
+        register_custom_op_symbolic("spotstop_fused::linear_attention", la, opset)
+        register_custom_op_symbolic("spotstop_fused::causal_conv", conv, opset)
+        register_custom_op_symbolic("spotstop_fused::group_query_attention", gqa, opset)
+
+
+_register_legacy_symbolics()
+
+
+# -- the patches --------------------------------------------------------------------------------
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    # as transformers' Qwen3.5 l2norm (and fla's): x · rsqrt(Σx² + ε)
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def fused_chunk_gated_delta_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' ``torch_chunk_gated_delta_rule`` (same arguments, [batch, length, heads,
+    dim] layout) as one ``LinearAttention`` node; the scoring pass only (no state in or out).
+
+    The q/k L2 norms (float32, as the reference) stay standard nodes before the op, as genai's
+    ``make_l2_normalize``; the 1/sqrt(d_k) query scale is the op's ``scale``."""
+    if initial_state is not None or output_final_state:
+        raise NotImplementedError(
+            "the fused Gated-DeltaNet serves the scoring pass only (no recurrent state in or out)."
+        )
+    b, t, hk, dk = key.shape
+    hv, dv = value.shape[2], value.shape[3]
+    if hv % hk:
+        raise ValueError(
+            f"LinearAttention needs the value heads ({hv}) to be a multiple of the key heads ({hk})."
+        )
+    dtype = query.dtype
+    q, k = query.float(), key.float()
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    out = torch.ops.spotstop_fused.linear_attention(
+        q.reshape(b, t, hk * dk),
+        k.reshape(b, t, hk * dk),
+        value.float().reshape(b, t, hv * dv),
+        g.float(),
+        beta.float(),
+        hk,
+        hv,
+        dk**-0.5,
+    )
+    return out.reshape(b, t, hv, dv).to(dtype), None
+
+
+def fused_causal_conv1d_fn(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """transformers' ``causal_conv1d_fn`` (Qwen3.5 and LFM2: ``weight`` (C, K), input (B, C, L))
+    as one ``CausalConvWithState`` node, SiLU fused when ``activation`` is ``"silu"``."""
+    if bias is not None:
+        raise NotImplementedError(
+            "the fused short convolution is written without a bias (neither Qwen3.5 nor LFM2 has "
+            "one); a member with conv_bias needs the bias input wired (CausalConvWithState's "
+            "third input)."
+        )
+    if activation not in (None, "silu", "swish"):
+        raise NotImplementedError(
+            f"CausalConvWithState fuses only SiLU; this layer's activation is {activation!r}."
+        )
+    out = torch.ops.spotstop_fused.causal_conv(
+        hidden_states.to(weight.dtype), weight.unsqueeze(1), int(activation is not None)
+    )
+    return out.to(hidden_states.dtype)
+
+
+def _no_cos(x: torch.Tensor) -> torch.Tensor:
+    """An empty (0, 1) tensor for the rotary caches of an attention without fused rotary."""
+    return x.new_zeros(0, 1)
+
+
+def _qwen3_5_attention_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: torch.Tensor | None,
+    cache: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``Qwen3_5Attention.forward`` for the scoring pass, attention as ``GroupQueryAttention``.
+
+    Same projections, output gate, (1 + w) q/k RMSNorms and interleaved M-RoPE as transformers
+    (standard nodes, in the (B, L, heads, D) layout); the causal attention is the fused op. The
+    mask is not read: see the module doc (the decoder's mask is all ones)."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
+
+    if cache is not None:
+        raise NotImplementedError("the fused attention serves the scoring pass only (no cache).")
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    query_states, gate = torch.chunk(
+        self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2), 2, dim=-1
+    )
+    gate = gate.reshape(*input_shape, -1)
+    query_states = self.q_norm(query_states.view(hidden_shape))
+    key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape))
+    value_states = self.v_proj(hidden_states)
+    cos, sin = position_embeddings
+    query_states, key_states = mod.apply_rotary_pos_emb(
+        query_states, key_states, cos, sin, unsqueeze_dim=2
+    )
+    n_heads = self.config.num_attention_heads
+    n_kv = self.config.num_key_value_heads
+    attn = torch.ops.spotstop_fused.group_query_attention(
+        query_states.reshape(*input_shape, -1),
+        key_states.reshape(*input_shape, -1),
+        value_states,
+        _no_cos(hidden_states),
+        _no_cos(hidden_states),
+        n_heads,
+        n_kv,
+        0,
+        float(self.scaling),
+    )
+    attn = attn * torch.sigmoid(gate)
+    return self.o_proj(attn), None
+
+
+def _lfm2_attention_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: torch.Tensor | None,
+    cache: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``Lfm2Attention.forward`` for the scoring pass, attention AND rotary as one
+    ``GroupQueryAttention`` (``do_rotary=1``).
+
+    The rotary caches are the first half of transformers' own cos/sin (``position_embeddings``,
+    (1, L, D), computed by the model from ``position_ids`` = 0 .. L-1): row p is position p, which
+    is the position GQA gives row p of a first prompt chunk. The q/k layernorms stay standard
+    nodes before the op; the mask is not read (see the module doc)."""
+    if cache is not None:
+        raise NotImplementedError("the fused attention serves the scoring pass only (no cache).")
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    query_states = self.q_layernorm(self.q_proj(hidden_states).view(*hidden_shape))
+    key_states = self.k_layernorm(self.k_proj(hidden_states).view(*hidden_shape))
+    value_states = self.v_proj(hidden_states)
+    cos, sin = position_embeddings
+    half = self.head_dim // 2
+    n_heads = self.config.num_attention_heads
+    n_kv = self.config.num_key_value_heads
+    attn = torch.ops.spotstop_fused.group_query_attention(
+        query_states.reshape(*input_shape, -1),
+        key_states.reshape(*input_shape, -1),
+        value_states,
+        cos[0, :, :half].to(query_states.dtype),
+        sin[0, :, :half].to(query_states.dtype),
+        n_heads,
+        n_kv,
+        1,
+        float(self.scaling),
+    )
+    return self.out_proj(attn), None
+
+
+@contextmanager
+def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    original = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, original)
+
+
+def _qwen3_5_patches(stack: ExitStack) -> None:
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
+
+    stack.enter_context(_patched(mod, "torch_chunk_gated_delta_rule", fused_chunk_gated_delta_rule))
+    stack.enter_context(_patched(mod, "causal_conv1d_fn", fused_causal_conv1d_fn))
+    stack.enter_context(_patched(mod.Qwen3_5Attention, "forward", _qwen3_5_attention_forward))
+
+
+def _lfm2_patches(stack: ExitStack) -> None:
+    from spotstop.export.configs import ExportConfig, get_export_config
+    from transformers.models.lfm2 import modeling_lfm2 as mod
+
+    cfg = get_export_config("lfm2_vl")
+    if cfg.position_ids.__func__ is not ExportConfig.position_ids.__func__:  # type: ignore[attr-defined]
+        raise NotImplementedError(
+            "LFM2's fused attention applies rotary at GQA's own positions 0 .. L-1; its export "
+            "config now computes other position ids, so the fused rotary would be wrong. Export "
+            "the standard graph form, or pass the rotary outside GroupQueryAttention (do_rotary=0)."
+        )
+    stack.enter_context(_patched(mod, "causal_conv1d_fn", fused_causal_conv1d_fn))
+    stack.enter_context(_patched(mod.Lfm2Attention, "forward", _lfm2_attention_forward))
+
+
+_PATCHES: dict[str, Callable[[ExitStack], None]] = {
+    "qwen3_5": _qwen3_5_patches,
+    "lfm2_vl": _lfm2_patches,
+}
+
+
+def fused_architectures() -> tuple[str, ...]:
+    """The model types :func:`fused_patcher` has a fused decoder for."""
+    return tuple(sorted(_PATCHES))
+
+
+@contextmanager
+def fused_patcher(model_type: str, max_length: int) -> Iterator[None]:
+    """Within the block, the ``model_type`` decoder's layers call the fused custom ops (see the
+    module doc), for sequences up to ``max_length`` tokens (nothing fused here depends on it:
+    ``LinearAttention`` and ``GroupQueryAttention`` take any length; it is the same argument
+    as the config's ``decoder_patcher``).
+
+    Enter it while :class:`~spotstop.export.graphs.DecoderGraph` is exported, and pass
+    :func:`dynamo_translations` to a dynamo export (export/exporters.py ``export_decoder`` with
+    ``graph_form="fused"`` does both). Outside the block the model is the transformers model again.
+    """
+    if model_type not in _PATCHES:
+        raise ValueError(
+            f"no fused graph form for {model_type!r} (fused: {list(fused_architectures())}); "
+            "export it with graph_form='standard'."
+        )
+    if int(max_length) <= 0:
+        raise ValueError(f"max_length must be a positive token count; got {max_length}.")
+    with ExitStack() as stack:
+        _PATCHES[model_type](stack)
+        yield
+
+
+def graph_form_ops(model: Any) -> dict[str, int]:
+    """The fused (``com.microsoft``) operators an ONNX graph holds, by op_type, counted over the
+    main graph and its subgraphs; ``{}`` for a standard graph. For the manifest."""
+    counts: dict[str, int] = {}
+
+    def walk(graph: Any) -> None:
+        for node in graph.node:
+            if node.domain == FUSED_DOMAIN and node.op_type in FUSED_OPS:
+                counts[node.op_type] = counts.get(node.op_type, 0) + 1
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    walk(attr.g)
+                for sub in attr.graphs:
+                    walk(sub)
+
+    walk(model.graph)
+    return dict(sorted(counts.items()))

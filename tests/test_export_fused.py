@@ -1,0 +1,255 @@
+"""The "fused" decoder graph form (export/fused.py): com.microsoft operators for onnxruntime.
+
+Each tiny member's decoder is exported twice, standard and fused, as ``export_member`` exports it
+(``export_decoder``, weights tied and transposes folded), and the fused graph is checked the way
+``export_member``'s validation checks a graph: right-padded batches (with image embeddings, and
+the request-only pass) against the UNPATCHED torch scoring graph at fp32 tolerances, at every
+bucket and at the cases' own lengths; plus the node counts: the fused operators are there, the
+Gated-DeltaNet decomposition (and the decomposed attention / Conv) is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+pytest.importorskip("transformers")
+
+from spotstop.export.fused import (  # noqa: E402
+    FUSED_DOMAIN,
+    GRAPH_FORMS,
+    fused_architectures,
+    fused_patcher,
+    graph_form_ops,
+)
+
+#: length buckets of the check (the tiny members' prompts are 120-140 tokens; 384 crosses
+#: six 64-token chunks of the Gated-DeltaNet)
+BUCKETS = (256, 384)
+
+#: fused operators each tiny decoder must hold: one per layer of that kind
+#: (tiny Qwen3.5: 3 Gated-DeltaNet + 1 attention layer; tiny LFM2: 3 conv + 1 attention)
+EXPECTED_OPS = {
+    "qwen3_5": {"CausalConvWithState": 3, "GroupQueryAttention": 1, "LinearAttention": 3},
+    "lfm2_vl": {"CausalConvWithState": 3, "GroupQueryAttention": 1},
+}
+
+
+@dataclass
+class _Decoders:
+    """One tiny member's torch scoring graph, its validation cases and both exported forms."""
+
+    model_type: str
+    decoder_t: Any
+    cases: Callable[[int], dict[str, dict[str, np.ndarray]]]
+    lengths: list[int]
+    graphs: dict[str, Any]  # graph form → onnx.ModelProto
+    paths: dict[str, Path]
+
+
+def _export_both(member: Path, out: Path) -> _Decoders:
+    """Mirror export_member's decoder stage (export/onnx.py) for both graph forms."""
+    import onnx
+    from spotstop.export.configs import get_export_config
+    from spotstop.export.exporters import export_decoder
+    from spotstop.export.graphs import build_graphs
+    from spotstop.export.onnx import _validation_cases
+    from spotstop.export.weights import fold_weight_transposes, tie_output_layer
+    from spotstop.guard._config import ScoringConfig
+    from spotstop.guard._hf import render_template, resolve_member
+    from spotstop.guard._member import resolve_image_size
+    from spotstop.guard._prompt import PromptEncoder
+    from spotstop.guard.backends._onnx import decoder_feeds
+    from transformers import AutoModelForImageTextToText
+
+    cfg_s = ScoringConfig()
+    folder = resolve_member(str(member))
+    ecfg = get_export_config(folder.model_type)
+    size = resolve_image_size(folder, cfg_s, member.name, None, None)
+    g = folder.arch.geometry(folder.config, folder.preprocessor, size)
+    encoder = PromptEncoder(folder.tokenizer(), render_template(folder, cfg_s.prompt), cfg_s.prompt)
+    plan = encoder.plan
+    vc = _validation_cases(folder, encoder, g)
+    model = AutoModelForImageTextToText.from_pretrained(str(folder.path), dtype=torch.float32)
+    vision_t, decoder_t = build_graphs(
+        model.eval(),
+        ecfg,
+        image_token_id=folder.image_token_id,
+        first_ids=plan.first_ids,
+        gray_pixels=vc.pixels["gray"],
+        geometry=g,
+    )
+    with torch.no_grad():
+        emb = {
+            k: vision_t(torch.from_numpy(px["pixel_values"])).numpy() for k, px in vc.pixels.items()
+        }
+    n_img = emb["gray"].shape[1]
+    hidden = int(model.config.get_text_config().hidden_size)
+
+    def cases(length: int) -> dict[str, dict[str, np.ndarray]]:  # as export_member's dec_cases
+        res = {}
+        for case, prompts in vc.prompts.items():
+            if max(len(p) for p in prompts) + plan.max_row_len > length:
+                continue
+            feeds = decoder_feeds(prompts, plan, length)
+            b = feeds["input_ids"].shape[0]
+            if case == "text":
+                e = np.zeros((b, n_img, hidden), np.float32)
+            else:
+                per = [emb["noise"][0]] + [emb["gray"][0]] * (len(prompts) - 1)
+                e = np.repeat(np.stack(per), len(plan.rows), axis=0)
+            res[case] = {**feeds, "image_embeds": e}
+        return res
+
+    own = {max(len(p) for p in ps) + plan.max_row_len for ps in vc.prompts.values()}
+    lengths = sorted(set(BUCKETS) | own)
+    case0 = cases(BUCKETS[0])["scene"]
+    feeds0 = {k: v for k, v in case0.items() if k != "image_embeds"}
+    graphs, paths = {}, {}
+    for form in GRAPH_FORMS:
+        path = out / f"decoder_{form}.onnx"
+        export_decoder(
+            decoder_t, ecfg, feeds0, case0["image_embeds"], path, BUCKETS[-1], graph_form=form
+        )
+        graphs[form] = fold_weight_transposes(tie_output_layer(onnx.load(str(path))))
+        paths[form] = path
+    return _Decoders(folder.model_type, decoder_t, cases, lengths, graphs, paths)
+
+
+@pytest.fixture(scope="module", params=sorted(EXPECTED_OPS))
+def decoders(
+    request: pytest.FixtureRequest, tiny_pair: Path, tmp_path_factory: pytest.TempPathFactory
+) -> _Decoders:
+    member = tiny_pair / f"tiny-{request.param}"
+    return _export_both(member, tmp_path_factory.mktemp(f"fused-{request.param}"))
+
+
+def _session(model: Any, level: str = "all", threads: int = 2) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = threads
+    opts.graph_optimization_level = {
+        "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    return ort.InferenceSession(
+        model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"]
+    )
+
+
+def test_every_architecture_has_a_fused_form() -> None:
+    from spotstop.export.configs import EXPORT_CONFIGS
+
+    assert set(fused_architectures()) == set(EXPORT_CONFIGS) == set(EXPECTED_OPS)
+    with pytest.raises(ValueError, match="no fused graph form"), fused_patcher("llama", 128):
+        pass
+
+
+def test_fused_ops_replace_the_decomposition(decoders: _Decoders) -> None:
+    """The fused operators are there, one per layer; what they replace is gone."""
+    from spotstop.export.graph_stats import graph_stats
+
+    std, fused = decoders.graphs["standard"], decoders.graphs["fused"]
+    assert graph_form_ops(std) == {}
+    assert graph_form_ops(fused) == EXPECTED_OPS[decoders.model_type]
+    assert {o.domain: o.version for o in fused.opset_import}.get(FUSED_DOMAIN) == 1
+    n_std, n_fused = len(std.graph.node), len(fused.graph.node)
+    assert n_fused < n_std, (n_fused, n_std)
+    ops = [n.op_type for n in fused.graph.node]
+    # no Conv, no Softmax left in the decoder (the short convs and the attention are fused)
+    assert "Conv" not in ops and "Softmax" not in ops
+    if decoders.model_type == "qwen3_5":
+        # the loop-free Gated-DeltaNet's ~185 nodes per layer are down to its projections, the
+        # l2 norms, gates and gated norm: the chunked inverse/scan (Trilu, CumSum) is gone
+        assert "Trilu" not in ops and "CumSum" in [n.op_type for n in std.graph.node]
+        per = graph_stats(fused).max_per_layer(".linear_attn")
+        assert per <= 60, per
+        assert graph_stats(std).max_per_layer(".linear_attn") > 3 * per
+    # the projections are still MatMul nodes on constant weights (the int8/int4 quantizers
+    # rewrite those)
+    weights = {t.name for t in fused.graph.initializer}
+    assert sum(1 for n in fused.graph.node if n.op_type == "MatMul" and n.input[1] in weights) >= (
+        sum(1 for n in std.graph.node if n.op_type == "MatMul" and n.input[1] in weights)
+    )
+
+
+def test_fused_decoder_matches_the_torch_scoring_graph(decoders: _Decoders) -> None:
+    """As export_member validates: every bucket and the cases' own lengths, right-padded
+    batches with image embeddings and the request-only pass, fp32 tolerances."""
+    from spotstop.export.configs import get_export_config
+    from spotstop.export.exporters import DECODER_INPUTS
+
+    ecfg = get_export_config(decoders.model_type)
+    atol, rtol = ecfg.atol["fp32"], ecfg.rtol["fp32"]
+    sess = _session(decoders.graphs["fused"])
+    checked = 0
+    for length in decoders.lengths:
+        for case, feeds in decoders.cases(length).items():
+            with torch.no_grad():
+                want = decoders.decoder_t(*(torch.from_numpy(feeds[n]) for n in DECODER_INPUTS))
+            got = sess.run(None, {k: np.ascontiguousarray(v) for k, v in feeds.items()})
+            for name, g, w in zip(("first_logits", "read_logprob"), got, want, strict=True):
+                np.testing.assert_allclose(
+                    g, w.numpy(), atol=atol, rtol=rtol, err_msg=f"{case}@L{length} {name}"
+                )
+            checked += 1
+    assert checked >= 2 * len(decoders.lengths) - 1
+
+
+def test_the_patch_is_scoped_and_the_eager_ops_match(tiny_pair: Path) -> None:
+    """Inside the patch, the transformers decoder runs the custom ops' eager maths and gives
+    the unpatched outputs; outside, it is the transformers code again."""
+    from transformers import AutoModelForImageTextToText
+    from transformers.models.lfm2 import modeling_lfm2
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    originals = (
+        modeling_qwen3_5.torch_chunk_gated_delta_rule,
+        modeling_qwen3_5.causal_conv1d_fn,
+        modeling_qwen3_5.Qwen3_5Attention.forward,
+        modeling_lfm2.causal_conv1d_fn,
+        modeling_lfm2.Lfm2Attention.forward,
+    )
+    for model_type in sorted(EXPECTED_OPS):
+        model = AutoModelForImageTextToText.from_pretrained(
+            str(tiny_pair / f"tiny-{model_type}"), dtype=torch.float32
+        ).eval()
+        lm = model.model.language_model
+        ids = torch.randint(0, 500, (2, 70), generator=torch.Generator().manual_seed(1))
+        emb = model.get_input_embeddings()(ids)
+        with torch.no_grad():
+            want = lm(
+                inputs_embeds=emb, attention_mask=torch.ones_like(ids), use_cache=False
+            ).last_hidden_state
+            with fused_patcher(model_type, 128):
+                got = lm(
+                    inputs_embeds=emb, attention_mask=torch.ones_like(ids), use_cache=False
+                ).last_hidden_state
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert originals == (
+        modeling_qwen3_5.torch_chunk_gated_delta_rule,
+        modeling_qwen3_5.causal_conv1d_fn,
+        modeling_qwen3_5.Qwen3_5Attention.forward,
+        modeling_lfm2.causal_conv1d_fn,
+        modeling_lfm2.Lfm2Attention.forward,
+    )
+
+
+def test_graph_form_is_checked() -> None:
+    from spotstop.export.configs import get_export_config
+    from spotstop.export.exporters import export_decoder
+
+    with pytest.raises(ValueError, match="graph_form must be one of"):
+        export_decoder(
+            None, get_export_config("lfm2_vl"), {}, np.zeros(1), Path("x.onnx"), graph_form="x"
+        )
