@@ -142,7 +142,7 @@ def read_calibration_log(
     until: str | float | _dt.datetime | None = None,
 ) -> CalibrationLog:
     """Read one bundle's decisions in ``[since, until)`` with labels; see the module doc."""
-    from spotstop.guard import DecisionLog, LabelsFileError, decisions_that_count, read_reviewed
+    from spotstop.guard import LabelsFileError, decisions_that_count, read_reviewed
 
     path = Path(log_path)
     t0, t1 = parse_time(since, "since"), parse_time(until, "until")
@@ -156,8 +156,7 @@ def read_calibration_log(
             "(by default <bundle>/decisions.sqlite)."
         )
     try:
-        with DecisionLog(path) as log:
-            arr = read_reviewed(log, labels).arrays  # the card's reader too
+        arr = read_reviewed(path, labels).arrays  # the log's one reader (the card's too)
     except LabelsFileError as e:
         raise CalibrationError(f"labels file: {e}") from e
     decision_id = np.asarray(arr.decision_id, dtype=object)

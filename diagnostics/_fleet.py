@@ -44,7 +44,7 @@ from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics._from_log import LogData, _log_data, robot_of_path
 from spotstop.diagnostics._resample import group_sum_draws, nan_divide, percentile_ci
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
-from spotstop.guard import DecisionLog, GuardError, LabelsFileError, read_reviewed
+from spotstop.guard import GuardError, LabelsFileError, read_reviewed
 from spotstop.guard._log_archive import archive_folder, read_archive_file
 from spotstop.guard._log_read import LogArrays, arrays_from_rows
 from spotstop.guard._log_schema import PolicyRow
@@ -102,16 +102,15 @@ def _read_part(path: Path) -> _Part:
             arrays = arrays_from_rows(af.rows, [(None, None, None, None)] * len(af.rows))
             robot = af.robot_id or robot_of_path(path)
             return _Part(path, arrays, robot, af.policies, len(af.rows), 1)
-        with DecisionLog(path) as log:
-            infos = log.archives()
-            return _Part(
-                path,
-                log.to_arrays(),
-                log.robot_id or robot_of_path(path),
-                log.policies(),
-                sum(a.n_rows for a in infos),
-                len(infos),
-            )
+        r = read_reviewed(path)  # the log's one reader; a labels file goes over the fleet
+        return _Part(
+            path,
+            r.arrays,
+            r.robot_id or robot_of_path(path),
+            r.policies,
+            r.archived.get("rows", 0),
+            r.archived.get("files", 0),
+        )
     except GuardError as exc:
         raise DataError(f"cannot read {str(path)!r}: {exc}") from exc
 

@@ -55,7 +55,6 @@ from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError
 from spotstop.guard import (
     CountedDecisions,
-    DecisionLog,
     GuardError,
     LabelsFileError,
     Reviewed,
@@ -199,18 +198,14 @@ def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogDa
     if not path.is_file():
         raise DataError(f"decision log {str(path)!r} does not exist; pass the log's SQLite file.")
     try:
-        with DecisionLog(path) as log:
-            reviewed = read_reviewed(log, labels)
-            rows = log.policies()
-            infos = log.archives()
-            robot = log.robot_id or robot_of_path(path)
+        reviewed = read_reviewed(path, labels)  # the log's one reader: live rows and archives
     except LabelsFileError as exc:
         raise DataError(str(exc)) from exc
     except GuardError as exc:
         raise DataError(f"cannot read the decision log {str(path)!r}: {exc}") from exc
-    archived = {"files": len(infos), "rows": sum(a.n_rows for a in infos)} if infos else {}
+    robot = reviewed.robot_id or robot_of_path(path)
     robots = np.full(reviewed.arrays.n, robot, dtype=object)
-    return _log_data(path, reviewed, rows, archived, robots)
+    return _log_data(path, reviewed, reviewed.policies, reviewed.archived, robots)
 
 
 def robot_of_path(path: Path) -> str:

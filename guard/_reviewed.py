@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 from spotstop.guard._labels import _cell, apply_labels_file
 from spotstop.guard._log_read import LogArrays
+from spotstop.guard._log_schema import LogError, PolicyRow
 
 if TYPE_CHECKING:
     from spotstop.guard._log import DecisionLog
@@ -41,11 +42,20 @@ class Reviewed:
         the labels table), ids as cleaned strings (``""`` for none).
     n_from_file: decisions the labels file labelled (0 without a file).
     labels: the labels file's path, or ``"log labels table"``.
+    policies: the log's ``policies`` table: every policy that decided something, by version
+        id ({} when arrays were given).
+    archived: ``{"files": …, "rows": …}`` of the log's Parquet archives read with its live
+        rows ({} when it has none, or when arrays were given).
+    robot_id: the robot the log says it belongs to (None when it does not say, or when
+        arrays were given).
     """
 
     arrays: LogArrays
     n_from_file: int
     labels: str
+    policies: Mapping[str, PolicyRow] = field(default_factory=dict)
+    archived: Mapping[str, int] = field(default_factory=dict)
+    robot_id: str | None = None
 
     def counting(
         self, *, needs: str | Sequence[str] | None = "fused", labelled: bool = False
@@ -55,13 +65,36 @@ class Reviewed:
 
 
 def read_reviewed(
-    log: DecisionLog | LogArrays, labels: str | os.PathLike[str] | None = None
+    log: DecisionLog | LogArrays | str | os.PathLike[str],
+    labels: str | os.PathLike[str] | None = None,
 ) -> Reviewed:
     """The log's decisions with the reviewers' labels: the one reader of a log for the card,
-    ``calibrate`` and the cue shift. ``log``: a decision log (its live rows and archives, as
-    one log), or decisions already read as arrays (a fleet's logs and archives, with their
-    labels tables). Raises :class:`~spotstop.guard.LabelsFileError` for a bad labels file."""
-    arr = log if isinstance(log, LogArrays) else log.to_arrays()
+    ``calibrate`` and the cue shift.
+
+    ``log``: the path of a decision log's SQLite file (opened, read and closed here), an open
+    :class:`~spotstop.guard.DecisionLog` (its live rows and archives, as one log, with its
+    policies), or decisions already read as arrays (a fleet's logs and archives, with their
+    labels tables). ``labels``: a labels file over the log's labels table.
+
+    Raises :class:`~spotstop.guard.LogError` for a path that is not a file, and
+    :class:`~spotstop.guard.LabelsFileError` for a bad labels file.
+    """
+    from spotstop.guard._log import DecisionLog
+
+    read: dict[str, Any] = {}
+    if isinstance(log, LogArrays):
+        arr = log
+    elif isinstance(log, DecisionLog):
+        arr, read = _read_open(log)
+    else:
+        path = Path(log)
+        if not path.is_file():
+            raise LogError(
+                f"decision log {str(path)!r} does not exist; pass the guard's SQLite log file "
+                "(by default <bundle>/decisions.sqlite)."
+            )
+        with DecisionLog(path) as opened:
+            arr, read = _read_open(opened)
     ids = np.asarray(arr.decision_id, dtype=object)
     sha = np.array([_cell(s) for s in arr.image_sha256], dtype=object)
     label = np.array(arr.label, dtype=np.int8, copy=True)
@@ -71,7 +104,16 @@ def read_reviewed(
     if labels is not None:
         n = apply_labels_file(Path(labels), ids, sha, label, contrast, situation)
     reviewed = dataclasses.replace(arr, label=label, contrast_id=contrast, situation_id=situation)
-    return Reviewed(reviewed, n, "log labels table" if labels is None else str(labels))
+    source = "log labels table" if labels is None else str(labels)
+    return Reviewed(reviewed, n, source, **read)
+
+
+def _read_open(log: DecisionLog) -> tuple[LogArrays, dict[str, Any]]:
+    """The arrays of an open log, then its policies, archives and robot id."""
+    arr = log.to_arrays()
+    infos = log.archives()
+    archived = {"files": len(infos), "rows": sum(a.n_rows for a in infos)} if infos else {}
+    return arr, {"policies": log.policies(), "archived": archived, "robot_id": log.robot_id}
 
 
 @dataclass(frozen=True, eq=False, repr=False)

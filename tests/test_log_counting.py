@@ -24,7 +24,7 @@ from spotstop.guard import (
     decisions_that_count,
     read_reviewed,
 )
-from spotstop.guard._log import DecisionRecord, Retention
+from spotstop.guard._log import DecisionRecord, LogError, Retention
 from spotstop.guard.policies import FrozenPolicy
 
 from tests._log_writer import BUNDLE, PROMPT, policy_config, policy_row
@@ -229,3 +229,24 @@ def test_bad_arguments_are_refused(log_path: Path) -> None:
     with pytest.raises(TypeError, match=r"needs the log's arrays"):
         decisions_that_count(read_reviewed(arr), needs=None)  # type: ignore[arg-type]
     assert "needs='fused'" in repr(decisions_that_count(arr))
+
+
+def test_the_one_reader_reads_a_path_an_open_log_or_arrays_alike(
+    tmp_path: Path, log_path: Path, labels_file: Path
+) -> None:
+    trimmed = tmp_path / "decisions.sqlite"
+    shutil.copy(log_path, trimmed)
+    with DecisionLog(trimmed) as log:
+        log.apply_retention(Retention(keep_days=10), now=T_NEW + DAY)
+        opened = read_reviewed(log, labels_file)
+    by_path = read_reviewed(trimmed, labels_file)
+    from_arrays = read_reviewed(by_path.arrays)
+    for r in (opened, by_path, from_arrays):
+        assert r.arrays.decision_id.tolist() == IDS
+        assert np.array_equal(r.arrays.label, opened.arrays.label)
+    assert by_path.archived == opened.archived == {"files": 1, "rows": 4}
+    assert list(by_path.policies) == [FROZEN.version_id] and by_path.n_from_file == 1
+    assert from_arrays.policies == {} and from_arrays.archived == {}
+    with pytest.raises(LogError, match=r"does not exist; pass the guard's SQLite log file"):
+        read_reviewed(tmp_path / "missing.sqlite")
+    assert not (tmp_path / "missing.sqlite").exists()  # not created by the attempt
