@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 from spotstop.guard._errors import GuardError
+from spotstop.guard.validate import is_real
 
 __all__ = ["CalibrationError", "CalibrationLog", "parse_time", "read_calibration_log"]
 
@@ -115,7 +116,7 @@ def parse_time(value: str | float | _dt.datetime | None, name: str) -> float | N
     if isinstance(value, _dt.datetime):
         v = value if value.tzinfo else value.replace(tzinfo=_dt.UTC)
         return v.timestamp()
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if is_real(value):
         if not math.isfinite(value):
             raise CalibrationError(f"{name} must be a finite time; got {value!r}.")
         return float(value)

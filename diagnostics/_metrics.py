@@ -31,6 +31,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import ndtr, ndtri
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
+from spotstop.guard.validate import is_real
 
 __all__ = [
     "TIES_COMMON",
@@ -554,5 +555,5 @@ def spot_stop(table: CaseTable, cut: float = 0.0) -> SpotStop:
 
 
 def _check_cut(cut: float) -> None:
-    if not isinstance(cut, (int, float)) or math.isnan(cut):
+    if not is_real(cut) or math.isnan(cut):
         raise DataError(f"cut must be a number (the direct cut is 0.0); got {cut!r}.")

@@ -34,7 +34,6 @@ import fcntl
 import hashlib
 import json
 import math
-import numbers
 import os
 import secrets
 import tempfile
@@ -53,6 +52,7 @@ from spotstop.guard._log_schema import (
     RecordError,
 )
 from spotstop.guard._record import sql_columns
+from spotstop.guard.validate import is_int, is_real
 
 __all__ = [
     "ARCHIVE_SUFFIX",
@@ -108,30 +108,19 @@ class Retention:
     low_water: float = 0.9
 
     def __post_init__(self) -> None:
-        if self.max_bytes is not None and (
-            isinstance(self.max_bytes, bool)
-            or not isinstance(self.max_bytes, numbers.Integral)
-            or self.max_bytes <= 0
-        ):
+        if self.max_bytes is not None and (not is_int(self.max_bytes) or self.max_bytes <= 0):
             raise RecordError(
                 f"retention max_bytes (--log-max-bytes, log_max_bytes) must be a positive "
                 f"number of bytes or None; got {self.max_bytes!r}."
             )
         if self.keep_days is not None and (
-            isinstance(self.keep_days, bool)
-            or not isinstance(self.keep_days, numbers.Real)
-            or not math.isfinite(float(self.keep_days))
-            or float(self.keep_days) <= 0
+            not is_real(self.keep_days) or not math.isfinite(self.keep_days) or self.keep_days <= 0
         ):
             raise RecordError(
                 f"retention keep_days (--log-keep-days, log_keep_days) must be a positive "
                 f"number of days or None; got {self.keep_days!r}."
             )
-        if (
-            isinstance(self.low_water, bool)
-            or not isinstance(self.low_water, numbers.Real)
-            or not 0 < float(self.low_water) <= 1
-        ):
+        if not is_real(self.low_water) or not 0 < self.low_water <= 1:
             raise RecordError(f"retention low_water must be in (0, 1]; got {self.low_water!r}.")
 
     @property

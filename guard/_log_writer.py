@@ -47,6 +47,7 @@ from spotstop.guard._log import DecisionLog, PolicyRow
 from spotstop.guard._log_archive import Protect, Retention, RetentionResult
 from spotstop.guard._log_schema import FaultKind, LogError, RecordError, fault_kind
 from spotstop.guard._record import DecisionRecord
+from spotstop.guard.validate import is_real
 
 __all__ = [
     "DEFAULT_MAX_PENDING_BYTES",
@@ -137,7 +138,7 @@ class LogOptions:
         _nonneg_int("max_pending_bytes", self.max_pending_bytes)
         for name in ("spill_after_s", "retention_every_s"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:
+            if not is_real(v) or not v >= 0:
                 raise RecordError(f"{name} must be a non-negative number of seconds; got {v!r}.")
         self.retention  # noqa: B018 - validates max_bytes and keep_days now
 

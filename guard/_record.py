@@ -406,7 +406,7 @@ def _from_json(name: str, codec: str, v: Any) -> Any:
     def num(x: Any) -> float:
         if x is None:
             return math.nan
-        if isinstance(x, bool) or not isinstance(x, int | float):
+        if not is_real(x):
             raise bad("a number or null")
         return float(x)
 

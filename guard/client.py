@@ -187,7 +187,7 @@ class GuardClient:
         timeout_s: float = 2.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
+        if not (is_real(timeout_s) and math.isfinite(timeout_s) and timeout_s > 0):
             raise GuardError(f"timeout_s must be a positive number of seconds; got {timeout_s!r}.")
         token = token if token is not None else (os.environ.get("SPOTSTOP_TOKEN") or None)
         headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -123,3 +123,20 @@ def test_no_room_keeps_its_own_copy_of_a_shared_helper() -> None:
                 if isinstance(node, ast.FunctionDef) and node.name in _HELPERS:
                     copies.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert copies == [], "use spotstop.guard.validate instead of: " + ", ".join(copies)
+
+
+def test_former_inline_checks_follow_the_shared_rule() -> None:
+    """Checks that were written inline now call ``is_real``/``is_int``: ``True`` is no
+    number anywhere, numpy scalars are numbers everywhere."""
+    from spotstop.diagnostics._errors import DataError
+    from spotstop.diagnostics._metrics import _check_cut
+    from spotstop.guard._log import Retention
+    from spotstop.guard._record import RecordError
+
+    _check_cut(np.float32(0.5))
+    with pytest.raises(DataError, match=r"^cut must be a number"):
+        _check_cut(True)  # type: ignore[arg-type]
+    assert Retention(max_bytes=np.int64(1 << 20), keep_days=np.float32(2)).max_bytes == 1 << 20
+    for bad in ({"keep_days": True}, {"max_bytes": True}, {"low_water": True}):
+        with pytest.raises(RecordError, match=r"^retention "):
+            Retention(**bad)  # type: ignore[arg-type]

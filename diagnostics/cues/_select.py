@@ -34,6 +34,7 @@ from spotstop.diagnostics.cues._results import RelianceResult, fmt_estimate
 from spotstop.diagnostics.cues._selfcheck import SelectionCheck
 from spotstop.diagnostics.cues._shift import BASIS_LABELS, ShiftResult
 from spotstop.diagnostics.cues._templates import CUES
+from spotstop.guard.validate import is_real
 
 __all__ = [
     "WEIGHTINGS",
@@ -253,7 +254,7 @@ def select(
         raise DataError("no candidate to rank; measure at least one member or guard.")
     if weighting not in WEIGHTINGS:
         raise DataError(f"weighting must be one of {', '.join(WEIGHTINGS)}; got {weighting!r}.")
-    if not (isinstance(miss_cost, (int, float)) and math.isfinite(miss_cost) and miss_cost > 0):
+    if not (is_real(miss_cost) and math.isfinite(miss_cost) and miss_cost > 0):
         raise DataError(
             f"miss_cost is the cost of a missed hazard relative to a false stop, a number > 0; "
             f"got {miss_cost!r}."

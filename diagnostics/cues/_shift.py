@@ -53,6 +53,7 @@ from spotstop.diagnostics.cues._results import fmt_estimate
 from spotstop.diagnostics.cues._templates import CUES
 from spotstop.guard import GuardError, ImageRefused
 from spotstop.guard.cues import TextDetector
+from spotstop.guard.validate import is_real
 
 __all__ = [
     "BASIS_INDEPENDENCE",
@@ -522,7 +523,7 @@ def _check_shift(
             raise DataError(f"frame_groups needs one group per frame ({n}); got {groups.shape[0]}.")
         _, gcode = np.unique(groups, return_inverse=True)
         gcode = gcode.reshape(-1).astype(np.intp)
-    if prior is not None and not (isinstance(prior, (int, float)) and 0.0 <= float(prior) <= 1.0):
+    if prior is not None and not (is_real(prior) and 0.0 <= float(prior) <= 1.0):
         raise DataError(f"prior is the unsafe share, a number in [0, 1]; got {prior!r}.")
     if not isinstance(n_boot, (int, np.integer)) or isinstance(n_boot, bool) or n_boot < 1:
         raise DataError(f"n_boot must be an integer >= 1; got {n_boot!r}.")

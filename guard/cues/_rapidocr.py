@@ -35,6 +35,7 @@ from spotstop.guard.cues._types import (
     OcrModel,
     TextDetectionError,
 )
+from spotstop.guard.validate import is_real
 
 __all__ = ["INSTALL_HINT", "RapidOcrDetector", "TextDetectionError"]
 
@@ -229,11 +230,7 @@ def _check_settings(*, threads: object, max_side: object, min_text_score: object
             f"max_side must be an int in 32..4096 (pixels of the detector's input); got "
             f"{max_side!r}. 960 reads 16-px text in a 1920x1080 frame."
         )
-    if (
-        not isinstance(min_text_score, int | float)
-        or isinstance(min_text_score, bool)
-        or not 0.0 <= float(min_text_score) <= 1.0
-    ):
+    if not is_real(min_text_score) or not 0.0 <= float(min_text_score) <= 1.0:
         raise ConfigError(
             f"min_text_score must be a number in [0, 1]; got {min_text_score!r}. 0.5 is "
             "RapidOCR's default."

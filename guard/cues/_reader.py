@@ -38,6 +38,7 @@ from spotstop.guard._errors import ConfigError
 from spotstop.guard._types import Scene
 from spotstop.guard.cues._lexicon import ClaimLexicon, load_lexicon
 from spotstop.guard.cues._types import CUES, ClaimReader, Cue, CueMatch, TextDetectionError
+from spotstop.guard.validate import is_real
 
 __all__ = [
     "LEXICON_READER",
@@ -110,12 +111,7 @@ class MemberClaimReader:
     def __init__(
         self, member: _TextScorer, *, margin: float = DEFAULT_MARGIN, check: bool = True
     ) -> None:
-        if (
-            not isinstance(margin, int | float)
-            or isinstance(margin, bool)
-            or not math.isfinite(margin)
-            or margin < 0
-        ):
+        if not is_real(margin) or not math.isfinite(margin) or margin < 0:
             raise ConfigError(
                 f"margin must be a finite number >= 0 (score units from the neutral baseline); "
                 f"got {margin!r}. {DEFAULT_MARGIN} is the default."

@@ -25,6 +25,7 @@ from spotstop.guard._log_writer import DEFAULT_MIN_FREE_BYTES, LogOptions, parse
 from spotstop.guard._prompt import MAX_REQUEST_CHARS
 from spotstop.guard._types import VARIANTS, Variant
 from spotstop.guard.serve._errors import InsecureBindError, SettingsError
+from spotstop.guard.validate import is_real
 
 __all__ = [
     "DEFAULT_PORT",
@@ -85,12 +86,7 @@ def resolve_token(
 
 
 def _positive_seconds(name: str, value: object, alternative: str = "") -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if not is_real(value) or not math.isfinite(value) or value <= 0:
         raise SettingsError(
             f"{name} must be a positive number of seconds{alternative}; got {value!r}."
         )
