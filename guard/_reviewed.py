@@ -184,7 +184,10 @@ def decisions_that_count(
 
     Archived decisions count like live ones: :func:`read_reviewed` gives both as one log.
     Which bundle, time window or policy version a reader looks at is its own selection, made
-    apart from this rule.
+    apart from this rule. The rule is about the guard's scores and answers: a share of the
+    deployment's *scenes* (the text flags logged at decision time, the cue shift's frames)
+    counts every scene the guard saw, fail-closed ones too (a scene refused for its text is
+    still a scene of the deployment).
 
     ``arrays``: the decisions as :func:`read_reviewed` gives them (``Reviewed.arrays``), or
     a subset of them.
