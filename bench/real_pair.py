@@ -17,21 +17,46 @@ measured), run the product's own commands as a user runs them:
    every member's score against its torch reference at the precision's tolerance
    (export/configs.py).
 4. ``latency`` — per member, on the same generated scenes, one scene per call after a
-   warm-up call: torch eager fp32 (the member folder, ``backend="torch"``) against
-   onnxruntime int8 and int4 (the bundles), each in its own process, measured in this run.
+   warm-up call: torch eager fp32 and torch eager bf16 (the member folder, ``backend="torch"``
+   with ``dtype``) against onnxruntime at each precision (the bundles; default: every
+   precision this store's export wrote a bundle for, names taken as data), each in its own
+   process, measured in this run; ratio columns against torch fp32 and torch bf16. Each
+   onnxruntime run also logs the time of each graph (vision, decoder) and the decoder's input
+   shape. Each bundle is then profiled once more in its own process
+   (``SessionOptions.enable_profiling``; one scene after a warm-up): the share of node time
+   in linear layers, Gated-DeltaNet, LFM2's short convolutions, attention and the rest. The
+   roofline floor of one scene on this CPU is ``spotstop cost``'s roofline (export/cost.py:
+   ``bundle_cost``'s FLOPs, ``roofline``'s max(FLOPs / peak, bytes / bandwidth)) at peaks
+   measured at the start of the step by ``bench/int8_gemm.py`` (one Qwen3.5-2B-sized linear
+   layer in fp32, bf16 and int8 forms; a 1 GiB read for the bandwidth). Last, each precision
+   against issue #24's speed goals.
+5. ``peer``    — onnxruntime-genai's model builder (``python -m
+   onnxruntime_genai.models.builder -i MEMBER -p P -e cpu``, last-token logits) on the same
+   member folder, for each of our precisions at the builder's precision of that name (int4:
+   its MatMulNBits 4-bit; int8: its MatMulNBits 8-bit; the table says what it emitted), run
+   by the interpreter of a separate venv (``--peer-python``; the step says so and writes no
+   figures when it is missing). Its decoder's prefill is timed at our decoder's token count
+   (batch x length of the latency step's median decoder call) beside ours. The builder
+   emits no vision tower for either member: decoders alone are compared.
 
 Each step runs in a child process; its peak RSS is the child's (``os.wait4``). Results
 accumulate in ``WORK/real_pair.json`` (a step run again replaces its own figures) and are
 rendered into ``bench/RESULTS.md``, with the bundle bytes against ``jetson/memory_budget.py``'s
 prediction, in sections a run rewrites only when it measured them: ``cpu-real`` (the header
-and the member folders), ``cpu-real-export-PRECISION``, ``cpu-real-verify-PRECISION`` and
-``cpu-real-latency``; each table names the command, date and machine that measured it. So an
-int4 export run again leaves the int8 figures as they were measured, even when the store is
+and the member folders), ``cpu-real-export-PRECISION``, ``cpu-real-verify-PRECISION``,
+``cpu-real-latency`` and ``cpu-real-peer``; each table names the command, date and machine
+that measured it. So an int4 export run again leaves the int8 figures as they were measured, even when the store is
 gone. Only figures this machine measured are written; a step that failed is written with its
 error.
 
     python bench/real_pair.py --work /work/real                      # everything (~1 h here)
     python bench/real_pair.py --work /work/real --steps latency      # one step again
+    python bench/real_pair.py --work /work/real --steps build --members Qwen3.5-2B
+    python bench/real_pair.py --work /tmp/t --tiny                   # a trial on the tiny pair
+
+``--tiny`` builds the tiny TEST pair's members (``spotstop tiny``'s) under the real members'
+names and writes ``cpu-tiny-*`` sections to WORK/RESULTS.md (``--results`` to choose):
+a minutes-long trial of every step, its figures meaning nothing about the real dimensions.
 
 Disk: the two bf16 member folders (10 GiB), the export's float32 temporaries of one member
 at a time (up to 12 GiB), and the bundles (int8 ~4.5 GiB, int4 ~3 GiB).
@@ -45,6 +70,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -59,7 +85,7 @@ if str(ROOT / "bench") not in sys.path:
     sys.path.insert(0, str(ROOT / "bench"))
 from _results import write_section  # noqa: E402
 
-STEPS = ("build", "export", "verify", "latency")
+STEPS = ("build", "export", "verify", "latency", "peer")
 
 
 def _budget() -> Any:
@@ -83,6 +109,7 @@ def _run(cmd: list[str], log: Path, timeout_s: float | None = None) -> dict[str,
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
         assert p.stdout is not None
         out = p.stdout.read()
+        p.stdout.close()
         try:
             _, status, ru = os.wait4(p.pid, 0)
         except ChildProcessError:  # already reaped
@@ -110,28 +137,351 @@ rec = mb.RECORDED[sys.argv[1]]
 build_random_member(str(rec["model_type"]), rec, sys.argv[2], seed=0, dtype="bfloat16", device="cpu")
 """
 
-_LATENCY = """
-import json, statistics, sys, time
-from spotstop.export.scenes import demo_scenes
-kind, where, name, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-if kind == "torch":
-    from spotstop.guard import load_member
-    m = load_member(where, name=name, backend="torch", dtype="float32")
-else:
-    from spotstop.guard._bundle import load_bundle
-    from spotstop.guard._member import load_bundle_member
-    b = load_bundle(where)
-    m = load_bundle_member(b, next(bm for bm in b.members if bm.name == name))
-scenes = demo_scenes(n, seed=7)
-t = time.perf_counter(); m.score(scenes[:1]); first = time.perf_counter() - t
-times, scores, tokens = [], [], []
-for s in scenes:
-    t = time.perf_counter()
-    [r] = m.score([s])
-    times.append(time.perf_counter() - t)
-    scores.append(r.score); tokens.append(r.n_prompt_tokens)
-print(json.dumps({"first_s": first, "times_s": times, "scores": scores, "tokens": tokens}))
+_CHILD = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import real_pair
+getattr(real_pair, sys.argv[2])(*sys.argv[3:])
 """
+
+
+def _child(fn: str, *args: str, python: str | None = None) -> list[str]:
+    """A child process (``python``: another interpreter, e.g. the peer's venv) that runs this
+    module's ``fn(*args)``; it prints one JSON line last."""
+    return [python or sys.executable, "-c", _CHILD, str(ROOT / "bench"), fn, *args]
+
+
+# ---- per-op time shares (onnxruntime profiling) ------------------------------------------------
+
+#: where a profiled node's time goes (the latency step's share table)
+GROUPS = ("linear layers", "Gated-DeltaNet", "short conv", "attention", "other")
+#: operators that are a linear layer whatever their name (weights quantized or not)
+_LINEAR_OPS = {
+    "MatMulNBits",
+    "DynamicQuantizeMatMul",
+    "MatMulInteger",
+    "MatMulIntegerToFloat",
+    "QGemm",
+    "QLinearMatMul",
+    "MatMulFpQ4",
+}
+_MATMUL_OPS = {"MatMul", "FusedMatMul", "Gemm", "FusedGemm"}
+_GDN_OPS = {"LinearAttention", "LinearAttentionGate", "GatedDeltaNet"}
+_ATTN_OPS = {
+    "GroupQueryAttention",
+    "MultiHeadAttention",
+    "Attention",
+    "PagedAttention",
+    "SparseAttention",
+}
+_LINEAR_NAME = re.compile(r"(_proj|proj[./]|lm_head|linear|feed_forward|mlp|fc\d|/w\d/)", re.I)
+_SHORT_CONV = re.compile(r"[./]conv([./_]|$)")
+_ATTN_NAME = re.compile(r"(self_attn|[./]attn[./_]|attention)", re.I)
+
+
+def graph_index(path: str | Path) -> dict[str, tuple[str, bool]]:
+    """node name → (its name with the module scopes the exporter recorded, whether it
+    multiplies by a weight: an initializer input) for the graph at ``path`` (weights not
+    loaded)."""
+    import onnx
+
+    m = onnx.load(str(path), load_external_data=False)
+    inits = {t.name for t in m.graph.initializer}
+    consts = {o for n in m.graph.node if n.op_type == "Constant" for o in n.output}
+    out = {}
+    for n in m.graph.node:
+        meta = {p.key: p.value for p in n.metadata_props}
+        text = " ".join(
+            [n.name, meta.get("pkg.torch.onnx.name_scopes", ""), meta.get("namespace", "")]
+        )
+        linear = "torch.nn.modules.linear.Linear" in meta.get("pkg.torch.onnx.class_hierarchy", "")
+        weight = linear or any(i in inits or i in consts for i in n.input[1:2])
+        out[n.name] = (text, weight)
+    return out
+
+
+def classify(op: str, name: str, index: dict[str, tuple[str, bool]]) -> str:
+    """The :data:`GROUPS` entry of a profiled node (``op`` its operator, ``name`` its node
+    name). Linear layers: the quantized matrix-multiply operators, and a MatMul/Gemm by a
+    weight; Gated-DeltaNet: Qwen3.5's linear-attention layers (their module scope or node
+    name ``linear_attn``, or onnxruntime's LinearAttention operators); short conv: LFM2's
+    convolution layers (``…/conv/…``, or CausalConvWithState outside a linear-attention
+    layer); attention: the attention layers (``self_attn``/``attn`` scopes, the fused
+    attention operators). A node onnxruntime fused under a new name is classed by its
+    operator and name alone."""
+    text, weight = index.get(name, (name, False))
+    if op in _LINEAR_OPS:
+        return "linear layers"
+    if op in _MATMUL_OPS and (weight or (name not in index and _LINEAR_NAME.search(text))):
+        return "linear layers"
+    if "linear_attn" in text or op in _GDN_OPS:
+        return "Gated-DeltaNet"
+    if op == "CausalConvWithState" or _SHORT_CONV.search(text):
+        return "short conv"
+    if op in _ATTN_OPS or _ATTN_NAME.search(text):
+        return "attention"
+    return "other"
+
+
+def profile_shares(
+    events: list[dict[str, Any]], index: dict[str, tuple[str, bool]]
+) -> dict[str, Any]:
+    """Milliseconds per :data:`GROUPS` entry of the LAST run in one session's onnxruntime
+    profile (``events``: its JSON; earlier runs are warm-up), and their total."""
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    lo, hi = (runs[-1]["ts"], runs[-1]["ts"] + runs[-1]["dur"]) if runs else (0, float("inf"))
+    ms = dict.fromkeys(GROUPS, 0.0)
+    for e in events:
+        name = str(e.get("name", ""))
+        if e.get("cat") != "Node" or not name.endswith("_kernel_time"):
+            continue
+        if not lo <= e.get("ts", 0) <= hi:
+            continue
+        node = name[: -len("_kernel_time")]
+        op = str((e.get("args") or {}).get("op_name", ""))
+        ms[classify(op, node, index)] += float(e.get("dur", 0)) / 1e3
+    return {
+        "ms": ms,
+        "total_ms": sum(ms.values()),
+        "run_ms": runs[-1]["dur"] / 1e3 if runs else None,
+    }
+
+
+class _Timed:
+    """An onnxruntime session that logs each run's wall time and input shapes."""
+
+    def __init__(self, sess: Any, graph: str, calls: list[dict[str, Any]]) -> None:
+        self._s, self._graph, self._calls = sess, graph, calls
+
+    def run(self, names: Any, feeds: dict[str, Any], *a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        out = self._s.run(names, feeds, *a, **k)
+        self._calls.append(
+            {
+                "graph": self._graph,
+                "s": time.perf_counter() - t,
+                "shapes": {n: list(getattr(v, "shape", ())) for n, v in feeds.items()},
+            }
+        )
+        return out
+
+    def __getattr__(self, a: str) -> Any:
+        return getattr(self._s, a)
+
+
+def _patch_sessions(profile_dir: str | None) -> tuple[list[dict[str, Any]], list[tuple[str, Any]]]:
+    """Make every onnxruntime session this process opens log its runs (and, with
+    ``profile_dir``, profile them there); return the run log and the (path, session) list."""
+    import onnxruntime as ort
+
+    calls: list[dict[str, Any]] = []
+    sessions: list[tuple[str, Any]] = []
+    orig = ort.InferenceSession
+
+    def make(path: Any, sess_options: Any = None, providers: Any = None, **kw: Any) -> Any:
+        if profile_dir:
+            sess_options = sess_options or ort.SessionOptions()
+            sess_options.enable_profiling = True
+            sess_options.profile_file_prefix = str(Path(profile_dir) / Path(str(path)).stem)
+        s = orig(path, sess_options=sess_options, providers=providers, **kw)
+        sessions.append((str(path), s))
+        return _Timed(s, Path(str(path)).stem, calls)
+
+    ort.InferenceSession = make
+    return calls, sessions
+
+
+def _shares_of(sessions: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Per graph (file stem): the last run's profiled milliseconds by group."""
+    out = {}
+    for path, s in sessions:
+        f = s.end_profiling()
+        if not f:
+            continue
+        events = json.loads(Path(f).read_text(encoding="utf-8"))
+        out[Path(path).stem] = profile_shares(events, graph_index(path))
+    return out
+
+
+def child_latency(kind: str, where: str, name: str, n: str, dtype: str, profile: str) -> None:
+    """Child process: load member ``name`` (``kind`` torch: the folder ``where`` in ``dtype``;
+    onnx: the bundle ``where``), score one warm-up scene, then ``n`` scenes one a call; print
+    their times, scores, prompt tokens and, for onnx, each call's time per graph and the
+    decoder's input shape. ``profile`` (a folder, or "" for none): instead, score one warm-up
+    and one scene with onnxruntime profiling on and print the last scene's time shares."""
+    calls: list[dict[str, Any]] = []
+    sessions: list[tuple[str, Any]] = []
+    if kind == "torch":
+        from spotstop.guard import load_member
+
+        m = load_member(where, name=name, backend="torch", dtype=dtype)
+    else:
+        calls, sessions = _patch_sessions(profile or None)
+        from spotstop.guard._bundle import load_bundle
+        from spotstop.guard._member import load_bundle_member
+
+        b = load_bundle(where)
+        m = load_bundle_member(b, next(bm for bm in b.members if bm.name == name))
+    from spotstop.export.scenes import demo_scenes
+
+    scenes = demo_scenes(2 if profile else int(n), seed=7)
+    t = time.perf_counter()
+    m.score(scenes[:1])
+    first = time.perf_counter() - t
+    if profile:
+        m.score(scenes[1:2])
+        print(json.dumps({"shares": _shares_of(sessions)}))
+        return
+    times, scores, tokens, graphs, decoder_shape = [], [], [], [], []
+    for s in scenes:
+        calls.clear()
+        t = time.perf_counter()
+        [r] = m.score([s])
+        times.append(time.perf_counter() - t)
+        scores.append(r.score)
+        tokens.append(r.n_prompt_tokens)
+        per: dict[str, float] = {}
+        for c in calls:
+            key = "decoder" if c["graph"].startswith("decoder") else c["graph"]
+            per[key] = per.get(key, 0.0) + c["s"]
+            if key == "decoder":
+                decoder_shape.append(c["shapes"].get("input_ids"))
+        graphs.append(per)
+    print(
+        json.dumps(
+            {
+                "first_s": first,
+                "times_s": times,
+                "scores": scores,
+                "tokens": tokens,
+                "graph_s": graphs,
+                "decoder_shapes": decoder_shape,
+            }
+        )
+    )
+
+
+def peer_feeds(
+    inputs: list[Any], batch: int, length: int, vocab: int = 100, head_size: int = 1
+) -> dict[str, Any]:
+    """Prefill feeds for an onnxruntime-genai decoder from its graph inputs (``inputs``:
+    ``session.get_inputs()``): ``input_ids`` of ``batch`` x ``length`` seeded tokens, the
+    attention mask all ones, position ids counting up (3 rows where the graph asks for
+    multimodal rotary positions), every past state empty (past length 0) or zero; the
+    cache's ``kv_cache_dim`` is ``head_size`` (genai_config.json's)."""
+    import numpy as np
+
+    types = {
+        "tensor(float)": np.float32,
+        "tensor(float16)": np.float16,
+        "tensor(int64)": np.int64,
+        "tensor(int32)": np.int32,
+    }
+    known = {
+        "batch_size": batch,
+        "sequence_length": length,
+        "total_sequence_length": length,
+        "past_sequence_length": 0,
+        "kv_cache_dim": head_size,
+    }
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in inputs:
+        dt = types.get(i.type)
+        if dt is None:
+            raise ValueError(f"peer input {i.name}: type {i.type} not handled")
+        shape = [d if isinstance(d, int) else known.get(str(d), 1) for d in i.shape]
+        if i.name == "input_ids":
+            feeds[i.name] = rng.integers(1, vocab, size=shape).astype(dt)
+        elif i.name == "attention_mask":
+            feeds[i.name] = np.ones(shape, dt)
+        elif i.name == "position_ids":
+            feeds[i.name] = np.broadcast_to(np.arange(length, dtype=dt), shape).copy()
+        else:
+            feeds[i.name] = np.zeros(shape, dt)
+    return feeds
+
+
+def child_peer(model_dir: str, batch: str, length: str, n: str, profile: str) -> None:
+    """Child process (the peer's venv): the onnxruntime-genai decoder in ``model_dir``,
+    prefill of ``batch`` x ``length`` tokens, one warm-up then ``n`` timed runs; then one
+    profiled run's time shares (``profile``: a folder). Prints its operators, inputs, times."""
+    import collections
+
+    import onnx
+    import onnxruntime as ort
+
+    cfg = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))
+    dec = cfg["model"]["decoder"]
+    path = Path(model_dir) / dec.get("filename", "model.onnx")
+    g = onnx.load(str(path), load_external_data=False)
+    ops = collections.Counter(n.op_type for n in g.graph.node)
+    bits = collections.Counter(
+        a.i
+        for n in g.graph.node
+        if n.op_type == "MatMulNBits"
+        for a in n.attribute
+        if a.name == "bits"
+    )
+    acc = sorted(
+        {
+            a.i
+            for n in g.graph.node
+            if n.op_type == "MatMulNBits"
+            for a in n.attribute
+            if a.name == "accuracy_level"
+        }
+    )
+    block = sorted(
+        {
+            a.i
+            for n in g.graph.node
+            if n.op_type == "MatMulNBits"
+            for a in n.attribute
+            if a.name == "block_size"
+        }
+    )
+    vocab = int(cfg["model"].get("vocab_size", 100))
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    head = int(dec.get("head_size", 1))
+    feeds = peer_feeds(sess.get_inputs(), int(batch), int(length), min(vocab, 100), head)
+    outs = [o.name for o in sess.get_outputs()][:1]
+    t = time.perf_counter()
+    sess.run(outs, feeds)
+    first = time.perf_counter() - t
+    times = []
+    for _ in range(int(n)):
+        t = time.perf_counter()
+        sess.run(outs, feeds)
+        times.append(time.perf_counter() - t)
+    del sess
+    shares = None
+    if profile:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(profile) / "peer")
+        ps = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        ps.run(outs, feeds)
+        ps.run(outs, feeds)
+        events = json.loads(Path(ps.end_profiling()).read_text(encoding="utf-8"))
+        shares = profile_shares(events, graph_index(path))
+    print(
+        json.dumps(
+            {
+                "first_s": first,
+                "times_s": times,
+                "ops": dict(ops.most_common()),
+                "nbits": {str(k): v for k, v in bits.items()},
+                "accuracy_level": acc,
+                "block_size": block,
+                "inputs": [i.name for i in g.graph.input],
+                "outputs": [o.name for o in g.graph.output][:1],
+                "shares": shares,
+                "versions": {"onnxruntime": ort.__version__},
+            }
+        )
+    )
 
 
 def _member_bytes(bundle: Path, name: str) -> int:
@@ -147,16 +497,23 @@ def _fmt_b(n: float | None) -> str:
 
 
 def step_build(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None:
-    mb = _budget()
     out = res.setdefault("build", {})
-    for name in mb.RECORDED:
+    for name in args.members:
         folder = args.work / name
         if (folder / "config.json").is_file() and not args.rebuild:
             out.setdefault(name, {"note": "folder present; not rebuilt in this run"})
             continue
-        r = _run(_py(_BUILD, name, str(folder), str(ROOT / "jetson" / "memory_budget.py")), log)
+        if args.tiny:  # the tiny TEST pair's member of that architecture, at the real name
+            kind = f"tiny-{_budget().RECORDED[name]['model_type']}"
+            code = "import sys; from spotstop.export.tiny import build_tiny_member; "
+            code += "build_tiny_member(sys.argv[1], sys.argv[2])"
+            r = _run(_py(code, kind, str(folder)), log)
+        else:
+            r = _run(_py(_BUILD, name, str(folder), str(ROOT / "jetson" / "memory_budget.py")), log)
         out[name] = {k: r[k] for k in ("rc", "seconds", "peak_rss_bytes")}
         out[name]["folder_bytes"] = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        if r["rc"] != 0:
+            out[name]["error"] = _tail(log)
         res["build_run"] = {"run": _stamp(res)}
 
 
@@ -181,9 +538,11 @@ def _export(
         j = _last_json(r["stdout"]) if r["rc"] == 0 else {"members": []}
         rec["bundle_id"] = j.get("bundle_id")
         for m in j["members"]:
+            m["file_bytes"] = _member_bytes(bundle, m["name"])
+            if getattr(args, "tiny", False):
+                continue  # memory_budget.py predicts the real dimensions, not the tiny pair's
             counts = mb.count(m["name"], mb.build_config(m["name"], mb.RECORDED[m["name"]]))
             m["predicted_bytes"] = float(mb.weight_bytes(counts, prec))
-            m["file_bytes"] = _member_bytes(bundle, m["name"])
         rec["members"] = j["members"]
     except Exception as ex:
         rec["error"] = f"{type(ex).__name__}: {ex}; stdout: {r['stdout'][-400:]}"
@@ -222,7 +581,8 @@ def bundles(res: dict[str, Any], prec: str) -> dict[str, str]:
 
 def step_verify(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None:
     out = res.setdefault("verify", {})
-    for prec in args.precisions:
+    precs = args.precisions if args.precisions_given else list(res.get("export", {}))
+    for prec in precs:
         written = sorted(set(bundles(res, prec).values()))
         if not written:
             out[prec] = {
@@ -246,29 +606,248 @@ def step_verify(args: argparse.Namespace, res: dict[str, Any], log: Path) -> Non
         out[prec]["run"] = _stamp(res)
 
 
+def _latency_precisions(args: argparse.Namespace, res: dict[str, Any]) -> list[str]:
+    """``--precisions`` when given, else every precision whose export this store records a
+    bundle for (names as the export step wrote them: none is assumed)."""
+    if args.precisions_given:
+        return list(args.precisions)
+    return [p for p in res.get("export", {}) if bundles(res, p)]
+
+
+def _measure_peaks(log: Path) -> dict[str, Any]:
+    """This CPU's peaks, measured now: ``bench/int8_gemm.py`` (one linear layer at
+    Qwen3.5-2B's size in every form, on all cores) and its read bandwidth."""
+    cmd = [sys.executable, str(ROOT / "bench" / "int8_gemm.py"), "--json", "--no-results"]
+    cmd += ["--threads", str(os.cpu_count() or 1), "--repeats", "5"]
+    r = _run(cmd, log)
+    if r["rc"] != 0:
+        return {"error": _tail(log)}
+    doc = _last_json(r["stdout"])
+    return {**doc["peaks"], "cpu": doc["cpu"], "threads": doc["threads"], "shape": doc["shape"]}
+
+
+def _decoder_peak(bundle: str, name: str) -> str:
+    """Which arithmetic a bundle member's decoder multiplies in: ``int8`` (dynamic int8
+    operators, or MatMulNBits at accuracy level 4: int8 dot products) else ``fp32``."""
+    import onnx
+
+    d = Path(bundle) / "members" / name / "onnx"
+    files = sorted(d.glob("decoder*.onnx")) if d.is_dir() else []
+    for f in files[:1]:
+        g = onnx.load(str(f), load_external_data=False)
+        for n in g.graph.node:
+            if n.op_type in ("DynamicQuantizeMatMul", "MatMulInteger", "MatMulIntegerToFloat"):
+                return "int8"
+            if n.op_type == "MatMulNBits" and any(
+                a.name == "accuracy_level" and a.i >= 4 for a in n.attribute
+            ):
+                return "int8"
+    return "fp32"
+
+
+def _cpu_floor(
+    flops: float, nbytes: float, peak_gflops: float, read_gbs: float
+) -> dict[str, float]:
+    """``spotstop cost``'s roofline (export/cost.py ``roofline``: max(FLOPs / peak, bytes /
+    bandwidth)) on this CPU, its peak and bandwidth measured in this run: registered for the
+    call as a device of the cost model's table."""
+    from spotstop.export import cost
+
+    key = "this CPU (measured)"
+    cost.DEVICES[key] = {
+        "fp16_tflops": peak_gflops / 1e3,
+        "int8_tops": peak_gflops / 1e3,
+        "bandwidth_gbs": read_gbs,
+    }
+    try:
+        return cost.roofline(flops, nbytes, key, "fp16")
+    finally:
+        del cost.DEVICES[key]
+
+
+def _member_cost(res: dict[str, Any], name: str, precs: list[str]) -> dict[str, Any] | None:
+    """``spotstop cost``'s figures of one scene of member ``name`` (export/cost.py
+    ``bundle_cost`` on a bundle of this run holding it: its prompt, image grid and score
+    plan): FLOPs (at the length the graph runs at), decoder sequence length, parameters."""
+    from spotstop.export.cost import bundle_cost
+
+    for p in precs:
+        b = bundles(res, p).get(name)
+        if not b:
+            continue
+        try:
+            m = next(x for x in bundle_cost(b).members if x.name == name)
+        except Exception as ex:  # a cost that cannot be computed leaves the floor n/a
+            return {"error": f"{type(ex).__name__}: {ex}"}
+        return {
+            "flops": float(m.padded_flops or m.total),
+            "seq_len": m.workload.seq_len,
+            "padded_len": m.padded_len,
+            "params": m.params.total,
+            "bundle": b,
+        }
+    return None
+
+
 def step_latency(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None:
+    """Per member, on the same scenes: torch eager fp32 and bf16 (the member folder) and
+    onnxruntime at each precision (its bundle), each timed in its own process; each onnx
+    bundle profiled once more in another process for its time shares; this CPU's peaks
+    measured first, for the roofline floor."""
+    precs = _latency_precisions(args, res)
+    peaks = _measure_peaks(log)
     out: dict[str, Any] = {}
+    floors: dict[str, Any] = {}
     for name in args.members:
-        runs: list[tuple[str, str, str | None]] = [
-            ("torch eager fp32", "torch", str(args.work / name))
+        runs: list[tuple[str, str, str | None, str]] = [
+            ("torch eager fp32", "torch", str(args.work / name), "float32"),
+            ("torch eager bf16", "torch", str(args.work / name), "bfloat16"),
         ]
-        runs += [(f"onnxruntime {p}", "onnx", bundles(res, p).get(name)) for p in args.precisions]
-        for label, kind, where in runs:
+        runs += [(f"onnxruntime {p}", "onnx", bundles(res, p).get(name), "") for p in precs]
+        cost = _member_cost(res, name, precs)
+        for label, kind, where, dtype in runs:
             if where is None:
                 out.setdefault(name, {})[label] = {
                     "rc": None,
                     "error": "no bundle: this member's export failed validation at this precision",
                 }
                 continue
-            r = _run(_py(_LATENCY, kind, where, name, str(args.scenes)), log)
+            cmd = _child("child_latency", kind, where, name, str(args.scenes), dtype, "")
+            r = _run(cmd, log)
             rec: dict[str, Any] = {"rc": r["rc"], "peak_rss_bytes": r["peak_rss_bytes"]}
             if r["rc"] == 0:
                 rec.update(json.loads(r["stdout"].strip().splitlines()[-1]))
             else:
                 rec["error"] = _tail(log)
+            if kind == "onnx" and r["rc"] == 0:
+                prof = args.work / "profiles" / f"{name}-{label.split()[-1]}"
+                prof.mkdir(parents=True, exist_ok=True)
+                pr = _run(_child("child_latency", kind, where, name, "1", "", str(prof)), log)
+                if pr["rc"] == 0:
+                    rec["shares"] = json.loads(pr["stdout"].strip().splitlines()[-1])["shares"]
+                else:
+                    rec["shares_error"] = _tail(log, 300)
+                rec["bytes"] = _member_bytes(Path(where), name)
+                rec["arith"] = _decoder_peak(where, name)
+            elif kind == "torch" and cost and "params" in cost:
+                rec["bytes"] = cost["params"] * (4 if dtype == "float32" else 2)
+                rec["arith"] = "fp32" if dtype == "float32" else "bf16"
+            peak = peaks.get(f"{rec.get('arith')}_gflops") or peaks.get(f"{rec.get('arith')}_gops")
+            if cost and "flops" in cost and peak and rec.get("bytes"):
+                rec["floor"] = _cpu_floor(cost["flops"], rec["bytes"], peak, peaks["read_gbs"])
             out.setdefault(name, {})[label] = rec
+        floors[name] = cost
     res["latency"] = out
+    res["latency_cost"] = floors
+    res["latency_peaks"] = peaks
     res["latency_run"] = {"run": _stamp(res)}
+
+
+#: the precisions onnxruntime-genai's builder takes (``-p``)
+PEER_PRECISIONS = ("int4", "int8", "bf16", "fp16", "fp32")
+#: the genai venv (a separate venv, so the product's is not disturbed)
+PEER_PYTHON = os.environ.get("SPOTSTOP_PEER_PYTHON", "/work/genai-venv/bin/python")
+
+
+def peer_precision(ours: str) -> str | None:
+    """The builder's ``-p`` for our precision name: the name itself, else its first part
+    (``int8-nbits`` → ``int8``, ``int4-trt`` → ``int4``); None when it has none."""
+    for p in (ours, ours.split("-")[0]):
+        if p in PEER_PRECISIONS:
+            return p
+    return None
+
+
+def _peer_tokens(res: dict[str, Any], name: str) -> tuple[int, int] | None:
+    """(batch, length) of our decoder's prefill in this store's latency run of ``name``: the
+    median call's input_ids shape over every onnxruntime precision's timed scenes."""
+    shapes = [
+        tuple(s)
+        for label, r in res.get("latency", {}).get(name, {}).items()
+        if label.startswith("onnxruntime") and r.get("rc") == 0
+        for s in r.get("decoder_shapes") or []
+        if s
+    ]
+    if not shapes:
+        return None
+    shapes.sort(key=lambda s: s[0] * s[1])
+    b, length = shapes[len(shapes) // 2]
+    return int(b), int(length)
+
+
+def step_peer(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None:
+    """onnxruntime-genai's model builder on the same member folder (same seeded random
+    weights), per precision: its export (time, peak RSS; a folder already there is reused),
+    then its decoder's prefill at our decoder's token count, timed in the genai venv."""
+    out: dict[str, Any] = {}
+    python = args.peer_python
+    missing = None
+    if not Path(python).is_file():
+        missing = f"no peer interpreter at {python} (--peer-python): the genai venv is missing"
+    else:
+        chk = _run([python, "-c", "import onnxruntime_genai.models.builder"], log)
+        if chk["rc"] != 0:
+            missing = f"{python} cannot import onnxruntime_genai.models.builder"
+    for name in args.members:
+        rows: dict[str, Any] = {}
+        tokens = _peer_tokens(res, name) or (1, args.peer_tokens)
+        for ours in args.peer_precisions or _latency_precisions(args, res):
+            p = peer_precision(ours)
+            rec: dict[str, Any] = {"ours": ours, "peer_precision": p, "tokens": list(tokens)}
+            if missing or p is None:
+                rec.update(rc=None, error=missing or f"the builder has no precision like {ours!r}")
+                rows[ours] = rec
+                continue
+            folder = args.work / f"peer-{name}-{p}"
+            if not (folder / "genai_config.json").is_file() or args.rebuild:
+                cmd = [
+                    python,
+                    "-m",
+                    "onnxruntime_genai.models.builder",
+                    "-i",
+                    str(args.work / name),
+                ]
+                cmd += [
+                    "-o",
+                    str(folder),
+                    "-p",
+                    p,
+                    "-e",
+                    "cpu",
+                    "-c",
+                    str(args.work / "peer-cache"),
+                ]
+                cmd += ["--extra_options", "prune_lm_head=true"]
+                b = _run(cmd, log)
+                rec["build"] = {k: b[k] for k in ("cmd", "rc", "seconds", "peak_rss_bytes")}
+                if b["rc"] != 0:
+                    rec.update(rc=b["rc"], error=_tail(log))
+                    rows[ours] = rec
+                    continue
+            else:
+                rec["build"] = {"note": "folder present; not rebuilt in this run"}
+            rec["folder_bytes"] = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            prof = args.work / "profiles" / f"peer-{name}-{p}"
+            prof.mkdir(parents=True, exist_ok=True)
+            cmd = _child(
+                "child_peer",
+                str(folder),
+                str(tokens[0]),
+                str(tokens[1]),
+                str(args.scenes),
+                str(prof),
+                python=python,
+            )
+            r = _run(cmd, log)
+            rec["rc"], rec["peak_rss_bytes"] = r["rc"], r["peak_rss_bytes"]
+            if r["rc"] == 0:
+                rec.update(json.loads(r["stdout"].strip().splitlines()[-1]))
+            else:
+                rec["error"] = _tail(log)
+            rows[ours] = rec
+        out[name] = rows
+    res["peer"] = out
+    res["peer_run"] = {"run": _stamp(res)}
 
 
 def _stamp(res: dict[str, Any]) -> dict[str, Any]:
@@ -353,7 +932,7 @@ def _export_rows(prec: str, e: dict[str, Any], what: str) -> list[str]:
     rows = [
         f"| {prec} | {m['name']} | {_quantizer(m)} | {m['seconds']:.0f} s | {_fmt_b(m['peak_rss_bytes'])} | "
         f"{'yes' if m['streamed'] else 'no'} | {_fmt_b(m['file_bytes'])} | "
-        f"{_fmt_b(m['predicted_bytes'])} | {m['file_bytes'] / m['predicted_bytes']:.3f} |"
+        f"{_fmt_b(m.get('predicted_bytes'))} | {_share(m['file_bytes'], m.get('predicted_bytes'))} |"
         for m in e["members"]
     ]
     rows.append(
@@ -456,35 +1035,245 @@ def sections(res: dict[str, Any]) -> list[tuple[str, str]]:
 
     lat = res.get("latency", {})
     if lat:
-        lines = [
-            "### Per-scene latency on this CPU (same scenes, one scene a call, after one warm-up call)",
-            "",
-            "| member | runtime | median | min | first call | prompt tokens | process peak RSS | torch eager / this |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for name, runs in lat.items():
-            base = runs.get("torch eager fp32", {}).get("times_s")
-            b_med = statistics.median(base) if base else None
-            for label, r in runs.items():
-                if r.get("rc") != 0:
-                    why = r["error"] if r.get("rc") is None else "FAILED"
-                    lines.append(f"| {name} | {label} | {why} | | | | | |")
-                    continue
-                med = statistics.median(r["times_s"])
-                ratio = f"{b_med / med:.2f}x" if b_med else "n/a"
-                lines.append(
-                    f"| {name} | {label} | {med:.2f} s | {min(r['times_s']):.2f} s | {r['first_s']:.1f} s | "
-                    f"{int(statistics.median(r['tokens']))} | {_fmt_b(r['peak_rss_bytes'])} | {ratio} |"
-                )
-        lines.append("")
-        n = {len(r["times_s"]) for runs in lat.values() for r in runs.values() if r.get("times_s")}
-        lines.append(f"Scenes timed per runtime: {sorted(n)}; one run, a noisy shared machine.")
-        lines.append(
-            _run_line(res, res.get("latency_run", {}))
-            + " On the bundles that run's export wrote; a later export does not change this table."
-        )
-        out.append((_key("cpu-real-latency", res.get("latency_run", {})), "\n".join(lines)))
+        out.append((_key("cpu-real-latency", res.get("latency_run", {})), _latency_text(res)))
+    if res.get("peer"):
+        out.append((_key("cpu-real-peer", res.get("peer_run", {})), _peer_text(res)))
+    if res.get("tiny"):
+        out = [(k.replace("cpu-real", "cpu-tiny", 1), t) for k, t in out]
     return out
+
+
+def _median(xs: list[float] | None) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _ratio(base: float | None, this: float | None, digits: int = 2) -> str:
+    return f"{base / this:.{digits}f}x" if base and this else "n/a"
+
+
+def _share(a: float, b: float | None) -> str:
+    return f"{a / b:.3f}" if b else "n/a"
+
+
+def _s(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f} s"
+
+
+#: issue #24's speed goals, as (what, member it is for or None for every member, test)
+GOALS = (
+    "our int8 ≥ 7x torch eager fp32",
+    "our int8 ≥ 1.5x torch eager bf16",
+    "our int8 ≤ 1.5 s per scene (Qwen3.5-2B)",
+    "tiny pair: onnxruntime ≥ 2x torch eager",
+)
+
+
+def goal_lines(res: dict[str, Any]) -> list[str]:
+    """Each onnxruntime precision against issue #24's goals, from this run's medians (the
+    int8 goals read for every precision: which name is "our int8" is the reader's call)."""
+    lines = []
+    tiny = bool(res.get("tiny"))
+    for name, runs in res.get("latency", {}).items():
+        f32 = _median(runs.get("torch eager fp32", {}).get("times_s"))
+        b16 = _median(runs.get("torch eager bf16", {}).get("times_s"))
+        for label, r in runs.items():
+            if not label.startswith("onnxruntime") or r.get("rc") != 0:
+                continue
+            med = _median(r["times_s"])
+            if med is None:
+                continue
+            if tiny:
+                ok = f32 is not None and f32 / med >= 2
+                lines.append(
+                    f"- {name} {label}: {_ratio(f32, med)} torch eager fp32 (goal ≥ 2x: "
+                    f"{'met' if ok else 'not met'})"
+                )
+                continue
+            parts = []
+            if f32:
+                parts.append(
+                    f"{f32 / med:.2f}x torch fp32 (≥ 7x: {'met' if f32 / med >= 7 else 'not met'})"
+                )
+            if b16:
+                parts.append(
+                    f"{b16 / med:.2f}x torch bf16 (≥ 1.5x: {'met' if b16 / med >= 1.5 else 'not met'})"
+                )
+            if name.startswith("Qwen3.5"):
+                parts.append(f"{med:.2f} s a scene (≤ 1.5 s: {'met' if med <= 1.5 else 'not met'})")
+            lines.append(f"- {name} {label}: " + "; ".join(parts))
+    return lines
+
+
+def _latency_text(res: dict[str, Any]) -> str:
+    lat = res["latency"]
+    peaks = res.get("latency_peaks") or {}
+    lines = [
+        "### Per-scene latency on this CPU (same scenes, one scene a call, after one warm-up call)",
+        "",
+        "| member | runtime | median | min | first call | prompt tokens | decoder (of median) | "
+        "process peak RSS | vs torch fp32 | vs torch bf16 | roofline floor | median / floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, runs in lat.items():
+        f32 = _median(runs.get("torch eager fp32", {}).get("times_s"))
+        b16 = _median(runs.get("torch eager bf16", {}).get("times_s"))
+        for label, r in runs.items():
+            if r.get("rc") != 0:
+                why = r["error"] if r.get("rc") is None else "FAILED"
+                lines.append(f"| {name} | {label} | {why} | | | | | | | | | |")
+                continue
+            med = statistics.median(r["times_s"])
+            dec = _median([g["decoder"] for g in r.get("graph_s") or [] if "decoder" in g])
+            fl = r.get("floor")
+            floor = (
+                f"{_s(fl['bound_s'], 3)} ({r.get('arith')}, {'c' if fl['compute_s'] >= fl['memory_s'] else 'm'})"
+                if fl
+                else "n/a"
+            )
+            lines.append(
+                f"| {name} | {label} | {med:.2f} s | {min(r['times_s']):.2f} s | {r['first_s']:.1f} s | "
+                f"{int(statistics.median(r['tokens']))} | {_s(dec)} | {_fmt_b(r['peak_rss_bytes'])} | "
+                f"{_ratio(f32, med)} | {_ratio(b16, med)} | {floor} | "
+                f"{_ratio(med, fl['bound_s'] if fl else None, 1)} |"
+            )
+    lines.append("")
+    n = {len(r["times_s"]) for runs in lat.values() for r in runs.values() if r.get("times_s")}
+    lines.append(
+        f"Scenes timed per runtime: {sorted(n)}; one run, a noisy shared machine. vs torch: the "
+        "torch median / this median (above 1: faster). Decoder: the decoder graph's share of "
+        "the median scene (onnxruntime; its input shape feeds the peer table)."
+    )
+    if peaks and "error" not in peaks:
+        cpu = peaks.get("cpu", {})
+        lines.append(
+            f"Roofline floor: `spotstop cost`'s roofline (export/cost.py) of one scene, "
+            "max(FLOPs / peak, bytes / bandwidth), FLOPs from `bundle_cost` on this run's bundle "
+            "(at the length the graph runs), bytes the bundle's graph files (torch: parameters x "
+            "4 or 2), peaks measured in this run by `bench/int8_gemm.py` on "
+            f"{peaks.get('threads')} threads (one {' x '.join(map(str, peaks.get('shape', [])))} "
+            f"layer): fp32 {peaks['fp32_gflops']:.0f} GFLOP/s, bf16 {peaks['bf16_gflops']:.0f}, "
+            f"int8 {peaks['int8_gops']:.0f} GOP/s; read {peaks['read_gbs']:.1f} GB/s; c/m: "
+            f"compute/memory bound. CPU {cpu.get('model', '?')}, flags "
+            f"{', '.join(cpu.get('flags', []))}."
+        )
+    elif peaks:
+        lines.append(f"Roofline floor: n/a (the peak measurement failed: {peaks['error'][-200:]}).")
+    shares = [
+        (name, label, g, sh)
+        for name, runs in lat.items()
+        for label, r in runs.items()
+        for g, sh in (r.get("shares") or {}).items()
+    ]
+    if shares:
+        lines += [
+            "",
+            "Where onnxruntime's time goes (one profiled scene after a warm-up, its own process; "
+            "node kernel time by group: linear layers = MatMulNBits / DynamicQuantizeMatMul / "
+            "MatMulInteger / a MatMul or Gemm by a weight; Gated-DeltaNet = Qwen3.5's "
+            "linear-attention layers; short conv = LFM2's convolution layers; attention = the "
+            "attention layers and fused attention operators):",
+            "",
+            "| member | runtime | graph | " + " | ".join(GROUPS) + " | node time |",
+            "|---|---|---|" + "---|" * (len(GROUPS) + 1),
+        ]
+        for name, label, g, sh in shares:
+            tot = sh["total_ms"] or 1.0
+            lines.append(
+                f"| {name} | {label} | {g} | "
+                + " | ".join(f"{100 * sh['ms'][k] / tot:.0f} %" for k in GROUPS)
+                + f" | {sh['total_ms']:.0f} ms |"
+            )
+    goals = goal_lines(res)
+    if goals:
+        lines += ["", "Against issue #24's speed goals (medians of this run):", "", *goals]
+    lines += [
+        "",
+        _run_line(res, res.get("latency_run", {}))
+        + " On the bundles that run's export wrote; a later export does not change this table.",
+    ]
+    return "\n".join(lines)
+
+
+def _peer_text(res: dict[str, Any]) -> str:
+    lines = [
+        "### The peer: onnxruntime-genai's model builder on the same member folders",
+        "",
+        "Its decoder alone (the builder emits no vision tower for either member: Qwen3.5 and "
+        "LFM2-VL are text-only there), last-token logits (`prune_lm_head=true`), prefill of "
+        "the token count our decoder ran (batch x length of the median call), one warm-up "
+        "then timed runs, in the genai venv; ours: the decoder graph's time in the latency "
+        "table's scenes.",
+        "",
+        "| member | ours | peer -p | peer emits | build | build peak RSS | tokens | peer prefill median | "
+        "our decoder median | peer / ours |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    inputs = {}
+    for name, rows in res["peer"].items():
+        runs = res.get("latency", {}).get(name, {})
+        for ours, r in rows.items():
+            if r.get("rc") != 0:
+                why = r.get("error", "") if r.get("rc") is None else f"FAILED (exit {r.get('rc')})"
+                lines.append(
+                    f"| {name} | {ours} | {r.get('peer_precision') or 'n/a'} | {why} | | | | | | |"
+                )
+                continue
+            b = r.get("build") or {}
+            built = f"{b['seconds'] / 60:.1f} min" if "seconds" in b else b.get("note", "")
+            nb = r.get("nbits") or {}
+            emits = ", ".join(
+                [f"MatMulNBits {k}-bit x{v}" for k, v in sorted(nb.items())]
+                + (
+                    [f"acc {'/'.join(map(str, r['accuracy_level']))}"]
+                    if r.get("accuracy_level")
+                    else []
+                )
+                + ([f"block {'/'.join(map(str, r['block_size']))}"] if r.get("block_size") else [])
+                + [f"MatMul x{r['ops'].get('MatMul', 0)}"]
+                + [
+                    op
+                    for op in ("LinearAttention", "CausalConvWithState", "GroupQueryAttention")
+                    if op in r["ops"]
+                ]
+            )
+            peer = _median(r.get("times_s"))
+            ours_run = runs.get(f"onnxruntime {ours}", {})
+            dec = _median([g["decoder"] for g in ours_run.get("graph_s") or [] if "decoder" in g])
+            bt = " x ".join(map(str, r.get("tokens", [])))
+            lines.append(
+                f"| {name} | {ours} | {r['peer_precision']} | {emits} | {built} | "
+                f"{_fmt_b(b.get('peak_rss_bytes'))} | {bt} | {_s(peer, 3)} | {_s(dec, 3)} | "
+                f"{_ratio(peer, dec)} |"
+            )
+            inputs[name] = r.get("inputs", [])
+    for name, ins in inputs.items():
+        lines.append("")
+        lines.append(
+            f"{name}: the peer decoder's inputs: {', '.join(f'`{i}`' for i in ins[:8])}"
+            + (f" and {len(ins) - 8} more past-state inputs" if len(ins) > 8 else "")
+            + "."
+        )
+    shares = [
+        (n, o, r["shares"])
+        for n, rows in res["peer"].items()
+        for o, r in rows.items()
+        if r.get("shares")
+    ]
+    if shares:
+        lines += [
+            "",
+            "| member | peer at | " + " | ".join(GROUPS) + " | node time |",
+            "|---|---|" + "---|" * (len(GROUPS) + 1),
+        ]
+        for name, ours, sh in shares:
+            tot = sh["total_ms"] or 1.0
+            lines.append(
+                f"| {name} | {ours} | "
+                + " | ".join(f"{100 * sh['ms'][k] / tot:.0f} %" for k in GROUPS)
+                + f" | {sh['total_ms']:.0f} ms |"
+            )
+    lines += ["", _run_line(res, res.get("peer_run", {}))]
+    return "\n".join(lines)
 
 
 def render(res: dict[str, Any]) -> str:
@@ -517,7 +1306,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, required=True, help="folder for members, bundles, results")
     ap.add_argument("--steps", default=",".join(STEPS), help="comma-separated steps (default: all)")
     ap.add_argument(
-        "--precisions", default="int8,int4", help="bundle precisions (default int8,int4)"
+        "--precisions",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated precision names (as `spotstop export --precision` takes them). "
+        "export: default int8,int4; verify and latency: default every precision whose "
+        "export this store records a bundle for",
+    )
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="the tiny TEST pair at the real members' names (seconds, not an hour): a trial "
+        "of every step; its sections go to WORK/RESULTS.md unless --results is given",
+    )
+    ap.add_argument(
+        "--peer-python",
+        default=PEER_PYTHON,
+        metavar="PYTHON",
+        help="the interpreter of a venv with onnxruntime-genai (the peer step; default "
+        "$SPOTSTOP_PEER_PYTHON or /work/genai-venv/bin/python)",
+    )
+    ap.add_argument(
+        "--peer-precisions",
+        default=None,
+        metavar="NAMES",
+        help="our precisions to build the peer at (default: the latency step's); each maps "
+        "to the builder's int4/int8/bf16/fp16/fp32 by name",
+    )
+    ap.add_argument(
+        "--peer-tokens",
+        type=int,
+        default=383,
+        help="prefill length for the peer when no latency run of ours recorded one (default 383)",
     )
     ap.add_argument("--bucket", type=int, default=512, help="decoder length bucket (default 512)")
     ap.add_argument("--scenes", type=int, default=4, help="timed scenes per runtime (default 4)")
@@ -537,9 +1357,15 @@ def main(argv: list[str] | None = None) -> int:
         help="more `spotstop export` options for the export step, as one string (e.g. "
         '"--calibration-scenes 16 --int4-int8 none"); the command in RESULTS.md shows them',
     )
-    ap.add_argument("--results", type=Path, default=RESULTS, help="RESULTS.md to update")
+    ap.add_argument("--results", type=Path, default=None, help="RESULTS.md to update")
     args = ap.parse_args(argv)
-    args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    args.precisions_given = args.precisions is not None
+    args.precisions = [p.strip() for p in (args.precisions or "int8,int4").split(",") if p.strip()]
+    args.peer_precisions = [
+        p.strip() for p in (args.peer_precisions or "").split(",") if p.strip()
+    ] or None
+    if args.results is None:
+        args.results = args.work / "RESULTS.md" if args.tiny else RESULTS
     known = list(_budget().RECORDED)
     args.members = [m.strip() for m in (args.members or ",".join(known)).split(",") if m.strip()]
     if not args.members or set(args.members) - set(known):
@@ -553,6 +1379,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = json.loads(store.read_text()) if store.is_file() else {}
     res["environment"] = _environment()
     res["members"] = args.members
+    res["tiny"] = bool(args.tiny)
     res.setdefault("commands", [res["argv"]] if res.get("argv") else [])
     res["argv"] = " ".join(sys.argv[1:] if argv is None else argv)
     if res["argv"] not in res["commands"]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +119,10 @@ def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
     assert "- int4, the pair: spotstop export: export of N failed validation; [int4] " in md
     assert "UserWarning" not in md
     # medians 5.0 s and 2.5 s: torch / onnxruntime = 2.00x
-    assert "| M | onnxruntime int8 | 2.50 s | 2.00 s | 3.0 s | 300 | 4.00 GiB | 2.00x |" in md
+    assert (
+        "| M | onnxruntime int8 | 2.50 s | 2.00 s | 3.0 s | 300 | n/a | 4.00 GiB | 2.00x | n/a | "
+        "n/a | n/a |" in md
+    )
     assert "| M | onnxruntime int4 | FAILED |" in md
     assert "verify-bundle" not in md  # no verify figures held: no verify table
     # a record without its run's stamp (from before the stamps): the store's commands
@@ -278,3 +283,308 @@ def test_a_run_on_one_member_has_sections_of_its_own() -> None:
     assert "the pair" not in keys["cpu-real-export-int4-Qwen3.5-2B"]
     assert "| int8 | the pair: FAILED (exit 1) |" in keys["cpu-real-export-int8"]
     assert "at int8 (both members, one command)" in keys["cpu-real-export-int8"]
+
+
+def _lat(times: list[float], **extra: Any) -> dict[str, Any]:
+    return {
+        "rc": 0,
+        "times_s": times,
+        "first_s": 1.0,
+        "tokens": [300] * len(times),
+        "peak_rss_bytes": 2**30,
+        **extra,
+    }
+
+
+def test_latency_has_bf16_ratios_floors_shares_and_the_goals() -> None:
+    """torch fp32 and bf16 beside every precision (names as data), the ratio to each, the
+    roofline floor with the arithmetic it assumed, the profiled shares and the goal lines."""
+    rp = _load("real_pair")
+    floor = {"compute_s": 0.5, "memory_s": 0.1, "bound_s": 0.5}
+    shares = {
+        "decoder": {
+            "ms": {
+                "linear layers": 60.0,
+                "Gated-DeltaNet": 20.0,
+                "short conv": 0.0,
+                "attention": 10.0,
+                "other": 10.0,
+            },
+            "total_ms": 100.0,
+            "run_ms": 110.0,
+        }
+    }
+    res: dict[str, Any] = {
+        "latency": {
+            "Qwen3.5-2B": {
+                "torch eager fp32": _lat([14.0, 14.0, 14.0]),
+                "torch eager bf16": _lat([3.0, 3.0, 3.0]),
+                "onnxruntime int8-dq": _lat(
+                    [1.0, 2.0, 3.0],
+                    graph_s=[{"vision": 0.5, "decoder": 1.5}] * 3,
+                    floor=floor,
+                    arith="int8",
+                    shares=shares,
+                ),
+            }
+        },
+        "latency_peaks": {
+            "fp32_gflops": 100.0,
+            "bf16_gflops": 400.0,
+            "int8_gops": 300.0,
+            "read_gbs": 25.0,
+            "threads": 2,
+            "shape": [383, 2048, 6144],
+            "cpu": {"model": "AMD EPYC", "flags": ["avx512_vnni"]},
+        },
+    }
+    md = rp.render(res)
+    # median 2.0 s: fp32 14 / 2 = 7.00x, bf16 3 / 2 = 1.50x; floor 0.5 s (compute bound)
+    assert (
+        "| Qwen3.5-2B | onnxruntime int8-dq | 2.00 s | 1.00 s | 1.0 s | 300 | 1.50 s | 1.00 GiB | "
+        "7.00x | 1.50x | 0.500 s (int8, c) | 4.0x |" in md
+    )
+    assert "| Qwen3.5-2B | torch eager bf16 | 3.00 s |" in md
+    assert "fp32 100 GFLOP/s, bf16 400, int8 300 GOP/s; read 25.0 GB/s" in md
+    assert (
+        "| Qwen3.5-2B | onnxruntime int8-dq | decoder | 60 % | 20 % | 0 % | 10 % | 10 % | 100 ms |"
+        in md
+    )
+    assert (
+        "- Qwen3.5-2B onnxruntime int8-dq: 7.00x torch fp32 (≥ 7x: met); 1.50x torch bf16 "
+        "(≥ 1.5x: met); 2.00 s a scene (≤ 1.5 s: not met)" in md
+    )
+    # the tiny trial: its own sections, its own goal
+    res["tiny"] = True
+    keys = [k for k, _ in rp.sections(res)]
+    assert "cpu-tiny-latency" in keys and not any(k.startswith("cpu-real-") for k in keys)
+    assert "onnxruntime int8-dq: 7.00x torch eager fp32 (goal ≥ 2x: met)" in rp.render(res)
+
+
+def test_latency_precisions_default_to_every_bundle_the_export_wrote() -> None:
+    import argparse
+
+    rp = _load("real_pair")
+    res = {
+        "export": {
+            "int8": {"rc": 0, "bundle": "w/b8", "members": [{"name": "M"}]},
+            "int8-nbits": {"rc": 0, "bundle": "w/b8n", "members": [{"name": "M"}]},
+            "int4": {"rc": 1, "alone": {"M": {"rc": 1}}},
+        }
+    }
+    args = argparse.Namespace(precisions=["int4"], precisions_given=False)
+    assert rp._latency_precisions(args, res) == ["int8", "int8-nbits"]
+    args.precisions_given = True
+    assert rp._latency_precisions(args, res) == ["int4"]
+
+
+def test_profiled_nodes_are_grouped_by_layer_kind() -> None:
+    rp = _load("real_pair")
+    idx = {
+        # ours (dynamo exporter): module scopes in the node's metadata
+        "node_linear_3": (
+            "node_linear_3 ['', 'layers.0.linear_attn', 'layers.0.linear_attn.in_proj']",
+            True,
+        ),
+        "node_matmul_4": ("node_matmul_4 ['', 'layers.0.linear_attn', 'matmul_4']", False),
+        "node_matmul_9": ("node_matmul_9 ['', 'layers.3.self_attn', 'matmul_9']", False),
+        # ours (LFM2, names with scopes)
+        "/language_model/layers.0/conv/conv/Conv": (
+            "/language_model/layers.0/conv/conv/Conv",
+            False,
+        ),
+        "/vision_tower/encoder/layers.0/self_attn/MatMul": (
+            "/vision_tower/encoder/layers.0/self_attn/MatMul",
+            False,
+        ),
+    }
+    c = rp.classify
+    assert c("MatMulNBits", "node_linear_1_Q4", idx) == "linear layers"  # no metadata: by op
+    assert c("DynamicQuantizeMatMul", "anything", idx) == "linear layers"
+    assert c("MatMul", "node_linear_3", idx) == "linear layers"  # a weight, in linear_attn
+    assert c("MatMul", "node_matmul_4", idx) == "Gated-DeltaNet"  # chunk product
+    assert c("MatMul", "node_matmul_9", idx) == "attention"
+    assert c("Conv", "/language_model/layers.0/conv/conv/Conv", idx) == "short conv"
+    assert c("MatMul", "/vision_tower/encoder/layers.0/self_attn/MatMul", idx) == "attention"
+    # the peer's names (onnxruntime-genai) and fused nodes: by operator and name
+    assert (
+        c("LinearAttention", "/model/layers.0/linear_attn/LinearAttention", {}) == "Gated-DeltaNet"
+    )
+    assert c("CausalConvWithState", "/model/layers.0/linear_attn/CausalConvWithState", {}) == (
+        "Gated-DeltaNet"
+    )
+    assert c("CausalConvWithState", "/model/layers.0/conv/CausalConvWithState", {}) == "short conv"
+    assert c("GroupQueryAttention", "/model/layers.3/attn/GroupQueryAttention", {}) == "attention"
+    assert c("MatMul", "/model/layers.0/mlp/gate_proj/MatMul", {}) == "linear layers"
+    assert c("Softmax", "x", {}) == "other"
+    # only the last run of a profile counts (the first is the warm-up)
+    ev = [
+        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 100},
+        {
+            "cat": "Node",
+            "name": "node_matmul_4_kernel_time",
+            "ts": 10,
+            "dur": 9000,
+            "args": {"op_name": "MatMul"},
+        },
+        {"cat": "Session", "name": "model_run", "ts": 200, "dur": 100},
+        {
+            "cat": "Node",
+            "name": "node_matmul_4_kernel_time",
+            "ts": 210,
+            "dur": 3000,
+            "args": {"op_name": "MatMul"},
+        },
+        {"cat": "Node", "name": "node_matmul_4_fence_before", "ts": 211, "dur": 5000, "args": {}},
+        {
+            "cat": "Node",
+            "name": "x_kernel_time",
+            "ts": 220,
+            "dur": 1000,
+            "args": {"op_name": "MatMulNBits"},
+        },
+    ]
+    sh = rp.profile_shares(ev, idx)
+    assert sh["ms"]["Gated-DeltaNet"] == 3.0 and sh["ms"]["linear layers"] == 1.0
+    assert sh["total_ms"] == 4.0 and sh["run_ms"] == 0.1
+
+
+def test_peer_precision_tokens_and_feeds() -> None:
+    import numpy as np
+
+    rp = _load("real_pair")
+    assert rp.peer_precision("int4") == "int4"
+    assert rp.peer_precision("int8-nbits") == "int8"  # names as data: the first part
+    assert rp.peer_precision("int4-trt") == "int4"
+    assert rp.peer_precision("w4a16") is None
+    res = {
+        "latency": {
+            "M": {
+                "onnxruntime int8": {"rc": 0, "decoder_shapes": [[1, 390], [1, 380], [1, 385]]},
+                "onnxruntime int4": {"rc": 0, "decoder_shapes": [[1, 383], [1, 386]]},
+                "torch eager fp32": {"rc": 0},
+            }
+        }
+    }
+    assert rp._peer_tokens(res, "M") == (1, 385)  # the median call
+    assert rp._peer_tokens(res, "N") is None
+
+    class In:
+        def __init__(self, name: str, type_: str, shape: list[Any]) -> None:
+            self.name, self.type, self.shape = name, type_, shape
+
+    feeds = rp.peer_feeds(
+        [
+            In("input_ids", "tensor(int64)", ["batch_size", "sequence_length"]),
+            In("attention_mask", "tensor(int64)", ["batch_size", "total_sequence_length"]),
+            In("position_ids", "tensor(int64)", [3, "batch_size", "sequence_length"]),
+            In(
+                "past_key_values.3.key",
+                "tensor(float)",
+                ["batch_size", 2, "past_sequence_length", 256],
+            ),
+            In("past.0.recurrent", "tensor(float)", ["batch_size", 16, 128, 128]),
+        ],
+        2,
+        7,
+    )
+    assert feeds["input_ids"].shape == (2, 7) and feeds["attention_mask"].sum() == 14
+    assert feeds["position_ids"].shape == (3, 2, 7) and feeds["position_ids"][2, 1, 6] == 6
+    assert feeds["past_key_values.3.key"].shape == (2, 2, 0, 256)
+    assert feeds["past.0.recurrent"].dtype == np.float32 and not feeds["past.0.recurrent"].any()
+
+
+def test_peer_step_without_the_genai_venv_says_why(tmp_path: Path) -> None:
+    import argparse
+
+    rp = _load("real_pair")
+    args = argparse.Namespace(
+        work=tmp_path,
+        members=["Qwen3.5-2B"],
+        peer_python=str(tmp_path / "no-venv" / "python"),
+        peer_precisions=["int4", "w4a16"],
+        peer_tokens=383,
+        precisions=[],
+        precisions_given=False,
+        scenes=2,
+        rebuild=False,
+    )
+    res: dict[str, Any] = {}
+    rp.step_peer(args, res, tmp_path / "log")
+    rows = res["peer"]["Qwen3.5-2B"]
+    assert rows["int4"]["rc"] is None and "genai venv is missing" in rows["int4"]["error"]
+    assert rows["int4"]["tokens"] == [1, 383]
+    md = rp.render(res)
+    assert "| Qwen3.5-2B | int4 | int4 | no peer interpreter at" in md
+    assert "| Qwen3.5-2B | w4a16 | n/a |" in md
+    assert "cpu-real-peer" in dict(rp.sections(res))
+
+
+def test_peer_rows_name_what_the_builder_emitted() -> None:
+    rp = _load("real_pair")
+    res: dict[str, Any] = {
+        "latency": {
+            "M": {"onnxruntime int4": _lat([1.0], graph_s=[{"vision": 0.2, "decoder": 0.8}])}
+        },
+        "peer": {
+            "M": {
+                "int4": {
+                    "rc": 0,
+                    "ours": "int4",
+                    "peer_precision": "int4",
+                    "tokens": [1, 383],
+                    "build": {"seconds": 120.0, "peak_rss_bytes": 15 * 2**30, "rc": 0},
+                    "times_s": [0.4, 0.4, 0.5],
+                    "ops": {"MatMulNBits": 24, "MatMul": 6, "LinearAttention": 3},
+                    "nbits": {"4": 24},
+                    "accuracy_level": [4],
+                    "block_size": [32],
+                    "inputs": ["input_ids", "attention_mask", "position_ids"],
+                    "shares": None,
+                }
+            }
+        },
+    }
+    md = rp.render(res)
+    assert (
+        "| M | int4 | int4 | MatMulNBits 4-bit x24, acc 4, block 32, MatMul x6, LinearAttention | "
+        "2.0 min | 15.00 GiB | 1 x 383 | 0.400 s | 0.800 s | 0.50x |" in md
+    )
+    assert "M: the peer decoder's inputs: `input_ids`, `attention_mask`, `position_ids`." in md
+
+
+def test_the_peer_builds_and_times_a_tiny_member(tiny_pair: Path, tmp_path: Path) -> None:
+    """The genai venv's builder on the tiny Qwen3.5 member and its prefill timed (skipped
+    without the genai venv: the peer is a benchmark's, not the product's, dependency)."""
+    import shutil
+    import subprocess
+
+    rp = _load("real_pair")
+    py = rp.PEER_PYTHON
+    if not Path(py).is_file():
+        pytest.skip(f"no genai venv at {py} (SPOTSTOP_PEER_PYTHON): the peer step is skipped")
+    ok = subprocess.run([py, "-c", "import onnxruntime_genai.models.builder"], capture_output=True)
+    if ok.returncode != 0:
+        pytest.skip(f"{py} cannot import onnxruntime_genai.models.builder")
+    member = tmp_path / "Qwen3.5-2B"
+    shutil.copytree(tiny_pair / "tiny-qwen3_5", member)
+    import argparse
+
+    args = argparse.Namespace(
+        work=tmp_path,
+        members=["Qwen3.5-2B"],
+        peer_python=py,
+        peer_precisions=["int4"],
+        peer_tokens=20,
+        precisions=[],
+        precisions_given=False,
+        scenes=2,
+        rebuild=False,
+    )
+    res: dict[str, Any] = {}
+    rp.step_peer(args, res, tmp_path / "log")
+    r = res["peer"]["Qwen3.5-2B"]["int4"]
+    assert r["rc"] == 0, r.get("error")
+    assert r["nbits"] == {"4": r["ops"]["MatMulNBits"]} and len(r["times_s"]) == 2
+    assert "input_ids" in r["inputs"] and r["ops"].get("LinearAttention")
+    assert r["shares"]["ms"]["linear layers"] > 0 and r["shares"]["ms"]["Gated-DeltaNet"] > 0
