@@ -17,16 +17,43 @@ Qwen3.5 Gated-DeltaNet     ``LinearAttention`` (update_rule="gated_delta"), as g
                            decay ``g`` and ``beta`` per value head, no past state.
 Qwen3.5 conv (+ SiLU)      ``CausalConvWithState`` (activation="silu"), channels-first, weight
                            (C, 1, K), no past state.
+Qwen3.5 gated norm         ``GatedRMSNorm`` (activation="silu"), per value head (genai's
+                           ``make_gated_rms_norm``).
 Qwen3.5 attention          ``GroupQueryAttention`` without rotary (``do_rotary=0``): the q/k RMSNorms
-                           and the interleaved M-RoPE stay standard nodes before it, the output gate
-                           ``sigmoid(gate)`` after it (genai does the same: ``is_fused_rope_supported``
-                           is False for qwen3_5; M-RoPE places each token at three positions, which
-                           neither GQA's rotary nor ``RotaryEmbedding``'s position ids express).
+                           (``SimplifiedLayerNormalization``) and the interleaved M-RoPE stay outside,
+                           before it, the output gate ``sigmoid(gate)`` after it (genai does the same:
+                           ``is_fused_rope_supported`` is False for qwen3_5; M-RoPE places each token
+                           at three positions, which neither GQA's rotary nor ``RotaryEmbedding``'s
+                           position ids express; GQA's ``q_norm_weight``/``k_norm_weight`` inputs are
+                           honoured by the CUDA and WebGPU kernels only, per its 1.32 schema).
 LFM2 attention             ``GroupQueryAttention`` WITH rotary (``do_rotary=1``, half-split, not
-                           interleaved): the q/k layernorms (RMSNorm) stay standard nodes before it.
+                           interleaved): the q/k layernorms (``SimplifiedLayerNormalization``)
+                           before it.
 LFM2 short convolutions    ``CausalConvWithState`` (activation="none"); the ``B * x`` gate before
                            and ``C * y`` after stay standard nodes.
+RMSNorms, both             ``SimplifiedLayerNormalization`` (Qwen3.5's ``1 + w`` scale folded into a
+                           constant); each layer's second residual Add + RMSNorm (Qwen3.5's
+                           post-attention norm, LFM2's feed-forward norm) as one
+                           ``SkipSimplifiedLayerNormalization`` whose ``input_skip_bias_sum`` output is
+                           the residual stream (genai also fuses the last Add of a layer with the
+                           next layer's input norm; that needs the model's layer loop rewritten,
+                           which this patch does not do).
 =========================  =========================================================================
+
+Why the norms are written here and not left to onnxruntime: its optimizer at ``ORT_ENABLE_ALL``
+(what the guard's sessions run) makes NO ``SkipSimplifiedLayerNormalization`` in either standard
+decoder, and no ``SimplifiedLayerNormalization`` at all in Qwen3.5's (its RMSNorm is exported as
+Pow/ReduceMean/Add/Sqrt/Reciprocal/Mul with the ``1 + w`` scale, a pattern the fusion does not
+match); in LFM2's it makes the 11 ``SimplifiedLayerNormalization`` but leaves the residual Adds
+(tiny members, onnxruntime 1.32: the standard Qwen3.5 decoder goes from 900 nodes to 892 with
+0 SimplifiedLayerNormalization; the standard LFM2 one from 711 to 308 with 11
+SimplifiedLayerNormalization and 0 SkipSimplifiedLayerNormalization).
+
+Not fused: Qwen3.5's decay/beta gates (``-exp(A_log)·softplus(a + dt_bias)``, ``sigmoid(b)``:
+genai's ``LinearAttentionGate``; they are computed inside transformers' layer forward, which this
+patch keeps; a few elementwise nodes on (B, L, heads)) and the q/k L2 norms before
+``LinearAttention`` (genai writes ``LpNormalization``, which has no ``eps``: not the reference's
+``x·rsqrt(Σx² + 1e-6)``, so they stay exact standard nodes).
 
 The projections stay ``MatMul`` nodes outside every fused op (as genai keeps them), so the int8 /
 int4 quantizers still rewrite them (MatMulNBits); the output layer and everything after the last
@@ -95,8 +122,17 @@ GRAPH_FORMS: tuple[str, ...] = ("standard", "fused")
 FUSED_DOMAIN = "com.microsoft"
 FUSED_DOMAIN_VERSION = 1
 
-#: the fused operators the "fused" form writes, by op_type
-FUSED_OPS: tuple[str, ...] = ("LinearAttention", "CausalConvWithState", "GroupQueryAttention")
+#: the fused operators the "fused" form writes: op_type → (domain, outputs the form writes).
+#: ``SimplifiedLayerNormalization`` is an onnxruntime contrib op registered in the ONNX domain
+#: (as onnxruntime's own optimizer writes it); the others are com.microsoft ops.
+FUSED_OPS: dict[str, tuple[str, int]] = {
+    "LinearAttention": (FUSED_DOMAIN, 2),
+    "CausalConvWithState": (FUSED_DOMAIN, 2),
+    "GroupQueryAttention": (FUSED_DOMAIN, 1),
+    "GatedRMSNorm": (FUSED_DOMAIN, 1),
+    "SkipSimplifiedLayerNormalization": (FUSED_DOMAIN, 4),
+    "SimplifiedLayerNormalization": ("", 1),
+}
 
 #: the legacy exporter's opset the symbolics are registered at (export/configs.py legacy_opset)
 _LEGACY_OPSETS = range(9, 21)
@@ -205,6 +241,47 @@ def _(query, key, value, cos_cache, sin_cache, num_heads, kv_num_heads, do_rotar
     return query.new_empty(query.shape)
 
 
+@torch.library.custom_op("spotstop_fused::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``SimplifiedLayerNormalization`` over the last axis: ``x · rsqrt(mean(x²) + eps) · weight``
+    (float32, as the transformers RMSNorms compute it)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("spotstop_fused::skip_rms_norm", mutates_args=())
+def skip_rms_norm(
+    x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """com.microsoft ``SkipSimplifiedLayerNormalization``: ``s = x + skip`` and the RMSNorm of
+    ``s``; returns (normed, s) (the op's outputs 0 and 3)."""
+    total = x + skip
+    return rms_norm(total, weight, eps), total
+
+
+@skip_rms_norm.register_fake
+def _(x, skip, weight, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+@torch.library.custom_op("spotstop_fused::gated_rms_norm", mutates_args=())
+def gated_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """com.microsoft ``GatedRMSNorm`` (activation="silu"): ``rms_norm(x) · weight · silu(gate)``,
+    the norm over the last axis (of ``weight``'s length), float32."""
+    return rms_norm(x, weight, eps) * F.silu(gate)
+
+
+@gated_rms_norm.register_fake
+def _(x, weight, gate, eps):
+    return x.new_empty(x.shape)
+
+
 # -- ONNX translations: dynamo (onnxscript) ----------------------------------------------------
 
 
@@ -214,24 +291,25 @@ def _register_onnx_schemas() -> None:
 
     onnx ships no ``com.microsoft`` schemas; onnxruntime's are read from the installed
     onnxruntime (``get_all_operator_schema``) and registered with ``onnx.defs.register_schema``,
-    once per process, unless onnx knows the op already. Outputs: the ones onnxruntime requires
-    (``min_output``: output and state; GroupQueryAttention's present key and value), because
-    the dynamo exporter gives a node every output its schema lists, and the optional ones are
-    extras the CPU kernels do not serve (CausalConvWithState's ``state_update`` is CUDA-only)."""
+    once per process, unless onnx knows the op already. Outputs: the ones the fused form writes
+    (:data:`FUSED_OPS`: the required ones, and SkipSimplifiedLayerNormalization's
+    ``input_skip_bias_sum``), because the dynamo exporter gives a node every output its schema
+    lists, and the others are extras the CPU kernels do not serve (CausalConvWithState's
+    ``state_update`` is CUDA-only)."""
     import onnx
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
     ort_schemas = {
         s.name: s
         for s in ort_c.get_all_operator_schema()
-        if s.domain == FUSED_DOMAIN and s.name in FUSED_OPS
+        if s.name in FUSED_OPS and s.domain == FUSED_OPS[s.name][0]
     }
     missing = set(FUSED_OPS) - set(ort_schemas)
     if missing:
         import onnxruntime
 
         raise RuntimeError(
-            f"onnxruntime {onnxruntime.__version__} has no {FUSED_DOMAIN} schema for "
+            f"onnxruntime {onnxruntime.__version__} has no schema for "
             f"{sorted(missing)}; the fused graph form needs onnxruntime >= 1.32 (or export the "
             "standard graph form)."
         )
@@ -246,15 +324,16 @@ def _register_onnx_schemas() -> None:
         return Param(p.name, p.typeStr, p.description, param_option=options[int(p.option)])
 
     for name, s in ort_schemas.items():
-        if onnx.defs.has(name, FUSED_DOMAIN):
+        domain, n_out = FUSED_OPS[name]
+        if onnx.defs.has(name, domain):
             continue
         schema = onnx.defs.OpSchema(
             name,
-            FUSED_DOMAIN,
-            FUSED_DOMAIN_VERSION,
+            domain,
+            s.since_version,
             s.doc or "",
             inputs=[param(p) for p in s.inputs],
-            outputs=[param(p) for p in s.outputs[: s.min_output]],
+            outputs=[param(p) for p in s.outputs[:n_out]],
             type_constraints=[
                 (t.type_param_str, list(t.allowed_type_strs), t.description)
                 for t in s.type_constraints
@@ -327,10 +406,29 @@ def _dynamo_translations() -> dict[Any, Callable[..., Any]]:
         )
         return out  # the one output it requires (no cache: present key/value not written)
 
+    onnx_domain = onnxscript.values.Opset("", 1)  # onnxruntime's SimplifiedLayerNormalization
+
+    def norm(x, weight, eps):
+        return onnx_domain.SimplifiedLayerNormalization(
+            x, weight, axis=-1, epsilon=float(eps), stash_type=1
+        )
+
+    def skip_norm(x, skip, weight, eps):
+        out, _mean, _inv_std, total = ms.SkipSimplifiedLayerNormalization(
+            x, skip, weight, None, epsilon=float(eps)
+        )
+        return out, total
+
+    def gated_norm(x, weight, gate, eps):
+        return ms.GatedRMSNorm(x, weight, gate, activation="silu", epsilon=float(eps))
+
     return {
+        torch.ops.spotstop_fused.gated_rms_norm.default: gated_norm,
         torch.ops.spotstop_fused.linear_attention.default: la,
         torch.ops.spotstop_fused.causal_conv.default: conv,
         torch.ops.spotstop_fused.group_query_attention.default: gqa,
+        torch.ops.spotstop_fused.rms_norm.default: norm,
+        torch.ops.spotstop_fused.skip_rms_norm.default: skip_norm,
     }
 
 
@@ -415,7 +513,33 @@ def _register_legacy_symbolics() -> None:
         out.setType(query.type())
         return out
 
+    @parse_args("v", "v", "f")
+    def norm(g, x, weight, eps):
+        out = g.op(
+            "SimplifiedLayerNormalization", x, weight, axis_i=-1, epsilon_f=eps, stash_type_i=1
+        )
+        out.setType(x.type())
+        return out
+
+    @parse_args("v", "v", "v", "f")
+    def skip_norm(g, x, skip, weight, eps):
+        out, _mean, _inv_std, total = g.op(
+            f"{ms}::SkipSimplifiedLayerNormalization", x, skip, weight, epsilon_f=eps, outputs=4
+        )
+        out.setType(x.type())
+        total.setType(x.type())
+        return out, total
+
+    @parse_args("v", "v", "v", "f")
+    def gated_norm(g, x, weight, gate, eps):
+        out = g.op(f"{ms}::GatedRMSNorm", x, weight, gate, activation_s="silu", epsilon_f=eps)
+        out.setType(x.type())
+        return out
+
     for opset in _LEGACY_OPSETS:
+        register_custom_op_symbolic("spotstop_fused::gated_rms_norm", gated_norm, opset)
+        register_custom_op_symbolic("spotstop_fused::rms_norm", norm, opset)
+        register_custom_op_symbolic("spotstop_fused::skip_rms_norm", skip_norm, opset)
         register_custom_op_symbolic("spotstop_fused::linear_attention", la, opset)
         register_custom_op_symbolic("spotstop_fused::causal_conv", conv, opset)
         register_custom_op_symbolic("spotstop_fused::group_query_attention", gqa, opset)
@@ -593,6 +717,107 @@ def _lfm2_attention_forward(
     return self.out_proj(attn), None
 
 
+def _qwen3_5_rms_norm_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    """``Qwen3_5RMSNorm.forward`` as ``SimplifiedLayerNormalization`` (its scale ``1 + w``: a
+    constant the exporters fold)."""
+    out = torch.ops.spotstop_fused.rms_norm(x.float(), 1.0 + self.weight.float(), float(self.eps))
+    return out.type_as(x)
+
+
+def _qwen3_5_gated_norm_forward(
+    self: Any, hidden_states: torch.Tensor, gate: torch.Tensor
+) -> torch.Tensor:
+    """``Qwen3_5RMSNormGated.forward`` as one ``GatedRMSNorm`` (activation="silu"), float32 as
+    the reference (genai's ``make_gated_rms_norm``)."""
+    dtype = hidden_states.dtype
+    out = torch.ops.spotstop_fused.gated_rms_norm(
+        hidden_states.float(), self.weight.float(), gate.float(), float(self.variance_epsilon)
+    )
+    return out.to(dtype)
+
+
+def _lfm2_rms_norm_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    """``Lfm2RMSNorm.forward`` as ``SimplifiedLayerNormalization``."""
+    out = torch.ops.spotstop_fused.rms_norm(
+        x.float(), self.weight.float(), float(self.variance_epsilon)
+    )
+    return out.to(x.dtype)
+
+
+def _skip_norm(norm: Any, x: torch.Tensor, residual: torch.Tensor) -> tuple[Any, Any]:
+    """``(norm(residual + x), residual + x)`` as one ``SkipSimplifiedLayerNormalization``, for the
+    RMSNorm module ``norm`` (Qwen3.5's scale is ``1 + w``, LFM2's ``w``)."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+
+    if isinstance(norm, mq.Qwen3_5RMSNorm):
+        weight, eps = 1.0 + norm.weight.float(), float(norm.eps)
+    else:
+        weight, eps = norm.weight.float(), float(norm.variance_epsilon)
+    return torch.ops.spotstop_fused.skip_rms_norm(x, residual, weight, eps)
+
+
+def _qwen3_5_layer_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: Any = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """``Qwen3_5DecoderLayer.forward`` with the residual Add and the post-attention RMSNorm as
+    one ``SkipSimplifiedLayerNormalization`` (input_skip_bias_sum is the next residual)."""
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    if self.block_type == "linear_attention":
+        hidden_states = self.linear_attn(
+            hidden_states=hidden_states, cache=cache, attention_mask=attention_mask, **kwargs
+        )
+    else:
+        hidden_states, _ = self.self_attn(
+            hidden_states=hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+    hidden_states, residual = _skip_norm(self.post_attention_layernorm, hidden_states, residual)
+    return residual + self.mlp(hidden_states)
+
+
+def _lfm2_layer_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: Any = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """``Lfm2DecoderLayer.forward`` with the residual Add and the feed-forward RMSNorm as one
+    ``SkipSimplifiedLayerNormalization``."""
+    residual = hidden_states
+    if self.is_attention_layer:
+        hidden_states, _ = self.self_attn(
+            hidden_states=self.operator_norm(hidden_states),
+            position_embeddings=position_embeddings,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            **kwargs,
+        )
+    else:
+        hidden_states = self.conv(
+            hidden_states=self.operator_norm(hidden_states),
+            cache=cache,
+            attention_mask=attention_mask,
+            **kwargs,
+        )
+    normed, hidden_states = _skip_norm(self.ffn_norm, hidden_states, residual)
+    return hidden_states + self.feed_forward(normed)
+
+
 @contextmanager
 def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
     original = getattr(obj, name)
@@ -609,6 +834,9 @@ def _qwen3_5_patches(stack: ExitStack) -> None:
     stack.enter_context(_patched(mod, "torch_chunk_gated_delta_rule", fused_chunk_gated_delta_rule))
     stack.enter_context(_patched(mod, "causal_conv1d_fn", fused_causal_conv1d_fn))
     stack.enter_context(_patched(mod.Qwen3_5Attention, "forward", _qwen3_5_attention_forward))
+    stack.enter_context(_patched(mod.Qwen3_5RMSNorm, "forward", _qwen3_5_rms_norm_forward))
+    stack.enter_context(_patched(mod.Qwen3_5RMSNormGated, "forward", _qwen3_5_gated_norm_forward))
+    stack.enter_context(_patched(mod.Qwen3_5DecoderLayer, "forward", _qwen3_5_layer_forward))
 
 
 def _lfm2_patches(stack: ExitStack) -> None:
@@ -624,6 +852,8 @@ def _lfm2_patches(stack: ExitStack) -> None:
         )
     stack.enter_context(_patched(mod, "causal_conv1d_fn", fused_causal_conv1d_fn))
     stack.enter_context(_patched(mod.Lfm2Attention, "forward", _lfm2_attention_forward))
+    stack.enter_context(_patched(mod.Lfm2RMSNorm, "forward", _lfm2_rms_norm_forward))
+    stack.enter_context(_patched(mod.Lfm2DecoderLayer, "forward", _lfm2_layer_forward))
 
 
 _PATCHES: dict[str, Callable[[ExitStack], None]] = {
@@ -667,7 +897,7 @@ def graph_form_ops(model: Any) -> dict[str, int]:
 
     def walk(graph: Any) -> None:
         for node in graph.node:
-            if node.domain == FUSED_DOMAIN and node.op_type in FUSED_OPS:
+            if node.op_type in FUSED_OPS and node.domain == FUSED_OPS[node.op_type][0]:
                 counts[node.op_type] = counts.get(node.op_type, 0) + 1
             for attr in node.attribute:
                 if attr.HasField("g"):

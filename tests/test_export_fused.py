@@ -35,11 +35,25 @@ from spotstop.export.fused import (  # noqa: E402
 #: six 64-token chunks of the Gated-DeltaNet)
 BUCKETS = (256, 384)
 
-#: fused operators each tiny decoder must hold: one per layer of that kind
-#: (tiny Qwen3.5: 3 Gated-DeltaNet + 1 attention layer; tiny LFM2: 3 conv + 1 attention)
+#: fused operators each tiny decoder must hold (tiny Qwen3.5: 3 Gated-DeltaNet + 1 attention
+#: layer; tiny LFM2: 3 conv + 1 attention layer): one conv / recurrence / attention per layer of
+#: that kind, one residual + RMSNorm per layer, and the other RMSNorms (Qwen3.5: 4 input norms,
+#: q and k norms, final norm; LFM2: 4 operator norms, q and k layernorms, final norm)
 EXPECTED_OPS = {
-    "qwen3_5": {"CausalConvWithState": 3, "GroupQueryAttention": 1, "LinearAttention": 3},
-    "lfm2_vl": {"CausalConvWithState": 3, "GroupQueryAttention": 1},
+    "qwen3_5": {
+        "CausalConvWithState": 3,
+        "GatedRMSNorm": 3,
+        "GroupQueryAttention": 1,
+        "LinearAttention": 3,
+        "SimplifiedLayerNormalization": 7,
+        "SkipSimplifiedLayerNormalization": 4,
+    },
+    "lfm2_vl": {
+        "CausalConvWithState": 3,
+        "GroupQueryAttention": 1,
+        "SimplifiedLayerNormalization": 7,
+        "SkipSimplifiedLayerNormalization": 4,
+    },
 }
 
 
@@ -166,8 +180,9 @@ def test_fused_ops_replace_the_decomposition(decoders: _Decoders) -> None:
     n_std, n_fused = len(std.graph.node), len(fused.graph.node)
     assert n_fused < n_std, (n_fused, n_std)
     ops = [n.op_type for n in fused.graph.node]
-    # no Conv, no Softmax left in the decoder (the short convs and the attention are fused)
-    assert "Conv" not in ops and "Softmax" not in ops
+    # no Conv, Softmax or RMSNorm (ReduceMean) left in the decoder: the short convs, the
+    # attention and the norms are fused
+    assert "Conv" not in ops and "Softmax" not in ops and "ReduceMean" not in ops
     if decoders.model_type == "qwen3_5":
         # the loop-free Gated-DeltaNet's ~185 nodes per layer are down to its projections, the
         # l2 norms, gates and gated norm: the chunked inverse/scan (Trilu, CumSum) is gone
@@ -206,6 +221,25 @@ def test_fused_decoder_matches_the_torch_scoring_graph(decoders: _Decoders) -> N
     assert checked >= 2 * len(decoders.lengths) - 1
 
 
+def test_onnxruntime_keeps_the_fused_ops(decoders: _Decoders, tmp_path: Path) -> None:
+    """onnxruntime's own optimizer (ORT_ENABLE_ALL, as the guard's sessions run) keeps every
+    fused operator: nothing is unfused or duplicated."""
+    import onnx
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.optimized_model_filepath = str(tmp_path / "fused.opt.onnx")
+    ort.InferenceSession(
+        decoders.graphs["fused"].SerializeToString(),
+        sess_options=opts,
+        providers=["CPUExecutionProvider"],
+    )
+    optimized = onnx.load(opts.optimized_model_filepath)
+    assert graph_form_ops(optimized) == EXPECTED_OPS[decoders.model_type]
+
+
 def test_the_patch_is_scoped_and_the_eager_ops_match(tiny_pair: Path) -> None:
     """Inside the patch, the transformers decoder runs the custom ops' eager maths and gives
     the unpatched outputs; outside, it is the transformers code again."""
@@ -219,6 +253,11 @@ def test_the_patch_is_scoped_and_the_eager_ops_match(tiny_pair: Path) -> None:
         modeling_qwen3_5.Qwen3_5Attention.forward,
         modeling_lfm2.causal_conv1d_fn,
         modeling_lfm2.Lfm2Attention.forward,
+        modeling_qwen3_5.Qwen3_5RMSNorm.forward,
+        modeling_qwen3_5.Qwen3_5RMSNormGated.forward,
+        modeling_qwen3_5.Qwen3_5DecoderLayer.forward,
+        modeling_lfm2.Lfm2RMSNorm.forward,
+        modeling_lfm2.Lfm2DecoderLayer.forward,
     )
     for model_type in sorted(EXPECTED_OPS):
         model = AutoModelForImageTextToText.from_pretrained(
@@ -242,6 +281,11 @@ def test_the_patch_is_scoped_and_the_eager_ops_match(tiny_pair: Path) -> None:
         modeling_qwen3_5.Qwen3_5Attention.forward,
         modeling_lfm2.causal_conv1d_fn,
         modeling_lfm2.Lfm2Attention.forward,
+        modeling_qwen3_5.Qwen3_5RMSNorm.forward,
+        modeling_qwen3_5.Qwen3_5RMSNormGated.forward,
+        modeling_qwen3_5.Qwen3_5DecoderLayer.forward,
+        modeling_lfm2.Lfm2RMSNorm.forward,
+        modeling_lfm2.Lfm2DecoderLayer.forward,
     )
 
 
