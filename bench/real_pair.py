@@ -402,6 +402,20 @@ def peer_feeds(
     return feeds
 
 
+def _peer_position_fix(g: Any) -> bool:
+    """onnxruntime-genai 0.18's builder declares Qwen3.5's ``position_ids`` as 3 x batch x
+    length (multimodal rotary) even when the config has no ``mrope_section`` and the graph
+    feeds them to plain ``RotaryEmbedding`` nodes, which reject 3 dimensions: declare them
+    batch x length there (in ``g``, in place). True when it did."""
+    users = {n.op_type for n in g.graph.node if "position_ids" in n.input}
+    for i in g.graph.input:
+        dims = i.type.tensor_type.shape.dim
+        if i.name == "position_ids" and len(dims) == 3 and users == {"RotaryEmbedding"}:
+            del dims[0]
+            return True
+    return False
+
+
 def child_peer(model_dir: str, batch: str, length: str, n: str, profile: str) -> None:
     """Child process (the peer's venv): the onnxruntime-genai decoder in ``model_dir``,
     prefill of ``batch`` x ``length`` tokens, one warm-up then ``n`` timed runs; then one
@@ -442,6 +456,10 @@ def child_peer(model_dir: str, batch: str, length: str, n: str, profile: str) ->
         }
     )
     vocab = int(cfg["model"].get("vocab_size", 100))
+    fixed = _peer_position_fix(g)
+    if fixed:  # a copy beside the original: the same external weights file
+        path = path.with_name(path.stem + ".spotstop-positions.onnx")
+        onnx.save(g, str(path))
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
@@ -478,6 +496,7 @@ def child_peer(model_dir: str, batch: str, length: str, n: str, profile: str) ->
                 "inputs": [i.name for i in g.graph.input],
                 "outputs": [o.name for o in g.graph.output][:1],
                 "shares": shares,
+                "position_ids_fixed": fixed,
                 "versions": {"onnxruntime": ort.__version__},
             }
         )

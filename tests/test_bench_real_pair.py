@@ -588,3 +588,24 @@ def test_the_peer_builds_and_times_a_tiny_member(tiny_pair: Path, tmp_path: Path
     assert r["nbits"] == {"4": r["ops"]["MatMulNBits"]} and len(r["times_s"]) == 2
     assert "input_ids" in r["inputs"] and r["ops"].get("LinearAttention")
     assert r["shares"]["ms"]["linear layers"] > 0 and r["shares"]["ms"]["Gated-DeltaNet"] > 0
+
+
+def test_the_peers_3d_position_ids_are_declared_2d_where_plain_rotary_reads_them() -> None:
+    """A Qwen3.5 folder without ``mrope_section`` (the bench's recorded config): the builder
+    declares position_ids 3 x batch x length but feeds them to plain RotaryEmbedding."""
+    from onnx import TensorProto, helper
+
+    rp = _load("real_pair")
+
+    def graph(op: str) -> Any:
+        pos = helper.make_tensor_value_info(
+            "position_ids", TensorProto.INT64, [3, "batch_size", "sequence_length"]
+        )
+        node = helper.make_node(op, ["x", "position_ids", "c", "s"], ["y"], domain="com.microsoft")
+        return helper.make_model(helper.make_graph([node], "g", [pos], []))
+
+    g = graph("RotaryEmbedding")
+    assert rp._peer_position_fix(g)
+    dims = g.graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param for d in dims] == ["batch_size", "sequence_length"]
+    assert not rp._peer_position_fix(graph("MRotaryEmbedding"))  # multimodal: 3 rows are right
