@@ -561,7 +561,11 @@ def _export(
             if getattr(args, "tiny", False):
                 continue  # memory_budget.py predicts the real dimensions, not the tiny pair's
             counts = mb.count(m["name"], mb.build_config(m["name"], mb.RECORDED[m["name"]]))
-            m["predicted_bytes"] = float(mb.weight_bytes(counts, prec))
+            try:  # a precision the budget has no bytes rule for: no prediction, still a bundle
+                m["predicted_bytes"] = float(mb.weight_bytes(counts, prec))
+            except (KeyError, ValueError) as ex:
+                m["predicted_bytes"] = None
+                m["prediction_error"] = f"{type(ex).__name__}: {ex}"
         rec["members"] = j["members"]
     except Exception as ex:
         rec["error"] = f"{type(ex).__name__}: {ex}; stdout: {r['stdout'][-400:]}"
@@ -1272,6 +1276,16 @@ def _peer_text(res: dict[str, Any]) -> str:
             + (f" and {len(ins) - 8} more past-state inputs" if len(ins) > 8 else "")
             + "."
         )
+    fixed = sorted(
+        {n for n, rows in res["peer"].items() for r in rows.values() if r.get("position_ids_fixed")}
+    )
+    if fixed:
+        lines += [
+            "",
+            f"{', '.join(fixed)}: the builder declared `position_ids` 3 x batch x length "
+            "(multimodal rotary) while its RotaryEmbedding nodes take batch x length (the member's "
+            "config has no `mrope_section`); timed on a copy of its graph declaring them so.",
+        ]
     shares = [
         (n, o, r["shares"])
         for n, rows in res["peer"].items()

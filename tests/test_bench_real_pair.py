@@ -541,6 +541,7 @@ def test_peer_rows_name_what_the_builder_emitted() -> None:
                     "block_size": [32],
                     "inputs": ["input_ids", "attention_mask", "position_ids"],
                     "shares": None,
+                    "position_ids_fixed": True,
                 }
             }
         },
@@ -551,6 +552,7 @@ def test_peer_rows_name_what_the_builder_emitted() -> None:
         "2.0 min | 15.00 GiB | 1 x 383 | 0.400 s | 0.800 s | 0.50x |" in md
     )
     assert "M: the peer decoder's inputs: `input_ids`, `attention_mask`, `position_ids`." in md
+    assert "M: the builder declared `position_ids` 3 x batch x length" in md
 
 
 def test_the_peer_builds_and_times_a_tiny_member(tiny_pair: Path, tmp_path: Path) -> None:
