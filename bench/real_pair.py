@@ -987,7 +987,11 @@ def sections(res: dict[str, Any]) -> list[tuple[str, str]]:
             "|---|---|---|---|",
         ]
         for name, b in build.items():
-            if "seconds" in b:
+            if b.get("rc") not in (0, None):
+                lines.append(
+                    f"| {name} | FAILED (exit {b['rc']}): {_error_lines(b.get('error', ''))[-200:]} | | |"
+                )
+            elif "seconds" in b:
                 lines.append(
                     f"| {name} | {b['seconds']:.0f} s | {_fmt_b(b['peak_rss_bytes'])} | {_fmt_b(b['folder_bytes'])} |"
                 )

@@ -611,3 +611,16 @@ def test_the_peers_3d_position_ids_are_declared_2d_where_plain_rotary_reads_them
     dims = g.graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_param for d in dims] == ["batch_size", "sequence_length"]
     assert not rp._peer_position_fix(graph("MRotaryEmbedding"))  # multimodal: 3 rows are right
+
+
+def test_a_failed_build_says_so() -> None:
+    rp = _load("real_pair")
+    res = {
+        "build": {
+            "M": {"rc": 1, "seconds": 0.1, "peak_rss_bytes": 1, "folder_bytes": 0, "error": "boom"},
+            "N": {"note": "folder present; not rebuilt in this run"},
+        }
+    }
+    md = rp.render(res)
+    assert "| M | FAILED (exit 1): boom | | |" in md
+    assert "| N | folder present; not rebuilt in this run | | |" in md
