@@ -297,3 +297,43 @@ def test_graph_form_is_checked() -> None:
         export_decoder(
             None, get_export_config("lfm2_vl"), {}, np.zeros(1), Path("x.onnx"), graph_form="x"
         )
+
+
+def test_quantizers_rewrite_the_fused_graph_as_the_standard(decoders: _Decoders) -> None:
+    """int4 and int8 quantize the same projections in both forms: the fused operators hold no
+    weight a quantizer would miss, and survive the rewrite."""
+    from spotstop.export.precision import convert_precision
+
+    quantized = {"MatMulNBits", "DynamicQuantizeMatMul", "MatMulInteger"}
+    for precision in ("int4", "int8"):
+        q = {f: convert_precision(m, precision) for f, m in decoders.graphs.items()}
+        counts = {f: sum(n.op_type in quantized for n in m.graph.node) for f, m in q.items()}
+        assert counts["fused"] == counts["standard"] > 0, (precision, counts)
+        assert graph_form_ops(q["fused"]) == EXPECTED_OPS[decoders.model_type], precision
+        _session(q["fused"])  # onnxruntime loads it
+
+
+def test_lfm2_fused_export_without_constant_folding(tiny_pair: Path, tmp_path: Path) -> None:
+    """A large member's legacy export runs without constant folding (export/exporters.py
+    ``fold_constants``): the fused LFM2 decoder exports and matches there too."""
+    import onnx
+    from spotstop.export.configs import get_export_config
+    from spotstop.export.exporters import DECODER_INPUTS, export_decoder
+    from spotstop.export.weights import fold_weight_transposes, tie_output_layer
+
+    d = _export_both(tiny_pair / "tiny-lfm2_vl", tmp_path)
+    length = d.lengths[-1]
+    feeds = d.cases(length)["scene"]
+    path = tmp_path / "unfolded.onnx"
+    ecfg = get_export_config("lfm2_vl")
+    feeds0 = {k: v for k, v in feeds.items() if k != "image_embeds"}
+    export_decoder(
+        d.decoder_t, ecfg, feeds0, feeds["image_embeds"], path, length, False, graph_form="fused"
+    )
+    model = fold_weight_transposes(tie_output_layer(onnx.load(str(path))))
+    assert graph_form_ops(model) == EXPECTED_OPS["lfm2_vl"]
+    got = _session(model).run(None, {k: np.ascontiguousarray(v) for k, v in feeds.items()})
+    with torch.no_grad():
+        want = d.decoder_t(*(torch.from_numpy(feeds[n]) for n in DECODER_INPUTS))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w.numpy(), atol=1e-4, rtol=1e-4)
