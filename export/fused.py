@@ -7,7 +7,7 @@ short convolutions are ``Conv``. ``fused`` (onnxruntime CPU: fp32, int8, int4) r
 decoder is exported, the pieces onnxruntime has one kernel for, the way onnxruntime-genai 0.18's
 model builder writes ``qwen3_5`` and ``lfm2`` (builders/qwen.py ``make_qwen_gated_delta_net``,
 builders/base.py ``make_linear_attention`` / ``make_causal_conv_with_state`` /
-``make_group_query_attention``):
+``make_group_query_attention`` / ``make_linear_attention_gate`` / ``make_gated_rms_norm``):
 
 =========================  =========================================================================
 Qwen3.5 Gated-DeltaNet     ``LinearAttention`` (update_rule="gated_delta"), as genai: q and k
@@ -17,6 +17,9 @@ Qwen3.5 Gated-DeltaNet     ``LinearAttention`` (update_rule="gated_delta"), as g
                            decay ``g`` and ``beta`` per value head, no past state.
 Qwen3.5 conv (+ SiLU)      ``CausalConvWithState`` (activation="silu"), channels-first, weight
                            (C, 1, K), no past state.
+Qwen3.5 gates              ``LinearAttentionGate``: ``decay = -exp(A_log)·softplus(a + dt_bias)``
+                           (``-exp(A_log)`` a folded constant) and ``beta = sigmoid(b)`` (genai's
+                           ``make_linear_attention_gate``).
 Qwen3.5 gated norm         ``GatedRMSNorm`` (activation="silu"), per value head (genai's
                            ``make_gated_rms_norm``).
 Qwen3.5 attention          ``GroupQueryAttention`` without rotary (``do_rotary=0``): the q/k RMSNorms
@@ -49,23 +52,16 @@ match); in LFM2's it makes the 11 ``SimplifiedLayerNormalization`` but leaves th
 0 SimplifiedLayerNormalization; the standard LFM2 one from 711 to 308 with 11
 SimplifiedLayerNormalization and 0 SkipSimplifiedLayerNormalization).
 
-Not fused: Qwen3.5's decay/beta gates (``-exp(A_log)·softplus(a + dt_bias)``, ``sigmoid(b)``:
-genai's ``LinearAttentionGate``; they are computed inside transformers' layer forward, which this
-patch keeps; a few elementwise nodes on (B, L, heads)) and the q/k L2 norms before
-``LinearAttention`` (genai writes ``LpNormalization``, which has no ``eps``: not the reference's
-``x·rsqrt(Σx² + 1e-6)``, so they stay exact standard nodes).
-
-The projections stay ``MatMul`` nodes outside every fused op (as genai keeps them), so the int8 /
-int4 quantizers still rewrite them (MatMulNBits); the output layer and everything after the last
-hidden state are unchanged.
+Not fused: the q/k L2 norms before ``LinearAttention`` (genai writes ``LpNormalization``, which
+has no ``eps``: not the reference's ``x·rsqrt(Σx² + 1e-6)``, so they stay exact standard nodes).
 
 Padding and the mask. The decoder runs right-padded batches and passes transformers an all-ones
 attention mask (export/graphs.py ``DecoderGraph``): every layer is causal, so the padding after a
 sequence never reaches its positions, and the standard graph's attention is exactly causal
 attention over the whole padded length. The fused attention is the same: ``GroupQueryAttention``
 with ``causal=1``, ``seqlens_k = L - 1`` for every row and ``total_sequence_length = L`` (the padded
-length), no ``query_seqlens``. Rows past a sequence's end differ from nothing (neither graph's
-outputs read them). The fused attention IGNORES the mask transformers passes it; that is exact
+length), no ``query_seqlens``. Rows past a sequence's end are computed as in the standard graph
+(causally, over the padding) and neither graph's outputs read them. The fused attention IGNORES the mask transformers passes it; that is exact
 only because that mask is all ones, which is why :func:`fused_patcher` is meant for exporting
 :class:`~spotstop.export.graphs.DecoderGraph` and nothing else. LFM2's fused rotary reads GQA's own
 positions (0 .. L-1 of a first prompt chunk); that equals the decoder's ``position_ids`` because
@@ -88,11 +84,19 @@ Where the lead calls it (export/onnx.py ``export_member``), the decoder stage on
 
 ``export_decoder`` (export/exporters.py) enters :func:`fused_patcher` (``ecfg.model_type``,
 ``max_length``) inside the config's own ``decoder_patcher`` and passes
-:func:`dynamo_translations` to a dynamo export. The vision graph is not fused (its attention is
-bidirectional over ``cu_seqlens`` windows, which no fused CPU op here covers); ``export_vision``
-takes no graph form. For the manifest, :func:`graph_form_ops` (an ``onnx.ModelProto``) gives the
-fused operators a graph holds, e.g. ``{"LinearAttention": 3, "CausalConvWithState": 3,
-"GroupQueryAttention": 1}`` for the tiny Qwen3.5 decoder; ``{}`` for a standard graph.
+:func:`dynamo_translations` to a dynamo export. Nothing else changes in ``export_member``: the
+fused graph is loaded, tied, folded, validated against the same torch reference and quantized
+(int8/int4 rewrite its MatMuls as they do the standard graph's) like the standard one. For the
+manifest, :func:`graph_form_ops` (an ``onnx.ModelProto``, before or after quantization) gives the
+fused operators a graph holds, e.g. for the tiny Qwen3.5 decoder ``{"CausalConvWithState": 3,
+"GatedRMSNorm": 3, "GroupQueryAttention": 1, "LinearAttention": 3, "LinearAttentionGate": 3,
+"SimplifiedLayerNormalization": 7, "SkipSimplifiedLayerNormalization": 4}``; ``{}`` for a
+standard graph; e.g. ``meta["decoder"]["graph_form"] = form`` and
+``meta["decoder"]["fused_ops"] = graph_form_ops(graphs[dec_files[usable[0]]])``.
+
+The vision graph is not fused in this change (``export_vision`` takes no graph form): it runs once
+per scene, the decoder twice, and its attention is bidirectional (com.microsoft
+``MultiHeadAttention`` would fit it; not done here).
 """
 
 from __future__ import annotations
@@ -130,6 +134,7 @@ FUSED_OPS: dict[str, tuple[str, int]] = {
     "CausalConvWithState": (FUSED_DOMAIN, 2),
     "GroupQueryAttention": (FUSED_DOMAIN, 1),
     "GatedRMSNorm": (FUSED_DOMAIN, 1),
+    "LinearAttentionGate": (FUSED_DOMAIN, 2),
     "SkipSimplifiedLayerNormalization": (FUSED_DOMAIN, 4),
     "SimplifiedLayerNormalization": ("", 1),
 }
@@ -282,6 +287,20 @@ def _(x, weight, gate, eps):
     return x.new_empty(x.shape)
 
 
+@torch.library.custom_op("spotstop_fused::linear_attention_gate", mutates_args=())
+def linear_attention_gate(
+    a: torch.Tensor, dt_bias: torch.Tensor, decay_scale: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """com.microsoft ``LinearAttentionGate``: ``decay = decay_scale · softplus(a + dt_bias)``
+    and ``beta = sigmoid(b)``, a and b (B, T, H), dt_bias and decay_scale (H) (float32)."""
+    return decay_scale * F.softplus(a + dt_bias), torch.sigmoid(b)
+
+
+@linear_attention_gate.register_fake
+def _(a, dt_bias, decay_scale, b):
+    return a.new_empty(a.shape), b.new_empty(b.shape)
+
+
 # -- ONNX translations: dynamo (onnxscript) ----------------------------------------------------
 
 
@@ -422,7 +441,12 @@ def _dynamo_translations() -> dict[Any, Callable[..., Any]]:
     def gated_norm(x, weight, gate, eps):
         return ms.GatedRMSNorm(x, weight, gate, activation="silu", epsilon=float(eps))
 
+    def gate(a, dt_bias, decay_scale, b):
+        decay, beta = ms.LinearAttentionGate(a, dt_bias, decay_scale, b)
+        return decay, beta
+
     return {
+        torch.ops.spotstop_fused.linear_attention_gate.default: gate,
         torch.ops.spotstop_fused.gated_rms_norm.default: gated_norm,
         torch.ops.spotstop_fused.linear_attention.default: la,
         torch.ops.spotstop_fused.causal_conv.default: conv,
@@ -536,7 +560,15 @@ def _register_legacy_symbolics() -> None:
         out.setType(x.type())
         return out
 
+    @parse_args("v", "v", "v", "v")
+    def gate(g, a, dt_bias, decay_scale, b):
+        decay, beta = g.op(f"{ms}::LinearAttentionGate", a, dt_bias, decay_scale, b, outputs=2)
+        decay.setType(a.type())
+        beta.setType(b.type())
+        return decay, beta
+
     for opset in _LEGACY_OPSETS:
+        register_custom_op_symbolic("spotstop_fused::linear_attention_gate", gate, opset)
         register_custom_op_symbolic("spotstop_fused::gated_rms_norm", gated_norm, opset)
         register_custom_op_symbolic("spotstop_fused::rms_norm", norm, opset)
         register_custom_op_symbolic("spotstop_fused::skip_rms_norm", skip_norm, opset)
@@ -623,6 +655,46 @@ def fused_causal_conv1d_fn(
         hidden_states.to(weight.dtype), weight.unsqueeze(1), int(activation is not None)
     )
     return out.to(hidden_states.dtype)
+
+
+def _qwen3_5_gated_delta_net_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    cache: Any = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """``Qwen3_5GatedDeltaNet.forward`` for the scoring pass (no cache), genai's layer: the
+    projections (MatMul), ``CausalConvWithState`` (+ SiLU), the decay/beta gates as one
+    ``LinearAttentionGate`` (``-exp(A_log)`` a folded constant), ``LinearAttention``,
+    ``GatedRMSNorm``, the output projection. Same maths and order as transformers' forward."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
+
+    if cache is not None:
+        raise NotImplementedError(
+            "the fused Gated-DeltaNet serves the scoring pass only (no cache)."
+        )
+    hidden_states = mod.apply_mask_to_padding_states(hidden_states, attention_mask)
+    batch_size, seq_len, _ = hidden_states.shape
+    mixed_qkv = self.in_proj_qkv(hidden_states).transpose(1, 2)
+    z = self.in_proj_z(hidden_states).reshape(batch_size, seq_len, -1, self.head_v_dim)
+    b = self.in_proj_b(hidden_states)
+    a = self.in_proj_a(hidden_states)
+    mixed_qkv = fused_causal_conv1d_fn(
+        mixed_qkv, self.conv1d.weight.squeeze(1), self.conv1d.bias, activation=self.activation
+    ).transpose(1, 2)
+    query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], -1)
+    query = query.reshape(batch_size, seq_len, -1, self.head_k_dim)
+    key = key.reshape(batch_size, seq_len, -1, self.head_k_dim)
+    value = value.reshape(batch_size, seq_len, -1, self.head_v_dim)
+    g, beta = torch.ops.spotstop_fused.linear_attention_gate(
+        a.float(), self.dt_bias.float(), -self.A_log.float().exp(), b.float()
+    )
+    core, _ = fused_chunk_gated_delta_rule(
+        query, key, value, g=g, beta=beta.to(b.dtype), use_qk_l2norm_in_kernel=True
+    )
+    core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+    return self.out_proj(core.reshape(batch_size, seq_len, -1))
 
 
 def _no_cos(x: torch.Tensor) -> torch.Tensor:
@@ -833,6 +905,9 @@ def _qwen3_5_patches(stack: ExitStack) -> None:
 
     stack.enter_context(_patched(mod, "torch_chunk_gated_delta_rule", fused_chunk_gated_delta_rule))
     stack.enter_context(_patched(mod, "causal_conv1d_fn", fused_causal_conv1d_fn))
+    stack.enter_context(
+        _patched(mod.Qwen3_5GatedDeltaNet, "forward", _qwen3_5_gated_delta_net_forward)
+    )
     stack.enter_context(_patched(mod.Qwen3_5Attention, "forward", _qwen3_5_attention_forward))
     stack.enter_context(_patched(mod.Qwen3_5RMSNorm, "forward", _qwen3_5_rms_norm_forward))
     stack.enter_context(_patched(mod.Qwen3_5RMSNormGated, "forward", _qwen3_5_gated_norm_forward))
