@@ -1397,7 +1397,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=None, help="RESULTS.md to update")
     args = ap.parse_args(argv)
     args.precisions_given = args.precisions is not None
-    args.precisions = [p.strip() for p in (args.precisions or "int8,int4").split(",") if p.strip()]
+    given = "int8,int4" if args.precisions is None else args.precisions
+    args.precisions = [p.strip() for p in given.split(",") if p.strip()]
     args.peer_precisions = [
         p.strip() for p in (args.peer_precisions or "").split(",") if p.strip()
     ] or None
