@@ -1228,8 +1228,9 @@ def _peer_text(res: dict[str, Any]) -> str:
         "Its decoder alone (the builder emits no vision tower for either member: Qwen3.5 and "
         "LFM2-VL are text-only there), last-token logits (`prune_lm_head=true`), prefill of "
         "the token count our decoder ran (batch x length of the median call), one warm-up "
-        "then timed runs, in the genai venv; ours: the decoder graph's time in the latency "
-        "table's scenes.",
+        "then timed runs, in the genai venv; ours: the decoder graph's median time in the "
+        "latency table's scenes (their lengths vary about the median call's); peer / ours: "
+        "the peer's time over ours (below 1: the peer is faster).",
         "",
         "| member | ours | peer -p | peer emits | build | build peak RSS | tokens | peer prefill median | "
         "our decoder median | peer / ours |",
