@@ -252,19 +252,55 @@ class CalibrationInputs:
         """The most input rows any Linear saw (the decoder's calibration tokens)."""
         return max((int(e["rows"]) for e in self.index.values()), default=0)
 
+    def _entry(self, w_kn: np.ndarray) -> dict[str, Any] | None:
+        e = self.index.get(weight_key(np.asarray(w_kn).T))
+        if e is None or int(e["width"]) != w_kn.shape[0]:
+            return None
+        return e
+
+    def _rows(self, e: dict[str, Any]) -> np.ndarray:
+        return np.memmap(
+            self.folder / e["file"], dtype=np.float32, mode="r", shape=(e["rows"], e["width"])
+        )
+
+    def sample(self, w_kn: np.ndarray, limit: int = 2048) -> np.ndarray | None:
+        """At most ``limit`` recorded input rows of the Linear whose graph weight is ``w_kn``
+        (K, N), evenly strided over every scene and pass (float32, in memory); None when no
+        recorded Linear has that weight. What export/int8.py measures each layer's error on."""
+        e = self._entry(w_kn)
+        if e is None:
+            return None
+        x = self._rows(e)
+        step = max(1, -(-x.shape[0] // int(limit)))
+        out = np.array(x[::step], dtype=np.float32)
+        del x
+        return out
+
+    def absmax(self, w_kn: np.ndarray, chunk_rows: int = 4096) -> np.ndarray | None:
+        """Per input channel, the largest ``|x|`` over every recorded input row of the Linear
+        whose graph weight is ``w_kn`` (K,): SmoothQuant's activation statistic (export/int8.py);
+        None when no recorded Linear has that weight."""
+        e = self._entry(w_kn)
+        if e is None:
+            return None
+        x = self._rows(e)
+        m = np.zeros(x.shape[1], dtype=np.float32)
+        for a in range(0, x.shape[0], chunk_rows):
+            np.maximum(m, np.abs(np.asarray(x[a : a + chunk_rows])).max(axis=0), out=m)
+        del x
+        return m
+
     def hessian(self, w_kn: np.ndarray, chunk_rows: int = 4096) -> np.ndarray | None:
         """``XᵀX`` (float64) of the inputs of the Linear whose graph weight is ``w_kn`` (K, N);
         None when no recorded Linear has that weight."""
-        e = self.index.get(weight_key(np.asarray(w_kn).T))
-        if e is None or int(e["width"]) != w_kn.shape[0]:
+        e = self._entry(w_kn)
+        if e is None:
             self.missed += 1
             return None
         self.used += 1
         if self._cache is not None and self._cache[0] == e["file"]:
             return self._cache[1]
-        x = np.memmap(
-            self.folder / e["file"], dtype=np.float32, mode="r", shape=(e["rows"], e["width"])
-        )
+        x = self._rows(e)
         h = np.zeros((e["width"], e["width"]), dtype=np.float64)
         for a in range(0, x.shape[0], chunk_rows):
             part = np.asarray(x[a : a + chunk_rows])
@@ -279,15 +315,16 @@ def nbits_quantizer_meta(
 ) -> dict[str, Any]:
     """The ``quantizer`` entry of an int8/int4 member's ``spotstop_onnx.yaml``: which method
     chose the codes and, for GPTQ, on what and for how many weights."""
-    from spotstop.export.quant import NBITS_BLOCK, _spotstop_version
+    from spotstop.export.precision import get_precision
+    from spotstop.export.quant import _spotstop_version
 
-    bits = 8 if precision == "int8" else 4
+    spec = get_precision(precision)
     meta: dict[str, Any] = {
         "name": "spotstop-gptq" if calibration is not None else "spotstop-rtn",
         "version": _spotstop_version(),
         "method": "gptq" if calibration is not None else "rtn",
-        "block_size": NBITS_BLOCK[precision],
-        "format": f"MatMulNBits (com.microsoft), {bits}-bit, symmetric, one scale per block",
+        "block_size": spec.block_size,
+        "format": f"MatMulNBits (com.microsoft), {spec.nbits}-bit, symmetric, one scale per block",
     }
     if calibration is not None:
         meta["calibration"] = {

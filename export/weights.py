@@ -182,12 +182,13 @@ def _users(model: Any) -> dict[str, int]:
 
 
 def rewrite_weight_matmuls(
-    model: Any, rewrite: Callable[[Any, Any], list[Any]], progress: str | None = None
+    model: Any, rewrite: Callable[[Any, Any], list[Any] | None], progress: str | None = None
 ) -> int:
     """Replace, in place, every ``MatMul`` whose second input is a rank-2 float initializer
     (a weight) by the nodes ``rewrite(node, weight)`` returns (the weight-only quantizers:
-    export/nbits.py, export/quant.py); a weight nothing reads any more is dropped. Returns
-    how many distinct weights were rewritten. ``progress``: a bar of that name over the
+    export/nbits.py, export/quant.py, export/int8.py); ``rewrite`` returning None leaves the
+    node as it is. A weight nothing reads any more is dropped. Returns how many distinct
+    weights were visited. ``progress``: a bar of that name over the
     weights on stderr (GPTQ takes minutes per member at the real size)."""
     from onnx import TensorProto
 
@@ -214,18 +215,22 @@ def rewrite_weight_matmuls(
         if t is None:
             new_nodes.append(node)
             continue
-        new_nodes += rewrite(node, t)
+        out = rewrite(node, t)
         if bar is not None and t.name not in seen:
             bar.update()
         seen.add(t.name)
-        users[t.name] -= 1
+        if out is None:  # left as it is (its weight too)
+            new_nodes.append(node)
+            continue
+        new_nodes += out
     if bar is not None:
         bar.close()
-    for w in seen:
-        if users[w] == 0:
-            g.initializer.remove(inits[w])
     del g.node[:]
     g.node.extend(new_nodes)
+    users = _users(model)
+    for w in seen:
+        if users.get(w, 0) == 0:
+            g.initializer.remove(inits[w])
     return len(seen)
 
 

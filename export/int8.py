@@ -1,0 +1,405 @@
+"""int8 that computes in int8: onnxruntime's ``DynamicQuantizeMatMul``, with a measured keep rule
+and an optional SmoothQuant step.
+
+Weight-only int8 (``MatMulNBits``, export/nbits.py) stores 8-bit weights but, at
+``accuracy_level`` 0, multiplies in float32 after dequantizing them: on a 2-core x86 CPU one
+Qwen3.5-2B-sized layer ran at half the speed of float32 (issue #24). This precision stores each
+``MatMul``'s constant weight ``W`` (K, N) as int8 with one float32 scale per output column, and
+quantizes the activations per call: ``DynamicQuantizeMatMul(A, W_q, scale)`` quantizes ``A``
+to uint8 with ONE scale and zero point for the whole tensor (onnxruntime's
+``DynamicQuantizeLinear``: ``scale = (max(0, max A) − min(0, min A)) / 255``) and runs an
+int8 GEMM (AVX512-VNNI / AMX on x86, the int8 dot products on ARM). Per-token activation
+scales would need a second pass over ``A`` and a custom kernel; per tensor is what onnxruntime
+ships fused, and the keep rule below catches the layers it hurts.
+
+With calibration inputs, a constant no recorded Linear multiplies by (a table the exporter
+folded into a constant, e.g. LFM2-VL's resized position embeddings; the output layer's
+first-token rows) stays float32: its inputs are unknown, and such constants are small. (A
+streamed export, whose exporter does not fold constants, computes them at run time: float32
+too, so both exports agree.)
+
+Which layers stay weight-only (``MatMulNBits`` 8-bit, ``accuracy_level`` 4: int8 activations
+per block of 128, so an outlier only costs its own block):
+
+* the output layer (the MatMul whose output the vocabulary's ``LogSoftmax`` reads): the
+  scoring graph multiplies only a few read positions by it, so it is memory-bound and a dynamic GEMM
+  gains nothing; and tied to the embeddings it stays ONE table, which ``GatherBlockQuantized``
+  reads (export/weights.py), where a DynamicQuantizeMatMul weight would need a second copy;
+* every layer whose measured error exceeds ``keep_error``: on the calibration scenes' recorded
+  inputs (export/gptq.py, the same as GPTQ's), ``‖deq(Q(X)) Ŵ − X W‖ / ‖X W‖`` with ``Q``
+  onnxruntime's per-tensor activation quantization simulated over the sampled rows (several
+  scenes at once: a range at least as wide as one call's, so the estimate errs high). Without
+  calibration inputs (``quantizer="rtn"``) only the output-layer rule applies.
+
+SmoothQuant (Xiao et al. 2023, "SmoothQuant: Accurate and Efficient Post-Training
+Quantization for Large Language Models", Sec. 4): with ``smooth_alpha = α``, each set of
+MatMuls that read the same activation ``X`` (q/k/v, gate/up) is given one per-channel factor
+``s_j = max|X_j|^α / max|W_j|^(1−α)`` (the max over the set's weights' rows), ``X`` is divided
+by ``s`` (a ``Mul`` by the constant ``1/s``, folded into the producing ``Mul`` by a constant,
+e.g. an RMSNorm's weight, when that Mul feeds only this set) and each ``W`` is multiplied by
+``s`` row by row: ``(X/s)(sW) = XW`` exactly, while the activation's outlier channels are
+moved into the weights, which are quantized per column. A weight read by MatMuls with
+different inputs is not smoothed (it cannot take two factors).
+
+Codes: GPTQ (export/gptq.py) with one block of all K rows where the calibration inputs hold the
+weight's inputs (their Hessian scaled by ``1/(s sᵀ)`` after smoothing), else round to nearest
+(``max|w| / 127`` per column). :class:`Int8Report` records what was done for the manifest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from spotstop.export.gptq import CalibrationInputs, gptq_nbits
+from spotstop.export.weights import WeightIO, rewrite_weight_matmuls
+
+__all__ = [
+    "KEEP_ERROR",
+    "SAMPLE_ROWS",
+    "Int8Report",
+    "channel_int8",
+    "dequantize_activations",
+    "layer_error",
+    "quantize_matmuls_int8",
+    "smoothing_factors",
+]
+
+#: a layer whose measured relative output error at dynamic int8 exceeds this stays
+#: weight-only: per-tensor activations on well-behaved inputs measure 0.5-1.5 % (gaussian rows:
+#: the step of 255 levels over a range of ~9 standard deviations); 3 % marks an input with
+#: outlier channels
+KEEP_ERROR = 0.03
+#: recorded input rows each layer's error is measured on
+SAMPLE_ROWS = 2048
+#: smallest smoothing factor (a channel no calibration row reached)
+_S_MIN = 1e-5
+
+
+def dequantize_activations(x: np.ndarray) -> np.ndarray:
+    """``x`` as onnxruntime's ``DynamicQuantizeLinear`` + dequantize gives it back: uint8, one
+    scale and zero point for the whole tensor, the range widened to include 0, round half to
+    even (the ONNX spec)."""
+    x = np.asarray(x, dtype=np.float32)
+    f = np.float32
+    lo, hi = min(x.min(initial=f(0)), f(0)), max(x.max(initial=f(0)), f(0))
+    scale = f(hi - lo) / f(255)  # float32 arithmetic, as the kernel's
+    if scale == 0:
+        return np.zeros_like(x)
+    zp = np.clip(np.round(-lo / scale), 0, 255).astype(np.float32)
+    q = np.clip(np.round(x / scale) + zp, 0, 255).astype(np.float32)
+    return ((q - zp) * scale).astype(np.float32)
+
+
+def channel_int8(w: np.ndarray, h: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``w`` (K, N) → (int8 codes (K, N), float32 scales (N,)) with ``w ≈ codes * scales``.
+
+    ``h``: the Hessian ``XᵀX`` of the layer's inputs; given, the codes are GPTQ's (one block
+    of K rows: export/gptq.py's scale from the largest-magnitude weight, so a scale may be
+    negative and the codes span -128..127); else round to nearest, ``max|w| / 127``.
+    """
+    w = np.asarray(w, dtype=np.float32)
+    k, n = w.shape
+    if h is not None:
+        packed, scales = gptq_nbits(w, h, 8, block_size=k)
+        codes = packed.reshape(n, -1)[:, :k].astype(np.int16) - 128
+        return np.ascontiguousarray(codes.T.astype(np.int8)), np.ascontiguousarray(scales[:, 0])
+    scale = np.abs(w).max(axis=0) / 127.0
+    safe = np.where(scale == 0, 1.0, scale)
+    codes = np.clip(np.round(w / safe), -127, 127).astype(np.int8)
+    return codes, scale.astype(np.float32)
+
+
+def layer_error(x: np.ndarray, w: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> float:
+    """Relative output error ``‖deq(Q(x)) (codes·scales) − x w‖_F / ‖x w‖_F`` of one layer at
+    dynamic int8 on the input rows ``x`` (n, K); 0 when ``x w`` is all zero."""
+    # float32 products (a Qwen3.5-2B export measures ~200 layers on 2,048 rows each): the
+    # error measured is ~1e-2, float32's relative rounding ~1e-7
+    x = np.asarray(x, dtype=np.float32)
+    ref = x @ np.asarray(w, dtype=np.float32)
+    got = dequantize_activations(x) @ (codes.astype(np.float32) * scales.astype(np.float32))
+    den = float(np.linalg.norm(ref.astype(np.float64)))
+    diff = float(np.linalg.norm((got - ref).astype(np.float64)))
+    return diff / den if den > 0 else 0.0
+
+
+def smoothing_factors(act_absmax: np.ndarray, w_absmax: np.ndarray, alpha: float) -> np.ndarray:
+    """SmoothQuant's ``s_j = max|X_j|^α / max|W_j|^(1−α)`` (Eq. 4), per input channel ``j``;
+    a channel with no activation or no weight gets 1."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"smooth_alpha must lie in [0, 1]; got {alpha}.")
+    a = np.asarray(act_absmax, dtype=np.float64)
+    b = np.asarray(w_absmax, dtype=np.float64)
+    ok = (a > 0) & (b > 0)
+    s = np.ones_like(a)
+    s[ok] = a[ok] ** alpha / b[ok] ** (1.0 - alpha)
+    return np.maximum(s, _S_MIN).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Int8Report:
+    """What :func:`quantize_matmuls_int8` did to one graph (the manifest's ``int8`` entry)."""
+
+    #: weights now multiplied by DynamicQuantizeMatMul
+    dynamic: int
+    #: weights left for the weight-only pass: output layers, and those over ``keep_error``
+    head: tuple[str, ...] = ()
+    kept: tuple[tuple[str, float], ...] = ()
+    #: with calibration: constants no recorded Linear reads (inputs unknown): left float32
+    unmeasured: tuple[str, ...] = ()
+    #: weights whose error was measured, and the largest and median of those errors
+    measured: int = 0
+    max_error: float = 0.0
+    median_error: float = 0.0
+    #: activation sets smoothed (with ``alpha``), and how many factors were folded into a Mul
+    smoothed: int = 0
+    folded: int = 0
+    alpha: float | None = None
+    keep_error: float = KEEP_ERROR
+    gptq: int = 0
+    errors: dict[str, float] = field(default_factory=dict, repr=False)
+
+    def as_meta(self) -> dict[str, Any]:
+        return {
+            "dynamic": self.dynamic,
+            "weight_only": {"output_layer": len(self.head), "over_keep_error": len(self.kept)},
+            "float32_unmeasured": len(set(self.unmeasured)),
+            "keep_error": self.keep_error,
+            "measured": self.measured,
+            "max_error": round(self.max_error, 6),
+            "median_error": round(self.median_error, 6),
+            "smooth_alpha": self.alpha,
+            "smoothed_inputs": self.smoothed,
+            "gptq": self.gptq,
+        }
+
+
+def _output_layers(model: Any) -> set[str]:
+    """Outputs of the nodes that feed a ``LogSoftmax`` (through at most a few Casts, Reshapes
+    or Identities): the scoring graph's output layer, the full-vocabulary log-softmax at the
+    read positions (export/graphs.py)."""
+    consumers: dict[str, list[Any]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    passthrough = {"Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze"}
+
+    def feeds_log_softmax(name: str, depth: int = 4) -> bool:
+        for c in consumers.get(name, []):
+            if c.op_type == "LogSoftmax":
+                return True
+            if depth and c.op_type in passthrough and feeds_log_softmax(c.output[0], depth - 1):
+                return True
+        return False
+
+    return {n.output[0] for n in model.graph.node if n.output and feeds_log_softmax(n.output[0])}
+
+
+def quantize_matmuls_int8(
+    model: Any,
+    io: WeightIO | None = None,
+    calibration: CalibrationInputs | None = None,
+    *,
+    smooth_alpha: float | None = None,
+    keep_error: float = KEEP_ERROR,
+    output_layers: Collection[str] = (),
+) -> Int8Report:
+    """Rewrite, in place, every ``MatMul`` with a rank-2 float initializer weight as
+    ``DynamicQuantizeMatMul`` (see the module doc), except output layers and layers over
+    ``keep_error``, which stay float ``MatMul`` (smoothed if their input is) for the weight-only
+    pass that follows (export/precision.py). ``smooth_alpha`` needs ``calibration``.
+    ``output_layers``: node outputs that are output layers besides those the LogSoftmax finds
+    (a tied output layer, export/weights.py's ``untie_for_quantizer``: its table stays one)."""
+    from onnx import TensorProto, helper
+
+    if smooth_alpha is not None and calibration is None:
+        raise ValueError(
+            "SmoothQuant needs the calibration scenes' activations: export with the default "
+            "quantizer 'gptq' (it records them), or without smooth_alpha."
+        )
+    if not keep_error > 0:
+        raise ValueError(f"keep_error must be positive; got {keep_error}.")
+    io = io or WeightIO()
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    floats = (TensorProto.FLOAT,)
+    heads_out = _output_layers(model) | set(output_layers)
+
+    def weight_of(node: Any) -> Any:
+        w = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else ""
+        t = inits.get(w)
+        return None if t is None or t.data_type not in floats or len(t.dims) != 2 else t
+
+    matmuls = [(n, t) for n in g.node if (t := weight_of(n)) is not None]
+    head = {t.name for n, t in matmuls if n.output[0] in heads_out}
+    inputs_of: dict[str, set[str]] = {}
+    for n, t in matmuls:
+        inputs_of.setdefault(t.name, set()).add(n.input[0])
+
+    # -- SmoothQuant: one factor per activation, over the weights that read it
+    factors: dict[str, np.ndarray] = {}
+    if smooth_alpha is not None and calibration is not None:
+        groups: dict[str, list[Any]] = {}
+        for n, t in matmuls:
+            if t.name not in head and len(inputs_of[t.name]) == 1:
+                groups.setdefault(n.input[0], []).append(t)
+        for x_name, ts in groups.items():
+            uniq = {t.name: t for t in ts}
+            act, w_max = None, None
+            for t in uniq.values():
+                w = io.read(t)
+                if act is None:
+                    act = calibration.absmax(w)
+                r = np.abs(w).max(axis=1)
+                w_max = r if w_max is None else np.maximum(w_max, r)
+                del w
+            if act is not None and w_max is not None:  # never recorded: s = 1
+                factors[x_name] = smoothing_factors(act, w_max, smooth_alpha)
+    # a producing Mul's constant can take 1/s only when nothing else reads what it makes
+    readers: dict[str, int] = {}
+    for n in g.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+
+    # -- where each smoothed activation's 1/s goes: folded into a producing Mul, else a new Mul
+    folded = 0
+    smoothed_name: dict[str, str] = {}
+    new_mul: dict[str, Any] = {}
+    if factors:
+        producer = {o: n for n in g.node for o in n.output}
+        group_size = {x: sum(1 for n, _ in matmuls if n.input[0] == x) for x in factors}
+        graph_outputs = {o.name for o in g.output}
+        for x_name, s in factors.items():
+            p = producer.get(x_name)
+            const = None
+            if (
+                p is not None
+                and p.op_type == "Mul"
+                and readers.get(x_name, 0) == group_size[x_name]
+                and x_name not in graph_outputs
+            ):
+                for i in p.input:
+                    t = inits.get(i)
+                    if (
+                        t is not None
+                        and t.data_type == TensorProto.FLOAT
+                        and list(t.dims)[-1:] == [s.shape[0]]
+                        and readers.get(i, 0) == 1
+                    ):
+                        const = t
+                        break
+            if const is not None:
+                arr = io.read(const) / s
+                new_t = io.add(model, arr.astype(np.float32), f"{const.name}_smoothed")
+                p.input[list(p.input).index(const.name)] = new_t.name
+                smoothed_name[x_name] = x_name
+                folded += 1
+            else:
+                inv = io.add(model, (1.0 / s).astype(np.float32), f"{x_name}_smooth_inv")
+                out = f"{x_name}_smoothed"
+                new_mul[x_name] = helper.make_node(
+                    "Mul", [x_name, inv.name], [out], name=f"{x_name}_smooth"
+                )
+                smoothed_name[x_name] = out
+
+    # -- the rewrite: DynamicQuantizeMatMul, or a (smoothed) float MatMul left for weight-only
+    done: dict[str, tuple[str, str] | None] = {}
+    smoothed_w: dict[str, str] = {}
+    kept: list[tuple[str, float]] = []
+    unmeasured: list[str] = []
+    errors: dict[str, float] = {}
+    gptq_used = 0
+    inserted: set[str] = set()
+
+    def rewrite(node: Any, t: Any) -> list[Any] | None:
+        nonlocal gptq_used
+        x_name = node.input[0]
+        s = factors.get(x_name)
+        pre: list[Any] = []
+        if s is not None and x_name in new_mul and x_name not in inserted:
+            pre.append(new_mul[x_name])
+            inserted.add(x_name)
+        a_in = smoothed_name.get(x_name, x_name)
+        if t.name not in done:
+            w = io.read(t)
+            if t.name in head:
+                done[t.name] = None
+            else:
+                x = calibration.sample(w, SAMPLE_ROWS) if calibration is not None else None
+                h = calibration.hessian(w) if calibration is not None else None
+                if s is not None:
+                    if x is not None:
+                        x = x / s
+                    if h is not None:
+                        h = h / np.outer(s, s).astype(np.float64)
+                    w = w * s[:, None]
+                codes, scales = channel_int8(w, h)
+                gptq_used += h is not None
+                err = layer_error(x, w, codes, scales) if x is not None else None
+                if err is not None:
+                    errors[t.name] = err
+                if calibration is not None and err is None:
+                    # a constant no recorded Linear multiplies by (a table the exporter
+                    # folded, the first-token rows): its inputs are unknown, so it stays float
+                    unmeasured.append(t.name)
+                    done[t.name] = None
+                    if s is not None:
+                        sq = io.add(model, w.astype(np.float32), f"{t.name}_sq").name
+                        smoothed_w[t.name] = sq
+                        unmeasured.append(sq)
+                elif err is not None and err > keep_error:
+                    kept.append((t.name, err))
+                    done[t.name] = None
+                    if s is not None:
+                        smoothed_w[t.name] = io.add(
+                            model, w.astype(np.float32), f"{t.name}_sq"
+                        ).name
+                else:
+                    qn, sn = f"{t.name}_int8", f"{t.name}_int8_scale"
+                    io.add(model, codes, qn)
+                    io.add(model, scales, sn)
+                    done[t.name] = (qn, sn)
+            del w
+        got = done[t.name]
+        if got is None:
+            if a_in == x_name and t.name not in smoothed_w:
+                return None  # as it was: the weight-only pass quantizes it
+            keep = helper.make_node(
+                "MatMul", [a_in, smoothed_w.get(t.name, t.name)], list(node.output), name=node.name
+            )
+            return [*pre, keep]
+        qn, sn = got
+        return [
+            *pre,
+            helper.make_node(
+                "DynamicQuantizeMatMul",
+                [a_in, qn, sn],
+                list(node.output),
+                name=f"{node.name}_int8" if node.name else "",
+                domain="com.microsoft",
+            ),
+        ]
+
+    rewrite_weight_matmuls(model, rewrite, "int8 (dynamic)")
+    if any(v is not None for v in done.values()) and not any(
+        o.domain == "com.microsoft" for o in model.opset_import
+    ):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    errs = sorted(errors.values())
+    return Int8Report(
+        dynamic=sum(v is not None for v in done.values()),
+        head=tuple(sorted(head)),
+        kept=tuple(kept),
+        unmeasured=tuple(unmeasured),
+        measured=len(errs),
+        max_error=errs[-1] if errs else 0.0,
+        median_error=float(np.median(errs)) if errs else 0.0,
+        smoothed=len(factors),
+        folded=folded,
+        alpha=smooth_alpha,
+        keep_error=keep_error,
+        gptq=gptq_used,
+        errors=errors,
+    )

@@ -1,0 +1,284 @@
+"""int8 that computes in int8 (export/int8.py): the arithmetic against onnxruntime's own
+operators, SmoothQuant's identity, the keep rule, and the rewrite of a small graph."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from spotstop.export.gptq import CalibrationInputs, weight_key  # noqa: E402
+from spotstop.export.int8 import (  # noqa: E402
+    channel_int8,
+    dequantize_activations,
+    layer_error,
+    quantize_matmuls_int8,
+    smoothing_factors,
+)
+
+
+def _session(model: object) -> object:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(
+        model.SerializeToString(),  # type: ignore[attr-defined]
+        sess_options=opts,
+        providers=["CPUExecutionProvider"],
+    )
+
+
+def _model(nodes: list, inits: list, k: int, n: int, extra_out: list | None = None) -> object:
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n]), *(extra_out or [])],
+        inits,
+    )
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+
+
+def test_activation_rounding_is_onnxruntimes() -> None:
+    """The simulated per-tensor activation quantization equals onnxruntime's
+    DynamicQuantizeLinear → DequantizeLinear bit for bit (ranges with and without 0)."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+    ]
+    s = _session(_model(nodes, [], 16, 16))
+    for x in (
+        rng.normal(size=(7, 16)),
+        rng.uniform(0.5, 3.0, size=(7, 16)),  # all positive: the range is widened to 0
+        rng.uniform(-3.0, -0.5, size=(7, 16)),
+        np.r_[rng.normal(size=(6, 16)), np.full((1, 16), 40.0)],  # an outlier row
+    ):
+        x = x.astype(np.float32)
+        (want,) = s.run(None, {"x": x})  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(dequantize_activations(x), want)
+
+
+def test_channel_codes_round_to_nearest_per_column() -> None:
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(48, 10)).astype(np.float32) * rng.uniform(0.1, 5, 10).astype(np.float32)
+    codes, scales = channel_int8(w)
+    assert codes.dtype == np.int8 and scales.shape == (10,)
+    np.testing.assert_allclose(scales, np.abs(w).max(axis=0) / 127, rtol=1e-6)
+    assert np.abs(codes).max() == 127
+    err = np.abs(codes * scales - w)
+    assert np.all(err <= scales / 2 + 1e-6)
+
+
+def test_gptq_codes_lower_the_output_error_on_their_inputs() -> None:
+    """GPTQ with one block of every row: the (K, N) int8 codes and per-column scales it picks
+    give a smaller ‖XW − XŴ‖ on correlated inputs than rounding to nearest (its objective)."""
+    rng = np.random.default_rng(2)
+    k, n = 64, 32
+    mix = rng.normal(size=(k, k)).astype(np.float32)
+    x = (rng.normal(size=(512, k)) @ mix).astype(np.float32)  # correlated channels
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    h = (x.T @ x).astype(np.float64)
+    gq, gs = channel_int8(w, h)
+    rq, rs = channel_int8(w)
+    assert gq.dtype == np.int8 and gs.shape == (n,)
+    e_g = np.linalg.norm(x @ w - x @ (gq * gs))
+    e_r = np.linalg.norm(x @ w - x @ (rq * rs))
+    assert e_g < 0.9 * e_r, (e_g, e_r)
+
+
+def test_layer_error_is_what_dynamic_quantize_matmul_computes() -> None:
+    """onnxruntime's DynamicQuantizeMatMul with our codes and scales gives deq(Q(x)) @ (codes ·
+    scales): its integer GEMM is exact, so only float rounding separates the two; and the
+    measured error is that output's distance from x @ w."""
+    rng = np.random.default_rng(3)
+    k, n = 96, 40
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    x = rng.normal(size=(20, k)).astype(np.float32)
+    codes, scales = channel_int8(w, (x.T @ x).astype(np.float64))  # GPTQ: negative scales too
+    node = helper.make_node("DynamicQuantizeMatMul", ["x", "w", "s"], ["y"], domain="com.microsoft")
+    inits = [numpy_helper.from_array(codes, "w"), numpy_helper.from_array(scales, "s")]
+    m = _model([node], inits, k, n)
+    (got,) = _session(m).run(None, {"x": x})  # type: ignore[attr-defined]
+    sim = dequantize_activations(x).astype(np.float64) @ (codes * scales.astype(np.float64))
+    np.testing.assert_allclose(got, sim, rtol=1e-4, atol=1e-4 * float(np.abs(sim).max()))
+    ref = x.astype(np.float64) @ w
+    want = np.linalg.norm(sim - ref) / np.linalg.norm(ref)
+    assert layer_error(x, w, codes, scales) == pytest.approx(want, rel=1e-4)
+    assert 0 < want < 0.05
+
+
+def test_smoothing_factors_follow_the_papers_formula() -> None:
+    a = np.array([8.0, 1.0, 0.0, 2.0])
+    b = np.array([0.5, 2.0, 1.0, 0.0])
+    s = smoothing_factors(a, b, 0.5)
+    np.testing.assert_allclose(s, [np.sqrt(8 / 0.5), np.sqrt(1 / 2), 1.0, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(smoothing_factors(a[:2], b[:2], 1.0), a[:2], rtol=1e-6)
+    np.testing.assert_allclose(smoothing_factors(a[:2], b[:2], 0.0), 1 / b[:2], rtol=1e-6)
+    with pytest.raises(ValueError, match="smooth_alpha must lie in"):
+        smoothing_factors(a, b, 1.5)
+
+
+def _calibration(folder: Path, x: np.ndarray, weights: list[np.ndarray]) -> CalibrationInputs:
+    """A calibration folder as export/gptq.py's InputRecorder writes it: the weights (graph
+    layout (K, N)) that read ``x`` share one file of its rows."""
+    folder.mkdir(parents=True)
+    x.astype(np.float32).tofile(folder / "x0000.f32")
+    index = {
+        weight_key(w.T): {
+            "file": "x0000.f32",
+            "rows": x.shape[0],
+            "width": x.shape[1],
+            "linear": f"l{i}",
+        }
+        for i, w in enumerate(weights)
+    }
+    (folder / "index.json").write_text(json.dumps(index), encoding="utf-8")
+    return CalibrationInputs(folder)
+
+
+def _norm_then_two_linears(k: int, n: int, seed: int, outlier: float) -> tuple[object, dict]:
+    """x · g (an RMSNorm-like weight Mul) read by two MatMuls (q/k-like), then their sum
+    through a head MatMul into LogSoftmax (the output layer); one channel of x is large."""
+    rng = np.random.default_rng(seed)
+    g = rng.uniform(0.5, 1.5, k).astype(np.float32)
+    w1 = rng.normal(0, 0.1, (k, n)).astype(np.float32)
+    w2 = rng.normal(0, 0.1, (k, n)).astype(np.float32)
+    head = rng.normal(0, 0.1, (n, 50)).astype(np.float32)
+    nodes = [
+        helper.make_node("Mul", ["x", "g"], ["xn"], name="norm"),
+        helper.make_node("MatMul", ["xn", "w1"], ["a"], name="q"),
+        helper.make_node("MatMul", ["xn", "w2"], ["b"], name="k"),
+        helper.make_node("Add", ["a", "b"], ["y"], name="sum"),
+        helper.make_node("MatMul", ["y", "head"], ["logits"], name="head"),
+        helper.make_node("LogSoftmax", ["logits"], ["logp"], axis=-1, name="ls"),
+    ]
+    inits = [
+        numpy_helper.from_array(v, nm)
+        for v, nm in ((g, "g"), (w1, "w1"), (w2, "w2"), (head, "head"))
+    ]
+    out = [helper.make_tensor_value_info("logp", TensorProto.FLOAT, [None, 50])]
+    x = rng.normal(size=(256, k)).astype(np.float32)
+    x[:, 3] *= outlier
+    return _model(nodes, inits, k, n, out), {"x": x, "g": g, "w1": w1, "w2": w2, "head": head}
+
+
+@pytest.mark.parametrize("alpha", [None, 0.5])
+def test_rewrite_quantizes_the_linears_and_keeps_the_output_layer(
+    tmp_path: Path, alpha: float | None
+) -> None:
+    """Both q/k MatMuls become DynamicQuantizeMatMul, the output layer stays a float MatMul (for
+    the weight-only pass), the answer moves by the measured error only; smoothing folds 1/s into
+    the norm's weight (no new node) and keeps x·g·W exact before rounding."""
+    import onnx
+
+    k, n = 32, 24
+    model, v = _norm_then_two_linears(k, n, 4, outlier=1.0)
+    xn = v["x"] * v["g"]
+    cal = _calibration(tmp_path / "cal", xn, [v["w1"], v["w2"]])
+    fp32 = onnx.ModelProto()
+    fp32.CopyFrom(model)  # type: ignore[arg-type]
+    rep = quantize_matmuls_int8(model, calibration=cal, smooth_alpha=alpha)
+    ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
+    assert ops.count("DynamicQuantizeMatMul") == 2 and ops.count("MatMul") == 1
+    assert rep.dynamic == 2 and rep.head == ("head",) and not rep.kept and rep.measured == 2
+    assert (rep.smoothed, rep.folded) == ((1, 1) if alpha else (0, 0))
+    assert "Mul" in ops and ops.count("Mul") == 1  # folded: the norm's Mul took 1/s
+    x = v["x"][:8]
+    (want,) = _session(fp32).run(["y"], {"x": x})  # type: ignore[attr-defined]
+    (got,) = _session(model).run(["y"], {"x": x})  # type: ignore[attr-defined]
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert 0 < rel < 3 * rep.max_error + 1e-3, (rel, rep.max_error)
+
+
+def test_an_outlier_channel_is_kept_weight_only_unless_smoothed(tmp_path: Path) -> None:
+    """One input channel 200x the others: per-tensor int8 activations lose the rest, the keep
+    rule leaves both layers weight-only; SmoothQuant moves the outlier into the weights and
+    both compute in int8 with a small error (the paper's Fig. 5 in miniature)."""
+    k, n = 32, 24
+    plain, v = _norm_then_two_linears(k, n, 5, outlier=200.0)
+    xn = v["x"] * v["g"]
+    rep = quantize_matmuls_int8(
+        plain, calibration=_calibration(tmp_path / "a", xn, [v["w1"], v["w2"]])
+    )
+    assert rep.dynamic == 0 and len(rep.kept) == 2 and rep.max_error > 0.03
+    smooth, _ = _norm_then_two_linears(k, n, 5, outlier=200.0)
+    cal = _calibration(tmp_path / "b", xn, [v["w1"], v["w2"]])
+    rep2 = quantize_matmuls_int8(smooth, calibration=cal, smooth_alpha=0.5)
+    assert rep2.dynamic == 2 and not rep2.kept and rep2.max_error < 0.03
+
+
+def test_smoothing_needs_calibration_and_a_positive_bound() -> None:
+    model, _ = _norm_then_two_linears(8, 4, 6, 1.0)
+    with pytest.raises(ValueError, match="calibration scenes"):
+        quantize_matmuls_int8(model, smooth_alpha=0.5)
+    with pytest.raises(ValueError, match="keep_error must be positive"):
+        quantize_matmuls_int8(model, keep_error=0.0)
+
+
+def test_without_calibration_every_linear_but_the_head_is_int8() -> None:
+    model, _ = _norm_then_two_linears(16, 8, 7, 1.0)
+    rep = quantize_matmuls_int8(model)
+    assert rep.dynamic == 2 and rep.measured == 0 and rep.gptq == 0 and rep.head == ("head",)
+
+
+def test_export_member_at_int8_calibrates_measures_and_records(
+    tiny_pair: Path, tmp_path: Path
+) -> None:
+    """The export's int8: GPTQ codes and a measured error for every Linear the calibration
+    scenes reach, DynamicQuantizeMatMul in both graphs, the output layer weight-only 8-bit
+    (accuracy_level 4) and one table, validated, and all of it in the manifest; SmoothQuant
+    smooths the activations it has statistics for."""
+    import onnx
+    import yaml
+    from spotstop.export.onnx import export_member
+
+    src = tiny_pair / "tiny-lfm2_vl"
+    kw = {"precision": "int8", "buckets": [256], "name": "tiny-lfm2_vl", "calibration_scenes": 2}
+    e = export_member(src, tmp_path / "m", **kw)  # type: ignore[arg-type]
+    assert all(c.ok for c in e.checks)
+    q = e.quantizer
+    assert q is not None and q["method"] == "gptq" and "DynamicQuantizeMatMul" in q["format"]
+    d = q["dynamic_int8"]
+    assert d["dynamic"] > 20 and d["gptq"] == d["measured"] > 20
+    assert d["weight_only"]["output_layer"] == 1 and d["smooth_alpha"] is None
+    assert 0 < d["median_error"] <= d["max_error"]
+    on_disk = yaml.safe_load((tmp_path / "m" / "spotstop_onnx.yaml").read_text())
+    assert on_disk["precision"] == "int8" and on_disk["quantizer"] == dict(q)
+    nodes = []
+    for f in ("vision.onnx", "decoder.onnx"):
+        g = onnx.load(str(tmp_path / "m" / "onnx" / f), load_external_data=False).graph
+        assert any(n.op_type == "DynamicQuantizeMatMul" for n in g.node), f
+        nodes += list(g.node)
+    nb = [n for n in nodes if n.op_type == "MatMulNBits"]
+    wo = d["weight_only"]
+    assert len(nb) == wo["output_layer"] + wo["over_keep_error"]
+    assert all(helper.get_node_attr_value(n, "accuracy_level") == 4 for n in nb)
+    dec = onnx.load(str(tmp_path / "m" / "onnx" / "decoder.onnx"), load_external_data=False)
+    assert any(n.op_type == "GatherBlockQuantized" for n in dec.graph.node)  # one table
+    s = export_member(src, tmp_path / "s", smooth_alpha=0.5, **kw)  # type: ignore[arg-type]
+    assert all(c.ok for c in s.checks)
+    sd = s.quantizer["dynamic_int8"]  # type: ignore[index]
+    assert sd["smooth_alpha"] == 0.5 and sd["smoothed_inputs"] > 10
+
+
+def test_int8_options_are_checked_before_anything_is_written(
+    tiny_pair: Path, tmp_path: Path
+) -> None:
+    from spotstop.export.onnx import export_member
+
+    src = tiny_pair / "tiny-lfm2_vl"
+    with pytest.raises(ValueError, match="int8's"):
+        export_member(src, tmp_path / "a", precision="int4", smooth_alpha=0.5)
+    with pytest.raises(ValueError, match="only the 'gptq' quantizer records"):
+        export_member(src, tmp_path / "b", precision="int8", smooth_alpha=0.5, quantizer="rtn")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        export_member(src, tmp_path / "c", precision="int7")
+    assert not any(tmp_path.iterdir())
