@@ -234,7 +234,9 @@ def run_world(args: argparse.Namespace) -> int:
 def add_export_parser(sub: Any) -> None:
     """``spotstop export``: Hugging Face members → ONNX scoring graphs → a verified bundle."""
     from spotstop.export.gptq import CALIBRATION_SCENES, CALIBRATION_SEED
+    from spotstop.export.int8 import KEEP_ERROR
     from spotstop.export.mixed import DEFAULT_INT4_INT8
+    from spotstop.export.precision import PRECISION_SPECS
 
     p = sub.add_parser(
         "export",
@@ -257,11 +259,30 @@ def add_export_parser(sub: Any) -> None:
     p.add_argument("--out", type=Path, required=True, help="bundle folder to write (replaced)")
     p.add_argument(
         "--precision",
-        choices=["fp32", "fp16", "int8", "int4", "int4-trt"],
+        choices=list(PRECISION_SPECS),
         default="fp32",
-        help="graph weights: fp32, fp16, weight-only int8/int4 (MatMulNBits, block 128, "
-        "onnxruntime only) or int4-trt (INT4 DequantizeLinear -> MatMul, block 128: TensorRT "
-        "and onnxruntime; nvidia-modelopt's quantizer when installed)",
+        help="graph weights (export/precision.py): "
+        + "; ".join(f"{p}: {s.summary}" for p, s in PRECISION_SPECS.items())
+        + ". int8 is the CPU's fastest (onnxruntime's int8 GEMM); int8-nbits/int4 also run "
+        "on onnxruntime's CUDA provider; int4-trt is TensorRT's",
+    )
+    p.add_argument(
+        "--smooth-alpha",
+        type=float,
+        default=None,
+        metavar="A",
+        help="int8: SmoothQuant's migration strength in [0, 1] (0.5 in the paper): each "
+        "activation's outlier channels are moved into the weights that read it, from the "
+        "calibration scenes (needs --quantizer gptq). Default: no smoothing",
+    )
+    p.add_argument(
+        "--int8-keep-error",
+        type=float,
+        default=None,
+        metavar="E",
+        help="int8: a layer whose relative output error at int8 activations, measured on the "
+        "calibration scenes, exceeds E stays weight-only 8-bit (default "
+        f"{KEEP_ERROR}; the output layer always does)",
     )
     p.add_argument(
         "--visual-tokens",
@@ -396,6 +417,8 @@ def run_export(args: argparse.Namespace) -> int:
                 quantizer=args.quantizer,
                 calibration_scenes=args.calibration_scenes,
                 int4_int8=int4_int8,
+                smooth_alpha=args.smooth_alpha,
+                keep_error=args.int8_keep_error,
             )
     except ConfigError as e:  # a budget that names no member or has no square grid
         print(f"spotstop export: {e}", file=sys.stderr)

@@ -35,6 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from spotstop.export.precision import PRECISION_SPECS
+
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
@@ -51,9 +53,8 @@ __all__ = [
     "register",
 ]
 
-Precision = Literal["fp32", "fp16", "int8", "int4", "int4-trt"]
-#: Precisions an export can write, in order of decreasing size.
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8", "int4", "int4-trt")
+#: Precisions an export can write, in order of decreasing size (export/precision.py's registry).
+PRECISIONS: tuple[str, ...] = tuple(PRECISION_SPECS)
 
 EXPORT_CONFIGS: dict[str, type[ExportConfig]] = {}
 
@@ -118,39 +119,17 @@ class ExportConfig:
     #: ONNX opset per exporter
     legacy_opset: ClassVar[int] = 17
     dynamo_opset: ClassVar[int] = 18
+    #: per precision (export/precision.py's registry; an architecture may override one):
     #: per-output bounds, graph vs torch scoring graph
-    atol: ClassVar[Mapping[str, float]] = {
-        "fp32": 1e-4,
-        "fp16": 5e-2,
-        "int8": 0.5,
-        "int4": 2.0,
-        "int4-trt": 2.0,
-    }
-    rtol: ClassVar[Mapping[str, float]] = {
-        "fp32": 1e-4,
-        "fp16": 1e-2,
-        "int8": 0.1,
-        "int4": 0.3,
-        "int4-trt": 0.3,
-    }
+    atol: ClassVar[Mapping[str, float]] = {p: s.tolerance.atol for p, s in PRECISION_SPECS.items()}
+    rtol: ClassVar[Mapping[str, float]] = {p: s.tolerance.rtol for p, s in PRECISION_SPECS.items()}
     #: |Δs| bound, bundle vs torch reference backend
     score_atol: ClassVar[Mapping[str, float]] = {
-        "fp32": 1e-3,
-        "fp16": 5e-2,
-        "int8": 0.25,
-        "int4": 1.0,
-        # max|w|/7 blocks (positive scales for TensorRT) use 15 of int4's 16 levels: ~1.13x
-        # int4's weight error; on the random tiny pair |Δs| reached 0.94 (LFM2) / 1.19 (Qwen3.5)
-        # on the fp32 graph, 0.87 / 1.06 on the fp16 graph (float16 scales) int4-trt now uses
-        "int4-trt": 1.5,
+        p: s.tolerance.score_atol for p, s in PRECISION_SPECS.items()
     }
     #: minimum Spearman rank correlation of the scores, bundle vs torch reference
     min_spearman: ClassVar[Mapping[str, float]] = {
-        "fp32": 0.999,
-        "fp16": 0.99,
-        "int8": 0.9,
-        "int4": 0.8,
-        "int4-trt": 0.8,
+        p: s.tolerance.min_spearman for p, s in PRECISION_SPECS.items()
     }
 
     #: how export/tiny.py builds a test member of this architecture

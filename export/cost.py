@@ -56,7 +56,8 @@ from typing import Any, ClassVar
 
 from spotstop.export.cost_data import DEVICES, PAPER_TFLOPS, REAL_PAIR, REAL_SETTINGS
 from spotstop.export.mixed import DEFAULT_INT4_INT8
-from spotstop.export.quant import BLOCK_SIZE, NBITS_BLOCK
+from spotstop.export.precision import PRECISION_SPECS, get_precision
+from spotstop.export.quant import BLOCK_SIZE
 
 __all__ = [
     "ASSUMPTIONS",
@@ -86,16 +87,11 @@ __all__ = [
 
 #: chunk size of transformers' torch_chunk_gated_delta_rule
 CHUNK = 64
-#: bytes per parameter by role and precision, as ``spotstop export`` writes them (the module
-#: docstring): ``linear`` matrix-multiply weights, ``embed`` the token table, ``other`` the rest.
-#: int8/int4: MatMulNBits, a float32 scale per block of NBITS_BLOCK[precision] weights;
-#: int4-trt: INT4 DequantizeLinear blocks of BLOCK_SIZE with float16 scales on the fp16 graph.
+#: bytes per parameter by role and precision, as ``spotstop export`` writes them: each
+#: precision's spec (export/precision.py); ``linear`` matrix-multiply weights, ``embed`` the
+#: token table, ``other`` the rest.
 WEIGHT_BYTES: dict[str, dict[str, float]] = {
-    "fp32": {"linear": 4.0, "embed": 4.0, "other": 4.0},
-    "fp16": {"linear": 2.0, "embed": 2.0, "other": 2.0},
-    "int8": {"linear": 1.0 + 4 / NBITS_BLOCK["int8"], "embed": 2.0, "other": 4.0},
-    "int4": {"linear": 0.5 + 4 / NBITS_BLOCK["int4"], "embed": 2.0, "other": 4.0},
-    "int4-trt": {"linear": 0.5 + 2 / BLOCK_SIZE, "embed": 2.0, "other": 2.0},
+    p: dict(s.weight_bytes) for p, s in PRECISION_SPECS.items()
 }
 PRECISIONS: tuple[str, ...] = tuple(WEIGHT_BYTES)
 
@@ -122,21 +118,20 @@ def stored_weight_bytes(
     ``linear`` weights and, with ``table_int8``, a tied table are kept at int8
     (export/mixed.py decides which), in int4's blocks (one MatMulNBits block per graph).
     """
-    if precision not in WEIGHT_BYTES:
-        raise ValueError(f"unknown precision {precision!r}; choose from {list(WEIGHT_BYTES)}.")
+    spec = get_precision(precision)
     b = WEIGHT_BYTES[precision]
     per, per_table = b["linear"], b["linear"]
-    scale = 4 / NBITS_BLOCK.get(precision, BLOCK_SIZE)  # a float32 scale per block
+    scale = spec.table_scale_bytes or 4 / BLOCK_SIZE  # a float32 scale per block
     per8 = 1.0 + scale  # an int8 weight in this precision's blocks
-    if precision != "int4":
+    if spec.nbits != 4:  # only int4 keeps some weights at 8 bits (export/mixed.py)
         linear_int8, table_int8 = 0, False
     elif table_int8:
         per_table = per8
     if not 0 <= linear_int8 <= linear:
         raise ValueError(f"linear_int8 ({linear_int8}) must lie in [0, linear ({linear})].")
-    if tied and precision in ("int8", "int4"):
+    if tied and spec.tied_table == "shared":
         table_bytes = table * (per_table + scale)
-    elif tied and precision == "int4-trt":
+    elif tied and spec.tied_table == "both":
         table_bytes = table * (b["embed"] + b["linear"])
     else:
         table_bytes = table * b["embed"]
@@ -145,7 +140,7 @@ def stored_weight_bytes(
 
 
 #: precision -> which dense peak its compute runs at (module docstring)
-_PEAK_OF = {"fp16": "fp16_tflops", "int8": "int8_tops", "int4": "fp16_tflops"}
+_PEAK_OF = {p: s.roofline_peak for p, s in PRECISION_SPECS.items() if s.roofline_peak}
 ROOFLINE_PRECISIONS: tuple[str, ...] = tuple(_PEAK_OF)
 
 
@@ -571,7 +566,7 @@ class MemberCost:
         return self.vision + self.decoder
 
     def weight_bytes(self, precision: str) -> int:
-        if precision == "int4":
+        if get_precision(precision).nbits == 4:
             return self.params.bytes(
                 precision, self.int4_linear_int8, "output_layer" in self.int4_int8
             )

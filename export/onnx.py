@@ -36,15 +36,15 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 from PIL import Image
-from spotstop.export.configs import PRECISIONS, get_export_config
+from spotstop.export.configs import ExportConfig, get_export_config
 from spotstop.export.exporters import DECODER_INPUTS, DECODER_OUTPUTS, export_decoder, export_vision
 from spotstop.export.gptq import (
     CALIBRATION_SCENES,
@@ -62,7 +62,12 @@ from spotstop.export.memory import (
 )
 from spotstop.export.mixed import DEFAULT_INT4_INT8, int8_weight_keys, parse_selectors
 from spotstop.export.nbits import nbits_weights
-from spotstop.export.precision import STREAMABLE, convert_precision
+from spotstop.export.precision import (
+    PRECISION_SPECS,
+    ConvertOptions,
+    convert_precision,
+    get_precision,
+)
 from spotstop.export.quant import quantizer_meta
 from spotstop.export.weights import DiskWeights, fold_weight_transposes, tie_output_layer
 from spotstop.guard._config import ScoringConfig
@@ -227,8 +232,7 @@ def _convert_streamed(
     stage: Path,
     decoders: list[str],
     precision: str,
-    calibration: CalibrationInputs | None = None,
-    int8: Collection[str] = (),
+    options: ConvertOptions,
 ) -> tuple[int, dict[str, Any]]:
     """Convert the exported graphs in ``src`` with their weights on disk: each file set (the
     vision graph, then the decoder graphs) is loaded as references only, its weights tied and
@@ -251,7 +255,7 @@ def _convert_streamed(
                     tie_output_layer(m, io)
                 fold_weight_transposes(m, io)
                 models[f] = convert_precision(
-                    m, precision, copy=False, io=io, calibration=calibration, int8=int8
+                    m, precision, copy=False, options=replace(options, io=io)
                 )
             io.finish(list(models.values()))
         total += onnx_weight_bytes(models[files[0]])
@@ -362,68 +366,111 @@ def _session(model_or_path: Any) -> Any:
     return ort.InferenceSession(src, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
-def export_member(
+@dataclass
+class _Job:
+    """One member's export as it moves through the stages of :func:`export_member`."""
+
+    # -- resolved (stage ``resolve``)
+    mname: str
+    precision: str
+    quantizer: str
+    calibration_scenes: int
+    int8_sel: tuple[str, ...]
+    sessions: str
+    smooth_alpha: float | None
+    keep_error: float | None
+    cfg: ScoringConfig
+    folder: MemberFolder
+    ecfg: type[ExportConfig]
+    g: Any
+    template: RenderedTemplate
+    encoder: PromptEncoder
+    cases: _Cases
+    usable: list[int]
+    tmp: Path
+    streamed: bool | None
+    # -- traced (stage ``trace``)
+    model: Any = None
+    vision_t: Any = None
+    decoder_t: Any = None
+    large: bool = False
+    hidden: int = 0
+    pad_id: int = 0
+    n_img: int = 0
+    ref_emb: dict[str, np.ndarray] = field(default_factory=dict)
+    graphs: dict[str, Any] = field(default_factory=dict)
+    dec_files: dict[int, str] = field(default_factory=dict)
+    pairs: list[tuple[int, str]] = field(default_factory=list)
+    ref_dec: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # -- quantized and validated (stages ``quantize``, ``validate``)
+    calib: CalibrationInputs | None = None
+    int8_keys: dict[str, Any] = field(default_factory=dict)
+    checks: list[GraphCheck] = field(default_factory=list)
+    weight_bytes: int = 0
+    qmeta: dict[str, Any] = field(default_factory=dict)
+    held: dict[int, int] = field(default_factory=dict)
+    convert_report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def plan(self) -> ScorePlan:
+        return self.encoder.plan
+
+    def dec_cases(self, length: int) -> dict[str, dict[str, np.ndarray]]:
+        """Every validation case that fits ``length``, as decoder feeds padded to it."""
+        plan = self.plan
+        out = {}
+        for case, prompts in self.cases.prompts.items():
+            if max(len(p) for p in prompts) + plan.max_row_len > length:
+                continue
+            feeds = decoder_feeds(prompts, plan, length)
+            b = feeds["input_ids"].shape[0]
+            if case == "text":
+                emb = np.zeros((b, self.n_img, self.hidden), np.float32)
+            else:  # one image per prompt: noise for the first, gray for the rest
+                per = [self.ref_emb["noise"][0]] + [self.ref_emb["gray"][0]] * (len(prompts) - 1)
+                emb = np.repeat(np.stack(per), len(plan.rows), axis=0)
+            out[case] = {**feeds, "image_embeds": emb}
+        return out
+
+
+def _stage_resolve(
     source: str | os.PathLike[str],
-    out_dir: str | os.PathLike[str],
     *,
-    config: ScoringConfig | None = None,
-    precision: str = "fp32",
-    image_size: tuple[int, int] | None = None,
-    buckets: Sequence[int] = DEFAULT_BUCKETS,
-    name: str | None = None,
-    sessions: str = "resident",
-    visual_tokens: int | None = None,
-    streamed: bool | None = None,
-    quantizer: str = "gptq",
-    calibration_scenes: int = CALIBRATION_SCENES,
-    int4_int8: Sequence[str] | None = None,
-) -> MemberExport:
-    """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
-
-    ``quantizer`` (int8/int4): ``"gptq"`` (default) chooses each weight's codes by GPTQ on the
-    inputs of ``calibration_scenes`` generated scenes scored by the torch model (export/gptq.py);
-    ``"rtn"`` rounds each weight to nearest as onnxruntime's quantizer does. Both write the same
-    operator (``MatMulNBits``) and bytes per weight; the manifest records which.
-
-    ``int4_int8`` (int4): which weights stay at 8 bits, by export/mixed.py's selectors (None:
-    its ``DEFAULT_INT4_INT8``, none; ``Q4_K_M``: the output layer and llama.cpp's mixed
-    layers); the manifest records the selectors and how many weights each precision holds.
-
-    ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);
-    None: ``image_size``, the configured or hinted grid, else the architecture's default budget.
-
-    ``streamed`` (None: when the member's float32 weights exceed 2 GiB, export/memory.py):
-    memory holds the weights about once, not two or three times, so the real pair exports on
-    a 24 GB workstation. The weights stream from the torch model to external data files (the
-    legacy exporter without constant folding; the weight transposes are folded in the ONNX
-    graph after); the torch reference outputs are computed first and the torch model is
-    released before the graphs are loaded; each graph is converted to ``precision`` in place
-    and written before the next is loaded; onnxruntime validates the graphs from disk. A
-    streamed export at a precision other than fp32 is validated at that precision only
-    (validating the fp32 graphs as well would hold both); a streamed dynamic-length decoder is
-    validated on each case at its own length, as the runtime feeds it (not again padded to
-    every bucket: at the real size each decoder pass takes minutes of CPU).
-
-    Raises :class:`ExportValidationError` listing every output beyond tolerance (fp32 graphs
-    first, then the graphs at ``precision``); nothing is left in ``out_dir`` then.
-    """
-    import torch
-    from spotstop.export.graphs import build_graphs
-    from transformers import AutoModelForImageTextToText
-
-    t0 = time.perf_counter()
-    own_peak = reset_peak_rss()  # False: the peak would be the process's, not this member's
+    config: ScoringConfig | None,
+    precision: str,
+    image_size: tuple[int, int] | None,
+    buckets: Sequence[int],
+    name: str | None,
+    sessions: str,
+    visual_tokens: int | None,
+    streamed: bool | None,
+    quantizer: str,
+    calibration_scenes: int,
+    int4_int8: Sequence[str] | None,
+    smooth_alpha: float | None,
+    keep_error: float | None,
+) -> _Job:
+    """Check the arguments and read the member folder: its grid, prompt, validation cases and
+    the length buckets they fit. Nothing heavy is loaded."""
     if sessions not in ("resident", "on-demand"):
         raise ValueError(f"sessions must be 'resident' or 'on-demand'; got {sessions!r}.")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {list(PRECISIONS)}; got {precision!r}.")
+    spec = get_precision(precision)
     if quantizer not in QUANTIZERS:
         raise ValueError(f"quantizer must be one of {list(QUANTIZERS)}; got {quantizer!r}.")
     if calibration_scenes < 1:
         raise ValueError(f"calibration_scenes must be at least 1; got {calibration_scenes}.")
-    gptq = quantizer == "gptq" and precision in ("int8", "int4")
+    if (smooth_alpha is not None or keep_error is not None) and precision != "int8":
+        raise ValueError(
+            f"smooth_alpha and keep_error are int8's (DynamicQuantizeMatMul) options; the "
+            f"precision is {precision!r}."
+        )
+    if smooth_alpha is not None and quantizer != "gptq":
+        raise ValueError(
+            "smooth_alpha needs the calibration scenes' activations, which only the 'gptq' "
+            "quantizer records; drop smooth_alpha or use quantizer='gptq'."
+        )
     int8_sel = parse_selectors(DEFAULT_INT4_INT8 if int4_int8 is None else list(int4_int8))
-    if precision != "int4":
+    if spec.nbits != 4:  # only int4 keeps some weights at 8 bits
         int8_sel = ()
     bks = tuple(sorted({int(b) for b in buckets}))
     if not bks or bks[0] <= 0:
@@ -447,263 +494,287 @@ def export_member(
             f"{mname}: prompts with an image need {longest} tokens but the largest bucket is "
             f"{bks[-1]}; add a larger bucket (e.g. --buckets {bks[-1]},{2 * bks[-1]})."
         )
+    return _Job(
+        mname=mname,
+        precision=precision,
+        quantizer=quantizer,
+        calibration_scenes=calibration_scenes,
+        int8_sel=tuple(int8_sel),
+        sessions=sessions,
+        smooth_alpha=smooth_alpha,
+        keep_error=keep_error,
+        cfg=cfg_s,
+        folder=folder,
+        ecfg=ecfg,
+        g=g,
+        template=template,
+        encoder=encoder,
+        cases=cases,
+        usable=usable,
+        tmp=Path(tempfile.mkdtemp(prefix="spotstop-export-")),
+        streamed=streamed,
+    )
 
+
+def _stage_trace(job: _Job) -> None:
+    """Load the torch model, cut its scoring graphs (export/graphs.py), compute the torch
+    reference outputs on every validation case, and export both graphs to ``job.tmp``
+    (in memory as well unless the member is large)."""
+    import onnx
+    import torch
+    from spotstop.export.graphs import build_graphs
+    from transformers import AutoModelForImageTextToText
+
+    folder, ecfg, g, plan = job.folder, job.ecfg, job.g, job.plan
     model: Any = AutoModelForImageTextToText.from_pretrained(str(folder.path), dtype=torch.float32)
-    model = model.eval()
-    large = is_large(model) if streamed is None else bool(streamed)
-    if large and precision not in STREAMABLE:
+    job.model = model = model.eval()
+    job.large = large = is_large(model) if job.streamed is None else bool(job.streamed)
+    if large and not get_precision(job.precision).streamable:
+        streamable = [p for p, s in PRECISION_SPECS.items() if s.streamable]
         raise ValueError(
-            f"{mname}: its float32 weights exceed 2 GiB, so it is exported streamed, which writes "
-            f"{list(STREAMABLE)}; {precision} rewrites the whole graph in memory. Export at one "
-            "of those (int8/int4 for onnxruntime) or on a machine with about three times the "
-            "member's float32 bytes of memory with streamed=False."
+            f"{job.mname}: its float32 weights exceed 2 GiB, so it is exported streamed, which "
+            f"writes {streamable}; {job.precision} rewrites the whole graph in memory. Export "
+            "at one of those (int8/int4 for onnxruntime) or on a machine with about three times "
+            "the member's float32 bytes of memory with streamed=False."
         )
     text_cfg = model.config.get_text_config()
-    hidden = int(text_cfg.hidden_size)
-    vision_t, decoder_t = build_graphs(
+    job.hidden = int(text_cfg.hidden_size)
+    job.pad_id = int(text_cfg.pad_token_id if text_cfg.pad_token_id is not None else 0)
+    job.vision_t, job.decoder_t = build_graphs(
         model,
         ecfg,
         image_token_id=folder.image_token_id,
         first_ids=plan.first_ids,
-        gray_pixels=cases.pixels["gray"],
+        gray_pixels=job.cases.pixels["gray"],
         geometry=g,
     )
-
-    # Torch reference outputs of both graphs on every validation case.
     with torch.no_grad():
-        ref_emb = {
-            k: vision_t(torch.from_numpy(px["pixel_values"])).numpy()
-            for k, px in cases.pixels.items()
+        job.ref_emb = {
+            k: job.vision_t(torch.from_numpy(px["pixel_values"])).numpy()
+            for k, px in job.cases.pixels.items()
         }
-    n_img = ref_emb["gray"].shape[1]
-    if n_img != g.n_image_tokens:
+    job.n_img = job.ref_emb["gray"].shape[1]
+    if job.n_img != g.n_image_tokens:
         raise ValueError(
-            f"{mname}: the vision tower yields {n_img} visual tokens at {g.height}x{g.width}; "
-            f"the prompt expands {g.n_image_tokens}. The member's configs disagree."
+            f"{job.mname}: the vision tower yields {job.n_img} visual tokens at "
+            f"{g.height}x{g.width}; the prompt expands {g.n_image_tokens}. The member's configs "
+            "disagree."
         )
-
-    def dec_cases(length: int) -> dict[str, dict[str, np.ndarray]]:
-        out = {}
-        for case, prompts in cases.prompts.items():
-            if max(len(p) for p in prompts) + plan.max_row_len > length:
-                continue
-            feeds = decoder_feeds(prompts, plan, length)
-            b = feeds["input_ids"].shape[0]
-            if case == "text":
-                emb = np.zeros((b, n_img, hidden), np.float32)
-            else:  # one image per prompt: noise for the first, gray for the rest
-                per = [ref_emb["noise"][0]] + [ref_emb["gray"][0]] * (len(prompts) - 1)
-                emb = np.repeat(np.stack(per), len(plan.rows), axis=0)
-            out[case] = {**feeds, "image_embeds": emb}
-        return out
-
-    tmp = Path(tempfile.mkdtemp(prefix="spotstop-export-"))
-    try:
-        graphs: dict[str, Any] = {}
-        # -- vision
-        fold = not large
-        export_vision(vision_t, ecfg, cases.pixels["gray"], tmp / "vision.onnx", fold)
-        import onnx
-
+    fold = not large
+    export_vision(job.vision_t, ecfg, job.cases.pixels["gray"], job.tmp / "vision.onnx", fold)
+    if not large:
+        job.graphs["vision.onnx"] = onnx.load(str(job.tmp / "vision.onnx"))
+    usable = job.usable
+    for length in usable if ecfg.decoder_fixed_length else [usable[0]]:
+        cs = job.dec_cases(length)
+        fname = f"decoder_L{length}.onnx" if ecfg.decoder_fixed_length else "decoder.onnx"
+        case0 = cs.get("scene") or cs["text"]
+        feeds0 = {k: v for k, v in case0.items() if k != "image_embeds"}
+        export_decoder(
+            job.decoder_t, ecfg, feeds0, case0["image_embeds"], job.tmp / fname, usable[-1], fold
+        )
         if not large:
-            graphs["vision.onnx"] = onnx.load(str(tmp / "vision.onnx"))
-        # -- decoder(s)
-        dec_lengths = usable if ecfg.decoder_fixed_length else [usable[0]]
-        dec_files: dict[int, str] = {}
-        ref_dec: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
-        for length in dec_lengths:
-            cs = dec_cases(length)
-            fname = f"decoder_L{length}.onnx" if ecfg.decoder_fixed_length else "decoder.onnx"
-            case0 = cs.get("scene") or cs["text"]
-            feeds0 = {k: v for k, v in case0.items() if k != "image_embeds"}
-            export_decoder(
-                decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname, usable[-1], fold
+            job.graphs[fname] = fold_weight_transposes(
+                tie_output_layer(onnx.load(str(job.tmp / fname)))
             )
-            if not large:
-                graphs[fname] = fold_weight_transposes(
-                    tie_output_layer(onnx.load(str(tmp / fname)))
-                )
-            dec_files[length] = fname
-        # reference outputs at every usable bucket; a dynamic decoder also at the cases' own
-        # lengths (onnxruntime feeds it a batch at its own length, unpadded)
-        checked = list(usable)
-        if not ecfg.decoder_fixed_length:
-            own = {max(len(p) for p in ps) + plan.max_row_len for ps in cases.prompts.values()}
-            checked = sorted(set(usable) | own)
-        pairs = [(length, case) for length in checked for case in dec_cases(length)]
-        if large and not ecfg.decoder_fixed_length:
-            # each case once, at its own length, as the runtime feeds a dynamic decoder: at the
-            # real size every decoder pass is minutes of CPU in torch and again in onnxruntime
-            pairs = [
-                (max(len(p) for p in ps) + plan.max_row_len, case)
-                for case, ps in cases.prompts.items()
-            ]
-        for length, case in pairs:
-            feeds = dec_cases(length)[case]
-            with torch.no_grad():
-                fl, lp = decoder_t(*(torch.from_numpy(feeds[n]) for n in DECODER_INPUTS))
-            ref_dec[(length, case)] = (fl.numpy(), lp.numpy())
+        job.dec_files[length] = fname
+    # reference outputs at every usable bucket; a dynamic decoder also at the cases' own
+    # lengths (onnxruntime feeds it a batch at its own length, unpadded)
+    checked = list(usable)
+    if not ecfg.decoder_fixed_length:
+        own = {max(len(p) for p in ps) + plan.max_row_len for ps in job.cases.prompts.values()}
+        checked = sorted(set(usable) | own)
+    job.pairs = [(length, case) for length in checked for case in job.dec_cases(length)]
+    if large and not ecfg.decoder_fixed_length:
+        # each case once, at its own length, as the runtime feeds a dynamic decoder: at the
+        # real size every decoder pass is minutes of CPU in torch and again in onnxruntime
+        job.pairs = [
+            (max(len(p) for p in ps) + plan.max_row_len, case)
+            for case, ps in job.cases.prompts.items()
+        ]
+    for length, case in job.pairs:
+        feeds = job.dec_cases(length)[case]
+        with torch.no_grad():
+            fl, lp = job.decoder_t(*(torch.from_numpy(feeds[n]) for n in DECODER_INPUTS))
+        job.ref_dec[(length, case)] = (fl.numpy(), lp.numpy())
 
-        def validate(models: dict[str, Any], prec: str) -> list[GraphCheck]:
-            """Every output at ``prec``'s tolerances; ``models``: protos or file paths."""
-            atol, rtol = ecfg.atol[prec], ecfg.rtol[prec]
-            checks: list[GraphCheck] = []
-            try:
-                vs = _session(models["vision.onnx"])
-                sessions = {f: _session(models[f]) for f in dec_files.values()}
-            except Exception as e:  # a converted graph onnxruntime refuses: say which and why
-                return [
-                    GraphCheck(
-                        "graphs",
-                        f"load ({type(e).__name__}: {e})",
-                        prec,
-                        float("inf"),
-                        atol,
-                        rtol,
-                        False,
-                    )
-                ]
-            for k, px in cases.pixels.items():
-                (got,) = vs.run(None, {"pixel_values": px["pixel_values"]})
-                checks.append(_compare("vision", "image_embeds", k, got, ref_emb[k], atol, rtol))
-            for length, case in pairs:
-                fname = dec_files[length] if ecfg.decoder_fixed_length else dec_files[usable[0]]
-                feeds = dec_cases(length)[case]
-                got_f, got_l = sessions[fname].run(None, _to_numpy_inputs(feeds))
-                want_f, want_l = ref_dec[(length, case)]
-                where = f"{case}@L{length}"
-                checks.append(_compare(fname, "first_logits", where, got_f, want_f, atol, rtol))
-                checks.append(_compare(fname, "read_logprob", where, got_l, want_l, atol, rtol))
-                s_got = combine_scores(got_f, got_l, plan, plan.first_ids)
-                s_want = combine_scores(want_f, want_l, plan, plan.first_ids)
-                sa = ecfg.score_atol[prec]
-                checks.append(_compare(fname, "score", where, s_got, s_want, sa, 0.0))
-            return checks
 
-        def fail_on(checks: list[GraphCheck], prec: str) -> None:
-            bad = [
-                f"[{prec}] {c.graph} {c.output} ({c.case}): max|Δ| = {c.max_abs_diff:.3g} "
-                f"> atol {c.atol:g} + rtol {c.rtol:g}·|ref|"
-                for c in checks
-                if not c.ok
-            ]
-            if bad:
-                raise ExportValidationError(mname, bad)
+def _stage_validate(job: _Job, models: Mapping[str, Any], prec: str) -> list[GraphCheck]:
+    """Every output of ``models`` (protos or file paths) against the torch references at
+    ``prec``'s tolerances; raises :class:`ExportValidationError` listing every failure."""
+    ecfg = job.ecfg
+    atol, rtol = ecfg.atol[prec], ecfg.rtol[prec]
+    checks: list[GraphCheck] = []
+    try:
+        vs = _session(models["vision.onnx"])
+        sessions = {f: _session(models[f]) for f in job.dec_files.values()}
+    except Exception as e:  # a converted graph onnxruntime refuses: say which and why
+        load = f"load ({type(e).__name__}: {e})"
+        checks = [GraphCheck("graphs", load, prec, float("inf"), atol, rtol, False)]
+    else:
+        for k, px in job.cases.pixels.items():
+            (got,) = vs.run(None, {"pixel_values": px["pixel_values"]})
+            checks.append(_compare("vision", "image_embeds", k, got, job.ref_emb[k], atol, rtol))
+        plan, first = job.plan, job.dec_files[job.usable[0]]
+        for length, case in job.pairs:
+            fname = job.dec_files[length] if ecfg.decoder_fixed_length else first
+            feeds = job.dec_cases(length)[case]
+            got_f, got_l = sessions[fname].run(None, _to_numpy_inputs(feeds))
+            want_f, want_l = job.ref_dec[(length, case)]
+            where = f"{case}@L{length}"
+            checks.append(_compare(fname, "first_logits", where, got_f, want_f, atol, rtol))
+            checks.append(_compare(fname, "read_logprob", where, got_l, want_l, atol, rtol))
+            s_got = combine_scores(got_f, got_l, plan, plan.first_ids)
+            s_want = combine_scores(want_f, want_l, plan, plan.first_ids)
+            sa = ecfg.score_atol[prec]
+            checks.append(_compare(fname, "score", where, s_got, s_want, sa, 0.0))
+    bad = [
+        f"[{prec}] {c.graph} {c.output} ({c.case}): max|Δ| = {c.max_abs_diff:.3g} "
+        f"> atol {c.atol:g} + rtol {c.rtol:g}·|ref|"
+        for c in checks
+        if not c.ok
+    ]
+    if bad:
+        raise ExportValidationError(job.mname, bad)
+    return checks
 
-        out = Path(out_dir)
-        calib = None
-        if gptq:  # every Linear's inputs on the calibration scenes, to disk, while torch is here
-            calib = _record_calibration(
-                model,
-                vision_t,
-                decoder_t,
-                folder,
-                encoder,
-                g,
-                n_img,
-                hidden,
-                tmp / "calibration",
-                calibration_scenes,
+
+def _stage_quantize(job: _Job, out: Path) -> None:
+    """Calibrate where the precision uses it, convert the graphs to the precision (a large
+    member with its weights on disk, one graph set at a time), validate them (an in-memory
+    member at fp32 first), and move them into ``out/onnx``."""
+    import onnx
+
+    spec = get_precision(job.precision)
+    if spec.calibrated and job.quantizer == "gptq":
+        # every Linear's inputs on the calibration scenes, to disk, while torch is here
+        job.calib = _record_calibration(
+            job.model,
+            job.vision_t,
+            job.decoder_t,
+            job.folder,
+            job.encoder,
+            job.g,
+            job.n_img,
+            job.hidden,
+            job.tmp / "calibration",
+            job.calibration_scenes,
+        )
+    # export/mixed.py's rule on the torch names, found in the graphs by the weights' values
+    job.int8_keys = int8_weight_keys(job.model, job.int8_sel) if job.int8_sel else {}
+    opts = ConvertOptions(
+        calibration=job.calib,
+        int8_keys=tuple(job.int8_keys),
+        smooth_alpha=job.smooth_alpha,
+        keep_error=job.keep_error,
+        report=job.convert_report,
+    )
+    dec_names = list(job.dec_files.values())
+    first = job.dec_files[job.usable[0]]
+    if job.large:
+        # the references are computed: release the torch model before loading a graph
+        job.model = job.vision_t = job.decoder_t = None
+        release_freed_memory()
+        stage = job.tmp / "stage"
+        job.weight_bytes, job.qmeta = _convert_streamed(
+            job.tmp, stage, dec_names, job.precision, opts
+        )
+        paths = {f: str(stage / f) for f in ["vision.onnx", *dec_names]}
+        job.held = nbits_weights(
+            onnx.load(paths[f], load_external_data=False) for f in ("vision.onnx", first)
+        )
+        job.checks = _stage_validate(job, paths, job.precision)
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        shutil.move(str(stage), str(out / "onnx"))
+        return
+    job.checks = _stage_validate(job, job.graphs, "fp32")
+    graphs = job.graphs
+    if job.precision != "fp32":
+        graphs = {f: convert_precision(m, job.precision, options=opts) for f, m in graphs.items()}
+        job.checks = _stage_validate(job, graphs, job.precision)
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "onnx").mkdir(parents=True)
+    _save({"vision.onnx": graphs["vision.onnx"]}, out / "onnx", "vision.onnx.data")
+    _save({f: graphs[f] for f in dec_names}, out / "onnx", "decoder.onnx.data")
+    job.weight_bytes = onnx_weight_bytes(graphs["vision.onnx"]) + onnx_weight_bytes(graphs[first])
+    job.qmeta = quantizer_meta(graphs["vision.onnx"])
+    job.held = nbits_weights([graphs["vision.onnx"], graphs[first]])
+
+
+def _quantizer_record(job: _Job) -> dict[str, Any]:
+    """The manifest's ``quantizer`` entry of a MatMulNBits / DynamicQuantizeMatMul member."""
+    spec = get_precision(job.precision)
+    q = nbits_quantizer_meta(job.precision, job.calib, job.calibration_scenes)
+    if spec.nbits == 4:
+        if job.int8_keys and not job.held.get(8):
+            raise RuntimeError(
+                f"{job.mname}: {len(job.int8_keys)} weights were chosen to stay at int8 "
+                f"({', '.join(job.int8_sel)}) and none was found in the graphs; the "
+                "graph's weights are not the torch model's (a bug: please report it)."
             )
-        # export/mixed.py's rule on the torch names, found in the graphs by the weights' values
-        int8_keys = int8_weight_keys(model, int8_sel) if int8_sel else {}
-        if large:
-            # the references are computed: release the torch model before loading a graph
-            del model, vision_t, decoder_t
-            release_freed_memory()
-            stage = tmp / "stage"
-            weight_bytes, qmeta = _convert_streamed(
-                tmp, stage, list(dec_files.values()), precision, calib, int8_keys
-            )
-            paths = {f: str(stage / f) for f in ["vision.onnx", *dec_files.values()]}
-            held = nbits_weights(
-                onnx.load(paths[f], load_external_data=False)
-                for f in ("vision.onnx", dec_files[usable[0]])
-            )
-            checks = validate(paths, precision)
-            fail_on(checks, precision)
-            if out.exists():
-                shutil.rmtree(out)
-            out.mkdir(parents=True)
-            shutil.move(str(stage), str(out / "onnx"))
-        else:
-            fp32_checks = validate(graphs, "fp32")
-            fail_on(fp32_checks, "fp32")
-            checks = fp32_checks
-            if precision != "fp32":
-                graphs = {
-                    f: convert_precision(m, precision, calibration=calib, int8=int8_keys)
-                    for f, m in graphs.items()
-                }
-                checks = validate(graphs, precision)
-                fail_on(checks, precision)
+        q["int8"] = {
+            "selectors": list(job.int8_sel),
+            "rule": "export/mixed.py (onnxruntime-genai matmul_mixed_precision)",
+            "chosen": len(job.int8_keys),
+        }
+    if "int8" in job.convert_report:  # DynamicQuantizeMatMul: what computes in int8, what not
+        q["format"] = (
+            "DynamicQuantizeMatMul (com.microsoft): int8 weights, one scale per output column, "
+            "uint8 activations per call (one scale per tensor); weight-only MatMulNBits 8-bit "
+            "(accuracy_level 4) for the rest"
+        )
+        q["dynamic_int8"] = job.convert_report["int8"]
+    q["weights_by_bits"] = {f"int{b}": n for b, n in sorted(job.held.items())}
+    return {"quantizer": q}
 
-            if out.exists():
-                shutil.rmtree(out)
-            (out / "onnx").mkdir(parents=True)
-            _save({"vision.onnx": graphs["vision.onnx"]}, out / "onnx", "vision.onnx.data")
-            _save({f: graphs[f] for f in dec_files.values()}, out / "onnx", "decoder.onnx.data")
-            weight_bytes = onnx_weight_bytes(graphs["vision.onnx"]) + onnx_weight_bytes(
-                graphs[dec_files[usable[0]]]
-            )
-            qmeta = quantizer_meta(graphs["vision.onnx"])
-            held = nbits_weights([graphs["vision.onnx"], graphs[dec_files[usable[0]]]])
-        if precision in ("int8", "int4"):
-            q = nbits_quantizer_meta(precision, calib, calibration_scenes)
-            if precision == "int4":
-                if int8_keys and not held.get(8):
-                    raise RuntimeError(
-                        f"{mname}: {len(int8_keys)} weights were chosen to stay at int8 "
-                        f"({', '.join(int8_sel)}) and none was found in the graphs; the "
-                        "graph's weights are not the torch model's (a bug: please report it)."
-                    )
-                q["int8"] = {
-                    "selectors": list(int8_sel),
-                    "rule": "export/mixed.py (onnxruntime-genai matmul_mixed_precision)",
-                    "chosen": len(int8_keys),
-                }
-            q["weights_by_bits"] = {f"int{b}": n for b, n in sorted(held.items())}
-            qmeta = {"quantizer": q}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
+def _stage_write(job: _Job, out: Path, t0: float, own_peak: bool) -> MemberExport:
+    """The member folder's files beside its graphs, and its manifest (``spotstop_onnx.yaml``)."""
+    folder, g, plan, ecfg = job.folder, job.g, job.plan, job.ecfg
+    qmeta = job.qmeta
+    if get_precision(job.precision).nbits is not None:
+        qmeta = _quantizer_record(job)
     for f in _COPY:
         if (folder.path / f).is_file():
             shutil.copy2(folder.path / f, out / f)
     for f in (MEMBER_HINTS, TEST_PAIR_MARKER):
         if (folder.path / f).is_file():
             shutil.copy2(folder.path / f, out / f)
-    pad_id = text_cfg.pad_token_id if text_cfg.pad_token_id is not None else 0
     meta = {
         "format": GRAPHS_FORMAT,
         "version": GRAPHS_VERSION,
         "model_type": folder.model_type,
         "source": folder.source,
-        "precision": precision,
+        "precision": job.precision,
         "image_size": [g.height, g.width],
         "visual_tokens": g.n_image_tokens,
         "n_image_tokens": g.n_image_tokens,
-        "hidden_size": hidden,
+        "hidden_size": job.hidden,
         "image_token_id": folder.image_token_id,
-        "pad_id": int(pad_id),
+        "pad_id": job.pad_id,
         "first_ids": list(plan.first_ids),
         "answer_ids": {"unsafe": list(plan.unsafe_ids), "safe": list(plan.safe_ids)},
         "vision": "onnx/vision.onnx",
         "decoder": {
             "fixed_length": ecfg.decoder_fixed_length,
-            "buckets": list(usable),
-            "files": {int(k): f"onnx/{v}" for k, v in dec_files.items()},
+            "buckets": list(job.usable),
+            "files": {int(k): f"onnx/{v}" for k, v in job.dec_files.items()},
         },
         "inputs": {"vision": ["pixel_values"], "decoder": DECODER_INPUTS},
         "outputs": {"vision": ["image_embeds"], "decoder": DECODER_OUTPUTS},
-        "weight_bytes": int(weight_bytes),
-        **qmeta,  # int4-trt: which quantizer made the graphs
+        "weight_bytes": int(job.weight_bytes),
+        **qmeta,  # int8/int4/int4-trt: which quantizer made the graphs
         # resident: sessions stay loaded; on-demand: loaded to score, released after (members
         # then run one after the other when both do not fit in memory at once)
-        "sessions": sessions,
+        "sessions": job.sessions,
         "exporter": ecfg.describe(),
         "max_abs_diff": {
-            c.graph + ":" + c.output: float(c.max_abs_diff) for c in checks if c.output != "score"
+            c.graph + ":" + c.output: float(c.max_abs_diff)
+            for c in job.checks
+            if c.output != "score"
         },
     }
     (out / GRAPHS_FILE).write_text(
@@ -711,23 +782,106 @@ def export_member(
     )
     files = tuple(sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()))
     return MemberExport(
-        name=mname,
+        name=job.mname,
         path=out,
         model_type=folder.model_type,
-        precision=precision,
+        precision=job.precision,
         image_size=(g.height, g.width),
         n_image_tokens=g.n_image_tokens,
-        buckets=tuple(usable),
+        buckets=tuple(job.usable),
         files=files,
         first_ids=tuple(plan.first_ids),
         unsafe_ids=tuple(plan.unsafe_ids),
         safe_ids=tuple(plan.safe_ids),
-        weight_bytes=int(weight_bytes),
-        template=template,
-        prompt_hash=prompt_hash(cfg_s.prompt, template, folder.model_type),
-        checks=tuple(checks),
+        weight_bytes=int(job.weight_bytes),
+        template=job.template,
+        prompt_hash=prompt_hash(job.cfg.prompt, job.template, folder.model_type),
+        checks=tuple(job.checks),
         seconds=time.perf_counter() - t0,
-        streamed=large,
+        streamed=job.large,
         peak_rss_bytes=peak_rss_bytes() if own_peak else None,
         quantizer=qmeta.get("quantizer"),
     )
+
+
+def export_member(
+    source: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    config: ScoringConfig | None = None,
+    precision: str = "fp32",
+    image_size: tuple[int, int] | None = None,
+    buckets: Sequence[int] = DEFAULT_BUCKETS,
+    name: str | None = None,
+    sessions: str = "resident",
+    visual_tokens: int | None = None,
+    streamed: bool | None = None,
+    quantizer: str = "gptq",
+    calibration_scenes: int = CALIBRATION_SCENES,
+    int4_int8: Sequence[str] | None = None,
+    smooth_alpha: float | None = None,
+    keep_error: float | None = None,
+) -> MemberExport:
+    """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
+
+    The stages, each a function of this module: ``resolve`` (arguments, member folder, grid,
+    prompt, validation cases, buckets) → ``trace`` (torch model, scoring graphs, torch
+    references, ONNX export) → ``quantize`` (calibration, the precision's conversion from
+    export/precision.py's registry, ``validate`` against the references) → ``write`` (files
+    and manifest).
+
+    ``precision``: a name in export/precision.py's registry. ``quantizer`` (calibrated
+    precisions): ``"gptq"`` (default) chooses each weight's codes by GPTQ on the inputs of
+    ``calibration_scenes`` generated scenes scored by the torch model (export/gptq.py);
+    ``"rtn"`` rounds each weight to nearest as onnxruntime's quantizer does. Both write the same
+    operator and bytes per weight; the manifest records which.
+
+    ``int4_int8`` (int4): which weights stay at 8 bits, by export/mixed.py's selectors (None:
+    its ``DEFAULT_INT4_INT8``, none; ``Q4_K_M``: the output layer and llama.cpp's mixed
+    layers); the manifest records the selectors and how many weights each precision holds.
+    ``smooth_alpha`` / ``keep_error`` (int8): SmoothQuant's α (None: no smoothing) and the
+    measured error above which a layer stays weight-only (None: export/int8.py's default).
+
+    ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);
+    None: ``image_size``, the configured or hinted grid, else the architecture's default budget.
+
+    ``streamed`` (None: when the member's float32 weights exceed 2 GiB, export/memory.py):
+    memory holds the weights about once, not two or three times, so the real pair exports on
+    a 24 GB workstation. The weights stream from the torch model to external data files (the
+    legacy exporter without constant folding; the weight transposes are folded in the ONNX
+    graph after); the torch reference outputs are computed first and the torch model is
+    released before the graphs are loaded; each graph is converted to ``precision`` in place
+    and written before the next is loaded; onnxruntime validates the graphs from disk. A
+    streamed export at a precision other than fp32 is validated at that precision only
+    (validating the fp32 graphs as well would hold both); a streamed dynamic-length decoder is
+    validated on each case at its own length, as the runtime feeds it (not again padded to
+    every bucket: at the real size each decoder pass takes minutes of CPU).
+
+    Raises :class:`ExportValidationError` listing every output beyond tolerance (fp32 graphs
+    first, then the graphs at ``precision``); nothing is left in ``out_dir`` then.
+    """
+    t0 = time.perf_counter()
+    own_peak = reset_peak_rss()  # False: the peak would be the process's, not this member's
+    job = _stage_resolve(
+        source,
+        config=config,
+        precision=precision,
+        image_size=image_size,
+        buckets=buckets,
+        name=name,
+        sessions=sessions,
+        visual_tokens=visual_tokens,
+        streamed=streamed,
+        quantizer=quantizer,
+        calibration_scenes=calibration_scenes,
+        int4_int8=int4_int8,
+        smooth_alpha=smooth_alpha,
+        keep_error=keep_error,
+    )
+    out = Path(out_dir)
+    try:
+        _stage_trace(job)
+        _stage_quantize(job, out)
+    finally:
+        shutil.rmtree(job.tmp, ignore_errors=True)
+    return _stage_write(job, out, t0, own_peak)

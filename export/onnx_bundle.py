@@ -120,6 +120,8 @@ def write_onnx_bundle(
     quantizer: str = "gptq",
     calibration_scenes: int = CALIBRATION_SCENES,
     int4_int8: Sequence[str] | None = None,
+    smooth_alpha: float | None = None,
+    keep_error: float | None = None,
 ) -> OnnxBundle:
     """Export ``members`` into the bundle folder ``out`` (replaced if it exists).
 
@@ -133,7 +135,8 @@ def write_onnx_bundle(
     see :func:`~spotstop.export.onnx.export_member` (GPTQ on generated calibration scenes by
     default, or ``"rtn"``). ``int4_int8`` (int4): the weights kept at 8 bits, by
     export/mixed.py's selectors (None: its default; ``()``: none); each member entry of the
-    manifest records them (``int4_int8``).
+    manifest records them (``int4_int8``). ``smooth_alpha`` / ``keep_error`` (int8):
+    SmoothQuant's α and the error bound of export/int8.py's keep rule.
 
     ``sessions="on-demand"`` makes each member load its graphs when it scores and release them
     after, so the members run one after the other in one process when both do not fit.
@@ -181,6 +184,8 @@ def write_onnx_bundle(
             "quantizer": quantizer,
             "calibration_scenes": calibration_scenes,
             "int4_int8": int8_sel,
+            "smooth_alpha": smooth_alpha,
+            "keep_error": keep_error,
         }
         large = folder_fp32_bytes(resolve_member(src).path) > LARGE_BYTES
         say(f"exporting {mname} ({precision}{', in its own process' if large else ''}) …")
@@ -291,7 +296,7 @@ def derive_bundle(
     from spotstop.export.gptq import nbits_quantizer_meta
     from spotstop.export.nbits import nbits_weights
     from spotstop.export.onnx import _save, onnx_weight_bytes
-    from spotstop.export.precision import convert_precision
+    from spotstop.export.precision import ConvertOptions, convert_precision, get_precision
     from spotstop.export.quant import quantizer_meta
     from spotstop.guard._bundle import load_bundle
     from spotstop.guard.backends._onnx import GRAPHS_FILE
@@ -309,9 +314,12 @@ def derive_bundle(
         mdir = root / entry["path"]
         meta = yaml.safe_load((mdir / GRAPHS_FILE).read_text(encoding="utf-8"))
         onnx_dir = mdir / "onnx"
-        vision = convert_precision(onnx.load(str(onnx_dir / "vision.onnx")), precision)
+        opts = ConvertOptions()  # no torch model here: no calibration, rounded to nearest
+        vision = convert_precision(
+            onnx.load(str(onnx_dir / "vision.onnx")), precision, options=opts
+        )
         decs = {
-            Path(f).name: convert_precision(onnx.load(str(mdir / f)), precision)
+            Path(f).name: convert_precision(onnx.load(str(mdir / f)), precision, options=opts)
             for f in meta["decoder"]["files"].values()
         }
         for f in onnx_dir.iterdir():
@@ -320,10 +328,13 @@ def derive_bundle(
         _save(decs, onnx_dir, "decoder.onnx.data")
         wb = onnx_weight_bytes(vision) + onnx_weight_bytes(next(iter(decs.values())))
         qmeta = quantizer_meta(vision)
-        if precision in ("int8", "int4"):  # no torch model here: rounded to nearest
+        spec = get_precision(precision)
+        if spec.nbits is not None:  # no torch model here: rounded to nearest
             qmeta = {"quantizer": nbits_quantizer_meta(precision, None, 0)}
-            if precision == "int4":  # no torch model to name the weights: all at int4
+            if spec.nbits == 4:  # no torch model to name the weights: all at int4
                 qmeta["quantizer"]["int8"] = {"selectors": [], "chosen": 0}
+            if "int8" in opts.report:
+                qmeta["quantizer"]["dynamic_int8"] = opts.report["int8"]
             qmeta["quantizer"]["weights_by_bits"] = {
                 f"int{b}": n for b, n in sorted(nbits_weights([vision, *decs.values()]).items())
             }
@@ -334,7 +345,7 @@ def derive_bundle(
         method = qmeta["quantizer"]["method"] if qmeta else None
         new = {**entry, "precision": precision, "weight_bytes": int(wb), "quantizer": method}
         new.pop("int4_int8", None)
-        if precision == "int4":  # no torch model to name the weights: every weight at int4
+        if spec.nbits == 4:  # no torch model to name the weights: every weight at int4
             new["int4_int8"] = []
         entries.append(new)
         total += wb

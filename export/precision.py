@@ -1,38 +1,327 @@
-"""An exported fp32 graph converted to another precision (weights only).
+"""The precisions an export can write: one registered :class:`PrecisionSpec` each.
 
-:func:`convert_precision` writes ``fp16`` (:func:`spotstop.export.fp16.to_fp16`), ``int8`` /
-``int4`` weight-only (onnxruntime's ``MatMulNBits`` as its ``MatMulNBitsQuantizer`` writes it,
-export/nbits.py: symmetric, block 128, every MatMul
-with a constant weight; embedding tables stored as float16; a tied output layer stays one
-table, see export/weights.py) and ``int4-trt`` (the fp16 graph, then export/quant.py: INT4
-blocked ``DequantizeLinear`` with float16 scales → float16 ``MatMul`` at opset 21, which
-TensorRT parses). Inputs and outputs stay float32.
+Everything the product knows about a precision is in its spec, and nothing else branches on a
+precision's name: the graph rewrite and quantizer (:attr:`PrecisionSpec.convert`, called by
+:func:`convert_precision` in export_member's ``quantize`` stage, export/onnx.py), whether a
+large member's weights can stream through it from disk, which graph form it runs in, its
+bytes per weight for the cost model and ``jetson/memory_budget.py`` (export/cost.py's
+:func:`~spotstop.export.cost.stored_weight_bytes`), its activation width, the compute peak its
+roofline uses, whether it uses the calibration scenes, and its tolerances (export/configs.py's
+defaults; an architecture may override one). A new precision is one spec (and its module and
+tests); ``tests/test_export_precision.py`` runs every registered precision.
+
+=============  ===========================================================================
+``fp32``       the exported graph
+``fp16``       export/fp16.py: float32 inputs/outputs, normalisers and the delta rule kept float32
+``int8``       export/int8.py: int8 weights per output channel, activations quantized per call
+               (``DynamicQuantizeMatMul``: computes in int8); the output layer and any layer
+               over the measured error bound weight-only 8-bit (``int8-nbits``'s operator)
+``int8-nbits`` weight-only 8-bit ``MatMulNBits``, ``accuracy_level`` 4 (int8 activations per
+               block of 128): one scale per block, for ARM CPUs' int8 dot products
+``int4``       weight-only 4-bit ``MatMulNBits`` (blocks of 32; some weights at 8 bits,
+               export/mixed.py)
+``int4-trt``   the fp16 graph, then INT4 ``DequantizeLinear`` blocks → float16 ``MatMul``
+               (export/quant.py): what TensorRT parses
+=============  ===========================================================================
+
+Quantized codes are GPTQ's where the calibration inputs hold a weight's inputs (export/gptq.py),
+else rounded to nearest. Inputs and outputs stay float32.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from spotstop.export.configs import PRECISIONS
-from spotstop.export.fp16 import to_fp16
-from spotstop.export.gptq import CalibrationInputs
-from spotstop.export.weights import (
-    WeightIO,
-    embeddings_to_fp16,
-    fold_weight_transposes,
-    gather_from_quantized,
-    gemms_to_matmuls,
-    untie_for_quantizer,
+__all__ = [
+    "PRECISION_SPECS",
+    "ConvertOptions",
+    "PrecisionSpec",
+    "Tolerance",
+    "convert_precision",
+    "get_precision",
+    "register_precision",
+]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far an export at this precision may move from the torch reference.
+
+    ``atol``/``rtol`` bound each graph output (``numpy.allclose``); ``score_atol`` the member
+    score ``s`` (``spotstop verify-bundle``); ``min_spearman`` the scores' rank correlation."""
+
+    atol: float
+    rtol: float
+    score_atol: float
+    min_spearman: float
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """What a precision's conversion may use besides the graph.
+
+    ``io``: where weights are read and written (None: in the model; a
+    :class:`~spotstop.export.weights.DiskWeights` for a streamed member). ``calibration``: the
+    recorded inputs of the member's Linears (GPTQ codes, int8's error rule and smoothing).
+    ``int8_keys``: int4's weights kept at 8 bits (export/mixed.py). ``smooth_alpha`` and
+    ``keep_error``: int8's SmoothQuant strength and error bound (export/int8.py)."""
+
+    io: Any = None
+    calibration: Any = None
+    int8_keys: Collection[str] = ()
+    smooth_alpha: float | None = None
+    keep_error: float | None = None
+    #: filled by the conversion: what it did, for the manifest (e.g. int8's layer counts)
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    """One precision; see the module doc."""
+
+    name: str
+    summary: str
+    #: ``(model, options) -> model``: the fp32 graph (folded, tied) at this precision
+    convert: Callable[[Any, ConvertOptions], Any] = field(repr=False)
+    tolerance: Tolerance
+    #: bytes per parameter: ``linear`` matrix-multiply weights, ``embed`` an untied token
+    #: table, ``other`` norms, convolutions, biases (an upper bound where the scale count
+    #: depends on the layer: int8's per-column scales are counted as one per 128 rows)
+    weight_bytes: Mapping[str, float]
+    #: a tied token table (= the output layer): ``once`` (one float table), ``shared`` (the
+    #: output layer's blocks, read by GatherBlockQuantized with a second copy of the scales),
+    #: ``both`` (a float16 table and the output layer's blocks: TensorRT has no quantized Gather)
+    tied_table: Literal["once", "shared", "both"]
+    #: bytes of one scale per weight in the shared table's blocks (``shared`` only)
+    table_scale_bytes: float = 0.0
+    #: activation bytes (float16 graphs: 2)
+    activation_bytes: float = 4.0
+    #: the weights can stream from disk through the conversion (a large member's export)
+    streamable: bool = False
+    #: uses the calibration scenes (GPTQ codes, int8's rule); the export records them
+    calibrated: bool = False
+    #: the runtimes that can run it
+    targets: tuple[str, ...] = ("onnxruntime",)
+    #: which dense compute peak its roofline uses (export/cost.py); None: not modelled
+    roofline_peak: str | None = None
+    #: a weight's bits in MatMulNBits form (int4's weights kept at 8 bits are counted by it)
+    nbits: int | None = None
+    #: rows per MatMulNBits block (the manifest, the cost model's scale bytes)
+    block_size: int | None = None
+
+
+PRECISION_SPECS: dict[str, PrecisionSpec] = {}
+
+
+def register_precision(spec: PrecisionSpec) -> PrecisionSpec:
+    if spec.name in PRECISION_SPECS:
+        raise ValueError(f"a precision named {spec.name!r} is registered already.")
+    PRECISION_SPECS[spec.name] = spec
+    return spec
+
+
+def get_precision(name: str) -> PrecisionSpec:
+    """The registered spec of ``name``; an error that lists the choices."""
+    spec = PRECISION_SPECS.get(name)
+    if spec is None:
+        raise ValueError(f"precision must be one of {list(PRECISION_SPECS)}; got {name!r}.")
+    return spec
+
+
+# -- conversions ---------------------------------------------------------------------------
+
+
+def _fp32(m: Any, o: ConvertOptions) -> Any:
+    return m
+
+
+def _fp16(m: Any, o: ConvertOptions) -> Any:
+    from spotstop.export.fp16 import to_fp16
+
+    return to_fp16(m)
+
+
+def _prepare(m: Any, o: ConvertOptions) -> dict[str, str]:
+    """The graph as the quantizers expect it: weights un-transposed, a tied output layer as a
+    MatMul on Wᵀ, every Linear a MatMul (a Gemm is quantized too). Returns the tied outputs."""
+    from spotstop.export.weights import (
+        fold_weight_transposes,
+        gemms_to_matmuls,
+        untie_for_quantizer,
+    )
+
+    fold_weight_transposes(m, o.io)
+    tied = untie_for_quantizer(m, o.io)
+    gemms_to_matmuls(m, o.io)
+    return tied
+
+
+def _finish_nbits(m: Any, o: ConvertOptions, tied: dict[str, str], bits: int) -> Any:
+    from spotstop.export.weights import embeddings_to_fp16, gather_from_quantized
+
+    return embeddings_to_fp16(gather_from_quantized(m, tied, bits, o.io), o.io)
+
+
+def _nbits(bits: int, block: int, accuracy_level: int, kept_int8: bool) -> Callable[..., Any]:
+    def convert(m: Any, o: ConvertOptions) -> Any:
+        from spotstop.export.nbits import quantize_matmuls_nbits
+
+        tied = _prepare(m, o)
+        kept = o.int8_keys if kept_int8 else ()
+        quantize_matmuls_nbits(m, bits, block, o.io, o.calibration, kept, accuracy_level)
+        return _finish_nbits(m, o, tied, bits)
+
+    return convert
+
+
+def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
+    from spotstop.export.int8 import KEEP_ERROR, quantize_matmuls_int8
+    from spotstop.export.nbits import quantize_matmuls_nbits
+
+    tied = _prepare(m, o)
+    rep = quantize_matmuls_int8(
+        m,
+        o.io,
+        o.calibration,
+        smooth_alpha=o.smooth_alpha,
+        keep_error=KEEP_ERROR if o.keep_error is None else o.keep_error,
+        output_layers=tied,  # a tied output layer stays the one table GatherBlockQuantized reads
+    )
+    # what it left (the output layer, the layers over the error bound): weight-only 8-bit
+    # (the constants no Linear reads stay float32, export/int8.py)
+    quantize_matmuls_nbits(m, 8, INT8_NBITS_BLOCK, o.io, o.calibration, (), 4, rep.unmeasured)
+    # several graphs (vision, decoder) add up to one record for the manifest
+    errors = o.report.setdefault("_int8_errors", [])
+    errors += list(rep.errors.values())
+    prev = o.report.get("int8") or {}
+    meta = rep.as_meta()
+    for k in ("dynamic", "measured", "smoothed_inputs", "gptq", "float32_unmeasured"):
+        meta[k] += prev.get(k, 0)
+    for k in ("output_layer", "over_keep_error"):
+        meta["weight_only"][k] += prev.get("weight_only", {}).get(k, 0)
+    if errors:
+        meta["max_error"] = round(float(max(errors)), 6)
+        meta["median_error"] = round(float(sorted(errors)[len(errors) // 2]), 6)
+    o.report["int8"] = meta
+    return _finish_nbits(m, o, tied, 8)
+
+
+def _int4_trt(m: Any, o: ConvertOptions) -> Any:
+    from spotstop.export.fp16 import to_fp16
+    from spotstop.export.quant import quantize_int4_trt
+    from spotstop.export.weights import (
+        embeddings_to_fp16,
+        fold_weight_transposes,
+        untie_for_quantizer,
+    )
+
+    fold_weight_transposes(m)
+    untie_for_quantizer(m)  # the tied head as MatMul on Wᵀ; the Gather keeps W (fp16)
+    # the fp16 graph (same float32 islands as fp16), then its float16 MatMul weights as
+    # INT4 blocks with float16 scales: DequantizeLinear outputs float16 into fp16 MatMuls
+    return embeddings_to_fp16(quantize_int4_trt(to_fp16(m)))
+
+
+#: rows per scale of the 8-bit MatMulNBits blocks (int8-nbits, and int8's weight-only layers)
+INT8_NBITS_BLOCK = 128
+#: int4's blocks: onnxruntime-genai's default; at the real Qwen3.5-2B dimensions its score error
+#: on the export's validation cases was 0.65 / 0.12 against 1.17 / 1.44 at 128 (tolerance 1.0),
+#: for 0.09 more bytes per weight
+INT4_NBITS_BLOCK = 32
+#: int4-trt's DequantizeLinear blocks (TensorRT's block quantization)
+INT4_TRT_BLOCK = 128
+
+register_precision(
+    PrecisionSpec(
+        "fp32",
+        "the exported float32 graph",
+        _fp32,
+        Tolerance(1e-4, 1e-4, 1e-3, 0.999),
+        {"linear": 4.0, "embed": 4.0, "other": 4.0},
+        "once",
+        streamable=True,
+        targets=("onnxruntime", "tensorrt"),
+    )
 )
-
-__all__ = ["convert_precision"]
-
-
-#: precisions a graph whose weights stay on disk (:class:`~spotstop.export.weights.DiskWeights`,
-#: a large member's streamed export) can be converted to; fp16 and int4-trt rewrite the graph
-#: in memory (export/fp16.py, export/quant.py)
-STREAMABLE = ("fp32", "int8", "int4")
+register_precision(
+    PrecisionSpec(
+        "fp16",
+        "float16 weights and compute, the normalisers and the delta rule kept float32",
+        _fp16,
+        Tolerance(5e-2, 1e-2, 5e-2, 0.99),
+        {"linear": 2.0, "embed": 2.0, "other": 2.0},
+        "once",
+        activation_bytes=2.0,
+        targets=("onnxruntime", "tensorrt"),
+        roofline_peak="fp16_tflops",
+    )
+)
+register_precision(
+    PrecisionSpec(
+        "int8",
+        "int8 weights per output channel, activations quantized per call (computes in int8)",
+        _int8_dynamic,
+        # the weight-only tolerances: int8 activations add a per-tensor rounding step
+        Tolerance(0.5, 0.1, 0.25, 0.9),
+        {"linear": 1.0 + 4 / INT8_NBITS_BLOCK, "embed": 2.0, "other": 4.0},
+        "shared",
+        table_scale_bytes=4 / INT8_NBITS_BLOCK,
+        streamable=True,
+        calibrated=True,
+        roofline_peak="int8_tops",
+        nbits=8,
+        block_size=INT8_NBITS_BLOCK,
+    )
+)
+register_precision(
+    PrecisionSpec(
+        "int8-nbits",
+        "weight-only int8 (MatMulNBits, int8 activations per block of 128)",
+        _nbits(8, INT8_NBITS_BLOCK, 4, kept_int8=False),
+        Tolerance(0.5, 0.1, 0.25, 0.9),
+        {"linear": 1.0 + 4 / INT8_NBITS_BLOCK, "embed": 2.0, "other": 4.0},
+        "shared",
+        table_scale_bytes=4 / INT8_NBITS_BLOCK,
+        streamable=True,
+        calibrated=True,
+        roofline_peak="int8_tops",
+        nbits=8,
+        block_size=INT8_NBITS_BLOCK,
+    )
+)
+register_precision(
+    PrecisionSpec(
+        "int4",
+        "weight-only int4 (MatMulNBits, float32 compute; chosen weights at 8 bits)",
+        _nbits(4, INT4_NBITS_BLOCK, 0, kept_int8=True),
+        Tolerance(2.0, 0.3, 1.0, 0.8),
+        {"linear": 0.5 + 4 / INT4_NBITS_BLOCK, "embed": 2.0, "other": 4.0},
+        "shared",
+        table_scale_bytes=4 / INT4_NBITS_BLOCK,
+        streamable=True,
+        calibrated=True,
+        roofline_peak="fp16_tflops",
+        nbits=4,
+        block_size=INT4_NBITS_BLOCK,
+    )
+)
+register_precision(
+    PrecisionSpec(
+        "int4-trt",
+        "the fp16 graph with INT4 DequantizeLinear blocks (TensorRT)",
+        _int4_trt,
+        # max|w|/7 blocks (positive scales for TensorRT) use 15 of int4's 16 levels: ~1.13x
+        # int4's weight error; on the random tiny pair |Δs| reached 0.94 (LFM2) / 1.19 (Qwen3.5)
+        # on the fp32 graph, 0.87 / 1.06 on the fp16 graph (float16 scales) int4-trt now uses
+        Tolerance(2.0, 0.3, 1.5, 0.8),
+        {"linear": 0.5 + 2 / INT4_TRT_BLOCK, "embed": 2.0, "other": 2.0},
+        "both",
+        activation_bytes=2.0,
+        targets=("onnxruntime", "tensorrt"),
+    )
+)
 
 
 def convert_precision(
@@ -40,53 +329,33 @@ def convert_precision(
     precision: str,
     *,
     copy: bool = True,
-    io: WeightIO | None = None,
-    calibration: CalibrationInputs | None = None,
+    io: Any = None,
+    calibration: Any = None,
     int8: Collection[str] = (),
+    options: ConvertOptions | None = None,
 ) -> Any:
-    """fp32 ``model`` at ``precision`` (weights only; float32 inputs and outputs).
+    """fp32 ``model`` at ``precision`` (its spec's conversion; float32 inputs and outputs).
 
     ``copy=False`` converts ``model`` itself and returns it (or a new object). ``io``: where
     the weights are read and written (default: in the model); a
-    :class:`~spotstop.export.weights.DiskWeights` needs ``copy=False`` and a precision of
-    :data:`STREAMABLE`. ``calibration``: int8/int4 by GPTQ where it holds a weight's inputs
-    (export/gptq.py), else round to nearest. ``int8`` (int4): the weight keys
-    (:func:`~spotstop.export.gptq.weight_key`) kept at 8 bits, as export/mixed.py chose them.
+    :class:`~spotstop.export.weights.DiskWeights` needs ``copy=False`` and a streamable
+    precision. ``calibration``: GPTQ codes (and int8's error rule) where it holds a weight's
+    inputs. ``int8`` (int4): the weight keys kept at 8 bits, as export/mixed.py chose them.
+    ``options`` gives all of these at once (and int8's smoothing); its ``report`` is filled.
     """
     import onnx
 
-    if io is not None and (copy or precision not in STREAMABLE):
+    spec = get_precision(precision)
+    o = options or ConvertOptions(io=io, calibration=calibration, int8_keys=tuple(int8))
+    if o.io is not None and (copy or not spec.streamable):
+        streamable = [p for p, s in PRECISION_SPECS.items() if s.streamable]
         raise ValueError(
-            f"a graph with its weights on disk converts in place to {list(STREAMABLE)}; "
+            f"a graph with its weights on disk converts in place to {streamable}; "
             f"got precision {precision!r}, copy={copy}."
         )
-    if precision == "fp32":
-        return model
-    if copy:
+    if copy and spec.convert is not _fp32:
         m = onnx.ModelProto()
         m.CopyFrom(model)
     else:
         m = model
-    if precision == "fp16":
-        return to_fp16(m)
-    if precision in ("int8", "int4"):
-        from spotstop.export.nbits import quantize_matmuls_nbits
-        from spotstop.export.quant import NBITS_BLOCK
-
-        bits = 8 if precision == "int8" else 4
-        fold_weight_transposes(m, io)
-        tied = untie_for_quantizer(m, io)
-        gemms_to_matmuls(m, io)  # a Linear exported as Gemm is quantized too
-        # onnxruntime's MatMulNBits, symmetric; codes by GPTQ where calibration has the inputs
-        block, kept = NBITS_BLOCK[precision], int8 if bits == 4 else ()
-        quantize_matmuls_nbits(m, bits, block, io, calibration, kept)
-        return embeddings_to_fp16(gather_from_quantized(m, tied, bits, io), io)
-    if precision == "int4-trt":  # DequantizeLinear(INT4) -> MatMul: TensorRT parses it
-        from spotstop.export.quant import quantize_int4_trt
-
-        fold_weight_transposes(m)
-        untie_for_quantizer(m)  # the tied head as MatMul on Wᵀ; the Gather keeps W (fp16)
-        # the fp16 graph (same float32 islands as fp16), then its float16 MatMul weights as
-        # INT4 blocks with float16 scales: DequantizeLinear outputs float16 into fp16 MatMuls
-        return embeddings_to_fp16(quantize_int4_trt(to_fp16(m)))
-    raise ValueError(f"precision must be one of {list(PRECISIONS)}; got {precision!r}.")
+    return spec.convert(m, o)

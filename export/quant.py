@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from spotstop.export.precision import PRECISION_SPECS
 
 __all__ = [
     "BLOCK_SIZE",
@@ -83,11 +84,8 @@ logger = logging.getLogger("spotstop.export.quant")
 #: blocks (TensorRT's block quantization), and int8's MatMulNBits blocks (NBITS_BLOCK).
 BLOCK_SIZE = 128
 #: Rows that share one scale in the MatMulNBits weights of each precision
-#: (export/precision.py), and the scale bytes the cost model and jetson/memory_budget.py count
-#: (export/cost.py). int4 at 32, onnxruntime-genai's default block for MatMulNBits: at the real
-#: Qwen3.5-2B dimensions its score error on the export's validation cases was 0.65 / 0.12
-#: against 1.17 / 1.44 at 128 (tolerance 1.0), for 0.09 more bytes per weight (README).
-NBITS_BLOCK: dict[str, int] = {"int8": BLOCK_SIZE, "int4": 32}
+#: (export/precision.py's registry, where the choices are explained).
+NBITS_BLOCK: dict[str, int] = {p: s.block_size for p, s in PRECISION_SPECS.items() if s.block_size}
 #: First opset whose DequantizeLinear takes INT4 inputs and the ``block_size`` attribute.
 INT4_OPSET = 21
 #: Smallest scale (modelopt's ``CLIP_MIN``): an all-zero block keeps a positive scale.

@@ -15,10 +15,13 @@ Bytes per precision follow what ``spotstop export`` writes (one rule,
 ``spotstop.export.cost.stored_weight_bytes``):
 
 * fp32 4 B, fp16 2 B per parameter;
-* int8 / int4: weight-only MatMulNBits on every matrix multiply (1 B / 0.5 B per weight plus
-  one float32 scale per block of 128), token-embedding tables stored as float16, the rest
-  (norms, convolutions, biases) float32; int4 keeps at int8 what export/mixed.py's default
+* int8-nbits / int4: weight-only MatMulNBits on every matrix multiply (1 B / 0.5 B per weight
+  plus one float32 scale per block of 128 / 32), token-embedding tables stored as float16, the
+  rest (norms, convolutions, biases) float32; int4 keeps at int8 what export/mixed.py's default
   selectors choose (``DEFAULT_INT4_INT8``; none unless that default changes);
+* int8 (computes in int8, DynamicQuantizeMatMul): 1 B per weight plus one float32 scale per
+  output column, counted as int8-nbits' one per 128 rows (an upper bound: every layer has at
+  least 128 input rows), and the output layer as int8-nbits';
 * a tied output layer (word embeddings = output layer, both members) is stored ONCE, as the
   exported graph holds it (export/onnx.py ``tie_output_layer``): at fp32/fp16 the token
   Gather and the output layer's ``Gemm(transB=1)`` read the same table; at int8/int4 the
@@ -48,6 +51,7 @@ from spotstop.export.cost import PRECISIONS as _PRECISIONS
 from spotstop.export.cost import stored_weight_bytes
 from spotstop.export.cost_data import REAL_PAIR
 from spotstop.export.mixed import DEFAULT_INT4_INT8
+from spotstop.export.precision import get_precision
 
 HERE = Path(__file__).resolve().parent
 
@@ -189,7 +193,7 @@ def weight_bytes(c: Counts, precision: str) -> float:
 
 def activation_bytes(c: Counts, precision: str) -> float:
     """Peak activations of one scoring pass (float32 compute where onnxruntime keeps it)."""
-    act = 2.0 if precision in ("fp16", "int4-trt") else 4.0  # int4-trt: the fp16 graph
+    act = get_precision(precision).activation_bytes  # int4-trt: the fp16 graph
     # vision: a few live (patches × hidden) tensors, the MLP, one head-group of scores
     vis = c.vision_patches * (4 * c.vision_hidden + c.vision_intermediate) * act
     vis += c.vision_heads * c.vision_patches**2 * act
@@ -226,8 +230,9 @@ def render(counts: list[Counts]) -> str:
         "built on the device that runs them. TensorRT (`--backend tensorrt`) takes fp32, fp16",
         "and int4-trt bundles (int4-trt: the fp16 graph with INT4 DequantizeLinear weights and",
         "float16 scales, fp16 GEMMs and activations; strongly typed engines);",
-        "int8/int4 weight-only bundles (onnxruntime MatMulNBits) run on onnxruntime's CUDA",
-        "provider (`--backend onnx --device cuda`).",
+        "int8-nbits/int4 weight-only bundles (onnxruntime MatMulNBits) run on onnxruntime's",
+        "CUDA provider (`--backend onnx --device cuda`); int8 (DynamicQuantizeMatMul) is a CPU",
+        "precision (onnxruntime's int8 GEMM on x86 VNNI/AMX and ARM dot products).",
         "",
         "## Deploy",
         "",

@@ -168,7 +168,7 @@ def test_export_quantizes_by_gptq_and_records_it(tiny_pair: Path, tmp_path: Path
     from spotstop.export.onnx import export_member
 
     src = tiny_pair / "tiny-lfm2_vl"
-    kw = {"precision": "int8", "buckets": [256], "name": "tiny-lfm2_vl"}
+    kw = {"precision": "int8-nbits", "buckets": [256], "name": "tiny-lfm2_vl"}
     gq = export_member(src, tmp_path / "gptq", calibration_scenes=2, **kw)  # type: ignore[arg-type]
     rn = export_member(src, tmp_path / "rtn", quantizer="rtn", **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in gq.checks) and all(c.ok for c in rn.checks)

@@ -39,7 +39,7 @@ from spotstop.export.weights import tie_output_layer, untie_for_quantizer  # noq
 
 from tests.conftest import by_arch, fp32_bundle  # noqa: E402
 
-QUANT = ("int8", "int4")
+QUANT = ("int8", "int8-nbits", "int4")
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -387,7 +387,7 @@ def test_output_layer_is_stored_as_the_member_ties_it(
     vocab, hidden = _vocab(dec), _dims(dec, "image_embeds")[2]
     assert hidden is not None
     feeds = _feeds(dec, 3)
-    for precision in ("fp32", "fp16", "int8", "int4"):
+    for precision in ("fp32", "fp16", "int8", "int8-nbits", "int4"):
         tied = convert_precision(dec, precision)
         _assert_one_table(tied, vocab, hidden, precision)
         # the graph as exported before: the output layer as a MatMul on a second (transposed) copy
