@@ -290,7 +290,7 @@ def quantize_matmuls_int8(
                     ):
                         const = t
                         break
-            if const is not None:
+            if const is not None and p is not None:
                 arr = io.read(const) / s
                 new_t = io.add(model, arr.astype(np.float32), f"{const.name}_smoothed")
                 p.input[list(p.input).index(const.name)] = new_t.name

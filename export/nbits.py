@@ -118,18 +118,18 @@ def quantize_matmuls_nbits(
             io.add(model, scales, sn)
             done[t.name] = (qn, sn, k, n, b)
         qn, sn, k, n, b = done[t.name]
+        attrs: dict[str, Any] = {"K": k, "N": n, "bits": b, "block_size": block_size}
+        if accuracy_level:
+            attrs["accuracy_level"] = int(accuracy_level)
+        name = f"{node.name}_Q{b}" if node.name else ""
         return [
             helper.make_node(
                 "MatMulNBits",
                 [node.input[0], qn, sn],
                 list(node.output),
-                name=f"{node.name}_Q{b}" if node.name else "",
+                name=name,
                 domain="com.microsoft",
-                K=k,
-                N=n,
-                bits=b,
-                block_size=block_size,
-                **({"accuracy_level": int(accuracy_level)} if accuracy_level else {}),
+                **attrs,
             )
         ]
 
