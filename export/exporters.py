@@ -150,9 +150,15 @@ def export_decoder(
 
     ``graph_form``: ``"standard"`` (standard ONNX operators: TensorRT, fp16, int4-trt) or
     ``"fused"`` (onnxruntime's com.microsoft operators where they fit, export/fused.py: also under
-    :func:`~spotstop.export.fused.fused_patcher`, with its translations for a dynamo export)."""
+    :func:`~spotstop.export.fused.fused_patcher`, with its translations for a dynamo export,
+    and :func:`~spotstop.export.fused.fuse_graph` on the written graph)."""
     import torch
-    from spotstop.export.fused import GRAPH_FORMS, dynamo_translations, fused_patcher
+    from spotstop.export.fused import (
+        GRAPH_FORMS,
+        dynamo_translations,
+        fuse_graph_file,
+        fused_patcher,
+    )
 
     if graph_form not in GRAPH_FORMS:
         raise ValueError(f"graph_form must be one of {list(GRAPH_FORMS)}; got {graph_form!r}.")
@@ -193,3 +199,5 @@ def export_decoder(
             **extra,
             **_exporter_options(cfg, cfg.decoder_exporter, fold_constants),
         )
+    if fused:  # the residual Adds that cross the layer loop (export/fused.py fuse_graph)
+        fuse_graph_file(path)

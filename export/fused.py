@@ -114,6 +114,8 @@ __all__ = [
     "FUSED_OPS",
     "GRAPH_FORMS",
     "dynamo_translations",
+    "fuse_graph",
+    "fuse_graph_file",
     "fused_architectures",
     "fused_patcher",
     "graph_form_ops",
@@ -583,6 +585,18 @@ _register_legacy_symbolics()
 # -- the patches --------------------------------------------------------------------------------
 
 
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as float32, without a Cast node when it is float32 already (the legacy exporter
+    writes one for every ``.float()``, and a Cast between a residual Add and its RMSNorm hides
+    the pair from :func:`fuse_graph`)."""
+    return x if x.dtype == torch.float32 else x.float()
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as ``dtype``, without a Cast node when it is that already."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     # as transformers' Qwen3.5 l2norm (and fla's): x · rsqrt(Σx² + ε)
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
@@ -616,20 +630,20 @@ def fused_chunk_gated_delta_rule(
             f"LinearAttention needs the value heads ({hv}) to be a multiple of the key heads ({hk})."
         )
     dtype = query.dtype
-    q, k = query.float(), key.float()
+    q, k = _f32(query), _f32(key)
     if use_qk_l2norm_in_kernel:
         q, k = _l2norm(q), _l2norm(k)
     out = torch.ops.spotstop_fused.linear_attention(
         q.reshape(b, t, hk * dk),
         k.reshape(b, t, hk * dk),
-        value.float().reshape(b, t, hv * dv),
-        g.float(),
-        beta.float(),
+        _f32(value).reshape(b, t, hv * dv),
+        _f32(g),
+        _f32(beta),
         hk,
         hv,
         dk**-0.5,
     )
-    return out.reshape(b, t, hv, dv).to(dtype), None
+    return _as(out.reshape(b, t, hv, dv), dtype), None
 
 
 def fused_causal_conv1d_fn(
@@ -652,9 +666,9 @@ def fused_causal_conv1d_fn(
             f"CausalConvWithState fuses only SiLU; this layer's activation is {activation!r}."
         )
     out = torch.ops.spotstop_fused.causal_conv(
-        hidden_states.to(weight.dtype), weight.unsqueeze(1), int(activation is not None)
+        _as(hidden_states, weight.dtype), weight.unsqueeze(1), int(activation is not None)
     )
-    return out.to(hidden_states.dtype)
+    return _as(out, hidden_states.dtype)
 
 
 def _qwen3_5_gated_delta_net_forward(
@@ -688,10 +702,10 @@ def _qwen3_5_gated_delta_net_forward(
     key = key.reshape(batch_size, seq_len, -1, self.head_k_dim)
     value = value.reshape(batch_size, seq_len, -1, self.head_v_dim)
     g, beta = torch.ops.spotstop_fused.linear_attention_gate(
-        a.float(), self.dt_bias.float(), -self.A_log.float().exp(), b.float()
+        _f32(a), self.dt_bias.float(), -self.A_log.float().exp(), _f32(b)
     )
     core, _ = fused_chunk_gated_delta_rule(
-        query, key, value, g=g, beta=beta.to(b.dtype), use_qk_l2norm_in_kernel=True
+        query, key, value, g=g, beta=_as(beta, b.dtype), use_qk_l2norm_in_kernel=True
     )
     core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
     return self.out_proj(core.reshape(batch_size, seq_len, -1))
@@ -779,8 +793,8 @@ def _lfm2_attention_forward(
         query_states.reshape(*input_shape, -1),
         key_states.reshape(*input_shape, -1),
         value_states,
-        cos[0, :, :half].to(query_states.dtype),
-        sin[0, :, :half].to(query_states.dtype),
+        _as(cos[0, :, :half], query_states.dtype),
+        _as(sin[0, :, :half], query_states.dtype),
         n_heads,
         n_kv,
         1,
@@ -792,8 +806,8 @@ def _lfm2_attention_forward(
 def _qwen3_5_rms_norm_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     """``Qwen3_5RMSNorm.forward`` as ``SimplifiedLayerNormalization`` (its scale ``1 + w``: a
     constant the exporters fold)."""
-    out = torch.ops.spotstop_fused.rms_norm(x.float(), 1.0 + self.weight.float(), float(self.eps))
-    return out.type_as(x)
+    out = torch.ops.spotstop_fused.rms_norm(_f32(x), 1.0 + self.weight.float(), float(self.eps))
+    return _as(out, x.dtype)
 
 
 def _qwen3_5_gated_norm_forward(
@@ -803,17 +817,17 @@ def _qwen3_5_gated_norm_forward(
     the reference (genai's ``make_gated_rms_norm``)."""
     dtype = hidden_states.dtype
     out = torch.ops.spotstop_fused.gated_rms_norm(
-        hidden_states.float(), self.weight.float(), gate.float(), float(self.variance_epsilon)
+        _f32(hidden_states), self.weight.float(), _f32(gate), float(self.variance_epsilon)
     )
-    return out.to(dtype)
+    return _as(out, dtype)
 
 
 def _lfm2_rms_norm_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     """``Lfm2RMSNorm.forward`` as ``SimplifiedLayerNormalization``."""
     out = torch.ops.spotstop_fused.rms_norm(
-        x.float(), self.weight.float(), float(self.variance_epsilon)
+        _f32(x), self.weight.float(), float(self.variance_epsilon)
     )
-    return out.to(x.dtype)
+    return _as(out, x.dtype)
 
 
 def _skip_norm(norm: Any, x: torch.Tensor, residual: torch.Tensor) -> tuple[Any, Any]:
@@ -963,6 +977,113 @@ def fused_patcher(model_type: str, max_length: int) -> Iterator[None]:
     with ExitStack() as stack:
         _PATCHES[model_type](stack)
         yield
+
+
+def _topological(nodes: list[Any], graph_inputs: set[str]) -> list[Any]:
+    """``nodes`` in an order where every node follows its inputs' producers (stable: the given
+    order wherever it already is one)."""
+    produced_by: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for o in n.output:
+            if o:
+                produced_by[o] = i
+    deps = [
+        {produced_by[x] for x in n.input if x and x in produced_by and produced_by[x] != i}
+        for i, n in enumerate(nodes)
+    ]
+    done: set[int] = set()
+    order: list[Any] = []
+    pending = list(range(len(nodes)))
+    while pending:
+        rest = []
+        for i in pending:
+            if deps[i] <= done:
+                done.add(i)
+                order.append(nodes[i])
+            else:
+                rest.append(i)
+        if len(rest) == len(pending):
+            raise ValueError("the graph has a cycle; it was not rewritten.")
+        pending = rest
+    return order
+
+
+def fuse_graph(model: Any) -> dict[str, int]:
+    """The post-export part of the fused form: each residual ``Add`` whose sum an exported
+    ``SimplifiedLayerNormalization`` normalises becomes one ``SkipSimplifiedLayerNormalization``
+    (its ``input_skip_bias_sum`` output replaces the Add's), in place; returns
+    ``{"SkipSimplifiedLayerNormalization": n}``.
+
+    This is the fusion genai writes between a layer's last residual Add and the next layer's
+    input norm (and the final norm), which the per-layer torch patch cannot express (the sum
+    crosses the model's layer loop). Only an Add of the residual stream is taken: one input the
+    sum output of an earlier SkipSimplifiedLayerNormalization, the other a ``MatMul`` output
+    (the layer's last projection): both (batch, length, hidden), so the op's no-broadcast
+    contract holds. The first layer's input norm (its input is the embeddings) and the q/k
+    norms stay ``SimplifiedLayerNormalization``. :func:`export_decoder
+    <spotstop.export.exporters.export_decoder>` calls this on a fused graph; the standard form
+    never."""
+    from onnx import helper
+
+    graph = model.graph
+    nodes = list(graph.node)
+    producer = {o: n for n in nodes for o in n.output if o}
+    fused: dict[int, Any] = {}  # id(SimplifiedLayerNormalization) → its replacement
+    dropped: set[int] = set()  # id(Add)
+    for n in nodes:
+        if n.op_type != "SimplifiedLayerNormalization" or n.domain not in ("", "ai.onnx"):
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        if attrs.get("axis", -1) != -1 or any(o for o in n.output[1:]):
+            continue
+        add = producer.get(n.input[0])
+        if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx"):
+            continue
+        srcs = [producer.get(x) for x in add.input]
+        if len(srcs) != 2 or any(p is None for p in srcs):
+            continue
+        stream = [
+            i
+            for i, p in enumerate(srcs)
+            if p is not None
+            and p.op_type == "SkipSimplifiedLayerNormalization"
+            and len(p.output) > 3
+            and p.output[3] == add.input[i]
+        ]
+        if len(stream) != 1 or srcs[1 - stream[0]].op_type != "MatMul":  # type: ignore[union-attr]
+            continue
+        residual, update = add.input[stream[0]], add.input[1 - stream[0]]
+        fused[id(n)] = helper.make_node(
+            "SkipSimplifiedLayerNormalization",
+            [update, residual, n.input[1]],
+            [n.output[0], "", "", add.output[0]],
+            name=(n.name or "norm") + "/skip",
+            domain=FUSED_DOMAIN,
+            epsilon=float(attrs.get("epsilon", 1e-5)),
+        )
+        dropped.add(id(add))
+    if not fused:
+        return {"SkipSimplifiedLayerNormalization": 0}
+    kept = [fused.get(id(n), n) for n in nodes if id(n) not in dropped]
+    inputs = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    ordered = _topological(kept, inputs)
+    del graph.node[:]
+    graph.node.extend(ordered)
+    if not any(o.domain == FUSED_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, FUSED_DOMAIN_VERSION))
+    return {"SkipSimplifiedLayerNormalization": len(fused)}
+
+
+def fuse_graph_file(path: Any) -> dict[str, int]:
+    """:func:`fuse_graph` on the ONNX file at ``path``, rewritten in place; its weights (external
+    data or not) are not loaded or moved: only the graph is read and written."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    counts = fuse_graph(model)
+    if counts["SkipSimplifiedLayerNormalization"]:
+        onnx.save_model(model, str(path))
+    return counts
 
 
 def graph_form_ops(model: Any) -> dict[str, int]:

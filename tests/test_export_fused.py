@@ -37,8 +37,9 @@ BUCKETS = (256, 384)
 
 #: fused operators each tiny decoder must hold (tiny Qwen3.5: 3 Gated-DeltaNet + 1 attention
 #: layer; tiny LFM2: 3 conv + 1 attention layer): one conv / recurrence / attention per layer of
-#: that kind, one residual + RMSNorm per layer, and the other RMSNorms (Qwen3.5: 4 input norms,
-#: q and k norms, final norm; LFM2: 4 operator norms, q and k layernorms, final norm)
+#: that kind; every residual Add with the RMSNorm after it (two per layer: the last one with the
+#: final norm) as SkipSimplifiedLayerNormalization, the other RMSNorms (the first layer's input
+#: norm, the attention's q and k norms) as SimplifiedLayerNormalization
 EXPECTED_OPS = {
     "qwen3_5": {
         "CausalConvWithState": 3,
@@ -46,14 +47,14 @@ EXPECTED_OPS = {
         "GroupQueryAttention": 1,
         "LinearAttention": 3,
         "LinearAttentionGate": 3,
-        "SimplifiedLayerNormalization": 7,
-        "SkipSimplifiedLayerNormalization": 4,
+        "SimplifiedLayerNormalization": 3,
+        "SkipSimplifiedLayerNormalization": 8,
     },
     "lfm2_vl": {
         "CausalConvWithState": 3,
         "GroupQueryAttention": 1,
-        "SimplifiedLayerNormalization": 7,
-        "SkipSimplifiedLayerNormalization": 4,
+        "SimplifiedLayerNormalization": 3,
+        "SkipSimplifiedLayerNormalization": 8,
     },
 }
 
