@@ -343,3 +343,46 @@ def test_lfm2_fused_export_without_constant_folding(tiny_pair: Path, tmp_path: P
         want = d.decoder_t(*(torch.from_numpy(feeds[n]) for n in DECODER_INPUTS))
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_fuse_graph_takes_only_residual_adds() -> None:
+    """fuse_graph fuses Add(residual stream, projection) → RMSNorm, and leaves an Add that
+    could broadcast (a bias) alone; the rewritten graph computes the same."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from spotstop.export.fused import fuse_graph
+
+    rng = np.random.default_rng(0)
+    h = 8
+    inits = [numpy_helper.from_array(rng.standard_normal((h, h)).astype(np.float32), "w_proj")]
+    inits += [
+        numpy_helper.from_array(rng.standard_normal(h).astype(np.float32), n)
+        for n in ("g0", "g1", "g2", "bias")
+    ]
+    ms = FUSED_DOMAIN
+    nodes = [
+        helper.make_node(
+            "SkipSimplifiedLayerNormalization", ["x", "y", "g0"], ["n0", "", "", "s0"], domain=ms
+        ),
+        helper.make_node("MatMul", ["n0", "w_proj"], ["p"]),
+        helper.make_node("Add", ["s0", "p"], ["s1"]),  # residual + projection: fused
+        helper.make_node("SimplifiedLayerNormalization", ["s1", "g1"], ["n1"], axis=-1),
+        helper.make_node("Add", ["n1", "bias"], ["s2"]),  # + a bias: left alone
+        helper.make_node("SimplifiedLayerNormalization", ["s2", "g2"], ["n2"], axis=-1),
+        helper.make_node("Add", ["n2", "s1"], ["out"]),
+    ]
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "l", h]) for n in ("x", "y")]
+    out = [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", vi, out, inits),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ms, 1)],
+    )
+    feeds = {n: rng.standard_normal((2, 5, h)).astype(np.float32) for n in ("x", "y")}
+    (want,) = _session(model).run(None, feeds)
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    assert fuse_graph(fused) == {"SkipSimplifiedLayerNormalization": 1}
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops.count("SkipSimplifiedLayerNormalization") == 2 and ops.count("Add") == 2
+    (got,) = _session(fused).run(None, feeds)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
