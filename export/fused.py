@@ -94,6 +94,12 @@ fused operators a graph holds, e.g. for the tiny Qwen3.5 decoder ``{"CausalConvW
 standard graph; e.g. ``meta["decoder"]["graph_form"] = form`` and
 ``meta["decoder"]["fused_ops"] = graph_form_ops(graphs[dec_files[usable[0]]])``.
 
+fp16 (and int4-trt, which starts from fp16) must start from the STANDARD graph: export/fp16.py's
+rules that keep the norms and the delta rule float32 do not know the fused operators (the fp16
+conversion of the tiny fused LFM2 decoder does not load: "Type parameter (T) of Optype (Mul)
+bound to different types (tensor(float) and tensor(float16))" at its first conv layer), and
+TensorRT has none of them.
+
 The vision graph is not fused in this change (``export_vision`` takes no graph form): it runs once
 per scene, the decoder twice, and its attention is bidirectional (com.microsoft
 ``MultiHeadAttention`` would fit it; not done here).
