@@ -19,7 +19,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from spotstop.guard._types import Scene, Variant
 from spotstop.guard.cues._types import TextDetector
 from spotstop.guard.policies import (
     PolicyConfig,
+    ScoringPlan,
     SituationPolicy,
     batch_inputs,
     check_policy_matches,
@@ -58,15 +59,6 @@ from spotstop.guard.policies import (
 )
 
 __all__ = ["Decision", "DecisionNotLogged", "Guard", "PolicyMissingError", "SituationInfo"]
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Staged scoring: ``first`` scores every scene; ``needed(first_scores)`` says which
-    scenes the other members score (the policy's :meth:`~Policy.second_needed`)."""
-
-    first: str
-    needed: Callable[[np.ndarray], np.ndarray]
 
 
 class PolicyMissingError(GuardError, FileNotFoundError):
@@ -517,8 +509,14 @@ class Guard:
             for w in live:
                 w.fail_with(clock.reason("before scoring"))
             return
+        try:  # what the policy asks to be scored, from its state before this call
+            plan = self._plan(active, live)
+        except Exception as e:  # no plan, no scores: every scene fails closed
+            for w in live:
+                w.fail_with(_reason("scoring plan", e))
+            return
         scenes = [Scene(w.image, w.scene.request, w.scene.situation_id) for w in live]
-        fut = self._pool.submit(self._score, scenes, active.variants, self._plan(active, live))
+        fut = self._pool.submit(self._score, scenes, active.variants, plan)
         text_fut = None
         if active.detector is not None:
             text_fut = self._text_pool.submit(_read_text, active.detector, [w.image for w in live])
@@ -553,69 +551,80 @@ class Guard:
                 else:
                     w.reading = reading
 
-    def _plan(self, active: _Active, live: list[_Work]) -> _Plan | None:
-        """The staged scoring the policy asks for (``cascade``), or None: every member on
-        every scene. Built on the caller's thread from the state before this call."""
-        pol = active.cfg.policy
-        first = pol.first_member()
-        if first is None:
-            return None
-        fusion, state = active.cfg.fusion, active.store.state
+    def _plan(self, active: _Active, live: list[_Work]) -> ScoringPlan:
+        """The policy's scoring plan for these scenes (built on the caller's thread from the
+        state before this call), checked against the members the guard runs."""
         sids = [
             w.scene.situation_id if isinstance(w.scene.situation_id, str) else None for w in live
         ]
-
-        def needed(first_scores: np.ndarray) -> np.ndarray:
-            return pol.second_needed(fusion, first_scores, sids, state)
-
-        return _Plan(first, needed)
+        members = tuple(self.members)
+        plan = active.cfg.policy.scoring_plan(members, active.cfg.fusion, sids, active.store.state)
+        if not isinstance(plan, ScoringPlan):
+            raise GuardError(
+                f"policy {active.cfg.kind!r} returned {type(plan).__name__}, not a ScoringPlan"
+            )
+        plan.check(members)
+        return plan
 
     def _score(
-        self, scenes: list[Scene], variants: tuple[Variant, ...], plan: _Plan | None = None
+        self, scenes: list[Scene], variants: tuple[Variant, ...], plan: ScoringPlan
     ) -> list[_Scored]:
-        """Every member and variant on ``scenes`` (with a plan: the first member on all of
-        them, the others only where the plan says); runs on the scoring thread, touches no
-        _Work."""
+        """Run ``plan`` on ``scenes``: its stages in order, each stage's members (every
+        variant) on the scenes the stage keeps. Runs on the scoring thread, touches no _Work.
+        A stage whose choice of scenes fails fails every scene closed."""
         out = [_Scored() for _ in scenes]
-        names = list(self.members)
-        if plan is not None and plan.first in self.members:
-            names.sort(key=lambda n: n != plan.first)  # the first member first
-        rest: list[int] | None = None  # scenes the members after the first must score
-        for name in names:
-            idx = list(range(len(scenes)))
-            if plan is not None and name != plan.first:
-                if rest is None:
-                    s1 = np.array([r.scores.get(plan.first, np.nan) for r in out], dtype=float)
-                    try:
-                        mask = np.asarray(plan.needed(s1), dtype=bool)
-                    except Exception as e:  # the plan failed: every scene fails closed
-                        for r in out:
-                            r.fail_with(_reason("cascade plan", e))
-                        return out
-                    rest = [i for i in range(len(scenes)) if mask[i]]
-                idx = rest
-                if not idx:
-                    continue
-            sub = [scenes[i] for i in idx]
-            for i in idx:
-                out[i].ran.add(name)
-            for variant in variants:
-                t = time.perf_counter()
+        n = len(scenes)
+        before: list[str] = []  # the members of the stages run so far
+        for stage in plan.stages:
+            idx = list(range(n))
+            if stage.where is not None:
+                sofar = {
+                    m: np.array([r.scores.get(m, np.nan) for r in out], dtype=float) for m in before
+                }
                 try:
-                    res = self.members[name].score(sub, variant, strict=False)
-                except Exception as e:  # this member failed on this batch: fail those scenes
-                    for i in idx:
-                        out[i].fail_with(_reason(f"member {name} ({variant})", e))
-                    continue
-                dt = (time.perf_counter() - t) * 1e3 / max(1, len(sub))
-                target = {"scene": "scores", "gray": "gray", "text": "text"}[variant]
-                for i, s in zip(idx, res, strict=True):
-                    r = out[i]
-                    getattr(r, target)[name] = s.score
-                    r.latency[f"score_{name}_{variant}_ms"] = dt
-                    if variant == "scene" and not np.isfinite(s.score):
-                        r.fail_with(f"member {name} produced a non-finite score ({s.score})")
+                    mask = np.asarray(stage.where(sofar), dtype=bool)
+                    if mask.shape != (n,):
+                        raise GuardError(
+                            f"a stage chose scenes of shape {mask.shape} for {n} scenes"
+                        )
+                except Exception as e:  # the plan failed: every scene fails closed
+                    for r in out:
+                        r.fail_with(_reason("scoring plan", e))
+                    return out
+                idx = [i for i in range(n) if mask[i]]
+            for name in stage.members:
+                if idx:
+                    self._score_member(name, [scenes[i] for i in idx], idx, variants, out)
+            before.extend(stage.members)
         return out
+
+    def _score_member(
+        self,
+        name: str,
+        sub: list[Scene],
+        idx: list[int],
+        variants: tuple[Variant, ...],
+        out: list[_Scored],
+    ) -> None:
+        """Every variant of member ``name`` on ``sub`` (the scenes at ``idx`` of ``out``)."""
+        for i in idx:
+            out[i].ran.add(name)
+        for variant in variants:
+            t = time.perf_counter()
+            try:
+                res = self.members[name].score(sub, variant, strict=False)
+            except Exception as e:  # this member failed on this batch: fail those scenes
+                for i in idx:
+                    out[i].fail_with(_reason(f"member {name} ({variant})", e))
+                continue
+            dt = (time.perf_counter() - t) * 1e3 / max(1, len(sub))
+            target = {"scene": "scores", "gray": "gray", "text": "text"}[variant]
+            for i, s in zip(idx, res, strict=True):
+                r = out[i]
+                getattr(r, target)[name] = s.score
+                r.latency[f"score_{name}_{variant}_ms"] = dt
+                if variant == "scene" and not np.isfinite(s.score):
+                    r.fail_with(f"member {name} produced a non-finite score ({s.score})")
 
     def _decide(self, works: list[_Work], active: _Active, clock: _Clock) -> list[_Outcome]:
         """Fuse and label the batch with the active policy; commit the policy's new state."""

@@ -890,3 +890,35 @@ def test_cascade_fails_closed_when_the_second_member_fails_inside_the_band(
         )
         ds = g.check_batch([_scene(i) for i in range(6)])
     assert all(d.label == "UNSAFE" and d.fail_closed for d in ds)
+
+
+def test_a_scoring_plan_that_cannot_run_fails_every_scene_closed(
+    bundle_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The guard runs whatever plan the policy returns; a plan it cannot build, one naming a
+    member it does not have, or a stage whose choice of scenes fails gives UNSAFE with the
+    reason, never SAFE."""
+    from spotstop.guard.policies import CascadePolicy, ScoringPlan, ScoringStage
+
+    first, second = _set_cascade(bundle_copy, band=0.4)
+
+    def boom(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("plan exploded")
+
+    def unknown(*a: Any, **k: Any) -> ScoringPlan:
+        return ScoringPlan((ScoringStage((first, "no-such-member")),))
+
+    def bad_stage(*a: Any, **k: Any) -> ScoringPlan:
+        return ScoringPlan((ScoringStage((first,)), ScoringStage((second,), where=boom)))
+
+    for plan, words in ((boom, "plan exploded"), (unknown, "no-such-member"),
+                        (bad_stage, "plan exploded")):  # fmt: skip
+        with monkeypatch.context() as mp:
+            mp.setattr(CascadePolicy, "scoring_plan", plan)
+            with Guard(bundle_copy, log=tmp_path / "log.sqlite") as g:
+                st = g.policy_config.fusion.stats
+                g.members[first] = _CountingMember(g.members[first], st[first], 0.0)  # type: ignore[assignment]
+                ds = g.check_batch([_scene(i) for i in range(4)])
+        for d in ds:
+            _assert_fail_closed(d, words)
+            assert "scoring plan" in (d.fail_reason or "")

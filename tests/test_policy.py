@@ -30,6 +30,8 @@ from spotstop.guard.policies import (
     DirectPolicy,
     FrozenPolicy,
     PolicyError,
+    ScoringPlan,
+    ScoringStage,
     SituationPolicy,
     SituationWindows,
     batch_inputs,
@@ -254,6 +256,8 @@ def _hand_cascade() -> None:
         "cascade[pair]->frozen",
     ]
     assert "not finite" in d.verdicts[4].detail
+    # the deciding kind is the cut's, whichever stage decided
+    assert [v.kind for v in d.verdicts] == ["frozen"] * 6
     # with a situation cut the references are the cascade's own scores C
     sit = CascadePolicy(
         first="a",
@@ -713,6 +717,31 @@ def test_yaml_file_errors(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- cascade
 
 
+def test_a_policy_returns_a_scoring_plan_the_guard_runs() -> None:
+    """Most kinds: every member on every scene, one stage. A cascade: its first member on
+    every scene, then the rest only where its own band rule says (the same mask as
+    ``second_needed``); the plan holds no copy of the band."""
+    plan = FrozenPolicy(0.5).scoring_plan(("a", "b"), FUSION, [None] * 3, None)
+    assert [s.members for s in plan.stages] == [("a", "b")] and not plan.staged
+    pol = CascadePolicy(first="b", share=0.5, band=1.0, cut=FrozenPolicy(0.5))
+    plan = pol.scoring_plan(("a", "b"), FUSION, [None] * 6, None)
+    assert [s.members for s in plan.stages] == [("b",), ("a",)] and plan.staged
+    assert plan.members == ("b", "a") and plan.stages[0].where is None
+    b = np.array([1.0, 3.0, -4.0, math.nan, 2.5, 0.0])
+    where = plan.stages[1].where
+    assert where is not None
+    np.testing.assert_array_equal(where({"b": b}), pol.second_needed(FUSION, b, [None] * 6, None))
+    plan.check(("a", "b"))
+    with pytest.raises(PolicyError, match=r"names member\(s\) \['c'\] the guard does not have"):
+        ScoringPlan((ScoringStage(("c",)),)).check(("a", "b"))
+    with pytest.raises(PolicyError, match="more than one stage"):
+        ScoringPlan((ScoringStage(("a",)), ScoringStage(("a", "b"), where=lambda s: s)))
+    with pytest.raises(PolicyError, match="first stage scores every scene"):
+        ScoringPlan((ScoringStage(("a",), where=lambda s: s),))
+    with pytest.raises(PolicyError, match="one or more member names"):
+        ScoringStage(())
+
+
 def test_cascade_band_sends_the_chosen_share_of_the_pool() -> None:
     assert cascade_band(np.array([0.1, 0.5, 0.2, 2.0]), 0.5) == 0.2  # 2 of 4 inside (≤)
     assert cascade_band(np.array([0.1, 0.5, 0.2, 2.0]), 1.0) == 2.0
@@ -725,7 +754,7 @@ def test_cascade_band_sends_the_chosen_share_of_the_pool() -> None:
             FUSION, 2.0 * z, [None] * z.size, None
         )  # a = 2 z: z1 = a / IQR 2 = z
         assert inside.sum() == math.ceil(q * z.size), q
-        assert pol.first_member() == "a"
+        assert pol.scoring_plan(("a", "b"), FUSION, [None], None).members == ("a", "b")
     with pytest.raises(PolicyError, match="share must be in"):
         cascade_band(np.array([1.0]), 0.0)
 

@@ -4,8 +4,10 @@
 * :mod:`._conformal_rule` — the conformal rank (marginal and PAC) and the one-case-per-
   situation reduction: :func:`conformal_cut`.
 * :mod:`._registry` — the kinds by name (:data:`POLICY_KINDS`): ``direct``, ``frozen``,
-  ``conformal``, ``batch`` (the paper's rule), ``batch_frozen_iqr``, ``situation``; one
-  module each, all deriving from :class:`Policy`.
+  ``conformal``, ``batch`` (the paper's rule), ``batch_frozen_iqr``, ``situation``,
+  ``cascade``; one module each, all deriving from :class:`Policy`.
+* :mod:`._plan` — :class:`ScoringPlan`: what a policy asks the guard to score (which
+  members, in what order, on which scenes); the guard runs it.
 * :mod:`._decide` — :func:`batch_inputs`, :func:`decide_batch`, :func:`replay`.
 * :mod:`._config` — :class:`PolicyConfig`, :func:`load_policy`, :func:`dump_policy`.
 
@@ -60,6 +62,7 @@ from spotstop.guard.policies._decide import (
 )
 from spotstop.guard.policies._direct import DirectPolicy
 from spotstop.guard.policies._frozen import FrozenPolicy
+from spotstop.guard.policies._plan import ScoringPlan, ScoringStage
 from spotstop.guard.policies._registry import (
     POLICY_KINDS,
     policy_class,
@@ -92,6 +95,8 @@ __all__ = [
     "PolicyConfig",
     "PolicyError",
     "PolicyMismatchError",
+    "ScoringPlan",
+    "ScoringStage",
     "SituationPolicy",
     "SituationWindows",
     "TextInScene",

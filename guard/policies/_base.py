@@ -23,13 +23,16 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from spotstop.guard._errors import ConfigError, GuardError
 from spotstop.guard._fusion import Avg2Fusion
 from spotstop.guard.policies._rule import Label
 from spotstop.guard.validate import is_int, is_real
+
+if TYPE_CHECKING:
+    from spotstop.guard.policies._plan import ScoringPlan
 
 __all__ = [
     "BatchInputs",
@@ -109,32 +112,39 @@ class Thresholds:
 
     score: the value each scene is compared with (``S`` for most kinds; a member's raw score
         for ``direct``; ``S`` refitted on the batch for ``batch``). threshold: each scene's
-        threshold. rule: the rule that set it (e.g. ``"situation->frozen"``). detail: why.
+        threshold. rule: the rule that set it, for people (e.g. ``"situation->frozen"``).
+        detail: why. kind: the kind whose threshold it is, per scene (``"frozen"`` for a
+        situation that fell back to its frozen cut): the deciding kind the guard logs.
     """
 
     score: np.ndarray
     threshold: np.ndarray
     rule: tuple[str, ...]
     detail: tuple[str, ...]
+    kind: tuple[str, ...]
 
     @classmethod
-    def constant(cls, score: np.ndarray, threshold: float, rule: str, detail: str) -> Thresholds:
-        """Every scene compared with the same threshold."""
+    def constant(cls, score: np.ndarray, threshold: float, kind: str, detail: str) -> Thresholds:
+        """Every scene compared with the same threshold, set by ``kind`` itself (its rule is
+        its name)."""
         n = int(np.asarray(score).shape[0])
         return cls(
             score=np.asarray(score, dtype=float),
             threshold=np.full(n, threshold, dtype=float),
-            rule=(rule,) * n,
+            rule=(kind,) * n,
             detail=(detail,) * n,
+            kind=(kind,) * n,
         )
 
     def prefixed(self, rule: str, why: str) -> Thresholds:
-        """The same numbers, labelled as a fallback used by ``rule`` because ``why``."""
+        """The same numbers, labelled as a fallback used by ``rule`` because ``why`` (the
+        deciding kind stays the fallback's)."""
         return Thresholds(
             score=self.score,
             threshold=self.threshold,
             rule=tuple(f"{rule}->{r}" for r in self.rule),
             detail=tuple(f"{why}: {d}" for d in self.detail),
+            kind=self.kind,
         )
 
 
@@ -155,10 +165,12 @@ class Verdict:
     label: ``"UNSAFE"`` when ``score ≥ threshold``, when either is not finite or when a
     member score the policy needs is missing, else ``"SAFE"``.
     score: the value compared with the threshold (NaN kept). threshold: the threshold applied
-    to this scene (NaN kept). policy: the rule that set it, e.g. ``"batch"`` or
+    to this scene (NaN kept). policy: the rule that set it, for people, e.g. ``"batch"`` or
     ``"situation->frozen"`` (configured kind, then the fallback actually used). detail: why.
     fail_closed: the label is UNSAFE because something was missing or not finite, not by
-    the comparison (the guard logs such a decision as failed closed).
+    the comparison (the guard logs such a decision as failed closed). kind: the kind whose
+    threshold decided (``"frozen"`` for ``"situation->frozen"``; a cascade's cut), logged as
+    ``deciding_kind``; readers use it, never the rule's text.
     """
 
     label: Label
@@ -167,6 +179,7 @@ class Verdict:
     policy: str
     detail: str
     fail_closed: bool = False
+    kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -385,29 +398,29 @@ class Policy(ABC):
         :func:`~spotstop.guard.policies.decide_batch` labels it UNSAFE (fail closed), whatever
         its score and threshold say. Default: the fused ``S`` is finite, i.e. every fusion
         member scored the scene (a ``direct`` policy reads one member, but a scene another
-        member failed on is missing a part). A staged kind (``cascade``) says which scores
-        it needed."""
+        member failed on is missing a part). A kind whose scoring plan leaves members out of
+        some scenes (``cascade``) says which scores it needed."""
         return np.isfinite(x.fused)
 
     def variants_needed(self) -> tuple[str, ...]:
         """Extra scoring passes this policy reads (e.g. ``"text"``); the guard runs them."""
         return ()
 
-    def first_member(self) -> str | None:
-        """The member to run first, alone, on every scene; None (the default): every member
-        on every scene. A kind that names one (``cascade``) says which scenes the others
-        must score with :meth:`second_needed`."""
-        return None
-
-    def second_needed(
+    def scoring_plan(
         self,
+        members: Sequence[str],
         fusion: Avg2Fusion,
-        first_scores: np.ndarray,
         situation_ids: Sequence[str | None],
         state: Any,
-    ) -> np.ndarray:
-        """True where the members after :meth:`first_member` must score the scene."""
-        return np.ones(np.asarray(first_scores).shape[0], dtype=bool)
+    ) -> ScoringPlan:
+        """What the guard scores for a batch (:class:`~spotstop.guard.policies.ScoringPlan`):
+        ``members`` are the members the guard runs, ``situation_ids`` the batch's scenes and
+        ``state`` the policy's state before the batch. Default: every member on every scene.
+        A kind that needs fewer scores (``cascade``) returns its own stages; the guard runs
+        whatever plan it gets and has no branch per kind."""
+        from spotstop.guard.policies._plan import ScoringPlan
+
+        return ScoringPlan.every_member(members)
 
     def inner(self) -> tuple[Policy, ...]:
         """The policies this one decides some scenes with (a fallback, a cascade's cut); the

@@ -20,8 +20,13 @@ differ only through earlier scenes of the same batch.
 
 Fail closed: a scene inside the band whose pair score is missing (the second member did not
 run or failed) gets a NaN score, hence UNSAFE; a scene whose first score is missing is UNSAFE.
-The guard runs the second member exactly where :meth:`second_needed` says, and logs which
-members ran (``members_run``).
+
+What the guard scores is this policy's :meth:`CascadePolicy.scoring_plan`: the first member
+on every scene, then the others exactly where :meth:`second_needed` says. The guard runs the
+plan (it has no cascade branch) and logs which members ran (``members_run``) and which kind
+decided (``deciding_kind``: the cut's kind, or its fallback's); whether a scene was decided
+by the first member alone or by the pair is ``members_run`` (and, for people, the rule:
+``cascade[<first>]->frozen`` or ``cascade[pair]->frozen``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from spotstop.guard.policies._base import (
     PolicyError,
     Thresholds,
 )
+from spotstop.guard.policies._plan import ScoringPlan, ScoringStage
 from spotstop.guard.validate import is_real
 
 __all__ = ["CUT_KINDS", "CascadePolicy", "cascade_band"]
@@ -192,9 +198,25 @@ class CascadePolicy(Policy):
         return self.cut.variants_needed()
 
     # -- the rule ----------------------------------------------------------------------------
-    def first_member(self) -> str | None:
-        """The member the guard runs first, on every scene (see :meth:`second_needed`)."""
-        return self.first
+    def scoring_plan(
+        self,
+        members: Sequence[str],
+        fusion: Avg2Fusion,
+        situation_ids: Sequence[str | None],
+        state: Any,
+    ) -> ScoringPlan:
+        """Two stages: :attr:`first` on every scene, then the other members only where
+        :meth:`second_needed` says (inside the band), from the state before the batch."""
+        sids = tuple(situation_ids)
+
+        def inside_band(scores: Mapping[str, np.ndarray]) -> np.ndarray:
+            return self.second_needed(fusion, scores[self.first], sids, state)
+
+        rest = tuple(m for m in members if m != self.first)
+        stages = [ScoringStage((self.first,))]
+        if rest:
+            stages.append(ScoringStage(rest, where=inside_band))
+        return ScoringPlan(tuple(stages))
 
     def z_first(self, fusion: Avg2Fusion, scores: np.ndarray) -> np.ndarray:
         """The first member's robust z-score under the policy's reference statistics."""
@@ -257,7 +279,9 @@ class CascadePolicy(Policy):
             (f"inside the band ±{self.band:.4g}: pair S; " if i else f"{self.first} alone: ") + d
             for i, d in zip(inside.tolist(), t.detail, strict=True)
         )
-        return Thresholds(score=t.score, threshold=t.threshold, rule=rule, detail=detail)
+        return Thresholds(
+            score=t.score, threshold=t.threshold, rule=rule, detail=detail, kind=t.kind
+        )
 
     def update(self, state: Any, x: BatchInputs) -> Any:
         xc, _ = self._cascade_inputs(x, state)

@@ -117,15 +117,21 @@ def decide_batch(policy: Policy, x: BatchInputs, state: Any = None) -> Decided:
     if not (
         t.score.shape == (n,)
         and t.threshold.shape == (n,)
-        and len(t.rule) == len(t.detail) == n
+        and len(t.rule) == len(t.detail) == len(t.kind) == n
         and complete.shape == (n,)
     ):
         raise DecisionError(
             f"policy {policy.kind!r} returned thresholds that do not match the {n} scenes."
         )
     out: list[Verdict] = []
-    for s, thr, rule, det, ok in zip(
-        t.score.tolist(), t.threshold.tolist(), t.rule, t.detail, complete.tolist(), strict=True
+    for s, thr, rule, det, kind, ok in zip(
+        t.score.tolist(),
+        t.threshold.tolist(),
+        t.rule,
+        t.detail,
+        t.kind,
+        complete.tolist(),
+        strict=True,
     ):
         label, failed = label_of(s, thr), True
         if not np.isfinite(s):
@@ -139,7 +145,13 @@ def decide_batch(policy: Policy, x: BatchInputs, state: Any = None) -> Decided:
             failed = False
         out.append(
             Verdict(
-                label=label, score=s, threshold=thr, policy=rule, detail=det, fail_closed=failed
+                label=label,
+                score=s,
+                threshold=thr,
+                policy=rule,
+                detail=det,
+                fail_closed=failed,
+                kind=kind,
             )
         )
     return Decided(verdicts=tuple(out), state=policy.update(state, x))

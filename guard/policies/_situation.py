@@ -156,16 +156,19 @@ class SituationPolicy(Policy):
         thr = np.empty_like(score)
         rule: list[str] = []
         detail: list[str] = []
+        kind: list[str] = []
         for i, sid in enumerate(x.situation_ids):
             refs = windows.references(sid) if sid is not None else ()
             if len(refs) >= self.min_refs:
                 thr[i] = float(np.mean(refs))
                 rule.append("situation")
+                kind.append(self.kind)
                 detail.append(f"mean of {len(refs)} earlier scores of situation {sid!r}")
             else:
                 score[i] = fb.score[i]
                 thr[i] = fb.threshold[i]
                 rule.append(f"situation->{fb.rule[i]}")
+                kind.append(fb.kind[i])
                 why = (
                     "no situation id"
                     if sid is None
@@ -174,7 +177,9 @@ class SituationPolicy(Policy):
                 detail.append(f"{why}; fallback {self.fallback.kind}: {fb.detail[i]}")
             if sid is not None:
                 windows = windows.appended([(sid, float(x.fused[i]))])
-        return Thresholds(score=score, threshold=thr, rule=tuple(rule), detail=tuple(detail))
+        return Thresholds(
+            score=score, threshold=thr, rule=tuple(rule), detail=tuple(detail), kind=tuple(kind)
+        )
 
     def next_threshold(self, state: Any, situation_id: str) -> tuple[str, float, tuple[float, ...]]:
         """(rule, threshold, references) a new scene of ``situation_id`` would get now.
