@@ -101,18 +101,32 @@ def export_vision(
     pixels: dict[str, np.ndarray],
     path: Path,
     fold_constants: bool = True,
+    graph_form: str = "standard",
 ) -> None:
-    """Write the vision graph to ``path``, traced on ``pixels`` (its fixed grid)."""
-    import torch
+    """Write the vision graph to ``path``, traced on ``pixels`` (its fixed grid).
 
+    ``graph_form="fused"``: under :func:`~spotstop.export.fused.fused_patcher` (Qwen3.5's vision
+    attention as ``MultiHeadAttention``; LFM2's SigLIP2 tower has no fused form and is written
+    as the standard one)."""
+    import torch
+    from spotstop.export.fused import GRAPH_FORMS, dynamo_translations, fused_patcher
+
+    if graph_form not in GRAPH_FORMS:
+        raise ValueError(f"graph_form must be one of {list(GRAPH_FORMS)}; got {graph_form!r}.")
     x = torch.from_numpy(pixels["pixel_values"])
-    with torch.no_grad(), _exporter_noise():
+    fused = graph_form == "fused"
+    form = fused_patcher(cfg.model_type, int(x.shape[0])) if fused else nullcontext()
+    extra: dict[str, Any] = {}
+    if fused and cfg.vision_exporter == "dynamo":
+        extra["custom_translation_table"] = dynamo_translations()
+    with torch.no_grad(), _exporter_noise(), form:
         torch.onnx.export(
             vision,
             (x,),
             str(path),
             input_names=["pixel_values"],
             output_names=["image_embeds"],
+            **extra,
             **_exporter_options(cfg, cfg.vision_exporter, fold_constants),
         )
 

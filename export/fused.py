@@ -76,8 +76,9 @@ also has an eager torch implementation of the same maths, so the patched model r
 the legacy exporter, which traces by running, computes real values). The export is validated, as
 ever, against the UNPATCHED transformers model, so the parity is real.
 
-Where the lead calls it (export/onnx.py ``export_member``), the decoder stage only::
+Where the lead calls it (export/onnx.py ``export_member``), the export stage::
 
+    export_vision(vision_t, ecfg, cases.pixels["gray"], tmp / "vision.onnx", fold, graph_form=form)
     export_decoder(decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname, usable[-1], fold,
                    graph_form=form)       # form: "fused" for fp32/int8/int4 on onnxruntime CPU,
                                           #       "standard" for fp16 / int4-trt / TensorRT
@@ -100,9 +101,14 @@ conversion of the tiny fused LFM2 decoder does not load: "Type parameter (T) of 
 bound to different types (tensor(float) and tensor(float16))" at its first conv layer), and
 TensorRT has none of them.
 
-The vision graph is not fused in this change (``export_vision`` takes no graph form): it runs once
-per scene, the decoder twice, and its attention is bidirectional (com.microsoft
-``MultiHeadAttention`` would fit it; not done here).
+The vision graph: Qwen3.5's vision attention becomes one ``MultiHeadAttention`` per block
+(bidirectional, no mask: the graph is traced for one image of one frame, one ``cu_seqlens``
+span; the 2-D rotary stays standard nodes before it). onnxruntime's optimizer leaves that
+attention decomposed (MatMul/Softmax: 2 Softmax in the tiny tower after ORT_ENABLE_ALL) while it
+already fuses the towers' LayerNorms and GELUs itself. LFM2-VL's SigLIP2 tower is not fused: its
+attention takes the pixel attention mask (padded patches), which a ``key_padding_mask`` would
+have to carry; not done here. Call ``export_vision(..., graph_form=form)`` the same way
+(export/exporters.py; for LFM2 the fused form writes the standard vision graph).
 """
 
 from __future__ import annotations
@@ -143,6 +149,7 @@ FUSED_OPS: dict[str, tuple[str, int]] = {
     "GroupQueryAttention": (FUSED_DOMAIN, 1),
     "GatedRMSNorm": (FUSED_DOMAIN, 1),
     "LinearAttentionGate": (FUSED_DOMAIN, 2),
+    "MultiHeadAttention": (FUSED_DOMAIN, 1),
     "SkipSimplifiedLayerNormalization": (FUSED_DOMAIN, 4),
     "SimplifiedLayerNormalization": ("", 1),
 }
@@ -309,6 +316,23 @@ def _(a, dt_bias, decay_scale, b):
     return a.new_empty(a.shape), b.new_empty(b.shape)
 
 
+@torch.library.custom_op("spotstop_fused::multi_head_attention", mutates_args=())
+def multi_head_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int, scale: float
+) -> torch.Tensor:
+    """com.microsoft ``MultiHeadAttention`` without mask, bias or cache: bidirectional attention,
+    ``query``/``key``/``value`` (B, S, H·D) → (B, S, H·D)."""
+    b, n = query.shape[0], query.shape[1]
+    q, k, v = (t.reshape(b, t.shape[1], num_heads, -1).transpose(1, 2) for t in (query, key, value))
+    out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    return out.transpose(1, 2).reshape(b, n, -1)
+
+
+@multi_head_attention.register_fake
+def _(query, key, value, num_heads, scale):
+    return query.new_empty(query.shape)
+
+
 # -- ONNX translations: dynamo (onnxscript) ----------------------------------------------------
 
 
@@ -453,7 +477,11 @@ def _dynamo_translations() -> dict[Any, Callable[..., Any]]:
         decay, beta = ms.LinearAttentionGate(a, dt_bias, decay_scale, b)
         return decay, beta
 
+    def mha(query, key, value, num_heads, scale):
+        return ms.MultiHeadAttention(query, key, value, num_heads=num_heads, scale=float(scale))
+
     return {
+        torch.ops.spotstop_fused.multi_head_attention.default: mha,
         torch.ops.spotstop_fused.linear_attention_gate.default: gate,
         torch.ops.spotstop_fused.gated_rms_norm.default: gated_norm,
         torch.ops.spotstop_fused.linear_attention.default: la,
@@ -575,7 +603,16 @@ def _register_legacy_symbolics() -> None:
         beta.setType(b.type())
         return decay, beta
 
+    @parse_args("v", "v", "v", "i", "f")
+    def mha(g, query, key, value, num_heads, scale):
+        out = g.op(
+            f"{ms}::MultiHeadAttention", query, key, value, num_heads_i=num_heads, scale_f=scale
+        )
+        out.setType(query.type())
+        return out
+
     for opset in _LEGACY_OPSETS:
+        register_custom_op_symbolic("spotstop_fused::multi_head_attention", mha, opset)
         register_custom_op_symbolic("spotstop_fused::linear_attention_gate", gate, opset)
         register_custom_op_symbolic("spotstop_fused::gated_rms_norm", gated_norm, opset)
         register_custom_op_symbolic("spotstop_fused::rms_norm", norm, opset)
@@ -715,6 +752,50 @@ def _qwen3_5_gated_delta_net_forward(
     )
     core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
     return self.out_proj(core.reshape(batch_size, seq_len, -1))
+
+
+def _qwen3_5_vision_attention_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    max_seqlen: int | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """``Qwen3_5VisionAttention.forward`` for ONE image, the attention as one
+    ``MultiHeadAttention`` (bidirectional, no mask); the qkv projection, the 2-D rotary and the
+    output projection as transformers writes them.
+
+    transformers attends within each ``cu_seqlens`` span (one per image and frame); the vision
+    graph is traced for one image of one frame (export/graphs.py ``VisionGraph``), so there is
+    one span, the whole sequence. More spans are refused (attention across them would be wrong)."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
+
+    if cu_seqlens.shape[0] != 2:
+        raise NotImplementedError(
+            f"the fused vision attention serves one image of one frame; this grid has "
+            f"{cu_seqlens.shape[0] - 1} attention spans. Export the vision graph with "
+            "graph_form='standard'."
+        )
+    if position_embeddings is None:
+        raise ValueError("Qwen3.5's vision attention needs its rotary position embeddings.")
+    seq_length = hidden_states.shape[0]
+    q, k, v = (
+        self.qkv(hidden_states)
+        .reshape(seq_length, 3, self.num_heads, -1)
+        .permute(1, 0, 2, 3)
+        .unbind(0)
+    )
+    cos, sin = position_embeddings
+    q, k = mod.apply_rotary_pos_emb_vision(q, k, cos, sin)
+    out = torch.ops.spotstop_fused.multi_head_attention(
+        q.reshape(1, seq_length, -1),
+        k.reshape(1, seq_length, -1),
+        v.reshape(1, seq_length, -1),
+        self.num_heads,
+        float(self.scaling),
+    )
+    return self.proj(out.reshape(seq_length, -1))
 
 
 def _no_cos(x: torch.Tensor) -> torch.Tensor:
@@ -928,6 +1009,9 @@ def _qwen3_5_patches(stack: ExitStack) -> None:
     stack.enter_context(
         _patched(mod.Qwen3_5GatedDeltaNet, "forward", _qwen3_5_gated_delta_net_forward)
     )
+    stack.enter_context(
+        _patched(mod.Qwen3_5VisionAttention, "forward", _qwen3_5_vision_attention_forward)
+    )
     stack.enter_context(_patched(mod.Qwen3_5Attention, "forward", _qwen3_5_attention_forward))
     stack.enter_context(_patched(mod.Qwen3_5RMSNorm, "forward", _qwen3_5_rms_norm_forward))
     stack.enter_context(_patched(mod.Qwen3_5RMSNormGated, "forward", _qwen3_5_gated_norm_forward))
@@ -964,14 +1048,16 @@ def fused_architectures() -> tuple[str, ...]:
 
 @contextmanager
 def fused_patcher(model_type: str, max_length: int) -> Iterator[None]:
-    """Within the block, the ``model_type`` decoder's layers call the fused custom ops (see the
-    module doc), for sequences up to ``max_length`` tokens (nothing fused here depends on it:
-    ``LinearAttention`` and ``GroupQueryAttention`` take any length; it is the same argument
-    as the config's ``decoder_patcher``).
+    """Within the block, the ``model_type`` model's layers (decoder and vision tower) call the
+    fused custom ops (see the module doc), for sequences up to ``max_length`` tokens (nothing
+    fused here depends on it: ``LinearAttention`` and ``GroupQueryAttention`` take any length;
+    it is the same argument as the config's ``decoder_patcher``).
 
-    Enter it while :class:`~spotstop.export.graphs.DecoderGraph` is exported, and pass
+    Enter it while :class:`~spotstop.export.graphs.DecoderGraph` (or
+    :class:`~spotstop.export.graphs.VisionGraph`) is exported, and pass
     :func:`dynamo_translations` to a dynamo export (export/exporters.py ``export_decoder`` with
-    ``graph_form="fused"`` does both). Outside the block the model is the transformers model again.
+    ``graph_form="fused"`` does both; ``export_vision`` likewise). Outside the block the model is
+    the transformers model again.
     """
     if model_type not in _PATCHES:
         raise ValueError(

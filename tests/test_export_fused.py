@@ -64,6 +64,8 @@ class _Decoders:
     """One tiny member's torch scoring graph, its validation cases and both exported forms."""
 
     model_type: str
+    vision_t: Any
+    pixels: dict[str, dict[str, np.ndarray]]
     decoder_t: Any
     cases: Callable[[int], dict[str, dict[str, np.ndarray]]]
     lengths: list[int]
@@ -137,7 +139,9 @@ def _export_both(member: Path, out: Path) -> _Decoders:
         )
         graphs[form] = fold_weight_transposes(tie_output_layer(onnx.load(str(path))))
         paths[form] = path
-    return _Decoders(folder.model_type, decoder_t, cases, lengths, graphs, paths)
+    return _Decoders(
+        folder.model_type, vision_t, vc.pixels, decoder_t, cases, lengths, graphs, paths
+    )
 
 
 @pytest.fixture(scope="module", params=sorted(EXPECTED_OPS))
@@ -259,6 +263,7 @@ def test_the_patch_is_scoped_and_the_eager_ops_match(tiny_pair: Path) -> None:
         modeling_qwen3_5.Qwen3_5RMSNormGated.forward,
         modeling_qwen3_5.Qwen3_5DecoderLayer.forward,
         modeling_qwen3_5.Qwen3_5GatedDeltaNet.forward,
+        modeling_qwen3_5.Qwen3_5VisionAttention.forward,
         modeling_lfm2.Lfm2RMSNorm.forward,
         modeling_lfm2.Lfm2DecoderLayer.forward,
     )
@@ -288,6 +293,7 @@ def test_the_patch_is_scoped_and_the_eager_ops_match(tiny_pair: Path) -> None:
         modeling_qwen3_5.Qwen3_5RMSNormGated.forward,
         modeling_qwen3_5.Qwen3_5DecoderLayer.forward,
         modeling_qwen3_5.Qwen3_5GatedDeltaNet.forward,
+        modeling_qwen3_5.Qwen3_5VisionAttention.forward,
         modeling_lfm2.Lfm2RMSNorm.forward,
         modeling_lfm2.Lfm2DecoderLayer.forward,
     )
@@ -386,3 +392,27 @@ def test_fuse_graph_takes_only_residual_adds() -> None:
     assert ops.count("SkipSimplifiedLayerNormalization") == 2 and ops.count("Add") == 2
     (got,) = _session(fused).run(None, feeds)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_vision_graph(decoders: _Decoders, tmp_path: Path) -> None:
+    """Qwen3.5's vision attention as MultiHeadAttention (one per block), exact at fp32 on the
+    validation images; LFM2's SigLIP2 tower has no fused form (the same graph as standard)."""
+    import onnx
+    from spotstop.export.configs import get_export_config
+    from spotstop.export.exporters import export_vision
+
+    ecfg = get_export_config(decoders.model_type)
+    graphs = {}
+    for form in GRAPH_FORMS:
+        path = tmp_path / f"vision_{form}.onnx"
+        export_vision(decoders.vision_t, ecfg, decoders.pixels["gray"], path, graph_form=form)
+        graphs[form] = onnx.load(str(path))
+    blocks = {"qwen3_5": 2, "lfm2_vl": 0}[decoders.model_type]
+    assert graph_form_ops(graphs["standard"]) == {}
+    assert graph_form_ops(graphs["fused"]) == ({"MultiHeadAttention": blocks} if blocks else {})
+    sess = _session(graphs["fused"])
+    for case, px in decoders.pixels.items():
+        with torch.no_grad():
+            want = decoders.vision_t(torch.from_numpy(px["pixel_values"])).numpy()
+        (got,) = sess.run(None, {"pixel_values": px["pixel_values"]})
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=case)
