@@ -61,9 +61,10 @@ sequence never reaches its positions, and the standard graph's attention is exac
 attention over the whole padded length. The fused attention is the same: ``GroupQueryAttention``
 with ``causal=1``, ``seqlens_k = L - 1`` for every row and ``total_sequence_length = L`` (the padded
 length), no ``query_seqlens``. Rows past a sequence's end are computed as in the standard graph
-(causally, over the padding) and neither graph's outputs read them. The fused attention IGNORES the mask transformers passes it; that is exact
-only because that mask is all ones, which is why :func:`fused_patcher` is meant for exporting
-:class:`~spotstop.export.graphs.DecoderGraph` and nothing else. LFM2's fused rotary reads GQA's own
+(causally, over the padding) and neither graph's outputs read them. The fused attention IGNORES
+the mask transformers passes it; that is exact only because that mask is all ones, which is why
+:func:`fused_patcher` is meant for exporting the scoring graphs of export/graphs.py and nothing
+else. LFM2's fused rotary reads GQA's own
 positions (0 .. L-1 of a first prompt chunk); that equals the decoder's ``position_ids`` because
 LFM2's export config keeps the default ``ExportConfig.position_ids`` (0, 1, 2, ...), and
 :func:`fused_patcher` refuses an architecture whose config overrides it.
@@ -670,7 +671,8 @@ def fused_chunk_gated_delta_rule(
     hv, dv = value.shape[2], value.shape[3]
     if hv % hk:
         raise ValueError(
-            f"LinearAttention needs the value heads ({hv}) to be a multiple of the key heads ({hk})."
+            f"LinearAttention needs the value heads ({hv}) to be a multiple of the key heads "
+            f"({hk}); this layer cannot be fused: export graph_form='standard'."
         )
     dtype = query.dtype
     q, k = _f32(query), _f32(key)
@@ -1023,7 +1025,8 @@ def _lfm2_patches(stack: ExitStack) -> None:
     from transformers.models.lfm2 import modeling_lfm2 as mod
 
     cfg = get_export_config("lfm2_vl")
-    if cfg.position_ids.__func__ is not ExportConfig.position_ids.__func__:  # type: ignore[attr-defined]
+    default = ExportConfig.position_ids.__func__  # type: ignore[attr-defined]
+    if cfg.position_ids.__func__ is not default:  # type: ignore[attr-defined]
         raise NotImplementedError(
             "LFM2's fused attention applies rotary at GQA's own positions 0 .. L-1; its export "
             "config now computes other position ids, so the fused rotary would be wrong. Export "
