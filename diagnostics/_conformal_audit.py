@@ -56,7 +56,6 @@ from spotstop.guard.policies import (
     ConformalPolicy,
     Policy,
     binom_cdf,
-    deciding_kind,
     unsafe_mask,
 )
 from spotstop.guard.policies import conformal_cut as guard_conformal_cut
@@ -226,7 +225,7 @@ def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[Deploye
     answers of the decisions that cut made, against its alpha."""
     out = []
     arr = log.arrays
-    by_cut = np.array([deciding_kind(r) == ConformalPolicy.kind for r in arr.policy])
+    by_cut = np.asarray(arr.deciding_kind == ConformalPolicy.kind, dtype=bool)
     for v, cfg in log.policies.items():
         pol = _conformal_cut_of(cfg.policy)
         if pol is None:

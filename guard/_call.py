@@ -112,12 +112,13 @@ class _Outcome:
     threshold: float
     rule: str
     detail: str
+    kind: str | None  # the kind whose threshold decided (None: no policy decided)
 
     @classmethod
     def none(cls) -> _Outcome:
         """No policy verdict (the scene failed before it, or the policy failed)."""
         nan = float("nan")
-        return cls("UNSAFE", nan, nan, nan, "", "")
+        return cls("UNSAFE", nan, nan, nan, "", "", None)
 
 
 def _read_text(

@@ -694,7 +694,11 @@ class Guard:
             for w, fused, v in zip(works, x.fused.tolist(), decided.verdicts, strict=True):
                 if w.fail is None and v.fail_closed:
                     w.fail_with(f"policy: {v.detail}")
-                out.append(_Outcome(v.label, fused, v.score, v.threshold, v.policy, v.detail))
+                out.append(
+                    _Outcome(
+                        v.label, fused, v.score, v.threshold, v.policy, v.detail, v.kind or None
+                    )
+                )
         dt = (time.perf_counter() - t) * 1e3 / max(1, len(works))
         for w in works:
             w.latency["decide_ms"] = dt
@@ -728,6 +732,7 @@ class Guard:
             threshold=o.threshold,
             policy=o.rule or cfg.kind,
             policy_kind=cfg.kind,
+            deciding_kind=o.kind,
             policy_version=cfg.version_id,
             fusion_key=cfg.fusion_key,
             label="UNSAFE" if w.fail else o.label,

@@ -13,8 +13,8 @@ Storage
   append to the same file; a busy database is waited on (``busy_timeout``) and retried with
   bounded backoff up to ``timeout_s``, then a :class:`LogError` says so.
 * Versioned: a ``meta`` table records the ``schema_version``; a log written by a newer
-  spotstop is refused instead of misread, and a schema-1 or -2 log is migrated in place when
-  it is opened (new columns added with documented values for old rows; nothing is dropped).
+  spotstop is refused instead of misread, and an older log (schema 1 to 4) is migrated in
+  place when it is opened (new columns added with documented values for old rows; nothing is dropped).
 * One shape: the ``decisions`` columns and the row mapping derive from
   :class:`~spotstop.guard._record.DecisionRecord`'s field list.
 * The log says who decided: every row carries the ``policy_version``, ``policy_kind`` and
@@ -63,9 +63,6 @@ from spotstop.guard._log_schema import (
     ID_COLUMN,
     INSERT,
     LOG_SCHEMA_VERSION,
-    MIGRATE_1_TO_2,
-    MIGRATE_2_TO_3,
-    MIGRATE_3_TO_4,
     SCHEMA_SQL,
     LogError,
     PolicyRow,
@@ -73,6 +70,7 @@ from spotstop.guard._log_schema import (
     check_labels,
     check_log_args,
     fault_kind,
+    migrate,
 )
 from spotstop.guard._record import (
     SCHEMA_VERSION,
@@ -395,15 +393,8 @@ class DecisionLog(LogReader, ArchiveStore):
                         f"decision log {str(self._path)!r} has an invalid schema_version "
                         f"{found}; expected 1..{LOG_SCHEMA_VERSION}."
                     )
-            if found == 1:
-                for statement in MIGRATE_1_TO_2:
-                    conn.execute(statement)
-            if found in (1, 2):
-                for statement in MIGRATE_2_TO_3:
-                    conn.execute(statement)
-            if found in (1, 2, 3):
-                for statement in MIGRATE_3_TO_4:
-                    conn.execute(statement)
+            if found is not None and found < LOG_SCHEMA_VERSION:
+                migrate(conn, found)
             for statement in SCHEMA_SQL.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -415,7 +406,7 @@ class DecisionLog(LogReader, ArchiveStore):
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', ?)",
                 (repr(_time.time()),),
             )
-            if found in (1, 2, 3):
+            if found is not None and found < LOG_SCHEMA_VERSION:
                 conn.execute(
                     f"INSERT OR REPLACE INTO meta (key, value) VALUES ('migrated_from_{found}', ?)",
                     (repr(_time.time()),),

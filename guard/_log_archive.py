@@ -45,11 +45,13 @@ from typing import Any, Final
 
 from spotstop.guard._files import fsync_dir
 from spotstop.guard._log_schema import (
+    ADDED_COLUMNS,
     COLUMNS,
     LOG_SCHEMA_VERSION,
     LogError,
     PolicyRow,
     RecordError,
+    upgrade_columns,
 )
 from spotstop.guard._record import sql_columns
 from spotstop.guard.validate import is_int, is_real
@@ -306,6 +308,21 @@ class ArchiveFile:
     robot_id: str | None
 
 
+def _missing(table: Any) -> list[str]:
+    """The columns an archive must have but lacks (a column a later log schema added is
+    filled in from the others: :func:`upgrade_columns`)."""
+    have = set(table.column_names)
+    return [c for c in (SEQ_COLUMN, *COLUMNS) if c not in have and c not in ADDED_COLUMNS]
+
+
+def _columns(table: Any) -> list[list[Any]]:
+    """The archive's ``decisions`` columns in :data:`COLUMNS` order, those an older archive
+    lacks filled in as the log's migration fills them."""
+    have = set(table.column_names)
+    cols = upgrade_columns({c: table.column(c).to_pylist() for c in COLUMNS if c in have})
+    return [cols[c] for c in COLUMNS]
+
+
 def read_archive_file(path: str | os.PathLike[str]) -> ArchiveFile:
     """Read one archive file without its log (no sha256 to check it against: a copy)."""
     pa, pq = _pyarrow()
@@ -315,7 +332,7 @@ def read_archive_file(path: str | os.PathLike[str]) -> ArchiveFile:
     except (OSError, pa.ArrowInvalid) as exc:
         raise LogError(f"{str(p)!r} cannot be read as a log archive (Parquet): {exc}") from exc
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
-    missing = [c for c in (SEQ_COLUMN, *COLUMNS) if c not in table.column_names]
+    missing = _missing(table)
     if meta.get("spotstop.table") != "decisions" or missing:
         raise LogError(
             f"{str(p)!r} is not a spotstop log archive (metadata table "
@@ -331,7 +348,7 @@ def read_archive_file(path: str | os.PathLike[str]) -> ArchiveFile:
         v: PolicyRow(**d) for v, d in json.loads(meta.get("spotstop.policies", "{}")).items()
     }
     seqs = table.column(SEQ_COLUMN).to_pylist()
-    cols = [table.column(c).to_pylist() for c in COLUMNS]
+    cols = _columns(table)
     rows = tuple(tuple(c[i] for c in cols) for i in range(len(seqs)))
     return ArchiveFile(
         p, tuple(int(x) for x in seqs), rows, policies, meta.get("spotstop.robot_id")
@@ -362,14 +379,14 @@ def read_archive(folder: Path, info: ArchiveInfo) -> Iterator[tuple[int, tuple[A
             f"{info.sha256}: the file changed since it was written. Restore it from a copy."
         )
     table = pq.read_table(pa.BufferReader(data))
-    missing = [c for c in (SEQ_COLUMN, *COLUMNS) if c not in table.column_names]
+    missing = _missing(table)
     if missing or table.num_rows != info.n_rows:
         raise LogError(
             f"log archive {str(path)!r} does not hold what the log registered ({info.n_rows} "
             f"rows; it has {table.num_rows}, missing columns {missing}). Restore it from a copy."
         )
     seqs = table.column(SEQ_COLUMN).to_pylist()
-    cols = [table.column(c).to_pylist() for c in COLUMNS]
+    cols = _columns(table)
     for i, seq in enumerate(seqs):
         yield int(seq), tuple(c[i] for c in cols)
 

@@ -134,6 +134,10 @@ class LogArrays:
     policy_kind: np.ndarray
     """Configured policy kinds (object array of str or None)."""
 
+    deciding_kind: np.ndarray
+    """The kinds whose thresholds decided (``conformal`` for ``situation->conformal``; object
+    array of str, None where no policy decided): the column, never the rule's text."""
+
     policy_version: np.ndarray
     """Version ids of the deciding policies (object array of str or None for schema-1 rows)."""
 
@@ -274,6 +278,7 @@ def _arrays(cols: Mapping[str, list[Any]], review: list[tuple[Any, ...]]) -> Log
         fail_closed=np.array([bool(x) for x in cols["fail_closed"]], dtype=bool).reshape(n),
         policy=obj(cols["policy"]),
         policy_kind=obj(cols["policy_kind"]),
+        deciding_kind=obj(cols["deciding_kind"]),
         policy_version=obj(cols["policy_version"]),
         fusion_key=obj(cols["fusion_key"]),
         cue_flags=flags(cols["cue_flags"]),

@@ -3,11 +3,15 @@
 The ``decisions`` table's columns derive from :class:`~spotstop.guard._record.DecisionRecord`
 (one shape per decision). ``labels`` holds reviewers' labels, ``images`` the stored images
 (off by default), ``policies`` every policy file that decided something (so readers replay
-exactly what decided), ``meta`` the schema version. :data:`MIGRATE_1_TO_2` and :data:`MIGRATE_2_TO_3` upgrade an
-older log in place, in turn; :class:`~spotstop.guard._log.DecisionLog` runs them when it
-opens one. Log schema 4 (:data:`LOG_SCHEMA_VERSION`) keeps the record's shape (record schema 3)
-and adds ``archives``: the Parquet files beside the log that hold the decisions retention moved
-out of it (``_log_archive.py``); its ``labels`` may name an archived decision.
+exactly what decided), ``meta`` the schema version. :data:`MIGRATE_1_TO_2` to
+:data:`MIGRATE_4_TO_5` upgrade an older log in place, in turn;
+:class:`~spotstop.guard._log.DecisionLog` runs them when it opens one (:func:`migrate`). Log
+schema 4 kept the record's shape (record schema 3) and added ``archives``: the Parquet files
+beside the log that hold the decisions retention moved out of it (``_log_archive.py``); its
+``labels`` may name an archived decision. Log schema 5 (:data:`LOG_SCHEMA_VERSION`, record
+schema 4) adds the ``deciding_kind`` column; rows written before it get it from their rule's
+text, read here once (:func:`kind_of_old_rule`), in the migration and for older archives
+(:func:`upgrade_columns`). No reader parses a rule.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import errno
 import math
 import numbers
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -27,6 +32,7 @@ from spotstop.guard._record import DecisionRecord, RecordError, sql_columns
 from spotstop.guard.validate import is_real
 
 __all__ = [
+    "ADDED_COLUMNS",
     "COLUMNS",
     "FAULT_KINDS",
     "INSERT",
@@ -34,19 +40,24 @@ __all__ = [
     "MIGRATE_1_TO_2",
     "MIGRATE_2_TO_3",
     "MIGRATE_3_TO_4",
+    "MIGRATE_4_TO_5",
     "SCHEMA_SQL",
     "SELECT",
     "FaultKind",
     "LogError",
     "PolicyRow",
     "fault_kind",
+    "kind_of_old_rule",
+    "migrate",
+    "upgrade_columns",
 ]
 
 REVIEW_LABELS: Final = ("safe", "unsafe")
 
-LOG_SCHEMA_VERSION: Final = 4
-"""Version of the log's tables (``meta.schema_version``): 4 = record schema 3 + archives.
-A log of a higher version is refused (an older spotstop would miss the archived rows)."""
+LOG_SCHEMA_VERSION: Final = 5
+"""Version of the log's tables (``meta.schema_version``): 4 = record schema 3 + archives;
+5 = record schema 4 (``deciding_kind``). A log of a higher version is refused (an older
+spotstop would miss the archived rows)."""
 
 FaultKind = Literal["disk_full", "read_only", "locked", "io_error", "closed", "other"]
 FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
@@ -224,6 +235,62 @@ MIGRATE_3_TO_4: Final = (
     ARCHIVES_SQL,
     "UPDATE meta SET value = '4' WHERE key = 'schema_version'",
 )
+
+
+# Schema 4 -> 5: ``deciding_kind``, the kind whose threshold decided. Older rows get it from
+# their rule's text (its last part: "situation->conformal" -> "conformal", "cascade[pair]->
+# frozen" -> "frozen"), by the SQL function :func:`migrate` registers for this (the only
+# reading of a rule's text); NULL where no threshold was applied.
+MIGRATE_4_TO_5: Final = (
+    "ALTER TABLE decisions ADD COLUMN deciding_kind TEXT",
+    "UPDATE decisions SET deciding_kind = spotstop_kind_of_old_rule(policy, threshold)",
+    "UPDATE meta SET value = '5' WHERE key = 'schema_version'",
+)
+
+_RULE_SEP: Final = "->"
+
+
+def kind_of_old_rule(rule: str | None, threshold: float | None) -> str | None:
+    """``deciding_kind`` of a row written before log schema 5: the kind at the end of its rule
+    (``"situation->conformal"`` → ``"conformal"``, ``"frozen"`` → ``"frozen"``), None where
+    no threshold was applied (``threshold`` NULL or NaN: no policy decided the scene).
+
+    The one place that reads a rule's text: :data:`MIGRATE_4_TO_5` calls it (as the SQL
+    function ``spotstop_kind_of_old_rule``) and :func:`upgrade_columns` for an archive
+    written before the column existed. Every reader after that uses the column.
+    """
+    if rule is None or threshold is None or not math.isfinite(float(threshold)):
+        return None
+    return str(rule).rsplit(_RULE_SEP, 1)[-1] or None
+
+
+#: columns a later log schema added -> how a row written before it gets its value from its
+#: other columns (name -> value); archives written under an older log schema lack them.
+ADDED_COLUMNS: Final[dict[str, Callable[[Mapping[str, Any]], Any]]] = {
+    "deciding_kind": lambda row: kind_of_old_rule(row["policy"], row["threshold"]),
+}
+
+
+def upgrade_columns(cols: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
+    """Columns of ``decisions`` rows (name -> values) with every :data:`ADDED_COLUMNS` that
+    ``cols`` lacks filled in as the migration fills it; other columns as given."""
+    out = dict(cols)
+    n = len(next(iter(cols.values()), []))
+    for name, value in ADDED_COLUMNS.items():
+        if name not in out:
+            rows = ({k: v[i] for k, v in cols.items()} for i in range(n))
+            out[name] = [value(r) for r in rows]
+    return out
+
+
+def migrate(conn: sqlite3.Connection, found: int) -> None:
+    """Upgrade a log of schema ``found`` (1 to 4) to :data:`LOG_SCHEMA_VERSION` in place, in
+    the caller's transaction: each step's statements in turn."""
+    conn.create_function("spotstop_kind_of_old_rule", 2, kind_of_old_rule, deterministic=True)
+    steps = (MIGRATE_1_TO_2, MIGRATE_2_TO_3, MIGRATE_3_TO_4, MIGRATE_4_TO_5)
+    for statements in steps[found - 1 :]:
+        for statement in statements:
+            conn.execute(statement)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ A round-trip test checks record → row → record and record → JSON → recor
 Versions: schema 2 added ``batch_id``, ``policy_score``, ``policy_kind``, ``policy_version``,
 ``fusion_key``, ``detail``, ``cue_flags``, ``cue_text`` and ``test_pair``; schema 3 added
 ``members_run`` (which members scored the scene: the ``cascade`` policy runs the second
-member only on some scenes). Rows written under schema 1 or 2 are migrated when a log is
-opened (see ``_log.py``) and read back with their ``schema_version`` and the new fields at
-their documented defaults.
+member only on some scenes); schema 4 added ``deciding_kind`` (the kind whose threshold
+decided, a value of its own instead of the tail of the ``policy`` rule's text). Rows written
+under schema 1 to 3 are migrated when a log is opened (see ``_log_schema.py``) and read back
+with their ``schema_version`` and the new fields at their documented values.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ __all__ = [
     "sql_columns",
 ]
 
-SCHEMA_VERSION: Final = 3
-"""Version of the decision schema this module writes (1 is read and migrated)."""
+SCHEMA_VERSION: Final = 4
+"""Version of the decision schema this module writes (1 to 3 are read and migrated)."""
 
 _LABELS: Final = ("SAFE", "UNSAFE")
 _NONFINITE_TO_JSON: Final = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
@@ -149,6 +150,13 @@ class DecisionRecord:
 
     policy_kind: str | None = field(default=None, metadata=_m("opt_str", "TEXT"))
     """The configured policy kind (``frozen``, ``batch``, ...); None if unknown."""
+
+    deciding_kind: str | None = field(default=None, metadata=_m("opt_str", "TEXT"))
+    """The kind whose threshold decided the scene: the configured kind, or the fallback or cut
+    it used (``frozen`` for ``situation->frozen``; a cascade's cut kind whichever of its
+    stages decided; which members ran is ``members_run``). Readers use this, never the text
+    of ``policy``. None when no policy decided (the scene failed closed before it). Rows of
+    record schema 1 to 3 get it from their rule when the log is migrated (log schema 5)."""
 
     policy_version: str | None = field(default=None, metadata=_m("opt_str", "TEXT"))
     """Which policy decided: its version id (``v0002+3f9a1c2b``); None if unknown (schema 1)."""
@@ -358,7 +366,7 @@ def _check_record(r: DecisionRecord) -> None:
         )
     if r.schema_version not in range(1, SCHEMA_VERSION + 1):
         raise RecordError(
-            f"DecisionRecord.schema_version must be 1 or 2 (migrated) or {SCHEMA_VERSION}; got "
+            f"DecisionRecord.schema_version must be 1 to 3 (migrated) or {SCHEMA_VERSION}; got "
             f"{r.schema_version!r}. Leave it at its default."
         )
     if r.label == "SAFE" and r.fail_closed:

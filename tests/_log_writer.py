@@ -9,7 +9,7 @@ printed id is in the database.
 As a module (used by tests/test_diag_*.py): :func:`policy_config` builds a real
 ``policy.yaml`` (``PolicyConfig``) around a policy kind, and :func:`segment_records` decides
 scenes with it exactly as the guard does (``spotstop.guard.policies.replay``: its fusion, its
-rule ``S ≥ t``, its state threaded batch by batch) and returns the schema-2 records, which
+rule ``S ≥ t``, its state threaded batch by batch) and returns the records, which
 :func:`write_log` appends together with each policy's :class:`PolicyRow`.
 """
 
@@ -105,6 +105,7 @@ def segment_records(seg: Segment, prefix: str) -> list[DecisionRecord]:
             "threshold": v.threshold,
             "policy": v.policy,
             "policy_kind": seg.cfg.kind,
+            "deciding_kind": v.kind,
             "policy_version": seg.cfg.version_id,
             "fusion_key": seg.cfg.fusion_key,
             "label": v.label,

@@ -30,7 +30,7 @@ from spotstop.guard._log import (
     LogError,
     RecordError,
 )
-from spotstop.guard._log_schema import LOG_SCHEMA_VERSION
+from spotstop.guard._log_schema import COLUMNS, LOG_SCHEMA_VERSION
 
 TESTS = Path(__file__).resolve().parent
 
@@ -101,7 +101,7 @@ def test_round_trip_nan_inf_none_unicode(log: DecisionLog) -> None:
     assert_same_record(rec, back)
     assert math.isnan(back.fused_score) and math.isnan(back.member_scores["qwen"])
     assert back.member_scores["smol"] == math.inf and back.member_scores["third"] == -math.inf
-    assert back.schema_version == SCHEMA_VERSION == 3
+    assert back.schema_version == SCHEMA_VERSION == 4
     assert [r.decision_id for r in log.records()] == [rec.decision_id]
     assert log.get("no-such-id") is None
 
@@ -142,12 +142,12 @@ def test_schema_version_recorded_and_newer_refused(tmp_path: Path) -> None:
     DecisionLog(path).close()
     with sqlite3.connect(path) as conn:
         (value,) = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        assert int(value) == LOG_SCHEMA_VERSION == 4  # the tables' version, apart from the record's
+        assert int(value) == LOG_SCHEMA_VERSION == 5  # the tables' version, apart from the record's
         conn.execute(
             "UPDATE meta SET value = ? WHERE key='schema_version'", (LOG_SCHEMA_VERSION + 1,)
         )
     conn.close()
-    with pytest.raises(LogError, match=r"schema_version 5.*reads schema_version 4.*Upgrade"):
+    with pytest.raises(LogError, match=r"schema_version 6.*reads schema_version 5.*Upgrade"):
         DecisionLog(path)
     assert issubclass(LogError, GuardError) and issubclass(LogError, RuntimeError)
 
@@ -213,7 +213,7 @@ def test_record_validation_messages() -> None:
         ({"fail_closed": 1}, r"fail_closed must be a bool"),
         ({"request": None}, r"request must be a str"),
         ({"situation_id": 3}, r"situation_id must be a str or None"),
-        ({"schema_version": 4}, r"schema_version must be 1 or 2 \(migrated\) or 3"),
+        ({"schema_version": 5}, r"schema_version must be 1 to 3 \(migrated\) or 4"),
         ({"label": "SAFE", "fail_closed": True}, r"a fail-closed decision is UNSAFE"),
         ({"cue_flags": {"alarming": 1}}, r"cue_flags\['alarming'\] must be a bool"),
         ({"policy_version": 2}, r"policy_version must be a str or None"),
@@ -575,7 +575,7 @@ def test_export_csv_round_trip(log: DecisionLog, tmp_path: Path) -> None:
     assert float(r0["latency_ms.total"]) == 20.0
     assert r1["review_label"] == "unsafe" and r1["review_contrast_id"] == "c1"
     assert r0["review_label"] == "" and math.isnan(float(r0["review_time"]))
-    assert r0["schema_version"] == "3" and r0["time_utc"] == recs[0].time_utc
+    assert r0["schema_version"] == "4" and r0["time_utc"] == recs[0].time_utc
 
 
 def test_export_parquet_round_trip(log: DecisionLog, tmp_path: Path) -> None:
@@ -585,7 +585,7 @@ def test_export_parquet_round_trip(log: DecisionLog, tmp_path: Path) -> None:
     log.export_parquet(out)
     table = pq.read_table(out)
     assert table.num_rows == 2
-    assert table.schema.metadata[b"spotstop.schema_version"] == b"3"
+    assert table.schema.metadata[b"spotstop.schema_version"] == b"4"
     cols = table.to_pydict()
     assert cols["decision_id"] == [r.decision_id for r in recs]
     assert cols["request"][0] == recs[0].request
@@ -717,6 +717,12 @@ def test_a_schema_1_log_is_migrated_on_open_and_nothing_is_lost(tmp_path: Path) 
         assert a1.policy_version is None and a1.fusion_key is None and a1.batch_id is None
         assert a1.detail == "" and a1.cue_flags is None and a1.test_pair is False
         assert a1.members_run is None  # schema 3's field: unknown for old rows
+        # schema 4's field, from the rule's text in the migration: the kind that decided
+        assert (a1.deciding_kind, a2.deciding_kind, a3.deciding_kind) == (
+            "frozen",
+            None,  # failed closed: no threshold, no policy decided
+            "situation",
+        )
         arr = lg.to_arrays()
         assert arr.label.tolist() == [1, -1, -1] and arr.contrast_id.tolist() == ["c1", None, None]
         assert arr.policy_version.tolist() == [None, None, None]
@@ -727,7 +733,7 @@ def test_a_schema_1_log_is_migrated_on_open_and_nothing_is_lost(tmp_path: Path) 
     with sqlite3.connect(path) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     conn.close()
-    assert meta["schema_version"] == "4" and "migrated_from_1" in meta
+    assert meta["schema_version"] == "5" and "migrated_from_1" in meta
     with DecisionLog(path) as lg:  # a second open does not migrate again
         assert lg.count() == 4 and lg.get("a1").schema_version == 1  # type: ignore[union-attr]
 
@@ -738,6 +744,7 @@ def test_a_schema_2_log_gets_members_run_on_open(tmp_path: Path) -> None:
         lg.append(make_record(1))
     with sqlite3.connect(path) as conn:  # make it the schema-2 file it would have been
         conn.execute("ALTER TABLE decisions DROP COLUMN members_run")
+        conn.execute("ALTER TABLE decisions DROP COLUMN deciding_kind")
         conn.execute("UPDATE decisions SET schema_version = 2")
         conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     conn.close()
@@ -753,7 +760,106 @@ def test_a_schema_2_log_gets_members_run_on_open(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     conn.close()
-    assert meta["schema_version"] == "4" and "migrated_from_2" in meta
+    assert meta["schema_version"] == "5" and "migrated_from_2" in meta
+
+
+def _make_schema_4(path: Path) -> None:
+    """Make a log the schema-4 file it would have been: no ``deciding_kind`` column, its
+    rows of record schema 3 (the old writer wrote the same columns but that one)."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE decisions DROP COLUMN deciding_kind")
+        conn.execute("UPDATE decisions SET schema_version = 3")
+        conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    conn.close()
+
+
+def test_a_schema_4_log_gets_the_deciding_kind_from_its_rules_once_on_open(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "v4.sqlite"
+    rules = [
+        ("frozen", 0.1, "frozen"),
+        ("situation->frozen", 0.1, "frozen"),
+        ("situation->conformal", 0.1, "conformal"),
+        ("batch->frozen", 0.1, "frozen"),
+        ("cascade[a]->frozen", 0.1, "frozen"),
+        ("cascade[pair]->situation->frozen", 0.1, "frozen"),
+        ("cascade", math.nan, None),  # failed closed before a policy decided: no threshold
+    ]
+    with DecisionLog(path) as lg:
+        lg.append_many(
+            [
+                make_record(i, policy=rule, threshold=t, label="UNSAFE", fail_closed=t != t)
+                for i, (rule, t, _) in enumerate(rules)
+            ]
+        )
+    _make_schema_4(path)
+    with DecisionLog(path) as lg:
+        old = list(lg.records())
+        assert [r.deciding_kind for r in old] == [k for _, _, k in rules]
+        assert [r.policy for r in old] == [r for r, _, _ in rules]  # the rule is kept as it was
+        assert all(r.schema_version == 3 for r in old)
+        lg.append(make_record(9, policy="situation->conformal", deciding_kind="conformal"))
+        arr = lg.to_arrays()
+        assert arr.deciding_kind.tolist() == [k for _, _, k in rules] + ["conformal"]
+    with sqlite3.connect(path) as conn:
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        (n,) = conn.execute("SELECT count(*) FROM decisions WHERE deciding_kind IS NULL").fetchone()
+    conn.close()
+    assert meta["schema_version"] == "5" and "migrated_from_4" in meta and n == 1
+    with DecisionLog(path) as lg:  # a second open does not migrate again
+        assert lg.get(old[4].decision_id).deciding_kind == "frozen"  # type: ignore[union-attr]
+
+
+def test_the_packaged_demo_log_written_under_schema_4_reads_its_deciding_kinds(
+    tmp_path: Path,
+) -> None:
+    """A real schema-4 log (the guard's own rows): migrated on a copy, every decision gets
+    the kind its rule named."""
+    import shutil
+
+    from spotstop.diagnostics._build import demo_log_path
+
+    path = tmp_path / "demo.sqlite"
+    shutil.copyfile(demo_log_path(), path)
+    with sqlite3.connect(path) as conn:
+        (found,) = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    conn.close()
+    if found != "4":
+        pytest.skip(f"the packaged demo log is of schema {found}, not 4")
+    with DecisionLog(path) as lg:
+        arr = lg.to_arrays()
+    pairs = {(str(p), str(k)) for p, k in zip(arr.policy, arr.deciding_kind, strict=True)}
+    assert pairs == {
+        ("conformal", "conformal"),
+        ("situation", "situation"),
+        ("situation->frozen", "frozen"),
+    }
+
+
+def test_an_archive_written_before_the_deciding_kind_reads_as_the_migration_would(
+    tmp_path: Path,
+) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    from spotstop.guard._log_archive import SEQ_COLUMN, read_archive_file, write_archive
+    from spotstop.guard._record import record_to_row
+
+    recs = [
+        make_record(0, policy="situation->conformal"),
+        make_record(1, policy="cascade[pair]->frozen"),
+    ]
+    info = write_archive(tmp_path / "arch", [1, 2], [record_to_row(r) for r in recs])
+    path = tmp_path / "arch" / info.name
+    table = pq.read_table(path)
+    old = table.drop_columns(["deciding_kind"])
+    meta = dict(table.schema.metadata)
+    meta[b"spotstop.log_schema_version"] = b"4"
+    pq.write_table(old.replace_schema_metadata(meta), tmp_path / "old.parquet")
+    got = read_archive_file(tmp_path / "old.parquet")
+    assert got.seqs == (1, 2)
+    kinds = [row[COLUMNS.index("deciding_kind")] for row in got.rows]
+    assert kinds == ["conformal", "frozen"]
+    assert SEQ_COLUMN in old.column_names and "deciding_kind" not in old.column_names
 
 
 def test_the_policies_table_keeps_who_decided(log: DecisionLog) -> None:

@@ -27,7 +27,6 @@ from spotstop.guard.policies._base import (
     SituationWindows,
     Thresholds,
     Verdict,
-    deciding_kind,
 )
 from spotstop.guard.policies._batch import BatchPolicy
 from spotstop.guard.policies._batch_frozen_iqr import BatchFrozenIqrPolicy
@@ -112,7 +111,6 @@ __all__ = [
     "conformal_pac_rank",
     "conformal_rank",
     "decide_batch",
-    "deciding_kind",
     "dump_policy",
     "entered_scores",
     "fusion_key",

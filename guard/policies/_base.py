@@ -148,16 +148,6 @@ class Thresholds:
         )
 
 
-#: how a verdict's ``policy`` (its rule) names a fallback or a cut: ``"situation->conformal"``
-RULE_SEP = "->"
-
-
-def deciding_kind(rule: str) -> str:
-    """The kind whose threshold decided, from a verdict's (a logged decision's) rule:
-    ``"situation->conformal"`` → ``"conformal"``, ``"frozen"`` → ``"frozen"``."""
-    return str(rule).rsplit(RULE_SEP, 1)[-1]
-
-
 @dataclass(frozen=True)
 class Verdict:
     """The label of one scene.
