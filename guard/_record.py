@@ -155,8 +155,9 @@ class DecisionRecord:
     """The kind whose threshold decided the scene: the configured kind, or the fallback or cut
     it used (``frozen`` for ``situation->frozen``; a cascade's cut kind whichever of its
     stages decided; which members ran is ``members_run``). Readers use this, never the text
-    of ``policy``. None when no policy decided (the scene failed closed before it). Rows of
-    record schema 1 to 3 get it from their rule when the log is migrated (log schema 5)."""
+    of ``policy``. None when no policy set a threshold for the scene (fusion or the policy
+    failed, or the call ran out of time before it). Rows of record schema 1 to 3 get it from
+    their rule when the log is migrated (log schema 5), None where their threshold is NaN."""
 
     policy_version: str | None = field(default=None, metadata=_m("opt_str", "TEXT"))
     """Which policy decided: its version id (``v0002+3f9a1c2b``); None if unknown (schema 1)."""

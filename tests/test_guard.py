@@ -861,9 +861,11 @@ def test_cascade_runs_the_second_member_exactly_inside_the_band_and_logs_who_ran
             assert d.members_run == {first: True, second: ins}
             assert np.isfinite(d.member_scores[second]) == ins
             assert d.policy.startswith("cascade[pair]" if ins else f"cascade[{first}]")
+            assert d.deciding_kind == "frozen"  # the cut decided, whichever stage scored
             assert not d.fail_closed
         rows = {r.decision_id: r for r in g.log.records()}
         assert all(rows[d.decision_id].members_run == d.members_run for d in ds)
+        assert all(rows[d.decision_id].deciding_kind == "frozen" for d in ds)
 
 
 def test_cascade_fails_closed_when_the_second_member_fails_inside_the_band(
