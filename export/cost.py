@@ -39,25 +39,35 @@ MB against GB of weights). fp16: fp16 weights at the fp16 dense peak; int8: int8
 int8 dense peak (a W8A8 engine: weight-only int8 computes in fp16 and is bounded by the fp16
 peak); int4: int4 weights computed in fp16 (weight-only). Peaks are dense (no 2:4 sparsity).
 
-Per-architecture formulas are registered by ``model_type`` (:data:`COST_MODELS`), like the rest
-of export; tests/test_cost.py checks them against torch's FLOP counter on the tiny pair.
+Per-architecture formulas are each architecture's :class:`ArchCost` in
+``export/archs/<model_type>.py`` (the base, :class:`Params`, :class:`Workload` and
+:func:`stored_weight_bytes` in ``export/archs/_cost_model.py``), registered by ``model_type``
+(:data:`COST_MODELS`), like the rest of export; tests/test_cost.py checks them against torch's
+FLOP counter on the tiny pair. The real pair's recorded configs are in the same modules.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from spotstop.export.cost_data import DEVICES, PAPER_TFLOPS, REAL_PAIR, REAL_SETTINGS
+from spotstop.export.archs import ARCHITECTURES, REAL_PAIR, REAL_SETTINGS
+from spotstop.export.archs._cost_model import (
+    CHUNK,
+    PRECISIONS,
+    WEIGHT_BYTES,
+    ArchCost,
+    Params,
+    Workload,
+    stored_weight_bytes,
+)
+from spotstop.export.cost_data import DEVICES, PAPER_TFLOPS
 from spotstop.export.mixed import DEFAULT_INT4_INT8
 from spotstop.export.precision import PRECISION_SPECS, get_precision
-from spotstop.export.quant import BLOCK_SIZE
 
 __all__ = [
     "ASSUMPTIONS",
@@ -79,208 +89,17 @@ __all__ = [
     "member_cost",
     "paper_text_tokens",
     "real_pair_cost",
-    "register",
     "report",
     "roofline",
     "stored_weight_bytes",
 ]
 
-#: chunk size of transformers' torch_chunk_gated_delta_rule
-CHUNK = 64
-#: bytes per parameter by role and precision, as ``spotstop export`` writes them: each
-#: precision's spec (export/precision.py); ``linear`` matrix-multiply weights, ``embed`` the
-#: token table, ``other`` the rest.
-WEIGHT_BYTES: dict[str, dict[str, float]] = {
-    p: dict(s.weight_bytes) for p, s in PRECISION_SPECS.items()
-}
-PRECISIONS: tuple[str, ...] = tuple(WEIGHT_BYTES)
-
-
-def stored_weight_bytes(
-    precision: str,
-    *,
-    linear: float,
-    table: float,
-    other: float,
-    tied: bool,
-    linear_int8: float = 0,
-    table_int8: bool = False,
-) -> float:
-    """Bytes of a member's weights as ``spotstop export`` stores them at ``precision``: the one
-    rule the cost model and ``jetson/memory_budget.py`` both use.
-
-    ``linear``: matrix-multiply weights (an untied output layer included); ``table``: the token
-    table; ``other``: norms, convolutions, biases; ``tied``: the output layer is the token
-    table. A tied table is stored once at fp32/fp16 (the Gather and the output layer read it);
-    at int8/int4 it is the output layer's MatMulNBits blocks, which ``GatherBlockQuantized``
-    reads with a second copy of the scales; at int4-trt (TensorRT has no quantized Gather) the
-    float16 table and the int4 blocks are both stored. At int4, ``linear_int8`` of the
-    ``linear`` weights and, with ``table_int8``, a tied table are kept at int8
-    (export/mixed.py decides which), in int4's blocks (one MatMulNBits block per graph).
-    """
-    spec = get_precision(precision)
-    b = WEIGHT_BYTES[precision]
-    per, per_table = b["linear"], b["linear"]
-    scale = spec.table_scale_bytes or 4 / BLOCK_SIZE  # a float32 scale per block
-    per8 = 1.0 + scale  # an int8 weight in this precision's blocks
-    if spec.nbits != 4:  # only int4 keeps some weights at 8 bits (export/mixed.py)
-        linear_int8, table_int8 = 0, False
-    elif table_int8:
-        per_table = per8
-    if not 0 <= linear_int8 <= linear:
-        raise ValueError(f"linear_int8 ({linear_int8}) must lie in [0, linear ({linear})].")
-    if tied and spec.tied_table == "shared":
-        table_bytes = table * (per_table + scale)
-    elif tied and spec.tied_table == "both":
-        table_bytes = table * (b["embed"] + b["linear"])
-    else:
-        table_bytes = table * b["embed"]
-    linear_bytes = (linear - linear_int8) * per + linear_int8 * per8
-    return linear_bytes + table_bytes + other * b["other"]
-
-
 #: precision -> which dense peak its compute runs at (module docstring)
 _PEAK_OF = {p: s.roofline_peak for p, s in PRECISION_SPECS.items() if s.roofline_peak}
 ROOFLINE_PRECISIONS: tuple[str, ...] = tuple(_PEAK_OF)
 
-
-@dataclass(frozen=True)
-class Params:
-    """Parameter counts by role: matrix-multiply weights, the token table, the rest."""
-
-    vision_linear: int
-    vision_other: int
-    text_linear: int  # without the output layer
-    embed: int  # token table (vocab x hidden)
-    head: int  # an untied output layer (vocab x hidden); 0 when tied to the table
-    other: int  # text norms, convolutions, biases
-    #: of the vision counts: weights the checkpoint holds but the scoring graph never reads
-    #: (SigLIP2's attention-pooling head), as (linear, other)
-    unused: tuple[int, int] = (0, 0)
-
-    @property
-    def total(self) -> int:
-        """Every parameter of the checkpoint (the torch model's count)."""
-        return (
-            self.vision_linear
-            + self.vision_other
-            + self.text_linear
-            + self.embed
-            + self.head
-            + self.other
-        )
-
-    def bytes(self, precision: str, linear_int8: int = 0, table_int8: bool = False) -> int:
-        """Weight bytes as ``spotstop export`` writes them at ``precision`` (without the
-        weights the scoring graph never reads); at int4, ``linear_int8`` of the linear weights
-        and (``table_int8``) a tied table kept at int8 (:meth:`ArchCost.int8_linear`)."""
-        return round(
-            stored_weight_bytes(
-                precision,
-                linear=self.vision_linear - self.unused[0] + self.text_linear + self.head,
-                table=self.embed,
-                other=self.vision_other - self.unused[1] + self.other,
-                tied=not self.head,
-                linear_int8=linear_int8,
-                table_int8=table_int8 and not self.head,
-            )
-        )
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What one scene asks of one member.
-
-    ``images``: one (patch rows, patch columns) per vision pass (one image, or LFM2-VL's tiles);
-    ``seq_len``: tokens of each decoder sequence (prompt with its visual tokens + continuation
-    row); ``n_seqs``: sequences per scene (continuation rows); ``first_rows``: output-layer rows
-    read at the last prompt position; ``read_rows``: full-vocabulary rows per sequence.
-    """
-
-    images: tuple[tuple[int, int], ...]
-    seq_len: int
-    n_seqs: int = 1
-    first_rows: int = 2
-    read_rows: int = 0
-
-
-def _g(d: Mapping[str, Any], key: str, default: Any) -> Any:
-    v = d.get(key, default)
-    return default if v is None else v
-
-
-class ArchCost(ABC):
-    """FLOP and parameter formulas of one architecture (multiply-adds; x2 for FLOPs)."""
-
-    model_type: ClassVar[str]
-
-    @abstractmethod
-    def vision_macs(self, config: Mapping[str, Any], grid: tuple[int, int]) -> dict[str, int]:
-        """Multiply-adds of one vision pass over a (rows, columns) patch grid, by item."""
-
-    @abstractmethod
-    def decoder_macs(self, config: Mapping[str, Any], length: int) -> dict[str, int]:
-        """Multiply-adds of the decoder over ONE sequence of ``length`` tokens (no output
-        layer), by item."""
-
-    @abstractmethod
-    def params(self, config: Mapping[str, Any]) -> Params:
-        """Parameter counts by role."""
-
-    @abstractmethod
-    def visual_tokens(self, config: Mapping[str, Any], grid: tuple[int, int]) -> int:
-        """Visual tokens the decoder sees for one image of that patch grid."""
-
-    @abstractmethod
-    def decoder_linears(self, config: Mapping[str, Any]) -> list[tuple[int, bool, str, int]]:
-        """The decoder layers' matrix-multiply weights by role, for export/mixed.py's rule:
-        (layer, a Gated-DeltaNet layer, role, parameters); together they are
-        ``params(config).text_linear``."""
-
-    def int8_linear(self, config: Mapping[str, Any], selectors: Sequence[str]) -> int:
-        """Linear weights an int4 export with ``selectors`` keeps at int8 (export/mixed.py's
-        rule, :func:`~spotstop.export.mixed.keeps_int8`): the decoder's chosen weights, the
-        vision tower's (``vision``) and an untied output layer (``output_layer``). A tied
-        output layer is the token table: :meth:`Params.bytes` takes it as ``table_int8``."""
-        from spotstop.export.mixed import keeps_int8
-
-        p = self.params(config)
-        rows = self.decoder_linears(config)
-        n = max((i for i, *_ in rows), default=-1) + 1
-        total = sum(c for i, lin, role, c in rows if keeps_int8(selectors, role, i, n, lin))
-        if keeps_int8(selectors, "vision"):
-            total += p.vision_linear - p.unused[0]
-        if keeps_int8(selectors, "output"):
-            total += p.head
-        return total
-
-    @staticmethod
-    def text(config: Mapping[str, Any]) -> Mapping[str, Any]:
-        return config.get("text_config") or {}
-
-    @staticmethod
-    def vision(config: Mapping[str, Any]) -> Mapping[str, Any]:
-        return config.get("vision_config") or {}
-
-    def output_macs(self, config: Mapping[str, Any], w: Workload) -> int:
-        """The output layer at the rows the score reads, for all sequences of a scene."""
-        t = self.text(config)
-        h, v = int(t["hidden_size"]), int(t["vocab_size"])
-        return w.n_seqs * h * (w.first_rows + w.read_rows * v)
-
-    @staticmethod
-    def _attention(length: int, heads: int, head_dim: int, v_dim: int | None = None) -> int:
-        """Scores and values over the full length x length matrix."""
-        return heads * length * length * (head_dim + (v_dim if v_dim is not None else head_dim))
-
-
-COST_MODELS: dict[str, ArchCost] = {}
-
-
-def register(cls: type[ArchCost]) -> type[ArchCost]:
-    """Class decorator: register an instance of ``cls`` for ``cls.model_type``."""
-    COST_MODELS[cls.model_type] = cls()
-    return cls
+#: model_type -> its cost model (export/archs/__init__.py's registry)
+COST_MODELS: dict[str, ArchCost] = {mt: a.cost for mt, a in ARCHITECTURES.items()}
 
 
 def get_cost_model(model_type: str) -> ArchCost:
@@ -289,243 +108,8 @@ def get_cost_model(model_type: str) -> ArchCost:
     except KeyError:
         raise ValueError(
             f"no cost model is registered for architecture {model_type!r}; registered: "
-            f"{sorted(COST_MODELS)}. Add one in export/cost.py."
+            f"{sorted(COST_MODELS)}. Add export/archs/{model_type}.py."
         ) from None
-
-
-@register
-class Qwen35Cost(ArchCost):
-    """Qwen3.5: ViT (Conv3d patch embedding, bidirectional attention, 2x2 patch merger) and a
-    hybrid decoder of Gated-DeltaNet layers and gated full-attention layers (GQA)."""
-
-    model_type = "qwen3_5"
-
-    def visual_tokens(self, config: Mapping[str, Any], grid: tuple[int, int]) -> int:
-        m = int(_g(self.vision(config), "spatial_merge_size", 2))
-        return (grid[0] // m) * (grid[1] // m)
-
-    def vision_macs(self, config: Mapping[str, Any], grid: tuple[int, int]) -> dict[str, int]:
-        v = self.vision(config)
-        d, i = int(v["hidden_size"]), int(v["intermediate_size"])
-        depth, p = int(v["depth"]), int(_g(v, "patch_size", 16))
-        t, c = int(_g(v, "temporal_patch_size", 2)), int(_g(v, "in_channels", 3))
-        m, out = int(_g(v, "spatial_merge_size", 2)), int(v["out_hidden_size"])
-        n = grid[0] * grid[1]
-        dm = d * m * m
-        return {
-            "patch embedding": n * c * t * p * p * d,
-            "linear layers": depth * n * (4 * d * d + 2 * d * i),
-            "attention": depth * self._attention(n, 1, d),
-            "patch merger": (n // (m * m)) * (dm * dm + dm * out),
-        }
-
-    def decoder_macs(self, config: Mapping[str, Any], length: int) -> dict[str, int]:
-        t = self.text(config)
-        h, inter = int(t["hidden_size"]), int(t["intermediate_size"])
-        layers = list(lin_check(list(t["layer_types"]), self.model_type))
-        nh, nkv = int(t["num_attention_heads"]), int(t["num_key_value_heads"])
-        hd = int(_g(t, "head_dim", h // nh))
-        hk, hv = int(t["linear_num_key_heads"]), int(t["linear_num_value_heads"])
-        dk, dv = int(t["linear_key_head_dim"]), int(t["linear_value_head_dim"])
-        k = int(_g(t, "linear_conv_kernel_dim", 4))
-        n_full = sum(x == "full_attention" for x in layers)
-        n_lin = len(layers) - n_full
-        big_l = length
-        kd, vd = hk * dk, hv * dv
-        conv_dim = 2 * kd + vd
-        chunks = math.ceil(big_l / CHUNK)
-        c = CHUNK
-        gdn_core = hv * chunks * (c * c * (3 * dk + 2 * dv) + 3 * c * dk * dv)
-        return {
-            "MLP": len(layers) * big_l * 3 * h * inter,
-            "attention projections": n_full * big_l * h * (2 * nh * hd + 2 * nkv * hd + nh * hd),
-            "attention": n_full * self._attention(big_l, nh, hd),
-            "Gated-DeltaNet projections": n_lin * big_l * h * (conv_dim + vd + 2 * hv + vd),
-            "Gated-DeltaNet conv": n_lin * conv_dim * k * (big_l + k - 1),
-            "Gated-DeltaNet chunked rule": n_lin * gdn_core,
-        }
-
-    def decoder_linears(self, config: Mapping[str, Any]) -> list[tuple[int, bool, str, int]]:
-        t = self.text(config)
-        h, inter = int(t["hidden_size"]), int(t["intermediate_size"])
-        nh, nkv = int(t["num_attention_heads"]), int(t["num_key_value_heads"])
-        hd = int(_g(t, "head_dim", h // nh))
-        hk, hv = int(t["linear_num_key_heads"]), int(t["linear_num_value_heads"])
-        kd, vd = hk * int(t["linear_key_head_dim"]), hv * int(t["linear_value_head_dim"])
-        out: list[tuple[int, bool, str, int]] = []
-        for i, kind in enumerate(lin_check(list(t["layer_types"]), self.model_type)):
-            lin = kind == "linear_attention"
-            if lin:  # in_proj_qkv (fused q/k/v); in_proj_z, in_proj_b, in_proj_a, out_proj
-                out += [
-                    (i, lin, "value", h * (2 * kd + vd)),
-                    (i, lin, "mixer", h * (2 * vd + 2 * hv)),
-                ]
-            else:  # v_proj; q_proj (with its gate), k_proj, o_proj
-                out += [
-                    (i, lin, "value", h * nkv * hd),
-                    (i, lin, "mixer", h * (3 * nh * hd + nkv * hd)),
-                ]
-            out += [(i, lin, "down", inter * h), (i, lin, "feed_forward", 2 * h * inter)]
-        return out
-
-    def params(self, config: Mapping[str, Any]) -> Params:
-        t, v = self.text(config), self.vision(config)
-        d, i = int(v["hidden_size"]), int(v["intermediate_size"])
-        depth, p = int(v["depth"]), int(_g(v, "patch_size", 16))
-        tp, c = int(_g(v, "temporal_patch_size", 2)), int(_g(v, "in_channels", 3))
-        m, out = int(_g(v, "spatial_merge_size", 2)), int(v["out_hidden_size"])
-        npos = int(_g(v, "num_position_embeddings", 2304))
-        dm = d * m * m
-        vl = depth * (4 * d * d + 2 * d * i) + dm * dm + dm * out
-        vo = (
-            depth * (4 * d + 3 * d + d + i + d)  # 2 LayerNorms, qkv/proj/fc1/fc2 biases
-            + 2 * d  # merger LayerNorm
-            + dm
-            + out  # merger biases
-            + d * c * tp * p * p
-            + d  # Conv3d patch embedding
-            + npos * d  # position table
-        )
-        h, inter, vocab = int(t["hidden_size"]), int(t["intermediate_size"]), int(t["vocab_size"])
-        layers = list(t["layer_types"])
-        nh, nkv = int(t["num_attention_heads"]), int(t["num_key_value_heads"])
-        hd = int(_g(t, "head_dim", h // nh))
-        hk, hv = int(t["linear_num_key_heads"]), int(t["linear_num_value_heads"])
-        dk, dv = int(t["linear_key_head_dim"]), int(t["linear_value_head_dim"])
-        k = int(_g(t, "linear_conv_kernel_dim", 4))
-        kd, vd = hk * dk, hv * dv
-        bias = bool(_g(t, "attention_bias", False))
-        n_full = sum(x == "full_attention" for x in layers)
-        n_lin = len(layers) - n_full
-        tl = len(layers) * 3 * h * inter
-        tl += n_full * h * (2 * nh * hd + 2 * nkv * hd + nh * hd)
-        tl += n_lin * h * (2 * kd + vd + vd + 2 * hv + vd)
-        to = h + len(layers) * 2 * h  # final norm, 2 norms per layer
-        to += n_full * (2 * hd + (2 * nh * hd + 2 * nkv * hd + h if bias else 0))
-        to += n_lin * ((2 * kd + vd) * k + 2 * hv + dv)  # conv, dt_bias, A_log, gated norm
-        tied = bool(_g(config, "tie_word_embeddings", _g(t, "tie_word_embeddings", False)))
-        return Params(vl, vo, tl, vocab * h, 0 if tied else vocab * h, to)
-
-
-def lin_check(layers: Sequence[str], model_type: str) -> Sequence[str]:
-    """``layers`` after checking that every entry is a layer type the formulas know."""
-    known = {
-        "qwen3_5": {"linear_attention", "full_attention"},
-        "lfm2_vl": {"conv", "full_attention"},
-    }
-    bad = sorted(set(layers) - known[model_type])
-    if bad:
-        raise ValueError(f"{model_type}: layer types {bad} have no cost formula in export/cost.py.")
-    return layers
-
-
-@register
-class Lfm2VlCost(ArchCost):
-    """LFM2-VL: SigLIP2 NaFlex tower (linear patch embedding, resized position table,
-    bidirectional attention) + pixel-unshuffle projector, and an LFM2 decoder of gated
-    short-convolution layers and GQA attention layers."""
-
-    model_type = "lfm2_vl"
-
-    def visual_tokens(self, config: Mapping[str, Any], grid: tuple[int, int]) -> int:
-        f = int(_g(config, "downsample_factor", 2))
-        return (grid[0] // f) * (grid[1] // f)
-
-    @staticmethod
-    def _ff(t: Mapping[str, Any]) -> int:
-        """LFM2's MLP width (Lfm2MLP: auto-adjusted to 2/3, times the multiplier, rounded up)."""
-        inter = int(t["intermediate_size"])
-        if bool(_g(t, "block_auto_adjust_ff_dim", True)):
-            inter = int(2 * inter / 3)
-            mult = t.get("block_ffn_dim_multiplier", 1.0)
-            if mult is not None:
-                inter = int(float(mult) * inter)
-                step = int(_g(t, "block_multiple_of", 256))
-                inter = step * ((inter + step - 1) // step)
-        return inter
-
-    def vision_macs(self, config: Mapping[str, Any], grid: tuple[int, int]) -> dict[str, int]:
-        v = self.vision(config)
-        d, i = int(v["hidden_size"]), int(v["intermediate_size"])
-        depth, p = int(v["num_hidden_layers"]), int(_g(v, "patch_size", 16))
-        c, table = int(_g(v, "num_channels", 3)), int(_g(v, "num_patches", 256))
-        f, ph = int(_g(config, "downsample_factor", 2)), int(config["projector_hidden_size"])
-        h = int(self.text(config)["hidden_size"])
-        n = grid[0] * grid[1]
-        return {
-            "patch embedding": n * c * p * p * d,
-            "position-table resize": n * table * d,
-            "linear layers": depth * n * (4 * d * d + 2 * d * i),
-            "attention": depth * self._attention(n, 1, d),
-            "projector": (n // (f * f)) * (d * f * f * ph + ph * h),
-        }
-
-    def decoder_macs(self, config: Mapping[str, Any], length: int) -> dict[str, int]:
-        t = self.text(config)
-        h = int(t["hidden_size"])
-        layers = list(lin_check(list(t["layer_types"]), self.model_type))
-        nh, nkv = int(t["num_attention_heads"]), int(t["num_key_value_heads"])
-        hd = int(_g(t, "head_dim", h // nh))
-        k = int(_g(t, "conv_L_cache", 3))
-        n_full = sum(x == "full_attention" for x in layers)
-        n_conv = len(layers) - n_full
-        big_l = length
-        return {
-            "MLP": len(layers) * big_l * 3 * h * self._ff(t),
-            "attention projections": n_full * big_l * h * (2 * nh * hd + 2 * nkv * hd),
-            "attention": n_full * self._attention(big_l, nh, hd),
-            "short-conv projections": n_conv * big_l * 4 * h * h,
-            "short conv": n_conv * h * k * (big_l + k - 1),
-        }
-
-    def decoder_linears(self, config: Mapping[str, Any]) -> list[tuple[int, bool, str, int]]:
-        t = self.text(config)
-        h, ff = int(t["hidden_size"]), self._ff(t)
-        nh, nkv = int(t["num_attention_heads"]), int(t["num_key_value_heads"])
-        hd = int(_g(t, "head_dim", h // nh))
-        out: list[tuple[int, bool, str, int]] = []
-        for i, kind in enumerate(lin_check(list(t["layer_types"]), self.model_type)):
-            if kind == "full_attention":  # v_proj; q_proj, k_proj, out_proj
-                out += [
-                    (i, False, "value", h * nkv * hd),
-                    (i, False, "mixer", h * (2 * nh * hd + nkv * hd)),
-                ]
-            else:  # the short convolution's in_proj (B, C, x) and out_proj
-                out.append((i, False, "mixer", 4 * h * h))
-            out += [(i, False, "down", ff * h), (i, False, "feed_forward", 2 * h * ff)]
-        return out
-
-    def params(self, config: Mapping[str, Any]) -> Params:
-        t, v = self.text(config), self.vision(config)
-        d, i = int(v["hidden_size"]), int(v["intermediate_size"])
-        depth, p = int(v["num_hidden_layers"]), int(_g(v, "patch_size", 16))
-        c, table = int(_g(v, "num_channels", 3)), int(_g(v, "num_patches", 256))
-        f, ph = int(_g(config, "downsample_factor", 2)), int(config["projector_hidden_size"])
-        h, vocab = int(t["hidden_size"]), int(t["vocab_size"])
-        df = d * f * f
-        vl = c * p * p * d + depth * (4 * d * d + 2 * d * i) + df * ph + ph * h
-        vo = d + table * d + depth * (4 * d + 4 * d + i + d) + 2 * d  # biases, norms, table
-        if bool(_g(config, "projector_use_layernorm", True)):
-            vo += 2 * df
-        if bool(_g(config, "projector_bias", True)):
-            vo += ph + h
-        unused = (0, 0)
-        if bool(_g(v, "vision_use_head", True)):  # stored in the checkpoint, never read
-            unused = (4 * d * d + 2 * d * i, d + 3 * d + d + 2 * d + i + d)
-            vl, vo = vl + unused[0], vo + unused[1]
-        layers = list(t["layer_types"])
-        nh, nkv = int(t["num_attention_heads"]), int(t["num_key_value_heads"])
-        hd = int(_g(t, "head_dim", h // nh))
-        k = int(_g(t, "conv_L_cache", 3))
-        cb = bool(_g(t, "conv_bias", False))
-        n_full = sum(x == "full_attention" for x in layers)
-        n_conv = len(layers) - n_full
-        tl = len(layers) * 3 * h * self._ff(t)
-        tl += n_full * h * (2 * nh * hd + 2 * nkv * hd) + n_conv * 4 * h * h
-        to = h + len(layers) * 2 * h + n_full * 2 * hd
-        to += n_conv * (h * k + (3 * h + h + h if cb else 0))
-        tied = bool(_g(config, "tie_word_embeddings", _g(t, "tie_word_embeddings", True)))
-        return Params(vl, vo, tl, vocab * h, 0 if tied else vocab * h, to, unused)
 
 
 # ---- per member, per scene -------------------------------------------------------------------
@@ -773,7 +357,7 @@ DEFAULT_TEXT_TOKENS = 72
 
 
 def real_pair_cost(setting: str, *, text_tokens: int = DEFAULT_TEXT_TOKENS) -> PairCost:
-    """The real pair (recorded configs, export/cost_data.py) at the paper's ``setting``
+    """The real pair (recorded configs, export/archs/<model_type>.py) at the paper's ``setting``
     (``low`` or ``default``): one scene, single-token answers (two first-token rows, no
     full-vocabulary row), ``text_tokens`` prompt tokens besides the visual ones."""
     if setting not in REAL_SETTINGS:
@@ -791,7 +375,7 @@ def real_pair_cost(setting: str, *, text_tokens: int = DEFAULT_TEXT_TOKENS) -> P
         setting=setting,
         notes=(
             f"{text_tokens} prompt tokens besides the visual ones (assumed; --text-tokens)",
-            "configs recorded, not re-read from the hub (export/cost_data.py)",
+            "configs recorded, not re-read from the hub (export/archs/<model_type>.py)",
         ),
     )
 

@@ -1,4 +1,4 @@
-"""Data of the cost model (``spotstop cost``): devices, the real pair's configs, the paper's settings.
+"""Data of the cost model (``spotstop cost``): devices and the paper's per-case cost.
 
 Every figure here is a published number with its source, or says how it was derived. The cost
 model itself is :mod:`spotstop.export.cost`; this module holds no logic and imports nothing.
@@ -16,18 +16,16 @@ Devices
     half the INT8 rate). L4 and H200 list dense and sparse separately.
 
 Real pair
-    The members' config values as recorded in ``jetson/memory_budget.py`` (RECORDED, from the
-    members' ``config.json`` on the Hugging Face hub: Qwen/Qwen3.5-2B and LiquidAI/LFM2.5-VL-3B).
-    They could NOT be re-read here (no model hub in this environment; a search of the public
-    code corpus did not find either config.json), so they are unverified: run ``spotstop cost``
-    on a bundle exported from the real snapshots to cost the real configs.
+    The real members' recorded configs and the paper's resolution settings of each are their
+    architecture's (``export/archs/<model_type>.py``: ``RecordedMember``); the registry
+    (``spotstop.export.archs``) lists them as ``REAL_PAIR`` and ``REAL_SETTINGS``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEVICES", "PAPER_TFLOPS", "REAL_PAIR", "REAL_SETTINGS"]
+__all__ = ["DEVICES", "PAPER_TFLOPS"]
 
 #: name -> peak dense throughput (TFLOPS fp16 / TOPS int8), bandwidth (GB/s), memory, source
 DEVICES: dict[str, dict[str, Any]] = {
@@ -85,83 +83,3 @@ DEVICES: dict[str, dict[str, Any]] = {
 
 #: the paper's per-case cost of the equal-weight pair (seed 000, Supp. F.4 and Table S31)
 PAPER_TFLOPS: dict[str, float] = {"low": 7.4, "default": 16.8}
-
-#: Recorded config values (see the module docstring); ``jetson/memory_budget.py`` reads them
-#: from here.
-REAL_PAIR: dict[str, dict[str, Any]] = {
-    "Qwen3.5-2B": {
-        "model_type": "qwen3_5",
-        "tie_word_embeddings": True,
-        "text_config": {
-            "vocab_size": 248320,
-            "hidden_size": 2048,
-            "intermediate_size": 6144,
-            "num_hidden_layers": 24,
-            "num_attention_heads": 8,
-            "num_key_value_heads": 2,
-            "head_dim": 256,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 16,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "linear_conv_kernel_dim": 4,
-            "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 6,
-            "tie_word_embeddings": True,
-        },
-        "vision_config": {
-            "depth": 24,
-            "hidden_size": 1024,
-            "intermediate_size": 4096,
-            "num_heads": 16,
-            "out_hidden_size": 2048,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "num_position_embeddings": 2304,
-        },
-    },
-    "LFM2.5-VL-3B": {
-        "model_type": "lfm2_vl",
-        "tie_word_embeddings": True,
-        "downsample_factor": 2,
-        "projector_hidden_size": 2560,
-        "text_config": {
-            "model_type": "lfm2",
-            "vocab_size": 131072,
-            "hidden_size": 2048,
-            "intermediate_size": 10752,
-            "block_ff_dim": 10752,
-            "block_auto_adjust_ff_dim": False,
-            "block_multiple_of": 256,
-            "block_ffn_dim_multiplier": 1.0,
-            "num_hidden_layers": 30,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "layer_types": [
-                "full_attention" if i in (2, 5, 8, 11, 14, 17, 21, 25) else "conv"
-                for i in range(30)
-            ],
-        },
-        "vision_config": {
-            "model_type": "siglip2_vision_model",
-            "hidden_size": 1152,
-            "intermediate_size": 4304,
-            "num_hidden_layers": 27,
-            "num_attention_heads": 16,
-            "patch_size": 16,
-            "num_patches": 256,
-        },
-    },
-}
-
-#: The paper's resolution settings of the pair (Supp. F.4), as vision passes per member: each
-#: pass is (patch rows, patch columns) of one image or tile; ``visual_tokens`` is what the
-#: decoder sees (with LFM2-VL's tile markers not counted). "low": Qwen3.5-2B at 256 visual
-#: tokens (512x512), LFM2.5-VL-3B without tiling at 64 tokens (256x256; the paper's 32-64).
-#: "default": Qwen3.5-2B at 1,024 visual tokens (1024x1024); LFM2.5-VL-3B with tiling, taken
-#: here for a 1024x1024 image: 2x2 tiles of 512x512 (256 tokens each) plus a 512x512
-#: thumbnail (256): ASSUMED, the paper does not give its images' sizes.
-REAL_SETTINGS: dict[str, dict[str, list[tuple[int, int]]]] = {
-    "low": {"Qwen3.5-2B": [(32, 32)], "LFM2.5-VL-3B": [(16, 16)]},
-    "default": {"Qwen3.5-2B": [(64, 64)], "LFM2.5-VL-3B": [(32, 32)] * 5},
-}

@@ -24,12 +24,21 @@ __all__ = ["FP16_FP32_OPS", "fp32_nodes", "to_fp16"]
 #: ``log_softmax(logits.float())``), and LayerNorm, whose variance overflows float16.
 FP16_FP32_OPS: tuple[str, ...] = ("Softmax", "LogSoftmax", "LayerNormalization")
 #: module classes whose own code stays float32 (the transformers code upcasts there itself:
-#: RMSNorm's ``x.float()``, Gated-DeltaNet's decay and the chunked delta rule's
-#: ``.to(torch.float32)``); their children (the Linear projections, the conv) do not.
-_FP32_MODULES = re.compile(r"(RMSNorm|LayerNorm|GatedDeltaNet)\w*$")
+#: RMSNorm's ``x.float()``; an architecture's own, its export config's ``fp32_modules``, e.g.
+#: Gated-DeltaNet's decay and the chunked delta rule's ``.to(torch.float32)``); their children
+#: (the Linear projections, the conv) do not.
+_FP32_NORMS = ("RMSNorm", "LayerNorm")
 _FP32_CHILD_OK = re.compile(r"RMSNorm|LayerNorm")  # everything under a norm stays float32
 #: legacy (TorchScript) graphs carry no module metadata; their node names are module paths
 _NORM_SCOPE = re.compile(r"norm", re.IGNORECASE)
+
+
+def _fp32_modules() -> re.Pattern[str]:
+    from spotstop.export.configs import EXPORT_CONFIGS
+
+    own = (m for c in EXPORT_CONFIGS.values() for m in c.fp32_modules)
+    names = dict.fromkeys((*_FP32_NORMS, *own))
+    return re.compile(rf"({'|'.join(map(re.escape, names))})\w*$")
 
 
 def fp32_nodes(model: Any) -> list[str]:
@@ -42,6 +51,7 @@ def fp32_nodes(model: Any) -> list[str]:
     Linear/Conv children, which are the bulk of the work and stay float16. Legacy graphs:
     nodes under a module path segment named ``*norm*``. Unnamed nodes are named here.
     """
+    fp32_modules = _fp32_modules()
     names = []
     for i, node in enumerate(model.graph.node):
         if not node.name:
@@ -51,7 +61,7 @@ def fp32_nodes(model: Any) -> list[str]:
         if hierarchy is not None:
             classes = [c.strip(" '\"") for c in hierarchy.strip("[]").split(",")][:-1]
             if any(_FP32_CHILD_OK.search(c) for c in classes) or (
-                classes and _FP32_MODULES.search(classes[-1])
+                classes and fp32_modules.search(classes[-1])
             ):
                 names.append(node.name)
         elif any(_NORM_SCOPE.search(seg) for seg in node.name.split("/")[:-1]):

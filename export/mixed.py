@@ -30,7 +30,9 @@ onnxruntime-genai's model builder (``matmul_mixed_precision``, its
 The rule reads only the torch model's module names (``model.language_model.layers.7.mlp.
 down_proj``), so the same function decides for the export (export/onnx.py, which finds each
 ONNX weight by :func:`~spotstop.export.gptq.weight_key`) and for the torch simulation in
-``bench/quant_error.py``. The member's manifest records the selectors and how many weights each
+``bench/quant_error.py``. Where each role sits among an architecture's module names is that
+architecture's :class:`MixedRoles`, in its module ``export/archs/<model_type>.py``; this module
+names no architecture. The member's manifest records the selectors and how many weights each
 precision holds.
 """
 
@@ -38,12 +40,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "DEFAULT_INT4_INT8",
     "INT8_SELECTORS",
     "Q4_K_M",
+    "MixedRoles",
     "int8_linears",
     "int8_weight_keys",
     "keeps_int8",
@@ -64,14 +68,80 @@ Q4_K_M: tuple[str, ...] = ("output_layer", "mixed_layers")
 #: ``--int4-int8`` chooses it
 DEFAULT_INT4_INT8: tuple[str, ...] = ()
 
-_VISION = re.compile(r"(^|\.)(visual|vision_tower|vision_model|multi_modal_projector)\.")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _OUTPUT = re.compile(r"(^|\.)lm_head$")
-#: attention's value projection (a fused q/k/v projection counts as one)
-_VALUE = re.compile(r"\.(self_attn|linear_attn|attn)\.(v_proj|qkv_proj|qkv|in_proj_qkv)$")
-#: the feed-forward down projection (Qwen3.5 ``mlp.down_proj``, LFM2 ``feed_forward.w2``)
-_DOWN = re.compile(r"\.(mlp\.down_proj|feed_forward\.w2)$")
-_FEED_FORWARD = re.compile(r"\.(mlp|feed_forward)\.")
+
+
+@dataclass(frozen=True)
+class MixedRoles:
+    """Where the rule's roles sit among one architecture's torch ``nn.Linear`` names.
+
+    Each entry is a dotted fragment of a qualified module name: ``vision`` a module the vision
+    tower or its projector is (``visual``; anywhere in the name), ``value`` and ``down`` the
+    module a Linear's name ends with (``self_attn.v_proj``; a fused q/k/v projection counts as
+    the value projection), ``feed_forward`` the feed-forward block its other projections sit in
+    (``mlp``); ``linear_attention``: the module of a Gated-DeltaNet layer's token mixer (None:
+    the architecture has none). The output layer (``lm_head``) and the decoder layers
+    (``layers.<i>.``) are named alike in every architecture; a decoder layer's Linear no role
+    names is its token mixer's (``mixer``).
+    """
+
+    vision: tuple[str, ...]
+    value: tuple[str, ...]
+    down: tuple[str, ...]
+    feed_forward: tuple[str, ...]
+    linear_attention: str | None = None
+
+    def role(self, name: str) -> str | None:
+        """The role of the Linear ``name`` (None: not a weight the rule knows); the first that
+        applies of output, vision, value, down, feed_forward, mixer."""
+        dotted = f".{name}"
+        if _OUTPUT.search(name):
+            return "output"
+        if any(f".{v}." in dotted for v in self.vision):
+            return "vision"
+        if any(name.endswith(f".{v}") for v in self.value):
+            return "value"
+        if any(name.endswith(f".{d}") for d in self.down):
+            return "down"
+        if any(f".{f}." in name for f in self.feed_forward):
+            return "feed_forward"
+        return "mixer" if _LAYER.search(name) else None
+
+    def in_vision(self, name: str) -> bool:
+        return any(f".{v}." in f".{name}" for v in self.vision)
+
+    def in_linear_attention(self, name: str) -> bool:
+        return self.linear_attention is not None and f".{self.linear_attention}." in name
+
+    @staticmethod
+    def union(roles: Iterable[MixedRoles]) -> MixedRoles:
+        """One set of roles that knows every given architecture's names."""
+        rs = list(roles)
+
+        def every(field: str) -> tuple[str, ...]:
+            return tuple(dict.fromkeys(x for r in rs for x in getattr(r, field)))
+
+        linear = {r.linear_attention for r in rs} - {None}
+        if len(linear) > 1:
+            raise ValueError(f"architectures name their Gated-DeltaNet mixers apart: {linear}.")
+        return MixedRoles(
+            every("vision"),
+            every("value"),
+            every("down"),
+            every("feed_forward"),
+            next(iter(linear), None),
+        )
+
+
+def roles_of(model_type: str | None) -> MixedRoles:
+    """``model_type``'s roles (export/archs/<model_type>.py); None: every registered
+    architecture's at once."""
+    from spotstop.export.archs import ARCHITECTURES, get_architecture
+
+    if model_type is None:
+        return MixedRoles.union(a.mixed_roles for a in ARCHITECTURES.values())
+    return get_architecture(model_type).mixed_roles
 
 
 def parse_selectors(text: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -130,37 +200,24 @@ def keeps_int8(
     return "mixed_layers" in sel and role in ("value", "down") and _mixed_layer(layer, n_layers)
 
 
-#: a Linear's role by its qualified name: the first pattern that matches (a decoder layer's
-#: weight no earlier pattern names is its token mixer's)
-_ROLE_OF: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("output", _OUTPUT),
-    ("vision", _VISION),
-    ("value", _VALUE),
-    ("down", _DOWN),
-    ("feed_forward", _FEED_FORWARD),
-    ("mixer", _LAYER),
-)
-
-
-def _role(name: str) -> str | None:
-    """The role of a torch Linear by its qualified name (None: not a weight the rule knows)."""
-    return next((role for role, pat in _ROLE_OF if pat.search(name)), None)
-
-
-def int8_linears(names: Sequence[str], selectors: Iterable[str]) -> dict[str, str]:
+def int8_linears(
+    names: Sequence[str], selectors: Iterable[str], model_type: str | None = None
+) -> dict[str, str]:
     """The Linear names (of ``names``: a torch model's ``nn.Linear`` qualified names) that
-    ``selectors`` keep at int8 → their role (:func:`keeps_int8` decides)."""
+    ``selectors`` keep at int8 → their role (:func:`keeps_int8` decides), the roles found by
+    ``model_type``'s :class:`MixedRoles` (None: every registered architecture's)."""
     sel = parse_selectors(list(selectors))
+    roles = roles_of(model_type)
     layer_of: dict[str, int] = {}
     for n in names:
         m = _LAYER.search(n)
-        if m and not _VISION.search(n):
+        if m and not roles.in_vision(n):
             layer_of[n] = int(m.group(1))
     n_layers = max(layer_of.values(), default=-1) + 1
-    linear_layers = {i for n, i in layer_of.items() if ".linear_attn." in n}
+    linear_layers = {i for n, i in layer_of.items() if roles.in_linear_attention(n)}
     out: dict[str, str] = {}
     for n in names:
-        role = _role(n)
+        role = roles.role(n)
         i = layer_of.get(n)
         if role is not None and keeps_int8(sel, role, i, n_layers, i in linear_layers):
             out[n] = role
@@ -176,5 +233,6 @@ def int8_weight_keys(model: Any, selectors: Iterable[str]) -> dict[str, str]:
     from spotstop.export.gptq import weight_key
 
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    chosen = int8_linears(list(linears), selectors)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    chosen = int8_linears(list(linears), selectors, model_type)
     return {weight_key(linears[n].weight.detach().float().numpy()): n for n in chosen}

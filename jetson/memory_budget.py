@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spotstop.export.archs import REAL_PAIR
 from spotstop.export.cost import PRECISIONS as _PRECISIONS
 from spotstop.export.cost import stored_weight_bytes
-from spotstop.export.cost_data import REAL_PAIR
 from spotstop.export.mixed import DEFAULT_INT4_INT8
 from spotstop.export.precision import get_precision
 
@@ -58,7 +58,8 @@ HERE = Path(__file__).resolve().parent
 #: Recorded config values. Source: the members' config.json on the Hugging Face hub
 #: (Qwen/Qwen3.5-2B; LiquidAI/LFM2.5-VL-3B, whose text backbone is LFM2.5-2.6B with the
 #: 128K vocabulary and whose vision tower is SigLIP2 NaFlex so400m). UNVERIFIED offline.
-#: Kept once, in ``spotstop.export.cost_data`` (``spotstop cost --real`` reads them too).
+#: Kept once, in each architecture's module ``export/archs/<model_type>.py`` (``spotstop cost
+#: --real`` reads them too; ``spotstop.export.archs.REAL_PAIR`` lists them).
 RECORDED: dict[str, dict[str, Any]] = REAL_PAIR
 
 #: Scoring shapes: each member's default visual-token budget (the paper's low-resolution

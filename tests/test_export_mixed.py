@@ -113,6 +113,25 @@ def test_the_rule_on_the_tiny_members_module_names(
 
 
 @pytest.mark.parametrize("member", TINY_MEMBERS)
+def test_each_architectures_roles_name_its_weights(
+    member: str, torch_linears: dict[str, dict[str, tuple[int, ...]]]
+) -> None:
+    """Each architecture's ``MixedRoles`` (export/archs/<model_type>.py) gives every Linear of
+    the tiny member a role, and chooses as the rule over every architecture's names at once
+    (what ``int8_linears`` does without a model type, e.g. in bench/quant_error.py)."""
+    from spotstop.export.mixed import roles_of
+
+    model_type = member.removeprefix("tiny-")
+    names = list(torch_linears[member])
+    roles = roles_of(model_type)
+    assert all(roles.role(n) is not None for n in names), [n for n in names if not roles.role(n)]
+    for selectors in [(), *[(s,) for s in INT8_SELECTORS], INT8_SELECTORS]:
+        assert int8_linears(names, selectors, model_type) == int8_linears(names, selectors)
+    with pytest.raises(ValueError, match="no member architecture 'llava' is registered"):
+        int8_linears(names, Q4_K_M, "llava")
+
+
+@pytest.mark.parametrize("member", TINY_MEMBERS)
 @pytest.mark.parametrize(
     "selectors", [(), ("output_layer",), ("mixed_layers",), ("linear_attn",), INT8_SELECTORS]
 )
