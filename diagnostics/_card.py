@@ -425,9 +425,7 @@ def compute_card(
         k: v for r in checks.values() for k, v in r.displays.items()
     }}  # fmt: skip
     deployed, version = _deployed(log)
-    cascade_cut = None
-    if deployed == "cascade" and log is not None and version is not None:
-        cascade_cut = getattr(getattr(log.policies[version].policy, "cut", None), "kind", None)
+    deployed_policy = None if log is None or version is None else log.policies[version].policy
     card = Card((), dlv, fields, checks, info, rec, settings, prov, displays)
     items = verdict(
         fields=fields,
@@ -435,7 +433,7 @@ def compute_card(
         recommendation=rec,
         deployed_kind=deployed,
         deployed_version=version,
-        deployed_cascade_cut=cascade_cut,
+        deployed_policy=deployed_policy,
         direct_cut=direct_cut,
         direct_cut_source=direct_cut_source,
         previous=previous,

@@ -1,4 +1,6 @@
-"""The cascade: how often the second member ran, and what skipping it costs.  A card check.
+"""The cascade: how often the second member ran, and what skipping it costs: the numbers.
+
+The card's cascade check (:mod:`spotstop.diagnostics._cascade_check`) says them in words.
 
 The ``cascade`` policy (:class:`spotstop.guard.policies.CascadePolicy`; seed 000, "Cost")
 runs its first member on every scene and the second only inside a band around the cut; the
@@ -45,12 +47,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy import sparse
-from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult, fmt
 from spotstop.diagnostics._conformal_audit import clopper_pearson
 from spotstop.diagnostics._data import group_codes
 from spotstop.diagnostics._from_log import LogData
@@ -70,7 +71,6 @@ from spotstop.guard.policies import (
 )
 
 __all__ = [
-    "CascadeCheck",
     "CascadeCost",
     "CascadeShare",
     "SimulatedCascade",
@@ -139,14 +139,20 @@ def _cascade_versions(log: LogData) -> list[str]:
     return [v for v in log.versions() if is_cascade(v)]
 
 
-def _first_from_rules(log: LogData, rows: NDArray[np.bool_]) -> str | None:
-    """The first member named by logged rules ``cascade[<first>]->...`` (None if not one)."""
-    names = {
-        str(r)[len("cascade[") : str(r).index("]")]
-        for r in log.arrays.policy[rows]
-        if str(r).startswith("cascade[") and "]" in str(r)
-    } - {"pair"}
-    return next(iter(names)) if len(names) == 1 else None
+def _first_from_members_run(log: LogData, rows: NDArray[np.bool_]) -> str | None:
+    """The first member of a cascade version whose policy document is not stored: the one
+    member that ran alone on some of its decisions (``members_run``); None when not exactly
+    one did (or the log does not say which members ran)."""
+    run = log.arrays.members_run
+    alone = set()
+    for m, r in run.items():
+        only = rows & (r == 1)
+        for other, q in run.items():
+            if other != m:
+                only &= q == 0
+        if only.any():
+            alone.add(m)
+    return next(iter(alone)) if len(alone) == 1 else None
 
 
 def cascade_shares(log: LogData) -> tuple[CascadeShare, ...]:
@@ -157,7 +163,7 @@ def cascade_shares(log: LogData) -> tuple[CascadeShare, ...]:
         rows = log.version == v
         cfg = log.policies.get(v)
         pol = cfg.policy if cfg is not None else None
-        first = pol.first if isinstance(pol, CascadePolicy) else _first_from_rules(log, rows)
+        first = pol.first if isinstance(pol, CascadePolicy) else _first_from_members_run(log, rows)
         members = list(cfg.fusion.members) if cfg is not None else sorted(run)
         rest = [m for m in members if m != first]
         known = rows.copy()
@@ -442,154 +448,3 @@ _NOT_MEASURABLE = (
     "pair agree by construction. To measure the cost, run the pair on a labelled sample "
     "(a frozen policy of the same fusion, or the cascade with share 1) and make the card again"
 )
-
-
-# --------------------------------------------------------------------------------------------
-# the card check
-
-
-@dataclass(frozen=True)
-class CascadeResult:
-    """The shares and costs per cascade version, and the note in words."""
-
-    shares: tuple[CascadeShare, ...]
-    costs: tuple[CascadeCost, ...]
-    note: str
-
-    @property
-    def used(self) -> bool:
-        """Whether any cascade policy decided in the log."""
-        return bool(self.shares)
-
-
-def _policy_text(s: CascadeShare) -> str:
-    if s.configured_share is None:
-        return f"{s.version_id} (cascade, first {s.first or '?'}; policy document not stored)"
-    return (
-        f"{s.version_id} (cascade, first {s.first}, band ±{s.band:.4g} on z1 around the "
-        f"{s.cut_kind} cut; fitted for share {100 * s.configured_share:.0f} %)"
-    )
-
-
-def _share_text(s: CascadeShare) -> str:
-    if s.share.n == 0:
-        return (
-            f"not measured: none of its {s.n_decisions} decisions records which members ran "
-            f"({s.n_unknown} logged before schema 3)"
-        )
-    text = (
-        f"second member ran on {fmt(s.share)} % of {s.share.n} decisions ({s.n_second}; exact "
-        "95 % interval)"
-    )
-    q = s.configured_share
-    if q is not None and s.configured_inside is True:
-        text += f"; the fitted share {100 * q:.0f} % lies inside the interval"
-    elif q is not None and s.configured_inside is False:
-        text += (
-            f"; the fitted share {100 * q:.0f} % lies outside it: the first member's scores "
-            "sit differently around the cut here than on the pool, refit the band "
-            "(spotstop recalibrate LOG --policy cascade)"
-        )
-    extra = [
-        f"{k} {w}"
-        for k, w in ((s.n_unknown, "with members_run unknown"),
-                     (s.n_first_not_run, "where the first member did not run"))
-        if k
-    ]  # fmt: skip
-    if extra:
-        text += f"; not counted: {', '.join(extra)}"
-    if s.n_first_only_in_log:
-        text += (
-            f". The {s.n_first_only_in_log} decisions decided by the first member alone have no "
-            "fused S, so the card's Spot-Stop fields (on S) leave them out"
-        )
-    return text
-
-
-def _cost_text(c: CascadeCost) -> str:
-    if math.isnan(c.auroc_pair.value):
-        return c.note
-    own = (
-        f", {c.n_from_cascade} of them this version's own second-member decisions (inside the "
-        "band by selection, so the sample holds more scenes near the cut than the deployment)"
-        if c.n_from_cascade
-        else ""
-    )
-    return (
-        f"{c.n} labelled scenes ({c.n_unsafe} unsafe){own}; the band would send "
-        f"{100 * c.simulated_share:.1f} % of them to the second member. AUROC: pair {fmt(c.auroc_pair, pct=False)}, cascade "
-        f"{fmt(c.auroc_cascade, pct=False)}, cascade − pair "
-        f"{fmt(c.auroc_diff, pct=False, signed=True)}; balanced accuracy at the cut: pair "
-        f"{fmt(c.ba_pair)} %, cascade {fmt(c.ba_cascade)} %, cascade − pair "
-        f"{fmt(c.ba_diff, signed=True)} points"
-    )
-
-
-def _meaning(s: CascadeShare, c: CascadeCost | None) -> str:
-    """The section's sentence in words for one version."""
-    if c is None or math.isnan(c.auroc_pair.value) or not c.measurable:
-        why = c.note if c is not None else "no cost measured"
-        return f"{s.version_id}: what the cascade gives up is {why}."
-    y = s.share.value if s.share.n else c.simulated_share
-    where = "of its decisions in this log" if s.share.n else "of the scenes where both ran"
-    lost = -c.auroc_diff.value
-    ci = c.auroc_diff.ci
-    resolved = math.isfinite(ci.high) and (ci.high < 0 or ci.low > 0)
-    verb = "gives up" if lost >= 0 else "gains"
-    return (
-        f"{s.version_id}: the cascade {verb} {abs(lost):.3f} AUROC for running the second "
-        f"member on {100 * y:.1f} % {where} (cascade − pair "
-        f"{fmt(c.auroc_diff, pct=False, signed=True)}, "
-        f"{'resolved' if resolved else 'not resolved: the interval includes 0'}); its balanced "
-        f"accuracy at the cut differs by {fmt(c.ba_diff, signed=True)} points. The paper's "
-        "cascade gave up 0.002 AUROC at 90 %."
-    )
-
-
-class CascadeCheck(CardCheck):
-    """The share of decisions that ran the second member, and what the cascade costs."""
-
-    name: ClassVar[str] = "cascade"
-    title: ClassVar[str] = "Cascade"
-    explanation: ClassVar[str] = (
-        "For a cascade policy (the second member only where the first is close to the cut): "
-        "the share of decisions that ran the second member, from the log, with an exact "
-        "interval, next to the share the band was fitted for; and on labelled scenes where "
-        "both members ran, the full pair against the cascade at that band (AUROC and balanced "
-        "accuracy, group bootstrap), simulated with the guard's own rule. A share far from "
-        "the fitted one → refit the band; a cost too high → raise the share."
-    )
-
-    def run(self, ctx: CardContext) -> CheckResult:
-        if ctx.log is None:
-            note = "not used: a scores CSV or the simulated log holds no guard decisions"
-            shares: tuple[CascadeShare, ...] = ()
-        else:
-            shares = cascade_shares(ctx.log)
-            note = (
-                f"{len(shares)} cascade policy version(s) decided in this log"
-                if shares
-                else "not used: no cascade policy decided in this log"
-            )
-        costs = tuple(
-            cascade_cost(ctx.log, s.version_id, n_boot=ctx.n_boot, rng=ctx.rng)
-            for s in shares
-            if ctx.log is not None
-        )
-        res = CascadeResult(shares, costs, note)
-        data: dict[str, Any] = {"used": res.used, "note": note}
-        rows: list[tuple[str, str]] = [("cascade", note)]
-        if res.used:
-            data["versions"] = [
-                {**s.to_dict(), "cost": c.to_dict()} for s, c in zip(shares, costs, strict=True)
-            ]
-            for s, c in zip(shares, costs, strict=True):
-                rows.append((_policy_text(s), _share_text(s)))
-                rows.append(
-                    (
-                        f"{s.version_id}: full pair against the cascade, where both ran",
-                        _cost_text(c),
-                    )
-                )
-                rows.append(("what it means", _meaning(s, c)))
-        return CheckResult(data, tuple(rows), result=res)

@@ -7,7 +7,10 @@ context and returns a :class:`CheckResult`: the JSON-ready numbers for ``card.js
 (``data``), rows for the Markdown and HTML tables (``rows``), optional plot data
 (``displays``) and the computed result object (``result``, for the verdict).  The card runs
 every registered check and renders every result the same way, so adding a check is its
-module, one registry entry and its tests.
+module, one registry entry and its tests.  A check may also speak in the verdict: a sentence
+of its own (:meth:`CardCheck.verdict_item`) and the ``policy`` sentence when the deployed
+policy is of a kind it owns (:meth:`CardCheck.policy_advice`); the verdict asks every
+registered check and has no branch per check.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from spotstop.diagnostics._results import NAN_CI, Estimate
 
 if TYPE_CHECKING:
     from spotstop.diagnostics._from_log import LogData
+    from spotstop.diagnostics._recommend import Recommendation
+    from spotstop.diagnostics._verdict import VerdictItem
+    from spotstop.guard.policies import Policy
 
 __all__ = ["CardCheck", "CardContext", "CheckResult", "fmt", "fmt_p"]
 
@@ -83,6 +89,21 @@ class CardCheck(ABC):
     @abstractmethod
     def run(self, ctx: CardContext) -> CheckResult:
         """Compute the check on ``ctx`` (no files written, no plotting)."""
+
+    @classmethod
+    def verdict_item(cls, result: Any) -> VerdictItem | None:
+        """The check's own sentence in the verdict, from its computed ``result`` (None when
+        the check did not run, or has nothing to say there: the default)."""
+        return None
+
+    @classmethod
+    def policy_advice(
+        cls, rec: Recommendation, deployed: Policy | None, version: str | None
+    ) -> VerdictItem | None:
+        """The verdict's ``policy`` sentence when the deployed policy (``deployed``, of
+        version ``version``; None when the input holds none) is of a kind this check owns;
+        None (the default): the verdict's own sentence."""
+        return None
 
 
 def fmt(e: Estimate | float | None, *, pct: bool = True, signed: bool = False) -> str:

@@ -24,7 +24,7 @@ CARD_CHECKS: dict[str, tuple[str, str]] = {
     "scene_blind": ("spotstop.diagnostics._scene_blind", "SceneBlindCheck"),
     "conformal_audit": ("spotstop.diagnostics._conformal_audit", "ConformalAuditCheck"),
     "text_in_scene": ("spotstop.diagnostics._text_in_scene", "TextInSceneCheck"),
-    "cascade": ("spotstop.diagnostics._cascade", "CascadeCheck"),
+    "cascade": ("spotstop.diagnostics._cascade_check", "CascadeCheck"),
     "fleet": ("spotstop.diagnostics._fleet", "FleetCheck"),
     "periods": ("spotstop.diagnostics._periods", "PeriodsCheck"),
 }

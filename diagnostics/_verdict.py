@@ -23,13 +23,12 @@ guarantee
     The conformal audit of the most recent deployed conformal cut: ``ok`` holds, ``fail``
     violated, ``warn`` not enough data; ``warn`` when no conformal cut decided (or the input
     holds no deployed policy), with the split simulation as a what-if.
-cascade (only when a cascade policy decided in the log)
-    Per cascade version, the share of decisions that ran the second member against the share
-    its band was fitted for, and what the cascade costs against the full pair where both
-    ran (:mod:`spotstop.diagnostics._cascade`).  ``warn`` when a fitted share lies outside
-    the share's exact interval (refit the band), when the AUROC given up is resolved and at
-    least 0.01 (raise the share), or when the cost could not be measured (run the pair on a
-    labelled sample); else ``ok``.
+a check's own sentence (only where a registered check has one to say)
+    Each registered card check may add a sentence
+    (:meth:`~spotstop.diagnostics._check_base.CardCheck.verdict_item`), in registry order
+    (what each says and when is in the check's module). A check may also give
+    the ``policy`` sentence for a deployed policy of a kind it owns
+    (:meth:`~spotstop.diagnostics._check_base.CardCheck.policy_advice`).
 drift (only with ``--period``)
     The latest period against its baseline (:mod:`~spotstop.diagnostics._periods`): ``fail``
     when a deployed conformal cut does not keep its stated miss rate in the latest period
@@ -54,6 +53,7 @@ from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics._metrics import TIES_COMMON
 from spotstop.diagnostics._recommend import Recommendation
 from spotstop.diagnostics._results import Estimate
+from spotstop.guard.policies import Policy
 
 __all__ = ["COMPARED", "VerdictItem", "check_previous", "verdict"]
 
@@ -64,9 +64,6 @@ LEAK_AUROC = 0.7
 
 CUT_ROOM = 0.02
 """A cross-fitted threshold part whose interval lies above this (2 points) is a fail."""
-
-CASCADE_COST = 0.01
-"""A cascade that gives up at least this much AUROC (interval excluding 0) is a warning."""
 
 
 @dataclass(frozen=True)
@@ -197,45 +194,16 @@ def cut_item(
 
 
 def policy_item(
-    rec: Recommendation,
-    deployed: str | None,
-    version: str | None = None,
-    cascade_cut: str | None = None,
+    rec: Recommendation, deployed: str | None, version: str | None = None
 ) -> VerdictItem:
     """The ``policy`` sentence from the recommendation and the deployed kind (None: nothing
-    is deployed, e.g. a scores CSV; ``"unknown"``: the log does not say) and version. A
-    deployed ``cascade`` is a cost option around its cut (``cascade_cut``): the
-    recommendation is compared with that cut, and the advice keeps the cascade."""
+    is deployed, e.g. a scores CSV; ``"unknown"``: the log does not say) and version. (A check
+    that owns the deployed kind may say it instead: :func:`verdict` asks them first.)"""
     reason = rec.reasons[0] if rec.reasons else ""
     which = f" ({version})" if version else ""
     if deployed is None:
         return VerdictItem(
             "ok", "policy", f"Use the {rec.policy} policy (nothing is deployed here): {reason}"
-        )
-    if deployed == "cascade" and cascade_cut is not None:
-        from spotstop.guard.policies import CUT_KINDS
-
-        if rec.policy == cascade_cut:
-            return VerdictItem(
-                "ok",
-                "policy",
-                f"Keep the deployed cascade{which} around its {cascade_cut} cut; that cut is "
-                f"the one to use: {reason}",
-            )
-        if rec.policy in CUT_KINDS:
-            return VerdictItem(
-                "warn",
-                "policy",
-                f"Keep the deployed cascade{which} but give it a {rec.policy} cut instead of "
-                f"{cascade_cut} (`spotstop recalibrate --policy cascade --cut {rec.policy}`): "
-                f"{reason}",
-            )
-        return VerdictItem(
-            "warn",
-            "policy",
-            f"Switch from the deployed cascade{which} (a {cascade_cut} cut) to {rec.policy} "
-            f"(`spotstop recalibrate --policy {rec.policy}`; every scene then runs both "
-            f"members): {reason}",
         )
     if deployed == rec.policy:
         return VerdictItem(
@@ -415,46 +383,6 @@ def changes_item(previous: Mapping[str, Any], current: Mapping[str, Any]) -> Ver
     )
 
 
-def cascade_item(res: Any) -> VerdictItem | None:
-    """The ``cascade`` sentence from the cascade check's result (None when no cascade
-    decided)."""
-    if res is None or not getattr(res, "used", False):
-        return None
-    said, todo = [], []
-    for sh, c in zip(res.shares, res.costs, strict=True):
-        text = f"{sh.version_id} ran the second member on " + (
-            f"{fmt(sh.share)} % of {sh.share.n} decisions"
-            if sh.share.n
-            else "an unknown share of its decisions (members_run not logged)"
-        )
-        if sh.configured_share is not None:
-            text += f" (its band was fitted for {100 * sh.configured_share:.0f} %)"
-        if sh.configured_inside is False:
-            todo.append(
-                f"refit the band of {sh.version_id} (spotstop recalibrate --policy cascade)"
-            )
-        if c.measurable:
-            d = c.auroc_diff
-            text += (
-                f" and gives up {-d.value:.3f} AUROC against the full pair "
-                f"({fmt(d, pct=False, signed=True)}, cascade − pair, on {c.n} labelled scenes "
-                "where both ran)"
-            )
-            if math.isfinite(d.ci.high) and d.ci.high < 0 and -d.value >= CASCADE_COST:
-                todo.append(f"raise the share of {sh.version_id} to give up less")
-        else:
-            text += "; what it gives up against the full pair was not measured"
-            todo.append(f"run the pair on a labelled sample to measure what {sh.version_id} costs")
-        said.append(text)
-    return VerdictItem(
-        "warn" if todo else "ok",
-        "cascade",
-        "The cascade policy "
-        + "; ".join(said)
-        + (f"; {'; '.join(todo)}." if todo else "; nothing to do."),
-    )
-
-
 def drift_item(res: Any) -> VerdictItem | None:
     """The ``drift`` sentence from :class:`~spotstop.diagnostics._periods.PeriodsResult`."""
     if res is None or res.latest is None:
@@ -502,6 +430,13 @@ def drift_item(res: Any) -> VerdictItem | None:
     )
 
 
+def _registered_checks() -> list[type[Any]]:
+    """The registered card checks' classes, in registry order (imported now)."""
+    from spotstop.diagnostics._checks import CARD_CHECKS, card_check
+
+    return [card_check(name) for name in CARD_CHECKS]
+
+
 def verdict(
     *,
     fields: Mapping[str, Estimate],
@@ -510,14 +445,22 @@ def verdict(
     deployed_kind: str | None,
     deployed_version: str | None,
     direct_cut: float,
-    deployed_cascade_cut: str | None = None,
+    deployed_policy: Policy | None = None,
     direct_cut_source: str,
     previous: Mapping[str, Any] | None = None,
     current: Mapping[str, Any] | None = None,
 ) -> tuple[VerdictItem, ...]:
     """The verdict's items in order (see the module docstring).  ``checks`` maps a check name
-    to its computed result (``CheckResult.result``); ``current`` is this card's JSON without
-    the verdict, compared with ``previous`` when given."""
+    to its computed result (``CheckResult.result``); ``deployed_policy`` is the deployed
+    policy itself (None when the input holds none), for the checks' ``policy_advice``;
+    ``current`` is this card's JSON without the verdict, compared with ``previous`` when
+    given."""
+    registered = _registered_checks()
+    advice = [
+        a
+        for cls in registered
+        if (a := cls.policy_advice(recommendation, deployed_policy, deployed_version)) is not None
+    ]
     items = [
         leak_item(checks.get("scene_blind")),
         cut_item(
@@ -527,12 +470,13 @@ def verdict(
             direct_cut_source,
             direct_cut,
         ),
-        policy_item(recommendation, deployed_kind, deployed_version, deployed_cascade_cut),
+        advice[0] if advice else policy_item(recommendation, deployed_kind, deployed_version),
         guarantee_item(checks.get("conformal_audit"), deployed_version),
     ]
-    cascade = cascade_item(checks.get("cascade"))
-    if cascade is not None:
-        items.append(cascade)
+    for cls in registered:
+        own = cls.verdict_item(checks.get(cls.name))
+        if own is not None:
+            items.append(own)
     drift = drift_item(checks.get("periods"))
     if drift is not None:
         items.append(drift)

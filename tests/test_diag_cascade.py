@@ -21,15 +21,14 @@ from sklearn.metrics import roc_auc_score
 from spotstop.diagnostics import audit_deployed, read_log
 from spotstop.diagnostics._build import card_from_inputs
 from spotstop.diagnostics._cascade import (
-    CascadeCheck,
     cascade_cost,
     cascade_shares,
     simulate_cascade,
 )
+from spotstop.diagnostics._cascade_check import CascadeCheck
 from spotstop.diagnostics._check_base import CardContext
 from spotstop.diagnostics._checks import CARD_CHECKS
 from spotstop.diagnostics._data import CaseTable
-from spotstop.diagnostics._verdict import cascade_item
 from spotstop.guard._fusion import Avg2Fusion, MemberStats
 from spotstop.guard._log import DecisionLog
 from spotstop.guard.policies import (
@@ -121,7 +120,7 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 
 def test_the_cascade_check_is_registered():
-    assert CARD_CHECKS["cascade"] == ("spotstop.diagnostics._cascade", "CascadeCheck")
+    assert CARD_CHECKS["cascade"] == ("spotstop.diagnostics._cascade_check", "CascadeCheck")
 
 
 def test_share_and_its_exact_interval_against_a_hand_count(logged):
@@ -212,7 +211,7 @@ def test_only_the_cascades_own_scenes_say_the_cost_is_not_measurable(tmp_path: P
     assert c.auroc_diff.value == 0.0 and "not measurable from this log" in c.note
     res = CascadeCheck().run(_ctx(log))
     assert any("not measurable from this log" in v for _, v in res.rows)
-    item = cascade_item(res.result)
+    item = CascadeCheck.verdict_item(res.result)
     assert item is not None and item.status == "warn" and item.topic == "cascade"
     assert "run the pair on a labelled sample" in item.sentence
 
@@ -246,7 +245,7 @@ def test_no_cascade_in_the_log_or_no_log_is_not_used_not_an_error(tmp_path: Path
                         policy=policy_row(cfg))  # fmt: skip
     res = CascadeCheck().run(_ctx(read_log(path)))
     assert not res.result.used and "no cascade policy decided" in res.rows[0][1]
-    assert cascade_item(res.result) is None
+    assert CascadeCheck.verdict_item(res.result) is None
 
 
 def test_the_card_shows_the_cascade_in_json_markdown_and_html(logged, tmp_path: Path):

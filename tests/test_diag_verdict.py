@@ -208,13 +208,34 @@ def test_policy_rule_by_hand():
     assert switch.status == "warn" and "--policy conformal" in switch.sentence
     assert "deployed frozen policy (v0004+0123abcd)" in switch.sentence
     assert "nothing is deployed" in policy_item(dataclasses.replace(rec), None).sentence
-    # a deployed cascade is a cost option around its cut: the advice keeps it
-    keep = policy_item(rec, "cascade", "v0005+0123abcd", "conformal")
-    assert keep.status == "ok" and "Keep the deployed cascade" in keep.sentence
-    recut = policy_item(rec, "cascade", "v0005+0123abcd", "frozen")
-    assert recut.status == "warn" and "--policy cascade --cut conformal" in recut.sentence
-    away = policy_item(dataclasses.replace(rec, policy="batch"), "cascade", None, "frozen")
+
+
+def test_a_deployed_cascade_gets_its_checks_policy_advice():
+    """A deployed cascade is a cost option around its cut: the cascade check gives the
+    ``policy`` sentence (the recommendation against its cut) and the advice keeps it; for
+    any other deployed policy it says nothing and the verdict's own sentence stands."""
+    from spotstop.diagnostics._cascade_check import CascadeCheck
+    from spotstop.guard.policies import CascadePolicy, ConformalPolicy, FrozenPolicy
+
+    rec = Recommendation("conformal", ("150 labelled unsafe situations suffice",))
+    conf = ConformalPolicy(alpha=0.1, n=50, k=5, threshold=0.2)
+
+    def cascade(cut):
+        return CascadePolicy(first="a", share=0.5, band=0.3, cut=cut)
+
+    keep = CascadeCheck.policy_advice(rec, cascade(conf), "v0005+0123abcd")
+    assert keep is not None and keep.status == "ok" and keep.topic == "policy"
+    assert "Keep the deployed cascade (v0005+0123abcd) around its conformal cut" in keep.sentence
+    recut = CascadeCheck.policy_advice(rec, cascade(FrozenPolicy(0.1)), "v0005+0123abcd")
+    assert recut is not None and recut.status == "warn"
+    assert "--policy cascade --cut conformal" in recut.sentence
+    away = CascadeCheck.policy_advice(
+        dataclasses.replace(rec, policy="batch"), cascade(FrozenPolicy(0.1)), None
+    )
+    assert away is not None
     assert "Switch from the deployed cascade" in away.sentence and "both members" in away.sentence
+    assert CascadeCheck.policy_advice(rec, FrozenPolicy(0.1), "v1") is None
+    assert CascadeCheck.policy_advice(rec, None, None) is None
 
 
 def test_cut_item_reads_the_gain_when_the_recovery_is_undefined_and_names_ties():
