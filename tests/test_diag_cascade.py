@@ -140,6 +140,26 @@ def test_share_and_its_exact_interval_against_a_hand_count(logged):
     assert s.configured_inside == (ci.low <= 0.5 <= ci.high)
 
 
+def test_without_its_policy_document_the_first_member_is_the_one_that_ran_alone(
+    logged, tmp_path: Path
+):
+    """A cascade version whose policy document the log does not store: its first member is
+    read from ``members_run`` (the member that ran alone), not from the rule's text."""
+    import shutil
+    import sqlite3
+
+    path, b = logged
+    copy = tmp_path / "no-doc.sqlite"
+    shutil.copyfile(path, copy)
+    with sqlite3.connect(copy) as conn:
+        conn.execute("DELETE FROM policies WHERE policy_version = ?", (b["cfg"].version_id,))
+    conn.close()
+    (s,) = cascade_shares(read_log(copy))
+    (full,) = cascade_shares(read_log(path))
+    assert s.first == "a" and s.configured_share is None
+    assert (s.n_decisions, s.share.n, s.n_second) == (full.n_decisions, full.share.n, full.n_second)
+
+
 def test_simulated_cascade_masks_exactly_where_second_needed_says_false(logged):
     path, b = logged
     log = read_log(path)
