@@ -6,8 +6,8 @@ Audit of a deployed cut
     ``cascade`` whose cut is conformal (its answers are on the cascade's score, which is the
     first member's alone outside the band, so the cut's guarantee on the pair's S need not
     carry over: the audit is how to know), and each policy whose fallback is a conformal cut
-    (``situation``, ``batch``: only the decisions the fallback made, which the logged rule
-    names, e.g. ``situation->conformal``), the unit is the
+    (``situation``, ``batch``: only the decisions the fallback made, whose logged
+    ``deciding_kind`` is ``conformal``), the unit is the
     guarantee's: ONE labelled unsafe decision per situation (its first in time; a decision
     without a situation is its own), among the decisions that version made with that cut
     after it was created and that did not fail closed.  A miss is the guard's logged answer SAFE.  The

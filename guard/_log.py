@@ -18,8 +18,9 @@ Storage
 * One shape: the ``decisions`` columns and the row mapping derive from
   :class:`~spotstop.guard._record.DecisionRecord`'s field list.
 * The log says who decided: every row carries the ``policy_version``, ``policy_kind`` and
-  ``fusion_key`` of the policy that made it, and the ``policies`` table keeps each such
-  policy file whole (:meth:`DecisionLog.policies`), so readers can replay it.
+  ``fusion_key`` of the policy that made it and the ``deciding_kind`` (the kind whose
+  threshold it met), and the ``policies`` table keeps each such policy file whole
+  (:meth:`DecisionLog.policies`), so readers can replay it.
 * NaN stays NaN: scores are stored as JSON with non-finite values spelled ``"NaN"``,
   ``"Infinity"``, ``"-Infinity"`` (JSON itself has no NaN), and the scalar columns map a
   NaN to SQL ``NULL`` (SQLite stores NaN as NULL) and back.
