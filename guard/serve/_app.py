@@ -22,11 +22,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from spotstop.guard._guard import Guard
-from spotstop.guard.serve._errors import PayloadTooLarge, SidecarError, UploadTimeout
+from spotstop.guard.serve._errors import (
+    PayloadTooLarge,
+    SidecarError,
+    UploadTimeout,
+    input_error,
+)
 from spotstop.guard.serve._metrics import SidecarMetrics
-from spotstop.guard.serve._parse import SITUATION_ID_PATTERN, Limits, field_path
+from spotstop.guard.serve._parse import Limits
 from spotstop.guard.serve._runner import ModelRunner
-from spotstop.guard.serve._schemas import BatchRequest, CheckJSON, ErrorOut, LabelsRequest
 from spotstop.guard.serve._settings import ServeSettings
 from spotstop.guard.serve._state import AuthDep, Sidecar
 from spotstop.guard.serve.routers import checks, health, labels, policy, situations
@@ -221,27 +225,10 @@ def _install_handlers(app: FastAPI, metrics: SidecarMetrics) -> None:
             status_code=499,
         )
 
-    async def validation_error(_request: Request, e: Exception) -> JSONResponse:
-        e = cast(RequestValidationError, e)
-        errors = [
-            {
-                "field": field_path([p for p in err["loc"] if p not in ("path", "query", "body")]),
-                "message": str(err["msg"]),
-                "type": str(err["type"]),
-            }
-            for err in e.errors()
-        ]
-        first = errors[0] if errors else {"field": None}
-        metrics.input_refused.labels(code="invalid_input").inc()
-        return JSONResponse(
-            {
-                "code": "invalid_input",
-                "message": "; ".join(f"{x['field']}: {x['message']}" for x in errors[:5]),
-                "field": first["field"],
-                "errors": errors,
-            },
-            status_code=422,
-        )
+    async def validation_error(request: Request, e: Exception) -> JSONResponse:
+        # a body, header or path that does not validate against its model: the sidecar's
+        # own error body (a 422 naming the field, its code), never FastAPI's default shape
+        return await sidecar_error(request, input_error(cast(RequestValidationError, e).errors()))
 
     async def http_error(_request: Request, e: Exception) -> JSONResponse:
         e = cast(StarletteHTTPException, e)
@@ -273,9 +260,9 @@ def _install_handlers(app: FastAPI, metrics: SidecarMetrics) -> None:
 
 
 def _openapi(app: FastAPI, settings: ServeSettings) -> Callable[[], dict[str, Any]]:
-    """FastAPI's schema plus the request-body models the routes parse themselves (they
-    read the raw body to name fields in UTF-8 and base64 errors precisely), with this
-    server's limits (text lengths, batch and label counts) written into the schemas."""
+    """FastAPI's schema (the request and response models, the multipart form, the header and
+    the security scheme), with this server's limits written in: they are settings, which no
+    model declared at import time can know."""
 
     def build() -> dict[str, Any]:
         if app.openapi_schema:
@@ -286,11 +273,6 @@ def _openapi(app: FastAPI, settings: ServeSettings) -> Callable[[], dict[str, An
             description=app.description,
             routes=app.routes,
         )
-        comps = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (CheckJSON, BatchRequest, LabelsRequest, ErrorOut):
-            js = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            comps.update(js.pop("$defs", {}))
-            comps[model.__name__] = js
         _write_limits(schema, settings)
         app.openapi_schema = schema
         return schema
@@ -309,13 +291,11 @@ def _write_limits(schema: dict[str, Any], s: ServeSettings) -> None:
         for alt in sid.get("anyOf", [sid]):
             if alt.get("type") == "string":
                 alt["maxLength"] = s.max_situation_chars
-                alt["pattern"] = SITUATION_ID_PATTERN
     comps["BatchRequest"]["properties"]["scenes"]["maxItems"] = s.max_batch
     comps["LabelsRequest"]["properties"]["labels"]["maxItems"] = s.max_labels
     for p in schema["paths"]["/v1/situations/{situation_id}"]["get"]["parameters"]:
         if p["name"] == "situation_id":
             p["schema"]["maxLength"] = s.max_situation_chars
-            p["schema"]["pattern"] = SITUATION_ID_PATTERN
 
 
 def _install_sighup(sidecar: Sidecar) -> Callable[[], None]:

@@ -26,17 +26,21 @@ client must treat it as UNSAFE (``spotstop.guard.client.GuardClient`` does).
 
 The JSON body of every error response is :class:`~spotstop.guard.serve._schemas.ErrorOut`:
 ``{"code": ..., "message": ..., "field": ..., "errors": [{"field", "message", "type"}]}``.
+What FastAPI's validation refuses (a request model, the budget header, a path parameter)
+becomes an :class:`InputError` by :func:`input_error`, so it answers in the same body.
 
 This module imports nothing from FastAPI, so the CLI can use it before the server starts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from spotstop.guard._errors import ConfigError, GuardError
 
 __all__ = [
+    "SIDECAR_CODES",
     "ImageInputError",
     "InputError",
     "InsecureBindError",
@@ -50,6 +54,8 @@ __all__ = [
     "UnknownDecision",
     "UnsupportedMediaType",
     "UploadTimeout",
+    "field_path",
+    "input_error",
 ]
 
 
@@ -197,3 +203,69 @@ class PolicyReloadError(SidecarError):
 
     status = 422
     code = "policy_invalid"
+
+
+# ------------------------------------------------------------ validation errors → the body
+
+#: Codes the request models raise themselves (``PydanticCustomError(code, ...)``, from the
+#: same field rules the multipart form and the path use); :func:`input_error` keeps them.
+SIDECAR_CODES = frozenset({"empty_field", "invalid_value", "text_too_long"})
+
+#: Where a validation error's location starts with where FastAPI found the value.
+_SOURCES = frozenset({"body", "header", "path", "query", "cookie"})
+
+
+def field_path(loc: Sequence[object]) -> str:
+    """``("scenes", 0, "image_base64")`` → ``"scenes[0].image_base64"``; ``()`` → ``"body"``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "body"
+
+
+def _code(err_type: str, where: str) -> str:
+    if err_type in SIDECAR_CODES:
+        return err_type
+    if err_type == "extra_forbidden":
+        return "extra_field"
+    if err_type == "missing":
+        return "body_missing" if where == "body" else "missing_field"
+    if err_type.endswith("_type") or err_type in ("model_type", "model_attributes_type"):
+        return "wrong_type"
+    return "invalid_value"
+
+
+def _message(err: Mapping[str, Any]) -> str:
+    t = err["type"]
+    if t == "extra_forbidden":
+        return "unknown field; remove it"
+    if t == "missing":
+        return "field required"
+    return str(err["msg"])
+
+
+def input_error(errors: Iterable[Mapping[str, Any]]) -> InputError:
+    """Pydantic's validation errors (as FastAPI's ``RequestValidationError.errors()`` gives
+    them, ``loc`` led by ``body``/``header``/``path``) → one :class:`InputError` (422) whose
+    ``field`` and ``code`` are those of the first error and whose ``errors`` list them all.
+    The values that failed are never echoed (an image may be megabytes of base64)."""
+    items = []
+    for err in errors:
+        loc = tuple(err.get("loc", ()))
+        if loc and loc[0] in _SOURCES:
+            loc = loc[1:]
+        items.append({"field": field_path(loc), "message": _message(err), "type": str(err["type"])})
+    if not items:  # (pydantic always names at least one; keep the body's shape regardless)
+        return InputError("invalid request.", field="body")
+    first = items[0]
+    msg = "; ".join(f"{x['field']}: {x['message']}" for x in items[:5])
+    more = f" (and {len(items) - 5} more)" if len(items) > 5 else ""
+    return InputError(
+        f"invalid request: {msg}{more}.",
+        field=first["field"],
+        code=_code(first["type"], first["field"]),
+        errors=items,
+    )

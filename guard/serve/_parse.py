@@ -1,16 +1,21 @@
-"""Request bodies → validated scenes, or an :class:`InputError` naming the field.
+"""What the request models cannot do: the multipart form, strict JSON text, the field rules.
 
 Runs in a worker thread (decoding is CPU work). Nothing here touches the models or the log:
-a body that fails here makes no decision. Choices:
+a body that fails here makes no decision. The JSON bodies themselves are pydantic models
+(:mod:`spotstop.guard.serve._schemas`) that FastAPI validates and documents; this module keeps:
 
-* JSON is parsed with the standard library first so that problems can be named by field:
-  invalid UTF-8 and lone surrogates (``"\\ud800"``) are found in the string that holds them;
-  duplicate keys and the non-standard constants ``NaN``/``Infinity`` are refused. Then the
-  pydantic model validates strictly (no coercion, no unknown fields).
-* Multipart is parsed with ``python-multipart`` directly (not Starlette's form parser, which
+* **Strict JSON text** (:func:`parse_json`, the sidecar's ``Request.json``): parsed with the
+  standard library so that problems can be named by field: invalid UTF-8 and lone surrogates
+  (``"\\ud800"``) are found in the string that holds them; duplicate keys (which would let a
+  body say two requests at once) and the non-standard constants ``NaN``/``Infinity`` are
+  refused. The models then validate the parsed object strictly.
+* **Multipart** is parsed with ``python-multipart`` directly (not Starlette's form parser, which
   falls back to latin-1 on invalid UTF-8): ``image`` must be a file part, ``request`` and
   ``situation_id`` text parts in UTF-8; unknown or repeated parts are refused; a body that
   ends before its closing boundary is refused as truncated.
+* **The field rules** every way in shares (:func:`check_text`, :func:`check_situation_id`):
+  the models call them too, so a situation id the path or the form refuses, JSON refuses.
+  The limits that are settings (text lengths) are checked here, after the model.
 * Parsing gives :class:`ParsedScene` objects that still hold the *encoded* image: images
   are decoded later by :meth:`ParsedScene.decode` (:func:`spotstop.guard._image.decode_image`,
   limits from the settings), after the request was admitted to the model queue, on the
@@ -23,13 +28,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ValidationError
 from python_multipart.multipart import (
     MultipartParser,
     MultipartState,
@@ -37,27 +40,30 @@ from python_multipart.multipart import (
 )
 from spotstop.guard._errors import RequestError
 from spotstop.guard._image import DEFAULT_MIN_SIDE, DecodedImage, ImageRefused, decode_image
-from spotstop.guard._types import BUDGET_HEADER, Scene
+from spotstop.guard._types import Scene
 from spotstop.guard.serve._errors import (
     ImageInputError,
     InputError,
     UnsupportedMediaType,
+    field_path,
 )
-from spotstop.guard.serve._schemas import CheckJSON
+
+if TYPE_CHECKING:
+    from spotstop.guard.serve._schemas import CheckJSON
 
 __all__ = [
     "SITUATION_ID_PATTERN",
     "Limits",
     "ParsedScene",
-    "caller_budget_s",
     "check_situation_id",
-    "field_path",
-    "parse_check_body",
-    "parse_json_model",
+    "check_text",
+    "is_json",
+    "media_type",
+    "parse_json",
+    "require_json",
     "scene_from_json",
+    "scene_from_multipart",
 ]
-
-_M = TypeVar("_M", bound=BaseModel)
 
 #: Multipart parts a check accepts.
 _PARTS = ("image", "request", "situation_id")
@@ -94,17 +100,6 @@ class ParsedScene:
 
 
 # ------------------------------------------------------------------------------- JSON
-
-
-def field_path(loc: Sequence[object]) -> str:
-    """``("scenes", 0, "image_base64")`` → ``"scenes[0].image_base64"``; ``()`` → ``"body"``."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "body"
 
 
 def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -194,64 +189,17 @@ def parse_json(body: bytes) -> Any:
     return obj
 
 
-def validate_model(model: type[_M], obj: Any, *, prefix: tuple[object, ...] = ()) -> _M:
-    """Strict pydantic validation; errors name every field at fault."""
-    try:
-        return model.model_validate(obj, strict=True)
-    except ValidationError as e:
-        errors = [
-            {
-                "field": field_path((*prefix, *err["loc"])),
-                "message": _message(err),
-                "type": err["type"],
-            }
-            for err in e.errors(include_url=False, include_input=False)
-        ]
-        first = errors[0]
-        msg = "; ".join(f"{x['field']}: {x['message']}" for x in errors[:5])
-        more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-        raise InputError(
-            f"invalid request: {msg}{more}.",
-            field=first["field"],
-            code=_code(errors),
-            errors=errors,
-        ) from None
-
-
-def _message(err: Any) -> str:
-    t = err["type"]
-    if t == "extra_forbidden":
-        return "unknown field; remove it"
-    if t == "missing":
-        return "field required"
-    return str(err["msg"])
-
-
-def _code(errors: list[dict[str, Any]]) -> str:
-    t = errors[0]["type"]
-    if t == "extra_forbidden":
-        return "extra_field"
-    if t == "missing":
-        return "missing_field"
-    if t.endswith("_type") or t in ("model_type", "model_attributes_type"):
-        return "wrong_type"
-    return "invalid_value"
-
-
-def parse_json_model(model: type[_M], body: bytes) -> _M:
-    """A JSON body → a validated ``model``."""
-    return validate_model(model, parse_json(body))
-
-
 # --------------------------------------------------------------------------- scenes
 
 
-def _check_text(value: str, *, field_name: str, limit: int, what: str) -> str:
+def check_text(value: str, *, field_name: str, what: str, limit: int | None = None) -> str:
+    """Not empty nor only whitespace (``empty_field``) and, with ``limit``, at most ``limit``
+    characters (``text_too_long``); else an :class:`InputError` naming ``field_name``."""
     if not value.strip():
         raise InputError(
             f"{field_name} is empty; pass {what}.", field=field_name, code="empty_field"
         )
-    if len(value) > limit:
+    if limit is not None and len(value) > limit:
         raise InputError(
             f"{field_name} has {len(value)} characters; the limit is {limit}. Shorten it "
             "(or raise the server's limit).",
@@ -261,13 +209,12 @@ def _check_text(value: str, *, field_name: str, limit: int, what: str) -> str:
     return value
 
 
+#: What the ``request`` field is, for the messages of :func:`check_text`.
+REQUEST_WHAT = "the instruction the robot was given"
+
+
 def _check_request(request: str, field_name: str, limits: Limits) -> str:
-    _check_text(
-        request,
-        field_name=field_name,
-        limit=limits.max_request_chars,
-        what="the instruction the robot was given",
-    )
+    check_text(request, field_name=field_name, limit=limits.max_request_chars, what=REQUEST_WHAT)
     try:
         limits.check_request(request)
     except RequestError as e:
@@ -275,40 +222,22 @@ def _check_request(request: str, field_name: str, limits: Limits) -> str:
     return request
 
 
-#: The situation id's rule as a JSON-Schema pattern (written into the OpenAPI schema): no
-#: control character (Unicode category Cc) and at least one non-space character. It states
-#: what :func:`check_situation_id` checks; a test holds the two together.
+#: The situation id's rule as a JSON-Schema pattern (the request models carry it into the
+#: OpenAPI schema): no control character (Unicode category Cc) and at least one non-space
+#: character. It states what :func:`check_situation_id` checks; a test holds the two together.
 SITUATION_ID_PATTERN: str = (
     r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f]"
     r"[^\u0000-\u001f\u007f-\u009f]*$"
 )
 
 
-def caller_budget_s(value: str | None) -> float | None:
-    """The caller's budget from :data:`BUDGET_HEADER` (None: the header is absent); a value that
-    is not a positive, finite number of seconds is an :class:`InputError` naming the header."""
-    if value is None:
-        return None
-    try:
-        budget = float(value.strip())
-    except ValueError:
-        budget = math.nan
-    if not (math.isfinite(budget) and budget > 0):
-        raise InputError(
-            f"header {BUDGET_HEADER} must be a positive number of seconds (how long the caller "
-            f"waits for this answer); got {value!r}. Leave it out to use the sidecar's deadline.",
-            field=BUDGET_HEADER,
-            code="invalid_value",
-        )
-    return budget
-
-
-def check_situation_id(sid: str | None, field_name: str, limit: int) -> str | None:
-    """The one validator of situation ids (checks, batches, ``/v1/situations/{id}``): not
-    empty, at most ``limit`` characters, no control characters."""
+def check_situation_id(sid: str | None, field_name: str, limit: int | None = None) -> str | None:
+    """The one validator of situation ids (checks, batches, ``/v1/situations/{id}``, the JSON
+    models): not empty, no control characters and, with ``limit``, at most ``limit``
+    characters."""
     if sid is None:
         return None
-    _check_text(sid, field_name=field_name, limit=limit, what="a situation id")
+    check_text(sid, field_name=field_name, limit=limit, what="a situation id")
     if any(unicodedata.category(c) == "Cc" for c in sid):
         raise InputError(
             f"{field_name} holds control characters; use printable text.",
@@ -529,24 +458,16 @@ def media_type(content_type: str) -> str:
     return content_type.split(";", 1)[0].strip().lower()
 
 
-def require_json(content_type: str) -> None:
+def is_json(content_type: str) -> bool:
     mt = media_type(content_type)
-    if mt != "application/json" and not mt.endswith("+json"):
+    return mt == "application/json" or mt.endswith("+json")
+
+
+def require_json(content_type: str) -> None:
+    """415 unless the body is JSON (``application/json`` or ``…+json``)."""
+    if not is_json(content_type):
+        mt = media_type(content_type)
         raise UnsupportedMediaType(
             f"Content-Type must be application/json; got {mt or 'none'!r}.",
             field="Content-Type",
         )
-
-
-def parse_check_body(body: bytes, content_type: str, limits: Limits) -> ParsedScene:
-    """``POST /v1/check``: a JSON or multipart body → one scene (image still encoded)."""
-    mt = media_type(content_type)
-    if mt == "multipart/form-data":
-        return scene_from_multipart(body, content_type, limits)
-    if mt == "application/json" or mt.endswith("+json"):
-        return scene_from_json(parse_json_model(CheckJSON, body), limits)
-    raise UnsupportedMediaType(
-        "Content-Type must be multipart/form-data (fields image, request, situation_id) or "
-        f"application/json (image_base64, request, situation_id); got {mt or 'none'!r}.",
-        field="Content-Type",
-    )

@@ -1,15 +1,34 @@
 """Request and response bodies of the sidecar (pydantic models; they make /openapi.json).
 
 Request models are strict: no type coercion (``"1"`` is not an int), unknown fields are
-refused, and the error names the field.
+refused, and FastAPI validates them before a route runs; the sidecar's handler turns
+pydantic's errors into its own error body (:class:`ErrorOut`), naming the field. The text
+fields follow the same rules as the multipart form and the path
+(:func:`~spotstop.guard.serve._parse.check_text`,
+:func:`~spotstop.guard.serve._parse.check_situation_id`), raised with the sidecar's codes
+(``empty_field``, ``invalid_value``). Limits that are settings of the server (text lengths,
+scenes per batch, labels per call) are checked by the routes and written into
+/openapi.json by the app; every other rule is stated here once.
+
+The decision's fields are declared once, by :class:`spotstop.guard.DecisionRecord`:
+:data:`DecisionOut` is built from :func:`~spotstop.guard._record.json_field_types`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
+from pydantic_core import PydanticCustomError
 from spotstop.guard._record import Decision, json_field_types
+from spotstop.guard.serve._errors import InputError
+from spotstop.guard.serve._parse import (
+    REQUEST_WHAT,
+    SITUATION_ID_PATTERN,
+    check_situation_id,
+    check_text,
+)
 
 __all__ = [
     "BatchOut",
@@ -24,6 +43,8 @@ __all__ = [
     "LabelsRequest",
     "ReadyOut",
     "ReloadOut",
+    "RequestText",
+    "SituationId",
     "SituationOut",
 ]
 
@@ -34,6 +55,40 @@ _PNG_1PX = (
 _BASE64_PATTERN = r"^[A-Za-z0-9+/]*={0,2}$"
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+def _rule(check: Callable[[str], object]) -> AfterValidator:
+    """A field rule of :mod:`~spotstop.guard.serve._parse` as a pydantic validator whose error
+    type is the sidecar's code (``InputError.code``) and whose message is the rule's."""
+
+    def validate(value: str) -> str:
+        try:
+            check(value)
+        except InputError as e:
+            raise PydanticCustomError(e.code, "{reason}", {"reason": e.message}) from None
+        return value
+
+    return AfterValidator(validate)
+
+
+#: What the robot was asked to do: not empty nor only whitespace. Its length limit
+#: (``max_request_chars``) and the members' own check (control tokens) are the route's.
+RequestText = Annotated[
+    str,
+    _rule(lambda v: check_text(v, field_name="request", what=REQUEST_WHAT)),
+    Field(
+        description="What the robot was asked to do (not only whitespace).",
+        json_schema_extra={"minLength": 1},
+    ),
+]
+
+#: A situation id: not empty, no control characters (:data:`SITUATION_ID_PATTERN`). Its
+#: length limit (``max_situation_chars``) is the route's.
+SituationId = Annotated[
+    str,
+    _rule(lambda v: check_situation_id(v, "situation_id")),
+    Field(json_schema_extra={"minLength": 1, "pattern": SITUATION_ID_PATTERN}),
+]
 
 
 class CheckJSON(BaseModel):
@@ -59,11 +114,10 @@ class CheckJSON(BaseModel):
         # documented, checked by the server's base64 decoder (error code image_bad_base64)
         json_schema_extra={"pattern": _BASE64_PATTERN},
     )
-    request: str = Field(description="What the robot was asked to do.", min_length=1)
-    situation_id: str | None = Field(
+    request: RequestText
+    situation_id: SituationId | None = Field(
         default=None,
         description="Place/task the scene belongs to, for situation recentering.",
-        min_length=1,
     )
 
 

@@ -1,34 +1,62 @@
-"""``POST /v1/check`` and ``POST /v1/check/batch``: scenes in, logged decisions out."""
+"""``POST /v1/check`` and ``POST /v1/check/batch``: scenes in, logged decisions out.
+
+Both are :class:`~spotstop.guard.serve._route.ScenesRoute`\\ s: the request takes its queue
+place before its body is read. The batch's body is the :class:`BatchRequest` model, which
+FastAPI validates and documents. ``/v1/check`` takes one scene as JSON (the
+:class:`CheckJSON` model, validated here because the same route also takes a multipart form)
+or as a multipart form (parsed by hand: :func:`~spotstop.guard.serve._parse.scene_from_multipart`).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from spotstop.guard._record import Decision
 from spotstop.guard._types import BUDGET_HEADER
-from spotstop.guard.serve._errors import InputError
+from spotstop.guard.serve._errors import InputError, UnsupportedMediaType, input_error
 from spotstop.guard.serve._parse import (
+    SITUATION_ID_PATTERN,
+    Limits,
     ParsedScene,
-    caller_budget_s,
-    parse_check_body,
+    is_json,
+    media_type,
     parse_json,
-    require_json,
     scene_from_json,
-    validate_model,
+    scene_from_multipart,
 )
-from spotstop.guard.serve._schemas import BatchOut, BatchRequest, DecisionOut
+from spotstop.guard.serve._route import Admission, AdmissionDep, ScenesRoute
+from spotstop.guard.serve._schemas import BatchOut, BatchRequest, CheckJSON, DecisionOut
 from spotstop.guard.serve._state import Sidecar, SidecarDep
 from spotstop.guard.serve.routers._common import AUTH, INPUT, OVERLOAD
 from starlette.concurrency import run_in_threadpool
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", tags=["checks"])
+router = APIRouter(prefix="/v1", tags=["checks"], route_class=ScenesRoute)
 
+#: The caller's budget (GuardClient sends it): validated and documented by FastAPI.
+CallerBudget = Annotated[
+    float | None,
+    Header(
+        alias=BUDGET_HEADER,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Seconds the caller waits for this answer, counted from its request. The request's "
+            "deadline is the earlier of this and the sidecar's own; past it no decision is "
+            "acknowledged (503) or a late one is a fail-closed UNSAFE, so the log never holds "
+            "a SAFE the caller did not get. Leave it out to use the sidecar's deadline."
+        ),
+    ),
+]
+
+#: The multipart form: parsed by hand (:func:`scene_from_multipart`), so described by hand.
+#: Its text fields follow the JSON model's rules; the app writes this server's length limits.
 _MULTIPART_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["image", "request"],
@@ -42,32 +70,18 @@ _MULTIPART_SCHEMA: dict[str, Any] = {
         "request": {
             "type": "string",
             "minLength": 1,
-            "description": "What the robot was asked to do (UTF-8).",
+            "description": "What the robot was asked to do (UTF-8, not only whitespace).",
         },
         "situation_id": {
             "type": "string",
             "minLength": 1,
+            "pattern": SITUATION_ID_PATTERN,
             "description": "Place/task of the scene, for situation recentering.",
         },
     },
 }
 
-#: The caller's budget header (GuardClient sends it), as the OpenAPI schema states it.
-_BUDGET_PARAMETER: dict[str, Any] = {
-    "name": BUDGET_HEADER,
-    "in": "header",
-    "required": False,
-    "description": (
-        "Seconds the caller waits for this answer, counted from its request. The request's "
-        "deadline is the earlier of this and the sidecar's own; past it no decision is "
-        "acknowledged (503) or a late one is a fail-closed UNSAFE, so the log never holds a "
-        "SAFE the caller did not get."
-    ),
-    "schema": {"type": "number", "exclusiveMinimum": 0},
-}
-
 _CHECK_BODY: dict[str, Any] = {
-    "parameters": [_BUDGET_PARAMETER],
     "requestBody": {
         "required": True,
         "description": "One scene, as multipart (a file upload) or as JSON (base64 image).",
@@ -76,18 +90,9 @@ _CHECK_BODY: dict[str, Any] = {
                 "schema": _MULTIPART_SCHEMA,
                 "encoding": {"image": {"contentType": "image/jpeg, image/png, image/webp"}},
             },
-            "application/json": {
-                "schema": {"$ref": "#/components/schemas/CheckJSON"},
-            },
+            # the model's own schema (FastAPI lists it under components: BatchRequest uses it)
+            "application/json": {"schema": {"$ref": "#/components/schemas/CheckJSON"}},
         },
-    },
-}
-
-_BATCH_BODY: dict[str, Any] = {
-    "parameters": [_BUDGET_PARAMETER],
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/BatchRequest"}}},
     },
 }
 
@@ -110,61 +115,68 @@ _BATCH_BODY: dict[str, Any] = {
         '"situation_id": ...}`.'
     ),
 )
-async def check(request: Request, sidecar: SidecarDep) -> JSONResponse:
-    [decision] = await _judge(request, sidecar, _parse_one)
+async def check(
+    request: Request,
+    sidecar: SidecarDep,
+    admission: AdmissionDep,
+    budget_s: CallerBudget = None,
+) -> JSONResponse:
+    body = await request.body()  # (read by the route, within the upload bounds)
+    ctype = request.headers.get("content-type", "")
+    [decision] = await _judge(
+        sidecar, admission, budget_s, lambda: [_scene(body, ctype, sidecar.limits)]
+    )
     return JSONResponse(decision.to_dict())
 
 
+def _scene(body: bytes, content_type: str, limits: Limits) -> ParsedScene:
+    """``/v1/check``'s body, JSON or multipart → one scene (image still encoded)."""
+    if media_type(content_type) == "multipart/form-data":
+        return scene_from_multipart(body, content_type, limits)
+    if is_json(content_type):
+        try:
+            item = CheckJSON.model_validate(parse_json(body))
+        except ValidationError as e:  # the same error body as FastAPI's validation gives
+            errors = e.errors(include_url=False, include_input=False)
+            raise input_error([{**err, "loc": ("body", *err["loc"])} for err in errors]) from None
+        return scene_from_json(item, limits)
+    raise UnsupportedMediaType(
+        "Content-Type must be multipart/form-data (fields image, request, situation_id) or "
+        "application/json (image_base64, request, situation_id); got "
+        f"{media_type(content_type) or 'none'!r}.",
+        field="Content-Type",
+    )
+
+
 async def _judge(
-    request: Request,
     sidecar: Sidecar,
-    parse: Callable[[bytes, str, Sidecar], list[ParsedScene]],
+    admission: Admission,
+    budget_s: float | None,
+    parse: Callable[[], list[ParsedScene]],
 ) -> list[Decision]:
-    """Admit, read, parse, then decode and judge on the model thread.
-
-    The request takes its queue place before its body is read (so waiting bodies, and the
-    memory they hold, are bounded by the queue); its deadline starts once the body is in.
-    """
-    received = time.monotonic()  # the caller's budget runs from its request, upload included
-    caller_s = caller_budget_s(request.headers.get(BUDGET_HEADER))
-    ticket = sidecar.runner.reserve(1)
-    try:
-        body = await request.body()  # bounded by the upload timeout (middleware)
-        arrived = time.monotonic()
-        t = time.perf_counter()
-        scenes = await run_in_threadpool(
-            parse, body, request.headers.get("content-type", ""), sidecar
-        )
-        sidecar.metrics.stage.labels(stage="parse").observe(time.perf_counter() - t)
-        return await sidecar.runner.check(
-            scenes,
-            arrived=arrived,
-            ticket=ticket,
-            limits=sidecar.limits,
-            caller_due=None if caller_s is None else received + caller_s,
-        )
-    finally:
-        if not ticket.handed_over:  # never reached the models: give the places back now
-            ticket.release()
+    """Parse (in a worker thread), then decode and judge on the model thread. The deadline
+    runs from when the body was in; the caller's budget from when its request began."""
+    t = time.perf_counter()
+    scenes = await run_in_threadpool(parse)
+    sidecar.metrics.stage.labels(stage="parse").observe(time.perf_counter() - t)
+    return await sidecar.runner.check(
+        scenes,
+        arrived=admission.arrived,
+        ticket=admission.ticket,
+        limits=sidecar.limits,
+        caller_due=None if budget_s is None else admission.received + budget_s,
+    )
 
 
-def _parse_one(body: bytes, content_type: str, sidecar: Sidecar) -> list[ParsedScene]:
-    return [parse_check_body(body, content_type, sidecar.limits)]
-
-
-def _parse_batch(body: bytes, content_type: str, sidecar: Sidecar) -> list[ParsedScene]:
-    require_json(content_type)
-    obj = parse_json(body)
+def _batch_scenes(req: BatchRequest, sidecar: Sidecar) -> list[ParsedScene]:
     max_batch = sidecar.settings.max_batch
-    if isinstance(obj, dict) and isinstance(obj.get("scenes"), list):
-        n = len(obj["scenes"])
-        if n > max_batch:
-            raise InputError(
-                f"scenes has {n} items; the limit is {max_batch} (max_batch). Split the batch.",
-                field="scenes",
-                code="too_many_scenes",
-            )
-    req = validate_model(BatchRequest, obj)
+    if len(req.scenes) > max_batch:
+        raise InputError(
+            f"scenes has {len(req.scenes)} items; the limit is {max_batch} (max_batch). Split "
+            "the batch.",
+            field="scenes",
+            code="too_many_scenes",
+        )
     return [
         scene_from_json(item, sidecar.limits, prefix=f"scenes[{i}].")
         for i, item in enumerate(req.scenes)
@@ -176,7 +188,6 @@ def _parse_batch(body: bytes, content_type: str, sidecar: Sidecar) -> list[Parse
     summary="Judge several scenes in one guard call",
     response_model=BatchOut,
     responses={**AUTH, **INPUT, **OVERLOAD},
-    openapi_extra=_BATCH_BODY,
     description=(
         "All scenes are validated first; one bad scene refuses the whole batch with a 422 "
         "naming it (e.g. `scenes[2].image_base64`) and no decision is made. Valid batches "
@@ -184,6 +195,11 @@ def _parse_batch(body: bytes, content_type: str, sidecar: Sidecar) -> list[Parse
         "at this batch's mean) and every decision is logged."
     ),
 )
-async def check_batch(request: Request, sidecar: SidecarDep) -> JSONResponse:
-    decisions = await _judge(request, sidecar, _parse_batch)
+async def check_batch(
+    body: BatchRequest,
+    sidecar: SidecarDep,
+    admission: AdmissionDep,
+    budget_s: CallerBudget = None,
+) -> JSONResponse:
+    decisions = await _judge(sidecar, admission, budget_s, lambda: _batch_scenes(body, sidecar))
     return JSONResponse({"decisions": [d.to_dict() for d in decisions]})

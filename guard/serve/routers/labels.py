@@ -1,11 +1,16 @@
-"""``POST /v1/labels``: attach reviewed labels (and contrast ids) to logged decisions."""
+"""``POST /v1/labels``: attach reviewed labels (and contrast ids) to logged decisions.
+
+The body is the :class:`LabelsRequest` model (FastAPI validates and documents it; a
+:class:`~spotstop.guard.serve._route.BodyRoute` checks the token and parses the JSON strictly
+first). The count limit (``max_labels``) and one label per decision are checked here.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from spotstop.guard._log import RecordError
 from spotstop.guard.serve._errors import InputError, UnknownDecision
-from spotstop.guard.serve._parse import parse_json, require_json, validate_model
+from spotstop.guard.serve._route import BodyRoute
 from spotstop.guard.serve._schemas import LabelsOut, LabelsRequest
 from spotstop.guard.serve._state import Sidecar, SidecarDep
 from spotstop.guard.serve.routers._common import AUTH, INPUT, err
@@ -13,20 +18,17 @@ from starlette.concurrency import run_in_threadpool
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", tags=["labels"])
+router = APIRouter(prefix="/v1", tags=["labels"], route_class=BodyRoute)
 
 
-def _write(sidecar: Sidecar, body: bytes, content_type: str) -> int:
-    require_json(content_type)
-    obj = parse_json(body)
+def _write(sidecar: Sidecar, req: LabelsRequest) -> int:
     limit = sidecar.settings.max_labels
-    if isinstance(obj, dict) and isinstance(obj.get("labels"), list) and len(obj["labels"]) > limit:
+    if len(req.labels) > limit:
         raise InputError(
-            f"labels has {len(obj['labels'])} items; the limit is {limit}. Send them in parts.",
+            f"labels has {len(req.labels)} items; the limit is {limit}. Send them in parts.",
             field="labels",
             code="too_many_labels",
         )
-    req = validate_model(LabelsRequest, obj)
     seen: dict[str, int] = {}
     for i, item in enumerate(req.labels):
         if item.decision_id in seen:
@@ -65,21 +67,12 @@ def _write(sidecar: Sidecar, body: bytes, content_type: str) -> int:
             "Nothing was written."
         ),
     },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/LabelsRequest"}}
-            },
-        }
-    },
     description=(
         "Labels are lower case `safe`/`unsafe`; `contrast_id` pairs a safe and an unsafe "
         "scene. All labels are written in one transaction, or none; a decision that already "
         "has a label gets the new one."
     ),
 )
-async def labels(request: Request, sidecar: SidecarDep) -> LabelsOut:
-    body = await request.body()
-    n = await run_in_threadpool(_write, sidecar, body, request.headers.get("content-type", ""))
+async def labels(body: LabelsRequest, sidecar: SidecarDep) -> LabelsOut:
+    n = await run_in_threadpool(_write, sidecar, body)
     return LabelsOut(written=n)

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from spotstop.guard.serve._parse import check_situation_id
-from spotstop.guard.serve._schemas import SituationOut
+from spotstop.guard.serve._schemas import SituationId, SituationOut
 from spotstop.guard.serve._state import SidecarDep
 from spotstop.guard.serve.routers._common import AUTH, err
 
@@ -33,9 +33,9 @@ router = APIRouter(prefix="/v1", tags=["situations"])
     ),
 )
 def situation(
-    situation_id: Annotated[str, PathParam(min_length=1)], sidecar: SidecarDep
+    situation_id: Annotated[SituationId, PathParam()], sidecar: SidecarDep
 ) -> JSONResponse:
-    # the same validator as the checks' situation_id: an id a check refuses is refused here
+    # the same rule as the checks' situation_id (the type's), and the same length limit
     check_situation_id(situation_id, "situation_id", sidecar.settings.max_situation_chars)
     info = sidecar.guard.situation(situation_id).to_dict()
     info["references"] = [
