@@ -11,6 +11,11 @@ in the registry (:mod:`spotstop.guard.policies._registry`). It
   state and persists it, calibrate seeds it from the log (``seed_from_fit``);
 * fits itself from a :class:`FitContext` (``fit``), so ``spotstop recalibrate --policy KIND``
   and ``spotstop policy init --kind KIND`` need no code of their own per kind.
+* says what the guard scores for a batch (``scoring_plan``: a
+  :class:`~spotstop.guard.policies.ScoringPlan`; every member on every scene unless the kind
+  says otherwise), so the guard runs a plan and knows no kind;
+* names, per scene, the kind whose threshold decided (``Thresholds.kind``, ``Verdict.kind``:
+  the log's ``deciding_kind``).
 
 The label itself is never decided here: :func:`~spotstop.guard.policies.decide_batch` applies
 the one rule (:mod:`spotstop.guard.policies._rule`) to what ``thresholds`` returns.
