@@ -267,6 +267,16 @@ def add_export_parser(sub: Any) -> None:
         "on onnxruntime's CUDA provider; int4-trt is TensorRT's",
     )
     p.add_argument(
+        "--graph-form",
+        choices=["auto", "standard", "fused"],
+        default="auto",
+        help="fused: onnxruntime's contrib operators (LinearAttention and CausalConvWithState "
+        "for Gated-DeltaNet and short convolutions, GroupQueryAttention, fused RMSNorms; "
+        "export/fused.py), onnxruntime only; standard: standard ONNX operators (what TensorRT "
+        "parses). auto (default): fused for int8, int8-nbits and int4, standard for fp32 (its "
+        "TensorRT script), fp16 and int4-trt. A fused fp32 bundle needs --trt off",
+    )
+    p.add_argument(
         "--smooth-alpha",
         type=float,
         default=None,
@@ -419,6 +429,7 @@ def run_export(args: argparse.Namespace) -> int:
                 int4_int8=int4_int8,
                 smooth_alpha=args.smooth_alpha,
                 keep_error=args.int8_keep_error,
+                graph_form=args.graph_form,
             )
     except ConfigError as e:  # a budget that names no member or has no square grid
         print(f"spotstop export: {e}", file=sys.stderr)

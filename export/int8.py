@@ -35,8 +35,10 @@ SmoothQuant (Xiao et al. 2023, "SmoothQuant: Accurate and Efficient Post-Trainin
 Quantization for Large Language Models", Sec. 4): with ``smooth_alpha = α``, each set of
 MatMuls that read the same activation ``X`` (q/k/v, gate/up) is given one per-channel factor
 ``s_j = max|X_j|^α / max|W_j|^(1−α)`` (the max over the set's weights' rows), ``X`` is divided
-by ``s`` (a ``Mul`` by the constant ``1/s``, folded into the producing ``Mul`` by a constant,
-e.g. an RMSNorm's weight, when that Mul feeds only this set) and each ``W`` is multiplied by
+by ``s`` (folded into the constant that scales the producer's output per channel when the
+producer feeds only this set: an RMSNorm's weight ``Mul``, a fused ``SimplifiedLayerNormalization``
+or ``SkipSimplifiedLayerNormalization``'s scale, a ``LayerNormalization``'s scale and bias; else
+a new ``Mul`` by the constant ``1/s``) and each ``W`` is multiplied by
 ``s`` row by row: ``(X/s)(sW) = XW`` exactly, while the activation's outlier channels are
 moved into the weights, which are quantized per column. A weight read by MatMuls with
 different inputs is not smoothed (it cannot take two factors).
@@ -197,6 +199,43 @@ def _output_layers(model: Any) -> set[str]:
     return {n.output[0] for n in model.graph.node if n.output and feeds_log_softmax(n.output[0])}
 
 
+#: producers whose output's channels a constant input scales (input indices): an activation
+#: they make is divided by ``s`` by dividing those constants (a LayerNorm's bias too)
+_SCALED_BY = {
+    "SimplifiedLayerNormalization": (1,),
+    "SkipSimplifiedLayerNormalization": (2,),
+    "LayerNormalization": (1, 2),
+}
+
+
+def _foldable(p: Any, inits: dict[str, Any], readers: dict[str, int], k: int) -> list[Any]:
+    """The constants of the node ``p`` that scale its first output per channel (length ``k``,
+    float32, read by ``p`` alone): one of a ``Mul``'s inputs, a fused RMSNorm's scale, a
+    LayerNorm's scale and bias. Empty when there is none to fold into."""
+    from onnx import TensorProto
+
+    def ok(name: str) -> Any:
+        t = inits.get(name)
+        if (
+            t is not None
+            and t.data_type == TensorProto.FLOAT
+            and list(t.dims)[-1:] == [k]
+            and int(np.prod(t.dims)) == k
+            and readers.get(name, 0) == 1
+        ):
+            return t
+        return None
+
+    if p.op_type == "Mul":
+        found = [t for i in p.input if (t := ok(i)) is not None]
+        return found[:1]
+    idx = _SCALED_BY.get(p.op_type)
+    if idx is None or max(idx) >= len(p.input):
+        return []
+    found = [ok(p.input[i]) for i in idx if p.input[i]]
+    return [t for t in found if t is not None] if all(t is not None for t in found) else []
+
+
 def quantize_matmuls_int8(
     model: Any,
     io: WeightIO | None = None,
@@ -273,27 +312,19 @@ def quantize_matmuls_int8(
         graph_outputs = {o.name for o in g.output}
         for x_name, s in factors.items():
             p = producer.get(x_name)
-            const = None
+            consts: list[Any] = []
             if (
                 p is not None
-                and p.op_type == "Mul"
+                and x_name == p.output[0]
                 and readers.get(x_name, 0) == group_size[x_name]
                 and x_name not in graph_outputs
             ):
-                for i in p.input:
-                    t = inits.get(i)
-                    if (
-                        t is not None
-                        and t.data_type == TensorProto.FLOAT
-                        and list(t.dims)[-1:] == [s.shape[0]]
-                        and readers.get(i, 0) == 1
-                    ):
-                        const = t
-                        break
-            if const is not None and p is not None:
-                arr = io.read(const) / s
-                new_t = io.add(model, arr.astype(np.float32), f"{const.name}_smoothed")
-                p.input[list(p.input).index(const.name)] = new_t.name
+                consts = _foldable(p, inits, readers, s.shape[0])
+            if consts and p is not None:
+                for const in consts:  # the norm's scale (and a LayerNorm's bias) take 1/s
+                    arr = io.read(const) / s
+                    new_t = io.add(model, arr.astype(np.float32), f"{const.name}_smoothed")
+                    p.input[list(p.input).index(const.name)] = new_t.name
                 smoothed_name[x_name] = x_name
                 folded += 1
             else:

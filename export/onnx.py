@@ -168,6 +168,8 @@ class MemberExport:
     peak_rss_bytes: int | None = None
     #: int8/int4/int4-trt: which quantizer chose the weights (spotstop_onnx.yaml's entry)
     quantizer: Mapping[str, Any] | None = field(default=None, repr=False)
+    #: "standard" or "fused" (export/fused.py)
+    graph_form: str = "standard"
 
     @property
     def max_abs_diff(self) -> float:
@@ -389,6 +391,7 @@ class _Job:
     usable: list[int]
     tmp: Path
     streamed: bool | None
+    graph_form: str
     # -- traced (stage ``trace``)
     model: Any = None
     vision_t: Any = None
@@ -410,6 +413,7 @@ class _Job:
     qmeta: dict[str, Any] = field(default_factory=dict)
     held: dict[int, int] = field(default_factory=dict)
     convert_report: dict[str, Any] = field(default_factory=dict)
+    fused_ops: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def plan(self) -> ScorePlan:
@@ -449,6 +453,7 @@ def _stage_resolve(
     int4_int8: Sequence[str] | None,
     smooth_alpha: float | None,
     keep_error: float | None,
+    graph_form: str | None,
 ) -> _Job:
     """Check the arguments and read the member folder: its grid, prompt, validation cases and
     the length buckets they fit. Nothing heavy is loaded."""
@@ -468,6 +473,15 @@ def _stage_resolve(
         raise ValueError(
             "smooth_alpha needs the calibration scenes' activations, which only the 'gptq' "
             "quantizer records; drop smooth_alpha or use quantizer='gptq'."
+        )
+    form = spec.graph_form if graph_form in (None, "auto") else str(graph_form)
+    if form not in ("standard", "fused"):  # export/fused.py's GRAPH_FORMS (it imports torch)
+        raise ValueError(f"graph_form must be 'auto', 'standard' or 'fused'; got {form!r}.")
+    if form == "fused" and not spec.fusable:
+        raise ValueError(
+            f"{precision} starts from the standard graph (its float32 islands do not know "
+            "onnxruntime's fused operators, and TensorRT parses neither); export it with "
+            "graph_form='standard' (or 'auto')."
         )
     int8_sel = parse_selectors(DEFAULT_INT4_INT8 if int4_int8 is None else list(int4_int8))
     if spec.nbits != 4:  # only int4 keeps some weights at 8 bits
@@ -513,6 +527,7 @@ def _stage_resolve(
         usable=usable,
         tmp=Path(tempfile.mkdtemp(prefix="spotstop-export-")),
         streamed=streamed,
+        graph_form=form,
     )
 
 
@@ -561,7 +576,14 @@ def _stage_trace(job: _Job) -> None:
             "disagree."
         )
     fold = not large
-    export_vision(job.vision_t, ecfg, job.cases.pixels["gray"], job.tmp / "vision.onnx", fold)
+    export_vision(
+        job.vision_t,
+        ecfg,
+        job.cases.pixels["gray"],
+        job.tmp / "vision.onnx",
+        fold,
+        graph_form=job.graph_form,
+    )
     if not large:
         job.graphs["vision.onnx"] = onnx.load(str(job.tmp / "vision.onnx"))
     usable = job.usable
@@ -571,7 +593,14 @@ def _stage_trace(job: _Job) -> None:
         case0 = cs.get("scene") or cs["text"]
         feeds0 = {k: v for k, v in case0.items() if k != "image_embeds"}
         export_decoder(
-            job.decoder_t, ecfg, feeds0, case0["image_embeds"], job.tmp / fname, usable[-1], fold
+            job.decoder_t,
+            ecfg,
+            feeds0,
+            case0["image_embeds"],
+            job.tmp / fname,
+            usable[-1],
+            fold,
+            graph_form=job.graph_form,
         )
         if not large:
             job.graphs[fname] = fold_weight_transposes(
@@ -644,6 +673,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
     member with its weights on disk, one graph set at a time), validate them (an in-memory
     member at fp32 first), and move them into ``out/onnx``."""
     import onnx
+    from spotstop.export.fused import graph_form_ops
 
     spec = get_precision(job.precision)
     if spec.calibrated and job.quantizer == "gptq":
@@ -680,9 +710,12 @@ def _stage_quantize(job: _Job, out: Path) -> None:
             job.tmp, stage, dec_names, job.precision, opts
         )
         paths = {f: str(stage / f) for f in ["vision.onnx", *dec_names]}
-        job.held = nbits_weights(
-            onnx.load(paths[f], load_external_data=False) for f in ("vision.onnx", first)
-        )
+        heads = {f: onnx.load(paths[f], load_external_data=False) for f in ("vision.onnx", first)}
+        job.held = nbits_weights(heads.values())
+        job.fused_ops = {
+            "vision": graph_form_ops(heads["vision.onnx"]),
+            "decoder": graph_form_ops(heads[first]),
+        }
         job.checks = _stage_validate(job, paths, job.precision)
         if out.exists():
             shutil.rmtree(out)
@@ -702,6 +735,10 @@ def _stage_quantize(job: _Job, out: Path) -> None:
     job.weight_bytes = onnx_weight_bytes(graphs["vision.onnx"]) + onnx_weight_bytes(graphs[first])
     job.qmeta = quantizer_meta(graphs["vision.onnx"])
     job.held = nbits_weights([graphs["vision.onnx"], graphs[first]])
+    job.fused_ops = {
+        "vision": graph_form_ops(graphs["vision.onnx"]),
+        "decoder": graph_form_ops(graphs[first]),
+    }
 
 
 def _quantizer_record(job: _Job) -> dict[str, Any]:
@@ -765,6 +802,9 @@ def _stage_write(job: _Job, out: Path, t0: float, own_peak: bool) -> MemberExpor
         },
         "inputs": {"vision": ["pixel_values"], "decoder": DECODER_INPUTS},
         "outputs": {"vision": ["image_embeds"], "decoder": DECODER_OUTPUTS},
+        # standard ONNX operators, or onnxruntime's fused contrib operators (export/fused.py)
+        "graph_form": job.graph_form,
+        "fused_ops": job.fused_ops,
         "weight_bytes": int(job.weight_bytes),
         **qmeta,  # int8/int4/int4-trt: which quantizer made the graphs
         # resident: sessions stay loaded; on-demand: loaded to score, released after (members
@@ -801,6 +841,7 @@ def _stage_write(job: _Job, out: Path, t0: float, own_peak: bool) -> MemberExpor
         streamed=job.large,
         peak_rss_bytes=peak_rss_bytes() if own_peak else None,
         quantizer=qmeta.get("quantizer"),
+        graph_form=job.graph_form,
     )
 
 
@@ -821,6 +862,7 @@ def export_member(
     int4_int8: Sequence[str] | None = None,
     smooth_alpha: float | None = None,
     keep_error: float | None = None,
+    graph_form: str | None = None,
 ) -> MemberExport:
     """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
 
@@ -839,6 +881,11 @@ def export_member(
     ``int4_int8`` (int4): which weights stay at 8 bits, by export/mixed.py's selectors (None:
     its ``DEFAULT_INT4_INT8``, none; ``Q4_K_M``: the output layer and llama.cpp's mixed
     layers); the manifest records the selectors and how many weights each precision holds.
+    ``graph_form``: ``"standard"`` (standard ONNX operators: what TensorRT parses) or
+    ``"fused"`` (onnxruntime's LinearAttention, CausalConvWithState, GroupQueryAttention and
+    fused norms: export/fused.py); None or ``"auto"``: the precision's default (fused for
+    int8/int8-nbits/int4, standard for fp32, which TensorRT also builds from; fp16 and int4-trt
+    are standard only). The manifest records the form and the fused operators each graph holds.
     ``smooth_alpha`` / ``keep_error`` (int8): SmoothQuant's α (None: no smoothing) and the
     measured error above which a layer stays weight-only (None: export/int8.py's default).
 
@@ -877,6 +924,7 @@ def export_member(
         int4_int8=int4_int8,
         smooth_alpha=smooth_alpha,
         keep_error=keep_error,
+        graph_form=graph_form,
     )
     out = Path(out_dir)
     try:

@@ -122,6 +122,7 @@ def write_onnx_bundle(
     int4_int8: Sequence[str] | None = None,
     smooth_alpha: float | None = None,
     keep_error: float | None = None,
+    graph_form: str | None = None,
 ) -> OnnxBundle:
     """Export ``members`` into the bundle folder ``out`` (replaced if it exists).
 
@@ -136,7 +137,10 @@ def write_onnx_bundle(
     default, or ``"rtn"``). ``int4_int8`` (int4): the weights kept at 8 bits, by
     export/mixed.py's selectors (None: its default; ``()``: none); each member entry of the
     manifest records them (``int4_int8``). ``smooth_alpha`` / ``keep_error`` (int8):
-    SmoothQuant's α and the error bound of export/int8.py's keep rule.
+    SmoothQuant's α and the error bound of export/int8.py's keep rule. ``graph_form``:
+    ``"standard"``, ``"fused"`` or None/``"auto"`` (the precision's default), see
+    :func:`~spotstop.export.onnx.export_member`; a fused graph holds onnxruntime's contrib
+    operators, which TensorRT cannot parse, so a fused fp32 bundle needs ``trt="off"``.
 
     ``sessions="on-demand"`` makes each member load its graphs when it scores and release them
     after, so the members run one after the other in one process when both do not fit.
@@ -145,6 +149,16 @@ def write_onnx_bundle(
     """
     if trt not in ("auto", "script", "off"):
         raise ValueError(f"trt must be 'auto', 'script' or 'off'; got {trt!r}.")
+    from spotstop.export.precision import get_precision
+    from spotstop.guard.backends._trt_record import TRT_PRECISIONS
+
+    if graph_form == "fused" and trt != "off" and precision in TRT_PRECISIONS:
+        raise ValueError(
+            f"a fused {precision} graph holds onnxruntime's contrib operators (LinearAttention, "
+            "GroupQueryAttention, ...), which TensorRT cannot parse: pass trt='off' (--trt off) "
+            "for an onnxruntime-only bundle, or graph_form='standard' for TensorRT."
+        )
+    get_precision(precision)  # an unknown precision is refused before anything is written
     if quantizer not in QUANTIZERS:  # before any member is exported
         raise ValueError(f"quantizer must be one of {list(QUANTIZERS)}; got {quantizer!r}.")
     if calibration_scenes < 1:
@@ -186,6 +200,7 @@ def write_onnx_bundle(
             "int4_int8": int8_sel,
             "smooth_alpha": smooth_alpha,
             "keep_error": keep_error,
+            "graph_form": graph_form,
         }
         large = folder_fp32_bytes(resolve_member(src).path) > LARGE_BYTES
         say(f"exporting {mname} ({precision}{', in its own process' if large else ''}) …")
@@ -236,6 +251,7 @@ def write_onnx_bundle(
                 "buckets": list(e.buckets),
                 "weight_bytes": e.weight_bytes,
                 "quantizer": (e.quantizer or {}).get("method"),
+                "graph_form": e.graph_form,
                 **(
                     {"int4_int8": list((e.quantizer or {}).get("int8", {}).get("selectors", []))}
                     if e.precision == "int4"

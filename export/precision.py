@@ -110,6 +110,13 @@ class PrecisionSpec:
     nbits: int | None = None
     #: rows per MatMulNBits block (the manifest, the cost model's scale bytes)
     block_size: int | None = None
+    #: the decoder/vision graph form an export uses by default (export/fused.py): ``fused``
+    #: (onnxruntime's contrib operators: LinearAttention, CausalConvWithState,
+    #: GroupQueryAttention, ...) for what only onnxruntime runs; ``standard`` for what
+    #: TensorRT parses too (fp32 by default, so its TensorRT script stays valid)
+    graph_form: Literal["fused", "standard"] = "standard"
+    #: the fused form is allowed (fp16's float32 islands do not know the fused operators)
+    fusable: bool = True
 
 
 PRECISION_SPECS: dict[str, PrecisionSpec] = {}
@@ -256,6 +263,7 @@ register_precision(
         activation_bytes=2.0,
         targets=("onnxruntime", "tensorrt"),
         roofline_peak="fp16_tflops",
+        fusable=False,
     )
 )
 register_precision(
@@ -273,6 +281,7 @@ register_precision(
         roofline_peak="int8_tops",
         nbits=8,
         block_size=INT8_NBITS_BLOCK,
+        graph_form="fused",
     )
 )
 register_precision(
@@ -289,6 +298,7 @@ register_precision(
         roofline_peak="int8_tops",
         nbits=8,
         block_size=INT8_NBITS_BLOCK,
+        graph_form="fused",
     )
 )
 register_precision(
@@ -305,6 +315,7 @@ register_precision(
         roofline_peak="fp16_tflops",
         nbits=4,
         block_size=INT4_NBITS_BLOCK,
+        graph_form="fused",
     )
 )
 register_precision(
@@ -320,6 +331,7 @@ register_precision(
         "both",
         activation_bytes=2.0,
         targets=("onnxruntime", "tensorrt"),
+        fusable=False,
     )
 )
 

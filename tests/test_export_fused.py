@@ -416,3 +416,31 @@ def test_fused_vision_graph(decoders: _Decoders, tmp_path: Path) -> None:
             want = decoders.vision_t(torch.from_numpy(px["pixel_values"])).numpy()
         (got,) = sess.run(None, {"pixel_values": px["pixel_values"]})
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=case)
+
+
+def test_export_member_chooses_the_graph_form_by_precision_and_records_it(
+    tiny_pair: Path, tmp_path: Path
+) -> None:
+    """int8 exports fused by default (onnxruntime only), fp32 standard (TensorRT builds from
+    it); the manifest records the form and the fused operators each graph holds; a form a
+    precision cannot take is refused before anything is written."""
+    import yaml
+    from spotstop.export.onnx import export_member
+    from spotstop.export.onnx_bundle import write_onnx_bundle
+
+    src = tiny_pair / "tiny-qwen3_5"
+    kw = {"buckets": [384], "name": "tiny-qwen3_5", "calibration_scenes": 1}
+    e = export_member(src, tmp_path / "i8", precision="int8", **kw)  # type: ignore[arg-type]
+    assert e.graph_form == "fused" and all(c.ok for c in e.checks)
+    meta = yaml.safe_load((tmp_path / "i8" / "spotstop_onnx.yaml").read_text())
+    assert meta["graph_form"] == "fused"
+    assert meta["fused_ops"]["decoder"]["LinearAttention"] >= 1
+    assert meta["fused_ops"]["decoder"]["GroupQueryAttention"] >= 1
+    assert meta["fused_ops"]["vision"].get("MultiHeadAttention", 0) >= 1
+    with pytest.raises(ValueError, match="starts from the standard graph"):
+        export_member(src, tmp_path / "f16", precision="fp16", graph_form="fused")
+    with pytest.raises(ValueError, match="graph_form must be"):
+        export_member(src, tmp_path / "x", precision="int8", graph_form="fast")
+    with pytest.raises(ValueError, match="TensorRT cannot parse"):
+        write_onnx_bundle([src], tmp_path / "b", precision="fp32", graph_form="fused", trt="script")
+    assert not any(p.exists() for p in (tmp_path / "f16", tmp_path / "x", tmp_path / "b"))

@@ -282,3 +282,47 @@ def test_int8_options_are_checked_before_anything_is_written(
     with pytest.raises(ValueError, match="precision must be one of"):
         export_member(src, tmp_path / "c", precision="int7")
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("op", "extra"),
+    [("SimplifiedLayerNormalization", []), ("LayerNormalization", ["beta"])],
+)
+def test_smoothing_folds_into_a_fused_norms_scale(
+    tmp_path: Path, op: str, extra: list[str]
+) -> None:
+    """In the fused graph the norm is one operator: 1/s goes into its scale (and a LayerNorm's
+    bias), no Mul is added, and the graph computes what it did up to int8's rounding."""
+    import onnx
+
+    k, n = 32, 16
+    rng = np.random.default_rng(8)
+    g = rng.uniform(0.5, 1.5, k).astype(np.float32)
+    beta = rng.normal(0, 0.1, k).astype(np.float32)
+    w1 = rng.normal(0, 0.1, (k, n)).astype(np.float32)
+    w2 = rng.normal(0, 0.1, (k, n)).astype(np.float32)
+    nodes = [
+        helper.make_node(op, ["x", "g", *extra], ["xn"], axis=-1, epsilon=1e-6, name="norm"),
+        helper.make_node("MatMul", ["xn", "w1"], ["a"], name="q"),
+        helper.make_node("MatMul", ["xn", "w2"], ["b"], name="k"),
+        helper.make_node("Add", ["a", "b"], ["y"], name="sum"),
+    ]
+    arrays = {"g": g, "w1": w1, "w2": w2, **({"beta": beta} if extra else {})}
+    model = _model(nodes, [numpy_helper.from_array(v, nm) for nm, v in arrays.items()], k, n)
+    fp32 = onnx.ModelProto()
+    fp32.CopyFrom(model)  # type: ignore[arg-type]
+    x = rng.normal(size=(256, k)).astype(np.float32)
+    x[:, 5] *= 30.0
+    # the recorded inputs of q and k: the norm's output, as the calibration would hold it
+    probe = onnx.ModelProto()
+    probe.CopyFrom(fp32)
+    probe.graph.output.append(helper.make_tensor_value_info("xn", TensorProto.FLOAT, [None, k]))
+    xn = _session(probe).run(["xn"], {"x": x})[0]  # type: ignore[attr-defined]
+    cal = _calibration(tmp_path / "cal", xn, [w1, w2])
+    rep = quantize_matmuls_int8(model, calibration=cal, smooth_alpha=0.5)
+    ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
+    assert rep.smoothed == 1 and rep.folded == 1 and "Mul" not in ops
+    assert ops.count("DynamicQuantizeMatMul") == 2
+    (want,) = _session(fp32).run(["y"], {"x": x[:16]})  # type: ignore[attr-defined]
+    (got,) = _session(model).run(["y"], {"x": x[:16]})  # type: ignore[attr-defined]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3 * rep.max_error + 1e-3
