@@ -197,7 +197,7 @@ def run_demo(root: Path, *, seed: int = 0, out: Any = print) -> Path:
         flag = f"  (fail-closed: {d.fail_reason})" if d.fail_closed else ""
         out(
             f"{i:>2}  {s.situation_id or '-':<9} {req:<34} {ms} {d.fused_score:>+6.2f} "
-            f"{d.threshold:>+6.2f}  {d.policy.split('->')[-1]:<10} {d.label:<6} {truth:<6}{mark}{flag}"
+            f"{d.threshold:>+6.2f}  {d.deciding_kind or '-':<10} {d.label:<6} {truth:<6}{mark}{flag}"
         )
     out("")
     out(f"The guard's answers follow the world's rule on {agree} of {len(cases)} scenes (✗: not).")
