@@ -31,7 +31,7 @@ else rounded to nearest. Inputs and outputs stay float32.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 __all__ = [
@@ -266,7 +266,7 @@ register_precision(
         fusable=False,
     )
 )
-register_precision(
+_INT8 = register_precision(
     PrecisionSpec(
         "int8",
         "int8 weights per output channel, activations quantized per call (computes in int8)",
@@ -284,21 +284,13 @@ register_precision(
         graph_form="fused",
     )
 )
+# the same bytes, tolerances and table as int8's (whose weight-only layers it is)
 register_precision(
-    PrecisionSpec(
-        "int8-nbits",
-        "weight-only int8 (MatMulNBits, int8 activations per block of 128)",
-        _nbits(8, INT8_NBITS_BLOCK, 4, kept_int8=False),
-        Tolerance(0.5, 0.1, 0.25, 0.9),
-        {"linear": 1.0 + 4 / INT8_NBITS_BLOCK, "embed": 2.0, "other": 4.0},
-        "shared",
-        table_scale_bytes=4 / INT8_NBITS_BLOCK,
-        streamable=True,
-        calibrated=True,
-        roofline_peak="int8_tops",
-        nbits=8,
-        block_size=INT8_NBITS_BLOCK,
-        graph_form="fused",
+    replace(
+        _INT8,
+        name="int8-nbits",
+        summary="weight-only int8 (MatMulNBits, int8 activations per block of 128)",
+        convert=_nbits(8, INT8_NBITS_BLOCK, 4, kept_int8=False),
     )
 )
 register_precision(

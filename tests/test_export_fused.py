@@ -253,20 +253,24 @@ def test_the_patch_is_scoped_and_the_eager_ops_match(tiny_pair: Path) -> None:
     from transformers.models.lfm2 import modeling_lfm2
     from transformers.models.qwen3_5 import modeling_qwen3_5
 
-    originals = (
-        modeling_qwen3_5.torch_chunk_gated_delta_rule,
-        modeling_qwen3_5.causal_conv1d_fn,
-        modeling_qwen3_5.Qwen3_5Attention.forward,
-        modeling_lfm2.causal_conv1d_fn,
-        modeling_lfm2.Lfm2Attention.forward,
-        modeling_qwen3_5.Qwen3_5RMSNorm.forward,
-        modeling_qwen3_5.Qwen3_5RMSNormGated.forward,
-        modeling_qwen3_5.Qwen3_5DecoderLayer.forward,
-        modeling_qwen3_5.Qwen3_5GatedDeltaNet.forward,
-        modeling_qwen3_5.Qwen3_5VisionAttention.forward,
-        modeling_lfm2.Lfm2RMSNorm.forward,
-        modeling_lfm2.Lfm2DecoderLayer.forward,
-    )
+    def targets() -> tuple[Any, ...]:
+        """Everything fused_patcher swaps, as the modules hold it now."""
+        return (
+            modeling_qwen3_5.torch_chunk_gated_delta_rule,
+            modeling_qwen3_5.causal_conv1d_fn,
+            modeling_qwen3_5.Qwen3_5Attention.forward,
+            modeling_lfm2.causal_conv1d_fn,
+            modeling_lfm2.Lfm2Attention.forward,
+            modeling_qwen3_5.Qwen3_5RMSNorm.forward,
+            modeling_qwen3_5.Qwen3_5RMSNormGated.forward,
+            modeling_qwen3_5.Qwen3_5DecoderLayer.forward,
+            modeling_qwen3_5.Qwen3_5GatedDeltaNet.forward,
+            modeling_qwen3_5.Qwen3_5VisionAttention.forward,
+            modeling_lfm2.Lfm2RMSNorm.forward,
+            modeling_lfm2.Lfm2DecoderLayer.forward,
+        )
+
+    originals = targets()
     for model_type in sorted(EXPECTED_OPS):
         model = AutoModelForImageTextToText.from_pretrained(
             str(tiny_pair / f"tiny-{model_type}"), dtype=torch.float32
@@ -283,20 +287,7 @@ def test_the_patch_is_scoped_and_the_eager_ops_match(tiny_pair: Path) -> None:
                     inputs_embeds=emb, attention_mask=torch.ones_like(ids), use_cache=False
                 ).last_hidden_state
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    assert originals == (
-        modeling_qwen3_5.torch_chunk_gated_delta_rule,
-        modeling_qwen3_5.causal_conv1d_fn,
-        modeling_qwen3_5.Qwen3_5Attention.forward,
-        modeling_lfm2.causal_conv1d_fn,
-        modeling_lfm2.Lfm2Attention.forward,
-        modeling_qwen3_5.Qwen3_5RMSNorm.forward,
-        modeling_qwen3_5.Qwen3_5RMSNormGated.forward,
-        modeling_qwen3_5.Qwen3_5DecoderLayer.forward,
-        modeling_qwen3_5.Qwen3_5GatedDeltaNet.forward,
-        modeling_qwen3_5.Qwen3_5VisionAttention.forward,
-        modeling_lfm2.Lfm2RMSNorm.forward,
-        modeling_lfm2.Lfm2DecoderLayer.forward,
-    )
+    assert originals == targets()
 
 
 def test_graph_form_is_checked() -> None:
