@@ -234,7 +234,7 @@ def run_world(args: argparse.Namespace) -> int:
 def add_export_parser(sub: Any) -> None:
     """``spotstop export``: Hugging Face members → ONNX scoring graphs → a verified bundle."""
     from spotstop.export.gptq import CALIBRATION_SCENES, CALIBRATION_SEED
-    from spotstop.export.int8 import KEEP_ERROR
+    from spotstop.export.int8 import KEEP_ERROR, SMOOTH_ALPHA
     from spotstop.export.mixed import DEFAULT_INT4_INT8
     from spotstop.export.precision import PRECISION_SPECS
 
@@ -278,12 +278,11 @@ def add_export_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--smooth-alpha",
-        type=float,
-        default=None,
+        default="auto",
         metavar="A",
-        help="int8: SmoothQuant's migration strength in [0, 1] (0.5 in the paper): each "
-        "activation's outlier channels are moved into the weights that read it, from the "
-        "calibration scenes (needs --quantizer gptq). Default: no smoothing",
+        help="int8: SmoothQuant's migration strength in [0, 1]: each activation's outlier "
+        "channels are moved into the weights that read it, from the calibration scenes. auto "
+        f"(default): {SMOOTH_ALPHA} with --quantizer gptq, none with rtn; off: none",
     )
     p.add_argument(
         "--int8-keep-error",
@@ -392,6 +391,19 @@ def run_export(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"spotstop export: {e}", file=sys.stderr)
         return 2
+    smooth: float | str | None = args.smooth_alpha
+    if smooth == "off":
+        smooth = None
+    elif smooth != "auto":
+        try:
+            smooth = float(args.smooth_alpha)
+        except ValueError:
+            print(
+                f"spotstop export: --smooth-alpha must be a number in [0, 1], auto or off; "
+                f"got {args.smooth_alpha!r}.",
+                file=sys.stderr,
+            )
+            return 2
     try:
         int4_int8 = parse_selectors(args.int4_int8)
     except ValueError as e:
@@ -427,7 +439,7 @@ def run_export(args: argparse.Namespace) -> int:
                 quantizer=args.quantizer,
                 calibration_scenes=args.calibration_scenes,
                 int4_int8=int4_int8,
-                smooth_alpha=args.smooth_alpha,
+                smooth_alpha=smooth,
                 keep_error=args.int8_keep_error,
                 graph_form=args.graph_form,
             )

@@ -54,6 +54,7 @@ from spotstop.export.gptq import (
     InputRecorder,
     nbits_quantizer_meta,
 )
+from spotstop.export.int8 import SMOOTH_ALPHA
 from spotstop.export.memory import (
     is_large,
     peak_rss_bytes,
@@ -451,7 +452,7 @@ def _stage_resolve(
     quantizer: str,
     calibration_scenes: int,
     int4_int8: Sequence[str] | None,
-    smooth_alpha: float | None,
+    smooth_alpha: float | str | None,
     keep_error: float | None,
     graph_form: str | None,
 ) -> _Job:
@@ -464,15 +465,24 @@ def _stage_resolve(
         raise ValueError(f"quantizer must be one of {list(QUANTIZERS)}; got {quantizer!r}.")
     if calibration_scenes < 1:
         raise ValueError(f"calibration_scenes must be at least 1; got {calibration_scenes}.")
-    if (smooth_alpha is not None or keep_error is not None) and precision != "int8":
+    auto = smooth_alpha == "auto"
+    if ((not auto and smooth_alpha is not None) or keep_error is not None) and precision != "int8":
         raise ValueError(
             f"smooth_alpha and keep_error are int8's (DynamicQuantizeMatMul) options; the "
             f"precision is {precision!r}."
         )
-    if smooth_alpha is not None and quantizer != "gptq":
+    if not auto and smooth_alpha is not None and quantizer != "gptq":
         raise ValueError(
             "smooth_alpha needs the calibration scenes' activations, which only the 'gptq' "
             "quantizer records; drop smooth_alpha or use quantizer='gptq'."
+        )
+    if auto:  # int8 with the calibration scenes smooths by default (export/int8.py says why)
+        smooth_alpha = SMOOTH_ALPHA if precision == "int8" and quantizer == "gptq" else None
+    elif smooth_alpha is not None and (
+        not isinstance(smooth_alpha, (int, float)) or not 0.0 <= smooth_alpha <= 1.0
+    ):
+        raise ValueError(
+            f"smooth_alpha must be a number in [0, 1], None or 'auto'; got {smooth_alpha!r}."
         )
     form = spec.graph_form if graph_form in (None, "auto") else str(graph_form)
     if form not in ("standard", "fused"):  # export/fused.py's GRAPH_FORMS (it imports torch)
@@ -860,7 +870,7 @@ def export_member(
     quantizer: str = "gptq",
     calibration_scenes: int = CALIBRATION_SCENES,
     int4_int8: Sequence[str] | None = None,
-    smooth_alpha: float | None = None,
+    smooth_alpha: float | str | None = "auto",
     keep_error: float | None = None,
     graph_form: str | None = None,
 ) -> MemberExport:
@@ -886,7 +896,9 @@ def export_member(
     fused norms: export/fused.py); None or ``"auto"``: the precision's default (fused for
     int8/int8-nbits/int4, standard for fp32, which TensorRT also builds from; fp16 and int4-trt
     are standard only). The manifest records the form and the fused operators each graph holds.
-    ``smooth_alpha`` / ``keep_error`` (int8): SmoothQuant's α (None: no smoothing) and the
+    ``smooth_alpha`` / ``keep_error`` (int8): SmoothQuant's α (``"auto"``: export/int8.py's
+    ``SMOOTH_ALPHA`` when the calibration scenes are recorded, i.e. quantizer ``"gptq"``; None:
+    no smoothing) and the
     measured error above which a layer stays weight-only (None: export/int8.py's default).
 
     ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);

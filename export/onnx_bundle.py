@@ -120,7 +120,7 @@ def write_onnx_bundle(
     quantizer: str = "gptq",
     calibration_scenes: int = CALIBRATION_SCENES,
     int4_int8: Sequence[str] | None = None,
-    smooth_alpha: float | None = None,
+    smooth_alpha: float | str | None = "auto",
     keep_error: float | None = None,
     graph_form: str | None = None,
 ) -> OnnxBundle:
@@ -137,7 +137,8 @@ def write_onnx_bundle(
     default, or ``"rtn"``). ``int4_int8`` (int4): the weights kept at 8 bits, by
     export/mixed.py's selectors (None: its default; ``()``: none); each member entry of the
     manifest records them (``int4_int8``). ``smooth_alpha`` / ``keep_error`` (int8):
-    SmoothQuant's α and the error bound of export/int8.py's keep rule. ``graph_form``:
+    SmoothQuant's α (``"auto"``: on with the calibration scenes; None: off) and the error bound
+    of export/int8.py's keep rule. ``graph_form``:
     ``"standard"``, ``"fused"`` or None/``"auto"`` (the precision's default), see
     :func:`~spotstop.export.onnx.export_member`; a fused graph holds onnxruntime's contrib
     operators, which TensorRT cannot parse, so a fused fp32 bundle needs ``trt="off"``.

@@ -15,6 +15,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from spotstop.export.gptq import CalibrationInputs, weight_key  # noqa: E402
 from spotstop.export.int8 import (  # noqa: E402
+    SMOOTH_ALPHA,
     channel_int8,
     dequantize_activations,
     layer_error,
@@ -248,7 +249,7 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     assert q is not None and q["method"] == "gptq" and "DynamicQuantizeMatMul" in q["format"]
     d = q["dynamic_int8"]
     assert d["dynamic"] > 20 and d["gptq"] == d["measured"] > 20
-    assert d["weight_only"]["output_layer"] == 1 and d["smooth_alpha"] is None
+    assert d["weight_only"]["output_layer"] == 1 and d["smooth_alpha"] == SMOOTH_ALPHA
     assert 0 < d["median_error"] <= d["max_error"]
     on_disk = yaml.safe_load((tmp_path / "m" / "spotstop_onnx.yaml").read_text())
     assert on_disk["precision"] == "int8" and on_disk["quantizer"] == dict(q)
@@ -263,10 +264,11 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     assert all(helper.get_node_attr_value(n, "accuracy_level") == 4 for n in nb)
     dec = onnx.load(str(tmp_path / "m" / "onnx" / "decoder.onnx"), load_external_data=False)
     assert any(n.op_type == "GatherBlockQuantized" for n in dec.graph.node)  # one table
-    s = export_member(src, tmp_path / "s", smooth_alpha=0.5, **kw)  # type: ignore[arg-type]
+    assert d["smoothed_inputs"] > 10
+    s = export_member(src, tmp_path / "s", smooth_alpha=None, **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in s.checks)
     sd = s.quantizer["dynamic_int8"]  # type: ignore[index]
-    assert sd["smooth_alpha"] == 0.5 and sd["smoothed_inputs"] > 10
+    assert sd["smooth_alpha"] is None and sd["smoothed_inputs"] == 0
 
 
 def test_int8_options_are_checked_before_anything_is_written(
@@ -279,6 +281,8 @@ def test_int8_options_are_checked_before_anything_is_written(
         export_member(src, tmp_path / "a", precision="int4", smooth_alpha=0.5)
     with pytest.raises(ValueError, match="only the 'gptq' quantizer records"):
         export_member(src, tmp_path / "b", precision="int8", smooth_alpha=0.5, quantizer="rtn")
+    with pytest.raises(ValueError, match=r"smooth_alpha must be a number in \[0, 1\]"):
+        export_member(src, tmp_path / "d", precision="int8", smooth_alpha=1.5)
     with pytest.raises(ValueError, match="precision must be one of"):
         export_member(src, tmp_path / "c", precision="int7")
     assert not any(tmp_path.iterdir())
