@@ -10,6 +10,7 @@ import json
 import mmap
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -126,10 +127,11 @@ def test_streamed_export_answers_as_the_in_memory_one(
     from spotstop.export.onnx import export_member
 
     src = tiny_pair / f"tiny-{arch}"
-    # without smoothing, so the weights compare byte for byte: with it, the activation sets
-    # it smooths follow the graph's producers, which the exporters write differently (constant
-    # folding), so a set's factor may differ; the streamed default is checked below
-    kw = {"precision": "int8", "buckets": [256], "name": f"tiny-{arch}", "smooth_alpha": None}
+    # rounded to nearest, so the weights compare byte for byte: GPTQ's codes follow the
+    # recorded calibration rows, which the recorder does not reproduce bit for bit from run to
+    # run, and the sets smoothing joins follow each exporter's producers (constant folding);
+    # the default streamed export (GPTQ, smoothed) is checked below
+    kw = {"precision": "int8", "buckets": [256], "name": f"tiny-{arch}", "quantizer": "rtn"}
     mem = export_member(src, tmp_path / "mem", streamed=False, **kw)  # type: ignore[arg-type]
     st = export_member(src, tmp_path / "st", streamed=True, **kw)  # type: ignore[arg-type]
     assert not mem.streamed and st.streamed
@@ -139,7 +141,10 @@ def test_streamed_export_answers_as_the_in_memory_one(
     assert all(c.ok for c in st.checks)
     # the same int8 weights (the transposes folded in the graph instead of by the exporter):
     # every quantized array of one is in the other, byte for byte
-    assert _quantized(tmp_path / "st") == _quantized(tmp_path / "mem")
+    # (in memory, the exporter folds LFM2-VL's resized position table into a constant that
+    # the rounding quantizes too: one weight, codes and scales, the streamed graph computes)
+    st_q, mem_q = Counter(_quantized(tmp_path / "st")), Counter(_quantized(tmp_path / "mem"))
+    assert not st_q - mem_q and sum((mem_q - st_q).values()) <= 2
     # the scores: within int8's tolerance (not float rounding: int8 activations are rounded
     # per call, and a float difference of 1e-7 between the two graphs can move one code)
     a = _scores(tmp_path / "mem", f"tiny-{arch}", mem.template)
@@ -147,13 +152,11 @@ def test_streamed_export_answers_as_the_in_memory_one(
     assert np.all(np.isfinite(a)) and np.all(np.isfinite(b))
     tol = get_export_config(arch).score_atol["int8"]
     np.testing.assert_allclose(b, a, atol=tol, rtol=0)
-    # the default (smoothed) streamed export validates and scores as the in-memory one does
-    kw.pop("smooth_alpha")
+    # the default streamed export (GPTQ, smoothed) validates
+    kw.pop("quantizer")
     sm = export_member(src, tmp_path / "sm", streamed=True, **kw)  # type: ignore[arg-type]
-    assert all(c.ok for c in sm.checks)
+    assert all(c.ok for c in sm.checks)  # every output against torch at int8's tolerances
     assert sm.quantizer is not None and sm.quantizer["dynamic_int8"]["smoothed_inputs"] > 0
-    c = _scores(tmp_path / "sm", f"tiny-{arch}", sm.template)
-    np.testing.assert_allclose(c, a, atol=tol, rtol=0)
     if _peak_resettable():
         assert st.peak_rss_bytes is not None and st.peak_rss_bytes > 100 * 2**20
 
