@@ -127,11 +127,13 @@ def test_streamed_export_answers_as_the_in_memory_one(
     from spotstop.export.onnx import export_member
 
     src = tiny_pair / f"tiny-{arch}"
-    # rounded to nearest, so the weights compare byte for byte: GPTQ's codes follow the
+    # weight-only and rounded to nearest, so the weights compare byte for byte (without the
+    # calibration scenes int8's keep rule cannot measure, and the random tiny Qwen3.5 member's
+    # int8 scores then moved 0.29 > 0.25): GPTQ's codes follow the
     # recorded calibration rows, which the recorder does not reproduce bit for bit from run to
     # run, and the sets smoothing joins follow each exporter's producers (constant folding);
     # the default streamed export (GPTQ, smoothed) is checked below
-    kw = {"precision": "int8", "buckets": [256], "name": f"tiny-{arch}", "quantizer": "rtn"}
+    kw = {"precision": "int8-nbits", "buckets": [256], "name": f"tiny-{arch}", "quantizer": "rtn"}
     mem = export_member(src, tmp_path / "mem", streamed=False, **kw)  # type: ignore[arg-type]
     st = export_member(src, tmp_path / "st", streamed=True, **kw)  # type: ignore[arg-type]
     assert not mem.streamed and st.streamed
@@ -150,10 +152,11 @@ def test_streamed_export_answers_as_the_in_memory_one(
     a = _scores(tmp_path / "mem", f"tiny-{arch}", mem.template)
     b = _scores(tmp_path / "st", f"tiny-{arch}", st.template)
     assert np.all(np.isfinite(a)) and np.all(np.isfinite(b))
-    tol = get_export_config(arch).score_atol["int8"]
+    tol = get_export_config(arch).score_atol["int8-nbits"]
     np.testing.assert_allclose(b, a, atol=tol, rtol=0)
     # the default streamed export (GPTQ, smoothed) validates
     kw.pop("quantizer")
+    kw["precision"] = "int8"
     sm = export_member(src, tmp_path / "sm", streamed=True, **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in sm.checks)  # every output against torch at int8's tolerances
     assert sm.quantizer is not None and sm.quantizer["dynamic_int8"]["smoothed_inputs"] > 0
