@@ -1,105 +1,57 @@
-"""GPU benchmark of the pair at the REAL dimensions with seeded random weights (issue #5).
+"""GPU benchmark of the pair at the real dimensions, with seeded random weights.
 
-One prepared script for a machine with a CUDA GPU (the device tool's H200). Per member
-(Qwen3.5-2B, LFM2.5-VL-3B, dimensions as recorded in ``jetson/memory_budget.py``):
+A prepared script for a machine with a CUDA GPU. Per member (Qwen3.5-2B and LFM2.5-VL-3B, the
+configs recorded in ``jetson/memory_budget.py``) it runs five steps:
 
-1. ``build``  — a member folder at the real dimensions with seeded random weights, made in
-   bf16 on the GPU (``spotstop.export.tiny.build_random_member``; the test tokenizer of the tiny pair).
-   THESE ARE TEST WEIGHTS: the scores mean nothing; only time and memory are measured.
-2. ``torch``  — per-scene latency of torch eager on CUDA through our own backend
-   (``guard.load_member(..., backend="torch", device="cuda", dtype="bfloat16")``), one scene
-   per call, preprocessing + prompt + forward pass, as a robot asks; peak GPU memory.
-3. ``export`` — ``spotstop.export.onnx.export_member`` at the real dimensions, one length bucket (512:
-   the member's default visual-token budget — Qwen3.5 256, LFM2-VL 64 — + the prompt); wall time. The export traces and validates on the CPU.
-   Precision ``auto``: fp16 where ``tensorrt`` is importable (fp16 engines need fp16 graphs:
-   the tensorrt backend refuses engines of another precision than the member's graphs), else
-   int8 rounded to nearest (``quantizer="rtn"``: GPTQ, the export's default, spends minutes of
-   CPU on calibration and writes the same graphs and bytes, so the device's time goes to
-   latency), the precision ``bench/real_pair.py`` exports and times on a CPU workstation (both
-   members are large, so the export is streamed: export/memory.py; its peak RSS is recorded).
-   The device's onnxruntime is CPU-only, so the ``ort`` step times int8 on its CPU. An fp16 export whose
-   fp16 graphs alone fail validation (the Qwen3.5 graph does, on the tiny pair: onnxruntime
-   refuses a converted Expand node) is redone in fp32 when the step has time left.
-4. ``ort``    — per-scene latency through the onnx backend on every onnxruntime provider there
-   (the device's onnxruntime is CPU-only: CPUExecutionProvider).
-5. ``trt``    — when ``tensorrt`` is importable: ``spotstop.export.trt.build_engines`` (engines at the
-   graphs' precision) and latency through the ``tensorrt`` backend
-   (``guard.load_member(..., backend="tensorrt", device="cuda")``).
+``build``   the member folder at the real dimensions with seeded random weights, made in bf16
+            on the GPU (``spotstop.export.tiny.build_random_member``, the tiny pair's test
+            tokenizer). TEST WEIGHTS: the scores mean nothing; only time and memory count.
+``torch``   per-scene latency of torch eager on CUDA through the guard's torch backend, one
+            scene per call (preprocessing + prompt + forward pass), and peak GPU memory.
+``export``  wall time of ``spotstop.export.onnx.export_member`` for one length bucket (512:
+            the member's default visual tokens + the prompt), on the CPU. Precision ``auto``:
+            fp16 where tensorrt is importable (the tensorrt backend wants engines of the graphs'
+            precision), else int8 rounded to nearest (GPTQ writes the same graphs and bytes
+            after minutes of calibration, so it changes no timing). Large members export
+            streamed (export/memory.py); the peak RSS is recorded.
+``ort``     per-scene latency through the onnx backend on each onnxruntime provider present.
+``trt``     where tensorrt is importable: the engine build (``spotstop.export.trt``) and the
+            latency through the tensorrt backend.
 
-Each (member, steps) group runs in a child process with a time budget per step: a step that
-runs over is ended and recorded as skipped with the reason, and the figures of the other steps
-are kept. The whole run stays inside ``--budget-s`` (default 450 s). Every step prints its
-progress (flushed). Results go to ``--out`` (default ``$OUT``, else ``$TMPDIR/spotstop-gpu-bench``):
-``gpu_bench.json`` (every record), ``gpu_bench.md`` (a section for bench/RESULTS.md: command,
-date, GPU, versions, each measured figure with its unit, each skipped step with its reason;
-never a figure that this run did not measure) and ``gpu_bench.log``. Exit status: 0 when every
-step ran or was skipped with a reason; 1 only for a bug in this script.
+Each member's steps run in two child processes (build + torch, then export + ort + trt). Each
+step has a time budget: a step that runs over is ended and recorded as skipped with the
+reason, and the other steps keep their figures; the whole run stays inside ``--budget-s``.
+The members come first, then the exports, the legacy-exported decoders (LFM2-VL) before the
+slower dynamo-exported ones (Qwen3.5).
 
-Device command (paste into the device tool's ``run`` with ``timeout_s`` 540 and, when the
-wheel below was fetched, ``carry`` ``[".whl"]``; without ``.whl`` it runs on the device's own
-transformers)::
+Outputs in ``--out``: ``gpu_bench.json`` (every record), ``gpu_bench.md`` (a section for
+bench/RESULTS.md: command, date, GPU, versions, each measured figure with its unit, each
+skipped step with its reason; never a figure this run did not measure) and ``gpu_bench.log``;
+``--results bench/RESULTS.md`` also writes the section between that file's ``gpu`` markers.
+Exit status: 0 when every step ran or was skipped with a reason, 1 for a bug in this script.
+
+Device command (the device tool's ``run``, ``timeout_s`` 540, ``carry`` ``[".whl"]``)::
 
     if ls .whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; fi; set -o pipefail; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; PYTHONUNBUFFERED=1 python3 bench/gpu.py --out $OUT --results bench/RESULTS.md 2>&1 | tee $OUT/console.log; cp bench/RESULTS.md $OUT/
 
-Why the wheel: the device's python3 (/opt/torch/.venv, Python 3.12, torch 2.11.0+cu130) has
-transformers 5.17.0, which has both ``qwen3_5`` and ``lfm2_vl`` (and passes tests/test_tiny.py,
-test_score.py and test_arch.py here), but its SigLIP2 position-embedding resize calls
-``F.interpolate(..., antialias=True)``, which the legacy ONNX exporter cannot export
-(``UnsupportedOperatorError: aten::_upsample_bilinear2d_aa``): the LFM2-VL vision graph does
-not export with it (seen here: tests/test_export.py::test_vision_graph_exports under 5.17.0).
-transformers 5.24.0, the version this project is tested with, needs huggingface-hub>=1.31,<3
-and tokenizers>=0.23.1,<0.24, which the device has (1.33.0, 0.23.2). Once, here, in the
-repository root::
+The device's python3 has no spotstop install (this file makes ``spotstop.<room>`` importable
+from the checkout) and a transformers whose SigLIP2 resize the legacy ONNX exporter cannot
+export (``aten::_upsample_bilinear2d_aa``), so the LFM2-VL export needs the transformers the
+project is tested with, fetched once here, in the repository root::
 
     echo /.whl/ >> .git/info/exclude
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 -d .whl transformers==5.24.0      # ~12 MB, py3-none-any
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \\
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \\
+        --platform manylinux2014_x86_64 -d .whl transformers==5.24.0
 
-Without the wheel the script still runs: the LFM2-VL export is then recorded as skipped with
-the exporter's error. No TensorRT and no onnxruntime-gpu on the device (neither fits in the
-64 MiB the working tree may carry): ``trt`` is skipped with the reason, ``ort`` runs on the CPU.
+Without the wheel, the LFM2-VL export is skipped with the exporter's error. The device has
+neither tensorrt nor onnxruntime-gpu: ``trt`` is skipped with the reason and ``ort`` times the
+CPU. The default budget gives build + torch for both members in about 3 minutes and the rest
+to the exports; ``--steps build,torch`` is a 3-minute run, and ``--members LFM2.5-VL-3B
+--steps build,export,ort --step-budget export=420 --budget-s 540`` gives one export the run.
 
-Estimates for the H200 machine (16 cores, 128 GiB RAM). Not measurements: the run measures.
-
-=================  ===========  ===========================================================
-step               per member   why
-=================  ===========  ===========================================================
-start + env        10 s         parent imports torch/onnxruntime; each child imports
-                                torch + transformers again (5-10 s, two children per member)
-build              25-60 s      seeded init in bf16 on the GPU (seconds) + the test
-                                tokenizer + writing 4.1 / 5.9 GiB of safetensors
-torch              20-40 s      load + warm-up + 8 scenes x 3 calls; ~50-200 ms a scene
-                                (Gated-DeltaNet / short-conv run their torch fallbacks:
-                                no flash-linear-attention or causal-conv1d there)
-export (LFM2-VL)   3-6 min      int8, streamed: 360 s on this repository's 2-core CPU
-                                workstation (bench/real_pair.py), peak RSS 18 GiB; the
-                                torch phases use the 16 cores there, the weight passes do not
-export (Qwen3.5)   4-10 min     int8, streamed, dynamo (compact Gated-DeltaNet graph, one
-                                decoder for every length): see bench/RESULTS.md for the
-                                CPU figure; runs last, on what is left
-ort (CPU EP)       30-60 s      session load of a 3 GiB int8 graph; seconds a scene
-trt                0 s          no tensorrt on the device: skipped with the reason
-=================  ===========  ===========================================================
-
-So the default run (``--budget-s 450``) is expected to give build + torch figures for both
-members within ~3 minutes and to spend the rest on the LFM2-VL export; device time: ~2 min to
-start the machine + ~8 min of run. Pass ``--steps build,torch`` for a 3-minute run, or
-``--members LFM2.5-VL-3B --steps build,export,ort --step-budget export=420 --budget-s 540``
-to give the export the whole run.
-
-Memory at the real dimensions (parameter counts of the config classes on the meta device, as
-``jetson/memory_budget.py`` prints them): Qwen3.5-2B 2.21 B parameters → 4.1 GiB in bf16/fp16;
-on the GPU with torch eager ~6-7 GiB at peak (the backend reads the 248 320-row output layer
-in float32: +1.9 GiB); fp32 8.2 GiB. LFM2.5-VL-3B 3.15 B → 5.9 GiB bf16/fp16, ~7-8 GiB peak
-on the GPU (+1 GiB float32 output layer), fp32 11.7 GiB. Host RAM during an export: both
-members are large (float32 weights over 2 GiB), so ``export_member`` streams them
-(export/memory.py): about the fp32 model plus the tracer's working set (LFM2.5-VL-3B peaked at
-18 GiB on the 24 GiB workstation). Disk: both bf16 folders 10 GiB + one member's export at a
-time (fp32 graphs 8-13 GB, the int8 graphs and a scratch file beside them).
-
-Here (no GPU), the same code path runs on the tiny TEST pair on the CPU, GPU-only steps
-skipped with the reason (``tests/test_bench_gpu.py`` runs it)::
+Without a GPU, the same code path runs on the tiny TEST pair on the CPU, the GPU-only steps
+skipped with the reason (tests/bench/test_gpu.py runs it)::
 
     python bench/gpu.py --tiny --device cpu --out /tmp/gpu-bench
 """
@@ -108,12 +60,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime as _dt
 import gc
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import platform
 import shlex
@@ -131,25 +83,20 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the device runs this file with its own python3, no install
+THIS = Path(__file__).resolve()
+if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-#: the rooms that pyproject.toml maps to ``spotstop.<room>`` (package-dir)
-_ROOMS = ("cli", "guard", "calibrate", "diagnostics", "export")
 
 
 def _ensure_spotstop_importable() -> None:
-    """Make ``spotstop.<room>`` importable without an install (the device's own python3).
-
-    ``spotstop`` is a namespace package whose rooms are top-level folders mapped by
-    pyproject.toml's package-dir; without an install, a folder ``spotstop/`` of links to the
-    rooms under a temporary directory stands in, on ``sys.path`` and on ``PYTHONPATH`` for
-    the child processes.
-    """
+    """Make ``spotstop.<room>`` importable without an install (the device's own python3): a
+    temporary ``spotstop/`` folder of links to the rooms, on ``sys.path`` and, for the child
+    processes, on ``PYTHONPATH``."""
     if importlib.util.find_spec("spotstop") is not None:
         return
     shim = Path(tempfile.mkdtemp(prefix="spotstop-shim-"))
     (shim / "spotstop").mkdir()
-    for room in _ROOMS:
+    for room in ("cli", "guard", "calibrate", "diagnostics", "export"):  # pyproject's package-dir
         (shim / "spotstop" / room).symlink_to(ROOT / room, target_is_directory=True)
     sys.path.insert(0, str(shim))
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -160,26 +107,23 @@ def _ensure_spotstop_importable() -> None:
 
 _ensure_spotstop_importable()
 
-THIS = Path(__file__).resolve()
 STEPS = ("build", "torch", "export", "ort", "trt")
 #: the two child processes per member: the member itself, then its exported graphs
 GROUPS: tuple[tuple[str, ...], ...] = (("build", "torch"), ("export", "ort", "trt"))
-#: seconds per step: the real members on the H200 machine / the tiny pair on a CPU
+#: seconds per step: the real members on the GPU machine / the tiny pair on a CPU
 BUDGETS_REAL = {"build": 120.0, "torch": 90.0, "export": 300.0, "ort": 90.0, "trt": 180.0}
 BUDGETS_TINY = {"build": 90.0, "torch": 60.0, "export": 120.0, "ort": 60.0, "trt": 30.0}
 #: exceptions that, raised from this file, are a bug in this script rather than a finding
 _BUG_TYPES = (NameError, TypeError, AttributeError, KeyError, IndexError, AssertionError)
-#: the project's tested transformers (see the module doc: the device has 5.17.0)
-TESTED_TRANSFORMERS = "5.24.0"
+
+Figure = dict[str, Any]
 
 
 class SkipStep(Exception):
     """A step that cannot run here; the message is the reason."""
 
 
-# ==========================================================================================
-# shared helpers
-# ==========================================================================================
+# ---- helpers ---------------------------------------------------------------------------------
 
 
 def _budget_module() -> Any:
@@ -212,17 +156,13 @@ def _version(dist: str) -> str | None:
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        if v != v:  # NaN
+        if v != v:
             return "nan"
-        if abs(v) >= 100:
-            return f"{v:.0f}"
-        if abs(v) >= 10:
-            return f"{v:.1f}"
-        return f"{v:.3g}"
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.3g}"
     return str(v)
 
 
-def _fig(name: str, value: Any, unit: str) -> dict[str, Any]:
+def _fig(name: str, value: Any, unit: str) -> Figure:
     return {"name": name, "value": value, "unit": unit}
 
 
@@ -235,40 +175,23 @@ def _safetensors_params(folder: Path) -> int:
     total = 0
     for f in folder.glob("*.safetensors"):
         with open(f, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(n))
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
         for k, v in header.items():
             if k != "__metadata__":
-                count = 1
-                for d in v["shape"]:
-                    count *= int(d)
-                total += count
+                total += math.prod(int(d) for d in v["shape"])
     return total
 
 
-# ==========================================================================================
-# the child: runs one member's group of steps, writes one JSON line per event
-# ==========================================================================================
-
-
-class _Recorder:
-    """Appends JSON lines to the records file; the watchdog and the steps share it."""
-
-    def __init__(self, path: Path, member: str) -> None:
-        self.path = path
-        self.member = member
-        self.lock = threading.RLock()
-
-    def write(self, **rec: Any) -> None:
-        rec.setdefault("member", self.member)
-        line = json.dumps(rec, default=str)
-        with self.lock, open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
+def _reason(ex: BaseException) -> str:
+    text = str(ex).strip() or repr(ex)
+    return f"{type(ex).__name__}: {text[:1500]}"
 
 
 def _say(msg: str) -> None:
     print(msg, flush=True)
+
+
+# ---- the child: one member's group of steps, one JSON line per event ---------------------------
 
 
 def _scenes(n: int) -> list[Any]:
@@ -277,8 +200,8 @@ def _scenes(n: int) -> list[Any]:
     return demo_scenes(n, seed=7)
 
 
-def _latency(member: Any, scenes: list[Any], repeat: int, deadline: float) -> list[dict[str, Any]]:
-    """Per-scene latency (one scene per call) until ``deadline``; figures with units."""
+def _latency(member: Any, scenes: list[Any], repeat: int, deadline: float) -> list[Figure]:
+    """Per-scene latency (one scene per call) after two warm-up calls, until ``deadline``."""
     t = time.perf_counter()
     member.score(scenes[:1], strict=False)  # first call: kernels, allocations, sessions
     first = time.perf_counter() - t
@@ -286,7 +209,6 @@ def _latency(member: Any, scenes: list[Any], repeat: int, deadline: float) -> li
     times: list[float] = []
     tokens: list[int] = []
     finite = 0
-    planned = repeat * len(scenes)
     for _ in range(repeat):
         for s in scenes:
             if times and time.time() > deadline:
@@ -295,18 +217,17 @@ def _latency(member: Any, scenes: list[Any], repeat: int, deadline: float) -> li
             [r] = member.score([s], strict=False)
             times.append(time.perf_counter() - t)
             tokens.append(r.n_prompt_tokens)
-            finite += r.score == r.score and abs(r.score) != float("inf")
+            finite += math.isfinite(r.score)
     times.sort()
-    figs = [
+    return [
         _fig("median latency", statistics.median(times) * 1e3, "ms/scene"),
         _fig("p90 latency", times[min(len(times) - 1, int(0.9 * len(times)))] * 1e3, "ms/scene"),
         _fig("min latency", times[0] * 1e3, "ms/scene"),
         _fig("first call", first, "s"),
-        _fig("timed calls", len(times), f"of {planned} planned"),
+        _fig("timed calls", len(times), f"of {repeat * len(scenes)} planned"),
         _fig("prompt length", int(statistics.median(tokens)), "tokens (median)"),
         _fig("finite scores", finite, f"of {len(times)}"),
     ]
-    return figs
 
 
 def _cuda_ok(device: str) -> None:
@@ -320,20 +241,16 @@ def _cuda_ok(device: str) -> None:
 
 def _free_torch() -> None:
     gc.collect()
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # torch absent or without CUDA: nothing to free
         import torch
 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
 
-# -- steps -----------------------------------------------------------------------------------
-
-
-def _step_build(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
+def _step_build(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> list[Figure]:
     folder = Path(spec["folder"])
-    if folder.exists():
-        shutil.rmtree(folder)
+    shutil.rmtree(folder, ignore_errors=True)
     t = time.perf_counter()
     if spec["tiny"]:
         from spotstop.export.tiny import build_tiny_member
@@ -341,43 +258,17 @@ def _step_build(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> l
         build_tiny_member(spec["member"], folder, seed=spec["seed"])
         how = "tiny pair builder, fp32, CPU"
     else:
+        import torch
         from spotstop.export.tiny import build_random_member
 
-        device = spec["device"]
-        build_dev = "cuda" if device.startswith("cuda") else "cpu"
-        if build_dev == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                build_dev = "cpu"
+        dev = "cuda" if spec["device"].startswith("cuda") and torch.cuda.is_available() else "cpu"
         recorded = _budget_module().RECORDED[spec["member"]]
-
-        def build(dev: str) -> None:
-            build_random_member(
-                spec["model_type"],
-                recorded,
-                folder,
-                seed=spec["seed"],
-                dtype=spec["dtype"],
-                device=dev,
-            )
-
-        try:
-            build(build_dev)
-        except Exception as ex:
-            if build_dev == "cpu":
-                raise
-            ctx["notes"].append(f"the build on CUDA failed ({_reason(ex)[:300]}); built on the CPU")
-            _say(f"  {ctx['notes'][-1]}")
-            _free_torch()
-            shutil.rmtree(folder, ignore_errors=True)
-            build_dev = "cpu"
-            t = time.perf_counter()
-            build(build_dev)
-        how = f"real dimensions, random weights in {spec['dtype']} on {build_dev}"
+        build_random_member(
+            spec["model_type"], recorded, folder, seed=spec["seed"], dtype=spec["dtype"], device=dev
+        )
+        how = f"real dimensions, random weights in {spec['dtype']} on {dev}"
     secs = time.perf_counter() - t
     _free_torch()
-    ctx["folder"] = folder
     return [
         _fig(f"build ({how})", secs, "s"),
         _fig("parameters", _safetensors_params(folder) / 1e6, "M"),
@@ -385,15 +276,15 @@ def _step_build(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> l
     ]
 
 
-def _need_folder(spec: dict[str, Any]) -> Path:
+def _member_folder(spec: dict[str, Any]) -> Path:
     folder = Path(spec["folder"])
     if not (folder / "config.json").is_file():
         raise SkipStep("no member folder: the build step did not produce one")
     return folder
 
 
-def _step_torch(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
-    folder = _need_folder(spec)
+def _step_torch(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> list[Figure]:
+    folder = _member_folder(spec)
     import torch
     from spotstop.guard import load_member
 
@@ -404,10 +295,9 @@ def _step_torch(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> l
     dtype = spec["dtype"] if cuda else "float32"
     t = time.perf_counter()
     m = load_member(folder, name=spec["member"], backend="torch", device=device, dtype=dtype)
-    load = time.perf_counter() - t
+    figs = [_fig(f"load ({dtype}, {device})", time.perf_counter() - t, "s")]
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    figs = [_fig(f"load ({dtype}, {device})", load, "s")]
     figs += _latency(m, _scenes(spec["scenes"]), spec["repeat"], deadline)
     if cuda:
         figs.append(_fig("peak GPU memory", torch.cuda.max_memory_allocated() / 2**30, "GiB"))
@@ -416,94 +306,21 @@ def _step_torch(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> l
     return figs
 
 
-def _export_info_path(spec: dict[str, Any]) -> Path:
-    return Path(spec["onnx_root"]) / f"{spec['member']}.export.json"
-
-
-def _save_export(e: Any, path: Path) -> None:
-    d: dict[str, Any] = {}
-    for f in dataclasses.fields(e):
-        if f.name == "checks":
-            continue
-        v = getattr(e, f.name)
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            v = dataclasses.asdict(v)
-        d[f.name] = v
-    path.write_text(json.dumps(d, default=str), encoding="utf-8")
-
-
-def _load_export(spec: dict[str, Any]) -> Any:
-    """The MemberExport that the export step wrote (rebuilt from its JSON)."""
-    from spotstop.export.onnx import MemberExport
-    from spotstop.guard._prompt import RenderedTemplate
-
-    path = _export_info_path(spec)
-    if not path.is_file():
-        raise SkipStep("no ONNX export: the export step did not produce one")
-    d = json.loads(path.read_text(encoding="utf-8"))
-    names = {f.name: f for f in dataclasses.fields(MemberExport)}
-    kw: dict[str, Any] = {}
-    for k, v in d.items():
-        if k not in names:
-            continue
-        if k == "path":
-            v = Path(v)
-        elif k == "template":
-            v = RenderedTemplate(**v)
-        elif isinstance(v, list):
-            v = tuple(tuple(x) if isinstance(x, list) else x for x in v)
-        kw[k] = v
-    return MemberExport(**kw)
-
-
-def _step_export(
-    spec: dict[str, Any], ctx: dict[str, Any], deadline: float
-) -> list[dict[str, Any]]:
-    folder = _need_folder(spec)
-    from spotstop.export.onnx import ExportValidationError, export_member
+def _step_export(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> list[Figure]:
+    folder = _member_folder(spec)
+    from spotstop.export.onnx import export_member
 
     prec = spec["onnx_precision"]
-    if prec == "auto":  # fp16 engines where TensorRT is; else int8, as bench/real_pair.py
+    if prec == "auto":
         prec = "fp16" if importlib.util.find_spec("tensorrt") is not None else "int8"
     out = Path(spec["onnx_root"]) / "members" / spec["member"]
-    figs: list[dict[str, Any]] = []
-    notes: list[str] = []
-    ctx["notes"] = notes
-
-    def export(precision: str) -> Any:
-        # rounded to nearest: GPTQ's calibration (minutes of CPU, export/gptq.py) chooses other
-        # codes for the same graphs and bytes, so it changes no timing measured here
-        return export_member(
-            folder,
-            out,
-            precision=precision,
-            buckets=[spec["bucket"]],
-            name=spec["member"],
-            quantizer="rtn",
-        )
-
     t = time.perf_counter()
-    try:
-        e = export(prec)
-    except Exception as ex:
-        spent = time.perf_counter() - t
-        left = deadline - time.time()
-        fp16_only = isinstance(ex, ExportValidationError) and all(
-            f.startswith("[fp16]") for f in ex.failures
-        )
-        if prec != "fp16" or not fp16_only or left < 1.2 * spent:
-            raise
-        notes.append(
-            f"fp16 export failed after {spent:.0f} s ({type(ex).__name__}: "
-            f"{str(ex).splitlines()[0][:300]}); retried in fp32"
-        )
-        _say(f"  {notes[-1]}")
-        prec = "fp32"
-        t = time.perf_counter()
-        e = export(prec)
+    e = export_member(
+        folder, out, precision=prec, buckets=[spec["bucket"]], name=spec["member"], quantizer="rtn"
+    )
     secs = time.perf_counter() - t
-    _save_export(e, _export_info_path(spec))
-    figs += [
+    ctx["export"] = e
+    return [
         _fig(f"export_member ({prec}, bucket {spec['bucket']}, on the CPU)", secs, "s"),
         _fig("graph weights (vision + decoder)", e.weight_bytes / 2**30, "GiB"),
         _fig("exported folder", _dir_bytes(out) / 2**30, "GiB"),
@@ -511,28 +328,35 @@ def _step_export(
         _fig("exported streamed (float32 weights over 2 GiB)", int(e.streamed), "yes=1"),
         _fig(f"max |Δ| vs torch ({prec} validation)", float(e.max_abs_diff), "logit"),
     ]
-    return figs
 
 
-def _step_ort(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
-    e = _load_export(spec)
+def _exported(ctx: dict[str, Any]) -> Any:
+    if "export" not in ctx:
+        raise SkipStep("no ONNX export: the export step did not produce one")
+    return ctx["export"]
+
+
+def _step_ort(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> list[Figure]:
+    e = _exported(ctx)
     import onnxruntime as ort
     from spotstop.guard import load_member
 
     avail = ort.get_available_providers()
-    devices = []
     cuda = spec["device"].startswith("cuda")
-    if cuda and "TensorrtExecutionProvider" in avail:
-        devices.append(("tensorrt", "TensorrtExecutionProvider"))
-    if cuda and "CUDAExecutionProvider" in avail:
-        devices.append(("cuda", "CUDAExecutionProvider"))
-    if "CPUExecutionProvider" in avail:
-        devices.append(("cpu", "CPUExecutionProvider"))
-    if cuda and not any(d != "cpu" for d, _ in devices):
-        ctx["notes"] = [
+    devices = [
+        (dev, prov)
+        for dev, prov, gpu in (
+            ("tensorrt", "TensorrtExecutionProvider", True),
+            ("cuda", "CUDAExecutionProvider", True),
+            ("cpu", "CPUExecutionProvider", False),
+        )
+        if prov in avail and (cuda or not gpu)
+    ]
+    if cuda and all(d == "cpu" for d, _ in devices):
+        ctx["notes"].append(
             f"onnxruntime {ort.__version__} has no GPU provider here ({avail}); CPU only"
-        ]
-    figs: list[dict[str, Any]] = []
+        )
+    figs: list[Figure] = []
     scenes = _scenes(spec["scenes"])
     for i, (dev, prov) in enumerate(devices):
         # each provider gets an equal share of what is left of the step's time
@@ -540,14 +364,15 @@ def _step_ort(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> lis
         t = time.perf_counter()
         m = load_member(e.path, name=e.name, backend="onnx", device=dev, template=e.template)
         figs.append(_fig(f"{prov} session load ({e.precision})", time.perf_counter() - t, "s"))
-        lat = _latency(m, scenes, spec["repeat"], share)
-        figs += [{**f, "name": f"{prov} {f['name']}"} for f in lat]
+        figs += [
+            {**f, "name": f"{prov} {f['name']}"} for f in _latency(m, scenes, spec["repeat"], share)
+        ]
         del m
         gc.collect()
     return figs
 
 
-def _step_trt(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
+def _step_trt(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> list[Figure]:
     _cuda_ok(spec["device"])
     try:
         import tensorrt
@@ -556,39 +381,28 @@ def _step_trt(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> lis
             f"tensorrt is not importable here ({type(ex).__name__}: {ex}); the bundle's "
             "trt/build.sh (trtexec) builds the engines where TensorRT is installed"
         ) from ex
-    e = _load_export(spec)
+    e = _exported(ctx)
     from spotstop.export.trt import build_engines
+    from spotstop.guard import load_member
 
-    want = e.precision  # the tensorrt backend refuses engines of another precision
-    root = Path(spec["onnx_root"])
     t = time.perf_counter()
-    built = build_engines(root, [e], max_batch=1, progress=_say)
+    built = build_engines(Path(spec["onnx_root"]), [e], max_batch=1, progress=_say)
     secs = time.perf_counter() - t
     if not built:
         raise SkipStep(
             f"spotstop.export.trt.build_engines returned False after {secs:.0f} s (tensorrt "
-            f"{tensorrt.__version__} found no usable GPU, or precision {want} is not buildable)"
+            f"{tensorrt.__version__} found no usable GPU, or precision {e.precision} is not buildable)"
         )
-    figs = [_fig(f"TensorRT {tensorrt.__version__} engine build ({want})", secs, "s")]
-    plans = {p.resolve() for p in e.path.rglob("*.plan")}  # members/<name>/trt/ (or root/trt/)
-    if (root / "trt").is_dir():
-        plans |= {p.resolve() for p in (root / "trt").rglob("*.plan") if e.name in p.parts}
-    if plans:
+    figs = [_fig(f"TensorRT {tensorrt.__version__} engine build ({e.precision})", secs, "s")]
+    if plans := list(e.path.rglob("*.plan")):  # members/<name>/trt/
         figs.append(_fig("engine files", sum(p.stat().st_size for p in plans) / 2**30, "GiB"))
-    from spotstop.guard.backends import BACKENDS
-
-    if "tensorrt" not in BACKENDS:
-        ctx["notes"] = ["latency not measured: guard has no 'tensorrt' backend registered"]
-        return figs
-    from spotstop.guard import load_member
-
     t = time.perf_counter()
     try:
         m = load_member(e.path, name=e.name, backend="tensorrt", device="cuda", template=e.template)
-    except Exception as ex:
-        ctx["notes"] = [
-            f"engines built, but the tensorrt backend did not load them: {type(ex).__name__}: {ex}"
-        ]
+    except Exception as ex:  # the build is a figure of its own; say why no latency follows
+        ctx["notes"].append(
+            f"engines built, but the tensorrt backend did not load them: {_reason(ex)}"
+        )
         return figs
     figs.append(_fig("tensorrt backend load", time.perf_counter() - t, "s"))
     figs += [
@@ -598,7 +412,7 @@ def _step_trt(spec: dict[str, Any], ctx: dict[str, Any], deadline: float) -> lis
     return figs
 
 
-_STEP_FUNCS: dict[str, Callable[[dict[str, Any], dict[str, Any], float], list[dict[str, Any]]]] = {
+_STEP_FUNCS: dict[str, Callable[[dict[str, Any], dict[str, Any], float], list[Figure]]] = {
     "build": _step_build,
     "torch": _step_torch,
     "export": _step_export,
@@ -609,95 +423,51 @@ _STEP_FUNCS: dict[str, Callable[[dict[str, Any], dict[str, Any], float], list[di
 
 def _is_bug(ex: BaseException) -> bool:
     """An exception of a bug-like type raised from this file's own code."""
-    if not isinstance(ex, _BUG_TYPES):
-        return False
     tb = traceback.extract_tb(ex.__traceback__)
-    return bool(tb) and Path(tb[-1].filename).resolve() == THIS
-
-
-def _reason(ex: BaseException) -> str:
-    text = str(ex).strip() or repr(ex)
-    return f"{type(ex).__name__}: {text[:1500]}"
+    return isinstance(ex, _BUG_TYPES) and bool(tb) and Path(tb[-1].filename).resolve() == THIS
 
 
 def _child_main(spec_path: str) -> int:
+    """Run one member's steps in order, appending a JSON line to the records file as each
+    starts and ends; the parent ends this process when a step overruns its deadline."""
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    rec = _Recorder(Path(spec["records"]), spec["member"])
-    state: dict[str, Any] = {"step": None, "deadline": None, "rest": []}
-    grace = float(spec["grace_s"])
 
-    def watchdog() -> None:  # ends this process when a blocking step overruns its budget
-        while True:
-            time.sleep(0.5)
-            step, dl = state["step"], state["deadline"]
-            if step is None or dl is None or time.time() < dl + grace:
-                continue
-            with rec.lock:  # re-entrant: the step cannot report its end meanwhile
-                if state["step"] != step:
-                    continue
-                rec.write(
-                    step=step,
-                    event="end",
-                    status="skipped",
-                    reason=f"time budget of {state['budget']:.0f} s exceeded"
-                    + (" (what the run's --budget-s had left)" if state["capped"] else "")
-                    + "; the step was ended",
-                    seconds=time.time() - state["t0"],
-                )
-                for s in state["rest"]:
-                    rec.write(
-                        step=s,
-                        event="end",
-                        status="skipped",
-                        reason=f"not reached: {step} ran over its time budget",
-                        seconds=0.0,
-                    )
-                _say(f"  [{spec['member']}] {step}: time budget exceeded, ending the child")
-                os._exit(0)
+    def record(**rec: Any) -> None:
+        with open(spec["records"], "a", encoding="utf-8") as f:
+            f.write(json.dumps({"member": spec["member"], **rec}, default=str) + "\n")
 
-    threading.Thread(target=watchdog, daemon=True).start()
     ctx: dict[str, Any] = {}
-    steps = list(spec["steps"])
-    for i, step in enumerate(steps):
-        own = float(spec["budgets"][step])
-        budget = min(own, float(spec["overall_deadline"]) - time.time())
-        if budget <= 1:
-            rec.write(
-                step=step,
-                event="end",
-                status="skipped",
-                reason="not started: the overall time budget (--budget-s) is spent",
-                seconds=0.0,
-            )
+    for step in spec["steps"]:
+        own, left = float(spec["budgets"][step]), float(spec["overall_deadline"]) - time.time()
+        budget = min(own, left)
+        if left < (3 if spec["tiny"] else 20):  # too little left to finish any step
+            reason = "not started: the overall time budget (--budget-s) is spent"
+            record(step=step, event="end", status="skipped", reason=reason, seconds=0.0)
             continue
         _say(f"  [{spec['member']}] {step}: start (budget {budget:.0f} s)")
         ctx["notes"] = []
         t0 = time.time()
-        state.update(step=step, deadline=t0 + budget, budget=budget, capped=budget < own, t0=t0)
-        state["rest"] = steps[i + 1 :]
-        rec.write(step=step, event="start", budget_s=budget)
+        record(step=step, event="start", budget_s=budget, deadline=t0 + budget, capped=budget < own)
         status, reason, figs = "ok", None, []
         try:
             figs = _STEP_FUNCS[step](spec, ctx, t0 + budget)
         except SkipStep as ex:
             status, reason = "skipped", str(ex)
         except Exception as ex:
-            status = "error" if _is_bug(ex) else "skipped"
-            reason = _reason(ex)
+            status, reason = ("error" if _is_bug(ex) else "skipped"), _reason(ex)
             traceback.print_exc()
-        with rec.lock:
-            state.update(step=None, deadline=None)
-        rec.write(
+        secs = time.time() - t0
+        record(
             step=step,
             event="end",
             status=status,
             reason=reason,
             figures=figs,
-            notes=list(ctx.get("notes") or []),
-            seconds=time.time() - t0,
+            notes=ctx["notes"],
+            seconds=secs,
         )
         _say(
-            f"  [{spec['member']}] {step}: {status} in {time.time() - t0:.1f} s"
+            f"  [{spec['member']}] {step}: {status} in {secs:.1f} s"
             + (f" — {reason}" if reason else "")
         )
         for f in figs:
@@ -705,9 +475,7 @@ def _child_main(spec_path: str) -> int:
     return 0
 
 
-# ==========================================================================================
-# the parent: environment, schedule, children, report
-# ==========================================================================================
+# ---- the parent: environment, children, report ------------------------------------------------
 
 
 def _ram_gib() -> float | None:
@@ -726,22 +494,11 @@ def _environment(device: str) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "ram_gib": _ram_gib(),
         "device": device,
-        "versions": {},
         "gpu": None,
     }
-    for dist in (
-        "torch",
-        "transformers",
-        "onnx",
-        "onnxruntime",
-        "onnxruntime-gpu",
-        "onnxscript",
-        "tensorrt",
-        "tokenizers",
-        "huggingface-hub",
-        "numpy",
-    ):
-        env["versions"][dist] = _version(dist)
+    dists = ("torch", "transformers", "onnx", "onnxruntime", "onnxruntime-gpu", "onnxscript")
+    dists += ("tensorrt", "tokenizers", "huggingface-hub", "numpy")
+    env["versions"] = {d: _version(d) for d in dists}
     spec = importlib.util.find_spec("transformers")
     env["transformers_from"] = str(Path(spec.origin).parent) if spec and spec.origin else None
     try:
@@ -753,15 +510,11 @@ def _environment(device: str) -> dict[str, Any]:
             env["gpu"] = {"name": p.name, "memory_gib": p.total_memory / 2**30}
     except Exception as ex:  # report, never fail the run on it
         env["torch_error"] = _reason(ex)
-    with contextlib.suppress(Exception):
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-        if out.returncode == 0 and out.stdout.strip():
-            env["nvidia_smi"] = out.stdout.strip().splitlines()[0]
+    with contextlib.suppress(Exception):  # no nvidia-smi: the GPU line comes from torch alone
+        query = ["--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+        smi = subprocess.run(["nvidia-smi", *query], capture_output=True, text=True, timeout=20)
+        if smi.returncode == 0 and smi.stdout.strip():
+            env["nvidia_smi"] = smi.stdout.strip().splitlines()[0]
     try:
         import onnxruntime as ort
 
@@ -792,23 +545,17 @@ class _Log:
             print(line, flush=True)
 
 
-def _relay(stream: Any, log: _Log) -> None:
-    for line in iter(stream.readline, ""):
-        log("    | " + line.rstrip("\n"), stamp=False)
+def _skipped(member: str, step: str, reason: str, status: str = "skipped") -> dict[str, Any]:
+    return {"member": member, "step": step, "status": status, "reason": reason, "seconds": None}
 
 
-def _child_env(tmp: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        TMPDIR=str(tmp),  # an export ended at its budget leaves its temporary files here
-        PYTHONUNBUFFERED="1",
-        TQDM_DISABLE="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_VERBOSITY="error",
-        PYTHONWARNINGS="ignore",
-    )
-    return env
+def _events(records: Path) -> list[dict[str, Any]]:
+    events = []
+    if records.is_file():
+        for line in records.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut when the child ended
+                events.append(json.loads(line))
+    return events
 
 
 def _run_group(
@@ -821,41 +568,38 @@ def _run_group(
     work: Path,
     log: _Log,
 ) -> list[dict[str, Any]]:
-    """Run one member's group of steps in a child process; its end records."""
-    budgets = _member_budgets(budgets, member)
+    """Run one member's group of steps in a child process, ending it when a step runs past
+    its deadline (plus a grace period); one end record per step."""
     records = work / f"records-{member}-{steps[0]}.jsonl"
     records.unlink(missing_ok=True)
     grace = 2.0 if args.tiny else 10.0
+    options = ("tiny", "device", "dtype", "seed", "scenes", "repeat", "bucket", "onnx_precision")
     spec = {
+        **{k: getattr(args, k) for k in options},
         "member": member,
         "model_type": model_type,
         "steps": list(steps),
-        "tiny": args.tiny,
-        "device": args.device,
-        "dtype": args.dtype,
-        "seed": args.seed,
-        "scenes": args.scenes,
-        "repeat": args.repeat,
-        "bucket": args.bucket,
-        "onnx_precision": args.onnx_precision,
         "folder": str(work / "members" / member),
         "onnx_root": str(work / "onnx"),
         "records": str(records),
-        "budgets": budgets,
+        "budgets": _member_budgets(budgets, member),
         "overall_deadline": overall_deadline,
-        "grace_s": grace,
     }
     (work / "onnx").mkdir(parents=True, exist_ok=True)
-    tmp = work / "tmp"
-    tmp.mkdir(exist_ok=True)
+    (work / "tmp").mkdir(exist_ok=True)
     spec_path = work / f"spec-{member}-{steps[0]}.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
-    # backstop: the child's own watchdog ends overrunning steps; this ends a hung child
-    limit = min(
-        sum(budgets[s] for s in steps) + grace * len(steps) + 30,
-        overall_deadline - time.time() + grace + 30,
+    log(f"{member}: {' + '.join(steps)} in a child process")
+    env = dict(os.environ)
+    env.update(
+        TMPDIR=str(work / "tmp"),  # an export ended at its budget leaves its temporary files here
+        PYTHONUNBUFFERED="1",
+        TQDM_DISABLE="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+        PYTHONWARNINGS="ignore",
     )
-    log(f"{member}: {' + '.join(steps)} in a child process (at most {limit:.0f} s)")
     t0 = time.time()
     proc = subprocess.Popen(
         [sys.executable, "-u", str(THIS), "--_child", str(spec_path)],
@@ -864,65 +608,69 @@ def _run_group(
         text=True,
         errors="replace",
         cwd=str(ROOT),
-        env=_child_env(tmp),
-        start_new_session=True,  # its own process group: ended as a whole at the backstop
+        env=env,
+        start_new_session=True,  # its own process group, ended as a whole
     )
-    relay = threading.Thread(target=_relay, args=(proc.stdout, log), daemon=True)
-    relay.start()
-    killed = False
-    try:
-        rc = proc.wait(timeout=max(1.0, limit))
-    except subprocess.TimeoutExpired:
-        killed = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the group of the child this script started
-        rc = proc.wait()
-    relay.join(timeout=10)
-    events: list[dict[str, Any]] = []
-    if records.is_file():
-        for line in records.read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                events.append(json.loads(line))
-    ends = {e["step"]: e for e in events if e.get("event") == "end"}
-    started = {e["step"] for e in events if e.get("event") == "start"}
-    if killed:
-        why = f"the child was ended after {time.time() - t0:.0f} s (backstop of {limit:.0f} s)"
+
+    def relay() -> None:
+        assert proc.stdout is not None
+        for line in iter(proc.stdout.readline, ""):
+            log("    | " + line.rstrip("\n"), stamp=False)
+
+    relay_thread = threading.Thread(target=relay, daemon=True)
+    relay_thread.start()
+    overran: dict[str, Any] | None = None  # the start record of the step that ran over
+    hung = False  # past the overall deadline outside every step
+    while proc.poll() is None:
+        time.sleep(0.5)
+        events = _events(records)
+        ended = {e["step"] for e in events if e["event"] == "end"}
+        running = [e for e in events if e["event"] == "start" and e["step"] not in ended]
+        overran = running[-1] if running and time.time() > running[-1]["deadline"] + grace else None
+        hung = not running and time.time() > overall_deadline + grace
+        if overran or hung:
+            late = overran["step"] if overran else "the child"
+            log(f"{member}: {late} ran past its time budget; ending the child")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the group of the child this script started
+            break
+    rc = proc.wait()
+    relay_thread.join(timeout=10)
+    events = _events(records)
+    ends = {e["step"]: e for e in events if e["event"] == "end"}
+    started = {e["step"] for e in events if e["event"] == "start"}
+    if overran:
+        step = overran["step"]
+        capped = " (what the run's --budget-s had left)" if overran["capped"] else ""
+        ends.setdefault(
+            step,
+            {
+                **_skipped(
+                    member,
+                    step,
+                    f"time budget of {overran['budget_s']:.0f} s exceeded{capped}; the step was ended",
+                ),
+                "seconds": time.time() - (overran["deadline"] - overran["budget_s"]),
+            },
+        )
+        why = f"{step} ran over its time budget"
+    elif hung:
+        why = f"the child was ended after {time.time() - t0:.0f} s, past the run's budget"
     elif rc < 0:
         why = f"the child died from signal {-rc}" + (" (out of memory?)" if -rc == 9 else "")
     elif rc != 0:
         why = f"the child exited with status {rc} (see the log above)"
     else:
         why = "the child ended without reporting this step"
-    out = []
-    for s in steps:
-        if s in ends:
-            out.append(ends[s])
-        elif s in started:
-            out.append(
-                {
-                    "member": member,
-                    "step": s,
-                    "status": "skipped",
-                    "reason": f"{why} during this step",
-                    "seconds": None,
-                }
-            )
-        else:
-            out.append(
-                {
-                    "member": member,
-                    "step": s,
-                    "status": "skipped",
-                    "reason": f"not reached: {why}",
-                    "seconds": None,
-                }
-            )
-    if rc > 0 and not killed:
-        # a Python exception outside every step: a bug in this script
-        for r in out:
-            if r.get("status") != "ok" and r["step"] not in ends:
-                r["status"] = "error"
-    return out
+    # a child that exits with an error outside every step has a bug in this script
+    status = "error" if rc > 0 else "skipped"
+    return [
+        ends.get(s)
+        or _skipped(
+            member, s, f"{why} during this step" if s in started else f"not reached: {why}", status
+        )
+        for s in steps
+    ]
 
 
 def _command_text(argv: list[str]) -> str:
@@ -931,11 +679,11 @@ def _command_text(argv: list[str]) -> str:
     for a in argv:
         if out_env and a == out_env:
             parts.append("$OUT")
-        elif out_env and a.startswith("--out=") and a[6:] == out_env:
+        elif out_env and a == f"--out={out_env}":
             parts.append("--out=$OUT")
         else:
             parts.append(shlex.quote(a))
-    return "PYTHONUNBUFFERED=1 python3 bench/gpu.py" + ("" if not parts else " " + " ".join(parts))
+    return " ".join(["PYTHONUNBUFFERED=1 python3 bench/gpu.py", *parts])
 
 
 def _cell(v: Any) -> str:
@@ -943,6 +691,8 @@ def _cell(v: Any) -> str:
 
 
 def _markdown(report: dict[str, Any]) -> str:
+    """The section for bench/RESULTS.md (export/cost.py's ``measured_latencies`` reads its
+    ``### date — GPU — command`` heading and its table)."""
     env = report["env"]
     v = env["versions"]
     gpu = env.get("gpu")
@@ -951,7 +701,6 @@ def _markdown(report: dict[str, Any]) -> str:
     )
     if env.get("nvidia_smi"):
         gpu_text += f"; nvidia-smi: {env['nvidia_smi']}"
-    title_gpu = gpu["name"] if gpu else "no GPU"
     ver = [
         f"Python {env['python']}",
         f"torch {v.get('torch')}"
@@ -968,8 +717,9 @@ def _markdown(report: dict[str, Any]) -> str:
         if report["tiny"]
         else "the real dimensions (jetson/memory_budget.py RECORDED) with seeded random weights"
     )
+    tiny = " --tiny" if report["tiny"] else ""
     lines = [
-        f"### {env['date_utc'][:10]} — {title_gpu} — bench/gpu.py{' --tiny' if report['tiny'] else ''}",
+        f"### {env['date_utc'][:10]} — {gpu['name'] if gpu else 'no GPU'} — bench/gpu.py{tiny}",
         "",
         "Command (repository root):",
         "",
@@ -1003,52 +753,32 @@ def _markdown(report: dict[str, Any]) -> str:
                 f"| {_cell(r['member'])} | {r['step']} | {_cell(f['name'])} | "
                 f"{_cell(_fmt(f['value']))} | {_cell(f['unit'])} |"
             )
-    notes = [(r, n) for r in report["records"] for n in r.get("notes") or []]
+    notes = [
+        f"- {r['member']} {r['step']}: {n}" for r in report["records"] for n in r.get("notes") or []
+    ]
     if notes:
-        lines += ["", "Notes:", ""]
-        lines += [f"- {r['member']} {r['step']}: {n}" for r, n in notes]
-    skipped = [r for r in report["records"] if r["status"] != "ok"]
-    lines += ["", "Skipped steps (no figure is reported for them):", ""]
-    if skipped:
-        lines += [
-            f"- {r['member']} {r['step']} ({r['status']}): {r.get('reason')}" for r in skipped
-        ]
-    else:
-        lines.append("- none")
+        lines += ["", "Notes:", "", *notes]
+    skipped = [
+        f"- {r['member']} {r['step']} ({r['status']}): {r.get('reason')}"
+        for r in report["records"]
+        if r["status"] != "ok"
+    ]
+    lines += ["", "Skipped steps (no figure is reported for them):", "", *(skipped or ["- none"])]
     return "\n".join(lines) + "\n"
 
 
-def _table(records: list[dict[str, Any]]) -> str:
-    rows = [("member", "step", "status", "figure", "value", "unit")]
-    for r in records:
-        figs = r.get("figures") or []
-        if not figs:
-            rows.append((r["member"], r["step"], r["status"], "-", "-", str(r.get("reason"))[:90]))
-        for f in figs:
-            rows.append(
-                (r["member"], r["step"], r["status"], f["name"], _fmt(f["value"]), f["unit"])
-            )
-    widths = [min(60, max(len(str(row[i])) for row in rows)) for i in range(5)]
-    out = []
-    for row in rows:
-        cells = [str(c)[:60].ljust(widths[i]) if i < 5 else str(c) for i, c in enumerate(row)]
-        out.append("  ".join(cells))
-    return "\n".join(out)
-
-
-def _write_report(
-    out_dir: Path, report: dict[str, Any], log: _Log, results: Path | None = None
-) -> None:
+def _write_report(out_dir: Path, report: dict[str, Any], log: _Log, results: Path | None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
+    md = _markdown(report)
     if results is not None:  # its own section of bench/RESULTS.md (bench/_results.py)
         sys.path.insert(0, str(THIS.parent))
         from _results import write_section
 
-        write_section(results, "gpu", _markdown(report))
+        write_section(results, "gpu", md)
     (out_dir / "gpu_bench.json").write_text(
         json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8"
     )
-    (out_dir / "gpu_bench.md").write_text(_markdown(report), encoding="utf-8")
+    (out_dir / "gpu_bench.md").write_text(md, encoding="utf-8")
     (out_dir / "gpu_bench.log").write_text("\n".join(log.lines) + "\n", encoding="utf-8")
 
 
@@ -1057,12 +787,11 @@ def _parse_budgets(items: list[str], tiny: bool) -> dict[str, float]:
     budgets = dict(BUDGETS_TINY if tiny else BUDGETS_REAL)
     for item in items:
         key, sep, val = item.partition("=")
-        step = key.rpartition(":")[2]
         try:
             seconds = float(val)
         except ValueError:
             seconds = -1.0
-        if not sep or step not in STEPS or seconds <= 0:
+        if not sep or key.rpartition(":")[2] not in STEPS or seconds <= 0:
             raise SystemExit(
                 f"--step-budget takes [MEMBER:]STEP=SECONDS (seconds > 0) with STEP in "
                 f"{list(STEPS)}; got {item!r}"
@@ -1076,6 +805,10 @@ def _member_budgets(budgets: dict[str, float], member: str) -> dict[str, float]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    budgets = "; ".join(
+        f"{kind} " + ", ".join(f"{k}={v:.0f}" for k, v in b.items())
+        for kind, b in (("real", BUDGETS_REAL), ("tiny", BUDGETS_TINY))
+    )
     ap = argparse.ArgumentParser(
         prog="bench/gpu.py",
         description=(
@@ -1083,7 +816,7 @@ def _parser() -> argparse.ArgumentParser:
             "build, torch eager latency, ONNX export, onnxruntime latency, TensorRT build and "
             "latency. Each step has a time budget; a step that cannot run is skipped with the "
             "reason. Writes gpu_bench.json / .md / .log to --out. See the module docstring for "
-            "the device command and the estimates."
+            "the device command."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
@@ -1091,63 +824,40 @@ def _parser() -> argparse.ArgumentParser:
             "  PYTHONUNBUFFERED=1 python3 bench/gpu.py --out $OUT      # the device run (H200)\n"
             "  python bench/gpu.py --tiny --device cpu --out /tmp/b    # same code path, tiny pair\n"
             "  python bench/gpu.py --members LFM2.5-VL-3B --steps build,torch --budget-s 200\n"
-            "steps: build, torch, export, ort, trt; default budgets (s): real "
-            + ", ".join(f"{k}={v:.0f}" for k, v in BUDGETS_REAL.items())
-            + "; tiny "
-            + ", ".join(f"{k}={v:.0f}" for k, v in BUDGETS_TINY.items())
-            + "\nexit status: 0 when every step ran or was skipped with a reason; 1 on a bug here."
+            f"steps: {', '.join(STEPS)}; default budgets (s): {budgets}\n"
+            "exit status: 0 when every step ran or was skipped with a reason; 1 on a bug here."
         ),
     )
-    ap.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="output folder (default: $OUT, else $TMPDIR/spotstop-gpu-bench)",
-    )
-    ap.add_argument(
-        "--tiny", action="store_true", help="the tiny TEST pair instead of the real dimensions"
-    )
-    ap.add_argument(
+    add = ap.add_argument
+    add("--out", type=Path, help="output folder (default: $OUT, else $TMPDIR/spotstop-gpu-bench)")
+    add("--tiny", action="store_true", help="the tiny TEST pair instead of the real dimensions")
+    add(
         "--device",
         default="cuda",
-        help="'cuda', 'cuda:N' or 'cpu' (default cuda; on cpu the GPU-only steps are skipped with the reason)",
+        help="'cuda', 'cuda:N' or 'cpu' (default cuda; on cpu the GPU-only steps are skipped "
+        "with the reason)",
     )
-    ap.add_argument(
-        "--members", default="", help="comma-separated member names (default: both members)"
-    )
-    ap.add_argument(
-        "--steps", default=",".join(STEPS), help="comma-separated steps to run (default: all five)"
-    )
-    ap.add_argument(
+    add("--members", default="", help="comma-separated member names (default: both members)")
+    add("--steps", default=",".join(STEPS), help="comma-separated steps to run (default: all five)")
+    add(
         "--dtype",
         default="bfloat16",
         choices=("bfloat16", "float16"),
-        help="dtype of the random weights and of torch eager on CUDA (default bfloat16; the CPU uses float32)",
+        help="dtype of the random weights and of torch eager on CUDA (default bfloat16; the "
+        "CPU uses float32)",
     )
-    ap.add_argument(
-        "--scenes", type=int, default=8, help="generated scenes per latency step (default 8)"
-    )
-    ap.add_argument(
-        "--repeat", type=int, default=3, help="timed passes over the scenes (default 3)"
-    )
-    ap.add_argument(
-        "--bucket", type=int, default=None, help="ONNX length bucket (default 512; tiny 256)"
-    )
-    ap.add_argument(
+    add("--scenes", type=int, default=8, help="generated scenes per latency step (default 8)")
+    add("--repeat", type=int, default=3, help="timed passes over the scenes (default 3)")
+    add("--bucket", type=int, help="ONNX length bucket (default 512; tiny 256)")
+    add(
         "--onnx-precision",
         default="auto",
         choices=("auto", "fp32", "fp16", "int8", "int4"),
-        help="ONNX precision (default auto: fp16 where tensorrt is importable, else int8, the "
-        "precision bench/real_pair.py measures on a CPU workstation)",
+        help="ONNX precision (default auto: fp16 where tensorrt is importable, else int8)",
     )
-    ap.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed (default 0)")
-    ap.add_argument(
-        "--budget-s",
-        type=float,
-        default=None,
-        help="wall-time budget of the whole run (default 450; tiny 600)",
-    )
-    ap.add_argument(
+    add("--seed", type=int, default=0, help="weight and tokenizer seed (default 0)")
+    add("--budget-s", type=float, help="wall-time budget of the whole run (default 450; tiny 600)")
+    add(
         "--step-budget",
         action="append",
         default=[],
@@ -1155,21 +865,19 @@ def _parser() -> argparse.ArgumentParser:
         help="one step's budget in seconds, for every member (STEP=S) or one (MEMBER:STEP=S); "
         "repeatable",
     )
-    ap.add_argument(
+    add(
         "--work",
         type=Path,
-        default=None,
         help="work folder for members and exports (default: a temporary folder, removed at the end)",
     )
-    ap.add_argument("--keep", action="store_true", help="keep the work folder")
-    ap.add_argument(
+    add("--keep", action="store_true", help="keep the work folder")
+    add(
         "--results",
         type=Path,
-        default=None,
         help="also write the markdown into this file's gpu section (bench/RESULTS.md; the "
         "device command copies it to $OUT)",
     )
-    ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
+    add("--_child", help=argparse.SUPPRESS)
     return ap
 
 
@@ -1186,14 +894,12 @@ def main(argv: list[str] | None = None) -> int:
         args.bucket = 256 if args.tiny else 512
     budgets = _parse_budgets(args.step_budget, args.tiny)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
-    bad = [s for s in steps if s not in STEPS]
-    if bad:
+    if bad := [s for s in steps if s not in STEPS]:
         raise SystemExit(f"--steps: unknown step(s) {bad}; steps are {list(STEPS)}")
     members = _members(args.tiny)
     if args.members:
         wanted = [m.strip() for m in args.members.split(",") if m.strip()]
-        unknown = [m for m in wanted if m not in dict(members)]
-        if unknown:
+        if unknown := [m for m in wanted if m not in dict(members)]:
             raise SystemExit(f"--members: unknown {unknown}; members are {[m for m, _ in members]}")
         members = [m for m in members if m[0] in wanted]
     out_dir = args.out or Path(
@@ -1202,8 +908,9 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="spotstop-gpu-bench-"))
     work.mkdir(parents=True, exist_ok=True)
 
+    what = "tiny TEST pair" if args.tiny else "real dimensions, random weights"
     log(
-        f"bench/gpu.py: {'tiny TEST pair' if args.tiny else 'real dimensions, random weights'} on {args.device}; budget {budget_s:.0f} s; work {work}; out {out_dir}"
+        f"bench/gpu.py: {what} on {args.device}; budget {budget_s:.0f} s; work {work}; out {out_dir}"
     )
     env = _environment(args.device)
     log(
@@ -1211,16 +918,9 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
         + f"; GPU {env['gpu']}; onnxruntime providers {env.get('ort_providers')}"
     )
-    if env["versions"].get("transformers") != TESTED_TRANSFORMERS:
-        log(
-            f"note: transformers {env['versions'].get('transformers')} here; the project is "
-            f"tested with {TESTED_TRANSFORMERS} (before it, the LFM2-VL vision export fails on "
-            "aten::_upsample_bilinear2d_aa): carry the wheel as the docstring says"
-        )
     with contextlib.suppress(OSError):
-        free = shutil.disk_usage(work).free / 2**30
-        env["work_free_gib"] = free
-        log(f"free disk under the work folder: {free:.0f} GiB")
+        env["work_free_gib"] = shutil.disk_usage(work).free / 2**30
+        log(f"free disk under the work folder: {env['work_free_gib']:.0f} GiB")
 
     report: dict[str, Any] = {
         "command": _command_text(raw),
@@ -1237,32 +937,18 @@ def main(argv: list[str] | None = None) -> int:
         "records": [],
         "wall_s": 0.0,
     }
-    # The members first (the sure figures), then the exports: legacy-exported decoders (LFM2-VL)
-    # before the much slower dynamo-exported ones (Qwen3.5).
+    # the members first (the sure figures), then the exports, legacy before dynamo (slower)
     from spotstop.export.configs import get_export_config
 
     def dynamo_export(member: tuple[str, str]) -> bool:
         return get_export_config(member[1]).decoder_exporter == "dynamo"
 
-    order: list[tuple[tuple[str, str], tuple[str, ...]]] = [(m, GROUPS[0]) for m in members]
+    order = [(m, GROUPS[0]) for m in members]
     order += [(m, GROUPS[1]) for m in sorted(members, key=dynamo_export)]
     try:
         for (name, mtype), group in order:
             todo = tuple(s for s in group if s in steps)
             if not todo:
-                continue
-            if overall_deadline - time.time() < (3 if args.tiny else 20):
-                for s in todo:
-                    report["records"].append(
-                        {
-                            "member": name,
-                            "step": s,
-                            "status": "skipped",
-                            "reason": "not started: the overall time budget (--budget-s) is spent",
-                            "seconds": None,
-                        }
-                    )
-                log(f"{name}: {' + '.join(todo)} skipped — the overall time budget is spent")
                 continue
             recs = _run_group(name, mtype, todo, args, budgets, overall_deadline, work, log)
             report["records"].extend(recs)
@@ -1276,19 +962,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.work is None and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     report["wall_s"] = time.time() - t0
-    bug = any(r["status"] == "error" for r in report["records"])
-    log("results:")
-    log(_table(report["records"]), stamp=False)
-    md = _markdown(report)
-    log("markdown section for bench/RESULTS.md:", stamp=True)
-    log(md, stamp=False)
+    log("markdown section for bench/RESULTS.md:")
+    log(_markdown(report), stamp=False)
     _write_report(out_dir, report, log, args.results)
     log(
         f"wrote {out_dir / 'gpu_bench.json'}, {out_dir / 'gpu_bench.md'}, {out_dir / 'gpu_bench.log'}"
     )
-    if bug:
-        log("a step failed from a bug in bench/gpu.py (status 'error' above): exit 1")
-    return 1 if bug else 0
+    if any(r["status"] == "error" for r in report["records"]):
+        log(
+            "a step failed from a bug in bench/gpu.py (status 'error' under the skipped steps): exit 1"
+        )
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
