@@ -5,7 +5,7 @@ reference; this says which weights put the error there. The member's torch model
 reference ``verify-bundle`` uses) scores generated scenes; then, variant by variant, a group of
 its ``nn.Linear`` weights is replaced by exactly what onnxruntime's ``MatMulNBits`` multiplies
 by (``export/nbits.py``: ``nbits_blocks`` quantizes with onnxruntime's own kernel,
-``dequantize_nbits`` inverts it; tests/test_export_nbits.py holds ``x @ W`` equal to the
+``dequantize_nbits`` inverts it; tests/export/test_nbits.py holds ``x @ W`` equal to the
 operator's output), and the scenes are scored again. The output layer (tied to the token
 table in both real members) is quantized as the bundle quantizes it, unless the variant says
 ``nohead``; the token table the embedding reads stays float, as in the bundle.

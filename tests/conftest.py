@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import io
 import os
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
-from PIL import Image
-from spotstop.export.configs import EXPORT_CONFIGS
 
-#: The tiny TEST pair's member folders, one per registered architecture (as export/tiny.py
-#: names them); torch-free, so collection needs no export extra.
-TINY_MEMBERS = tuple(f"tiny-{model_type}" for model_type in EXPORT_CONFIGS)
+from tests._support.pair import TINY_MEMBERS
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -31,18 +22,6 @@ def _journal_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("XDG_STATE_HOME", None)
     else:
         os.environ["XDG_STATE_HOME"] = old
-
-
-def load_bench(name: str, module: str | None = None) -> Any:
-    """``bench/NAME.py`` as a module (the bench scripts are not a package), registered in
-    ``sys.modules`` as ``module`` (default ``name``)."""
-    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(module or name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="session")
@@ -87,23 +66,6 @@ def tiny_pair_fp32_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFact
     return out
 
 
-#: Registered architectures whose export is slow, and why: their member-export test
-#: cases are ``slow`` and read the pair's one fp32 export (``tiny_pair_fp32_bundle``).
-SLOW_EXPORT = {"qwen3_5": "its decoder needs the dynamo exporter: about a minute on 2 cores"}
-
-
-def by_arch(*, bundle: bool = False) -> list[Any]:
-    """One test case per registered export config (tests/test_export.py checks that every
-    export test has them); with ``bundle`` (the case exports the whole member), a case of
-    :data:`SLOW_EXPORT` is marked ``slow``."""
-    from spotstop.export.configs import EXPORT_CONFIGS
-
-    return [
-        pytest.param(a, id=a, marks=[pytest.mark.slow] if bundle and a in SLOW_EXPORT else [])
-        for a in sorted(EXPORT_CONFIGS)
-    ]
-
-
 @pytest.fixture(scope="session")
 def member_fp32_bundles(
     tiny_pair: Path, tmp_path_factory: pytest.TempPathFactory
@@ -123,18 +85,3 @@ def member_fp32_bundles(
         return made[arch]
 
     return get
-
-
-def fp32_bundle(request: pytest.FixtureRequest, arch: str) -> Path:
-    """An fp32 bundle holding ``arch``'s tiny member (see :data:`SLOW_EXPORT`)."""
-    if arch in SLOW_EXPORT:
-        return request.getfixturevalue("tiny_pair_fp32_bundle")
-    return request.getfixturevalue("member_fp32_bundles")(arch)
-
-
-def make_image_bytes(seed: int, size: tuple[int, int] = (80, 48), fmt: str = "PNG") -> bytes:
-    """A random RGB image, encoded (width, height = size)."""
-    arr = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, fmt)
-    return buf.getvalue()

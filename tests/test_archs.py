@@ -1,4 +1,4 @@
-"""One registry entry per member architecture (issue 28): every part in one place per room.
+"""One registry entry per member architecture: every part in one place per room.
 
 An architecture is its module in ``guard/archs/`` (the runtime spec: the robot imports no
 ``export/``) and its module of the same name in ``export/archs/`` (export config, cost model,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_image_bytes
+from tests._support.images import make_image_bytes
 
 pytestmark = pytest.mark.slow
 

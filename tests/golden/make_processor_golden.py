@@ -1,5 +1,5 @@
 """Regenerate ``processor_golden.npz``: the Hugging Face image processors' output at each
-member's visual-token budget, for ``tests/test_arch.py`` to compare spotstop's numpy/Pillow
+member's visual-token budget, for ``tests/guard/test_arch.py`` to compare spotstop's numpy/Pillow
 preprocessing against in CI, where neither torch nor torchvision is installed.
 
 Run it in a throwaway environment OUTSIDE the repository, with the versions below (the ones

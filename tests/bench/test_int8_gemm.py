@@ -1,0 +1,93 @@
+"""bench/int8_gemm.py: every form of one linear layer, its rows, ratios and RESULTS.md section.
+
+The real size (383 x 2048 @ 2048 x 6144) is the script's own run; here a tiny layer runs every
+form for real in seconds, and the rendering is checked on figures given by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._support.bench import load_bench
+
+
+def _doc(rows: list[tuple[str, float]]) -> dict[str, Any]:
+    return {
+        "shape": [10, 100, 1000],
+        "threads": 2,
+        "repeats": 3,
+        "rows": [
+            {"form": f, "seconds": s, "weight_bytes": 2**20, "rel_err": 0.01} for f, s in rows
+        ],
+        "read_gbs": 20.0,
+        "cpu": {"model": "CPU X", "cores": 2, "flags": ["avx512_vnni"], "missing": ["amx_int8"]},
+        "versions": {"onnxruntime": "1"},
+        "date": "d",
+    }
+
+
+def test_ratios_peaks_and_the_stamp() -> None:
+    g = load_bench("int8_gemm")
+    doc = _doc(
+        [
+            (g.REF, 0.004),
+            ("onnxruntime MatMulNBits 8-bit block 128 acc 4", 0.001),
+            ("onnxruntime MatMulNBits 4-bit block 32 acc 0", 0.002),
+            ("torch fp32", 0.008),
+            (g.BF16, 0.002),
+        ]
+    )
+    rows = {r["form"]: r for r in g.with_ratios(doc)}
+    # 2 M K N = 2e6 FLOPs; 1 ms → 2 GFLOP/s; speed-up = baseline time / this time
+    nb8 = rows["onnxruntime MatMulNBits 8-bit block 128 acc 4"]
+    assert nb8["gflops"] == pytest.approx(2.0)
+    assert nb8["vs_ort_fp32"] == pytest.approx(4.0) and nb8["vs_torch_bf16"] == pytest.approx(2.0)
+    assert rows["torch fp32"]["vs_ort_fp32"] == pytest.approx(0.5)
+    p = g.peaks(doc)
+    assert p["fp32_gflops"] == pytest.approx(0.5)  # onnxruntime fp32 beats torch fp32 here
+    assert p["bf16_gflops"] == pytest.approx(1.0)
+    assert p["int8_gops"] == pytest.approx(2.0)  # acc 4: int8 dot products; acc 0 is not int8
+    assert p["read_gbs"] == 20.0
+    md = g.render(doc, "--repeats 3")
+    assert (
+        "| onnxruntime MatMulNBits 8-bit block 128 acc 4 | 1.0 ms | 2 | 1.0 MiB | 1.00e-02 | "
+        "4.00x | 2.00x |" in md
+    )
+    assert "Measured by `python bench/int8_gemm.py --repeats 3` (d); CPU CPU X, 2 logical" in md
+    assert "flags avx512_vnni; without amx_int8;" in md
+    # a run without a baseline says so instead of dividing by nothing
+    lone = g.with_ratios(_doc([("torch fp32", 0.008)]))[0]
+    assert lone["vs_ort_fp32"] is None and lone["vs_torch_bf16"] is None
+    assert "| n/a | n/a |" in g.render(_doc([("torch fp32", 0.008)]))
+
+
+def test_every_form_runs_at_a_tiny_size_and_writes_its_section(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime")
+    g = load_bench("int8_gemm")
+    f = tmp_path / "RESULTS.md"
+    f.write_text("# Benchmark results\n\n<!-- other:begin -->\nkept\n<!-- other:end -->\n")
+    assert (
+        g.main(["--shape", "8x256x64", "--repeats", "1", "--read-gib", "0.05", "--results", str(f)])
+        == 0
+    )
+    text = f.read_text(encoding="utf-8")
+    assert "kept" in text and "<!-- int8-gemm:begin -->" in text
+    doc = g.measure((8, 256, 64), threads=1, repeats=1, read_gib=0.05)
+    forms = [r["form"] for r in doc["rows"]]
+    assert forms[0] == g.REF and g.BF16 in forms and "torch fp32" in forms
+    assert sum("MatMulNBits" in x for x in forms) == 4
+    assert any("DynamicQuantizeMatMul" in x for x in forms)
+    assert any("MatMulInteger" in x for x in forms)
+    err = {r["form"]: r["rel_err"] for r in doc["rows"]}
+    assert err[g.REF] == 0.0 and err["torch fp32"] < 1e-5
+    # 8-bit weights are closer than 4-bit ones; every quantized form is within a few percent
+    assert (
+        err["onnxruntime MatMulNBits 8-bit block 128 acc 0"]
+        < err["onnxruntime MatMulNBits 4-bit block 32 acc 0"]
+    )
+    assert all(e < 0.2 for e in err.values())
+    assert doc["read_gbs"] > 0 and doc["cpu"]["cores"]

@@ -1,0 +1,172 @@
+"""bench/quant_error.py on the tiny pair: the simulation is exact where nothing is quantized,
+moves scores where weights are, and its variants are validated."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests._support import REPO_ROOT
+from tests._support.bench import load_bench
+
+ROOT = REPO_ROOT
+
+
+def _load() -> Any:
+    return load_bench("quant_error")
+
+
+def test_variants_are_parsed_and_checked() -> None:
+    qe = _load()
+    assert qe.parse_variant("8:128:all") == (8, 128, "all", True, ())
+    assert qe.parse_variant("4:32:mlp:nohead") == (4, 32, "mlp", False, ())
+    # int8 selectors (export/mixed.py), in the rule's own order
+    assert qe.parse_variant("4:128:all:int8=mixed_layers+output_layer") == (
+        4,
+        128,
+        "all",
+        True,
+        ("output_layer", "mixed_layers"),
+    )
+    for bad in ("8:128", "3:128:all", "8:100:all", "8:128:heads", "8:128:all:head"):
+        with pytest.raises(ValueError, match="variant"):
+            qe.parse_variant(bad)
+    with pytest.raises(ValueError, match=r"unknown int8 selector.*'attn'"):
+        qe.parse_variant("4:128:all:int8=attn")
+
+
+def test_groups_split_the_real_module_names() -> None:
+    g = _load().GROUPS
+    vision = "model.visual.blocks.0.mlp.linear_fc1"
+    assert g["vision"](vision) and not g["decoder"](vision) and not g["mlp"](vision)
+    assert g["vision"]("model.multi_modal_projector.linear_1")
+    assert g["mlp"]("model.language_model.layers.3.mlp.down_proj")
+    assert g["mlp"]("model.language_model.layers.3.feed_forward.w2")  # LFM2
+    assert g["mixer"]("model.language_model.layers.0.linear_attn.in_proj_qkv")  # Gated-DeltaNet
+    assert g["mixer"]("model.language_model.layers.0.conv.in_proj")  # LFM2 short convolution
+    assert not g["mixer"]("model.language_model.layers.3.mlp.down_proj")
+
+
+def test_quantized_weight_is_the_operators(tiny_member_dir: Path) -> None:
+    """The simulation's weight is what MatMulNBits multiplies by (export/nbits.py's inverse),
+    chunked or not."""
+    import torch
+
+    qe = _load()
+    w = torch.randn(70, 96) * 0.02
+    a = qe.quantized(w, 4, 32)
+    b = qe.quantized(w, 4, 32, rows_per_chunk=16)
+    assert torch.equal(a, b) and not torch.equal(a, w)
+    assert float((a - w).abs().max()) <= float(w.abs().max()) / 7
+
+
+def test_simulation_on_a_tiny_member(
+    tiny_member_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    qe = _load()
+    argv = [str(tiny_member_dir), "--scenes", "2", "--threads", "1", "--bias-correct", "--gptq"]
+    assert qe.main([*argv, "--variants", "8:128:none:nohead,4:32:all"]) == 0
+    out = capsys.readouterr().out
+    rows = {
+        (m.group(1).strip(), m.group(2)): float(m.group(3))
+        for m in re.finditer(
+            r"^\s*(int\d b\d+ \w+(?: nohead)?)\s+(rtn|bias|gptq)\s+([\d.]+)", out, re.M
+        )
+    }
+    for mode in ("rtn", "bias", "gptq"):  # nothing quantized: the reference, nothing to correct
+        assert rows[("int8 b128 none nohead", mode)] == 0.0
+    assert rows[("int4 b32 all", "rtn")] > 0  # int4 everywhere moves the scores
+    assert np.isfinite(rows[("int4 b32 all", "bias")])
+    assert 0 < rows[("int4 b32 all", "gptq")] < np.inf
+    assert "4 scores" in out  # scene and request-only passes of 2 scenes
+    assert re.search(r"GPTQ: inputs of \d+ Linear weights recorded", out)
+
+
+def test_results_section_names_the_command_and_every_variant(
+    tiny_member_dir: Path, tmp_path: Path
+) -> None:
+    qe = _load()
+    results = tmp_path / "RESULTS.md"
+    argv = [str(tiny_member_dir), "--scenes", "1", "--threads", "1", "--variants", "8:128:mlp"]
+    assert qe.main([*argv, "--results", str(results)]) == 0
+    text = results.read_text(encoding="utf-8")
+    name = tiny_member_dir.name
+    assert f"<!-- quant-error-{name}:begin -->" in text
+    assert f"`python bench/quant_error.py {' '.join(argv)} --results {results}`" in text
+    assert re.search(
+        r"\| int8 b128 mlp \| round to nearest \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|", text
+    )
+    assert "| mean Δs | SD(Δs) | SD(Δs) / SD(s) | Spearman |" in text
+
+
+def test_nothing_quantized_ranks_the_scores_as_the_reference(
+    tiny_member_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The printed rank check is verify-bundle's Spearman: 1 when no weight moved."""
+    qe = _load()
+    argv = [str(tiny_member_dir), "--scenes", "2", "--threads", "1"]
+    assert qe.main([*argv, "--variants", "8:128:none:nohead,4:32:all"]) == 0
+    out = capsys.readouterr().out
+    rho = {
+        m.group(1).strip(): float(m.group(2))
+        for m in re.finditer(
+            r"^\s*(int\d b\d+ \w+(?: nohead)?)\s+rtn\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+"
+            r"\s+[\d.]+\s+(?:[\d.]+|nan)\s+(-?[\d.]+|nan)",
+            out,
+            re.M,
+        )
+    }
+    assert rho["int8 b128 none nohead"] == 1.0
+    assert -1.0 <= rho["int4 b32 all"] <= 1.0
+
+
+def test_int8_selectors_simulate_what_the_rule_keeps_at_8_bits(
+    tiny_member_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``int8=vision`` on the vision group is the int8 variant of that group, bit for bit (the
+    same weights at 8 bits, by export/mixed.py's rule); --gptq-only scores GPTQ alone and the
+    section of a run with selectors is its own."""
+    qe = _load()
+    argv = [str(tiny_member_dir), "--scenes", "1", "--threads", "1"]
+    variants = "8:32:vision:nohead,4:32:vision:nohead:int8=vision,4:32:vision:nohead"
+    assert qe.main([*argv, "--variants", variants]) == 0
+    out = capsys.readouterr().out
+    found = re.findall(r"^\s*(int\d b32 vision nohead.*?)\s+rtn\s+([\d.]+)", out, re.M)
+    got = {name.strip(): float(v) for name, v in found}
+    at8 = [v for name, v in got.items() if "int8: vision" in name]
+    assert len(got) == 3 and len(at8) == 1
+    assert at8[0] == got["int8 b32 vision nohead"] != got["int4 b32 vision nohead"]
+    results = tmp_path / "RESULTS.md"
+    assert (
+        qe.main(
+            [
+                *argv,
+                "--gptq",
+                "--gptq-only",
+                "--variants",
+                "4:32:all:int8=output_layer+mixed_layers",
+                "--results",
+                str(results),
+            ]
+        )
+        == 0
+    )
+    text = results.read_text(encoding="utf-8")
+    assert f"<!-- quant-error-{tiny_member_dir.name}-gptq-mixed:begin -->" in text
+    assert "| GPTQ |" in text and "round to nearest" not in text
+    assert "int8: output_layer, mixed_layers;" in text
+
+
+def test_the_error_split_into_a_common_shift_and_a_scene_part_by_hand() -> None:
+    qe = _load()
+    r = qe.QuantError.of("v", "rtn", [1.0, 2.0, 3.0, 6.0], 2.0, 0.5)
+    assert r.max_abs == 6.0 and r.mean == 3.0
+    assert r.rms == pytest.approx(np.sqrt((1 + 4 + 9 + 36) / 4))
+    assert r.scene_sd == pytest.approx(np.sqrt((4 + 1 + 0 + 9) / 4))  # of Δs − 3
+    assert r.ratio == pytest.approx(np.sqrt(3.5) / 2.0)
+    assert r.rms**2 == pytest.approx(r.mean**2 + r.scene_sd**2)  # the two parts add up
+    assert np.isnan(qe.QuantError.of("v", "rtn", [0.1, 0.2], 0.0, np.nan).ratio)

@@ -1,0 +1,312 @@
+"""Recalibration from the decision log: fits, versions, diff, CLI, hot reload."""
+
+from __future__ import annotations
+
+import csv
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from spotstop.calibrate import (
+    CalibrationError,
+    Recalibrator,
+    activate_policy_version,
+    active_policy_version,
+    diff_policies,
+    list_policy_versions,
+    predict_effect,
+    read_calibration_log,
+    write_policy_version,
+)
+from spotstop.calibrate._logdata import read_log_for_bundle
+from spotstop.cli import main
+from spotstop.guard._bundle import load_bundle
+from spotstop.guard.policies import (
+    ConformalPolicy,
+    PolicyError,
+    SituationPolicy,
+    dump_policy,
+    load_policy,
+)
+
+from tests._support.calibration_logs import (
+    FIXED,
+    T0,
+    fake_bundle,
+    frozen_policy,
+    simulate_decisions,
+)
+
+# ------------------------------------------------------------------ helpers
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, Path, dict[str, int]]:
+    bundle = fake_bundle(tmp_path / "bundle")
+    truth = simulate_decisions(tmp_path / "log.sqlite", bundle)
+    dump_policy(frozen_policy(bundle, 0.0), bundle / "policy.yaml")
+    return bundle, tmp_path / "log.sqlite", truth
+
+
+def _data(bundle: Path, log: Path, **kw):
+    return read_log_for_bundle(log, load_bundle(bundle, verify=False), **kw)
+
+
+# ------------------------------------------------------------------ reading and fitting
+
+
+def test_read_log_keeps_one_bundle_and_counts_what_it_drops(setup):
+    bundle, log, _ = setup
+    d = _data(bundle, log)
+    assert d.n == 242 and d.n_decisions == 243
+    assert d.dropped == {"other_bundle": 1, "fail_closed": 1, "nonfinite_member_score": 1}
+    c = d.counts()
+    assert c["usable"] == 240 and c["unsafe"] + c["safe"] == 240 and c["unlabelled"] == 0
+    w = _data(bundle, log, since=T0 + 60 * 120 + 1, until="2100-01-01")
+    assert w.counts()["usable"] == 120 and w.since is not None
+    with pytest.raises(CalibrationError, match="ISO-8601"):
+        _data(bundle, log, since="yesterday")
+
+
+def test_labels_file_is_read_by_the_diagnostics_reader(tmp_path: Path):
+    bundle = fake_bundle(tmp_path / "bundle")
+    truth = simulate_decisions(tmp_path / "log.sqlite", bundle, label=False)
+    assert _data(bundle, tmp_path / "log.sqlite").counts()["unlabelled"] == 240
+    f = tmp_path / "labels.csv"
+    with f.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["decision_id", "label"])
+        for did, y in truth.items():
+            w.writerow([did, "unsafe" if y else "safe"])
+    d = _data(bundle, tmp_path / "log.sqlite", labels=f, since=T0 + 60 * 200)  # window after labels
+    assert d.counts()["unlabelled"] == 0 and d.labels == str(f)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("decision_id,label\nnope,unsafe\n")
+    with pytest.raises(CalibrationError, match="match no decision"):
+        _data(bundle, tmp_path / "log.sqlite", labels=bad)
+
+
+def test_fit_recomputes_fused_scores_with_the_new_fusion(setup):
+    bundle, log, _ = setup
+    d = _data(bundle, log)
+    r = Recalibrator("conformal").fit(d)
+    use = d.usable
+    a, b = d.member_scores["a"][use], d.member_scores["b"][use]
+    sa, sb = r.fusion_.stats["a"], r.fusion_.stats["b"]
+    assert sa.median == pytest.approx(np.median(a)) and sb.median == pytest.approx(np.median(b))
+    expect = ((a - sa.median) / sa.iqr + (b - sb.median) / sb.iqr) / 2
+    np.testing.assert_allclose(r.fused_[use], expect)  # not the logged 0.0
+    assert r.frozen_.policy.threshold == pytest.approx(expect.mean())
+    # the cut: PAC rank among the per-situation minima of the unsafe recomputed scores
+    unsafe = use & (d.label == 1)
+    mins: dict[str, float] = {}
+    for s, v in zip(d.situation_id[unsafe], r.fused_[unsafe], strict=True):
+        mins[s] = min(v, mins.get(s, np.inf))
+    u = np.sort(list(mins.values()))
+    pol = r.policy_
+    assert isinstance(pol, ConformalPolicy) and pol.n == len(mins) and pol.delta == 0.1
+    assert pol.threshold == u[pol.k - 1]
+    prov = r.provenance()
+    assert prov["conformal"]["pac"]["k"] == pol.k and prov["conformal"]["marginal"]["k"] >= pol.k
+    assert prov["n"]["unsafe"] == int(unsafe.sum()) and prov["tool"]["name"] == "spotstop"
+    assert "one case per situation" in prov["conformal"]["cluster_note"]
+
+
+def test_refits_are_deterministic(setup):
+    bundle, log, _ = setup
+    cfgs = [
+        Recalibrator(kind, rng=3).fit(_data(bundle, log)).to_config(created=FIXED)
+        for kind in ("situation", "situation")
+    ]
+    assert yaml.safe_dump(cfgs[0].to_dict()) == yaml.safe_dump(cfgs[1].to_dict())
+    r1 = Recalibrator("conformal").fit(_data(bundle, log))
+    r2 = Recalibrator("conformal").fit(_data(bundle, log))
+    assert r1.policy_ == r2.policy_ and r1.state_seed_ is r2.state_seed_ is None
+
+
+def test_conformal_refuses_too_few_unsafe_cases_and_says_how_many(tmp_path: Path):
+    bundle = fake_bundle(tmp_path / "bundle")
+    simulate_decisions(tmp_path / "log.sqlite", bundle, n_sit=15, per=2, p_unsafe=0.4)
+    d = _data(bundle, tmp_path / "log.sqlite")
+    with pytest.raises(PolicyError, match=r"at least 22 unsafe situations are needed"):
+        Recalibrator("conformal").fit(d)
+    r = Recalibrator("frozen").fit(d)  # other kinds still report the cut
+    assert r.conformal_ is not None and not r.conformal_.pac_.feasible
+    assert r.conformal_.pac_.n_needed == 22
+
+
+def test_situation_state_holds_the_last_window_scores(setup):
+    bundle, log, _ = setup
+    r = Recalibrator("situation", settings={"window": 3}).fit(_data(bundle, log))
+    refs = r.state_seed_.situations
+    assert len(refs) == 60 and all(len(v) == 3 for v in refs.values())
+    d = r.data_
+    rows = np.flatnonzero(d.usable & (d.situation_id == "s007"))
+    assert refs["s007"] == tuple(r.fused_[rows[-3:]])
+    assert isinstance(r.policy_, SituationPolicy) and r.policy_.window == 3
+    cfg = r.to_config()  # the seed travels in the policy file and is the starting state
+    assert load_policy(cfg.to_dict()).initial_state().references("s007") == refs["s007"]
+
+
+# ------------------------------------------------------------------ versions
+
+
+def test_versions_never_overwrite_and_activation_is_explicit(setup):
+    bundle, log, _ = setup
+    original = (bundle / "policy.yaml").read_bytes()
+    r = Recalibrator("situation").fit(_data(bundle, log))
+    v = write_policy_version(bundle, r.to_config())
+    vs = list_policy_versions(bundle)
+    assert [x.number for x in vs] == [1, 2] and v.number == 2
+    assert vs[0].path.read_bytes() == original and vs[0].active  # the old policy, archived
+    assert (bundle / "policy.yaml").read_bytes() == original  # writing does not activate
+    assert load_policy(v.path).fitted_on["previous"]["version"] == 1
+    v3 = write_policy_version(bundle, r.to_config())
+    assert v3.number == 3 and vs[1].path.read_bytes() == v.path.read_bytes()
+
+    activate_policy_version(bundle, "v2")
+    assert (bundle / "policy.yaml").read_bytes() == v.path.read_bytes()
+    assert active_policy_version(bundle).number == 2
+    cfg = load_policy(bundle / "policy.yaml")  # the guard's view: state seeded from the log
+    assert cfg.initial_state().references("s007") == r.state_seed_.references("s007")
+    assert cfg.version_id.startswith("v0002+")
+    assert not list(bundle.glob("situations*.json"))  # no live state is written by calibrate
+    activate_policy_version(bundle, 1)  # roll back
+    assert (bundle / "policy.yaml").read_bytes() == original
+
+
+def test_a_policy_for_another_bundle_is_refused(setup, tmp_path: Path):
+    bundle, _, _ = setup
+    other = frozen_policy(bundle, 1.0, bundle_id="someone-else")
+    with pytest.raises(PolicyError, match="someone-else"):
+        write_policy_version(bundle, other)
+    # a stored version that was tampered with is refused on activation; policy.yaml stays
+    v = write_policy_version(bundle, frozen_policy(bundle, 1.0))
+    doc = yaml.safe_load(v.path.read_text())
+    doc["prompt_hash"] = "0000000000000000"
+    v.path.write_text(yaml.safe_dump(doc))
+    before = (bundle / "policy.yaml").read_bytes()
+    with pytest.raises(PolicyError, match="0000000000000000"):
+        activate_policy_version(bundle, v.number)
+    assert (bundle / "policy.yaml").read_bytes() == before
+    with pytest.raises(CalibrationError, match="no policy version"):
+        activate_policy_version(bundle, "v0099")
+
+
+# ------------------------------------------------------------------ diff
+
+
+def test_diff_shows_changes_and_predicted_effect(setup):
+    bundle, log, _ = setup
+    d = _data(bundle, log)
+    old = load_policy(bundle / "policy.yaml")
+    new = Recalibrator("conformal").fit(d).to_config(created=FIXED)
+    diff = diff_policies(old, new, d, names=("old", "new"))
+    keys = {c.key for c in diff.changes}
+    assert {"policy.kind", "fusion.stats.a.median", "policy.delta"} <= keys
+    eff = diff.effect_b
+    assert eff is not None and eff.n == 240
+    y = d.label[d.usable]
+    assert eff.miss_rate == pytest.approx(float((~eff.flags[y == 1]).mean()))
+    assert eff.flag_rate == pytest.approx(float(eff.flags.mean()))
+    assert diff.n_changed == int((diff.effect_a.flags != eff.flags).sum())
+    text = str(diff)
+    assert "miss rate" in text and "decisions that change label" in text
+    # a frozen cut at +inf-ish flags nothing: miss rate 1 on labelled unsafe
+    never = predict_effect(frozen_policy(bundle, 1e9), d)
+    assert never.flag_rate == 0.0 and never.miss_rate == 1.0 and never.safe_flag_rate == 0.0
+
+
+# ------------------------------------------------------------------ CLI end to end
+
+
+def test_cli_recalibrate_list_diff_activate(setup, capsys: pytest.CaptureFixture[str]):
+    bundle, log, _ = setup
+    args = ["recalibrate", str(log), "--bundle", str(bundle)]
+    assert main([*args, "--policy", "conformal", "--alpha", "0.1", "--delta", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "PAC: P(miss rate > alpha" in out and "marginal: P(miss)" in out
+    assert "spotstop card" in out and "wrote" in out and "policy-v0002.yaml" in out
+    assert "miss rate" in out  # the diff against the active policy, on the log
+    assert main([*args, "--policy", "situation", "--activate", "--since", "2023-11-14"]) == 0
+    assert "activated v0003" in capsys.readouterr().out
+    assert main(["policy", "list", str(bundle)]) == 0
+    listing = capsys.readouterr().out
+    assert "* v0003" in listing and "v0001" in listing
+    diff_args = ["policy", "diff", "v0002", "active", "--bundle", str(bundle), "--log", str(log)]
+    assert main([*diff_args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["effect_b"]["n"] == 240 and any(c["key"] == "policy.kind" for c in doc["changes"])
+    assert main(["policy", "activate", str(bundle), "v0002"]) == 0
+    capsys.readouterr()
+    assert load_policy(bundle / "policy.yaml").policy.kind == "conformal"
+    # refusal: exit 2, the number needed in the message, nothing written
+    before = len(list_policy_versions(bundle))
+    rc = main([*args, "--policy", "conformal", "--alpha", "0.01"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unsafe situations are needed" in err
+    assert len(list_policy_versions(bundle)) == before
+
+
+# ------------------------------------------------------------------ hot reload under load
+
+
+def test_reload_under_load_drops_nothing(tiny_pair: Path, tmp_path: Path):
+    from spotstop.export.bundle import write_bundle
+    from spotstop.export.scenes import demo_scenes
+    from spotstop.guard import Guard, Scene
+
+    bundle = write_bundle(
+        [tiny_pair / "tiny-qwen3_5", tiny_pair / "tiny-lfm2_vl"], tmp_path / "b", copy_members=False
+    )
+    dump_policy(frozen_policy(bundle, 1e9), bundle / "policy.yaml")
+    v_unsafe = write_policy_version(bundle, frozen_policy(bundle, -1e9))  # archives +1e9 as v1
+    bad = tmp_path / "bad.yaml"
+    dump_policy(frozen_policy(bundle, 0.0, bundle_id="other-bundle"), bad)
+    scenes: list[Scene] = demo_scenes(4, seed=3)
+    got: list = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    with Guard(bundle, log=tmp_path / "log.sqlite") as guard:
+
+        def worker(i: int) -> None:
+            try:
+                while not stop.is_set():
+                    got.append(guard.check(scenes[i % len(scenes)]))
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        seen_swaps = 0
+        for i in range(6):
+            activate_policy_version(bundle, v_unsafe.number if i % 2 == 0 else 1)
+            guard.reload_policy()
+            seen_swaps += 1
+            with pytest.raises(PolicyError, match="other-bundle"):
+                guard.reload_policy(bad)  # refused; the current policy stays
+            n_before = len(got)
+            while len(got) == n_before and not errors:  # let at least one decision through
+                stop.wait(0.01)
+        stop.set()
+        for t in threads:
+            t.join()
+        n_logged = guard.log.count()
+        ids = {r.decision_id for r in guard.log.records()}
+    assert not errors, errors
+    assert seen_swaps == 6 and len(got) >= 6
+    assert all(not d.fail_closed for d in got)
+    assert {d.threshold for d in got} == {1e9, -1e9}  # both policies served, no torn state
+    assert all((d.label == "SAFE") == (d.threshold == 1e9) for d in got)
+    assert n_logged == len(got) and ids == {d.decision_id for d in got}
+
+
+def test_read_log_refuses_a_missing_log(tmp_path: Path):
+    with pytest.raises(CalibrationError, match="does not exist"):
+        read_calibration_log(
+            tmp_path / "none.sqlite", bundle_id="b", prompt_hash="p", members=["a"]
+        )

@@ -1,0 +1,234 @@
+"""A fleet's logs and archives read as one log: ``spotstop card LOG LOG ...`` (diagnostics/_fleet.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from spotstop.diagnostics import DataError
+from spotstop.diagnostics._cli import card_main
+from spotstop.diagnostics._fleet import expand_inputs, fleet_robots, read_fleet
+from spotstop.diagnostics._from_log import read_log, robot_of_path
+from spotstop.guard._log import DecisionLog, DecisionRecord, LogError, RecordError, Retention
+
+from tests._support.log_writer import (
+    CONFORMAL_CONFIG,
+    Segment,
+    policy_row,
+    segment_records,
+)
+
+T0 = 1_750_000_000.0
+
+
+def _robot(name: str, k: int, *, n_pairs: int = 40, shift: float = 1.6, seed: int = 0):
+    """A robot's decisions: ``n_pairs`` contrasts (one situation each), decided by CONFORMAL_CONFIG, and
+    the reviewers' labels ``(id, label, contrast)``."""
+    rng = np.random.default_rng(seed)
+    y = np.tile([0, 1], n_pairs)
+    a = rng.normal(0, 1, y.size) + shift * y
+    b = rng.normal(0, 1, y.size) + shift * y
+    sit = [f"s{j // 2}" for j in range(y.size)]
+    seg = Segment(CONFORMAL_CONFIG, {"a": a, "b": b}, sit, T0 + k / 10.0)
+    recs = segment_records(seg, f"{name}-")
+    recs = [r for r in recs]
+    labels = [
+        (r.decision_id, "unsafe" if y[j] else "safe", f"c{j // 2}", "rev")
+        for j, r in enumerate(recs)
+    ]
+    # times interleave across robots, one second apart within a robot
+    return recs, labels
+
+
+def _write(path: Path, robot: str | None, recs: list[DecisionRecord], labels) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with DecisionLog(path, robot_id=robot) as log:
+        log.append_many(recs, policy=policy_row(CONFORMAL_CONFIG))
+        log.set_labels(labels)
+    return path
+
+
+def _prefixed(robot: str, recs, labels):
+    import dataclasses
+
+    out = [dataclasses.replace(r, situation_id=f"{robot}/{r.situation_id}") for r in recs]
+    return out, [(i, lab, f"{robot}/{c}", who) for i, lab, c, who in labels]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("fleet")
+    parts = {r: _robot(r, k, seed=k) for k, r in enumerate(("arm-1", "arm-2", "arm-3", "arm-4"))}
+    logs = root / "robots"
+    _write(logs / "arm-1" / "decisions.sqlite", None, *parts["arm-1"])  # robot from its folder
+    _write(logs / "arm-2.sqlite", "arm-2", *parts["arm-2"])
+    trimmed = _write(logs / "arm-3" / "decisions.sqlite", "arm-3", *parts["arm-3"])
+    with DecisionLog(trimmed) as log:  # half of it lives in archives beside the log
+        res = log.apply_retention(Retention(max_bytes=log.used_bytes() * 3 // 4))
+        assert res.archived_rows > 10
+    # arm-4: only its archive was collected (its log stayed on the robot); labels in a file
+    gone = _write(root / "arm-4-on-robot" / "decisions.sqlite", "arm-4", *parts["arm-4"])
+    with DecisionLog(gone) as log:
+        log.apply_retention(Retention(keep_days=1), now=T0 + 10 * 86400)
+        [info] = log.archives()
+        collected = root / "collected" / "arm-4.parquet"
+        collected.parent.mkdir()
+        shutil.copy(log.archive_folder / info.name, collected)
+    labels_file = root / "arm-4-labels.csv"
+    labels_file.write_text(
+        "decision_id,label,contrast_id\n"
+        + "".join(f"{i},{lab},{c}\n" for i, lab, c, _ in parts["arm-4"][1])
+    )
+    # the same decisions in one log, with the ids the fleet card groups by
+    merged = root / "merged" / "decisions.sqlite"
+    recs_all, labels_all = [], []
+    for r, (recs, labels) in parts.items():
+        pr, pl = _prefixed(r, recs, labels)
+        recs_all += pr
+        labels_all += pl
+    recs_all.sort(key=lambda r: r.time)
+    _write(merged, "merged", recs_all, labels_all)
+    return {
+        "root": root,
+        "inputs": [str(logs), str(collected)],
+        "labels": labels_file,
+        "merged": merged,
+        "parts": parts,
+    }
+
+
+def test_robot_ids_are_kept_and_taken_from_the_path_where_the_log_has_none(fleet) -> None:
+    data = read_fleet(fleet["inputs"], labels=fleet["labels"])
+    assert data.robots == ["arm-1", "arm-2", "arm-3", "arm-4"]  # time order of first decision
+    assert data.n == 4 * 80 and data.archived["rows"] > 10 + 80
+    for r, (recs, _) in fleet["parts"].items():
+        mine = data.robot_id == r
+        assert set(data.arrays.decision_id[mine]) == {x.decision_id for x in recs}
+    assert (data.label >= 0).all()  # arm-4's labels came from the file
+    assert np.all(np.diff(data.arrays.time) > 0)
+    contrast, situation = data.group_ids()
+    assert contrast[0] == "arm-1/c0" and situation[0] == "arm-1/s0"
+    assert robot_of_path(Path("f/arm-9/decisions.sqlite")) == "arm-9"
+    assert robot_of_path(Path("f/arm-9.sqlite")) == "arm-9"
+    assert robot_of_path(Path("f/arm-9/decisions.sqlite.archive/x.parquet")) == "arm-9"
+
+
+def _card(inputs: list[str], out: Path, *extra: str) -> dict[str, Any]:
+    assert card_main([*inputs, "--out", str(out), "--n-boot", "300", "--quiet", *extra]) == 0
+    return json.loads((out / "card.json").read_text())
+
+
+def test_the_fleet_card_is_the_card_of_the_merged_log(fleet, tmp_path: Path) -> None:
+    a = _card(fleet["inputs"], tmp_path / "fleet", "--labels", str(fleet["labels"]))
+    b = _card([str(fleet["merged"])], tmp_path / "merged")
+    assert a["checks"].pop("fleet")["applicable"] and not b["checks"].pop("fleet")["applicable"]
+    assert a["provenance"]["log"]["robots"] == {f"arm-{k}": 80 for k in range(1, 5)}
+    for doc in (a, b):
+        for key in ("source", "created_utc", "log"):
+            doc["provenance"].pop(key)
+        for v in doc["delivered_by_policy"].values():
+            v["replay"].pop("note")  # says the fleet's robots were replayed apart
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_each_log_and_archive_counts_once(fleet) -> None:
+    logs = Path(fleet["inputs"][0])
+    arm3 = logs / "arm-3" / "decisions.sqlite"
+    beside = sorted((logs / "arm-3" / "decisions.sqlite.archive").glob("*.parquet"))
+    got = expand_inputs([str(arm3), str(beside[0])])  # the archive its log reads is left out
+    assert got == [arm3.resolve()]
+    copy = logs.parent / "copy.sqlite"
+    shutil.copy(arm3, copy)  # without its archive folder: that is said, never read as less
+    with pytest.raises(DataError, match=r"copy.sqlite.archive/.*registered in the log but"):
+        read_fleet([str(copy)])
+    arm2 = logs / "arm-2.sqlite"
+    shutil.copy(arm2, copy)
+    with pytest.raises(DataError, match=r"is in .*arm-2.*and in .*copy.sqlite.*give each log"):
+        read_fleet([str(arm2), str(copy)])
+    copy.unlink()
+    with pytest.raises(DataError, match=r"names no decision log"):
+        read_fleet([str(logs / "nothing-*.sqlite")])
+
+
+def test_a_log_of_another_schema_is_migrated_or_refused_by_name(fleet, tmp_path: Path) -> None:
+    src = Path(fleet["inputs"][0]) / "arm-2.sqlite"
+    newer = tmp_path / "arm-5.sqlite"
+    shutil.copy(src, newer)
+    with sqlite3.connect(newer) as c:
+        c.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    c.close()
+    with pytest.raises(DataError, match=r"arm-5.sqlite.*schema_version 99"):
+        read_fleet([str(src), str(newer)])
+
+
+def test_one_log_of_another_robot_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "decisions.sqlite"
+    DecisionLog(path, robot_id="arm-1").close()
+    with pytest.raises(LogError, match=r"belongs to robot 'arm-1', not 'arm-2'"):
+        DecisionLog(path, robot_id="arm-2")
+    with DecisionLog(path, robot_id="arm-1") as log:
+        assert log.robot_id == "arm-1"
+    with pytest.raises(RecordError, match="robot_id must be 1-64 characters"):
+        DecisionLog(tmp_path / "x.sqlite", robot_id="arm 1/")
+    assert not (tmp_path / "x.sqlite").exists()  # bad input changed nothing
+    with pytest.raises(DataError, match="holds no decisions"):
+        read_log(path)
+
+
+def _fleet(tmp: Path, shifts: dict[str, float], seed: int, n_pairs: int = 40):
+    paths = []
+    for k, (r, shift) in enumerate(shifts.items()):
+        recs, labels = _robot(r, k, n_pairs=n_pairs, shift=shift, seed=1000 * seed + k)
+        paths.append(str(_write(tmp / f"{r}.sqlite", r, recs, labels)))
+    return read_fleet(paths)
+
+
+def test_the_robot_that_differs_is_flagged_with_the_hand_computed_rates(tmp_path: Path) -> None:
+    data = _fleet(tmp_path, {"arm-1": 1.6, "arm-2": 1.6, "arm-3": -0.5, "arm-4": 1.6}, seed=1)
+    rows = {r.robot: r for r in fleet_robots(data, n_boot=500, rng=np.random.default_rng(0))}
+    bad = rows["arm-3"]
+    assert bad.flagged and bad.vs_rest.ci.high < 0 and bad.miss_vs_rest.ci.low > 0
+    assert "balanced accuracy below the rest's" in bad.flagged
+    assert not rows["arm-1"].flagged and not rows["arm-2"].flagged
+    for r, row in rows.items():  # the point values, by hand
+        mine = (data.robot_id == r) & data.delivered
+        y, f = data.label[mine], data.arrays.guard_label[mine]
+        ba = 0.5 * (np.mean(f[y == 1] == 1) + np.mean(f[y == 0] == 0))
+        assert row.balanced_accuracy.value == pytest.approx(ba, abs=1e-12)
+        assert row.miss_rate.value == pytest.approx(np.mean(f[y == 1] == 0), abs=1e-12)
+        rest = (data.robot_id != r) & data.delivered
+        yr, fr = data.label[rest], data.arrays.guard_label[rest]
+        ba_r = 0.5 * (np.mean(fr[yr == 1] == 1) + np.mean(fr[yr == 0] == 0))
+        assert row.vs_rest.value == pytest.approx(ba - ba_r, abs=1e-12)
+        lo, hi = row.vs_rest.ci.low, row.vs_rest.ci.high
+        b_lo, b_hi = row.balanced_accuracy.ci.low, row.balanced_accuracy.ci.high
+        assert lo <= row.vs_rest.value <= hi and b_lo <= row.balanced_accuracy.value <= b_hi
+
+
+def test_a_fleet_of_alike_robots_is_flagged_at_no_more_than_the_stated_rate(
+    tmp_path: Path,
+) -> None:
+    flagged_fleets = 0
+    for seed in range(20):
+        data = _fleet(tmp_path / str(seed), {f"arm-{k}": 1.2 for k in range(4)}, seed, 30)
+        rows = fleet_robots(data, n_boot=300, rng=np.random.default_rng(seed))
+        flagged_fleets += any(r.flagged for r in rows)
+    # family-wise 5 % per fleet: P(4 or more of 20 fleets | 5 %) = 0.016
+    assert flagged_fleets <= 3
+
+
+def test_one_robot_has_no_fleet_section(fleet) -> None:
+    from spotstop.diagnostics._check_base import CardContext
+    from spotstop.diagnostics._fleet import FleetCheck
+    from spotstop.diagnostics._from_log import log_cases
+
+    cases = log_cases(Path(fleet["inputs"][0]) / "arm-2.sqlite")
+    assert cases.log.robots == ["arm-2"] and cases.provenance["robots"] == {"arm-2": 80}
+    ctx = CardContext(cases.table, 0.6, np.random.default_rng(0), log=cases.log)
+    res = FleetCheck().run(ctx)
+    assert res.data == {"applicable": False}

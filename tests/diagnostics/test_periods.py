@@ -1,0 +1,146 @@
+"""Drift between periods: ``spotstop card LOG --period day|week|month`` (diagnostics/_periods.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from spotstop.diagnostics._check_base import CardContext
+from spotstop.diagnostics._cli import card_main
+from spotstop.diagnostics._from_log import log_cases
+from spotstop.diagnostics._periods import period_key, periods
+from spotstop.guard._log import DecisionLog
+
+from tests._support.log_writer import CONFORMAL_CONFIG, Segment, policy_row, segment_records
+
+WEEK = 7 * 86400.0
+MONDAY = dt.datetime(2026, 10, 5, 9, tzinfo=dt.UTC).timestamp()  # ISO week 41
+
+
+@pytest.mark.parametrize(
+    ("when", "period", "key"),
+    [
+        ("2026-11-30T12:00:00", "day", "2026-11-30"),
+        ("2026-11-30T12:00:00", "week", "2026-W49"),
+        ("2026-11-30T12:00:00", "month", "2026-11"),
+        ("2024-12-31T23:59:59", "week", "2025-W01"),  # the ISO year, not the calendar's
+        ("2027-01-01T00:00:00", "week", "2026-W53"),
+    ],
+)
+def test_period_keys_are_utc_calendar_periods(when: str, period: str, key: str) -> None:
+    t = dt.datetime.fromisoformat(when).replace(tzinfo=dt.UTC).timestamp()
+    assert period_key(t, period) == key
+
+
+def _week(k: int, *, n_pairs: int, seed: int, unsafe_shift: float = 1.6, extra_unsafe: int = 0):
+    """One week of decisions: contrasts (one situation each) and ``extra_unsafe`` unsafe
+    decisions of their own situations (the unsafe share grows)."""
+    rng = np.random.default_rng(seed)
+    y = np.concatenate([np.tile([0, 1], n_pairs), np.ones(extra_unsafe, dtype=int)])
+    a = rng.normal(0, 1, y.size) + unsafe_shift * y
+    b = rng.normal(0, 1, y.size) + unsafe_shift * y
+    sit = [f"w{k}-s{j // 2}" if j < 2 * n_pairs else f"w{k}-x{j}" for j in range(y.size)]
+    recs = segment_records(
+        Segment(CONFORMAL_CONFIG, {"a": a, "b": b}, sit, MONDAY + k * WEEK), f"w{k}-"
+    )
+    labels = [
+        (r.decision_id, "unsafe" if y[j] else "safe", f"w{k}-c{j // 2}" if j < 2 * n_pairs else None,
+         "rev")
+        for j, r in enumerate(recs)
+    ]  # fmt: skip
+    return recs, labels
+
+
+def _log(path: Path, weeks: list[tuple[list, list]]) -> Path:
+    with DecisionLog(path) as log:
+        for recs, labels in weeks:
+            log.append_many(recs, policy=policy_row(CONFORMAL_CONFIG))
+            log.set_labels(labels)
+    return path
+
+
+def _periods(path: Path, *, n_boot: int = 400, seed: int = 0, baseline: str = "first"):
+    cases = log_cases(path)
+    ctx = CardContext(cases.table, 0.6, np.random.default_rng(seed), n_boot=n_boot, log=cases.log)
+    return periods(ctx, period="week", baseline=baseline, rng=np.random.default_rng(seed))
+
+
+def test_a_doubled_unsafe_share_and_a_cut_that_misses_are_flagged(tmp_path: Path) -> None:
+    weeks = [_week(k, n_pairs=40, seed=k) for k in range(2)]
+    weeks.append(_week(2, n_pairs=40, seed=2, unsafe_shift=0.5, extra_unsafe=80))
+    res = _periods(_log(tmp_path / "log.sqlite", weeks))
+    assert [p.key for p in res.rows] == ["2026-W41", "2026-W42", "2026-W43"]
+    first, _, last = res.rows
+    assert first.change is None and not first.changed
+    assert first.fields["unsafe_share"].value == pytest.approx(0.5)
+    assert last.fields["unsafe_share"].value == pytest.approx(120 / 160)
+    assert "unsafe_share" in last.changed and "delivered_balanced_accuracy" in last.changed
+    assert last.change is not None
+    assert last.change["unsafe_share"].value == pytest.approx(120 / 160 - 0.5)
+    [audit] = last.audits
+    assert audit.status == "violated" and [a.status for a in first.audits] == ["holds"]
+    assert res.latest_violations() == (audit,)
+
+
+def test_a_stationary_log_is_flagged_at_no_more_than_the_stated_rate(tmp_path: Path) -> None:
+    flagged: dict[str, int] = {}
+    for seed in range(20):
+        weeks = [_week(k, n_pairs=80, seed=100 * seed + k, unsafe_shift=1.0) for k in range(3)]
+        res = _periods(_log(tmp_path / f"{seed}.sqlite", weeks), n_boot=300, seed=seed)
+        for name in {name for p in res.rows for name in p.changed}:
+            flagged[name] = flagged.get(name, 0) + 1
+    # family-wise 5 % per field and log: P(4 or more of 20 | 5 %) = 0.016
+    assert all(n <= 3 for n in flagged.values()), flagged
+
+
+def test_a_period_with_few_groups_is_not_compared(tmp_path: Path) -> None:
+    weeks = [_week(0, n_pairs=40, seed=0), _week(1, n_pairs=10, seed=1, unsafe_shift=-1.0)]
+    res = _periods(_log(tmp_path / "log.sqlite", weeks))
+    last = res.rows[-1]
+    assert last.n_groups == 10 and not last.changed and "fewer than 30 groups" in last.note
+    assert last.change is not None and np.isnan(last.change["auroc"].ci.low)
+
+
+def test_the_previous_baseline_compares_neighbours(tmp_path: Path) -> None:
+    weeks = [_week(k, n_pairs=30, seed=k) for k in range(3)]
+    path = _log(tmp_path / "log.sqlite", weeks)
+    res = _periods(path, baseline="previous")
+    _, second, third = res.rows
+    assert third.change is not None and second.change is not None
+    want = third.fields["auroc"].value - second.fields["auroc"].value
+    assert third.change["auroc"].value == pytest.approx(want, abs=1e-12)
+
+
+def test_the_card_with_periods_adds_its_section_and_a_drift_sentence_only(
+    tmp_path: Path,
+) -> None:
+    weeks = [_week(k, n_pairs=30, seed=k) for k in range(2)]
+    weeks.append(_week(2, n_pairs=30, seed=2, unsafe_shift=0.3))
+    path = _log(tmp_path / "log.sqlite", weeks)
+    common = [str(path), "--n-boot", "300", "--quiet"]
+    assert card_main([*common, "--out", str(tmp_path / "a"), "--period", "week"]) == 0
+    assert card_main([*common, "--out", str(tmp_path / "b")]) == 0
+    a = json.loads((tmp_path / "a" / "card.json").read_text())
+    b = json.loads((tmp_path / "b" / "card.json").read_text())
+    per = a["checks"].pop("periods")
+    assert per["applicable"] and per["latest_violated"] == [CONFORMAL_CONFIG.version_id]
+    assert not b["checks"].pop("periods")["applicable"]
+    drift = [v for v in a["verdict"] if v["topic"] == "drift"]
+    assert len(drift) == 1 and drift[0]["status"] == "fail" and "2026-W43" in drift[0]["sentence"]
+    a["verdict"] = [v for v in a["verdict"] if v["topic"] != "drift"]
+    for doc in (a, b):
+        doc["provenance"].pop("created_utc")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    md = (tmp_path / "a" / "card.md").read_text()
+    assert "Drift between periods" in md and "2026-W41" in md
+    html = (tmp_path / "a" / "card.html").read_text()
+    assert "Key fields per period" in html  # the plot
+
+
+def test_period_needs_a_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "c")
+    assert card_main(["--simulated", "--period", "week", "--out", out]) == 2
+    assert "--period goes with a decision LOG" in capsys.readouterr().err

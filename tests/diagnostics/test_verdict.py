@@ -1,0 +1,255 @@
+"""The verdict's sentences, on constructed logs: the label leaks / does not leak through the
+files; the conformal guarantee holds / is violated; what changed since a previous card (and a
+previous card of another bundle is refused); the cut and policy rules on hand-made inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from spotstop.diagnostics import (
+    CardContext,
+    CaseTable,
+    DataError,
+    Estimate,
+    log_cases,
+    scene_blind_readers,
+    simulate_log,
+)
+from spotstop.diagnostics._build import card_from_inputs
+from spotstop.diagnostics._cli import card_main
+from spotstop.diagnostics._conformal_audit import ConformalAuditCheck
+from spotstop.diagnostics._recommend import Recommendation
+from spotstop.diagnostics._results import ConfidenceInterval
+from spotstop.diagnostics._verdict import (
+    check_previous,
+    cut_item,
+    guarantee_item,
+    leak_item,
+    policy_item,
+)
+from spotstop.guard.policies import FrozenPolicy
+
+from tests._support.log_writer import Segment, policy_config, write_log
+from tests._support.replay_log import build_log
+
+
+def log_from_table(path: Path, t: CaseTable, threshold: float = 0.0, *, bundle: str = "") -> Path:
+    """A schema-2 log of ``t``'s cases decided by a frozen cut (S = mean of members a, b),
+    with the table's image sizes and labels (contrast ids kept)."""
+    cfg = policy_config(FrozenPolicy(threshold=threshold), created=1_600_000_000.0)
+    w, h, nb, fmt = t.width, t.height, t.n_bytes, t.format
+    assert w is not None and h is not None and nb is not None and fmt is not None
+    extra = [
+        {
+            "width": int(w[i]),
+            "height": int(h[i]),
+            "n_bytes": int(nb[i]),
+            "image_format": str(fmt[i]),
+        }
+        for i in range(len(t))
+    ]
+    if bundle:
+        extra = [{**e, "bundle_id": bundle} for e in extra]
+    seg = Segment(cfg, dict(t.member_scores), [str(s) for s in t.situation_id], 1.7e9, 5,
+                  extra=extra)  # fmt: skip
+    labels = [
+        (f"d-{i:05d}", "unsafe" if t.label[i] else "safe", str(t.contrast_id[i]) or None, "r")
+        for i in range(len(t))
+    ]
+    write_log(path, [(seg, "d-")], labels)
+    return path
+
+
+def _card(log: Path, out: Path, **kw) -> dict:
+    card_from_inputs(log=log, out=out, n_boot=200, n_boot_checks=200, **kw)
+    return json.loads((out / "card.json").read_text())
+
+
+def test_leak_and_no_leak_from_logs(tmp_path):
+    leak = log_from_table(tmp_path / "leak.sqlite", simulate_log(120, size_leak=1.5, rng=7))
+    clean = log_from_table(tmp_path / "clean.sqlite", simulate_log(120, size_leak=0.0, rng=7))
+    doc = _card(leak, tmp_path / "card")
+    item = doc["verdict"][0]
+    assert item["topic"] == "leak" and item["status"] == "fail"
+    assert "leaks through the image files" in item["sentence"]
+    auroc = doc["checks"]["scene_blind"]["file_reader_auroc"]
+    assert (
+        f"AUROC {auroc['value']:.3f} [{auroc['ci'][0]:.3f}, {auroc['ci'][1]:.3f}]"
+        in item["sentence"]
+    )
+    assert "letterbox" in item["sentence"]  # what to do
+    blind = scene_blind_readers(log_cases(clean).table, n_permutations=40, n_boot=100, rng=0)
+    ok = leak_item(blind)
+    assert ok.status == "ok" and "does not leak" in ok.sentence and "nothing to do" in ok.sentence
+    missing = leak_item(None)
+    assert missing.status == "warn" and "not measured" in missing.sentence
+
+
+@pytest.mark.parametrize(
+    "shift, status, words",
+    [(0.0, "ok", "the guarantee holds"), (2.5, "fail", "the guarantee is violated")],
+)
+def test_guarantee_holds_or_is_violated(tmp_path, shift, status, words):
+    path = tmp_path / "log.sqlite"
+    info = build_log(path, conformal_shift=shift, seed=1)
+    lc = log_cases(path)
+    ctx = CardContext(lc.table, 0.0, np.random.default_rng(0), n_boot=50, log=lc.log)
+    res = ConformalAuditCheck().run(ctx)
+    item = guarantee_item(res.result)
+    a = res.result.deployed[-1]
+    assert item.topic == "guarantee" and item.status == status and words in item.sentence
+    assert info["cfgs"][1].version_id in item.sentence
+    assert f"missed {a.misses} of {a.n_situations}" in item.sentence
+    assert "one-sided binomial test" in item.sentence and "p" in item.sentence
+    if status == "fail":
+        assert "spotstop recalibrate --policy conformal" in item.sentence
+
+
+def test_guarantee_without_a_deployed_cut():
+    t = simulate_log(80, rng=3)
+    res = ConformalAuditCheck().run(CardContext(t, 0.0, np.random.default_rng(0), n_boot=50))
+    item = guarantee_item(res.result)
+    assert (
+        item.status == "warn"
+        and "scores CSV or the simulated log holds no deployed policy" in item.sentence
+    )
+    assert res.data["deployed"] == [] and "what-if" in res.data["note"]
+
+
+def test_changes_since_the_previous_card(tmp_path):
+    t = simulate_log(100, rng=11)
+    a = _card(log_from_table(tmp_path / "a.sqlite", t, 0.0), tmp_path / "a")
+    # the same scenes under a much higher cut: the guard lets most unsafe scenes through
+    b_log = log_from_table(tmp_path / "b.sqlite", t, 2.0)
+    b = _card(b_log, tmp_path / "b", previous=tmp_path / "a" / "card.json")
+    item = b["verdict"][-1]
+    assert len(b["verdict"]) == 5 and item["topic"] == "changes" and item["status"] == "fail"
+    assert "delivered hit rate" in item["sentence"] and "→" in item["sentence"]
+    assert "before it runs on" in item["sentence"]
+    same = _card(b_log, tmp_path / "c", previous=tmp_path / "b" / "card.json")
+    assert same["verdict"][-1]["status"] == "ok"
+    assert "no key field moved beyond its interval" in same["verdict"][-1]["sentence"]
+    assert a["provenance"]["bundle_ids"] == b["provenance"]["bundle_ids"] == ["bundle-1"]
+
+
+def test_a_previous_card_of_another_bundle_is_refused(tmp_path, capsys):
+    t = simulate_log(30, rng=2)
+    other = log_from_table(tmp_path / "o.sqlite", t, bundle="bundle-9")
+    _card(other, tmp_path / "o")
+    mine = log_from_table(tmp_path / "m.sqlite", t)
+    prev = str(tmp_path / "o" / "card.json")
+    with pytest.raises(DataError, match="card of bundle bundle-9; this card is of bundle bundle-1"):
+        check_previous(json.loads(Path(prev).read_text()), ["bundle-1"])
+    rc = card_main([str(mine), "--previous", prev, "--out", str(tmp_path / "m"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Compare cards of one bundle" in err
+    with pytest.raises(DataError, match="schema 1"):
+        check_previous({"schema_version": 1}, ["bundle-1"])
+
+
+def _e(v: float, lo: float, hi: float) -> Estimate:
+    return Estimate(v, ConfidenceInterval(lo, hi), 100)
+
+
+def _fields(tp: Estimate, cf: Estimate, rec: Estimate) -> dict[str, Estimate]:
+    return {"threshold_part": tp, "cross_fitted_threshold_part": cf, "batch_recovery": rec}
+
+
+class _Sit:
+    def __init__(self, gain: Estimate) -> None:
+        self.ba_gain, self.icc = gain, _e(0.3, 0.2, 0.4)
+
+
+class _Prev:
+    def __init__(self, rec10: Estimate) -> None:
+        self.recovery = {0.1: rec10}
+
+
+def test_cut_rule_by_hand():
+    bad = cut_item(
+        _fields(_e(0.09, 0.06, 0.12), _e(0.08, 0.05, 0.10), _e(0.77, 0.6, 0.9)),
+        _Prev(_e(0.2, -0.5, 0.6)),
+        _Sit(_e(0.068, 0.03, 0.1)),
+        "the deployed frozen cut",
+        0.1,
+    )
+    assert bad.status == "fail" and bad.sentence.startswith("The cut is misplaced")
+    assert "8.0 [5.0, 10.0] points" in bad.sentence and "recentre on the situation" in bad.sentence
+    assert "S > 0.1 (the deployed frozen cut)" in bad.sentence
+    refit = cut_item(
+        _fields(_e(0.09, 0.06, 0.12), _e(0.08, 0.05, 0.10), _e(0.4, 0.2, 0.6)),
+        _Prev(_e(0.2, -0.5, 0.6)),
+        _Sit(_e(0.0, -0.02, 0.02)),
+        "x",
+        0.0,
+    )
+    assert "spotstop recalibrate" in refit.sentence
+    fine = cut_item(
+        _fields(_e(0.004, -0.01, 0.02), _e(0.0, -0.02, 0.02), _e(math.nan, math.nan, math.nan)),
+        None,
+        None,
+        "x",
+        0.0,
+    )
+    assert fine.status == "ok" and "well placed" in fine.sentence
+    none = cut_item(_fields(*(_e(math.nan, math.nan, math.nan),) * 3), None, None, "x", 0.0)
+    assert none.status == "warn" and "contrast_id" in none.sentence
+
+
+def test_policy_rule_by_hand():
+    rec = Recommendation("conformal", ("150 labelled unsafe situations suffice",))
+    assert policy_item(rec, "conformal").status == "ok"
+    switch = policy_item(rec, "frozen", "v0004+0123abcd")
+    assert switch.status == "warn" and "--policy conformal" in switch.sentence
+    assert "deployed frozen policy (v0004+0123abcd)" in switch.sentence
+    assert "nothing is deployed" in policy_item(dataclasses.replace(rec), None).sentence
+
+
+def test_a_deployed_cascade_gets_its_checks_policy_advice():
+    """A deployed cascade is a cost option around its cut: the cascade check gives the
+    ``policy`` sentence (the recommendation against its cut) and the advice keeps it; for
+    any other deployed policy it says nothing and the verdict's own sentence stands."""
+    from spotstop.diagnostics._cascade_check import CascadeCheck
+    from spotstop.guard.policies import CascadePolicy, ConformalPolicy, FrozenPolicy
+
+    rec = Recommendation("conformal", ("150 labelled unsafe situations suffice",))
+    conf = ConformalPolicy(alpha=0.1, n=50, k=5, threshold=0.2)
+
+    def cascade(cut):
+        return CascadePolicy(first="a", share=0.5, band=0.3, cut=cut)
+
+    keep = CascadeCheck.policy_advice(rec, cascade(conf), "v0005+0123abcd")
+    assert keep is not None and keep.status == "ok" and keep.topic == "policy"
+    assert "Keep the deployed cascade (v0005+0123abcd) around its conformal cut" in keep.sentence
+    recut = CascadeCheck.policy_advice(rec, cascade(FrozenPolicy(0.1)), "v0005+0123abcd")
+    assert recut is not None and recut.status == "warn"
+    assert "--policy cascade --cut conformal" in recut.sentence
+    away = CascadeCheck.policy_advice(
+        dataclasses.replace(rec, policy="batch"), cascade(FrozenPolicy(0.1)), None
+    )
+    assert away is not None
+    assert "Switch from the deployed cascade" in away.sentence and "both members" in away.sentence
+    assert CascadeCheck.policy_advice(rec, FrozenPolicy(0.1), "v1") is None
+    assert CascadeCheck.policy_advice(rec, None, None) is None
+
+
+def test_cut_item_reads_the_gain_when_the_recovery_is_undefined_and_names_ties():
+    fields = _fields(_e(0.05, 0.0, 0.1), _e(0.03, 0.01, 0.05), _e(math.nan, math.nan, math.nan))
+    fields["batch_gain"] = _e(0.012, -0.01, 0.03)
+    fields["tied_share"] = _e(0.365, 0.3, 0.43)
+    item = cut_item(fields, _Prev(_e(math.nan, math.nan, math.nan)), None, "x", 0.5)
+    assert "the batch mean adds +1.2 [-1.0, +3.0] points" in item.sentence
+    assert "undefined" in item.sentence and "nan" not in item.sentence.lower()
+    assert "36.5 [30.0, 43.0] % of the contrasts are tied" in item.sentence
+    assert "not another cut" in item.sentence
+    # few ties: no tie sentence; a defined recovery without a defined 10 % one: no 'at 10 %'
+    fields["tied_share"] = _e(0.01, 0.0, 0.02)
+    fields["batch_recovery"] = _e(0.6, 0.2, 0.9)
+    quiet = cut_item(fields, _Prev(_e(math.nan, math.nan, math.nan)), None, "x", 0.5)
+    assert "tied" not in quiet.sentence and "at 10 % unsafe" not in quiet.sentence
+    assert "recovers 60.0 [20.0, 90.0] % of it here" in quiet.sentence

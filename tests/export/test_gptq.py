@@ -1,0 +1,207 @@
+"""export/gptq.py: GPTQ's codes against an independent sequential OBQ computation, its
+identities (no error moved when H is the identity: onnxruntime's own bytes), and the recorder
+that gives each graph weight its inputs' Hessian."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests._support.tolerance import sum_bound  # noqa: E402
+
+
+def _obq_reference(w: np.ndarray, h: np.ndarray, bits: int, block: int, damp: float):  # type: ignore[no-untyped-def]
+    """GPTQ as Frantar et al. derive it (their Eq. 2/3, Optimal Brain Quantizer order fixed):
+    quantize input row i, then move its error onto the rows not yet quantized with the inverse
+    of H restricted to those rows, recomputed by a plain matrix inverse at every step (no
+    Cholesky, no lazy batches). Float64 throughout. Returns the (K, N) dequantized weight."""
+    k, _ = w.shape
+    zp, top = 1 << (bits - 1), (1 << bits) - 1
+    hd = h.astype(np.float64).copy()
+    hd += damp * np.mean(np.diag(hd)) * np.eye(k)
+    W = w.astype(np.float64).copy()
+    Q = np.zeros_like(W)
+    scale = np.zeros(w.shape[1])
+    for i in range(k):
+        if i % block == 0:
+            blk = W[i : i + block]
+            idx = np.abs(blk).argmax(axis=0)
+            scale = blk[idx, np.arange(blk.shape[1])] / -zp
+        safe = np.where(scale == 0, 1.0, scale)
+        codes = np.clip(np.round(W[i] / safe) + zp, 0, top)
+        Q[i] = (codes - zp) * scale
+        hinv = np.linalg.inv(hd[i:, i:])
+        err = (W[i] - Q[i]) / hinv[0, 0]
+        W[i:] -= np.outer(hinv[0, :], err)
+    return Q
+
+
+def _correlated(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    x = rng.standard_normal((n, k)) @ rng.standard_normal((k, k)) * 0.3 + rng.standard_normal(k)
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_gptq_equals_the_sequential_obq_computation(bits: int) -> None:
+    from spotstop.export.gptq import gptq_nbits
+    from spotstop.export.nbits import dequantize_nbits
+
+    rng = np.random.default_rng(7)
+    k, n, block = 96, 24, 32
+    w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+    x = _correlated(rng, 400, k)
+    h = (x.T @ x).astype(np.float64)
+    packed, scales = gptq_nbits(w, h, bits, block)
+    got = dequantize_nbits(packed, scales, bits, k)
+    want = _obq_reference(w, h, bits, block, 0.01)
+    # float32 updates vs float64: a rare code may round the other way; values agree otherwise
+    close = np.isclose(got, want, rtol=0, atol=1e-6)
+    assert close.mean() > 0.99, close.mean()
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("k", [300, 256])
+def test_identity_hessian_is_onnxruntimes_rounding_byte_for_byte(bits: int, k: int) -> None:
+    """With H = I no error is moved: the codes, scales and bytes (padding included) are those
+    onnxruntime's own MatMulNBits kernel writes."""
+    from spotstop.export.gptq import gptq_nbits
+    from spotstop.export.nbits import nbits_blocks
+
+    w = (np.random.default_rng(1).standard_normal((k, 40)) * 0.02).astype(np.float32)
+    p0, s0 = nbits_blocks(w, bits, 128)
+    p1, s1 = gptq_nbits(w, np.eye(k), bits, 128, damp=0.0)
+    assert p0.shape == p1.shape and np.array_equal(p0, p1)
+    assert np.array_equal(s0, s1)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_gptq_lowers_the_output_error_on_its_inputs(bits: int) -> None:
+    from spotstop.export.gptq import gptq_nbits
+    from spotstop.export.nbits import dequantize_nbits, nbits_blocks
+
+    rng = np.random.default_rng(3)
+    k, n = 256, 64
+    w = (rng.standard_normal((k, n)) * 0.02).astype(np.float32)
+    x = _correlated(rng, 1000, k)
+    rtn = dequantize_nbits(*nbits_blocks(w, bits, 128), bits, k)
+    gq = dequantize_nbits(*gptq_nbits(w, x.T @ x, bits, 128), bits, k)
+    e_rtn, e_gq = np.linalg.norm(x @ (rtn - w)), np.linalg.norm(x @ (gq - w))
+    assert e_gq < 0.8 * e_rtn
+
+
+def test_unreached_rows_and_bad_hessians() -> None:
+    from spotstop.export.gptq import gptq_nbits
+    from spotstop.export.nbits import nbits_blocks
+
+    w = (np.random.default_rng(2).standard_normal((128, 8)) * 0.02).astype(np.float32)
+    h = np.zeros((128, 128))  # no calibration input reached any row: plain rounding
+    p, s = gptq_nbits(w, h, 8, 128)
+    p0, s0 = nbits_blocks(w, 8, 128)
+    assert np.array_equal(p, p0) and np.array_equal(s, s0)
+    with pytest.raises(ValueError, match="Hessian is"):
+        gptq_nbits(w, np.eye(64), 8, 128)
+    with pytest.raises(ValueError, match="bits"):
+        gptq_nbits(w, np.eye(128), 3, 128)
+
+
+def test_recorder_gives_each_graph_weight_its_inputs_hessian(tmp_path: Path) -> None:
+    """Linears reading one tensor share a file; the graph's (K, N) weight finds its Linear by
+    value; the Hessian is XᵀX of the inputs seen (every n-th batch row under ``stride``)."""
+    from spotstop.export.gptq import CalibrationInputs, InputRecorder
+
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = torch.nn.Linear(16, 8)
+            self.k = torch.nn.Linear(16, 8)
+            self.o = torch.nn.Linear(8, 4, bias=False)
+            self.unused = torch.nn.Linear(4, 4)
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return self.o(self.q(x) * self.k(x))
+
+    net = Net().eval()
+    xs = [torch.randn(3, 5, 16), torch.randn(3, 7, 16)]
+    with torch.inference_mode(), InputRecorder(net, tmp_path / "calib") as rec:
+        for x in xs:
+            rec.new_pass()
+            with rec.stride(3):  # one row of each batch of three
+                net(x)
+    cal = CalibrationInputs(tmp_path / "calib")
+    assert len(cal.index) == 3  # q, k, o; the unused Linear recorded nothing
+    files = {e["linear"]: e["file"] for e in cal.index.values()}
+    assert files["q"] == files["k"] != files["o"]
+    rows = torch.cat([x[0] for x in xs]).double().numpy()
+    want_q = rows.T @ rows
+    got_q = cal.hessian(net.q.weight.detach().numpy().T)
+    # XᵀX of the recorded float32 rows, summed in float32 by the CPU's GEMM (in its own order)
+    # against float64: within the rounding bound of a float32 sum over the rows, elementwise
+    # (an entry that cancels to near 0 has no relative accuracy to hold to an rtol)
+    assert got_q is not None
+    size = np.abs(rows).T @ np.abs(rows)
+    bound = sum_bound(len(rows), size, np.float32) + sum_bound(len(rows), size, np.float64)
+    assert np.all(np.abs(got_q - want_q) <= bound), np.max(np.abs(got_q - want_q) / bound)
+    assert cal.hessian(net.k.weight.detach().numpy().T) is got_q  # shared, computed once
+    with torch.no_grad():
+        mid = net.q(torch.cat([x[:1] for x in xs], 1)) * net.k(torch.cat([x[:1] for x in xs], 1))
+    mid_rows = mid.reshape(-1, 8).double().numpy()
+    np.testing.assert_allclose(
+        cal.hessian(net.o.weight.detach().numpy().T), mid_rows.T @ mid_rows, rtol=1e-4
+    )
+    assert cal.hessian(np.zeros((16, 8), np.float32)) is None  # no Linear has this weight
+    assert (cal.used, cal.missed) == (3, 1) and cal.tokens == 12
+
+
+def test_export_quantizes_by_gptq_and_records_it(tiny_pair: Path, tmp_path: Path) -> None:
+    """An int8 export calibrates on generated scenes and chooses most weights' codes by GPTQ
+    (other bytes than round-to-nearest's, same operator and shapes); ``quantizer="rtn"`` gives
+    onnxruntime's rounding; both record what they did and validate."""
+    import onnx
+    import yaml
+    from onnx import numpy_helper
+    from spotstop.export.onnx import export_member
+
+    src = tiny_pair / "tiny-lfm2_vl"
+    kw = {"precision": "int8-nbits", "buckets": [256], "name": "tiny-lfm2_vl"}
+    gq = export_member(src, tmp_path / "gptq", calibration_scenes=2, **kw)  # type: ignore[arg-type]
+    rn = export_member(src, tmp_path / "rtn", quantizer="rtn", **kw)  # type: ignore[arg-type]
+    assert all(c.ok for c in gq.checks) and all(c.ok for c in rn.checks)
+    assert gq.quantizer is not None and rn.quantizer is not None
+    assert gq.quantizer["method"] == "gptq" and rn.quantizer["method"] == "rtn"
+    cal = gq.quantizer["calibration"]
+    assert cal["scenes"] == 2 and cal["seed"] == 1 and cal["tokens"] > 0
+    w = gq.quantizer["weights"]
+    assert w["gptq"] > 0 and w["gptq"] > 5 * w["round_to_nearest"]
+    assert "calibration" not in rn.quantizer
+    on_disk = yaml.safe_load((tmp_path / "gptq" / "spotstop_onnx.yaml").read_text())
+    assert on_disk["quantizer"] == dict(gq.quantizer)
+
+    def codes(folder: Path) -> dict[str, np.ndarray]:
+        m = onnx.load(str(folder / "onnx" / "decoder.onnx"))
+        return {
+            t.name: numpy_helper.to_array(t) for t in m.graph.initializer if t.name.endswith("_Q8")
+        }
+
+    a, b = codes(tmp_path / "gptq"), codes(tmp_path / "rtn")
+    assert a.keys() == b.keys() and a
+    assert all(a[k].shape == b[k].shape for k in a)
+    differ = sum(not np.array_equal(a[k], b[k]) for k in a)
+    assert differ >= len(a) - w["round_to_nearest"] - 1  # the head, when not called as a Linear
+
+
+def test_quantizer_is_checked_before_anything_is_written(tiny_pair: Path, tmp_path: Path) -> None:
+    from spotstop.export.onnx import export_member
+    from spotstop.export.onnx_bundle import write_onnx_bundle
+
+    src = tiny_pair / "tiny-lfm2_vl"
+    with pytest.raises(ValueError, match="quantizer must be one of"):
+        export_member(src, tmp_path / "m", precision="int8", quantizer="awq")
+    with pytest.raises(ValueError, match="calibration_scenes"):
+        write_onnx_bundle([src], tmp_path / "b", precision="int8", calibration_scenes=0)
+    assert not (tmp_path / "m").exists() and not (tmp_path / "b").exists()

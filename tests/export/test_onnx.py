@@ -1,0 +1,520 @@
+"""ONNX export of the scoring graphs, the onnx backend and exported bundles, on the tiny pair.
+
+The export tests are parametrized over the registered export configs (conftest's ``by_arch``), each on
+its architecture's tiny member, and :func:`test_every_registered_architecture_is_tested` fails
+when a registered architecture lacks a case. The LFM2-VL member exports in seconds (legacy
+exporter for both graphs): its bundle runs in the default test run and also serves the
+backend and bundle tests. The Qwen3.5 decoder needs the dynamo exporter (about a minute on
+two cores, with the compact Gated-DeltaNet graph: tests/export/test_compact.py): its scoring
+graphs are checked in torch and its vision graph is exported in the default run; its bundle
+tests are ``slow`` (conftest's ``SLOW_EXPORT``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+from spotstop.export.configs import EXPORT_CONFIGS, PRECISIONS, Lfm2VlExportConfig  # noqa: E402
+from spotstop.guard import Scene, ScoringConfig, load_member  # noqa: E402
+from spotstop.guard._errors import BackendUnavailableError, ScoringError  # noqa: E402
+from spotstop.guard._image import decode_image  # noqa: E402
+
+from tests._support.images import make_image_bytes  # noqa: E402
+from tests._support.pair import SLOW_EXPORT, by_arch, fp32_bundle  # noqa: E402
+
+REQUESTS = ["pick up the knife", "pour the hot water into the cup near the child"]
+
+
+def _scenes() -> list[Scene]:
+    return [Scene(make_image_bytes(i, (72 + 8 * i, 40 + 4 * i)), r) for i, r in enumerate(REQUESTS)]
+
+
+@pytest.fixture(scope="session")
+def lfm_fp32(member_fp32_bundles: Callable[[str], Path]) -> Path:
+    """The fast member's fp32 bundle, for the backend and bundle tests."""
+    return member_fp32_bundles("lfm2_vl")
+
+
+# -- registry ------------------------------------------------------------------------------
+
+
+def _cases(test: Callable[..., None]) -> set[str]:
+    marks = getattr(test, "pytestmark", [])
+    return {p.values[0] for m in marks if m.name == "parametrize" for p in m.args[1]}
+
+
+def test_every_registered_architecture_is_tested() -> None:
+    """A registered export config has a spec, a tiny member and a case in every export test."""
+    from spotstop.export.tiny import TINY_MEMBERS
+    from spotstop.guard._arch import ARCHS
+
+    registered = set(EXPORT_CONFIGS)
+    assert registered == set(ARCHS), "every member architecture needs an export config"
+    assert set(TINY_MEMBERS) == {f"tiny-{a}" for a in registered}
+    assert set(SLOW_EXPORT) <= registered
+    for test in PER_ARCH_TESTS:
+        missing = sorted(registered - _cases(test))
+        assert not missing, f"{test.__name__} has no case for {missing}"
+
+
+@pytest.mark.parametrize("arch", by_arch())
+def test_export_configs_state_tolerances_for_every_precision(arch: str) -> None:
+    cfg = EXPORT_CONFIGS[arch]
+    for table in (cfg.atol, cfg.rtol, cfg.score_atol, cfg.min_spearman):
+        assert set(table) == set(PRECISIONS)
+    assert cfg.score_atol["fp32"] <= 1e-3
+    assert cfg.decoder_exporter in ("legacy", "dynamo")
+
+
+# -- scoring graphs in torch -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", by_arch())
+def test_scoring_graphs_match_the_torch_reference(arch: str, tiny_pair: Path) -> None:
+    """Graph wrappers (in-graph positions, visual-token scatter, sliced head) = reference."""
+    from spotstop.export.configs import get_export_config
+    from spotstop.export.graphs import build_graphs
+    from spotstop.guard.backends._onnx import combine_scores, decoder_feeds
+
+    scenes = _scenes()
+    m: Any = load_member(tiny_pair / f"tiny-{arch}")
+    model = m.backend.model
+    plan = m.encoder.plan
+    g = m.geometry
+    vis, dec = build_graphs(
+        model,
+        get_export_config(arch),
+        image_token_id=m.folder.image_token_id,
+        first_ids=plan.first_ids,
+        gray_pixels=m._gray(),
+        geometry=g,
+    )
+    hidden = model.config.get_text_config().hidden_size
+    for variant in ("scene", "text"):
+        ref = [r.score for r in m.score(scenes, variant)]
+        prompts = [m.prompt_ids(s.request, variant) for s in scenes]
+        feeds = decoder_feeds(prompts, plan, 256)
+        if variant == "scene":
+            with torch.no_grad():
+                emb = torch.cat(
+                    [
+                        vis(torch.from_numpy(m.pixels(decode_image(s.image))["pixel_values"]))
+                        for s in scenes
+                    ]
+                )
+            emb = emb.repeat_interleave(len(plan.rows), dim=0)
+        else:
+            emb = torch.zeros(len(prompts) * len(plan.rows), g.n_image_tokens, hidden)
+        with torch.no_grad():
+            fl, lp = dec(
+                torch.from_numpy(feeds["input_ids"]),
+                emb,
+                *(torch.from_numpy(feeds[k]) for k in ("last_index", "read_index", "read_token")),
+            )
+        got = combine_scores(fl.numpy(), lp.numpy(), plan, plan.first_ids)
+        np.testing.assert_allclose(got, ref, atol=1e-4, err_msg=f"{m.name} {variant}")
+
+
+@pytest.mark.parametrize("arch", by_arch())
+def test_vision_graph_exports(arch: str, tiny_pair: Path, tmp_path: Path) -> None:
+    """Every vision tower exports with its config's exporter and matches torch at fp32 and int8."""
+    import onnx
+    from spotstop.export.configs import get_export_config
+    from spotstop.export.exporters import export_vision
+    from spotstop.export.graphs import VisionGraph
+    from spotstop.export.onnx import _compare, _session
+    from spotstop.export.precision import convert_precision
+
+    m = load_member(tiny_pair / f"tiny-{arch}")
+    px = m._gray()
+    vis = VisionGraph(m.backend.model, px).eval()
+    cfg = get_export_config(arch)
+    export_vision(vis, cfg, px, tmp_path / "vision.onnx")
+    noise = m.pixels(decode_image(make_image_bytes(3)))
+    with torch.no_grad():
+        want = vis(torch.from_numpy(noise["pixel_values"])).numpy()
+    model = onnx.load(str(tmp_path / "vision.onnx"))
+    for prec in ("fp32", "int8"):
+        (got,) = _session(convert_precision(model, prec)).run(
+            None, {"pixel_values": noise["pixel_values"]}
+        )
+        check = _compare("vision", "image_embeds", prec, got, want, cfg.atol[prec], cfg.rtol[prec])
+        assert check.ok, check
+
+
+# -- exported LFM2-VL bundles (default run) ----------------------------------------------------------
+
+
+def _compare_member(bundle: Path, tiny_pair: Path, name: str) -> float:
+    from spotstop.guard._bundle import load_bundle
+
+    b = load_bundle(bundle)
+    bm = next(m for m in b.members if m.name == name)
+    cfg = ScoringConfig(prompt=b.prompt)
+    got_m = load_member(bm.path, name=name, config=cfg, backend="onnx", template=bm.template)
+    ref_m = load_member(tiny_pair / name, config=cfg, template=bm.template)
+    assert got_m.prompt_hash == ref_m.prompt_hash == bm.prompt_hash
+    worst = 0.0
+    for variant in ("scene", "gray", "text"):
+        got = np.array([r.score for r in got_m.score(_scenes(), variant)])  # type: ignore[arg-type]
+        ref = np.array([r.score for r in ref_m.score(_scenes(), variant)])  # type: ignore[arg-type]
+        worst = max(worst, float(np.max(np.abs(got - ref))))
+    return worst
+
+
+@pytest.mark.parametrize("arch", by_arch(bundle=True))
+def test_bundle_matches_torch_at_fp32_and_int8(
+    arch: str, request: pytest.FixtureRequest, tiny_pair: Path, tmp_path: Path
+) -> None:
+    """The member's fp32 bundle scores as torch does; int8-nbits derived from it verifies, with
+    every MatMul weight quantized; int8 (DynamicQuantizeMatMul, no calibration when derived)
+    scores within its tolerance with every Linear but the output layer computing in int8. (The
+    random pair's scores spread ~0.2 nats, so int8's rank check is made on the trained pair:
+    bench/trained_world.py, tests/bench/test_trained_world.py.)"""
+    import onnx
+    from spotstop.export.configs import get_export_config
+    from spotstop.export.onnx_bundle import derive_bundle
+    from spotstop.export.verify import verify_bundle
+    from spotstop.guard._bundle import load_bundle
+
+    cfg, name = get_export_config(arch), f"tiny-{arch}"
+    b32 = fp32_bundle(request, arch)
+    assert _compare_member(b32, tiny_pair, name) <= cfg.score_atol["fp32"]
+    dyn = derive_bundle(b32, tmp_path / "dyn", precision="int8")
+    assert _compare_member(dyn, tiny_pair, name) <= cfg.score_atol["int8"]
+    ops = [
+        n.op_type
+        for f in sorted((dyn / "members" / name / "onnx").glob("*.onnx"))
+        for n in onnx.load(str(f), load_external_data=False).graph.node
+    ]
+    assert ops.count("DynamicQuantizeMatMul") > 10 * ops.count("MatMulNBits") > 0
+    b8 = derive_bundle(b32, tmp_path / "b8", precision="int8-nbits")
+    assert _compare_member(b8, tiny_pair, name) <= cfg.score_atol["int8-nbits"]
+    v = verify_bundle(b8, n_scenes=4)
+    # the scores within tolerance and every decision the same; the rank check needs a spread
+    # the random pair lacks (int8-nbits' int8 activations per block moved a Spearman of 8
+    # scores spread over 0.15 nats to 0.86): the trained pair's verify-bundle checks it
+    for m in v.members:
+        assert m.max_abs_diff <= m.tolerance and m.decision_agreement == 1.0, str(v)
+    weights = {
+        b: next(m for m in load_bundle(b).manifest["members"] if m["name"] == name)["weight_bytes"]
+        for b in (b32, b8)
+    }
+    assert weights[b8] < weights[b32]
+    for f in sorted(
+        [
+            *(b8 / "members" / name / "onnx").glob("*.onnx"),
+            *(dyn / "members" / name / "onnx").glob("*.onnx"),
+        ]
+    ):
+        g = onnx.load(str(f), load_external_data=False)
+        inits = {t.name for t in g.graph.initializer}
+        float_weights = [
+            n.name for n in g.graph.node if n.op_type == "MatMul" and n.input[1] in inits
+        ]
+        assert not float_weights, (f.name, float_weights)
+
+
+def test_verify_bundle_cli(lfm_fp32: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from spotstop.cli import main
+
+    assert main(["verify-bundle", str(lfm_fp32), "--scenes", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "max|Δs|" in out and "PASS" in out
+
+
+def test_bundle_lists_every_file_and_refuses_altered_graphs(lfm_fp32: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from spotstop.guard._bundle import BundleError, load_bundle
+
+    b = load_bundle(lfm_fp32)
+    on_disk = {
+        p.relative_to(lfm_fp32).as_posix()
+        for p in lfm_fp32.rglob("*")
+        if p.is_file() and p.name != "manifest.yaml" and not p.name.startswith("decisions")
+    }
+    assert on_disk == set(b.manifest["files"])
+    assert "trt/build.sh" in on_disk and any(f.startswith("triton/") for f in on_disk)
+    m = b.manifest["members"][0]
+    assert m["backend"] == "onnx" and m["answer_ids"]["unsafe"] and m["first_ids"]
+    assert not any(f.endswith(".safetensors") for f in on_disk), "no HF weights in a bundle"
+    copy = tmp_path / "copy"
+    shutil.copytree(lfm_fp32, copy)
+    data = copy / "members" / "tiny-lfm2_vl" / "onnx" / "decoder.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 1
+    data.write_bytes(bytes(raw))
+    with pytest.raises(BundleError, match=r"decoder\.onnx\.data: sha256 differs"):
+        load_bundle(copy)
+
+
+def test_runtime_imports_no_torch(lfm_fp32: Path) -> None:
+    """Scoring an exported member imports neither torch nor transformers."""
+    code = f"""
+import sys
+from spotstop.guard import Scene, ScoringConfig, load_member
+from spotstop.guard._bundle import load_bundle
+b = load_bundle({str(lfm_fp32)!r})
+bm = b.members[0]
+m = load_member(bm.path, name=bm.name, config=ScoringConfig(prompt=b.prompt), backend="onnx",
+                template=bm.template, image_size=bm.image_size)
+from PIL import Image
+import io
+buf = io.BytesIO(); Image.new("RGB", (50, 40), (200, 10, 10)).save(buf, "PNG")
+[r] = m.score([Scene(buf.getvalue(), "open the door")])
+assert r.score == r.score
+bad = [k for k in ("torch", "transformers") if k in sys.modules]
+print("IMPORTED", bad)
+sys.exit(1 if bad else 0)
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_guard_serves_an_onnx_bundle(lfm_fp32: Path, tmp_path: Path) -> None:
+    import shutil
+    from datetime import UTC, datetime
+
+    from spotstop.calibrate import fit_frozen
+    from spotstop.export.scenes import demo_scenes
+    from spotstop.guard import Guard
+    from spotstop.guard._bundle import load_bundle
+    from spotstop.guard.policies import PolicyConfig, dump_policy
+
+    bdir = tmp_path / "bundle"
+    shutil.copytree(lfm_fp32, bdir)
+    b = load_bundle(bdir)
+    bm = b.members[0]
+    m = load_member(
+        bm.path,
+        name=bm.name,
+        config=ScoringConfig(prompt=b.prompt),
+        backend="onnx",
+        template=bm.template,
+    )
+    pool = demo_scenes(8, seed=5)
+    fit = fit_frozen({bm.name: np.array([r.score for r in m.score(pool)])})
+    dump_policy(
+        PolicyConfig(
+            bundle_id=b.bundle_id,
+            prompt_hash=b.prompt_hash,
+            fusion=fit.fusion,
+            policy=fit.policy,
+            fitted_on={"what": "test pool", "n": fit.n},
+            created=datetime.now(UTC),
+        ),
+        bdir / "policy.yaml",
+    )
+    with Guard(bdir, log=tmp_path / "log.sqlite") as guard:
+        d = guard.check(Scene(make_image_bytes(9), "open the door"))
+    assert not d.fail_closed, d.fail_reason
+    assert d.label in ("SAFE", "UNSAFE")
+
+
+def test_export_reports_every_failure_together(
+    tiny_pair: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spotstop.export.onnx import ExportValidationError, export_member
+
+    monkeypatch.setattr(Lfm2VlExportConfig, "atol", {**Lfm2VlExportConfig.atol, "fp32": 0.0})
+    monkeypatch.setattr(Lfm2VlExportConfig, "rtol", {**Lfm2VlExportConfig.rtol, "fp32": 0.0})
+    monkeypatch.setattr(
+        Lfm2VlExportConfig, "score_atol", {**Lfm2VlExportConfig.score_atol, "fp32": 0.0}
+    )
+    with pytest.raises(ExportValidationError) as ei:
+        export_member(tiny_pair / "tiny-lfm2_vl", tmp_path / "m", buckets=[256])
+    assert len(ei.value.failures) >= 3
+    assert any("vision" in f for f in ei.value.failures)
+    assert any("decoder" in f for f in ei.value.failures)
+    assert not (tmp_path / "m").exists()
+
+
+# -- the backend's refusals ----------------------------------------------------------------
+
+
+def test_onnx_backend_never_falls_back_silently() -> None:
+    from spotstop.guard.backends._onnx import onnx_providers
+
+    assert onnx_providers("cpu", ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    for dev in ("cuda", "cuda:1", "tensorrt"):
+        with pytest.raises(BackendUnavailableError, match="does not fall back"):
+            onnx_providers(dev, ["CPUExecutionProvider"])
+
+
+def test_onnx_backend_refuses_long_prompts_and_other_answers(lfm_fp32: Path) -> None:
+    from spotstop.guard._bundle import load_bundle
+    from spotstop.guard._prompt import PromptSpec, ScorePlan
+
+    b = load_bundle(lfm_fp32)
+    bm = b.members[0]
+    m = load_member(
+        bm.path,
+        name=bm.name,
+        config=ScoringConfig(prompt=b.prompt),
+        backend="onnx",
+        template=bm.template,
+    )
+    with pytest.raises(ScoringError, match="largest length bucket"):
+        m.backend.bucket(10_000)
+    other = ScorePlan.build([5, 6], [7])
+    with pytest.raises(ScoringError, match="re-export"):
+        m.backend.score([[1, 2, 3]], None, other)
+    assert PromptSpec().safe_answer == b.prompt.safe_answer
+    # on-demand sessions: loaded to score, released after, same score
+    [before] = m.score([Scene(make_image_bytes(1), "open the door")])
+    m.backend.resident = False
+    [after] = m.score([Scene(make_image_bytes(1), "open the door")])
+    assert m.backend._vision is None and not m.backend._decoders
+    assert after.score == before.score
+
+
+# -- per-member visual-token budgets --------------------------------------------------------
+
+
+def _pair(tiny_pair: Path) -> list[Path]:
+    from spotstop.export.tiny import TINY_MEMBERS
+
+    return [tiny_pair / m for m in TINY_MEMBERS]
+
+
+def _cfg(d: dict[str, Any]) -> ScoringConfig:
+    from spotstop.guard._config import scoring_config_from_dict
+
+    return scoring_config_from_dict(d)
+
+
+def test_a_visual_token_budget_is_a_bundle_setting(tiny_pair: Path, tmp_path: Path) -> None:
+    """Each member's budget is recorded beside its grid; the bundle id changes with it, so
+    a policy fitted at one budget is refused by the bundle at another."""
+    import yaml
+    from spotstop.calibrate._pool import fit_pool_policy
+    from spotstop.export.bundle import write_bundle
+    from spotstop.export.scenes import demo_scenes
+    from spotstop.guard import Guard, load_bundle
+    from spotstop.guard.policies import PolicyMismatchError, dump_policy
+
+    a = write_bundle(_pair(tiny_pair), tmp_path / "a", visual_tokens={"lfm": 64})
+    b = write_bundle(_pair(tiny_pair), tmp_path / "b", visual_tokens={"lfm2_vl": 16})
+    same = write_bundle(_pair(tiny_pair), tmp_path / "c", visual_tokens={"lfm": 64})
+    ba, bb = load_bundle(a), load_bundle(b)
+    grids = {m.model_type: (m.visual_tokens, m.image_size) for m in ba.members}
+    # LFM at 64 tokens (256x256, 16x16 SigLIP2 patches); Qwen keeps its folder's hint (4)
+    assert grids == {"lfm2_vl": (64, (256, 256)), "qwen3_5": (4, (64, 64))}
+    assert {m.model_type: m.visual_tokens for m in bb.members}["lfm2_vl"] == 16
+    manifest = yaml.safe_load((a / "manifest.yaml").read_text())
+    assert all(e["visual_tokens"] == e["n_image_tokens"] for e in manifest["members"])
+    assert ba.prompt_hash == bb.prompt_hash  # the grid is not part of the rendered template
+    assert ba.bundle_id != bb.bundle_id
+    assert load_bundle(same).bundle_id == ba.bundle_id  # the same setting, the same id
+    # the scoring YAML's visual_tokens: one count for every member, or per member; the
+    # explicit setting (export --visual-tokens) wins
+    one = write_bundle(_pair(tiny_pair), tmp_path / "d", config=_cfg({"visual_tokens": 16}))
+    assert {m.visual_tokens for m in load_bundle(one).members} == {16}
+    both = write_bundle(
+        _pair(tiny_pair),
+        tmp_path / "e",
+        config=_cfg({"visual_tokens": {"qwen": 16, "lfm": 64}}),
+        visual_tokens={"qwen": 36},
+    )
+    assert {m.model_type: m.visual_tokens for m in load_bundle(both).members} == {
+        "qwen3_5": 36,
+        "lfm2_vl": 64,
+    }
+
+    fit = fit_pool_policy(a, demo_scenes(8, seed=5))
+    assert fit.fitted_on["visual_tokens"] == {"tiny-qwen3_5": 4, "tiny-lfm2_vl": 64}
+    dump_policy(fit, a / "policy.yaml")
+    dump_policy(fit, b / "policy.yaml")
+    with Guard(a, log=tmp_path / "a.sqlite") as g:
+        d = g.check(Scene(make_image_bytes(3), "pick up the knife"))
+    assert not d.fail_closed
+    with pytest.raises(PolicyMismatchError, match="bundle_id"):
+        Guard(b, log=tmp_path / "b.sqlite")
+    # a manifest whose budget was edited by hand no longer matches its grid
+    from spotstop.guard._errors import MemberLoadError
+    from spotstop.guard._member import load_bundle_member
+
+    for e in manifest["members"]:
+        e["visual_tokens"] = 16 if e["model_type"] == "lfm2_vl" else e["visual_tokens"]
+    (a / "manifest.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    edited = load_bundle(a)
+    [lfm] = [m for m in edited.members if m.model_type == "lfm2_vl"]
+    with pytest.raises(MemberLoadError, match="records 16 visual tokens"):
+        load_bundle_member(edited, lfm)
+
+
+def test_a_budget_that_names_no_member_or_fills_no_square_is_refused(
+    tiny_pair: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spotstop.cli import main
+    from spotstop.export.bundle import write_bundle
+    from spotstop.guard._config import scoring_config_from_dict
+    from spotstop.guard._errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"names no member.*tiny-qwen3_5 \(qwen3_5\)"):
+        write_bundle(_pair(tiny_pair), tmp_path / "x", visual_tokens={"llava": 64})
+    with pytest.raises(ConfigError, match="nearest budgets that do: 16 or 25"):
+        write_bundle(_pair(tiny_pair), tmp_path / "x", visual_tokens={"lfm": 20})
+    cfg = scoring_config_from_dict({"visual_tokens": {"llava": 64}})
+    with pytest.raises(ConfigError, match="names no member"):
+        write_bundle(_pair(tiny_pair), tmp_path / "x", config=cfg)
+    with pytest.raises(ConfigError, match=r"visual_tokens\.lfm must be a positive integer"):
+        scoring_config_from_dict({"visual_tokens": {"lfm": 0}})
+    base = ["export", "--out", str(tmp_path / "e"), "--trt", "off"]
+    for m in _pair(tiny_pair):
+        base += ["--member", str(m)]
+    for budgets, msg in [
+        ("llava=64", "names no member"),
+        ("qwen=20", "nearest budgets"),
+        ("qwen=x", "member=count"),
+    ]:
+        assert main([*base, "--visual-tokens", budgets]) == 2
+        assert msg in capsys.readouterr().err
+    assert main([*base, "--visual-tokens", "16", "--image-size", "64x64"]) == 2
+    assert "disagree" in capsys.readouterr().err
+
+
+def test_an_onnx_bundle_exports_a_member_at_its_budget(tiny_pair: Path, tmp_path: Path) -> None:
+    """The tiny LFM2-VL member exported at 16 visual tokens (128x128): the vision graph's
+    grid, the manifest and the runtime's prompt all follow the budget."""
+    from spotstop.export.onnx_bundle import write_onnx_bundle
+    from spotstop.guard import load_bundle
+    from spotstop.guard._member import load_bundle_member
+
+    out = write_onnx_bundle(
+        [tiny_pair / "tiny-lfm2_vl"],
+        tmp_path / "b",
+        buckets=[256],
+        trt="off",
+        visual_tokens={"lfm": 16},
+    )
+    [e] = out.members
+    assert (e.image_size, e.n_image_tokens) == ((128, 128), 16)
+    b = load_bundle(out.path)
+    [bm] = b.members
+    assert (bm.visual_tokens, bm.image_size) == (16, (128, 128))
+    m = load_bundle_member(b, bm)
+    assert m.geometry.n_image_tokens == 16
+    [r] = m.score([Scene(make_image_bytes(2), "open the door")])
+    assert np.isfinite(r.score)
+
+
+#: the per-architecture export tests: each must have a case per registered export config
+PER_ARCH_TESTS = (
+    test_export_configs_state_tolerances_for_every_precision,
+    test_scoring_graphs_match_the_torch_reference,
+    test_vision_graph_exports,
+    test_bundle_matches_torch_at_fp32_and_int8,
+)

@@ -1,0 +1,907 @@
+"""The guard runtime: bundle, decisions, fail-closed faults, the log, `demo` and `check`."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+pytest.importorskip("torch")
+
+from spotstop.cli._demo import make_demo_bundle
+from spotstop.export.scenes import demo_scenes
+from spotstop.export.tiny import TINY_MEMBERS
+from spotstop.guard import (
+    BundleError,
+    Decision,
+    DecisionLog,
+    Guard,
+    PolicyError,
+    Scene,
+    load_bundle,
+    load_policy,
+)
+from spotstop.guard.policies import FrozenPolicy, PolicyConfig, dump_policy
+
+from tests._support.guard import make_scene, set_frozen
+from tests._support.images import make_image_bytes
+from tests._support.tolerance import SCHEDULING_SLACK_S, fused_tolerance, score_tolerances
+
+
+@pytest.fixture(scope="module")
+def demo_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
+    root = tmp_path_factory.mktemp("demo")
+    return make_demo_bundle(root, members=[tiny_pair / m for m in TINY_MEMBERS])
+
+
+@pytest.fixture
+def bundle_copy(demo_bundle: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "bundle"
+    shutil.copytree(demo_bundle, dst, ignore=shutil.ignore_patterns("situations.json", "*.sqlite*"))
+    return dst
+
+
+def test_check_gives_a_logged_decision_with_every_field(bundle_copy: Path, tmp_path: Path):
+    log = tmp_path / "log.sqlite"
+    with Guard(bundle_copy, log=log, variants=("scene", "gray", "text")) as g:
+        assert g.ready
+        d = g.check(make_scene(1, "kitchen"))
+        assert d.label in ("SAFE", "UNSAFE") and not d.fail_closed and d.fail_reason is None
+        assert set(d.member_scores) == {"tiny-qwen3_5", "tiny-lfm2_vl"}
+        assert np.isfinite(d.fused_score) and np.isfinite(d.threshold)
+        assert d.label == ("UNSAFE" if d.fused_score >= d.threshold else "SAFE")
+        assert d.bundle_id == g.bundle_id and d.prompt_hash == g.bundle.prompt_hash
+        assert d.test_pair and {"decode_ms", "total_ms", "log_ms"} <= set(d.latency_ms)
+        assert set(d.member_scores_gray or {}) == set(d.member_scores)
+        # the fused score is Avg-2 of the member scores
+        assert d.fused_score == pytest.approx(g.policy_config.fusion.fuse(d.member_scores))
+    with DecisionLog(log) as lg:
+        rec = lg.get(d.decision_id)
+        assert rec is not None and rec.label == d.label and rec.situation_id == "kitchen"
+        assert rec.member_scores_text is not None and rec.image_format == "JPEG"
+
+
+def test_batch_equals_single_checks_for_a_stateless_policy(bundle_copy: Path, tmp_path: Path):
+    """A batch decides each scene as a single call does, up to float rounding.
+
+    A batch runs other GEMM shapes than single calls, so the last bits of a member score
+    differ, by how much depends on the CPU's kernels. The member scores are compared within
+    the backend's score bound; the fused score, which divides by the pool's IQRs (a few
+    hundredths on the tiny pair, magnifying that rounding), within the bound carried through
+    the fusion; and a label only where the fused score is farther than that from the cut (a
+    near tie may flip).
+    """
+    set_frozen(bundle_copy, 0.0)
+    scenes = [make_scene(i) for i in range(4)]
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        single = [g.check(s) for s in scenes]
+        batch = g.check_batch(scenes)
+        tol = score_tolerances(g.members)
+        fusion = g.policy_config.fusion
+    tol_fused = fused_tolerance(fusion, tol)
+    assert all(not d.fail_closed for d in [*single, *batch])
+    # the scenes score apart by more than the noise: a batch that mixed them up would fail
+    for i, j in itertools.combinations(range(len(scenes)), 2):
+        a, b = single[i].member_scores, single[j].member_scores
+        assert any(abs(a[m] - b[m]) > 2 * tol[m] for m in tol), (i, j, a, b, tol)
+    labels_compared = 0
+    for a, b in zip(single, batch, strict=True):
+        for m in tol:
+            assert a.member_scores[m] == pytest.approx(b.member_scores[m], abs=tol[m]), m
+        assert a.fused_score == pytest.approx(fusion.fuse(b.member_scores), abs=tol_fused)
+        assert b.fused_score == pytest.approx(fusion.fuse(a.member_scores), abs=tol_fused)
+        assert a.threshold == b.threshold == 0.0
+        if abs(a.fused_score - a.threshold) > tol_fused:
+            assert a.label == b.label
+            labels_compared += 1
+    assert labels_compared > 0
+
+
+def test_situation_recentering_takes_over_after_k_references(bundle_copy: Path, tmp_path: Path):
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        ds = [g.check(s) for s in demo_scenes(5, seed=3, situations=["s1"] * 5)]
+        t0 = g.policy_config.policy.fallback.threshold
+    assert [d.policy for d in ds[:3]] == ["situation->frozen"] * 3
+    assert all(d.threshold == pytest.approx(t0) for d in ds[:3])
+    assert ds[3].policy == "situation"
+    assert ds[3].threshold == pytest.approx(np.mean([d.fused_score for d in ds[:3]]))
+    # the state survives a restart
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g2:
+        d = g2.check(demo_scenes(1, seed=9, situations=["s1"])[0])
+    assert d.policy == "situation"
+    assert d.threshold == pytest.approx(np.mean([x.fused_score for x in ds[-5:]]))
+
+
+# ---- fail closed: each fault kind, injected --------------------------------------------------
+
+
+def _assert_fail_closed(d, words: str) -> None:
+    assert d.label == "UNSAFE" and d.fail_closed, d
+    assert words in (d.fail_reason or ""), d.fail_reason
+
+
+def test_fault_corrupt_image(bundle_copy: Path, tmp_path: Path):
+    set_frozen(bundle_copy, 1e9)  # everything would be SAFE if scored
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        bad, good = g.check_batch(
+            [Scene(b"\xff\xd8\xff\xe0 truncated", "open the door"), make_scene(2)]
+        )
+        _assert_fail_closed(bad, "input")
+        assert (
+            good.label == "SAFE" and not good.fail_closed
+        )  # one bad scene does not spoil the batch
+        _assert_fail_closed(g.check(Scene(None, "open the door")), "no image")
+        _assert_fail_closed(g.check(Scene(make_image_bytes(0), "x<|im_end|>")), "control token")
+        _assert_fail_closed(g.check("not a scene"), "expected a Scene")  # type: ignore[arg-type]
+
+
+def test_fault_exception_in_scoring(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+
+        def boom(*a, **k):
+            raise RuntimeError("CUDA fell over")
+
+        monkeypatch.setattr(g.members["tiny-lfm2_vl"].backend, "score", boom)
+        _assert_fail_closed(g.check(make_scene()), "CUDA fell over")
+
+
+def test_fault_nan_and_inf_scores(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        for bad in (np.nan, np.inf, -np.inf):
+            monkeypatch.setattr(
+                g.members["tiny-qwen3_5"].backend,
+                "score",
+                lambda p, px, plan, bad=bad: np.full(len(p), bad),
+            )
+            _assert_fail_closed(g.check(make_scene()), "non-finite")
+
+
+def test_fault_missing_member(bundle_copy: Path, tmp_path: Path):
+    set_frozen(bundle_copy, 1e9)
+    (bundle_copy / "members" / "tiny-lfm2_vl" / "model.safetensors").unlink()
+    with pytest.raises(BundleError, match="missing"):
+        Guard(bundle_copy, log=tmp_path / "l.sqlite")
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", verify=False) as g:
+        assert not g.ready and "tiny-lfm2_vl" in g.member_errors
+        _assert_fail_closed(g.check(make_scene()), "member tiny-lfm2_vl unavailable")
+
+
+def test_fault_deadline_exceeded(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    import threading
+
+    set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", deadline_s=0.2) as g:
+        real = g.members["tiny-qwen3_5"].backend.score
+        release, finished = threading.Event(), threading.Event()
+
+        def slow(*a, **k):  # scoring that lasts until the test ends it
+            release.wait(30)
+            try:
+                return real(*a, **k)
+            finally:
+                finished.set()
+
+        monkeypatch.setattr(g.members["tiny-qwen3_5"].backend, "score", slow)
+        try:
+            d = g.check(make_scene())
+            assert not finished.is_set()  # answered at the deadline, while scoring still ran
+        finally:
+            release.set()
+        _assert_fail_closed(d, "deadline exceeded")
+        assert finished.wait(30)  # the abandoned run ends before the guard closes
+
+
+def _slow(fn, seconds: float):
+    def wrapped(*a, **k):
+        time.sleep(seconds)
+        return fn(*a, **k)
+
+    return wrapped
+
+
+def test_deadline_bounds_decoding(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    import spotstop.guard._guard as gg
+
+    set_frozen(bundle_copy, 1e9)  # every scored scene would be SAFE
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", deadline_s=0.3) as g:
+        monkeypatch.setattr(gg, "decode_image", _slow(gg.decode_image, 0.2))
+        ds = g.check_batch([make_scene(0), make_scene(1), make_scene(2)])
+        assert all(d.label == "UNSAFE" and d.fail_closed for d in ds)
+        assert any("deadline exceeded" in (d.fail_reason or "") for d in ds)
+        for d in ds:
+            rec = g.log.get(d.decision_id)
+            assert rec is not None and rec.label == "UNSAFE" and rec.fail_closed
+
+
+def test_deadline_bounds_the_policy(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    import spotstop.guard._guard as gg
+
+    set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        t = time.perf_counter()
+        assert g.check(make_scene()).label == "SAFE"  # warm, and the cut makes it SAFE
+        # a budget the stages before the policy fit in on a loaded machine (a share of the
+        # CPU and a late wake-up), which the slowed policy then surely overruns
+        budget = 3 * (time.perf_counter() - t) + SCHEDULING_SLACK_S
+        monkeypatch.setattr(gg, "decide_batch", _slow(gg.decide_batch, budget + 0.2))
+        d = g.check(make_scene(1), deadline_s=budget)
+        _assert_fail_closed(d, "deadline exceeded")
+        assert "fusion and policy" in (d.fail_reason or "")
+        rec = g.log.get(d.decision_id)
+        assert rec is not None and rec.label == "UNSAFE" and rec.fail_closed
+
+
+def test_a_log_write_that_ends_past_the_deadline_is_amended_to_unsafe(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        t = time.perf_counter()
+        g.check(make_scene())
+        budget = 3 * (time.perf_counter() - t) + SCHEDULING_SLACK_S  # as above
+        monkeypatch.setattr(g.log, "append_many", _slow(g.log.append_many, budget + 0.2))
+        d = g.check(make_scene(1), deadline_s=budget)
+        _assert_fail_closed(d, "writing the decision log")
+        rec = g.log.get(d.decision_id)  # the row says what the caller was told
+        assert rec is not None and rec.label == "UNSAFE" and rec.fail_closed
+        assert rec.fail_reason == d.fail_reason
+
+
+def test_a_call_waiting_behind_another_past_its_deadline_fails_closed(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    import threading
+
+    set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        g.check(make_scene())
+        real = g.members["tiny-qwen3_5"].backend.score
+        scoring, release = threading.Event(), threading.Event()
+
+        def held(*a: Any, **k: Any) -> Any:  # scoring that lasts until the test ends it
+            scoring.set()
+            release.wait(30)
+            return real(*a, **k)
+
+        monkeypatch.setattr(g.members["tiny-qwen3_5"].backend, "score", held)
+        first = threading.Thread(target=lambda: g.check(make_scene(1)))
+        first.start()
+        try:
+            assert scoring.wait(30)  # the first call holds the guard, scoring
+            d = g.check(make_scene(2), deadline_s=0.3)
+            assert first.is_alive()  # answered at its deadline, not after the first call
+        finally:
+            release.set()
+            first.join()
+        _assert_fail_closed(d, "waiting for another call")
+        rec = g.log.get(d.decision_id)
+        assert rec is not None and rec.label == "UNSAFE" and rec.fail_closed
+
+
+def test_scores_arriving_after_the_deadline_are_dropped(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    set_frozen(bundle_copy, 1e9)
+    import threading
+
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", deadline_s=0.2) as g:
+        real = g.members["tiny-qwen3_5"].backend.score
+        release, finished = threading.Event(), threading.Event()
+
+        def late(*a: Any, **k: Any) -> Any:  # scores that come in after the deadline
+            release.wait(30)
+            try:
+                return real(*a, **k)
+            finally:
+                finished.set()
+
+        monkeypatch.setattr(g.members["tiny-qwen3_5"].backend, "score", late)
+        try:
+            d = g.check(make_scene())
+        finally:
+            release.set()
+        _assert_fail_closed(d, "deadline exceeded")
+        assert finished.wait(30)  # the abandoned scoring run finished in the background
+        g.check(make_scene(1), deadline_s=None)  # and the guard has moved past it
+        rec = g.log.get(d.decision_id)
+        assert rec is not None and rec.label == "UNSAFE"
+        assert all(np.isnan(v) for v in rec.member_scores.values())
+        assert all(np.isnan(v) for v in d.member_scores.values())
+
+
+def test_fault_in_fusion_and_in_policy(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        fusion = g.policy_config.fusion
+        monkeypatch.setattr(
+            type(fusion),
+            "fuse_many",
+            lambda self, s, **k: (_ for _ in ()).throw(ValueError("bad stats")),
+        )
+        _assert_fail_closed(g.check(make_scene()), "fusion")
+        monkeypatch.undo()
+        import spotstop.guard._guard as gg
+
+        monkeypatch.setattr(
+            gg, "decide_batch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("policy broke"))
+        )
+        _assert_fail_closed(g.check(make_scene()), "policy broke")
+
+
+def test_fault_log_write_fails_then_nothing_is_lost(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        real = g.log.append_many
+        monkeypatch.setattr(
+            g.log, "append_many", lambda recs, **k: (_ for _ in ()).throw(OSError("disk full"))
+        )
+        d1 = g.check(make_scene())
+        _assert_fail_closed(d1, "disk full")  # never SAFE without a log row
+        monkeypatch.setattr(g.log, "append_many", real)
+        d2 = g.check(make_scene(3))
+        assert d2.label == "SAFE"
+        assert g.log.count() == 2
+        rec = g.log.get(d1.decision_id)
+        assert rec is not None and rec.label == "UNSAFE" and rec.fail_closed
+
+
+def test_every_fail_closed_decision_is_logged(bundle_copy: Path, tmp_path: Path):
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        ds = g.check_batch([Scene(b"", "x"), Scene(b"garbage", "y"), make_scene(1)])
+        assert g.log.count() == 3
+        for d in ds[:2]:
+            rec = g.log.get(d.decision_id)
+            assert rec is not None and rec.fail_closed and rec.label == "UNSAFE" and rec.fail_reason
+
+
+# ---- bundle and policy keying -------------------------------------------------------------------
+
+
+def test_policy_for_another_bundle_is_refused(bundle_copy: Path, tmp_path: Path):
+    data = yaml.safe_load((bundle_copy / "policy.yaml").read_text())
+    data["bundle_id"] = "some-other-bundle"
+    (bundle_copy / "policy.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(PolicyError, match="some-other-bundle"):
+        Guard(bundle_copy, log=tmp_path / "l.sqlite")
+
+
+def test_altered_bundle_is_refused(bundle_copy: Path):
+    f = bundle_copy / "members" / "tiny-qwen3_5" / "tokenizer.json"
+    f.write_text(f.read_text().replace("SAFE", "SAVE", 1))
+    with pytest.raises(BundleError, match="sha256 differs"):
+        load_bundle(bundle_copy)
+
+
+def test_bundle_carries_templates_so_no_rendering_is_needed(bundle_copy: Path):
+    b = load_bundle(bundle_copy)
+    assert len(b.members) == 2 and b.test_pair
+    assert all(m.template.with_image and m.image_size == (64, 64) for m in b.members)
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+
+
+def test_check_exit_codes(bundle_copy: Path, tmp_path: Path, capsys):
+    from spotstop.cli import main
+
+    img = tmp_path / "cam.jpg"
+    img.write_bytes(make_image_bytes(4, fmt="JPEG"))
+    args = ["check", str(img), "--request", "open the door", "--bundle", str(bundle_copy)]
+    set_frozen(bundle_copy, 1e9)
+    assert main(args) == 0 and "SAFE" in capsys.readouterr().out
+    set_frozen(bundle_copy, -1e9)
+    assert main(args) == 1
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"nope")
+    set_frozen(bundle_copy, 1e9)
+    assert main(["check", str(bad), "--request", "x", "--bundle", str(bundle_copy)]) == 1
+    assert (
+        main(
+            ["check", str(tmp_path / "missing.jpg"), "--request", "x", "--bundle", str(bundle_copy)]
+        )
+        == 2
+    )
+    with pytest.raises(SystemExit) as e:
+        main(["check", str(img)])  # --request missing
+    assert e.value.code == 2
+
+
+def test_demo_runs_on_the_trained_pair_and_follows_the_world_rule(tmp_path: Path, capsys):
+    """The demo's decisions follow the toy world's rule on at least 10 of
+    its 12 scenes, and it says the pair is a test pair on a toy world."""
+    import re
+
+    from spotstop.cli import main
+
+    assert main(["demo", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "TEST pair trained on a TOY WORLD" in out and "room-000" in out and "decision log" in out
+    m = re.search(r"follow the world's rule on (\d+) of 12 scenes", out)
+    assert m is not None and int(m.group(1)) >= 10, out
+    with DecisionLog(tmp_path / "decisions.sqlite") as lg:
+        assert lg.count() == 12
+
+
+def test_images_are_stored_only_when_asked(bundle_copy: Path, tmp_path: Path):
+    img = make_image_bytes(7, fmt="PNG")
+    with Guard(bundle_copy, log=tmp_path / "off.sqlite") as g:
+        d = g.check(Scene(img, "open the door"))
+        rec = g.log.get(d.decision_id)
+        assert rec is not None and g.log.image(rec.image_sha256) is None
+    with Guard(bundle_copy, log=tmp_path / "on.sqlite", store_images=True) as g:
+        d = g.check(Scene(img, "open the door"))
+        rec = g.log.get(d.decision_id)
+        assert rec is not None and g.log.image(rec.image_sha256) == img
+
+
+def test_reload_policy_swaps_atomically_and_refuses_a_mismatch(bundle_copy: Path, tmp_path: Path):
+    set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        assert g.check(make_scene()).label == "SAFE"
+        set_frozen(bundle_copy, -1e9)
+        assert g.check(make_scene()).label == "SAFE"  # not reloaded yet
+        g.reload_policy()
+        assert g.check(make_scene()).label == "UNSAFE"
+        bad = tmp_path / "other.yaml"
+        data = yaml.safe_load((bundle_copy / "policy.yaml").read_text())
+        data["prompt_hash"] = "0000000000000000"
+        bad.write_text(yaml.safe_dump(data))
+        with pytest.raises(PolicyError, match="0000000000000000"):
+            g.reload_policy(bad)
+        d = g.check(make_scene())  # the old (valid) policy stays in force
+        assert isinstance(d, Decision) and d.label == "UNSAFE" and not d.fail_closed
+
+
+def test_situation_info_reports_references_and_next_threshold(bundle_copy: Path, tmp_path: Path):
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        assert g.situation("s9").rule == "situation->frozen" and g.situation("s9").references == ()
+        ds = [g.check(s) for s in demo_scenes(3, seed=4, situations=["s9"] * 3)]
+        info = g.situation("s9")
+        assert info.rule == "situation" and len(info.references) == 3
+        assert info.threshold == pytest.approx(np.mean([d.fused_score for d in ds]))
+        assert info.to_dict()["n_references"] == 3
+
+
+def test_per_call_deadline_overrides_the_guards(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", deadline_s=0.1) as g:
+        real = g.members["tiny-qwen3_5"].backend.score
+
+        def slow(*a, **k):
+            time.sleep(0.3)
+            return real(*a, **k)
+
+        monkeypatch.setattr(g.members["tiny-qwen3_5"].backend, "score", slow)
+        _assert_fail_closed(g.check(make_scene()), "deadline exceeded")
+        d = g.check(make_scene(), deadline_s=None)  # this call may take as long as it needs
+        assert d.label == "SAFE" and not d.fail_closed
+        with pytest.raises(Exception, match="deadline_s must be > 0"):
+            g.check(make_scene(), deadline_s=0)
+
+
+def test_file_digest_is_cached_only_for_settled_unchanged_files(tmp_path: Path):
+    """sha256_file reads a settled file once, and always rereads a file written since."""
+    import hashlib
+    import os
+
+    from spotstop.guard import _bundle
+
+    def truth(p: Path) -> str:
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+
+    fresh = tmp_path / "fresh.bin"
+    fresh.write_bytes(b"a" * 1000)
+    assert _bundle.sha256_file(fresh) == truth(fresh)
+    fresh.write_bytes(b"b" * 1000)  # same size, possibly the same coarse mtime tick
+    assert _bundle.sha256_file(fresh) == truth(fresh)  # a fresh file is never cached
+
+    settled = tmp_path / "settled.bin"
+    settled.write_bytes(b"c" * 1000)
+    old = time.time_ns() - 10_000_000_000
+    os.utime(settled, ns=(old, old))
+    assert _bundle.sha256_file(settled) == truth(settled)
+    st = settled.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    assert _bundle._DIGESTS[key] == truth(settled)
+    reads = []
+    real_open = open
+
+    def counting_open(*a, **k):
+        reads.append(a[0])
+        return real_open(*a, **k)
+
+    import builtins
+
+    builtins.open = counting_open
+    try:
+        assert _bundle.sha256_file(settled) == truth(settled)
+    finally:
+        builtins.open = real_open
+    assert str(settled) not in [str(r) for r in reads]  # served from the cache
+    settled.write_bytes(b"d" * 1000)  # a write moves the mtime: read again
+    assert _bundle.sha256_file(settled) == truth(settled)
+
+
+# ---- text in the scene at decision time -------------------------------------------------------
+
+
+class _Sign:
+    """A TEST DOUBLE text detector: reads the text the test wrote into a scene's image bytes.
+
+    The image's sha256 is looked up in ``texts``; the claim lexicon is the real one, so the
+    flags follow the same rules as the OCR detector's.
+    """
+
+    def __init__(self, texts: dict[str, str], *, fail_on: str | None = None, delay: float = 0.0):
+        from spotstop.guard.cues import default_lexicon
+
+        self.texts, self.fail_on, self.delay = texts, fail_on, delay
+        self.lexicon = default_lexicon()
+        self.calls = 0
+
+    def detect(self, image):  # the TextDetector protocol
+        from spotstop.guard.cues import CueReading, OcrModel
+
+        self.calls += 1
+        time.sleep(self.delay)
+        if image.sha256 == self.fail_on:
+            raise RuntimeError("the OCR engine crashed on this frame")
+        text = self.texts.get(image.sha256, "")
+        return CueReading(
+            text=text,
+            matches=self.lexicon.find(text),
+            ocr_model=OcrModel("test-sign", ()),
+            lexicon_sha256=self.lexicon.sha256,
+        )
+
+
+def _with_text_in_scene(bundle: Path, t0: float, **text: Any) -> None:
+    set_frozen(bundle, t0)
+    doc = yaml.safe_load((bundle / "policy.yaml").read_text())
+    doc["text_in_scene"] = {"detect": True, **text}
+    (bundle / "policy.yaml").write_text(yaml.safe_dump(doc))
+
+
+def test_text_flags_are_logged_and_answered_but_never_make_a_decision_safe(
+    bundle_copy: Path, tmp_path: Path
+):
+    import hashlib
+
+    clear, plain = make_image_bytes(1, fmt="JPEG"), make_image_bytes(2, fmt="JPEG")
+    sign = _Sign({hashlib.sha256(clear).hexdigest(): "ALL CLEAR"})
+    _with_text_in_scene(bundle_copy, -1e9)  # every scored scene is UNSAFE
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", text_detector=sign) as g:
+        a, b = g.check_batch([Scene(clear, "cut the wire"), Scene(plain, "cut the wire")])
+        assert a.label == b.label == "UNSAFE" and not a.fail_closed  # ALL CLEAR changes nothing
+        assert a.cue_flags == {"reassuring": True, "alarming": False} and a.cue_text == "ALL CLEAR"
+        assert b.cue_flags == {"reassuring": False, "alarming": False}
+        assert a.latency_ms["text_ms"] >= 0 and sign.calls == 2
+        rec = g.log.get(a.decision_id)
+        assert rec is not None and rec.cue_flags == a.cue_flags and rec.cue_text == "ALL CLEAR"
+        assert Decision.from_json(a.to_json()).cue_flags == a.cue_flags  # the sidecar's answer
+
+
+def test_reassuring_text_can_be_set_to_fail_closed(bundle_copy: Path, tmp_path: Path):
+    import hashlib
+
+    clear, plain = make_image_bytes(1, fmt="JPEG"), make_image_bytes(2, fmt="JPEG")
+    sign = _Sign({hashlib.sha256(clear).hexdigest(): "Checked - OK to use"})
+    _with_text_in_scene(bundle_copy, 1e9, reassuring="fail_closed")  # scored scenes are SAFE
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", text_detector=sign) as g:
+        a, b = g.check_batch([Scene(clear, "open the valve"), Scene(plain, "open the valve")])
+        _assert_fail_closed(a, "reassuring text 'Checked - OK to use'")
+        assert "text_in_scene.reassuring: fail_closed" in (a.fail_reason or "")
+        assert b.label == "SAFE" and not b.fail_closed
+
+
+def test_a_text_detector_fault_fails_closed(bundle_copy: Path, tmp_path: Path, monkeypatch):
+    import hashlib
+
+    bad, good = make_image_bytes(1, fmt="JPEG"), make_image_bytes(2, fmt="JPEG")
+    sign = _Sign({}, fail_on=hashlib.sha256(bad).hexdigest())
+    _with_text_in_scene(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", text_detector=sign) as g:
+        a, b = g.check_batch([Scene(bad, "x"), Scene(good, "x")])
+        _assert_fail_closed(a, "text detector: RuntimeError: the OCR engine crashed")
+        assert b.label == "SAFE"
+    # a detector that cannot be built (rapidocr missing): every decision fails closed
+    import spotstop.guard.cues as cues
+
+    def missing(*a, **k):
+        raise ImportError("No module named 'rapidocr'")
+
+    monkeypatch.setattr(cues, "RapidOcrDetector", missing)
+    with Guard(bundle_copy, log=tmp_path / "l2.sqlite") as g:
+        _assert_fail_closed(g.check(make_scene()), "the policy reads the text in the scene, but")
+
+
+def test_reading_the_text_counts_in_the_deadline(bundle_copy: Path, tmp_path: Path):
+    _with_text_in_scene(bundle_copy, 1e9)
+    with Guard(
+        bundle_copy, log=tmp_path / "l.sqlite", text_detector=_Sign({}, delay=1.0), deadline_s=0.5
+    ) as g:
+        _assert_fail_closed(g.check(make_scene()), "deadline exceeded")
+
+
+def test_the_real_ocr_reads_a_sign_at_decision_time(bundle_copy: Path, tmp_path: Path):
+    pytest.importorskip("rapidocr")
+    import io
+
+    from matplotlib import font_manager
+    from PIL import Image, ImageDraw, ImageFont
+
+    img = Image.new("RGB", (640, 480), (90, 110, 130))
+    font = ImageFont.truetype(font_manager.findfont("DejaVu Sans:bold"), 40)
+    ImageDraw.Draw(img).text((40, 200), "DANGER HIGH VOLTAGE", fill=(250, 240, 20), font=font)
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    _with_text_in_scene(bundle_copy, 1e9, alarming="fail_closed")
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        d = g.check(Scene(buf.getvalue(), "touch the cable"))
+    assert d.cue_flags == {"reassuring": False, "alarming": True}
+    assert d.cue_text == "DANGER HIGH VOLTAGE"
+    _assert_fail_closed(d, "alarming text")
+
+
+def test_a_scene_failed_closed_by_its_text_moves_no_window_and_the_card_replays_it(
+    bundle_copy: Path, tmp_path: Path
+):
+    import hashlib
+    import math
+
+    from spotstop.diagnostics import read_log
+    from spotstop.diagnostics._delivered import replay_version
+
+    danger = make_image_bytes(7, fmt="JPEG")
+    sign = _Sign({hashlib.sha256(danger).hexdigest(): "DANGER HIGH VOLTAGE"})
+    doc = yaml.safe_load((bundle_copy / "policy.yaml").read_text())
+    assert doc["policy"]["kind"] == "situation"  # windows of recent fused scores
+    doc["text_in_scene"] = {"detect": True, "alarming": "fail_closed"}
+    (bundle_copy / "policy.yaml").write_text(yaml.safe_dump(doc))
+    log = tmp_path / "l.sqlite"
+    with Guard(bundle_copy, log=log, text_detector=sign) as g:
+        first = g.check_batch(
+            [make_scene(i, "k") for i in range(3)] + [Scene(danger, "touch the cable", "k")]
+        )
+        flagged = first[-1]
+        _assert_fail_closed(flagged, "alarming text")
+        assert all(np.isfinite(v) for v in flagged.member_scores.values())  # scored, logged
+        assert math.isnan(flagged.policy_score)  # ... but given to the policy as missing
+        refs = g.situation("k").references
+        assert sorted(refs) == pytest.approx(sorted(d.fused_score for d in first[:3]))
+        g.check_batch([make_scene(i, "k") for i in range(3, 6)])  # decided against those windows
+        version = g.policy_config.version_id
+    r = replay_version(read_log(log), version)
+    assert r.n == 6 and r.agreement == 1.0, r
+
+
+def test_a_state_file_that_cannot_be_written_fails_closed_and_is_logged(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    from spotstop.guard import _state
+
+    def broken(path: Any, text: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        monkeypatch.setattr(_state, "atomic_write_text", broken)
+        d = g.check(make_scene(0, "k"))  # a situation policy keeps its windows in a file
+        _assert_fail_closed(d, "policy state")
+        rec = g.log.get(d.decision_id)
+        assert rec is not None and rec.fail_closed and rec.label == "UNSAFE"
+
+
+def test_a_request_that_is_not_unicode_fails_closed_and_blocks_no_later_row(
+    bundle_copy: Path, tmp_path: Path
+):
+    set_frozen(bundle_copy, 1e9)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        bad = g.check(Scene(make_image_bytes(0, fmt="JPEG"), "open the door \ud800", "s\udc80"))
+        _assert_fail_closed(bad, "lone surrogate")
+        rec = g.log.get(bad.decision_id)
+        assert rec is not None and rec.request == "open the door \\ud800"
+        assert rec.situation_id == "s\\udc80"
+        good = g.check(make_scene(1))
+        assert good.label == "SAFE" and g.pending == 0 and g.log.count() == 2
+
+
+def test_a_batch_with_images_is_logged_whole_or_not_at_all(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    set_frozen(bundle_copy, 1e9)  # every scored scene SAFE
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", store_images=True) as g:
+        real = g.log._store_image
+        calls = {"n": 0}
+
+        def second_image_fails(*a: Any) -> None:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise OSError("disk full while storing the second image")
+            real(*a)
+
+        monkeypatch.setattr(g.log, "_store_image", second_image_fails)
+        first = g.check_batch([make_scene(1), make_scene(2)])
+        for d in first:  # not logged in time: never SAFE
+            _assert_fail_closed(d, "disk full")
+        assert g.log.count() == 0 and g.pending == 2  # the first row did not go in alone
+        later = g.check(make_scene(3))
+        assert later.label == "SAFE" and g.pending == 0 and g.log.count() == 3
+        for d in first:  # logged as answered, with its image
+            rec = g.log.get(d.decision_id)
+            assert rec is not None and rec.label == "UNSAFE" and rec.fail_closed
+            assert g.log.image(rec.image_sha256) is not None
+
+
+def test_the_guard_owns_situation_state_per_policy_version(bundle_copy: Path, tmp_path: Path):
+    from dataclasses import replace
+
+    from spotstop.guard.policies import SituationWindows, dump_policy
+
+    log = tmp_path / "l.sqlite"
+    with Guard(bundle_copy, log=log) as g:
+        v1 = g.policy_config.version_id
+        g.check_batch([make_scene(i, "k") for i in range(4)])
+        refs = g.situation("k").references
+        assert len(refs) == 4
+    state = tmp_path / "state" / f"state-{v1}.json"
+    assert state.is_file()  # next to the log, one file per policy version
+    with Guard(bundle_copy, log=log) as g:  # a restart resumes the windows
+        assert g.situation("k").references == refs
+        # a new policy version starts from ITS seed, not from another fit's windows
+        cfg = g.policy_config
+        seeded = replace(
+            cfg,
+            fitted_on={**cfg.fitted_on, "version": 7},
+            state_seed=SituationWindows(8, {"k": (0.25,)}),
+        )
+        dump_policy(seeded, bundle_copy / "policy.yaml")
+        g.reload_policy()
+        assert g.policy_config.version_id.startswith("v0007+")
+        assert g.situation("k").references == (0.25,)
+        dump_policy(cfg, bundle_copy / "policy.yaml")  # back to the first version
+        g.reload_policy()
+        assert g.situation("k").references == refs
+        assert load_policy(bundle_copy / "policy.yaml").state_seed == cfg.state_seed  # untouched
+
+
+# ------------------------------------------------------------------------------ cascade
+
+
+class _CountingMember:
+    """A member whose score is a fixed function of the image (fast), counting the scenes it
+    was asked to score; optionally failing."""
+
+    def __init__(self, real: Any, stats: Any, offset: float, error: Exception | None = None):
+        self._real = real
+        self.stats = stats  # the policy's reference statistics: z = u + offset, u in [-2, 2]
+        self.offset = offset
+        self.error = error
+        self.scored: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def score(self, scenes: Any, variant: str = "scene", strict: bool = True) -> list[Any]:
+        from spotstop.guard import MemberScore
+
+        if self.error is not None:
+            raise self.error
+        out = []
+        for s in scenes:
+            self.scored.append(s.image.sha256)
+            u = int(s.image.sha256[:4], 16) / 65535.0 * 4.0 - 2.0 + self.offset
+            value = self.stats.median + self.stats.iqr * u
+            out.append(MemberScore(self._real.name, variant, value, self._real.prompt_hash, 1))
+        return out
+
+
+def _set_cascade(bundle: Path, band: float, t0: float = 0.0) -> tuple[str, str]:
+    from spotstop.guard.policies import CascadePolicy
+
+    cfg = load_policy(bundle / "policy.yaml")
+    first, second = cfg.fusion.members
+    dump_policy(
+        PolicyConfig(
+            bundle_id=cfg.bundle_id,
+            prompt_hash=cfg.prompt_hash,
+            fusion=cfg.fusion,
+            policy=CascadePolicy(first=first, share=0.5, band=band, cut=FrozenPolicy(t0)),
+            fitted_on={"test": True},
+            created=datetime.now(UTC),
+        ),
+        bundle / "policy.yaml",
+    )
+    return first, second
+
+
+def test_cascade_runs_the_second_member_exactly_inside_the_band_and_logs_who_ran(
+    bundle_copy: Path, tmp_path: Path
+):
+    first, second = _set_cascade(bundle_copy, band=0.4)
+    with Guard(bundle_copy, log=tmp_path / "log.sqlite") as g:
+        st = g.policy_config.fusion.stats
+        m1 = g.members[first] = _CountingMember(g.members[first], st[first], 0.0)  # type: ignore[assignment]
+        m2 = g.members[second] = _CountingMember(g.members[second], st[second], 0.5)  # type: ignore[assignment]
+        scenes = [make_scene(i) for i in range(24)]
+        ds = g.check_batch(scenes)
+        pol = g.policy_config.policy
+        s1 = np.array([d.member_scores[first] for d in ds])
+        inside = pol.second_needed(g.policy_config.fusion, s1, [None] * 24, None)
+        assert 0 < inside.sum() < 24  # the band splits this batch
+        assert len(m1.scored) == 24 and len(m2.scored) == int(inside.sum())
+        for d, ins in zip(ds, inside.tolist(), strict=True):
+            assert d.members_run == {first: True, second: ins}
+            assert np.isfinite(d.member_scores[second]) == ins
+            assert d.policy.startswith("cascade[pair]" if ins else f"cascade[{first}]")
+            assert d.deciding_kind == "frozen"  # the cut decided, whichever stage scored
+            assert not d.fail_closed
+        rows = {r.decision_id: r for r in g.log.records()}
+        assert all(rows[d.decision_id].members_run == d.members_run for d in ds)
+        assert all(rows[d.decision_id].deciding_kind == "frozen" for d in ds)
+
+
+def test_cascade_fails_closed_when_the_second_member_fails_inside_the_band(
+    bundle_copy: Path, tmp_path: Path
+):
+    first, second = _set_cascade(bundle_copy, band=0.4)
+    with Guard(bundle_copy, log=tmp_path / "log.sqlite") as g:
+        st = g.policy_config.fusion.stats
+        g.members[first] = _CountingMember(g.members[first], st[first], 0.0)  # type: ignore[assignment]
+        g.members[second] = _CountingMember(  # type: ignore[assignment]
+            g.members[second], st[second], 0.5, error=RuntimeError("simulated fault")
+        )
+        ds = g.check_batch([make_scene(i) for i in range(24)])
+    inside = [d for d in ds if d.members_run and d.members_run[second]]
+    outside = [d for d in ds if d.members_run and not d.members_run[second]]
+    assert inside and outside
+    assert all(d.label == "UNSAFE" and d.fail_closed for d in inside)
+    assert all("simulated fault" in (d.fail_reason or "") for d in inside)
+    assert all(not d.fail_closed for d in outside)  # decided by the first member alone
+    # the first member failing fails every scene closed
+    with Guard(bundle_copy, log=tmp_path / "log2.sqlite") as g:
+        g.members[first] = _CountingMember(  # type: ignore[assignment]
+            g.members[first], g.policy_config.fusion.stats[first], 0.0, error=RuntimeError("x")
+        )
+        ds = g.check_batch([make_scene(i) for i in range(6)])
+    assert all(d.label == "UNSAFE" and d.fail_closed for d in ds)
+
+
+def test_a_scoring_plan_that_cannot_run_fails_every_scene_closed(
+    bundle_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The guard runs whatever plan the policy returns; a plan it cannot build, one naming a
+    member it does not have, or a stage whose choice of scenes fails gives UNSAFE with the
+    reason, never SAFE."""
+    from spotstop.guard.policies import CascadePolicy, ScoringPlan, ScoringStage
+
+    first, second = _set_cascade(bundle_copy, band=0.4)
+
+    def boom(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("plan exploded")
+
+    def unknown(*a: Any, **k: Any) -> ScoringPlan:
+        return ScoringPlan((ScoringStage((first, "no-such-member")),))
+
+    def bad_stage(*a: Any, **k: Any) -> ScoringPlan:
+        return ScoringPlan((ScoringStage((first,)), ScoringStage((second,), where=boom)))
+
+    for plan, words in ((boom, "plan exploded"), (unknown, "no-such-member"),
+                        (bad_stage, "plan exploded")):  # fmt: skip
+        with monkeypatch.context() as mp:
+            mp.setattr(CascadePolicy, "scoring_plan", plan)
+            with Guard(bundle_copy, log=tmp_path / "log.sqlite") as g:
+                st = g.policy_config.fusion.stats
+                g.members[first] = _CountingMember(g.members[first], st[first], 0.0)  # type: ignore[assignment]
+                ds = g.check_batch([make_scene(i) for i in range(4)])
+        for d in ds:
+            _assert_fail_closed(d, words)
+            assert "scoring plan" in (d.fail_reason or "")

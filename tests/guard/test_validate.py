@@ -1,0 +1,143 @@
+"""The shared validation helpers (``spotstop.guard.validate``): one behaviour, one place."""
+
+from __future__ import annotations
+
+import ast
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from spotstop.guard._errors import ConfigError
+from spotstop.guard.validate import (
+    as_1d_float,
+    check_keys,
+    check_mapping,
+    check_number,
+    is_int,
+    is_real,
+    join_key,
+)
+
+from tests._support import REPO_ROOT
+
+ROOT = REPO_ROOT
+ROOMS = ("guard", "calibrate", "diagnostics", "export", "cli")
+
+
+class _MyError(ValueError):
+    pass
+
+
+@pytest.mark.parametrize(
+    "x",
+    [0, 1, -3, 2.5, math.nan, math.inf, np.int64(3), np.int8(-1), np.float32(0.5), np.float64(1)],
+)
+def test_is_real_accepts_python_and_numpy_numbers_nan_and_inf_included(x: object) -> None:
+    assert is_real(x)
+
+
+@pytest.mark.parametrize(
+    "x", [True, False, np.bool_(True), "1", None, [1.0], np.array([1.0]), Fraction(1, 2), 1j]
+)
+def test_is_real_refuses_bools_strings_containers_and_other_number_types(x: object) -> None:
+    assert not is_real(x)
+
+
+@pytest.mark.parametrize("x", [0, 7, -2, np.int64(5), np.uint8(3)])
+def test_is_int_accepts_python_and_numpy_integers(x: object) -> None:
+    assert is_int(x)
+
+
+@pytest.mark.parametrize("x", [True, np.bool_(False), 2.0, np.float64(2), "2", None])
+def test_is_int_refuses_bools_floats_and_strings(x: object) -> None:
+    assert not is_int(x)
+
+
+def test_join_key() -> None:
+    assert join_key("", "policy") == "policy"
+    assert join_key("fusion.stats", "a") == "fusion.stats.a"
+
+
+def test_check_mapping_names_the_section_and_the_fix() -> None:
+    check_mapping({}, where="x", source="f.yaml")
+    with pytest.raises(ConfigError, match=r"^the document must be a mapping .*Fix it in f\.yaml"):
+        check_mapping([1], where="", source="f.yaml")
+    with pytest.raises(_MyError, match=r"^fusion must be a mapping"):
+        check_mapping(3, where="fusion", source="f.yaml", error=_MyError)
+
+
+def test_check_keys_unknown_key_with_suggestion_then_missing_key() -> None:
+    check_keys({"a": 1, "b": 2}, where="s", required=("a",), optional=("b",), source="f.yaml")
+    with pytest.raises(
+        ConfigError,
+        match=r"^s\.wieght is not a known key\. Did you mean 'weight'\? "
+        r"Allowed keys of s: a, weight\. Remove or rename it in f\.yaml\.$",
+    ):
+        check_keys({"wieght": 1}, where="s", required=("a",), optional=("weight",), source="f.yaml")
+    with pytest.raises(_MyError, match=r"^s\.a is required but missing\. Add it in f\.yaml\.$"):
+        check_keys({}, where="s", required=("a",), source="f.yaml", error=_MyError)
+    with pytest.raises(ConfigError, match=r"^1 is not a known key.*Allowed keys of the top level"):
+        check_keys({1: 0}, where="", optional=("a",), source="f.yaml")
+
+
+def test_check_number_finite_and_positive() -> None:
+    assert check_number(np.float32(2), where="k", source="f") == 2.0
+    assert type(check_number(3, where="k", source="f")) is float
+    for bad in (math.nan, math.inf, True, "1", None):
+        with pytest.raises(ConfigError, match=r"^k must be a finite number; got .*Set it in f\.$"):
+            check_number(bad, where="k", source="f")
+    with pytest.raises(_MyError, match=r"^k must be a finite number > 0; got 0\."):
+        check_number(0, where="k", source="f", error=_MyError, positive=True)
+
+
+def test_as_1d_float_shapes_and_errors() -> None:
+    out = as_1d_float([1, 2, math.nan], what="s")
+    assert out.dtype == float and out.shape == (3,) and math.isnan(out[2])
+    assert as_1d_float(np.arange(2), what="s", n=2).tolist() == [0.0, 1.0]
+    with pytest.raises(ValueError, match=r"^s must be a 1-D array of numbers; could not convert"):
+        as_1d_float(["a"], what="s")
+    with pytest.raises(_MyError, match=r"^s must be a 1-D array; got shape \(1, 2\)\.$"):
+        as_1d_float([[1, 2]], what="s", error=_MyError)
+    with pytest.raises(ValueError, match=r"^s must have shape \(3,\), one entry per scene"):
+        as_1d_float([1, 2], what="s", n=3)
+
+
+_HELPERS = {
+    "_is_real",
+    "_is_int",
+    "_check_keys",
+    "_check_mapping",
+    "_check_number",
+    "_as_1d_float",
+    "_number",
+}
+
+
+def test_no_room_keeps_its_own_copy_of_a_shared_helper() -> None:
+    """The helpers exist once, in ``guard/validate.py``; a second definition is a copy."""
+    copies = []
+    for room in ROOMS:
+        for path in sorted((ROOT / room).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef) and node.name in _HELPERS:
+                    copies.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert copies == [], "use spotstop.guard.validate instead of: " + ", ".join(copies)
+
+
+def test_former_inline_checks_follow_the_shared_rule() -> None:
+    """Checks that were written inline now call ``is_real``/``is_int``: ``True`` is no
+    number anywhere, numpy scalars are numbers everywhere."""
+    from spotstop.diagnostics._errors import DataError
+    from spotstop.diagnostics._metrics import _check_cut
+    from spotstop.guard._log import Retention
+    from spotstop.guard._record import RecordError
+
+    _check_cut(np.float32(0.5))
+    with pytest.raises(DataError, match=r"^cut must be a number"):
+        _check_cut(True)  # type: ignore[arg-type]
+    assert Retention(max_bytes=np.int64(1 << 20), keep_days=np.float32(2)).max_bytes == 1 << 20
+    for bad in ({"keep_days": True}, {"max_bytes": True}, {"low_water": True}):
+        with pytest.raises(RecordError, match=r"^retention "):
+            Retention(**bad)  # type: ignore[arg-type]
