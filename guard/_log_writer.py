@@ -3,8 +3,9 @@
 :class:`LogWriter` stands between the guard's pipeline and its :class:`DecisionLog`:
 
 * **Write, or keep.** A call's rows are written in one transaction after whatever is still
-  waiting (oldest first). When the log cannot take them the guard answers fail-closed UNSAFE
-  and hands the rows to :meth:`LogWriter.keep`: they wait in memory, at most
+  waiting (oldest first); :meth:`LogWriter.commit` does it within the call's deadline and
+  returns the rows as they may be answered. When the log cannot take them they become
+  fail-closed UNSAFE and are kept (:meth:`LogWriter.keep`): they wait in memory, at most
   ``max_pending_bytes`` of them (8 MiB by default) and at most ``spill_after_s`` seconds
   (5 s), then are *spilled* to the journal (``_journal.py``), a second place on disk. When the
   journal cannot take them either and memory is at its bound, the writer stops
@@ -14,6 +15,9 @@
   anything waits, and every write calls it first) imports the journal, writes what waits in
   memory and the pending amendments, or probes the log when nothing waits: the first success
   makes the log writable again, with no operator action.
+* **Late is UNSAFE.** A SAFE row whose write finished after the call's deadline is answered
+  fail-closed UNSAFE and amended in the log (:meth:`LogWriter.amend_late`; kept and retried
+  when even that fails).
 * **Say why.** Each failure is classified (``disk_full``, ``read_only``, ``locked``,
   ``io_error``, ...; :data:`~spotstop.guard._log_schema.FAULT_KINDS`), counted, and kept in
   :meth:`LogWriter.status` with the time it began. Free disk space below ``min_free_bytes``
@@ -38,9 +42,9 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 from spotstop.guard._journal import Journal, JournalEntry, JournalError, default_journal_path
 from spotstop.guard._log import DecisionLog, PolicyRow
@@ -52,6 +56,8 @@ from spotstop.guard.validate import is_real
 __all__ = [
     "DEFAULT_MAX_PENDING_BYTES",
     "DEFAULT_MIN_FREE_BYTES",
+    "Committed",
+    "Deadline",
     "LogOptions",
     "LogStatus",
     "LogWriter",
@@ -202,6 +208,38 @@ class LogStatus:
             f"{self.journal_rows} in journal {self.journal!r}, spilled {self.spilled_rows}, "
             f"imported {self.imported_rows}, archived {self.archived_rows})"
         )
+
+
+class Deadline(Protocol):
+    """The budget of one guard call, as :meth:`LogWriter.commit` reads it (the guard's
+    ``_Clock``)."""
+
+    def remaining(self) -> float | None:
+        """Seconds left (≥ 0), or None without a deadline."""
+        ...
+
+    def lock_timeout(self) -> float:
+        """``threading.Lock.acquire`` timeout: -1 waits forever."""
+        ...
+
+    def expired(self) -> bool: ...
+
+    def reason(self, stage: str) -> str:
+        """Why a decision past the deadline fails closed, naming ``stage``."""
+        ...
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What :meth:`LogWriter.commit` made of one call's rows.
+
+    ``records``: the rows as they may be answered, in order (a row the log did not take, or a
+    SAFE one written after the deadline, is a fail-closed UNSAFE). ``error``: why the rows are
+    not in the log (they are kept and written first by the next write); None when written.
+    """
+
+    records: list[DecisionRecord]
+    error: str | None
 
 
 @dataclass
@@ -447,6 +485,59 @@ class LogWriter:
         self._spill(force=False)  # what keep() could not spill while this write held the lock
         self._maybe_retain()
         return None
+
+    def commit(
+        self,
+        records: list[DecisionRecord],
+        *,
+        images: list[bytes | None] | None,
+        policy: PolicyRow | None,
+        clock: Deadline,
+    ) -> Committed:
+        """Write one call's ``records`` within its deadline and say what may be answered.
+
+        Written in time: the rows as they are. Written after the deadline: each SAFE row
+        becomes a fail-closed UNSAFE, amended in the log (:meth:`amend_late`). Not written
+        (a fault, or a busy log past the deadline): every row not already fail-closed becomes
+        a fail-closed UNSAFE that says why, and all of them are kept (:meth:`keep`) for the
+        next write. Never raises for a log fault.
+        """
+        error = self.write(
+            records,
+            images=images,
+            policy=policy,
+            timeout_s=clock.remaining(),
+            lock_timeout_s=clock.lock_timeout(),
+        )
+        if error is None:
+            return Committed(self._late(records, clock), None)
+        # never SAFE without a log row; keep the rows for the next write
+        failed = [
+            r if r.fail_closed else replace(r, label="UNSAFE", fail_closed=True, fail_reason=error)
+            for r in records
+        ]
+        self.keep(failed, images=images, policy=policy)
+        return Committed(failed, error)
+
+    def _late(self, records: list[DecisionRecord], clock: Deadline) -> list[DecisionRecord]:
+        """SAFE rows whose write finished after the deadline become fail-closed UNSAFE.
+
+        The row is amended in the log first (SAFE → UNSAFE only); if even that fails, the
+        amendment is kept and retried before the next write, and the answer is UNSAFE anyway.
+        """
+        if not clock.expired():
+            return records
+        reason = clock.reason("writing the decision log")
+        late = [r for r in records if r.label == "SAFE"]
+        if not late:
+            return records
+        self.amend_late([r.decision_id for r in late], reason)
+        return [
+            replace(r, label="UNSAFE", fail_closed=True, fail_reason=reason)
+            if r.label == "SAFE"
+            else r
+            for r in records
+        ]
 
     def keep(
         self,
