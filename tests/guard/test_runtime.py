@@ -209,7 +209,7 @@ def _slow(fn, seconds: float):
 
 
 def test_deadline_bounds_decoding(bundle_copy: Path, tmp_path: Path, monkeypatch):
-    import spotstop.guard._guard as gg
+    import spotstop.guard._pipeline as gg
 
     set_frozen(bundle_copy, 1e9)  # every scored scene would be SAFE
     with Guard(bundle_copy, log=tmp_path / "l.sqlite", deadline_s=0.3) as g:
@@ -223,7 +223,7 @@ def test_deadline_bounds_decoding(bundle_copy: Path, tmp_path: Path, monkeypatch
 
 
 def test_deadline_bounds_the_policy(bundle_copy: Path, tmp_path: Path, monkeypatch):
-    import spotstop.guard._guard as gg
+    import spotstop.guard._pipeline as gg
 
     set_frozen(bundle_copy, 1e9)
     with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
@@ -329,7 +329,7 @@ def test_fault_in_fusion_and_in_policy(bundle_copy: Path, tmp_path: Path, monkey
         )
         _assert_fail_closed(g.check(make_scene()), "fusion")
         monkeypatch.undo()
-        import spotstop.guard._guard as gg
+        import spotstop.guard._pipeline as gg
 
         monkeypatch.setattr(
             gg, "decide_batch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("policy broke"))
