@@ -1,8 +1,9 @@
 """One guard call's moving parts: its clock, each scene's work, and what each stage returns.
 
-Private to :mod:`spotstop.guard._guard`. A call's :class:`_Clock` starts at its entry, so the
-deadline bounds the whole call; :class:`_Work` is one scene on its way through decode, score,
-decide and log; :class:`_Scored` is what the scoring thread returns (copied into the work only
+Private to :mod:`spotstop.guard._guard` and :mod:`spotstop.guard._pipeline`. A call's
+:class:`_Clock` starts at its entry, so the deadline bounds the whole call (the log writer reads
+it as a :class:`~spotstop.guard._log_writer.Deadline`); :class:`_Work` is one scene on its way
+through decode, score, decide and log; :class:`_Scored` is what the scoring thread returns (copied into the work only
 when it came in time); :class:`_Outcome` is what fusion and the policy said of a scene;
 :class:`_Active` is the policy in force with its live state, log row and text detector,
 swapped whole on a reload.
