@@ -1,122 +1,62 @@
-"""The "fused" decoder graph form: onnxruntime's ``com.microsoft`` operators where they fit.
+"""The "fused" graph form: onnxruntime's ``com.microsoft`` operators where they fit.
 
-Two graph forms per target. ``standard`` (TensorRT, and fp16 / int4-trt) is the decoder as
-export/graphs.py writes it from standard ONNX operators: Qwen3.5's Gated-DeltaNet is the loop-free
-kernel of export/gated_delta.py (~185 nodes per layer), attention is MatMul/Softmax, the
-short convolutions are ``Conv``. ``fused`` (onnxruntime CPU: fp32, int8, int4) replaces, while the
-decoder is exported, the pieces onnxruntime has one kernel for, the way onnxruntime-genai 0.18's
-model builder writes ``qwen3_5`` and ``lfm2`` (builders/qwen.py ``make_qwen_gated_delta_net``,
-builders/base.py ``make_linear_attention`` / ``make_causal_conv_with_state`` /
-``make_group_query_attention`` / ``make_linear_attention_gate`` / ``make_gated_rms_norm``):
+Two graph forms per target. ``standard`` (TensorRT, and fp16 / int4-trt) is written from
+standard ONNX operators (export/graphs.py; Qwen3.5's Gated-DeltaNet as the loop-free kernel of
+export/gated_delta.py, attention as MatMul/Softmax, short convolutions as ``Conv``). ``fused``
+(onnxruntime CPU: fp32, int8, int4) replaces, while a graph is exported, the pieces onnxruntime
+has one kernel for, the way onnxruntime-genai 0.18's model builder writes the same models
+(builders/base.py ``make_linear_attention``, ``make_causal_conv_with_state``,
+``make_group_query_attention``, ``make_linear_attention_gate``, ``make_gated_rms_norm``).
 
-=========================  =========================================================================
-Qwen3.5 Gated-DeltaNet     ``LinearAttention`` (update_rule="gated_delta"), as genai: q and k
-                           L2-normalised outside the op (standard nodes), ``q_num_heads`` = the
-                           key heads and ``kv_num_heads`` = the value heads (each key head serves
-                           ``Hv / Hk`` consecutive value heads, transformers' ``repeat_interleave``),
-                           decay ``g`` and ``beta`` per value head, no past state.
-Qwen3.5 conv (+ SiLU)      ``CausalConvWithState`` (activation="silu"), channels-first, weight
-                           (C, 1, K), no past state.
-Qwen3.5 gates              ``LinearAttentionGate``: ``decay = -exp(A_log)·softplus(a + dt_bias)``
-                           (``-exp(A_log)`` a folded constant) and ``beta = sigmoid(b)`` (genai's
-                           ``make_linear_attention_gate``).
-Qwen3.5 gated norm         ``GatedRMSNorm`` (activation="silu"), per value head (genai's
-                           ``make_gated_rms_norm``).
-Qwen3.5 attention          ``GroupQueryAttention`` without rotary (``do_rotary=0``): the q/k RMSNorms
-                           (``SimplifiedLayerNormalization``) and the interleaved M-RoPE stay outside,
-                           before it, the output gate ``sigmoid(gate)`` after it (genai does the same:
-                           ``is_fused_rope_supported`` is False for qwen3_5; M-RoPE places each token
-                           at three positions, which neither GQA's rotary nor ``RotaryEmbedding``'s
-                           position ids express; GQA's ``q_norm_weight``/``k_norm_weight`` inputs are
-                           honoured by the CUDA and WebGPU kernels only, per its 1.32 schema).
-LFM2 attention             ``GroupQueryAttention`` WITH rotary (``do_rotary=1``, half-split, not
-                           interleaved): the q/k layernorms (``SimplifiedLayerNormalization``)
-                           before it.
-LFM2 short convolutions    ``CausalConvWithState`` (activation="none"); the ``B * x`` gate before
-                           and ``C * y`` after stay standard nodes.
-RMSNorms, both             ``SimplifiedLayerNormalization`` (Qwen3.5's ``1 + w`` scale folded into a
-                           constant); each layer's second residual Add + RMSNorm (Qwen3.5's
-                           post-attention norm, LFM2's feed-forward norm) as one
-                           ``SkipSimplifiedLayerNormalization`` whose ``input_skip_bias_sum`` output is
-                           the residual stream (genai also fuses the last Add of a layer with the
-                           next layer's input norm; that needs the model's layer loop rewritten,
-                           which this patch does not do).
-=========================  =========================================================================
+This module is the machinery every architecture shares; which layers of a model are replaced,
+and by what, is the architecture's: ``ExportConfig.fused_patches`` in
+``export/archs/<model_type>.py`` lists ``(owner, attribute, replacement)`` patches whose
+replacement forwards call the functions of this module.
+
+* The custom ops (``torch.library``, ``spotstop_fused::*``), one per com.microsoft operator
+  (:data:`FUSED_OPS`), each with an eager torch implementation of the same maths: the patched
+  model runs in torch, and the legacy exporter, which traces by running, computes real values.
+* Their ONNX forms: ``custom_translation_table`` entries for the dynamo exporter
+  (:func:`dynamo_translations`) and ``register_custom_op_symbolic`` symbolics for the legacy
+  exporter (registered on import).
+* What an architecture's layers call: :func:`rms_norm`, :func:`skip_rms_norm`,
+  :func:`gated_rms_norm`, :func:`linear_attention_gate`, :func:`group_query_attention`,
+  :func:`multi_head_attention`, and drop-in replacements of transformers' own functions
+  (:func:`fused_chunk_gated_delta_rule`, :func:`fused_causal_conv1d_fn`).
+* :func:`fused_patcher` (an architecture's patches in place for the length of an export),
+  :func:`fuse_graph` (after export: each residual Add that crosses the model's layer loop and
+  the RMSNorm after it as one ``SkipSimplifiedLayerNormalization``) and :func:`graph_form_ops`
+  (the fused operators a graph holds, for the manifest).
+
+export/exporters.py's ``export_decoder`` and ``export_vision`` with ``graph_form="fused"``
+enter :func:`fused_patcher`, pass :func:`dynamo_translations` to a dynamo export and run
+:func:`fuse_graph` on the written decoder; the graph is then tied, folded, validated against
+the UNPATCHED transformers model (so the parity is real) and quantized like a standard one.
 
 Why the norms are written here and not left to onnxruntime: its optimizer at ``ORT_ENABLE_ALL``
-(what the guard's sessions run) makes NO ``SkipSimplifiedLayerNormalization`` in either standard
-decoder, and no ``SimplifiedLayerNormalization`` at all in Qwen3.5's (its RMSNorm is exported as
-Pow/ReduceMean/Add/Sqrt/Reciprocal/Mul with the ``1 + w`` scale, a pattern the fusion does not
-match); in LFM2's it makes the 11 ``SimplifiedLayerNormalization`` but leaves the residual Adds
-(tiny members, onnxruntime 1.32: the standard Qwen3.5 decoder goes from 900 nodes to 892 with
-0 SimplifiedLayerNormalization; the standard LFM2 one from 711 to 308 with 11
-SimplifiedLayerNormalization and 0 SkipSimplifiedLayerNormalization).
+(what the guard's sessions run) makes no ``SkipSimplifiedLayerNormalization`` in either standard
+decoder, and no ``SimplifiedLayerNormalization`` in Qwen3.5's (its RMSNorm's ``1 + w`` scale
+hides the pattern); in LFM2's it fuses the norms but leaves the residual Adds.
 
-Not fused: the q/k L2 norms before ``LinearAttention`` (genai writes ``LpNormalization``, which
-has no ``eps``: not the reference's ``x·rsqrt(Σx² + 1e-6)``, so they stay exact standard nodes).
+Padding and the mask. The decoder runs right-padded batches with an all-ones attention mask
+(export/graphs.py ``DecoderGraph``): every layer is causal, so the padding after a sequence never
+reaches its positions. The fused attention is the same: ``GroupQueryAttention`` with
+``causal=1``, ``seqlens_k = L - 1`` for every row and ``total_sequence_length = L`` (the padded
+length). It IGNORES the mask transformers passes it, which is exact only because that mask is
+all ones: :func:`fused_patcher` is for exporting the scoring graphs of export/graphs.py and
+nothing else. A fused rotary (``group_query_attention(..., rotary=...)``) reads GQA's own
+positions 0 .. L-1, so an architecture that fuses it must keep the default position ids.
 
-Padding and the mask. The decoder runs right-padded batches and passes transformers an all-ones
-attention mask (export/graphs.py ``DecoderGraph``): every layer is causal, so the padding after a
-sequence never reaches its positions, and the standard graph's attention is exactly causal
-attention over the whole padded length. The fused attention is the same: ``GroupQueryAttention``
-with ``causal=1``, ``seqlens_k = L - 1`` for every row and ``total_sequence_length = L`` (the padded
-length), no ``query_seqlens``. Rows past a sequence's end are computed as in the standard graph
-(causally, over the padding) and neither graph's outputs read them. The fused attention IGNORES
-the mask transformers passes it; that is exact only because that mask is all ones, which is why
-:func:`fused_patcher` is meant for exporting the scoring graphs of export/graphs.py and nothing
-else. LFM2's fused rotary reads GQA's own
-positions (0 .. L-1 of a first prompt chunk); that equals the decoder's ``position_ids`` because
-LFM2's export config keeps the default ``ExportConfig.position_ids`` (0, 1, 2, ...), and
-:func:`fused_patcher` refuses an architecture whose config overrides it.
-
-Why at the torch level. While the decoder is exported under :func:`fused_patcher`, the layers call
-``torch.library`` custom ops (``spotstop_fused::*``) whose ONNX translation is the com.microsoft
-node: ``custom_translation_table`` for the dynamo exporter (:func:`dynamo_translations`), a
-``register_custom_op_symbolic`` symbolic for the legacy exporter (registered on import). Each op
-also has an eager torch implementation of the same maths, so the patched model runs in torch (and
-the legacy exporter, which traces by running, computes real values). The export is validated, as
-ever, against the UNPATCHED transformers model, so the parity is real.
-
-Where the lead calls it (export/onnx.py ``export_member``), the export stage::
-
-    export_vision(vision_t, ecfg, cases.pixels["gray"], tmp / "vision.onnx", fold, graph_form=form)
-    export_decoder(decoder_t, ecfg, feeds0, case0["image_embeds"], tmp / fname, usable[-1], fold,
-                   graph_form=form)       # form: "fused" for fp32/int8/int4 on onnxruntime CPU,
-                                          #       "standard" for fp16 / int4-trt / TensorRT
-
-``export_decoder`` (export/exporters.py) enters :func:`fused_patcher` (``ecfg.model_type``,
-``max_length``) inside the config's own ``decoder_patcher`` and passes
-:func:`dynamo_translations` to a dynamo export. Nothing else changes in ``export_member``: the
-fused graph is loaded, tied, folded, validated against the same torch reference and quantized
-(int8/int4 rewrite its MatMuls as they do the standard graph's) like the standard one. For the
-manifest, :func:`graph_form_ops` (an ``onnx.ModelProto``, before or after quantization) gives the
-fused operators a graph holds, e.g. for the tiny Qwen3.5 decoder ``{"CausalConvWithState": 3,
-"GatedRMSNorm": 3, "GroupQueryAttention": 1, "LinearAttention": 3, "LinearAttentionGate": 3,
-"SimplifiedLayerNormalization": 7, "SkipSimplifiedLayerNormalization": 4}``; ``{}`` for a
-standard graph; e.g. ``meta["decoder"]["graph_form"] = form`` and
-``meta["decoder"]["fused_ops"] = graph_form_ops(graphs[dec_files[usable[0]]])``.
-
-fp16 (and int4-trt, which starts from fp16) must start from the STANDARD graph: export/fp16.py's
-rules that keep the norms and the delta rule float32 do not know the fused operators (the fp16
-conversion of the tiny fused LFM2 decoder does not load: "Type parameter (T) of Optype (Mul)
-bound to different types (tensor(float) and tensor(float16))" at its first conv layer), and
+fp16 (and int4-trt, which starts from fp16) starts from the STANDARD graph: export/fp16.py's
+rules that keep the norms and the delta rule float32 do not know the fused operators, and
 TensorRT has none of them.
-
-The vision graph: Qwen3.5's vision attention becomes one ``MultiHeadAttention`` per block
-(bidirectional, no mask: the graph is traced for one image of one frame, one ``cu_seqlens``
-span; the 2-D rotary stays standard nodes before it). onnxruntime's optimizer leaves that
-attention decomposed (MatMul/Softmax: 2 Softmax in the tiny tower after ORT_ENABLE_ALL) while it
-already fuses the towers' LayerNorms and GELUs itself. LFM2-VL's SigLIP2 tower is not fused: its
-attention takes the pixel attention mask (padded patches), which a ``key_padding_mask`` would
-have to carry; not done here. Call ``export_vision(..., graph_form=form)`` the same way
-(export/exporters.py; for LFM2 the fused form writes the standard vision graph).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -163,7 +103,7 @@ _LEGACY_OPSETS = range(9, 21)
 
 
 @torch.library.custom_op("spotstop_fused::linear_attention", mutates_args=())
-def linear_attention(
+def _linear_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -201,13 +141,13 @@ def linear_attention(
     return out.transpose(1, 2).reshape(b, t, kv_num_heads * dv).to(value.dtype)
 
 
-@linear_attention.register_fake
+@_linear_attention.register_fake
 def _(query, key, value, decay, beta, q_num_heads, kv_num_heads, scale):
     return value.new_empty(value.shape)
 
 
 @torch.library.custom_op("spotstop_fused::causal_conv", mutates_args=())
-def causal_conv(x: torch.Tensor, weight: torch.Tensor, silu: int) -> torch.Tensor:
+def _causal_conv(x: torch.Tensor, weight: torch.Tensor, silu: int) -> torch.Tensor:
     """com.microsoft ``CausalConvWithState`` (no past state, no bias): depthwise causal
     convolution of ``x`` (B, C, L) with ``weight`` (C, 1, K), zero history, SiLU after when
     ``silu`` → (B, C, L)."""
@@ -216,13 +156,13 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, silu: int) -> torch.Tenso
     return F.silu(out) if silu else out
 
 
-@causal_conv.register_fake
+@_causal_conv.register_fake
 def _(x, weight, silu):
     return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("spotstop_fused::group_query_attention", mutates_args=())
-def group_query_attention(
+def _group_query_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -257,54 +197,54 @@ def group_query_attention(
     return out.transpose(1, 2).reshape(b, length, num_heads * d)
 
 
-@group_query_attention.register_fake
+@_group_query_attention.register_fake
 def _(query, key, value, cos_cache, sin_cache, num_heads, kv_num_heads, do_rotary, scale):
     return query.new_empty(query.shape)
 
 
 @torch.library.custom_op("spotstop_fused::rms_norm", mutates_args=())
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``SimplifiedLayerNormalization`` over the last axis: ``x · rsqrt(mean(x²) + eps) · weight``
     (float32, as the transformers RMSNorms compute it)."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-@rms_norm.register_fake
+@_rms_norm.register_fake
 def _(x, weight, eps):
     return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("spotstop_fused::skip_rms_norm", mutates_args=())
-def skip_rms_norm(
+def _skip_rms_norm(
     x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """com.microsoft ``SkipSimplifiedLayerNormalization``: ``s = x + skip`` and the RMSNorm of
     ``s``; returns (normed, s) (the op's outputs 0 and 3)."""
     total = x + skip
-    return rms_norm(total, weight, eps), total
+    return _rms_norm(total, weight, eps), total
 
 
-@skip_rms_norm.register_fake
+@_skip_rms_norm.register_fake
 def _(x, skip, weight, eps):
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
 @torch.library.custom_op("spotstop_fused::gated_rms_norm", mutates_args=())
-def gated_rms_norm(
+def _gated_rms_norm(
     x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """com.microsoft ``GatedRMSNorm`` (activation="silu"): ``rms_norm(x) · weight · silu(gate)``,
     the norm over the last axis (of ``weight``'s length), float32."""
-    return rms_norm(x, weight, eps) * F.silu(gate)
+    return _rms_norm(x, weight, eps) * F.silu(gate)
 
 
-@gated_rms_norm.register_fake
+@_gated_rms_norm.register_fake
 def _(x, weight, gate, eps):
     return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("spotstop_fused::linear_attention_gate", mutates_args=())
-def linear_attention_gate(
+def _linear_attention_gate(
     a: torch.Tensor, dt_bias: torch.Tensor, decay_scale: torch.Tensor, b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """com.microsoft ``LinearAttentionGate``: ``decay = decay_scale · softplus(a + dt_bias)``
@@ -312,13 +252,13 @@ def linear_attention_gate(
     return decay_scale * F.softplus(a + dt_bias), torch.sigmoid(b)
 
 
-@linear_attention_gate.register_fake
+@_linear_attention_gate.register_fake
 def _(a, dt_bias, decay_scale, b):
     return a.new_empty(a.shape), b.new_empty(b.shape)
 
 
 @torch.library.custom_op("spotstop_fused::multi_head_attention", mutates_args=())
-def multi_head_attention(
+def _multi_head_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int, scale: float
 ) -> torch.Tensor:
     """com.microsoft ``MultiHeadAttention`` without mask, bias or cache: bidirectional attention,
@@ -329,7 +269,7 @@ def multi_head_attention(
     return out.transpose(1, 2).reshape(b, n, -1)
 
 
-@multi_head_attention.register_fake
+@_multi_head_attention.register_fake
 def _(query, key, value, num_heads, scale):
     return query.new_empty(query.shape)
 
@@ -626,7 +566,11 @@ def _register_legacy_symbolics() -> None:
 _register_legacy_symbolics()
 
 
-# -- the patches --------------------------------------------------------------------------------
+# -- what an architecture's fused layers call ---------------------------------------------------
+#
+# An architecture's export config lists its fused patches (``ExportConfig.fused_patches``:
+# export/archs/<model_type>.py); its replacement forwards call the functions below, which cast
+# to float32 where the reference computes in float32 and call the custom ops above.
 
 
 def _f32(x: torch.Tensor) -> torch.Tensor:
@@ -644,6 +588,67 @@ def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     # as transformers' Qwen3.5 l2norm (and fla's): x · rsqrt(Σx² + ε)
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """An RMSNorm as ``SimplifiedLayerNormalization``: float32 inside, ``x``'s dtype out;
+    ``weight`` the float32 scale the reference multiplies by (``1 + w`` or ``w``)."""
+    return _as(torch.ops.spotstop_fused.rms_norm(_f32(x), weight, float(eps)), x.dtype)
+
+
+def skip_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm(residual + x), residual + x)`` as one ``SkipSimplifiedLayerNormalization``."""
+    return torch.ops.spotstop_fused.skip_rms_norm(x, residual, weight, float(eps))
+
+
+def gated_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """A gated RMSNorm (SiLU gate) as one ``GatedRMSNorm``, float32 inside, ``x``'s dtype out."""
+    out = torch.ops.spotstop_fused.gated_rms_norm(_f32(x), weight, _f32(gate), float(eps))
+    return _as(out, x.dtype)
+
+
+def linear_attention_gate(
+    a: torch.Tensor, dt_bias: torch.Tensor, decay_scale: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(decay_scale · softplus(a + dt_bias), sigmoid(b))`` as one ``LinearAttentionGate``:
+    the decay in float32, beta in ``b``'s dtype."""
+    g, beta = torch.ops.spotstop_fused.linear_attention_gate(_f32(a), dt_bias, decay_scale, _f32(b))
+    return g, _as(beta, b.dtype)
+
+
+def group_query_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Causal attention over the whole (padded) length as one ``GroupQueryAttention``, packed
+    (B, L, heads·D) inputs; ``rotary``: the (cos, sin) caches (≥ L, D/2) of a half-split rotary
+    applied by the op at positions 0 .. L-1, or None (the caller rotates, the op does not).
+
+    The mask is not read: exact only for the all-ones mask of export/graphs.py's decoder (see
+    the module doc)."""
+    if rotary is None:
+        cos, sin = query.new_zeros(0, 1), query.new_zeros(0, 1)  # not read without rotary
+    else:
+        cos, sin = (_as(c, query.dtype) for c in rotary)
+    return torch.ops.spotstop_fused.group_query_attention(
+        query, key, value, cos, sin, num_heads, kv_num_heads, int(rotary is not None), float(scale)
+    )
+
+
+def multi_head_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int, scale: float
+) -> torch.Tensor:
+    """Bidirectional attention without a mask as one ``MultiHeadAttention``, (B, S, H·D)."""
+    return torch.ops.spotstop_fused.multi_head_attention(query, key, value, num_heads, float(scale))
 
 
 def fused_chunk_gated_delta_rule(
@@ -698,12 +703,12 @@ def fused_causal_conv1d_fn(
     activation: str | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """transformers' ``causal_conv1d_fn`` (Qwen3.5 and LFM2: ``weight`` (C, K), input (B, C, L))
-    as one ``CausalConvWithState`` node, SiLU fused when ``activation`` is ``"silu"``."""
+    """transformers' ``causal_conv1d_fn`` (``weight`` (C, K), input (B, C, L)) as one
+    ``CausalConvWithState`` node, SiLU fused when ``activation`` is ``"silu"``."""
     if bias is not None:
         raise NotImplementedError(
-            "the fused short convolution is written without a bias (neither Qwen3.5 nor LFM2 has "
-            "one); a member with conv_bias needs the bias input wired (CausalConvWithState's "
+            "the fused short convolution is written without a bias (no registered architecture "
+            "has one); a member with conv_bias needs the bias input wired (CausalConvWithState's "
             "third input)."
         )
     if activation not in (None, "silu", "swish"):
@@ -716,345 +721,23 @@ def fused_causal_conv1d_fn(
     return _as(out, hidden_states.dtype)
 
 
-def _qwen3_5_gated_delta_net_forward(
-    self: Any,
-    hidden_states: torch.Tensor,
-    cache: Any = None,
-    attention_mask: torch.Tensor | None = None,
-    **kwargs: Any,
-) -> torch.Tensor:
-    """``Qwen3_5GatedDeltaNet.forward`` for the scoring pass (no cache), genai's layer: the
-    projections (MatMul), ``CausalConvWithState`` (+ SiLU), the decay/beta gates as one
-    ``LinearAttentionGate`` (``-exp(A_log)`` a folded constant), ``LinearAttention``,
-    ``GatedRMSNorm``, the output projection. Same maths and order as transformers' forward."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
-
-    if cache is not None:
-        raise NotImplementedError(
-            "the fused Gated-DeltaNet serves the scoring pass only (no cache)."
-        )
-    hidden_states = mod.apply_mask_to_padding_states(hidden_states, attention_mask)
-    batch_size, seq_len, _ = hidden_states.shape
-    mixed_qkv = self.in_proj_qkv(hidden_states).transpose(1, 2)
-    z = self.in_proj_z(hidden_states).reshape(batch_size, seq_len, -1, self.head_v_dim)
-    b = self.in_proj_b(hidden_states)
-    a = self.in_proj_a(hidden_states)
-    mixed_qkv = fused_causal_conv1d_fn(
-        mixed_qkv, self.conv1d.weight.squeeze(1), self.conv1d.bias, activation=self.activation
-    ).transpose(1, 2)
-    query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], -1)
-    query = query.reshape(batch_size, seq_len, -1, self.head_k_dim)
-    key = key.reshape(batch_size, seq_len, -1, self.head_k_dim)
-    value = value.reshape(batch_size, seq_len, -1, self.head_v_dim)
-    g, beta = torch.ops.spotstop_fused.linear_attention_gate(
-        _f32(a), self.dt_bias.float(), -self.A_log.float().exp(), _f32(b)
-    )
-    core, _ = fused_chunk_gated_delta_rule(
-        query, key, value, g=g, beta=_as(beta, b.dtype), use_qk_l2norm_in_kernel=True
-    )
-    core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
-    return self.out_proj(core.reshape(batch_size, seq_len, -1))
-
-
-def _qwen3_5_vision_attention_forward(
-    self: Any,
-    hidden_states: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-    max_seqlen: int | None = None,
-    **kwargs: Any,
-) -> torch.Tensor:
-    """``Qwen3_5VisionAttention.forward`` for ONE image, the attention as one
-    ``MultiHeadAttention`` (bidirectional, no mask); the qkv projection, the 2-D rotary and the
-    output projection as transformers writes them.
-
-    transformers attends within each ``cu_seqlens`` span (one per image and frame); the vision
-    graph is traced for one image of one frame (export/graphs.py ``VisionGraph``), so there is
-    one span, the whole sequence. More spans are refused (attention across them would be wrong)."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
-
-    if cu_seqlens.shape[0] != 2:
-        raise NotImplementedError(
-            f"the fused vision attention serves one image of one frame; this grid has "
-            f"{cu_seqlens.shape[0] - 1} attention spans. Export the vision graph with "
-            "graph_form='standard'."
-        )
-    if position_embeddings is None:
-        raise ValueError("Qwen3.5's vision attention needs its rotary position embeddings.")
-    seq_length = hidden_states.shape[0]
-    q, k, v = (
-        self.qkv(hidden_states)
-        .reshape(seq_length, 3, self.num_heads, -1)
-        .permute(1, 0, 2, 3)
-        .unbind(0)
-    )
-    cos, sin = position_embeddings
-    q, k = mod.apply_rotary_pos_emb_vision(q, k, cos, sin)
-    out = torch.ops.spotstop_fused.multi_head_attention(
-        q.reshape(1, seq_length, -1),
-        k.reshape(1, seq_length, -1),
-        v.reshape(1, seq_length, -1),
-        self.num_heads,
-        float(self.scaling),
-    )
-    return self.proj(out.reshape(seq_length, -1))
-
-
-def _no_cos(x: torch.Tensor) -> torch.Tensor:
-    """An empty (0, 1) tensor for the rotary caches of an attention without fused rotary."""
-    return x.new_zeros(0, 1)
-
-
-def _qwen3_5_attention_forward(
-    self: Any,
-    hidden_states: torch.Tensor,
-    position_embeddings: tuple[torch.Tensor, torch.Tensor],
-    attention_mask: torch.Tensor | None,
-    cache: Any = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """``Qwen3_5Attention.forward`` for the scoring pass, attention as ``GroupQueryAttention``.
-
-    Same projections, output gate, (1 + w) q/k RMSNorms and interleaved M-RoPE as transformers
-    (standard nodes, in the (B, L, heads, D) layout); the causal attention is the fused op. The
-    mask is not read: see the module doc (the decoder's mask is all ones)."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
-
-    if cache is not None:
-        raise NotImplementedError("the fused attention serves the scoring pass only (no cache).")
-    input_shape = hidden_states.shape[:-1]
-    hidden_shape = (*input_shape, -1, self.head_dim)
-    query_states, gate = torch.chunk(
-        self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2), 2, dim=-1
-    )
-    gate = gate.reshape(*input_shape, -1)
-    query_states = self.q_norm(query_states.view(hidden_shape))
-    key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape))
-    value_states = self.v_proj(hidden_states)
-    cos, sin = position_embeddings
-    query_states, key_states = mod.apply_rotary_pos_emb(
-        query_states, key_states, cos, sin, unsqueeze_dim=2
-    )
-    n_heads = self.config.num_attention_heads
-    n_kv = self.config.num_key_value_heads
-    attn = torch.ops.spotstop_fused.group_query_attention(
-        query_states.reshape(*input_shape, -1),
-        key_states.reshape(*input_shape, -1),
-        value_states,
-        _no_cos(hidden_states),
-        _no_cos(hidden_states),
-        n_heads,
-        n_kv,
-        0,
-        float(self.scaling),
-    )
-    attn = attn * torch.sigmoid(gate)
-    return self.o_proj(attn), None
-
-
-def _lfm2_attention_forward(
-    self: Any,
-    hidden_states: torch.Tensor,
-    position_embeddings: tuple[torch.Tensor, torch.Tensor],
-    attention_mask: torch.Tensor | None,
-    cache: Any = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """``Lfm2Attention.forward`` for the scoring pass, attention AND rotary as one
-    ``GroupQueryAttention`` (``do_rotary=1``).
-
-    The rotary caches are the first half of transformers' own cos/sin (``position_embeddings``,
-    (1, L, D), computed by the model from ``position_ids`` = 0 .. L-1): row p is position p, which
-    is the position GQA gives row p of a first prompt chunk. The q/k layernorms stay standard
-    nodes before the op; the mask is not read (see the module doc)."""
-    if cache is not None:
-        raise NotImplementedError("the fused attention serves the scoring pass only (no cache).")
-    input_shape = hidden_states.shape[:-1]
-    hidden_shape = (*input_shape, -1, self.head_dim)
-    query_states = self.q_layernorm(self.q_proj(hidden_states).view(*hidden_shape))
-    key_states = self.k_layernorm(self.k_proj(hidden_states).view(*hidden_shape))
-    value_states = self.v_proj(hidden_states)
-    cos, sin = position_embeddings
-    half = self.head_dim // 2
-    n_heads = self.config.num_attention_heads
-    n_kv = self.config.num_key_value_heads
-    attn = torch.ops.spotstop_fused.group_query_attention(
-        query_states.reshape(*input_shape, -1),
-        key_states.reshape(*input_shape, -1),
-        value_states,
-        _as(cos[0, :, :half], query_states.dtype),
-        _as(sin[0, :, :half], query_states.dtype),
-        n_heads,
-        n_kv,
-        1,
-        float(self.scaling),
-    )
-    return self.out_proj(attn), None
-
-
-def _qwen3_5_rms_norm_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-    """``Qwen3_5RMSNorm.forward`` as ``SimplifiedLayerNormalization`` (its scale ``1 + w``: a
-    constant the exporters fold)."""
-    out = torch.ops.spotstop_fused.rms_norm(_f32(x), 1.0 + self.weight.float(), float(self.eps))
-    return _as(out, x.dtype)
-
-
-def _qwen3_5_gated_norm_forward(
-    self: Any, hidden_states: torch.Tensor, gate: torch.Tensor
-) -> torch.Tensor:
-    """``Qwen3_5RMSNormGated.forward`` as one ``GatedRMSNorm`` (activation="silu"), float32 as
-    the reference (genai's ``make_gated_rms_norm``)."""
-    dtype = hidden_states.dtype
-    out = torch.ops.spotstop_fused.gated_rms_norm(
-        _f32(hidden_states), self.weight.float(), _f32(gate), float(self.variance_epsilon)
-    )
-    return _as(out, dtype)
-
-
-def _lfm2_rms_norm_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-    """``Lfm2RMSNorm.forward`` as ``SimplifiedLayerNormalization``."""
-    out = torch.ops.spotstop_fused.rms_norm(
-        _f32(x), self.weight.float(), float(self.variance_epsilon)
-    )
-    return _as(out, x.dtype)
-
-
-def _skip_norm(norm: Any, x: torch.Tensor, residual: torch.Tensor) -> tuple[Any, Any]:
-    """``(norm(residual + x), residual + x)`` as one ``SkipSimplifiedLayerNormalization``, for the
-    RMSNorm module ``norm`` (Qwen3.5's scale is ``1 + w``, LFM2's ``w``)."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
-
-    if isinstance(norm, mq.Qwen3_5RMSNorm):
-        weight, eps = 1.0 + norm.weight.float(), float(norm.eps)
-    else:
-        weight, eps = norm.weight.float(), float(norm.variance_epsilon)
-    return torch.ops.spotstop_fused.skip_rms_norm(x, residual, weight, eps)
-
-
-def _qwen3_5_layer_forward(
-    self: Any,
-    hidden_states: torch.Tensor,
-    position_embeddings: tuple[torch.Tensor, torch.Tensor],
-    attention_mask: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
-    cache: Any = None,
-    **kwargs: Any,
-) -> torch.Tensor:
-    """``Qwen3_5DecoderLayer.forward`` with the residual Add and the post-attention RMSNorm as
-    one ``SkipSimplifiedLayerNormalization`` (input_skip_bias_sum is the next residual)."""
-    residual = hidden_states
-    hidden_states = self.input_layernorm(hidden_states)
-    if self.block_type == "linear_attention":
-        hidden_states = self.linear_attn(
-            hidden_states=hidden_states, cache=cache, attention_mask=attention_mask, **kwargs
-        )
-    else:
-        hidden_states, _ = self.self_attn(
-            hidden_states=hidden_states,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            position_embeddings=position_embeddings,
-            **kwargs,
-        )
-    hidden_states, residual = _skip_norm(self.post_attention_layernorm, hidden_states, residual)
-    return residual + self.mlp(hidden_states)
-
-
-def _lfm2_layer_forward(
-    self: Any,
-    hidden_states: torch.Tensor,
-    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-    attention_mask: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
-    cache: Any = None,
-    **kwargs: Any,
-) -> torch.Tensor:
-    """``Lfm2DecoderLayer.forward`` with the residual Add and the feed-forward RMSNorm as one
-    ``SkipSimplifiedLayerNormalization``."""
-    residual = hidden_states
-    if self.is_attention_layer:
-        hidden_states, _ = self.self_attn(
-            hidden_states=self.operator_norm(hidden_states),
-            position_embeddings=position_embeddings,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            **kwargs,
-        )
-    else:
-        hidden_states = self.conv(
-            hidden_states=self.operator_norm(hidden_states),
-            cache=cache,
-            attention_mask=attention_mask,
-            **kwargs,
-        )
-    normed, hidden_states = _skip_norm(self.ffn_norm, hidden_states, residual)
-    return hidden_states + self.feed_forward(normed)
-
-
-@contextmanager
-def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
-    original = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, original)
-
-
-def _qwen3_5_patches(stack: ExitStack) -> None:
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
-
-    stack.enter_context(_patched(mod, "torch_chunk_gated_delta_rule", fused_chunk_gated_delta_rule))
-    stack.enter_context(_patched(mod, "causal_conv1d_fn", fused_causal_conv1d_fn))
-    stack.enter_context(
-        _patched(mod.Qwen3_5GatedDeltaNet, "forward", _qwen3_5_gated_delta_net_forward)
-    )
-    stack.enter_context(
-        _patched(mod.Qwen3_5VisionAttention, "forward", _qwen3_5_vision_attention_forward)
-    )
-    stack.enter_context(_patched(mod.Qwen3_5Attention, "forward", _qwen3_5_attention_forward))
-    stack.enter_context(_patched(mod.Qwen3_5RMSNorm, "forward", _qwen3_5_rms_norm_forward))
-    stack.enter_context(_patched(mod.Qwen3_5RMSNormGated, "forward", _qwen3_5_gated_norm_forward))
-    stack.enter_context(_patched(mod.Qwen3_5DecoderLayer, "forward", _qwen3_5_layer_forward))
-
-
-def _lfm2_patches(stack: ExitStack) -> None:
-    from spotstop.export.configs import ExportConfig, get_export_config
-    from transformers.models.lfm2 import modeling_lfm2 as mod
-
-    cfg = get_export_config("lfm2_vl")
-    default = ExportConfig.position_ids.__func__  # type: ignore[attr-defined]
-    if cfg.position_ids.__func__ is not default:  # type: ignore[attr-defined]
-        raise NotImplementedError(
-            "LFM2's fused attention applies rotary at GQA's own positions 0 .. L-1; its export "
-            "config now computes other position ids, so the fused rotary would be wrong. Export "
-            "the standard graph form, or pass the rotary outside GroupQueryAttention (do_rotary=0)."
-        )
-    stack.enter_context(_patched(mod, "causal_conv1d_fn", fused_causal_conv1d_fn))
-    stack.enter_context(_patched(mod.Lfm2Attention, "forward", _lfm2_attention_forward))
-    stack.enter_context(_patched(mod.Lfm2RMSNorm, "forward", _lfm2_rms_norm_forward))
-    stack.enter_context(_patched(mod.Lfm2DecoderLayer, "forward", _lfm2_layer_forward))
-
-
-_PATCHES: dict[str, Callable[[ExitStack], None]] = {
-    "qwen3_5": _qwen3_5_patches,
-    "lfm2_vl": _lfm2_patches,
-}
+# -- the patcher --------------------------------------------------------------------------------
 
 
 def fused_architectures() -> tuple[str, ...]:
-    """The model types :func:`fused_patcher` has a fused decoder for."""
-    return tuple(sorted(_PATCHES))
+    """The model types whose export config has a fused form (``fused_patches`` not None)."""
+    from spotstop.export.configs import EXPORT_CONFIGS
+
+    return tuple(sorted(t for t, cfg in EXPORT_CONFIGS.items() if cfg.fused_patches() is not None))
 
 
 @contextmanager
 def fused_patcher(model_type: str, max_length: int) -> Iterator[None]:
     """Within the block, the ``model_type`` model's layers (decoder and vision tower) call the
-    fused custom ops (see the module doc), for sequences up to ``max_length`` tokens (nothing
-    fused here depends on it: ``LinearAttention`` and ``GroupQueryAttention`` take any length;
-    it is the same argument as the config's ``decoder_patcher``).
+    fused custom ops: every ``(owner, attribute, replacement)`` of its export config's
+    ``fused_patches`` is in place, for sequences up to ``max_length`` tokens (nothing fused
+    depends on it: ``LinearAttention`` and ``GroupQueryAttention`` take any length; it is the
+    same argument as the config's ``decoder_patcher``).
 
     Enter it while :class:`~spotstop.export.graphs.DecoderGraph` (or
     :class:`~spotstop.export.graphs.VisionGraph`) is exported, and pass
@@ -1062,16 +745,24 @@ def fused_patcher(model_type: str, max_length: int) -> Iterator[None]:
     ``graph_form="fused"`` does both; ``export_vision`` likewise). Outside the block the model is
     the transformers model again.
     """
-    if model_type not in _PATCHES:
+    if model_type not in fused_architectures():
         raise ValueError(
             f"no fused graph form for {model_type!r} (fused: {list(fused_architectures())}); "
             "export it with graph_form='standard'."
         )
     if int(max_length) <= 0:
         raise ValueError(f"max_length must be a positive token count; got {max_length}.")
-    with ExitStack() as stack:
-        _PATCHES[model_type](stack)
+    from spotstop.export.configs import get_export_config
+
+    patches = get_export_config(model_type).fused_patches() or ()
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    try:
+        for owner, name, replacement in patches:
+            setattr(owner, name, replacement)
         yield
+    finally:
+        for owner, name, original in reversed(originals):
+            setattr(owner, name, original)
 
 
 def _topological(nodes: list[Any], graph_inputs: set[str]) -> list[Any]:

@@ -29,13 +29,6 @@ from spotstop.guard.archs import ARCHS, ArchSpec
 ROOT = Path(__file__).resolve().parents[1]
 #: the folders whose modules may not name a model type (tests may: they are test data)
 SCANNED = ("guard", "calibrate", "diagnostics", "export", "jetson", "cli")
-#: modules outside the architecture modules that still name a model type, and why
-EXCEPTIONS: dict[str, str] = {
-    "export/fused.py": "the fused decoder's torch patches per architecture (_PATCHES); owned by "
-    "the fused-graph work, to move into each export config as a fused_patcher classmethod",
-    "guard/serve/_schemas.py": "an OpenAPI example of a response's member scores, keyed by "
-    "member names that happen to be the model types",
-}
 
 
 def test_both_rooms_register_the_same_architectures() -> None:
@@ -135,16 +128,13 @@ def _literal_hits() -> dict[str, list[str]]:
 
 def test_no_module_outside_the_architecture_modules_names_a_model_type() -> None:
     """No ``if model_type == "qwen3_5"`` and no per-architecture table anywhere else: a model
-    type string appears only in its two modules (and in the documented exceptions)."""
+    type string appears only in its two modules."""
     assert {"qwen3_5", "lfm2_vl", "lfm2"} <= _named_model_types()
     hits = _literal_hits()
-    unexpected = {p: h for p, h in hits.items() if p not in EXCEPTIONS}
-    assert not unexpected, (
+    assert not hits, (
         "model types named outside guard/archs/<type>.py and export/archs/<type>.py; move the "
-        f"architecture's knowledge into its modules: {unexpected}"
+        f"architecture's knowledge into its modules: {hits}"
     )
-    stale = sorted(set(EXCEPTIONS) - set(hits))
-    assert not stale, f"exceptions that no longer name a model type; remove them: {stale}"
 
 
 def test_the_scan_sees_a_model_type_literal(tmp_path: Path) -> None:

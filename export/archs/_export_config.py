@@ -5,15 +5,17 @@ subclass, in its own module ``export/archs/<model_type>.py``, and everything the
 knows about the architecture's graphs is in it: which ``torch.onnx`` exporter each scoring graph
 needs, whether the decoder graph has a fixed sequence length (one graph per length bucket), how
 far the exported graph's outputs and scores may move from the torch reference at each
-precision, what is patched while the decoder is exported, the decoder's position ids
-(:meth:`ExportConfig.position_ids`, used by export/graphs.py) and how to build a TEST member of
-the architecture with seeded random weights (:class:`MemberRecipe`, used by export/tiny.py).
+precision, what is patched while the decoder is exported, which layers call onnxruntime's
+fused operators in the fused graph form (:meth:`ExportConfig.fused_patches`, export/fused.py),
+the decoder's position ids (:meth:`ExportConfig.position_ids`, used by export/graphs.py) and
+how to build a TEST member of the architecture with seeded random weights
+(:class:`MemberRecipe`, used by export/tiny.py).
 ``export/configs.py`` is the registry's view (``EXPORT_CONFIGS``, ``get_export_config``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -24,7 +26,13 @@ if TYPE_CHECKING:
 
     import torch
 
-__all__ = ["RESCALE_NORMALIZE", "ExportConfig", "MemberRecipe"]
+__all__ = ["RESCALE_NORMALIZE", "ExportConfig", "FusedPatch", "MemberRecipe"]
+
+#: one patch of the fused graph form: ``(owner, attribute, replacement)``, e.g.
+#: ``(modeling_lfm2.Lfm2Attention, "forward", a forward that calls the fused attention)``;
+#: export/fused.py's ``fused_patcher`` sets ``owner.attribute`` to ``replacement`` while a
+#: graph is exported in that form, and restores it after
+FusedPatch = tuple[Any, str, Any]
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,15 @@ class ExportConfig:
         from contextlib import nullcontext
 
         return nullcontext()
+
+    @classmethod
+    def fused_patches(cls) -> Sequence[FusedPatch] | None:
+        """The fused graph form (export/fused.py): which attributes of the transformers modules
+        are replaced, while a graph is exported in that form, by code that calls the fused
+        operators (export/fused.py's ``rms_norm``, ``group_query_attention``, ...). Each
+        replacement is exact against the unpatched model, which the export is validated
+        against. Default None: the architecture has no fused form (standard only)."""
+        return None
 
     @classmethod
     def position_ids(

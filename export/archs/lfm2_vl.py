@@ -19,14 +19,22 @@ projection is ``feed_forward.w2``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotstop.export.archs._base import Architecture, RecordedMember
 from spotstop.export.archs._cost_model import ArchCost, Params
 from spotstop.export.archs._cost_model import config_value as _g
-from spotstop.export.archs._export_config import RESCALE_NORMALIZE, ExportConfig, MemberRecipe
+from spotstop.export.archs._export_config import (
+    RESCALE_NORMALIZE,
+    ExportConfig,
+    FusedPatch,
+    MemberRecipe,
+)
 from spotstop.export.mixed import MixedRoles
 from spotstop.guard.archs import lfm2_vl as runtime
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ARCH", "LFM25_VL_3B", "MIXED_ROLES", "Lfm2VlCost", "Lfm2VlExportConfig"]
 
@@ -113,6 +121,27 @@ class Lfm2VlExportConfig(ExportConfig):
     )
 
     @classmethod
+    def fused_patches(cls) -> list[FusedPatch]:
+        """The fused graph form: the LFM2 decoder's layers on onnxruntime's fused operators
+        (the layers below)."""
+        from spotstop.export import fused
+        from transformers.models.lfm2 import modeling_lfm2 as mod
+
+        if cls.position_ids.__func__ is not ExportConfig.position_ids.__func__:  # type: ignore[attr-defined]
+            raise NotImplementedError(
+                "LFM2's fused attention applies rotary at GQA's own positions 0 .. L-1; its "
+                "export config now computes other position ids, so the fused rotary would be "
+                "wrong. Export the standard graph form, or pass the rotary outside "
+                "GroupQueryAttention (do_rotary=0)."
+            )
+        return [
+            (mod, "causal_conv1d_fn", fused.fused_causal_conv1d_fn),
+            (mod.Lfm2Attention, "forward", _fused_attention_forward),
+            (mod.Lfm2RMSNorm, "forward", _fused_rms_norm_forward),
+            (mod.Lfm2DecoderLayer, "forward", _fused_layer_forward),
+        ]
+
+    @classmethod
     def image_processor_config(
         cls, config: Mapping[str, Any], image_tokens: tuple[int, int]
     ) -> dict[str, Any]:
@@ -128,6 +157,102 @@ class Lfm2VlExportConfig(ExportConfig):
             "use_thumbnail": False,
             "tile_size": 512,
         }
+
+
+# -- fused graph form: LFM2's layers on onnxruntime's fused operators -------------------------
+#
+# What each layer becomes (export/fused.py has the operators; as genai 0.18 writes lfm2):
+#
+# * short convolutions: ``CausalConvWithState`` (no activation); the ``B * x`` gate before it
+#   and ``C * y`` after it stay standard nodes.
+# * attention: ``GroupQueryAttention`` WITH its rotary (half-split, at GQA's own positions
+#   0 .. L-1, which are the decoder's position ids: the default ones); the q/k layernorms
+#   before it in ``SimplifiedLayerNormalization``.
+# * RMSNorms: ``SimplifiedLayerNormalization``; the residual Add + feed-forward norm of each
+#   layer as one ``SkipSimplifiedLayerNormalization``.
+# * the SigLIP2 vision tower stays standard: its attention reads the pixel attention mask
+#   (padded patches), which MultiHeadAttention would need as a key padding mask.
+
+
+def _fused_attention_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: torch.Tensor | None,
+    cache: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``Lfm2Attention.forward`` for the scoring pass, attention AND rotary as one
+    ``GroupQueryAttention``.
+
+    The rotary caches are the first half of transformers' own cos/sin (``position_embeddings``,
+    (1, L, D), computed from ``position_ids`` = 0 .. L-1): row p is position p, the position GQA
+    gives row p of a first prompt chunk. The mask is not read (export/fused.py: all ones)."""
+    from spotstop.export import fused
+
+    if cache is not None:
+        raise NotImplementedError("the fused attention serves the scoring pass only (no cache).")
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    query_states = self.q_layernorm(self.q_proj(hidden_states).view(*hidden_shape))
+    key_states = self.k_layernorm(self.k_proj(hidden_states).view(*hidden_shape))
+    value_states = self.v_proj(hidden_states)
+    cos, sin = position_embeddings
+    half = self.head_dim // 2
+    attn = fused.group_query_attention(
+        query_states.reshape(*input_shape, -1),
+        key_states.reshape(*input_shape, -1),
+        value_states,
+        self.config.num_attention_heads,
+        self.config.num_key_value_heads,
+        self.scaling,
+        rotary=(cos[0, :, :half], sin[0, :, :half]),
+    )
+    return self.out_proj(attn), None
+
+
+def _fused_rms_norm_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    """``Lfm2RMSNorm.forward`` as ``SimplifiedLayerNormalization``."""
+    from spotstop.export import fused
+
+    return fused.rms_norm(x, self.weight.float(), self.variance_epsilon)
+
+
+def _fused_layer_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: Any = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """``Lfm2DecoderLayer.forward`` with the residual Add and the feed-forward RMSNorm as one
+    ``SkipSimplifiedLayerNormalization``."""
+    from spotstop.export import fused
+
+    residual = hidden_states
+    if self.is_attention_layer:
+        hidden_states, _ = self.self_attn(
+            hidden_states=self.operator_norm(hidden_states),
+            position_embeddings=position_embeddings,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            **kwargs,
+        )
+    else:
+        hidden_states = self.conv(
+            hidden_states=self.operator_norm(hidden_states),
+            cache=cache,
+            attention_mask=attention_mask,
+            **kwargs,
+        )
+    norm = self.ffn_norm
+    normed, hidden_states = fused.skip_rms_norm(
+        hidden_states, residual, norm.weight.float(), norm.variance_epsilon
+    )
+    return hidden_states + self.feed_forward(normed)
 
 
 # -- cost model -------------------------------------------------------------------------------

@@ -33,7 +33,12 @@ from typing import TYPE_CHECKING, Any
 from spotstop.export.archs._base import Architecture, RecordedMember
 from spotstop.export.archs._cost_model import CHUNK, ArchCost, Params
 from spotstop.export.archs._cost_model import config_value as _g
-from spotstop.export.archs._export_config import RESCALE_NORMALIZE, ExportConfig, MemberRecipe
+from spotstop.export.archs._export_config import (
+    RESCALE_NORMALIZE,
+    ExportConfig,
+    FusedPatch,
+    MemberRecipe,
+)
 from spotstop.export.mixed import MixedRoles
 from spotstop.guard.archs import qwen3_5 as runtime
 
@@ -168,6 +173,24 @@ class Qwen35ExportConfig(ExportConfig):
         return compact_gated_delta(max_length)
 
     @classmethod
+    def fused_patches(cls) -> list[FusedPatch]:
+        """The fused graph form: transformers' Gated-DeltaNet functions and the decoder's and
+        vision tower's layers on onnxruntime's fused operators (the layers below)."""
+        from spotstop.export import fused
+        from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
+
+        return [
+            (mod, "torch_chunk_gated_delta_rule", fused.fused_chunk_gated_delta_rule),
+            (mod, "causal_conv1d_fn", fused.fused_causal_conv1d_fn),
+            (mod.Qwen3_5GatedDeltaNet, "forward", _fused_gated_delta_net_forward),
+            (mod.Qwen3_5VisionAttention, "forward", _fused_vision_attention_forward),
+            (mod.Qwen3_5Attention, "forward", _fused_attention_forward),
+            (mod.Qwen3_5RMSNorm, "forward", _fused_rms_norm_forward),
+            (mod.Qwen3_5RMSNormGated, "forward", _fused_gated_norm_forward),
+            (mod.Qwen3_5DecoderLayer, "forward", _fused_layer_forward),
+        ]
+
+    @classmethod
     def position_ids(
         cls, input_ids: torch.Tensor, is_image: torch.Tensor, grid: tuple[int, int]
     ) -> torch.Tensor:
@@ -203,6 +226,199 @@ class Qwen35ExportConfig(ExportConfig):
             "size": {"shortest_edge": 32 * 32, "longest_edge": 1024 * 32 * 32},
             "resample": 3,
         }
+
+
+# -- fused graph form: Qwen3.5's layers on onnxruntime's fused operators ----------------------
+#
+# What each layer becomes (export/fused.py has the operators; genai 0.18's model builder writes
+# qwen3_5 the same way, builders/qwen.py):
+#
+# * Gated-DeltaNet: ``CausalConvWithState`` (+ SiLU) for the short convolution,
+#   ``LinearAttentionGate`` for decay and beta (``-exp(A_log)`` a folded constant),
+#   ``LinearAttention`` (update_rule="gated_delta", q/k L2-normalised before it in standard
+#   nodes: genai's LpNormalization has no eps; ``q_num_heads`` the key heads, ``kv_num_heads``
+#   the value heads) and ``GatedRMSNorm`` (SiLU) per value head.
+# * attention: ``GroupQueryAttention`` without rotary: the q/k RMSNorms and the interleaved
+#   M-RoPE stay before it (M-RoPE places each token at three positions, which GQA's rotary
+#   cannot express; genai's ``is_fused_rope_supported`` is False for qwen3_5 too), the output
+#   gate ``sigmoid(gate)`` after it.
+# * RMSNorms: ``SimplifiedLayerNormalization`` with the ``1 + w`` scale folded; the residual Add
+#   + post-attention norm of each layer as one ``SkipSimplifiedLayerNormalization``.
+# * vision attention: one ``MultiHeadAttention`` per block (one image of one frame: one
+#   ``cu_seqlens`` span), the 2-D rotary before it in standard nodes.
+
+
+def _fused_gated_delta_net_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    cache: Any = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """``Qwen3_5GatedDeltaNet.forward`` for the scoring pass (no cache): the projections,
+    the short convolution, the gates, the delta rule and the gated norm on the fused operators,
+    in transformers' order and maths."""
+    from spotstop.export import fused
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
+
+    if cache is not None:
+        raise NotImplementedError(
+            "the fused Gated-DeltaNet serves the scoring pass only (no cache)."
+        )
+    hidden_states = mod.apply_mask_to_padding_states(hidden_states, attention_mask)
+    batch_size, seq_len, _ = hidden_states.shape
+    mixed_qkv = self.in_proj_qkv(hidden_states).transpose(1, 2)
+    z = self.in_proj_z(hidden_states).reshape(batch_size, seq_len, -1, self.head_v_dim)
+    b = self.in_proj_b(hidden_states)
+    a = self.in_proj_a(hidden_states)
+    mixed_qkv = fused.fused_causal_conv1d_fn(
+        mixed_qkv, self.conv1d.weight.squeeze(1), self.conv1d.bias, activation=self.activation
+    ).transpose(1, 2)
+    query, key, value = mixed_qkv.split([self.key_dim, self.key_dim, self.value_dim], -1)
+    query = query.reshape(batch_size, seq_len, -1, self.head_k_dim)
+    key = key.reshape(batch_size, seq_len, -1, self.head_k_dim)
+    value = value.reshape(batch_size, seq_len, -1, self.head_v_dim)
+    g, beta = fused.linear_attention_gate(a, self.dt_bias.float(), -self.A_log.float().exp(), b)
+    core, _ = fused.fused_chunk_gated_delta_rule(
+        query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=True
+    )
+    core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+    return self.out_proj(core.reshape(batch_size, seq_len, -1))
+
+
+def _fused_vision_attention_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    max_seqlen: int | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """``Qwen3_5VisionAttention.forward`` for ONE image: the attention as one
+    ``MultiHeadAttention`` (bidirectional, no mask); projections and 2-D rotary as transformers.
+
+    transformers attends within each ``cu_seqlens`` span (one per image and frame); the vision
+    graph is traced for one image of one frame (export/graphs.py ``VisionGraph``), so there is
+    one span. More spans are refused (attention across them would be wrong)."""
+    from spotstop.export import fused
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
+
+    if cu_seqlens.shape[0] != 2:
+        raise NotImplementedError(
+            f"the fused vision attention serves one image of one frame; this grid has "
+            f"{cu_seqlens.shape[0] - 1} attention spans. Export the vision graph with "
+            "graph_form='standard'."
+        )
+    if position_embeddings is None:
+        raise ValueError("Qwen3.5's vision attention needs its rotary position embeddings.")
+    seq_length = hidden_states.shape[0]
+    q, k, v = (
+        self.qkv(hidden_states)
+        .reshape(seq_length, 3, self.num_heads, -1)
+        .permute(1, 0, 2, 3)
+        .unbind(0)
+    )
+    cos, sin = position_embeddings
+    q, k = mod.apply_rotary_pos_emb_vision(q, k, cos, sin)
+    out = fused.multi_head_attention(
+        q.reshape(1, seq_length, -1),
+        k.reshape(1, seq_length, -1),
+        v.reshape(1, seq_length, -1),
+        self.num_heads,
+        self.scaling,
+    )
+    return self.proj(out.reshape(seq_length, -1))
+
+
+def _fused_attention_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: torch.Tensor | None,
+    cache: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``Qwen3_5Attention.forward`` for the scoring pass, the causal attention as
+    ``GroupQueryAttention``; projections, output gate, (1 + w) q/k RMSNorms and interleaved
+    M-RoPE as transformers. The mask is not read (export/fused.py: it is all ones)."""
+    from spotstop.export import fused
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
+
+    if cache is not None:
+        raise NotImplementedError("the fused attention serves the scoring pass only (no cache).")
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    query_states, gate = (
+        self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2).chunk(2, dim=-1)
+    )
+    gate = gate.reshape(*input_shape, -1)
+    query_states = self.q_norm(query_states.view(hidden_shape))
+    key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape))
+    value_states = self.v_proj(hidden_states)
+    cos, sin = position_embeddings
+    query_states, key_states = mod.apply_rotary_pos_emb(
+        query_states, key_states, cos, sin, unsqueeze_dim=2
+    )
+    attn = fused.group_query_attention(
+        query_states.reshape(*input_shape, -1),
+        key_states.reshape(*input_shape, -1),
+        value_states,
+        self.config.num_attention_heads,
+        self.config.num_key_value_heads,
+        self.scaling,
+    )
+    return self.o_proj(attn * gate.sigmoid()), None
+
+
+def _fused_rms_norm_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    """``Qwen3_5RMSNorm.forward`` (scale ``1 + w``) as ``SimplifiedLayerNormalization``."""
+    from spotstop.export import fused
+
+    return fused.rms_norm(x, 1.0 + self.weight.float(), self.eps)
+
+
+def _fused_gated_norm_forward(
+    self: Any, hidden_states: torch.Tensor, gate: torch.Tensor
+) -> torch.Tensor:
+    """``Qwen3_5RMSNormGated.forward`` as one ``GatedRMSNorm`` (SiLU)."""
+    from spotstop.export import fused
+
+    return fused.gated_rms_norm(hidden_states, self.weight.float(), gate, self.variance_epsilon)
+
+
+def _fused_layer_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: Any = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """``Qwen3_5DecoderLayer.forward`` with the residual Add and the post-attention RMSNorm as
+    one ``SkipSimplifiedLayerNormalization`` (its sum output is the next residual)."""
+    from spotstop.export import fused
+
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    if self.block_type == "linear_attention":
+        hidden_states = self.linear_attn(
+            hidden_states=hidden_states, cache=cache, attention_mask=attention_mask, **kwargs
+        )
+    else:
+        hidden_states, _ = self.self_attn(
+            hidden_states=hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+    norm = self.post_attention_layernorm
+    hidden_states, residual = fused.skip_rms_norm(
+        hidden_states, residual, 1.0 + norm.weight.float(), norm.eps
+    )
+    return residual + self.mlp(hidden_states)
 
 
 # -- cost model -------------------------------------------------------------------------------
