@@ -40,7 +40,7 @@ def main() -> None:
     from spotstop.diagnostics.cues import load_candidates, measure_reliance, read_source_set
     from spotstop.export.scenes import demo_scenes
     from spotstop.export.tiny import TINY_MEMBERS, build_tiny_pair
-    from spotstop.guard._config import spotstop_home
+    from spotstop.guard import spotstop_home
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -66,9 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from spotstop.export.onnx_bundle import derive_bundle, write_onnx_bundle
     from spotstop.export.scenes import demo_scenes
     from spotstop.export.tiny import TINY_MEMBERS, build_tiny_pair
-    from spotstop.guard._bundle import load_bundle
-    from spotstop.guard._config import ScoringConfig
-    from spotstop.guard._member import load_member
+    from spotstop.guard import ScoringConfig, load_bundle, load_member
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -33,7 +33,7 @@ import yaml
 
 
 def _bundle() -> Path:
-    from spotstop.guard._config import spotstop_home
+    from spotstop.guard import spotstop_home
 
     root = spotstop_home() / "bench"
     if not (root / "bundle" / "policy.yaml").is_file():

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     from spotstop.export.mixed import int8_linears
     from spotstop.export.scenes import demo_scenes
     from spotstop.export.verify import spearman
-    from spotstop.guard._member import load_member
+    from spotstop.guard import load_member
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -317,8 +317,7 @@ def child_latency(kind: str, where: str, name: str, n: str, dtype: str, profile:
         m = load_member(where, name=name, backend="torch", dtype=dtype)
     else:
         calls, sessions = _patch_sessions(profile or None)
-        from spotstop.guard._bundle import load_bundle
-        from spotstop.guard._member import load_bundle_member
+        from spotstop.guard import load_bundle, load_bundle_member
 
         b = load_bundle(where)
         m = load_bundle_member(b, next(bm for bm in b.members if bm.name == name))

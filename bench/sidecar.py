@@ -39,7 +39,7 @@ import numpy as np
 def _bundle(arg: Path | None) -> Path:
     if arg is not None:
         return arg
-    from spotstop.guard._config import spotstop_home
+    from spotstop.guard import spotstop_home
 
     root = spotstop_home() / "bench"
     if not (root / "bundle" / "policy.yaml").is_file():

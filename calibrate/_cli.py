@@ -42,7 +42,7 @@ def recalibrate_command(args: argparse.Namespace) -> int:
     from spotstop.calibrate._logdata import read_log_for_bundle
     from spotstop.calibrate._recalibrate import Recalibrator
     from spotstop.calibrate._versions import activate_policy_version, write_policy_version
-    from spotstop.guard._bundle import load_bundle
+    from spotstop.guard import load_bundle
     from spotstop.guard.policies import load_policy
 
     bundle = load_bundle(args.bundle, verify=False)
@@ -103,7 +103,7 @@ def _resolve(spec: str, bundle: Path | None) -> tuple[Path, str]:
     p = Path(spec)
     if bundle is not None and not p.is_file():
         if spec == "active":
-            from spotstop.guard._bundle import load_bundle
+            from spotstop.guard import load_bundle
 
             return load_bundle(bundle, verify=False).policy_path, "active"
         v = resolve_policy_version(bundle, spec)

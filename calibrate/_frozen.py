@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from spotstop.guard._errors import ConfigError
-from spotstop.guard._fusion import Avg2Fusion
+from spotstop.guard import Avg2Fusion, ConfigError
 from spotstop.guard.policies import FitContext, FrozenPolicy, Policy
 
 __all__ = ["FrozenFit", "fit_frozen"]

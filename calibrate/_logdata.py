@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from spotstop.guard._errors import GuardError
+from spotstop.guard import GuardError
 from spotstop.guard.validate import is_real
 
 __all__ = ["CalibrationError", "CalibrationLog", "parse_time", "read_calibration_log"]

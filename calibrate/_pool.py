@@ -19,9 +19,7 @@ from typing import Any
 import numpy as np
 from spotstop.calibrate._frozen import fit_frozen
 from spotstop.calibrate._logdata import CalibrationError
-from spotstop.guard._bundle import load_bundle
-from spotstop.guard._member import load_bundle_member
-from spotstop.guard._types import Scene
+from spotstop.guard import Scene, load_bundle, load_bundle_member
 from spotstop.guard.policies import PolicyConfig, policy_class, policy_kinds
 
 __all__ = ["IMAGE_SUFFIXES", "fit_pool_policy", "pool_scenes"]

@@ -38,7 +38,7 @@ import numpy as np
 from spotstop.calibrate._conformal import ConformalCalibrator
 from spotstop.calibrate._frozen import FrozenFit, fit_frozen
 from spotstop.calibrate._logdata import CalibrationError, CalibrationLog
-from spotstop.guard._fusion import Avg2Fusion
+from spotstop.guard import Avg2Fusion
 from spotstop.guard.policies import (
     POLICY_KINDS,
     CutChoice,

@@ -82,7 +82,7 @@ def _sha(path: Path) -> str:
 
 
 def _bundle_paths(bundle_dir: str | os.PathLike[str]) -> tuple[Path, Path, Any]:
-    from spotstop.guard._bundle import load_bundle
+    from spotstop.guard import load_bundle
 
     bundle = load_bundle(bundle_dir, verify=False)
     return bundle.policy_path, bundle.policy_path.parent / POLICY_DIR, bundle

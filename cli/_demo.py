@@ -76,7 +76,7 @@ def add_demo_parser(sub: Any) -> None:
 
 def demo_command(args: argparse.Namespace) -> int:
     """Run ``spotstop demo``."""
-    from spotstop.guard._config import spotstop_home
+    from spotstop.guard import spotstop_home
 
     if args.write_card_log is not None:
         seed = DEMO_LOG_SEED if args.seed is None else args.seed
@@ -112,7 +112,7 @@ def make_demo_bundle(
 
     ``members``: the member folders (default: the trained tiny pair, written under ``root``).
     """
-    from spotstop.calibrate._pool import fit_pool_policy
+    from spotstop.calibrate import fit_pool_policy
     from spotstop.export.bundle import write_bundle
     from spotstop.export.world import WorldOptions, case_scene, world_cases
     from spotstop.guard.policies import dump_policy
@@ -161,7 +161,7 @@ def demo_cases(seed: int) -> tuple[list[Any], list[Any], Any]:
 
 def run_demo(root: Path, *, seed: int = 0, out: Any = print) -> Path:
     """Run the demo under ``root``; returns the decision log's path."""
-    from spotstop.guard._guard import Guard
+    from spotstop.guard import Guard
 
     bdir = make_demo_bundle(root, seed=seed)
     log_path = root / "decisions.sqlite"
@@ -279,9 +279,8 @@ def _label_decisions(guard: Any, checked: Sequence[tuple[Any, Any]]) -> None:
 def _recalibrate_conformal(guard: Any, bdir: Path, log_path: Path, seed: int) -> str:
     """Fit a conformal cut on the labelled log so far (the fusion kept), write it as the next
     policy version, activate it and reload the guard; returns the new version's name."""
+    from spotstop.calibrate import Recalibrator, activate_policy_version, write_policy_version
     from spotstop.calibrate._logdata import read_log_for_bundle
-    from spotstop.calibrate._recalibrate import Recalibrator
-    from spotstop.calibrate._versions import activate_policy_version, write_policy_version
 
     data = read_log_for_bundle(log_path, guard.bundle)
     rec = Recalibrator(
@@ -329,7 +328,7 @@ def write_demo_log(
 
     import numpy as np
     from spotstop.export.world import case_scene, world_cases
-    from spotstop.guard._guard import Guard
+    from spotstop.guard import Guard
 
     out = Path(out_path)
     if out.suffix != ".sqlite":

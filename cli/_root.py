@@ -261,7 +261,7 @@ def _exit_status(name: str | None, cmd: Command | None, e: Exception) -> int | N
         if hint is not None:
             print(f"spotstop {name}: {hint}", file=sys.stderr)
             return 2
-    from spotstop.guard._errors import BackendUnavailableError, GuardError
+    from spotstop.guard import BackendUnavailableError, GuardError
 
     if isinstance(e, BackendUnavailableError):  # its message names what to install
         print(f"spotstop {name}: {e}", file=sys.stderr)

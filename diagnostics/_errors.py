@@ -7,7 +7,7 @@ never an error and never a silent 0: it is an :class:`UndefinedMetricWarning` an
 
 from __future__ import annotations
 
-from spotstop.guard._errors import GuardError
+from spotstop.guard import GuardError
 
 __all__ = ["DataError", "DiagnosticsError", "UndefinedMetricWarning"]
 

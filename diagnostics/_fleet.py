@@ -44,10 +44,9 @@ from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics._from_log import LogData, _log_data, robot_of_path
 from spotstop.diagnostics._resample import group_sum_draws, nan_divide, percentile_ci
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
-from spotstop.guard import GuardError, LabelsFileError, read_reviewed
+from spotstop.guard import GuardError, LabelsFileError, LogArrays, PolicyRow, read_reviewed
 from spotstop.guard._log_archive import archive_folder, read_archive_file
-from spotstop.guard._log_read import LogArrays, arrays_from_rows
-from spotstop.guard._log_schema import PolicyRow
+from spotstop.guard._log_read import arrays_from_rows
 
 __all__ = ["FleetCheck", "FleetRobot", "expand_inputs", "read_fleet"]
 

@@ -57,13 +57,13 @@ from spotstop.guard import (
     CountedDecisions,
     GuardError,
     LabelsFileError,
+    LogArrays,
+    PolicyRow,
     Reviewed,
     decisions_that_count,
     read_reviewed,
 )
 from spotstop.guard._labels import _cell
-from spotstop.guard._log_read import LogArrays
-from spotstop.guard._log_schema import PolicyRow
 from spotstop.guard.policies import PolicyConfig, load_policy
 
 __all__ = [

@@ -380,8 +380,8 @@ def run_export(args: argparse.Namespace) -> int:
     from spotstop.export.mixed import parse_selectors
     from spotstop.export.onnx import DEFAULT_BUCKETS
     from spotstop.export.onnx_bundle import write_onnx_bundle
-    from spotstop.guard._config import ScoringConfig, load_scoring_config, parse_image_size
-    from spotstop.guard._errors import ConfigError
+    from spotstop.guard import ConfigError, ScoringConfig, load_scoring_config
+    from spotstop.guard._config import parse_image_size
     from spotstop.guard._member import parse_visual_tokens
 
     cfg = load_scoring_config(args.config) if args.config else ScoringConfig()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from spotstop.guard import ScoringConfig
 from spotstop.guard._bundle import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
@@ -23,7 +24,6 @@ from spotstop.guard._bundle import (
     pair_prompt_hash,
     sha256_file,
 )
-from spotstop.guard._config import ScoringConfig
 from spotstop.guard._files import atomic_write_text
 from spotstop.guard._hf import render_template, resolve_member
 from spotstop.guard._member import check_budget_keys, member_visual_tokens, resolve_image_size

@@ -260,8 +260,8 @@ def bundle_cost(path: str | os.PathLike[str], *, request: str = DEFAULT_REQUEST)
     import json
 
     import yaml
+    from spotstop.guard import load_bundle
     from spotstop.guard._arch import get_arch
-    from spotstop.guard._bundle import load_bundle
     from spotstop.guard._prompt import PromptEncoder
 
     b = load_bundle(path, verify=False)

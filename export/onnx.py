@@ -71,7 +71,7 @@ from spotstop.export.precision import (
 )
 from spotstop.export.quant import quantizer_meta
 from spotstop.export.weights import DiskWeights, fold_weight_transposes, tie_output_layer
-from spotstop.guard._config import ScoringConfig
+from spotstop.guard import ScoringConfig
 from spotstop.guard._hf import (
     MEMBER_HINTS,
     TEST_PAIR_MARKER,
@@ -320,7 +320,7 @@ def _record_calibration(
     and record every Linear's inputs to ``out`` for GPTQ."""
     import torch
     from spotstop.export.scenes import demo_scenes
-    from spotstop.guard._image import decode_image
+    from spotstop.guard import decode_image
     from tqdm.auto import tqdm
 
     plan = encoder.plan

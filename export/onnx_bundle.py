@@ -30,8 +30,8 @@ from spotstop.export.mixed import DEFAULT_INT4_INT8, parse_selectors
 from spotstop.export.onnx import DEFAULT_BUCKETS, MemberExport, export_member
 from spotstop.export.triton import write_triton_repository
 from spotstop.export.trt import build_engines, write_trt_script
+from spotstop.guard import ScoringConfig
 from spotstop.guard._bundle import is_device_built, pair_prompt_hash, sha256_file
-from spotstop.guard._config import ScoringConfig
 from spotstop.guard._hf import resolve_member
 from spotstop.guard._member import check_budget_keys, member_visual_tokens
 
@@ -315,7 +315,7 @@ def derive_bundle(
     from spotstop.export.onnx import _save, onnx_weight_bytes
     from spotstop.export.precision import ConvertOptions, convert_precision, get_precision
     from spotstop.export.quant import quantizer_meta
-    from spotstop.guard._bundle import load_bundle
+    from spotstop.guard import load_bundle
     from spotstop.guard.backends._onnx import GRAPHS_FILE
 
     b = load_bundle(src)

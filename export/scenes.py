@@ -12,7 +12,7 @@ import io
 
 import numpy as np
 from PIL import Image, ImageDraw
-from spotstop.guard._types import Scene
+from spotstop.guard import Scene
 
 __all__ = ["demo_scenes"]
 

@@ -395,7 +395,7 @@ class TinyPair:
 
 def default_tiny_dir() -> Path:
     """``$SPOTSTOP_HOME/tiny`` (default ``~/.cache/spotstop/tiny``)."""
-    from spotstop.guard._config import spotstop_home
+    from spotstop.guard import spotstop_home
 
     return spotstop_home() / "tiny"
 

@@ -171,7 +171,7 @@ def train_member(
 ) -> TrainingRun:
     """Train the member in ``folder`` in place (its ``model.safetensors`` is rewritten)."""
     import torch
-    from spotstop.guard._member import load_member
+    from spotstop.guard import load_member
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     member = load_member(folder, image_size=(TRAINED_IMAGE_SIZE, TRAINED_IMAGE_SIZE))
@@ -263,7 +263,7 @@ class TrainedWeightsError(RuntimeError):
 
 def default_trained_dir() -> Path:
     """``$SPOTSTOP_HOME/tiny-trained`` (default ``~/.cache/spotstop/tiny-trained``)."""
-    from spotstop.guard._config import spotstop_home
+    from spotstop.guard import spotstop_home
 
     return spotstop_home() / "tiny-trained"
 
@@ -362,7 +362,7 @@ def short_run_scores(root: str | Path, *, seed: int = 0) -> dict[str, list[float
     """Train the pair for :data:`SHORT_RUN_STEPS` steps under ``root`` and return each member's
     scores on eight fixed world scenes (seed 99)."""
     from spotstop.export.world import case_scene
-    from spotstop.guard._member import load_member
+    from spotstop.guard import load_member
 
     pair = build_trained_pair(root, seed=seed, retrain=True, steps=SHORT_RUN_STEPS)
     scenes = [case_scene(c, _SHORT_RUN_WORLD) for c in world_cases(99, _SHORT_RUN_WORLD)]

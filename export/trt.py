@@ -337,7 +337,7 @@ def build_engines(
     if any(s["precision"] not in TRT_PRECISIONS for s in specs):
         say("  TensorRT cannot parse int8/int4 (MatMulNBits) graphs: no engines built")
         return False
-    from spotstop.guard._errors import GuardError
+    from spotstop.guard import GuardError
     from spotstop.guard.backends._trt import open_device
 
     try:

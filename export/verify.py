@@ -24,11 +24,16 @@ from dataclasses import dataclass
 import numpy as np
 from spotstop.export.configs import get_export_config
 from spotstop.export.scenes import demo_scenes
-from spotstop.guard._bundle import Bundle, BundleMember, load_bundle
-from spotstop.guard._config import ScoringConfig
-from spotstop.guard._errors import ScoringError
-from spotstop.guard._member import load_bundle_member, load_member
-from spotstop.guard._types import Scene
+from spotstop.guard import (
+    Bundle,
+    BundleMember,
+    Scene,
+    ScoringConfig,
+    ScoringError,
+    load_bundle,
+    load_bundle_member,
+    load_member,
+)
 
 __all__ = [
     "REFERENCE_HINT",

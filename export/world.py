@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-from spotstop.guard._types import Scene
+from spotstop.guard import Scene
 
 __all__ = [
     "HAZARDS",

@@ -4,8 +4,8 @@ The public surface is small; everything else lives in private modules. Importing
 package loads no model and imports neither torch nor transformers.
 """
 
-from spotstop.guard._bundle import Bundle, BundleError, load_bundle
-from spotstop.guard._config import ScoringConfig, load_scoring_config
+from spotstop.guard._bundle import Bundle, BundleError, BundleMember, load_bundle
+from spotstop.guard._config import ScoringConfig, load_scoring_config, spotstop_home
 from spotstop.guard._errors import (
     BackendUnavailableError,
     ConfigError,
@@ -15,14 +15,14 @@ from spotstop.guard._errors import (
     RequestError,
     ScoringError,
 )
-from spotstop.guard._fusion import Avg2Fusion, FusionError
+from spotstop.guard._fusion import Avg2Fusion, FusionError, MemberStats
 from spotstop.guard._guard import Guard
 from spotstop.guard._image import DecodedImage, ImageRefused, decode_image
 from spotstop.guard._labels import LabelsFileError, apply_labels_file
 from spotstop.guard._log import DecisionLog, LogError
 from spotstop.guard._log_read import LogArrays
 from spotstop.guard._log_schema import PolicyRow
-from spotstop.guard._member import Member, MemberInfo, load_member
+from spotstop.guard._member import Member, MemberInfo, load_bundle_member, load_member
 from spotstop.guard._prompt import PromptSpec
 from spotstop.guard._record import Decision, DecisionRecord
 from spotstop.guard._reviewed import (
@@ -39,6 +39,7 @@ __all__ = [
     "BackendUnavailableError",
     "Bundle",
     "BundleError",
+    "BundleMember",
     "ConfigError",
     "CountedDecisions",
     "Decision",
@@ -57,6 +58,7 @@ __all__ = [
     "MemberInfo",
     "MemberLoadError",
     "MemberScore",
+    "MemberStats",
     "PolicyConfig",
     "PolicyError",
     "PolicyRow",
@@ -70,8 +72,10 @@ __all__ = [
     "decisions_that_count",
     "decode_image",
     "load_bundle",
+    "load_bundle_member",
     "load_member",
     "load_policy",
     "load_scoring_config",
     "read_reviewed",
+    "spotstop_home",
 ]

@@ -42,6 +42,16 @@ class BundleError(GuardError, ValueError):
 
 @dataclass(frozen=True)
 class BundleMember:
+    """One member as the bundle's manifest records it (an entry of :attr:`Bundle.members`).
+
+    name: the member's name in the bundle (and in the decision log's ``member_scores``);
+    path: its folder inside the bundle; model_type: its architecture; backend: the backend
+    the manifest names (``torch`` for a Hugging Face folder, ``onnx`` for an exported one);
+    image_size: (height, width) of its image grid; prompt_hash: the hash of the prompt it was
+    bundled with; template: its rendered chat template; revision: the source revision, when
+    known. Load it with :func:`load_bundle_member`.
+    """
+
     name: str
     path: Path
     model_type: str

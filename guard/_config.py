@@ -21,7 +21,11 @@ __all__ = ["ScoringConfig", "load_scoring_config", "parse_image_size", "spotstop
 
 
 def spotstop_home() -> Path:
-    """Where spotstop keeps its working files: ``$SPOTSTOP_HOME``, else ``~/.cache/spotstop``."""
+    """Where spotstop keeps its working files: ``$SPOTSTOP_HOME``, else ``~/.cache/spotstop``.
+
+    The demo bundle (``demo/bundle``, what ``spotstop check`` uses without ``--bundle``), the
+    tiny TEST pair and other built artifacts live under it; calling this creates nothing.
+    """
     return Path(os.environ.get("SPOTSTOP_HOME") or Path.home() / ".cache" / "spotstop")
 
 

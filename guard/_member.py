@@ -319,10 +319,17 @@ def load_bundle_member(
 ) -> Member:
     """Load one member of a bundle with the bundle's prompt, grid, template and backend.
 
+    What :class:`Guard` does for each member, for scoring a bundle's members without a guard
+    (no policy, no log)::
+
+        bundle = load_bundle("bundle/")
+        members = [load_bundle_member(bundle, m) for m in bundle.members]
+
     ``backend`` overrides the backend the manifest names (``onnx`` for an exported bundle):
     ``"tensorrt"`` runs the engines built on the device from the same ONNX graphs
-    (``trt/build.sh``; see :mod:`spotstop.guard.backends._trt`). Refuses a member whose prompt hash
-    differs from the one the bundle recorded.
+    (``trt/build.sh``; see :mod:`spotstop.guard.backends._trt`). Raises
+    :class:`MemberLoadError` for a member whose prompt hash or visual-token budget differs
+    from what the bundle recorded, or a backend the member cannot run on.
     """
     if backend is not None and backend != member.backend:
         if member.backend == "torch":

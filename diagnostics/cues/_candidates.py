@@ -80,8 +80,7 @@ def load_candidates(
     threads: int | None = None,
 ) -> CandidateSet:
     """Read each candidate folder (no model is loaded until its scores are needed)."""
-    from spotstop.guard import BundleError, load_bundle, load_member
-    from spotstop.guard._member import load_bundle_member
+    from spotstop.guard import BundleError, load_bundle, load_bundle_member, load_member
 
     if not folders:
         raise DataError("give at least one candidate: --candidate BUNDLE_OR_MEMBER_DIR.")

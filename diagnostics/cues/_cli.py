@@ -312,7 +312,7 @@ def _cache_dir(args: argparse.Namespace) -> Path | None:
         return None
     if args.cache is not None:
         return Path(args.cache)
-    from spotstop.guard._config import spotstop_home
+    from spotstop.guard import spotstop_home
 
     return spotstop_home() / "cues-cache"
 

@@ -98,7 +98,7 @@ def fitted_cut_policy(
 def stated_cut_policy(member: str, cut: float) -> dict[str, Any]:
     """A member at a cut the user states on its raw score ``s`` (UNSAFE when ``s ≥ cut``):
     reference statistics of median 0 and IQR 1, so the fused score is ``s`` itself."""
-    from spotstop.guard._fusion import Avg2Fusion, MemberStats
+    from spotstop.guard import Avg2Fusion, MemberStats
 
     fusion = Avg2Fusion((member,), {member: MemberStats(0.0, 1.0)})
     return frozen_pair_policy(fusion, cut, name=member, fitted_on={"what": "stated by the user"})
