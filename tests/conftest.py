@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests._support.make_bundle import BUNDLE_DIR
 from tests._support.pair import TINY_MEMBERS
 
 
@@ -22,6 +24,37 @@ def _journal_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("XDG_STATE_HOME", None)
     else:
         os.environ["XDG_STATE_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def committed_bundle() -> Path:
+    """The committed tiny ONNX bundle (``tests/_support/tiny_bundle``: the tiny TEST pair at fp32
+    with a demo policy; ``python -m tests._support.make_bundle`` writes it). The guard serves it
+    with onnxruntime alone: no torch. Read-only: copy it before changing anything in it. A
+    missing bundle fails the test, never skips it."""
+    if not (BUNDLE_DIR / "manifest.yaml").is_file():
+        pytest.fail(
+            f"the committed test bundle {BUNDLE_DIR} is missing; write it with "
+            "`python -m tests._support.make_bundle` (needs the export extra) and commit it"
+        )
+    return BUNDLE_DIR
+
+
+@pytest.fixture(scope="session")
+def runtime_bundle(committed_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the committed bundle made once per session, shared by the tests that only
+    read it (a guard writes its situation state and logs elsewhere)."""
+    dst = tmp_path_factory.mktemp("runtime") / "bundle"
+    shutil.copytree(committed_bundle, dst)
+    return dst
+
+
+@pytest.fixture
+def bundle_copy(committed_bundle: Path, tmp_path: Path) -> Path:
+    """A copy of the committed bundle of this test's own, to change at will."""
+    dst = tmp_path / "bundle"
+    shutil.copytree(committed_bundle, dst)
+    return dst
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,8 @@ its package-dir mapping names (a copy, so that no ``build/`` left in the checkou
 modules into the wheel). This proves the wheel carries every package through the mapping and
 that torch, transformers, scipy and matplotlib are not needed by ``policy init``, ``policy
 list``, ``policy activate``, ``check``, ``verify-bundle``'s runtime half and ``serve``, run
-against the tiny pair's exported ONNX bundle. A command that needs an extra says which, in
-one line.
+against the committed tiny ONNX bundle (``tests/_support/tiny_bundle``). A command that needs
+an extra says which, in one line.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _free_port() -> int:
 
 
 def test_the_robots_commands_run_on_the_base_install(
-    base_venv: Path, tiny_pair_fp32_bundle: Path, tmp_path: Path
+    base_venv: Path, committed_bundle: Path, tmp_path: Path
 ) -> None:
     import httpx
 
@@ -99,7 +99,10 @@ def test_the_robots_commands_run_on_the_base_install(
     assert json.loads(out.stdout) == []
 
     bundle = tmp_path / "bundle"
-    shutil.copytree(tiny_pair_fp32_bundle, bundle)  # the session's export is read-only
+    # the committed export, without its policy (policy init writes the first one)
+    shutil.copytree(
+        committed_bundle, bundle, ignore=shutil.ignore_patterns("policy.yaml", "policies")
+    )
     pool = tmp_path / "pool"
     pool.mkdir()
     for i in range(8):

@@ -1,10 +1,9 @@
-"""The HTTP sidecar in tests: the demo bundle, a live uvicorn server in a thread or a
-subprocess, stand-in members, request bodies."""
+"""The HTTP sidecar in tests: a live uvicorn server in a thread or a subprocess, stand-in
+members, request bodies (the bundle: conftest's ``runtime_bundle``)."""
 
 from __future__ import annotations
 
 import base64
-import shutil
 import socket
 import struct
 import subprocess
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import uvicorn
 from spotstop.guard import Guard, MemberScore
 from spotstop.guard.serve import (
@@ -31,22 +29,6 @@ from spotstop.guard.serve import (
 from tests._support.images import make_image_bytes
 
 TOKEN = "s3cret-token-0123456789abcdef"
-
-_BUNDLES: dict[Path, Path] = {}
-
-
-def serve_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
-    """The demo bundle on the tiny pair, built once per test session (read-only use)."""
-    if tiny_pair not in _BUNDLES:
-        from spotstop.cli._demo import make_demo_bundle
-        from spotstop.export.tiny import TINY_MEMBERS
-
-        root = tmp_path_factory.mktemp("serve")
-        shutil.copytree(tiny_pair, root / "tiny")
-        _BUNDLES[tiny_pair] = make_demo_bundle(
-            root, pool_size=8, members=[root / "tiny" / m for m in TINY_MEMBERS]
-        )
-    return _BUNDLES[tiny_pair]
 
 
 @dataclass

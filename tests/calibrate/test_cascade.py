@@ -10,6 +10,7 @@ the policy's own :meth:`CascadePolicy.second_needed`; a Guard loads the policy f
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -87,15 +88,16 @@ def test_recalibrate_cascade_refuses_a_member_the_fusion_lacks(
     assert len(list_policy_versions(bundle)) == before
 
 
-def test_policy_init_fits_a_cascade_and_a_guard_decides_with_it(tiny_pair: Path, tmp_path: Path):
-    pytest.importorskip("torch")
+def test_policy_init_fits_a_cascade_and_a_guard_decides_with_it(
+    committed_bundle: Path, tmp_path: Path
+):
     from spotstop.calibrate._pool import pool_scenes
-    from spotstop.export.bundle import write_bundle
     from spotstop.export.scenes import demo_scenes
     from spotstop.guard import DecisionLog, Guard, Scene
     from spotstop.guard._member import load_bundle_member
 
-    bundle = write_bundle([tiny_pair / "tiny-qwen3_5", tiny_pair / "tiny-lfm2_vl"], tmp_path / "b")
+    bundle = tmp_path / "b"  # the committed export, without its policy
+    shutil.copytree(committed_bundle, bundle, ignore=shutil.ignore_patterns("policy.yaml"))
     pool = tmp_path / "pool"
     pool.mkdir()
     for i, s in enumerate(demo_scenes(12, seed=5)):

@@ -7,9 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-pytest.importorskip("torch")
-
 from spotstop.calibrate import CalibrationError
 from spotstop.calibrate._pool import fit_pool_policy, pool_scenes
 from spotstop.cli import main
@@ -19,11 +16,11 @@ from spotstop.guard._member import load_bundle_member
 
 
 @pytest.fixture
-def bare_bundle(tiny_pair: Path, tmp_path: Path) -> Path:
-    """A torch-backend bundle of the tiny pair with no policy.yaml (as after an export)."""
-    from spotstop.export.bundle import write_bundle
-
-    return write_bundle([tiny_pair / "tiny-qwen3_5", tiny_pair / "tiny-lfm2_vl"], tmp_path / "b")
+def bare_bundle(committed_bundle: Path, tmp_path: Path) -> Path:
+    """The committed tiny ONNX bundle without its policy.yaml (as after an export)."""
+    dst = tmp_path / "b"
+    shutil.copytree(committed_bundle, dst, ignore=shutil.ignore_patterns("policy.yaml", "policies"))
+    return dst
 
 
 @pytest.fixture

@@ -254,14 +254,11 @@ def test_cli_recalibrate_list_diff_activate(setup, capsys: pytest.CaptureFixture
 # ------------------------------------------------------------------ hot reload under load
 
 
-def test_reload_under_load_drops_nothing(tiny_pair: Path, tmp_path: Path):
-    from spotstop.export.bundle import write_bundle
+def test_reload_under_load_drops_nothing(bundle_copy: Path, tmp_path: Path):
     from spotstop.export.scenes import demo_scenes
     from spotstop.guard import Guard, Scene
 
-    bundle = write_bundle(
-        [tiny_pair / "tiny-qwen3_5", tiny_pair / "tiny-lfm2_vl"], tmp_path / "b", copy_members=False
-    )
+    bundle = bundle_copy
     dump_policy(frozen_policy(bundle, 1e9), bundle / "policy.yaml")
     v_unsafe = write_policy_version(bundle, frozen_policy(bundle, -1e9))  # archives +1e9 as v1
     bad = tmp_path / "bad.yaml"

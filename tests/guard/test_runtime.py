@@ -1,9 +1,12 @@
-"""The guard runtime: bundle, decisions, fail-closed faults, the log, `demo` and `check`."""
+"""The guard runtime: bundle, decisions, fail-closed faults, the log, `demo` and `check`.
+
+The guard runs on the committed tiny ONNX bundle (conftest's ``bundle_copy``) with onnxruntime
+alone; only the ``demo`` test needs torch.
+"""
 
 from __future__ import annotations
 
 import itertools
-import shutil
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,12 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-
-pytest.importorskip("torch")
-
-from spotstop.cli._demo import make_demo_bundle
 from spotstop.export.scenes import demo_scenes
-from spotstop.export.tiny import TINY_MEMBERS
 from spotstop.guard import (
     BundleError,
     Decision,
@@ -33,19 +31,6 @@ from spotstop.guard.policies import FrozenPolicy, PolicyConfig, dump_policy
 from tests._support.guard import make_scene, set_frozen
 from tests._support.images import make_image_bytes
 from tests._support.tolerance import SCHEDULING_SLACK_S, fused_tolerance, score_tolerances
-
-
-@pytest.fixture(scope="module")
-def demo_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
-    root = tmp_path_factory.mktemp("demo")
-    return make_demo_bundle(root, members=[tiny_pair / m for m in TINY_MEMBERS])
-
-
-@pytest.fixture
-def bundle_copy(demo_bundle: Path, tmp_path: Path) -> Path:
-    dst = tmp_path / "bundle"
-    shutil.copytree(demo_bundle, dst, ignore=shutil.ignore_patterns("situations.json", "*.sqlite*"))
-    return dst
 
 
 def test_check_gives_a_logged_decision_with_every_field(bundle_copy: Path, tmp_path: Path):
@@ -167,7 +152,7 @@ def test_fault_nan_and_inf_scores(bundle_copy: Path, tmp_path: Path, monkeypatch
 
 def test_fault_missing_member(bundle_copy: Path, tmp_path: Path):
     set_frozen(bundle_copy, 1e9)
-    (bundle_copy / "members" / "tiny-lfm2_vl" / "model.safetensors").unlink()
+    (bundle_copy / "members" / "tiny-lfm2_vl" / "onnx" / "decoder.onnx").unlink()
     with pytest.raises(BundleError, match="missing"):
         Guard(bundle_copy, log=tmp_path / "l.sqlite")
     with Guard(bundle_copy, log=tmp_path / "l.sqlite", verify=False) as g:
@@ -418,6 +403,7 @@ def test_check_exit_codes(bundle_copy: Path, tmp_path: Path, capsys):
 def test_demo_runs_on_the_trained_pair_and_follows_the_world_rule(tmp_path: Path, capsys):
     """The demo's decisions follow the toy world's rule on at least 10 of
     its 12 scenes, and it says the pair is a test pair on a toy world."""
+    pytest.importorskip("torch")  # the demo scores with the trained pair's torch members
     import re
 
     from spotstop.cli import main

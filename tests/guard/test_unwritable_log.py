@@ -16,9 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("torch")
-
 from spotstop.guard import DecisionLog, Guard
 from spotstop.guard._guard import DecisionNotLogged
 from spotstop.guard._journal import Journal
@@ -36,13 +33,9 @@ def mend_log(log: DecisionLog) -> None:
 
 
 @pytest.fixture(scope="module")
-def safe_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
-    from spotstop.cli._demo import make_demo_bundle
-    from spotstop.export.tiny import TINY_MEMBERS
-
-    root = tmp_path_factory.mktemp("guardlog")
-    shutil.copytree(tiny_pair, root / "tiny")
-    bundle = make_demo_bundle(root, pool_size=8, members=[root / "tiny" / m for m in TINY_MEMBERS])
+def safe_bundle(committed_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    bundle = tmp_path_factory.mktemp("guardlog") / "bundle"
+    shutil.copytree(committed_bundle, bundle)
     set_frozen(bundle, 1e9)  # every scored scene is SAFE
     return bundle
 

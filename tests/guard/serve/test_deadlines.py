@@ -46,7 +46,6 @@ from tests._support.serve import (
     jpeg,
     live_server,
     multipart,
-    serve_bundle,
     serve_process,
     settings_for,
     stand_in,
@@ -55,8 +54,8 @@ from tests._support.tolerance import SCHEDULING_SLACK_S
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
-    return serve_bundle(tmp_path_factory, tiny_pair)
+def bundle(runtime_bundle: Path) -> Path:
+    return runtime_bundle
 
 
 def metric(text: str, name: str) -> float:

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 schemathesis = pytest.importorskip("schemathesis")
@@ -26,16 +25,16 @@ from hypothesis.errors import Unsatisfiable  # noqa: E402
 from spotstop.guard._types import BUDGET_HEADER  # noqa: E402
 from spotstop.guard.serve import load_guard  # noqa: E402
 
-from tests._support.serve import TOKEN, Live, live_server, serve_bundle, settings_for, stand_in  # noqa: E402
+from tests._support.serve import TOKEN, Live, live_server, settings_for, stand_in  # noqa: E402
 
 MAX_EXAMPLES = 12
 
 
 @pytest.fixture(scope="module", params=["open", "token"])
 def fuzz_live(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, runtime_bundle: Path
 ) -> Iterator[Live]:
-    bundle = serve_bundle(tmp_path_factory, tiny_pair)
+    bundle = runtime_bundle
     token = TOKEN if request.param == "token" else None
     s = settings_for(bundle, tmp_path_factory.mktemp("fuzz"), warmup=False, token=token)
     with live_server(s, stand_in(load_guard(s))) as srv:

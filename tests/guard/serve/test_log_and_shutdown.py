@@ -28,19 +28,18 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
 
 from spotstop.guard import DecisionLog  # noqa: E402
 from spotstop.guard._journal import Journal  # noqa: E402
 
 from tests._support import REPO_ROOT  # noqa: E402
-from tests._support.serve import jpeg, live_server, multipart, serve_bundle, settings_for  # noqa: E402
+from tests._support.serve import jpeg, live_server, multipart, settings_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
-    return serve_bundle(tmp_path_factory, tiny_pair)
+def bundle(runtime_bundle: Path) -> Path:
+    return runtime_bundle
 
 
 def _set_query_only(log: DecisionLog, on: bool) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
@@ -45,7 +44,6 @@ from tests._support.serve import (  # noqa: E402
     Live,
     jpeg,
     live_server,
-    serve_bundle,
     settings_for,
     stand_in,
 )
@@ -54,8 +52,8 @@ MAX_BATCH, MAX_LABELS, MAX_SITUATION = 2, 3, 12
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
-    return serve_bundle(tmp_path_factory, tiny_pair)
+def bundle(runtime_bundle: Path) -> Path:
+    return runtime_bundle
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
@@ -54,7 +53,6 @@ from tests._support.serve import (  # noqa: E402
     live_server,
     multipart,
     raw_multipart,
-    serve_bundle,
     serve_process,
     settings_for,
     stand_in,
@@ -67,8 +65,8 @@ from tests._support.serve import (  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory, tiny_pair: Path) -> Path:
-    return serve_bundle(tmp_path_factory, tiny_pair)
+def bundle(runtime_bundle: Path) -> Path:
+    return runtime_bundle
 
 
 @pytest.fixture(scope="module")
