@@ -24,6 +24,7 @@ from spotstop.diagnostics._lazy import attach
 if TYPE_CHECKING:  # the public names; imported on first use (_lazy.attach reads this block)
     from spotstop.diagnostics._bootstrap import BootstrapResult, bootstrap_auroc, group_bootstrap
     from spotstop.diagnostics._card import Card, CutWarning, compute_card, write_card
+    from spotstop.diagnostics._cascade import SimulatedCascade, simulate_cascade
     from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult
     from spotstop.diagnostics._checks import CARD_CHECKS, card_check, run_checks
     from spotstop.diagnostics._conformal_audit import (
@@ -83,10 +84,13 @@ if TYPE_CHECKING:  # the public names; imported on first use (_lazy.attach reads
     )
     from spotstop.diagnostics._resample import (
         FewGroupsWarning,
+        GroupSums,
         UnboundedRatioWarning,
         draw_group_counts,
+        group_sum_draws,
+        percentile_ci,
     )
-    from spotstop.diagnostics._results import ConfidenceInterval, Estimate
+    from spotstop.diagnostics._results import ConfidenceInterval, Estimate, fmt_estimate
     from spotstop.diagnostics._scene_blind import (
         LongestSideRule,
         SceneBlindReaders,
@@ -122,6 +126,7 @@ __all__ = [
     "DiagnosticsError",
     "Estimate",
     "FewGroupsWarning",
+    "GroupSums",
     "KernelReference",
     "LogCases",
     "LogData",
@@ -137,6 +142,7 @@ __all__ = [
     "RuleOutcome",
     "SceneBlindReaders",
     "SignalDetection",
+    "SimulatedCascade",
     "SituationShare",
     "SplitSimulation",
     "SpotStop",
@@ -162,14 +168,17 @@ __all__ = [
     "delivered_rates",
     "draw_group_counts",
     "file_features",
+    "fmt_estimate",
     "g_auroc",
     "group_bootstrap",
     "group_codes",
+    "group_sum_draws",
     "grouped_folds",
     "kernel_reference",
     "label_swap_null",
     "log_cases",
     "pair_rates",
+    "percentile_ci",
     "prevalence_check",
     "read_log",
     "read_scores_csv",
@@ -178,6 +187,7 @@ __all__ = [
     "run_checks",
     "scene_blind_readers",
     "signal_detection",
+    "simulate_cascade",
     "simulate_log",
     "situation_repeat_share",
     "situation_share",

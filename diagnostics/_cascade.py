@@ -204,7 +204,8 @@ def cascade_shares(log: LogData) -> tuple[CascadeShare, ...]:
 
 @dataclass(frozen=True, eq=False)
 class SimulatedCascade:
-    """A cascade policy and its cut run on scenes whose every member scored.
+    """What :func:`simulate_cascade` returns: a cascade policy and its cut run on scenes
+    whose every member scored, one entry per scene in input order.
 
     inside: where :meth:`CascadePolicy.second_needed` sends the scene to the second member;
     score: the cascade's score (``S`` inside, ``z1`` outside); unsafe: its labels;
@@ -224,11 +225,26 @@ def simulate_cascade(
     situation_ids: Sequence[str | None],
     batch_ids: Sequence[Any] | None = None,
 ) -> SimulatedCascade:
-    """Run ``cfg``'s cascade on scenes where every member scored, masking the second member
-    where the policy's own band says it would not run (see the module docstring)."""
+    """What a cascade policy would have decided, and at what cost, on scenes where the full
+    pair ran.
+
+    ``cfg``: a policy version whose policy is a :class:`~spotstop.guard.policies.CascadePolicy`;
+    ``member_scores``: each fused member's raw scores (finite on every scene), keyed by
+    member name; ``situation_ids``: one per scene (None: none); ``batch_ids``: the batch each
+    scene was checked in, scenes of one batch adjacent (default: one scene per batch). Per
+    batch, in order, the policy's own :meth:`~CascadePolicy.second_needed` says where the
+    second member would run, the other members' scores are masked to NaN elsewhere, and the
+    guard's :func:`~spotstop.guard.policies.decide_batch` gives the cascade's scores and
+    labels; the pair's labels are the policy's cut on the unmasked scores. The cut's state
+    is threaded from ``cfg``'s initial state, as the guard does. The card's cascade check
+    uses it (see the module docstring); a ``TypeError`` for a policy of another kind.
+    """
     pol = cfg.policy
     if not isinstance(pol, CascadePolicy):
-        raise TypeError(f"simulate_cascade needs a cascade policy; got {pol.kind!r}.")
+        raise TypeError(
+            f"simulate_cascade needs a cascade policy; got kind {pol.kind!r}. Pass a policy "
+            "version of kind 'cascade' (`spotstop policy init --kind cascade` or `spotstop recalibrate --policy cascade`)."
+        )
     full = batch_inputs(cfg.fusion, member_scores, list(situation_ids))
     n = full.n
     ids = list(range(n)) if batch_ids is None else list(batch_ids)

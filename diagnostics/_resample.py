@@ -16,7 +16,7 @@ import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,6 +30,7 @@ __all__ = [
     "MIN_GROUPS",
     "Block",
     "FewGroupsWarning",
+    "GroupSums",
     "UnboundedRatioWarning",
     "as_rng",
     "band",
@@ -366,8 +367,16 @@ def _buffer(buffers: dict[str, NDArray[Any]], name: str, size: int, dtype: Any) 
 
 
 def percentile_ci(d: NDArray[np.float64], level: float = 0.95) -> ConfidenceInterval:
-    """The central ``level`` percentile interval of the finite draws (2.5 and 97.5
-    percentiles by default; NaN interval when none is finite)."""
+    """The central ``level`` percentile interval of the finite draws ``d`` (the 2.5 and 97.5
+    percentiles by default): the interval every :class:`Estimate` of the card carries.
+
+    Non-finite draws (a rate over a draw with no case) are left out; when none is finite the
+    interval is NaN at both ends, never a zero-width one.
+
+    >>> import numpy as np
+    >>> percentile_ci(np.arange(101.0))
+    ConfidenceInterval(low=2.5, high=97.5)
+    """
     ok = d[np.isfinite(d)]
     if ok.size == 0:
         return NAN_CI
@@ -394,17 +403,39 @@ def band(x: NDArray[np.float64], value: float | None = None) -> Estimate:
     return Estimate(float(ok.mean()) if value is None else value, percentile_ci(ok), int(ok.size))
 
 
+class GroupSums(NamedTuple):
+    """What :func:`group_sum_draws` returns: ``point`` (k,), the sums over the cases, and
+    ``draws`` (n_boot, k), the same sums in each group-bootstrap draw (it unpacks as
+    ``point, draws``)."""
+
+    point: NDArray[np.float64]
+    draws: NDArray[np.float64]
+
+
 def group_sum_draws(
     values: NDArray[np.float64], group: NDArray[np.intp], *, n_boot: int, rng: np.random.Generator
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Sums of per-case ``values`` (k, n) over the cases, and over ``n_boot`` group-bootstrap
-    draws: returns the point sums (k,) and the draws (n_boot, k).  ``group`` codes
-    0..G-1 are resampled whole."""
+) -> GroupSums:
+    """Sums of ``k`` per-case quantities over the cases and over ``n_boot`` group-bootstrap
+    draws, all from the same draws: the building block of every rate of the card (a rate is
+    a ratio of two sums; draw both from one resample and divide).
+
+    ``values`` (k, n): the quantities per case (a 1-d array is one quantity); ``group`` (n,):
+    each case's group code in 0..G-1 (:func:`group_codes`); groups are resampled whole, so
+    cases of one situation or contrast stay together. ``rng``: the draws' randomness.
+
+    >>> import numpy as np
+    >>> hit, case = np.array([1.0, 0.0, 1.0, 1.0]), np.ones(4)
+    >>> sums = group_sum_draws(np.stack([hit, case]), np.array([0, 0, 1, 2]), n_boot=200,
+    ...                        rng=np.random.default_rng(0))
+    >>> sums.point, sums.draws.shape
+    (array([3., 4.]), (200, 2))
+    >>> rate = sums.draws[:, 0] / sums.draws[:, 1]  # the hit rate in each draw
+    """
     values = np.atleast_2d(np.asarray(values, dtype=np.float64))
     ng = int(group.max()) + 1 if group.size else 0
     per_g = np.stack([np.bincount(group, weights=v, minlength=ng) for v in values], axis=1)
     draws = [counts @ per_g for counts in draw_group_counts(ng, n_boot, rng)]
-    return per_g.sum(axis=0), np.concatenate(draws, axis=0)
+    return GroupSums(per_g.sum(axis=0), np.concatenate(draws, axis=0))
 
 
 def share_estimate(

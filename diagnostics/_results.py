@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ConfidenceInterval", "Estimate"]
+__all__ = ["ConfidenceInterval", "Estimate", "fmt_estimate"]
 
 
 def _fmt(x: float) -> str:
@@ -74,3 +74,19 @@ class Estimate:
 
 
 NAN_CI = ConfidenceInterval(math.nan, math.nan)
+
+
+def fmt_estimate(e: Estimate, signed: bool = False) -> str:
+    """An estimate as ``value [low, high]`` with three decimals, for tables and reports;
+    ``signed``: always a sign (for differences). ``nan`` where undefined.
+
+    >>> fmt_estimate(Estimate(0.1234, ConfidenceInterval(0.05, 0.2), 40), signed=True)
+    '+0.123 [+0.050, +0.200]'
+    >>> fmt_estimate(Estimate.point(0.5, 10))
+    '0.500 [nan, nan]'
+    """
+
+    def f(x: float) -> str:
+        return "nan" if math.isnan(x) else (f"{x:+.3f}" if signed else f"{x:.3f}")
+
+    return f"{f(e.value)} [{f(e.ci.low)}, {f(e.ci.high)}]"

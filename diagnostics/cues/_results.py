@@ -10,20 +10,11 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from spotstop.diagnostics._results import Estimate
+from spotstop.diagnostics._results import Estimate, fmt_estimate
 
-__all__ = ["CandidateReliance", "CueReliance", "RelianceResult", "fmt_estimate"]
+__all__ = ["CandidateReliance", "CueReliance", "RelianceResult"]
 
 RELIANCE_SCHEMA_VERSION = 1
-
-
-def fmt_estimate(e: Estimate, signed: bool = False) -> str:
-    """``+0.123 [+0.050, +0.200]`` (``nan`` where undefined)."""
-
-    def f(x: float) -> str:
-        return "nan" if math.isnan(x) else (f"{x:+.3f}" if signed else f"{x:.3f}")
-
-    return f"{f(e.value)} [{f(e.ci.low)}, {f(e.ci.high)}]"
 
 
 @dataclass(frozen=True)

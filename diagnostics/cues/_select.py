@@ -29,8 +29,8 @@ from numpy.typing import NDArray
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._resample import nan_estimate
 from spotstop.diagnostics._resample import percentile_ci as _percentile_ci
-from spotstop.diagnostics._results import Estimate
-from spotstop.diagnostics.cues._results import RelianceResult, fmt_estimate
+from spotstop.diagnostics._results import Estimate, fmt_estimate
+from spotstop.diagnostics.cues._results import RelianceResult
 from spotstop.diagnostics.cues._selfcheck import SelectionCheck
 from spotstop.diagnostics.cues._shift import BASIS_LABELS, ShiftResult
 from spotstop.diagnostics.cues._templates import CUES

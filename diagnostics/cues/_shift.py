@@ -47,9 +47,8 @@ from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._resample import as_rng as _as_rng
 from spotstop.diagnostics._resample import draw_group_counts, nan_divide, nan_estimate
 from spotstop.diagnostics._resample import percentile_ci as _percentile_ci
-from spotstop.diagnostics._results import NAN_CI, Estimate
+from spotstop.diagnostics._results import NAN_CI, Estimate, fmt_estimate
 from spotstop.diagnostics.cues._nnls import signal_codes, simplex_lstsq
-from spotstop.diagnostics.cues._results import fmt_estimate
 from spotstop.diagnostics.cues._templates import CUES
 from spotstop.guard import GuardError, ImageRefused
 from spotstop.guard.cues import TextDetector
