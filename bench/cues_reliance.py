@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="CPU threads per member (default 2)")
     args = ap.parse_args()
 
-    from spotstop.cli._demo import make_demo_bundle
+    from spotstop.cli import make_demo_bundle
     from spotstop.diagnostics.cues import load_candidates, measure_reliance, read_source_set
     from spotstop.export.scenes import demo_scenes
     from spotstop.export.tiny import TINY_MEMBERS, build_tiny_pair

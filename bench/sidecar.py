@@ -43,7 +43,7 @@ def _bundle(arg: Path | None) -> Path:
 
     root = spotstop_home() / "bench"
     if not (root / "bundle" / "policy.yaml").is_file():
-        from spotstop.cli._demo import make_demo_bundle
+        from spotstop.cli import make_demo_bundle
 
         root.mkdir(parents=True, exist_ok=True)
         print(f"building the demo bundle (tiny TEST pair) in {root} …", file=sys.stderr)

@@ -108,9 +108,13 @@ def make_demo_bundle(
     seed: int = 0,
     members: Sequence[Path] | None = None,
 ) -> Path:
-    """Pair → bundle → frozen fit on an unlabelled pool of world scenes → situation policy.yaml.
+    """The demo's bundle, without checking anything: returns its folder, ``root/bundle``.
 
-    ``members``: the member folders (default: the trained tiny pair, written under ``root``).
+    Pair → bundle → frozen fit on an unlabelled pool of ``pool_size`` toy-world scenes (world
+    seed ``seed + 1000``) → situation policy.yaml (window 8, at least 3 references).
+    ``members``: the member folders (default: the trained tiny TEST pair, written under
+    ``root`` when absent). A bundle already at ``root/bundle`` is replaced. Its decisions mean
+    something on the toy world only. Needs the extras ``spotstop demo`` needs (export, diag).
     """
     from spotstop.calibrate import fit_pool_policy
     from spotstop.export.bundle import write_bundle
@@ -160,7 +164,11 @@ def demo_cases(seed: int) -> tuple[list[Any], list[Any], Any]:
 
 
 def run_demo(root: Path, *, seed: int = 0, out: Any = print) -> Path:
-    """Run the demo under ``root``; returns the decision log's path."""
+    """``spotstop demo`` as a function: build the bundle (:func:`make_demo_bundle`), check
+    the twelve held-out world scenes and write their decisions to ``root/decisions.sqlite``
+    (replaced). ``out`` receives each line of the report (``print`` by default); returns the
+    decision log's path. Needs the extras ``spotstop demo`` needs (export, diag).
+    """
     from spotstop.guard import Guard
 
     bdir = make_demo_bundle(root, seed=seed)
