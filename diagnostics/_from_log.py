@@ -63,7 +63,6 @@ from spotstop.guard import (
     decisions_that_count,
     read_reviewed,
 )
-from spotstop.guard._labels import _cell
 from spotstop.guard.policies import PolicyConfig, load_policy
 
 __all__ = [
@@ -188,10 +187,6 @@ class LogData:
         return next(iter(kinds)) if len(kinds) == 1 else None
 
 
-def _obj(values: Any) -> NDArray[np.object_]:
-    return np.array([_cell(v) for v in values], dtype=object)
-
-
 def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogData:
     """Read a decision log (and an optional labels file) into :class:`LogData`."""
     path = Path(log_path)
@@ -246,7 +241,7 @@ def _log_data(
         label=label,
         contrast_id=contrast,
         situation_id=situation,
-        image_sha256=_obj(arr.image_sha256),
+        image_sha256=arr.image_sha256,  # cleaned by read_reviewed
         version=version,
         policies=policies,
         policy_errors=errors,
@@ -404,7 +399,7 @@ def log_cases(
         v = values[keep]
         extra[kind] = v if np.isfinite(v).any() else None
         gray_notes[kind] = {"n": int(np.isfinite(v).sum()), "by_version": notes}
-    fmt = np.array([_cell(f) for f in arr.image_format[keep]], dtype=object)
+    fmt = arr.image_format[keep]  # cleaned by read_reviewed
     contrast_ids, situation_ids = log.group_ids()
     table = CaseTable(
         case_id=np.asarray(arr.decision_id, dtype=object)[keep],

@@ -39,7 +39,8 @@ class Reviewed:
 
     arrays: the log's :class:`~spotstop.guard._log_read.LogArrays` with ``label``,
         ``contrast_id`` and ``situation_id`` as the reviewers have them (the labels file over
-        the labels table), ids as cleaned strings (``""`` for none).
+        the labels table); those ids, ``image_sha256`` and ``image_format`` as cleaned
+        strings (``""`` for none), so no reader cleans them again.
     n_from_file: decisions the labels file labelled (0 without a file).
     labels: the labels file's path, or ``"log labels table"``.
     policies: the log's ``policies`` table: every policy that decided something, by version
@@ -103,7 +104,15 @@ def read_reviewed(
     n = 0
     if labels is not None:
         n = apply_labels_file(Path(labels), ids, sha, label, contrast, situation)
-    reviewed = dataclasses.replace(arr, label=label, contrast_id=contrast, situation_id=situation)
+    fmt = np.array([_cell(f) for f in arr.image_format], dtype=object)
+    reviewed = dataclasses.replace(
+        arr,
+        label=label,
+        contrast_id=contrast,
+        situation_id=situation,
+        image_sha256=sha,
+        image_format=fmt,
+    )
     source = "log labels table" if labels is None else str(labels)
     return Reviewed(reviewed, n, source, **read)
 

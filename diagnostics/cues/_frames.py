@@ -94,7 +94,7 @@ def frames_from_log(
     except GuardError as exc:
         raise DataError(f"cannot read the decision log {str(path)!r}: {exc}") from exc
     ids = np.asarray(arr.decision_id, dtype=object)
-    sha = np.array(["" if s is None else s for s in arr.image_sha256], dtype=object)
+    sha = arr.image_sha256  # "" for none (read_reviewed)
     lab, situation = arr.label, arr.situation_id
     source = {
         "log": str(path),
