@@ -25,8 +25,8 @@ class Command:
     handler, ``func(args) -> exit status``). ``extras`` are the optional dependency groups it
     needs beyond the base install (named in ``spotstop --help`` and used for the install hint
     of a missing library the extras table does not know). ``summary`` is the line of
-    ``spotstop --help``; it equals the parser's own ``help`` (tests/test_cli.py checks it), so
-    that listing the commands imports no room.
+    ``spotstop --help``; it equals the parser's own ``help`` (tests/cli/test_commands.py
+    checks it), so that listing the commands imports no room.
     """
 
     module: str

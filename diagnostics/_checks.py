@@ -4,7 +4,7 @@ Each entry names a :class:`~spotstop.diagnostics._check_base.CardCheck` in its o
 The card runs every registered check in this order (they draw from the card's generator in
 this order) and writes each result under ``checks.<name>`` in ``card.json`` and as a section
 of ``card.md`` and ``card.html``.  Adding a check is its module, one entry here and its tests
-(``tests/test_diag_card.py`` fails for a registered check the card does not render).
+(``tests/diagnostics/test_card.py`` fails for a registered check the card does not render).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ class _Display(Protocol):
 
 
 # Every legend lies below its axes (``_legend_below``), never over the data; the browser test
-# (tests/test_diag_browser.py) checks this on the rendered page.
+# (tests/diagnostics/test_browser.py) checks this on the rendered page.
 
 
 def _axes(ax: Any) -> Any:

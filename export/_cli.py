@@ -631,7 +631,7 @@ The model:
     continuation read (the ONNX graph reads at least one) — not the L x vocabulary logits.
   * not counted: norms, activations, rotary embeddings, softmax, elementwise gates,
     embedding gathers, the UT inverse's forward substitution (elementwise), SigLIP2's
-    attention-pooling head (never read). tests/test_cost.py checks the count against
+    attention-pooling head (never read). tests/export/test_cost.py checks the count against
     torch's FLOP counter on the tiny pair (within 1 %).
   * an ONNX member runs its decoder at a right-padded length bucket: the FLOPs at that
     length are printed too ("as run").

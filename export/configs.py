@@ -8,7 +8,7 @@ model, int4 roles, recorded real members); the base classes are in
 up (:func:`get_export_config`). The runtime's counterpart of an architecture is its spec in
 ``guard/archs/<model_type>.py``; no other module branches on an architecture. The export tests
 are parametrized over this registry and run on each architecture's tiny member, and
-``tests/test_export.py`` fails when a registered architecture lacks a case.
+``tests/export/test_onnx.py`` fails when a registered architecture lacks a case.
 (``Qwen35ExportConfig`` and ``Lfm2VlExportConfig`` are re-exported for their callers' import
 path; a new architecture adds nothing here.)
 """

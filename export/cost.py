@@ -42,8 +42,8 @@ peak); int4: int4 weights computed in fp16 (weight-only). Peaks are dense (no 2:
 Per-architecture formulas are each architecture's :class:`ArchCost` in
 ``export/archs/<model_type>.py`` (the base, :class:`Params`, :class:`Workload` and
 :func:`stored_weight_bytes` in ``export/archs/_cost_model.py``), registered by ``model_type``
-(:data:`COST_MODELS`), like the rest of export; tests/test_cost.py checks them against torch's
-FLOP counter on the tiny pair. The real pair's recorded configs are in the same modules.
+(:data:`COST_MODELS`), like the rest of export; tests/export/test_cost.py checks them against
+torch's FLOP counter on the tiny pair. The real pair's recorded configs are in the same modules.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ __all__ = [
 #: a layer whose measured relative output error at dynamic int8 exceeds this stays
 #: weight-only: per-tensor activations on well-behaved inputs measure 0.5-1.5 % (gaussian rows:
 #: the step of 255 levels over a range of ~9 standard deviations). Chosen on the tiny pairs,
-#: random and trained (tests/test_export_int8.py): with smoothing, 0.03 let the trained LFM2
+#: random and trained (tests/export/test_int8.py): with smoothing, 0.03 let the trained LFM2
 #: member's request-only score move 0.31 (tolerance 0.25); 0.02 kept two more layers and it
 #: moved 0.14, and every tiny member validated
 KEEP_ERROR = 0.02

@@ -6,7 +6,7 @@ do the quantizing): every ``MatMul`` whose second input is a rank-2 float initia
 ``B`` (K x N) becomes ``MatMulNBits(A, B_Q{bits}, B_scales)`` with ``K``, ``N``, ``bits`` and
 ``block_size`` attributes; ``B_Q{bits}`` is uint8 (N, ceil(K / block), block * bits / 8) and
 ``B_scales`` float32 (N, ceil(K / block)); ``B`` is dropped when nothing else reads it.
-``tests/test_export_nbits.py`` holds the graph and bytes equal to onnxruntime's quantizer's.
+``tests/export/test_nbits.py`` holds the graph and bytes equal to onnxruntime's quantizer's.
 With calibration inputs, each weight's codes and scales are chosen by GPTQ instead
 (export/gptq.py): the same operator, layout and dequantization.
 

@@ -8,7 +8,7 @@ bytes per weight for the cost model and ``jetson/memory_budget.py`` (export/cost
 :func:`~spotstop.export.cost.stored_weight_bytes`), its activation width, the compute peak its
 roofline uses, whether it uses the calibration scenes, and its tolerances (export/configs.py's
 defaults; an architecture may override one). A new precision is one spec (and its module and
-tests); ``tests/test_export_precision.py`` runs every registered precision.
+tests); ``tests/export/test_precision.py`` runs every registered precision.
 
 =============  ===========================================================================
 ``fp32``       the exported graph

@@ -17,7 +17,7 @@ tokens, template, image-processor config) is its export config's
 Everything is written with ``save_pretrained`` and read back with ``from_pretrained`` by the
 same code that loads a real snapshot folder or hub id.
 
-Same seed → byte-identical files (checked by ``tests/test_tiny.py``).
+Same seed → byte-identical files (checked by ``tests/export/test_tiny.py``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ whatever the other object in the scene shows. So the label needs the request and
   size; everything else is PNG at the room's camera size. A scene-blind reader of the file
   can then find them.
 
-The same seed and options give byte-identical files (``tests/test_world.py``). Needs numpy,
+The same seed and options give byte-identical files (``tests/export/test_world.py``). Needs numpy,
 Pillow and matplotlib's bundled DejaVu fonts (``spotstop[diag]``).
 """
 

@@ -2,8 +2,8 @@
 
 ``spotstop recalibrate --policy``, ``spotstop policy init --kind``, the loader of
 ``policy.yaml`` and the card all take their choices from here, so adding a kind is its module
-plus one entry below (and its tests: ``tests/test_policy_kinds.py`` fails for a registered
-kind without a hand-computed example).
+plus one entry below (and its tests: ``tests/guard/policies/test_policies.py`` fails for a
+registered kind without a hand-computed example).
 """
 
 from __future__ import annotations
