@@ -61,7 +61,7 @@ def backend_device(args: argparse.Namespace) -> str:
 
 def _bytes(text: str) -> int:
     """argparse type: a byte count such as 536870912, 512M or 1GiB."""
-    from spotstop.guard._log_writer import parse_bytes
+    from spotstop.guard._log_options import parse_bytes
 
     try:
         return parse_bytes(text, "the value")
@@ -110,7 +110,7 @@ def _add_log_and_deadline(p: argparse.ArgumentParser, deadline_help: str) -> Non
 
 def _log_options(args: argparse.Namespace) -> Any:
     """The ``LogOptions`` of ``check``'s flags."""
-    from spotstop.guard._log_writer import LogOptions
+    from spotstop.guard._log_options import LogOptions
 
     kw: dict[str, Any] = {"journal": args.journal, "robot_id": args.robot_id}
     if args.log_sync is not None:

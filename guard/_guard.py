@@ -34,7 +34,8 @@ from spotstop.guard._errors import GuardError
 from spotstop.guard._image import DEFAULT_MIN_SIDE
 from spotstop.guard._log import DecisionLog
 from spotstop.guard._log_archive import RetentionResult
-from spotstop.guard._log_writer import LogOptions, LogStatus, LogWriter
+from spotstop.guard._log_options import LogOptions, LogStatus
+from spotstop.guard._log_writer import LogWriter
 from spotstop.guard._member import Member, load_bundle_member
 from spotstop.guard._pipeline import Pipeline, situation_windows, works_for
 from spotstop.guard._record import Decision

@@ -47,8 +47,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from spotstop.guard._log_options import LogStatus
 from spotstop.guard._log_schema import FAULT_KINDS
-from spotstop.guard._log_writer import LogStatus
 from spotstop.guard._record import Decision
 
 __all__ = ["SidecarMetrics", "reason_kind"]

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import yaml
 from spotstop.guard._image import DEFAULT_MAX_PIXELS, DEFAULT_MIN_SIDE
-from spotstop.guard._log_writer import DEFAULT_MIN_FREE_BYTES, LogOptions, parse_bytes
+from spotstop.guard._log_options import DEFAULT_MIN_FREE_BYTES, LogOptions, parse_bytes
 from spotstop.guard._prompt import MAX_REQUEST_CHARS
 from spotstop.guard._types import VARIANTS, Variant
 from spotstop.guard.serve._errors import InsecureBindError, SettingsError

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from spotstop.guard._log import DecisionLog, PolicyRow
-from spotstop.guard._log_writer import LogOptions, LogWriter
+from spotstop.guard._log_options import LogOptions
+from spotstop.guard._log_writer import LogWriter
 
 from tests._support.records import make_record
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from spotstop.guard._journal import Journal, JournalEntry, default_journal_path
 from spotstop.guard._log import DecisionLog, PolicyRow
+from spotstop.guard._log_options import LogOptions, parse_bytes
 from spotstop.guard._log_schema import FAULT_KINDS, LogError, fault_kind
-from spotstop.guard._log_writer import LogOptions, LogWriter, parse_bytes
+from spotstop.guard._log_writer import LogWriter
 from spotstop.guard._record import RecordError
 
 from tests._support.records import assert_same_record, make_record

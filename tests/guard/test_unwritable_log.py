@@ -19,7 +19,7 @@ import pytest
 from spotstop.guard import DecisionLog, Guard
 from spotstop.guard._guard import DecisionNotLogged
 from spotstop.guard._journal import Journal
-from spotstop.guard._log_writer import LogOptions
+from spotstop.guard._log_options import LogOptions
 
 from tests._support.guard import make_scene, set_frozen
 
