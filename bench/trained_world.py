@@ -11,7 +11,7 @@ Every statistic is the project's own: the Avg-2 fusion and the frozen cut of
 :func:`spotstop.calibrate.fit_frozen` (on an unlabelled pool of another seed), the guard's
 policies (:mod:`spotstop.guard.policies`: frozen, situation, cascade, conformal; decisions by
 ``decide_batch`` / ``replay``), :func:`spotstop.diagnostics.group_bootstrap` (AUROC, Spot-Stop,
-batch recovery), the group-bootstrap sums of :mod:`spotstop.diagnostics._resample`, the cue
+batch recovery), the group-bootstrap sums of :func:`spotstop.diagnostics.group_sum_draws`, the cue
 analysis of :mod:`spotstop.diagnostics.cues` (reliance, shift with the real OCR detector,
 select), ``spotstop export`` / ``spotstop verify-bundle`` and ``spotstop demo``.
 
@@ -70,10 +70,13 @@ SEEDS = {
     "signs": 707,  # deployment: every frame signed, half of the signs mislead
     "plain": 808,  # deployment: no signs
     "ocr_cal": 909,  # the text detector's calibration set
+    "verify": 1010,  # the scene table verify-bundle checks the exported pair on
 }
 
-#: room lighting offsets: moderate in the main worlds, strong where situations are tested
-OFFSETS, STRONG_OFFSETS = 0.3, 0.8
+#: room lighting offsets: moderate in the main worlds; item 3 sweeps strong ones, and its goal
+#: is read at the world's full scale (1.0: brightness 0.4-1.25, tint up to 25 levels)
+OFFSETS = 0.3
+SITUATION_OFFSETS = (0.8, 1.0)
 ALPHA, DELTA = 0.1, 0.1  # the conformal cut's miss rate and PAC confidence
 CASCADE_SHARE = 0.9  # the paper's operating point
 
@@ -91,6 +94,7 @@ class Sizes:
     deploy: tuple[int, int]
     ocr_cal: tuple[int, int]
     world_spearman: int
+    verify: tuple[int, int]
     n_boot: int
     precisions: tuple[str, ...]
     quantizer: str
@@ -106,6 +110,7 @@ FULL = Sizes(
     deploy=(24, 2),
     ocr_cal=(32, 2),
     world_spearman=128,
+    verify=(8, 2),
     n_boot=10_000,
     precisions=("int8", "int4"),
     quantizer="gptq",
@@ -120,6 +125,7 @@ QUICK = Sizes(
     deploy=(8, 2),
     ocr_cal=(12, 2),
     world_spearman=32,
+    verify=(4, 2),
     n_boot=500,
     precisions=("int8",),
     quantizer="gptq",
@@ -145,7 +151,7 @@ class Row:
 
 def fmt(e: Any, signed: bool = False) -> str:
     """An :class:`~spotstop.diagnostics.Estimate` as ``value [low, high]``."""
-    from spotstop.diagnostics.cues._results import fmt_estimate
+    from spotstop.diagnostics import fmt_estimate
 
     return fmt_estimate(e, signed=signed)
 
@@ -377,8 +383,8 @@ def ba_draws(
     y: np.ndarray, flags: Sequence[np.ndarray], group: np.ndarray, n_boot: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Balanced accuracy of each flag vector (points (k,), draws (B, k)) from one set of
-    group-bootstrap draws (:func:`~spotstop.diagnostics._resample.group_sum_draws`)."""
-    from spotstop.diagnostics._resample import group_sum_draws
+    group-bootstrap draws (:func:`spotstop.diagnostics.group_sum_draws`)."""
+    from spotstop.diagnostics import group_sum_draws
 
     parts = [y == 1, y == 0]
     for f in flags:
@@ -400,10 +406,22 @@ def ba_draws(
     return ba(point), ba(draws)
 
 
-def item_situation(off_pool: Scored, off_eval: Scored, n_boot: int) -> list[Row]:
+def room_shift(sc: Scored) -> dict[str, tuple[float, float]]:
+    """Per member: the spread of the room means of its score (how far situations move it)
+    over the gap between the mean UNSAFE and the mean SAFE score."""
+    codes, y = sc.room_codes, sc.label
+    out = {}
+    for m, s in sc.scores.items():
+        means = np.array([s[codes == k].mean() for k in range(int(codes.max()) + 1)])
+        out[m] = (float(means.std(ddof=1)), float(s[y == 1].mean() - s[y == 0].mean()))
+    return out
+
+
+def item_situation(
+    off_pool: Scored, off_eval: Scored, n_boot: int, offsets: float, goal: bool
+) -> list[Row]:
     from spotstop.calibrate import fit_frozen
-    from spotstop.diagnostics import Estimate
-    from spotstop.diagnostics._resample import percentile_ci
+    from spotstop.diagnostics import Estimate, percentile_ci
     from spotstop.guard.policies import SituationPolicy
 
     fit = fit_frozen(off_pool.scores)
@@ -419,17 +437,27 @@ def item_situation(off_pool: Scored, off_eval: Scored, n_boot: int) -> list[Row]
     diff = Estimate(float(point[0] - point[1]), percentile_ci(draws[:, 0] - draws[:, 1]), n)
     nr = f"{n} scenes, {len(set(off_eval.sids))} rooms"
     rule = f"window {situation.window}, >= {situation.min_refs} refs"
+    shift = ", ".join(f"{m} {sd:.2f} / {gap:.2f}" for m, (sd, gap) in room_shift(off_eval).items())
+    at = f"offsets {offsets:g}"
     return [
+        Row("3", f"{at}: room-mean sd / UNSAFE-SAFE gap", shift, nr, "", None),
         Row(
             "3",
-            f"frozen cut t0={fit.policy.threshold:+.3f}: balanced acc.",
+            f"{at}: frozen cut t0={fit.policy.threshold:+.3f}: balanced acc.",
             fmt(est[1]),
             nr,
             "",
             None,
         ),
-        Row("3", f"situation ({rule}): balanced acc.", fmt(est[0]), nr, "", None),
-        Row("3", "situation - frozen", fmt(diff, True), nr, "CI above 0", interval_above(diff)),
+        Row("3", f"{at}: situation ({rule}): balanced acc.", fmt(est[0]), nr, "", None),
+        Row(
+            "3",
+            f"{at}: situation - frozen",
+            fmt(diff, True),
+            nr,
+            "CI above 0" if goal else "",
+            interval_above(diff) if goal else None,
+        ),
     ]
 
 
@@ -625,17 +653,26 @@ def _cli(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, text=True, stdout=subprocess.PIPE if capture else None, check=False)
 
 
+def write_world(out: Path, seed: int, size: tuple[int, int]) -> Path:
+    """A held-out world written by ``spotstop world`` (as a user would); its ``world.csv``."""
+    args = ["world", "--out", str(out), "--seed", str(seed), "--rooms", str(size[0])]
+    args += ["--contrasts-per-room", str(size[1]), "--offsets", str(OFFSETS)]
+    if _cli(*args, capture=True).returncode != 0:
+        raise RuntimeError(f"`spotstop {' '.join(args)}` failed")
+    return out / "world.csv"
+
+
 def item_export(
     folders: Mapping[str, Path], work: Path, sz: Sizes, ev: Scored, opts: Any
 ) -> tuple[list[Row], dict[str, float]]:
     from spotstop.export.verify import spearman
     from spotstop.export.world import case_scene
-    from spotstop.guard._bundle import load_bundle
-    from spotstop.guard._member import load_bundle_member
+    from spotstop.guard import load_bundle, load_bundle_member
 
     goals = {"int8": 0.99, "int4": 0.95}
     rows, secs = [], {}
     scenes = [case_scene(c, opts) for c in ev.cases[: sz.world_spearman]]
+    table = write_world(work / "verify-world", SEEDS["verify"], sz.verify)
     for prec in sz.precisions:
         out = work / f"bundle-{prec}"
         t0 = time.perf_counter()
@@ -659,20 +696,27 @@ def item_export(
         if rc != 0:
             rows.append(Row("6", f"{prec} export", f"failed (exit {rc})", "", "exports", False))
             continue
-        v = _cli("verify-bundle", str(out), "--json", capture=True)
-        doc = json.loads(v.stdout)
-        for m in doc["members"]:
-            rows.append(
-                Row(
-                    "6",
-                    f"{prec} verify-bundle {m['name']}: Spearman",
-                    f"{m['spearman']:.4f} (max|ds| {m['max_abs_diff']:.3g}, tol "
-                    f"{m['tolerance']:g}: {'pass' if m['ok'] else 'FAIL'})",
-                    f"{m['n']} scores",
-                    f">= {goals[prec]}, passes",
-                    bool(m["ok"] and m["spearman"] >= goals[prec]),
+        # verify-bundle twice: on its own generated shapes (out of the toy world: reported),
+        # and on the deployment's scenes, a held-out world (the goal)
+        for where, extra in (
+            ("generated shapes", ()),
+            ("world scenes", ("--scene-table", str(table))),
+        ):
+            v = _cli("verify-bundle", str(out), "--json", *extra, capture=True)
+            doc = json.loads(v.stdout)
+            goal = where == "world scenes"
+            for m in doc["members"]:
+                rows.append(
+                    Row(
+                        "6",
+                        f"{prec} verify-bundle {m['name']} on {where}: Spearman",
+                        f"{m['spearman']:.4f} (max|ds| {m['max_abs_diff']:.3g}, tol "
+                        f"{m['tolerance']:g}: {'pass' if m['ok'] else 'FAIL'})",
+                        f"{m['n']} scores",
+                        f">= {goals[prec]}, passes" if goal else "",
+                        bool(m["ok"] and m["spearman"] >= goals[prec]) if goal else None,
+                    )
                 )
-            )
         b = load_bundle(out)
         for bm in b.members:
             got = np.array([r.score for r in load_bundle_member(b, bm).score(scenes)])
@@ -697,10 +741,10 @@ def item_cascade_conformal(
         Estimate,
         binomial_upper_p,
         clopper_pearson,
+        delivered_rates,
+        percentile_ci,
+        simulate_cascade,
     )
-    from spotstop.diagnostics._cascade import simulate_cascade
-    from spotstop.diagnostics._delivered import delivered_rates
-    from spotstop.diagnostics._resample import percentile_ci
     from spotstop.guard.policies import (
         CascadePolicy,
         ConformalPolicy,
@@ -841,7 +885,7 @@ def item_cascade_conformal(
 
 
 def item_demo(work: Path) -> list[Row]:
-    from spotstop.cli._demo import run_demo
+    from spotstop.cli import run_demo
 
     lines: list[str] = []
     run_demo(work / "demo", out=lines.append)
@@ -895,7 +939,7 @@ def run(
     import torch
     from spotstop.calibrate import fit_frozen
     from spotstop.export.train import TRAINING, build_trained_pair
-    from spotstop.guard._member import load_member
+    from spotstop.guard import load_member
 
     torch.set_num_threads(2)
     secs: dict[str, float] = {}
@@ -911,12 +955,14 @@ def run(
     ev_opts = o(sz.eval, offsets=OFFSETS)
     ev = score_world(members, "eval", SEEDS["eval"], ev_opts)
     cal = score_world(members, "cal", SEEDS["cal"], o(sz.cal, offsets=OFFSETS))
-    off_pool = score_world(
-        members, "off-pool", SEEDS["off_pool"], o(sz.off_pool, offsets=STRONG_OFFSETS)
-    )
-    off_eval = score_world(
-        members, "off-eval", SEEDS["off_eval"], o(sz.off_eval, offsets=STRONG_OFFSETS)
-    )
+    offset_worlds = [
+        (
+            a,
+            score_world(members, f"off-pool-{a:g}", SEEDS["off_pool"], o(sz.off_pool, offsets=a)),
+            score_world(members, f"off-eval-{a:g}", SEEDS["off_eval"], o(sz.off_eval, offsets=a)),
+        )
+        for a in SITUATION_OFFSETS
+    ]
     secs["scoring the worlds"] = time.perf_counter() - t
     rows: list[Row] = []
 
@@ -929,7 +975,14 @@ def run(
     fit = fit_frozen(pool.scores)
     phase("1 AUROC", lambda: item_auroc(fit, ev, names, n_boot)[0])
     phase("2 Spot-Stop", lambda: item_spot_stop(ev, lean, n_boot))
-    phase("3 situation", lambda: item_situation(off_pool, off_eval, n_boot))
+    phase(
+        "3 situation",
+        lambda: [
+            row
+            for a, p, e in offset_worlds
+            for row in item_situation(p, e, n_boot, a, goal=a == max(SITUATION_OFFSETS))
+        ],
+    )
     holder: dict[str, Any] = {}
 
     def rel() -> list[Row]:
@@ -1019,17 +1072,20 @@ def _section(cmd: str, sz: Sizes, n_boot: int, table: list[str], wall: float, ti
     def w(key: str, size: tuple[int, int], extra: str = "") -> str:
         return f"{key} seed {SEEDS[key]} ({size[0]} rooms x {size[1]} contrasts{extra})"
 
+    offs = " and ".join(f"{a:g}" for a in SITUATION_OFFSETS)
+
     worlds = "; ".join(
         [
             w("pool", sz.pool, f", offsets {OFFSETS}, unlabelled: fusion statistics and t0"),
             w("eval", sz.eval, f", offsets {OFFSETS}: items 1, 2, 7"),
             w("cal", sz.cal, ": conformal calibration, unsafe scenes, one per room"),
-            w("off_pool", sz.off_pool, f", offsets {STRONG_OFFSETS}, unlabelled"),
-            w("off_eval", sz.off_eval, f", offsets {STRONG_OFFSETS}: item 3"),
+            w("off_pool", sz.off_pool, f", offsets {offs}, unlabelled"),
+            w("off_eval", sz.off_eval, f", offsets {offs}: item 3"),
             w("source", sz.source, ", no signs: the reliance source set"),
             w("signs", sz.deploy, ", signs on every scene, half misleading"),
             w("plain", sz.deploy, ", no signs"),
             w("ocr_cal", sz.ocr_cal, ", signs on 75 %: the detector's calibration set"),
+            w("verify", sz.verify, f", offsets {OFFSETS}: the scene table of item 6"),
         ]
     )
     return (
@@ -1043,11 +1099,15 @@ def _section(cmd: str, sz: Sizes, n_boot: int, table: list[str], wall: float, ti
         "has an exact binomial (Clopper-Pearson) interval and the one-sided binomial p of "
         "exceeding alpha (misses within a room are not independent: read it as approximate). "
         "Item 3 replays each room's scenes in a random order, one check per scene, through "
-        "the guard's own policies. Item 5 reads the frames with the real OCR detector "
+        "the guard's own policies, at each offset strength; its goal is read at the "
+        f"strongest ({max(SITUATION_OFFSETS):g}, the world's full scale), and its first row "
+        "gives per member the spread (sd) of the room means of its score beside the gap "
+        "between its mean UNSAFE and mean SAFE score: how far the rooms move it. Item 5 reads the frames with the real OCR detector "
         "(RapidOCR + the claim lexicon), with labelled frames (the world knows the labels). "
-        "Item 6's first rows are `spotstop verify-bundle`'s own generated scenes (scene and "
-        "request-only passes), the next the bundle against the torch member on held-out world "
-        "scenes.\n\n"
+        "Item 6 runs `spotstop verify-bundle` on its own generated shapes (scene and "
+        "request-only passes; shapes the pair never saw, reported only) and with "
+        "`--scene-table` on a held-out world (the deployment's own scenes: the goal), then "
+        "compares the bundle with the torch member on the held-out eval world's scenes.\n\n"
         "```\n" + "\n".join(table) + "\n```"
     )
 

@@ -131,6 +131,21 @@ def test_replay_flags_use_the_guards_rule_and_map_back_to_csv_order(tw: Any) -> 
     assert not np.array_equal(got, frozen)  # recentering changed some answers
 
 
+def test_room_shift_is_the_sd_of_room_means_beside_the_label_gap(tw: Any) -> None:
+    sc = _scored(tw)
+    y, room = sc.label, sc.room_codes
+    for m, (sd, gap) in tw.room_shift(sc).items():
+        s = sc.scores[m]
+        means = [
+            float(np.mean([v for v, r in zip(s, room, strict=True) if r == k])) for k in range(3)
+        ]
+        assert sd == pytest.approx(float(np.std(means, ddof=1)))
+        assert gap == pytest.approx(float(np.mean(s[y == 1]) - np.mean(s[y == 0])))
+    # _scored moves every room by 3 (sd of 0, 3, 6 is 3) and member a's label gap is 1.5
+    sd_a, gap_a = tw.room_shift(sc)["a"]
+    assert 2.0 < sd_a < 4.0 and 0.5 < gap_a < 2.5
+
+
 def test_scored_tables_keep_rooms_and_contrasts_of_their_world_apart(tw: Any) -> None:
     sc = _scored(tw)
     t = sc.table(sc.scores["a"])
