@@ -184,10 +184,14 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     # measured on the quick run: 0.991, 0.986, 0.961; the situation gain +0.086 [+0.044, ...]
     assert value("pair AUROC (Avg-2, frozen statistics)") >= 0.9
     assert value("tiny-qwen3_5 AUROC") > 0.8 and value("tiny-lfm2_vl AUROC") > 0.8
-    assert value("situation - frozen") > 0
+    assert value(f"offsets {max(tw.SITUATION_OFFSETS):g}: situation - frozen") > 0
     conformal = [r for r in rows if r["what"].startswith("conformal marginal")]
     assert len(conformal) == 1 and conformal[0]["met"]
-    world_rho = [r for r in rows if r["what"].startswith("int8 ") and "world scenes" in r["what"]]
+    world_rho = [
+        r
+        for r in rows
+        if r["what"].startswith("int8 tiny") and r["what"].endswith(": Spearman on world scenes")
+    ]
     assert len(world_rho) == 2 and all(float(r["value"]) >= 0.99 for r in world_rho)
     assert by["spotstop demo follows the world's rule"]["met"]
     # every goal row says whether it is met; reported-only rows say nothing
