@@ -82,6 +82,22 @@ class Bundle:
         names = ", ".join(m.name for m in self.members)
         return f"Bundle({self.bundle_id}, members=[{names}], prompt_hash={self.prompt_hash}{tp})"
 
+    def missing_files(self, member: BundleMember) -> list[str]:
+        """The files the manifest lists under ``member``'s folder that are not there (no
+        hashing: what a guard opened with ``verify=False`` still checks, so that a member
+        missing a weights file is reported unavailable at load, not at its first check)."""
+        try:
+            prefix = member.path.relative_to(self.path).as_posix() + "/"
+        except ValueError:  # a member folder outside the bundle (torch): nothing listed
+            return []
+        return sorted(
+            rel
+            for rel in self.manifest["files"]
+            if rel.startswith(prefix)
+            and not is_device_built(rel)
+            and not (self.path / rel).is_file()
+        )
+
 
 #: (device, inode, size, mtime_ns) of a file → its sha256, for files hashed in this process.
 _DIGESTS: dict[tuple[int, int, int, int], str] = {}

@@ -343,6 +343,12 @@ def load_bundle_member(
                 f"member {member.name} is exported ({member.backend}); the torch backend needs "
                 "the Hugging Face weights, which a bundle does not carry."
             )
+    missing = bundle.missing_files(member)
+    if missing:
+        raise MemberLoadError(
+            f"member {member.name} of bundle {bundle.bundle_id} is missing "
+            f"{', '.join(missing[:5])}: the bundle was copied incompletely; copy it again."
+        )
     m = load_member(
         member.path,
         name=member.name,

@@ -160,6 +160,20 @@ def test_fault_missing_member(bundle_copy: Path, tmp_path: Path):
         _assert_fail_closed(g.check(make_scene()), "member tiny-lfm2_vl unavailable")
 
 
+def test_a_member_missing_its_weights_file_is_unavailable_at_load_without_verify(
+    bundle_copy: Path, tmp_path: Path
+):
+    """verify=False skips hashing, not the check that the member's files are there: a member
+    whose weights (``decoder.onnx.data``) are gone is reported at load, not at its first check."""
+    set_frozen(bundle_copy, 1e9)
+    (bundle_copy / "members" / "tiny-qwen3_5" / "onnx" / "decoder.onnx.data").unlink()
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", verify=False) as g:
+        assert not g.ready
+        assert "decoder.onnx.data" in g.member_errors["tiny-qwen3_5"]
+        assert "tiny-lfm2_vl" not in g.member_errors
+        _assert_fail_closed(g.check(make_scene()), "member tiny-qwen3_5 unavailable")
+
+
 def test_fault_deadline_exceeded(bundle_copy: Path, tmp_path: Path, monkeypatch):
     import threading
 
