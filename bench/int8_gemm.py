@@ -15,12 +15,17 @@ measured on), each form timed best of ``--repeats`` after one warm-up call, all 
   activations quantized at run time to uint8 with one scale per tensor (W8A8);
 * ``onnxruntime MatMulInteger + DynamicQuantizeLinear``: the same arithmetic as standard ONNX
   operators (quantize, integer product, two rescales);
+* ``onnxruntime MatMulInteger per token (spotstop int8)``: the graph ``spotstop export
+  --precision int8`` writes (``spotstop.export.int8.quantize_matmuls_int8``): one symmetric
+  scale per row of ``x``, zero point 128, the integer product, two rescales;
 * ``torch fp32`` and ``torch bf16``: ``torch.nn.functional.linear``, eager.
 
 Per form: the best time, GFLOP/s (2 M K N / time, the int8 forms' integer operations
 counted alike), the weight bytes it reads, the relative error ``||Y - Y_fp32|| / ||Y_fp32||``
 against onnxruntime's float32 output (Gaussian activations and weights: no outlier channels,
-so the int8 errors are a floor, not what a real layer sees), and the ratio of its time to
+so the int8 errors are a floor, not what a real layer sees), the same error on the other rows
+when one row of ``x`` is :data:`OUTLIER_TOKEN` times larger (an attention-sink token, as
+trained decoders have: where per-tensor and per-token activations part), and the ratio of its time to
 onnxruntime fp32's and to torch bf16's. A last line times a read of 1 GiB (``torch.sum`` on
 the same threads): the memory bandwidth a roofline divides weight bytes by.
 
@@ -60,6 +65,9 @@ from _results import write_section  # noqa: E402
 #: Qwen3.5-2B's MLP up projection at the latency table's prompt length
 SHAPE = (383, 2048, 6144)
 REF = "onnxruntime fp32 MatMul"
+PER_TOKEN = "onnxruntime MatMulInteger per token (spotstop int8)"
+#: how much larger the first row of x is in the outlier-token error column
+OUTLIER_TOKEN = 50.0
 BF16 = "torch bf16"
 #: the instruction-set flags that decide which GEMM kernels a CPU runs
 FLAGS = (
@@ -211,6 +219,7 @@ def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
             wq.nbytes + wscale.nbytes,
         )
     )
+    forms.append(_per_token_form(w, ort_form))
     torch.set_num_threads(threads)
     xt, wt = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(w.T))
     xb, wb = xt.bfloat16(), wt.bfloat16()
@@ -225,6 +234,29 @@ def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
     forms.append(Form("torch fp32", wt.numel() * 4, lin(xt, wt)))
     forms.append(Form(BF16, wb.numel() * 2, lin(xb, wb)))
     return forms
+
+
+def _per_token_form(w: np.ndarray, ort_form: Callable[..., Form]) -> Form:
+    """The layer as ``spotstop export --precision int8`` rewrites it (no calibration: codes
+    rounded to nearest, as :func:`channel_int8` without a Hessian)."""
+    from onnx import TensorProto, helper
+    from onnx import numpy_helper as nh
+    from spotstop.export.int8 import quantize_matmuls_int8
+
+    k, n = w.shape
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"], name="layer")],
+        "layer",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, n])],
+        initializer=[nh.from_array(w, "W")],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    rep = quantize_matmuls_int8(model, activations="per-token")
+    assert rep.dynamic == 1, rep
+    inits = list(model.graph.initializer)
+    nbytes = sum(int(np.prod(t.dims)) for t in inits if t.name.endswith("_int8")) + 4 * n
+    return ort_form(PER_TOKEN, list(model.graph.node), inits, nbytes)
 
 
 def _best(call: Callable[[], Any], repeats: int) -> float:
@@ -275,6 +307,17 @@ def measure(
             }
         )
         del y
+    del forms
+    # the same forms on activations with one outlier row: the error on the other rows
+    xo = x.copy()
+    xo[0] *= OUTLIER_TOKEN
+    forms = build_forms(xo, w, threads)
+    ref_o = forms[0].run()[1:]
+    norm_o = float(np.linalg.norm(ref_o))
+    for f, row in zip(forms, rows, strict=True):
+        row["rel_err_outlier"] = (
+            float(np.linalg.norm(f.run()[1:].astype(np.float32) - ref_o)) / norm_o
+        )
     del forms
     return {
         "shape": [m, k, n],
@@ -340,13 +383,16 @@ def render(doc: dict[str, Any], command: str = "") -> str:
         "activations and weights (no outlier channels: the int8 errors are a floor). "
         "Speed-up = baseline time / this time.",
         "",
-        "| form | best | GFLOP/s | weight bytes | rel. error vs fp32 | vs onnxruntime fp32 | vs torch bf16 |",
-        "|---|---|---|---|---|---|---|",
+        f"| form | best | GFLOP/s | weight bytes | rel. error vs fp32 | the same, one token "
+        f"x{OUTLIER_TOKEN:g} (the others) | vs onnxruntime fp32 | vs torch bf16 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in with_ratios(doc):
+        eo = r.get("rel_err_outlier")
         lines.append(
             f"| {r['form']} | {r['seconds'] * 1e3:.1f} ms | {r['gflops']:.0f} | "
-            f"{r['weight_bytes'] / 2**20:.1f} MiB | {r['rel_err']:.2e} | {_x(r['vs_ort_fp32'])} | "
+            f"{r['weight_bytes'] / 2**20:.1f} MiB | {r['rel_err']:.2e} | "
+            f"{'n/a' if eo is None else f'{eo:.2e}'} | {_x(r['vs_ort_fp32'])} | "
             f"{_x(r['vs_torch_bf16'])} |"
         )
     lines += [

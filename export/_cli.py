@@ -234,7 +234,7 @@ def run_world(args: argparse.Namespace) -> int:
 def add_export_parser(sub: Any) -> None:
     """``spotstop export``: Hugging Face members → ONNX scoring graphs → a verified bundle."""
     from spotstop.export.gptq import CALIBRATION_SCENES, CALIBRATION_SEED
-    from spotstop.export.int8 import KEEP_ERROR, SMOOTH_ALPHA
+    from spotstop.export.int8 import KEEP_ERROR
     from spotstop.export.mixed import DEFAULT_INT4_INT8
     from spotstop.export.precision import PRECISION_SPECS
 
@@ -281,8 +281,10 @@ def add_export_parser(sub: Any) -> None:
         default="auto",
         metavar="A",
         help="int8: SmoothQuant's migration strength in [0, 1]: each activation's outlier "
-        "channels are moved into the weights that read it, from the calibration scenes. auto "
-        f"(default): {SMOOTH_ALPHA} with --quantizer gptq, none with rtn; off: none",
+        "channels are moved into the weights that read it, from the calibration scenes (needs "
+        "--quantizer gptq). auto (default): none, as off: int8's activations are quantized per "
+        "token, and smoothing fitted on the calibration scenes moved unseen requests further "
+        "(export/int8.py, default_smooth_alpha)",
     )
     p.add_argument(
         "--int8-keep-error",

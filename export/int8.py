@@ -1,16 +1,35 @@
-"""int8 that computes in int8: onnxruntime's ``DynamicQuantizeMatMul``, with a measured keep rule
-and an optional SmoothQuant step.
+"""int8 that computes in int8: int8 weights per output column, activations quantized per call,
+onnxruntime's int8 GEMM; with a measured keep rule and an optional SmoothQuant step.
 
 Weight-only int8 (``MatMulNBits``, export/nbits.py) stores 8-bit weights but, at
 ``accuracy_level`` 0, multiplies in float32 after dequantizing them: on a 2-core x86 CPU one
 Qwen3.5-2B-sized layer ran at half the speed of float32 (issue #24). This precision stores each
 ``MatMul``'s constant weight ``W`` (K, N) as int8 with one float32 scale per output column, and
-quantizes the activations per call: ``DynamicQuantizeMatMul(A, W_q, scale)`` quantizes ``A``
-to uint8 with ONE scale and zero point for the whole tensor (onnxruntime's
-``DynamicQuantizeLinear``: ``scale = (max(0, max A) − min(0, min A)) / 255``) and runs an
-int8 GEMM (AVX512-VNNI / AMX on x86, the int8 dot products on ARM). Per-token activation
-scales would need a second pass over ``A`` and a custom kernel; per tensor is what onnxruntime
-ships fused, and the keep rule below catches the layers it hurts.
+quantizes the activations ``A`` on every call, in one of two ways (:data:`ACTIVATIONS`):
+
+* ``per-token`` (the default, :data:`DEFAULT_ACTIVATIONS`): each row (token) ``a`` of ``A``
+  gets its own range: midpoint ``μ = (max a + min a) / 2`` and step
+  ``σ = max(max a − min a, 2e-30) / 254``; ``q = Round((a − μ) / σ) + 128`` as uint8 (codes
+  1..255), standard ONNX ``MatMulInteger(q, W_q, 128)`` (int32), and back to float32 as
+  ``Cast · scale · σ + μ ⊗ c`` with ``c`` the column sums of the dequantized weight: exactly
+  ``deq(q) @ Ŵ`` with ``deq(q) = μ + (q − 128) σ``, so a row's 255 levels span its own range
+  (one-sided rows, e.g. after a GELU, lose no level to the unused sign). One activation read by
+  several weights (q/k/v, gate/up) is quantized once. onnxruntime's ``MatMulInteger`` runs
+  the same u8·s8 GEMM as its fused operator (AVX512-VNNI / AMX on x86, the int8 dot products
+  on ARM); it accepts only one activation zero point, hence the midpoint term.
+* ``per-tensor``: ``DynamicQuantizeMatMul(A, W_q, scale)`` (com.microsoft) quantizes ``A`` to
+  uint8 with ONE scale and zero point for the whole tensor (``DynamicQuantizeLinear``:
+  ``scale = (max(0, max A) − min(0, min A)) / 255``).
+
+Measured on one 383 × 2048 @ 2048 × 6144 layer with one token 50 times larger than the rest
+(an attention-sink token, as trained decoders have; ``bench/int8_gemm.py``): per tensor, the
+other tokens' relative error is ~0.4 (their values share 255 levels with the outlier's range);
+per token ~0.01, at a few per cent more time (the extra passes over ``A`` and the output).
+A symmetric per-token form (``σ = max|a| / 127``, no midpoint) was tried first: on the trained
+tiny LFM2 member it lost a bit on one-sided rows and failed the export's own validation (the
+vision tower's noise image moved 0.89, tolerance 0.5), which per tensor passed.
+Per tensor failed ``verify-bundle``'s 0.25 score tolerance on the trained tiny pair and at the
+real size (bench/RESULTS.md); it stays for comparison.
 
 With calibration inputs, a constant no recorded Linear multiplies by (a table the exporter
 folded into a constant, e.g. LFM2-VL's resized position embeddings; the output layer's
@@ -27,8 +46,8 @@ per block of 128, so an outlier only costs its own block):
   reads (export/weights.py), where a DynamicQuantizeMatMul weight would need a second copy;
 * every layer whose measured error exceeds ``keep_error``: on the calibration scenes' recorded
   inputs (export/gptq.py, the same as GPTQ's), ``‖deq(Q(X)) Ŵ − X W‖ / ‖X W‖`` with ``Q``
-  onnxruntime's per-tensor activation quantization simulated over the sampled rows (several
-  scenes at once: a range at least as wide as one call's, so the estimate errs high). Without
+  the activation quantization simulated over the sampled rows (per tensor: over several
+  scenes at once, a range at least as wide as one call's, so the estimate errs high). Without
   calibration inputs (``quantizer="rtn"``) only the output-layer rule applies.
 
 SmoothQuant (Xiao et al. 2023, "SmoothQuant: Accurate and Efficient Post-Training
@@ -60,12 +79,16 @@ from spotstop.export.gptq import CalibrationInputs, gptq_nbits
 from spotstop.export.weights import WeightIO, rewrite_weight_matmuls
 
 __all__ = [
+    "ACTIVATIONS",
+    "DEFAULT_ACTIVATIONS",
     "KEEP_ERROR",
     "SAMPLE_ROWS",
     "SMOOTH_ALPHA",
     "Int8Report",
     "channel_int8",
+    "default_smooth_alpha",
     "dequantize_activations",
+    "dequantize_activations_per_token",
     "layer_error",
     "quantize_matmuls_int8",
     "smoothing_factors",
@@ -78,14 +101,22 @@ __all__ = [
 #: member's request-only score move 0.31 (tolerance 0.25); 0.02 kept two more layers and it
 #: moved 0.14, and every tiny member validated
 KEEP_ERROR = 0.02
-#: SmoothQuant's α when the calibration scenes are recorded (the paper's default). Without it
-#: the trained tiny LFM2 member failed its int8 validation at every keep bound tried (0.01-0.03:
-#: the vision tower's noise-image case moved 1.15, tolerance 0.5); with it, it passed
+#: SmoothQuant's α (the paper's default), what ``auto`` uses for per-tensor activations with the
+#: calibration scenes (:func:`default_smooth_alpha`). Per tensor without it the trained tiny
+#: LFM2 member failed its int8 validation at every keep bound tried (0.01-0.03: the vision
+#: tower's noise-image case moved 1.15, tolerance 0.5); with it, it passed
 SMOOTH_ALPHA = 0.5
 #: recorded input rows each layer's error is measured on
 SAMPLE_ROWS = 2048
 #: smallest smoothing factor (a channel no calibration row reached)
 _S_MIN = 1e-5
+#: how activations are quantized per call (see the module doc)
+ACTIVATIONS = ("per-token", "per-tensor")
+DEFAULT_ACTIVATIONS = "per-token"
+#: per-token: the floor of a row's range (a constant row divides by it and keeps its value)
+_ROW_FLOOR = np.float32(2e-30)
+_HALF = np.float32(0.5)
+_LEVELS = np.float32(254)
 
 
 def dequantize_activations(x: np.ndarray) -> np.ndarray:
@@ -101,6 +132,47 @@ def dequantize_activations(x: np.ndarray) -> np.ndarray:
     zp = np.clip(np.round(-lo / scale), 0, 255).astype(np.float32)
     q = np.clip(np.round(x / scale) + zp, 0, 255).astype(np.float32)
     return ((q - zp) * scale).astype(np.float32)
+
+
+def dequantize_activations_per_token(x: np.ndarray) -> np.ndarray:
+    """``x`` as the per-token graph (:func:`quantize_matmuls_int8`) sees it after quantizing:
+    each row (last axis) ``μ + Round((x − μ) / σ) σ`` with ``μ = (max + min) / 2`` and
+    ``σ = max(max − min, 2e-30) / 254``, rounded half to even; float32 arithmetic in the
+    graph's order."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.size == 0:
+        return x.copy()
+    mu, sigma = _row_range(x)
+    return (np.round((x - mu) / sigma) * sigma + mu).astype(np.float32)
+
+
+def _row_range(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of float32 ``x``: the midpoint μ and the step σ, as the graph computes them."""
+    hi, lo = x.max(axis=-1, keepdims=True), x.min(axis=-1, keepdims=True)
+    mu = (hi + lo) * _HALF
+    sigma = np.maximum(hi - lo, _ROW_FLOOR) / _LEVELS
+    return mu, sigma
+
+
+def default_smooth_alpha(calibrated: bool, activations: str = DEFAULT_ACTIVATIONS) -> float | None:
+    """SmoothQuant's α when the export is left to choose (``smooth_alpha="auto"``).
+
+    Per token: none. Measured on the trained tiny pair (bench/RESULTS.md, ``trained-world``):
+    with α = 0.5 the factors fitted on the calibration scenes moved one request the pair had
+    never seen ("pick up the knife from the counter", request only) by 1.75 nats, while every
+    layer's own error at per-token int8 stayed below 0.07 on it; without smoothing the largest
+    move over verify-bundle's scenes was 0.05 (Qwen) and 0.12 (LFM2). Per-token rows already
+    carry their outliers' range, so smoothing only adds the calibration scenes' bias.
+    Per tensor, with the calibration scenes: :data:`SMOOTH_ALPHA`."""
+    _check_activations(activations)
+    return SMOOTH_ALPHA if calibrated and activations == "per-tensor" else None
+
+
+def _check_activations(activations: str) -> None:
+    if activations not in ACTIVATIONS:
+        raise ValueError(
+            f"int8 activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}."
+        )
 
 
 def channel_int8(w: np.ndarray, h: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -122,14 +194,23 @@ def channel_int8(w: np.ndarray, h: np.ndarray | None = None) -> tuple[np.ndarray
     return codes, scale.astype(np.float32)
 
 
-def layer_error(x: np.ndarray, w: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> float:
+def layer_error(
+    x: np.ndarray,
+    w: np.ndarray,
+    codes: np.ndarray,
+    scales: np.ndarray,
+    activations: str = DEFAULT_ACTIVATIONS,
+) -> float:
     """Relative output error ``‖deq(Q(x)) (codes·scales) − x w‖_F / ‖x w‖_F`` of one layer at
-    dynamic int8 on the input rows ``x`` (n, K); 0 when ``x w`` is all zero."""
+    dynamic int8 on the input rows ``x`` (n, K), ``Q`` per ``activations``; 0 when ``x w`` is
+    all zero."""
+    _check_activations(activations)
     # float32 products (a Qwen3.5-2B export measures ~200 layers on 2,048 rows each): the
     # error measured is ~1e-2, float32's relative rounding ~1e-7
     x = np.asarray(x, dtype=np.float32)
     ref = x @ np.asarray(w, dtype=np.float32)
-    got = dequantize_activations(x) @ (codes.astype(np.float32) * scales.astype(np.float32))
+    deq = dequantize_activations_per_token if activations == "per-token" else dequantize_activations
+    got = deq(x) @ (codes.astype(np.float32) * scales.astype(np.float32))
     den = float(np.linalg.norm(ref.astype(np.float64)))
     diff = float(np.linalg.norm((got - ref).astype(np.float64)))
     return diff / den if den > 0 else 0.0
@@ -152,7 +233,7 @@ def smoothing_factors(act_absmax: np.ndarray, w_absmax: np.ndarray, alpha: float
 class Int8Report:
     """What :func:`quantize_matmuls_int8` did to one graph (the manifest's ``int8`` entry)."""
 
-    #: weights now multiplied by DynamicQuantizeMatMul
+    #: weights now multiplied in int8 (MatMulInteger per token, or DynamicQuantizeMatMul)
     dynamic: int
     #: weights left for the weight-only pass: output layers, and those over ``keep_error``
     head: tuple[str, ...] = ()
@@ -169,11 +250,13 @@ class Int8Report:
     alpha: float | None = None
     keep_error: float = KEEP_ERROR
     gptq: int = 0
+    activations: str = DEFAULT_ACTIVATIONS
     errors: dict[str, float] = field(default_factory=dict, repr=False)
 
     def as_meta(self) -> dict[str, Any]:
         return {
             "dynamic": self.dynamic,
+            "activations": self.activations,
             "weight_only": {"output_layer": len(self.head), "over_keep_error": len(self.kept)},
             "float32_unmeasured": len(set(self.unmeasured)),
             "keep_error": self.keep_error,
@@ -252,9 +335,10 @@ def quantize_matmuls_int8(
     smooth_alpha: float | None = None,
     keep_error: float = KEEP_ERROR,
     output_layers: Collection[str] = (),
+    activations: str = DEFAULT_ACTIVATIONS,
 ) -> Int8Report:
-    """Rewrite, in place, every ``MatMul`` with a rank-2 float initializer weight as
-    ``DynamicQuantizeMatMul`` (see the module doc), except output layers and layers over
+    """Rewrite, in place, every ``MatMul`` with a rank-2 float initializer weight as an int8
+    GEMM with ``activations`` quantized per call (see the module doc), except output layers and layers over
     ``keep_error``, which stay float ``MatMul`` (smoothed if their input is) for the weight-only
     pass that follows (export/precision.py). ``smooth_alpha`` needs ``calibration``.
     ``output_layers``: node outputs that are output layers besides those the LogSoftmax finds
@@ -268,6 +352,7 @@ def quantize_matmuls_int8(
         )
     if not keep_error > 0:
         raise ValueError(f"keep_error must be positive; got {keep_error}.")
+    _check_activations(activations)
     io = io or WeightIO()
     g = model.graph
     inits = {t.name: t for t in g.initializer}
@@ -344,13 +429,16 @@ def quantize_matmuls_int8(
                 smoothed_name[x_name] = out
 
     # -- the rewrite: DynamicQuantizeMatMul, or a (smoothed) float MatMul left for weight-only
-    done: dict[str, tuple[str, str] | None] = {}
+    done: dict[str, tuple[str, str, str] | None] = {}
     smoothed_w: dict[str, str] = {}
     kept: list[tuple[str, float]] = []
     unmeasured: list[str] = []
     errors: dict[str, float] = {}
     gptq_used = 0
     inserted: set[str] = set()
+    token_q: dict[str, tuple[str, str, str]] = {}
+    tok_consts: dict[str, str] = {}
+    reduce_axes_input = _default_opset(model) >= 18
 
     def rewrite(node: Any, t: Any) -> list[Any] | None:
         nonlocal gptq_used
@@ -376,7 +464,7 @@ def quantize_matmuls_int8(
                     w = w * s[:, None]
                 codes, scales = channel_int8(w, h)
                 gptq_used += h is not None
-                err = layer_error(x, w, codes, scales) if x is not None else None
+                err = layer_error(x, w, codes, scales, activations) if x is not None else None
                 if err is not None:
                     errors[t.name] = err
                 if calibration is not None and err is None:
@@ -399,7 +487,12 @@ def quantize_matmuls_int8(
                     qn, sn = f"{t.name}_int8", f"{t.name}_int8_scale"
                     io.add(model, codes, qn)
                     io.add(model, scales, sn)
-                    done[t.name] = (qn, sn)
+                    cn = ""
+                    if activations == "per-token":  # Ŵ's column sums: the midpoints' term
+                        cn = f"{t.name}_int8_colsum"
+                        colsum = codes.astype(np.float64).sum(axis=0) * scales.astype(np.float64)
+                        io.add(model, colsum.astype(np.float32), cn)
+                    done[t.name] = (qn, sn, cn)
             del w
         got = done[t.name]
         if got is None:
@@ -409,16 +502,42 @@ def quantize_matmuls_int8(
                 "MatMul", [a_in, smoothed_w.get(t.name, t.name)], list(node.output), name=node.name
             )
             return [*pre, keep]
-        qn, sn = got
+        qn, sn, cn = got
+        base = f"{node.name}_int8" if node.name else f"{node.output[0]}_int8"
+        if activations == "per-tensor":
+            return [
+                *pre,
+                helper.make_node(
+                    "DynamicQuantizeMatMul",
+                    [a_in, qn, sn],
+                    list(node.output),
+                    name=base,
+                    domain="com.microsoft",
+                ),
+            ]
+        if not tok_consts:  # the per-token constants, once per graph
+            for key, arr in (
+                ("floor", _ROW_FLOOR),
+                ("half", _HALF),
+                ("levels", _LEVELS),
+                ("c128", np.float32(128)),
+                ("zp", np.uint8(128)),
+                ("axes", np.array([-1], dtype=np.int64)),
+            ):
+                tok_consts[key] = io.add(model, np.asarray(arr), f"int8_per_token_{key}").name
+        if a_in not in token_q:  # quantized once, before the first MatMul that reads it
+            token_q[a_in] = _per_token_quantize(a_in, tok_consts, pre, reduce_axes_input)
+        q, sigma, mu = token_q[a_in]
+        y = node.output[0]
+        mk = helper.make_node
         return [
             *pre,
-            helper.make_node(
-                "DynamicQuantizeMatMul",
-                [a_in, qn, sn],
-                list(node.output),
-                name=f"{node.name}_int8" if node.name else "",
-                domain="com.microsoft",
-            ),
+            mk("MatMulInteger", [q, qn, tok_consts["zp"]], [f"{y}_i32"], name=base),
+            mk("Cast", [f"{y}_i32"], [f"{y}_f32"], name=f"{base}_cast", to=1),
+            mk("Mul", [f"{y}_f32", sn], [f"{y}_col"], name=f"{base}_col"),
+            mk("Mul", [f"{y}_col", sigma], [f"{y}_row"], name=f"{base}_row"),
+            mk("Mul", [mu, cn], [f"{y}_mid"], name=f"{base}_mid"),
+            mk("Add", [f"{y}_row", f"{y}_mid"], [y], name=f"{base}_add"),
         ]
 
     rewrite_weight_matmuls(model, rewrite, "int8 (dynamic)")
@@ -440,5 +559,37 @@ def quantize_matmuls_int8(
         alpha=smooth_alpha,
         keep_error=keep_error,
         gptq=gptq_used,
+        activations=activations,
         errors=errors,
     )
+
+
+def _default_opset(model: Any) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
+def _per_token_quantize(
+    a: str, consts: dict[str, str], out: list[Any], axes_as_input: bool
+) -> tuple[str, str, str]:
+    """Append to ``out`` the nodes that quantize the activation ``a`` per row (the module doc's
+    per-token form, :func:`dequantize_activations_per_token`'s arithmetic); returns the names
+    of its uint8 codes, its row steps ``σ`` and its row midpoints ``μ`` (both …, 1)."""
+    from onnx import TensorProto, helper
+
+    def n(op: str, ins: list[str], tag: str, **kw: Any) -> str:
+        name = f"{a}_tok8_{tag}"
+        out.append(helper.make_node(op, ins, [name], name=name, **kw))
+        return name
+
+    def reduce(op: str, tag: str) -> str:
+        if axes_as_input:
+            return n(op, [a, consts["axes"]], tag, keepdims=1)
+        return n(op, [a], tag, axes=[-1], keepdims=1)
+
+    hi, lo = reduce("ReduceMax", "max"), reduce("ReduceMin", "min")
+    mu = n("Mul", [n("Add", [hi, lo], "sum"), consts["half"]], "mu")
+    rng = n("Max", [n("Sub", [hi, lo], "range"), consts["floor"]], "floor")
+    sigma = n("Div", [rng, consts["levels"]], "sigma")
+    r = n("Round", [n("Div", [n("Sub", [a, mu], "centred"), sigma], "scaled")], "round")
+    q = n("Cast", [n("Add", [r, consts["c128"]], "shift")], "u8", to=TensorProto.UINT8)
+    return q, sigma, mu

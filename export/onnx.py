@@ -54,7 +54,7 @@ from spotstop.export.gptq import (
     InputRecorder,
     nbits_quantizer_meta,
 )
-from spotstop.export.int8 import SMOOTH_ALPHA
+from spotstop.export.int8 import default_smooth_alpha
 from spotstop.export.memory import (
     is_large,
     peak_rss_bytes,
@@ -468,16 +468,17 @@ def _stage_resolve(
     auto = smooth_alpha == "auto"
     if ((not auto and smooth_alpha is not None) or keep_error is not None) and precision != "int8":
         raise ValueError(
-            f"smooth_alpha and keep_error are int8's (DynamicQuantizeMatMul) options; the "
-            f"precision is {precision!r}."
+            f"smooth_alpha and keep_error are int8's options; the precision is {precision!r}."
         )
     if not auto and smooth_alpha is not None and quantizer != "gptq":
         raise ValueError(
             "smooth_alpha needs the calibration scenes' activations, which only the 'gptq' "
             "quantizer records; drop smooth_alpha or use quantizer='gptq'."
         )
-    if auto:  # int8 with the calibration scenes smooths by default (export/int8.py says why)
-        smooth_alpha = SMOOTH_ALPHA if precision == "int8" and quantizer == "gptq" else None
+    if auto:  # export/int8.py's measured default
+        smooth_alpha = (
+            default_smooth_alpha(calibrated=quantizer == "gptq") if precision == "int8" else None
+        )
     elif smooth_alpha is not None and (
         not isinstance(smooth_alpha, (int, float)) or not 0.0 <= smooth_alpha <= 1.0
     ):
@@ -752,7 +753,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
 
 
 def _quantizer_record(job: _Job) -> dict[str, Any]:
-    """The manifest's ``quantizer`` entry of a MatMulNBits / DynamicQuantizeMatMul member."""
+    """The manifest's ``quantizer`` entry of a MatMulNBits / int8 (MatMulInteger) member."""
     spec = get_precision(job.precision)
     q = nbits_quantizer_meta(job.precision, job.calib, job.calibration_scenes)
     if spec.nbits == 4:
@@ -767,12 +768,15 @@ def _quantizer_record(job: _Job) -> dict[str, Any]:
             "rule": "export/mixed.py (onnxruntime-genai matmul_mixed_precision)",
             "chosen": len(job.int8_keys),
         }
-    if "int8" in job.convert_report:  # DynamicQuantizeMatMul: what computes in int8, what not
+    if "int8" in job.convert_report:  # what computes in int8, what not
+        acts = job.convert_report["int8"].get("activations", "per-tensor")
         q["format"] = (
-            "DynamicQuantizeMatMul (com.microsoft): int8 weights, one scale per output column, "
-            "uint8 activations per call (one scale per tensor); weight-only MatMulNBits 8-bit "
-            "(accuracy_level 4) for the rest"
-        )
+            "MatMulInteger: int8 weights, one scale per output column, uint8 activations per "
+            "call (one symmetric scale per token)"
+            if acts == "per-token"
+            else "DynamicQuantizeMatMul (com.microsoft): int8 weights, one scale per output "
+            "column, uint8 activations per call (one scale per tensor)"
+        ) + "; weight-only MatMulNBits 8-bit (accuracy_level 4) for the rest"
         q["dynamic_int8"] = job.convert_report["int8"]
     q["weights_by_bits"] = {f"int{b}": n for b, n in sorted(job.held.items())}
     return {"quantizer": q}
@@ -897,8 +901,7 @@ def export_member(
     int8/int8-nbits/int4, standard for fp32, which TensorRT also builds from; fp16 and int4-trt
     are standard only). The manifest records the form and the fused operators each graph holds.
     ``smooth_alpha`` / ``keep_error`` (int8): SmoothQuant's α (``"auto"``: export/int8.py's
-    ``SMOOTH_ALPHA`` when the calibration scenes are recorded, i.e. quantizer ``"gptq"``; None:
-    no smoothing) and the
+    ``default_smooth_alpha``, none for per-token activations; None: no smoothing) and the
     measured error above which a layer stays weight-only (None: export/int8.py's default).
 
     ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);

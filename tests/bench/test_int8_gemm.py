@@ -20,7 +20,14 @@ def _doc(rows: list[tuple[str, float]]) -> dict[str, Any]:
         "threads": 2,
         "repeats": 3,
         "rows": [
-            {"form": f, "seconds": s, "weight_bytes": 2**20, "rel_err": 0.01} for f, s in rows
+            {
+                "form": f,
+                "seconds": s,
+                "weight_bytes": 2**20,
+                "rel_err": 0.01,
+                "rel_err_outlier": 0.3,
+            }
+            for f, s in rows
         ],
         "read_gbs": 20.0,
         "cpu": {"model": "CPU X", "cores": 2, "flags": ["avx512_vnni"], "missing": ["amx_int8"]},
@@ -54,7 +61,7 @@ def test_ratios_peaks_and_the_stamp() -> None:
     md = g.render(doc, "--repeats 3")
     assert (
         "| onnxruntime MatMulNBits 8-bit block 128 acc 4 | 1.0 ms | 2 | 1.0 MiB | 1.00e-02 | "
-        "4.00x | 2.00x |" in md
+        "3.00e-01 | 4.00x | 2.00x |" in md
     )
     assert "Measured by `python bench/int8_gemm.py --repeats 3` (d); CPU CPU X, 2 logical" in md
     assert "flags avx512_vnni; without amx_int8;" in md
@@ -62,6 +69,7 @@ def test_ratios_peaks_and_the_stamp() -> None:
     lone = g.with_ratios(_doc([("torch fp32", 0.008)]))[0]
     assert lone["vs_ort_fp32"] is None and lone["vs_torch_bf16"] is None
     assert "| n/a | n/a |" in g.render(_doc([("torch fp32", 0.008)]))
+    assert g.peaks(_doc([(g.PER_TOKEN, 0.001)]))["int8_gops"] == pytest.approx(2.0)
 
 
 def test_every_form_runs_at_a_tiny_size_and_writes_its_section(tmp_path: Path) -> None:
@@ -81,8 +89,13 @@ def test_every_form_runs_at_a_tiny_size_and_writes_its_section(tmp_path: Path) -
     assert forms[0] == g.REF and g.BF16 in forms and "torch fp32" in forms
     assert sum("MatMulNBits" in x for x in forms) == 4
     assert any("DynamicQuantizeMatMul" in x for x in forms)
-    assert any("MatMulInteger" in x for x in forms)
+    assert any("MatMulInteger" in x for x in forms) and g.PER_TOKEN in forms
     err = {r["form"]: r["rel_err"] for r in doc["rows"]}
+    out = {r["form"]: r["rel_err_outlier"] for r in doc["rows"]}
+    # one token 50x: the others keep their precision per token, not per tensor
+    dq = next(f for f in forms if "DynamicQuantizeMatMul" in f)
+    assert out[g.PER_TOKEN] < 0.05 < out[dq], out
+    assert out[g.REF] == 0.0
     assert err[g.REF] == 0.0 and err["torch fp32"] < 1e-5
     # 8-bit weights are closer than 4-bit ones; every quantized form is within a few percent
     assert (

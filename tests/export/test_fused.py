@@ -306,7 +306,7 @@ def test_quantizers_rewrite_the_fused_graph_as_the_standard(decoders: _Decoders)
     from spotstop.export.precision import convert_precision
 
     quantized = {"MatMulNBits", "DynamicQuantizeMatMul", "MatMulInteger"}
-    # int4 (MatMulNBits); int8 was checked by hand the same way (DynamicQuantizeMatMul: 32 in
+    # int4 (MatMulNBits); int8 was checked by hand the same way (MatMulInteger: 32 in
     # each Qwen3.5 form, 23 in each LFM2 form) while its conversion was being rewritten
     for precision in ("int4",):
         q = {f: convert_precision(m, precision) for f, m in decoders.graphs.items()}

@@ -1,5 +1,6 @@
 """int8 that computes in int8 (export/int8.py): the arithmetic against onnxruntime's own
-operators, SmoothQuant's identity, the keep rule, and the rewrite of a small graph."""
+operators and a hand-worked example, per token and per tensor, SmoothQuant's identity, the keep
+rule, and the rewrite of a small graph."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from spotstop.export.gptq import CalibrationInputs, weight_key  # noqa: E402
 from spotstop.export.int8 import (  # noqa: E402
+    ACTIVATIONS,
     SMOOTH_ALPHA,
     channel_int8,
     dequantize_activations,
+    dequantize_activations_per_token,
     layer_error,
     quantize_matmuls_int8,
     smoothing_factors,
@@ -67,6 +70,74 @@ def test_activation_rounding_is_onnxruntimes() -> None:
         np.testing.assert_array_equal(dequantize_activations(x), want)
 
 
+def test_per_token_rounding_by_hand() -> None:
+    """Row [1, -2, 0.5, 0]: μ = -0.5, σ = 3/254, codes round((x − μ)/σ) = round(127, -127,
+    84.67, 42.33) = (127, -127, 85, 42); a one-sided row [0.5, 1, 2, 4] (after a GELU) keeps
+    all 255 levels over [0.5, 4]; a constant row keeps its value; rows are independent."""
+    x = np.array(
+        [[1.0, -2.0, 0.5, 0.0], [0.5, 1.0, 2.0, 4.0], [3.0, 3.0, 3.0, 3.0], [300.0, 1.0, -1.0, 0.0]]
+    )
+    got = dequantize_activations_per_token(x)
+    f = np.float32
+    sigma = f(3.0) / f(254)
+    np.testing.assert_allclose(
+        got[0], np.array([127, -127, 85, 42], np.float32) * sigma - f(0.5), rtol=0, atol=1e-6
+    )
+    assert np.abs(got[1] - x[1]).max() <= 3.5 / 254 / 2 + 1e-6  # half a step of its own range
+    np.testing.assert_array_equal(got[2], x[2].astype(np.float32))
+    np.testing.assert_array_equal(got[:2], dequantize_activations_per_token(x[:2]))
+    # the outlier row costs only itself: per tensor, row 0 would share 300's range
+    assert np.abs(dequantize_activations(x)[0] - x[0]).max() > 0.4  # step 301/255
+    assert np.abs(got[0] - x[0]).max() <= float(sigma) / 2 + 1e-6
+
+
+def _one_linear(k: int, n: int, w: np.ndarray) -> object:
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="lin")
+    return _model([node], [numpy_helper.from_array(w, "w")], k, n)
+
+
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_rewritten_layer_is_the_numpy_arithmetic(activations: str) -> None:
+    """One Linear rewritten by the export (no calibration: round-to-nearest codes) and run by
+    onnxruntime equals numpy's deq(Q(x)) @ (codes · scales): the integer GEMM is exact, so only
+    float rounding separates them; an outlier token among the rows (an attention sink)."""
+    rng = np.random.default_rng(11)
+    k, n = 64, 48
+    w = rng.normal(0, 0.1, (k, n)).astype(np.float32)
+    x = rng.normal(size=(12, k)).astype(np.float32)
+    x[0] *= 50.0
+    model = _one_linear(k, n, w)
+    rep = quantize_matmuls_int8(model, activations=activations)
+    ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
+    want_op = "MatMulInteger" if activations == "per-token" else "DynamicQuantizeMatMul"
+    assert rep.dynamic == 1 and want_op in ops and "MatMul" not in ops
+    assert rep.as_meta()["activations"] == activations
+    (got,) = _session(model).run(None, {"x": x})  # type: ignore[attr-defined]
+    codes, scales = channel_int8(w)
+    deq = dequantize_activations_per_token if activations == "per-token" else dequantize_activations
+    sim = deq(x).astype(np.float64) @ (codes * scales.astype(np.float64))
+    np.testing.assert_allclose(got, sim, rtol=1e-5, atol=1e-5 * float(np.abs(sim).max()))
+    ref = x.astype(np.float64) @ w
+    err_rest = np.linalg.norm(got[1:] - ref[1:]) / np.linalg.norm(ref[1:])
+    # the other tokens: per token ~1 %, per tensor they share the outlier's 255 levels
+    assert (err_rest < 0.02) if activations == "per-token" else (err_rest > 0.1), err_rest
+
+
+def test_per_token_quantizes_a_shared_activation_once() -> None:
+    """q and k read the same activation: one ReduceMax/ReduceMin/…/Cast chain feeds both
+    MatMulIntegers; an opset-17 graph gets the reductions' axes as an attribute."""
+    model, _ = _norm_then_two_linears(16, 8, 9, 1.0)
+    quantize_matmuls_int8(model)
+    ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
+    assert ops.count("MatMulInteger") == 2 and ops.count("ReduceMax") == 1
+    assert ops.count("ReduceMin") == 1
+    assert ops.count("Cast") == 1 + 2  # one uint8 cast, one int32→float per MatMulInteger
+    rm = next(nd for nd in model.graph.node if nd.op_type == "ReduceMax")  # type: ignore[attr-defined]
+    assert len(rm.input) == 1 and helper.get_node_attr_value(rm, "axes") == [-1]
+    with pytest.raises(ValueError, match="per-token, per-tensor"):
+        quantize_matmuls_int8(model, activations="per-channel")
+
+
 def test_channel_codes_round_to_nearest_per_column() -> None:
     rng = np.random.default_rng(1)
     w = rng.normal(size=(48, 10)).astype(np.float32) * rng.uniform(0.1, 5, 10).astype(np.float32)
@@ -112,8 +183,11 @@ def test_layer_error_is_what_dynamic_quantize_matmul_computes() -> None:
     np.testing.assert_allclose(got, sim, rtol=1e-4, atol=1e-4 * float(np.abs(sim).max()))
     ref = x.astype(np.float64) @ w
     want = np.linalg.norm(sim - ref) / np.linalg.norm(ref)
-    assert layer_error(x, w, codes, scales) == pytest.approx(want, rel=1e-4)
+    assert layer_error(x, w, codes, scales, "per-tensor") == pytest.approx(want, rel=1e-4)
     assert 0 < want < 0.05
+    tok = dequantize_activations_per_token(x).astype(np.float64) @ (codes * scales)
+    want_tok = np.linalg.norm(tok - ref) / np.linalg.norm(ref)
+    assert layer_error(x, w, codes, scales) == pytest.approx(want_tok, rel=1e-4)
 
 
 def test_smoothing_factors_follow_the_papers_formula() -> None:
@@ -171,11 +245,12 @@ def _norm_then_two_linears(k: int, n: int, seed: int, outlier: float) -> tuple[o
     return _model(nodes, inits, k, n, out), {"x": x, "g": g, "w1": w1, "w2": w2, "head": head}
 
 
+@pytest.mark.parametrize("activations", ACTIVATIONS)
 @pytest.mark.parametrize("alpha", [None, 0.5])
 def test_rewrite_quantizes_the_linears_and_keeps_the_output_layer(
-    tmp_path: Path, alpha: float | None
+    tmp_path: Path, alpha: float | None, activations: str
 ) -> None:
-    """Both q/k MatMuls become DynamicQuantizeMatMul, the output layer stays a float MatMul (for
+    """Both q/k MatMuls compute in int8, the output layer stays a float MatMul (for
     the weight-only pass), the answer moves by the measured error only; smoothing folds 1/s into
     the norm's weight (no new node) and keeps x·g·W exact before rounding."""
     import onnx
@@ -186,12 +261,14 @@ def test_rewrite_quantizes_the_linears_and_keeps_the_output_layer(
     cal = _calibration(tmp_path / "cal", xn, [v["w1"], v["w2"]])
     fp32 = onnx.ModelProto()
     fp32.CopyFrom(model)  # type: ignore[arg-type]
-    rep = quantize_matmuls_int8(model, calibration=cal, smooth_alpha=alpha)
+    rep = quantize_matmuls_int8(model, calibration=cal, smooth_alpha=alpha, activations=activations)
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
-    assert ops.count("DynamicQuantizeMatMul") == 2 and ops.count("MatMul") == 1
+    op = "MatMulInteger" if activations == "per-token" else "DynamicQuantizeMatMul"
+    assert ops.count(op) == 2 and ops.count("MatMul") == 1
     assert rep.dynamic == 2 and rep.head == ("head",) and not rep.kept and rep.measured == 2
     assert (rep.smoothed, rep.folded) == ((1, 1) if alpha else (0, 0))
-    assert "Mul" in ops and ops.count("Mul") == 1  # folded: the norm's Mul took 1/s
+    # folded: the norm's Mul took 1/s (per token: μ once, then scale, σ and μ ⊗ c per layer)
+    assert ops.count("Mul") == 1 + (7 if activations == "per-token" else 0)
     x = v["x"][:8]
     (want,) = _session(fp32).run(["y"], {"x": x})  # type: ignore[attr-defined]
     (got,) = _session(model).run(["y"], {"x": x})  # type: ignore[attr-defined]
@@ -200,20 +277,53 @@ def test_rewrite_quantizes_the_linears_and_keeps_the_output_layer(
 
 
 def test_an_outlier_channel_is_kept_weight_only_unless_smoothed(tmp_path: Path) -> None:
-    """One input channel 200x the others: per-tensor int8 activations lose the rest, the keep
+    """Per tensor, one input channel 200x the others: int8 activations lose the rest, the keep
     rule leaves both layers weight-only; SmoothQuant moves the outlier into the weights and
-    both compute in int8 with a small error (the paper's Fig. 5 in miniature)."""
+    both compute in int8 with a small error (the paper's Fig. 5 in miniature). (Per token the
+    rows' scales follow the outlier too, but the output is dominated by that channel here.)"""
     k, n = 32, 24
     plain, v = _norm_then_two_linears(k, n, 5, outlier=200.0)
     xn = v["x"] * v["g"]
     rep = quantize_matmuls_int8(
-        plain, calibration=_calibration(tmp_path / "a", xn, [v["w1"], v["w2"]])
+        plain,
+        calibration=_calibration(tmp_path / "a", xn, [v["w1"], v["w2"]]),
+        activations="per-tensor",
     )
     assert rep.dynamic == 0 and len(rep.kept) == 2 and rep.max_error > 0.03
     smooth, _ = _norm_then_two_linears(k, n, 5, outlier=200.0)
     cal = _calibration(tmp_path / "b", xn, [v["w1"], v["w2"]])
-    rep2 = quantize_matmuls_int8(smooth, calibration=cal, smooth_alpha=0.5)
+    rep2 = quantize_matmuls_int8(
+        smooth, calibration=cal, smooth_alpha=0.5, activations="per-tensor"
+    )
     assert rep2.dynamic == 2 and not rep2.kept and rep2.max_error < 0.03
+
+
+def test_an_outlier_token_is_kept_per_tensor_and_computed_per_token(tmp_path: Path) -> None:
+    """One input ROW 200x the others (an attention sink): per tensor the other rows lose
+    their precision and the keep rule leaves both layers weight-only; per token each row has
+    its own scale and both layers compute in int8 (smoothing, per channel, cannot help)."""
+    k, n = 32, 24
+    _, v = _norm_then_two_linears(k, n, 12, outlier=1.0)
+    xn = v["x"] * v["g"]
+    xn[0] *= 200.0
+    errs = {}
+    for act in ACTIVATIONS:
+        m, _ = _norm_then_two_linears(k, n, 12, outlier=1.0)
+        cal = _calibration(tmp_path / act, xn, [v["w1"], v["w2"]])
+        rep = quantize_matmuls_int8(m, calibration=cal, smooth_alpha=0.5, activations=act)
+        errs[act] = rep
+    assert errs["per-tensor"].dynamic == 0 and len(errs["per-tensor"].kept) == 2
+    assert errs["per-token"].dynamic == 2 and errs["per-token"].max_error < 0.02
+
+
+def test_smoothing_defaults_per_activation_form() -> None:
+    from spotstop.export.int8 import default_smooth_alpha
+
+    assert default_smooth_alpha(calibrated=True) is None  # per token (the default)
+    assert default_smooth_alpha(calibrated=True, activations="per-tensor") == SMOOTH_ALPHA
+    assert default_smooth_alpha(calibrated=False, activations="per-tensor") is None
+    with pytest.raises(ValueError, match="per-token, per-tensor"):
+        default_smooth_alpha(True, "per-row")
 
 
 def test_smoothing_needs_calibration_and_a_positive_bound() -> None:
@@ -234,9 +344,9 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     tiny_pair: Path, tmp_path: Path
 ) -> None:
     """The export's int8: GPTQ codes and a measured error for every Linear the calibration
-    scenes reach, DynamicQuantizeMatMul in both graphs, the output layer weight-only 8-bit
-    (accuracy_level 4) and one table, validated, and all of it in the manifest; SmoothQuant
-    smooths the activations it has statistics for."""
+    scenes reach, per-token MatMulInteger in both graphs, the output layer weight-only 8-bit
+    (accuracy_level 4) and one table, validated, and all of it in the manifest; no smoothing
+    by default, and SmoothQuant, asked for, smooths the activations it has statistics for."""
     import onnx
     import yaml
     from spotstop.export.onnx import export_member
@@ -246,17 +356,18 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     e = export_member(src, tmp_path / "m", **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in e.checks)
     q = e.quantizer
-    assert q is not None and q["method"] == "gptq" and "DynamicQuantizeMatMul" in q["format"]
+    assert q is not None and q["method"] == "gptq" and "MatMulInteger" in q["format"]
     d = q["dynamic_int8"]
+    assert d["activations"] == "per-token"
     assert d["dynamic"] > 20 and d["gptq"] == d["measured"] > 20
-    assert d["weight_only"]["output_layer"] == 1 and d["smooth_alpha"] == SMOOTH_ALPHA
+    assert d["weight_only"]["output_layer"] == 1 and d["smooth_alpha"] is None  # per token
     assert 0 < d["median_error"] <= d["max_error"]
     on_disk = yaml.safe_load((tmp_path / "m" / "spotstop_onnx.yaml").read_text())
     assert on_disk["precision"] == "int8" and on_disk["quantizer"] == dict(q)
     nodes = []
     for f in ("vision.onnx", "decoder.onnx"):
         g = onnx.load(str(tmp_path / "m" / "onnx" / f), load_external_data=False).graph
-        assert any(n.op_type == "DynamicQuantizeMatMul" for n in g.node), f
+        assert any(n.op_type == "MatMulInteger" for n in g.node), f
         nodes += list(g.node)
     nb = [n for n in nodes if n.op_type == "MatMulNBits"]
     wo = d["weight_only"]
@@ -264,11 +375,11 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     assert all(helper.get_node_attr_value(n, "accuracy_level") == 4 for n in nb)
     dec = onnx.load(str(tmp_path / "m" / "onnx" / "decoder.onnx"), load_external_data=False)
     assert any(n.op_type == "GatherBlockQuantized" for n in dec.graph.node)  # one table
-    assert d["smoothed_inputs"] > 10
-    s = export_member(src, tmp_path / "s", smooth_alpha=None, **kw)  # type: ignore[arg-type]
+    assert d["smoothed_inputs"] == 0
+    s = export_member(src, tmp_path / "s", smooth_alpha=SMOOTH_ALPHA, **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in s.checks)
     sd = s.quantizer["dynamic_int8"]  # type: ignore[index]
-    assert sd["smooth_alpha"] is None and sd["smoothed_inputs"] == 0
+    assert sd["smooth_alpha"] == SMOOTH_ALPHA and sd["smoothed_inputs"] > 10
 
 
 def test_int8_options_are_checked_before_anything_is_written(
@@ -325,8 +436,9 @@ def test_smoothing_folds_into_a_fused_norms_scale(
     cal = _calibration(tmp_path / "cal", xn, [w1, w2])
     rep = quantize_matmuls_int8(model, calibration=cal, smooth_alpha=0.5)
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
-    assert rep.smoothed == 1 and rep.folded == 1 and "Mul" not in ops
-    assert ops.count("DynamicQuantizeMatMul") == 2
+    assert rep.smoothed == 1 and rep.folded == 1
+    assert ops.count("Mul") == 7  # no smoothing Mul: μ once, scale, σ and μ ⊗ c per layer
+    assert ops.count("MatMulInteger") == 2
     (want,) = _session(fp32).run(["y"], {"x": x[:16]})  # type: ignore[attr-defined]
     (got,) = _session(model).run(["y"], {"x": x[:16]})  # type: ignore[attr-defined]
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3 * rep.max_error + 1e-3

@@ -112,10 +112,11 @@ def _quantized(folder: Path) -> list[tuple[str, str]]:
         g = onnx.load(str(f)).graph
         inits = {t.name: t for t in g.initializer}
         for n in g.node:
-            if n.op_type in ("DynamicQuantizeMatMul", "MatMulNBits"):
-                for i in n.input[1:3]:
-                    arr = numpy_helper.to_array(inits[i])
-                    out.append((n.op_type, hashlib.sha256(arr.tobytes()).hexdigest()))
+            # the codes and scales (MatMulInteger's scale is a later Mul's: its codes only)
+            quantized = {"MatMulInteger": 2, "DynamicQuantizeMatMul": 3, "MatMulNBits": 3}
+            for i in n.input[1 : quantized.get(n.op_type, 1)]:
+                arr = numpy_helper.to_array(inits[i])
+                out.append((n.op_type, hashlib.sha256(arr.tobytes()).hexdigest()))
     return sorted(out)
 
 
@@ -154,10 +155,10 @@ def test_streamed_export_answers_as_the_in_memory_one(
     assert np.all(np.isfinite(a)) and np.all(np.isfinite(b))
     tol = get_export_config(arch).score_atol["int8-nbits"]
     np.testing.assert_allclose(b, a, atol=tol, rtol=0)
-    # the default streamed export (GPTQ, smoothed) validates
+    # a streamed export with GPTQ and SmoothQuant validates
     kw.pop("quantizer")
     kw["precision"] = "int8"
-    sm = export_member(src, tmp_path / "sm", streamed=True, **kw)  # type: ignore[arg-type]
+    sm = export_member(src, tmp_path / "sm", streamed=True, smooth_alpha=0.5, **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in sm.checks)  # every output against torch at int8's tolerances
     assert sm.quantizer is not None and sm.quantizer["dynamic_int8"]["smoothed_inputs"] > 0
     if _peak_resettable():
