@@ -15,9 +15,10 @@ measured on), each form timed best of ``--repeats`` after one warm-up call, all 
   activations quantized at run time to uint8 with one scale per tensor (W8A8);
 * ``onnxruntime MatMulInteger + DynamicQuantizeLinear``: the same arithmetic as standard ONNX
   operators (quantize, integer product, two rescales);
-* ``onnxruntime MatMulInteger per token (spotstop int8)``: the graph ``spotstop export
-  --precision int8`` writes (``spotstop.export.int8.quantize_matmuls_int8``): one symmetric
-  scale per row of ``x``, zero point 128, the integer product, two rescales;
+* ``onnxruntime MatMulIntegerToFloat per token (spotstop int8)``: the graph ``spotstop export
+  --precision int8`` writes (``spotstop.export.int8.quantize_matmuls_int8``): each row of ``x``
+  its own midpoint and step, zero point 128, the integer product scaled per column inside
+  ``MatMulIntegerToFloat``, then the row step and the midpoint term;
 * ``torch fp32`` and ``torch bf16``: ``torch.nn.functional.linear``, eager.
 
 Per form: the best time, GFLOP/s (2 M K N / time, the int8 forms' integer operations
@@ -65,7 +66,7 @@ from _results import write_section  # noqa: E402
 #: Qwen3.5-2B's MLP up projection at the latency table's prompt length
 SHAPE = (383, 2048, 6144)
 REF = "onnxruntime fp32 MatMul"
-PER_TOKEN = "onnxruntime MatMulInteger per token (spotstop int8)"
+PER_TOKEN = "onnxruntime MatMulIntegerToFloat per token (spotstop int8)"
 #: how much larger the first row of x is in the outlier-token error column
 OUTLIER_TOKEN = 50.0
 BF16 = "torch bf16"

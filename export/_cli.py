@@ -270,8 +270,8 @@ def add_export_parser(sub: Any) -> None:
         "--graph-form",
         choices=["auto", "standard", "fused"],
         default="auto",
-        help="fused: onnxruntime's contrib operators (LinearAttention and CausalConvWithState "
-        "for Gated-DeltaNet and short convolutions, GroupQueryAttention, fused RMSNorms; "
+        help="fused: onnxruntime's contrib operators where its CPU kernels are faster "
+        "(LinearAttention for Gated-DeltaNet, GroupQueryAttention, fused RMSNorms; "
         "export/fused.py), onnxruntime only; standard: standard ONNX operators (what TensorRT "
         "parses). auto (default): fused for int8, int8-nbits and int4, standard for fp32 (its "
         "TensorRT script), fp16 and int4-trt. A fused fp32 bundle needs --trt off",

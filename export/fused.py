@@ -5,8 +5,11 @@ standard ONNX operators (export/graphs.py; Qwen3.5's Gated-DeltaNet as the loop-
 export/gated_delta.py, attention as MatMul/Softmax, short convolutions as ``Conv``). ``fused``
 (onnxruntime CPU: fp32, int8, int4) replaces, while a graph is exported, the pieces onnxruntime
 has one kernel for, the way onnxruntime-genai 0.18's model builder writes the same models
-(builders/base.py ``make_linear_attention``, ``make_causal_conv_with_state``,
-``make_group_query_attention``, ``make_linear_attention_gate``, ``make_gated_rms_norm``).
+(builders/base.py ``make_linear_attention``, ``make_group_query_attention``,
+``make_linear_attention_gate``), except where onnxruntime's CPU kernel is measured slower than
+the standard nodes it replaces: the short convolutions stay a depthwise ``Conv`` (not
+``CausalConvWithState``) and the gated RMSNorm a ``SimplifiedLayerNormalization`` times
+``silu(gate)`` (not ``GatedRMSNorm``); ``bench/fused_ops.py`` prints both ratios.
 
 This module is the machinery every architecture shares; which layers of a model are replaced,
 and by what, is the architecture's: ``ExportConfig.fused_patches`` in
@@ -86,9 +89,7 @@ FUSED_DOMAIN_VERSION = 1
 #: (as onnxruntime's own optimizer writes it); the others are com.microsoft ops.
 FUSED_OPS: dict[str, tuple[str, int]] = {
     "LinearAttention": (FUSED_DOMAIN, 2),
-    "CausalConvWithState": (FUSED_DOMAIN, 2),
     "GroupQueryAttention": (FUSED_DOMAIN, 1),
-    "GatedRMSNorm": (FUSED_DOMAIN, 1),
     "LinearAttentionGate": (FUSED_DOMAIN, 2),
     "MultiHeadAttention": (FUSED_DOMAIN, 1),
     "SkipSimplifiedLayerNormalization": (FUSED_DOMAIN, 4),
@@ -144,21 +145,6 @@ def _linear_attention(
 @_linear_attention.register_fake
 def _(query, key, value, decay, beta, q_num_heads, kv_num_heads, scale):
     return value.new_empty(value.shape)
-
-
-@torch.library.custom_op("spotstop_fused::causal_conv", mutates_args=())
-def _causal_conv(x: torch.Tensor, weight: torch.Tensor, silu: int) -> torch.Tensor:
-    """com.microsoft ``CausalConvWithState`` (no past state, no bias): depthwise causal
-    convolution of ``x`` (B, C, L) with ``weight`` (C, 1, K), zero history, SiLU after when
-    ``silu`` → (B, C, L)."""
-    k = weight.shape[-1]
-    out = F.conv1d(x, weight, padding=k - 1, groups=x.shape[1])[..., : x.shape[-1]]
-    return F.silu(out) if silu else out
-
-
-@_causal_conv.register_fake
-def _(x, weight, silu):
-    return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("spotstop_fused::group_query_attention", mutates_args=())
@@ -229,20 +215,6 @@ def _(x, skip, weight, eps):
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
-@torch.library.custom_op("spotstop_fused::gated_rms_norm", mutates_args=())
-def _gated_rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float
-) -> torch.Tensor:
-    """com.microsoft ``GatedRMSNorm`` (activation="silu"): ``rms_norm(x) · weight · silu(gate)``,
-    the norm over the last axis (of ``weight``'s length), float32."""
-    return _rms_norm(x, weight, eps) * F.silu(gate)
-
-
-@_gated_rms_norm.register_fake
-def _(x, weight, gate, eps):
-    return x.new_empty(x.shape)
-
-
 @torch.library.custom_op("spotstop_fused::linear_attention_gate", mutates_args=())
 def _linear_attention_gate(
     a: torch.Tensor, dt_bias: torch.Tensor, decay_scale: torch.Tensor, b: torch.Tensor
@@ -286,8 +258,7 @@ def _register_onnx_schemas() -> None:
     once per process, unless onnx knows the op already. Outputs: the ones the fused form writes
     (:data:`FUSED_OPS`: the required ones, and SkipSimplifiedLayerNormalization's
     ``input_skip_bias_sum``), because the dynamo exporter gives a node every output its schema
-    lists, and the others are extras the CPU kernels do not serve (CausalConvWithState's
-    ``state_update`` is CUDA-only)."""
+    lists, and the others are extras the CPU kernels do not serve."""
     import onnx
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
@@ -370,10 +341,6 @@ def _dynamo_translations() -> dict[Any, Callable[..., Any]]:
         )
         return out
 
-    def conv(x, weight, silu):
-        out, _state = ms.CausalConvWithState(x, weight, activation="silu" if silu else "none")
-        return out
-
     def gqa(query, key, value, cos_cache, sin_cache, num_heads, kv_num_heads, do_rotary, scale):
         shape = op.Shape(query)
         length = op.Slice(shape, [1], [2])  # (1,) int64: the padded length L
@@ -411,9 +378,6 @@ def _dynamo_translations() -> dict[Any, Callable[..., Any]]:
         )
         return out, total
 
-    def gated_norm(x, weight, gate, eps):
-        return ms.GatedRMSNorm(x, weight, gate, activation="silu", epsilon=float(eps))
-
     def gate(a, dt_bias, decay_scale, b):
         decay, beta = ms.LinearAttentionGate(a, dt_bias, decay_scale, b)
         return decay, beta
@@ -424,9 +388,7 @@ def _dynamo_translations() -> dict[Any, Callable[..., Any]]:
     return {
         torch.ops.spotstop_fused.multi_head_attention.default: mha,
         torch.ops.spotstop_fused.linear_attention_gate.default: gate,
-        torch.ops.spotstop_fused.gated_rms_norm.default: gated_norm,
         torch.ops.spotstop_fused.linear_attention.default: la,
-        torch.ops.spotstop_fused.causal_conv.default: conv,
         torch.ops.spotstop_fused.group_query_attention.default: gqa,
         torch.ops.spotstop_fused.rms_norm.default: norm,
         torch.ops.spotstop_fused.skip_rms_norm.default: skip_norm,
@@ -468,18 +430,6 @@ def _register_legacy_symbolics() -> None:
             update_rule_s="gated_delta",
             outputs=2,
         )
-        return out
-
-    @parse_args("v", "v", "i")
-    def conv(g, x, weight, silu):
-        out, _ = g.op(
-            f"{ms}::CausalConvWithState",
-            x,
-            weight,
-            activation_s="silu" if silu else "none",
-            outputs=2,
-        )
-        out.setType(x.type())
         return out
 
     @parse_args("v", "v", "v", "v", "v", "i", "i", "i", "f")
@@ -531,12 +481,6 @@ def _register_legacy_symbolics() -> None:
         total.setType(x.type())
         return out, total
 
-    @parse_args("v", "v", "v", "f")
-    def gated_norm(g, x, weight, gate, eps):
-        out = g.op(f"{ms}::GatedRMSNorm", x, weight, gate, activation_s="silu", epsilon_f=eps)
-        out.setType(x.type())
-        return out
-
     @parse_args("v", "v", "v", "v")
     def gate(g, a, dt_bias, decay_scale, b):
         decay, beta = g.op(f"{ms}::LinearAttentionGate", a, dt_bias, decay_scale, b, outputs=2)
@@ -555,11 +499,9 @@ def _register_legacy_symbolics() -> None:
     for opset in _LEGACY_OPSETS:
         register_custom_op_symbolic("spotstop_fused::multi_head_attention", mha, opset)
         register_custom_op_symbolic("spotstop_fused::linear_attention_gate", gate, opset)
-        register_custom_op_symbolic("spotstop_fused::gated_rms_norm", gated_norm, opset)
         register_custom_op_symbolic("spotstop_fused::rms_norm", norm, opset)
         register_custom_op_symbolic("spotstop_fused::skip_rms_norm", skip_norm, opset)
         register_custom_op_symbolic("spotstop_fused::linear_attention", la, opset)
-        register_custom_op_symbolic("spotstop_fused::causal_conv", conv, opset)
         register_custom_op_symbolic("spotstop_fused::group_query_attention", gqa, opset)
 
 
@@ -606,9 +548,11 @@ def skip_rms_norm(
 def gated_rms_norm(
     x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    """A gated RMSNorm (SiLU gate) as one ``GatedRMSNorm``, float32 inside, ``x``'s dtype out."""
-    out = torch.ops.spotstop_fused.gated_rms_norm(_f32(x), weight, _f32(gate), float(eps))
-    return _as(out, x.dtype)
+    """A gated RMSNorm (SiLU gate): ``SimplifiedLayerNormalization`` · ``silu(gate)`` in
+    standard nodes, float32 inside, ``x``'s dtype out. Not onnxruntime's ``GatedRMSNorm``: its
+    CPU kernel took 10.3 ms on Qwen3.5-2B's (6112, 128) rows where these nodes take 0.4 ms
+    (``bench/fused_ops.py``)."""
+    return _as(rms_norm(_f32(x), weight, eps) * F.silu(_f32(gate)), x.dtype)
 
 
 def linear_attention_gate(
@@ -703,21 +647,19 @@ def fused_causal_conv1d_fn(
     activation: str | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """transformers' ``causal_conv1d_fn`` (``weight`` (C, K), input (B, C, L)) as one
-    ``CausalConvWithState`` node, SiLU fused when ``activation`` is ``"silu"``."""
-    if bias is not None:
-        raise NotImplementedError(
-            "the fused short convolution is written without a bias (no registered architecture "
-            "has one); a member with conv_bias needs the bias input wired (CausalConvWithState's "
-            "third input)."
-        )
+    """transformers' ``causal_conv1d_fn`` (``weight`` (C, K), input (B, C, L)) as a left
+    ``Pad`` and one depthwise ``Conv`` (SiLU after when ``activation`` is ``"silu"``), standard
+    operators. Not onnxruntime's ``CausalConvWithState``: its CPU kernel is 4 to 6 times slower
+    than ``Conv`` at both members' shapes (``bench/fused_ops.py``)."""
     if activation not in (None, "silu", "swish"):
         raise NotImplementedError(
-            f"CausalConvWithState fuses only SiLU; this layer's activation is {activation!r}."
+            f"the short convolution applies only SiLU; this layer's activation is {activation!r}."
         )
-    out = torch.ops.spotstop_fused.causal_conv(
-        _as(hidden_states, weight.dtype), weight.unsqueeze(1), int(activation is not None)
-    )
+    x = _as(hidden_states, weight.dtype)
+    k = weight.shape[-1]
+    out = F.conv1d(F.pad(x, (k - 1, 0)), weight.unsqueeze(1), bias, groups=x.shape[1])
+    if activation is not None:
+        out = F.silu(out)
     return _as(out, hidden_states.dtype)
 
 

@@ -10,13 +10,16 @@ quantizes the activations ``A`` on every call, in one of two ways (:data:`ACTIVA
 * ``per-token`` (the default, :data:`DEFAULT_ACTIVATIONS`): each row (token) ``a`` of ``A``
   gets its own range: midpoint ``μ = (max a + min a) / 2`` and step
   ``σ = max(max a − min a, 2e-30) / 254``; ``q = Round((a − μ) / σ) + 128`` as uint8 (codes
-  1..255), standard ONNX ``MatMulInteger(q, W_q, 128)`` (int32), and back to float32 as
-  ``Cast · scale · σ + μ ⊗ c`` with ``c`` the column sums of the dequantized weight: exactly
-  ``deq(q) @ Ŵ`` with ``deq(q) = μ + (q − 128) σ``, so a row's 255 levels span its own range
-  (one-sided rows, e.g. after a GELU, lose no level to the unused sign). One activation read by
-  several weights (q/k/v, gate/up) is quantized once. onnxruntime's ``MatMulInteger`` runs
-  the same u8·s8 GEMM as its fused operator (AVX512-VNNI / AMX on x86, the int8 dot products
-  on ARM); it accepts only one activation zero point, hence the midpoint term.
+  1..255), ``MatMulIntegerToFloat(q, W_q, 1, scale, 128)`` (com.microsoft: the integer GEMM
+  ``(q − 128) · W_q`` scaled per column in its output stage), then ``· σ + μ ⊗ c`` with ``c``
+  the column sums of the dequantized weight: exactly ``deq(q) @ Ŵ`` with
+  ``deq(q) = μ + (q − 128) σ``, so a row's 255 levels span its own range (one-sided rows, e.g.
+  after a GELU, lose no level to the unused sign). One activation read by several weights
+  (q/k/v, gate/up) is quantized once. It is the u8·s8 GEMM of onnxruntime's fused operators
+  (AVX512-VNNI / AMX on x86, the int8 dot products on ARM), which accept only one activation
+  scale and zero point, hence the row step and the midpoint term after it. It equals standard
+  ONNX ``MatMulInteger`` + ``Cast`` + ``Mul`` bit for bit, in fewer passes over the output
+  (``bench/fused_ops.py`` times both).
 * ``per-tensor``: ``DynamicQuantizeMatMul(A, W_q, scale)`` (com.microsoft) quantizes ``A`` to
   uint8 with ONE scale and zero point for the whole tensor (``DynamicQuantizeLinear``:
   ``scale = (max(0, max A) − min(0, min A)) / 255``).
@@ -233,7 +236,7 @@ def smoothing_factors(act_absmax: np.ndarray, w_absmax: np.ndarray, alpha: float
 class Int8Report:
     """What :func:`quantize_matmuls_int8` did to one graph (the manifest's ``int8`` entry)."""
 
-    #: weights now multiplied in int8 (MatMulInteger per token, or DynamicQuantizeMatMul)
+    #: weights now multiplied in int8 (MatMulIntegerToFloat per token, or DynamicQuantizeMatMul)
     dynamic: int
     #: weights left for the weight-only pass: output layers, and those over ``keep_error``
     head: tuple[str, ...] = ()
@@ -522,6 +525,7 @@ def quantize_matmuls_int8(
                 ("levels", _LEVELS),
                 ("c128", np.float32(128)),
                 ("zp", np.uint8(128)),
+                ("one", np.float32(1)),
                 ("axes", np.array([-1], dtype=np.int64)),
             ):
                 tok_consts[key] = io.add(model, np.asarray(arr), f"int8_per_token_{key}").name
@@ -532,9 +536,13 @@ def quantize_matmuls_int8(
         mk = helper.make_node
         return [
             *pre,
-            mk("MatMulInteger", [q, qn, tok_consts["zp"]], [f"{y}_i32"], name=base),
-            mk("Cast", [f"{y}_i32"], [f"{y}_f32"], name=f"{base}_cast", to=1),
-            mk("Mul", [f"{y}_f32", sn], [f"{y}_col"], name=f"{base}_col"),
+            mk(
+                "MatMulIntegerToFloat",
+                [q, qn, tok_consts["one"], sn, tok_consts["zp"]],
+                [f"{y}_col"],
+                name=base,
+                domain="com.microsoft",
+            ),
             mk("Mul", [f"{y}_col", sigma], [f"{y}_row"], name=f"{base}_row"),
             mk("Mul", [mu, cn], [f"{y}_mid"], name=f"{base}_mid"),
             mk("Add", [f"{y}_row", f"{y}_mid"], [y], name=f"{base}_add"),

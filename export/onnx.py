@@ -753,7 +753,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
 
 
 def _quantizer_record(job: _Job) -> dict[str, Any]:
-    """The manifest's ``quantizer`` entry of a MatMulNBits / int8 (MatMulInteger) member."""
+    """The manifest's ``quantizer`` entry of a MatMulNBits / int8 (MatMulIntegerToFloat) member."""
     spec = get_precision(job.precision)
     q = nbits_quantizer_meta(job.precision, job.calib, job.calibration_scenes)
     if spec.nbits == 4:
@@ -771,8 +771,8 @@ def _quantizer_record(job: _Job) -> dict[str, Any]:
     if "int8" in job.convert_report:  # what computes in int8, what not
         acts = job.convert_report["int8"].get("activations", "per-tensor")
         q["format"] = (
-            "MatMulInteger: int8 weights, one scale per output column, uint8 activations per "
-            "call (one symmetric scale per token)"
+            "MatMulIntegerToFloat (com.microsoft): int8 weights, one scale per output column, "
+            "uint8 activations per call (per token: its own midpoint and step)"
             if acts == "per-token"
             else "DynamicQuantizeMatMul (com.microsoft): int8 weights, one scale per output "
             "column, uint8 activations per call (one scale per tensor)"
@@ -896,7 +896,7 @@ def export_member(
     its ``DEFAULT_INT4_INT8``, none; ``Q4_K_M``: the output layer and llama.cpp's mixed
     layers); the manifest records the selectors and how many weights each precision holds.
     ``graph_form``: ``"standard"`` (standard ONNX operators: what TensorRT parses) or
-    ``"fused"`` (onnxruntime's LinearAttention, CausalConvWithState, GroupQueryAttention and
+    ``"fused"`` (onnxruntime's LinearAttention, GroupQueryAttention, MultiHeadAttention and
     fused norms: export/fused.py); None or ``"auto"``: the precision's default (fused for
     int8/int8-nbits/int4, standard for fp32, which TensorRT also builds from; fp16 and int4-trt
     are standard only). The manifest records the form and the fused operators each graph holds.

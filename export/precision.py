@@ -14,7 +14,7 @@ tests); ``tests/export/test_precision.py`` runs every registered precision.
 ``fp32``       the exported graph
 ``fp16``       export/fp16.py: float32 inputs/outputs, normalisers and the delta rule kept float32
 ``int8``       export/int8.py: int8 weights per output channel, activations quantized per call
-               and per token (``MatMulInteger``: computes in int8); the output layer and any layer
+               and per token (``MatMulIntegerToFloat``: computes in int8); the output layer and any layer
                over the measured error bound weight-only 8-bit (``int8-nbits``'s operator)
 ``int8-nbits`` weight-only 8-bit ``MatMulNBits``, ``accuracy_level`` 4 (int8 activations per
                block of 128): one scale per block, for ARM CPUs' int8 dot products
@@ -111,8 +111,8 @@ class PrecisionSpec:
     #: rows per MatMulNBits block (the manifest, the cost model's scale bytes)
     block_size: int | None = None
     #: the decoder/vision graph form an export uses by default (export/fused.py): ``fused``
-    #: (onnxruntime's contrib operators: LinearAttention, CausalConvWithState,
-    #: GroupQueryAttention, ...) for what only onnxruntime runs; ``standard`` for what
+    #: (onnxruntime's contrib operators: LinearAttention, GroupQueryAttention,
+    #: SkipSimplifiedLayerNormalization, ...) for what only onnxruntime runs; ``standard`` for what
     #: TensorRT parses too (fp32 by default, so its TensorRT script stays valid)
     graph_form: Literal["fused", "standard"] = "standard"
     #: the fused form is allowed (fp16's float32 islands do not know the fused operators)

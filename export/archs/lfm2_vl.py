@@ -163,7 +163,8 @@ class Lfm2VlExportConfig(ExportConfig):
 #
 # What each layer becomes (export/fused.py has the operators; as genai 0.18 writes lfm2):
 #
-# * short convolutions: ``CausalConvWithState`` (no activation); the ``B * x`` gate before it
+# * short convolutions: a left ``Pad`` and a depthwise ``Conv`` (onnxruntime's
+#   ``CausalConvWithState`` is slower on CPU: bench/fused_ops.py); the ``B * x`` gate before it
 #   and ``C * y`` after it stay standard nodes.
 # * attention: ``GroupQueryAttention`` WITH its rotary (half-split, at GQA's own positions
 #   0 .. L-1, which are the decoder's position ids: the default ones); the q/k layernorms

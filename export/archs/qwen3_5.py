@@ -183,6 +183,7 @@ class Qwen35ExportConfig(ExportConfig):
             (mod, "torch_chunk_gated_delta_rule", fused.fused_chunk_gated_delta_rule),
             (mod, "causal_conv1d_fn", fused.fused_causal_conv1d_fn),
             (mod.Qwen3_5GatedDeltaNet, "forward", _fused_gated_delta_net_forward),
+            (mod.Qwen3_5VisionPatchEmbed, "forward", _fused_patch_embed_forward),
             (mod.Qwen3_5VisionAttention, "forward", _fused_vision_attention_forward),
             (mod.Qwen3_5Attention, "forward", _fused_attention_forward),
             (mod.Qwen3_5RMSNorm, "forward", _fused_rms_norm_forward),
@@ -233,17 +234,20 @@ class Qwen35ExportConfig(ExportConfig):
 # What each layer becomes (export/fused.py has the operators; genai 0.18's model builder writes
 # qwen3_5 the same way, builders/qwen.py):
 #
-# * Gated-DeltaNet: ``CausalConvWithState`` (+ SiLU) for the short convolution,
+# * Gated-DeltaNet: a depthwise ``Conv`` (+ SiLU) for the short convolution,
 #   ``LinearAttentionGate`` for decay and beta (``-exp(A_log)`` a folded constant),
 #   ``LinearAttention`` (update_rule="gated_delta", q/k L2-normalised before it in standard
 #   nodes: genai's LpNormalization has no eps; ``q_num_heads`` the key heads, ``kv_num_heads``
-#   the value heads) and ``GatedRMSNorm`` (SiLU) per value head.
+#   the value heads) and ``SimplifiedLayerNormalization`` · ``silu(z)`` per value head (the
+#   com.microsoft ``CausalConvWithState`` and ``GatedRMSNorm`` kernels are measured slower on
+#   CPU than these standard nodes: bench/fused_ops.py).
 # * attention: ``GroupQueryAttention`` without rotary: the q/k RMSNorms and the interleaved
 #   M-RoPE stay before it (M-RoPE places each token at three positions, which GQA's rotary
 #   cannot express; genai's ``is_fused_rope_supported`` is False for qwen3_5 too), the output
 #   gate ``sigmoid(gate)`` after it.
 # * RMSNorms: ``SimplifiedLayerNormalization`` with the ``1 + w`` scale folded; the residual Add
 #   + post-attention norm of each layer as one ``SkipSimplifiedLayerNormalization``.
+# * vision patch embedding: the Conv3d (kernel = stride = one patch) as one Linear.
 # * vision attention: one ``MultiHeadAttention`` per block (one image of one frame: one
 #   ``cu_seqlens`` span), the 2-D rotary before it in standard nodes.
 
@@ -284,6 +288,18 @@ def _fused_gated_delta_net_forward(
     )
     core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
     return self.out_proj(core.reshape(batch_size, seq_len, -1))
+
+
+def _fused_patch_embed_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``Qwen3_5VisionPatchEmbed.forward`` as one Linear: its Conv3d's kernel is its stride and
+    each input row is one whole patch, so the convolution is a product with the flattened
+    kernel. onnxruntime's CPU Conv3d took 50-120 ms for Qwen3.5-2B's 1024 patches (profiled,
+    bench/real_pair.py); as a MatMul it is ~10 ms in float32, and the int8 quantizer reaches it."""
+    import torch.nn.functional as F
+
+    w = self.proj.weight
+    x = hidden_states.reshape(-1, w[0].numel()).to(w.dtype)
+    return F.linear(x, w.reshape(w.shape[0], -1), self.proj.bias)
 
 
 def _fused_vision_attention_forward(
@@ -380,7 +396,7 @@ def _fused_rms_norm_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
 def _fused_gated_norm_forward(
     self: Any, hidden_states: torch.Tensor, gate: torch.Tensor
 ) -> torch.Tensor:
-    """``Qwen3_5RMSNormGated.forward`` as one ``GatedRMSNorm`` (SiLU)."""
+    """``Qwen3_5RMSNormGated.forward``: ``SimplifiedLayerNormalization`` · ``silu(gate)``."""
     from spotstop.export import fused
 
     return fused.gated_rms_norm(hidden_states, self.weight.float(), gate, self.variance_epsilon)

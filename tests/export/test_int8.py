@@ -109,7 +109,7 @@ def test_rewritten_layer_is_the_numpy_arithmetic(activations: str) -> None:
     model = _one_linear(k, n, w)
     rep = quantize_matmuls_int8(model, activations=activations)
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
-    want_op = "MatMulInteger" if activations == "per-token" else "DynamicQuantizeMatMul"
+    want_op = "MatMulIntegerToFloat" if activations == "per-token" else "DynamicQuantizeMatMul"
     assert rep.dynamic == 1 and want_op in ops and "MatMul" not in ops
     assert rep.as_meta()["activations"] == activations
     (got,) = _session(model).run(None, {"x": x})  # type: ignore[attr-defined]
@@ -125,13 +125,13 @@ def test_rewritten_layer_is_the_numpy_arithmetic(activations: str) -> None:
 
 def test_per_token_quantizes_a_shared_activation_once() -> None:
     """q and k read the same activation: one ReduceMax/ReduceMin/…/Cast chain feeds both
-    MatMulIntegers; an opset-17 graph gets the reductions' axes as an attribute."""
+    MatMulIntegerToFloat nodes; an opset-17 graph gets the reductions' axes as an attribute."""
     model, _ = _norm_then_two_linears(16, 8, 9, 1.0)
     quantize_matmuls_int8(model)
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
-    assert ops.count("MatMulInteger") == 2 and ops.count("ReduceMax") == 1
+    assert ops.count("MatMulIntegerToFloat") == 2 and ops.count("ReduceMax") == 1
     assert ops.count("ReduceMin") == 1
-    assert ops.count("Cast") == 1 + 2  # one uint8 cast, one int32→float per MatMulInteger
+    assert ops.count("Cast") == 1  # the one uint8 cast: the GEMM's int32 is scaled inside it
     rm = next(nd for nd in model.graph.node if nd.op_type == "ReduceMax")  # type: ignore[attr-defined]
     assert len(rm.input) == 1 and helper.get_node_attr_value(rm, "axes") == [-1]
     with pytest.raises(ValueError, match="per-token, per-tensor"):
@@ -263,12 +263,12 @@ def test_rewrite_quantizes_the_linears_and_keeps_the_output_layer(
     fp32.CopyFrom(model)  # type: ignore[arg-type]
     rep = quantize_matmuls_int8(model, calibration=cal, smooth_alpha=alpha, activations=activations)
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
-    op = "MatMulInteger" if activations == "per-token" else "DynamicQuantizeMatMul"
+    op = "MatMulIntegerToFloat" if activations == "per-token" else "DynamicQuantizeMatMul"
     assert ops.count(op) == 2 and ops.count("MatMul") == 1
     assert rep.dynamic == 2 and rep.head == ("head",) and not rep.kept and rep.measured == 2
     assert (rep.smoothed, rep.folded) == ((1, 1) if alpha else (0, 0))
-    # folded: the norm's Mul took 1/s (per token: μ once, then scale, σ and μ ⊗ c per layer)
-    assert ops.count("Mul") == 1 + (7 if activations == "per-token" else 0)
+    # folded: the norm's Mul took 1/s (per token: μ once, then σ and μ ⊗ c per layer)
+    assert ops.count("Mul") == 1 + (5 if activations == "per-token" else 0)
     x = v["x"][:8]
     (want,) = _session(fp32).run(["y"], {"x": x})  # type: ignore[attr-defined]
     (got,) = _session(model).run(["y"], {"x": x})  # type: ignore[attr-defined]
@@ -367,7 +367,7 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     nodes = []
     for f in ("vision.onnx", "decoder.onnx"):
         g = onnx.load(str(tmp_path / "m" / "onnx" / f), load_external_data=False).graph
-        assert any(n.op_type == "MatMulInteger" for n in g.node), f
+        assert any(n.op_type == "MatMulIntegerToFloat" for n in g.node), f
         nodes += list(g.node)
     nb = [n for n in nodes if n.op_type == "MatMulNBits"]
     wo = d["weight_only"]
@@ -437,8 +437,8 @@ def test_smoothing_folds_into_a_fused_norms_scale(
     rep = quantize_matmuls_int8(model, calibration=cal, smooth_alpha=0.5)
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
     assert rep.smoothed == 1 and rep.folded == 1
-    assert ops.count("Mul") == 7  # no smoothing Mul: μ once, scale, σ and μ ⊗ c per layer
-    assert ops.count("MatMulInteger") == 2
+    assert ops.count("Mul") == 5  # no smoothing Mul: μ once, σ and μ ⊗ c per layer
+    assert ops.count("MatMulIntegerToFloat") == 2
     (want,) = _session(fp32).run(["y"], {"x": x[:16]})  # type: ignore[attr-defined]
     (got,) = _session(model).run(["y"], {"x": x[:16]})  # type: ignore[attr-defined]
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3 * rep.max_error + 1e-3

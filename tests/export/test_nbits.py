@@ -186,7 +186,7 @@ def test_disk_weights_write_what_the_graph_would_hold(tmp_path: Path) -> None:
 @pytest.mark.parametrize("precision", ["int8", "int8-nbits", "int4"])
 def test_linears_exported_as_gemm_are_quantized_too(precision: str) -> None:
     """A Linear on a 2-D input exports as Gemm (the Qwen3.5 vision tower): int8 turns it into
-    MatMulInteger per token, int8-nbits/int4 into MatMulNBits (+ its bias), not a float32 Gemm;
+    MatMulIntegerToFloat per token, int8-nbits/int4 into MatMulNBits (+ its bias), not a float32 Gemm;
     the answer moves by the weight (and int8's activation) error."""
     from onnx import TensorProto, helper, numpy_helper
     from spotstop.export.precision import convert_precision
@@ -209,7 +209,7 @@ def test_linears_exported_as_gemm_are_quantized_too(precision: str) -> None:
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     q = convert_precision(model, precision)
     ops = [n.op_type for n in q.graph.node]
-    op = "MatMulInteger" if precision == "int8" else "MatMulNBits"
+    op = "MatMulIntegerToFloat" if precision == "int8" else "MatMulNBits"
     assert "Gemm" not in ops and ops.count(op) == 2 and "Add" in ops
     assert {t.name for t in q.graph.initializer} & {"w1", "w2", "w1_gemmT"} == set()
     x = rng.normal(size=(3, 256)).astype(np.float32)

@@ -178,7 +178,7 @@ def test_bundle_matches_torch_at_fp32_and_int8(
     arch: str, request: pytest.FixtureRequest, tiny_pair: Path, tmp_path: Path
 ) -> None:
     """The member's fp32 bundle scores as torch does; int8-nbits derived from it verifies, with
-    every MatMul weight quantized; int8 (MatMulInteger per token, no calibration when derived)
+    every MatMul weight quantized; int8 (MatMulIntegerToFloat per token, no calibration when derived)
     scores within its tolerance with every Linear but the output layer computing in int8. (The
     random pair's scores spread ~0.2 nats, so int8's rank check is made on the trained pair:
     bench/trained_world.py, tests/bench/test_trained_world.py.)"""
@@ -198,7 +198,7 @@ def test_bundle_matches_torch_at_fp32_and_int8(
         for f in sorted((dyn / "members" / name / "onnx").glob("*.onnx"))
         for n in onnx.load(str(f), load_external_data=False).graph.node
     ]
-    assert ops.count("MatMulInteger") > 10 * ops.count("MatMulNBits") > 0
+    assert ops.count("MatMulIntegerToFloat") > 10 * ops.count("MatMulNBits") > 0
     b8 = derive_bundle(b32, tmp_path / "b8", precision="int8-nbits")
     assert _compare_member(b8, tiny_pair, name) <= cfg.score_atol["int8-nbits"]
     v = verify_bundle(b8, n_scenes=4)

@@ -112,8 +112,8 @@ def _quantized(folder: Path) -> list[tuple[str, str]]:
         g = onnx.load(str(f)).graph
         inits = {t.name: t for t in g.initializer}
         for n in g.node:
-            # the codes and scales (MatMulInteger's scale is a later Mul's: its codes only)
-            quantized = {"MatMulInteger": 2, "DynamicQuantizeMatMul": 3, "MatMulNBits": 3}
+            # the codes and scales (MatMulIntegerToFloat: codes, activation scale 1, scales)
+            quantized = {"MatMulIntegerToFloat": 4, "DynamicQuantizeMatMul": 3, "MatMulNBits": 3}
             for i in n.input[1 : quantized.get(n.op_type, 1)]:
                 arr = numpy_helper.to_array(inits[i])
                 out.append((n.op_type, hashlib.sha256(arr.tobytes()).hexdigest()))

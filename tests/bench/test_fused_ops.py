@@ -1,0 +1,51 @@
+"""bench/fused_ops.py: each fused kernel and its standard nodes give the same numbers, at the
+recorded members' shapes scaled down; the table says which one the export writes.
+
+The real shapes are the script's own run; here every pair runs for real in seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests._support.bench import load_bench
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+
+def test_each_pair_computes_the_same_and_the_section_is_written(tmp_path: Path) -> None:
+    b = load_bench("fused_ops")
+    f = tmp_path / "RESULTS.md"
+    f.write_text("# Benchmark results\n\n<!-- other:begin -->\nkept\n<!-- other:end -->\n")
+    assert b.main(["--scale", "16", "--repeats", "1", "--results", str(f)]) == 0
+    text = f.read_text(encoding="utf-8")
+    assert "kept" in text and "<!-- fused-ops:begin -->" in text and "export writes" in text
+    doc = b.measure(threads=1, repeats=1, scale=16)
+    pieces = [r["piece"] for r in doc["rows"]]
+    assert pieces == [
+        "Qwen3.5-2B gated norm",
+        "Qwen3.5-2B short conv",
+        "LFM2.5-VL-3B short conv",
+        "Qwen3.5-2B MLP up, per-token int8",
+    ]
+    for r in doc["rows"]:
+        # float32 rounding of the same maths (a norm, a 3- or 4-tap sum, an exact integer
+        # product scaled in another order)
+        assert r["max_abs_diff"] <= 1e-5 * max(1.0, r["scale"]), r
+        assert r["fused_s"] > 0 and r["standard_s"] > 0
+
+
+def test_shapes_follow_the_recorded_configs() -> None:
+    b = load_bench("fused_ops")
+    by = {p.piece: p for p in b.pairs(qwen_tokens=383, lfm2_tokens=186)}
+    # Qwen3.5-2B: 16 value heads of 128; conv over 2 x 16 x 128 key + 16 x 128 value channels
+    assert by["Qwen3.5-2B gated norm"].feeds["x"].shape == (383 * 16, 128)
+    assert by["Qwen3.5-2B short conv"].feeds["x"].shape == (1, 6144, 383)
+    assert by["LFM2.5-VL-3B short conv"].feeds["x"].shape == (1, 2048, 186)
+    assert by["Qwen3.5-2B MLP up, per-token int8"].feeds["x"].shape == (383, 2048)
+    ops = [n.op_type for n in by["Qwen3.5-2B MLP up, per-token int8"].standard_graph.graph.node]
+    assert "MatMulInteger" in ops and "MatMulIntegerToFloat" not in ops
+    assert np.isfinite(by["Qwen3.5-2B gated norm"].feeds["g"]).all()
