@@ -33,8 +33,6 @@ import argparse
 import datetime as _dt
 import json
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,25 +179,11 @@ def short_conv_pair(
 def int8_product_pair(tokens: int, k: int, n: int, rng: np.random.Generator) -> Pair:
     """export/int8.py's per-token layer, and the same graph with its MatMulIntegerToFloat
     spelled as MatMulInteger + Cast + Mul (the same integers and scales)."""
+    from int8_gemm import per_token_layer
     from onnx import TensorProto, helper
-    from onnx import numpy_helper as nh
-    from spotstop.export.int8 import quantize_matmuls_int8
 
     w = (rng.standard_normal((k, n)) * 0.02).astype(np.float32)
-    g = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"], name="layer")],
-        "layer",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [tokens, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [tokens, n])],
-        initializer=[nh.from_array(w, "W")],
-    )
-    fused = helper.make_model(
-        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
-    )
-    fused.ir_version = 10
-    rep = quantize_matmuls_int8(fused, activations="per-token")
-    if rep.dynamic != 1:
-        raise RuntimeError(f"the int8 rewrite did not quantize the layer: {rep}")
+    fused = per_token_layer(w)
     standard = type(fused)()
     standard.CopyFrom(fused)
     nodes = list(standard.graph.node)
@@ -220,7 +204,7 @@ def int8_product_pair(tokens: int, k: int, n: int, rng: np.random.Generator) -> 
         "MatMulInteger + Cast + Mul",
         fused,
         standard,
-        {"x": rng.standard_normal((tokens, k)).astype(np.float32)},
+        {"X": rng.standard_normal((tokens, k)).astype(np.float32)},
     )
 
 
@@ -274,16 +258,6 @@ def _session(model: Any, threads: int) -> Any:
     )
 
 
-def _best(call: Callable[[], Any], repeats: int) -> float:
-    call()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def measure(
     threads: int = 2,
     repeats: int = 20,
@@ -292,14 +266,14 @@ def measure(
     scale: int = 1,
 ) -> dict[str, Any]:
     """Each pair's two times, their ratio and their largest difference, measured now."""
-    from int8_gemm import _versions, cpu_info
+    from int8_gemm import _best, _versions, cpu_info
 
     rows = []
     for p in pairs(qwen_tokens, lfm2_tokens, scale):
         fs, ss = _session(p.fused_graph, threads), _session(p.standard_graph, threads)
-        yf, ys = fs.run(["y"], p.feeds)[0], ss.run(["y"], p.feeds)[0]
-        tf = _best(lambda fs=fs, p=p: fs.run(["y"], p.feeds), repeats)
-        ts = _best(lambda ss=ss, p=p: ss.run(["y"], p.feeds), repeats)
+        yf, ys = fs.run(None, p.feeds)[0], ss.run(None, p.feeds)[0]
+        tf = _best(lambda fs=fs, p=p: fs.run(None, p.feeds), repeats)
+        ts = _best(lambda ss=ss, p=p: ss.run(None, p.feeds), repeats)
         rows.append(
             {
                 "piece": p.piece,

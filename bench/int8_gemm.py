@@ -237,9 +237,9 @@ def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
     return forms
 
 
-def _per_token_form(w: np.ndarray, ort_form: Callable[..., Form]) -> Form:
-    """The layer as ``spotstop export --precision int8`` rewrites it (no calibration: codes
-    rounded to nearest, as :func:`channel_int8` without a Hessian)."""
+def per_token_layer(w: np.ndarray) -> Any:
+    """``X @ w`` (input ``X``, output ``Y``) as ``spotstop export --precision int8`` rewrites it
+    (no calibration: codes rounded to nearest, as :func:`channel_int8` without a Hessian)."""
     from onnx import TensorProto, helper
     from onnx import numpy_helper as nh
     from spotstop.export.int8 import quantize_matmuls_int8
@@ -252,9 +252,20 @@ def _per_token_form(w: np.ndarray, ort_form: Callable[..., Form]) -> Form:
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, n])],
         initializer=[nh.from_array(w, "W")],
     )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    model = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 10
     rep = quantize_matmuls_int8(model, activations="per-token")
-    assert rep.dynamic == 1, rep
+    if rep.dynamic != 1:
+        raise RuntimeError(f"the int8 rewrite did not quantize the layer: {rep}")
+    return model
+
+
+def _per_token_form(w: np.ndarray, ort_form: Callable[..., Form]) -> Form:
+    """The layer as ``spotstop export --precision int8`` rewrites it (:func:`per_token_layer`)."""
+    n = w.shape[1]
+    model = per_token_layer(w)
     inits = list(model.graph.initializer)
     nbytes = sum(int(np.prod(t.dims)) for t in inits if t.name.endswith("_int8")) + 4 * n
     return ort_form(PER_TOKEN, list(model.graph.node), inits, nbytes)

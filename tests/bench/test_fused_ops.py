@@ -45,7 +45,7 @@ def test_shapes_follow_the_recorded_configs() -> None:
     assert by["Qwen3.5-2B gated norm"].feeds["x"].shape == (383 * 16, 128)
     assert by["Qwen3.5-2B short conv"].feeds["x"].shape == (1, 6144, 383)
     assert by["LFM2.5-VL-3B short conv"].feeds["x"].shape == (1, 2048, 186)
-    assert by["Qwen3.5-2B MLP up, per-token int8"].feeds["x"].shape == (383, 2048)
+    assert by["Qwen3.5-2B MLP up, per-token int8"].feeds["X"].shape == (383, 2048)
     ops = [n.op_type for n in by["Qwen3.5-2B MLP up, per-token int8"].standard_graph.graph.node]
     assert "MatMulInteger" in ops and "MatMulIntegerToFloat" not in ops
     assert np.isfinite(by["Qwen3.5-2B gated norm"].feeds["g"]).all()
