@@ -550,7 +550,7 @@ def gated_rms_norm(
 ) -> torch.Tensor:
     """A gated RMSNorm (SiLU gate): ``SimplifiedLayerNormalization`` · ``silu(gate)`` in
     standard nodes, float32 inside, ``x``'s dtype out. Not onnxruntime's ``GatedRMSNorm``: its
-    CPU kernel took 10.3 ms on Qwen3.5-2B's (6112, 128) rows where these nodes take 0.4 ms
+    CPU kernel took 8.8 ms on Qwen3.5-2B's (6128, 128) rows where these nodes take 0.43 ms
     (``bench/fused_ops.py``)."""
     return _as(rms_norm(_f32(x), weight, eps) * F.silu(_f32(gate)), x.dtype)
 
@@ -649,8 +649,8 @@ def fused_causal_conv1d_fn(
 ) -> torch.Tensor:
     """transformers' ``causal_conv1d_fn`` (``weight`` (C, K), input (B, C, L)) as a left
     ``Pad`` and one depthwise ``Conv`` (SiLU after when ``activation`` is ``"silu"``), standard
-    operators. Not onnxruntime's ``CausalConvWithState``: its CPU kernel is 4 to 6 times slower
-    than ``Conv`` at both members' shapes (``bench/fused_ops.py``)."""
+    operators. Not onnxruntime's ``CausalConvWithState``: its CPU kernel is 2.4 to 5.2 times
+    slower than ``Conv`` at the two members' shapes (``bench/fused_ops.py``)."""
     if activation not in (None, "silu", "swish"):
         raise NotImplementedError(
             f"the short convolution applies only SiLU; this layer's activation is {activation!r}."
