@@ -17,6 +17,10 @@ latency table (``--qwen-tokens``, ``--lfm2-tokens``):
 * ``per-token int8 product``: the MLP up projection as ``spotstop export --precision int8``
   writes it (export/int8.py: ``MatMulIntegerToFloat``) against the same arithmetic in standard
   ONNX nodes (``MatMulInteger``, ``Cast``, ``Mul`` by the column scales).
+* ``per-token int8 codes``: the activation's uint8 codes ``Round((x − μ) / σ) + 128`` per row,
+  at the input of Qwen3.5-2B's vision MLP down projection (patches x intermediate): one
+  ``QuantizeLinear`` per axis over the flattened rows (what the export writes from opset 13)
+  against ``Div``, ``Round``, ``Add``, ``Cast`` (both after the same row range and ``x − μ``).
 
 The export writes the faster of each pair (export/fused.py, export/int8.py); a later
 onnxruntime may turn a row around, and this script is how to see it.
@@ -48,6 +52,8 @@ from _results import write_section  # noqa: E402
 #: prompt tokens of one scene in the latency table (bench/real_pair.py), per member
 QWEN_TOKENS = 383
 LFM2_TOKENS = 186
+#: the patches of one scene's image in Qwen3.5-2B's vision tower (bench/real_pair.py's 512 x 512)
+VISION_PATCHES = 1024
 
 
 @dataclass(frozen=True)
@@ -208,6 +214,32 @@ def int8_product_pair(tokens: int, k: int, n: int, rng: np.random.Generator) -> 
     )
 
 
+def quantize_codes_pair(rows: int, k: int, rng: np.random.Generator) -> Pair:
+    """export/int8.py's per-token codes in both graph forms (opset 21 and opset 12)."""
+    from spotstop.export.int8 import per_token_codes_model
+
+    def as_y(model: Any) -> Any:
+        from onnx import TensorProto, helper
+
+        g = model.graph
+        g.node.append(helper.make_node("Cast", ["q"], ["y"], to=TensorProto.FLOAT))
+        del g.output[:]
+        g.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None]))
+        return model
+
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    x[:, : k // 64] *= 20.0  # outlier channels, as trained towers have
+    return Pair(
+        "Qwen3.5-2B vision MLP down, per-token int8 codes",
+        f"{rows} x {k}",
+        "QuantizeLinear (per axis)",
+        "Div + Round + Add + Cast",
+        as_y(per_token_codes_model(21)),
+        as_y(per_token_codes_model(12)),
+        {"x": x},
+    )
+
+
 def pairs(
     qwen_tokens: int = QWEN_TOKENS, lfm2_tokens: int = LFM2_TOKENS, scale: int = 1, seed: int = 0
 ) -> list[Pair]:
@@ -219,6 +251,8 @@ def pairs(
     rng = np.random.default_rng(seed)
     q = QWEN35_2B.config["text_config"]
     lf = LFM25_VL_3B.config["text_config"]
+    v = QWEN35_2B.config["vision_config"]
+    patches = VISION_PATCHES
     qt, lt = max(2, qwen_tokens // scale), max(2, lfm2_tokens // scale)
     hv, dv = int(q["linear_num_value_heads"]), int(q["linear_value_head_dim"])
     kd = int(q["linear_num_key_heads"]) * int(q["linear_key_head_dim"])
@@ -243,6 +277,7 @@ def pairs(
         int8_product_pair(
             qt, int(q["hidden_size"]) // scale, int(q["intermediate_size"]) // scale, rng
         ),
+        quantize_codes_pair(max(2, patches // scale), int(v["intermediate_size"]) // scale, rng),
     ]
 
 

@@ -30,6 +30,7 @@ def test_each_pair_computes_the_same_and_the_section_is_written(tmp_path: Path) 
         "Qwen3.5-2B short conv",
         "LFM2.5-VL-3B short conv",
         "Qwen3.5-2B MLP up, per-token int8",
+        "Qwen3.5-2B vision MLP down, per-token int8 codes",
     ]
     for r in doc["rows"]:
         # float32 rounding of the same maths (a norm, a 3- or 4-tap sum, an exact integer
@@ -49,3 +50,8 @@ def test_shapes_follow_the_recorded_configs() -> None:
     ops = [n.op_type for n in by["Qwen3.5-2B MLP up, per-token int8"].standard_graph.graph.node]
     assert "MatMulInteger" in ops and "MatMulIntegerToFloat" not in ops
     assert np.isfinite(by["Qwen3.5-2B gated norm"].feeds["g"]).all()
+    # the vision tower's 1024 patches of one 512 x 512 scene, 4096 intermediate channels
+    codes = by["Qwen3.5-2B vision MLP down, per-token int8 codes"]
+    assert codes.feeds["x"].shape == (1024, 4096)
+    assert "QuantizeLinear" in [n.op_type for n in codes.fused_graph.graph.node]
+    assert "Round" in [n.op_type for n in codes.standard_graph.graph.node]

@@ -22,6 +22,7 @@ from spotstop.export.int8 import (  # noqa: E402
     dequantize_activations,
     dequantize_activations_per_token,
     layer_error,
+    per_token_codes_model,
     quantize_matmuls_int8,
     smoothing_factors,
 )
@@ -124,18 +125,48 @@ def test_rewritten_layer_is_the_numpy_arithmetic(activations: str) -> None:
 
 
 def test_per_token_quantizes_a_shared_activation_once() -> None:
-    """q and k read the same activation: one ReduceMax/ReduceMin/…/Cast chain feeds both
-    MatMulIntegerToFloat nodes; an opset-17 graph gets the reductions' axes as an attribute."""
+    """q and k read the same activation: one ReduceMax/ReduceMin/…/QuantizeLinear chain feeds
+    both MatMulIntegerToFloat nodes; an opset-17 graph gets the reductions' axes as an
+    attribute."""
     model, _ = _norm_then_two_linears(16, 8, 9, 1.0)
     quantize_matmuls_int8(model)
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
     assert ops.count("MatMulIntegerToFloat") == 2 and ops.count("ReduceMax") == 1
-    assert ops.count("ReduceMin") == 1
-    assert ops.count("Cast") == 1  # the one uint8 cast: the GEMM's int32 is scaled inside it
+    assert ops.count("ReduceMin") == 1 and ops.count("QuantizeLinear") == 1
+    assert "Cast" not in ops and "Round" not in ops  # the codes come from QuantizeLinear
     rm = next(nd for nd in model.graph.node if nd.op_type == "ReduceMax")  # type: ignore[attr-defined]
     assert len(rm.input) == 1 and helper.get_node_attr_value(rm, "axes") == [-1]
     with pytest.raises(ValueError, match="per-token, per-tensor"):
         quantize_matmuls_int8(model, activations="per-channel")
+
+
+@pytest.mark.parametrize("shape", [(9, 16), (2, 5, 16)])
+def test_per_token_codes_are_the_same_in_both_graph_forms(shape: tuple[int, ...]) -> None:
+    """QuantizeLinear per axis over the flattened rows (opset ≥ 13) gives the codes that
+    Round((x − μ)/σ) + 128 cast to uint8 gives (opset 12), bit for bit, on ties (row [0, 254]:
+    σ = 1, μ = 127, so 127.5 → 0.5 → 0, 128.5 → 1.5 → 2, 126.5 → −0.5 → 0, 125.5 → −1.5 → −2:
+    half to even), on a constant row
+    and at batch > 1; and both equal numpy's reference codes."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=shape).astype(np.float32) * 3
+    flat = x.reshape(-1, shape[-1])
+    flat[0] = 100.0
+    flat[0, :6] = [0.0, 254.0, 127.5, 128.5, 126.5, 125.5]
+    flat[1] = 7.0  # a constant row
+    flat[2, :2] = [-1e4, 1e4]  # a wide one
+    x = flat.reshape(shape)
+    new = _session(per_token_codes_model(17, len(shape))).run(None, {"x": x})[0]  # type: ignore[attr-defined]
+    old = _session(per_token_codes_model(12, len(shape))).run(None, {"x": x})[0]  # type: ignore[attr-defined]
+    ops17 = [nd.op_type for nd in per_token_codes_model(17, len(shape)).graph.node]  # type: ignore[attr-defined]
+    assert "QuantizeLinear" in ops17 and "Round" not in ops17
+    np.testing.assert_array_equal(new, old)
+    lo, hi = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
+    mu = (hi + lo) * np.float32(0.5)
+    sigma = np.maximum(hi - lo, np.float32(2e-30)) / np.float32(254)
+    want = (np.round((x - mu) / sigma) + 128).astype(np.uint8)
+    np.testing.assert_array_equal(new, want)
+    assert list(new.reshape(-1, shape[-1])[0, 2:6]) == [128, 130, 128, 126]
+    assert np.all(new.reshape(-1, shape[-1])[1] == 128)
 
 
 def test_channel_codes_round_to_nearest_per_column() -> None:
