@@ -49,7 +49,7 @@ def add_tiny_parser(sub: Any) -> None:
             "numbers: its scores and decisions mean nothing (same seed → byte-identical "
             "files). With --trained it is the pair taught the toy world's rule (`spotstop "
             "world --rules`): the committed weights, checked against their sha256, or with "
-            "--retrain the same training run again here (about 10 minutes on 2 cores). Its "
+            "--retrain the same training run again here (about 25 minutes on 2 cores). Its "
             "scores carry a signal in that toy world only."
         ),
     )
@@ -186,6 +186,13 @@ def add_world_parser(sub: Any) -> None:
         help="share of contrasts with signs whose object is hidden behind a crate (only the "
         "sign tells its state)",
     )
+    p.add_argument(
+        "--sign-styles",
+        type=int,
+        default=d.sign_styles,
+        metavar="N",
+        help="signs use the first N wordings per polarity, fonts and colours only (0: all)",
+    )
     p.set_defaults(func=run_world)
 
 
@@ -212,6 +219,7 @@ def run_world(args: argparse.Namespace) -> int:
             neutral_signs=args.neutral_signs,
             file_cue=args.file_cue,
             occluded=args.occluded,
+            sign_styles=args.sign_styles,
         )
     except ValueError as e:
         msg = str(e)

@@ -143,6 +143,9 @@ SIGN_TEXTS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     }
 )
 
+#: the most styles ``WorldOptions.sign_styles`` can name (the shortest of the lists it cuts)
+_MAX_SIGN_STYLES = 5
+
 _FONTS = (
     "DejaVuSans-Bold.ttf",
     "DejaVuSerif.ttf",
@@ -192,7 +195,11 @@ class WorldOptions:
     file_cue: share of UNSAFE scenes saved as JPEG at another size; occluded: share of the
     contrasts with signs whose target object is hidden behind a crate, so that only the sign
     tells the state (how the sign-trusting member is taught to trust signs); size: camera
-    image size ``(width, height)`` before the room's zoom.
+    image size ``(width, height)`` before the room's zoom; sign_styles: signs draw from the
+    first ``sign_styles`` wordings of each polarity, fonts and colour schemes only (0: all of
+    them). The first of each is the look of the cue templates' ``sign-bold`` sign
+    (:mod:`spotstop.diagnostics.cues`), the second ``label-serif``'s: a small reader can learn
+    a few styles where it cannot learn them all (``docs/world.md``).
     """
 
     rooms: int = 24
@@ -205,6 +212,7 @@ class WorldOptions:
     file_cue: float = 0.0
     occluded: float = 0.0
     size: tuple[int, int] = (160, 120)
+    sign_styles: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -223,6 +231,12 @@ class WorldOptions:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"WorldOptions.{name} must be a positive integer; got {v!r}.")
+        n = self.sign_styles
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= _MAX_SIGN_STYLES:
+            raise ValueError(
+                f"WorldOptions.sign_styles must be an integer in 0..{_MAX_SIGN_STYLES} (0: every "
+                f"wording, font and colour); got {n!r}."
+            )
         w, h = self.size
         if not (64 <= w <= 2048 and 64 <= h <= 2048):
             raise ValueError(f"WorldOptions.size must be within 64..2048 pixels; got {self.size}.")
@@ -346,7 +360,7 @@ def _sign_for(
         cue, misleading = "neutral", False
     else:
         cue, misleading = ("alarming" if label == 1 else "reassuring"), False
-    texts = SIGN_TEXTS[cue]
+    texts = SIGN_TEXTS[cue][: opts.sign_styles or None]
     return cue, texts[int(r.integers(len(texts)))], misleading
 
 
@@ -466,11 +480,12 @@ def _font(name: str, size: int) -> Any:
     return ImageFont.truetype(str(path), size)
 
 
-def _draw_sign(img: Image.Image, case: WorldCase) -> None:
+def _draw_sign(img: Image.Image, case: WorldCase, styles: int) -> None:
     r = _rng(case.sign_style, "sign")
     w, h = img.size
-    font = _font(_FONTS[int(r.integers(len(_FONTS)))], max(8, round(h * r.uniform(0.07, 0.11))))
-    fg, bg = _SIGN_COLOURS[int(r.integers(len(_SIGN_COLOURS)))]
+    fonts, colours = _FONTS[: styles or None], _SIGN_COLOURS[: styles or None]
+    font = _font(fonts[int(r.integers(len(fonts)))], max(8, round(h * r.uniform(0.07, 0.11))))
+    fg, bg = colours[int(r.integers(len(colours)))]
     left, top, right, bottom = font.getbbox(case.sign_text)
     pad = max(2, (bottom - top) // 4)
     bw, bh = min(w - 4, right - left + 2 * pad), bottom - top + 2 * pad
@@ -511,7 +526,7 @@ def render_case(case: WorldCase, opts: WorldOptions) -> Image.Image:
             d.line([box[:2], box[2:]], fill=(90, 60, 30), width=2)
             d.line([(box[0], box[3]), (box[2], box[1])], fill=(90, 60, 30), width=2)
     if case.sign_cue != "none":
-        _draw_sign(img, case)
+        _draw_sign(img, case, opts.sign_styles)
     # the room's camera: zoom and offset, then its lighting
     cw, ch = round(w * room.zoom), round(h * room.zoom)
     cx = min(max(0, (w - cw) // 2 + room.shift[0]), w - cw)

@@ -101,6 +101,7 @@ if TYPE_CHECKING:  # the public names; imported on first use (_lazy.attach reads
         STICKER_TEMPLATES,
         TEMPLATES,
         EditTemplate,
+        templates_named,
     )
 
 __getattr__, __dir__ = attach(__name__, __file__)
@@ -167,4 +168,5 @@ __all__ = [
     "reliance_at_operating_points",
     "score_edit_set",
     "select",
+    "templates_named",
 ]

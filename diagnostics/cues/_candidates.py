@@ -32,6 +32,7 @@ from spotstop.diagnostics.cues._reliance import GuardSpec, estimate_reliance
 from spotstop.diagnostics.cues._results import RelianceResult
 from spotstop.diagnostics.cues._scoring import MemberSpec, ScoreTable, score_edit_set
 from spotstop.diagnostics.cues._source import SourceSet
+from spotstop.diagnostics.cues._templates import TEMPLATES, EditTemplate
 from spotstop.guard._batch import Engine
 
 __all__ = [
@@ -265,13 +266,15 @@ def measure_reliance(
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool = False,
     engine: Engine | None = None,
+    templates: Sequence[EditTemplate] = TEMPLATES,
 ) -> RelianceRun:
     """Plan the edits, score them with every member (cache first; the rest on ``engine``,
     default in this process), and estimate reliance for the members, their Avg-2 pairs
     (``pairs=True``) and the guards, each at its operating point (:func:`operating_points`:
-    a member's hard answer at its frozen cut or at ``member_cuts[name]``)."""
+    a member's hard answer at its frozen cut or at ``member_cuts[name]``). ``templates``: the
+    measurement templates (default every one; :func:`templates_named` picks some)."""
     t0 = time.perf_counter()
-    edits = plan_edits(source, seed=seed)
+    edits = plan_edits(source, seed=seed, templates=templates)
     table = score_edit_set(
         edits, candidates.members, cache_dir=cache_dir, progress=progress, engine=engine
     )
@@ -287,6 +290,7 @@ def measure_reliance(
             "candidates": list(candidates.folders),
             "edit_seed": seed,
             "edit_set_sha256": edits.digest,
+            "templates": [t.name for t in templates],
             "timings": {
                 m: {"n": t.n, "seconds": t.seconds, "cached": t.cached}
                 for m, t in table.timings.items()

@@ -140,6 +140,11 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None,
                    help="override the bundle's backend (onnx, tensorrt, torch)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads per member")
+    from spotstop.diagnostics.cues._templates import TEMPLATES
+
+    p.add_argument("--templates", metavar="NAMES", default=None,
+                   help="measurement templates, comma-separated (default: all of them: "
+                   + ", ".join(t.name for t in TEMPLATES) + ")")  # fmt: skip
     add_ray_args(p)
 
 
@@ -286,6 +291,21 @@ def _check_args(args: argparse.Namespace) -> None:
     if getattr(args, "check_sets", 0) < 0:
         raise _BadInput(f"--check-sets must be >= 0; got {args.check_sets}.")
     _member_cuts(args)
+    _templates(args)
+
+
+def _templates(args: argparse.Namespace) -> tuple[Any, ...]:
+    """``--templates NAMES`` as templates (every one without it)."""
+    from spotstop.diagnostics._errors import DataError
+    from spotstop.diagnostics.cues._templates import TEMPLATES, templates_named
+
+    names = getattr(args, "templates", None)
+    if names is None:
+        return TEMPLATES
+    try:
+        return templates_named(names)
+    except DataError as e:
+        raise _BadInput(f"--templates: {e}") from None
 
 
 def _member_cuts(args: argparse.Namespace) -> dict[str, float]:
@@ -370,6 +390,7 @@ def _reliance(args: argparse.Namespace, folders: list[str], pairs: bool, rng: An
         cache_dir=_cache_dir(args),
         progress=not args.quiet,
         engine=engine,
+        templates=_templates(args),
     )
 
 

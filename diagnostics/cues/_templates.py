@@ -20,7 +20,7 @@ Fonts are matplotlib's bundled DejaVu faces: nothing is downloaded.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -39,6 +39,7 @@ __all__ = [
     "TEMPLATES",
     "EditTemplate",
     "font_path",
+    "templates_named",
 ]
 
 #: The guard's two cues (spotstop.guard.cues.CUES), as plain strings: reassuring text misleads
@@ -245,3 +246,22 @@ def font_path(name: str) -> Path:
             "face such as DejaVuSans.ttf or DejaVuSerif-Bold.ttf."
         )
     return p
+
+
+def templates_named(names: str | Sequence[str]) -> tuple[EditTemplate, ...]:
+    """The measurement templates called ``names`` (a list, or one comma-separated string), in
+    the order given: a deployment whose scene text has one look measures reliance with the
+    templates that look like it (``--templates`` of ``spotstop reliance`` and ``select``).
+    Families keep equal weight over the templates chosen."""
+    wanted = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)]
+    wanted = [n for n in wanted if n]
+    known = {t.name: t for t in TEMPLATES}
+    unknown = [n for n in wanted if n not in known]
+    if unknown or not wanted:
+        raise DataError(
+            f"templates: {('unknown ' + ', '.join(repr(n) for n in unknown)) if unknown else 'none named'}"
+            f"; choose from {', '.join(known)} (comma-separated)."
+        )
+    if len(set(wanted)) != len(wanted):
+        raise DataError(f"templates: each template once; got {', '.join(wanted)}.")
+    return tuple(known[n] for n in wanted)

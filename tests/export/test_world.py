@@ -124,7 +124,16 @@ def test_offsets_zero_lights_every_room_alike() -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("signs", 1.5), ("misleading", -0.1), ("rooms", 0), ("size", (10, 10))]
+    ("field", "value"),
+    [
+        ("signs", 1.5),
+        ("misleading", -0.1),
+        ("rooms", 0),
+        ("size", (10, 10)),
+        ("sign_styles", 6),
+        ("sign_styles", -1),
+        ("sign_styles", 1.0),
+    ],
 )
 def test_bad_options_are_refused_by_name(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
@@ -183,3 +192,27 @@ def test_an_occluded_contrast_hides_its_object_and_always_carries_a_claim() -> N
     b = np.asarray(render_case(replace(unsafe, sign_cue="none"), opts), dtype=int)
     np.testing.assert_array_equal(a, b)  # the crate hides the only difference
     assert not any(c.occluded for c in world_cases(0, replace(opts, signs=0.0)))
+
+
+def test_sign_styles_keep_the_first_wordings_fonts_and_colours() -> None:
+    """sign_styles=1: every sign is the first wording of its polarity ("ALL CLEAR", "DANGER",
+    "ROOM 4": the sign-bold template's) in the first font and colours (white on black); the
+    rates and the rest of the scene are as without it; 0 draws from all."""
+    from spotstop.diagnostics.cues import SIGN_TEMPLATES
+    from spotstop.export.world import SIGN_TEXTS
+
+    base = WorldOptions(rooms=8, contrasts_per_room=8, signs=1.0, neutral_signs=0.3)
+    one = replace(base, sign_styles=1)
+    a, b = world_cases(0, base), world_cases(0, one)
+    assert [c.sign_cue for c in a] == [c.sign_cue for c in b]
+    bold = SIGN_TEMPLATES[0]
+    assert {c.sign_text for c in b} == {
+        bold.texts[k] for k in ("reassuring", "alarming", "neutral")
+    }
+    assert {c.sign_text for c in b} == {SIGN_TEXTS[k][0] for k in SIGN_TEXTS}
+    assert len({c.sign_text for c in a}) > 6
+    # drawn in white on black: the sign's box holds only those two colours (and their blend)
+    img = np.asarray(render_case(b[0], replace(one, offsets=0.0)), dtype=int)
+    dark = (img < 40).all(axis=-1)
+    assert dark.sum() > 50  # the sign's black box
+    assert len({c.sign_text for c in world_cases(0, replace(base, sign_styles=2))}) == 6

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from spotstop.diagnostics.cues import (
     CUES,
+    TEMPLATES,
     CandidateSet,
     GuardSpec,
     MemberSpec,
@@ -143,6 +144,13 @@ def test_reliance_command_writes_reliance_json(doubles, capsys):
     again = json.loads((out / "reliance.json").read_text())
     assert again["provenance"]["timings"]["reader"]["cached"] is True
     assert json.loads(first)["candidates"] == again["candidates"]
+    assert again["provenance"]["templates"] == [t.name for t in TEMPLATES]
+    # --templates measures with those alone: one family, one template
+    assert spotstop([*argv, "--no-cache", "--quiet", "--templates", "sign-bold"]) == 0
+    one = json.loads((out / "reliance.json").read_text())
+    assert one["provenance"]["templates"] == ["sign-bold"]
+    fams = one["candidates"]["reader"]["reassuring"]["families"]
+    assert list(fams) == ["sign"] and fams["sign"]["templates"] == ["sign-bold"]
 
 
 def test_shift_and_select_commands(doubles, capsys):
@@ -274,6 +282,10 @@ def test_shift_and_select_commands(doubles, capsys):
         (
             ["shift", "--log", "/nope.sqlite", "--calibration", "C", "--out", "o"],
             "decision log '/nope.sqlite' does not exist",
+        ),
+        (
+            ["reliance", "--bundle", "B", "--source", "S", "--out", "o", "--templates", "bold"],
+            "--templates: templates: unknown 'bold'; choose from sign-bold,",
         ),
     ],
 )

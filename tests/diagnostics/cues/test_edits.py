@@ -286,3 +286,19 @@ def test_text_fits_tiny_images(tmp_path):
         x0, y0, x1, y1 = r.box
         assert 0 <= x0 < x1 <= 40 and 0 <= y0 < y1 <= 30
         edits.render(r)
+
+
+def test_templates_named_picks_in_order_and_names_what_is_wrong() -> None:
+    from spotstop.diagnostics.cues import TEMPLATES, templates_named
+
+    got = templates_named("label-serif, sign-bold")
+    assert [t.name for t in got] == ["label-serif", "sign-bold"]
+    assert templates_named(["sticker-word"]) == (TEMPLATES[4],)
+    with pytest.raises(DataError, match=r"unknown 'sign-bolt'.*sign-bold"):
+        templates_named("sign-bolt")
+    with pytest.raises(DataError, match="none named"):
+        templates_named(" , ")
+    with pytest.raises(DataError, match="each template once"):
+        templates_named("sign-bold,sign-bold")
+    with pytest.raises(DataError, match="unknown 'held-out-centre'"):
+        templates_named("held-out-centre")  # the held-out template is never a measurement one
