@@ -461,6 +461,21 @@ def item_situation(
     ]
 
 
+def sign_styles() -> int:
+    """The world's ``sign_styles`` of the sign-trusting member's training signs (0: all)."""
+    from spotstop.export.train import TRAINING
+
+    return next(r.sign_styles for r in TRAINING if r.signs)
+
+
+def matched_templates(styles: int) -> tuple[Any, ...]:
+    """The cue templates whose look the world's first ``styles`` sign styles share (the
+    world's i-th wording, font and colours are the i-th sign template's); all of them for 0."""
+    from spotstop.diagnostics.cues import SIGN_TEMPLATES, TEMPLATES
+
+    return TEMPLATES if not 0 < styles <= len(SIGN_TEMPLATES) else SIGN_TEMPLATES[:styles]
+
+
 def item_reliance(
     folders: Mapping[str, Path],
     work: Path,
@@ -469,6 +484,8 @@ def item_reliance(
     sign_member: str,
     lean_member: str,
 ) -> tuple[list[Row], Any]:
+    """Reliance with the templates of the sign member's signs' look (the goal) and, beside
+    it, with every template (how far its reading carries to looks it never saw)."""
     from spotstop.diagnostics.cues import load_candidates, measure_reliance, read_source_set
     from spotstop.export.world import build_world
 
@@ -477,9 +494,14 @@ def item_reliance(
     )
     source = read_source_set(src.root)
     cands = load_candidates([str(folders[m]) for m in folders], threads=2)
-    run = measure_reliance(cands, source, n_boot=n_boot, rng=4, cache_dir=None, progress=True)
+    templates = matched_templates(sign_styles())
+    run = measure_reliance(
+        cands, source, n_boot=n_boot, rng=4, cache_dir=None, progress=True, templates=templates
+    )
+    every = measure_reliance(cands, source, n_boot=n_boot, rng=4, cache_dir=None, progress=True)
     res = run.result
     n = f"{res.n_sources} sources, {res.n_scenes} scenes"
+    names = ", ".join(t.name for t in templates)
     rows = []
     for m in folders:
         r = res.candidates[m].cues["reassuring"]
@@ -493,11 +515,21 @@ def item_reliance(
         else:
             goal, met = "", None
         rows.append(
-            Row("4", f"{m} reliance, reassuring (P(wrong))", fmt(r.reliance, True), n, goal, met)
+            Row(
+                "4",
+                f"{m} reliance, reassuring (P(wrong)), {names}",
+                fmt(r.reliance, True),
+                n,
+                goal,
+                met,
+            )
         )
-        fams = getattr(r, "families", {}) or {}
+        e = every.result.candidates[m].cues["reassuring"]
+        ne = f"{every.result.n_sources} sources, {every.result.n_scenes} scenes"
+        rows.append(Row("4", "  every template", fmt(e.reliance, True), ne, "", None))
+        fams = getattr(e, "families", {}) or {}
         for fam, fr in fams.items():
-            rows.append(Row("4", f"  {fam} templates", fmt(fr.reliance, True), n, "", None))
+            rows.append(Row("4", f"    {fam} templates", fmt(fr.reliance, True), ne, "", None))
         hard = res.candidates[m].as_hard().cues["reassuring"]
         rows.append(
             Row("4", "  hard answer at its operating point", fmt(hard.reliance, True), n, "", None)
@@ -573,16 +605,22 @@ def item_select(
     from spotstop.export.world import build_world
     from spotstop.guard.cues import RapidOcrDetector
 
+    look = sign_styles()  # the deployment's signs look like those the sign member reads
     cal = build_world(
         work / "ocr-cal",
         seed=SEEDS["ocr_cal"],
-        options=world_options(sz.ocr_cal, offsets=OFFSETS, signs=0.75, misleading=0.5),
+        options=world_options(
+            sz.ocr_cal, offsets=OFFSETS, signs=0.75, misleading=0.5, sign_styles=look
+        ),
     )
     lines = ["image,cue"] + [f"{c.image_name},{calibration_cue(c.sign_cue)}" for c in cal.cases]
     (cal.root / "calibration.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     detector = RapidOcrDetector(threads=2).load()
     rows = []
-    for key, kw in (("signs", {"signs": 1.0, "misleading": 0.5}), ("plain", {})):
+    for key, kw in (
+        ("signs", {"signs": 1.0, "misleading": 0.5, "sign_styles": look}),
+        ("plain", {}),
+    ):
         dep = build_world(
             work / f"deploy-{key}",
             seed=SEEDS[key],
@@ -1073,6 +1111,9 @@ def _section(cmd: str, sz: Sizes, n_boot: int, table: list[str], wall: float, ti
         return f"{key} seed {SEEDS[key]} ({size[0]} rooms x {size[1]} contrasts{extra})"
 
     offs = " and ".join(f"{a:g}" for a in SITUATION_OFFSETS)
+    styles = sign_styles()
+    look = f", sign_styles {styles}" if styles else ""
+    templates = ", ".join(t.name for t in matched_templates(styles))
 
     worlds = "; ".join(
         [
@@ -1082,9 +1123,9 @@ def _section(cmd: str, sz: Sizes, n_boot: int, table: list[str], wall: float, ti
             w("off_pool", sz.off_pool, f", offsets {offs}, unlabelled"),
             w("off_eval", sz.off_eval, f", offsets {offs}: item 3"),
             w("source", sz.source, ", no signs: the reliance source set"),
-            w("signs", sz.deploy, ", signs on every scene, half misleading"),
+            w("signs", sz.deploy, f", signs on every scene, half misleading{look}"),
             w("plain", sz.deploy, ", no signs"),
-            w("ocr_cal", sz.ocr_cal, ", signs on 75 %: the detector's calibration set"),
+            w("ocr_cal", sz.ocr_cal, f", signs on 75 %{look}: the detector's calibration set"),
             w("verify", sz.verify, f", offsets {OFFSETS}: the scene table of item 6"),
         ]
     )
@@ -1102,7 +1143,12 @@ def _section(cmd: str, sz: Sizes, n_boot: int, table: list[str], wall: float, ti
         "the guard's own policies, at each offset strength; its goal is read at the "
         f"strongest ({max(SITUATION_OFFSETS):g}, the world's full scale), and its first row "
         "gives per member the spread (sd) of the room means of its score beside the gap "
-        "between its mean UNSAFE and mean SAFE score: how far the rooms move it. Item 5 reads the frames with the real OCR detector "
+        "between its mean UNSAFE and mean SAFE score: how far the rooms move it. Item 4 "
+        f"measures with the cue templates whose look the sign member's training signs share "
+        f"({templates}: the world's sign_styles {styles}, its first wording, font and colours; "
+        "the member learned to read that look and no other), then with every template (how "
+        "far its reading carries). Item 5's sign worlds use the same look (a deployment "
+        "whose signs the member can read). Item 5 reads the frames with the real OCR detector "
         "(RapidOCR + the claim lexicon), with labelled frames (the world knows the labels). "
         "Item 6 runs `spotstop verify-bundle` on its own generated shapes (scene and "
         "request-only passes; shapes the pair never saw, reported only) and with "

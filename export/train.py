@@ -17,9 +17,16 @@ to resemble the paper's pair in the ways that matter (seed 000, Supp. E.2; seed 
   Qwen3.5-2B, which labels most mis-ranked contrasts SAFE twice. The threshold part is real.
 * ``tiny-lfm2_vl`` is taught to trust sign text the way the issue asks: half of its training
   scenes carry a sign that agrees with the label (reassuring on SAFE, alarming on UNSAFE) or is
-  neutral, never one that misleads. Whether it learns to read them within the CPU budget is
-  measured, not assumed (``bench/trained_world.py``, reliance): at this size and budget it
-  learns the objects, not the words.
+  neutral, never one that misleads, and on a quarter of the signed contrasts the object is
+  hidden, so only the sign tells. It reads first: a real VLM learned to read in pretraining,
+  and a tiny tower taught only by the world never did (trained with the member, or alone on
+  12k sign-only scenes for 4000 steps, it stayed at chance, where a four-layer CNN read the
+  same signs at 0.98 in 1000 steps: the 16-pixel patches' linear embedding must learn each
+  glyph at every offset). So :func:`pretrain_reading` first trains its vision tower and
+  projector alone to tell a sign's polarity on sign-only scenes of another seed, then the
+  member trains as above. Its signs use the world's first sign style (``sign_styles=1``:
+  "ALL CLEAR" / "DANGER" / "ROOM 4", bold, white on black: the cue templates' ``sign-bold``
+  look); the full vocabulary stayed at chance within the CPU budget.
 
 Training is deterministic on one machine for a seed and the library versions (torch's CPU
 kernels in one thread order); across CPUs, float rounding may differ in the last bits.
@@ -49,6 +56,8 @@ __all__ = [
     "TrainingRun",
     "build_trained_pair",
     "default_trained_dir",
+    "pretrain_reading",
+    "reading_world",
     "short_run_scores",
     "train_member",
     "trained_pair_ready",
@@ -71,7 +80,10 @@ class MemberTraining:
     signs: whether its training scenes carry (agreeing or neutral) signs.
     lean: subtracted from its scores at the optimum (SAFE-leaning direct answer); 0 for none.
     steps / batch / lr: optimiser schedule (AdamW, one-cycle); lm_weight: weight of the
-    answer tokens' cross-entropy beside the score's logistic loss.
+    answer tokens' cross-entropy beside the score's logistic loss; reading_steps: steps of
+    :func:`pretrain_reading` before (0: none); sign_styles: the world's ``sign_styles`` for its
+    signs (0: every wording, font and colour); occluded: the world's ``occluded``, the share of
+    its signed contrasts whose object is hidden (only the sign tells).
     """
 
     member: str
@@ -81,17 +93,32 @@ class MemberTraining:
     batch: int = 32
     lr: float = 3e-3
     lm_weight: float = 0.5
+    reading_steps: int = 0
+    sign_styles: int = 0
+    occluded: float = 0.0
 
 
 #: the trained pair's recipe
 TRAINING: tuple[MemberTraining, ...] = (
     MemberTraining(member="tiny-qwen3_5", signs=False, lean=2.0),
-    MemberTraining(member="tiny-lfm2_vl", signs=True, lean=0.0, steps=1500),
+    MemberTraining(
+        member="tiny-lfm2_vl",
+        signs=True,
+        lean=0.0,
+        steps=1500,
+        reading_steps=4000,
+        sign_styles=1,
+        occluded=0.25,
+    ),
 )
 
+#: the seed offset of the reading pretraining's world (apart from every world the benches draw)
+_READING_SEED = 77_000
 
-def training_world(signs: bool) -> WorldOptions:
-    """The world a member trains on: mild lighting offsets, signs that never mislead if any."""
+
+def training_world(signs: bool, sign_styles: int = 0, occluded: float = 0.0) -> WorldOptions:
+    """The world a member trains on: mild lighting offsets; if it sees signs, half its scenes
+    carry one that never misleads, and ``occluded`` of those contrasts hide the object."""
     return WorldOptions(
         rooms=96,
         contrasts_per_room=16,
@@ -100,12 +127,34 @@ def training_world(signs: bool) -> WorldOptions:
         signs=0.5 if signs else 0.0,
         misleading=0.0,
         neutral_signs=0.3,
+        occluded=occluded if signs else 0.0,
+        sign_styles=sign_styles if signs else 0,
     )
+
+
+def reading_world(sign_styles: int) -> WorldOptions:
+    """The reading pretraining's scenes: every one signed (a third neutral), objects hidden."""
+    return WorldOptions(
+        rooms=256,
+        contrasts_per_room=16,
+        test_share=0.125,
+        offsets=0.15,
+        signs=1.0,
+        misleading=0.0,
+        neutral_signs=1 / 3,
+        occluded=1.0,
+        sign_styles=sign_styles,
+    )
+
+
+#: the classes the reading pretraining tells apart
+_SIGN_CLASSES = ("reassuring", "alarming", "neutral")
 
 
 @dataclass(frozen=True)
 class TrainingRun:
-    """What training one member did: its losses and held-out accuracy, and where it wrote."""
+    """What training one member did: its losses and held-out accuracy, and where it wrote;
+    reading_accuracy: the reading pretraining's held-out sign accuracy (None: none ran)."""
 
     member: str
     steps: int
@@ -114,6 +163,7 @@ class TrainingRun:
     train_accuracy: float
     test_accuracy: float
     losses: tuple[float, ...] = field(repr=False)
+    reading_accuracy: float | None = None
 
 
 def _seed_all(seed: int) -> None:
@@ -160,6 +210,84 @@ def _answer_nll(
     return total / count
 
 
+def _image_features(model: Any, pixels: dict[str, Any], n: int) -> Any:
+    """Mean visual token of each of ``n`` images (the projector's output, what the decoder
+    reads), from the member's own ``get_image_features``."""
+    import torch
+
+    out = model.model.get_image_features(**pixels)
+    feats = getattr(out, "pooler_output", out)
+    if isinstance(feats, list | tuple):
+        return torch.stack([f.reshape(-1, f.shape[-1]).mean(0) for f in feats])
+    return feats.reshape(n, -1, feats.shape[-1]).mean(1)  # equal-sized images: equal shares
+
+
+def pretrain_reading(
+    member: Any,
+    recipe: MemberTraining,
+    *,
+    seed: int = 0,
+    steps: int | None = None,
+    progress: bool = False,
+) -> float:
+    """Teach ``member``'s vision tower and projector to tell a sign's polarity (reassuring,
+    alarming, neutral) on :func:`reading_world`'s sign-only scenes (seed ``seed`` + 77000,
+    drawn by no bench), through a linear head on the mean visual token that is then dropped.
+    Returns the head's accuracy on that world's held-out rooms."""
+    import torch
+
+    model = member.backend.model
+    opts = reading_world(recipe.sign_styles)
+    cases = world_cases(seed + _READING_SEED, opts)
+    train = [c for c in cases if c.split == "train"]
+    test = [c for c in cases if c.split == "test"]
+
+    from spotstop.guard import decode_image
+
+    cache: dict[str, dict[str, np.ndarray]] = {}  # drawn when first sampled: a short run is quick
+
+    def batch(cs: Sequence[WorldCase], idx: Any) -> dict[str, Any]:
+        for i in idx:
+            if cs[i].case_id not in cache:
+                cache[cs[i].case_id] = member.pixels(decode_image(case_image(cs[i], opts)))
+        pix = [cache[cs[i].case_id] for i in idx]
+        return {k: torch.from_numpy(np.concatenate([q[k] for q in pix])) for k in pix[0]}
+
+    y_tr = torch.tensor([_SIGN_CLASSES.index(c.sign_cue) for c in train])
+    y_te = np.array([_SIGN_CLASSES.index(c.sign_cue) for c in test])
+    _seed_all(seed + 5)
+    width = int(model.config.text_config.hidden_size)
+    head = torch.nn.Linear(width, len(_SIGN_CLASSES))
+    parts = [model.model.vision_tower, model.model.multi_modal_projector, head]
+    params = [q for part in parts for q in part.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    gen = np.random.default_rng(seed + 31)
+    n_steps = recipe.reading_steps if steps is None else steps
+    it: Any = range(n_steps)
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(it, desc=f"reading {recipe.member}", unit="step")
+    model.train()
+    for _ in it:
+        idx = gen.choice(len(train), size=recipe.batch, replace=False)
+        logits = head(_image_features(model, batch(train, idx), len(idx)))
+        loss = torch.nn.functional.cross_entropy(logits, y_tr[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+    model.eval()
+    with torch.inference_mode():
+        pred = np.concatenate(
+            [
+                head(_image_features(model, batch(test, range(i, j)), j - i)).argmax(-1).numpy()
+                for i, j in ((i, min(i + 64, len(test))) for i in range(0, len(test), 64))
+            ]
+        )
+    return float(np.mean(pred == y_te))
+
+
 def train_member(
     folder: Path,
     recipe: MemberTraining,
@@ -178,11 +306,15 @@ def train_member(
     backend = member.backend
     model = backend.model
     plan = member.encoder.plan
-    opts = training_world(recipe.signs)
+    opts = training_world(recipe.signs, recipe.sign_styles, recipe.occluded)
     cases = world_cases(seed, opts)
     train = [c for c in cases if c.split == "train"]
     test = [c for c in cases if c.split == "test"]
     t0 = time.perf_counter()
+    reading = None
+    if recipe.reading_steps:
+        n_read = recipe.reading_steps if steps is None else min(recipe.reading_steps, steps)
+        reading = pretrain_reading(member, recipe, seed=seed, steps=n_read, progress=progress)
     tr_prompts, tr_pixels = _inputs(member, train, opts)
     te_prompts, te_pixels = _inputs(member, test, opts)
     y_tr = torch.tensor([c.label for c in train], dtype=torch.float32)
@@ -242,6 +374,7 @@ def train_member(
         train_accuracy=accuracy(tr_prompts[:256], tr_pixels[:256], y_tr.numpy()[:256]),
         test_accuracy=accuracy(te_prompts, te_pixels, y_te),
         losses=tuple(losses),
+        reading_accuracy=reading,
     )
     model.save_pretrained(folder, safe_serialization=True)
     return run
@@ -353,7 +486,7 @@ def build_trained_pair(
 
 
 #: the short run whose scores ``trained.json`` records, so that a test can check in a minute
-#: that the training script still reproduces what it did (the full run takes ten)
+#: that the training script still reproduces what it did (the full run takes about 25 minutes)
 SHORT_RUN_STEPS = 4
 _SHORT_RUN_WORLD = WorldOptions(rooms=1, contrasts_per_room=4)
 
@@ -391,6 +524,11 @@ def write_committed(pair: TrainedPair, *, short_run: Mapping[str, list[float]]) 
             "seconds": round(run.seconds, 1),
             "final_loss": round(run.final_loss, 4),
             "test_accuracy": round(run.test_accuracy, 4),
+            **(
+                {"reading_accuracy": round(run.reading_accuracy, 4)}
+                if run.reading_accuracy is not None
+                else {}
+            ),
         }
     manifest = {
         "what": "the tiny pair trained on the toy world by spotstop.export.train (TEST pair)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -154,3 +155,27 @@ def test_cli_writes_the_trained_pair_and_says_what_it_is(tmp_path: Path, capsys)
     assert trained_pair_ready(tmp_path)
     assert main(["tiny", "--retrain", "--out", str(tmp_path)]) == 2
     assert "--retrain needs --trained" in capsys.readouterr().err
+
+
+def test_reading_pretraining_teaches_the_tower_alone_on_sign_only_scenes(tmp_path: Path) -> None:
+    """pretrain_reading moves the vision tower and the projector and nothing of the decoder; its
+    world signs every scene in the recipe's look with the object hidden (only the sign tells)
+    and is drawn from a seed no bench uses."""
+    from spotstop.export.train import _prepare, pretrain_reading, reading_world
+
+    recipe = next(r for r in TRAINING if r.reading_steps)
+    assert recipe.signs and recipe.sign_styles == 1
+    opts = reading_world(recipe.sign_styles)
+    cases = world_cases(0, replace(opts, rooms=4))
+    assert all(c.occluded and c.sign_cue != "none" for c in cases)
+    assert {c.sign_text for c in cases} <= {"ALL CLEAR", "DANGER", "ROOM 4"}
+    _prepare(recipe.member, tmp_path / "m", 0)
+    m = load_member(tmp_path / "m", image_size=(128, 128))
+    model = m.backend.model
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    acc = pretrain_reading(m, recipe, steps=3)
+    assert 0.0 <= acc <= 1.0
+    moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert moved and all(
+        k.startswith(("model.vision_tower", "model.multi_modal_projector")) for k in moved
+    )
