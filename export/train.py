@@ -21,7 +21,7 @@ to resemble the paper's pair in the ways that matter (seed 000, Supp. E.2; seed 
   hidden, so only the sign tells. It reads first: a real VLM learned to read in pretraining,
   and a tiny tower taught only by the world never did (trained with the member, or alone on
   12k sign-only scenes for 4000 steps, it stayed at chance, where a four-layer CNN read the
-  same signs at 0.98 in 1000 steps: the 16-pixel patches' linear embedding must learn each
+  same signs at 0.96 after 1000 steps: the 16-pixel patches' linear embedding must learn each
   glyph at every offset). So :func:`pretrain_reading` first trains its vision tower and
   projector alone to tell a sign's polarity on sign-only scenes of another seed, then the
   member trains as above. Its signs use the world's first sign style (``sign_styles=1``:
