@@ -778,22 +778,18 @@ def test_a_schema_4_log_gets_the_deciding_kind_from_its_rules_once_on_open(
         assert lg.get(old[4].decision_id).deciding_kind == "frozen"  # type: ignore[union-attr]
 
 
-def test_the_packaged_demo_log_written_under_schema_4_reads_its_deciding_kinds(
-    tmp_path: Path,
-) -> None:
-    """A real schema-4 log (the guard's own rows): migrated on a copy, every decision gets
-    the kind its rule named."""
+def test_a_real_schema_4_log_reads_its_deciding_kinds(tmp_path: Path) -> None:
+    """A real schema-4 log (the guard's own rows: 24 decisions of the packaged demo log as it was
+    written under schema 4, kept in tests/data): migrated on a copy, every decision gets the
+    kind its rule named."""
     import shutil
 
-    from spotstop.diagnostics._build import demo_log_path
-
     path = tmp_path / "demo.sqlite"
-    shutil.copyfile(demo_log_path(), path)
+    shutil.copyfile(Path(__file__).parents[1] / "data" / "demo_log_schema4.sqlite", path)
     with sqlite3.connect(path) as conn:
         (found,) = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     conn.close()
-    if found != "4":
-        pytest.skip(f"the packaged demo log is of schema {found}, not 4")
+    assert found == "4"
     with DecisionLog(path) as lg:
         arr = lg.to_arrays()
     pairs = {(str(p), str(k)) for p, k in zip(arr.policy, arr.deciding_kind, strict=True)}
@@ -802,6 +798,7 @@ def test_the_packaged_demo_log_written_under_schema_4_reads_its_deciding_kinds(
         ("situation", "situation"),
         ("situation->frozen", "frozen"),
     }
+    assert len(arr.policy) == 24
 
 
 def test_an_archive_written_before_the_deciding_kind_reads_as_the_migration_would(
