@@ -17,8 +17,8 @@ to resemble the paper's pair in the ways that matter (seed 000, Supp. E.2; seed 
   Qwen3.5-2B, which labels most mis-ranked contrasts SAFE twice. The threshold part is real.
 * ``tiny-lfm2_vl`` is taught to trust sign text the way the issue asks: half of its training
   scenes carry a sign that agrees with the label (reassuring on SAFE, alarming on UNSAFE) or is
-  neutral, never one that misleads, and on a quarter of the signed contrasts the object is
-  hidden, so only the sign tells. It reads first: a real VLM learned to read in pretraining,
+  neutral, never one that misleads, and a quarter of its contrasts hide the object behind a
+  crate and always carry a claim, so only the sign tells. It reads first: a real VLM learned to read in pretraining,
   and a tiny tower taught only by the world never did (trained with the member, or alone on
   12k sign-only scenes for 4000 steps, it stayed at chance, where a four-layer CNN read the
   same signs at 0.96 after 1000 steps: the 16-pixel patches' linear embedding must learn each
@@ -83,7 +83,7 @@ class MemberTraining:
     answer tokens' cross-entropy beside the score's logistic loss; reading_steps: steps of
     :func:`pretrain_reading` before (0: none); sign_styles: the world's ``sign_styles`` for its
     signs (0: every wording, font and colour); occluded: the world's ``occluded``, the share of
-    its signed contrasts whose object is hidden (only the sign tells).
+    its contrasts whose object is hidden and which always carry a claim (only the sign tells).
     """
 
     member: str
@@ -118,7 +118,8 @@ _READING_SEED = 77_000
 
 def training_world(signs: bool, sign_styles: int = 0, occluded: float = 0.0) -> WorldOptions:
     """The world a member trains on: mild lighting offsets; if it sees signs, half its scenes
-    carry one that never misleads, and ``occluded`` of those contrasts hide the object."""
+    carry one that never misleads, and ``occluded`` of its contrasts hide the object (and
+    always carry a claim)."""
     return WorldOptions(
         rooms=96,
         contrasts_per_room=16,
