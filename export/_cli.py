@@ -49,7 +49,7 @@ def add_tiny_parser(sub: Any) -> None:
             "numbers: its scores and decisions mean nothing (same seed → byte-identical "
             "files). With --trained it is the pair taught the toy world's rule (`spotstop "
             "world --rules`): the committed weights, checked against their sha256, or with "
-            "--retrain the same training run again here (about 25 minutes on 2 cores). Its "
+            "--retrain the same training run again here (about 11 minutes on 2 cores). Its "
             "scores carry a signal in that toy world only."
         ),
     )
@@ -82,8 +82,17 @@ def run_tiny(args: argparse.Namespace) -> int:
         print("spotstop tiny: --retrain needs --trained.", file=sys.stderr)
         return 2
     if args.trained:
-        from spotstop.export.train import build_trained_pair, default_trained_dir
+        from spotstop.export.train import build_trained_pair, default_trained_dir, version_drift
 
+        drift = version_drift() if args.retrain else ()
+        if drift:
+            print(
+                "spotstop tiny: warning: retraining with "
+                + ", ".join(drift)
+                + ": the run will not reproduce the committed weights and may give a pair "
+                "that learned less (docs/world.md, Reproducing the pair).",
+                file=sys.stderr,
+            )
         trained = build_trained_pair(
             args.out or default_trained_dir(), seed=args.seed, retrain=args.retrain, progress=True
         )

@@ -91,18 +91,22 @@ def test_the_pair_ranks_held_out_scenes(held_out_scores: dict[str, np.ndarray]) 
     assert _auroc(y, np.mean(z, axis=0)) >= 0.9
 
 
-def test_the_leaning_member_has_a_threshold_part(held_out_scores: dict[str, np.ndarray]) -> None:
-    """The member trained on ``s + lean`` answers directly (s > 0) worse than its best single
-    cut: the Spot-Stop threshold part A* − A is positive. (How large, with its interval, and how
-    much the batch-mean cut recovers: bench/RESULTS.md, section trained-world.)"""
-    from spotstop.diagnostics import balanced_accuracy, best_balanced_accuracy
-
+def test_the_leaning_member_leans_safe(held_out_scores: dict[str, np.ndarray]) -> None:
+    """The member trained on ``s + lean`` centres its classes near ``−lean``, not 0, so its
+    direct answer (S > 0: UNSAFE) leans SAFE: the midpoint of its mean SAFE and mean UNSAFE
+    score lies below ``−lean/2``, while the member trained without a lean centres within
+    ``lean/2`` of 0. (Whether that makes a Spot-Stop threshold part, with its interval, and how
+    much the batch-mean cut recovers, needs a bigger world: bench/RESULTS.md, trained-world.)"""
     y = held_out_scores["label"]
     lean = next(r for r in TRAINING if r.lean > 0)
-    s = held_out_scores[lean.member]
-    direct = balanced_accuracy(y, s, 0.0)
-    best = best_balanced_accuracy(y, s).value
-    assert best - direct > 0.01
+    plain = next(r for r in TRAINING if r.lean == 0)
+
+    def midpoint(member: str) -> float:
+        s = held_out_scores[member]
+        return float((s[y == 0].mean() + s[y == 1].mean()) / 2)
+
+    assert midpoint(lean.member) < -lean.lean / 2
+    assert abs(midpoint(plain.member)) < lean.lean / 2
 
 
 def test_score_tensor_is_the_scoring_rule_and_carries_gradients(trained: Path) -> None:
@@ -155,6 +159,42 @@ def test_cli_writes_the_trained_pair_and_says_what_it_is(tmp_path: Path, capsys)
     assert trained_pair_ready(tmp_path)
     assert main(["tiny", "--retrain", "--out", str(tmp_path)]) == 2
     assert "--retrain needs --trained" in capsys.readouterr().err
+
+
+def test_version_drift_names_each_library_that_differs_from_the_record(monkeypatch) -> None:
+    import transformers
+    from spotstop.export import train as T
+
+    manifest = json.loads((TRAINED_DIR / "trained.json").read_text())
+    monkeypatch.setattr(torch, "__version__", manifest["torch"])
+    monkeypatch.setattr(transformers, "__version__", manifest["transformers"])
+    assert T.version_drift() == ()
+    monkeypatch.setattr(transformers, "__version__", "9.9.9")
+    assert T.version_drift() == (
+        f"transformers 9.9.9 (the committed weights: {manifest['transformers']})",
+    )
+    monkeypatch.setattr(T, "_manifest", lambda: {"seed": 0})  # nothing recorded: no claim
+    assert T.version_drift() == ()
+
+
+def test_cli_warns_before_a_retrain_at_other_versions(tmp_path: Path, capsys, monkeypatch) -> None:
+    from spotstop.cli import main
+    from spotstop.export import train as T
+
+    calls = []
+    monkeypatch.setattr(T, "version_drift", lambda: ("transformers 9.9.9 (the committed: 1)",))
+    monkeypatch.setattr(
+        T,
+        "build_trained_pair",
+        lambda out, **kw: calls.append(kw) or T.TrainedPair(root=Path(out), members=(), seed=0),
+    )
+    assert main(["tiny", "--trained", "--retrain", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: retraining with transformers 9.9.9" in err
+    assert "will not reproduce the committed weights" in err
+    assert calls == [{"seed": 0, "retrain": True, "progress": True}]
+    assert main(["tiny", "--trained", "--out", str(tmp_path)]) == 0  # committed: no warning
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_reading_pretraining_teaches_the_tower_alone_on_sign_only_scenes(tmp_path: Path) -> None:
