@@ -90,7 +90,7 @@ def run_tiny(args: argparse.Namespace) -> int:
                 "spotstop tiny: warning: retraining with "
                 + ", ".join(drift)
                 + ": the run will not reproduce the committed weights and may give a pair "
-                "that learned less (docs/world.md, Reproducing the pair).",
+                "that learned less (docs/world.md, The trained pair).",
                 file=sys.stderr,
             )
         trained = build_trained_pair(

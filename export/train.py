@@ -458,19 +458,23 @@ def version_drift() -> tuple[str, ...]:
     kernel rounds the early Adam steps differently, and over a thousand steps that grows into
     a different pair, not only different last bits (docs/world.md).
     """
-    import torch
-    import transformers
-
     try:
         manifest = _manifest()
     except TrainedWeightsError:
         return ()
-    installed = {"torch": torch.__version__, "transformers": transformers.__version__}
     return tuple(
         f"{lib} {have} (the committed weights: {manifest[lib]})"
-        for lib, have in installed.items()
+        for lib, have in _library_versions().items()
         if lib in manifest and manifest[lib] != have
     )
+
+
+def _library_versions() -> dict[str, str]:
+    """The versions ``trained.json`` records and :func:`version_drift` compares."""
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def build_trained_pair(
@@ -538,9 +542,6 @@ def short_run_scores(root: str | Path, *, seed: int = 0) -> dict[str, list[float
 
 def write_committed(pair: TrainedPair, *, short_run: Mapping[str, list[float]]) -> Path:
     """Store ``pair``'s weights as the committed ones, with ``trained.json`` (maintainers)."""
-    import torch
-    import transformers
-
     TRAINED_DIR.mkdir(parents=True, exist_ok=True)
     entries = {}
     for path, run in zip(pair.members, pair.runs, strict=True):
@@ -563,8 +564,7 @@ def write_committed(pair: TrainedPair, *, short_run: Mapping[str, list[float]]) 
     manifest = {
         "what": "the tiny pair trained on the toy world by spotstop.export.train (TEST pair)",
         "seed": pair.seed,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        **_library_versions(),
         "image_size": TRAINED_IMAGE_SIZE,
         "members": entries,
         "short_run": {"steps": SHORT_RUN_STEPS, "scores": dict(short_run)},
