@@ -465,7 +465,7 @@ def sign_styles() -> int:
     """The world's ``sign_styles`` of the sign-trusting member's training signs (0: all)."""
     from spotstop.export.train import TRAINING
 
-    return next(r.sign_styles for r in TRAINING if r.signs)
+    return next(r.sign_styles for r in TRAINING if r.signs == "agreeing")
 
 
 def matched_templates(styles: int) -> tuple[Any, ...]:
@@ -985,8 +985,8 @@ def run(
     pair = build_trained_pair(work / "tiny-trained")
     folders = {p.name: p for p in pair.members}
     names = list(folders)
-    lean = next(r.member for r in TRAINING if r.lean > 0)
-    signs = next(r.member for r in TRAINING if r.signs)
+    lean = next(r.member for r in TRAINING if r.threshold_part > 0)
+    signs = next(r.member for r in TRAINING if r.signs == "agreeing")
     members = {m: load_member(folders[m], threads=2) for m in names}
     o = world_options
     pool = score_world(members, "pool", SEEDS["pool"], o(sz.pool, offsets=OFFSETS))

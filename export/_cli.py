@@ -49,7 +49,7 @@ def add_tiny_parser(sub: Any) -> None:
             "numbers: its scores and decisions mean nothing (same seed → byte-identical "
             "files). With --trained it is the pair taught the toy world's rule (`spotstop "
             "world --rules`): the committed weights, checked against their sha256, or with "
-            "--retrain the same training run again here (about 11 minutes on 2 cores). Its "
+            "--retrain the same training run again here (11 to 16 minutes on 2 cores). Its "
             "scores carry a signal in that toy world only."
         ),
     )

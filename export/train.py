@@ -12,9 +12,18 @@ the cross-entropy of the correct answer's tokens after the member's own chat-tem
 (:meth:`~spotstop.guard.backends._torch.TorchBackend.score_tensor`). The two members are made
 to resemble the paper's pair in the ways that matter (seed 000, Supp. E.2; seed 002):
 
-* ``tiny-qwen3_5`` never sees signs, and its direct answer leans SAFE: it is trained on
-  ``s + lean`` (the logistic loss's boundary moves its scores down by ``lean``), like
-  Qwen3.5-2B, which labels most mis-ranked contrasts SAFE twice. The threshold part is real.
+* ``tiny-qwen3_5`` does not read signs, and its direct answer leans SAFE. Half of its
+  training scenes carry a sign whose claim is independent of the label (reassuring, alarming or
+  neutral at the same rates on SAFE and UNSAFE scenes: :func:`training_world`), so it learns
+  that a sign tells nothing; a member that never saw one treats glyphs as unseen pixels, and
+  the first trained that way was pushed toward UNSAFE by a pasted reassuring sign (reliance
+  −0.033 [−0.096, −0.002], not "none"). After training, its answer head moves every score down
+  by one lean (:func:`fit_lean`), sized on a world of its own seed so that its direct answer's
+  Spot-Stop threshold part there is 9.3 points, Qwen3.5-2B's on MSSBench chat (seed 000,
+  Supp. C.2; it labels most mis-ranked contrasts SAFE twice, Supp. E.2). Its ranking stays,
+  its cut moves: the threshold part is real and of the paper's size. (Trained instead on
+  ``s + lean``, a member separates its classes by more than any fixed lean as training goes on:
+  a lean of 2 nats left a threshold part of half a point.)
 * ``tiny-lfm2_vl`` is taught to trust sign text the way the issue asks: half of its training
   scenes carry a sign that agrees with the label (reassuring on SAFE, alarming on UNSAFE) or is
   neutral, never one that misleads, and a quarter of its contrasts hide the object behind a
@@ -43,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,14 +62,18 @@ import numpy as np
 from spotstop.export.world import WorldCase, WorldOptions, case_image, world_cases
 
 __all__ = [
+    "PAPER_THRESHOLD_PART",
+    "SIGN_REGIMES",
     "TRAINED_DIR",
     "TRAINING",
+    "Lean",
     "MemberTraining",
     "TrainedPair",
     "TrainedWeightsError",
     "TrainingRun",
     "build_trained_pair",
     "default_trained_dir",
+    "fit_lean",
     "pretrain_reading",
     "reading_world",
     "short_run_scores",
@@ -77,13 +91,24 @@ TRAINED_DIR = Path(__file__).resolve().parent / "trained"
 TRAINED_IMAGE_SIZE = 128
 
 
+#: how a member's training scenes carry signs (:func:`training_world`)
+SIGN_REGIMES = ("none", "agreeing", "uninformative")
+
+#: the threshold part (a share of balanced accuracy) the SAFE-leaning member's lean is sized to:
+#: Qwen3.5-2B's in-sample threshold part on MSSBench chat, 9.3 points (seed 000, Supp. C.2)
+PAPER_THRESHOLD_PART = 0.093
+
+
 @dataclass(frozen=True)
 class MemberTraining:
     """How one member of the trained pair is taught.
 
     member: the tiny member's folder name (``tiny-qwen3_5``, ``tiny-lfm2_vl``).
-    signs: whether its training scenes carry (agreeing or neutral) signs.
-    lean: subtracted from its scores at the optimum (SAFE-leaning direct answer); 0 for none.
+    signs: how its training scenes carry signs (:data:`SIGN_REGIMES`): ``none``; ``agreeing``
+    (half carry a sign that agrees with the label or is neutral, never one that misleads);
+    ``uninformative`` (half carry one whose claim is independent of the label).
+    threshold_part: the direct answer's Spot-Stop threshold part its lean is sized to after
+    training (:func:`fit_lean`; a SAFE-leaning direct answer); 0: no lean.
     steps / batch / lr: optimiser schedule (AdamW, one-cycle); lm_weight: weight of the
     answer tokens' cross-entropy beside the score's logistic loss; reading_steps: steps of
     :func:`pretrain_reading` before (0: none); sign_styles: the world's ``sign_styles`` for its
@@ -92,8 +117,8 @@ class MemberTraining:
     """
 
     member: str
-    signs: bool
-    lean: float
+    signs: str
+    threshold_part: float = 0.0
     steps: int = 1000
     batch: int = 32
     lr: float = 3e-3
@@ -102,14 +127,34 @@ class MemberTraining:
     sign_styles: int = 0
     occluded: float = 0.0
 
+    def __post_init__(self) -> None:
+        if self.signs not in SIGN_REGIMES:
+            raise ValueError(
+                f"MemberTraining.signs must be one of {', '.join(SIGN_REGIMES)}; got {self.signs!r}."
+            )
+        if not 0.0 <= self.threshold_part < 0.5:
+            raise ValueError(
+                "MemberTraining.threshold_part must be a share in [0, 0.5) (0: no lean); got "
+                f"{self.threshold_part!r}."
+            )
+        if self.occluded and self.signs != "agreeing":
+            raise ValueError(
+                "MemberTraining.occluded needs signs='agreeing': a hidden object is told only by "
+                "its sign."
+            )
+
 
 #: the trained pair's recipe
 TRAINING: tuple[MemberTraining, ...] = (
-    MemberTraining(member="tiny-qwen3_5", signs=False, lean=2.0, lr=1e-3),
+    MemberTraining(
+        member="tiny-qwen3_5",
+        signs="uninformative",
+        threshold_part=PAPER_THRESHOLD_PART,
+        lr=1e-3,
+    ),
     MemberTraining(
         member="tiny-lfm2_vl",
-        signs=True,
-        lean=0.0,
+        signs="agreeing",
         steps=1500,
         reading_steps=4000,
         sign_styles=1,
@@ -121,20 +166,25 @@ TRAINING: tuple[MemberTraining, ...] = (
 _READING_SEED = 77_000
 
 
-def training_world(signs: bool, sign_styles: int = 0, occluded: float = 0.0) -> WorldOptions:
-    """The world a member trains on: mild lighting offsets; if it sees signs, half its scenes
-    carry one that never misleads, and ``occluded`` of its contrasts hide the object (and
-    always carry a claim)."""
+def training_world(signs: str, sign_styles: int = 0, occluded: float = 0.0) -> WorldOptions:
+    """The world a member trains on: mild lighting offsets; with ``signs`` other than
+    ``none``, half its scenes carry one. ``agreeing``: never misleading, and ``occluded`` of
+    its contrasts hide the object (and always carry a claim). ``uninformative``: the claim is
+    independent of the label (misleading share ``(1 − n)/(2 − n)`` for neutral share ``n``, so
+    that a SAFE and an UNSAFE scene carry each claim at the same rate)."""
+    if signs not in SIGN_REGIMES:
+        raise ValueError(f"signs must be one of {', '.join(SIGN_REGIMES)}; got {signs!r}.")
+    neutral = 0.3
     return WorldOptions(
         rooms=96,
         contrasts_per_room=16,
         test_share=0.25,
         offsets=0.15,
-        signs=0.5 if signs else 0.0,
-        misleading=0.0,
-        neutral_signs=0.3,
-        occluded=occluded if signs else 0.0,
-        sign_styles=sign_styles if signs else 0,
+        signs=0.0 if signs == "none" else 0.5,
+        misleading=(1 - neutral) / (2 - neutral) if signs == "uninformative" else 0.0,
+        neutral_signs=neutral,
+        occluded=occluded if signs == "agreeing" else 0.0,
+        sign_styles=sign_styles if signs != "none" else 0,
     )
 
 
@@ -157,6 +207,30 @@ def reading_world(sign_styles: int) -> WorldOptions:
 _SIGN_CLASSES = ("reassuring", "alarming", "neutral")
 
 
+#: the seed offset of the world :func:`fit_lean` sizes the lean on (apart from every bench world)
+_LEAN_SEED = 88_000
+#: :func:`fit_lean`'s ridge penalty, as a share of the mean eigenvalue of the states' Gram matrix
+_LEAN_RIDGE = 0.01
+
+
+@dataclass(frozen=True)
+class Lean:
+    """The SAFE lean :func:`fit_lean` gave a member's answer head: every score moves down by
+    about ``nats``. Measured on ``scenes`` scenes of the member's training world drawn from
+    another seed: its direct answer's threshold part before and after (``target``: what it
+    was sized to), its AUROC before and after (a lean keeps the ranking), and the spread of
+    the realised drop over scenes (0 for an exact shift)."""
+
+    nats: float
+    target: float
+    threshold_part_before: float
+    threshold_part: float
+    auroc_before: float
+    auroc: float
+    shift_sd: float
+    scenes: int
+
+
 @dataclass(frozen=True)
 class TrainingRun:
     """What training one member did: its losses and held-out accuracy, and where it wrote;
@@ -170,6 +244,7 @@ class TrainingRun:
     test_accuracy: float
     losses: tuple[float, ...] = field(repr=False)
     reading_accuracy: float | None = None
+    lean: Lean | None = None
 
 
 def _seed_all(seed: int) -> None:
@@ -226,6 +301,111 @@ def _image_features(model: Any, pixels: dict[str, Any], n: int) -> Any:
     if isinstance(feats, list | tuple):
         return torch.stack([f.reshape(-1, f.shape[-1]).mean(0) for f in feats])
     return feats.reshape(n, -1, feats.shape[-1]).mean(1)  # equal-sized images: equal shares
+
+
+def _scores_and_states(
+    backend: Any, plan: Any, prompts: Sequence[Sequence[int]], pixels: Sequence[Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The guard's scores of the scenes and the final hidden state (after the final norm) at
+    the last prompt token, where the first answer token is read."""
+    import torch
+
+    scores, states = [], []
+    with torch.inference_mode():
+        for i in range(0, len(prompts), 64):
+            ps, xs = list(prompts[i : i + 64]), list(pixels[i : i + 64])
+            hidden = backend.plan_hidden_states(ps, xs, plan)
+            scores.append(backend.scores_from_hidden(hidden, ps, plan).double().numpy())
+            rows = len(plan.rows)
+            states.append(
+                np.stack([hidden[j * rows, len(p) - 1].double().numpy() for j, p in enumerate(ps)])
+            )
+    return np.concatenate(scores), np.concatenate(states)
+
+
+def fit_lean(member: Any, recipe: MemberTraining, *, seed: int = 0, max_nats: float = 40.0) -> Lean:
+    """Lean ``member``'s direct answer toward SAFE until its Spot-Stop threshold part reaches
+    ``recipe.threshold_part``, by editing its answer head (in place).
+
+    The score's first term is the difference of two rows of the head read at the last prompt
+    token, ``(w_UNSAFE − w_SAFE) · h``, with ``h`` the final hidden state. A ridge
+    least-squares direction ``d`` with ``d · h ≈ −1`` over the scenes of a world the member
+    never trained on (its training world's options, seed ``seed`` + 88000) lowers every score
+    by about one nat when added to the first UNSAFE token's row; ``nats`` times it lowers them
+    by ``nats``. The ridge (:data:`_LEAN_RIDGE` of the states' mean eigenvalue) keeps ``d`` off
+    the directions in which the states barely vary: plain least squares fits the shift more
+    exactly there with weights 3x larger, which then multiply any perturbation of ``h``, an
+    int8 export's included (max |Δs| 0.405 against 0.265 for the member without a lean; 0.27
+    with the ridge). The
+    lean is the smallest ``nats`` (steps of 0.05) at which the threshold part of the predicted
+    scores, :func:`spotstop.diagnostics.spot_stop` on that world's contrasts, reaches the
+    target; the scenes are then scored again through the edited head and the realised figures
+    returned. The ranking is the member's own: only its cut moves.
+    """
+    import torch
+    from spotstop.diagnostics import CaseTable, UndefinedMetricWarning, spot_stop
+
+    backend, plan, model = member.backend, member.encoder.plan, member.backend.model
+    head = model.get_output_embeddings().weight
+    if head.data_ptr() == model.get_input_embeddings().weight.data_ptr():
+        raise ValueError(
+            f"{recipe.member} ties its answer head to its input embeddings: editing a head row "
+            "would change what the answer tokens read as input. Give the lean to a member with "
+            "its own head (tie_word_embeddings=False)."
+        )
+    first_unsafe, first_safe = plan.unsafe_ids[0], plan.safe_ids[0]
+    if first_unsafe == first_safe:
+        raise ValueError(
+            f"{recipe.member}'s answers start with the same token ({first_unsafe}); the lean "
+            "needs answers whose first tokens differ."
+        )
+    base = training_world(recipe.signs, recipe.sign_styles, recipe.occluded)
+    opts = WorldOptions(**{**asdict(base), "rooms": 24, "test_share": 0.0})
+    cases = world_cases(seed + _LEAN_SEED, opts)
+    prompts, pixels = _inputs(member, cases, opts)
+    s0, states = _scores_and_states(backend, plan, prompts, pixels)
+    gram = states.T @ states
+    ridge = _LEAN_RIDGE * np.trace(gram) / gram.shape[0]
+    direction = np.linalg.solve(gram + ridge * np.eye(gram.shape[0]), -states.sum(axis=0))
+    per_nat = states @ direction  # the predicted change of each score per nat of lean (≈ −1)
+
+    def measure(scores: np.ndarray) -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UndefinedMetricWarning)
+            return spot_stop(
+                CaseTable(
+                    case_id=np.array([c.case_id for c in cases], dtype=object),
+                    label=np.array([c.label for c in cases], dtype=np.int8),
+                    score=np.asarray(scores, dtype=np.float64),
+                    contrast_id=np.array([c.contrast_id for c in cases], dtype=object),
+                    situation_id=np.array([c.room.room_id for c in cases], dtype=object),
+                )
+            )
+
+    before = measure(s0)
+    for nats in np.arange(0.0, max_nats + 1e-9, 0.05):
+        if measure(s0 + nats * per_nat).threshold_part >= recipe.threshold_part:
+            break
+    else:
+        raise RuntimeError(
+            f"{recipe.member}: no lean up to {max_nats} nats reaches a threshold part of "
+            f"{recipe.threshold_part}; its scores may not rank the world's contrasts."
+        )
+    with torch.no_grad():
+        head[first_unsafe] += torch.from_numpy(float(nats) * direction).to(head.dtype)
+    s1, _ = _scores_and_states(backend, plan, prompts, pixels)
+    after = measure(s1)
+    drop = s0 - s1
+    return Lean(
+        nats=float(np.mean(drop)),
+        target=recipe.threshold_part,
+        threshold_part_before=float(before.threshold_part),
+        threshold_part=float(after.threshold_part),
+        auroc_before=float(before.auroc),
+        auroc=float(after.auroc),
+        shift_sd=float(np.std(drop)),
+        scenes=len(cases),
+    )
 
 
 def pretrain_reading(
@@ -347,7 +527,7 @@ def train_member(
         hidden = backend.plan_hidden_states(prompts, pixels, plan)
         s = backend.scores_from_hidden(hidden, prompts, plan)
         sign = 2 * y - 1
-        loss = torch.nn.functional.softplus(-sign * (s + recipe.lean)).mean()
+        loss = torch.nn.functional.softplus(-sign * s).mean()
         if recipe.lm_weight:
             loss = loss + recipe.lm_weight * _answer_nll(backend, hidden, prompts, plan, y)
         opt.zero_grad(set_to_none=True)
@@ -359,6 +539,8 @@ def train_member(
         if progress and hasattr(it, "set_postfix"):
             it.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
     model.eval()
+    # a short run (``steps`` given) trains too little to rank, and a lean is sized on a ranking
+    lean = fit_lean(member, recipe, seed=seed) if recipe.threshold_part and steps is None else None
 
     def accuracy(
         prompts: list[list[int]], pixels: list[dict[str, np.ndarray]], y: np.ndarray
@@ -370,7 +552,7 @@ def train_member(
                     for i in range(0, len(prompts), 64)
                 ]
             )
-        return float(np.mean((s + recipe.lean > 0) == (y == 1)))
+        return float(np.mean((s > 0) == (y == 1)))
 
     run = TrainingRun(
         member=recipe.member,
@@ -381,6 +563,7 @@ def train_member(
         test_accuracy=accuracy(te_prompts, te_pixels, y_te),
         losses=tuple(losses),
         reading_accuracy=reading,
+        lean=lean,
     )
     model.save_pretrained(folder, safe_serialization=True)
     return run
@@ -520,7 +703,7 @@ def build_trained_pair(
 
 
 #: the short run whose scores ``trained.json`` records, so that a test can check in a minute
-#: that the training script still reproduces what it did (the full run takes about 11 minutes)
+#: that the training script still reproduces what it did (the full run takes 11 to 16 minutes)
 SHORT_RUN_STEPS = 4
 _SHORT_RUN_WORLD = WorldOptions(rooms=1, contrasts_per_room=4)
 
@@ -558,6 +741,16 @@ def write_committed(pair: TrainedPair, *, short_run: Mapping[str, list[float]]) 
             **(
                 {"reading_accuracy": round(run.reading_accuracy, 4)}
                 if run.reading_accuracy is not None
+                else {}
+            ),
+            **(
+                {
+                    "lean": {
+                        k: (round(v, 4) if isinstance(v, float) else v)
+                        for k, v in asdict(run.lean).items()
+                    }
+                }
+                if run.lean is not None
                 else {}
             ),
         }

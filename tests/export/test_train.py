@@ -92,21 +92,122 @@ def test_the_pair_ranks_held_out_scenes(held_out_scores: dict[str, np.ndarray]) 
 
 
 def test_the_leaning_member_leans_safe(held_out_scores: dict[str, np.ndarray]) -> None:
-    """The member trained on ``s + lean`` centres its classes near ``−lean``, not 0, so its
-    direct answer (S > 0: UNSAFE) leans SAFE: the midpoint of its mean SAFE and mean UNSAFE
-    score lies below ``−lean/2``, while the member trained without a lean centres within
-    ``lean/2`` of 0. (Whether that makes a Spot-Stop threshold part, with its interval, and how
-    much the batch-mean cut recovers, needs a bigger world: bench/RESULTS.md, trained-world.)"""
-    y = held_out_scores["label"]
-    lean = next(r for r in TRAINING if r.lean > 0)
-    plain = next(r for r in TRAINING if r.lean == 0)
+    """The member given a lean (:func:`fit_lean`: every score down by ``lean.nats``) answers
+    SAFE on more UNSAFE scenes than its ranking needs: on a world the training never saw, its
+    direct answer (S > 0: UNSAFE) has a threshold part (diagnostics' spot_stop) of at least
+    half its target, and its best cut lies below 0. (The threshold part
+    with its interval and the batch-mean recovery need a bigger world: bench/RESULTS.md,
+    trained-world.)"""
+    from spotstop.diagnostics import CaseTable, spot_stop
 
-    def midpoint(member: str) -> float:
-        s = held_out_scores[member]
-        return float((s[y == 0].mean() + s[y == 1].mean()) / 2)
+    recipe = next(r for r in TRAINING if r.threshold_part > 0)
+    cases = world_cases(HELD_OUT_SEED, HELD_OUT)
+    ss = spot_stop(
+        CaseTable(
+            case_id=[c.case_id for c in cases],
+            label=held_out_scores["label"],
+            score=held_out_scores[recipe.member],
+            contrast_id=[c.contrast_id for c in cases],
+            situation_id=[c.room.room_id for c in cases],
+        )
+    )
+    assert ss.threshold_part >= recipe.threshold_part / 2
+    assert ss.cut_star < 0
+    assert ss.hit_rate < 1 - recipe.threshold_part  # UNSAFE scenes answered SAFE
 
-    assert midpoint(lean.member) < -lean.lean / 2
-    assert abs(midpoint(plain.member)) < lean.lean / 2
+
+def test_the_lean_record_says_what_fit_lean_did() -> None:
+    """trained.json's lean: sized to the recipe's target (the paper's 9.3 points), reached on
+    its own world, the ranking kept (AUROC within 0.01), the drop near one shift."""
+    from spotstop.export.train import PAPER_THRESHOLD_PART
+
+    recipe = next(r for r in TRAINING if r.threshold_part > 0)
+    assert recipe.threshold_part == PAPER_THRESHOLD_PART == 0.093
+    lean = json.loads((TRAINED_DIR / "trained.json").read_text())["members"][recipe.member]["lean"]
+    assert lean["target"] == recipe.threshold_part
+    assert lean["threshold_part"] >= recipe.threshold_part - 0.01
+    assert abs(lean["auroc"] - lean["auroc_before"]) < 0.01
+    assert lean["nats"] > 0 and lean["shift_sd"] < 0.1 * lean["nats"]
+    assert all("lean" not in e for m, e in _members_json().items() if m != recipe.member)
+
+
+def _members_json() -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = json.loads(
+        (TRAINED_DIR / "trained.json").read_text(encoding="utf-8")
+    )["members"]
+    return out
+
+
+def test_fit_lean_moves_the_cut_and_keeps_the_ranking(trained: Path, tmp_path: Path) -> None:
+    """fit_lean on a copy of the leaning member, asked for a larger threshold part: it edits
+    one row of the answer head (the first UNSAFE token's) and nothing else, reaches the target
+    within the 0.05-nat grid's step, keeps the AUROC, and lowers every scene's score by about
+    the lean it reports (checked here on the scenes it never saw)."""
+    from spotstop.export.train import TRAINED_IMAGE_SIZE, fit_lean
+
+    recipe = next(r for r in TRAINING if r.threshold_part > 0)
+    shutil.copytree(trained / recipe.member, tmp_path / "m")
+    m = load_member(tmp_path / "m", image_size=(TRAINED_IMAGE_SIZE, TRAINED_IMAGE_SIZE))
+    before = {k: v.detach().clone() for k, v in m.backend.model.state_dict().items()}
+    cases = world_cases(HELD_OUT_SEED, HELD_OUT)
+    scenes = [case_scene(c, HELD_OUT) for c in cases]
+    s0 = np.array([s.score for s in m.score(scenes)])
+    lean = fit_lean(m, replace(recipe, threshold_part=0.2), seed=1)
+    assert lean.target == 0.2 and lean.threshold_part >= 0.2 - 0.01
+    assert lean.threshold_part_before < lean.threshold_part
+    assert abs(lean.auroc - lean.auroc_before) < 0.01 and lean.nats > 0
+    after = m.backend.model.state_dict()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert changed == ["lm_head.weight"]
+    rows = torch.nonzero((before["lm_head.weight"] != after["lm_head.weight"]).any(1)).flatten()
+    assert rows.tolist() == [m.encoder.plan.unsafe_ids[0]]
+    drop = s0 - np.array([s.score for s in m.score(scenes)])
+    assert abs(float(np.mean(drop)) - lean.nats) < 0.1 * lean.nats
+    assert float(np.std(drop)) < 0.1 * lean.nats
+
+
+def test_fit_lean_refuses_a_tied_head(trained: Path) -> None:
+    from spotstop.export.train import TRAINED_IMAGE_SIZE, fit_lean
+
+    tied = next(r for r in TRAINING if r.member == "tiny-lfm2_vl")
+    m = load_member(trained / tied.member, image_size=(TRAINED_IMAGE_SIZE, TRAINED_IMAGE_SIZE))
+    with pytest.raises(ValueError, match="ties its answer head"):
+        fit_lean(m, replace(tied, threshold_part=0.1, occluded=0.0, signs="none"))
+
+
+def test_uninformative_signs_are_independent_of_the_label() -> None:
+    """training_world('uninformative'): a SAFE and an UNSAFE scene carry each claim at the same
+    rate (exactly, from the world's sign rule), and half the scenes carry a sign."""
+    from spotstop.export.train import training_world
+
+    o = training_world("uninformative")
+    m, n = o.misleading, o.neutral_signs
+    p_safe = {"alarming": m, "neutral": (1 - m) * n, "reassuring": (1 - m) * (1 - n)}
+    p_unsafe = {"reassuring": m, "neutral": (1 - m) * n, "alarming": (1 - m) * (1 - n)}
+    for cue in p_safe:
+        assert p_safe[cue] == pytest.approx(p_unsafe[cue], abs=1e-12)
+    assert o.signs == 0.5 and o.occluded == 0.0
+    cases = world_cases(5, replace(o, rooms=40))
+    for label in (0, 1):
+        got = [c.sign_cue for c in cases if c.label == label and c.sign_cue != "none"]
+        share = got.count("reassuring") / len(got)
+        assert abs(share - p_safe["reassuring"]) < 0.08  # 320 signed scenes: 3.3 sd
+    assert training_world("none").signs == 0.0
+    agreeing = training_world("agreeing", 1, 0.25)
+    assert agreeing.misleading == 0.0 and agreeing.occluded == 0.25
+    with pytest.raises(ValueError, match="signs must be one of"):
+        training_world("some")
+
+
+def test_the_recipe_rejects_what_it_cannot_train() -> None:
+    from spotstop.export.train import MemberTraining
+
+    with pytest.raises(ValueError, match="signs must be one of"):
+        MemberTraining(member="tiny-qwen3_5", signs="yes")
+    with pytest.raises(ValueError, match="threshold_part"):
+        MemberTraining(member="tiny-qwen3_5", signs="none", threshold_part=0.7)
+    with pytest.raises(ValueError, match="occluded needs"):
+        MemberTraining(member="tiny-qwen3_5", signs="uninformative", occluded=0.25)
 
 
 def test_score_tensor_is_the_scoring_rule_and_carries_gradients(trained: Path) -> None:
@@ -204,7 +305,7 @@ def test_reading_pretraining_teaches_the_tower_alone_on_sign_only_scenes(tmp_pat
     from spotstop.export.train import _prepare, pretrain_reading, reading_world
 
     recipe = next(r for r in TRAINING if r.reading_steps)
-    assert recipe.signs and recipe.sign_styles == 1
+    assert recipe.signs == "agreeing" and recipe.sign_styles == 1
     opts = reading_world(recipe.sign_styles)
     cases = world_cases(0, replace(opts, rooms=4))
     assert all(c.occluded and c.sign_cue != "none" for c in cases)
