@@ -311,12 +311,12 @@ def _scores_and_states(
     import torch
 
     scores, states = [], []
+    rows = len(plan.rows)
     with torch.inference_mode():
         for i in range(0, len(prompts), 64):
             ps, xs = list(prompts[i : i + 64]), list(pixels[i : i + 64])
             hidden = backend.plan_hidden_states(ps, xs, plan)
             scores.append(backend.scores_from_hidden(hidden, ps, plan).double().numpy())
-            rows = len(plan.rows)
             states.append(
                 np.stack([hidden[j * rows, len(p) - 1].double().numpy() for j, p in enumerate(ps)])
             )
@@ -336,9 +336,8 @@ def fit_lean(member: Any, recipe: MemberTraining, *, seed: int = 0, max_nats: fl
     the directions in which the states barely vary: plain least squares fits the shift more
     exactly there with weights 3x larger, which then multiply any perturbation of ``h``, an
     int8 export's included (max |Δs| 0.405 against 0.265 for the member without a lean; 0.27
-    with the ridge). The
-    lean is the smallest ``nats`` (steps of 0.05) at which the threshold part of the predicted
-    scores, :func:`spotstop.diagnostics.spot_stop` on that world's contrasts, reaches the
+    with the ridge). The lean is the smallest ``nats`` (steps of 0.05) at which the threshold
+    part of the predicted scores, :func:`spotstop.diagnostics.spot_stop` on that world's contrasts, reaches the
     target; the scenes are then scored again through the edited head and the realised figures
     returned. The ranking is the member's own: only its cut moves.
     """
@@ -369,18 +368,22 @@ def fit_lean(member: Any, recipe: MemberTraining, *, seed: int = 0, max_nats: fl
     direction = np.linalg.solve(gram + ridge * np.eye(gram.shape[0]), -states.sum(axis=0))
     per_nat = states @ direction  # the predicted change of each score per nat of lean (≈ −1)
 
+    case_id = np.array([c.case_id for c in cases], dtype=object)
+    label = np.array([c.label for c in cases], dtype=np.int8)
+    contrast_id = np.array([c.contrast_id for c in cases], dtype=object)
+    room_id = np.array([c.room.room_id for c in cases], dtype=object)
+
     def measure(scores: np.ndarray) -> Any:
+        table = CaseTable(
+            case_id=case_id,
+            label=label,
+            score=np.asarray(scores, dtype=np.float64),
+            contrast_id=contrast_id,
+            situation_id=room_id,
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UndefinedMetricWarning)
-            return spot_stop(
-                CaseTable(
-                    case_id=np.array([c.case_id for c in cases], dtype=object),
-                    label=np.array([c.label for c in cases], dtype=np.int8),
-                    score=np.asarray(scores, dtype=np.float64),
-                    contrast_id=np.array([c.contrast_id for c in cases], dtype=object),
-                    situation_id=np.array([c.room.room_id for c in cases], dtype=object),
-                )
-            )
+            return spot_stop(table)
 
     before = measure(s0)
     for nats in np.arange(0.0, max_nats + 1e-9, 0.05):
