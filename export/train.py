@@ -548,13 +548,7 @@ def train_member(
     def accuracy(
         prompts: list[list[int]], pixels: list[dict[str, np.ndarray]], y: np.ndarray
     ) -> float:
-        with torch.inference_mode():
-            s = np.concatenate(
-                [
-                    backend.score_tensor(prompts[i : i + 64], pixels[i : i + 64], plan).numpy()
-                    for i in range(0, len(prompts), 64)
-                ]
-            )
+        s = _scores_and_states(backend, plan, prompts, pixels)[0]
         return float(np.mean((s > 0) == (y == 1)))
 
     run = TrainingRun(

@@ -188,7 +188,7 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
 
     # measured on the quick run: 0.994, 0.996, 0.898; the situation gain at full offsets
     # -0.005 [-0.029, +0.018] (12 scenes a room: its sign is noise at this size; the full run's
-    # +0.031 [+0.007, +0.059] is the goal's figure). What holds here: recentering on the room
+    # figure, in bench/RESULTS.md, is the goal's). What holds here: recentering on the room
     # is not worse than the frozen cut with its interval below 0 (a broken rule would be).
     assert value("pair AUROC (Avg-2, frozen statistics)") >= 0.9
     assert value("tiny-qwen3_5 AUROC") > 0.8 and value("tiny-lfm2_vl AUROC") > 0.8

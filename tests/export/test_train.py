@@ -123,7 +123,8 @@ def test_the_lean_record_says_what_fit_lean_did() -> None:
 
     recipe = next(r for r in TRAINING if r.threshold_part > 0)
     assert recipe.threshold_part == PAPER_THRESHOLD_PART == 0.093
-    lean = json.loads((TRAINED_DIR / "trained.json").read_text())["members"][recipe.member]["lean"]
+    lean = _members_json()[recipe.member]["lean"]
+    assert isinstance(lean, dict)
     assert lean["target"] == recipe.threshold_part
     assert lean["threshold_part"] >= recipe.threshold_part - 0.01
     assert abs(lean["auroc"] - lean["auroc_before"]) < 0.01
