@@ -25,7 +25,7 @@ from spotstop.guard._bundle import (
     sha256_file,
 )
 from spotstop.guard._files import atomic_write_text
-from spotstop.guard._hf import render_template, resolve_member
+from spotstop.guard._hf import TEST_PAIR_NOTE, render_template, resolve_member
 from spotstop.guard._member import check_budget_keys, member_visual_tokens, resolve_image_size
 from spotstop.guard._prompt import prompt_hash
 
@@ -143,7 +143,7 @@ def _write_manifest(
     }
     atomic_write_text(
         root / "manifest.yaml",
-        ("# TEST PAIR bundle: its decisions mean nothing.\n" if test_pair else "")
+        (f"# {TEST_PAIR_NOTE}\n" if test_pair else "")
         + yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True),
     )
     return str(manifest["bundle_id"])

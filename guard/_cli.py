@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spotstop.guard._hf import TEST_PAIR_NOTE
+
 __all__ = [
     "add_backend_args",
     "add_check_parser",
@@ -213,7 +215,7 @@ def run_check(args: argparse.Namespace) -> int:
         print(json.dumps(d.to_dict(), indent=2))
     else:
         if d.test_pair:
-            print("TEST PAIR bundle: this decision means nothing.", file=sys.stderr)
+            print(TEST_PAIR_NOTE, file=sys.stderr)
         print(f"{d.label}  S={d.fused_score:+.4f}  threshold={d.threshold:+.4f}  policy={d.policy}")
         if d.fail_closed:
             print(f"fail-closed: {d.fail_reason}")
@@ -604,7 +606,7 @@ def run_score(args: argparse.Namespace) -> int:
         )
     else:
         if member.info.test_pair:
-            print("TEST PAIR member: its scores mean nothing.", file=sys.stderr)
+            print(TEST_PAIR_NOTE, file=sys.stderr)
         for r in results:
             verdict = "UNSAFE" if r.score > 0 else "SAFE"
             print(f"{member.name}  {r.variant:5s}  score {r.score:+.6f}  (direct answer {verdict})")
@@ -642,7 +644,7 @@ def _run_score_many(args: argparse.Namespace) -> int:
     write_scores(table, res, sys.stdout if args.out is None else args.out, fmt)
     run = res.members[ref.name]
     if run.test_pair:
-        print("TEST PAIR member: its scores mean nothing.", file=sys.stderr)
+        print(TEST_PAIR_NOTE, file=sys.stderr)
     if not args.quiet:
         where = "stdout" if args.out is None else str(args.out)
         print(

@@ -23,6 +23,13 @@ __all__ = ["MemberFolder", "render_template", "resolve_member"]
 
 #: Written by ``spotstop tiny`` into each tiny member; its presence marks a test pair.
 TEST_PAIR_MARKER = "SPOTSTOP_TEST_PAIR.txt"
+#: What a command prints (and a test-pair bundle's manifest says) beside a test pair's output:
+#: true of both tiny pairs, the random one (``spotstop tiny``) and the one trained on the toy
+#: world (``spotstop tiny --trained``, whose scores do carry that world's rule)
+TEST_PAIR_NOTE = (
+    "TEST PAIR: tiny members, not a safety model; its outputs say nothing about real safety "
+    "(random weights: nothing at all; `spotstop tiny --trained`: the toy world's rule only)."
+)
 #: Optional per-folder hints (e.g. the tiny pair's image size).
 MEMBER_HINTS = "spotstop_member.yaml"
 

@@ -26,6 +26,7 @@ from spotstop.guard import (
     load_bundle,
     load_policy,
 )
+from spotstop.guard._hf import TEST_PAIR_NOTE
 from spotstop.guard.policies import FrozenPolicy, PolicyConfig, dump_policy
 
 from tests._support.guard import make_scene, set_frozen
@@ -396,7 +397,9 @@ def test_check_exit_codes(bundle_copy: Path, tmp_path: Path, capsys):
     img.write_bytes(make_image_bytes(4, fmt="JPEG"))
     args = ["check", str(img), "--request", "open the door", "--bundle", str(bundle_copy)]
     set_frozen(bundle_copy, 1e9)
-    assert main(args) == 0 and "SAFE" in capsys.readouterr().out
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "SAFE" in out and TEST_PAIR_NOTE in err  # a test pair's decision says it is one
     set_frozen(bundle_copy, -1e9)
     assert main(args) == 1
     bad = tmp_path / "bad.jpg"

@@ -12,6 +12,7 @@ import pytest
 from spotstop.cli import main
 from spotstop.guard import ConfigError, ImageError
 from spotstop.guard._batch import LocalEngine, MemberRef, get_engine, score_scenes
+from spotstop.guard._hf import TEST_PAIR_NOTE
 from spotstop.guard._scene_table import SCORE_COLUMNS, read_scene_table
 
 from tests._support.images import make_image_bytes
@@ -134,7 +135,7 @@ def test_score_over_a_csv_writes_a_table(
         ("2", "scene", "2.0"), ("2", "text", "2.5"),
     ]  # fmt: skip
     assert rows[2]["situation_id"] == "s" and rows[0]["situation_id"] == ""
-    assert "on the local engine" in err and "TEST PAIR member" in err
+    assert "on the local engine" in err and TEST_PAIR_NOTE in err
     with pytest.warns(RuntimeWarning):
         assert main([*argv, "--json", "--quiet", "--out", str(tmp_path / "o.jsonl")]) == 0
     lines = (tmp_path / "o.jsonl").read_text(encoding="utf-8").splitlines()
