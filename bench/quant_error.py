@@ -22,10 +22,21 @@ scenes (verify-bundle's Spearman check). A ratio near 1 leaves no rank correlati
     python bench/quant_error.py MEMBER_FOLDER --bias-correct      # + per-layer bias correction
     python bench/quant_error.py MEMBER_FOLDER --gptq              # + GPTQ, as the export does it
     python bench/quant_error.py MEMBER_FOLDER --results bench/RESULTS.md   # + its own section
+    python bench/quant_error.py MEMBER_FOLDER --world WORLD --variants "8:col:all,8:col:vision"
 
 A variant is ``BITS:BLOCK:GROUP[:nohead]``; groups: ``all``, ``vision`` (the vision tower and
-projector), ``decoder``, ``mlp`` (decoder feed-forward), ``mixer`` (decoder attention,
-Gated-DeltaNet and short-convolution projections), ``none``. ``--bias-correct`` also scores each
+projector), ``projector`` (the projector alone: Qwen3.5's patch merger, LFM2-VL's
+``multi_modal_projector``), ``decoder``, ``mlp`` (decoder feed-forward), ``mixer`` (decoder
+attention, Gated-DeltaNet and short-convolution projections), ``none``. ``8:col:GROUP`` is the
+``int8`` precision instead (export/int8.py): int8 weights with one scale per output column
+(``channel_int8``, GPTQ's codes with ``--gptq``) and the Linear's input quantized per token
+(``dequantize_activations_per_token``), the group's Linears computing exactly what
+``MatMulIntegerToFloat`` gives back; the output layer then stays weight-only 8-bit, as the
+export keeps it.
+
+``--world DIR`` scores the scenes of a ``spotstop world`` folder (each with its image, then
+request-only) instead of generated ones: the scenes a trained tiny member was trained for.
+ ``--bias-correct`` also scores each
 variant with every quantized Linear given the bias ``-(W_q - W) x̄`` (``x̄``: the Linear's mean
 input on a second set of calibration scenes), which removes each layer's mean output shift
 (bias correction, Nagel et al. 2019, "Data-Free Quantization"); the export does not do this.
@@ -58,10 +69,12 @@ from _results import write_section  # noqa: E402
 
 #: group -> test on a module's qualified name
 _VISION = re.compile(r"(^|\.)(visual|vision_tower|multi_modal_projector)\.")
+_PROJECTOR = re.compile(r"(^|\.)(merger|multi_modal_projector)\.")
 GROUPS: dict[str, Callable[[str], bool]] = {
     "all": lambda n: True,
     "none": lambda n: False,
     "vision": lambda n: _VISION.search(n) is not None,
+    "projector": lambda n: _PROJECTOR.search(n) is not None,
     "decoder": lambda n: _VISION.search(n) is None,
     "mlp": lambda n: (
         _VISION.search(n) is None and re.search(r"\.(mlp|feed_forward)\.", n) is not None
@@ -72,15 +85,26 @@ GROUPS: dict[str, Callable[[str], bool]] = {
 }
 
 
+#: the block of ``8:col:GROUP``: the int8 precision (per-column weights, per-token activations)
+COLUMN = 0
+
+
 def parse_variant(text: str) -> tuple[int, int, str, bool, tuple[str, ...]]:
     """``BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL]`` → (bits, block, group, quantize the output
-    layer, the selectors export/mixed.py keeps at int8 among the group's weights)."""
+    layer, the selectors export/mixed.py keeps at int8 among the group's weights); ``8:col:…``
+    gives block :data:`COLUMN`."""
     from spotstop.export.mixed import parse_selectors
 
     parts = text.strip().split(":")
     want = "want BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL], e.g. 8:128:all or 4:128:all:int8=output_layer"
     if len(parts) < 3:
         raise ValueError(f"variant {text!r}: {want}.")
+    if parts[1] == "col":
+        if parts[0] != "8" or parts[3:] not in ([], ["nohead"]):
+            raise ValueError(
+                f"variant {text!r}: per column is the int8 precision alone: 8:col:GROUP[:nohead]."
+            )
+        parts[1] = str(COLUMN)
     bits, block, group = int(parts[0]), int(parts[1]), parts[2]
     qhead, int8 = True, ()
     for extra in parts[3:]:
@@ -92,7 +116,7 @@ def parse_variant(text: str) -> tuple[int, int, str, bool, tuple[str, ...]]:
             raise ValueError(f"variant {text!r}: {want}.")
     if bits not in (4, 8):
         raise ValueError(f"variant {text!r}: bits must be 4 or 8.")
-    if block < 16 or block & (block - 1):
+    if block != COLUMN and (block < 16 or block & (block - 1)):
         raise ValueError(f"variant {text!r}: the block must be a power of two, at least 16.")
     if group not in GROUPS:
         raise ValueError(f"variant {text!r}: group must be one of {sorted(GROUPS)}.")
@@ -128,6 +152,18 @@ def gptq_quantized(w: Any, h: Any, bits: int, block: int) -> Any:
     return torch.from_numpy(dequantize_nbits(packed, scales, bits, part.shape[0]).T.copy())
 
 
+def _per_token(_mod: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A Linear's input as the int8 precision's GEMM reads it: quantized per token and back
+    (export/int8.py's ``dequantize_activations_per_token``)."""
+    import torch
+    from spotstop.export.int8 import dequantize_activations_per_token
+
+    x = inputs[0]
+    rows = x.detach().float().reshape(-1, x.shape[-1]).numpy()
+    deq = torch.from_numpy(dequantize_activations_per_token(rows)).reshape(x.shape)
+    return (deq.to(x.dtype), *inputs[1:])
+
+
 #: how a variant's weights were chosen, as RESULTS.md names it
 _METHODS = {"rtn": "round to nearest", "bias": "RTN + bias correction", "gptq": "GPTQ"}
 
@@ -139,6 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("member", help="member folder (Hugging Face layout)")
     ap.add_argument("--scenes", type=int, default=4, help="generated scenes (default 4)")
+    ap.add_argument(
+        "--world",
+        type=Path,
+        default=None,
+        help="score the scenes of this `spotstop world` folder instead of --scenes generated "
+        "ones (calibration, with --gptq or --bias-correct, stays on generated scenes)",
+    )
     ap.add_argument(
         "--variants",
         default="8:128:all,4:128:all",
@@ -175,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
     from spotstop.export.gptq import CALIBRATION_SEED
+    from spotstop.export.int8 import channel_int8
     from spotstop.export.mixed import int8_linears
+    from spotstop.export.precision import INT8_NBITS_BLOCK
     from spotstop.export.scenes import demo_scenes
     from spotstop.export.verify import spearman
     from spotstop.guard import load_member
@@ -186,7 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     backend: Any = m.backend
     model = backend.model
     head = backend._head_weight
-    scenes = demo_scenes(args.scenes, seed=0)
+    if args.world is not None:
+        from spotstop.export.world import case_scene, read_world
+
+        world = read_world(args.world)
+        scenes = [case_scene(c, world.options) for c in world.cases]
+        where = f"{len(scenes)} scenes of the world {args.world.name} (seed {world.seed})"
+    else:
+        scenes = demo_scenes(args.scenes, seed=0)
+        where = f"{args.scenes} generated scenes"
 
     def score(sc: list[Any]) -> np.ndarray:
         return np.concatenate([[r.score for r in m.score(sc, v)] for v in ("scene", "text")])
@@ -238,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ref = score(scenes)
     print(
         f"{Path(args.member).name}: {len(linears)} Linear weights; {len(ref)} scores "
-        f"(scene and request-only passes of {args.scenes} scenes), reference fp32 "
+        f"(scene and request-only passes of {where}), reference fp32 "
         f"{ref.min():.2f} .. {ref.max():.2f}, {time.perf_counter() - t:.0f} s",
         flush=True,
     )
@@ -268,12 +321,18 @@ def main(argv: list[str] | None = None) -> int:
         at8 = int8_linears([n for n, _ in linears] + ["lm_head"], int8)
         for mode in modes:
             t = time.perf_counter()
+            hooks = []
             for n, mod in linears:
                 w = original[n].float()
                 b_n = 8 if n in at8 else bits
+                h = calib.hessian(w.T.numpy()) if mode == "gptq" and chosen(n) else None
                 if not chosen(n):
                     wq = w
-                elif mode == "gptq" and (h := calib.hessian(w.T.numpy())) is not None:
+                elif block == COLUMN:  # the int8 precision: its codes, its activations
+                    codes, col = channel_int8(w.T.numpy(), h)
+                    wq = torch.from_numpy((codes.astype(np.float32) * col).T.copy())
+                    hooks.append(mod.register_forward_pre_hook(_per_token))
+                elif h is not None:
                     wq = gptq_quantized(w, h, b_n, block)
                 else:
                     wq = quantized(w, b_n, block)
@@ -282,12 +341,18 @@ def main(argv: list[str] | None = None) -> int:
                 if mode == "bias" and chosen(n) and n in means:
                     b = (b if b is not None else torch.zeros(w.shape[0])) - (wq - w) @ means[n]
                 mod.bias = None if b is None else torch.nn.Parameter(b, requires_grad=False)
-            head_bits = 8 if "lm_head" in at8 else bits
-            backend._head_weight = quantized(head_float, head_bits, block) if qhead else head_float
+            head_bits = 8 if "lm_head" in at8 or block == COLUMN else bits
+            head_block = INT8_NBITS_BLOCK if block == COLUMN else block  # int8 keeps it weight-only
+            backend._head_weight = (
+                quantized(head_float, head_bits, head_block) if qhead else head_float
+            )
             got = score(scenes)
+            for hook in hooks:
+                hook.remove()
             d = got - ref
             rho = spearman(got, ref)  # verify-bundle's rank check, on these scores
-            name = f"int{bits} b{block} {group}{'' if qhead else ' nohead'}" + (
+            form = "per column, per token" if block == COLUMN else f"b{block}"
+            name = f"int{bits} {form} {group}{'' if qhead else ' nohead'}" + (
                 f" (int8: {', '.join(int8)}; {len(at8)} weights)" if int8 else ""
             )
             row = QuantError.of(name, mode, d, ref_sd, rho)
@@ -302,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         member = Path(args.member).name
         head_line = (
             f"{member}: {len(linears)} Linear weights, {len(ref)} scores (scene and request-only "
-            f"passes of {args.scenes} generated scenes), torch fp32 reference "
+            f"passes of {where}), torch fp32 reference "
             f"{ref.min():.2f} .. {ref.max():.2f} (SD {ref_sd:.3f})"
             + (
                 f"; {' and '.join(_METHODS[m] for m in modes if m != 'rtn')} calibrate"
@@ -373,7 +438,8 @@ def render(
         f"### Where the quantized score error comes from: {member} (`bench/quant_error.py`)",
         "",
         f"Command `python bench/quant_error.py {cmd}`; {date}; {os.cpu_count()} cores. "
-        "A torch simulation with the exact weights MatMulNBits multiplies by; "
+        "A torch simulation with the exact weights MatMulNBits multiplies by (per column, per "
+        "token: the int8 precision's weights and its inputs quantized per token); "
         "mean Δs is the part of the error common to every scene, SD(Δs) the part that differs "
         "between scenes (SD of Δs − mean Δs), and /SD(s) its ratio to the spread of the "
         "reference scores; Spearman is verify-bundle's rank check (export/verify.py) on these "

@@ -32,7 +32,17 @@ def test_variants_are_parsed_and_checked() -> None:
         True,
         ("output_layer", "mixed_layers"),
     )
-    for bad in ("8:128", "3:128:all", "8:100:all", "8:128:heads", "8:128:all:head"):
+    assert qe.parse_variant("8:col:vision") == (8, qe.COLUMN, "vision", True, ())
+    assert qe.parse_variant("8:col:mlp:nohead") == (8, qe.COLUMN, "mlp", False, ())
+    for bad in (
+        "8:128",
+        "3:128:all",
+        "8:100:all",
+        "8:128:heads",
+        "8:128:all:head",
+        "4:col:all",  # per column per token is the int8 precision alone
+        "8:col:all:int8=vision",
+    ):
         with pytest.raises(ValueError, match="variant"):
             qe.parse_variant(bad)
     with pytest.raises(ValueError, match=r"unknown int8 selector.*'attn'"):
@@ -49,6 +59,50 @@ def test_groups_split_the_real_module_names() -> None:
     assert g["mixer"]("model.language_model.layers.0.linear_attn.in_proj_qkv")  # Gated-DeltaNet
     assert g["mixer"]("model.language_model.layers.0.conv.in_proj")  # LFM2 short convolution
     assert not g["mixer"]("model.language_model.layers.3.mlp.down_proj")
+    assert g["projector"]("model.visual.merger.linear_fc1")  # Qwen3.5's patch merger
+    assert g["projector"]("model.multi_modal_projector.linear_1")  # LFM2-VL
+    assert not g["projector"](vision)
+
+
+def test_per_column_per_token_is_what_the_int8_graph_computes() -> None:
+    """A Linear given the int8 precision's codes and the per-token input hook gives what the
+    export's own int8 rewrite of that Linear gives when onnxruntime runs it (one token an
+    outlier, as an attention sink is), to float rounding."""
+    import onnxruntime as ort
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+    from spotstop.export.int8 import channel_int8, quantize_matmuls_int8
+
+    qe = _load()
+    rng = np.random.default_rng(5)
+    k, n = 64, 40
+    w = rng.normal(0, 0.1, (k, n)).astype(np.float32)
+    x = rng.normal(size=(9, k)).astype(np.float32)
+    x[0] *= 40.0
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="lin")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    assert quantize_matmuls_int8(model).dynamic == 1  # round to nearest, per token
+    (want,) = ort.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(None, {"x": x})
+    lin = torch.nn.Linear(k, n, bias=False)
+    codes, scales = channel_int8(w)
+    lin.weight.data.copy_(torch.from_numpy((codes.astype(np.float32) * scales).T.copy()))
+    hook = lin.register_forward_pre_hook(qe._per_token)
+    with torch.no_grad():
+        got = lin(torch.from_numpy(x)).numpy()
+    hook.remove()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    with torch.no_grad():  # the hook removed: the float layer, which int8 moved
+        assert not np.allclose(lin(torch.from_numpy(x)).numpy(), want, rtol=1e-4, atol=0)
 
 
 def test_quantized_weight_is_the_operators(tiny_member_dir: Path) -> None:
@@ -84,6 +138,26 @@ def test_simulation_on_a_tiny_member(
     assert 0 < rows[("int4 b32 all", "gptq")] < np.inf
     assert "4 scores" in out  # scene and request-only passes of 2 scenes
     assert re.search(r"GPTQ: inputs of \d+ Linear weights recorded", out)
+
+
+def test_int8_variants_on_a_world_folder(
+    tiny_member_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--world scores every scene of a `spotstop world` folder (each with its image and
+    request-only); 8:col with nothing chosen is the reference, 8:col on every Linear moves it."""
+    from spotstop.export.world import WorldOptions, build_world
+
+    qe = _load()
+    world = build_world(tmp_path / "w", seed=3, options=WorldOptions(rooms=1, contrasts_per_room=1))
+    argv = [str(tiny_member_dir), "--world", str(world.root), "--threads", "1"]
+    assert qe.main([*argv, "--variants", "8:col:none:nohead,8:col:all"]) == 0
+    out = capsys.readouterr().out
+    rows = dict(
+        re.findall(r"^\s*(int8 per column, per token \w+(?: nohead)?)\s+rtn\s+([\d.]+)", out, re.M)
+    )
+    assert float(rows["int8 per column, per token none nohead"]) == 0.0
+    assert float(rows["int8 per column, per token all"]) > 0.0
+    assert "4 scores (scene and request-only passes of 2 scenes of the world w (seed 3))" in out
 
 
 def test_results_section_names_the_command_and_every_variant(
