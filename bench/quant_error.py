@@ -106,7 +106,8 @@ def parse_variant(text: str) -> tuple[int, int, str, bool, tuple[str, ...]]:
             )
         parts[1] = str(COLUMN)
     bits, block, group = int(parts[0]), int(parts[1]), parts[2]
-    qhead, int8 = True, ()
+    qhead = True
+    int8: tuple[str, ...] = ()
     for extra in parts[3:]:
         if extra == "nohead":
             qhead = False
@@ -325,15 +326,15 @@ def main(argv: list[str] | None = None) -> int:
             for n, mod in linears:
                 w = original[n].float()
                 b_n = 8 if n in at8 else bits
-                h = calib.hessian(w.T.numpy()) if mode == "gptq" and chosen(n) else None
+                hess = calib.hessian(w.T.numpy()) if mode == "gptq" and chosen(n) else None
                 if not chosen(n):
                     wq = w
                 elif block == COLUMN:  # the int8 precision: its codes, its activations
-                    codes, col = channel_int8(w.T.numpy(), h)
+                    codes, col = channel_int8(w.T.numpy(), hess)
                     wq = torch.from_numpy((codes.astype(np.float32) * col).T.copy())
                     hooks.append(mod.register_forward_pre_hook(_per_token))
-                elif h is not None:
-                    wq = gptq_quantized(w, h, b_n, block)
+                elif hess is not None:
+                    wq = gptq_quantized(w, hess, b_n, block)
                 else:
                     wq = quantized(w, b_n, block)
                 mod.weight.data.copy_(wq)
@@ -347,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                 quantized(head_float, head_bits, head_block) if qhead else head_float
             )
             got = score(scenes)
-            for hook in hooks:
-                hook.remove()
+            for handle in hooks:
+                handle.remove()
             d = got - ref
             rho = spearman(got, ref)  # verify-bundle's rank check, on these scores
             form = "per column, per token" if block == COLUMN else f"b{block}"
