@@ -11,6 +11,7 @@ swapped whole on a reload.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from spotstop.guard._state import StateStore
 from spotstop.guard._types import Scene, Variant
 from spotstop.guard.cues._types import CueReading, TextDetector
 from spotstop.guard.policies import Label, PolicyConfig
+from spotstop.guard.validate import is_real
 
 
 class _Unset:
@@ -29,6 +31,25 @@ class _Unset:
 
 
 _UNSET = _Unset()
+
+
+#: the longest deadline a call may be given: far beyond any check, and short enough for every
+#: timeout the call's stages wait with (``threading`` refuses waits past ``TIMEOUT_MAX``)
+MAX_DEADLINE_S = 3600.0
+
+
+def check_deadline(value: object, where: str = "deadline_s") -> float | None:
+    """The one rule for a call's deadline: None (no deadline) or seconds in
+    (0, :data:`MAX_DEADLINE_S`]; anything else (NaN, inf, a bool, text) is a
+    :class:`GuardError` naming ``where``."""
+    if value is None:
+        return None
+    if not is_real(value) or not (0 < value <= MAX_DEADLINE_S) or math.isnan(value):
+        raise GuardError(
+            f"{where} must be a number of seconds in (0, {MAX_DEADLINE_S:g}] or None (no "
+            f"deadline); got {value!r}."
+        )
+    return float(value)
 
 
 class _Clock:

@@ -22,14 +22,23 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from spotstop.guard._bundle import Bundle, load_bundle
-from spotstop.guard._call import _UNSET, _Active, _Clock, _Outcome, _reason, _Unset, _Work
+from spotstop.guard._call import (
+    _UNSET,
+    _Active,
+    _Clock,
+    _Outcome,
+    _reason,
+    _Unset,
+    _Work,
+    check_deadline,
+)
 from spotstop.guard._errors import GuardError
 from spotstop.guard._image import DEFAULT_MIN_SIDE
 from spotstop.guard._log import DecisionLog
@@ -163,8 +172,7 @@ class Guard:
                 f"min_image_side must be a positive int (pixels); got {min_image_side!r}."
             )
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle, verify=verify)
-        if deadline_s is not None and not deadline_s > 0:
-            raise GuardError(f"deadline_s must be > 0 or None; got {deadline_s!r}.")
+        deadline_s = check_deadline(deadline_s)
         bad = [v for v in variants if v not in ("scene", "gray", "text")]
         if bad or "scene" not in variants:
             raise GuardError(
@@ -218,6 +226,10 @@ class Guard:
         )
         self._lock = threading.Lock()  # one call at a time through decode → score → decide
         self._closed = False
+        # calls between their entry and their answer: close() waits for them all, also for one
+        # that timed out waiting for the lock and answers (and logs) without it
+        self._calls = 0
+        self._calls_done = threading.Condition()
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -335,12 +347,28 @@ class Guard:
         is logged).
         """
         t_start = time.perf_counter()
-        deadline = self.deadline_s if isinstance(deadline_s, _Unset) else deadline_s
-        if deadline is not None and not deadline > 0:
-            raise GuardError(f"deadline_s must be > 0 or None; got {deadline!r}.")
+        deadline = self.deadline_s if isinstance(deadline_s, _Unset) else check_deadline(deadline_s)
         clock = _Clock(deadline)
-        if self._closed:
-            raise GuardError("this guard is closed; make a new Guard to check scenes.")
+        if isinstance(scenes, Scene | str | bytes) or not isinstance(scenes, Iterable):
+            raise GuardError(
+                f"scenes must be a list of Scene; got {type(scenes).__name__}. Judge one scene "
+                "with check(scene)."
+            )
+        scenes = list(scenes)  # a generator is read once, here
+        with self._calls_done:
+            if self._closed:
+                raise GuardError("this guard is closed; make a new Guard to check scenes.")
+            self._calls += 1
+        try:
+            return self._check_batch(scenes, clock, t_start, require_logged)
+        finally:
+            with self._calls_done:
+                self._calls -= 1
+                self._calls_done.notify_all()
+
+    def _check_batch(
+        self, scenes: list[Scene], clock: _Clock, t_start: float, require_logged: bool
+    ) -> list[Decision]:
         if not self._writer.accepting:
             # memory is at its bound and the journal took nothing: try the log once more
             with contextlib.suppress(GuardError):
@@ -355,6 +383,8 @@ class Guard:
             outcomes = [_Outcome.none()] * len(works)
             return self._answer(works, outcomes, self._active, t_start, clock, require_logged)
         try:
+            if self._closed:  # closed while this call waited for the lock: nothing was decided
+                raise GuardError("this guard was closed while the call waited; nothing was judged.")
             active = self._active
             outcomes = self._pipeline.run(works, active, clock)
             return self._answer(works, outcomes, active, t_start, clock, require_logged)
@@ -409,10 +439,13 @@ class Guard:
     def close(self) -> None:
         """Wait for a check in progress, stop the worker threads, write what waits (or leave
         it in the journal for the next start), close the log. Checking after this raises."""
-        with self._lock:  # a check in flight finishes, and is logged or kept, first
+        # a check in flight finishes, and is logged or kept, first
+        with self._lock, self._calls_done:
             if self._closed:
                 return
             self._closed = True
+        with self._calls_done:  # and so does one answering without the lock (past its wait)
+            self._calls_done.wait_for(lambda: self._calls == 0)
         self._pipeline.close()
         self._writer.close()
         self.log.close()

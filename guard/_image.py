@@ -159,6 +159,38 @@ class DecodedImage:
     nearest IJG quality for encoders with their own tables (phones, hardware encoders).
     """
 
+    def __post_init__(self) -> None:
+        # A caller may build one (a frame decoded elsewhere, dataclasses.replace): each field
+        # is checked here, so a bad one is refused where it is made, never half-way through a
+        # guard call (the log stores these fields as they are).
+        def bad(field_name: str, want: str, got: object) -> ImageError:
+            return ImageError(
+                f"DecodedImage.{field_name} must be {want}; got {got!r}. Build it with "
+                "decode_image(), or pass the encoded file's bytes or path instead."
+            )
+
+        if not isinstance(self.image, Image.Image):
+            raise bad("image", "a PIL image", type(self.image).__name__)
+        for name in ("width", "height", "n_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "n_bytes" else 1):
+                raise bad(name, "a non-negative int" if name == "n_bytes" else "a positive int", v)
+        if (self.width, self.height) != self.image.size:
+            raise bad(
+                "width, height", f"the image's size {self.image.size}", (self.width, self.height)
+            )
+        if (
+            not isinstance(self.sha256, str)
+            or len(self.sha256) != 64
+            or any(c not in "0123456789abcdef" for c in self.sha256)
+        ):
+            raise bad("sha256", "64 lower-case hex digits (of the encoded bytes)", self.sha256)
+        if self.format not in SUPPORTED_FORMATS:
+            raise bad("format", f"one of {', '.join(SUPPORTED_FORMATS)}", self.format)
+        q = self.jpeg_quality
+        if q is not None and (isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= 100):
+            raise bad("jpeg_quality", "None or an int in 1..100", q)
+
     @property
     def longest_side(self) -> int:
         """``max(width, height)``."""

@@ -49,6 +49,7 @@ from spotstop.guard.policies import (
     batch_inputs,
     decide_batch,
 )
+from spotstop.guard.validate import situation_id_problem
 
 __all__ = ["Pipeline", "situation_windows", "works_for"]
 
@@ -183,6 +184,9 @@ class Pipeline:
                 continue
             t = time.perf_counter()
             try:
+                problem = situation_id_problem(w.scene.situation_id)
+                if problem is not None:  # it would key the windows, the state file, the log
+                    raise GuardError(f"situation_id {problem}")
                 img = w.scene.image
                 if img is None:
                     raise GuardError("the scene has no image")
@@ -372,8 +376,8 @@ class Pipeline:
                 ]
                 for m in self.member_names
             }
-        sids = [
-            w.scene.situation_id if isinstance(w.scene.situation_id, str) else None for w in works
+        sids = [  # a scene that failed closed keys no window (nor one its bad id would make)
+            None if bad else w.scene.situation_id for w, bad in zip(works, failed, strict=True)
         ]
         out = [_Outcome.none()] * len(works)
         try:
@@ -423,14 +427,26 @@ class Pipeline:
         for w in works:
             w.latency["total_ms"] = (time.perf_counter() - t_start) * 1e3
         batch_id = uuid.uuid4().hex
-        return [self.record(w, o, active, batch_id) for w, o in zip(works, outcomes, strict=True)]
+        out = []
+        for w, o in zip(works, outcomes, strict=True):
+            try:
+                out.append(self.record(w, o, active, batch_id))
+            except Exception as e:  # a field the log refuses: this scene's row says so, closed
+                w.fail_with(_reason("record", e))
+                out.append(self.record(w, _Outcome.none(), active, batch_id, bare=True))
+        return out
 
-    def record(self, w: _Work, o: _Outcome, active: _Active, batch_id: str) -> DecisionRecord:
-        """One scene's row: UNSAFE and fail-closed when anything failed on its way."""
-        img = w.image
+    def record(
+        self, w: _Work, o: _Outcome, active: _Active, batch_id: str, *, bare: bool = False
+    ) -> DecisionRecord:
+        """One scene's row: UNSAFE and fail-closed when anything failed on its way. ``bare``:
+        the row of a scene whose full row the log refused: its text and id, no image facts,
+        no scores (so nothing the caller passed can keep it out of the log)."""
+        img = None if bare else w.image
         req = w.scene.request if isinstance(w.scene.request, str) else repr(w.scene.request)
         sid = w.scene.situation_id if isinstance(w.scene.situation_id, str) else None
         cfg = active.cfg
+        nan = float("nan")
         return DecisionRecord(
             decision_id=w.decision_id,
             batch_id=batch_id,
@@ -440,10 +456,10 @@ class Pipeline:
             width=img.width if img else None,
             height=img.height if img else None,
             n_bytes=img.n_bytes if img else None,
-            image_format=img.format if img else None,
-            member_scores={m: w.scores.get(m, float("nan")) for m in self.member_names},
-            member_scores_gray=dict(w.gray) if "gray" in active.variants else None,
-            member_scores_text=dict(w.text) if "text" in active.variants else None,
+            image_format=_storable(img.format) if img else None,
+            member_scores={m: nan if bare else w.scores.get(m, nan) for m in self.member_names},
+            member_scores_gray=dict(w.gray) if "gray" in active.variants and not bare else None,
+            member_scores_text=dict(w.text) if "text" in active.variants and not bare else None,
             members_run={m: m in w.ran for m in self.member_names},
             fused_score=o.fused,
             policy_score=o.score,
@@ -455,13 +471,13 @@ class Pipeline:
             fusion_key=cfg.fusion_key,
             label="UNSAFE" if w.fail else o.label,
             fail_closed=w.fail is not None,
-            fail_reason=w.fail,
-            detail=o.detail,
+            fail_reason=None if w.fail is None else _storable(w.fail),
+            detail=None if o.detail is None else _storable(o.detail),
             cue_flags=None
-            if w.reading is None
-            else {str(k): v for k, v in w.reading.flags.items()},
-            cue_text=None if w.reading is None else w.reading.text,
-            latency_ms=dict(w.latency),
+            if w.reading is None or bare
+            else {_storable(str(k)): v for k, v in w.reading.flags.items()},
+            cue_text=None if w.reading is None or bare else _storable(w.reading.text),
+            latency_ms={} if bare else dict(w.latency),
             bundle_id=self.bundle_id,
             prompt_hash=self.prompt_hash,
             test_pair=self.test_pair,

@@ -14,12 +14,15 @@ key, what was allowed, what came and where to fix it.
   document: a mapping, with its required keys and no unknown key (a close match suggested),
   and a finite number (> 0 when ``positive``).
 - :func:`as_1d_float` — a 1-D float array (of length ``n`` when given).
+- :func:`situation_id_problem` — what keeps a value from being a situation id (None when it is
+  one): the guard fails such a scene closed, the sidecar answers 422.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeGuard
 
@@ -34,6 +37,7 @@ __all__ = [
     "is_int",
     "is_real",
     "join_key",
+    "situation_id_problem",
 ]
 
 
@@ -126,3 +130,22 @@ def as_1d_float(
     if n is not None and arr.shape != (n,):
         raise error(f"{what} must have shape ({n},), one entry per scene; got shape {arr.shape}.")
     return arr
+
+
+def situation_id_problem(sid: object) -> str | None:
+    """Why ``sid`` cannot group scenes for situation recentering, or None when it can.
+
+    A situation id is None (the scene belongs to no situation) or text that is not empty nor
+    only whitespace and holds no control characters: it keys the policy's windows, its state
+    file and the log, which must read back what was written. The guard fails a scene with
+    another id closed and leaves its windows alone; the sidecar answers 422 (its length limit
+    apart)."""
+    if sid is None:
+        return None
+    if not isinstance(sid, str):
+        return f"must be text or None; got {type(sid).__name__} {sid!r}"
+    if not sid.strip():
+        return f"is empty ({sid!r}); give the place or task the scene belongs to, or None"
+    if any(unicodedata.category(c) == "Cc" for c in sid):
+        return "holds control characters; use printable text"
+    return None

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -42,7 +43,7 @@ from spotstop.guard.policies._base import (
 )
 from spotstop.guard.policies._decide import Decided, batch_inputs, decide_batch
 from spotstop.guard.policies._registry import policy_from_dict
-from spotstop.guard.validate import check_keys, check_mapping, is_int
+from spotstop.guard.validate import check_keys, check_mapping, is_int, is_real, join_key
 
 __all__ = [
     "POLICY_SCHEMA_VERSION",
@@ -176,6 +177,14 @@ class PolicyConfig:
     version: int = field(default=POLICY_SCHEMA_VERSION)
     base_dir: Path | None = field(default=None, compare=False, repr=False)
 
+    def __post_init__(self) -> None:
+        bad = _non_finite(self.fitted_on, "fitted_on")
+        if bad is not None:  # the log keeps the policy as JSON, which has no NaN nor inf
+            raise PolicyError(
+                f"{bad[0]} is {bad[1]!r}; a policy's provenance must hold finite numbers (the "
+                "log keeps it as JSON). Give None for an undefined value."
+            )
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict in the order of ``policy.yaml``."""
         d: dict[str, Any] = {
@@ -308,6 +317,12 @@ def load_policy(
         raise PolicyError(f"fusion: {e} Fix it in {src}.") from e
     fitted_on = doc["fitted_on"]
     check_mapping(fitted_on, where="fitted_on", source=src, error=PolicyError)
+    bad = _non_finite(fitted_on, "fitted_on")
+    if bad is not None:  # the log keeps the policy as JSON, which has no NaN nor inf
+        raise PolicyError(
+            f"{bad[0]} is {bad[1]!r}; the policy's provenance must hold finite numbers (the log "
+            f"keeps it as JSON). Write null for an undefined value in {src}."
+        )
     policy = policy_from_dict(doc["policy"], where="policy", source=src, members=fusion.members)
     seed = None
     if doc.get("state_seed") is not None:
@@ -402,3 +417,21 @@ def _construct_mapping_no_dupes(loader: yaml.SafeLoader, node: yaml.MappingNode)
 _StrictLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping_no_dupes
 )
+
+
+def _non_finite(x: Any, where: str) -> tuple[str, float] | None:
+    """The key path and value of the first NaN or infinite number in ``x`` (mappings and
+    lists walked), or None."""
+    if is_real(x) and not math.isfinite(x):
+        return where, float(x)
+    if isinstance(x, Mapping):
+        items: Iterable[tuple[str, Any]] = ((join_key(where, str(k)), v) for k, v in x.items())
+    elif isinstance(x, list | tuple):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(x))
+    else:
+        return None
+    for key, v in items:
+        found = _non_finite(v, key)
+        if found is not None:
+            return found
+    return None

@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +46,7 @@ from spotstop.guard.serve._errors import (
     UnsupportedMediaType,
     field_path,
 )
+from spotstop.guard.validate import situation_id_problem
 
 if TYPE_CHECKING:
     from spotstop.guard.serve._schemas import CheckJSON
@@ -232,18 +232,15 @@ SITUATION_ID_PATTERN: str = (
 
 
 def check_situation_id(sid: str | None, field_name: str, limit: int | None = None) -> str | None:
-    """The one validator of situation ids (checks, batches, ``/v1/situations/{id}``, the JSON
-    models): not empty, no control characters and, with ``limit``, at most ``limit``
-    characters."""
+    """The sidecar's validator of situation ids (checks, batches, ``/v1/situations/{id}``, the
+    JSON models): the guard's rule (:func:`~spotstop.guard.validate.situation_id_problem`) and,
+    with ``limit``, at most ``limit`` characters."""
     if sid is None:
         return None
     check_text(sid, field_name=field_name, limit=limit, what="a situation id")
-    if any(unicodedata.category(c) == "Cc" for c in sid):
-        raise InputError(
-            f"{field_name} holds control characters; use printable text.",
-            field=field_name,
-            code="invalid_value",
-        )
+    problem = situation_id_problem(sid)  # the guard's rule (guard/validate.py)
+    if problem is not None:
+        raise InputError(f"{field_name} {problem}.", field=field_name, code="invalid_value")
     return sid
 
 

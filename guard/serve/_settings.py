@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
+from spotstop.guard._call import check_deadline
+from spotstop.guard._errors import GuardError
 from spotstop.guard._image import DEFAULT_MAX_PIXELS, DEFAULT_MIN_SIDE
 from spotstop.guard._log_options import DEFAULT_MIN_FREE_BYTES, LogOptions, parse_bytes
 from spotstop.guard._prompt import MAX_REQUEST_CHARS
@@ -284,8 +286,10 @@ def _check_settings(s: ServeSettings) -> None:
         raise SettingsError(f"host must be a non-empty string; got {s.host!r}.")
     if isinstance(s.port, bool) or not isinstance(s.port, int) or not 0 <= s.port <= 65535:
         raise SettingsError(f"port must be an integer in [0, 65535]; got {s.port!r}.")
-    if s.deadline_s is not None:
-        _positive_seconds("deadline_s", s.deadline_s, " or None")
+    try:  # the guard's own rule for a call's deadline
+        check_deadline(s.deadline_s)
+    except GuardError as e:
+        raise SettingsError(str(e)) from None
     _positive_seconds("upload_timeout_s", s.upload_timeout_s)
     for name in (
         "max_body_bytes",

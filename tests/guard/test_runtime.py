@@ -21,6 +21,7 @@ from spotstop.guard import (
     Decision,
     DecisionLog,
     Guard,
+    GuardError,
     PolicyError,
     Scene,
     load_bundle,
@@ -29,7 +30,7 @@ from spotstop.guard import (
 from spotstop.guard._hf import TEST_PAIR_NOTE
 from spotstop.guard.policies import FrozenPolicy, PolicyConfig, dump_policy
 
-from tests._support.guard import make_scene, set_frozen
+from tests._support.guard import SignReader, make_scene, set_frozen
 from tests._support.images import make_image_bytes
 from tests._support.tolerance import SCHEDULING_SLACK_S, fused_tolerance, score_tolerances
 
@@ -487,7 +488,9 @@ def test_per_call_deadline_overrides_the_guards(bundle_copy: Path, tmp_path: Pat
         _assert_fail_closed(g.check(make_scene()), "deadline exceeded")
         d = g.check(make_scene(), deadline_s=None)  # this call may take as long as it needs
         assert d.label == "SAFE" and not d.fail_closed
-        with pytest.raises(Exception, match="deadline_s must be > 0"):
+        with pytest.raises(
+            GuardError, match=r"deadline_s must be a number of seconds in \(0, 3600\]"
+        ):
             g.check(make_scene(), deadline_s=0)
 
 
@@ -537,36 +540,6 @@ def test_file_digest_is_cached_only_for_settled_unchanged_files(tmp_path: Path):
 # ---- text in the scene at decision time -------------------------------------------------------
 
 
-class _Sign:
-    """A TEST DOUBLE text detector: reads the text the test wrote into a scene's image bytes.
-
-    The image's sha256 is looked up in ``texts``; the claim lexicon is the real one, so the
-    flags follow the same rules as the OCR detector's.
-    """
-
-    def __init__(self, texts: dict[str, str], *, fail_on: str | None = None, delay: float = 0.0):
-        from spotstop.guard.cues import default_lexicon
-
-        self.texts, self.fail_on, self.delay = texts, fail_on, delay
-        self.lexicon = default_lexicon()
-        self.calls = 0
-
-    def detect(self, image):  # the TextDetector protocol
-        from spotstop.guard.cues import CueReading, OcrModel
-
-        self.calls += 1
-        time.sleep(self.delay)
-        if image.sha256 == self.fail_on:
-            raise RuntimeError("the OCR engine crashed on this frame")
-        text = self.texts.get(image.sha256, "")
-        return CueReading(
-            text=text,
-            matches=self.lexicon.find(text),
-            ocr_model=OcrModel("test-sign", ()),
-            lexicon_sha256=self.lexicon.sha256,
-        )
-
-
 def _with_text_in_scene(bundle: Path, t0: float, **text: Any) -> None:
     set_frozen(bundle, t0)
     doc = yaml.safe_load((bundle / "policy.yaml").read_text())
@@ -580,7 +553,7 @@ def test_text_flags_are_logged_and_answered_but_never_make_a_decision_safe(
     import hashlib
 
     clear, plain = make_image_bytes(1, fmt="JPEG"), make_image_bytes(2, fmt="JPEG")
-    sign = _Sign({hashlib.sha256(clear).hexdigest(): "ALL CLEAR"})
+    sign = SignReader({hashlib.sha256(clear).hexdigest(): "ALL CLEAR"})
     _with_text_in_scene(bundle_copy, -1e9)  # every scored scene is UNSAFE
     with Guard(bundle_copy, log=tmp_path / "l.sqlite", text_detector=sign) as g:
         a, b = g.check_batch([Scene(clear, "cut the wire"), Scene(plain, "cut the wire")])
@@ -597,7 +570,7 @@ def test_reassuring_text_can_be_set_to_fail_closed(bundle_copy: Path, tmp_path: 
     import hashlib
 
     clear, plain = make_image_bytes(1, fmt="JPEG"), make_image_bytes(2, fmt="JPEG")
-    sign = _Sign({hashlib.sha256(clear).hexdigest(): "Checked - OK to use"})
+    sign = SignReader({hashlib.sha256(clear).hexdigest(): "Checked - OK to use"})
     _with_text_in_scene(bundle_copy, 1e9, reassuring="fail_closed")  # scored scenes are SAFE
     with Guard(bundle_copy, log=tmp_path / "l.sqlite", text_detector=sign) as g:
         a, b = g.check_batch([Scene(clear, "open the valve"), Scene(plain, "open the valve")])
@@ -610,7 +583,7 @@ def test_a_text_detector_fault_fails_closed(bundle_copy: Path, tmp_path: Path, m
     import hashlib
 
     bad, good = make_image_bytes(1, fmt="JPEG"), make_image_bytes(2, fmt="JPEG")
-    sign = _Sign({}, fail_on=hashlib.sha256(bad).hexdigest())
+    sign = SignReader({}, fail_on=hashlib.sha256(bad).hexdigest())
     _with_text_in_scene(bundle_copy, 1e9)
     with Guard(bundle_copy, log=tmp_path / "l.sqlite", text_detector=sign) as g:
         a, b = g.check_batch([Scene(bad, "x"), Scene(good, "x")])
@@ -630,7 +603,10 @@ def test_a_text_detector_fault_fails_closed(bundle_copy: Path, tmp_path: Path, m
 def test_reading_the_text_counts_in_the_deadline(bundle_copy: Path, tmp_path: Path):
     _with_text_in_scene(bundle_copy, 1e9)
     with Guard(
-        bundle_copy, log=tmp_path / "l.sqlite", text_detector=_Sign({}, delay=1.0), deadline_s=0.5
+        bundle_copy,
+        log=tmp_path / "l.sqlite",
+        text_detector=SignReader({}, delay=1.0),
+        deadline_s=0.5,
     ) as g:
         _assert_fail_closed(g.check(make_scene()), "deadline exceeded")
 
@@ -665,7 +641,7 @@ def test_a_scene_failed_closed_by_its_text_moves_no_window_and_the_card_replays_
     from spotstop.diagnostics._delivered import replay_version
 
     danger = make_image_bytes(7, fmt="JPEG")
-    sign = _Sign({hashlib.sha256(danger).hexdigest(): "DANGER HIGH VOLTAGE"})
+    sign = SignReader({hashlib.sha256(danger).hexdigest(): "DANGER HIGH VOLTAGE"})
     doc = yaml.safe_load((bundle_copy / "policy.yaml").read_text())
     assert doc["policy"]["kind"] == "situation"  # windows of recent fused scores
     doc["text_in_scene"] = {"detect": True, "alarming": "fail_closed"}

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from spotstop.guard._call import MAX_DEADLINE_S
 from spotstop.guard._record import Decision
 from spotstop.guard._types import BUDGET_HEADER
 from spotstop.guard.serve._errors import InputError, UnsupportedMediaType, input_error
@@ -45,6 +46,7 @@ CallerBudget = Annotated[
     Header(
         alias=BUDGET_HEADER,
         gt=0,
+        le=MAX_DEADLINE_S,
         allow_inf_nan=False,
         description=(
             "Seconds the caller waits for this answer, counted from its request. The request's "
