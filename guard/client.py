@@ -2,8 +2,9 @@
 
 The same fail-closed rule as :class:`spotstop.guard.Guard`, on the caller's side:
 :meth:`GuardClient.check` and :meth:`GuardClient.check_batch` never raise for a problem of
-the network or the server and never answer SAFE unless the server answered SAFE. A timeout,
-a connection error, a 5xx (including 503 "queue full"), a refused input (4xx) or a malformed
+a scene, the network or the server and never answer SAFE unless the server answered SAFE. A
+scene the client cannot send (e.g. a request holding a lone surrogate), a timeout, a
+connection error, a 5xx (including 503 "queue full"), a refused input (4xx) or a malformed
 reply all give ``Decision(label="UNSAFE", fail_closed=True)`` with the cause in
 ``fail_reason`` — such a decision was made *here*, was not logged by the server, and has an
 empty ``decision_id`` and ``policy == "client"``::
@@ -143,11 +144,52 @@ def _request_of(scene: object) -> str:
     return req if isinstance(req, str) else ""
 
 
+def _situation_of(scene: object) -> str | None:
+    sid = scene.situation_id if isinstance(scene, Scene) else None
+    return sid if isinstance(sid, str) else None
+
+
+class _Unsendable(ValueError):
+    """A scene the client cannot put on the wire; the message says what is wrong."""
+
+
+def _text(name: str, value: object) -> str:
+    """``value`` when it is text that encodes as UTF-8 (what the sidecar reads); raises
+    :class:`_Unsendable` naming the field otherwise."""
+    if not isinstance(value, str):
+        kind = "a string or None" if name == "situation_id" else "a string"
+        raise _Unsendable(f"{name} must be {kind}; got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _Unsendable(
+            f"{name} is not valid text: it holds the lone surrogate {value[e.start]!r} at "
+            f"position {e.start}, which does not encode as UTF-8"
+        ) from None
+    return value
+
+
+def _scene_fields(scene: object) -> tuple[bytes, dict[str, str]]:
+    """The image's bytes and the text fields (``request``, ``situation_id`` when set) of a
+    scene to send; raises (:class:`_Unsendable`, ``TypeError``, ``OSError``, ...) when it
+    cannot be sent."""
+    if not isinstance(scene, Scene):
+        raise _Unsendable(f"expected a Scene, got {type(scene).__name__}")
+    fields = {"request": _text("request", scene.request)}
+    if scene.situation_id is not None:
+        fields["situation_id"] = _text("situation_id", scene.situation_id)
+    return _image_bytes(scene.image), fields
+
+
+def _unsendable_reason(e: Exception) -> str:
+    return str(e) if isinstance(e, _Unsendable) else f"{type(e).__name__}: {e}"
+
+
 def _error_text(resp: httpx.Response) -> tuple[str | None, str | None, str]:
     """(code, field, message) from an error response (JSON body or plain text)."""
     try:
         body = resp.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
         return None, None, resp.text[:500]
     if not isinstance(body, dict):
         return None, None, str(body)[:500]
@@ -205,50 +247,48 @@ class GuardClient:
 
     # -- decisions (never raise for server/network faults) -----------------------------------
     def check(self, scene: Scene) -> Decision:
-        """Judge one scene on the sidecar; any fault → fail-closed UNSAFE (never raises)."""
+        """Judge one scene on the sidecar; any fault → fail-closed UNSAFE (never raises).
+
+        A scene the client cannot send (not a :class:`Scene`, a request or ``situation_id``
+        that is not text encoding as UTF-8, an image it cannot read) is not sent: it fails
+        closed here, the reason saying what is wrong."""
         t = time.perf_counter()
-        sid = scene.situation_id if isinstance(scene, Scene) else None
+        sid = _situation_of(scene)
         req = _request_of(scene)
         try:
-            if not isinstance(scene, Scene):
-                raise TypeError(f"expected a Scene, got {type(scene).__name__}")
-            data = {"request": scene.request}
-            if scene.situation_id is not None:
-                data["situation_id"] = scene.situation_id
-            files = {"image": ("scene", _image_bytes(scene.image), "application/octet-stream")}
-        except (OSError, TypeError) as e:
+            image, data = _scene_fields(scene)
+        except Exception as e:  # never raises (the contract): a scene it cannot send fails closed
             return _fail_closed(
-                f"client: {type(e).__name__}: {e}", situation_id=sid, request=req, ms=0.0
+                f"client: {_unsendable_reason(e)}", situation_id=sid, request=req, ms=0.0
             )
+        files = {"image": ("scene", image, "application/octet-stream")}
         out = self._decide("/v1/check", t, [sid], [req], files=files, data=data)
         return out[0]
 
     def check_batch(self, scenes: Sequence[Scene]) -> list[Decision]:
-        """Judge scenes in one guard call on the sidecar; any fault → every scene fails closed."""
+        """Judge scenes in one guard call on the sidecar; any fault → every scene fails
+        closed (never raises for a scene or the sidecar; a ``scenes`` that is not iterable
+        raises ``TypeError``, as there is then no list of scenes to answer).
+
+        The batch is one call: when one scene cannot be sent (as in :meth:`check`), none is,
+        and every scene fails closed with a reason naming that scene (``scene i``, from 0)."""
         t = time.perf_counter()
-        sids = [s.situation_id if isinstance(s, Scene) else None for s in scenes]
+        scenes = list(scenes)
+        sids = [_situation_of(s) for s in scenes]
         reqs = [_request_of(s) for s in scenes]
         if not scenes:
             return []
-        try:
-            items = []
-            for s in scenes:
-                if not isinstance(s, Scene):
-                    raise TypeError(f"expected a Scene, got {type(s).__name__}")
-                item: dict[str, Any] = {
-                    "image_base64": base64.b64encode(_image_bytes(s.image)).decode("ascii"),
-                    "request": s.request,
-                }
-                if s.situation_id is not None:
-                    item["situation_id"] = s.situation_id
-                items.append(item)
-        except (OSError, TypeError) as e:
-            return [
-                _fail_closed(
-                    f"client: {type(e).__name__}: {e}", situation_id=sid, request=r, ms=0.0
-                )
-                for sid, r in zip(sids, reqs, strict=True)
-            ]
+        items = []
+        for i, s in enumerate(scenes):
+            try:
+                image, item = _scene_fields(s)
+            except Exception as e:  # never raises (the contract): the whole batch fails closed
+                why = f"client: the batch was not sent: scene {i}: {_unsendable_reason(e)}"
+                return [
+                    _fail_closed(why, situation_id=sid, request=r, ms=0.0)
+                    for sid, r in zip(sids, reqs, strict=True)
+                ]
+            items.append({"image_base64": base64.b64encode(image).decode("ascii"), **item})
         return self._decide("/v1/check/batch", t, sids, reqs, json_body={"scenes": items})
 
     def _within(self, t: float, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -333,6 +373,8 @@ class GuardClient:
             )
         except httpx.HTTPError as e:
             return fail(f"sidecar unreachable: {type(e).__name__}: {e}")
+        except Exception as e:  # check/check_batch never raise (the contract): fail closed
+            return fail(f"client: the exchange with the sidecar failed: {type(e).__name__}: {e}")
         if resp.status_code != 200:
             code, field, message = _error_text(resp)
             where = f", field {field}" if field else ""
@@ -348,7 +390,7 @@ class GuardClient:
             if not isinstance(rows, list) or len(rows) != len(sids):
                 raise ValueError(f"expected {len(sids)} decisions, got {rows!r:.100}")
             return [decision_from_dict(r) for r in rows]
-        except (ValueError, KeyError, TypeError) as e:
+        except Exception as e:  # never raises (the contract): any unreadable reply is malformed
             return fail(f"sidecar reply malformed: {type(e).__name__}: {e}")
 
     # -- everything else (raises) ----------------------------------------------------------

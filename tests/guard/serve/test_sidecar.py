@@ -892,6 +892,76 @@ def test_client_never_trusts_safe_with_fail_closed():
     assert d.label == "UNSAFE" and np.isnan(d.fused_score) and np.isnan(d.member_scores["a"])
 
 
+@pytest.mark.parametrize(
+    ("scene", "why"),
+    [
+        (Scene(jpeg(), "open \ud800 door"), "request is not valid text"),
+        (Scene(jpeg(), b"open the door"), "request must be a string; got bytes"),  # type: ignore[arg-type]
+        (Scene(jpeg(), None), "request must be a string; got NoneType"),  # type: ignore[arg-type]
+        (Scene(jpeg(), "open", "hall \udc80"), "situation_id is not valid text"),
+        (Scene(jpeg(), "open", 7), "situation_id must be a string or None; got int"),  # type: ignore[arg-type]
+        (Scene("cam\x00.jpg", "open"), "ValueError"),
+        (Scene("cam\ud800.jpg", "open"), "UnicodeEncodeError"),
+    ],
+)
+def test_client_fails_closed_on_a_scene_it_cannot_send(scene: Scene, why: str):
+    sent: list[httpx.Request] = []
+
+    def never(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(500, text="the client should not have sent this")
+
+    with GuardClient("http://sidecar", transport=httpx.MockTransport(never)) as gc:
+        d = gc.check(scene)
+        assert d.label == "UNSAFE" and d.fail_closed and d.decision_id == ""
+        assert d.policy == "client" and why in (d.fail_reason or ""), d.fail_reason
+        # one bad scene and the batch is not sent: every scene fails closed, naming it
+        out = gc.check_batch([Scene(jpeg(), "water the plant"), scene])
+        assert [x.label for x in out] == ["UNSAFE", "UNSAFE"]
+        for x in out:
+            assert x.fail_closed and x.decision_id == "" and x.policy == "client"
+            assert "scene 1" in (x.fail_reason or "") and why in (x.fail_reason or "")
+    assert sent == []
+
+
+def test_client_fails_closed_on_any_fault_while_talking_to_the_sidecar():
+    def raising(request: httpx.Request) -> httpx.Response:
+        raise RuntimeError("transport broke")
+
+    def deep(request: httpx.Request) -> httpx.Response:
+        status = 200 if request.url.path.startswith("/v1/check") else 500
+        return httpx.Response(
+            status, content=b"[" * 100_000, headers={"content-type": "application/json"}
+        )
+
+    for handler, why in [(raising, "RuntimeError: transport broke"), (deep, "RecursionError")]:
+        with GuardClient("http://sidecar", transport=httpx.MockTransport(handler)) as gc:
+            d = gc.check(Scene(jpeg(), "open the door"))
+            assert d.label == "UNSAFE" and d.fail_closed and why in (d.fail_reason or "")
+            out = gc.check_batch([Scene(jpeg(), "a"), Scene(jpeg(), "b")])
+            assert [x.label for x in out] == ["UNSAFE", "UNSAFE"]
+            assert all(x.fail_closed and why in (x.fail_reason or "") for x in out)
+
+    def error_reply(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            500, content=b"[" * 100_000, headers={"content-type": "application/json"}
+        )
+
+    with GuardClient("http://sidecar", transport=httpx.MockTransport(error_reply)) as gc:
+        d = gc.check(Scene(jpeg(), "open the door"))
+        assert d.label == "UNSAFE" and d.fail_closed and "500" in (d.fail_reason or "")
+
+
+def test_client_check_batch_takes_any_iterable_of_scenes():
+    def boom(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, text="oops")
+
+    with GuardClient("http://sidecar", transport=httpx.MockTransport(boom)) as gc:
+        out = gc.check_batch(Scene(jpeg(i), "x", f"s{i}") for i in range(2))  # type: ignore[arg-type]
+        assert [(x.label, x.situation_id) for x in out] == [("UNSAFE", "s0"), ("UNSAFE", "s1")]
+        assert all("500" in (x.fail_reason or "") for x in out)
+
+
 # ------------------------------------------------------------------------ CLI and SIGHUP
 
 
