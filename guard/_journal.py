@@ -10,13 +10,23 @@ journal as soon as it can write again, and on the next start.
 Format: one line per entry, ``<sha256 of the JSON> <JSON>\\n``; an entry is a batch of rows
 (``{"v": 1, "kind": "rows", "rows": [...], "policy": {...}, "images": [...]}``, each row the
 log's own SQL row, so NaN and infinities survive) or a pending amendment (``"kind": "amend"``:
-decision ids and the fail-closed reason), stamped with the log it is for. Every append is
-one ``write`` followed by ``fsync`` (after a newline, if a killed writer left a torn last
-line); the journal's lock file (``<journal>.lock``, ``flock``) is held while it is written,
-read or emptied, so two processes, even of different logs, may share it. Emptying and
-setting lines apart replace the file (temp file, fsync, rename): a crash leaves the old
-journal or the new one. A line whose hash does not match (a write cut short by a crash) is
-moved to ``<journal>.rejected`` and reported, never imported and never silently dropped.
+decision ids and the fail-closed reason), stamped with the log it is for. The JSON is ASCII
+(``\\uXXXX`` escapes), so any text a row holds, a lone surrogate included, is kept exactly
+and cannot make the journal fail (lines written before as UTF-8 are read as well). Every
+append is one ``write`` followed by ``fsync`` (after a newline, if a killed writer left a torn
+last line); the journal's lock file (``<journal>.lock``, ``flock``) is held while it is
+written, read or emptied, so two processes, even of different logs, may share it. A caller on
+a deadline passes ``timeout_s``: the lock is then tried without blocking until that time is
+up, and a lock held longer is a :class:`JournalError` of kind ``locked`` (what waits stays
+where it was). Emptying and setting lines apart replace the file (temp file, fsync, rename):
+a crash leaves the old journal or the new one. A line whose hash does not match (a write cut
+short by a crash) is moved to ``<journal>.rejected`` and reported, never imported and never
+silently dropped.
+
+:class:`DeadLetter` is the last place on disk, for what the log can *never* store (a row whose
+text has no UTF-8 encoding, a policy document with a NaN): ``<log>.dead-letter.jsonl`` beside
+the log, one JSON object per line in an encoding that cannot fail, each append fsynced. It is
+read by people, not imported (see ``docs/log.md``).
 """
 
 from __future__ import annotations
@@ -28,7 +38,8 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -37,7 +48,16 @@ from spotstop.guard._files import atomic_write_bytes, fsync_dir
 from spotstop.guard._log_schema import COLUMNS, LogError, PolicyRow, fault_kind
 from spotstop.guard._record import DecisionRecord, record_from_row, record_to_row
 
-__all__ = ["Journal", "JournalEntry", "JournalError", "JournalRead", "default_journal_path"]
+__all__ = [
+    "DeadLetter",
+    "Journal",
+    "JournalEntry",
+    "JournalError",
+    "JournalRead",
+    "default_dead_letter_path",
+    "default_journal_path",
+    "encodable_text",
+]
 
 _VERSION: Final = 1
 
@@ -85,9 +105,10 @@ class JournalEntry:
         else:
             body["ids"] = list(self.amend_ids)
             body["reason"] = self.amend_reason
-        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=str)
-        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        return f"{digest} {text}\n".encode()
+        # ASCII: a lone surrogate is written as its \\uXXXX escape and read back as it was
+        text = json.dumps(body, ensure_ascii=True, separators=(",", ":"), default=str)
+        digest = hashlib.sha256(text.encode("ascii")).hexdigest()
+        return f"{digest} {text}\n".encode("ascii")
 
     @classmethod
     def from_line(cls, line: bytes) -> JournalEntry:
@@ -167,24 +188,56 @@ class Journal:
         )
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Hold the journal's lock file (not the journal itself: it is replaced by rename)."""
+    def _locked(self, timeout_s: float | None = None) -> Iterator[None]:
+        """Hold the journal's lock file (not the journal itself: it is replaced by rename).
+
+        ``timeout_s`` None waits as long as the lock is held; a number tries without
+        blocking until that many seconds have passed (at least once), then raises
+        :class:`JournalError` (``locked``): a guard call never waits past its deadline for
+        another process's journal work."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if timeout_s is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            else:
+                self._lock_within(fd, max(0.0, float(timeout_s)))
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the lock
 
-    def append(self, entries: Sequence[JournalEntry]) -> None:
+    def _lock_within(self, fd: int, timeout_s: float) -> None:
+        due = time.monotonic() + timeout_s
+        delay = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                left = due - time.monotonic()
+                if left <= 0:
+                    raise JournalError(
+                        f"journal {str(self.path)!r}: its lock {str(self._lock_path)!r} was "
+                        f"held by another process or guard for more than {timeout_s:g} s (the "
+                        "call's time); what waits stays where it is and the next write or "
+                        "flush retries. If this lasts, find the process that holds the lock "
+                        "(fuser / lsof on the lock file).",
+                        "locked",
+                    ) from None
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 0.05)
+
+    def append(self, entries: Sequence[JournalEntry], *, timeout_s: float | None = None) -> None:
         """Append ``entries`` durably (one write, then fsync); :class:`JournalError` when the
-        journal cannot take them (nothing is half-written that a reader would import)."""
+        journal cannot take them (nothing is half-written that a reader would import), or
+        when its lock is held longer than ``timeout_s`` (None: no bound). An entry that cannot
+        be encoded at all raises what encoding raised (ValueError, TypeError), before any
+        byte is written."""
         if not entries:
             return
         data = b"".join(dataclasses.replace(e, log=self.owner).to_line() for e in entries)
         try:
-            with self._locked():
+            with self._locked(timeout_s):
                 new = not self.path.exists()
                 fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
                 try:
@@ -244,21 +297,23 @@ class Journal:
     def _mine(self, e: JournalEntry) -> bool:
         return e.log is None or self.owner is None or e.log == self.owner
 
-    def read(self) -> JournalRead:
+    def read(self, *, timeout_s: float | None = None) -> JournalRead:
         """This log's readable entries, oldest first; unreadable lines are set apart in the
-        rejected file (and counted)."""
+        rejected file (and counted). ``timeout_s``: as for :meth:`append`."""
         if not self.path.exists():
             return JournalRead((), 0, 0)
-        with self._locked_read() as (entries, bad, n):
+        with self._locked_read(timeout_s) as (entries, bad, n):
             return JournalRead(tuple(e for e in entries if self._mine(e)), bad, n)
 
     @contextlib.contextmanager
-    def _locked_read(self) -> Iterator[tuple[list[JournalEntry], int, int]]:
+    def _locked_read(
+        self, timeout_s: float | None = None
+    ) -> Iterator[tuple[list[JournalEntry], int, int]]:
         """Hold the lock; give every entry (unreadable lines set apart first), how many lines
         were set apart, and the bytes read."""
         with contextlib.ExitStack() as stack:
             try:
-                stack.enter_context(self._locked())
+                stack.enter_context(self._locked(timeout_s))
                 entries, bad, n = self._load()
                 if bad:
                     self._set_aside(bad)
@@ -268,13 +323,14 @@ class Journal:
             yield entries, len(bad), n
 
     @contextlib.contextmanager
-    def draining(self) -> Iterator[JournalRead]:
+    def draining(self, *, timeout_s: float | None = None) -> Iterator[JournalRead]:
         """Hold the journal locked, give this log's entries, and remove them if the block
-        ends without an exception (the caller imported them all); other logs' entries stay."""
+        ends without an exception (the caller imported them all); other logs' entries stay.
+        ``timeout_s`` bounds the wait for the lock, as for :meth:`append`."""
         if not self.path.exists():
             yield JournalRead((), 0, 0)
             return
-        with self._locked_read() as (entries, bad, n):
+        with self._locked_read(timeout_s) as (entries, bad, n):
             mine = [e for e in entries if self._mine(e)]
             yield JournalRead(tuple(mine), bad, n)
             if mine:
@@ -282,3 +338,148 @@ class Journal:
                     self._rewrite([e for e in entries if not self._mine(e)])
                 except OSError as exc:
                     raise self._error("emptied", exc) from exc
+
+
+# -- the dead letter ---------------------------------------------------------------------------
+
+
+def default_dead_letter_path(log_path: Path) -> Path:
+    """``<log>.dead-letter.jsonl``, beside the log: what the log can never store is found
+    where the log is."""
+    log_path = Path(log_path)
+    return log_path.with_name(log_path.name + ".dead-letter.jsonl")
+
+
+def encodable_text(s: str) -> str:
+    """``s`` with what UTF-8 cannot encode (lone surrogates) spelled as ``\\udXXX`` text."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _plain(x: object, depth: int = 0) -> object:
+    """``x`` as JSON can always write it: text made encodable, bytes in base64, dataclasses
+    and mappings as objects with text keys, anything else by its ``repr``. NaN and the
+    infinities stay floats (written ``NaN``/``Infinity``, as Python's json reads them)."""
+    if depth > 32:
+        return encodable_text(repr(x))
+    if x is None or isinstance(x, bool | int | float):
+        return x
+    if isinstance(x, str):
+        return encodable_text(x)
+    if isinstance(x, bytes | bytearray | memoryview):
+        return {"base64": base64.b64encode(bytes(x)).decode("ascii")}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _plain(getattr(x, f.name, None), depth + 1) for f in dataclasses.fields(x)}
+    if isinstance(x, Mapping):
+        return {encodable_text(str(k)): _plain(v, depth + 1) for k, v in x.items()}
+    if isinstance(x, list | tuple | set | frozenset):
+        return [_plain(v, depth + 1) for v in x]
+    return encodable_text(repr(x))
+
+
+class DeadLetter:
+    """Where the writer sets aside what the log can never store, so that it blocks nothing.
+
+    A batch whose write fails for a reason of its own (its text has no UTF-8 encoding, its
+    policy's document holds a NaN, a value of a type the log does not know) would fail again
+    on every retry. The writer appends it here, one JSON object per line::
+
+        {"v": 1, "kind": "rows", "time": <epoch s>, "log": <log path>, "error": <why>,
+         "rows": [{<DecisionRecord field>: value, ...}], "policy": {...}, "images": [...]}
+
+    (``"kind": "amend"`` with ``"ids"`` and ``"reason"`` for a fail-closed amendment). The
+    rows are the records as their callers were answered (fail-closed UNSAFE). The encoding
+    cannot fail: ASCII JSON, unencodable text spelled ``\\udXXX``, bytes in base64, unknown
+    values by their ``repr``, NaN as ``NaN``. Each append is one ``write`` then ``fsync`` (the
+    folder too when the file is new), so a set-aside decision survives a crash as a logged
+    one does. An :class:`OSError` (a full disk) is the caller's: it keeps the batch and
+    retries. An entry may appear twice (a crash or a timeout between setting a journal
+    entry aside and emptying the journal; the decision ids tell). Nothing imports this file:
+    a person reads it (``jq``, Python's ``json``), mends
+    the cause and, if wanted, re-logs the rows.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], log: str | None = None) -> None:
+        self.path = Path(path)
+        self.log = log
+
+    def __repr__(self) -> str:
+        return f"DeadLetter({str(self.path)!r})"
+
+    @staticmethod
+    def encode(body: Mapping[str, object]) -> bytes:
+        """One line for ``body``; never raises for its content."""
+        try:
+            text = json.dumps(
+                _plain(body), ensure_ascii=True, allow_nan=True, default=repr, sort_keys=False
+            )
+        except Exception as e:  # the last place: keep a readable trace of what it was
+            text = json.dumps(
+                {
+                    "v": _VERSION,
+                    "unencodable": encodable_text(repr(body)),
+                    "why": encodable_text(repr(e)),
+                },
+                ensure_ascii=True,
+            )
+        return text.encode("ascii") + b"\n"
+
+    def append(
+        self,
+        kind: Literal["rows", "amend"],
+        *,
+        error: str,
+        records: Sequence[object] = (),
+        policy: object = None,
+        images: Sequence[bytes | None] | None = None,
+        amend_ids: Sequence[str] = (),
+        amend_reason: str = "",
+    ) -> None:
+        """Append one entry durably (one write, then fsync); :class:`OSError` when the file
+        cannot take it (nothing half-written stays: a partial write is cut off again)."""
+        body: dict[str, object] = {
+            "v": _VERSION,
+            "kind": kind,
+            "time": time.time(),
+            "log": self.log,
+            "error": error,
+        }
+        if kind == "rows":
+            body["rows"] = list(records)
+            body["policy"] = policy
+            body["images"] = None if images is None else list(images)
+        else:
+            body["ids"] = list(amend_ids)
+            body["reason"] = amend_reason
+        data = self.encode(body)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists()
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            start = os.fstat(fd).st_size
+            if start and os.pread(fd, 1, start - 1) != b"\n":
+                data = b"\n" + data  # a torn tail (a writer killed mid-line) stays apart
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                raise
+        finally:
+            os.close(fd)
+        if new:
+            fsync_dir(self.path.parent)
+
+    def read(self) -> list[dict[str, object]]:
+        """The entries, oldest first (a torn last line is skipped): for people and tests."""
+        try:
+            lines = self.path.read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        out: list[dict[str, object]] = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+        return out

@@ -350,14 +350,30 @@ class DecisionLog(LogReader, ArchiveStore):
         finally:
             conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
 
-    def checkpoint(self) -> bool:
+    def checkpoint(self, *, timeout_s: float | None = None) -> bool:
         """Move the WAL's pages into the database and truncate the -wal file, giving its
-        space back; True when done (False: a reader or writer held it, or it failed)."""
+        space back; True when done (False: a reader or writer held it, or it failed).
+
+        ``timeout_s`` bounds the wait for readers and writers that hold the WAL (SQLite's
+        busy handler); None: the log's ``timeout_s``. With 0 it never waits: it copies what
+        it can without blocking (as a PASSIVE checkpoint does) and truncates only when nobody
+        holds the WAL, which is what a guard call on a deadline may afford."""
         try:
             conn = self._conn()
         except LogError:
             return False
-        return self._reclaim_wal(conn)
+        if timeout_s is None:
+            return self._reclaim_wal(conn)
+        wait = max(0.0, float(timeout_s))
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
+        except sqlite3.Error:
+            return False
+        try:
+            return self._reclaim_wal(conn)
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
 
     def _reclaim_wal(self, conn: sqlite3.Connection) -> bool:
         """Checkpoint the WAL into the database and truncate it; True when it was done."""

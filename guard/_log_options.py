@@ -128,6 +128,14 @@ class LogStatus:
     ``imported_rows``, ``archived_rows``: totals since the writer started; ``faults``: failed
     write attempts by kind since then. ``accepting``: False only when memory is at its bound
     and the journal cannot take more (the guard then makes no decision).
+
+    ``dead_letter``: the file beside the log where rows the log can never store are set aside
+    (a text with no UTF-8 encoding, a policy document with a NaN; one such batch no longer
+    blocks the rows after it); ``dead_letter_rows`` and ``dead_letter_amendments``: how many
+    were set aside since the writer started (any at all is a fault to look into: the rows
+    are in that file, not in the log); ``dead_letter_fault``: why the last attempt to set a
+    batch aside failed (the batch then waits in memory, counted in ``pending_rows``, and is
+    retried), None when it did not.
     """
 
     log: str
@@ -152,6 +160,10 @@ class LogStatus:
     free_bytes: int | None
     min_free_bytes: int
     accepting: bool
+    dead_letter: str | None = None
+    dead_letter_rows: int = 0
+    dead_letter_amendments: int = 0
+    dead_letter_fault: str | None = None
 
     @property
     def waiting_rows(self) -> int:
@@ -168,5 +180,11 @@ class LogStatus:
         return (
             f"LogStatus({self.log!r} {state}, pending {self.pending_rows} rows in memory, "
             f"{self.journal_rows} in journal {self.journal!r}, spilled {self.spilled_rows}, "
-            f"imported {self.imported_rows}, archived {self.archived_rows})"
+            f"imported {self.imported_rows}, archived {self.archived_rows}"
+            + (
+                f", SET ASIDE {self.dead_letter_rows} in {self.dead_letter!r}"
+                if self.dead_letter_rows
+                else ""
+            )
+            + ")"
         )

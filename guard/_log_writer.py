@@ -22,6 +22,22 @@
   ``io_error``, ...; :data:`~spotstop.guard._log_schema.FAULT_KINDS`), counted, and kept in
   :meth:`LogWriter.status` with the time it began. Free disk space below ``min_free_bytes``
   (32 MiB by default) counts as a full disk *before* SQLite meets it.
+* **Set aside what can never be stored.** A batch whose write fails for a reason of its
+  own, not the log's (a text with no UTF-8 encoding, a policy document with a NaN: any error
+  but an :class:`OSError`, a :class:`LogError` or SQLite's operational ones), would fail
+  again on every retry and keep every later row out of the log. Its storable rows are
+  written one by one; the others are appended, fsynced, to the dead letter beside the log
+  (:class:`~spotstop.guard._journal.DeadLetter`), counted in :meth:`LogWriter.status`, and
+  the rows after them are written as usual. Those rows were already answered fail-closed
+  UNSAFE when their own write failed (nothing is acknowledged before it is logged); setting
+  them aside never changes an answer. When even the dead letter cannot take them they wait
+  in memory (then in the journal), passed over by the writes after them, and are retried.
+* **Within the call's time.** A write with a deadline (``timeout_s``) spends at most that
+  time on the whole log stage: the waits for a busy log, the free-space checkpoint, the
+  journal's lock (tried without blocking until the time is up; a held lock leaves what
+  waits where it is) and the older batches written first (when the time runs out between
+  them, the call's own rows wait after them, fail-closed). Tending the WAL after a write
+  never waits for readers on a call's time.
 * **Close without loss.** :meth:`LogWriter.close` writes what waits, or spills it to the
   journal; the log imports the journal on the next start.
 * **Retention.** With a :class:`~spotstop.guard._log_archive.Retention`, a pass runs in a
@@ -38,13 +54,22 @@ import logging
 import math
 import os
 import shutil
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from spotstop.guard._journal import Journal, JournalEntry, JournalError, default_journal_path
+from spotstop.guard._journal import (
+    DeadLetter,
+    Journal,
+    JournalEntry,
+    JournalError,
+    default_dead_letter_path,
+    default_journal_path,
+    encodable_text,
+)
 from spotstop.guard._log import DecisionLog, PolicyRow
 from spotstop.guard._log_archive import Protect, RetentionResult
 from spotstop.guard._log_options import LogOptions, LogStatus
@@ -95,11 +120,72 @@ class _Batch:
     images: list[bytes | None] | None
     n_bytes: int
     since: float = field(default_factory=time.monotonic)
+    aside: str | None = None
+    """Why the log can never store these rows, once met; they wait only for the dead letter."""
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """What became of one batch: rows ``added`` to the log, and the rows the log cannot store
+    (``aside``; after :meth:`LogWriter._store`, only those the dead letter could not take
+    yet: they wait in memory)."""
+
+    added: int
+    aside: _Batch | None = None
 
 
 def _batch_bytes(records: Sequence[DecisionRecord], images: Sequence[bytes | None] | None) -> int:
     rows = sum(len(str(r.request)) + 1024 for r in records)  # a row is about 1 KiB + its text
     return rows + sum(len(b) for b in images or () if b is not None)
+
+
+def _permanent(exc: BaseException) -> bool:
+    """True when ``exc`` is a fault of the rows written, not of the log: writing the same rows
+    again fails the same way (a text with no UTF-8 encoding, a NaN where JSON has none, a
+    value of a type the log does not know, an invalid record). A fault of the log or the disk
+    (:class:`OSError`, :class:`LogError`, which carries SQLite's errors with their kind, a
+    busy or full database) passes, and is retried instead."""
+    if isinstance(exc, OSError | LogError | MemoryError | _OutOfTime):
+        return False
+    if isinstance(exc, sqlite3.Error):  # raw from the driver: only a value it cannot bind
+        return isinstance(exc, sqlite3.InterfaceError | sqlite3.ProgrammingError)
+    return isinstance(exc, Exception)
+
+
+def _why(exc: BaseException) -> str:
+    return encodable_text(f"{type(exc).__name__}: {exc}")
+
+
+class _OutOfTime(Exception):
+    """The write's time ran out between two waiting batches (``written`` of them went in)."""
+
+    def __init__(self, written: int = 0) -> None:
+        super().__init__("out of time")
+        self.written = written
+
+
+class _Budget:
+    """The time one write or flush may spend, from its start: ``timeout_s`` None is no bound.
+
+    :meth:`step` is called before each waiting batch: the first always runs (so every write
+    makes progress), a later one only while time is left."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self.due = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
+        self._stepped = False
+
+    @property
+    def bounded(self) -> bool:
+        return self.due is not None
+
+    def left(self) -> float | None:
+        """Seconds left (≥ 0), None without a bound."""
+        return None if self.due is None else max(0.0, self.due - time.monotonic())
+
+    def step(self) -> None:
+        if self._stepped and self.due is not None and time.monotonic() >= self.due:
+            raise _OutOfTime
+        self._stepped = True
 
 
 class LogWriter:
@@ -118,6 +204,7 @@ class LogWriter:
         self.journal = Journal(
             opts.journal or default_journal_path(log.path), owner=str(log.path.resolve())
         )
+        self.dead_letter = DeadLetter(default_dead_letter_path(log.path), log=str(log.path))
         self._windows = windows
         self._pending: collections.deque[_Batch] = collections.deque()
         # SAFE rows to amend to fail-closed UNSAFE: (ids, reason, monotonic time kept)
@@ -135,6 +222,9 @@ class LogWriter:
         self._imported = 0
         self._rejected = 0
         self._archived = 0
+        self._dead_rows = 0
+        self._dead_amendments = 0
+        self._dead_fault: str | None = None
         self._over_budget = False
         self._faults: collections.Counter[str] = collections.Counter()
         self._last_retention = -math.inf
@@ -182,10 +272,12 @@ class LogWriter:
         except OSError:
             return None
 
-    def _check_floor(self) -> None:
+    def _check_floor(self, budget: _Budget) -> None:
         free = self._free_bytes()
         floor = self.options.min_free_bytes
-        if free is not None and free < floor and self.log.checkpoint():
+        # the checkpoint waits for readers at most for the call's time left, never the log's
+        # own busy timeout (30 s by default)
+        if free is not None and free < floor and self.log.checkpoint(timeout_s=budget.left()):
             free = self._free_bytes()  # a grown WAL may have held what was missing
         if free is not None and free < floor:
             raise LogError(
@@ -196,12 +288,15 @@ class LogWriter:
                 "disk_full",
             )
 
-    def _tend_wal(self) -> None:
+    def _tend_wal(self, budget: _Budget) -> None:
         """Checkpoint and truncate the WAL when it holds more than half the free space.
 
         SQLite checkpoints on its own only every 1000 pages (about 4 MiB); on a nearly full
         file system the WAL would take the last free bytes, and a WAL that holds the whole
-        database cannot be checkpointed without room for the pages it copies back.
+        database cannot be checkpointed without room for the pages it copies back. On a
+        call's time it never waits for readers (it copies what it can and truncates when
+        nobody holds the WAL): housekeeping must not turn a decision written in time into a
+        late one. Without a deadline it waits as the log does.
         """
         try:
             wal = os.path.getsize(f"{self.log.path}-wal")
@@ -209,7 +304,7 @@ class LogWriter:
             return
         free = self._free_bytes()
         if free is not None and wal > free // 2:
-            self.log.checkpoint()
+            self.log.checkpoint(timeout_s=0.0 if budget.bounded else None)
 
     def _failed(self, e: BaseException) -> str:
         kind = fault_kind(e)
@@ -292,6 +387,10 @@ class LogWriter:
                 free_bytes=free,
                 min_free_bytes=floor,
                 accepting=self._accepting_locked(),
+                dead_letter=str(self.dead_letter.path),
+                dead_letter_rows=self._dead_rows,
+                dead_letter_amendments=self._dead_amendments,
+                dead_letter_fault=self._dead_fault,
             )
 
     def _accepting_locked(self) -> bool:
@@ -311,24 +410,35 @@ class LogWriter:
         written, else why not (the caller fails them closed and hands them to :meth:`keep`).
         ``timeout_s`` bounds the wait for a busy log; ``lock_timeout_s`` the wait for another
         write of this guard (-1: no bound)."""
+        budget = _Budget(timeout_s)
         if not self._write_lock.acquire(timeout=lock_timeout_s):
             return "decision log: another write held the log past the deadline"
         error: Exception | None = None
+        waits: str | None = None
         try:
             try:
-                self._check_floor()
-                self._flush_locked(timeout_s)
-                self.log.append_many(records, images=images, policy=policy, timeout_s=timeout_s)
+                self._check_floor(budget)
+                self._flush_locked(budget)
+                self.log.append_many(records, images=images, policy=policy, timeout_s=budget.left())
+            except _OutOfTime:  # not a fault of the log: older rows took the call's time
+                waits = (
+                    "decision log: the call's time ran out while older waiting decisions "
+                    "were written first; this call's rows wait after them"
+                )
             except Exception as e:  # the caller fails these closed and keeps them
                 error = e
             else:  # committed: nothing after this may report the write failed
-                self._tend_wal()
+                self._tend_wal(budget)
         finally:
             self._write_lock.release()
+        if waits is not None:
+            self._spill(force=False, timeout_s=budget.left())
+            return waits
         if error is not None:
             return self._failed(error)
         self._succeeded()
-        self._spill(force=False)  # what keep() could not spill while this write held the lock
+        # what keep() could not spill while this write held the lock
+        self._spill(force=False, timeout_s=budget.left())
         self._maybe_retain()
         return None
 
@@ -362,7 +472,7 @@ class LogWriter:
             r if r.fail_closed else replace(r, label="UNSAFE", fail_closed=True, fail_reason=error)
             for r in records
         ]
-        self.keep(failed, images=images, policy=policy)
+        self.keep(failed, images=images, policy=policy, timeout_s=clock.remaining())
         return Committed(failed, error)
 
     def _late(self, records: list[DecisionRecord], clock: Deadline) -> list[DecisionRecord]:
@@ -377,7 +487,7 @@ class LogWriter:
         late = [r for r in records if r.label == "SAFE"]
         if not late:
             return records
-        self.amend_late([r.decision_id for r in late], reason)
+        self.amend_late([r.decision_id for r in late], reason, timeout_s=clock.remaining())
         return [
             replace(r, label="UNSAFE", fail_closed=True, fail_reason=reason)
             if r.label == "SAFE"
@@ -391,29 +501,35 @@ class LogWriter:
         *,
         images: list[bytes | None] | None,
         policy: PolicyRow | None,
+        timeout_s: float | None = None,
     ) -> None:
         """Hold rows the log could not take (in memory, spilled to the journal past the
-        bounds); they are written first by the next write or flush."""
+        bounds); they are written first by the next write or flush. ``timeout_s`` bounds
+        the wait for the journal's lock when they spill (None: no bound); a journal held
+        longer leaves them in memory."""
         batch = _Batch(list(records), policy, images, _batch_bytes(records, images))
         with self._mutex:
             self._pending.append(batch)
-        self._spill(force=False)
+        self._spill(force=False, timeout_s=timeout_s)
 
-    def amend_late(self, ids: list[str], reason: str) -> None:
+    def amend_late(self, ids: list[str], reason: str, *, timeout_s: float | None = None) -> None:
         """Turn logged SAFE rows into fail-closed UNSAFE ones (their write finished after the
-        deadline): one attempt now, else kept (spilled to the journal like rows) and retried
-        before the next write."""
+        deadline): one attempt now, else kept (spilled to the journal like rows, waiting at
+        most ``timeout_s`` for its lock) and retried before the next write."""
         try:  # one attempt (the deadline is spent): a busy log gets the change on the next write
             self.log.mark_fail_closed(ids, reason, timeout_s=0.0)
         except Exception:  # the answer is UNSAFE either way; retry the row change later
             with self._mutex:
                 self._amendments.append((list(ids), reason, time.monotonic()))
-            self._spill(force=False)
+            self._spill(force=False, timeout_s=timeout_s)
 
     def flush(self, timeout_s: float | None = None) -> int:
         """Import the journal, write the rows and amendments that wait, or probe the log when
         nothing waits. Returns the rows written; raises :class:`LogError` when the log still
-        cannot be written (everything stays where it was, spilled if it waited too long)."""
+        cannot be written (everything stays where it was, spilled if it waited too long).
+        ``timeout_s`` bounds the whole flush (None: the log's own waits); when it runs out
+        between two waiting batches, the rest waits for the next flush."""
+        budget = _Budget(timeout_s)
         lock = -1 if timeout_s is None else max(0.0, timeout_s)
         if not self._write_lock.acquire(timeout=lock):
             raise LogError(
@@ -425,16 +541,18 @@ class LogWriter:
         written = 0
         try:
             try:
-                self._check_floor()
-                written = self._flush_locked(timeout_s)
+                self._check_floor(budget)
+                written = self._flush_locked(budget)
                 if not written and self._fault is not None:
-                    self.log.probe(timeout_s=timeout_s)
-                self._tend_wal()
+                    self.log.probe(timeout_s=budget.left())
+                self._tend_wal(budget)
+            except _OutOfTime as e:  # the rest waits for the next flush; the log took rows
+                written = e.written
             except Exception as e:
                 error = e
         finally:
             self._write_lock.release()
-        self._spill(force=False)  # what waited too long goes to the journal meanwhile
+        self._spill(force=False, timeout_s=budget.left())  # what waited too long
         if error is not None:
             self._failed(error)
             if isinstance(error, LogError):
@@ -444,80 +562,219 @@ class LogWriter:
         self._maybe_retain()
         return written
 
-    def _flush_locked(self, timeout_s: float | None) -> int:
-        """Journal first (its rows are the oldest), then memory, then amendments."""
-        written = self._import_journal(timeout_s)
-        while True:
-            with self._mutex:
-                if not self._pending:
+    def _flush_locked(self, budget: _Budget) -> int:
+        """Journal first (its rows are the oldest), then memory, then amendments. A batch set
+        aside that the dead letter cannot take yet is passed over: it never holds the rows
+        after it back."""
+        written = 0
+        try:
+            written = self._import_journal(budget)
+            passed: set[int] = set()  # id() of the batches passed over (they stay queued)
+            while True:
+                with self._mutex:
+                    batch = next((b for b in self._pending if id(b) not in passed), None)
+                if batch is None:
                     break
-                batch = self._pending[0]
-            added = self._rewrite(batch.records, batch.images, batch.policy, timeout_s)
+                budget.step()
+                stored = self._store(batch, budget)
+                with self._mutex:  # by identity: only a lock holder moves batches
+                    if stored.aside is None:
+                        self._pending.remove(batch)
+                    else:
+                        self._pending[self._pending.index(batch)] = stored.aside
+                        passed.add(id(stored.aside))
+                written += stored.added
+                self._tend_wal(budget)
             with self._mutex:
-                self._pending.remove(batch)  # by identity: only a lock holder moves batches
-            written += added
-            self._tend_wal()
-        while True:
-            with self._mutex:
-                if not self._amendments:
-                    break
-                item = self._amendments[0]
-            self._amend(item[0], item[1], timeout_s)
-            with self._mutex:
-                self._amendments.remove(item)
+                amendments = list(self._amendments)
+            for item in amendments:
+                budget.step()
+                self._amend(item[0], item[1], budget)
+                with self._mutex:
+                    self._amendments.remove(item)
+        except _OutOfTime as e:
+            e.written = written
+            raise
         return written
 
-    def _amend(self, ids: list[str], reason: str, timeout_s: float | None) -> None:
+    def _store(self, batch: _Batch, budget: _Budget) -> _Stored:
+        """Write one waiting batch, or set it aside when the log can never store it.
+
+        A permanent fault (:func:`_permanent`) of a batch of several rows is narrowed down:
+        each row is written alone, and only those that fail again are set aside. Setting
+        aside is appending them, fsynced, to the dead letter; when it cannot take them they
+        come back as ``aside`` (marked, so they are not written again) to wait in memory.
+        A fault of the log itself raises: the batch stays where it is."""
+        stored = _Stored(0, batch if batch.aside is not None else None)
+        if stored.aside is None:
+            try:
+                stored = _Stored(self._rewrite(batch.records, batch.images, batch.policy, budget))
+            except Exception as e:
+                if not _permanent(e):
+                    raise
+                stored = self._narrow(batch, _why(e), budget)
+        if stored.aside is None or self._file(stored.aside):
+            return _Stored(stored.added)
+        return stored
+
+    def _narrow(self, batch: _Batch, why: str, budget: _Budget) -> _Stored:
+        """Write each row of ``batch`` alone; the rows that fail for a reason of their own
+        again come back as ``aside`` (marked with the first such reason)."""
+        if len(batch.records) == 1:
+            return _Stored(0, replace(batch, aside=why))
+        n = len(batch.records)
+        images = batch.images if batch.images is not None and len(batch.images) == n else [None] * n
+        added, bad = 0, []
+        for r, img in zip(batch.records, images, strict=True):
+            try:
+                added += self._rewrite([r], [img], batch.policy, budget)
+            except Exception as e:
+                if not _permanent(e):
+                    raise
+                bad.append((r, img, _why(e)))
+        if not bad:
+            return _Stored(added)
+        recs, imgs = [r for r, _, _ in bad], [i for _, i, _ in bad]
+        aside = _Batch(
+            recs,
+            batch.policy,
+            None if batch.images is None else imgs,
+            _batch_bytes(recs, imgs),
+            since=batch.since,
+            aside=bad[0][2],
+        )
+        return _Stored(added, aside)
+
+    def _file(self, batch: _Batch) -> bool:
+        """Append a batch set aside to the dead letter (fsynced); False when it cannot take
+        it now (the batch then waits, and the fault is in :meth:`status`)."""
+        why = batch.aside or "set aside"
         try:
-            self.log.mark_fail_closed(ids, reason, timeout_s=timeout_s)
-        except RecordError as e:  # ids the live log does not hold: say so, never block on it
-            _log.error(
-                "a fail-closed amendment of %s cannot be applied (%s); the log may say SAFE "
-                "for a decision its caller was answered UNSAFE: %s",
-                ids,
-                e,
-                reason,
+            self.dead_letter.append(
+                "rows",
+                error=why,
+                records=batch.records,
+                policy=batch.policy,
+                images=batch.images,
             )
+        except Exception as e:  # a full or read-only disk, most likely: keep it and retry
+            with self._mutex:
+                first = self._dead_fault is None
+                self._dead_fault = _why(e)
+            if first:
+                _log.error(
+                    "%d decision(s) the log cannot store (%s) cannot be set aside in %s "
+                    "either (%s); they wait in memory, then in the journal, and are retried",
+                    len(batch.records),
+                    why,
+                    self.dead_letter.path,
+                    e,
+                )
+            return False
+        with self._mutex:
+            self._dead_rows += len(batch.records)
+            self._dead_fault = None
+        _log.error(
+            "%d decision(s) cannot be stored in the log %s (%s); they were answered "
+            "fail-closed UNSAFE and are set aside in %s (never imported): mend the cause, and "
+            "log them again by hand if they are needed",
+            len(batch.records),
+            self.log.path,
+            why,
+            self.dead_letter.path,
+        )
+        return True
+
+    def _amend(self, ids: list[str], reason: str, budget: _Budget) -> None:
+        """Apply one fail-closed amendment. One the log cannot store as it is (a reason with
+        no UTF-8 encoding) is applied with its text made storable; one that still fails for
+        a reason of its own is set aside in the dead letter, never retried before the rows."""
+        try:
+            self.log.mark_fail_closed(ids, reason, timeout_s=budget.left())
+            return
+        except RecordError as e:  # ids the live log does not hold: say so, never block on it
+            self._unamendable(ids, reason, e)
+            return
+        except Exception as e:
+            if not _permanent(e):
+                raise
+        safe_ids, safe_reason = [encodable_text(i) for i in ids], encodable_text(reason)
+        try:
+            self.log.mark_fail_closed(safe_ids, safe_reason, timeout_s=budget.left())
+        except Exception as e:
+            if not _permanent(e):
+                raise
+            self._unamendable(safe_ids, safe_reason, e)
+
+    def _unamendable(self, ids: list[str], reason: str, e: BaseException) -> None:
+        _log.error(
+            "a fail-closed amendment of %s cannot be applied (%s); the log may say SAFE "
+            "for a decision its caller was answered UNSAFE: %s",
+            [encodable_text(i) for i in ids],
+            _why(e),
+            encodable_text(reason),
+        )
+        try:
+            self.dead_letter.append("amend", error=_why(e), amend_ids=ids, amend_reason=reason)
+        except Exception as dead:  # the amendment is in the server log above; go on
+            _log.critical(
+                "the amendment of %s could not be set aside in %s either (%s)",
+                [encodable_text(i) for i in ids],
+                self.dead_letter.path,
+                dead,
+            )
+            return
+        with self._mutex:
+            self._dead_amendments += 1
 
     def _rewrite(
         self,
         records: list[DecisionRecord],
         images: list[bytes | None] | None,
         policy: PolicyRow | None,
-        timeout_s: float | None,
+        budget: _Budget,
     ) -> int:
         """Write kept rows (each a fail-closed UNSAFE, as answered); returns how many were
         added. A row already in the log is not written twice: a write reported failed may
         have committed (a crash between an import and the journal's truncation, an error
         after COMMIT). Such a row is made to say what its caller was told: if it went in as
         SAFE, it is amended to the fail-closed UNSAFE that was answered."""
-        added = self.log.import_batch(records, images=images, policy=policy, timeout_s=timeout_s)
+        added = self.log.import_batch(
+            records, images=images, policy=policy, timeout_s=budget.left()
+        )
         if added < len(records):
             for reason in {r.fail_reason or "" for r in records}:
                 ids = [r.decision_id for r in records if (r.fail_reason or "") == reason]
-                self._amend(ids, reason, timeout_s)
+                self._amend(ids, reason, budget)
         return added
 
-    def _import_journal(self, timeout_s: float | None) -> int:
-        """Import this log's journal entries. A journal that cannot be read does not stop the
-        log: its rows stay where they are, the fault is in :meth:`status` (``journal_fault``)
-        and the memory's rows are written meanwhile."""
+    def _import_journal(self, budget: _Budget) -> int:
+        """Import this log's journal entries. A journal that cannot be read, or whose lock
+        another process holds past half the call's time, does not stop the log: its rows
+        stay where they are, the fault is in :meth:`status` (``journal_fault``) and the
+        memory's rows are written meanwhile. An entry the log can never store is set aside
+        like a batch in memory (or, when the dead letter cannot take it, moved to memory)."""
         if not self.journal.path.exists():  # a stat: an empty journal is no file at all
             return 0
+        left = budget.left()
         imported = 0
+        unfiled: list[_Batch] = []
         try:
-            with self.journal.draining() as read:
+            # half the time at most: the journal's rows are old, the call's own are not
+            with self.journal.draining(timeout_s=None if left is None else left / 2) as read:
                 for entry in read.entries:
+                    budget.step()
                     if entry.kind == "rows":
-                        imported += self._rewrite(
-                            list(entry.records),
-                            None if entry.images is None else list(entry.images),
-                            entry.policy,
-                            timeout_s,
-                        )
-                        self._tend_wal()
+                        images = None if entry.images is None else list(entry.images)
+                        recs = list(entry.records)
+                        batch = _Batch(recs, entry.policy, images, _batch_bytes(recs, images))
+                        stored = self._store(batch, budget)
+                        imported += stored.added
+                        if stored.aside is not None:
+                            unfiled.append(stored.aside)
+                        self._tend_wal(budget)
                     else:
-                        self._amend(list(entry.amend_ids), entry.amend_reason, timeout_s)
+                        self._amend(list(entry.amend_ids), entry.amend_reason, budget)
         except JournalError as e:
             with self._mutex:
                 first = self._journal_fault is None
@@ -526,6 +783,7 @@ class LogWriter:
                 _log.error("%s; the log goes on taking decisions meanwhile", e)
             return imported
         with self._mutex:
+            self._pending.extendleft(reversed(unfiled))  # the journal is emptied of them
             self._journal_fault = None
             self._rejected += read.rejected
             self._imported += imported
@@ -540,18 +798,19 @@ class LogWriter:
             _log.warning("imported %d decision(s) from the journal %s", imported, self.journal.path)
         return imported
 
-    def _spill(self, *, force: bool) -> None:
+    def _spill(self, *, force: bool, timeout_s: float | None = None) -> None:
         """Move batches and amendments that waited too long, or beyond the memory bound, to
-        the journal. Only while holding the write lock (never while a batch is being
-        written): when another thread holds it, that thread spills when it is done."""
+        the journal, waiting at most ``timeout_s`` for its lock (None: no bound). Only while
+        holding the write lock (never while a batch is being written): when another thread
+        holds it, that thread spills when it is done."""
         if not self._write_lock.acquire(blocking=False):
             return
         try:
-            self._spill_locked(force)
+            self._spill_locked(force, timeout_s)
         finally:
             self._write_lock.release()
 
-    def _spill_locked(self, force: bool) -> None:
+    def _spill_locked(self, force: bool, timeout_s: float | None) -> None:
         now = time.monotonic()
         after = self.options.spill_after_s
         with self._mutex:
@@ -567,6 +826,43 @@ class LogWriter:
             amend = [a for a in self._amendments if force or now - a[2] >= after]
         if not out and not amend:
             return
+        try:
+            out = self._set_aside_unjournalable(out)
+            self._journal_locked(out, amend, timeout_s)
+        except Exception as e:  # broad on purpose: the journal is the fallback of a failed
+            # write and runs on the call path; whatever it meets, the rows stay where they are
+            # (in memory, counted) and the answer stays the fail-closed one
+            with self._mutex:
+                self._journal_ok = False
+                self._journal_fault = _why(e)
+            _log.error("spilling to the journal %s failed: %s", self.journal.path, _why(e))
+
+    def _set_aside_unjournalable(self, out: list[_Batch]) -> list[_Batch]:
+        """The batches of ``out`` the journal can encode; one it cannot (a permanent fault of
+        its rows: the log could not store it either) is set aside in the dead letter now, or
+        left in memory when the dead letter cannot take it."""
+        keep: list[_Batch] = []
+        for b in out:
+            try:
+                images = None if b.images is None else tuple(b.images)
+                JournalEntry("rows", tuple(b.records), b.policy, images).to_line()
+            except Exception as e:  # what the journal's encoding raises for these rows
+                b.aside = b.aside or _why(e)
+                if self._file(b):
+                    with self._mutex:
+                        self._pending.remove(b)
+                continue
+            keep.append(b)
+        return keep
+
+    def _journal_locked(
+        self,
+        out: list[_Batch],
+        amend: list[tuple[list[str], str, float]],
+        timeout_s: float | None,
+    ) -> None:
+        if not out and not amend:
+            return
         entries = [
             JournalEntry(
                 "rows", tuple(b.records), b.policy, None if b.images is None else tuple(b.images)
@@ -574,7 +870,7 @@ class LogWriter:
             for b in out
         ] + [JournalEntry("amend", amend_ids=tuple(i), amend_reason=r) for i, r, _ in amend]
         try:
-            self.journal.append(entries)
+            self.journal.append(entries, timeout_s=timeout_s)
         except JournalError as e:
             with self._mutex:
                 first = self._journal_ok
@@ -586,6 +882,7 @@ class LogWriter:
         n = sum(len(b.records) for b in out)
         with self._mutex:
             self._journal_ok = True
+            self._journal_fault = None  # it took them: it can be written
             for b in out:
                 self._pending.remove(b)
             for a in amend:
@@ -654,10 +951,9 @@ class LogWriter:
         the journal; then wait for a retention pass to end. Nothing waiting is dropped: what
         neither the log nor the journal took is reported loudly with its count."""
         self._closed = True
-        try:
+        with contextlib.suppress(LogError):  # what is left goes to the journal below
             self.flush(timeout_s)
-        except LogError:
-            self._spill(force=True)
+        self._spill(force=True)
         t = self._retention_thread
         if t is not None:
             t.join()

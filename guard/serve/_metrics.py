@@ -34,6 +34,9 @@
 ``spotstop_log_rows_spilled_total``         decisions spilled from memory to the journal
 ``spotstop_log_rows_imported_total``        decisions imported from the journal into the log
 ``spotstop_log_rows_archived_total``        decisions retention moved to Parquet archives
+``spotstop_log_rows_set_aside_total``       decisions the log can never store (a text with no
+                                            UTF-8 encoding, a NaN in the policy's document),
+                                            written to the dead letter beside the log instead
 ``spotstop_log_free_bytes``                 free bytes on the log's file system
 ``spotstop_log_over_budget``                1 when retention left the log over its budget
 ==========================================  ======================================================
@@ -225,6 +228,11 @@ class _LogCollector:
         )
         yield counter(
             "spotstop_log_rows_archived", "Decisions moved to archives.", st.archived_rows
+        )
+        yield counter(
+            "spotstop_log_rows_set_aside",
+            "Decisions the log cannot store, written to its dead letter.",
+            st.dead_letter_rows,
         )
         if st.free_bytes is not None:
             yield gauge("spotstop_log_free_bytes", "Free bytes by the log.", st.free_bytes)

@@ -354,7 +354,7 @@ def test_a_spill_never_moves_a_batch_while_it_is_being_written(
         return real(records, **kw)
 
     w.log._conn().execute("PRAGMA query_only = 1")
-    monkeypatch.setattr(w, "_spill", lambda *, force: None)  # keep both batches in memory
+    monkeypatch.setattr(w, "_spill", lambda **kw: None)  # keep both batches in memory
     w.keep([r1], images=None, policy=None)
     w.keep([r2], images=None, policy=None)
     monkeypatch.undo()
@@ -505,7 +505,7 @@ def test_a_broken_journal_does_not_stop_a_healthy_log(
     w.keep([make_record(0)], images=None, policy=None)  # spilled: the journal exists
     w.log._conn().execute("PRAGMA query_only = 0")
 
-    def draining() -> object:
+    def draining(**kw: object) -> object:
         raise JournalError("journal 'x' cannot be read (Errno 30)", "read_only")
 
     monkeypatch.setattr(w.journal, "draining", draining)

@@ -89,6 +89,7 @@ def test_injected_fault_503_not_ready_then_logged_200s_again_by_itself(
         m = c.get("/metrics").text
         assert _metric(m, "spotstop_log_writable") == 1
         assert _metric(m, "spotstop_log_rows_pending") == 0
+        assert _metric(m, "spotstop_log_rows_set_aside_total") == 0  # a log fault sets none aside
         later = c.post("/v1/check", **multipart(jpeg(20)))
         assert later.status_code == 200
         acked.append(later.json()["decision_id"])
