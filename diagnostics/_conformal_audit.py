@@ -16,8 +16,9 @@ Audit of a deployed cut
     ``H0: miss rate ≤ alpha`` against ``miss rate > alpha``: ``p = P(Binomial(n, alpha) ≥ x)``.
 
     status: ``violated`` when ``p < level`` (0.05); else ``not enough data`` when ``n`` is
-    below :func:`audit_min_n` (the fewest situations at which a miss rate of twice alpha would
-    be significant at that level; 0 situations included); else ``holds``.
+    below :func:`audit_min_n` (the fewest situations from which a miss rate of twice alpha is
+    significant at that level for every larger count; 0 situations included); else
+    ``holds``.
 
     The PAC guarantee says the miss rate exceeds alpha for at most a share delta of
     calibration sets, so ``violated`` is strong evidence against it.  The marginal guarantee
@@ -110,13 +111,20 @@ def binomial_upper_p(x: int, n: int, p: float) -> float:
 
 
 def audit_min_n(alpha: float, level: float = AUDIT_LEVEL, limit: int = 100_000) -> int:
-    """The fewest situations at which ``ceil(2 alpha n)`` misses (twice the allowed rate) would
-    be significant at ``level``; fewer cannot tell a doubled miss rate from chance."""
+    """The fewest situations from which a miss rate of twice ``alpha`` is significant at
+    ``level`` for every count of situations: ``n`` such that ``ceil(2 alpha m)`` misses of
+    ``m`` give ``P(Binomial(m, alpha) ≥ ceil(2 alpha m)) < level`` for all ``m ≥ n`` (up to
+    ``limit``). Fewer cannot tell a doubled miss rate from chance.
+
+    Not the first ``m`` at which it is significant: rounding the misses up makes that a far
+    higher rate at small ``m`` (at ``alpha`` 0.01, one miss of one situation, p = 0.01), and
+    significance comes and goes with the rounding before it settles."""
     _check_counts(0, 0, alpha=alpha, level=level)
-    for n in range(1, limit + 1):
-        if binomial_upper_p(math.ceil(2 * alpha * n - 1e-9), n, alpha) < level:
-            return n
-    return limit
+    m = np.arange(1, limit + 1)
+    misses = np.ceil(2 * alpha * m - 1e-9)
+    p = stats.binom.sf(misses - 1, m, alpha)
+    not_yet = np.flatnonzero(p >= level)
+    return 1 if not_yet.size == 0 else min(int(m[not_yet[-1]]) + 1, limit)
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,9 @@ def _extra_error(files: CueFiles, rel: Mapping[str, Any], sh: Mapping[str, Any])
                     "by_cue": extra,
                     "predicted_error": Estimate.from_dict(c["predicted_error"]),
                     "source_error": Estimate.from_dict(c["source_error"]),
+                    # Eq. 1's intercept: the source error weighted to the deployment (what
+                    # the predicted error adds the extra error to; select.json since v2)
+                    "intercept": Estimate.from_dict(c["intercept"]) if "intercept" in c else None,
                     "source": "select.json",
                     "best": files.select["candidates"][0]["name"],
                 }
@@ -336,11 +339,18 @@ def _rows(
         by = ts.extra_error["by_cue"]
         total = sum(v for v in by.values() if v is not None and math.isfinite(v))
         pe = ts.extra_error.get("predicted_error")
+        icpt = ts.extra_error.get("intercept")
         pred = (
             ""
             if pe is None
-            else f"; predicted error {fmt(pe, pct=False)} against source error "
-            f"{fmt(ts.extra_error['source_error'], pct=False)}"
+            else f"; predicted error {fmt(pe, pct=False)} = "
+            + (
+                f"its source error weighted to this deployment {fmt(icpt, pct=False)} + the "
+                "extra error"
+                if icpt is not None
+                else "its source error (weighted to this deployment) + the extra error"
+            )
+            + f" (unweighted source error {fmt(ts.extra_error['source_error'], pct=False)})"
         )
         rows.append(
             (

@@ -41,14 +41,25 @@ def test_empty_audit_is_nan_not_zero():
     assert math.isnan(ci.low) and math.isnan(ci.high)
 
 
+def _doubled_rate_significant(alpha: float, m: int) -> bool:
+    return binom.sf(math.ceil(2 * alpha * m - 1e-9) - 1, m, alpha) < 0.05
+
+
 def test_audit_min_n_by_hand():
-    # alpha 0.1: 25 situations with 5 misses (twice alpha) are not significant, 26 with 6 are
-    assert binom.sf(4, 25, 0.1) > 0.05 > binom.sf(5, 26, 0.1)
-    assert audit_min_n(0.1) == 26
-    for alpha in (0.05, 0.2):
+    # alpha 0.1: 35 situations with 7 misses (twice alpha) are not significant; from 36 on,
+    # a doubled miss rate always is (at 26, 6 misses were, but at 27-35 it comes and goes)
+    assert binom.sf(6, 35, 0.1) > 0.05 > binom.sf(7, 36, 0.1)
+    assert _doubled_rate_significant(0.1, 26) and not _doubled_rate_significant(0.1, 35)
+    assert audit_min_n(0.1) == 36
+    # alpha 0.01: one miss of one situation is significant (p 0.01), yet 100 % is no doubled
+    # rate; the audit needs hundreds of situations, never one
+    assert _doubled_rate_significant(0.01, 1)
+    assert audit_min_n(0.01) > 1 / 0.01
+    for alpha in (0.01, 0.02, 0.05, 0.1, 0.2):
         n = audit_min_n(alpha)
-        assert binom.sf(math.ceil(2 * alpha * n) - 1, n, alpha) < 0.05
-        assert all(binom.sf(math.ceil(2 * alpha * m) - 1, m, alpha) >= 0.05 for m in range(1, n))
+        assert not _doubled_rate_significant(alpha, n - 1)
+        assert all(_doubled_rate_significant(alpha, m) for m in range(n, n + 3000)), alpha
+    assert audit_min_n(0.01, limit=50) == 50  # not settled within the limit: the limit
 
 
 def test_delivered_rates_by_hand():

@@ -96,6 +96,7 @@ def write_cue_files(
             {"reassuring": 0.001, "alarming": 0.0},
             1,
             2,
+            intercept=_e(0.209, 0.16, 0.26),
         ),
         Prediction(
             "guard",
@@ -106,6 +107,7 @@ def write_cue_files(
             {"reassuring": 0.0084, "alarming": 0.0},
             2,
             1,
+            intercept=_e(0.1996, 0.15, 0.25),  # the source error 0.19 weighted to π̂ 0.3
         ),
     )
     sel = SelectionResult(
@@ -144,7 +146,12 @@ def test_the_section_from_all_three_files(tmp_path):
     assert rows["OCR model"] == f"{OCR['name']} (sha256 {OCR['sha256']})"
     extra = rows["predicted extra error of guard"]
     assert "reassuring +0.008" in extra and "from select.json" in extra
-    assert "predicted error 0.208 [0.160, 0.260] against source error 0.190" in extra
+    # Eq. 1 as the row reads it: the predicted error is the weighted intercept plus the extra
+    # error (0.1996 + 0.0084 = 0.208), not the unweighted source error plus it
+    assert (
+        "predicted error 0.208 [0.160, 0.260] = its source error weighted to this deployment "
+        "0.200 [0.150, 0.250] + the extra error (unweighted source error 0.190" in extra
+    ), extra
     advice = [b for a, b in res.rows if a == "what to do"]
     assert any(
         "follows reassuring text" in a and "fail closed" in a and "choose candidate qwen" in a
