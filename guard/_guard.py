@@ -19,6 +19,7 @@ bounded by the call's deadline.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -48,6 +49,7 @@ from spotstop.guard._log_writer import LogWriter
 from spotstop.guard._member import Member, load_bundle_member
 from spotstop.guard._pipeline import Pipeline, situation_windows, works_for
 from spotstop.guard._record import Decision
+from spotstop.guard._state import StateStore
 from spotstop.guard._types import Scene, Variant
 from spotstop.guard.cues._types import TextDetector
 from spotstop.guard.policies import (
@@ -295,10 +297,20 @@ class Guard:
         call in progress finishes with the old policy; the next one uses the new. Returns the
         new policy.
         """
-        new = self._activate(
+        new = self._activate(  # loaded and checked (its state file too) outside the lock
             self._load_policy(path if path is not None else self.bundle.policy_path)
         )
         with self._lock:
+            # The live state is taken under the lock, after a call in flight committed its
+            # windows: the same version keeps its store (reading the file earlier would drop
+            # that call's scores); another version reads its file now.
+            old = self._active
+            store = (
+                old.store
+                if old.cfg.version_id == new.cfg.version_id
+                else StateStore(new.cfg, self.state_dir)
+            )
+            new = dataclasses.replace(new, store=store)
             self._active = new
             self.policy_path = Path(path) if path is not None else self.bundle.policy_path
         return new.cfg

@@ -924,11 +924,18 @@ class LogWriter:
 
     def apply_retention(self, *, now: float | None = None) -> RetentionResult:
         """One retention pass now (the background thread's work), protecting what the guard
-        needs: pending amendments, the active policy's situation windows, rows under review,
-        and every decision younger than 10 minutes (:class:`Protect`). The result is also counted in :meth:`status`."""
+        needs: every decision something still waits to change (an amendment or a row waiting
+        in memory or in the journal: a SAFE row archived before its fail-closed amendment
+        lands would stay SAFE in the archive), the active policy's situation windows, rows
+        under review, and every decision younger than 10 minutes (:class:`Protect`). The
+        result is also counted in :meth:`status`. Raises :class:`JournalError` (nothing
+        archived) when the journal cannot be read: what it holds cannot be protected."""
         with self._mutex:
-            ids = frozenset(i for batch, _, _ in self._amendments for i in batch)
-        protect = Protect(decision_ids=ids, windows=dict(self._windows()))
+            ids = {i for batch, _, _ in self._amendments for i in batch}
+            ids |= {r.decision_id for b in self._pending for r in b.records}
+        for entry in self.journal.read().entries:  # this log's entries
+            ids |= set(entry.amend_ids) | {r.decision_id for r in entry.records}
+        protect = Protect(decision_ids=frozenset(ids), windows=dict(self._windows()))
         result = self.log.apply_retention(self.options.retention, protect, now=now)
         with self._mutex:
             self._archived += result.archived_rows

@@ -254,3 +254,32 @@ def test_a_policy_whose_provenance_holds_nan_is_refused(bundle_copy: Path) -> No
             fitted_on={"n": math.nan},
             created=datetime.now(UTC),
         )
+
+
+def test_a_reload_of_the_same_policy_keeps_the_windows_of_a_call_in_flight(
+    bundle_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reload_policy() while a call is deciding (injected delay): the call's score stays in
+    the live windows and the state file, as replaying the log gives them."""
+    g = Guard(bundle_copy, log=tmp_path / "l.sqlite", state_dir=tmp_path / "s", deadline_s=None)
+    for i in range(3):
+        g.check(make_scene(i, sit="kitchen"))
+    real = Pipeline.decide
+    started = threading.Event()
+
+    def slow_decide(self, works, active, clock):  # type: ignore[no-untyped-def]
+        started.set()
+        time.sleep(0.5)
+        return real(self, works, active, clock)
+
+    monkeypatch.setattr(Pipeline, "decide", slow_decide)
+    t = threading.Thread(target=lambda: g.check(make_scene(10, sit="kitchen")))
+    t.start()
+    started.wait()
+    g.reload_policy()  # the same file: the same version
+    t.join()
+    monkeypatch.setattr(Pipeline, "decide", real)
+    assert len(g.situation("kitchen").references) == 4
+    g.close()
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", state_dir=tmp_path / "s") as g2:
+        assert len(g2.situation("kitchen").references) == 4  # the state file has it too

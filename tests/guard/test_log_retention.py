@@ -245,3 +245,81 @@ def test_arrays_from_rows_are_the_arrays_of_the_records(big_log) -> None:
                 assert list(a) == list(b), f.name
             else:
                 np.testing.assert_array_equal(a, b)  # NaN equals NaN here
+
+
+# -- retention beside what still waits (guard level) --------------------------------------
+
+
+def _guard_for_retention(bundle: Path, tmp_path: Path, **opts: Any) -> Any:
+    from spotstop.guard import Guard
+    from spotstop.guard._log_options import LogOptions
+
+    o = LogOptions(journal=tmp_path / "j.journal", keep_days=1, min_free_bytes=0, **opts)
+    return Guard(bundle, log=tmp_path / "l.sqlite", deadline_s=None, log_options=o)
+
+
+def test_retention_keeps_a_safe_row_whose_amendment_waits_in_the_journal(
+    bundle_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SAFE row written past the deadline is answered UNSAFE; its amendment meets a busy log
+    (injected) and goes to the journal. A retention pass two days on must not archive the
+    row as SAFE: the journal's amendment lands on it, and the log says what was answered."""
+    import time
+
+    from tests._support.guard import make_scene
+
+    g = _guard_for_retention(bundle_copy, tmp_path, spill_after_s=0.0)
+    g.check(make_scene(0))
+    real_append, real_mark = DecisionLog.append_many, DecisionLog.mark_fail_closed
+
+    def slow_append(self, *a, **k):  # type: ignore[no-untyped-def]
+        out = real_append(self, *a, **k)
+        time.sleep(0.6)  # committed after the call's deadline
+        return out
+
+    busy = [1]
+
+    def busy_mark(self, *a, **k):  # type: ignore[no-untyped-def]
+        if busy[0]:
+            busy[0] = 0
+            raise LogError("database is locked (injected)", "locked")
+        return real_mark(self, *a, **k)
+
+    monkeypatch.setattr(DecisionLog, "append_many", slow_append)
+    monkeypatch.setattr(DecisionLog, "mark_fail_closed", busy_mark)
+    d = g.check(make_scene(1), deadline_s=0.5)
+    monkeypatch.setattr(DecisionLog, "append_many", real_append)
+    assert d.label == "UNSAFE" and g.log_status().journal_entries == 1
+    assert g.log.get(d.decision_id).label == "SAFE"  # until the amendment lands
+    res = g._writer.apply_retention(now=time.time() + 2 * DAY)
+    assert res.protected_rows >= 1
+    g.flush_pending()
+    assert g.log.get(d.decision_id).label == "UNSAFE"
+    assert g.log_status().dead_letter_amendments == 0
+    g.close()
+
+
+def test_retention_keeps_a_row_that_waits_to_be_rewritten(
+    bundle_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that committed its SAFE row and then failed (an error after COMMIT, injected)
+    is answered UNSAFE and its fail-closed copy waits; retention leaves the live row for it."""
+    import time
+
+    from tests._support.guard import make_scene
+
+    g = _guard_for_retention(bundle_copy, tmp_path)
+    real = DecisionLog.append_many
+
+    def commit_then_fail(self, *a, **k):  # type: ignore[no-untyped-def]
+        real(self, *a, **k)
+        raise OSError(5, "I/O error after COMMIT (injected)")
+
+    monkeypatch.setattr(DecisionLog, "append_many", commit_then_fail)
+    d = g.check(make_scene(1))
+    monkeypatch.setattr(DecisionLog, "append_many", real)
+    assert d.fail_closed and g.log_status().pending_rows == 1
+    assert g._writer.apply_retention(now=time.time() + 2 * DAY).archived_rows == 0
+    g.flush_pending()
+    assert g.log.get(d.decision_id).label == "UNSAFE"
+    g.close()
