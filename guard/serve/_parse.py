@@ -172,6 +172,14 @@ def parse_json(body: bytes) -> Any:
         raise InputError(
             "the JSON body is nested too deeply.", field="body", code="json_invalid"
         ) from None
+    except InputError:  # a duplicate key or a NaN constant, named by its hook
+        raise
+    except ValueError as e:  # e.g. an integer longer than Python converts (4300 digits)
+        raise InputError(
+            f"the JSON body holds a value that cannot be read: {e}.",
+            field="body",
+            code="json_invalid",
+        ) from None
     loc = _find_bad_string(obj)
     if loc is not None:
         where = field_path(loc)

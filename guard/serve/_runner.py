@@ -148,7 +148,19 @@ class ModelRunner:
         fut = self._executor.submit(self._run_check, list(scenes), arrived, limits, caller_due)
         ticket.handed_over = True
         fut.add_done_callback(lambda _f: ticket.release())
-        return await asyncio.wrap_future(fut)
+        waiting = asyncio.wrap_future(fut)
+        left, whose = self._left(arrived, caller_due)
+        if left is None:
+            return await waiting
+        try:  # the deadline bounds the wait in the queue too
+            return await asyncio.wait_for(asyncio.shield(waiting), max(0.0, left))
+        except TimeoutError:
+            if fut.cancel():  # never started: nothing was judged, nothing logged
+                raise self._spent(time.monotonic() - arrived, "was still queued", whose) from None
+            # Started: the guard has the same deadline for its whole call, log included, so
+            # the answer comes right after it (a late one is a logged fail-closed UNSAFE).
+            # Waiting for it keeps the caller's answer and the log's row the same.
+            return await waiting
 
     def _spent(self, waited: float, where: str, whose: str) -> Overloaded:
         self.metrics.queue_rejected.labels(reason="deadline_exceeded_in_queue").inc()
@@ -182,7 +194,12 @@ class ModelRunner:
         if left is not None and left <= 0:
             raise self._spent(waited, "reached the models", whose)
         t = time.perf_counter()
-        scenes = [p.decode(limits) for p in parsed]  # ImageInputError → 422, nothing logged
+        scenes = []
+        for p in parsed:  # ImageInputError → 422, nothing logged
+            left, whose = self._left(arrived, caller_due)
+            if left is not None and left <= 0:  # checked between images, not after them all
+                raise self._spent(time.monotonic() - arrived, "was decoding its images", whose)
+            scenes.append(p.decode(limits))
         self.metrics.stage.labels(stage="image_decode").observe(time.perf_counter() - t)
         remaining, whose = self._left(arrived, caller_due)
         if remaining is not None and remaining <= 0:

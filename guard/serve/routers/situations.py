@@ -18,7 +18,7 @@ router = APIRouter(prefix="/v1", tags=["situations"])
 
 
 @router.get(
-    "/situations/{situation_id}",
+    "/situations/{situation_id:path}",  # an id may hold "/" (percent-encoded or not)
     summary="Recentering state of a situation",
     response_model=SituationOut,
     responses={

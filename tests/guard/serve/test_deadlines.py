@@ -539,3 +539,37 @@ def test_the_budget_header_is_in_the_openapi_schema():
     for path in ("/v1/check", "/v1/check/batch"):
         names = [p["name"] for p in schema["paths"][path]["post"].get("parameters", [])]
         assert BUDGET_HEADER in names, (path, names)
+
+
+def test_the_callers_budget_bounds_the_wait_in_the_queue(bundle: Path, tmp_path: Path):
+    """A (no budget) holds the model thread for ~3 s; B, queued behind it with a 0.5 s
+    budget, is answered 503 (nothing judged, nothing logged) when its budget runs out, not
+    when the worker reaches it."""
+    import shutil
+
+    from spotstop.guard._types import BUDGET_HEADER
+
+    from tests._support.guard import set_frozen
+
+    mine = tmp_path / "bundle"
+    shutil.copytree(bundle, mine, ignore=shutil.ignore_patterns("situations.json", "*.sqlite*"))
+    set_frozen(mine, 1e9)
+    settings = settings_for(mine, tmp_path, deadline_s=10.0, warmup=False)
+    g = stand_in(load_guard(settings), delay_s=1.5)  # each member 1.5 s: 3 s a call
+
+    def post(srv, i: int, headers: dict[str, str], delay: float) -> tuple[float, httpx.Response]:
+        time.sleep(delay)
+        t0 = time.monotonic()
+        with srv.client() as c:
+            r = c.post("/v1/check", **multipart(jpeg(i)), headers=headers)
+        return time.monotonic() - t0, r
+
+    with live_server(settings, g) as srv, ThreadPoolExecutor(2) as ex:
+        fa = ex.submit(post, srv, 1, {}, 0.0)
+        fb = ex.submit(post, srv, 2, {BUDGET_HEADER: "0.5"}, 0.3)
+        (ta, a), (tb, b) = fa.result(), fb.result()
+        assert a.status_code == 200 and a.json()["label"] == "SAFE"
+        assert b.status_code == 503 and b.json()["code"] == "deadline_exceeded_in_queue", b.text
+        assert "still queued" in b.json()["message"]
+        assert tb < ta  # answered at its budget, before A's call (3 s) ended
+        assert srv.guard.log.count() == 1  # B was never judged

@@ -227,6 +227,12 @@ def test_header_and_path_errors_have_the_same_body(client: httpx.Client, live: L
         r = client.post("/v1/check/batch", json={"scenes": [scene()]}, headers={BUDGET_HEADER: bad})
         assert r.status_code == 422, (bad, r.text)
         assert (r.json()["code"], r.json()["field"]) == ("invalid_value", BUDGET_HEADER), r.text
+    r = client.post("/v1/check/batch", json={"scenes": [scene(situation_id="room/3")]})
+    assert r.status_code == 200, r.text  # an id with "/" is an id, and can be looked up
+    for path in ("room/3", "room%2F3"):
+        looked = client.get(f"/v1/situations/{path}")
+        assert looked.status_code == 200 and looked.json()["situation_id"] == "room/3", looked.text
+    before = live.guard.log.count()
     for sid, code in (
         ("a%01b", "invalid_value"),
         ("%20%20", "empty_field"),
@@ -258,6 +264,8 @@ def test_strict_json_and_media_type_come_before_the_model(client: httpx.Client, 
         ),
         (b"", "application/json", 422, "body_missing", "body"),
         (b'{"labels": []}', "text/plain", 415, "unsupported_media_type", "Content-Type"),
+        # an integer past Python's conversion limit (4300 digits) was a 500
+        (b'{"x": ' + b"9" * 5000 + b"}", "application/json", 422, "json_invalid", "body"),
     ]
     for path in ("/v1/check/batch", "/v1/labels"):
         for content, ctype, status, code, field in cases:
