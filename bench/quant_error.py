@@ -382,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             f"quant-error-{member}"
             + "".join(f"-{m}" for m in modes if m != "rtn").replace("-bias", "-bias-corrected")
             + ("-mixed" if any(v[4] for v in variants) else "")
+            + ("-int8" if any(v[1] == COLUMN for v in variants) else "")  # the int8 precision's
         )
         write_section(args.results, key, render(member, head_line, rows, argv))
     return 0

@@ -160,6 +160,20 @@ def test_int8_variants_on_a_world_folder(
     assert "4 scores (scene and request-only passes of 2 scenes of the world w (seed 3))" in out
 
 
+def test_an_int8_precision_run_has_its_own_section(tiny_member_dir: Path, tmp_path: Path) -> None:
+    """A run of 8:col variants does not replace the weight-only section of the same member."""
+    qe = _load()
+    results = tmp_path / "RESULTS.md"
+    argv = [str(tiny_member_dir), "--scenes", "1", "--threads", "1", "--results", str(results)]
+    assert qe.main([*argv, "--variants", "8:128:mlp"]) == 0
+    assert qe.main([*argv, "--variants", "8:col:mlp"]) == 0
+    text = results.read_text(encoding="utf-8")
+    name = tiny_member_dir.name
+    assert f"<!-- quant-error-{name}:begin -->" in text
+    assert f"<!-- quant-error-{name}-int8:begin -->" in text
+    assert "| int8 b128 mlp |" in text and "| int8 per column, per token mlp |" in text
+
+
 def test_results_section_names_the_command_and_every_variant(
     tiny_member_dir: Path, tmp_path: Path
 ) -> None:
