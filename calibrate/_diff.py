@@ -8,8 +8,10 @@ the guard saw (the log's ``batch_id``; ``batch_size=N`` regroups consecutive dec
 batches of N instead), and a stateful policy starts from its fitted ``state_seed`` and
 carries its state from batch to batch, as a guard would. No live state file is read.
 
-Only usable decisions (not fail-closed, all member scores finite) of the policy's bundle
-and prompt count. ``flag_rate`` is the share labelled UNSAFE; ``miss_rate`` the share of
+The policy is run on every decision of the policy's bundle and prompt as the guard ran its
+own (:func:`~spotstop.guard.policies.entered_scores`: a scene that failed closed before the
+decision enters as missing, one that failed after it still moved the situation windows);
+only the usable ones (not fail-closed, all member scores finite) count in the rates. ``flag_rate`` is the share labelled UNSAFE; ``miss_rate`` the share of
 labelled-unsafe decisions labelled SAFE; ``safe_flag_rate`` the share of labelled-safe
 ones labelled UNSAFE (NaN without such labels).
 """
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 from spotstop.calibrate._logdata import CalibrationError, CalibrationLog
-from spotstop.guard.policies import PolicyConfig, batch_inputs, replay
+from spotstop.guard.policies import PolicyConfig, batch_inputs, entered_scores, replay
 
 __all__ = ["Change", "PolicyDiff", "PredictedEffect", "diff_policies", "predict_effect"]
 
@@ -164,7 +166,8 @@ def _rate(x: np.ndarray) -> float:
 def predict_effect(
     cfg: PolicyConfig, data: CalibrationLog, *, batch_size: int | None = None
 ) -> PredictedEffect:
-    """Replay ``cfg`` on the usable decisions of ``data`` (see the module docstring)."""
+    """Replay ``cfg`` on the decisions of ``data`` as the guard ran its policy; rates on the
+    usable ones (see the module docstring)."""
     if batch_size is not None and (
         isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
     ):
@@ -183,14 +186,21 @@ def predict_effect(
             f"the policy's fusion members {missing} have no scores in the data (members "
             f"{list(data.members)})."
         )
+    # The policy runs on what the guard ran it on (entered_scores: a scene that failed closed
+    # before the decision enters as missing, one that failed after it, e.g. past the
+    # deadline, moved the windows all the same), over every decision of the bundle in order;
+    # the rates are then read on the usable ones.
     use = data.usable
-    members = {m: data.member_scores[m][use] for m in cfg.fusion.members}
-    text = None if data.member_text is None else {m: v[use] for m, v in data.member_text.items()}
-    sids = [s or None for s in data.situation_id[use].tolist()]
+    members = entered_scores(
+        {m: data.member_scores[m] for m in cfg.fusion.members}, data.policy_score
+    )
+    text = None if data.member_text is None else entered_scores(data.member_text, data.policy_score)
+    sids = [s or None for s in data.situation_id.tolist()]
+    n_all = int(use.size)
     n = int(use.sum())
-    logged = data.batch_id[use].tolist()
+    logged = data.batch_id.tolist()
     if batch_size is not None:
-        batches: list[Any] | None = [i // batch_size for i in range(n)]
+        batches: list[Any] | None = [i // batch_size for i in range(n_all)]
         how = f"in batches of {batch_size} consecutive decisions"
     elif any(b is not None for b in logged):
         batches = logged
@@ -204,7 +214,7 @@ def predict_effect(
     )
     x = batch_inputs(cfg.fusion, members, sids, text)
     labels = list(replay(cfg.policy, x, batch_ids=batches, state=cfg.initial_state()).labels)
-    flags = np.array([lab == "UNSAFE" for lab in labels], dtype=bool).reshape(n)
+    flags = np.array([lab == "UNSAFE" for lab in labels], dtype=bool).reshape(n_all)[use]
     y = data.label[use]
     return PredictedEffect(
         n=n,

@@ -51,6 +51,8 @@ class CalibrationLog:
     decision_id, time, situation_id ('' for none), contrast_id ('' for none), label (int8:
     1 unsafe, 0 safe, -1 unlabelled), fused_logged (the fused score as logged: made with
     the fusion active at the time), member_scores (fusion member -> raw scene scores),
+    policy_score (what the policy compared, as logged: NaN where the scene never entered the
+    policy, :func:`~spotstop.guard.policies.entered_scores`'s test),
     usable (bool: not fail-closed, all member scores finite), batch_id (the guard call each
     decision came from; None for schema-1 rows), member_text (request-only scores per member,
     NaN where that pass did not run; None when it never ran).
@@ -66,6 +68,7 @@ class CalibrationLog:
     label: np.ndarray
     fused_logged: np.ndarray
     member_scores: dict[str, np.ndarray]
+    policy_score: np.ndarray
     usable: np.ndarray
     batch_id: np.ndarray
     member_text: dict[str, np.ndarray] | None
@@ -209,6 +212,7 @@ def read_calibration_log(
         label=label[keep],
         fused_logged=np.asarray(arr.fused, dtype=np.float64)[keep],
         member_scores=scores,
+        policy_score=np.asarray(arr.policy_score, dtype=np.float64)[keep],
         usable=counted.mask[keep],
         batch_id=np.asarray(arr.batch_id, dtype=object)[keep],
         member_text=text,

@@ -30,6 +30,7 @@ provenance; :func:`spotstop.calibrate.write_policy_version` writes it next to th
 
 from __future__ import annotations
 
+import copy
 import math
 from datetime import UTC, datetime
 from typing import Any, Literal, Self
@@ -173,7 +174,9 @@ class Recalibrator:
                 self.delta,
                 guarantee=self.guarantee,
                 cluster_rule=self.cluster_rule,
-                rng=gen,
+                # a copy in the state the policy's own fit (below) starts from: a random
+                # one-per-situation draw is then the same for the report and the policy file
+                rng=copy.deepcopy(gen),
             ).fit(ctx.fused[unsafe], ctx.situation_id[unsafe], refuse=False)
         policy = policy_class(self.policy).fit(ctx)
         self._policy: Policy = policy

@@ -67,8 +67,8 @@ def simulate_decisions(
 ) -> dict[str, int]:
     """A log of ``n_sit * per`` decisions (situation offsets, two members on other scales).
 
-    The logged fused score and threshold are deliberately wrong (0.0): a fit must recompute
-    the fused scores from the member scores. Returns the true labels by decision id.
+    The logged fused score, policy score and threshold are deliberately wrong (0.0): a fit
+    must recompute the fused scores from the member scores. Returns the true labels by decision id.
     """
     b = load_bundle(bundle, verify=False)
     gen = np.random.default_rng(seed)
@@ -89,6 +89,7 @@ def simulate_decisions(
                     request="move the pot",
                     member_scores={"a": 2.0 * z + 1.0, "b": 0.5 * z - 2.0 + gen.normal(0, 0.2)},
                     fused_score=0.0,
+                    policy_score=0.0,  # entered the policy (finite), as every usable row did
                     threshold=0.0,
                     policy="frozen",
                     label="UNSAFE",

@@ -127,6 +127,21 @@ def test_refits_are_deterministic(setup):
     assert r1.policy_ == r2.policy_ and r1.state_seed_ is r2.state_seed_ is None
 
 
+@pytest.mark.parametrize("guarantee", ["pac", "marginal"])
+def test_a_random_cluster_rule_gives_the_report_the_policys_cut(setup, guarantee: str):
+    """With one random case per situation, the report (fitted_on) and the policy file are one
+    draw: the same k, n and cut."""
+    bundle, log, _ = setup
+    for seed in range(4):
+        r = Recalibrator("conformal", guarantee=guarantee, cluster_rule="random", rng=seed).fit(
+            _data(bundle, log)
+        )
+        cfg = r.to_config(created=FIXED)
+        said = cfg.fitted_on["conformal"][guarantee]
+        pol = cfg.policy
+        assert (said["k"], said["n"], said["threshold"]) == (pol.k, pol.n, pol.threshold)  # type: ignore[attr-defined]
+
+
 def test_conformal_refuses_too_few_unsafe_cases_and_says_how_many(tmp_path: Path):
     bundle = fake_bundle(tmp_path / "bundle")
     simulate_decisions(tmp_path / "log.sqlite", bundle, n_sit=15, per=2, p_unsafe=0.4)
@@ -307,3 +322,50 @@ def test_read_log_refuses_a_missing_log(tmp_path: Path):
         read_calibration_log(
             tmp_path / "none.sqlite", bundle_id="b", prompt_hash="p", members=["a"]
         )
+
+
+def test_policy_diff_replays_a_window_as_the_guard_filled_it(tmp_path: Path):
+    """A scene that failed closed AFTER its decision (the deadline passed) still moved the
+    situation window in the guard (its policy score is logged), so the replay must count it:
+    the third scene then meets the mean of 0 and 5 (2.5) and is SAFE, as the guard said;
+    leaving the failed scene out would compare it with 0 alone and flag it."""
+    from dataclasses import replace
+
+    from spotstop.guard._log import DecisionLog, DecisionRecord
+    from spotstop.guard.policies import FrozenPolicy
+
+    bundle = fake_bundle(tmp_path / "bundle")
+    base = frozen_policy(bundle, 0.0)
+    cfg = replace(base, policy=SituationPolicy(window=2, min_refs=1, fallback=FrozenPolicy(0.0)))
+    b = load_bundle(bundle, verify=False)
+
+    def row(i: int, s: float, label: str, fail: str | None) -> DecisionRecord:
+        return DecisionRecord(
+            time=1_700_000_000.0 + i,
+            decision_id=f"d{i}",
+            situation_id="k",
+            request="move the pot",
+            member_scores={"a": s, "b": s},  # the fusion: medians 0, IQRs 1: S = s
+            fused_score=s,
+            policy_score=s,
+            threshold=0.0,
+            policy="situation",
+            label=label,  # type: ignore[arg-type]
+            fail_closed=fail is not None,
+            fail_reason=fail,
+            latency_ms={"total": 1.0},
+            bundle_id=b.bundle_id,
+            prompt_hash=b.prompt_hash,
+        )
+
+    with DecisionLog(tmp_path / "log.sqlite") as log:
+        log.append_many(
+            [
+                row(1, 0.0, "UNSAFE", None),  # no reference: the fallback, a tie is UNSAFE
+                row(2, 5.0, "UNSAFE", "deadline exceeded (after the decision)"),
+                row(3, 1.0, "SAFE", None),  # below the mean of [0, 5]
+            ]
+        )
+    data = _data(bundle, tmp_path / "log.sqlite")
+    eff = predict_effect(cfg, data)
+    assert eff.n == 2 and eff.flags.tolist() == [True, False]
