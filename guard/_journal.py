@@ -238,26 +238,7 @@ class Journal:
         data = b"".join(dataclasses.replace(e, log=self.owner).to_line() for e in entries)
         try:
             with self._locked(timeout_s):
-                new = not self.path.exists()
-                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-                try:
-                    start = os.fstat(fd).st_size
-                    if start and os.pread(fd, 1, start - 1) != b"\n":
-                        data = b"\n" + data  # a torn tail (a writer killed mid-line) stays apart
-                    try:
-                        view = memoryview(data)
-                        while view:
-                            view = view[os.write(fd, view) :]
-                        os.fsync(fd)
-                    except OSError:
-                        # cut a partial write off again: the entries are still the caller's
-                        with contextlib.suppress(OSError):
-                            os.ftruncate(fd, start)
-                        raise
-                finally:
-                    os.close(fd)
-                if new:
-                    fsync_dir(self.path.parent)
+                append_durably(self.path, data)
         except OSError as exc:
             raise self._error("written", exc) from exc
 
@@ -341,6 +322,32 @@ class Journal:
 
 
 # -- the dead letter ---------------------------------------------------------------------------
+
+
+def append_durably(path: Path, data: bytes) -> None:
+    """Append ``data`` (whole lines) to ``path``: one ``write`` loop, then ``fsync`` (and the
+    folder's when the file is new). After a torn last line (a writer killed mid-line) a
+    newline keeps it apart; a partial write is cut off again, so on :class:`OSError` nothing
+    half-written stays and the lines are still the caller's."""
+    new = not path.exists()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        start = os.fstat(fd).st_size
+        if start and os.pread(fd, 1, start - 1) != b"\n":
+            data = b"\n" + data
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
+    if new:
+        fsync_dir(path.parent)
 
 
 def default_dead_letter_path(log_path: Path) -> Path:
@@ -450,27 +457,8 @@ class DeadLetter:
         else:
             body["ids"] = list(amend_ids)
             body["reason"] = amend_reason
-        data = self.encode(body)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        new = not self.path.exists()
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            start = os.fstat(fd).st_size
-            if start and os.pread(fd, 1, start - 1) != b"\n":
-                data = b"\n" + data  # a torn tail (a writer killed mid-line) stays apart
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, start)
-                raise
-        finally:
-            os.close(fd)
-        if new:
-            fsync_dir(self.path.parent)
+        append_durably(self.path, self.encode(body))
 
     def read(self) -> list[dict[str, object]]:
         """The entries, oldest first (a torn last line is skipped): for people and tests."""
