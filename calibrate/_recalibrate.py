@@ -12,7 +12,9 @@
 3. the policy of the requested kind, fitted by the kind itself from that context
    (:meth:`spotstop.guard.policies.Policy.fit`; the kinds are the registry's, so a new kind
    needs nothing here), and for a stateful kind its starting state from the log (the
-   situation windows the guard would hold had it run the new fusion), stored in the
+   situation windows the guard would hold had it run the new fusion: over every decision
+   that entered the policy, :func:`~spotstop.guard.policies.entered_scores`'s test, which
+   includes one that failed closed after its decision, e.g. past the deadline), stored in the
    policy file as ``state_seed``.
 4. the conformal cut on the recomputed fused scores of usable decisions labelled unsafe,
    one case per situation, both guarantees reported whatever the kind (the ``conformal``
@@ -180,7 +182,25 @@ class Recalibrator:
             ).fit(ctx.fused[unsafe], ctx.situation_id[unsafe], refuse=False)
         policy = policy_class(self.policy).fit(ctx)
         self._policy: Policy = policy
-        self._seed: Any = policy.seed_from_fit(ctx) if policy.stateful else None
+        self._seed: Any = None
+        if policy.stateful:  # the windows hold what entered the policy, as the guard's do
+            entered = np.isfinite(data.policy_score) & np.all(
+                [np.isfinite(data.member_scores[m]) for m in data.members], axis=0
+            )
+            seed_ctx = ctx
+            if not np.array_equal(entered, use):
+                seed_ctx = frozen.context(
+                    {m: data.member_scores[m][entered] for m in data.members},
+                    label=data.label[entered],
+                    situation_id=data.situation_id[entered],
+                    member_text=None
+                    if data.member_text is None
+                    else {m: v[entered] for m, v in data.member_text.items()},
+                    settings=settings,
+                    current=None if current is None else current.policy,
+                    rng=copy.deepcopy(gen),
+                )
+            self._seed = policy.seed_from_fit(seed_ctx)
         return self
 
     # ------------------------------------------------------------------ learned state

@@ -125,7 +125,7 @@ class SituationPolicy(Policy):
         )
 
     def seed_from_fit(self, ctx: FitContext) -> SituationWindows | None:
-        """The last ``window`` fused scores of each situation's usable decisions, in time
+        """The last ``window`` fused scores of each situation's decisions in the context, in time
         order; None when no decision had a situation (the windows start empty anyway)."""
         seed = self.initial_state(None).appended(
             (str(sid), float(s))

@@ -144,3 +144,35 @@ def frozen_policy(bundle: Path, t0: float, *, bundle_id: str | None = None) -> P
         fitted_on={"test": True},
         created=FIXED,
     )
+
+
+def one_situation_log(
+    path: Path, bundle: Path, rows: list[tuple[float, str, str | None]], situation: str = "k"
+) -> None:
+    """A log of one situation's decisions as a guard with the fusion of :func:`frozen_policy`
+    (medians 0, IQRs 1: both members score ``s``, so ``S = s``) wrote them: ``(s, label,
+    fail_reason)`` each, the policy score logged (every one entered the policy; a fail
+    reason says it failed closed after its decision, e.g. past the deadline)."""
+    b = load_bundle(bundle, verify=False)
+    recs = [
+        DecisionRecord(
+            time=T0 + i,
+            decision_id=f"d{i}",
+            situation_id=situation,
+            request="move the pot",
+            member_scores={"a": s, "b": s},
+            fused_score=s,
+            policy_score=s,
+            threshold=0.0,
+            policy="situation",
+            label=label,  # type: ignore[arg-type]
+            fail_closed=fail is not None,
+            fail_reason=fail,
+            latency_ms={"total": 1.0},
+            bundle_id=b.bundle_id,
+            prompt_hash=b.prompt_hash,
+        )
+        for i, (s, label, fail) in enumerate(rows)
+    ]
+    with DecisionLog(path) as log:
+        log.append_many(recs)

@@ -37,6 +37,7 @@ from tests._support.calibration_logs import (
     T0,
     fake_bundle,
     frozen_policy,
+    one_situation_log,
     simulate_decisions,
 )
 
@@ -324,48 +325,40 @@ def test_read_log_refuses_a_missing_log(tmp_path: Path):
         )
 
 
+#: one situation: a scene, one that failed closed AFTER its decision (past the deadline: its
+#: score moved the guard's window), and one the guard compared with the mean of [0, 5]
+_FAILED_AFTER = [
+    (0.0, "UNSAFE", None),  # no reference: the fallback cut 0, a tie is UNSAFE
+    (5.0, "UNSAFE", "deadline exceeded (after the decision)"),
+    (1.0, "SAFE", None),  # below the mean of [0, 5]
+]
+
+
 def test_policy_diff_replays_a_window_as_the_guard_filled_it(tmp_path: Path):
-    """A scene that failed closed AFTER its decision (the deadline passed) still moved the
-    situation window in the guard (its policy score is logged), so the replay must count it:
-    the third scene then meets the mean of 0 and 5 (2.5) and is SAFE, as the guard said;
-    leaving the failed scene out would compare it with 0 alone and flag it."""
+    """The failed scene still moved the situation window in the guard, so the replay must
+    count it: the third scene meets 2.5 and is SAFE, as the guard said; leaving the failed
+    scene out would compare it with 0 alone and flag it."""
     from dataclasses import replace
 
-    from spotstop.guard._log import DecisionLog, DecisionRecord
     from spotstop.guard.policies import FrozenPolicy
 
     bundle = fake_bundle(tmp_path / "bundle")
-    base = frozen_policy(bundle, 0.0)
-    cfg = replace(base, policy=SituationPolicy(window=2, min_refs=1, fallback=FrozenPolicy(0.0)))
-    b = load_bundle(bundle, verify=False)
-
-    def row(i: int, s: float, label: str, fail: str | None) -> DecisionRecord:
-        return DecisionRecord(
-            time=1_700_000_000.0 + i,
-            decision_id=f"d{i}",
-            situation_id="k",
-            request="move the pot",
-            member_scores={"a": s, "b": s},  # the fusion: medians 0, IQRs 1: S = s
-            fused_score=s,
-            policy_score=s,
-            threshold=0.0,
-            policy="situation",
-            label=label,  # type: ignore[arg-type]
-            fail_closed=fail is not None,
-            fail_reason=fail,
-            latency_ms={"total": 1.0},
-            bundle_id=b.bundle_id,
-            prompt_hash=b.prompt_hash,
-        )
-
-    with DecisionLog(tmp_path / "log.sqlite") as log:
-        log.append_many(
-            [
-                row(1, 0.0, "UNSAFE", None),  # no reference: the fallback, a tie is UNSAFE
-                row(2, 5.0, "UNSAFE", "deadline exceeded (after the decision)"),
-                row(3, 1.0, "SAFE", None),  # below the mean of [0, 5]
-            ]
-        )
-    data = _data(bundle, tmp_path / "log.sqlite")
-    eff = predict_effect(cfg, data)
+    cfg = replace(
+        frozen_policy(bundle, 0.0),
+        policy=SituationPolicy(window=2, min_refs=1, fallback=FrozenPolicy(0.0)),
+    )
+    one_situation_log(tmp_path / "log.sqlite", bundle, _FAILED_AFTER)
+    eff = predict_effect(cfg, _data(bundle, tmp_path / "log.sqlite"))
     assert eff.n == 2 and eff.flags.tolist() == [True, False]
+
+
+def test_a_situation_seed_holds_what_entered_the_policy(tmp_path: Path):
+    """recalibrate's state seed is the windows the guard held: the scene that failed closed
+    after its decision is in them (the fusion kept, so the scores are the logged ones)."""
+    bundle = fake_bundle(tmp_path / "bundle")
+    current = frozen_policy(bundle, 0.0)
+    one_situation_log(tmp_path / "log.sqlite", bundle, _FAILED_AFTER)
+    r = Recalibrator("situation", refit_fusion=False, min_pool=2, settings={"window": 8}).fit(
+        _data(bundle, tmp_path / "log.sqlite"), current
+    )
+    assert r.state_seed_.references("k") == (0.0, 5.0, 1.0)
