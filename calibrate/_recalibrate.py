@@ -45,6 +45,7 @@ from spotstop.guard import Avg2Fusion
 from spotstop.guard.policies import (
     POLICY_KINDS,
     CutChoice,
+    FitContext,
     FrozenPolicy,
     NotFittedError,
     Policy,
@@ -153,17 +154,22 @@ class Recalibrator:
             "guarantee": self.guarantee,
             "cluster_rule": self.cluster_rule,
         }
-        ctx = frozen.context(
-            pool,
-            label=data.label[use],
-            situation_id=data.situation_id[use],
-            member_text=None
-            if data.member_text is None
-            else {m: v[use] for m, v in data.member_text.items()},
-            settings=settings,
-            current=None if current is None else current.policy,
-            rng=gen,
-        )
+
+        def context_on(rows: np.ndarray, rng: np.random.Generator) -> FitContext:
+            """The fit context of the decisions ``rows`` (a mask), fused with this fit."""
+            return frozen.context(
+                {m: data.member_scores[m][rows] for m in data.members},
+                label=data.label[rows],
+                situation_id=data.situation_id[rows],
+                member_text=None
+                if data.member_text is None
+                else {m: v[rows] for m, v in data.member_text.items()},
+                settings=settings,
+                current=None if current is None else current.policy,
+                rng=rng,
+            )
+
+        ctx = context_on(use, gen)
         fused = np.full(data.n, np.nan)
         fused[use] = ctx.fused  # recomputed: the logged fused is on the old scale
         self._frozen, self._fusion, self._fused, self._data = frozen, frozen.fusion, fused, data
@@ -187,19 +193,8 @@ class Recalibrator:
             entered = np.isfinite(data.policy_score) & np.all(
                 [np.isfinite(data.member_scores[m]) for m in data.members], axis=0
             )
-            seed_ctx = ctx
-            if not np.array_equal(entered, use):
-                seed_ctx = frozen.context(
-                    {m: data.member_scores[m][entered] for m in data.members},
-                    label=data.label[entered],
-                    situation_id=data.situation_id[entered],
-                    member_text=None
-                    if data.member_text is None
-                    else {m: v[entered] for m, v in data.member_text.items()},
-                    settings=settings,
-                    current=None if current is None else current.policy,
-                    rng=copy.deepcopy(gen),
-                )
+            same = np.array_equal(entered, use)
+            seed_ctx = ctx if same else context_on(entered, copy.deepcopy(gen))
             self._seed = policy.seed_from_fit(seed_ctx)
         return self
 
