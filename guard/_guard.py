@@ -53,6 +53,7 @@ from spotstop.guard._state import StateStore
 from spotstop.guard._types import Scene, Variant
 from spotstop.guard.cues._types import TextDetector
 from spotstop.guard.policies import (
+    CascadePolicy,
     PolicyConfig,
     SituationPolicy,
     check_policy_matches,
@@ -316,13 +317,18 @@ class Guard:
         return new.cfg
 
     def situation(self, situation_id: str) -> SituationInfo:
-        """The recentering state of one situation under the current policy."""
+        """The recentering state of one situation under the current policy: the ``situation``
+        kind's, or a cascade's whose cut is one (its state is the cut's; the threshold is then
+        what the cascade's score ``C`` of a new scene would meet)."""
         active = self._active
-        pol = active.cfg.policy
+        top = active.cfg.policy
+        pol = top.cut if isinstance(top, CascadePolicy) else top
         if not isinstance(pol, SituationPolicy):
-            return SituationInfo(situation_id, pol.kind, (), pol.kind, float("nan"), 0, 0)
+            return SituationInfo(situation_id, top.kind, (), top.kind, float("nan"), 0, 0)
         rule, thr, refs = pol.next_threshold(active.store.state, situation_id)
-        return SituationInfo(situation_id, pol.kind, refs, rule, thr, pol.min_refs, pol.window)
+        if pol is not top:
+            rule = f"{top.kind}->{rule}"
+        return SituationInfo(situation_id, top.kind, refs, rule, thr, pol.min_refs, pol.window)
 
     def check(
         self,

@@ -6,6 +6,7 @@ alone; only the ``demo`` test needs torch.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from datetime import UTC, datetime
@@ -884,3 +885,30 @@ def test_a_scoring_plan_that_cannot_run_fails_every_scene_closed(
         for d in ds:
             _assert_fail_closed(d, words)
             assert "scoring plan" in (d.fail_reason or "")
+
+
+def test_a_cascade_with_a_situation_cut_reports_its_windows(bundle_copy: Path, tmp_path: Path):
+    """Guard.situation (and GET /v1/situations) under a cascade whose cut is situation
+    recentering: the cut's windows and threshold, not an empty answer."""
+    from spotstop.guard.policies import CascadePolicy, SituationPolicy
+
+    cfg = load_policy(bundle_copy / "policy.yaml")
+    first, _ = cfg.fusion.members
+    cut = SituationPolicy(window=4, min_refs=1, fallback=FrozenPolicy(0.0))
+    dump_policy(
+        dataclasses.replace(
+            cfg,
+            policy=CascadePolicy(first=first, share=0.5, band=1e9, cut=cut),  # always the pair
+            state_seed=None,
+            created=datetime.now(UTC),
+        ),
+        bundle_copy / "policy.yaml",
+    )
+    with Guard(bundle_copy, log=tmp_path / "log.sqlite") as g:
+        ds = [g.check(make_scene(i, sit="hall")) for i in range(3)]
+        info = g.situation("hall")
+        assert info.policy == "cascade" and info.window == 4 and info.min_refs == 1
+        assert info.references == tuple(d.policy_score for d in ds)
+        assert info.rule.startswith("cascade->situation")
+        assert info.threshold == pytest.approx(np.mean(info.references))
+        assert g.situation("elsewhere").references == ()

@@ -27,7 +27,8 @@ router = APIRouter(prefix="/v1", tags=["situations"])
     },
     description=(
         "The situation's reference scores, the rule in force and the threshold a new scene "
-        "of this situation would meet now. Under a policy other than `situation` the "
+        "of this situation would meet now. Under a policy other than `situation` (or a cascade "
+        "whose cut is `situation`) the "
         "references are empty and the threshold is null. An unknown situation has no "
         "references (it is not an error)."
     ),
