@@ -420,27 +420,21 @@ def room_shift(sc: Scored) -> dict[str, tuple[float, float]]:
 def item_situation(
     off_pool: Scored, off_eval: Scored, n_boot: int, offsets: float, goal: bool
 ) -> list[Row]:
-    import dataclasses
-
     from spotstop.calibrate import fit_frozen
     from spotstop.diagnostics import Estimate, percentile_ci
     from spotstop.guard.policies import SituationPolicy
 
     fit = fit_frozen(off_pool.scores)
     ctx = fit.context(off_pool.scores, situation_id=off_pool.sids)
-    # the guard's defaults: window 8, 3 references, icc fitted on the pool's rooms
-    situation = SituationPolicy.fit(ctx)
-    plain = dataclasses.replace(situation, icc=1.0)  # the paper's plain mean
+    situation = SituationPolicy.fit(ctx)  # the guard's defaults: window 8, 3 references
     order = arrival_order(off_eval.sids, seed=SEEDS["off_eval"])
-    flags = [replay_flags(p, fit.fusion, off_eval, order) for p in (situation, plain, fit.policy)]
+    f_sit = replay_flags(situation, fit.fusion, off_eval, order)
+    f_fro = replay_flags(fit.policy, fit.fusion, off_eval, order)
     y = off_eval.label
-    point, draws = ba_draws(y, flags, off_eval.room_codes, n_boot, seed=3)
+    point, draws = ba_draws(y, [f_sit, f_fro], off_eval.room_codes, n_boot, seed=3)
     n = len(y)
-    est = [Estimate(float(point[k]), percentile_ci(draws[:, k]), n) for k in range(3)]
-    diff = [
-        Estimate(float(point[k] - point[2]), percentile_ci(draws[:, k] - draws[:, 2]), n)
-        for k in range(2)
-    ]
+    est = [Estimate(float(point[k]), percentile_ci(draws[:, k]), n) for k in range(2)]
+    diff = Estimate(float(point[0] - point[1]), percentile_ci(draws[:, 0] - draws[:, 1]), n)
     nr = f"{n} scenes, {len(set(off_eval.sids))} rooms"
     rule = f"window {situation.window}, >= {situation.min_refs} refs"
     shift = ", ".join(f"{m} {sd:.2f} / {gap:.2f}" for m, (sd, gap) in room_shift(off_eval).items())
@@ -450,36 +444,20 @@ def item_situation(
         Row(
             "3",
             f"{at}: frozen cut t0={fit.policy.threshold:+.3f}: balanced acc.",
-            fmt(est[2]),
-            nr,
-            "",
-            None,
-        ),
-        Row(
-            "3",
-            f"{at}: situation ({rule}, icc {situation.icc:.3f} fitted): balanced acc.",
-            fmt(est[0]),
-            nr,
-            "",
-            None,
-        ),
-        Row(
-            "3",
-            f"{at}: situation - frozen",
-            fmt(diff[0], True),
-            nr,
-            "CI above 0" if goal else "",
-            interval_above(diff[0]) if goal else None,
-        ),
-        Row(
-            "3",
-            f"{at}:   plain mean (icc 1, the paper's rule): balanced acc.",
             fmt(est[1]),
             nr,
             "",
             None,
         ),
-        Row("3", f"{at}:   plain mean - frozen", fmt(diff[1], True), nr, "", None),
+        Row("3", f"{at}: situation ({rule}): balanced acc.", fmt(est[0]), nr, "", None),
+        Row(
+            "3",
+            f"{at}: situation - frozen",
+            fmt(diff, True),
+            nr,
+            "CI above 0" if goal else "",
+            interval_above(diff) if goal else None,
+        ),
     ]
 
 
@@ -1165,10 +1143,7 @@ def _section(cmd: str, sz: Sizes, n_boot: int, table: list[str], wall: float, ti
         "the guard's own policies, at each offset strength; its goal is read at the "
         f"strongest ({max(SITUATION_OFFSETS):g}, the world's full scale), and its first row "
         "gives per member the spread (sd) of the room means of its score beside the gap "
-        "between its mean UNSAFE and mean SAFE score: how far the rooms move it. The "
-        "situation policy is the one `policy init` fits: its reference mean shrunk towards "
-        "the frozen cut by the pool's between-room share of the fused score (icc, "
-        "docs/policies.md); the paper's plain mean (icc 1) is shown under it. Item 4 "
+        "between its mean UNSAFE and mean SAFE score: how far the rooms move it. Item 4 "
         f"measures with the cue templates whose look the sign member's training signs share "
         f"({templates}: the world's sign_styles {styles}, its first wording, font and colours; "
         "the member learned to read that look and no other), then with every template (how "

@@ -26,7 +26,6 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         for name in (
             "window",
             "min_refs",
-            "icc",
             "min_batch",
             "weights",
             "member",
@@ -251,32 +250,10 @@ def add_recalibrate_parser(sub: Any) -> None:
     p.set_defaults(func=recalibrate_command)
 
 
-def _icc_arg(text: str) -> str | float:
-    if text == "auto":
-        return text
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"--icc takes auto or a number in [0, 1]; got {text!r}")
-    return v
-
-
 def _add_kind_settings(p: Any) -> None:
     p.add_argument("--window", type=int, default=None, help="situation: window N (current or 8)")
     p.add_argument(
         "--min-refs", type=int, default=None, help="situation: references k (current or 3)"
-    )
-    p.add_argument(
-        "--icc",
-        type=_icc_arg,
-        default=None,
-        metavar="auto|R",
-        help="situation: the share R in [0, 1] of the fused score's variance between "
-        "situations, by which the reference mean is trusted (Spearman-Brown weight "
-        "kR/(1+(k-1)R) of k references, towards the frozen cut); 1 is the plain mean (the "
-        "paper's rule); auto (default) estimates it from the fitting scenes' situations",
     )
     p.add_argument(
         "--min-batch", type=int, default=None, help="batch kinds: min_batch (current or 2)"

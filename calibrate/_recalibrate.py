@@ -399,12 +399,5 @@ def _check_recalibrator(r: Recalibrator, data: Any, current: PolicyConfig | None
             and (isinstance(v, bool) or not isinstance(v, int) or v < 1)
         ):
             raise PolicyError(f"{name} must be a positive integer or None; got {v!r}.")
-        if (
-            name == "icc"
-            and v is not None
-            and v != "auto"
-            and (isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0)
-        ):
-            raise PolicyError(f"icc must be 'auto', a number in [0, 1] or None; got {v!r}.")
     if not isinstance(r.min_pool, int) or r.min_pool < 2:
         raise PolicyError(f"min_pool must be an integer ≥ 2; got {r.min_pool!r}.")

@@ -94,9 +94,7 @@ class SituationInfo:
     """What the guard knows of one situation: its reference scores and the next threshold.
 
     ``threshold`` is what a new scene of this situation would be compared with now (NaN when
-    the fallback has no fixed threshold, e.g. ``direct``). ``icc``: the share by which the
-    references' mean is trusted over the frozen cut (1: the plain mean; NaN: no situation
-    policy); ``threshold`` already holds it.
+    the fallback has no fixed threshold, e.g. ``direct``).
     """
 
     situation_id: str
@@ -106,7 +104,6 @@ class SituationInfo:
     threshold: float
     min_refs: int
     window: int
-    icc: float = float("nan")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -118,7 +115,6 @@ class SituationInfo:
             "threshold": self.threshold if np.isfinite(self.threshold) else None,
             "min_refs": self.min_refs,
             "window": self.window,
-            "icc": self.icc if np.isfinite(self.icc) else None,
         }
 
 
@@ -332,9 +328,7 @@ class Guard:
         rule, thr, refs = pol.next_threshold(active.store.state, situation_id)
         if pol is not top:
             rule = f"{top.kind}->{rule}"
-        return SituationInfo(
-            situation_id, top.kind, refs, rule, thr, pol.min_refs, pol.window, pol.icc
-        )
+        return SituationInfo(situation_id, top.kind, refs, rule, thr, pol.min_refs, pol.window)
 
     def check(
         self,

@@ -69,7 +69,7 @@ from spotstop.guard.policies._registry import (
     policy_kinds,
 )
 from spotstop.guard.policies._rule import Label, is_unsafe, label_of, n_safe, unsafe_mask
-from spotstop.guard.policies._situation import SituationPolicy, reference_weight, situation_icc
+from spotstop.guard.policies._situation import SituationPolicy
 
 __all__ = [
     "CUT_KINDS",
@@ -122,8 +122,6 @@ __all__ = [
     "policy_class",
     "policy_from_dict",
     "policy_kinds",
-    "reference_weight",
     "replay",
-    "situation_icc",
     "unsafe_mask",
 ]

@@ -212,7 +212,6 @@ class SituationOut(BaseModel):
                     "threshold": 0.233,
                     "min_refs": 3,
                     "window": 8,
-                    "icc": 1.0,
                 }
             ]
         }
@@ -226,11 +225,6 @@ class SituationOut(BaseModel):
     threshold: float | None
     min_refs: int
     window: int
-    icc: float | None = Field(
-        default=None,
-        description="the share by which the references' mean is trusted over the frozen cut "
-        "(1: the plain mean; null: no situation policy); threshold already holds it",
-    )
 
 
 class LabelItem(BaseModel):
