@@ -46,7 +46,7 @@ class FrozenFit:
     ) -> FitContext:
         """The :class:`~spotstop.guard.policies.FitContext` a policy kind fits from.
 
-        member_scores: usable decisions' raw scores per member, in time order (fused here
+        member_scores: usable decisions' raw scores per member, in log order (fused here
         with this fit's fusion). label: 1/0/-1 per decision (None: all unlabelled).
         situation_id: per decision, "" or None for none.
         """

@@ -204,7 +204,7 @@ class DeployedAudit:
 def _first_per_situation(
     situation: NDArray[np.object_], rows: NDArray[np.intp]
 ) -> NDArray[np.intp]:
-    """Of ``rows`` (in time order), the first of each situation ('' = its own situation)."""
+    """Of ``rows`` (in log order), the first of each situation ('' = its own situation)."""
     seen: set[str] = set()
     out = []
     for i in rows.tolist():

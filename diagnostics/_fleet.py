@@ -3,7 +3,8 @@
 :func:`read_fleet` reads SQLite decision logs (each with its registered Parquet archives, as
 :class:`~spotstop.guard.DecisionLog` reads them) and stand-alone archive files (a fleet's
 collected ``*.parquet``, each carrying its robot and the policies that decided its rows in its
-metadata) into one :class:`~spotstop.diagnostics._from_log.LogData`, in time order:
+metadata) into one :class:`~spotstop.diagnostics._from_log.LogData`, robots interleaved in
+time order, each file's decisions in its own log order:
 
 * **Inputs.** Each item is a file (a log, or an archive), a folder (every ``*.sqlite`` log
   under it, and every ``*.parquet`` archive under it that no log given registers), or a glob.
@@ -145,7 +146,14 @@ def read_fleet(inputs: Sequence[str | Path], *, labels: str | Path | None = None
         if parts
         else np.zeros(0, dtype=object)
     )
-    order = np.lexsort((np.arange(arrays.n), arrays.time))  # time order; ties keep file order
+    # Robots interleave by time, each file's own order kept: its replay must run in the order
+    # its guard decided (guard/_log_read.py: log order), so within a file the key is the
+    # running maximum of its times, which a clock stepped back cannot reorder.
+    key = np.concatenate(
+        [np.maximum.accumulate(np.asarray(p.arrays.time, dtype=float)) for p in parts]
+        or [np.zeros(0)]
+    )
+    order = np.lexsort((np.arange(arrays.n), key))
     arrays, robots = arrays.take(order), robots[order]
     try:
         reviewed = read_reviewed(arrays, labels)

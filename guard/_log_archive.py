@@ -356,7 +356,8 @@ def read_archive_file(path: str | os.PathLike[str]) -> ArchiveFile:
 
 
 def read_archive(folder: Path, info: ArchiveInfo) -> Iterator[tuple[int, tuple[Any, ...]]]:
-    """``(log_seq, row)`` of every decision in a registered archive, in log order.
+    """``(log_seq, row)`` of every decision in a registered archive, in log order (by
+    ``log_seq``, the row's position in the log).
 
     The file must be the one registered: present, with the registered sha256 and row count;
     otherwise :class:`LogError` says which file and what to do (a card on part of a log would
@@ -387,8 +388,10 @@ def read_archive(folder: Path, info: ArchiveInfo) -> Iterator[tuple[int, tuple[A
         )
     seqs = table.column(SEQ_COLUMN).to_pylist()
     cols = _columns(table)
-    for i, seq in enumerate(seqs):
-        yield int(seq), tuple(c[i] for c in cols)
+    # in position order: an archive written before the log's order was its positions holds
+    # its rows by time, which a stepped clock may have put in another order
+    for i in sorted(range(len(seqs)), key=seqs.__getitem__):
+        yield int(seqs[i]), tuple(c[i] for c in cols)
 
 
 # --------------------------------------------------------------------------------------
@@ -574,9 +577,9 @@ class ArchiveStore:
             for version, window in protect.windows.items():
                 c.execute(
                     "INSERT OR IGNORE INTO temp._spotstop_keep SELECT r FROM (SELECT rowid AS r, "
-                    "ROW_NUMBER() OVER (PARTITION BY situation_id ORDER BY time DESC, rowid "
-                    "DESC) AS n FROM decisions WHERE policy_version = ? AND situation_id IS NOT "
-                    "NULL AND policy_score IS NOT NULL) WHERE n <= ?",
+                    "ROW_NUMBER() OVER (PARTITION BY situation_id ORDER BY rowid DESC) AS n "
+                    "FROM decisions WHERE policy_version = ? AND situation_id IS NOT NULL AND "
+                    "policy_score IS NOT NULL) WHERE n <= ?",
                     (version, int(window)),
                 )
             if protect.min_age_s > 0:
@@ -598,17 +601,19 @@ class ArchiveStore:
     def _candidates(
         self, protect: Protect, now: float, n: int, older_than: float | None
     ) -> tuple[list[int], list[tuple[Any, ...]]]:
-        """The ``n`` oldest unprotected rows (older than ``older_than`` when given)."""
+        """The ``n`` first unprotected rows in log order (older than ``older_than`` when
+        given). The newest row is never one: the next rowid SQLite gives is one above the
+        largest in the table, so keeping it keeps every position unique (guard/_log_read.py)."""
         self._protect(protect, now)
-        where = "WHERE rowid NOT IN (SELECT r FROM temp._spotstop_keep)"
+        where = (
+            "WHERE rowid NOT IN (SELECT r FROM temp._spotstop_keep) "
+            "AND rowid < (SELECT MAX(rowid) FROM decisions)"
+        )
         params: list[Any] = []
         if older_than is not None:
             where += " AND time < ?"
             params.append(older_than)
-        sql = (
-            f"SELECT rowid, {', '.join(COLUMNS)} FROM decisions {where} "
-            "ORDER BY time, rowid LIMIT ?"
-        )
+        sql = f"SELECT rowid, {', '.join(COLUMNS)} FROM decisions {where} ORDER BY rowid LIMIT ?"
         rows = self._retry(
             lambda: self._conn().execute(sql, [*params, int(n)]).fetchall(),
             what="choose rows to archive",

@@ -4,6 +4,15 @@
 :func:`write_csv` and :func:`write_parquet` write them flat, one column per record field
 (dict fields expanded to ``<field>.<name>``), derived from the record's own field list.
 :class:`~spotstop.guard.DecisionLog` calls these from ``to_arrays``/``export_*``.
+
+*Log order* is the order the log took the decisions in: a row's position (its SQLite rowid;
+an archived row keeps it in the archive's ``log_seq`` column). The guard writes each call's
+rows after everything still waiting, oldest first, so this is the order it decided in, which
+its stateful policies' windows followed. It is not the ``time`` column's order: a wall clock
+stepped back (NTP on a robot whose clock ran ahead) gives later decisions earlier times, and a
+replay sorted by time would run the situation windows in another order than the guard did.
+``time`` still selects (``since``/``until``). Positions never repeat: retention never archives
+a log's newest row, so the next rowid is always above every archived one.
 """
 
 from __future__ import annotations
@@ -55,6 +64,13 @@ __all__ = [
 ]
 
 _PAGE_ROWS: Final = 1000  # rows per read page of DecisionLog.records
+
+
+def _position(item: tuple[Any, ...]) -> int:
+    """The merge key of a ``(time, position, row, ...)`` item: the log's order (module doc)."""
+    return int(item[1])
+
+
 _SITUATION_COLUMN: Final = COLUMNS.index("situation_id")
 
 Joined = Sequence[tuple[DecisionRecord, tuple[Any, ...]]]
@@ -464,22 +480,19 @@ class LogReader:
         return self._retry(lambda: self._conn().execute(sql, params).fetchall(), what="read")
 
     def _iter_live(self, where: str, params: list[Any]) -> Iterator[tuple[float, int, Any]]:
-        # Read in pages keyed on (time, rowid): no cursor stays open between yields, so a
-        # slow consumer never pins a read snapshot (which would stall WAL checkpoints).
+        # Read in pages keyed on the rowid (the log's order, see _LOG_ORDER): no cursor stays
+        # open between yields, so a slow consumer never pins a read snapshot (which would stall
+        # WAL checkpoints).
         base = f"{SELECT}, d.rowid FROM decisions AS d{where}"
         joiner = " AND " if where else " WHERE "
-        order = f" ORDER BY d.time, d.rowid LIMIT {_PAGE_ROWS}"
+        order = f" ORDER BY d.rowid LIMIT {_PAGE_ROWS}"
         rows = self._fetchall(base + order, params)
         while True:
             for row in rows:
                 yield row[TIME_COLUMN], row[-1], row[:-1]
             if len(rows) < _PAGE_ROWS:
                 return
-            last_time, last_rowid = rows[-1][TIME_COLUMN], rows[-1][-1]
-            rows = self._fetchall(
-                base + joiner + "(d.time, d.rowid) > (?, ?)" + order,
-                [*params, last_time, last_rowid],
-            )
+            rows = self._fetchall(base + joiner + "d.rowid > ?" + order, [*params, rows[-1][-1]])
 
     def _iter_archived(
         self, infos: list[ArchiveInfo], keep: Callable[[tuple[Any, ...]], bool]
@@ -498,7 +511,7 @@ class LogReader:
     ) -> Iterator[DecisionRecord]:
         infos = self.archives()
         streams = [*self._iter_archived(infos, keep), self._iter_live(where, params)]
-        for _, _, row in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
+        for _, _, row in heapq.merge(*streams, key=_position):
             yield record_from_row(row)
         if [a.name for a in self.archives()] != [a.name for a in infos]:
             raise LogError(
@@ -578,7 +591,7 @@ class LogReader:
         sql = (
             f"{SELECT}, d.rowid, l.label, l.contrast_id, l.reviewer, l.time FROM decisions AS d "
             f"LEFT JOIN labels AS l ON l.decision_id = d.decision_id{where} "
-            "ORDER BY d.time, d.rowid"
+            "ORDER BY d.rowid"
         )
 
         def read() -> tuple[list[Any], list[ArchiveInfo], dict[str, tuple[Any, ...]]]:
@@ -606,7 +619,7 @@ class LogReader:
             [(t, seq, row, labels.get(row[ID_COLUMN], none)) for t, seq, row in stream]
             for stream in self._iter_archived(infos, keep)
         ]
-        merged = heapq.merge(*archived, live, key=lambda x: (x[0], x[1]))
+        merged = heapq.merge(*archived, live, key=_position)
         return [(r[2], r[3]) for r in merged]
 
     def _joined_rows(

@@ -293,7 +293,7 @@ class FitContext:
     """What calibrate hands a kind's :meth:`Policy.fit`: fitted pieces, the data, settings.
 
     fusion: the fusion the new policy will carry. frozen_t0: the frozen cut (mean fused score
-    of the pool). fused: ``S`` under ``fusion`` per usable decision, in time order. label: 1
+    of the pool). fused: ``S`` under ``fusion`` per usable decision, in log order. label: 1
     unsafe, 0 safe, -1 unlabelled. situation_id: str per decision ("" for none).
     member_scores / member_text: raw scores per member (text: None if not logged).
     settings: the user's settings by name (alpha, delta, guarantee, cluster_rule, window,

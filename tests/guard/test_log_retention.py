@@ -96,8 +96,9 @@ def test_arrays_and_exports_are_those_of_the_untrimmed_log(big_log, tmp_path: Pa
 
 def test_labels_attach_to_archived_decisions(big_log) -> None:
     log, before = big_log
-    log.apply_retention(Retention(keep_days=1), now=T0 + 600 * 60 + DAY)  # archives all
-    assert log.count() == 600 and not log._fetchall("SELECT 1 FROM decisions", [])
+    log.apply_retention(Retention(keep_days=1), now=T0 + 600 * 60 + DAY)  # all but the newest
+    live = log._fetchall("SELECT decision_id FROM decisions", [])
+    assert log.count() == 600 and live == [(before[-1].decision_id,)]
     first = before[0].decision_id
     log.set_labels([(first, "safe", None, "late reviewer")])
     arr = log.to_arrays()
