@@ -105,7 +105,8 @@ FULL = Sizes(
     eval=(48, 8),
     cal=(64, 2),
     off_pool=(24, 4),
-    off_eval=(48, 8),
+    # 192 rooms: at 48 (its first 48) the situation gain's interval was as wide as the gain
+    off_eval=(192, 8),
     source=(24, 1),
     deploy=(24, 2),
     ocr_cal=(32, 2),
