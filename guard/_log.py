@@ -208,11 +208,15 @@ class DecisionLog(LogReader, ArchiveStore):
         """The SQLite file."""
         return self._path
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, timeout_s: float | None = None) -> sqlite3.Connection:
+        """A configured connection. ``timeout_s`` bounds the wait for a busy database while it
+        is opened (a write on a call's deadline opens its thread's connection on the call's
+        time); None: the log's ``timeout_s``. The connection keeps the log's ``timeout_s``."""
+        wait = self._timeout_s if timeout_s is None else max(0.0, float(timeout_s))
         try:
             conn = sqlite3.connect(
                 self._path,
-                timeout=self._timeout_s,  # sets SQLite's busy_timeout
+                timeout=wait,  # sets SQLite's busy_timeout
                 isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
                 check_same_thread=False,  # only so close() may close it from another thread
             )
@@ -223,14 +227,17 @@ class DecisionLog(LogReader, ArchiveStore):
                 fault_kind(exc),
             ) from exc
         try:
-            self._retry(lambda: self._configure(conn), what="configure the connection")
+            self._retry(
+                lambda: self._configure(conn, wait), what="configure the connection", timeout_s=wait
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _configure(self, conn: sqlite3.Connection) -> None:
-        conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
+    def _configure(self, conn: sqlite3.Connection, busy_s: float) -> None:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_s * 1000)}")
         if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
             # A new log gives the pages retention frees back to the file system (incremental
             # vacuum); this can be set only before the first table exists, outside a
@@ -250,7 +257,9 @@ class DecisionLog(LogReader, ArchiveStore):
         # (a burst of writes, a full disk) does not keep its space.
         conn.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT_BYTES}")
 
-    def _conn(self) -> sqlite3.Connection:
+    def _conn(self, timeout_s: float | None = None) -> sqlite3.Connection:
+        """This thread's connection, opened now if it has none (``timeout_s``: see
+        :meth:`_connect`)."""
         if self._closed:
             raise LogError(
                 f"decision log {str(self._path)!r} is closed. Open a new DecisionLog to use it.",
@@ -261,7 +270,7 @@ class DecisionLog(LogReader, ArchiveStore):
         if conn is None or getattr(self._local, "pid", None) != pid:
             # A connection inherited across fork() must not be used (SQLite's rule); it is
             # abandoned, not closed, so the parent's locks are left alone.
-            conn = self._connect()
+            conn = self._connect(timeout_s)
             self._local.conn = conn
             self._local.pid = pid
             with self._lock:
@@ -318,8 +327,8 @@ class DecisionLog(LogReader, ArchiveStore):
         full disk is tried once more after a WAL checkpoint that truncates the -wal file
         (the space a grown WAL holds is often what the write needs).
         """
-        conn = self._conn()
         wait = None if timeout_s is None else max(0.0, float(timeout_s))
+        conn = self._conn(wait)
 
         def attempt() -> None:
             conn.execute("BEGIN IMMEDIATE")
@@ -359,7 +368,7 @@ class DecisionLog(LogReader, ArchiveStore):
         it can without blocking (as a PASSIVE checkpoint does) and truncates only when nobody
         holds the WAL, which is what a guard call on a deadline may afford."""
         try:
-            conn = self._conn()
+            conn = self._conn(timeout_s)
         except LogError:
             return False
         if timeout_s is None:

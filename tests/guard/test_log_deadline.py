@@ -190,3 +190,42 @@ def test_the_journal_s_lock_is_waited_on_only_as_long_as_asked(tmp_path: Path) -
         let_go()
         j.append([JournalEntry("rows", (make_record(1),), None)], timeout_s=HELD_S)
     assert j.read().n_rows == 2
+
+
+def test_opening_a_connection_on_a_new_thread_waits_no_longer_than_the_call(
+    writer: LogWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each thread opens its own connection on its first write (a sidecar worker, a
+    planner's new thread), and configuring it reads the database: while another process
+    holds the file locked, that waited for the log's whole busy timeout, not the call's."""
+    real = DecisionLog._configure
+    held_until = time.monotonic() + HELD_S
+
+    def busy(self: DecisionLog, conn: sqlite3.Connection, *a: object, **k: object) -> None:
+        if time.monotonic() < held_until:
+            conn.execute("PRAGMA busy_timeout = 0")
+            time.sleep(min(0.05, max(0.0, held_until - time.monotonic())))
+            raise sqlite3.OperationalError("database is locked")
+        real(self, conn, *a, **k)
+
+    monkeypatch.setattr(DecisionLog, "_configure", busy)
+    out: dict[str, object] = {}
+
+    def call() -> None:  # a thread that never wrote: no connection yet
+        t = time.monotonic()
+        out["done"] = writer.commit(
+            [make_record(0, label="SAFE")], images=None, policy=_policy(), clock=Clock(0.5)
+        )
+        out["took"] = time.monotonic() - t
+
+    th = threading.Thread(target=call)
+    th.start()
+    th.join(HELD_S * 3)
+    took = out["took"]
+    assert isinstance(took, float) and took < 3.0, f"a 0.5 s call took {took:.1f} s"
+    done = out["done"]
+    assert done.records[0].label == "UNSAFE" and done.records[0].fail_closed  # type: ignore[attr-defined]
+    assert writer.pending == 1  # kept, and written once the file is free
+    monkeypatch.undo()
+    writer.flush()
+    assert writer.pending == 0 and writer.log.count() == 1
