@@ -443,13 +443,15 @@ def compute_card(
 
 
 def _deployed(log: LogData | None) -> tuple[str | None, str | None]:
-    """The deployed policy's kind and version: the stored policy the log saw last (by when it
-    first decided); ``("unknown", None)`` when the log stores none; (None, None) without a log."""
+    """The deployed policy's kind and version: the stored policy that made the log's last
+    decision (in log order; the last one stored when no decision names a stored one);
+    ``("unknown", None)`` when the log stores none; (None, None) without a log."""
     if log is None:
         return None, None
     if not log.policies:
         return "unknown", None
-    v = max(log.policies, key=lambda k: log.first_time.get(k, 0.0))
+    named = [v for v in log.version.tolist() if v in log.policies]
+    v = named[-1] if named else list(log.policies)[-1]
     return log.policies[v].kind, v
 
 

@@ -93,6 +93,7 @@ class _Part:
     policies: Mapping[str, PolicyRow]
     archived: int = 0
     archive_files: int = 0
+    first_seq: int | None = None  # a collected archive's first position in its log
 
 
 def _read_part(path: Path) -> _Part:
@@ -101,7 +102,8 @@ def _read_part(path: Path) -> _Part:
             af = read_archive_file(path)
             arrays = arrays_from_rows(af.rows, [(None, None, None, None)] * len(af.rows))
             robot = af.robot_id or robot_of_path(path)
-            return _Part(path, arrays, robot, af.policies, len(af.rows), 1)
+            first = min(af.seqs) if af.seqs else None
+            return _Part(path, arrays, robot, af.policies, len(af.rows), 1, first)
         r = read_reviewed(path)  # the log's one reader; a labels file goes over the fleet
         return _Part(
             path,
@@ -140,19 +142,23 @@ def read_fleet(inputs: Sequence[str | Path], *, labels: str | Path | None = None
                 )
             if old is None or row.first_time < old.first_time:
                 policies[v], origin[v] = row, part.source
+    # Each robot's decisions in its own log order: its replay must run in the order its guard
+    # decided (guard/_log_read.py: log order). Its files go by their positions in its log (a
+    # collected archive's log_seq; a log, which reads its own archives, last), and its key is
+    # the running maximum of its times in that order, which a clock stepped back cannot
+    # reorder; robots interleave by that key.
+    parts = sorted(parts, key=lambda p: (p.robot, p.first_seq is None, p.first_seq or 0))
     arrays = LogArrays.concat([p.arrays for p in parts])
     robots = (
         np.concatenate([np.full(p.arrays.n, p.robot, dtype=object) for p in parts])
         if parts
         else np.zeros(0, dtype=object)
     )
-    # Robots interleave by time, each file's own order kept: its replay must run in the order
-    # its guard decided (guard/_log_read.py: log order), so within a file the key is the
-    # running maximum of its times, which a clock stepped back cannot reorder.
-    key = np.concatenate(
-        [np.maximum.accumulate(np.asarray(p.arrays.time, dtype=float)) for p in parts]
-        or [np.zeros(0)]
-    )
+    times = np.asarray(arrays.time, dtype=float)
+    key = np.empty_like(times)
+    for r in dict.fromkeys(robots.tolist()):
+        mine = np.flatnonzero(robots == r)
+        key[mine] = np.maximum.accumulate(times[mine])
     order = np.lexsort((np.arange(arrays.n), key))
     arrays, robots = arrays.take(order), robots[order]
     try:

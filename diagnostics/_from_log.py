@@ -227,7 +227,14 @@ def _log_data(
     label, contrast, situation = arr.label, arr.contrast_id, arr.situation_id
     policies: dict[str, PolicyConfig] = {}
     errors: dict[str, str] = {}
-    for vid, row in rows.items():
+    # in the order the log's decisions first name them (log order, not the wall clock's:
+    # the last is the deployed one); a stored version that decided nothing comes after
+    named = list(dict.fromkeys(v for v in arr.policy_version.tolist() if v in rows))
+    order = named + sorted(
+        (v for v in rows if v not in set(named)), key=lambda v: rows[v].first_time
+    )
+    for vid in order:
+        row = rows[vid]
         try:
             policies[vid] = load_policy(row.document, where=f"policy {vid} in {path.name}")
         except GuardError as exc:

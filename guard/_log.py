@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -61,6 +62,7 @@ from spotstop.guard._log_archive import (
 )
 from spotstop.guard._log_read import LogArrays, LogReader
 from spotstop.guard._log_schema import (
+    COLUMNS,
     ID_COLUMN,
     INSERT,
     LOG_SCHEMA_VERSION,
@@ -94,6 +96,7 @@ __all__ = [
     "RetentionResult",
 ]
 
+_log = logging.getLogger("spotstop.guard")
 _T = TypeVar("_T")
 
 # In WAL mode, synchronous=NORMAL already makes a committed transaction survive a crash of
@@ -200,6 +203,14 @@ class DecisionLog(LogReader, ArchiveStore):
             except BaseException:
                 self.close()
                 raise
+        # Positions never repeat (guard/_log_read.py): a log whose older retention archived
+        # its newest rows gives its next row a position above every archived one. Best
+        # effort: a log whose archives cannot be read now still takes decisions.
+        try:
+            self._seq_floor: int | None = self.seq_floor()
+        except (LogError, OSError, ValueError) as exc:
+            _log.warning("decision log %s: archived positions not read (%s)", self._path, exc)
+            self._seq_floor = None
 
     # -- connections ---------------------------------------------------------------
 
@@ -569,7 +580,7 @@ class DecisionLog(LogReader, ArchiveStore):
                 } | archived
                 todo = [(r, img) for r, img in pairs if r.decision_id not in present]
             self._insert_policy(conn, policy, min(r.time for r in records))
-            self._insert(conn, [record_to_row(r) for r, _ in todo])
+            self._insert(conn, [record_to_row(r) for r, _ in todo], self._first_position(conn))
             for r, img in todo:
                 image = self._image_row(r, img)
                 if image is not None:
@@ -603,8 +614,30 @@ class DecisionLog(LogReader, ArchiveStore):
             ),
         )
 
-    def _insert(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    def _first_position(self, conn: sqlite3.Connection) -> int | None:
+        """The position the next row must take when SQLite's own (one above the largest
+        live) would repeat an archived one; None when SQLite's is right."""
+        floor = self._seq_floor
+        if floor is None:
+            return None
+        top = conn.execute("SELECT MAX(rowid) FROM decisions").fetchone()[0]
+        if top is not None and int(top) >= floor:
+            self._seq_floor = None  # retention keeps the newest row from now on
+            return None
+        return floor + 1
+
+    def _insert(
+        self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]], first: int | None = None
+    ) -> None:
         try:
+            if first is not None and rows:
+                cols = ", ".join(COLUMNS)
+                conn.execute(
+                    f"INSERT INTO decisions (rowid, {cols}) VALUES (?, "
+                    f"{', '.join('?' * len(COLUMNS))})",
+                    (first, *rows[0]),
+                )
+                rows = rows[1:]
             conn.executemany(INSERT, rows)
         except sqlite3.IntegrityError as exc:
             ids = [r[ID_COLUMN] for r in rows]

@@ -349,9 +349,10 @@ def read_archive_file(path: str | os.PathLike[str]) -> ArchiveFile:
     }
     seqs = table.column(SEQ_COLUMN).to_pylist()
     cols = _columns(table)
-    rows = tuple(tuple(c[i] for c in cols) for i in range(len(seqs)))
+    order = sorted(range(len(seqs)), key=seqs.__getitem__)  # log order, as read_archive
+    rows = tuple(tuple(c[i] for c in cols) for i in order)
     return ArchiveFile(
-        p, tuple(int(x) for x in seqs), rows, policies, meta.get("spotstop.robot_id")
+        p, tuple(int(seqs[i]) for i in order), rows, policies, meta.get("spotstop.robot_id")
     )
 
 
@@ -394,6 +395,19 @@ def read_archive(folder: Path, info: ArchiveInfo) -> Iterator[tuple[int, tuple[A
         yield int(seqs[i]), tuple(c[i] for c in cols)
 
 
+#: the ``meta`` key holding the largest position any archive of the log holds
+SEQ_FLOOR_KEY: Final = "archived_seq_max"
+
+
+def _raise_seq_floor(conn: Any, seq: int) -> None:
+    """``meta.archived_seq_max`` = max(itself, ``seq``), in the caller's transaction."""
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (SEQ_FLOOR_KEY,)).fetchone()
+    top = max(int(seq), int(row[0])) if row is not None else int(seq)
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (SEQ_FLOOR_KEY, str(top))
+    )
+
+
 # --------------------------------------------------------------------------------------
 # The log's side (mixed into DecisionLog, which provides the connection and the writes)
 # --------------------------------------------------------------------------------------
@@ -416,6 +430,37 @@ class ArchiveStore:
     def archive_folder(self) -> Path:
         """The folder beside the log that holds its archives (``<log>.archive/``)."""
         return archive_folder(self._path)
+
+    def seq_floor(self) -> int | None:
+        """The largest position any registered archive holds (``meta.archived_seq_max``), or
+        None for a log without archives. A log whose archives predate the key has it
+        computed once from their ``log_seq`` columns and stored. The next row's position
+        must be above it (guard/_log_read.py: positions never repeat)."""
+
+        def read() -> Any:
+            return (
+                self._conn()
+                .execute("SELECT value FROM meta WHERE key = ?", (SEQ_FLOOR_KEY,))
+                .fetchone()
+            )
+
+        row = self._retry(read, what="read the archived positions' floor")
+        if row is not None:
+            return int(row[0])
+        infos = self.archives()
+        if not infos:
+            return None
+        _, pq = _pyarrow()
+        top = max(
+            (
+                max(pq.read_table(self.archive_folder / i.name, columns=[SEQ_COLUMN])
+                    .column(SEQ_COLUMN).to_pylist(), default=0)
+                for i in infos
+            ),
+            default=0,
+        )  # fmt: skip
+        self._write(lambda conn: _raise_seq_floor(conn, top), what="store the positions' floor")
+        return int(top)
 
     def archives(self) -> list[ArchiveInfo]:
         """The registered archive files, oldest first."""
@@ -628,6 +673,7 @@ class ArchiveStore:
         id_col = COLUMNS.index("decision_id")
 
         def body(conn: Any) -> None:
+            _raise_seq_floor(conn, max(seqs))
             conn.execute(
                 "INSERT INTO archives (name, n_rows, first_time, last_time, n_bytes, sha256, "
                 "created) VALUES (?, ?, ?, ?, ?, ?, ?)",

@@ -92,9 +92,9 @@ def build_log(path: Path, *, conformal_shift: float = 0.0, seed: int = 0) -> dic
         )
         for i in range(12)
     ]
-    fail = [
+    fail = [  # made under v1 while it was deployed (the log's last decisions are v3's)
         DecisionRecord(
-            time=T3 + 60_000 + i,
+            time=T1 + 50_000 + i,
             decision_id=f"fail-{i}",
             situation_id=None,
             request="r",
@@ -118,5 +118,6 @@ def build_log(path: Path, *, conformal_shift: float = 0.0, seed: int = 0) -> dic
         (f"old-{i}", "unsafe" if i % 2 else "safe", f"oldc{i // 2}", "rev") for i in range(12)
     ]
     labels += [(f"fail-{i}", "unsafe", None, "rev") for i in range(2)]
-    write_log(path, segments, labels, more=[*old, *fail])
+    write_log(path, segments[:1], more=fail)
+    write_log(path, segments[1:], labels, more=old)
     return {"cfgs": cfgs, "truth": truth}
