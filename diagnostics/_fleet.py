@@ -94,6 +94,7 @@ class _Part:
     archived: int = 0
     archive_files: int = 0
     first_seq: int | None = None  # a collected archive's first position in its log
+    log_id: str | None = None  # which log a collected archive's positions are of
 
 
 def _read_part(path: Path) -> _Part:
@@ -103,7 +104,7 @@ def _read_part(path: Path) -> _Part:
             arrays = arrays_from_rows(af.rows, [(None, None, None, None)] * len(af.rows))
             robot = af.robot_id or robot_of_path(path)
             first = min(af.seqs) if af.seqs else None
-            return _Part(path, arrays, robot, af.policies, len(af.rows), 1, first)
+            return _Part(path, arrays, robot, af.policies, len(af.rows), 1, first, af.log_id)
         r = read_reviewed(path)  # the log's one reader; a labels file goes over the fleet
         return _Part(
             path,
@@ -115,6 +116,33 @@ def _read_part(path: Path) -> _Part:
         )
     except GuardError as exc:
         raise DataError(f"cannot read {str(path)!r}: {exc}") from exc
+
+
+def _in_log_order(parts: list[_Part]) -> list[_Part]:
+    """Each robot's files in its own log order: its replay must run in the order its guard
+    decided (guard/_log_read.py: log order). The collected archives of one log go by their
+    positions (``log_seq``); each log (which reads its own archives), each older archive
+    without a log id, and each group of one log's archives is a run, and a robot's runs go by
+    their first decision's time (different logs, one after another). read_fleet then keys each
+    robot's rows by the running maximum of their times in this order, which a clock stepped
+    back cannot reorder, and robots interleave by that key."""
+    runs: dict[tuple[str, str], list[_Part]] = {}
+    for i, p in enumerate(parts):
+        key = f"log:{p.log_id}" if p.log_id is not None else f"file:{i}"
+        runs.setdefault((p.robot, key), []).append(p)
+
+    def start(run: list[_Part]) -> float:
+        times = [float(np.min(p.arrays.time)) for p in run if p.arrays.n]
+        return min(times) if times else math.inf
+
+    out: list[_Part] = []
+    for robot in sorted({r for r, _ in runs}):
+        mine = [
+            sorted(v, key=lambda p: p.first_seq or 0) for (r, _), v in runs.items() if r == robot
+        ]
+        for run in sorted(mine, key=start):
+            out.extend(run)
+    return out
 
 
 def read_fleet(inputs: Sequence[str | Path], *, labels: str | Path | None = None) -> LogData:
@@ -142,12 +170,7 @@ def read_fleet(inputs: Sequence[str | Path], *, labels: str | Path | None = None
                 )
             if old is None or row.first_time < old.first_time:
                 policies[v], origin[v] = row, part.source
-    # Each robot's decisions in its own log order: its replay must run in the order its guard
-    # decided (guard/_log_read.py: log order). Its files go by their positions in its log (a
-    # collected archive's log_seq; a log, which reads its own archives, last), and its key is
-    # the running maximum of its times in that order, which a clock stepped back cannot
-    # reorder; robots interleave by that key.
-    parts = sorted(parts, key=lambda p: (p.robot, p.first_seq is None, p.first_seq or 0))
+    parts = _in_log_order(parts)
     arrays = LogArrays.concat([p.arrays for p in parts])
     robots = (
         np.concatenate([np.full(p.arrays.n, p.robot, dtype=object) for p in parts])

@@ -218,6 +218,7 @@ def write_archive(
     *,
     robot_id: str | None = None,
     policies: Mapping[str, PolicyRow] | None = None,
+    log_id: str | None = None,
 ) -> ArchiveInfo:
     """Write ``rows`` (rows of the ``decisions`` table, in log order) to a new Parquet file.
 
@@ -225,7 +226,8 @@ def write_archive(
     its time span and the start of its sha256. Registering it (and deleting the rows from the
     live table) is the caller's transaction. ``robot_id`` and the ``policies`` that decided
     the rows go into the file's metadata, so that a copy of the archive alone (a fleet's
-    collected archives) still says whose decisions these are and what decided them.
+    collected archives) still says whose decisions these are and what decided them; so does
+    ``log_id`` (the log's creation stamp), which says which log's positions ``log_seq`` holds.
     """
     pa, pq = _pyarrow()
     if not rows:
@@ -246,6 +248,8 @@ def write_archive(
     }
     if robot_id is not None:
         meta["spotstop.robot_id"] = robot_id
+    if log_id is not None:
+        meta["spotstop.log_id"] = log_id
     table = pa.Table.from_arrays(arrays, names=names).replace_schema_metadata(meta)
     times = [float(r[COLUMNS.index("time")]) for r in rows]
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".archive-", suffix=".tmp")
@@ -306,6 +310,7 @@ class ArchiveFile:
     rows: tuple[tuple[Any, ...], ...]
     policies: Mapping[str, PolicyRow]
     robot_id: str | None
+    log_id: str | None = None  # which log's positions seqs are (None: an older archive)
 
 
 def _missing(table: Any) -> list[str]:
@@ -352,7 +357,12 @@ def read_archive_file(path: str | os.PathLike[str]) -> ArchiveFile:
     order = sorted(range(len(seqs)), key=seqs.__getitem__)  # log order, as read_archive
     rows = tuple(tuple(c[i] for c in cols) for i in order)
     return ArchiveFile(
-        p, tuple(int(seqs[i]) for i in order), rows, policies, meta.get("spotstop.robot_id")
+        p,
+        tuple(int(seqs[i]) for i in order),
+        rows,
+        policies,
+        meta.get("spotstop.robot_id"),
+        meta.get("spotstop.log_id"),
     )
 
 
@@ -430,6 +440,15 @@ class ArchiveStore:
     def archive_folder(self) -> Path:
         """The folder beside the log that holds its archives (``<log>.archive/``)."""
         return archive_folder(self._path)
+
+    def log_id(self) -> str | None:
+        """The log's identity (``meta.created``, the stamp of its creation), written into its
+        archives: a fleet tells one log's positions from another's by it."""
+        row = self._retry(
+            lambda: self._conn().execute("SELECT value FROM meta WHERE key = 'created'").fetchone(),
+            what="read the log's identity",
+        )
+        return None if row is None else str(row[0])
 
     def seq_floor(self) -> int | None:
         """The largest position any registered archive holds (``meta.archived_seq_max``), or
@@ -567,6 +586,7 @@ class ArchiveStore:
                 rows,
                 robot_id=self.robot_id,
                 policies=self.policies(),
+                log_id=self.log_id(),
             )
             try:
                 self._register(info, seqs, rows)

@@ -5,6 +5,7 @@ stateful policy, nor what calibrate and the card read, live or archived."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,15 @@ from tests._support.log_writer import Segment, policy_config, write_log
 T0 = 1_700_000_000.0
 
 
-def _stepped_log(path: Path, n: int = 40, step_at: int = 20, step_s: float = -3600.0) -> list[str]:
+def _stepped_log(
+    path: Path,
+    n: int = 40,
+    step_at: int = 20,
+    step_s: float = -3600.0,
+    *,
+    t0: float = T0,
+    prefix: str = "d",
+) -> list[str]:
     """One situation policy deciding ``n`` scenes of two situations, one a second; the clock
     steps by ``step_s`` before scene ``step_at``. Returns the decision ids in decision order."""
     rng = np.random.default_rng(5)
@@ -29,16 +38,16 @@ def _stepped_log(path: Path, n: int = 40, step_at: int = 20, step_s: float = -36
     scores = (y - 0.5) * 2.0 + rng.normal(0, 0.8, n) + np.array([0.0, 1.5] * (n // 2))
     members = {"a": scores, "b": scores + rng.normal(0, 0.2, n)}
     pol = SituationPolicy(window=4, min_refs=2, fallback=FrozenPolicy(0.0))
-    times = [T0 + i + (step_s if i >= step_at else 0.0) for i in range(n)]
+    times = [t0 + i + (step_s if i >= step_at else 0.0) for i in range(n)]
     seg = Segment(
-        cfg=policy_config(pol, created=T0 - 100),
+        cfg=policy_config(pol, created=t0 - 100),
         members=members,
         situation_id=sids,
-        t0=T0,
+        t0=t0,
         extra=[{"time": t} for t in times],
     )
-    labels = [(f"d{i:05d}", "unsafe" if y[i] else "safe", None, None) for i in range(n)]
-    recs = write_log(path, [(seg, "d")], labels=labels)["d"]
+    labels = [(f"{prefix}{i:05d}", "unsafe" if y[i] else "safe", None, None) for i in range(n)]
+    recs = write_log(path, [(seg, prefix)], labels=labels)[prefix]
     return [r.decision_id for r in recs]
 
 
@@ -170,3 +179,33 @@ def test_an_archive_read_alone_is_in_log_order(tmp_path: Path, monkeypatch: pyte
         af = read_archive_file(log.archive_folder / info.name)
     assert list(af.seqs) == sorted(af.seqs)
     assert [row[COLUMNS.index("decision_id")] for row in af.rows] == ids
+
+
+def test_a_fleet_keeps_one_robots_collected_archives_of_two_logs_in_order(tmp_path: Path):
+    """A robot's old log (its clock stepped back inside it) and its new one (a new bundle's
+    log: positions from 1 again), each collected as archives only: the fleet reads the old
+    log's decisions in its order, then the new log's, whatever the files are called."""
+    from spotstop.diagnostics._fleet import read_fleet
+
+    files = []
+    want: list[str] = []
+    for name, t0 in (("b-old", T0), ("a-new", T0 + 86400)):
+        path = tmp_path / name / "decisions.sqlite"
+        path.parent.mkdir()
+        ids = _stepped_log(path, n=20, step_at=10, t0=t0, prefix=f"{name}-")
+        with DecisionLog(path, robot_id="arm") as log:
+            log.apply_retention(
+                Retention(keep_days=1.0),
+                Protect(review=False, min_age_s=0.0),
+                now=t0 + 86400 * 9,
+                max_rows_per_file=7,  # three files of one log
+            )
+            for j, info in enumerate(log.archives()):
+                dst = tmp_path / "collected" / f"{name}-{j}.parquet"
+                dst.parent.mkdir(exist_ok=True)
+                shutil.copy(log.archive_folder / info.name, dst)
+                files.append(dst)
+        want += ids[:-1]  # the newest row stays live
+    fleet = read_fleet(sorted(files))
+    assert fleet.robots == ["arm"]
+    assert list(fleet.arrays.decision_id) == want
