@@ -62,9 +62,9 @@ from spotstop.guard._log_archive import (
 )
 from spotstop.guard._log_read import LogArrays, LogReader
 from spotstop.guard._log_schema import (
-    COLUMNS,
     ID_COLUMN,
     INSERT,
+    INSERT_AT,
     LOG_SCHEMA_VERSION,
     SCHEMA_SQL,
     LogError,
@@ -631,12 +631,7 @@ class DecisionLog(LogReader, ArchiveStore):
     ) -> None:
         try:
             if first is not None and rows:
-                cols = ", ".join(COLUMNS)
-                conn.execute(
-                    f"INSERT INTO decisions (rowid, {cols}) VALUES (?, "
-                    f"{', '.join('?' * len(COLUMNS))})",
-                    (first, *rows[0]),
-                )
+                conn.execute(INSERT_AT, (first, *rows[0]))
                 rows = rows[1:]
             conn.executemany(INSERT, rows)
         except sqlite3.IntegrityError as exc:

@@ -167,6 +167,12 @@ SELECT: Final = "SELECT " + ", ".join(f"d.{c}" for c in COLUMNS)
 INSERT: Final = (
     f"INSERT INTO decisions ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 )
+#: :data:`INSERT` at a given position (the rowid first), for a row whose position SQLite
+#: would give wrongly (guard/_log.py ``_first_position``)
+INSERT_AT: Final = (
+    f"INSERT INTO decisions (rowid, {', '.join(COLUMNS)}) "
+    f"VALUES (?, {', '.join('?' * len(COLUMNS))})"
+)
 
 SCHEMA_SQL: Final = (
     """
