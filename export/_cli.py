@@ -354,9 +354,21 @@ def add_export_parser(sub: Any) -> None:
         type=int,
         default=CALIBRATION_SCENES,
         metavar="N",
-        help="generated scenes GPTQ calibrates on, each scored with its image and "
-        f"request-only (default {CALIBRATION_SCENES}; seed {CALIBRATION_SEED}, not the "
-        "scenes verify-bundle checks)",
+        help="scenes GPTQ (and int8's keep rule) calibrates on, each scored with its image "
+        f"and request-only (default {CALIBRATION_SCENES}): generated shapes (seed "
+        f"{CALIBRATION_SEED}, not the scenes verify-bundle checks), or N rows of "
+        "--calibration-frames",
+    )
+    p.add_argument(
+        "--calibration-frames",
+        type=Path,
+        default=None,
+        metavar="TABLE",
+        help="int8/int4 with --quantizer gptq: calibrate on the deployment's own frames instead "
+        "of generated shapes: a scene table (a CSV with image,request columns, as "
+        "verify-bundle --scene-table and spotstop world write) of which "
+        "--calibration-scenes rows are drawn (seeded); the manifest records the table's "
+        "sha256 and the rows. Check the bundle on other frames than these",
     )
     p.add_argument(
         "--int4-int8",
@@ -410,6 +422,15 @@ def run_export(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"spotstop export: {e}", file=sys.stderr)
         return 2
+    if args.calibration_frames is not None:  # its error before any member is loaded
+        from spotstop.guard import GuardError
+        from spotstop.guard._scene_table import read_scene_table
+
+        try:
+            read_scene_table(args.calibration_frames)
+        except GuardError as e:
+            print(f"spotstop export: --calibration-frames: {e}", file=sys.stderr)
+            return 2
     smooth: float | str | None = args.smooth_alpha
     if smooth == "off":
         smooth = None
@@ -457,6 +478,7 @@ def run_export(args: argparse.Namespace) -> int:
                 visual_tokens=budgets,
                 quantizer=args.quantizer,
                 calibration_scenes=args.calibration_scenes,
+                calibration_frames=args.calibration_frames,
                 int4_int8=int4_int8,
                 smooth_alpha=smooth,
                 keep_error=args.int8_keep_error,

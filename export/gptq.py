@@ -20,13 +20,17 @@ of 128 rows, no reordering (so the blocks stay contiguous, as MatMulNBits needs)
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from spotstop.guard import Scene
 
 __all__ = [
     "CALIBRATION_SCENES",
@@ -35,6 +39,7 @@ __all__ = [
     "QUANTIZERS",
     "CalibrationInputs",
     "InputRecorder",
+    "calibration_set",
     "gptq_nbits",
     "nbits_quantizer_meta",
     "pack_codes",
@@ -310,11 +315,50 @@ class CalibrationInputs:
         return h
 
 
+def calibration_set(
+    n: int, frames: str | os.PathLike[str] | None = None
+) -> tuple[list[Scene], dict[str, Any]]:
+    """The scenes an export calibrates on, and what the manifest records of them.
+
+    Without ``frames``: ``n`` generated scenes (export/scenes.py, seed
+    :data:`CALIBRATION_SEED`, which ``verify-bundle`` never checks on). With ``frames``, a scene
+    table (a CSV of ``image,request`` rows or a ``spotstop world`` table, as ``verify-bundle
+    --scene-table`` reads it): ``n`` of its rows drawn without replacement by that seed (all of
+    them when it has fewer), so the weights are fitted to the deployment's own frames; the
+    manifest records the table's name, sha256, size and the rows drawn."""
+    if n < 1:
+        raise ValueError(f"calibration_scenes must be at least 1; got {n}.")
+    if frames is None:
+        from spotstop.export.scenes import demo_scenes
+
+        return demo_scenes(n, seed=CALIBRATION_SEED), {
+            "source": "generated",
+            "scenes": n,
+            "seed": CALIBRATION_SEED,
+        }
+    from spotstop.guard._scene_table import read_scene_table
+
+    table = read_scene_table(frames)  # GuardError naming the file or row (none: no data rows)
+    rng = np.random.default_rng(CALIBRATION_SEED)
+    rows = sorted(int(i) for i in rng.choice(len(table), min(n, len(table)), replace=False))
+    digest = hashlib.sha256(Path(table.source).read_bytes()).hexdigest()
+    return table.scenes(rows), {
+        "source": "frames",
+        "scenes": len(rows),
+        "seed": CALIBRATION_SEED,
+        "table": Path(table.source).name,
+        "table_sha256": digest,
+        "table_rows": len(table),
+        "rows": rows,
+    }
+
+
 def nbits_quantizer_meta(
-    precision: str, calibration: CalibrationInputs | None, scenes: int
+    precision: str, calibration: CalibrationInputs | None, scenes: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The ``quantizer`` entry of an int8/int4 member's ``spotstop_onnx.yaml``: which method
-    chose the codes and, for GPTQ, on what and for how many weights."""
+    chose the codes and, for GPTQ, on what (``scenes``: :func:`calibration_set`'s record)
+    and for how many weights."""
     from spotstop.export.precision import get_precision
     from spotstop.export.quant import _spotstop_version
 
@@ -328,8 +372,7 @@ def nbits_quantizer_meta(
     }
     if calibration is not None:
         meta["calibration"] = {
-            "scenes": int(scenes),
-            "seed": CALIBRATION_SEED,
+            **scenes,
             "tokens": calibration.tokens,
             "damp": DAMP,
         }

@@ -43,14 +43,17 @@ first-token rows) stays float32: its inputs are unknown, and such constants are 
 streamed export, whose exporter does not fold constants, computes them at run time: float32
 too, so both exports agree.)
 
-Which layers stay weight-only (``MatMulNBits`` 8-bit, ``accuracy_level`` 4: int8 activations
-per block of 128, so an outlier only costs its own block):
+Which layers stay weight-only (``MatMulNBits`` 8-bit, one scale per block of 128 rows):
 
-* the output layer (the MatMul whose output the vocabulary's ``LogSoftmax`` reads): the
+* the output layer (the MatMul whose output the vocabulary's ``LogSoftmax`` reads), with
+  ``accuracy_level`` 4 (int8 activations per block of 128: an outlier only costs its block): the
   scoring graph multiplies only a few read positions by it, so it is memory-bound and a dynamic GEMM
   gains nothing; and tied to the embeddings it stays ONE table, which ``GatherBlockQuantized``
   reads (export/weights.py), where a DynamicQuantizeMatMul weight would need a second copy;
-* every layer whose measured error exceeds ``keep_error``: on the calibration scenes' recorded
+* every layer whose measured error exceeds ``keep_error``, with FLOAT activations
+  (``accuracy_level`` 0, :attr:`Int8Report.kept_weights`): it is kept because int8 activations
+  cost it too much, and the block form's int8 activations are the same rounding whenever K
+  fits one block (tests/export/test_int8.py); error measured on the calibration scenes' recorded
   inputs (export/gptq.py, the same as GPTQ's), ``‖deq(Q(X)) Ŵ − X W‖ / ‖X W‖`` with ``Q``
   the activation quantization simulated over the sampled rows (per tensor: over several
   scenes at once, a range at least as wide as one call's, so the estimate errs high). Without
@@ -245,6 +248,9 @@ class Int8Report:
     #: weights left for the weight-only pass: output layers, and those over ``keep_error``
     head: tuple[str, ...] = ()
     kept: tuple[tuple[str, float], ...] = ()
+    #: the weights the kept layers' MatMuls read (their smoothed copies where smoothed): the
+    #: weight-only pass multiplies them with float activations (accuracy_level 0)
+    kept_weights: tuple[str, ...] = ()
     #: with calibration: constants no recorded Linear reads (inputs unknown): left float32
     unmeasured: tuple[str, ...] = ()
     #: weights whose error was measured, and the largest and median of those errors
@@ -562,6 +568,7 @@ def quantize_matmuls_int8(
         dynamic=sum(v is not None for v in done.values()),
         head=tuple(sorted(head)),
         kept=tuple(kept),
+        kept_weights=tuple(smoothed_w.get(k, k) for k, _ in kept),
         unmeasured=tuple(unmeasured),
         measured=len(errs),
         max_error=errs[-1] if errs else 0.0,

@@ -48,10 +48,10 @@ from spotstop.export.configs import ExportConfig, get_export_config
 from spotstop.export.exporters import DECODER_INPUTS, DECODER_OUTPUTS, export_decoder, export_vision
 from spotstop.export.gptq import (
     CALIBRATION_SCENES,
-    CALIBRATION_SEED,
     QUANTIZERS,
     CalibrationInputs,
     InputRecorder,
+    calibration_set,
     nbits_quantizer_meta,
 )
 from spotstop.export.int8 import default_smooth_alpha
@@ -71,7 +71,7 @@ from spotstop.export.precision import (
 )
 from spotstop.export.quant import quantizer_meta
 from spotstop.export.weights import DiskWeights, fold_weight_transposes, tie_output_layer
-from spotstop.guard import ScoringConfig
+from spotstop.guard import Scene, ScoringConfig
 from spotstop.guard._hf import (
     MEMBER_HINTS,
     TEST_PAIR_MARKER,
@@ -312,25 +312,26 @@ def _record_calibration(
     n_img: int,
     hidden: int,
     out: Path,
-    n_scenes: int,
+    scenes: Sequence[Scene],
 ) -> CalibrationInputs:
-    """Run ``n_scenes`` generated calibration scenes (export/gptq.py: their seed is not the one
-    ``verify-bundle`` checks on) through the torch scoring graphs as the guard scores them (the
-    scene with its image, then request-only), one prompt at a time so no padding is recorded,
-    and record every Linear's inputs to ``out`` for GPTQ."""
+    """Run the calibration ``scenes`` (:func:`_calibration_scenes`) through the torch scoring
+    graphs as the guard scores them (the scene with its image, then request-only), one prompt
+    at a time so no padding is recorded, and record every Linear's inputs to ``out`` for GPTQ
+    (and int8's smoothing and keep rule)."""
     import torch
-    from spotstop.export.scenes import demo_scenes
-    from spotstop.guard import decode_image
+    from spotstop.guard import DecodedImage, decode_image
     from tqdm.auto import tqdm
 
     plan = encoder.plan
     img_text = folder.arch.image_text(g)
     rows = len(plan.rows)
     with torch.inference_mode(), InputRecorder(model, out) as rec:
-        scenes = demo_scenes(n_scenes, seed=CALIBRATION_SEED)
         for scene in tqdm(scenes, desc="calibration", unit="scene", leave=False):
             rec.new_pass()
-            px = folder.arch.preprocess(decode_image(scene.image).image, g)
+            img = (
+                scene.image if isinstance(scene.image, DecodedImage) else decode_image(scene.image)
+            )
+            px = folder.arch.preprocess(img.image, g)
             emb = vision_t(torch.from_numpy(px["pixel_values"])).numpy()
             for prompt, e in (
                 (encoder.prompt_ids(scene.request, img_text), emb[0]),
@@ -378,6 +379,9 @@ class _Job:
     precision: str
     quantizer: str
     calibration_scenes: int
+    #: the scenes the calibrated quantizer records inputs on, and the manifest's record of them
+    calib_scenes: list[Scene]
+    calib_record: dict[str, Any]
     int8_sel: tuple[str, ...]
     sessions: str
     smooth_alpha: float | None
@@ -451,6 +455,7 @@ def _stage_resolve(
     streamed: bool | None,
     quantizer: str,
     calibration_scenes: int,
+    calibration_frames: str | os.PathLike[str] | None,
     int4_int8: Sequence[str] | None,
     smooth_alpha: float | str | None,
     keep_error: float | None,
@@ -465,6 +470,16 @@ def _stage_resolve(
         raise ValueError(f"quantizer must be one of {list(QUANTIZERS)}; got {quantizer!r}.")
     if calibration_scenes < 1:
         raise ValueError(f"calibration_scenes must be at least 1; got {calibration_scenes}.")
+    if calibration_frames is not None and not (spec.calibrated and quantizer == "gptq"):
+        raise ValueError(
+            f"calibration frames are read by the 'gptq' quantizer of a calibrated precision "
+            f"(int8, int4); this export is {precision} with quantizer {quantizer!r}: drop them."
+        )
+    # the calibration scenes now: a frames table's error comes before the model is loaded
+    calib_scenes: list[Scene] = []
+    calib_record: dict[str, Any] = {}
+    if spec.calibrated and quantizer == "gptq":
+        calib_scenes, calib_record = calibration_set(calibration_scenes, calibration_frames)
     auto = smooth_alpha == "auto"
     if ((not auto and smooth_alpha is not None) or keep_error is not None) and precision != "int8":
         raise ValueError(
@@ -524,6 +539,8 @@ def _stage_resolve(
         precision=precision,
         quantizer=quantizer,
         calibration_scenes=calibration_scenes,
+        calib_scenes=calib_scenes,
+        calib_record=calib_record,
         int8_sel=tuple(int8_sel),
         sessions=sessions,
         smooth_alpha=smooth_alpha,
@@ -699,7 +716,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
             job.n_img,
             job.hidden,
             job.tmp / "calibration",
-            job.calibration_scenes,
+            job.calib_scenes,
         )
     # export/mixed.py's rule on the torch names, found in the graphs by the weights' values
     job.int8_keys = int8_weight_keys(job.model, job.int8_sel) if job.int8_sel else {}
@@ -755,7 +772,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
 def _quantizer_record(job: _Job) -> dict[str, Any]:
     """The manifest's ``quantizer`` entry of a MatMulNBits / int8 (MatMulIntegerToFloat) member."""
     spec = get_precision(job.precision)
-    q = nbits_quantizer_meta(job.precision, job.calib, job.calibration_scenes)
+    q = nbits_quantizer_meta(job.precision, job.calib, job.calib_record)
     if spec.nbits == 4:
         if job.int8_keys and not job.held.get(8):
             raise RuntimeError(
@@ -873,6 +890,7 @@ def export_member(
     streamed: bool | None = None,
     quantizer: str = "gptq",
     calibration_scenes: int = CALIBRATION_SCENES,
+    calibration_frames: str | os.PathLike[str] | None = None,
     int4_int8: Sequence[str] | None = None,
     smooth_alpha: float | str | None = "auto",
     keep_error: float | None = None,
@@ -936,6 +954,7 @@ def export_member(
         streamed=streamed,
         quantizer=quantizer,
         calibration_scenes=calibration_scenes,
+        calibration_frames=calibration_frames,
         int4_int8=int4_int8,
         smooth_alpha=smooth_alpha,
         keep_error=keep_error,

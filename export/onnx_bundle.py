@@ -119,6 +119,7 @@ def write_onnx_bundle(
     visual_tokens: Mapping[str, int] | None = None,
     quantizer: str = "gptq",
     calibration_scenes: int = CALIBRATION_SCENES,
+    calibration_frames: str | os.PathLike[str] | None = None,
     int4_int8: Sequence[str] | None = None,
     smooth_alpha: float | str | None = "auto",
     keep_error: float | None = None,
@@ -134,7 +135,8 @@ def write_onnx_bundle(
 
     ``quantizer`` / ``calibration_scenes`` (int8/int4): how each member's weights are quantized,
     see :func:`~spotstop.export.onnx.export_member` (GPTQ on generated calibration scenes by
-    default, or ``"rtn"``). ``int4_int8`` (int4): the weights kept at 8 bits, by
+    default, or ``"rtn"``); ``calibration_frames``: a scene table of the deployment's own frames
+    to calibrate on instead (:func:`~spotstop.export.gptq.calibration_set`). ``int4_int8`` (int4): the weights kept at 8 bits, by
     export/mixed.py's selectors (None: its default; ``()``: none); each member entry of the
     manifest records them (``int4_int8``). ``smooth_alpha`` / ``keep_error`` (int8):
     SmoothQuant's α (``"auto"``: on with the calibration scenes; None: off) and the error bound
@@ -165,6 +167,10 @@ def write_onnx_bundle(
     if calibration_scenes < 1:
         raise ValueError(f"calibration_scenes must be at least 1; got {calibration_scenes}.")
     int8_sel = parse_selectors(DEFAULT_INT4_INT8 if int4_int8 is None else list(int4_int8))
+    if calibration_frames is not None:  # a bad table is refused before anything is replaced
+        from spotstop.guard._scene_table import read_scene_table
+
+        read_scene_table(calibration_frames)  # GuardError naming the file or row
     # the export extra before any member is looked at: without it the CLI's install hint, not
     # a member error (a member's size is read before its export imports torch)
     import onnx  # noqa: F401
@@ -198,6 +204,7 @@ def write_onnx_bundle(
             "visual_tokens": member_visual_tokens(visual_tokens, mname, types.get(str(src), "")),
             "quantizer": quantizer,
             "calibration_scenes": calibration_scenes,
+            "calibration_frames": None if calibration_frames is None else str(calibration_frames),
             "int4_int8": int8_sel,
             "smooth_alpha": smooth_alpha,
             "keep_error": keep_error,
@@ -347,7 +354,7 @@ def derive_bundle(
         qmeta = quantizer_meta(vision)
         spec = get_precision(precision)
         if spec.nbits is not None:  # no torch model here: rounded to nearest
-            qmeta = {"quantizer": nbits_quantizer_meta(precision, None, 0)}
+            qmeta = {"quantizer": nbits_quantizer_meta(precision, None, {})}
             if spec.nbits == 4:  # no torch model to name the weights: all at int4
                 qmeta["quantizer"]["int8"] = {"selectors": [], "chosen": 0}
             if "int8" in opts.report:

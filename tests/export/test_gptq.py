@@ -205,3 +205,98 @@ def test_quantizer_is_checked_before_anything_is_written(tiny_pair: Path, tmp_pa
     with pytest.raises(ValueError, match="calibration_scenes"):
         write_onnx_bundle([src], tmp_path / "b", precision="int8", calibration_scenes=0)
     assert not (tmp_path / "m").exists() and not (tmp_path / "b").exists()
+
+
+def _frames(root: Path, n: int) -> Path:
+    """A scene table of ``n`` frames, as a deployment writes one (image,request rows)."""
+    from tests._support.images import make_image_bytes
+
+    (root / "img").mkdir(parents=True)
+    rows = ["image,request"]
+    for i in range(n):
+        (root / "img" / f"{i}.png").write_bytes(make_image_bytes(100 + i, (96, 64)))
+        rows.append(f"img/{i}.png,hand me cup {i}")
+    (root / "frames.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return root / "frames.csv"
+
+
+def test_calibration_set_draws_the_frames_and_records_them(tmp_path: Path) -> None:
+    """Without frames: the generated scenes of CALIBRATION_SEED. With a table: N of its rows
+    drawn without replacement by that seed (all of them when it has fewer), the same every
+    time, and the record names the table by its bytes."""
+    import hashlib
+
+    from spotstop.export.gptq import CALIBRATION_SEED, calibration_set
+    from spotstop.export.scenes import demo_scenes
+
+    gen, rec = calibration_set(3)
+    assert rec == {"source": "generated", "scenes": 3, "seed": CALIBRATION_SEED}
+    assert [s.image for s in gen] == [s.image for s in demo_scenes(3, seed=CALIBRATION_SEED)]
+    table = _frames(tmp_path, 10)
+    got, rec = calibration_set(4, table)
+    again, _ = calibration_set(4, table)
+    rows = rec["rows"]
+    assert len(rows) == len(set(rows)) == 4 and rows == sorted(rows) and max(rows) < 10
+    assert [s.request for s in got] == [f"hand me cup {i}" for i in rows]
+    assert [s.image.sha256 for s in got] == [s.image.sha256 for s in again]
+    assert rec["table_sha256"] == hashlib.sha256(table.read_bytes()).hexdigest()
+    assert (rec["source"], rec["scenes"], rec["table_rows"]) == ("frames", 4, 10)
+    few, rec = calibration_set(50, table)
+    assert rec["rows"] == list(range(10)) and len(few) == 10
+    with pytest.raises(ValueError, match="at least 1"):
+        calibration_set(0, table)
+
+
+def test_export_calibrates_on_the_deployments_frames(
+    tiny_pair: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``calibration_frames``: GPTQ records the Linears' inputs on the table's frames, so the
+    codes differ from the generated scenes'; the manifest records the table; a bad table or a
+    precision that does not calibrate is refused before anything is written."""
+    import onnx
+    from onnx import numpy_helper
+    from spotstop.export.onnx import export_member
+    from spotstop.export.onnx_bundle import write_onnx_bundle
+    from spotstop.guard import GuardError
+
+    src = tiny_pair / "tiny-lfm2_vl"
+    table = _frames(tmp_path / "t", 6)
+    kw = {"precision": "int8-nbits", "buckets": [256], "name": "tiny-lfm2_vl"}
+    gen = export_member(src, tmp_path / "gen", calibration_scenes=2, **kw)  # type: ignore[arg-type]
+    fr = export_member(
+        src,
+        tmp_path / "fr",
+        calibration_scenes=2,
+        calibration_frames=table,
+        **kw,  # type: ignore[arg-type]
+    )
+    assert all(c.ok for c in fr.checks)
+    cal = fr.quantizer["calibration"]  # type: ignore[index]
+    assert cal["source"] == "frames" and cal["table"] == "frames.csv" and len(cal["rows"]) == 2
+    assert gen.quantizer["calibration"]["source"] == "generated"  # type: ignore[index]
+
+    def codes(folder: Path) -> dict[str, np.ndarray]:
+        m = onnx.load(str(folder / "onnx" / "decoder.onnx"))
+        return {
+            t.name: numpy_helper.to_array(t) for t in m.graph.initializer if t.name.endswith("_Q8")
+        }
+
+    a, b = codes(tmp_path / "gen"), codes(tmp_path / "fr")
+    assert a.keys() == b.keys() and sum(not np.array_equal(a[k], b[k]) for k in a) > len(a) // 2
+    with pytest.raises(ValueError, match="calibration frames are read by the 'gptq'"):
+        export_member(src, tmp_path / "x", precision="fp32", calibration_frames=table)
+    with pytest.raises(ValueError, match="calibration frames are read by the 'gptq'"):
+        export_member(src, tmp_path / "x", quantizer="rtn", calibration_frames=table, **kw)  # type: ignore[arg-type]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "keep.txt").write_text("an earlier bundle")
+    with pytest.raises(GuardError, match=r"not a folder of images or a \.csv file"):
+        write_onnx_bundle([src], tmp_path / "b", calibration_frames=tmp_path / "none.csv")
+    assert (tmp_path / "b" / "keep.txt").exists() and not (tmp_path / "x").exists()
+    from spotstop.cli import main
+
+    (tmp_path / "bad.csv").write_text("image,request\nimg/nope.png,go\n")
+    args = ["export", "--member", str(src), "--out", str(tmp_path / "b"), "--precision", "int8"]
+    assert main([*args, "--calibration-frames", str(tmp_path / "bad.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "--calibration-frames: " in err and "row 1" in err and "does not exist" in err
+    assert (tmp_path / "b" / "keep.txt").exists()

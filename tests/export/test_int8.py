@@ -329,6 +329,37 @@ def test_an_outlier_channel_is_kept_weight_only_unless_smoothed(tmp_path: Path) 
     assert rep2.dynamic == 2 and not rep2.kept and rep2.max_error < 0.03
 
 
+def test_a_kept_layer_multiplies_float_activations(tmp_path: Path) -> None:
+    """A layer kept for its activation error gets 8-bit weights and FLOAT activations
+    (MatMulNBits without accuracy_level): its output moves by the weights' rounding only, not
+    by the int8 activations that put it over the bound; the output layer keeps accuracy_level
+    4 (it only reads a few positions)."""
+    from spotstop.export.nbits import quantize_matmuls_nbits
+
+    k, n = 32, 24
+    model, v = _norm_then_two_linears(k, n, 5, outlier=200.0)
+    xn = v["x"] * v["g"]
+    cal = _calibration(tmp_path / "a", xn, [v["w1"], v["w2"]])
+    rep = quantize_matmuls_int8(model, calibration=cal, activations="per-tensor")
+    assert len(rep.kept) == 2 and rep.max_error > 0.03
+    assert sorted(rep.kept_weights) == ["w1", "w2"]
+    # as export/precision.py's int8 does: what the dynamic pass left, weight-only 8-bit
+    quantize_matmuls_nbits(model, 8, 128, None, cal, (), 4, rep.unmeasured, rep.kept_weights)
+    levels = {
+        nd.input[1]: helper.get_node_attr_value(nd, "accuracy_level")  # type: ignore[attr-defined]
+        if any(a.name == "accuracy_level" for a in nd.attribute)
+        else 0
+        for nd in model.graph.node  # type: ignore[attr-defined]
+        if nd.op_type == "MatMulNBits"
+    }
+    assert levels == {"w1_Q8": 0, "w2_Q8": 0, "head_Q8": 4}
+    (got,) = _session(model).run(["y"], {"x": v["x"]})  # type: ignore[attr-defined]
+    want = xn @ v["w1"] + xn @ v["w2"]
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    # 8-bit weights (max|w|/127 per block of 32 rows): well under the int8 activations' error
+    assert rel < 0.01 < rep.max_error, (rel, rep.max_error)
+
+
 def test_an_outlier_token_is_kept_per_tensor_and_computed_per_token(tmp_path: Path) -> None:
     """One input ROW 200x the others (an attention sink): per tensor the other rows lose
     their precision and the keep rule leaves both layers weight-only; per token each row has
@@ -403,7 +434,13 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     nb = [n for n in nodes if n.op_type == "MatMulNBits"]
     wo = d["weight_only"]
     assert len(nb) == wo["output_layer"] + wo["over_keep_error"]
-    assert all(helper.get_node_attr_value(n, "accuracy_level") == 4 for n in nb)
+
+    def level(n: onnx.NodeProto) -> int:
+        has = any(a.name == "accuracy_level" for a in n.attribute)
+        return int(helper.get_node_attr_value(n, "accuracy_level")) if has else 0
+
+    # the output layer int8 activations per block (level 4), the kept layers float (level 0)
+    assert sorted(level(n) for n in nb) == [0] * wo["over_keep_error"] + [4] * wo["output_layer"]
     dec = onnx.load(str(tmp_path / "m" / "onnx" / "decoder.onnx"), load_external_data=False)
     assert any(n.op_type == "GatherBlockQuantized" for n in dec.graph.node)  # one table
     assert d["smoothed_inputs"] == 0
