@@ -72,6 +72,8 @@ SEEDS = {
     "ocr_cal": 909,  # the text detector's calibration set
     "verify": 1010,  # the scene table verify-bundle checks the exported pair on
 }
+#: two more held-out verify worlds (same size): how far one world's max |ds| is from another's
+VERIFY_AGAIN = (1111, 1212)
 
 #: room lighting offsets: moderate in the main worlds; item 3 sweeps strong ones, and its goal
 #: is read at the world's full scale (1.0: brightness 0.4-1.25, tint up to 25 levels)
@@ -712,8 +714,13 @@ def item_export(
     rows, secs = [], {}
     scenes = [case_scene(c, opts) for c in ev.cases[: sz.world_spearman]]
     table = write_world(work / "verify-world", SEEDS["verify"], sz.verify)
-    for prec in sz.precisions:
-        out = work / f"bundle-{prec}"
+    again = [write_world(work / f"verify-world-{s}", s, sz.verify) for s in VERIFY_AGAIN]
+    # the deployment's own unlabelled frames (the pool world): what --calibration-frames reads
+    frames = write_world(work / "pool-world", SEEDS["pool"], sz.pool)
+    variants = [(p, "", ()) for p in sz.precisions]
+    variants += [(p, ", pool frames", ("--calibration-frames", str(frames))) for p in sz.precisions]
+    for prec, tag, calib in variants:
+        out = work / f"bundle-{prec}{'-frames' if calib else ''}"
         t0 = time.perf_counter()
         args = [
             "export",
@@ -727,20 +734,24 @@ def item_export(
             "off",
             "--quantizer",
             sz.quantizer,
+            *calib,
         ]
         for f in folders.values():
             args += ["--member", str(f)]
         rc = _cli(*args).returncode
-        secs[prec] = time.perf_counter() - t0
+        secs[prec + tag] = time.perf_counter() - t0
+        label = f"{prec}{tag}"
         if rc != 0:
-            rows.append(Row("6", f"{prec} export", f"failed (exit {rc})", "", "exports", False))
+            rows.append(Row("6", f"{label} export", f"failed (exit {rc})", "", "exports", False))
             continue
-        # verify-bundle twice: on its own generated shapes (out of the toy world: reported),
-        # and on the deployment's scenes, a held-out world (the goal)
-        for where, extra in (
-            ("generated shapes", ()),
-            ("world scenes", ("--scene-table", str(table))),
-        ):
+        # verify-bundle on its own generated shapes (out of the toy world: reported), on the
+        # deployment's scenes, a held-out world (the goal), and on two more such worlds
+        checks: list[tuple[str, tuple[str, ...]]] = [
+            ("world scenes", ("--scene-table", str(table)))
+        ]
+        if not calib:
+            checks.insert(0, ("generated shapes", ()))
+        for where, extra in checks:
             v = _cli("verify-bundle", str(out), "--json", *extra, capture=True)
             doc = json.loads(v.stdout)
             goal = where == "world scenes"
@@ -748,7 +759,7 @@ def item_export(
                 rows.append(
                     Row(
                         "6",
-                        f"{prec} verify-bundle {m['name']} on {where}: Spearman",
+                        f"{label} verify-bundle {m['name']} on {where}: Spearman",
                         f"{m['spearman']:.4f} (max|ds| {m['max_abs_diff']:.3g}, tol "
                         f"{m['tolerance']:g}: {'pass' if m['ok'] else 'FAIL'})",
                         f"{m['n']} scores",
@@ -756,6 +767,30 @@ def item_export(
                         bool(m["ok"] and m["spearman"] >= goals[prec]) if goal else None,
                     )
                 )
+        docs = [
+            json.loads(
+                _cli(
+                    "verify-bundle", str(out), "--json", "--scene-table", str(t), capture=True
+                ).stdout
+            )
+            for t in again
+        ]
+        for i, name in enumerate(m["name"] for m in docs[0]["members"]):
+            ms = [d["members"][i] for d in docs]
+            rows.append(
+                Row(
+                    "6",
+                    f"{label}   {name}, worlds {', '.join(map(str, VERIFY_AGAIN))}: max|ds|",
+                    ", ".join(
+                        f"{m['max_abs_diff']:.3g} ({'pass' if m['ok'] else 'FAIL'})" for m in ms
+                    ),
+                    f"{ms[0]['n']} scores each",
+                    "",
+                    None,
+                )
+            )
+        if calib:
+            continue
         b = load_bundle(out)
         for bm in b.members:
             got = np.array([r.score for r in load_bundle_member(b, bm).score(scenes)])
@@ -1153,8 +1188,13 @@ def _section(cmd: str, sz: Sizes, n_boot: int, table: list[str], wall: float, ti
         "(RapidOCR + the claim lexicon), with labelled frames (the world knows the labels). "
         "Item 6 runs `spotstop verify-bundle` on its own generated shapes (scene and "
         "request-only passes; shapes the pair never saw, reported only) and with "
-        "`--scene-table` on a held-out world (the deployment's own scenes: the goal), then "
-        "compares the bundle with the torch member on the held-out eval world's scenes.\n\n"
+        "`--scene-table` on a held-out world (the deployment's own scenes: the goal) and on "
+        f"two more held-out worlds (seeds {VERIFY_AGAIN[0]} and {VERIFY_AGAIN[1]}, the same "
+        "size: how much the maximum over 64 scores moves from one world to another), then "
+        "compares the bundle with the torch member on the held-out eval world's scenes; "
+        "'pool frames': the same export calibrated with `--calibration-frames` on the pool "
+        "world's frames (the deployment's own unlabelled frames, 8 drawn) instead of "
+        "generated shapes.\n\n"
         "```\n" + "\n".join(table) + "\n```"
     )
 
