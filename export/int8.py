@@ -43,21 +43,22 @@ first-token rows) stays float32: its inputs are unknown, and such constants are 
 streamed export, whose exporter does not fold constants, computes them at run time: float32
 too, so both exports agree.)
 
-Which layers stay weight-only (``MatMulNBits`` 8-bit, one scale per block of 128 rows):
+Which layers stay weight-only (``MatMulNBits`` 8-bit, ``accuracy_level`` 4: int8 activations
+per block of 128, so an outlier only costs its own block):
 
-* the output layer (the MatMul whose output the vocabulary's ``LogSoftmax`` reads), with
-  ``accuracy_level`` 4 (int8 activations per block of 128: an outlier only costs its block): the
+* the output layer (the MatMul whose output the vocabulary's ``LogSoftmax`` reads): the
   scoring graph multiplies only a few read positions by it, so it is memory-bound and a dynamic GEMM
   gains nothing; and tied to the embeddings it stays ONE table, which ``GatherBlockQuantized``
   reads (export/weights.py), where a DynamicQuantizeMatMul weight would need a second copy;
-* every layer whose measured error exceeds ``keep_error``, with FLOAT activations
-  (``accuracy_level`` 0, :attr:`Int8Report.kept_weights`): it is kept because int8 activations
-  cost it too much, and the block form's int8 activations are the same rounding whenever K
-  fits one block (tests/export/test_int8.py); error measured on the calibration scenes' recorded
+* every layer whose measured error exceeds ``keep_error``: on the calibration scenes' recorded
   inputs (export/gptq.py, the same as GPTQ's), ``‖deq(Q(X)) Ŵ − X W‖ / ‖X W‖`` with ``Q``
   the activation quantization simulated over the sampled rows (per tensor: over several
   scenes at once, a range at least as wide as one call's, so the estimate errs high). Without
-  calibration inputs (``quantizer="rtn"``) only the output-layer rule applies.
+  calibration inputs (``quantizer="rtn"``) only the output-layer rule applies. Kept layers
+  with float activations (``accuracy_level`` 0) instead were measured and not adopted: on
+  Qwen3.5-2B's int8 bundle (42 kept layers, same weights) a scene took 1.41x as long,
+  ``verify-bundle``'s max |Δs| went from 0.432 to 0.340 and its Spearman from 0.986 to 0.915
+  (bench/int8_kept_form.py, section ``int8-kept-form`` of bench/RESULTS.md).
 
 SmoothQuant (Xiao et al. 2023, "SmoothQuant: Accurate and Efficient Post-Training
 Quantization for Large Language Models", Sec. 4; on by default with the calibration scenes,
@@ -248,9 +249,6 @@ class Int8Report:
     #: weights left for the weight-only pass: output layers, and those over ``keep_error``
     head: tuple[str, ...] = ()
     kept: tuple[tuple[str, float], ...] = ()
-    #: the weights the kept layers' MatMuls read (their smoothed copies where smoothed): the
-    #: weight-only pass multiplies them with float activations (accuracy_level 0)
-    kept_weights: tuple[str, ...] = ()
     #: with calibration: constants no recorded Linear reads (inputs unknown): left float32
     unmeasured: tuple[str, ...] = ()
     #: weights whose error was measured, and the largest and median of those errors
@@ -568,7 +566,6 @@ def quantize_matmuls_int8(
         dynamic=sum(v is not None for v in done.values()),
         head=tuple(sorted(head)),
         kept=tuple(kept),
-        kept_weights=tuple(smoothed_w.get(k, k) for k, _ in kept),
         unmeasured=tuple(unmeasured),
         measured=len(errs),
         max_error=errs[-1] if errs else 0.0,

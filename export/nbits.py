@@ -79,7 +79,6 @@ def quantize_matmuls_nbits(
     int8: Collection[str] = (),
     accuracy_level: int = 0,
     skip: Collection[str] = (),
-    float_compute: Collection[str] = (),
 ) -> int:
     """Quantize, in place, every ``MatMul`` with a rank-2 float initializer weight; return
     how many weights were quantized. A weight shared by several MatMuls is quantized once.
@@ -92,9 +91,7 @@ def quantize_matmuls_nbits(
     attribute: 0 computes in float32 (dequantized weights); 4 quantizes the activations to
     int8 per block and multiplies in int8 (onnxruntime's int8 dot-product kernels: about 2.7x
     faster for 8-bit weights on an AVX512-VNNI CPU, bench/int8_gemm.py; the usual choice on
-    ARM). ``skip``: weight names left as they are (float32). ``float_compute``: weight names
-    whose nodes compute at ``accuracy_level`` 0 whatever ``accuracy_level`` is (int8's layers
-    kept for their activation error, export/int8.py)."""
+    ARM). ``skip``: weight names left as they are (float32)."""
     from onnx import helper
 
     io = io or WeightIO()
@@ -102,7 +99,6 @@ def quantize_matmuls_nbits(
     int8 = frozenset(int8)
 
     skip = frozenset(skip)
-    float_compute = frozenset(float_compute)
 
     def rewrite(node: Any, t: Any) -> list[Any] | None:
         if t.name in skip:
@@ -123,7 +119,7 @@ def quantize_matmuls_nbits(
             done[t.name] = (qn, sn, k, n, b)
         qn, sn, k, n, b = done[t.name]
         attrs: dict[str, Any] = {"K": k, "N": n, "bits": b, "block_size": block_size}
-        if accuracy_level and t.name not in float_compute:
+        if accuracy_level:
             attrs["accuracy_level"] = int(accuracy_level)
         name = f"{node.name}_Q{b}" if node.name else ""
         return [

@@ -198,10 +198,7 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
     )
     # what it left (the output layer, the layers over the error bound): weight-only 8-bit
     # (the constants no Linear reads stay float32, export/int8.py)
-    # (the output layer with int8 activations per block, a kept layer with float activations)
-    quantize_matmuls_nbits(
-        m, 8, INT8_NBITS_BLOCK, o.io, o.calibration, (), 4, rep.unmeasured, rep.kept_weights
-    )
+    quantize_matmuls_nbits(m, 8, INT8_NBITS_BLOCK, o.io, o.calibration, (), 4, rep.unmeasured)
     # several graphs (vision, decoder) add up to one record for the manifest
     errors = o.report.setdefault("_int8_errors", [])
     errors += list(rep.errors.values())

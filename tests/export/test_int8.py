@@ -329,37 +329,6 @@ def test_an_outlier_channel_is_kept_weight_only_unless_smoothed(tmp_path: Path) 
     assert rep2.dynamic == 2 and not rep2.kept and rep2.max_error < 0.03
 
 
-def test_a_kept_layer_multiplies_float_activations(tmp_path: Path) -> None:
-    """A layer kept for its activation error gets 8-bit weights and FLOAT activations
-    (MatMulNBits without accuracy_level): its output moves by the weights' rounding only, not
-    by the int8 activations that put it over the bound; the output layer keeps accuracy_level
-    4 (it only reads a few positions)."""
-    from spotstop.export.nbits import quantize_matmuls_nbits
-
-    k, n = 32, 24
-    model, v = _norm_then_two_linears(k, n, 5, outlier=200.0)
-    xn = v["x"] * v["g"]
-    cal = _calibration(tmp_path / "a", xn, [v["w1"], v["w2"]])
-    rep = quantize_matmuls_int8(model, calibration=cal, activations="per-tensor")
-    assert len(rep.kept) == 2 and rep.max_error > 0.03
-    assert sorted(rep.kept_weights) == ["w1", "w2"]
-    # as export/precision.py's int8 does: what the dynamic pass left, weight-only 8-bit
-    quantize_matmuls_nbits(model, 8, 128, None, cal, (), 4, rep.unmeasured, rep.kept_weights)
-    levels = {
-        nd.input[1]: helper.get_node_attr_value(nd, "accuracy_level")  # type: ignore[attr-defined]
-        if any(a.name == "accuracy_level" for a in nd.attribute)
-        else 0
-        for nd in model.graph.node  # type: ignore[attr-defined]
-        if nd.op_type == "MatMulNBits"
-    }
-    assert levels == {"w1_Q8": 0, "w2_Q8": 0, "head_Q8": 4}
-    (got,) = _session(model).run(["y"], {"x": v["x"]})  # type: ignore[attr-defined]
-    want = xn @ v["w1"] + xn @ v["w2"]
-    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
-    # 8-bit weights (max|w|/127 per block of 32 rows): well under the int8 activations' error
-    assert rel < 0.01 < rep.max_error, (rel, rep.max_error)
-
-
 def test_an_outlier_token_is_kept_per_tensor_and_computed_per_token(tmp_path: Path) -> None:
     """One input ROW 200x the others (an attention sink): per tensor the other rows lose
     their precision and the keep rule leaves both layers weight-only; per token each row has
@@ -458,12 +427,12 @@ def _levels(folder: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("alpha", [None, SMOOTH_ALPHA])
-def test_the_exports_kept_layers_multiply_float_activations(
+def test_the_export_keeps_the_layers_over_the_bound_weight_only(
     tiny_pair: Path, tmp_path: Path, alpha: float | None
 ) -> None:
-    """With a keep bound under most layers' measured error, the export keeps them weight-only
-    with float activations (accuracy_level 0, their smoothed weights when smoothed) and the
-    output layer at accuracy_level 4; the bundle still validates."""
+    """With a keep bound under most layers' measured error, the export keeps them (their
+    smoothed weights when smoothed) weight-only 8-bit beside the output layer, all at
+    accuracy_level 4, and the bundle still validates."""
     from spotstop.export.onnx import export_member
 
     src = tiny_pair / "tiny-lfm2_vl"
@@ -472,7 +441,7 @@ def test_the_exports_kept_layers_multiply_float_activations(
     assert all(c.ok for c in e.checks)
     wo = e.quantizer["dynamic_int8"]["weight_only"]  # type: ignore[index]
     assert wo["over_keep_error"] > 10
-    assert _levels(tmp_path / "k") == [0] * wo["over_keep_error"] + [4] * wo["output_layer"]
+    assert _levels(tmp_path / "k") == [4] * (wo["over_keep_error"] + wo["output_layer"])
 
 
 def test_int8_options_are_checked_before_anything_is_written(
