@@ -40,6 +40,7 @@ __all__ = [
     "BundleVerification",
     "MemberRuntime",
     "MemberVerification",
+    "diff_summary",
     "reference_available",
     "spearman",
     "verify_bundle",
@@ -82,6 +83,10 @@ class MemberVerification:
     decision_agreement: float
     tolerance: float
     min_spearman: float
+    #: the 95th percentile of |Δs| (linear interpolation): one scene's tail, or every score's
+    p95_abs_diff: float = math.nan
+    #: where max |Δs| was: the scene's index in the checked scenes, the pass, the request
+    worst: str = ""
 
     @property
     def ok(self) -> bool:
@@ -94,6 +99,11 @@ class MemberVerification:
             f"{self.name:<20} {self.precision:<5} n={self.n:<3} max|Δs|={self.max_abs_diff:.3g} "
             f"(≤ {self.tolerance:g})  spearman={self.spearman:.4f} (≥ {self.min_spearman:g})  "
             f"decisions agree {self.decision_agreement:.1%}  {flag}"
+            + (
+                f"\n{'':<20} p95 |Δs| {self.p95_abs_diff:.3g}; max at {self.worst}"
+                if self.worst
+                else ""
+            )
         )
 
 
@@ -186,6 +196,20 @@ def _run_member(
     return run, got
 
 
+def diff_summary(
+    got: np.ndarray, ref: np.ndarray, scenes: Sequence[Scene], variants: Sequence[str]
+) -> tuple[float, float, str]:
+    """max |Δs|, its 95th percentile, and where the max is: ``got`` and ``ref`` hold each
+    variant's scores of ``scenes`` one after the other, as :func:`verify_bundle` scores them."""
+    d = np.abs(np.asarray(got, dtype=np.float64) - np.asarray(ref, dtype=np.float64))
+    i = int(np.argmax(d))
+    scene, variant = i % len(scenes), variants[i // len(scenes)]
+    how = "with its image" if variant == "scene" else "request only"
+    request = scenes[scene].request
+    where = f"scene {scene} ({how}): {request[:60] + ('…' if len(request) > 60 else '')!r}"
+    return float(d[i]), float(np.percentile(d, 95)), where
+
+
 def verify_bundle(
     bundle: str | os.PathLike[str],
     *,
@@ -243,12 +267,15 @@ def verify_bundle(
         del ref_m  # one reference member in memory at a time (the real pair: 8 + 12 GiB fp32)
         gc.collect()
         ecfg = get_export_config(bm.model_type)
+        worst, p95, where = diff_summary(got, ref, scenes, variants)
         results.append(
             MemberVerification(
                 name=bm.name,
                 precision=run.precision,
                 n=len(ref),
-                max_abs_diff=float(np.max(np.abs(got - ref))),
+                max_abs_diff=worst,
+                p95_abs_diff=p95,
+                worst=where,
                 spearman=spearman(got, ref),
                 decision_agreement=float(np.mean((got > 0) == (ref > 0))),
                 tolerance=float(ecfg.score_atol[run.precision]),

@@ -231,7 +231,7 @@ def test_verify_bundle_cli(lfm_fp32: Path, capsys: pytest.CaptureFixture[str]) -
 
     assert main(["verify-bundle", str(lfm_fp32), "--scenes", "4"]) == 0
     out = capsys.readouterr().out
-    assert "max|Δs|" in out and "PASS" in out
+    assert "max|Δs|" in out and "PASS" in out and "p95 |Δs|" in out and "max at scene" in out
 
 
 def test_bundle_lists_every_file_and_refuses_altered_graphs(lfm_fp32: Path, tmp_path: Path) -> None:
@@ -518,3 +518,21 @@ PER_ARCH_TESTS = (
     test_vision_graph_exports,
     test_bundle_matches_torch_at_fp32_and_int8,
 )
+
+
+def test_diff_summary_names_the_worst_score() -> None:
+    """By hand: two scenes, each scored with its image then request-only; |Δs| = 0.1, 0.5,
+    0.2, 0: the max is scene 1 with its image, and the 95th percentile interpolates the
+    sorted 0, 0.1, 0.2, 0.5 at position 0.95 * 3 = 2.85: 0.2 + 0.85 * 0.3 = 0.455."""
+    from spotstop.export.verify import MemberVerification, diff_summary
+
+    scenes = [Scene(make_image_bytes(0), "open the door"), Scene(make_image_bytes(1), "x" * 70)]
+    ref = np.array([1.0, 2.0, 3.0, 4.0])
+    got = ref + np.array([0.1, -0.5, 0.2, 0.0])
+    worst, p95, where = diff_summary(got, ref, scenes, ("scene", "text"))
+    assert worst == pytest.approx(0.5) and p95 == pytest.approx(0.455)
+    assert where == f"scene 1 (with its image): {'x' * 60 + '…'!r}"
+    _, _, last = diff_summary(ref + np.array([0, 0, 0, -1.0]), ref, scenes, ("scene", "text"))
+    assert last == "scene 1 (request only): 'x" + "x" * 59 + "…'"
+    m = MemberVerification("m", "int8", 4, worst, 1.0, 1.0, 0.25, 0.9, p95, where)
+    assert not m.ok and "p95 |Δs| 0.455; max at scene 1 (with its image)" in str(m)
