@@ -1330,9 +1330,16 @@ def _quantizer(m: dict[str, Any]) -> str:
     return str(q.get("method", "?"))
 
 
-def write_results(res: dict[str, Any], path: Path = RESULTS) -> None:
+def write_results(
+    res: dict[str, Any], path: Path = RESULTS, since: dict[str, str] | None = None
+) -> None:
+    """Write the store's sections into ``path``; with ``since`` (the sections as the store
+    rendered them before this run), only those this run changed: a section the run did not
+    measure keeps what RESULTS.md holds, which may come from another store (e.g. a member
+    measured on another day, whose folder this store no longer records)."""
     for key, text in sections(res):
-        write_section(path, key, text)
+        if since is None or since.get(key) != text:
+            write_section(path, key, text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1424,11 +1431,12 @@ def main(argv: list[str] | None = None) -> int:
         res["commands"].append(res["argv"])
     res.setdefault("started", {})[res["argv"]] = res["environment"]["date"]  # when each ran
     log = args.work / "real_pair.log"
+    before = dict(sections(res)) if store.is_file() else None
     for s in steps:
         print(f"[{time.strftime('%H:%M:%S')}] {s} ...", flush=True)
         globals()[f"step_{s}"](args, res, log)
         store.write_text(json.dumps(res, indent=1), encoding="utf-8")
-        write_results(res, args.results)
+        write_results(res, args.results, since=before)
     print(render(res))
     return 0
 

@@ -226,6 +226,36 @@ def test_a_run_rewrites_only_the_sections_it_measured(tmp_path: Path) -> None:
     assert text.index("int8 (torch") < text.index("int4 (torch")  # each section where it was
 
 
+def test_a_run_keeps_the_sections_its_store_holds_but_it_did_not_measure(tmp_path: Path) -> None:
+    """The member-folder table came from another store (both members built); this store
+    recorded one member's build long ago and this run measured latency only: the folder
+    table stays as RESULTS.md holds it."""
+    rp = _load("real_pair")
+    env = {"cores": 2, "ram_gib": 23.5, "versions": {}}
+    f = tmp_path / "RESULTS.md"
+    both = {
+        "build": {
+            n: {"rc": 0, "seconds": 64.0, "peak_rss_bytes": 2**30, "folder_bytes": 2**32}
+            for n in ("Qwen3.5-2B", "LFM2.5-VL-3B")
+        },
+        "build_run": {"run": {"command": "--steps build", "started": "t0", "environment": env}},
+    }
+    rp.write_results(both, f)
+    store = {
+        "build": {"Qwen3.5-2B": {**both["build"]["Qwen3.5-2B"], "seconds": 58.0}},
+        "build_run": {"run": {"command": "--steps build", "started": "t1", "environment": env}},
+    }
+    before = dict(rp.sections(store))
+    store["latency_run"] = {"run": {"command": "--steps latency", "started": "t2"}}
+    store["latency"] = {}
+    rp.write_results(store, f, since=before)
+    text = f.read_text(encoding="utf-8")
+    assert "| LFM2.5-VL-3B | 64 s |" in text and "| Qwen3.5-2B | 64 s |" in text
+    assert "| Qwen3.5-2B | 58 s |" not in text
+    rp.write_results(store, f)  # without ``since``: every section the store renders
+    assert "| LFM2.5-VL-3B | 64 s |" not in f.read_text(encoding="utf-8")
+
+
 def test_last_json_skips_what_a_command_printed_before() -> None:
     rp = _load("real_pair")
     out = '[torch.onnx] Translate...\n{\n  "a": [\n    {\n      "b": 1\n    }\n  ]\n}\n'
