@@ -314,10 +314,10 @@ def _record_calibration(
     out: Path,
     scenes: Sequence[Scene],
 ) -> CalibrationInputs:
-    """Run the calibration ``scenes`` (:func:`_calibration_scenes`) through the torch scoring
-    graphs as the guard scores them (the scene with its image, then request-only), one prompt
-    at a time so no padding is recorded, and record every Linear's inputs to ``out`` for GPTQ
-    (and int8's smoothing and keep rule)."""
+    """Run the calibration ``scenes`` (export/gptq.py, ``calibration_set``) through the torch
+    scoring graphs as the guard scores them (the scene with its image, then request-only), one
+    prompt at a time so no padding is recorded, and record every Linear's inputs to ``out`` for
+    GPTQ (and int8's smoothing and keep rule)."""
     import torch
     from spotstop.guard import DecodedImage, decode_image
     from tqdm.auto import tqdm
