@@ -25,7 +25,9 @@ Items (issue 25, "Acceptance"):
 3. Situation recentering against the frozen cut in a world with strong room offsets.
 4. Reliance on text (seed 002 Eq. 2) on a sign-free source set.
 5. ``select`` on a deployment whose signs mislead on half the frames, and on one without.
-6. ``verify-bundle`` of int8 and int4 exports (its own scenes, and held-out world scenes).
+6. ``verify-bundle`` of int8 and int4 exports (its own scenes, and held-out world scenes: the
+   goal's world and two more), exported as by default and calibrated on the pool world's
+   frames (``--calibration-frames``).
 7. The cascade's share and accuracy; the conformal cut's miss rate on a fresh seed.
 8. ``spotstop demo``'s agreement with the world's rule.
 
