@@ -136,8 +136,8 @@ def write_onnx_bundle(
     ``quantizer`` / ``calibration_scenes`` (int8/int4): how each member's weights are quantized,
     see :func:`~spotstop.export.onnx.export_member` (GPTQ on generated calibration scenes by
     default, or ``"rtn"``); ``calibration_frames``: a scene table of the deployment's own frames
-    to calibrate on instead (:func:`~spotstop.export.gptq.calibration_set`). ``int4_int8`` (int4): the weights kept at 8 bits, by
-    export/mixed.py's selectors (None: its default; ``()``: none); each member entry of the
+    to calibrate on instead (:func:`~spotstop.export.gptq.calibration_set`). ``int4_int8``
+    (int4): the weights kept at 8 bits, by export/mixed.py's selectors (None: its default; ``()``: none); each member entry of the
     manifest records them (``int4_int8``). ``smooth_alpha`` / ``keep_error`` (int8):
     SmoothQuant's α (``"auto"``: on with the calibration scenes; None: off) and the error bound
     of export/int8.py's keep rule. ``graph_form``:
