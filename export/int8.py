@@ -37,6 +37,10 @@ vision tower's noise image moved 0.89, tolerance 0.5), which per tensor passed.
 Per tensor failed ``verify-bundle``'s 0.25 score tolerance on the trained tiny pair and at the
 real size (bench/RESULTS.md); it stays for comparison.
 
+The vision graph's first and last layers (the patch embedding that reads the pixels, the
+projector layer that writes the embeddings the decoder reads) stay float32, at every
+MatMulNBits precision too (:func:`~spotstop.export.weights.image_end_weights`; docs/export.md).
+
 With calibration inputs, a constant no recorded Linear multiplies by (a table the exporter
 folded into a constant, e.g. LFM2-VL's resized position embeddings; the output layer's
 first-token rows) stays float32: its inputs are unknown, and such constants are small. (A
@@ -86,7 +90,7 @@ from typing import Any
 
 import numpy as np
 from spotstop.export.gptq import CalibrationInputs, gptq_nbits
-from spotstop.export.weights import WeightIO, rewrite_weight_matmuls
+from spotstop.export.weights import WeightIO, image_end_weights, rewrite_weight_matmuls
 
 __all__ = [
     "ACTIVATIONS",
@@ -251,6 +255,9 @@ class Int8Report:
     kept: tuple[tuple[str, float], ...] = ()
     #: with calibration: constants no recorded Linear reads (inputs unknown): left float32
     unmeasured: tuple[str, ...] = ()
+    #: the vision graph's first and last layers (export/weights.py's ``image_end_weights``):
+    #: left float32
+    image_ends: tuple[str, ...] = ()
     #: weights whose error was measured, and the largest and median of those errors
     measured: int = 0
     max_error: float = 0.0
@@ -270,6 +277,7 @@ class Int8Report:
             "activations": self.activations,
             "weight_only": {"output_layer": len(self.head), "over_keep_error": len(self.kept)},
             "float32_unmeasured": len(set(self.unmeasured)),
+            "float32_image_ends": len(self.image_ends),
             "keep_error": self.keep_error,
             "measured": self.measured,
             "max_error": round(self.max_error, 6),
@@ -377,6 +385,7 @@ def quantize_matmuls_int8(
 
     matmuls = [(n, t) for n in g.node if (t := weight_of(n)) is not None]
     head = {t.name for n, t in matmuls if n.output[0] in heads_out}
+    ends = image_end_weights(model)
     inputs_of: dict[str, set[str]] = {}
     for n, t in matmuls:
         inputs_of.setdefault(t.name, set()).add(n.input[0])
@@ -386,7 +395,7 @@ def quantize_matmuls_int8(
     if smooth_alpha is not None and calibration is not None:
         groups: dict[str, list[Any]] = {}
         for n, t in matmuls:
-            if t.name not in head and len(inputs_of[t.name]) == 1:
+            if t.name not in head and t.name not in ends and len(inputs_of[t.name]) == 1:
                 groups.setdefault(n.input[0], []).append(t)
         for x_name, ts in groups.items():
             uniq = {t.name: t for t in ts}
@@ -444,6 +453,7 @@ def quantize_matmuls_int8(
     smoothed_w: dict[str, str] = {}
     kept: list[tuple[str, float]] = []
     unmeasured: list[str] = []
+    image_ends: list[str] = []
     errors: dict[str, float] = {}
     gptq_used = 0
     inserted: set[str] = set()
@@ -464,6 +474,9 @@ def quantize_matmuls_int8(
             w = io.read(t)
             if t.name in head:
                 done[t.name] = None
+            elif t.name in ends:  # the vision graph's first or last layer: float32
+                done[t.name] = None
+                image_ends.append(t.name)
             else:
                 x = calibration.sample(w, SAMPLE_ROWS) if calibration is not None else None
                 h = calibration.hessian(w) if calibration is not None else None
@@ -567,6 +580,7 @@ def quantize_matmuls_int8(
         head=tuple(sorted(head)),
         kept=tuple(kept),
         unmeasured=tuple(unmeasured),
+        image_ends=tuple(image_ends),
         measured=len(errs),
         max_error=errs[-1] if errs else 0.0,
         median_error=float(np.median(errs)) if errs else 0.0,

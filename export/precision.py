@@ -25,7 +25,9 @@ tests); ``tests/export/test_precision.py`` runs every registered precision.
 =============  ===========================================================================
 
 Quantized codes are GPTQ's where the calibration inputs hold a weight's inputs (export/gptq.py),
-else rounded to nearest. Inputs and outputs stay float32.
+else rounded to nearest. Inputs and outputs stay float32, and so do the vision graph's first and
+last layers at every MatMulNBits / int8 precision (export/weights.py's ``image_end_weights``;
+int4-trt quantizes every weight, as TensorRT's quantizer does).
 """
 
 from __future__ import annotations
@@ -174,10 +176,14 @@ def _finish_nbits(m: Any, o: ConvertOptions, tied: dict[str, str], bits: int) ->
 def _nbits(bits: int, block: int, accuracy_level: int, kept_int8: bool) -> Callable[..., Any]:
     def convert(m: Any, o: ConvertOptions) -> Any:
         from spotstop.export.nbits import quantize_matmuls_nbits
+        from spotstop.export.weights import image_end_weights
 
         tied = _prepare(m, o)
         kept = o.int8_keys if kept_int8 else ()
-        quantize_matmuls_nbits(m, bits, block, o.io, o.calibration, kept, accuracy_level)
+        ends = image_end_weights(m)  # float32 (export/weights.py)
+        quantize_matmuls_nbits(m, bits, block, o.io, o.calibration, kept, accuracy_level, ends)
+        if ends:
+            o.report["float32_image_ends"] = o.report.get("float32_image_ends", 0) + len(ends)
         return _finish_nbits(m, o, tied, bits)
 
     return convert
@@ -198,13 +204,21 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
     )
     # what it left (the output layer, the layers over the error bound): weight-only 8-bit
     # (the constants no Linear reads stay float32, export/int8.py)
-    quantize_matmuls_nbits(m, 8, INT8_NBITS_BLOCK, o.io, o.calibration, (), 4, rep.unmeasured)
+    float32 = (*rep.unmeasured, *rep.image_ends)
+    quantize_matmuls_nbits(m, 8, INT8_NBITS_BLOCK, o.io, o.calibration, (), 4, float32)
     # several graphs (vision, decoder) add up to one record for the manifest
     errors = o.report.setdefault("_int8_errors", [])
     errors += list(rep.errors.values())
     prev = o.report.get("int8") or {}
     meta = rep.as_meta()
-    for k in ("dynamic", "measured", "smoothed_inputs", "gptq", "float32_unmeasured"):
+    for k in (
+        "dynamic",
+        "measured",
+        "smoothed_inputs",
+        "gptq",
+        "float32_unmeasured",
+        "float32_image_ends",
+    ):
         meta[k] += prev.get(k, 0)
     for k in ("output_layer", "over_keep_error"):
         meta["weight_only"][k] += prev.get("weight_only", {}).get(k, 0)

@@ -392,6 +392,7 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     assert d["activations"] == "per-token"
     assert d["dynamic"] > 20 and d["gptq"] == d["measured"] > 20
     assert d["weight_only"]["output_layer"] == 1 and d["smooth_alpha"] is None  # per token
+    assert d["float32_image_ends"] == 2  # the patch embedding and the projector's last layer
     assert 0 < d["median_error"] <= d["max_error"]
     on_disk = yaml.safe_load((tmp_path / "m" / "spotstop_onnx.yaml").read_text())
     assert on_disk["precision"] == "int8" and on_disk["quantizer"] == dict(q)

@@ -178,7 +178,7 @@ def test_bundle_matches_torch_at_fp32_and_int8(
     arch: str, request: pytest.FixtureRequest, tiny_pair: Path, tmp_path: Path
 ) -> None:
     """The member's fp32 bundle scores as torch does; int8-nbits derived from it verifies, with
-    every MatMul weight quantized; int8 (MatMulIntegerToFloat per token, no calibration when derived)
+    every MatMul weight quantized but the vision graph's two ends; int8 (MatMulIntegerToFloat per token, no calibration when derived)
     scores within its tolerance with every Linear but the output layer computing in int8. (The
     random pair's scores spread ~0.2 nats, so int8's rank check is made on the trained pair:
     bench/trained_world.py, tests/bench/test_trained_world.py.)"""
@@ -212,18 +212,26 @@ def test_bundle_matches_torch_at_fp32_and_int8(
         for b in (b32, b8)
     }
     assert weights[b8] < weights[b32]
+    from spotstop.export.weights import image_end_weights
+
     for f in sorted(
         [
             *(b8 / "members" / name / "onnx").glob("*.onnx"),
             *(dyn / "members" / name / "onnx").glob("*.onnx"),
         ]
     ):
+        # every weight quantized but the vision graph's two ends (export/weights.py)
         g = onnx.load(str(f), load_external_data=False)
         inits = {t.name for t in g.graph.initializer}
-        float_weights = [
-            n.name for n in g.graph.node if n.op_type == "MatMul" and n.input[1] in inits
-        ]
-        assert not float_weights, (f.name, float_weights)
+        float_weights = {
+            n.input[1] for n in g.graph.node if n.op_type == "MatMul" and n.input[1] in inits
+        }
+        ends = image_end_weights(g)
+        assert float_weights == ends, (f.name, float_weights)
+        # LFM2-VL: the patch embedding and the projector's last layer; Qwen3.5's patch layer is
+        # a Conv (never quantized), so its merger's last layer only
+        want = {"tiny-lfm2_vl": 2, "tiny-qwen3_5": 1}[name] if f.name == "vision.onnx" else 0
+        assert len(ends) == want, (f.name, ends)
 
 
 def test_verify_bundle_cli(lfm_fp32: Path, capsys: pytest.CaptureFixture[str]) -> None:
