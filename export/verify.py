@@ -100,7 +100,7 @@ class MemberVerification:
             f"(≤ {self.tolerance:g})  spearman={self.spearman:.4f} (≥ {self.min_spearman:g})  "
             f"decisions agree {self.decision_agreement:.1%}  {flag}"
             + (
-                f"\n{'':<20} p95 |Δs| {self.p95_abs_diff:.3g}; max at {self.worst}"
+                f"\n{'':<33}p95 |Δs|={self.p95_abs_diff:.3g}; max at {self.worst}"
                 if self.worst
                 else ""
             )
@@ -158,7 +158,7 @@ class BundleVerification:
             lines.append(self.skipped)
         else:
             lines.append("  against the torch reference:")
-            lines += [f"    {m}" for m in self.members]
+            lines += [f"    {line}" for m in self.members for line in str(m).splitlines()]
             lines.append(
                 "    pair (Avg-2, reference median/IQR): decisions agree "
                 f"{self.pair_decision_agreement:.1%}"

@@ -239,7 +239,7 @@ def test_verify_bundle_cli(lfm_fp32: Path, capsys: pytest.CaptureFixture[str]) -
 
     assert main(["verify-bundle", str(lfm_fp32), "--scenes", "4"]) == 0
     out = capsys.readouterr().out
-    assert "max|Δs|" in out and "PASS" in out and "p95 |Δs|" in out and "max at scene" in out
+    assert "max|Δs|" in out and "PASS" in out and "p95 |Δs|=" in out and "max at scene" in out
 
 
 def test_bundle_lists_every_file_and_refuses_altered_graphs(lfm_fp32: Path, tmp_path: Path) -> None:
@@ -543,4 +543,6 @@ def test_diff_summary_names_the_worst_score() -> None:
     _, _, last = diff_summary(ref + np.array([0, 0, 0, -1.0]), ref, scenes, ("scene", "text"))
     assert last == "scene 1 (request only): 'x" + "x" * 59 + "…'"
     m = MemberVerification("m", "int8", 4, worst, 1.0, 1.0, 0.25, 0.9, p95, where)
-    assert not m.ok and "p95 |Δs| 0.455; max at scene 1 (with its image)" in str(m)
+    assert not m.ok and "p95 |Δs|=0.455; max at scene 1 (with its image)" in str(m)
+    first, second = str(m).splitlines()  # the second line starts under the first's max|Δs|
+    assert second.index("p95") == first.index("max|Δs|")
