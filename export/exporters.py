@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from spotstop.export.configs import ExportConfig
+from spotstop.export.weights import IMAGE_OUTPUT, PIXELS_INPUT
 
 __all__ = ["DECODER_INPUTS", "DECODER_OUTPUTS", "export_decoder", "export_vision"]
 
@@ -124,8 +125,8 @@ def export_vision(
             vision,
             (x,),
             str(path),
-            input_names=["pixel_values"],
-            output_names=["image_embeds"],
+            input_names=[PIXELS_INPUT],
+            output_names=[IMAGE_OUTPUT],
             **extra,
             **_exporter_options(cfg, cfg.vision_exporter, fold_constants),
         )

@@ -795,6 +795,8 @@ def _quantizer_record(job: _Job) -> dict[str, Any]:
             "column, uint8 activations per call (one scale per tensor)"
         ) + "; weight-only MatMulNBits 8-bit (accuracy_level 4) for the rest"
         q["dynamic_int8"] = job.convert_report["int8"]
+    elif "float32_image_ends" in job.convert_report:  # int8's own record counts them
+        q["float32_image_ends"] = job.convert_report["float32_image_ends"]
     q["weights_by_bits"] = {f"int{b}": n for b, n in sorted(job.held.items())}
     return {"quantizer": q}
 

@@ -184,6 +184,8 @@ def test_int4_export_keeps_the_chosen_weights_at_int8(tiny_pair: Path, tmp_path:
     }
     assert "int8" not in plain.quantizer["weights_by_bits"]
     assert mixed.quantizer["weights_by_bits"]["int8"] == 4
+    # the vision graph's two ends stay float32 (export/weights.py), and the manifest says so
+    assert mixed.quantizer["float32_image_ends"] == plain.quantizer["float32_image_ends"] == 2
 
     def weights(folder: Path) -> list[tuple[int, int, int]]:
         """(K, N, bits) of every MatMulNBits weight (a weight read twice counted once)."""
