@@ -90,7 +90,12 @@ from typing import Any
 
 import numpy as np
 from spotstop.export.gptq import CalibrationInputs, gptq_nbits
-from spotstop.export.weights import WeightIO, image_end_weights, rewrite_weight_matmuls
+from spotstop.export.weights import (
+    WeightIO,
+    image_end_weights,
+    rewrite_weight_matmuls,
+    weight_initializer,
+)
 
 __all__ = [
     "ACTIVATIONS",
@@ -375,13 +380,11 @@ def quantize_matmuls_int8(
     io = io or WeightIO()
     g = model.graph
     inits = {t.name: t for t in g.initializer}
-    floats = (TensorProto.FLOAT,)
     heads_out = _output_layers(model) | set(output_layers)
 
-    def weight_of(node: Any) -> Any:
-        w = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else ""
-        t = inits.get(w)
-        return None if t is None or t.data_type not in floats or len(t.dims) != 2 else t
+    def weight_of(node: Any) -> Any:  # float32 weights only (a float16 one stays as it is)
+        t = weight_initializer(node, inits)
+        return t if t is not None and t.data_type == TensorProto.FLOAT else None
 
     matmuls = [(n, t) for n in g.node if (t := weight_of(n)) is not None]
     head = {t.name for n, t in matmuls if n.output[0] in heads_out}

@@ -208,7 +208,7 @@ def image_end_weights(model: Any) -> frozenset[str]:
     inits = {t.name: t for t in g.initializer}
 
     def weight_of(node: Any) -> Any:
-        return _weight(node, inits)
+        return weight_initializer(node, inits)
 
     consumers: dict[str, list[Any]] = {}
     producer: dict[str, Any] = {}
@@ -249,7 +249,7 @@ def image_end_weights(model: Any) -> frozenset[str]:
     return frozenset(first | last)
 
 
-def _weight(node: Any, inits: Mapping[str, Any]) -> Any:
+def weight_initializer(node: Any, inits: Mapping[str, Any]) -> Any:
     """The weight of a ``MatMul`` whose second input is a rank-2 float initializer, else None."""
     from onnx import TensorProto
 
@@ -273,7 +273,7 @@ def rewrite_weight_matmuls(
     users = _users(model)
 
     def weight(node: Any) -> Any:
-        return _weight(node, inits)
+        return weight_initializer(node, inits)
 
     bar = None
     if progress:
