@@ -44,7 +44,10 @@ project is tested with, fetched once here, in the repository root::
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \\
         --platform manylinux2014_x86_64 -d .whl transformers==5.24.0
 
-Without the wheel, the LFM2-VL export is skipped with the exporter's error. The device has
+Without the wheel, the LFM2-VL export is skipped with the exporter's error. On 2026-12-04 the
+device's python3 had transformers 5.17.0 and huggingface-hub 1.33.0, and a transformers 5.25.0
+wheel failed to import there (it wants huggingface-hub>=2.4, which in turn wants httpx2 and
+hf-xet): the wheel must be one whose requirements the device meets, or come with theirs. The device has
 neither tensorrt nor onnxruntime-gpu: ``trt`` is skipped with the reason and ``ort`` times the
 CPU. The default budget gives build + torch for both members in about 3 minutes and the rest
 to the exports; ``--steps build,torch`` is a 3-minute run, and ``--members LFM2.5-VL-3B
@@ -733,8 +736,8 @@ def _markdown(report: dict[str, Any]) -> str:
         + (f", {env['ram_gib']:.0f} GiB RAM" if env.get("ram_gib") else ""),
         f"- versions: {', '.join(ver)}",
     ]
-    if env.get("transformers_from") and os.environ.get("PYTHONPATH"):
-        lines.append(f"- transformers loaded from {env['transformers_from']} (PYTHONPATH)")
+    if env.get("transformers_from"):
+        lines.append(f"- transformers loaded from {env['transformers_from']}")
     lines += [
         f"- members: {kind}; test tokenizer — the scores mean nothing, only time and memory "
         f"were measured; seed {report['seed']}, torch eager in "
