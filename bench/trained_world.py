@@ -426,7 +426,7 @@ def item_situation(
     off_pool: Scored, off_eval: Scored, n_boot: int, offsets: float, goal: bool
 ) -> list[Row]:
     from spotstop.calibrate import fit_frozen
-    from spotstop.diagnostics import Estimate, percentile_ci
+    from spotstop.diagnostics import Estimate, percentile_ci, situation_share
     from spotstop.guard.policies import SituationPolicy
 
     fit = fit_frozen(off_pool.scores)
@@ -444,8 +444,33 @@ def item_situation(
     rule = f"window {situation.window}, >= {situation.min_refs} refs"
     shift = ", ".join(f"{m} {sd:.2f} / {gap:.2f}" for m, (sd, gap) in room_shift(off_eval).items())
     at = f"offsets {offsets:g}"
+    # the card's situation statistics on the fused score: how much of it sits at room level,
+    # and what recentering on ALL of a room's scenes (seed 000 Sec. 6.2, offline) gains over the
+    # same rule on artificial rooms (the online guard sees only the scenes before each one)
+    share = situation_share(
+        off_eval.table(np.asarray(fit.fusion.fuse_many(off_eval.scores))),
+        n_boot=min(n_boot, 1000),
+        rng=4,
+    )
     return [
         Row("3", f"{at}: room-mean sd / UNSAFE-SAFE gap", shift, nr, "", None),
+        Row("3", f"{at}: fused score's situation share (ICC)", fmt(share.icc), nr, "", None),
+        Row(
+            "3",
+            f"{at}: all of a room's scenes (offline) - artificial rooms: bal. acc.",
+            fmt(share.ba_gain, True),
+            nr,
+            "",
+            None,
+        ),
+        Row(
+            "3",
+            f"{at}: all of a room's scenes (offline) - artificial rooms: AUROC",
+            fmt(share.auroc_gain, True),
+            nr,
+            "",
+            None,
+        ),
         Row(
             "3",
             f"{at}: frozen cut t0={fit.policy.threshold:+.3f}: balanced acc.",
@@ -1181,7 +1206,13 @@ def _section(cmd: str, sz: Sizes, n_boot: int, table: list[str], wall: float, ti
         "the guard's own policies, at each offset strength; its goal is read at the "
         f"strongest ({max(SITUATION_OFFSETS):g}, the world's full scale), and its first row "
         "gives per member the spread (sd) of the room means of its score beside the gap "
-        "between its mean UNSAFE and mean SAFE score: how far the rooms move it. Item 4 "
+        "between its mean UNSAFE and mean SAFE score: how far the rooms move it. The next "
+        "three are the card's situation statistics (diagnostics.situation_share) on the "
+        "fused score: the share of it that sits at room level (ICC of the class-centred "
+        "score), and seed 000's offline rule (each scene against the mean of ALL its room's "
+        "scenes, Sec. 6.2) minus the same rule on artificial rooms (codes permuted within "
+        "class, Supp. E.3; 1000 draws): the situation signal the world holds, of which the "
+        "online guard, seeing only the earlier scenes of a room, recovers a part. Item 4 "
         f"measures with the cue templates whose look the sign member's training signs share "
         f"({templates}: the world's sign_styles {styles}, its first wording, font and colours; "
         "the member learned to read that look and no other), then with every template (how "
