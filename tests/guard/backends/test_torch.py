@@ -82,3 +82,38 @@ def test_member_scores_follow_the_float32_rule(tiny_pair: Path, dtype: str) -> N
         # float32 arithmetic against float64: logits of size ~10 over a width of 64
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
     assert reads_seen > 0, "no member's answers have a continuation token: the test reads nothing"
+
+
+class _OneCopyWatch(torch.Tensor):
+    """The output layer, refusing to be turned into another dtype whole (its row count)."""
+
+    rows = 0
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        converts = (torch.Tensor.float, torch.Tensor.to, torch.Tensor.double, torch.Tensor.half)
+        if func in converts and args and getattr(args[0], "shape", (0,))[0] == cls.rows:
+            raise AssertionError(f"the whole output layer ({cls.rows} rows) was converted")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_bf16_output_layer_is_never_converted_whole(
+    tiny_pair: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory point of the rule: scoring reads a bf16 layer's rows in float32 without a
+    float32 copy of all of it (the test would pass on numbers alone with such a copy)."""
+    from spotstop.guard import load_member
+    from spotstop.guard.backends import _torch
+
+    folder = next(p for p in sorted(tiny_pair.iterdir()) if p.is_dir())
+    m: Any = load_member(folder, backend="torch", dtype="bfloat16")
+    be, plan = m.backend, m.encoder.plan
+    prompts = [m.encoder.prompt_ids("open the door", None)]
+    want = be.score(prompts, None, plan)
+    monkeypatch.setattr(_OneCopyWatch, "rows", int(be._head_weight.shape[0]))
+    monkeypatch.setattr(_torch, "_HEAD_CHUNK", max(1, _OneCopyWatch.rows // 3))
+    monkeypatch.setattr(be, "_head_weight", be._head_weight.as_subclass(_OneCopyWatch))
+    got = be.score(prompts, None, plan)
+    np.testing.assert_array_equal(np.asarray(got, dtype=float), np.asarray(want, dtype=float))
+    with pytest.raises(AssertionError, match="was converted"):  # the watch itself works
+        be._head_weight.float()
