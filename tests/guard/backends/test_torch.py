@@ -84,7 +84,10 @@ def test_member_scores_follow_the_float32_rule(tiny_pair: Path, dtype: str) -> N
     assert reads_seen > 0, "no member's answers have a continuation token: the test reads nothing"
 
 
-class _OneCopyWatch(torch.Tensor):
+_Tensor: Any = torch.Tensor
+
+
+class _OneCopyWatch(_Tensor):
     """The output layer, refusing to be turned into another dtype whole (its row count)."""
 
     rows = 0
