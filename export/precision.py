@@ -119,6 +119,9 @@ class PrecisionSpec:
     graph_form: Literal["fused", "standard"] = "standard"
     #: the fused form is allowed (fp16's float32 islands do not know the fused operators)
     fusable: bool = True
+    #: the vision graph's first and last layers stay float32 (export/weights.py's
+    #: ``image_end_weights``): the conversion leaves them and the cost model counts them at 4 B
+    float32_image_ends: bool = False
 
 
 PRECISION_SPECS: dict[str, PrecisionSpec] = {}
@@ -296,6 +299,7 @@ _INT8 = register_precision(
         nbits=8,
         block_size=INT8_NBITS_BLOCK,
         graph_form="fused",
+        float32_image_ends=True,
     )
 )
 # the same bytes, tolerances and table as int8's (whose weight-only layers it is)
@@ -322,6 +326,7 @@ register_precision(
         nbits=4,
         block_size=INT4_NBITS_BLOCK,
         graph_form="fused",
+        float32_image_ends=True,
     )
 )
 register_precision(

@@ -31,6 +31,8 @@ Bytes per precision follow what ``spotstop export`` writes (one rule,
   quantized Gather) the output layer is int4 blocks and the Gather table float16: twice;
 * int4-trt quantizes the fp16 graph: float16 scales (2 B per block of 128), the rest (norms,
   convolutions, biases) float16 as at fp16, and float16 activations as at fp16;
+* at int8, int8-nbits and int4 the vision graph's first and last layers (a Linear patch
+  embedding, the projector's last layer) stay float32: 4 B per weight;
 * the first-token rows of the output layer (two rows) are not counted.
 
 The CONFIG VALUES below were recorded from the members' published ``config.json`` files and
@@ -113,6 +115,8 @@ class Counts:
     #: linear weights, and whether the tied table is one of them
     int4_linear_int8: int = 0
     int4_table_int8: bool = False
+    #: of ``vision_linear``: the vision graph's first and last layers (int8/int4: float32)
+    vision_ends: int = 0
 
     @property
     def total(self) -> int:
@@ -166,6 +170,7 @@ def count(name: str, config: Any) -> Counts:
             config.to_dict(), DEFAULT_INT4_INT8
         ),
         int4_table_int8=tied and "output_layer" in DEFAULT_INT4_INT8,
+        vision_ends=params.vision_ends,
     )
 
 
@@ -189,6 +194,7 @@ def weight_bytes(c: Counts, precision: str) -> float:
         tied=c.tied,
         linear_int8=c.int4_linear_int8,
         table_int8=c.int4_table_int8,
+        image_ends=c.vision_ends,
     )
 
 

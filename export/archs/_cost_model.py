@@ -48,6 +48,7 @@ def stored_weight_bytes(
     tied: bool,
     linear_int8: float = 0,
     table_int8: bool = False,
+    image_ends: float = 0,
 ) -> float:
     """Bytes of a member's weights as ``spotstop export`` stores them at ``precision``: the one
     rule the cost model and ``jetson/memory_budget.py`` both use.
@@ -60,6 +61,8 @@ def stored_weight_bytes(
     float16 table and the int4 blocks are both stored. At int4, ``linear_int8`` of the
     ``linear`` weights and, with ``table_int8``, a tied table are kept at int8
     (export/mixed.py decides which), in int4's blocks (one MatMulNBits block per graph).
+    ``image_ends`` of the ``linear`` weights are the vision graph's first and last layers: a
+    precision with ``float32_image_ends`` stores them at 4 B (``linear_int8`` excludes them).
     """
     spec = get_precision(precision)
     b = WEIGHT_BYTES[precision]
@@ -70,6 +73,11 @@ def stored_weight_bytes(
         linear_int8, table_int8 = 0, False
     elif table_int8:
         per_table = per8
+    if not 0 <= image_ends <= linear:
+        raise ValueError(f"image_ends ({image_ends}) must lie in [0, linear ({linear})].")
+    ends_bytes = 0.0
+    if spec.float32_image_ends:
+        linear, ends_bytes = linear - image_ends, 4.0 * image_ends
     if not 0 <= linear_int8 <= linear:
         raise ValueError(f"linear_int8 ({linear_int8}) must lie in [0, linear ({linear})].")
     if tied and spec.tied_table == "shared":
@@ -79,7 +87,7 @@ def stored_weight_bytes(
     else:
         table_bytes = table * b["embed"]
     linear_bytes = (linear - linear_int8) * per + linear_int8 * per8
-    return linear_bytes + table_bytes + other * b["other"]
+    return linear_bytes + table_bytes + other * b["other"] + ends_bytes
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,10 @@ class Params:
     #: of the vision counts: weights the checkpoint holds but the scoring graph never reads
     #: (SigLIP2's attention-pooling head), as (linear, other)
     unused: tuple[int, int] = (0, 0)
+    #: of ``vision_linear``: the vision graph's first and last layers (a Linear patch
+    #: embedding, the projector's last), which int8 and int4 keep float32
+    #: (``PrecisionSpec.float32_image_ends``)
+    vision_ends: int = 0
 
     @property
     def total(self) -> int:
@@ -121,6 +133,7 @@ class Params:
                 tied=not self.head,
                 linear_int8=linear_int8,
                 table_int8=table_int8 and not self.head,
+                image_ends=self.vision_ends,
             )
         )
 
@@ -201,8 +214,8 @@ class ArchCost(ABC):
         rows = self.decoder_linears(config)
         n = max((i for i, *_ in rows), default=-1) + 1
         total = sum(c for i, lin, role, c in rows if keeps_int8(selectors, role, i, n, lin))
-        if keeps_int8(selectors, "vision"):
-            total += p.vision_linear - p.unused[0]
+        if keeps_int8(selectors, "vision"):  # but its two ends, which int4 keeps float32
+            total += p.vision_linear - p.unused[0] - p.vision_ends
         if keeps_int8(selectors, "output"):
             total += p.head
         return total

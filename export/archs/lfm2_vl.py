@@ -365,7 +365,8 @@ class Lfm2VlCost(ArchCost):
         to = h + len(layers) * 2 * h + n_full * 2 * hd
         to += n_conv * (h * k + (3 * h + h + h if cb else 0))
         tied = bool(_g(config, "tie_word_embeddings", _g(t, "tie_word_embeddings", True)))
-        return Params(vl, vo, tl, vocab * h, 0 if tied else vocab * h, to, unused)
+        ends = c * p * p * d + ph * h  # the patch embedding, the projector's last layer
+        return Params(vl, vo, tl, vocab * h, 0 if tied else vocab * h, to, unused, ends)
 
 
 # -- int4 mixed-precision roles ----------------------------------------------------------------

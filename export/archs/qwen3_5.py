@@ -551,7 +551,9 @@ class Qwen35Cost(ArchCost):
         to += n_full * (2 * hd + (2 * nh * hd + 2 * nkv * hd + h if bias else 0))
         to += n_lin * ((2 * kd + vd) * k + 2 * hv + dv)  # conv, dt_bias, A_log, gated norm
         tied = bool(_g(config, "tie_word_embeddings", _g(t, "tie_word_embeddings", False)))
-        return Params(vl, vo, tl, vocab * h, 0 if tied else vocab * h, to)
+        # the vision graph's ends: the merger's last layer (the patch embedding is a Conv)
+        ends = dm * out
+        return Params(vl, vo, tl, vocab * h, 0 if tied else vocab * h, to, vision_ends=ends)
 
 
 # -- int4 mixed-precision roles ----------------------------------------------------------------

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from spotstop.export.cost import (
     COST_MODELS,
@@ -35,6 +36,7 @@ from spotstop.export.cost import (
     real_pair_cost,
     report,
     roofline,
+    stored_weight_bytes,
 )
 from spotstop.export.cost_data import PAPER_TFLOPS
 
@@ -322,3 +324,45 @@ def test_onnx_bundle_cost_runs_as_onnxruntime_does_and_weighs_what_the_export_wr
     assert p.padded_flops is not None and p.padded_flops >= p.total == m.total
     assert m.bundle_weight_bytes is not None
     assert abs(m.weight_bytes("fp32") - m.bundle_weight_bytes) <= 0.01 * m.bundle_weight_bytes
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "lfm2_vl"])
+def test_the_image_ends_the_cost_model_counts_are_the_exports(
+    arch: str, member_fp32_bundles: Any, tiny_pair: Path
+) -> None:
+    """``Params.vision_ends`` (what int8 and int4 store at 4 B) equals the weights the export's
+    own rule (export/weights.py ``image_end_weights``) finds in the tiny member's vision graph."""
+    import onnx
+    from spotstop.export.weights import (
+        fold_weight_transposes,
+        gemms_to_matmuls,
+        image_end_weights,
+    )
+
+    (vision,) = member_fp32_bundles(arch).rglob("vision.onnx")
+    model = onnx.load(str(vision))
+    fold_weight_transposes(model)  # the graph as the quantizers see it (precision._prepare)
+    gemms_to_matmuls(model)
+    ends = image_end_weights(model)
+    assert ends, "the vision graph has no image ends"
+    dims = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
+    config = json.loads((tiny_pair / f"tiny-{arch}" / "config.json").read_text())
+    assert COST_MODELS[arch].params(config).vision_ends == sum(dims[n] for n in ends)
+
+
+def test_image_ends_are_stored_at_four_bytes_where_the_precision_keeps_them_float32() -> None:
+    """The one bytes rule (stored_weight_bytes) and the precision registry agree: moving a
+    weight into the ends costs 3 B more at int8 (1 B + scales → 4 B), nothing at fp32."""
+    from spotstop.export.precision import PRECISION_SPECS
+
+    kw = {"linear": 10_000.0, "table": 0.0, "other": 0.0, "tied": False}
+    for name, spec in PRECISION_SPECS.items():
+        base = stored_weight_bytes(name, **kw)
+        ends = stored_weight_bytes(name, **kw, image_ends=1000)
+        per = spec.weight_bytes["linear"]
+        want = base + 1000 * (4.0 - per) if spec.float32_image_ends else base
+        assert ends == pytest.approx(want), name
+    assert PRECISION_SPECS["int8"].float32_image_ends and PRECISION_SPECS["int4"].float32_image_ends
+    assert not PRECISION_SPECS["fp32"].float32_image_ends
+    with pytest.raises(ValueError, match="image_ends"):
+        stored_weight_bytes("int8", **kw, image_ends=20_000)

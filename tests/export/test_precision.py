@@ -470,12 +470,16 @@ def test_memory_budget_counts_a_tied_table_once() -> None:
         # fp32/fp16: every parameter once
         assert mb.weight_bytes(c, "fp32") == pytest.approx(4 * c.total)
         assert mb.weight_bytes(c, "fp16") == pytest.approx(2 * c.total)
-        # int8: the table only as the output layer's blocks (+ one more copy of the scales)
-        linear = c.vision_linear + c.text_linear + c.embed
+        # int8: the table only as the output layer's blocks (+ one more copy of the scales);
+        # the vision graph's two ends float32
+        assert c.vision_ends > 0
+        linear = c.vision_linear - c.vision_ends + c.text_linear + c.embed
         other = c.vision_other + c.text_other
-        want = linear * (1 + 4 / 128) + c.embed * 4 / 128 + other * 4
+        want = linear * (1 + 4 / 128) + c.embed * 4 / 128 + other * 4 + c.vision_ends * 4
         assert mb.weight_bytes(c, "int8") == pytest.approx(want)
-        # int4-trt: the output layer's int4 blocks (float16 scales) AND the float16 table
+        # int4-trt: the output layer's int4 blocks (float16 scales) AND the float16 table;
+        # its ends are int4 like the rest
+        linear += c.vision_ends
         want = linear * (0.5 + 2 / 128) + c.embed * 2 + other * 2
         assert mb.weight_bytes(c, "int4-trt") == pytest.approx(want)
     # `spotstop cost` counts the parameters its own way; the bytes are the same rule, and both
