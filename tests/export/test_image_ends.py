@@ -138,3 +138,21 @@ def test_the_conversion_leaves_the_ends_float32(precision: str) -> None:
         assert opts.report["int8"]["float32_image_ends"] == 2
     else:
         assert opts.report["float32_image_ends"] == 2
+
+
+def test_the_registry_flag_says_what_each_conversion_does() -> None:
+    """``PrecisionSpec.float32_image_ends`` (what the bytes rule counts at 4 B) is true exactly
+    for the precisions that quantize the middle layers and leave both ends float32 MatMuls
+    (fp32 keeps every layer float32, and its bytes rule counts them so anyway)."""
+    from spotstop.export.precision import PRECISION_SPECS
+
+    seen = set()
+    for name, spec in PRECISION_SPECS.items():
+        q = convert_precision(_vision(), name, options=ConvertOptions())
+        floats = {t.name for t in q.graph.initializer if t.data_type == 1}  # FLOAT
+        plain = {n.input[1] for n in q.graph.node if n.op_type == "MatMul"} & floats
+        middle_quantized = not plain & {"w_a", "w_b", "w_fc1"}
+        kept = middle_quantized and {"w_patch", "w_fc2"} <= plain
+        assert kept == spec.float32_image_ends, (name, plain)
+        seen.add(kept)
+    assert seen == {True, False}
