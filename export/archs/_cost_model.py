@@ -203,19 +203,24 @@ class ArchCost(ABC):
         (layer, a Gated-DeltaNet layer, role, parameters); together they are
         ``params(config).text_linear``."""
 
-    def int8_linear(self, config: Mapping[str, Any], selectors: Sequence[str]) -> int:
+    def int8_linear(
+        self, config: Mapping[str, Any], selectors: Sequence[str], precision: str = "int4"
+    ) -> int:
         """Linear weights an int4 export with ``selectors`` keeps at int8 (export/mixed.py's
         rule, :func:`~spotstop.export.mixed.keeps_int8`): the decoder's chosen weights, the
         vision tower's (``vision``) and an untied output layer (``output_layer``). A tied
-        output layer is the token table: :meth:`Params.bytes` takes it as ``table_int8``."""
+        output layer is the token table: :meth:`Params.bytes` takes it as ``table_int8``.
+        The vision tower's two ends are left out where ``precision`` keeps them float32
+        (``PrecisionSpec.float32_image_ends``)."""
         from spotstop.export.mixed import keeps_int8
 
         p = self.params(config)
         rows = self.decoder_linears(config)
         n = max((i for i, *_ in rows), default=-1) + 1
         total = sum(c for i, lin, role, c in rows if keeps_int8(selectors, role, i, n, lin))
-        if keeps_int8(selectors, "vision"):  # but its two ends, which int4 keeps float32
-            total += p.vision_linear - p.unused[0] - p.vision_ends
+        if keeps_int8(selectors, "vision"):
+            ends = p.vision_ends if get_precision(precision).float32_image_ends else 0
+            total += p.vision_linear - p.unused[0] - ends
         if keeps_int8(selectors, "output"):
             total += p.head
         return total

@@ -160,6 +160,24 @@ def test_cost_model_counts_the_weights_the_rule_keeps(
     assert model.int8_linear(config, selectors) == want
 
 
+@pytest.mark.parametrize("member", TINY_MEMBERS)
+def test_int8_linear_reads_the_registry_for_the_image_ends(member: str, tiny_pair: Path) -> None:
+    """The vision tower's two ends are left out of the kept-at-int8 count exactly where the
+    precision keeps them float32 (``PrecisionSpec.float32_image_ends``), not by assumption."""
+    from spotstop.export.cost import get_cost_model
+    from spotstop.export.precision import PRECISION_SPECS
+
+    config = json.loads((tiny_pair / member / "config.json").read_text())
+    model = get_cost_model(str(config["model_type"]))
+    p = model.params(config)
+    assert p.vision_ends > 0
+    full = p.vision_linear - p.unused[0]
+    for name, spec in PRECISION_SPECS.items():
+        got = model.int8_linear(config, ("vision",), precision=name)
+        assert got == full - (p.vision_ends if spec.float32_image_ends else 0), name
+    assert model.int8_linear(config, ("vision",)) == full - p.vision_ends  # int4's default
+
+
 def test_int4_export_keeps_the_chosen_weights_at_int8(tiny_pair: Path, tmp_path: Path) -> None:
     """An int4 export with Q4_K_M's selectors writes exactly the chosen weights (the tiny
     LFM2-VL's 3 decoder weights and its output layer) as 8-bit MatMulNBits, records it, still
