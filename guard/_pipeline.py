@@ -337,8 +337,11 @@ class Pipeline:
                 r = out[i]
                 getattr(r, target)[name] = s.score
                 r.latency[f"score_{name}_{variant}_ms"] = dt
-                if variant == "scene" and not np.isfinite(s.score):
-                    r.fail_with(f"member {name} produced a non-finite score ({s.score})")
+                # every pass the guard runs is read by the policy or logged for the card: a
+                # non-finite score from any of them fails the scene closed, as a raise does
+                if not np.isfinite(s.score):
+                    on = "" if variant == "scene" else f" on its {variant} pass"
+                    r.fail_with(f"member {name} produced a non-finite score ({s.score}){on}")
 
     def decide(self, works: list[_Work], active: _Active, clock: _Clock) -> list[_Outcome]:
         """Fuse and label the batch with the active policy; commit the policy's new state."""

@@ -8,9 +8,11 @@ Each call's inputs are explicit: the policy in force (``Pipeline.activate``) and
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,7 @@ from spotstop.guard import Scene
 from spotstop.guard._call import _Clock
 from spotstop.guard._pipeline import Pipeline, works_for
 from spotstop.guard._record import DecisionRecord
-from spotstop.guard.policies import FrozenPolicy
+from spotstop.guard.policies import BatchPolicy, FrozenPolicy
 
 from tests._support.images import make_image_bytes
 from tests._support.log_writer import BUNDLE, PROMPT, policy_config
@@ -145,6 +147,36 @@ def test_a_nan_score_is_unsafe(pipe: Pipeline) -> None:
     _assert_fail_closed(recs[1], "member a produced a non-finite score (nan)")
     # a scene that failed before the decision enters the policy as missing
     assert np.isnan(recs[1].policy_score)
+
+
+class TextNaN(Numbers):
+    """Finite on the scene pass, NaN on the request-only pass for a request ending in 1."""
+
+    def score(self, scenes: Sequence[Scene], variant: str = "scene", **k: Any) -> list[Any]:
+        out = super().score(scenes, variant, **k)
+        if variant == "text":
+            out = [replace(r, score=math.nan) if r.score == 1.5 else r for r in out]
+        return out
+
+
+def test_a_nan_score_on_the_text_pass_the_policy_reads_is_unsafe() -> None:
+    """The batch rule's reliance weights read the request-only pass: a NaN there fails its
+    scene closed (as a raise on that pass does), and never reaches the weights as a silent
+    drop that leaves the scene SAFE."""
+    pipe = _pipeline({"a": TextNaN("a"), "b": Numbers("b")})
+    try:
+        policy = BatchPolicy(fallback=FrozenPolicy(threshold=1e9), min_batch=2, weights="reliance")
+        active = pipe.activate(policy_config(policy), variants=("scene",), state_dir=None)
+        assert "text" in active.variants
+        works = works_for([_scene(v, seed=i) for i, v in enumerate([-3.0, 1.0, -2.0, 4.0])])
+        recs = pipe.records(works, pipe.run(works, active, _Clock(None)), active, t_start=0.0)
+    finally:
+        pipe.close()
+    _assert_fail_closed(recs[1], "member a produced a non-finite score (nan) on its text pass")
+    assert np.isnan(recs[1].policy_score)
+    assert not any(r.fail_closed for i, r in enumerate(recs) if i != 1)
+    # the other three refit the batch on their own, finite, text scores
+    assert [r.member_scores_text["a"] for i, r in enumerate(recs) if i != 1] == [-2.5, -1.5, 4.5]
 
 
 def test_a_member_exception_is_unsafe() -> None:
