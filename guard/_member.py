@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,11 @@ class Member:
         )
         self._image_text = folder.arch.image_text(geometry)
         self._gray_pixels: dict[str, np.ndarray] | None = None
+        # One backend call at a time: the guard's scoring thread and its text thread (a claim
+        # reader that is one of the guard's own members) may call the same member at once, and
+        # not every backend may be entered twice (a TensorRT engine holds one execution context
+        # and one set of device buffers; on-demand sessions are released after each call).
+        self._backend_lock = threading.Lock()
 
     def __repr__(self) -> str:
         i = self.info
@@ -134,14 +140,13 @@ class Member:
         scores = np.empty(len(scenes), dtype=np.float64)
         for start in range(0, len(scenes), self.batch_size):
             stop = start + self.batch_size
-            chunk = np.asarray(
-                self.backend.score(
+            with self._backend_lock:
+                raw = self.backend.score(
                     prompts[start:stop],
                     None if pixels is None else pixels[start:stop],
                     self.encoder.plan,
-                ),
-                dtype=np.float64,
-            )
+                )
+            chunk = np.asarray(raw, dtype=np.float64)
             want = len(prompts[start:stop])
             if chunk.shape != (want,):  # never broadcast one score onto several scenes
                 raise ScoringError(

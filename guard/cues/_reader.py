@@ -102,7 +102,8 @@ class MemberClaimReader:
 
     member: a loaded member (:class:`spotstop.guard.Member`, or anything with ``name``,
         ``prompt_hash`` and ``score(scenes, variant="text")``). It may be the guard's own
-        member: calls are serialised by a lock here.
+        member: a :class:`~spotstop.guard.Member` enters its backend once at a time, so the
+        reader's pass and the guard's scoring pass wait for each other.
     margin: how far (in score units, nats) from the neutral baseline a text must move the
         member's score to be flagged.
     check: score the probe claims now and refuse a reader that flags none of them (default).

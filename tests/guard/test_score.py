@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +212,46 @@ def test_a_backend_returning_too_few_scores_is_an_error_not_a_broadcast(
     scenes = [Scene(make_image_bytes(i), "open the door") for i in range(3)]
     with pytest.raises(ScoringError, match=r"shape \(1,\) for 3 scene"):
         member.score(scenes, strict=False)
+
+
+def test_a_member_enters_its_backend_once_at_a_time(loaded_members, monkeypatch):
+    """The guard's scoring thread and a claim reader that is the same member call it at once:
+    the member lets one call into its backend at a time (a TensorRT engine has one context and
+    one set of buffers), and both get their own scores."""
+    member = loaded_members["tiny-qwen3_5"]
+    real = member.backend.score
+    inside, most = [0], [0]
+    count = threading.Lock()
+
+    def slow(prompts, pixels, plan):
+        with count:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        try:
+            time.sleep(0.05)  # widen the window in which a second call could enter
+            return real(prompts, pixels, plan)
+        finally:
+            with count:
+                inside[0] -= 1
+
+    scenes = [Scene(make_image_bytes(i), "open the door") for i in range(2)]
+    want = {v: [s.score for s in member.score(scenes, v)] for v in ("scene", "text")}
+    monkeypatch.setattr(member.backend, "score", slow)
+    got: dict[str, list[float]] = {}
+    threads = [
+        threading.Thread(
+            target=lambda v=v: got.update({v: [s.score for s in member.score(scenes, v)]})
+        )
+        for v in ("scene", "text", "scene", "text")
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert most[0] == 1
+    tol = score_tolerance(member)
+    for v in ("scene", "text"):
+        assert np.allclose(got[v], want[v], rtol=0, atol=tol), (v, got[v], want[v])
 
 
 def test_scene_variant_without_image_is_an_error(loaded_members):
