@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -61,6 +62,11 @@ from spotstop.guard.policies import (
 )
 
 __all__ = ["Decision", "DecisionNotLogged", "Guard", "PolicyMissingError", "SituationInfo"]
+
+#: seconds before a member that failed to load is tried again (then twice as long each time)
+DEFAULT_RETRY_LOAD_S = 5.0
+#: the longest wait between two tries
+MAX_RETRY_LOAD_S = 300.0
 
 
 class PolicyMissingError(GuardError, FileNotFoundError):
@@ -147,6 +153,12 @@ class Guard:
     log_options: how the log is kept when it cannot be written and how big it may grow: the
         journal, the disk budget and the free-space floor (:class:`LogOptions`; its defaults
         are stated there).
+    retry_load_s: a member that failed to load (a file not yet there, the GPU busy or out of
+        memory at start) is loaded again in the background after this many seconds, then
+        after twice as long each time, up to 5 minutes between tries, until it loads; the guard
+        answers UNSAFE meanwhile and is ready once every member is loaded (between two calls:
+        the policy is activated again, so a claim reader that is that member is built too).
+        None: never try again (a new Guard is the only way back). Default 5.
     """
 
     def __init__(
@@ -165,7 +177,16 @@ class Guard:
         text_detector: TextDetector | None = None,
         min_image_side: int = DEFAULT_MIN_SIDE,
         log_options: LogOptions | None = None,
+        retry_load_s: float | None = DEFAULT_RETRY_LOAD_S,
     ) -> None:
+        if retry_load_s is not None and (
+            isinstance(retry_load_s, bool)
+            or not isinstance(retry_load_s, int | float)
+            or not 0 < retry_load_s < float("inf")
+        ):
+            raise GuardError(
+                f"retry_load_s must be a positive number of seconds or None; got {retry_load_s!r}."
+            )
         if (
             isinstance(min_image_side, bool)
             or not isinstance(min_image_side, int)
@@ -185,11 +206,12 @@ class Guard:
         self.deadline_s = deadline_s
         self.members: dict[str, Member] = {}
         self.member_errors: dict[str, str] = {}
+        self._load_member = functools.partial(
+            load_bundle_member, self.bundle, device=device, threads=threads, backend=backend
+        )
         for bm in self.bundle.members:
             try:
-                self.members[bm.name] = load_bundle_member(
-                    self.bundle, bm, device=device, threads=threads, backend=backend
-                )
+                self.members[bm.name] = self._load_member(bm)
             except Exception as e:  # a member that cannot load makes every decision fail closed
                 self.member_errors[bm.name] = _reason("load", e)
         # decode → score → decide → records, with its scoring and text-detector threads
@@ -233,6 +255,17 @@ class Guard:
         # that timed out waiting for the lock and answers (and logs) without it
         self._calls = 0
         self._calls_done = threading.Condition()
+        # members that failed to load are tried again in the background until they load
+        self._stop = threading.Event()
+        self._retry: threading.Thread | None = None
+        if self.member_errors and retry_load_s is not None:
+            self._retry = threading.Thread(
+                target=self._retry_members,
+                args=(float(retry_load_s),),
+                name="spotstop-member-retry",
+                daemon=True,
+            )
+            self._retry.start()
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -270,7 +303,9 @@ class Guard:
         return self._pipeline.store_images
 
     def __repr__(self) -> str:
-        state = "ready" if self.ready else f"NOT READY ({'; '.join(self.member_errors.values())})"
+        state = (
+            "ready" if self.ready else f"NOT READY ({'; '.join(dict(self.member_errors).values())})"
+        )
         cfg = self.policy_config
         return f"<Guard {self.bundle.bundle_id} policy={cfg.kind} {cfg.version_id} {state}>"
 
@@ -315,6 +350,36 @@ class Guard:
             self._active = new
             self.policy_path = Path(path) if path is not None else self.bundle.policy_path
         return new.cfg
+
+    def _retry_members(self, wait_s: float) -> None:
+        """Load again each member that failed to, after ``wait_s``, then twice as long each
+        time (at most :data:`MAX_RETRY_LOAD_S`), until every one has loaded or the guard is
+        closed. A member is loaded without the guard's lock (it may take long) and put in
+        between two calls, with the policy activated again (its claim reader may be it)."""
+        while self.member_errors and not self._stop.wait(wait_s):
+            loaded: dict[str, Member] = {}
+            for bm in self.bundle.members:
+                if bm.name not in self.member_errors:
+                    continue
+                try:
+                    loaded[bm.name] = self._load_member(bm)
+                except Exception as e:  # still failing: say the latest reason
+                    self.member_errors[bm.name] = _reason("load", e)
+            if loaded:
+                with self._lock:
+                    if self._closed:
+                        return
+                    for name, member in loaded.items():
+                        self.members[name] = member
+                        del self.member_errors[name]
+                    old = self._active
+                if old.detector_error is not None:  # e.g. its claim reader is that member
+                    with contextlib.suppress(Exception):  # if not, the old activation stays
+                        new = self._activate(old.cfg)  # outside the lock: it loads the OCR
+                        with self._lock:
+                            if self._active is old and not self._closed:
+                                self._active = dataclasses.replace(new, store=old.store)
+            wait_s = min(2.0 * wait_s, MAX_RETRY_LOAD_S)
 
     def situation(self, situation_id: str) -> SituationInfo:
         """The recentering state of one situation under the current policy: the ``situation``
@@ -462,6 +527,7 @@ class Guard:
             if self._closed:
                 return
             self._closed = True
+        self._stop.set()  # a member loading in the background is dropped when it is done
         with self._calls_done:  # and so does one answering without the lock (past its wait)
             self._calls_done.wait_for(lambda: self._calls == 0)
         self._pipeline.close()

@@ -413,10 +413,19 @@ def create_app(
 async def _watch_log(sidecar: Sidecar) -> None:
     """While the decision log cannot be written or decisions wait, retry it every
     ``log_retry_s`` on the model thread (between checks): the first write that succeeds
-    writes what waits and makes the sidecar ready again, with no restart."""
+    writes what waits and makes the sidecar ready again, with no restart. A warm-up that
+    failed is tried again on the same tick once every member is loaded (the guard loads a
+    member that failed to load again by itself)."""
     g, every = sidecar.guard, sidecar.settings.log_retry_s
     while True:
         await asyncio.sleep(every)
+        if sidecar.warmup_error is not None and g.ready:  # e.g. a member has loaded since
+            try:
+                await sidecar.runner.call(sidecar.warm_up)
+                sidecar.warmup_error = None
+                log.info("warm-up scored every member in %.0f ms", sidecar.warmup_ms or 0.0)
+            except Exception as e:  # still failing: /readyz says why; retry next tick
+                sidecar.warmup_error = f"{type(e).__name__}: {e}"
         status = g.log_status()
         if status.writable and not status.waiting:
             continue

@@ -43,7 +43,8 @@ class Sidecar:
 
     # -- readiness -------------------------------------------------------------------------
     def not_ready_reasons(self) -> list[str]:
-        reasons = [f"member {n}: {e}" for n, e in self.guard.member_errors.items()]
+        # a copy: the guard's background retry may change the dict while this thread reads
+        reasons = [f"member {n}: {e}" for n, e in dict(self.guard.member_errors).items()]
         if not self.guard.ready and not reasons:
             reasons.append("not every member of the bundle is loaded")
         if self.warmup_error is not None:
@@ -76,7 +77,7 @@ class Sidecar:
         buf = io.BytesIO()
         img.save(buf, "PNG")
         scene = Scene(decode_image(buf.getvalue()), WARMUP_REQUEST)
-        for name, member in self.guard.members.items():
+        for name, member in list(self.guard.members.items()):  # a retry may add one meanwhile
             [res] = member.score([scene], "scene")
             if not math.isfinite(res.score):
                 raise RuntimeError(f"member {name} gave a non-finite warm-up score {res.score}")

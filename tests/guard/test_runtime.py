@@ -163,6 +163,59 @@ def test_fault_missing_member(bundle_copy: Path, tmp_path: Path):
         _assert_fail_closed(g.check(make_scene()), "member tiny-lfm2_vl unavailable")
 
 
+def _wait_until(cond: Any, limit_s: float = 60.0) -> bool:
+    end = time.monotonic() + limit_s
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_member_that_failed_to_load_is_loaded_again_once_the_fault_passes(
+    bundle_copy: Path, tmp_path: Path
+):
+    """A passing fault at start (a file not there yet): the guard answers UNSAFE while it
+    lasts, tries the member again in the background, and is ready, with no restart, once the
+    file is back."""
+    set_frozen(bundle_copy, 1e9)
+    f = bundle_copy / "members" / "tiny-lfm2_vl" / "onnx" / "decoder.onnx"
+    away = f.with_name("decoder.onnx.away")
+    f.rename(away)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", verify=False, retry_load_s=0.05) as g:
+        assert not g.ready
+        _assert_fail_closed(g.check(make_scene()), "member tiny-lfm2_vl unavailable")
+        time.sleep(0.2)  # tries while the file is still away fail, and are tried again
+        assert not g.ready and "tiny-lfm2_vl" in g.member_errors
+        away.rename(f)
+        assert _wait_until(lambda: g.ready), g.member_errors
+        d = g.check(make_scene())
+        assert not d.fail_closed and d.label == "SAFE", d
+        assert set(d.member_scores) == {"tiny-qwen3_5", "tiny-lfm2_vl"}
+        assert all(np.isfinite(v) for v in d.member_scores.values())
+        retry = g._retry
+    assert retry is not None
+    retry.join(10)
+    assert not retry.is_alive()
+
+
+def test_retry_load_s_none_never_tries_again_and_bad_values_are_refused(
+    bundle_copy: Path, tmp_path: Path
+):
+    set_frozen(bundle_copy, 1e9)
+    f = bundle_copy / "members" / "tiny-lfm2_vl" / "onnx" / "decoder.onnx"
+    away = f.with_name("decoder.onnx.away")
+    f.rename(away)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", verify=False, retry_load_s=None) as g:
+        assert g._retry is None
+        away.rename(f)
+        _assert_fail_closed(g.check(make_scene()), "member tiny-lfm2_vl unavailable")
+        assert not g.ready
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "5"):
+        with pytest.raises(GuardError, match="retry_load_s"):
+            Guard(bundle_copy, log=tmp_path / "l.sqlite", retry_load_s=bad)  # type: ignore[arg-type]
+
+
 def test_a_member_missing_its_weights_file_is_unavailable_at_load_without_verify(
     bundle_copy: Path, tmp_path: Path
 ):
