@@ -172,8 +172,14 @@ class LogStatus:
 
     @property
     def waiting(self) -> bool:
-        """Anything not yet in the log: rows or amendments, in memory or in the journal."""
-        return bool(self.pending_rows or self.pending_amendments or self.journal_entries)
+        """Anything not yet in the log: rows or amendments, in memory or in the journal, or
+        a journal that could not be read (what it holds is not known until it can be)."""
+        return bool(
+            self.pending_rows
+            or self.pending_amendments
+            or self.journal_entries
+            or self.journal_fault is not None
+        )
 
     def __repr__(self) -> str:
         state = "writable" if self.writable else f"NOT WRITABLE ({self.fault}: {self.reason})"

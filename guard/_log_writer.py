@@ -234,6 +234,13 @@ class LogWriter:
         try:
             read = self.journal.read()
             self._journal_rows, self._journal_entries = read.n_rows, len(read.entries)
+            self._rejected += read.rejected  # a crash's torn line, set aside by the read
+            if read.rejected:
+                _log.error(
+                    "%d journal line(s) could not be read (torn or altered); kept in %s.rejected",
+                    read.rejected,
+                    self.journal.path,
+                )
         except LogError as e:
             self._journal_fault = str(e)
             _log.error("journal %s cannot be read: %s", self.journal.path, e)
@@ -410,14 +417,36 @@ class LogWriter:
         written, else why not (the caller fails them closed and hands them to :meth:`keep`).
         ``timeout_s`` bounds the wait for a busy log; ``lock_timeout_s`` the wait for another
         write of this guard (-1: no bound)."""
+        return self._write(
+            records,
+            images=images,
+            policy=policy,
+            timeout_s=timeout_s,
+            lock_timeout_s=lock_timeout_s,
+        )[0]
+
+    def _write(
+        self,
+        records: list[DecisionRecord],
+        *,
+        images: list[bytes | None] | None,
+        policy: PolicyRow | None,
+        timeout_s: float | None,
+        lock_timeout_s: float = -1,
+    ) -> tuple[str | None, bool]:
+        """:meth:`write`, and whether the log may hold the rows all the same: a fault other
+        than a busy log (an I/O error at the commit's fsync, a full disk) leaves the
+        transaction's outcome unknown, and a crash may bring it back as it was written."""
         budget = _Budget(timeout_s)
         if not self._write_lock.acquire(timeout=lock_timeout_s):
-            return "decision log: another write held the log past the deadline"
+            return "decision log: another write held the log past the deadline", False
         error: Exception | None = None
         waits: str | None = None
+        writing = False  # past the free-space floor's check: a transaction may have begun
         try:
             try:
                 self._check_floor(budget)
+                writing = True
                 self._flush_locked(budget)
                 self.log.append_many(records, images=images, policy=policy, timeout_s=budget.left())
             except _OutOfTime:  # not a fault of the log: older rows took the call's time
@@ -433,14 +462,17 @@ class LogWriter:
             self._write_lock.release()
         if waits is not None:
             self._spill(force=False, timeout_s=budget.left())
-            return waits
+            return waits, False
         if error is not None:
-            return self._failed(error)
+            # sure only when refused before a byte was written: under the free-space floor, or
+            # a busy, read-only or closed log
+            unsure = writing and fault_kind(error) not in ("locked", "read_only", "closed")
+            return self._failed(error), unsure
         self._succeeded()
         # what keep() could not spill while this write held the lock
         self._spill(force=False, timeout_s=budget.left())
         self._maybe_retain()
-        return None
+        return None, False
 
     def commit(
         self,
@@ -457,8 +489,15 @@ class LogWriter:
         (a fault, or a busy log past the deadline): every row not already fail-closed becomes
         a fail-closed UNSAFE that says why, and all of them are kept (:meth:`keep`) for the
         next write. Never raises for a log fault.
+
+        When the fault leaves the commit's outcome unknown (anything but a busy log: an I/O
+        error at its fsync may have written it all the same, and a crash would bring back the
+        row as it was decided), the fail-closed copies go to the journal at once, not after
+        ``spill_after_s``: its import amends such a row. A late SAFE's amendment that the log
+        does not take at once goes to the journal at once too; if neither takes it, ``error``
+        says so (the answer is UNSAFE either way).
         """
-        error = self.write(
+        error, unsure = self._write(
             records,
             images=images,
             policy=policy,
@@ -466,34 +505,44 @@ class LogWriter:
             lock_timeout_s=clock.lock_timeout(),
         )
         if error is None:
-            return Committed(self._late(records, clock), None)
+            return self._late(records, clock)
         # never SAFE without a log row; keep the rows for the next write
         failed = [
             r if r.fail_closed else replace(r, label="UNSAFE", fail_closed=True, fail_reason=error)
             for r in records
         ]
-        self.keep(failed, images=images, policy=policy, timeout_s=clock.remaining())
+        self.keep(failed, images=images, policy=policy, timeout_s=clock.remaining(), at_once=unsure)
         return Committed(failed, error)
 
-    def _late(self, records: list[DecisionRecord], clock: Deadline) -> list[DecisionRecord]:
+    def _late(self, records: list[DecisionRecord], clock: Deadline) -> Committed:
         """SAFE rows whose write finished after the deadline become fail-closed UNSAFE.
 
-        The row is amended in the log first (SAFE → UNSAFE only); if even that fails, the
-        amendment is kept and retried before the next write, and the answer is UNSAFE anyway.
+        The row is amended in the log first (SAFE → UNSAFE only); if that fails, the amendment
+        goes to the journal at once and is retried before the next write; if the journal
+        cannot take it either, it waits in memory and ``error`` says so. The answer is UNSAFE
+        in every case.
         """
         if not clock.expired():
-            return records
+            return Committed(records, None)
         reason = clock.reason("writing the decision log")
         late = [r for r in records if r.label == "SAFE"]
         if not late:
-            return records
-        self.amend_late([r.decision_id for r in late], reason, timeout_s=clock.remaining())
-        return [
+            return Committed(records, None)
+        kept = self.amend_late([r.decision_id for r in late], reason, timeout_s=clock.remaining())
+        out = [
             replace(r, label="UNSAFE", fail_closed=True, fail_reason=reason)
             if r.label == "SAFE"
             else r
             for r in records
         ]
+        error = None
+        if not kept:
+            error = (
+                "decision log: the row of a decision written after the deadline still says "
+                "SAFE; its fail-closed amendment could not be written to the log or the journal "
+                "and waits in memory"
+            )
+        return Committed(out, error)
 
     def keep(
         self,
@@ -502,26 +551,35 @@ class LogWriter:
         images: list[bytes | None] | None,
         policy: PolicyRow | None,
         timeout_s: float | None = None,
+        at_once: bool = False,
     ) -> None:
         """Hold rows the log could not take (in memory, spilled to the journal past the
-        bounds); they are written first by the next write or flush. ``timeout_s`` bounds
-        the wait for the journal's lock when they spill (None: no bound); a journal held
-        longer leaves them in memory."""
+        bounds, or ``at_once`` with everything that waits before them); they are written
+        first by the next write or flush. ``timeout_s`` bounds the wait for the journal's lock
+        when they spill (None: no bound); a journal held longer leaves them in memory."""
         batch = _Batch(list(records), policy, images, _batch_bytes(records, images))
         with self._mutex:
             self._pending.append(batch)
-        self._spill(force=False, timeout_s=timeout_s)
+        self._spill(force=at_once, timeout_s=timeout_s)
 
-    def amend_late(self, ids: list[str], reason: str, *, timeout_s: float | None = None) -> None:
+    def amend_late(self, ids: list[str], reason: str, *, timeout_s: float | None = None) -> bool:
         """Turn logged SAFE rows into fail-closed UNSAFE ones (their write finished after the
-        deadline): one attempt now, else kept (spilled to the journal like rows, waiting at
-        most ``timeout_s`` for its lock) and retried before the next write."""
+        deadline): one attempt now, else kept and spilled to the journal at once (waiting at
+        most ``timeout_s`` for its lock), and retried before the next write. True when the
+        change is in the log or the journal; False when it waits in memory only."""
         try:  # one attempt (the deadline is spent): a busy log gets the change on the next write
             self.log.mark_fail_closed(ids, reason, timeout_s=0.0)
+            return True
         except Exception:  # the answer is UNSAFE either way; retry the row change later
+            # dated as if it had waited its time: any later spill takes it
+            entry = (list(ids), reason, time.monotonic() - self.options.spill_after_s)
             with self._mutex:
-                self._amendments.append((list(ids), reason, time.monotonic()))
-            self._spill(force=False, timeout_s=timeout_s)
+                self._amendments.append(entry)
+            # the answer goes out now: the change must outlive a crash, so the journal takes
+            # it now (another write holding the lock spills it when that write is done)
+            self._spill(force=True, timeout_s=timeout_s)
+            with self._mutex:
+                return not any(a is entry for a in self._amendments)
 
     def flush(self, timeout_s: float | None = None) -> int:
         """Import the journal, write the rows and amendments that wait, or probe the log when
@@ -933,7 +991,16 @@ class LogWriter:
         with self._mutex:
             ids = {i for batch, _, _ in self._amendments for i in batch}
             ids |= {r.decision_id for b in self._pending for r in b.records}
-        for entry in self.journal.read().entries:  # this log's entries
+        read = self.journal.read()
+        if read.rejected:  # torn or altered lines it set aside now
+            with self._mutex:
+                self._rejected += read.rejected
+            _log.error(
+                "%d journal line(s) could not be read (torn or altered); kept in %s.rejected",
+                read.rejected,
+                self.journal.path,
+            )
+        for entry in read.entries:  # this log's entries
             ids |= set(entry.amend_ids) | {r.decision_id for r in entry.records}
         protect = Protect(decision_ids=frozenset(ids), windows=dict(self._windows()))
         result = self.log.apply_retention(self.options.retention, protect, now=now)

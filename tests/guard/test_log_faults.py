@@ -538,3 +538,46 @@ def test_guards_of_two_logs_may_share_one_journal(tmp_path: Path) -> None:
     for w in (a, b):
         w.close()
         w.log.close()
+
+
+def test_a_torn_line_found_at_start_is_counted_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crash's torn last line, found when the next process starts (the read that counts
+    the journal sets it apart): counted in the status and said in the process's log."""
+    log = DecisionLog(tmp_path / "log.sqlite")
+    j = Journal(tmp_path / "j.journal", owner=str(log.path.resolve()))
+    j.append([JournalEntry("rows", (make_record(0, label="UNSAFE", fail_closed=True),), None)])
+    with j.path.open("ab") as fh:
+        fh.write(b'deadbeef {"v": 1, "kind": "rows", "ro')  # killed mid-write
+    w = LogWriter(log, LogOptions(journal=j.path))
+    assert w.status().rejected_lines == 1
+    assert "1 journal line(s) could not be read" in caplog.text
+    w.flush(1.0)
+    assert log.count() == 1 and w.status().rejected_lines == 1  # counted once
+    w.close()
+    log.close()
+
+
+def test_a_journal_unreadable_at_start_counts_as_waiting_until_it_is_imported(
+    tmp_path: Path,
+) -> None:
+    """Its rows are not known yet, so the status says something waits (the sidecar's watch
+    then flushes on its own, with no check arriving), and the first flush after it can be read
+    imports them."""
+    log = DecisionLog(tmp_path / "log.sqlite")
+    j = Journal(tmp_path / "j.journal", owner=str(log.path.resolve()))
+    j.append([JournalEntry("rows", (make_record(i, label="UNSAFE"),), None) for i in range(3)])
+    lock = j.path.with_name(j.path.name + ".lock")
+    lock.unlink(missing_ok=True)
+    lock.mkdir()  # the journal's lock cannot be taken: it cannot be read now
+    w = LogWriter(log, LogOptions(journal=j.path))
+    st = w.status()
+    assert st.writable and st.journal_fault is not None and st.journal_rows == 0
+    assert st.waiting
+    lock.rmdir()  # ... and now it can
+    w.flush(1.0)
+    st = w.status()
+    assert log.count() == 3 and st.journal_fault is None and not st.waiting
+    w.close()
+    log.close()
