@@ -38,6 +38,7 @@ import os
 import secrets
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -405,6 +406,9 @@ def read_archive(folder: Path, info: ArchiveInfo) -> Iterator[tuple[int, tuple[A
         yield int(seqs[i]), tuple(c[i] for c in cols)
 
 
+#: the ``meta`` key a retention pass writes before it reads the registrations to remove
+#: orphans (the commit makes what it read final; its value is the time of the last check)
+ORPHAN_CHECK_KEY: Final = "orphan_check"
 #: the ``meta`` key holding the largest position any archive of the log holds
 SEQ_FLOOR_KEY: Final = "archived_seq_max"
 
@@ -588,12 +592,11 @@ class ArchiveStore:
                 policies=self.policies(),
                 log_id=self.log_id(),
             )
-            try:
-                self._register(info, seqs, rows)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    (self.archive_folder / info.name).unlink()
-                raise
+            # A registration that raised may have committed all the same (an I/O error at
+            # its fsync leaves valid commit frames in the WAL that a crash's recovery
+            # replays): its file stays, and only a later pass that has written the log
+            # removes it as an orphan (_remove_orphans).
+            self._register(info, seqs, rows)
             files.append(info.name)
             archived += len(rows)
             used = self.used_bytes()
@@ -730,12 +733,31 @@ class ArchiveStore:
         self._write(body, what="register an archive")
 
     def _remove_orphans(self) -> None:
-        """Delete archive files no registration names (a pass stopped before its commit:
-        their rows are still live)."""
+        """Delete archive files no registration names (a pass stopped before its commit, or
+        whose commit reported an error: their rows are still live).
+
+        The registrations are read in a write transaction that commits first: a commit that
+        reported an error may have left its frames in the WAL, and a crash before the next
+        commit would replay it, registering a file deleted here. A commit that succeeds
+        after it overwrites those frames, so what it read is final. If it cannot commit, no
+        file is deleted."""
         folder = self.archive_folder
         if not folder.is_dir():
             return
-        known = {a.name for a in self.archives()}
+        names: list[str] = []
+
+        def body(conn: Any) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                (ORPHAN_CHECK_KEY, str(time.time())),
+            )
+            names.extend(r[0] for r in conn.execute("SELECT name FROM archives").fetchall())
+
+        try:
+            self._write(body, what="check the archive folder for orphans")
+        except LogError:  # not final: leave every file for a later pass
+            return
+        known = set(names)
         for p in folder.iterdir():
             orphan = p.suffix == ".parquet" and p.name not in known
             if orphan or (p.name.startswith(".archive-") and p.suffix == ".tmp"):

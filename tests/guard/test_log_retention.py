@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from spotstop.guard._log import DecisionLog, LogError, Protect, RecordError, Retention
-from spotstop.guard._log_archive import SEQ_COLUMN, archive_folder, write_archive
+from spotstop.guard._log_archive import SEQ_COLUMN, ArchiveStore, archive_folder, write_archive
 
 from tests._support.records import assert_same_record, make_record
 
@@ -164,6 +164,44 @@ def test_a_pass_cut_short_leaves_an_orphan_that_no_reader_counts(big_log) -> Non
     assert (log.archive_folder / info.name).is_file()
     assert log.count() == 600 and len(list(log.records())) == 600
     log.apply_retention(Retention(max_bytes=10**12))  # the next pass cleans up
+    assert not (log.archive_folder / info.name).exists()
+
+
+def test_a_registration_that_reports_an_error_keeps_its_file(
+    big_log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registering commit reported an error but committed (an I/O error at its fsync
+    leaves valid frames in the WAL, which a crash's recovery replays; here it commits, then
+    raises): the archive file stays, so the log reads back whole, each row once."""
+    log, _ = big_log
+    real = ArchiveStore._register
+
+    def commit_then_fail(self, *a, **k):  # type: ignore[no-untyped-def]
+        real(self, *a, **k)
+        raise LogError("disk I/O error at the commit (injected)", "io_error")
+
+    monkeypatch.setattr(ArchiveStore, "_register", commit_then_fail)
+    with pytest.raises(LogError, match="injected"):
+        log.apply_retention(Retention(max_bytes=log.used_bytes() // 2))
+    monkeypatch.undo()
+    [reg] = log.archives()
+    assert (log.archive_folder / reg.name).is_file()
+    ids = [r.decision_id for r in log.records()]
+    assert len(ids) == len(set(ids)) == 600 and log.count() == 600
+
+
+def test_orphans_are_removed_only_after_a_write_to_the_log(big_log) -> None:
+    """A pass that cannot write the log removes no file (what it would read of the
+    registrations might not be final); the next one that can removes the orphan."""
+    log, _ = big_log
+    rows = log._fetchall("SELECT rowid, * FROM decisions ORDER BY rowid LIMIT 10", [])
+    info = write_archive(log.archive_folder, [r[0] for r in rows], [tuple(r[1:]) for r in rows])
+    log._conn().execute("PRAGMA query_only = 1")
+    with pytest.raises(LogError):  # a read-only log archives nothing either
+        log.apply_retention(Retention(max_bytes=log.used_bytes() // 2))
+    assert (log.archive_folder / info.name).is_file()
+    log._conn().execute("PRAGMA query_only = 0")
+    log.apply_retention(Retention(max_bytes=10**12))
     assert not (log.archive_folder / info.name).exists()
 
 
