@@ -592,11 +592,7 @@ class ArchiveStore:
                 policies=self.policies(),
                 log_id=self.log_id(),
             )
-            # A registration that raised may have committed all the same (an I/O error at
-            # its fsync leaves valid commit frames in the WAL that a crash's recovery
-            # replays): its file stays, and only a later pass that has written the log
-            # removes it as an orphan (_remove_orphans).
-            self._register(info, seqs, rows)
+            self._register(info, seqs, rows)  # a failed one removes its file when it can
             files.append(info.name)
             archived += len(rows)
             used = self.used_bytes()
@@ -694,8 +690,10 @@ class ArchiveStore:
         answer turned fail-closed UNSAFE, rolls the pass back: the next one archives it as
         it is now)."""
         id_col = COLUMNS.index("decision_id")
+        reached_commit: list[bool] = []
 
         def body(conn: Any) -> None:
+            reached_commit.clear()  # a retried attempt starts again
             _raise_seq_floor(conn, max(seqs))
             conn.execute(
                 "INSERT INTO archives (name, n_rows, first_time, last_time, n_bytes, sha256, "
@@ -729,8 +727,18 @@ class ArchiveStore:
                     "DELETE FROM decisions WHERE rowid = ? AND decision_id = ?",
                     [(q_, want[int(q_)][id_col]) for q_ in chunk],
                 )
+            reached_commit.append(True)
 
-        self._write(body, what="register an archive")
+        try:
+            self._write(body, what="register an archive")
+        except BaseException:
+            if not reached_commit:  # rolled back before its COMMIT: the file names nothing
+                with contextlib.suppress(OSError):
+                    (self.archive_folder / info.name).unlink()
+            # else the COMMIT itself failed: it may have been written all the same (an I/O
+            # error at its fsync leaves valid frames a crash's recovery replays), so the file
+            # stays for a later pass's _remove_orphans to judge
+            raise
 
     def _remove_orphans(self) -> None:
         """Delete archive files no registration names (a pass stopped before its commit, or

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from spotstop.guard._log import DecisionLog, LogError, Protect, RecordError, Retention
-from spotstop.guard._log_archive import SEQ_COLUMN, ArchiveStore, archive_folder, write_archive
+from spotstop.guard._log_archive import SEQ_COLUMN, archive_folder, write_archive
 
 from tests._support.records import assert_same_record, make_record
 
@@ -174,13 +174,14 @@ def test_a_registration_that_reports_an_error_keeps_its_file(
     leaves valid frames in the WAL, which a crash's recovery replays; here it commits, then
     raises): the archive file stays, so the log reads back whole, each row once."""
     log, _ = big_log
-    real = ArchiveStore._register
+    real = type(log)._write
 
-    def commit_then_fail(self, *a, **k):  # type: ignore[no-untyped-def]
-        real(self, *a, **k)
-        raise LogError("disk I/O error at the commit (injected)", "io_error")
+    def commit_then_fail(self, body, *, what, **k):  # type: ignore[no-untyped-def]
+        real(self, body, what=what, **k)
+        if what == "register an archive":
+            raise LogError("disk I/O error at the commit (injected)", "io_error")
 
-    monkeypatch.setattr(ArchiveStore, "_register", commit_then_fail)
+    monkeypatch.setattr(type(log), "_write", commit_then_fail)
     with pytest.raises(LogError, match="injected"):
         log.apply_retention(Retention(max_bytes=log.used_bytes() // 2))
     monkeypatch.undo()
