@@ -24,6 +24,7 @@ import functools
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,7 +129,9 @@ class Guard:
     """Loads a bundle and answers ``check(scene)`` / ``check_batch(scenes)``.
 
     log: a :class:`DecisionLog`, a path for one, or None for the bundle's default
-        (``<bundle>/decisions.sqlite``).
+        (``<bundle>/decisions.sqlite``). A log the guard opens commits with
+        ``log_options.synchronous`` (FULL by default); a :class:`DecisionLog` given keeps the
+        setting it was opened with (NORMAL by default).
     deadline_s: wall-clock budget of one whole ``check_batch`` call; past it every scene of
         the call is UNSAFE (fail-closed, "deadline exceeded"). None = no deadline.
     variants: which passes to run: always ``scene``; ``gray`` and ``text`` add the
@@ -233,6 +236,13 @@ class Guard:
             self.log = log
             if robot is not None:
                 log._claim_robot(robot)
+            if log_options is not None and log.synchronous != opts.synchronous:
+                warnings.warn(
+                    f"log_options.synchronous is {opts.synchronous!r} but the DecisionLog given "
+                    f"was opened with {log.synchronous!r}, which it keeps; open it with "
+                    f"DecisionLog(..., synchronous={opts.synchronous!r}) or pass its path.",
+                    stacklevel=2,
+                )
         else:
             self.log = DecisionLog(
                 log if log is not None else self.bundle.path / "decisions.sqlite",

@@ -47,7 +47,7 @@ import re
 import sqlite3
 import threading
 import time as _time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
@@ -267,6 +267,28 @@ class DecisionLog(LogReader, ArchiveStore):
         # After a checkpoint the -wal file is cut back to this size, so a WAL that grew once
         # (a burst of writes, a full disk) does not keep its space.
         conn.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT_BYTES}")
+
+    @property
+    def synchronous(self) -> str:
+        """How this log's commits reach the disk: ``"NORMAL"`` or ``"FULL"`` (fsynced)."""
+        return self._synchronous
+
+    @contextlib.contextmanager
+    def durable_commits(self) -> Iterator[None]:
+        """Every commit of this thread's connection inside the block is fsynced
+        (``synchronous=FULL``), whatever the log's setting: for a write that must survive a
+        power cut before what it copies is deleted (the journal's import, which empties the
+        journal after it)."""
+        conn = self._conn()
+        if self._synchronous == "FULL":
+            yield
+            return
+        conn.execute("PRAGMA synchronous = FULL")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute(f"PRAGMA synchronous = {self._synchronous}")
 
     def _conn(self, timeout_s: float | None = None) -> sqlite3.Connection:
         """This thread's connection, opened now if it has none (``timeout_s``: see

@@ -818,8 +818,13 @@ class LogWriter:
         imported = 0
         unfiled: list[_Batch] = []
         try:
-            # half the time at most: the journal's rows are old, the call's own are not
-            with self.journal.draining(timeout_s=None if left is None else left / 2) as read:
+            # half the time at most: the journal's rows are old, the call's own are not. The
+            # import's commits are fsynced whatever the log's setting: the journal is emptied
+            # after them, and a power cut must not take both copies.
+            with (
+                self.log.durable_commits(),
+                self.journal.draining(timeout_s=None if left is None else left / 2) as read,
+            ):
                 for entry in read.entries:
                     budget.step()
                     if entry.kind == "rows":

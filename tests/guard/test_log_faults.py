@@ -581,3 +581,30 @@ def test_a_journal_unreadable_at_start_counts_as_waiting_until_it_is_imported(
     assert log.count() == 3 and st.journal_fault is None and not st.waiting
     w.close()
     log.close()
+
+
+def test_the_journals_import_is_fsynced_even_on_a_normal_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal is emptied right after its rows are imported: under ``synchronous=NORMAL``
+    a power cut could roll the import back after the journal is gone, so the import's commits
+    are FULL (fsynced) whatever the log's setting, and the setting is restored after it."""
+    log = DecisionLog(tmp_path / "log.sqlite", synchronous="NORMAL")
+    j = Journal(tmp_path / "j.journal", owner=str(log.path.resolve()))
+    j.append([JournalEntry("rows", (make_record(i, label="UNSAFE"),), None) for i in range(2)])
+    seen: list[int] = []
+    real = DecisionLog._write
+
+    def watch(self, body, **k):  # type: ignore[no-untyped-def]
+        seen.append(self._conn().execute("PRAGMA synchronous").fetchone()[0])
+        return real(self, body, **k)
+
+    monkeypatch.setattr(DecisionLog, "_write", watch)
+    w = LogWriter(log, LogOptions(journal=j.path))
+    w.flush(1.0)
+    assert log.count() == 2 and seen and set(seen) == {2}  # 2: FULL
+    assert log._conn().execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL again
+    w.write([make_record(5)], images=None, policy=None, timeout_s=1)
+    assert seen[-1] == 1  # the log's own writes keep its setting
+    w.close()
+    log.close()

@@ -216,6 +216,19 @@ def test_retry_load_s_none_never_tries_again_and_bad_values_are_refused(
             Guard(bundle_copy, log=tmp_path / "l.sqlite", retry_load_s=bad)  # type: ignore[arg-type]
 
 
+def test_a_decision_log_given_keeps_its_sync_setting_and_a_mismatch_is_said(
+    bundle_copy: Path, tmp_path: Path
+):
+    from spotstop.guard._log_options import LogOptions
+
+    set_frozen(bundle_copy, 1e9)
+    log = DecisionLog(tmp_path / "l.sqlite")  # NORMAL, its default
+    with pytest.warns(UserWarning, match="synchronous is 'FULL' but the DecisionLog given"):
+        g = Guard(bundle_copy, log=log, log_options=LogOptions(), retry_load_s=None)
+    assert g.log.synchronous == "NORMAL"
+    g.close()
+
+
 def test_a_member_missing_its_weights_file_is_unavailable_at_load_without_verify(
     bundle_copy: Path, tmp_path: Path
 ):
