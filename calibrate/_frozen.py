@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from spotstop.guard import Avg2Fusion, ConfigError
-from spotstop.guard.policies import FitContext, FrozenPolicy, Policy
+from spotstop.guard import Avg2Fusion
+from spotstop.guard.policies import MIN_FROZEN_POOL, FitContext, FrozenPolicy, Policy
 
 __all__ = ["FrozenFit", "fit_frozen"]
 
@@ -76,23 +76,17 @@ class FrozenFit:
 
 
 def fit_frozen(
-    pool_scores: Mapping[str, Any], *, weights: Mapping[str, float] | None = None, min_n: int = 8
+    pool_scores: Mapping[str, Any],
+    *,
+    weights: Mapping[str, float] | None = None,
+    min_n: int = MIN_FROZEN_POOL,
 ) -> FrozenFit:
-    """Fit per-member median/IQR and the cut t₀ = mean fused score on an unlabelled pool."""
-    arrays = {m: np.asarray(v, dtype=np.float64) for m, v in pool_scores.items()}
-    if not arrays:
-        raise ConfigError("fit_frozen needs the scores of at least one member.")
-    sizes = {m: a.shape for m, a in arrays.items()}
-    if len({s for s in sizes.values()}) != 1 or len(next(iter(sizes.values()))) != 1:
-        raise ConfigError(f"pool scores must be 1-D arrays of one length per member; got {sizes}.")
-    n = next(iter(arrays.values())).shape[0]
-    if n < min_n:
-        raise ConfigError(f"the unlabelled pool has {n} scenes; at least {min_n} are needed.")
-    for m, a in arrays.items():
-        if not np.all(np.isfinite(a)):
-            raise ConfigError(
-                f"pool scores of member {m!r} hold non-finite values; drop those scenes."
-            )
-    fusion = Avg2Fusion.fit(arrays, weights=weights)
-    fused = fusion.fuse_many(arrays)
-    return FrozenFit(fusion=fusion, policy=FrozenPolicy(threshold=float(np.mean(fused))), n=n)
+    """Fit per-member median/IQR and the cut t₀ = mean fused score on an unlabelled pool.
+
+    The rule is the guard's :meth:`~spotstop.guard.policies.FrozenPolicy.fit_pool` (its
+    errors: ``ConfigError`` for an empty, ragged, too small or non-finite pool,
+    ``FusionError`` for a flat member).
+    """
+    fusion, policy = FrozenPolicy.fit_pool(pool_scores, weights=weights, min_n=min_n)
+    n = int(np.asarray(next(iter(pool_scores.values()))).shape[0])
+    return FrozenFit(fusion=fusion, policy=policy, n=n)

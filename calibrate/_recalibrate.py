@@ -143,10 +143,8 @@ class Recalibrator:
             frozen = fit_frozen(pool, min_n=self.min_pool)
         else:
             assert current is not None  # checked in _check_recalibrator
-            fused_pool = current.fusion.fuse_many(pool)
-            frozen = FrozenFit(
-                fusion=current.fusion, policy=FrozenPolicy(float(np.mean(fused_pool))), n=n_pool
-            )
+            fusion, t0 = FrozenPolicy.fit_pool(pool, min_n=self.min_pool, fusion=current.fusion)
+            frozen = FrozenFit(fusion=fusion, policy=t0, n=n_pool)
         settings = {
             **dict(self.settings or {}),
             "alpha": float(self.alpha),

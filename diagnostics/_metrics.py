@@ -239,7 +239,11 @@ def auroc(y: ArrayLike, score: ArrayLike, *, sample_weight: ArrayLike | None = N
 def balanced_accuracy(
     y: ArrayLike, score: ArrayLike, cut: float = 0.0, *, sample_weight: ArrayLike | None = None
 ) -> float:
-    """Balanced accuracy of the rule ``score > cut`` → UNSAFE (mean of TPR and TNR)."""
+    """Balanced accuracy of the rule ``score > cut`` → UNSAFE (mean of TPR and TNR).
+
+    A NaN ``cut`` is a :class:`DataError` (it would answer every case SAFE).
+    """
+    _check_cut(cut)
     ya, sa, wa = _check_scored(y, score, sample_weight)
     ws, wu = wa * (ya == 0), wa * (ya == 1)
     if ws.sum() <= 0 or wu.sum() <= 0:
@@ -289,7 +293,11 @@ class SignalDetection:
 def signal_detection(
     y: ArrayLike, score: ArrayLike, cut: float = 0.0, *, sample_weight: ArrayLike | None = None
 ) -> SignalDetection:
-    """Signal-detection summary of the direct answer at ``cut`` (Supp. Table S12)."""
+    """Signal-detection summary of the direct answer at ``cut`` (Supp. Table S12).
+
+    A NaN ``cut`` is a :class:`DataError` (it would answer every case SAFE).
+    """
+    _check_cut(cut)
     ya, sa, wa = _check_scored(y, score, sample_weight)
     n_u, n_s = int((ya == 1).sum()), int((ya == 0).sum())
     wu, ws = wa * (ya == 1), wa * (ya == 0)

@@ -11,6 +11,10 @@ With the batch-mean threshold the medians cancel: ``S − mean(S)`` does not dep
 A missing member score or a non-finite one raises :class:`FusionError`; the guard turns
 that into a fail-closed UNSAFE decision, so :meth:`Avg2Fusion.fuse` never returns a number
 for a scene it could not score.
+
+A member's median and IQR are computed once, by :func:`member_spread`, for the frozen fit
+(:meth:`Avg2Fusion.fit`) and the batch rule (``policies.batch_scores``) alike, with one rule
+for a flat member (IQR 0 or at rounding level, see :data:`FLAT_IQR`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import math
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from spotstop.guard._errors import ConfigError, GuardError
@@ -32,9 +36,38 @@ from spotstop.guard.validate import (
     join_key,
 )
 
-__all__ = ["Avg2Fusion", "FusionError", "MemberStats"]
+__all__ = ["FLAT_IQR", "Avg2Fusion", "FusionError", "MemberSpread", "MemberStats", "member_spread"]
 
 _FIX_SOURCE = "the policy file"
+
+FLAT_IQR = 1e-9
+"""An IQR at or below this share of the member's largest |score| (at least 1) is flat: it
+is 0 up to rounding, and dividing by it would only amplify rounding."""
+
+
+class MemberSpread(NamedTuple):
+    """Median and IQR of one member's scores (see :func:`member_spread`).
+
+    iqr is the measured IQR; flat is True when it is 0 or at rounding level (then the
+    member's scores carry no usable scale: the fit refuses it, the batch rule falls back).
+    """
+
+    median: float
+    iqr: float
+    flat: bool
+
+
+def member_spread(x: np.ndarray) -> MemberSpread:
+    """Median and IQR of a member's (finite, non-empty) scores, and whether the IQR is flat.
+
+    IQR is ``np.percentile(x, 75) − np.percentile(x, 25)`` (linear interpolation). Flat
+    means ``IQR ≤ FLAT_IQR · max(1, max |x|)`` (or not a number): the one rule for a member
+    whose scores are (nearly) all equal, shared by :meth:`Avg2Fusion.fit` and the batch rule.
+    """
+    q25, q50, q75 = np.percentile(x, [25.0, 50.0, 75.0], method="linear")
+    iqr = float(q75 - q25)
+    flat = not iqr > FLAT_IQR * max(1.0, float(np.max(np.abs(x))))
+    return MemberSpread(median=float(q50), iqr=iqr, flat=flat)
 
 
 class FusionError(GuardError, ValueError):
@@ -142,21 +175,24 @@ class Avg2Fusion:
             silently.
         weights: optional weight per member; ``None`` means equal weights.
 
-        IQR is ``np.percentile(x, 75) − np.percentile(x, 25)`` (linear interpolation).
-        Raises :class:`FusionError` naming the member when a pool is empty, not finite,
-        or has IQR ≤ 0.
+        Median and IQR come from :func:`member_spread` (IQR: ``np.percentile(x, 75) −
+        np.percentile(x, 25)``, linear interpolation). Raises :class:`FusionError` naming the
+        member when a pool is empty, not finite, or flat (IQR 0, or at rounding level:
+        ``≤ FLAT_IQR · max(1, max |x|)``, where the robust z-score would only amplify
+        rounding).
         """
         pools = _check_fit_input(scores)
         stats: dict[str, MemberStats] = {}
         for m, x in pools.items():
-            q25, q50, q75 = np.percentile(x, [25.0, 50.0, 75.0], method="linear")
-            iqr = float(q75 - q25)
-            if not math.isfinite(iqr) or iqr <= 0:
+            sp = member_spread(x)
+            if sp.flat:
                 raise FusionError(
-                    f"member {m!r}: the pool's IQR is {iqr!r} (n={x.size}); it must be > 0. "
-                    "Fit on a larger or more varied unlabelled pool for this member."
+                    f"member {m!r}: the pool's IQR is {sp.iqr!r} (n={x.size}); it must be > 0 "
+                    f"and above rounding level ({FLAT_IQR:g} × the largest |score|, at least "
+                    f"{FLAT_IQR:g}): the member's pool scores are (nearly) all equal. Fit on a "
+                    "larger or more varied unlabelled pool for this member, or drop the member."
                 )
-            stats[m] = MemberStats(median=float(q50), iqr=iqr)
+            stats[m] = MemberStats(median=sp.median, iqr=sp.iqr)
         return cls(members=tuple(pools), stats=stats, weights=dict(weights or {}))
 
     # ------------------------------------------------------------------ fusing

@@ -82,16 +82,20 @@ def fitted_cut_policy(
     :func:`label_as_deployed` and ``t0``. ``what`` names the pool (recorded as ``fitted_on``).
 
     One rule for every candidate that has no policy file of its own: a member is measured at
-    the cut it would be deployed at, not at ``s > 0``.
+    the cut it would be deployed at, not at ``s > 0``. The fit is the guard's
+    :meth:`~spotstop.guard.policies.FrozenPolicy.fit_pool`, so a pool the guard's calibration
+    refuses (fewer than its minimum of scenes, a flat member) is refused here too, as a
+    :class:`~spotstop.diagnostics._errors.DataError`.
     """
     from spotstop.diagnostics._errors import DataError
-    from spotstop.guard import Avg2Fusion, FusionError
+    from spotstop.guard import ConfigError, FusionError
+    from spotstop.guard.policies import FrozenPolicy
 
     try:
-        fusion = Avg2Fusion.fit(pool)
-    except FusionError as e:
+        fusion, frozen = FrozenPolicy.fit_pool(pool)
+    except (FusionError, ConfigError) as e:
         raise DataError(f"cannot fit the frozen cut of {name} on {what}: {e}") from e
-    t0 = float(np.mean(fusion.fuse_many(pool)))
+    t0 = frozen.threshold
     return frozen_pair_policy(fusion, t0, name=name, fitted_on={"what": f"{what} (no labels)"}), t0
 
 

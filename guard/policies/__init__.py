@@ -60,7 +60,7 @@ from spotstop.guard.policies._decide import (
     replay,
 )
 from spotstop.guard.policies._direct import DirectPolicy
-from spotstop.guard.policies._frozen import FrozenPolicy
+from spotstop.guard.policies._frozen import MIN_FROZEN_POOL, FrozenPolicy
 from spotstop.guard.policies._plan import ScoringPlan, ScoringStage
 from spotstop.guard.policies._registry import (
     POLICY_KINDS,
@@ -73,6 +73,7 @@ from spotstop.guard.policies._situation import SituationPolicy
 
 __all__ = [
     "CUT_KINDS",
+    "MIN_FROZEN_POOL",
     "POLICY_KINDS",
     "POLICY_SCHEMA_VERSION",
     "BatchFrozenIqrPolicy",

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from spotstop.guard._fusion import FLAT_IQR, member_spread
 from spotstop.guard.policies._base import (
     BatchInputs,
     FitContext,
@@ -54,8 +55,6 @@ __all__ = [
 WEIGHTS = ("equal", "reliance")
 RELIANCE_WEIGHT_FLOOR = 0.05
 """The smallest reliance weight: no member drops out of the average entirely."""
-FLAT_IQR = 1e-9
-"""A batch IQR below this share of the member's largest |score| counts as 0 (rounding level)."""
 
 
 def reliance_weights(
@@ -83,24 +82,22 @@ def batch_scores(
 ) -> tuple[np.ndarray, dict[str, tuple[float, float]]]:
     """``S_B`` per scene (NaN outside ``ok``) and each member's (batch median, batch IQR).
 
-    IQRs are ``np.percentile(·, 75) − np.percentile(·, 25)`` (linear interpolation) over the
-    ``ok`` scenes, as the frozen fit does. A member whose IQR is 0 — or at rounding level, below
-    ``FLAT_IQR`` times its largest score's magnitude, where dividing by it would only amplify
-    rounding — makes ``S_B`` all NaN (its IQR is reported as 0).
+    Medians and IQRs are :func:`spotstop.guard._fusion.member_spread` over the ``ok`` scenes,
+    the frozen fit's rule. A flat member — IQR 0, or at rounding level (``≤ FLAT_IQR`` times
+    its largest score's magnitude), where dividing by it would only amplify rounding — makes
+    ``S_B`` all NaN (its IQR is reported as 0).
     """
     n = int(ok.shape[0])
     num = np.zeros(n)
     stats: dict[str, tuple[float, float]] = {}
     for m, s in scene.items():
-        q25, q50, q75 = np.percentile(s[ok], [25.0, 50.0, 75.0])
-        iqr = float(q75 - q25)
-        if not iqr > FLAT_IQR * max(1.0, float(np.max(np.abs(s[ok])))):
-            iqr = 0.0
-        stats[m] = (float(q50), iqr)
+        sp = member_spread(s[ok])
+        iqr = 0.0 if sp.flat else sp.iqr
+        stats[m] = (sp.median, iqr)
         if iqr == 0.0:
             return np.full(n, np.nan), stats
         with np.errstate(invalid="ignore"):
-            num += weights[m] * (s - q50) / iqr
+            num += weights[m] * (s - sp.median) / iqr
     out = num / sum(weights[m] for m in scene)
     out[~ok] = np.nan
     return out, stats

@@ -275,11 +275,22 @@ def conformal_cut(
 ) -> ConformalFit:
     """Fit the conformal cut on unsafe calibration scores, one case per situation.
 
-    Inputs are trusted to be checked by the caller (finite 1-D scores, one id or None per
-    score, α and δ in (0, 1)): see ``calibrate.ConformalCalibrator`` for the validating
-    estimator. Infeasible cuts (too few situations) come back with ``feasible=False``.
+    Scores must be finite: a NaN would count in n and, under the ``"min"`` rule, wipe out
+    its situation's other cases, so non-finite scores raise :class:`ValueError` (callers
+    drop fail-closed cases first). The other inputs are trusted to be checked by the caller
+    (1-D scores, one id or None per score, α and δ in (0, 1)): see
+    ``calibrate.ConformalCalibrator`` for the validating estimator. Infeasible cuts (too few
+    situations) come back with ``feasible=False``.
     """
     scores = np.asarray(unsafe_scores, dtype=float)
+    bad = ~np.isfinite(scores)
+    if bad.any():
+        idx = np.flatnonzero(bad)[:5].tolist()
+        raise ValueError(
+            f"conformal_cut: {int(bad.sum())} of {scores.size} unsafe calibration scores are "
+            f"not finite (positions {idx}{' …' if bad.sum() > 5 else ''}). Drop the cases "
+            "that failed closed (no finite fused score) before fitting the cut."
+        )
     if situation_ids is None:
         sids = [""] * scores.size
     else:

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from spotstop.calibrate import CalibrationError
+from spotstop.calibrate import CalibrationError, fit_frozen
 from spotstop.calibrate._pool import fit_pool_policy, pool_scenes
 from spotstop.cli import main
 from spotstop.export.scenes import demo_scenes
-from spotstop.guard import Guard, Scene, load_bundle, load_policy
+from spotstop.guard import ConfigError, Guard, Scene, load_bundle, load_policy
 from spotstop.guard._member import load_bundle_member
+from spotstop.guard.policies import FrozenPolicy
 
 
 @pytest.fixture
@@ -95,3 +96,15 @@ def test_policy_init_situation_kind_and_refusals(bare_bundle: Path, pool_dir: Pa
         pool_scenes(few, ["x"])
     with pytest.raises(CalibrationError, match="request"):
         pool_scenes(pool_dir, ["  "])
+
+
+def test_fit_frozen_is_the_guards_frozen_rule() -> None:
+    """calibrate keeps no copy of the frozen rule: fit_frozen is FrozenPolicy.fit_pool."""
+    rng = np.random.default_rng(2)
+    pool = {"a": rng.normal(0, 1, 20), "b": rng.normal(3, 2, 20)}
+    fit = fit_frozen(pool)
+    fusion, policy = FrozenPolicy.fit_pool(pool)
+    assert (fit.fusion, fit.policy, fit.n) == (fusion, policy, 20)
+    with pytest.raises(ConfigError, match=r"the unlabelled pool has 3 scenes; at least 8 are"):
+        fit_frozen({m: x[:3] for m, x in pool.items()})
+    assert fit_frozen({m: x[:3] for m, x in pool.items()}, min_n=3).n == 3

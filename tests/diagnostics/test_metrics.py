@@ -237,6 +237,17 @@ def test_metric_input_errors():
         spot_stop(simulate_log(5, rng=0), math.nan)
 
 
+def test_a_nan_cut_is_refused_not_a_silent_half():
+    """A NaN cut answers every case SAFE; balanced accuracy would be a silent 0.5."""
+    y, s = [0, 1, 0, 1], [0.0, 1.0, 0.2, 0.9]
+    with pytest.raises(DataError, match="cut must be a number"):
+        balanced_accuracy(y, s, math.nan)
+    with pytest.raises(DataError, match="cut must be a number"):
+        signal_detection(y, s, math.nan)
+    assert balanced_accuracy(y, s, 0.5) == 1.0
+    assert balanced_accuracy(y, s, math.inf) == 0.5  # an infinite cut is a cut: all SAFE
+
+
 def test_cross_fitted_threshold_part_is_below_in_sample():
     t = simulate_log(400, bias=-0.8, rng=6)
     ss = spot_stop(t)

@@ -10,13 +10,14 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from spotstop.guard._errors import ConfigError, GuardError
-from spotstop.guard._fusion import Avg2Fusion, FusionError, MemberStats
+from spotstop.guard._fusion import Avg2Fusion, FusionError, MemberStats, member_spread
 from spotstop.guard.policies import (
     BatchFrozenIqrPolicy,
     FrozenPolicy,
     batch_inputs,
     decide_batch,
 )
+from spotstop.guard.policies._batch import batch_scores
 
 A = MemberStats(median=-1.0, iqr=2.0)
 B = MemberStats(median=0.5, iqr=0.25)
@@ -82,6 +83,29 @@ def test_fit_refuses_zero_iqr_naming_the_member() -> None:
         Avg2Fusion.fit({"ok": [0.0, 1.0, 2.0, 3.0], "flat": [1.0, 1.0, 1.0, 1.0]})
     with pytest.raises(FusionError, match=r"'b'.*not finite"):
         Avg2Fusion.fit({"a": [0.0, 1.0, 2.0], "b": [0.0, np.nan, 2.0]})
+
+
+def test_fit_and_the_batch_rule_share_one_flat_member_rule() -> None:
+    """One median/IQR rule (member_spread) for the frozen fit and the batch rule: a member
+    whose IQR is at rounding level is flat for both (the fit refuses it, the batch rule
+    reports IQR 0 and falls back), and otherwise both give the same numbers."""
+    flat = 1e6 + np.array([0.0, 1e-4, 2e-4, 3e-4, 4e-4])  # IQR 2e-4 ≤ 1e-9 · 1e6
+    assert member_spread(flat).flat and member_spread(np.ones(4)).flat
+    with pytest.raises(FusionError, match=r"member 'a'.*IQR is 0\.0002.*rounding level"):
+        Avg2Fusion.fit({"b": [0.0, 1.0, 2.0, 3.0, 4.0], "a": flat})
+    _, stats = batch_scores({"a": flat}, {"a": 1.0}, np.ones(flat.size, bool))
+    assert stats["a"][1] == 0.0
+    rng = np.random.default_rng(4)
+    x = {"a": 1e6 + rng.normal(0, 1e-2, 9), "b": rng.gamma(2.0, size=9)}  # not flat
+    f = Avg2Fusion.fit(x)
+    s_b, stats = batch_scores(x, {"a": 1.0, "b": 1.0}, np.ones(9, bool))
+    for m in x:
+        sp = member_spread(x[m])
+        assert not sp.flat
+        assert (f.stats[m].median, f.stats[m].iqr) == stats[m] == (sp.median, sp.iqr)
+        q25, q50, q75 = np.percentile(x[m], [25, 50, 75])
+        assert (sp.median, sp.iqr) == (q50, q75 - q25)  # unchanged numbers
+    np.testing.assert_array_equal(s_b, f.fuse_many(x))
 
 
 @pytest.mark.parametrize(

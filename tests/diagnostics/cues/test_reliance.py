@@ -21,8 +21,9 @@ from spotstop.diagnostics.cues import (
     probability_errors,
     score_edit_set,
 )
-from spotstop.diagnostics.cues._deployed import frozen_pair_policy
+from spotstop.diagnostics.cues._deployed import fitted_cut_policy, frozen_pair_policy
 from spotstop.guard import Avg2Fusion
+from spotstop.guard.policies import FrozenPolicy
 
 from tests._support.cues_fakes import (
     TextDrivenMember,
@@ -429,11 +430,30 @@ def test_reliance_validation_messages(tmp_path):
         estimate_reliance(t, pairs=[("a", "zz")])
     with pytest.raises(DataError, match="candidate names must be unique"):
         estimate_reliance(t, guards=[GuardSpec("a", {}, {"a": "a"})])
-    with pytest.raises(DataError, match="cannot fit the frozen cut of a\\+a2"):
+    big = make_edits(tmp_path / "big", 4, 4)  # 8 source scenes: enough for a frozen cut
+    with pytest.raises(DataError, match=r"cannot fit the frozen cut of a\+a2.*'a'.*IQR"):
         estimate_reliance(
-            score_table(edits, {"a": np.zeros(len(edits)), "a2": np.zeros(len(edits))}),
+            score_table(big, {"a": np.zeros(len(big)), "a2": np.zeros(len(big))}),
             pairs=[("a", "a2")],
         )
+
+
+def test_the_frozen_cut_is_the_guards_rule_and_refuses_a_small_pool(tmp_path):
+    """Operating points fit the frozen cut with the guard's one rule (FrozenPolicy.fit_pool),
+    so a pool the guard's calibration refuses is refused here too."""
+    rng = np.random.default_rng(3)
+    pool = {"a": rng.normal(0, 1, 30), "b": rng.normal(2, 3, 30)}
+    policy, t0 = fitted_cut_policy(pool, name="a+b", what="the pool")
+    fusion, frozen = FrozenPolicy.fit_pool(pool)
+    assert t0 == frozen.threshold and policy["policy"]["threshold"] == t0
+    assert policy["fusion"] == fusion.to_dict()
+    small = {m: x[:3] for m, x in pool.items()}
+    with pytest.raises(DataError, match=r"frozen cut of a\+b on the pool: .*3 scenes; at least 8"):
+        fitted_cut_policy(small, name="a+b", what="the pool")
+    edits = make_edits(tmp_path, 2, 1)  # 3 source scenes
+    s = {m: rng.normal(0, 1, len(edits)) for m in ("a", "b")}
+    with pytest.raises(DataError, match=r"frozen cut of a\+b .*at least 8 are needed"):
+        estimate_reliance(score_table(edits, s), pairs=[("a", "b")], n_boot=5, rng=0)
 
 
 def test_reliance_json_has_the_stable_keys(tmp_path):

@@ -118,6 +118,18 @@ def test_conformal_rank_by_hand(n: int, alpha: float, k: int) -> None:
     assert (pol.alpha, pol.n, pol.k) == (alpha, n, k)
 
 
+def test_conformal_cut_refuses_non_finite_scores() -> None:
+    """A NaN would count in n and, under the "min" rule, wipe out its situation's cases."""
+    u = np.arange(1.0, 11.0)
+    for bad in (math.nan, math.inf, -math.inf):
+        v = np.r_[bad, u]
+        with pytest.raises(ValueError, match=r"1 of 11 unsafe calibration scores are not finite"):
+            conformal_cut(v, alpha=0.1)
+        with pytest.raises(ValueError, match=r"not finite \(positions \[0\]\)"):
+            conformal_cut(v, ["a", "a"] + [""] * 9, alpha=0.1, delta=0.1)
+    assert conformal_cut(u, alpha=0.1).marginal.threshold == 1.0
+
+
 def test_the_card_and_the_guard_share_the_conformal_rank() -> None:
     """A rank where rounding matters: α = 0.29, n = 99 gives 29, not 28 from 0.29·100 = 28.999…"""
     from spotstop.diagnostics import conformal_cut as card_cut
@@ -342,6 +354,34 @@ def test_the_frozen_iqr_variant_differs_when_the_batch_spread_moves() -> None:
         differ += int((decide_batch(paper, x).unsafe != decide_batch(frozen, x).unsafe).sum())
         total += 20
     assert 0.05 < differ / total < 0.5  # 12.5 % with this seed
+
+
+def test_frozen_fit_pool_is_the_one_frozen_rule() -> None:
+    """t0 = the mean fused score of the pool under Avg2Fusion.fit; small pools are refused."""
+    rng = np.random.default_rng(5)
+    pool = {"a": rng.normal(0, 1, 40), "b": rng.normal(1, 3, 40)}
+    fusion, pol = FrozenPolicy.fit_pool(pool, weights={"a": 2.0, "b": 1.0})
+    want = Avg2Fusion.fit(pool, weights={"a": 2.0, "b": 1.0})
+    assert fusion == want
+    assert pol == FrozenPolicy(float(np.mean(want.fuse_many(pool))))
+    small = {m: x[:7] for m, x in pool.items()}
+    with pytest.raises(ConfigError, match=r"the unlabelled pool has 7 scenes; at least 8 are"):
+        FrozenPolicy.fit_pool(small)
+    assert FrozenPolicy.fit_pool(small, min_n=7)[1].threshold == pytest.approx(
+        float(np.mean(Avg2Fusion.fit(small).fuse_many(small)))
+    )
+    with pytest.raises(PolicyError, match="at least one member"):
+        FrozenPolicy.fit_pool({})
+    with pytest.raises(PolicyError, match="one length per member"):
+        FrozenPolicy.fit_pool({"a": np.zeros(9), "b": np.zeros(10)})
+    with pytest.raises(PolicyError, match="member 'b' hold non-finite"):
+        FrozenPolicy.fit_pool({"a": np.arange(9.0), "b": np.r_[np.arange(8.0), np.nan]})
+    # a given fusion is kept, t0 alone is fitted (recalibrate without refitting the fusion)
+    other = {m: x + 5.0 for m, x in pool.items()}
+    kept, moved = FrozenPolicy.fit_pool(other, fusion=want)
+    assert kept is want and moved == FrozenPolicy(float(np.mean(want.fuse_many(other))))
+    with pytest.raises(PolicyError, match="a given fusion keeps its own"):
+        FrozenPolicy.fit_pool(other, fusion=want, weights={"a": 1.0, "b": 1.0})
 
 
 def test_batch_nan_is_unsafe_left_out_and_small_batches_fall_back() -> None:
