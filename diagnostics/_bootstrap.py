@@ -24,8 +24,14 @@ At least 5 % tied contrasts → :class:`~spotstop.diagnostics._metrics.TiedScore
 (the card's words for what the ties mean).
 
 Statistics that a method refits per batch are refitted in every draw: the batch-mean cut (the
-mean score of the draw's cases) and the cross-fitted cut (a fresh random half of the groups in
-every draw, as in Supp. Table S10).
+mean of the fixed score ``S`` over the draw's cases: the guard's ``batch_frozen_iqr`` rule,
+frozen medians and IQRs, only the mean refitted) and the cross-fitted cut (a fresh random half
+of the groups in every draw, as in Supp. Table S10).  ``A_batch`` here is therefore NOT the
+paper's batch rule (the guard's ``batch``, which refits the medians, IQRs and weights of
+Avg-2 on every draw too): that one needs the member scores and runs the guard's
+``BatchPolicy`` on every draw (:func:`~spotstop.diagnostics._batch_rule.batch_rule_bootstrap`);
+the card shows this module's figures as ``A_batch_frozen_iqr``, ``batch_frozen_iqr_gain`` and
+``batch_frozen_iqr_recovery``.
 """
 
 from __future__ import annotations
@@ -83,8 +89,10 @@ class BootstrapResult:
 
     ``estimates[name]`` is an :class:`Estimate` (value = estimate on the full data, ci = 2.5
     and 97.5 percentiles of the draws, n = pairs); ``draws[name]`` the ``n_boot`` draws (when
-    kept).  ``A_batch`` is the pair accuracy of the batch-mean cut refitted in every draw
-    (the guard's rule ``S ≥ t``); ``batch_gain = A_batch - A``;
+    kept).  ``A_batch`` is the pair accuracy of the batch mean of the fixed ``S`` refitted in
+    every draw (the guard's ``batch_frozen_iqr`` rule ``S ≥ mean S``: only the mean is refitted,
+    not the medians, IQRs and weights of the paper's ``batch`` rule; see the module
+    docstring); ``batch_gain = A_batch - A``;
     ``batch_recovery = (A_batch - A)/(A* - A)``, undefined (NaN, with an
     :class:`~spotstop.diagnostics._resample.UnboundedRatioWarning`) when the threshold part's
     interval reaches 0; ``group_by`` the resampling unit; the point value of the cross-fitted part

@@ -31,6 +31,12 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from spotstop.diagnostics._batch_rule import (
+    BATCH_FIELDS,
+    BatchRule,
+    batch_rule_bootstrap,
+    batch_rule_for,
+)
 from spotstop.diagnostics._bootstrap import bootstrap_auroc, group_bootstrap
 from spotstop.diagnostics._check_base import CardContext, CheckResult
 from spotstop.diagnostics._checks import run_checks
@@ -155,6 +161,10 @@ def _one_class_warning(table: CaseTable) -> list[str]:
 _BOOT_NAME = {
     "direct_hit_rate": "hit_rate",
     "direct_false_alarm_rate": "false_alarm_rate",
+    # the engine's batch statistics are the batch mean of the fixed S: batch_frozen_iqr
+    "A_batch_frozen_iqr": "A_batch",
+    "batch_frozen_iqr_gain": "batch_gain",
+    "batch_frozen_iqr_recovery": "batch_recovery",
 }
 
 
@@ -277,14 +287,19 @@ def _fields(
     progress: bool,
     group_by: str = "situation",
     ray: str | bool | None = None,
+    rule: BatchRule | None = None,
 ) -> tuple[dict[str, Estimate], Any]:
     ss = spot_stop(table, cut)
     boot = group_bootstrap(
         table, cut=cut, n_boot=n_boot, rng=gen, progress=progress, group_by=group_by, ray=ray
     )
+    # the paper's batch rule refitted on every draw (a loop over draws: the checks' draws)
+    batch = batch_rule_bootstrap(table, rule, cut=cut, n_boot=n_checks, rng=gen, group_by=group_by)
     out: dict[str, Estimate] = {}
     for k in FIELD_KEYS:
-        if k == "auroc_all_cases":
+        if k in BATCH_FIELDS:
+            out[k] = batch[k]
+        elif k == "auroc_all_cases":
             out[k] = bootstrap_auroc(
                 table.label, table.score, table.group, n_boot=n_checks, rng=gen
             )
@@ -334,8 +349,10 @@ def compute_card(
     CSV or the simulated log: no delivered rates, no audit of a deployed cut); ``direct_cut``: the cut
     of the paper's direct answer for the Spot-Stop fields, ``direct_cut_source`` a short name
     for it (quoted by the verdict) and ``direct_cut_note`` why it is that cut; ``previous``: an earlier ``card.json`` of the same bundle (refused otherwise).
-    ``n_boot`` draws for the Spot-Stop fields, ``n_boot_checks`` for the checks and the
-    delivered rates, ``n_boot_kernel`` (looped) for the kernel reference; ``alpha`` and
+    ``n_boot`` draws for the Spot-Stop fields, ``n_boot_checks`` for the checks, the
+    delivered rates and the batch rule's fields (``A_batch``, ``batch_gain``,
+    ``batch_recovery``: the guard's ``BatchPolicy`` refitted on every draw, a loop over draws;
+    :mod:`~spotstop.diagnostics._batch_rule`), ``n_boot_kernel`` (looped) for the kernel reference; ``alpha`` and
     ``delta``: the conformal target of the what-if computations.  Undefined quantities are
     NaN; their warnings are collected into ``settings["warnings"]``.  ``group_by``: the
     resampling unit of every group bootstrap, split and fold (``"situation"``: contrast and
@@ -362,8 +379,18 @@ def compute_card(
         warnings.simplefilter("always", UndefinedMetricWarning)
         warnings.simplefilter("always", CutWarning)
         cut_notes = _cut_warnings(table.score, direct_cut, ties)
+        rule = batch_rule_for(table, log, fallback_cut=direct_cut)
         fields, ss = _fields(
-            table, direct_cut, n_boot, n_boot_checks, n_boot_kernel, gen, progress, group_by, ray
+            table,
+            direct_cut,
+            n_boot,
+            n_boot_checks,
+            n_boot_kernel,
+            gen,
+            progress,
+            group_by,
+            ray,
+            rule,
         )
         ctx = CardContext(
             table=table,
@@ -404,12 +431,18 @@ def compute_card(
         "cut_rules": {
             "fields": "S > cut (the paper's direct answer)",
             "checks.prevalence.frozen": "S ≥ cut (the guard's rule)",
-            "checks.prevalence.batch_mean": "S ≥ batch mean (the guard's rule)",
+            "checks.prevalence.batch": "S_B ≥ its batch mean, S_B Avg-2 refitted on the batch "
+            "(the guard's batch policy)",
+            "checks.prevalence.batch_frozen_iqr": "S ≥ batch mean (the guard's "
+            "batch_frozen_iqr policy)",
+            "fields.A_batch": "the guard's batch policy on each draw's cases",
+            "fields.A_batch_frozen_iqr": "S ≥ batch mean of the draw (batch_frozen_iqr)",
         },
         "cut_warnings": cut_notes,
         "n_one_class_contrasts": len(table.one_class_contrasts),
         "n_boot": n_boot,
         "n_boot_checks": n_boot_checks,
+        "batch_rule": None if rule is None else rule.note,
         "n_boot_kernel": n_boot_kernel,
         "alpha": alpha,
         "delta": delta,
@@ -467,7 +500,7 @@ def _displays(table: CaseTable, ss: Any, fields: Mapping[str, Estimate]) -> dict
     if paired.any():
         y, s, w = table.label[paired], table.score[paired], pairs.weight[paired]
         star = f"best cut A* (S > {ss.cut_star:.4g})"
-        batch = f"batch mean (S ≥ {mean:.4g}, the guard's rule)"
+        batch = f"batch_frozen_iqr: batch mean (S ≥ {mean:.4g}, the guard's rule)"
         cuts.update({star: ss.cut_star, batch: mean})
         if len(set(y.tolist())) == 2:
             flags = {

@@ -788,7 +788,9 @@ class CurveEngine:
     ) -> NDArray[np.intp]:
         """The batch-mean cut's index per draw: the number of unique scores below the mean
         score ``t`` of the draw's cases (the guard's own rule ``S >= t``, ties UNSAFE, flags a
-        suffix; a ``t`` that is not finite flags all).
+        suffix; a ``t`` that is not finite flags all).  This is the ``batch_frozen_iqr`` rule
+        (the fixed ``S``, only its mean refitted), not the paper's ``batch`` rule, which refits
+        Avg-2 on the draw (:mod:`._batch_rule`).
 
         ``t`` is ``fsum(counts * sum_g) / cases`` (the products summed exactly), so the index
         does not depend on the order of summation (the group labels, the chunk of draws, the

@@ -64,14 +64,26 @@ EXPLANATIONS: dict[str, str] = {
     "overlap_part outside its interval → the empirical ROC has dips or ties.",
     "cross_fitted_threshold_part": "Threshold part with the cut chosen on half of the groups "
     "and scored on the other half; the honest share a recalibration can recover.",
-    "A_batch": "Accuracy on the paired cases after recentering on the batch mean (refitted "
-    "in every draw), labelled with the guard's own rule S ≥ batch mean (ties UNSAFE).",
-    "batch_gain": "A_batch − A, the accuracy batch-mean recentering adds over the direct "
-    "answer (a difference: defined even when the threshold part is 0).",
-    "batch_recovery": "Share of the threshold part that batch-mean recentering recovers, "
-    "(A_batch − A)/(A* − A); undefined when the threshold part's interval reaches 0 (the "
-    "ratio would be unbounded: read batch_gain); near 1 → recentering is enough here (watch "
-    "prevalence).",
+    "A_batch": "Accuracy on the paired cases of the batch rule the card recommends (the guard's "
+    "`batch` policy, BatchPolicy itself: Avg-2 refitted on the batch's member scores, medians, "
+    "IQRs and weights, cut at its mean, ties UNSAFE), refitted on every bootstrap draw (the "
+    "draw's cases are the batch; n_boot_checks draws); undefined without member scores (read "
+    "A_batch_frozen_iqr).",
+    "batch_gain": "A_batch − A, the accuracy the batch rule adds over the direct answer (a "
+    "difference: defined even when the threshold part is 0).",
+    "batch_recovery": "Share of the threshold part that the batch rule recovers, "
+    "(A_batch − A)/(A* − A), A* the best single cut on S; undefined when the threshold part's "
+    "interval reaches 0 (the ratio would be unbounded: read batch_gain); near 1 → the batch "
+    "rule is enough here (watch prevalence: checks.prevalence).",
+    "A_batch_frozen_iqr": "Accuracy on the paired cases of the guard's `batch_frozen_iqr` "
+    "rule: the fixed S (frozen medians and IQRs) cut at the batch mean, only the mean "
+    "refitted in every draw (S ≥ batch mean, ties UNSAFE). Not the paper's batch rule "
+    "(A_batch), which refits the scale too.",
+    "batch_frozen_iqr_gain": "A_batch_frozen_iqr − A, what the batch mean of the fixed S adds "
+    "over the direct answer.",
+    "batch_frozen_iqr_recovery": "Share of the threshold part the batch mean of the fixed S "
+    "recovers, (A_batch_frozen_iqr − A)/(A* − A); undefined when the threshold part's interval "
+    "reaches 0 (read batch_frozen_iqr_gain).",
     "direct_hit_rate": "Share of unsafe paired scenes with S > cut (paper convention); low → "
     "unsafe scenes score below the cut: lower it or use the conformal policy.",
     "direct_false_alarm_rate": "Share of safe paired scenes with S > cut (paper convention); "

@@ -207,7 +207,9 @@ class PrevalenceDisplay:
     def plot(self, ax: Any = None) -> Any:
         ax = _axes(ax)
         for (rule, ba), color in zip(
-            self.balanced_accuracy.items(), ["tab:blue", "tab:red", "tab:green"], strict=False
+            self.balanced_accuracy.items(),
+            ["tab:blue", "tab:purple", "tab:red", "tab:green"],
+            strict=False,
         ):
             ax.plot(self.prevalence, 100 * ba, "o-", color=color, ms=3, label=f"{rule}: BA")
             ax.plot(self.prevalence, 100 * self.tpr[rule], "s--", color=color, ms=3, lw=0.8,

@@ -1,10 +1,13 @@
 """Prevalence: threshold rules on batches resampled to other shares of unsafe scenes, and its
 card check (seed 000, Sec. 6.1, Supp. E.2, Table 6c).
 
-The rules are the guard's: every scene is labelled with
-:func:`spotstop.guard.policies.unsafe_mask` (UNSAFE when ``S ≥ threshold``, ties UNSAFE), and
-the conformal cut is :func:`spotstop.guard.policies.conformal_cut` (one case per situation,
-PAC or marginal).  Intervals are 2.5–97.5 % *bands over resamples* (what a deployment would
+The rules are the guard's, named by its policy kinds: every scene is labelled with
+:func:`spotstop.guard.policies.unsafe_mask` (UNSAFE when ``score ≥ threshold``, ties UNSAFE);
+``batch`` is the paper's rule, :class:`~spotstop.guard.policies.BatchPolicy` itself refitted on
+the member scores of every resampled batch (medians, IQRs and weights;
+:mod:`._batch_rule`); ``batch_frozen_iqr`` the batch mean of the fixed ``S`` (frozen medians and
+IQRs, only the mean refitted); the conformal cut is
+:func:`spotstop.guard.policies.conformal_cut` (one case per situation, PAC or marginal).  Intervals are 2.5–97.5 % *bands over resamples* (what a deployment would
 see batch to batch), not confidence intervals of a mean; ``Estimate.n`` is then the number of
 resamples.
 """
@@ -20,6 +23,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+from spotstop.diagnostics._batch_rule import BatchRule, batch_rule_for
 from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult, fmt
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
@@ -44,9 +48,19 @@ __all__ = [
     "prevalence_reading",
 ]
 
-#: the rules, in card order: the batch mean of S (the guard's ``batch_frozen_iqr``), the
-#: fixed cut (``frozen``) and the conformal cut (``conformal``)
-RULES = ("batch_mean", "frozen", "conformal")
+#: the rules, in card order, by the guard's kind: the paper's batch rule (``batch``: Avg-2
+#: refitted on each batch, cut at its mean; NaN without member scores), the batch mean of the
+#: fixed S (``batch_frozen_iqr``), the fixed cut (``frozen``) and the conformal cut
+#: (``conformal``)
+RULES = ("batch", "batch_frozen_iqr", "frozen", "conformal")
+
+#: the rules' names in the card's sentences
+RULE_WORDS = {
+    "batch": "batch (Avg-2 refitted per batch)",
+    "batch_frozen_iqr": "batch_frozen_iqr (mean of fixed S)",
+    "frozen": "fixed cut",
+    "conformal": "conformal",
+}
 
 
 @dataclass(frozen=True)
@@ -64,12 +78,16 @@ class RuleOutcome:
 
 @dataclass(frozen=True)
 class PrevalenceCheck:
-    """The batch-mean threshold against the fixed and the conformal cut at other prevalences.
+    """The batch rules against the fixed and the conformal cut at other prevalences.
 
-    ``rules[prevalence][rule]`` for the rules of :data:`RULES`; ``gain[prevalence]``: the
-    batch mean's balanced accuracy minus the fixed cut's, ``BA_batch - BA_frozen`` (a
-    difference, always defined where both are); ``recovery[prevalence]``: share of the
-    in-batch threshold room ``A*_batch - BA_frozen`` that the batch mean recovers,
+    ``rules[prevalence][rule]`` for the rules of :data:`RULES`; ``batch_kind``: the batch rule
+    that ``gain`` and ``recovery`` measure and the recommendation reads: ``"batch"`` where the
+    cases hold member scores, else ``"batch_frozen_iqr"`` (``batch_note`` says how the batch
+    rule was set up, or why it was not measured).  ``gain[prevalence]``: that rule's
+    balanced accuracy minus the fixed cut's, ``BA_batch - BA_frozen`` (a difference, always
+    defined where both are); ``recovery[prevalence]``: share of the in-batch threshold room
+    ``A*_batch - BA_frozen`` (``A*_batch`` the best single cut on ``S`` in the batch) that it
+    recovers,
     ``(BA_batch - BA_frozen) / (A*_batch - BA_frozen)``; value = ratio of the means over
     resamples, band over the resamples; undefined (NaN, with an
     :class:`~spotstop.diagnostics._resample.UnboundedRatioWarning`) when the room's band
@@ -84,6 +102,8 @@ class PrevalenceCheck:
     guarantee: str
     batch_size: int
     n_resamples: int
+    batch_kind: str = "batch_frozen_iqr"
+    batch_note: str = ""
 
 
 def _conformal_threshold(
@@ -125,6 +145,7 @@ def prevalence_check(
     calibration_share: float = 0.3,
     batch_size: int | None = None,
     rng: np.random.Generator | int | None = None,
+    batch_rule: BatchRule | Literal["auto"] | None = "auto",
 ) -> PrevalenceCheck:
     """Resample batches at chosen shares of unsafe scenes (Sec. 6.1, Supp. E.2, Table 6c).
 
@@ -132,13 +153,24 @@ def prevalence_check(
     conformal cut (their unsafe scores, one per situation), the rest form the pool of the
     batch.  For every prevalence ``π``, a batch of ``batch_size`` cases (default: the number
     of pool cases) draws ``round(π · batch_size)`` unsafe and the rest safe cases from the
-    pool, with replacement.  Three rules label that same batch with the guard's rule ``S ≥ t``:
-    the batch mean (``t`` = mean S of the batch), the fixed ``policy_cut`` and the conformal
-    cut (``guarantee`` with ``alpha`` and ``delta``).  A conformal calibration set too small
-    gives NaN for the conformal rule and one :class:`UndefinedMetricWarning`.
+    pool, with replacement.  Four rules label that same batch with the guard's rule
+    ``score ≥ t``: ``batch`` (``batch_rule``'s policy, by default
+    :func:`~spotstop.diagnostics._batch_rule.batch_rule_for` the table with the fallback at
+    ``policy_cut``, refitted on the batch's member scores; None or a table without member
+    scores: NaN), ``batch_frozen_iqr`` (``t`` = mean S of the batch), the fixed
+    ``policy_cut`` and the conformal cut (``guarantee`` with ``alpha`` and ``delta``).  A
+    conformal calibration set too small gives NaN for the conformal rule and one
+    :class:`UndefinedMetricWarning`.
     """
     _check_prevalence(prevalences, calibration_share, guarantee)
     gen = as_rng(rng)
+    rule = batch_rule_for(table, fallback_cut=policy_cut) if batch_rule == "auto" else batch_rule
+    kind = "batch_frozen_iqr" if rule is None else "batch"
+    note = (
+        "no member scores: the batch rule (Avg-2 refitted per batch) was not measured"
+        if rule is None
+        else rule.note
+    )
     y, s, grp = table.label, table.score, table.group
     ng = table.n_groups
     res = {p: {r: np.full((n_resamples, 3), math.nan) for r in RULES} for p in prevalences}
@@ -164,15 +196,20 @@ def prevalence_check(
                 [gen.choice(pool_u, nu, replace=True), gen.choice(pool_s, n_b - nu, replace=True)]
             )
             yb, sb = y[idx], s[idx]
-            cuts = {"batch_mean": float(sb.mean()), "frozen": policy_cut, "conformal": c_cut}
-            for rule, t in cuts.items():
-                if math.isnan(t):
+            flags = {
+                "batch": None if rule is None else rule.unsafe(idx),
+                "batch_frozen_iqr": unsafe_mask(sb, float(sb.mean())),
+                "frozen": None if math.isnan(policy_cut) else unsafe_mask(sb, policy_cut),
+                "conformal": None if math.isnan(c_cut) else unsafe_mask(sb, c_cut),
+            }
+            for name, flagged in flags.items():
+                if flagged is None:
                     continue
-                tpr, fpr = flag_rates(yb, unsafe_mask(sb, t))
+                tpr, fpr = flag_rates(yb, flagged)
                 ba = 0.5 * (tpr + 1 - fpr) if 0 < nu < n_b else math.nan
-                res[p][rule][r] = (ba, tpr, fpr)
+                res[p][name][r] = (ba, tpr, fpr)
             if 0 < nu < n_b:
-                gain[p][r] = res[p]["batch_mean"][r, 0] - res[p]["frozen"][r, 0]
+                gain[p][r] = res[p][kind][r, 0] - res[p]["frozen"][r, 0]
                 room[p][r] = best_ba_unchecked(yb, sb) - res[p]["frozen"][r, 0]
     if small:
         warnings.warn(
@@ -189,7 +226,7 @@ def prevalence_check(
     unbounded: list[int] = []
     for p in prevalences:
         out_rules[p] = MappingProxyType(
-            {rule: RuleOutcome(*(band(res[p][rule][:, j]) for j in range(3))) for rule in RULES}
+            {name: RuleOutcome(*(band(res[p][name][:, j]) for j in range(3))) for name in RULES}
         )
         gains[p] = band(gain[p])
         ok = np.isfinite(gain[p]) & np.isfinite(room[p])
@@ -211,9 +248,9 @@ def prevalence_check(
             unbounded.append(round(100 * p))
     if unbounded:
         warnings.warn(
-            "the batch recovery (BA_batch − BA_frozen)/(A*_batch − BA_frozen) is undefined at "
-            f"{', '.join(map(str, unbounded))} % unsafe: the in-batch threshold room's band "
-            "reaches 0 there, so the ratio is unbounded; read the batch mean's gain over the "
+            f"the {kind} rule's recovery (BA_batch − BA_frozen)/(A*_batch − BA_frozen) is "
+            f"undefined at {', '.join(map(str, unbounded))} % unsafe: the in-batch threshold "
+            "room's band reaches 0 there, so the ratio is unbounded; read its gain over the "
             "fixed cut (batch_gain) instead; returning NaN.",
             UnboundedRatioWarning,
             stacklevel=2,
@@ -227,6 +264,8 @@ def prevalence_check(
         guarantee,
         size_used,
         n_resamples,
+        kind,
+        note,
     )
 
 
@@ -243,25 +282,28 @@ def _pct(x: float) -> str:
 def prevalence_reading(prev: PrevalenceCheck) -> str:
     """The "what to do" line, chosen from the computed values (never fixed text).
 
-    Compares the batch mean with the fixed cut at the lowest mixed prevalence (balanced
-    accuracy) and in all-unsafe batches (share flagged), quotes both comparisons with their
-    numbers, and advises from whichever is behind by more than 2 points.
+    Compares the batch rule the check measured (``prev.batch_kind``, named by its kind) with
+    the fixed cut at the lowest mixed prevalence (balanced accuracy) and in all-unsafe batches
+    (share flagged), quotes both comparisons with their numbers, and advises from whichever is
+    behind by more than 2 points.
     """
     mixed = sorted(p for p in prev.rules if p < 1.0)
     if not mixed:
         return "no mixed batch was simulated."
+    kind = prev.batch_kind
+    name = f"the {kind} rule"
     lo = mixed[0]
-    b_lo = prev.rules[lo]["batch_mean"].balanced_accuracy.value
+    b_lo = prev.rules[lo][kind].balanced_accuracy.value
     f_lo = prev.rules[lo]["frozen"].balanced_accuracy.value
     all_u = prev.rules.get(1.0)
-    bt = all_u["batch_mean"].tpr.value if all_u else math.nan
+    bt = all_u[kind].tpr.value if all_u else math.nan
     ft = all_u["frozen"].tpr.value if all_u else math.nan
     if not all(math.isfinite(v) for v in (b_lo, f_lo)):
         return "the rules could not be compared here (a class is missing from the batches)."
     at = f"{round(100 * lo)} % unsafe"
-    ba = f"balanced accuracy at {at}: batch mean {_pct(b_lo)}, fixed cut {_pct(f_lo)}"
+    ba = f"balanced accuracy at {at}: {kind} {_pct(b_lo)}, fixed cut {_pct(f_lo)}"
     has_all = math.isfinite(bt) and math.isfinite(ft)
-    flag = f"share flagged in all-unsafe batches: batch mean {_pct(bt)}, fixed cut {_pct(ft)}"
+    flag = f"share flagged in all-unsafe batches: {kind} {_pct(bt)}, fixed cut {_pct(ft)}"
     behind = [
         c for c, bad in ((ba, b_lo < f_lo - _SAME), (flag, has_all and bt < ft - _SAME)) if bad
     ]
@@ -269,17 +311,17 @@ def prevalence_reading(prev: PrevalenceCheck) -> str:
     if behind:
         also = f" ({'; '.join(level)})" if level else ""
         return (
-            f"the batch mean falls behind the fixed cut: {'; '.join(behind)}{also} → use a "
+            f"{name} falls behind the fixed cut: {'; '.join(behind)}{also} → use a "
             "frozen or conformal cut where prevalence moves."
         )
     if b_lo > f_lo + _SAME:
         return (
-            f"the batch mean beats the fixed cut even at {at} ({'; '.join(level)}) → the fixed "
+            f"{name} beats the fixed cut even at {at} ({'; '.join(level)}) → the fixed "
             "cut is misplaced for this score: refit it (frozen or conformal) before relying on "
             "either."
         )
     return (
-        f"the batch mean and the fixed cut agree within {100 * _SAME:.0f} points "
+        f"{name} and the fixed cut agree within {100 * _SAME:.0f} points "
         f"({'; '.join(level)}) → prevalence does not separate the rules on this score; prefer "
         "the one that needs no batch (frozen or conformal)."
     )
@@ -292,10 +334,13 @@ class PrevalenceCardCheck(CardCheck):
     name: ClassVar[str] = "prevalence"
     title: ClassVar[str] = "Prevalence"
     explanation: ClassVar[str] = (
-        "Threshold rules the guard would run (its own rule S ≥ t, ties UNSAFE) on batches "
-        "resampled to 10–100 % unsafe: the batch mean, the fixed cut and the PAC conformal "
-        "cut; balanced accuracy and share flagged per level (bands over resamples). The last "
-        "row reads these numbers and says what to do."
+        "Threshold rules the guard would run (its own rule score ≥ t, ties UNSAFE) on batches "
+        "resampled to 10–100 % unsafe, named by the guard's kinds: batch (the paper's rule: "
+        "Avg-2 refitted on the member scores of each batch, medians, IQRs and weights, cut at "
+        "its mean), batch_frozen_iqr (the batch mean of the fixed S: only the mean refitted), "
+        "the fixed cut and the PAC conformal cut; balanced accuracy and share flagged per "
+        "level (bands over resamples). The gain and recovery rows are the batch rule named in "
+        "batch_rule. The last row reads these numbers and says what to do."
     )
 
     def run(self, ctx: CardContext) -> CheckResult:
@@ -306,6 +351,7 @@ class PrevalenceCardCheck(CardCheck):
             alpha=ctx.alpha,
             delta=ctx.delta,
             rng=ctx.rng,
+            batch_rule=batch_rule_for(ctx.table, ctx.log, fallback_cut=ctx.direct_cut),
         )
         levels = sorted(prev.rules)
         data: dict[str, object] = {
@@ -319,16 +365,29 @@ class PrevalenceCardCheck(CardCheck):
             }
             for p in levels
         }
-        rows: list[tuple[str, str]] = []
+        data["batch_rule"] = prev.batch_kind
+        data["batch_rule_note"] = prev.batch_note
+        kind = prev.batch_kind
+        rows: list[tuple[str, str]] = [("batch rule measured", f"{kind}: {prev.batch_note}")]
+
+        def each(r: Mapping[str, RuleOutcome], what: str) -> str:
+            return ", ".join(
+                f"{RULE_WORDS[name]} "
+                + (
+                    "not measured (no member scores)"
+                    if name == "batch" and prev.batch_kind != "batch"
+                    else fmt(getattr(r[name], what))
+                )
+                for name in RULES
+            )
+
         for p in levels:
             r = prev.rules[p]
             if p < 1.0:
                 rows.append(
                     (
                         f"{round(100 * p)} % unsafe: balanced accuracy",
-                        f"batch mean {fmt(r['batch_mean'].balanced_accuracy)}, fixed cut "
-                        f"{fmt(r['frozen'].balanced_accuracy)}, conformal "
-                        f"{fmt(r['conformal'].balanced_accuracy)}; batch mean − fixed cut "
+                        f"{each(r, 'balanced_accuracy')}; {kind} − fixed cut "
                         f"{fmt(prev.gain[p], signed=True)}, recovery "
                         f"{fmt(prev.recovery[p], pct=False)}",
                     )
@@ -338,8 +397,7 @@ class PrevalenceCardCheck(CardCheck):
                     "all unsafe: share flagged"
                     if p == 1.0
                     else f"{round(100 * p)} % unsafe: share of unsafe flagged",
-                    f"batch mean {fmt(r['batch_mean'].tpr)}, fixed cut {fmt(r['frozen'].tpr)}, "
-                    f"conformal {fmt(r['conformal'].tpr)}",
+                    each(r, "tpr"),
                 )
             )
         reading = prevalence_reading(prev)

@@ -8,8 +8,12 @@ Evidence
     * conformal: whether the labelled unsafe cases (one per situation) suffice for the
       requested guarantee, and how many are missing.
     * prevalence (``diagnostics.prevalence_check`` at 50 %, 10 % and 100 % unsafe, the guard's
-      rule ``S ≥ t``): balanced accuracy of the batch-mean cut and of the frozen cut at 10 % unsafe, and the share of
-      unsafe scenes each flags in all-unsafe batches (TPR at π = 1).
+      rule ``score ≥ t``): balanced accuracy of the batch rule and of the frozen cut at 10 %
+      unsafe, and the share of unsafe scenes each flags in all-unsafe batches (TPR at π = 1).
+      The batch rule is the guard's ``batch`` policy itself (Avg-2 refitted on each batch's
+      member scores, the settings ``recalibrate --policy batch`` would fit) where the cases
+      hold member scores, else ``batch_frozen_iqr`` (the batch mean of the fixed S);
+      ``evidence["batch_rule"]`` names it, and its numbers are the ``batch_*`` evidence.
     * situation share (``diagnostics.situation_share``): ICC of the label-adjusted score at
       situation level and the balanced-accuracy gain of recentering on real over artificial
       situations (with its group-bootstrap interval).
@@ -26,9 +30,10 @@ Rule (first match)
        gain interval lies above zero.)
     2. situation, when the recentering gain interval lies above zero AND at least half of the
        decisions would have ``min_refs`` references (repeat ≥ 0.5); falls back to frozen.
-    3. batch, when it is no worse than frozen at 10 % unsafe AND flags at least as many unsafe
-       scenes as frozen in all-unsafe batches (both measured with the guard's rule; the reason
-       names whichever failed).
+    3. the measured batch rule (``batch``, or ``batch_frozen_iqr`` without member scores: the
+       kind whose numbers decided), when it is no worse than frozen at 10 % unsafe AND flags at
+       least as many unsafe scenes as frozen in all-unsafe batches (both measured with the
+       guard's rule; the reason names the rule and whichever failed).
     4. frozen otherwise; a threshold part above 2 points is reported as room a conformal
        cut could take once enough unsafe situations are labelled.
     Without labelled cases of both classes only rules 2 (on repeat alone) and 4 can apply,
@@ -44,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+from spotstop.diagnostics._batch_rule import BatchRule, batch_rule_for
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._engine import cross_fitted_threshold_part
 from spotstop.diagnostics._errors import UndefinedMetricWarning
@@ -73,7 +79,8 @@ REPEAT_MIN = 0.5
 class Recommendation:
     """The recommended policy kind, the reasons in words, and the numbers behind them.
 
-    policy: ``"conformal"``, ``"situation"``, ``"batch"`` or ``"frozen"``.
+    policy: ``"conformal"``, ``"situation"``, ``"batch"``, ``"batch_frozen_iqr"`` (the batch
+    rule measured, when member scores were missing) or ``"frozen"``.
     reasons: sentences, most important first. alternatives: other kinds worth a look, with
     why. evidence: the diagnostics' values (NaN where undefined). warnings: messages of the
     diagnostics' :class:`~spotstop.diagnostics.UndefinedMetricWarning` (collected, not raised).
@@ -147,6 +154,7 @@ def recommend_policy(
     min_refs: int = 3,
     n_resamples: int = 200,
     rng: np.random.Generator | int | None = 0,
+    batch_rule: BatchRule | Literal["auto"] | None = "auto",
 ) -> Recommendation:
     """Recommend a policy kind from the diagnostics (see the module docstring for the rule).
 
@@ -155,7 +163,9 @@ def recommend_policy(
     frozen_cut: t₀ on the same scale. conformal_feasible / conformal_needed /
         n_unsafe_situations: from the conformal fit of the requested ``guarantee``.
     repeat_share: from :func:`situation_repeat_share` on the log. rng: seed or Generator
-        for the resampling diagnostics (``n_resamples`` each).
+        for the resampling diagnostics (``n_resamples`` each). batch_rule: the batch rule to
+        measure (:func:`~spotstop.diagnostics._batch_rule.batch_rule_for`; ``"auto"``: built
+        from the table with its fallback at ``frozen_cut``; None: ``batch_frozen_iqr`` only).
     """
     gen = as_rng(rng)
     g_text = (
@@ -185,16 +195,20 @@ def recommend_policy(
                 delta=delta,
                 guarantee="pac" if guarantee == "pac" else "marginal",
                 rng=gen,
+                batch_rule=batch_rule,
             )
             sit = situation_share(table, n_boot=n_resamples, n_permutations=50, rng=gen)
             cf = cross_fitted_threshold_part(table, cut=frozen_cut, n_splits=n_resamples, rng=gen)
         caught = sorted({str(w.message) for w in rec})
+        kind = prev.batch_kind
         ev.update(
-            batch_ba_50=prev.rules[0.5]["batch_mean"].balanced_accuracy.value,
+            batch_rule=kind,
+            batch_rule_note=prev.batch_note,
+            batch_ba_50=prev.rules[0.5][kind].balanced_accuracy.value,
             frozen_ba_50=prev.rules[0.5]["frozen"].balanced_accuracy.value,
-            batch_ba_10=prev.rules[0.1]["batch_mean"].balanced_accuracy.value,
+            batch_ba_10=prev.rules[0.1][kind].balanced_accuracy.value,
             frozen_ba_10=prev.rules[0.1]["frozen"].balanced_accuracy.value,
-            batch_tpr_all_unsafe=prev.rules[1.0]["batch_mean"].tpr.value,
+            batch_tpr_all_unsafe=prev.rules[1.0][kind].tpr.value,
             frozen_tpr_all_unsafe=prev.rules[1.0]["frozen"].tpr.value,
             situation_icc=sit.icc.value,
             situation_ba_gain=sit.ba_gain.value,
@@ -245,11 +259,12 @@ def recommend_policy(
             "situation policy needs. Label decisions to check that recentering helps."
         )
     elif labelled and _batch_holds(ev):
-        policy = "batch"
+        policy = str(ev["batch_rule"])
         reasons.append(
-            f"the batch-mean cut holds at 10% unsafe (balanced accuracy {pct(ev['batch_ba_10'])} "
-            f"vs frozen {pct(ev['frozen_ba_10'])}) and flags {pct(ev['batch_tpr_all_unsafe'])} of "
-            f"an all-unsafe batch (frozen {pct(ev['frozen_tpr_all_unsafe'])})."
+            f"{_rule_words(ev)} holds at 10% unsafe (balanced accuracy "
+            f"{pct(ev['batch_ba_10'])} vs frozen {pct(ev['frozen_ba_10'])}) and flags "
+            f"{pct(ev['batch_tpr_all_unsafe'])} of an all-unsafe batch (frozen "
+            f"{pct(ev['frozen_tpr_all_unsafe'])})."
         )
     else:
         policy = "frozen"
@@ -289,8 +304,21 @@ def _pct(x: Any) -> str:
     return "n/a" if not isinstance(x, float) or not math.isfinite(x) else f"{100 * x:.1f}%"
 
 
+def _rule_words(ev: Mapping[str, Any]) -> str:
+    """The measured batch rule in words, by its kind."""
+    if ev.get("batch_rule") == "batch":
+        return (
+            "the batch rule (`batch`: Avg-2 refitted on each batch, medians, IQRs and weights, "
+            "cut at its mean)"
+        )
+    return (
+        "the batch mean of the fixed score (`batch_frozen_iqr`: frozen medians and IQRs, only "
+        "the mean refitted; no member scores to measure the `batch` rule)"
+    )
+
+
 def _batch_reason(ev: Mapping[str, Any]) -> str:
-    """Why the batch mean was not chosen, from the values that decided it (rule 3)."""
+    """Why the batch rule was not chosen, from the values that decided it (rule 3)."""
     b10, f10 = ev.get("batch_ba_10", math.nan), ev.get("frozen_ba_10", math.nan)
     bt, ft = ev.get("batch_tpr_all_unsafe", math.nan), ev.get("frozen_tpr_all_unsafe", math.nan)
     at10 = f"at 10% unsafe its balanced accuracy is {_pct(b10)} (frozen {_pct(f10)})"
@@ -302,7 +330,7 @@ def _batch_reason(ev: Mapping[str, Any]) -> str:
         fails.append(allu)
     held = [x for x in (at10, allu) if x not in fails]
     return (
-        "the batch-mean cut falls behind the frozen cut when prevalence moves: "
+        f"{_rule_words(ev)} falls behind the frozen cut when prevalence moves: "
         + " and ".join(fails)
         + (f" (while {held[0]})" if held else "")
         + "."
@@ -333,6 +361,10 @@ def recommend_for_card(
     rng: np.random.Generator | int | None = 0,
 ) -> Recommendation:
     """:func:`recommend_policy` with what it needs taken from the card's inputs.
+
+    The batch rule is :func:`~spotstop.diagnostics._batch_rule.batch_rule_for` the table and
+    the log (the deployed fusion's members, the settings ``recalibrate --policy batch`` would
+    fit), with its fallback at ``frozen_cut``.
 
     The conformal target is the log's latest conformal policy's (alpha, delta or marginal),
     else PAC alpha = delta = 0.1 (the guard's default); its feasibility is the guard's
@@ -374,4 +406,5 @@ def recommend_for_card(
         min_refs=min_refs,
         n_resamples=n_resamples,
         rng=rng,
+        batch_rule=batch_rule_for(table, log, fallback_cut=frozen_cut),
     )

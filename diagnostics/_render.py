@@ -26,7 +26,8 @@ MARK = {"ok": "✅ ok", "warn": "⚠️ warn", "fail": "❌ fail"}
 _COLOUR = {"ok": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e"}
 
 #: fields shown as numbers, not percentages
-_NOT_PCT = {"auroc", "auroc_all_cases", "d_prime", "criterion", "d_prime_auroc", "batch_recovery"}
+_NOT_PCT = {"auroc", "auroc_all_cases", "d_prime", "criterion", "d_prime_auroc", "batch_recovery",
+            "batch_frozen_iqr_recovery"}  # fmt: skip
 
 
 def _head(card: Card) -> str:

@@ -13,8 +13,10 @@ cut
     interval lies above 0 and the cross-fitted part is above 1 point (or nothing was
     measured); else ``ok``.  What recovers it: the
     situation (recentering gain over artificial situations with its interval above 0), the
-    batch mean (its recovery at this log's prevalence and at 10 % unsafe; its gain, a
-    difference, when the recovery ratio is undefined), else a refit.  When 5 % or more of the
+    batch rule, named by its kind (``batch``, the paper's rule refitted on every draw, or
+    ``batch_frozen_iqr`` where the cases hold no member scores; its recovery at this log's
+    prevalence and, when the prevalence check measured the same rule, at 10 % unsafe; its
+    gain, a difference, when the recovery ratio is undefined), else a refit.  When 5 % or more of the
     contrasts are tied the sentence says so (a finer readout, not a cut, orders them).
 policy
     :func:`~spotstop.diagnostics._recommend.recommend_policy`'s choice.  ``ok`` when it is the
@@ -139,25 +141,35 @@ def cut_item(
             "the labels.",
         )
     gain = None if sit is None else sit.ba_gain
-    rec = fields["batch_recovery"]
-    rec10 = None if prev is None else prev.recovery.get(0.1)
+    # the batch rule the card measured: the paper's (batch) where its fields are defined, else
+    # the batch mean of the fixed S (batch_frozen_iqr); every number quoted is that rule's
+    kind, rec, bgain = "batch", fields["batch_recovery"], fields.get("batch_gain")
+    a_batch = fields.get("A_batch")
+    if (a_batch is None or not math.isfinite(a_batch.value)) and "A_batch_frozen_iqr" in fields:
+        kind = "batch_frozen_iqr"
+        rec, bgain = fields["batch_frozen_iqr_recovery"], fields.get("batch_frozen_iqr_gain")
+    rec10 = (
+        None
+        if prev is None or getattr(prev, "batch_kind", "batch_frozen_iqr") != kind
+        else prev.recovery.get(0.1)
+    )
+    name = f"the {kind} rule"
     recover = []
     if gain is not None and math.isfinite(gain.value):
         recover.append(
             f"recentering on the situation gains {fmt(gain)} points over artificial "
             f"situations (ICC {fmt(sit.icc, pct=False)})"
         )
-    bgain = fields.get("batch_gain")
     if math.isfinite(rec.value):
         at10 = (
             f", {fmt(rec10)} % at 10 % unsafe"
             if rec10 is not None and math.isfinite(rec10.value)
             else ""
         )
-        recover.append(f"the batch mean recovers {fmt(rec)} % of it here{at10}")
+        recover.append(f"{name} recovers {fmt(rec)} % of it here{at10}")
     elif bgain is not None and math.isfinite(bgain.value):
         recover.append(
-            f"the batch mean adds {fmt(bgain, signed=True)} points over the direct answer here "
+            f"{name} adds {fmt(bgain, signed=True)} points over the direct answer here "
             "(its share of the threshold part is undefined: that part's interval reaches 0)"
         )
     if _above(cf, CUT_ROOM):
@@ -173,7 +185,7 @@ def cut_item(
     elif _above(gain, 0.0):
         todo = "recentre on the situation (the situation policy)."
     elif math.isfinite(rec.value) and rec.value >= 0.8 and rec10 is not None and rec10.value >= 0.8:
-        todo = "the batch mean recovers it, also at 10 % unsafe."
+        todo = f"{name} recovers it, also at 10 % unsafe (`spotstop recalibrate --policy {kind}`)."
     else:
         todo = "refit the cut on labelled decisions (`spotstop recalibrate`, frozen or conformal)."
     ties = fields.get("tied_share")

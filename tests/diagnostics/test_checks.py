@@ -112,12 +112,15 @@ def test_conformal_split_simulation_holds_miss_rate():
 def test_prevalence_check_batch_mean_follows_prevalence():
     t = simulate_log(300, rng=5)
     p = prevalence_check(t, n_resamples=60, rng=2)
-    bm, fr = p.rules[1.0]["batch_mean"], p.rules[1.0]["frozen"]
-    assert bm.tpr.value == pytest.approx(0.5, abs=0.05)  # flags about half of any batch
-    assert math.isnan(bm.balanced_accuracy.value)
+    assert p.batch_kind == "batch"  # the simulated cases carry member scores
+    fr = p.rules[1.0]["frozen"]
+    for kind in ("batch", "batch_frozen_iqr"):
+        bm = p.rules[1.0][kind]
+        assert bm.tpr.value == pytest.approx(0.5, abs=0.05)  # flags about half of any batch
+        assert math.isnan(bm.balanced_accuracy.value)
+        assert p.rules[0.1][kind].tpr.value > p.rules[0.5][kind].tpr.value
     # the frozen cut does not depend on the batch: same hit rate at 10 % and 100 % unsafe
     assert fr.tpr.value == pytest.approx(p.rules[0.1]["frozen"].tpr.value, abs=0.05)
-    assert p.rules[0.1]["batch_mean"].tpr.value > p.rules[0.5]["batch_mean"].tpr.value
     assert p.recovery[0.5].value > p.recovery[0.1].value
     # the guard's PAC cut (alpha = delta = 0.1) misses less than alpha
     assert 0.9 < p.rules[0.5]["conformal"].tpr.value < 0.97
@@ -129,7 +132,7 @@ def test_prevalence_conformal_too_small_warns():
     t = simulate_log(10, rng=6)
     with (
         pytest.warns(UndefinedMetricWarning, match="conformal cut was undefined"),
-        pytest.warns(UnboundedRatioWarning, match="batch recovery .* is undefined at 10"),
+        pytest.warns(UnboundedRatioWarning, match="batch rule's recovery .* is undefined at 10"),
     ):
         p = prevalence_check(t, n_resamples=5, rng=0)
     assert math.isnan(p.rules[0.5]["conformal"].tpr.value)

@@ -47,7 +47,7 @@ def test_batch_reason_names_the_criterion_that_failed():
         {"batch_ba_10": 0.60, "frozen_ba_10": 0.70,
          "batch_tpr_all_unsafe": 1.0, "frozen_tpr_all_unsafe": 1.0}
     )  # fmt: skip
-    assert only_10.startswith(
-        "the batch-mean cut falls behind the frozen cut when prevalence moves: at 10% unsafe"
-    )
+    # no batch_rule in the evidence: the batch mean of the fixed S, named by its kind
+    assert only_10.startswith("the batch mean of the fixed score (`batch_frozen_iqr`")
+    assert "falls behind the frozen cut when prevalence moves: at 10% unsafe" in only_10
     assert "while it flags 100.0% of an all-unsafe batch" in only_10

@@ -374,7 +374,7 @@ def test_batch_rule_is_the_guards_with_hard_labels():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UndefinedMetricWarning)
         p = prevalence_check(t, policy_cut=0.5, n_resamples=40, rng=0)
-    bm = p.rules[1.0]["batch_mean"].tpr
+    bm = p.rules[1.0]["batch_frozen_iqr"].tpr
     # replay one all-unsafe batch by hand with the guard's function
     u = t.score[t.label == 1]
     expected = unsafe_mask(u, float(np.mean(u))).mean()
@@ -413,7 +413,7 @@ def test_prevalence_card_rows_cover_every_level_and_reading_uses_numbers():
     reading = dict(res.rows)["what to do"]
     assert reading == res.data["reading"] == prevalence_reading(res.result)
     prev = res.result
-    bt = prev.rules[1.0]["batch_mean"].tpr.value
+    bt = prev.rules[1.0][prev.batch_kind].tpr.value
     assert f"{100 * bt:.1f} %" in reading  # the line quotes the computed share flagged
     assert "about half" not in reading
     assert all("batch_gain" in res.data[k] for k in levels)
@@ -448,28 +448,28 @@ def _prev_check(b10: float, f10: float, bt: float, ft: float):
         )
 
     rules = {
-        0.1: {"batch_mean": out(b10, 0.5), "frozen": out(f10, 0.5), "conformal": out(math.nan, 0)},
-        1.0: {"batch_mean": out(math.nan, bt), "frozen": out(math.nan, ft), "conformal": out(0, 0)},
+        0.1: {"batch": out(b10, 0.5), "frozen": out(f10, 0.5), "conformal": out(math.nan, 0)},
+        1.0: {"batch": out(math.nan, bt), "frozen": out(math.nan, ft), "conformal": out(0, 0)},
     }
-    return PrevalenceCheck(rules, {}, {}, 0.1, 0.1, "pac", 10, 10)
+    return PrevalenceCheck(rules, {}, {}, 0.1, 0.1, "pac", 10, 10, "batch")
 
 
 def test_prevalence_reading_is_chosen_from_the_values():
     # behind in all-unsafe batches only
     r = prevalence_reading(_prev_check(0.735, 0.735, 0.619, 0.892))
-    assert r.startswith("the batch mean falls behind the fixed cut: share flagged in all-unsafe")
-    assert "batch mean 61.9 %, fixed cut 89.2 %" in r
-    assert "(balanced accuracy at 10 % unsafe: batch mean 73.5 %, fixed cut 73.5 %)" in r
+    assert r.startswith("the batch rule falls behind the fixed cut: share flagged in all-unsafe")
+    assert "batch 61.9 %, fixed cut 89.2 %" in r
+    assert "(balanced accuracy at 10 % unsafe: batch 73.5 %, fixed cut 73.5 %)" in r
     assert "frozen or conformal" in r
     # behind at 10 % only
     r = prevalence_reading(_prev_check(0.60, 0.75, 0.95, 0.95))
     assert "falls behind the fixed cut: balanced accuracy at 10 % unsafe" in r
     # the batch mean flags every unsafe scene as the guard's rule does, and wins at 10 %
     r = prevalence_reading(_prev_check(0.80, 0.60, 1.0, 1.0))
-    assert r.startswith("the batch mean beats the fixed cut even at 10 % unsafe")
-    assert "batch mean 100.0 %, fixed cut 100.0 %" in r
+    assert r.startswith("the batch rule beats the fixed cut even at 10 % unsafe")
+    assert "batch 100.0 %, fixed cut 100.0 %" in r
     r = prevalence_reading(_prev_check(0.70, 0.705, 0.9, 0.9))
-    assert r.startswith("the batch mean and the fixed cut agree within 2 points")
+    assert r.startswith("the batch rule and the fixed cut agree within 2 points")
     assert "about half" not in r
 
 

@@ -243,7 +243,7 @@ def test_cut_item_reads_the_gain_when_the_recovery_is_undefined_and_names_ties()
     fields["batch_gain"] = _e(0.012, -0.01, 0.03)
     fields["tied_share"] = _e(0.365, 0.3, 0.43)
     item = cut_item(fields, _Prev(_e(math.nan, math.nan, math.nan)), None, "x", 0.5)
-    assert "the batch mean adds +1.2 [-1.0, +3.0] points" in item.sentence
+    assert "the batch rule adds +1.2 [-1.0, +3.0] points" in item.sentence
     assert "undefined" in item.sentence and "nan" not in item.sentence.lower()
     assert "36.5 [30.0, 43.0] % of the contrasts are tied" in item.sentence
     assert "not another cut" in item.sentence
