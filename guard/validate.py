@@ -132,12 +132,18 @@ def as_1d_float(
     return arr
 
 
+#: the longest situation id (characters) the library takes; the sidecar's own limit
+#: (``max_situation_chars``, 256 by default) may only be lower
+MAX_SITUATION_CHARS = 4096
+
+
 def situation_id_problem(sid: object) -> str | None:
     """Why ``sid`` cannot group scenes for situation recentering, or None when it can.
 
     A situation id is None (the scene belongs to no situation) or text that is not empty nor
-    only whitespace and holds no control characters: it keys the policy's windows, its state
-    file and the log, which must read back what was written. The guard fails a scene with
+    only whitespace, holds no control characters, is valid Unicode (no lone surrogate) and is
+    at most :data:`MAX_SITUATION_CHARS` long: it keys the policy's windows, its state file and
+    the log, which must read back what was written. The guard fails a scene with
     another id closed and leaves its windows alone; the sidecar answers 422 (its length limit
     apart)."""
     if sid is None:
@@ -148,4 +154,16 @@ def situation_id_problem(sid: object) -> str | None:
         return f"is empty ({sid!r}); give the place or task the scene belongs to, or None"
     if any(unicodedata.category(c) == "Cc" for c in sid):
         return "holds control characters; use printable text"
+    try:
+        sid.encode("utf-8")
+    except UnicodeEncodeError as e:  # the log would store another id than the window keys
+        return (
+            f"is not valid Unicode text: it holds the lone surrogate {sid[e.start]!r} at "
+            f"position {e.start}; decode it as UTF-8 text"
+        )
+    if len(sid) > MAX_SITUATION_CHARS:
+        return (
+            f"has {len(sid)} characters, more than {MAX_SITUATION_CHARS}; a situation id names "
+            "a place or task, e.g. 'kitchen'"
+        )
     return None

@@ -27,7 +27,7 @@ from spotstop.guard._log_options import DEFAULT_MIN_FREE_BYTES, LogOptions, pars
 from spotstop.guard._prompt import MAX_REQUEST_CHARS
 from spotstop.guard._types import VARIANTS, Variant
 from spotstop.guard.serve._errors import InsecureBindError, SettingsError
-from spotstop.guard.validate import is_real
+from spotstop.guard.validate import MAX_SITUATION_CHARS, is_real
 
 __all__ = [
     "DEFAULT_PORT",
@@ -303,6 +303,11 @@ def _check_settings(s: ServeSettings) -> None:
         "max_labels",
     ):
         _positive_int(name, getattr(s, name))
+    if s.max_situation_chars > MAX_SITUATION_CHARS:
+        raise SettingsError(
+            f"max_situation_chars must be at most {MAX_SITUATION_CHARS} (the library's own "
+            f"limit on a situation id); got {s.max_situation_chars}."
+        )
     if s.threads is not None:
         _positive_int("threads", s.threads)
     if s.backend is not None:

@@ -40,6 +40,8 @@ def _rows(g: Guard) -> list:
         ("kitchen\n", "holds control characters"),
         (12345, "must be text or None; got int"),
         (b"kitchen", "must be text or None; got bytes"),
+        ("hall\ud800", "is not valid Unicode text: it holds the lone surrogate"),
+        ("k" * 4097, "has 4097 characters, more than 4096"),
     ],
 )
 def test_a_bad_situation_id_fails_its_scene_and_moves_no_window(
@@ -63,8 +65,9 @@ def test_a_bad_situation_id_fails_its_scene_and_moves_no_window(
 def test_the_situation_id_rule_by_hand() -> None:
     assert situation_id_problem(None) is None and situation_id_problem("room 3 / shelf") is None
     assert situation_id_problem("küche") is None  # any printable text
-    for sid in ("", "\t", "a\x00b", "a\x7fb", 1.5, ["a"]):
+    for sid in ("", "\t", "a\x00b", "a\x7fb", 1.5, ["a"], "a\udc80", "x" * 4097):
         assert situation_id_problem(sid) is not None, sid
+    assert situation_id_problem("x" * 4096) is None
 
 
 def test_a_decoded_image_with_a_bad_field_is_refused_where_it_is_made() -> None:

@@ -292,6 +292,8 @@ def test_serve_config_file_keys_units_and_paths(tmp_path: Path) -> None:
         ServeSettings(bundle=tmp_path, log_keep_days=-1)
     with pytest.raises(SettingsError, match=r"log_retry_s must be a positive number"):
         ServeSettings(bundle=tmp_path, log_retry_s=0)
+    with pytest.raises(SettingsError, match=r"max_situation_chars must be at most 4096"):
+        ServeSettings(bundle=tmp_path, max_situation_chars=4097)
 
 
 def test_cli_serve_reads_its_config_and_a_flag_wins(bundle: Path, tmp_path: Path) -> None:
