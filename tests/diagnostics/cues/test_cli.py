@@ -359,7 +359,7 @@ def test_end_to_end_on_the_tiny_pair(tmp_path, tiny_pair, capsys):
 
     shutil.copytree(tiny_pair, tmp_path / "tiny")
     bundle = make_demo_bundle(tmp_path, members=[tmp_path / "tiny" / m for m in TINY_MEMBERS])
-    _demo_source(tmp_path / "src", 3, seed=11)
+    _demo_source(tmp_path / "src", 8, seed=11)  # the frozen cut needs 8 pool scenes
     cache = tmp_path / "cache"
     rel_argv = ["reliance", "--bundle", str(bundle), "--source", str(tmp_path / "src"),
                 "--out", str(tmp_path / "rel"), "--cache", str(cache), "--n-boot", "200"]  # fmt: skip
