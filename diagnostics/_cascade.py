@@ -35,11 +35,15 @@ Cost
     card's groups (contrast and situation ids), both rules and their difference from the same
     draws; the labels stay fixed (the band and the cut are the policy's, not refitted).
 
-    The scenes where both members ran are the cascade's own inside-band decisions plus those
-    of any other policy (or cascade with share 1) that ran the pair.  On the cascade's own
-    decisions the cascade and the pair agree by construction, so the cost is measured only on
-    scenes the band would have left to the first member (``n_first_only``); when there are
-    none the section says the cost is not measurable from this log and how to measure it.
+    The sample is the labelled scenes where the pair ran whatever a band said: decisions of
+    any policy that runs both members (or of a cascade with share 1).  A cascade's own
+    second-member decisions (share < 1, or a cascade whose document is not stored) are left
+    out (``n_from_cascade`` counts them): its band chose them, so they sit near the cut more
+    often than the deployment's scenes, and there the cascade and the pair agree by
+    construction; a short pair run beside a long cascade run would otherwise dilute the cost
+    towards 0.  The cost is measured only when some of the sample lies outside the band
+    (``n_first_only``); when none does, or the sample lacks a class, the section says the
+    cost is not measurable from this log and how to measure it.
 """
 
 from __future__ import annotations
@@ -317,8 +321,9 @@ def _est(point: float, draws: NDArray[np.float64], n: int) -> Estimate:
 class CascadeCost:
     """The full pair against one cascade version on labelled scenes where both ran (see the
     module docstring).  ``n``: scenes; ``n_first_only``: of them, those the band would leave
-    to the first member; ``n_from_cascade``: of them, the version's own inside-band
-    decisions; ``simulated_share``: ``1 − n_first_only / n``."""
+    to the first member; ``n_from_cascade``: scenes where both ran left out of ``n``
+    because a cascade's band chose to run the pair (see the module docstring);
+    ``simulated_share``: ``1 − n_first_only / n``."""
 
     version_id: str
     n: int
@@ -363,9 +368,11 @@ class CascadeCost:
         }
 
 
-def _undefined_cost(version: str, n: int, n_unsafe: int, note: str) -> CascadeCost:
+def _undefined_cost(
+    version: str, n: int, n_unsafe: int, note: str, *, n_from_cascade: int = 0
+) -> CascadeCost:
     e = nan_estimate(n)
-    return CascadeCost(version, n, n_unsafe, 0, 0, math.nan, e, e, e, e, e, e, note)
+    return CascadeCost(version, n, n_unsafe, 0, n_from_cascade, math.nan, e, e, e, e, e, e, note)
 
 
 def _simulate_by_robot(
@@ -406,16 +413,31 @@ def cascade_cost(
     if any(m not in arr.member_scores for m in members):
         return _undefined_cost(version, 0, 0, "not simulated: a member of its fusion is not logged")
     both = log.counting(needs=members, labelled=True).mask  # labelled, both members scored
-    rows = np.flatnonzero(both)
+    # A decision of a cascade with share < 1 ran the pair because its band chose it (inside
+    # the band by selection, where cascade and pair agree by construction): it is left out,
+    # so the sample is the scenes whose pair run did not depend on a band.
+    banded = _banded_versions(log)
+    selected = both & np.isin(log.version, sorted(banded))
+    rows = np.flatnonzero(both & ~selected)
+    n_banded = int(selected.sum())
     y = log.label[rows].astype(np.int8)
     n, n_u = int(rows.size), int((y == 1).sum())
     if n == 0 or n_u == 0 or n_u == n:
+        left = (
+            f" ({n_banded} more were a cascade's own second-member decisions, chosen by its "
+            "band, and are left out)"
+            if n_banded
+            else ""
+        )
         return _undefined_cost(
             version,
             n,
             n_u,
-            f"not measured: {n} labelled decisions where every member ran ({n_u} unsafe); "
-            "both classes are needed",
+            f"not measured: {n} labelled decisions where every member ran whatever the band "
+            f"({n_u} unsafe){left}; both classes are needed. Run the pair on a labelled sample "
+            "(a frozen policy of the same fusion, or the cascade with share 1) and make the "
+            "card again",
+            n_from_cascade=n_banded,
         )
     batch = [
         b if b is not None else f"#decision-{i}"
@@ -439,13 +461,12 @@ def cascade_cost(
     ba_p, ba_c = float(ba(ps, 2)), float(ba(ps, 4))
     ba_pd, ba_cd = ba(ds, 2), ba(ds, 4)
     n_first_only = int((~sim.inside).sum())
-    own = (log.version[rows] == version) & (sim.inside)
     return CascadeCost(
         version_id=version,
         n=n,
         n_unsafe=n_u,
         n_first_only=n_first_only,
-        n_from_cascade=int(own.sum()),
+        n_from_cascade=n_banded,
         simulated_share=float(sim.inside.mean()),
         auroc_pair=_est(point[0], draws[:, 0], n),
         auroc_cascade=_est(point[1], draws[:, 1], n),
@@ -456,6 +477,20 @@ def cascade_cost(
         note="" if n_first_only else _NOT_MEASURABLE,
         sim=sim,
     )
+
+
+def _banded_versions(log: LogData) -> set[str]:
+    """The log's policy versions whose pair runs a band chose: cascades with share < 1, and
+    cascades whose document is not stored (their share is unknown)."""
+    out = set()
+    for v in {str(x) for x in np.unique(log.version) if x}:
+        cfg = log.policies.get(v)
+        if cfg is not None:
+            if isinstance(cfg.policy, CascadePolicy) and cfg.policy.share < 1:
+                out.add(v)
+        elif log.kind_of(v) == "cascade":
+            out.add(v)
+    return out
 
 
 _NOT_MEASURABLE = (

@@ -101,8 +101,8 @@ def _cost_text(c: CascadeCost) -> str:
     if math.isnan(c.auroc_pair.value):
         return c.note
     own = (
-        f", {c.n_from_cascade} of them this version's own second-member decisions (inside the "
-        "band by selection, so the sample holds more scenes near the cut than the deployment)"
+        f" ({c.n_from_cascade} more where a cascade's band chose to run the pair are left "
+        "out: they sit near the cut by selection)"
         if c.n_from_cascade
         else ""
     )
