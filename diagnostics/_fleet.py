@@ -43,7 +43,7 @@ from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult
 from spotstop.diagnostics._data import group_codes
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics._from_log import LogData, _log_data, robot_of_path
-from spotstop.diagnostics._resample import group_sum_draws, nan_divide, percentile_ci
+from spotstop.diagnostics._resample import MIN_GROUPS, group_sum_draws, nan_divide, percentile_ci
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
 from spotstop.guard import GuardError, LabelsFileError, LogArrays, PolicyRow, read_reviewed
 from spotstop.guard._log_archive import archive_folder, read_archive_file
@@ -205,7 +205,9 @@ class FleetRobot:
     ``vs_rest``: that minus the rest's, with the family-wise interval; ``miss_rate`` and
     ``miss_vs_rest``: the same for the share of its labelled unsafe decisions that a
     conformal cut let through (NaN without any); ``flagged``: why it is worse than the rest
-    (empty when it is not, beyond chance).
+    (empty when it is not, beyond chance). ``groups``: its resampling groups; with fewer than
+    ``MIN_GROUPS`` the percentile intervals undercover at the Bonferroni level, so it is not
+    compared (never flagged; ``note`` says so).
     """
 
     robot: str
@@ -215,6 +217,8 @@ class FleetRobot:
     miss_rate: Estimate
     miss_vs_rest: Estimate
     flagged: tuple[str, ...]
+    groups: int = 0
+    note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -224,6 +228,8 @@ class FleetRobot:
             "vs_rest": self.vs_rest.to_dict(),
             "miss_rate": self.miss_rate.to_dict(),
             "miss_vs_rest": self.miss_vs_rest.to_dict(),
+            "groups": self.groups,
+            "note": self.note,
             "flagged": list(self.flagged),
         }
 
@@ -281,12 +287,32 @@ def fleet_robots(
         n = int(point[6 * (k + 1) + 1] + point[6 * (k + 1) + 3])
         n_conf = int(point[6 * (k + 1) + 5])
         vs, mvs = est(ba - ba_rest, n, width), est(miss - miss_rest, n_conf, width)
+        n_groups = int(np.unique(group[rid == r]).size)
         why = []  # worse than the rest only: one bad robot makes all others look better
-        if math.isfinite(vs.ci.high) and vs.ci.high < 0:
-            why.append("balanced accuracy below the rest's")
-        if math.isfinite(mvs.ci.low) and mvs.ci.low > 0:
-            why.append("conformal miss rate above the rest's")
-        out.append(FleetRobot(r, n, est(ba, n, 0.95), vs, est(miss, n_conf, 0.95), mvs, tuple(why)))
+        note = ""
+        if n_groups < MIN_GROUPS:  # the same rule as the periods': too few to compare
+            note = (
+                f"not compared: {n_groups} groups (contrasts and situations), fewer than "
+                f"{MIN_GROUPS}; percentile intervals undercover with so few"
+            )
+        else:
+            if math.isfinite(vs.ci.high) and vs.ci.high < 0:
+                why.append("balanced accuracy below the rest's")
+            if math.isfinite(mvs.ci.low) and mvs.ci.low > 0:
+                why.append("conformal miss rate above the rest's")
+        out.append(
+            FleetRobot(
+                r,
+                n,
+                est(ba, n, 0.95),
+                vs,
+                est(miss, n_conf, 0.95),
+                mvs,
+                tuple(why),
+                n_groups,
+                note,
+            )
+        )
     return tuple(out)
 
 
@@ -311,7 +337,11 @@ class FleetCheck(CardCheck):
         rows = fleet_robots(log, n_boot=ctx.n_boot, rng=ctx.rng.spawn(1)[0])
         table = []
         for r in rows:
-            flag = "FLAGGED: " + "; ".join(r.flagged) if r.flagged else "in line with the rest"
+            flag = (
+                "FLAGGED: " + "; ".join(r.flagged)
+                if r.flagged
+                else (r.note or "in line with the rest")
+            )
             table.append(
                 (
                     f"robot {r.robot} (n={r.n})",

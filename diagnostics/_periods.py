@@ -16,8 +16,9 @@ group-bootstrap interval (groups as the card's: contrasts and situations, within
 **The test of change.** Each period is compared with a baseline: the first period
 (``--drift-baseline first``, default) or the one before it (``previous``).  Periods are
 disjoint samples, so the difference's draws are the difference of the two periods'
-independent bootstrap draws; its interval is family-wise 95 % over the compared periods
-(Bonferroni), per field, and a field *changed* when that interval excludes 0.  A period with
+independent bootstrap draws; its interval is family-wise 95 % over the compared periods and
+the fields together (Bonferroni over periods × fields: the verdict warns when any field of the
+latest period changed), and a field *changed* when that interval excludes 0.  A period with
 fewer than 30 groups (or whose baseline has fewer) is not compared, and says so: percentile
 intervals from a handful of groups are too narrow (AUROC near 1 most of all), and a test on
 them would flag change far more often than 5 %.
@@ -201,7 +202,8 @@ def periods(
         draws[key] = fd
         n_groups = int(group.max()) + 1 if group.size else 0
         rows.append((key, int(mine.size), fields, audit_deployed(log.take(mine)), n_groups))
-    compared = max(1, len(order) - 1)
+    # family-wise over every test the verdict reads: each field of each compared period
+    compared = max(1, len(order) - 1) * len(FIELDS)
     width = 1.0 - (1.0 - LEVEL) / compared
     out = []
     for i, (key, n, fields, audits, n_groups) in enumerate(rows):
@@ -237,7 +239,8 @@ class PeriodsCheck(CardCheck):
     explanation: ClassVar[str] = (
         "The card's key fields per calendar period (UTC), with 95 % intervals, and their "
         "change against the first (or the previous) period with a family-wise 95 % interval "
-        "(Bonferroni over the periods compared); a field changed when that interval excludes "
+        "(Bonferroni over the periods compared and the fields); a field changed when that "
+        "interval excludes "
         "0. The conformal audit runs per period: a cut that no longer keeps its miss rate in "
         "the latest period fails the verdict."
     )

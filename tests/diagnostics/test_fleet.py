@@ -238,3 +238,24 @@ def test_one_robot_has_no_fleet_section(fleet) -> None:
     ctx = CardContext(cases.table, 0.6, np.random.default_rng(0), log=cases.log)
     res = FleetCheck().run(ctx)
     assert res.data == {"applicable": False}
+
+
+def test_a_robot_with_too_few_groups_is_not_compared(tmp_path: Path) -> None:
+    """A robot with fewer than MIN_GROUPS groups: its percentile interval at the Bonferroni
+    level undercovers (a robot like the rest was flagged in 11 % of fleets at 3 situations),
+    so it is shown but not compared, and its row says why."""
+    from spotstop.diagnostics._resample import MIN_GROUPS
+
+    paths = []
+    for k, (r, n_pairs, shift) in enumerate(
+        [("arm-1", 40, 1.6), ("arm-2", 40, 1.6), ("arm-3", 3, -3.0), ("arm-4", 40, 1.6)]
+    ):
+        recs, labels = _robot(r, k, n_pairs=n_pairs, shift=shift, seed=k)
+        paths.append(str(_write(tmp_path / f"{r}.sqlite", r, recs, labels)))
+    data = read_fleet(paths)
+    rows = {r.robot: r for r in fleet_robots(data, n_boot=300, rng=np.random.default_rng(0))}
+    few = rows["arm-3"]
+    assert few.groups == 3 < MIN_GROUPS and not few.flagged
+    assert "not compared: 3 groups" in few.note
+    assert few.balanced_accuracy.value < rows["arm-1"].balanced_accuracy.value  # still shown
+    assert all(rows[r].groups == 40 and not rows[r].note for r in ("arm-1", "arm-2", "arm-4"))

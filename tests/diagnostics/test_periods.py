@@ -87,13 +87,17 @@ def test_a_doubled_unsafe_share_and_a_cut_that_misses_are_flagged(tmp_path: Path
 
 def test_a_stationary_log_is_flagged_at_no_more_than_the_stated_rate(tmp_path: Path) -> None:
     flagged: dict[str, int] = {}
-    for seed in range(20):
+    any_field = 0
+    for seed in range(100):
         weeks = [_week(k, n_pairs=80, seed=100 * seed + k, unsafe_shift=1.0) for k in range(3)]
         res = _periods(_log(tmp_path / f"{seed}.sqlite", weeks), n_boot=300, seed=seed)
-        for name in {name for p in res.rows for name in p.changed}:
+        changed = {name for p in res.rows for name in p.changed}
+        for name in changed:
             flagged[name] = flagged.get(name, 0) + 1
-    # family-wise 5 % per field and log: P(4 or more of 20 | 5 %) = 0.016
-    assert all(n <= 3 for n in flagged.values()), flagged
+        any_field += bool(changed)  # what the verdict reads
+    # family-wise 5 % per log over periods and fields: P(11 or more of 100 | 5 %) = 0.011
+    # (per field only, some field of a log changed in 16 of 100 such logs)
+    assert any_field <= 10 and all(n <= 10 for n in flagged.values()), (any_field, flagged)
 
 
 def test_a_period_with_few_groups_is_not_compared(tmp_path: Path) -> None:
