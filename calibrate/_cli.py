@@ -26,6 +26,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         for name in (
             "window",
             "min_refs",
+            "prior_weight",
             "min_batch",
             "weights",
             "member",
@@ -254,6 +255,15 @@ def _add_kind_settings(p: Any) -> None:
     p.add_argument("--window", type=int, default=None, help="situation: window N (current or 8)")
     p.add_argument(
         "--min-refs", type=int, default=None, help="situation: references k (current or 3)"
+    )
+    p.add_argument(
+        "--prior-weight",
+        type=float,
+        default=None,
+        help="situation: κ pseudo-references at the frozen cut t0 that a situation's mean is "
+        "shrunk towards, so that a new situation's first scenes move the cut little (0: the "
+        "paper's plain mean; default: fitted from the log's scores by situation, at most the "
+        "window; see docs/policies.md)",
     )
     p.add_argument(
         "--min-batch", type=int, default=None, help="batch kinds: min_batch (current or 2)"

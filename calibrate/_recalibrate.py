@@ -44,6 +44,7 @@ from spotstop.calibrate._logdata import CalibrationError, CalibrationLog
 from spotstop.guard import Avg2Fusion
 from spotstop.guard.policies import (
     POLICY_KINDS,
+    CascadePolicy,
     CutChoice,
     FitContext,
     FrozenPolicy,
@@ -51,8 +52,11 @@ from spotstop.guard.policies import (
     Policy,
     PolicyConfig,
     PolicyError,
+    SituationPolicy,
     policy_class,
+    situation_prior_weight,
 )
+from spotstop.guard.validate import is_real
 
 __all__ = ["Recalibrator", "tool_version"]
 
@@ -186,6 +190,19 @@ class Recalibrator:
             ).fit(ctx.fused[unsafe], ctx.situation_id[unsafe], refuse=False)
         policy = policy_class(self.policy).fit(ctx)
         self._policy: Policy = policy
+        sit = policy.cut if isinstance(policy, CascadePolicy) else policy
+        self._prior: dict[str, Any] | None = None
+        if isinstance(sit, SituationPolicy):
+            how = (
+                "given"
+                if settings.get("prior_weight") is not None
+                else situation_prior_weight(ctx.fused, ctx.situation_id, cap=sit.window)[1]
+            )
+            self._prior = {
+                "weight": sit.prior_weight,
+                "threshold": sit.prior_threshold,
+                "how": how,
+            }
         self._seed: Any = None
         if policy.stateful:  # the windows hold what entered the policy, as the guard's do
             entered = np.isfinite(data.policy_score) & np.all(
@@ -293,6 +310,7 @@ class Recalibrator:
                 ),
             },
             "frozen_t0": self.frozen_.policy.threshold,
+            "situation_prior": self._fitted("_prior"),
             "conformal": conf,
             "state_seed": None
             if seed is None
@@ -343,6 +361,12 @@ class Recalibrator:
         if seed is not None:
             n = _seed_size(self.policy_.seed_to_dict(seed))
             lines.append(f"state seed: {n} scores from the log")
+        prior = self._fitted("_prior")
+        if prior is not None:
+            lines.append(
+                f"situation prior: {prior['weight']:.3g} pseudo-references at the frozen cut "
+                f"({prior['how']})"
+            )
         lines.append(f"policy: {self.policy_.describe()}")
         lines.append(
             "which policy fits this deployment: see `spotstop card LOG` (its verdict and its "
@@ -397,5 +421,8 @@ def _check_recalibrator(r: Recalibrator, data: Any, current: PolicyConfig | None
             and (isinstance(v, bool) or not isinstance(v, int) or v < 1)
         ):
             raise PolicyError(f"{name} must be a positive integer or None; got {v!r}.")
+    k = (r.settings or {}).get("prior_weight")
+    if k is not None and (not is_real(k) or not math.isfinite(k) or k < 0):
+        raise PolicyError(f"prior_weight must be a finite number ≥ 0 or None; got {k!r}.")
     if not isinstance(r.min_pool, int) or r.min_pool < 2:
         raise PolicyError(f"min_pool must be an integer ≥ 2; got {r.min_pool!r}.")

@@ -101,7 +101,8 @@ class SituationInfo:
     """What the guard knows of one situation: its reference scores and the next threshold.
 
     ``threshold`` is what a new scene of this situation would be compared with now (NaN when
-    the fallback has no fixed threshold, e.g. ``direct``).
+    the fallback has no fixed threshold, e.g. ``direct``). ``prior_weight`` /
+    ``prior_threshold``: the pseudo-references the mean is shrunk towards (0 / NaN: none).
     """
 
     situation_id: str
@@ -111,6 +112,8 @@ class SituationInfo:
     threshold: float
     min_refs: int
     window: int
+    prior_weight: float = 0.0
+    prior_threshold: float = float("nan")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +125,8 @@ class SituationInfo:
             "threshold": self.threshold if np.isfinite(self.threshold) else None,
             "min_refs": self.min_refs,
             "window": self.window,
+            "prior_weight": self.prior_weight,
+            "prior_threshold": self.prior_threshold if np.isfinite(self.prior_threshold) else None,
         }
 
 
@@ -403,7 +408,18 @@ class Guard:
         rule, thr, refs = pol.next_threshold(active.store.state, situation_id)
         if pol is not top:
             rule = f"{top.kind}->{rule}"
-        return SituationInfo(situation_id, top.kind, refs, rule, thr, pol.min_refs, pol.window)
+        prior = pol.prior_threshold if pol.prior_threshold is not None else float("nan")
+        return SituationInfo(
+            situation_id,
+            top.kind,
+            refs,
+            rule,
+            thr,
+            pol.min_refs,
+            pol.window,
+            pol.prior_weight,
+            prior,
+        )
 
     def check(
         self,

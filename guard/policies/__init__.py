@@ -69,7 +69,7 @@ from spotstop.guard.policies._registry import (
     policy_kinds,
 )
 from spotstop.guard.policies._rule import Label, is_unsafe, label_of, n_safe, unsafe_mask
-from spotstop.guard.policies._situation import SituationPolicy
+from spotstop.guard.policies._situation import SituationPolicy, situation_prior_weight
 
 __all__ = [
     "CUT_KINDS",
@@ -124,5 +124,6 @@ __all__ = [
     "policy_from_dict",
     "policy_kinds",
     "replay",
+    "situation_prior_weight",
     "unsafe_mask",
 ]

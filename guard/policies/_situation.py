@@ -7,6 +7,21 @@ taken in order, so a later scene sees the earlier ones. Leaving the scene out of
 references does not change the label of the mean rule (``S ≥ (ΣR + S)/(m + 1)`` iff
 ``S ≥ ΣR/m``); it keeps the reference count honest and the threshold independent of the scene.
 
+The prior (``prior_weight`` κ, ``prior_threshold`` t). The paper's rule takes the mean of all
+six images of a query; a robot has only the few scenes it met before, and their mean moves with
+their class mix as much as with the room (with 3 references of a pair whose classes lie 10
+nats apart, that mix alone moves it by nats). With κ > 0 the threshold is the mean of the
+references and κ pseudo-references at t (the frozen cut ``t0``)::
+
+    threshold = (ΣR + κ·t) / (k + κ)        k = number of references
+
+the best linear predictor of the situation's mean when situation means scatter around t with
+variance τ² and one scene around its situation's mean with variance σ² (κ = σ²/τ²): a new
+room starts near ``t0`` and moves to its own mean as its scenes come. κ = 0 is the paper's
+rule. :func:`situation_prior_weight` fits κ from unlabelled scores grouped by situation (the
+one-way random-effects moment estimator), at most ``window`` (the prior never weighs more than
+a full window), and ``fit`` uses it unless ``prior_weight`` is given.
+
 The windows are a :class:`~spotstop.guard.policies.SituationWindows` value: this module reads
 it and returns the next one; the guard owns it and persists it, and ``calibrate`` fits its
 starting value (``state_seed`` in ``policy.yaml``) from the log.
@@ -17,7 +32,8 @@ situation it will call some safe scenes unsafe.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -33,9 +49,48 @@ from spotstop.guard.policies._base import (
     check_fallback,
 )
 from spotstop.guard.policies._frozen import FrozenPolicy
-from spotstop.guard.validate import is_int
+from spotstop.guard.validate import is_int, is_real
 
-__all__ = ["SituationPolicy"]
+__all__ = ["SituationPolicy", "situation_prior_weight"]
+
+
+def situation_prior_weight(fused: Any, situation_id: Any, *, cap: float) -> tuple[float, str]:
+    """κ = σ²/τ² fitted from unlabelled scores grouped by situation, at most ``cap``.
+
+    fused: one finite score per scene; situation_id: its situation (``""``/None: none; those
+    scenes are left out). One-way random-effects ANOVA, method of moments for unequal group
+    sizes: ``MSW = SSW/(N − J)``, ``MSB = SSB/(J − 1)``, ``n0 = (N − Σn_j²/N)/(J − 1)``,
+    ``τ² = (MSB − MSW)/n0``, ``σ² = MSW``. Returns ``(κ, how)``: ``how`` says how it was
+    fitted, or why it is the cap (fewer than 2 situations, no situation with 2 scenes, or no
+    situation-level variance above the within-situation noise).
+    """
+    s = np.asarray(fused, dtype=np.float64).reshape(-1)
+    sid = np.asarray([x or "" for x in situation_id], dtype=object)
+    if sid.shape != s.shape:
+        raise PolicyError(f"situation_prior_weight: {s.size} scores but {sid.size} situation ids.")
+    keep = (sid != "") & np.isfinite(s)
+    s, sid = s[keep], sid[keep]
+    _, codes = np.unique(sid.astype(str), return_inverse=True)
+    n = np.bincount(codes).astype(np.float64)
+    big_n, j = float(s.size), int(n.size)
+    if j < 2 or big_n <= j:
+        return float(cap), (
+            f"the cap: {j} situation(s), {int(big_n)} scenes with a situation id "
+            "(need 2 situations and one with 2 scenes)"
+        )
+    means = np.bincount(codes, weights=s) / n
+    msw = float(((s - means[codes]) ** 2).sum()) / (big_n - j)
+    msb = float((n * (means - s.mean()) ** 2).sum()) / (j - 1)
+    n0 = (big_n - float((n**2).sum()) / big_n) / (j - 1)
+    tau2 = (msb - msw) / n0
+    if msw <= 0.0:
+        return 0.0, f"0: no spread within situations ({j} situations, {int(big_n)} scenes)"
+    if tau2 * cap <= msw:
+        return float(cap), (
+            f"the cap: between-situation variance {max(tau2, 0.0):.3g} is not above the "
+            f"within-situation variance {msw:.3g} / {cap:g} ({j} situations, {int(big_n)} scenes)"
+        )
+    return msw / tau2, (f"σ²/τ² = {msw:.3g}/{tau2:.3g} from {j} situations, {int(big_n)} scenes")
 
 
 @dataclass(frozen=True)
@@ -43,7 +98,9 @@ class SituationPolicy(Policy):
     """Threshold = mean of the situation's earlier scores (see the module docstring).
 
     window: scores kept per situation. min_refs: references needed before recentering
-    (1 ≤ min_refs ≤ window). fallback: a single-scene policy used until then.
+    (1 ≤ min_refs ≤ window). fallback: a single-scene policy used until then. prior_weight:
+    κ ≥ 0 pseudo-references at ``prior_threshold`` (0: none, the paper's rule; then
+    ``prior_threshold`` is None).
     """
 
     kind: ClassVar[str] = "situation"
@@ -53,6 +110,8 @@ class SituationPolicy(Policy):
     window: int
     min_refs: int
     fallback: Policy
+    prior_weight: float = 0.0
+    prior_threshold: float | None = None
 
     def __post_init__(self) -> None:
         check_fallback(self.fallback, "SituationPolicy")
@@ -65,30 +124,81 @@ class SituationPolicy(Policy):
                 f"SituationPolicy.min_refs must be an integer in [1, window={self.window}]; "
                 f"got {self.min_refs!r}."
             )
+        k = self.prior_weight
+        if not is_real(k) or not math.isfinite(k) or k < 0:
+            raise PolicyError(
+                f"SituationPolicy.prior_weight must be a finite number ≥ 0; got {k!r}."
+            )
+        object.__setattr__(self, "prior_weight", float(k))
+        t = self.prior_threshold
+        if k > 0 and (t is None or not is_real(t) or not math.isfinite(t)):
+            raise PolicyError(
+                "SituationPolicy.prior_threshold must be a finite number when prior_weight > 0 "
+                f"(the cut the prior's pseudo-references sit at, e.g. the frozen t0); got {t!r}."
+            )
+        if k == 0 and t is not None:
+            raise PolicyError(
+                f"SituationPolicy.prior_threshold is {t!r} but prior_weight is 0, so it would be "
+                "ignored; give a prior_weight > 0 or drop prior_threshold."
+            )
+        if t is not None:
+            object.__setattr__(self, "prior_threshold", float(t))
 
     @classmethod
     def keys(cls) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        return ("window", "min_refs", "fallback"), ()
+        return ("window", "min_refs", "fallback"), ("prior_weight", "prior_threshold")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], ctx: LoadContext) -> SituationPolicy:
         window = ctx.integer(d, "window", low=1)
+        has = [k for k in ("prior_weight", "prior_threshold") if k in d]
+        if len(has) == 1:
+            missing = ({"prior_weight", "prior_threshold"} - set(has)).pop()
+            raise PolicyError(
+                f"{ctx.key(has[0])} is set but {ctx.key(missing)} is not; give both (κ "
+                f"pseudo-references at a cut) or neither. Set it in {ctx.source}."
+            )
+        weight = ctx.number(d, "prior_weight") if has else 0.0
+        if weight < 0:
+            raise PolicyError(
+                f"{ctx.key('prior_weight')} must be ≥ 0; got {weight!r}. Set it in {ctx.source}."
+            )
         return cls(
             window=window,
             min_refs=ctx.integer(d, "min_refs", low=1, high=window),
             fallback=ctx.parse_fallback(d["fallback"], ctx.key("fallback")),
+            prior_weight=weight,
+            prior_threshold=ctx.number(d, "prior_threshold") if has and weight > 0 else None,
         )
 
     def inner(self) -> tuple[Policy, ...]:
         return (self.fallback,)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "window": self.window,
-            "min_refs": self.min_refs,
-            "fallback": self.fallback.to_dict(),
-        }
+        d: dict[str, Any] = {"kind": self.kind, "window": self.window, "min_refs": self.min_refs}
+        if self.prior_weight > 0:
+            d["prior_weight"] = self.prior_weight
+            d["prior_threshold"] = self.prior_threshold
+        d["fallback"] = self.fallback.to_dict()
+        return d
+
+    def recentred(self, refs: Sequence[float]) -> float:
+        """The threshold ``refs`` give (at least ``min_refs`` of them): their mean, or with a
+        prior ``(ΣR + κ·t)/(k + κ)``. The one place the rule is written."""
+        if self.prior_weight == 0:
+            return float(np.mean(refs))
+        assert self.prior_threshold is not None  # __post_init__
+        return (math.fsum(refs) + self.prior_weight * self.prior_threshold) / (
+            len(refs) + self.prior_weight
+        )
+
+    def _why(self, k: int, sid: str) -> str:
+        if self.prior_weight == 0:
+            return f"mean of {k} earlier scores of situation {sid!r}"
+        return (
+            f"mean of {k} earlier scores of situation {sid!r} and {self.prior_weight:.3g} "
+            f"prior references at {self.prior_threshold:.6g}"
+        )
 
     def members_needed(self) -> tuple[str, ...]:
         return self.fallback.members_needed()
@@ -159,11 +269,11 @@ class SituationPolicy(Policy):
         kind: list[str] = []
         for i, sid in enumerate(x.situation_ids):
             refs = windows.references(sid) if sid is not None else ()
-            if len(refs) >= self.min_refs:
-                thr[i] = float(np.mean(refs))
+            if sid is not None and len(refs) >= self.min_refs:
+                thr[i] = self.recentred(refs)
                 rule.append("situation")
                 kind.append(self.kind)
-                detail.append(f"mean of {len(refs)} earlier scores of situation {sid!r}")
+                detail.append(self._why(len(refs), sid))
             else:
                 score[i] = fb.score[i]
                 thr[i] = fb.threshold[i]
@@ -188,16 +298,25 @@ class SituationPolicy(Policy):
         """
         refs = self._state(state).references(situation_id)
         if len(refs) >= self.min_refs:
-            return "situation", float(np.mean(refs)), refs
+            return "situation", self.recentred(refs), refs
         fixed = getattr(self.fallback, "threshold", float("nan"))
         return f"situation->{self.fallback.kind}", float(fixed), refs
 
     @classmethod
     def fit(cls, ctx: FitContext) -> SituationPolicy:
-        """Frozen fallback t0; settings ``window`` (8) and ``min_refs`` (3)."""
+        """Frozen fallback t0; settings ``window`` (8), ``min_refs`` (3) and ``prior_weight``
+        (given: that κ, 0 for the paper's rule; not given: :func:`situation_prior_weight` on
+        the context's fused scores by situation, capped at ``window``); the prior sits at t0."""
         window = int(ctx.setting("window", 8))
+        given = ctx.settings.get("prior_weight")
+        if given is None:
+            weight, _ = situation_prior_weight(ctx.fused, ctx.situation_id, cap=window)
+        else:
+            weight = float(given)
         return cls(
             window=window,
             min_refs=int(ctx.setting("min_refs", min(3, window))),
             fallback=FrozenPolicy(threshold=ctx.frozen_t0),
+            prior_weight=weight,
+            prior_threshold=ctx.frozen_t0 if weight > 0 else None,
         )

@@ -209,9 +209,11 @@ class SituationOut(BaseModel):
                     "references": [0.3, -0.1, 0.5],
                     "n_references": 3,
                     "rule": "situation",
-                    "threshold": 0.233,
+                    "threshold": 0.123,
                     "min_refs": 3,
                     "window": 8,
+                    "prior_weight": 4.5,
+                    "prior_threshold": 0.05,
                 }
             ]
         }
@@ -225,6 +227,8 @@ class SituationOut(BaseModel):
     threshold: float | None
     min_refs: int
     window: int
+    prior_weight: float
+    prior_threshold: float | None
 
 
 class LabelItem(BaseModel):

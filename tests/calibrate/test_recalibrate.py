@@ -167,6 +167,28 @@ def test_situation_state_holds_the_last_window_scores(setup):
     assert load_policy(cfg.to_dict()).initial_state().references("s007") == refs["s007"]
 
 
+def test_situation_prior_is_fitted_by_situation_and_reported(setup):
+    from spotstop.guard.policies import situation_prior_weight
+
+    bundle, log, _ = setup
+    r = Recalibrator("situation", settings={"window": 6}).fit(_data(bundle, log))
+    d = r.data_
+    use = d.usable
+    want, how = situation_prior_weight(r.fused_[use], d.situation_id[use], cap=6)
+    pol = r.policy_
+    assert isinstance(pol, SituationPolicy)
+    assert pol.prior_weight == want and pol.prior_threshold == r.frozen_.policy.threshold
+    prior = r.provenance()["situation_prior"]
+    assert prior == {"weight": want, "threshold": pol.prior_threshold, "how": how}
+    assert f"situation prior: {want:.3g} pseudo-references at the frozen cut" in r.summary()
+    paper = Recalibrator("situation", settings={"prior_weight": 0.0}).fit(_data(bundle, log))
+    assert paper.policy_.prior_weight == 0  # type: ignore[attr-defined]
+    assert paper.provenance()["situation_prior"]["how"] == "given"
+    assert Recalibrator("frozen").fit(_data(bundle, log)).provenance()["situation_prior"] is None
+    with pytest.raises(PolicyError, match="prior_weight must be a finite number ≥ 0"):
+        Recalibrator("situation", settings={"prior_weight": -1.0}).fit(_data(bundle, log))
+
+
 # ------------------------------------------------------------------ versions
 
 

@@ -540,6 +540,22 @@ def test_situation_info_reports_references_and_next_threshold(bundle_copy: Path,
         assert info.rule == "situation" and len(info.references) == 3
         assert info.threshold == pytest.approx(np.mean([d.fused_score for d in ds]))
         assert info.to_dict()["n_references"] == 3
+        assert info.prior_weight == 0 and info.to_dict()["prior_threshold"] is None
+
+
+def test_situation_info_and_decisions_use_the_prior(bundle_copy: Path, tmp_path: Path):
+    path = bundle_copy / "policy.yaml"
+    doc = yaml.safe_load(path.read_text())
+    t0 = doc["policy"]["fallback"]["threshold"]
+    doc["policy"].update(prior_weight=2.5, prior_threshold=t0)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        ds = [g.check(s) for s in demo_scenes(4, seed=4, situations=["s9"] * 4)]
+        s = [d.fused_score for d in ds]
+        assert ds[3].threshold == pytest.approx((sum(s[:3]) + 2.5 * t0) / 5.5)
+        info = g.situation("s9")
+        assert info.threshold == pytest.approx((sum(s) + 2.5 * t0) / 6.5)
+        assert info.to_dict()["prior_weight"] == 2.5 and info.prior_threshold == t0
 
 
 def test_per_call_deadline_overrides_the_guards(bundle_copy: Path, tmp_path: Path, monkeypatch):

@@ -186,6 +186,7 @@ def test_situation_state_follows_checks(client: httpx.Client):
     info = client.get(f"/v1/situations/{sid}").json()
     assert info["situation_id"] == sid and info["policy"] == "situation"
     assert info["n_references"] == 2 and info["min_refs"] == 3
+    assert info["prior_weight"] == 0 and info["prior_threshold"] is None
     assert info["rule"] == "situation->frozen"
     r = client.get("/v1/situations/" + "x" * 300)
     assert r.status_code == 422 and r.json()["field"] == "situation_id"
