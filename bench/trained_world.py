@@ -430,18 +430,28 @@ def item_situation(
     from spotstop.guard.policies import SituationPolicy
 
     fit = fit_frozen(off_pool.scores)
-    ctx = fit.context(off_pool.scores, situation_id=off_pool.sids)
-    situation = SituationPolicy.fit(ctx)  # the guard's defaults: window 8, 3 references
+    # the guard's defaults: window 8, 3 references, the prior's weight fitted on the pool's rooms
+    situation = SituationPolicy.fit(fit.context(off_pool.scores, situation_id=off_pool.sids))
+    # seed 000's rule as written: the plain mean of the references (no prior)
+    paper = SituationPolicy.fit(
+        fit.context(off_pool.scores, situation_id=off_pool.sids, settings={"prior_weight": 0.0})
+    )
     order = arrival_order(off_eval.sids, seed=SEEDS["off_eval"])
-    f_sit = replay_flags(situation, fit.fusion, off_eval, order)
-    f_fro = replay_flags(fit.policy, fit.fusion, off_eval, order)
+    flags = [replay_flags(p, fit.fusion, off_eval, order) for p in (situation, paper, fit.policy)]
     y = off_eval.label
-    point, draws = ba_draws(y, [f_sit, f_fro], off_eval.room_codes, n_boot, seed=3)
+    point, draws = ba_draws(y, flags, off_eval.room_codes, n_boot, seed=3)
     n = len(y)
-    est = [Estimate(float(point[k]), percentile_ci(draws[:, k]), n) for k in range(2)]
-    diff = Estimate(float(point[0] - point[1]), percentile_ci(draws[:, 0] - draws[:, 1]), n)
+    est = [Estimate(float(point[k]), percentile_ci(draws[:, k]), n) for k in range(3)]
+
+    def minus_frozen(k: int) -> Estimate:
+        return Estimate(float(point[k] - point[2]), percentile_ci(draws[:, k] - draws[:, 2]), n)
+
+    diff, diff_paper = minus_frozen(0), minus_frozen(1)
     nr = f"{n} scenes, {len(set(off_eval.sids))} rooms"
-    rule = f"window {situation.window}, >= {situation.min_refs} refs"
+    rule = (
+        f"window {situation.window}, >= {situation.min_refs} refs, "
+        f"prior {situation.prior_weight:.2f} at t0"
+    )
     shift = ", ".join(f"{m} {sd:.2f} / {gap:.2f}" for m, (sd, gap) in room_shift(off_eval).items())
     at = f"offsets {offsets:g}"
     # the card's situation statistics on the fused score: how much of it sits at room level,
@@ -474,11 +484,15 @@ def item_situation(
         Row(
             "3",
             f"{at}: frozen cut t0={fit.policy.threshold:+.3f}: balanced acc.",
-            fmt(est[1]),
+            fmt(est[2]),
             nr,
             "",
             None,
         ),
+        Row(
+            "3", f"{at}: situation, plain mean (no prior): balanced acc.", fmt(est[1]), nr, "", None
+        ),
+        Row("3", f"{at}:   its gain over frozen", fmt(diff_paper, True), nr, "", None),
         Row("3", f"{at}: situation ({rule}): balanced acc.", fmt(est[0]), nr, "", None),
         Row(
             "3",

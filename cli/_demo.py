@@ -209,8 +209,14 @@ def run_demo(root: Path, *, seed: int = 0, out: Any = print) -> Path:
         )
     out("")
     out(f"The guard's answers follow the world's rule on {agree} of {len(cases)} scenes (✗: not).")
+    pol = guard.policy_config.policy
+    kappa = getattr(pol, "prior_weight", 0.0)
     out("Scenes 1–3 of room-000 use the frozen cut; from scene 4 on, the threshold is the mean S")
-    out("of the room's earlier scenes (recentering). Scenes without a situation use t0.")
+    if kappa > 0:
+        out(f"of the room's earlier scenes and {kappa:g} pseudo-scenes at t0 (recentering, shrunk")
+        out("towards t0 while the room has few scenes). Scenes without a situation use t0.")
+    else:
+        out("of the room's earlier scenes (recentering). Scenes without a situation use t0.")
     out(
         f"decision log: {log_path}  ({len(decisions)} rows; read it with spotstop.guard.DecisionLog)"
     )
