@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from spotstop.calibrate._frozen import fit_frozen
 from spotstop.calibrate._logdata import CalibrationError
+from spotstop.calibrate._recalibrate import check_kind_settings
 from spotstop.guard import Scene, load_bundle, load_bundle_member
 from spotstop.guard.policies import PolicyConfig, policy_class, policy_kinds
 
@@ -78,6 +79,7 @@ def fit_pool_policy(
             f"{inner}`, or choose a cut fitted without labels "
             f"({', '.join(k for k in ('frozen', 'situation') if k in allowed)})."
         )
+    check_kind_settings(settings)  # before the pool is scored
     cls = policy_class(kind)
     bundle = load_bundle(bundle_dir)
     scores: dict[str, Any] = {}

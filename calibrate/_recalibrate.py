@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal, Self
 
@@ -390,6 +391,21 @@ def _choice_dict(c: CutChoice) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
+def check_kind_settings(settings: Mapping[str, Any] | None) -> None:
+    """The kinds' numeric settings checked before any work (None: not given): ``window``,
+    ``min_refs``, ``min_batch`` positive integers, ``prior_weight`` a finite number ≥ 0."""
+    for name, v in (settings or {}).items():
+        if (
+            name in ("window", "min_refs", "min_batch")
+            and v is not None
+            and (isinstance(v, bool) or not isinstance(v, int) or v < 1)
+        ):
+            raise PolicyError(f"{name} must be a positive integer or None; got {v!r}.")
+    k = (settings or {}).get("prior_weight")
+    if k is not None and (not is_real(k) or not math.isfinite(k) or k < 0):
+        raise PolicyError(f"prior_weight must be a finite number ≥ 0 or None; got {k!r}.")
+
+
 def _check_recalibrator(r: Recalibrator, data: Any, current: PolicyConfig | None) -> None:
     """Validate settings once, apart from the algorithm."""
     if r.policy not in POLICY_KINDS:
@@ -414,15 +430,6 @@ def _check_recalibrator(r: Recalibrator, data: Any, current: PolicyConfig | None
             f"the current fusion has members {list(current.fusion.members)} but the bundle "
             f"has {list(data.members)}; refit the fusion."
         )
-    for name, v in (r.settings or {}).items():
-        if (
-            name in ("window", "min_refs", "min_batch")
-            and v is not None
-            and (isinstance(v, bool) or not isinstance(v, int) or v < 1)
-        ):
-            raise PolicyError(f"{name} must be a positive integer or None; got {v!r}.")
-    k = (r.settings or {}).get("prior_weight")
-    if k is not None and (not is_real(k) or not math.isfinite(k) or k < 0):
-        raise PolicyError(f"prior_weight must be a finite number ≥ 0 or None; got {k!r}.")
+    check_kind_settings(r.settings)
     if not isinstance(r.min_pool, int) or r.min_pool < 2:
         raise PolicyError(f"min_pool must be an integer ≥ 2; got {r.min_pool!r}.")

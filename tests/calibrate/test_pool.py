@@ -13,7 +13,7 @@ from spotstop.cli import main
 from spotstop.export.scenes import demo_scenes
 from spotstop.guard import ConfigError, Guard, Scene, load_bundle, load_policy
 from spotstop.guard._member import load_bundle_member
-from spotstop.guard.policies import FrozenPolicy
+from spotstop.guard.policies import FrozenPolicy, PolicyError
 
 
 @pytest.fixture
@@ -89,6 +89,11 @@ def test_policy_init_situation_kind_and_refusals(bare_bundle: Path, pool_dir: Pa
     assert batch.policy.weights == "reliance" and batch.variants_needed() == ("text",)
     with pytest.raises(CalibrationError, match="conformal"):
         fit_pool_policy(bare_bundle, scenes, kind="conformal")
+    # a bad setting is refused before the pool is scored (here: before the bundle is read)
+    for bad, words in (({"prior_weight": -1.0}, "prior_weight must be a finite number ≥ 0"),
+                       ({"window": 0}, "window must be a positive integer")):  # fmt: skip
+        with pytest.raises(PolicyError, match=words):
+            fit_pool_policy(tmp_path / "no-bundle", scenes, kind="situation", settings=bad)
     few = tmp_path / "few"
     few.mkdir()
     shutil.copy(next(pool_dir.iterdir()), few / "a.jpg")
