@@ -263,7 +263,8 @@ def _add_kind_settings(p: Any) -> None:
         help="situation: κ pseudo-references at the frozen cut t0 that a situation's mean is "
         "shrunk towards, so that a new situation's first scenes move the cut little (0: the "
         "paper's plain mean; default: fitted from the scores by situation, the log's or the "
-        "pool's, at most the window; see docs/policies.md)",
+        "pool's, at most the window, at every fit: unlike --window it is not carried over "
+        "from the current policy; see docs/policies.md)",
     )
     p.add_argument(
         "--min-batch", type=int, default=None, help="batch kinds: min_batch (current or 2)"

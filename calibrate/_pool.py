@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from spotstop.calibrate._frozen import fit_frozen
 from spotstop.calibrate._logdata import CalibrationError
-from spotstop.calibrate._recalibrate import check_kind_settings
+from spotstop.calibrate._recalibrate import check_kind_settings, situation_prior_record
 from spotstop.guard import Scene, load_bundle, load_bundle_member
 from spotstop.guard.policies import PolicyConfig, policy_class, policy_kinds
 
@@ -109,6 +109,7 @@ def fit_pool_policy(
             "visual_tokens": {
                 bm.name: int(n) for bm, n in zip(bundle.members, tokens, strict=True)
             },
+            "situation_prior": situation_prior_record(policy, ctx),
             "tool": f"spotstop {version('spotstop')} policy init",
         },
         created=datetime.now(UTC),

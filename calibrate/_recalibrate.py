@@ -191,19 +191,7 @@ class Recalibrator:
             ).fit(ctx.fused[unsafe], ctx.situation_id[unsafe], refuse=False)
         policy = policy_class(self.policy).fit(ctx)
         self._policy: Policy = policy
-        sit = policy.cut if isinstance(policy, CascadePolicy) else policy
-        self._prior: dict[str, Any] | None = None
-        if isinstance(sit, SituationPolicy):
-            how = (
-                "given"
-                if settings.get("prior_weight") is not None
-                else situation_prior_weight(ctx.fused, ctx.situation_id, cap=sit.window)[1]
-            )
-            self._prior = {
-                "weight": sit.prior_weight,
-                "threshold": sit.prior_threshold,
-                "how": how,
-            }
+        self._prior: dict[str, Any] | None = situation_prior_record(policy, ctx)
         self._seed: Any = None
         if policy.stateful:  # the windows hold what entered the policy, as the guard's do
             entered = np.isfinite(data.policy_score) & np.all(
@@ -389,6 +377,21 @@ def _choice_dict(c: CutChoice) -> dict[str, Any]:
     d = c.to_dict()
     d["statement"] = c.statement
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def situation_prior_record(policy: Policy, ctx: FitContext) -> dict[str, Any] | None:
+    """``fitted_on.situation_prior`` of a fitted policy: the situation prior's weight, its cut
+    and how the weight came about (``given``, or :func:`situation_prior_weight`'s account);
+    None when neither the policy nor a cascade's cut is a ``situation`` one."""
+    sit = policy.cut if isinstance(policy, CascadePolicy) else policy
+    if not isinstance(sit, SituationPolicy):
+        return None
+    how = (
+        "given"
+        if ctx.settings.get("prior_weight") is not None
+        else situation_prior_weight(ctx.fused, ctx.situation_id, cap=sit.window)[1]
+    )
+    return {"weight": sit.prior_weight, "threshold": sit.prior_threshold, "how": how}
 
 
 def check_kind_settings(settings: Mapping[str, Any] | None) -> None:

@@ -163,12 +163,14 @@ class SituationPolicy(Policy):
             raise PolicyError(
                 f"{ctx.key('prior_weight')} must be ≥ 0; got {weight!r}. Set it in {ctx.source}."
             )
+        # checked even when a weight of 0 makes it unused: every key of the file is read
+        threshold = ctx.number(d, "prior_threshold") if has else None
         return cls(
             window=window,
             min_refs=ctx.integer(d, "min_refs", low=1, high=window),
             fallback=ctx.parse_fallback(d["fallback"], ctx.key("fallback")),
             prior_weight=weight,
-            prior_threshold=ctx.number(d, "prior_threshold") if has and weight > 0 else None,
+            prior_threshold=threshold if weight > 0 else None,
         )
 
     def inner(self) -> tuple[Policy, ...]:
@@ -311,8 +313,10 @@ class SituationPolicy(Policy):
         given = ctx.settings.get("prior_weight")
         if given is None:
             weight, _ = situation_prior_weight(ctx.fused, ctx.situation_id, cap=window)
-        else:
+        elif is_real(given) and math.isfinite(given) and given >= 0:
             weight = float(given)
+        else:
+            raise PolicyError(f"prior_weight must be a finite number ≥ 0 or None; got {given!r}.")
         return cls(
             window=window,
             min_refs=int(ctx.setting("min_refs", min(3, window))),

@@ -85,6 +85,10 @@ def test_policy_init_situation_kind_and_refusals(bare_bundle: Path, pool_dir: Pa
     )
     assert cfg.policy.kind == "situation" and cfg.policy.fallback.kind == "frozen"
     assert (cfg.policy.window, cfg.policy.min_refs) == (5, 2)
+    # how κ came about is recorded, as recalibrate records it (demo scenes carry no situation)
+    prior = cfg.fitted_on["situation_prior"]
+    assert prior["weight"] == cfg.policy.prior_weight == 5.0 and prior["how"].startswith("the cap")
+    assert fit_pool_policy(bare_bundle, scenes).fitted_on["situation_prior"] is None
     batch = fit_pool_policy(bare_bundle, scenes, kind="batch", settings={"weights": "reliance"})
     assert batch.policy.weights == "reliance" and batch.variants_needed() == ("text",)
     with pytest.raises(CalibrationError, match="conformal"):

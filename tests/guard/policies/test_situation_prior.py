@@ -158,6 +158,9 @@ def test_fit_shrinks_towards_t0_by_the_fitted_weight_unless_one_is_given() -> No
     # no situation ids in the context: the cap, the window
     none = SituationPolicy.fit(_ctx(s, np.full(s.size, "", dtype=object), window=5))
     assert none.prior_weight == 5.0
+    for bad in (True, "3", -1.0, math.inf):
+        with pytest.raises(PolicyError, match="prior_weight must be a finite number ≥ 0"):
+            SituationPolicy.fit(_ctx(s, sid, prior_weight=bad))
 
 
 def _doc(policy: dict[str, Any]) -> dict[str, Any]:
@@ -206,6 +209,10 @@ def test_the_prior_round_trips_through_policy_yaml() -> None:
             "policy.prior_threshold must be a finite number",
         ),
         ({"prior_wieght": 2.0}, "policy.prior_wieght is not a known key"),
+        (
+            {"prior_weight": 0, "prior_threshold": "x"},  # unused, and still checked
+            "policy.prior_threshold must be a finite number; got 'x'",
+        ),
     ],
 )
 def test_a_bad_prior_names_its_key(extra: dict[str, Any], message: str) -> None:
