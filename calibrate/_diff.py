@@ -212,6 +212,13 @@ def predict_effect(
     note = f"{cfg.kind}: replayed in log order, {how}" + (
         f", {start}" if cfg.policy.stateful else ""
     )
+    skipped = data.dropped.get("member_not_run", 0)
+    if skipped:  # a cascade's log: only the scenes near its cut have every member's score
+        note += (
+            f"; rates on the {n} decisions every member scored: the {skipped} a cascade "
+            "decided on its first member alone (far from its cut) have no pair score, so "
+            "these rates describe the scenes near the cut, not the log"
+        )
     x = batch_inputs(cfg.fusion, members, sids, text)
     labels = list(replay(cfg.policy, x, batch_ids=batches, state=cfg.initial_state()).labels)
     flags = np.array([lab == "UNSAFE" for lab in labels], dtype=bool).reshape(n_all)[use]

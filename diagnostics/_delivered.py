@@ -39,7 +39,7 @@ from spotstop.diagnostics._from_log import LogData
 from spotstop.diagnostics._resample import group_sum_draws, nan_estimate, percentile_ci
 from spotstop.diagnostics._results import Estimate
 from spotstop.guard import GuardError
-from spotstop.guard.policies import batch_inputs, entered_scores, replay
+from spotstop.guard.policies import batch_inputs, entered_scores, logged_ran, replay
 
 __all__ = [
     "Delivered",
@@ -177,6 +177,7 @@ def replay_version(log: LogData, version: str) -> Replay:
                 entered_scores({m: v[rows] for m, v in arr.member_scores.items()}, seen),
                 [s if s else None for s in arr.situation_id[rows]],
                 text,
+                logged_ran(arr.members_run, members, rows),
             )
             got = replay(cfg.policy, x, batch_ids=batch, state=cfg.initial_state()).unsafe
         except GuardError as exc:

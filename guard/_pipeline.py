@@ -382,9 +382,11 @@ class Pipeline:
         sids = [  # a scene that failed closed keys no window (nor one its bad id would make)
             None if bad else w.scene.situation_id for w, bad in zip(works, failed, strict=True)
         ]
+        # which members each scene was scored by: a cascade's band, chosen once by its plan
+        ran = {m: [m in w.ran for w in works] for m in self.member_names}
         out = [_Outcome.none()] * len(works)
         try:
-            x = batch_inputs(cfg.fusion, members, sids, text)
+            x = batch_inputs(cfg.fusion, members, sids, text, ran)
         except Exception as e:  # fusion failed: every scene fails closed
             for w in works:
                 w.fail_with(_reason("fusion", e))

@@ -57,6 +57,7 @@ from spotstop.guard.policies._decide import (
     batch_inputs,
     decide_batch,
     entered_scores,
+    logged_ran,
     replay,
 )
 from spotstop.guard.policies._direct import DirectPolicy
@@ -118,6 +119,7 @@ __all__ = [
     "is_unsafe",
     "label_of",
     "load_policy",
+    "logged_ran",
     "n_safe",
     "one_per_situation",
     "policy_class",

@@ -84,6 +84,10 @@ class BatchInputs:
     situation_ids: one id or None per scene.
     fusion: the policy file's Avg-2 fusion (members, reference statistics, weights).
     members_text: member name -> request-only scores, when that pass ran (else None).
+    ran: member name -> bool per scene: whether the guard ran that member on the scene (what
+        its scoring plan chose, logged as ``members_run``), or None when not known (a fit, a
+        what-if replay): a kind whose plan leaves members out of some scenes then works out
+        again where it would have run them.
     """
 
     fused: np.ndarray
@@ -91,6 +95,7 @@ class BatchInputs:
     situation_ids: tuple[str | None, ...]
     fusion: Avg2Fusion
     members_text: Mapping[str, np.ndarray] | None = None
+    ran: Mapping[str, np.ndarray] | None = None
 
     @property
     def n(self) -> int:
@@ -108,6 +113,7 @@ class BatchInputs:
             members_text=None
             if self.members_text is None
             else {m: v[pick] for m, v in self.members_text.items()},
+            ran=None if self.ran is None else {m: v[pick] for m, v in self.ran.items()},
         )
 
 

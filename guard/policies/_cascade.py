@@ -16,7 +16,9 @@ Where the cut comes from: before the second member runs, the cut of each scene i
 policy's threshold with the state before the batch, every scene scored by ``z1``
 (:meth:`CascadePolicy.second_needed`); the label then uses the inner policy on ``C``. For
 ``frozen`` and ``conformal`` the two cuts are the same number; for ``situation`` they can
-differ only through earlier scenes of the same batch.
+differ only through earlier scenes of the same batch. Which scenes are inside the band is
+decided once, before scoring: the label reads it from the batch (``BatchInputs.ran``, the
+log's ``members_run``) wherever it is known (:meth:`CascadePolicy.inside_band`).
 
 Fail closed: a scene inside the band whose pair score is missing (the second member did not
 run or failed) gets a NaN score, hence UNSAFE; a scene whose first score is missing is UNSAFE.
@@ -255,8 +257,20 @@ class CascadePolicy(Policy):
         with np.errstate(invalid="ignore"):
             return np.asarray(np.abs(z1 - mid) <= self.band, dtype=bool)
 
+    def inside_band(self, x: BatchInputs, state: Any) -> np.ndarray:
+        """Where the batch's scenes are decided on the pair: where the guard ran the rest of
+        the pair (``x.ran``, what its plan chose before scoring), else where
+        :meth:`second_needed` says. The band is chosen once, by the plan: deciding it again
+        would move it for a situation cut when an earlier scene of the batch failed after the
+        plan (its windows differ), and a scene the pair scored could then be decided on the
+        first member alone, or one the pair never saw be sent to the pair's missing score."""
+        rest = [m for m in x.fusion.members if m != self.first]
+        if x.ran is not None and rest and all(m in x.ran for m in rest):
+            return np.any([np.asarray(x.ran[m], dtype=bool) for m in rest], axis=0)
+        return self.second_needed(x.fusion, x.members[self.first], x.situation_ids, state)
+
     def _cascade_inputs(self, x: BatchInputs, state: Any) -> tuple[BatchInputs, np.ndarray]:
-        inside = self.second_needed(x.fusion, x.members[self.first], x.situation_ids, state)
+        inside = self.inside_band(x, state)
         z1 = self.z_first(x.fusion, x.members[self.first])
         c = np.where(inside, x.fused, z1)  # inside the band without a pair score: NaN
         return dataclasses.replace(x, fused=c), inside

@@ -52,12 +52,15 @@ def batch_inputs(
     member_scores: Mapping[str, Any],
     situation_ids: Sequence[str | None] | None = None,
     members_text: Mapping[str, Any] | None = None,
+    ran: Mapping[str, Any] | None = None,
 ) -> BatchInputs:
     """Check a batch and fuse it: ``S`` is NaN for a scene with a missing or non-finite score.
 
     member_scores: member name -> 1-D raw scene scores (every fusion member, same length).
     situation_ids: one id or None per scene (None for the argument: no situations).
     members_text: member name -> request-only scores, when that pass ran.
+    ran: member name -> one bool per scene, whether the guard ran the member on it (the log's
+    ``members_run``); None when not known.
     Raises :class:`DecisionError` when the inputs do not fit together.
     """
     missing = [m for m in fusion.members if m not in member_scores]
@@ -87,9 +90,24 @@ def batch_inputs(
                 raise DecisionError(
                     f"situation_ids must be strings or None; got {type(s).__name__} {s!r}."
                 )
+    flags = None
+    if ran is not None:
+        flags = {}
+        for m, v in ran.items():
+            a = np.asarray(v)
+            if a.shape != (n,) or a.dtype.kind not in "bui":
+                raise DecisionError(
+                    f"ran[{m!r}] must hold one bool per scene ({n}); got {a.dtype} {a.shape}."
+                )
+            flags[m] = a.astype(bool)
     fused = fusion.fuse_many({m: members[m] for m in fusion.members}, nan_policy="propagate")
     return BatchInputs(
-        fused=fused, members=members, situation_ids=sids, fusion=fusion, members_text=text
+        fused=fused,
+        members=members,
+        situation_ids=sids,
+        fusion=fusion,
+        members_text=text,
+        ran=flags,
     )
 
 
@@ -179,6 +197,25 @@ def entered_scores(member_scores: Mapping[str, Any], policy_score: Any) -> dict[
                 f"member_scores[{m!r}] has {a.shape[0]} scores; policy_score has {ps.shape[0]}."
             )
         out[m] = np.where(entered, a, np.nan)
+    return out
+
+
+def logged_ran(
+    members_run: Mapping[str, Any], members: Sequence[str], rows: Any
+) -> dict[str, np.ndarray] | None:
+    """The log's ``members_run`` of ``rows`` as :func:`batch_inputs`' ``ran``: which of
+    ``members`` the guard ran on each decision, so that a replay decides a cascade's scenes
+    inside the band the guard's plan chose; None when the log does not say for every member
+    and row (older logs: the replay then works the band out again)."""
+    out = {}
+    for m in members:
+        v = members_run.get(m)
+        if v is None:
+            return None
+        a = np.asarray(v)[rows]
+        if a.size and (a < 0).any():
+            return None
+        out[m] = a == 1
     return out
 
 

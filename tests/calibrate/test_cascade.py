@@ -186,3 +186,9 @@ def test_a_window_where_the_cascade_skipped_a_member_is_refused_with_counts(
         assert rc == 2 and f"{n_skip} of the {data.n} decisions" in err, err
         assert "did not run every member" in err and "policy init" in err
     assert len(list_policy_versions(bundle)) == before
+    # policy diff's replay reads the same subset, and says so
+    from spotstop.calibrate import predict_effect
+
+    eff = predict_effect(frozen_policy(bundle, 0.0), data)
+    assert eff.n == int(data.usable.sum()) and eff.n < data.n
+    assert f"the {n_skip} a cascade decided on its first member alone" in eff.note

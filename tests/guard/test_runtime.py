@@ -994,3 +994,71 @@ def test_a_cascade_with_a_situation_cut_reports_its_windows(bundle_copy: Path, t
         assert info.rule.startswith("cascade->situation")
         assert info.threshold == pytest.approx(np.mean(info.references))
         assert g.situation("elsewhere").references == ()
+
+
+class _TableMember:
+    """A member whose robust z-score per image is given by a table (NaN: a non-finite score)."""
+
+    def __init__(self, real: Any, stats: Any, table: dict[str, float]):
+        self._real, self.stats, self.table = real, stats, table
+        self.scored: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def score(self, scenes: Any, variant: str = "scene", strict: bool = True) -> list[Any]:
+        from spotstop.guard import MemberScore
+
+        out = []
+        for s in scenes:
+            self.scored.append(s.image.sha256)
+            v = self.stats.median + self.stats.iqr * self.table[s.image.sha256]
+            out.append(MemberScore(self._real.name, variant, v, self._real.prompt_hash, 1))
+        return out
+
+
+def test_a_cascade_decides_a_batch_on_the_band_its_plan_chose(bundle_copy: Path, tmp_path: Path):
+    """Under a situation cut the band depends on the batch's earlier scenes. When one of them
+    fails after the plan chose the band (here its text fails it closed), the label must still
+    use the plan's band: the scene the pair scored is decided on the pair's S (its S +0.9
+    against cut 0 is UNSAFE; deciding the band again put it outside and answered SAFE on the
+    first member alone), the one it did not score on the first member (it failed closed as
+    'inside the band without a pair score'), and the card's replay agrees with the guard."""
+    from spotstop.diagnostics import read_log
+    from spotstop.diagnostics._delivered import replay_version
+    from spotstop.guard.policies import CascadePolicy, SituationPolicy, TextInScene
+
+    cfg = load_policy(bundle_copy / "policy.yaml")
+    first, second = cfg.fusion.members
+    cut = SituationPolicy(window=4, min_refs=1, fallback=FrozenPolicy(0.0))
+    dump_policy(
+        dataclasses.replace(
+            cfg,
+            policy=CascadePolicy(first=first, share=0.5, band=0.5, cut=cut),
+            text_in_scene=TextInScene(detect=True, alarming="fail_closed"),
+            state_seed=None,
+            created=datetime.now(UTC),
+        ),
+        bundle_copy / "policy.yaml",
+    )
+    import hashlib
+
+    scenes = [make_scene(100 + i, sit="k") for i in range(4)]
+    sha = [hashlib.sha256(s.image).hexdigest() for s in scenes]  # type: ignore[arg-type]
+    reader = SignReader({sha[0]: "DANGER HIGH VOLTAGE"})  # scene 0 fails closed by its text
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", text_detector=reader) as g:
+        st = g.policy_config.fusion.stats
+        z1 = dict(zip(sha, (-1.2, 0.4, -0.4, 0.7), strict=True))
+        z2 = dict(zip(sha, (0.9, -0.4, 2.2, 0.8), strict=True))
+        g.members[first] = _TableMember(g.members[first], st[first], z1)  # type: ignore[assignment]
+        g.members[second] = pair = _TableMember(g.members[second], st[second], z2)  # type: ignore[assignment]
+        ds = g.check_batch(scenes)
+        version = g.policy_config.version_id
+    # the plan (empty windows, cut 0, band 0.5): only scene 2 (z1 −0.4) is inside
+    assert pair.scored == [sha[2]]
+    assert ds[0].fail_closed and "text in the scene" in (ds[0].fail_reason or "")
+    assert not ds[1].fail_closed and ds[1].policy.startswith(f"cascade[{first}]")  # z1 alone
+    assert ds[2].members_run[second] and ds[2].policy.startswith("cascade[pair]")
+    assert ds[2].policy_score == pytest.approx(0.9) and ds[2].label == "UNSAFE"
+    r = replay_version(read_log(tmp_path / "l.sqlite"), version)
+    assert r.n == 3 and r.n_agree == 3

@@ -885,3 +885,27 @@ def test_a_cascades_conformal_cut_keeps_its_miss_rate_on_the_cascades_own_score(
     miss = float(np.mean(~d.unsafe[y2 == 1]))
     assert miss <= 0.1 + 0.012, miss  # ≈ 3 standard errors over alpha at n ≈ 10,000
     assert abs(float(np.mean(pol.second_needed(fusion, a, [None] * y.size, None))) - 0.3) < 0.01
+
+
+def test_a_cascade_reads_the_band_its_plan_chose_when_the_batch_says_which_members_ran() -> None:
+    from spotstop.guard.policies import logged_ran
+
+    pol = CascadePolicy(first="a", share=0.5, band=1.0, cut=FrozenPolicy(0.5))
+    # z1 = 2, 0.5: by the band, out and in; the plan ran b on the first and not the second
+    x = batch_inputs(
+        FUSION, {"a": [4.0, 1.0], "b": [3.0, math.nan]}, ran={"a": [1, 1], "b": [1, 0]}
+    )
+    d = decide_batch(pol, x)
+    assert [v.policy for v in d.verdicts] == ["cascade[pair]->frozen", "cascade[a]->frozen"]
+    np.testing.assert_allclose([v.score for v in d.verdicts], [2.0, 0.5])  # S = (2 + 2)/2; z1
+    assert x.subset(np.array([1])).ran == {"a": np.array([True]), "b": np.array([False])}
+    # not known: the band is worked out again (the second scene is then inside, without S)
+    d2 = decide_batch(pol, batch_inputs(FUSION, {"a": [4.0, 1.0], "b": [3.0, math.nan]}))
+    assert d2.verdicts[0].policy == "cascade[a]->frozen" and d2.verdicts[1].fail_closed
+    with pytest.raises(DecisionError, match=r"ran\['b'\] must hold one bool per scene"):
+        batch_inputs(FUSION, {"a": [1.0], "b": [1.0]}, ran={"b": [1, 0]})
+    # the log's members_run: -1 (not logged) anywhere gives None
+    run = {"a": np.array([1, 1, 1], np.int8), "b": np.array([1, 0, -1], np.int8)}
+    assert logged_ran(run, ["a", "b"], np.array([0, 1]))["b"].tolist() == [True, False]
+    assert logged_ran(run, ["a", "b"], np.array([1, 2])) is None
+    assert logged_ran(run, ["a", "c"], np.array([0])) is None
