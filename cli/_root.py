@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -277,6 +278,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``spotstop``; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     name = _command_name(args)
+    if name == "serve" and hasattr(signal, "SIGHUP"):
+        # SIGHUP reloads a running sidecar; while it starts (imports, the bundle's load) the
+        # default action would end it: ignored until the server installs its handler, and
+        # given back when serve returns (main called in a process that goes on)
+        previous = signal.getsignal(signal.SIGHUP)
+        try:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        except ValueError:  # not the main thread: nothing to guard
+            return _main(name, args)
+        try:
+            return _main(name, args)
+        finally:
+            signal.signal(signal.SIGHUP, previous)
+    return _main(name, args)
+
+
+def _main(name: str | None, args: list[str]) -> int:
     try:
         return _run(name, args)
     except Exception as e:

@@ -10,8 +10,10 @@ install; ``score`` uses the torch reference backend (the ``export`` extra).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -376,6 +378,12 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = ServeSettings(  # validated here: bad limits or an insecure bind stop us now
         token=resolve_token(token_file, token_env), **given
     )
+    if hasattr(signal, "SIGHUP"):
+        # a SIGHUP while the bundle loads (minutes on a real pair) would end the process by
+        # default: ignored until the server installs its reload handler (`spotstop` ignores
+        # it from its start); without reload on SIGHUP it keeps its default action
+        with contextlib.suppress(ValueError):  # not the main thread
+            signal.signal(signal.SIGHUP, signal.SIG_IGN if settings.sighup else signal.SIG_DFL)
     guard = load_guard(settings)  # before binding: a bad bundle is reported plainly
     return serve(settings, guard=guard, log_level=args.log_level)  # closes the guard
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import os
 import threading
 import time
@@ -57,12 +58,15 @@ from spotstop.guard.cues._types import TextDetector
 from spotstop.guard.policies import (
     CascadePolicy,
     PolicyConfig,
+    PolicyError,
     SituationPolicy,
     check_policy_matches,
     load_policy,
 )
 
 __all__ = ["Decision", "DecisionNotLogged", "Guard", "PolicyMissingError", "SituationInfo"]
+
+logger = logging.getLogger(__name__)
 
 #: seconds before a member that failed to load is tried again (then twice as long each time)
 DEFAULT_RETRY_LOAD_S = 5.0
@@ -273,7 +277,10 @@ class Guard:
         # members that failed to load are tried again in the background until they load
         self._stop = threading.Event()
         self._retry: threading.Thread | None = None
-        if self.member_errors and retry_load_s is not None:
+        self._reload_lock = threading.Lock()  # one reload at a time: the last file read wins
+        if (self.member_errors or self._active.detector_error is not None) and (
+            retry_load_s is not None
+        ):
             self._retry = threading.Thread(
                 target=self._retry_members,
                 args=(float(retry_load_s),),
@@ -296,6 +303,12 @@ class Guard:
     def policy_config(self) -> PolicyConfig:
         """The policy in force."""
         return self._active.cfg
+
+    @property
+    def text_detector_error(self) -> str | None:
+        """Why the text detector the policy asks for is missing (every check then fails
+        closed; the guard keeps trying to build it), or None."""
+        return self._active.detector_error
 
     @property
     def variants(self) -> tuple[Variant, ...]:
@@ -343,27 +356,34 @@ class Guard:
     def reload_policy(self, path: str | os.PathLike[str] | None = None) -> PolicyConfig:
         """Swap in a new policy file atomically, between two batches.
 
-        The new file is loaded and checked (schema, bundle id, prompt hash, its state file)
-        before the swap; if anything is wrong the old policy stays and the error is raised. A
-        call in progress finishes with the old policy; the next one uses the new. Returns the
-        new policy.
+        The new file is loaded and checked (schema, bundle id, prompt hash, its state file,
+        the text detector it asks for) before the swap; if anything is wrong the old policy
+        stays and the error is raised. A call in progress finishes with the old policy; the
+        next one uses the new. Reloads run one at a time, so the file read last is the one in
+        force. Returns the new policy.
         """
-        new = self._activate(  # loaded and checked (its state file too) outside the lock
-            self._load_policy(path if path is not None else self.bundle.policy_path)
-        )
-        with self._lock:
-            # The live state is taken under the lock, after a call in flight committed its
-            # windows: the same version keeps its store (reading the file earlier would drop
-            # that call's scores); another version reads its file now.
-            old = self._active
-            store = (
-                old.store
-                if old.cfg.version_id == new.cfg.version_id
-                else StateStore(new.cfg, self.state_dir)
+        with self._reload_lock:
+            new = self._activate(  # loaded and checked (its state file too) outside the lock
+                self._load_policy(path if path is not None else self.bundle.policy_path)
             )
-            new = dataclasses.replace(new, store=store)
-            self._active = new
-            self.policy_path = Path(path) if path is not None else self.bundle.policy_path
+            if new.detector_error is not None:
+                raise PolicyError(
+                    f"the new policy reads the text in the scene, but {new.detector_error}; "
+                    f"the policy in force ({self._active.cfg.version_id}) stays. Fix its "
+                    "text_in_scene (lexicon, reader) or the OCR install, then reload again."
+                )
+            with self._lock:
+                # The live state is taken under the lock, after a call in flight committed
+                # its windows: the same version keeps its store (reading the file earlier
+                # would drop that call's scores); another version reads its file now.
+                old = self._active
+                same = old.cfg.version_id == new.cfg.version_id
+                store = old.store if same else StateStore(new.cfg, self.state_dir)
+                new = dataclasses.replace(new, store=store)
+                self._active = new
+                self.policy_path = Path(path) if path is not None else self.bundle.policy_path
+            if not same:
+                _flush(old.store)  # a failed write of the version left behind, if any
         return new.cfg
 
     def _retry_members(self, wait_s: float) -> None:
@@ -371,7 +391,9 @@ class Guard:
         time (at most :data:`MAX_RETRY_LOAD_S`), until every one has loaded or the guard is
         closed. A member is loaded without the guard's lock (it may take long) and put in
         between two calls, with the policy activated again (its claim reader may be it)."""
-        while self.member_errors and not self._stop.wait(wait_s):
+        while (
+            self.member_errors or self._active.detector_error is not None
+        ) and not self._stop.wait(wait_s):
             loaded: dict[str, Member] = {}
             for bm in self.bundle.members:
                 if bm.name not in self.member_errors:
@@ -387,13 +409,13 @@ class Guard:
                     for name, member in loaded.items():
                         self.members[name] = member
                         del self.member_errors[name]
-                    old = self._active
-                if old.detector_error is not None:  # e.g. its claim reader is that member
-                    with contextlib.suppress(Exception):  # if not, the old activation stays
-                        new = self._activate(old.cfg)  # outside the lock: it loads the OCR
-                        with self._lock:
-                            if self._active is old and not self._closed:
-                                self._active = dataclasses.replace(new, store=old.store)
+            old = self._active
+            if old.detector_error is not None:  # its claim reader may be that member, or the
+                with contextlib.suppress(Exception):  # OCR failed to load; else it stays
+                    new = self._activate(old.cfg)  # outside the lock: it loads the OCR
+                    with self._lock:
+                        if self._active is old and not self._closed:
+                            self._active = dataclasses.replace(new, store=old.store)
             wait_s = min(2.0 * wait_s, MAX_RETRY_LOAD_S)
 
     def situation(self, situation_id: str) -> SituationInfo:
@@ -557,6 +579,7 @@ class Guard:
         with self._calls_done:  # and so does one answering without the lock (past its wait)
             self._calls_done.wait_for(lambda: self._calls == 0)
         self._pipeline.close()
+        _flush(self._active.store)
         self._writer.close()
         self.log.close()
 
@@ -589,3 +612,12 @@ class Guard:
         if require_logged:
             raise DecisionNotLogged(reason, out)
         return out
+
+
+def _flush(store: StateStore) -> None:
+    """Write a state store the file is behind (a failed write); a failure is logged, and the
+    windows then restart from the older file (the log still holds every decision)."""
+    try:
+        store.flush()
+    except Exception as e:
+        logger.warning("the policy state %s could not be written: %s", store.path, e)

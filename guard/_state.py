@@ -24,6 +24,8 @@ from spotstop.guard.policies import LoadContext, Policy, PolicyConfig, PolicyErr
 __all__ = ["StateStore"]
 
 _FORMAT = 1
+#: the state a store has not written yet (a fresh file starts from the policy's seed)
+_UNWRITTEN = object()
 
 
 def _no_fallback(d: Any, where: str) -> Policy:
@@ -39,9 +41,11 @@ class StateStore:
         self.path: Path | None = None
         if cfg.policy.stateful and folder is not None:
             self.path = Path(folder) / f"state-{cfg.version_id}.json"
-        self._state = (
-            self._load() if self.path is not None and self.path.exists() else cfg.initial_state()
-        )
+        on_disk = self.path is not None and self.path.exists()
+        self._state = self._load() if on_disk else cfg.initial_state()
+        # what the file holds: a write that failed leaves the state ahead of the file, and
+        # the next commit (or close) writes it, whether or not the state moved again
+        self._written: Any = self._state if on_disk else _UNWRITTEN
 
     @property
     def state(self) -> Any:
@@ -50,23 +54,38 @@ class StateStore:
             return self._state
 
     def commit(self, state: Any) -> None:
-        """Make ``state`` current and write it (atomically) when the policy keeps state."""
+        """Make ``state`` current and write it (atomically) when the policy keeps state.
+
+        Raises when the file cannot be written; the state is current all the same (the
+        scores were observed), and the next commit or :meth:`flush` writes it."""
         if not self.cfg.policy.stateful:
             return
         with self._lock:
-            if state == self._state and self.path is not None and self.path.exists():
-                return  # nothing moved (e.g. no scene had a situation): no write, no fsync
             self._state = state
-            if self.path is None:
-                return
-            doc = {
-                "format": _FORMAT,
-                "policy_version": self.cfg.version_id,
-                "fusion_key": self.cfg.fusion_key,
-                "kind": self.cfg.kind,
-                "state": self.cfg.policy.seed_to_dict(state),
-            }
-            atomic_write_text(self.path, json.dumps(doc, allow_nan=False, indent=1))
+            self._write()
+
+    def flush(self) -> None:
+        """Write the state if the file is behind it (a failed write); at close, or when the
+        guard leaves this version. Raises when the write fails."""
+        if not self.cfg.policy.stateful:
+            return
+        with self._lock:
+            self._write()
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        if self._state == self._written and self.path.exists():
+            return  # nothing moved (e.g. no scene had a situation): no write, no fsync
+        doc = {
+            "format": _FORMAT,
+            "policy_version": self.cfg.version_id,
+            "fusion_key": self.cfg.fusion_key,
+            "kind": self.cfg.kind,
+            "state": self.cfg.policy.seed_to_dict(self._state),
+        }
+        atomic_write_text(self.path, json.dumps(doc, allow_nan=False, indent=1))
+        self._written = self._state
 
     def _load(self) -> Any:
         assert self.path is not None  # only called with a path

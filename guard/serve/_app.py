@@ -316,6 +316,7 @@ def _install_sighup(sidecar: Sidecar) -> Callable[[], None]:
         sidecar.background.add(task)
         task.add_done_callback(sidecar.background.discard)
 
+    previous = signal.getsignal(signal.SIGHUP)
     try:
         loop.add_signal_handler(signal.SIGHUP, on_hup)
     except (ValueError, RuntimeError, NotImplementedError):  # not the main thread / platform
@@ -323,7 +324,9 @@ def _install_sighup(sidecar: Sidecar) -> Callable[[], None]:
         return lambda: None
 
     def uninstall() -> None:
-        loop.remove_signal_handler(signal.SIGHUP)
+        loop.remove_signal_handler(signal.SIGHUP)  # this sets the default action (exit):
+        if previous is not None:  # give back what was there (`spotstop serve`: ignore)
+            signal.signal(signal.SIGHUP, previous)
 
     return uninstall
 
@@ -414,12 +417,15 @@ async def _watch_log(sidecar: Sidecar) -> None:
     """While the decision log cannot be written or decisions wait, retry it every
     ``log_retry_s`` on the model thread (between checks): the first write that succeeds
     writes what waits and makes the sidecar ready again, with no restart. A warm-up that
-    failed is tried again on the same tick once every member is loaded (the guard loads a
-    member that failed to load again by itself)."""
+    failed, or that ran before every member had loaded, is run again on the same tick once
+    every member is loaded (the guard loads a member that failed to load again by itself)."""
     g, every = sidecar.guard, sidecar.settings.log_retry_s
     while True:
         await asyncio.sleep(every)
-        if sidecar.warmup_error is not None and g.ready:  # e.g. a member has loaded since
+        if g.ready and (  # a warm-up that failed, or one that ran before a member loaded
+            sidecar.warmup_error is not None
+            or (sidecar.settings.warmup and sidecar.warmed != frozenset(g.members))
+        ):
             try:
                 await sidecar.runner.call(sidecar.warm_up)
                 sidecar.warmup_error = None
@@ -436,10 +442,9 @@ async def _watch_log(sidecar: Sidecar) -> None:
 
 
 def _request_checker(g: Guard) -> Callable[[str], object]:
-    members = list(g.members.values())
-
     def check(request: str) -> object:
-        for m in members:
+        # the members loaded now: one that failed to load at start joins when it loads
+        for m in list(g.members.values()):
             m.encoder.check_request(request)
         return request
 

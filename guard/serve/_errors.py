@@ -16,6 +16,8 @@ machine-readable ``code`` and, for input errors, the ``field`` that was wrong::
     ├── Overloaded(SidecarError)                     503 + Retry-After: queue full / budget spent
     ├── NotLogged(SidecarError)                      503 + Retry-After: the log could not be
     │                                                written within the deadline
+    ├── LabelsNotWritten(SidecarError)               503 + Retry-After: the log is busy or
+    │                                                cannot be written; no label was written
     ├── UploadTimeout(SidecarError)                  408: the body did not arrive in time
     └── PolicyReloadError(SidecarError)              409 mismatch / 422 invalid policy file
 
@@ -44,6 +46,7 @@ __all__ = [
     "ImageInputError",
     "InputError",
     "InsecureBindError",
+    "LabelsNotWritten",
     "NotLogged",
     "Overloaded",
     "PayloadTooLarge",
@@ -181,6 +184,18 @@ class NotLogged(SidecarError):
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message, headers={"Retry-After": str(int(retry_after_s))})
+
+
+class LabelsNotWritten(SidecarError):
+    """The labels could not be written: the decision log is busy (another connection holds
+    it) or cannot take writes (503 with ``Retry-After``). No label was written; send them
+    again."""
+
+    status = 503
+    code = "labels_not_written"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, field="labels", headers={"Retry-After": str(int(retry_after_s))})
 
 
 class UploadTimeout(SidecarError):

@@ -37,6 +37,7 @@ class Sidecar:
     limits: Limits
     owns_guard: bool
     warmed_up: bool = False
+    warmed: frozenset[str] = frozenset()  # the members the last warm-up scored
     warmup_error: str | None = None
     warmup_ms: float | None = None
     background: set[Any] = field(default_factory=set)
@@ -49,8 +50,14 @@ class Sidecar:
             reasons.append("not every member of the bundle is loaded")
         if self.warmup_error is not None:
             reasons.append(f"warm-up failed: {self.warmup_error}")
-        elif self.settings.warmup and not self.warmed_up:
+        elif self.settings.warmup and (
+            not self.warmed_up or self.warmed != frozenset(self.guard.members)
+        ):
             reasons.append("warming up")
+        if self.guard.text_detector_error is not None:  # checks fail closed until it loads
+            reasons.append(
+                f"the policy reads the text in the scene, but {self.guard.text_detector_error}"
+            )
         log = self.guard.log_status()
         if not log.writable:  # checks fail closed (503) until it takes writes again
             reasons.append(
@@ -77,11 +84,13 @@ class Sidecar:
         buf = io.BytesIO()
         img.save(buf, "PNG")
         scene = Scene(decode_image(buf.getvalue()), WARMUP_REQUEST)
-        for name, member in list(self.guard.members.items()):  # a retry may add one meanwhile
+        members = list(self.guard.members.items())  # a retry may add one meanwhile
+        for name, member in members:
             [res] = member.score([scene], "scene")
             if not math.isfinite(res.score):
                 raise RuntimeError(f"member {name} gave a non-finite warm-up score {res.score}")
         self.warmup_ms = (time.perf_counter() - t) * 1e3
+        self.warmed = frozenset(name for name, _ in members)
         self.warmed_up = True
 
     # -- policy ---------------------------------------------------------------------------

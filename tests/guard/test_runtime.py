@@ -1062,3 +1062,43 @@ def test_a_cascade_decides_a_batch_on_the_band_its_plan_chose(bundle_copy: Path,
     assert ds[2].policy_score == pytest.approx(0.9) and ds[2].label == "UNSAFE"
     r = replay_version(read_log(tmp_path / "l.sqlite"), version)
     assert r.n == 3 and r.n_agree == 3
+
+
+def test_a_state_write_that_failed_is_written_by_the_next_commit_or_at_close(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    """A failed write of the situation windows leaves them ahead of the file (the scene was
+    observed and logged): the next commit writes them even when nothing moved since, and so
+    does close, so a restart resumes the windows the log replays to."""
+    import json
+
+    from spotstop.guard import _state
+
+    sd = tmp_path / "state"
+    real = _state.atomic_write_text
+    fail = {"on": False}
+
+    def flaky(path: Any, text: str) -> None:
+        if fail["on"]:
+            raise OSError(28, "No space left on device")
+        real(path, text)
+
+    monkeypatch.setattr(_state, "atomic_write_text", flaky)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", state_dir=sd) as g:
+        g.check(make_scene(1, sit="k"))
+        fail["on"] = True
+        d = g.check(make_scene(2, sit="k"))
+        assert d.fail_closed and "policy state" in (d.fail_reason or "")
+        fail["on"] = False
+        live = g.situation("k").references
+        assert len(live) == 2
+        g.check(make_scene(3))  # no situation: the windows do not move, the file is written
+        path = sd / f"state-{g.policy_config.version_id}.json"
+        assert json.loads(path.read_text())["state"]["situations"]["k"] == list(live)
+        fail["on"] = True
+        g.check(make_scene(4, sit="k"))  # fails again; close writes it
+        live = g.situation("k").references
+        fail["on"] = False
+    assert json.loads(path.read_text())["state"]["situations"]["k"] == list(live)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", state_dir=sd) as g:
+        assert g.situation("k").references == live

@@ -8,8 +8,8 @@ first). The count limit (``max_labels``) and one label per decision are checked 
 from __future__ import annotations
 
 from fastapi import APIRouter
-from spotstop.guard._log import RecordError
-from spotstop.guard.serve._errors import InputError, UnknownDecision
+from spotstop.guard._log import LogError, RecordError
+from spotstop.guard.serve._errors import InputError, LabelsNotWritten, UnknownDecision
 from spotstop.guard.serve._route import BodyRoute
 from spotstop.guard.serve._schemas import LabelsOut, LabelsRequest
 from spotstop.guard.serve._state import Sidecar, SidecarDep
@@ -52,6 +52,11 @@ def _write(sidecar: Sidecar, req: LabelsRequest) -> int:
                     field=f"labels[{i}].decision_id",
                 ) from None
         raise InputError(str(e), field="labels", code="invalid_value") from None
+    except LogError as e:  # busy or not writable: nothing was written, and it may pass
+        raise LabelsNotWritten(
+            f"the labels were not written: {e}. Send them again.",
+            retry_after_s=max(1, round(sidecar.settings.log_retry_s)),
+        ) from None
     return len(items)
 
 
@@ -65,6 +70,10 @@ def _write(sidecar: Sidecar, req: LabelsRequest) -> int:
         422: err(
             "A field is wrong, or a decision id is not in the log (code unknown_decision_id). "
             "Nothing was written."
+        ),
+        503: err(
+            "The decision log is busy or cannot take writes (code labels_not_written, with "
+            "Retry-After). Nothing was written; send the labels again."
         ),
     },
     description=(

@@ -996,6 +996,7 @@ def test_sighup_reloads_the_policy(bundle: Path, tmp_path: Path):
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     server = uvicorn.Server(uvicorn.Config(app, log_level="critical"))
     seen: dict[str, str] = {}
+    before = signal.getsignal(signal.SIGHUP)
 
     def drive() -> None:
         try:
@@ -1019,7 +1020,7 @@ def test_sighup_reloads_the_policy(bundle: Path, tmp_path: Path):
     helper.join()
     sock.close()
     assert 'spotstop_policy_reloads_total{result="ok",trigger="sighup"} 1.0' in seen["metrics"]
-    assert signal.getsignal(signal.SIGHUP) in (signal.SIG_DFL, None)  # handler removed
+    assert signal.getsignal(signal.SIGHUP) == before  # handler removed, the previous one back
 
 
 def test_cli_serve_subprocess_sighup_and_sigterm(bundle: Path, tmp_path: Path):
