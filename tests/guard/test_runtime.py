@@ -969,23 +969,31 @@ def test_a_scoring_plan_that_cannot_run_fails_every_scene_closed(
             assert "scoring plan" in (d.fail_reason or "")
 
 
-def test_a_cascade_with_a_situation_cut_reports_its_windows(bundle_copy: Path, tmp_path: Path):
-    """Guard.situation (and GET /v1/situations) under a cascade whose cut is situation
-    recentering: the cut's windows and threshold, not an empty answer."""
+def _set_cascade_situation(bundle: Path, band: float, **extra: Any) -> tuple[str, str]:
+    """A cascade (share 0.5, ``band``) over a situation cut (window 4, one reference, frozen
+    fallback at 0) as the bundle's policy; returns its (first, second) members."""
     from spotstop.guard.policies import CascadePolicy, SituationPolicy
 
-    cfg = load_policy(bundle_copy / "policy.yaml")
-    first, _ = cfg.fusion.members
+    cfg = load_policy(bundle / "policy.yaml")
+    first, second = cfg.fusion.members
     cut = SituationPolicy(window=4, min_refs=1, fallback=FrozenPolicy(0.0))
     dump_policy(
         dataclasses.replace(
             cfg,
-            policy=CascadePolicy(first=first, share=0.5, band=1e9, cut=cut),  # always the pair
+            policy=CascadePolicy(first=first, share=0.5, band=band, cut=cut),
             state_seed=None,
             created=datetime.now(UTC),
+            **extra,
         ),
-        bundle_copy / "policy.yaml",
+        bundle / "policy.yaml",
     )
+    return first, second
+
+
+def test_a_cascade_with_a_situation_cut_reports_its_windows(bundle_copy: Path, tmp_path: Path):
+    """Guard.situation (and GET /v1/situations) under a cascade whose cut is situation
+    recentering: the cut's windows and threshold, not an empty answer."""
+    _set_cascade_situation(bundle_copy, band=1e9)  # always the pair
     with Guard(bundle_copy, log=tmp_path / "log.sqlite") as g:
         ds = [g.check(make_scene(i, sit="hall")) for i in range(3)]
         info = g.situation("hall")
@@ -1026,20 +1034,10 @@ def test_a_cascade_decides_a_batch_on_the_band_its_plan_chose(bundle_copy: Path,
     'inside the band without a pair score'), and the card's replay agrees with the guard."""
     from spotstop.diagnostics import read_log
     from spotstop.diagnostics._delivered import replay_version
-    from spotstop.guard.policies import CascadePolicy, SituationPolicy, TextInScene
+    from spotstop.guard.policies import TextInScene
 
-    cfg = load_policy(bundle_copy / "policy.yaml")
-    first, second = cfg.fusion.members
-    cut = SituationPolicy(window=4, min_refs=1, fallback=FrozenPolicy(0.0))
-    dump_policy(
-        dataclasses.replace(
-            cfg,
-            policy=CascadePolicy(first=first, share=0.5, band=0.5, cut=cut),
-            text_in_scene=TextInScene(detect=True, alarming="fail_closed"),
-            state_seed=None,
-            created=datetime.now(UTC),
-        ),
-        bundle_copy / "policy.yaml",
+    first, second = _set_cascade_situation(
+        bundle_copy, band=0.5, text_in_scene=TextInScene(detect=True, alarming="fail_closed")
     )
     import hashlib
 
