@@ -390,7 +390,9 @@ class Guard:
         """Load again each member that failed to, after ``wait_s``, then twice as long each
         time (at most :data:`MAX_RETRY_LOAD_S`), until every one has loaded or the guard is
         closed. A member is loaded without the guard's lock (it may take long) and put in
-        between two calls, with the policy activated again (its claim reader may be it)."""
+        between two calls, with the policy activated again (its claim reader may be it). A
+        text detector the policy asks for that failed to build is built again on the same
+        schedule, until it builds."""
         while (
             self.member_errors or self._active.detector_error is not None
         ) and not self._stop.wait(wait_s):
