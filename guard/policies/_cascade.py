@@ -134,7 +134,17 @@ class CascadePolicy(Policy):
         return self.cut.initial_state(seed)
 
     def seed_from_fit(self, ctx: FitContext) -> Any:
-        return self.cut.seed_from_fit(ctx)
+        """The cut's state as the guard builds it under this cascade: the context's decisions
+        checked one at a time, in order, so a situation cut's windows hold the cascade's
+        score ``C`` (``S`` inside the band, ``z1`` outside), not the pair's ``S``; None when
+        the cut keeps no state or no decision had a situation."""
+        if not self.cut.stateful or self.cut.seed_from_fit(ctx) is None:
+            return None
+        from spotstop.guard.policies._decide import batch_inputs, replay
+
+        sids = [str(s) if s else None for s in np.asarray(ctx.situation_id, dtype=object)]
+        x = batch_inputs(ctx.fusion, ctx.member_scores, sids)
+        return replay(self, x, state=self.cut.initial_state(None)).state
 
     def seed_to_dict(self, seed: Any) -> Any:
         return self.cut.seed_to_dict(seed)

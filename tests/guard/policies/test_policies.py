@@ -7,6 +7,7 @@ registry without one fails :func:`test_every_registered_kind_has_a_hand_computed
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError
@@ -909,3 +910,42 @@ def test_a_cascade_reads_the_band_its_plan_chose_when_the_batch_says_which_membe
     assert logged_ran(run, ["a", "b"], np.array([0, 1]))["b"].tolist() == [True, False]
     assert logged_ran(run, ["a", "b"], np.array([1, 2])) is None
     assert logged_ran(run, ["a", "c"], np.array([0])) is None
+
+
+def test_a_cascades_situation_seed_holds_the_cascades_own_scores() -> None:
+    """The guard's windows under a cascade hold C (z1 outside the band): so does the seed
+    calibrate fits, checked one decision at a time as the guard checks them."""
+    from spotstop.guard.policies import FitContext
+
+    rng = np.random.default_rng(4)
+    n = 60
+    a, b = rng.normal(0, 2, n), rng.normal(1, 1, n)
+    x = _x(list(a), list(b))
+    sids = np.array([f"s{i % 3}" for i in range(n)], dtype=object)
+    ctx = FitContext(
+        fusion=FUSION,
+        frozen_t0=float(np.mean(x.fused)),
+        fused=x.fused,
+        label=np.full(n, -1),
+        situation_id=sids,
+        member_scores={"a": a, "b": b},
+        member_text=None,
+        settings={"share": 0.5, "cut": "situation", "first": "a", "window": 4},
+        current=None,
+        rng=np.random.default_rng(0),
+    )
+    pol = CascadePolicy.fit(ctx)
+    seed = pol.seed_from_fit(ctx)
+    state, c = pol.initial_state(None), {"s0": [], "s1": [], "s2": []}
+    for i in range(n):  # one check per decision, as the guard runs them
+        d = decide_batch(pol, _x([a[i]], [b[i]], [str(sids[i])]), state)
+        state = d.state
+        c[str(sids[i])].append(d.verdicts[0].score)
+    assert seed == state
+    for sid, scores in c.items():
+        assert seed.references(sid) == tuple(scores[-4:])
+    outside = [v for v in replay(pol, x).verdicts if v.policy.startswith("cascade[a]")]
+    assert outside, "some scenes are decided on z1 alone: the seed is not the pair's S"
+    # a cut without state has no seed
+    frozen = CascadePolicy.fit(dataclasses.replace(ctx, settings={**ctx.settings, "cut": "frozen"}))
+    assert frozen.seed_from_fit(ctx) is None
