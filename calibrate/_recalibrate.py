@@ -54,10 +54,10 @@ from spotstop.guard.policies import (
     PolicyConfig,
     PolicyError,
     SituationPolicy,
+    check_prior_weight,
     policy_class,
     situation_prior_weight,
 )
-from spotstop.guard.validate import is_real
 
 __all__ = ["Recalibrator", "tool_version"]
 
@@ -404,9 +404,7 @@ def check_kind_settings(settings: Mapping[str, Any] | None) -> None:
             and (isinstance(v, bool) or not isinstance(v, int) or v < 1)
         ):
             raise PolicyError(f"{name} must be a positive integer or None; got {v!r}.")
-    k = (settings or {}).get("prior_weight")
-    if k is not None and (not is_real(k) or not math.isfinite(k) or k < 0):
-        raise PolicyError(f"prior_weight must be a finite number ≥ 0 or None; got {k!r}.")
+    check_prior_weight((settings or {}).get("prior_weight"))
 
 
 def _check_recalibrator(r: Recalibrator, data: Any, current: PolicyConfig | None) -> None:

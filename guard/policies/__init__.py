@@ -70,7 +70,11 @@ from spotstop.guard.policies._registry import (
     policy_kinds,
 )
 from spotstop.guard.policies._rule import Label, is_unsafe, label_of, n_safe, unsafe_mask
-from spotstop.guard.policies._situation import SituationPolicy, situation_prior_weight
+from spotstop.guard.policies._situation import (
+    SituationPolicy,
+    check_prior_weight,
+    situation_prior_weight,
+)
 
 __all__ = [
     "CUT_KINDS",
@@ -107,6 +111,7 @@ __all__ = [
     "binom_cdf",
     "cascade_band",
     "check_policy_matches",
+    "check_prior_weight",
     "conformal_cut",
     "conformal_min_n",
     "conformal_pac_min_n",

@@ -51,7 +51,17 @@ from spotstop.guard.policies._base import (
 from spotstop.guard.policies._frozen import FrozenPolicy
 from spotstop.guard.validate import is_int, is_real
 
-__all__ = ["SituationPolicy", "situation_prior_weight"]
+__all__ = ["SituationPolicy", "check_prior_weight", "situation_prior_weight"]
+
+
+def check_prior_weight(value: Any) -> float | None:
+    """A ``prior_weight`` setting: None (not given: fitted) or a finite number ≥ 0, as a
+    float; anything else raises :class:`PolicyError` naming the setting."""
+    if value is None:
+        return None
+    if not is_real(value) or not math.isfinite(value) or value < 0:
+        raise PolicyError(f"prior_weight must be a finite number ≥ 0 or None; got {value!r}.")
+    return float(value)
 
 
 def situation_prior_weight(fused: Any, situation_id: Any, *, cap: float) -> tuple[float, str]:
@@ -310,13 +320,11 @@ class SituationPolicy(Policy):
         (given: that κ, 0 for the paper's rule; not given: :func:`situation_prior_weight` on
         the context's fused scores by situation, capped at ``window``); the prior sits at t0."""
         window = int(ctx.setting("window", 8))
-        given = ctx.settings.get("prior_weight")
+        given = check_prior_weight(ctx.settings.get("prior_weight"))
         if given is None:
             weight, _ = situation_prior_weight(ctx.fused, ctx.situation_id, cap=window)
-        elif is_real(given) and math.isfinite(given) and given >= 0:
-            weight = float(given)
         else:
-            raise PolicyError(f"prior_weight must be a finite number ≥ 0 or None; got {given!r}.")
+            weight = given
         return cls(
             window=window,
             min_refs=int(ctx.setting("min_refs", min(3, window))),
