@@ -40,7 +40,12 @@ from typing import Any
 import yaml
 from spotstop.calibrate._logdata import CalibrationError
 from spotstop.guard._files import atomic_write_bytes
-from spotstop.guard.policies import PolicyConfig, check_policy_matches, load_policy
+from spotstop.guard.policies import (
+    PolicyConfig,
+    check_policy_matches,
+    load_policy,
+    policy_text,
+)
 
 __all__ = [
     "POLICY_DIR",
@@ -193,9 +198,7 @@ def write_policy_version(bundle_dir: str | os.PathLike[str], cfg: PolicyConfig) 
     while True:
         n = _next_number(pdir)
         fitted_on = {"version": n, "previous": previous, **dict(cfg.fitted_on)}
-        text = yaml.safe_dump(
-            replace(cfg, fitted_on=fitted_on).to_dict(), sort_keys=False, allow_unicode=True
-        )
+        text = policy_text(replace(cfg, fitted_on=fitted_on))
         got, path = _claim(pdir, text, n)
         if got == n:
             break

@@ -9,7 +9,8 @@
 * :mod:`._plan` — :class:`ScoringPlan`: what a policy asks the guard to score (which
   members, in what order, on which scenes); the guard runs it.
 * :mod:`._decide` — :func:`batch_inputs`, :func:`decide_batch`, :func:`replay`.
-* :mod:`._config` — :class:`PolicyConfig`, :func:`load_policy`, :func:`dump_policy`.
+* :mod:`._config` — :class:`PolicyConfig`, :func:`load_policy`, :func:`dump_policy`,
+  :func:`policy_text`.
 
 The runtime, ``calibrate``, ``diagnostics``, the sidecar and the CLI all call these; none
 keeps a copy of a rule.
@@ -39,6 +40,7 @@ from spotstop.guard.policies._config import (
     dump_policy,
     fusion_key,
     load_policy,
+    policy_text,
 )
 from spotstop.guard.policies._conformal import ConformalPolicy
 from spotstop.guard.policies._conformal_rule import (
@@ -130,6 +132,7 @@ __all__ = [
     "policy_class",
     "policy_from_dict",
     "policy_kinds",
+    "policy_text",
     "replay",
     "situation_prior_weight",
     "unsafe_mask",

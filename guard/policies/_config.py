@@ -12,6 +12,15 @@ Format (``version: 2``)::
     text_in_scene: {detect: true, reassuring: fail_closed, alarming: log}   # optional
     fitted_on: {...}                                    # provenance, free-form
 
+A file spotstop writes (:func:`policy_text`) is sealed: its first line says so and its last
+line is ``# sha256: <hex>`` of every line above it. A sealed file that does not end in its
+seal is refused: it was cut short (read while a writer that does not replace files atomically
+was still writing it: e.g. ``cp`` over it, an editor saving in place) or edited by hand. A cut
+YAML file can parse: a file cut inside ``fitted_on`` (its last, free-form key) loaded as
+another policy version, with fresh situation windows, under a version id no file holds (a
+hand-written file with its keys in another order could lose more). A file without the first
+line (written by hand) is read as it is; delete both lines of a sealed file to edit it by hand.
+
 Loading validates every key and names it in the message; a policy never opens a live state
 file (the guard owns live state, starting from ``state_seed``). A policy is identified in the
 decision log by :attr:`PolicyConfig.version_id` and its fusion by :attr:`PolicyConfig.fusion_key`.
@@ -23,6 +32,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -53,10 +63,19 @@ __all__ = [
     "dump_policy",
     "fusion_key",
     "load_policy",
+    "policy_text",
 ]
 
 POLICY_SCHEMA_VERSION = 2
 """The ``version`` that ``policy.yaml`` files must carry."""
+
+#: how a sealed policy file begins (the first line :func:`policy_text` writes)
+_SEALED = "# spotstop policy file, sealed"
+_SEAL_FIRST_LINE = (
+    f"{_SEALED}: its last line is the sha256 of the lines above it. "
+    "To edit it by hand, delete this line and the last one.\n"
+)
+_SEAL_LINE = re.compile(r"# sha256: ([0-9a-f]{64})\n?")
 
 _TOP_REQUIRED = ("version", "bundle_id", "prompt_hash", "created", "fusion", "policy", "fitted_on")
 _TOP_OPTIONAL = ("state_seed", "text_in_scene")
@@ -285,7 +304,13 @@ def load_policy(
         path = Path(source)
         base_dir = path.parent
         src = where or str(path)
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise PolicyError(
+                f"{src} is not UTF-8 text ({e}); a policy file is YAML in UTF-8."
+            ) from e
+        _check_seal(text, src)
         try:
             doc = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
         except yaml.YAMLError as e:
@@ -351,10 +376,39 @@ def _no_fallback(d: Any, where: str) -> Policy:
     raise PolicyError(f"{where}: a state seed holds no policy.")
 
 
+def policy_text(cfg: PolicyConfig) -> str:
+    """``cfg`` as a sealed policy file: a first line that says it is sealed, the YAML, and a
+    last line ``# sha256: <hex>`` of everything above it (see the module doc)."""
+    body = _SEAL_FIRST_LINE + yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
+    return f"{body}# sha256: {hashlib.sha256(body.encode('utf-8')).hexdigest()}\n"
+
+
+def _check_seal(text: str, src: str) -> None:
+    """Refuse a sealed file that does not end in the seal of its lines (cut short, or edited)."""
+    if not text.startswith(_SEALED):
+        return  # written by hand: read as it is
+    body, _, last = text.removesuffix("\n").rpartition("\n")
+    m = _SEAL_LINE.fullmatch(last + "\n")
+    body += "\n"
+    if m is None:
+        why = "its last line is not a seal (`# sha256: ` and 64 hex digits)"
+    elif m.group(1) != hashlib.sha256(body.encode("utf-8")).hexdigest():
+        why = "its seal is not the sha256 of the lines above it"
+    else:
+        return
+    raise PolicyError(
+        f"{src} is not the whole file spotstop wrote: its first line says it is sealed, but "
+        f"{why}. Either it was read while being written (a copy or an editor that writes in "
+        "place: load it again once the write is done; `spotstop policy activate` replaces it "
+        "atomically), or it was edited by hand (to keep the edits, delete its first and last "
+        "lines: the file is then read as written by hand)."
+    )
+
+
 def dump_policy(cfg: PolicyConfig, path: str | os.PathLike[str]) -> None:
-    """Write ``cfg`` as YAML to ``path`` atomically (temp file + ``os.replace``)."""
-    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
-    atomic_write_text(Path(path), text)
+    """Write ``cfg`` as a sealed policy file (:func:`policy_text`) to ``path`` atomically
+    (temp file + ``os.replace``)."""
+    atomic_write_text(Path(path), policy_text(cfg))
 
 
 def check_policy_matches(cfg: PolicyConfig, bundle_id: str, prompt_hash: str) -> None:

@@ -1,7 +1,8 @@
 """The sidecar recovers by itself and refuses what it cannot run: a member that loads late is
 warmed up and checked against like the others, a text detector that failed to build is built
 again (and /readyz says why until it is), a policy whose detector cannot be built is refused
-on reload, two reloads end with the file read last, a busy log answers labels with a 503, and
+on reload, a policy file read while being written is refused on reload, two reloads end with
+the file read last, a busy log answers labels with a 503, and
 a SIGHUP while `spotstop serve` starts does not end it."""
 
 from __future__ import annotations
@@ -131,6 +132,30 @@ def test_a_reload_whose_detector_cannot_be_built_is_refused(
         d = c.post("/v1/check", **multipart(jpeg(1))).json()
         assert d["policy_version"] == before and not d["fail_closed"]
         assert c.get("/readyz").status_code == 200
+
+
+def test_a_reload_that_reads_a_policy_file_still_being_written_is_refused(
+    bundle_copy: Path, tmp_path: Path
+) -> None:
+    s = settings_for(bundle_copy, tmp_path, warmup=False)
+    with live_server(s) as srv, srv.client() as c:
+        before = c.post("/v1/check", **multipart(jpeg())).json()["policy_version"]
+        set_frozen(bundle_copy, 2.0)
+        whole = (bundle_copy / "policy.yaml").read_bytes()
+        # a writer that does not replace the file (`cp` over it) has written all but the end
+        # of fitted_on: the prefix parses as YAML
+        cut = whole.rindex(b"test: true") + len(b"test: tr")
+        (bundle_copy / "policy.yaml").write_bytes(whole[:cut])
+        r = c.post("/v1/policy/reload")
+        assert r.status_code == 422, r.text
+        assert "read while being written" in r.json()["message"]
+        d = c.post("/v1/check", **multipart(jpeg(1))).json()
+        assert d["policy_version"] == before
+        # the write ends: the next reload takes the whole file
+        (bundle_copy / "policy.yaml").write_bytes(whole)
+        assert c.post("/v1/policy/reload").status_code == 200
+        d = c.post("/v1/check", **multipart(jpeg(2))).json()
+        assert d["threshold"] == 2.0 and d["policy_version"] != before
 
 
 def test_two_reloads_at_once_end_with_the_file_read_last(
