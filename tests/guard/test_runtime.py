@@ -199,6 +199,48 @@ def test_a_member_that_failed_to_load_is_loaded_again_once_the_fault_passes(
     assert not retry.is_alive()
 
 
+def test_a_claim_reader_that_is_a_late_member_is_built_once_that_member_loads(
+    bundle_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """``text_in_scene.reader: member:tiny-lfm2_vl`` while tiny-lfm2_vl fails to load: the
+    text detector cannot be built (decisions fail closed, saying why); once the member loads
+    in the background, the policy is activated again and its reader is that member. The tiny
+    member would flag nothing at the default margin (the reader refuses it), so the reader
+    that is built reads a keyword double, with the member it was given recorded."""
+    pytest.importorskip("rapidocr")
+    from spotstop.guard.cues import _reader
+
+    from tests.guard.cues.test_claims_reader import KeywordMember
+
+    given: list[Any] = []
+    real_reader = _reader.MemberClaimReader
+
+    def recording(member: Any, margin: float = _reader.DEFAULT_MARGIN) -> Any:
+        given.append(member)
+        return real_reader(KeywordMember(), margin=margin)
+
+    monkeypatch.setattr(_reader, "MemberClaimReader", recording)
+    set_frozen(bundle_copy, 1e9)
+    doc = yaml.safe_load((bundle_copy / "policy.yaml").read_text())
+    doc["text_in_scene"] = {"detect": True, "reader": "member:tiny-lfm2_vl"}
+    (bundle_copy / "policy.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    f = bundle_copy / "members" / "tiny-lfm2_vl" / "onnx" / "decoder.onnx"
+    away = f.with_name("decoder.onnx.away")
+    f.rename(away)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", verify=False, retry_load_s=0.05) as g:
+        assert "no member named 'tiny-lfm2_vl'" in (g.text_detector_error or "")
+        _assert_fail_closed(g.check(make_scene()), "member tiny-lfm2_vl unavailable")
+        assert not given
+        away.rename(f)
+        assert _wait_until(lambda: g.ready and g.text_detector_error is None), (
+            g.member_errors,
+            g.text_detector_error,
+        )
+        assert given and given[-1] is g.members["tiny-lfm2_vl"]
+        d = g.check(make_scene())
+        assert not d.fail_closed and d.label == "SAFE", d
+
+
 def test_retry_load_s_none_never_tries_again_and_bad_values_are_refused(
     bundle_copy: Path, tmp_path: Path
 ):
