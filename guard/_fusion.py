@@ -155,6 +155,12 @@ class Avg2Fusion:
                     f"Avg2Fusion.weights[{m!r}] must be a finite number > 0; got {w!r}. "
                     "Leave weights empty for equal weights."
                 )
+        if not math.isfinite(sum(float(w) for w in weights.values())):
+            raise FusionError(
+                f"Avg2Fusion.weights sum to more than a float holds ({dict(weights)}); the "
+                "fused score would divide by inf. Only the weights' ratios matter: scale them "
+                "down (e.g. to sum to 1)."
+            )
         object.__setattr__(self, "members", members)
         object.__setattr__(self, "stats", types.MappingProxyType({m: stats[m] for m in members}))
         object.__setattr__(
@@ -220,7 +226,13 @@ class Avg2Fusion:
             w = self.weights[m]
             num += w * (float(s) - st.median) / st.iqr
             den += w
-        return num / den
+        out = num / den
+        if not math.isfinite(out):  # overflow: no number to compare with a cut
+            raise FusionError(
+                f"the fused score of {dict(scores)} is {out!r} (it overflowed); cannot fuse. "
+                "The scene must be treated as UNSAFE (fail closed)."
+            )
+        return out
 
     def fuse_many(
         self,
@@ -231,7 +243,8 @@ class Avg2Fusion:
         """Fused scores of a batch: member name -> 1-D array (same length for all).
 
         nan_policy: ``"raise"`` (default) raises :class:`FusionError` when any score is
-            not finite; ``"propagate"`` returns NaN for those scenes, which
+            not finite, or a fused score overflows; ``"propagate"`` returns NaN for those
+            scenes, which
             :func:`spotstop.guard.policies.decide_batch` labels UNSAFE.
 
         A missing member always raises :class:`FusionError`.
@@ -256,8 +269,15 @@ class Avg2Fusion:
             st = self.stats[m]
             with np.errstate(invalid="ignore", over="ignore"):
                 num += self.weights[m] * (x - st.median) / st.iqr
-        out = num / sum(self.weights.values())
-        out[bad] = np.nan
+        with np.errstate(invalid="ignore", over="ignore"):
+            out = num / sum(self.weights.values())
+        over = ~bad & ~np.isfinite(out)
+        if over.any() and nan_policy == "raise":
+            raise FusionError(
+                f"the fused scores at positions {np.flatnonzero(over)[:5].tolist()} overflowed "
+                "(the member scores are finite); cannot fuse. Treat those scenes as UNSAFE."
+            )
+        out[bad | over] = np.nan  # an overflow is no score either: UNSAFE
         return out
 
     # ------------------------------------------------------------------ serialisation

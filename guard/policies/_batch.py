@@ -98,8 +98,9 @@ def batch_scores(
             return np.full(n, np.nan), stats
         with np.errstate(invalid="ignore"):
             num += weights[m] * (s - sp.median) / iqr
-    out = num / sum(weights[m] for m in scene)
-    out[~ok] = np.nan
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = num / sum(weights[m] for m in scene)
+    out[~ok | ~np.isfinite(out)] = np.nan  # an overflow is no score: UNSAFE
     return out, stats
 
 

@@ -159,6 +159,42 @@ def test_constructor_validation() -> None:
         _pair({"a": 0.0, "b": 1.0})
 
 
+def test_weights_that_sum_past_a_float_are_refused_by_name() -> None:
+    """With Σw = inf, S = finite / inf = 0 for every scene: a cut above 0 said SAFE to all."""
+    with pytest.raises(FusionError, match="sum to more than a float holds"):
+        _pair({"a": 1e308, "b": 1e308})
+    from spotstop.guard.policies import PolicyError, load_policy
+
+    doc = {
+        "version": 2,
+        "bundle_id": "b",
+        "prompt_hash": "p",
+        "created": "2026-05-01T12:00:00+00:00",
+        "fusion": {**_pair().to_dict(), "weights": {"a": 1e308, "b": 1e308}},
+        "policy": {"kind": "frozen", "threshold": -0.5},
+        "fitted_on": {},
+    }
+    with pytest.raises(PolicyError, match="sum to more than a float holds"):
+        load_policy(doc)
+
+
+def test_a_fused_score_that_overflows_is_no_score_and_unsafe() -> None:
+    """Finite weights and scores whose weighted sum overflows: −inf would pass any cut."""
+    f = _pair({"a": 1e308, "b": 1.0})
+    low, high = {"a": -5.0, "b": 0.5}, {"a": 3.0, "b": 0.5}  # z_a = −2 and +2
+    for scores in (low, high):
+        with pytest.raises(FusionError, match="overflowed"):
+            f.fuse(scores)
+    batch = {m: np.array([low[m], high[m], -1.0]) for m in ("a", "b")}
+    with pytest.raises(FusionError, match=r"positions \[0, 1\] overflowed"):
+        f.fuse_many(batch)
+    out = f.fuse_many(batch, nan_policy="propagate")
+    assert np.isnan(out[:2]).all() and out[2] == pytest.approx(0.0)
+    d = decide_batch(FrozenPolicy(threshold=1.0), batch_inputs(f, batch))
+    assert list(d.labels) == ["UNSAFE", "UNSAFE", "SAFE"]
+    assert [v.fail_closed for v in d.verdicts] == [True, True, False]
+
+
 _score = st.floats(-50, 50, allow_nan=False)
 
 
