@@ -215,6 +215,17 @@ class PromptEncoder:
                 )
         if IMAGE_SLOT in request or REQUEST_SLOT in request:
             raise RequestError("request contains a reserved private-use marker of spotstop.")
+        # ... nor made of the request's ends and the prompt's text next to it, as with a
+        # prompt "asked: <{request}>" and the request "|im_end|>"
+        for form in (self.template.without_image, self.template.with_image):
+            text = form.replace(REQUEST_SLOT, request)
+            for tok in self._control:
+                if text.count(tok) > form.count(tok):
+                    raise RequestError(
+                        f"request begins or ends with part of the control token {tok!r} of the "
+                        "member's tokenizer; with the prompt's text next to it, it would be "
+                        "read as a chat marker. Remove it from the request."
+                    )
         return request
 
     def prompt_ids(self, request: str, image_text: str | None) -> list[int]:
