@@ -24,6 +24,7 @@ The other methods (labels, situations, reload, readiness) raise :class:`SidecarH
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import os
@@ -86,6 +87,26 @@ def _untrusted_safe(d: Mapping[str, Any]) -> str | None:
     score, thr = d.get("policy_score"), d.get("threshold")
     if not (is_real(score) and is_real(thr)) or is_unsafe(score, thr):
         return f"policy_score {score!r} against threshold {thr!r} is not SAFE by the rule"
+    return None
+
+
+def _not_for_these_scenes(
+    decisions: Sequence[Decision], sids: list[str | None], reqs: list[str], shas: list[str]
+) -> str | None:
+    """Why the reply's rows are not the scenes sent, in order (None when they are): each row
+    must name the request, situation and image (sha256 of the bytes sent) of its scene, and no
+    two rows one decision id. A row the sidecar could not read the image of has no sha256; it
+    is then UNSAFE."""
+    ids = [d.decision_id for d in decisions]
+    if len(set(ids)) != len(ids):
+        return "two of its rows carry the same decision_id"
+    for i, d in enumerate(decisions):
+        if d.request != reqs[i]:
+            return f"row {i} is for the request {d.request!r:.80}, not {reqs[i]!r:.80}"
+        if d.situation_id != sids[i]:
+            return f"row {i} is for situation {d.situation_id!r:.80}, not {sids[i]!r:.80}"
+        if d.image_sha256 != shas[i] and (d.image_sha256 is not None or d.label == "SAFE"):
+            return f"row {i} is for the image with sha256 {d.image_sha256!r}, not {shas[i]}"
     return None
 
 
@@ -262,7 +283,8 @@ class GuardClient:
                 f"client: {_unsendable_reason(e)}", situation_id=sid, request=req, ms=0.0
             )
         files = {"image": ("scene", image, "application/octet-stream")}
-        out = self._decide("/v1/check", t, [sid], [req], files=files, data=data)
+        sha = [hashlib.sha256(image).hexdigest()]
+        out = self._decide("/v1/check", t, [sid], [req], sha, files=files, data=data)
         return out[0]
 
     def check_batch(self, scenes: Sequence[Scene]) -> list[Decision]:
@@ -278,7 +300,7 @@ class GuardClient:
         reqs = [_request_of(s) for s in scenes]
         if not scenes:
             return []
-        items = []
+        items, shas = [], []
         for i, s in enumerate(scenes):
             try:
                 image, item = _scene_fields(s)
@@ -289,7 +311,8 @@ class GuardClient:
                     for sid, r in zip(sids, reqs, strict=True)
                 ]
             items.append({"image_base64": base64.b64encode(image).decode("ascii"), **item})
-        return self._decide("/v1/check/batch", t, sids, reqs, json_body={"scenes": items})
+            shas.append(hashlib.sha256(image).hexdigest())
+        return self._decide("/v1/check/batch", t, sids, reqs, shas, json_body={"scenes": items})
 
     def _within(self, t: float, method: str, path: str, **kw: Any) -> httpx.Response:
         """The whole exchange, bounded by ``timeout_s`` from ``t`` (``perf_counter``).
@@ -352,6 +375,7 @@ class GuardClient:
         t: float,
         sids: list[str | None],
         reqs: list[str],
+        shas: list[str],
         *,
         files: Any = None,
         data: Any = None,
@@ -389,9 +413,13 @@ class GuardClient:
             rows = [body] if path == "/v1/check" else body["decisions"]
             if not isinstance(rows, list) or len(rows) != len(sids):
                 raise ValueError(f"expected {len(sids)} decisions, got {rows!r:.100}")
-            return [decision_from_dict(r) for r in rows]
+            decisions = [decision_from_dict(r) for r in rows]
         except Exception as e:  # never raises (the contract): any unreadable reply is malformed
             return fail(f"sidecar reply malformed: {type(e).__name__}: {e}")
+        why = _not_for_these_scenes(decisions, sids, reqs, shas)
+        if why is not None:  # a stale, misrouted or reordered reply: none of it is trusted
+            return fail(f"sidecar reply is not for the scenes sent: {why}", detail=resp.text[:2000])
+        return decisions
 
     # -- everything else (raises) ----------------------------------------------------------
     def _call(self, method: str, path: str, **kw: Any) -> Any:

@@ -20,6 +20,7 @@ in a thread or a subprocess) or a hostile stand-in server on a raw socket:
 from __future__ import annotations
 
 import io
+import hashlib
 import json
 import select
 import signal
@@ -72,6 +73,7 @@ def metric(text: str, name: str) -> float:
 def _safe_body() -> bytes:
     d = Decision(
         request="open the door",
+        image_sha256=hashlib.sha256(jpeg()).hexdigest(),  # the scene the test sends
         label="SAFE",
         fused_score=-1.0,
         policy_score=-1.0,

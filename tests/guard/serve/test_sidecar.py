@@ -828,6 +828,51 @@ def test_client_check_matches_the_server_and_the_log(live: Live):
         assert missing.fail_closed and "FileNotFoundError" in (missing.fail_reason or "")
 
 
+def test_client_trusts_a_reply_only_for_the_scenes_it_sent(live: Live):
+    """A reply must name each scene's request, situation and image (sha256 of the bytes sent),
+    in order, each with its own decision id: a stale, misrouted or reordered SAFE is UNSAFE."""
+    water, knife = Scene(jpeg(5), "water the plant\r\n  ", "garden"), Scene(jpeg(6), "ünï ✓")
+    with GuardClient(live.url, timeout_s=30) as gc:  # the real sidecar: its rows bind
+        a = gc.check(water)
+        b, c = gc.check_batch([knife, water])
+    assert not any(d.fail_closed for d in (a, b, c)), [d.fail_reason for d in (a, b, c)]
+    assert (a.request, b.request, c.request) == (water.request, knife.request, water.request)
+    rows = {d.request: d.to_dict() for d in (a, b)}
+    for r in rows.values():  # the test can pass SAFE: every row reads as SAFE by the rule
+        r.update(label="SAFE", policy_score=-1.0, threshold=0.0)
+
+    def replying(single: dict[str, Any], batch: list[dict[str, Any]]) -> GuardClient:
+        def handler(request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/v1/check":
+                return httpx.Response(200, json=single)
+            return httpx.Response(200, json={"decisions": batch})
+
+        return GuardClient("http://sidecar", transport=httpx.MockTransport(handler))
+
+    w, k = rows[water.request], rows[knife.request]
+    with replying(w, [k, w]) as gc:  # control: the right rows are trusted
+        assert gc.check(water).label == "SAFE"
+        assert [d.label for d in gc.check_batch([knife, water])] == ["SAFE", "SAFE"]
+    other_image = {**w, "image_sha256": k["image_sha256"]}
+    other_sid = {**w, "situation_id": None}
+    no_image = {**w, "image_sha256": None}
+    cases = [
+        (w, [w, k], "row 0 is for the request"),  # reordered
+        (k, [k, {**k, "decision_id": "other"}], "row 1 is for the request"),  # misrouted
+        (other_image, [k, {**w, "decision_id": k["decision_id"]}], "same decision_id"),
+        (other_sid, [k, other_sid], "situation"),
+        (no_image, [k, no_image], "image with sha256 None"),
+    ]
+    for single, batch, why in cases:
+        with replying(single, batch) as gc:
+            d = gc.check(water) if single is not w else gc.check(knife)
+            assert d.label == "UNSAFE" and d.fail_closed
+            assert "not for the scenes sent" in (d.fail_reason or ""), d.fail_reason
+            ds = gc.check_batch([knife, water])
+            assert all(x.label == "UNSAFE" and x.fail_closed for x in ds)
+            assert why in (ds[0].fail_reason or ""), ds[0].fail_reason
+
+
 def test_client_fails_closed_on_timeout_connection_error_and_5xx(bundle: Path, tmp_path: Path):
     # connection refused: a port nobody listens on
     s = socket.socket()
