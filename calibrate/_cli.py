@@ -135,15 +135,20 @@ def _policy_init(args: argparse.Namespace) -> int:
         device=args.device,
         progress=True,
     )
+    from spotstop.guard import load_bundle
+
+    active = load_bundle(args.bundle, verify=False).policy_path  # the manifest names it
+    first = not active.is_file()
     v = write_policy_version(args.bundle, cfg)
     print(f"fitted on {len(scenes)} unlabelled scenes: {cfg.fusion.to_dict()['stats']}")
     budgets = ", ".join(f"{k} {n}" for k, n in cfg.fitted_on["visual_tokens"].items())
     print(f"visual tokens per member (part of bundle {cfg.bundle_id}): {budgets}")
     print(f"frozen cut t0 = {cfg.fitted_on['frozen_t0']:+.4f}; wrote {v.path}")
-    first = not (Path(args.bundle) / "policy.yaml").is_file()
+    if cfg.text_in_scene.detect:
+        print(f"text in the scene: kept from the policy in force ({cfg.text_in_scene.to_dict()})")
     if args.activate or first:
         activate_policy_version(args.bundle, v.number)
-        print(f"activated {v.name} as {Path(args.bundle) / 'policy.yaml'}. {_RELOAD_HINT}")
+        print(f"activated {v.name} as {active}. {_RELOAD_HINT}")
     else:
         print(f"not active yet: `spotstop policy activate {args.bundle} {v.name}`.")
     return 0
@@ -166,8 +171,11 @@ def policy_command(args: argparse.Namespace) -> int:
             print("(policy.yaml matches no stored version)")
         return 0
     if args.policy_command == "activate":
+        from spotstop.guard import load_bundle
+
         v = activate_policy_version(args.bundle, args.policy_version)
-        print(f"activated {v.name} ({v.kind}): {Path(args.bundle) / 'policy.yaml'}. {_RELOAD_HINT}")
+        active = load_bundle(args.bundle, verify=False).policy_path
+        print(f"activated {v.name} ({v.kind}): {active}. {_RELOAD_HINT}")
         return 0
     # diff
     from spotstop.calibrate._diff import diff_policies

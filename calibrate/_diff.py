@@ -154,6 +154,9 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 def _comparable(cfg: PolicyConfig) -> dict[str, Any]:
     d = cfg.to_dict()
     keep = {k: d[k] for k in ("bundle_id", "prompt_hash", "created", "fusion", "policy")}
+    # what the guard does with text in the scene, and where its windows start, decide too
+    keep["text_in_scene"] = cfg.text_in_scene.to_dict()
+    keep["state_seed"] = d.get("state_seed")
     fitted = cfg.fitted_on
     keep["fitted_on"] = {k: fitted[k] for k in _PROVENANCE_KEYS if k in fitted}
     return _flatten(keep)

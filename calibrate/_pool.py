@@ -21,7 +21,14 @@ from spotstop.calibrate._frozen import fit_frozen
 from spotstop.calibrate._logdata import CalibrationError
 from spotstop.calibrate._recalibrate import check_kind_settings, situation_prior_record
 from spotstop.guard import Scene, load_bundle, load_bundle_member
-from spotstop.guard.policies import PolicyConfig, policy_class, policy_kinds
+from spotstop.guard.policies import (
+    PolicyConfig,
+    PolicyError,
+    TextInScene,
+    load_policy,
+    policy_class,
+    policy_kinds,
+)
 
 __all__ = ["IMAGE_SUFFIXES", "fit_pool_policy", "pool_scenes"]
 
@@ -62,6 +69,7 @@ def fit_pool_policy(
     ``frozen``, ``situation``, ``batch``); its fallback is the frozen cut t0.
     settings: the kind's settings by name (``window``, ``min_refs``, ``min_batch``,
     ``weights``, ``member``); absent ones take the kind's defaults.
+    ``text_in_scene`` is the policy in force's (an operator's setting, not fitted).
     Scenes that fail to decode or score are an error (the pool must be clean: it sets the
     scale every later scene is judged on).
     """
@@ -82,6 +90,7 @@ def fit_pool_policy(
     check_kind_settings(settings)  # before the pool is scored
     cls = policy_class(kind)
     bundle = load_bundle(bundle_dir)
+    in_scene = _text_in_scene_in_force(bundle.policy_path)  # before the pool is scored
     scores: dict[str, Any] = {}
     members: Any = bundle.members
     if progress:
@@ -114,4 +123,20 @@ def fit_pool_policy(
         },
         created=datetime.now(UTC),
         state_seed=policy.seed_from_fit(ctx) if policy.stateful else None,
+        text_in_scene=in_scene,
     )
+
+
+def _text_in_scene_in_force(path: Path) -> TextInScene:
+    """The policy in force's ``text_in_scene`` (an operator's setting, not fitted: a new
+    policy keeps reading the scene as the one it replaces), or the default without one."""
+    if not path.is_file():
+        return TextInScene()
+    try:
+        return load_policy(path).text_in_scene
+    except PolicyError as e:
+        raise CalibrationError(
+            f"the policy in force cannot be read ({e}), so its text_in_scene setting cannot be "
+            f"carried over to the new policy. Fix {path}, or move it away if the new policy "
+            "should start without one, then run `spotstop policy init` again."
+        ) from e

@@ -54,6 +54,7 @@ from spotstop.guard.policies import (
     PolicyConfig,
     PolicyError,
     SituationPolicy,
+    TextInScene,
     check_prior_weight,
     policy_class,
     situation_prior_weight,
@@ -118,6 +119,7 @@ class Recalibrator:
     def fit(self, data: CalibrationLog, current: PolicyConfig | None = None) -> Self:
         """Learn everything from ``data``; ``current`` is the active policy (may be None)."""
         _check_recalibrator(self, data, current)
+        self.text_in_scene_ = TextInScene() if current is None else current.text_in_scene
         gen = (
             self.rng
             if isinstance(self.rng, np.random.Generator)
@@ -317,6 +319,8 @@ class Recalibrator:
             fitted_on=self.provenance(),
             created=created or datetime.now(UTC),
             state_seed=self.state_seed_,
+            # an operator's setting, not fitted: the policy in force keeps reading the scene
+            text_in_scene=self.text_in_scene_,
         )
 
     def summary(self) -> str:

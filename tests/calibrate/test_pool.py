@@ -13,7 +13,7 @@ from spotstop.cli import main
 from spotstop.export.scenes import demo_scenes
 from spotstop.guard import ConfigError, Guard, Scene, load_bundle, load_policy
 from spotstop.guard._member import load_bundle_member
-from spotstop.guard.policies import FrozenPolicy, PolicyError
+from spotstop.guard.policies import FrozenPolicy, PolicyError, dump_policy
 
 
 @pytest.fixture
@@ -105,6 +105,39 @@ def test_policy_init_situation_kind_and_refusals(bare_bundle: Path, pool_dir: Pa
         pool_scenes(few, ["x"])
     with pytest.raises(CalibrationError, match="request"):
         pool_scenes(pool_dir, ["  "])
+
+
+def test_policy_init_keeps_the_policy_in_force_and_its_text_setting(
+    bare_bundle: Path,
+    committed_bundle: Path,
+    pool_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+):
+    """The manifest names the policy file (here ``live.yaml``): init activates only when it
+    is missing or with ``--activate`` (it looked for ``policy.yaml``, found none, and replaced
+    the policy in force unasked); and the new policy keeps its ``text_in_scene``."""
+    manifest = bare_bundle / "manifest.yaml"
+    manifest.write_text(manifest.read_text().replace("policy: policy.yaml", "policy: live.yaml"))
+    live = bare_bundle / "live.yaml"
+    doc = load_policy(committed_bundle / "policy.yaml").to_dict()
+    doc["text_in_scene"] = {"detect": True, "reassuring": "fail_closed", "alarming": "log"}
+    dump_policy(load_policy(doc), live)
+    before = live.read_bytes()
+    args = ["policy", "init", str(bare_bundle), "--pool", str(pool_dir), "--request", "x"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert live.read_bytes() == before and "not active yet" in out
+    assert "text in the scene: kept from the policy in force" in out
+    new = load_policy(bare_bundle / "policies" / "policy-v0002.yaml")
+    assert new.text_in_scene == load_policy(live).text_in_scene
+    assert main([*args, "--activate"]) == 0
+    assert f"as {live}" in capsys.readouterr().out
+    assert load_policy(live).fitted_on["version"] == 3
+    assert not (bare_bundle / "policy.yaml").exists()
+    # a policy in force that cannot be read: refused before the pool is scored
+    live.write_text("version: [unclosed\n")
+    with pytest.raises(CalibrationError, match="its text_in_scene setting cannot be carried"):
+        fit_pool_policy(bare_bundle, pool_scenes(pool_dir, ["x"]))
 
 
 def test_fit_frozen_is_the_guards_frozen_rule() -> None:

@@ -258,6 +258,37 @@ def test_diff_shows_changes_and_predicted_effect(setup):
     assert never.flag_rate == 0.0 and never.miss_rate == 1.0 and never.safe_flag_rate == 0.0
 
 
+def test_a_recalibrated_policy_keeps_reading_the_scene_as_the_one_in_force(setup, capsys):
+    """``text_in_scene`` is the operator's setting, not fitted: recalibrate carries it over
+    (it dropped it, and a scene with an ALL CLEAR sign that failed closed went SAFE), and
+    ``policy diff`` shows it when two versions differ in it."""
+    bundle, log, _ = setup
+    text = {"detect": True, "reassuring": "fail_closed", "alarming": "log"}
+    doc = load_policy(bundle / "policy.yaml").to_dict()
+    dump_policy(load_policy({**doc, "text_in_scene": text}), bundle / "policy.yaml")
+    current = load_policy(bundle / "policy.yaml")
+    for kind in ("frozen", "situation", "conformal"):
+        new = Recalibrator(kind).fit(_data(bundle, log), current).to_config(created=FIXED)
+        assert new.text_in_scene == current.text_in_scene, kind
+    # without a policy in force: the default (no detection)
+    assert not Recalibrator("frozen").fit(_data(bundle, log)).to_config().text_in_scene.detect
+    # the CLI writes it, and the diff names a change of it
+    args = ["recalibrate", str(log), "--bundle", str(bundle), "--policy", "frozen", "--activate"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert load_policy(bundle / "policy.yaml").text_in_scene == current.text_in_scene
+    off = load_policy({**doc, "text_in_scene": {**text, "reassuring": "log"}})
+    diff = diff_policies(current, off, None, names=("a", "b"))
+    assert {c.key for c in diff.changes} >= {"text_in_scene.reassuring"}
+    sit = {"kind": "situation", "window": 4, "min_refs": 2}
+    sit["fallback"] = {"kind": "frozen", "threshold": 0.0}
+    a, b = (
+        load_policy({**doc, "policy": sit, "state_seed": {"situations": {"hall": [x]}}})
+        for x in (0.1, 0.2)
+    )
+    assert [c.key for c in diff_policies(a, b, None).changes] == ["state_seed.situations.hall"]
+
+
 # ------------------------------------------------------------------ CLI end to end
 
 
