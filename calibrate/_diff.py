@@ -198,7 +198,7 @@ def predict_effect(
         {m: data.member_scores[m] for m in cfg.fusion.members}, data.policy_score
     )
     text = None if data.member_text is None else entered_scores(data.member_text, data.policy_score)
-    sids = [s or None for s in data.situation_id.tolist()]
+    sids = [s or None for s in data.logged_situation_id.tolist()]  # the ids the guard keyed
     n_all = int(use.size)
     n = int(use.sum())
     logged = data.batch_id.tolist()

@@ -48,7 +48,9 @@ class CalibrationError(GuardError, ValueError):
 class CalibrationLog:
     """One bundle's decisions in a time window, aligned arrays in log (time) order.
 
-    decision_id, time, situation_id ('' for none), contrast_id ('' for none), label (int8:
+    decision_id, time, situation_id ('' for none; a labels file's regrouping where it gives
+    one), logged_situation_id (the guard's, as logged: what replays and state seeds read),
+    contrast_id ('' for none), label (int8:
     1 unsafe, 0 safe, -1 unlabelled), fused_logged (the fused score as logged: made with
     the fusion active at the time), member_scores (fusion member -> raw scene scores),
     policy_score (what the policy compared, as logged: NaN where the scene never entered the
@@ -64,6 +66,7 @@ class CalibrationLog:
     decision_id: np.ndarray
     time: np.ndarray
     situation_id: np.ndarray
+    logged_situation_id: np.ndarray
     contrast_id: np.ndarray
     label: np.ndarray
     fused_logged: np.ndarray
@@ -208,6 +211,7 @@ def read_calibration_log(
         decision_id=decision_id[keep],
         time=t[keep],
         situation_id=situation[keep],
+        logged_situation_id=arr.logged_situation_id[keep],
         contrast_id=contrast[keep],
         label=label[keep],
         fused_logged=np.asarray(arr.fused, dtype=np.float64)[keep],

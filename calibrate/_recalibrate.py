@@ -160,12 +160,14 @@ class Recalibrator:
             "cluster_rule": self.cluster_rule,
         }
 
-        def context_on(rows: np.ndarray, rng: np.random.Generator) -> FitContext:
+        def context_on(
+            rows: np.ndarray, rng: np.random.Generator, sids: np.ndarray = data.situation_id
+        ) -> FitContext:
             """The fit context of the decisions ``rows`` (a mask), fused with this fit."""
             return frozen.context(
                 {m: data.member_scores[m][rows] for m in data.members},
                 label=data.label[rows],
-                situation_id=data.situation_id[rows],
+                situation_id=sids[rows],
                 member_text=None
                 if data.member_text is None
                 else {m: v[rows] for m, v in data.member_text.items()},
@@ -199,8 +201,13 @@ class Recalibrator:
             entered = np.isfinite(data.policy_score) & np.all(
                 [np.isfinite(data.member_scores[m]) for m in data.members], axis=0
             )
-            same = np.array_equal(entered, use)
-            seed_ctx = ctx if same else context_on(entered, copy.deepcopy(gen))
+            # keyed by the ids the guard keys its windows by (a labels file may regroup them)
+            logged = data.logged_situation_id
+            same = np.array_equal(entered, use) and all(
+                (a or None) == (b or None)
+                for a, b in zip(logged.tolist(), data.situation_id.tolist(), strict=True)
+            )
+            seed_ctx = ctx if same else context_on(entered, copy.deepcopy(gen), logged)
             self._seed = policy.seed_from_fit(seed_ctx)
         return self
 

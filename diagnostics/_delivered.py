@@ -175,7 +175,7 @@ def replay_version(log: LogData, version: str) -> Replay:
             x = batch_inputs(
                 cfg.fusion,
                 entered_scores({m: v[rows] for m, v in arr.member_scores.items()}, seen),
-                [s if s else None for s in arr.situation_id[rows]],
+                [s if s else None for s in arr.logged_situation_id[rows]],  # the guard's
                 text,
                 logged_ran(arr.members_run, members, rows),
             )

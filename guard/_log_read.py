@@ -91,7 +91,12 @@ class LogArrays:
     """Decision times, seconds since the Unix epoch (float64)."""
 
     situation_id: np.ndarray
-    """Situation ids (object array of str or None)."""
+    """Situation ids (object array of str or None): the guard's, or a reviewer's regrouping
+    where a labels file gives one (:func:`~spotstop.guard._reviewed.read_reviewed`)."""
+
+    logged_situation_id: np.ndarray
+    """The situation ids the guard was given and keyed its windows by, as logged (object
+    array of str or None): what a replay of the guard's decisions reads."""
 
     request: np.ndarray
     """Requests (object array of str)."""
@@ -276,6 +281,7 @@ def _arrays(cols: Mapping[str, list[Any]], review: list[tuple[Any, ...]]) -> Log
         time=flt(cols["time"]),
         batch_id=obj(cols["batch_id"]),
         situation_id=obj(cols["situation_id"]),
+        logged_situation_id=obj(cols["situation_id"]),
         request=obj(cols["request"]),
         image_sha256=obj(cols["image_sha256"]),
         fused=flt(cols["fused_score"]),
