@@ -170,6 +170,12 @@ class PromptEncoder:
         *,
         max_request_chars: int = MAX_REQUEST_CHARS,
     ) -> None:
+        # The whole prompt is scored: a tokenizer.json that truncates (it would cut off the
+        # question and the answer's header, and the score be read inside the request) or pads
+        # (read at a pad token) is set not to, for this use.
+        if hasattr(tokenizer, "no_truncation"):
+            tokenizer.no_truncation()
+            tokenizer.no_padding()
         self.tokenizer = tokenizer
         self.template = template
         self.spec = spec

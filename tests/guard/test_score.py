@@ -217,6 +217,33 @@ def test_a_control_token_made_across_the_requests_edge_is_refused(tiny_pair):
     assert np.isfinite(r.score)
 
 
+def test_a_tokenizer_that_truncates_or_pads_is_not_let_cut_the_prompt(committed_bundle):
+    """A tokenizer.json with a ``truncation`` or ``padding`` block: encoding the prompt with
+    it cut off the question and the answer's header (the score then read inside the request),
+    or padded it (read at a pad token). The encoder scores the whole prompt."""
+    from spotstop.guard import load_bundle
+    from spotstop.guard._prompt import PromptEncoder
+    from tokenizers import Tokenizer
+
+    b = load_bundle(committed_bundle)
+    bm = next(m for m in b.members if m.name == "tiny-qwen3_5")
+    request = "pick up the knife " + "and then carefully put it down " * 4
+    clean = PromptEncoder(
+        Tokenizer.from_file(str(bm.path / "tokenizer.json")), bm.template, b.prompt
+    )
+    want = clean.prompt_ids(request, None)
+    for setting in ("truncation", "padding"):
+        tok = Tokenizer.from_file(str(bm.path / "tokenizer.json"))
+        if setting == "truncation":
+            tok.enable_truncation(max_length=len(want) // 2)
+        else:
+            tok.enable_padding(length=len(want) + 40, pad_id=0)
+        assert len(tok.encode(request + request).ids) != len(
+            clean.tokenizer.encode(request + request).ids
+        )
+        assert PromptEncoder(tok, bm.template, b.prompt).prompt_ids(request, None) == want, setting
+
+
 def test_a_backend_returning_too_few_scores_is_an_error_not_a_broadcast(
     loaded_members, monkeypatch
 ):
