@@ -99,8 +99,9 @@ class Bundle:
         )
 
 
-#: (device, inode, size, mtime_ns) of a file → its sha256, for files hashed in this process.
-_DIGESTS: dict[tuple[int, int, int, int], str] = {}
+#: (device, inode, size, mtime_ns, ctime_ns) of a file → its sha256, for files hashed in this
+#: process.
+_DIGESTS: dict[tuple[int, ...], str] = {}
 _DIGESTS_LOCK = threading.Lock()
 
 
@@ -109,25 +110,37 @@ def sha256_file(path: Path) -> str:
 
     A bundle's graphs are hashed when the manifest is verified and again when a TensorRT
     engine record is checked against them (gigabytes on a real pair): the digest is kept per
-    (device, inode, size, mtime) in this process, so an unchanged file is read once, and a
-    file that was replaced or written since is read again. File times tick coarsely (a few
-    ms), so a digest is kept only for a file last written at least 2 s before it was read
-    and unchanged while it was read: a later write then always shows in its mtime.
+    (device, inode, size, mtime, ctime) in this process, so an unchanged file is read once,
+    and a file that was replaced or written since is read again. The ctime is in the key
+    because a tool can set the mtime back after writing (``cp -p``, ``touch -r``, ``rsync
+    -t``); nothing sets the ctime back. File times tick coarsely (a few ms), so a digest is
+    kept only for a file last changed at least 2 s before it was read and unchanged while it
+    was read: a later write then always shows in its times.
     """
     st = os.stat(path)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     with _DIGESTS_LOCK:
         hit = _DIGESTS.get(key)
     if hit is not None:
         return hit
-    settled = time.time_ns() - st.st_mtime_ns > 2_000_000_000
+    settled = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > 2_000_000_000
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     digest = h.hexdigest()
     after = os.stat(path)
-    if settled and (after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns) == key:
+    if (
+        settled
+        and (
+            after.st_dev,
+            after.st_ino,
+            after.st_size,
+            after.st_mtime_ns,
+            after.st_ctime_ns,
+        )
+        == key
+    ):
         with _DIGESTS_LOCK:
             _DIGESTS[key] = digest
     return digest
@@ -252,9 +265,20 @@ def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
             f"manifest.prompt_hash {m.get('prompt_hash')!r} does not match its members' "
             f"prompt hashes ({ph}); the manifest was edited by hand."
         )
+    bundle_id = str(_req(m, "bundle_id", "manifest"))
+    if verify:  # the id names the content: a file's entry dropped or its sha256 replaced, or a
+        # grid edited, shows here (the policy, fitted for the id, would otherwise still match)
+        content = bundle_content_id(ph, files, m["members"])
+        if not bundle_id.endswith(f"-{content}"):
+            raise BundleError(
+                f"manifest.bundle_id {bundle_id!r} does not name the bundle's content (its files' "
+                f"sha256, prompt and image grids give {content!r}): the manifest was edited by "
+                "hand (a file's entry dropped or its sha256 replaced, an image_size changed). "
+                "Copy the bundle again, or export it again."
+            )
     return Bundle(
         path=root,
-        bundle_id=str(_req(m, "bundle_id", "manifest")),
+        bundle_id=bundle_id,
         prompt_hash=ph,
         prompt=prompt,
         members=tuple(members),

@@ -309,9 +309,29 @@ def load_member(
     ):
         raise ConfigError(f"threads must be a positive integer or None; got {threads!r}.")
     backend_obj = get_backend_class(backend)(folder, device=device, dtype=dtype, threads=threads)
+    _check_graphs_fit(member_name, backend_obj, encoder, geometry.n_image_tokens)
     return Member(
         folder, encoder, geometry, backend_obj, name=member_name, batch_size=cfg.batch_size
     )
+
+
+def _check_graphs_fit(name: str, backend: Any, encoder: PromptEncoder, n_image_tokens: int) -> None:
+    """Refuse at load, not on every check, a member whose exported graphs were made for another
+    image grid (a hand-edited manifest) or another prompt's answer tokens (e.g. another
+    member's tokenizer): each of its scores would fail closed, and no retry would mend it."""
+    graph_tokens = getattr(backend, "n_image_tokens", None)
+    if graph_tokens is not None and graph_tokens != n_image_tokens:
+        raise MemberLoadError(
+            f"member {name}: its image grid gives {n_image_tokens} visual tokens, but its graphs "
+            f"were exported for {graph_tokens}; the manifest's image_size or the member's "
+            "spotstop_onnx.yaml was edited. Re-export the bundle."
+        )
+    check = getattr(backend, "check_plan", None)
+    if check is not None:
+        try:
+            check(encoder.plan)
+        except ScoringError as e:
+            raise MemberLoadError(f"member {name}: {e} (is its tokenizer.json its own?)") from e
 
 
 def load_bundle_member(

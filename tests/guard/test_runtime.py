@@ -619,8 +619,12 @@ def test_per_call_deadline_overrides_the_guards(bundle_copy: Path, tmp_path: Pat
             g.check(make_scene(), deadline_s=0)
 
 
-def test_file_digest_is_cached_only_for_settled_unchanged_files(tmp_path: Path):
-    """sha256_file reads a settled file once, and always rereads a file written since."""
+def test_file_digest_is_cached_only_for_settled_unchanged_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """sha256_file reads a settled file once, and always rereads a file written since, even
+    one whose mtime was set back after the write (``cp -p``, ``touch -r``): its ctime moved."""
+    import builtins
     import hashlib
     import os
 
@@ -632,16 +636,19 @@ def test_file_digest_is_cached_only_for_settled_unchanged_files(tmp_path: Path):
     fresh = tmp_path / "fresh.bin"
     fresh.write_bytes(b"a" * 1000)
     assert _bundle.sha256_file(fresh) == truth(fresh)
-    fresh.write_bytes(b"b" * 1000)  # same size, possibly the same coarse mtime tick
+    fresh.write_bytes(b"b" * 1000)  # same size, possibly the same coarse time tick
     assert _bundle.sha256_file(fresh) == truth(fresh)  # a fresh file is never cached
 
     settled = tmp_path / "settled.bin"
     settled.write_bytes(b"c" * 1000)
     old = time.time_ns() - 10_000_000_000
     os.utime(settled, ns=(old, old))
+    real_ns = time.time_ns
+    # the ctime cannot be set back: the file settles as the clock moves on 10 s
+    monkeypatch.setattr(_bundle.time, "time_ns", lambda: real_ns() + 10_000_000_000)
     assert _bundle.sha256_file(settled) == truth(settled)
     st = settled.stat()
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     assert _bundle._DIGESTS[key] == truth(settled)
     reads = []
     real_open = open
@@ -650,15 +657,17 @@ def test_file_digest_is_cached_only_for_settled_unchanged_files(tmp_path: Path):
         reads.append(a[0])
         return real_open(*a, **k)
 
-    import builtins
-
     builtins.open = counting_open
     try:
         assert _bundle.sha256_file(settled) == truth(settled)
     finally:
         builtins.open = real_open
     assert str(settled) not in [str(r) for r in reads]  # served from the cache
-    settled.write_bytes(b"d" * 1000)  # a write moves the mtime: read again
+    settled.write_bytes(b"d" * 1000)  # same size, its mtime set back: read again
+    os.utime(settled, ns=(old, old))
+    assert settled.stat().st_mtime_ns == st.st_mtime_ns
+    assert _bundle.sha256_file(settled) == truth(settled)
+    settled.write_bytes(b"e" * 1000)  # a write moves the mtime: read again
     assert _bundle.sha256_file(settled) == truth(settled)
 
 
