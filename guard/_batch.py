@@ -162,6 +162,12 @@ def score_chunk(
     return ChunkScores(out, ph, test_pair, time.perf_counter() - t0)
 
 
+def check_chunk_size(chunk_size: object) -> None:
+    """Raise :class:`ConfigError` unless ``chunk_size`` is a positive integer (every engine)."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ConfigError(f"chunk_size must be a positive integer; got {chunk_size!r}.")
+
+
 class LocalEngine:
     """Score in this process: ``chunk_size`` scenes at a time are built once and scored by
     every member (each member's backend batches within the chunk)."""
@@ -169,6 +175,7 @@ class LocalEngine:
     name = "local"
 
     def __init__(self, *, chunk_size: int = 16) -> None:
+        check_chunk_size(chunk_size)
         self.chunk_size = chunk_size
 
     def __repr__(self) -> str:

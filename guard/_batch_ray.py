@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -32,6 +33,7 @@ from spotstop.guard._batch import (
     MemberRun,
     SceneSource,
     Scorer,
+    check_chunk_size,
     progress_bar,
     score_chunk,
 )
@@ -74,6 +76,10 @@ class _MemberActor:
         return out
 
 
+#: how many times a dead scoring actor is restarted and its chunk tried again
+RAY_RETRIES = 3
+
+
 def _check_settings(
     address: str | None,
     actors: int | None,
@@ -94,8 +100,7 @@ def _check_settings(
         raise ConfigError(f"cpus_per_actor must be > 0; got {cpus_per_actor!r}.")
     if isinstance(gpus_per_actor, bool) or not gpus_per_actor >= 0:
         raise ConfigError(f"gpus_per_actor must be >= 0; got {gpus_per_actor!r}.")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ConfigError(f"chunk_size must be a positive integer; got {chunk_size!r}.")
+    check_chunk_size(chunk_size)
 
 
 class RayEngine:
@@ -179,21 +184,29 @@ class RayEngine:
     ) -> tuple[MemberRun, float]:
         n = len(source)
         chunks = [np.arange(a, min(n, a + self.chunk_size)) for a in range(0, n, self.chunk_size)]
-        ds = ray.data.from_numpy(chunks).map_batches(
-            _MemberActor,
-            fn_constructor_kwargs={"load": ref.load, "source": source, "variants": variants},
-            batch_size=self.chunk_size,
-            batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=min(actors, len(chunks))),
-            num_cpus=self.cpus_per_actor,
-            num_gpus=self.gpus_per_actor or None,
-        )
+        with warnings.catch_warnings():
+            # Ray Data restarts a dead actor and retries its task forever by default: a chunk
+            # that kills its worker every time (out of memory on one image) never ended the
+            # run. Its own way to bound that (map_batches' remote args) is deprecated in
+            # 2.60 (the version pinned) with no named replacement yet; it goes in Ray 2.64.
+            warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+            ds = ray.data.from_numpy(chunks).map_batches(
+                _MemberActor,
+                fn_constructor_kwargs={"load": ref.load, "source": source, "variants": variants},
+                batch_size=self.chunk_size,
+                batch_format="numpy",
+                compute=ray.data.ActorPoolStrategy(size=min(actors, len(chunks))),
+                num_cpus=self.cpus_per_actor,
+                num_gpus=self.gpus_per_actor or None,
+                max_restarts=RAY_RETRIES,
+                max_task_retries=RAY_RETRIES,
+            )
         scores: dict[str, NDArray[np.float64]] = {v: np.full(n, np.nan) for v in variants}
         seen = np.zeros(n, dtype=bool)
         hashes: set[str] = set()
         test_pair = False
         seconds = scene_s = 0.0
-        with _quiet_data(), _guard_errors():
+        with _quiet_data(), _guard_errors(), _worker_deaths(ref.name):
             for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
                 idx = np.asarray(b["index"], dtype=np.int64)
                 for v in variants:
@@ -232,6 +245,21 @@ def _quiet_data() -> Iterator[None]:
     finally:
         ctx.enable_progress_bars, ctx.print_on_execution_start = old
         logger.setLevel(level)
+
+
+@contextmanager
+def _worker_deaths(member: str) -> Iterator[None]:
+    """A scoring actor that died on every try (:data:`RAY_RETRIES`) ends the run with a
+    :class:`ScoringError` naming the member, not with Ray's own error."""
+    try:
+        yield
+    except ray.exceptions.ActorDiedError as e:
+        raise ScoringError(
+            f"member {member}: a Ray worker scoring it died {RAY_RETRIES + 1} times on the same "
+            f"scenes ({str(e).splitlines()[0]}); a scene that kills its worker (out of memory "
+            "on one image, a crash in the backend) leaves no score. Find it with a smaller "
+            "chunk_size or the local engine."
+        ) from e
 
 
 @contextmanager

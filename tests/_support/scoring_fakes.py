@@ -34,6 +34,18 @@ class RequestNumber:
         return out
 
 
+class DiesOnCrash(RequestNumber):
+    """:class:`RequestNumber`, except that the worker process dies (``os._exit``: the OOM
+    killer, a segfault) on a request ending in "crash", every time it is tried."""
+
+    def score(
+        self, scenes: Sequence[Scene], variant: str = "scene", *, strict: bool = True
+    ) -> list[MemberScore]:
+        if any(s.request.rsplit(" ", 1)[-1] == "crash" for s in scenes):
+            os._exit(1)
+        return super().score(scenes, variant, strict=strict)
+
+
 class PixelHash:
     """s = a number drawn from the sha256 of the scene's image bytes: equal scores mean equal
     pixels (an edit rendered in a Ray worker as on the driver)."""

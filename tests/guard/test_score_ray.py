@@ -27,7 +27,7 @@ pytest.importorskip("torch")
 
 from spotstop.cli import main  # noqa: E402
 from spotstop.diagnostics.cues._scoring import MemberSpec, score_edit_set  # noqa: E402
-from spotstop.guard import load_member  # noqa: E402
+from spotstop.guard import ScoringError, load_member  # noqa: E402
 from spotstop.guard._batch import LocalEngine, MemberRef, get_engine, score_scenes  # noqa: E402
 from spotstop.guard._scene_table import SCORE_COLUMNS, read_scene_table  # noqa: E402
 
@@ -123,6 +123,24 @@ def test_ray_keeps_the_input_order_and_fails_a_scene_as_locally(
         np.testing.assert_array_equal(run.scores["scene"], want)
         np.testing.assert_array_equal(run.scores["text"], want + 0.5)
         assert run.prompt_hash == "numbers-hash"
+
+
+def test_a_chunk_that_kills_its_worker_every_time_ends_the_run_with_an_error(
+    ray_cluster: object, tmp_path: Path
+) -> None:
+    """Ray restarts a dead actor and retries its task forever by default: the run never
+    ended. After a few tries it now fails, naming the scenes it has no score for."""
+    from tests._support.scoring_fakes import DiesOnCrash
+
+    img = tmp_path / "a.png"
+    img.write_bytes(make_image_bytes(0))
+    rows = [f"a.png,scene {i}" if i != 3 else "a.png,scene crash" for i in range(6)]
+    (tmp_path / "s.csv").write_text("image,request\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    table = read_scene_table(tmp_path / "s.csv")
+    with pytest.raises(ScoringError, match="member numbers: a Ray worker scoring it died 4 times"):
+        score_scenes(
+            table, [MemberRef("numbers", DiesOnCrash)], ("scene",), engine=_ray_engine(chunk_size=2)
+        )
 
 
 math_nan = float("nan")
@@ -286,3 +304,13 @@ def test_ray_engine_settings_are_checked(settings: dict, message: str) -> None:
 
     with pytest.raises(ConfigError, match=message):
         get_engine("ray", **settings)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "4"])
+def test_the_local_engine_checks_its_chunk_size_as_ray_does(bad: object) -> None:
+    """-1 scored nothing and returned NaN for every scene, as if the member failed them."""
+    from spotstop.guard import ConfigError
+
+    for engine in ("local", "ray"):
+        with pytest.raises(ConfigError, match="chunk_size must be a positive integer"):
+            get_engine(engine, chunk_size=bad)
