@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import math
 import os
 import threading
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from spotstop.guard._call import MAX_DEADLINE_S
 from spotstop.guard._errors import GuardError
 from spotstop.guard._image import DecodedImage
 from spotstop.guard._record import Decision
@@ -250,8 +250,11 @@ class GuardClient:
         timeout_s: float = 2.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if not (is_real(timeout_s) and math.isfinite(timeout_s) and timeout_s > 0):
-            raise GuardError(f"timeout_s must be a positive number of seconds; got {timeout_s!r}.")
+        if not (is_real(timeout_s) and 0 < timeout_s <= MAX_DEADLINE_S):
+            raise GuardError(  # past it the sidecar refuses the budget: every check fails closed
+                f"timeout_s must be a number of seconds in (0, {MAX_DEADLINE_S:g}] (the "
+                f"sidecar's longest budget); got {timeout_s!r}."
+            )
         token = token if token is not None else (os.environ.get("SPOTSTOP_TOKEN") or None)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")

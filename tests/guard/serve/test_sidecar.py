@@ -916,6 +916,16 @@ def test_client_fails_closed_on_timeout_connection_error_and_5xx(bundle: Path, t
         assert d.label == "UNSAFE" and "malformed" in (d.fail_reason or "")
 
 
+@pytest.mark.parametrize("bad", [0, -1.0, 3601, float("nan"), float("inf"), None, True, "2"])
+def test_client_refuses_a_timeout_the_sidecar_would_refuse(bad: object):
+    """Past 3600 s the sidecar refuses the budget header (422): every check failed closed."""
+    from spotstop.guard import GuardError
+
+    with pytest.raises(GuardError, match=r"timeout_s must be a number of seconds in \(0, 3600\]"):
+        GuardClient("http://sidecar", timeout_s=bad)  # type: ignore[arg-type]
+    assert GuardClient("http://sidecar", timeout_s=3600).timeout_s == 3600.0
+
+
 def test_client_never_trusts_safe_with_fail_closed():
     from spotstop.guard.client import decision_from_dict
 
