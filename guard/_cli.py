@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spotstop.guard._errors import GuardError
 from spotstop.guard._hf import TEST_PAIR_NOTE
 
 __all__ = [
@@ -71,6 +72,14 @@ def _bytes(text: str) -> int:
         return parse_bytes(text, "the value")
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _deadline_arg(value: float | None) -> float | None:
+    """``--deadline``: 0 (or unset) is no deadline; else seconds in (0, 3600], the guard's one
+    rule (:func:`~spotstop.guard._call.check_deadline`); raises :class:`GuardError`."""
+    from spotstop.guard._call import check_deadline
+
+    return None if value is None or value == 0 else check_deadline(value, "--deadline")
 
 
 def _add_log_and_deadline(p: argparse.ArgumentParser, deadline_help: str) -> None:
@@ -147,7 +156,9 @@ def add_check_parser(sub: Any) -> None:
         default=None,
         help="bundle folder (default: the demo bundle, $SPOTSTOP_HOME/demo/bundle)",
     )
-    _add_log_and_deadline(p, "seconds; past it the answer is UNSAFE (fail-closed)")
+    _add_log_and_deadline(
+        p, "seconds; past it the answer is UNSAFE (fail-closed) (default and 0: none)"
+    )
     p.add_argument(
         "--min-image-side",
         type=int,
@@ -185,6 +196,11 @@ def run_check(args: argparse.Namespace) -> int:
     from spotstop.guard._image import DEFAULT_MIN_SIDE
     from spotstop.guard._record import Decision
 
+    try:
+        deadline = _deadline_arg(args.deadline)
+    except GuardError as e:
+        print(f"spotstop check: {e}", file=sys.stderr)
+        return 2
     if args.min_image_side is not None and args.min_image_side < 1:
         print(
             f"spotstop check: --min-image-side must be a positive number of pixels; got "
@@ -196,7 +212,7 @@ def run_check(args: argparse.Namespace) -> int:
         guard = Guard(
             bundle,
             log=args.log,
-            deadline_s=args.deadline,
+            deadline_s=deadline,
             device=backend_device(args),
             backend=args.backend,
             min_image_side=args.min_image_side or DEFAULT_MIN_SIDE,  # None → default
@@ -356,13 +372,17 @@ def run_serve(args: argparse.Namespace) -> int:
         log_synchronous=None if args.log_sync is None else args.log_sync.upper(),
         upload_timeout_s=args.upload_timeout,
     )
-    if args.deadline is not None:
-        flags["deadline_s"] = args.deadline if args.deadline > 0 else None
     if args.variant:
         flags["variants"] = tuple(dict.fromkeys(["scene", *args.variant]))
     if args.no_warmup:
         flags["warmup"] = False
     given = {**conf, **{k: v for k, v in flags.items() if v is not None}}
+    if args.deadline is not None:  # 0: no deadline (None would fall back to the default)
+        try:
+            given["deadline_s"] = _deadline_arg(args.deadline)
+        except GuardError as e:
+            print(f"spotstop serve: {e}", file=sys.stderr)
+            return 2
     if given.get("bundle") is None:
         print(
             "spotstop serve: name the bundle (--bundle, or bundle: in --config).", file=sys.stderr

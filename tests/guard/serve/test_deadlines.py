@@ -19,8 +19,8 @@ in a thread or a subprocess) or a hostile stand-in server on a raw socket:
 
 from __future__ import annotations
 
-import io
 import hashlib
+import io
 import json
 import select
 import signal
@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -413,6 +414,38 @@ def test_cli_check_prints_the_fail_closed_decision_when_the_log_cannot_be_opened
     assert out["label"] == "UNSAFE" and out["fail_closed"] is True and out["decision_id"] == ""
     assert out["fail_reason"].startswith("guard could not start") and out["policy"] == "cli"
     assert "not a SQLite database" in out["fail_reason"] or "database" in out["fail_reason"]
+
+
+def test_a_bad_deadline_flag_is_a_usage_error_and_0_is_none(
+    bundle: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """``check --deadline -1`` was a logged-nowhere fail-closed UNSAFE (exit 1, "guard could
+    not start"); ``serve --deadline -5`` was no deadline at all, and ``serve --deadline 0``
+    ("0 = none") the default 10 s. Both commands read the flag by the guard's one rule."""
+    from spotstop.cli import main
+    from spotstop.guard import serve as serve_pkg
+
+    img = tmp_path / "cam.jpg"
+    img.write_bytes(jpeg(1))
+    args = ["check", str(img), "--request", "open the door", "--bundle", str(bundle)]
+    args += ["--log", str(tmp_path / "cli.sqlite")]
+    for bad in ("-1", "nan", "inf", "3601"):
+        assert main([*args, "--deadline", bad]) == 2
+        assert "--deadline must be a number of seconds in (0, 3600]" in capsys.readouterr().err
+    assert not (tmp_path / "cli.sqlite").exists()  # refused before anything was opened
+    assert main([*args, "--deadline", "0", "--json"]) in (0, 1)
+    assert not json.loads(capsys.readouterr().out)["fail_closed"]
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(serve_pkg, "serve", lambda settings, **kw: seen.update(s=settings) or 0)
+    serve = ["serve", "--bundle", str(bundle), "--log", str(tmp_path / "s.sqlite"), "--no-warmup"]
+    assert main([*serve, "--deadline", "-5"]) == 2
+    assert "--deadline must be" in capsys.readouterr().err and not seen
+    for flag, want in (("0", None), ("2.5", 2.5)):
+        assert main([*serve, "--deadline", flag]) == 0
+        assert seen.pop("s").deadline_s == want
 
 
 def test_situation_ids_have_one_validator(bundle: Path, tmp_path: Path):
