@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from spotstop.diagnostics._errors import DataError
+from spotstop.guard.validate import CSV_ENCODING, csv_header
 
 __all__ = ["CaseTable", "Pairs", "group_codes", "read_scores_csv"]
 
@@ -377,9 +378,9 @@ def read_scores_csv(path: str | Path) -> CaseTable:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"scores file {str(path)!r} does not exist; pass --scores PATH to a CSV.")
-    with path.open(newline="", encoding="utf-8") as fh:
+    with path.open(newline="", encoding=CSV_ENCODING) as fh:
         reader = csv.DictReader(fh)
-        header = [h.strip() for h in (reader.fieldnames or [])]
+        header = csv_header(reader.fieldnames, source=str(path), error=DataError)
         missing = [c for c in _REQUIRED if c not in header]
         if missing:
             raise DataError(

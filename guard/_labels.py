@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from spotstop.guard._errors import GuardError
+from spotstop.guard.validate import CSV_ENCODING, csv_header
 
 __all__ = ["LabelsFileError", "apply_labels_file"]
 
@@ -46,7 +47,7 @@ def _read_label_rows(path: Path) -> list[tuple[str, dict[str, str]]]:
         raise LabelsFileError(f"labels file {str(path)!r} does not exist; pass --labels PATH.")
     rows: list[tuple[str, dict[str, str]]] = []
     if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
-        with path.open(encoding="utf-8") as fh:
+        with path.open(encoding=CSV_ENCODING) as fh:  # (JSON lines: the same BOM rule)
             for line_no, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
@@ -63,9 +64,9 @@ def _read_label_rows(path: Path) -> list[tuple[str, dict[str, str]]]:
                     )
                 rows.append((f"{path}, line {line_no}", {str(k): _cell(v) for k, v in obj.items()}))
     else:
-        with path.open(newline="", encoding="utf-8") as fh:
+        with path.open(newline="", encoding=CSV_ENCODING) as fh:
             reader = csv.DictReader(fh)
-            header = [h.strip() for h in (reader.fieldnames or [])]
+            header = csv_header(reader.fieldnames, source=str(path), error=LabelsFileError)
             reader.fieldnames = header
             if "label" not in header or not any(k in header for k in _KEYS):
                 raise LabelsFileError(

@@ -24,6 +24,7 @@ from typing import IO, TYPE_CHECKING
 
 from spotstop.guard._errors import ConfigError, ImageError
 from spotstop.guard._types import Scene
+from spotstop.guard.validate import CSV_ENCODING, csv_header
 
 if TYPE_CHECKING:
     from spotstop.guard._batch import BatchScores
@@ -162,9 +163,9 @@ def image_csv_rows(
     so close to a known column's name that it is likely a misspelling, which is an error."""
     import difflib
 
-    with path.open(newline="", encoding="utf-8") as fh:
+    with path.open(newline="", encoding=CSV_ENCODING) as fh:
         reader = csv.DictReader(fh)
-        header = [h.strip() for h in (reader.fieldnames or [])]
+        header = csv_header(reader.fieldnames, source=str(path), error=error)
         missing = [c for c in required if c not in header]
         extra = [c for c in header if c not in required + optional]
         known = required + optional

@@ -16,6 +16,9 @@ key, what was allowed, what came and where to fix it.
 - :func:`as_1d_float` — a 1-D float array (of length ``n`` when given).
 - :func:`situation_id_problem` — what keeps a value from being a situation id (None when it is
   one): the guard fails such a scene closed, the sidecar answers 422.
+- :func:`csv_header` — a CSV table's header, its names stripped, a name given twice refused
+  (the csv module keeps the last cell of such a column, silently). Open the file with
+  :data:`CSV_ENCODING`, which drops the byte-order mark a spreadsheet's "CSV UTF-8" writes.
 """
 
 from __future__ import annotations
@@ -30,15 +33,36 @@ import numpy as np
 from spotstop.guard._errors import ConfigError
 
 __all__ = [
+    "CSV_ENCODING",
     "as_1d_float",
     "check_keys",
     "check_mapping",
     "check_number",
+    "csv_header",
     "is_int",
     "is_real",
     "join_key",
     "situation_id_problem",
 ]
+
+
+#: the encoding every CSV table is read in: UTF-8, with a leading byte-order mark dropped
+CSV_ENCODING = "utf-8-sig"
+
+
+def csv_header(
+    fieldnames: Iterable[str] | None, *, source: str, error: type[Exception] = ConfigError
+) -> list[str]:
+    """The header of a CSV table (``csv.DictReader.fieldnames``), each name stripped; raises
+    ``error`` naming ``source`` when a name appears twice."""
+    header = [h.strip() for h in (fieldnames or [])]
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:
+        raise error(
+            f"{source}: the header names {', '.join(map(repr, twice))} more than once; each "
+            "column may appear once."
+        )
+    return header
 
 
 def is_real(x: object) -> TypeGuard[float]:
