@@ -451,13 +451,16 @@ def test_a_visual_token_budget_is_a_bundle_setting(tiny_pair: Path, tmp_path: Pa
     with pytest.raises(PolicyMismatchError, match="bundle_id"):
         Guard(b, log=tmp_path / "b.sqlite")
     # a manifest whose budget was edited by hand no longer matches its grid
+    from spotstop.guard import BundleError
     from spotstop.guard._errors import MemberLoadError
     from spotstop.guard._member import load_bundle_member
 
     for e in manifest["members"]:
         e["visual_tokens"] = 16 if e["model_type"] == "lfm2_vl" else e["visual_tokens"]
     (a / "manifest.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
-    edited = load_bundle(a)
+    with pytest.raises(BundleError, match="does not name the bundle's content"):
+        load_bundle(a)  # the budget is part of the id
+    edited = load_bundle(a, verify=False)
     [lfm] = [m for m in edited.members if m.model_type == "lfm2_vl"]
     with pytest.raises(MemberLoadError, match="records 16 visual tokens"):
         load_bundle_member(edited, lfm)

@@ -8,6 +8,7 @@ record lacks (or the other way round).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from typing import Any
@@ -177,12 +178,15 @@ def test_the_client_refuses_a_reply_with_a_key_twice_or_a_nan_constant() -> None
     }
     assert "NaN" in replies["nan"]
     for name, text in replies.items():
+        image = make_image_bytes(0, fmt="JPEG")  # the scene the replies are for
+        body = json.loads(text.replace("NaN", "null"))
+        text = text.replace(body["image_sha256"], hashlib.sha256(image).hexdigest())
 
         def reply(request: httpx.Request, text: str = text) -> httpx.Response:
             return httpx.Response(200, content=text.encode(), headers={"content-type": "json"})
 
         with GuardClient("http://sidecar", transport=httpx.MockTransport(reply)) as gc:
-            d = gc.check(Scene(make_image_bytes(0, fmt="JPEG"), "open the door"))
+            d = gc.check(Scene(image, body["request"], body["situation_id"]))
         if name == "good":
             assert d.label == "SAFE" and not d.fail_closed, d
         else:
