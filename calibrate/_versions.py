@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 from spotstop.calibrate._logdata import CalibrationError
-from spotstop.guard._files import atomic_write_bytes
+from spotstop.guard._files import NEW_FILE_MODE, atomic_write_bytes
 from spotstop.guard.policies import (
     PolicyConfig,
     check_policy_matches,
@@ -147,6 +147,7 @@ def _claim(pdir: Path, text: str, start: int) -> tuple[int, Path]:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
+            os.fchmod(f.fileno(), NEW_FILE_MODE)  # readable as policy.yaml is (mkstemp: 0600)
             os.fsync(f.fileno())
         n = start
         while True:

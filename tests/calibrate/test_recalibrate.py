@@ -289,6 +289,29 @@ def test_a_recalibrated_policy_keeps_reading_the_scene_as_the_one_in_force(setup
     assert [c.key for c in diff_policies(a, b, None).changes] == ["state_seed.situations.hall"]
 
 
+def test_written_and_activated_policies_are_readable_by_another_user(setup, tmp_path: Path):
+    """A version file and the policy.yaml it is copied to were mode 0600 (mkstemp's): a
+    sidecar running as its own user could not reload or restart. A file keeps the mode of the
+    one it replaces; a new one is 0644."""
+    import os
+    import stat
+
+    from spotstop.guard._files import NEW_FILE_MODE, atomic_write_bytes
+
+    bundle, log, _ = setup
+    cfg = Recalibrator("frozen").fit(_data(bundle, log)).to_config(created=FIXED)
+    v = write_policy_version(bundle, cfg)
+    activate_policy_version(bundle, v.number)
+    for path in (v.path, bundle / "policy.yaml"):
+        assert stat.S_IMODE(path.stat().st_mode) == NEW_FILE_MODE == 0o644, path
+    os.chmod(bundle / "policy.yaml", 0o640)  # an operator's choice is kept
+    activate_policy_version(bundle, v.number)
+    assert stat.S_IMODE((bundle / "policy.yaml").stat().st_mode) == 0o640
+    new = tmp_path / "new" / "f.bin"
+    atomic_write_bytes(new, b"x")
+    assert stat.S_IMODE(new.stat().st_mode) == 0o644 and new.read_bytes() == b"x"
+
+
 # ------------------------------------------------------------------ CLI end to end
 
 
