@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from spotstop.guard._errors import ConfigError
 from spotstop.guard._prompt import MAX_REQUEST_CHARS, PromptSpec
-from spotstop.guard.validate import check_keys, check_mapping
+from spotstop.guard.validate import check_keys, check_mapping, load_yaml
 
 __all__ = ["ScoringConfig", "load_scoring_config", "parse_image_size", "spotstop_home"]
 
@@ -116,7 +115,8 @@ def scoring_config_from_dict(
     if d.get("image_size") is not None:
         image_size = parse_image_size(d["image_size"], f"{where}.image_size")
     per_member: dict[str, tuple[int, int]] = {}
-    mis = d.get("member_image_size") or {}
+    mis = d.get("member_image_size")
+    mis = {} if mis is None else mis  # ([] or false is no mapping: refused below)
     if not isinstance(mis, Mapping):
         raise ConfigError(f"{where}.member_image_size must map member names to sizes.")
     for name, size in mis.items():
@@ -144,9 +144,11 @@ def load_scoring_config(path: str | Path) -> ScoringConfig:
     """Read and validate a scoring YAML file."""
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"scoring config {p} does not exist.") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"scoring config {p} is not valid YAML: {e}") from e
-    return scoring_config_from_dict(raw or {}, where=p.name, source=str(p))
+    raw = load_yaml(text, source=f"scoring config {p}")  # a key twice is refused
+    if raw is None:  # an empty file: every default
+        raw = {}
+    check_mapping(raw, where="", source=str(p))  # `false` or a list is no config
+    return scoring_config_from_dict(raw, where=p.name, source=str(p))

@@ -16,6 +16,9 @@ key, what was allowed, what came and where to fix it.
 - :func:`as_1d_float` — a 1-D float array (of length ``n`` when given).
 - :func:`situation_id_problem` — what keeps a value from being a situation id (None when it is
   one): the guard fails such a scene closed, the sidecar answers 422.
+- :func:`load_yaml` — a YAML file a person writes (a policy, a scoring or serve config, a
+  lexicon), with a key given twice refused by its path and line (PyYAML keeps the last one
+  silently).
 - :func:`csv_header` — a CSV table's header, its names stripped, a name given twice refused
   (the csv module keeps the last cell of such a column, silently). Open the file with
   :data:`CSV_ENCODING`, which drops the byte-order mark a spreadsheet's "CSV UTF-8" writes.
@@ -42,8 +45,43 @@ __all__ = [
     "is_int",
     "is_real",
     "join_key",
+    "load_yaml",
     "situation_id_problem",
 ]
+
+
+def load_yaml(text: str, *, source: str, error: type[Exception] = ConfigError) -> Any:
+    """The YAML document in ``text`` (safe types only); raises ``error`` naming ``source`` for
+    text that is not YAML, and for a key that appears twice in one mapping (its dotted path and
+    line): PyYAML would keep the last one and lose the first silently."""
+    import yaml
+
+    try:
+        _no_key_twice(yaml.compose(text, Loader=yaml.SafeLoader), source, "", error)
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise error(f"{source} is not valid YAML: {e}") from e
+
+
+def _no_key_twice(node: Any, source: str, where: str, error: type[Exception]) -> None:
+    import yaml
+
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _no_key_twice(item, source, f"{where}[{i}]", error)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: set[str] = set()
+    for key_node, value_node in node.value:
+        key = str(key_node.value)
+        path = join_key(where, key)
+        if key in seen:
+            raise error(
+                f"{path} appears twice (line {key_node.start_mark.line + 1}); each key may "
+                f"appear once, and the first one would be lost. Merge them in {source}."
+            )
+        seen.add(key)
+        _no_key_twice(value_node, source, path, error)
 
 
 #: the encoding every CSV table is read in: UTF-8, with a leading byte-order mark dropped

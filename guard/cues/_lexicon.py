@@ -61,7 +61,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
 from spotstop.guard.cues._grammar import (
     ClaimGrammar,
     LexiconError,
@@ -70,7 +69,7 @@ from spotstop.guard.cues._grammar import (
     grammar_from_dict,
 )
 from spotstop.guard.cues._types import CUES, Cue, CueMatch
-from spotstop.guard.validate import check_keys, check_mapping
+from spotstop.guard.validate import check_keys, check_mapping, load_yaml
 
 __all__ = [
     "LEXICON_VERSION",
@@ -725,26 +724,4 @@ def default_lexicon() -> ClaimLexicon:
 
 
 def _lexicon_from_text(text: str, *, source: str) -> ClaimLexicon:
-    try:
-        _check_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), source)
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise LexiconError(f"{source} is not valid YAML: {e}") from e
-    return lexicon_from_dict(doc, source=source)
-
-
-def _check_duplicate_keys(node: yaml.Node | None, source: str, where: str = "") -> None:
-    """PyYAML keeps the last of two equal keys silently; a lexicon must not lose a list."""
-    if not isinstance(node, yaml.MappingNode):
-        return
-    seen: set[str] = set()
-    for key_node, value_node in node.value:
-        key = str(key_node.value)
-        path = f"{where}.{key}" if where else key
-        if key in seen:
-            raise LexiconError(
-                f"{path} appears twice (line {key_node.start_mark.line + 1}); each key may "
-                f"appear once and the first one would be lost. Merge them in {source}."
-            )
-        seen.add(key)
-        _check_duplicate_keys(value_node, source, path)
+    return lexicon_from_dict(load_yaml(text, source=source, error=LexiconError), source=source)

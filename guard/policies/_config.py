@@ -53,7 +53,14 @@ from spotstop.guard.policies._base import (
 )
 from spotstop.guard.policies._decide import Decided, batch_inputs, decide_batch
 from spotstop.guard.policies._registry import policy_from_dict
-from spotstop.guard.validate import check_keys, check_mapping, is_int, is_real, join_key
+from spotstop.guard.validate import (
+    check_keys,
+    check_mapping,
+    is_int,
+    is_real,
+    join_key,
+    load_yaml,
+)
 
 __all__ = [
     "POLICY_SCHEMA_VERSION",
@@ -311,12 +318,7 @@ def load_policy(
                 f"{src} is not UTF-8 text ({e}); a policy file is YAML in UTF-8."
             ) from e
         _check_seal(text, src)
-        try:
-            doc = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
-        except yaml.YAMLError as e:
-            raise PolicyError(f"{src} is not valid YAML: {e}") from e
-        except PolicyError as e:  # a duplicate key
-            raise PolicyError(f"{src}: {e}") from e
+        doc = load_yaml(text, source=src, error=PolicyError)  # a key twice refused
 
     check_mapping(doc, where="", source=src, error=PolicyError)
     check_keys(
@@ -449,28 +451,6 @@ def _plain(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [_plain(v) for v in x]
     return x
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
-
-
-def _construct_mapping_no_dupes(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise PolicyError(
-                f"duplicate key {key!r} at line {key_node.start_mark.line + 1}; each key may "
-                "appear once. Remove one of them."
-            )
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping_no_dupes
-)
 
 
 def _non_finite(x: Any, where: str) -> tuple[str, float] | None:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
 from spotstop.guard._call import check_deadline
 from spotstop.guard._errors import GuardError
 from spotstop.guard._image import DEFAULT_MAX_PIXELS, DEFAULT_MIN_SIDE
@@ -27,7 +26,7 @@ from spotstop.guard._log_options import DEFAULT_MIN_FREE_BYTES, LogOptions, pars
 from spotstop.guard._prompt import MAX_REQUEST_CHARS
 from spotstop.guard._types import VARIANTS, Variant
 from spotstop.guard.serve._errors import InsecureBindError, SettingsError
-from spotstop.guard.validate import MAX_SITUATION_CHARS, is_real
+from spotstop.guard.validate import MAX_SITUATION_CHARS, is_real, load_yaml
 
 __all__ = [
     "DEFAULT_PORT",
@@ -367,9 +366,10 @@ def load_serve_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     (``log_max_bytes: 2G``)."""
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
         raise SettingsError(f"serve config {str(p)!r} cannot be read: {e}") from e
+    raw = load_yaml(text, source=f"serve config {str(p)!r}", error=SettingsError)
     if raw is None:
         return {}
     if not isinstance(raw, dict):

@@ -141,3 +141,49 @@ def test_former_inline_checks_follow_the_shared_rule() -> None:
     for bad in ({"keep_days": True}, {"max_bytes": True}, {"low_water": True}):
         with pytest.raises(RecordError, match=r"^retention "):
             Retention(**bad)  # type: ignore[arg-type]
+
+
+def test_load_yaml_refuses_a_key_twice_by_its_path_and_line() -> None:
+    from spotstop.guard.validate import load_yaml
+
+    assert load_yaml("a: 1\nb: [x, {c: 2}]\n", source="s") == {"a": 1, "b": ["x", {"c": 2}]}
+    assert load_yaml("", source="s") is None
+    for text, where in (
+        ("a: 1\na: 2\n", r"a appears twice \(line 2\)"),
+        ("a:\n  b: 1\n  b: 2\n", r"a\.b appears twice \(line 3\)"),
+        ("a:\n- {b: 1, b: 2}\n", r"a\[0\]\.b appears twice \(line 2\)"),
+    ):
+        with pytest.raises(
+            ValueError, match=where + r".*first one would be lost\. Merge them in s\."
+        ):
+            load_yaml(text, source="s", error=ValueError)
+    with pytest.raises(ConfigError, match="s is not valid YAML"):
+        load_yaml("a: [1\n", source="s")
+
+
+def test_every_file_a_person_writes_refuses_a_key_twice(tmp_path) -> None:
+    """The scoring config kept the last of two batch_size keys (and of two prompt.text keys:
+    another prompt) and read `false` as every default; the serve config kept the last key."""
+    from spotstop.guard._config import load_scoring_config
+    from spotstop.guard.cues import load_lexicon
+    from spotstop.guard.policies import load_policy
+    from spotstop.guard.serve._settings import load_serve_config
+
+    readers = {
+        "scoring.yaml": (load_scoring_config, "batch_size: 64\nbatch_size: 1\n"),
+        "serve.yaml": (load_serve_config, "port: 8750\nport: 8751\n"),
+        "lexicon.yaml": (load_lexicon, "alarming: [hot]\nalarming: [cold]\n"),
+        "policy.yaml": (load_policy, "version: 2\nversion: 2\n"),
+    }
+    for name, (read, text) in readers.items():
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=r"appears twice \(line 2\)"):
+            read(path)
+    scoring = tmp_path / "scoring.yaml"
+    for text in ("false\n", "- 1\n", "member_image_size: []\n"):
+        scoring.write_text(text)
+        with pytest.raises(ConfigError, match="mapping|must map member names"):
+            load_scoring_config(scoring)
+    scoring.write_text("")
+    assert load_scoring_config(scoring).batch_size == 8  # an empty file: the defaults
