@@ -188,6 +188,34 @@ def bundle_content_id(
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def _manifest_problem(m: Mapping[str, Any]) -> str | None:
+    """What is wrong with the types of a manifest's sections (None: nothing); keys that are
+    missing are named where they are read."""
+    files = m.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in files.items()
+    ):
+        return "files must map each file's path to its sha256"
+    prompt = m.get("prompt")
+    if not isinstance(prompt, dict) or not all(isinstance(v, str) for v in prompt.values()):
+        return "prompt must hold text, unsafe_answer and safe_answer as text"
+    members = m.get("members")
+    if not isinstance(members, list) or not members:
+        return "members must be a non-empty list"
+    for i, e in enumerate(members):
+        if not isinstance(e, dict):
+            return f"members[{i}] must be a mapping"
+        t = e.get("template")
+        if t is not None and (
+            not isinstance(t, dict) or not all(isinstance(v, str) for v in t.values())
+        ):
+            return f"members[{i}].template must hold with_image and without_image as text"
+    names = [str(e.get("name")) for e in members]
+    if len(set(names)) != len(names):
+        return f"members must have distinct names; got {names}"
+    return None
+
+
 def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in d:
         raise BundleError(f"{where}.{key} is missing from manifest.yaml.")
@@ -214,6 +242,9 @@ def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
             f"manifest.yaml version {m.get('version')!r} is not supported; this spotstop reads "
             f"version {BUNDLE_VERSION}. Upgrade spotstop or re-export the bundle."
         )
+    bad = _manifest_problem(m)
+    if bad is not None:
+        raise BundleError(f"{mpath}: {bad}; the manifest is damaged: copy or export it again.")
     files = _req(m, "files", "manifest")
     if verify:
         bad = []

@@ -32,6 +32,7 @@ import yaml
 from spotstop.guard._errors import MemberLoadError, ScoringError
 from spotstop.guard._hf import MemberFolder
 from spotstop.guard._prompt import ScorePlan
+from spotstop.guard.validate import is_int
 
 __all__ = [
     "DECODER_INPUTS",
@@ -149,7 +150,10 @@ def read_meta(folder: MemberFolder) -> dict[str, Any]:
             f"{folder.path} has no {GRAPHS_FILE}: it is not an exported member. Export it with "
             "`spotstop export --member ... --out BUNDLE`, or use the torch backend."
         )
-    meta = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        meta = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise MemberLoadError(f"{path} is not valid YAML ({e}); re-export the member.") from e
     if not isinstance(meta, dict) or meta.get("format") != GRAPHS_FORMAT:
         raise MemberLoadError(f"{path} is not a spotstop ONNX member description.")
     if meta.get("version") != GRAPHS_VERSION:
@@ -157,15 +161,52 @@ def read_meta(folder: MemberFolder) -> dict[str, Any]:
             f"{path} version {meta.get('version')!r} is not supported (this spotstop reads "
             f"{GRAPHS_VERSION}); re-export the member."
         )
-    for key in ("model_type", "precision", "first_ids", "image_token_id", "hidden_size"):
+    keys = ("model_type", "precision", "first_ids", "image_token_id", "hidden_size")
+    for key in (*keys, "n_image_tokens", "vision", "decoder"):
         if key not in meta:
             raise MemberLoadError(f"{path}: key {key!r} is missing; re-export the member.")
+    bad = _meta_problem(meta)
+    if bad is not None:
+        raise MemberLoadError(f"{path}: {bad}; the file is damaged: re-export the member.")
     if meta["model_type"] != folder.model_type:
         raise MemberLoadError(
             f"{path} describes a {meta['model_type']} export but config.json says "
             f"{folder.model_type}; the folder is mixed up."
         )
     return meta
+
+
+def _meta_problem(meta: Mapping[str, Any]) -> str | None:
+    """What is wrong with the types of a member description's keys (None: nothing)."""
+
+    def count(x: Any) -> bool:
+        return is_int(x) and x > 0
+
+    ids = meta["first_ids"]
+    if not isinstance(ids, list) or not ids or not all(is_int(t) for t in ids):
+        return f"first_ids must be a list of token ids; got {ids!r}"
+    for key in ("image_token_id", "hidden_size", "n_image_tokens"):
+        if not (is_int(meta[key]) and (key == "image_token_id" or count(meta[key]))):
+            return f"{key} must be an integer; got {meta[key]!r}"
+    if not isinstance(meta["vision"], str) or not meta["vision"]:
+        return f"vision must name the vision graph's file; got {meta['vision']!r}"
+    dec = meta["decoder"]
+    if not isinstance(dec, dict) or not isinstance(dec.get("fixed_length"), bool):
+        return "decoder must hold files, buckets and fixed_length (true or false)"
+    files, buckets = dec.get("files"), dec.get("buckets")
+    if (
+        not isinstance(files, dict)
+        or not files
+        or not all(isinstance(v, str) and v for v in files.values())
+    ):
+        return f"decoder.files must map lengths to graph files; got {files!r}"
+    try:
+        {int(k) for k in files}
+    except (TypeError, ValueError):
+        return f"decoder.files must be keyed by lengths; got {list(files)!r}"
+    if not isinstance(buckets, list) or not buckets or not all(count(b) for b in buckets):
+        return f"decoder.buckets must be a list of positive lengths; got {buckets!r}"
+    return None
 
 
 def graph_files(meta: Mapping[str, Any]) -> tuple[str, dict[int, str]]:

@@ -76,3 +76,60 @@ def test_graphs_for_another_grid_or_tokenizer_are_refused_at_load(bundle_copy: P
         MemberLoadError, match=r"answer first tokens.*is its tokenizer\.json its own"
     ):
         load_bundle_member(b, b.members[0])
+
+
+def _set(path: str, value: object):  # type: ignore[no-untyped-def]
+    def change(doc: dict) -> None:
+        *parents, last = path.split(".")
+        for p in parents:
+            doc = doc[int(p)] if p.isdigit() else doc[p]  # type: ignore[index]
+        doc[last] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (_set("files", None), "files must map each file's path to its sha256"),
+        (_set("files", ["a"]), "files must map each file's path to its sha256"),
+        (_set("prompt", "hi"), "prompt must hold text"),
+        (_set("prompt.text", 5), "prompt must hold text"),
+        (_set("members", []), "members must be a non-empty list"),
+        (_set("members", ["x"]), r"members\[0\] must be a mapping"),
+        (_set("members.0.template", "x"), r"members\[0\]\.template must hold"),
+        (_set("members.1.name", "tiny-qwen3_5"), "members must have distinct names"),
+    ],
+)
+def test_a_damaged_manifest_is_refused_by_what_is_wrong(bundle_copy: Path, change, why) -> None:  # type: ignore[no-untyped-def]
+    """These crashed with AttributeError, TypeError or a misleading prompt-hash message."""
+    _edit(bundle_copy, change)
+    for verify in (True, False):
+        with pytest.raises(BundleError, match=why):
+            load_bundle(bundle_copy, verify=verify)
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (lambda d: d.pop("n_image_tokens"), "key 'n_image_tokens' is missing"),
+        (lambda d: d.pop("decoder"), "key 'decoder' is missing"),
+        (lambda d: d["decoder"].update(files={}), "decoder.files must map lengths"),
+        (lambda d: d["decoder"].update(buckets=[]), "decoder.buckets must be a list"),
+        (lambda d: d["decoder"].pop("fixed_length"), "decoder must hold files"),
+        (lambda d: d.update(first_ids="66"), "first_ids must be a list"),
+        (lambda d: d.update(hidden_size="64"), "hidden_size must be an integer"),
+    ],
+)
+def test_a_damaged_member_description_is_refused_at_load(bundle_copy: Path, edit, why) -> None:  # type: ignore[no-untyped-def]
+    """A KeyError at load, or a member that loaded and failed every score (StopIteration)."""
+    meta = bundle_copy / "members" / "tiny-qwen3_5" / "spotstop_onnx.yaml"
+    doc = yaml.safe_load(meta.read_text())
+    edit(doc)
+    meta.write_text(yaml.safe_dump(doc, sort_keys=False))
+    b = load_bundle(bundle_copy, verify=False)
+    with pytest.raises(MemberLoadError, match=why):
+        load_bundle_member(b, b.members[0])
+    meta.write_text("format: [unclosed\n")
+    with pytest.raises(MemberLoadError, match="is not valid YAML"):
+        load_bundle_member(b, b.members[0])
