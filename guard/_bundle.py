@@ -242,9 +242,9 @@ def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
             f"manifest.yaml version {m.get('version')!r} is not supported; this spotstop reads "
             f"version {BUNDLE_VERSION}. Upgrade spotstop or re-export the bundle."
         )
-    bad = _manifest_problem(m)
-    if bad is not None:
-        raise BundleError(f"{mpath}: {bad}; the manifest is damaged: copy or export it again.")
+    problem = _manifest_problem(m)
+    if problem is not None:
+        raise BundleError(f"{mpath}: {problem}; the manifest is damaged: copy or export it again.")
     files = _req(m, "files", "manifest")
     if verify:
         bad = []

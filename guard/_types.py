@@ -8,7 +8,7 @@ from typing import Literal
 
 from spotstop.guard._image import DecodedImage
 
-__all__ = ["BUDGET_HEADER", "ImageSource", "MemberScore", "Scene", "Variant"]
+__all__ = ["BUDGET_HEADER", "DUE_HEADER", "ImageSource", "MemberScore", "Scene", "Variant"]
 
 #: Where a scene's image comes from: encoded bytes, a file path, or an already decoded image.
 ImageSource = bytes | bytearray | memoryview | str | os.PathLike[str] | DecodedImage
@@ -24,6 +24,12 @@ VARIANTS: tuple[Variant, ...] = ("scene", "gray", "text")
 #: (``deadline_s`` from the body's arrival) and the caller's (from the request's arrival), so
 #: that the sidecar does not log SAFE for an answer its caller has already taken as UNSAFE.
 BUDGET_HEADER = "X-Spotstop-Budget-S"
+#: The HTTP request header in which a caller says when its budget ends, as Unix time in
+#: seconds (its own clock). The budget header counts from the request's arrival, so a delay
+#: before the sidecar has the headers (a connect retried, a full accept queue) is not counted
+#: by it; this one is, on a sidecar whose clock agrees (the same machine: the default). The
+#: request's deadline is the earliest of the three; a clock that runs ahead only cuts sooner.
+DUE_HEADER = "X-Spotstop-Due-Unix"
 
 
 @dataclass(frozen=True)

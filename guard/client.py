@@ -38,7 +38,7 @@ from spotstop.guard._call import MAX_DEADLINE_S
 from spotstop.guard._errors import GuardError
 from spotstop.guard._image import DecodedImage
 from spotstop.guard._record import Decision
-from spotstop.guard._types import BUDGET_HEADER, Scene
+from spotstop.guard._types import BUDGET_HEADER, DUE_HEADER, Scene
 from spotstop.guard.policies._rule import is_unsafe
 from spotstop.guard.validate import is_real
 
@@ -337,7 +337,13 @@ class GuardClient:
                 left = due - time.perf_counter()
                 if left <= 0:
                     raise _Overdue("the budget was spent before the request was sent")
-                headers = {**kw.pop("headers", {}), BUDGET_HEADER: f"{left:.3f}"}
+                headers = {
+                    **kw.pop("headers", {}),
+                    BUDGET_HEADER: f"{left:.3f}",
+                    # also counts what the budget cannot: the time before the sidecar has
+                    # the request (a connect retried, a full accept queue)
+                    DUE_HEADER: f"{time.time() + left:.3f}",
+                }
                 req = self._http.build_request(
                     method, path, timeout=httpx.Timeout(left), headers=headers, **kw
                 )

@@ -37,7 +37,7 @@ from typing import TypeVar
 
 from spotstop.guard._guard import DecisionNotLogged, Guard
 from spotstop.guard._record import Decision
-from spotstop.guard._types import BUDGET_HEADER
+from spotstop.guard._types import BUDGET_HEADER, DUE_HEADER
 from spotstop.guard.serve._errors import NotLogged, Overloaded
 from spotstop.guard.serve._metrics import SidecarMetrics
 from spotstop.guard.serve._parse import Limits, ParsedScene
@@ -178,7 +178,7 @@ class ModelRunner:
         if self.deadline_s is not None:
             left, whose = arrived + self.deadline_s - now, f"its deadline of {self.deadline_s:g} s"
         if caller_due is not None and (left is None or caller_due - now < left):
-            left, whose = caller_due - now, f"the caller's budget (header {BUDGET_HEADER})"
+            left, whose = caller_due - now, f"the caller's budget ({BUDGET_HEADER}, {DUE_HEADER})"
         return left, whose
 
     def _run_check(

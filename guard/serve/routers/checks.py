@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from spotstop.guard._call import MAX_DEADLINE_S
 from spotstop.guard._record import Decision
-from spotstop.guard._types import BUDGET_HEADER
+from spotstop.guard._types import BUDGET_HEADER, DUE_HEADER
 from spotstop.guard.serve._errors import InputError, UnsupportedMediaType, input_error
 from spotstop.guard.serve._parse import (
     SITUATION_ID_PATTERN,
@@ -53,6 +53,22 @@ CallerBudget = Annotated[
             "deadline is the earlier of this and the sidecar's own; past it no decision is "
             "acknowledged (503) or a late one is a fail-closed UNSAFE, so the log never holds "
             "a SAFE the caller did not get. Leave it out to use the sidecar's deadline."
+        ),
+    ),
+]
+
+#: When the caller's budget ends, Unix time (GuardClient sends it with the budget).
+CallerDue = Annotated[
+    float | None,
+    Header(
+        alias=DUE_HEADER,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "When the caller stops waiting, as Unix time in seconds. The budget header counts "
+            "from the request's arrival; this one also counts the time before it (a connect "
+            "retried, a full accept queue) on a sidecar whose clock agrees with the caller's. "
+            "The request's deadline is the earliest of the sidecar's own and the caller's."
         ),
     ),
 ]
@@ -122,11 +138,15 @@ async def check(
     sidecar: SidecarDep,
     admission: AdmissionDep,
     budget_s: CallerBudget = None,
+    due_unix: CallerDue = None,
 ) -> JSONResponse:
     body = await request.body()  # (read by the route, within the upload bounds)
     ctype = request.headers.get("content-type", "")
     [decision] = await _judge(
-        sidecar, admission, budget_s, lambda: [_scene(body, ctype, sidecar.limits)]
+        sidecar,
+        admission,
+        _caller_due(admission, budget_s, due_unix),
+        lambda: [_scene(body, ctype, sidecar.limits)],
     )
     return JSONResponse(decision.to_dict())
 
@@ -150,14 +170,26 @@ def _scene(body: bytes, content_type: str, limits: Limits) -> ParsedScene:
     )
 
 
+def _caller_due(
+    admission: Admission, budget_s: float | None, due_unix: float | None
+) -> float | None:
+    """When the caller stops waiting, on the monotonic clock: the earlier of its budget
+    (counted from the request's arrival) and its due time (Unix time, moved onto the
+    monotonic clock now); None when it sent neither."""
+    dues = [] if budget_s is None else [admission.received + budget_s]
+    if due_unix is not None:
+        dues.append(time.monotonic() + (due_unix - time.time()))
+    return min(dues) if dues else None
+
+
 async def _judge(
     sidecar: Sidecar,
     admission: Admission,
-    budget_s: float | None,
+    caller_due: float | None,
     parse: Callable[[], list[ParsedScene]],
 ) -> list[Decision]:
     """Parse (in a worker thread), then decode and judge on the model thread. The deadline
-    runs from when the body was in; the caller's budget from when its request began."""
+    runs from when the body was in; the caller's from when it said (:func:`_caller_due`)."""
     t = time.perf_counter()
     scenes = await run_in_threadpool(parse)
     sidecar.metrics.stage.labels(stage="parse").observe(time.perf_counter() - t)
@@ -166,7 +198,7 @@ async def _judge(
         arrived=admission.arrived,
         ticket=admission.ticket,
         limits=sidecar.limits,
-        caller_due=None if budget_s is None else admission.received + budget_s,
+        caller_due=caller_due,
     )
 
 
@@ -202,6 +234,8 @@ async def check_batch(
     sidecar: SidecarDep,
     admission: AdmissionDep,
     budget_s: CallerBudget = None,
+    due_unix: CallerDue = None,
 ) -> JSONResponse:
-    decisions = await _judge(sidecar, admission, budget_s, lambda: _batch_scenes(body, sidecar))
+    due = _caller_due(admission, budget_s, due_unix)
+    decisions = await _judge(sidecar, admission, due, lambda: _batch_scenes(body, sidecar))
     return JSONResponse({"decisions": [d.to_dict() for d in decisions]})

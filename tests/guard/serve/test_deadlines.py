@@ -565,15 +565,56 @@ def test_the_sidecar_never_logs_a_safe_its_caller_has_already_taken_as_unsafe(
                 assert r.json()["field"] == BUDGET_HEADER, r.text
 
 
-def test_the_budget_header_is_in_the_openapi_schema():
-    from spotstop.guard._types import BUDGET_HEADER
+def test_the_budget_headers_are_in_the_openapi_schema():
+    from spotstop.guard._types import BUDGET_HEADER, DUE_HEADER
     from spotstop.guard.serve import create_app
 
     app = create_app(ServeSettings(bundle=Path("unused")))
     schema = app.openapi()
     for path in ("/v1/check", "/v1/check/batch"):
         names = [p["name"] for p in schema["paths"][path]["post"].get("parameters", [])]
-        assert BUDGET_HEADER in names, (path, names)
+        assert {BUDGET_HEADER, DUE_HEADER} <= set(names), (path, names)
+
+
+def test_the_callers_due_time_counts_what_came_before_the_request(bundle: Path, tmp_path: Path):
+    """The budget header counts from the request's arrival: a request held 1 s on its way (a
+    connect retried, a full accept queue) by a caller that waits 0.9 s was judged and logged
+    SAFE after its caller had answered UNSAFE. The due time (Unix) counts that second."""
+    import shutil
+
+    from spotstop.guard._types import BUDGET_HEADER, DUE_HEADER
+
+    from tests._support.guard import set_frozen
+
+    mine = tmp_path / "bundle"
+    shutil.copytree(bundle, mine, ignore=shutil.ignore_patterns("situations.json", "*.sqlite*"))
+    set_frozen(mine, 1e9)  # every scored scene is SAFE
+    settings = settings_for(mine, tmp_path, deadline_s=10.0, warmup=False)
+    with live_server(settings) as srv, srv.client() as c:
+        # what the caller sent 1 s ago with 0.9 s to wait: the budget alone looks fresh
+        late = {BUDGET_HEADER: "0.900", DUE_HEADER: f"{time.time() - 0.1:.3f}"}
+        r = c.post("/v1/check", **multipart(jpeg(1)), headers=late)
+        assert r.status_code == 503 and "caller's budget" in r.json()["message"], r.text
+        assert srv.guard.log.count() == 0  # nothing judged, nothing logged
+        ok = {BUDGET_HEADER: "5", DUE_HEADER: f"{time.time() + 5:.3f}"}
+        r = c.post("/v1/check", **multipart(jpeg(2)), headers=ok)
+        assert r.status_code == 200 and r.json()["label"] == "SAFE", r.text
+        for bad in ("abc", "0", "-1", "nan", "inf"):
+            r = c.post("/v1/check", **multipart(jpeg(3)), headers={DUE_HEADER: bad})
+            assert r.status_code == 422 and r.json()["field"] == DUE_HEADER, (bad, r.text)
+    # the client sends both, from one clock reading: due = now + what is left of its budget
+    seen: list[httpx.Headers] = []
+
+    def capture(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers)
+        return httpx.Response(500, text="no")
+
+    t = time.time()
+    with GuardClient("http://sidecar", timeout_s=2.0, transport=httpx.MockTransport(capture)) as gc:
+        gc.check(Scene(jpeg(4), "open the door"))
+    budget, due = float(seen[0][BUDGET_HEADER]), float(seen[0][DUE_HEADER])
+    assert 0 < budget <= 2.0 and t < due <= time.time() + 2.0
+    assert abs((due - budget) - t) < 1.0  # one reading (generous for a slow machine)
 
 
 def test_the_callers_budget_bounds_the_wait_in_the_queue(bundle: Path, tmp_path: Path):

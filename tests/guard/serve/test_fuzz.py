@@ -10,6 +10,7 @@ no model time.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ schemathesis = pytest.importorskip("schemathesis")
 
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
-from spotstop.guard._types import BUDGET_HEADER  # noqa: E402
+from spotstop.guard._types import BUDGET_HEADER, DUE_HEADER  # noqa: E402
 from spotstop.guard.serve import load_guard  # noqa: E402
 
 from tests._support.serve import TOKEN, Live, live_server, settings_for, stand_in  # noqa: E402
@@ -82,10 +83,12 @@ def _run(operation: Any, mode: Any, headers: dict[str, str], failures: list[str]
 def test_api_has_no_5xx_and_matches_its_schema(fuzz_live: Live) -> None:
     schema = schemathesis.openapi.from_url(f"{fuzz_live.url}/openapi.json")
     headers = {"Authorization": f"Bearer {TOKEN}"} if fuzz_live.settings.auth else {}
-    # The caller's budget is given, not generated: a generated one of 5e-324 s is spent before
-    # the models are reached, and its 503 (no decision; documented) is by design, not a fault.
-    # Its refusals and its effect are tested in tests/guard/serve/test_deadlines.py.
+    # The caller's budget and due time are given, not generated: a generated budget of 5e-324
+    # s, or a due time in 1970, is spent before the models are reached, and its 503 (no
+    # decision; documented) is by design, not a fault. Their refusals and effect are tested
+    # in tests/guard/serve/test_deadlines.py.
     headers[BUDGET_HEADER] = "60"
+    headers[DUE_HEADER] = f"{time.time() + 3600:.3f}"
     failures: list[str] = []
     n_ops = 0
     for result in schema.get_all_operations():
