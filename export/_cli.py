@@ -602,6 +602,12 @@ def run_verify_bundle(args: argparse.Namespace) -> int:
             )
             return 2
         sources[name] = path
+    if args.scenes < 1:
+        print(
+            f"spotstop verify-bundle: --scenes must be at least 1; got {args.scenes}.",
+            file=sys.stderr,
+        )
+        return 2
     scenes = None
     if args.scene_table is not None:
         from spotstop.guard import GuardError

@@ -87,17 +87,34 @@ class MemberVerification:
     p95_abs_diff: float = math.nan
     #: where max |Δs| was: the scene's index in the checked scenes, the pass, the request
     worst: str = ""
+    #: whether the reference scores differ at all (≥ 2 scores, not all equal): a rank check
+    #: is then owed, and a bundle whose scores do not vary (Spearman undefined) fails it
+    reference_varies: bool = True
+
+    @property
+    def rank_ok(self) -> bool:
+        """The rank check: Spearman ≥ its minimum; undefined only passes when the reference
+        itself has nothing to rank (the tolerance on |Δs| then judges alone)."""
+        if math.isnan(self.spearman):
+            return not self.reference_varies
+        return self.spearman >= self.min_spearman
 
     @property
     def ok(self) -> bool:
-        rho_ok = math.isnan(self.spearman) or self.spearman >= self.min_spearman
-        return self.max_abs_diff <= self.tolerance and rho_ok
+        return self.max_abs_diff <= self.tolerance and self.rank_ok
 
     def __str__(self) -> str:
         flag = "ok" if self.ok else "FAIL"
+        rho = f"{self.spearman:.4f}"
+        if math.isnan(self.spearman):
+            rho = (
+                "n/a (the reference does not vary)"
+                if not self.reference_varies
+                else ("undefined: the bundle's scores do not vary")
+            )
         return (
             f"{self.name:<20} {self.precision:<5} n={self.n:<3} max|Δs|={self.max_abs_diff:.3g} "
-            f"(≤ {self.tolerance:g})  spearman={self.spearman:.4f} (≥ {self.min_spearman:g})  "
+            f"(≤ {self.tolerance:g})  spearman={rho} (≥ {self.min_spearman:g})  "
             f"decisions agree {self.decision_agreement:.1%}  {flag}"
             + (
                 f"\n{'':<33}p95 |Δs|={self.p95_abs_diff:.3g}; max at {self.worst}"
@@ -163,7 +180,12 @@ class BundleVerification:
                 "    pair (Avg-2, reference median/IQR): decisions agree "
                 f"{self.pair_decision_agreement:.1%}"
             )
-        lines.append("PASS" if self.ok else "FAIL: see the lines marked FAIL")
+        if not self.ok:
+            lines.append("FAIL: see the lines marked FAIL")
+        elif self.skipped is not None:  # a script reading the last line can tell it apart
+            lines.append("PASS (runtime only: the scores were not compared with the reference)")
+        else:
+            lines.append("PASS")
         return "\n".join(lines)
 
 
@@ -277,6 +299,7 @@ def verify_bundle(
                 p95_abs_diff=p95,
                 worst=where,
                 spearman=spearman(got, ref),
+                reference_varies=bool(len(ref) >= 2 and np.ptp(ref) > 0),
                 decision_agreement=float(np.mean((got > 0) == (ref > 0))),
                 tolerance=float(ecfg.score_atol[run.precision]),
                 min_spearman=float(ecfg.min_spearman[run.precision]),

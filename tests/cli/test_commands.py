@@ -357,9 +357,13 @@ def test_verify_bundle_runs_its_runtime_half_without_the_reference(
     assert [line for line in out.splitlines() if "spotstop[export]" in line] == [
         verify.REFERENCE_HINT
     ]
+    assert out.splitlines()[-1].startswith("PASS (runtime only")  # not a bare PASS
     assert main(["verify-bundle", str(bundle), "--scenes", "3", "--runtime-only", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] and doc["members"] == [] and [r["n"] for r in doc["runtime"]] == [6, 6]
+    for bad in ("0", "-2"):  # a traceback, exit 1, and a message about an empty scene table
+        assert main(["verify-bundle", str(bundle), "--scenes", bad]) == 2
+        assert "--scenes must be at least 1" in capsys.readouterr().err
 
 
 def test_verify_bundle_scores_a_scene_table_when_given_one(bundle_copy, tmp_path, capsys):

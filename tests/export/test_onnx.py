@@ -12,6 +12,7 @@ tests are ``slow`` (conftest's ``SLOW_EXPORT``).
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from collections.abc import Callable
@@ -529,6 +530,28 @@ PER_ARCH_TESTS = (
     test_vision_graph_exports,
     test_bundle_matches_torch_at_fp32_and_int8,
 )
+
+
+def test_the_rank_check_fails_a_bundle_whose_scores_do_not_vary() -> None:
+    """Spearman is undefined when a side is constant; it counted as a pass, so a bundle that
+    gives one score for every scene passed whenever the reference spread less than the
+    tolerance (the tiny pair: 0.2 nats against 0.25). It passes only when the reference itself
+    has nothing to rank."""
+    from spotstop.export.verify import MemberVerification, spearman
+
+    ref = np.array([-12.5, -12.4, -12.6, -12.45])
+    flat = np.full(4, -12.5)
+    assert math.isnan(spearman(flat, ref))
+    m = MemberVerification(
+        "m", "int8", 4, 0.1, spearman(flat, ref), 0.5, 0.25, 0.9, reference_varies=True
+    )
+    assert not m.rank_ok and not m.ok and "undefined: the bundle's scores do not vary" in str(m)
+    same = MemberVerification(
+        "m", "int8", 4, 0.1, spearman(flat, flat), 1.0, 0.25, 0.9, reference_varies=False
+    )
+    assert same.ok and "n/a (the reference does not vary)" in str(same)
+    ranked = MemberVerification("m", "int8", 4, 0.1, spearman(ref + 0.01, ref), 1.0, 0.25, 0.9)
+    assert ranked.ok and ranked.spearman == pytest.approx(1.0)
 
 
 def test_diff_summary_names_the_worst_score() -> None:

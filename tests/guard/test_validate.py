@@ -183,7 +183,7 @@ def test_every_file_a_person_writes_refuses_a_key_twice(tmp_path) -> None:
     scoring = tmp_path / "scoring.yaml"
     for text in ("false\n", "- 1\n", "member_image_size: []\n"):
         scoring.write_text(text)
-        with pytest.raises(ConfigError, match="mapping|must map member names"):
+        with pytest.raises(ConfigError, match=r"mapping|must map member names"):
             load_scoring_config(scoring)
     scoring.write_text("")
     assert load_scoring_config(scoring).batch_size == 8  # an empty file: the defaults
