@@ -407,7 +407,14 @@ def compute_card(
         )
         ran = run_checks(ctx)
         dlv = None if log is None else delivered(log, n_boot=n_boot_checks, rng=gen)
-        rec = recommend_for_card(table, log, frozen_cut=direct_cut, rng=gen)
+        shown = ran.get("prevalence")  # the numbers the card's prevalence table shows
+        rec = recommend_for_card(
+            table,
+            log,
+            frozen_cut=direct_cut,
+            rng=gen,
+            prevalence=None if shown is None else shown[1].result,
+        )
     checks = {k: r for k, (_, r) in ran.items()}
     info = {k: (cls.title, cls.explanation) for k, (cls, _) in ran.items()}
     fusion_keys = prov.get("fusion_keys") or []

@@ -53,7 +53,7 @@ from spotstop.diagnostics._batch_rule import BatchRule, batch_rule_for
 from spotstop.diagnostics._data import CaseTable
 from spotstop.diagnostics._engine import cross_fitted_threshold_part
 from spotstop.diagnostics._errors import UndefinedMetricWarning
-from spotstop.diagnostics._prevalence import prevalence_check
+from spotstop.diagnostics._prevalence import PrevalenceCheck, prevalence_check
 from spotstop.diagnostics._resample import UnboundedRatioWarning, as_rng
 from spotstop.diagnostics._situation import situation_share
 from spotstop.guard.policies import conformal_cut
@@ -155,6 +155,7 @@ def recommend_policy(
     n_resamples: int = 200,
     rng: np.random.Generator | int | None = 0,
     batch_rule: BatchRule | Literal["auto"] | None = "auto",
+    prevalence: PrevalenceCheck | None = None,
 ) -> Recommendation:
     """Recommend a policy kind from the diagnostics (see the module docstring for the rule).
 
@@ -166,6 +167,9 @@ def recommend_policy(
         for the resampling diagnostics (``n_resamples`` each). batch_rule: the batch rule to
         measure (:func:`~spotstop.diagnostics._batch_rule.batch_rule_for`; ``"auto"``: built
         from the table with its fallback at ``frozen_cut``; None: ``batch_frozen_iqr`` only).
+    prevalence: a prevalence check already run on ``table`` at 50 %, 10 % and 100 % unsafe
+        (among others) with the same batch rule: the card's, so that the recommendation quotes
+        the numbers of the card's prevalence table, not a second draw of them.
     """
     gen = as_rng(rng)
     g_text = (
@@ -186,16 +190,21 @@ def recommend_policy(
             warnings.simplefilter("always", UndefinedMetricWarning)
             # the recommendation reads no recovery ratio: its warning is not this rule's
             warnings.simplefilter("ignore", UnboundedRatioWarning)
-            prev = prevalence_check(
-                table,
-                policy_cut=frozen_cut,
-                prevalences=(0.5, 0.1, 1.0),
-                n_resamples=n_resamples,
-                alpha=alpha,
-                delta=delta,
-                guarantee="pac" if guarantee == "pac" else "marginal",
-                rng=gen,
-                batch_rule=batch_rule,
+            needed = {0.5, 0.1, 1.0}
+            prev = (
+                prevalence
+                if prevalence is not None and needed <= set(prevalence.rules)
+                else prevalence_check(
+                    table,
+                    policy_cut=frozen_cut,
+                    prevalences=(0.5, 0.1, 1.0),
+                    n_resamples=n_resamples,
+                    alpha=alpha,
+                    delta=delta,
+                    guarantee="pac" if guarantee == "pac" else "marginal",
+                    rng=gen,
+                    batch_rule=batch_rule,
+                )
             )
             sit = situation_share(table, n_boot=n_resamples, n_permutations=50, rng=gen)
             cf = cross_fitted_threshold_part(table, cut=frozen_cut, n_splits=n_resamples, rng=gen)
@@ -321,12 +330,17 @@ def _batch_reason(ev: Mapping[str, Any]) -> str:
     """Why the batch rule was not chosen, from the values that decided it (rule 3)."""
     b10, f10 = ev.get("batch_ba_10", math.nan), ev.get("frozen_ba_10", math.nan)
     bt, ft = ev.get("batch_tpr_all_unsafe", math.nan), ev.get("frozen_tpr_all_unsafe", math.nan)
+    if not all(isinstance(v, float) and math.isfinite(v) for v in (b10, f10, bt, ft)):
+        return (
+            f"{_rule_words(ev)} is not chosen: how it holds against the frozen cut when "
+            "prevalence moves was not measured (too few labelled cases)."
+        )
     at10 = f"at 10% unsafe its balanced accuracy is {_pct(b10)} (frozen {_pct(f10)})"
     allu = f"it flags {_pct(bt)} of an all-unsafe batch (frozen {_pct(ft)})"
     fails = []
-    if not (math.isfinite(b10) and math.isfinite(f10)) or b10 < f10:
+    if b10 < f10:
         fails.append(at10)
-    if not (math.isfinite(bt) and math.isfinite(ft)) or bt < ft:
+    if bt < ft:
         fails.append(allu)
     held = [x for x in (at10, allu) if x not in fails]
     return (
@@ -359,8 +373,10 @@ def recommend_for_card(
     frozen_cut: float,
     n_resamples: int = 200,
     rng: np.random.Generator | int | None = 0,
+    prevalence: PrevalenceCheck | None = None,
 ) -> Recommendation:
-    """:func:`recommend_policy` with what it needs taken from the card's inputs.
+    """:func:`recommend_policy` with what it needs taken from the card's inputs (and the
+    card's own prevalence check, ``prevalence``, when it ran one).
 
     The batch rule is :func:`~spotstop.diagnostics._batch_rule.batch_rule_for` the table and
     the log (the deployed fusion's members, the settings ``recalibrate --policy batch`` would
@@ -407,4 +423,5 @@ def recommend_for_card(
         n_resamples=n_resamples,
         rng=rng,
         batch_rule=batch_rule_for(table, log, fallback_cut=frozen_cut),
+        prevalence=prevalence,
     )

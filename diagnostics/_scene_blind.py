@@ -72,6 +72,16 @@ def file_features(table: CaseTable) -> tuple[NDArray[np.float64], list[str]] | N
     return X, list(cols)
 
 
+def _both_classes_in_a_unit(y: NDArray[np.int8], unit: NDArray[np.intp]) -> bool:
+    """Whether some permutation unit (a contrast, else a situation) holds both classes."""
+    inv = np.unique(unit, return_inverse=True)[1].reshape(-1)
+    lo = np.full(int(inv.max()) + 1 if inv.size else 0, 2)
+    hi = np.full_like(lo, -1)
+    np.minimum.at(lo, inv, y)
+    np.maximum.at(hi, inv, y)
+    return bool((lo != hi).any())
+
+
 def _swap_within(
     gen: np.random.Generator, y: NDArray[np.int8], unit: NDArray[np.intp]
 ) -> NDArray[np.int8]:
@@ -185,13 +195,16 @@ def scene_blind_readers(
         file_est = bootstrap_auroc(y, oof, grp, n_boot=n_boot, rng=gen)
         codes = np.unique(table.contrast_id, return_inverse=True)[1].reshape(-1)
         unit = np.where(table.contrast_id != "", codes, codes.max() + 1 + grp)
-        null = np.array(
-            [
-                auroc_unchecked(yp, oof_scores(X, yp, folds))
-                for yp in (_swap_within(gen, y, unit) for _ in range(n_permutations))
-            ]
-        )
-        p = float((1 + np.sum(null >= file_est.value)) / (1 + null.size))
+        if _both_classes_in_a_unit(y, unit):
+            null = np.array(
+                [
+                    auroc_unchecked(yp, oof_scores(X, yp, folds))
+                    for yp in (_swap_within(gen, y, unit) for _ in range(n_permutations))
+                ]
+            )
+            p = float((1 + np.sum(null >= file_est.value)) / (1 + null.size))
+        # else no swap within a unit moves a label: every draw of the null would be the
+        # observed AUROC and p = 1 whatever it is; the test cannot run (p stays NaN)
         longest = np.maximum(np.asarray(table.width), np.asarray(table.height))
         longest_rule = _longest_side_rule(table, longest, n_splits, gen)
 

@@ -108,6 +108,16 @@ def leak_item(blind: Any) -> VerdictItem:
         if text is not None and _above(text, LEAK_AUROC)
         else ""
     )
+    if math.isnan(blind.file_reader_p):  # no contrast nor situation holds both classes
+        may = "may leak" if _above(fr, 0.5) else "was not tested for leaking"
+        return VerdictItem(
+            "warn",
+            "leak",
+            f"The label {may} through the image files: a reader of image size, bytes and "
+            f"format alone reaches AUROC {fmt(fr, pct=False)}, but its permutation test cannot "
+            "run (no contrast nor situation holds both a safe and an unsafe case, so no label "
+            f"can be swapped within one). Label contrasts (contrast_id) to test it.{req}",
+        )
     what = f"AUROC {fmt(fr, pct=False)} ({fmt_p(blind.file_reader_p)})"
     if _above(fr, 0.5) and blind.file_reader_p < 0.05:
         status: Status = "fail" if fr.value >= LEAK_AUROC else "warn"
@@ -118,6 +128,14 @@ def leak_item(blind: Any) -> VerdictItem:
             f"The label {strength} through the image files: a reader of image size, bytes and "
             f"format alone reaches {what}{rule}. Control the files (e.g. letterbox every image "
             f"to one size and format) before trusting the scene score.{req}",
+        )
+    if fr.ci.high >= LEAK_AUROC:  # too few cases to rule out a leak
+        return VerdictItem(
+            "warn",
+            "leak",
+            "Whether the label leaks through the image files is not resolved: a reader of "
+            f"image size, bytes and format alone reaches {what}, an interval that reaches "
+            f"{LEAK_AUROC:g}; label more situations to tell.{req}",
         )
     return VerdictItem(
         "ok",
@@ -139,6 +157,14 @@ def cut_item(
             "Whether the cut is misplaced was not measured: the labelled cases form no "
             "contrasts (a safe and an unsafe scene of one situation); give contrast_id with "
             "the labels.",
+        )
+    if not (math.isfinite(cf.value) and math.isfinite(cf.ci.low) and math.isfinite(cf.ci.high)):
+        return VerdictItem(  # the in-sample part alone cannot say the cut is well placed
+            "warn",
+            "cut",
+            "Whether the cut is misplaced was not measured out of sample: the cross-fitted "
+            f"threshold part needs contrasts in at least two groups (in sample the part is "
+            f"{fmt(tp)} points). Label more situations.",
         )
     gain = None if sit is None else sit.ba_gain
     # the batch rule the card measured: the paper's (batch) where its fields are defined, else
@@ -177,11 +203,19 @@ def cut_item(
         head = "The cut is misplaced"
     elif _above(tp, 0.0) and cf.value > CUT_ROOM / 2:
         status, head = "warn", "The cut may be misplaced"
+    elif cf.ci.high > CUT_ROOM:  # too few contrasts to rule out a misplaced cut
+        status, head = "warn", "Whether the cut is misplaced is not resolved"
     else:
         status, head = "ok", "The cut is well placed"
     if status == "ok":
         recover = recover[:1]  # the situation's gain still reads; no batch recovery of nothing
         todo = "no recalibration is needed."
+    elif head.endswith("not resolved"):
+        recover = recover[:1]
+        todo = (
+            f"the interval reaches past {100 * CUT_ROOM:g} points: label more contrasts before "
+            "changing the cut."
+        )
     elif _above(gain, 0.0):
         todo = "recentre on the situation (the situation policy)."
     elif math.isfinite(rec.value) and rec.value >= 0.8 and rec10 is not None and rec10.value >= 0.8:

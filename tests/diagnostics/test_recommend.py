@@ -51,3 +51,28 @@ def test_batch_reason_names_the_criterion_that_failed():
     assert only_10.startswith("the batch mean of the fixed score (`batch_frozen_iqr`")
     assert "falls behind the frozen cut when prevalence moves: at 10% unsafe" in only_10
     assert "while it flags 100.0% of an all-unsafe batch" in only_10
+
+
+def test_batch_reason_says_what_was_not_measured():
+    from spotstop.diagnostics._recommend import _batch_reason
+
+    nan = float("nan")
+    text = _batch_reason(
+        {"batch_ba_10": nan, "frozen_ba_10": nan,
+         "batch_tpr_all_unsafe": nan, "frozen_tpr_all_unsafe": nan}
+    )  # fmt: skip
+    assert "was not measured (too few labelled cases)" in text and "falls behind" not in text
+
+
+def test_the_card_recommends_on_the_numbers_its_prevalence_table_shows():
+    """The recommendation ran a prevalence check of its own (other draws, other levels): the
+    policy sentence quoted 79.4 % where the card's prevalence table showed 80.3 %."""
+    from spotstop.diagnostics import simulate_log
+    from spotstop.diagnostics._card import compute_card
+
+    card = compute_card(simulate_log(40, rng=0), n_boot=100, n_boot_checks=100, rng=0)
+    ev = card.recommendation.evidence
+    shown = card.checks["prevalence"].result
+    kind = ev["batch_rule"]
+    assert ev["batch_ba_10"] == shown.rules[0.1][kind].balanced_accuracy.value
+    assert ev["frozen_tpr_all_unsafe"] == shown.rules[1.0]["frozen"].tpr.value

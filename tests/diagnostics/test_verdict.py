@@ -253,3 +253,49 @@ def test_cut_item_reads_the_gain_when_the_recovery_is_undefined_and_names_ties()
     quiet = cut_item(fields, _Prev(_e(math.nan, math.nan, math.nan)), None, "x", 0.5)
     assert "tied" not in quiet.sentence and "at 10 % unsafe" not in quiet.sentence
     assert "recovers 60.0 [20.0, 90.0] % of it here" in quiet.sentence
+
+
+def test_the_cut_and_leak_sentences_say_ok_only_when_their_interval_rules_it_out():
+    """With too little data the cut sentence said "well placed" (a cross-fitted part of NaN,
+    or an interval reaching 23 points) and the leak sentence "does not leak" (AUROC 0.54
+    [0.28, 0.80])."""
+    nan = _e(math.nan, math.nan, math.nan)
+    unmeasured = cut_item(_fields(_e(0.5, 0.5, 0.5), nan, nan), None, None, "x", 0.0)
+    assert unmeasured.status == "warn" and "not measured out of sample" in unmeasured.sentence
+    assert "in sample the part is 50.0 [50.0, 50.0] points" in unmeasured.sentence
+    wide = cut_item(_fields(_e(0.13, 0.0, 0.3), _e(0.062, -0.167, 0.233), nan), None, None, "x", 0)
+    assert wide.status == "warn" and wide.sentence.startswith("Whether the cut is misplaced is not")
+    assert "label more contrasts before changing the cut" in wide.sentence
+    assert "no recalibration" not in wide.sentence
+    # the edge: an interval up to CUT_ROOM (2 points) rules a misplaced cut out
+    edge = cut_item(_fields(_e(0.0, -0.01, 0.02), _e(0.0, -0.02, 0.02), nan), None, None, "x", 0)
+    assert edge.status == "ok"
+
+    class _Blind:
+        def __init__(self, fr: Estimate, p: float) -> None:
+            self.file_reader, self.file_reader_p = fr, p
+            self.longest_side = self.request_only = None
+
+    unresolved = leak_item(_Blind(_e(0.542, 0.280, 0.796), 0.4))
+    assert unresolved.status == "warn" and "is not resolved" in unresolved.sentence
+    assert leak_item(_Blind(_e(0.52, 0.40, 0.69), 0.4)).status == "ok"
+    untested = leak_item(_Blind(_e(1.0, 1.0, 1.0), math.nan))
+    assert untested.status == "warn" and "may leak" in untested.sentence
+    assert "permutation test cannot run" in untested.sentence
+
+
+def test_a_leak_with_no_unit_of_both_classes_is_not_called_no_leak():
+    """Every case its own situation and no contrast ids: a swap within a unit moves no label,
+    so every draw of the null was the observed AUROC and p = 1 ("does not leak", AUROC 1)."""
+    t = simulate_log(60, rng=3, size_leak=2.0)
+    single = dataclasses.replace(
+        t,
+        contrast_id=np.array([""] * len(t), dtype=object),
+        situation_id=np.array([f"u{i}" for i in range(len(t))], dtype=object),
+    )
+    blind = scene_blind_readers(single, n_permutations=20, n_boot=50, rng=0)
+    assert blind.file_reader is not None and blind.file_reader.value > 0.9
+    assert math.isnan(blind.file_reader_p)
+    assert leak_item(blind).status == "warn"
+    paired = scene_blind_readers(t, n_permutations=20, n_boot=50, rng=0)
+    assert paired.file_reader_p < 0.1  # with its contrasts the test runs, and rejects
