@@ -79,7 +79,14 @@ def _deadline_arg(value: float | None) -> float | None:
     rule (:func:`~spotstop.guard._call.check_deadline`); raises :class:`GuardError`."""
     from spotstop.guard._call import check_deadline
 
-    return None if value is None or value == 0 else check_deadline(value, "--deadline")
+    if value is None or value == 0:
+        return None
+    try:
+        return check_deadline(value, "--deadline")
+    except GuardError:
+        raise GuardError(
+            f"--deadline must be a number of seconds in (0, 3600], or 0 for none; got {value!r}."
+        ) from None
 
 
 def _add_log_and_deadline(p: argparse.ArgumentParser, deadline_help: str) -> None:
