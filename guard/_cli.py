@@ -208,6 +208,11 @@ def run_check(args: argparse.Namespace) -> int:
     except GuardError as e:
         print(f"spotstop check: {e}", file=sys.stderr)
         return 2
+    try:
+        image = args.image.read_bytes()
+    except OSError as e:  # (a permission, a file gone since)
+        print(f"spotstop check: image {args.image} cannot be read: {e}.", file=sys.stderr)
+        return 2
     if args.min_image_side is not None and args.min_image_side < 1:
         print(
             f"spotstop check: --min-image-side must be a positive number of pixels; got "
@@ -235,7 +240,7 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"spotstop check: {d.fail_reason} (not logged)", file=sys.stderr)
     else:
         with guard:
-            d = guard.check(Scene(args.image.read_bytes(), args.request, args.situation))
+            d = guard.check(Scene(image, args.request, args.situation))
     if args.json:
         print(json.dumps(d.to_dict(), indent=2))
     else:

@@ -381,3 +381,24 @@ def test_verify_bundle_scores_a_scene_table_when_given_one(bundle_copy, tmp_path
     (tmp_path / "bad.csv").write_text("image,request\nnope.png,go\n")
     assert main([*argv, str(tmp_path / "bad.csv")]) == 2
     assert "--scene-table" in capsys.readouterr().err
+
+
+def test_check_an_image_it_cannot_read_is_a_usage_error(bundle_copy, tmp_path, capsys, monkeypatch):
+    """A file it may not read (or one gone since the check for it) was a traceback, exit 1."""
+    from pathlib import Path
+
+    img = tmp_path / "cam.png"
+    img.write_bytes(make_image_bytes(0))
+    real = Path.read_bytes
+
+    def denied(self: Path) -> bytes:
+        if self == img:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    args = ["check", str(img), "--request", "open the door", "--bundle", str(bundle_copy)]
+    assert main([*args, "--log", str(tmp_path / "l.sqlite")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read" in err and "Permission denied" in err
+    assert not (tmp_path / "l.sqlite").exists()
