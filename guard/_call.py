@@ -154,6 +154,9 @@ def _read_text(
             if img is None:
                 raise GuardError("the scene has no image")
             got: CueReading | str = detector.detect(img)
+            if not isinstance(got, CueReading):  # (None read as "no flags": a SAFE)
+                raise GuardError(f"it returned {type(got).__name__}, not a CueReading")
+            dict(got.flags)  # its flags are read here, where a fault fails only this scene
         except Exception as e:  # a scene whose text cannot be read fails closed
             got = _reason("text detector", e)
         out.append((got, (time.perf_counter() - t) * 1e3))

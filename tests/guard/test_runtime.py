@@ -1151,3 +1151,31 @@ def test_a_state_write_that_failed_is_written_by_the_next_commit_or_at_close(
     assert json.loads(path.read_text())["state"]["situations"]["k"] == list(live)
     with Guard(bundle_copy, log=tmp_path / "l.sqlite", state_dir=sd) as g:
         assert g.situation("k").references == live
+
+
+class _Garbage:
+    """A text detector that returns something other than a CueReading."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def detect(self, image: Any) -> Any:
+        return self.value
+
+
+def test_a_text_detector_that_returns_no_reading_fails_its_scene_closed(
+    bundle_copy: Path, tmp_path: Path
+):
+    """None was taken as "no flags" (SAFE, under reassuring: fail_closed); a dict, or a
+    reading whose flags cannot be read, made check raise with no decision logged."""
+    from spotstop.guard.cues import CueReading, OcrModel
+
+    _with_text_in_scene(bundle_copy, 1e9, reassuring="fail_closed")
+    broken = CueReading("ALL CLEAR", None, OcrModel("x", ()), "0" * 64)  # type: ignore[arg-type]
+    for value, why in ((None, "returned NoneType"), ({"reassuring": True}, "returned dict"),
+                       (broken, "TypeError")):  # fmt: skip
+        log = tmp_path / f"{why.split()[-1]}.sqlite"
+        with Guard(bundle_copy, log=log, text_detector=_Garbage(value)) as g:
+            d = g.check(make_scene())
+            assert d.label == "UNSAFE" and d.fail_closed and why in (d.fail_reason or ""), d
+            assert g.log.get(d.decision_id) is not None
