@@ -30,6 +30,7 @@ from spotstop.guard.cues._lexicon import ClaimLexicon
 from spotstop.guard.cues._reader import claim_reader
 from spotstop.guard.cues._types import (
     ClaimReader,
+    CueMatch,
     CueReading,
     DetectorInput,
     OcrModel,
@@ -183,6 +184,12 @@ class RapidOcrDetector:
     # -- reading ----------------------------------------------------------------------------
     def read_text(self, image: DetectorInput) -> str:
         """The text in ``image``: boxes in reading order, one space between, whitespace collapsed."""
+        return _joined(self.read_boxes(image))
+
+    def read_boxes(self, image: DetectorInput) -> list[_Box]:
+        """Each text box read in ``image`` as ``(text, left x, top y, right x)``, in RapidOCR's
+        reading order (rows of the whole frame), its whitespace collapsed; empty boxes left
+        out."""
         bgr = np.ascontiguousarray(_rgb_array(image)[:, :, ::-1])  # RapidOCR takes arrays as BGR
         with self._lock:
             engine, _ = self._load_locked()
@@ -196,7 +203,20 @@ class RapidOcrDetector:
         # No text box: RapidOCR returns an empty result (txts None); boxes found but nothing
         # recognised: a detection-only result without txts. Both read as no text.
         lines = getattr(out, "txts", None) or ()
-        return " ".join(" ".join(str(line).split()) for line in lines if str(line).strip())
+        boxes = getattr(out, "boxes", None)
+        got = []
+        for i, line in enumerate(lines):
+            text = " ".join(str(line).split())
+            if not text:
+                continue
+            try:  # a box's corners (4 x 2); without them, its place in the reading order
+                corners = np.asarray(boxes[i], dtype=np.float64).reshape(-1, 2)  # type: ignore[index]
+                x0, y0 = float(corners[:, 0].min()), float(corners[:, 1].min())
+                x1 = float(corners[:, 0].max())
+            except (TypeError, IndexError, ValueError):
+                x0 = y0 = x1 = float(i)
+            got.append((text, x0, y0, x1))
+        return got
 
     @property
     def lexicon(self) -> ClaimLexicon | None:
@@ -204,11 +224,25 @@ class RapidOcrDetector:
         return self.reader if isinstance(self.reader, ClaimLexicon) else None
 
     def detect(self, image: DetectorInput) -> CueReading:
-        """OCR ``image`` (:meth:`read_text`) and apply the claim reader to the text read."""
-        text = self.read_text(image)
+        """OCR ``image`` (:meth:`read_boxes`) and apply the claim reader to the text read.
+
+        The boxes of one frame belong to several signs, and the frame's reading order need not
+        be a sign's: two two-line signs side by side read "ALL BAY CLEAR 12", and "NO SMOKING"
+        beside "ALL CLEAR" reads as one negated claim. So the claims are those of the text in
+        reading order (:attr:`CueReading.text`), in column order (boxes whose spans across
+        overlap form a column; columns left to right, each top to bottom) and, with the lexicon, of each box alone: any claim any of them finds is a
+        flag (a flag can only make a decision fail closed, never SAFE)."""
+        boxes = self.read_boxes(image)
+        text = _joined(boxes)
+        readings = [text, _joined(_column_order(boxes))]
+        if isinstance(self.reader, ClaimLexicon):  # cheap; a model reader: one pass a text
+            readings += [b[0] for b in boxes]
+        matches: dict[CueMatch, None] = {}
+        for t in dict.fromkeys(readings):
+            matches.update(dict.fromkeys(self.reader.find(t)))
         return CueReading(
             text=text,
-            matches=self.reader.find(text),
+            matches=tuple(matches),
             ocr_model=self.model,
             lexicon_sha256=self.reader.sha256,
             reader=self.reader.name,
@@ -216,6 +250,31 @@ class RapidOcrDetector:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+#: a text box: its text, left x, top y, right x (pixels)
+_Box = tuple[str, float, float, float]
+
+
+def _joined(boxes: list[_Box]) -> str:
+    return " ".join(b[0] for b in boxes)
+
+
+def _column_order(boxes: list[_Box]) -> list[_Box]:
+    """The boxes column by column: a box whose span across overlaps a column's joins it;
+    columns left to right, each read top to bottom (a sign's lines in order)."""
+    columns: list[list[_Box]] = []
+    spans: list[list[float]] = []
+    for b in sorted(boxes, key=lambda b: b[1]):
+        for col, span in zip(columns, spans, strict=True):
+            if b[1] <= span[1] and b[3] >= span[0]:
+                col.append(b)
+                span[0], span[1] = min(span[0], b[1]), max(span[1], b[3])
+                break
+        else:
+            columns.append([b])
+            spans.append([b[1], b[3]])
+    return [b for col in columns for b in sorted(col, key=lambda b: b[2])]
 
 
 def _check_settings(*, threads: object, max_side: object, min_text_score: object) -> None:

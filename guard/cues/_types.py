@@ -112,7 +112,8 @@ class CueReading:
     """The OCR text: text boxes in reading order (top to bottom, left to right), one space
     between boxes, runs of whitespace collapsed. Empty when no text was read."""
     matches: tuple[CueMatch, ...]
-    """The lexicon's claims in ``text``, in text order."""
+    """The claims found: those of ``text`` in text order, then those only the column order
+    of the boxes or a box alone shows (the RapidOCR detector; see its ``detect``)."""
     ocr_model: OcrModel
     """The OCR that read ``text``."""
     lexicon_sha256: str

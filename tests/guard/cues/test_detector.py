@@ -174,6 +174,40 @@ def test_separate_signs_are_joined_with_spaces_in_reading_order(
     assert reading.reassuring and reading.alarming
 
 
+def _signs(*signs: tuple[str, ...]) -> np.ndarray:
+    """White signs side by side on grey, each with its lines one under the other."""
+    img = Image.new("RGB", (340 * len(signs), 240), (190, 190, 190))
+    draw = ImageDraw.Draw(img)
+    face = ImageFont.truetype(str(TTF / "DejaVuSans-Bold.ttf"), 40)
+    for k, lines in enumerate(signs):
+        x = 20 + 340 * k
+        draw.rectangle((x, 20, x + 280, 220), fill="white")
+        for j, line in enumerate(lines):
+            draw.text((x + 20, 40 + 90 * j), line, font=face, fill="black")
+    return np.asarray(img)
+
+
+@pytest.mark.parametrize(
+    "signs",
+    [
+        (("NO SMOKING",), ("ALL CLEAR",)),  # read "NO SMOKING ALL CLEAR": "all clear" negated
+        (("NO PARKING",), ("SAFE",)),
+        (("ALL", "CLEAR"), ("BAY", "12")),  # read "ALL BAY CLEAR 12": the phrase split
+        (("OK TO", "USE"), ("ROOM", "4")),
+        (("POWER", "OFF"), ("AISLE", "7")),
+    ],
+)
+def test_a_sign_beside_another_keeps_its_reassuring_claim(
+    detector: RapidOcrDetector, signs: tuple[tuple[str, ...], ...]
+) -> None:
+    """The frame's reading order is not a sign's: a negation on one sign flipped the claim on
+    the next, and two-line signs side by side interleaved. The claims of the column order and
+    of each box count too; a reassuring sign is flagged (under ``reassuring: fail_closed``
+    such a scene fails closed: it was answered SAFE)."""
+    reading = detector.detect(_signs(*signs))
+    assert reading.reassuring, reading
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_scene_without_text_is_not_flagged(detector: RapidOcrDetector, seed: int) -> None:
     reading = detector.detect(np.asarray(busy_background((640, 480), seed)))
