@@ -153,7 +153,7 @@ def test_the_detector_records_which_reader_read_the_text() -> None:
 
     reader = MemberClaimReader(KeywordMember())
     det = RapidOcrDetector(reader=reader, threads=1)
-    det.read_text = lambda image: "HIGH VOLTAGE"  # type: ignore[method-assign]
+    det.read_boxes = lambda image: [("HIGH VOLTAGE", 0.0, 0.0, 90.0)]  # type: ignore[method-assign]
     det._model = RECORDED  # no OCR model loaded: the text above is given
     det._engine = object()
     reading = det.detect(np.zeros((8, 8, 3), np.uint8))
