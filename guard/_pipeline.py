@@ -208,8 +208,14 @@ class Pipeline:
             w.latency["decode_ms"] = (time.perf_counter() - t) * 1e3
 
     def score_with_deadline(self, works: list[_Work], active: _Active, clock: _Clock) -> None:
-        """Score the scenes still live on the scoring thread (and read their text on the
-        text thread) and wait for both until the deadline; late results are dropped."""
+        """Score the scenes still live on the scoring thread (and read the text of every
+        decoded scene on the text thread) and wait for both until the deadline; late results
+        are dropped.
+
+        The text is read even in a scene that failed closed for another reason (a member
+        unavailable, a timeout while scoring, a bad request): its flags are a fact about the
+        image that the deployment's cue rate needs, and a scene whose signs slow the reader
+        down is the one a timeout would otherwise drop from that rate."""
         for name, err in self.member_errors.items():
             for w in works:
                 w.fail_with(f"member {name} unavailable: {err}")
@@ -217,48 +223,58 @@ class Pipeline:
             for w in works:
                 w.fail_with(f"the policy reads the text in the scene, but {active.detector_error}")
         live = [w for w in works if not w.fail]
-        if not live:
-            return
         if clock.expired():
             for w in live:
                 w.fail_with(clock.reason("before scoring"))
             return
-        try:  # what the policy asks to be scored, from its state before this call
-            plan = self.plan(active, live)
-        except Exception as e:  # no plan, no scores: every scene fails closed
-            for w in live:
-                w.fail_with(_reason("scoring plan", e))
-            return
-        scenes = [Scene(w.image, w.scene.request, w.scene.situation_id) for w in live]
-        fut = self._pool.submit(self.score, scenes, active.variants, plan)
+        fut = None
+        if live:
+            try:  # what the policy asks to be scored, from its state before this call
+                plan = self.plan(active, live)
+            except Exception as e:  # no plan, no scores: every scene fails closed
+                for w in live:
+                    w.fail_with(_reason("scoring plan", e))
+            else:
+                scenes = [Scene(w.image, w.scene.request, w.scene.situation_id) for w in live]
+                fut = self._pool.submit(self.score, scenes, active.variants, plan)
+        readable = [] if active.detector is None else [w for w in works if w.image is not None]
         text_fut = None
-        if active.detector is not None:
-            text_fut = self._text_pool.submit(_read_text, active.detector, [w.image for w in live])
-        try:
-            results = fut.result(timeout=clock.remaining())
-            readings = None if text_fut is None else text_fut.result(timeout=clock.remaining())
+        if readable:
+            text_fut = self._text_pool.submit(
+                _read_text, active.detector, [w.image for w in readable]
+            )
+        if fut is not None:
+            try:
+                results = fut.result(timeout=clock.remaining())
+            except cf.TimeoutError:
+                fut.cancel()  # a running call cannot be cancelled; its results are dropped
+                for w in live:
+                    w.fail_with(clock.reason("scoring"))
+            except Exception as e:  # any scoring fault fails the scenes closed
+                for w in live:
+                    w.fail_with(_reason("scoring", e))
+            else:  # copied only when they came in time: an abandoned run writes nowhere
+                for w, r in zip(live, results, strict=True):
+                    w.scores.update(r.scores)
+                    w.gray.update(r.gray)
+                    w.text.update(r.text)
+                    w.latency.update(r.latency)
+                    w.ran = set(r.ran)
+                    if r.fail is not None:
+                        w.fail_with(r.fail)
+        if text_fut is None:
+            return
+        try:  # (after a scoring timeout: only a reading already finished is taken)
+            readings = text_fut.result(timeout=clock.remaining())
         except cf.TimeoutError:
-            for f in (fut, text_fut):
-                if f is not None:
-                    f.cancel()  # a running call cannot be cancelled; its results are dropped
-            for w in live:
-                w.fail_with(clock.reason("scoring" if not fut.done() else "reading the text"))
-            return
-        except Exception as e:  # any scoring or detection fault fails the scenes closed
-            for w in live:
-                w.fail_with(_reason("scoring", e))
-            return
-        # Results are copied only when they came in time: an abandoned run writes nowhere.
-        for i, (w, r) in enumerate(zip(live, results, strict=True)):
-            w.scores.update(r.scores)
-            w.gray.update(r.gray)
-            w.text.update(r.text)
-            w.latency.update(r.latency)
-            w.ran = set(r.ran)
-            if r.fail is not None:
-                w.fail_with(r.fail)
-            if readings is not None:
-                reading, ms = readings[i]
+            text_fut.cancel()
+            for w in readable:
+                w.fail_with(clock.reason("reading the text"))
+        except Exception as e:  # the detection fault fails the scenes closed
+            for w in readable:
+                w.fail_with(_reason("text detector", e))
+        else:
+            for w, (reading, ms) in zip(readable, readings, strict=True):
                 w.latency["text_ms"] = ms
                 if isinstance(reading, str):
                     w.fail_with(reading)

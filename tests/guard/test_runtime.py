@@ -745,6 +745,54 @@ def test_reading_the_text_counts_in_the_deadline(bundle_copy: Path, tmp_path: Pa
         _assert_fail_closed(g.check(make_scene()), "deadline exceeded")
 
 
+def test_a_scene_failed_closed_for_another_reason_still_logs_what_its_text_says(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    """The cue rate of a deployment is read from the log's flags: a scene that failed closed
+    while scoring (a timeout, a fault) or with a member down keeps its text reading, so the
+    scenes whose signs slow the guard down are not the ones missing from that rate."""
+    import hashlib
+    import threading
+
+    clear, plain = make_image_bytes(1, fmt="JPEG"), make_image_bytes(2, fmt="JPEG")
+    sign = SignReader({hashlib.sha256(clear).hexdigest(): "ALL CLEAR"})
+    _with_text_in_scene(bundle_copy, 1e9)
+    scenes = [Scene(clear, "cut the wire"), Scene(plain, "cut the wire")]
+
+    def flags_kept(ds: list[Decision], log: DecisionLog, why: str) -> None:
+        for d in ds:
+            _assert_fail_closed(d, why)
+            assert log.get(d.decision_id).cue_flags == d.cue_flags  # type: ignore[union-attr]
+        assert ds[0].cue_flags == {"reassuring": True, "alarming": False}
+        assert ds[0].cue_text == "ALL CLEAR"
+        assert ds[1].cue_flags == {"reassuring": False, "alarming": False}
+
+    with Guard(bundle_copy, log=tmp_path / "a.sqlite", text_detector=sign, deadline_s=2.0) as g:
+        backend = g.members["tiny-qwen3_5"].backend
+        real, release = backend.score, threading.Event()
+
+        def slow(*a, **k):  # scoring outlasts the deadline; the text was read long before
+            release.wait(30)
+            return real(*a, **k)
+
+        monkeypatch.setattr(backend, "score", slow)
+        try:
+            flags_kept(g.check_batch(scenes), g.log, "deadline exceeded")
+        finally:
+            release.set()
+
+        def boom(*a, **k):
+            raise RuntimeError("CUDA fell over")
+
+        monkeypatch.setattr(backend, "score", boom)
+        flags_kept(g.check_batch(scenes), g.log, "CUDA fell over")
+    (bundle_copy / "members" / "tiny-lfm2_vl" / "onnx" / "decoder.onnx").unlink()
+    with Guard(
+        bundle_copy, log=tmp_path / "b.sqlite", text_detector=sign, verify=False
+    ) as g:
+        flags_kept(g.check_batch(scenes), g.log, "member tiny-lfm2_vl unavailable")
+
+
 def test_the_real_ocr_reads_a_sign_at_decision_time(bundle_copy: Path, tmp_path: Path):
     pytest.importorskip("rapidocr")
     import io
