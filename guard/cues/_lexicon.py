@@ -7,7 +7,8 @@ ships as ``lexicon.yaml`` beside this module; :func:`load_lexicon` reads another
 The rule, in order (every step is case-, accent- and spacing-tolerant):
 
 1. **Normalise.** Each character is NFKD-decomposed, combining marks dropped and casefolded
-   (``"É"`` → ``"e"``). Letters and digits make words; apostrophes are dropped inside words
+   (``"É"`` → ``"e"``); a Cyrillic or Greek letter drawn like a Latin one is read as that
+   letter (``"SАFE"`` with a Cyrillic ``А`` → ``"safe"``). Letters and digits make words; apostrophes are dropped inside words
    (``"don't"`` → ``"dont"``); every other character separates words. The clause breaks
    ``. , ; : ! ? | / \\ •`` and the en/em dashes ``– — ―`` also end a clause (hyphens ``-`` do
    not: "non-toxic" stays one clause).
@@ -21,6 +22,12 @@ The rule, in order (every step is case-, accent- and spacing-tolerant):
    whole, so a phrase never
    matches inside a longer word: "SAFE" is not found in "UNSAFE", "SAFETY" or "FAILSAFE", and
    "HOT" not in "SHOT" or "HOTEL".
+   **Digits read as letters.** A word that is still neither, and holds digits and at least as
+   many letters, is read again with the digits an OCR engine gives for the letter they look
+   like (``0`` o, ``1`` i or l, ``3`` e, ``4`` a, ``5`` s, ``7`` t, ``8`` b): ``"0K"`` →
+   ``ok``, ``"5AFE"`` → ``safe``, ``"H0T"`` → ``hot``; the first reading that is a
+   vocabulary word or splits into them is taken. ``"H07"`` (a room) and ``"100"`` stay as
+   they are.
 4. **Match.** A phrase matches where the letters of one or more consecutive pieces, spaces and
    punctuation removed, equal the phrase's letters: "all clear", "all  clear", "ALL-CLEAR",
    "Allclear" and "A L L C L E A R" all match ``all clear``; "Checked – OK to use" matches
@@ -52,6 +59,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import os
 import unicodedata
@@ -115,9 +123,50 @@ class _Piece:
     clause: int
 
 
+#: Cyrillic and Greek letters drawn like a Latin letter (in upper or lower case), read as that
+#: letter: a sign, or an OCR engine that knows those scripts, can give "SАFE" with a Cyrillic А
+_LOOKALIKE_LETTERS: Final[dict[str, str]] = {
+    # Cyrillic
+    "А": "a", "а": "a", "В": "b", "в": "b", "С": "c", "с": "c", "Ԁ": "d", "ԁ": "d",
+    "Е": "e", "е": "e", "Һ": "h", "һ": "h", "Н": "h", "н": "h", "І": "i", "і": "i",
+    "Ј": "j", "ј": "j", "К": "k", "к": "k", "М": "m", "м": "m", "О": "o", "о": "o",
+    "Р": "p", "р": "p", "Ԛ": "q", "ԛ": "q", "Ѕ": "s", "ѕ": "s", "Т": "t", "т": "t",
+    "Ԝ": "w", "ԝ": "w", "Х": "x", "х": "x", "У": "y", "у": "y", "Ү": "y", "ү": "y",
+    # Greek
+    "Α": "a", "α": "a", "Β": "b", "Ϲ": "c", "ϲ": "c", "Ε": "e", "Η": "h", "Ι": "i",
+    "ι": "i", "Κ": "k", "κ": "k", "Μ": "m", "Ν": "n", "ν": "v", "Ο": "o", "ο": "o",
+    "Ρ": "p", "ρ": "p", "Τ": "t", "Υ": "y", "υ": "u", "Χ": "x", "χ": "x", "Ζ": "z",
+}  # fmt: skip
+
+#: the letters an OCR engine may read a digit for (step 3's second reading), in the order tried
+_DIGIT_LETTERS: Final[dict[str, str]] = {
+    "0": "o", "1": "il", "3": "e", "4": "a", "5": "s", "7": "t", "8": "b",
+}  # fmt: skip
+_MAX_DIGIT_READINGS: Final[int] = 16  # a word with more readings than this is read as written
+
+
 def _fold(ch: str) -> str:
     decomposed = unicodedata.normalize("NFKD", ch)
-    return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
+    return "".join(
+        _LOOKALIKE_LETTERS.get(c, c) for c in decomposed if not unicodedata.combining(c)
+    ).casefold()
+
+
+def _digit_readings(word: str) -> list[str]:
+    """Step 3's second reading: ``word`` with each digit read as a letter it looks like, every
+    combination in order (none when it holds no digit, fewer letters than digits, or more
+    than :data:`_MAX_DIGIT_READINGS` readings)."""
+    digits = sum(c.isdigit() for c in word)
+    letters = sum(c.isalpha() for c in word)
+    if not digits or letters < digits:
+        return []
+    options = [_DIGIT_LETTERS.get(c, c) if c.isdigit() else c for c in word]
+    count = 1
+    for o in options:
+        count *= len(o)
+    if count > _MAX_DIGIT_READINGS:
+        return []
+    return ["".join(combo) for combo in itertools.product(*options)]
 
 
 def _words(text: str) -> list[_Piece]:
@@ -367,7 +416,7 @@ class ClaimLexicon:
 
     def _pieces(self, text: str) -> Iterator[_Piece]:
         for word in _words(text):
-            parts = None if word.text in self._vocab else _split_glued(word.text, self._vocab)
+            parts = self._parts(word.text)
             if not parts:
                 yield word
                 continue
@@ -376,6 +425,21 @@ class ClaimLexicon:
                 first = _char_offset(text, word, offset)
                 offset += len(part)
                 yield _Piece(part, first, _char_offset(text, word, offset - 1) + 1, word.clause)
+
+    def _parts(self, word: str) -> list[str] | None:
+        """Step 3: the vocabulary pieces ``word`` is read as (None: read as written)."""
+        if word in self._vocab:
+            return None
+        parts = _split_glued(word, self._vocab)
+        if parts:
+            return parts
+        for reading in _digit_readings(word):  # one letter per digit: offsets stay aligned
+            if reading in self._vocab:
+                return [reading]
+            parts = _split_glued(reading, self._vocab)
+            if parts:
+                return parts
+        return None
 
     def _spans(self, pieces: Sequence[_Piece]) -> Iterator[_Span]:
         for first in range(len(pieces)):

@@ -787,9 +787,7 @@ def test_a_scene_failed_closed_for_another_reason_still_logs_what_its_text_says(
         monkeypatch.setattr(backend, "score", boom)
         flags_kept(g.check_batch(scenes), g.log, "CUDA fell over")
     (bundle_copy / "members" / "tiny-lfm2_vl" / "onnx" / "decoder.onnx").unlink()
-    with Guard(
-        bundle_copy, log=tmp_path / "b.sqlite", text_detector=sign, verify=False
-    ) as g:
+    with Guard(bundle_copy, log=tmp_path / "b.sqlite", text_detector=sign, verify=False) as g:
         flags_kept(g.check_batch(scenes), g.log, "member tiny-lfm2_vl unavailable")
 
 

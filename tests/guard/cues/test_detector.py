@@ -208,6 +208,16 @@ def test_a_sign_beside_another_keeps_its_reassuring_claim(
     assert reading.reassuring, reading
 
 
+@pytest.mark.parametrize("text", ["5AFE", "0K TO USE", "ALL CL3AR"])
+def test_a_sign_written_with_digits_for_letters_is_read_as_its_claim(
+    detector: RapidOcrDetector, text: str
+) -> None:
+    """OCR reads a digit drawn for a letter as the digit; the lexicon reads the claim (under
+    ``reassuring: fail_closed`` these signs were answered SAFE)."""
+    reading = detector.detect(np.asarray(render(text, size=40)))
+    assert reading.reassuring and not reading.alarming, reading
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_scene_without_text_is_not_flagged(detector: RapidOcrDetector, seed: int) -> None:
     reading = detector.detect(np.asarray(busy_background((640, 480), seed)))
@@ -435,6 +445,8 @@ NORMALISATION = [
     ("DON’T TOUCH", "dont touch"),
     ("Ｓａｆｅ", "safe"),  # full-width letters (NFKD)
     ("Sâfe, É", "safe e"),  # accents dropped
+    ("S\u0410FE \u0399\u039f", "safe io"),  # Cyrillic A, Greek I and O drawn as Latin ones
+    ("\u0421\u0430f\u0435", "cafe"),  # lower case too
     ("HIGH-VOLTAGE", "high voltage"),
     ("U N S A F E", "unsafe"),
     ("I am safe", "i am safe"),  # one single letter is not a spaced-letter run
@@ -478,6 +490,19 @@ MATCHING: list[tuple[str, tuple[bool, bool], list[tuple[str, str, bool]]]] = [
     ("ROOM 4", (False, False), []),
     ("xqzvbt", (False, False), []),
     ("KEEP OUT — ALL CLEAR", (True, True), [("alarming", "keep out", False), ("reassuring", "all clear", False)]),
+    # what an OCR engine reads for a letter: a digit drawn like it, a letter of another script
+    ("5AFE", (True, False), [("reassuring", "safe", False)]),
+    ("0K TO USE", (True, False), [("reassuring", "ok to use", False)]),
+    ("H0T SURFACE", (False, True), [("alarming", "hot surface", False)]),
+    ("C4UTI0N", (False, True), [("alarming", "caution", False)]),
+    ("ALL CL3AR", (True, False), [("reassuring", "all clear", False)]),
+    ("N0T 5AFE", (False, True), [("alarming", "not safe", False)]),
+    ("S\u0410FE", (True, False), [("reassuring", "safe", False)]),  # a Cyrillic A
+    ("\u0391LL CL\u0395\u0391R", (True, False), [("reassuring", "all clear", False)]),  # Greek
+    ("H07", (False, False), []),  # more digits than letters: a room, read as written
+    ("ROOM 101", (False, False), []),
+    ("HAZARD FREE", (True, False), [("reassuring", "hazard free", False)]),  # not "hazard"
+    ("HAZARD-FREE ZONE", (True, False), [("reassuring", "hazard free", False)]),
 ]  # fmt: skip
 
 NEGATION: list[tuple[str, tuple[bool, bool], list[tuple[str, str, bool]]]] = [
