@@ -146,9 +146,16 @@ def leak_item(blind: Any) -> VerdictItem:
 
 
 def cut_item(
-    fields: Mapping[str, Estimate], prev: Any, sit: Any, cut_source: str, cut: float
+    fields: Mapping[str, Estimate],
+    prev: Any,
+    sit: Any,
+    cut_source: str,
+    cut: float,
+    recommended: str | None = None,
 ) -> VerdictItem:
-    """The ``cut`` sentence from the Spot-Stop fields, the prevalence and situation checks."""
+    """The ``cut`` sentence from the Spot-Stop fields, the prevalence and situation checks.
+    ``recommended``: the policy the card's policy line recommends (None: none), so that the two
+    lines do not tell the reader to do two things."""
     tp, cf = fields["threshold_part"], fields["cross_fitted_threshold_part"]
     if math.isnan(tp.value):
         return VerdictItem(
@@ -216,8 +223,13 @@ def cut_item(
             f"the interval reaches past {100 * CUT_ROOM:g} points: label more contrasts before "
             "changing the cut."
         )
-    elif _above(gain, 0.0):
+    elif _above(gain, 0.0) and recommended in (None, "situation"):
         todo = "recentre on the situation (the situation policy)."
+    elif _above(gain, 0.0):
+        todo = (
+            f"the situation policy would recentre it; the policy line weighs that against the "
+            f"recommended {recommended} policy."
+        )
     elif math.isfinite(rec.value) and rec.value >= 0.8 and rec10 is not None and rec10.value >= 0.8:
         todo = f"{name} recovers it, also at 10 % unsafe (`spotstop recalibrate --policy {kind}`)."
     else:
@@ -515,6 +527,7 @@ def verdict(
             checks.get("situation_share"),
             direct_cut_source,
             direct_cut,
+            recommendation.policy,
         ),
         advice[0] if advice else policy_item(recommendation, deployed_kind, deployed_version),
         guarantee_item(checks.get("conformal_audit"), deployed_version),

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -170,6 +171,16 @@ class _Prev:
         self.recovery = {0.1: rec10}
 
 
+def _args_of_bad() -> tuple[Any, ...]:
+    return (
+        _fields(_e(0.09, 0.06, 0.12), _e(0.08, 0.05, 0.10), _e(0.77, 0.6, 0.9)),
+        _Prev(_e(0.2, -0.5, 0.6)),
+        _Sit(_e(0.068, 0.03, 0.1)),
+        "the deployed frozen cut",
+        0.1,
+    )
+
+
 def test_cut_rule_by_hand():
     bad = cut_item(
         _fields(_e(0.09, 0.06, 0.12), _e(0.08, 0.05, 0.10), _e(0.77, 0.6, 0.9)),
@@ -181,6 +192,23 @@ def test_cut_rule_by_hand():
     assert bad.status == "fail" and bad.sentence.startswith("The cut is misplaced")
     assert "8.0 [5.0, 10.0] points" in bad.sentence and "recentre on the situation" in bad.sentence
     assert "S > 0.1 (the deployed frozen cut)" in bad.sentence
+    # where the policy line recommends another policy, the cut line defers to it (the demo
+    # card said "recentre on the situation" above "keep the deployed conformal policy")
+    other = cut_item(
+        _fields(_e(0.09, 0.06, 0.12), _e(0.08, 0.05, 0.10), _e(0.77, 0.6, 0.9)),
+        _Prev(_e(0.2, -0.5, 0.6)),
+        _Sit(_e(0.068, 0.03, 0.1)),
+        "the deployed frozen cut",
+        0.1,
+        "conformal",
+    )
+    assert "recentre on the situation" not in other.sentence
+    assert other.sentence.endswith(
+        "the situation policy would recentre it; the policy line weighs that against the "
+        "recommended conformal policy."
+    )
+    same = cut_item(*_args_of_bad(), "situation")
+    assert same.sentence == bad.sentence
     refit = cut_item(
         _fields(_e(0.09, 0.06, 0.12), _e(0.08, 0.05, 0.10), _e(0.4, 0.2, 0.6)),
         _Prev(_e(0.2, -0.5, 0.6)),
