@@ -6,7 +6,9 @@ bundle) and scores generated scenes (scene and request-only passes); every score
 finite. The **reference half** needs the ``export`` extra (torch, transformers): the same
 scenes are scored with each member's torch reference (its Hugging Face folder, from the
 manifest's ``source`` or an override), and per member the largest |Δs|, the Spearman rank
-correlation and the agreement of direct decisions (``s > 0``) are reported, plus the pair's
+correlation (within each pass, the worst pass judged: pooled, a gap between the passes' means
+would rank the two groups apart and hide scenes scrambled within one) and the agreement of
+direct decisions (``s > 0``) are reported, plus the pair's
 agreement under Avg-2 with the reference's own median/IQR. It fails when any member is beyond
 its architecture's tolerance at the bundle's precision (``export/configs.py``: fp32
 |Δs| ≤ 1e-3). Without the extra the reference half is skipped, and the result says so.
@@ -19,7 +21,7 @@ import importlib.util
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from spotstop.export.configs import get_export_config
@@ -41,6 +43,7 @@ __all__ = [
     "MemberRuntime",
     "MemberVerification",
     "diff_summary",
+    "pass_spearman",
     "reference_available",
     "spearman",
     "verify_bundle",
@@ -87,9 +90,13 @@ class MemberVerification:
     p95_abs_diff: float = math.nan
     #: where max |Δs| was: the scene's index in the checked scenes, the pass, the request
     worst: str = ""
-    #: whether the reference scores differ at all (≥ 2 scores, not all equal): a rank check
-    #: is then owed, and a bundle whose scores do not vary (Spearman undefined) fails it
+    #: whether the reference scores of some pass differ at all (≥ 2 scores, not all equal): a
+    #: rank check is then owed, and a bundle whose scores do not vary (Spearman undefined)
+    #: fails it
     reference_varies: bool = True
+    #: Spearman within each pass (``scene``, ``text``, ...); ``spearman`` is the worst of the
+    #: passes whose reference varies
+    spearman_by_pass: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def rank_ok(self) -> bool:
@@ -112,6 +119,8 @@ class MemberVerification:
                 if not self.reference_varies
                 else ("undefined: the bundle's scores do not vary")
             )
+        if len(self.spearman_by_pass) > 1:
+            rho += " (" + ", ".join(f"{k} {v:.4f}" for k, v in self.spearman_by_pass.items()) + ")"
         return (
             f"{self.name:<20} {self.precision:<5} n={self.n:<3} max|Δs|={self.max_abs_diff:.3g} "
             f"(≤ {self.tolerance:g})  spearman={rho} (≥ {self.min_spearman:g})  "
@@ -232,6 +241,34 @@ def diff_summary(
     return float(d[i]), float(np.percentile(d, 95)), where
 
 
+def pass_spearman(
+    got: np.ndarray, ref: np.ndarray, variants: Sequence[str]
+) -> tuple[float, bool, dict[str, float]]:
+    """The rank check's Spearman: within each pass (``got`` and ``ref`` hold each variant's
+    scores one after the other, as :func:`verify_bundle` scores them), the worst of the passes
+    whose reference varies; whether any does; and each pass's own.
+
+    Within each pass, because the guard ranks scenes against scenes of the same pass: pooled,
+    a gap between the passes' means puts one pass's scores above the other's whatever the
+    order within each, and a Spearman near 1 would hide scenes scrambled inside a pass. A
+    pass whose reference varies and whose bundle scores do not gives NaN (a fail).
+    """
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    n = len(ref) // max(1, len(variants))
+    by_pass: dict[str, float] = {}
+    owed: list[float] = []
+    for k, variant in enumerate(variants):
+        g, r = got[k * n : (k + 1) * n], ref[k * n : (k + 1) * n]
+        rho = spearman(g, r)
+        by_pass[variant] = rho
+        if len(r) >= 2 and np.ptp(r) > 0:
+            owed.append(rho)
+    if not owed:
+        return math.nan, False, by_pass
+    worst = math.nan if any(math.isnan(x) for x in owed) else min(owed)
+    return worst, True, by_pass
+
+
 def verify_bundle(
     bundle: str | os.PathLike[str],
     *,
@@ -290,6 +327,7 @@ def verify_bundle(
         gc.collect()
         ecfg = get_export_config(bm.model_type)
         worst, p95, where = diff_summary(got, ref, scenes, variants)
+        rho, varies, by_pass = pass_spearman(got, ref, variants)
         results.append(
             MemberVerification(
                 name=bm.name,
@@ -298,8 +336,9 @@ def verify_bundle(
                 max_abs_diff=worst,
                 p95_abs_diff=p95,
                 worst=where,
-                spearman=spearman(got, ref),
-                reference_varies=bool(len(ref) >= 2 and np.ptp(ref) > 0),
+                spearman=rho,
+                reference_varies=varies,
+                spearman_by_pass=by_pass,
                 decision_agreement=float(np.mean((got > 0) == (ref > 0))),
                 tolerance=float(ecfg.score_atol[run.precision]),
                 min_spearman=float(ecfg.min_spearman[run.precision]),

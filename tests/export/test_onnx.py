@@ -554,6 +554,36 @@ def test_the_rank_check_fails_a_bundle_whose_scores_do_not_vary() -> None:
     assert ranked.ok and ranked.spearman == pytest.approx(1.0)
 
 
+def test_the_rank_check_is_judged_within_each_pass() -> None:
+    """Pooled over the scene and request-only passes, a gap between the passes' means ranked
+    the two groups apart: six scenes scrambled within the scene pass (Spearman 0.03 there)
+    still gave a pooled Spearman of 0.88, above int4's 0.8. Within each pass (scipy's
+    spearmanr) the worst pass is judged, and fails."""
+    from scipy.stats import spearmanr
+    from spotstop.export.verify import MemberVerification, pass_spearman, spearman
+
+    ref = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0])
+    got = ref.copy()
+    got[:6] = ref[[0, 3, 5, 4, 2, 1]]  # the scene pass scrambled, the request-only untouched
+    pooled = spearman(got, ref)
+    assert pooled == pytest.approx(spearmanr(got, ref).statistic) and pooled > 0.8
+    rho, varies, by_pass = pass_spearman(got, ref, ("scene", "text"))
+    within = spearmanr(got[:6], ref[:6]).statistic
+    assert varies and rho == pytest.approx(within) and within == pytest.approx(1 / 35)
+    assert by_pass == pytest.approx({"scene": 1 / 35, "text": 1.0})
+    m = MemberVerification(
+        "m", "int4", 12, 5.0, rho, 1.0, 6.0, 0.8, reference_varies=varies, spearman_by_pass=by_pass
+    )
+    assert not m.ok and "(scene 0.0286, text 1.0000)" in str(m)
+    # a pass whose reference is constant owes no rank check; a bundle constant where the
+    # reference varies fails it
+    flat_text = np.r_[ref[:6], np.full(6, 3.0)]
+    assert pass_spearman(flat_text, flat_text, ("scene", "text"))[:2] == pytest.approx((1.0, True))
+    assert math.isnan(pass_spearman(np.full(12, 1.0), ref, ("scene", "text"))[0])
+    none_vary = pass_spearman(np.full(12, 1.0), np.full(12, 1.0), ("scene", "text"))
+    assert math.isnan(none_vary[0]) and not none_vary[1]
+
+
 def test_diff_summary_names_the_worst_score() -> None:
     """By hand: two scenes, each scored with its image then request-only; |Δs| = 0.1, 0.5,
     0.2, 0: the max is scene 1 with its image, and the 95th percentile interpolates the
