@@ -32,6 +32,7 @@ from spotstop.export.triton import write_triton_repository
 from spotstop.export.trt import build_engines, write_trt_script
 from spotstop.guard import ScoringConfig
 from spotstop.guard._bundle import is_device_built, pair_prompt_hash, sha256_file
+from spotstop.guard._config import DEFAULT_BATCH_SIZE
 from spotstop.guard._hf import resolve_member
 from spotstop.guard._member import check_budget_keys, member_visual_tokens
 
@@ -113,7 +114,7 @@ def write_onnx_bundle(
     name: str = "bundle",
     trt: str = "auto",
     triton: bool = False,
-    max_batch: int = 8,
+    max_batch: int = DEFAULT_BATCH_SIZE,
     sessions: str = "resident",
     progress: Callable[[str], Any] | None = None,
     visual_tokens: Mapping[str, int] | None = None,
@@ -308,7 +309,7 @@ def derive_bundle(
     *,
     precision: str,
     name: str | None = None,
-    max_batch: int = 8,
+    max_batch: int = DEFAULT_BATCH_SIZE,
 ) -> Path:
     """Convert an fp32 bundle's graphs to ``precision`` without exporting again.
 

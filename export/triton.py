@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from spotstop.export.trt import _input_shapes
+from spotstop.guard._config import DEFAULT_BATCH_SIZE
 
 __all__ = ["write_triton_repository"]
 
@@ -34,7 +35,9 @@ def _dims(dims: Sequence[int | str]) -> str:
     return "[ " + ", ".join(str(d) if isinstance(d, int) and d > 0 else "-1" for d in dims) + " ]"
 
 
-def write_triton_repository(root: Path, exports: Sequence[Any], *, max_batch: int = 8) -> Path:
+def write_triton_repository(
+    root: Path, exports: Sequence[Any], *, max_batch: int = DEFAULT_BATCH_SIZE
+) -> Path:
     """Write ``triton/<model>/config.pbtxt`` per graph and ``triton/populate.sh``."""
     repo = root / "triton"
     links = [

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from spotstop.guard._config import DEFAULT_BATCH_SIZE
 from spotstop.guard.backends._graphs import GRAPHS_FILE, graph_files
 from spotstop.guard.backends._trt_record import TRT_PRECISIONS, engine_path, write_engine_record
 
@@ -63,7 +64,14 @@ def _rel(path: Path, root: Path) -> str:
         return path.resolve().as_posix()
 
 
-def engine_specs(root: Path, exports: Sequence[Any], *, max_batch: int = 8) -> list[dict[str, Any]]:
+#: continuation rows per prompt a decoder profile admits (one unless the two answers part
+#: after their first token): its largest batch is ``max_batch`` prompts times this
+MAX_CONTINUATION_ROWS = 2
+
+
+def engine_specs(
+    root: Path, exports: Sequence[Any], *, max_batch: int = DEFAULT_BATCH_SIZE
+) -> list[dict[str, Any]]:
     """One spec per graph: member folder, onnx and engine paths, min/opt/max shapes, precision.
 
     ``member_dir`` is relative to the bundle root; ``graph`` and ``engine`` are relative to the
@@ -103,7 +111,7 @@ def engine_specs(root: Path, exports: Sequence[Any], *, max_batch: int = 8) -> l
                     if d == "batch":  # (prompts x continuation rows) per decoder call
                         a.append(1)
                         b.append(2)
-                        c.append(max_batch * 2)
+                        c.append(max_batch * MAX_CONTINUATION_ROWS)
                     elif d == "reads":
                         a.append(1)
                         b.append(2)
@@ -255,7 +263,9 @@ begin() {  # begin MEMBER_DIR: no record until every engine of the member is bui
 """
 
 
-def write_trt_script(root: Path, exports: Sequence[Any], *, max_batch: int = 8) -> Path:
+def write_trt_script(
+    root: Path, exports: Sequence[Any], *, max_batch: int = DEFAULT_BATCH_SIZE
+) -> Path:
     """Write ``trt/build.sh``: the trtexec commands that build every engine on the device.
 
     A bundle whose graphs TensorRT cannot parse (int8/int4 ``MatMulNBits``) gets a script that
@@ -320,7 +330,7 @@ def build_engines(
     root: Path,
     exports: Sequence[Any],
     *,
-    max_batch: int = 8,
+    max_batch: int = DEFAULT_BATCH_SIZE,
     progress: Callable[[str], Any] | None = None,
 ) -> bool:
     """Build the engines and their records with the TensorRT Python API.

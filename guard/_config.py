@@ -28,6 +28,11 @@ def spotstop_home() -> Path:
     return Path(os.environ.get("SPOTSTOP_HOME") or Path.home() / ".cache" / "spotstop")
 
 
+#: scenes per backend call by default: the guard's batches, and the largest batch the export's
+#: TensorRT profiles and Triton configs are built for (``max_batch``)
+DEFAULT_BATCH_SIZE = 8
+
+
 @dataclass(frozen=True)
 class ScoringConfig:
     """How members score: the prompt and answers, the image grid, the batch size.
@@ -44,7 +49,7 @@ class ScoringConfig:
     image_size: tuple[int, int] | None = None
     member_image_size: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     visual_tokens: Mapping[str, int] = field(default_factory=dict)
-    batch_size: int = 8
+    batch_size: int = DEFAULT_BATCH_SIZE
     max_request_chars: int = MAX_REQUEST_CHARS
 
 
@@ -133,7 +138,7 @@ def scoring_config_from_dict(
         image_size=image_size,
         member_image_size=per_member,
         visual_tokens=budgets,
-        batch_size=_positive_int(d.get("batch_size", 8), f"{where}.batch_size"),
+        batch_size=_positive_int(d.get("batch_size", DEFAULT_BATCH_SIZE), f"{where}.batch_size"),
         max_request_chars=_positive_int(
             d.get("max_request_chars", MAX_REQUEST_CHARS), f"{where}.max_request_chars"
         ),

@@ -53,7 +53,10 @@ from spotstop.export.archs import REAL_PAIR
 from spotstop.export.cost import PRECISIONS as _PRECISIONS
 from spotstop.export.cost import stored_weight_bytes
 from spotstop.export.mixed import DEFAULT_INT4_INT8
+from spotstop.export.onnx import DEFAULT_BUCKETS
 from spotstop.export.precision import get_precision
+from spotstop.export.trt import MAX_CONTINUATION_ROWS
+from spotstop.guard._config import DEFAULT_BATCH_SIZE
 
 HERE = Path(__file__).resolve().parent
 
@@ -66,9 +69,13 @@ RECORDED: dict[str, dict[str, Any]] = REAL_PAIR
 
 #: Scoring shapes: each member's default visual-token budget (the paper's low-resolution
 #: rule: Qwen3.5 256 tokens at 512x512, LFM2-VL 64 without tiling at 256x256, from
-#: ``spotstop.guard._arch``); the largest default length bucket.
-SEQ = 512
-BATCH = 1
+#: ``spotstop.guard._arch``); the largest default length bucket (the guard scores any prompt
+#: up to it); the guard's default scenes per backend call.
+SEQ = max(DEFAULT_BUCKETS)
+BATCH = DEFAULT_BATCH_SIZE
+#: A TensorRT engine's context reserves activation memory for its profile's largest shape:
+#: ``BATCH`` prompts times the continuation rows a profile admits (``export/trt.py``).
+TRT_ROWS = DEFAULT_BATCH_SIZE * MAX_CONTINUATION_ROWS
 #: Assumptions (state them, do not hide them): JetPack 6 with the desktop off leaves about
 #: 6.5 GiB of the 8 GiB shared memory to applications; one process's CUDA context + cuBLAS/
 #: cuDNN + TensorRT / onnxruntime libraries take about 1 GiB.
@@ -198,17 +205,28 @@ def weight_bytes(c: Counts, precision: str) -> float:
     )
 
 
-def activation_bytes(c: Counts, precision: str) -> float:
-    """Peak activations of one scoring pass (float32 compute where onnxruntime keeps it)."""
+def on_trt(precision: str) -> bool:
+    """Whether the precision runs on TensorRT (its engines fix their profile at export)."""
+    return "tensorrt" in get_precision(precision).targets
+
+
+def activation_bytes(c: Counts, precision: str, batch: int = BATCH) -> float:
+    """Peak activations of one scoring call of ``batch`` scenes at the largest bucket (float32
+    compute where onnxruntime keeps it); on TensorRT the profile's maximum rows, whatever
+    ``batch``."""
     act = get_precision(precision).activation_bytes  # int4-trt: the fp16 graph
-    # vision: a few live (patches × hidden) tensors, the MLP, one head-group of scores
+    trt = on_trt(precision)
+    n, images = (TRT_ROWS, BATCH) if trt else (batch, batch)
+    # vision, each scene's image: a few live (patches × hidden) tensors, the MLP, one
+    # head-group of scores
     vis = c.vision_patches * (4 * c.vision_hidden + c.vision_intermediate) * act
     vis += c.vision_heads * c.vision_patches**2 * act
+    vis *= images
     # decoder: residual + attention/MLP temporaries, one layer's attention scores, the
     # full-vocabulary log-softmax at a few read positions
-    dec = BATCH * SEQ * (6 * c.hidden + 2 * c.intermediate) * act
-    dec += BATCH * c.heads * SEQ * SEQ * act
-    dec += BATCH * 4 * c.vocab * 4
+    dec = n * SEQ * (6 * c.hidden + 2 * c.intermediate) * act
+    dec += n * c.heads * SEQ * SEQ * act
+    dec += n * 4 * c.vocab * 4
     return vis + dec
 
 
@@ -258,7 +276,11 @@ def render(counts: list[Counts]) -> str:
         "## Memory budget (generated)",
         "",
         "Shapes: each member's default visual-token budget (Qwen3.5 256 tokens at 512x512, "
-        f"LFM2-VL 64 at 256x256 without tiling), sequence bucket {SEQ}, batch {BATCH}. "
+        f"LFM2-VL 64 at 256x256 without tiling), sequence bucket {SEQ} (the largest default "
+        f"bucket), {BATCH} scenes per call (the guard's default `batch_size`); precisions that "
+        f"run on TensorRT are sized at the engines' profile maximum, {TRT_ROWS} decoder rows "
+        "(a TensorRT context reserves its activation memory for the largest shape). A smaller "
+        "`batch_size` in the scoring config, and `--buckets` at export, lower the activations. "
         f"Assumed: {OS_RESERVED_GIB} GiB for L4T/OS, {RUNTIME_GIB} GiB for the CUDA context and "
         "runtime libraries, per process.",
         "",
@@ -302,8 +324,8 @@ def render(counts: list[Counts]) -> str:
         "",
         "The pair on an 8 GB Orin (one process; members resident together, or one after the other):",
         "",
-        "| precision | pair weights | both resident | one at a time (peak) | available | mode |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
+        "| precision | pair weights | both resident | one at a time (peak) | available | mode | both resident up to `batch_size` |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     avail = min(DEVICE_GIB.values()) - OS_RESERVED_GIB
     for p in PRECISIONS:
@@ -315,8 +337,20 @@ def render(counts: list[Counts]) -> str:
             mode = "one after the other (`spotstop export --sessions on-demand`)"
         else:
             mode = "does not fit"
+        fits = [
+            b
+            for b in range(1, BATCH + 1)
+            if sum(weights[p]) / 2**30
+            + sum(activation_bytes(c, p, b) for c in counts) / 2**30
+            + RUNTIME_GIB
+            <= avail
+        ]
+        smaller = (
+            "— (profile fixed at export)" if on_trt(p) else (str(max(fits)) if fits else "none")
+        )
         lines.append(
-            f"| {p} | {sum(weights[p]) / 2**30:.2f} | {both:.2f} | {one:.2f} | {avail:.2f} | {mode} |"
+            f"| {p} | {sum(weights[p]) / 2**30:.2f} | {both:.2f} | {one:.2f} | {avail:.2f} | "
+            f"{mode} | {smaller} |"
         )
     lines += [
         "",
@@ -344,7 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     recorded = {k: dict(v) for k, v in RECORDED.items()}
     for item in args.config_dir:
-        name, _, folder = item.partition("=")
+        name, eq, folder = item.partition("=")
+        if not eq or name not in recorded:
+            ap.error(f"--config-dir {item!r}: give NAME=FOLDER with NAME one of {sorted(RECORDED)}")
+        if not (Path(folder) / "config.json").is_file():
+            ap.error(f"--config-dir {item!r}: {folder!r} holds no config.json")
         data = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
         data.pop("architectures", None)
         recorded[name] = data

@@ -497,6 +497,37 @@ def test_memory_budget_counts_a_tied_table_once() -> None:
             )
 
 
+def test_memory_budget_sizes_the_shapes_the_guard_and_its_engines_run() -> None:
+    """The budget sized batch 1 at 512 tokens while the guard sends 8 scenes per call up to
+    the largest bucket (1024), and a TensorRT context reserves its profile's maximum: int8
+    read "both resident" at 6.48 of 6.50 GiB. Its shapes are now the guard's and the export's
+    own constants, and the activations grow with the batch by hand: vision per scene, the
+    decoder per row."""
+    import importlib.util
+
+    from spotstop.export.onnx import DEFAULT_BUCKETS
+    from spotstop.export.trt import MAX_CONTINUATION_ROWS
+    from spotstop.guard import ScoringConfig
+
+    spec = importlib.util.spec_from_file_location(
+        "memory_budget", REPO_ROOT / "jetson" / "memory_budget.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mb = importlib.util.module_from_spec(spec)
+    sys.modules["memory_budget"] = mb
+    spec.loader.exec_module(mb)
+    assert max(DEFAULT_BUCKETS) == mb.SEQ and ScoringConfig().batch_size == mb.BATCH
+    assert ScoringConfig().batch_size * MAX_CONTINUATION_ROWS == mb.TRT_ROWS
+    name, rec = next(iter(mb.RECORDED.items()))
+    c = mb.count(name, mb.build_config(name, rec))
+    one, two = mb.activation_bytes(c, "int8", 1), mb.activation_bytes(c, "int8", 2)
+    assert two == pytest.approx(2 * one)  # linear in the batch (onnxruntime sizes per call)
+    # TensorRT: the profile's rows whatever the batch
+    assert mb.activation_bytes(c, "int4-trt", 1) == mb.activation_bytes(c, "int4-trt", 8)
+    with pytest.raises(SystemExit):  # a misspelt member name is not a third member
+        mb.main(["--print", "--config-dir", f"{name.lower()}=/nonexistent"])
+
+
 def test_memory_budget_readme_is_current() -> None:
     root = REPO_ROOT
     res = subprocess.run(
