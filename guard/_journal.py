@@ -40,7 +40,7 @@ import json
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -148,11 +148,21 @@ class JournalRead:
     entries: tuple[JournalEntry, ...]
     rejected: int
     n_bytes: int
+    #: the entries :meth:`keep` was called for (by identity): :meth:`Journal.draining`
+    #: leaves them in the journal
+    kept: list[JournalEntry] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def n_rows(self) -> int:
         """Decisions in the entries (amendments hold none)."""
         return sum(e.n_rows for e in self.entries)
+
+    def keep(self, entry: JournalEntry) -> None:
+        """Leave ``entry`` in the journal when the draining block ends: its rows are not yet
+        durable anywhere else (an entry leaves the journal only into the log or the dead
+        letter)."""
+        if not any(k is entry for k in self.kept):
+            self.kept.append(entry)
 
 
 class JournalError(LogError):
@@ -306,17 +316,20 @@ class Journal:
     @contextlib.contextmanager
     def draining(self, *, timeout_s: float | None = None) -> Iterator[JournalRead]:
         """Hold the journal locked, give this log's entries, and remove them if the block
-        ends without an exception (the caller imported them all); other logs' entries stay.
-        ``timeout_s`` bounds the wait for the lock, as for :meth:`append`."""
+        ends without an exception (the caller imported them), but for those the caller
+        asked to keep (:meth:`JournalRead.keep`); other logs' entries stay. ``timeout_s`` bounds the wait
+        for the lock, as for :meth:`append`."""
         if not self.path.exists():
             yield JournalRead((), 0, 0)
             return
         with self._locked_read(timeout_s) as (entries, bad, n):
             mine = [e for e in entries if self._mine(e)]
-            yield JournalRead(tuple(mine), bad, n)
+            read = JournalRead(tuple(mine), bad, n)
+            yield read
             if mine:
+                kept = {id(e) for e in read.kept}
                 try:
-                    self._rewrite([e for e in entries if not self._mine(e)])
+                    self._rewrite([e for e in entries if not self._mine(e) or id(e) in kept])
                 except OSError as exc:
                     raise self._error("emptied", exc) from exc
 

@@ -811,12 +811,13 @@ class LogWriter:
         another process holds past half the call's time, does not stop the log: its rows
         stay where they are, the fault is in :meth:`status` (``journal_fault``) and the
         memory's rows are written meanwhile. An entry the log can never store is set aside
-        like a batch in memory (or, when the dead letter cannot take it, moved to memory)."""
+        like a batch in memory; when the dead letter cannot take it, it stays in the journal
+        (an entry leaves the journal only into the log or the dead letter: in memory alone a
+        crash would lose it)."""
         if not self.journal.path.exists():  # a stat: an empty journal is no file at all
             return 0
         left = budget.left()
         imported = 0
-        unfiled: list[_Batch] = []
         try:
             # half the time at most: the journal's rows are old, the call's own are not. The
             # import's commits are fsynced whatever the log's setting: the journal is emptied
@@ -833,8 +834,8 @@ class LogWriter:
                         batch = _Batch(recs, entry.policy, images, _batch_bytes(recs, images))
                         stored = self._store(batch, budget)
                         imported += stored.added
-                        if stored.aside is not None:
-                            unfiled.append(stored.aside)
+                        if stored.aside is not None:  # the dead letter could not take it
+                            read.keep(entry)  # (its stored rows are skipped next time)
                         self._tend_wal(budget)
                     else:
                         self._amend(list(entry.amend_ids), entry.amend_reason, budget)
@@ -842,15 +843,17 @@ class LogWriter:
             with self._mutex:
                 first = self._journal_fault is None
                 self._journal_fault = str(e)
+                self._imported += imported  # in the log (the journal, not emptied, holds them
+                # too: the next import skips them)
             if first:
                 _log.error("%s; the log goes on taking decisions meanwhile", e)
             return imported
         with self._mutex:
-            self._pending.extendleft(reversed(unfiled))  # the journal is emptied of them
             self._journal_fault = None
             self._rejected += read.rejected
             self._imported += imported
-            self._journal_rows = self._journal_entries = 0
+            self._journal_rows = sum(e.n_rows for e in read.kept)
+            self._journal_entries = len(read.kept)
         if read.rejected:
             _log.error(
                 "%d journal line(s) could not be read (torn or altered); kept in %s.rejected",

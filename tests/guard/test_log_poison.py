@@ -160,7 +160,8 @@ def test_a_dead_letter_that_cannot_be_written_keeps_the_batch_and_blocks_nothing
     done = w.commit([good], images=None, policy=_policy(kind="frozen"), clock=NoDeadline())
     assert done.error is None and done.records == [good]  # later rows still go in
     st = w.status()
-    assert st.pending_rows == 1 and st.dead_letter_rows == 0  # kept in memory, never dropped
+    # kept (in memory, or in the journal it was spilled to), never dropped
+    assert st.pending_rows + st.journal_rows == 1 and st.dead_letter_rows == 0
     assert st.dead_letter_fault is not None and "No space left" in st.dead_letter_fault
     monkeypatch.undo()
     w.flush(1.0)  # the dead letter takes it now
@@ -186,6 +187,45 @@ def test_spilling_a_row_that_cannot_be_stored_never_raises_and_its_import_sets_i
     assert _dead_letter(w)[0]["rows"][0]["decision_id"] == bad.decision_id
     w.close()
     w.log.close()
+
+
+def test_a_journal_entry_the_dead_letter_cannot_take_stays_in_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry the log can never store (a NaN in its policy), imported while the dead letter
+    cannot be written, was moved to memory and the journal emptied: a crash in the next
+    seconds lost it (in none of log, journal, dead letter). It stays in the journal until the
+    dead letter takes it; a later import sets it aside exactly once."""
+    journal = tmp_path / "elsewhere" / "decisions.journal"
+    journal.parent.mkdir()
+    log_path = tmp_path / "log.sqlite"
+    recs = tuple(
+        make_record(i, label="UNSAFE", fail_closed=True, fail_reason="decision log (disk_full)")
+        for i in range(2)
+    )
+    Journal(journal, owner=str(log_path.resolve())).append(
+        [JournalEntry("rows", recs, _policy(threshold=math.nan))]
+    )
+
+    def full(*a: object, **kw: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    from spotstop.guard._log_writer import DeadLetter
+
+    monkeypatch.setattr(DeadLetter, "append", full)
+    w = LogWriter(DecisionLog(log_path), LogOptions(journal=journal))  # imports at start
+    st = w.status()
+    assert st.dead_letter_fault is not None and st.pending_rows == 0
+    assert w.journal.read().n_rows == 2 and st.journal_rows == 2  # durable where it was
+    # a crash here (a new writer on the same files) loses nothing
+    monkeypatch.undo()
+    w2 = LogWriter(DecisionLog(log_path), LogOptions(journal=journal))
+    assert w2.journal.read().n_rows == 0 and w2.status().journal_rows == 0
+    rows = [r["decision_id"] for e in _dead_letter(w2) for r in e["rows"]]
+    assert sorted(rows) == sorted(r.decision_id for r in recs)  # once each
+    for x in (w, w2):
+        x.close()
+        x.log.close()
 
 
 def test_the_journal_keeps_any_text_and_nan_exactly(tmp_path: Path) -> None:
