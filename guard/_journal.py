@@ -8,8 +8,11 @@ robot's config names it; put it on another file system than the log). The log im
 journal as soon as it can write again, and on the next start.
 
 Format: one line per entry, ``<sha256 of the JSON> <JSON>\\n``; an entry is a batch of rows
-(``{"v": 1, "kind": "rows", "rows": [...], "policy": {...}, "images": [...]}``, each row the
-log's own SQL row, so NaN and infinities survive) or a pending amendment (``"kind": "amend"``:
+(``{"v": 2, "kind": "rows", "columns": [...], "rows": [...], "policy": {...}, "images":
+[...]}``, each row the log's own SQL row under its named columns, so NaN and infinities
+survive, and a row of an older log schema gets the columns added since as the log's
+migration gives them; version 1 lines, positional rows of this or the previous log schema,
+are read too) or a pending amendment (``"kind": "amend"``:
 decision ids and the fail-closed reason), stamped with the log it is for. The JSON is ASCII
 (``\\uXXXX`` escapes), so any text a row holds, a lone surrogate included, is kept exactly
 and cannot make the journal fail (lines written before as UTF-8 are read as well). Every
@@ -21,7 +24,8 @@ up, and a lock held longer is a :class:`JournalError` of kind ``locked`` (what w
 where it was). Emptying and setting lines apart replace the file (temp file, fsync, rename):
 a crash leaves the old journal or the new one. A line whose hash does not match (a write cut
 short by a crash) is moved to ``<journal>.rejected`` and reported, never imported and never
-silently dropped.
+silently dropped; so is a line another spotstop wrote in a form this one cannot read (a newer
+entry version), reported as such.
 
 :class:`DeadLetter` is the last place on disk, for what the log can *never* store (a row whose
 text has no UTF-8 encoding, a policy document with a NaN): ``<log>.dead-letter.jsonl`` beside
@@ -45,7 +49,14 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from spotstop.guard._files import atomic_write_bytes, fsync_dir
-from spotstop.guard._log_schema import COLUMNS, LogError, PolicyRow, fault_kind
+from spotstop.guard._log_schema import (
+    ADDED_COLUMNS,
+    COLUMNS,
+    LogError,
+    PolicyRow,
+    fault_kind,
+    upgrade_columns,
+)
 from spotstop.guard._record import DecisionRecord, record_from_row, record_to_row
 
 __all__ = [
@@ -59,7 +70,48 @@ __all__ = [
     "encodable_text",
 ]
 
-_VERSION: Final = 1
+#: the entry format written: 2 names its rows' columns (1: positional rows, in the column
+#: order of the log schema that wrote them; still read)
+_VERSION: Final = 2
+_READ_VERSIONS: Final = (1, 2)
+
+
+class JournalVersionError(ValueError):
+    """A journal line another spotstop wrote, in a form this one cannot read (a newer entry
+    version or columns it does not know): not torn, so said apart from torn lines."""
+
+
+def _row_columns(version: int, body: Mapping[str, Any], n: int) -> tuple[str, ...]:
+    """The column names of an entry's rows of ``n`` values."""
+    if version >= 2:
+        names = tuple(str(c) for c in body["columns"])
+        unknown = sorted(set(names) - set(COLUMNS))
+        if unknown:
+            raise JournalVersionError(
+                f"its rows hold columns {unknown} this spotstop does not know (a newer one "
+                "wrote it)"
+            )
+        return names
+    if n == len(COLUMNS):  # version 1: positional, in the order of the schema that wrote it
+        return COLUMNS
+    older = tuple(c for c in COLUMNS if c not in ADDED_COLUMNS)
+    if n == len(older):  # written before the later schemas added their columns
+        return older
+    raise ValueError(f"a row has {n} columns: neither the log's {len(COLUMNS)} nor an older count")
+
+
+def _records(version: int, body: Mapping[str, Any]) -> tuple[DecisionRecord, ...]:
+    rows = body["rows"]
+    if not rows:
+        return ()
+    names = _row_columns(version, body, len(rows[0]))
+    if any(len(r) != len(names) for r in rows):
+        raise ValueError(f"a row has not its entry's {len(names)} columns")
+    missing = sorted(set(COLUMNS) - set(names) - set(ADDED_COLUMNS))
+    if missing:
+        raise ValueError(f"its rows lack the columns {missing}")
+    cols = upgrade_columns({c: [r[i] for r in rows] for i, c in enumerate(names)})
+    return tuple(record_from_row([cols[c][k] for c in COLUMNS]) for k in range(len(rows)))
 
 
 def default_journal_path(log_path: Path) -> Path:
@@ -95,6 +147,7 @@ class JournalEntry:
     def to_line(self) -> bytes:
         body: dict[str, Any] = {"v": _VERSION, "kind": self.kind, "log": self.log}
         if self.kind == "rows":
+            body["columns"] = list(COLUMNS)
             body["rows"] = [list(record_to_row(r)) for r in self.records]
             body["policy"] = None if self.policy is None else dataclasses.asdict(self.policy)
             body["images"] = (
@@ -117,8 +170,11 @@ class JournalEntry:
         if hashlib.sha256(text).hexdigest().encode() != digest:
             raise ValueError("sha256 mismatch (a torn or altered line)")
         body = json.loads(text)
-        if body.get("v") != _VERSION:
-            raise ValueError(f"journal entry version {body.get('v')!r}; expected {_VERSION}")
+        version = body.get("v")
+        if version not in _READ_VERSIONS:
+            raise JournalVersionError(
+                f"journal entry version {version!r}; this spotstop reads {list(_READ_VERSIONS)}"
+            )
         log = body.get("log")
         if body["kind"] == "amend":
             return cls(
@@ -126,13 +182,10 @@ class JournalEntry:
             )
         if body["kind"] != "rows":
             raise ValueError(f"unknown journal entry kind {body['kind']!r}")
-        rows = body["rows"]
-        if any(len(r) != len(COLUMNS) for r in rows):
-            raise ValueError(f"a row has not the log's {len(COLUMNS)} columns")
         images = body.get("images")
         return cls(
             "rows",
-            records=tuple(record_from_row(r) for r in rows),
+            records=_records(version, body),
             policy=None if body.get("policy") is None else PolicyRow(**body["policy"]),
             images=None
             if images is None
@@ -148,6 +201,9 @@ class JournalRead:
     entries: tuple[JournalEntry, ...]
     rejected: int
     n_bytes: int
+    #: of the ``rejected`` lines, why each that another spotstop wrote could not be read (a
+    #: newer entry version or columns): not torn, they wait for that version to import them
+    foreign: tuple[str, ...] = ()
     #: the entries :meth:`keep` was called for (by identity): :meth:`Journal.draining`
     #: leaves them in the journal
     kept: list[JournalEntry] = field(default_factory=list, compare=False, repr=False)
@@ -156,6 +212,21 @@ class JournalRead:
     def n_rows(self) -> int:
         """Decisions in the entries (amendments hold none)."""
         return sum(e.n_rows for e in self.entries)
+
+    def rejected_message(self, path: Path) -> str:
+        """What to say of the lines set apart (``""`` when none were)."""
+        if not self.rejected:
+            return ""
+        torn = self.rejected - len(self.foreign)
+        parts = []
+        if torn:
+            parts.append(f"{torn} journal line(s) could not be read (torn or altered)")
+        if self.foreign:
+            parts.append(
+                f"{len(self.foreign)} journal line(s) were written by another spotstop version "
+                f"({self.foreign[0]}): import them with that version"
+            )
+        return "; ".join(parts) + f"; kept in {path}.rejected"
 
     def keep(self, entry: JournalEntry) -> None:
         """Leave ``entry`` in the journal when the draining block ends: its rows are not yet
@@ -252,20 +323,24 @@ class Journal:
         except OSError as exc:
             raise self._error("written", exc) from exc
 
-    def _load(self) -> tuple[list[JournalEntry], list[bytes], int]:
-        """All entries, the unreadable lines and the bytes read (the lock is held)."""
+    def _load(self) -> tuple[list[JournalEntry], list[bytes], list[str], int]:
+        """All entries, the unreadable lines, why those another spotstop wrote cannot be
+        read, and the bytes read (the lock is held)."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
-            return [], [], 0
+            return [], [], [], 0
         entries: list[JournalEntry] = []
         bad: list[bytes] = []
+        foreign: list[str] = []
         for line in data.splitlines(keepends=True):
             try:
                 entries.append(JournalEntry.from_line(line))
-            except (ValueError, KeyError, TypeError):  # torn or altered: kept apart, counted
+            except (ValueError, KeyError, TypeError) as e:  # kept apart, counted
                 bad.append(line if line.endswith(b"\n") else line + b"\n")
-        return entries, bad, len(data)
+                if isinstance(e, JournalVersionError):
+                    foreign.append(str(e))
+        return entries, bad, foreign, len(data)
 
     def _set_aside(self, bad: list[bytes]) -> None:
         rejected = self.path.with_name(self.path.name + ".rejected")
@@ -293,25 +368,25 @@ class Journal:
         rejected file (and counted). ``timeout_s``: as for :meth:`append`."""
         if not self.path.exists():
             return JournalRead((), 0, 0)
-        with self._locked_read(timeout_s) as (entries, bad, n):
-            return JournalRead(tuple(e for e in entries if self._mine(e)), bad, n)
+        with self._locked_read(timeout_s) as (entries, bad, foreign, n):
+            return JournalRead(tuple(e for e in entries if self._mine(e)), bad, n, foreign)
 
     @contextlib.contextmanager
     def _locked_read(
         self, timeout_s: float | None = None
-    ) -> Iterator[tuple[list[JournalEntry], int, int]]:
+    ) -> Iterator[tuple[list[JournalEntry], int, tuple[str, ...], int]]:
         """Hold the lock; give every entry (unreadable lines set apart first), how many lines
         were set apart, and the bytes read."""
         with contextlib.ExitStack() as stack:
             try:
                 stack.enter_context(self._locked(timeout_s))
-                entries, bad, n = self._load()
+                entries, bad, foreign, n = self._load()
                 if bad:
                     self._set_aside(bad)
                     self._rewrite(entries)
             except OSError as exc:
                 raise self._error("read", exc) from exc
-            yield entries, len(bad), n
+            yield entries, len(bad), tuple(foreign), n
 
     @contextlib.contextmanager
     def draining(self, *, timeout_s: float | None = None) -> Iterator[JournalRead]:
@@ -322,9 +397,9 @@ class Journal:
         if not self.path.exists():
             yield JournalRead((), 0, 0)
             return
-        with self._locked_read(timeout_s) as (entries, bad, n):
+        with self._locked_read(timeout_s) as (entries, bad, foreign, n):
             mine = [e for e in entries if self._mine(e)]
-            read = JournalRead(tuple(mine), bad, n)
+            read = JournalRead(tuple(mine), bad, n, foreign)
             yield read
             if mine:
                 kept = {id(e) for e in read.kept}

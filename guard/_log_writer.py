@@ -236,11 +236,7 @@ class LogWriter:
             self._journal_rows, self._journal_entries = read.n_rows, len(read.entries)
             self._rejected += read.rejected  # a crash's torn line, set aside by the read
             if read.rejected:
-                _log.error(
-                    "%d journal line(s) could not be read (torn or altered); kept in %s.rejected",
-                    read.rejected,
-                    self.journal.path,
-                )
+                _log.error("%s", read.rejected_message(self.journal.path))
         except LogError as e:
             self._journal_fault = str(e)
             _log.error("journal %s cannot be read: %s", self.journal.path, e)
@@ -855,11 +851,7 @@ class LogWriter:
             self._journal_rows = sum(e.n_rows for e in read.kept)
             self._journal_entries = len(read.kept)
         if read.rejected:
-            _log.error(
-                "%d journal line(s) could not be read (torn or altered); kept in %s.rejected",
-                read.rejected,
-                self.journal.path,
-            )
+            _log.error("%s", read.rejected_message(self.journal.path))
         if imported:
             _log.warning("imported %d decision(s) from the journal %s", imported, self.journal.path)
         return imported

@@ -129,6 +129,56 @@ def test_journal_torn_line_is_set_apart_and_counted_never_imported(tmp_path: Pat
     assert j.path.with_name(j.path.name + ".rejected").read_bytes().count(b"\n") == 2
 
 
+def _line(body: dict[str, object]) -> bytes:
+    import hashlib
+
+    text = json.dumps(body, ensure_ascii=True, separators=(",", ":"))
+    return f"{hashlib.sha256(text.encode()).hexdigest()} {text}\n".encode()
+
+
+def test_a_journal_of_the_previous_log_schema_is_imported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Journal rows were positional and checked against this schema's column count: what a
+    guard of log schema 4 (before ``deciding_kind``) left in its journal was set apart as
+    "torn" after an upgrade and never imported. Such rows are read and get the added column
+    as the log's migration gives it; a line of a newer spotstop is said to be one."""
+    from spotstop.guard._log_schema import COLUMNS, kind_of_old_rule
+    from spotstop.guard._record import record_to_row
+
+    log = DecisionLog(tmp_path / "log.sqlite")
+    k = COLUMNS.index("deciding_kind")
+    recs = [
+        make_record(i, label="UNSAFE", fail_closed=True, fail_reason="decision log (disk_full)")
+        for i in range(3)
+    ]
+    rows = []
+    for r in recs:
+        row = list(record_to_row(r))
+        del row[k]  # the row as log schema 4 wrote it
+        rows.append(row)
+    old = {"v": 1, "kind": "rows", "log": str(log.path.resolve()), "rows": rows}
+    newer = {"v": 3, "kind": "rows", "log": str(log.path.resolve()), "rows": []}
+    j = Journal(tmp_path / "j.journal", owner=str(log.path.resolve()))
+    j.path.write_bytes(_line({**old, "policy": None, "images": None}) + _line(newer))
+    w = LogWriter(log, LogOptions(journal=j.path))
+    w.flush(1.0)
+    assert log.count() == 3 and w.status().rejected_lines == 1
+    for r in recs:
+        got = log.get(r.decision_id)
+        assert got is not None and got.label == "UNSAFE"
+        assert got.deciding_kind == kind_of_old_rule(r.policy, r.threshold)
+    assert "1 journal line(s) were written by another spotstop version" in caplog.text
+    assert "journal entry version 3" in caplog.text and "torn" not in caplog.text
+    w.close()
+    log.close()
+    # this version's lines name their columns, so a later schema can read them
+    j2 = Journal(tmp_path / "j2.journal")
+    j2.append([JournalEntry("rows", (recs[0],), None)])
+    body = json.loads(j2.path.read_bytes().split(b" ", 1)[1])
+    assert body["v"] == 2 and body["columns"] == list(COLUMNS)
+
+
 def test_journal_is_emptied_only_when_the_import_finished(tmp_path: Path) -> None:
     j = Journal(tmp_path / "decisions.journal")
     j.append([JournalEntry("rows", (make_record(0),), None)])
