@@ -225,6 +225,7 @@ class LogWriter:
         self._dead_rows = 0
         self._dead_amendments = 0
         self._dead_fault: str | None = None
+        self._floor_since: float | None = None  # status(): free space first seen below floor
         self._over_budget = False
         self._faults: collections.Counter[str] = collections.Counter()
         self._last_retention = -math.inf
@@ -361,8 +362,13 @@ class LogWriter:
         floor = self.options.min_free_bytes
         with self._mutex:
             fault, reason, since = self._fault, self._reason, self._since
-            if fault is None and free is not None and free < floor:
-                fault, since = "disk_full", time.time()
+            low = fault is None and free is not None and free < floor
+            if not low:
+                self._floor_since = None
+            elif self._floor_since is None:  # when the floor was first seen crossed
+                self._floor_since = time.time()
+            if low:
+                fault, since = "disk_full", self._floor_since
                 reason = (
                     f"decision log (disk_full): {free} bytes free on its file system, below "
                     f"the floor of {floor} (min_free_bytes)"

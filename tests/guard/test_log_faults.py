@@ -332,6 +332,31 @@ def test_floor_counts_as_full_before_sqlite_meets_it(tmp_path: Path) -> None:
     w.log.close()
 
 
+def test_the_floor_fault_keeps_the_time_it_began(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below the floor with no write failed yet, every status() said the fault began now
+    (/readyz and the metrics could never tell how long it had lasted)."""
+    from dataclasses import replace
+
+    import spotstop.guard._log_writer as lw
+
+    clock = iter(float(t) for t in range(1000, 2000))
+    free = shutil.disk_usage(tmp_path).free
+    w = _writer(tmp_path, min_free_bytes=free * 4)
+    monkeypatch.setattr(lw.time, "time", lambda: next(clock))
+    first, again = w.status(), w.status()
+    assert first.fault == again.fault == "disk_full" and first.since == again.since == 1000.0
+    w.options = replace(w.options, min_free_bytes=0)  # space again
+    assert w.status().fault is None
+    w.options = replace(w.options, min_free_bytes=free * 4)  # a new fault: a new start
+    later = w.status().since
+    assert later is not None and later > 1000.0
+    monkeypatch.undo()
+    w.close()
+    w.log.close()
+
+
 @pytest.mark.parametrize(
     ("text", "n"),
     [("512", 512), ("64K", 65536), ("1.5GiB", 3 << 29), ("2 mb", 2 << 20), (7, 7)],
