@@ -238,11 +238,13 @@ def _int4_trt(m: Any, o: ConvertOptions) -> Any:
     from spotstop.export.weights import (
         embeddings_to_fp16,
         fold_weight_transposes,
+        gemms_to_matmuls,
         untie_for_quantizer,
     )
 
     fold_weight_transposes(m)
     untie_for_quantizer(m)  # the tied head as MatMul on Wᵀ; the Gather keeps W (fp16)
+    gemms_to_matmuls(m)  # the Qwen3.5 vision tower's Linears (Gemm) are quantized too
     # the fp16 graph (same float32 islands as fp16), then its float16 MatMul weights as
     # INT4 blocks with float16 scales: DequantizeLinear outputs float16 into fp16 MatMuls
     return embeddings_to_fp16(quantize_int4_trt(to_fp16(m)))

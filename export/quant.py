@@ -448,17 +448,26 @@ def toposort(model: Any) -> None:
 
 
 def _check_int4_trt(model: Any) -> None:
-    """The graph is what TensorRT parses: no MatMulNBits, positive scales, opset >= 21.
+    """The graph is what TensorRT parses: no MatMulNBits, positive scales, opset >= 21; and
+    every Linear is quantized: no Gemm reads a float weight (the cost model and the memory
+    budget count every Linear at int4).
 
     Float16 scales are also at least :data:`FP16_SCALE_MIN` (no subnormals)."""
-    from onnx import numpy_helper
+    from onnx import TensorProto, numpy_helper
 
     if _default_opset(model) < INT4_OPSET:
         raise RuntimeError(f"int4-trt graph is at opset {_default_opset(model)} (< 21).")
     inits = {t.name: t for t in model.graph.initializer}
+    floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":
             raise RuntimeError("int4-trt graph holds MatMulNBits, which TensorRT cannot parse.")
+        w = inits.get(node.input[1]) if node.op_type == "Gemm" and len(node.input) > 1 else None
+        if w is not None and len(w.dims) == 2 and w.data_type in floats:
+            raise RuntimeError(
+                f"{node.name}: a Gemm reads the float weight {w.name!r}; int4-trt quantizes "
+                "every Linear (export/weights.py gemms_to_matmuls rewrites it as a MatMul)."
+            )
         if node.op_type == "DequantizeLinear" and len(node.input) > 1:
             t = inits.get(node.input[1])
             if t is None:
