@@ -274,7 +274,7 @@ register_precision(
 register_precision(
     PrecisionSpec(
         "fp16",
-        "float16 weights and compute, the normalisers and the delta rule kept float32",
+        "float16 weights and compute, the normalisers, rotary angles and delta rule kept float32",
         _fp16,
         Tolerance(5e-2, 1e-2, 5e-2, 0.99),
         {"linear": 2.0, "embed": 2.0, "other": 2.0},
