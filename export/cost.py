@@ -48,6 +48,7 @@ torch's FLOP counter on the tiny pair. The real pair's recorded configs are in t
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -236,7 +237,19 @@ class PairCost:
 
 
 def roofline(flops: float, weight_bytes: float, device: str, precision: str) -> dict[str, float]:
-    """Seconds: the compute bound, the memory bound and the lower bound (their max)."""
+    """Seconds: the compute bound, the memory bound and the lower bound (their max).
+
+    ``device`` one of :data:`DEVICES`, ``precision`` one of :data:`ROOFLINE_PRECISIONS`;
+    ``flops`` and ``weight_bytes`` finite and ≥ 0 (ValueError naming the argument)."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {sorted(DEVICES)}; got {device!r}.")
+    if precision not in _PEAK_OF:
+        raise ValueError(
+            f"precision {precision!r} has no roofline peak; one of {list(ROOFLINE_PRECISIONS)}."
+        )
+    for name, x in (("flops", flops), ("weight_bytes", weight_bytes)):
+        if not (isinstance(x, int | float) and math.isfinite(x) and x >= 0):
+            raise ValueError(f"{name} must be a finite number ≥ 0; got {x!r}.")
     dev = DEVICES[device]
     compute = flops / (float(dev[_PEAK_OF[precision]]) * 1e12)
     memory = weight_bytes / (float(dev["bandwidth_gbs"]) * 1e9)
@@ -417,7 +430,7 @@ def bench_member_cost(record: Mapping[str, Any]) -> MemberCost | None:
 
 _ROW = re.compile(
     r"^\|\s*(?P<member>[^|]+?)\s*\|\s*(?P<step>[^|]+?)\s*\|\s*(?P<figure>median latency|"
-    r"prompt length)\s*\|\s*(?P<value>[0-9.eE+-]+)\s*\|"
+    r"prompt length)\s*\|\s*(?P<value>[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*\|"
 )
 
 

@@ -344,6 +344,7 @@ register_precision(
         "both",
         activation_bytes=2.0,
         targets=("onnxruntime", "tensorrt"),
+        roofline_peak="fp16_tflops",  # float16 GEMMs on the dequantized blocks
         fusable=False,
     )
 )

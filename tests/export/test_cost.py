@@ -268,6 +268,35 @@ def test_roofline_is_the_larger_of_compute_and_memory() -> None:
         assert d["source"]
 
 
+def test_roofline_names_what_it_cannot_bound_and_covers_int4_trt() -> None:
+    """A misspelt device or a precision without a peak raised a bare KeyError, and int4-trt
+    (the Jetson deploy path: float16 GEMMs on dequantized blocks) had no roofline at all;
+    negative counts gave a negative bound."""
+    assert roofline(989e12, 0.0, "H200", "int4-trt") == roofline(989e12, 0.0, "H200", "fp16")
+    with pytest.raises(ValueError, match=r"device must be one of .*'Orin Nano 8GB'"):
+        roofline(1.0, 1.0, "Orin Nano", "fp16")
+    with pytest.raises(ValueError, match="precision 'fp32' has no roofline peak"):
+        roofline(1.0, 1.0, "L4", "fp32")
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="flops must be a finite number"):
+            roofline(bad, 1.0, "L4", "fp16")
+        with pytest.raises(ValueError, match="weight_bytes must be a finite number"):
+            roofline(1.0, bad, "L4", "fp16")
+
+
+def test_a_results_row_that_is_not_a_number_is_not_read(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    results.write_text(
+        "### 2026-12-01 — NVIDIA H200 — bench/gpu.py\n\n"
+        "| member | step | figure | value | unit |\n| --- | --- | --- | ---: | --- |\n"
+        "| Qwen3.5-2B | torch | median latency | 1.2.3 | ms/scene |\n"
+        "| Qwen3.5-2B | ort | median latency | 8.05e1 | ms/scene |\n",
+        encoding="utf-8",
+    )
+    recs = measured_latencies(results, lambda sec: True)  # raised ValueError on '1.2.3'
+    assert [(r["step"], r["ms"]) for r in recs] == [("ort", 80.5)]
+
+
 def test_measured_over_bound_from_results_md(tmp_path: Path) -> None:
     """A bench/gpu.py section (real dimensions, on the H200) gives measured / bound."""
     results = tmp_path / "RESULTS.md"
