@@ -237,12 +237,11 @@ class Pipeline:
             else:
                 scenes = [Scene(w.image, w.scene.request, w.scene.situation_id) for w in live]
                 fut = self._pool.submit(self.score, scenes, active.variants, plan)
-        readable = [] if active.detector is None else [w for w in works if w.image is not None]
+        detector = active.detector
+        readable = [] if detector is None else [w for w in works if w.image is not None]
         text_fut = None
-        if readable:
-            text_fut = self._text_pool.submit(
-                _read_text, active.detector, [w.image for w in readable]
-            )
+        if detector is not None and readable:
+            text_fut = self._text_pool.submit(_read_text, detector, [w.image for w in readable])
         if fut is not None:
             try:
                 results = fut.result(timeout=clock.remaining())
