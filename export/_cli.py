@@ -273,7 +273,13 @@ def add_export_parser(sub: Any) -> None:
     p.add_argument(
         "--member", action="append", required=True, help="member folder or hub id; repeat"
     )
-    p.add_argument("--out", type=Path, required=True, help="bundle folder to write (replaced)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="bundle folder to write: new, empty, or a bundle (replaced once the new one is "
+        "whole); refused when it holds a guard's decision log or overlaps a member's folder",
+    )
     p.add_argument(
         "--precision",
         choices=list(PRECISION_SPECS),
@@ -461,6 +467,18 @@ def run_export(args: argparse.Namespace) -> int:
         return 2
     # with --json, stdout is the JSON alone: what the exporters print goes to stderr
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    import onnx  # noqa: F401  (the export extra is said missing before any member is read)
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from spotstop.export.onnx_bundle import check_bundle_out
+    from spotstop.guard import GuardError
+    from spotstop.guard._hf import resolve_member
+
+    try:  # before any member is exported: an --out the export must not replace is bad input
+        check_bundle_out(args.out, [resolve_member(m).path for m in args.member])
+    except (ValueError, GuardError) as e:
+        print(f"spotstop export: {e}", file=sys.stderr)
+        return 2
     try:
         with quiet:
             b = write_onnx_bundle(
@@ -595,7 +613,7 @@ def run_verify_bundle(args: argparse.Namespace) -> int:
     sources = {}
     for item in args.source:
         name, sep, path = item.partition("=")
-        if not sep:
+        if not sep or not name or not path:
             print(
                 f"spotstop verify-bundle: --source must be NAME=FOLDER; got {item!r}.",
                 file=sys.stderr,
@@ -619,14 +637,20 @@ def run_verify_bundle(args: argparse.Namespace) -> int:
             print(f"spotstop verify-bundle: --scene-table: {e}", file=sys.stderr)
             return 2
         scenes = table.scenes(range(len(table)))
-    v = verify_bundle(
-        args.bundle,
-        n_scenes=args.scenes,
-        seed=args.seed,
-        sources=sources,
-        reference=False if args.runtime_only else None,
-        scenes=scenes,
-    )
+    from spotstop.guard import GuardError
+
+    try:
+        v = verify_bundle(
+            args.bundle,
+            n_scenes=args.scenes,
+            seed=args.seed,
+            sources=sources,
+            reference=False if args.runtime_only else None,
+            scenes=scenes,
+        )
+    except (ValueError, GuardError) as e:  # a wrong --source, an altered bundle: not a FAIL
+        print(f"spotstop verify-bundle: {e}", file=sys.stderr)
+        return 2
     if args.json:
         doc = {
             "bundle_id": v.bundle_id,

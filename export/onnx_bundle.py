@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,63 @@ def _export_in_child(src: str | os.PathLike[str], out: Path, kw: dict[str, Any])
         return pool.submit(_export_quietly, str(src), out, kw).result()
 
 
+#: what a guard keeps beside its bundle (its decision log, the log's archives and dead
+#: letter): an export never replaces a folder that holds them
+_GUARD_FILES = ("decisions.sqlite*", "*.archive", "*.dead-letter.jsonl")
+
+
+def check_bundle_out(out: str | os.PathLike[str], sources: Sequence[Path] = ()) -> None:
+    """Refuse an output folder the export must not replace (ValueError saying what to do):
+    one that overlaps a source folder (a member's, or the bundle derived from), a file, a
+    folder that is not a bundle, or a bundle holding a guard's decision log. Nothing is
+    changed; the export checks this before it writes anything."""
+    root = Path(out)
+    here = root.resolve()
+    for src in sources:
+        there = Path(src).resolve()
+        if here == there or there in here.parents or here in there.parents:
+            raise ValueError(
+                f"the output folder {str(root)!r} overlaps the source folder {str(there)!r}; "
+                "the export replaces its output whole: choose a folder apart from the sources."
+            )
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise ValueError(f"the output {str(root)!r} is a file; give a folder for the bundle.")
+    if any(root.iterdir()) and not (root / "manifest.yaml").is_file():
+        raise ValueError(
+            f"the output folder {str(root)!r} is not empty and not a spotstop bundle; the export "
+            "replaces its output whole: choose a new or empty folder."
+        )
+    held = sorted({q.name for pattern in _GUARD_FILES for q in root.glob(pattern)})
+    if held:
+        raise ValueError(
+            f"the output folder {str(root)!r} holds a guard's decision log ({', '.join(held)}); "
+            "the export would replace it. Move the log out of the bundle folder (or export "
+            "to another folder and point the guard at the new bundle)."
+        )
+
+
+def _staging(root: Path) -> Path:
+    """An empty folder beside ``root`` to build the bundle in; :func:`_swap_in` moves it to
+    ``root`` once it is whole, so a failed or interrupted export leaves ``root`` as it was."""
+    work = root.with_name(f".{root.name}.partial-{os.getpid()}")
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    return work
+
+
+def _swap_in(work: Path, root: Path) -> None:
+    """Replace ``root`` by the finished bundle ``work`` (two renames in one folder)."""
+    old = root.with_name(f".{root.name}.old-{os.getpid()}")
+    if root.exists():
+        os.replace(root, old)
+    os.replace(work, root)
+    if old.exists():
+        shutil.rmtree(old)
+
+
 def write_onnx_bundle(
     members: Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
@@ -126,7 +183,8 @@ def write_onnx_bundle(
     keep_error: float | None = None,
     graph_form: str | None = None,
 ) -> OnnxBundle:
-    """Export ``members`` into the bundle folder ``out`` (replaced if it exists).
+    """Export ``members`` into the bundle folder ``out`` (replaced, once the new bundle is
+    whole, if it is a bundle; :func:`check_bundle_out` says which folders are refused).
 
     ``visual_tokens``: each member's visual-token budget, keyed by member name, model_type or
     its start (``{"qwen": 256, "lfm": 64}``; ``"*"``: every member); a member without one
@@ -186,10 +244,52 @@ def write_onnx_bundle(
     named = [(Path(s).name, t) for s, t in types.items()]
     check_budget_keys(visual_tokens, named)
     check_budget_keys(cfg.visual_tokens, named)
-    root = Path(out)
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
+    final = Path(out)
+    check_bundle_out(final, [resolve_member(src).path for src in members])
+    root = _staging(final)
+    try:
+        b = _write_members(
+            members, root, final, cfg, types, say,
+            precision=precision, image_size=image_size, buckets=buckets, name=name, trt=trt,
+            triton=triton, max_batch=max_batch, sessions=sessions, visual_tokens=visual_tokens,
+            quantizer=quantizer, calibration_scenes=calibration_scenes,
+            calibration_frames=calibration_frames, int8_sel=int8_sel,
+            smooth_alpha=smooth_alpha, keep_error=keep_error, graph_form=graph_form,
+        )  # fmt: skip
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    _swap_in(root, final)
+    return b
+
+
+def _write_members(
+    members: Sequence[str | os.PathLike[str]],
+    root: Path,
+    final: Path,
+    cfg: ScoringConfig,
+    types: Mapping[str, str],
+    say: Callable[[str], Any],
+    *,
+    precision: str,
+    image_size: tuple[int, int] | None,
+    buckets: Sequence[int],
+    name: str,
+    trt: str,
+    triton: bool,
+    max_batch: int,
+    sessions: str,
+    visual_tokens: Mapping[str, int] | None,
+    quantizer: str,
+    calibration_scenes: int,
+    calibration_frames: str | os.PathLike[str] | None,
+    int8_sel: Any,
+    smooth_alpha: float | str | None,
+    keep_error: float | None,
+    graph_form: str | None,
+) -> OnnxBundle:
+    """:func:`write_onnx_bundle`'s work, in the staging folder ``root`` (the bundle it
+    returns names ``final``, where it is moved once whole)."""
     exports: list[MemberExport] = []
     for src in members:
         mname = Path(str(src)).name
@@ -216,7 +316,7 @@ def write_onnx_bundle(
         if large:  # what one large export leaves in a process must not crowd the next one
             e = _export_in_child(src, root / "members" / mname, kw)
         else:
-            e = export_member(src, root / "members" / mname, **kw)  # type: ignore[arg-type]
+            e = export_member(src, root / "members" / mname, **kw)
         say(
             f"  {mname}: {len(e.files)} files, {e.weight_bytes / 2**20:.1f} MiB of weights, "
             f"max |Δ| vs torch {e.max_abs_diff:.2g}, {e.seconds:.0f} s"
@@ -294,11 +394,11 @@ def write_onnx_bundle(
         },
     )
     return OnnxBundle(
-        path=root,
+        path=final,
         bundle_id=bundle_id,
         prompt_hash=pair_prompt_hash(hashes),
         precision=precision,
-        members=tuple(exports),
+        members=tuple(replace(e, path=final / "members" / e.name) for e in exports),
         trt=trt_mode,
     )
 
@@ -329,77 +429,100 @@ def derive_bundle(
     b = load_bundle(src)
     if b.manifest.get("export", {}).get("precision") != "fp32":
         raise ValueError(f"derive_bundle needs an fp32 bundle; {src} is not one.")
-    root = Path(out)
-    if root.exists():
-        shutil.rmtree(root)
-    shutil.copytree(b.path, root, ignore=shutil.ignore_patterns("decisions.sqlite*", "policy.yaml"))
-    entries = []
-    total = 0
-    for entry in b.manifest["members"]:
-        mdir = root / entry["path"]
-        meta = yaml.safe_load((mdir / GRAPHS_FILE).read_text(encoding="utf-8"))
-        onnx_dir = mdir / "onnx"
-        opts = ConvertOptions()  # no torch model here: no calibration, rounded to nearest
-        vision = convert_precision(
-            onnx.load(str(onnx_dir / "vision.onnx")), precision, options=opts
+    spec = get_precision(precision)
+    fused = [e["name"] for e in b.manifest["members"] if e.get("graph_form") == "fused"]
+    if fused and not spec.fusable:  # as export_member refuses it: onnxruntime cannot load it
+        raise ValueError(
+            f"{src} holds fused graphs ({', '.join(fused)}), and {precision} starts from the "
+            "standard graph form: derive it from a bundle exported with --graph-form standard."
         )
-        decs = {
-            Path(f).name: convert_precision(onnx.load(str(mdir / f)), precision, options=opts)
-            for f in meta["decoder"]["files"].values()
-        }
-        for f in onnx_dir.iterdir():
-            f.unlink()
-        _save({"vision.onnx": vision}, onnx_dir, "vision.onnx.data")
-        _save(decs, onnx_dir, "decoder.onnx.data")
-        wb = onnx_weight_bytes(vision) + onnx_weight_bytes(next(iter(decs.values())))
-        qmeta = quantizer_meta(vision)
-        spec = get_precision(precision)
-        if spec.nbits is not None:  # no torch model here: rounded to nearest
-            qmeta = {"quantizer": nbits_quantizer_meta(precision, None, {})}
-            if spec.nbits == 4:  # no torch model to name the weights: all at int4
-                qmeta["quantizer"]["int8"] = {"selectors": [], "chosen": 0}
-            if "int8" in opts.report:
-                qmeta["quantizer"]["dynamic_int8"] = opts.report["int8"]
-            qmeta["quantizer"]["weights_by_bits"] = {
-                f"int{b}": n for b, n in sorted(nbits_weights([vision, *decs.values()]).items())
-            }
-        meta.update(precision=precision, weight_bytes=int(wb), **qmeta)
-        (mdir / GRAPHS_FILE).write_text(
-            yaml.safe_dump(meta, sort_keys=False, allow_unicode=True), encoding="utf-8"
-        )
-        method = qmeta["quantizer"]["method"] if qmeta else None
-        new = {**entry, "precision": precision, "weight_bytes": int(wb), "quantizer": method}
-        new.pop("int4_int8", None)
-        if spec.nbits == 4:  # no torch model to name the weights: every weight at int4
-            new["int4_int8"] = []
-        entries.append(new)
-        total += wb
-    if (root / "trt" / "build.sh").is_file():
-        from types import SimpleNamespace
-
-        exports = [
-            SimpleNamespace(
-                name=e["name"], path=root / e["path"], precision=precision, buckets=e["buckets"]
+    final = Path(out)
+    check_bundle_out(final, [b.path])
+    root = _staging(final)
+    root.rmdir()  # copytree makes it
+    try:
+        guard_files = ("policy.yaml", *_GUARD_FILES)
+        shutil.copytree(b.path, root, ignore=shutil.ignore_patterns(*guard_files))
+        entries = []
+        total = 0
+        for entry in b.manifest["members"]:
+            mdir = root / entry["path"]
+            meta = yaml.safe_load((mdir / GRAPHS_FILE).read_text(encoding="utf-8"))
+            onnx_dir = mdir / "onnx"
+            opts = ConvertOptions()  # no torch model here: no calibration, rounded to nearest
+            vision = convert_precision(
+                onnx.load(str(onnx_dir / "vision.onnx")), precision, options=opts
             )
-            for e in entries
-        ]
-        write_trt_script(root, exports, max_batch=max_batch)
-    files = {
-        p.relative_to(root).as_posix(): sha256_file(p)
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-        and not p.name.startswith(_NOT_LISTED)
-        and not is_device_built(p.relative_to(root).as_posix())
-    }
-    cfg = ScoringConfig(prompt=b.prompt)
-    _write_manifest(
-        root,
-        entries,
-        {e["name"]: e["prompt_hash"] for e in entries},
-        files,
-        cfg,
-        name=name or b.bundle_id.rsplit("-", 1)[0],
-        test_pair=b.test_pair,
-        extra={"export": {**b.manifest["export"], "precision": precision, "weight_bytes": total}},
-    )
-    return root
+            decs = {
+                Path(f).name: convert_precision(onnx.load(str(mdir / f)), precision, options=opts)
+                for f in meta["decoder"]["files"].values()
+            }
+            for f in onnx_dir.iterdir():
+                f.unlink()
+            _save({"vision.onnx": vision}, onnx_dir, "vision.onnx.data")
+            _save(decs, onnx_dir, "decoder.onnx.data")
+            wb = onnx_weight_bytes(vision) + onnx_weight_bytes(next(iter(decs.values())))
+            qmeta = quantizer_meta(vision)
+            spec = get_precision(precision)
+            if spec.nbits is not None:  # no torch model here: rounded to nearest
+                qmeta = {"quantizer": nbits_quantizer_meta(precision, None, {})}
+                if spec.nbits == 4:  # no torch model to name the weights: all at int4
+                    qmeta["quantizer"]["int8"] = {"selectors": [], "chosen": 0}
+                if "int8" in opts.report:
+                    qmeta["quantizer"]["dynamic_int8"] = opts.report["int8"]
+                qmeta["quantizer"]["weights_by_bits"] = {
+                    f"int{b}": n for b, n in sorted(nbits_weights([vision, *decs.values()]).items())
+                }
+            meta.update(precision=precision, weight_bytes=int(wb), **qmeta)
+            # the parity record is the fp32 graphs': these were never run against torch
+            meta.pop("max_abs_diff", None)
+            meta["derived_from"] = {
+                "bundle_id": b.bundle_id,
+                "precision": "fp32",
+                "validated": "not against torch: run spotstop verify-bundle",
+            }
+            (mdir / GRAPHS_FILE).write_text(
+                yaml.safe_dump(meta, sort_keys=False, allow_unicode=True), encoding="utf-8"
+            )
+            method = qmeta["quantizer"]["method"] if qmeta else None
+            new = {**entry, "precision": precision, "weight_bytes": int(wb), "quantizer": method}
+            new.pop("int4_int8", None)
+            if spec.nbits == 4:  # no torch model to name the weights: every weight at int4
+                new["int4_int8"] = []
+            entries.append(new)
+            total += wb
+        if (root / "trt" / "build.sh").is_file():
+            from types import SimpleNamespace
+
+            exports = [
+                SimpleNamespace(
+                    name=e["name"], path=root / e["path"], precision=precision, buckets=e["buckets"]
+                )
+                for e in entries
+            ]
+            write_trt_script(root, exports, max_batch=max_batch)
+        files = {
+            p.relative_to(root).as_posix(): sha256_file(p)
+            for p in sorted(root.rglob("*"))
+            if p.is_file()
+            and not p.name.startswith(_NOT_LISTED)
+            and not is_device_built(p.relative_to(root).as_posix())
+        }
+        cfg = ScoringConfig(prompt=b.prompt)
+        _write_manifest(
+            root,
+            entries,
+            {e["name"]: e["prompt_hash"] for e in entries},
+            files,
+            cfg,
+            name=name or b.bundle_id.rsplit("-", 1)[0],
+            test_pair=b.test_pair,
+            extra={
+                "export": {**b.manifest["export"], "precision": precision, "weight_bytes": total}
+            },
+        )
+    except BaseException:  # a failed or interrupted derive leaves ``out`` as it was
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    _swap_in(root, final)
+    return final

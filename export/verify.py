@@ -67,8 +67,12 @@ def _rank(x: np.ndarray) -> np.ndarray:
 
 
 def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
-    """Spearman's rank correlation (average ranks for ties); NaN when either side is constant."""
-    x, y = _rank(np.asarray(a, float)), _rank(np.asarray(b, float))
+    """Spearman's rank correlation (average ranks for ties); NaN when either side is constant
+    or holds a non-finite score (ranked, a NaN would sort last and could pass the check)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("nan")
+    x, y = _rank(a), _rank(b)
     if len(x) < 2 or x.std() == 0 or y.std() == 0:
         return float("nan")
     return float(np.corrcoef(x, y)[0, 1])
@@ -288,6 +292,12 @@ def verify_bundle(
     torch).
     """
     b = load_bundle(bundle)  # checks every listed file's sha256
+    unknown = sorted(set(sources or {}) - {bm.name for bm in b.members})
+    if unknown:  # a misspelt name would compare with the manifest's source and say PASS
+        raise ValueError(
+            f"--source names {unknown}, not members of this bundle; its members are "
+            f"{[bm.name for bm in b.members]}."
+        )
     scenes = list(scenes) if scenes is not None else demo_scenes(n_scenes, seed=seed)
     if not scenes:
         raise ValueError("verify_bundle needs at least one scene; the scene table is empty.")
