@@ -42,6 +42,18 @@ def _axes(ax: Any) -> Any:
     return plt.figure(figsize=(4.2, 3.2)).add_subplot()
 
 
+def _intervals(ax: Any, x: Any, lo: Any, hi: Any, color: str) -> None:
+    """Each 95 % interval as a capped vertical line from its low to its high end, as it is:
+    a percentile interval need not hold its point estimate (error bars measured from the
+    point would be negative there, and matplotlib refuses them). Undefined ends draw
+    nothing."""
+    x, lo, hi = (np.asarray(a, dtype=np.float64) for a in (x, lo, hi))
+    ok = np.isfinite(lo) & np.isfinite(hi)
+    if ok.any():
+        ax.vlines(x[ok], lo[ok], hi[ok], color=color, lw=1.0)
+        ax.plot(x[ok], lo[ok], "_", x[ok], hi[ok], "_", color=color, ms=6, mew=1.0)
+
+
 def _legend_below(ax: Any, ncol: int = 1) -> Any:
     """Put the legend under the axes (below the x label), never over the data."""
     return ax.legend(
@@ -178,9 +190,8 @@ class SplitDisplay:
         ax = _axes(ax)
         x = np.arange(len(self.names))
         vals = 100 * self.values
-        err = 100 * np.vstack([self.values - self.lows, self.highs - self.values])
         ax.bar(x, vals, color=["0.4", "tab:orange", "tab:green", "tab:purple"][: len(x)])
-        ax.errorbar(x, vals, yerr=np.nan_to_num(err), fmt="none", ecolor="black", capsize=3)
+        _intervals(ax, x, 100 * self.lows, 100 * self.highs, "black")
         if math.isfinite(self.g_auroc):
             ax.axhline(
                 100 * self.g_auroc, color="tab:orange", ls="--", lw=0.9,
@@ -242,9 +253,8 @@ class PeriodDisplay:
             names.items(), ["tab:blue", "tab:red", "tab:green"], strict=True
         ):
             v, lo, hi = (100 * np.asarray(d[key]) for d in (self.values, self.low, self.high))
-            err = np.vstack([np.nan_to_num(v - lo), np.nan_to_num(hi - v)])
-            ax.errorbar(x, v, yerr=err, fmt="o-", ms=3, lw=0.9, capsize=2, color=color,
-                        label=label)  # fmt: skip
+            ax.plot(x, v, "o-", ms=3, lw=0.9, color=color, label=label)
+            _intervals(ax, x, lo, hi, color)
         ax.set_xticks(x, self.periods, rotation=45 if len(x) > 4 else 0, fontsize=6.5)
         ax.set(ylabel="% (whole range, 0–100)", ylim=(0, 100), title="Key fields per period")
         _legend_below(ax, ncol=3)

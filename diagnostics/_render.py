@@ -16,6 +16,7 @@ from spotstop.diagnostics._check_base import fmt
 from spotstop.diagnostics._explanations import EXPLANATIONS
 from spotstop.diagnostics._plots import to_svg
 from spotstop.diagnostics._results import Estimate
+from spotstop.guard._files import atomic_write_text
 
 if TYPE_CHECKING:
     from spotstop.diagnostics._card import Card
@@ -178,12 +179,17 @@ def page(card: Card, svgs: Mapping[str, str]) -> str:
 
 
 def write_files(card: Card, out: Path) -> None:
-    """Write ``card.json``, ``card.md`` and ``card.html`` into ``out`` (created if needed)."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Write ``card.json``, ``card.md`` and ``card.html`` into ``out`` (created if needed).
+
+    All three are made first, then each replaces its file atomically: a card that fails to
+    render (a plot, a number JSON cannot hold) writes nothing, so no page of an earlier card
+    is left beside the numbers of this one."""
     doc = card.to_json()
-    (out / "card.json").write_text(
-        json.dumps(doc, indent=1, allow_nan=False) + "\n", encoding="utf-8"
-    )
-    (out / "card.md").write_text(markdown(card), encoding="utf-8")
-    svgs = {k: to_svg(d) for k, d in card.displays.items()}
-    (out / "card.html").write_text(page(card, svgs), encoding="utf-8")
+    texts = {
+        "card.json": json.dumps(doc, indent=1, allow_nan=False) + "\n",
+        "card.md": markdown(card),
+        "card.html": page(card, {k: to_svg(d) for k, d in card.displays.items()}),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in texts.items():
+        atomic_write_text(out / name, text)

@@ -103,3 +103,60 @@ def test_svg_holds_the_legend_below_the_axes():
     svg = to_svg(_displays()["roc"])  # type: ignore[arg-type]
     assert svg.startswith("<svg") and "legend_1" in svg
     assert "the same point as best cut A*" in svg  # text kept as text
+
+
+def test_an_interval_that_does_not_hold_its_point_is_drawn_as_it_is():
+    """A percentile interval need not hold its point estimate (an overlap part of 0.0952 with
+    the interval [0.0277, 0.0890], from 42 pairs): error bars measured from the point were
+    negative and matplotlib refused them, so `spotstop card` crashed. Each interval is drawn
+    from its low to its high end."""
+    from matplotlib.figure import Figure
+    from spotstop.diagnostics._plots import PeriodDisplay
+
+    split = SplitDisplay(
+        ("R − A", "threshold", "overlap", "within"),
+        np.array([0.05, 0.02, 0.0952, 0.01]),
+        np.array([0.0, 0.0, 0.0277, np.nan]),
+        np.array([0.1, 0.04, 0.0890, np.nan]),
+        0.03,
+    )
+    period = PeriodDisplay(
+        ("day 1", "day 2"),
+        {k: np.array([0.9, 0.5]) for k in ("delivered_balanced_accuracy", "unsafe_share", "auroc")},
+        {
+            k: np.array([0.92, 0.4])
+            for k in ("delivered_balanced_accuracy", "unsafe_share", "auroc")
+        },
+        {
+            k: np.array([0.95, 0.6])
+            for k in ("delivered_balanced_accuracy", "unsafe_share", "auroc")
+        },
+    )
+    for d in (split, period):
+        assert to_svg(d).startswith("<svg")  # raised ValueError: 'yerr' must not be negative
+    ax = Figure().add_subplot()
+    split.plot(ax)
+    (lines,) = ax.collections[-1:]
+    segs = lines.get_segments()
+    assert len(segs) == 3  # the undefined interval draws nothing
+    assert segs[2][:, 1] == pytest.approx([2.77, 8.90])  # the interval itself, in points
+
+
+def test_a_card_that_fails_to_render_leaves_the_last_card_whole(tmp_path, monkeypatch):
+    """card.json and card.md were written before the plots: a plot that raised left them
+    beside the previous run's card.html, which stated other numbers."""
+    import spotstop.diagnostics._render as render
+    from spotstop.diagnostics import simulate_log, write_card
+
+    out = tmp_path / "card"
+    kw = {"n_boot": 50, "n_boot_checks": 20, "n_boot_kernel": 10, "provenance": {"s": "t"}}
+    write_card(simulate_log(60, rng=1), out, rng=2, **kw)
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+
+    def boom(_d):
+        raise ValueError("a plot that cannot be drawn")
+
+    monkeypatch.setattr(render, "to_svg", boom)
+    with pytest.raises(ValueError, match="cannot be drawn"):
+        write_card(simulate_log(60, rng=7), out, rng=3, **kw)
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
