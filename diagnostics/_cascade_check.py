@@ -157,8 +157,9 @@ def _verdict_item(res: Any) -> VerdictItem | None:
             )
         if c.measurable:
             d = c.auroc_diff
+            verb = "gains" if d.value > 0 else "gives up"  # (the section's own reading)
             text += (
-                f" and gives up {-d.value:.3f} AUROC against the full pair "
+                f" and {verb} {abs(d.value):.3f} AUROC against the full pair "
                 f"({fmt(d, pct=False, signed=True)}, cascade − pair, on {c.n} labelled scenes "
                 "where both ran)"
             )

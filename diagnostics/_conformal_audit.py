@@ -227,13 +227,21 @@ def _conformal_cut_of(pol: Policy) -> ConformalPolicy | None:
     return None
 
 
+def decided_by_conformal(log: LogData) -> NDArray[np.bool_]:
+    """Per decision of ``log``: whether a conformal cut decided it (its logged
+    ``deciding_kind``), whichever policy held the cut (conformal itself, a situation policy's
+    fallback, a cascade's cut). The one rule for which decisions a miss-rate guarantee covers:
+    the audit and the fleet check read it."""
+    return np.asarray(log.arrays.deciding_kind == ConformalPolicy.kind, dtype=bool)
+
+
 def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[DeployedAudit, ...]:
     """Audit every conformal policy version of the log (in order of first appearance), every
     cascade whose cut is conformal and every policy with a conformal fallback: the logged
     answers of the decisions that cut made, against its alpha."""
     out = []
     arr = log.arrays
-    by_cut = np.asarray(arr.deciding_kind == ConformalPolicy.kind, dtype=bool)
+    by_cut = decided_by_conformal(log)
     for v, cfg in log.policies.items():
         pol = _conformal_cut_of(cfg.policy)
         if pol is None:

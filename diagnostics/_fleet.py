@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult, fmt
+from spotstop.diagnostics._conformal_audit import decided_by_conformal
 from spotstop.diagnostics._data import group_codes
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics._from_log import LogData, _log_data, robot_of_path
@@ -247,7 +248,7 @@ def fleet_robots(
     group = group_codes(contrast[use], situation[use])
     unsafe = log.label[use] == 1
     flagged = log.arrays.guard_label[use] == 1
-    conformal = np.array([log.kind_of(v) == "conformal" for v in log.version[use]], dtype=bool)
+    conformal = decided_by_conformal(log)[use]  # the conformal audit's own rule
     rid = log.robot_id[use]
     # per case: hits, unsafe, false alarms, safe, conformal misses, conformal unsafe
     base = np.stack(

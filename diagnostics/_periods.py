@@ -201,7 +201,13 @@ def periods(
                 fd[name] = np.asarray(boot.draws[name], dtype=np.float64)
         draws[key] = fd
         n_groups = int(group.max()) + 1 if group.size else 0
-        rows.append((key, int(mine.size), fields, audit_deployed(log.take(mine)), n_groups))
+        # the conformal versions that decided in this period (a version created after it
+        # has nothing to audit here)
+        part = log.take(mine)
+        audits = tuple(
+            a for a in audit_deployed(part) if bool((part.version == a.version_id).any())
+        )
+        rows.append((key, int(mine.size), fields, audits, n_groups))
     # family-wise over every test the verdict reads: each field of each compared period
     compared = max(1, len(order) - 1) * len(FIELDS)
     width = 1.0 - (1.0 - LEVEL) / compared

@@ -318,3 +318,24 @@ def test_a_cascade_with_a_conformal_cut_is_audited_on_its_own_answers(tmp_path: 
     v2 = (log.version == a.version_id) & (log.label == 1) & ~log.arrays.fail_closed
     assert a.n_decisions == int(v2.sum())
     assert a.misses == int((log.arrays.guard_label[v2] == 0).sum())  # one unsafe per situation
+
+
+def test_a_cascade_that_beats_the_pair_is_said_to_gain():
+    """The verdict said "gives up -0.044 AUROC" where the section said "gains 0.044"."""
+    from spotstop.diagnostics._cascade import CascadeCost, CascadeShare
+    from spotstop.diagnostics._cascade_check import CascadeResult, _verdict_item
+    from spotstop.diagnostics._results import ConfidenceInterval, Estimate
+
+    def e(v: float, lo: float, hi: float, n: int = 80) -> Estimate:
+        return Estimate(v, ConfidenceInterval(lo, hi), n)
+
+    share = CascadeShare("v2", "a", 0.5, 1.0, "frozen", 120, 60, e(0.5, 0.41, 0.59, 120), 0, 0, 60)
+    for diff, verb in ((0.044, "gains 0.044"), (-0.044, "gives up 0.044")):
+        cost = CascadeCost(
+            "v2", 80, 40, 40, 0, 0.5, e(0.8, 0.7, 0.9), e(0.8 + diff, 0.7, 0.9),
+            e(diff, diff - 0.04, diff + 0.05), e(0.7, 0.6, 0.8), e(0.7, 0.6, 0.8),
+            e(0.0, -0.05, 0.05),
+        )  # fmt: skip
+        item = _verdict_item(CascadeResult((share,), (cost,), ""))
+        assert item is not None and f"{verb} AUROC against the full pair" in item.sentence
+        assert "-0.044 AUROC" not in item.sentence

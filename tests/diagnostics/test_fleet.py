@@ -259,3 +259,46 @@ def test_a_robot_with_too_few_groups_is_not_compared(tmp_path: Path) -> None:
     assert "not compared: 3 groups" in few.note
     assert few.balanced_accuracy.value < rows["arm-1"].balanced_accuracy.value  # still shown
     assert all(rows[r].groups == 40 and not rows[r].note for r in ("arm-1", "arm-2", "arm-4"))
+
+
+def test_the_conformal_miss_rate_counts_what_a_conformal_fallback_decided(
+    tmp_path: Path,
+) -> None:
+    """The fleet's "conformal miss rate" took the decisions of conformal policy versions; the
+    conformal audit takes those a conformal cut decided (``deciding_kind``). A situation
+    policy whose conformal fallback missed every unsafe scene on one robot showed "n=0" there
+    and was never flagged. Both read one rule now."""
+    from spotstop.diagnostics._conformal_audit import audit_deployed, decided_by_conformal
+    from spotstop.guard.policies import ConformalPolicy, SituationPolicy
+
+    from tests._support.log_writer import Segment, policy_config, policy_row, segment_records
+
+    cfg = policy_config(
+        SituationPolicy(
+            window=8, min_refs=3, fallback=ConformalPolicy(alpha=0.1, n=100, k=10, threshold=0.0)
+        )
+    )
+    for k, (name, unsafe_mean) in enumerate((("good", 3.0), ("good2", 3.0), ("bad", -1.0))):
+        rng = np.random.default_rng(k)
+        y = np.tile([0, 1], 40)
+        mu = np.where(y == 1, unsafe_mean, -2.0)
+        scores = {"a": rng.normal(mu, 0.5), "b": rng.normal(mu, 0.5)}
+        sit = [f"s{j // 2}" for j in range(y.size)]  # 2 scenes a situation: the fallback decides
+        recs = segment_records(Segment(cfg, scores, sit, 1_750_000_000.0 + k / 10), f"{name}-")
+        labels = [
+            (r.decision_id, "unsafe" if y[j] else "safe", f"c{j // 2}", "rev")
+            for j, r in enumerate(recs)
+        ]
+        with DecisionLog(tmp_path / f"{name}.sqlite", robot_id=name) as log:
+            log.append_many(recs, policy=policy_row(cfg))
+            log.set_labels(labels)
+    data = read_fleet([str(tmp_path)])
+    assert decided_by_conformal(data).all()  # every decision: the fallback's
+    robots = {r.robot: r for r in fleet_robots(data, n_boot=200, rng=np.random.default_rng(0))}
+    bad = robots["bad"]
+    # by hand: the bad robot's fallback answered SAFE on each of its 40 unsafe scenes
+    assert bad.miss_rate.n == 40 and bad.miss_rate.value == 1.0
+    assert "conformal miss rate above the rest's" in bad.flagged
+    assert robots["good"].miss_rate.value == 0.0
+    (audit,) = audit_deployed(data)
+    assert audit.status == "violated"

@@ -148,3 +148,37 @@ def test_period_needs_a_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     out = str(tmp_path / "c")
     assert card_main(["--simulated", "--period", "week", "--out", out]) == 2
     assert "--period goes with a decision LOG" in capsys.readouterr().err
+
+
+def test_a_period_audits_only_the_conformal_versions_that_decided_in_it(tmp_path: Path) -> None:
+    """Each period audited every conformal version of the log: a week before a version was
+    created said "audit: v2 not enough data" of a cut that did not exist yet."""
+    from spotstop.guard.policies import ConformalPolicy, FrozenPolicy
+
+    from tests._support.log_writer import policy_config
+
+    frozen = policy_config(FrozenPolicy(threshold=0.2), version=1, created=MONDAY - 10)
+    conformal = policy_config(
+        ConformalPolicy(alpha=0.1, n=100, k=10, threshold=-0.3),
+        version=2,
+        created=MONDAY + WEEK - 10,
+    )
+    path = tmp_path / "log.sqlite"
+    with DecisionLog(path) as log:
+        for k, cfg in enumerate((frozen, conformal)):
+            rng = np.random.default_rng(k)
+            y = np.tile([0, 1], 30)
+            a, b = (rng.normal(0, 1, y.size) + 1.6 * y for _ in range(2))
+            sit = [f"w{k}-s{j // 2}" for j in range(y.size)]
+            recs = segment_records(Segment(cfg, {"a": a, "b": b}, sit, MONDAY + k * WEEK), f"w{k}-")
+            log.append_many(recs, policy=policy_row(cfg))
+            log.set_labels(
+                [
+                    (r.decision_id, "unsafe" if y[j] else "safe", f"w{k}-c{j // 2}", "rev")
+                    for j, r in enumerate(recs)
+                ]
+            )
+    got = {p.key: [a.version_id for a in p.audits] for p in _periods(path).rows}
+    first, second = sorted(got)
+    assert got[first] == []  # the frozen week: no conformal cut to audit
+    assert got[second] == [conformal.version_id]
