@@ -422,6 +422,13 @@ def compute_card(
         ({str(w.message) for w in caught} | set(rec.warnings)) - set(cut_notes)
     )
     notes += _one_class_warning(table)
+    decided = set() if log is None else set(log.version.tolist())
+    for v, err in ({} if log is None else log.policy_errors).items():
+        if v in decided:  # its decisions cannot be replayed nor audited
+            notes.append(
+                f"the policy document of {v}, which decided in this log, does not load ({err}): "
+                "its answers are not replayed and its cut is not audited."
+            )
     if len(fusion_keys) > 1:
         notes.append(
             f"the cases were decided under {len(fusion_keys)} fusions ({', '.join(fusion_keys)}); "
@@ -465,7 +472,8 @@ def compute_card(
         k: v for r in checks.values() for k, v in r.displays.items()
     }}  # fmt: skip
     deployed, version = _deployed(log)
-    deployed_policy = None if log is None or version is None else log.policies[version].policy
+    loaded = None if log is None or version is None else log.policies.get(version)
+    deployed_policy = None if loaded is None else loaded.policy
     card = Card((), dlv, fields, checks, info, rec, settings, prov, displays)
     items = verdict(
         fields=fields,
@@ -483,15 +491,18 @@ def compute_card(
 
 
 def _deployed(log: LogData | None) -> tuple[str | None, str | None]:
-    """The deployed policy's kind and version: the stored policy that made the log's last
-    decision (in log order; the last one stored when no decision names a stored one);
-    ``("unknown", None)`` when the log stores none; (None, None) without a log."""
+    """The deployed policy's kind and version: the policy that made the log's last decision
+    (in log order; its kind from its document, else from its rows, when the document does not
+    load), else the last one stored; ``("unknown", None)`` when the log names none;
+    (None, None) without a log."""
     if log is None:
         return None, None
+    versions = [v for v in log.version.tolist() if v]
+    if versions:
+        return log.kind_of(versions[-1]) or "unknown", versions[-1]
     if not log.policies:
         return "unknown", None
-    named = [v for v in log.version.tolist() if v in log.policies]
-    v = named[-1] if named else list(log.policies)[-1]
+    v = list(log.policies)[-1]
     return log.policies[v].kind, v
 
 

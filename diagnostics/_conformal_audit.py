@@ -407,6 +407,17 @@ class ConformalAuditResult:
     note: str
     reason: str = ""
     """Why nothing was audited (empty when something was)."""
+    unread: tuple[str, ...] = ()
+    """Versions whose conformal cut decided in the log but whose document does not load."""
+
+
+def _unread(log: LogData | None) -> tuple[str, ...]:
+    """The versions whose conformal cut decided in ``log`` but whose stored document does
+    not load (their alpha cannot be read, so they cannot be audited)."""
+    if log is None:
+        return ()
+    by_cut = decided_by_conformal(log)
+    return tuple(v for v in log.policy_errors if bool((by_cut & (log.version == v)).any()))
 
 
 def _reason(log: LogData | None, deployed: tuple[DeployedAudit, ...]) -> str:
@@ -414,6 +425,12 @@ def _reason(log: LogData | None, deployed: tuple[DeployedAudit, ...]) -> str:
     if log is None:
         return "a scores CSV or the simulated log holds no deployed policy"
     if not deployed:
+        unread = _unread(log)
+        if unread:  # a conformal cut decided, but its document (its alpha) cannot be read
+            return (
+                f"the policy document of {', '.join(unread)}, whose conformal cut decided in "
+                f"this log, does not load ({log.policy_errors[unread[0]]})"
+            )
         kinds = sorted({str(log.kind_of(v)) for v in log.versions()})
         return f"no conformal policy decided in this log (policies: {', '.join(kinds)})"
     return ""
@@ -468,5 +485,7 @@ class ConformalAuditCheck(CardCheck):
             )
         )
         return CheckResult(
-            data, tuple(rows), result=ConformalAuditResult(deployed, sim, note, reason)
+            data,
+            tuple(rows),
+            result=ConformalAuditResult(deployed, sim, note, reason, _unread(ctx.log)),
         )

@@ -290,11 +290,14 @@ def guarantee_item(audit: Any, deployed_version: str | None = None) -> VerdictIt
         else ""
     )
     if not audit.deployed:
+        todo = (
+            " Mend that document in the log (the record of the cut) to audit it."
+            if getattr(audit, "unread", ())
+            else " Deploy the conformal policy once enough unsafe situations are labelled to "
+            "have one."
+        )
         return VerdictItem(
-            "warn",
-            "guarantee",
-            f"No miss-rate guarantee to audit: {audit.reason}.{what_if} Deploy the conformal "
-            "policy once enough unsafe situations are labelled to have one.",
+            "warn", "guarantee", f"No miss-rate guarantee to audit: {audit.reason}.{what_if}{todo}"
         )
     a = audit.deployed[-1]
     earlier = deployed_version is not None and deployed_version != a.version_id

@@ -181,3 +181,29 @@ def test_the_same_seed_writes_the_same_decisions(tmp_path: Path) -> None:
     clear = np.abs(old.fused - old.threshold) > 2 * s_tol
     assert clear.mean() > 0.9
     np.testing.assert_array_equal(new.guard_label[clear], old.guard_label[clear])
+
+
+def test_a_deployed_conformal_cut_whose_document_does_not_load_is_said(tmp_path: Path) -> None:
+    """The conformal version that made the log's last 240 decisions, its stored document
+    broken (alpha 1.5): the card left it out of the audit in silence, said "no conformal
+    policy decided in this log (policies: conformal, situation)" and "switch from the deployed
+    situation policy". It now names the version, why it does not load, and that it decided."""
+    import sqlite3
+
+    log = _copy(tmp_path)
+    with sqlite3.connect(log) as c:
+        (v, doc), *_ = c.execute(
+            "SELECT policy_version, document FROM policies WHERE policy_kind = 'conformal'"
+        ).fetchall()
+        d = json.loads(doc)
+        d["policy"]["alpha"] = 1.5
+        c.execute("UPDATE policies SET document = ? WHERE policy_version = ?", (json.dumps(d), v))
+    out = tmp_path / "card"
+    assert card_main([str(log), "--out", str(out), "--n-boot", "100", "--quiet"]) == 0
+    card = json.loads((out / "card.json").read_text(encoding="utf-8"))
+    said = {i["topic"]: i["sentence"] for i in card["verdict"]}
+    assert f"the policy document of {v}, whose conformal cut decided" in said["guarantee"]
+    assert "policy.alpha must be in (0, 1)" in said["guarantee"]
+    assert "no conformal policy decided" not in said["guarantee"]
+    assert "deployed situation policy" not in said["policy"] and v in said["policy"]
+    assert any(v in w and "does not load" in w for w in card["settings"]["warnings"])
