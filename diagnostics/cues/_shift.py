@@ -12,7 +12,9 @@ The detector gives two flags at once, so the frame types (reassuring text, alarm
 neither) are estimated jointly from the four flag signals by least squares with shares ≥ 0
 that sum to one (Sec. E.2, :mod:`spotstop.diagnostics.cues._nnls`); with a single
 informative flag it is the correction above, and a flag that also fires on the other cue's
-text no longer counts that text as its own. A cue with ``sens_j <= fpr_j`` is undefined: NaN
+text no longer counts that text as its own. The calibration set must hold scenes without claim
+text (``none``): most frames are of that type, and without its rates the shares would be forced
+to sum to one over the text types (a DataError says so). A cue with ``sens_j <= fpr_j`` is undefined: NaN
 point and NaN interval (with :class:`UndefinedMetricWarning`, never 0); its text is counted
 under "none" and the cue drops out of the prediction.
 
@@ -49,6 +51,7 @@ from spotstop.diagnostics._resample import draw_group_counts, nan_divide, nan_es
 from spotstop.diagnostics._resample import percentile_ci as _percentile_ci
 from spotstop.diagnostics._results import NAN_CI, Estimate, fmt_estimate
 from spotstop.diagnostics.cues._nnls import signal_codes, simplex_lstsq
+from spotstop.diagnostics.cues._source import check_calibration_cues
 from spotstop.diagnostics.cues._templates import CUES
 from spotstop.guard import GuardError, ImageRefused
 from spotstop.guard.cues import TextDetector
@@ -508,6 +511,7 @@ def _check_shift(
     bad = sorted({str(c) for c in cc} - {*CUES, "none"})
     if bad:
         raise DataError(f"calibration cues must be reassuring, alarming or none; got {bad}.")
+    check_calibration_cues(list(cc), "calibration_cues")
     n = ff.shape[0]
     lab = np.full(n, -1, dtype=np.int8) if frame_labels is None else np.asarray(frame_labels)
     if lab.shape != (n,) or not np.isin(lab, (-1, 0, 1)).all():

@@ -7,7 +7,7 @@ relative to the CSV's folder (or an absolute path).
   labelled scenes that the matched edits are pasted into (seed 002, Sec. 3.3).
 * The calibration set (``image,cue``, cue ``reassuring``/``alarming``/``none``): scenes with
   and without claim text, on which the detector's sensitivity and false-positive rate are
-  measured (Sec. 3.4).
+  measured (Sec. 3.4); it must hold scenes without claim text (``none``).
 
 Errors are :class:`~spotstop.diagnostics.DataError` and name the file, the data row and the
 column, and say what to do.
@@ -16,6 +16,7 @@ column, and say what to do.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ __all__ = [
     "CalibrationSet",
     "SourceScene",
     "SourceSet",
+    "check_calibration_cues",
     "read_calibration_csv",
     "read_source_set",
 ]
@@ -155,8 +157,28 @@ def read_source_set(source: str | os.PathLike[str]) -> SourceSet:
     return SourceSet(scenes=tuple(scenes), csv_path=path)
 
 
+def check_calibration_cues(cues: Sequence[str], where: str) -> None:
+    """Refuse a calibration set without scenes of cue ``none`` (``where`` names it).
+
+    The frame-type mixture (seed 002, Sec. E.2) needs the signal rates of every type a
+    deployment frame can be, and most frames carry no claim text: without ``none`` scenes that
+    type drops out and the shares are forced to sum to one over the text types (a deployment
+    with 2 % reassuring text read as 51 %). A cue with no scene of its own is not refused here:
+    its share is undefined (NaN, with a warning) and it drops out of the prediction.
+    """
+    if "none" not in {str(c) for c in cues}:
+        counts = ", ".join(f"{sum(str(c) == t for c in cues)} {t}" for t in CUES)
+        raise DataError(
+            f"{where} has no scene with cue none ({counts}): the detector's false-positive "
+            "rate and the share of frames without claim text are measured on such scenes, so "
+            "without them the frame types cannot be estimated. Add scenes without claim text "
+            "(cue none), drawn like the deployment's frames, to the calibration set."
+        )
+
+
 def read_calibration_csv(source: str | os.PathLike[str]) -> CalibrationSet:
-    """Read and validate the detector's calibration CSV ``image,cue`` (or its folder)."""
+    """Read and validate the detector's calibration CSV ``image,cue`` (or its folder); it must
+    hold scenes of cue ``none`` (:func:`check_calibration_cues`)."""
     path = _find_csv(source, "calibration set", "--calibration")
     images = []
     for where, row_no, cells, img in image_csv_rows(path, ("image", "cue"), (), error=DataError):
@@ -167,4 +189,5 @@ def read_calibration_csv(source: str | os.PathLike[str]) -> CalibrationSet:
                 f"got {cells['cue']!r}."
             )
         images.append(CalibrationImage(image=img, cue=cue, row=row_no))
+    check_calibration_cues([i.cue for i in images], f"calibration set {str(path)!r}")
     return CalibrationSet(images=tuple(images), csv_path=path)

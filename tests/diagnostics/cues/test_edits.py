@@ -95,6 +95,13 @@ def test_calibration_reader(tmp_path):
         match=r"row 1 .*column 'cue': expected one of reassuring, alarming, none; got 'scary'",
     ):
         read_calibration_csv(tmp_path / "cal.csv")
+    (tmp_path / "cal.csv").write_text("image,cue\na.png,reassuring\na.png,alarming\n")
+    with pytest.raises(
+        DataError,
+        match=r"calibration set '.*cal\.csv' has no scene with cue none \(1 reassuring, "
+        r"1 alarming\).*Add scenes without claim text \(cue none\)",
+    ):
+        read_calibration_csv(tmp_path / "cal.csv")
 
 
 def test_edits_are_deterministic_given_the_seed(source):

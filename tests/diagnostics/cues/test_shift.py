@@ -325,6 +325,32 @@ def test_prevalence_from_a_stated_prior_is_said_and_has_no_interval():
     assert labelled.prevalence_source == "log labels" and "prior_ignored" in labelled.provenance
 
 
+def test_a_calibration_set_without_none_scenes_is_refused():
+    """Only reassuring and alarming scenes: the "neither" type had no rates, so the mix was
+    forced onto the text types. 1000 frames, 20 flagged reassuring, 10 alarming, a perfect-ish
+    detector (sens .9, fpr 0): d̂ came out .506 and .494 where the corrected shares are
+    (.02 − 0)/.9 = .022 and .011. Refused now, saying to add scenes without claim text."""
+    cal_c = ["reassuring"] * 100 + ["alarming"] * 100
+    cal_f = np.zeros((200, 2), dtype=bool)
+    cal_f[:90, R] = True
+    cal_f[100:190, A] = True
+    frames = np.zeros((1000, 2), dtype=bool)
+    frames[:20, R] = True
+    frames[20:30, A] = True
+    with pytest.raises(
+        DataError,
+        match=r"calibration_cues has no scene with cue none \(100 reassuring, 100 alarming\).*"
+        r"Add scenes without claim text \(cue none\)",
+    ):
+        estimate_shift(frames, cal_f, cal_c, prior=0.1, n_boot=20, rng=0)
+    # with text-free scenes (flagged by nothing) the joint estimate is the corrected share
+    cal_c += ["none"] * 100
+    cal_f = np.vstack([cal_f, np.zeros((100, 2), dtype=bool)])
+    res = estimate_shift(frames, cal_f, cal_c, prior=0.1, n_boot=20, rng=0)
+    assert res["reassuring"].d_hat.value == pytest.approx(0.02 / 0.9, abs=1e-9)
+    assert res["alarming"].d_hat.value == pytest.approx(0.01 / 0.9, abs=1e-9)
+
+
 def test_shift_validation_messages():
     cal_f, cal_c = _calibration(2, 1, 2, 1, 2, 0, 0)
     fr = np.zeros((3, 2), dtype=bool)
