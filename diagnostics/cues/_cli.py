@@ -60,16 +60,16 @@ example:
 _SHIFT_EPILOG = """\
 The text detector (OCR + claim lexicon) flags each frame's reassuring and alarming claims.
 Its sensitivity and false-positive rate per cue are measured on the calibration CSV image,cue
-(cue: reassuring, alarming or none). The shares of frames with reassuring text, alarming text
+(cue: reassuring, alarming or none; it must hold none scenes). The shares of frames with reassuring text, alarming text
 and neither are estimated jointly from the two flags (least squares on the four flag
 combinations with shares >= 0 summing to 1, seed 002 Sec. E.2); with one flag this is the
 correction d = clip((q - fpr)/(sens - fpr), 0, 1) of Sec. 3.4. A cue with sens <= fpr is
 undefined: no number and no interval, and it drops out of select's prediction.
 
-Reassuring text misleads only on UNSAFE scenes, alarming text only on SAFE ones. With labelled
-frames (a labelled log, or --labels) the misleading share is measured: the corrected share
-among the UNSAFE frames times their share pi (reassuring), among the SAFE frames times 1 - pi
-(alarming). Without labels it ASSUMES TEXT INDEPENDENT OF THE LABEL: d * pi and d * (1 - pi),
+Reassuring text misleads only on UNSAFE scenes, alarming text only on SAFE ones. With enough
+labelled frames of each class (a labelled log, or --labels; see --prior) the misleading share
+is measured: the corrected share among the UNSAFE frames times their share pi (reassuring),
+among the SAFE frames times 1 - pi (alarming), never above d. Without labels it ASSUMES TEXT INDEPENDENT OF THE LABEL: d * pi and d * (1 - pi),
 pi the --prior; shift.json then states the assumption and marks every misleading share with
 "basis": "assumes text independent of the label" (a sign saying SAFE on safe equipment is then
 counted as misleading pi of the time). Intervals resample the calibration scenes and the
@@ -161,8 +161,12 @@ def _add_frames(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--calibration", metavar="CSV", required=True,
                    help="detector calibration set: CSV image,cue (reassuring/alarming/none)")  # fmt: skip
+    from spotstop.diagnostics.cues._shift import MIN_LABELLED_PER_CLASS
+
     p.add_argument("--prior", type=float, default=None, metavar="P",
-                   help="unsafe share to use when no frame is labelled (stated, not measured)")  # fmt: skip
+                   help=f"unsafe share to use when fewer than {MIN_LABELLED_PER_CLASS} frames "
+                        "of a class are labelled (stated, not measured; ignored, with a "
+                        "warning, otherwise)")  # fmt: skip
     p.add_argument("--lexicon", metavar="YAML", default=None,
                    help="claim lexicon of the text detector (default: the bundled one)")  # fmt: skip
     p.add_argument("--claim-reader", metavar="NAME", default=None,

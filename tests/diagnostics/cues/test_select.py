@@ -281,9 +281,9 @@ def test_sens_equal_to_fpr_is_undefined_point_and_interval_and_the_fallback_is_n
     cal_f = np.zeros((60, 2), dtype=bool)
     cal_f[:20, 0] = True
     cal_f[::2, 1] = True  # every other scene of each type
-    frames = np.zeros((40, 2), dtype=bool)
-    frames[:30, 1] = True
-    labels = np.array([0, 1] * 20, dtype=np.int8)
+    frames = np.zeros((60, 2), dtype=bool)
+    frames[:45, 1] = True
+    labels = np.array([0, 1] * 30, dtype=np.int8)  # 30 of each class: the labels are used
     with pytest.warns(UndefinedMetricWarning, match="d̂ of alarming text is undefined"):
         sh = estimate_shift(frames, cal_f, cal_c, frame_labels=labels, n_boot=300, rng=0)
     a = sh["alarming"]

@@ -319,9 +319,11 @@ def test_prevalence_from_a_stated_prior_is_said_and_has_no_interval():
         assert set(doc["cues"][cue]) == {
             "q", "sens", "fpr", "d_hat", "d_hat_given_label", "misleading_share"
         }  # fmt: skip
-    labelled = estimate_shift(
-        frames, cal_f, cal_c, frame_labels=np.ones(30, np.int8), prior=0.1, n_boot=20
-    )
+    both = np.array([1, 0] * 30, dtype=np.int8)  # 30 labelled frames of each class
+    with pytest.warns(UserWarning, match="the stated prior 0.1 is ignored"):
+        labelled = estimate_shift(
+            np.vstack([frames, frames]), cal_f, cal_c, frame_labels=both, prior=0.1, n_boot=20
+        )
     assert labelled.prevalence_source == "log labels" and "prior_ignored" in labelled.provenance
 
 
@@ -349,6 +351,61 @@ def test_a_calibration_set_without_none_scenes_is_refused():
     res = estimate_shift(frames, cal_f, cal_c, prior=0.1, n_boot=20, rng=0)
     assert res["reassuring"].d_hat.value == pytest.approx(0.02 / 0.9, abs=1e-9)
     assert res["alarming"].d_hat.value == pytest.approx(0.01 / 0.9, abs=1e-9)
+
+
+def test_a_few_labelled_frames_leave_the_stated_prior_with_a_warning():
+    """2 reviewed UNSAFE frames among 2000 switched the basis to labels: π̂ = 1 [1, 1], the
+    reassuring misleading share 1 [1, 1] with n = 2000 where d̂ = 0.10, and --prior 0.1 ignored
+    silently. Below 30 labelled frames of a class the prior is used (d̂ · π = 0.10 · 0.1), with
+    a warning; without a prior it is refused; from 30 of each class the labels are used."""
+    cal_c = ["reassuring"] * 50 + ["alarming"] * 50 + ["none"] * 100
+    cal_f = np.column_stack([np.array(cal_c) == c for c in CUES])  # a perfect detector
+    frames = np.zeros((2000, 2), dtype=bool)
+    frames[:200, R] = True  # 10 % reassuring text
+    lab = np.full(2000, -1, np.int8)
+    lab[:2] = 1  # two reviewed frames, both UNSAFE and flagged
+    with pytest.warns(UserWarning, match="only 2 UNSAFE and 0 SAFE deployment frames are lab"):
+        res = estimate_shift(frames, cal_f, cal_c, frame_labels=lab, prior=0.1, n_boot=50, rng=0)
+    r = res["reassuring"]
+    assert res.prevalence_source == "prior" and res.prevalence.value == 0.1
+    assert r.basis == "assumes text independent of the label"
+    assert r.misleading_share.value == pytest.approx(0.10 * 0.1)
+    assert r.misleading_share.n == 2000 and math.isnan(r.d_hat_given_label.value)
+    assert res.assumption is not None and res.assumption.startswith("Only 2 UNSAFE and 0 SAFE")
+    assert "prior 0.1 was used" in res.provenance["labels_set_aside"]
+    with pytest.raises(DataError, match=r"only 2 UNSAFE and 0 SAFE .* Label more frames"):
+        estimate_shift(frames, cal_f, cal_c, frame_labels=lab, n_boot=50, rng=0)
+    # the boundary: 29 SAFE labelled frames set the labels aside, 30 use them
+    lab[200:230] = 1
+    lab[1000:1029] = 0
+    with pytest.warns(UserWarning, match="only 32 UNSAFE and 29 SAFE"):
+        estimate_shift(frames, cal_f, cal_c, frame_labels=lab, prior=0.1, n_boot=20, rng=0)
+    lab[1029] = 0
+    with pytest.warns(UserWarning, match="the stated prior 0.1 is ignored") as rec:
+        res = estimate_shift(frames, cal_f, cal_c, frame_labels=lab, prior=0.1, n_boot=20, rng=0)
+    assert len(rec) == 1 and res.prevalence_source == "log labels"
+    assert res["reassuring"].misleading_share.n == 32  # the labelled UNSAFE frames
+    assert res["alarming"].misleading_share.n == 30  # the labelled SAFE frames
+
+
+def test_the_misleading_share_never_exceeds_d_hat():
+    """Labelled frames drawn unlike the rest: the 30 labelled UNSAFE frames all carry reassuring
+    text, the 30 labelled SAFE none, but only 200 of 2000 frames do (d̂ = 0.10). d̂ among the
+    UNSAFE frames 1 × π̂ 0.5 = 0.5 of all frames would mislead, more than carry text at all;
+    the share is capped at d̂ = 0.10 (every draw at its own d̂), with a warning."""
+    cal_c = ["reassuring"] * 50 + ["alarming"] * 50 + ["none"] * 100
+    cal_f = np.column_stack([np.array(cal_c) == c for c in CUES])
+    frames = np.zeros((2000, 2), dtype=bool)
+    frames[:200, R] = True
+    lab = np.full(2000, -1, np.int8)
+    lab[:30] = 1
+    lab[1000:1030] = 0
+    with pytest.warns(UserWarning, match="labelled UNSAFE frames carry more reassuring text"):
+        res = estimate_shift(frames, cal_f, cal_c, frame_labels=lab, n_boot=200, rng=0)
+    r = res["reassuring"]
+    assert r.d_hat_given_label.value == pytest.approx(1.0)
+    assert r.d_hat.value == pytest.approx(0.1) and r.misleading_share.value == pytest.approx(0.1)
+    assert r.misleading_share.ci.high <= r.d_hat.ci.high + 1e-9
 
 
 def test_shift_validation_messages():
