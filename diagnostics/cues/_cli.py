@@ -27,14 +27,15 @@ __all__ = [
 ]
 
 _RELIANCE_EPILOG = """\
-The source set is a CSV image,request,label[,situation_id] (label SAFE or UNSAFE; image paths
-relative to the CSV), or a folder holding exactly one such CSV. For every source scene and each
-of four templates (plus one held-out template) the command pastes: the misleading text
-(reassuring on UNSAFE scenes, alarming on SAFE ones), two matched controls in the same box,
-font, size, colours and position (text agreeing with the label, and neutral text), and a
+The source set is a CSV image,request,label[,situation_id][,contrast_id] (label SAFE or
+UNSAFE; image paths relative to the CSV), or a folder holding exactly one such CSV. For every
+source scene and each of four templates (plus one held-out template) the command pastes: the
+misleading text (reassuring on UNSAFE scenes, alarming on SAFE ones), two matched controls in
+the same box, font, size, colours and position (text agreeing with the label, and neutral text), and a
 placebo non-word. Reliance = error under the misleading edit minus error under the matched
 control, averaged over the four templates (seed 002, Eq. 2), with a group-bootstrap interval
-(groups = source scenes).
+(groups: scenes sharing a situation or contrast id, where the CSV names them, else each source
+scene; every edit of a scene with its scene; reliance.json says which: resampling_unit).
 
 A member's error is its probability of the wrong answer (sigma(s) for P(UNSAFE)) and also its
 hard-answer error at the cut it would be deployed at: its frozen cut (the mean robust z-score
@@ -132,7 +133,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 def _add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", metavar="DIR_OR_CSV", required=True,
-                   help="labelled source set: CSV image,request,label[,situation_id] or its folder")  # fmt: skip
+                   help="labelled source set: CSV image,request,label[,situation_id][,contrast_id] or its folder")  # fmt: skip
     p.add_argument("--cache", metavar="DIR", default=None,
                    help="score cache (default: $SPOTSTOP_HOME/cues-cache)")  # fmt: skip
     p.add_argument("--no-cache", action="store_true", help="score everything, write no cache")

@@ -46,7 +46,8 @@ _CONSONANTS = "BCDFGHJKLMNPQRSTVWXZ"
 class EditRecord:
     """What one scene of the edit set is, and how it was drawn.
 
-    index: position in the edit set; group: the source scene's index (its bootstrap group).
+    index: position in the edit set; group: the source scene's index (the bootstrap keeps a
+    scene's edits with it, and scenes of one situation or contrast together).
     source_image / source_sha256 / source_row: the unedited scene it came from.
     request / label / cue: the scene's request, label (1 UNSAFE) and the cue that misleads
     on it. kind: one of ``source``, ``misleading``, ``agreeing``, ``neutral``, ``placebo``.

@@ -27,9 +27,12 @@ paper's and the card's direct answer); an Avg-2 pair's and a guard's error is th
 their decisions (:mod:`spotstop.diagnostics.cues._deployed`, the guard's own tie rule).
 
 Every statistic is a ratio of per-scene sums, so a bootstrap draw (group multiplicities from
-:func:`spotstop.diagnostics.draw_group_counts`, groups = source scenes, every edit of a scene in
-its group) is one matrix product for all candidates and statistics at once; all of them come
-from the same draws, so differences between candidates are paired.
+:func:`spotstop.diagnostics.draw_group_counts`, every edit of a scene in its scene's group) is one
+matrix product for all candidates and statistics at once; all of them come from the same
+draws, so differences between candidates are paired. The groups are the source set's
+situations and contrasts where it names them (scenes sharing either stay together, as in the
+card's bootstrap: :meth:`SourceSet.groups`), else each source scene alone; ``reliance.json``
+says which (``resampling_unit``, ``n_groups``).
 """
 
 from __future__ import annotations
@@ -152,6 +155,8 @@ class _Layout:
     cue: NDArray[np.object_]
     label: NDArray[np.int8]
     src: NDArray[np.intp]
+    group: NDArray[np.intp]  # bootstrap group (0..G-1) of each source scene
+    unit: str  # what a group is
     meas: Mapping[str, NDArray[np.intp]]
     held: Mapping[str, NDArray[np.intp]] | None
     families: Mapping[str, tuple[str, ...]]  # family -> its measurement templates, in order
@@ -189,10 +194,13 @@ class _Layout:
             if any(family[n] == f for n in meas_t)
         }
         columns = {f: np.array([col[n] for n in ts], dtype=np.intp) for f, ts in families.items()}
+        group, unit = edits.source.groups()
         return cls(
             cue=cue,
             label=label,
             src=src,
+            group=group,
+            unit=unit,
             meas=meas,
             held=held if held_t else None,
             families=families,
@@ -321,12 +329,16 @@ def estimate_reliance(
         masks.append(np.ones(lay.src.shape, dtype=bool))
     mask_m = np.column_stack(masks).astype(np.float64)
     mv = mask_m * np.nan_to_num(np.column_stack(cols), nan=0.0)
+    # per bootstrap group (situation / contrast, or the source scene alone): its scenes' sums
+    n_groups = int(lay.group.max()) + 1
+    mv_g, mask_g = np.zeros((n_groups, mv.shape[1])), np.zeros((n_groups, mv.shape[1]))
+    np.add.at(mv_g, lay.group, mv)
+    np.add.at(mask_g, lay.group, mask_m)
     undefined_held = lay.held is None
     with np.errstate(invalid="ignore", divide="ignore"):
         point = mv.sum(axis=0) / mask_m.sum(axis=0)
         chunks = [
-            (c @ mv) / (c @ mask_m)
-            for c in draw_group_counts(lay.src.shape[0], n_boot, gen, chunk_size)
+            (c @ mv_g) / (c @ mask_g) for c in draw_group_counts(n_groups, n_boot, gen, chunk_size)
         ]
     draws = np.concatenate(chunks, axis=0)
     n_of = {"all": int(lay.src.shape[0]), **{c: int((lay.cue == c).sum()) for c in CUES}}
@@ -381,6 +393,8 @@ def estimate_reliance(
             "template_families": {f: list(ts) for f, ts in lay.families.items()},
         },
         draws={k: draws[:, i] for i, k in enumerate(keys)},
+        resampling_unit=lay.unit,
+        n_groups=n_groups,
     )
 
 

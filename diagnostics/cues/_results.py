@@ -14,7 +14,7 @@ from spotstop.diagnostics._results import Estimate, fmt_estimate
 
 __all__ = ["CandidateReliance", "CueReliance", "RelianceResult"]
 
-RELIANCE_SCHEMA_VERSION = 1
+RELIANCE_SCHEMA_VERSION = 2  # 2: resampling_unit, n_groups
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,8 @@ class RelianceResult:
 
     ``draws[(candidate, metric, cue, stat)]`` holds the bootstrap draws (``cue`` is ``all``
     for the overall source error); they are paired across candidates and statistics.
+    ``resampling_unit`` / ``n_groups``: what the bootstrap resamples whole (source scenes, or
+    situations / contrasts where the source set names them) and how many there are.
     """
 
     candidates: Mapping[str, CandidateReliance]
@@ -108,6 +110,8 @@ class RelianceResult:
     n_boot: int
     provenance: Mapping[str, Any] = field(repr=False)
     draws: Mapping[tuple[str, str, str, str], NDArray[np.float64]] = field(repr=False)
+    resampling_unit: str = "source scene"
+    n_groups: int = 0
 
     def __getitem__(self, name: str) -> CandidateReliance:
         return self.candidates[name]
@@ -132,6 +136,8 @@ class RelianceResult:
             "templates": list(self.templates),
             "held_out_template": self.held_out,
             "n_boot": self.n_boot,
+            "resampling_unit": self.resampling_unit,
+            "n_groups": self.n_groups,
             "provenance": dict(self.provenance),
         }
 

@@ -3,8 +3,9 @@
 Both are a CSV next to (or above) a folder of images; the ``image`` column holds a path
 relative to the CSV's folder (or an absolute path).
 
-* The source set (``image,request,label[,situation_id]``, label ``SAFE``/``UNSAFE``): the
-  labelled scenes that the matched edits are pasted into (seed 002, Sec. 3.3).
+* The source set (``image,request,label[,situation_id][,contrast_id]``, label
+  ``SAFE``/``UNSAFE``): the labelled scenes that the matched edits are pasted into (seed 002,
+  Sec. 3.3); scenes sharing a situation or a contrast id are resampled together.
 * The calibration set (``image,cue``, cue ``reassuring``/``alarming``/``none``): scenes with
   and without claim text, on which the detector's sensitivity and false-positive rate are
   measured (Sec. 3.4); it must hold scenes without claim text (``none``).
@@ -20,6 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+from numpy.typing import NDArray
+from spotstop.diagnostics._data import group_codes
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics.cues._templates import CUES
 from spotstop.guard._scene_table import image_csv_rows
@@ -44,7 +48,8 @@ class SourceScene:
 
     ``label`` is 1 for UNSAFE, 0 for SAFE; ``sha256`` the hex digest of the image file's
     bytes; ``width``/``height`` the decoded (upright) size the edits are placed on;
-    ``row`` the 1-based data row of the CSV.
+    ``row`` the 1-based data row of the CSV; ``situation_id`` / ``contrast_id`` (or None)
+    group scenes for the bootstrap (scenes sharing either stay together).
     """
 
     image: Path
@@ -55,6 +60,7 @@ class SourceScene:
     width: int
     height: int
     row: int
+    contrast_id: str | None = None
 
     @property
     def cue(self) -> str:
@@ -64,13 +70,29 @@ class SourceScene:
 
 @dataclass(frozen=True)
 class SourceSet:
-    """The labelled source scenes, in CSV order (each one a bootstrap group)."""
+    """The labelled source scenes, in CSV order (grouped for the bootstrap by
+    :meth:`groups`)."""
 
     scenes: tuple[SourceScene, ...]
     csv_path: Path
 
     def __len__(self) -> int:
         return len(self.scenes)
+
+    def groups(self) -> tuple[NDArray[np.intp], str]:
+        """The bootstrap group of each scene (0..G-1) and the unit's name: scenes sharing a
+        situation or a contrast id form one group (:func:`spotstop.diagnostics.group_codes`,
+        as the card's bootstrap); without either id each scene is its own group."""
+        sit = [s.situation_id or "" for s in self.scenes]
+        con = [s.contrast_id or "" for s in self.scenes]
+        codes = group_codes(np.array(con, dtype=object), np.array(sit, dtype=object))
+        if any(sit):
+            unit = "situation (scenes sharing a situation or contrast id)"
+        elif any(con):
+            unit = "contrast (scenes sharing a contrast id)"
+        else:
+            unit = "source scene"
+        return codes, unit
 
     def __repr__(self) -> str:
         n_u = sum(s.label for s in self.scenes)
@@ -118,7 +140,8 @@ def _find_csv(source: str | os.PathLike[str], what: str, option: str) -> Path:
 
 
 def read_source_set(source: str | os.PathLike[str]) -> SourceSet:
-    """Read and validate a source set: a CSV ``image,request,label[,situation_id]`` or its folder
+    """Read and validate a source set: a CSV ``image,request,label[,situation_id][,contrast_id]``
+    or its folder
     (other columns are passed over, so ``spotstop world``'s ``world.csv`` is a source set).
 
     Every image is decoded the way the guard decodes it (so a scene it would refuse is an
@@ -129,7 +152,11 @@ def read_source_set(source: str | os.PathLike[str]) -> SourceSet:
     path = _find_csv(source, "source set", "--source")
     scenes = []
     for where, row_no, cells, img in image_csv_rows(
-        path, ("image", "request", "label"), ("situation_id",), error=DataError, other_columns=True
+        path,
+        ("image", "request", "label"),
+        ("situation_id", "contrast_id"),
+        error=DataError,
+        other_columns=True,
     ):
         if not cells["request"]:
             raise DataError(f"{where}, column 'request': the request text is empty.")
@@ -152,6 +179,7 @@ def read_source_set(source: str | os.PathLike[str]) -> SourceSet:
                 width=dec.width,
                 height=dec.height,
                 row=row_no,
+                contrast_id=cells.get("contrast_id") or None,
             )
         )
     return SourceSet(scenes=tuple(scenes), csv_path=path)

@@ -48,7 +48,10 @@ def test_source_reader_records_label_cue_sha_and_size(tmp_path):
 @pytest.mark.parametrize(
     ("csv_text", "message"),
     [
-        ("image,label\nimg0.png,SAFE\n", "the header must be image,request,label[,situation_id]"),
+        (
+            "image,label\nimg0.png,SAFE\n",
+            "the header must be image,request,label[,situation_id,contrast_id]",
+        ),
         (
             "image,request,labels\n",
             "column 'labels' is not one this reader knows; did you mean 'label'",

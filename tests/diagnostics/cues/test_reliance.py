@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,7 +20,9 @@ from spotstop.diagnostics.cues import (
     answer_errors,
     estimate_reliance,
     label_as_deployed,
+    plan_edits,
     probability_errors,
+    read_source_set,
     score_edit_set,
 )
 from spotstop.diagnostics.cues._deployed import fitted_cut_policy, frozen_pair_policy
@@ -29,6 +33,7 @@ from tests._support.cues_fakes import (
     TextDrivenMember,
     lexicon_flags,
     make_edits,
+    png,
     rendered_doubles,
     score_table,
     text_scores,
@@ -171,6 +176,68 @@ def test_bootstrap_interval_equals_a_naive_resampling_loop(tmp_path):
     assert (ci.low, ci.high) == pytest.approx((lo, hi), abs=1e-12)
     draws = res.draws[("a", "probability", "reassuring", "reliance")]
     np.testing.assert_allclose(np.sort(draws), np.sort(naive), atol=1e-12)
+
+
+def _grouped_edits(root):
+    """12 source scenes: UNSAFE i paired with SAFE i + 6 by contrast c<i>; contrasts 0–1 in
+    room r0, 2–3 in room r1, 4 in room r2, 5 in no room. Groups by hand: {0, 1, 6, 7},
+    {2, 3, 8, 9}, {4, 10}, {5, 11}."""
+    root.mkdir(parents=True)
+    rooms = ["r0", "r0", "r1", "r1", "r2", ""]
+    with (root / "source.csv").open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["image", "request", "label", "situation_id", "contrast_id"])
+        for i in range(12):
+            (root / f"img{i}.png").write_bytes(png(i))
+            lab = "UNSAFE" if i < 6 else "SAFE"
+            w.writerow([f"img{i}.png", f"request {i}", lab, rooms[i % 6], f"c{i % 6}"])
+    return plan_edits(read_source_set(root / "source.csv"), seed=0)
+
+
+def test_bootstrap_resamples_whole_situations_and_contrasts(tmp_path):
+    """A source set naming rooms and contrasts is resampled room by room (a contrast without a
+    room alone), every edit of a scene with its scene: the draws equal a plain loop over the
+    hand-made groups. They resampled the 12 scenes one by one, and the intervals were too
+    narrow (coverage 0.41 against 0.83 when the member's reliance varies by room)."""
+    edits = _grouped_edits(tmp_path / "src")
+    hand_group = np.array([0, 0, 1, 1, 2, 3] * 2)
+    rng = np.random.default_rng(3)
+    scores = {"a": rng.normal(0, 2, len(edits))}
+    n_boot = 300
+    res = estimate_reliance(score_table(edits, scores), n_boot=n_boot, rng=11, chunk_size=64)
+    assert res.n_groups == 4 and res.resampling_unit.startswith("situation")
+    doc = res.to_dict()
+    assert doc["resampling_unit"] == res.resampling_unit and doc["n_groups"] == 4
+    y = np.array([r.label for r in edits.records])
+    e = probability_errors(scores["a"], y)
+    scene = np.array([r.group for r in edits.records])  # the source scene of each edit
+    family = {t.name: t.family for t in edits.templates}
+    cue_g = np.array([s.cue for s in edits.source.scenes])
+    naive = []
+    for counts in draw_group_counts(4, n_boot, np.random.default_rng(11), 64):
+        for row in counts:
+            w = row[hand_group[scene]]  # each edit weighted by its room's multiplicity
+            per_family = []
+            for f in ("sign", "sticker"):
+                live = np.array([family.get(r.template) == f and not r.held_out
+                                 for r in edits.records]) & (cue_g[scene] == "alarming")  # fmt: skip
+                mis = live & np.array([r.kind == "misleading" for r in edits.records])
+                ctl = live & np.array([r.kind in ("agreeing", "neutral") for r in edits.records])
+                per_family.append(
+                    (w * e * mis).sum() / (w * mis).sum() - (w * e * ctl).sum() / (w * ctl).sum()
+                )
+            naive.append(sum(per_family) / 2)
+    draws = res.draws[("a", "probability", "alarming", "reliance")]
+    np.testing.assert_allclose(np.sort(draws), np.sort(naive), atol=1e-12)
+    # the unit follows the ids: contrasts alone, or none (each scene its own group)
+    src = edits.source
+    no_rooms = replace(src, scenes=tuple(replace(s, situation_id=None) for s in src.scenes))
+    codes, unit = no_rooms.groups()
+    assert unit.startswith("contrast") and codes.tolist() == [0, 1, 2, 3, 4, 5] * 2
+    bare = replace(src, scenes=tuple(replace(s, situation_id=None, contrast_id=None)
+                                     for s in src.scenes))  # fmt: skip
+    codes, unit = bare.groups()
+    assert unit == "source scene" and codes.tolist() == list(range(12))
 
 
 def _scene_scores(edits, base, push_r: float, push_a: float, sticker_only: bool = False):
@@ -466,6 +533,7 @@ def test_reliance_json_has_the_stable_keys(tmp_path):
         for key in ("reliance", "placebo", "source_error"):
             assert set(entry[key]) == {"value", "ci", "n"} and len(entry[key]["ci"]) == 2
     assert doc["candidates"]["m"]["hard"]["reassuring"]["reliance"]["n"] == 3
+    assert doc["resampling_unit"] == "source scene" and doc["n_groups"] == 6
     assert "reliance" in res.table() and "m" in repr(res)
 
 
