@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics.cues._deployed import (
     DeployedLabels,
     fitted_cut_policy,
     label_as_deployed,
+    source_pool,
     stated_cut_policy,
 )
 from spotstop.diagnostics.cues._edits import plan_edits
@@ -182,11 +182,6 @@ class RelianceRun:
         return self.result.n_scenes / self.seconds if self.seconds > 0 else float("nan")
 
 
-def _source_pool(table: ScoreTable, names: Sequence[str]) -> dict[str, NDArray[np.float64]]:
-    src = np.array([r.index for r in table.edits.records if r.kind == "source"], dtype=np.intp)
-    return {m: np.asarray(table.scores[m])[src] for m in names}
-
-
 def operating_points(
     table: ScoreTable,
     candidates: CandidateSet,
@@ -215,13 +210,15 @@ def operating_points(
             policy, note = stated_cut_policy(m, cuts[m]), {"rule": STATED_CUT_RULE, "cut": cuts[m]}
         else:
             policy, t0 = fitted_cut_policy(
-                _source_pool(table, [m]), name=m, what="the unedited source scenes"
+                source_pool(table, [m], name=m), name=m, what="the unedited source scenes"
             )
             note = {"rule": FITTED_CUT_RULE, "cut": t0}
         out[m] = (policy, note, {m: m})
     for a, b in candidates.pairs if pairs else ():
         policy, t0 = fitted_cut_policy(
-            _source_pool(table, [a, b]), name=f"{a}+{b}", what="the unedited source scenes"
+            source_pool(table, [a, b], name=f"{a}+{b}"),
+            name=f"{a}+{b}",
+            what="the unedited source scenes",
         )
         out[f"{a}+{b}"] = (policy, {"rule": PAIR_CUT_RULE, "cut": t0}, {a: a, b: b})
     for g in candidates.guards:

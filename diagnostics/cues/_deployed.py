@@ -8,8 +8,9 @@ guard's policy module moves only this file follows it.
 from __future__ import annotations
 
 import os
+import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,7 @@ __all__ = [
     "fitted_cut_policy",
     "frozen_pair_policy",
     "label_as_deployed",
+    "source_pool",
     "stated_cut_policy",
 ]
 
@@ -97,6 +99,35 @@ def fitted_cut_policy(
         raise DataError(f"cannot fit the frozen cut of {name} on {what}: {e}") from e
     t0 = frozen.threshold
     return frozen_pair_policy(fusion, t0, name=name, fitted_on={"what": f"{what} (no labels)"}), t0
+
+
+def source_pool(table: Any, names: Sequence[str], *, name: str) -> dict[str, NDArray[np.float64]]:
+    """The unedited source scenes' scores of members ``names`` (a :class:`ScoreTable`), the
+    pool :func:`fitted_cut_policy` fits candidate ``name``'s frozen cut on: the scenes where
+    every one of them has a finite score. A scene a member failed on (a NaN score: the guard
+    fails it closed) is left out of the fit with a warning naming the member and the source
+    rows; its decisions still count, as UNSAFE, wherever the cut is applied."""
+    recs = [r for r in table.edits.records if r.kind == "source"]
+    idx = np.array([r.index for r in recs], dtype=np.intp)
+    pool = {m: np.asarray(table.scores[m], dtype=np.float64)[idx] for m in names}
+    keep = np.logical_and.reduce([np.isfinite(v) for v in pool.values()])
+    if keep.all():
+        return pool
+    for m, v in pool.items():
+        bad = [recs[i].source_row for i in np.flatnonzero(~np.isfinite(v))]
+        if bad:
+            shown = ", ".join(map(str, bad[:10])) + (
+                f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+            )
+            warnings.warn(
+                f"member {m!r} has no finite score on {len(bad)} of the {len(recs)} unedited "
+                f"source scenes (source rows {shown}): the frozen cut of {name} is fitted on "
+                f"the other {int(keep.sum())}; those scenes fail closed (UNSAFE) and count so "
+                "in its errors. Rescore them, or check the member on those images.",
+                UserWarning,
+                stacklevel=3,
+            )
+    return {m: v[keep] for m, v in pool.items()}
 
 
 def stated_cut_policy(member: str, cut: float) -> dict[str, Any]:

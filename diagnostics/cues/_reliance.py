@@ -52,7 +52,7 @@ from spotstop.diagnostics._resample import as_rng as _as_rng
 from spotstop.diagnostics._resample import draw_group_counts
 from spotstop.diagnostics._resample import percentile_ci as _percentile_ci
 from spotstop.diagnostics._results import Estimate
-from spotstop.diagnostics.cues._deployed import fitted_cut_policy, label_as_deployed
+from spotstop.diagnostics.cues._deployed import fitted_cut_policy, label_as_deployed, source_pool
 from spotstop.diagnostics.cues._edits import EditSet
 from spotstop.diagnostics.cues._results import (
     CandidateReliance,
@@ -241,7 +241,7 @@ def _pair_errors(
 ) -> tuple[NDArray[np.float64], dict[str, Any]]:
     """Avg-2 of members a and b: reference statistics and the frozen cut t0 = mean fused score
     fitted on the unedited source scenes (unlabelled use), then the guard's decision rule."""
-    pool = {m: table.scores[m][lay.src] for m in (a, b)}
+    pool = source_pool(table, [a, b], name=f"{a}+{b}")
     policy, t0 = fitted_cut_policy(pool, name=f"{a}+{b}", what="unedited source scenes")
     labels = label_as_deployed(policy, {m: table.scores[m] for m in (a, b)})
     return answer_errors(labels.unsafe, _scene_labels(table.edits)), {

@@ -163,3 +163,44 @@ def test_member_at_its_frozen_cut_by_hand(tmp_path):
     with pytest.raises(Exception, match="not candidate members"):
         reliance_at_operating_points(score_table(edits, {"m": s}), _members("m"),
                                      member_cuts={"x": 0.0})  # fmt: skip
+
+
+def test_a_failed_source_scene_is_left_out_of_the_cut_and_fails_closed(tmp_path):
+    """One NaN score on an unedited SAFE source scene (the member failed on it; the guard fails
+    it closed) made the frozen-cut fit raise, so reliance and select exited 2 naming no scene.
+    The cut is now fitted on the 11 finite scenes (numpy, apart from the guard's code), a
+    warning names the member and the source row, and the failed scene counts as UNSAFE: an
+    error on a SAFE scene. A pair fitted on the same scenes does the same."""
+    edits = make_edits(tmp_path, 6, 6)
+    base = np.array([3.0, 2.5, 2.0, 1.5, 1.2, 0.8, 0.6, 0.4, -0.2, -1.0, -2.0, -3.0])
+    s = text_scores(edits, base, 0.0, 0.0)
+    failed = next(r for r in edits.records if r.kind == "source" and r.group == 11)
+    s[failed.index] = np.nan
+    with pytest.warns(UserWarning, match=r"member 'm' has no finite score on 1 of the 12 "
+                      r"unedited source scenes \(source rows 12\)"):  # fmt: skip
+        run = reliance_at_operating_points(score_table(edits, {"m": s}), _members("m"), rng=0,
+                                           n_boot=50)  # fmt: skip
+    fin = base[:11]
+    med, iqr = np.median(fin), np.percentile(fin, 75) - np.percentile(fin, 25)
+    t0 = np.mean((fin - med) / iqr)
+    unsafe = np.r_[(fin - med) / iqr >= t0, True]  # the failed scene: UNSAFE (fail closed)
+    want = np.mean(unsafe != (np.arange(12) < 6))
+    assert run.result["m"].notes["operating_point"]["cut"] == pytest.approx(t0)
+    assert run.result["m"].as_hard().source_error.value == pytest.approx(want)
+    assert bool(run.answers["m"].unsafe[failed.index])
+    with pytest.warns(UserWarning) as rec:
+        pair = reliance_at_operating_points(
+            score_table(edits, {"m": s, "m2": text_scores(edits, -base, 0.0, 0.0)}),
+            CandidateSet(
+                members=tuple(MemberSpec(n, n, "h", _never_loaded) for n in ("m", "m2")),
+                guards=(),
+                folders=("test",),
+            ),
+            pairs=True,
+            rng=0,
+            n_boot=20,
+        )
+    said = [str(w.message) for w in rec]
+    for name in ("m", "m+m2"):  # the member's own cut, and the pair's
+        assert any(f"the frozen cut of {name} is fitted on the other 11;" in t for t in said)
+    assert bool(pair.answers["m+m2"].unsafe[failed.index])
