@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -170,7 +170,9 @@ def _extra_error(files: CueFiles, rel: Mapping[str, Any], sh: Mapping[str, Any])
                     # the predicted error adds the extra error to; select.json since v2)
                     "intercept": Estimate.from_dict(c["intercept"]) if "intercept" in c else None,
                     "source": "select.json",
-                    "best": files.select["candidates"][0]["name"],
+                    # the first candidate is SRA's pick only where its prediction is a
+                    # number: with every predicted error undefined the order is by name
+                    "best": _ranked_first(files.select["candidates"]),
                 }
     guards = [n for n, c in rel.items() if c["kind"] == "guard"]
     if guards and sh:
@@ -187,6 +189,16 @@ def _extra_error(files: CueFiles, rel: Mapping[str, Any], sh: Mapping[str, Any])
             "select` for one)",
         }
     return {}
+
+
+def _ranked_first(candidates: Sequence[Mapping[str, Any]]) -> str | None:
+    """The candidate SRA ranks first, or None where it could not rank (the first candidate's
+    predicted error, the lowest one, is undefined: then every one is)."""
+    first = candidates[0] if candidates else None
+    if first is None or "predicted_error" not in first:
+        return None
+    ok = math.isfinite(Estimate.from_dict(first["predicted_error"]).value)
+    return str(first["name"]) if ok else None
 
 
 def _basis(files: CueFiles | None) -> tuple[str | None, str | None]:
@@ -215,16 +227,21 @@ def _check_rows(files: CueFiles | None) -> list[tuple[str, str]]:
 def _advice(ts: TextInScene) -> tuple[str, ...]:
     out = []
     best = ts.extra_error.get("best")
+    unranked = ts.extra_error.get("source") == "select.json" and best is None
     for name, c in ts.reliance.items():
         if c["kind"] != "guard":
             continue
         r = c["cues"].get("reassuring", {}).get("reliance")
         if r is not None and r.ci.low > 0:
-            choose = (
-                f", or choose candidate {best} (SRA ranks it first)"
-                if best and best != name
-                else ""
-            )
+            if best and best != name:
+                choose = f", or choose candidate {best} (SRA ranks it first)"
+            elif unranked:
+                choose = (
+                    ". SRA could not rank the candidates (every predicted error is undefined; "
+                    "see select.json), so it names none to choose instead"
+                )
+            else:
+                choose = ""
             out.append(
                 f"This guard ({name}) follows reassuring text: its error on unsafe scenes rises "
                 f"by {fmt(r, pct=False, signed=True)} under a reassuring sign. Set the text "

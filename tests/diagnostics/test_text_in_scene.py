@@ -163,6 +163,23 @@ def test_the_section_from_all_three_files(tmp_path):
     assert d["shift"]["reassuring"]["d_hat"].ci.low == 0.06
 
 
+def test_no_candidate_is_named_when_sra_could_not_rank(tmp_path):
+    """Every predicted error undefined (a source set without SAFE scenes): select.json's order
+    is by name, so its first candidate is no pick. The advice said "choose candidate qwen (SRA
+    ranks it first)"; it now says SRA could not rank and names none."""
+    folder = write_cue_files(tmp_path / "cues")
+    doc = json.loads((folder / "select.json").read_text())
+    for c in doc["candidates"]:
+        c["predicted_error"] = {"value": None, "ci": [None, None], "n": 50}
+    (folder / "select.json").write_text(json.dumps(doc))
+    res = _run(simulate_log(20, rng=0), folder)
+    advice = " ".join(b for a, b in res.rows if a == "what to do")
+    assert "follows reassuring text" in advice and "fail closed" in advice
+    assert "SRA ranks it first" not in advice and "choose candidate" not in advice
+    assert "SRA could not rank the candidates (every predicted error is undefined" in advice
+    assert res.data["predicted_extra_error"]["best"] is None
+
+
 def test_any_subset_of_files(tmp_path):
     res = _run(
         simulate_log(20, rng=0), write_cue_files(tmp_path / "c", which=("reliance", "shift"))
