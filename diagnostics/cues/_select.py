@@ -18,9 +18,10 @@ draws (calibration scenes and frames resampled, independently), draw by draw.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,6 +215,30 @@ def _order(values: list[tuple[float, float, str]]) -> list[int]:
     return ranks
 
 
+def _tied(a: float, b: float) -> bool:
+    """Whether two source errors (intercepts) are the same number up to rounding: both are
+    ratios of sums of the same draws' weights, so equal counts can differ in the last bits."""
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _reordered(preds: Sequence[Prediction]) -> int:
+    """How many candidates SRA ranks otherwise than source error does, where source error
+    orders them: candidates tied on source error (``rank_by_source_error`` then goes by
+    name) count as in SRA's order among themselves, so a swap of names is no reorder."""
+
+    def cmp(p: Prediction, q: Prediction) -> int:
+        for a, b in (
+            (p.intercept.value, q.intercept.value),
+            (p.source_error.value, q.source_error.value),
+        ):
+            if not (math.isnan(a) or math.isnan(b) or _tied(a, b)):
+                return -1 if a < b else 1
+        return p.rank - q.rank  # tied on source error: SRA's order
+
+    by_source = sorted(preds, key=functools.cmp_to_key(cmp))
+    return sum(p.rank != i for i, p in enumerate(by_source, start=1))
+
+
 def _weighted(
     pi: float | NDArray[np.float64],
     unsafe: float | NDArray[np.float64],
@@ -386,7 +411,7 @@ def _explain(
         )
     sra = preds[0]
     src = min(preds, key=lambda p: p.rank_by_source_error)
-    moved = sum(p.rank != p.rank_by_source_error for p in preds)
+    moved = _reordered(preds)
     share_txt = ", ".join(f"{100 * shares[c].value:.1f}% {c}" for c in used) or "none"
     if sra.name == src.name or not used:
         return note + (
@@ -396,6 +421,17 @@ def _explain(
             f"{len(preds)} candidates below it."
         )
     cue = max(used, key=lambda c: src.extra_error[c] - sra.extra_error[c])
+    if _tied(src.intercept.value, sra.intercept.value):
+        # source error does not order them (its rank between them is by name): no crossing
+        return note + (
+            f"SRA picks {sra.name}; {sra.name} and {src.name} are tied on source error at this "
+            f"deployment's mix ({sra.intercept.value:.3f}), and SRA separates them by "
+            f"reliance: {src.name} follows {cue} text more (hard-answer reliance "
+            f"{src.reliance[cue].value:+.3f} against {sra.reliance[cue].value:+.3f}), and "
+            f"{100 * shares[cue].value:.1f}% of this deployment's frames carry {cue} text that "
+            f"misleads, which adds {src.extra_error[cue]:+.3f} to its error against "
+            f"{sra.extra_error[cue]:+.3f}. SRA reorders {moved} of {len(preds)} candidates."
+        )
     slope_sra = sum(sra.extra_error[c] for c in used)
     slope_src = sum(src.extra_error[c] for c in used)
     with warnings.catch_warnings():

@@ -302,3 +302,31 @@ def test_sens_equal_to_fpr_is_undefined_point_and_interval_and_the_fallback_is_n
     doc = sel.to_dict()
     assert doc["misleading_share"]["alarming"]["value"] is None
     assert doc["misleading_share"]["alarming"]["ci"] == [None, None]
+
+
+def test_a_tie_on_source_error_is_said_and_is_no_reorder(tmp_path):
+    """alpha and beta are both right on every unedited scene (source error 0 for both); alpha
+    follows reassuring text (pushed by −4: every misleading edit flips, reliance 1), beta
+    barely (−1: none flips, reliance 0). 10 % of the frames carry reassuring text, prior 1/2:
+    misleading share 0.05, so E_alpha = 0.05, E_beta = 0. Source error orders them only by
+    name; the explanation said "alpha errs less on the source scenes (0.000 against 0.000)",
+    a crossing at "-0.00×", and "SRA reorders 2 of 2"."""
+    edits = make_edits(tmp_path, 30, 30)
+    base = np.where(np.arange(60) < 30, 2.0, -2.0)
+    scores = {"alpha": text_scores(edits, base, 4.0, 0.0),
+              "beta": text_scores(edits, base, 1.0, 0.0)}  # fmt: skip
+    rel = estimate_reliance(score_table(edits, scores), n_boot=200, rng=1)
+    cal_c = ["reassuring"] * 30 + ["alarming"] * 30 + ["none"] * 60
+    cal_f = np.column_stack([np.array(cal_c) == c for c in CUES])
+    frames = np.zeros((400, 2), bool)
+    frames[:40, 0] = True
+    sel = select(rel, estimate_shift(frames, cal_f, cal_c, prior=0.5, n_boot=200, rng=2))
+    assert {p.name: p.predicted_error.value for p in sel.ranking} == pytest.approx(
+        {"alpha": 0.05, "beta": 0.0}, abs=1e-12
+    )
+    assert sel.ranking[0].intercept.value == sel.ranking[1].intercept.value == 0.0
+    text = sel.explanation
+    assert text.startswith("SRA picks beta; beta and alpha are tied on source error")
+    assert "SRA separates them by reliance: alpha follows reassuring text more" in text
+    assert "errs less" not in text and "cross at" not in text
+    assert text.endswith("SRA reorders 0 of 2 candidates.")
