@@ -491,13 +491,14 @@ def compute_card(
 
 
 def _deployed(log: LogData | None) -> tuple[str | None, str | None]:
-    """The deployed policy's kind and version: the policy that made the log's last decision
-    (in log order; its kind from its document, else from its rows, when the document does not
-    load), else the last one stored; ``("unknown", None)`` when the log names none;
+    """The deployed policy's kind and version: the stored policy that made the log's last
+    decision (in log order; its kind from its document, else from its rows when the document
+    does not load), else the last one stored; ``("unknown", None)`` when the log stores none;
     (None, None) without a log."""
     if log is None:
         return None, None
-    versions = [v for v in log.version.tolist() if v]
+    stored = set(log.policies) | set(log.policy_errors)  # (a document that does not load too)
+    versions = [v for v in log.version.tolist() if v in stored]
     if versions:
         return log.kind_of(versions[-1]) or "unknown", versions[-1]
     if not log.policies:
