@@ -139,16 +139,23 @@ def quantize_matmuls_nbits(
     return count
 
 
+#: operators whose second input is an int8 weight (int8's dynamic path: int8 activations)
+_INT8_WEIGHT_OPS = ("MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulInteger")
+
+
 def nbits_weights(models: Iterable[Any]) -> dict[int, int]:
-    """bits → how many weights the graphs' ``MatMulNBits`` nodes hold at that width (a weight
-    several nodes or graphs read counts once): what a bundle really stores, read back from its
-    graphs for the manifest."""
+    """bits → how many weights the graphs hold at that width: those of ``MatMulNBits`` nodes
+    (their ``bits``) and the int8 weights of int8's dynamic operators (a weight several nodes
+    or graphs read counts once): what a bundle really stores, read back from its graphs for
+    the manifest."""
     from onnx import helper
 
     seen: dict[str, int] = {}
     for m in models:
         for node in m.graph.node:
-            if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+            if node.op_type in _INT8_WEIGHT_OPS and len(node.input) > 1:
+                seen[node.input[1]] = 8
+            elif node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
                 bits = next(
                     (
                         int(helper.get_attribute_value(a))

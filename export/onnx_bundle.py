@@ -108,6 +108,18 @@ def _export_in_child(src: str | os.PathLike[str], out: Path, kw: dict[str, Any])
 _GUARD_FILES = ("decisions.sqlite*", "*.archive", "*.dead-letter.jsonl")
 
 
+def _listed_files(root: Path) -> dict[str, str]:
+    """The files the manifest lists, with their sha256: every file of the bundle but the
+    guard's own (:data:`_NOT_LISTED`) and what the device builds."""
+    return {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+        and not p.name.startswith(_NOT_LISTED)
+        and not is_device_built(p.relative_to(root).as_posix())
+    }
+
+
 def check_bundle_out(out: str | os.PathLike[str], sources: Sequence[Path] = ()) -> None:
     """Refuse an output folder the export must not replace (ValueError saying what to do):
     one that overlaps a source folder (a member's, or the bundle derived from), a file, a
@@ -369,13 +381,7 @@ def _write_members(
                 "test_pair": tp,
             }
         )
-    files = {
-        p.relative_to(root).as_posix(): sha256_file(p)
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-        and not p.name.startswith(_NOT_LISTED)
-        and not is_device_built(p.relative_to(root).as_posix())
-    }
+    files = _listed_files(root)
     bundle_id = _write_manifest(
         root,
         entries,
@@ -501,13 +507,7 @@ def derive_bundle(
                 for e in entries
             ]
             write_trt_script(root, exports, max_batch=max_batch)
-        files = {
-            p.relative_to(root).as_posix(): sha256_file(p)
-            for p in sorted(root.rglob("*"))
-            if p.is_file()
-            and not p.name.startswith(_NOT_LISTED)
-            and not is_device_built(p.relative_to(root).as_posix())
-        }
+        files = _listed_files(root)
         cfg = ScoringConfig(prompt=b.prompt)
         _write_manifest(
             root,

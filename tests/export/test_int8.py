@@ -394,6 +394,9 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     assert d["weight_only"]["output_layer"] == 1 and d["smooth_alpha"] is None  # per token
     assert d["float32_image_ends"] == 2  # the patch embedding and the projector's last layer
     assert 0 < d["median_error"] <= d["max_error"]
+    # every int8 weight is counted: the dynamic layers' and the weight-only output layer's
+    # (it said {int8: 1}, the output layer alone)
+    assert q["weights_by_bits"] == {"int8": d["dynamic"] + d["weight_only"]["output_layer"]}
     on_disk = yaml.safe_load((tmp_path / "m" / "spotstop_onnx.yaml").read_text())
     assert on_disk["precision"] == "int8" and on_disk["quantizer"] == dict(q)
     nodes = []
