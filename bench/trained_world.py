@@ -677,6 +677,9 @@ def item_select(
             n_boot=n_boot,
             rng=5,
             progress=True,
+            # the world's stated unsafe share (each contrast: one safe, one unsafe scene), used
+            # where fewer than 30 frames of a class are labelled (the quick run)
+            prior=0.5,
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # an undefined cue: the row says so
