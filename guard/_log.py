@@ -44,9 +44,12 @@ import logging
 import os
 import random
 import re
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time as _time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -125,6 +128,41 @@ def _check_robot_id(robot_id: object) -> None:
         )
 
 
+def _schema_found(conn: sqlite3.Connection, path: Path) -> int | None:
+    """The ``schema_version`` of the log at ``path`` (None: a database with no tables yet);
+    :class:`LogError` for a database that is not a decision log, or one of a newer spotstop."""
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if tables and "meta" not in tables:
+        raise LogError(
+            f"{str(path)!r} is a SQLite database but not a spotstop decision log (it has "
+            f"tables {sorted(tables)} and no 'meta' table). Choose another path for the log."
+        )
+    if "meta" not in tables:
+        return None
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    found = int(row[0]) if row is not None else None
+    if found is not None and found > LOG_SCHEMA_VERSION:
+        raise LogError(
+            f"decision log {str(path)!r} has schema_version {found}, but this spotstop reads "
+            f"schema_version {LOG_SCHEMA_VERSION} at most. Upgrade spotstop to read it, or "
+            "open a different log file."
+        )
+    if found is not None and found < 1:
+        raise LogError(
+            f"decision log {str(path)!r} has an invalid schema_version {found}; expected "
+            f"1..{LOG_SCHEMA_VERSION}."
+        )
+    return found
+
+
+def _check_readable(found: int | None, path: Path) -> None:
+    if found is None:
+        raise LogError(
+            f"{str(path)!r} holds no decision log (an empty database). Pass the guard's SQLite "
+            "log file."
+        )
+
+
 class _NeedArchivedIds(Exception):
     """set_labels met ids that are not live; it reads the archives' ids and tries again."""
 
@@ -167,6 +205,14 @@ class DecisionLog(LogReader, ArchiveStore):
         The robot this log belongs to, kept in the log (``meta.robot_id``) so that a fleet
         card tells robots apart. Stored when the log has none; a log of another robot is
         refused. None: leave the log's as it is.
+    read_only:
+        Open an existing log for reading only: nothing in its file or folder changes (no
+        schema migration, no WAL switch, no stored key); every write raises
+        :class:`LogError` (kind ``read_only``). A log of an older schema, or one whose
+        folder cannot take SQLite's shared-memory file (a read-only copy), is read through a
+        private copy in a temporary folder (migrated there, removed on :meth:`close`), so
+        the rows a -wal file holds are read too. The card, ``calibrate`` and the cue tools
+        read logs this way: reviewing a robot's log never rewrites it.
     """
 
     def __init__(
@@ -179,6 +225,7 @@ class DecisionLog(LogReader, ArchiveStore):
         timeout_s: float = 30.0,
         synchronous: Literal["NORMAL", "FULL"] = _SYNCHRONOUS,
         robot_id: str | None = None,
+        read_only: bool = False,
     ) -> None:
         self._path = check_log_args(
             path, image_retention_bytes, image_retention_days, timeout_s, synchronous
@@ -194,8 +241,25 @@ class DecisionLog(LogReader, ArchiveStore):
         self._closed = False
         self._retention_mutex = threading.Lock()  # one retention pass at a time
         self._rng = random.Random()  # backoff jitter only; results never depend on it
+        self._read_only = bool(read_only)
+        self._open_path = self._path  # the file connections open (a private copy, read-only)
+        self._private: tempfile.TemporaryDirectory[str] | None = None
         if robot_id is not None:
             _check_robot_id(robot_id)  # bad input changes nothing: checked before the file
+        if self._read_only:
+            if robot_id is not None:
+                raise RecordError(
+                    "DecisionLog robot_id stores the robot's id in the log, a write; a log "
+                    "opened with read_only=True cannot take it. Open it without read_only, or "
+                    "leave robot_id out and read DecisionLog.robot_id."
+                )
+            try:
+                self._open_read_only()
+            except BaseException:
+                self.close()
+                raise
+            self._seq_floor: int | None = None  # positions matter only to a writer
+            return
         self._init_schema()
         if robot_id is not None:
             try:
@@ -207,7 +271,7 @@ class DecisionLog(LogReader, ArchiveStore):
         # its newest rows gives its next row a position above every archived one. Best
         # effort: a log whose archives cannot be read now still takes decisions.
         try:
-            self._seq_floor: int | None = self.seq_floor()
+            self._seq_floor = self.seq_floor()
         except (LogError, OSError, ValueError) as exc:
             _log.warning("decision log %s: archived positions not read (%s)", self._path, exc)
             self._seq_floor = None
@@ -224,12 +288,16 @@ class DecisionLog(LogReader, ArchiveStore):
         is opened (a write on a call's deadline opens its thread's connection on the call's
         time); None: the log's ``timeout_s``. The connection keeps the log's ``timeout_s``."""
         wait = self._timeout_s if timeout_s is None else max(0.0, float(timeout_s))
+        target: str | Path = self._open_path
+        if self._read_only:  # SQLite opens the file read-only; nothing it does can write it
+            target = "file:" + urllib.parse.quote(str(self._open_path.resolve())) + "?mode=ro"
         try:
             conn = sqlite3.connect(
-                self._path,
+                target,
                 timeout=wait,  # sets SQLite's busy_timeout
                 isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
                 check_same_thread=False,  # only so close() may close it from another thread
+                uri=self._read_only,
             )
         except sqlite3.Error as exc:
             raise LogError(
@@ -249,6 +317,10 @@ class DecisionLog(LogReader, ArchiveStore):
 
     def _configure(self, conn: sqlite3.Connection, busy_s: float) -> None:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_s * 1000)}")
+        if self._read_only:
+            conn.execute("PRAGMA query_only = ON")  # a write on it raises, whatever asks
+            conn.execute("PRAGMA temp_store = MEMORY")
+            return
         if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
             # A new log gives the pages retention frees back to the file system (incremental
             # vacuum); this can be set only before the first table exists, outside a
@@ -360,6 +432,12 @@ class DecisionLog(LogReader, ArchiveStore):
         full disk is tried once more after a WAL checkpoint that truncates the -wal file
         (the space a grown WAL holds is often what the write needs).
         """
+        if self._read_only:
+            raise LogError(
+                f"decision log {str(self._path)!r} was opened read-only (read_only=True) and "
+                f"cannot {what}. Open it without read_only to write to it.",
+                "read_only",
+            )
         wait = None if timeout_s is None else max(0.0, float(timeout_s))
         conn = self._conn(wait)
 
@@ -400,6 +478,8 @@ class DecisionLog(LogReader, ArchiveStore):
         busy handler); None: the log's ``timeout_s``. With 0 it never waits: it copies what
         it can without blocking (as a PASSIVE checkpoint does) and truncates only when nobody
         holds the WAL, which is what a guard call on a deadline may afford."""
+        if self._read_only:
+            return False  # a reader never moves the writer's pages
         try:
             conn = self._conn(timeout_s)
         except LogError:
@@ -427,31 +507,7 @@ class DecisionLog(LogReader, ArchiveStore):
 
     def _init_schema(self) -> None:
         def body(conn: sqlite3.Connection) -> None:
-            tables = {
-                row[0]
-                for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            }
-            found: int | None = None
-            if tables and "meta" not in tables:
-                raise LogError(
-                    f"{str(self._path)!r} is a SQLite database but not a spotstop decision "
-                    f"log (it has tables {sorted(tables)} and no 'meta' table). Choose "
-                    "another path for the log."
-                )
-            if "meta" in tables:
-                row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-                found = int(row[0]) if row is not None else None
-                if found is not None and found > LOG_SCHEMA_VERSION:
-                    raise LogError(
-                        f"decision log {str(self._path)!r} has schema_version {found}, but "
-                        f"this spotstop reads schema_version {LOG_SCHEMA_VERSION} at most. "
-                        "Upgrade spotstop to read it, or open a different log file."
-                    )
-                if found is not None and found < 1:
-                    raise LogError(
-                        f"decision log {str(self._path)!r} has an invalid schema_version "
-                        f"{found}; expected 1..{LOG_SCHEMA_VERSION}."
-                    )
+            found = _schema_found(conn, self._path)
             if found is not None and found < LOG_SCHEMA_VERSION:
                 migrate(conn, found)
             for statement in SCHEMA_SQL.split(";"):
@@ -476,6 +532,81 @@ class DecisionLog(LogReader, ArchiveStore):
         except BaseException:
             self.close()
             raise
+
+    def _open_read_only(self) -> None:
+        """Check the log for :class:`DecisionLog` ``read_only``: read it in place when SQLite
+        can and its schema is this spotstop's, else through a private migrated copy."""
+        if not self._path.is_file():
+            raise LogError(
+                f"decision log {str(self._path)!r} does not exist; a log opened read-only is "
+                "never created. Pass the guard's SQLite log file."
+            )
+        try:
+            conn = self._conn()
+            self._retry(lambda: conn.execute("SELECT 1 FROM sqlite_master").fetchall(), what="read")
+        except LogError as exc:
+            if exc.kind in ("locked", "closed") or "not a SQLite database" in str(exc):
+                raise
+            # SQLite reads a WAL log only with its shared-memory file, which it could neither
+            # open nor create here (a read-only folder): read a copy of the files instead
+            self._copy_files(exc)
+            return
+        found = self._retry(lambda: _schema_found(conn, self._path), what="read the schema")
+        _check_readable(found, self._path)
+        if found is not None and found < LOG_SCHEMA_VERSION:
+            self._copy_snapshot(conn)
+
+    def _private_folder(self) -> Path:
+        self._private = tempfile.TemporaryDirectory(prefix="spotstop-log-")
+        return Path(self._private.name) / self._path.name
+
+    def _copy_snapshot(self, conn: sqlite3.Connection) -> None:
+        """Read an older schema's log through a migrated copy of one snapshot of it (SQLite's
+        backup of the read-only connection: the live writer, if any, is not disturbed)."""
+        copy = self._private_folder()
+        dst = sqlite3.connect(copy)
+        try:
+            conn.backup(dst)
+        finally:
+            dst.close()
+        self._use_copy(copy)
+
+    def _copy_files(self, cause: LogError) -> None:
+        """Read a log SQLite could not open read-only in place through a copy of its file and
+        its -wal file, whose rows the copy reads (no writer can hold a folder it cannot
+        write either)."""
+        copy = self._private_folder()
+        try:
+            shutil.copyfile(self._path, copy)
+            wal = self._path.with_name(self._path.name + "-wal")
+            if wal.is_file():
+                shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+        except OSError as exc:
+            raise LogError(
+                f"cannot read decision log {str(self._path)!r} read-only ({cause}), nor copy "
+                f"it to read the copy ({exc}). Copy it to a writable folder and read that.",
+                cause.kind,
+            ) from exc
+        self._use_copy(copy)
+
+    def _use_copy(self, copy: Path) -> None:
+        for conn in self._take_connections():
+            conn.close()
+        conn = sqlite3.connect(copy)
+        try:
+            found = _schema_found(conn, self._path)
+        finally:
+            conn.close()
+        _check_readable(found, self._path)
+        if found is not None and found < LOG_SCHEMA_VERSION:
+            with DecisionLog(copy):  # migrates the copy to this spotstop's schema
+                pass
+        self._open_path = copy
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this log was opened for reading only (``read_only=True``)."""
+        return self._read_only
 
     @property
     def robot_id(self) -> str | None:
@@ -819,14 +950,21 @@ class DecisionLog(LogReader, ArchiveStore):
     def close(self) -> None:
         """Close every connection this log opened; further use raises :class:`LogError`."""
         self._closed = True
+        for conn in self._take_connections():
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        if self._private is not None:
+            self._private.cleanup()
+            self._private = None
+
+    def _take_connections(self) -> list[sqlite3.Connection]:
+        """The connections this process opened, forgotten here (closing them is the
+        caller's). Connections of another process (inherited by fork) are not ours."""
         with self._lock:
             conns, self._connections = self._connections, []
+        self._local = threading.local()
         pid = os.getpid()
-        for owner, conn in conns:
-            # Connections of another process (inherited by fork) are not ours to close.
-            if owner == pid:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.close()
+        return [conn for owner, conn in conns if owner == pid]
 
     def __enter__(self) -> DecisionLog:
         return self
@@ -841,4 +979,5 @@ class DecisionLog(LogReader, ArchiveStore):
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return f"DecisionLog({str(self._path)!r}, store_images={self._store_images}, {state})"
+        mode = ", read_only" if self._read_only else ""
+        return f"DecisionLog({str(self._path)!r}, store_images={self._store_images}{mode}, {state})"

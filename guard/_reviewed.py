@@ -94,7 +94,7 @@ def read_reviewed(
                 f"decision log {str(path)!r} does not exist; pass the guard's SQLite log file "
                 "(by default <bundle>/decisions.sqlite)."
             )
-        with DecisionLog(path) as opened:
+        with DecisionLog(path, read_only=True) as opened:
             arr, read = _read_open(opened)
     ids = np.asarray(arr.decision_id, dtype=object)
     sha = np.array([_cell(s) for s in arr.image_sha256], dtype=object)

@@ -85,7 +85,7 @@ def frames_from_log(
     if not path.is_file():
         raise DataError(f"decision log {str(path)!r} does not exist; pass the log's SQLite file.")
     try:
-        with DecisionLog(path) as log:
+        with DecisionLog(path, read_only=True) as log:
             reviewed = read_reviewed(log, labels)
             arr = reviewed.arrays
             stored = {s for s in set(arr.image_sha256) if s and log.image(s) is not None}
@@ -136,7 +136,7 @@ def frames_from_log(
         )
 
     def load(s: str) -> bytes:
-        with DecisionLog(path) as log:
+        with DecisionLog(path, read_only=True) as log:
             data = log.image(s)
         if data is None:
             raise DataError(f"the image {s} left decision log {str(path)!r} while reading it.")
