@@ -48,8 +48,13 @@ from numpy.typing import NDArray
 from scipy.special import expit
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._metrics import direct_answer
+from spotstop.diagnostics._resample import (
+    MIN_GROUPS,
+    FewGroupsWarning,
+    draw_group_counts,
+    few_groups_message,
+)
 from spotstop.diagnostics._resample import as_rng as _as_rng
-from spotstop.diagnostics._resample import draw_group_counts
 from spotstop.diagnostics._resample import percentile_ci as _percentile_ci
 from spotstop.diagnostics._results import Estimate
 from spotstop.diagnostics.cues._deployed import fitted_cut_policy, label_as_deployed, source_pool
@@ -331,6 +336,8 @@ def estimate_reliance(
     mv = mask_m * np.nan_to_num(np.column_stack(cols), nan=0.0)
     # per bootstrap group (situation / contrast, or the source scene alone): its scenes' sums
     n_groups = int(lay.group.max()) + 1
+    if n_groups < MIN_GROUPS:  # the card's bootstrap says the same (diagnostics/_resample.py)
+        warnings.warn(few_groups_message(n_groups, lay.unit), FewGroupsWarning, stacklevel=2)
     mv_g, mask_g = np.zeros((n_groups, mv.shape[1])), np.zeros((n_groups, mv.shape[1]))
     np.add.at(mv_g, lay.group, mv)
     np.add.at(mask_g, lay.group, mask_m)

@@ -34,6 +34,9 @@ from tests._support.cues_fakes import (
     write_source,
 )
 
+# small source sets by design (reliance's few-groups warning: tests/diagnostics/cues/test_reliance.py)
+pytestmark = pytest.mark.filterwarnings("ignore::spotstop.diagnostics._resample.FewGroupsWarning")
+
 
 def _demo_source(
     root: Path, n: int, seed: int, label=lambda i: "UNSAFE" if i % 2 == 0 else "SAFE"

@@ -13,6 +13,7 @@ import pytest
 from scipy import integrate, stats
 from spotstop.diagnostics import UndefinedMetricWarning, draw_group_counts
 from spotstop.diagnostics._errors import DataError
+from spotstop.diagnostics._resample import MIN_GROUPS, FewGroupsWarning
 from spotstop.diagnostics.cues import (
     CUES,
     GuardSpec,
@@ -38,6 +39,9 @@ from tests._support.cues_fakes import (
     score_table,
     text_scores,
 )
+
+# most sets here are small by design; the warning itself is tested below
+pytestmark = pytest.mark.filterwarnings("ignore::spotstop.diagnostics._resample.FewGroupsWarning")
 
 STATS = ("reliance", "placebo", "source_error", "held_out", "vs_agreeing", "vs_neutral")
 
@@ -204,7 +208,8 @@ def test_bootstrap_resamples_whole_situations_and_contrasts(tmp_path):
     rng = np.random.default_rng(3)
     scores = {"a": rng.normal(0, 2, len(edits))}
     n_boot = 300
-    res = estimate_reliance(score_table(edits, scores), n_boot=n_boot, rng=11, chunk_size=64)
+    with pytest.warns(FewGroupsWarning, match=r"only 4 groups \(unit: situation.*optimistic"):
+        res = estimate_reliance(score_table(edits, scores), n_boot=n_boot, rng=11, chunk_size=64)
     assert res.n_groups == 4 and res.resampling_unit.startswith("situation")
     doc = res.to_dict()
     assert doc["resampling_unit"] == res.resampling_unit and doc["n_groups"] == 4
@@ -571,3 +576,20 @@ def test_scores_are_cached_per_member_prompt_and_edit_set(tmp_path):
         edits, [MemberSpec("m", "id", m.prompt_hash, lambda: calls.append(2) or m)], cache_dir=cache
     )
     assert calls == [1, 2]
+
+
+def test_reliance_warns_below_the_cards_group_count_and_not_at_it(tmp_path):
+    """The card's bootstrap says its percentile intervals are optimistic below MIN_GROUPS groups;
+    reliance's group bootstrap says the same, at the same count (it said nothing: with 6 rooms
+    its intervals covered 0.90, not 0.95)."""
+    import warnings
+
+    for n, warns in ((MIN_GROUPS - 2, True), (MIN_GROUPS, False)):
+        edits = make_edits(tmp_path / str(n), n // 2, n - n // 2)
+        scores = {"a": np.random.default_rng(n).normal(0, 2, len(edits))}
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            res = estimate_reliance(score_table(edits, scores), n_boot=50, rng=0)
+        few = [w for w in got if issubclass(w.category, FewGroupsWarning)]
+        assert res.n_groups == n
+        assert len(few) == int(warns), [str(w.message) for w in few]

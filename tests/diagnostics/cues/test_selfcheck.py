@@ -20,6 +20,9 @@ from spotstop.diagnostics.cues._selfcheck import GRID, regret
 
 from tests._support.cues_fakes import make_edits, score_table, text_scores
 
+# small source sets by design (reliance's few-groups warning: tests/diagnostics/cues/test_reliance.py)
+pytestmark = pytest.mark.filterwarnings("ignore::spotstop.diagnostics._resample.FewGroupsWarning")
+
 K = 26  # SAFE scenes on which E stops falsely: E's error on T_d is 26 / 200 = 0.13
 
 
