@@ -192,7 +192,9 @@ def read_fleet(inputs: Sequence[str | Path], *, labels: str | Path | None = None
     n_arch = sum(p.archived for p in parts)
     archived = {"files": sum(p.archive_files for p in parts), "rows": n_arch} if n_arch else {}
     root = Path(paths[0]).parent
-    return _log_data(root, reviewed, policies, archived, robots, tuple(str(p) for p in paths))
+    busy = set(robots.tolist())
+    idle = tuple(dict.fromkeys(p.robot for p in parts if p.robot not in busy))
+    return _log_data(root, reviewed, policies, archived, robots, tuple(str(p) for p in paths), idle)
 
 
 # -- the card's per-robot section ------------------------------------------------------------
@@ -331,7 +333,7 @@ class FleetCheck(CardCheck):
 
     def run(self, ctx: CardContext) -> CheckResult:
         log = ctx.log
-        if log is None or len(log.robots) < 2:
+        if log is None or len(log.robots) + len(log.idle_robots) < 2:
             return CheckResult({"applicable": False}, (("fleet", "one robot: not applicable"),))
         # its own stream, spawned from the card's: the sections after this one draw what they
         # draw for one robot, so a fleet card equals the card of the merged log but for this
@@ -351,10 +353,19 @@ class FleetCheck(CardCheck):
                     f"{fmt(r.miss_vs_rest, signed=True)} — {flag}",
                 )
             )
+        for robot in log.idle_robots:  # a robot that logged nothing is said, not left out
+            table.append(
+                (
+                    f"robot {robot} (n=0)",
+                    "its files hold no decision: check that its guard runs and logs, and that "
+                    "its log was collected",
+                )
+            )
         data = {
             "applicable": True,
             "level": FLEET_LEVEL,
             "robots": [r.to_dict() for r in rows],
             "flagged": [r.robot for r in rows if r.flagged],
+            "idle": list(log.idle_robots),
         }
         return CheckResult(data, tuple(table), result=rows)

@@ -114,6 +114,8 @@ class LogData:
     """The robot of each decision (a fleet); None: one robot, the log's."""
     sources: tuple[str, ...] = ()
     """The files read (a fleet's logs and stand-alone archives); () for one log."""
+    idle_robots: tuple[str, ...] = ()
+    """Robots of a fleet whose files hold no decision (their guard logged nothing there)."""
 
     @property
     def n(self) -> int:
@@ -220,6 +222,7 @@ def _log_data(
     archived: Mapping[str, int],
     robot_id: NDArray[np.object_] | None = None,
     sources: tuple[str, ...] = (),
+    idle_robots: tuple[str, ...] = (),
 ) -> LogData:
     arr = reviewed.arrays
     if arr.n == 0:
@@ -258,6 +261,7 @@ def _log_data(
         archived=dict(archived),
         robot_id=robot_id,
         sources=sources,
+        idle_robots=idle_robots,
     )
 
 

@@ -302,3 +302,26 @@ def test_the_conformal_miss_rate_counts_what_a_conformal_fallback_decided(
     assert robots["good"].miss_rate.value == 0.0
     (audit,) = audit_deployed(data)
     assert audit.status == "violated"
+
+
+def test_a_robot_whose_log_holds_no_decision_is_named(tmp_path: Path) -> None:
+    """A robot that logged nothing (its guard never ran, or its log was not collected) was
+    missing from the fleet section, as if the fleet had one robot fewer."""
+    from spotstop.diagnostics._check_base import CardContext
+    from spotstop.diagnostics._fleet import FleetCheck
+    from spotstop.diagnostics._from_log import log_cases
+
+    paths = []
+    for k, r in enumerate(("arm-1", "arm-2")):
+        recs, labels = _robot(r, k, seed=k)
+        paths.append(str(_write(tmp_path / f"{r}.sqlite", r, recs, labels)))
+    DecisionLog(tmp_path / "arm-9.sqlite", robot_id="arm-9").close()
+    for given, robots in ((paths, ["arm-1", "arm-2"]), (paths[:1], ["arm-1"])):
+        cases = log_cases([*given, str(tmp_path / "arm-9.sqlite")])
+        assert cases.log.robots == robots and cases.log.idle_robots == ("arm-9",)
+        ctx = CardContext(cases.table, 0.6, np.random.default_rng(0), log=cases.log)
+        res = FleetCheck().run(ctx)
+        assert res.data["applicable"] and res.data["idle"] == ["arm-9"]
+        assert [r["robot"] for r in res.data["robots"]] == (robots if len(robots) > 1 else [])
+        (row,) = [t for t in res.rows if t[0].startswith("robot arm-9")]
+        assert row[0] == "robot arm-9 (n=0)" and "no decision" in row[1]
