@@ -61,6 +61,7 @@ __all__ = [
     "check_min_side",
     "decode_image",
     "gray_image",
+    "read_image_bytes",
 ]
 
 DEFAULT_MAX_PIXELS: Final[int] = 40_000_000
@@ -171,6 +172,8 @@ class DecodedImage:
 
         if not isinstance(self.image, Image.Image):
             raise bad("image", "a PIL image", type(self.image).__name__)
+        if self.image.mode != "RGB":  # the members read RGB; decode_image converts every mode
+            raise bad("image", "an RGB PIL image (decode_image converts any mode)", self.image.mode)
         for name in ("width", "height", "n_bytes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "n_bytes" else 1):
@@ -249,6 +252,18 @@ def decode_image(
         )
     data = _read_source(source, max_bytes=max_bytes)
     return _decode_bytes(data, max_pixels=max_pixels, min_side=int(min_side))
+
+
+def read_image_bytes(
+    source: bytes | bytearray | memoryview | str | os.PathLike[str],
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> bytes:
+    """The encoded bytes of ``source`` as :func:`decode_image` reads them (a copy of given
+    bytes; a file read once, refused past ``max_bytes``): decode these and store these, and
+    what is scored is what is stored, though the file or buffer changes meanwhile."""
+    _check_decode_args(source, max_pixels=DEFAULT_MAX_PIXELS, max_bytes=max_bytes)
+    return _read_source(source, max_bytes=max_bytes)
 
 
 def check_min_side(width: int, height: int, min_side: int) -> None:

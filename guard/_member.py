@@ -13,7 +13,7 @@ import numpy as np
 from spotstop.guard._arch import ImageGeometry
 from spotstop.guard._bundle import Bundle, BundleMember
 from spotstop.guard._config import ScoringConfig, parse_image_size
-from spotstop.guard._errors import ConfigError, MemberLoadError, ScoringError
+from spotstop.guard._errors import ConfigError, MemberLoadError, RequestError, ScoringError
 from spotstop.guard._hf import MemberFolder, render_template, resolve_member
 from spotstop.guard._image import DecodedImage, decode_image, gray_image
 from spotstop.guard._prompt import PromptEncoder, RenderedTemplate, prompt_hash
@@ -109,6 +109,25 @@ class Member:
 
     def prompt_ids(self, request: str, variant: Variant = "scene") -> list[int]:
         return self.encoder.prompt_ids(request, None if variant == "text" else self._image_text)
+
+    def check_fits(self, request: str) -> None:
+        """Refuse, before any model work, a request whose prompt with its image is longer than
+        the member's graphs take (:class:`RequestError`): scored with others, it would fail
+        every scene of its batch. The scene prompt is the longest a request gives (the
+        request-only prompt has no image tokens)."""
+        bucket = getattr(self.backend, "bucket", None)
+        if bucket is None:  # a backend without length buckets takes any length
+            return
+        n = len(self.prompt_ids(request)) + self.encoder.plan.max_row_len
+        try:
+            bucket(n)
+        except ScoringError as e:
+            raise RequestError(
+                f"request is too long for member {self.name}: with the scene's image tokens and "
+                f"the answer it is {n} tokens, and this bundle scores at most "
+                f"{self.backend.buckets[-1]}. Shorten the request, or re-export the bundle "
+                "with a larger --buckets value."
+            ) from e
 
     # -- scoring ---------------------------------------------------------------------------
     def score(

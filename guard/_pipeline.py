@@ -19,10 +19,12 @@ log writer writes them before anything is answered.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from spotstop.guard._call import (
@@ -36,7 +38,13 @@ from spotstop.guard._call import (
     _Work,
 )
 from spotstop.guard._errors import GuardError
-from spotstop.guard._image import DEFAULT_MIN_SIDE, DecodedImage, check_min_side, decode_image
+from spotstop.guard._image import (
+    DEFAULT_MIN_SIDE,
+    DecodedImage,
+    check_min_side,
+    decode_image,
+    read_image_bytes,
+)
 from spotstop.guard._member import Member
 from spotstop.guard._record import DecisionRecord
 from spotstop.guard._state import StateStore
@@ -52,6 +60,37 @@ from spotstop.guard.policies import (
 from spotstop.guard.validate import situation_id_problem
 
 __all__ = ["Pipeline", "situation_windows", "works_for"]
+
+
+class _ReadTimeout(Exception):
+    """An image file still being read when the call's deadline came."""
+
+
+def _read_in_time(source: Any, clock: _Clock) -> bytes:
+    """:func:`read_image_bytes` of ``source``, a file read on its own thread within the call's
+    deadline: a path that blocks (a FIFO without a writer, a stalled network mount) fails its
+    scene closed in time (:class:`_ReadTimeout`) instead of holding the call past it. The
+    thread is left to finish on its own; what it reads then is dropped."""
+    if isinstance(source, bytes | bytearray | memoryview) or clock.remaining() is None:
+        return read_image_bytes(source)
+    box: list[bytes | BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            box.append(read_image_bytes(source))
+        except BaseException as e:  # handed to the caller below
+            box.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=read, name="spotstop-image-read", daemon=True).start()
+    if not done.wait(clock.remaining()):
+        raise _ReadTimeout
+    got = box[0]
+    if isinstance(got, BaseException):
+        raise got
+    return got
 
 
 def works_for(scenes: Sequence[Scene]) -> list[_Work]:
@@ -194,15 +233,17 @@ class Pipeline:
                     check_min_side(img.width, img.height, self.min_image_side)
                     w.image = img
                 else:
-                    w.image = decode_image(img, min_side=self.min_image_side)
-                if self.store_images and not isinstance(img, DecodedImage):
-                    w.raw = (
-                        bytes(img)
-                        if isinstance(img, bytes | bytearray | memoryview)
-                        else Path(img).read_bytes()
-                    )
+                    # read once: what is scored is what is stored and hashed, though the
+                    # camera rewrites the file (or the caller the buffer) meanwhile
+                    data = _read_in_time(img, clock)
+                    w.image = decode_image(data, min_side=self.min_image_side)
+                    if self.store_images:
+                        w.raw = data
                 for m in self.members.values():
                     m.encoder.check_request(w.scene.request)
+                    m.check_fits(w.scene.request)  # one too long must not fail its batch
+            except _ReadTimeout:
+                w.fail_with(clock.reason("reading the image file"))
             except Exception as e:  # bad input fails this scene closed, not the batch
                 w.fail_with(_reason("input", e))
             w.latency["decode_ms"] = (time.perf_counter() - t) * 1e3

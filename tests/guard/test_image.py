@@ -484,3 +484,20 @@ def test_gray_image_rejects_bad_arguments(args: tuple[object, ...], words: str) 
     with pytest.raises(ConfigError) as info:
         gray_image(*args)  # type: ignore[arg-type]
     assert words in str(info.value)
+
+
+def test_a_decoded_image_built_by_hand_must_be_rgb():
+    """A caller-built DecodedImage of a 16-bit frame reached the member, whose RGB conversion
+    clipped it to white (mean 255, where decode_image of the same PNG gives mean 127): the
+    scene was scored blank under the file's sha256. Any mode but RGB is refused where it is
+    built, as every other bad field is."""
+    import dataclasses
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((40, 48), 32768, dtype=np.uint16)).save(buf, format="PNG")
+    good = decode_image(buf.getvalue())
+    assert good.image.mode == "RGB" and 120 < np.asarray(good.image).mean() < 135
+    for mode in ("I;16", "RGBA", "L", "CMYK"):
+        with pytest.raises(ImageError, match=f"DecodedImage.image must be an RGB.*got '{mode}'"):
+            dataclasses.replace(good, image=good.image.convert(mode) if mode != "I;16" else
+                                Image.new("I;16", good.image.size))  # fmt: skip

@@ -43,6 +43,9 @@ class Numbers(RequestNumber):
 
     encoder = _Encoder()
 
+    def check_fits(self, request: str) -> None:
+        """Takes a request of any length (no length buckets)."""
+
 
 class Raising(Numbers):
     def score(self, scenes: Sequence[Scene], variant: str = "scene", **_: Any) -> list[Any]:

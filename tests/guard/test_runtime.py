@@ -1225,3 +1225,82 @@ def test_a_text_detector_that_returns_no_reading_fails_its_scene_closed(
             d = g.check(make_scene())
             assert d.label == "UNSAFE" and d.fail_closed and why in (d.fail_reason or ""), d
             assert g.log.get(d.decision_id) is not None
+
+
+def test_a_stored_image_is_the_bytes_scored_though_the_camera_rewrites_the_file(
+    bundle_copy: Path, tmp_path: Path, monkeypatch
+):
+    """A camera that rewrites ``latest.jpg`` between the guard's read to score it and a second
+    read to store it made the stored bytes disagree with the logged sha256: the log refused the
+    row and it went to the dead-letter file, never imported (24 of 150 at 30 fps). The file is
+    read once now: what is scored is what is stored."""
+    import spotstop.guard._pipeline as gp
+
+    frame = tmp_path / "latest.jpg"
+    frame.write_bytes(make_image_bytes(1, fmt="JPEG"))
+    real = gp.decode_image
+
+    def camera_writes_after_the_read(source, **kw):  # the next frame lands right after
+        out = real(source, **kw)
+        frame.write_bytes(make_image_bytes(2, fmt="JPEG"))
+        return out
+
+    monkeypatch.setattr(gp, "decode_image", camera_writes_after_the_read)
+    log = tmp_path / "l.sqlite"
+    with Guard(bundle_copy, log=log, store_images=True) as g:
+        ds = g.check_batch([Scene(str(frame), "open the door"), make_scene(3)])
+        assert not any(d.fail_closed for d in ds), [d.fail_reason for d in ds]
+        rec = g.log.get(ds[0].decision_id)
+        assert rec is not None and rec.image_sha256 == ds[0].image_sha256
+        assert g.log.image(rec.image_sha256) == make_image_bytes(1, fmt="JPEG")
+    assert not list(tmp_path.glob("*dead-letter*"))
+
+
+def test_a_request_too_long_for_the_graphs_fails_only_its_own_scene(
+    bundle_copy: Path, tmp_path: Path
+):
+    """A request under the character limit but longer in tokens than the largest length
+    bucket failed every scene of its batch, each with a reason naming a prompt it did not
+    hold. It fails its own scene now, before any model work; the others are decided."""
+    set_frozen(bundle_copy, 1e9)
+    long = Scene(make_image_bytes(1, fmt="JPEG"), "go " * 1300)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        ds = g.check_batch([make_scene(0), long, make_scene(2)])
+        most = {f"at most {m.backend.buckets[-1]}" for m in g.members.values()}
+    assert [d.fail_closed for d in ds] == [False, True, False]
+    assert [d.label for d in ds] == ["SAFE", "UNSAFE", "SAFE"]
+    assert "request is too long" in (ds[1].fail_reason or "")
+    assert any(words in (ds[1].fail_reason or "") for words in most), ds[1].fail_reason
+
+
+def test_a_path_that_blocks_fails_its_scene_closed_within_the_deadline(
+    bundle_copy: Path, tmp_path: Path
+):
+    """A FIFO without a writer (or a stalled mount) blocked the call's read of the image past
+    its deadline, and every other call behind it; the read now runs within the deadline."""
+    import os
+    import threading
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this platform")
+    fifo = tmp_path / "frame.jpg"
+    os.mkfifo(fifo)
+
+    def unblock() -> None:  # a late writer: ends the abandoned read, old code's call with it
+        with open(fifo, "wb") as f:
+            f.write(make_image_bytes(1, fmt="JPEG"))
+
+    late = threading.Timer(30.0, unblock)
+    late.start()
+    try:
+        set_frozen(bundle_copy, 1e9)
+        with Guard(bundle_copy, log=tmp_path / "l.sqlite", deadline_s=1.0) as g:
+            d = g.check(Scene(str(fifo), "open the door"))
+            assert d.label == "UNSAFE" and d.fail_closed
+            assert "reading the image file" in (d.fail_reason or ""), d.fail_reason
+            assert not g.check(make_scene(2)).fail_closed  # the guard is not held by it
+            rec = g.log.get(d.decision_id)
+            assert rec is not None and rec.fail_closed
+    finally:
+        late.cancel()
+        threading.Thread(target=unblock, daemon=True).start()  # lets the abandoned read end
