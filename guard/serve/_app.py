@@ -91,9 +91,10 @@ class _BodyLimit:
     """Refuse bodies over ``max_bytes`` with 413: from ``Content-Length`` before reading,
     and while reading (chunked bodies), so an oversize body is never held in memory."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, metrics: SidecarMetrics) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.metrics = metrics
 
     def _too_large(self, n: int | None) -> PayloadTooLarge:
         got = f"{n} bytes" if n is not None else f"more than {self.max_bytes} bytes"
@@ -113,8 +114,10 @@ class _BodyLimit:
                     n = int(value)
                 except ValueError:
                     n = -1
-                if n > self.max_bytes:
-                    await _error_response(self._too_large(n))(scope, receive, send)
+                if n > self.max_bytes:  # answered here: counted as the handler counts
+                    e = self._too_large(n)
+                    self.metrics.input_refused.labels(code=e.code).inc()
+                    await _error_response(e)(scope, receive, send)
                     return
         seen = 0
 
@@ -406,7 +409,7 @@ def create_app(
     ):
         app.include_router(r, dependencies=deps)
     _install_handlers(app, metrics)
-    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics)
     app.add_middleware(_UploadDeadline, timeout_s=settings.upload_timeout_s, metrics=metrics)
     app.add_middleware(_HttpMetrics, metrics=metrics)
     app.openapi = _openapi(app, settings)  # type: ignore[method-assign]

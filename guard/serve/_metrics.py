@@ -220,6 +220,16 @@ class _LogCollector:
         yield gauge(
             "spotstop_log_rows_journal", "Decisions waiting in the journal.", st.journal_rows
         )
+        yield gauge(
+            "spotstop_log_amendments_pending",
+            "Fail-closed amendments waiting in memory.",
+            st.pending_amendments,
+        )
+        yield gauge(
+            "spotstop_log_journal_fault",
+            "1 when the journal cannot be read or written.",
+            st.journal_fault is not None,
+        )
         yield counter(
             "spotstop_log_rows_spilled", "Decisions spilled to the journal.", st.spilled_rows
         )

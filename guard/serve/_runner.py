@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from spotstop.guard._call import MAX_DEADLINE_S
 from spotstop.guard._guard import DecisionNotLogged, Guard
 from spotstop.guard._record import Decision
 from spotstop.guard._types import BUDGET_HEADER, DUE_HEADER
@@ -179,6 +180,8 @@ class ModelRunner:
             left, whose = arrived + self.deadline_s - now, f"its deadline of {self.deadline_s:g} s"
         if caller_due is not None and (left is None or caller_due - now < left):
             left, whose = caller_due - now, f"the caller's budget ({BUDGET_HEADER}, {DUE_HEADER})"
+        if left is not None and left > MAX_DEADLINE_S:  # a due time far ahead: no tighter bound
+            left, whose = MAX_DEADLINE_S, f"the guard's longest deadline ({MAX_DEADLINE_S:g} s)"
         return left, whose
 
     def _run_check(

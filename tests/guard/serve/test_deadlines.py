@@ -649,3 +649,41 @@ def test_the_callers_budget_bounds_the_wait_in_the_queue(bundle: Path, tmp_path:
         assert "still queued" in b.json()["message"]
         assert tb < ta  # answered at its budget, before A's call (3 s) ended
         assert srv.guard.log.count() == 1  # B was never judged
+
+
+def test_a_due_time_beyond_the_longest_deadline_is_bounded_by_it(bundle: Path, tmp_path: Path):
+    """With no server deadline (--deadline 0), a due time more than an hour ahead was handed to
+    the guard as its deadline, which refuses anything over MAX_DEADLINE_S: a 500 for a valid
+    header. The guard's longest deadline bounds the call instead; its answer is a decision."""
+    from spotstop.guard._types import DUE_HEADER
+
+    settings = settings_for(bundle, tmp_path, deadline_s=None, warmup=False)
+    with live_server(settings) as srv, srv.client() as c:
+        for ahead in (7200.0, 1e9):
+            h = {DUE_HEADER: f"{time.time() + ahead:.3f}"}
+            r = c.post("/v1/check", **multipart(jpeg(1)), headers=h)
+            assert r.status_code == 200 and r.json()["label"] in ("SAFE", "UNSAFE"), r.text
+        assert srv.guard.log.count() == 2
+
+
+def test_a_body_refused_by_its_length_is_counted_as_a_chunked_one_is(
+    bundle: Path, tmp_path: Path
+):
+    """A 413 sent from the Content-Length header (before any byte is read) went uncounted in
+    spotstop_input_refused_total; the same body sent chunked was counted."""
+    import re
+
+    settings = settings_for(bundle, tmp_path, warmup=False, max_body_bytes=1024)
+    with live_server(settings) as srv, srv.client() as c:
+
+        def refused() -> float:
+            text = c.get("/metrics").text
+            m = re.search(r'^spotstop_input_refused_total\{code="body_too_large"\} (\S+)$', text,
+                          re.MULTILINE)  # fmt: skip
+            return 0.0 if m is None else float(m.group(1))
+
+        before = refused()
+        r = c.post("/v1/check", **multipart(jpeg(1)))  # its Content-Length is over the limit
+        assert r.status_code == 413
+        assert refused() == before + 1
+        assert srv.guard.log.count() == 0

@@ -348,3 +348,33 @@ def test_the_jetson_unit_and_container_serve_lines_parse() -> None:
         assert args.journal == Path("/var/lib/spotstop-journal/decisions.journal")
         assert args.log == Path("/var/lib/spotstop/decisions.sqlite")
     assert build_parser("serve").parse_args(serve).log_max_bytes == 2 << 30
+
+
+def test_every_metric_the_table_documents_is_exposed_and_the_journal_fault_shows(
+    bundle: Path, tmp_path: Path
+) -> None:
+    """The metrics table (guard/serve/_metrics.py) listed spotstop_log_amendments_pending and
+    spotstop_log_journal_fault, which /metrics never exposed: a journal that could take no
+    waiting decision (they then live in memory only) raised no alert."""
+    from spotstop.guard.serve import _metrics
+
+    documented = set(re.findall(r"^``(spotstop_\w+)``", _metrics.__doc__ or "", re.MULTILINE))
+    assert {"spotstop_log_journal_fault", "spotstop_log_amendments_pending"} <= documented
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    settings = settings_for(bundle, tmp_path, log_retry_s=0.2, journal=blocker / "journal")
+    with live_server(settings) as live, live.client() as c:
+        c.post("/v1/check", **multipart(jpeg(0)))
+        text = c.get("/metrics").text
+        exposed = set(re.findall(r"^# TYPE (spotstop_\w+) ", text, re.MULTILINE))
+        assert documented <= exposed, sorted(documented - exposed)
+        assert _metric(text, "spotstop_log_journal_fault") == 0  # nothing asked it yet
+        assert _metric(text, "spotstop_log_amendments_pending") == 0
+        _set_query_only(live.guard.log, True)  # the log refuses: decisions go to the journal
+        assert c.post("/v1/check", **multipart(jpeg(1))).status_code == 503
+        _wait_for(
+            "the journal fault on /metrics",
+            lambda: _metric(c.get("/metrics").text, "spotstop_log_journal_fault") == 1,
+            10.0,
+        )
+        _set_query_only(live.guard.log, False)
