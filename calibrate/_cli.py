@@ -58,7 +58,6 @@ def recalibrate_command(args: argparse.Namespace) -> int:
         guarantee=args.guarantee,
         refit_fusion=not args.keep_fusion,
         settings=_settings(args),
-        rng=args.seed,
     ).fit(data, current)
     cfg = rec.to_config()
     report: dict[str, Any] = {"summary": rec.summary()}
@@ -104,9 +103,17 @@ def _resolve(spec: str, bundle: Path | None) -> tuple[Path, str]:
     p = Path(spec)
     if bundle is not None and not p.is_file():
         if spec == "active":
+            from spotstop.calibrate._logdata import CalibrationError
             from spotstop.guard import load_bundle
 
-            return load_bundle(bundle, verify=False).policy_path, "active"
+            active = load_bundle(bundle, verify=False).policy_path
+            if not active.is_file():
+                raise CalibrationError(
+                    f"bundle {bundle} has no active policy ({active} does not exist); fit one "
+                    "with `spotstop policy init` or activate a version with `spotstop policy "
+                    "activate`."
+                )
+            return active, "active"
         v = resolve_policy_version(bundle, spec)
         return v.path, v.name
     if not p.is_file():
@@ -125,7 +132,15 @@ def _policy_init(args: argparse.Namespace) -> int:
 
     requests = list(args.request or [])
     if args.requests is not None:
-        requests += Path(args.requests).read_text(encoding="utf-8").splitlines()
+        from spotstop.calibrate._logdata import CalibrationError
+
+        try:
+            requests += Path(args.requests).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CalibrationError(
+                f"--requests {args.requests}: cannot read it ({e}); pass a UTF-8 text file "
+                "with one request per line."
+            ) from e
     scenes = pool_scenes(args.pool, requests)
     cfg = fit_pool_policy(
         args.bundle,
@@ -254,7 +269,6 @@ def add_recalibrate_parser(sub: Any) -> None:
     p.add_argument("--keep-fusion", action="store_true", help="keep the current fusion statistics")
     p.add_argument("--activate", action="store_true", help="make the new version active")
     p.add_argument("--dry-run", action="store_true", help="fit and report; write nothing")
-    p.add_argument("--seed", type=int, default=0, help="seed (the random cluster rule only)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=recalibrate_command)
 

@@ -42,6 +42,7 @@ from spotstop.calibrate._logdata import CalibrationError
 from spotstop.guard._files import NEW_FILE_MODE, atomic_write_bytes
 from spotstop.guard.policies import (
     PolicyConfig,
+    check_policy_fits,
     check_policy_matches,
     load_policy,
     policy_text,
@@ -129,9 +130,22 @@ def resolve_policy_version(bundle_dir: str | os.PathLike[str], version: str | in
     versions = list_policy_versions(bundle_dir)
     text = str(version).strip()
     m = re.fullmatch(r"v?(\d+)", text)
+    given = Path(text)
     for v in versions:
-        if (m and v.number == int(m.group(1))) or v.path.name == Path(text).name:
+        if m and v.number == int(m.group(1)):
             return v
+        # a file name alone, or a path to this very file; never another folder's namesake
+        if v.path.name == given.name and (
+            given.name == text or (given.exists() and given.resolve() == v.path.resolve())
+        ):
+            return v
+    if given.name != text and not m:
+        raise CalibrationError(
+            f"{text!r} is a path outside bundle {bundle_dir}'s policies/ folder; a version is "
+            "named by its number (2, v0002) or its file name there. To use that file, store it "
+            "as a version of this bundle first (spotstop.calibrate.write_policy_version(BUNDLE, "
+            "load_policy(FILE))), then activate the version it gets."
+        )
     have = ", ".join(v.name for v in versions) or "none"
     raise CalibrationError(
         f"bundle {bundle_dir} has no policy version {version!r}; it has: {have}. "
@@ -139,13 +153,14 @@ def resolve_policy_version(bundle_dir: str | os.PathLike[str], version: str | in
     )
 
 
-def _claim(pdir: Path, text: str, start: int) -> tuple[int, Path]:
-    """Write ``text`` as the first free ``policy-vNNNN.yaml`` from ``start``; never overwrite."""
+def _claim(pdir: Path, data: bytes, start: int) -> tuple[int, Path]:
+    """Write ``data`` as the first free ``policy-vNNNN.yaml`` from ``start``, byte for byte;
+    never overwrite."""
     pdir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=pdir, prefix=".policy.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fchmod(f.fileno(), NEW_FILE_MODE)  # readable as policy.yaml is (mkstemp: 0600)
             os.fsync(f.fileno())
@@ -159,8 +174,8 @@ def _claim(pdir: Path, text: str, start: int) -> tuple[int, Path]:
                 n += 1
             except OSError:  # no hard links on this filesystem: exclusive create
                 try:
-                    with open(target, "x", encoding="utf-8") as f:
-                        f.write(text)
+                    with open(target, "xb") as f:
+                        f.write(data)
                         f.flush()
                         os.fsync(f.fileno())
                     return n, target
@@ -190,7 +205,7 @@ def write_policy_version(bundle_dir: str | os.PathLike[str], cfg: PolicyConfig) 
     if active_path.is_file():
         sha = _sha(active_path)
         if sha not in known:  # archive the policy in force before anything else
-            n_old, _ = _claim(pdir, active_path.read_text(encoding="utf-8"), _next_number(pdir))
+            n_old, _ = _claim(pdir, active_path.read_bytes(), _next_number(pdir))
             previous = {"version": n_old, "sha256": sha}
         else:
             act = active_policy_version(bundle_dir)
@@ -200,7 +215,7 @@ def write_policy_version(bundle_dir: str | os.PathLike[str], cfg: PolicyConfig) 
         n = _next_number(pdir)
         fitted_on = {"version": n, "previous": previous, **dict(cfg.fitted_on)}
         text = policy_text(replace(cfg, fitted_on=fitted_on))
-        got, path = _claim(pdir, text, n)
+        got, path = _claim(pdir, text.encode("utf-8"), n)
         if got == n:
             break
         path.unlink()  # lost the race for n (the text names n): write again
@@ -220,5 +235,7 @@ def activate_policy_version(
     active_path, _, bundle = _bundle_paths(bundle_dir)
     cfg = load_policy(v.path)  # reads the file only: no live state is touched
     check_policy_matches(cfg, bundle.bundle_id, bundle.prompt_hash)
+    # as the guard will load it: relative paths from policy.yaml's folder
+    check_policy_fits(cfg, [m.name for m in bundle.members], active_path.parent)
     atomic_write_bytes(active_path, v.path.read_bytes())
     return replace(v, active=True)

@@ -3,7 +3,7 @@
 :func:`compute_card` returns a :class:`Card` (numbers only, no plotting); :func:`write_card`
 computes it and writes the three files (see :mod:`._render`).  The card holds
 
-* the verdict (:mod:`._verdict`): three to five sentences with a status each;
+* the verdict (:mod:`._verdict`): four sentences or more, each with a status;
 * what the guard delivered (:mod:`._delivered`, only from a decision log): the guard's own
   logged answers against the labels, overall (``delivered_balanced_accuracy``,
   ``delivered_hit_rate``, ``delivered_false_alarm_rate``) and per policy version

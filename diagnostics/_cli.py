@@ -23,7 +23,7 @@ __all__ = ["add_card_parser", "card_main", "run_card"]
 _SUMMARY = "write the per-deployment card (verdict, what the guard delivers, Spot-Stop, checks)"
 
 _DESCRIPTION = (
-    "Write a deployment card: a verdict of three to five sentences, what the guard delivered "
+    "Write a deployment card: a verdict of four sentences or more, what the guard delivered "
     "(its own logged answers against the reviewer labels, per policy version), the conformal "
     "audit of each deployed cut, the Spot-Stop decomposition with group-bootstrap intervals, prevalence, "
     "situation share, scene-blind readers and, with --cues, text in the scene."

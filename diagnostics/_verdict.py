@@ -1,4 +1,4 @@
-"""The card's verdict: four to six plain sentences, each with a status, read off the card.
+"""The card's verdict: four plain sentences or more, each with a status, read off the card.
 
 Topics, in order (each a rule below, each sentence with its numbers, intervals and what to do):
 

@@ -144,7 +144,7 @@ def add_world_parser(sub: Any) -> None:
             "  spotstop world --rules\n"
             "  spotstop world --out world/ --seed 3 --offsets 0.8\n"
             "  spotstop world --out signs/ --signs 0.6 --misleading 0.5 --file-cue 0.3\n"
-            "  spotstop score --member ./tiny-trained/tiny-qwen3_5 --scenes world/world.csv"
+            "  spotstop score --member ./tiny-trained/tiny-qwen3_5 world/world.csv --out scores.csv"
         ),
     )
     p.add_argument("--out", type=Path, help="folder to write (required unless --rules)")

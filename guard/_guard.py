@@ -60,6 +60,7 @@ from spotstop.guard.policies import (
     PolicyConfig,
     PolicyError,
     SituationPolicy,
+    check_policy_fits,
     check_policy_matches,
     load_policy,
 )
@@ -346,6 +347,7 @@ class Guard:
             )
         cfg = load_policy(path)
         check_policy_matches(cfg, self.bundle.bundle_id, self.bundle.prompt_hash)
+        check_policy_fits(cfg, [m.name for m in self.bundle.members], cfg.base_dir)
         return cfg
 
     def _activate(self, cfg: PolicyConfig) -> _Active:

@@ -429,6 +429,37 @@ def check_policy_matches(cfg: PolicyConfig, bundle_id: str, prompt_hash: str) ->
         )
 
 
+def check_policy_fits(cfg: PolicyConfig, members: Sequence[str], base_dir: Path | None) -> None:
+    """Raise :class:`PolicyMismatchError` unless the policy can decide on a bundle of these
+    ``members``: its fusion and its policy name only them, and its text lexicon exists (a
+    relative path read from ``base_dir``, the folder of the ``policy.yaml`` it is or will be).
+
+    One check for ``policy activate`` and the guard's load: a policy that names a member the
+    bundle lacks fails every scene closed, and would be found only by the robot."""
+    have = set(members)
+    wrong = []
+    unknown = [m for m in cfg.fusion.members if m not in have]
+    if unknown:
+        wrong.append(f"its fusion names member(s) {unknown}")
+    needed = [m for m in cfg.policy.members_needed() if m not in have]
+    if needed:
+        wrong.append(f"its policy needs member(s) {needed}")
+    lex = cfg.text_in_scene.lexicon
+    if lex is not None:
+        path = Path(lex)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if not path.is_file():
+            wrong.append(f"its text_in_scene.lexicon {str(path)!r} does not exist")
+    if wrong:  # members it lacks: made for another bundle; a missing file: a bad policy file
+        error = PolicyMismatchError if unknown or needed else PolicyError
+        raise error(
+            f"policy {cfg.version_id} cannot decide on this bundle (members "
+            f"{sorted(have)}): " + "; and ".join(wrong) + ". Every scene would fail closed. "
+            "Fix the policy file (or refit it for this bundle) and try again."
+        )
+
+
 def _check_created(x: Any, source: str) -> datetime:
     value = x
     if isinstance(x, str):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -28,6 +29,7 @@ from spotstop.guard.policies import (
     ConformalPolicy,
     PolicyError,
     SituationPolicy,
+    TextInScene,
     dump_policy,
     load_policy,
 )
@@ -438,3 +440,90 @@ def test_a_situation_seed_holds_what_entered_the_policy(tmp_path: Path):
         _data(bundle, tmp_path / "log.sqlite"), current
     )
     assert r.state_seed_.references("k") == (0.0, 5.0, 1.0)
+
+
+# ------------------------------------------------------------------ activation checks
+
+
+def test_activate_by_a_path_takes_that_file_or_refuses(setup, tmp_path: Path):
+    """`policy activate BUNDLE other/policies/policy-v0002.yaml` matched the file NAME and
+    activated this bundle's own v0002, another policy, and exited 0; a path that did not exist
+    did the same."""
+    bundle, _, _ = setup
+    mine = write_policy_version(bundle, frozen_policy(bundle, 1.0))
+    other = fake_bundle(tmp_path / "other")
+    dump_policy(frozen_policy(other, -5.0), other / "policy.yaml")
+    theirs = write_policy_version(other, frozen_policy(other, 3.0))
+    assert theirs.path.name == mine.path.name
+    before = (bundle / "policy.yaml").read_bytes()
+    for path in (theirs.path, tmp_path / "nowhere" / mine.path.name):
+        with pytest.raises(CalibrationError, match="path outside"):
+            activate_policy_version(bundle, str(path))
+        assert (bundle / "policy.yaml").read_bytes() == before
+    # its own file, by name or by path, is the version
+    assert activate_policy_version(bundle, mine.path.name).number == mine.number
+    assert activate_policy_version(bundle, str(mine.path)).number == mine.number
+
+
+def test_a_policy_the_bundle_cannot_run_is_refused_by_activate_and_by_the_guard(
+    setup, tmp_path: Path
+):
+    """A version whose fusion names a member the bundle lacks (a typo) or whose text lexicon
+    does not exist was activated (exit 0); the guard then failed every scene closed. Both
+    refuse it now, with one check, and policy.yaml stays."""
+    from spotstop.guard.policies import PolicyMismatchError, check_policy_fits
+
+    bundle, _, _ = setup
+    good = frozen_policy(bundle, 1.0)
+    members = list(good.fusion.members)
+    v = write_policy_version(bundle, good)
+    doc = yaml.safe_load(v.path.read_text())
+    typo = members[0] + "-typo"
+    fusion = doc["fusion"]
+    fusion["members"] = [typo if m == members[0] else m for m in fusion["members"]]
+    for key in ("stats", "weights"):
+        fusion[key][typo] = fusion[key].pop(members[0])
+    v.path.write_text(yaml.safe_dump(doc))  # yaml.safe_dump drops the seal's comment lines
+    before = (bundle / "policy.yaml").read_bytes()
+    with pytest.raises(PolicyMismatchError, match=f"fusion names member.*{typo}"):
+        activate_policy_version(bundle, v.number)
+    assert (bundle / "policy.yaml").read_bytes() == before
+    lex = write_policy_version(
+        bundle, dataclasses.replace(good, text_in_scene=TextInScene(lexicon="no-such.yaml"))
+    )
+    with pytest.raises(PolicyError, match=r"no-such\.yaml.*does not exist"):
+        activate_policy_version(bundle, lex.number)
+    assert (bundle / "policy.yaml").read_bytes() == before
+    (bundle / "no-such.yaml").write_text("x")  # exists where policy.yaml will read it from
+    check_policy_fits(load_policy(lex.path), members, bundle)
+    with pytest.raises(PolicyError, match="does not exist"):
+        check_policy_fits(load_policy(lex.path), members, lex.path.parent)
+
+
+def test_a_crlf_policy_yaml_is_archived_once_byte_for_byte(setup):
+    """policy.yaml with CRLF line ends was archived through read_text (CRLF became LF): the copy
+    never matched, so every write archived it again and no version showed as active."""
+    bundle, _, _ = setup
+    active = bundle / "policy.yaml"
+    active.write_bytes(active.read_bytes().replace(b"\n", b"\r\n"))
+    crlf = active.read_bytes()
+    for t in (1.0, 2.0, 3.0):
+        write_policy_version(bundle, frozen_policy(bundle, t))
+    vs = list_policy_versions(bundle)
+    copies = [v for v in vs if v.path.read_bytes() == crlf]
+    assert len(copies) == 1 and copies[0].active and len(vs) == 4
+
+
+def test_policy_commands_name_a_missing_file_instead_of_a_traceback(setup, tmp_path, capsys):
+    """`policy diff active v0001 --bundle B` on a bundle without policy.yaml, and
+    `policy init --requests nope.txt`, ended in a FileNotFoundError traceback."""
+    bundle, _, _ = setup
+    write_policy_version(bundle, frozen_policy(bundle, 1.0))
+    (bundle / "policy.yaml").unlink()
+    assert main(["policy", "diff", "active", "v0001", "--bundle", str(bundle)]) == 2
+    assert "has no active policy" in capsys.readouterr().err
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    missing = tmp_path / "nope.txt"
+    rc = main(["policy", "init", str(bundle), "--pool", str(pool), "--requests", str(missing)])
+    assert rc == 2 and "--requests" in capsys.readouterr().err

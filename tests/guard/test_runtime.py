@@ -1304,3 +1304,30 @@ def test_a_path_that_blocks_fails_its_scene_closed_within_the_deadline(
     finally:
         late.cancel()
         threading.Thread(target=unblock, daemon=True).start()  # lets the abandoned read end
+
+
+def test_a_policy_naming_a_member_the_bundle_lacks_is_refused_at_load_and_reload(
+    bundle_copy: Path, tmp_path: Path
+):
+    """A policy whose fusion named a member the bundle lacks loaded, and every scene then
+    failed closed ("member_scores has no scores for fusion member(s)"); a reload swapped it in.
+    It is refused where it is loaded (guard/policies check_policy_fits), the old one stays."""
+    from spotstop.guard.policies import PolicyMismatchError
+
+    doc = yaml.safe_load((bundle_copy / "policy.yaml").read_text())
+    first = doc["fusion"]["members"][0]
+    doc["fusion"]["members"][0] = first + "-typo"
+    for key in ("stats", "weights"):
+        if key in doc["fusion"]:
+            doc["fusion"][key][first + "-typo"] = doc["fusion"][key].pop(first)
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        before = g.policy_config.version_id
+        with pytest.raises(PolicyMismatchError, match="typo"):
+            g.reload_policy(bad)
+        assert g.policy_config.version_id == before
+        assert not g.check(make_scene(1)).fail_closed
+    (bundle_copy / "policy.yaml").write_text(bad.read_text())
+    with pytest.raises(PolicyMismatchError, match="typo"):
+        Guard(bundle_copy, log=tmp_path / "l2.sqlite")

@@ -666,9 +666,7 @@ def test_a_due_time_beyond_the_longest_deadline_is_bounded_by_it(bundle: Path, t
         assert srv.guard.log.count() == 2
 
 
-def test_a_body_refused_by_its_length_is_counted_as_a_chunked_one_is(
-    bundle: Path, tmp_path: Path
-):
+def test_a_body_refused_by_its_length_is_counted_as_a_chunked_one_is(bundle: Path, tmp_path: Path):
     """A 413 sent from the Content-Length header (before any byte is read) went uncounted in
     spotstop_input_refused_total; the same body sent chunked was counted."""
     import re
