@@ -5,8 +5,17 @@ guard's own replay (:func:`spotstop.guard.policies.replay`): fused scores are re
 the logged member scores with THAT policy's fusion (the logged fused score belongs to
 whatever fusion was active then), decisions are taken in log order, grouped into the batches
 the guard saw (the log's ``batch_id``; ``batch_size=N`` regroups consecutive decisions into
-batches of N instead), and a stateful policy starts from its fitted ``state_seed`` and
-carries its state from batch to batch, as a guard would. No live state file is read.
+batches of N instead), and a stateful policy carries its state from batch to batch, as a
+guard would. No live state file is read.
+
+Where a stateful policy starts (:func:`replay_start`): from the state the guard would have
+held BEFORE the first replayed decision. Its ``state_seed`` qualifies only when it holds no
+replayed or later decision: a seed ``recalibrate`` fitted on decisions that all precede the
+replayed ones, or one not fitted on logged decisions at all (``policy init``'s pool, a
+written-out seed). A seed fitted on the replayed decisions themselves (``recalibrate`` shows
+the effect of its new policy on the log it fitted it on) would let each decision's cut see its
+own and later scores, an in-sample number: the replay then starts from empty state, and the
+note says which start it used.
 
 The policy is run on every decision of the policy's bundle and prompt as the guard ran its
 own (:func:`~spotstop.guard.policies.entered_scores`: a scene that failed closed before the
@@ -24,10 +33,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from spotstop.calibrate._logdata import CalibrationError, CalibrationLog
+from spotstop.calibrate._logdata import CalibrationError, CalibrationLog, iso_time, parse_time
 from spotstop.guard.policies import PolicyConfig, batch_inputs, entered_scores, replay
 
-__all__ = ["Change", "PolicyDiff", "PredictedEffect", "diff_policies", "predict_effect"]
+__all__ = [
+    "Change",
+    "PolicyDiff",
+    "PredictedEffect",
+    "diff_policies",
+    "predict_effect",
+    "replay_start",
+]
 
 _PROVENANCE_KEYS = ("version", "window", "n", "frozen_t0")
 
@@ -60,6 +76,7 @@ class PredictedEffect:
     safe_flag_rate: float
     note: str
     flags: np.ndarray
+    start: str = ""
 
     def __str__(self) -> str:
         return (
@@ -78,6 +95,7 @@ class PredictedEffect:
             "n_safe": self.n_safe,
             "safe_flag_rate": _none(self.safe_flag_rate),
             "note": self.note,
+            "start": self.start or None,
         }
 
 
@@ -162,6 +180,73 @@ def _comparable(cfg: PolicyConfig) -> dict[str, Any]:
     return _flatten(keep)
 
 
+def _seed_decisions(fitted_on: Mapping[str, Any]) -> tuple[bool, Any]:
+    """``(from_log, [first, last])``: whether the provenance says the state seed was fitted on
+    logged decisions, and the times of the ones it holds (None where it does not say)."""
+    rec = fitted_on.get("state_seed")
+    if isinstance(rec, Mapping) and rec.get("decisions") is not None:
+        return True, rec["decisions"]
+    window = fitted_on.get("window")
+    if isinstance(window, Mapping):  # a recalibrated file from before the seed's own record
+        return True, window.get("decisions")
+    return isinstance(rec, Mapping), None
+
+
+def replay_start(cfg: PolicyConfig, data: CalibrationLog) -> tuple[Any, str, str]:
+    """The state a replay of ``cfg`` over ``data``'s decisions starts from: ``(state, start,
+    why)``, ``start`` ``"seed"`` or ``"empty"`` (``(None, "", "")`` for a stateless policy).
+
+    The guard's state before the first replayed decision: the ``state_seed`` when it holds
+    only decisions earlier than the first replayed one, or was not fitted on logged decisions
+    (a pool, a written-out seed); empty windows when it holds a replayed or later decision
+    (the seed ``recalibrate`` fits on the log it then replays), or when its provenance says
+    it came from a log without saying which decisions.
+    """
+    if not cfg.policy.stateful:
+        return None, "", ""
+    empty = cfg.policy.initial_state(None)
+    if cfg.state_seed is None:
+        return empty, "empty", "from empty state (the policy has no state seed)"
+    from_log, span = _seed_decisions(cfg.fitted_on)
+    if not from_log:
+        return (
+            cfg.initial_state(),
+            "seed",
+            "from its state seed (not fitted on logged decisions)",
+        )
+    try:
+        last = None if span is None else parse_time(span[1], "state_seed.decisions")
+    except (CalibrationError, IndexError, KeyError, TypeError):
+        last = None
+    if last is None:
+        return (
+            empty,
+            "empty",
+            "from empty state: its state seed was fitted on a log, but its provenance does not "
+            "say on which decisions, so it may hold the replayed ones",
+        )
+    t = data.time[np.isfinite(data.time)]
+    if t.size == 0:
+        return cfg.initial_state(), "seed", "from its state seed (no decision to replay)"
+    # compared at the provenance's precision: the same decision is never "earlier"
+    first = parse_time(iso_time(float(t.min())), "first decision")
+    assert first is not None
+    if last < first:
+        return (
+            cfg.initial_state(),
+            "seed",
+            f"from its state seed, fitted on decisions up to {span[1]}, before the first "
+            f"replayed one ({iso_time(float(t.min()))})",
+        )
+    return (
+        empty,
+        "empty",
+        f"from empty state, not its state seed: the seed holds decisions up to {span[1]}, "
+        f"not all before the first replayed one ({iso_time(float(t.min()))}), so each "
+        "decision's cut would already contain its own and later scores (an in-sample effect)",
+    )
+
+
 def _rate(x: np.ndarray) -> float:
     return float(x.mean()) if x.size else math.nan
 
@@ -211,10 +296,8 @@ def predict_effect(
     else:
         batches = None
         how = "each decision alone (the log holds no batch ids)"
-    start = "from its fitted state seed" if cfg.state_seed is not None else "from empty state"
-    note = f"{cfg.kind}: replayed in log order, {how}" + (
-        f", {start}" if cfg.policy.stateful else ""
-    )
+    state, start, why = replay_start(cfg, data)
+    note = f"{cfg.kind}: replayed in log order, {how}" + (f", {why}" if why else "")
     skipped = data.dropped.get("member_not_run", 0)
     if skipped:  # a cascade's log: only the scenes near its cut have every member's score
         note += (
@@ -223,7 +306,7 @@ def predict_effect(
             "these rates describe the scenes near the cut, not the log"
         )
     x = batch_inputs(cfg.fusion, members, sids, text)
-    labels = list(replay(cfg.policy, x, batch_ids=batches, state=cfg.initial_state()).labels)
+    labels = list(replay(cfg.policy, x, batch_ids=batches, state=state).labels)
     flags = np.array([lab == "UNSAFE" for lab in labels], dtype=bool).reshape(n_all)[use]
     y = data.label[use]
     return PredictedEffect(
@@ -235,6 +318,7 @@ def predict_effect(
         safe_flag_rate=_rate(flags[y == 0]),
         note=note,
         flags=flags,
+        start=start,
     )
 
 
@@ -265,5 +349,7 @@ def diff_policies(
                 f"{names[0]} is for another bundle or prompt ({a.bundle_id} / {a.prompt_hash}); "
                 "its effect on these decisions is not defined."
             )
-        notes.append(eb.note)
+        notes.append(eb.note if ea is None or ea.note == eb.note else f"{names[1]}: {eb.note}")
+        if ea is not None and ea.note != eb.note:
+            notes.append(f"{names[0]}: {ea.note}")
     return PolicyDiff(names[0], names[1], changes, ea, eb, n_changed, tuple(notes))

@@ -105,13 +105,14 @@ class CalibrationLog:
         t = self.time[self.usable]
         if t.size == 0:
             return None
-        return [_iso(float(t.min())), _iso(float(t.max()))]
+        return [iso_time(float(t.min())), iso_time(float(t.max()))]
 
     def __repr__(self) -> str:
         return f"CalibrationLog(bundle={self.bundle_id}, n={self.n}, {self.counts()}, dropped={self.dropped})"
 
 
-def _iso(t: float) -> str:
+def iso_time(t: float) -> str:
+    """Seconds since the epoch as ISO-8601 UTC (the form the provenance records times in)."""
     return _dt.datetime.fromtimestamp(t, tz=_dt.UTC).isoformat()
 
 
@@ -205,7 +206,7 @@ def read_calibration_log(
         dropped["members_missing_from_log"] = len(missing)
 
     def iso_or_none(x: float | None) -> str | None:
-        return None if x is None else _iso(x)
+        return None if x is None else iso_time(x)
 
     return CalibrationLog(
         decision_id=decision_id[keep],

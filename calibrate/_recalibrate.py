@@ -41,7 +41,7 @@ from typing import Any, Literal, Self
 import numpy as np
 from spotstop.calibrate._conformal import ConformalCalibrator
 from spotstop.calibrate._frozen import FrozenFit, fit_frozen
-from spotstop.calibrate._logdata import CalibrationError, CalibrationLog
+from spotstop.calibrate._logdata import CalibrationError, CalibrationLog, iso_time
 from spotstop.guard import Avg2Fusion
 from spotstop.guard.policies import (
     POLICY_KINDS,
@@ -197,6 +197,7 @@ class Recalibrator:
         self._policy: Policy = policy
         self._prior: dict[str, Any] | None = situation_prior_record(policy, ctx)
         self._seed: Any = None
+        self._seed_decisions: list[str] | None = None
         if policy.stateful:  # the windows hold what entered the policy, as the guard's do
             entered = np.isfinite(data.policy_score) & np.all(
                 [np.isfinite(data.member_scores[m]) for m in data.members], axis=0
@@ -209,6 +210,11 @@ class Recalibrator:
             )
             seed_ctx = ctx if same else context_on(entered, copy.deepcopy(gen), logged)
             self._seed = policy.seed_from_fit(seed_ctx)
+            # which decisions the seed holds: a replay of these decisions must not start from
+            # it (each would see its own and later scores; calibrate._diff.replay_start)
+            t = data.time[entered]
+            if t.size:
+                self._seed_decisions = [iso_time(float(t.min())), iso_time(float(t.max()))]
         return self
 
     # ------------------------------------------------------------------ learned state
@@ -312,7 +318,11 @@ class Recalibrator:
             "conformal": conf,
             "state_seed": None
             if seed is None
-            else {"n_scores": _seed_size(self.policy_.seed_to_dict(seed))},
+            else {
+                "n_scores": _seed_size(self.policy_.seed_to_dict(seed)),
+                # first and last decision time of the scores it holds (ISO-8601 UTC)
+                "decisions": self._fitted("_seed_decisions"),
+            },
         }
 
     def to_config(self, *, created: datetime | None = None) -> PolicyConfig:

@@ -1,0 +1,170 @@
+"""Where ``policy diff`` / ``recalibrate`` start a stateful policy's replay of the log.
+
+``recalibrate`` fits a situation policy's ``state_seed`` from the log (the last ``window``
+scores of each situation) and then showed the new policy's effect by replaying that same log
+FROM that seed: every decision's cut was a situation mean that already held its own score
+and the later ones. With strong situation offsets the operator read "miss rate 0.0% of 80"
+where the guard, starting from the state it would have held, misses 30%. The replay now
+starts from the state before the first replayed decision: empty windows when the seed holds
+a replayed decision, the seed when it was fitted only on earlier decisions.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+from spotstop.calibrate import Recalibrator, diff_policies, predict_effect
+from spotstop.calibrate._logdata import read_log_for_bundle
+from spotstop.guard._bundle import load_bundle
+from spotstop.guard._log import DecisionLog, DecisionRecord
+from spotstop.guard.policies import PolicyConfig, SituationPolicy, dump_policy
+
+from tests._support.calibration_logs import FIXED, T0, fake_bundle, frozen_policy
+
+N_SIT = 80
+PER = (0, 1, 0)  # three scenes per situation, one unsafe
+
+
+def _offset_log(path: Path, bundle: Path) -> None:
+    """Situations whose offsets (sd 2) dwarf the class gap (1.5): only a situation's own
+    mean separates its scenes, and a fresh situation has no mean yet."""
+    b = load_bundle(bundle, verify=False)
+    g = np.random.default_rng(0)
+    recs, labels, t = [], [], T0
+    for s in range(N_SIT):
+        off = g.normal(0, 2.0)
+        for j, y in enumerate(PER):
+            z = 1.5 * (y - 0.5) + off + g.normal(0, 0.3)
+            t += 60
+            did = f"d{s}-{j}"
+            recs.append(
+                DecisionRecord(
+                    time=t,
+                    decision_id=did,
+                    situation_id=f"s{s}",
+                    request="move the pot",
+                    member_scores={"a": z, "b": z},
+                    fused_score=0.0,
+                    policy_score=0.0,
+                    threshold=0.0,
+                    policy="frozen",
+                    label="UNSAFE",
+                    fail_closed=False,
+                    latency_ms={"total": 1.0},
+                    bundle_id=b.bundle_id,
+                    prompt_hash=b.prompt_hash,
+                )
+            )
+            labels.append((did, "unsafe" if y else "safe", None, "sim"))
+    with DecisionLog(path) as log:
+        log.append_many(recs)
+        log.set_labels(labels)
+
+
+def _setup(tmp_path: Path) -> Path:
+    bundle = fake_bundle(tmp_path / "bundle")
+    dump_policy(frozen_policy(bundle, 0.0), bundle / "policy.yaml")
+    _offset_log(tmp_path / "log.sqlite", bundle)
+    return bundle
+
+
+def _fit(bundle: Path, log: Path, **window: str) -> PolicyConfig:
+    data = read_log_for_bundle(log, load_bundle(bundle, verify=False), **window)  # type: ignore[arg-type]
+    current = frozen_policy(bundle, 0.0)
+    settings = {"prior_weight": 0.0, "min_refs": 3, "window": 8}
+    return Recalibrator("situation", settings=settings).fit(data, current).to_config(created=FIXED)
+
+
+def _decide_in_order(cfg: PolicyConfig, data, state) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The policy's own decide, one decision at a time in log order, threading its state."""
+    flags = []
+    for i in range(data.n):
+        scores = {m: data.member_scores[m][i : i + 1] for m in cfg.fusion.members}
+        d = cfg.decide(scores, [data.logged_situation_id[i]], state=state)
+        flags.append(d.verdicts[0].label == "UNSAFE")
+        state = d.state
+    return np.array(flags)[data.usable]
+
+
+def test_recalibrates_effect_is_not_replayed_from_the_seed_it_fitted_on_the_same_log(
+    tmp_path: Path,
+) -> None:
+    bundle = _setup(tmp_path)
+    log = tmp_path / "log.sqlite"
+    cfg = _fit(bundle, log)
+    assert isinstance(cfg.policy, SituationPolicy) and cfg.state_seed is not None
+    data = read_log_for_bundle(log, load_bundle(bundle, verify=False))
+    eff = predict_effect(cfg, data)
+    y = data.label[data.usable]
+    assert eff.n == 3 * N_SIT and int((y == 1).sum()) == N_SIT
+
+    # independent: the policy's own decide over the sequence from empty windows
+    empty = _decide_in_order(cfg, data, None)
+    assert np.array_equal(eff.flags, empty)
+    assert eff.miss_rate == float((~empty[y == 1]).mean())
+    # and by hand: 3 scenes a situation never reach min_refs 3 before the scene, so from
+    # empty windows every scene meets the fallback's frozen cut on the fitted fusion
+    st = cfg.fusion.stats
+    fused = np.mean([(data.member_scores[m] - st[m].median) / st[m].iqr for m in ("a", "b")], 0)
+    t0 = cfg.policy.fallback.threshold  # type: ignore[attr-defined]
+    by_hand = fused[data.usable] >= t0
+    assert np.array_equal(eff.flags, by_hand)
+    assert eff.miss_rate == float((~by_hand[y == 1]).mean()) > 0.2
+
+    # the in-sample number the old replay showed (from the seed fitted on these decisions)
+    in_sample = _decide_in_order(cfg, data, cfg.initial_state())
+    assert float((~in_sample[y == 1]).mean()) < 0.05 < eff.miss_rate
+
+    # the output says which start it used, and the seed records the decisions it holds
+    assert eff.start == "empty" and eff.to_dict()["start"] == "empty"
+    assert "from empty state, not its state seed" in eff.note
+    first, last = (datetime.fromtimestamp(float(t), UTC) for t in (data.time[0], data.time[-1]))
+    assert cfg.fitted_on["state_seed"]["decisions"] == [first.isoformat(), last.isoformat()]
+    diff = diff_policies(frozen_policy(bundle, 0.0), cfg, data, names=("active", "new"))
+    assert "new: situation: replayed in log order" in str(diff)
+    assert "from empty state, not its state seed" in str(diff)
+    assert diff.effect_b is not None and diff.effect_b.miss_rate == eff.miss_rate
+
+
+def test_a_seed_fitted_on_earlier_decisions_starts_the_replay(tmp_path: Path) -> None:
+    """A seed fitted only on decisions before the replayed ones is the state the guard had
+    when it started on them: the replay starts from it (and from empty windows on a window
+    that overlaps the seed's decisions)."""
+    from spotstop.calibrate._diff import replay_start
+    from spotstop.calibrate._logdata import iso_time
+
+    bundle = _setup(tmp_path)
+    log = tmp_path / "log.sqlite"
+    mid = iso_time(T0 + 60 * 3 * (N_SIT // 2) + 30)  # between situation 39 and 40
+    cfg = _fit(bundle, log, until=mid)
+    later = read_log_for_bundle(log, load_bundle(bundle, verify=False), since=mid)
+    state, start, why = replay_start(cfg, later)
+    assert start == "seed" and "before the first replayed one" in why
+    assert state == cfg.initial_state()
+    eff = predict_effect(cfg, later)
+    assert eff.start == "seed"
+    assert np.array_equal(eff.flags, _decide_in_order(cfg, later, cfg.initial_state()))
+
+    everything = read_log_for_bundle(log, load_bundle(bundle, verify=False))
+    assert replay_start(cfg, everything)[1] == "empty"
+
+
+def test_a_seed_not_fitted_on_logged_decisions_starts_the_replay(tmp_path: Path) -> None:
+    """``policy init``'s pool seed (or a written-out one) is what the guard starts from."""
+    from dataclasses import replace
+
+    from spotstop.calibrate._diff import replay_start
+
+    bundle = _setup(tmp_path)
+    log = tmp_path / "log.sqlite"
+    cfg = _fit(bundle, log)
+    pool = replace(cfg, fitted_on={"what": "unlabelled pool (frozen reference statistics)"})
+    data = read_log_for_bundle(log, load_bundle(bundle, verify=False))
+    eff = predict_effect(pool, data)
+    assert eff.start == "seed" and "not fitted on logged decisions" in eff.note
+    assert np.array_equal(eff.flags, _decide_in_order(pool, data, pool.initial_state()))
+    # a recalibrated file that says it came from a log but not from which decisions: empty
+    vague = replace(cfg, fitted_on={"state_seed": {"n_scores": 3}})
+    assert replay_start(vague, data)[1] == "empty"
