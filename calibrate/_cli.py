@@ -141,7 +141,16 @@ def _policy_init(args: argparse.Namespace) -> int:
                 f"--requests {args.requests}: cannot read it ({e}); pass a UTF-8 text file "
                 "with one request per line."
             ) from e
-    scenes = pool_scenes(args.pool, requests)
+    from spotstop.guard._image import DEFAULT_MIN_SIDE
+
+    min_side = DEFAULT_MIN_SIDE if args.min_image_side is None else args.min_image_side
+    if min_side < 1:
+        from spotstop.calibrate._logdata import CalibrationError
+
+        raise CalibrationError(
+            f"--min-image-side must be a positive number of pixels; got {min_side}."
+        )
+    scenes = pool_scenes(args.pool, requests, min_side=min_side)
     cfg = fit_pool_policy(
         args.bundle,
         scenes,
@@ -149,6 +158,7 @@ def _policy_init(args: argparse.Namespace) -> int:
         settings=_settings(args),
         device=args.device,
         progress=True,
+        min_side=min_side,
     )
     from spotstop.guard import load_bundle
 
@@ -372,6 +382,13 @@ def add_policy_parser(sub: Any) -> None:
     )
     _add_kind_settings(i)
     i.add_argument("--device", default="cpu", help="device for the members' backend")
+    i.add_argument(
+        "--min-image-side",
+        type=int,
+        default=None,
+        help="the guard's min_image_side: a pool frame smaller than this is refused, as the "
+        "guard refuses it (default 32)",
+    )
     i.add_argument("--activate", action="store_true", help="make it the active policy.yaml")
     ls = ps.add_parser("list", help="the stored versions (* = active)")
     ls.add_argument("bundle", type=Path, help="bundle folder")

@@ -5,6 +5,13 @@ decision log that ``recalibrate`` needs cannot exist yet. This closes that loop:
 unlabelled pool of the deployment's own camera frames (no labels needed) with the bundle's
 members, fit the frozen reference statistics (median/IQR per member) and the frozen cut t₀
 (seed 000, Supp. Algorithm 1), and write the result as a policy version.
+
+The pool is the frames the guard would score: each is checked with the guard's own image check
+(:func:`~spotstop.guard.decode_image` with the guard's ``min_image_side``) before anything is
+scored, and a pool that holds a frame the guard refuses (a thumbnail, a corrupt file) is
+refused, naming every such file: fitted on frames the guard never scores, the reference
+statistics would set the scale on other inputs. Files in hidden folders (``.thumbnails``) or
+hidden themselves (``._frame.jpg``) are not frames of the pool.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ import numpy as np
 from spotstop.calibrate._frozen import fit_frozen
 from spotstop.calibrate._logdata import CalibrationError
 from spotstop.calibrate._recalibrate import check_kind_settings, situation_prior_record
-from spotstop.guard import Scene, load_bundle, load_bundle_member
+from spotstop.guard import DecodedImage, ImageRefused, Scene, load_bundle, load_bundle_member
+from spotstop.guard._image import DEFAULT_MIN_SIDE, check_min_side, decode_image
 from spotstop.guard.policies import (
     PolicyConfig,
     PolicyError,
@@ -30,19 +38,63 @@ from spotstop.guard.policies import (
     policy_kinds,
 )
 
-__all__ = ["IMAGE_SUFFIXES", "fit_pool_policy", "pool_scenes"]
+__all__ = ["IMAGE_SUFFIXES", "check_pool_images", "fit_pool_policy", "pool_scenes"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 
 
+#: how many refused files a message names one by one (the rest are counted)
+_NAMED = 20
+
+
+def check_pool_images(scenes: Sequence[Scene], *, min_side: int = DEFAULT_MIN_SIDE) -> None:
+    """Refuse a pool that holds an image the guard refuses (its own check: decode, format,
+    size limits, ``min_side``), naming each such file and why; nothing is scored before."""
+    bad: list[str] = []
+    for i, s in enumerate(scenes):
+        img = s.image
+        try:
+            if img is None:
+                raise ImageRefused("the scene has no image", kind="empty")
+            if isinstance(img, DecodedImage):
+                check_min_side(img.width, img.height, min_side)
+            else:
+                decode_image(img, min_side=min_side)
+        except ImageRefused as e:
+            name = os.fspath(img) if isinstance(img, str | os.PathLike) else f"scene {i}"
+            bad.append(f"{name}: {e}")
+    if bad:
+        shown = "\n  ".join(bad[:_NAMED])
+        more = f"\n  ... and {len(bad) - _NAMED} more" if len(bad) > _NAMED else ""
+        raise CalibrationError(
+            f"{len(bad)} of the {len(scenes)} pool images would be refused by the guard "
+            f"(min_image_side {min_side}); a pool must be frames the guard scores. Remove or "
+            f"replace them:\n  {shown}{more}"
+        )
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
 def pool_scenes(
-    images: str | os.PathLike[str], requests: Sequence[str], *, min_n: int = 8
+    images: str | os.PathLike[str],
+    requests: Sequence[str],
+    *,
+    min_n: int = 8,
+    min_side: int = DEFAULT_MIN_SIDE,
 ) -> list[Scene]:
-    """Scenes from every image under ``images`` (sorted), requests assigned in turn."""
+    """Scenes from every image under ``images`` (sorted; hidden files and folders left out),
+    requests assigned in turn; every image checked as the guard checks it
+    (:func:`check_pool_images`, ``min_side`` the guard's ``min_image_side``)."""
     root = Path(images)
     if not root.is_dir():
         raise CalibrationError(f"pool folder {root} does not exist or is not a folder.")
-    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    files = sorted(
+        p
+        for p in root.rglob("*")
+        if p.suffix.lower() in IMAGE_SUFFIXES and not _hidden(p, root) and p.is_file()
+    )
     if len(files) < min_n:
         raise CalibrationError(
             f"the pool {root} holds {len(files)} JPEG/PNG/WebP images; at least {min_n} are "
@@ -51,7 +103,9 @@ def pool_scenes(
     reqs = [r for r in (x.strip() for x in requests) if r]
     if not reqs:
         raise CalibrationError("no request text for the pool; pass --request or --requests FILE.")
-    return [Scene(f, reqs[i % len(reqs)]) for i, f in enumerate(files)]
+    scenes = [Scene(f, reqs[i % len(reqs)]) for i, f in enumerate(files)]
+    check_pool_images(scenes, min_side=min_side)
+    return scenes
 
 
 def fit_pool_policy(
@@ -62,6 +116,7 @@ def fit_pool_policy(
     settings: Mapping[str, Any] | None = None,
     device: str = "cpu",
     progress: bool = False,
+    min_side: int = DEFAULT_MIN_SIDE,
 ) -> PolicyConfig:
     """Score ``scenes`` with the bundle's members and fit a label-free policy on them.
 
@@ -71,7 +126,8 @@ def fit_pool_policy(
     ``weights``, ``member``); absent ones take the kind's defaults.
     ``text_in_scene`` is the policy in force's (an operator's setting, not fitted).
     Scenes that fail to decode or score are an error (the pool must be clean: it sets the
-    scale every later scene is judged on).
+    scale every later scene is judged on): an image the guard would refuse (``min_side``: the
+    guard's ``min_image_side``) is refused before anything is scored, naming its file.
     """
     allowed = policy_kinds(label_free=True)
     if kind not in allowed:
@@ -88,6 +144,7 @@ def fit_pool_policy(
             f"({', '.join(k for k in ('frozen', 'situation') if k in allowed)})."
         )
     check_kind_settings(settings)  # before the pool is scored
+    check_pool_images(scenes, min_side=min_side)  # each bad frame named, before scoring
     cls = policy_class(kind)
     bundle = load_bundle(bundle_dir)
     in_scene = _text_in_scene_in_force(bundle.policy_path)  # before the pool is scored

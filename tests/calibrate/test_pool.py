@@ -150,3 +150,58 @@ def test_fit_frozen_is_the_guards_frozen_rule() -> None:
     with pytest.raises(ConfigError, match=r"the unlabelled pool has 3 scenes; at least 8 are"):
         fit_frozen({m: x[:3] for m, x in pool.items()})
     assert fit_frozen({m: x[:3] for m, x in pool.items()}, min_n=3).n == 3
+
+
+def _png(width: int, height: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (90, 120, 150)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_a_pool_frame_the_guard_refuses_is_refused_by_name(
+    bare_bundle: Path, pool_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 4x4 thumbnail (under the guard's min_image_side 32) went into the pool's median/IQR
+    and t0: the policy was fitted on a frame the guard never scores. A corrupt frame aborted
+    `policy init` with an ImageRefused that named no file. Both are refused before anything
+    is scored, each file named."""
+    tiny = pool_dir / "zz_tiny.png"
+    tiny.write_bytes(_png(4, 4))
+    broken = pool_dir / "zz_broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg at all")
+    with pytest.raises(CalibrationError) as err:
+        pool_scenes(pool_dir, ["open the door"])
+    msg = str(err.value)
+    assert "2 of the 12 pool images" in msg
+    assert f"{tiny}: image is 4x4 pixels" in msg and f"{broken}: " in msg
+    # the guard's own limit: a lower min_image_side keeps the thumbnail (the broken one stays out)
+    broken.unlink()
+    assert len(pool_scenes(pool_dir, ["open the door"], min_side=4)) == 11
+    # the API refuses too, before any member is loaded or scored
+    scenes = [Scene(p, "open the door") for p in sorted(pool_dir.iterdir())]
+    with pytest.raises(CalibrationError, match=r"zz_tiny\.png: image is 4x4"):
+        fit_pool_policy(tmp_path / "no-bundle-here", scenes)
+    # the command says which file, and writes nothing
+    init = ["policy", "init", str(bare_bundle), "--pool", str(pool_dir), "--request", "x"]
+    rc = main(init)
+    assert rc != 0 and "zz_tiny.png" in capsys.readouterr().err
+    assert not (bare_bundle / "policy.yaml").exists()
+    assert main([*init, "--min-image-side", "4"]) == 0
+
+
+def test_the_pool_leaves_out_hidden_folders_and_files(pool_dir: Path) -> None:
+    """`rglob` picked up a viewer's `.thumbnails/` and macOS `._frame.jpg` files as frames."""
+    (pool_dir / ".thumbnails").mkdir()
+    (pool_dir / ".thumbnails" / "frame000.png").write_bytes(_png(64, 64))
+    (pool_dir / "._frame000.jpg").write_bytes(_png(64, 64))
+    (pool_dir / "day2").mkdir()
+    (pool_dir / "day2" / "frame100.png").write_bytes(_png(64, 64))
+    got = [
+        Path(str(s.image)).relative_to(pool_dir).as_posix() for s in pool_scenes(pool_dir, ["x"])
+    ]
+    assert len(got) == 11 and "day2/frame100.png" in got
+    assert not any(part.startswith(".") for g in got for part in Path(g).parts)
