@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -55,6 +56,29 @@ def fake_bundle(
     return root
 
 
+def usable_record(
+    b: Any, t: float, did: str, situation: str, scores: dict[str, float]
+) -> DecisionRecord:
+    """A logged decision of bundle ``b`` that a refit uses: scored, entered its policy (a finite
+    ``policy_score``), not failed closed."""
+    return DecisionRecord(
+        time=t,
+        decision_id=did,
+        situation_id=situation,
+        request="move the pot",
+        member_scores=scores,
+        fused_score=0.0,
+        policy_score=0.0,
+        threshold=0.0,
+        policy="frozen",
+        label="UNSAFE",
+        fail_closed=False,
+        latency_ms={"total": 1.0},
+        bundle_id=b.bundle_id,
+        prompt_hash=b.prompt_hash,
+    )
+
+
 def simulate_decisions(
     path: Path,
     bundle: Path,
@@ -81,24 +105,8 @@ def simulate_decisions(
             z = 1.5 * (y - 0.5) + off + gen.normal(0, 0.8)
             did = f"d{s:03d}-{j}"
             t += 60.0
-            recs.append(
-                DecisionRecord(
-                    time=t,
-                    decision_id=did,
-                    situation_id=f"s{s:03d}",
-                    request="move the pot",
-                    member_scores={"a": 2.0 * z + 1.0, "b": 0.5 * z - 2.0 + gen.normal(0, 0.2)},
-                    fused_score=0.0,
-                    policy_score=0.0,  # entered the policy (finite), as every usable row did
-                    threshold=0.0,
-                    policy="frozen",
-                    label="UNSAFE",
-                    fail_closed=False,
-                    latency_ms={"total": 1.0},
-                    bundle_id=b.bundle_id,
-                    prompt_hash=b.prompt_hash,
-                )
-            )
+            scores = {"a": 2.0 * z + 1.0, "b": 0.5 * z - 2.0 + gen.normal(0, 0.2)}
+            recs.append(usable_record(b, t, did, f"s{s:03d}", scores))
             truth[did] = y
             labels.append((did, "unsafe" if y else "safe", f"c{s:03d}", "sim"))
     # noise the fit must ignore: a fail-closed decision, a NaN member, another bundle

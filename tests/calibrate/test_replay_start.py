@@ -18,10 +18,16 @@ import numpy as np
 from spotstop.calibrate import Recalibrator, diff_policies, predict_effect
 from spotstop.calibrate._logdata import read_log_for_bundle
 from spotstop.guard._bundle import load_bundle
-from spotstop.guard._log import DecisionLog, DecisionRecord
+from spotstop.guard._log import DecisionLog
 from spotstop.guard.policies import PolicyConfig, SituationPolicy, dump_policy
 
-from tests._support.calibration_logs import FIXED, T0, fake_bundle, frozen_policy
+from tests._support.calibration_logs import (
+    FIXED,
+    T0,
+    fake_bundle,
+    frozen_policy,
+    usable_record,
+)
 
 N_SIT = 80
 PER = (0, 1, 0)  # three scenes per situation, one unsafe
@@ -39,24 +45,7 @@ def _offset_log(path: Path, bundle: Path) -> None:
             z = 1.5 * (y - 0.5) + off + g.normal(0, 0.3)
             t += 60
             did = f"d{s}-{j}"
-            recs.append(
-                DecisionRecord(
-                    time=t,
-                    decision_id=did,
-                    situation_id=f"s{s}",
-                    request="move the pot",
-                    member_scores={"a": z, "b": z},
-                    fused_score=0.0,
-                    policy_score=0.0,
-                    threshold=0.0,
-                    policy="frozen",
-                    label="UNSAFE",
-                    fail_closed=False,
-                    latency_ms={"total": 1.0},
-                    bundle_id=b.bundle_id,
-                    prompt_hash=b.prompt_hash,
-                )
-            )
+            recs.append(usable_record(b, t, did, f"s{s}", {"a": z, "b": z}))
             labels.append((did, "unsafe" if y else "safe", None, "sim"))
     with DecisionLog(path) as log:
         log.append_many(recs)
