@@ -49,8 +49,10 @@ def add_tiny_parser(sub: Any) -> None:
             "numbers: its scores and decisions mean nothing (same seed → byte-identical "
             "files). With --trained it is the pair taught the toy world's rule (`spotstop "
             "world --rules`): the committed weights, checked against their sha256, or with "
-            "--retrain the same training run again here (11 to 16 minutes on 2 cores). Its "
-            "scores carry a signal in that toy world only."
+            "--retrain the same training run again here (11 to 16 minutes on 2 cores, on "
+            "two threads), then compared with the committed weights: the same sha256, or how "
+            "far apart their scores are (another CPU or library version trains another "
+            "pair). Its scores carry a signal in that toy world only."
         ),
     )
     p.add_argument(
@@ -82,9 +84,14 @@ def run_tiny(args: argparse.Namespace) -> int:
         print("spotstop tiny: --retrain needs --trained.", file=sys.stderr)
         return 2
     if args.trained:
-        from spotstop.export.train import build_trained_pair, default_trained_dir, version_drift
+        from spotstop.export.train import (
+            build_trained_pair,
+            compare_with_committed,
+            default_trained_dir,
+            environment_drift,
+        )
 
-        drift = version_drift() if args.retrain else ()
+        drift = environment_drift() if args.retrain else ()
         if drift:
             print(
                 "spotstop tiny: warning: retraining with "
@@ -101,6 +108,8 @@ def run_tiny(args: argparse.Namespace) -> int:
             print(f"{m}  (model.safetensors sha256 {weights[:16]}…)")
         for run in trained.runs:
             print(run)
+        for rep in compare_with_committed(trained) if args.retrain else ():
+            print(rep)
         print(
             "TEST PAIR trained on a toy world: its scores carry a signal in that world only "
             "(`spotstop world --rules`), never about real safety."

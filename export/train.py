@@ -39,7 +39,7 @@ to resemble the paper's pair in the ways that matter (seed 000, Supp. E.2; seed 
 
 Training is deterministic on one machine for a seed and the library versions (torch's CPU
 kernels in one thread order). Another version rounds the early Adam steps differently and gives
-another pair, not only other last bits: :func:`version_drift` names the libraries that differ
+another pair, not only other last bits: :func:`environment_drift` names the libraries that differ
 from the record, and ``spotstop tiny --trained --retrain`` warns of them. ``tiny-qwen3_5``
 trains at a peak learning rate of 1e-3: at 3e-3 whether it learned depended on such rounding
 (held-out accuracy 0.918 with transformers 5.24.0, 0.723 with 5.25.0, the same seed).
@@ -53,7 +53,8 @@ import hashlib
 import json
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,21 +67,25 @@ __all__ = [
     "SIGN_REGIMES",
     "TRAINED_DIR",
     "TRAINING",
+    "TRAINING_THREADS",
     "Lean",
     "MemberTraining",
+    "Reproduction",
     "TrainedPair",
     "TrainedWeightsError",
     "TrainingRun",
     "build_trained_pair",
+    "compare_with_committed",
     "default_trained_dir",
+    "environment_drift",
     "fit_lean",
     "pretrain_reading",
     "reading_world",
     "short_run_scores",
     "train_member",
     "trained_pair_ready",
+    "training_threads",
     "training_world",
-    "version_drift",
     "write_committed",
 ]
 
@@ -143,6 +148,10 @@ class MemberTraining:
                 "its sign."
             )
 
+
+#: torch's thread count for training (:func:`training_threads`): the committed weights were
+#: trained on two cores, so two threads reproduce them on a machine with any number of cores
+TRAINING_THREADS = 2
 
 #: the trained pair's recipe
 TRAINING: tuple[MemberTraining, ...] = (
@@ -484,13 +493,36 @@ def train_member(
     seed: int = 0,
     steps: int | None = None,
     progress: bool = False,
-    log: Callable[[str], None] | None = None,
 ) -> TrainingRun:
-    """Train the member in ``folder`` in place (its ``model.safetensors`` is rewritten)."""
+    """Train the member in ``folder`` in place (its ``model.safetensors`` is rewritten), on
+    :data:`TRAINING_THREADS` threads whatever the machine's core count."""
+    with training_threads():
+        return _train_member(folder, recipe, seed=seed, steps=steps, progress=progress)
+
+
+@contextmanager
+def training_threads() -> Iterator[None]:
+    """Run torch on :data:`TRAINING_THREADS` threads within, then restore the caller's count.
+
+    How a CPU kernel splits a product between threads decides the order of its sums, so the
+    count is part of what a training run reproduces: with torch's default (one thread per
+    core) the same seed trained other weights on a machine with another number of cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(TRAINING_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train_member(
+    folder: Path, recipe: MemberTraining, *, seed: int, steps: int | None, progress: bool
+) -> TrainingRun:
     import torch
     from spotstop.guard import load_member
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     member = load_member(folder, image_size=(TRAINED_IMAGE_SIZE, TRAINED_IMAGE_SIZE))
     backend = member.backend
     model = backend.model
@@ -629,12 +661,13 @@ def trained_pair_ready(root: str | Path) -> bool:
     return True
 
 
-def version_drift() -> tuple[str, ...]:
-    """The libraries whose installed version differs from the one ``trained.json`` records
-    (``"transformers 5.25.0 (the committed weights: 5.24.0)"``); empty when all match or
-    nothing is recorded.
+def environment_drift() -> tuple[str, ...]:
+    """What differs here from where the committed weights were trained, as ``trained.json``
+    records it: each library version (``"transformers 5.25.0 (the committed weights:
+    5.24.0)"``), the CPU model and the instruction set torch's kernels dispatch to; empty when
+    all match or nothing is recorded.
 
-    Retraining reproduces the committed weights only at the recorded versions: a different
+    Retraining reproduces the committed weights only in the recorded environment: a different
     kernel rounds the early Adam steps differently, and over a thousand steps that grows into
     a different pair, not only different last bits (docs/world.md).
     """
@@ -642,19 +675,98 @@ def version_drift() -> tuple[str, ...]:
         manifest = _manifest()
     except TrainedWeightsError:
         return ()
+    have: dict[str, str] = dict(_library_versions())
+    had: dict[str, str] = {lib: manifest[lib] for lib in have if lib in manifest}
+    if isinstance(manifest.get("machine"), dict):
+        here = _machine()
+        labels = {"cpu": "CPU", "capability": "torch's CPU kernels"}
+        for key, label in labels.items():
+            if key in manifest["machine"]:
+                have[label], had[label] = str(here[key]), str(manifest["machine"][key])
     return tuple(
-        f"{lib} {have} (the committed weights: {manifest[lib]})"
-        for lib, have in _library_versions().items()
-        if lib in manifest and manifest[lib] != have
+        f"{what} {now} (the committed weights: {had[what]})"
+        for what, now in have.items()
+        if what in had and had[what] != now
     )
 
 
 def _library_versions() -> dict[str, str]:
-    """The versions ``trained.json`` records and :func:`version_drift` compares."""
+    """The versions ``trained.json`` records and :func:`environment_drift` compares."""
     import torch
     import transformers
 
     return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def _machine() -> dict[str, Any]:
+    """The CPU a training ran on, as ``trained.json`` records it: its model name, the
+    instruction set torch's kernels dispatched to, and :data:`TRAINING_THREADS`."""
+    import platform
+
+    import torch
+
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": name,
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": TRAINING_THREADS,
+    }
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """How a retrained member compares with the committed one (:func:`compare_with_committed`).
+
+    same_weights: its ``model.safetensors`` has the committed sha256; max_score_diff: the
+    largest |score − committed score| in nats over ``scenes`` held-out world scenes.
+    """
+
+    member: str
+    same_weights: bool
+    max_score_diff: float
+    scenes: int
+
+    def __str__(self) -> str:
+        if self.same_weights:
+            return f"{self.member}: reproduces the committed weights (same sha256)"
+        return (
+            f"{self.member}: differs from the committed weights: scores up to "
+            f"{self.max_score_diff:.3g} nats apart on {self.scenes} held-out scenes"
+        )
+
+
+#: the held-out scenes a retrained pair is compared on (seed 99, as the short run's)
+_COMPARE_WORLD = WorldOptions(rooms=4, contrasts_per_room=4, test_share=1.0)
+
+
+def compare_with_committed(pair: TrainedPair) -> tuple[Reproduction, ...]:
+    """Compare a retrained ``pair`` with the committed weights: sha256, and scores on
+    held-out world scenes. A pair trained from another seed than the committed one's is not
+    compared (empty)."""
+    import tempfile
+
+    from spotstop.export.world import case_scene
+    from spotstop.guard import load_member
+
+    if int(_manifest()["seed"]) != pair.seed:
+        return ()
+    scenes = [case_scene(c, _COMPARE_WORLD) for c in world_cases(99, _COMPARE_WORLD)]
+    out = []
+    with tempfile.TemporaryDirectory(prefix="spotstop-committed-") as tmp:
+        committed = build_trained_pair(tmp, seed=pair.seed)
+        for mine, theirs in zip(pair.members, committed.members, strict=True):
+            same = _sha256(mine / "model.safetensors") == _sha256(theirs / "model.safetensors")
+            a = np.array([s.score for s in load_member(mine).score(scenes)])
+            b = np.array([s.score for s in load_member(theirs).score(scenes)])
+            out.append(Reproduction(mine.name, same, float(np.max(np.abs(a - b))), len(scenes)))
+    return tuple(out)
 
 
 def build_trained_pair(
@@ -755,6 +867,7 @@ def write_committed(pair: TrainedPair, *, short_run: Mapping[str, list[float]]) 
         "what": "the tiny pair trained on the toy world by spotstop.export.train (TEST pair)",
         "seed": pair.seed,
         **_library_versions(),
+        "machine": _machine(),
         "image_size": TRAINED_IMAGE_SIZE,
         "members": entries,
         "short_run": {"steps": SHORT_RUN_STEPS, "scores": dict(short_run)},

@@ -7,6 +7,7 @@ rooms, layouts and lighting are new); the figures with intervals are in bench/RE
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from dataclasses import replace
@@ -18,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
+from spotstop.export import train as T  # noqa: E402
 from spotstop.export.train import (  # noqa: E402
     TRAINED_DIR,
     TRAINING,
@@ -263,20 +265,48 @@ def test_cli_writes_the_trained_pair_and_says_what_it_is(tmp_path: Path, capsys)
     assert "--retrain needs --trained" in capsys.readouterr().err
 
 
-def test_version_drift_names_each_library_that_differs_from_the_record(monkeypatch) -> None:
+def test_environment_drift_names_each_library_and_the_cpu_that_differ(monkeypatch) -> None:
     import transformers
     from spotstop.export import train as T
 
     manifest = json.loads((TRAINED_DIR / "trained.json").read_text())
     monkeypatch.setattr(torch, "__version__", manifest["torch"])
     monkeypatch.setattr(transformers, "__version__", manifest["transformers"])
-    assert T.version_drift() == ()
+    here = T._machine()
+    monkeypatch.setattr(T, "_manifest", lambda: {**manifest, "machine": dict(here)})
+    assert T.environment_drift() == ()
     monkeypatch.setattr(transformers, "__version__", "9.9.9")
-    assert T.version_drift() == (
+    assert T.environment_drift() == (
         f"transformers 9.9.9 (the committed weights: {manifest['transformers']})",
     )
+    elsewhere = {**here, "cpu": "Other CPU 9000", "capability": "NO_AVX"}
+    monkeypatch.setattr(T, "_manifest", lambda: {**manifest, "machine": elsewhere})
+    assert T.environment_drift()[1:] == (
+        f"CPU {here['cpu']} (the committed weights: Other CPU 9000)",
+        f"torch's CPU kernels {here['capability']} (the committed weights: NO_AVX)",
+    )
     monkeypatch.setattr(T, "_manifest", lambda: {"seed": 0})  # nothing recorded: no claim
-    assert T.version_drift() == ()
+    assert T.environment_drift() == ()
+
+
+def test_a_retrained_pair_is_compared_with_the_committed_weights(tmp_path: Path) -> None:
+    """A retrain says whether it wrote the committed weights again and, if not, how far apart
+    the scores are: here one member is the committed weights, the other an untrained one."""
+    from spotstop.export.train import _prepare, compare_with_committed
+
+    committed = build_trained_pair(tmp_path / "c")
+    other = tmp_path / "r"
+    shutil.copytree(committed.root, other)
+    _prepare(TRAINING[1].member, other / TRAINING[1].member, 0)  # untrained weights
+    pair = T.TrainedPair(other, tuple(other / p.name for p in committed.members), seed=0)
+    a, b = compare_with_committed(pair)
+    assert (a.member, a.same_weights, a.max_score_diff) == (TRAINING[0].member, True, 0.0)
+    assert (b.member, b.same_weights) == (TRAINING[1].member, False)
+    assert b.max_score_diff > 0.1 and b.scenes == 32
+    assert str(a).endswith("reproduces the committed weights (same sha256)")
+    assert f"scores up to {b.max_score_diff:.3g} nats apart on 32 held-out scenes" in str(b)
+    # another seed's training: nothing to compare it with
+    assert compare_with_committed(T.TrainedPair(other, pair.members, seed=1)) == ()
 
 
 def test_cli_warns_before_a_retrain_at_other_versions(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -284,7 +314,8 @@ def test_cli_warns_before_a_retrain_at_other_versions(tmp_path: Path, capsys, mo
     from spotstop.export import train as T
 
     calls = []
-    monkeypatch.setattr(T, "version_drift", lambda: ("transformers 9.9.9 (the committed: 1)",))
+    monkeypatch.setattr(T, "environment_drift", lambda: ("transformers 9.9.9 (the committed: 1)",))
+    monkeypatch.setattr(T, "compare_with_committed", lambda pair: ())
     monkeypatch.setattr(
         T,
         "build_trained_pair",
@@ -297,6 +328,29 @@ def test_cli_warns_before_a_retrain_at_other_versions(tmp_path: Path, capsys, mo
     assert calls == [{"seed": 0, "retrain": True, "progress": True}]
     assert main(["tiny", "--trained", "--out", str(tmp_path)]) == 0  # committed: no warning
     assert "warning" not in capsys.readouterr().err
+
+
+def test_cli_says_whether_a_retrain_reproduced_the_committed_weights(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    from spotstop.cli import main
+
+    monkeypatch.setattr(T, "environment_drift", lambda: ())
+    monkeypatch.setattr(
+        T, "build_trained_pair", lambda out, **kw: T.TrainedPair(Path(out), (), seed=0)
+    )
+    monkeypatch.setattr(
+        T,
+        "compare_with_committed",
+        lambda pair: (T.Reproduction("tiny-qwen3_5", False, 9.87, 32),),
+    )
+    assert main(["tiny", "--trained", "--retrain", "--out", str(tmp_path)]) == 0
+    assert (
+        "tiny-qwen3_5: differs from the committed weights: scores up to 9.87 nats apart on 32 "
+        "held-out scenes" in capsys.readouterr().out
+    )
+    assert main(["tiny", "--trained", "--out", str(tmp_path)]) == 0  # the committed: no claim
+    assert "differs" not in capsys.readouterr().out
 
 
 def test_reading_pretraining_teaches_the_tower_alone_on_sign_only_scenes(tmp_path: Path) -> None:
@@ -321,3 +375,25 @@ def test_reading_pretraining_teaches_the_tower_alone_on_sign_only_scenes(tmp_pat
     assert moved and all(
         k.startswith(("model.vision_tower", "model.multi_modal_projector")) for k in moved
     )
+
+
+def test_training_gives_the_same_weights_whatever_threads_the_caller_runs(tmp_path: Path) -> None:
+    """The thread count splits each product's sums, so it is fixed for training
+    (TRAINING_THREADS): a machine with another core count trains the same weights, and the
+    caller's own count is restored after."""
+    from spotstop.export.train import TRAINING_THREADS, _prepare
+
+    recipe, caller_threads = TRAINING[0], 1
+    before = torch.get_num_threads()
+    digests = []
+    try:
+        for threads in (TRAINING_THREADS, caller_threads):
+            folder = tmp_path / f"t{threads}" / recipe.member
+            _prepare(recipe.member, folder, 0)
+            torch.set_num_threads(threads)
+            train_member(folder, recipe, steps=3)
+            assert torch.get_num_threads() == threads
+            digests.append(hashlib.sha256((folder / "model.safetensors").read_bytes()).digest())
+    finally:
+        torch.set_num_threads(before)
+    assert digests[0] == digests[1]
