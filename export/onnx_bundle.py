@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from spotstop.export._outdir import check_out_folder, replaced_whole
 from spotstop.export.bundle import _write_manifest
 from spotstop.export.gptq import CALIBRATION_SCENES, QUANTIZERS
 from spotstop.export.memory import LARGE_BYTES, folder_fp32_bytes
@@ -134,10 +135,9 @@ def check_bundle_out(out: str | os.PathLike[str], sources: Sequence[Path] = ()) 
                 f"the output folder {str(root)!r} overlaps the source folder {str(there)!r}; "
                 "the export replaces its output whole: choose a folder apart from the sources."
             )
+    check_out_folder(root, "the bundle's output")
     if not root.exists():
         return
-    if not root.is_dir():
-        raise ValueError(f"the output {str(root)!r} is a file; give a folder for the bundle.")
     if any(root.iterdir()) and not (root / "manifest.yaml").is_file():
         raise ValueError(
             f"the output folder {str(root)!r} is not empty and not a spotstop bundle; the export "
@@ -150,26 +150,6 @@ def check_bundle_out(out: str | os.PathLike[str], sources: Sequence[Path] = ()) 
             "the export would replace it. Move the log out of the bundle folder (or export "
             "to another folder and point the guard at the new bundle)."
         )
-
-
-def _staging(root: Path) -> Path:
-    """An empty folder beside ``root`` to build the bundle in; :func:`_swap_in` moves it to
-    ``root`` once it is whole, so a failed or interrupted export leaves ``root`` as it was."""
-    work = root.with_name(f".{root.name}.partial-{os.getpid()}")
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    return work
-
-
-def _swap_in(work: Path, root: Path) -> None:
-    """Replace ``root`` by the finished bundle ``work`` (two renames in one folder)."""
-    old = root.with_name(f".{root.name}.old-{os.getpid()}")
-    if root.exists():
-        os.replace(root, old)
-    os.replace(work, root)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 def write_onnx_bundle(
@@ -258,8 +238,7 @@ def write_onnx_bundle(
     check_budget_keys(cfg.visual_tokens, named)
     final = Path(out)
     check_bundle_out(final, [resolve_member(src).path for src in members])
-    root = _staging(final)
-    try:
+    with replaced_whole(final) as root:
         b = _write_members(
             members, root, final, cfg, types, say,
             precision=precision, image_size=image_size, buckets=buckets, name=name, trt=trt,
@@ -268,10 +247,6 @@ def write_onnx_bundle(
             calibration_frames=calibration_frames, int8_sel=int8_sel,
             smooth_alpha=smooth_alpha, keep_error=keep_error, graph_form=graph_form,
         )  # fmt: skip
-    except BaseException:
-        shutil.rmtree(root, ignore_errors=True)
-        raise
-    _swap_in(root, final)
     return b
 
 
@@ -444,9 +419,8 @@ def derive_bundle(
         )
     final = Path(out)
     check_bundle_out(final, [b.path])
-    root = _staging(final)
-    root.rmdir()  # copytree makes it
-    try:
+    with replaced_whole(final) as root:
+        root.rmdir()  # copytree makes it
         guard_files = ("policy.yaml", *_GUARD_FILES)
         shutil.copytree(b.path, root, ignore=shutil.ignore_patterns(*guard_files))
         entries = []
@@ -521,8 +495,4 @@ def derive_bundle(
                 "export": {**b.manifest["export"], "precision": precision, "weight_bytes": total}
             },
         )
-    except BaseException:  # a failed or interrupted derive leaves ``out`` as it was
-        shutil.rmtree(root, ignore_errors=True)
-        raise
-    _swap_in(root, final)
     return final
