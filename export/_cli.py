@@ -62,7 +62,13 @@ def add_tiny_parser(sub: Any) -> None:
         help="folder to write (default: $SPOTSTOP_HOME/tiny, or $SPOTSTOP_HOME/tiny-trained "
         "with --trained)",
     )
-    p.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed (default 0)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="weight and tokenizer seed, 0..2**63-1 (default 0); with --trained it applies "
+        "only with --retrain (the committed weights are for one seed, 0)",
+    )
     p.add_argument(
         "--trained",
         action="store_true",
@@ -78,19 +84,36 @@ def add_tiny_parser(sub: Any) -> None:
 
 def run_tiny(args: argparse.Namespace) -> int:
     """Run ``spotstop tiny``."""
-    from spotstop.export.tiny import build_tiny_pair, tree_digest
+    from spotstop.export.tiny import (
+        build_tiny_pair,
+        check_pair_out,
+        check_seed,
+        default_tiny_dir,
+        tree_digest,
+    )
 
     if args.retrain and not args.trained:
         print("spotstop tiny: --retrain needs --trained.", file=sys.stderr)
         return 2
     if args.trained:
         from spotstop.export.train import (
+            TrainedWeightsError,
             build_trained_pair,
             compare_with_committed,
             default_trained_dir,
             environment_drift,
         )
 
+        out = args.out or default_trained_dir()
+    else:
+        out = args.out or default_tiny_dir()
+    try:  # before anything is written: a bad seed or --out is bad input
+        check_seed(args.seed, "--seed")
+        check_pair_out(out)
+    except ValueError as e:
+        print(f"spotstop tiny: {e}", file=sys.stderr)
+        return 2
+    if args.trained:
         drift = environment_drift() if args.retrain else ()
         if drift:
             print(
@@ -100,9 +123,13 @@ def run_tiny(args: argparse.Namespace) -> int:
                 "that learned less (docs/world.md, The trained pair).",
                 file=sys.stderr,
             )
-        trained = build_trained_pair(
-            args.out or default_trained_dir(), seed=args.seed, retrain=args.retrain, progress=True
-        )
+        try:
+            trained = build_trained_pair(out, seed=args.seed, retrain=args.retrain, progress=True)
+        except TrainedWeightsError as e:  # checked before anything is written
+            print(f"spotstop tiny: {e}", file=sys.stderr)
+            # a seed other than the committed weights' without --retrain is bad input (2);
+            # committed weights missing or altered are a broken install (1)
+            return 2 if isinstance(e, ValueError) else 1
         for m in trained.members:
             weights = tree_digest(m).get("model.safetensors", "?")
             print(f"{m}  (model.safetensors sha256 {weights[:16]}…)")
@@ -115,7 +142,7 @@ def run_tiny(args: argparse.Namespace) -> int:
             "(`spotstop world --rules`), never about real safety."
         )
         return 0
-    pair = build_tiny_pair(args.out, seed=args.seed, progress=True)
+    pair = build_tiny_pair(out, seed=args.seed, progress=True)
     for m in pair.members:
         weights = tree_digest(m).get("model.safetensors", "?")
         print(f"{m}  (model.safetensors sha256 {weights[:16]}…)")

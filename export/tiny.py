@@ -31,16 +31,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spotstop.export._outdir import check_out_folder
 from spotstop.export.configs import EXPORT_CONFIGS, ExportConfig, MemberRecipe, get_export_config
 from spotstop.guard._arch import get_arch
 from spotstop.guard._hf import MEMBER_HINTS, TEST_PAIR_MARKER
 
 __all__ = [
+    "MAX_SEED",
     "TINY_MEMBERS",
     "TinyPair",
     "build_random_member",
     "build_tiny_member",
     "build_tiny_pair",
+    "check_pair_out",
+    "check_seed",
     "default_tiny_dir",
     "tree_digest",
 ]
@@ -289,6 +293,28 @@ def _model_type(name: str) -> str:
     return name.removeprefix("tiny-")
 
 
+#: the largest seed a tiny member is built or trained from: torch's generator takes 0..2**64 - 1,
+#: and the training adds small offsets to its seed (export/train.py)
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: int, name: str = "seed") -> None:
+    """ValueError unless ``seed`` is an integer in 0..:data:`MAX_SEED` (``name``: how the
+    message calls it, e.g. ``--seed``)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(
+            f"{name} must be an integer in 0..2**63-1 (what torch's generator takes); got "
+            f"{seed!r}. Give another seed."
+        )
+
+
+def check_pair_out(root: str | Path) -> None:
+    """ValueError when the pair's folder ``root``, or a member's folder in it, is a file."""
+    check_out_folder(root, "the pair's output")
+    for name in TINY_MEMBERS:
+        check_out_folder(Path(root) / name, "the member folder")
+
+
 def build_tiny_member(name: str, out: str | Path, *, seed: int = 0) -> Path:
     """Build one tiny member folder ``out`` (created if absent) and return its path.
 
@@ -296,9 +322,10 @@ def build_tiny_member(name: str, out: str | Path, *, seed: int = 0) -> Path:
     ``seed`` and the installed torch/transformers/tokenizers versions.
     """
     model_type = _model_type(name)
+    check_seed(seed)
     ecfg = get_export_config(model_type)
     recipe = ecfg.member_recipe
-    path = Path(out)
+    path = check_out_folder(out, "the member folder")
     path.mkdir(parents=True, exist_ok=True)
     tok = _train_tokenizer(recipe, seed)
     values = copy.deepcopy(dict(recipe.tiny_config))
@@ -405,6 +432,8 @@ def build_tiny_pair(
 ) -> TinyPair:
     """Build both tiny members under ``out`` (default :func:`default_tiny_dir`)."""
     root = Path(out) if out is not None else default_tiny_dir()
+    check_seed(seed)
+    check_pair_out(root)
     root.mkdir(parents=True, exist_ok=True)
     members = []
     names: Any = TINY_MEMBERS

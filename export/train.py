@@ -72,9 +72,11 @@ __all__ = [
     "MemberTraining",
     "Reproduction",
     "TrainedPair",
+    "TrainedSeedError",
     "TrainedWeightsError",
     "TrainingRun",
     "build_trained_pair",
+    "check_committed_seed",
     "compare_with_committed",
     "default_trained_dir",
     "environment_drift",
@@ -612,6 +614,22 @@ class TrainedWeightsError(RuntimeError):
     """The committed weights are missing, altered, or not for the asked seed."""
 
 
+class TrainedSeedError(TrainedWeightsError, ValueError):
+    """The committed weights were asked for another seed than theirs: a usage error (a seed
+    other than theirs applies only with ``retrain``)."""
+
+
+def check_committed_seed(seed: int) -> None:
+    """TrainedSeedError unless the committed weights were trained from ``seed``."""
+    committed = int(_manifest()["seed"])
+    if committed != seed:
+        raise TrainedSeedError(
+            f"the committed weights were trained from seed {committed}, not {seed}; a seed "
+            f"applies only with --retrain: drop the seed to use the committed weights, or pass "
+            "--retrain to train from this seed."
+        )
+
+
 def default_trained_dir() -> Path:
     """``$SPOTSTOP_HOME/tiny-trained`` (default ``~/.cache/spotstop/tiny-trained``)."""
     from spotstop.guard import spotstop_home
@@ -785,14 +803,15 @@ def build_trained_pair(
     run); the result equals the committed weights' scores for the same seed and library
     versions (to float rounding).
     """
+    from spotstop.export.tiny import check_pair_out, check_seed
+
     root = Path(out) if out is not None else default_trained_dir()
+    check_seed(seed)
+    check_pair_out(root)
     members, runs = [], []
     manifest = None if retrain else _manifest()
-    if manifest is not None and int(manifest["seed"]) != seed:
-        raise TrainedWeightsError(
-            f"the committed weights were trained from seed {manifest['seed']}, not {seed}; "
-            "pass --retrain to train from this seed."
-        )
+    if not retrain:
+        check_committed_seed(seed)
     for recipe in TRAINING:
         path = root / recipe.member
         _prepare(recipe.member, path, seed)

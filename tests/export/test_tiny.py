@@ -91,3 +91,36 @@ def test_members_score_at_the_default_visual_token_budgets(tiny_pair: Path, name
     scores = m.score(demo_scenes(2, seed=4))
     assert all(math.isfinite(r.score) for r in scores)
     assert scores[0].prompt_hash == hinted.prompt_hash  # the template does not hold the grid
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ["--trained", "--seed", "1"],
+            "trained from seed 0, not 1; a seed applies only with --retrain",
+        ),
+        (["--trained", "--retrain", "--seed", "-40"], "--seed must be an integer in 0..2**63-1"),
+        (["--seed", "-1"], "--seed must be an integer in 0..2**63-1"),
+        (["--seed", str(2**64)], "--seed must be an integer in 0..2**63-1"),
+        (["--out", "{file}"], "is a file; give a folder"),
+        (["--trained", "--out", "{file}"], "is a file; give a folder"),
+    ],
+)
+def test_cli_refuses_a_bad_seed_or_out_before_writing_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    """Each ended in a traceback (TrainedWeightsError; NotADirectoryError; torch's overflow)
+    or, for a negative seed with --retrain, in a failure midway through the training."""
+    from spotstop.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    args = [a.replace("{file}", str(afile)) for a in argv]
+    if "--out" not in args:
+        args += ["--out", str(tmp_path / "pair")]
+    assert main(["tiny", *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    assert afile.read_text() == "mine"
