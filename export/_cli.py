@@ -183,7 +183,12 @@ def add_world_parser(sub: Any) -> None:
             "  spotstop score --member ./tiny-trained/tiny-qwen3_5 world/world.csv --out scores.csv"
         ),
     )
-    p.add_argument("--out", type=Path, help="folder to write (required unless --rules)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="folder to write (required unless --rules): new, empty, or a world folder "
+        "(replaced whole once the new world is complete); refused otherwise",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the world (default 0)")
     p.add_argument("--rules", action="store_true", help="print the rule table and exit")
     p.add_argument("--rooms", type=int, default=d.rooms, help=f"rooms (situations; {d.rooms})")
@@ -243,7 +248,7 @@ def add_world_parser(sub: Any) -> None:
 
 def run_world(args: argparse.Namespace) -> int:
     """Run ``spotstop world``."""
-    from spotstop.export.world import WorldOptions, build_world, rules_text
+    from spotstop.export.world import WorldOptions, build_world, check_world_out, rules_text
 
     if args.rules:
         print(rules_text())
@@ -272,7 +277,16 @@ def run_world(args: argparse.Namespace) -> int:
             msg = msg.replace(f"WorldOptions.{name}", "--" + name.replace("_", "-"))
         print(f"spotstop world: {msg}", file=sys.stderr)
         return 2
-    world = build_world(args.out, seed=args.seed, options=opts, progress=True)
+    try:  # before anything is drawn: an --out the world must not replace is bad input
+        check_world_out(args.out)
+    except ValueError as e:
+        print(f"spotstop world: {e}", file=sys.stderr)
+        return 2
+    try:
+        world = build_world(args.out, seed=args.seed, options=opts, progress=True)
+    except OSError as e:  # e.g. a folder this user may not write: the old folder is kept
+        print(f"spotstop world: could not write {args.out}: {e}", file=sys.stderr)
+        return 1
     print(world)
     print(
         f"wrote {world.csv_path} and {len(world.cases)} images; the rule: {world.root / 'rules.txt'}"

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+from spotstop.export._outdir import check_out_folder, replaced_whole
 from spotstop.guard import Scene
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "build_world",
     "case_image",
     "case_scene",
+    "check_world_out",
     "read_world",
     "render_case",
     "rules_text",
@@ -587,18 +589,51 @@ def _options_dict(opts: WorldOptions) -> dict[str, Any]:
     return d
 
 
+#: world.json's ``what``: how a folder written by ``spotstop world`` is told from others
+_WHAT = "spotstop world: a toy situational-safety world (drawn shapes, a rule table)"
+
+
+def check_world_out(out: str | Path) -> None:
+    """Refuse an output folder :func:`build_world` must not replace (ValueError saying what to
+    do): a file, or a folder that holds files and is not a world ``spotstop world`` wrote.
+    Nothing is changed."""
+    root = check_out_folder(out, "the world's output")
+    if not root.exists() or not any(root.iterdir()):
+        return
+    try:
+        meta = json.loads((root / "world.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = None
+    if not isinstance(meta, dict) or meta.get("what") != _WHAT:
+        raise ValueError(
+            f"the output folder {str(root)!r} is not empty and not a world written by "
+            "`spotstop world`; a world replaces its folder whole: choose a new or empty folder."
+        )
+
+
 def build_world(
     out: str | Path, *, seed: int = 0, options: WorldOptions | None = None, progress: bool = False
 ) -> World:
     """Render the world into ``out``: ``images/``, ``world.csv``, ``rules.txt``, ``world.json``.
 
     ``world.json`` records the seed, the options, the schema version and the sha256 of the CSV,
-    so a reader can tell two worlds apart. Files are overwritten.
+    so a reader can tell two worlds apart. ``out`` is new, empty, or a world folder: the world
+    is written beside it and replaces it whole once complete (an error or Ctrl-C leaves it as
+    it was); :func:`check_world_out` says which folders are refused.
     """
     opts = options or WorldOptions()
     root = Path(out)
-    (root / "images").mkdir(parents=True, exist_ok=True)
+    check_world_out(root)
     cases = world_cases(seed, opts)
+    with replaced_whole(root) as work:
+        _write_world(work, seed, opts, cases, progress=progress)
+    return World(root=root, options=opts, seed=seed, cases=tuple(cases))
+
+
+def _write_world(
+    root: Path, seed: int, opts: WorldOptions, cases: Sequence[WorldCase], *, progress: bool
+) -> None:
+    (root / "images").mkdir()
     it: Iterator[WorldCase] | Sequence[WorldCase] = cases
     if progress:
         from tqdm import tqdm
@@ -621,10 +656,9 @@ def build_world(
         "cases": len(cases),
         "unsafe": sum(c.label for c in cases),
         "csv_sha256": hashlib.sha256(text.encode()).hexdigest(),
-        "what": "spotstop world: a toy situational-safety world (drawn shapes, a rule table)",
+        "what": _WHAT,
     }
     (root / "world.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    return World(root=root, options=opts, seed=seed, cases=tuple(cases))
 
 
 def read_world(root: str | Path) -> World:

@@ -216,3 +216,68 @@ def test_sign_styles_keep_the_first_wordings_fonts_and_colours() -> None:
     dark = (img < 40).all(axis=-1)
     assert dark.sum() > 50  # the sign's black box
     assert len({c.sign_text for c in world_cases(0, replace(base, sign_styles=2))}) == 6
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_cli_refuses_a_file_or_a_folder_that_is_not_a_world_as_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--out naming a file ended in a NotADirectoryError traceback; a folder of the user's
+    would now be replaced whole, so it is refused and left as it was."""
+    from spotstop.cli import main
+
+    small = ["--rooms", "1", "--contrasts-per-room", "1"]
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    assert main(["world", "--out", str(afile), *small]) == 2
+    assert "is a file; give a folder" in capsys.readouterr().err
+    assert afile.read_text() == "mine"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    assert main(["world", "--out", str(home), *small]) == 2
+    assert "not empty and not a world" in capsys.readouterr().err
+    assert _tree(home) == {"notes.txt": b"mine"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["world", "--out", str(empty), *small]) == 0
+
+
+def test_a_world_written_over_another_replaces_it_whole(tmp_path: Path) -> None:
+    """The old world's images (here its JPEG file-cue scenes and its other rooms) stayed
+    beside the new world's."""
+    build_world(tmp_path / "w", seed=1, options=replace(SMALL, rooms=4))
+    build_world(tmp_path / "w", seed=1, options=replace(SMALL, rooms=2, file_cue=0.0))
+    build_world(tmp_path / "fresh", seed=1, options=replace(SMALL, rooms=2, file_cue=0.0))
+    assert _tree(tmp_path / "w") == _tree(tmp_path / "fresh")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "w"]  # no staging left
+    assert read_world(tmp_path / "w").cases == read_world(tmp_path / "fresh").cases
+
+
+def test_an_interrupted_rewrite_leaves_the_old_world_and_no_staging_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rerun stopped midway (Ctrl-C) left the old world.csv and world.json beside images of
+    the new world, and read_world accepted the mixed folder."""
+    import spotstop.export.world as W
+
+    build_world(tmp_path / "w", seed=1, options=SMALL)
+    before = _tree(tmp_path / "w")
+    drawn = []
+    real = W.case_image
+
+    def interrupted(case: W.WorldCase, opts: WorldOptions) -> bytes:
+        if len(drawn) == 5:
+            raise KeyboardInterrupt
+        drawn.append(case.case_id)
+        return real(case, opts)
+
+    monkeypatch.setattr(W, "case_image", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_world(tmp_path / "w", seed=2, options=SMALL)
+    assert len(drawn) == 5
+    assert _tree(tmp_path / "w") == before
+    assert [p.name for p in tmp_path.iterdir()] == ["w"]
