@@ -66,7 +66,8 @@ __all__ = [
     "world_cases",
 ]
 
-WORLD_SCHEMA_VERSION = 1
+#: 2: world.json records every image's sha256 (``images_sha256``)
+WORLD_SCHEMA_VERSION = 2
 
 #: the hazard objects, in a fixed order
 HAZARDS = ("stove", "floor", "wire", "knife")
@@ -616,10 +617,11 @@ def build_world(
 ) -> World:
     """Render the world into ``out``: ``images/``, ``world.csv``, ``rules.txt``, ``world.json``.
 
-    ``world.json`` records the seed, the options, the schema version and the sha256 of the CSV,
-    so a reader can tell two worlds apart. ``out`` is new, empty, or a world folder: the world
-    is written beside it and replaces it whole once complete (an error or Ctrl-C leaves it as
-    it was); :func:`check_world_out` says which folders are refused.
+    ``world.json`` records the seed, the options, the schema version, the sha256 of the CSV and
+    of every image, so a reader can tell two worlds apart and a folder that mixes them. ``out``
+    is new, empty, or a world folder: the world is written beside it and replaces it whole
+    once complete (an error or Ctrl-C leaves it as it was); :func:`check_world_out` says
+    which folders are refused.
     """
     opts = options or WorldOptions()
     root = Path(out)
@@ -639,8 +641,11 @@ def _write_world(
         from tqdm import tqdm
 
         it = tqdm(cases, desc="drawing the world", unit="scene")
+    images = {}
     for case in it:
-        (root / case.image_name).write_bytes(case_image(case, opts))
+        data = case_image(case, opts)
+        (root / case.image_name).write_bytes(data)
+        images[case.image_name] = hashlib.sha256(data).hexdigest()
     buf = io.StringIO()
     wr = csv.DictWriter(buf, fieldnames=WORLD_COLUMNS, lineterminator="\n")
     wr.writeheader()
@@ -656,13 +661,15 @@ def _write_world(
         "cases": len(cases),
         "unsafe": sum(c.label for c in cases),
         "csv_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "images_sha256": images,
         "what": _WHAT,
     }
     (root / "world.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 def read_world(root: str | Path) -> World:
-    """Re-create the cases of a world folder from its ``world.json`` (checked against the CSV)."""
+    """Re-create the cases of a world folder from its ``world.json``, checked against the CSV
+    and against every image's sha256 (ValueError naming the file that differs)."""
     p = Path(root)
     meta_path = p / "world.json"
     if not meta_path.is_file():
@@ -682,6 +689,27 @@ def read_world(root: str | Path) -> World:
             f"{p / 'world.csv'} does not match world.json's sha256: it was edited. Write the "
             "world again with `spotstop world`."
         )
-    return World(
-        root=p, options=opts, seed=int(meta["seed"]), cases=tuple(world_cases(meta["seed"], opts))
-    )
+    cases = tuple(world_cases(meta["seed"], opts))
+    _check_images(p, cases, meta["images_sha256"])
+    return World(root=p, options=opts, seed=int(meta["seed"]), cases=cases)
+
+
+def _check_images(root: Path, cases: Sequence[WorldCase], want: Mapping[str, str]) -> None:
+    """Every image of ``cases`` is the one world.json records, and ``images/`` holds no other."""
+    names = {c.image_name for c in cases}
+    bad = sorted(names ^ set(want))  # world.json names other images than the cases
+    for name in sorted(names & set(want)):
+        f = root / name
+        if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != want[name]:
+            bad.append(name)
+    if (root / "images").is_dir():
+        found = (f"images/{f.name}" for f in (root / "images").iterdir())
+        bad += sorted(n for n in found if n not in names)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ValueError(
+            f"{root / bad[0]}{more} is not an image of the world that world.json describes "
+            "(missing, another sha256, or not listed): the folder mixes worlds or was edited. "
+            f"Write the world again with `spotstop world --out {root}` and the seed and options "
+            "world.json records."
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -281,3 +282,23 @@ def test_an_interrupted_rewrite_leaves_the_old_world_and_no_staging_folder(
     assert len(drawn) == 5
     assert _tree(tmp_path / "w") == before
     assert [p.name for p in tmp_path.iterdir()] == ["w"]
+
+
+def test_read_world_refuses_images_that_are_not_the_worlds(tmp_path: Path) -> None:
+    """world.json records each image's sha256; an image of another world (the same name, from
+    another seed), a missing one and one world.json does not name are each refused."""
+    a = build_world(tmp_path / "a", seed=1, options=SMALL)
+    b = build_world(tmp_path / "b", seed=2, options=SMALL)
+    name = a.cases[3].image_name
+    assert b.cases[3].image_name == name
+    assert (a.root / name).read_bytes() != (b.root / name).read_bytes()
+    (a.root / name).write_bytes((b.root / name).read_bytes())
+    with pytest.raises(ValueError, match=rf"{re.escape(name)}.*not an image of the world"):
+        read_world(a.root)
+    (a.root / name).unlink()
+    with pytest.raises(ValueError, match=re.escape(name)):
+        read_world(a.root)
+    c = build_world(tmp_path / "c", seed=1, options=SMALL)
+    (c.root / "images" / "old-scene.png").write_bytes(b"a scene of an older world")
+    with pytest.raises(ValueError, match=r"images/old-scene\.png"):
+        read_world(c.root)
