@@ -66,26 +66,62 @@ class _ReadTimeout(Exception):
     """An image file still being read when the call's deadline came."""
 
 
+class _ReadsStalled(Exception):
+    """Too many earlier reads of image files are still blocked to start another."""
+
+
+#: reads of image files left blocked at a deadline (a FIFO without a writer, a stalled mount)
+#: that may still hold their threads; past this many, a scene given as a path fails closed at
+#: once instead of starting another reader thread, so a long stall cannot pile up threads
+#: until the process can start none (each holds its stack)
+MAX_STALLED_READS = 4
+
+
+class _StalledReads:
+    """How many abandoned reader threads are still blocked (one count per process)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.n = 0
+
+
+_STALLED = _StalledReads()
+
+
 def _read_in_time(source: Any, clock: _Clock) -> bytes:
     """:func:`read_image_bytes` of ``source``, a file read on its own thread within the call's
     deadline: a path that blocks (a FIFO without a writer, a stalled network mount) fails its
     scene closed in time (:class:`_ReadTimeout`) instead of holding the call past it. The
-    thread is left to finish on its own; what it reads then is dropped."""
+    thread is left to finish on its own; what it reads then is dropped. While
+    :data:`MAX_STALLED_READS` such threads are still blocked, no other is started
+    (:class:`_ReadsStalled`)."""
     if isinstance(source, bytes | bytearray | memoryview) or clock.remaining() is None:
         return read_image_bytes(source)
     box: list[bytes | BaseException] = []
     done = threading.Event()
+    abandoned = False
 
     def read() -> None:
+        nonlocal abandoned
         try:
             box.append(read_image_bytes(source))
         except BaseException as e:  # handed to the caller below
             box.append(e)
         finally:
-            done.set()
+            with _STALLED.lock:
+                done.set()
+                if abandoned:
+                    _STALLED.n -= 1
 
+    with _STALLED.lock:
+        if _STALLED.n >= MAX_STALLED_READS:
+            raise _ReadsStalled(_STALLED.n)
     threading.Thread(target=read, name="spotstop-image-read", daemon=True).start()
     if not done.wait(clock.remaining()):
+        with _STALLED.lock:
+            if not done.is_set():
+                abandoned = True
+                _STALLED.n += 1
         raise _ReadTimeout
     got = box[0]
     if isinstance(got, BaseException):
@@ -244,6 +280,12 @@ class Pipeline:
                     m.check_fits(w.scene.request)  # one too long must not fail its batch
             except _ReadTimeout:
                 w.fail_with(clock.reason("reading the image file"))
+            except _ReadsStalled as e:
+                w.fail_with(
+                    f"input: {e.args[0]} earlier reads of image files are still blocked (a "
+                    "FIFO without a writer, a stalled mount?); no other is started until they "
+                    "end. Fix the image source, or pass the image as bytes."
+                )
             except Exception as e:  # bad input fails this scene closed, not the batch
                 w.fail_with(_reason("input", e))
             w.latency["decode_ms"] = (time.perf_counter() - t) * 1e3

@@ -1306,6 +1306,67 @@ def test_a_path_that_blocks_fails_its_scene_closed_within_the_deadline(
         threading.Thread(target=unblock, daemon=True).start()  # lets the abandoned read end
 
 
+def test_blocked_reads_of_image_files_do_not_pile_up_threads(bundle_copy: Path, tmp_path: Path):
+    """Each call on a path that blocks left one reader thread behind, without bound: a long
+    stall piled up threads until none could start, and then every path failed. Past
+    MAX_STALLED_READS blocked readers, a path fails closed at once, starting none; bytes are
+    still judged, and when the reads end, paths are read again."""
+    import os
+    import threading
+    import time
+
+    from spotstop.guard import _pipeline
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this platform")
+
+    def wait_for(n: int) -> None:  # the count as the reader threads leave it
+        end = time.monotonic() + 30
+        while _pipeline._STALLED.n != n and time.monotonic() < end:
+            time.sleep(0.02)
+        assert _pipeline._STALLED.n == n
+
+    fifo = tmp_path / "frame.jpg"
+    os.mkfifo(fifo)
+
+    def release() -> None:  # a writer that opens and closes ends the blocked reads
+        end = time.monotonic() + 30
+        while _pipeline._STALLED.n and time.monotonic() < end:
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # no reader waits in open() right now
+                time.sleep(0.02)
+                continue
+            os.close(fd)  # the readers it woke read an empty file and end
+        wait_for(0)
+
+    frame = tmp_path / "ok.jpg"
+    frame.write_bytes(make_image_bytes(3, fmt="JPEG"))
+    cap = _pipeline.MAX_STALLED_READS
+    wait_for(0)  # (an earlier test's abandoned reader has ended)
+    readers = lambda: sum(t.name == "spotstop-image-read" for t in threading.enumerate())  # noqa: E731
+    set_frozen(bundle_copy, 1e9)
+    try:
+        with Guard(bundle_copy, log=tmp_path / "l.sqlite", deadline_s=60.0) as g:
+            for _ in range(cap):
+                d = g.check(Scene(str(fifo), "open the door"), deadline_s=0.3)
+                assert d.fail_closed and "reading the image file" in (d.fail_reason or "")
+            wait_for(cap)
+            before = readers()
+            for path in (fifo, frame):
+                d = g.check(Scene(str(path), "open the door"))
+                assert d.label == "UNSAFE" and d.fail_closed
+                assert f"{cap} earlier reads of image files are still blocked" in (
+                    d.fail_reason or ""
+                ), d.fail_reason
+            assert readers() == before  # no thread started
+            assert not g.check(make_scene(2)).fail_closed  # bytes need no reader
+            release()
+            assert not g.check(Scene(str(frame), "open the door")).fail_closed
+    finally:
+        release()  # never leave a blocked reader to the next test
+
+
 def test_a_policy_naming_a_member_the_bundle_lacks_is_refused_at_load_and_reload(
     bundle_copy: Path, tmp_path: Path
 ):
