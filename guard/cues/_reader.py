@@ -224,6 +224,19 @@ def _quoted(text: str) -> str:
     return " ".join(text.replace('"', "'").split())
 
 
+def reader_member_problem(arg: str, members: Sequence[str] | None) -> str | None:
+    """Why ``member:<arg>`` names no member :func:`claim_reader` can load (None: it names one):
+    a member of ``members`` (the guard's, by name), else a member folder."""
+    if (members is not None and arg in members) or Path(arg).is_dir():
+        return None
+    known = sorted(members) if members else []
+    return (
+        f"claim reader 'member:{arg}': no member named {arg!r}"
+        + (f" (the guard's members: {known})" if members is not None else "")
+        + f" and no member folder at {arg}. Name a member of the bundle or a folder."
+    )
+
+
 def claim_reader(
     name: str | None = None,
     *,
@@ -245,13 +258,9 @@ def claim_reader(
         return lexicon if isinstance(lexicon, ClaimLexicon) else load_lexicon(lexicon)
     if members is not None and arg in members:
         return MemberClaimReader(members[arg], margin=margin)
-    if not Path(arg).is_dir():
-        known = sorted(members) if members else []
-        raise ClaimReaderError(
-            f"claim reader 'member:{arg}': no member named {arg!r}"
-            + (f" (the guard's members: {known})" if members is not None else "")
-            + f" and no member folder at {arg}. Name a member of the bundle or a folder."
-        )
+    problem = reader_member_problem(arg, None if members is None else list(members))
+    if problem is not None:
+        raise ClaimReaderError(problem)
     from spotstop.guard._member import load_member
 
     return MemberClaimReader(load_member(arg, device=device, threads=threads), margin=margin)

@@ -431,8 +431,10 @@ def check_policy_matches(cfg: PolicyConfig, bundle_id: str, prompt_hash: str) ->
 
 def check_policy_fits(cfg: PolicyConfig, members: Sequence[str], base_dir: Path | None) -> None:
     """Raise :class:`PolicyMismatchError` unless the policy can decide on a bundle of these
-    ``members``: its fusion and its policy name only them, and its text lexicon exists (a
-    relative path read from ``base_dir``, the folder of the ``policy.yaml`` it is or will be).
+    ``members``: its fusion and its policy name only them, its claim reader (``member:<name>``,
+    when it reads the text in the scene) is one of them or a member folder, and its text
+    lexicon exists (a relative path read from ``base_dir``, the folder of the ``policy.yaml``
+    it is or will be).
 
     One check for ``policy activate`` and the guard's load: a policy that names a member the
     bundle lacks fails every scene closed, and would be found only by the robot."""
@@ -451,8 +453,18 @@ def check_policy_fits(cfg: PolicyConfig, members: Sequence[str], base_dir: Path 
             path = base_dir / path
         if not path.is_file():
             wrong.append(f"its text_in_scene.lexicon {str(path)!r} does not exist")
+    reader = cfg.text_in_scene.reader
+    no_reader = None
+    if cfg.text_in_scene.detect and reader is not None:
+        from spotstop.guard.cues import parse_reader_name
+        from spotstop.guard.cues._reader import reader_member_problem
+
+        kind, arg = parse_reader_name(reader)
+        no_reader = reader_member_problem(arg, members) if kind == "member" else None
+        if no_reader is not None:
+            wrong.append(f"its text_in_scene.reader: {no_reader.rstrip('.')}")
     if wrong:  # members it lacks: made for another bundle; a missing file: a bad policy file
-        error = PolicyMismatchError if unknown or needed else PolicyError
+        error = PolicyMismatchError if unknown or needed or no_reader else PolicyError
         raise error(
             f"policy {cfg.version_id} cannot decide on this bundle (members "
             f"{sorted(have)}): " + "; and ".join(wrong) + ". Every scene would fail closed. "

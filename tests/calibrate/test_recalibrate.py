@@ -500,6 +500,39 @@ def test_a_policy_the_bundle_cannot_run_is_refused_by_activate_and_by_the_guard(
         check_policy_fits(load_policy(lex.path), members, lex.path.parent)
 
 
+def test_a_claim_reader_naming_a_member_the_bundle_lacks_is_refused_by_activate(
+    setup, tmp_path: Path
+):
+    """`text_in_scene.reader: member:<typo>` was activated (exit 0), and the guard then
+    failed every scene closed ("claim reader ...: no member named"); the same check refuses it.
+    A member of the bundle, a member folder, or a reader the policy does not run is taken."""
+    from spotstop.guard.policies import PolicyMismatchError, check_policy_fits
+
+    bundle, _, _ = setup
+    good = frozen_policy(bundle, 1.0)
+    members = list(good.fusion.members)
+
+    def reading(reader: str, detect: bool = True):
+        return dataclasses.replace(good, text_in_scene=TextInScene(detect=detect, reader=reader))
+
+    v = write_policy_version(bundle, reading(f"member:{members[0]}-typo"))
+    before = (bundle / "policy.yaml").read_bytes()
+    with pytest.raises(
+        PolicyMismatchError, match=rf"reader: claim reader 'member:{members[0]}-typo'"
+    ):
+        activate_policy_version(bundle, v.number)
+    assert (bundle / "policy.yaml").read_bytes() == before
+    folder = tmp_path / "another-member"
+    folder.mkdir()
+    for fits in (
+        reading(f"member:{members[1]}"),
+        reading(f"member:{folder}"),
+        reading("lexicon"),
+        reading(f"member:{members[0]}-typo", detect=False),  # no text read: no reader built
+    ):
+        check_policy_fits(fits, members, bundle)
+
+
 def test_a_crlf_policy_yaml_is_archived_once_byte_for_byte(setup):
     """policy.yaml with CRLF line ends was archived through read_text (CRLF became LF): the copy
     never matched, so every write archived it again and no version showed as active."""
