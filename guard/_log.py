@@ -180,6 +180,11 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 # --------------------------------------------------------------------------------------
 
 
+class LogChangedError(LogError):
+    """A log opened read-only with no writer was written while it was read: open it again
+    (a writer now holds it, and it is read in place with SQLite's locks)."""
+
+
 class DecisionLog(LogReader, ArchiveStore):
     """Append-only log of guard decisions in one SQLite file (WAL mode).
 
@@ -211,8 +216,13 @@ class DecisionLog(LogReader, ArchiveStore):
         :class:`LogError` (kind ``read_only``). A log of an older schema, or one whose
         folder cannot take SQLite's shared-memory file (a read-only copy), is read through a
         private copy in a temporary folder (migrated there, removed on :meth:`close`), so
-        the rows a -wal file holds are read too. The card, ``calibrate`` and the cue tools
-        read logs this way: reviewing a robot's log never rewrites it.
+        the rows a -wal file holds are read too. A log no connection holds (no -shm file
+        beside it) is read in place without SQLite's locks, so that no -shm or -wal file is
+        created beside it (owned by the reader, they would keep a guard running as another
+        user from opening its log); a read after a writer has written it since raises
+        :class:`LogChangedError` (open it again); one a dead writer left with a -wal is read
+        through the private copy. The card, ``calibrate`` and the cue tools read logs this
+        way: reviewing a robot's log never rewrites it nor adds a file beside it.
     """
 
     def __init__(
@@ -243,6 +253,8 @@ class DecisionLog(LogReader, ArchiveStore):
         self._rng = random.Random()  # backoff jitter only; results never depend on it
         self._read_only = bool(read_only)
         self._open_path = self._path  # the file connections open (a private copy, read-only)
+        # read-only with no writer: the log's state when opened (see _open_read_only)
+        self._unwatched: tuple[int, int, int] | None = None
         self._private: tempfile.TemporaryDirectory[str] | None = None
         if robot_id is not None:
             _check_robot_id(robot_id)  # bad input changes nothing: checked before the file
@@ -291,6 +303,8 @@ class DecisionLog(LogReader, ArchiveStore):
         target: str | Path = self._open_path
         if self._read_only:  # SQLite opens the file read-only; nothing it does can write it
             target = "file:" + urllib.parse.quote(str(self._open_path.resolve())) + "?mode=ro"
+            if self._unwatched is not None and self._open_path == self._path:
+                target += "&immutable=1"  # no writer: read without -wal/-shm (see below)
         try:
             conn = sqlite3.connect(
                 target,
@@ -390,7 +404,9 @@ class DecisionLog(LogReader, ArchiveStore):
         delay = 0.001
         while True:
             try:
-                return fn()
+                out = fn()
+                self._check_unwatched()
+                return out
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
                     raise self._error(what, exc) from exc
@@ -405,6 +421,25 @@ class DecisionLog(LogReader, ArchiveStore):
                 delay = min(delay * 2, 0.1)
             except sqlite3.DatabaseError as exc:
                 raise self._error(what, exc) from exc
+
+    def _file_state(self) -> tuple[int, int, int] | None:
+        try:
+            st = self._path.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _check_unwatched(self) -> None:
+        """A log read with no writer (``immutable``, :meth:`_open_read_only`) is read without
+        SQLite's locks: a read is answered only while the file is as it was when opened."""
+        if self._unwatched is None or self._open_path != self._path:
+            return
+        if self._file_state() != self._unwatched:
+            raise LogChangedError(
+                f"decision log {str(self._path)!r} changed while it was read: it had no writer "
+                "when it was opened (so it was read without SQLite's locks, leaving nothing "
+                "beside it), and a writer has since written it. Open it again."
+            )
 
     def _error(self, what: str, exc: sqlite3.Error) -> LogError:
         kind = fault_kind(exc)
@@ -541,6 +576,18 @@ class DecisionLog(LogReader, ArchiveStore):
                 f"decision log {str(self._path)!r} does not exist; a log opened read-only is "
                 "never created. Pass the guard's SQLite log file."
             )
+        wal = self._path.with_name(self._path.name + "-wal")
+        shm = self._path.with_name(self._path.name + "-shm")
+        if not shm.exists():
+            # No connection holds the log (SQLite's WAL mode keeps a -shm file beside it while
+            # one does). Read in place, SQLite would create -shm and -wal files here, owned by
+            # the reader: a guard running as another user could then not open its own log. So
+            # a log with leftover -wal rows is read through a copy, and one without is read
+            # in place without locks (immutable), each read checked against the file's state.
+            if wal.exists():
+                self._copy_files("a -wal file without its -shm: no connection holds the log")
+                return
+            self._unwatched = self._file_state()
         try:
             conn = self._conn()
             self._retry(lambda: conn.execute("SELECT 1 FROM sqlite_master").fetchall(), what="read")
@@ -549,7 +596,7 @@ class DecisionLog(LogReader, ArchiveStore):
                 raise
             # SQLite reads a WAL log only with its shared-memory file, which it could neither
             # open nor create here (a read-only folder): read a copy of the files instead
-            self._copy_files(exc)
+            self._copy_files(str(exc))
             return
         found = self._retry(lambda: _schema_found(conn, self._path), what="read the schema")
         _check_readable(found, self._path)
@@ -571,7 +618,7 @@ class DecisionLog(LogReader, ArchiveStore):
             dst.close()
         self._use_copy(copy)
 
-    def _copy_files(self, cause: LogError) -> None:
+    def _copy_files(self, cause: str) -> None:
         """Read a log SQLite could not open read-only in place through a copy of its file and
         its -wal file, whose rows the copy reads (no writer can hold a folder it cannot
         write either)."""
@@ -585,7 +632,7 @@ class DecisionLog(LogReader, ArchiveStore):
             raise LogError(
                 f"cannot read decision log {str(self._path)!r} read-only ({cause}), nor copy "
                 f"it to read the copy ({exc}). Copy it to a writable folder and read that.",
-                cause.kind,
+                fault_kind(exc),
             ) from exc
         self._use_copy(copy)
 

@@ -80,7 +80,7 @@ def read_reviewed(
     Raises :class:`~spotstop.guard.LogError` for a path that is not a file, and
     :class:`~spotstop.guard.LabelsFileError` for a bad labels file.
     """
-    from spotstop.guard._log import DecisionLog
+    from spotstop.guard._log import DecisionLog, LogChangedError
 
     read: dict[str, Any] = {}
     if isinstance(log, LogArrays):
@@ -94,8 +94,12 @@ def read_reviewed(
                 f"decision log {str(path)!r} does not exist; pass the guard's SQLite log file "
                 "(by default <bundle>/decisions.sqlite)."
             )
-        with DecisionLog(path, read_only=True) as opened:
-            arr, read = _read_open(opened)
+        try:
+            with DecisionLog(path, read_only=True) as opened:
+                arr, read = _read_open(opened)
+        except LogChangedError:  # a guard opened it meanwhile: read it with its locks
+            with DecisionLog(path, read_only=True) as opened:
+                arr, read = _read_open(opened)
     ids = np.asarray(arr.decision_id, dtype=object)
     sha = np.array([_cell(s) for s in arr.image_sha256], dtype=object)
     label = np.array(arr.label, dtype=np.int8, copy=True)

@@ -130,3 +130,78 @@ def test_a_database_that_is_no_decision_log_is_refused_read_only(tmp_path: Path)
     with pytest.raises(LogError, match="no decision log"):
         DecisionLog(empty, read_only=True)
     assert empty.read_bytes() == b""
+
+
+def _listing(folder: Path) -> dict[str, str]:
+    return {p.name: _digest(p) for p in folder.iterdir()}
+
+
+def test_reading_a_closed_log_leaves_nothing_beside_it(tmp_path: Path) -> None:
+    """Read in place, SQLite created -shm and -wal files beside a log no one held, owned by
+    the reviewer: a guard running as another user could then not open its own log (LogError
+    "attempt to write a readonly database" at its next start). A log no connection holds is
+    now read without them, its rows all there, and its folder as it was."""
+    path = tmp_path / "robot.sqlite"
+    recs = [make_record(i) for i in range(3)]
+    with DecisionLog(path) as log:
+        for r in recs:
+            log.append(r)
+    before = _listing(tmp_path)
+    assert set(before) == {"robot.sqlite"}
+    assert read_reviewed(path).arrays.decision_id.tolist() == [r.decision_id for r in recs]
+    with DecisionLog(path, read_only=True) as log:
+        assert log.count() == 3 and log.get(recs[1].decision_id) is not None
+    assert _listing(tmp_path) == before
+
+
+def test_a_crashed_writer_s_wal_rows_are_read_and_its_files_left_alone(tmp_path: Path) -> None:
+    """A writer that died leaves its -wal (rows only it holds) and no -shm once its -shm is
+    gone: the rows are read from a copy, and nothing is created beside the log."""
+    src = tmp_path / "src" / "log.sqlite"
+    src.parent.mkdir()
+    robot = tmp_path / "robot"
+    robot.mkdir()
+    recs = [make_record(1), make_record(2)]
+    with DecisionLog(src) as log:
+        log.append(recs[0])
+        log.checkpoint()
+        log._conn().execute("PRAGMA wal_autocheckpoint = 0")
+        log.append(recs[1])  # in the -wal only
+        shutil.copyfile(src, robot / "log.sqlite")
+        shutil.copyfile(src.with_name("log.sqlite-wal"), robot / "log.sqlite-wal")
+    before = _listing(robot)
+    ids = read_reviewed(robot / "log.sqlite").arrays.decision_id.tolist()
+    assert ids == [r.decision_id for r in recs]
+    assert _listing(robot) == before
+
+
+def test_a_log_written_while_read_with_no_writer_is_refused_then_read_again(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A log no one held is read without SQLite's locks; a guard that opens and writes it
+    meanwhile makes the next read refuse (LogChangedError), never answer from a file being
+    rewritten; read_reviewed then reads it again, with the guard's locks."""
+    from spotstop.guard import _reviewed
+    from spotstop.guard._log import LogChangedError
+
+    path = tmp_path / "robot.sqlite"
+    with DecisionLog(path) as log:
+        log.append(make_record(1))
+    with DecisionLog(path, read_only=True) as reader:
+        assert reader.count() == 1
+        with DecisionLog(path) as guard:  # the guard starts, writes, and checkpoints on close
+            guard.append(make_record(2))
+        with pytest.raises(LogChangedError, match="changed while it was read"):
+            reader.count()
+    calls = []
+    real = _reviewed._read_open
+
+    def once_changed(log):
+        calls.append(log._unwatched is not None)
+        if len(calls) == 1:
+            raise LogChangedError("changed while it was read")
+        return real(log)
+
+    monkeypatch.setattr(_reviewed, "_read_open", once_changed)
+    assert len(read_reviewed(path).arrays.decision_id) == 2
+    assert calls == [True, True]
