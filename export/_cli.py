@@ -291,6 +291,8 @@ def run_world(args: argparse.Namespace) -> int:
     print(
         f"wrote {world.csv_path} and {len(world.cases)} images; the rule: {world.root / 'rules.txt'}"
     )
+    if opts.signs or opts.file_cue:
+        print(f"cues as drawn (each a share of what its option's is of): {world.cue_rates()}")
     print("A TOY WORLD: drawn shapes labelled by a rule table, not real safety.")
     return 0
 

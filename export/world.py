@@ -53,6 +53,7 @@ __all__ = [
     "RULES",
     "SIGN_TEXTS",
     "WORLD_COLUMNS",
+    "CueRates",
     "World",
     "WorldCase",
     "WorldOptions",
@@ -305,6 +306,49 @@ class World:
             f"World({self.root}, seed={self.seed}, cases={len(self.cases)}, unsafe={n_u}, "
             f"rooms={self.options.rooms})"
         )
+
+    def cue_rates(self) -> CueRates:
+        """The cues' shares as drawn (:class:`CueRates`), beside the options that asked for
+        them: each is a draw, and an occluded contrast's scenes always carry a claiming sign."""
+        return CueRates.of(self.cases)
+
+
+@dataclass(frozen=True)
+class CueRates:
+    """The cues' shares in a world's cases, each over what its option's share is of.
+
+    signs: scenes with a sign (of all scenes; ``--signs``); misleading: signs that contradict
+    the label (of signed scenes; ``--misleading``); neutral: neutral signs (of the signs that
+    do not mislead; ``--neutral-signs``); file_cue: UNSAFE scenes saved as JPEG (of UNSAFE
+    scenes; ``--file-cue``); occluded: contrasts whose object is hidden (of contrasts;
+    ``--occluded``). NaN where nothing is there to share.
+    """
+
+    signs: float
+    misleading: float
+    neutral: float
+    file_cue: float
+    occluded: float
+
+    @staticmethod
+    def of(cases: Sequence[WorldCase]) -> CueRates:
+        def share(k: int, n: int) -> float:
+            return k / n if n else float("nan")
+
+        signed = [c for c in cases if c.sign_cue != "none"]
+        honest = [c for c in signed if not c.sign_misleading]
+        unsafe = [c for c in cases if c.label == 1]
+        contrasts = {c.contrast_id: c.occluded for c in cases}
+        return CueRates(
+            signs=share(len(signed), len(cases)),
+            misleading=share(sum(c.sign_misleading for c in signed), len(signed)),
+            neutral=share(sum(c.sign_cue == "neutral" for c in honest), len(honest)),
+            file_cue=share(sum(c.file_cue for c in unsafe), len(unsafe)),
+            occluded=share(sum(contrasts.values()), len(contrasts)),
+        )
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k.replace('_', '-')} {v:.3f}" for k, v in asdict(self).items())
 
 
 def rules_text() -> str:

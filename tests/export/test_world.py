@@ -20,6 +20,7 @@ from spotstop.export.world import (
     HAZARDS,
     RULES,
     WORLD_COLUMNS,
+    CueRates,
     WorldOptions,
     build_world,
     read_world,
@@ -193,6 +194,44 @@ def test_an_occluded_contrast_hides_its_object_and_always_carries_a_claim() -> N
     b = np.asarray(render_case(replace(unsafe, sign_cue="none"), opts), dtype=int)
     np.testing.assert_array_equal(a, b)  # the crate hides the only difference
     assert not any(c.occluded for c in world_cases(0, replace(opts, signs=0.0)))
+
+
+def test_cue_rates_count_what_was_drawn_and_show_occlusion_raising_the_sign_share(
+    tmp_path: Path, capsys
+) -> None:
+    """`--occluded` contrasts always carry a claiming sign, so the realised share of signed
+    scenes is occluded + (1 - occluded) x signs, not `--signs`: the world says what it drew,
+    counted here again from world.csv."""
+    from spotstop.cli import main
+
+    opts = WorldOptions(
+        rooms=40, contrasts_per_room=20, signs=0.2, occluded=0.5, file_cue=0.3, misleading=0.25
+    )
+    rates = CueRates.of(world_cases(3, opts))
+    n = 40 * 20
+    assert abs(rates.signs - (0.5 + 0.5 * 0.2)) < 4 * np.sqrt(0.25 / n) + 4 * np.sqrt(0.16 / n)
+    assert abs(rates.occluded - 0.5) < 4 * np.sqrt(0.25 / n)
+    out = tmp_path / "w"
+    args = ["world", "--out", str(out), "--seed", "3", "--rooms", "4", "--contrasts-per-room", "5"]
+    args += ["--signs", "0.5", "--occluded", "0.3", "--file-cue", "0.4", "--neutral-signs", "0.5"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    with (out / "world.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    signed = [r for r in rows if r["sign_cue"] != "none"]
+    honest = [r for r in signed if r["sign_misleading"] == "0"]
+    unsafe = [r for r in rows if r["label"] == "UNSAFE"]
+    contrasts = {r["contrast_id"]: r["occluded"] == "1" for r in rows}
+    want = CueRates(
+        signs=len(signed) / len(rows),
+        misleading=sum(r["sign_misleading"] == "1" for r in signed) / len(signed),
+        neutral=sum(r["sign_cue"] == "neutral" for r in honest) / len(honest),
+        file_cue=sum(r["file_cue"] == "1" for r in unsafe) / len(unsafe),
+        occluded=sum(contrasts.values()) / len(contrasts),
+    )
+    assert read_world(out).cue_rates() == want
+    assert f"cues as drawn (each a share of what its option's is of): {want}" in printed
+    assert str(want).startswith("signs ") and "file-cue" in str(want)
 
 
 def test_sign_styles_keep_the_first_wordings_fonts_and_colours() -> None:
