@@ -425,7 +425,8 @@ def run_serve(args: argparse.Namespace) -> int:
 _SCORE_EPILOG = """\
 Many scenes: IMAGE may be a folder of JPEG/PNG/WebP images (sorted by path; --request is
 their request) or a CSV image,request[,situation_id] (image paths relative to the CSV). Every
-image is decoded first (a refused one stops the run, naming it). The scores go to --out FILE
+image is decoded and every request checked first (a refused one stops the run, naming its
+scene; on --ray the actors refuse it, naming no scene). The scores go to --out FILE
 (.csv or .jsonl) or to stdout (CSV; JSONL with --json), one row per scene and variant, in
 input order, with the columns
   scene,image,image_sha256,request,situation_id,member,variant,score,prompt_hash
@@ -654,6 +655,23 @@ def run_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_table_requests(table: Any, member: Any) -> None:
+    """Every row's request as the guard checks it (:meth:`Member.check_request`), before any
+    scoring: a refused one stops the run naming its row (scored with the others, it failed
+    its whole chunk, and the run ended naming no row)."""
+    from spotstop.guard._errors import RequestError
+
+    bad = []
+    for i, row in enumerate(table.rows):
+        try:
+            member.check_request(row.request)
+        except RequestError as e:
+            bad.append(f"scene {i} ({row.image}): {e}")
+    if bad:
+        more = f" ({len(bad) - 1} more refused)" if len(bad) > 1 else ""
+        raise RequestError(f"{table.source}, {bad[0]}{more}")
+
+
 def _run_score_many(args: argparse.Namespace) -> int:
     """``spotstop score FOLDER|CSV``: a table of scores, on the local or the Ray engine."""
 
@@ -674,6 +692,7 @@ def _run_score_many(args: argparse.Namespace) -> int:
     table = read_scene_table(args.image, args.request)  # bad images fail before any model
     if engine is None:
         member = load()
+        _check_table_requests(table, member)  # one refused request names its row, first
         ref = MemberRef(member.name, load, loaded=member)
         engine = get_engine("local", chunk_size=args.chunk_size)
     else:  # the member loads in the actors; find its folder here, so a bad one fails now

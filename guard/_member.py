@@ -110,6 +110,14 @@ class Member:
     def prompt_ids(self, request: str, variant: Variant = "scene") -> list[int]:
         return self.encoder.prompt_ids(request, None if variant == "text" else self._image_text)
 
+    def check_request(self, request: str) -> None:
+        """Refuse a request this member cannot score (:class:`RequestError` saying why): the
+        encoder's rules (empty, too long in characters, control tokens), then
+        :meth:`check_fits`. The guard checks each scene with it, and ``spotstop score`` each
+        row of a table, before any model work."""
+        self.encoder.check_request(request)
+        self.check_fits(request)
+
     def check_fits(self, request: str) -> None:
         """Refuse, before any model work, a request whose prompt with its image is longer than
         the member's graphs take (:class:`RequestError`): scored with others, it would fail

@@ -276,8 +276,7 @@ class Pipeline:
                     if self.store_images:
                         w.raw = data
                 for m in self.members.values():
-                    m.encoder.check_request(w.scene.request)
-                    m.check_fits(w.scene.request)  # one too long must not fail its batch
+                    m.check_request(w.scene.request)  # one too long must not fail its batch
             except _ReadTimeout:
                 w.fail_with(clock.reason("reading the image file"))
             except _ReadsStalled as e:

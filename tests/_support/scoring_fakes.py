@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from spotstop.guard import MemberScore, Scene
+from spotstop.guard._errors import RequestError
 from spotstop.guard._image import DecodedImage
 
 
@@ -22,6 +23,11 @@ class RequestNumber:
 
     def __init__(self, name: str = "numbers") -> None:
         self.name = name
+
+    def check_request(self, request: str) -> None:
+        """Refuses a request ending in "refuse", as a member refuses one too long for it."""
+        if request.rsplit(" ", 1)[-1] == "refuse":
+            raise RequestError(f"request {request!r} is refused by member {self.name}.")
 
     def score(
         self, scenes: Sequence[Scene], variant: str = "scene", *, strict: bool = True

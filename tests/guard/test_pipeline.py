@@ -43,8 +43,9 @@ class Numbers(RequestNumber):
 
     encoder = _Encoder()
 
-    def check_fits(self, request: str) -> None:
-        """Takes a request of any length (no length buckets)."""
+    def check_request(self, request: str) -> None:
+        """The encoder's rules; any length fits (no length buckets)."""
+        self.encoder.check_request(request)
 
 
 class Raising(Numbers):

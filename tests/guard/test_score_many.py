@@ -142,6 +142,33 @@ def test_score_over_a_csv_writes_a_table(
     assert len(lines) == 6 and '"score": null' in lines[2]
 
 
+def test_score_names_the_row_whose_request_the_member_refuses_before_scoring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A request the member refuses (too long for it) ended the run with the member's error
+    alone, naming no row, after the chunks before it were scored; the rows are checked first
+    (Member.check_request, the guard's rule), and the first refused one is named."""
+    monkeypatch.setattr("spotstop.guard._member.load_member", load_numbers)
+    scored = []
+    real = RequestNumber.score
+    monkeypatch.setattr(
+        RequestNumber,
+        "score",
+        lambda self, sc, *a, **k: scored.append(1) or real(self, sc, *a, **k),
+    )
+    (tmp_path / "img").mkdir()
+    rows = ["image,request"]
+    for i, req in enumerate(["go 1", "go 2", "go refuse", "go 4", "go refuse"]):
+        (tmp_path / "img" / f"{i}.png").write_bytes(make_image_bytes(i))
+        rows.append(f"img/{i}.png,{req}")
+    (tmp_path / "s.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert main(["score", str(tmp_path / "s.csv"), "--member", "m", "--chunk-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "s.csv, scene 2 (img/2.png): request 'go refuse' is refused by member m." in err
+    assert "(1 more refused)" in err and "Traceback" not in err
+    assert scored == []  # nothing scored before the refusal
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
