@@ -87,23 +87,29 @@ def test_a_read_only_reader_sees_a_live_writer_s_rows_and_does_not_block_it(
             assert reader.count() == 2
 
 
+def _log_with_a_wal_row(src: Path, dst: Path) -> list:
+    """``dst/log.sqlite`` and its -wal, copied while a writer held them: its second row is in
+    the -wal only (no -shm is copied). Returns the two records."""
+    src.mkdir()
+    dst.mkdir()
+    recs = [make_record(1), make_record(2)]
+    with DecisionLog(src / "log.sqlite") as log:
+        log.append(recs[0])
+        log.checkpoint()
+        log._conn().execute("PRAGMA wal_autocheckpoint = 0")
+        log.append(recs[1])  # in the -wal only
+        shutil.copyfile(src / "log.sqlite", dst / "log.sqlite")
+        shutil.copyfile(src / "log.sqlite-wal", dst / "log.sqlite-wal")
+    return recs
+
+
 def test_a_log_sqlite_cannot_open_in_place_is_read_with_its_wal_rows(tmp_path: Path) -> None:
     """SQLite reads a WAL log read-only only when it can open or create its -shm file (a
     read-only folder, a copied log, cannot): the reader reads a copy of the file and its -wal,
     rows that only the -wal holds included. A folder standing where the -shm file goes
     makes SQLite fail here the same way, as root too."""
-    src = tmp_path / "src" / "log.sqlite"
-    src.parent.mkdir()
     frozen = tmp_path / "frozen"
-    frozen.mkdir()
-    recs = [make_record(1), make_record(2)]
-    with DecisionLog(src) as log:
-        log.append(recs[0])
-        log.checkpoint()
-        log._conn().execute("PRAGMA wal_autocheckpoint = 0")
-        log.append(recs[1])  # in the -wal only
-        shutil.copyfile(src, frozen / "log.sqlite")
-        shutil.copyfile(src.with_name("log.sqlite-wal"), frozen / "log.sqlite-wal")
+    recs = _log_with_a_wal_row(tmp_path / "src", frozen)
     path = frozen / "log.sqlite"
     (frozen / "log.sqlite-shm").mkdir()
     files = {p.name: _digest(p) for p in frozen.iterdir() if p.is_file()}
@@ -157,18 +163,8 @@ def test_reading_a_closed_log_leaves_nothing_beside_it(tmp_path: Path) -> None:
 def test_a_crashed_writer_s_wal_rows_are_read_and_its_files_left_alone(tmp_path: Path) -> None:
     """A writer that died leaves its -wal (rows only it holds) and no -shm once its -shm is
     gone: the rows are read from a copy, and nothing is created beside the log."""
-    src = tmp_path / "src" / "log.sqlite"
-    src.parent.mkdir()
     robot = tmp_path / "robot"
-    robot.mkdir()
-    recs = [make_record(1), make_record(2)]
-    with DecisionLog(src) as log:
-        log.append(recs[0])
-        log.checkpoint()
-        log._conn().execute("PRAGMA wal_autocheckpoint = 0")
-        log.append(recs[1])  # in the -wal only
-        shutil.copyfile(src, robot / "log.sqlite")
-        shutil.copyfile(src.with_name("log.sqlite-wal"), robot / "log.sqlite-wal")
+    recs = _log_with_a_wal_row(tmp_path / "src", robot)
     before = _listing(robot)
     ids = read_reviewed(robot / "log.sqlite").arrays.decision_id.tolist()
     assert ids == [r.decision_id for r in recs]
