@@ -349,7 +349,12 @@ def add_policy_parser(sub: Any) -> None:
     d.add_argument("--bundle", type=Path, default=None, help="bundle folder, to name versions")
     d.add_argument("--log", type=Path, default=None, help="decision log for the predicted effect")
     d.add_argument("--labels", type=Path, default=None, help="labels file (CSV/JSONL)")
-    d.add_argument("--since", default=None, help="first decision time (ISO, UTC)")
+    d.add_argument(
+        "--since",
+        default=None,
+        help="first decision time (ISO, UTC); a stateful policy's replay runs the decisions "
+        "before it first, to fill its state",
+    )
     d.add_argument("--until", default=None, help="end of the window, exclusive (ISO, UTC)")
     d.add_argument("--batch-size", type=int, default=None, help="replay batches of N decisions")
     d.add_argument("--json", action="store_true", help="print JSON")

@@ -17,6 +17,12 @@ the effect of its new policy on the log it fitted it on) would let each decision
 own and later scores, an in-sample number: the replay then starts from empty state, and the
 note says which start it used.
 
+A window that starts after the policy was already deciding (``since``; the guard's windows
+held the decisions before it): the replay of a stateful policy runs the log's earlier
+decisions (:attr:`CalibrationLog.earlier`) first, from the start the rule above picks for the
+first of THOSE, only to fill its state; they count in no rate, and the note says how many
+primed it. Without them, each situation's window would restart empty at ``since``.
+
 The policy is run on every decision of the policy's bundle and prompt as the guard ran its
 own (:func:`~spotstop.guard.policies.entered_scores`: a scene that failed closed before the
 decision enters as missing, one that failed after it still moved the situation windows);
@@ -192,9 +198,21 @@ def _seed_decisions(fitted_on: Mapping[str, Any]) -> tuple[bool, Any]:
     return isinstance(rec, Mapping), None
 
 
+def _primer(cfg: PolicyConfig, data: CalibrationLog) -> CalibrationLog | None:
+    """The decisions a replay of ``cfg`` runs before ``data``'s to fill its state: the log's
+    decisions before ``since`` for a stateful policy, None when there are none to run."""
+    earlier = data.earlier
+    if not cfg.policy.stateful or earlier is None or earlier.n == 0:
+        return None
+    return earlier
+
+
 def replay_start(cfg: PolicyConfig, data: CalibrationLog) -> tuple[Any, str, str]:
     """The state a replay of ``cfg`` over ``data``'s decisions starts from: ``(state, start,
     why)``, ``start`` ``"seed"`` or ``"empty"`` (``(None, "", "")`` for a stateless policy).
+    Where ``data`` cuts into the log (``since``), the replay begins with the decisions before
+    it (:func:`_primer`): the start is then the state before the first of those, and ``why``
+    says how many primed it.
 
     The guard's state before the first replayed decision: the ``state_seed`` when it holds
     only decisions earlier than the first replayed one, or was not fitted on logged decisions
@@ -204,6 +222,19 @@ def replay_start(cfg: PolicyConfig, data: CalibrationLog) -> tuple[Any, str, str
     """
     if not cfg.policy.stateful:
         return None, "", ""
+    primer = _primer(cfg, data)
+    state, start, why = _start(cfg, data.time if primer is None else primer.time)
+    if primer is not None:
+        why += (
+            f"; primed with the {primer.n} decisions before --since ({data.since}), replayed "
+            "first from that start: they fill its state and count in no rate"
+        )
+    return state, start, why
+
+
+def _start(cfg: PolicyConfig, times: np.ndarray) -> tuple[Any, str, str]:
+    """:func:`replay_start`'s rule for a replay whose decisions (all of them, in order) have
+    ``times``."""
     empty = cfg.policy.initial_state(None)
     if cfg.state_seed is None:
         return empty, "empty", "from empty state (the policy has no state seed)"
@@ -225,7 +256,7 @@ def replay_start(cfg: PolicyConfig, data: CalibrationLog) -> tuple[Any, str, str
             "from empty state: its state seed was fitted on a log, but its provenance does not "
             "say on which decisions, so it may hold the replayed ones",
         )
-    t = data.time[np.isfinite(data.time)]
+    t = times[np.isfinite(times)]
     if t.size == 0:
         return cfg.initial_state(), "seed", "from its state seed (no decision to replay)"
     # compared at the provenance's precision: the same decision is never "earlier"
@@ -245,6 +276,14 @@ def replay_start(cfg: PolicyConfig, data: CalibrationLog) -> tuple[Any, str, str
         f"not all before the first replayed one ({iso_time(float(t.min()))}), so each "
         "decision's cut would already contain its own and later scores (an in-sample effect)",
     )
+
+
+def _text_scores(data: CalibrationLog, member: str) -> np.ndarray:
+    """``member``'s request-only scores as the guard gave them to its policy (NaN where that
+    pass did not run)."""
+    if data.member_text is None or member not in data.member_text:
+        return np.full(data.n, np.nan)
+    return entered_scores({member: data.member_text[member]}, data.policy_score)[member]
 
 
 def _rate(x: np.ndarray) -> float:
@@ -276,19 +315,32 @@ def predict_effect(
         )
     # The policy runs on what the guard ran it on (entered_scores: a scene that failed closed
     # before the decision enters as missing, one that failed after it, e.g. past the
-    # deadline, moved the windows all the same), over every decision of the bundle in order;
-    # the rates are then read on the usable ones.
+    # deadline, moved the windows all the same), over every decision of the bundle in order,
+    # after the decisions before the window that prime a stateful policy's state (_primer);
+    # the rates are then read on the usable ones of the window.
+    primer = _primer(cfg, data)
+    runs = [data] if primer is None else [primer, data]
     use = data.usable
-    members = entered_scores(
-        {m: data.member_scores[m] for m in cfg.fusion.members}, data.policy_score
-    )
-    text = None if data.member_text is None else entered_scores(data.member_text, data.policy_score)
-    sids = [s or None for s in data.logged_situation_id.tolist()]  # the ids the guard keyed
+    members = {
+        m: np.concatenate(
+            [entered_scores({m: d.member_scores[m]}, d.policy_score)[m] for d in runs]
+        )
+        for m in cfg.fusion.members
+    }
+    text = None
+    if any(d.member_text is not None for d in runs):
+        text = {m: np.concatenate([_text_scores(d, m) for d in runs]) for m in data.members}
+    sids = [s or None for d in runs for s in d.logged_situation_id.tolist()]  # the guard's ids
     n_all = int(use.size)
+    n_first = len(sids) - n_all
     n = int(use.sum())
-    logged = data.batch_id.tolist()
+    logged = [b for d in runs for b in d.batch_id.tolist()]
     if batch_size is not None:
-        batches: list[Any] | None = [i // batch_size for i in range(n_all)]
+        # the window in batches of N from its first decision; the primer's end at the window
+        batches: list[Any] | None = [
+            *(-1 - (n_first - 1 - i) // batch_size for i in range(n_first)),
+            *(i // batch_size for i in range(n_all)),
+        ]
         how = f"in batches of {batch_size} consecutive decisions"
     elif any(b is not None for b in logged):
         batches = logged
@@ -306,7 +358,7 @@ def predict_effect(
             "these rates describe the scenes near the cut, not the log"
         )
     x = batch_inputs(cfg.fusion, members, sids, text)
-    labels = list(replay(cfg.policy, x, batch_ids=batches, state=state).labels)
+    labels = list(replay(cfg.policy, x, batch_ids=batches, state=state).labels)[n_first:]
     flags = np.array([lab == "UNSAFE" for lab in labels], dtype=bool).reshape(n_all)[use]
     y = data.label[use]
     return PredictedEffect(

@@ -22,6 +22,13 @@ Which decisions
 Labels file
     Applied to the whole log before the time window is cut, so rows for decisions outside
     the window are not errors. See :mod:`spotstop.guard._labels` for its columns.
+
+Before the window
+    With ``since``, the same bundle's decisions before it (``time < since``) come along as
+    ``earlier``: a :class:`CalibrationLog` of the window ``[start, since)``, read in the same
+    pass by the same rules. A fit never reads them; a replay of a stateful policy
+    (``calibrate.predict_effect``) runs them first, so that its state at ``since`` holds what
+    the guard's did.
 """
 
 from __future__ import annotations
@@ -61,6 +68,8 @@ class CalibrationLog:
     bundle_id, prompt_hash, members: what the decisions were filtered to.
     log, labels: sources; since/until: the window asked for (ISO-8601 or None);
     n_decisions: decisions of any bundle in the window; dropped: counts per reason.
+    earlier: with ``since``, this bundle's decisions before it, as the window ``[start,
+    since)`` (None without ``since``): what primes a stateful policy's replay, never a fit.
     """
 
     decision_id: np.ndarray
@@ -84,6 +93,7 @@ class CalibrationLog:
     until: str | None
     n_decisions: int
     dropped: dict[str, int] = field(default_factory=dict)
+    earlier: CalibrationLog | None = None
 
     @property
     def n(self) -> int:
@@ -170,67 +180,71 @@ def read_calibration_log(
     decision_id = np.asarray(arr.decision_id, dtype=object)
     label, contrast, situation = arr.label, arr.contrast_id, arr.situation_id
     t = np.asarray(arr.time, dtype=np.float64)
-    in_window = np.ones(t.size, dtype=bool)
-    if t0 is not None:
-        in_window &= t >= t0
-    if t1 is not None:
-        in_window &= t < t1
     same = (
         np.array([b == bundle_id for b in arr.bundle_id], dtype=bool)
         & np.array([p == prompt_hash for p in arr.prompt_hash], dtype=bool)
     ).reshape(t.size)
-    keep = in_window & same
-    n_window = int(in_window.sum())
     missing = [m for m in members if m not in arr.member_scores]
-    scores: dict[str, np.ndarray] = {}
-    for m in members:
-        col = arr.member_scores.get(m)
-        scores[m] = (np.full(t.size, np.nan) if col is None else np.asarray(col, float))[keep]
-    text: dict[str, np.ndarray] | None = None
-    if any(m in arr.member_scores_text for m in members):
-        text = {
-            m: np.asarray(arr.member_scores_text.get(m, np.full(t.size, np.nan)), float)[keep]
-            for m in members
-        }
     counted = decisions_that_count(arr, needs=tuple(members))  # the log's one rule
-    fail, unscored = counted.fail_closed[keep], counted.unscored[keep]
-    not_run = counted.member_not_run[keep]
-    dropped = {
-        "other_bundle": int((in_window & ~same).sum()),
-        "fail_closed": int(fail.sum()),
-        "nonfinite_member_score": int((unscored & ~not_run).sum()),
-    }
-    if not_run.any():
-        dropped["member_not_run"] = int(not_run.sum())
-    if missing and keep.any():
-        dropped["members_missing_from_log"] = len(missing)
+    with_text = any(m in arr.member_scores_text for m in members)
 
-    def iso_or_none(x: float | None) -> str | None:
-        return None if x is None else iso_time(x)
+    def window(
+        lo: float | None, hi: float | None, earlier: CalibrationLog | None
+    ) -> CalibrationLog:
+        """This bundle's decisions with ``lo <= time < hi`` (None: open)."""
+        in_window = np.ones(t.size, dtype=bool)
+        if lo is not None:
+            in_window &= t >= lo
+        if hi is not None:
+            in_window &= t < hi
+        keep = in_window & same
+        scores: dict[str, np.ndarray] = {}
+        for m in members:
+            col = arr.member_scores.get(m)
+            scores[m] = (np.full(t.size, np.nan) if col is None else np.asarray(col, float))[keep]
+        text: dict[str, np.ndarray] | None = None
+        if with_text:
+            text = {
+                m: np.asarray(arr.member_scores_text.get(m, np.full(t.size, np.nan)), float)[keep]
+                for m in members
+            }
+        fail, unscored = counted.fail_closed[keep], counted.unscored[keep]
+        not_run = counted.member_not_run[keep]
+        dropped = {
+            "other_bundle": int((in_window & ~same).sum()),
+            "fail_closed": int(fail.sum()),
+            "nonfinite_member_score": int((unscored & ~not_run).sum()),
+        }
+        if not_run.any():
+            dropped["member_not_run"] = int(not_run.sum())
+        if missing and keep.any():
+            dropped["members_missing_from_log"] = len(missing)
+        return CalibrationLog(
+            decision_id=decision_id[keep],
+            time=t[keep],
+            situation_id=situation[keep],
+            logged_situation_id=arr.logged_situation_id[keep],
+            contrast_id=contrast[keep],
+            label=label[keep],
+            fused_logged=np.asarray(arr.fused, dtype=np.float64)[keep],
+            member_scores=scores,
+            policy_score=np.asarray(arr.policy_score, dtype=np.float64)[keep],
+            usable=counted.mask[keep],
+            batch_id=np.asarray(arr.batch_id, dtype=object)[keep],
+            member_text=text,
+            bundle_id=bundle_id,
+            prompt_hash=prompt_hash,
+            members=tuple(members),
+            log=str(path),
+            labels=None if labels is None else str(labels),
+            since=None if lo is None else iso_time(lo),
+            until=None if hi is None else iso_time(hi),
+            n_decisions=int(in_window.sum()),
+            dropped=dropped,
+            earlier=earlier,
+        )
 
-    return CalibrationLog(
-        decision_id=decision_id[keep],
-        time=t[keep],
-        situation_id=situation[keep],
-        logged_situation_id=arr.logged_situation_id[keep],
-        contrast_id=contrast[keep],
-        label=label[keep],
-        fused_logged=np.asarray(arr.fused, dtype=np.float64)[keep],
-        member_scores=scores,
-        policy_score=np.asarray(arr.policy_score, dtype=np.float64)[keep],
-        usable=counted.mask[keep],
-        batch_id=np.asarray(arr.batch_id, dtype=object)[keep],
-        member_text=text,
-        bundle_id=bundle_id,
-        prompt_hash=prompt_hash,
-        members=tuple(members),
-        log=str(path),
-        labels=None if labels is None else str(labels),
-        since=iso_or_none(t0),
-        until=iso_or_none(t1),
-        n_decisions=n_window,
-        dropped=dropped,
-    )
+    return window(t0, t1, None if t0 is None else window(None, t0, None))
 
 
 def read_log_for_bundle(

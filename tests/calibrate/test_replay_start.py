@@ -121,6 +121,8 @@ def test_a_seed_fitted_on_earlier_decisions_starts_the_replay(tmp_path: Path) ->
     """A seed fitted only on decisions before the replayed ones is the state the guard had
     when it started on them: the replay starts from it (and from empty windows on a window
     that overlaps the seed's decisions)."""
+    from dataclasses import replace
+
     from spotstop.calibrate._diff import replay_start
     from spotstop.calibrate._logdata import iso_time
 
@@ -129,12 +131,20 @@ def test_a_seed_fitted_on_earlier_decisions_starts_the_replay(tmp_path: Path) ->
     mid = iso_time(T0 + 60 * 3 * (N_SIT // 2) + 30)  # between situation 39 and 40
     cfg = _fit(bundle, log, until=mid)
     later = read_log_for_bundle(log, load_bundle(bundle, verify=False), since=mid)
-    state, start, why = replay_start(cfg, later)
+    # a log that holds only the later decisions (the seed came from another one)
+    alone = replace(later, earlier=None)
+    state, start, why = replay_start(cfg, alone)
     assert start == "seed" and "before the first replayed one" in why
     assert state == cfg.initial_state()
-    eff = predict_effect(cfg, later)
+    eff = predict_effect(cfg, alone)
     assert eff.start == "seed"
     assert np.array_equal(eff.flags, _decide_in_order(cfg, later, cfg.initial_state()))
+    # this log also holds the decisions before --since, the seed's among them: the replay
+    # runs them first, from empty windows (not on top of a seed that holds them)
+    assert later.earlier is not None and later.earlier.n == 3 * (N_SIT // 2)
+    primed = predict_effect(cfg, later)
+    assert primed.start == "empty" and "primed with the 120 decisions before --since" in primed.note
+    assert np.array_equal(primed.flags, eff.flags)
 
     everything = read_log_for_bundle(log, load_bundle(bundle, verify=False))
     assert replay_start(cfg, everything)[1] == "empty"
@@ -157,3 +167,49 @@ def test_a_seed_not_fitted_on_logged_decisions_starts_the_replay(tmp_path: Path)
     # a recalibrated file that says it came from a log but not from which decisions: empty
     vague = replace(cfg, fitted_on={"state_seed": {"n_scores": 3}})
     assert replay_start(vague, data)[1] == "empty"
+
+
+def test_a_window_after_the_start_replays_what_the_guard_decided(
+    bundle_copy: Path, tmp_path: Path
+) -> None:
+    """``--since`` after the guard's situation policy had been deciding: the guard's windows at
+    ``since`` held the decisions before it. A replay that starts from empty windows at
+    ``since`` (the policy has no seed) gave other labels than the guard's for the same policy
+    on its own decisions (28 decisions: flag rate 0.464 predicted, 0.607 logged). The replay
+    now runs the earlier decisions first, and predicts exactly what the guard logged."""
+    from spotstop.calibrate._logdata import iso_time
+    from spotstop.export.scenes import demo_scenes
+    from spotstop.guard import Guard, load_policy
+
+    log = tmp_path / "decisions.sqlite"
+    with Guard(bundle_copy, log=log, state_dir=tmp_path / "state") as g:  # window 8, min_refs 3
+        for b in range(16):
+            sids = [f"room-{(b + i) % 3}" for i in range(4)]
+            g.check_batch(demo_scenes(4, seed=500 + b, situations=sids))
+    with DecisionLog(log) as opened:
+        arr = opened.to_arrays()
+    t = np.asarray(arr.time, dtype=float)
+    assert t[35] < t[36]
+    cut = (t[35] + t[36]) / 2  # before batch 9: every room has a full window by then
+    since = iso_time(cut)
+    active = load_policy(bundle_copy / "policy.yaml")
+    assert isinstance(active.policy, SituationPolicy) and active.state_seed is None
+    data = read_log_for_bundle(log, load_bundle(bundle_copy, verify=False), since=since)
+    assert data.n == 28
+
+    eff = predict_effect(active, data)
+    guard_said = (arr.guard_label == 1)[t >= cut][data.usable]
+    assert eff.n == guard_said.size == 28
+    assert np.array_equal(eff.flags, guard_said)
+    assert eff.start == "empty"
+    assert data.earlier is not None and data.earlier.n == 36
+    assert (
+        "from empty state (the policy has no state seed); primed with the 36 decisions before"
+        in eff.note
+    )
+    # regrouped in batches of 4 from --since (the guard's batches), the same
+    assert np.array_equal(predict_effect(active, data, batch_size=4).flags, guard_said)
+    # the CLI's diff of the active policy with itself shows the same
+    diff = diff_policies(active, active, data, names=("active", "active"))
+    assert diff.effect_b is not None and diff.effect_b.flag_rate == float(guard_said.mean())
+    assert any("primed with the 36 decisions before --since" in n for n in diff.notes)
