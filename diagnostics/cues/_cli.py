@@ -359,20 +359,20 @@ def _make_detector(args: argparse.Namespace) -> Any:
 def _shift(args: argparse.Namespace, rng: Any, detector: Any) -> Any:
     from spotstop.diagnostics.cues._frames import frames_from_folder, frames_from_log, measure_shift
 
-    frames = (
+    with (
         frames_from_folder(args.frames)
         if args.frames is not None
         else frames_from_log(args.log, labels=args.labels)
-    )
-    return measure_shift(
-        detector,
-        frames,
-        args.calibration,
-        prior=args.prior,
-        n_boot=args.n_boot,
-        rng=rng,
-        progress=not args.quiet,
-    )
+    ) as frames:  # a log's stored images are read through one opening of it
+        return measure_shift(
+            detector,
+            frames,
+            args.calibration,
+            prior=args.prior,
+            n_boot=args.n_boot,
+            rng=rng,
+            progress=not args.quiet,
+        )
 
 
 def _reliance(args: argparse.Namespace, folders: list[str], pairs: bool, rng: Any) -> Any:

@@ -43,7 +43,12 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 @dataclass(frozen=True)
 class DeploymentFrames:
     """Frames to read: ``items[i] = (name, load)``, with per-frame ``labels`` (1 UNSAFE,
-    0 SAFE, -1 unlabelled) and ``groups`` (resampling groups), and where they came from."""
+    0 SAFE, -1 unlabelled) and ``groups`` (resampling groups), and where they came from.
+
+    Frames of a decision log's stored images read them through the one opening of the log
+    that listed them: use them inside ``with frames_from_log(...) as frames:`` (or call
+    :meth:`close` after reading them); a ``load`` after that raises :class:`DataError`.
+    """
 
     items: tuple[tuple[str, Callable[[], bytes]], ...] = field(repr=False)
     labels: NDArray[np.int8] = field(repr=False)
@@ -51,9 +56,23 @@ class DeploymentFrames:
     source: Mapping[str, Any]
     flags: NDArray[np.bool_] | None = field(default=None, repr=False)
     """Flags already read, ``(n, len(CUES))`` (logged at decision time); None: read ``items``."""
+    closer: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    """What :meth:`close` calls: it releases what ``items`` read from (None: nothing held)."""
 
     def __len__(self) -> int:
         return len(self.items)
+
+    def close(self) -> None:
+        """Release what the frames read from (a decision log's opening, with its private copy
+        where it has one); the frames' loads fail after. Closing twice is harmless."""
+        if self.closer is not None:
+            self.closer()
+
+    def __enter__(self) -> DeploymentFrames:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def frames_from_folder(folder: str | os.PathLike[str]) -> DeploymentFrames:
@@ -78,21 +97,39 @@ def frames_from_log(
     """The decisions of a log as deployment frames, with the log's labels (or a labels file's,
     as for the card) and situation ids: the decisions with text flags logged at decision time
     when the log has any (the others are counted and left out, with a warning), else the
-    decisions whose image is stored (likewise). A log with neither is an error."""
-    from spotstop.guard import DecisionLog, GuardError, LabelsFileError, read_reviewed
+    decisions whose image is stored (likewise). A log with neither is an error.
+
+    Frames of stored images keep the log open (one read-only opening for the listing and
+    every image: a log of an older schema is read through ONE private migrated copy) until
+    :meth:`DeploymentFrames.close`: ``with frames_from_log(...) as frames: ...``."""
+    from spotstop.guard import DecisionLog, GuardError, LabelsFileError
 
     path = Path(log_path)
     if not path.is_file():
         raise DataError(f"decision log {str(path)!r} does not exist; pass the log's SQLite file.")
+    images: _StoredImages | None = None
+    frames: DeploymentFrames | None = None
     try:
-        with DecisionLog(path, read_only=True) as log:
-            reviewed = read_reviewed(log, labels)
-            arr = reviewed.arrays
-            stored = {s for s in set(arr.image_sha256) if s and log.image(s) is not None}
+        images = _StoredImages(path, DecisionLog(path, read_only=True))
+        frames = _frames(path, images, labels)
+        return frames
     except LabelsFileError as exc:
         raise DataError(str(exc)) from exc
     except GuardError as exc:
         raise DataError(f"cannot read the decision log {str(path)!r}: {exc}") from exc
+    finally:
+        if images is not None and (frames is None or frames.closer is None):
+            images.close()  # it failed, or the flags were logged: no image is read
+
+
+def _frames(
+    path: Path, images: _StoredImages, labels: str | os.PathLike[str] | None
+) -> DeploymentFrames:
+    """:func:`frames_from_log` on its opened log (``images``)."""
+    from spotstop.guard import read_reviewed
+
+    reviewed = read_reviewed(images.log, labels)
+    arr = reviewed.arrays
     ids = np.asarray(arr.decision_id, dtype=object)
     sha = arr.image_sha256  # "" for none (read_reviewed)
     lab, situation = arr.label, arr.situation_id
@@ -112,7 +149,7 @@ def frames_from_log(
                 f"{int((~logged).sum())} of {len(ids)} decisions have no logged text flags "
                 "(detection was off for them) and are left out of the shift.",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,  # frames_from_log's caller
             )
         return DeploymentFrames(
             items=tuple((f"decision {ids[i]}", _no_image) for i in idx),
@@ -121,6 +158,7 @@ def frames_from_log(
             source={**source, "frame_flags": "logged at decision time", "n_with_flags": len(idx)},
             flags=flags,
         )
+    stored = {s for s in set(sha) if s and images.log.image(s) is not None}
     keep = np.array([s in stored for s in sha], dtype=bool)
     if not keep.any():
         raise DataError(
@@ -132,19 +170,12 @@ def frames_from_log(
             f"{int((~keep).sum())} of {len(ids)} decisions have no stored image (never stored, "
             "or pruned) and are left out of the shift.",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,  # frames_from_log's caller
         )
-
-    def load(s: str) -> bytes:
-        with DecisionLog(path, read_only=True) as log:
-            data = log.image(s)
-        if data is None:
-            raise DataError(f"the image {s} left decision log {str(path)!r} while reading it.")
-        return data
 
     idx = np.flatnonzero(keep)
     return DeploymentFrames(
-        items=tuple((f"decision {ids[i]}", partial(load, str(sha[i]))) for i in idx),
+        items=tuple((f"decision {ids[i]}", partial(images.load, str(sha[i]))) for i in idx),
         labels=lab[idx],
         groups=tuple(str(situation[i]) or f"decision {ids[i]}" for i in idx),
         source={
@@ -152,7 +183,54 @@ def frames_from_log(
             "frame_flags": "read from the stored images",
             "n_with_image": int(keep.sum()),
         },
+        closer=images.close,
     )
+
+
+class _StoredImages:
+    """The images a decision log stored, read through the one read-only opening of the log
+    that listed them (an older schema's log is read through a private migrated copy: one per
+    opening, so opening it per frame made one copy of the whole log per image)."""
+
+    def __init__(self, path: Path, log: Any) -> None:
+        self._path = path
+        self._log = log
+
+    @property
+    def log(self) -> Any:
+        """The open :class:`~spotstop.guard.DecisionLog`."""
+        if self._log is None:
+            raise DataError(
+                f"the frames of decision log {str(self._path)!r} were closed "
+                "(DeploymentFrames.close); read them before, inside `with frames_from_log(...) "
+                "as frames:`."
+            )
+        return self._log
+
+    def load(self, sha256: str) -> bytes:
+        """The stored image ``sha256``; :class:`DataError` when it left the log meanwhile."""
+        from spotstop.guard import DecisionLog
+        from spotstop.guard._log import LogChangedError
+
+        log = self.log
+        try:
+            data = log.image(sha256)
+        except LogChangedError:  # a guard opened the log meanwhile: read it with its locks
+            log.close()
+            self._log = None
+            self._log = DecisionLog(self._path, read_only=True)
+            data = self._log.image(sha256)
+        if data is None:
+            raise DataError(
+                f"the image {sha256} left decision log {str(self._path)!r} while reading it."
+            )
+        return data
+
+    def close(self) -> None:
+        """Close the log (and remove its private copy, where it has one)."""
+        log, self._log = self._log, None
+        if log is not None:
+            log.close()
 
 
 def _no_image() -> bytes:

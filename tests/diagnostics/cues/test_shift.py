@@ -503,10 +503,11 @@ def test_frames_from_a_decision_log_with_labels_and_situations(tmp_path):
         log.set_labels([(ids[0], "unsafe", None, None), (ids[1], "safe", None, None)])
     with pytest.warns(UserWarning, match="1 of 6 decisions have no stored image"):
         frames = frames_from_log(log_path)
-    assert len(frames) == 5
-    assert frames.labels.tolist() == [1, 0, -1, -1, -1]
-    assert frames.groups == ("s0", "s1", "s0", "s1", "s0")
-    assert [load() for _, load in frames.items] == images[:5]
+    with frames:  # the stored images are read through the log's one opening
+        assert len(frames) == 5
+        assert frames.labels.tolist() == [1, 0, -1, -1, -1]
+        assert frames.groups == ("s0", "s1", "s0", "s1", "s0")
+        assert [load() for _, load in frames.items] == images[:5]
     with pytest.raises(DataError, match="does not exist"):
         frames_from_log(tmp_path / "nope.sqlite")
     with pytest.raises(DataError, match="holds no JPEG, PNG or WebP image"):
