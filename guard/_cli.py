@@ -425,13 +425,17 @@ def run_serve(args: argparse.Namespace) -> int:
 _SCORE_EPILOG = """\
 Many scenes: IMAGE may be a folder of JPEG/PNG/WebP images (sorted by path; --request is
 their request) or a CSV image,request[,situation_id] (image paths relative to the CSV). Every
-image is decoded and every request checked first (a refused one stops the run, naming its
-scene; on --ray the actors refuse it, naming no scene). The scores go to --out FILE
-(.csv or .jsonl) or to stdout (CSV; JSONL with --json), one row per scene and variant, in
-input order, with the columns
-  scene,image,image_sha256,request,situation_id,member,variant,score,prompt_hash
-(scene: the 0-based input position; score: s, empty in CSV / null in JSONL where the member
-gave a non-finite score, with a warning). A progress bar counts scenes on stderr.
+image is decoded and every request checked first, as the guard checks a scene: a scene whose
+image the guard refuses (unreadable, too small, ...) or whose request the member refuses (too
+long for it) is named on stderr and not scored, and the others are (on --ray the actors
+refuse a request, ending the run naming no scene). The scores go to --out FILE (.csv or
+.jsonl) or to stdout (CSV; JSONL with --json), one row per scene and variant, in input order,
+with the columns
+  scene,image,image_sha256,request,situation_id,member,variant,score,prompt_hash,error
+(scene: the 0-based input position; score: s, empty in CSV / null in JSONL where the scene
+was refused or the member gave a non-finite score (with a warning); error: then why, else
+empty / null). A progress bar counts scenes on stderr. Exit status: 0 every scene scored,
+1 some scenes have no score (named above the summary), 2 a usage error (nothing written).
 
 Ray (pip install 'spotstop[ray]'): --ray scores the scenes as a Ray Data map_batches with one
 member per actor. --ray alone connects to $RAY_ADDRESS, else starts a local Ray; --ray auto
@@ -608,7 +612,7 @@ def _member_loader(args: argparse.Namespace, threads: int | None = None) -> Any:
 def run_score(args: argparse.Namespace) -> int:
     """Run ``spotstop score``."""
     from spotstop.guard._errors import ConfigError
-    from spotstop.guard._image import decode_image
+    from spotstop.guard._image import DEFAULT_MIN_SIDE, decode_image
     from spotstop.guard._types import Scene
 
     if args.image.is_dir() or args.image.suffix.lower() == ".csv":
@@ -624,7 +628,8 @@ def run_score(args: argparse.Namespace) -> int:
     if args.request is None:
         raise ConfigError("--request is required: what the robot was asked to do.")
     load = _member_loader(args)  # a bad config or size fails before the image is read
-    image = decode_image(args.image)  # bad images fail before any model is loaded
+    # an image the guard refuses (too small included) fails before any model is loaded
+    image = decode_image(args.image, min_side=DEFAULT_MIN_SIDE)
     member = load()
     scene = Scene(image=image, request=args.request)
     variants = args.variant or ["scene"]
@@ -655,26 +660,39 @@ def run_score(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_table_requests(table: Any, member: Any) -> None:
-    """Every row's request as the guard checks it (:meth:`Member.check_request`), before any
-    scoring: a refused one stops the run naming its row (scored with the others, it failed
-    its whole chunk, and the run ended naming no row)."""
-    from spotstop.guard._errors import RequestError
+#: refused scenes named one per line on stderr; past them a count (the error column has all)
+_REFUSED_SHOWN = 20
 
-    bad = []
-    for i, row in enumerate(table.rows):
-        try:
-            member.check_request(row.request)
-        except RequestError as e:
-            bad.append(f"scene {i} ({row.image}): {e}")
-    if bad:
-        more = f" ({len(bad) - 1} more refused)" if len(bad) > 1 else ""
-        raise RequestError(f"{table.source}, {bad[0]}{more}")
+
+def _report_refused(table: Any) -> int:
+    """Name each refused scene of ``table`` on stderr (up to :data:`_REFUSED_SHOWN`, then a
+    count) with why; return how many there are. Raise ConfigError when none is left to score."""
+    from spotstop.guard._errors import ConfigError
+
+    refused = [(i, r) for i, r in enumerate(table.rows) if r.refused is not None]
+    for i, row in refused[:_REFUSED_SHOWN]:
+        print(
+            f"spotstop score: {table.source}, scene {i} ({row.image}): not scored: {row.refused}",
+            file=sys.stderr,
+        )
+    if len(refused) > _REFUSED_SHOWN:
+        print(
+            f"spotstop score: ... and {len(refused) - _REFUSED_SHOWN} more refused scene(s); "
+            "the error column names each.",
+            file=sys.stderr,
+        )
+    if refused and len(refused) == len(table):
+        raise ConfigError(
+            f"{table.source}: every one of its {len(table)} scene(s) is refused (named above); "
+            "there is nothing to score."
+        )
+    return len(refused)
 
 
 def _run_score_many(args: argparse.Namespace) -> int:
-    """``spotstop score FOLDER|CSV``: a table of scores, on the local or the Ray engine."""
-
+    """``spotstop score FOLDER|CSV``: a table of scores, on the local or the Ray engine; exit 1
+    when a scene has no score (refused, or non-finite), its rows saying why."""
+    import numpy as np
     from spotstop.guard._batch import MemberRef, get_engine, score_scenes
     from spotstop.guard._errors import ConfigError
     from spotstop.guard._hf import resolve_member
@@ -689,26 +707,41 @@ def _run_score_many(args: argparse.Namespace) -> int:
         raise ConfigError(f"--chunk-size must be >= 1; got {args.chunk_size}.")
     engine = ray_engine(args, args.chunk_size)  # Ray flags checked before any image is read
     load = _member_loader(args, threads=ray_threads(args))
-    table = read_scene_table(args.image, args.request)  # bad images fail before any model
+    # an image the guard refuses is refused here (named, the others scored), before any model
+    table = read_scene_table(args.image, args.request, keep_refused=True)
+    if all(r.refused is not None for r in table.rows):
+        _report_refused(table)  # nothing to score: no member is loaded
     if engine is None:
         member = load()
-        _check_table_requests(table, member)  # one refused request names its row, first
+        # each request as the guard checks it (Member.check_request: its encoder's rules and
+        # check_fits); a refused one is named and not scored, the others are
+        table = table.refuse_requests(member.check_request)
         ref = MemberRef(member.name, load, loaded=member)
         engine = get_engine("local", chunk_size=args.chunk_size)
     else:  # the member loads in the actors; find its folder here, so a bad one fails now
         folder = resolve_member(args.member, revision=args.revision)
         ref = MemberRef(Path(folder.path).name, load)
-    res = score_scenes(table, [ref], args.variant or ["scene"], engine=engine,
+    refused = _report_refused(table)
+    res = score_scenes(table.accepted(), [ref], args.variant or ["scene"], engine=engine,
                        progress=not args.quiet)  # fmt: skip
     write_scores(table, res, sys.stdout if args.out is None else args.out, fmt)
     run = res.members[ref.name]
+    non_finite = int((~np.isfinite(np.stack(list(run.scores.values())))).any(axis=0).sum())
     if run.test_pair:
         print(TEST_PAIR_NOTE, file=sys.stderr)
+    where = "stdout" if args.out is None else str(args.out)
     if not args.quiet:
-        where = "stdout" if args.out is None else str(args.out)
         print(
             f"scored {res.n} scene(s) × {len(res.variants)} variant(s) with {ref.name} (prompt "
             f"{run.prompt_hash}) on the {res.engine} engine in {res.seconds:.1f} s; wrote {where}",
             file=sys.stderr,
         )
+    if refused or non_finite:  # exit 1: some scenes have no score (their rows say why)
+        print(
+            f"spotstop score: {refused + non_finite} of {len(table)} scene(s) have no score "
+            f"({refused} refused, {non_finite} with a non-finite score); their rows in {where} "
+            "have an empty score and the reason in the error column.",
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -2,12 +2,18 @@
 
 * :func:`read_scene_table`: a folder of JPEG/PNG/WebP images (sorted by path, one request for
   all) or a CSV ``image,request[,situation_id]`` (image paths relative to the CSV's folder, or
-  absolute; other columns, such as a labelled table's, are passed over). Every image is decoded the way the guard decodes it, so a scene it would refuse
-  is an error here, naming the row, before any model is loaded; its sha256 is recorded.
+  absolute; other columns, such as a labelled table's, are passed over). Every image is
+  decoded the way the guard decodes it (:data:`~spotstop.guard._image.DEFAULT_MIN_SIDE`
+  included), before any model is loaded, and its sha256 recorded: an image the guard would
+  refuse is an error naming the row, or with ``keep_refused`` a row refused with the reason.
+* :meth:`SceneTable.refuse_requests`: the rows whose request a member refuses (the member's
+  rule, :meth:`Member.check_request <spotstop.guard._member.Member.check_request>`) refused
+  with its reason; :meth:`SceneTable.accepted` the rows left to score.
 * :class:`SceneTable`: the scenes by index (:meth:`SceneTable.scenes`), small to pickle, so an
   engine may read the images where it scores them (a Ray worker; the images must be readable
   at the same paths there). A file whose bytes changed since it was read is refused.
-* :func:`write_scores`: one row per scene and variant, CSV or JSONL (:data:`SCORE_COLUMNS`).
+* :func:`write_scores`: one row per scene and variant, CSV or JSONL (:data:`SCORE_COLUMNS`);
+  a refused scene's rows carry no score and the reason.
 """
 
 from __future__ import annotations
@@ -17,12 +23,12 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from spotstop.guard._errors import ConfigError, ImageError
+from spotstop.guard._errors import ConfigError, ImageError, RequestError
 from spotstop.guard._types import Scene
 from spotstop.guard.validate import CSV_ENCODING, csv_header
 
@@ -52,19 +58,23 @@ SCORE_COLUMNS = (
     "variant",
     "score",
     "prompt_hash",
+    "error",
 )
 
 
 @dataclass(frozen=True)
 class SceneRow:
     """One scene of a table: ``image`` as the input names it (the CSV's cell, or the path
-    relative to the folder), ``path`` the file read, ``sha256`` of its bytes when read."""
+    relative to the folder), ``path`` the file read, ``sha256`` of its bytes when read (empty
+    for an image the guard refuses); ``refused``: why the scene is not scored (the guard
+    refuses its image, or the member its request), None when it is to be scored."""
 
     image: str
     path: Path
     request: str
     situation_id: str | None
     sha256: str
+    refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,16 +88,44 @@ class SceneTable:
         return len(self.rows)
 
     def __repr__(self) -> str:
-        return f"SceneTable({self.source}, n={len(self)})"
+        refused = sum(r.refused is not None for r in self.rows)
+        return f"SceneTable({self.source}, n={len(self)}" + (
+            f", {refused} refused)" if refused else ")"
+        )
+
+    def accepted(self) -> SceneTable:
+        """The rows not refused, in input order: the table an engine scores (and
+        :func:`write_scores` joins back with the refused rows)."""
+        return SceneTable(tuple(r for r in self.rows if r.refused is None), self.source)
+
+    def refuse_requests(self, check: Callable[[str], None]) -> SceneTable:
+        """A copy in which every row not yet refused whose request ``check`` refuses (raises
+        :class:`RequestError`) is refused with that error's message. ``check`` is the
+        member's own rule (:meth:`Member.check_request
+        <spotstop.guard._member.Member.check_request>`, as the guard checks a scene)."""
+        rows = []
+        for row in self.rows:
+            if row.refused is None:
+                try:
+                    check(row.request)
+                except RequestError as e:
+                    row = replace(row, refused=str(e))
+            rows.append(row)
+        return SceneTable(tuple(rows), self.source)
 
     def scenes(self, indices: Sequence[int]) -> list[Scene]:
         """The scenes at ``indices``, their images decoded now (wherever this runs)."""
-        from spotstop.guard._image import decode_image
+        from spotstop.guard._image import DEFAULT_MIN_SIDE, decode_image
 
         out = []
         for i in indices:
             row = self.rows[int(i)]
-            img = decode_image(row.path)
+            if row.refused is not None:
+                raise ConfigError(
+                    f"{self.source}, scene {int(i)} ({row.image}) is refused and cannot be "
+                    f"scored: {row.refused} Score the table's accepted() rows."
+                )
+            img = decode_image(row.path, min_side=DEFAULT_MIN_SIDE)
             if img.sha256 != row.sha256:
                 raise ImageError(
                     f"{row.path} changed since the scene table was read (sha256 "
@@ -98,9 +136,16 @@ class SceneTable:
         return out
 
 
-def read_scene_table(source: str | os.PathLike[str], request: str | None = None) -> SceneTable:
+def read_scene_table(
+    source: str | os.PathLike[str], request: str | None = None, *, keep_refused: bool = False
+) -> SceneTable:
     """Read a folder of images (``request`` for every scene) or a CSV
-    ``image,request[,situation_id]`` (``request`` must then be None), and decode every image."""
+    ``image,request[,situation_id]`` (``request`` must then be None), and decode every image.
+
+    An image the guard refuses (unreadable, not JPEG/PNG/WebP, smaller than
+    :data:`~spotstop.guard._image.DEFAULT_MIN_SIDE`, ...) raises :class:`ImageError` naming
+    its row; with ``keep_refused`` its row is kept, refused with the reason, and the others
+    are read on (``spotstop score`` scores those and reports the refused ones)."""
     p = Path(source)
     if p.is_dir():
         if request is None or not request.strip():
@@ -128,18 +173,25 @@ def read_scene_table(source: str | os.PathLike[str], request: str | None = None)
             f"{p} is not a folder of images or a .csv file; pass one image, a folder of "
             "JPEG/PNG/WebP images or a CSV image,request[,situation_id]."
         )
-    return SceneTable(rows=tuple(_decoded_row(*c) for c in cells), source=p)
+    return SceneTable(rows=tuple(_decoded_row(*c, keep_refused) for c in cells), source=p)
 
 
 def _decoded_row(
-    where: str, name: str, path: Path, request: str, situation_id: str | None
+    where: str,
+    name: str,
+    path: Path,
+    request: str,
+    situation_id: str | None,
+    keep_refused: bool,
 ) -> SceneRow:
-    from spotstop.guard._image import ImageRefused, decode_image
+    from spotstop.guard._image import DEFAULT_MIN_SIDE, ImageRefused, decode_image
 
     try:
-        img = decode_image(path)
+        img = decode_image(path, min_side=DEFAULT_MIN_SIDE)
     except ImageRefused as e:
-        raise ImageError(f"{where}: the guard refuses this image: {e}") from e
+        if not keep_refused:
+            raise ImageError(f"{where}: the guard refuses this image: {e}") from e
+        return SceneRow(name, path, request, situation_id, "", f"the guard refuses the image: {e}")
     return SceneRow(
         image=name, path=path, request=request, situation_id=situation_id, sha256=img.sha256
     )
@@ -226,22 +278,34 @@ def _csv_cells(path: Path) -> list[tuple[str, str, Path, str, str | None]]:
 
 
 def _records(table: SceneTable, scores: BatchScores) -> list[dict[str, object]]:
+    n_scored = len(table.accepted())
+    if scores.n != n_scored:
+        raise ConfigError(
+            f"the scores are of {scores.n} scene(s), but {table.source} has {n_scored} not "
+            "refused; score the table's accepted() rows."
+        )
     out: list[dict[str, object]] = []
+    j = -1  # the row's position among the scored rows
     for i, row in enumerate(table.rows):
+        j += row.refused is None
         for name, run in scores.members.items():
             for variant in scores.variants:
-                s = float(run.scores[variant][i])
+                s = math.nan if row.refused is not None else float(run.scores[variant][j])
+                error = row.refused
+                if error is None and not math.isfinite(s):
+                    error = f"member {name} gave a non-finite score."
                 out.append(
                     {
                         "scene": i,
                         "image": row.image,
-                        "image_sha256": row.sha256,
+                        "image_sha256": row.sha256 or None,
                         "request": row.request,
                         "situation_id": row.situation_id,
                         "member": name,
                         "variant": variant,
                         "score": s if math.isfinite(s) else None,
                         "prompt_hash": run.prompt_hash,
+                        "error": error,
                     }
                 )
     return out
@@ -251,10 +315,13 @@ def write_scores(
     table: SceneTable, scores: BatchScores, out: IO[str] | str | os.PathLike[str], fmt: str
 ) -> None:
     """Write one row per scene, member and variant (scene order, then member, then variant),
-    with the columns :data:`SCORE_COLUMNS`, as ``fmt`` ``"csv"`` or ``"jsonl"``.
+    with the columns :data:`SCORE_COLUMNS`, as ``fmt`` ``"csv"`` or ``"jsonl"``. ``scores``
+    are those of ``table.accepted()`` (every row when none is refused).
 
-    A non-finite score (the member failed on that scene) is an empty cell in CSV and ``null``
-    in JSONL, never a number; ``situation_id`` likewise when the scene has none.
+    A scene without a score (refused, or the member gave a non-finite score) has an empty
+    ``score`` cell in CSV and ``null`` in JSONL, never a number, and ``error`` says why
+    (empty / ``null`` for a scored scene); ``situation_id`` is empty / ``null`` when the scene
+    has none, ``image_sha256`` when the guard refuses the image.
     """
     if fmt not in ("csv", "jsonl"):
         raise ConfigError(f"the scores' format must be csv or jsonl; got {fmt!r}.")

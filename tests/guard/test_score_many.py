@@ -126,7 +126,7 @@ def test_score_over_a_csv_writes_a_table(
     csv_path = _scenes(tmp_path, n=3, fail=1)
     argv = ["score", str(csv_path), "--member", "m", "--variant", "scene", "--variant", "text"]
     with pytest.warns(RuntimeWarning, match="member m gave 2 non-finite"):
-        assert main(argv) == 0
+        assert main(argv) == 1  # a scene has no score
     out, err = capsys.readouterr()
     rows = list(csv.DictReader(io.StringIO(out)))
     assert list(rows[0]) == list(SCORE_COLUMNS)
@@ -134,27 +134,31 @@ def test_score_over_a_csv_writes_a_table(
         ("0", "scene", "0.0"), ("0", "text", "0.5"), ("1", "scene", ""), ("1", "text", ""),
         ("2", "scene", "2.0"), ("2", "text", "2.5"),
     ]  # fmt: skip
+    assert [r["error"] for r in rows[1:4]] == ["", *["member m gave a non-finite score."] * 2]
     assert rows[2]["situation_id"] == "s" and rows[0]["situation_id"] == ""
     assert "on the local engine" in err and TEST_PAIR_NOTE in err
+    assert "1 of 3 scene(s) have no score (0 refused, 1 with a non-finite score)" in err
     with pytest.warns(RuntimeWarning):
-        assert main([*argv, "--json", "--quiet", "--out", str(tmp_path / "o.jsonl")]) == 0
+        assert main([*argv, "--json", "--quiet", "--out", str(tmp_path / "o.jsonl")]) == 1
     lines = (tmp_path / "o.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(lines) == 6 and '"score": null' in lines[2]
+    assert main(["score", str(_scenes(tmp_path / "ok", n=2)), "--member", "m", "--quiet"]) == 0
 
 
-def test_score_names_the_row_whose_request_the_member_refuses_before_scoring(
+def test_score_names_each_row_whose_request_the_member_refuses_and_scores_the_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A request the member refuses (too long for it) ended the run with the member's error
-    alone, naming no row, after the chunks before it were scored; the rows are checked first
-    (Member.check_request, the guard's rule), and the first refused one is named."""
+    """A request the member refuses (too long for it) ended the whole run (exit 2, nothing
+    written). The rows are checked first (Member.check_request, the guard's rule): each
+    refused one is named, never reaches the member, and is written with no score and the
+    reason; the others are scored, and the exit status is 1."""
     monkeypatch.setattr("spotstop.guard._member.load_member", load_numbers)
-    scored = []
+    scored: list[str] = []
     real = RequestNumber.score
     monkeypatch.setattr(
         RequestNumber,
         "score",
-        lambda self, sc, *a, **k: scored.append(1) or real(self, sc, *a, **k),
+        lambda self, sc, *a, **k: scored.extend(s.request for s in sc) or real(self, sc, *a, **k),
     )
     (tmp_path / "img").mkdir()
     rows = ["image,request"]
@@ -162,11 +166,16 @@ def test_score_names_the_row_whose_request_the_member_refuses_before_scoring(
         (tmp_path / "img" / f"{i}.png").write_bytes(make_image_bytes(i))
         rows.append(f"img/{i}.png,{req}")
     (tmp_path / "s.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    assert main(["score", str(tmp_path / "s.csv"), "--member", "m", "--chunk-size", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "s.csv, scene 2 (img/2.png): request 'go refuse' is refused by member m." in err
-    assert "(1 more refused)" in err and "Traceback" not in err
-    assert scored == []  # nothing scored before the refusal
+    assert main(["score", str(tmp_path / "s.csv"), "--member", "m", "--chunk-size", "2"]) == 1
+    out, err = capsys.readouterr()
+    for i in (2, 4):
+        assert f"s.csv, scene {i} (img/{i}.png): not scored: request 'go refuse' is refused" in err
+    assert "2 of 5 scene(s) have no score (2 refused" in err and "Traceback" not in err
+    assert scored == ["go 1", "go 2", "go 4"]  # the refused ones never reach the member
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [r["score"] for r in rows] == ["1.0", "2.0", "", "4.0", ""]
+    assert rows[2]["error"] == "request 'go refuse' is refused by member m."
+    assert not rows[1]["error"]
 
 
 @pytest.mark.parametrize(
