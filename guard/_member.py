@@ -296,6 +296,23 @@ def _names_member(key: str, name: str, model_type: str) -> bool:
     return key in (name, model_type) or model_type.startswith(key)
 
 
+def _check_has_weights(folder: MemberFolder, backend: str) -> None:
+    """A bundle's exported member (its scoring graphs, no weights) loaded with the torch
+    backend failed deep in transformers ("chat_template is not set"): say what it is."""
+    from spotstop.guard.backends._graphs import GRAPHS_FILE
+
+    path = Path(folder.path)
+    if backend != "torch" or not (path / GRAPHS_FILE).is_file():
+        return
+    if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+        return
+    raise MemberLoadError(
+        f"{path} is a bundle's exported member (ONNX scoring graphs, no weights); the torch "
+        "backend needs the Hugging Face folder it was exported from. Pass that folder, or "
+        "judge scenes with the bundle (`spotstop check --bundle`, `verify-bundle`)."
+    )
+
+
 def load_member(
     source: str | os.PathLike[str],
     *,
@@ -324,6 +341,7 @@ def load_member(
     cfg = config or ScoringConfig()
     folder = resolve_member(source, revision=revision)
     member_name = name or Path(folder.path).name
+    _check_has_weights(folder, backend)
     size = resolve_image_size(folder, cfg, member_name, image_size, visual_tokens)
     geometry = folder.arch.geometry(folder.config, folder.preprocessor, size)
     if template is None:  # a bundle carries it pre-rendered; a bare folder needs transformers

@@ -216,3 +216,21 @@ def test_reliance_actors_go_with_ray(tmp_path: Path, capsys: pytest.CaptureFixtu
     argv = ["reliance", "--bundle", "B", "--source", "S", "--out", str(tmp_path), "--actors", "2"]
     assert main(argv) == 2
     assert "--actors and --gpus-per-actor go with --ray" in capsys.readouterr().err
+
+
+def test_score_with_a_bundle_s_exported_member_says_what_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bundle's member folder (its ONNX graphs, no weights) given to `spotstop score` (the
+    torch reference) ended in a transformers traceback ("chat_template is not set")."""
+    from tests._support.make_bundle import BUNDLE_DIR
+
+    img = tmp_path / "a.png"
+    img.write_bytes(make_image_bytes(0, size=(64, 64)))
+    member = BUNDLE_DIR / "members" / "tiny-qwen3_5"
+    assert (
+        main(["score", str(img), "--member", str(member), "--request", "go"]) == 1
+    )  # as a missing folder
+    err = capsys.readouterr().err
+    assert "is a bundle's exported member (ONNX scoring graphs, no weights)" in err
+    assert "Traceback" not in err
