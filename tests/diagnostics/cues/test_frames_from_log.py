@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from spotstop.diagnostics.cues import frames_from_log
 from spotstop.guard import DecisionLog, DecisionRecord
 
 from tests._support.cues_fakes import png
+from tests._support.records import make_record
 
 _SCHEMA_4 = Path(__file__).parents[2] / "data" / "demo_log_schema4.sqlite"
 
@@ -77,19 +79,8 @@ def test_a_guard_writing_the_log_meanwhile_does_not_stop_the_reading(tmp_path: P
     images = [png(i, size=(16, 16)) for i in range(3)]
 
     def record(i: int, img: bytes) -> DecisionRecord:
-        return DecisionRecord(
-            request=f"r{i}",
-            image_sha256=hashlib.sha256(img).hexdigest(),
-            member_scores={"a": 0.0},
-            fused_score=0.0,
-            threshold=0.0,
-            policy="frozen",
-            label="SAFE",
-            fail_closed=False,
-            latency_ms={"total": 1.0},
-            bundle_id="b",
-            prompt_hash="p",
-        )
+        # decided now: a record of 2023 would have its image pruned by the 30-day retention
+        return make_record(i, time=time.time(), image_sha256=hashlib.sha256(img).hexdigest())
 
     with DecisionLog(path, store_images=True) as log:
         for i, img in enumerate(images):
