@@ -766,14 +766,17 @@ _COMPARE_WORLD = WorldOptions(rooms=4, contrasts_per_room=4, test_share=1.0)
 
 def compare_with_committed(pair: TrainedPair) -> tuple[Reproduction, ...]:
     """Compare a retrained ``pair`` with the committed weights: sha256, and scores on
-    held-out world scenes. A pair trained from another seed than the committed one's is not
-    compared (empty)."""
+    held-out world scenes. A pair trained from another seed than the committed one's, or in an
+    install without committed weights, is not compared (empty)."""
     import tempfile
 
     from spotstop.export.world import case_scene
     from spotstop.guard import load_member
 
-    if int(_manifest()["seed"]) != pair.seed:
+    try:
+        if int(_manifest()["seed"]) != pair.seed:
+            return ()
+    except TrainedWeightsError:  # no committed weights in this install: nothing to compare
         return ()
     scenes = [case_scene(c, _COMPARE_WORLD) for c in world_cases(99, _COMPARE_WORLD)]
     out = []

@@ -305,8 +305,20 @@ def test_a_retrained_pair_is_compared_with_the_committed_weights(tmp_path: Path)
     assert b.max_score_diff > 0.1 and b.scenes == 32
     assert str(a).endswith("reproduces the committed weights (same sha256)")
     assert f"scores up to {b.max_score_diff:.3g} nats apart on 32 held-out scenes" in str(b)
-    # another seed's training: nothing to compare it with
+    # another seed's training, or an install without committed weights: nothing to compare
     assert compare_with_committed(T.TrainedPair(other, pair.members, seed=1)) == ()
+
+
+def test_a_retrain_without_committed_weights_is_compared_with_nothing(monkeypatch) -> None:
+    """A retrain in an install without trained.json ended in a TrainedWeightsError traceback
+    after training, where it compared with the committed weights."""
+    from spotstop.export.train import compare_with_committed
+
+    def missing() -> None:
+        raise TrainedWeightsError("trained.json is missing")
+
+    monkeypatch.setattr(T, "_manifest", missing)
+    assert compare_with_committed(T.TrainedPair(Path("x"), (), seed=0)) == ()
 
 
 def test_cli_warns_before_a_retrain_at_other_versions(tmp_path: Path, capsys, monkeypatch) -> None:
