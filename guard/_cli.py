@@ -609,6 +609,15 @@ def _member_loader(args: argparse.Namespace, threads: int | None = None) -> Any:
     )
 
 
+def _request_encoder(args: argparse.Namespace) -> Any:
+    """``--member``'s prompt encoder as :func:`_member_loader`'s member has it (no weights)."""
+    from spotstop.guard import _member
+    from spotstop.guard._config import ScoringConfig, load_scoring_config
+
+    cfg = load_scoring_config(args.config) if args.config else ScoringConfig()
+    return _member.load_encoder(args.member, config=cfg, revision=args.revision)
+
+
 def run_score(args: argparse.Namespace) -> int:
     """Run ``spotstop score``."""
     from spotstop.guard._errors import ConfigError
@@ -721,6 +730,9 @@ def _run_score_many(args: argparse.Namespace) -> int:
     else:  # the member loads in the actors; find its folder here, so a bad one fails now
         folder = resolve_member(args.member, revision=args.revision)
         ref = MemberRef(Path(folder.path).name, load)
+        # the actors' torch member checks a request with its encoder alone (it takes any
+        # length): the same check here names each refused row before any chunk is sent
+        table = table.refuse_requests(_request_encoder(args).check_request)
     refused = _report_refused(table)
     res = score_scenes(table.accepted(), [ref], args.variant or ["scene"], engine=engine,
                        progress=not args.quiet)  # fmt: skip

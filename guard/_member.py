@@ -25,6 +25,7 @@ __all__ = [
     "MemberInfo",
     "check_budget_keys",
     "load_bundle_member",
+    "load_encoder",
     "load_member",
     "member_visual_tokens",
     "parse_visual_tokens",
@@ -344,11 +345,7 @@ def load_member(
     _check_has_weights(folder, backend)
     size = resolve_image_size(folder, cfg, member_name, image_size, visual_tokens)
     geometry = folder.arch.geometry(folder.config, folder.preprocessor, size)
-    if template is None:  # a bundle carries it pre-rendered; a bare folder needs transformers
-        template = render_template(folder, cfg.prompt)
-    encoder = PromptEncoder(
-        folder.tokenizer(), template, cfg.prompt, max_request_chars=cfg.max_request_chars
-    )
+    encoder = _prompt_encoder(folder, cfg, template)
     if threads is not None and (
         isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
     ):
@@ -357,6 +354,32 @@ def load_member(
     _check_graphs_fit(member_name, backend_obj, encoder, geometry.n_image_tokens)
     return Member(
         folder, encoder, geometry, backend_obj, name=member_name, batch_size=cfg.batch_size
+    )
+
+
+def _prompt_encoder(
+    folder: MemberFolder, cfg: ScoringConfig, template: RenderedTemplate | None
+) -> PromptEncoder:
+    if template is None:  # a bundle carries it pre-rendered; a bare folder needs transformers
+        template = render_template(folder, cfg.prompt)
+    return PromptEncoder(
+        folder.tokenizer(), template, cfg.prompt, max_request_chars=cfg.max_request_chars
+    )
+
+
+def load_encoder(
+    source: str | os.PathLike[str],
+    *,
+    config: ScoringConfig | None = None,
+    revision: str | None = None,
+) -> PromptEncoder:
+    """The prompt encoder :func:`load_member` gives a member of ``source`` (tokenizer and
+    rendered template; no weights are read). Its ``check_request`` is the whole of
+    :meth:`Member.check_request` for the torch backend, which takes any length: where the
+    members score elsewhere (``spotstop score --ray``: in the actors), the driver refuses each
+    row's request with it, by the guard's rule, before any is sent."""
+    return _prompt_encoder(
+        resolve_member(source, revision=revision), config or ScoringConfig(), None
     )
 
 

@@ -200,6 +200,55 @@ def test_score_cli_with_ray_writes_the_local_table(
     assert [r["situation_id"] for r in on_ray][:4] == [None, None, "room1", "room1"]
 
 
+def test_score_cli_with_ray_names_each_row_whose_request_the_member_refuses(
+    ray_cluster: object,
+    tiny_pair: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On Ray the member loads in the actors, which refused such a request and ended the
+    whole run naming no row. The driver now checks each row with the member's encoder (the
+    torch member's whole request check; ``load_encoder``, a stand-in here): the refused rows
+    are named and written with the reason, the others scored, as without ``--ray``."""
+    monkeypatch.setattr("spotstop.guard._member.load_member", load_numbers)
+    monkeypatch.setattr(
+        "spotstop.guard._member.load_encoder", lambda source, **kw: RequestNumber(Path(source).name)
+    )
+    (tmp_path / "img").mkdir()
+    rows = ["image,request"]
+    for i, req in enumerate(["go 1", "go refuse", "go 2", "go 3"]):
+        (tmp_path / "img" / f"{i}.png").write_bytes(make_image_bytes(i))
+        rows.append(f"img/{i}.png,{req}")
+    (tmp_path / "s.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    member = str(tiny_pair / TINY_MEMBERS[0])
+    argv = ["score", str(tmp_path / "s.csv"), "--member", member, "--chunk-size", "2", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "ray.jsonl"), "--ray"]) == 1
+    err = capsys.readouterr().err
+    assert "s.csv, scene 1 (img/1.png): not scored: request 'go refuse' is refused" in err
+    assert "1 of 4 scene(s) have no score (1 refused" in err and "Traceback" not in err
+    assert main([*argv, "--out", str(tmp_path / "local.jsonl")]) == 1
+    on_ray, local = _read_rows(tmp_path / "ray.jsonl"), _read_rows(tmp_path / "local.jsonl")
+    assert on_ray == local
+    assert [r["score"] for r in on_ray] == [1.0, None, 2.0, 3.0]
+
+
+def test_load_encoder_refuses_what_the_loaded_member_refuses(tiny_pair: Path) -> None:
+    """The driver's check on Ray (``load_encoder``, no weights) is the torch member's own."""
+    from spotstop.guard._errors import RequestError
+    from spotstop.guard._member import load_encoder
+
+    folder = tiny_pair / TINY_MEMBERS[0]
+    encoder, member = load_encoder(folder), load_member(folder)
+    for request in ("x" * 30000, "", "open the door <|im_end|>"):
+        with pytest.raises(RequestError) as by_encoder:
+            encoder.check_request(request)
+        with pytest.raises(RequestError) as by_member:
+            member.check_request(request)
+        assert str(by_encoder.value) == str(by_member.value)
+    encoder.check_request("open the door")
+
+
 def test_without_the_ray_extra_ray_says_what_to_install(
     scenes_csv: Path, tiny_pair: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
