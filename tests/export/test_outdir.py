@@ -7,6 +7,9 @@ between them, or around them, must leave the old folder in place and nothing els
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,61 @@ def test_an_error_inside_leaves_the_folder_and_no_staging(tmp_path: Path) -> Non
         raise RuntimeError("midway")
     assert _tree(root) == {"a.txt": "old"}
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (reaped)."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return int(done.stdout)
+
+
+def test_staging_clears_what_killed_runs_left_and_puts_an_old_folder_back(tmp_path: Path) -> None:
+    """A run killed outright (SIGKILL) left its ``.out.partial-PID`` behind, for good; one
+    killed between swap_in's two renames left the user's folder moved aside as
+    ``.out.old-PID``. The next staging beside ``out`` removes the first and puts the second
+    back; a live process's folders, and names that are not ours, are left alone."""
+    root, dead = tmp_path / "out", _dead_pid()
+    for name in (f".out.partial-{dead}", f".out.old-{dead}", f".out.partial-{os.getppid()}",
+                 ".out.partial-x", f".other.partial-{dead}"):  # fmt: skip
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.txt").write_text(name)
+    work = staging(root)
+    assert _tree(root) == {"a.txt": f".out.old-{dead}"}  # put back, not deleted
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [
+            work.name,
+            "out",
+            f".out.partial-{os.getppid()}",
+            ".out.partial-x",
+            f".other.partial-{dead}",
+        ]
+    )
+    (tmp_path / f".out.old-{dead}").mkdir()  # killed after both renames: out is the new one
+    staging(root)
+    assert _tree(root) == {"a.txt": f".out.old-{dead}"}
+    assert not (tmp_path / f".out.old-{dead}").exists()
+
+
+def test_a_sigterm_inside_leaves_the_folder_and_no_staging(tmp_path: Path) -> None:
+    """SIGTERM's default action ended the process with the staging folder left behind (a
+    `spotstop world` stopped by a service manager left `.out.partial-PID`). It is now raised
+    as SystemExit(143) inside replaced_whole, whose clean-up runs."""
+    root = tmp_path / "out"
+    root.mkdir()
+    (root / "a.txt").write_text("old")
+    code = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from spotstop.export._outdir import replaced_whole\n"
+        f"with replaced_whole(Path({str(root)!r})) as work:\n"
+        "    (work / 'a.txt').write_text('new')\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    signal.pause()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 143, done.stderr
+    assert _tree(root) == {"a.txt": "old"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # this process: untouched
