@@ -65,9 +65,10 @@ def add_tiny_parser(sub: Any) -> None:
     p.add_argument(
         "--seed",
         type=int,
-        default=0,
-        help="weight and tokenizer seed, 0..2**63-1 (default 0); with --trained it applies "
-        "only with --retrain (the committed weights are for one seed, 0)",
+        default=None,
+        help="weight and tokenizer seed, 0..2**63-1 (default 0; with --trained, the seed the "
+        "committed weights were trained from, which trained.json records: another applies "
+        "only with --retrain)",
     )
     p.add_argument(
         "--trained",
@@ -108,7 +109,8 @@ def run_tiny(args: argparse.Namespace) -> int:
     else:
         out = args.out or default_tiny_dir()
     try:  # before anything is written: a bad seed or --out is bad input
-        check_seed(args.seed, "--seed")
+        if args.seed is not None:
+            check_seed(args.seed, "--seed")
         check_pair_out(out)
     except ValueError as e:
         print(f"spotstop tiny: {e}", file=sys.stderr)
@@ -142,7 +144,7 @@ def run_tiny(args: argparse.Namespace) -> int:
             "(`spotstop world --rules`), never about real safety."
         )
         return 0
-    pair = build_tiny_pair(out, seed=args.seed, progress=True)
+    pair = build_tiny_pair(out, seed=0 if args.seed is None else args.seed, progress=True)
     for m in pair.members:
         weights = tree_digest(m).get("model.safetensors", "?")
         print(f"{m}  (model.safetensors sha256 {weights[:16]}…)")

@@ -619,9 +619,15 @@ class TrainedSeedError(TrainedWeightsError, ValueError):
     other than theirs applies only with ``retrain``)."""
 
 
+def committed_seed() -> int:
+    """The seed the committed weights were trained from (``trained.json``); TrainedWeightsError
+    in an install without them."""
+    return int(_manifest()["seed"])
+
+
 def check_committed_seed(seed: int) -> None:
     """TrainedSeedError unless the committed weights were trained from ``seed``."""
-    committed = int(_manifest()["seed"])
+    committed = committed_seed()
     if committed != seed:
         raise TrainedSeedError(
             f"the committed weights were trained from seed {committed}, not {seed}; a seed "
@@ -774,7 +780,7 @@ def compare_with_committed(pair: TrainedPair) -> tuple[Reproduction, ...]:
     from spotstop.guard import load_member
 
     try:
-        if int(_manifest()["seed"]) != pair.seed:
+        if committed_seed() != pair.seed:
             return ()
     except TrainedWeightsError:  # no committed weights in this install: nothing to compare
         return ()
@@ -793,7 +799,7 @@ def compare_with_committed(pair: TrainedPair) -> tuple[Reproduction, ...]:
 def build_trained_pair(
     out: str | Path | None = None,
     *,
-    seed: int = 0,
+    seed: int | None = None,
     retrain: bool = False,
     progress: bool = False,
     steps: int | None = None,
@@ -804,10 +810,18 @@ def build_trained_pair(
     sha256 that ``trained.json`` records; they exist for its seed only. With ``retrain``: each
     member is trained again here from ``seed`` (``steps`` overrides the recipe's, for a short
     run); the result equals the committed weights' scores for the same seed and library
-    versions (to float rounding).
+    versions (to float rounding). ``seed`` None: the committed weights' seed
+    (:func:`committed_seed`; a retrain in an install without them: 0).
     """
     from spotstop.export.tiny import check_pair_out, check_seed
 
+    if seed is None:
+        try:
+            seed = committed_seed()
+        except TrainedWeightsError:
+            if not retrain:
+                raise
+            seed = 0
     root = Path(out) if out is not None else default_trained_dir()
     check_seed(seed)
     check_pair_out(root)

@@ -19,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
+from spotstop.cli import main  # noqa: E402
 from spotstop.export import train as T  # noqa: E402
 from spotstop.export.train import (  # noqa: E402
     TRAINED_DIR,
@@ -337,7 +338,7 @@ def test_cli_warns_before_a_retrain_at_other_versions(tmp_path: Path, capsys, mo
     err = capsys.readouterr().err
     assert "warning: retraining with transformers 9.9.9" in err
     assert "will not reproduce the committed weights" in err
-    assert calls == [{"seed": 0, "retrain": True, "progress": True}]
+    assert calls == [{"seed": None, "retrain": True, "progress": True}]
     assert main(["tiny", "--trained", "--out", str(tmp_path)]) == 0  # committed: no warning
     assert "warning" not in capsys.readouterr().err
 
@@ -409,3 +410,21 @@ def test_training_gives_the_same_weights_whatever_threads_the_caller_runs(tmp_pa
     finally:
         torch.set_num_threads(before)
     assert digests[0] == digests[1]
+
+
+def test_without_a_seed_the_committed_weights_are_written_whatever_their_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The default seed was 0 whatever seed the committed weights record: weights committed
+    from seed 5 could not be written without `--seed 5`, and the refusal's "drop the seed to
+    use the committed weights" sent the user round in circles. No seed now means theirs."""
+    committed = tmp_path / "committed"
+    shutil.copytree(TRAINED_DIR, committed)
+    manifest = json.loads((committed / "trained.json").read_text(encoding="utf-8"))
+    (committed / "trained.json").write_text(json.dumps({**manifest, "seed": 5}), encoding="utf-8")
+    monkeypatch.setattr(T, "TRAINED_DIR", committed)
+    assert T.committed_seed() == 5
+    assert build_trained_pair(tmp_path / "lib").seed == 5
+    assert main(["tiny", "--trained", "--out", str(tmp_path / "cli")]) == 0
+    assert main(["tiny", "--trained", "--seed", "0", "--out", str(tmp_path / "zero")]) == 2
+    assert "trained from seed 5, not 0" in capsys.readouterr().err
