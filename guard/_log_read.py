@@ -26,7 +26,7 @@ import json
 import math
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -584,6 +584,21 @@ class LogReader:
             what="read an image",
         )
         return None if row is None else bytes(row[0])
+
+    def stored_images(self, sha256s: Collection[str]) -> set[str]:
+        """Which of ``sha256s`` the log holds an image for, without reading any image's bytes
+        (one query per 500 digests)."""
+        wanted = sorted({s for s in sha256s if s})
+        found: set[str] = set()
+        for i in range(0, len(wanted), 500):
+            part = wanted[i : i + 500]
+            sql = f"SELECT sha256 FROM images WHERE sha256 IN ({','.join('?' * len(part))})"
+            rows = self._retry(
+                lambda: self._conn().execute(sql, part).fetchall(),  # noqa: B023 - called now
+                what="list the stored images",
+            )
+            found.update(r[0] for r in rows)
+        return found
 
     def _joined_sql_rows(
         self,

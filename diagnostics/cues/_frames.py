@@ -158,7 +158,7 @@ def _frames(
             source={**source, "frame_flags": "logged at decision time", "n_with_flags": len(idx)},
             flags=flags,
         )
-    stored = {s for s in set(sha) if s and images.log.image(s) is not None}
+    stored = images.log.stored_images(sha)
     keep = np.array([s in stored for s in sha], dtype=bool)
     if not keep.any():
         raise DataError(

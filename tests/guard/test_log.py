@@ -449,6 +449,20 @@ def test_images_off_by_default(log: DecisionLog) -> None:
     assert log.count() == 1
 
 
+def test_stored_images_names_what_image_finds(tmp_path: Path) -> None:
+    """stored_images(digests) is {d : image(d) is not None}, over more digests than one query
+    takes (500), with unknown, empty and repeated ones."""
+    blobs = [bytes([k]) * 10 for k in range(3)]
+    with DecisionLog(tmp_path / "log.sqlite", store_images=True) as lg:
+        for k, data in enumerate(blobs):
+            lg.append(_image_record(k, data, time.time()), image_bytes=data)
+        ask = [hashlib.sha256(b).hexdigest() for b in blobs] + [f"{i:064x}" for i in range(1200)]
+        ask += ["", ask[0], ask[-1]]
+        assert lg.stored_images(ask) == {d for d in ask if d and lg.image(d) is not None}
+        assert lg.stored_images(ask) == {hashlib.sha256(b).hexdigest() for b in blobs}
+        assert lg.stored_images([]) == set()
+
+
 def test_image_retention_by_size(tmp_path: Path) -> None:
     now = time.time()
     blobs = [bytes([k]) * 1000 for k in range(6)]

@@ -1,4 +1,5 @@
-"""A log's stored images are read through the one opening of the log that listed them.
+"""A log's stored images are read through the one opening of the log that listed them, each
+once (the listing asks the log which are stored; it read every image's bytes to find out).
 
 Each frame's ``load`` opened the log read-only again; a log of an older schema is read through
 a private migrated copy, so reading the frames of such a log made one full copy of the log per
@@ -58,11 +59,21 @@ def test_the_frames_of_an_older_log_open_it_once(
         copies.append(self.path)
         snapshot(self, conn)
 
+    reads: list[str] = []
+    image = DecisionLog.image
+
+    def counting_image(self: DecisionLog, sha256: str) -> bytes | None:
+        reads.append(sha256)
+        return image(self, sha256)
+
     monkeypatch.setattr(DecisionLog, "__init__", counting_init)
     monkeypatch.setattr(DecisionLog, "_copy_snapshot", counting_snapshot)
+    monkeypatch.setattr(DecisionLog, "image", counting_image)
     frames = frames_from_log(path)
     assert len(frames) == len(images) == 24
+    assert reads == []  # the listing asks which are stored (stored_images), reading none
     assert [load() for _, load in frames.items] == images
+    assert len(reads) == len(set(reads)) == 24  # each image read once, when its frame loads
     assert opened.count(path) == 1  # not one per frame
     assert copies == [path]  # one private migrated copy for the listing and every image
     frames.close()
