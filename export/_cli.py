@@ -250,7 +250,13 @@ def add_world_parser(sub: Any) -> None:
 
 def run_world(args: argparse.Namespace) -> int:
     """Run ``spotstop world``."""
-    from spotstop.export.world import WorldOptions, build_world, check_world_out, rules_text
+    from spotstop.export.world import (
+        WorldOptions,
+        build_world,
+        check_world_out,
+        rules_text,
+        text_layout,
+    )
 
     if args.rules:
         print(rules_text())
@@ -295,6 +301,15 @@ def run_world(args: argparse.Namespace) -> int:
     )
     if opts.signs or opts.file_cue:
         print(f"cues as drawn (each a share of what its option's is of): {world.cue_rates()}")
+    if world.cue_rates().signs > 0 and text_layout() != "raqm":
+        print(
+            "spotstop world: warning: Pillow here lays text out without Raqm (libraqm or "
+            "libfribidi is missing), so the signs' letters sit up to a pixel from where a "
+            "machine with Raqm draws them: these sign images differ from the same seed's there "
+            "(world.json records text_layout), and the trained pair learned its signs from "
+            "Raqm's. Install libfribidi (Debian: libfribidi0) for the same images.",
+            file=sys.stderr,
+        )
     print("A TOY WORLD: drawn shapes labelled by a rule table, not real safety.")
     return 0
 

@@ -688,8 +688,8 @@ def trained_pair_ready(root: str | Path) -> bool:
 def environment_drift() -> tuple[str, ...]:
     """What differs here from where the committed weights were trained, as ``trained.json``
     records it: each library version (``"transformers 5.25.0 (the committed weights:
-    5.24.0)"``), the CPU model and the instruction set torch's kernels dispatch to; empty when
-    all match or nothing is recorded.
+    5.24.0)"``), the CPU model, the instruction set torch's kernels dispatch to and the world's
+    sign text layout; empty when all match or nothing is recorded.
 
     Retraining reproduces the committed weights only in the recorded environment: a different
     kernel rounds the early Adam steps differently, and over a thousand steps that grows into
@@ -703,7 +703,11 @@ def environment_drift() -> tuple[str, ...]:
     had: dict[str, str] = {lib: manifest[lib] for lib in have if lib in manifest}
     if isinstance(manifest.get("machine"), dict):
         here = _machine()
-        labels = {"cpu": "CPU", "capability": "torch's CPU kernels"}
+        labels = {
+            "cpu": "CPU",
+            "capability": "torch's CPU kernels",
+            "text_layout": "the world's sign text layout",
+        }
         for key, label in labels.items():
             if key in manifest["machine"]:
                 have[label], had[label] = str(here[key]), str(manifest["machine"][key])
@@ -724,10 +728,12 @@ def _library_versions() -> dict[str, str]:
 
 def _machine() -> dict[str, Any]:
     """The CPU a training ran on, as ``trained.json`` records it: its model name, the
-    instruction set torch's kernels dispatched to, and :data:`TRAINING_THREADS`."""
+    instruction set torch's kernels dispatched to, :data:`TRAINING_THREADS`, and how Pillow
+    laid out the training world's sign text (export/world.py's ``text_layout``)."""
     import platform
 
     import torch
+    from spotstop.export.world import text_layout
 
     name = platform.processor() or platform.machine()
     try:
@@ -741,6 +747,7 @@ def _machine() -> dict[str, Any]:
         "cpu": name,
         "capability": torch.backends.cpu.get_cpu_capability(),
         "threads": TRAINING_THREADS,
+        "text_layout": text_layout(),
     }
 
 

@@ -519,12 +519,23 @@ def _draw_knife(d: ImageDraw.ImageDraw, box: Box, unsafe: bool) -> None:
 _DRAW = {"stove": _draw_stove, "floor": _draw_floor, "wire": _draw_wire, "knife": _draw_knife}
 
 
+def text_layout() -> str:
+    """How Pillow lays out the signs' text here: ``"raqm"`` (HarfBuzz shaping, when Pillow
+    finds libraqm and libfribidi) or ``"basic"`` (FreeType alone). The two place some glyphs a
+    pixel apart, so a world's sign images are the same from the same seed only where the layout
+    is; ``world.json`` records it, and ``spotstop world`` warns where Raqm is missing."""
+    from PIL import features
+
+    return "raqm" if features.check_feature("raqm") else "basic"
+
+
 @lru_cache(maxsize=64)
 def _font(name: str, size: int) -> Any:
     import matplotlib
 
     path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / name
-    return ImageFont.truetype(str(path), size)
+    layout = ImageFont.Layout.RAQM if text_layout() == "raqm" else ImageFont.Layout.BASIC
+    return ImageFont.truetype(str(path), size, layout_engine=layout)
 
 
 def _draw_sign(img: Image.Image, case: WorldCase, styles: int) -> None:
@@ -662,7 +673,8 @@ def build_world(
     """Render the world into ``out``: ``images/``, ``world.csv``, ``rules.txt``, ``world.json``.
 
     ``world.json`` records the seed, the options, the schema version, the sha256 of the CSV and
-    of every image, so a reader can tell two worlds apart and a folder that mixes them. ``out``
+    of every image, so a reader can tell two worlds apart and a folder that mixes them, and the
+    signs' :func:`text_layout`. ``out``
     is new, empty, or a world folder: the world is written beside it and replaces it whole
     once complete (an error or Ctrl-C leaves it as it was); :func:`check_world_out` says
     which folders are refused.
@@ -706,6 +718,7 @@ def _write_world(
         "unsafe": sum(c.label for c in cases),
         "csv_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "images_sha256": images,
+        "text_layout": text_layout(),
         "what": _WHAT,
     }
     (root / "world.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

@@ -280,11 +280,15 @@ def test_environment_drift_names_each_library_and_the_cpu_that_differ(monkeypatc
     assert T.environment_drift() == (
         f"transformers 9.9.9 (the committed weights: {manifest['transformers']})",
     )
-    elsewhere = {**here, "cpu": "Other CPU 9000", "capability": "NO_AVX"}
+    other_layout = {"raqm": "basic", "basic": "raqm"}[here["text_layout"]]
+    elsewhere = {**here, "cpu": "Other CPU 9000", "capability": "NO_AVX",
+                 "text_layout": other_layout}  # fmt: skip
     monkeypatch.setattr(T, "_manifest", lambda: {**manifest, "machine": elsewhere})
     assert T.environment_drift()[1:] == (
         f"CPU {here['cpu']} (the committed weights: Other CPU 9000)",
         f"torch's CPU kernels {here['capability']} (the committed weights: NO_AVX)",
+        f"the world's sign text layout {here['text_layout']} (the committed weights: "
+        f"{other_layout})",
     )
     monkeypatch.setattr(T, "_manifest", lambda: {"seed": 0})  # nothing recorded: no claim
     assert T.environment_drift() == ()

@@ -341,3 +341,45 @@ def test_read_world_refuses_images_that_are_not_the_worlds(tmp_path: Path) -> No
     (c.root / "images" / "old-scene.png").write_bytes(b"a scene of an older world")
     with pytest.raises(ValueError, match=r"images/old-scene\.png"):
         read_world(c.root)
+
+
+def test_the_sign_text_layout_is_recorded_and_a_world_without_raqm_is_flagged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pillow lays text out with Raqm where it finds libraqm and libfribidi, else with
+    FreeType alone; the two put some of the signs' glyphs a pixel apart, so the same seed gave
+    other sign images on a machine without libfribidi, and nothing said so. world.json now
+    records the layout, the font is asked for it explicitly, and `spotstop world` warns
+    where Raqm is missing (a signed world's images differ from the same seed's elsewhere)."""
+    import json
+
+    from PIL import ImageFont, features
+    from spotstop.cli import main
+    from spotstop.export import world as W
+
+    opts = WorldOptions(rooms=2, contrasts_per_room=2, signs=1.0)
+    build_world(tmp_path / "w", seed=3, options=opts)
+    meta = json.loads((tmp_path / "w" / "world.json").read_text(encoding="utf-8"))
+    assert (
+        meta["text_layout"]
+        == W.text_layout()
+        == ("raqm" if features.check_feature("raqm") else "basic")
+    )
+    asked: list[object] = []
+    real = ImageFont.truetype
+    monkeypatch.setattr(
+        ImageFont, "truetype", lambda *a, **k: asked.append(k.get("layout_engine")) or real(*a, **k)
+    )
+    monkeypatch.setattr(W, "text_layout", lambda: "basic")  # a machine without libfribidi
+    W._font.cache_clear()
+    try:
+        args = ["world", "--rooms", "1", "--contrasts-per-room", "2", "--seed", "3"]
+        assert main([*args, "--signs", "1", "--out", str(tmp_path / "basic")]) == 0
+        assert set(asked) == {ImageFont.Layout.BASIC}
+        meta = json.loads((tmp_path / "basic" / "world.json").read_text(encoding="utf-8"))
+        assert meta["text_layout"] == "basic"
+        assert "warning: Pillow here lays text out without Raqm" in capsys.readouterr().err
+        assert main([*args, "--signs", "0", "--out", str(tmp_path / "plain")]) == 0
+        assert "Raqm" not in capsys.readouterr().err  # no sign, no text: nothing differs
+    finally:
+        W._font.cache_clear()
