@@ -21,6 +21,7 @@ from spotstop.guard._types import VARIANTS, MemberScore, Scene, Variant
 from spotstop.guard.backends import get_backend_class
 
 __all__ = [
+    "MAX_ABS_SCORE",
     "Member",
     "MemberInfo",
     "check_budget_keys",
@@ -30,7 +31,31 @@ __all__ = [
     "member_visual_tokens",
     "parse_visual_tokens",
     "resolve_image_size",
+    "score_problem",
 ]
+
+MAX_ABS_SCORE = 1e4
+"""The largest ``|s|`` (nats) the guard takes from a member as a score.
+
+A score is a log-probability ratio of a few answer tokens (the first a logit difference, the
+rest log-softmax values); real members score within tens of nats (the tiny pair near −13).
+``e^10000`` is a probability ratio no float64 holds (``e^±709``) and below what an fp16 pass
+saturating at 65504 gives: a score past it is a broken pass, not an observation. Taken as one,
+it would move the batch mean or a situation window for every other scene (all SAFE).
+"""
+
+
+def score_problem(score: float) -> str | None:
+    """Why the guard cannot take ``score`` from a member (None: it can): not finite, or
+    beyond :data:`MAX_ABS_SCORE`. The one rule; the scene fails closed with this reason."""
+    if not np.isfinite(score):
+        return f"a non-finite score ({score})"
+    if abs(score) > MAX_ABS_SCORE:
+        return (
+            f"a score out of range ({score:.6g}; a log-probability ratio is within "
+            f"±{MAX_ABS_SCORE:g} nats): a broken scoring pass"
+        )
+    return None
 
 
 @dataclass(frozen=True)

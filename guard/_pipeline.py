@@ -45,7 +45,7 @@ from spotstop.guard._image import (
     decode_image,
     read_image_bytes,
 )
-from spotstop.guard._member import Member
+from spotstop.guard._member import Member, score_problem
 from spotstop.guard._record import DecisionRecord
 from spotstop.guard._state import StateStore
 from spotstop.guard._types import Scene, Variant
@@ -435,10 +435,12 @@ class Pipeline:
                 getattr(r, target)[name] = s.score
                 r.latency[f"score_{name}_{variant}_ms"] = dt
                 # every pass the guard runs is read by the policy or logged for the card: a
-                # non-finite score from any of them fails the scene closed, as a raise does
-                if not np.isfinite(s.score):
+                # non-finite or out-of-range score from any of them fails the scene closed, as
+                # a raise does (and so enters no batch statistic and no situation window)
+                problem = score_problem(s.score)
+                if problem is not None:
                     on = "" if variant == "scene" else f" on its {variant} pass"
-                    r.fail_with(f"member {name} produced a non-finite score ({s.score}){on}")
+                    r.fail_with(f"member {name} produced {problem}{on}")
 
     def decide(self, works: list[_Work], active: _Active, clock: _Clock) -> list[_Outcome]:
         """Fuse and label the batch with the active policy; commit the policy's new state."""

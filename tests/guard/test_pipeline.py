@@ -21,7 +21,7 @@ from spotstop.guard import Scene
 from spotstop.guard._call import _Clock
 from spotstop.guard._pipeline import Pipeline, works_for
 from spotstop.guard._record import DecisionRecord
-from spotstop.guard.policies import BatchPolicy, FrozenPolicy
+from spotstop.guard.policies import BatchPolicy, FrozenPolicy, SituationPolicy
 
 from tests._support.images import make_image_bytes
 from tests._support.log_writer import BUNDLE, PROMPT, policy_config
@@ -194,6 +194,41 @@ def test_a_member_exception_is_unsafe() -> None:
     # member a scored before b raised; its scores are logged, the decision is still UNSAFE
     assert [r.member_scores["a"] for r in recs] == [-1.0, -2.0]
     assert all(np.isnan(r.member_scores["b"]) for r in recs)
+
+
+def _run_policy(pipe: Pipeline, policy: Any, batches: Sequence[Sequence[Scene]]) -> list[Any]:
+    """The batches, one call each, under one policy (its state kept in memory between them)."""
+    active = pipe.activate(policy_config(policy), variants=("scene",), state_dir=None)
+    out = []
+    for scenes in batches:
+        works = works_for(scenes)
+        out.append(pipe.records(works, pipe.run(works, active, _Clock(None)), active, t_start=0.0))
+    return out
+
+
+@pytest.mark.parametrize("bad", [1e6, -1e6, 1e300])
+def test_a_score_out_of_range_fails_its_scene_and_moves_no_other(pipe: Pipeline, bad: float):
+    """A member score no log-probability ratio reaches (|s| > MAX_ABS_SCORE) is a broken pass:
+    its scene fails closed like a NaN, so it enters no batch statistic. Taken as a score, one
+    such scene lifted the batch mean above every other scene (all SAFE)."""
+    policy = BatchPolicy(fallback=FrozenPolicy(threshold=1e9), min_batch=2)
+    values = [-3.0, 2.0, -1.0]
+    (recs,) = _run_policy(pipe, policy, [[_scene(v, seed=i) for i, v in enumerate([*values, bad])]])
+    _assert_fail_closed(recs[3], "member a produced a score out of range")
+    assert np.isnan(recs[3].policy_score)
+    # the other three are the batch rule on their own: S_B = (v + 1) / 2.5, cut at its mean
+    assert [r.label for r in recs[:3]] == ["SAFE", "UNSAFE", "SAFE"]
+    assert not any(r.fail_closed for r in recs[:3])
+
+
+def test_a_score_out_of_range_enters_no_situation_window(pipe: Pipeline) -> None:
+    """One scene with a huge score must not lift its situation's threshold for the scenes
+    after it (they would all be SAFE until it left the window)."""
+    policy = SituationPolicy(window=8, min_refs=1, fallback=FrozenPolicy(threshold=0.0))
+    first, second = _run_policy(pipe, policy, [[_scene(1e6, sit="k")], [_scene(2.0, sit="k")]])
+    _assert_fail_closed(first[0], "out of range")
+    assert second[0].label == "UNSAFE" and not second[0].fail_closed  # 2 ≥ the frozen cut 0
+    assert second[0].policy == "situation->frozen"
 
 
 def test_a_member_that_failed_to_load_is_unsafe() -> None:
