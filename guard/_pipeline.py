@@ -37,7 +37,7 @@ from spotstop.guard._call import (
     _storable,
     _Work,
 )
-from spotstop.guard._errors import GuardError
+from spotstop.guard._errors import GuardError, ScoringError
 from spotstop.guard._image import (
     DEFAULT_MIN_SIDE,
     DecodedImage,
@@ -424,6 +424,11 @@ class Pipeline:
             t = time.perf_counter()
             try:
                 res = self.members[name].score(sub, variant, strict=False)
+                if len(res) != len(sub):  # never a score on another scene's row
+                    raise ScoringError(
+                        f"it returned {len(res)} score(s) for {len(sub)} scene(s); a member "
+                        "returns one score per scene, in order"
+                    )
             except Exception as e:  # this member failed on this batch: fail those scenes
                 for i in idx:
                     out[i].fail_with(_reason(f"member {name} ({variant})", e))

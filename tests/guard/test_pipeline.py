@@ -196,6 +196,26 @@ def test_a_member_exception_is_unsafe() -> None:
     assert all(np.isnan(r.member_scores["b"]) for r in recs)
 
 
+class Short(Numbers):
+    """Returns one score fewer than it was given scenes."""
+
+    def score(self, scenes: Sequence[Scene], variant: str = "scene", **k: Any) -> list[Any]:
+        return super().score(scenes, variant, **k)[:-1]
+
+
+def test_a_member_returning_too_few_scores_is_named() -> None:
+    """A member that returns another number of scores than scenes fails the scenes it was given
+    closed, and the reason names the member and the counts (not a bare zip error)."""
+    pipe = _pipeline({"a": Numbers("a"), "b": Short("b")})
+    try:
+        recs = _run(pipe, [_scene(-1), _scene(-2, seed=1), _scene(-3, seed=2)], t0=1e9)
+    finally:
+        pipe.close()
+    for r in recs:
+        _assert_fail_closed(r, "member b (scene)", "2 score(s) for 3 scene(s)")
+    assert all(np.isnan(r.member_scores["b"]) for r in recs)  # none was put on a wrong scene
+
+
 def _run_policy(pipe: Pipeline, policy: Any, batches: Sequence[Sequence[Scene]]) -> list[Any]:
     """The batches, one call each, under one policy (its state kept in memory between them)."""
     active = pipe.activate(policy_config(policy), variants=("scene",), state_dir=None)
