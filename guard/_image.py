@@ -19,7 +19,8 @@ Choices made here (the runtime depends on them, so they are fixed and documented
   most viewers show, and it is deterministic (``convert("RGB")`` would expose whatever
   colour the encoder left under the alpha).
 * 16-bit and 32-bit integer grayscale (``I;16``, ``I``) is scaled to 8 bits by
-  ``round(v / 257)`` (``I`` clipped to 0..65535 first), not clipped at 255. CMYK JPEGs
+  ``round(v / 257)`` (``I`` clipped to 0..65535 first), not clipped at 255; its ``tRNS``
+  grey level is white. CMYK JPEGs
   (Adobe inversion handled by Pillow) and every other mode go through ``convert("RGB")``.
 * Decompression bombs are refused from the header, before pixels are decoded: the size in
   the header is checked against ``max_pixels`` here, independent of Pillow's global
@@ -602,6 +603,9 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
         values = np.asarray(image).astype(np.float64)
         gray = np.clip(np.rint(np.clip(values, 0, 65535) / 257.0), 0, 255).astype(np.uint8)
+        key = image.info.get("transparency")
+        if isinstance(key, int) and not isinstance(key, bool):  # tRNS: that grey is transparent
+            gray[values == key] = 255  # white, as every other transparent pixel
         return Image.fromarray(gray, mode="L").convert("RGB")
     has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info
     if has_alpha:

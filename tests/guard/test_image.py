@@ -234,6 +234,20 @@ def test_16_bit_gray_png_is_scaled_not_clipped() -> None:
     ]
 
 
+def test_16_bit_gray_png_with_trns_is_white() -> None:
+    """A 16-bit grayscale PNG's tRNS grey level is transparent: white, as in 8-bit L (it came
+    out black, the scaled grey level under it)."""
+    values = np.array([[0, 257 * 100, 0]], dtype=np.uint16)
+    data = _encode(Image.fromarray(values), "PNG", transparency=0)
+    assert Image.open(io.BytesIO(data)).info.get("transparency") == 0
+    decoded = decode_image(data)
+    assert [decoded.image.getpixel((x, 0)) for x in range(3)] == [
+        (255, 255, 255),
+        (100, 100, 100),
+        (255, 255, 255),
+    ]
+
+
 def test_cmyk_jpeg_becomes_rgb() -> None:
     image = Image.new("CMYK", (16, 16), (0, 255, 0, 0))  # magenta
     data = _encode(image, "JPEG", quality=95)
