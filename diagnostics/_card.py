@@ -63,7 +63,7 @@ from spotstop.diagnostics._resample import (
 )
 from spotstop.diagnostics._results import Estimate
 from spotstop.diagnostics._verdict import VerdictItem, check_previous, verdict
-from spotstop.guard.policies import unsafe_mask
+from spotstop.guard.policies import mean_cut, unsafe_mask
 
 __all__ = [
     "DELIVERED_EXPLANATIONS",
@@ -513,7 +513,7 @@ def _displays(table: CaseTable, ss: Any, fields: Mapping[str, Estimate]) -> dict
     pairs = table.pairs
     paired = pairs.weight > 0
     out: dict[str, Any] = {}
-    mean = float(table.score.mean())
+    mean = mean_cut(table.score)
     direct = f"direct cut (S > {ss.cut:.4g})"
     cuts = {direct: ss.cut}
     if paired.any():

@@ -43,8 +43,10 @@ the tie-consistent ones of :mod:`._metrics`.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, fields
+from fractions import Fraction
 from functools import cached_property
 from typing import Any
 
@@ -62,7 +64,7 @@ from spotstop.diagnostics._metrics import (
     wbincount,
 )
 from spotstop.diagnostics._resample import as_rng, random_halves
-from spotstop.guard.policies import n_safe
+from spotstop.guard.policies import exact_sum, float_at_or_above, n_safe
 
 __all__ = [
     "BLOCK_ROWS",
@@ -373,6 +375,8 @@ class CurveEngine:
     #: labels (``counts[:, group_order]`` in the engine's), :meth:`statistics_in_order` in its
     #: own
     group_order: NDArray[np.intp]
+    case_score: NDArray[np.float64]  # every case's score and group (exact batch means)
+    case_group: NDArray[np.intp]
     memory_budget: int = MEMORY_BUDGET
 
     @classmethod
@@ -452,6 +456,8 @@ class CurveEngine:
             runs=runs,
             layout=_layout(rms, rmu, ng),
             group_order=order,
+            case_score=np.asarray(s, dtype=np.float64),
+            case_group=np.asarray(g, dtype=np.intp),
             memory_budget=memory_budget,
         )
 
@@ -476,7 +482,7 @@ class CurveEngine:
         return {
             k: v
             for k, v in self.__dict__.items()
-            if k not in ("scratch", "_stacked", "_score_sums")
+            if k not in ("scratch", "_stacked", "_score_sums", "_exact_sums")
         }
 
     @cached_property
@@ -809,10 +815,23 @@ class CurveEngine:
             lo = self.v[np.clip(k - 1, 0, m - 1)]
             hi = self.v[np.clip(k, 0, m - 1)]
             near = ok & ((np.abs(t - lo) <= bound) | (np.abs(hi - t) <= bound))
+            exact_g = self._exact_sums if near.any() else []
             for i in np.flatnonzero(near):
-                exact = math.fsum(counts[i] * self.sum_g) / cases[i]
-                k[i] = n_safe(self.v, exact)
+                # the guard's mean_cut: the exact mean of the draw's cases, rounded up
+                c = counts[i]
+                total = sum(
+                    (Fraction(int(c[j])) * exact_g[j] for j in np.flatnonzero(c)), Fraction(0)
+                )
+                k[i] = n_safe(self.v, float_at_or_above(total / int(cases[i])))
         return np.asarray(k, dtype=np.intp)
+
+    @cached_property
+    def _exact_sums(self) -> list[Fraction]:
+        """Each group's exact score sum (the float ``sum_g`` is rounded)."""
+        order = np.argsort(self.case_group, kind="stable")
+        bounds = np.searchsorted(self.case_group[order], np.arange(self.n_groups + 1))
+        s = self.case_score[order]
+        return [exact_sum(s[a:b].tolist()) for a, b in itertools.pairwise(bounds)]
 
     @cached_property
     def _score_sums(self) -> NDArray[np.float64]:

@@ -38,7 +38,7 @@ from spotstop.diagnostics._resample import (
     split_groups,
 )
 from spotstop.diagnostics._results import Estimate
-from spotstop.guard.policies import conformal_cut, unsafe_mask
+from spotstop.guard.policies import conformal_cut, mean_cut, unsafe_mask
 
 __all__ = [
     "PrevalenceCardCheck",
@@ -198,7 +198,7 @@ def prevalence_check(
             yb, sb = y[idx], s[idx]
             flags = {
                 "batch": None if rule is None else rule.unsafe(idx),
-                "batch_frozen_iqr": unsafe_mask(sb, float(sb.mean())),
+                "batch_frozen_iqr": unsafe_mask(sb, mean_cut(sb)),
                 "frozen": None if math.isnan(policy_cut) else unsafe_mask(sb, policy_cut),
                 "conformal": None if math.isnan(c_cut) else unsafe_mask(sb, c_cut),
             }

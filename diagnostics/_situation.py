@@ -22,7 +22,7 @@ from spotstop.diagnostics._resample import (
     percentile_ci,
 )
 from spotstop.diagnostics._results import Estimate
-from spotstop.guard.policies import unsafe_mask
+from spotstop.guard.policies import mean_cut, unsafe_mask
 
 __all__ = ["SituationShare", "SituationShareCheck", "situation_reading", "situation_share"]
 
@@ -78,13 +78,25 @@ def _icc_from_sums(
         return np.asarray((msb - msw) / (msb + (n0 - 1) * msw), dtype=np.float64)
 
 
+def _situation_cuts(s: NDArray[np.float64], sit: NDArray[np.intp]) -> NDArray[np.float64]:
+    """Each situation's mean as the guard's cut (:func:`spotstop.guard.policies.mean_cut`:
+    a score equal to the exact mean is a tie, UNSAFE). The float means decide, except in a
+    situation where a score lies within rounding of its mean: there the exact rule does."""
+    counts = np.bincount(sit)
+    means = np.bincount(sit, weights=s) / np.maximum(counts, 1)
+    scale = np.bincount(sit, weights=np.abs(s)) / np.maximum(counts, 1)
+    near = np.abs(s - means[sit]) <= 1e-9 * scale[sit]
+    for j in np.unique(sit[near]).tolist():
+        means[j] = mean_cut(s[sit == j])
+    return np.asarray(means, dtype=np.float64)
+
+
 def _centred_metrics(
     y: NDArray[np.int8], s: NDArray[np.float64], sit: NDArray[np.intp]
 ) -> tuple[float, float]:
-    counts = np.bincount(sit)
-    means = np.bincount(sit, weights=s) / np.maximum(counts, 1)
-    c = s - means[sit]
-    tpr, fpr = flag_rates(y, unsafe_mask(s, means[sit]))  # the guard's rule: S ≥ mean
+    cuts = _situation_cuts(s, sit)[sit]
+    c = s - cuts
+    tpr, fpr = flag_rates(y, unsafe_mask(s, cuts))  # the guard's rule: S ≥ mean
     return 0.5 * (tpr + 1 - fpr), auroc_unchecked(y, c)
 
 
@@ -149,7 +161,7 @@ def situation_share(
         [_centred_metrics(y, s, _permute_within_class(gen, y, sit)) for _ in range(n_permutations)]
     )
     ba_art, au_art = (float(v) for v in np.nanmean(arts, axis=0))
-    tpr, fpr = flag_rates(y, unsafe_mask(s, s.mean()))
+    tpr, fpr = flag_rates(y, unsafe_mask(s, mean_cut(s)))
     ba_global = 0.5 * (tpr + 1 - fpr)
     # bootstrap of the gains: materialize each draw, one permutation per draw
     case_group = np.unique(grp_case, return_inverse=True)[1].reshape(-1)

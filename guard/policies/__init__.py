@@ -72,7 +72,16 @@ from spotstop.guard.policies._registry import (
     policy_from_dict,
     policy_kinds,
 )
-from spotstop.guard.policies._rule import Label, is_unsafe, label_of, n_safe, unsafe_mask
+from spotstop.guard.policies._rule import (
+    Label,
+    exact_sum,
+    float_at_or_above,
+    is_unsafe,
+    label_of,
+    mean_cut,
+    n_safe,
+    unsafe_mask,
+)
 from spotstop.guard.policies._situation import (
     SituationPolicy,
     check_prior_weight,
@@ -124,11 +133,14 @@ __all__ = [
     "decide_batch",
     "dump_policy",
     "entered_scores",
+    "exact_sum",
+    "float_at_or_above",
     "fusion_key",
     "is_unsafe",
     "label_of",
     "load_policy",
     "logged_ran",
+    "mean_cut",
     "n_safe",
     "one_per_situation",
     "policy_class",

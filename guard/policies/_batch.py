@@ -41,6 +41,7 @@ from spotstop.guard.policies._base import (
     check_fallback,
 )
 from spotstop.guard.policies._frozen import FrozenPolicy
+from spotstop.guard.policies._rule import mean_cut
 from spotstop.guard.validate import is_int
 
 __all__ = [
@@ -191,7 +192,7 @@ class BatchPolicy(Policy):
                 f"member {flat[0]!r} scores the {n_ok} scenes of this batch alike (IQR 0); "
                 f"fallback {self.fallback.kind}",
             )
-        mean = float(np.mean(score[ok]))
+        mean = mean_cut(score[ok])
         wtxt = (
             ""
             if self.weights == "equal"

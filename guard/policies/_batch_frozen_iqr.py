@@ -25,6 +25,7 @@ from spotstop.guard.policies._base import (
     check_fallback,
 )
 from spotstop.guard.policies._frozen import FrozenPolicy
+from spotstop.guard.policies._rule import mean_cut
 from spotstop.guard.validate import is_int
 
 __all__ = ["BatchFrozenIqrPolicy"]
@@ -80,7 +81,7 @@ class BatchFrozenIqrPolicy(Policy):
                 f"batch has {n_ok} finite score(s) < min_batch {self.min_batch}; "
                 f"fallback {self.fallback.kind}",
             )
-        mean = float(np.mean(x.fused[finite]))
+        mean = mean_cut(x.fused[finite])
         return Thresholds.constant(
             x.fused, mean, "batch_frozen_iqr", f"mean of {n_ok} finite scores in the batch"
         )

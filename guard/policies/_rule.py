@@ -10,11 +10,22 @@ named convention of the diagnostics; they differ from this rule only on exact ti
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["Label", "is_unsafe", "label_of", "n_safe", "unsafe_mask"]
+__all__ = [
+    "Label",
+    "exact_sum",
+    "float_at_or_above",
+    "is_unsafe",
+    "label_of",
+    "mean_cut",
+    "n_safe",
+    "unsafe_mask",
+]
 
 Label = Literal["SAFE", "UNSAFE"]
 
@@ -47,3 +58,45 @@ def n_safe(sorted_scores: Any, threshold: Any) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         k = np.searchsorted(v, np.where(np.isfinite(t), t, -np.inf), side="left")
     return np.asarray(np.where(np.isfinite(t), k, 0), dtype=np.intp)
+
+
+def _exact_sum(values: Iterable[float]) -> Fraction:
+    """The exact sum of finite floats (binary fractions: one common power-of-two denominator)."""
+    ratios = [float(v).as_integer_ratio() for v in values]
+    d = max((q for _, q in ratios), default=1)
+    return Fraction(sum(p * (d // q) for p, q in ratios), d)
+
+
+def mean_cut(values: Any, *, prior_weight: float = 0.0, prior_threshold: float = 0.0) -> float:
+    """The mean of ``values`` as a threshold of the rule: the smallest float at or above
+    their EXACT mean (with a prior, of ``(Σ values + prior_weight·prior_threshold) /
+    (n + prior_weight)``), so that ``score ≥ mean_cut(...)`` holds exactly when the score is
+    at or above the mean. A score equal to the mean is a tie, UNSAFE, whatever the float
+    rounding of the sum would give: ``np.mean([0.1] * 3)`` is ``0.10000000000000002``, which
+    would answer three equal scores SAFE. The batch and situation cuts (guard and
+    diagnostics) all take their mean here. NaN (every score UNSAFE) when there is no value
+    or one is not finite.
+    """
+    v = np.asarray(values, dtype=float).ravel()
+    if not np.isfinite(v).all() or not (math.isfinite(prior_weight) and prior_weight >= 0):
+        return math.nan
+    if prior_weight > 0 and not math.isfinite(prior_threshold):
+        return math.nan
+    n = Fraction(int(v.size)) + Fraction(prior_weight)
+    if n == 0:
+        return math.nan
+    total = exact_sum(v.tolist())
+    if prior_weight > 0:
+        total += Fraction(prior_weight) * Fraction(prior_threshold)
+    return float_at_or_above(total / n)
+
+
+def exact_sum(values: Iterable[float]) -> Fraction:
+    """The exact sum of finite floats, as a :class:`~fractions.Fraction`."""
+    return _exact_sum(values)
+
+
+def float_at_or_above(x: Fraction) -> float:
+    """The smallest float ``t ≥ x``: for a float score ``s``, ``s ≥ t`` exactly when ``s ≥ x``."""
+    t = float(x)  # correctly rounded; one step up when it rounded below x
+    return math.nextafter(t, math.inf) if Fraction(t) < x else t

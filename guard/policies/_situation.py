@@ -49,6 +49,7 @@ from spotstop.guard.policies._base import (
     check_fallback,
 )
 from spotstop.guard.policies._frozen import FrozenPolicy
+from spotstop.guard.policies._rule import mean_cut
 from spotstop.guard.validate import is_int, is_real
 
 __all__ = ["SituationPolicy", "check_prior_weight", "situation_prior_weight"]
@@ -198,11 +199,9 @@ class SituationPolicy(Policy):
         """The threshold ``refs`` give (at least ``min_refs`` of them): their mean, or with a
         prior ``(ΣR + κ·t)/(k + κ)``. The one place the rule is written."""
         if self.prior_weight == 0:
-            return float(np.mean(refs))
+            return mean_cut(refs)
         assert self.prior_threshold is not None  # __post_init__
-        return (math.fsum(refs) + self.prior_weight * self.prior_threshold) / (
-            len(refs) + self.prior_weight
-        )
+        return mean_cut(refs, prior_weight=self.prior_weight, prior_threshold=self.prior_threshold)
 
     def _why(self, k: int, sid: str) -> str:
         if self.prior_weight == 0:
