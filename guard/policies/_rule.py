@@ -60,13 +60,6 @@ def n_safe(sorted_scores: Any, threshold: Any) -> np.ndarray:
     return np.asarray(np.where(np.isfinite(t), k, 0), dtype=np.intp)
 
 
-def _exact_sum(values: Iterable[float]) -> Fraction:
-    """The exact sum of finite floats (binary fractions: one common power-of-two denominator)."""
-    ratios = [float(v).as_integer_ratio() for v in values]
-    d = max((q for _, q in ratios), default=1)
-    return Fraction(sum(p * (d // q) for p, q in ratios), d)
-
-
 def mean_cut(values: Any, *, prior_weight: float = 0.0, prior_threshold: float = 0.0) -> float:
     """The mean of ``values`` as a threshold of the rule: the smallest float at or above
     their EXACT mean (with a prior, of ``(Σ values + prior_weight·prior_threshold) /
@@ -92,8 +85,11 @@ def mean_cut(values: Any, *, prior_weight: float = 0.0, prior_threshold: float =
 
 
 def exact_sum(values: Iterable[float]) -> Fraction:
-    """The exact sum of finite floats, as a :class:`~fractions.Fraction`."""
-    return _exact_sum(values)
+    """The exact sum of finite floats, as a :class:`~fractions.Fraction` (binary fractions:
+    one common power-of-two denominator)."""
+    ratios = [float(v).as_integer_ratio() for v in values]
+    d = max((q for _, q in ratios), default=1)
+    return Fraction(sum(p * (d // q) for p, q in ratios), d)
 
 
 def float_at_or_above(x: Fraction) -> float:
