@@ -240,6 +240,10 @@ class GuardClient:
     timeout_s: the most one call may take, connect + send + wait + read; past it
         :meth:`check` answers a fail-closed UNSAFE.
     transport: an ``httpx`` transport (tests).
+
+    The client talks to the sidecar directly: proxy variables of the environment
+    (``HTTP_PROXY``, ``ALL_PROXY``, set on a robot for its uplink) are ignored, so no proxy
+    sees the token and the scene or answers for the sidecar.
     """
 
     def __init__(
@@ -264,6 +268,9 @@ class GuardClient:
             headers=headers,
             timeout=httpx.Timeout(self.timeout_s),
             transport=transport,
+            # never a proxy from the environment: it would get the token and the scene, and
+            # its answer (a SAFE, even with the sidecar down) would be taken as the sidecar's
+            trust_env=False,
         )
 
     def __repr__(self) -> str:

@@ -1,0 +1,130 @@
+"""GuardClient against what a real socket can bring: a proxy set in the environment, a stale
+answer left on a kept-alive connection, a compressed or oversize reply, an image path that
+blocks on read, a client already closed. The fake servers speak raw HTTP/1.1 on loopback."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import re
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("httpx")
+
+from spotstop.guard import Decision, Scene  # noqa: E402
+from spotstop.guard.client import GuardClient  # noqa: E402
+
+IMAGE = b"\xff\xd8 not decoded by the fake server"
+REQUEST = "open the door"
+
+#: (connection, request head, request body) -> bytes to send back; the fake answers each
+#: request on a connection in turn (keep-alive) until the client closes it
+Answer = Callable[[bytes, bytes], bytes]
+
+
+def decision(label: str = "SAFE", decision_id: str = "a" * 32) -> dict[str, Any]:
+    """A reply row for (IMAGE, REQUEST) that the client trusts when its label is SAFE."""
+    score = -1.0 if label == "SAFE" else 1.0
+    return Decision(
+        request=REQUEST,
+        image_sha256=hashlib.sha256(IMAGE).hexdigest(),
+        member_scores={"a": score},
+        fused_score=score,
+        policy_score=score,
+        threshold=0.0,
+        policy="frozen",
+        label=label,  # type: ignore[arg-type]
+        fail_closed=False,
+        latency_ms={},
+        bundle_id="b",
+        prompt_hash="p",
+        decision_id=decision_id,
+    ).to_json()
+
+
+def reply(body: bytes, *headers: bytes) -> bytes:
+    head = [b"HTTP/1.1 200 OK", b"Content-Type: application/json", *headers]
+    head.append(b"Content-Length: %d" % len(body))
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def _read_request(conn: socket.socket) -> tuple[bytes, bytes] | None:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    m = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", head)
+    while m and len(body) < int(m.group(1)):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head, body
+
+
+@contextmanager
+def fake_server(answer: Answer) -> Iterator[tuple[str, list[bytes]]]:
+    """A loopback HTTP/1.1 server; yields its URL and the request heads it received."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    heads: list[bytes] = []
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            try:
+                while (got := _read_request(conn)) is not None:
+                    heads.append(got[0])
+                    conn.sendall(answer(*got))
+            except OSError:  # the client closed the connection: this one is done
+                pass
+
+    def loop() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:  # the listening socket was closed: the test is over
+                return
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.getsockname()[1]}", heads
+    finally:
+        srv.close()
+
+
+def test_a_proxy_in_the_environment_never_answers_for_the_sidecar(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The sidecar is local: ``HTTP_PROXY`` (set on a robot for its uplink) must not carry the
+    check, its token and its image to a proxy, nor let the proxy answer SAFE."""
+    safe = reply(json.dumps(decision()).encode())
+    with fake_server(lambda head, body: safe) as (proxy, seen):
+        # control: the fake's SAFE is trusted when it is the sidecar itself
+        with GuardClient(proxy, timeout_s=5.0) as gc:
+            assert gc.check(Scene(IMAGE, REQUEST)).label == "SAFE"
+        seen.clear()
+        for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+            monkeypatch.setenv(var, proxy)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        with socket.socket() as s:  # a port nobody listens on: the sidecar is down
+            s.bind(("127.0.0.1", 0))
+            down = f"http://127.0.0.1:{s.getsockname()[1]}"
+        with GuardClient(down, timeout_s=5.0, token="s3cret") as gc:
+            d = gc.check(Scene(IMAGE, REQUEST))
+        assert d.label == "UNSAFE" and d.fail_closed and "unreachable" in (d.fail_reason or "")
+        assert seen == [], seen  # nothing (no token, no image) went to the proxy
