@@ -52,6 +52,9 @@ __all__ = [
 
 DEFAULT_URL = "http://127.0.0.1:8750"
 
+#: how many decision ids a client remembers to refuse a reply it was already given
+_REMEMBERED_IDS = 65536
+
 
 class SidecarHTTPError(GuardError):
     """The sidecar answered an error. ``status``, ``code`` and ``field`` come from its
@@ -263,6 +266,8 @@ class GuardClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self.timeout_s = float(timeout_s)
+        self._answered: dict[str, None] = {}  # decision ids already in a reply (oldest first)
+        self._answered_lock = threading.Lock()
         self._http = httpx.Client(
             base_url=self.base_url,
             headers=headers,
@@ -435,7 +440,27 @@ class GuardClient:
         why = _not_for_these_scenes(decisions, sids, reqs, shas)
         if why is not None:  # a stale, misrouted or reordered reply: none of it is trusted
             return fail(f"sidecar reply is not for the scenes sent: {why}", detail=resp.text[:2000])
+        again = self._already_answered(decisions)
+        if again is not None:  # e.g. an answer sent twice, its copy left on a kept-alive socket
+            return fail(
+                f"sidecar reply is not for this call: decision_id {again!r} was already "
+                "answered to an earlier call (a stale reply)",
+                detail=resp.text[:2000],
+            )
         return decisions
+
+    def _already_answered(self, decisions: Sequence[Decision]) -> str | None:
+        """A decision id of ``decisions`` that an earlier reply to this client carried (the
+        sidecar never gives one twice), or None; remembers the ids (the last
+        ``_REMEMBERED_IDS``)."""
+        ids = [d.decision_id for d in decisions if d.decision_id]
+        with self._answered_lock:
+            again = next((i for i in ids if i in self._answered), None)
+            for i in ids:
+                self._answered[i] = None
+            while len(self._answered) > _REMEMBERED_IDS:
+                del self._answered[next(iter(self._answered))]
+        return again
 
     # -- everything else (raises) ----------------------------------------------------------
     def _call(self, method: str, path: str, **kw: Any) -> Any:

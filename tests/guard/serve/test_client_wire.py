@@ -128,3 +128,25 @@ def test_a_proxy_in_the_environment_never_answers_for_the_sidecar(
             d = gc.check(Scene(IMAGE, REQUEST))
         assert d.label == "UNSAFE" and d.fail_closed and "unreachable" in (d.fail_reason or "")
         assert seen == [], seen  # nothing (no token, no image) went to the proxy
+
+
+def test_a_stale_answer_left_on_a_kept_alive_connection_is_not_the_next_calls():
+    """A server that sends its answer twice leaves a copy on the connection; the client's next
+    call on it must not take that copy (a decision already answered) for its own."""
+    calls = []
+
+    def twice_then_unsafe(head: bytes, body: bytes) -> bytes:
+        calls.append(head)
+        if len(calls) == 1:
+            first = reply(json.dumps(decision("SAFE", "a" * 32)).encode())
+            return first + first
+        return reply(json.dumps(decision("UNSAFE", "b" * 32)).encode())
+
+    with fake_server(twice_then_unsafe) as (url, _), GuardClient(url, timeout_s=5.0) as gc:
+        first = gc.check(Scene(IMAGE, REQUEST))
+        assert first.label == "SAFE" and first.decision_id == "a" * 32  # control
+        second = gc.check(Scene(IMAGE, REQUEST))
+        assert second.label == "UNSAFE" and second.fail_closed, second
+        assert "already" in (second.fail_reason or ""), second.fail_reason
+        [again] = gc.check_batch([Scene(IMAGE, REQUEST)])  # the same rule for batches
+        assert again.label == "UNSAFE"

@@ -852,6 +852,7 @@ def test_client_trusts_a_reply_only_for_the_scenes_it_sent(live: Live):
     w, k = rows[water.request], rows[knife.request]
     with replying(w, [k, w]) as gc:  # control: the right rows are trusted
         assert gc.check(water).label == "SAFE"
+    with replying(w, [k, w]) as gc:  # (a client refuses a decision id it was already given)
         assert [d.label for d in gc.check_batch([knife, water])] == ["SAFE", "SAFE"]
     other_image = {**w, "image_sha256": k["image_sha256"]}
     other_sid = {**w, "situation_id": None}
