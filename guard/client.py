@@ -44,6 +44,7 @@ from spotstop.guard.validate import is_real
 
 __all__ = [
     "DEFAULT_URL",
+    "MAX_REPLY_BYTES",
     "GuardClient",
     "SidecarHTTPError",
     "SidecarUnavailable",
@@ -51,6 +52,9 @@ __all__ = [
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8750"
+
+#: the longest reply the client reads (a batch of 16 scenes answers in well under 1 MB)
+MAX_REPLY_BYTES = 16 << 20
 
 #: how many decision ids a client remembers to refuse a reply it was already given
 _REMEMBERED_IDS = 65536
@@ -75,6 +79,10 @@ class SidecarUnavailable(SidecarHTTPError):
 
 class _Overdue(Exception):
     """The whole call (connect, send, wait, read) did not finish within ``timeout_s``."""
+
+
+class _BadReply(Exception):
+    """A reply the client does not read: compressed, or longer than :data:`MAX_REPLY_BYTES`."""
 
 
 def _untrusted_safe(d: Mapping[str, Any]) -> str | None:
@@ -351,6 +359,8 @@ class GuardClient:
                     raise _Overdue("the budget was spent before the request was sent")
                 headers = {
                     **kw.pop("headers", {}),
+                    # the sidecar never compresses: a body that would inflate is never read
+                    "Accept-Encoding": "identity",
                     BUDGET_HEADER: f"{left:.3f}",
                     # also counts what the budget cannot: the time before the sidecar has
                     # the request (a connect retried, a full accept queue)
@@ -361,6 +371,12 @@ class GuardClient:
                 )
                 resp = self._http.send(req, stream=True)
                 try:
+                    coding = resp.headers.get("content-encoding", "identity").strip().lower()
+                    if coding not in ("", "identity"):
+                        raise _BadReply(
+                            f"the reply is compressed (Content-Encoding: {coding:.40}); the "
+                            "sidecar never compresses"
+                        )
                     body = bytearray()
                     # (a transport that hands over a body already read, e.g. httpx's
                     # MockTransport, has nothing left to stream)
@@ -369,6 +385,11 @@ class GuardClient:
                         if abandon.is_set() or time.perf_counter() > due:
                             raise _Overdue(f"the answer was still arriving ({len(body)} bytes)")
                         body += chunk
+                        if len(body) > MAX_REPLY_BYTES:
+                            raise _BadReply(
+                                f"the reply has more than {MAX_REPLY_BYTES} bytes "
+                                "(MAX_REPLY_BYTES); the sidecar's are far shorter"
+                            )
                 finally:
                     resp.close()
                 box["resp"] = httpx.Response(
@@ -418,6 +439,8 @@ class GuardClient:
             )
         except httpx.HTTPError as e:
             return fail(f"sidecar unreachable: {type(e).__name__}: {e}")
+        except _BadReply as e:
+            return fail(f"sidecar reply malformed: {e}")
         except Exception as e:  # check/check_batch never raise (the contract): fail closed
             return fail(f"client: the exchange with the sidecar failed: {type(e).__name__}: {e}")
         if resp.status_code != 200:
@@ -476,6 +499,8 @@ class GuardClient:
             raise SidecarUnavailable(
                 f"{method} {path}: {type(e).__name__}: {e}", status=None, code="unreachable"
             ) from e
+        except _BadReply as e:
+            raise SidecarHTTPError(f"{method} {path}: {e}.", status=None, code=None) from e
         if resp.status_code >= 400:
             code, field, message = _error_text(resp)
             raise SidecarHTTPError(

@@ -150,3 +150,20 @@ def test_a_stale_answer_left_on_a_kept_alive_connection_is_not_the_next_calls():
         assert "already" in (second.fail_reason or ""), second.fail_reason
         [again] = gc.check_batch([Scene(IMAGE, REQUEST)])  # the same rule for batches
         assert again.label == "UNSAFE"
+
+
+def test_a_compressed_or_oversize_reply_fails_closed_without_being_inflated():
+    """The sidecar never compresses and its replies are small: a gzip body (a few hundred kB
+    that would inflate to 64 MB) and a body over the reply limit are refused, not parsed."""
+    row = json.dumps(decision()).encode()
+    bomb = gzip.compress(b" " * (64 << 20) + row)
+    for answer, why in [
+        (reply(bomb, b"Content-Encoding: gzip"), "Content-Encoding"),
+        (reply(b" " * (40 << 20) + row), "bytes"),
+    ]:
+        with fake_server(lambda head, body, a=answer: a) as (url, heads):
+            with GuardClient(url, timeout_s=20.0) as gc:
+                d = gc.check(Scene(IMAGE, REQUEST))
+            assert d.label == "UNSAFE" and d.fail_closed, why
+            assert why in (d.fail_reason or ""), d.fail_reason
+            assert b"accept-encoding: identity" in heads[0].lower()
