@@ -29,7 +29,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,16 @@ class SidecarUnavailable(SidecarHTTPError):
 
 
 class _Overdue(Exception):
-    """The whole call (connect, send, wait, read) did not finish within ``timeout_s``."""
+    """The whole call (connect, send, wait, read) did not finish within ``timeout_s``;
+    ``reading``: it was still reading the scenes, nothing was sent."""
+
+    def __init__(self, message: str, *, reading: bool = False) -> None:
+        super().__init__(message)
+        self.reading = reading
+
+
+class _NotSent(Exception):
+    """A scene the client cannot send (its message is the fail-closed reason)."""
 
 
 class _BadReply(Exception):
@@ -295,20 +304,23 @@ class GuardClient:
 
         A scene the client cannot send (not a :class:`Scene`, a request or ``situation_id``
         that is not text encoding as UTF-8, an image it cannot read) is not sent: it fails
-        closed here, the reason saying what is wrong."""
+        closed here, the reason saying what is wrong. Reading the image is part of the call:
+        one that has not been read within ``timeout_s`` (a path on a hung mount, a FIFO) fails
+        closed too."""
         t = time.perf_counter()
         sid = _situation_of(scene)
         req = _request_of(scene)
-        try:
-            image, data = _scene_fields(scene)
-        except Exception as e:  # never raises (the contract): a scene it cannot send fails closed
-            return _fail_closed(
-                f"client: {_unsendable_reason(e)}", situation_id=sid, request=req, ms=0.0
-            )
-        files = {"image": ("scene", image, "application/octet-stream")}
-        sha = [hashlib.sha256(image).hexdigest()]
-        out = self._decide("/v1/check", t, [sid], [req], sha, files=files, data=data)
-        return out[0]
+        sha: list[str] = []
+
+        def prepare() -> dict[str, Any]:
+            try:
+                image, data = _scene_fields(scene)
+            except Exception as e:  # a scene it cannot send fails closed (in _decide)
+                raise _NotSent(f"client: {_unsendable_reason(e)}") from e
+            sha.append(hashlib.sha256(image).hexdigest())
+            return {"files": {"image": ("scene", image, "application/octet-stream")}, "data": data}
+
+        return self._decide("/v1/check", t, [sid], [req], sha, prepare)[0]
 
     def check_batch(self, scenes: Sequence[Scene]) -> list[Decision]:
         """Judge scenes in one guard call on the sidecar; any fault → every scene fails
@@ -316,29 +328,43 @@ class GuardClient:
         raises ``TypeError``, as there is then no list of scenes to answer).
 
         The batch is one call: when one scene cannot be sent (as in :meth:`check`), none is,
-        and every scene fails closed with a reason naming that scene (``scene i``, from 0)."""
+        and every scene fails closed with a reason naming that scene (``scene i``, from 0).
+        Reading the images is part of the call, as in :meth:`check`."""
         t = time.perf_counter()
         scenes = list(scenes)
         sids = [_situation_of(s) for s in scenes]
         reqs = [_request_of(s) for s in scenes]
         if not scenes:
             return []
-        items, shas = [], []
-        for i, s in enumerate(scenes):
-            try:
-                image, item = _scene_fields(s)
-            except Exception as e:  # never raises (the contract): the whole batch fails closed
-                why = f"client: the batch was not sent: scene {i}: {_unsendable_reason(e)}"
-                return [
-                    _fail_closed(why, situation_id=sid, request=r, ms=0.0)
-                    for sid, r in zip(sids, reqs, strict=True)
-                ]
-            items.append({"image_base64": base64.b64encode(image).decode("ascii"), **item})
-            shas.append(hashlib.sha256(image).hexdigest())
-        return self._decide("/v1/check/batch", t, sids, reqs, shas, json_body={"scenes": items})
+        shas: list[str] = []
 
-    def _within(self, t: float, method: str, path: str, **kw: Any) -> httpx.Response:
+        def prepare() -> dict[str, Any]:
+            items = []
+            for i, s in enumerate(scenes):
+                try:
+                    image, item = _scene_fields(s)
+                except Exception as e:  # the whole batch fails closed (in _decide)
+                    raise _NotSent(
+                        f"client: the batch was not sent: scene {i}: {_unsendable_reason(e)}"
+                    ) from e
+                items.append({"image_base64": base64.b64encode(image).decode("ascii"), **item})
+                shas.append(hashlib.sha256(image).hexdigest())
+            return {"json": {"scenes": items}}
+
+        return self._decide("/v1/check/batch", t, sids, reqs, shas, prepare)
+
+    def _within(
+        self,
+        t: float,
+        method: str,
+        path: str,
+        prepare: Callable[[], dict[str, Any]] | None = None,
+        **kw: Any,
+    ) -> httpx.Response:
         """The whole exchange, bounded by ``timeout_s`` from ``t`` (``perf_counter``).
+
+        ``prepare`` (reading the scenes: a path may block) runs first on the helper thread,
+        within the same budget; what it returns is added to the request's arguments.
 
         httpx's timeouts bound each connect, write and read, not the call: a server that
         trickles its answer a byte at a time keeps every read short and the call long. So
@@ -354,6 +380,10 @@ class GuardClient:
 
         def exchange() -> None:
             try:
+                if prepare is not None:
+                    box["preparing"] = True
+                    kw.update(prepare())
+                    box["preparing"] = False
                 left = due - time.perf_counter()
                 if left <= 0:
                     raise _Overdue("the budget was spent before the request was sent")
@@ -405,7 +435,9 @@ class GuardClient:
         finished = done.wait(max(0.0, due - time.perf_counter()))
         if not finished or time.perf_counter() > due:
             abandon.set()
-            raise _Overdue(f"{time.perf_counter() - t:.3g} s elapsed")
+            raise _Overdue(
+                f"{time.perf_counter() - t:.3g} s elapsed", reading=bool(box.get("preparing"))
+            )
         if "error" in box:
             raise box["error"]
         resp_out: httpx.Response = box["resp"]
@@ -418,11 +450,11 @@ class GuardClient:
         sids: list[str | None],
         reqs: list[str],
         shas: list[str],
-        *,
-        files: Any = None,
-        data: Any = None,
-        json_body: Any = None,
+        prepare: Callable[[], dict[str, Any]],
     ) -> list[Decision]:
+        """Send what ``prepare`` reads (it fills ``shas``, the sha256 of each image sent) and
+        read the decisions; any fault fails every scene closed."""
+
         def fail(reason: str, detail: str = "") -> list[Decision]:
             ms = (time.perf_counter() - t) * 1e3
             return [
@@ -431,8 +463,15 @@ class GuardClient:
             ]
 
         try:
-            resp = self._within(t, "POST", path, files=files, data=data, json=json_body)
+            resp = self._within(t, "POST", path, prepare)
+        except _NotSent as e:
+            return fail(str(e))
         except (_Overdue, httpx.TimeoutException) as e:
+            if isinstance(e, _Overdue) and e.reading:
+                return fail(
+                    f"client: the scene's image was not read within {self.timeout_s:g} s "
+                    f"({e}); nothing was sent"
+                )
             return fail(
                 f"sidecar timeout: no complete answer within {self.timeout_s:g} s "
                 f"({type(e).__name__}: {e}); whatever arrives later is ignored"

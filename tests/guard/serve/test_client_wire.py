@@ -20,13 +20,13 @@ import pytest
 
 pytest.importorskip("httpx")
 
-from spotstop.guard import Decision, Scene  # noqa: E402
-from spotstop.guard.client import GuardClient  # noqa: E402
+from spotstop.guard import Decision, Scene
+from spotstop.guard.client import GuardClient
 
 IMAGE = b"\xff\xd8 not decoded by the fake server"
 REQUEST = "open the door"
 
-#: (connection, request head, request body) -> bytes to send back; the fake answers each
+#: (request head, request body) -> the bytes to send back; the fake answers each
 #: request on a connection in turn (keep-alive) until the client closes it
 Answer = Callable[[bytes, bytes], bytes]
 
@@ -167,3 +167,32 @@ def test_a_compressed_or_oversize_reply_fails_closed_without_being_inflated():
             assert d.label == "UNSAFE" and d.fail_closed, why
             assert why in (d.fail_reason or ""), d.fail_reason
             assert b"accept-encoding: identity" in heads[0].lower()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs a FIFO")
+def test_timeout_s_also_bounds_reading_the_scenes_image(tmp_path: Path):
+    """An image path whose read blocks (a FIFO no camera process writes yet, a hung network
+    mount) is within the call's ``timeout_s``, like the exchange: the call fails closed."""
+    fifo = tmp_path / "cam.fifo"
+    os.mkfifo(fifo)
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        with GuardClient("http://127.0.0.1:9", timeout_s=0.5) as gc:
+            out["one"] = gc.check(Scene(fifo, REQUEST))
+            out["batch"] = gc.check_batch([Scene(IMAGE, "a"), Scene(fifo, "b")])
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(10.0)  # far past 2 × 0.5 s; without the bound the call never returns
+    try:
+        assert not t.is_alive(), "check() did not return: timeout_s does not bound the read"
+        for d in [out["one"], *out["batch"]]:
+            assert d.label == "UNSAFE" and d.fail_closed and d.decision_id == ""
+            assert "image" in (d.fail_reason or "") and "0.5 s" in (d.fail_reason or "")
+    finally:  # give the blocked readers their end of file
+        for _ in range(2):
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # no reader left
+                break
