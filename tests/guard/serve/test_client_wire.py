@@ -196,3 +196,9 @@ def test_timeout_s_also_bounds_reading_the_scenes_image(tmp_path: Path):
                 os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
             except OSError:  # no reader left
                 break
+
+
+def test_healthy_and_ready_never_raise_even_once_closed():
+    gc = GuardClient("http://127.0.0.1:9", timeout_s=1.0)
+    gc.close()
+    assert gc.healthy() is False and gc.ready() is False
