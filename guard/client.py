@@ -252,6 +252,27 @@ def _image_bytes(image: object) -> bytes:
     raise TypeError(f"scene.image must be bytes or a path; got {type(image).__name__}")
 
 
+def _checked_url(base_url: object) -> str:
+    """``base_url`` without its trailing ``/``; GuardError unless it is an http(s) URL with a
+    host (``127.0.0.1:8750`` without its scheme was taken, and every check then failed closed
+    with a protocol error)."""
+    example = f"e.g. {DEFAULT_URL!r}"
+    if not isinstance(base_url, str):
+        raise GuardError(f"base_url must be the sidecar's URL, {example}; got {base_url!r}.")
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, ValueError, TypeError) as e:
+        raise GuardError(
+            f"base_url {base_url!r} is not a URL ({e}); give the sidecar's, {example}."
+        ) from e
+    if url.scheme not in ("http", "https") or not url.host:
+        raise GuardError(
+            f"base_url {base_url!r} is not an http(s) URL with a host; give the sidecar's, "
+            f"{example} (with its http://)."
+        )
+    return base_url.rstrip("/")
+
+
 class GuardClient:
     """Client of the spotstop sidecar.
 
@@ -281,7 +302,7 @@ class GuardClient:
             )
         token = token if token is not None else (os.environ.get("SPOTSTOP_TOKEN") or None)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.base_url = base_url.rstrip("/")
+        self.base_url = _checked_url(base_url)
         self.timeout_s = float(timeout_s)
         self._answered: dict[str, None] = {}  # decision ids already in a reply (oldest first)
         self._answered_lock = threading.Lock()

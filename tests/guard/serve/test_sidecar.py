@@ -12,6 +12,7 @@ import base64
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -925,6 +926,30 @@ def test_client_refuses_a_timeout_the_sidecar_would_refuse(bad: object):
     with pytest.raises(GuardError, match=r"timeout_s must be a number of seconds in \(0, 3600\]"):
         GuardClient("http://sidecar", timeout_s=bad)  # type: ignore[arg-type]
     assert GuardClient("http://sidecar", timeout_s=3600).timeout_s == 3600.0
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ("127.0.0.1:8750", "not an http(s) URL with a host"),
+        ("localhost", "not an http(s) URL with a host"),
+        ("ftp://sidecar", "not an http(s) URL with a host"),
+        ("http://", "not an http(s) URL with a host"),
+        ("http://[::1", "is not a URL"),
+        (8750, "must be the sidecar's URL"),
+    ],
+)
+def test_client_refuses_a_url_it_cannot_reach_the_sidecar_by(bad: object, why: str):
+    """``127.0.0.1:8750`` (no scheme) was taken, and every check then failed closed with a
+    protocol error; ``http://[::1`` raised httpx's InvalidURL. Both are refused by name."""
+    from spotstop.guard import GuardError
+
+    with pytest.raises(GuardError, match=re.escape(why)) as e:
+        GuardClient(bad)  # type: ignore[arg-type]
+    assert repr(bad) in str(e.value) and "http://127.0.0.1:8750" in str(e.value)
+    for good in ("http://127.0.0.1:8750/", "https://robot.local:8750", "http://[::1]:8750"):
+        with GuardClient(good) as gc:
+            assert gc.base_url == good.rstrip("/")
 
 
 def test_client_never_trusts_safe_with_fail_closed():
