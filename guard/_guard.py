@@ -48,7 +48,7 @@ from spotstop.guard._image import DEFAULT_MIN_SIDE
 from spotstop.guard._log import DecisionLog
 from spotstop.guard._log_archive import RetentionResult
 from spotstop.guard._log_options import LogOptions, LogStatus
-from spotstop.guard._log_writer import LogWriter
+from spotstop.guard._log_writer import Committed, LogWriter
 from spotstop.guard._member import Member, load_bundle_member
 from spotstop.guard._pipeline import Pipeline, situation_windows, works_for
 from spotstop.guard._record import Decision
@@ -522,7 +522,9 @@ class Guard:
                 raise GuardError("this guard was closed while the call waited; nothing was judged.")
             active = self._active
             outcomes = self._pipeline.run(works, active, clock)
-            return self._answer(works, outcomes, active, t_start, clock, require_logged)
+            return self._answer(
+                works, outcomes, active, t_start, clock, require_logged, persist=True
+            )
         finally:
             self._lock.release()
 
@@ -534,18 +536,61 @@ class Guard:
         t_start: float,
         clock: _Clock,
         require_logged: bool,
+        *,
+        persist: bool = False,
     ) -> list[Decision]:
         """The call's decisions, once the log writer has written (or kept) their rows: a row
-        not in the log is answered fail-closed UNSAFE, or raised with ``require_logged``."""
+        not in the log is answered fail-closed UNSAFE, or raised with ``require_logged``.
+        ``persist``: then write the policy's state, which the call moved (never before the
+        rows: :meth:`_persist_state`)."""
         records = self._pipeline.records(works, outcomes, active, t_start=t_start)
         t = time.perf_counter()
         images = self._pipeline.images(works, records)
         done = self._writer.commit(records, images=images, policy=active.row, clock=clock)
+        if persist:
+            done = self._persist_state(active, done, clock)
         log_ms = (time.perf_counter() - t) * 1e3
         out = [Decision.of(r, latency_ms={**r.latency_ms, "log_ms": log_ms}) for r in done.records]
         if done.error is not None and require_logged:
             raise DecisionNotLogged(done.error, out)
         return out
+
+    def _persist_state(self, active: _Active, done: Committed, clock: _Clock) -> Committed:
+        """Write the policy's state file after the call's rows are in the log (or kept for
+        it), so that a crash between the two leaves the file behind the log, never holding
+        scores of decisions the log never got. A write that fails, or ends past the
+        deadline, makes the call's SAFE decisions fail-closed UNSAFE, amended in the log as a
+        late write's are (the windows keep the scores all the same; the next call, a switch
+        of version or close writes them). Rows the log did not take (kept for the next
+        write, answered UNSAFE) leave the file as it is: the next call that logs writes it."""
+        if done.error is not None:
+            return done
+        try:
+            active.store.flush()
+        except Exception as e:  # the state file could not be written: fail closed
+            reason = _reason("policy state", e)
+        else:
+            if not clock.expired():
+                return done
+            reason = clock.reason("writing the policy state")
+        safe = [r.decision_id for r in done.records if r.label == "SAFE"]
+        if not safe:
+            return done
+        kept = self._writer.amend_late(safe, reason, timeout_s=clock.remaining())
+        records = [
+            dataclasses.replace(r, label="UNSAFE", fail_closed=True, fail_reason=reason)
+            if r.label == "SAFE"
+            else r
+            for r in done.records
+        ]
+        error = None
+        if not kept:
+            error = (
+                "decision log: the row of a decision whose policy state could not be written "
+                "still says SAFE; its fail-closed amendment could not be written to the log or "
+                "the journal and waits in memory"
+            )
+        return Committed(records, error)
 
     @property
     def pending(self) -> int:

@@ -10,10 +10,11 @@ the guard holds its lock around :meth:`Pipeline.run`.
 
 It fails closed: a bad image or request, a member that failed to load or raised, a NaN or
 infinite score, a scoring plan, fusion or policy fault, a text detector the policy needs but
-cannot run, a state file that cannot be written or the deadline marks the scene's
+cannot run or the deadline marks the scene's
 :class:`~spotstop.guard._call._Work` with the first reason, and its record is a fail-closed
-UNSAFE. The pipeline writes no log: :meth:`Pipeline.records` hands the rows to the guard, whose
-log writer writes them before anything is answered.
+UNSAFE. The pipeline writes no log and no state file: :meth:`Pipeline.records` hands the rows
+to the guard, whose log writer writes them before anything is answered, and then the guard
+writes the policy's new state (a state file that cannot be written fails the call closed).
 """
 
 from __future__ import annotations
@@ -504,12 +505,9 @@ class Pipeline:
                 decided = None
         if decided is not None:
             # The scores are real observations whatever the clock says: the state moves on
-            # (replaying the log gives the same windows).
-            try:
-                active.store.commit(decided.state)
-            except Exception as e:  # the state file could not be written: fail closed
-                for w in works:
-                    w.fail_with(_reason("policy state", e))
+            # (replaying the log gives the same windows). Its file is written by the guard
+            # once the rows are logged, never before (Guard._persist_state).
+            active.store.advance(decided.state)
             if clock.expired():  # a label reached after the deadline is not an answer
                 for w in works:
                     w.fail_with(clock.reason("fusion and policy"))

@@ -1,11 +1,16 @@
 """The live state of the active policy (the situation windows), owned by the guard.
 
 Policies are pure: they read a state and return the next one. The guard keeps the current
-value here and persists it after every batch, atomically, to
+value here (:meth:`StateStore.advance`, when a batch is decided) and persists it once the
+batch's rows are in the decision log (or kept for it), atomically, to
 ``<state_dir>/state-<policy version id>.json`` — one file per policy version, so a refit
 never reads windows made on another fusion scale, and re-activating a version resumes its
 windows. A fresh file starts from the policy file's ``state_seed`` (fitted from the log by
 ``calibrate``), or empty. Loading a policy never touches these files; only the guard does.
+
+The file never runs ahead of the log: a crash between the two writes leaves it behind (the
+windows miss the last batch, which the log holds), never holding the scores of decisions the
+log never got (a caller that got no answer would ask again, and its scene would enter twice).
 
 One process should own a state folder: two guards writing the same file overwrite each
 other's windows (decisions stay correct, the references of the loser are lost).
@@ -53,8 +58,16 @@ class StateStore:
         with self._lock:
             return self._state
 
+    def advance(self, state: Any) -> None:
+        """Make ``state`` current, in memory (the scores were observed); :meth:`flush` writes
+        it once the batch's rows are logged."""
+        if not self.cfg.policy.stateful:
+            return
+        with self._lock:
+            self._state = state
+
     def commit(self, state: Any) -> None:
-        """Make ``state`` current and write it (atomically) when the policy keeps state.
+        """:meth:`advance` to ``state`` and write it (atomically) when the policy keeps state.
 
         Raises when the file cannot be written; the state is current all the same (the
         scores were observed), and the next commit or :meth:`flush` writes it."""
@@ -65,8 +78,9 @@ class StateStore:
             self._write()
 
     def flush(self) -> None:
-        """Write the state if the file is behind it (a failed write); at close, or when the
-        guard leaves this version. Raises when the write fails."""
+        """Write the state if the file is behind it: after each batch is logged, after a
+        failed write, at close, or when the guard leaves this version. Raises when the write
+        fails."""
         if not self.cfg.policy.stateful:
             return
         with self._lock:
