@@ -213,7 +213,9 @@ def write_policy_version(bundle_dir: str | os.PathLike[str], cfg: PolicyConfig) 
     # the number is claimed below; the text must name it, so retry on a lost race
     while True:
         n = _next_number(pdir)
-        fitted_on = {"version": n, "previous": previous, **dict(cfg.fitted_on)}
+        # the number and predecessor are this store's: a loaded version's own are replaced
+        given = {k: v for k, v in cfg.fitted_on.items() if k not in ("version", "previous")}
+        fitted_on = {"version": n, "previous": previous, **given}
         text = policy_text(replace(cfg, fitted_on=fitted_on))
         got, path = _claim(pdir, text.encode("utf-8"), n)
         if got == n:
