@@ -125,4 +125,8 @@ class StateStore:
             members=self.cfg.fusion.members,
             parse_fallback=_no_fallback,
         )
-        return self.cfg.policy.initial_state(self.cfg.policy.seed_from_dict(doc.get("state"), ctx))
+        try:
+            seed = self.cfg.policy.seed_from_dict(doc.get("state"), ctx)
+        except PolicyError as e:  # the message names the file's key; say how to start again
+            raise PolicyError(f"{e} {fix}") from e
+        return self.cfg.policy.initial_state(seed)

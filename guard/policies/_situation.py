@@ -259,13 +259,15 @@ class SituationPolicy(Policy):
         return {"situations": self._state(seed).to_dict()}
 
     def seed_from_dict(self, d: Any, ctx: LoadContext) -> SituationWindows:
+        # ctx.where: ``state_seed`` in a policy file, ``state`` in the guard's state file
         if not isinstance(d, Mapping) or set(d) != {"situations"}:
+            refit = ", or refit with `spotstop recalibrate`" if ctx.where == "state_seed" else ""
             raise PolicyError(
-                f"state_seed must be a mapping with one key, situations; got {d!r}. "
-                f"Fix it in {ctx.source}, or refit with `spotstop recalibrate`."
+                f"{ctx.where} must be a mapping with one key, situations; got {d!r}. "
+                f"Fix it in {ctx.source}{refit}."
             )
         return SituationWindows.from_dict(
-            d["situations"], window=self.window, where="state_seed.situations", source=ctx.source
+            d["situations"], window=self.window, where=ctx.key("situations"), source=ctx.source
         )
 
     # -- thresholds ------------------------------------------------------------------------

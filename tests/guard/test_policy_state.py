@@ -98,3 +98,28 @@ def test_a_batch_the_log_did_not_take_leaves_the_state_file_behind(
         monkeypatch.undo()
         g.check(make_scene(2))  # the log takes the waiting row; the file catches up
         assert g.pending == 0 and _windows(path) == list(g.situation("k").references)
+
+
+def test_a_damaged_state_file_is_named_by_its_own_keys_with_the_way_out(
+    bundle_copy: Path, tmp_path: Path
+) -> None:
+    """The message named ``state_seed.situations['k']`` (a key of policy.yaml, not of the
+    state file) and advised a refit, which does not help: deleting the file does."""
+    import pytest
+    from spotstop.guard import PolicyError
+
+    sd = tmp_path / "state"
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", state_dir=sd) as g:
+        g.check(make_scene(0, "k"))
+        vid = g.policy_config.version_id
+    path = sd / f"state-{vid}.json"
+    for state, key in (
+        ({"situations": {"k": [1.0, "x"]}}, "state.situations['k'] must be a list"),
+        (None, "state must be a mapping with one key, situations"),
+    ):
+        path.write_text(json.dumps({"format": 1, "policy_version": vid, "state": state}))
+        with pytest.raises(PolicyError) as e:
+            Guard(bundle_copy, log=tmp_path / "l.sqlite", state_dir=sd)
+        msg = str(e.value)
+        assert msg.startswith(key) and "recalibrate" not in msg
+        assert str(path) in msg and "Delete it to start again" in msg
