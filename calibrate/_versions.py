@@ -191,6 +191,18 @@ def _next_number(pdir: Path) -> int:
     return max(nums, default=0) + 1
 
 
+def _archive(bundle_dir: str | os.PathLike[str], pdir: Path, data: bytes, sha: str) -> int:
+    """Store ``data`` (the policy in force, sha256 ``sha``) as a version and return its
+    number. Two processes storing at once each archived it: the one whose copy is not the
+    lowest-numbered removes its own, so the bytes are one version (both use the lowest)."""
+    n, path = _claim(pdir, data, _next_number(pdir))
+    lower = [v.number for v in list_policy_versions(bundle_dir) if v.sha256 == sha and v.number < n]
+    if lower:
+        path.unlink()
+        return min(lower)
+    return n
+
+
 def write_policy_version(bundle_dir: str | os.PathLike[str], cfg: PolicyConfig) -> PolicyVersion:
     """Write ``cfg`` as the next version of the bundle's policy (see the module docstring).
 
@@ -205,7 +217,7 @@ def write_policy_version(bundle_dir: str | os.PathLike[str], cfg: PolicyConfig) 
     if active_path.is_file():
         sha = _sha(active_path)
         if sha not in known:  # archive the policy in force before anything else
-            n_old, _ = _claim(pdir, active_path.read_bytes(), _next_number(pdir))
+            n_old = _archive(bundle_dir, pdir, active_path.read_bytes(), sha)
             previous = {"version": n_old, "sha256": sha}
         else:
             act = active_policy_version(bundle_dir)
