@@ -216,6 +216,69 @@ def _manifest_problem(m: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _mismatches(root: Path, files: Mapping[str, str]) -> list[str]:
+    """What differs between the listed ``files`` (path → sha256) and the bundle at ``root``:
+    one line per file that is missing or whose sha256 differs (device-built files are checked
+    by their engine record instead)."""
+    bad = []
+    for rel, digest in files.items():
+        if is_device_built(rel):  # verified by the engine record when a backend uses it
+            continue
+        f = root / rel
+        if not f.is_file():
+            bad.append(f"{rel}: missing")
+        elif sha256_file(f) != digest:
+            bad.append(f"{rel}: sha256 differs")
+    return bad
+
+
+def _outside(root: Path, files: Mapping[str, str]) -> list[str]:
+    """Listed files that lie outside the bundle once links are followed ("rel -> target")."""
+    real = root.resolve()
+    out = []
+    for rel in files:
+        target = (root / rel).resolve()
+        if not target.is_relative_to(real):
+            out.append(f"{rel} -> {target}")
+    return out
+
+
+#: the files every member's folder holds, and those of an exported member besides
+_MEMBER_FILES = ("config.json", "tokenizer.json")
+_EXPORTED_FILES = ("spotstop_onnx.yaml",)
+
+
+def _member_path(
+    root: Path, entry: Mapping[str, Any], where: str, files: Mapping[str, str]
+) -> Path:
+    """The member's folder. A bundle that carries its members (it lists files) or a member
+    exported for the runtime must hold it: a relative path inside the bundle whose files the
+    manifest lists, so that everything the member loads is verified. Only a reference bundle of
+    Hugging Face folders (torch, nothing listed) names folders elsewhere."""
+    raw = _req(entry, "path", where)
+    if not isinstance(raw, str) or not raw:
+        raise BundleError(
+            f"{where}.path must be the member's folder as text (e.g. members/NAME); got "
+            f"{raw!r}. The manifest is damaged: copy the bundle again, or export it again."
+        )
+    mp = Path(raw)
+    if not files and str(entry.get("backend", "torch")) == "torch":
+        return mp if mp.is_absolute() else root / mp
+    rel = mp.as_posix().rstrip("/")
+    need = _MEMBER_FILES + (() if entry.get("backend", "torch") == "torch" else _EXPORTED_FILES)
+    unlisted = [f"{rel}/{n}" for n in need if f"{rel}/{n}" not in files]
+    if mp.is_absolute() or ".." in mp.parts:
+        why = "must be a folder inside the bundle (a relative path such as members/NAME)"
+    elif unlisted:
+        why = f"is not a member folder whose files the manifest lists ({', '.join(unlisted)})"
+    else:
+        return root / mp
+    raise BundleError(
+        f"{where}.path {raw!r} {why}: the member would load files that no sha256 checks. "
+        "The manifest was edited by hand; copy the bundle again, or export it again."
+    )
+
+
 def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in d:
         raise BundleError(f"{where}.{key} is missing from manifest.yaml.")
@@ -247,15 +310,15 @@ def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
         raise BundleError(f"{mpath}: {problem}; the manifest is damaged: copy or export it again.")
     files = _req(m, "files", "manifest")
     if verify:
-        bad = []
-        for rel, digest in files.items():
-            if is_device_built(rel):  # verified by the engine record when a backend uses it
-                continue
-            f = root / rel
-            if not f.is_file():
-                bad.append(f"{rel}: missing")
-            elif sha256_file(f) != digest:
-                bad.append(f"{rel}: sha256 differs")
+        links = _outside(root, files)
+        if links:
+            raise BundleError(
+                f"bundle {root} reaches outside itself through links ({len(links)} file(s)): "
+                + "; ".join(links[:5])
+                + ". The guard runs only what the bundle holds, checked at load: copy the "
+                "bundle with its links resolved (`cp -rL`), or export it again."
+            )
+        bad = _mismatches(root, files)
         if bad:
             raise BundleError(
                 f"bundle {root} does not match its manifest ({len(bad)} file(s)): "
@@ -270,12 +333,11 @@ def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
     members = []
     for i, entry in enumerate(_req(m, "members", "manifest")):
         where = f"manifest.members[{i}]"
-        mp = Path(_req(entry, "path", where))
         t = _req(entry, "template", where)
         members.append(
             BundleMember(
                 name=str(_req(entry, "name", where)),
-                path=mp if mp.is_absolute() else root / mp,
+                path=_member_path(root, entry, where, files),
                 model_type=str(_req(entry, "model_type", where)),
                 backend=str(entry.get("backend", "torch")),
                 image_size=parse_image_size(

@@ -133,3 +133,66 @@ def test_a_damaged_member_description_is_refused_at_load(bundle_copy: Path, edit
     meta.write_text("format: [unclosed\n")
     with pytest.raises(MemberLoadError, match="is not valid YAML"):
         load_bundle_member(b, b.members[0])
+
+
+# -- a bundle runs only what it holds, checked --------------------------------------------------
+
+QWEN = "members/tiny-qwen3_5"
+
+
+@pytest.mark.parametrize("where", ["absolute", "parent", "unlisted inside", "not text"])
+def test_a_member_folder_the_manifest_does_not_list_is_refused(
+    bundle_copy: Path, tmp_path: Path, where: str
+) -> None:
+    """The member's path was in neither the sha256 list nor the id: pointed at a folder outside
+    the bundle (or one added inside it), the guard loaded its graphs unchecked and decided with
+    them under the bundle's id and policy (a SAFE from other weights)."""
+    elsewhere = {
+        "absolute": tmp_path / "elsewhere" / "tiny-qwen3_5",
+        "parent": bundle_copy.parent / "elsewhere" / "tiny-qwen3_5",
+        "unlisted inside": bundle_copy / "members" / "other",
+    }
+    if where in elsewhere:
+        shutil.copytree(bundle_copy / QWEN, elsewhere[where])
+    value = {
+        "absolute": str(elsewhere["absolute"]),
+        "parent": "../elsewhere/tiny-qwen3_5",
+        "unlisted inside": "members/other",
+        "not text": 5,
+    }[where]
+    _edit(bundle_copy, _set("members.0.path", value))
+    why = {
+        "absolute": "must be a folder inside the bundle",
+        "parent": "must be a folder inside the bundle",
+        "unlisted inside": r"is not a member folder whose files the manifest lists "
+        r"\(members/other/config\.json",
+        "not text": "path must be the member's folder as text",
+    }[where]
+    for verify in (True, False):
+        with pytest.raises(BundleError, match=rf"manifest\.members\[0\]\.{why}|{why}"):
+            load_bundle(bundle_copy, verify=verify)
+    with pytest.raises(BundleError, match=why):
+        Guard(bundle_copy, log=tmp_path / "l.sqlite")
+
+
+@pytest.mark.parametrize("link", ["file", "member folder"])
+def test_links_out_of_the_bundle_are_refused_at_load(
+    bundle_copy: Path, tmp_path: Path, link: str
+) -> None:
+    """A listed file reached through a link outside the bundle passed the sha256 check: a
+    linked weights file then failed every check with onnxruntime's "External data path escapes
+    model directory" (the guard said it was ready), a linked member folder ran from outside."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if link == "file":
+        f = bundle_copy / DECODER
+        moved = outside / (f.name + ".data")
+        shutil.move(f.with_name(f.name + ".data"), moved)
+        f.with_name(f.name + ".data").symlink_to(moved)
+    else:
+        shutil.move(bundle_copy / QWEN, outside / "q")
+        (bundle_copy / QWEN).symlink_to(outside / "q")
+    with pytest.raises(BundleError, match=r"reaches outside itself through links.*cp -rL"):
+        load_bundle(bundle_copy)
+    with pytest.raises(BundleError, match="reaches outside itself through links"):
+        Guard(bundle_copy, log=tmp_path / "l.sqlite")
