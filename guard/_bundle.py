@@ -76,6 +76,8 @@ class Bundle:
     policy_path: Path
     test_pair: bool
     manifest: Mapping[str, Any]
+    #: every listed file's sha256 was checked when the manifest was read (``verify=True``)
+    verified: bool = False
 
     def __repr__(self) -> str:
         tp = ", TEST PAIR" if self.test_pair else ""
@@ -97,6 +99,30 @@ class Bundle:
             and not is_device_built(rel)
             and not (self.path / rel).is_file()
         )
+
+    def check_member_files(self, member: BundleMember) -> None:
+        """Check again that ``member``'s listed files are the ones the manifest names, before
+        they are read after the bundle was verified: a graph opened later (the decoder at the
+        first check, sessions opened on demand for every check, a member loaded again after a
+        failure) would otherwise run bytes that were never checked, e.g. of an export that
+        replaced the bundle while the guard ran. Nothing to do for a bundle read with
+        ``verify=False``. Unchanged files are not read again (:func:`sha256_file`)."""
+        if not self.verified:
+            return
+        try:
+            prefix = member.path.relative_to(self.path).as_posix() + "/"
+        except ValueError:  # a member folder outside the bundle (torch): nothing listed
+            return
+        files = {k: v for k, v in self.manifest["files"].items() if k.startswith(prefix)}
+        bad = _mismatches(self.path, files)
+        if bad:
+            raise BundleError(
+                f"bundle {self.path} changed after it was verified: member {member.name}'s "
+                + "; ".join(bad[:5])
+                + ". The guard runs no file it has not verified and fails closed meanwhile; "
+                "it checks again at the next scene. If an export or copy replaced the bundle, "
+                "restart the guard to load the new one."
+            )
 
 
 #: (device, inode, size, mtime_ns, ctime_ns) of a file → its sha256, for files hashed in this
@@ -378,4 +404,5 @@ def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
         policy_path=root / str(m.get("policy", "policy.yaml")),
         test_pair=bool(m.get("test_pair", False)),
         manifest=m,
+        verified=verify,
     )

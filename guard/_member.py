@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -467,6 +468,7 @@ def load_bundle_member(
             f"member {member.name} of bundle {bundle.bundle_id} is missing "
             f"{', '.join(missing[:5])}: the bundle was copied incompletely; copy it again."
         )
+    bundle.check_member_files(member)  # verified once; loaded again later (a retry): again
     m = load_member(
         member.path,
         name=member.name,
@@ -488,4 +490,6 @@ def load_bundle_member(
             f"member {member.name} builds prompt hash {m.prompt_hash}, but the bundle says "
             f"{member.prompt_hash}; re-export the bundle."
         )
+    if hasattr(m.backend, "before_graph_load"):  # graphs opened later are checked first
+        m.backend.before_graph_load = functools.partial(bundle.check_member_files, member)
     return m

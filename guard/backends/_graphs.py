@@ -23,7 +23,7 @@ exported for, and turning the decoder's outputs into scores. A runtime (onnxrunt
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +223,11 @@ class GraphBackend(ABC):
     """
 
     name = "graphs"
+    #: called before any graph file is opened (the bundle's member loader sets it to check
+    #: the member's files against the verified manifest again: a graph opened after load,
+    #: the decoder at the first score or on-demand sessions at every score, runs no bytes
+    #: that were not checked); None: nothing to check
+    before_graph_load: Callable[[], None] | None = None
     #: feed a decoder with a dynamic sequence axis at the batch's own length (True) rather
     #: than at its length bucket (the buckets then only bound the length); a runtime whose
     #: engines are built for the bucket range (TensorRT profiles) keeps the buckets
@@ -265,8 +270,13 @@ class GraphBackend(ABC):
     @property
     def vision(self) -> Any:
         if self._vision is None:
+            self._check_before_load()
             self._vision = self._load_graph(self._vision_path, "vision")
         return self._vision
+
+    def _check_before_load(self) -> None:
+        if self.before_graph_load is not None:
+            self.before_graph_load()
 
     def release(self) -> None:
         """Drop the loaded graphs (they are loaded again when next needed)."""
@@ -283,6 +293,7 @@ class GraphBackend(ABC):
     def _decoder(self, length: int) -> Any:
         key = self._decoder_key(length)
         if key not in self._decoders:
+            self._check_before_load()
             self._decoders[key] = self._load_graph(self._decoder_files[key], "decoder")
         return self._decoders[key]
 

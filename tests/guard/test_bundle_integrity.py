@@ -14,6 +14,8 @@ from spotstop.guard import BundleError, Guard, MemberLoadError, load_bundle
 from spotstop.guard._bundle import bundle_content_id
 from spotstop.guard._member import load_bundle_member
 
+from tests._support.guard import make_scene
+
 DECODER = "members/tiny-qwen3_5/onnx/decoder.onnx"
 
 
@@ -196,3 +198,39 @@ def test_links_out_of_the_bundle_are_refused_at_load(
         load_bundle(bundle_copy)
     with pytest.raises(BundleError, match="reaches outside itself through links"):
         Guard(bundle_copy, log=tmp_path / "l.sqlite")
+
+
+def test_a_graph_changed_after_the_bundle_was_verified_is_not_run(
+    bundle_copy: Path, tmp_path: Path
+) -> None:
+    """The decoder's session is opened at the first check, on-demand sessions at every check:
+    files changed after load (an export replacing the bundle while the guard ran) were run
+    unchecked. They now fail closed, and the guard scores again once the files are back."""
+    data = bundle_copy / (DECODER + ".data")
+    good = data.read_bytes()
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", retry_load_s=None) as g:
+        data.write_bytes(good + b"\0")  # other bytes under the same name
+        d = g.check(make_scene(0))
+        assert d.fail_closed and d.label == "UNSAFE"
+        assert "changed after it was verified" in (d.fail_reason or "")
+        assert "decoder.onnx.data: sha256 differs" in (d.fail_reason or "")
+        data.write_bytes(good)
+        assert not g.check(make_scene(0)).fail_closed  # mended: scored again
+        backend = g.members["tiny-qwen3_5"].backend
+        backend.resident = False  # sessions opened for every check (sessions: on-demand)
+        backend.release()
+        data.write_bytes(good + b"\0")
+        d = g.check(make_scene(0))
+        assert d.fail_closed and "changed after it was verified" in (d.fail_reason or "")
+
+
+def test_a_member_loaded_again_is_checked_again(bundle_copy: Path) -> None:
+    """A member that failed to load is loaded again in the background from the same verified
+    manifest: its files are checked again first (they were not)."""
+    b = load_bundle(bundle_copy)
+    data = bundle_copy / (DECODER + ".data")
+    data.write_bytes(data.read_bytes() + b"\0")
+    with pytest.raises(BundleError, match="changed after it was verified"):
+        load_bundle_member(b, b.members[0])
+    unverified = load_bundle(bundle_copy, verify=False)  # nothing promised, nothing checked
+    assert load_bundle_member(unverified, unverified.members[0]).name == "tiny-qwen3_5"
