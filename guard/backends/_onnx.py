@@ -98,6 +98,8 @@ class OnnxBackend(GraphBackend):
         if threads is not None:  # intra-op threads; None = onnxruntime's default (all cores)
             self._options.intra_op_num_threads = threads
         provider = self.vision.get_providers()[0]  # loads the vision graph: fail early
+        if self.resident and not self.fixed_length:  # and the decoder: a guard that cannot
+            self._decoder(self.buckets[-1])  # open it is not ready, not failing every check
         logger.info(
             "member %s: onnxruntime %s on %s (%s graphs, %s sessions)",
             folder.path.name,
@@ -116,8 +118,15 @@ class OnnxBackend(GraphBackend):
                 str(path), sess_options=self._options, providers=self.providers
             )
         except Exception as e:  # onnxruntime raises its own exception types; name the file
+            hint = ""
+            if "is not a registered function/op" in str(e) or "implementation for" in str(e):
+                hint = (
+                    f"; this onnxruntime ({self._ort.__version__}) lacks an operator the graph "
+                    "uses: install the onnxruntime the bundle was exported for, or export the "
+                    "bundle again with `--graph-form standard` (standard ONNX operators only)."
+                )
             raise MemberLoadError(
-                f"onnxruntime could not load {path}: {type(e).__name__}: {e}"
+                f"onnxruntime could not load {path}: {type(e).__name__}: {e}{hint}"
             ) from e
         want = self.providers[0] if isinstance(self.providers[0], str) else self.providers[0][0]
         got = sess.get_providers()

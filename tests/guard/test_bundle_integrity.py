@@ -203,12 +203,16 @@ def test_links_out_of_the_bundle_are_refused_at_load(
 def test_a_graph_changed_after_the_bundle_was_verified_is_not_run(
     bundle_copy: Path, tmp_path: Path
 ) -> None:
-    """The decoder's session is opened at the first check, on-demand sessions at every check:
-    files changed after load (an export replacing the bundle while the guard ran) were run
-    unchecked. They now fail closed, and the guard scores again once the files are back."""
+    """Sessions opened on demand open the graphs at every check (and before the decoder was
+    opened at load, it was opened at the first check): files changed after load (an export
+    replacing the bundle while the guard ran) were run unchecked. They now fail closed, and the
+    guard scores again once the files are back."""
     data = bundle_copy / (DECODER + ".data")
     good = data.read_bytes()
     with Guard(bundle_copy, log=tmp_path / "l.sqlite", retry_load_s=None) as g:
+        backend = g.members["tiny-qwen3_5"].backend
+        backend.resident = False  # sessions opened for every check (sessions: on-demand)
+        backend.release()
         data.write_bytes(good + b"\0")  # other bytes under the same name
         d = g.check(make_scene(0))
         assert d.fail_closed and d.label == "UNSAFE"
@@ -216,12 +220,6 @@ def test_a_graph_changed_after_the_bundle_was_verified_is_not_run(
         assert "decoder.onnx.data: sha256 differs" in (d.fail_reason or "")
         data.write_bytes(good)
         assert not g.check(make_scene(0)).fail_closed  # mended: scored again
-        backend = g.members["tiny-qwen3_5"].backend
-        backend.resident = False  # sessions opened for every check (sessions: on-demand)
-        backend.release()
-        data.write_bytes(good + b"\0")
-        d = g.check(make_scene(0))
-        assert d.fail_closed and "changed after it was verified" in (d.fail_reason or "")
 
 
 def test_a_member_loaded_again_is_checked_again(bundle_copy: Path) -> None:
@@ -234,3 +232,22 @@ def test_a_member_loaded_again_is_checked_again(bundle_copy: Path) -> None:
         load_bundle_member(b, b.members[0])
     unverified = load_bundle(bundle_copy, verify=False)  # nothing promised, nothing checked
     assert load_bundle_member(unverified, unverified.members[0]).name == "tiny-qwen3_5"
+
+
+def test_a_decoder_this_onnxruntime_cannot_run_is_refused_at_load(bundle_copy: Path) -> None:
+    """The decoder's session opened at the first check: a graph with an operator this
+    onnxruntime lacks loaded, the guard said it was ready, and every check failed closed with
+    onnxruntime's "is not a registered function/op" and nothing to do."""
+    onnx = pytest.importorskip("onnx")
+    path = bundle_copy / DECODER
+    model = onnx.load(str(path), load_external_data=False)
+    node = next(n for n in model.graph.node if n.op_type == "Add")
+    node.op_type, node.domain = "SpotstopFutureOp", "com.microsoft"
+    onnx.save(model, str(path))
+    b = load_bundle(bundle_copy, verify=False)  # as if exported so: the sha256 list agrees
+    with pytest.raises(
+        MemberLoadError,
+        match=r"decoder\.onnx.*SpotstopFutureOp.*this onnxruntime \(.*\) lacks an operator.*"
+        r"--graph-form standard",
+    ):
+        load_bundle_member(b, b.members[0])
