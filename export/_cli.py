@@ -643,8 +643,10 @@ def add_verify_bundle_parser(sub: Any) -> None:
             "passes); every score must be finite. Reference half (needs pip install "
             "'spotstop[export]'; skipped with a note without it): score the same scenes with "
             "each member's torch reference; print max |Δs|, Spearman and decision agreement per "
-            "member and the pair's Avg-2 decision agreement. Exit 1 when a member fails either "
-            "half (reference: beyond its per-precision tolerance, fp32 |Δs| ≤ 1e-3)."
+            "member and the pair's Avg-2 decision agreement. Exit 0 PASS; 1 when a member "
+            "fails either half (reference: beyond its per-precision tolerance, fp32 |Δs| ≤ "
+            "1e-3); 2 when the bundle is refused before anything is scored (altered files, a "
+            "damaged manifest) or an option is wrong."
         ),
     )
     p.add_argument("bundle", type=Path, help="bundle folder")

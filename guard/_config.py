@@ -54,7 +54,9 @@ class ScoringConfig:
 
 
 def parse_image_size(value: Any, where: str) -> tuple[int, int]:
-    """``[h, w]``, ``"HxW"`` or a single int (square) → (h, w), validated."""
+    """``[h, w]``, ``"HxW"`` or a single int (square) → (h, w), validated; the error quotes
+    the value as given."""
+    given = value
     if isinstance(value, int) and not isinstance(value, bool):
         value = [value, value]
     if isinstance(value, str):
@@ -69,7 +71,7 @@ def parse_image_size(value: Any, where: str) -> tuple[int, int]:
         or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
     ):
         raise ConfigError(
-            f"{where} must be two positive integers [height, width] (or 'HxW'); got {value!r}."
+            f"{where} must be two positive integers [height, width] (or 'HxW'); got {given!r}."
         )
     return (int(value[0]), int(value[1]))
 

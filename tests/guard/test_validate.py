@@ -187,3 +187,15 @@ def test_every_file_a_person_writes_refuses_a_key_twice(tmp_path) -> None:
             load_scoring_config(scoring)
     scoring.write_text("")
     assert load_scoring_config(scoring).batch_size == 8  # an empty file: the defaults
+
+
+@pytest.mark.parametrize("given", ["x", "12x", "3", "axb", [1], [0, 4], "4x4x4"])
+def test_a_bad_image_size_is_quoted_as_given(given: object) -> None:
+    """A text that is not HxW was quoted as None (the parse's leftover), not as written."""
+    from spotstop.guard._config import parse_image_size
+    from spotstop.guard._errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        parse_image_size(given, "image_size")
+    assert str(e.value).endswith(f"got {given!r}.")
+    assert parse_image_size("3x4", "image_size") == (3, 4) == parse_image_size([3, 4], "x")
