@@ -25,6 +25,7 @@ __all__ = [
     "Bundle",
     "BundleError",
     "BundleMember",
+    "MemberFilesWatch",
     "bundle_content_id",
     "is_device_built",
     "load_bundle",
@@ -100,6 +101,15 @@ class Bundle:
             and not (self.path / rel).is_file()
         )
 
+    def member_files(self, member: BundleMember) -> dict[str, str]:
+        """``member``'s listed files (path in the bundle → sha256); empty for a member folder
+        outside the bundle (a torch reference bundle lists none)."""
+        try:
+            prefix = member.path.relative_to(self.path).as_posix() + "/"
+        except ValueError:
+            return {}
+        return {k: v for k, v in self.manifest["files"].items() if k.startswith(prefix)}
+
     def check_member_files(self, member: BundleMember) -> None:
         """Check again that ``member``'s listed files are the ones the manifest names, before
         they are read after the bundle was verified: a graph opened later (the decoder at the
@@ -109,12 +119,7 @@ class Bundle:
         ``verify=False``. Unchanged files are not read again (:func:`sha256_file`)."""
         if not self.verified:
             return
-        try:
-            prefix = member.path.relative_to(self.path).as_posix() + "/"
-        except ValueError:  # a member folder outside the bundle (torch): nothing listed
-            return
-        files = {k: v for k, v in self.manifest["files"].items() if k.startswith(prefix)}
-        bad = _mismatches(self.path, files)
+        bad = _mismatches(self.path, self.member_files(member))
         if bad:
             raise BundleError(
                 f"bundle {self.path} changed after it was verified: member {member.name}'s "
@@ -123,6 +128,55 @@ class Bundle:
                 "it checks again at the next scene. If an export or copy replaced the bundle, "
                 "restart the guard to load the new one."
             )
+
+
+class MemberFilesWatch:
+    """Notices a member's files written in place under its open graph sessions.
+
+    onnxruntime maps a graph's external weights file into memory: a session opened on a
+    verified file runs whatever bytes that file holds later. A file replaced by a rename (an
+    export's swap, ``mv``) leaves the session its old, verified inode; one written in place
+    (``cp`` over it, an editor) changes the weights under it with no other check. So before
+    each run :meth:`check` stats the member's listed files (microseconds) and, for one whose
+    inode is the one verified but whose size or times moved, checks the bundle's files again
+    (:meth:`Bundle.check_member_files`): a mismatch raises :class:`BundleError` (the scene
+    fails closed) until the bytes are the manifest's again.
+    """
+
+    def __init__(self, bundle: Bundle, member: BundleMember) -> None:
+        self._bundle, self._member = bundle, member
+        self._files = tuple(bundle.member_files(member))
+        self._seen = self._stats()
+
+    def _stats(self) -> dict[str, tuple[int, ...] | None]:
+        out: dict[str, tuple[int, ...] | None] = {}
+        for rel in self._files:
+            try:
+                st = os.stat(self._bundle.path / rel)
+            except OSError:  # gone: an open session keeps the inode it mapped
+                out[rel] = None
+            else:
+                out[rel] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        return out
+
+    def check(self) -> None:
+        """Raise :class:`BundleError` when a file the sessions may map was written in place
+        with other bytes than the manifest's."""
+        if not self._bundle.verified:
+            return
+        now = self._stats()
+        written = [
+            rel
+            for rel, key in now.items()
+            if (old := self._seen.get(rel)) is not None
+            and key is not None
+            and key[:2] == old[:2]  # the same inode: what the sessions map
+            and key != old
+        ]
+        if not written:
+            return
+        self._bundle.check_member_files(self._member)  # raises on other bytes
+        self._seen.update({rel: now[rel] for rel in written})
 
 
 #: (device, inode, size, mtime_ns, ctime_ns) of a file → its sha256, for files hashed in this

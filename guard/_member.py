@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from spotstop.guard._arch import ImageGeometry
-from spotstop.guard._bundle import Bundle, BundleMember
+from spotstop.guard._bundle import Bundle, BundleMember, MemberFilesWatch
 from spotstop.guard._config import ScoringConfig, parse_image_size
 from spotstop.guard._errors import ConfigError, MemberLoadError, RequestError, ScoringError
 from spotstop.guard._hf import MemberFolder, render_template, resolve_member
@@ -469,6 +469,7 @@ def load_bundle_member(
             f"{', '.join(missing[:5])}: the bundle was copied incompletely; copy it again."
         )
     bundle.check_member_files(member)  # verified once; loaded again later (a retry): again
+    watch = MemberFilesWatch(bundle, member)  # the files as verified, for the sessions below
     m = load_member(
         member.path,
         name=member.name,
@@ -492,4 +493,5 @@ def load_bundle_member(
         )
     if hasattr(m.backend, "before_graph_load"):  # graphs opened later are checked first
         m.backend.before_graph_load = functools.partial(bundle.check_member_files, member)
+        m.backend.before_graph_run = watch.check  # and files written under open sessions
     return m

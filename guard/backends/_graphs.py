@@ -228,6 +228,9 @@ class GraphBackend(ABC):
     #: the decoder at the first score or on-demand sessions at every score, runs no bytes
     #: that were not checked); None: nothing to check
     before_graph_load: Callable[[], None] | None = None
+    #: called before every score (the bundle's member loader sets it to notice the member's
+    #: files written in place under its open sessions: ``MemberFilesWatch``); None: nothing
+    before_graph_run: Callable[[], None] | None = None
     #: feed a decoder with a dynamic sequence axis at the batch's own length (True) rather
     #: than at its length bucket (the buckets then only bound the length); a runtime whose
     #: engines are built for the bucket range (TensorRT profiles) keeps the buckets
@@ -360,6 +363,8 @@ class GraphBackend(ABC):
         plan: ScorePlan,
     ) -> np.ndarray:
         self.check_plan(plan)
+        if self.before_graph_run is not None:
+            self.before_graph_run()
         n_rows = len(plan.rows)
         length = self.feed_length(max(len(p) for p in prompts) + plan.max_row_len)
         feeds = decoder_feeds(prompts, plan, length, self.pad_id)

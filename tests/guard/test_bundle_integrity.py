@@ -5,9 +5,11 @@ statistics, nor loaded to fail closed on every check with no retry that could me
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from spotstop.guard import BundleError, Guard, MemberLoadError, load_bundle
@@ -220,6 +222,37 @@ def test_a_graph_changed_after_the_bundle_was_verified_is_not_run(
         assert "decoder.onnx.data: sha256 differs" in (d.fail_reason or "")
         data.write_bytes(good)
         assert not g.check(make_scene(0)).fail_closed  # mended: scored again
+
+
+def test_a_weights_file_written_in_place_under_open_sessions_is_not_run(
+    bundle_copy: Path, tmp_path: Path
+) -> None:
+    """onnxruntime maps a graph's external weights into memory: written in place (``cp`` over
+    the bundle) under a resident session, they changed the scores with no check. The file is
+    now noticed before the next run: the scene fails closed, naming the file, and is scored as
+    before once the bytes are back. A file replaced by a rename leaves the session the inode it
+    verified, and it scores on."""
+    data = bundle_copy / (DECODER + ".data")
+    good = data.read_bytes()
+    half = np.frombuffer(good[: len(good) // 4 * 4], np.float32) * np.float32(0.5)
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite", retry_load_s=None) as g:
+        assert g.members["tiny-qwen3_5"].backend.resident
+        before = g.check(make_scene(0))
+        assert not before.fail_closed
+        with open(data, "r+b") as f:  # in place: the inode the session maps
+            f.write(half.tobytes())
+        d = g.check(make_scene(0))
+        assert d.fail_closed and d.label == "UNSAFE"
+        assert "changed after it was verified" in (d.fail_reason or "")
+        assert "decoder.onnx.data: sha256 differs" in (d.fail_reason or "")
+        with open(data, "r+b") as f:
+            f.write(good)
+        again = g.check(make_scene(0))
+        assert not again.fail_closed and again.policy_score == before.policy_score
+        moved = data.with_name("moved")
+        os.replace(data, moved)  # the session keeps its inode; the path holds a copy
+        data.write_bytes(good)
+        assert g.check(make_scene(0)).policy_score == before.policy_score
 
 
 def test_a_member_loaded_again_is_checked_again(bundle_copy: Path) -> None:
