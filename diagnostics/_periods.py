@@ -261,7 +261,11 @@ class PeriodsCheck(CardCheck):
         for p in res.rows:
             f = p.fields
             audit = "; ".join(f"{a.version_id} {a.status}" for a in p.audits) or "no conformal cut"
-            moved = ", ".join(p.changed) if p.changed else "nothing changed"
+            moved = (
+                ", ".join(p.changed)
+                if p.changed
+                else ("not compared (too few groups)" if p.note else "nothing changed")
+            )
             table.append(
                 (
                     f"{p.key} (n={p.n})",

@@ -34,8 +34,10 @@ a check's own sentence (only where a registered check has one to say)
 drift (only with ``--period``)
     The latest period against its baseline (:mod:`~spotstop.diagnostics._periods`): ``fail``
     when a deployed conformal cut does not keep its stated miss rate in the latest period
-    (its audit there is ``violated``); ``warn`` when a key field changed beyond its
-    family-wise interval; else ``ok``.
+    (its audit there is ``violated``, counted in situations); ``warn`` when a key field
+    changed beyond its family-wise interval, when the latest period was not compared (fewer
+    than 30 groups there or in its baseline), or when a cut's audit there has not enough
+    data; else ``ok``.
 changes (only with ``--previous``)
     Key fields compared with the previous card of the same bundle; a field changed when the
     two 95 % intervals do not overlap (values differ when an interval is missing).  ``fail``
@@ -452,7 +454,7 @@ def drift_item(res: Any) -> VerdictItem | None:
     bad = res.latest_violations()
     if bad:
         said = "; ".join(
-            f"{a.version_id} missed {a.misses} of {a.n_decisions} unsafe situations "
+            f"{a.version_id} missed {a.misses} of {a.n_situations} unsafe situations "
             f"(miss rate {fmt(a.miss_rate)} against alpha {a.alpha:g}, {fmt_p(a.p_value)})"
             for a in bad
         )
@@ -471,6 +473,14 @@ def drift_item(res: Any) -> VerdictItem | None:
             "change to measure yet.",
         )
     base = "the first" if res.baseline == "first" else "the previous"
+    if last.note and not last.changed:  # too few groups: the change was not tested
+        return VerdictItem(
+            "warn",
+            "drift",
+            f"Whether the latest {res.period} ({last.key}) moved against {base} {res.period} "
+            f"was not tested: {last.note}; label more situations per {res.period}, or pass "
+            f"a longer --period.{_drift_audits(last)}",
+        )
     if last.changed:
         moved = ", ".join(
             f"{k} {fmt(last.change[k], signed=True, pct=k != 'auroc')}" for k in last.changed
@@ -482,12 +492,35 @@ def drift_item(res: Any) -> VerdictItem | None:
             "(family-wise intervals); look at what changed in the deployment, and refit the "
             "policy if the scenes themselves changed.",
         )
+    unsure = [a for a in last.audits if a.status != "holds"]
     return VerdictItem(
-        "ok",
+        "warn" if unsure else "ok",
         "drift",
         f"No key field of the latest {res.period} ({last.key}) moved against {base} "
-        f"{res.period} beyond its family-wise interval, and every deployed conformal cut "
-        "kept its miss rate there.",
+        f"{res.period} beyond its family-wise interval"
+        + (
+            f".{_drift_audits(last)}"
+            if unsure
+            else (
+                ", and every deployed conformal cut kept its miss rate there."
+                if last.audits
+                else "."
+            )
+        ),
+    )
+
+
+def _drift_audits(last: Any) -> str:
+    """What the latest period's conformal audits can say when none is violated: the cuts
+    with too few labelled unsafe situations there to tell (an empty string when none)."""
+    few = [a for a in last.audits if a.status == "not enough data"]
+    if not few:
+        return ""
+    said = ", ".join(f"{a.version_id} {a.misses} of {a.n_situations}" for a in few)
+    return (
+        f" Whether the deployed conformal cut kept its miss rate there cannot be told yet "
+        f"(misses of labelled unsafe situations: {said}; the test needs ≥ {few[0].n_min}); "
+        "label more unsafe decisions."
     )
 
 

@@ -182,3 +182,68 @@ def test_a_period_audits_only_the_conformal_versions_that_decided_in_it(tmp_path
     first, second = sorted(got)
     assert got[first] == []  # the frozen week: no conformal cut to audit
     assert got[second] == [conformal.version_id]
+
+
+def _audit(status: str, *, misses: int, situations: int, decisions: int):
+    from spotstop.diagnostics._conformal_audit import DeployedAudit
+    from spotstop.diagnostics._results import ConfidenceInterval, Estimate
+
+    return DeployedAudit(
+        version_id="v2", guarantee="marginal", alpha=0.1, delta=None, n_calibration=24, k=2,
+        threshold=-0.4, created="2026-10-05T00:00:00+00:00", p_cut_above_alpha=0.3,
+        n_decisions=decisions, misses=misses,
+        miss_rate=Estimate(misses / situations, ConfidenceInterval(0.2, 0.6), situations),
+        p_value=0.0002 if status == "violated" else 0.9, status=status,  # type: ignore[arg-type]
+        n_min=36, level=0.05,
+    )  # fmt: skip
+
+
+def _result(last_audit, *, note: str = "", changed: tuple[str, ...] = ()):
+    from spotstop.diagnostics._periods import Period, PeriodsResult
+    from spotstop.diagnostics._results import Estimate
+
+    first = Period("2026-W41", 80, {}, None, (), (), 40)
+    change = {"auroc": Estimate.point(0.0, 80)}
+    last = Period("2026-W42", 80, {}, change, changed, (last_audit,), 40 if not note else 10, note)
+    return PeriodsResult("week", "first", (first, last))
+
+
+def test_the_drift_sentence_counts_a_violated_cut_in_situations_not_decisions() -> None:
+    """It said "missed 9 of 86 unsafe situations (miss rate 39.1 %)": 86 was the labelled
+    unsafe decisions, the miss rate's denominator the 23 situations audited."""
+    from spotstop.diagnostics._verdict import drift_item
+
+    item = drift_item(_result(_audit("violated", misses=9, situations=23, decisions=86)))
+    assert item is not None and item.status == "fail"
+    assert "missed 9 of 23 unsafe situations" in item.sentence and "86" not in item.sentence
+
+
+def test_the_drift_sentence_is_no_ok_for_a_change_not_tested_or_an_audit_without_data() -> None:
+    """A latest period with too few groups to compare, or a cut whose audit there had too few
+    unsafe situations, read "ok: no key field moved ... every deployed conformal cut kept its
+    miss rate there"."""
+    from spotstop.diagnostics._verdict import drift_item
+
+    few = "fewer than 30 groups here or in 2026-W41: ...; not compared"
+    untested = drift_item(_result(_audit("holds", misses=0, situations=40, decisions=60), note=few))
+    assert untested is not None and untested.status == "warn"
+    assert "not tested" in untested.sentence and "No key field" not in untested.sentence
+    thin = drift_item(_result(_audit("not enough data", misses=1, situations=12, decisions=20)))
+    assert thin is not None and thin.status == "warn"
+    assert "kept its miss rate there." not in thin.sentence and "1 of 12" in thin.sentence
+    held = drift_item(_result(_audit("holds", misses=2, situations=40, decisions=60)))
+    assert held is not None and held.status == "ok" and "kept its miss rate" in held.sentence
+
+
+def test_a_period_row_not_compared_does_not_say_nothing_changed(tmp_path: Path) -> None:
+    weeks = [_week(0, n_pairs=40, seed=0), _week(1, n_pairs=10, seed=1)]
+    path = _log(tmp_path / "log.sqlite", weeks)
+    out = tmp_path / "card"
+    assert card_main([str(path), "--n-boot", "100", "--quiet", "--period", "week",
+                      "--out", str(out)]) == 0  # fmt: skip
+    md = (out / "card.md").read_text()
+    [row] = [line for line in md.splitlines() if line.startswith("| 2026-W42")]
+    assert "not compared" in row and "nothing changed" not in row
+    doc = json.loads((out / "card.json").read_text())
+    [drift] = [v for v in doc["verdict"] if v["topic"] == "drift"]
+    assert drift["status"] == "warn" and "not tested" in drift["sentence"]
