@@ -72,6 +72,18 @@ def _delivered_rows(card: Card) -> list[tuple[str, ...]]:
     return rows
 
 
+def _delivered_intro(card: Card) -> str:
+    """What the delivered table holds, with the labelled fail-closed decisions it leaves out
+    (``delivered_note`` of ``card.json``)."""
+    d = card.delivered
+    n = 0 if d is None else d.n_fail_closed_labelled
+    return (
+        "The guard's own logged answers against the reviewer labels, labelled decisions that "
+        f"did not fail closed ({n} labelled fail-closed decision(s) left out; group-bootstrap "
+        "95 % intervals)."
+    )
+
+
 def _rates(r: object) -> tuple[Estimate, Estimate, Estimate]:
     return (r.balanced_accuracy, r.hit_rate, r.false_alarm_rate)  # type: ignore[attr-defined]
 
@@ -94,8 +106,7 @@ def markdown(card: Card) -> str:
     rows = _delivered_rows(card)
     if rows:
         out += [
-            "The guard's own logged answers against the reviewer labels, labelled decisions "
-            "that did not fail closed (group-bootstrap 95 % intervals).",
+            _delivered_intro(card),
             "",
             "| " + " | ".join(_DELIVERED_HEAD) + " |",
             "|" + " --- |" * len(_DELIVERED_HEAD),
@@ -150,7 +161,7 @@ def page(card: Card, svgs: Mapping[str, str]) -> str:
     )
     rows = _delivered_rows(card)
     delivered = (
-        _table(_DELIVERED_HEAD, rows)
+        f"<p>{e(_delivered_intro(card))}</p>" + _table(_DELIVERED_HEAD, rows)
         if rows
         else "<p>Not available: a scores CSV or the simulated log holds no guard answers.</p>"
     )

@@ -324,3 +324,29 @@ def test_a_cut_with_every_score_on_one_side_warns(tmp_path):
     assert issubclass(CutWarning, UserWarning)
     card = compute_card(t, direct_cut=0.6, n_boot=20, n_boot_checks=20, n_boot_kernel=5, rng=0)
     assert card.settings["cut_warnings"] == [] and card.settings["n_at_cut"] == 0
+
+
+def test_md_and_html_state_the_labelled_fail_closed_decisions_the_json_leaves_out(tmp_path):
+    """card.json said "3 labelled fail-closed decision(s) left out" of the delivered rates;
+    card.md said only "labelled decisions that did not fail closed" and card.html nothing."""
+    import shutil
+    import sqlite3
+
+    from spotstop.diagnostics._build import demo_log_path
+    from spotstop.guard import DecisionLog
+
+    log = tmp_path / "log.sqlite"
+    shutil.copyfile(demo_log_path(), log)
+    with sqlite3.connect(log) as conn:
+        ids = [r[0] for r in conn.execute("SELECT decision_id FROM decisions WHERE label = "
+                                          "'SAFE' ORDER BY time LIMIT 3")]  # fmt: skip
+    conn.close()
+    with DecisionLog(log) as opened:
+        opened.mark_fail_closed(ids, "the write finished after the deadline")
+    out = tmp_path / "card"
+    assert card_main([str(log), "--n-boot", "50", "--quiet", "--out", str(out)]) == 0
+    doc = json.loads((out / "card.json").read_text())
+    assert doc["delivered_note"] == "3 labelled fail-closed decision(s) left out"
+    said = "3 labelled fail-closed decision(s) left out"
+    assert said in (out / "card.md").read_text()
+    assert said in (out / "card.html").read_text()
