@@ -15,20 +15,22 @@ from spotstop.guard.policies import FrozenPolicy, PolicyConfig, dump_policy
 from tests._support.images import make_image_bytes
 
 
+def frozen_policy(bundle: Path, t0: float) -> PolicyConfig:
+    """A frozen cut t0 for the bundle (its policy's bundle id, prompt hash and fusion)."""
+    cfg = load_policy(bundle / "policy.yaml")
+    return PolicyConfig(
+        bundle_id=cfg.bundle_id,
+        prompt_hash=cfg.prompt_hash,
+        fusion=cfg.fusion,
+        policy=FrozenPolicy(threshold=t0),
+        fitted_on={"test": True},
+        created=datetime.now(UTC),
+    )
+
+
 def set_frozen(bundle: Path, t0: float) -> None:
     """Replace the bundle's policy by a frozen cut t0 (same bundle id, prompt hash, fusion)."""
-    cfg = load_policy(bundle / "policy.yaml")
-    dump_policy(
-        PolicyConfig(
-            bundle_id=cfg.bundle_id,
-            prompt_hash=cfg.prompt_hash,
-            fusion=cfg.fusion,
-            policy=FrozenPolicy(threshold=t0),
-            fitted_on={"test": True},
-            created=datetime.now(UTC),
-        ),
-        bundle / "policy.yaml",
-    )
+    dump_policy(frozen_policy(bundle, t0), bundle / "policy.yaml")
 
 
 def make_scene(i: int = 0, sit: str | None = None) -> Scene:

@@ -2,33 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from spotstop.calibrate import activate_policy_version, list_policy_versions, write_policy_version
-from spotstop.guard.policies import FrozenPolicy, PolicyConfig, load_policy
+from spotstop.guard.policies import load_policy
 
-
-def _frozen(bundle: Path, t0: float) -> PolicyConfig:
-    cfg = load_policy(bundle / "policy.yaml")
-    return PolicyConfig(
-        bundle_id=cfg.bundle_id,
-        prompt_hash=cfg.prompt_hash,
-        fusion=cfg.fusion,
-        policy=FrozenPolicy(threshold=t0),
-        fitted_on={"test": True},
-        created=datetime.now(UTC),
-    )
+from tests._support.guard import frozen_policy
 
 
 def test_a_stored_policy_stored_again_names_its_new_number(bundle_copy: Path) -> None:
     """A loaded version file carries ``fitted_on.version`` and ``previous``; storing it again
     (what the message for a file outside ``policies/`` advises) kept them, so v0004's file said
     it was v0002: the log and the state file named another version."""
-    v2 = write_policy_version(bundle_copy, _frozen(bundle_copy, 100.0))
+    v2 = write_policy_version(bundle_copy, frozen_policy(bundle_copy, 100.0))
     activate_policy_version(bundle_copy, v2.number)
-    write_policy_version(bundle_copy, _frozen(bundle_copy, -100.0))
+    write_policy_version(bundle_copy, frozen_policy(bundle_copy, -100.0))
     v4 = write_policy_version(bundle_copy, load_policy(v2.path))
     assert v4.number == 4
     cfg = load_policy(v4.path)
@@ -56,7 +45,7 @@ def test_two_writers_archiving_the_policy_in_force_at_once_store_it_once(
         return real(pdir, data, start)
 
     monkeypatch.setattr(_versions, "_claim", other_writer_first)
-    v = write_policy_version(bundle_copy, _frozen(bundle_copy, 1.0))
+    v = write_policy_version(bundle_copy, frozen_policy(bundle_copy, 1.0))
     versions = list_policy_versions(bundle_copy)
     same = [x.number for x in versions if x.path.read_bytes() == policy_yaml]
     assert same == [1] and [x.number for x in versions if x.active] == [1]

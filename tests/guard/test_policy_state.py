@@ -10,6 +10,8 @@ twice.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +26,20 @@ def _windows(path: Path) -> list[float]:
     return list(json.loads(path.read_text(encoding="utf-8"))["state"]["situations"].get("k", []))
 
 
+@contextmanager
+def _one_reference(bundle: Path, tmp_path: Path) -> Iterator[tuple[Guard, Path, list[float]]]:
+    """A guard whose situation ``k`` holds one scene: the guard, its state file, the window."""
+    sd = tmp_path / "state"
+    with Guard(bundle, log=tmp_path / "l.sqlite", state_dir=sd) as g:
+        g.check(make_scene(0, "k"))
+        path = sd / f"state-{g.policy_config.version_id}.json"
+        yield g, path, _windows(path)
+
+
 def test_the_state_file_takes_a_batch_only_after_the_log_has_its_rows(
     bundle_copy: Path, tmp_path: Path
 ) -> None:
-    sd = tmp_path / "state"
-    with Guard(bundle_copy, log=tmp_path / "l.sqlite", state_dir=sd) as g:
-        g.check(make_scene(0, "k"))
-        path = sd / f"state-{g.policy_config.version_id}.json"
-        before = _windows(path)
+    with _one_reference(bundle_copy, tmp_path) as (g, path, before):
         assert len(before) == 1
         seen: dict[str, Any] = {}
         real = g._writer.commit
@@ -81,11 +89,7 @@ def test_a_state_write_that_fails_after_the_log_amends_the_safe_row(
 def test_a_batch_the_log_did_not_take_leaves_the_state_file_behind(
     bundle_copy: Path, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    sd = tmp_path / "state"
-    with Guard(bundle_copy, log=tmp_path / "l.sqlite", state_dir=sd) as g:
-        g.check(make_scene(0, "k"))
-        path = sd / f"state-{g.policy_config.version_id}.json"
-        before = _windows(path)
+    with _one_reference(bundle_copy, tmp_path) as (g, path, before):
 
         def down(*a: Any, **kw: Any) -> None:
             raise OSError(5, "Input/output error")
