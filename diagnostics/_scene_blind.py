@@ -118,7 +118,8 @@ class SceneBlindReaders:
     (grouped folds; interval: group bootstrap of the out-of-fold scores, not refitted);
     ``file_reader_p``: permutation p value from refits with labels swapped within contrasts
     (within groups for cases without a contrast).  ``request_only``: AUROC of ``score_text``;
-    ``image_minus_gray``: AUROC of ``score - score_gray``; ``members``: AUROC per member score.
+    ``image_minus_gray``: AUROC of ``score - score_gray``; ``members``: AUROC per member score;
+    ``file_reader_unmeasured``: why the file reader was not fitted, when it was not.
     """
 
     file_reader: Estimate | None
@@ -128,6 +129,8 @@ class SceneBlindReaders:
     request_only: Estimate | None
     image_minus_gray: Estimate | None
     members: Mapping[str, Estimate] = field(default_factory=dict)
+    #: why ``file_reader`` is None (what is missing and what to do); "" when it was measured
+    file_reader_unmeasured: str = ""
 
 
 def _longest_side_rule(
@@ -179,6 +182,23 @@ def scene_blind_readers(
     names: tuple[str, ...] = ()
     longest_rule = None
     n_groups = int(np.unique(grp).size)
+    missing = [c for c, k in ((0, "SAFE"), (1, "UNSAFE")) if not (y == c).any()]
+    if feats is None:
+        unmeasured = (
+            "the cases lack image width, height and bytes: log the image metadata to check it"
+        )
+    elif n_groups < n_folds:
+        unmeasured = (
+            f"these cases form {n_groups} group(s), fewer than the {n_folds} its grouped fit "
+            "needs: label more situations to check it"
+        )
+    elif missing:
+        unmeasured = (
+            f"the labels hold one class only (no {'SAFE' if missing == [0] else 'UNSAFE'} "
+            "case): label cases of both classes to check it"
+        )
+    else:
+        unmeasured = ""
     if feats is not None and n_groups < n_folds:
         warnings.warn(
             f"the file reader needs at least n_folds={n_folds} independent groups for its "
@@ -226,6 +246,7 @@ def scene_blind_readers(
         request_only=auc_of(table.score_text),
         image_minus_gray=auc_of(gray),
         members=MappingProxyType({k: v for k, v in members.items() if v is not None}),
+        file_reader_unmeasured=unmeasured,
     )
 
 

@@ -90,12 +90,15 @@ def leak_item(blind: Any) -> VerdictItem:
     """The ``leak`` sentence from the scene-blind readers (None when not run)."""
     fr = None if blind is None else blind.file_reader
     if fr is None or math.isnan(fr.value):
+        why = getattr(blind, "file_reader_unmeasured", "") or (
+            "the scene-blind readers did not run"
+            if blind is None
+            else "the file reader's AUROC is undefined: label more situations of both classes"
+        )
         return VerdictItem(
             "warn",
             "leak",
-            "Whether the label leaks through the image files was not measured (the cases lack "
-            "image width, height and bytes, or form fewer than 5 groups); log the image "
-            "metadata and label more situations to check it.",
+            f"Whether the label leaks through the image files was not measured: {why}.",
         )
     ls = blind.longest_side
     rule = (

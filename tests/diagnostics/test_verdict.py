@@ -24,6 +24,7 @@ from spotstop.diagnostics import (
 from spotstop.diagnostics._build import card_from_inputs
 from spotstop.diagnostics._cli import card_main
 from spotstop.diagnostics._conformal_audit import ConformalAuditCheck
+from spotstop.diagnostics._errors import UndefinedMetricWarning
 from spotstop.diagnostics._recommend import Recommendation
 from spotstop.diagnostics._results import ConfidenceInterval
 from spotstop.diagnostics._verdict import (
@@ -327,3 +328,23 @@ def test_a_leak_with_no_unit_of_both_classes_is_not_called_no_leak():
     assert leak_item(blind).status == "warn"
     paired = scene_blind_readers(t, n_permutations=20, n_boot=50, rng=0)
     assert paired.file_reader_p < 0.1  # with its contrasts the test runs, and rejects
+
+
+def test_an_unmeasured_leak_names_its_own_cause():
+    """Every label one class: the sentence blamed missing image sizes or too few groups,
+    though the cases had both. It now says what kept the file reader from being fitted."""
+    t = simulate_log(60, rng=3, size_leak=2.0)
+    one_class = dataclasses.replace(t, label=np.ones(len(t), dtype=t.label.dtype))
+    with pytest.warns(UndefinedMetricWarning):
+        blind = scene_blind_readers(one_class, n_permutations=5, n_boot=20, rng=0)
+    item = leak_item(blind)
+    assert item.status == "warn" and blind.file_reader is None
+    assert "one class only (no SAFE case)" in item.sentence
+    assert "image width" not in item.sentence and "fewer than" not in item.sentence
+    few = dataclasses.replace(t, situation_id=np.array(["a", "b"] * (len(t) // 2), dtype=object),
+                              contrast_id=np.array([""] * len(t), dtype=object))  # fmt: skip
+    with pytest.warns(UndefinedMetricWarning):
+        blind = scene_blind_readers(few, n_permutations=5, n_boot=20, rng=0)
+    assert "form 2 group(s), fewer than the 5" in leak_item(blind).sentence
+    measured = scene_blind_readers(t, n_permutations=5, n_boot=20, rng=0)
+    assert measured.file_reader is not None and measured.file_reader_unmeasured == ""
