@@ -7,7 +7,6 @@ between them, or around them, must leave the old folder in place and nothing els
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +114,10 @@ def test_a_sigterm_inside_leaves_the_folder_and_no_staging(tmp_path: Path) -> No
         "import os, signal, sys\n"
         "from pathlib import Path\n"
         "from spotstop.export._outdir import replaced_whole\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as from a shell (not inherited)\n"
+        f"with replaced_whole(Path({str(tmp_path / 'first')!r})) as work:\n"
+        "    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL\n"
+        "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored after\n"
         f"with replaced_whole(Path({str(root)!r})) as work:\n"
         "    (work / 'a.txt').write_text('new')\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -124,5 +127,4 @@ def test_a_sigterm_inside_leaves_the_folder_and_no_staging(tmp_path: Path) -> No
                           timeout=120)  # fmt: skip
     assert done.returncode == 143, done.stderr
     assert _tree(root) == {"a.txt": "old"}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # this process: untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first", "out"]
