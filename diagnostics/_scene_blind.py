@@ -182,7 +182,7 @@ def scene_blind_readers(
     names: tuple[str, ...] = ()
     longest_rule = None
     n_groups = int(np.unique(grp).size)
-    missing = [c for c, k in ((0, "SAFE"), (1, "UNSAFE")) if not (y == c).any()]
+    absent = [name for c, name in ((0, "SAFE"), (1, "UNSAFE")) if not (y == c).any()]
     if feats is None:
         unmeasured = (
             "the cases lack image width, height and bytes: log the image metadata to check it"
@@ -192,10 +192,10 @@ def scene_blind_readers(
             f"these cases form {n_groups} group(s), fewer than the {n_folds} its grouped fit "
             "needs: label more situations to check it"
         )
-    elif missing:
+    elif absent:
         unmeasured = (
-            f"the labels hold one class only (no {'SAFE' if missing == [0] else 'UNSAFE'} "
-            "case): label cases of both classes to check it"
+            f"the labels hold one class only (no {' or '.join(absent)} case): label cases of "
+            "both classes to check it"
         )
     else:
         unmeasured = ""

@@ -49,7 +49,7 @@ class StateStore:
         on_disk = self.path is not None and self.path.exists()
         self._state = self._load() if on_disk else cfg.initial_state()
         # what the file holds: a write that failed leaves the state ahead of the file, and
-        # the next commit (or close) writes it, whether or not the state moved again
+        # the next flush (after the next logged batch, or at close) writes it, whether or not the state moved again
         self._written: Any = self._state if on_disk else _UNWRITTEN
 
     @property
@@ -65,17 +65,6 @@ class StateStore:
             return
         with self._lock:
             self._state = state
-
-    def commit(self, state: Any) -> None:
-        """:meth:`advance` to ``state`` and write it (atomically) when the policy keeps state.
-
-        Raises when the file cannot be written; the state is current all the same (the
-        scores were observed), and the next commit or :meth:`flush` writes it."""
-        if not self.cfg.policy.stateful:
-            return
-        with self._lock:
-            self._state = state
-            self._write()
 
     def flush(self) -> None:
         """Write the state if the file is behind it: after each batch is logged, after a
