@@ -145,14 +145,14 @@ class MemberFilesWatch:
 
     def __init__(self, bundle: Bundle, member: BundleMember) -> None:
         self._bundle, self._member = bundle, member
-        self._files = tuple(bundle.member_files(member))
+        self._files = tuple((rel, str(bundle.path / rel)) for rel in bundle.member_files(member))
         self._seen = self._stats()
 
     def _stats(self) -> dict[str, tuple[int, ...] | None]:
         out: dict[str, tuple[int, ...] | None] = {}
-        for rel in self._files:
+        for rel, path in self._files:
             try:
-                st = os.stat(self._bundle.path / rel)
+                st = os.stat(path)
             except OSError:  # gone: an open session keeps the inode it mapped
                 out[rel] = None
             else:

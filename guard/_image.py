@@ -38,6 +38,7 @@ Choices made here (the runtime depends on them, so they are fixed and documented
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -615,14 +616,25 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+@functools.cache
+def _ijg_luma_tables() -> np.ndarray:
+    """(100, 64): libjpeg's luminance table scaled for quality 1..100 (row ``q - 1``)."""
+    base = np.asarray(_IJG_LUMA, dtype=np.int64)
+    q = np.arange(1, 101, dtype=np.int64)
+    scale = np.where(q < 50, 5000 // q, 200 - 2 * q)
+    tables = np.clip((base[None, :] * scale[:, None] + 50) // 100, 1, 255)
+    tables.setflags(write=False)
+    return tables
+
+
 def _estimate_jpeg_quality(image: Image.Image) -> int | None:
     """IJG quality whose scaled standard luminance table is nearest to table 0.
 
     libjpeg scales the Annex K table by ``s = 5000 / q`` for ``q < 50`` and
     ``s = 200 - 2 q`` otherwise, entry ``max(1, min(255, (base * s + 50) // 100))``. We
-    invert it by trying every ``q`` in 1..100 and keeping the one with the smallest summed
-    absolute difference (ties go to the higher quality). It is an estimate: encoders with
-    their own tables get the nearest IJG quality.
+    invert it by comparing with the tables of every ``q`` in 1..100 (computed once) and
+    keeping the one with the smallest summed absolute difference (ties go to the higher
+    quality). It is an estimate: encoders with their own tables get the nearest IJG quality.
     """
     tables = getattr(image, "quantization", None)
     if not tables or 0 not in tables:
@@ -630,12 +642,5 @@ def _estimate_jpeg_quality(image: Image.Image) -> int | None:
     table = np.asarray(list(tables[0]), dtype=np.int64)
     if table.size != 64:
         return None
-    base = np.asarray(_IJG_LUMA, dtype=np.int64)
-    best_q, best_err = 1, None
-    for q in range(1, 101):
-        scale = 5000 // q if q < 50 else 200 - 2 * q
-        candidate = np.clip((base * scale + 50) // 100, 1, 255)
-        err = int(np.abs(candidate - table).sum())
-        if best_err is None or err <= best_err:
-            best_q, best_err = q, err
-    return best_q
+    err = np.abs(_ijg_luma_tables() - table).sum(axis=1)
+    return 100 - int(np.argmin(err[::-1]))  # the last minimum: ties go to the higher q

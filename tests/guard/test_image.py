@@ -280,6 +280,47 @@ def test_jpeg_quality_estimate_over_the_whole_range() -> None:
         assert estimate is not None and abs(estimate - quality) <= 2, (quality, estimate)
 
 
+def _nearest_ijg_quality_by_hand(table: list[int]) -> int:
+    """The IJG quality nearest to ``table``, written out entry by entry (libjpeg's
+    jpeg_quality_scaling and jpeg_add_quant_table), the higher quality on a tie."""
+    from spotstop.guard._image import _IJG_LUMA
+
+    best_q, best_err = 0, None
+    for q in range(1, 101):
+        scale = 5000 // q if q < 50 else 200 - 2 * q
+        err = 0
+        for base, got in zip(_IJG_LUMA, table, strict=True):
+            err += abs(max(1, min(255, (base * scale + 50) // 100)) - got)
+        if best_err is None or err <= best_err:
+            best_q, best_err = q, err
+    return best_q
+
+
+class _Tables:
+    def __init__(self, table: list[int]) -> None:
+        self.quantization = {0: table}
+
+
+def test_jpeg_quality_estimate_matches_the_formula_entry_by_entry() -> None:
+    from spotstop.guard._image import _IJG_LUMA, _estimate_jpeg_quality
+
+    rng = np.random.default_rng(3)
+    tables = [
+        [
+            max(1, min(255, (b * (5000 // q if q < 50 else 200 - 2 * q) + 50) // 100))
+            for b in _IJG_LUMA
+        ]
+        for q in range(1, 101)
+    ]
+    tables += [list(map(int, rng.integers(1, 256, 64))) for _ in range(200)]
+    tables += [[1] * 64, [255] * 64, [2] * 64]  # flat tables: several qualities tie
+    for table in tables:
+        got = _estimate_jpeg_quality(_Tables(table))  # type: ignore[arg-type]
+        assert got == _nearest_ijg_quality_by_hand(table), table
+    for q in range(1, 101):  # an exact IJG table is its own quality
+        assert _estimate_jpeg_quality(_Tables(tables[q - 1])) == q  # type: ignore[arg-type]
+
+
 # --------------------------------------------------------------------------- refusals
 
 
