@@ -25,7 +25,8 @@ Cost
     balanced accuracy of the full pair (``S`` of the version's own fusion, labelled with the
     version's cut) against the cascade at the version's band.  The cascade is simulated with
     the guard's own functions, never a copy of its band rule: per batch (the log's
-    ``batch_id``, in log order; the cut's state threaded from the version's ``state_seed``),
+    ``batch_id``, in log order; the cut's state threaded from the version's ``state_seed``
+    and keyed by the situation ids the guard logged, not a labels file's regrouping),
     :meth:`CascadePolicy.second_needed` says where the second member would run, the other
     members' scores are masked to NaN elsewhere, and
     :func:`~spotstop.guard.policies.decide_batch` with the cascade policy gives its score
@@ -392,7 +393,8 @@ def _simulate_by_robot(
         sim = simulate_cascade(
             cfg,
             {m: np.asarray(arr.member_scores[m], dtype=float)[part] for m in cfg.fusion.members},
-            [s if s else None for s in log.situation_id[part]],
+            # the ids the guard keyed its windows by (a labels file may regroup situations)
+            [s if s else None for s in arr.logged_situation_id[part]],
             [batch[k] for k in pos],
         )
         for name in ("inside", "score", "unsafe", "pair_score", "pair_unsafe"):

@@ -226,6 +226,50 @@ def test_cost_against_sklearn_on_scenes_where_both_ran(logged):
         assert e.ci.low <= e.value <= e.ci.high and e.n == c.n
 
 
+def test_cost_keys_a_situation_cut_by_the_guards_ids_not_a_labels_files(tmp_path: Path):
+    """A labels file that regroups situations (for the card's bootstrap groups) changes no
+    simulated decision: the cascade's situation cut keys its windows by the ids the guard
+    logged, as the guard would have, so the point values are those of the guard's ids."""
+    import csv
+
+    from spotstop.guard.policies import SituationPolicy
+
+    path = tmp_path / "log.sqlite"
+    sit_cut = SituationPolicy(window=4, min_refs=1, fallback=FrozenPolicy(threshold=CUT))
+    b = build(path, cut=sit_cut)
+    cfg = b["cfg"]
+    plain = read_log(path)
+    arr = plain.arrays
+    labels = tmp_path / "labels.csv"
+    with labels.open("w", newline="") as fh:  # same labels, v1 regrouped 6 scenes a situation
+        w = csv.writer(fh)
+        w.writerow(["decision_id", "label", "situation_id"])
+        for i, d in enumerate(arr.decision_id.tolist()):
+            if plain.label[i] >= 0 and d.startswith("v1-"):
+                w.writerow([d, "unsafe" if plain.label[i] == 1 else "safe", f"review-{i // 6}"])
+    regrouped = read_log(path, labels=labels)
+    rows = np.flatnonzero((plain.version != cfg.version_id) & (plain.label >= 0))
+    assert (regrouped.situation_id[rows] != arr.logged_situation_id[rows]).any()
+    # independent: the guard's own decide_batch per logged batch, on the logged ids
+    sim = simulate_cascade(
+        cfg,
+        {m: arr.member_scores[m][rows] for m in ("a", "b")},
+        [s or None for s in arr.logged_situation_id[rows]],
+        list(arr.batch_id[rows]),
+    )
+    y = plain.label[rows]
+
+    def ba(flag: np.ndarray) -> float:
+        return 0.5 * (flag[y == 1].mean() + 1 - flag[y == 0].mean())
+
+    for log in (plain, regrouped):
+        c = cascade_cost(log, cfg.version_id, n_boot=50, rng=np.random.default_rng(0))
+        assert c.n == rows.size
+        assert c.ba_cascade.value == pytest.approx(ba(sim.unsafe), abs=1e-12)
+        assert c.ba_pair.value == pytest.approx(ba(sim.pair_unsafe), abs=1e-12)
+        assert c.auroc_cascade.value == pytest.approx(roc_auc_score(y, sim.score), abs=1e-12)
+
+
 def test_only_the_cascades_own_scenes_say_the_cost_is_not_measurable(tmp_path: Path):
     path = tmp_path / "log.sqlite"
     b = build(path, with_pair_segment=False)
