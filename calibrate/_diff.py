@@ -25,7 +25,9 @@ primed it. Without them, each situation's window would restart empty at ``since`
 
 The policy is run on every decision of the policy's bundle and prompt as the guard ran its
 own (:func:`~spotstop.guard.policies.entered_scores`: a scene that failed closed before the
-decision enters as missing, one that failed after it still moved the situation windows);
+decision enters as missing, one that failed after it still moved the situation windows; on
+the decisions the policy's own version made, a cascade's band is the one its plan chose, the
+log's ``members_run``, as the card's replay reads it);
 only the usable ones (not fail-closed, all member scores finite) count in the rates. ``flag_rate`` is the share labelled UNSAFE; ``miss_rate`` the share of
 labelled-unsafe decisions labelled SAFE; ``safe_flag_rate`` the share of labelled-safe
 ones labelled UNSAFE (NaN without such labels).
@@ -357,7 +359,15 @@ def predict_effect(
             "decided on its first member alone (far from its cut) have no pair score, so "
             "these rates describe the scenes near the cut, not the log"
         )
-    x = batch_inputs(cfg.fusion, members, sids, text)
+    # which members the guard ran, on the decisions this very version made (a cascade's band
+    # as its plan chose it); -1 on the others (another policy decided them): worked out again
+    ran = {
+        m: np.concatenate(
+            [np.where(d.policy_version == cfg.version_id, d.members_run[m], -1) for d in runs]
+        )
+        for m in cfg.fusion.members
+    }
+    x = batch_inputs(cfg.fusion, members, sids, text, ran)
     labels = list(replay(cfg.policy, x, batch_ids=batches, state=state).labels)[n_first:]
     flags = np.array([lab == "UNSAFE" for lab in labels], dtype=bool).reshape(n_all)[use]
     y = data.label[use]

@@ -64,7 +64,9 @@ class CalibrationLog:
     policy, :func:`~spotstop.guard.policies.entered_scores`'s test),
     usable (bool: not fail-closed, all member scores finite), batch_id (the guard call each
     decision came from; None for schema-1 rows), member_text (request-only scores per member,
-    NaN where that pass did not run; None when it never ran).
+    NaN where that pass did not run; None when it never ran), policy_version (the version id
+    of the policy that decided; None for schema-1 rows), members_run (fusion member -> int8:
+    1 the guard ran it on the scene, 0 not, -1 not known: rows before log schema 3).
     bundle_id, prompt_hash, members: what the decisions were filtered to.
     log, labels: sources; since/until: the window asked for (ISO-8601 or None);
     n_decisions: decisions of any bundle in the window; dropped: counts per reason.
@@ -84,6 +86,8 @@ class CalibrationLog:
     usable: np.ndarray
     batch_id: np.ndarray
     member_text: dict[str, np.ndarray] | None
+    policy_version: np.ndarray
+    members_run: dict[str, np.ndarray]
     bundle_id: str
     prompt_hash: str
     members: tuple[str, ...]
@@ -232,6 +236,11 @@ def read_calibration_log(
             usable=counted.mask[keep],
             batch_id=np.asarray(arr.batch_id, dtype=object)[keep],
             member_text=text,
+            policy_version=np.asarray(arr.policy_version, dtype=object)[keep],
+            members_run={
+                m: np.asarray(arr.members_run.get(m, np.full(t.size, -1)), dtype=np.int8)[keep]
+                for m in members
+            },
             bundle_id=bundle_id,
             prompt_hash=prompt_hash,
             members=tuple(members),

@@ -84,10 +84,11 @@ class BatchInputs:
     situation_ids: one id or None per scene.
     fusion: the policy file's Avg-2 fusion (members, reference statistics, weights).
     members_text: member name -> request-only scores, when that pass ran (else None).
-    ran: member name -> bool per scene: whether the guard ran that member on the scene (what
-        its scoring plan chose, logged as ``members_run``), or None when not known (a fit, a
-        what-if replay): a kind whose plan leaves members out of some scenes then works out
-        again where it would have run them.
+    ran: member name -> int8 per scene: whether the guard ran that member on the scene (what
+        its scoring plan chose, logged as ``members_run``): 1 ran, 0 not, -1 not known for
+        that scene; or None when not known for any (a fit, a what-if replay). Where it is not
+        known, a kind whose plan leaves members out of some scenes works out again where it
+        would have run them.
     """
 
     fused: np.ndarray

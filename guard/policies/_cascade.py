@@ -269,14 +269,21 @@ class CascadePolicy(Policy):
 
     def inside_band(self, x: BatchInputs, state: Any) -> np.ndarray:
         """Where the batch's scenes are decided on the pair: where the guard ran the rest of
-        the pair (``x.ran``, what its plan chose before scoring), else where
-        :meth:`second_needed` says. The band is chosen once, by the plan: deciding it again
-        would move it for a situation cut when an earlier scene of the batch failed after the
-        plan (its windows differ), and a scene the pair scored could then be decided on the
-        first member alone, or one the pair never saw be sent to the pair's missing score."""
+        the pair (``x.ran``, what its plan chose before scoring), else (no ``x.ran``, or -1:
+        not known for that scene) where :meth:`second_needed` says. The band is chosen once,
+        by the plan: deciding it again would move it for a situation cut when an earlier scene
+        of the batch failed after the plan (its windows differ), and a scene the pair scored
+        could then be decided on the first member alone, or one the pair never saw be sent to
+        the pair's missing score."""
         rest = [m for m in x.fusion.members if m != self.first]
         if x.ran is not None and rest and all(m in x.ran for m in rest):
-            return np.any([np.asarray(x.ran[m], dtype=bool) for m in rest], axis=0)
+            runs = np.array([np.asarray(x.ran[m]) for m in rest])
+            known = np.all(runs >= 0, axis=0)  # -1: not known for that scene (another policy's)
+            chosen = np.any(runs > 0, axis=0)
+            if known.all():
+                return chosen
+            worked_out = self.second_needed(x.fusion, x.members[self.first], x.situation_ids, state)
+            return np.where(known, chosen, worked_out)
         return self.second_needed(x.fusion, x.members[self.first], x.situation_ids, state)
 
     def _cascade_inputs(self, x: BatchInputs, state: Any) -> tuple[BatchInputs, np.ndarray]:

@@ -60,7 +60,8 @@ def batch_inputs(
     situation_ids: one id or None per scene (None for the argument: no situations).
     members_text: member name -> request-only scores, when that pass ran.
     ran: member name -> one bool per scene, whether the guard ran the member on it (the log's
-    ``members_run``); None when not known.
+    ``members_run``), or the log's int8 form of it (1 ran, 0 not, -1 not known for that
+    scene); None when not known for any scene.
     Raises :class:`DecisionError` when the inputs do not fit together.
     """
     missing = [m for m in fusion.members if m not in member_scores]
@@ -99,7 +100,9 @@ def batch_inputs(
                 raise DecisionError(
                     f"ran[{m!r}] must hold one bool per scene ({n}); got {a.dtype} {a.shape}."
                 )
-            flags[m] = a.astype(bool)
+            # 1 ran, 0 not, -1 not known (a negative int, as the log's members_run)
+            known = a >= 0 if a.dtype.kind == "i" else np.ones(n, dtype=bool)
+            flags[m] = np.where(known, a != 0, -1).astype(np.int8)
     fused = fusion.fuse_many({m: members[m] for m in fusion.members}, nan_policy="propagate")
     return BatchInputs(
         fused=fused,

@@ -905,6 +905,14 @@ def test_a_cascade_reads_the_band_its_plan_chose_when_the_batch_says_which_membe
     assert d2.verdicts[0].policy == "cascade[a]->frozen" and d2.verdicts[1].fail_closed
     with pytest.raises(DecisionError, match=r"ran\['b'\] must hold one bool per scene"):
         batch_inputs(FUSION, {"a": [1.0], "b": [1.0]}, ran={"b": [1, 0]})
+    # -1: not known for that scene (another policy decided it): worked out there alone
+    x3 = batch_inputs(
+        FUSION, {"a": [1.0, 4.0], "b": [math.nan, 3.0]}, ran={"a": [1, -1], "b": [0, -1]}
+    )
+    d3 = decide_batch(pol, x3)  # z1 0.5 (in the band, but b did not run), 2 (out of it)
+    assert [v.policy for v in d3.verdicts] == ["cascade[a]->frozen", "cascade[a]->frozen"]
+    np.testing.assert_allclose([v.score for v in d3.verdicts], [0.5, 2.0])
+    assert x3.ran is not None and x3.ran["b"].tolist() == [0, -1]
     # the log's members_run: -1 (not logged) anywhere gives None
     run = {"a": np.array([1, 1, 1], np.int8), "b": np.array([1, 0, -1], np.int8)}
     assert logged_ran(run, ["a", "b"], np.array([0, 1]))["b"].tolist() == [True, False]
