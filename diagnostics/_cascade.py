@@ -37,7 +37,8 @@ Cost
     draws; the labels stay fixed (the band and the cut are the policy's, not refitted).
 
     The sample is the labelled scenes where the pair ran whatever a band said: decisions of
-    any policy that runs both members (or of a cascade with share 1).  A cascade's own
+    any policy that runs both members (or of a cascade with share 1), of the version's own
+    bundle and prompt (another bundle's member scores are on another scale).  A cascade's own
     second-member decisions (share < 1, or a cascade whose document is not stored) are left
     out (``n_from_cascade`` counts them): its band chose them, so they sit near the cut more
     often than the deployment's scenes, and there the cascade and the pair agree by
@@ -415,6 +416,8 @@ def cascade_cost(
     if any(m not in arr.member_scores for m in members):
         return _undefined_cost(version, 0, 0, "not simulated: a member of its fusion is not logged")
     both = log.counting(needs=members, labelled=True).mask  # labelled, both members scored
+    # of the policy's bundle and prompt: another's member scores are on another scale
+    both &= (arr.bundle_id == cfg.bundle_id) & (arr.prompt_hash == cfg.prompt_hash)
     # A decision of a cascade with share < 1 ran the pair because its band chose it (inside
     # the band by selection, where cascade and pair agree by construction): it is left out,
     # so the sample is the scenes whose pair run did not depend on a band.
@@ -435,8 +438,9 @@ def cascade_cost(
             version,
             n,
             n_u,
-            f"not measured: {n} labelled decisions where every member ran whatever the band "
-            f"({n_u} unsafe){left}; both classes are needed. Run the pair on a labelled sample "
+            f"not measured: {n} labelled decisions of its bundle where every member ran "
+            f"whatever the band ({n_u} unsafe){left}; both classes are needed. Run the pair on "
+            "a labelled sample "
             "(a frozen policy of the same fusion, or the cascade with share 1) and make the "
             "card again",
             n_from_cascade=n_banded,

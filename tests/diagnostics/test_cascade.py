@@ -270,6 +270,36 @@ def test_cost_keys_a_situation_cut_by_the_guards_ids_not_a_labels_files(tmp_path
         assert c.auroc_cascade.value == pytest.approx(roc_auc_score(y, sim.score), abs=1e-12)
 
 
+def test_cost_reads_only_scenes_of_the_cascades_bundle_and_prompt(logged, tmp_path: Path):
+    """The pair segment logged by another bundle (other members, another prompt: scores on
+    another scale) is no sample for this cascade's policy: its cost is then not measured."""
+    import shutil
+    import sqlite3
+
+    path, b = logged
+    v2 = b["cfg"].version_id
+    full = cascade_cost(read_log(path), v2, n_boot=50, rng=np.random.default_rng(0))
+    assert full.n > 0 and full.measurable
+    other = tmp_path / "other.sqlite"
+    shutil.copyfile(path, other)
+    with sqlite3.connect(other) as conn:
+        conn.execute(
+            "UPDATE decisions SET bundle_id = 'bundle-0', prompt_hash = 'p0' "
+            "WHERE policy_version != ?",
+            (v2,),
+        )
+        conn.execute(
+            "UPDATE policies SET bundle_id = 'bundle-0', prompt_hash = 'p0' "
+            "WHERE policy_version != ?",
+            (v2,),
+        )
+    conn.close()
+    log = read_log(other)
+    assert set(log.arrays.bundle_id.tolist()) == {"bundle-0", b["cfg"].bundle_id}
+    c = cascade_cost(log, v2, n_boot=50, rng=np.random.default_rng(0))
+    assert c.n == 0 and not c.measurable and "of its bundle" in c.note
+
+
 def test_only_the_cascades_own_scenes_say_the_cost_is_not_measurable(tmp_path: Path):
     path = tmp_path / "log.sqlite"
     b = build(path, with_pair_segment=False)
