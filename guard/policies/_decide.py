@@ -207,18 +207,16 @@ def logged_ran(
     members_run: Mapping[str, Any], members: Sequence[str], rows: Any
 ) -> dict[str, np.ndarray] | None:
     """The log's ``members_run`` of ``rows`` as :func:`batch_inputs`' ``ran``: which of
-    ``members`` the guard ran on each decision, so that a replay decides a cascade's scenes
-    inside the band the guard's plan chose; None when the log does not say for every member
-    and row (older logs: the replay then works the band out again)."""
+    ``members`` the guard ran on each decision (1, 0; -1 where the log does not say: a row
+    written before log schema 3, whose band the replay works out again), so that a replay
+    decides a cascade's scenes inside the band the guard's plan chose; None when the log has
+    no ``members_run`` of some member."""
     out = {}
     for m in members:
         v = members_run.get(m)
         if v is None:
             return None
-        a = np.asarray(v)[rows]
-        if a.size and (a < 0).any():
-            return None
-        out[m] = a == 1
+        out[m] = np.asarray(v, dtype=np.int8)[rows]
     return out
 
 

@@ -1159,6 +1159,46 @@ def test_a_cascade_decides_a_batch_on_the_band_its_plan_chose(bundle_copy: Path,
     assert r.n == 3 and r.n_agree == 3
 
 
+def test_the_cards_replay_keeps_the_plans_band_beside_rows_from_before_members_run(
+    bundle_copy: Path, tmp_path: Path
+):
+    """One row of the same version from before the log recorded which members ran (a guard
+    upgraded under the policy in force) leaves the other rows' bands as their plans chose
+    them: the card's replay agrees with every answer (it worked the band out again for the
+    whole version, replayed the scene the pair scored SAFE on its first member alone and
+    reported 3 of 4 answers reproduced)."""
+    import hashlib
+
+    from spotstop.diagnostics import read_log
+    from spotstop.diagnostics._delivered import replay_version
+    from spotstop.guard._log import DecisionLog
+    from spotstop.guard.policies import TextInScene
+
+    first, second = _set_cascade_situation(
+        bundle_copy, band=0.5, text_in_scene=TextInScene(detect=True, alarming="fail_closed")
+    )
+    scenes = [make_scene(100 + i, sit="k") for i in range(4)]
+    sha = [hashlib.sha256(s.image).hexdigest() for s in scenes]  # type: ignore[arg-type]
+    log = tmp_path / "l.sqlite"
+    with Guard(bundle_copy, log=log, text_detector=SignReader({sha[0]: "DANGER"})) as g:
+        st = g.policy_config.fusion.stats
+        z1 = dict(zip(sha, (-1.2, 0.4, -0.4, 0.7), strict=True))
+        z2 = dict(zip(sha, (0.9, -0.4, 2.2, 0.8), strict=True))
+        g.members[first] = _TableMember(g.members[first], st[first], z1)  # type: ignore[assignment]
+        g.members[second] = _TableMember(g.members[second], st[second], z2)  # type: ignore[assignment]
+        ds = g.check_batch(scenes)
+        version = g.policy_config.version_id
+    assert ds[2].members_run[second] and ds[2].label == "UNSAFE"  # type: ignore[index]
+    with DecisionLog(log) as dl:
+        last = list(dl.records())[-1]
+        old = dataclasses.replace(
+            last, decision_id="old-1", batch_id="old", time=last.time + 1, members_run=None
+        )
+        dl.append_many([old])
+    r = replay_version(read_log(log), version)
+    assert r.n == 4 and r.n_agree == 4
+
+
 def test_a_state_write_that_failed_is_written_by_the_next_commit_or_at_close(
     bundle_copy: Path, tmp_path: Path, monkeypatch
 ):

@@ -913,10 +913,10 @@ def test_a_cascade_reads_the_band_its_plan_chose_when_the_batch_says_which_membe
     assert [v.policy for v in d3.verdicts] == ["cascade[a]->frozen", "cascade[a]->frozen"]
     np.testing.assert_allclose([v.score for v in d3.verdicts], [0.5, 2.0])
     assert x3.ran is not None and x3.ran["b"].tolist() == [0, -1]
-    # the log's members_run: -1 (not logged) anywhere gives None
+    # the log's members_run: -1 (not logged) where a row does not say; None without a column
     run = {"a": np.array([1, 1, 1], np.int8), "b": np.array([1, 0, -1], np.int8)}
-    assert logged_ran(run, ["a", "b"], np.array([0, 1]))["b"].tolist() == [True, False]
-    assert logged_ran(run, ["a", "b"], np.array([1, 2])) is None
+    assert logged_ran(run, ["a", "b"], np.array([0, 1]))["b"].tolist() == [1, 0]
+    assert logged_ran(run, ["a", "b"], np.array([1, 2]))["b"].tolist() == [0, -1]
     assert logged_ran(run, ["a", "c"], np.array([0])) is None
 
 
