@@ -81,6 +81,19 @@ def cascade_band(distance: np.ndarray, share: float) -> float:
     return float(d[k - 1])
 
 
+def _raw_score_problem(cut: Policy) -> str | None:
+    """Why ``cut`` cannot be a cascade's cut, or None: it must decide on the cascade's score
+    ``C``; one that reads a member's raw score (a situation cut's ``direct`` fallback) cannot
+    have the band chosen around it before the second member scores."""
+    raw = list(cut.members_needed())
+    if not raw:
+        return None
+    return (
+        f"must decide on the cascade's score C; its {cut.kind} cut reads the raw score of "
+        f"member(s) {raw} (a direct fallback): give it a frozen or conformal fallback"
+    )
+
+
 @dataclass(frozen=True)
 class CascadePolicy(Policy):
     """First member alone outside a band around the cut; the pair inside it.
@@ -116,6 +129,9 @@ class CascadePolicy(Policy):
             raise PolicyError(
                 f"CascadePolicy.cut must be one of {', '.join(CUT_KINDS)}; got {got!r}."
             )
+        problem = _raw_score_problem(self.cut)
+        if problem is not None:
+            raise PolicyError(f"CascadePolicy.cut {problem}.")
         if self.centre is not None and not (is_real(self.centre) and math.isfinite(self.centre)):
             raise PolicyError(
                 f"CascadePolicy.centre must be a finite number or None; got {self.centre!r}."
@@ -175,6 +191,9 @@ class CascadePolicy(Policy):
                 f"Set it in {ctx.source}."
             )
         cut = policy_from_dict(sub, where=ctx.key("cut"), source=ctx.source, members=ctx.members)
+        problem = _raw_score_problem(cut)
+        if problem is not None:
+            raise PolicyError(f"{ctx.key('cut')} {problem}. Set it in {ctx.source}.")
         share = ctx.number(d, "share")
         band = ctx.number(d, "band")
         if not 0 < share <= 1:

@@ -646,6 +646,14 @@ _BAD: list[tuple[dict[str, Any], str]] = [
         "policy.cut.threshold is required",
     ),
     (
+        _with(
+            "policy",
+            {**_CASCADE, "cut": {**_SIT, "fallback": {"kind": "direct", "member": "lfm"}}},
+        ),
+        "policy.cut must decide on the cascade's score C; its situation cut reads the raw "
+        "score of member(s) ['lfm'] (a direct fallback)",
+    ),
+    (
         _with("policy", {"kind": "frozen", "threshold": math.inf}),
         "policy.threshold must be a finite number",
     ),
