@@ -25,6 +25,7 @@ from spotstop.guard.policies._base import (
     PolicyError,
     Thresholds,
 )
+from spotstop.guard.policies._rule import mean_cut
 from spotstop.guard.validate import is_real
 
 __all__ = ["MIN_FROZEN_POOL", "FrozenPolicy"]
@@ -83,7 +84,8 @@ class FrozenPolicy(Policy):
 
         Returns ``(fusion, policy)``: ``fusion = Avg2Fusion.fit(pool)`` (per-member median and
         IQR) and ``policy.threshold = t0``, the mean fused score of the pool (the batch-mean
-        cut, frozen). No labels are used. Raises :class:`PolicyError` (a ``ConfigError``)
+        cut, frozen: :func:`~spotstop.guard.policies.mean_cut`, so a scene at the pool's exact
+        mean is a tie, UNSAFE, as in the batch rule). No labels are used. Raises :class:`PolicyError` (a ``ConfigError``)
         when the pool is empty, ragged, smaller than ``min_n`` or not finite, and
         :class:`~spotstop.guard._fusion.FusionError` naming the member when a member is flat
         on the pool.
@@ -114,7 +116,7 @@ class FrozenPolicy(Policy):
             fusion = Avg2Fusion.fit(arrays, weights=weights)
         elif weights is not None:
             raise PolicyError("weights are a fit's; a given fusion keeps its own.")
-        return fusion, cls(threshold=float(np.mean(fusion.fuse_many(arrays))))
+        return fusion, cls(threshold=mean_cut(fusion.fuse_many(arrays)))
 
     @classmethod
     def fit(cls, ctx: FitContext) -> FrozenPolicy:

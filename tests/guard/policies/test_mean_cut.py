@@ -9,6 +9,7 @@ import pytest
 from spotstop.guard._fusion import Avg2Fusion, MemberStats
 from spotstop.guard.policies import (
     BatchFrozenIqrPolicy,
+    BatchInputs,
     FrozenPolicy,
     SituationPolicy,
     batch_inputs,
@@ -54,3 +55,26 @@ def test_a_scene_equal_to_its_situation_mean_is_unsafe() -> None:
         labels += [v.label for v in d.verdicts]
     assert d.verdicts[0].threshold == 0.1  # the mean of three references 0.1, not 0.1 + 1 ulp
     assert labels[-1] == "UNSAFE"
+
+
+def test_the_frozen_cut_is_the_pools_exact_mean_rounded_up() -> None:
+    # the float mean of this pool's fused scores is 2 ulps above their exact mean: a scene at
+    # the pool's mean (a tie, UNSAFE under the batch rule the frozen cut freezes) was SAFE
+    pool = {
+        "a": [0.2, -0.6, -1.3, -1.4, 0.5, 1.0, -0.2, -1.1],
+        "b": [0.9, -1.3, -0.7, 0.6, -2.3, 0.4, -0.6, 0.1],
+    }
+    fusion, policy = FrozenPolicy.fit_pool(pool)
+    fused = fusion.fuse_many({m: np.asarray(v) for m, v in pool.items()}).tolist()
+    exact = sum(map(Fraction, fused), Fraction(0)) / len(fused)
+    at_mean = float(exact)  # the smallest float at or above the exact mean
+    if Fraction(at_mean) < exact:
+        at_mean = float(np.nextafter(at_mean, np.inf))
+    assert policy.threshold == at_mean
+    x = BatchInputs(
+        fused=np.array([at_mean]),
+        members={"a": np.zeros(1), "b": np.zeros(1)},
+        situation_ids=(None,),
+        fusion=fusion,
+    )
+    assert decide_batch(policy, x).labels == ("UNSAFE",)
