@@ -445,6 +445,17 @@ def _check_recalibrator(r: Recalibrator, data: Any, current: PolicyConfig | None
         )
     if (
         current is not None
+        and not r.refit_fusion
+        and (current.bundle_id, current.prompt_hash) != (data.bundle_id, data.prompt_hash)
+    ):
+        raise CalibrationError(
+            "refit_fusion=False keeps the current policy's fusion, but that policy was fitted "
+            f"for bundle {current.bundle_id} / prompt {current.prompt_hash}, not for "
+            f"{data.bundle_id} / {data.prompt_hash} (the decisions'): its reference statistics "
+            "are another bundle's scale. Refit the fusion (drop --keep-fusion)."
+        )
+    if (
+        current is not None
         and tuple(current.fusion.members) != tuple(data.members)
         and not r.refit_fusion
     ):

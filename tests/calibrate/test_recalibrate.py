@@ -236,6 +236,23 @@ def test_a_policy_for_another_bundle_is_refused(setup, tmp_path: Path):
         activate_policy_version(bundle, "v0099")
 
 
+def test_keeping_the_fusion_of_a_policy_for_another_bundle_is_refused(setup, capsys):
+    """--keep-fusion with a policy.yaml fitted for another bundle stamped that bundle's
+    reference statistics as this bundle's; it is refused, and nothing is written."""
+    bundle, log, _ = setup
+    other = frozen_policy(bundle, 0.0, bundle_id="someone-else")
+    dump_policy(other, bundle / "policy.yaml")
+    with pytest.raises(CalibrationError, match="someone-else"):
+        Recalibrator("frozen", refit_fusion=False).fit(_data(bundle, log), other)
+    args = [str(log), "--bundle", str(bundle), "--policy", "frozen", "--keep-fusion"]
+    assert main(["recalibrate", *args]) != 0
+    assert "someone-else" in capsys.readouterr().err
+    assert list_policy_versions(bundle) == []
+    # refitting the fusion is fine: only the operator's settings come from the policy in force
+    r = Recalibrator("frozen").fit(_data(bundle, log), other)
+    assert r.to_config().bundle_id == "fake-01"
+
+
 # ------------------------------------------------------------------ diff
 
 
