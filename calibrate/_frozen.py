@@ -43,22 +43,25 @@ class FrozenFit:
         settings: Mapping[str, Any] | None = None,
         current: Policy | None = None,
         rng: np.random.Generator | None = None,
+        guard_situation_id: Any = None,
     ) -> FitContext:
         """The :class:`~spotstop.guard.policies.FitContext` a policy kind fits from.
 
         member_scores: usable decisions' raw scores per member, in log order (fused here
         with this fit's fusion). label: 1/0/-1 per decision (None: all unlabelled).
-        situation_id: per decision, "" or None for none.
+        situation_id: per decision, "" or None for none. guard_situation_id: the same for the
+        ids the guard was given, where a labels file regrouped them (None: ``situation_id``).
         """
         arrays = {m: np.asarray(member_scores[m], dtype=np.float64) for m in self.fusion.members}
         n = next(iter(arrays.values())).shape[0]
-        sids = np.array(
-            [
-                "" if s is None else str(s)
-                for s in (situation_id if situation_id is not None else [""] * n)
-            ],
-            dtype=object,
-        )
+
+        def ids(given: Any) -> np.ndarray:
+            return np.array(
+                ["" if s is None else str(s) for s in (given if given is not None else [""] * n)],
+                dtype=object,
+            )
+
+        sids = ids(situation_id)
         return FitContext(
             fusion=self.fusion,
             frozen_t0=self.policy.threshold,
@@ -72,6 +75,7 @@ class FrozenFit:
             settings=dict(settings or {}),
             current=current,
             rng=rng if rng is not None else np.random.default_rng(0),
+            guard_situation_id=None if guard_situation_id is None else ids(guard_situation_id),
         )
 
 

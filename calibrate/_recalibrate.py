@@ -174,6 +174,7 @@ class Recalibrator:
                 settings=settings,
                 current=None if current is None else current.policy,
                 rng=rng,
+                guard_situation_id=data.logged_situation_id[rows],
             )
 
         ctx = context_on(use, gen)
@@ -410,7 +411,7 @@ def situation_prior_record(policy: Policy, ctx: FitContext) -> dict[str, Any] | 
     how = (
         "given"
         if ctx.settings.get("prior_weight") is not None
-        else situation_prior_weight(ctx.fused, ctx.situation_id, cap=sit.window)[1]
+        else situation_prior_weight(ctx.fused, ctx.window_ids, cap=sit.window)[1]
     )
     return {"weight": sit.prior_weight, "threshold": sit.prior_threshold, "how": how}
 

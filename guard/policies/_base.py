@@ -301,11 +301,16 @@ class FitContext:
 
     fusion: the fusion the new policy will carry. frozen_t0: the frozen cut (mean fused score
     of the pool). fused: ``S`` under ``fusion`` per usable decision, in log order. label: 1
-    unsafe, 0 safe, -1 unlabelled. situation_id: str per decision ("" for none).
-    member_scores / member_text: raw scores per member (text: None if not logged).
+    unsafe, 0 safe, -1 unlabelled. situation_id: str per decision ("" for none), as the
+    statistics group them (a labels file may regroup the log's ids: conformal's one case per
+    situation). member_scores / member_text: raw scores per member (text: None if not logged).
     settings: the user's settings by name (alpha, delta, guarantee, cluster_rule, window,
     min_refs, min_batch, weights, ...); ``None`` means "not given" (use the current policy's
     value, else the kind's default). current: the active policy, or None. rng: a Generator.
+    guard_situation_id: str per decision ("" for none), the ids the guard was given and keys
+    its situation windows by (the logged ones); None when they are ``situation_id``. What
+    shapes the windows (their seed, the situation prior κ, a cascade's band) reads
+    :attr:`window_ids`.
     """
 
     fusion: Avg2Fusion
@@ -318,6 +323,13 @@ class FitContext:
     settings: Mapping[str, Any]
     current: Policy | None
     rng: np.random.Generator
+    guard_situation_id: np.ndarray | None = None
+
+    @property
+    def window_ids(self) -> np.ndarray:
+        """The situation ids the guard keys its windows by (``guard_situation_id``, else
+        ``situation_id``)."""
+        return self.situation_id if self.guard_situation_id is None else self.guard_situation_id
 
     def setting(self, name: str, default: Any) -> Any:
         """The user's value, else the current policy's attribute of that name, else default."""

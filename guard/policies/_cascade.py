@@ -158,7 +158,7 @@ class CascadePolicy(Policy):
             return None
         from spotstop.guard.policies._decide import batch_inputs, replay
 
-        sids = [str(s) if s else None for s in np.asarray(ctx.situation_id, dtype=object)]
+        sids = [str(s) if s else None for s in np.asarray(ctx.window_ids, dtype=object)]
         x = batch_inputs(ctx.fusion, ctx.member_scores, sids)
         return replay(self, x, state=self.cut.initial_state(None)).state
 
@@ -373,7 +373,7 @@ class CascadePolicy(Policy):
         ok = np.isfinite(s1)
         probe = cls(first=first, share=share, band=0.0, cut=cut)
         z1 = probe.z_first(ctx.fusion, s1[ok])
-        sids = tuple(s or None for s in np.asarray(ctx.situation_id, dtype=object)[ok].tolist())
+        sids = tuple(s or None for s in np.asarray(ctx.window_ids, dtype=object)[ok].tolist())
 
         def band_for(c: Policy) -> tuple[float, np.ndarray]:
             state = c.initial_state(c.seed_from_fit(inner_ctx)) if c.stateful else None

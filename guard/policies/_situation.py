@@ -247,10 +247,11 @@ class SituationPolicy(Policy):
 
     def seed_from_fit(self, ctx: FitContext) -> SituationWindows | None:
         """The last ``window`` fused scores of each situation's decisions in the context, in time
-        order; None when no decision had a situation (the windows start empty anyway)."""
+        order, keyed by the guard's ids (``ctx.window_ids``); None when no decision had a
+        situation (the windows start empty anyway)."""
         seed = self.initial_state(None).appended(
             (str(sid), float(s))
-            for sid, s in zip(ctx.situation_id.tolist(), ctx.fused.tolist(), strict=True)
+            for sid, s in zip(ctx.window_ids.tolist(), ctx.fused.tolist(), strict=True)
             if sid
         )
         return seed if seed.situations else None
@@ -319,11 +320,12 @@ class SituationPolicy(Policy):
     def fit(cls, ctx: FitContext) -> SituationPolicy:
         """Frozen fallback t0; settings ``window`` (8), ``min_refs`` (3) and ``prior_weight``
         (given: that κ, 0 for the paper's rule; not given: :func:`situation_prior_weight` on
-        the context's fused scores by situation, capped at ``window``); the prior sits at t0."""
+        the context's fused scores by the situations the guard keys its windows by,
+        ``ctx.window_ids``, capped at ``window``); the prior sits at t0."""
         window = int(ctx.setting("window", 8))
         given = check_prior_weight(ctx.settings.get("prior_weight"))
         if given is None:
-            weight, _ = situation_prior_weight(ctx.fused, ctx.situation_id, cap=window)
+            weight, _ = situation_prior_weight(ctx.fused, ctx.window_ids, cap=window)
         else:
             weight = given
         return cls(

@@ -191,6 +191,41 @@ def test_situation_prior_is_fitted_by_situation_and_reported(setup):
         Recalibrator("situation", settings={"prior_weight": -1.0}).fit(_data(bundle, log))
 
 
+def test_what_shapes_the_windows_reads_the_guards_ids_not_a_regrouping(tmp_path: Path):
+    """A labels file that puts the robot's 60 situations in one room (for the statistics)
+    fitted the situation prior κ on that one group: κ went to the cap (8, from 3.3 on the ids
+    the guard recentres by), and a cascade's band was set on windows the guard never keeps."""
+    from spotstop.guard.policies import situation_prior_weight
+
+    bundle = fake_bundle(tmp_path / "bundle")
+    truth = simulate_decisions(tmp_path / "log.sqlite", bundle, label=False)
+    f = tmp_path / "labels.csv"
+    with f.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["decision_id", "label", "situation_id"])
+        for did, y in truth.items():
+            w.writerow([did, "unsafe" if y else "safe", "kitchen"])
+    plain = _data(bundle, tmp_path / "log.sqlite")
+    regrouped = _data(bundle, tmp_path / "log.sqlite", labels=f)
+    assert set(regrouped.situation_id[regrouped.usable]) == {"kitchen"}
+    use = plain.usable
+    fused = Recalibrator("frozen").fit(plain).fused_[use]
+    want, how = situation_prior_weight(fused, plain.logged_situation_id[use], cap=8)
+    assert 0 < want < 8
+    for d in (plain, regrouped):
+        r = Recalibrator("situation").fit(d)
+        assert r.policy_.prior_weight == want  # type: ignore[attr-defined]
+        assert r.provenance()["situation_prior"]["how"] == how
+        assert "s007" in r.state_seed_.situations
+    bands = [
+        Recalibrator("cascade", settings={"cut": "situation"}).fit(d).policy_
+        for d in (plain, regrouped)
+    ]
+    assert bands[0] == bands[1]
+    # conformal's one case per situation still follows the regrouping
+    assert Recalibrator("frozen").fit(regrouped).conformal_.n_situations_ == 1  # type: ignore[union-attr]
+
+
 # ------------------------------------------------------------------ versions
 
 
