@@ -345,8 +345,12 @@ def predict_effect(
         ]
         how = f"in batches of {batch_size} consecutive decisions"
     elif any(b is not None for b in logged):
-        batches = logged
+        # a decision logged without its call's id (a schema-1 row) is a batch of its own, as
+        # the card replays it: consecutive ones are not one call
+        batches = [b if b is not None else (None, i) for i, b in enumerate(logged)]
         how = "in the batches the guard saw"
+        if any(b is None for b in logged):
+            how += " (each decision logged without a batch id alone)"
     else:
         batches = None
         how = "each decision alone (the log holds no batch ids)"

@@ -291,6 +291,37 @@ def test_keeping_the_fusion_of_a_policy_for_another_bundle_is_refused(setup, cap
 # ------------------------------------------------------------------ diff
 
 
+def test_a_replay_takes_each_decision_without_a_batch_id_alone(tmp_path: Path):
+    """In a log whose older rows carry no batch id (schema 1) and newer ones do, the older
+    rows were replayed as one batch of 20 (9 of them UNSAFE under a batch-mean cut), though
+    nothing says one call made them; the card replays each alone."""
+    from spotstop.guard import DecisionLog
+    from spotstop.guard.policies import BatchFrozenIqrPolicy, FrozenPolicy
+
+    from tests._support.calibration_logs import usable_record
+
+    bundle = fake_bundle(tmp_path / "bundle")
+    b = load_bundle(bundle, verify=False)
+    gen = np.random.default_rng(0)
+    recs = []
+    for i in range(40):
+        s = float(gen.normal())
+        r = usable_record(b, T0 + i, f"d{i}", f"s{i % 4}", {"a": s, "b": s})
+        recs.append(dataclasses.replace(r, batch_id=f"call-{i // 4}") if i >= 20 else r)
+    with DecisionLog(tmp_path / "log.sqlite") as log:
+        log.append_many(recs)
+    # a cut far above every score alone (a batch below min_batch), the batch mean in a batch
+    cfg = dataclasses.replace(
+        frozen_policy(bundle, 0.0), policy=BatchFrozenIqrPolicy(FrozenPolicy(9.0))
+    )
+    eff = predict_effect(cfg, _data(bundle, tmp_path / "log.sqlite"))
+    assert not eff.flags[:20].any()
+    s = np.array([r.member_scores["a"] for r in recs[20:]]).reshape(5, 4)
+    want = s >= s.mean(axis=1, keepdims=True)  # 4 decisions per logged call
+    assert (eff.flags[20:] == want.ravel()).all() and want.any()
+    assert "without a batch id alone" in eff.note
+
+
 def test_diff_shows_changes_and_predicted_effect(setup):
     bundle, log, _ = setup
     d = _data(bundle, log)
