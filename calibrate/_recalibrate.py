@@ -59,6 +59,7 @@ from spotstop.guard.policies import (
     policy_class,
     situation_prior_weight,
 )
+from spotstop.guard.validate import is_real
 
 __all__ = ["Recalibrator", "tool_version"]
 
@@ -435,6 +436,14 @@ def _check_recalibrator(r: Recalibrator, data: Any, current: PolicyConfig | None
         raise PolicyError(
             f"policy must be one of {', '.join(POLICY_KINDS)}; got {r.policy!r}. Pass --policy."
         )
+    # the conformal settings, whatever the kind: both guarantees are fitted and reported
+    for name, v in (("alpha", r.alpha), ("delta", r.delta)):
+        if not is_real(v) or not 0 < v < 1:
+            raise PolicyError(f"{name} must be in (0, 1); got {v!r}. Pass --{name}.")
+    if r.guarantee not in ("marginal", "pac"):
+        raise PolicyError(f"guarantee must be 'marginal' or 'pac'; got {r.guarantee!r}.")
+    if r.cluster_rule not in ("min", "random"):
+        raise PolicyError(f"cluster_rule must be 'min' or 'random'; got {r.cluster_rule!r}.")
     if not isinstance(data, CalibrationLog):
         raise CalibrationError(
             f"fit needs a CalibrationLog from read_calibration_log(); got {type(data).__name__}."

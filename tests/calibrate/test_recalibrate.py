@@ -156,6 +156,30 @@ def test_conformal_refuses_too_few_unsafe_cases_and_says_how_many(tmp_path: Path
     assert r.conformal_.pac_.n_needed == 22
 
 
+def test_bad_conformal_settings_are_refused_by_name_before_any_fit(tmp_path: Path, capsys):
+    """Without unsafe labels, --alpha nan or 1.5 ended in a bare ValueError (Fraction's
+    'nan', a math domain error) from the conformal kind, and other kinds wrote alpha 7 into
+    the policy's provenance."""
+    bundle = fake_bundle(tmp_path / "bundle")
+    simulate_decisions(tmp_path / "log.sqlite", bundle, label=False)
+    dump_policy(frozen_policy(bundle, 0.0), bundle / "policy.yaml")
+    d = _data(bundle, tmp_path / "log.sqlite")
+    for kind, kw in (
+        ("conformal", {"alpha": float("nan")}),
+        ("conformal", {"alpha": 1.5}),
+        ("frozen", {"alpha": 7.0}),
+        ("frozen", {"delta": 0.0}),
+    ):
+        with pytest.raises(PolicyError, match=rf"{next(iter(kw))} must be in \(0, 1\)"):
+            Recalibrator(kind, **kw).fit(d)  # type: ignore[arg-type]
+    with pytest.raises(PolicyError, match="guarantee must be"):
+        Recalibrator("frozen", guarantee="both").fit(d)  # type: ignore[arg-type]
+    args = [str(tmp_path / "log.sqlite"), "--bundle", str(bundle), "--policy", "conformal"]
+    assert main(["recalibrate", *args, "--alpha", "nan"]) != 0
+    assert "alpha must be in (0, 1); got nan" in capsys.readouterr().err
+    assert list_policy_versions(bundle) == []
+
+
 def test_situation_state_holds_the_last_window_scores(setup):
     bundle, log, _ = setup
     r = Recalibrator("situation", settings={"window": 3}).fit(_data(bundle, log))
