@@ -419,7 +419,8 @@ def situation_prior_record(policy: Policy, ctx: FitContext) -> dict[str, Any] | 
 
 def check_kind_settings(settings: Mapping[str, Any] | None) -> None:
     """The kinds' numeric settings checked before any work (None: not given): ``window``,
-    ``min_refs``, ``min_batch`` positive integers, ``prior_weight`` a finite number ≥ 0."""
+    ``min_refs``, ``min_batch`` positive integers, ``prior_weight`` a finite number ≥ 0,
+    a cascade's ``share`` in (0, 1]."""
     for name, v in (settings or {}).items():
         if (
             name in ("window", "min_refs", "min_batch")
@@ -428,6 +429,9 @@ def check_kind_settings(settings: Mapping[str, Any] | None) -> None:
         ):
             raise PolicyError(f"{name} must be a positive integer or None; got {v!r}.")
     check_prior_weight((settings or {}).get("prior_weight"))
+    share = (settings or {}).get("share")
+    if share is not None and not (is_real(share) and 0 < share <= 1):
+        raise PolicyError(f"share must be in (0, 1] or None; got {share!r}.")
 
 
 def _check_recalibrator(r: Recalibrator, data: Any, current: PolicyConfig | None) -> None:

@@ -98,6 +98,11 @@ def test_policy_init_situation_kind_and_refusals(bare_bundle: Path, pool_dir: Pa
                        ({"window": 0}, "window must be a positive integer")):  # fmt: skip
         with pytest.raises(PolicyError, match=words):
             fit_pool_policy(tmp_path / "no-bundle", scenes, kind="situation", settings=bad)
+    for share in (1.5, 0.0, float("nan")):  # was refused by the band, after the pool's scoring
+        with pytest.raises(PolicyError, match=r"share must be in \(0, 1\]"):
+            fit_pool_policy(
+                tmp_path / "no-bundle", scenes, kind="cascade", settings={"share": share}
+            )
     few = tmp_path / "few"
     few.mkdir()
     shutil.copy(next(pool_dir.iterdir()), few / "a.jpg")
