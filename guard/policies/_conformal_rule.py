@@ -110,10 +110,17 @@ def conformal_pac_rank(alpha: float, delta: float, n: int) -> int:
 
 
 def conformal_pac_min_n(alpha: float, delta: float) -> int:
-    """The fewest unsafe calibration scores for which the PAC rank is ≥ 1: ``(1−α)^n ≤ δ``."""
+    """The fewest unsafe calibration scores for which the PAC rank is ≥ 1: ``(1−α)^n ≤ δ``,
+    decided as :func:`conformal_pac_rank` decides it: exactly up to n = 20,000, in floating
+    point above (the exact power of a small α's decimal runs to millions of digits)."""
     a = Fraction(repr(float(alpha)))
     d = Fraction(repr(float(delta)))
-    n = max(1, math.floor(math.log(float(d)) / math.log1p(-float(a))) - 1)
+    la, ld = math.log1p(-float(a)), math.log(float(d))
+    n = max(1, math.floor(ld / la) - 1)
+    if n > _PAC_EXACT_MAX_N:  # k ≥ 1 there when log P(Bin(n, α) ≤ 0) = n·log(1−α) ≤ log δ
+        while n * la > ld:
+            n += 1
+        return n
     while (1 - a) ** n > d:
         n += 1
     return n

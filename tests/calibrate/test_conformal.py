@@ -78,6 +78,14 @@ def test_pac_min_n_is_the_smallest_n_with_a_rank():
         assert conformal_pac_rank(alpha, delta, n) == 1
         assert conformal_pac_rank(alpha, delta, n - 1) == 0
     assert conformal_pac_min_n(0.1, 0.1) == 22  # 0.9**22 = 0.098 ≤ 0.1 < 0.9**21
+    # a small alpha: the rank is decided in floating point there, and so is the fewest n
+    # (the exact power (1 − 1e-6)^2302585 ran to millions of digits: recalibrate never ended)
+    for alpha, delta in [(1e-5, 0.05), (1e-6, 0.1)]:
+        n = conformal_pac_min_n(alpha, delta)
+        assert n > 20_000
+        assert conformal_pac_rank(alpha, delta, n) == 1
+        assert conformal_pac_rank(alpha, delta, n - 1) == 0
+        assert n == pytest.approx(math.log(delta) / math.log1p(-alpha), abs=1)
 
 
 def test_binom_cdf_matches_scipy():
