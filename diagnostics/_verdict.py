@@ -284,7 +284,9 @@ def policy_item(
 
 def guarantee_item(audit: Any, deployed_version: str | None = None) -> VerdictItem:
     """The ``guarantee`` sentence from the conformal audit's result (None when not run); the
-    deployed version, when given, says whether the audited cut still decides."""
+    deployed version, when given, says whether the audited cut still decides. The sentence
+    reads the deployed version's own audit where it holds a conformal cut (a version
+    activated again after a later one is still the one deciding), else the latest audited."""
     if audit is None:
         return VerdictItem("warn", "guarantee", "The conformal audit did not run.")
     sim = audit.simulation
@@ -304,7 +306,7 @@ def guarantee_item(audit: Any, deployed_version: str | None = None) -> VerdictIt
         return VerdictItem(
             "warn", "guarantee", f"No miss-rate guarantee to audit: {audit.reason}.{what_if}{todo}"
         )
-    a = audit.deployed[-1]
+    a = next((b for b in audit.deployed if b.version_id == deployed_version), audit.deployed[-1])
     earlier = deployed_version is not None and deployed_version != a.version_id
     head = (
         f"The {'earlier ' if earlier else ''}conformal cut {a.version_id} ({a.policy_text()}) missed {a.misses} of "
@@ -312,8 +314,8 @@ def guarantee_item(audit: Any, deployed_version: str | None = None) -> VerdictIt
         f"{fmt(a.miss_rate)} % (exact 95 % interval); one-sided binomial test of miss rate ≤ "
         f"{a.alpha:g}: {fmt_p(a.p_value)}"
     )
-    others = [b.version_id for b in audit.deployed[:-1] if b.status == "violated"]
-    tail = f" Earlier versions violated it too: {', '.join(others)}." if others else ""
+    others = [b.version_id for b in audit.deployed if b is not a and b.status == "violated"]
+    tail = f" Other versions violated it: {', '.join(others)}." if others else ""
     if earlier:
         tail += (
             f" It no longer decides: the deployed policy {deployed_version} carries no "

@@ -22,6 +22,7 @@ from spotstop.diagnostics import (
     simulate_log,
 )
 from spotstop.diagnostics._build import card_from_inputs
+from spotstop.diagnostics._card import _deployed
 from spotstop.diagnostics._cli import card_main
 from spotstop.diagnostics._conformal_audit import ConformalAuditCheck
 from spotstop.diagnostics._errors import UndefinedMetricWarning
@@ -34,7 +35,7 @@ from spotstop.diagnostics._verdict import (
     leak_item,
     policy_item,
 )
-from spotstop.guard.policies import FrozenPolicy
+from spotstop.guard.policies import ConformalPolicy, FrozenPolicy
 
 from tests._support.log_writer import Segment, policy_config, write_log
 from tests._support.replay_log import build_log
@@ -121,6 +122,40 @@ def test_guarantee_without_a_deployed_cut():
         and "scores CSV or the simulated log holds no deployed policy" in item.sentence
     )
     assert res.data["deployed"] == [] and "what-if" in res.data["note"]
+
+
+def test_the_guarantee_reads_a_conformal_cut_activated_again(tmp_path):
+    # v1 decides, v2 replaces it, then v1 is activated again and decides the latest
+    # decisions: the sentence is v1's (it misses most unsafe scenes), not v2's (it holds)
+    rng = np.random.default_rng(0)
+    v1 = policy_config(ConformalPolicy(alpha=0.1, n=100, k=10, threshold=0.5), created=1.0e9)
+    v2 = policy_config(
+        ConformalPolicy(alpha=0.1, n=100, k=10, threshold=-5.0), version=2, created=1.1e9
+    )
+    segments, labels = [], []
+    for prefix, cfg, t0 in (("a-", v1, 1.05e9), ("b-", v2, 1.15e9), ("c-", v1, 1.25e9)):
+        s = np.empty(120)
+        s[0::2], s[1::2] = rng.normal(0.0, 1.0, 60), rng.normal(-2.0, 0.5, 60)
+        sit = [f"{prefix}{i // 2}" for i in range(s.size)]
+        segments.append((Segment(cfg, {"a": s, "b": s}, sit, t0), prefix))
+        labels += [
+            (f"{prefix}{i:05d}", "safe" if i % 2 else "unsafe", f"{prefix}{i // 2}", "r")
+            for i in range(s.size)
+        ]
+    path = tmp_path / "log.sqlite"
+    write_log(path, segments, labels)
+    lc = log_cases(path)
+    res = ConformalAuditCheck().run(
+        CardContext(lc.table, 0.0, np.random.default_rng(0), 50, log=lc.log)
+    )
+    status = {a.version_id: a.status for a in res.result.deployed}
+    assert status == {v1.version_id: "violated", v2.version_id: "holds"}
+    kind, version = _deployed(lc.log)
+    assert (kind, version) == ("conformal", v1.version_id)
+    item = guarantee_item(res.result, version)
+    assert item.status == "fail" and "the guarantee is violated" in item.sentence
+    assert item.sentence.startswith(f"The conformal cut {v1.version_id} ")
+    assert "no longer decides" not in item.sentence and "carries no" not in item.sentence
 
 
 def test_changes_since_the_previous_card(tmp_path):
