@@ -259,7 +259,15 @@ def _advice(ts: TextInScene) -> tuple[str, ...]:
             f"Reassuring text appears in {fmt(d)} % of deployment frames (corrected for the "
             "detector's errors)."
         )
-    if not out and ts.files is not None:
+    guards = [c for c in ts.reliance.values() if c["kind"] == "guard"]
+    if not guards and ts.files is not None:
+        # "nothing to do" would rest on a reliance that was never measured
+        out.append(
+            "Whether the guard follows scene text was not measured: "
+            + ("reliance.json holds no guard" if ts.reliance else "--cues holds no reliance.json")
+            + "; run `spotstop reliance --bundle BUNDLE` to measure the guard as deployed."
+        )
+    elif not out and ts.files is not None:
         out.append("No guard's reliance on scene text is resolved above zero: nothing to do.")
     return tuple(out)
 

@@ -197,6 +197,26 @@ def test_any_subset_of_files(tmp_path):
         read_cue_files(tmp_path / "bad")
 
 
+def test_no_guard_measured_is_not_nothing_to_do(tmp_path):
+    """Without a guard in reliance.json (or without reliance.json) the advice said "No guard's
+    reliance on scene text is resolved above zero: nothing to do", of a reliance never
+    measured; it now says the guard was not measured and how to measure it."""
+    members = write_cue_files(tmp_path / "m", which=("reliance",))
+    doc = json.loads((members / "reliance.json").read_text())
+    del doc["candidates"]["guard"]
+    (members / "reliance.json").write_text(json.dumps(doc))
+    for folder, why in (
+        (members, "reliance.json holds no guard"),
+        (write_cue_files(tmp_path / "s", which=("shift",)), "--cues holds no reliance.json"),
+    ):
+        advice = " ".join(
+            b for a, b in _run(simulate_log(20, rng=0), folder).rows if a == "what to do"
+        )
+        assert "nothing to do" not in advice
+        assert "Whether the guard follows scene text was not measured" in advice and why in advice
+        assert "spotstop reliance --bundle" in advice
+
+
 def test_not_measured_without_files_or_flags():
     res = _run(simulate_log(20, rng=0))
     assert res.rows[0][0] == "not measured" and "--cues DIR" in res.rows[0][1]
