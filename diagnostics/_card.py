@@ -486,6 +486,7 @@ def compute_card(
         direct_cut_source=direct_cut_source,
         previous=previous,
         current=_body_json(card) if previous is not None else None,
+        n_groups=table.n_groups,
     )
     return Card(items, dlv, fields, checks, info, rec, settings, prov, displays)
 

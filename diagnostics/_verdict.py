@@ -6,12 +6,14 @@ leak
     The scene-blind file reader (image width, height, aspect, bytes, longest side, JPEG
     quality, format; out of fold).  ``fail`` when its AUROC interval lies above 0.5, its
     permutation p is below 0.05 and the AUROC is at least 0.7; ``warn`` for such a leak below
-    0.7, or when it could not be measured; else ``ok``.
+    0.7, or when it could not be measured, or when its interval reaches 0.7 or comes from
+    fewer than 30 groups (too narrow to rule a leak out); else ``ok``.
 cut
     The threshold part at the direct cut, cross-fitted.  ``fail`` when the cross-fitted part's
     interval lies above 2 points of balanced accuracy; ``warn`` when the in-sample part's
     interval lies above 0 and the cross-fitted part is above 1 point (or nothing was
-    measured); else ``ok``.  What recovers it: the
+    measured), or when the cross-fitted interval reaches past 2 points or comes from fewer
+    than 30 groups (too narrow to rule a misplaced cut out); else ``ok``.  What recovers it: the
     situation (recentering gain over artificial situations with its interval above 0), the
     batch rule, named by its kind (``batch``, the paper's rule refitted on every draw, or
     ``batch_frozen_iqr`` where the cases hold no member scores; its recovery at this log's
@@ -56,6 +58,7 @@ from spotstop.diagnostics._check_base import fmt, fmt_p
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics._metrics import TIES_COMMON
 from spotstop.diagnostics._recommend import Recommendation
+from spotstop.diagnostics._resample import MIN_GROUPS
 from spotstop.diagnostics._results import Estimate
 from spotstop.guard.policies import Policy
 
@@ -86,8 +89,15 @@ def _above(e: Estimate | None, x: float) -> bool:
     return e is not None and math.isfinite(e.ci.low) and e.ci.low > x
 
 
-def leak_item(blind: Any) -> VerdictItem:
-    """The ``leak`` sentence from the scene-blind readers (None when not run)."""
+def _few(n_groups: int | None) -> bool:
+    """Too few resampling groups for a percentile interval to rule a problem out."""
+    return n_groups is not None and n_groups < MIN_GROUPS
+
+
+def leak_item(blind: Any, n_groups: int | None = None) -> VerdictItem:
+    """The ``leak`` sentence from the scene-blind readers (None when not run); ``n_groups``:
+    the card's resampling groups (below :data:`MIN_GROUPS` an interval cannot rule a leak out:
+    no ``ok``)."""
     fr = None if blind is None else blind.file_reader
     if fr is None or math.isnan(fr.value):
         why = getattr(blind, "file_reader_unmeasured", "") or (
@@ -142,6 +152,15 @@ def leak_item(blind: Any) -> VerdictItem:
             f"image size, bytes and format alone reaches {what}, an interval that reaches "
             f"{LEAK_AUROC:g}; label more situations to tell.{req}",
         )
+    if _few(n_groups):  # its interval is too narrow to rule a leak out
+        return VerdictItem(
+            "warn",
+            "leak",
+            "Whether the label leaks through the image files is not resolved: a reader of "
+            f"image size, bytes and format alone reaches {what}, an interval from {n_groups} "
+            f"groups, fewer than {MIN_GROUPS}, too few to rule a leak out; label more "
+            f"situations to tell.{req}",
+        )
     return VerdictItem(
         "ok",
         "leak",
@@ -157,10 +176,12 @@ def cut_item(
     cut_source: str,
     cut: float,
     recommended: str | None = None,
+    n_groups: int | None = None,
 ) -> VerdictItem:
     """The ``cut`` sentence from the Spot-Stop fields, the prevalence and situation checks.
     ``recommended``: the policy the card's policy line recommends (None: none), so that the two
-    lines do not tell the reader to do two things."""
+    lines do not tell the reader to do two things. ``n_groups``: the card's resampling groups
+    (below :data:`MIN_GROUPS` the intervals cannot rule a misplaced cut out: no ``ok``)."""
     tp, cf = fields["threshold_part"], fields["cross_fitted_threshold_part"]
     if math.isnan(tp.value):
         return VerdictItem(
@@ -215,7 +236,7 @@ def cut_item(
         head = "The cut is misplaced"
     elif _above(tp, 0.0) and cf.value > CUT_ROOM / 2:
         status, head = "warn", "The cut may be misplaced"
-    elif cf.ci.high > CUT_ROOM:  # too few contrasts to rule out a misplaced cut
+    elif cf.ci.high > CUT_ROOM or _few(n_groups):  # too few to rule out a misplaced cut
         status, head = "warn", "Whether the cut is misplaced is not resolved"
     else:
         status, head = "ok", "The cut is well placed"
@@ -227,6 +248,9 @@ def cut_item(
         todo = (
             f"the interval reaches past {100 * CUT_ROOM:g} points: label more contrasts before "
             "changing the cut."
+            if cf.ci.high > CUT_ROOM
+            else f"the intervals come from {n_groups} groups, fewer than {MIN_GROUPS}, too few "
+            "to rule a misplaced cut out: label more situations before relying on the cut."
         )
     elif _above(gain, 0.0) and recommended in (None, "situation"):
         todo = "recentre on the situation (the situation policy)."
@@ -548,12 +572,14 @@ def verdict(
     direct_cut_source: str,
     previous: Mapping[str, Any] | None = None,
     current: Mapping[str, Any] | None = None,
+    n_groups: int | None = None,
 ) -> tuple[VerdictItem, ...]:
     """The verdict's items in order (see the module docstring).  ``checks`` maps a check name
     to its computed result (``CheckResult.result``); ``deployed_policy`` is the deployed
     policy itself (None when the input holds none), for the checks' ``policy_advice``;
     ``current`` is this card's JSON without the verdict, compared with ``previous`` when
-    given."""
+    given; ``n_groups`` the card's resampling groups (the leak and cut sentences say ``ok``
+    only from :data:`MIN_GROUPS` groups up)."""
     registered = _registered_checks()
     advice = [
         a
@@ -561,7 +587,7 @@ def verdict(
         if (a := cls.policy_advice(recommendation, deployed_policy, deployed_version)) is not None
     ]
     items = [
-        leak_item(checks.get("scene_blind")),
+        leak_item(checks.get("scene_blind"), n_groups),
         cut_item(
             fields,
             checks.get("prevalence"),
@@ -569,6 +595,7 @@ def verdict(
             direct_cut_source,
             direct_cut,
             recommendation.policy,
+            n_groups,
         ),
         advice[0] if advice else policy_item(recommendation, deployed_kind, deployed_version),
         guarantee_item(checks.get("conformal_audit"), deployed_version),

@@ -22,7 +22,7 @@ from spotstop.diagnostics import (
     simulate_log,
 )
 from spotstop.diagnostics._build import card_from_inputs
-from spotstop.diagnostics._card import _deployed
+from spotstop.diagnostics._card import _deployed, compute_card
 from spotstop.diagnostics._cli import card_main
 from spotstop.diagnostics._conformal_audit import ConformalAuditCheck
 from spotstop.diagnostics._errors import UndefinedMetricWarning
@@ -363,6 +363,37 @@ def test_a_leak_with_no_unit_of_both_classes_is_not_called_no_leak():
     assert leak_item(blind).status == "warn"
     paired = scene_blind_readers(t, n_permutations=20, n_boot=50, rng=0)
     assert paired.file_reader_p < 0.1  # with its contrasts the test runs, and rejects
+
+
+def test_few_groups_never_say_ok():
+    """With 8 situation groups the card said "does not leak" and "the cut is well placed"
+    from percentile intervals it itself calls too narrow below 30 groups; both now say the
+    question is not resolved. From 30 groups the same intervals may say ok."""
+    rng = np.random.default_rng(3)
+    n = 8 * 5 * 2  # 8 situations x 5 contrasts x (safe, unsafe)
+    y = np.tile([0, 1], n // 2)
+    table = CaseTable(
+        case_id=[f"c{i}" for i in range(n)],
+        label=y,
+        score=rng.normal(2.5 * y),
+        contrast_id=[f"k{i // 2}" for i in range(n)],
+        situation_id=[f"s{i // 10}" for i in range(n)],
+        width=rng.choice([640.0, 800.0], n),
+        height=np.full(n, 480.0),
+        n_bytes=rng.integers(10_000, 20_000, n).astype(float),
+    )
+    assert table.n_groups == 8
+    card = compute_card(table, direct_cut=1.25, n_boot=300, n_boot_checks=100, rng=0)
+    items = {v.topic: v for v in card.verdict}
+    for topic in ("leak", "cut"):
+        assert items[topic].status == "warn", items[topic].sentence
+        assert "from 8 groups, fewer than 30" in items[topic].sentence
+    assert "label more situations" in items["cut"].sentence
+    # the same intervals from 30 groups or more may say ok
+    fine = _fields(_e(0.004, -0.01, 0.02), _e(0.0, -0.02, 0.02), _e(math.nan, math.nan, math.nan))
+    assert cut_item(fine, None, None, "x", 0.0, None, 30).status == "ok"
+    few = cut_item(fine, None, None, "x", 0.0, None, 29)
+    assert few.status == "warn" and "from 29 groups, fewer than 30" in few.sentence
 
 
 def test_an_unmeasured_leak_names_its_own_cause():
