@@ -359,10 +359,14 @@ def _batch_holds(ev: Mapping[str, Any]) -> bool:
 
 
 def _latest(log: LogData | None, kind: str) -> Any:
-    """The most recently seen policy of ``kind`` in the log (its Policy object), or None."""
+    """The policy of ``kind`` that made the log's latest decision of that kind (its Policy
+    object: a version activated again after a later one is the one in force), else the last
+    stored one of that kind, or None."""
     if log is None:
         return None
-    found = [cfg.policy for v, cfg in log.policies.items() if cfg.kind == kind]
+    decided = [v for v in log.version.tolist() if v in log.policies]
+    found = [log.policies[v].policy for v in decided if log.policies[v].kind == kind]
+    found = found or [cfg.policy for cfg in log.policies.values() if cfg.kind == kind]
     return found[-1] if found else None
 
 

@@ -76,3 +76,35 @@ def test_the_card_recommends_on_the_numbers_its_prevalence_table_shows():
     kind = ev["batch_rule"]
     assert ev["batch_ba_10"] == shown.rules[0.1][kind].balanced_accuracy.value
     assert ev["frozen_tpr_all_unsafe"] == shown.rules[1.0]["frozen"].tpr.value
+
+
+def test_the_conformal_target_is_the_version_in_force(tmp_path):
+    """v1 (PAC alpha 0.02) decided, v2 (alpha 0.2) replaced it, then v1 was activated again
+    and made the latest decisions: the recommendation checked v2's alpha 0.2 (90 unsafe
+    situations "suffice"); it now checks v1's, the version in force."""
+    import numpy as np
+    from spotstop.diagnostics import log_cases
+    from spotstop.diagnostics._recommend import recommend_for_card
+    from spotstop.guard.policies import ConformalPolicy
+
+    from tests._support.log_writer import Segment, policy_config, write_log
+
+    rng = np.random.default_rng(0)
+    v1 = policy_config(ConformalPolicy(alpha=0.02, n=300, k=3, threshold=-1.0, delta=0.1))
+    v2 = policy_config(ConformalPolicy(alpha=0.2, n=30, k=3, threshold=-1.0, delta=0.1), version=2)
+    segments, labels = [], []
+    for prefix, cfg, t0 in (("a-", v1, 1.7e9), ("b-", v2, 1.8e9), ("c-", v1, 1.9e9)):
+        s = np.empty(60)
+        s[0::2], s[1::2] = rng.normal(1.0, 1.0, 30), rng.normal(-1.0, 1.0, 30)
+        sit = [f"{prefix}{i // 2}" for i in range(60)]
+        segments.append((Segment(cfg, {"a": s, "b": s}, sit, t0), prefix))
+        labels += [
+            (f"{prefix}{i:05d}", "safe" if i % 2 else "unsafe", f"{prefix}{i // 2}", "r")
+            for i in range(60)
+        ]
+    write_log(tmp_path / "log.sqlite", segments, labels)
+    lc = log_cases(tmp_path / "log.sqlite")
+    assert lc.log.version[-1] == v1.version_id
+    rec = recommend_for_card(lc.table, lc.log, frozen_cut=0.0, n_resamples=20, rng=0)
+    said = " ".join(rec.reasons)
+    assert "PAC (alpha=0.02, delta=0.1)" in said and "alpha=0.2," not in said
