@@ -17,8 +17,11 @@ Audit of a deployed cut
 
     status: ``violated`` when ``p < level`` (0.05); else ``not enough data`` when ``n`` is
     below :func:`audit_min_n` (the fewest situations from which a miss rate of twice alpha is
-    significant at that level for every larger count; 0 situations included); else
-    ``holds``.
+    significant at that level for every larger count; 0 situations included), or when the
+    cut's SAFE answers were reviewed less often than its UNSAFE answers (one-sided Fisher
+    exact test at that level, over its decisions since created that did not fail closed: a
+    miss is a SAFE answer, so misses left unreviewed make the miss rate look lower than it
+    is; ``label_note`` says so); else ``holds``.
 
     The PAC guarantee says the miss rate exceeds alpha for at most a share delta of
     calibration sets, so ``violated`` is strong evidence against it.  The marginal guarantee
@@ -158,6 +161,12 @@ class DeployedAudit:
     (its answers, on the cascade's score, are audited against the cut's guarantee); or the
     kind whose fallback is the conformal cut (``situation``, ``batch``; its fallback's
     decisions only)."""
+    reviewed: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """Its decisions since created that did not fail closed: (labelled SAFE answers, SAFE
+    answers, labelled UNSAFE answers, UNSAFE answers)."""
+    label_note: str = ""
+    """Why the miss rate may be under-counted (its SAFE answers reviewed less often than its
+    UNSAFE ones); "" when they were not."""
 
     @property
     def n_situations(self) -> int:
@@ -198,7 +207,29 @@ class DeployedAudit:
             "n_min": self.n_min,
             "level": self.level,
             "test": _TEST.format(level=self.level),
+            "reviewed": dict(zip(_REVIEWED, self.reviewed, strict=True)),
+            "label_note": self.label_note,
         }
+
+
+_REVIEWED = ("labelled_safe_answers", "safe_answers", "labelled_unsafe_answers", "unsafe_answers")
+
+
+def _review_note(reviewed: tuple[int, int, int, int], level: float) -> str:
+    """Why the audit cannot say the guarantee holds when the cut's SAFE answers were reviewed
+    less often than its UNSAFE ones (one-sided Fisher exact test at ``level``), else ""."""
+    l_s, n_s, l_u, n_u = reviewed
+    if n_s == 0 or n_u == 0 or l_u == 0:
+        return ""
+    table = [[l_s, n_s - l_s], [l_u, n_u - l_u]]
+    if float(stats.fisher_exact(table, alternative="less").pvalue) >= level:
+        return ""
+    return (
+        f"its SAFE answers were reviewed less often ({l_s} of {n_s}, {100 * l_s / n_s:.0f} %) "
+        f"than its UNSAFE answers ({l_u} of {n_u}, {100 * l_u / n_u:.0f} %); a miss is a SAFE "
+        "answer, so the misses among the unreviewed ones are not counted: review SAFE answers "
+        "drawn at random"
+    )
 
 
 def _first_per_situation(
@@ -242,11 +273,24 @@ def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[Deploye
     out = []
     arr = log.arrays
     by_cut = decided_by_conformal(log)
+    answered = log.counting(needs=None).mask  # not fail-closed, labelled or not
+    labelled = log.label >= 0
     for v, cfg in log.policies.items():
         pol = _conformal_cut_of(cfg.policy)
         if pol is None:
             continue
         created = cfg.created.timestamp()
+        mine = (
+            (log.version == v) & answered & (np.asarray(arr.time, dtype=float) > created) & by_cut
+        )
+        safe_ans, unsafe_ans = mine & (arr.guard_label == 0), mine & (arr.guard_label == 1)
+        reviewed = (
+            int((safe_ans & labelled).sum()),
+            int(safe_ans.sum()),
+            int((unsafe_ans & labelled).sum()),
+            int(unsafe_ans.sum()),
+        )
+        note = _review_note(reviewed, level)
         use = (
             (log.version == v)
             & log.delivered  # labelled, not fail-closed: the log's one rule
@@ -261,8 +305,8 @@ def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[Deploye
         n_min = audit_min_n(pol.alpha, level)
         status: Literal["holds", "violated", "not enough data"]
         if n > 0 and p < level:
-            status = "violated"
-        elif n < n_min:
+            status = "violated"  # SAFE answers reviewed less often only hide misses
+        elif n < n_min or note:
             status = "not enough data"
         else:
             status = "holds"
@@ -285,6 +329,8 @@ def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[Deploye
                 n_min=n_min,
                 level=level,
                 kind=cfg.kind,
+                reviewed=reviewed,
+                label_note="" if status == "violated" else note,
             )
         )
     return tuple(out)
@@ -440,7 +486,8 @@ def _audit_row(a: DeployedAudit) -> tuple[str, str]:
     return (
         f"{a.version_id} ({a.policy_text()})",
         f"{a.status}: {a.misses} of {a.n_situations} unsafe situations missed since "
-        f"{a.created[:10]}, {fmt(a.miss_rate)} %; {fmt_p(a.p_value)} (test needs ≥ {a.n_min})",
+        f"{a.created[:10]}, {fmt(a.miss_rate)} %; {fmt_p(a.p_value)} (test needs ≥ {a.n_min})"
+        + (f"; {a.label_note}" if a.label_note else ""),
     )
 
 

@@ -352,6 +352,12 @@ def guarantee_item(audit: Any, deployed_version: str | None = None) -> VerdictIt
             f"{head}: the guarantee is violated; refit the cut on recent labelled decisions "
             f"now (`spotstop recalibrate --policy conformal`).{tail}",
         )
+    if a.status == "not enough data" and getattr(a, "label_note", ""):
+        return VerdictItem(
+            "warn",
+            "guarantee",
+            f"{head}: whether the guarantee holds cannot be told: {a.label_note}.{tail}",
+        )
     if a.status == "not enough data":
         return VerdictItem(
             "warn",
@@ -546,10 +552,11 @@ def _drift_audits(last: Any) -> str:
     if not few:
         return ""
     said = ", ".join(f"{a.version_id} {a.misses} of {a.n_situations}" for a in few)
+    why = "".join(f" {a.version_id}: {a.label_note}." for a in few if getattr(a, "label_note", ""))
     return (
         f" Whether the deployed conformal cut kept its miss rate there cannot be told yet "
         f"(misses of labelled unsafe situations: {said}; the test needs ≥ {few[0].n_min}); "
-        "label more unsafe decisions."
+        f"label more unsafe decisions.{why}"
     )
 
 

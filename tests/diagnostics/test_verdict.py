@@ -158,6 +158,48 @@ def test_the_guarantee_reads_a_conformal_cut_activated_again(tmp_path):
     assert "no longer decides" not in item.sentence and "carries no" not in item.sentence
 
 
+@pytest.mark.filterwarnings("ignore::spotstop.diagnostics._errors.UndefinedMetricWarning")
+def test_unreviewed_safe_answers_are_not_a_guarantee_that_holds(tmp_path):
+    """A conformal cut that lets 68 % of unsafe scenes through, reviewed only where it answered
+    UNSAFE: the audit saw 0 misses of 64 and the verdict said "the guarantee holds; nothing to
+    do". It now says its SAFE answers were reviewed less often and that it cannot tell; with a
+    random half reviewed, the same cut is found violated."""
+    from spotstop.guard._log import DecisionLog
+
+    rng = np.random.default_rng(0)
+    cfg = policy_config(ConformalPolicy(alpha=0.1, n=100, k=10, threshold=0.5), created=1.0e9)
+    s = np.empty(400)
+    s[0::2], s[1::2] = rng.normal(0.0, 1.0, 200), rng.normal(-2.0, 0.5, 200)
+    seg = Segment(cfg, {"a": s, "b": s}, [f"s{i // 2}" for i in range(400)], 1.05e9)
+    status = {}
+    for name, pick in (
+        ("stops only", lambda i, r: r.label == "UNSAFE"),
+        ("random half", lambda i, r: rng.random() < 0.5),
+    ):
+        path = tmp_path / f"{name}.sqlite"
+        recs = write_log(path, [(seg, "a-")])["a-"]
+        truth = ("unsafe", "safe")
+        with DecisionLog(path) as log:
+            log.set_labels(
+                [(r.decision_id, truth[i % 2], None, "r") for i, r in enumerate(recs) if pick(i, r)]
+            )
+        lc = log_cases(path)
+        res = ConformalAuditCheck().run(
+            CardContext(lc.table, 0.0, np.random.default_rng(0), 50, log=lc.log)
+        )
+        [a] = res.result.deployed
+        status[name] = a.status
+        item = guarantee_item(res.result, cfg.version_id)
+        if name == "stops only":
+            assert a.misses == 0 and a.n_situations >= a.n_min
+            assert item.status == "warn" and "nothing to do" not in item.sentence
+            assert "the guarantee holds cannot be told" in item.sentence
+            assert "SAFE answers were reviewed less often (0 of" in item.sentence
+            assert a.reviewed[0] == 0 and a.reviewed[2] == a.reviewed[3] > 0
+            assert a.label_note in dict(res.rows)[f"{a.version_id} ({a.policy_text()})"]
+    assert status == {"stops only": "not enough data", "random half": "violated"}
+
+
 def test_changes_since_the_previous_card(tmp_path):
     t = simulate_log(100, rng=11)
     a = _card(log_from_table(tmp_path / "a.sqlite", t, 0.0), tmp_path / "a")
