@@ -213,7 +213,8 @@ def _delivered_json(d: Delivered | None) -> dict[str, Any]:
         "delivered_hit_rate": d.overall.hit_rate.to_dict(),
         "delivered_false_alarm_rate": d.overall.false_alarm_rate.to_dict(),
         "delivered_by_policy": {v: p.to_dict() for v, p in d.by_policy.items()},
-        "delivered_note": f"{d.n_fail_closed_labelled} labelled fail-closed decision(s) left out",
+        "delivered_note": f"{d.n_fail_closed_labelled} labelled fail-closed decision(s) left out"
+        + (f"; {d.review_note}" if d.review_note else ""),
     }
 
 

@@ -51,6 +51,7 @@ from numpy.typing import NDArray
 from scipy import stats
 from spotstop.diagnostics._check_base import CardCheck, CardContext, CheckResult, fmt, fmt_p
 from spotstop.diagnostics._data import CaseTable
+from spotstop.diagnostics._delivered import review_gap, reviewed_answers
 from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics._from_log import LogData
 from spotstop.diagnostics._metrics import _undefined
@@ -217,18 +218,14 @@ _REVIEWED = ("labelled_safe_answers", "safe_answers", "labelled_unsafe_answers",
 
 def _review_note(reviewed: tuple[int, int, int, int], level: float) -> str:
     """Why the audit cannot say the guarantee holds when the cut's SAFE answers were reviewed
-    less often than its UNSAFE ones (one-sided Fisher exact test at ``level``), else ""."""
-    l_s, n_s, l_u, n_u = reviewed
-    if n_s == 0 or n_u == 0 or l_u == 0:
-        return ""
-    table = [[l_s, n_s - l_s], [l_u, n_u - l_u]]
-    if float(stats.fisher_exact(table, alternative="less").pvalue) >= level:
+    less often than its UNSAFE ones (:func:`~spotstop.diagnostics._delivered.review_gap`,
+    one-sided at ``level``), else ""."""
+    gap = review_gap(reviewed, level, one_sided=True)
+    if not gap:
         return ""
     return (
-        f"its SAFE answers were reviewed less often ({l_s} of {n_s}, {100 * l_s / n_s:.0f} %) "
-        f"than its UNSAFE answers ({l_u} of {n_u}, {100 * l_u / n_u:.0f} %); a miss is a SAFE "
-        "answer, so the misses among the unreviewed ones are not counted: review SAFE answers "
-        "drawn at random"
+        f"its {gap}; a miss is a SAFE answer, so the misses among the unreviewed ones are not "
+        "counted: review SAFE answers drawn at random"
     )
 
 
@@ -274,7 +271,6 @@ def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[Deploye
     arr = log.arrays
     by_cut = decided_by_conformal(log)
     answered = log.counting(needs=None).mask  # not fail-closed, labelled or not
-    labelled = log.label >= 0
     for v, cfg in log.policies.items():
         pol = _conformal_cut_of(cfg.policy)
         if pol is None:
@@ -283,13 +279,7 @@ def audit_deployed(log: LogData, *, level: float = AUDIT_LEVEL) -> tuple[Deploye
         mine = (
             (log.version == v) & answered & (np.asarray(arr.time, dtype=float) > created) & by_cut
         )
-        safe_ans, unsafe_ans = mine & (arr.guard_label == 0), mine & (arr.guard_label == 1)
-        reviewed = (
-            int((safe_ans & labelled).sum()),
-            int(safe_ans.sum()),
-            int((unsafe_ans & labelled).sum()),
-            int(unsafe_ans.sum()),
-        )
+        reviewed = reviewed_answers(log, mine)
         note = _review_note(reviewed, level)
         use = (
             (log.version == v)

@@ -10,6 +10,9 @@ Delivered rates
     group bootstrap over the card's groups (connected contrast and situation ids), all three
     from the same draws.  ``n``: decisions (balanced accuracy), unsafe (hit rate) or safe
     (false-alarm rate) decisions.  A missing class → :class:`UndefinedMetricWarning` and NaN.
+    The rates describe the reviewed decisions: where the guard's SAFE and UNSAFE answers were
+    labelled at different rates (:func:`review_gap`), ``Delivered.review_note`` says so (with
+    the SAFE answers reviewed less often, the hit rate reads high).
 
 Replay
     Each version whose ``policy.yaml`` is stored in the log is run again on its decisions, in
@@ -33,6 +36,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy import stats
 from spotstop.diagnostics._data import group_codes
 from spotstop.diagnostics._errors import DataError, UndefinedMetricWarning
 from spotstop.diagnostics._from_log import LogData
@@ -48,6 +52,7 @@ __all__ = [
     "Replay",
     "delivered",
     "delivered_rates",
+    "review_gap",
 ]
 
 
@@ -65,6 +70,40 @@ class DeliveredRates:
             "hit_rate": self.hit_rate.to_dict(),
             "false_alarm_rate": self.false_alarm_rate.to_dict(),
         }
+
+
+def review_gap(reviewed: tuple[int, int, int, int], level: float, *, one_sided: bool) -> str:
+    """How the guard's SAFE answers were reviewed against its UNSAFE answers, when the two
+    labelled shares differ beyond chance (Fisher exact test at ``level``; ``one_sided``: only
+    SAFE answers reviewed less often counts), else "". ``reviewed``: (labelled SAFE answers,
+    SAFE answers, labelled UNSAFE answers, UNSAFE answers). The one rule for both the
+    delivered rates and the conformal audit (a miss is a SAFE answer on an unsafe scene)."""
+    l_s, n_s, l_u, n_u = reviewed
+    if n_s == 0 or n_u == 0 or l_s + l_u == 0:
+        return ""
+    table = [[l_s, n_s - l_s], [l_u, n_u - l_u]]
+    alternative = "less" if one_sided else "two-sided"
+    if float(stats.fisher_exact(table, alternative=alternative).pvalue) >= level:
+        return ""
+    how = "less" if l_s * n_u < l_u * n_s else "more"
+    return (
+        f"SAFE answers were reviewed {how} often ({l_s} of {n_s}, {100 * l_s / n_s:.0f} %) "
+        f"than UNSAFE answers ({l_u} of {n_u}, {100 * l_u / n_u:.0f} %)"
+    )
+
+
+def reviewed_answers(log: LogData, mask: NDArray[np.bool_]) -> tuple[int, int, int, int]:
+    """(labelled SAFE answers, SAFE answers, labelled UNSAFE answers, UNSAFE answers) of the
+    decisions ``mask`` (the caller's; fail-closed ones are the caller's to leave out)."""
+    guard = np.asarray(log.arrays.guard_label)
+    labelled = log.label >= 0
+    safe, unsafe = mask & (guard == 0), mask & (guard == 1)
+    return (
+        int((safe & labelled).sum()),
+        int(safe.sum()),
+        int((unsafe & labelled).sum()),
+        int(unsafe.sum()),
+    )
 
 
 def _check_labels(label: NDArray[Any], flagged: NDArray[Any]) -> None:
@@ -231,6 +270,9 @@ class Delivered:
     overall: DeliveredRates
     by_policy: Mapping[str, PolicyDelivered]
     n_fail_closed_labelled: int
+    review_note: str = ""
+    """Why the rates may not describe the deployment: the guard's SAFE and UNSAFE answers
+    were reviewed at different rates (:func:`review_gap`); "" when they were not."""
 
 
 def _iso(t: float | None) -> str | None:
@@ -270,4 +312,16 @@ def delivered(log: LogData, *, n_boot: int, rng: np.random.Generator) -> Deliver
             rates=rates,
             replay=replay_version(log, v),
         )
-    return Delivered(overall, by, int(fail_lab.sum()))
+    gap = review_gap(reviewed_answers(log, ~counted.fail_closed), 0.05, one_sided=False)
+    effect = (
+        "its misses go uncounted: the hit rate reads high"
+        if "reviewed less often" in gap
+        else "its stops go uncounted: the hit and false-alarm rates read low"
+    )
+    note = (
+        f"the guard's {gap}: the rates describe the reviewed decisions, not every decision "
+        f"({effect}); review decisions drawn at random"
+        if gap
+        else ""
+    )
+    return Delivered(overall, by, int(fail_lab.sum()), note)

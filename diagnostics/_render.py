@@ -77,10 +77,11 @@ def _delivered_intro(card: Card) -> str:
     (``delivered_note`` of ``card.json``)."""
     d = card.delivered
     n = 0 if d is None else d.n_fail_closed_labelled
+    caution = "" if d is None or not d.review_note else f" Caution: {d.review_note}."
     return (
         "The guard's own logged answers against the reviewer labels, labelled decisions that "
         f"did not fail closed ({n} labelled fail-closed decision(s) left out; group-bootstrap "
-        "95 % intervals)."
+        f"95 % intervals).{caution}"
     )
 
 

@@ -163,7 +163,10 @@ def test_unreviewed_safe_answers_are_not_a_guarantee_that_holds(tmp_path):
     """A conformal cut that lets 68 % of unsafe scenes through, reviewed only where it answered
     UNSAFE: the audit saw 0 misses of 64 and the verdict said "the guarantee holds; nothing to
     do". It now says its SAFE answers were reviewed less often and that it cannot tell; with a
-    random half reviewed, the same cut is found violated."""
+    random half reviewed, the same cut is found violated. The delivered rates (hit rate 1
+    [1, 1] of the reviewed decisions) now carry the same caution."""
+    from spotstop.diagnostics._card import _delivered_json
+    from spotstop.diagnostics._delivered import delivered
     from spotstop.guard._log import DecisionLog
 
     rng = np.random.default_rng(0)
@@ -171,7 +174,7 @@ def test_unreviewed_safe_answers_are_not_a_guarantee_that_holds(tmp_path):
     s = np.empty(400)
     s[0::2], s[1::2] = rng.normal(0.0, 1.0, 200), rng.normal(-2.0, 0.5, 200)
     seg = Segment(cfg, {"a": s, "b": s}, [f"s{i // 2}" for i in range(400)], 1.05e9)
-    status = {}
+    status, notes = {}, {}
     for name, pick in (
         ("stops only", lambda i, r: r.label == "UNSAFE"),
         ("random half", lambda i, r: rng.random() < 0.5),
@@ -189,6 +192,7 @@ def test_unreviewed_safe_answers_are_not_a_guarantee_that_holds(tmp_path):
         )
         [a] = res.result.deployed
         status[name] = a.status
+        notes[name] = _delivered_json(delivered(lc.log, n_boot=50, rng=rng))["delivered_note"]
         item = guarantee_item(res.result, cfg.version_id)
         if name == "stops only":
             assert a.misses == 0 and a.n_situations >= a.n_min
@@ -198,6 +202,9 @@ def test_unreviewed_safe_answers_are_not_a_guarantee_that_holds(tmp_path):
             assert a.reviewed[0] == 0 and a.reviewed[2] == a.reviewed[3] > 0
             assert a.label_note in dict(res.rows)[f"{a.version_id} ({a.policy_text()})"]
     assert status == {"stops only": "not enough data", "random half": "violated"}
+    assert "SAFE answers were reviewed less often (0 of" in notes["stops only"]
+    assert "the hit rate reads high" in notes["stops only"]
+    assert notes["random half"] == "0 labelled fail-closed decision(s) left out"
 
 
 def test_changes_since_the_previous_card(tmp_path):
