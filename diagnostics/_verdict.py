@@ -340,6 +340,15 @@ def guarantee_item(audit: Any, deployed_version: str | None = None) -> VerdictIt
     )
     others = [b.version_id for b in audit.deployed if b is not a and b.status == "violated"]
     tail = f" Other versions violated it: {', '.join(others)}." if others else ""
+    if earlier and deployed_version in getattr(audit, "unread", ()):
+        # the deployed version's conformal cut decides, unaudited: nothing here holds for it
+        return VerdictItem(
+            "fail" if a.status == "violated" else "warn",
+            "guarantee",
+            f"{head}. It no longer decides: the deployed {deployed_version}, whose conformal "
+            "cut decides now, is not audited, since its policy document in the log does not "
+            f"load; mend that document (the record of the cut) to audit it.{tail}",
+        )
     if earlier:
         tail += (
             f" It no longer decides: the deployed policy {deployed_version} carries no "

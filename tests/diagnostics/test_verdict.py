@@ -207,6 +207,50 @@ def test_unreviewed_safe_answers_are_not_a_guarantee_that_holds(tmp_path):
     assert notes["random half"] == "0 labelled fail-closed decision(s) left out"
 
 
+def test_an_unaudited_deployed_cut_is_not_a_guarantee_that_holds(tmp_path):
+    """v1 (conformal, holds) decided, then v2 (conformal) decided the latest decisions, but v2's
+    document in the log does not load: the verdict read v1's audit, said "the guarantee holds;
+    nothing to do" and that v2 "carries no miss-rate guarantee". It now says v2's cut decides
+    unaudited and to mend its document."""
+    from spotstop.guard._log import DecisionLog
+
+    from tests._support.log_writer import segment_records
+
+    rng = np.random.default_rng(0)
+    v1 = policy_config(ConformalPolicy(alpha=0.1, n=100, k=10, threshold=-5.0), created=1.0e9)
+    v2 = policy_config(
+        ConformalPolicy(alpha=0.1, n=100, k=10, threshold=0.5), version=2, created=1.1e9
+    )
+    labels = []
+    with DecisionLog(tmp_path / "log.sqlite") as log:
+        for prefix, cfg, t0 in (("a-", v1, 1.05e9), ("b-", v2, 1.15e9)):
+            s = np.empty(160)
+            s[0::2], s[1::2] = rng.normal(0.0, 1.0, 80), rng.normal(-2.0, 0.5, 80)
+            seg = Segment(cfg, {"a": s, "b": s}, [f"{prefix}{i // 2}" for i in range(160)], t0)
+            row = cfg.log_row()
+            if cfg is v2:  # a document that no longer loads (k is not its rank)
+                doc = dict(row.document)
+                doc["policy"] = {**doc["policy"], "k": 3}
+                row = dataclasses.replace(row, document=doc)
+            log.append_many(segment_records(seg, prefix), policy=row)
+            labels += [
+                (f"{prefix}{i:05d}", "safe" if i % 2 else "unsafe", None, "r") for i in range(160)
+            ]
+        log.set_labels(labels)
+    lc = log_cases(tmp_path / "log.sqlite")
+    assert v2.version_id in lc.log.policy_errors
+    res = ConformalAuditCheck().run(
+        CardContext(lc.table, 0.0, np.random.default_rng(0), 50, log=lc.log)
+    )
+    assert [a.status for a in res.result.deployed] == ["holds"]
+    item = guarantee_item(res.result, _deployed(lc.log)[1])
+    assert item.status == "warn" and "nothing to do" not in item.sentence
+    assert f"the deployed {v2.version_id}, whose conformal cut decides now, is not audited" in (
+        item.sentence
+    )
+    assert "carries no miss-rate guarantee" not in item.sentence
+
+
 def test_changes_since_the_previous_card(tmp_path):
     t = simulate_log(100, rng=11)
     a = _card(log_from_table(tmp_path / "a.sqlite", t, 0.0), tmp_path / "a")
