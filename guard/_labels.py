@@ -5,9 +5,9 @@ The decision log has a labels table (``DecisionLog.set_labels``, the sidecar's
 card read it with the same function, :func:`apply_labels_file`, through the one log reader
 (:func:`spotstop.guard._reviewed.read_reviewed`).
 
-Rows are keyed by ``decision_id`` or ``image_sha256`` (a row may hold either;
-``decision_id`` wins when both are filled); an ``image_sha256`` key labels every decision with
-that image. Columns: ``label`` (safe/unsafe or 0/1, required), optional ``contrast_id`` and
+Rows are keyed by ``decision_id`` or ``image_sha256`` (a row may hold both: they must then
+name the same decision, else the file is refused); an ``image_sha256`` key labels every
+decision with that image. Columns: ``label`` (safe/unsafe or 0/1, required), optional ``contrast_id`` and
 ``situation_id``; an empty or missing cell keeps the log's value. A key that matches no
 decision is an error listing a few; so is a decision given two different labels by the file.
 """
@@ -106,6 +106,13 @@ def apply_labels_file(
         if did:
             rows_hit = [by_id[did]] if did in by_id else []
             key = f"decision_id {did!r}"
+            own = str(sha[rows_hit[0]] or "").lower() if rows_hit else key_sha
+            if key_sha and own != key_sha:
+                raise LabelsFileError(
+                    f"{where}: decision_id {did!r} and image_sha256 {key_sha!r} name different "
+                    f"decisions (that decision's image is {own or 'none'!r}); a row's keys must "
+                    "agree. Check the file (was one column sorted alone?), or leave one key empty."
+                )
         elif key_sha:
             rows_hit = by_sha.get(key_sha, [])
             key = f"image_sha256 {key_sha!r}"
