@@ -9,7 +9,8 @@ Rows are keyed by ``decision_id`` or ``image_sha256`` (a row may hold both: they
 name the same decision, else the file is refused); an ``image_sha256`` key labels every
 decision with that image. Columns: ``label`` (safe/unsafe or 0/1, required), optional ``contrast_id`` and
 ``situation_id``; an empty or missing cell keeps the log's value. A key that matches no
-decision is an error listing a few; so is a decision given two different labels by the file.
+decision is an error listing a few; so is a decision given two different labels, contrast ids
+or situation ids by the file.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ def apply_labels_file(
             by_sha.setdefault(str(s).lower(), []).append(i)
     unknown: list[str] = []
     given: dict[int, tuple[int, str]] = {}  # row index -> (label, where)
+    ids_given: dict[tuple[int, str], tuple[str, str]] = {}  # (row, column) -> (id, where)
     for where, row in _read_label_rows(path):
         did, key_sha = row.get("decision_id", ""), row.get("image_sha256", "").lower()
         if did:
@@ -139,10 +141,18 @@ def apply_labels_file(
                 )
             given[i] = (lab, where)
             label[i] = lab
-            if row.get("contrast_id", ""):
-                contrast[i] = row["contrast_id"]
-            if row.get("situation_id", ""):
-                situation[i] = row["situation_id"]
+            for column, ids in (("contrast_id", contrast), ("situation_id", situation)):
+                value = row.get(column, "")
+                if not value:
+                    continue
+                before = ids_given.get((i, column))
+                if before is not None and before[0] != value:
+                    raise LabelsFileError(
+                        f"{where}: decision {decision_id[i]!r} gets {column} {value!r} here but "
+                        f"{before[0]!r} at {before[1]}; give each decision one {column}."
+                    )
+                ids_given[(i, column)] = (value, where)
+                ids[i] = value
     if unknown:
         shown = ", ".join(unknown[:5])
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""

@@ -38,3 +38,30 @@ def test_a_row_whose_two_keys_name_different_decisions_is_refused(log_path, tmp_
         read_reviewed(path, bad)
     good = _labels(tmp_path, f"decision_id,image_sha256,label\n{ids[0]},{SHA[0].upper()},unsafe\n")
     assert read_reviewed(path, good).arrays.label.tolist() == [1, -1, -1]
+
+
+def test_a_decision_given_two_contrast_or_situation_ids_is_refused(log_path, tmp_path) -> None:
+    """Two rows that put one decision in two contrasts (or situations) kept the last one
+    silently, which pairs it with another scene in every contrast statistic of the card; the
+    file is refused like one that gives a decision two labels. Rows that agree, or leave the
+    cell empty, read as before."""
+    path, ids = log_path
+    two = _labels(
+        tmp_path,
+        f"decision_id,label,contrast_id\n{ids[2]},unsafe,c-1\n{ids[2]},unsafe,c-2\n",
+    )
+    with pytest.raises(LabelsFileError, match=r"row 2 .*contrast_id 'c-2' here but 'c-1' at"):
+        read_reviewed(path, two)
+    by_image = _labels(
+        tmp_path,
+        f"decision_id,image_sha256,label,situation_id\n{ids[1]},,safe,kitchen\n"
+        f",{SHA[1]},safe,garage\n",
+    )
+    with pytest.raises(LabelsFileError, match=r"situation_id 'garage' here but 'kitchen'"):
+        read_reviewed(path, by_image)
+    agree = _labels(
+        tmp_path,
+        f"decision_id,label,contrast_id\n{ids[2]},unsafe,c-1\n{ids[2]},unsafe,\n"
+        f"{ids[2]},unsafe,c-1\n",
+    )
+    assert read_reviewed(path, agree).arrays.contrast_id.tolist() == ["", "", "c-1"]
