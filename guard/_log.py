@@ -409,6 +409,7 @@ class DecisionLog(LogReader, ArchiveStore):
                 return out
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
+                    self._check_unwatched()  # a read torn by a writer: say that, not "malformed"
                     raise self._error(what, exc) from exc
                 if _time.monotonic() >= deadline:
                     raise LogError(
@@ -420,6 +421,7 @@ class DecisionLog(LogReader, ArchiveStore):
                 _time.sleep(delay * (0.5 + self._rng.random()))
                 delay = min(delay * 2, 0.1)
             except sqlite3.DatabaseError as exc:
+                self._check_unwatched()  # (as above)
                 raise self._error(what, exc) from exc
 
     def _file_state(self) -> tuple[int, int, int] | None:
@@ -602,6 +604,38 @@ class DecisionLog(LogReader, ArchiveStore):
         _check_readable(found, self._path)
         if found is not None and found < LOG_SCHEMA_VERSION:
             self._copy_snapshot(conn)
+
+    def read_a_still_copy(self) -> None:
+        """From now on read a private copy of a log read in place with no writer (the first
+        read of it raised :class:`LogChangedError`): the copy is taken while the file stays as
+        it was, so no writer can change what is read next. A log a writer holds (read with
+        its locks) or one read through a copy already is left as it is. :class:`LogError` when
+        the file kept changing for the log's ``timeout_s``."""
+        if self._unwatched is None or self._open_path != self._path:
+            return
+        copy = self._private_folder()
+        deadline = _time.monotonic() + self._timeout_s
+        while True:
+            before = self._file_state()
+            try:
+                shutil.copyfile(self._path, copy)
+            except OSError as exc:
+                raise LogError(
+                    f"cannot copy decision log {str(self._path)!r} to read the copy ({exc}). "
+                    "Copy it to a writable folder and read that.",
+                    fault_kind(exc),
+                ) from exc
+            if before is not None and self._file_state() == before:
+                break
+            if _time.monotonic() >= deadline:
+                raise LogError(
+                    f"decision log {str(self._path)!r} kept changing while it was copied to be "
+                    f"read, for {self._timeout_s:g} s. Read it again, or while the guard is "
+                    "stopped.",
+                    "locked",
+                )
+            _time.sleep(0.01 * (0.5 + self._rng.random()))
+        self._use_copy(copy)
 
     def _private_folder(self) -> Path:
         self._private = tempfile.TemporaryDirectory(prefix="spotstop-log-")

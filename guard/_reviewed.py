@@ -97,8 +97,11 @@ def read_reviewed(
         try:
             with DecisionLog(path, read_only=True) as opened:
                 arr, read = _read_open(opened)
-        except LogChangedError:  # a guard opened it meanwhile: read it with its locks
+        except LogChangedError:
+            # a guard wrote it meanwhile: read it again, with the guard's locks while a guard
+            # holds it, else through a copy no guard can change while it is read
             with DecisionLog(path, read_only=True) as opened:
+                opened.read_a_still_copy()
                 arr, read = _read_open(opened)
     ids = np.asarray(arr.decision_id, dtype=object)
     sha = np.array([_cell(s) for s in arr.image_sha256], dtype=object)

@@ -103,6 +103,7 @@ def frames_from_log(
     every image: a log of an older schema is read through ONE private migrated copy) until
     :meth:`DeploymentFrames.close`: ``with frames_from_log(...) as frames: ...``."""
     from spotstop.guard import DecisionLog, GuardError, LabelsFileError
+    from spotstop.guard._log import LogChangedError
 
     path = Path(log_path)
     if not path.is_file():
@@ -111,7 +112,13 @@ def frames_from_log(
     frames: DeploymentFrames | None = None
     try:
         images = _StoredImages(path, DecisionLog(path, read_only=True))
-        frames = _frames(path, images, labels)
+        try:
+            frames = _frames(path, images, labels)
+        except LogChangedError:  # a guard wrote it meanwhile: read it again, as read_reviewed
+            images.close()
+            images = _StoredImages(path, DecisionLog(path, read_only=True))
+            images.log.read_a_still_copy()
+            frames = _frames(path, images, labels)
         return frames
     except LabelsFileError as exc:
         raise DataError(str(exc)) from exc
@@ -215,10 +222,11 @@ class _StoredImages:
         log = self.log
         try:
             data = log.image(sha256)
-        except LogChangedError:  # a guard opened the log meanwhile: read it with its locks
+        except LogChangedError:  # a guard wrote the log meanwhile: read it again, as read_reviewed
             log.close()
             self._log = None
             self._log = DecisionLog(self._path, read_only=True)
+            self._log.read_a_still_copy()
             data = self._log.image(sha256)
         if data is None:
             raise DataError(

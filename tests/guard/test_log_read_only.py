@@ -201,3 +201,56 @@ def test_a_log_written_while_read_with_no_writer_is_refused_then_read_again(
     monkeypatch.setattr(_reviewed, "_read_open", once_changed)
     assert len(read_reviewed(path).arrays.decision_id) == 2
     assert calls == [True, True]
+
+
+def _guard_writes(path: Path, first: int) -> None:
+    """A guard run beside the reader (``spotstop check`` per action): it opens the log, writes
+    and closes it, its close copying its rows into the log's file (a new page at least)."""
+    with DecisionLog(path) as guard:
+        guard.append_many([make_record(first + i, request="r" * 2000) for i in range(8)])
+
+
+def test_a_read_torn_by_a_guard_is_said_as_a_change_and_read_again(tmp_path: Path) -> None:
+    """A read without locks that meets pages a guard's checkpoint is writing got SQLite's
+    "database disk image is malformed", a LogError that nothing reads again: the card beside
+    a robot that runs `spotstop check` per action failed with it. It is a LogChangedError."""
+    from spotstop.guard._log import LogChangedError
+
+    path = tmp_path / "robot.sqlite"
+    with DecisionLog(path) as log:
+        log.append_many([make_record(i) for i in range(40)])
+    with DecisionLog(path, read_only=True) as reader:
+        size = path.stat().st_size
+        with path.open("r+b") as fh:  # the guard's checkpoint, half done: pages rewritten
+            fh.seek(4096)
+            fh.write(b"\x5a" * (size - 4096 + 4096))
+        with pytest.raises(LogChangedError, match="changed while it was read"):
+            reader.count()
+
+
+def test_a_card_beside_a_guard_that_writes_during_each_read_still_reads(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """read_reviewed read again once after a LogChangedError, again in place without locks, so
+    a guard writing during that read as well (a long read of a big log beside `spotstop check`
+    per action) failed the card. The second read reads a copy no guard changes meanwhile."""
+    from spotstop.guard import _reviewed
+
+    path = tmp_path / "robot.sqlite"
+    with DecisionLog(path) as log:
+        log.append_many([make_record(i) for i in range(5)])
+    real = _reviewed._read_open
+    writes = []
+
+    def guard_writes_meanwhile(log):
+        _guard_writes(path, 100 * (len(writes) + 1))
+        writes.append(log._unwatched is not None)
+        return real(log)
+
+    monkeypatch.setattr(_reviewed, "_read_open", guard_writes_meanwhile)
+    before = {p.name for p in tmp_path.iterdir()}
+    arr = read_reviewed(path).arrays
+    assert writes == [True, True]  # both reads began with no guard holding the log
+    assert len(arr.decision_id) == 5 + 8  # the copy: the log as the first guard left it
+    assert len(set(arr.decision_id.tolist())) == len(arr.decision_id)
+    assert {p.name for p in tmp_path.iterdir()} == before  # and nothing beside the log

@@ -104,3 +104,34 @@ def test_a_guard_writing_the_log_meanwhile_does_not_stop_the_reading(tmp_path: P
             read.append(frames.items[1][1]())
         read.append(frames.items[2][1]())  # its close wrote the log's file itself
     assert read == images
+
+
+def test_a_guard_writing_the_log_while_it_is_listed_does_not_stop_the_shift(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`spotstop shift --log` beside a guard that writes the log while the frames are listed
+    (read in place without SQLite's locks) failed: "cannot read the decision log ...: database
+    disk image is malformed" (or "changed while it was read"). It reads the log again, as the
+    card does, from a copy no guard changes meanwhile."""
+    from spotstop.guard import _reviewed
+
+    path = tmp_path / "log.sqlite"
+    flags = {"reassuring": True, "alarming": False}
+    with DecisionLog(path) as log:
+        log.append_many([make_record(i, cue_flags=flags) for i in range(4)])
+    real = _reviewed._read_open
+    writes = []
+
+    def guard_writes_meanwhile(opened: DecisionLog) -> Any:
+        with DecisionLog(path) as guard:  # `spotstop check`: open, write, close (checkpoint)
+            first = 100 * (len(writes) + 1)
+            guard.append_many(
+                [make_record(first + i, request="r" * 2000, cue_flags=flags) for i in range(8)]
+            )
+        writes.append(opened._unwatched is not None)
+        return real(opened)
+
+    monkeypatch.setattr(_reviewed, "_read_open", guard_writes_meanwhile)
+    with frames_from_log(path) as frames:
+        assert writes == [True, True]
+        assert len(frames) == 4 + 8  # the log as the first guard left it
