@@ -1003,6 +1003,8 @@ class DecisionLog(LogReader, ArchiveStore):
             if unknown and archived is None:
                 raise _NeedArchivedIds
             unknown = [i for i in unknown if archived is None or i not in archived]
+            if unknown and {r[0] for r in conn.execute("SELECT name FROM archives")} != read_from:
+                raise _NeedArchivedIds  # a retention pass archived some since they were read
             if unknown:
                 shown = ", ".join(repr(u) for u in unknown[:5])
                 more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
@@ -1020,11 +1022,16 @@ class DecisionLog(LogReader, ArchiveStore):
             )
 
         archived: set[str] | None = None
-        try:
-            self._write(body, what="set labels")
-        except _NeedArchivedIds:  # some ids are not live: they may name archived decisions
-            archived = self.archived_ids()
-            self._write(body, what="set labels")
+        read_from: set[str] = set()  # the archives whose ids `archived` holds
+        while True:
+            try:
+                self._write(body, what="set labels")
+                return
+            except _NeedArchivedIds:  # some ids are not live: they may name archived decisions
+                infos = self.archives()
+                read_from = {a.name for a in infos}
+                folder = self.archive_folder
+                archived = {row[ID_COLUMN] for a in infos for _, row in read_archive(folder, a)}
 
     # -- lifetime ------------------------------------------------------------------
 

@@ -107,6 +107,33 @@ def test_labels_attach_to_archived_decisions(big_log) -> None:
         log.set_labels([("nope", "safe", None, None)])
 
 
+def test_a_label_of_a_decision_archived_while_labels_are_written_is_written(
+    big_log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """set_labels read the archives' ids once when some ids were not live; a retention pass
+    (the sidecar's thread) that archived another of its decisions before the labels' write
+    made a valid label "unknown decision_id" (the sidecar: 422). It reads them again."""
+    log, before = big_log
+    log.apply_retention(Retention(keep_days=1), now=T0 + 100 * 60 + DAY)  # rows 0..99
+    archived, live = before[0].decision_id, before[200].decision_id
+    real = DecisionLog.archives
+    armed = [True]
+
+    def a_pass_right_after(self: DecisionLog) -> list[Any]:
+        infos = real(self)
+        if armed and armed.pop():  # the first listing set_labels reads the ids from
+            log.apply_retention(Retention(keep_days=1), now=T0 + 300 * 60 + DAY)
+        return infos
+
+    monkeypatch.setattr(DecisionLog, "archives", a_pass_right_after)
+    log.set_labels([(archived, "safe", None, "r"), (live, "unsafe", None, "r")])
+    assert not armed  # the pass ran between the ids' reading and the labels' write
+    assert not log._fetchall("SELECT 1 FROM decisions WHERE decision_id = ?", [live])
+    arr = log.to_arrays()
+    ids = list(arr.decision_id)
+    assert arr.label[ids.index(archived)] == 0 and arr.label[ids.index(live)] == 1
+
+
 def test_keep_days_archives_what_is_older_and_keeps_the_rest(big_log) -> None:
     log, before = big_log
     now = T0 + 300 * 60 + 2 * DAY  # rows 0..299 are older than 2 days, 300.. younger
