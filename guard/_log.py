@@ -163,6 +163,28 @@ def _check_readable(found: int | None, path: Path) -> None:
         )
 
 
+def _set_up_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """Create the log's tables, or migrate an older log's, in the caller's transaction."""
+    found = _schema_found(conn, path)
+    if found is not None and found < LOG_SCHEMA_VERSION:
+        migrate(conn, found)
+    for statement in SCHEMA_SQL.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute(
+        "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+        (str(LOG_SCHEMA_VERSION),),
+    )
+    conn.execute(
+        "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', ?)", (repr(_time.time()),)
+    )
+    if found is not None and found < LOG_SCHEMA_VERSION:
+        conn.execute(
+            f"INSERT OR REPLACE INTO meta (key, value) VALUES ('migrated_from_{found}', ?)",
+            (repr(_time.time()),),
+        )
+
+
 class _NeedArchivedIds(Exception):
     """set_labels met ids that are not live; it reads the archives' ids and tries again."""
 
@@ -543,29 +565,10 @@ class DecisionLog(LogReader, ArchiveStore):
         return int(busy) == 0
 
     def _init_schema(self) -> None:
-        def body(conn: sqlite3.Connection) -> None:
-            found = _schema_found(conn, self._path)
-            if found is not None and found < LOG_SCHEMA_VERSION:
-                migrate(conn, found)
-            for statement in SCHEMA_SQL.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                (str(LOG_SCHEMA_VERSION),),
-            )
-            conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', ?)",
-                (repr(_time.time()),),
-            )
-            if found is not None and found < LOG_SCHEMA_VERSION:
-                conn.execute(
-                    f"INSERT OR REPLACE INTO meta (key, value) VALUES ('migrated_from_{found}', ?)",
-                    (repr(_time.time()),),
-                )
-
         try:
-            self._write(body, what="create or check the schema")
+            self._write(
+                lambda conn: _set_up_schema(conn, self._path), what="create or check the schema"
+            )
         except BaseException:
             self.close()
             raise
@@ -673,15 +676,18 @@ class DecisionLog(LogReader, ArchiveStore):
     def _use_copy(self, copy: Path) -> None:
         for conn in self._take_connections():
             conn.close()
-        conn = sqlite3.connect(copy)
+        conn = sqlite3.connect(copy, isolation_level=None)
         try:
             found = _schema_found(conn, self._path)
+            _check_readable(found, self._path)
+            if found is not None and found < LOG_SCHEMA_VERSION:
+                # migrated as a guard migrates its log, but not by opening the copy as one: a
+                # writer's opening reads the archives beside it, which the copy has not
+                conn.execute("BEGIN IMMEDIATE")
+                _set_up_schema(conn, self._path)
+                conn.execute("COMMIT")
         finally:
             conn.close()
-        _check_readable(found, self._path)
-        if found is not None and found < LOG_SCHEMA_VERSION:
-            with DecisionLog(copy):  # migrates the copy to this spotstop's schema
-                pass
         self._open_path = copy
 
     @property

@@ -254,3 +254,31 @@ def test_a_card_beside_a_guard_that_writes_during_each_read_still_reads(
     assert len(arr.decision_id) == 5 + 8  # the copy: the log as the first guard left it
     assert len(set(arr.decision_id.tolist())) == len(arr.decision_id)
     assert {p.name for p in tmp_path.iterdir()} == before  # and nothing beside the log
+
+
+def test_an_older_log_with_archives_is_read_without_a_false_warning(tmp_path: Path, caplog) -> None:
+    """A schema-4 log with archives (schema 4 added them) is read through a migrated copy;
+    the copy was migrated by opening it as a guard's log, which looked for the archives beside
+    the copy, found none, and warned "decision log /tmp/spotstop-log-.../robot.sqlite:
+    archived positions not read" on every card of such a log."""
+    import logging
+    import time
+
+    from spotstop.guard._log import Protect, Retention
+
+    path = tmp_path / "robot.sqlite"
+    old = time.time() - 40 * 86400
+    with DecisionLog(path) as log:
+        log.append_many([make_record(i, time=old + i) for i in range(6)])
+        log.apply_retention(Retention(keep_days=1), Protect(min_age_s=0, review=False))
+        assert log.archives()
+    with sqlite3.connect(path) as c:  # as spotstop of log schema 4 left it
+        c.execute("ALTER TABLE decisions DROP COLUMN deciding_kind")
+        c.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+        c.execute("DELETE FROM meta WHERE key = 'archived_seq_max'")
+    c.close()
+    with caplog.at_level(logging.WARNING, logger="spotstop.guard"):
+        arr = read_reviewed(path).arrays
+    assert len(arr.decision_id) == 6
+    assert not [r.getMessage() for r in caplog.records]
+    assert _meta(path)["schema_version"] == "4"
