@@ -125,9 +125,15 @@ def read_reviewed(
 
 
 def _read_open(log: DecisionLog) -> tuple[LogArrays, dict[str, Any]]:
-    """The arrays of an open log, then its policies, archives and robot id."""
-    arr = log.to_arrays()
-    infos = log.archives()
+    """The arrays of an open log, then its policies, archives and robot id. The archives are
+    those the arrays were read with: when a retention pass registered one meanwhile (the
+    guard's, beside the reader), the log is read again."""
+    while True:
+        before = log.archives()
+        arr = log.to_arrays()
+        infos = log.archives()
+        if infos == before:  # (registrations are only ever added)
+            break
     archived = {"files": len(infos), "rows": sum(a.n_rows for a in infos)} if infos else {}
     return arr, {"policies": log.policies(), "archived": archived, "robot_id": log.robot_id}
 

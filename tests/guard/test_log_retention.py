@@ -134,6 +134,31 @@ def test_a_label_of_a_decision_archived_while_labels_are_written_is_written(
     assert arr.label[ids.index(archived)] == 0 and arr.label[ids.index(live)] == 1
 
 
+def test_the_archived_count_read_with_a_log_is_that_of_its_rows(
+    big_log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """read_reviewed counted the archives (the card's provenance) after reading the rows: a
+    retention pass in between (the guard's, beside the card) made it say 599 archived rows for
+    rows read with 100 archived. The rows are read again until both agree."""
+    from spotstop.guard import read_reviewed
+
+    log, _ = big_log
+    log.apply_retention(Retention(keep_days=1), now=T0 + 100 * 60 + DAY)  # rows 0..99
+    real = DecisionLog.to_arrays
+    archived_when_read: list[int] = []
+
+    def then_a_pass(self: DecisionLog, *a: Any, **kw: Any) -> Any:
+        arr = real(self, *a, **kw)
+        archived_when_read.append(len(self.archived_ids()))
+        self.apply_retention(Retention(keep_days=1), now=T0 + 600 * 60 + DAY)  # all but one
+        return arr
+
+    monkeypatch.setattr(DecisionLog, "to_arrays", then_a_pass)
+    r = read_reviewed(log)
+    assert r.arrays.n == 600
+    assert r.archived["rows"] == archived_when_read[-1] == 599
+
+
 def test_keep_days_archives_what_is_older_and_keeps_the_rest(big_log) -> None:
     log, before = big_log
     now = T0 + 300 * 60 + 2 * DAY  # rows 0..299 are older than 2 days, 300.. younger
