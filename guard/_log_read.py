@@ -43,6 +43,7 @@ from spotstop.guard._log_schema import (
     LogError,
     PolicyRow,
     RecordError,
+    as_migrated,
     to_epoch,
 )
 from spotstop.guard._record import (
@@ -64,6 +65,12 @@ __all__ = [
 ]
 
 _PAGE_ROWS: Final = 1000  # rows per read page of DecisionLog.records
+
+
+def _record(row: Sequence[Any]) -> DecisionRecord:
+    """The record of a ``decisions`` row (live or archived), read as the log's migration gives
+    it (:func:`~spotstop.guard._log_schema.as_migrated`)."""
+    return record_from_row(as_migrated(row))
 
 
 def _position(item: tuple[Any, ...]) -> int:
@@ -238,7 +245,9 @@ def log_arrays(joined: Joined) -> LogArrays:
 def arrays_from_rows(rows: Sequence[Sequence[Any]], review: Sequence[tuple[Any, ...]]) -> LogArrays:
     """Rows of the ``decisions`` table (live or archived) and their review labels as aligned
     arrays: :func:`log_arrays` without building a validated record per row (they were
-    validated when written), decoded column by column: twice as fast on a big log."""
+    validated when written), decoded column by column: twice as fast on a big log. Each row
+    is read as the log's migration gives it (:func:`~spotstop.guard._log_schema.as_migrated`)."""
+    rows = [as_migrated(r) for r in rows]
     cols = {
         f.name: [_from_sql(f.metadata["codec"], r[i]) for r in rows] for i, f in enumerate(_FIELDS)
     }
@@ -518,7 +527,7 @@ class LogReader:
         infos = self.archives()
         streams = [*self._iter_archived(infos, keep), self._iter_live(where, params)]
         for _, _, row in heapq.merge(*streams, key=_position):
-            yield record_from_row(row)
+            yield _record(row)
         if [a.name for a in self.archives()] != [a.name for a in infos]:
             raise LogError(
                 "the log's retention archived rows while they were being read; some may have "
@@ -530,11 +539,11 @@ class LogReader:
         sql = f"{SELECT} FROM decisions AS d WHERE d.decision_id = ?"
         row = self._retry(lambda: self._conn().execute(sql, (decision_id,)).fetchone(), what="read")
         if row is not None:
-            return record_from_row(row)
+            return _record(row)
         for info in self.archives():
             for _, arow in read_archive(self.archive_folder, info):
                 if arow[ID_COLUMN] == decision_id:
-                    return record_from_row(arow)
+                    return _record(arow)
         return None
 
     def count(
@@ -650,8 +659,7 @@ class LogReader:
         situation_id: str | None,
     ) -> list[tuple[DecisionRecord, tuple[Any, ...]]]:
         return [
-            (record_from_row(row), lab)
-            for row, lab in self._joined_sql_rows(since, until, situation_id)
+            (_record(row), lab) for row, lab in self._joined_sql_rows(since, until, situation_id)
         ]
 
     def to_arrays(

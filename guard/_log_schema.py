@@ -33,6 +33,7 @@ from spotstop.guard.validate import is_real
 
 __all__ = [
     "ADDED_COLUMNS",
+    "ADDED_IN_RECORD_SCHEMA",
     "COLUMNS",
     "FAULT_KINDS",
     "INSERT",
@@ -46,6 +47,7 @@ __all__ = [
     "FaultKind",
     "LogError",
     "PolicyRow",
+    "as_migrated",
     "fault_kind",
     "kind_of_old_rule",
     "migrate",
@@ -262,8 +264,9 @@ def kind_of_old_rule(rule: str | None, threshold: float | None) -> str | None:
     no threshold was applied (``threshold`` NULL or NaN: no policy decided the scene).
 
     The one place that reads a rule's text: :data:`MIGRATE_4_TO_5` calls it (as the SQL
-    function ``spotstop_kind_of_old_rule``) and :func:`upgrade_columns` for an archive
-    written before the column existed. Every reader after that uses the column.
+    function ``spotstop_kind_of_old_rule``), :func:`upgrade_columns` for an archive
+    written before the column existed and :func:`as_migrated` for a row of an older record
+    schema written after the migration. Every reader after that uses the column.
     """
     if rule is None or threshold is None or not math.isfinite(float(threshold)):
         return None
@@ -275,6 +278,33 @@ def kind_of_old_rule(rule: str | None, threshold: float | None) -> str | None:
 ADDED_COLUMNS: Final[dict[str, Callable[[Mapping[str, Any]], Any]]] = {
     "deciding_kind": lambda row: kind_of_old_rule(row["policy"], row["threshold"]),
 }
+
+
+#: the record schema that added each of :data:`ADDED_COLUMNS`
+ADDED_IN_RECORD_SCHEMA: Final[dict[str, int]] = {"deciding_kind": 4}
+
+_SCHEMA_VERSION_COLUMN: Final = COLUMNS.index("schema_version")
+_ADDED_AT: Final = tuple(
+    (COLUMNS.index(name), ADDED_IN_RECORD_SCHEMA[name], value)
+    for name, value in ADDED_COLUMNS.items()
+)
+
+
+def as_migrated(row: Sequence[Any]) -> tuple[Any, ...]:
+    """A ``decisions`` row (:data:`COLUMNS` order) as the migration gives it: each of
+    :data:`ADDED_COLUMNS` that a row of an older record schema holds as NULL gets the
+    migration's value. A row the migration met has it already; one a guard of an older log
+    schema wrote after a newer spotstop migrated the log (it kept running, and inserts without
+    the column) has not, and would read as if no policy had decided it."""
+    version = row[_SCHEMA_VERSION_COLUMN]
+    fix = [(i, value) for i, added, value in _ADDED_AT if row[i] is None and version < added]
+    if not fix:
+        return tuple(row)
+    named = dict(zip(COLUMNS, row, strict=True))
+    out = list(row)
+    for i, value in fix:
+        out[i] = value(named)
+    return tuple(out)
 
 
 def upgrade_columns(cols: Mapping[str, list[Any]]) -> dict[str, list[Any]]:

@@ -793,6 +793,41 @@ def test_a_schema_4_log_gets_the_deciding_kind_from_its_rules_once_on_open(
         assert lg.get(old[4].decision_id).deciding_kind == "frozen"  # type: ignore[union-attr]
 
 
+def test_a_row_an_older_guard_writes_after_the_migration_reads_as_migrated(
+    tmp_path: Path,
+) -> None:
+    """A guard of log schema 4 that kept running while a newer spotstop opened (migrated) its
+    log inserts its rows without ``deciding_kind``: they read None, as if no policy had
+    decided them (the card's conformal audit left them out), where the same rows written a
+    moment earlier read "conformal" from the migration. They read as the migration gives."""
+    from spotstop.guard._log import Protect, Retention
+    from spotstop.guard._record import record_to_row
+
+    path = tmp_path / "robot.sqlite"
+    older = sqlite3.connect(path, isolation_level=None)  # opened before the upgrade
+    rules = [("situation->conformal", 0.1, "conformal"), ("cascade", math.nan, None)]
+    with DecisionLog(path) as lg:  # the newer spotstop opens the log (and migrates it)
+        lg.append(make_record(9, time=1_600_000_000.0, deciding_kind="situation"))
+    columns = [c for c in COLUMNS if c != "deciding_kind"]  # what the older guard inserts
+    for i, (rule, t, _) in enumerate(rules):
+        rec = make_record(i, policy=rule, threshold=t, label="UNSAFE", schema_version=3)
+        row = dict(zip(COLUMNS, record_to_row(rec), strict=True))
+        older.execute(
+            f"INSERT INTO decisions ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+            [row[c] for c in columns],
+        )
+    older.close()
+    want = ["situation"] + [k for _, _, k in rules]
+    with DecisionLog(path) as lg:
+        assert lg.to_arrays().deciding_kind.tolist() == want
+        assert [r.deciding_kind for r in lg.records()] == want
+        ids = [r.decision_id for r in lg.records()]
+        assert lg.get(ids[1]).deciding_kind == "conformal"  # type: ignore[union-attr]
+        lg.apply_retention(Retention(keep_days=1), Protect(min_age_s=0, review=False))
+        assert lg.archives()  # archived as written (NULL), read as migrated
+        assert lg.to_arrays().deciding_kind.tolist() == want
+
+
 def test_a_real_schema_4_log_reads_its_deciding_kinds(tmp_path: Path) -> None:
     """A real schema-4 log (the guard's own rows: 24 decisions of the packaged demo log as it was
     written under schema 4, kept in tests/data): migrated on a copy, every decision gets the
