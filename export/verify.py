@@ -28,6 +28,7 @@ from spotstop.export.configs import get_export_config
 from spotstop.export.scenes import demo_scenes
 from spotstop.guard import (
     Bundle,
+    BundleError,
     BundleMember,
     Scene,
     ScoringConfig,
@@ -217,9 +218,21 @@ def _run_member(
     b: Bundle, bm: BundleMember, scenes: list[Scene], variants: Sequence[str]
 ) -> tuple[MemberRuntime, np.ndarray]:
     """Score the scenes with the member as the guard loads it; a non-finite score is a FAIL
-    (its scores come back empty)."""
-    precision = str(_entry(b, bm).get("precision", "fp32"))
+    (its scores come back empty).
+
+    The precision (hence the tolerance) is the one of the graphs that run: their own record
+    (``spotstop_onnx.yaml``, sha256-checked; torch runs float32). The manifest's entry is
+    covered by no sha256 and not named by the bundle id: one that disagrees is refused."""
     m = load_bundle_member(b, bm)
+    precision = str(getattr(m.backend, "precision", "fp32"))
+    listed = _entry(b, bm).get("precision")
+    if listed is not None and str(listed) != precision:
+        raise BundleError(
+            f"manifest.yaml says member {bm.name} is {listed}, but its graphs are {precision} "
+            "(their sha256-checked record, the member's spotstop_onnx.yaml): the manifest was "
+            "edited by hand, and the check would apply another precision's tolerance. Copy the "
+            "bundle again, or export it again."
+        )
     try:
         got = np.concatenate([[r.score for r in m.score(scenes, v)] for v in variants])  # type: ignore[arg-type]
     except ScoringError as e:

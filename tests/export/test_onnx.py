@@ -243,6 +243,28 @@ def test_verify_bundle_cli(lfm_fp32: Path, capsys: pytest.CaptureFixture[str]) -
     assert "max|Δs|" in out and "PASS" in out and "p95 |Δs|=" in out and "max at scene" in out
 
 
+def test_verify_bundle_takes_the_precision_of_the_graphs_not_of_the_manifest(
+    bundle_copy: Path,
+) -> None:
+    """The tolerance follows the graphs' own, sha256-checked record: a manifest entry that
+    names a looser precision (no sha256 covers it, the bundle id does not name it) is refused,
+    not used to judge the scores."""
+    import yaml
+    from spotstop.export.verify import verify_bundle
+    from spotstop.guard import BundleError, load_bundle
+
+    v = verify_bundle(bundle_copy, n_scenes=2, reference=False)
+    assert v.ok and {r.precision for r in v.runtime} == {"fp32"}
+    path = bundle_copy / "manifest.yaml"
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    doc["members"][0]["precision"] = "int4-trt"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    assert load_bundle(bundle_copy).bundle_id == v.bundle_id  # the edit loads, same id
+    name = doc["members"][0]["name"]
+    with pytest.raises(BundleError, match=rf"member {name} is int4-trt, but its graphs are fp32"):
+        verify_bundle(bundle_copy, n_scenes=2, reference=False)
+
+
 def test_bundle_lists_every_file_and_refuses_altered_graphs(lfm_fp32: Path, tmp_path: Path) -> None:
     import shutil
 
