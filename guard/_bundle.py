@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from spotstop.guard._config import parse_image_size
 from spotstop.guard._errors import ConfigError, GuardError
+from spotstop.guard._hf import OPTIONAL_MEMBER_FILES
 from spotstop.guard._prompt import PromptSpec, RenderedTemplate
 
 __all__ = [
@@ -120,6 +121,7 @@ class Bundle:
         if not self.verified:
             return
         bad = _mismatches(self.path, self.member_files(member))
+        bad += _unlisted(self.path, member.path, self.manifest["files"])
         if bad:
             raise BundleError(
                 f"bundle {self.path} changed after it was verified: member {member.name}'s "
@@ -312,6 +314,25 @@ def _mismatches(root: Path, files: Mapping[str, str]) -> list[str]:
     return bad
 
 
+def _unlisted(root: Path, member_dir: Path, files: Mapping[str, str]) -> list[str]:
+    """The files a member's loader reads where they are there (:data:`OPTIONAL_MEMBER_FILES`:
+    e.g. ``preprocessor_config.json``'s image mean and std) that its folder holds but the
+    manifest does not list: read at load, no sha256 would check them and the bundle id would
+    not change (an export lists every file, so they were put in after it). Nothing for a
+    reference bundle that lists no files."""
+    try:
+        rel = member_dir.relative_to(root).as_posix()
+    except ValueError:  # a member folder outside the bundle (torch reference): nothing listed
+        return []
+    if not files:
+        return []
+    return [
+        f"{rel}/{name}: not in the manifest"
+        for name in OPTIONAL_MEMBER_FILES
+        if f"{rel}/{name}" not in files and (member_dir / name).exists()
+    ]
+
+
 def _outside(root: Path, files: Mapping[str, str]) -> list[str]:
     """Listed files that lie outside the bundle once links are followed ("rel -> target")."""
     real = root.resolve()
@@ -432,6 +453,15 @@ def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
                 visual_tokens=_opt_tokens(entry.get("visual_tokens"), f"{where}.visual_tokens"),
             )
         )
+    if verify:
+        extra = [f for mm in members for f in _unlisted(root, mm.path, files)]
+        if extra:
+            raise BundleError(
+                f"bundle {root} holds member files its manifest does not list ({len(extra)}): "
+                + "; ".join(extra[:5])
+                + ". The member would read them at load and no sha256 checks them: they were "
+                "put in after the export. Remove them, or export the bundle again."
+            )
     ph = pair_prompt_hash({mm.name: mm.prompt_hash for mm in members})
     if ph != m.get("prompt_hash"):
         raise BundleError(

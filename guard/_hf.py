@@ -32,6 +32,10 @@ TEST_PAIR_NOTE = (
 )
 #: Optional per-folder hints (e.g. the tiny pair's image size).
 MEMBER_HINTS = "spotstop_member.yaml"
+#: The files :func:`resolve_member` reads only where a member's folder holds them (the image
+#: processor's mean and std, the hints, the test-pair marker): a verified bundle must list
+#: each one that is there (``guard/_bundle.py``), or it would be read unchecked
+OPTIONAL_MEMBER_FILES = ("preprocessor_config.json", MEMBER_HINTS, TEST_PAIR_MARKER)
 
 
 @dataclass(frozen=True)

@@ -255,6 +255,34 @@ def test_a_weights_file_written_in_place_under_open_sessions_is_not_run(
         assert g.check(make_scene(0)).policy_score == before.policy_score
 
 
+def test_a_member_file_read_where_it_is_there_must_be_listed(bundle_copy: Path) -> None:
+    """``preprocessor_config.json`` (the image mean and std) is read only where a member's folder
+    holds it, and the export copies it only where the source has one: put into a bundle
+    exported without it, it changed the scores of a verified load under the same id and
+    policy. It is now refused at load, and before a member is loaded again."""
+    rel = "members/tiny-lfm2_vl/preprocessor_config.json"
+    pre = bundle_copy / rel
+    text = pre.read_text()
+    pre.unlink()
+
+    def exported_without(doc: dict) -> None:  # what the export writes for such a source
+        del doc["files"][rel]
+        content = bundle_content_id(doc["prompt_hash"], doc["files"], doc["members"])
+        doc["bundle_id"] = f"bundle-{content}"
+
+    _edit(bundle_copy, exported_without)
+    b = load_bundle(bundle_copy)
+    lfm = next(m for m in b.members if m.name == "tiny-lfm2_vl")
+    before = load_bundle_member(b, lfm).score([make_scene(0)])[0].score
+    pre.write_text(text.replace('"image_mean"', '"image_mean_was"'))  # another mean and std
+    with pytest.raises(BundleError, match=rf"{rel}: not in the manifest"):
+        load_bundle(bundle_copy)
+    with pytest.raises(BundleError, match=rf"changed after it was verified.*{rel}"):
+        load_bundle_member(b, lfm)
+    pre.unlink()
+    assert load_bundle_member(b, lfm).score([make_scene(0)])[0].score == before
+
+
 def test_a_member_loaded_again_is_checked_again(bundle_copy: Path) -> None:
     """A member that failed to load is loaded again in the background from the same verified
     manifest: its files are checked again first (they were not)."""
