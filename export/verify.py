@@ -119,8 +119,11 @@ class MemberVerification:
         flag = "ok" if self.ok else "FAIL"
         rho = f"{self.spearman:.4f}"
         if math.isnan(self.spearman):
+            per_pass = self.n // max(1, len(self.spearman_by_pass))
             rho = (
-                "n/a (the reference does not vary)"
+                "n/a (one scene per pass: nothing to rank)"
+                if not self.reference_varies and per_pass < 2
+                else "n/a (the reference does not vary)"
                 if not self.reference_varies
                 else ("undefined: the bundle's scores do not vary")
             )

@@ -559,7 +559,7 @@ def test_the_rank_check_fails_a_bundle_whose_scores_do_not_vary() -> None:
     gives one score for every scene passed whenever the reference spread less than the
     tolerance (the tiny pair: 0.2 nats against 0.25). It passes only when the reference itself
     has nothing to rank."""
-    from spotstop.export.verify import MemberVerification, spearman
+    from spotstop.export.verify import MemberVerification, pass_spearman, spearman
 
     ref = np.array([-12.5, -12.4, -12.6, -12.45])
     flat = np.full(4, -12.5)
@@ -574,6 +574,14 @@ def test_the_rank_check_fails_a_bundle_whose_scores_do_not_vary() -> None:
     assert same.ok and "n/a (the reference does not vary)" in str(same)
     ranked = MemberVerification("m", "int8", 4, 0.1, spearman(ref + 0.01, ref), 1.0, 0.25, 0.9)
     assert ranked.ok and ranked.spearman == pytest.approx(1.0)
+    # one scene (--scenes 1, a one-row --scene-table): the reference was not found constant,
+    # there was nothing to rank, and the output says which
+    rho, varies, by_pass = pass_spearman(ref[:2] + 0.01, ref[:2], ("scene", "text"))
+    one = MemberVerification(
+        "m", "int8", 2, 0.01, rho, 1.0, 0.25, 0.9, reference_varies=varies, spearman_by_pass=by_pass
+    )
+    assert one.ok and "n/a (one scene per pass: nothing to rank)" in str(one)
+    assert "the reference does not vary" not in str(one)
 
 
 def test_the_rank_check_is_judged_within_each_pass() -> None:
