@@ -231,16 +231,16 @@ def sha256_file(path: Path) -> str:
 def is_device_built(rel: str) -> bool:
     """Whether a bundle path is built on the device after export, not part of the artifact.
 
-    TensorRT engines, their record and build logs (``members/<name>/trt/*.plan``,
-    ``trt/engines.yaml``, ``*.log``) are made on the target by ``trt/build.sh``: they are
+    TensorRT engines, their record and build log (``members/<name>/trt/*.plan``,
+    ``engines.yaml``, ``build.log``) are made on the target by ``trt/build.sh``: they are
     checked by the engine record (``spotstop.guard.backends._trt_record``), not by the manifest's sha256
     list, so rebuilding them on the device does not break the bundle's verification.
     """
     parts = Path(rel).parts
-    return (
-        len(parts) >= 2
-        and parts[-2] == "trt"
-        and rel != "trt/build.sh"
+    return (  # in a member's own trt/ folder only: a member may be named trt
+        len(parts) == 4
+        and parts[0] == "members"
+        and parts[2] == "trt"
         and Path(rel).suffix in (".plan", ".yaml", ".log")
     )
 

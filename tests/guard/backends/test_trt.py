@@ -719,6 +719,11 @@ def test_device_built_files_are_not_verified_by_the_manifest() -> None:
     assert not is_device_built("trt/build.sh")
     assert not is_device_built("members/m/onnx/decoder.onnx")
     assert not is_device_built("members/m/spotstop_onnx.yaml")
+    # a member folder named trt: its own files are the export's (they were left out of the
+    # manifest, and the bundle was refused at load as "edited by hand"); its engines are not
+    assert not is_device_built("members/trt/spotstop_onnx.yaml")
+    assert not is_device_built("members/trt/spotstop_member.yaml")
+    assert is_device_built("members/trt/trt/engines.yaml")
 
 
 # -- (e) the build script ----------------------------------------------------------------------------
