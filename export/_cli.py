@@ -729,6 +729,7 @@ def run_verify_bundle(args: argparse.Namespace) -> int:
             "runtime": [{**asdict(r), "ok": r.ok} for r in v.runtime],
             "reference_skipped": v.skipped,
             "pair_decision_agreement": v.pair_decision_agreement if v.members else None,
+            "pair_decision_agreement_by_pass": dict(v.pair_agreement_by_pass),
             "members": [{**asdict(m), "ok": m.ok} for m in v.members],
         }
         print(json.dumps(_finite_or_null(doc), indent=2, allow_nan=False))

@@ -9,7 +9,8 @@ manifest's ``source`` or an override), and per member the largest |Δs|, the Spe
 correlation (within each pass, the worst pass judged: pooled, a gap between the passes' means
 would rank the two groups apart and hide scenes scrambled within one) and the agreement of
 direct decisions (``s > 0``) are reported, plus the pair's
-agreement under Avg-2 with the reference's own median/IQR. It fails when any member is beyond
+agreement under Avg-2 with the reference's own median/IQR (within each pass, the worst pass
+reported). It fails when any member is beyond
 its architecture's tolerance at the bundle's precision (``export/configs.py``: fp32
 |Δs| ≤ 1e-3). Without the extra the reference half is skipped, and the result says so.
 """
@@ -44,6 +45,7 @@ __all__ = [
     "MemberRuntime",
     "MemberVerification",
     "diff_summary",
+    "pair_agreement",
     "pass_spearman",
     "reference_available",
     "spearman",
@@ -177,8 +179,11 @@ class BundleVerification:
     bundle_id: str
     runtime: tuple[MemberRuntime, ...]
     members: tuple[MemberVerification, ...]
+    #: the worst pass's (:func:`pair_agreement`)
     pair_decision_agreement: float
     skipped: str | None = None
+    #: the pair's decision agreement within each pass (``scene``, ``text``, ...)
+    pair_agreement_by_pass: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -193,9 +198,16 @@ class BundleVerification:
         else:
             lines.append("  against the torch reference:")
             lines += [f"    {line}" for m in self.members for line in str(m).splitlines()]
+            by_pass = ""
+            if len(self.pair_agreement_by_pass) > 1:
+                by_pass = (
+                    " ("
+                    + ", ".join(f"{k} {v:.1%}" for k, v in self.pair_agreement_by_pass.items())
+                    + ")"
+                )
             lines.append(
-                "    pair (Avg-2, reference median/IQR): decisions agree "
-                f"{self.pair_decision_agreement:.1%}"
+                "    pair (Avg-2, reference median/IQR within each pass): decisions agree "
+                f"{self.pair_decision_agreement:.1%}{by_pass}"
             )
         if not self.ok:
             lines.append("FAIL: see the lines marked FAIL")
@@ -289,6 +301,34 @@ def pass_spearman(
     return worst, True, by_pass
 
 
+def pair_agreement(
+    got: Sequence[np.ndarray], ref: Sequence[np.ndarray], variants: Sequence[str]
+) -> tuple[float, dict[str, float]]:
+    """The pair's Avg-2 decisions, bundle against reference, within each pass: per member
+    ``got[m]`` and ``ref[m]`` hold each variant's scores one after the other (as
+    :func:`verify_bundle` scores them); each pass is centred and scaled by its own reference
+    median/IQR, and a decision is the Avg-2 score ≥ 0. Returns the worst pass's share of equal
+    decisions and each pass's.
+
+    Within each pass, as :func:`pass_spearman`: over both passes pooled, one median between
+    the passes' means puts most of each pass on one side of the cut whatever its scores, and
+    the agreement reads high while decisions within a pass differ."""
+    n = len(ref[0]) // max(1, len(variants))
+    by_pass: dict[str, float] = {}
+    for k, variant in enumerate(variants):
+        z_ref, z_got = [], []
+        for g, r in zip(got, ref, strict=True):
+            g = np.asarray(g, dtype=np.float64)[k * n : (k + 1) * n]
+            r = np.asarray(r, dtype=np.float64)[k * n : (k + 1) * n]
+            med = float(np.median(r))
+            iqr = float(np.subtract(*np.percentile(r, [75, 25]))) or 1.0
+            z_ref.append((r - med) / iqr)
+            z_got.append((g - med) / iqr)
+        s_ref, s_got = np.mean(z_ref, axis=0), np.mean(z_got, axis=0)
+        by_pass[variant] = float(np.mean((s_ref >= 0) == (s_got >= 0)))
+    return min(by_pass.values()), by_pass
+
+
 def verify_bundle(
     bundle: str | os.PathLike[str],
     *,
@@ -331,8 +371,7 @@ def verify_bundle(
         )
     cfg = ScoringConfig(prompt=b.prompt)
     results = []
-    z_ref: list[np.ndarray] = []
-    z_got: list[np.ndarray] = []
+    refs: list[np.ndarray] = []
     for bm, (run, got) in zip(b.members, runs, strict=True):
         src = (sources or {}).get(bm.name) or _entry(b, bm).get("source")
         if not src:
@@ -370,10 +409,8 @@ def verify_bundle(
                 min_spearman=float(ecfg.min_spearman[run.precision]),
             )
         )
-        med = float(np.median(ref))
-        iqr = float(np.subtract(*np.percentile(ref, [75, 25]))) or 1.0
-        z_ref.append((ref - med) / iqr)
-        z_got.append((got - med) / iqr)
-    s_ref, s_got = np.mean(z_ref, axis=0), np.mean(z_got, axis=0)
-    pair = float(np.mean((s_ref >= 0) == (s_got >= 0)))
-    return BundleVerification(b.bundle_id, runtime, tuple(results), pair)
+        refs.append(ref)
+    pair, pair_by_pass = pair_agreement([got for _, got in runs], refs, variants)
+    return BundleVerification(
+        b.bundle_id, runtime, tuple(results), pair, pair_agreement_by_pass=pair_by_pass
+    )

@@ -614,6 +614,36 @@ def test_the_rank_check_is_judged_within_each_pass() -> None:
     assert math.isnan(none_vary[0]) and not none_vary[1]
 
 
+def test_the_pairs_decision_agreement_is_counted_within_each_pass(
+    bundle_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By hand: both members score the scene pass -2, -1, 1, 2 and the request-only pass 8, 9,
+    11, 12 in the reference; the bundle moves one scene-pass score from -1 to +1. Within the
+    scene pass (median 0, IQR 2.5) one Avg-2 decision of four changes: 75 %. Pooled over both
+    passes, the median 5 lay between them and every decision agreed: 100 % was printed."""
+    from types import SimpleNamespace
+
+    from spotstop.export import verify
+
+    ref = {"scene": [-2.0, -1.0, 1.0, 2.0], "text": [8.0, 9.0, 11.0, 12.0]}
+    got = np.array([-2.0, 1.0, 1.0, 2.0, *ref["text"]])
+
+    def run(b, bm, scenes, variants):  # type: ignore[no-untyped-def]
+        return verify.MemberRuntime(bm.name, bm.backend, "fp32", 8, -2.0, 12.0), got
+
+    def reference(src, *, name, template, **kw):  # type: ignore[no-untyped-def]
+        bm = next(m for m in verify.load_bundle(bundle_copy).members if m.name == name)
+        scored = lambda scenes, v: [SimpleNamespace(score=x) for x in ref[v]]  # noqa: E731
+        return SimpleNamespace(prompt_hash=bm.prompt_hash, score=scored)
+
+    monkeypatch.setattr(verify, "_run_member", run)
+    monkeypatch.setattr(verify, "load_member", reference)
+    v = verify.verify_bundle(bundle_copy, n_scenes=4, reference=True)
+    assert v.pair_decision_agreement == pytest.approx(0.75)
+    assert v.pair_agreement_by_pass == pytest.approx({"scene": 0.75, "text": 1.0})
+    assert "decisions agree 75.0% (scene 75.0%, text 100.0%)" in str(v)
+
+
 def test_diff_summary_names_the_worst_score() -> None:
     """By hand: two scenes, each scored with its image then request-only; |Δs| = 0.1, 0.5,
     0.2, 0: the max is scene 1 with its image, and the 95th percentile interpolates the
