@@ -353,9 +353,10 @@ def _member_path(
     root: Path, entry: Mapping[str, Any], where: str, files: Mapping[str, str]
 ) -> Path:
     """The member's folder. A bundle that carries its members (it lists files) or a member
-    exported for the runtime must hold it: a relative path inside the bundle whose files the
-    manifest lists, so that everything the member loads is verified. Only a reference bundle of
-    Hugging Face folders (torch, nothing listed) names folders elsewhere."""
+    exported for the runtime must hold it: ``members/NAME`` (as the export writes it), whose
+    files the manifest lists, so that everything the member loads is verified and is the
+    named member's. Only a reference bundle of Hugging Face folders (torch, nothing listed)
+    names folders elsewhere."""
     raw = _req(entry, "path", where)
     if not isinstance(raw, str) or not raw:
         raise BundleError(
@@ -372,6 +373,15 @@ def _member_path(
         why = "must be a folder inside the bundle (a relative path such as members/NAME)"
     elif unlisted:
         why = f"is not a member folder whose files the manifest lists ({', '.join(unlisted)})"
+    elif rel != (own := f"members/{entry.get('name')}"):
+        # the path is in neither the sha256 list nor the id: two members of one architecture
+        # swapped would each score with the other's graphs under the same id and policy
+        raise BundleError(
+            f"{where}.path {raw!r} is not {own!r}, the folder the export writes for member "
+            f"{entry.get('name')}: the member would score with another folder's files under "
+            "its own name, fusion statistics and policy. The manifest was edited by hand; "
+            "copy the bundle again, or export it again."
+        )
     else:
         return root / mp
     raise BundleError(

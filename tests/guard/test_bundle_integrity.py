@@ -179,6 +179,48 @@ def test_a_member_folder_the_manifest_does_not_list_is_refused(
         Guard(bundle_copy, log=tmp_path / "l.sqlite")
 
 
+def test_members_swapped_by_their_paths_are_refused(bundle_copy: Path, tmp_path: Path) -> None:
+    """Two members of one architecture (same template, same grid: the prompt hash cannot tell
+    them apart) whose paths were swapped in the manifest loaded under the same id and policy,
+    each name scoring with the other's graphs (its fusion statistics applied to the other's
+    scores). A listed member's folder must now be members/NAME, as the export writes it."""
+    from spotstop.guard._bundle import pair_prompt_hash
+
+    lfm = "members/tiny-lfm2_vl"
+    shutil.copytree(bundle_copy / lfm, bundle_copy / "members" / "lfm-b")
+
+    def second_member(doc: dict) -> None:  # what the export writes for a pair of one arch
+        entry = next(e for e in doc["members"] if e["path"] == lfm)
+        doc["members"].append({**entry, "name": "lfm-b", "path": "members/lfm-b"})
+        doc["files"].update(
+            {
+                k.replace(lfm, "members/lfm-b", 1): v
+                for k, v in doc["files"].items()
+                if k.startswith(lfm + "/")
+            }
+        )
+        doc["prompt_hash"] = pair_prompt_hash({e["name"]: e["prompt_hash"] for e in doc["members"]})
+        content = bundle_content_id(doc["prompt_hash"], doc["files"], doc["members"])
+        doc["bundle_id"] = f"bundle-{content}"
+
+    _edit(bundle_copy, second_member)
+    assert [m.name for m in load_bundle(bundle_copy).members][-1] == "lfm-b"
+
+    def swap(doc: dict) -> None:
+        a = next(e for e in doc["members"] if e["path"] == lfm)
+        b = doc["members"][-1]
+        a["path"], b["path"] = b["path"], a["path"]
+
+    _edit(bundle_copy, swap)
+    for verify in (True, False):
+        with pytest.raises(
+            BundleError, match=r"path 'members/lfm-b' is not 'members/tiny-lfm2_vl'"
+        ):
+            load_bundle(bundle_copy, verify=verify)
+    with pytest.raises(BundleError, match="is not 'members/tiny-lfm2_vl'"):
+        Guard(bundle_copy, log=tmp_path / "l.sqlite")
+
+
 @pytest.mark.parametrize("link", ["file", "member folder"])
 def test_links_out_of_the_bundle_are_refused_at_load(
     bundle_copy: Path, tmp_path: Path, link: str
