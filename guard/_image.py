@@ -28,8 +28,10 @@ Choices made here (the runtime depends on them, so they are fixed and documented
   ``ImageFile.LOAD_TRUNCATED_IMAGES``). Pillow's own ``DecompressionBombError`` and
   ``DecompressionBombWarning`` also become a refusal, so the effective limit is the
   smaller of ``max_pixels`` and Pillow's global limit.
-* Truncation is refused: pixels are decoded fully (``load()``), a PNG must reach its
-  ``IEND`` chunk and a WebP must be as long as its RIFF header says.
+* Truncation is refused: pixels are decoded fully (``load()``), a JPEG must hold its
+  end-of-image marker after its image data (trailing bytes after it are allowed, as an MPO's
+  second picture), a PNG must reach its ``IEND`` chunk and a WebP must be as long as its
+  RIFF header says.
 * Warnings Pillow raises while decoding (e.g. about odd EXIF data) are recorded and dropped,
   except the decompression-bomb warning, which is a refusal. This uses
   :class:`warnings.catch_warnings`, which in Python 3.11 is process-global: a warning raised
@@ -440,6 +442,43 @@ def _png_header_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+def _jpeg_scan_start(data: bytes) -> int | None:
+    """Offset of a JPEG's first start-of-scan marker (``FF DA``), found by walking the marker
+    segments after SOI by their lengths (so that the markers of an EXIF thumbnail inside
+    ``APP1`` are skipped); None when the headers end or stop parsing before it (Pillow then
+    refuses the file as corrupt or truncated)."""
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # a fill byte before a marker
+            i += 1
+        elif marker == 0xDA:
+            return i
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD9:  # markers without a length
+            if marker == 0xD9:  # EOI before any scan
+                return None
+            i += 2
+        else:
+            length = int.from_bytes(data[i + 2 : i + 4], "big")
+            if length < 2:
+                return None
+            i += 2 + length
+    return None
+
+
+def _jpeg_end_problem(data: bytes) -> str | None:
+    """Why a JPEG that Pillow decoded was cut short, or None: Pillow decodes one whose scan
+    data is followed by any bytes without asking for its end-of-image marker, so a frame cut
+    short inside a zero-filled (or reused) buffer decoded, its lost rows made of the padding.
+    Only a file that ends right after its data was refused."""
+    scan = _jpeg_scan_start(data)
+    if scan is not None and data.find(b"\xff\xd9", scan) < 0:
+        return "the JPEG has no end-of-image marker (FF D9) after its image data"
+    return None
+
+
 def _truncation_problem(data: bytes, fmt: str) -> str | None:
     """Structural truncation checks that Pillow does not make."""
     if fmt == "PNG":
@@ -506,6 +545,10 @@ def _decode_bytes(data: bytes, *, max_pixels: int, min_side: int = 1) -> Decoded
         )
 
     fmt = sniffed
+    cut_short = _jpeg_end_problem(data) if fmt == "JPEG" else None
+    if cut_short is not None:  # (after Pillow: a file it refuses keeps Pillow's reason)
+        image.close()
+        raise _truncated(cut_short)
     quality = _estimate_jpeg_quality(image) if fmt == "JPEG" else None
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")

@@ -401,6 +401,38 @@ def test_refuse_truncated_by_two_bytes(fmt: str) -> None:
     _refusal(data[:-2], "truncated", "truncated")
 
 
+def _with_thumbnail_app1(jpeg: bytes) -> bytes:
+    """``jpeg`` with an APP1 segment after its SOI that holds a whole small JPEG (an EXIF
+    thumbnail: its own scan and end-of-image marker, inside the main file's headers)."""
+    thumb = _encode(_noise(16, 16, seed=3), "JPEG")
+    payload = b"Exif\x00\x00" + thumb
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload + jpeg[2:]
+
+
+@pytest.mark.parametrize("thumbnail", [False, True])
+@pytest.mark.parametrize("keep", [0.5, 0.95])
+def test_refuse_jpeg_cut_short_in_a_padded_buffer(thumbnail: bool, keep: float) -> None:
+    """A frame cut short inside a buffer of its full size (the rest zeros) has no end-of-image
+    marker; Pillow decoded it, the lost rows made of the padding (an EXIF thumbnail's marker
+    does not count)."""
+    data = _encode(_noise(256, 256), "JPEG", quality=95)
+    if thumbnail:
+        data = _with_thumbnail_app1(data)
+    assert decode_image(data).format == "JPEG"  # whole, it decodes
+    cut = int(len(data) * keep)
+    _refusal(data[:cut] + bytes(len(data) - cut), "truncated", "truncated", "end-of-image")
+
+
+def test_a_jpeg_with_bytes_after_its_end_is_accepted() -> None:
+    """What follows the end-of-image marker (an MPO's second picture, a camera's padding) is
+    not the picture: such files decode as before."""
+    data = _with_thumbnail_app1(_encode(_noise(), "JPEG"))
+    assert decode_image(data + bytes(4096)).format == "JPEG"
+    mpo = io.BytesIO()
+    _noise().save(mpo, "MPO", save_all=True, append_images=[_noise(seed=1)])
+    assert decode_image(mpo.getvalue()).format == "JPEG"
+
+
 def test_refuse_truncated_webp() -> None:
     data = _encode(_noise(), "WEBP")
     _refusal(data[: len(data) // 2], "truncated", "truncated", "RIFF")
