@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotstop.guard._errors import ConfigError, RequestError
+from spotstop.guard.validate import is_blank
 
 __all__ = [
     "IMAGE_SLOT",
@@ -198,8 +199,11 @@ class PromptEncoder:
         """Validate a request text; raises :class:`RequestError` saying what to change."""
         if not isinstance(request, str):
             raise RequestError(f"request must be a string; got {type(request).__name__}.")
-        if not request.strip():
-            raise RequestError("request is empty; pass the instruction the robot was given.")
+        if is_blank(request):  # (zero-width, bidi or NUL characters alone say nothing either)
+            raise RequestError(
+                "request is empty: it holds no visible character (only whitespace, control or "
+                f"format characters: {request[:8]!r}); pass the instruction the robot was given."
+            )
         try:
             request.encode("utf-8")
         except UnicodeEncodeError as e:

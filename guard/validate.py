@@ -16,6 +16,8 @@ key, what was allowed, what came and where to fix it.
 - :func:`as_1d_float` — a 1-D float array (of length ``n`` when given).
 - :func:`situation_id_problem` — what keeps a value from being a situation id (None when it is
   one): the guard fails such a scene closed, the sidecar answers 422.
+- :func:`is_blank` — text with no visible character (only whitespace, control and format
+  characters): a request that says nothing, refused like an empty one.
 - :func:`load_yaml` — a YAML file a person writes (a policy, a scoring or serve config, a
   lexicon), with a key given twice refused by its path and line (PyYAML keeps the last one
   silently).
@@ -42,6 +44,7 @@ __all__ = [
     "check_mapping",
     "check_number",
     "csv_header",
+    "is_blank",
     "is_int",
     "is_real",
     "join_key",
@@ -192,6 +195,15 @@ def as_1d_float(
     if n is not None and arr.shape != (n,):
         raise error(f"{what} must have shape ({n},), one entry per scene; got shape {arr.shape}.")
     return arr
+
+
+def is_blank(text: str) -> bool:
+    """True when ``text`` holds no character but whitespace, control characters (Unicode
+    category Cc, e.g. NUL) and format characters (Cf: zero-width spaces and joiners, bidi
+    marks, a byte-order mark): nothing a person reads. ``str.strip`` leaves the last two, so
+    a request read from an empty UTF-8 file with a byte-order mark (``"\\ufeff"``) or made of
+    NULs passed for an instruction and was judged."""
+    return all(c.isspace() or unicodedata.category(c) in ("Cc", "Cf") for c in text)
 
 
 #: the longest situation id (characters) the library takes; the sidecar's own limit

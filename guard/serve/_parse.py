@@ -46,7 +46,7 @@ from spotstop.guard.serve._errors import (
     UnsupportedMediaType,
     field_path,
 )
-from spotstop.guard.validate import situation_id_problem
+from spotstop.guard.validate import is_blank, situation_id_problem
 
 if TYPE_CHECKING:
     from spotstop.guard.serve._schemas import CheckJSON
@@ -200,12 +200,17 @@ def parse_json(body: bytes) -> Any:
 # --------------------------------------------------------------------------- scenes
 
 
-def check_text(value: str, *, field_name: str, what: str, limit: int | None = None) -> str:
-    """Not empty nor only whitespace (``empty_field``) and, with ``limit``, at most ``limit``
-    characters (``text_too_long``); else an :class:`InputError` naming ``field_name``."""
-    if not value.strip():
+def check_text(
+    value: str, *, field_name: str, what: str, limit: int | None = None, visible: bool = False
+) -> str:
+    """Not empty nor only whitespace (``empty_field``; with ``visible``, a request: nor only
+    control and format characters, the guard's rule :func:`~spotstop.guard.validate.is_blank`)
+    and, with ``limit``, at most ``limit`` characters (``text_too_long``); else an
+    :class:`InputError` naming ``field_name``."""
+    if not value.strip() or (visible and is_blank(value)):
+        unseen = " (it holds no visible character)" if value.strip() else ""
         raise InputError(
-            f"{field_name} is empty; pass {what}.", field=field_name, code="empty_field"
+            f"{field_name} is empty{unseen}; pass {what}.", field=field_name, code="empty_field"
         )
     if limit is not None and len(value) > limit:
         raise InputError(
@@ -222,7 +227,13 @@ REQUEST_WHAT = "the instruction the robot was given"
 
 
 def _check_request(request: str, field_name: str, limits: Limits) -> str:
-    check_text(request, field_name=field_name, limit=limits.max_request_chars, what=REQUEST_WHAT)
+    check_text(
+        request,
+        field_name=field_name,
+        limit=limits.max_request_chars,
+        what=REQUEST_WHAT,
+        visible=True,
+    )
     try:
         limits.check_request(request)
     except RequestError as e:

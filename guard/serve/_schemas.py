@@ -71,13 +71,15 @@ def _rule(check: Callable[[str], object]) -> AfterValidator:
     return AfterValidator(validate)
 
 
-#: What the robot was asked to do: not empty nor only whitespace. Its length limit
+#: What the robot was asked to do: not empty nor only whitespace, control or format
+#: characters (zero-width, bidi marks, a byte-order mark: the guard's rule). Its length limit
 #: (``max_request_chars``) and the members' own check (control tokens) are the route's.
 RequestText = Annotated[
     str,
-    _rule(lambda v: check_text(v, field_name="request", what=REQUEST_WHAT)),
+    _rule(lambda v: check_text(v, field_name="request", what=REQUEST_WHAT, visible=True)),
     Field(
-        description="What the robot was asked to do (not only whitespace).",
+        description="What the robot was asked to do (not only whitespace, control or format "
+        "characters).",
         json_schema_extra={"minLength": 1},
     ),
 ]

@@ -21,7 +21,7 @@ from spotstop.guard._call import MAX_DEADLINE_S, check_deadline
 from spotstop.guard._image import decode_image
 from spotstop.guard._pipeline import Pipeline
 from spotstop.guard.policies import PolicyConfig
-from spotstop.guard.validate import situation_id_problem
+from spotstop.guard.validate import is_blank, situation_id_problem
 
 from tests._support.guard import SignReader, make_scene, set_frozen
 from tests._support.images import make_image_bytes
@@ -68,6 +68,23 @@ def test_the_situation_id_rule_by_hand() -> None:
     for sid in ("", "\t", "a\x00b", "a\x7fb", 1.5, ["a"], "a\udc80", "x" * 4097):
         assert situation_id_problem(sid) is not None, sid
     assert situation_id_problem("x" * 4096) is None
+
+
+def test_a_request_with_no_visible_character_fails_closed_like_an_empty_one(
+    bundle_copy: Path, tmp_path: Path
+) -> None:
+    """A request of NULs, zero-width characters, bidi marks or a lone byte-order mark (an
+    empty UTF-8 file read with its BOM) says nothing, as "" does: it was judged SAFE."""
+    set_frozen(bundle_copy, 1e9)  # every scene that is scored is SAFE
+    blank = ["\x00", "\ufeff", "\u200b\u200c\u200d", "\u202e \u2066", "\t\x00\u2060"]
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        got = g.check_batch([Scene(make_scene(0).image, r) for r in [*blank, "open the door"]])
+        for r, d in zip(blank, got, strict=False):
+            assert d.label == "UNSAFE" and d.fail_closed, r
+            assert "request is empty" in (d.fail_reason or ""), d.fail_reason
+        assert got[-1].label == "SAFE"  # a request with visible text beside them is judged
+        assert [row.request for row in _rows(g)] == [*blank, "open the door"]  # as given
+    assert not is_blank("\u200bopen\x00 the door") and is_blank("") and is_blank("\ufeff ")
 
 
 def test_a_decoded_image_with_a_bad_field_is_refused_where_it_is_made() -> None:

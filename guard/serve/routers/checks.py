@@ -88,7 +88,8 @@ _MULTIPART_SCHEMA: dict[str, Any] = {
         "request": {
             "type": "string",
             "minLength": 1,
-            "description": "What the robot was asked to do (UTF-8, not only whitespace).",
+            "description": "What the robot was asked to do (UTF-8, not only whitespace, "
+            "control or format characters).",
         },
         "situation_id": {
             "type": "string",

@@ -99,6 +99,7 @@ _REFUSED: list[tuple[str, str, Any, str, str]] = [
     ("check-image-empty", "/v1/check", scene(image_base64=""), "invalid_value", "image_base64"),
     ("check-request-blank", "/v1/check", scene(request=" \t"), "empty_field", "request"),
     ("check-request-empty", "/v1/check", scene(request=""), "empty_field", "request"),
+    ("check-request-unseen", "/v1/check", scene(request="\ufeff\u200b"), "empty_field", "request"),
     ("check-sid-blank", "/v1/check", scene(situation_id="  "), "empty_field", "situation_id"),
     (
         "check-sid-control",

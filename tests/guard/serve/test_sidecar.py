@@ -436,6 +436,7 @@ _BAD_CASES: list[tuple[str, Callable[[], dict[str, Any]], int, str, str]] = [
         "request",
     ),
     ("empty-text", lambda: multipart(jpeg(), request="   "), 422, "empty_field", "request"),
+    ("unseen-text", lambda: multipart(jpeg(), request="\x00\u200b"), 422, "empty_field", "request"),
     (
         "control-token",
         lambda: multipart(jpeg(), request="hi <|im_end|> there"),
