@@ -27,7 +27,8 @@ Choices made here (the runtime depends on them, so they are fixed and documented
   ``Image.MAX_IMAGE_PIXELS``, which this module never changes (nor
   ``ImageFile.LOAD_TRUNCATED_IMAGES``). Pillow's own ``DecompressionBombError`` and
   ``DecompressionBombWarning`` also become a refusal, so the effective limit is the
-  smaller of ``max_pixels`` and Pillow's global limit.
+  smaller of ``max_pixels`` and Pillow's global limit. A JPEG with more than
+  :data:`MAX_JPEG_SCANS` scans is refused as one too (each scan decodes the frame again).
 * Truncation is refused: pixels are decoded fully (``load()``), a JPEG must hold its
   end-of-image marker after its image data (trailing bytes after it are allowed, as an MPO's
   second picture), a PNG must reach its ``IEND`` chunk and a WebP must be as long as its
@@ -58,6 +59,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_SIDE",
+    "MAX_JPEG_SCANS",
     "SUPPORTED_FORMATS",
     "DecodedImage",
     "ImageRefused",
@@ -78,6 +80,12 @@ to 1 (any non-empty image); the guard passes its ``min_image_side``."""
 
 DEFAULT_MAX_BYTES: Final[int] = 50 * 1024 * 1024
 """Largest accepted encoded size in bytes (50 MiB)."""
+
+MAX_JPEG_SCANS: Final[int] = 32
+"""Most scans a JPEG may hold. Each scan decodes a colour plane of the whole frame again
+(baseline JPEG: 1; libjpeg's progressive script: 10; 6 for grayscale), so the pixel limit alone
+does not bound the work: 50 kB of one scan repeated held a decode for seconds, past the call's
+deadline. More are refused before decoding, as a decompression bomb."""
 
 SUPPORTED_FORMATS: Final[tuple[str, ...]] = ("JPEG", "PNG", "WEBP")
 """Pillow format names that :func:`decode_image` accepts."""
@@ -442,41 +450,44 @@ def _png_header_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _jpeg_scan_start(data: bytes) -> int | None:
-    """Offset of a JPEG's first start-of-scan marker (``FF DA``), found by walking the marker
-    segments after SOI by their lengths (so that the markers of an EXIF thumbnail inside
-    ``APP1`` are skipped); None when the headers end or stop parsing before it (Pillow then
-    refuses the file as corrupt or truncated)."""
-    i = 2
-    while i + 4 <= len(data):
-        if data[i] != 0xFF:
-            return None
+def _jpeg_scans(data: bytes) -> tuple[int, bool] | None:
+    """``(scans, ended)`` of a JPEG: how many start-of-scan segments it holds before its
+    end-of-image marker, and whether it has that marker. Found as libjpeg reads the file: its
+    segments by their lengths (so the markers of an EXIF thumbnail inside ``APP1`` are passed
+    over), each scan's entropy-coded data up to the next marker (``FF 00`` is a stuffed byte,
+    ``FF D0``..``FF D7`` a restart), bytes between segments skipped to the next ``FF``. None when
+    no scan begins (Pillow then refuses the file as corrupt or truncated)."""
+    i, scans, n = 2, 0, len(data)
+    while i + 1 < n:
+        if data[i] != 0xFF:  # not a marker: skipped, as libjpeg does (with a warning)
+            i = data.find(b"\xff", i)
+            if i < 0:
+                break
+            continue
         marker = data[i + 1]
+        if marker == 0xD9:
+            return scans, True
         if marker == 0xFF:  # a fill byte before a marker
             i += 1
-        elif marker == 0xDA:
-            return i
-        elif marker == 0x01 or 0xD0 <= marker <= 0xD9:  # markers without a length
-            if marker == 0xD9:  # EOI before any scan
-                return None
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
             i += 2
-        else:
-            length = int.from_bytes(data[i + 2 : i + 4], "big")
-            if length < 2:
-                return None
-            i += 2 + length
-    return None
-
-
-def _jpeg_end_problem(data: bytes) -> str | None:
-    """Why a JPEG that Pillow decoded was cut short, or None: Pillow decodes one whose scan
-    data is followed by any bytes without asking for its end-of-image marker, so a frame cut
-    short inside a zero-filled (or reused) buffer decoded, its lost rows made of the padding.
-    Only a file that ends right after its data was refused."""
-    scan = _jpeg_scan_start(data)
-    if scan is not None and data.find(b"\xff\xd9", scan) < 0:
-        return "the JPEG has no end-of-image marker (FF D9) after its image data"
-    return None
+            continue
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+        if marker != 0xDA:
+            continue
+        scans += 1
+        while True:  # the scan's entropy-coded data, to the next marker
+            i = data.find(b"\xff", i)
+            if i < 0 or i + 1 >= n:
+                return scans, False
+            if data[i + 1] == 0x00 or 0xD0 <= data[i + 1] <= 0xD7:
+                i += 2
+            elif data[i + 1] == 0xFF:
+                i += 1
+            else:
+                break
+    return (scans, False) if scans else None
 
 
 def _truncation_problem(data: bytes, fmt: str) -> str | None:
@@ -537,6 +548,15 @@ def _decode_bytes(data: bytes, *, max_pixels: int, min_side: int = 1) -> Decoded
     problem = _truncation_problem(data, sniffed)
     if problem is not None:
         raise _truncated(problem)
+    jpeg = _jpeg_scans(data) if sniffed == "JPEG" else None
+    if jpeg is not None and jpeg[0] > MAX_JPEG_SCANS:
+        raise ImageRefused(
+            f"the JPEG has {jpeg[0]} scans; at most {MAX_JPEG_SCANS} are accepted. Each scan "
+            "decodes a colour plane of the whole frame again (a baseline JPEG has 1, a "
+            "progressive one about 10), so more are refused before decoding as a possible "
+            "decompression bomb. Send the camera frame as a baseline JPEG.",
+            kind="decompression_bomb",
+        )
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -545,10 +565,12 @@ def _decode_bytes(data: bytes, *, max_pixels: int, min_side: int = 1) -> Decoded
         )
 
     fmt = sniffed
-    cut_short = _jpeg_end_problem(data) if fmt == "JPEG" else None
-    if cut_short is not None:  # (after Pillow: a file it refuses keeps Pillow's reason)
+    if jpeg is not None and not jpeg[1]:  # (after Pillow: a file it refuses keeps its reason)
+        # Pillow decodes a JPEG whose scan data is followed by any bytes without asking for
+        # its end-of-image marker: a frame cut short inside a zero-filled (or reused) buffer
+        # decoded, its lost rows made of the padding. Only one that ended there was refused.
         image.close()
-        raise _truncated(cut_short)
+        raise _truncated("the JPEG has no end-of-image marker (FF D9) after its image data")
     quality = _estimate_jpeg_quality(image) if fmt == "JPEG" else None
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")

@@ -433,6 +433,34 @@ def test_a_jpeg_with_bytes_after_its_end_is_accepted() -> None:
     assert decode_image(mpo.getvalue()).format == "JPEG"
 
 
+def _with_scans_repeated(jpeg: bytes, extra: int) -> bytes:
+    """A progressive ``jpeg`` with its last scan (header and entropy-coded data) repeated
+    ``extra`` more times before its end-of-image marker."""
+    start = jpeg.rindex(b"\xff\xda")
+    end = jpeg.rindex(b"\xff\xd9")
+    return jpeg[:end] + jpeg[start:end] * extra + jpeg[end:]
+
+
+def test_refuse_jpeg_with_too_many_scans_before_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each scan decodes a plane of the whole frame again: a small file of one scan repeated
+    (50 kB, 2000 scans of a 2000x2000 frame) took seconds to decode, past a call's deadline."""
+    from spotstop.guard._image import MAX_JPEG_SCANS
+
+    data = _encode(Image.new("RGB", (64, 64), (128, 128, 128)), "JPEG", progressive=True)
+    n = data.count(b"\xff\xda")  # (no EXIF thumbnail here: every one is a scan)
+    assert 1 < n < MAX_JPEG_SCANS
+    at_limit = _with_scans_repeated(data, MAX_JPEG_SCANS - n)
+    assert decode_image(at_limit).format == "JPEG"  # a repeated scan alone decodes
+
+    def fail_load(self: ImageFile.ImageFile) -> None:
+        raise AssertionError("pixels were decoded")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", fail_load)
+    over = _with_scans_repeated(data, MAX_JPEG_SCANS - n + 1)
+    _refusal(over, "decompression_bomb", f"{MAX_JPEG_SCANS + 1} scans", "baseline JPEG")
+    _refusal(_with_thumbnail_app1(over), "decompression_bomb", f"{MAX_JPEG_SCANS + 1} scans")
+
+
 def test_refuse_truncated_webp() -> None:
     data = _encode(_noise(), "WEBP")
     _refusal(data[: len(data) // 2], "truncated", "truncated", "RIFF")
