@@ -281,6 +281,13 @@ def _check_settings(s: ServeSettings) -> None:
                 f"robot_id must be 1-64 characters of letters, digits, '.', '_' or '-'; got "
                 f"{s.robot_id!r}."
             )
+    for name in ("warmup", "sighup"):  # a YAML 'false' in quotes is a string, and truthy
+        if not isinstance(getattr(s, name), bool):
+            raise SettingsError(f"{name} must be true or false; got {getattr(s, name)!r}.")
+    if not isinstance(s.device, str) or not s.device:
+        raise SettingsError(
+            f"device must be a device name such as 'cpu', 'cuda' or 'cuda:0'; got {s.device!r}."
+        )
     if not isinstance(s.host, str) or not s.host:
         raise SettingsError(f"host must be a non-empty string; got {s.host!r}.")
     if isinstance(s.port, bool) or not isinstance(s.port, int) or not 0 <= s.port <= 65535:
@@ -394,6 +401,11 @@ def load_serve_config(path: str | os.PathLike[str]) -> dict[str, Any]:
                 value = parse_bytes(value, f"serve config {str(p)!r}: {key}")
             except ValueError as e:
                 raise SettingsError(str(e)) from e
+        if key == "token_env" and value is not None and (not isinstance(value, str) or not value):
+            raise SettingsError(
+                f"serve config {str(p)!r}: token_env must name an environment variable (e.g. "
+                f"{DEFAULT_TOKEN_ENV}); got {value!r}."
+            )
         if key in _PATH_KEYS and value is not None:
             if not isinstance(value, str):
                 raise SettingsError(

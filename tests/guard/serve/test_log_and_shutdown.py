@@ -296,6 +296,29 @@ def test_serve_config_file_keys_units_and_paths(tmp_path: Path) -> None:
         ServeSettings(bundle=tmp_path, max_situation_chars=4097)
 
 
+def test_serve_config_values_of_the_wrong_type_are_refused_by_name(tmp_path: Path) -> None:
+    """A quoted 'false' (a string: truthy) turned warm-up on; `device: 0` loaded no member
+    ("'int' object has no attribute 'lower'"); `token_env: 5` stopped serve with a TypeError."""
+    from spotstop.guard.serve import ServeSettings, SettingsError
+    from spotstop.guard.serve._settings import load_serve_config
+
+    cfg = tmp_path / "serve.yaml"
+    for text, match in [
+        ("warmup: 'false'\n", r"warmup must be true or false; got 'false'"),
+        ("sighup: 0\n", r"sighup must be true or false; got 0"),
+        ("device: 0\n", r"device must be a device name such as 'cpu'.*got 0"),
+    ]:
+        cfg.write_text(f"bundle: b\n{text}")
+        with pytest.raises(SettingsError, match=match):
+            ServeSettings(**load_serve_config(cfg))
+    cfg.write_text("bundle: b\ntoken_env: 5\n")
+    with pytest.raises(SettingsError, match=r"token_env must name an environment variable"):
+        load_serve_config(cfg)
+    cfg.write_text("bundle: b\nwarmup: false\nsighup: no\ndevice: cuda:0\n")  # as YAML reads them
+    s = ServeSettings(**load_serve_config(cfg))
+    assert (s.warmup, s.sighup, s.device) == (False, False, "cuda:0")
+
+
 def test_cli_serve_reads_its_config_and_a_flag_wins(bundle: Path, tmp_path: Path) -> None:
     cfg = tmp_path / "serve.yaml"
     cfg.write_text(
