@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from spotstop.guard._arch import ArchSpec, get_arch
 from spotstop.guard._errors import BackendUnavailableError, ConfigError, MemberLoadError
 from spotstop.guard._prompt import IMAGE_SLOT, REQUEST_SLOT, PromptSpec, RenderedTemplate
+from spotstop.guard.validate import check_keys, check_mapping, load_yaml
 
 __all__ = ["MemberFolder", "render_template", "resolve_member"]
 
@@ -118,10 +118,7 @@ def resolve_member(source: str | os.PathLike[str], *, revision: str | None = Non
     arch = get_arch(str(config.get("model_type")))
     hints: dict[str, Any] = {}
     if (path / MEMBER_HINTS).is_file():
-        raw = yaml.safe_load((path / MEMBER_HINTS).read_text(encoding="utf-8")) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path / MEMBER_HINTS} must hold a mapping.")
-        hints = raw
+        hints = _member_hints(path / MEMBER_HINTS)
     return MemberFolder(
         source=src,
         path=path,
@@ -132,6 +129,23 @@ def resolve_member(source: str | os.PathLike[str], *, revision: str | None = Non
         test_pair=(path / TEST_PAIR_MARKER).is_file() or bool(hints.get("test_pair")),
         hints=hints,
     )
+
+
+def _member_hints(path: Path) -> dict[str, Any]:
+    """The member folder's hints (``image_size``, ``test_pair``), each key checked by name: a
+    misspelt key fell back to a default silently, and ``test_pair: 'false'`` (quoted) was
+    true."""
+    source = str(path)
+    raw = load_yaml(path.read_text(encoding="utf-8"), source=source)  # a key twice refused
+    if raw is None:
+        return {}
+    check_mapping(raw, where="", source=source)
+    check_keys(raw, where="", optional=("image_size", "test_pair"), source=source)
+    if "test_pair" in raw and not isinstance(raw["test_pair"], bool):
+        raise ConfigError(
+            f"test_pair must be true or false; got {raw['test_pair']!r}. Fix it in {source}."
+        )
+    return dict(raw)
 
 
 def render_template(folder: MemberFolder, spec: PromptSpec) -> RenderedTemplate:

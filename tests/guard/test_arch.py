@@ -254,3 +254,28 @@ def test_preprocessing_equals_the_hf_processor_at_the_budget(case):
         assert n == budget * 4  # 2x2 patches per visual token
         want = (_golden_levels(g, key).astype(np.float32) / 255 - 0.5) / 0.5
         np.testing.assert_allclose(ours["pixel_values"], want, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("hints", "words"),
+    [
+        ("test_pair: 'false'\n", "test_pair must be true or false; got 'false'"),
+        ("image_sise: [64, 64]\n", "image_sise is not a known key. Did you mean 'image_size'?"),
+        ("test_pair: true\ntest_pair: false\n", "test_pair appears twice"),
+        ("- image_size\n", "must be a mapping"),
+    ],
+)
+def test_a_member_folders_hints_are_checked_by_key(tmp_path, hints, words):
+    """spotstop_member.yaml was read unchecked: a misspelt key fell back to a default, and a
+    quoted 'false' marked a folder as a TEST pair."""
+    import shutil
+
+    from spotstop.guard._hf import MEMBER_HINTS, resolve_member
+
+    folder = tmp_path / "member"
+    shutil.copytree(TESTS_DIR / "_support" / "tiny_bundle" / "members" / "tiny-qwen3_5", folder)
+    assert resolve_member(folder).hints == {"test_pair": True, "image_size": [64, 64]}
+    (folder / MEMBER_HINTS).write_text(hints, encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"spotstop_member\.yaml") as err:
+        resolve_member(folder)
+    assert words in str(err.value)
