@@ -30,13 +30,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
 from spotstop.guard._call import MAX_DEADLINE_S
 from spotstop.guard._errors import GuardError
-from spotstop.guard._image import DecodedImage
+from spotstop.guard._image import DecodedImage, read_image_bytes
 from spotstop.guard._record import Decision
 from spotstop.guard._types import BUDGET_HEADER, DUE_HEADER, Scene
 from spotstop.guard.policies._rule import is_unsafe
@@ -240,10 +239,10 @@ def _error_text(resp: httpx.Response) -> tuple[str | None, str | None, str]:
 
 
 def _image_bytes(image: object) -> bytes:
-    if isinstance(image, bytes | bytearray | memoryview):
-        return bytes(image)
-    if isinstance(image, str | os.PathLike):
-        return Path(image).read_bytes()
+    if isinstance(image, bytes | bytearray | memoryview | str | os.PathLike):
+        # the guard's own reader: a file read once and at most DEFAULT_MAX_BYTES of it (a path
+        # to a 300 MB file was read whole into memory, /dev/zero until the process ran out)
+        return read_image_bytes(image)
     if isinstance(image, DecodedImage):
         raise TypeError(
             "GuardClient sends the encoded file; pass the image bytes or a path, not a "

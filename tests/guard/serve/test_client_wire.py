@@ -202,3 +202,21 @@ def test_healthy_and_ready_never_raise_even_once_closed():
     gc = GuardClient("http://127.0.0.1:9", timeout_s=1.0)
     gc.close()
     assert gc.healthy() is False and gc.ready() is False
+
+
+def test_an_image_path_is_read_as_the_guard_reads_it(tmp_path: Path):
+    """A path to a file past the guard's byte limit was read whole into memory (a 300 MB file:
+    300 MB; /dev/zero: until the process ran out) before anything was sent. The client reads
+    as the guard does: at most DEFAULT_MAX_BYTES, and the scene fails closed saying so."""
+    from spotstop.guard._image import DEFAULT_MAX_BYTES
+
+    big = tmp_path / "video.mp4"
+    with big.open("wb") as fh:  # sparse: no disk is used
+        fh.truncate(DEFAULT_MAX_BYTES + 4096)
+    with GuardClient("http://127.0.0.1:9", timeout_s=20.0) as gc:
+        got = [gc.check(Scene(big, REQUEST)), *gc.check_batch([Scene(IMAGE, "a"), Scene(big, "b")])]
+        folder = gc.check(Scene(tmp_path, REQUEST))
+    for d in got:
+        assert d.label == "UNSAFE" and d.fail_closed and d.decision_id == ""
+        assert f"the limit is {DEFAULT_MAX_BYTES} bytes" in (d.fail_reason or ""), d.fail_reason
+    assert "is a directory" in (folder.fail_reason or ""), folder.fail_reason
