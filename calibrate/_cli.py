@@ -133,9 +133,11 @@ def _policy_init(args: argparse.Namespace) -> int:
     requests = list(args.request or [])
     if args.requests is not None:
         from spotstop.calibrate._logdata import CalibrationError
+        from spotstop.guard.validate import CSV_ENCODING
 
         try:
-            requests += Path(args.requests).read_text(encoding="utf-8").splitlines()
+            # (utf-8-sig: a byte-order mark from "UTF-8 with BOM" is not the first request's)
+            requests += Path(args.requests).read_text(encoding=CSV_ENCODING).splitlines()
         except (OSError, UnicodeDecodeError) as e:
             raise CalibrationError(
                 f"--requests {args.requests}: cannot read it ({e}); pass a UTF-8 text file "

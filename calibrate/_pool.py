@@ -37,6 +37,7 @@ from spotstop.guard.policies import (
     policy_class,
     policy_kinds,
 )
+from spotstop.guard.validate import is_blank
 
 __all__ = ["IMAGE_SUFFIXES", "check_pool_images", "fit_pool_policy", "pool_scenes"]
 
@@ -100,7 +101,7 @@ def pool_scenes(
             f"the pool {root} holds {len(files)} JPEG/PNG/WebP images; at least {min_n} are "
             "needed (more is better: a few hundred frames of the deployment)."
         )
-    reqs = [r for r in (x.strip() for x in requests) if r]
+    reqs = [r for r in (x.strip() for x in requests) if not is_blank(r)]  # the guard's rule
     if not reqs:
         raise CalibrationError("no request text for the pool; pass --request or --requests FILE.")
     scenes = [Scene(f, reqs[i % len(reqs)]) for i, f in enumerate(files)]

@@ -210,3 +210,22 @@ def test_the_pool_leaves_out_hidden_folders_and_files(pool_dir: Path) -> None:
     ]
     assert len(got) == 11 and "day2/frame100.png" in got
     assert not any(part.startswith(".") for g in got for part in Path(g).parts)
+
+
+def test_policy_init_reads_a_requests_file_saved_with_a_byte_order_mark(
+    bare_bundle: Path, pool_dir: Path, tmp_path: Path
+) -> None:
+    """A requests file saved as "UTF-8 with BOM" gave its first request the mark: 4 more
+    prompt tokens, and the tiny lfm member's score moved by two IQRs on the frames given that
+    request, so the pool's reference statistics were fitted on requests the robot never sends.
+    A line of invisible characters is no request (the guard refuses it)."""
+    other = tmp_path / "other"
+    shutil.copytree(bare_bundle, other)
+    args = ["--request", "open the door", "--request", "pick up the knife"]
+    assert main(["policy", "init", str(bare_bundle), "--pool", str(pool_dir), *args]) == 0
+    requests = tmp_path / "requests.txt"
+    requests.write_text("open the door\n\u200b\npick up the knife\n", encoding="utf-8-sig")
+    rc = main(["policy", "init", str(other), "--pool", str(pool_dir), "--requests", str(requests)])
+    assert rc == 0
+    want = load_policy(bare_bundle / "policy.yaml").fusion.stats
+    assert load_policy(other / "policy.yaml").fusion.stats == want
