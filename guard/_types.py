@@ -45,13 +45,18 @@ class Scene:
 
     def __repr__(self) -> str:
         img = self.image
+        # (total: a scene of the wrong types is shown, for the guard to fail it closed by name)
         if isinstance(img, bytes | bytearray | memoryview):
-            shown = f"<{len(img)} bytes>"
+            shown = f"<{memoryview(img).nbytes} bytes>"
         elif isinstance(img, DecodedImage):
             shown = f"<{img.format} {img.width}x{img.height}>"
-        else:
+        elif img is None or isinstance(img, str | os.PathLike):
             shown = repr(None if img is None else os.fspath(img))
-        req = self.request if len(self.request) <= 60 else self.request[:57] + "..."
+        else:  # a numpy array, a PIL image: not an ImageSource
+            shown = f"<{type(img).__name__}>"
+        req = self.request
+        if isinstance(req, str) and len(req) > 60:
+            req = req[:57] + "..."
         sit = f", situation_id={self.situation_id!r}" if self.situation_id is not None else ""
         return f"Scene(image={shown}, request={req!r}{sit})"
 

@@ -87,6 +87,31 @@ def test_a_request_with_no_visible_character_fails_closed_like_an_empty_one(
     assert not is_blank("\u200bopen\x00 the door") and is_blank("") and is_blank("\ufeff ")
 
 
+def test_a_scene_of_the_wrong_types_is_shown_and_failed_closed_by_name(
+    bundle_copy: Path, tmp_path: Path
+) -> None:
+    """repr() of a Scene holding a numpy frame, a PIL image or a request that is not text
+    raised TypeError (os.fspath, len): a robot logging the scene it is about to check
+    crashed before the guard could fail it closed and say why."""
+    import numpy as np
+    from PIL import Image
+
+    frame = np.zeros((48, 64, 3), dtype=np.uint8)
+    scenes = [
+        Scene(frame, "open the door"),  # type: ignore[arg-type]
+        Scene(Image.fromarray(frame), "open the door"),  # type: ignore[arg-type]
+        Scene(make_scene(0).image, None),  # type: ignore[arg-type]
+    ]
+    shown = [repr(s) for s in scenes]
+    assert shown[0] == "Scene(image=<ndarray>, request='open the door')"
+    assert shown[1] == "Scene(image=<Image>, request='open the door')"
+    assert shown[2].endswith("bytes>, request=None)")
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        got = g.check_batch(scenes)
+    for d, why in zip(got, ["got ndarray", "got Image", "request must be a string"], strict=True):
+        assert d.label == "UNSAFE" and d.fail_closed and why in (d.fail_reason or ""), d
+
+
 def test_a_decoded_image_with_a_bad_field_is_refused_where_it_is_made() -> None:
     good = decode_image(make_image_bytes(1, fmt="JPEG"))
     for field, value in (
