@@ -26,7 +26,7 @@ from spotstop.guard._log_options import DEFAULT_MIN_FREE_BYTES, LogOptions, pars
 from spotstop.guard._prompt import MAX_REQUEST_CHARS
 from spotstop.guard._types import VARIANTS, Variant
 from spotstop.guard.serve._errors import InsecureBindError, SettingsError
-from spotstop.guard.validate import MAX_SITUATION_CHARS, is_real, load_yaml
+from spotstop.guard.validate import CSV_ENCODING, MAX_SITUATION_CHARS, is_real, load_yaml
 
 __all__ = [
     "DEFAULT_PORT",
@@ -67,7 +67,7 @@ def resolve_token(
     if token_file is not None:
         path = Path(token_file)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding=CSV_ENCODING)  # (a byte-order mark is no token's)
         except (OSError, UnicodeDecodeError) as e:
             raise SettingsError(
                 f"--token-file {str(path)!r} cannot be read ({e}). Point it at a UTF-8 text "

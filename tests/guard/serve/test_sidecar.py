@@ -772,6 +772,10 @@ def test_token_from_file_or_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         resolve_token(tmp_path / "empty")
     with pytest.raises(SettingsError, match="cannot be read"):
         resolve_token(tmp_path / "missing")
+    # a file saved as "UTF-8 with BOM": the token was refused as not printable ASCII
+    f.write_text(TOKEN + "\n", encoding="utf-8-sig")
+    assert resolve_token(f) == TOKEN
+    assert ServeSettings(bundle=tmp_path, host="0.0.0.0", token=resolve_token(f)).auth
 
 
 def test_wrong_or_missing_token_is_401(bundle: Path, tmp_path: Path):
