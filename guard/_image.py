@@ -45,6 +45,7 @@ import functools
 import hashlib
 import io
 import os
+import re
 import stat
 import warnings
 from dataclasses import dataclass, field
@@ -450,44 +451,51 @@ def _png_header_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+#: most segments (and runs of bytes between them) a JPEG may hold before its first scan
+_MAX_JPEG_HEADER_SEGMENTS: Final[int] = 4096
+_FILL = re.compile(rb"\xff+")
+
+
 def _jpeg_scans(data: bytes) -> tuple[int, bool] | None:
     """``(scans, ended)`` of a JPEG: how many start-of-scan segments it holds before its
-    end-of-image marker, and whether it has that marker. Found as libjpeg reads the file: its
-    segments by their lengths (so the markers of an EXIF thumbnail inside ``APP1`` are passed
-    over), each scan's entropy-coded data up to the next marker (``FF 00`` is a stuffed byte,
-    ``FF D0``..``FF D7`` a restart), bytes between segments skipped to the next ``FF``. None when
-    no scan begins (Pillow then refuses the file as corrupt or truncated)."""
-    i, scans, n = 2, 0, len(data)
-    while i + 1 < n:
+    end-of-image marker, and whether it has that marker; None when no scan begins (Pillow then
+    refuses the file as corrupt or truncated).
+
+    The segments before the first scan are walked by their lengths, as libjpeg reads them (so
+    the markers of an EXIF thumbnail inside ``APP1`` are passed over; bytes between segments
+    are skipped to the next ``FF``). After it, markers are found by search: scan data holds no
+    ``FF`` but as ``FF 00`` or a restart marker, so ``FF DA`` and ``FF D9`` there are markers
+    (walking its bytes in Python took seconds on 12 MB of ``FF 00``). A file with more than
+    :data:`_MAX_JPEG_HEADER_SEGMENTS` segments (or junk runs) before its first scan is refused
+    as corrupt: a camera frame has a few dozen."""
+    i, n = 2, len(data)
+    for _ in range(_MAX_JPEG_HEADER_SEGMENTS):
+        if i + 1 >= n:
+            return None
         if data[i] != 0xFF:  # not a marker: skipped, as libjpeg does (with a warning)
             i = data.find(b"\xff", i)
             if i < 0:
-                break
+                return None
             continue
+        fill = _FILL.match(data, i)  # (FF may repeat before a marker, as fill)
+        i = (i + 1 if fill is None else fill.end()) - 1
+        if i + 1 >= n:
+            return None
         marker = data[i + 1]
-        if marker == 0xD9:
-            return scans, True
-        if marker == 0xFF:  # a fill byte before a marker
-            i += 1
-            continue
+        if marker == 0xDA:
+            break
+        if marker == 0xD9:  # the end before any scan
+            return None
         if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
             i += 2
-            continue
-        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
-        if marker != 0xDA:
-            continue
-        scans += 1
-        while True:  # the scan's entropy-coded data, to the next marker
-            i = data.find(b"\xff", i)
-            if i < 0 or i + 1 >= n:
-                return scans, False
-            if data[i + 1] == 0x00 or 0xD0 <= data[i + 1] <= 0xD7:
-                i += 2
-            elif data[i + 1] == 0xFF:
-                i += 1
-            else:
-                break
-    return (scans, False) if scans else None
+        else:
+            i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    else:
+        raise _corrupt(
+            "JPEG", f"it holds more than {_MAX_JPEG_HEADER_SEGMENTS} segments before its image data"
+        )
+    end = data.find(b"\xff\xd9", i + 2)
+    return 1 + data.count(b"\xff\xda", i + 2, n if end < 0 else end), end >= 0
 
 
 def _truncation_problem(data: bytes, fmt: str) -> str | None:

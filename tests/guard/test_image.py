@@ -461,6 +461,23 @@ def test_refuse_jpeg_with_too_many_scans_before_decoding(monkeypatch: pytest.Mon
     _refusal(_with_thumbnail_app1(over), "decompression_bomb", f"{MAX_JPEG_SCANS + 1} scans")
 
 
+def test_jpeg_structure_is_read_without_walking_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan count and the end-of-image marker are found by search after the first scan (a
+    walk over 12 MB of FF 00 took seconds); junk segments before it are bounded and refused."""
+    data = _encode(_noise(), "JPEG")
+    end = data.rindex(b"\xff\xd9")
+    stuffed = data[:end] + b"\xff\x00" * 500_000 + b"\xff\xff" + data[end:]
+    assert decode_image(stuffed).format == "JPEG"  # (ends in its marker after fill bytes)
+    assert decode_image(data[:2] + b"\xff" * 10_000 + data[2:]).format == "JPEG"  # one fill run
+
+    def fail_load(self: ImageFile.ImageFile) -> None:
+        raise AssertionError("pixels were decoded")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", fail_load)
+    junk = data[:2] + b"\xff\xfe\x00\x02" * 5000 + data[2:]  # 5000 empty comments
+    _refusal(junk, "corrupt", "more than 4096 segments before its image data")
+
+
 def test_refuse_truncated_webp() -> None:
     data = _encode(_noise(), "WEBP")
     _refusal(data[: len(data) // 2], "truncated", "truncated", "RIFF")
