@@ -207,6 +207,15 @@ class LogChangedError(LogError):
     (a writer now holds it, and it is read in place with SQLite's locks)."""
 
 
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """The identity (device, inode) of the file at ``path``, or None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 class DecisionLog(LogReader, ArchiveStore):
     """Append-only log of guard decisions in one SQLite file (WAL mode).
 
@@ -278,6 +287,8 @@ class DecisionLog(LogReader, ArchiveStore):
         # read-only with no writer: the log's state when opened (see _open_read_only)
         self._unwatched: tuple[int, int, int] | None = None
         self._private: tempfile.TemporaryDirectory[str] | None = None
+        # a writer's robot id, claimed again in a file put at its path later (_adopt)
+        self._robot_id: str | None = None
         if robot_id is not None:
             _check_robot_id(robot_id)  # bad input changes nothing: checked before the file
         if self._read_only:
@@ -408,15 +419,74 @@ class DecisionLog(LogReader, ArchiveStore):
             )
         pid = os.getpid()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if (
+            conn is not None
+            and not self._read_only
+            and getattr(self._local, "pid", None) == pid
+            and _file_id(self._path) != self._local.file
+        ):  # the file it opened was removed or replaced: open the path again
+            self._forget(conn)
+            self._local.moved = True
+            conn = None
         if conn is None or getattr(self._local, "pid", None) != pid:
             # A connection inherited across fork() must not be used (SQLite's rule); it is
             # abandoned, not closed, so the parent's locks are left alone.
             conn = self._connect(timeout_s)
             self._local.conn = conn
             self._local.pid = pid
+            self._local.file = _file_id(self._open_path)
             with self._lock:
                 self._connections.append((pid, conn))
+            if getattr(self._local, "moved", False):
+                self._adopt(conn)
         return conn
+
+    def _adopt(self, conn: sqlite3.Connection) -> None:
+        """Set up the file now at the log's path, which is not the one this log set up (that
+        one was removed or replaced while the log was open): its schema, and the robot id
+        this log claimed. A file that cannot be set up (another robot's log) is not used."""
+        _log.warning(
+            "decision log %s: the file at this path is not the one opened before (it was "
+            "removed or replaced); writing to the file there now",
+            self._path,
+        )
+        try:
+            self._init_schema(close=False)
+            if self._robot_id is not None:
+                self._claim_robot(self._robot_id)
+        except BaseException:
+            self._forget(conn)
+            raise
+        self._local.moved = False
+
+    def _forget(self, conn: sqlite3.Connection) -> None:
+        """Close this thread's connection ``conn``; the next use opens the log's path again."""
+        if getattr(self._local, "conn", None) is conn:
+            self._local.conn = None
+        with self._lock:
+            self._connections = [(o, c) for o, c in self._connections if c is not conn]
+        with contextlib.suppress(sqlite3.Error):
+            conn.close()
+
+    def _check_same_file(self, conn: sqlite3.Connection, what: str) -> None:
+        """Raise :class:`LogError` (``io_error``) when the log's path no longer names the file
+        ``conn`` writes: it was deleted, its folder removed or moved, or another file put in
+        its place while the log was open. SQLite would go on writing the file it holds open,
+        which no reader of the path ever sees: a decision acknowledged there is lost. The
+        connection is forgotten, so the next write opens the path again."""
+        now = _file_id(self._path)
+        if now is not None and now == getattr(self._local, "file", None):
+            return
+        self._local.conn = None  # closed by _write once its transaction is rolled back
+        self._local.moved = True
+        there = "no file is there now" if now is None else "another file is there now"
+        raise LogError(
+            f"decision log {str(self._path)!r}: could not {what}: the file this log wrote was "
+            f"removed or replaced while it was open ({there}); rows written to it would be in "
+            "no log. The next write opens the file at that path again (a new log if none is "
+            "there); keep the log's folder in place.",
+            "io_error",
+        )
 
     def _retry(self, fn: Callable[[], _T], *, what: str, timeout_s: float | None = None) -> _T:
         """Run ``fn``, retrying on SQLITE_BUSY/LOCKED with bounded backoff up to ``timeout_s``
@@ -504,6 +574,7 @@ class DecisionLog(LogReader, ArchiveStore):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 body(conn)
+                self._check_same_file(conn, what)  # never commit to a file no one reads
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -511,6 +582,8 @@ class DecisionLog(LogReader, ArchiveStore):
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
                 raise
+            # removed between the check and the commit: the caller learns it was not logged
+            self._check_same_file(conn, what)
 
         def run() -> None:
             try:
@@ -520,14 +593,18 @@ class DecisionLog(LogReader, ArchiveStore):
                     raise
                 self._retry(attempt, what=what, timeout_s=wait)
 
-        if wait is None:
-            run()
-            return
-        conn.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
         try:
-            run()
+            if wait is None:
+                run()
+                return
+            conn.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
+            try:
+                run()
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
         finally:
-            conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
+            if getattr(self._local, "conn", None) is not conn:  # its file is gone (see above)
+                self._forget(conn)
 
     def checkpoint(self, *, timeout_s: float | None = None) -> bool:
         """Move the WAL's pages into the database and truncate the -wal file, giving its
@@ -564,13 +641,14 @@ class DecisionLog(LogReader, ArchiveStore):
             return False
         return int(busy) == 0
 
-    def _init_schema(self) -> None:
+    def _init_schema(self, *, close: bool = True) -> None:
         try:
             self._write(
                 lambda conn: _set_up_schema(conn, self._path), what="create or check the schema"
             )
         except BaseException:
-            self.close()
+            if close:
+                self.close()
             raise
 
     def _open_read_only(self) -> None:
@@ -721,6 +799,7 @@ class DecisionLog(LogReader, ArchiveStore):
                 )
 
         self._write(body, what="record the robot id")
+        self._robot_id = robot_id  # claimed again in a file put at the path later (_adopt)
 
     # -- writing -------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from spotstop.guard import DecisionLog, Guard
 from spotstop.guard._guard import DecisionNotLogged
 from spotstop.guard._journal import Journal
 from spotstop.guard._log_options import LogOptions
+from spotstop.guard._log_schema import LogError
 
 from tests._support.guard import make_scene, set_frozen
 
@@ -166,3 +167,61 @@ def test_a_closed_guard_says_so(safe_bundle: Path, logdir: Path):
 
     with pytest.raises(GuardError, match="this guard is closed"):
         g.check(make_scene(0))
+
+
+def _remove_log_files(log: Path) -> None:
+    for p in log.parent.glob(log.name + "*"):
+        p.unlink()
+
+
+def test_a_log_file_deleted_while_the_guard_runs_gets_the_next_decisions(
+    safe_bundle: Path, logdir: Path
+):
+    # SQLite goes on writing the file it holds open: a deleted log took every later SAFE,
+    # answered as logged, into a file nobody could read
+    with _guard(safe_bundle, logdir) as g:
+        g.check(make_scene(0))
+        _remove_log_files(g.log.path)
+        later = g.check_batch([make_scene(1), make_scene(2)])
+        assert [d.label for d in later] == ["SAFE", "SAFE"]
+        assert g.log_status().writable
+        with DecisionLog(g.log.path, read_only=True) as lg:
+            ids = {r.decision_id for r in lg.records()}
+    assert ids == {d.decision_id for d in later}
+
+
+def test_a_log_folder_removed_fails_closed_and_recovers_when_it_is_back(
+    safe_bundle: Path, logdir: Path
+):
+    with _guard(safe_bundle, logdir, spill_after_s=3600.0) as g:
+        g.check(make_scene(0))
+        shutil.rmtree(logdir / "log")
+        gone = g.check(make_scene(1))
+        assert gone.label == "UNSAFE" and gone.fail_closed
+        assert gone.fail_reason is not None and "decision log (io_error)" in gone.fail_reason
+        assert not g.log_status().writable and g.pending == 1
+        (logdir / "log").mkdir()
+        back = g.check(make_scene(2))  # the waiting row first, then its own
+        assert back.label == "SAFE" and not back.fail_closed and g.pending == 0
+        rows = {r.decision_id: r for r in g.log.records()}
+    assert set(rows) == {gone.decision_id, back.decision_id}
+    assert rows[gone.decision_id].fail_closed
+
+
+def test_a_log_file_removed_during_a_write_is_not_answered_as_logged(tmp_path: Path):
+    # the path checked before the write still named the file; it was removed before COMMIT
+    path = tmp_path / "decisions.sqlite"
+    log = DecisionLog(path)
+    try:
+
+        def body(conn: object) -> None:
+            _remove_log_files(path)
+
+        with pytest.raises(LogError, match="removed or replaced") as e:
+            log._write(body, what="append decisions")  # type: ignore[arg-type]
+        assert e.value.kind == "io_error"
+        log.probe()  # the next write sets up a log at the path again
+        with DecisionLog(path, read_only=True) as again:
+            assert list(again.records()) == []
+    finally:
+        log.close()
