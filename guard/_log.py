@@ -279,6 +279,9 @@ class DecisionLog(LogReader, ArchiveStore):
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[tuple[int, sqlite3.Connection]] = []
+        # the thread each connection belongs to, by id(connection): one whose thread has
+        # ended is closed when another is opened (_close_ended)
+        self._threads: dict[int, threading.Thread] = {}
         self._closed = False
         self._retention_mutex = threading.Lock()  # one retention pass at a time
         self._rng = random.Random()  # backoff jitter only; results never depend on it
@@ -431,12 +434,14 @@ class DecisionLog(LogReader, ArchiveStore):
         if conn is None or getattr(self._local, "pid", None) != pid:
             # A connection inherited across fork() must not be used (SQLite's rule); it is
             # abandoned, not closed, so the parent's locks are left alone.
+            self._close_ended(pid)
             conn = self._connect(timeout_s)
             self._local.conn = conn
             self._local.pid = pid
             self._local.file = _file_id(self._open_path)
             with self._lock:
                 self._connections.append((pid, conn))
+                self._threads[id(conn)] = threading.current_thread()
             if getattr(self._local, "moved", False):
                 self._adopt(conn)
         return conn
@@ -459,12 +464,31 @@ class DecisionLog(LogReader, ArchiveStore):
             raise
         self._local.moved = False
 
+    def _close_ended(self, pid: int) -> None:
+        """Close this process's connections whose thread has ended. Each thread keeps its own
+        connection (its file handles) until the log is closed: a caller that checks from a new
+        thread each time would otherwise hold two more descriptors per check, until the
+        process can open no file (every write then failing closed, for good)."""
+        with self._lock:
+            ended = [
+                c
+                for o, c in self._connections
+                if o == pid and id(c) in self._threads and not self._threads[id(c)].is_alive()
+            ]
+            for c in ended:
+                del self._threads[id(c)]
+            self._connections = [(o, c) for o, c in self._connections if c not in ended]
+        for c in ended:
+            with contextlib.suppress(sqlite3.Error):
+                c.close()
+
     def _forget(self, conn: sqlite3.Connection) -> None:
         """Close this thread's connection ``conn``; the next use opens the log's path again."""
         if getattr(self._local, "conn", None) is conn:
             self._local.conn = None
         with self._lock:
             self._connections = [(o, c) for o, c in self._connections if c is not conn]
+            self._threads.pop(id(conn), None)
         with contextlib.suppress(sqlite3.Error):
             conn.close()
 
@@ -1135,6 +1159,7 @@ class DecisionLog(LogReader, ArchiveStore):
         caller's). Connections of another process (inherited by fork) are not ours."""
         with self._lock:
             conns, self._connections = self._connections, []
+            self._threads = {}
         self._local = threading.local()
         pid = os.getpid()
         return [conn for owner, conn in conns if owner == pid]

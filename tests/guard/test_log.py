@@ -355,6 +355,22 @@ def test_concurrent_threads_lose_nothing(tmp_path: Path) -> None:
     assert got == {i for chunk in ids for i in chunk}
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")
+def test_a_thread_per_write_does_not_keep_a_connection_per_thread(tmp_path: Path) -> None:
+    # a caller that checks from a new thread each time: each thread's connection (two file
+    # descriptors) was kept until close, until the process could open no file
+    with DecisionLog(tmp_path / "log.sqlite") as lg:
+        lg.append(make_record(0))
+        before = len(os.listdir("/proc/self/fd"))
+        for i in range(1, 61):
+            t = threading.Thread(target=lg.append, args=(make_record(i),))
+            t.start()
+            t.join()
+        grown = len(os.listdir("/proc/self/fd")) - before
+        assert grown < 10, f"{grown} more file descriptors open after 60 ended threads"
+        assert lg.count() == 61
+
+
 def _process_writer(path: str, k: int, n: int) -> list[str]:
     out = []
     with DecisionLog(path) as lg:
