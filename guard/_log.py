@@ -268,8 +268,14 @@ class DecisionLog(LogReader, ArchiveStore):
         robot_id: str | None = None,
         read_only: bool = False,
     ) -> None:
-        self._path = check_log_args(
-            path, image_retention_bytes, image_retention_days, timeout_s, synchronous
+        # absolute: a connection opened later (another thread, or after the file was
+        # replaced) opens the same file when the process has changed its working folder
+        self._path = Path(
+            os.path.abspath(
+                check_log_args(
+                    path, image_retention_bytes, image_retention_days, timeout_s, synchronous
+                )
+            )
         )
         self._store_images = bool(store_images)
         self._retention_bytes = image_retention_bytes

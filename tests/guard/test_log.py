@@ -371,6 +371,25 @@ def test_a_thread_per_write_does_not_keep_a_connection_per_thread(tmp_path: Path
         assert lg.count() == 61
 
 
+def test_a_relative_log_path_keeps_its_file_when_the_working_folder_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    with DecisionLog("log.sqlite") as lg:
+        lg.append(make_record(0))
+        monkeypatch.chdir(tmp_path / "b")
+        lg.append(make_record(1))
+        t = threading.Thread(target=lg.append, args=(make_record(2),))  # a new connection
+        t.start()
+        t.join()
+        assert lg.path == tmp_path / "a" / "log.sqlite"
+    with DecisionLog(tmp_path / "a" / "log.sqlite", read_only=True) as lg:
+        assert lg.count() == 3
+    assert not (tmp_path / "b" / "log.sqlite").exists()
+
+
 def _process_writer(path: str, k: int, n: int) -> list[str]:
     out = []
     with DecisionLog(path) as lg:
