@@ -216,6 +216,11 @@ def _file_id(path: Path) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
+def _files_at(path: Path) -> list[tuple[int, int] | None]:
+    """The identities of the log's file and of its ``-wal`` and ``-shm`` beside it."""
+    return [_file_id(path), *(_file_id(path.with_name(path.name + s)) for s in ("-wal", "-shm"))]
+
+
 class DecisionLog(LogReader, ArchiveStore):
     """Append-only log of guard decisions in one SQLite file (WAL mode).
 
@@ -432,8 +437,8 @@ class DecisionLog(LogReader, ArchiveStore):
             conn is not None
             and not self._read_only
             and getattr(self._local, "pid", None) == pid
-            and _file_id(self._path) != self._local.file
-        ):  # the file it opened was removed or replaced: open the path again
+            and not self._same_files()
+        ):  # the files it opened were removed or replaced: open the path again
             self._forget(conn)
             self._local.moved = True
             conn = None
@@ -444,7 +449,8 @@ class DecisionLog(LogReader, ArchiveStore):
             conn = self._connect(timeout_s)
             self._local.conn = conn
             self._local.pid = pid
-            self._local.file = _file_id(self._open_path)
+            # the files it writes: the log's now, its -wal and -shm once seen in a write
+            self._local.files = [_file_id(self._open_path), None, None]
             with self._lock:
                 self._connections.append((pid, conn))
                 self._threads[id(conn)] = threading.current_thread()
@@ -457,8 +463,8 @@ class DecisionLog(LogReader, ArchiveStore):
         one was removed or replaced while the log was open): its schema, and the robot id
         this log claimed. A file that cannot be set up (another robot's log) is not used."""
         _log.warning(
-            "decision log %s: the file at this path is not the one opened before (it was "
-            "removed or replaced); writing to the file there now",
+            "decision log %s: the file at this path (or its -wal or -shm) is not the one "
+            "opened before (it was removed or replaced); writing to the file there now",
             self._path,
         )
         try:
@@ -489,32 +495,52 @@ class DecisionLog(LogReader, ArchiveStore):
                 c.close()
 
     def _forget(self, conn: sqlite3.Connection) -> None:
-        """Close this thread's connection ``conn``; the next use opens the log's path again."""
+        """Close this thread's connection ``conn``; the next use opens the log's path again.
+        When the log's file is still the one it opened (its -wal was removed), what its -wal
+        holds is first copied into that file (a checkpoint that waits for nobody)."""
         if getattr(self._local, "conn", None) is conn:
             self._local.conn = None
+        if _file_id(self._path) == getattr(self._local, "files", [None])[0]:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         with self._lock:
             self._connections = [(o, c) for o, c in self._connections if c is not conn]
             self._threads.pop(id(conn), None)
         with contextlib.suppress(sqlite3.Error):
             conn.close()
 
+    def _same_files(self, *, writing: bool = False) -> bool:
+        """Whether the log's path, its -wal and its -shm still name the files this thread's
+        connection opened. ``writing``: inside a write transaction, where SQLite holds the
+        -wal and -shm open; the first such check notes them."""
+        held = self._local.files
+        now = _files_at(self._path)
+        if now[0] is None or now[0] != held[0]:
+            return False
+        for i in (1, 2):
+            if held[i] is None and writing and now[i] is not None:
+                held[i] = now[i]
+            elif held[i] is not None and now[i] != held[i]:
+                return False
+        return True
+
     def _check_same_file(self, conn: sqlite3.Connection, what: str) -> None:
-        """Raise :class:`LogError` (``io_error``) when the log's path no longer names the file
-        ``conn`` writes: it was deleted, its folder removed or moved, or another file put in
-        its place while the log was open. SQLite would go on writing the file it holds open,
-        which no reader of the path ever sees: a decision acknowledged there is lost. The
-        connection is forgotten, so the next write opens the path again."""
-        now = _file_id(self._path)
-        if now is not None and now == getattr(self._local, "file", None):
+        """Raise :class:`LogError` (``io_error``) when the log's path (or its -wal or -shm)
+        no longer names the file ``conn`` writes: it was deleted, its folder removed or moved,
+        or another file put in its place while the log was open. SQLite would go on writing
+        the file it holds open, which no reader of the path ever sees: a decision
+        acknowledged there is lost. The connection is forgotten, so the next write opens the
+        path again."""
+        if self._same_files(writing=True):
             return
         self._local.conn = None  # closed by _write once its transaction is rolled back
         self._local.moved = True
-        there = "no file is there now" if now is None else "another file is there now"
+        there = "no file is there now" if _file_id(self._path) is None else "the file there now"
         raise LogError(
-            f"decision log {str(self._path)!r}: could not {what}: the file this log wrote was "
-            f"removed or replaced while it was open ({there}); rows written to it would be in "
-            "no log. The next write opens the file at that path again (a new log if none is "
-            "there); keep the log's folder in place.",
+            f"decision log {str(self._path)!r}: could not {what}: the file this log wrote, or "
+            f"its -wal or -shm, was removed or replaced while it was open ({there}); rows "
+            "written to it would be in no log. The next write opens the file at that path "
+            "again (a new log if none is there); keep the log's folder and files in place.",
             "io_error",
         )
 

@@ -190,6 +190,20 @@ def test_a_log_file_deleted_while_the_guard_runs_gets_the_next_decisions(
     assert ids == {d.decision_id for d in later}
 
 
+def test_a_wal_file_removed_while_the_guard_runs_loses_no_decision(safe_bundle: Path, logdir: Path):
+    # rm decisions.sqlite-wal (a cleanup): the connection went on writing the WAL it held
+    # open, which no other connection (nor the next start) ever reads
+    with _guard(safe_bundle, logdir) as g:
+        first = g.check(make_scene(0))
+        for suffix in ("-wal", "-shm"):
+            Path(f"{g.log.path}{suffix}").unlink()
+        later = g.check_batch([make_scene(1), make_scene(2)])
+        assert [d.label for d in later] == ["SAFE", "SAFE"]
+        with DecisionLog(g.log.path, read_only=True) as lg:  # another connection
+            ids = {r.decision_id for r in lg.records()}
+    assert ids == {d.decision_id for d in [first, *later]}
+
+
 def test_a_log_folder_removed_fails_closed_and_recovers_when_it_is_back(
     safe_bundle: Path, logdir: Path
 ):
