@@ -418,3 +418,24 @@ def test_retention_keeps_a_row_that_waits_to_be_rewritten(
     g.flush_pending()
     assert g.log.get(d.decision_id).label == "UNSAFE"
     g.close()
+
+
+def test_background_passes_do_not_keep_a_connection_each(tmp_path: Path) -> None:
+    # each background pass runs on a thread of its own, whose connection (two descriptors)
+    # stayed open until the log was closed: a guard with a budget gained two a minute
+    from spotstop.guard._log_options import LogOptions
+    from spotstop.guard._log_writer import LogWriter
+
+    log = DecisionLog(tmp_path / "decisions.sqlite")
+    opts = LogOptions(journal=tmp_path / "j", keep_days=30, retention_every_s=0.0)
+    writer = LogWriter(log, opts)
+    try:
+        for i in range(30):
+            assert writer.write([make_record(i)], images=None, policy=None, timeout_s=None) is None
+            t = writer._retention_thread
+            assert t is not None
+            t.join()  # this write's pass is over
+        assert len(log._connections) <= 3  # this thread's and the last pass's
+    finally:
+        writer.close()
+        log.close()
