@@ -449,8 +449,9 @@ class DecisionLog(LogReader, ArchiveStore):
             conn = self._connect(timeout_s)
             self._local.conn = conn
             self._local.pid = pid
-            # the files it writes: the log's now, its -wal and -shm once seen in a write
-            self._local.files = [_file_id(self._open_path), None, None]
+            # the files it writes: the log's, its -wal and -shm (SQLite made them when it
+            # read an existing log; for a new one, the first write does: noted then)
+            self._local.files = _files_at(self._open_path)
             with self._lock:
                 self._connections.append((pid, conn))
                 self._threads[id(conn)] = threading.current_thread()
