@@ -216,6 +216,14 @@ def _file_id(path: Path) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
+def _file_size(path: Path) -> int | None:
+    """The size of the file at ``path``, or None when there is none."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
 def _files_at(path: Path) -> list[tuple[int, int] | None]:
     """The identities of the log's file and of its ``-wal`` and ``-shm`` beside it."""
     return [_file_id(path), *(_file_id(path.with_name(path.name + s)) for s in ("-wal", "-shm"))]
@@ -533,6 +541,15 @@ class DecisionLog(LogReader, ArchiveStore):
         acknowledged there is lost. The connection is forgotten, so the next write opens the
         path again."""
         if self._same_files(writing=True):
+            if _file_size(self._path) == 0:  # a WAL log's file holds at least its first page
+                raise LogError(
+                    f"decision log {str(self._path)!r}: could not {what}: its file was emptied "
+                    "in place while it was open (logrotate's copytruncate, or `: >`): what it "
+                    "held is gone and rows written now would be in no readable log. Move the "
+                    "log's file and its -wal and -shm away: the next write starts a new log "
+                    "there.",
+                    "io_error",
+                )
             return
         self._local.conn = None  # closed by _write once its transaction is rolled back
         self._local.moved = True

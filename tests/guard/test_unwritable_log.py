@@ -10,6 +10,7 @@ SAFE, so any UNSAFE here is a fail-closed one.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -202,6 +203,27 @@ def test_a_wal_file_removed_while_the_guard_runs_loses_no_decision(safe_bundle: 
         with DecisionLog(g.log.path, read_only=True) as lg:  # another connection
             ids = {r.decision_id for r in lg.records()}
     assert ids == {d.decision_id for d in [first, *later]}
+
+
+def test_a_log_file_emptied_in_place_fails_closed_until_it_is_moved_away(
+    safe_bundle: Path, logdir: Path
+):
+    # logrotate's copytruncate: the same file, cut to 0 bytes; SQLite went on answering
+    # SAFE into a file that no longer is a database
+    with _guard(safe_bundle, logdir, spill_after_s=3600.0) as g:
+        g.check(make_scene(0))
+        os.truncate(g.log.path, 0)
+        cut = g.check(make_scene(1))
+        assert cut.label == "UNSAFE" and cut.fail_closed
+        assert cut.fail_reason is not None and "emptied in place" in cut.fail_reason
+        (logdir / "rotated").mkdir()
+        for f in list((logdir / "log").iterdir()):
+            f.rename(logdir / "rotated" / f.name)
+        back = g.check(make_scene(2))
+        assert back.label == "SAFE" and not back.fail_closed and g.pending == 0
+        rows = {r.decision_id: r for r in g.log.records()}
+    assert set(rows) == {cut.decision_id, back.decision_id}
+    assert rows[cut.decision_id].fail_closed
 
 
 def test_a_log_folder_removed_fails_closed_and_recovers_when_it_is_back(
