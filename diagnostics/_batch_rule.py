@@ -123,11 +123,8 @@ class BatchRule:
 
 def _deployed_config(log: LogData | None) -> Any:
     """The stored policy that made the log's last decision (else the last stored), or None."""
-    if log is None or not log.policies:
-        return None
-    named = [v for v in log.version.tolist() if v in log.policies]
-    v = named[-1] if named else list(log.policies)[-1]
-    return log.policies[v]
+    v = None if log is None else log.deployed_version()
+    return None if v is None or log is None else log.policies[v]
 
 
 def _log_text(

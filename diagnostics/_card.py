@@ -499,14 +499,10 @@ def _deployed(log: LogData | None) -> tuple[str | None, str | None]:
     (None, None) without a log."""
     if log is None:
         return None, None
-    stored = set(log.policies) | set(log.policy_errors)  # (a document that does not load too)
-    versions = [v for v in log.version.tolist() if v in stored]
-    if versions:
-        return log.kind_of(versions[-1]) or "unknown", versions[-1]
-    if not log.policies:
+    v = log.deployed_version(loaded_only=False)
+    if v is None:
         return "unknown", None
-    v = list(log.policies)[-1]
-    return log.policies[v].kind, v
+    return log.kind_of(v) or "unknown", v
 
 
 def _displays(table: CaseTable, ss: Any, fields: Mapping[str, Estimate]) -> dict[str, Any]:

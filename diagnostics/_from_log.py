@@ -188,6 +188,24 @@ class LogData:
         kinds = {k for k in self.arrays.policy_kind[self.version == version] if k}
         return next(iter(kinds)) if len(kinds) == 1 else None
 
+    def deployed_version(self, *, kind: str | None = None, loaded_only: bool = True) -> str | None:
+        """The version in force: the stored policy (of ``kind``, when given) that made the
+        log's last decision (of that kind), in log order — a version activated again after a
+        later one is the one in force — else the last stored one (of that kind); None when
+        the log stores none. ``loaded_only=False`` counts a stored document that does not load
+        too (the card names it as deployed; what needs its settings reads loaded ones only).
+        The one rule the card, its batch rule and its recommendation read the deployment by."""
+        stored = set(self.policies) if loaded_only else set(self.policies) | set(self.policy_errors)
+        decided = [
+            v
+            for v in dict.fromkeys(reversed(self.version.tolist()))
+            if v in stored and (kind is None or self.kind_of(v) == kind)
+        ]
+        if decided:
+            return str(decided[0])
+        rest = [v for v in self.policies if kind is None or self.policies[v].kind == kind]
+        return rest[-1] if rest else None
+
 
 def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogData:
     """Read a decision log (and an optional labels file) into :class:`LogData`."""

@@ -362,12 +362,8 @@ def _latest(log: LogData | None, kind: str) -> Any:
     """The policy of ``kind`` that made the log's latest decision of that kind (its Policy
     object: a version activated again after a later one is the one in force), else the last
     stored one of that kind, or None."""
-    if log is None:
-        return None
-    decided = [v for v in log.version.tolist() if v in log.policies]
-    found = [log.policies[v].policy for v in decided if log.policies[v].kind == kind]
-    found = found or [cfg.policy for cfg in log.policies.values() if cfg.kind == kind]
-    return found[-1] if found else None
+    v = None if log is None else log.deployed_version(kind=kind)
+    return None if v is None or log is None else log.policies[v].policy
 
 
 def recommend_for_card(

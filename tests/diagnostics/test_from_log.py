@@ -308,3 +308,39 @@ def test_the_card_on_archive_and_live_log_is_the_card_on_the_untrimmed_log(
         "rows": res.archived_rows,
     }
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_the_deployed_version_is_the_one_that_decided_last(tmp_path):
+    """One rule for "the version in force", read by the card, its batch rule and its
+    recommendation: v1 (frozen) decided, v2 (conformal) replaced it, then v3 (frozen, the
+    last stored), then v1 was activated again."""
+    from spotstop.diagnostics._batch_rule import _deployed_config
+    from spotstop.diagnostics._card import _deployed
+    from spotstop.diagnostics._from_log import read_log
+    from spotstop.diagnostics._recommend import _latest
+    from spotstop.guard.policies import ConformalPolicy, FrozenPolicy
+
+    from tests._support.log_writer import Segment, policy_config, write_log
+
+    v1 = policy_config(FrozenPolicy(threshold=0.0))
+    v2 = policy_config(ConformalPolicy(alpha=0.2, n=30, k=3, threshold=-1.0, delta=0.1), version=2)
+    v3 = policy_config(FrozenPolicy(threshold=5.0), version=3)
+    s = np.linspace(-1.0, 1.0, 6)
+    segments = [
+        (Segment(cfg, {"a": s, "b": s}, [None] * 6, t0), prefix)
+        for prefix, cfg, t0 in (
+            ("a-", v1, 1.7e9),
+            ("b-", v2, 1.8e9),
+            ("d-", v3, 1.85e9),
+            ("c-", v1, 1.9e9),
+        )
+    ]
+    write_log(tmp_path / "log.sqlite", segments)
+    log = read_log(tmp_path / "log.sqlite")
+    assert v3.version_id in log.policies
+    assert log.deployed_version() == v1.version_id
+    assert log.deployed_version(kind="conformal") == v2.version_id
+    assert log.deployed_version(kind="situation") is None
+    assert _deployed(log) == ("frozen", v1.version_id)
+    assert _deployed_config(log).version_id == v1.version_id
+    assert _latest(log, "conformal").threshold == -1.0  # v2's, the conformal that decided
