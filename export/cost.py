@@ -69,6 +69,7 @@ from spotstop.export.archs._cost_model import (
 from spotstop.export.cost_data import DEVICES, PAPER_TFLOPS
 from spotstop.export.mixed import DEFAULT_INT4_INT8
 from spotstop.export.precision import PRECISION_SPECS, get_precision
+from spotstop.guard._hf import TEST_PAIR_NOTE
 
 __all__ = [
     "ASSUMPTIONS",
@@ -584,7 +585,8 @@ def format_report(doc: Mapping[str, Any]) -> str:
     """The text ``spotstop cost`` prints for a :func:`report`."""
     lines = [f"cost of one scene: {doc['label']}"]
     if doc["test_pair"]:
-        lines.append("TEST PAIR: tiny random members; only the formulas are real.")
+        # (both tiny pairs, the random one and the trained one, say the same)
+        lines.append(f"{TEST_PAIR_NOTE} Only the formulas are real: the sizes are a tiny pair's.")
     lines += [f"  ({n})" for n in doc["notes"]]
     lines.append("")
     hdr = (

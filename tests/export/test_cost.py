@@ -175,6 +175,13 @@ def test_bundle_cost_uses_the_bundles_prompt_and_runs_without_torch(
         assert mc.padded_len is None  # torch members run at their own length
     assert pair.test_pair
     assert pair.total == sum(mc.vision + mc.decoder for mc in pair.members)
+    # the note is the one every command prints beside a test pair, true of the trained pair
+    # too (it said "tiny random members")
+    from spotstop.export.cost import format_report, report
+    from spotstop.guard._hf import TEST_PAIR_NOTE
+
+    text = format_report(report(pair))
+    assert TEST_PAIR_NOTE in text and "random members" not in text
     # the command on the base install: it imports neither torch nor transformers
     code = (
         "import sys\n"
