@@ -154,6 +154,11 @@ def load_scoring_config(path: str | Path) -> ScoringConfig:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"scoring config {p} does not exist.") from None
+    except (OSError, UnicodeDecodeError) as e:  # a folder, no permission, not UTF-8
+        raise ConfigError(
+            f"scoring config {p} cannot be read as UTF-8 text ({type(e).__name__}: {e}). "
+            "Pass the path of a YAML file."
+        ) from e
     raw = load_yaml(text, source=f"scoring config {p}")  # a key twice is refused
     if raw is None:  # an empty file: every default
         raw = {}

@@ -199,3 +199,16 @@ def test_a_bad_image_size_is_quoted_as_given(given: object) -> None:
         parse_image_size(given, "image_size")
     assert str(e.value).endswith(f"got {given!r}.")
     assert parse_image_size("3x4", "image_size") == (3, 4) == parse_image_size([3, 4], "x")
+
+
+def test_a_scoring_config_that_is_no_text_file_is_a_config_error(tmp_path) -> None:
+    """A folder or a file that is not UTF-8 gave a bare IsADirectoryError or
+    UnicodeDecodeError; each is a ConfigError naming the file."""
+    from spotstop.guard._config import load_scoring_config
+    from spotstop.guard._errors import ConfigError
+
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("batch_size: 8  # größe\n".encode("latin-1"))
+    for path in (tmp_path, latin):
+        with pytest.raises(ConfigError, match="cannot be read as UTF-8 text"):
+            load_scoring_config(path)
