@@ -442,10 +442,13 @@ def _audit_status(doc: Mapping[str, Any]) -> dict[str, str]:
 
 def changes_item(previous: Mapping[str, Any], current: Mapping[str, Any]) -> VerdictItem:
     """The ``changes`` sentence: key fields of ``current`` against ``previous`` (both JSON)."""
-    moved, kept, worse = [], [], False
+    moved, kept, unmeasured, worse = [], [], [], False
     for label, path, lower_is_worse in COMPARED:
         a, b = _get(previous, path), _get(current, path)
         if a is None or b is None:
+            continue
+        if math.isnan(a.value) and math.isnan(b.value):  # undefined in both: not compared
+            unmeasured.append(label)
             continue
         pct = "auroc" not in path[-1].lower()
         text = f"{label} {fmt(a, pct=pct)} → {fmt(b, pct=pct)}"
@@ -465,15 +468,16 @@ def changes_item(previous: Mapping[str, Any], current: Mapping[str, Any]) -> Ver
     became = [v for v, s in new_a.items() if s == "violated" and old_a.get(v) != "violated"]
     worse |= bool(became)
     audit = f"; the conformal audit of {', '.join(became)} is now violated" if became else ""
-    when = (previous.get("provenance") or {}).get("created_utc", "unknown time")
+    when = (previous.get("provenance") or {}).get("created_utc")
     n_prev = (previous.get("settings") or {}).get("n_cases", "?")
-    head = f"Since the previous card ({str(when)[:10]}, {n_prev} cases)"
+    head = f"Since the previous card ({str(when)[:10] if when else 'unknown date'}, {n_prev} cases)"
+    undefined = f"; not measured in either card: {', '.join(unmeasured)}" if unmeasured else ""
     if not moved and not policy and not audit:
         return VerdictItem(
             "ok",
             "changes",
-            f"{head} no key field moved beyond its interval ({', '.join(kept) or 'none compared'}); "
-            "nothing to do.",
+            f"{head} no key field moved beyond its interval ({', '.join(kept) or 'none compared'})"
+            f"{undefined}; nothing to do.",
         )
     status: Status = "fail" if worse else "warn"
     todo = (
@@ -485,8 +489,8 @@ def changes_item(previous: Mapping[str, Any], current: Mapping[str, Any]) -> Ver
     return VerdictItem(
         status,
         "changes",
-        f"{head}: {'; '.join(moved) or 'no field moved beyond its interval'}{policy}{audit}{rest}; "
-        f"{todo}.",
+        f"{head}: {'; '.join(moved) or 'no field moved beyond its interval'}{policy}{audit}{rest}"
+        f"{undefined}; {todo}.",
     )
 
 

@@ -507,3 +507,26 @@ def test_an_unmeasured_leak_names_its_own_cause():
     assert "form 2 group(s), fewer than the 5" in leak_item(blind).sentence
     measured = scene_blind_readers(t, n_permutations=5, n_boot=20, rng=0)
     assert measured.file_reader is not None and measured.file_reader_unmeasured == ""
+
+
+def test_a_field_undefined_in_both_cards_is_not_said_to_be_within_its_interval():
+    """A field NaN in both cards (e.g. the file reader's AUROC, never fitted) was listed
+    among the fields "within their intervals", as if it had been compared and held."""
+    from spotstop.diagnostics._verdict import changes_item
+
+    def doc(auroc: float, reader: float) -> dict[str, Any]:
+        est = {"value": auroc, "ci": [auroc - 0.01, auroc + 0.01]}
+        nan = {"value": reader, "ci": [None, None]}
+        return {
+            "fields": {"auroc": est},
+            "checks": {"scene_blind": {"file_reader_auroc": nan}},
+            "settings": {"n_cases": 10},
+        }
+
+    item = changes_item(doc(0.9, float("nan")), doc(0.9, float("nan")))
+    assert item.status == "ok"
+    assert "(AUROC)" in item.sentence and "(unknown date, 10 cases)" in item.sentence
+    assert "not measured in either card: file reader AUROC" in item.sentence
+    moved = changes_item(doc(0.9, float("nan")), doc(0.5, float("nan")))
+    assert "within their intervals" not in moved.sentence
+    assert "not measured in either card: file reader AUROC" in moved.sentence
