@@ -69,7 +69,6 @@ from spotstop.export.archs._cost_model import (
 from spotstop.export.cost_data import DEVICES, PAPER_TFLOPS
 from spotstop.export.mixed import DEFAULT_INT4_INT8
 from spotstop.export.precision import PRECISION_SPECS, get_precision
-from spotstop.guard._hf import TEST_PAIR_NOTE
 
 __all__ = [
     "ASSUMPTIONS",
@@ -581,12 +580,19 @@ def _fmt_s(x: float) -> str:
     return f"{x * 1e6:.1f} µs"
 
 
+#: beside the cost of a test pair: seeded random members (tiny, or at the real dimensions as
+#: ``bench/real_pair.py`` builds them) or the tiny pair trained on the toy world
+TEST_PAIR_COST_NOTE = (
+    "TEST PAIR: test members (seeded random weights, or the tiny pair trained on the toy "
+    "world), not a safety model; the costs below are those of their dimensions."
+)
+
+
 def format_report(doc: Mapping[str, Any]) -> str:
     """The text ``spotstop cost`` prints for a :func:`report`."""
     lines = [f"cost of one scene: {doc['label']}"]
     if doc["test_pair"]:
-        # (both tiny pairs, the random one and the trained one, say the same)
-        lines.append(f"{TEST_PAIR_NOTE} Only the formulas are real: the sizes are a tiny pair's.")
+        lines.append(TEST_PAIR_COST_NOTE)
     lines += [f"  ({n})" for n in doc["notes"]]
     lines.append("")
     hdr = (

@@ -175,13 +175,12 @@ def test_bundle_cost_uses_the_bundles_prompt_and_runs_without_torch(
         assert mc.padded_len is None  # torch members run at their own length
     assert pair.test_pair
     assert pair.total == sum(mc.vision + mc.decoder for mc in pair.members)
-    # the note is the one every command prints beside a test pair, true of the trained pair
-    # too (it said "tiny random members")
-    from spotstop.export.cost import format_report, report
-    from spotstop.guard._hf import TEST_PAIR_NOTE
+    # the note is true of every test pair: random (tiny or real-size) or trained (it said
+    # "tiny random members")
+    from spotstop.export.cost import TEST_PAIR_COST_NOTE, format_report, report
 
     text = format_report(report(pair))
-    assert TEST_PAIR_NOTE in text and "random members" not in text
+    assert TEST_PAIR_COST_NOTE in text and "tiny random members" not in text
     # the command on the base install: it imports neither torch nor transformers
     code = (
         "import sys\n"
