@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -195,23 +194,6 @@ def test_a_window_where_the_cascade_skipped_a_member_is_refused_with_counts(
     assert f"the {n_skip} a cascade decided on its first member alone" in eff.note
 
 
-class _TableMember:
-    """A member whose robust z-score per image is given by a table."""
-
-    def __init__(self, real: Any, stats: Any, table: dict[str, float]) -> None:
-        self._real, self.stats, self.table = real, stats, table
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def score(self, scenes: Any, variant: str = "scene", strict: bool = True) -> list[Any]:
-        from spotstop.guard import MemberScore
-
-        st, name, ph = self.stats, self._real.name, self._real.prompt_hash
-        z = [self.table[s.image.sha256] for s in scenes]
-        return [MemberScore(name, variant, st.median + st.iqr * v, ph, 1) for v in z]
-
-
 def test_policy_diff_replays_the_cascade_in_force_on_the_band_its_guard_chose(
     bundle_copy: Path, tmp_path: Path
 ):
@@ -220,43 +202,22 @@ def test_policy_diff_replays_the_cascade_in_force_on_the_band_its_guard_chose(
     situation cut, its first score moved the plan's cut for the later scenes); worked out
     again without it, the band put the scene the pair scored (S +0.9, UNSAFE) outside, and
     the replay answered SAFE on the first member alone (z1 −0.4)."""
-    import dataclasses
-    import hashlib
-    from datetime import UTC, datetime
 
     from spotstop.calibrate import predict_effect
     from spotstop.diagnostics import read_log
     from spotstop.diagnostics._delivered import replay_version
-    from spotstop.guard import Guard
-    from spotstop.guard.policies import FrozenPolicy, SituationPolicy, TextInScene
+    from spotstop.guard import DecisionLog
+    from spotstop.guard.policies import TextInScene
 
-    from tests._support.guard import SignReader, make_scene
+    from tests._support.guard import decide_the_banded_batch, set_cascade_situation
 
-    cfg = load_policy(bundle_copy / "policy.yaml")
-    first, second = cfg.fusion.members
-    cut = SituationPolicy(window=4, min_refs=1, fallback=FrozenPolicy(0.0))
-    dump_policy(
-        dataclasses.replace(
-            cfg,
-            policy=CascadePolicy(first=first, share=0.5, band=0.5, cut=cut),
-            state_seed=None,
-            created=datetime.now(UTC),
-            text_in_scene=TextInScene(detect=True, alarming="fail_closed"),
-        ),
-        bundle_copy / "policy.yaml",
+    first, second = set_cascade_situation(
+        bundle_copy, band=0.5, text_in_scene=TextInScene(detect=True, alarming="fail_closed")
     )
-    scenes = [make_scene(100 + i, sit="k") for i in range(4)]
-    sha = [hashlib.sha256(s.image).hexdigest() for s in scenes]  # type: ignore[arg-type]
     log = tmp_path / "l.sqlite"
-    with Guard(bundle_copy, log=log, text_detector=SignReader({sha[0]: "DANGER"})) as g:
-        st = g.policy_config.fusion.stats
-        z1 = dict(zip(sha, (-1.2, 0.4, -0.4, 0.7), strict=True))
-        z2 = dict(zip(sha, (0.9, -0.4, 2.2, 0.8), strict=True))
-        g.members[first] = _TableMember(g.members[first], st[first], z1)  # type: ignore[assignment]
-        g.members[second] = _TableMember(g.members[second], st[second], z2)  # type: ignore[assignment]
-        ds = g.check_batch(scenes)
-        active = g.policy_config
-        g.log.set_labels([(d.decision_id, "unsafe", None, "r") for d in ds])
+    ds, active = decide_the_banded_batch(bundle_copy, log, first, second)
+    with DecisionLog(log) as dl:
+        dl.set_labels([(d.decision_id, "unsafe", None, "r") for d in ds])
     assert [d.members_run[second] for d in ds] == [False, False, True, False]  # type: ignore[index]
     assert ds[2].label == "UNSAFE" and not ds[2].fail_closed
     data = read_log_for_bundle(log, load_bundle(bundle_copy, verify=False))

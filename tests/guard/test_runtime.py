@@ -31,7 +31,14 @@ from spotstop.guard import (
 from spotstop.guard._hf import TEST_PAIR_NOTE
 from spotstop.guard.policies import FrozenPolicy, PolicyConfig, dump_policy
 
-from tests._support.guard import SignReader, make_scene, set_frozen
+from tests._support.guard import (
+    SignReader,
+    TableMember,
+    decide_the_banded_batch,
+    make_scene,
+    set_cascade_situation,
+    set_frozen,
+)
 from tests._support.images import make_image_bytes
 from tests._support.tolerance import SCHEDULING_SLACK_S, fused_tolerance, score_tolerances
 
@@ -1066,31 +1073,10 @@ def test_a_scoring_plan_that_cannot_run_fails_every_scene_closed(
             assert "scoring plan" in (d.fail_reason or "")
 
 
-def _set_cascade_situation(bundle: Path, band: float, **extra: Any) -> tuple[str, str]:
-    """A cascade (share 0.5, ``band``) over a situation cut (window 4, one reference, frozen
-    fallback at 0) as the bundle's policy; returns its (first, second) members."""
-    from spotstop.guard.policies import CascadePolicy, SituationPolicy
-
-    cfg = load_policy(bundle / "policy.yaml")
-    first, second = cfg.fusion.members
-    cut = SituationPolicy(window=4, min_refs=1, fallback=FrozenPolicy(0.0))
-    dump_policy(
-        dataclasses.replace(
-            cfg,
-            policy=CascadePolicy(first=first, share=0.5, band=band, cut=cut),
-            state_seed=None,
-            created=datetime.now(UTC),
-            **extra,
-        ),
-        bundle / "policy.yaml",
-    )
-    return first, second
-
-
 def test_a_cascade_with_a_situation_cut_reports_its_windows(bundle_copy: Path, tmp_path: Path):
     """Guard.situation (and GET /v1/situations) under a cascade whose cut is situation
     recentering: the cut's windows and threshold, not an empty answer."""
-    _set_cascade_situation(bundle_copy, band=1e9)  # always the pair
+    set_cascade_situation(bundle_copy, band=1e9)  # always the pair
     with Guard(bundle_copy, log=tmp_path / "log.sqlite") as g:
         ds = [g.check(make_scene(i, sit="hall")) for i in range(3)]
         info = g.situation("hall")
@@ -1099,27 +1085,6 @@ def test_a_cascade_with_a_situation_cut_reports_its_windows(bundle_copy: Path, t
         assert info.rule.startswith("cascade->situation")
         assert info.threshold == pytest.approx(np.mean(info.references))
         assert g.situation("elsewhere").references == ()
-
-
-class _TableMember:
-    """A member whose robust z-score per image is given by a table (NaN: a non-finite score)."""
-
-    def __init__(self, real: Any, stats: Any, table: dict[str, float]):
-        self._real, self.stats, self.table = real, stats, table
-        self.scored: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def score(self, scenes: Any, variant: str = "scene", strict: bool = True) -> list[Any]:
-        from spotstop.guard import MemberScore
-
-        out = []
-        for s in scenes:
-            self.scored.append(s.image.sha256)
-            v = self.stats.median + self.stats.iqr * self.table[s.image.sha256]
-            out.append(MemberScore(self._real.name, variant, v, self._real.prompt_hash, 1))
-        return out
 
 
 def test_a_cascade_decides_a_batch_on_the_band_its_plan_chose(bundle_copy: Path, tmp_path: Path):
@@ -1133,7 +1098,7 @@ def test_a_cascade_decides_a_batch_on_the_band_its_plan_chose(bundle_copy: Path,
     from spotstop.diagnostics._delivered import replay_version
     from spotstop.guard.policies import TextInScene
 
-    first, second = _set_cascade_situation(
+    first, second = set_cascade_situation(
         bundle_copy, band=0.5, text_in_scene=TextInScene(detect=True, alarming="fail_closed")
     )
     import hashlib
@@ -1145,8 +1110,8 @@ def test_a_cascade_decides_a_batch_on_the_band_its_plan_chose(bundle_copy: Path,
         st = g.policy_config.fusion.stats
         z1 = dict(zip(sha, (-1.2, 0.4, -0.4, 0.7), strict=True))
         z2 = dict(zip(sha, (0.9, -0.4, 2.2, 0.8), strict=True))
-        g.members[first] = _TableMember(g.members[first], st[first], z1)  # type: ignore[assignment]
-        g.members[second] = pair = _TableMember(g.members[second], st[second], z2)  # type: ignore[assignment]
+        g.members[first] = TableMember(g.members[first], st[first], z1)  # type: ignore[assignment]
+        g.members[second] = pair = TableMember(g.members[second], st[second], z2)  # type: ignore[assignment]
         ds = g.check_batch(scenes)
         version = g.policy_config.version_id
     # the plan (empty windows, cut 0, band 0.5): only scene 2 (z1 −0.4) is inside
@@ -1167,27 +1132,18 @@ def test_the_cards_replay_keeps_the_plans_band_beside_rows_from_before_members_r
     them: the card's replay agrees with every answer (it worked the band out again for the
     whole version, replayed the scene the pair scored SAFE on its first member alone and
     reported 3 of 4 answers reproduced)."""
-    import hashlib
 
     from spotstop.diagnostics import read_log
     from spotstop.diagnostics._delivered import replay_version
     from spotstop.guard._log import DecisionLog
     from spotstop.guard.policies import TextInScene
 
-    first, second = _set_cascade_situation(
+    first, second = set_cascade_situation(
         bundle_copy, band=0.5, text_in_scene=TextInScene(detect=True, alarming="fail_closed")
     )
-    scenes = [make_scene(100 + i, sit="k") for i in range(4)]
-    sha = [hashlib.sha256(s.image).hexdigest() for s in scenes]  # type: ignore[arg-type]
     log = tmp_path / "l.sqlite"
-    with Guard(bundle_copy, log=log, text_detector=SignReader({sha[0]: "DANGER"})) as g:
-        st = g.policy_config.fusion.stats
-        z1 = dict(zip(sha, (-1.2, 0.4, -0.4, 0.7), strict=True))
-        z2 = dict(zip(sha, (0.9, -0.4, 2.2, 0.8), strict=True))
-        g.members[first] = _TableMember(g.members[first], st[first], z1)  # type: ignore[assignment]
-        g.members[second] = _TableMember(g.members[second], st[second], z2)  # type: ignore[assignment]
-        ds = g.check_batch(scenes)
-        version = g.policy_config.version_id
+    ds, active = decide_the_banded_batch(bundle_copy, log, first, second)
+    version = active.version_id
     assert ds[2].members_run[second] and ds[2].label == "UNSAFE"  # type: ignore[index]
     with DecisionLog(log) as dl:
         last = list(dl.records())[-1]
