@@ -3,6 +3,8 @@ family of sources, every expected value computed by hand."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from spotstop.diagnostics.cues import (
@@ -19,6 +21,14 @@ from spotstop.diagnostics.cues import (
 from spotstop.diagnostics.cues._selfcheck import GRID, regret
 
 from tests._support.cues_fakes import make_edits, score_table, text_scores
+
+
+def _at_or_above_the_exact_mean(z: np.ndarray) -> np.ndarray:
+    """UNSAFE where z ≥ the exact mean of z (fractions.Fraction, apart from the guard's
+    mean_cut): a float mean can round to either side of a score at the mean."""
+    exact = sum(Fraction(float(v)) for v in z) / len(z)
+    return np.array([Fraction(float(v)) >= exact for v in z])
+
 
 # small source sets by design (reliance's few-groups warning: tests/diagnostics/cues/test_reliance.py)
 pytestmark = pytest.mark.filterwarnings("ignore::spotstop.diagnostics._resample.FewGroupsWarning")
@@ -152,7 +162,7 @@ def test_member_at_its_frozen_cut_by_hand(tmp_path):
                                        n_boot=50)  # fmt: skip
     med, iqr = np.median(base), np.percentile(base, 75) - np.percentile(base, 25)
     t0 = np.mean((base - med) / iqr)
-    unsafe = (base - med) / iqr >= t0
+    unsafe = _at_or_above_the_exact_mean((base - med) / iqr)
     want = np.mean(unsafe != (np.arange(12) < 6))
     point = run.result["m"].notes["operating_point"]
     assert point["cut"] == pytest.approx(t0) and point["rule"].startswith("frozen cut")
@@ -186,7 +196,9 @@ def test_a_failed_source_scene_is_left_out_of_the_cut_and_fails_closed(tmp_path)
     fin = base[:11]
     med, iqr = np.median(fin), np.percentile(fin, 75) - np.percentile(fin, 25)
     t0 = np.mean((fin - med) / iqr)
-    unsafe = np.r_[(fin - med) / iqr >= t0, True]  # the failed scene: UNSAFE (fail closed)
+    # the median scene's z is 0, and the exact mean of these z is -1.6e-17 (np.mean says
+    # +4.0e-17): at or above the mean, UNSAFE, by the tie rule
+    unsafe = np.r_[_at_or_above_the_exact_mean((fin - med) / iqr), True]  # the failed: UNSAFE
     want = np.mean(unsafe != (np.arange(12) < 6))
     assert run.result["m"].notes["operating_point"]["cut"] == pytest.approx(t0)
     assert run.result["m"].as_hard().source_error.value == pytest.approx(want)
