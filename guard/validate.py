@@ -18,9 +18,12 @@ key, what was allowed, what came and where to fix it.
   one): the guard fails such a scene closed, the sidecar answers 422.
 - :func:`is_blank` — text with no visible character (only whitespace, control and format
   characters): a request that says nothing, refused like an empty one.
-- :func:`load_yaml` — a YAML file a person writes (a policy, a scoring or serve config, a
-  lexicon), with a key given twice refused by its path and line (PyYAML keeps the last one
-  silently).
+- :func:`load_yaml` — every YAML file spotstop reads (a policy, a scoring or serve config, a
+  lexicon, a bundle's manifest and member files), read as written: YAML 1.2's core schema
+  (:data:`YAML_RULES`; ``no`` and ``1:30`` stay text, ``012`` is 12), with a key given twice
+  refused by its path and lines (PyYAML keeps the last one silently).
+- :func:`dump_yaml` — every YAML file spotstop writes, read back equal by :func:`load_yaml`
+  (and by YAML 1.1 tools).
 - :func:`csv_header` — a CSV table's header, its names stripped, a name given twice refused
   (the csv module keeps the last cell of such a column, silently). Open the file with
   :data:`CSV_ENCODING`, which drops the byte-order mark a spreadsheet's "CSV UTF-8" writes.
@@ -28,8 +31,11 @@ key, what was allowed, what came and where to fix it.
 
 from __future__ import annotations
 
+import datetime
 import difflib
+import functools
 import math
+import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeGuard
@@ -39,11 +45,13 @@ from spotstop.guard._errors import ConfigError
 
 __all__ = [
     "CSV_ENCODING",
+    "YAML_RULES",
     "as_1d_float",
     "check_keys",
     "check_mapping",
     "check_number",
     "csv_header",
+    "dump_yaml",
     "is_blank",
     "is_int",
     "is_real",
@@ -54,37 +62,170 @@ __all__ = [
 
 
 def load_yaml(text: str, *, source: str, error: type[Exception] = ConfigError) -> Any:
-    """The YAML document in ``text`` (safe types only); raises ``error`` naming ``source`` for
-    text that is not YAML, and for a key that appears twice in one mapping (its dotted path and
-    line): PyYAML would keep the last one and lose the first silently."""
+    """The YAML document in ``text``, read as it is written; raises ``error`` naming ``source``.
+
+    Every YAML file spotstop reads comes through here (a test keeps it so). Plain scalars are
+    read by the YAML 1.2 core schema (:data:`YAML_RULES`), not PyYAML's YAML 1.1:
+
+    - only ``true``/``false`` are booleans: ``yes``, ``no``, ``on``, ``off`` stay strings (a
+      robot id ``no`` is the text ``no``; ``warmup: off`` is refused by the setting's own check
+      as not true or false, where YAML 1.1 made it ``False`` silently);
+    - integers are decimal (``012`` is 12, not octal 10), ``0o17`` or ``0x1f``; ``1:30`` is the
+      text ``1:30`` (YAML 1.1 made it 90, a sexagesimal number); ``1_000`` is text;
+    - floats: ``1.5``, ``1e-3`` (text in YAML 1.1), ``.inf``, ``-.inf``, ``.nan``;
+    - ``null``, ``~`` or nothing is None; a date is text (``created: 2026-05-01T12:00:00Z``);
+      ``<<`` is an ordinary key (no merge keys).
+
+    Only safe types are built. A key given twice in one mapping (twice as written, or twice
+    once read: ``1`` and ``01``) is refused with its dotted path and both lines: PyYAML would
+    keep the last one and lose the first silently. Text that is not YAML is refused too.
+    """
     import yaml
 
+    loader = _yaml_types()[0](text)
     try:
-        _no_key_twice(yaml.compose(text, Loader=yaml.SafeLoader), source, "", error)
-        return yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _no_key_twice(node, loader, source, "", error)
+        return loader.construct_document(node)
     except yaml.YAMLError as e:
         raise error(f"{source} is not valid YAML: {e}") from e
+    finally:
+        loader.dispose()
 
 
-def _no_key_twice(node: Any, source: str, where: str, error: type[Exception]) -> None:
+def dump_yaml(data: Any) -> str:
+    """``data`` as YAML text that :func:`load_yaml` reads back equal (keys in their order,
+    Unicode as it is); every YAML file spotstop writes comes through here.
+
+    A string that either YAML 1.2 or YAML 1.1 would read as something else (``yes``,
+    ``1:30``, ``012``, ``1e5``, ``0o17``, ``null``, a date) is quoted, so the file also reads
+    the same in a YAML 1.1 tool. Dates and times are refused: write them as ISO 8601 strings.
+    """
     import yaml
 
+    return str(yaml.dump(data, Dumper=_yaml_types()[1], sort_keys=False, allow_unicode=True))
+
+
+#: the plain scalars :func:`load_yaml` reads as something other than a string (YAML 1.2 core
+#: schema): tag → pattern of the whole scalar
+YAML_RULES: dict[str, str] = {
+    "null": r"~|null|Null|NULL|",
+    "bool": r"true|True|TRUE|false|False|FALSE",
+    "int": r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+",
+    "float": (
+        r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+    ),
+}
+_FIRST: dict[str, list[str]] = {
+    "null": ["~", "n", "N", ""],
+    "bool": list("tTfF"),
+    "int": list("-+0123456789"),
+    "float": list("-+.0123456789"),
+}
+
+
+@functools.cache
+def _yaml_types() -> tuple[Any, Any]:
+    """The loader and the dumper classes (built on first use: no yaml import at import time)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """Reads plain scalars by YAML_RULES only (none of YAML 1.1's)."""
+
+    Loader.yaml_implicit_resolvers = {}
+
+    class Dumper(yaml.SafeDumper):
+        """Quotes a string that YAML 1.1 (SafeDumper's rules) or YAML 1.2 would not read as
+        a string."""
+
+    for tag, pattern in YAML_RULES.items():  # int before float: "1" is an int
+        rx = re.compile(rf"^(?:{pattern})$")
+        for cls in (Loader, Dumper):
+            cls.add_implicit_resolver(f"tag:yaml.org,2002:{tag}", rx, _FIRST[tag])
+
+    def scalar(loader: Any, node: Any, tag: str) -> str:
+        value = str(loader.construct_scalar(node))
+        if not re.fullmatch(YAML_RULES[tag], value):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{value!r} is not a YAML 1.2 {tag}", node.start_mark
+            )
+        return value
+
+    def to_bool(loader: Any, node: Any) -> bool:
+        return scalar(loader, node, "bool").lower() == "true"
+
+    def to_int(loader: Any, node: Any) -> int:
+        value = scalar(loader, node, "int")
+        base = {"0o": 8, "0x": 16}.get(value[:2], 10)
+        return int(value[2:] if base != 10 else value, base)
+
+    def to_float(loader: Any, node: Any) -> float:
+        value = scalar(loader, node, "float").lower()
+        special = {".inf": math.inf, "+.inf": math.inf, "-.inf": -math.inf, ".nan": math.nan}
+        return special[value] if value in special else float(value)
+
+    Loader.add_constructor("tag:yaml.org,2002:bool", to_bool)
+    Loader.add_constructor("tag:yaml.org,2002:int", to_int)
+    Loader.add_constructor("tag:yaml.org,2002:float", to_float)
+
+    def no_time(dumper: Any, data: Any) -> Any:
+        raise yaml.representer.RepresenterError(
+            f"{data!r}: a date or time is written as an ISO 8601 string (.isoformat()), "
+            "which spotstop's YAML reader reads back as it is"
+        )
+
+    Dumper.add_representer(datetime.date, no_time)
+    Dumper.add_representer(datetime.datetime, no_time)
+
+    return Loader, Dumper
+
+
+def _no_key_twice(
+    node: Any,
+    loader: Any,
+    source: str,
+    where: str,
+    error: type[Exception],
+    done: set[int] | None = None,
+    inside: frozenset[int] = frozenset(),
+) -> None:
+    """Refuse a mapping (at any depth below ``node``) that holds a key twice: as written, or
+    as read (``1`` and ``01``, ``0x10`` and ``16``: the dict would keep one); and a node that
+    holds itself through an alias (``a: &x [*x]``: no config is endless). A node reached again
+    through an alias is checked once."""
+    import yaml
+
+    done = set() if done is None else done
+    if id(node) in inside:
+        raise error(
+            f"{where} holds itself through an alias (an endless value); write the value out "
+            f"in {source}."
+        )
+    if id(node) in done:
+        return
+    done.add(id(node))
+    inside = inside | {id(node)}
     if isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _no_key_twice(item, source, f"{where}[{i}]", error)
+            _no_key_twice(item, loader, source, f"{where}[{i}]", error, done, inside)
     if not isinstance(node, yaml.MappingNode):
         return
-    seen: set[str] = set()
+    seen: dict[Any, int] = {}
     for key_node, value_node in node.value:
-        key = str(key_node.value)
-        path = join_key(where, key)
-        if key in seen:
-            raise error(
-                f"{path} appears twice (line {key_node.start_mark.line + 1}); each key may "
-                f"appear once, and the first one would be lost. Merge them in {source}."
-            )
-        seen.add(key)
-        _no_key_twice(value_node, source, path, error)
+        path = join_key(where, str(key_node.value))
+        if isinstance(key_node, yaml.ScalarNode):
+            key = loader.construct_object(key_node)  # str, number, bool, None: hashable
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise error(
+                    f"{path} appears twice (line {line}), first at line {seen[key]}; each key "
+                    f"may appear once, and the first one would be lost. Merge them in {source}."
+                )
+            seen[key] = line
+        _no_key_twice(value_node, loader, source, path, error, done, inside)
 
 
 #: the encoding every CSV table is read in: UTF-8, with a leading byte-order mark dropped

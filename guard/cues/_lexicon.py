@@ -571,8 +571,8 @@ def _check_phrases(lex: ClaimLexicon) -> tuple[dict[str, _Entry], dict[str, str]
 def _quote_hint(value: object) -> str:
     if isinstance(value, bool | int | float) or value is None:
         return (
-            " YAML reads unquoted no/yes/on/off/true/false/null and numbers as non-strings: "
-            "write the word in quotes ('no')."
+            " YAML reads unquoted true/false/null and numbers as non-strings: write the word "
+            "in quotes ('true')."
         )
     return ""
 

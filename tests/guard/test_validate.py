@@ -212,3 +212,173 @@ def test_a_scoring_config_that_is_no_text_file_is_a_config_error(tmp_path) -> No
     for path in (tmp_path, latin):
         with pytest.raises(ConfigError, match="cannot be read as UTF-8 text"):
             load_scoring_config(path)
+
+
+# -- YAML as written: the YAML 1.2 core schema, one reader and one writer ----------------------
+
+#: strings that YAML 1.1 (PyYAML's safe_load) or YAML 1.2 reads as something else when unquoted
+TRICKY = [
+    *("yes", "no", "on", "off", "Y", "n", "True", "NULL", "~", ""),
+    *("1:30", "012", "0o17", "0x1f", "1_000", "1e5", "1.5e3", "12e4567", "+1", ".5", ".inf"),
+    *("2026-05-01", "2026-05-01T12:00:00+00:00", "<<", "=", "sha256:1e5", "ü", "a: b", "- x"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1:30", "1:30"),  # YAML 1.1: 90 (sexagesimal)
+        ("1:30.5", "1:30.5"),  # YAML 1.1: 90.5
+        ("no", "no"),  # YAML 1.1: False
+        ("yes", "yes"),
+        ("off", "off"),
+        ("On", "On"),
+        ("012", 12),  # YAML 1.1: 10 (octal)
+        ("0o17", 15),
+        ("0x1f", 31),
+        ("-7", -7),
+        ("1_000", "1_000"),  # YAML 1.1: 1000
+        ("1e-3", 0.001),  # YAML 1.1: the text '1e-3'
+        ("2.5", 2.5),
+        ("-.inf", -math.inf),
+        ("2026-05-01T12:00:00Z", "2026-05-01T12:00:00Z"),  # YAML 1.1: a datetime
+        ("2026-05-01", "2026-05-01"),
+        ("true", True),
+        ("FALSE", False),
+        ("~", None),
+        ("", None),
+        ("'no'", "no"),
+        ('"1:30"', "1:30"),
+    ],
+)
+def test_load_yaml_reads_plain_scalars_by_yaml_1_2(text: str, value: object) -> None:
+    from spotstop.guard.validate import load_yaml
+
+    got = load_yaml(f"key: {text}\n", source="s")["key"]
+    assert got == value and type(got) is type(value)
+
+
+def test_load_yaml_refuses_a_key_twice_once_read_and_a_yaml_1_1_tag() -> None:
+    """``1`` and ``01`` are one key once read: the dict kept the second silently."""
+    from spotstop.guard.validate import load_yaml
+
+    assert math.isnan(load_yaml("x: .NaN\n", source="s")["x"])
+    assert load_yaml("<<: {a: 1}\n", source="s") == {"<<": {"a": 1}}  # no merge keys
+    assert load_yaml("a: &x {b: [1]}\nc: *x\n", source="s") == {"a": {"b": [1]}, "c": {"b": [1]}}
+    with pytest.raises(ConfigError, match=r"a\[0\] holds itself through an alias .* in s\."):
+        load_yaml("a: &x [*x]\n", source="s")  # was a RecursionError
+    for text, where in (
+        ("a:\n  1: x\n  01: y\n", r"a\.01 appears twice \(line 3\), first at line 2"),
+        ("0x10: x\n16: y\n", r"16 appears twice \(line 2\), first at line 1"),
+        ("true: x\nTrue: y\n", r"True appears twice \(line 2\)"),
+    ):
+        with pytest.raises(ConfigError, match=where + ".*Merge them in s"):
+            load_yaml(text, source="s")
+    for text in ("x: !!bool yes\n", "x: !!int 1:30\n", "x: !!float 1:30.5\n"):
+        with pytest.raises(ConfigError, match=r"s is not valid YAML: .* is not a YAML 1\.2"):
+            load_yaml(text, source="s")
+
+
+def test_yaml_1_1_readings_in_the_configs_are_refused_by_key_or_kept_as_written(
+    tmp_path,
+) -> None:
+    """YAML 1.1 read a situation policy's `window: 1:30` as 90 and `min_refs: 010` as 8 (the
+    threshold of every scene of the room moved, silently), `robot_id: no` as False (refused
+    as no robot id) and `detect: no`/`warmup: off` as False."""
+    import yaml
+    from spotstop.guard._config import load_scoring_config
+    from spotstop.guard.cues import load_lexicon
+    from spotstop.guard.policies import PolicyError, load_policy
+    from spotstop.guard.serve import ServeSettings, SettingsError
+    from spotstop.guard.serve._settings import load_serve_config
+
+    from tests.guard.policies.test_policies import _doc
+
+    situation = {
+        "kind": "situation",
+        "window": 12,
+        "min_refs": 3,
+        "fallback": {"kind": "frozen", "threshold": 0.25},
+    }
+    policy = tmp_path / "policy.yaml"
+    text = yaml.safe_dump(_doc(situation), sort_keys=False)
+    assert "window: 12\n" in text and "min_refs: 3\n" in text
+    policy.write_text(text.replace("window: 12", "window: 1:30"))
+    with pytest.raises(PolicyError, match=r"policy\.window .*got '1:30'"):
+        load_policy(policy)
+    policy.write_text(text.replace("min_refs: 3", "min_refs: 010"))
+    assert load_policy(policy).policy.min_refs == 10  # type: ignore[attr-defined]
+    policy.write_text(text + "text_in_scene: {detect: no}\n")
+    with pytest.raises(PolicyError, match=r"text_in_scene\.detect must be true or false; got 'no'"):
+        load_policy(policy)
+
+    serve = tmp_path / "serve.yaml"
+    serve.write_text("bundle: b\nrobot_id: no\n")
+    assert ServeSettings(**load_serve_config(serve)).robot_id == "no"
+    serve.write_text("bundle: b\ndeadline_s: 1:30\n")
+    with pytest.raises(SettingsError, match=r"deadline_s must be a number of seconds.*got '1:30'"):
+        ServeSettings(**load_serve_config(serve))
+
+    scoring = tmp_path / "scoring.yaml"
+    scoring.write_text("batch_size: 1:30\n")
+    with pytest.raises(ConfigError, match=r"batch_size .*'1:30'"):
+        load_scoring_config(scoring)
+
+    lexicon = tmp_path / "lexicon.yaml"
+    lexicon.write_text(
+        "reassuring: [safe]\nalarming: [hot]\nnegation: {words: [no, off], window: 2}\n"
+    )
+    assert {"no", "off"} <= set(load_lexicon(lexicon).negation_words)
+
+
+def test_dump_yaml_reads_back_equal_here_and_in_yaml_1_1() -> None:
+    """PyYAML's safe_dump writes '1e5', '0o17' and '12e4567' (a digest can look so) unquoted:
+    text to YAML 1.1, numbers to YAML 1.2. dump_yaml quotes what either would read otherwise."""
+    import yaml
+    from spotstop.guard.validate import dump_yaml, load_yaml
+
+    data = {
+        "strings": TRICKY,
+        "keys": {s: i for i, s in enumerate(TRICKY)},
+        "numbers": [0, -3, 10**20, 1e-5, 1e20, 0.1, -2.5, math.inf, -math.inf],
+        "other": [True, False, None, [], {}],
+        "nested": [{"a": ["1:30", {"b": "no"}]}],
+    }
+    text = dump_yaml(data)
+    assert load_yaml(text, source="s") == data
+    assert yaml.safe_load(text) == data
+    nan = load_yaml(dump_yaml({"x": math.nan}), source="s")["x"]
+    assert math.isnan(nan)
+    with pytest.raises(yaml.YAMLError, match=r"ISO 8601 string"):
+        dump_yaml({"created": __import__("datetime").datetime(2026, 5, 1)})
+
+
+def _yaml_we_ship() -> list[tuple[str, str]]:
+    """Every committed YAML file, and every YAML example of the docs and the README."""
+    import re
+
+    out = [
+        (str(p.relative_to(ROOT)), p.read_text(encoding="utf-8"))
+        for pattern in ("guard/**/*.yaml", "tests/**/*.yaml")
+        for p in sorted(ROOT.glob(pattern))
+    ]
+    for page in [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]:
+        text = page.read_text(encoding="utf-8")
+        for i, m in enumerate(re.finditer(r"```ya?ml\n(.*?)```", text, re.S)):
+            out.append((f"{page.relative_to(ROOT)} example {i}", m.group(1)))
+    return out
+
+
+def test_nothing_we_ship_relied_on_yaml_1_1() -> None:
+    """The committed bundle, lexicon and test data and the docs' examples read as YAML 1.1 read
+    them, and the writers write them byte for byte as before."""
+    import yaml
+    from spotstop.guard.validate import dump_yaml, load_yaml
+
+    shipped = _yaml_we_ship()
+    assert any(n.endswith("tiny_bundle/manifest.yaml") for n, _ in shipped)
+    assert any(n.startswith("docs/") for n, _ in shipped)
+    for name, text in shipped:
+        old = yaml.safe_load(text)
+        assert load_yaml(text, source=name) == old, name
+        assert dump_yaml(old) == yaml.safe_dump(old, sort_keys=False, allow_unicode=True), name

@@ -200,7 +200,7 @@ VALIDATION: list[tuple[str, str]] = [
     (GRAMMAR_YAML.replace("  groups:\n", "  groups: []\n  x:\n"), "grammar.x is not a known key"),
     (GRAMMAR_YAML.replace("nouns: [kiln]", "nouns: kiln"), "grammar.groups[0].nouns must be a list of words"),
     (GRAMMAR_YAML.replace("nouns: [kiln]", "nouns: [kiln, 5]"), "grammar.groups[0].nouns[1] must be a word with letters"),
-    (GRAMMAR_YAML.replace('reassuring: ["off"]', "reassuring: [off]"), "grammar.groups[0].reassuring[0] must be a word with letters or digits; got bool False. YAML reads"),
+    (GRAMMAR_YAML.replace('reassuring: ["off"]', "reassuring: [false]"), "grammar.groups[0].reassuring[0] must be a word with letters or digits; got bool False. YAML reads"),
     (GRAMMAR_YAML.replace("nouns: [kiln]", "nouns: [hot]"), "grammar.groups[0].nouns[0] 'hot' is the same word as alarming[0] 'hot'; a word has one role"),
     (GRAMMAR_YAML.replace('alarming: ["on"]', 'alarming: ["on", safe]'), "grammar.groups[0].alarming[1] 'safe' is the same word as reassuring[0] 'safe'"),
     (GRAMMAR_YAML.replace('alarming: ["on"]', 'alarming: ["off"]'), "grammar.groups[0].alarming[0] 'off' is already a state of this group (grammar.groups[0].reassuring[0])"),

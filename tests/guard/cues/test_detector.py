@@ -590,7 +590,7 @@ VALIDATION: list[tuple[str, str]] = [
     (GOOD.replace("[hot]", "[Safe]"), "alarming[0] 'Safe' is the same phrase as reassuring[0] 'safe'"),
     (GOOD + "neutral: [HOT]\n", "neutral[0] 'HOT' is the same phrase as alarming[0] 'hot'"),
     (GOOD.replace("[safe]", "[]").replace("[hot]", "[]"), "has no reassuring and no alarming phrase"),
-    (GOOD.replace('["not"]', "[no]"), "negation.words[0] must be one word (letters or digits, apostrophes allowed); got bool False. YAML reads unquoted no"),
+    (GOOD.replace('["not"]', "[true]"), "negation.words[0] must be one word (letters or digits, apostrophes allowed); got bool True. YAML reads unquoted true"),
     (GOOD.replace('["not"]', '["do not"]'), "negation.words[0] must be one word"),
     (GOOD.replace('["not"]', '["not", "NOT"]'), "negation.words[1] 'NOT' is listed twice"),
     (GOOD.replace('["not"]', '["hot"]'), "negation.words ['hot'] are also phrases (alarming[0])"),

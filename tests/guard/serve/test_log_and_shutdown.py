@@ -306,6 +306,8 @@ def test_serve_config_values_of_the_wrong_type_are_refused_by_name(tmp_path: Pat
     for text, match in [
         ("warmup: 'false'\n", r"warmup must be true or false; got 'false'"),
         ("sighup: 0\n", r"sighup must be true or false; got 0"),
+        ("sighup: no\n", r"sighup must be true or false; got 'no'"),  # YAML 1.2: text
+        ("warmup: off\n", r"warmup must be true or false; got 'off'"),
         ("device: 0\n", r"device must be a device name such as 'cpu'.*got 0"),
     ]:
         cfg.write_text(f"bundle: b\n{text}")
@@ -314,7 +316,9 @@ def test_serve_config_values_of_the_wrong_type_are_refused_by_name(tmp_path: Pat
     cfg.write_text("bundle: b\ntoken_env: 5\n")
     with pytest.raises(SettingsError, match=r"token_env must name an environment variable"):
         load_serve_config(cfg)
-    cfg.write_text("bundle: b\nwarmup: false\nsighup: no\ndevice: cuda:0\n")  # as YAML reads them
+    cfg.write_text(
+        "bundle: b\nwarmup: false\nsighup: False\ndevice: cuda:0\n"
+    )  # as YAML reads them
     s = ServeSettings(**load_serve_config(cfg))
     assert (s.warmup, s.sighup, s.device) == (False, False, "cuda:0")
 
