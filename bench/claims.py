@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
+from spotstop.guard.validate import load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "bench") not in sys.path:
@@ -41,7 +41,7 @@ KINDS = ("reassuring", "alarming", "neutral")
 
 
 def load_eval(path: Path = EVAL) -> dict[str, list[str]]:
-    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    doc = load_yaml(path.read_text(encoding="utf-8"), source=str(path))
     return {k: [str(t) for t in doc[k]] for k in KINDS}
 
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import yaml
+from spotstop.guard.validate import dump_yaml, load_yaml
 
 
 def _bundle() -> Path:
@@ -90,7 +90,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         bundle = Path(tmp) / "bundle"
         shutil.copytree(src, bundle, ignore=shutil.ignore_patterns("*.sqlite*", "state"))
-        doc = yaml.safe_load((bundle / "policy.yaml").read_text())
+        doc = load_yaml((bundle / "policy.yaml").read_text(), source="policy.yaml")
 
         def run(guard: Guard) -> list[float]:
             guard.check(scenes[0])  # warm up
@@ -112,7 +112,7 @@ def main() -> int:
             ocr.append(time.perf_counter() - t)
             flagged += int(r.reassuring or r.alarming)
         doc["text_in_scene"] = {"detect": True}
-        (bundle / "policy.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        (bundle / "policy.yaml").write_text(dump_yaml(doc))
         with Guard(
             bundle, log=Path(tmp) / "on.sqlite", threads=args.threads, text_detector=det
         ) as g:

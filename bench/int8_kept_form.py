@@ -39,7 +39,7 @@ from int8_gemm import cpu_info
 def float_copy(src: Path, dst: Path) -> dict[str, int]:
     """``dst``: ``src`` with its kept layers at float activations; per graph, how many."""
     import onnx
-    import yaml
+    from spotstop.guard.validate import load_yaml
 
     if dst.exists():
         shutil.rmtree(dst)
@@ -47,7 +47,7 @@ def float_copy(src: Path, dst: Path) -> dict[str, int]:
     man = dst / "manifest.yaml"
     text = man.read_text(encoding="utf-8")
     changed: dict[str, int] = {}
-    for rel in yaml.safe_load(text)["files"]:
+    for rel in load_yaml(text, source=str(man))["files"]:
         if not rel.endswith(".onnx"):
             continue
         p = dst / rel
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify-scenes", type=int, default=6)
     ap.add_argument("--results", type=Path, default=None, help="RESULTS.md to update")
     args = ap.parse_args(argv)
-    import yaml
+    from spotstop.guard.validate import load_yaml
 
     t0 = time.perf_counter()
     src = args.bundle.resolve()
@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{med[b.name] / med[src.name]:.2f}x | {check} |"
         )
     cpu = cpu_info()
-    member = yaml.safe_load((src / "manifest.yaml").read_text(encoding="utf-8"))["members"][0][
+    manifest = src / "manifest.yaml"
+    member = load_yaml(manifest.read_text(encoding="utf-8"), source=str(manifest))["members"][0][
         "name"
     ]
     cmd = "python bench/int8_kept_form.py " + " ".join(argv if argv is not None else sys.argv[1:])

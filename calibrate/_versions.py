@@ -37,7 +37,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from spotstop.calibrate._logdata import CalibrationError
 from spotstop.guard._files import NEW_FILE_MODE, atomic_write_bytes
 from spotstop.guard.policies import (
@@ -47,6 +46,7 @@ from spotstop.guard.policies import (
     load_policy,
     policy_text,
 )
+from spotstop.guard.validate import load_yaml
 
 __all__ = [
     "POLICY_DIR",
@@ -96,7 +96,7 @@ def _bundle_paths(bundle_dir: str | os.PathLike[str]) -> tuple[Path, Path, Any]:
 
 def _peek(path: Path) -> tuple[str, str]:
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = load_yaml(path.read_text(encoding="utf-8"), source=str(path))
         return str(doc["policy"]["kind"]), str(doc["created"])
     except Exception:  # a damaged history file is listed, not fatal
         return "?", "?"

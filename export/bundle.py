@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
 from spotstop.guard import ScoringConfig
 from spotstop.guard._bundle import (
     BUNDLE_FORMAT,
@@ -28,6 +27,7 @@ from spotstop.guard._files import atomic_write_text
 from spotstop.guard._hf import TEST_PAIR_NOTE, render_template, resolve_member
 from spotstop.guard._member import check_budget_keys, member_visual_tokens, resolve_image_size
 from spotstop.guard._prompt import prompt_hash
+from spotstop.guard.validate import dump_yaml
 
 __all__ = ["write_bundle"]
 
@@ -143,7 +143,6 @@ def _write_manifest(
     }
     atomic_write_text(
         root / "manifest.yaml",
-        (f"# {TEST_PAIR_NOTE}\n" if test_pair else "")
-        + yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True),
+        (f"# {TEST_PAIR_NOTE}\n" if test_pair else "") + dump_yaml(manifest),
     )
     return str(manifest["bundle_id"])

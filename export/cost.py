@@ -272,10 +272,10 @@ def bundle_cost(path: str | os.PathLike[str], *, request: str = DEFAULT_REQUEST)
     """
     import json
 
-    import yaml
     from spotstop.guard import load_bundle
     from spotstop.guard._arch import get_arch
     from spotstop.guard._prompt import PromptEncoder
+    from spotstop.guard.validate import load_yaml
 
     b = load_bundle(path, verify=False)
     entries = {e["name"]: e for e in b.manifest.get("members", [])}
@@ -310,9 +310,8 @@ def bundle_cost(path: str | os.PathLike[str], *, request: str = DEFAULT_REQUEST)
         graphs = bm.path / "spotstop_onnx.yaml"  # guard.backends._graphs.GRAPHS_FILE
         decoder: dict[str, Any] = {}
         if onnx and graphs.is_file():
-            decoder = (yaml.safe_load(graphs.read_text(encoding="utf-8")) or {}).get(
-                "decoder"
-            ) or {}
+            text = graphs.read_text(encoding="utf-8")
+            decoder = (load_yaml(text, source=str(graphs)) or {}).get("decoder") or {}
             buckets = buckets or sorted(int(x) for x in decoder.get("buckets") or [])
         # onnxruntime runs a dynamic-length decoder at the prompt's own length; one graph per
         # bucket (the old Qwen3.5 format) and TensorRT engines run at the padded bucket

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from PIL import Image
 from spotstop.export.configs import ExportConfig, get_export_config
 from spotstop.export.exporters import DECODER_INPUTS, DECODER_OUTPUTS, export_decoder, export_vision
@@ -89,6 +88,7 @@ from spotstop.guard.backends._onnx import (
     combine_scores,
     decoder_feeds,
 )
+from spotstop.guard.validate import dump_yaml
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -850,9 +850,7 @@ def _stage_write(job: _Job, out: Path, t0: float, own_peak: bool) -> MemberExpor
             if c.output != "score"
         },
     }
-    (out / GRAPHS_FILE).write_text(
-        yaml.safe_dump(meta, sort_keys=False, allow_unicode=True), encoding="utf-8"
-    )
+    (out / GRAPHS_FILE).write_text(dump_yaml(meta), encoding="utf-8")
     files = tuple(sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()))
     return MemberExport(
         name=job.mname,

@@ -398,7 +398,6 @@ def derive_bundle(
     :func:`spotstop.export.verify.verify_bundle` (``spotstop verify-bundle``).
     """
     import onnx
-    import yaml
     from spotstop.export.gptq import nbits_quantizer_meta
     from spotstop.export.nbits import nbits_weights
     from spotstop.export.onnx import _save, onnx_weight_bytes
@@ -406,6 +405,7 @@ def derive_bundle(
     from spotstop.export.quant import quantizer_meta
     from spotstop.guard import load_bundle
     from spotstop.guard.backends._onnx import GRAPHS_FILE
+    from spotstop.guard.validate import dump_yaml, load_yaml
 
     b = load_bundle(src)
     if b.manifest.get("export", {}).get("precision") != "fp32":
@@ -427,7 +427,9 @@ def derive_bundle(
         total = 0
         for entry in b.manifest["members"]:
             mdir = root / entry["path"]
-            meta = yaml.safe_load((mdir / GRAPHS_FILE).read_text(encoding="utf-8"))
+            meta = load_yaml(
+                (mdir / GRAPHS_FILE).read_text(encoding="utf-8"), source=str(mdir / GRAPHS_FILE)
+            )
             onnx_dir = mdir / "onnx"
             opts = ConvertOptions()  # no torch model here: no calibration, rounded to nearest
             vision = convert_precision(
@@ -461,9 +463,7 @@ def derive_bundle(
                 "precision": "fp32",
                 "validated": "not against torch: run spotstop verify-bundle",
             }
-            (mdir / GRAPHS_FILE).write_text(
-                yaml.safe_dump(meta, sort_keys=False, allow_unicode=True), encoding="utf-8"
-            )
+            (mdir / GRAPHS_FILE).write_text(dump_yaml(meta), encoding="utf-8")
             method = qmeta["quantizer"]["method"] if qmeta else None
             new = {**entry, "precision": precision, "weight_bytes": int(wb), "quantizer": method}
             new.pop("int4_int8", None)

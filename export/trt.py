@@ -35,10 +35,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from spotstop.guard._config import DEFAULT_BATCH_SIZE
 from spotstop.guard.backends._graphs import GRAPHS_FILE, graph_files
 from spotstop.guard.backends._trt_record import TRT_PRECISIONS, engine_path, write_engine_record
+from spotstop.guard.validate import load_yaml
 
 __all__ = ["build_engines", "engine_specs", "network_typing", "write_trt_script"]
 
@@ -84,7 +84,7 @@ def engine_specs(
         fixed: dict[str, int] = {}  # graph → its length bucket (one decoder per bucket)
         meta_path = e.path / GRAPHS_FILE
         if meta_path.is_file():  # what the backends read: the graphs and their buckets
-            meta = yaml.safe_load(meta_path.read_text(encoding="utf-8"))
+            meta = load_yaml(meta_path.read_text(encoding="utf-8"), source=str(meta_path))
             vision, decoders = graph_files(meta)
             buckets = [int(b) for b in meta["decoder"]["buckets"]]
             if meta["decoder"]["fixed_length"]:

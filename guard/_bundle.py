@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from spotstop.guard._config import parse_image_size
 from spotstop.guard._errors import ConfigError, GuardError
 from spotstop.guard._hf import OPTIONAL_MEMBER_FILES
 from spotstop.guard._prompt import PromptSpec, RenderedTemplate
+from spotstop.guard.validate import load_yaml
 
 __all__ = [
     "Bundle",
@@ -405,10 +405,7 @@ def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
             f"{root} is not a spotstop bundle (no manifest.yaml). Make one with "
             "`spotstop demo` (tiny test pair) or the export tools."
         )
-    try:
-        m = yaml.safe_load(mpath.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise BundleError(f"{mpath} is not valid YAML: {e}") from e
+    m = load_yaml(mpath.read_text(encoding="utf-8"), source=str(mpath), error=BundleError)
     if not isinstance(m, dict) or m.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"{mpath} is not a spotstop bundle manifest (format != {BUNDLE_FORMAT}).")
     if m.get("version") != BUNDLE_VERSION:

@@ -88,3 +88,29 @@ def test_imports_parse() -> None:
 
 def test_the_console_script_is_the_composition_root() -> None:
     assert PYPROJECT["project"]["scripts"] == {"spotstop": "spotstop.cli:main"}
+
+
+#: the one module that reads and writes YAML (``load_yaml``, ``dump_yaml``)
+_YAML_HOME = ROOT / "guard" / "validate.py"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in _sources() if p.relative_to(ROOT).parts[0] != "tests" and p != _YAML_HOME],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_yaml_is_read_and_written_in_one_place(path: Path) -> None:
+    """PyYAML's own functions read YAML 1.1 (``1:30`` is 90, ``no`` is False, ``012`` is 10)
+    and keep the last of a key given twice; only guard/validate.py may import yaml, and every
+    other module reads and writes through its ``load_yaml`` and ``dump_yaml``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            hits += [a.name for a in node.names if a.name.split(".")[0] == "yaml"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "yaml":
+            hits.append(str(node.module))
+    assert not hits, (
+        f"{path.relative_to(ROOT)} imports {hits}: read YAML with "
+        "spotstop.guard.validate.load_yaml and write it with dump_yaml"
+    )

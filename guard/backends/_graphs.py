@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from spotstop.guard._errors import MemberLoadError, ScoringError
 from spotstop.guard._hf import MemberFolder
 from spotstop.guard._prompt import ScorePlan
-from spotstop.guard.validate import is_int
+from spotstop.guard.validate import is_int, load_yaml
 
 __all__ = [
     "DECODER_INPUTS",
@@ -151,9 +150,13 @@ def read_meta(folder: MemberFolder) -> dict[str, Any]:
             "`spotstop export --member ... --out BUNDLE`, or use the torch backend."
         )
     try:
-        meta = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise MemberLoadError(f"{path} is not valid YAML ({e}); re-export the member.") from e
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise MemberLoadError(f"{path} is not UTF-8 text ({e}); re-export the member.") from e
+    try:
+        meta = load_yaml(text, source=str(path), error=MemberLoadError)
+    except MemberLoadError as e:  # not YAML, or a key twice
+        raise MemberLoadError(f"{e} Re-export the member.") from e
     if not isinstance(meta, dict) or meta.get("format") != GRAPHS_FORMAT:
         raise MemberLoadError(f"{path} is not a spotstop ONNX member description.")
     if meta.get("version") != GRAPHS_VERSION:

@@ -17,10 +17,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
 from spotstop.guard._bundle import sha256_file
 from spotstop.guard._errors import MemberLoadError
 from spotstop.guard.backends._graphs import graph_files
+from spotstop.guard.validate import dump_yaml, load_yaml
 
 __all__ = [
     "ENGINES_FILE",
@@ -111,7 +111,7 @@ def write_engine_record(
     }
     path = member_dir / ENGINES_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(rec, sort_keys=False), encoding="utf-8")
+    path.write_text(dump_yaml(rec), encoding="utf-8")
     return path
 
 
@@ -138,9 +138,11 @@ def read_engine_record(member_dir: Path) -> dict[str, Any]:
             f"are built on the device after export; {hint}."
         )
     try:
-        rec = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise MemberLoadError(f"{path} is not valid YAML ({e}); {hint}.") from e
+        rec = load_yaml(path.read_text(encoding="utf-8"), source=str(path), error=MemberLoadError)
+    except MemberLoadError as e:  # not YAML, or a key twice
+        raise MemberLoadError(
+            f"{e} The record is written when the engines are built: {hint}."
+        ) from e
     if not isinstance(rec, dict) or rec.get("format") != ENGINES_FORMAT:
         raise MemberLoadError(f"{path} is not a spotstop TensorRT engine record; {hint}.")
     if rec.get("version") != ENGINES_VERSION:

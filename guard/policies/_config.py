@@ -40,7 +40,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import yaml
 from spotstop.guard._errors import ConfigError
 from spotstop.guard._files import atomic_write_text
 from spotstop.guard._fusion import Avg2Fusion, FusionError, _fusion_from_dict
@@ -56,6 +55,7 @@ from spotstop.guard.policies._registry import policy_from_dict
 from spotstop.guard.validate import (
     check_keys,
     check_mapping,
+    dump_yaml,
     is_int,
     is_real,
     join_key,
@@ -381,7 +381,7 @@ def _no_fallback(d: Any, where: str) -> Policy:
 def policy_text(cfg: PolicyConfig) -> str:
     """``cfg`` as a sealed policy file: a first line that says it is sealed, the YAML, and a
     last line ``# sha256: <hex>`` of everything above it (see the module doc)."""
-    body = _SEAL_FIRST_LINE + yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
+    body = _SEAL_FIRST_LINE + dump_yaml(cfg.to_dict())
     return f"{body}# sha256: {hashlib.sha256(body.encode('utf-8')).hexdigest()}\n"
 
 
@@ -488,7 +488,7 @@ def _check_created(x: Any, source: str) -> datetime:
 
 
 def _plain(x: Any) -> Any:
-    """Mappings and sequences as plain dicts and lists, for ``yaml.safe_dump``."""
+    """Mappings and sequences as plain dicts and lists, for :func:`dump_yaml`."""
     if isinstance(x, Mapping):
         return {k: _plain(v) for k, v in x.items()}
     if isinstance(x, list | tuple):

@@ -353,6 +353,42 @@ def test_dump_yaml_reads_back_equal_here_and_in_yaml_1_1() -> None:
         dump_yaml({"created": __import__("datetime").datetime(2026, 5, 1)})
 
 
+@pytest.mark.parametrize("tricky", TRICKY)
+def test_every_writer_reads_back_what_it_wrote(tmp_path, tricky: str) -> None:
+    """The sealed policy file and the TensorRT engine record, with a tricky string in a free
+    text field; the export writers (manifest, spotstop_onnx.yaml) write through dump_yaml too
+    (test_layout keeps every YAML write there)."""
+    from spotstop.guard.backends._trt_record import read_engine_record, write_engine_record
+    from spotstop.guard.policies import load_policy, policy_text
+
+    from tests.guard.policies.test_policies import _doc
+
+    doc = _doc()
+    doc["fitted_on"] = {"dataset": tricky, "names": [tricky], tricky or "empty": 1}
+    cfg = load_policy(doc)
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_text(cfg), encoding="utf-8")
+    assert load_policy(path).to_dict() == cfg.to_dict()
+
+    member = tmp_path / "member"
+    (member / "onnx").mkdir(parents=True)
+    (member / "onnx" / "vision.onnx").write_bytes(b"graph")
+    (member / "trt").mkdir()
+    (member / "trt" / "vision.plan").write_bytes(b"engine")
+    kw = {"tensorrt_version": "10.3", "compute_capability": "8.7", "precision": "fp16"}
+    write_engine_record(
+        member,
+        {"onnx/vision.onnx": "trt/vision.plan"},
+        gpu=tricky,
+        strongly_typed=False,
+        built_by=f"spotstop {tricky}",
+        **kw,
+    )
+    rec = read_engine_record(member)
+    assert (rec["tensorrt"], rec["compute_capability"], rec["precision"]) == ("10.3", "8.7", "fp16")
+    assert (rec["gpu"], rec["built_by"]) == (tricky, f"spotstop {tricky}")
+
+
 def _yaml_we_ship() -> list[tuple[str, str]]:
     """Every committed YAML file, and every YAML example of the docs and the README."""
     import re
