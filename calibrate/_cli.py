@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,7 @@ def recalibrate_command(args: argparse.Namespace) -> int:
             "version": report.get("version"),
             "activated": report.get("activated"),
             "diff": None if diff is None else diff.to_dict(),
+            "pending": data.pending.to_dict(),
         }
         print(json.dumps(out, indent=2, default=str))
         return 0
@@ -225,6 +227,12 @@ def policy_command(args: argparse.Namespace) -> int:
             until=args.until,
         )
     diff = diff_policies(a, b, data, names=(na, nb), batch_size=args.batch_size)
+    if data is not None and data.pending:
+        print(
+            "spotstop policy diff: warning: the log does not say every answer the robot got: "
+            + data.pending.message(),
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(diff.to_dict(), indent=2, default=str))
     else:

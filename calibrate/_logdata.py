@@ -19,6 +19,12 @@ Which decisions
     statistics and situation state use usable decisions whatever their label.
     ``member_not_run`` is only listed when some decision has it.
 
+Answers the log does not say yet
+    Fail-closed amendments waiting in the log's journal or dead letter are applied first (such
+    a decision counts as ``fail_closed``); decisions answered that the log lacks are counted
+    in ``pending`` and said by :meth:`~spotstop.calibrate.Recalibrator.summary` and
+    ``spotstop policy diff --log``.
+
 Labels file
     Applied to the whole log before the time window is cut, so rows for decisions outside
     the window are not errors. See :mod:`spotstop.guard._labels` for its columns.
@@ -41,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from spotstop.guard import GuardError
+from spotstop.guard import GuardError, PendingAnswers
 from spotstop.guard.validate import is_real
 
 __all__ = ["CalibrationError", "CalibrationLog", "parse_time", "read_calibration_log"]
@@ -69,7 +75,8 @@ class CalibrationLog:
     1 the guard ran it on the scene, 0 not, -1 not known: rows before log schema 3).
     bundle_id, prompt_hash, members: what the decisions were filtered to.
     log, labels: sources; since/until: the window asked for (ISO-8601 or None);
-    n_decisions: decisions of any bundle in the window; dropped: counts per reason.
+    n_decisions: decisions of any bundle in the window; dropped: counts per reason;
+    pending: what the log does not say yet (below).
     earlier: with ``since``, this bundle's decisions before it, as the window ``[start,
     since)`` (None without ``since``): what primes a stateful policy's replay, never a fit.
     """
@@ -98,6 +105,10 @@ class CalibrationLog:
     n_decisions: int
     dropped: dict[str, int] = field(default_factory=dict)
     earlier: CalibrationLog | None = None
+    pending: PendingAnswers = field(default_factory=PendingAnswers)
+    """What the robot was answered that the log does not say yet, for the whole log (its
+    journal and dead letter, :func:`spotstop.guard.read_reviewed`): amendments applied (such a
+    decision is ``fail_closed``), decisions the log lacks counted."""
 
     @property
     def n(self) -> int:
@@ -178,9 +189,10 @@ def read_calibration_log(
             "(by default <bundle>/decisions.sqlite)."
         )
     try:
-        arr = read_reviewed(path, labels).arrays  # the log's one reader (the card's too)
+        reviewed = read_reviewed(path, labels)  # the log's one reader (the card's too)
     except LabelsFileError as e:
         raise CalibrationError(f"labels file: {e}") from e
+    arr = reviewed.arrays
     decision_id = np.asarray(arr.decision_id, dtype=object)
     label, contrast, situation = arr.label, arr.contrast_id, arr.situation_id
     t = np.asarray(arr.time, dtype=np.float64)
@@ -251,6 +263,7 @@ def read_calibration_log(
             n_decisions=int(in_window.sum()),
             dropped=dropped,
             earlier=earlier,
+            pending=reviewed.pending,
         )
 
     return window(t0, t1, None if t0 is None else window(None, t0, None))

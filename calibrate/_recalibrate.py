@@ -360,6 +360,10 @@ class Recalibrator:
             f"frozen cut t0 = {self.frozen_.policy.threshold:+.6g} (fused scores recomputed "
             "from the logged member scores)",
         ]
+        if d.pending:
+            lines.append(
+                "warning: the log does not say every answer the robot got: " + d.pending.message()
+            )
         cal = self.conformal_
         if cal is None:
             lines.append("conformal: no usable decision is labelled unsafe")

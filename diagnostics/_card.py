@@ -186,8 +186,14 @@ class Card:
     displays: Mapping[str, Any] = field(repr=False, default_factory=dict)
 
     def summary(self) -> str:
-        """The verdict, one line per sentence with its status."""
-        return "\n".join(f"[{v.status}] {v.topic}: {v.sentence}" for v in self.verdict)
+        """The verdict, one line per sentence with its status; first, when the log does not
+        say every answer the robot got (its journal and dead letter), how many and how the
+        figures take them (``settings["pending"]``)."""
+        lines = [f"[{v.status}] {v.topic}: {v.sentence}" for v in self.verdict]
+        pending = self.settings.get("pending")
+        if pending:
+            lines.insert(0, f"[warn] decision log: {pending}")
+        return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of ``card.json``."""
@@ -435,7 +441,11 @@ def compute_card(
             f"the cases were decided under {len(fusion_keys)} fusions ({', '.join(fusion_keys)}); "
             "their fused scores are on different scales, pooled in the Spot-Stop fields."
         )
+    pending = "" if log is None else log.pending.message()
+    if pending:  # what the robot received is not what the log's rows say (yet)
+        notes.insert(0, f"the decision log does not say every answer the robot got: {pending}")
     settings = {
+        "pending": pending,
         "direct_cut": direct_cut,
         "direct_cut_source": direct_cut_source,
         "direct_cut_note": direct_cut_note or direct_cut_source,

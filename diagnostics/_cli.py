@@ -239,6 +239,8 @@ def run_card(args: argparse.Namespace) -> int:
     except (_BadInput, DiagnosticsError) as exc:
         print(f"spotstop card: {exc}", file=sys.stderr)
         return 2
+    if card.settings.get("pending"):
+        print(f"spotstop card: warning: {card.settings['pending']}", file=sys.stderr)
     for msg in card.settings.get("cut_warnings", ()):
         print(f"spotstop card: warning: {msg}", file=sys.stderr)
     if not args.quiet:

@@ -46,7 +46,14 @@ from spotstop.diagnostics._errors import DataError
 from spotstop.diagnostics._from_log import LogData, _log_data, robot_of_path
 from spotstop.diagnostics._resample import MIN_GROUPS, group_sum_draws, nan_divide, percentile_ci
 from spotstop.diagnostics._results import ConfidenceInterval, Estimate
-from spotstop.guard import GuardError, LabelsFileError, LogArrays, PolicyRow, read_reviewed
+from spotstop.guard import (
+    GuardError,
+    LabelsFileError,
+    LogArrays,
+    PendingAnswers,
+    PolicyRow,
+    read_reviewed,
+)
 from spotstop.guard._log_archive import archive_folder, read_archive_file
 from spotstop.guard._log_read import arrays_from_rows
 
@@ -96,6 +103,7 @@ class _Part:
     archive_files: int = 0
     first_seq: int | None = None  # a collected archive's first position in its log
     log_id: str | None = None  # which log a collected archive's positions are of
+    pending: PendingAnswers | None = None  # a log's journal and dead letter (read_reviewed)
 
 
 def _read_part(path: Path) -> _Part:
@@ -114,6 +122,7 @@ def _read_part(path: Path) -> _Part:
             r.policies,
             r.archived.get("rows", 0),
             r.archived.get("files", 0),
+            pending=r.pending,
         )
     except GuardError as exc:
         raise DataError(f"cannot read {str(path)!r}: {exc}") from exc
@@ -194,7 +203,10 @@ def read_fleet(inputs: Sequence[str | Path], *, labels: str | Path | None = None
     root = Path(paths[0]).parent
     busy = set(robots.tolist())
     idle = tuple(dict.fromkeys(p.robot for p in parts if p.robot not in busy))
-    return _log_data(root, reviewed, policies, archived, robots, tuple(str(p) for p in paths), idle)
+    pending = PendingAnswers.total([p.pending for p in parts if p.pending is not None])
+    return _log_data(
+        root, reviewed, policies, archived, robots, tuple(str(p) for p in paths), idle, pending
+    )
 
 
 # -- the card's per-robot section ------------------------------------------------------------

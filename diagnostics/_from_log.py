@@ -33,6 +33,12 @@ Gray and request-only scores
     and ``provenance["gray_text"]`` says so per version.  A column that is NaN for every
     case is left out (None).
 
+Answers the log does not say yet
+    Fail-closed amendments waiting in the log's journal or dead letter are applied (the
+    decision reads as the fail-closed UNSAFE the robot received, and is dropped as
+    ``fail_closed``); decisions answered that the log lacks are counted.  ``provenance["pending"]``
+    holds the counts and the card warns (:class:`spotstop.guard.PendingAnswers`).
+
 Labels
     From the log's ``labels`` table, or from a ``labels`` file (CSV or JSONL; see
     :func:`spotstop.guard._labels.apply_labels_file`) whose rows override the table's,
@@ -58,6 +64,7 @@ from spotstop.guard import (
     GuardError,
     LabelsFileError,
     LogArrays,
+    PendingAnswers,
     PolicyRow,
     Reviewed,
     decisions_that_count,
@@ -116,6 +123,10 @@ class LogData:
     """The files read (a fleet's logs and stand-alone archives); () for one log."""
     idle_robots: tuple[str, ...] = ()
     """Robots of a fleet whose files hold no decision (their guard logged nothing there)."""
+    pending: PendingAnswers = dataclasses.field(default_factory=PendingAnswers)
+    """What the robot was answered that the log does not say yet (its journal and dead
+    letter): applied to ``arrays`` where the log holds the decision, counted where it lacks it
+    (:func:`spotstop.guard.read_reviewed`)."""
 
     @property
     def n(self) -> int:
@@ -220,7 +231,9 @@ def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogDa
         raise DataError(f"cannot read the decision log {str(path)!r}: {exc}") from exc
     robot = reviewed.robot_id or robot_of_path(path)
     robots = np.full(reviewed.arrays.n, robot, dtype=object)
-    return _log_data(path, reviewed, reviewed.policies, reviewed.archived, robots)
+    return _log_data(
+        path, reviewed, reviewed.policies, reviewed.archived, robots, pending=reviewed.pending
+    )
 
 
 def robot_of_path(path: Path) -> str:
@@ -241,6 +254,7 @@ def _log_data(
     robot_id: NDArray[np.object_] | None = None,
     sources: tuple[str, ...] = (),
     idle_robots: tuple[str, ...] = (),
+    pending: PendingAnswers | None = None,
 ) -> LogData:
     arr = reviewed.arrays
     if arr.n == 0:
@@ -280,6 +294,7 @@ def _log_data(
         robot_id=robot_id,
         sources=sources,
         idle_robots=idle_robots,
+        pending=pending or PendingAnswers(),
     )
 
 
@@ -468,6 +483,7 @@ def log_cases(
         },
         "gray_text": gray_notes,
         "policy_errors": dict(log.policy_errors),
+        "pending": log.pending.to_dict(),
     }
     if log.robot_id is not None:
         robots, counts = np.unique(log.robot_id, return_counts=True)

@@ -20,6 +20,7 @@ from spotstop.guard._guard import Guard
 from spotstop.guard._image import DecodedImage, ImageRefused, decode_image
 from spotstop.guard._labels import LabelsFileError, apply_labels_file
 from spotstop.guard._log import DecisionLog, LogError
+from spotstop.guard._log_pending import PendingAnswers
 from spotstop.guard._log_read import LogArrays
 from spotstop.guard._log_schema import PolicyRow
 from spotstop.guard._member import Member, MemberInfo, load_bundle_member, load_member
@@ -59,6 +60,7 @@ __all__ = [
     "MemberLoadError",
     "MemberScore",
     "MemberStats",
+    "PendingAnswers",
     "PolicyConfig",
     "PolicyError",
     "PolicyRow",

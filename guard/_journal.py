@@ -43,7 +43,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -61,10 +61,12 @@ from spotstop.guard._record import DecisionRecord, record_from_row, record_to_ro
 
 __all__ = [
     "DeadLetter",
+    "DeadLetterRead",
     "Journal",
     "JournalEntry",
     "JournalError",
     "JournalRead",
+    "amendments_of",
     "default_dead_letter_path",
     "default_journal_path",
     "encodable_text",
@@ -114,6 +116,21 @@ def _records(version: int, body: Mapping[str, Any]) -> tuple[DecisionRecord, ...
     return tuple(record_from_row([cols[c][k] for c in COLUMNS]) for k in range(len(rows)))
 
 
+def amendments_of(kept: Iterable[tuple[str, str | None]]) -> list[tuple[tuple[str, ...], str]]:
+    """The fail-closed amendments that kept rows make to their copies the log already holds.
+
+    ``kept``: ``(decision_id, fail_reason)`` of rows as their callers were answered (each a
+    fail-closed UNSAFE) that wait in the journal or the dead letter. A write reported failed
+    may have committed all the same, so the log may hold such a row as it was decided (SAFE);
+    the row must then say what was answered: its ids, grouped by reason, are amended with
+    :meth:`~spotstop.guard.DecisionLog.mark_fail_closed` (which changes SAFE rows only). The
+    writer's import and the log's readers (``_log_pending.py``) both take them from here."""
+    by_reason: dict[str, list[str]] = {}
+    for decision_id, reason in kept:
+        by_reason.setdefault(reason or "", []).append(decision_id)
+    return [(tuple(ids), reason) for reason, ids in by_reason.items()]
+
+
 def default_journal_path(log_path: Path) -> Path:
     """The journal of the log at ``log_path`` when none is configured.
 
@@ -143,6 +160,15 @@ class JournalEntry:
     @property
     def n_rows(self) -> int:
         return len(self.records)
+
+    @property
+    def amendments(self) -> list[tuple[tuple[str, ...], str]]:
+        """What this entry changes in rows the log already holds: an ``amend`` entry its ids
+        and reason; a ``rows`` entry :func:`amendments_of` its rows (what the import does
+        when the log holds them already)."""
+        if self.kind == "amend":
+            return [(self.amend_ids, self.amend_reason)]
+        return amendments_of((r.decision_id, r.fail_reason) for r in self.records)
 
     def to_line(self) -> bytes:
         body: dict[str, Any] = {"v": _VERSION, "kind": self.kind, "log": self.log}
@@ -371,6 +397,15 @@ class Journal:
         with self._locked_read(timeout_s) as (entries, bad, foreign, n):
             return JournalRead(tuple(e for e in entries if self._mine(e)), bad, n, foreign)
 
+    def peek(self) -> JournalRead:
+        """This log's readable entries, read without the journal's lock and without changing
+        anything (no lock file, no folder, nothing set apart): for the log's readers, which
+        must never write nor hold up the guard. A line being appended while it is read, or
+        a torn one, counts as ``rejected`` (it stays where it is); a journal replaced while
+        it is read is read whole, old or new (replacing is a rename)."""
+        entries, bad, foreign, n = self._load()
+        return JournalRead(tuple(e for e in entries if self._mine(e)), len(bad), n, tuple(foreign))
+
     @contextlib.contextmanager
     def _locked_read(
         self, timeout_s: float | None = None
@@ -471,6 +506,23 @@ def _plain(x: object, depth: int = 0) -> object:
     return encodable_text(repr(x))
 
 
+@dataclass(frozen=True)
+class DeadLetterRead:
+    """What the dead letter changes in what its log says (:meth:`DeadLetter.changes`).
+
+    amendments: ``(ids, reason)`` of fail-closed amendments: the ``amend`` entries, and what
+        the rows set aside make of their copies the log may hold (:func:`amendments_of`).
+    rows: the ids of the rows set aside (decisions answered fail-closed UNSAFE that the log
+        may lack).
+    unreadable: lines that are not an entry (a torn last line, a body that could not be
+        encoded).
+    """
+
+    amendments: tuple[tuple[tuple[str, ...], str], ...]
+    rows: tuple[str, ...]
+    unreadable: int
+
+
 class DeadLetter:
     """Where the writer sets aside what the log can never store, so that it blocks nothing.
 
@@ -547,6 +599,33 @@ class DeadLetter:
             body["reason"] = amend_reason
         self.path.parent.mkdir(parents=True, exist_ok=True)
         append_durably(self.path, self.encode(body))
+
+    def changes(self) -> DeadLetterRead:
+        """What the entries change in what the log says, read as the writer wrote them (see
+        :class:`DeadLetterRead`); nothing is written. :class:`OSError` when the file exists
+        but cannot be read."""
+        try:
+            lines = self.path.read_bytes().splitlines()
+        except FileNotFoundError:
+            return DeadLetterRead((), (), 0)
+        amendments: list[tuple[tuple[str, ...], str]] = []
+        rows: list[str] = []
+        unreadable = 0
+        for line in lines:
+            try:
+                body = json.loads(line)
+                if body["kind"] == "amend":
+                    amendments.append((tuple(str(i) for i in body["ids"]), str(body["reason"])))
+                    continue
+                if body["kind"] != "rows":
+                    raise ValueError(f"unknown dead-letter entry kind {body['kind']!r}")
+                kept = [(str(r["decision_id"]), r.get("fail_reason")) for r in body["rows"]]
+            except (ValueError, KeyError, TypeError, AttributeError):  # torn, or unencodable
+                unreadable += 1
+                continue
+            rows += [i for i, _ in kept]
+            amendments += amendments_of(kept)
+        return DeadLetterRead(tuple(amendments), tuple(rows), unreadable)
 
     def read(self) -> list[dict[str, object]]:
         """The entries, oldest first (a torn last line is skipped): for people and tests."""

@@ -66,6 +66,7 @@ from spotstop.guard._journal import (
     Journal,
     JournalEntry,
     JournalError,
+    amendments_of,
     default_dead_letter_path,
     default_journal_path,
     encodable_text,
@@ -803,9 +804,8 @@ class LogWriter:
             records, images=images, policy=policy, timeout_s=budget.left()
         )
         if added < len(records):
-            for reason in {r.fail_reason or "" for r in records}:
-                ids = [r.decision_id for r in records if (r.fail_reason or "") == reason]
-                self._amend(ids, reason, budget)
+            for ids, reason in amendments_of((r.decision_id, r.fail_reason) for r in records):
+                self._amend(list(ids), reason, budget)
         return added
 
     def _import_journal(self, budget: _Budget) -> int:
@@ -840,7 +840,8 @@ class LogWriter:
                             read.keep(entry)  # (its stored rows are skipped next time)
                         self._tend_wal(budget)
                     else:
-                        self._amend(list(entry.amend_ids), entry.amend_reason, budget)
+                        for ids, reason in entry.amendments:
+                            self._amend(list(ids), reason, budget)
         except JournalError as e:
             with self._mutex:
                 first = self._journal_fault is None

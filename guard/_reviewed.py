@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 from spotstop.guard._labels import _cell, apply_labels_file
+from spotstop.guard._log_pending import PendingAnswers, PendingChanges, read_pending
 from spotstop.guard._log_read import LogArrays
 from spotstop.guard._log_schema import LogError, PolicyRow
 
@@ -49,6 +50,10 @@ class Reviewed:
         rows ({} when it has none, or when arrays were given).
     robot_id: the robot the log says it belongs to (None when it does not say, or when
         arrays were given).
+    pending: what the robot was answered that the log does not say yet (amendments and
+        rows waiting in the journal or set aside in the dead letter), already applied to
+        ``arrays`` where the log holds the decision (:mod:`~spotstop.guard._log_pending`);
+        empty when arrays were given.
     """
 
     arrays: LogArrays
@@ -57,6 +62,7 @@ class Reviewed:
     policies: Mapping[str, PolicyRow] = field(default_factory=dict)
     archived: Mapping[str, int] = field(default_factory=dict)
     robot_id: str | None = None
+    pending: PendingAnswers = field(default_factory=PendingAnswers)
 
     def counting(
         self, *, needs: str | Sequence[str] | None = "fused", labelled: bool = False
@@ -68,6 +74,8 @@ class Reviewed:
 def read_reviewed(
     log: DecisionLog | LogArrays | str | os.PathLike[str],
     labels: str | os.PathLike[str] | None = None,
+    *,
+    journal: str | os.PathLike[str] | None = None,
 ) -> Reviewed:
     """The log's decisions with the reviewers' labels: the one reader of a log for the card,
     ``calibrate`` and the cue shift.
@@ -75,7 +83,10 @@ def read_reviewed(
     ``log``: the path of a decision log's SQLite file (opened, read and closed here), an open
     :class:`~spotstop.guard.DecisionLog` (its live rows and archives, as one log, with its
     policies), or decisions already read as arrays (a fleet's logs and archives, with their
-    labels tables). ``labels``: a labels file over the log's labels table.
+    labels tables). ``labels``: a labels file over the log's labels table. The decisions are as the robot received them:
+    fail-closed amendments that wait in the log's journal (``journal``, else its default
+    one) or its dead letter are applied, and what the log lacks is counted
+    (``Reviewed.pending``; both places are read, never written).
 
     Raises :class:`~spotstop.guard.LogError` for a path that is not a file, and
     :class:`~spotstop.guard.LabelsFileError` for a bad labels file.
@@ -83,10 +94,12 @@ def read_reviewed(
     from spotstop.guard._log import DecisionLog, LogChangedError
 
     read: dict[str, Any] = {}
+    pending: PendingChanges | None = None
     if isinstance(log, LogArrays):
         arr = log
     elif isinstance(log, DecisionLog):
-        arr, read = _read_open(log)
+        pending = read_pending(log.path, journal)  # first: what the guard imports meanwhile
+        arr, read = _read_open(log)  # is then in the log (applying it again changes nothing)
     else:
         path = Path(log)
         if not path.is_file():
@@ -94,6 +107,7 @@ def read_reviewed(
                 f"decision log {str(path)!r} does not exist; pass the guard's SQLite log file "
                 "(by default <bundle>/decisions.sqlite)."
             )
+        pending = read_pending(path, journal)  # first, as above
         try:
             with DecisionLog(path, read_only=True) as opened:
                 arr, read = _read_open(opened)
@@ -103,6 +117,8 @@ def read_reviewed(
             with DecisionLog(path, read_only=True) as opened:
                 opened.read_a_still_copy()
                 arr, read = _read_open(opened)
+    if pending is not None:
+        arr, read["pending"] = pending.apply(arr)
     ids = np.asarray(arr.decision_id, dtype=object)
     sha = np.array([_cell(s) for s in arr.image_sha256], dtype=object)
     label = np.array(arr.label, dtype=np.int8, copy=True)

@@ -41,6 +41,7 @@ from tests._support.calibration_logs import (
     frozen_policy,
     one_situation_log,
     simulate_decisions,
+    usable_record,
 )
 
 # ------------------------------------------------------------------ helpers
@@ -72,6 +73,39 @@ def test_read_log_keeps_one_bundle_and_counts_what_it_drops(setup):
     assert w.counts()["usable"] == 120 and w.since is not None
     with pytest.raises(CalibrationError, match="ISO-8601"):
         _data(bundle, log, since="yesterday")
+
+
+def test_a_decision_answered_unsafe_whose_amendment_waits_is_never_fitted_as_safe(
+    setup, capsys: pytest.CaptureFixture[str]
+):
+    """A SAFE row whose fail-closed amendment lies in the dead letter (the log could not
+    store it) was answered UNSAFE: recalibrate and policy diff read it so, and say that the
+    log does not say it yet, and how many decisions the log lacks."""
+    from spotstop.guard._journal import DeadLetter, default_dead_letter_path
+    from spotstop.guard._log import DecisionLog
+
+    bundle, log, _ = setup
+    b = load_bundle(bundle, verify=False)
+    late = usable_record(b, T0 + 1e6, "late", "s000", {"a": 0.0, "b": -2.0})
+    late = dataclasses.replace(late, label="SAFE")
+    with DecisionLog(log) as d:
+        d.append(late)
+    assert _data(bundle, log).dropped["fail_closed"] == 1  # the log alone: a SAFE answer
+    dead = DeadLetter(default_dead_letter_path(log))
+    dead.append("amend", error="ValueError: x", amend_ids=["late"], amend_reason="late write")
+    lacked = dataclasses.replace(late, decision_id="lacked", label="UNSAFE", fail_closed=True)
+    dead.append("rows", error="ValueError: y", records=[lacked])
+    d = _data(bundle, log)
+    assert d.dropped["fail_closed"] == 2 and not d.usable[list(d.decision_id).index("late")]
+    assert (d.pending.amended, d.pending.missing_dead_letter) == (1, 1)
+    args = ["recalibrate", str(log), "--bundle", str(bundle), "--policy", "frozen", "--dry-run"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "warning: the log does not say every answer the robot got: 1 decision(s)" in out
+    assert "1 set aside in the dead letter" in out
+    diff = ["policy", "diff", "active", "active", "--bundle", str(bundle), "--log", str(log)]
+    assert main(diff) == 0
+    assert "spotstop policy diff: warning: the log does not say" in capsys.readouterr().err
 
 
 def test_labels_file_is_read_by_the_diagnostics_reader(tmp_path: Path):

@@ -344,3 +344,35 @@ def test_the_deployed_version_is_the_one_that_decided_last(tmp_path):
     assert _deployed(log) == ("frozen", v1.version_id)
     assert _deployed_config(log).version_id == v1.version_id
     assert _latest(log, "conformal").threshold == -1.0  # v2's, the conformal that decided
+
+
+def test_the_card_counts_a_late_answer_as_received_and_says_what_the_log_lacks(
+    tmp_path, labelled_log, sim, capsys
+):
+    """An amendment the log could not store lies in the dead letter: the log's row still says
+    SAFE, the robot got a fail-closed UNSAFE. The card reads what the robot got (the decision
+    is left out as fail-closed) and says so; a decision the log lacks is counted."""
+    from spotstop.guard._journal import DeadLetter, default_dead_letter_path
+
+    log = tmp_path / "decisions.sqlite"
+    shutil.copyfile(labelled_log, log)
+    late = next(str(sim.case_id[i]) for i in range(len(sim)) if sim.score[i] < CUT)
+    dead = DeadLetter(default_dead_letter_path(log))
+    dead.append("amend", error="ValueError: x", amend_ids=[late], amend_reason="late")
+    lacked = dataclasses.replace(
+        _extra(99, fused=math.nan, fail=True), decision_id="never-logged", label="UNSAFE"
+    )
+    dead.append("rows", error="ValueError: y", records=[lacked])
+    out = tmp_path / "card"
+    assert card_main([str(log), "--out", str(out), "--n-boot", "200"]) == 0
+    printed = capsys.readouterr()
+    assert "[warn] decision log: 1 decision(s) the log still holds as SAFE" in printed.out
+    assert "spotstop card: warning: 1 decision(s) the log still holds as SAFE" in printed.err
+    doc = json.loads((out / "card.json").read_text())
+    prov = doc["provenance"]["log"]
+    assert prov["dropped"]["fail_closed"] == N_FAIL + 1  # the late answer, as received
+    assert prov["n_cases"] == len(sim) - 1
+    assert prov["pending"]["amended"] == 1 and prov["pending"]["missing_dead_letter"] == 1
+    assert doc["settings"]["pending"].startswith("1 decision(s) the log still holds as SAFE")
+    assert any("does not say every answer" in w for w in doc["settings"]["warnings"])
+    assert "does not say every answer" in (out / "card.md").read_text()
