@@ -229,6 +229,23 @@ def _files_at(path: Path) -> list[tuple[int, int] | None]:
     return [_file_id(path), *(_file_id(path.with_name(path.name + s)) for s in ("-wal", "-shm"))]
 
 
+def _still_at(
+    held: list[tuple[int, int] | None], now: list[tuple[int, int] | None], *, note: bool
+) -> bool:
+    """Whether the files ``now`` at the log's path (:func:`_files_at`) are the ``held`` ones a
+    connection writes: the log's file the same, and its -wal and -shm the same where they
+    were noted. ``note``: a -wal or -shm not noted yet is noted now (in ``held``), as a
+    write transaction, which SQLite holds them open for, does."""
+    if now[0] is None or now[0] != held[0]:
+        return False
+    for i in (1, 2):
+        if held[i] is None and note and now[i] is not None:
+            held[i] = now[i]
+        elif held[i] is not None and now[i] != held[i]:
+            return False
+    return True
+
+
 class DecisionLog(LogReader, ArchiveStore):
     """Append-only log of guard decisions in one SQLite file (WAL mode).
 
@@ -305,6 +322,8 @@ class DecisionLog(LogReader, ArchiveStore):
         self._retention_mutex = threading.Lock()  # one retention pass at a time
         self._rng = random.Random()  # backoff jitter only; results never depend on it
         self._read_only = bool(read_only)
+        # the files the last write went to (files_in_place); None: no write yet
+        self._written_files: tuple[tuple[int, int] | None, ...] | None = None
         self._open_path = self._path  # the file connections open (a private copy, read-only)
         # read-only with no writer: the log's state when opened (see _open_read_only)
         self._unwatched: tuple[int, int, int] | None = None
@@ -520,18 +539,26 @@ class DecisionLog(LogReader, ArchiveStore):
 
     def _same_files(self, *, writing: bool = False) -> bool:
         """Whether the log's path, its -wal and its -shm still name the files this thread's
-        connection opened. ``writing``: inside a write transaction, where SQLite holds the
-        -wal and -shm open; the first such check notes them."""
-        held = self._local.files
-        now = _files_at(self._path)
-        if now[0] is None or now[0] != held[0]:
-            return False
-        for i in (1, 2):
-            if held[i] is None and writing and now[i] is not None:
-                held[i] = now[i]
-            elif held[i] is not None and now[i] != held[i]:
-                return False
-        return True
+        connection opened (:func:`_still_at`). ``writing``: inside a write transaction, where
+        SQLite holds the -wal and -shm open; the first such check notes them."""
+        return _still_at(self._local.files, _files_at(self._path), note=writing)
+
+    def files_in_place(self) -> bool:
+        """Whether the log's path, its -wal and its -shm still name the files its last write
+        went to (the rule a write checks before it commits, :func:`_still_at`): three
+        ``stat`` calls, no write. False when they were removed, their folder removed or
+        moved, or other files put in their place: the next write opens the path again, and
+        fails when nothing can be opened there. True for a log opened ``read_only``, not
+        written yet, or with no connection open (closed: SQLite removes the -wal and -shm
+        with the last one; the next write opens the path as a new log would)."""
+        held = self._written_files
+        if held is None or self._closed:
+            return True
+        pid = os.getpid()
+        with self._lock:
+            if not any(owner == pid for owner, _ in self._connections):
+                return True
+        return _still_at(list(held), _files_at(self._path), note=False)
 
     def _check_same_file(self, conn: sqlite3.Connection, what: str) -> None:
         """Raise :class:`LogError` (``io_error``) when the log's path (or its -wal or -shm)
@@ -666,6 +693,7 @@ class DecisionLog(LogReader, ArchiveStore):
                 if e.kind != "disk_full" or not self._reclaim_wal(conn):
                     raise
                 self._retry(attempt, what=what, timeout_s=wait)
+            self._written_files = tuple(self._local.files)  # files_in_place() checks them
 
         try:
             if wait is None:

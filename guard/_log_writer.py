@@ -227,6 +227,7 @@ class LogWriter:
         self._dead_amendments = 0
         self._dead_fault: str | None = None
         self._floor_since: float | None = None  # status(): free space first seen below floor
+        self._moved_since: float | None = None  # status(): the log's files first seen moved
         self._over_budget = False
         self._faults: collections.Counter[str] = collections.Counter()
         self._last_retention = -math.inf
@@ -361,6 +362,7 @@ class LogWriter:
         """Where the log stands now (the free-space floor is checked now)."""
         free = self._free_bytes()
         floor = self.options.min_free_bytes
+        in_place = self.log.files_in_place()  # the rule a write checks before its commit
         with self._mutex:
             fault, reason, since = self._fault, self._reason, self._since
             low = fault is None and free is not None and free < floor
@@ -368,11 +370,25 @@ class LogWriter:
                 self._floor_since = None
             elif self._floor_since is None:  # when the floor was first seen crossed
                 self._floor_since = time.time()
+            moved = fault is None and not low and not in_place
+            if not moved:
+                self._moved_since = None
+            elif self._moved_since is None:
+                self._moved_since = time.time()
             if low:
                 fault, since = "disk_full", self._floor_since
                 reason = (
                     f"decision log (disk_full): {free} bytes free on its file system, below "
                     f"the floor of {floor} (min_free_bytes)"
+                )
+            elif moved:
+                fault, since = "io_error", self._moved_since
+                reason = (
+                    f"decision log (io_error): {self.log.path} (or its -wal or -shm) is no "
+                    "longer the file the guard last wrote: it, or its folder, was removed or "
+                    "replaced. The next write (the sidecar probes every second) opens the "
+                    "path again, a new log if the folder is there; keep the log's folder and "
+                    "files in place"
                 )
             return LogStatus(
                 log=str(self.log.path),
@@ -604,8 +620,8 @@ class LogWriter:
             try:
                 self._check_floor(budget)
                 written = self._flush_locked(budget)
-                if not written and self._fault is not None:
-                    self.log.probe(timeout_s=budget.left())
+                if not written and (self._fault is not None or not self.log.files_in_place()):
+                    self.log.probe(timeout_s=budget.left())  # reopens a moved log's path
                 self._tend_wal(budget)
             except _OutOfTime as e:  # the rest waits for the next flush; the log took rows
                 written = e.written

@@ -191,6 +191,33 @@ def test_a_log_file_deleted_while_the_guard_runs_gets_the_next_decisions(
     assert ids == {d.decision_id for d in later}
 
 
+def test_a_log_replaced_while_the_guard_runs_is_said_at_once_and_probed_open(
+    safe_bundle: Path, logdir: Path
+):
+    # the status said writable until a decision failed or went to the new file: /readyz
+    # stayed 200 for a log that was no longer there
+    with _guard(safe_bundle, logdir) as g:
+        g.check(make_scene(0))
+        assert g.log_status().writable
+        _remove_log_files(g.log.path)
+        DecisionLog(g.log.path).close()  # another log put at its path (a restore, a rotation)
+        st = g.log_status()
+        assert not st.writable and st.fault == "io_error" and st.since is not None
+        assert st.reason is not None and "no longer the file the guard last wrote" in st.reason
+        g.flush_pending(timeout_s=5.0)  # what the sidecar does every second: a probe
+        assert g.log_status().writable
+        later = g.check(make_scene(1))
+        assert later.label == "SAFE" and not later.fail_closed
+        with DecisionLog(g.log.path, read_only=True) as lg:
+            assert [r.decision_id for r in lg.records()] == [later.decision_id]
+        shutil.rmtree(logdir / "log")  # the folder gone: the probe says why
+        assert not g.log_status().writable
+        with pytest.raises(LogError) as e:
+            g.flush_pending(timeout_s=5.0)
+        assert e.value.kind == "io_error" and "unable to open" in str(e.value)
+        assert str(e.value) in (g.log_status().reason or "")
+
+
 def test_a_wal_file_removed_while_the_guard_runs_loses_no_decision(safe_bundle: Path, logdir: Path):
     # rm decisions.sqlite-wal (a cleanup): the connection went on writing the WAL it held
     # open, which no other connection (nor the next start) ever reads

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -169,6 +170,43 @@ def _serve(bundle: Path, log: Path, *extra: str) -> Iterator[tuple[httpx.Client,
 
 def _check(c: httpx.Client, i: int) -> httpx.Response:
     return c.post("/v1/check", **multipart(jpeg(i), request="x" * 1500, situation_id=f"s{i % 3}"))
+
+
+def test_readyz_says_a_removed_log_folder_before_any_check_then_recovers_by_itself(
+    bundle: Path, tmp_path: Path
+) -> None:
+    """The log's folder removed while the sidecar runs: the next decision cannot be logged, and
+    /readyz says so at once (it was 200 until a check failed); the folder back, it is 200
+    again with no request, and the next decision goes into the log there."""
+    from spotstop.guard.serve import ServeSettings
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    settings = ServeSettings(
+        bundle=bundle,
+        log=logs / "decisions.sqlite",
+        state_dir=tmp_path / "state",
+        journal=tmp_path / "j" / "journal",
+        log_retry_s=0.2,
+    )
+    with live_server(settings) as live, live.client() as c:
+        _wait_for("/readyz 200", lambda: c.get("/readyz").status_code == 200, 60.0)
+        assert c.post("/v1/check", **multipart(jpeg(0))).status_code == 200
+        shutil.rmtree(logs)
+        ready = c.get("/readyz")  # no check in between
+        assert ready.status_code == 503 and not ready.json()["ready"]
+        assert any(
+            "decision log (io_error)" in x and "decisions.sqlite" in x
+            for x in ready.json()["reasons"]
+        ), ready.json()
+        assert _metric(c.get("/metrics").text, "spotstop_log_writable") == 0
+        logs.mkdir()  # the folder is back: the sidecar's probe opens a log there
+        _wait_for("/readyz 200", lambda: c.get("/readyz").status_code == 200, 10.0)
+        later = c.post("/v1/check", **multipart(jpeg(1)))
+        assert later.status_code == 200
+        with DecisionLog(settings.log, read_only=True) as lg:  # type: ignore[arg-type]
+            assert [r.decision_id for r in lg.records()] == [later.json()["decision_id"]]
+    assert live.guard.log_status().writable
 
 
 def test_full_disk_recovers_without_restart_and_shutdown_while_full_loses_nothing(
