@@ -14,6 +14,11 @@ from typing import Any
 
 __all__ = ["add_policy_parser", "add_recalibrate_parser", "policy_command", "recalibrate_command"]
 
+_JOURNAL_HELP = (
+    "the guard's journal (its --journal), read with the log: fail-closed amendments waiting "
+    "there are applied, decisions the log lacks counted (default: the log's default journal; "
+    "the dead letter beside the log is always read)"
+)
 _RELOAD_HINT = (
     "A running guard keeps its policy until it reloads: Guard.reload_policy(), or for the "
     "sidecar POST /v1/policy/reload or SIGHUP."
@@ -50,7 +55,12 @@ def recalibrate_command(args: argparse.Namespace) -> int:
     bundle = load_bundle(args.bundle, verify=False)
     current = load_policy(bundle.policy_path) if bundle.policy_path.is_file() else None
     data = read_log_for_bundle(
-        args.log, bundle, labels=args.labels, since=args.since, until=args.until
+        args.log,
+        bundle,
+        labels=args.labels,
+        since=args.since,
+        until=args.until,
+        journal=args.journal,
     )
     rec = Recalibrator(
         args.policy,
@@ -225,6 +235,7 @@ def policy_command(args: argparse.Namespace) -> int:
             labels=args.labels,
             since=args.since,
             until=args.until,
+            journal=args.journal,
         )
     diff = diff_policies(a, b, data, names=(na, nb), batch_size=args.batch_size)
     if data is not None and data.pending:
@@ -270,6 +281,7 @@ def add_recalibrate_parser(sub: Any) -> None:
         + "; ".join(f"{k}: {policy_class(k).summary}" for k in POLICY_KINDS),
     )
     p.add_argument("--labels", type=Path, default=None, help="labels file (CSV/JSONL)")
+    p.add_argument("--journal", type=Path, default=None, help=_JOURNAL_HELP)
     p.add_argument("--alpha", type=float, default=0.1, help="allowed miss rate (default 0.1)")
     p.add_argument(
         "--delta",
@@ -359,6 +371,7 @@ def add_policy_parser(sub: Any) -> None:
     d.add_argument("--bundle", type=Path, default=None, help="bundle folder, to name versions")
     d.add_argument("--log", type=Path, default=None, help="decision log for the predicted effect")
     d.add_argument("--labels", type=Path, default=None, help="labels file (CSV/JSONL)")
+    d.add_argument("--journal", type=Path, default=None, help=_JOURNAL_HELP)
     d.add_argument(
         "--since",
         default=None,

@@ -173,8 +173,10 @@ def read_calibration_log(
     labels: str | Path | None = None,
     since: str | float | _dt.datetime | None = None,
     until: str | float | _dt.datetime | None = None,
+    journal: str | Path | None = None,
 ) -> CalibrationLog:
-    """Read one bundle's decisions in ``[since, until)`` with labels; see the module doc."""
+    """Read one bundle's decisions in ``[since, until)`` with labels; see the module doc.
+    ``journal``: the guard's journal when not the log's default one."""
     from spotstop.guard import LabelsFileError, decisions_that_count, read_reviewed
 
     path = Path(log_path)
@@ -189,7 +191,8 @@ def read_calibration_log(
             "(by default <bundle>/decisions.sqlite)."
         )
     try:
-        reviewed = read_reviewed(path, labels)  # the log's one reader (the card's too)
+        # the log's one reader (the card's too)
+        reviewed = read_reviewed(path, labels, journal=journal)
     except LabelsFileError as e:
         raise CalibrationError(f"labels file: {e}") from e
     arr = reviewed.arrays

@@ -108,6 +108,7 @@ def card_from_inputs(
     demo: bool = False,
     simulated: bool = False,
     labels: str | Path | None = None,
+    journal: str | Path | None = None,
     previous: str | Path | None = None,
     cues: str | Path | None = None,
     direct_cut: float | None = None,
@@ -123,7 +124,8 @@ def card_from_inputs(
     demo log (:func:`demo_log_path`), read as a decision log (delivered rates, replay,
     conformal audit), its provenance saying it is the trained tiny TEST pair on a toy world.
     ``simulated``: a simulated table (``simulate_log(600, size_leak=0.3)``, no guard answers).
-    ``direct_cut`` overrides the cut of the paper's direct answer (default: the deployed
+    ``journal``: the guard's journal of ``log`` when it is not the default one
+    (:func:`spotstop.guard.read_reviewed`).  ``direct_cut`` overrides the cut of the paper's direct answer (default: the deployed
     constant cut of a log when there is one, else 0).  The checks and the delivered rates
     draw ``min(n_boot, 1000)`` times unless ``n_boot_checks`` says otherwise.  Further
     keyword arguments go to :func:`~spotstop.diagnostics.compute_card` (e.g. ``group_by``,
@@ -147,7 +149,7 @@ def card_from_inputs(
         meta = demo_log_meta(packaged)
         with _readable_copy(packaged) as copy:
             return _card(log=copy, shown=packaged, demo_meta=meta, **common)
-    return _card(log=log, scores=scores, simulated=simulated, **common)
+    return _card(log=log, scores=scores, simulated=simulated, journal=journal, **common)
 
 
 def _card(
@@ -157,6 +159,7 @@ def _card(
     demo_meta: dict[str, Any] | None = None,
     scores: str | Path | None = None,
     simulated: bool = False,
+    journal: str | Path | None = None,
     labels: str | Path | None,
     previous: str | Path | None,
     cues: str | Path | None,
@@ -178,7 +181,7 @@ def _card(
         source = f"simulated: {SIMULATED} (no guard, no deployed policy)"
         cut = DirectCut(0.0, "the direct answer", "the direct answer of the simulated score")
     elif log is not None:
-        cases = log_cases(log, labels=labels)
+        cases = log_cases(log, labels=labels, journal=journal)
         what = log if isinstance(log, str | Path) else ", ".join(str(x) for x in log)
         table, data, source = cases.table, cases.log, f"decision log: {what}"
         cut = direct_cut_of(cases.log, cases.keep)

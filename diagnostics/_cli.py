@@ -115,6 +115,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="use a simulated log of 600 contrasts (no guard answers)")  # fmt: skip
     p.add_argument("--labels", metavar="F",
                    help="labels file (CSV or JSONL) for LOG; overrides the log's labels")  # fmt: skip
+    p.add_argument("--journal", metavar="FILE",
+                   help="the guard's journal (its --journal) for LOG: fail-closed amendments "
+                   "waiting there are applied, decisions the log lacks counted (default: the "
+                   "log's default journal; the dead letter beside the log is always read)")  # fmt: skip
     p.add_argument("--previous", metavar="CARD_JSON",
                    help="an earlier card.json of the same bundle: the verdict says what changed")  # fmt: skip
     p.add_argument("--cues", metavar="DIR",
@@ -193,6 +197,8 @@ def _check_args(args: argparse.Namespace) -> None:
             "--labels goes with a decision LOG; a scores CSV, the demo log and the simulated "
             "log carry their own labels."
         )
+    if args.journal is not None and not args.log:
+        raise _BadInput("--journal goes with a decision LOG: the guard's journal of that log.")
     if args.period is not None and not (args.log or args.demo):
         raise _BadInput(
             "--period goes with a decision LOG (or --demo): it splits decisions by their time."
@@ -224,6 +230,7 @@ def run_card(args: argparse.Namespace) -> int:
             demo=bool(args.demo),
             simulated=bool(args.simulated),
             labels=args.labels,
+            journal=args.journal,
             previous=args.previous,
             cues=args.cues,
             direct_cut=args.direct_cut,

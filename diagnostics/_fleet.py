@@ -106,7 +106,7 @@ class _Part:
     pending: PendingAnswers | None = None  # a log's journal and dead letter (read_reviewed)
 
 
-def _read_part(path: Path) -> _Part:
+def _read_part(path: Path, journal: str | Path | None = None) -> _Part:
     try:
         if path.suffix == ".parquet":
             af = read_archive_file(path)
@@ -114,7 +114,7 @@ def _read_part(path: Path) -> _Part:
             robot = af.robot_id or robot_of_path(path)
             first = min(af.seqs) if af.seqs else None
             return _Part(path, arrays, robot, af.policies, len(af.rows), 1, first, af.log_id)
-        r = read_reviewed(path)  # the log's one reader; a labels file goes over the fleet
+        r = read_reviewed(path, journal=journal)  # a labels file goes over the whole fleet
         return _Part(
             path,
             r.arrays,
@@ -155,10 +155,17 @@ def _in_log_order(parts: list[_Part]) -> list[_Part]:
     return out
 
 
-def read_fleet(inputs: Sequence[str | Path], *, labels: str | Path | None = None) -> LogData:
-    """Many robots' logs and archives as one :class:`LogData` (see the module docstring)."""
+def read_fleet(
+    inputs: Sequence[str | Path],
+    *,
+    labels: str | Path | None = None,
+    journal: str | Path | None = None,
+) -> LogData:
+    """Many robots' logs and archives as one :class:`LogData` (see the module docstring);
+    ``journal``: a journal the robots' guards share (its entries name their log), read for
+    each log instead of its default one."""
     paths = expand_inputs(inputs)
-    parts = [_read_part(p) for p in paths]
+    parts = [_read_part(p, journal) for p in paths]
     seen: dict[str, Path] = {}
     for part in parts:
         for i in part.arrays.decision_id.tolist():

@@ -218,13 +218,17 @@ class LogData:
         return rest[-1] if rest else None
 
 
-def read_log(log_path: str | Path, *, labels: str | Path | None = None) -> LogData:
-    """Read a decision log (and an optional labels file) into :class:`LogData`."""
+def read_log(
+    log_path: str | Path, *, labels: str | Path | None = None, journal: str | Path | None = None
+) -> LogData:
+    """Read a decision log (and an optional labels file) into :class:`LogData`; ``journal``:
+    the guard's journal when not the log's default one (:func:`spotstop.guard.read_reviewed`)."""
     path = Path(log_path)
     if not path.is_file():
         raise DataError(f"decision log {str(path)!r} does not exist; pass the log's SQLite file.")
     try:
-        reviewed = read_reviewed(path, labels)  # the log's one reader: live rows and archives
+        # the log's one reader: live rows and archives, its journal and dead letter applied
+        reviewed = read_reviewed(path, labels, journal=journal)
     except LabelsFileError as exc:
         raise DataError(str(exc)) from exc
     except GuardError as exc:
@@ -299,7 +303,10 @@ def _log_data(
 
 
 def read_logs(
-    inputs: str | Path | Sequence[str | Path], *, labels: str | Path | None = None
+    inputs: str | Path | Sequence[str | Path],
+    *,
+    labels: str | Path | None = None,
+    journal: str | Path | None = None,
 ) -> LogData:
     """One decision log (a SQLite file) as :func:`read_log` reads it; anything else (several
     files, a folder, a glob, stand-alone archives) as :func:`~spotstop.diagnostics._fleet.read_fleet`."""
@@ -311,10 +318,10 @@ def read_logs(
         and one.suffix != ".parquet"
         and not any(c in str(one) for c in "*?[")
     ):
-        return read_log(one, labels=labels)
+        return read_log(one, labels=labels, journal=journal)
     from spotstop.diagnostics._fleet import read_fleet
 
-    return read_fleet(items, labels=labels)
+    return read_fleet(items, labels=labels, journal=journal)
 
 
 @dataclass(frozen=True)
@@ -409,14 +416,17 @@ def direct_cut_of(log: LogData, keep: NDArray[np.bool_]) -> DirectCut:
 
 
 def log_cases(
-    log_path: str | Path | Sequence[str | Path], *, labels: str | Path | None = None
+    log_path: str | Path | Sequence[str | Path],
+    *,
+    labels: str | Path | None = None,
+    journal: str | Path | None = None,
 ) -> LogCases:
     """Read a decision log into a :class:`LogCases` (table + provenance); see the module doc.
 
     ``log_path``: one log, or a fleet (several logs and archives, a folder or a glob;
     :func:`~spotstop.diagnostics._fleet.read_fleet`), whose groups are then situations and
     contrasts within a robot."""
-    log = read_logs(log_path, labels=labels)
+    log = read_logs(log_path, labels=labels, journal=journal)
     arr = log.arrays
     fused = np.asarray(arr.fused, dtype=np.float64)
     counted = log.counting(needs="fused", labelled=True)  # the log's one rule

@@ -79,9 +79,15 @@ def test_a_decision_answered_unsafe_whose_amendment_waits_is_never_fitted_as_saf
     setup, capsys: pytest.CaptureFixture[str]
 ):
     """A SAFE row whose fail-closed amendment lies in the dead letter (the log could not
-    store it) was answered UNSAFE: recalibrate and policy diff read it so, and say that the
-    log does not say it yet, and how many decisions the log lacks."""
-    from spotstop.guard._journal import DeadLetter, default_dead_letter_path
+    store it), or waits in the guard's journal, was answered UNSAFE: recalibrate and policy
+    diff read it so, and say that the log does not say it yet, and how many decisions the log
+    lacks."""
+    from spotstop.guard._journal import (
+        DeadLetter,
+        Journal,
+        JournalEntry,
+        default_dead_letter_path,
+    )
     from spotstop.guard._log import DecisionLog
 
     bundle, log, _ = setup
@@ -103,9 +109,22 @@ def test_a_decision_answered_unsafe_whose_amendment_waits_is_never_fitted_as_saf
     out = capsys.readouterr().out
     assert "warning: the log does not say every answer the robot got: 1 decision(s)" in out
     assert "1 set aside in the dead letter" in out
+    # the guard's own --journal (another file system): named, it is read too
+    also = dataclasses.replace(late, decision_id="late2", time=late.time + 1)
+    with DecisionLog(log) as d:
+        d.append(also)
+    journal = log.parent / "sd" / "decisions.journal"
+    entry = JournalEntry("amend", amend_ids=("late2",), amend_reason="late write")
+    Journal(journal, owner=str(log.resolve())).append([entry])
+    assert _data(bundle, log).pending.amended == 1  # not the log's default journal
+    assert _data(bundle, log, journal=journal).pending.amended == 2
+    assert main([*args, "--journal", str(journal)]) == 0
+    assert "2 decision(s) the log still holds as SAFE" in capsys.readouterr().out
     diff = ["policy", "diff", "active", "active", "--bundle", str(bundle), "--log", str(log)]
-    assert main(diff) == 0
-    assert "spotstop policy diff: warning: the log does not say" in capsys.readouterr().err
+    assert main([*diff, "--journal", str(journal)]) == 0
+    err = capsys.readouterr().err
+    assert "spotstop policy diff: warning: the log does not say every answer" in err
+    assert "2 decision(s) the log still holds as SAFE" in err
 
 
 def test_labels_file_is_read_by_the_diagnostics_reader(tmp_path: Path):

@@ -376,3 +376,28 @@ def test_the_card_counts_a_late_answer_as_received_and_says_what_the_log_lacks(
     assert doc["settings"]["pending"].startswith("1 decision(s) the log still holds as SAFE")
     assert any("does not say every answer" in w for w in doc["settings"]["warnings"])
     assert "does not say every answer" in (out / "card.md").read_text()
+
+
+def test_the_card_reads_the_guard_s_named_journal(tmp_path, labelled_log, sim, capsys):
+    """A guard run with --journal elsewhere (another file system, as docs/log.md advises):
+    `spotstop card LOG --journal FILE` reads the amendments waiting there."""
+    from spotstop.guard._journal import Journal, JournalEntry
+
+    log = tmp_path / "decisions.sqlite"
+    shutil.copyfile(labelled_log, log)
+    late = next(str(sim.case_id[i]) for i in range(len(sim)) if sim.score[i] < CUT)
+    journal = tmp_path / "sd" / "decisions.journal"
+    entry = JournalEntry("amend", amend_ids=(late,), amend_reason="late")
+    Journal(journal, owner=str(log.resolve())).append([entry])
+    assert log_cases(log).provenance["pending"]["amended"] == 0  # not the default journal
+    lc = log_cases(log, journal=journal)
+    assert lc.provenance["pending"]["amended"] == 1 and late not in set(lc.table.case_id)
+    out = tmp_path / "card"
+    args = [str(log), "--journal", str(journal), "--out", str(out), "--n-boot", "200", "--quiet"]
+    assert card_main(args) == 0
+    doc = json.loads((out / "card.json").read_text())
+    assert doc["provenance"]["log"]["pending"]["journal"] == str(journal)
+    assert doc["provenance"]["log"]["dropped"]["fail_closed"] == N_FAIL + 1
+    capsys.readouterr()
+    assert card_main(["--simulated", "--journal", str(journal), "--out", str(out)]) == 2
+    assert "--journal goes with a decision LOG" in capsys.readouterr().err
