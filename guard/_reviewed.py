@@ -83,10 +83,12 @@ def read_reviewed(
     ``log``: the path of a decision log's SQLite file (opened, read and closed here), an open
     :class:`~spotstop.guard.DecisionLog` (its live rows and archives, as one log, with its
     policies), or decisions already read as arrays (a fleet's logs and archives, with their
-    labels tables). ``labels``: a labels file over the log's labels table. The decisions are as the robot received them:
-    fail-closed amendments that wait in the log's journal (``journal``, else its default
-    one) or its dead letter are applied, and what the log lacks is counted
-    (``Reviewed.pending``; both places are read, never written).
+    labels tables). ``labels``: a labels file over the log's labels table.
+
+    The decisions are as the robot received them: fail-closed amendments that wait in the
+    log's journal (``journal``, else its default one) or its dead letter are applied, and
+    what the log lacks is counted (``Reviewed.pending``; both places are read, never
+    written: :mod:`~spotstop.guard._log_pending`).
 
     Raises :class:`~spotstop.guard.LogError` for a path that is not a file, and
     :class:`~spotstop.guard.LabelsFileError` for a bad labels file.
