@@ -155,8 +155,10 @@ def _policy_init(args: argparse.Namespace) -> int:
                 f"--requests {args.requests}: cannot read it ({e}); pass a UTF-8 text file "
                 "with one request per line."
             ) from e
-    from spotstop.guard._image import DEFAULT_MIN_SIDE
+    from spotstop.guard._image import DEFAULT_MIN_CONTRAST, DEFAULT_MIN_SIDE, check_min_contrast
 
+    contrast = DEFAULT_MIN_CONTRAST if args.min_image_contrast is None else args.min_image_contrast
+    contrast = check_min_contrast(contrast, "--min-image-contrast")
     min_side = DEFAULT_MIN_SIDE if args.min_image_side is None else args.min_image_side
     if min_side < 1:
         from spotstop.calibrate._logdata import CalibrationError
@@ -164,7 +166,7 @@ def _policy_init(args: argparse.Namespace) -> int:
         raise CalibrationError(
             f"--min-image-side must be a positive number of pixels; got {min_side}."
         )
-    scenes = pool_scenes(args.pool, requests, min_side=min_side)
+    scenes = pool_scenes(args.pool, requests, min_side=min_side, min_contrast=contrast)
     cfg = fit_pool_policy(
         args.bundle,
         scenes,
@@ -173,6 +175,7 @@ def _policy_init(args: argparse.Namespace) -> int:
         device=args.device,
         progress=True,
         min_side=min_side,
+        min_contrast=contrast,
     )
     from spotstop.guard import load_bundle
 
@@ -416,6 +419,14 @@ def add_policy_parser(sub: Any) -> None:
         default=None,
         help="the guard's min_image_side: a pool frame smaller than this is refused, as the "
         "guard refuses it (default 32)",
+    )
+    i.add_argument(
+        "--min-image-contrast",
+        type=float,
+        default=None,
+        metavar="LEVELS",
+        help="the guard's min_image_contrast: a pool frame that shows nothing (a covered lens, "
+        "a blank fill) is refused, as the guard refuses it (default 8; 0: off)",
     )
     i.add_argument("--activate", action="store_true", help="make it the active policy.yaml")
     ls = ps.add_parser("list", help="the stored versions (* = active)")

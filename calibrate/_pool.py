@@ -7,8 +7,9 @@ members, fit the frozen reference statistics (median/IQR per member) and the fro
 (seed 000, Supp. Algorithm 1), and write the result as a policy version.
 
 The pool is the frames the guard would score: each is checked with the guard's own image check
-(:func:`~spotstop.guard.decode_image` with the guard's ``min_image_side``) before anything is
-scored, and a pool that holds a frame the guard refuses (a thumbnail, a corrupt file) is
+(:func:`~spotstop.guard.decode_image` with the guard's ``min_image_side`` and
+``min_image_contrast``) before anything is scored, and a pool that holds a frame the guard
+refuses (a thumbnail, a corrupt file, a frame that shows nothing) is
 refused, naming every such file: fitted on frames the guard never scores, the reference
 statistics would set the scale on other inputs. Files in hidden folders (``.thumbnails``) or
 hidden themselves (``._frame.jpg``) are not frames of the pool.
@@ -28,7 +29,14 @@ from spotstop.calibrate._frozen import fit_frozen
 from spotstop.calibrate._logdata import CalibrationError
 from spotstop.calibrate._recalibrate import check_kind_settings, situation_prior_record
 from spotstop.guard import DecodedImage, ImageRefused, Scene, load_bundle, load_bundle_member
-from spotstop.guard._image import DEFAULT_MIN_SIDE, check_min_side, decode_image
+from spotstop.guard._image import (
+    DEFAULT_MIN_CONTRAST,
+    DEFAULT_MIN_SIDE,
+    check_min_contrast,
+    check_min_side,
+    check_visible_content,
+    decode_image,
+)
 from spotstop.guard.policies import (
     PolicyConfig,
     PolicyError,
@@ -48,9 +56,16 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 _NAMED = 20
 
 
-def check_pool_images(scenes: Sequence[Scene], *, min_side: int = DEFAULT_MIN_SIDE) -> None:
+def check_pool_images(
+    scenes: Sequence[Scene],
+    *,
+    min_side: int = DEFAULT_MIN_SIDE,
+    min_contrast: float = DEFAULT_MIN_CONTRAST,
+) -> None:
     """Refuse a pool that holds an image the guard refuses (its own check: decode, format,
-    size limits, ``min_side``), naming each such file and why; nothing is scored before."""
+    size limits, ``min_side``, ``min_contrast``), naming each such file and why; nothing is
+    scored before."""
+    min_contrast = check_min_contrast(min_contrast)
     bad: list[str] = []
     for i, s in enumerate(scenes):
         img = s.image
@@ -59,8 +74,9 @@ def check_pool_images(scenes: Sequence[Scene], *, min_side: int = DEFAULT_MIN_SI
                 raise ImageRefused("the scene has no image", kind="empty")
             if isinstance(img, DecodedImage):
                 check_min_side(img.width, img.height, min_side)
+                check_visible_content(img.image, min_contrast)
             else:
-                decode_image(img, min_side=min_side)
+                decode_image(img, min_side=min_side, min_contrast=min_contrast)
         except ImageRefused as e:
             name = os.fspath(img) if isinstance(img, str | os.PathLike) else f"scene {i}"
             bad.append(f"{name}: {e}")
@@ -69,7 +85,8 @@ def check_pool_images(scenes: Sequence[Scene], *, min_side: int = DEFAULT_MIN_SI
         more = f"\n  ... and {len(bad) - _NAMED} more" if len(bad) > _NAMED else ""
         raise CalibrationError(
             f"{len(bad)} of the {len(scenes)} pool images would be refused by the guard "
-            f"(min_image_side {min_side}); a pool must be frames the guard scores. Remove or "
+            f"(min_image_side {min_side}, min_image_contrast {min_contrast:g}); a pool must be "
+            "frames the guard scores. Remove or "
             f"replace them:\n  {shown}{more}"
         )
 
@@ -84,10 +101,12 @@ def pool_scenes(
     *,
     min_n: int = 8,
     min_side: int = DEFAULT_MIN_SIDE,
+    min_contrast: float = DEFAULT_MIN_CONTRAST,
 ) -> list[Scene]:
     """Scenes from every image under ``images`` (sorted; hidden files and folders left out),
     requests assigned in turn; every image checked as the guard checks it
-    (:func:`check_pool_images`, ``min_side`` the guard's ``min_image_side``)."""
+    (:func:`check_pool_images`, ``min_side`` and ``min_contrast`` the guard's
+    ``min_image_side`` and ``min_image_contrast``)."""
     root = Path(images)
     if not root.is_dir():
         raise CalibrationError(f"pool folder {root} does not exist or is not a folder.")
@@ -105,7 +124,7 @@ def pool_scenes(
     if not reqs:
         raise CalibrationError("no request text for the pool; pass --request or --requests FILE.")
     scenes = [Scene(f, reqs[i % len(reqs)]) for i, f in enumerate(files)]
-    check_pool_images(scenes, min_side=min_side)
+    check_pool_images(scenes, min_side=min_side, min_contrast=min_contrast)
     return scenes
 
 
@@ -118,6 +137,7 @@ def fit_pool_policy(
     device: str = "cpu",
     progress: bool = False,
     min_side: int = DEFAULT_MIN_SIDE,
+    min_contrast: float = DEFAULT_MIN_CONTRAST,
 ) -> PolicyConfig:
     """Score ``scenes`` with the bundle's members and fit a label-free policy on them.
 
@@ -127,8 +147,9 @@ def fit_pool_policy(
     ``weights``, ``member``); absent ones take the kind's defaults.
     ``text_in_scene`` is the policy in force's (an operator's setting, not fitted).
     Scenes that fail to decode or score are an error (the pool must be clean: it sets the
-    scale every later scene is judged on): an image the guard would refuse (``min_side``: the
-    guard's ``min_image_side``) is refused before anything is scored, naming its file.
+    scale every later scene is judged on): an image the guard would refuse (``min_side``,
+    ``min_contrast``: the guard's ``min_image_side``, ``min_image_contrast``) is refused
+    before anything is scored, naming its file.
     """
     allowed = policy_kinds(label_free=True)
     if kind not in allowed:
@@ -145,7 +166,8 @@ def fit_pool_policy(
             f"({', '.join(k for k in ('frozen', 'situation') if k in allowed)})."
         )
     check_kind_settings(settings)  # before the pool is scored
-    check_pool_images(scenes, min_side=min_side)  # each bad frame named, before scoring
+    # each bad frame named, before scoring
+    check_pool_images(scenes, min_side=min_side, min_contrast=min_contrast)
     cls = policy_class(kind)
     bundle = load_bundle(bundle_dir)
     in_scene = _text_in_scene_in_force(bundle.policy_path)  # before the pool is scored

@@ -173,6 +173,14 @@ def add_check_parser(sub: Any) -> None:
         help="smallest image width/height in pixels; a smaller image is UNSAFE (default 32)",
     )
     p.add_argument(
+        "--min-image-contrast",
+        type=float,
+        default=None,
+        metavar="LEVELS",
+        help="smallest contrast of the frame (0..255; 0: off): a frame that shows nothing (a "
+        "covered lens, blown out to white, a blank fill) is UNSAFE (default 8)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print the decision as JSON (also when the guard cannot start: the fail-closed "
@@ -200,7 +208,7 @@ def run_check(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from spotstop.guard._image import DEFAULT_MIN_SIDE
+    from spotstop.guard._image import DEFAULT_MIN_CONTRAST, DEFAULT_MIN_SIDE, check_min_contrast
     from spotstop.guard._record import Decision
 
     try:
@@ -220,6 +228,12 @@ def run_check(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    contrast = DEFAULT_MIN_CONTRAST if args.min_image_contrast is None else args.min_image_contrast
+    try:
+        contrast = check_min_contrast(contrast, "--min-image-contrast")
+    except GuardError as e:
+        print(f"spotstop check: {e}", file=sys.stderr)
+        return 2
     try:
         guard = Guard(
             bundle,
@@ -228,6 +242,7 @@ def run_check(args: argparse.Namespace) -> int:
             device=backend_device(args),
             backend=args.backend,
             min_image_side=args.min_image_side or DEFAULT_MIN_SIDE,  # None → default
+            min_image_contrast=contrast,
             log_options=_log_options(args),
         )
     except Exception as e:  # no guard, no log: the answer is still a fail-closed UNSAFE
@@ -328,6 +343,14 @@ def add_serve_parser(sub: Any) -> None:
     for flag, text in _LIMITS.items():
         p.add_argument(flag, type=int, default=None, help=text)
     p.add_argument(
+        "--min-image-contrast",
+        type=float,
+        default=None,
+        metavar="LEVELS",
+        help="smallest contrast of a frame (0..255; 0: off): a frame that shows nothing (a "
+        "covered lens, blown out to white, a blank fill) is refused, 422 image_blank (default 8)",
+    )
+    p.add_argument(
         "--variant",
         action="append",
         choices=["scene", "gray", "text"],
@@ -383,6 +406,7 @@ def run_serve(args: argparse.Namespace) -> int:
         robot_id=args.robot_id,
         log_synchronous=None if args.log_sync is None else args.log_sync.upper(),
         upload_timeout_s=args.upload_timeout,
+        min_image_contrast=args.min_image_contrast,
     )
     if args.variant:
         flags["variants"] = tuple(dict.fromkeys(["scene", *args.variant]))
@@ -621,7 +645,7 @@ def _request_encoder(args: argparse.Namespace) -> Any:
 def run_score(args: argparse.Namespace) -> int:
     """Run ``spotstop score``."""
     from spotstop.guard._errors import ConfigError
-    from spotstop.guard._image import DEFAULT_MIN_SIDE, decode_image
+    from spotstop.guard._image import DEFAULT_MIN_CONTRAST, DEFAULT_MIN_SIDE, decode_image
     from spotstop.guard._types import Scene
 
     if args.image.is_dir() or args.image.suffix.lower() == ".csv":
@@ -638,7 +662,7 @@ def run_score(args: argparse.Namespace) -> int:
         raise ConfigError("--request is required: what the robot was asked to do.")
     load = _member_loader(args)  # a bad config or size fails before the image is read
     # an image the guard refuses (too small included) fails before any model is loaded
-    image = decode_image(args.image, min_side=DEFAULT_MIN_SIDE)
+    image = decode_image(args.image, min_side=DEFAULT_MIN_SIDE, min_contrast=DEFAULT_MIN_CONTRAST)
     member = load()
     scene = Scene(image=image, request=args.request)
     variants = args.variant or ["scene"]

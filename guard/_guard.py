@@ -44,7 +44,7 @@ from spotstop.guard._call import (
     check_deadline,
 )
 from spotstop.guard._errors import GuardError
-from spotstop.guard._image import DEFAULT_MIN_SIDE
+from spotstop.guard._image import DEFAULT_MIN_CONTRAST, DEFAULT_MIN_SIDE, check_min_contrast
 from spotstop.guard._log import DecisionLog
 from spotstop.guard._log_archive import RetentionResult
 from spotstop.guard._log_options import LogOptions, LogStatus
@@ -163,6 +163,10 @@ class Guard:
         missing) makes every decision a fail-closed UNSAFE that says why.
     min_image_side: the smallest width and height (pixels) of a scene image; a smaller one
         cannot show a scene and makes its decision a fail-closed UNSAFE (default 32).
+    min_image_contrast: the smallest :func:`~spotstop.guard._image.image_contrast` of a scene
+        image (levels 0..255; default 8, 0 turns the check off); a frame below it shows
+        nothing (a covered lens, a frame blown out to white, a blank fill) and makes its
+        decision a fail-closed UNSAFE instead of a judgement of the request alone.
     log_options: how the log is kept when it cannot be written and how big it may grow: the
         journal, the disk budget and the free-space floor (:class:`LogOptions`; its defaults
         are stated there).
@@ -189,6 +193,7 @@ class Guard:
         backend: str | None = None,
         text_detector: TextDetector | None = None,
         min_image_side: int = DEFAULT_MIN_SIDE,
+        min_image_contrast: float = DEFAULT_MIN_CONTRAST,
         log_options: LogOptions | None = None,
         retry_load_s: float | None = DEFAULT_RETRY_LOAD_S,
     ) -> None:
@@ -208,6 +213,7 @@ class Guard:
             raise GuardError(
                 f"min_image_side must be a positive int (pixels); got {min_image_side!r}."
             )
+        min_image_contrast = check_min_contrast(min_image_contrast)
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle, verify=verify)
         deadline_s = check_deadline(deadline_s)
         bad = [v for v in variants if v not in ("scene", "gray", "text")]
@@ -236,6 +242,7 @@ class Guard:
             prompt_hash=self.bundle.prompt_hash,
             test_pair=self.bundle.test_pair,
             min_image_side=min_image_side,
+            min_image_contrast=min_image_contrast,
             store_images=store_images and not isinstance(log, DecisionLog),
             threads=threads,
             text_detector=text_detector,
@@ -325,6 +332,11 @@ class Guard:
     def min_image_side(self) -> int:
         """The smallest width and height (pixels) of a scene image."""
         return self._pipeline.min_image_side
+
+    @property
+    def min_image_contrast(self) -> float:
+        """The smallest :func:`~spotstop.guard._image.image_contrast` of a scene image."""
+        return self._pipeline.min_image_contrast
 
     @property
     def store_images(self) -> bool:

@@ -29,6 +29,9 @@ Choices made here (the runtime depends on them, so they are fixed and documented
   ``DecompressionBombWarning`` also become a refusal, so the effective limit is the
   smaller of ``max_pixels`` and Pillow's global limit. A JPEG with more than
   :data:`MAX_JPEG_SCANS` scans is refused as one too (each scan decodes the frame again).
+* A frame without visible content is refused when ``min_contrast`` asks for it (the guard
+  does, :data:`DEFAULT_MIN_CONTRAST`): see :func:`image_contrast` and
+  :func:`check_visible_content`.
 * Truncation is refused: pixels are decoded fully (``load()``), a JPEG must hold its
   end-of-image marker after its image data (trailing bytes after it are allowed, as an MPO's
   second picture), a PNG must reach its ``IEND`` chunk and a WebP must be as long as its
@@ -54,20 +57,26 @@ from typing import Final, Literal, get_args
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 from spotstop.guard._errors import ConfigError, ImageError
-from spotstop.guard.validate import is_int
+from spotstop.guard.validate import is_int, is_real
 
 __all__ = [
+    "CONTRAST_CELL_PX",
+    "CONTRAST_GRID",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_PIXELS",
+    "DEFAULT_MIN_CONTRAST",
     "DEFAULT_MIN_SIDE",
     "MAX_JPEG_SCANS",
     "SUPPORTED_FORMATS",
     "DecodedImage",
     "ImageRefused",
     "RefusalKind",
+    "check_min_contrast",
     "check_min_side",
+    "check_visible_content",
     "decode_image",
     "gray_image",
+    "image_contrast",
     "read_image_bytes",
 ]
 
@@ -78,6 +87,28 @@ DEFAULT_MIN_SIDE: Final[int] = 32
 """Smallest side (in pixels) the guard and the sidecar accept: a smaller frame cannot show a
 scene (a 1x1 image is a placeholder, not a camera frame). :func:`decode_image` itself defaults
 to 1 (any non-empty image); the guard passes its ``min_image_side``."""
+
+CONTRAST_CELL_PX: Final[int] = 16
+"""Smallest side (pixels) of the cells :func:`image_contrast` averages (noise / 16 or less)."""
+
+CONTRAST_GRID: Final[int] = 32
+"""Most cells :func:`image_contrast` lays along a frame's longest side."""
+
+DEFAULT_MIN_CONTRAST: Final[float] = 8.0
+"""Default ``min_image_contrast``: a frame whose :func:`image_contrast` is below 8 levels (of
+255) shows nothing and is refused (kind ``blank``).
+
+Measured by ``python bench/blank_frames.py`` (2026-12-05). Frames that show a scene: the test
+world's scenes at least 42.8 (576 scenes at 64x64; 59.7 and more at 160x120 and 640x480, the
+rooms' lighting moved as far as ``--offsets 1`` moves it), 10,000 demo scenes at least 31.5,
+a photograph darkened to 10 % of its exposure 22.4 and to 5 % (its brightest pixel about 12)
+10.8. Frames that show nothing (black, black at 16, mid gray, white, one colour; PNG and JPEG;
+32x32 to 1920x1080): 0 without noise, at most 6.6 with sensor noise up to sigma 10 (per pixel
+or grainy), 6.4 with sigma 20 per pixel. Past the default: sigma-20 noise grainier than a
+pixel (each pixel the mean of a 2x2 block) reaches 12.0 on frames below 1280x720 (9.9 at
+640x480, 4.9 at 1280x720); a camera that noisy in the dark needs a higher setting, measured
+on its own covered-lens frames. Below it: the photograph at 3 % of its exposure (5.8), as
+good as black to a viewer."""
 
 DEFAULT_MAX_BYTES: Final[int] = 50 * 1024 * 1024
 """Largest accepted encoded size in bytes (50 MiB)."""
@@ -101,6 +132,7 @@ RefusalKind = Literal[
     "zero_size",
     "decompression_bomb",
     "too_small",
+    "blank",
 ]
 
 _REFUSAL_KINDS: Final[frozenset[str]] = frozenset(get_args(RefusalKind))
@@ -226,6 +258,7 @@ def decode_image(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_bytes: int = DEFAULT_MAX_BYTES,
     min_side: int = 1,
+    min_contrast: float = 0.0,
 ) -> DecodedImage:
     """Decode a JPEG, PNG or WebP scene image into an upright RGB image, or refuse it.
 
@@ -241,6 +274,10 @@ def decode_image(
     min_side
         Smallest accepted width and height, checked from the header before decoding (the
         guard uses :data:`DEFAULT_MIN_SIDE`, 32 px).
+    min_contrast
+        Smallest accepted :func:`image_contrast` of the decoded frame
+        (:func:`check_visible_content`); 0, the default here, accepts any (the guard uses
+        :data:`DEFAULT_MIN_CONTRAST`).
 
     Returns
     -------
@@ -251,9 +288,10 @@ def decode_image(
     ImageRefused
         With ``kind`` one of ``empty``, ``too_large_bytes``, ``not_found``,
         ``unsupported_format``, ``corrupt``, ``truncated``, ``zero_size``,
-        ``decompression_bomb``, ``too_small``.
+        ``decompression_bomb``, ``too_small``, ``blank``.
     ConfigError
-        If ``max_pixels``, ``max_bytes`` or ``min_side`` is not a positive int.
+        If ``max_pixels``, ``max_bytes`` or ``min_side`` is not a positive int, or
+        ``min_contrast`` not a number in [0, 255].
     TypeError
         If ``source`` is neither bytes-like nor a path.
     """
@@ -263,8 +301,11 @@ def decode_image(
             f"min_side must be a positive int; got {min_side!r}. The guard's default is "
             f"{DEFAULT_MIN_SIDE} (min_image_side)."
         )
+    min_contrast = check_min_contrast(min_contrast, "min_contrast")
     data = _read_source(source, max_bytes=max_bytes)
-    return _decode_bytes(data, max_pixels=max_pixels, min_side=int(min_side))
+    decoded = _decode_bytes(data, max_pixels=max_pixels, min_side=int(min_side))
+    check_visible_content(decoded.image, min_contrast)
+    return decoded
 
 
 def read_image_bytes(
@@ -287,6 +328,81 @@ def check_min_side(width: int, height: int, min_side: int) -> None:
             "(min_image_side) to show a scene. Send the camera frame itself, not a thumbnail "
             "or placeholder (or lower min_image_side).",
             kind="too_small",
+        )
+
+
+def image_contrast(image: Image.Image) -> float:
+    """How much the frame shows: the largest, over R, G and B, of the 1st-to-99th percentile
+    range of the channel's means over a grid of cells (levels 0..255; 0 for a uniform frame).
+
+    The cells are squares of at least :data:`CONTRAST_CELL_PX` pixels a side, at most
+    :data:`CONTRAST_GRID` along the longest side (a 640x480 frame: 32x24 cells of 20 px; a
+    160x120 frame: 10x7 cells of 16 px; a frame under 32 px: two cells along its longest
+    side). Averaging a cell of ``n`` pixels divides independent
+    sensor noise by ``sqrt(n)`` (by 16 at least), so the noise of a covered lens or of a frame
+    blown out to white does not pass for content, while anything that covers a few cells (a
+    wall and a floor, an object, a lamp in a dark room) does. The percentiles leave out the
+    most extreme 1% of cells at each end (a hot pixel, a speck of light). Colour is read per
+    channel, so a red object on a green wall of the same brightness counts. A frame whose
+    longest side is 1024 px or more is first reduced by an integer factor to under 1024 px (a
+    box average, so a cell still holds the mean of the same pixels).
+    """
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    longest = max(image.size)
+    k = longest // 512
+    small = image.reduce(k) if k > 1 else image
+    a = np.asarray(small, dtype=np.float64)
+    h, w = a.shape[:2]
+    # cells along the longest side: two at least (a frame under 32 px, which only a lowered
+    # min_image_side lets through, gets smaller cells rather than one, which shows nothing)
+    cells = max(2, min(CONTRAST_GRID, longest // CONTRAST_CELL_PX))
+    side = max(h, w) / cells  # a cell's side in the reduced frame
+    n_rows, n_cols = (min(n, max(1, int(n / side))) for n in (h, w))  # (1 px a cell at least)
+    rows = np.linspace(0, h, n_rows + 1).round().astype(np.intp)[:-1]
+    cols = np.linspace(0, w, n_cols + 1).round().astype(np.intp)[:-1]
+    sums = np.add.reduceat(np.add.reduceat(a, rows, axis=0), cols, axis=1)
+    counts = np.outer(np.diff(np.append(rows, h)), np.diff(np.append(cols, w)))
+    means = (sums / counts[..., None]).reshape(-1, a.shape[2])
+    low, high = np.percentile(means, [1.0, 99.0], axis=0)
+    return float(np.max(high - low))
+
+
+def check_min_contrast(value: object, key: str = "min_image_contrast") -> float:
+    """``value`` as a ``min_image_contrast`` (a number of levels in [0, 255]), or a
+    :class:`ConfigError` naming ``key``."""
+    if not is_real(value) or not 0.0 <= float(value) <= 255.0:  # (NaN fails both)
+        raise ConfigError(
+            f"{key} must be a number of levels in [0, 255] (0 turns the check off); got "
+            f"{value!r}. The default is {DEFAULT_MIN_CONTRAST:g}: a frame whose "
+            "image_contrast() is below it shows nothing (a covered lens, a blown-out or blank "
+            "frame)."
+        )
+    return float(value)
+
+
+def check_visible_content(image: Image.Image, min_contrast: float) -> None:
+    """Refuse a frame without visible content (kind ``blank``): one whose
+    :func:`image_contrast` is below ``min_contrast`` (0: nothing is refused).
+
+    A covered lens (black with sensor noise), a frame blown out to white, a gray or one-colour
+    fill from a broken pipeline: scored, such a frame leaves the decision to the request
+    alone, for a scene nobody saw. The guard, the sidecar, batch checks, ``spotstop check``
+    and a calibration pool refuse it here.
+    """
+    if min_contrast <= 0:
+        return
+    contrast = image_contrast(image)
+    if not contrast >= min_contrast:  # (a NaN would be refused too)
+        raise ImageRefused(
+            f"image shows no visible content: its contrast is {contrast:.1f} levels (the "
+            f"widest 1st-99th percentile range of a colour channel over cells of at least "
+            f"{CONTRAST_CELL_PX} px); at least {min_contrast:g} is needed "
+            "(min_image_contrast). A covered or blocked lens, a frame blown out to white or "
+            "black, or a blank frame from the camera pipeline: check the camera and send a "
+            "frame that shows the scene (or lower min_image_contrast, measured on this "
+            "camera's frames).",
+            kind="blank",
         )
 
 

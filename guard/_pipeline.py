@@ -40,9 +40,11 @@ from spotstop.guard._call import (
 )
 from spotstop.guard._errors import GuardError, ScoringError
 from spotstop.guard._image import (
+    DEFAULT_MIN_CONTRAST,
     DEFAULT_MIN_SIDE,
     DecodedImage,
     check_min_side,
+    check_visible_content,
     decode_image,
     read_image_bytes,
 )
@@ -160,6 +162,8 @@ class Pipeline:
     member_names: the bundle's members, in its order (the columns of every record).
     bundle_id, prompt_hash, test_pair: the bundle's identity, stamped on every record.
     min_image_side: the smallest width and height of a scene image (pixels).
+    min_image_contrast: the smallest :func:`~spotstop.guard._image.image_contrast` of a scene
+        image (0: any); a frame below it shows nothing and fails closed.
     store_images: keep each scene's encoded image for the log.
     threads: CPU threads per member backend (passed to a claim reader built by
         :meth:`activate`).
@@ -177,6 +181,7 @@ class Pipeline:
         prompt_hash: str,
         test_pair: bool = False,
         min_image_side: int = DEFAULT_MIN_SIDE,
+        min_image_contrast: float = DEFAULT_MIN_CONTRAST,
         store_images: bool = False,
         threads: int | None = None,
         text_detector: TextDetector | None = None,
@@ -188,6 +193,7 @@ class Pipeline:
         self.prompt_hash = prompt_hash
         self.test_pair = test_pair
         self.min_image_side = min_image_side
+        self.min_image_contrast = min_image_contrast
         self.store_images = store_images
         self._threads = threads
         self._text_detector = text_detector
@@ -268,12 +274,17 @@ class Pipeline:
                     raise GuardError("the scene has no image")
                 if isinstance(img, DecodedImage):
                     check_min_side(img.width, img.height, self.min_image_side)
+                    check_visible_content(img.image, self.min_image_contrast)
                     w.image = img
                 else:
                     # read once: what is scored is what is stored and hashed, though the
                     # camera rewrites the file (or the caller the buffer) meanwhile
                     data = _read_in_time(img, clock)
-                    w.image = decode_image(data, min_side=self.min_image_side)
+                    w.image = decode_image(
+                        data,
+                        min_side=self.min_image_side,
+                        min_contrast=self.min_image_contrast,
+                    )
                     if self.store_images:
                         w.raw = data
                 for m in self.members.values():

@@ -4,7 +4,7 @@
   all) or a CSV ``image,request[,situation_id]`` (image paths relative to the CSV's folder, or
   absolute; other columns, such as a labelled table's, are passed over). Every image is
   decoded the way the guard decodes it (:data:`~spotstop.guard._image.DEFAULT_MIN_SIDE`
-  included), before any model is loaded, and its sha256 recorded: an image the guard would
+  and :data:`~spotstop.guard._image.DEFAULT_MIN_CONTRAST` included), before any model is loaded, and its sha256 recorded: an image the guard would
   refuse is an error naming the row, or with ``keep_refused`` a row refused with the reason.
 * :meth:`SceneTable.refuse_requests`: the rows whose request a member refuses (the member's
   rule, :meth:`Member.check_request <spotstop.guard._member.Member.check_request>`) refused
@@ -115,7 +115,7 @@ class SceneTable:
 
     def scenes(self, indices: Sequence[int]) -> list[Scene]:
         """The scenes at ``indices``, their images decoded now (wherever this runs)."""
-        from spotstop.guard._image import DEFAULT_MIN_SIDE, decode_image
+        from spotstop.guard._image import DEFAULT_MIN_CONTRAST, DEFAULT_MIN_SIDE, decode_image
 
         out = []
         for i in indices:
@@ -125,7 +125,9 @@ class SceneTable:
                     f"{self.source}, scene {int(i)} ({row.image}) is refused and cannot be "
                     f"scored: {row.refused} Score the table's accepted() rows."
                 )
-            img = decode_image(row.path, min_side=DEFAULT_MIN_SIDE)
+            img = decode_image(
+                row.path, min_side=DEFAULT_MIN_SIDE, min_contrast=DEFAULT_MIN_CONTRAST
+            )
             if img.sha256 != row.sha256:
                 raise ImageError(
                     f"{row.path} changed since the scene table was read (sha256 "
@@ -143,7 +145,7 @@ def read_scene_table(
     ``image,request[,situation_id]`` (``request`` must then be None), and decode every image.
 
     An image the guard refuses (unreadable, not JPEG/PNG/WebP, smaller than
-    :data:`~spotstop.guard._image.DEFAULT_MIN_SIDE`, ...) raises :class:`ImageError` naming
+    :data:`~spotstop.guard._image.DEFAULT_MIN_SIDE`, showing nothing, ...) raises :class:`ImageError` naming
     its row; with ``keep_refused`` its row is kept, refused with the reason, and the others
     are read on (``spotstop score`` scores those and reports the refused ones)."""
     p = Path(source)
@@ -184,10 +186,15 @@ def _decoded_row(
     situation_id: str | None,
     keep_refused: bool,
 ) -> SceneRow:
-    from spotstop.guard._image import DEFAULT_MIN_SIDE, ImageRefused, decode_image
+    from spotstop.guard._image import (
+        DEFAULT_MIN_CONTRAST,
+        DEFAULT_MIN_SIDE,
+        ImageRefused,
+        decode_image,
+    )
 
     try:
-        img = decode_image(path, min_side=DEFAULT_MIN_SIDE)
+        img = decode_image(path, min_side=DEFAULT_MIN_SIDE, min_contrast=DEFAULT_MIN_CONTRAST)
     except ImageRefused as e:
         if not keep_refused:
             raise ImageError(f"{where}: the guard refuses this image: {e}") from e

@@ -79,6 +79,7 @@ def load_guard(settings: ServeSettings) -> Guard:
         threads=settings.threads,
         backend=settings.backend,
         min_image_side=settings.min_image_side,
+        min_image_contrast=settings.min_image_contrast,
         log_options=settings.log_options,
     )
 
@@ -356,6 +357,7 @@ def create_app(
             max_situation_chars=settings.max_situation_chars,
             check_request=_request_checker(g),
             min_side=settings.min_image_side,
+            min_contrast=settings.min_image_contrast,
         )
         runner = ModelRunner(
             g, capacity=settings.queue_size, deadline_s=settings.deadline_s, metrics=metrics

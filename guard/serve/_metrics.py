@@ -18,7 +18,8 @@
                                             could not be written within the deadline)
 ``spotstop_uploads_aborted_total``          bodies that never arrived whole, by ``reason``:
                                             ``upload_timeout`` (408) or ``client_disconnect``
-``spotstop_input_refused_total``            4xx answers, by ``code`` (e.g. ``image_truncated``)
+``spotstop_input_refused_total``            4xx answers, by ``code`` (e.g. ``image_truncated``,
+                                            ``image_blank``: a frame that shows nothing)
 ``spotstop_policy_reloads_total``           reloads by ``trigger`` (http, sighup) and ``result``
 ``spotstop_ready``                          1 when /readyz answers 200
 ``spotstop_bundle_info``                    1, labelled with ``bundle_id`` and ``policy``

@@ -38,7 +38,13 @@ from python_multipart.multipart import (
     parse_options_header,
 )
 from spotstop.guard._errors import RequestError
-from spotstop.guard._image import DEFAULT_MIN_SIDE, DecodedImage, ImageRefused, decode_image
+from spotstop.guard._image import (
+    DEFAULT_MIN_CONTRAST,
+    DEFAULT_MIN_SIDE,
+    DecodedImage,
+    ImageRefused,
+    decode_image,
+)
 from spotstop.guard._types import Scene
 from spotstop.guard.serve._errors import (
     ImageInputError,
@@ -82,6 +88,8 @@ class Limits:
     """The guard's own request check (control tokens etc.); raises RequestError."""
     min_side: int = DEFAULT_MIN_SIDE
     """Smallest accepted image width and height (pixels)."""
+    min_contrast: float = DEFAULT_MIN_CONTRAST
+    """Smallest accepted contrast of the decoded frame (``image_blank`` below it)."""
 
 
 @dataclass(frozen=True)
@@ -281,6 +289,7 @@ def _decode(data: bytes, field_name: str, limits: Limits) -> DecodedImage:
             max_pixels=limits.max_pixels,
             max_bytes=limits.max_image_bytes,
             min_side=limits.min_side,
+            min_contrast=limits.min_contrast,
         )
     except ImageRefused as e:
         msg = str(e) if field_name == "image" else f"{field_name}: {e}"  # "image has ..."

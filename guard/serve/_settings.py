@@ -21,7 +21,12 @@ from typing import Any, Final
 
 from spotstop.guard._call import check_deadline
 from spotstop.guard._errors import GuardError
-from spotstop.guard._image import DEFAULT_MAX_PIXELS, DEFAULT_MIN_SIDE
+from spotstop.guard._image import (
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_MIN_CONTRAST,
+    DEFAULT_MIN_SIDE,
+    check_min_contrast,
+)
 from spotstop.guard._log_options import DEFAULT_MIN_FREE_BYTES, LogOptions, parse_bytes
 from spotstop.guard._prompt import MAX_REQUEST_CHARS
 from spotstop.guard._types import VARIANTS, Variant
@@ -132,6 +137,11 @@ class ServeSettings:
     min_image_side:
         Smallest accepted image width and height in pixels (422 ``image_too_small`` below
         it; checked from the header): a smaller frame cannot show a scene.
+    min_image_contrast:
+        Smallest :func:`~spotstop.guard._image.image_contrast` of a decoded frame, in levels
+        0..255 (default 8; 0 turns the check off): a frame below it shows nothing (a covered
+        lens, a frame blown out to white, a gray or one-colour fill) and is refused (422
+        ``image_blank``) rather than judged from its request alone.
     max_request_chars:
         Longest request text (the members' own limit also applies).
     max_situation_chars:
@@ -195,6 +205,7 @@ class ServeSettings:
     max_image_bytes: int = 12 * 1024 * 1024
     max_pixels: int = DEFAULT_MAX_PIXELS
     min_image_side: int = DEFAULT_MIN_SIDE
+    min_image_contrast: float = DEFAULT_MIN_CONTRAST
     max_request_chars: int = MAX_REQUEST_CHARS
     max_situation_chars: int = 256
     max_batch: int = 16
@@ -297,6 +308,10 @@ def _check_settings(s: ServeSettings) -> None:
     except GuardError as e:
         raise SettingsError(str(e)) from None
     _positive_seconds("upload_timeout_s", s.upload_timeout_s)
+    try:  # the guard's own rule for the setting
+        object.__setattr__(s, "min_image_contrast", check_min_contrast(s.min_image_contrast))
+    except GuardError as e:
+        raise SettingsError(str(e)) from None
     for name in (
         "max_body_bytes",
         "min_image_side",

@@ -162,8 +162,10 @@ def _png(width: int, height: int) -> bytes:
 
     from PIL import Image
 
+    image = Image.new("RGB", (width, height), (90, 120, 150))
+    image.paste((230, 200, 60), (0, 0, width // 2, height))  # two halves: it shows something
     buf = io.BytesIO()
-    Image.new("RGB", (width, height), (90, 120, 150)).save(buf, "PNG")
+    image.save(buf, "PNG")
     return buf.getvalue()
 
 

@@ -334,8 +334,10 @@ def _rss_peak_kib(pid: int) -> int:
 
 
 def _huge_png(seed: int, side: int = 6000) -> bytes:
+    image = Image.new("RGB", (side, side), (seed * 40 % 256, 30, 60))
+    image.paste((200, 220, 240), (0, 0, side // 2, side))  # two halves: it shows something
     buf = io.BytesIO()
-    Image.new("RGB", (side, side), (seed * 40 % 256, 30, 60)).save(buf, "PNG")
+    image.save(buf, "PNG")
     return buf.getvalue()
 
 
@@ -375,7 +377,9 @@ def test_a_1x1_image_is_refused_in_the_library_the_cli_and_the_sidecar(
     from spotstop.cli import main
 
     tiny = jpeg(0, size=(1, 1))
-    with stand_in(Guard(bundle, log=tmp_path / "lib.sqlite", state_dir=tmp_path / "s")) as g:
+    # (random noise 40x32 has no content at the scale of min_image_contrast: the side alone)
+    lib = Guard(bundle, log=tmp_path / "lib.sqlite", state_dir=tmp_path / "s", min_image_contrast=0)
+    with stand_in(lib) as g:
         d = g.check(Scene(tiny, "open the door"))
         assert d.label == "UNSAFE" and d.fail_closed and "32 px" in (d.fail_reason or "")
         ok = g.check(Scene(jpeg(0, size=(40, 32)), "open the door"))

@@ -1135,7 +1135,9 @@ def test_json_response_is_json_safe(client: httpx.Client):
 def test_png_and_webp_uploads_are_accepted(client: httpx.Client):
     for fmt in ("PNG", "WEBP"):
         buf = io.BytesIO()
-        Image.new("RGB", (64, 40), (200, 10, 10)).save(buf, fmt)
+        image = Image.new("RGB", (64, 40), (200, 10, 10))
+        image.paste((20, 30, 220), (0, 0, 32, 40))  # two halves (one colour shows nothing)
+        image.save(buf, fmt)
         r = client.post("/v1/check", **multipart(buf.getvalue()))
         assert r.status_code == 200, r.text
 
