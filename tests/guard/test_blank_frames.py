@@ -264,3 +264,20 @@ def test_min_image_contrast_in_the_serve_config(tmp_path: Path) -> None:
     cfg.write_text("bundle: b\nmin_image_contrst: 8\n")
     with pytest.raises(SettingsError, match=r"Did you mean 'min_image_contrast'"):
         load_serve_config(cfg)
+
+
+def test_spotstop_serve_takes_min_image_contrast_from_its_config_and_flag(
+    runtime_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("fastapi")
+    import spotstop.guard.serve as serve_module
+    from spotstop.cli import main
+
+    seen = []
+    monkeypatch.setattr(serve_module, "load_guard", lambda s: seen.append(s))
+    monkeypatch.setattr(serve_module, "serve", lambda settings, guard, log_level: 0)
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(f"bundle: {runtime_bundle}\nsighup: false\nmin_image_contrast: 12\n")
+    assert main(["serve", "--config", str(cfg)]) == 0
+    assert main(["serve", "--config", str(cfg), "--min-image-contrast", "3.5"]) == 0
+    assert [s.min_image_contrast for s in seen] == [12.0, 3.5]  # a flag wins over the file
