@@ -1,17 +1,26 @@
 """int8's kept layers: int8 activations per block (what the export writes) against float
-activations, on one int8 bundle, same weights, one run (issue #24).
+activations and against the int8 GEMM the other layers use, on one int8 bundle, one run
+(issue #24).
 
 ``spotstop export --precision int8`` leaves the layers whose measured error at per-token int8
 activations exceeds ``--int8-keep-error`` weight-only: ``MatMulNBits`` 8-bit with
 ``accuracy_level`` 4 (int8 activations per block of 128, export/int8.py). This script copies
 an int8 bundle (weights hard-linked), drops ``accuracy_level`` from every ``MatMulNBits`` but
 the output layer's (the widest; float activations, ``accuracy_level`` 0), updates the copy's
-manifest hashes, then:
+manifest hashes. A second copy multiplies the kept layers like every other int8 layer
+(per-token activations through ``MatMulIntegerToFloat``, export/int8.py): each kept layer's
+8-bit blocks are dequantized and given to the export's own rewrite, ``quantize_matmuls_int8``
+(round to nearest, per column: its weights are quantized twice, so its error is an upper
+bound of what the export would write). Then:
 
-* times both bundles on the same generated scenes, one scene a call, after one warm-up call
-  each, alternating which goes first, and prints the median per scene and their ratio;
-* with ``--verify``, runs ``spotstop verify-bundle --scenes N`` on both (the torch reference
+* times the three on the same generated scenes, one scene a call, after one warm-up call, in
+  one process per bundle and round (``--rounds``, the order alternating), and prints the
+  median per scene, the decoder graph's median (the only graph that differs) and their ratios
+  to the export's form;
+* with ``--verify``, runs ``spotstop verify-bundle --scenes N`` on each (the torch reference
   of the manifest's source) and prints max |Δs|, Spearman and decision agreement.
+
+Run it alone on the machine: the three forms are timed minutes apart.
 
     python bench/int8_kept_form.py /work/real/bundle-int8 --verify --results bench/RESULTS.md
 """
@@ -38,7 +47,37 @@ from int8_gemm import cpu_info
 
 def float_copy(src: Path, dst: Path) -> dict[str, int]:
     """``dst``: ``src`` with its kept layers at float activations; per graph, how many."""
+
+    def edit(m: Any) -> int:
+        kept = _kept(m)  # the output layer stays at level 4
+        for n in kept:
+            keep = [a for a in n.attribute if a.name != "accuracy_level"]
+            del n.attribute[:]
+            n.attribute.extend(keep)
+        return len(kept)
+
+    return _hashed_copy(src, dst, edit, weights=False)
+
+
+def _attrs(n: Any) -> dict[str, int]:
+    return {a.name: a.i for a in n.attribute}
+
+
+def _kept(m: Any) -> list[Any]:
+    """The graph's kept layers: its ``MatMulNBits`` nodes but the output layer (the one whose
+    output the vocabulary's ``LogSoftmax`` reads, as export/int8.py finds it)."""
+    from spotstop.export.int8 import _output_layers
+
+    head = _output_layers(m)
+    return [n for n in m.graph.node if n.op_type == "MatMulNBits" and n.output[0] not in head]
+
+
+def _hashed_copy(src: Path, dst: Path, edit: Any, weights: bool) -> dict[str, int]:
+    """``dst``: ``src`` (weights hard-linked) with ``edit(model) -> n`` applied to each graph
+    that has ``MatMulNBits`` nodes (``weights``: loaded with its weights, and a new data file
+    written; else the graph file alone); the manifest's hashes follow. Per graph, ``n``."""
     import onnx
+    from spotstop.guard._bundle import bundle_content_id
     from spotstop.guard.validate import load_yaml
 
     if dst.exists():
@@ -51,51 +90,96 @@ def float_copy(src: Path, dst: Path) -> dict[str, int]:
         if not rel.endswith(".onnx"):
             continue
         p = dst / rel
-        m = onnx.load(str(p), load_external_data=False)
-        nb = [n for n in m.graph.node if n.op_type == "MatMulNBits"]
-        if not nb:
+        if not any(
+            n.op_type == "MatMulNBits"
+            for n in onnx.load(str(p), load_external_data=False).graph.node
+        ):
             continue
-
-        def width(n: Any) -> int:
-            return int(next(a.i for a in n.attribute if a.name == "N"))
-
-        head = max(width(n) for n in nb)
-        k = 0
-        for n in nb:
-            if width(n) != head:  # every kept layer; the output layer stays at level 4
-                keep = [a for a in n.attribute if a.name != "accuracy_level"]
-                del n.attribute[:]
-                n.attribute.extend(keep)
-                k += 1
-        old = hashlib.sha256(p.read_bytes()).hexdigest()
-        p.unlink()  # a hard link to the source bundle's file: write a new one
-        onnx.save(m, str(p))
-        text = text.replace(old, hashlib.sha256(p.read_bytes()).hexdigest())
-        changed[rel] = k
+        files = [p, p.with_name(p.name + ".data")] if weights else [p]
+        old = [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]
+        if weights:  # onnx refuses to read a hard-linked data file: a copy of its own
+            files[1].unlink()
+            shutil.copyfile(src / (rel + ".data"), files[1])
+        m = onnx.load(str(p), load_external_data=weights)
+        changed[rel] = edit(m)
+        for f in files:
+            f.unlink()  # hard links to the source bundle's files
+        if weights:
+            onnx.save(m, str(p), save_as_external_data=True, location=files[1].name)
+        else:
+            onnx.save(m, str(p))
+        for f, h in zip(files, old, strict=True):
+            text = text.replace(h, hashlib.sha256(f.read_bytes()).hexdigest())
+    doc = load_yaml(text, source=str(man))  # the id names the content: it follows the hashes
+    old_id = str(doc["bundle_id"])
+    content = bundle_content_id(doc["prompt_hash"], doc["files"], doc["members"])
+    text = text.replace(old_id, f"{old_id.rsplit('-', 1)[0]}-{content}")
     man.unlink()
     man.write_text(text, encoding="utf-8")
     return changed
 
 
-def time_both(bundles: list[Path], scenes: int) -> dict[str, list[float]]:
-    from spotstop.export.scenes import demo_scenes
-    from spotstop.guard import load_bundle, load_bundle_member
+def dynamic_copy(src: Path, dst: Path) -> dict[str, int]:
+    """``dst``: ``src`` with its kept layers (:func:`_kept`) rewritten by the export's int8
+    GEMM rewrite; per graph, how many."""
+    from onnx import helper, numpy_helper
+    from spotstop.export.int8 import quantize_matmuls_int8
+    from spotstop.export.nbits import dequantize_nbits
 
-    members = {}
-    for b in bundles:
-        bd = load_bundle(b)
-        members[b.name] = load_bundle_member(bd, bd.members[0])
-    sc = demo_scenes(scenes, seed=7)
-    for m in members.values():
-        m.score(sc[:1])  # warm-up
-    times: dict[str, list[float]] = {n: [] for n in members}
-    for i, s in enumerate(sc * 2):
-        order = list(members) if i % 2 == 0 else list(members)[::-1]
-        for n in order:
-            t0 = time.perf_counter()
-            members[n].score([s])
-            times[n].append(time.perf_counter() - t0)
-    return times
+    def edit(m: Any) -> int:
+        g = m.graph
+        inits = {t.name: t for t in g.initializer}
+        # MatMuls already float (the vision graph's ends, unmeasured tables) stay as they are
+        before = {n.output[0] for n in g.node if n.op_type in ("MatMul", "Gemm")}
+        k = 0
+        for n in _kept(m):
+            a = _attrs(n)
+            if a["bits"] != 8 or (len(n.input) > 3 and n.input[3]):
+                raise SystemExit(f"{n.name}: not a symmetric 8-bit MatMulNBits")
+            w = dequantize_nbits(
+                numpy_helper.to_array(inits[n.input[1]]),
+                numpy_helper.to_array(inits[n.input[2]]),
+                8,
+                a["K"],
+            )
+            name = f"{n.name}_kept_w"
+            g.initializer.append(numpy_helper.from_array(w, name))
+            n.CopyFrom(helper.make_node("MatMul", [n.input[0], name], list(n.output), name=n.name))
+            k += 1
+        rep = quantize_matmuls_int8(m, output_layers=before)
+        if rep.dynamic != k:
+            raise SystemExit(f"rewrote {rep.dynamic} layers, expected the {k} kept ones")
+        used = {i for n in g.node for i in n.input}
+        # the rewrite's shared per-token constants exist already (the export wrote them): once
+        seen: set[str] = set()
+        keep = [
+            t for t in g.initializer if t.name in used and not (t.name in seen or seen.add(t.name))
+        ]
+        del g.initializer[:]
+        g.initializer.extend(keep)
+        return k
+
+    return _hashed_copy(src, dst, edit, weights=True)
+
+
+def time_all(bundles: list[Path], member: str, scenes: int, rounds: int, log: Path) -> dict:
+    """Per bundle, the per-scene times and the decoder graph's times of ``rounds`` child
+    processes each (one bundle resident at a time: three Qwen3.5-2B bundles in one process
+    would not fit beside each other in memory), the bundles' order alternating per round.
+    Each child (``bench/real_pair.py``'s latency child) scores one warm-up scene, then
+    ``scenes`` generated scenes one a call."""
+    from real_pair import _child, _run
+
+    out: dict[str, dict[str, list[float]]] = {b.name: {"scene": [], "decoder": []} for b in bundles}
+    for r in range(rounds):
+        for b in bundles if r % 2 == 0 else bundles[::-1]:
+            res = _run(_child("child_latency", "onnx", str(b), member, str(scenes), "", ""), log)
+            if res["rc"] != 0:
+                raise SystemExit(f"timing {b} failed (exit {res['rc']}); see {log}")
+            doc = json.loads(res["stdout"].strip().splitlines()[-1])
+            out[b.name]["scene"] += doc["times_s"]
+            out[b.name]["decoder"] += [g["decoder"] for g in doc["graph_s"]]
+    return out
 
 
 def verify(bundle: Path, scenes: int) -> dict[str, Any]:
@@ -114,7 +198,8 @@ def verify(bundle: Path, scenes: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundle", type=Path, help="an int8 bundle of one member")
-    ap.add_argument("--scenes", type=int, default=4, help="timed scenes (each twice)")
+    ap.add_argument("--scenes", type=int, default=4, help="timed scenes a process")
+    ap.add_argument("--rounds", type=int, default=2, help="processes per form, alternating")
     ap.add_argument("--verify", action="store_true", help="verify-bundle both")
     ap.add_argument("--verify-scenes", type=int, default=6)
     ap.add_argument("--results", type=Path, default=None, help="RESULTS.md to update")
@@ -123,14 +208,27 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     src = args.bundle.resolve()
+    manifest = src / "manifest.yaml"
+    member = load_yaml(manifest.read_text(encoding="utf-8"), source=str(manifest))["members"][0][
+        "name"
+    ]
     flt = src.with_name(src.name + "-float-kept")
+    dyn = src.with_name(src.name + "-per-token-kept")
     changed = float_copy(src, flt)
     print("float activations:", changed, flush=True)
-    times = time_both([src, flt], args.scenes)
-    med = {n: statistics.median(t) for n, t in times.items()}
+    print("int8 GEMM, per token:", dynamic_copy(src, dyn), flush=True)
+    forms = (
+        (src, "int8 per block (accuracy_level 4): the export"),
+        (flt, "float (accuracy_level 0)"),
+        (dyn, "int8 per token (MatMulIntegerToFloat, as the other layers)"),
+    )
+    log = src.with_name(src.name + "-kept-form.log")
+    times = time_all([b for b, _ in forms], member, args.scenes, args.rounds, log)
+    med = {n: statistics.median(t["scene"]) for n, t in times.items()}
+    dec = {n: statistics.median(t["decoder"]) for n, t in times.items()}
     rows = []
-    ver = {b.name: verify(b, args.verify_scenes) for b in (src, flt)} if args.verify else {}
-    for b, form in ((src, "int8 per block (accuracy_level 4)"), (flt, "float (accuracy_level 0)")):
+    ver = {b.name: verify(b, args.verify_scenes) for b, _ in forms} if args.verify else {}
+    for b, form in forms:
         v = ver.get(b.name)
         check = (
             f"{v['max_abs_diff']:.3f} | {v['spearman']:.3f} | {v['decision_agreement']:.2f} | "
@@ -139,28 +237,30 @@ def main(argv: list[str] | None = None) -> int:
             else "not run | | |"
         )
         rows.append(
-            f"| {form} | {med[b.name]:.2f} s | {min(times[b.name]):.2f} s | "
-            f"{med[b.name] / med[src.name]:.2f}x | {check} |"
+            f"| {form} | {med[b.name]:.2f} s | {min(times[b.name]['scene']):.2f} s | "
+            f"{med[b.name] / med[src.name]:.2f}x | {dec[b.name]:.2f} s | "
+            f"{dec[b.name] / dec[src.name]:.2f}x | {check} |"
         )
     cpu = cpu_info()
-    manifest = src / "manifest.yaml"
-    member = load_yaml(manifest.read_text(encoding="utf-8"), source=str(manifest))["members"][0][
-        "name"
-    ]
     cmd = "python bench/int8_kept_form.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = "\n".join(
         [
-            "### int8's kept layers: int8 activations per block or float (`bench/int8_kept_form.py`, issue #24)",
+            "### int8's kept layers: int8 activations per block, float, or the int8 GEMM "
+            "(`bench/int8_kept_form.py`, issue #24)",
             "",
             f"Bundle `{src.name}` (member `{member}`), "
-            f"{sum(changed.values())} kept layers; the same weights in both rows, only the "
-            "kept layers' `accuracy_level` differs (the output layer stays at 4). "
-            f"{args.scenes} generated scenes, each timed twice per form, alternating; "
+            f"{sum(changed.values())} kept layers; the first two rows have the same weights, only "
+            "the kept layers' `accuracy_level` differs (the output layer stays at 4); the third "
+            "requantizes the kept layers' 8-bit blocks per column and multiplies them as the "
+            "other int8 layers are (export/int8.py's rewrite; weights quantized twice). "
+            f"{args.scenes} generated scenes in each of {args.rounds} processes per form, "
+            "alternating; "
             f"verify-bundle on {args.verify_scenes} scenes (scene and request-only scores).",
             "",
-            "| kept layers' activations | median / scene | min | time / int8 form | "
-            "max abs Δs | Spearman | decisions agree | verify-bundle |",
-            "|---|---|---|---|---|---|---|---|",
+            "| kept layers' activations | median / scene | min | time / export's | decoder "
+            "graph | decoder / export's | max abs Δs | Spearman | decisions agree | "
+            "verify-bundle |",
+            "|---|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
             f"Measured by `{cmd}` ({_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC, "
@@ -172,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.results:
         write_section(args.results, "int8-kept-form", text)
     shutil.rmtree(flt)
+    shutil.rmtree(dyn)
     return 0
 
 
