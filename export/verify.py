@@ -21,7 +21,7 @@ import gc
 import importlib.util
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,6 +48,7 @@ __all__ = [
     "pair_agreement",
     "pass_spearman",
     "reference_available",
+    "score_inputs",
     "spearman",
     "verify_bundle",
 ]
@@ -274,7 +275,10 @@ def diff_summary(
 
 
 def pass_spearman(
-    got: np.ndarray, ref: np.ndarray, variants: Sequence[str]
+    got: np.ndarray,
+    ref: np.ndarray,
+    variants: Sequence[str],
+    inputs: Sequence[Hashable] | None = None,
 ) -> tuple[float, bool, dict[str, float]]:
     """The rank check's Spearman: within each pass (``got`` and ``ref`` hold each variant's
     scores one after the other, as :func:`verify_bundle` scores them), the worst of the passes
@@ -284,6 +288,13 @@ def pass_spearman(
     a gap between the passes' means puts one pass's scores above the other's whatever the
     order within each, and a Spearman near 1 would hide scenes scrambled inside a pass. A
     pass whose reference varies and whose bundle scores do not gives NaN (a fail).
+
+    ``inputs`` (one per score, as ``got``): what each score was computed from; scores of the
+    same input are one score (their mean, on each side) before ranking. A world table's
+    request-only pass scores each contrast's request once per scene: the same prompt, scored
+    1e-6 apart by differently batched runs on either side, and those copies' order is float
+    noise, not a ranking (an fp32 bundle with max |Δs| 1.9e-5 got 0.994 on a 32-scene world
+    table and failed its 0.999). See :func:`score_inputs`.
     """
     got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     n = len(ref) // max(1, len(variants))
@@ -291,6 +302,8 @@ def pass_spearman(
     owed: list[float] = []
     for k, variant in enumerate(variants):
         g, r = got[k * n : (k + 1) * n], ref[k * n : (k + 1) * n]
+        if inputs is not None:
+            g, r = _input_means(g, r, list(inputs)[k * n : (k + 1) * n])
         rho = spearman(g, r)
         by_pass[variant] = rho
         if len(r) >= 2 and np.ptp(r) > 0:
@@ -299,6 +312,33 @@ def pass_spearman(
         return math.nan, False, by_pass
     worst = math.nan if any(math.isnan(x) for x in owed) else min(owed)
     return worst, True, by_pass
+
+
+def score_inputs(scenes: Sequence[Scene], variants: Sequence[str]) -> list[Hashable]:
+    """What each of :func:`verify_bundle`'s scores was computed from, in its order (each
+    variant's scenes one after the other): the request alone for the passes that do not show
+    the scene's image (``text``, ``gray``: scenes with one request are one input), the scene
+    itself for ``scene``."""
+    return [
+        (v, s.request) if v in ("text", "gray") else (v, i)
+        for v in variants
+        for i, s in enumerate(scenes)
+    ]
+
+
+def _input_means(
+    got: np.ndarray, ref: np.ndarray, inputs: Sequence[Hashable]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``got`` and ``ref`` with the scores of one input replaced by one score, their mean (in
+    order of first appearance)."""
+    index: dict[Hashable, int] = {}
+    codes = np.array([index.setdefault(x, len(index)) for x in inputs], dtype=np.int64)
+    counts = np.bincount(codes, minlength=len(index))
+
+    def mean(v: np.ndarray) -> np.ndarray:
+        return np.asarray(np.bincount(codes, weights=v, minlength=len(index)) / counts)
+
+    return mean(got), mean(ref)
 
 
 def pair_agreement(
@@ -392,7 +432,7 @@ def verify_bundle(
         gc.collect()
         ecfg = get_export_config(bm.model_type)
         worst, p95, where = diff_summary(got, ref, scenes, variants)
-        rho, varies, by_pass = pass_spearman(got, ref, variants)
+        rho, varies, by_pass = pass_spearman(got, ref, variants, score_inputs(scenes, variants))
         results.append(
             MemberVerification(
                 name=bm.name,

@@ -662,3 +662,43 @@ def test_diff_summary_names_the_worst_score() -> None:
     assert not m.ok and "p95 |Δs|=0.455; max at scene 1 (with its image)" in str(m)
     first, second = str(m).splitlines()  # the second line starts under the first's max|Δs|
     assert second.index("p95") == first.index("max|Δs|")
+
+
+def test_the_rank_check_counts_one_input_once() -> None:
+    """A world's request-only pass scores each contrast's request once per scene: the same
+    prompt, which differently batched runs score 1e-6 apart on either side, and plain
+    Spearman counted that noise as a reordering (an fp32 bundle, max |Δs| 1.9e-5, got 0.994
+    on a 32-scene world table and failed its 0.999). The copies of one input are one score;
+    the order between inputs is still checked."""
+    from scipy.stats import spearmanr
+    from spotstop.export.verify import pass_spearman, score_inputs, spearman
+    from spotstop.guard import Scene
+
+    requests = ["a", "a", "b", "b", "c", "c"]
+    scenes = [Scene(image=b"", request=r) for r in requests]
+    inputs = score_inputs(scenes, ("scene", "text"))
+    assert inputs[:6] == [("scene", i) for i in range(6)]
+    assert inputs[6:] == [("text", r) for r in requests]
+    assert score_inputs(scenes[:2], ("gray",)) == [("gray", "a"), ("gray", "a")]
+    scene = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    ref_text = np.array([-3.0, -3.0 + 1e-6, -1.0, -1.0, 2.0 - 1e-6, 2.0])  # noise in the reference
+    got_text = np.array([-3.0 + 1e-6, -3.0, -1.0 + 1e-6, -1.0, 2.0, 2.0])  # and in the bundle
+    ref, got = np.r_[scene, ref_text], np.r_[scene, got_text]
+    plain = pass_spearman(got, ref, ("scene", "text"))
+    assert plain[2]["text"] == pytest.approx(spearmanr(got_text, ref_text).statistic)
+    assert plain[0] < 0.999
+    rho, varies, by_pass = pass_spearman(got, ref, ("scene", "text"), inputs)
+    assert (
+        varies
+        and rho == pytest.approx(1.0)
+        and by_pass == pytest.approx({"scene": 1.0, "text": 1.0})
+    )
+    # by hand: one input's copies are their mean, so the text pass ranks (-3, -1, 2) against
+    # the bundle's means; a swap between inputs still counts
+    swapped = np.array([2.0, 2.0, -1.0, -1.0, -3.0, -3.0])
+    rho2, _, by2 = pass_spearman(np.r_[scene, swapped], ref, ("scene", "text"), inputs)
+    assert by2["text"] == pytest.approx(spearman([2.0, -1.0, -3.0], [-3.0, -1.0, 2.0])) == -1.0
+    assert rho2 == -1.0
+    # a bundle whose copies differ where the reference's inputs do not vary owes no rank
+    flat = pass_spearman(got, np.r_[scene, np.full(6, 1.0)], ("scene", "text"), inputs)
+    assert flat[2]["scene"] == pytest.approx(1.0) and math.isnan(flat[2]["text"])
