@@ -55,6 +55,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
 
+from spotstop.guard._log_amend import amend_sql
 from spotstop.guard._log_archive import (
     ArchiveInfo,
     ArchiveStore,
@@ -284,6 +285,12 @@ class DecisionLog(LogReader, ArchiveStore):
         :class:`LogChangedError` (open it again); one a dead writer left with a -wal is read
         through the private copy. The card, ``calibrate`` and the cue tools read logs this
         way: reviewing a robot's log never rewrites it nor adds a file beside it.
+    journal:
+        The guard's journal (``--journal``), where a fail-closed amendment the log could not
+        take yet waits: the log's reads (:meth:`records`, :meth:`get`, :meth:`to_arrays`,
+        the exports) and its retention apply what waits there and in the dead letter beside
+        the log (``_log_pending.py``). None: the default journal of the log
+        (``$XDG_STATE_HOME/spotstop/journal/``); a guard's writer sets its own.
     """
 
     def __init__(
@@ -297,6 +304,7 @@ class DecisionLog(LogReader, ArchiveStore):
         synchronous: Literal["NORMAL", "FULL"] = _SYNCHRONOUS,
         robot_id: str | None = None,
         read_only: bool = False,
+        journal: str | os.PathLike[str] | None = None,
     ) -> None:
         # absolute: a connection opened later (another thread, or after the file was
         # replaced) opens the same file when the process has changed its working folder
@@ -308,6 +316,8 @@ class DecisionLog(LogReader, ArchiveStore):
             )
         )
         self._store_images = bool(store_images)
+        # the journal whose waiting amendments reads apply (None: the log's default one)
+        self._journal = None if journal is None else Path(os.path.abspath(journal))
         self._retention_bytes = image_retention_bytes
         self._retention_days = image_retention_days
         self._timeout_s = float(timeout_s)
@@ -1130,7 +1140,9 @@ class DecisionLog(LogReader, ArchiveStore):
         The only change the log allows to a written decision, and only towards safety: the
         guard uses it when a decision's write finished after the call's deadline, so the
         row says what the caller was told. Rows already UNSAFE are left as they are; an
-        unknown id raises :class:`RecordError` and changes nothing.
+        unknown id raises :class:`RecordError` and changes nothing. What it changes is
+        declared once (:func:`~spotstop.guard._log_amend.amendment`); readers apply the same
+        rule to rows whose amendment still waits in the journal or the dead letter.
         """
         ids = list(decision_ids)
         if not all(isinstance(i, str) and i for i in ids) or not isinstance(reason, str):
@@ -1154,11 +1166,7 @@ class DecisionLog(LogReader, ArchiveStore):
                 raise RecordError(
                     f"mark_fail_closed: unknown decision_id {unknown[0]!r}; nothing changed."
                 )
-            conn.execute(
-                "UPDATE decisions SET label = 'UNSAFE', fail_closed = 1, fail_reason = ? "
-                f"WHERE decision_id IN ({q}) AND label = 'SAFE'",
-                [reason, *ids],
-            )
+            conn.execute(*amend_sql(ids, reason))  # the one rule (_log_amend.py)
 
         self._write(body, what="mark decisions fail-closed", timeout_s=timeout_s)
 

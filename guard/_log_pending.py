@@ -15,11 +15,15 @@ A reader of the log alone would count such a decision as the log has it (SAFE, o
 all). :func:`read_pending` reads both places, without writing to either (no lock, no file
 set apart: :meth:`Journal.peek`, :meth:`DeadLetter.changes`), with the writer's own parser
 and its own rule for what each entry changes (:attr:`JournalEntry.amendments`,
-:func:`~spotstop.guard._journal.amendments_of`); :meth:`PendingChanges.apply` applies them
-to the log's arrays as :meth:`~spotstop.guard.DecisionLog.mark_fail_closed` applies them to
-the log (a SAFE row becomes a fail-closed UNSAFE; an UNSAFE one stays as it is) and counts
-what it could not apply: decisions the log lacks. :func:`~spotstop.guard.read_reviewed` does
-both, so the card, ``calibrate`` and every reader through it see what the robot received.
+:func:`~spotstop.guard._journal.amendments_of`); :meth:`PendingChanges.amend` applies them
+to the log's rows with the rule the log's ``UPDATE`` is derived from
+(:mod:`~spotstop.guard._log_amend`: a SAFE row becomes a fail-closed UNSAFE; an UNSAFE one
+stays as it is) and :meth:`PendingChanges.answers` counts what it could not apply: decisions
+the log lacks. Every reader of the log applies them (:meth:`DecisionLog.records
+<spotstop.guard.DecisionLog.records>`, ``get``, ``to_arrays``, the CSV and Parquet exports,
+:func:`~spotstop.guard.read_reviewed` and so the card, ``calibrate`` and every reader
+through it), and so does a retention pass to the rows it archives: each sees what the robot
+received unless it asks for the log's rows as stored (``raw=True``).
 
 The journal read is the log's default one (``default_journal_path``, as the reader's
 ``$XDG_STATE_HOME`` gives it) unless the reader names the guard's ``--journal``; read it
@@ -31,21 +35,21 @@ guard's memory only (the journal could not take them either) are in its ``/ready
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from spotstop.guard._journal import (
     DeadLetter,
     Journal,
     default_dead_letter_path,
     default_journal_path,
 )
-from spotstop.guard._log_read import LogArrays
-from spotstop.guard._log_schema import LogError
+from spotstop.guard._log_amend import amend_row
+from spotstop.guard._log_schema import ID_COLUMN, LogError
 
 __all__ = ["PendingAnswers", "PendingChanges", "read_pending"]
 
@@ -138,30 +142,44 @@ class PendingChanges:
     journal: str | None = None
     dead_letter: str | None = None
 
-    def apply(self, arrays: LogArrays) -> tuple[LogArrays, PendingAnswers]:
-        """``arrays`` (the log's decisions) as the robot received them, and what was done.
-
-        Each amendment turns a SAFE decision into a fail-closed UNSAFE one (``guard_label``
-        1, ``fail_closed``), as :meth:`~spotstop.guard.DecisionLog.mark_fail_closed` turns
-        its row; an UNSAFE decision stays as it is. ``arrays`` is not changed."""
-        index = {str(d): i for i, d in enumerate(arrays.decision_id.tolist())}
-        label = np.array(arrays.guard_label, dtype=np.int8, copy=True)
-        failed = np.array(arrays.fail_closed, dtype=bool, copy=True)
-        amended, unknown = 0, set()
-        kept = self.journal_rows | self.dead_letter_rows
-        for ids, _reason in self.amendments:
+    @functools.cached_property
+    def reasons(self) -> Mapping[str, str]:
+        """Decision id -> the reason it is amended with: its first amendment's, as the log
+        applies them in turn (a later one finds the row UNSAFE already and leaves it)."""
+        out: dict[str, str] = {}
+        for ids, reason in self.amendments:
             for i in ids:
-                at = index.get(i)
-                if at is None:
-                    if i not in kept:
-                        unknown.add(i)
-                    continue
-                if label[at] == 0:  # SAFE -> fail-closed UNSAFE, as mark_fail_closed
-                    label[at], failed[at] = 1, True
-                    amended += 1
-        missing_dl = {i for i in self.dead_letter_rows if i not in index}
-        missing_j = {i for i in self.journal_rows if i not in index} - missing_dl
-        answers = PendingAnswers(
+                out.setdefault(i, reason)
+        return out
+
+    def amend(self, row: Sequence[Any]) -> tuple[Any, ...] | None:
+        """A ``decisions`` row (live or archived) as the robot received its decision; None
+        when nothing that waits changes it. The change is the log's own
+        (:func:`~spotstop.guard._log_amend.amend_row`, the rule of
+        :meth:`~spotstop.guard.DecisionLog.mark_fail_closed`): a SAFE row becomes a
+        fail-closed UNSAFE with the amendment's reason; an UNSAFE one stays as it is."""
+        reason = self.reasons.get(row[ID_COLUMN]) if self.amendments else None
+        return None if reason is None else amend_row(row, reason)
+
+    def amend_rows(self, rows: Sequence[Sequence[Any]]) -> tuple[list[tuple[Any, ...]], int]:
+        """``rows`` as the robot received them (:meth:`amend`), and how many changed."""
+        out: list[tuple[Any, ...]] = []
+        changed = 0
+        for row in rows:
+            new = self.amend(row)
+            changed += new is not None
+            out.append(tuple(row) if new is None else new)
+        return out, changed
+
+    def answers(self, decision_ids: Iterable[str], amended: int) -> PendingAnswers:
+        """What a reader of every decision of the log (``decision_ids``) that applied these
+        changes (``amended`` rows changed, :meth:`amend_rows`) should say of them."""
+        held = {str(i) for i in decision_ids}
+        kept = self.journal_rows | self.dead_letter_rows
+        unknown = {i for i in self.reasons if i not in held and i not in kept}
+        missing_dl = {i for i in self.dead_letter_rows if i not in held}
+        missing_j = {i for i in self.journal_rows if i not in held} - missing_dl
+        return PendingAnswers(
             amended=amended,
             missing_journal=len(missing_j),
             missing_dead_letter=len(missing_dl),
@@ -171,9 +189,6 @@ class PendingChanges:
             journal=self.journal,
             dead_letter=self.dead_letter,
         )
-        if not amended:
-            return arrays, answers
-        return dataclasses.replace(arrays, guard_label=label, fail_closed=failed), answers
 
 
 def read_pending(

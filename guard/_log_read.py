@@ -23,6 +23,7 @@ import dataclasses
 import datetime as _dt
 import heapq
 import json
+import logging
 import math
 import os
 import sqlite3
@@ -35,6 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 from spotstop.guard._errors import GuardError
 from spotstop.guard._log_archive import ArchiveInfo, check_present, read_archive
+from spotstop.guard._log_pending import PendingChanges, read_pending
 from spotstop.guard._log_schema import (
     COLUMNS,
     ID_COLUMN,
@@ -65,6 +67,7 @@ __all__ = [
 ]
 
 _PAGE_ROWS: Final = 1000  # rows per read page of DecisionLog.records
+_logger = logging.getLogger("spotstop.guard")
 
 
 def _record(row: Sequence[Any]) -> DecisionRecord:
@@ -389,9 +392,16 @@ def write_csv(joined: Joined, path: str | os.PathLike[str]) -> None:
             writer.writerow([_csv_cell(kind, values[i]) for _, kind, values in cols])
 
 
-def write_parquet(joined: Joined, path: str | os.PathLike[str], error: type[GuardError]) -> None:
+def write_parquet(
+    joined: Joined,
+    path: str | os.PathLike[str],
+    error: type[GuardError],
+    *,
+    rows: str = "as_answered",
+) -> None:
     """Write :func:`export_columns` as Parquet (needs pyarrow): scores float64 with NaN kept as
-    NaN, missing ints, strings and flags null; metadata ``spotstop.schema_version``."""
+    NaN, missing ints, strings and flags null; metadata ``spotstop.schema_version`` and
+    ``spotstop.rows`` (``rows``: what the rows are, see ``DecisionLog.export_parquet``)."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -411,7 +421,11 @@ def write_parquet(joined: Joined, path: str | os.PathLike[str], error: type[Guar
         names.append(name)
     table = pa.Table.from_arrays(arrays, names=names)
     table = table.replace_schema_metadata(
-        {"spotstop.schema_version": str(SCHEMA_VERSION), "spotstop.table": "decisions"}
+        {
+            "spotstop.schema_version": str(SCHEMA_VERSION),
+            "spotstop.table": "decisions",
+            "spotstop.rows": rows,
+        }
     )
     pq.write_table(table, str(path))
 
@@ -433,8 +447,16 @@ class LogReader:
     database waited on) on the calling thread's connection; rows come back in log order
     (time, then position). The log's decisions are the live table's rows and those of its
     registered archives (``_log_archive.py``): every read here returns both, as one log.
+
+    The decisions are as the robot received them: a fail-closed amendment that waits in the
+    log's journal or its dead letter (:meth:`pending_changes`) is applied to the row it
+    amends, as the log will apply it. ``raw=True`` reads the rows as the log stores them
+    (a SAFE there may have been answered fail-closed UNSAFE): for mending the log, never for
+    saying what the robot was told.
     """
 
+    _path: Path
+    _journal: Path | None
     _retry: Callable[..., Any]
     _conn: Callable[[], sqlite3.Connection]
     archive_folder: Path
@@ -476,20 +498,49 @@ class LogReader:
 
         return where, params, keep
 
+    def pending_changes(self) -> PendingChanges:
+        """What waits for this log in its journal (the one it was opened with, else its
+        default one) and its dead letter: read only, without a lock
+        (:func:`~spotstop.guard._log_pending.read_pending`). A place that cannot be read is
+        named in ``faults``."""
+        return read_pending(self._path, self._journal)
+
+    def _as_answered(self, raw: bool) -> PendingChanges | None:
+        if not isinstance(raw, bool):
+            raise RecordError(
+                f"raw must be False (the decisions as the robot was answered, the default) or "
+                f"True (the rows as the log stores them); got {raw!r}."
+            )
+        if raw:
+            return None
+        pending = self.pending_changes()
+        for fault in pending.faults:  # read on: the log itself still says what it holds
+            _logger.warning(
+                "decision log %s: %s not read; a fail-closed amendment waiting there is not "
+                "applied to what this read returns",
+                self._path,
+                fault,
+            )
+        return pending
+
     def records(
         self,
         since: float | _dt.datetime | None = None,
         until: float | _dt.datetime | None = None,
         situation_id: str | None = None,
+        *,
+        raw: bool = False,
     ) -> Iterator[DecisionRecord]:
         """Yield decisions with ``since <= time < until`` (and of one situation), in log order.
 
         ``since``/``until`` are seconds since the epoch or aware datetimes; None: open end.
-        Archived decisions are included. Raises :class:`LogError` if retention moved rows
+        Archived decisions are included. Each is as the robot received it: an amendment
+        waiting in the journal or the dead letter is applied (``raw=True``: the rows as the
+        log stores them, see the class). Raises :class:`LogError` if retention moved rows
         while the iteration was under way (read again).
         """
         where, params, keep = self._where(since, until, situation_id)  # checked now
-        return self._iter_records(where, params, keep)
+        return self._iter_records(where, params, keep, self._as_answered(raw))
 
     def _fetchall(self, sql: str, params: Sequence[Any]) -> list[Any]:
         return self._retry(lambda: self._conn().execute(sql, params).fetchall(), what="read")
@@ -522,29 +573,43 @@ class LogReader:
         return [one(info) for info in infos]
 
     def _iter_records(
-        self, where: str, params: list[Any], keep: Callable[[tuple[Any, ...]], bool]
+        self,
+        where: str,
+        params: list[Any],
+        keep: Callable[[tuple[Any, ...]], bool],
+        pending: PendingChanges | None,
     ) -> Iterator[DecisionRecord]:
         infos = self.archives()
         streams = [*self._iter_archived(infos, keep), self._iter_live(where, params)]
         for _, _, row in heapq.merge(*streams, key=_position):
-            yield _record(row)
+            amended = None if pending is None else pending.amend(row)
+            yield _record(row if amended is None else amended)
         if [a.name for a in self.archives()] != [a.name for a in infos]:
             raise LogError(
                 "the log's retention archived rows while they were being read; some may have "
                 "been skipped. Read again (or read while the guard is stopped)."
             )
 
-    def get(self, decision_id: str) -> DecisionRecord | None:
-        """The decision with this id (live or archived), or None if the log has none."""
+    def get(self, decision_id: str, *, raw: bool = False) -> DecisionRecord | None:
+        """The decision with this id (live or archived), or None if the log has none; as the
+        robot received it (``raw``: as :meth:`records`)."""
+        pending = self._as_answered(raw)
         sql = f"{SELECT} FROM decisions AS d WHERE d.decision_id = ?"
         row = self._retry(lambda: self._conn().execute(sql, (decision_id,)).fetchone(), what="read")
-        if row is not None:
-            return _record(row)
-        for info in self.archives():
-            for _, arow in read_archive(self.archive_folder, info):
-                if arow[ID_COLUMN] == decision_id:
-                    return _record(arow)
-        return None
+        if row is None:
+            row = next(
+                (
+                    arow
+                    for info in self.archives()
+                    for _, arow in read_archive(self.archive_folder, info)
+                    if arow[ID_COLUMN] == decision_id
+                ),
+                None,
+            )
+        if row is None:
+            return None
+        amended = None if pending is None else pending.amend(row)
+        return _record(row if amended is None else amended)
 
     def count(
         self,
@@ -652,45 +717,73 @@ class LogReader:
         merged = heapq.merge(*archived, live, key=_position)
         return [(r[2], r[3]) for r in merged]
 
-    def _joined_rows(
+    def _answered_rows(
         self,
         since: float | _dt.datetime | None,
         until: float | _dt.datetime | None,
         situation_id: str | None,
-    ) -> list[tuple[DecisionRecord, tuple[Any, ...]]]:
-        return [
-            (_record(row), lab) for row, lab in self._joined_sql_rows(since, until, situation_id)
-        ]
+        pending: PendingChanges | None,
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], int]:
+        """The rows and review labels of :meth:`_joined_sql_rows`, the rows as the robot
+        received them (``pending`` applied; None: as stored), and how many it changed."""
+        joined = self._joined_sql_rows(since, until, situation_id)
+        rows = [r for r, _ in joined]
+        changed = 0
+        if pending is not None:
+            rows, changed = pending.amend_rows(rows)
+        return rows, [lab for _, lab in joined], changed
+
+    def _joined_rows(self, pending: PendingChanges | None) -> Joined:
+        rows, labels, _ = self._answered_rows(None, None, None, pending)
+        return [(_record(row), lab) for row, lab in zip(rows, labels, strict=True)]
 
     def to_arrays(
         self,
         since: float | _dt.datetime | None = None,
         until: float | _dt.datetime | None = None,
         situation_id: str | None = None,
+        *,
+        raw: bool = False,
     ) -> LogArrays:
-        """The decisions (same filters as :meth:`records`) as aligned arrays with labels."""
-        joined = self._joined_sql_rows(since, until, situation_id)
-        return arrays_from_rows([r for r, _ in joined], [lab for _, lab in joined])
+        """The decisions (same filters and ``raw`` as :meth:`records`) as aligned arrays with
+        labels."""
+        return self.arrays_as_answered(since, until, situation_id, self._as_answered(raw))[0]
+
+    def arrays_as_answered(
+        self,
+        since: float | _dt.datetime | None,
+        until: float | _dt.datetime | None,
+        situation_id: str | None,
+        pending: PendingChanges | None,
+    ) -> tuple[LogArrays, int]:
+        """:meth:`to_arrays` with ``pending`` (read before, :meth:`pending_changes`; None: the
+        rows as stored) applied, and how many decisions it changed."""
+        rows, labels, changed = self._answered_rows(since, until, situation_id, pending)
+        return arrays_from_rows(rows, labels), changed
 
     # -- export --------------------------------------------------------------------
 
-    def export_csv(self, path: str | os.PathLike[str]) -> None:
+    def export_csv(self, path: str | os.PathLike[str], *, raw: bool = False) -> None:
         """Write every decision (with reviewer labels) to a CSV file, one column per field.
 
         Dict fields are expanded to ``score.<member>``, ``score_gray.<member>``,
         ``score_text.<member>``, ``latency_ms.<stage>``, ``cue.<cue>``, ``ran.<member>``; reviewer columns
         start with ``review_``. Floats are written with ``repr`` (exact), NaN as ``nan`` and
-        infinities as ``inf``/``-inf``; None is an empty cell.
+        infinities as ``inf``/``-inf``; None is an empty cell. Each decision is as the robot
+        received it (``raw=True``: as the log stores it, see :meth:`records`).
         """
-        write_csv(self._joined_rows(None, None, None), path)
+        write_csv(self._joined_rows(self._as_answered(raw)), path)
 
-    def export_parquet(self, path: str | os.PathLike[str]) -> None:
+    def export_parquet(self, path: str | os.PathLike[str], *, raw: bool = False) -> None:
         """Write every decision (with reviewer labels) to a Parquet file; needs pyarrow.
 
-        Same columns as :meth:`export_csv`; scores are float64 with NaN kept as NaN (not
-        null); the schema metadata carries ``spotstop.schema_version``.
+        Same columns and ``raw`` as :meth:`export_csv`; scores are float64 with NaN kept as
+        NaN (not null); the schema metadata carries ``spotstop.schema_version`` and
+        ``spotstop.rows``: ``as_answered`` (amendments waiting in the journal or the dead
+        letter applied), or ``raw`` (the rows as the log stores them).
         """
-        write_parquet(self._joined_rows(None, None, None), path, LogError)
+        rows = "raw" if raw else "as_answered"
+        write_parquet(self._joined_rows(self._as_answered(raw)), path, LogError, rows=rows)
 
     def policies(self) -> dict[str, PolicyRow]:
         """Every policy that decided something in this log, by version id (first seen first)."""

@@ -205,6 +205,8 @@ class LogWriter:
         self.journal = Journal(
             opts.journal or default_journal_path(log.path), owner=str(log.path.resolve())
         )
+        if opts.journal is not None and log._journal is None:
+            log._journal = self.journal.path  # the log's reads apply what waits there
         self.dead_letter = DeadLetter(default_dead_letter_path(log.path), log=str(log.path))
         self._windows = windows
         self._pending: collections.deque[_Batch] = collections.deque()

@@ -96,12 +96,13 @@ def read_reviewed(
     from spotstop.guard._log import DecisionLog, LogChangedError
 
     read: dict[str, Any] = {}
-    pending: PendingChanges | None = None
     if isinstance(log, LogArrays):
         arr = log
     elif isinstance(log, DecisionLog):
-        pending = read_pending(log.path, journal)  # first: what the guard imports meanwhile
-        arr, read = _read_open(log)  # is then in the log (applying it again changes nothing)
+        # first: what the guard imports meanwhile is then in the log (applying it again
+        # changes nothing)
+        pending = log.pending_changes() if journal is None else read_pending(log.path, journal)
+        arr, read = _read_open(log, pending)
     else:
         path = Path(log)
         if not path.is_file():
@@ -112,15 +113,13 @@ def read_reviewed(
         pending = read_pending(path, journal)  # first, as above
         try:
             with DecisionLog(path, read_only=True) as opened:
-                arr, read = _read_open(opened)
+                arr, read = _read_open(opened, pending)
         except LogChangedError:
             # a guard wrote it meanwhile: read it again, with the guard's locks while a guard
             # holds it, else through a copy no guard can change while it is read
             with DecisionLog(path, read_only=True) as opened:
                 opened.read_a_still_copy()
-                arr, read = _read_open(opened)
-    if pending is not None:
-        arr, read["pending"] = pending.apply(arr)
+                arr, read = _read_open(opened, pending)
     ids = np.asarray(arr.decision_id, dtype=object)
     sha = np.array([_cell(s) for s in arr.image_sha256], dtype=object)
     label = np.array(arr.label, dtype=np.int8, copy=True)
@@ -142,18 +141,24 @@ def read_reviewed(
     return Reviewed(reviewed, n, source, **read)
 
 
-def _read_open(log: DecisionLog) -> tuple[LogArrays, dict[str, Any]]:
-    """The arrays of an open log, then its policies, archives and robot id. The archives are
-    those the arrays were read with: when a retention pass registered one meanwhile (the
-    guard's, beside the reader), the log is read again."""
+def _read_open(log: DecisionLog, pending: PendingChanges) -> tuple[LogArrays, dict[str, Any]]:
+    """The arrays of an open log as the robot received them (``pending`` applied), then its
+    policies, archives, robot id and what ``pending`` did. The archives are those the arrays
+    were read with: when a retention pass registered one meanwhile (the guard's, beside the
+    reader), the log is read again."""
     while True:
         before = log.archives()
-        arr = log.to_arrays()
+        arr, amended = log.arrays_as_answered(None, None, None, pending)
         infos = log.archives()
         if infos == before:  # (registrations are only ever added)
             break
     archived = {"files": len(infos), "rows": sum(a.n_rows for a in infos)} if infos else {}
-    return arr, {"policies": log.policies(), "archived": archived, "robot_id": log.robot_id}
+    return arr, {
+        "policies": log.policies(),
+        "archived": archived,
+        "robot_id": log.robot_id,
+        "pending": pending.answers(arr.decision_id.tolist(), amended),
+    }
 
 
 @dataclass(frozen=True, eq=False, repr=False)

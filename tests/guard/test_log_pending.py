@@ -49,7 +49,8 @@ def test_a_late_amendment_waiting_in_the_journal_is_read_as_answered(tmp_path: P
     w.log._conn().execute("PRAGMA query_only = 1")  # the log cannot take the amendment
     assert w.amend_late([late.decision_id], "deadline exceeded (writing the decision log)")
     assert w.status().journal_entries == 1  # it waits in the journal, the row says SAFE
-    assert w.log.get(late.decision_id).label == "SAFE"  # type: ignore[union-attr]
+    assert w.log.get(late.decision_id, raw=True).label == "SAFE"  # type: ignore[union-attr]
+    assert w.log.get(late.decision_id).label == "UNSAFE"  # type: ignore[union-attr]
     before = _files(tmp_path) | _files(w.journal.path.parent)
 
     r = read_reviewed(log)
@@ -162,7 +163,8 @@ def test_a_guard_s_late_answer_reads_as_answered_while_its_amendment_waits(
         monkeypatch.setattr(g.log, "mark_fail_closed", read_only)
         d = g.check(make_scene(1), deadline_s=budget)
         assert d.label == "UNSAFE" and d.fail_closed
-        assert g.log.get(d.decision_id).label == "SAFE"  # type: ignore[union-attr]
+        assert g.log.get(d.decision_id, raw=True).label == "SAFE"  # type: ignore[union-attr]
+        assert g.log.get(d.decision_id).label == "UNSAFE"  # type: ignore[union-attr]
         assert default_journal_path(log).is_file()
         r = read_reviewed(log)
         i = list(r.arrays.decision_id).index(d.decision_id)

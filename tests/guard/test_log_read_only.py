@@ -192,11 +192,11 @@ def test_a_log_written_while_read_with_no_writer_is_refused_then_read_again(
     calls = []
     real = _reviewed._read_open
 
-    def once_changed(log):
+    def once_changed(log, pending):
         calls.append(log._unwatched is not None)
         if len(calls) == 1:
             raise LogChangedError("changed while it was read")
-        return real(log)
+        return real(log, pending)
 
     monkeypatch.setattr(_reviewed, "_read_open", once_changed)
     assert len(read_reviewed(path).arrays.decision_id) == 2
@@ -242,10 +242,10 @@ def test_a_card_beside_a_guard_that_writes_during_each_read_still_reads(
     real = _reviewed._read_open
     writes = []
 
-    def guard_writes_meanwhile(log):
+    def guard_writes_meanwhile(log, pending):
         _guard_writes(path, 100 * (len(writes) + 1))
         writes.append(log._unwatched is not None)
-        return real(log)
+        return real(log, pending)
 
     monkeypatch.setattr(_reviewed, "_read_open", guard_writes_meanwhile)
     before = {p.name for p in tmp_path.iterdir()}

@@ -144,7 +144,7 @@ def test_the_archived_count_read_with_a_log_is_that_of_its_rows(
 
     log, _ = big_log
     log.apply_retention(Retention(keep_days=1), now=T0 + 100 * 60 + DAY)  # rows 0..99
-    real = DecisionLog.to_arrays
+    real = DecisionLog.arrays_as_answered
     archived_when_read: list[int] = []
 
     def then_a_pass(self: DecisionLog, *a: Any, **kw: Any) -> Any:
@@ -153,7 +153,7 @@ def test_the_archived_count_read_with_a_log_is_that_of_its_rows(
         self.apply_retention(Retention(keep_days=1), now=T0 + 600 * 60 + DAY)  # all but one
         return arr
 
-    monkeypatch.setattr(DecisionLog, "to_arrays", then_a_pass)
+    monkeypatch.setattr(DecisionLog, "arrays_as_answered", then_a_pass)
     r = read_reviewed(log)
     assert r.arrays.n == 600
     assert r.archived["rows"] == archived_when_read[-1] == 599
@@ -323,7 +323,7 @@ def test_arrays_from_rows_are_the_arrays_of_the_records(big_log) -> None:
     log, _ = big_log
     log.set_labels([(r.decision_id, "safe", "c", None) for r in list(log.records())[:40]])
     log.apply_retention(Retention(max_bytes=log.used_bytes() // 2))
-    fast, slow = log.to_arrays(), log_arrays(log._joined_rows(None, None, None))
+    fast, slow = log.to_arrays(), log_arrays(log._joined_rows(None))
     for f in dataclasses.fields(fast):
         a, b = getattr(fast, f.name), getattr(slow, f.name)
         if isinstance(a, dict):
@@ -382,7 +382,8 @@ def test_retention_keeps_a_safe_row_whose_amendment_waits_in_the_journal(
     d = g.check(make_scene(1), deadline_s=0.5)
     monkeypatch.setattr(DecisionLog, "append_many", real_append)
     assert d.label == "UNSAFE" and g.log_status().journal_entries == 1
-    assert g.log.get(d.decision_id).label == "SAFE"  # until the amendment lands
+    assert g.log.get(d.decision_id, raw=True).label == "SAFE"  # until the amendment lands
+    assert g.log.get(d.decision_id).label == "UNSAFE"  # read as answered meanwhile
     res = g._writer.apply_retention(now=time.time() + 2 * DAY)
     assert res.protected_rows >= 1
     g.flush_pending()

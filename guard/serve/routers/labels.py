@@ -45,7 +45,7 @@ def _write(sidecar: Sidecar, req: LabelsRequest) -> int:
         log.set_labels(items)
     except RecordError as e:
         for i, item in enumerate(req.labels):
-            if log.get(item.decision_id) is None:
+            if log.get(item.decision_id, raw=True) is None:  # is it there; not what it says
                 raise UnknownDecision(
                     f"labels[{i}].decision_id {item.decision_id!r} is not in the decision log; "
                     "no labels were written.",

@@ -1,0 +1,214 @@
+"""A fail-closed amendment is one rule, and every reader of the log and its archives applies it.
+
+A SAFE decision whose write ended after the call's deadline was answered fail-closed UNSAFE;
+the log amends its row (``DecisionLog.mark_fail_closed``). While the log cannot take the
+amendment it waits in the journal, or for good in the dead letter: the store's own reads
+(``records``, ``get``, ``to_arrays``, the CSV and Parquet exports) and the archives a retention
+pass writes must still say UNSAFE, with the log's own rule (``_log_amend.py``).
+"""
+
+from __future__ import annotations
+
+import csv
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from spotstop.guard import _log_amend as amend_rule
+from spotstop.guard._journal import DeadLetter, Journal, JournalEntry, default_journal_path
+from spotstop.guard._log import DecisionLog
+from spotstop.guard._log_archive import Protect, Retention
+from spotstop.guard._log_options import LogOptions
+from spotstop.guard._log_pending import PendingChanges
+from spotstop.guard._log_schema import COLUMNS, RecordError
+from spotstop.guard._log_writer import LogWriter
+from spotstop.guard._record import record_from_row
+
+from tests._support.records import assert_same_record, make_record
+
+_REASON = "deadline exceeded (writing the decision log)"
+_DAY = 86400.0
+
+
+def _rows(log: DecisionLog) -> list[tuple[Any, ...]]:
+    sql = f"SELECT {', '.join(COLUMNS)} FROM decisions ORDER BY rowid"
+    return [tuple(r) for r in log._conn().execute(sql).fetchall()]
+
+
+def _dead_letter(log: Path) -> DeadLetter:
+    return DeadLetter(log.with_name(log.name + ".dead-letter.jsonl"), log=str(log))
+
+
+# -- one rule: the log's UPDATE and a reader's application are derived from one declaration --
+
+_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
+_row = st.tuples(
+    st.sampled_from(["SAFE", "UNSAFE"]),
+    st.booleans(),  # fail_closed, for an UNSAFE row
+    st.none() | _text,  # fail_reason
+    st.booleans(),  # amended
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases=st.lists(_row, min_size=1, max_size=8), reason=_text)
+def test_the_log_s_update_and_a_reader_s_application_agree(
+    cases: list[tuple[str, bool, str | None, bool]], reason: str
+) -> None:
+    with tempfile.TemporaryDirectory() as folder, DecisionLog(Path(folder) / "l.sqlite") as log:
+        recs = [
+            make_record(i, label=lab, fail_closed=lab == "UNSAFE" and fc, fail_reason=why)
+            for i, (lab, fc, why, _) in enumerate(cases)
+        ]
+        log.append_many(recs)
+        ids = [r.decision_id for r, case in zip(recs, cases, strict=True) if case[3]]
+        stored = _rows(log)
+        pending = PendingChanges(((tuple(ids), reason),), frozenset(), frozenset())
+        read, changed = pending.amend_rows(stored)  # a reader's, while the amendment waits
+
+        log.mark_fail_closed(ids, reason)  # the log's, once it can take it
+        assert read == _rows(log)
+        assert changed == sum(1 for r in recs if r.decision_id in ids and r.label == "SAFE")
+        for rec, row in zip(log.records(raw=True), read, strict=True):
+            assert_same_record(rec, record_from_row(row))
+
+
+def test_both_applications_follow_the_one_declaration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neither the UPDATE nor the reader's application spells the change itself: a change of
+    the declaration changes both."""
+    declared = amend_rule.amendment
+    monkeypatch.setattr(
+        amend_rule, "amendment", lambda reason: {**declared(reason), "policy": "amended"}
+    )
+    with DecisionLog(tmp_path / "l.sqlite") as log:
+        rec = make_record(0, label="SAFE")
+        log.append(rec)
+        [stored] = _rows(log)
+        pending = PendingChanges((((rec.decision_id,), "late"),), frozenset(), frozenset())
+        read = pending.amend(stored)
+        log.mark_fail_closed([rec.decision_id], "late")
+        assert read == _rows(log)[0]
+        assert log.get(rec.decision_id, raw=True).policy == "amended"  # type: ignore[union-attr]
+
+
+# -- the store's reads: records, get, arrays, exports -----------------------------------------
+
+
+def _late_log(tmp_path: Path) -> tuple[Path, str, str, str]:
+    """A log of three SAFE rows: one amended by the dead letter, one by the default journal
+    (both as the guard's writer leaves them when the log cannot take the change)."""
+    log = tmp_path / "log.sqlite"
+    dead_late, journal_late, other = (make_record(i, label="SAFE") for i in (0, 2, 4))
+    with DecisionLog(log) as d:
+        d.append_many([dead_late, journal_late, other])
+    _dead_letter(log).append(
+        "amend", error="x", amend_ids=[dead_late.decision_id], amend_reason=_REASON
+    )
+    Journal(default_journal_path(log), owner=str(log.resolve())).append(
+        [JournalEntry("amend", amend_ids=(journal_late.decision_id,), amend_reason="late")]
+    )
+    return log, dead_late.decision_id, journal_late.decision_id, other.decision_id
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_records_get_and_arrays_are_as_the_robot_was_answered(
+    tmp_path: Path, read_only: bool
+) -> None:
+    log, dead, journal, other = _late_log(tmp_path)
+    want = {dead: ("UNSAFE", True, _REASON), journal: ("UNSAFE", True, "late")}
+    with DecisionLog(log, read_only=read_only) as d:
+        got = {r.decision_id: (r.label, r.fail_closed, r.fail_reason) for r in d.records()}
+        assert got == {**want, other: ("SAFE", False, None)}
+        for i, answered in want.items():
+            r = d.get(i)
+            assert r is not None and (r.label, r.fail_closed, r.fail_reason) == answered
+            assert d.get(i, raw=True).label == "SAFE"  # type: ignore[union-attr]
+        arr = d.to_arrays()
+        assert dict(zip(arr.decision_id, arr.guard_label.tolist(), strict=True)) == {
+            dead: 1,
+            journal: 1,
+            other: 0,
+        }
+        assert arr.fail_closed.tolist() == [True, True, False]
+        assert d.to_arrays(raw=True).guard_label.tolist() == [0, 0, 0]
+        assert [r.label for r in d.records(raw=True)] == ["SAFE"] * 3
+        with pytest.raises(RecordError, match=r"raw must be False .* or True"):
+            d.get(dead, raw="no")  # type: ignore[arg-type]
+
+
+def test_the_exports_are_as_answered_and_a_raw_one_says_so(tmp_path: Path) -> None:
+    log, dead, journal, other = _late_log(tmp_path)
+    with DecisionLog(log, read_only=True) as d:
+        d.export_csv(tmp_path / "a.csv")
+        d.export_csv(tmp_path / "raw.csv", raw=True)
+        d.export_parquet(tmp_path / "a.parquet")
+        d.export_parquet(tmp_path / "raw.parquet", raw=True)
+
+    def csv_rows(name: str) -> dict[str, tuple[str, str]]:
+        with (tmp_path / name).open(newline="") as fh:
+            return {r["decision_id"]: (r["label"], r["fail_closed"]) for r in csv.DictReader(fh)}
+
+    assert csv_rows("a.csv") == {
+        dead: ("UNSAFE", "true"),
+        journal: ("UNSAFE", "true"),
+        other: ("SAFE", "false"),
+    }
+    assert {v for v in csv_rows("raw.csv").values()} == {("SAFE", "false")}
+    table = pq.read_table(tmp_path / "a.parquet")
+    assert table.column("label").to_pylist() == ["UNSAFE", "UNSAFE", "SAFE"]
+    assert table.schema.metadata[b"spotstop.rows"] == b"as_answered"
+    raw = pq.read_table(tmp_path / "raw.parquet")
+    assert raw.column("label").to_pylist() == ["SAFE"] * 3
+    assert raw.schema.metadata[b"spotstop.rows"] == b"raw"
+
+
+def test_a_journal_that_cannot_be_read_is_said_and_the_log_still_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log, *_ = _late_log(tmp_path)
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    with DecisionLog(log, read_only=True, journal=folder) as d:
+        assert [r.label for r in d.records()] == ["UNSAFE", "SAFE", "SAFE"]  # the dead letter's
+    assert "a-folder" in caplog.text and "not applied" in caplog.text
+
+
+def test_the_guard_s_own_journal_is_read_by_its_log(tmp_path: Path) -> None:
+    """A guard with a ``--journal`` elsewhere: its log's reads apply what waits there."""
+    log = tmp_path / "log.sqlite"
+    w = LogWriter(
+        DecisionLog(log), LogOptions(journal=tmp_path / "j" / "x.journal", spill_after_s=3600.0)
+    )
+    late = make_record(0, label="SAFE")
+    w.log.append(late)
+    w.log._conn().execute("PRAGMA query_only = 1")  # the log cannot take the amendment
+    assert w.amend_late([late.decision_id], _REASON)
+    assert w.status().journal_entries == 1
+    assert w.log.get(late.decision_id).label == "UNSAFE"  # type: ignore[union-attr]
+    assert w.log.get(late.decision_id, raw=True).label == "SAFE"  # type: ignore[union-attr]
+    w.log._conn().execute("PRAGMA query_only = 0")
+    w.close()
+    w.log.close()
+
+
+# -- archives ----------------------------------------------------------------------------------
+
+
+def test_an_archived_row_whose_amendment_came_later_is_read_as_answered(tmp_path: Path) -> None:
+    log = tmp_path / "log.sqlite"
+    recs = [make_record(i, label="SAFE") for i in (0, 2, 4)]
+    with DecisionLog(log) as d:
+        d.append_many(recs)
+        d.apply_retention(Retention(keep_days=1.0), Protect(min_age_s=0), now=recs[2].time + _DAY)
+        assert d.count() == 3 and len(d.archived_ids()) == 2
+        _dead_letter(log).append(
+            "amend", error="x", amend_ids=[recs[0].decision_id], amend_reason=_REASON
+        )
+        assert d.get(recs[0].decision_id).label == "UNSAFE"  # type: ignore[union-attr]
+        assert [r.label for r in d.records()] == ["UNSAFE", "SAFE", "SAFE"]
