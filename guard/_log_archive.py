@@ -9,7 +9,11 @@ the live table:
 1. the rows to move are chosen oldest first, never one that :class:`Protect` names (a row
    whose fail-closed amendment is still pending, the rows of the active policy's situation
    windows, a row under review: its image is still stored and it has no label yet);
-2. they are written to a new Parquet file (temp file, fsync, rename, fsync of the folder);
+2. they are written to a new Parquet file (temp file, fsync, rename, fsync of the folder) as
+   the robot received them: a fail-closed amendment the log could not take, waiting in the
+   journal or set aside for good in the dead letter, is applied to its row in the file
+   (``_log_pending.py``, the rule of ``_log_amend.py``), so that an archive read on its own
+   (a fleet's collected archives) never says SAFE for a decision answered UNSAFE;
 3. one transaction registers the file in the ``archives`` table (name, rows, time span, size,
    sha256) and deletes exactly those rows. Before that commit the rows are live and the file
    is an orphan that no reader reads (the next pass removes it); after it, they are archived.
@@ -438,6 +442,7 @@ class ArchiveStore:
     _write: Any
     robot_id: Any
     policies: Any
+    pending_changes: Any
     _retention_mutex: threading.Lock
 
     @property
@@ -532,9 +537,11 @@ class ArchiveStore:
 
         Rows older than ``keep_days`` (relative to ``now``, default the clock) are archived;
         while the pages in use exceed ``max_bytes``, the oldest unprotected rows are archived
-        until they are under ``low_water · max_bytes``. Raises :class:`LogError` when the
-        archive or the log cannot be written; what was registered before stays archived and
-        the rest stays live.
+        until they are under ``low_water · max_bytes``, each as the robot received it (an
+        amendment waiting in the log's journal or dead letter applied). Raises
+        :class:`LogError` when the archive or the log cannot be written, or when the journal
+        or the dead letter cannot be read (nothing is archived then: what waits there could
+        not be applied); what was registered before stays archived and the rest stays live.
         """
         if not isinstance(retention, Retention):
             raise RecordError(
@@ -566,6 +573,13 @@ class ArchiveStore:
     ) -> RetentionResult:
         protect = Protect() if protect is None else protect
         now = _dt.datetime.now(_dt.UTC).timestamp() if now is None else float(now)
+        pending = self.pending_changes()
+        if pending.faults:
+            raise LogError(
+                f"retention archived nothing: {'; '.join(pending.faults)} could not be read, so "
+                "the fail-closed amendments waiting there could not be applied to the rows "
+                "archived. Let the guard's user read them (or move them back), then run again."
+            )
         self._remove_orphans()
         before = used = self.used_bytes()
         cutoff = None if retention.keep_days is None else now - retention.keep_days * 86400.0
@@ -587,7 +601,7 @@ class ArchiveStore:
             info = write_archive(
                 self.archive_folder,
                 seqs,
-                rows,
+                pending.amend_rows(rows)[0],  # as answered; the log's rows are left as they are
                 robot_id=self.robot_id,
                 policies=self.policies(),
                 log_id=self.log_id(),
@@ -686,9 +700,9 @@ class ArchiveStore:
 
     def _register(self, info: ArchiveInfo, seqs: list[int], rows: list[tuple[Any, ...]]) -> None:
         """One transaction: the archive is registered and exactly its rows leave the table,
-        only if each is still as it was archived (an amendment made meanwhile, e.g. a late
-        answer turned fail-closed UNSAFE, rolls the pass back: the next one archives it as
-        it is now)."""
+        only if each is still as it was chosen (``rows``: as the table held them; an
+        amendment made meanwhile, e.g. a late answer turned fail-closed UNSAFE, rolls the
+        pass back: the next one archives it as it is now)."""
         id_col = COLUMNS.index("decision_id")
         reached_commit: list[bool] = []
 

@@ -19,12 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from spotstop.guard import _log_amend as amend_rule
+from spotstop.guard import read_reviewed
 from spotstop.guard._journal import DeadLetter, Journal, JournalEntry, default_journal_path
 from spotstop.guard._log import DecisionLog
-from spotstop.guard._log_archive import Protect, Retention
+from spotstop.guard._log_archive import Protect, Retention, read_archive_file
 from spotstop.guard._log_options import LogOptions
 from spotstop.guard._log_pending import PendingChanges
-from spotstop.guard._log_schema import COLUMNS, RecordError
+from spotstop.guard._log_schema import COLUMNS, LogError, RecordError
 from spotstop.guard._log_writer import LogWriter
 from spotstop.guard._record import record_from_row
 
@@ -212,3 +213,46 @@ def test_an_archived_row_whose_amendment_came_later_is_read_as_answered(tmp_path
         )
         assert d.get(recs[0].decision_id).label == "UNSAFE"  # type: ignore[union-attr]
         assert [r.label for r in d.records()] == ["UNSAFE", "SAFE", "SAFE"]
+
+
+def test_retention_archives_a_dead_letter_amended_row_as_answered(tmp_path: Path) -> None:
+    """The repro: an amendment the log could not take lies in the dead letter (its row says
+    SAFE); retention moved the row to an archive as SAFE, and a fleet's collected archive,
+    read without its log, said SAFE for a decision the robot was answered UNSAFE."""
+    log = tmp_path / "log.sqlite"
+    recs = [make_record(i, label="SAFE") for i in (0, 2, 4)]
+    late = recs[0].decision_id
+    with DecisionLog(log) as d:
+        d.append_many(recs)
+    _dead_letter(log).append("amend", error="x", amend_ids=[late], amend_reason=_REASON)
+    w = LogWriter(DecisionLog(log), LogOptions(keep_days=1.0))
+    result = w.apply_retention(now=recs[2].time + _DAY)
+    assert result.archived_rows == 2 and late in w.log.archived_ids()
+
+    [name] = result.files
+    archived = read_archive_file(w.log.archive_folder / name)
+    got = {r[COLUMNS.index("decision_id")]: record_from_row(r) for r in archived.rows}
+    assert (got[late].label, got[late].fail_closed, got[late].fail_reason) == (
+        "UNSAFE",
+        True,
+        _REASON,
+    )
+    assert got[recs[1].decision_id].label == "SAFE"
+    # the log reads it so, raw too (the archive holds it as answered)
+    assert w.log.get(late, raw=True).label == "UNSAFE"  # type: ignore[union-attr]
+    assert read_reviewed(log).arrays.guard_label.tolist() == [1, 0, 0]
+    w.close()
+    w.log.close()
+
+
+def test_retention_archives_nothing_when_the_dead_letter_cannot_be_read(tmp_path: Path) -> None:
+    log = tmp_path / "log.sqlite"
+    recs = [make_record(i, label="SAFE") for i in (0, 2, 4)]
+    _dead_letter(log).path.mkdir()  # a folder where the dead letter should be
+    with DecisionLog(log) as d:
+        d.append_many(recs)
+        with pytest.raises(LogError, match="retention archived nothing: dead letter"):
+            d.apply_retention(
+                Retention(keep_days=1.0), Protect(min_age_s=0), now=recs[2].time + _DAY
+            )
+        assert d.archives() == [] and d.count() == 3
