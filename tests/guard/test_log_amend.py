@@ -213,6 +213,13 @@ def test_an_archived_row_whose_amendment_came_later_is_read_as_answered(tmp_path
         )
         assert d.get(recs[0].decision_id).label == "UNSAFE"  # type: ignore[union-attr]
         assert [r.label for r in d.records()] == ["UNSAFE", "SAFE", "SAFE"]
+        assert d.to_arrays().guard_label.tolist() == [1, 0, 0]
+        d.export_parquet(tmp_path / "a.parquet")
+        assert pq.read_table(tmp_path / "a.parquet").column("label").to_pylist() == [
+            "UNSAFE",
+            "SAFE",
+            "SAFE",
+        ]
 
 
 def test_retention_archives_a_dead_letter_amended_row_as_answered(tmp_path: Path) -> None:
