@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from spotstop.guard import GuardError, PendingAnswers
+from spotstop.guard import BundleShare, GuardError, PendingAnswers
 from spotstop.guard.validate import is_real
 
 __all__ = ["CalibrationError", "CalibrationLog", "parse_time", "read_calibration_log"]
@@ -76,7 +76,7 @@ class CalibrationLog:
     bundle_id, prompt_hash, members: what the decisions were filtered to.
     log, labels: sources; since/until: the window asked for (ISO-8601 or None);
     n_decisions: decisions of any bundle in the window; dropped: counts per reason;
-    pending: what the log does not say yet (below).
+    other_bundles: the window's decisions of other bundles, per bundle; pending: what the log does not say yet (below).
     earlier: with ``since``, this bundle's decisions before it, as the window ``[start,
     since)`` (None without ``since``): what primes a stateful policy's replay, never a fit.
     """
@@ -105,6 +105,9 @@ class CalibrationLog:
     n_decisions: int
     dropped: dict[str, int] = field(default_factory=dict)
     earlier: CalibrationLog | None = None
+    other_bundles: tuple[BundleShare, ...] = ()
+    """The window's decisions of other bundles (or prompts), left out (``dropped["other_bundle"]``
+    in all), per bundle: what the log holds instead when this bundle has too few."""
     pending: PendingAnswers = field(default_factory=PendingAnswers)
     """What the robot was answered that the log does not say yet, for the whole log (its
     journal and dead letter, :func:`spotstop.guard.read_reviewed`): amendments applied (such a
@@ -177,7 +180,13 @@ def read_calibration_log(
 ) -> CalibrationLog:
     """Read one bundle's decisions in ``[since, until)`` with labels; see the module doc.
     ``journal``: the guard's journal when not the log's default one."""
-    from spotstop.guard import LabelsFileError, decisions_that_count, read_reviewed
+    from spotstop.guard import (
+        LabelsFileError,
+        bundles_of,
+        decisions_that_count,
+        of_bundle,
+        read_reviewed,
+    )
 
     path = Path(log_path)
     t0, t1 = parse_time(since, "since"), parse_time(until, "until")
@@ -199,10 +208,7 @@ def read_calibration_log(
     decision_id = np.asarray(arr.decision_id, dtype=object)
     label, contrast, situation = arr.label, arr.contrast_id, arr.situation_id
     t = np.asarray(arr.time, dtype=np.float64)
-    same = (
-        np.array([b == bundle_id for b in arr.bundle_id], dtype=bool)
-        & np.array([p == prompt_hash for p in arr.prompt_hash], dtype=bool)
-    ).reshape(t.size)
+    same = of_bundle(arr, bundle_id, prompt_hash)  # the readers' one selection by bundle
     missing = [m for m in members if m not in arr.member_scores]
     counted = decisions_that_count(arr, needs=tuple(members))  # the log's one rule
     with_text = any(m in arr.member_scores_text for m in members)
@@ -266,6 +272,7 @@ def read_calibration_log(
             n_decisions=int(in_window.sum()),
             dropped=dropped,
             earlier=earlier,
+            other_bundles=bundles_of(arr, in_window & ~same),
             pending=reviewed.pending,
         )
 

@@ -145,7 +145,7 @@ class Recalibrator:
                 f"the log has {n_pool} usable decisions of bundle {data.bundle_id} in the window "
                 f"(not fail-closed, all member scores finite); at least {self.min_pool} are "
                 f"needed for the frozen statistics. Dropped: {data.dropped}. Widen "
-                "--since/--until or collect more decisions."
+                "--since/--until or collect more decisions." + _other_bundles_note(data)
             )
         if self.refit_fusion:
             frozen = fit_frozen(pool, min_n=self.min_pool)
@@ -360,6 +360,8 @@ class Recalibrator:
             f"frozen cut t0 = {self.frozen_.policy.threshold:+.6g} (fused scores recomputed "
             "from the logged member scores)",
         ]
+        if d.other_bundles:
+            lines.append("note:" + _other_bundles_note(d))
         if d.pending:
             lines.append(
                 "warning: the log does not say every answer the robot got: " + d.pending.message()
@@ -389,6 +391,17 @@ class Recalibrator:
             "prevalence, situation and threshold checks)."
         )
         return "\n".join(lines)
+
+
+def _other_bundles_note(data: CalibrationLog) -> str:
+    """What the window holds of other bundles, left out ('' for none)."""
+    if not data.other_bundles:
+        return ""
+    return (
+        " The window also holds decisions of other bundles, left out (their scores are on "
+        f"another scale): {'; '.join(str(b) for b in data.other_bundles)}; recalibrate those "
+        "with their own bundle folder."
+    )
 
 
 def _seed_size(d: Any) -> int:

@@ -109,6 +109,7 @@ def card_from_inputs(
     simulated: bool = False,
     labels: str | Path | None = None,
     journal: str | Path | None = None,
+    bundle_id: str | None = None,
     previous: str | Path | None = None,
     cues: str | Path | None = None,
     direct_cut: float | None = None,
@@ -125,7 +126,9 @@ def card_from_inputs(
     conformal audit), its provenance saying it is the trained tiny TEST pair on a toy world.
     ``simulated``: a simulated table (``simulate_log(600, size_leak=0.3)``, no guard answers).
     ``journal``: the guard's journal of ``log`` when it is not the default one
-    (:func:`spotstop.guard.read_reviewed`).  ``direct_cut`` overrides the cut of the paper's direct answer (default: the deployed
+    (:func:`spotstop.guard.read_reviewed`).  ``bundle_id``: the bundle whose decisions
+    the card reads, required when the log holds several (their scores are on other scales;
+    :func:`~spotstop.diagnostics._from_log.one_bundle`).  ``direct_cut`` overrides the cut of the paper's direct answer (default: the deployed
     constant cut of a log when there is one, else 0).  The checks and the delivered rates
     draw ``min(n_boot, 1000)`` times unless ``n_boot_checks`` says otherwise.  Further
     keyword arguments go to :func:`~spotstop.diagnostics.compute_card` (e.g. ``group_by``,
@@ -133,6 +136,8 @@ def card_from_inputs(
     """
     if (log is not None) + (scores is not None) + bool(demo) + bool(simulated) != 1:
         raise DataError("give exactly one input: LOG, --scores CSV, --demo or --simulated.")
+    if bundle_id is not None and log is None:
+        raise DataError("bundle_id (--bundle-id) goes with a decision LOG.")
     common: dict[str, Any] = {
         "labels": labels,
         "previous": previous,
@@ -149,7 +154,9 @@ def card_from_inputs(
         meta = demo_log_meta(packaged)
         with _readable_copy(packaged) as copy:
             return _card(log=copy, shown=packaged, demo_meta=meta, **common)
-    return _card(log=log, scores=scores, simulated=simulated, journal=journal, **common)
+    return _card(
+        log=log, scores=scores, simulated=simulated, journal=journal, bundle_id=bundle_id, **common
+    )
 
 
 def _card(
@@ -160,6 +167,7 @@ def _card(
     scores: str | Path | None = None,
     simulated: bool = False,
     journal: str | Path | None = None,
+    bundle_id: str | None = None,
     labels: str | Path | None,
     previous: str | Path | None,
     cues: str | Path | None,
@@ -181,7 +189,7 @@ def _card(
         source = f"simulated: {SIMULATED} (no guard, no deployed policy)"
         cut = DirectCut(0.0, "the direct answer", "the direct answer of the simulated score")
     elif log is not None:
-        cases = log_cases(log, labels=labels, journal=journal)
+        cases = log_cases(log, labels=labels, journal=journal, bundle_id=bundle_id)
         what = log if isinstance(log, str | Path) else ", ".join(str(x) for x in log)
         table, data, source = cases.table, cases.log, f"decision log: {what}"
         cut = direct_cut_of(cases.log, cases.keep)

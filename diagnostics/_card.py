@@ -188,8 +188,12 @@ class Card:
     def summary(self) -> str:
         """The verdict, one line per sentence with its status; first, when the log does not
         say every answer the robot got (its journal and dead letter), how many and how the
-        figures take them (``settings["pending"]``)."""
+        figures take them (``settings["pending"]``), and when the cases were decided under
+        several fusions, whose scores the Spot-Stop fields pool (``settings["pooled_fusions"]``)."""
         lines = [f"[{v.status}] {v.topic}: {v.sentence}" for v in self.verdict]
+        pooled = self.settings.get("pooled_fusions")
+        if pooled:
+            lines.insert(0, f"[warn] scores: {pooled}")
         pending = self.settings.get("pending")
         if pending:
             lines.insert(0, f"[warn] decision log: {pending}")
@@ -436,16 +440,19 @@ def compute_card(
                 f"the policy document of {v}, which decided in this log, does not load ({err}): "
                 "its answers are not replayed and its cut is not audited."
             )
+    pooled = ""
     if len(fusion_keys) > 1:
-        notes.append(
+        pooled = (
             f"the cases were decided under {len(fusion_keys)} fusions ({', '.join(fusion_keys)}); "
             "their fused scores are on different scales, pooled in the Spot-Stop fields."
         )
+        notes.append(pooled)
     pending = "" if log is None else log.pending.message()
     if pending:  # what the robot received is not what the log's rows say (yet)
         notes.insert(0, f"the decision log does not say every answer the robot got: {pending}")
     settings = {
         "pending": pending,
+        "pooled_fusions": pooled,
         "direct_cut": direct_cut,
         "direct_cut_source": direct_cut_source,
         "direct_cut_note": direct_cut_note or direct_cut_source,

@@ -59,6 +59,12 @@ From LOG:
   * the conformal audit checks each conformal policy version in the log on the labelled
     unsafe decisions made after it was created (one case per situation);
   * gray and request-only scores are fused with the deciding policy's own fusion.
+One bundle: a LOG whose decisions come from several bundles (bundle id and prompt hash:
+other members, precisions or prompts, whose scores are on other scales) is refused with each
+bundle's count; --bundle-id ID writes the card of that bundle's decisions (the others are left
+out and counted in provenance.log.dropped.other_bundle). Policy versions and their fusions
+change within one bundle's log: they are read together, and the card warns when the fusions
+differ (the Spot-Stop fields then pool fused scores of several scales).
 Labels come from the log's labels table, or from --labels F (CSV or JSONL keyed by
 decision_id or image_sha256, with columns label [safe/unsafe or 0/1], optional contrast_id
 and situation_id), which override the table's.
@@ -119,6 +125,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the guard's journal (its --journal) for LOG: fail-closed amendments "
                    "waiting there are applied, decisions the log lacks counted (default: the "
                    "log's default journal; the dead letter beside the log is always read)")  # fmt: skip
+    p.add_argument("--bundle-id", metavar="ID",
+                   help="the bundle whose decisions LOG's card reads (required when the log "
+                   "holds decisions of several bundles: their scores are on other scales)")  # fmt: skip
     p.add_argument("--previous", metavar="CARD_JSON",
                    help="an earlier card.json of the same bundle: the verdict says what changed")  # fmt: skip
     p.add_argument("--cues", metavar="DIR",
@@ -197,6 +206,10 @@ def _check_args(args: argparse.Namespace) -> None:
             "--labels goes with a decision LOG; a scores CSV, the demo log and the simulated "
             "log carry their own labels."
         )
+    if args.bundle_id is not None and not args.log:
+        raise _BadInput(
+            "--bundle-id goes with a decision LOG: the bundle of its decisions to read."
+        )
     if args.journal is not None and not args.log:
         raise _BadInput("--journal goes with a decision LOG: the guard's journal of that log.")
     if args.period is not None and not (args.log or args.demo):
@@ -231,6 +244,7 @@ def run_card(args: argparse.Namespace) -> int:
             simulated=bool(args.simulated),
             labels=args.labels,
             journal=args.journal,
+            bundle_id=args.bundle_id,
             previous=args.previous,
             cues=args.cues,
             direct_cut=args.direct_cut,

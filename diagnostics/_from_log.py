@@ -39,6 +39,15 @@ Answers the log does not say yet
     ``fail_closed``); decisions answered that the log lacks are counted.  ``provenance["pending"]``
     holds the counts and the card warns (:class:`spotstop.guard.PendingAnswers`).
 
+One bundle
+    A card reads one bundle's decisions (bundle id and prompt hash): the scores of two bundles
+    (other members, precisions or prompts) are on two scales, and an AUROC, a cut or a
+    conformal figure over both describes neither. A log of several is refused with each
+    bundle's count unless ``bundle_id`` (``--bundle-id``) picks one (:func:`one_bundle`);
+    the others are then left out of everything (``provenance["dropped"]["other_bundle"]``,
+    ``provenance["bundle_filter"]``). Policy versions (and their fusions) change within one
+    bundle's log: they are read together, the card warns when the fusions differ.
+
 Labels
     From the log's ``labels`` table, or from a ``labels`` file (CSV or JSONL; see
     :func:`spotstop.guard._labels.apply_labels_file`) whose rows override the table's,
@@ -67,7 +76,9 @@ from spotstop.guard import (
     PendingAnswers,
     PolicyRow,
     Reviewed,
+    bundles_of,
     decisions_that_count,
+    of_bundle,
     read_reviewed,
 )
 from spotstop.guard.policies import PolicyConfig, load_policy
@@ -79,6 +90,7 @@ __all__ = [
     "LogData",
     "case_table_from_log",
     "log_cases",
+    "one_bundle",
     "read_log",
     "read_logs",
     "robot_of_path",
@@ -324,6 +336,45 @@ def read_logs(
     return read_fleet(items, labels=labels, journal=journal)
 
 
+def one_bundle(log: LogData, bundle_id: str | None = None) -> tuple[LogData, dict[str, int]]:
+    """The decisions of one bundle: ``log`` itself when all its decisions are of one bundle
+    (and ``bundle_id``, when given, is it), else those of ``bundle_id`` (its stored policies
+    only), with the decisions left out per other bundle (``"<bundle> (prompt <hash>)"`` →
+    count). Raises :class:`DataError` naming each bundle and its count when the log holds
+    several and ``bundle_id`` is None, or none of ``bundle_id``."""
+    shares = bundles_of(log.arrays)
+    listed = "; ".join(str(b) for b in shares)
+    where = f"decision log {str(log.path)!r}" if not log.sources else "the fleet's decisions"
+    if bundle_id is None:
+        if len(shares) <= 1:
+            return log, {}
+        raise DataError(
+            f"{where} holds decisions of {len(shares)} bundles, whose scores are not on one "
+            f"scale (other members, precisions or prompts): {listed}. An AUROC, a cut or a "
+            "conformal figure over them all would describe none of them: write one card per "
+            f"bundle with --bundle-id (bundle_id=), e.g. --bundle-id {shares[0].bundle_id}."
+        )
+    rows = of_bundle(log.arrays, bundle_id)
+    if not rows.any():
+        raise DataError(
+            f"{where} holds no decision of bundle {bundle_id!r} (--bundle-id); it holds {listed}."
+        )
+    mine = [b for b in shares if b.bundle_id == bundle_id]
+    if len(mine) > 1:
+        raise DataError(
+            f"{where}: bundle {bundle_id} logged decisions under {len(mine)} prompt hashes "
+            f"({'; '.join(str(b) for b in mine)}), but a bundle id names its prompt: the log "
+            "was written by hand or by an edited bundle. Its scores are not on one scale; "
+            "read each prompt's decisions apart."
+        )
+    if rows.all():
+        return log, {}
+    left_out = {f"{b.bundle_id} (prompt {b.prompt_hash})": b.n for b in shares if b not in mine}
+    sub = log.take(np.flatnonzero(rows))
+    policies = {v: c for v, c in sub.policies.items() if c.bundle_id == bundle_id}
+    return dataclasses.replace(sub, policies=policies), left_out
+
+
 @dataclass(frozen=True)
 class LogCases:
     """A :class:`CaseTable` read from a decision log, where it came from, and the log itself.
@@ -331,7 +382,9 @@ class LogCases:
     ``provenance``: ``log`` (path), ``labels`` (file or ``"log labels table"``),
     ``bundle_ids``, ``prompt_hashes``, ``policy_versions``, ``fusion_keys``, ``time_range``
     (ISO-8601 UTC of the cases kept) and ``time_range_log`` (all decisions), ``n_decisions``,
-    ``n_cases``, ``n_labelled_from_file``, ``dropped`` (count per reason), ``thresholds``
+    ``n_cases``, ``n_labelled_from_file``, ``dropped`` (count per reason; ``other_bundle``
+    with a ``bundle_id``), ``bundle_filter`` (with a ``bundle_id``: it and the decisions left
+    out per other bundle), ``thresholds``
     (logged thresholds of the cases kept) and ``gray_text`` (how the gray and request-only
     scores were fused).  ``keep``: which decisions are the table's cases.
     """
@@ -420,13 +473,15 @@ def log_cases(
     *,
     labels: str | Path | None = None,
     journal: str | Path | None = None,
+    bundle_id: str | None = None,
 ) -> LogCases:
     """Read a decision log into a :class:`LogCases` (table + provenance); see the module doc.
 
     ``log_path``: one log, or a fleet (several logs and archives, a folder or a glob;
     :func:`~spotstop.diagnostics._fleet.read_fleet`), whose groups are then situations and
-    contrasts within a robot."""
-    log = read_logs(log_path, labels=labels, journal=journal)
+    contrasts within a robot. ``bundle_id``: the bundle whose decisions to read, required
+    when the log holds several (:func:`one_bundle`)."""
+    log, other_bundles = one_bundle(read_logs(log_path, labels=labels, journal=journal), bundle_id)
     arr = log.arrays
     fused = np.asarray(arr.fused, dtype=np.float64)
     counted = log.counting(needs="fused", labelled=True)  # the log's one rule
@@ -437,6 +492,8 @@ def log_cases(
         "unlabelled": int(counted.unlabelled.sum()),
         "nonfinite_score": int(counted.unscored.sum()),
     }
+    if bundle_id is not None:
+        dropped["other_bundle"] = sum(other_bundles.values())
     if not keep.any():
         raise DataError(
             f"decision log {str(log.path)!r}: no decision is labelled, scored and not "
@@ -495,16 +552,21 @@ def log_cases(
         "policy_errors": dict(log.policy_errors),
         "pending": log.pending.to_dict(),
     }
+    if bundle_id is not None:
+        provenance["bundle_filter"] = {"bundle_id": bundle_id, "left_out": other_bundles}
     if log.robot_id is not None:
         robots, counts = np.unique(log.robot_id, return_counts=True)
         provenance["robots"] = {str(r): int(c) for r, c in zip(robots, counts, strict=True)}
     return LogCases(table=table, provenance=provenance, log=log, keep=keep)
 
 
-def case_table_from_log(log_path: str | Path, *, labels: str | Path | None = None) -> CaseTable:
+def case_table_from_log(
+    log_path: str | Path, *, labels: str | Path | None = None, bundle_id: str | None = None
+) -> CaseTable:
     """The :class:`CaseTable` of a decision log's labelled, scored, not fail-closed decisions.
 
     ``labels``: optional CSV/JSONL file overriding the log's labels table (see the module
-    docstring).  Use :func:`log_cases` for the provenance (drop counts, bundles, time range).
+    docstring); ``bundle_id``: the bundle to read when the log holds several.  Use
+    :func:`log_cases` for the provenance (drop counts, bundles, time range).
     """
-    return log_cases(log_path, labels=labels).table
+    return log_cases(log_path, labels=labels, bundle_id=bundle_id).table

@@ -27,9 +27,12 @@ from spotstop.guard._member import Member, MemberInfo, load_bundle_member, load_
 from spotstop.guard._prompt import PromptSpec
 from spotstop.guard._record import Decision, DecisionRecord
 from spotstop.guard._reviewed import (
+    BundleShare,
     CountedDecisions,
     Reviewed,
+    bundles_of,
     decisions_that_count,
+    of_bundle,
     read_reviewed,
 )
 from spotstop.guard._types import MemberScore, Scene
@@ -41,6 +44,7 @@ __all__ = [
     "Bundle",
     "BundleError",
     "BundleMember",
+    "BundleShare",
     "ConfigError",
     "CountedDecisions",
     "Decision",
@@ -71,6 +75,7 @@ __all__ = [
     "ScoringConfig",
     "ScoringError",
     "apply_labels_file",
+    "bundles_of",
     "decisions_that_count",
     "decode_image",
     "load_bundle",
@@ -78,6 +83,7 @@ __all__ = [
     "load_member",
     "load_policy",
     "load_scoring_config",
+    "of_bundle",
     "read_reviewed",
     "spotstop_home",
 ]

@@ -10,6 +10,11 @@ log's labels table, :func:`~spotstop.guard._labels.apply_labels_file`).
 statistic or a grade; ``calibrate`` (its fits) and ``diagnostics`` (the card's cases, what the
 guard delivered, the checks) call it, each saying only which score it uses and whether it needs
 a label.
+
+:func:`bundles_of` and :func:`of_bundle` say which bundle (bundle id and prompt hash) made
+which decisions: the scores of two bundles (other members, precisions or prompts) are not on
+one scale, so a reader pools one bundle's decisions; ``calibrate`` keeps its bundle's, the
+card refuses a log of several unless told which.
 """
 
 from __future__ import annotations
@@ -31,7 +36,15 @@ from spotstop.guard._log_schema import LogError, PolicyRow
 if TYPE_CHECKING:
     from spotstop.guard._log import DecisionLog
 
-__all__ = ["CountedDecisions", "Reviewed", "decisions_that_count", "read_reviewed"]
+__all__ = [
+    "BundleShare",
+    "CountedDecisions",
+    "Reviewed",
+    "bundles_of",
+    "decisions_that_count",
+    "of_bundle",
+    "read_reviewed",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -280,3 +293,46 @@ def decisions_that_count(
         needs=members or (None if needs is None else _NEEDS_FUSED),
         labelled=labelled,
     )
+
+
+@dataclass(frozen=True)
+class BundleShare:
+    """The decisions one bundle made in a log (see :func:`bundles_of`): its ``bundle_id`` and
+    ``prompt_hash`` as logged, and ``n``, how many."""
+
+    bundle_id: str
+    prompt_hash: str
+    n: int
+
+    def __str__(self) -> str:
+        return f"bundle {self.bundle_id} (prompt {self.prompt_hash}): {self.n} decision(s)"
+
+
+def of_bundle(
+    arrays: LogArrays, bundle_id: str, prompt_hash: str | None = None
+) -> NDArray[np.bool_]:
+    """Which decisions (one bool each, in log order) were made by bundle ``bundle_id`` (and
+    prompt ``prompt_hash``, when given): the one selection by bundle of every offline reader."""
+    same = np.fromiter((b == bundle_id for b in arrays.bundle_id), dtype=bool, count=arrays.n)
+    if prompt_hash is not None:
+        same &= np.fromiter(
+            (p == prompt_hash for p in arrays.prompt_hash), dtype=bool, count=arrays.n
+        )
+    return same
+
+
+def bundles_of(arrays: LogArrays, mask: NDArray[np.bool_] | None = None) -> tuple[BundleShare, ...]:
+    """The bundles (bundle id and prompt hash) that made the decisions (those of ``mask``,
+    when given), each with its count, in the order of their first decision.
+
+    Member scores of two bundles are on two scales (other members, precisions or prompts),
+    and so is every fused score made from them: an AUROC, a cut or a conformal rank over
+    both is a statement about neither. More than one here means a reader must pick one
+    (:func:`of_bundle`)."""
+    rows = np.ones(arrays.n, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    counts: dict[tuple[str, str], int] = {}
+    for b, p, keep in zip(arrays.bundle_id, arrays.prompt_hash, rows, strict=True):
+        if keep:
+            key = (str(b), str(p))
+            counts[key] = counts.get(key, 0) + 1
+    return tuple(BundleShare(b, p, n) for (b, p), n in counts.items())

@@ -67,6 +67,12 @@ def test_read_log_keeps_one_bundle_and_counts_what_it_drops(setup):
     d = _data(bundle, log)
     assert d.n == 242 and d.n_decisions == 243
     assert d.dropped == {"other_bundle": 1, "fail_closed": 1, "nonfinite_member_score": 1}
+    assert [(o.bundle_id, o.n) for o in d.other_bundles] == [("another", 1)]
+    assert "other bundles, left out" in Recalibrator("conformal").fit(d).summary()
+    only_other = _data(bundle, log, since=float(d.time.max()) + 0.5)
+    assert only_other.n == 0 and only_other.dropped["other_bundle"] == 1
+    with pytest.raises(CalibrationError, match=r"left out .*: bundle another \(prompt .*\): 1 dec"):
+        Recalibrator("conformal").fit(only_other)
     c = d.counts()
     assert c["usable"] == 240 and c["unsafe"] + c["safe"] == 240 and c["unlabelled"] == 0
     w = _data(bundle, log, since=T0 + 60 * 120 + 1, until="2100-01-01")

@@ -273,6 +273,90 @@ def test_card_main_sources_are_exclusive(tmp_path, labelled_log, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+# -- one bundle: the scores of two bundles are not on one scale -------------------------------
+
+
+N_OTHER = 24  # labelled decisions of another bundle added to the log
+
+
+@pytest.fixture(scope="module")
+def two_bundle_log(tmp_path_factory, labelled_log, sim) -> Path:
+    """The labelled log with decisions of another bundle (scores on ten times the scale)."""
+    path = tmp_path_factory.mktemp("two_bundles") / "decisions.sqlite"
+    path.write_bytes(labelled_log.read_bytes())
+    with DecisionLog(path) as log:
+        for i in range(N_OTHER):
+            r = _record(sim, i)
+            log.append(
+                dataclasses.replace(
+                    r,
+                    decision_id=f"other{i:03d}",
+                    time=1_900_000_000.0 + i,
+                    image_sha256=_sha(20_000 + i),
+                    member_scores={k: 10 * v for k, v in r.member_scores.items()},
+                    fused_score=10 * r.fused_score,
+                    policy_score=10 * r.fused_score,
+                    bundle_id="bundle-2",
+                    prompt_hash="p2",
+                )
+            )
+        log.set_labels(
+            [(f"other{i:03d}", "unsafe" if sim.label[i] else "safe", None, "rev")
+             for i in range(N_OTHER)]
+        )  # fmt: skip
+    return path
+
+
+def test_a_log_of_two_bundles_is_refused_with_each_bundles_count(two_bundle_log, sim, capsys):
+    n1 = len(sim) + N_FAIL + N_UNLABELLED + N_NAN
+    with pytest.raises(DataError) as err:
+        log_cases(two_bundle_log)
+    msg = str(err.value)
+    assert f"bundle bundle-1 (prompt p1): {n1} decision(s)" in msg
+    assert f"bundle bundle-2 (prompt p2): {N_OTHER} decision(s)" in msg
+    assert "--bundle-id" in msg
+    out = str(two_bundle_log.parent / "card")
+    assert card_main([str(two_bundle_log), "--out", out, "--quiet"]) == 2
+    assert "holds decisions of 2 bundles" in capsys.readouterr().err
+    assert not Path(out).exists()
+    with pytest.raises(DataError, match=r"no decision of bundle 'bundle-9'.*bundle-1.*bundle-2"):
+        log_cases(two_bundle_log, bundle_id="bundle-9")
+    assert card_main(["--simulated", "--bundle-id", "bundle-1", "--out", out]) == 2
+    assert "--bundle-id goes with a decision LOG" in capsys.readouterr().err
+
+
+def test_bundle_id_reads_one_bundles_decisions_only(two_bundle_log, labelled_log, sim):
+    one = log_cases(two_bundle_log, bundle_id="bundle-1")
+    _check_matches(one.table, sim)
+    p = one.provenance
+    assert p["bundle_ids"] == ["bundle-1"] and p["dropped"]["other_bundle"] == N_OTHER
+    assert p["bundle_filter"] == {
+        "bundle_id": "bundle-1",
+        "left_out": {"bundle-2 (prompt p2)": N_OTHER},
+    }
+    assert p["n_decisions"] == log_cases(labelled_log).provenance["n_decisions"]
+    assert one.log.n == p["n_decisions"]  # what the delivered rates and replays read too
+    other = log_cases(two_bundle_log, bundle_id="bundle-2")
+    assert other.provenance["n_cases"] == N_OTHER
+    assert other.provenance["prompt_hashes"] == ["p2"]
+    np.testing.assert_array_equal(other.table.score, 10 * sim.score[:N_OTHER])
+    # a log of one bundle reads the same with or without its id
+    assert "bundle_filter" not in log_cases(labelled_log).provenance
+    out = two_bundle_log.parent / "card-1"
+    args = [str(two_bundle_log), "--bundle-id", "bundle-1", "--out", str(out), "--n-boot", "200"]
+    assert card_main([*args, "--quiet"]) == 0
+    doc = json.loads((out / "card.json").read_text())
+    assert doc["provenance"]["bundle_ids"] == ["bundle-1"]
+    assert doc["provenance"]["log"]["bundle_filter"]["left_out"] == {
+        "bundle-2 (prompt p2)": N_OTHER
+    }
+    # the guard's answers graded: bundle 1's labelled decisions that did not fail closed
+    assert doc["delivered_balanced_accuracy"]["n"] == len(sim) + N_NAN
+    same = log_cases(labelled_log, bundle_id="bundle-1").provenance
+    assert same["dropped"] == {**p["dropped"], "other_bundle": 0}
+    assert same["bundle_filter"] == {"bundle_id": "bundle-1", "left_out": {}}
+
+
 # -- retention: the card on archive + live log is the card on the untrimmed log ----------------
 
 

@@ -146,13 +146,16 @@ def test_conformal_audit_against_scipy(tmp_path, shift, status):
     assert a.guarantee == "pac"
 
 
-def test_spotstop_card_log_end_to_end(built, tmp_path):
+def test_spotstop_card_log_end_to_end(built, tmp_path, capsys):
     path, info = built
     root = argparse.ArgumentParser(prog="spotstop")
     add_card_parser(root.add_subparsers())
     out = tmp_path / "card"
-    args = root.parse_args(["card", str(path), "--out", str(out), "--n-boot", "200", "--quiet"])
+    args = root.parse_args(["card", str(path), "--out", str(out), "--n-boot", "200"])
     assert args.func(args) == 0
+    # the fields pool two fusions' scores: said first in the summary, not only in card.md
+    summary = capsys.readouterr().out.splitlines()
+    assert summary[0].startswith("[warn] scores: the cases were decided under 2 fusions")
     doc = json.loads((out / "card.json").read_text())
     hit, fa, n_u, n_s = _direct_rates(path)
     assert doc["delivered_hit_rate"]["value"] == pytest.approx(hit, abs=1e-12)
@@ -174,6 +177,7 @@ def test_spotstop_card_log_end_to_end(built, tmp_path):
     assert doc["settings"]["direct_cut_source"] == "the Avg-2 direct answer"
     assert "not a cut the guard used" in doc["settings"]["direct_cut_note"]
     assert any("2 fusions" in w for w in doc["settings"]["warnings"])
+    assert "pooled in the Spot-Stop fields" in doc["settings"]["pooled_fusions"]
     md = (out / "card.md").read_text()
     assert (
         md.index("## Verdict") < md.index("## What the guard delivered") < md.index("## Spot-Stop")
