@@ -326,7 +326,7 @@ def _fields(
         elif k == "kernel_overlap_reference":
             out[k] = _kernel_estimate(table, n_kernel, gen)
         elif k == "d_prime_auroc":
-            out[k] = Estimate.point(ss.d_prime_auroc, ss.n_pairs)
+            out[k] = Estimate.point(ss.d_prime_auroc, ss.n_pairs, ss.d_prime_auroc_bound)
         else:
             out[k] = boot[_BOOT_NAME.get(k, k)]
     return out, ss

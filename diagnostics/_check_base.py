@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from spotstop.diagnostics._data import CaseTable
-from spotstop.diagnostics._results import NAN_CI, Estimate
+from spotstop.diagnostics._results import NAN_CI, Estimate, bound_mark
 
 if TYPE_CHECKING:
     from spotstop.diagnostics._from_log import LogData
@@ -107,7 +107,8 @@ class CardCheck(ABC):
 
 
 def fmt(e: Estimate | float | None, *, pct: bool = True, signed: bool = False) -> str:
-    """``69.8 [66.1, 73.2]`` (percent) or ``0.812 [0.770, 0.850]``; ``undefined (NaN)``."""
+    """``69.8 [66.1, 73.2]`` (percent) or ``0.812 [0.770, 0.850]``; ``undefined (NaN)``;
+    ``> 6.083`` for an estimate larger than its value (``Estimate.bound``)."""
     if e is None:
         return "not available"
     if not isinstance(e, Estimate):
@@ -117,7 +118,7 @@ def fmt(e: Estimate | float | None, *, pct: bool = True, signed: bool = False) -
         return "undefined (NaN)"
     sign = "+" if signed else ""
     spec = f"{sign}.1f" if pct else f"{sign}.3f"
-    s = format(k * e.value, spec)
+    s = bound_mark(e) + format(k * e.value, spec)
     if not math.isnan(e.ci.low):
         s += f" [{format(k * e.ci.low, spec)}, {format(k * e.ci.high, spec)}]"
     return s

@@ -91,7 +91,9 @@ EXPLANATIONS: dict[str, str] = {
     "d_prime": "Equal-variance sensitivity z(H) − z(F) at the direct cut (1/(2n) clipping).",
     "criterion": "Criterion c = −(z(H) + z(F))/2 at the direct cut; far from 0 → the cut "
     "leans to one answer (positive: lenient, negative: strict): recentre.",
-    "d_prime_auroc": "Sensitivity the ranking implies, √2 Φ⁻¹(AUROC).",
+    "d_prime_auroc": "Sensitivity the ranking implies, √2 Φ⁻¹(AUROC). At AUROC 1 it is "
+    "infinite: shown as > its value at AUROC 1 − 1/(2·n_unsafe·n_safe), half a comparison "
+    'below 1 (card.json: that value with bound "lower"); at AUROC 0, < its mirror image.',
 }
 
 FIELD_KEYS = tuple(EXPLANATIONS)

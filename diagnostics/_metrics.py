@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -36,6 +36,7 @@ from spotstop.guard.validate import is_real
 __all__ = [
     "TIES_COMMON",
     "BestCut",
+    "DPrimeOfAuroc",
     "KernelReference",
     "PairRates",
     "SignalDetection",
@@ -46,6 +47,7 @@ __all__ = [
     "balanced_accuracy",
     "best_ba_unchecked",
     "best_balanced_accuracy",
+    "d_prime_of_auroc",
     "direct_answer",
     "flag_rates",
     "g_auroc",
@@ -313,6 +315,38 @@ def signal_detection(
     return SignalDetection(h, f, zh - zf, -(zh + zf) / 2)
 
 
+@dataclass(frozen=True)
+class DPrimeOfAuroc:
+    """The sensitivity an AUROC implies, ``√2 Φ⁻¹(AUROC)`` (equal-variance binormal).
+
+    ``value``: that number where it is finite. At AUROC 1 (every unsafe case above every
+    safe one) it is +∞, which no sample supports as a number: ``value`` is then the d′ of
+    the AUROC half a comparison below 1, ``1 - 1/(2 n_unsafe n_safe)`` (the 1/(2N) rule of
+    the ``d_prime`` field, per comparison), and ``bound`` is ``"lower"``: the estimate is
+    larger than ``value``. At AUROC 0 the mirror image, ``bound="upper"``. NaN stays NaN.
+    """
+
+    value: float
+    bound: Literal["lower", "upper"] | None
+
+
+def d_prime_of_auroc(auroc_value: float, n_unsafe: int, n_safe: int) -> DPrimeOfAuroc:
+    """``√2 Φ⁻¹(auroc_value)``, or the bound it exceeds at AUROC 0 or 1 from ``n_unsafe`` and
+    ``n_safe`` cases (see :class:`DPrimeOfAuroc`).
+
+    >>> d_prime_of_auroc(0.5, 10, 10)
+    DPrimeOfAuroc(value=0.0, bound=None)
+    >>> d = d_prime_of_auroc(1.0, 10, 10); (round(d.value, 3), d.bound)
+    (3.643, 'lower')
+    """
+    if math.isnan(auroc_value) or 0.0 < auroc_value < 1.0:
+        return DPrimeOfAuroc(math.sqrt(2.0) * float(ndtri(auroc_value)), None)
+    half = 1.0 / (2.0 * max(n_unsafe, 1) * max(n_safe, 1))
+    top = auroc_value >= 1.0
+    clipped = 1.0 - half if top else half
+    return DPrimeOfAuroc(math.sqrt(2.0) * float(ndtri(clipped)), "lower" if top else "upper")
+
+
 def g_auroc(auroc_value: float) -> float:
     """Binormal reference of the overlap part: ``g = AUROC - Φ(Φ⁻¹(AUROC)/√2)``.
 
@@ -480,6 +514,9 @@ class SpotStop:
     ``tie_part = R - R_half = -tied_share/2`` (discrete scores: a coarse readout, not a cut
     problem).  ``excess_beyond_g = R_half - A - g_auroc``.  ``auroc``, ``A_star`` and the rates
     of the signal-detection summary are pair-weighted over the paired cases.
+    ``d_prime_auroc = √2 Φ⁻¹(auroc)`` (:func:`d_prime_of_auroc`): at AUROC 1 (0) it is
+    infinite, given as the finite value it exceeds (falls below) with
+    ``d_prime_auroc_bound`` ``"lower"`` (``"upper"``); None otherwise.
     """
 
     cut: float
@@ -510,6 +547,7 @@ class SpotStop:
     d_prime_auroc: float
     n_pairs: int
     n_paired_cases: int
+    d_prime_auroc_bound: Literal["lower", "upper"] | None = None
 
 
 def spot_stop(table: CaseTable, cut: float = 0.0) -> SpotStop:
@@ -530,6 +568,7 @@ def spot_stop(table: CaseTable, cut: float = 0.0) -> SpotStop:
     au = auroc(y, sc, sample_weight=w)
     best = best_balanced_accuracy(y, sc, sample_weight=w)
     sd = signal_detection(y, sc, cut, sample_weight=w)
+    dpa = d_prime_of_auroc(au, int((y == 1).sum()), int((y == 0).sum()))
     return SpotStop(
         cut=cut,
         R=pr.R,
@@ -556,9 +595,10 @@ def spot_stop(table: CaseTable, cut: float = 0.0) -> SpotStop:
         false_alarm_rate=sd.false_alarm_rate,
         d_prime=sd.d_prime,
         criterion=sd.criterion,
-        d_prime_auroc=math.sqrt(2.0) * float(ndtri(au)),
+        d_prime_auroc=dpa.value,
         n_pairs=pairs.n,
         n_paired_cases=int(paired.sum()),
+        d_prime_auroc_bound=dpa.bound,
     )
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["ConfidenceInterval", "Estimate", "fmt_estimate"]
+__all__ = ["ConfidenceInterval", "Estimate", "bound_mark", "fmt_estimate"]
 
 
 def _fmt(x: float) -> str:
@@ -36,31 +36,46 @@ class Estimate:
     ``n`` counts the units of the statistic: contrasts (pairs) for ``R``, ``L``, ``A`` and
     the parts; cases for AUROC and balanced accuracy; resamples or splits for the checks
     (each check's docstring says which).  A NaN value means "undefined on this data",
-    never "zero".
+    never "zero".  ``bound``: ``"lower"`` when the estimate is larger than ``value`` (an
+    estimate that is infinite on this data, such as d′ at AUROC 1, given by the finite value
+    it exceeds; its statistic's explanation says which), ``"upper"`` when smaller, None when
+    ``value`` is the estimate.
     """
 
     value: float
     ci: ConfidenceInterval
     n: int
+    bound: Literal["lower", "upper"] | None = None
 
     def __repr__(self) -> str:
+        bound = "" if self.bound is None else f", bound={self.bound!r}"
         return (
             f"Estimate(value={_fmt(self.value)}, "
-            f"ci=[{_fmt(self.ci.low)}, {_fmt(self.ci.high)}], n={self.n})"
+            f"ci=[{_fmt(self.ci.low)}, {_fmt(self.ci.high)}], n={self.n}{bound})"
         )
 
     def to_dict(self) -> dict[str, object]:
-        """``{"value", "ci": [low, high], "n"}`` with NaN (and ±inf) as ``None`` (valid JSON)."""
+        """``{"value", "ci": [low, high], "n"}`` with NaN (and ±inf) as ``None`` (valid JSON),
+        and ``"bound"`` when ``value`` is a bound."""
 
         def f(x: float) -> float | None:
             return float(x) if math.isfinite(x) else None
 
-        return {"value": f(self.value), "ci": [f(self.ci.low), f(self.ci.high)], "n": int(self.n)}
+        out: dict[str, object] = {
+            "value": f(self.value),
+            "ci": [f(self.ci.low), f(self.ci.high)],
+            "n": int(self.n),
+        }
+        if self.bound is not None:
+            out["bound"] = self.bound
+        return out
 
     @classmethod
-    def point(cls, value: float, n: int) -> Estimate:
+    def point(
+        cls, value: float, n: int, bound: Literal["lower", "upper"] | None = None
+    ) -> Estimate:
         """A value without an interval (e.g. a p value or a statistic of the full data)."""
-        return cls(float(value), NAN_CI, int(n))
+        return cls(float(value), NAN_CI, int(n), bound)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Estimate:
@@ -70,7 +85,13 @@ class Estimate:
             return math.nan if x is None else float(x)
 
         ci = d.get("ci") or [None, None]
-        return cls(f(d.get("value")), ConfidenceInterval(f(ci[0]), f(ci[1])), int(d.get("n") or 0))
+        bound = d.get("bound")
+        return cls(
+            f(d.get("value")),
+            ConfidenceInterval(f(ci[0]), f(ci[1])),
+            int(d.get("n") or 0),
+            bound if bound in ("lower", "upper") else None,
+        )
 
 
 NAN_CI = ConfidenceInterval(math.nan, math.nan)
@@ -89,4 +110,9 @@ def fmt_estimate(e: Estimate, signed: bool = False) -> str:
     def f(x: float) -> str:
         return "nan" if math.isnan(x) else (f"{x:+.3f}" if signed else f"{x:.3f}")
 
-    return f"{f(e.value)} [{f(e.ci.low)}, {f(e.ci.high)}]"
+    return f"{bound_mark(e)}{f(e.value)} [{f(e.ci.low)}, {f(e.ci.high)}]"
+
+
+def bound_mark(e: Estimate) -> str:
+    """``"> "`` before a lower bound, ``"< "`` before an upper one, else ``""``."""
+    return {"lower": "> ", "upper": "< "}.get(e.bound or "", "")

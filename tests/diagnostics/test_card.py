@@ -11,6 +11,7 @@ from spotstop.diagnostics import (
     FIELD_KEYS,
     CardCheck,
     CheckResult,
+    Estimate,
     card_check,
     simulate_log,
     write_card,
@@ -116,6 +117,28 @@ def test_nan_stays_null_in_json(tmp_path):
     assert doc["fields"]["R"]["value"] is None
     assert math.isnan(card.fields["R"].value)
     assert doc["settings"]["warnings"]
+
+
+def test_d_prime_at_auroc_1_is_shown_as_a_bound_not_inf(tmp_path):
+    """√2 Φ⁻¹(AUROC) is +∞ at AUROC 1: card.md printed "inf" and card.json null (read back as
+    "undefined"); both now give the finite value the estimate exceeds, marked as a bound."""
+    t = simulate_log(30, d_prime=40, rng=0)
+    card = write_card(t, tmp_path, n_boot=20, rng=0, n_boot_checks=10, n_boot_kernel=5)
+    e = card.fields["d_prime_auroc"]
+    assert card.fields["auroc"].value == 1.0
+    assert math.isfinite(e.value) and e.bound == "lower"
+
+    def no_constant(name: str) -> float:
+        raise AssertionError(f"card.json holds a bare {name}")
+
+    doc = json.loads((tmp_path / "card.json").read_text(), parse_constant=no_constant)
+    assert doc["fields"]["d_prime_auroc"]["value"] == pytest.approx(e.value)
+    assert doc["fields"]["d_prime_auroc"]["bound"] == "lower"
+    assert "bound" not in doc["fields"]["auroc"]
+    assert Estimate.from_dict(doc["fields"]["d_prime_auroc"]) == e
+    row = next(r for r in (tmp_path / "card.md").read_text().splitlines() if "`d_prime_auroc`" in r)
+    assert row.split(" | ")[1] == f"> {e.value:.3f}"  # was "inf"
+    assert f"&gt; {e.value:.3f}" in (tmp_path / "card.html").read_text()
 
 
 def test_cli_demo_and_errors(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -27,7 +28,7 @@ from spotstop.diagnostics import (
     simulate_log,
     spot_stop,
 )
-from spotstop.diagnostics._metrics import _weighted_quantile
+from spotstop.diagnostics._metrics import _weighted_quantile, d_prime_of_auroc
 
 from tests._support.case_tables import pairs_table, small_tables
 
@@ -260,3 +261,23 @@ def test_cross_fitted_threshold_part_is_below_in_sample():
         assert cross_fitted_threshold_part(t, n_splits=20, rng=7) == cross_fitted_threshold_part(
             t, n_splits=20, rng=7
         )
+
+
+def test_d_prime_of_a_perfect_ranking_is_a_finite_bound_not_inf():
+    """√2 Φ⁻¹(1) is +∞: the field gives the d′ half a comparison below AUROC 1, as a bound."""
+    t = simulate_log(30, d_prime=40, rng=0)
+    ss = spot_stop(t)
+    assert ss.auroc == 1.0
+    paired = t.pairs.weight > 0
+    n_u, n_s = int((t.label[paired] == 1).sum()), int((t.label[paired] == 0).sum())
+    bound = math.sqrt(2) * norm.ppf(1 - 1 / (2 * n_u * n_s))
+    assert math.isfinite(ss.d_prime_auroc) and ss.d_prime_auroc_bound == "lower"
+    assert ss.d_prime_auroc == pytest.approx(bound, rel=1e-12)
+    flipped = spot_stop(dataclasses.replace(t, score=-t.score))
+    assert flipped.auroc == 0.0 and flipped.d_prime_auroc_bound == "upper"
+    assert flipped.d_prime_auroc == pytest.approx(-bound, rel=1e-12)
+    usual = spot_stop(simulate_log(30, rng=0))
+    assert 0 < usual.auroc < 1 and usual.d_prime_auroc_bound is None
+    assert usual.d_prime_auroc == pytest.approx(math.sqrt(2) * norm.ppf(usual.auroc), rel=1e-12)
+    assert d_prime_of_auroc(math.nan, 3, 3).bound is None
+    assert math.isnan(d_prime_of_auroc(math.nan, 3, 3).value)
