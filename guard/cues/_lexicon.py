@@ -278,7 +278,8 @@ class _Span:
 class ClaimLexicon:
     """Phrases per cue, neutral phrases and negation words; :meth:`find` applies the rule.
 
-    Validated on construction: every phrase must keep at least one letter or digit after
+    Validated on construction: ``reassuring`` and ``alarming`` each hold a phrase, every
+    phrase must keep at least one letter or digit after
     normalisation, no phrase may appear twice (in one list or across lists, compared after
     normalisation), negation words must be single words, ``negation_window`` an int in 0..5.
     Immutable and safe to share between threads.
@@ -565,6 +566,17 @@ def _check_phrases(lex: ClaimLexicon) -> tuple[dict[str, _Entry], dict[str, str]
             f"the lexicon has no reassuring and no alarming phrase, so it can flag nothing. "
             f"List the claims under reassuring and alarming in {lex.source}."
         )
+    for key, other, sign in (
+        ("reassuring", "alarming", "SAFE"),
+        ("alarming", "reassuring", "DANGER"),
+    ):
+        if not getattr(lex, key):
+            raise LexiconError(
+                f"{key} is an empty list, so the lexicon reads no {key} claim of its own (a "
+                f"{sign!r} sign would pass unflagged; only a negated {other} phrase could flag "
+                f"it). List the {key} phrases in {lex.source}; to act on one cue only, set "
+                f"the other's action to 'log' in the policy's text_in_scene."
+            )
     return phrases, where
 
 
@@ -764,8 +776,9 @@ def load_lexicon(path: str | os.PathLike[str] | None = None) -> ClaimLexicon:
     """Read and validate a claim lexicon YAML file; ``None`` reads the packaged default.
 
     Raises :class:`LexiconError` (a :class:`~spotstop.guard.ConfigError`) naming the key for
-    every problem: a missing file, invalid YAML, a duplicate key, an unknown key, a phrase that
-    is not a string or has no letters, a phrase listed twice, a bad negation entry.
+    every problem: a missing file, invalid YAML, a duplicate key, an unknown key, an empty
+    ``reassuring`` or ``alarming`` list, a phrase that is not a string or has no letters, a
+    phrase listed twice, a bad negation entry.
     """
     if path is None:
         return default_lexicon()

@@ -424,7 +424,7 @@ def test_ocr_failure_is_a_text_detection_error(
 
 def test_custom_lexicon_drives_the_flags(detector: RapidOcrDetector) -> None:
     lexicon = ClaimLexicon(
-        reassuring=("room 4",), alarming=(), negation_words=("not",), source="test"
+        reassuring=("room 4",), alarming=("hot",), negation_words=("not",), source="test"
     )
     custom = RapidOcrDetector(lexicon, threads=2)
     custom._engine, custom._model = detector._engine, detector._model  # share the loaded OCR
@@ -590,6 +590,8 @@ VALIDATION: list[tuple[str, str]] = [
     (GOOD.replace("[hot]", "[Safe]"), "alarming[0] 'Safe' is the same phrase as reassuring[0] 'safe'"),
     (GOOD + "neutral: [HOT]\n", "neutral[0] 'HOT' is the same phrase as alarming[0] 'hot'"),
     (GOOD.replace("[safe]", "[]").replace("[hot]", "[]"), "has no reassuring and no alarming phrase"),
+    (GOOD.replace("[safe]", "[]"), "reassuring is an empty list, so the lexicon reads no reassuring claim of its own (a 'SAFE' sign"),
+    (GOOD.replace("[hot]", "[]"), "alarming is an empty list, so the lexicon reads no alarming claim of its own (a 'DANGER' sign"),
     (GOOD.replace('["not"]', "[true]"), "negation.words[0] must be one word (letters or digits, apostrophes allowed); got bool True. YAML reads unquoted true"),
     (GOOD.replace('["not"]', '["do not"]'), "negation.words[0] must be one word"),
     (GOOD.replace('["not"]', '["not", "NOT"]'), "negation.words[1] 'NOT' is listed twice"),
@@ -612,6 +614,17 @@ def test_lexicon_validation_messages(tmp_path: Path, yaml_text: str, message: st
         load_lexicon(path)
     assert message in str(info.value)
     assert str(path) in str(info.value)  # every message says which file to fix
+
+
+def test_a_lexicon_without_phrases_of_one_cue_is_refused_however_it_is_made() -> None:
+    """An empty cue list loaded: "not safe" was its only way to flag alarming text, so a
+    DANGER sign passed unflagged (and a shift measured with it reads no such text)."""
+    with pytest.raises(LexiconError, match=r"^alarming is an empty list"):
+        ClaimLexicon(reassuring=("safe",), alarming=(), negation_words=("not",))
+    with pytest.raises(LexiconError, match=r"^reassuring is an empty list"):
+        lexicon_from_dict(
+            {"reassuring": [], "alarming": ["danger"], "negation": {"words": [], "window": 2}}
+        )
 
 
 def test_constructed_lexicon_refuses_a_bare_string() -> None:
