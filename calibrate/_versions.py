@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from spotstop.calibrate._logdata import CalibrationError
+from spotstop.guard._bundle import POLICY_VERSIONS_DIR
 from spotstop.guard._files import NEW_FILE_MODE, atomic_write_bytes
 from spotstop.guard.policies import (
     PolicyConfig,
@@ -58,7 +59,7 @@ __all__ = [
     "write_policy_version",
 ]
 
-POLICY_DIR = "policies"
+POLICY_DIR = POLICY_VERSIONS_DIR
 _NAME = re.compile(r"^policy-v(\d{4,})\.yaml$")
 
 

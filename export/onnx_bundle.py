@@ -394,6 +394,10 @@ def derive_bundle(
 ) -> Path:
     """Convert an fp32 bundle's graphs to ``precision`` without exporting again.
 
+    The derived bundle scores on another scale: it starts without the source's policy
+    (``policy.yaml``), its stored versions (``policies/``) and the guard's live state
+    (``state/``), like a fresh export; fit its own (``spotstop policy init``).
+
     The fp32 graphs were validated against torch at export; check the derived bundle with
     :func:`spotstop.export.verify.verify_bundle` (``spotstop verify-bundle``).
     """
@@ -404,6 +408,7 @@ def derive_bundle(
     from spotstop.export.precision import ConvertOptions, convert_precision, get_precision
     from spotstop.export.quant import quantizer_meta
     from spotstop.guard import load_bundle
+    from spotstop.guard._bundle import POLICY_VERSIONS_DIR, STATE_DIR
     from spotstop.guard.backends._onnx import GRAPHS_FILE
     from spotstop.guard.validate import dump_yaml, load_yaml
 
@@ -419,10 +424,18 @@ def derive_bundle(
         )
     final = Path(out)
     check_bundle_out(final, [b.path])
+    # what was fitted or made on the source's scores (its policy, the stored versions, the
+    # guard's live state): the derived bundle scores on another scale, so it starts without
+    fitted = {b.policy_path.name, POLICY_VERSIONS_DIR, STATE_DIR}
+    guard_files = shutil.ignore_patterns(*_GUARD_FILES)
+
+    def _leave_out(folder: str, names: list[str]) -> set[str]:
+        top = {n for n in names if n in fitted} if Path(folder) == b.path else set()
+        return top | guard_files(folder, names)
+
     with replaced_whole(final) as root:
         root.rmdir()  # copytree makes it
-        guard_files = ("policy.yaml", *_GUARD_FILES)
-        shutil.copytree(b.path, root, ignore=shutil.ignore_patterns(*guard_files))
+        shutil.copytree(b.path, root, ignore=_leave_out)
         entries = []
         total = 0
         for entry in b.manifest["members"]:

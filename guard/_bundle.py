@@ -23,6 +23,8 @@ from spotstop.guard._prompt import PromptSpec, RenderedTemplate
 from spotstop.guard.validate import load_yaml
 
 __all__ = [
+    "POLICY_VERSIONS_DIR",
+    "STATE_DIR",
     "Bundle",
     "BundleError",
     "BundleMember",
@@ -36,6 +38,14 @@ __all__ = [
 
 BUNDLE_FORMAT = "spotstop-bundle"
 BUNDLE_VERSION = 1
+
+POLICY_VERSIONS_DIR = "policies"
+"""The bundle's folder of stored policy versions (``calibrate``'s history, beside
+``policy.yaml``): fitted for this bundle's scores, never another's."""
+
+STATE_DIR = "state"
+"""The folder of a stateful policy's live state beside the decision log (the guard's default
+``state_dir``; by default the log lies in the bundle): made on this bundle's scores."""
 
 
 class BundleError(GuardError, ValueError):

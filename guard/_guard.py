@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from spotstop.guard._bundle import Bundle, load_bundle
+from spotstop.guard._bundle import STATE_DIR, Bundle, load_bundle
 from spotstop.guard._call import (
     _UNSET,
     _Active,
@@ -268,7 +268,7 @@ class Guard:
                 synchronous=opts.synchronous,
             )
         self.state_dir = (
-            Path(state_dir) if state_dir is not None else self.log.path.parent / "state"
+            Path(state_dir) if state_dir is not None else self.log.path.parent / STATE_DIR
         )
         self._active = self._activate(self._load_policy(self.bundle.policy_path))
         self.policy_path = self.bundle.policy_path

@@ -97,6 +97,30 @@ def test_a_derived_bundle_claims_no_parity_it_never_measured(
     assert "verify-bundle" in meta["derived_from"]["validated"]
 
 
+def test_a_derived_bundle_inherits_no_policy_versions_nor_state(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """derive_bundle copied the fp32 bundle's policies/ (versions fitted on fp32 scores) and
+    the guard's state/ (situation windows of fp32 scores) into the derived bundle, and listed
+    them in its manifest as part of its content."""
+    from spotstop.export.onnx_bundle import derive_bundle
+    from spotstop.guard import load_bundle
+
+    b32 = tmp_path / "b32"
+    shutil.copytree(fp32_bundle(request, "lfm2_vl"), b32)
+    (b32 / "policy.yaml").write_text("fitted: on fp32 scores\n", encoding="utf-8")
+    (b32 / "policies").mkdir()
+    (b32 / "policies" / "policy-v0001.yaml").write_text("fitted: on fp32 scores\n")
+    (b32 / "state").mkdir()
+    (b32 / "state" / "state-v0001+abc.json").write_text('{"state": "fp32 windows"}\n')
+    d = derive_bundle(b32, tmp_path / "d8", precision="int8")
+    assert not (d / "policy.yaml").exists()
+    assert not (d / "policies").exists() and not (d / "state").exists()
+    files = load_bundle(d).manifest["files"]
+    assert not [f for f in files if f.startswith(("policies/", "state/"))]
+    assert (b32 / "policies" / "policy-v0001.yaml").is_file()  # the source keeps its own
+
+
 def test_a_derive_that_fails_leaves_no_bundle_under_its_name(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
