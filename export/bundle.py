@@ -24,7 +24,7 @@ from spotstop.guard._bundle import (
     sha256_file,
 )
 from spotstop.guard._files import atomic_write_text
-from spotstop.guard._hf import TEST_PAIR_NOTE, render_template, resolve_member
+from spotstop.guard._hf import describe_test_pair, render_template, resolve_member
 from spotstop.guard._member import check_budget_keys, member_visual_tokens, resolve_image_size
 from spotstop.guard._prompt import prompt_hash
 from spotstop.guard.validate import dump_yaml
@@ -99,6 +99,7 @@ def write_bundle(
                     "without_image": template.without_image,
                 },
                 "test_pair": folder.test_pair,
+                **({"test_pair_kind": folder.test_pair_kind} if folder.test_pair_kind else {}),
             }
         )
     files = {
@@ -141,8 +142,10 @@ def _write_manifest(
         **(extra or {}),
         "files": files,
     }
+    # the note says what the test members are, from the kinds the manifest records
+    kinds = [e.get("test_pair_kind") for e in entries if e.get("test_pair")]
     atomic_write_text(
         root / "manifest.yaml",
-        (f"# {TEST_PAIR_NOTE}\n" if test_pair else "") + dump_yaml(manifest),
+        (f"# {describe_test_pair(kinds)}\n" if test_pair else "") + dump_yaml(manifest),
     )
     return str(manifest["bundle_id"])

@@ -69,6 +69,7 @@ from spotstop.export.archs._cost_model import (
 from spotstop.export.cost_data import DEVICES, PAPER_TFLOPS
 from spotstop.export.mixed import DEFAULT_INT4_INT8
 from spotstop.export.precision import PRECISION_SPECS, get_precision
+from spotstop.guard._hf import TEST_PAIR_NOTE
 
 __all__ = [
     "ASSUMPTIONS",
@@ -225,6 +226,7 @@ class PairCost:
     label: str
     members: tuple[MemberCost, ...]
     test_pair: bool = False
+    test_pair_note: str = ""  # what the test pair is, from its manifest ('' for none)
     setting: str | None = None  # the paper's setting this pair is costed at (--real)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -344,6 +346,7 @@ def bundle_cost(path: str | os.PathLike[str], *, request: str = DEFAULT_REQUEST)
         label=b.bundle_id,
         members=tuple(members),
         test_pair=b.test_pair,
+        test_pair_note=b.test_pair_note,
         notes=(f"request: {request!r} (its tokens count; pass --request to cost another)",),
     )
 
@@ -526,6 +529,7 @@ def report(
     return {
         "label": pair.label,
         "test_pair": pair.test_pair,
+        "test_pair_note": pair.test_pair_note or None,
         "setting": pair.setting,
         "notes": list(pair.notes),
         "members": [m.as_dict() for m in pair.members],
@@ -579,19 +583,15 @@ def _fmt_s(x: float) -> str:
     return f"{x * 1e6:.1f} µs"
 
 
-#: beside the cost of a test pair: seeded random members (tiny, or at the real dimensions as
-#: ``bench/real_pair.py`` builds them) or the tiny pair trained on the toy world
-TEST_PAIR_COST_NOTE = (
-    "TEST PAIR: test members (seeded random weights, or the tiny pair trained on the toy "
-    "world), not a safety model; the costs below are those of their dimensions."
-)
+#: beside the cost of a test pair, after the note that says what the pair is
+TEST_PAIR_COST_NOTE = "The costs below are those of the test members' dimensions."
 
 
 def format_report(doc: Mapping[str, Any]) -> str:
     """The text ``spotstop cost`` prints for a :func:`report`."""
     lines = [f"cost of one scene: {doc['label']}"]
-    if doc["test_pair"]:
-        lines.append(TEST_PAIR_COST_NOTE)
+    if doc["test_pair"]:  # what the pair is (its manifest's kinds), then what the costs are
+        lines.append(f"{doc.get('test_pair_note') or TEST_PAIR_NOTE} {TEST_PAIR_COST_NOTE}")
     lines += [f"  ({n})" for n in doc["notes"]]
     lines.append("")
     hdr = (

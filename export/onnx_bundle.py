@@ -324,6 +324,7 @@ def _write_members(
         hints = e.path / "SPOTSTOP_TEST_PAIR.txt"
         tp = hints.is_file()
         test_pair = test_pair or tp
+        kind = resolve_member(members[exports.index(e)]).test_pair_kind if tp else None
         hashes[e.name] = e.prompt_hash
         entries.append(
             {
@@ -354,6 +355,7 @@ def _write_members(
                     else {}
                 ),
                 "test_pair": tp,
+                **({"test_pair_kind": kind} if kind else {}),
             }
         )
     files = _listed_files(root)

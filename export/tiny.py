@@ -248,7 +248,10 @@ def _write_markers(
     image_size: tuple[int, int] | None = (_IMAGE_SIZE, _IMAGE_SIZE),
     built_by: str = "`spotstop tiny`",
     trained: bool = False,
+    kind: str = "tiny",
 ) -> None:
+    """The test-pair marker and the hints (``test_pair``, its ``test_pair_kind``: ``trained``
+    when ``trained``, else ``kind``, ``tiny`` or ``random``; the image size)."""
     (out / TEST_PAIR_MARKER).write_text(_marker_text(arch, built_by, trained), encoding="utf-8")
     size = "" if image_size is None else f"image_size: [{image_size[0]}, {image_size[1]}]\n"
     note = (
@@ -257,7 +260,8 @@ def _write_markers(
         else "seeded random weights: decisions mean nothing"
     )
     (out / MEMBER_HINTS).write_text(
-        f"# spotstop hints for this member folder\ntest_pair: true  # {note}\n" + size,
+        f"# spotstop hints for this member folder\ntest_pair: true  # {note}\n"
+        f"test_pair_kind: {'trained' if trained else kind}\n" + size,
         encoding="utf-8",
     )
 
@@ -406,7 +410,11 @@ def build_random_member(
     tokens = get_arch(model_type).geometry(values, {}, image_size).n_image_tokens
     _save_tokenizer_files(ecfg, tok, path, values, (min(64, tokens), max(256, tokens)))
     _write_markers(
-        path, model_type, image_size, built_by="spotstop.export.tiny.build_random_member"
+        path,
+        model_type,
+        image_size,
+        built_by="spotstop.export.tiny.build_random_member",
+        kind="random",
     )
     return path
 

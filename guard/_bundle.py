@@ -18,7 +18,7 @@ from typing import Any
 
 from spotstop.guard._config import parse_image_size
 from spotstop.guard._errors import ConfigError, GuardError
-from spotstop.guard._hf import OPTIONAL_MEMBER_FILES
+from spotstop.guard._hf import OPTIONAL_MEMBER_FILES, TEST_PAIR_KINDS, describe_test_pair
 from spotstop.guard._prompt import PromptSpec, RenderedTemplate
 from spotstop.guard.validate import load_yaml
 
@@ -90,6 +90,15 @@ class Bundle:
     manifest: Mapping[str, Any]
     #: every listed file's sha256 was checked when the manifest was read (``verify=True``)
     verified: bool = False
+    #: each test member's kind as the manifest records it (``members[i].test_pair_kind``;
+    #: None where a manifest written before kinds were recorded does not say)
+    test_pair_kinds: tuple[str | None, ...] = ()
+
+    @property
+    def test_pair_note(self) -> str:
+        """What to print beside this bundle's outputs when it is a test pair ('' otherwise):
+        what its members are, from the manifest (:func:`~spotstop.guard._hf.describe_test_pair`)."""
+        return describe_test_pair(self.test_pair_kinds) if self.test_pair else ""
 
     def __repr__(self) -> str:
         tp = ", TEST PAIR" if self.test_pair else ""
@@ -506,4 +515,20 @@ def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> Bundle:
         test_pair=bool(m.get("test_pair", False)),
         manifest=m,
         verified=verify,
+        test_pair_kinds=_test_pair_kinds(m["members"]),
     )
+
+
+def _test_pair_kinds(entries: Sequence[Mapping[str, Any]]) -> tuple[str | None, ...]:
+    """Each test member's ``test_pair_kind`` (None where not recorded), checked by name."""
+    kinds: list[str | None] = []
+    for i, entry in enumerate(entries):
+        kind = entry.get("test_pair_kind")
+        if kind is not None and kind not in TEST_PAIR_KINDS:
+            raise BundleError(
+                f"manifest.members[{i}].test_pair_kind must be one of {sorted(TEST_PAIR_KINDS)}; "
+                f"got {kind!r}: the manifest was edited by hand. Export the bundle again."
+            )
+        if entry.get("test_pair") or kind is not None:
+            kinds.append(kind)
+    return tuple(kinds)

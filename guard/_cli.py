@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from spotstop.guard._errors import GuardError
-from spotstop.guard._hf import TEST_PAIR_NOTE
+from spotstop.guard._hf import describe_test_pair
 
 __all__ = [
     "add_backend_args",
@@ -259,8 +259,8 @@ def run_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d.to_dict(), indent=2))
     else:
-        if d.test_pair:
-            print(TEST_PAIR_NOTE, file=sys.stderr)
+        if d.test_pair:  # what the pair is, from its manifest
+            print(guard.bundle.test_pair_note, file=sys.stderr)
         print(f"{d.label}  S={d.fused_score:+.4f}  threshold={d.threshold:+.4f}  policy={d.policy}")
         if d.fail_closed:
             print(f"fail-closed: {d.fail_reason}")
@@ -685,7 +685,7 @@ def run_score(args: argparse.Namespace) -> int:
         )
     else:
         if member.info.test_pair:
-            print(TEST_PAIR_NOTE, file=sys.stderr)
+            print(member.info.test_pair_note, file=sys.stderr)
         for r in results:
             verdict = "UNSAFE" if r.score > 0 else "SAFE"
             print(f"{member.name}  {r.variant:5s}  score {r.score:+.6f}  (direct answer {verdict})")
@@ -744,8 +744,10 @@ def _run_score_many(args: argparse.Namespace) -> int:
     table = read_scene_table(args.image, args.request, keep_refused=True)
     if all(r.refused is not None for r in table.rows):
         _report_refused(table)  # nothing to score: no member is loaded
+    kind: str | None = None  # the member's test-pair kind, from its folder
     if engine is None:
         member = load()
+        kind = member.info.test_pair_kind
         # each request as the guard checks it (Member.check_request: its encoder's rules and
         # check_fits); a refused one is named and not scored, the others are
         table = table.refuse_requests(member.check_request)
@@ -753,6 +755,7 @@ def _run_score_many(args: argparse.Namespace) -> int:
         engine = get_engine("local", chunk_size=args.chunk_size)
     else:  # the member loads in the actors; find its folder here, so a bad one fails now
         folder = resolve_member(args.member, revision=args.revision)
+        kind = folder.test_pair_kind
         ref = MemberRef(Path(folder.path).name, load)
         # the actors' torch member checks a request with its encoder alone (it takes any
         # length): the same check here names each refused row before any chunk is sent
@@ -764,7 +767,7 @@ def _run_score_many(args: argparse.Namespace) -> int:
     run = res.members[ref.name]
     non_finite = int((~np.isfinite(np.stack(list(run.scores.values())))).any(axis=0).sum())
     if run.test_pair:
-        print(TEST_PAIR_NOTE, file=sys.stderr)
+        print(describe_test_pair([kind]), file=sys.stderr)
     where = "stdout" if args.out is None else str(args.out)
     if not args.quiet:
         print(

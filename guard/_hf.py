@@ -10,26 +10,56 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 from spotstop.guard._arch import ArchSpec, get_arch
 from spotstop.guard._errors import BackendUnavailableError, ConfigError, MemberLoadError
 from spotstop.guard._prompt import IMAGE_SLOT, REQUEST_SLOT, PromptSpec, RenderedTemplate
 from spotstop.guard.validate import check_keys, check_mapping, load_yaml
 
-__all__ = ["MemberFolder", "render_template", "resolve_member"]
+__all__ = ["MemberFolder", "describe_test_pair", "render_template", "resolve_member"]
 
 #: Written by ``spotstop tiny`` into each tiny member; its presence marks a test pair.
 TEST_PAIR_MARKER = "SPOTSTOP_TEST_PAIR.txt"
-#: What a command prints (and a test-pair bundle's manifest says) beside a test pair's output:
-#: true of both tiny pairs, the random one (``spotstop tiny``) and the one trained on the toy
-#: world (``spotstop tiny --trained``, whose scores do carry that world's rule)
-TEST_PAIR_NOTE = (
-    "TEST PAIR: tiny members, not a safety model; its outputs say nothing about real safety "
-    "(random weights: nothing at all; `spotstop tiny --trained`: the toy world's rule only)."
+#: The kinds of test member, as the folder's hints record them (``test_pair_kind``, written
+#: with the marker) and a bundle's manifest copies them per member: what each one is.
+TEST_PAIR_KINDS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "tiny": "tiny members with seeded random weights (`spotstop tiny`), whose outputs mean "
+        "nothing",
+        "random": "members at real dimensions with seeded random weights "
+        "(`build_random_member`), whose outputs mean nothing",
+        "trained": "the tiny pair trained on the toy world (`spotstop tiny --trained`), whose "
+        "scores carry that world's rule only",
+    }
 )
+
+
+def describe_test_pair(kinds: Iterable[str | None] = ()) -> str:
+    """What a command prints (and a test-pair bundle's manifest says) beside a test pair's
+    output, from its test members' kinds (:data:`TEST_PAIR_KINDS`; None: a folder or manifest
+    written before kinds were recorded). With every kind known it says what the pair is;
+    otherwise what is true of every test pair.
+
+    >>> describe_test_pair(["trained", "trained"])[:69]
+    'TEST PAIR, not a safety model: the tiny pair trained on the toy world'
+    """
+    seen = list(dict.fromkeys(kinds))
+    if seen and all(k in TEST_PAIR_KINDS for k in seen):
+        return f"TEST PAIR, not a safety model: {'; '.join(TEST_PAIR_KINDS[str(k)] for k in seen)}."
+    return (
+        "TEST PAIR, not a safety model: test members whose outputs say nothing about real "
+        "safety (seeded random weights, tiny or at real dimensions: nothing at all; the tiny "
+        "pair of `spotstop tiny --trained`: the toy world's rule only)."
+    )
+
+
+#: the note where the test members' kinds are not known (true of every test pair)
+TEST_PAIR_NOTE = describe_test_pair()
 #: Optional per-folder hints (e.g. the tiny pair's image size).
 MEMBER_HINTS = "spotstop_member.yaml"
 #: The files :func:`resolve_member` reads only where a member's folder holds them (the image
@@ -50,6 +80,9 @@ class MemberFolder:
     arch: ArchSpec
     test_pair: bool
     hints: dict[str, Any]
+    test_pair_kind: str | None = None
+    """A test member's kind (:data:`TEST_PAIR_KINDS`) from its hints; None for a real member
+    or a test member whose folder predates the record."""
 
     @property
     def model_type(self) -> str:
@@ -128,22 +161,29 @@ def resolve_member(source: str | os.PathLike[str], *, revision: str | None = Non
         arch=arch,
         test_pair=(path / TEST_PAIR_MARKER).is_file() or bool(hints.get("test_pair")),
         hints=hints,
+        test_pair_kind=hints.get("test_pair_kind"),
     )
 
 
 def _member_hints(path: Path) -> dict[str, Any]:
-    """The member folder's hints (``image_size``, ``test_pair``), each key checked by name: a
-    misspelt key fell back to a default silently, and ``test_pair: 'false'`` (quoted) was
-    true."""
+    """The member folder's hints (``image_size``, ``test_pair``, ``test_pair_kind``), each key
+    checked by name: a misspelt key fell back to a default silently, and ``test_pair:
+    'false'`` (quoted) was true."""
     source = str(path)
     raw = load_yaml(path.read_text(encoding="utf-8"), source=source)  # a key twice refused
     if raw is None:
         return {}
     check_mapping(raw, where="", source=source)
-    check_keys(raw, where="", optional=("image_size", "test_pair"), source=source)
+    check_keys(raw, where="", optional=("image_size", "test_pair", "test_pair_kind"), source=source)
     if "test_pair" in raw and not isinstance(raw["test_pair"], bool):
         raise ConfigError(
             f"test_pair must be true or false; got {raw['test_pair']!r}. Fix it in {source}."
+        )
+    kind = raw.get("test_pair_kind")
+    if kind is not None and kind not in TEST_PAIR_KINDS:
+        raise ConfigError(
+            f"test_pair_kind must be one of {sorted(TEST_PAIR_KINDS)}; got {kind!r}. Fix it "
+            f"in {source}."
         )
     return dict(raw)
 

@@ -15,7 +15,7 @@ from spotstop.guard._arch import ImageGeometry
 from spotstop.guard._bundle import Bundle, BundleMember, MemberFilesWatch
 from spotstop.guard._config import ScoringConfig, parse_image_size
 from spotstop.guard._errors import ConfigError, MemberLoadError, RequestError, ScoringError
-from spotstop.guard._hf import MemberFolder, render_template, resolve_member
+from spotstop.guard._hf import MemberFolder, describe_test_pair, render_template, resolve_member
 from spotstop.guard._image import DecodedImage, decode_image, gray_image
 from spotstop.guard._prompt import PromptEncoder, RenderedTemplate, prompt_hash
 from spotstop.guard._types import VARIANTS, MemberScore, Scene, Variant
@@ -72,6 +72,13 @@ class MemberInfo:
     prompt_hash: str
     backend: str
     test_pair: bool
+    test_pair_kind: str | None = None
+    """A test member's kind from its folder's hints (None: a real member, or not recorded)."""
+
+    @property
+    def test_pair_note(self) -> str:
+        """What to print beside this member's outputs when it is a test member ('' otherwise)."""
+        return describe_test_pair([self.test_pair_kind]) if self.test_pair else ""
 
 
 class Member:
@@ -103,6 +110,7 @@ class Member:
             prompt_hash=self.prompt_hash,
             backend=backend.name,
             test_pair=folder.test_pair,
+            test_pair_kind=folder.test_pair_kind,
         )
         self._image_text = folder.arch.image_text(geometry)
         self._gray_pixels: dict[str, np.ndarray] | None = None

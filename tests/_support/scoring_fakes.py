@@ -13,6 +13,7 @@ from typing import Any
 from spotstop.guard import MemberScore, Scene
 from spotstop.guard._errors import RequestError
 from spotstop.guard._image import DecodedImage
+from spotstop.guard._member import MemberInfo
 
 
 class RequestNumber:
@@ -23,6 +24,12 @@ class RequestNumber:
 
     def __init__(self, name: str = "numbers") -> None:
         self.name = name
+
+    @property
+    def info(self) -> MemberInfo:
+        """What it is, as a member says it: a test member of no recorded kind."""
+        return MemberInfo(self.name, "fake", "numbers", None, (1, 1), 0, self.prompt_hash,
+                          "fake", test_pair=True)  # fmt: skip
 
     def check_request(self, request: str) -> None:
         """Refuses a request ending in "refuse", as a member refuses one too long for it."""

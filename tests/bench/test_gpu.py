@@ -161,7 +161,8 @@ def test_random_member_from_a_recorded_config(tmp_path: Path) -> None:
         assert cfg == _shrunk(rec)  # the caller's config is not modified
         m = load_member(path)
         # the default budgets: Qwen3.5 256 tokens (512x512), LFM2-VL 64 (256x256)
-        assert m.info.test_pair
+        assert m.info.test_pair and m.info.test_pair_kind == "random"
+        assert "members at real dimensions" in m.info.test_pair_note  # not "tiny members"
         assert m.info.n_image_tokens == {"qwen3_5": 256, "lfm2_vl": 64}[rec["model_type"]]
         [r] = m.score(demo_scenes(1, seed=1))
         assert r.test_pair

@@ -175,12 +175,13 @@ def test_bundle_cost_uses_the_bundles_prompt_and_runs_without_torch(
         assert mc.padded_len is None  # torch members run at their own length
     assert pair.test_pair
     assert pair.total == sum(mc.vision + mc.decoder for mc in pair.members)
-    # the note is true of every test pair: random (tiny or real-size) or trained (it said
-    # "tiny random members")
+    # the note says what the pair is, from its manifest (it said "tiny random members" of a
+    # trained or real-size pair too)
     from spotstop.export.cost import TEST_PAIR_COST_NOTE, format_report, report
+    from spotstop.guard._hf import describe_test_pair
 
     text = format_report(report(pair))
-    assert TEST_PAIR_COST_NOTE in text and "tiny random members" not in text
+    assert f"{describe_test_pair(['tiny'])} {TEST_PAIR_COST_NOTE}" in text
     # the command on the base install: it imports neither torch nor transformers
     code = (
         "import sys\n"

@@ -70,6 +70,30 @@ def test_labelled_as_a_test_pair(tiny_pair: Path, tiny_member_dir: Path):
     assert cfg["model_type"] in {"qwen3_5", "lfm2_vl"}
 
 
+def test_a_bundle_records_and_says_what_kind_of_test_pair_it_holds(tiny_pair: Path, tmp_path: Path):
+    """Its manifest (and every note printed beside its outputs) said "tiny members" of any
+    test pair; each member's kind is now recorded with its marker and copied to the manifest."""
+    import shutil
+
+    from spotstop.export.bundle import write_bundle
+    from spotstop.export.tiny import _write_markers
+    from spotstop.guard import load_bundle
+    from spotstop.guard._hf import describe_test_pair, resolve_member
+
+    assert resolve_member(tiny_pair / "tiny-qwen3_5").test_pair_kind == "tiny"
+    trained = tmp_path / "tiny-lfm2_vl"
+    shutil.copytree(tiny_pair / "tiny-lfm2_vl", trained)
+    _write_markers(trained, "lfm2_vl", (64, 64), built_by="a test", trained=True)
+    assert resolve_member(trained).test_pair_kind == "trained"
+    b = write_bundle([tiny_pair / "tiny-qwen3_5", trained], tmp_path / "b", copy_members=False)
+    bundle = load_bundle(b)
+    assert bundle.test_pair_kinds == ("tiny", "trained")
+    note = describe_test_pair(["tiny", "trained"])
+    assert "tiny members with seeded random weights" in note and "trained on the toy" in note
+    assert bundle.test_pair_note == note
+    assert (b / "manifest.yaml").read_text(encoding="utf-8").splitlines()[0] == f"# {note}"
+
+
 @pytest.mark.parametrize("name", ["tiny-qwen3_5", "tiny-lfm2_vl"])
 def test_members_score_at_the_default_visual_token_budgets(tiny_pair: Path, name: str):
     """The tiny pair keeps its 4-token hint (fast tests), but its vision towers also run at

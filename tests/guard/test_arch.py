@@ -262,6 +262,10 @@ def test_preprocessing_equals_the_hf_processor_at_the_budget(case):
         ("test_pair: 'false'\n", "test_pair must be true or false; got 'false'"),
         ("image_sise: [64, 64]\n", "image_sise is not a known key. Did you mean 'image_size'?"),
         ("test_pair: true\ntest_pair: false\n", "test_pair appears twice"),
+        (
+            "test_pair: true\ntest_pair_kind: toy\n",
+            "test_pair_kind must be one of ['random', 'tiny', 'trained']; got 'toy'",
+        ),
         ("- image_size\n", "must be a mapping"),
     ],
 )

@@ -28,7 +28,7 @@ from spotstop.guard import (
     load_bundle,
     load_policy,
 )
-from spotstop.guard._hf import TEST_PAIR_NOTE
+from spotstop.guard._hf import describe_test_pair
 from spotstop.guard.policies import FrozenPolicy, PolicyConfig, dump_policy
 
 from tests._support.guard import (
@@ -516,8 +516,40 @@ def test_check_exit_codes(bundle_copy: Path, tmp_path: Path, capsys):
     set_frozen(bundle_copy, 1e9)
     assert main(args) == 0
     out, err = capsys.readouterr()
-    assert "SAFE" in out and TEST_PAIR_NOTE in err  # a test pair's decision says it is one
+    # a test pair's decision says it is one, and which: the committed pair is the tiny one
+    assert "SAFE" in out and describe_test_pair(["tiny"]) in err
     set_frozen(bundle_copy, -1e9)
+
+
+def test_a_test_pairs_note_says_what_its_manifest_says_it_is(
+    bundle_copy: Path, tmp_path: Path, capsys
+):
+    """The note said "tiny members" beside a real-size random pair and the trained pair too."""
+    from spotstop.cli import main
+    from spotstop.guard import BundleError
+
+    img = tmp_path / "cam.jpg"
+    img.write_bytes(make_image_bytes(4, fmt="JPEG"))
+    args = ["check", str(img), "--request", "open the door", "--bundle", str(bundle_copy)]
+    manifest = bundle_copy / "manifest.yaml"
+    tiny = manifest.read_text(encoding="utf-8")
+    assert load_bundle(bundle_copy).test_pair_kinds == ("tiny", "tiny")
+    for kinds, words in (
+        (("random", "random"), "members at real dimensions with seeded random weights"),
+        (("trained", "trained"), "the tiny pair trained on the toy world"),
+        (("random", None), "test members whose outputs say nothing about real safety"),
+    ):
+        text = tiny.replace("  test_pair_kind: tiny\n", "  test_pair_kind: @\n")
+        for k in kinds:
+            text = text.replace("@", "null" if k is None else k, 1)
+        manifest.write_text(text, encoding="utf-8")
+        assert load_bundle(bundle_copy).test_pair_kinds == kinds
+        main(args)
+        err = capsys.readouterr().err
+        assert words in err and "tiny members" not in err, kinds
+    manifest.write_text(tiny.replace("test_pair_kind: tiny", "test_pair_kind: huge", 1))
+    with pytest.raises(BundleError, match=r"manifest.members\[0\].test_pair_kind must be one of"):
+        load_bundle(bundle_copy)
     assert main(args) == 1
     bad = tmp_path / "bad.jpg"
     bad.write_bytes(b"nope")
