@@ -17,7 +17,7 @@ and by what, is the architecture's: ``ExportConfig.fused_patches`` in
 replacement forwards call the functions of this module.
 
 * The custom ops (``torch.library``, ``spotstop_fused::*``), one per com.microsoft operator
-  (:data:`FUSED_OPS`), each with an eager torch implementation of the same maths: the patched
+  a torch patch writes (:data:`FUSED_OPS` lists those and the GELUs below), each with an eager torch implementation of the same maths: the patched
   model runs in torch, and the legacy exporter, which traces by running, computes real values.
 * Their ONNX forms: ``custom_translation_table`` entries for the dynamo exporter
   (:func:`dynamo_translations`) and ``register_custom_op_symbolic`` symbolics for the legacy
@@ -30,6 +30,11 @@ replacement forwards call the functions of this module.
   :func:`fuse_graph` (after export: each residual Add that crosses the model's layer loop and
   the RMSNorm after it as one ``SkipSimplifiedLayerNormalization``) and :func:`graph_form_ops`
   (the fused operators a graph holds, for the manifest).
+* export/gelu.py's :func:`~spotstop.export.gelu.fuse_gelu`, the one rewrite of the graph the
+  precision's conversion wrote (export/onnx.py's ``quantize`` stage, every fused graph of
+  every architecture): the exporter's nine-node tanh GELU as ``FastGelu`` (a bias Add before
+  it folded in) and the erf GELU as ``Gelu``. After the conversion, not at export, so a
+  Linear's bias that the conversion splits from its Gemm folds into FastGelu too.
 
 export/exporters.py's ``export_decoder`` and ``export_vision`` with ``graph_form="fused"``
 enter :func:`fused_patcher`, pass :func:`dynamo_translations` to a dynamo export and run
@@ -94,6 +99,9 @@ FUSED_OPS: dict[str, tuple[str, int]] = {
     "MultiHeadAttention": (FUSED_DOMAIN, 1),
     "SkipSimplifiedLayerNormalization": (FUSED_DOMAIN, 4),
     "SimplifiedLayerNormalization": ("", 1),
+    # written by export/gelu.py's fuse_gelu on the converted graph (not by a torch patch)
+    "FastGelu": (FUSED_DOMAIN, 1),
+    "Gelu": (FUSED_DOMAIN, 1),
 }
 
 #: the legacy exporter's opset the symbolics are registered at (export/configs.py legacy_opset)

@@ -236,12 +236,14 @@ def _convert_streamed(
     decoders: list[str],
     precision: str,
     options: ConvertOptions,
+    graph_form: str = "standard",
 ) -> tuple[int, dict[str, Any]]:
     """Convert the exported graphs in ``src`` with their weights on disk: each file set (the
     vision graph, then the decoder graphs) is loaded as references only, its weights tied and
     folded and converted to ``precision`` one tensor at a time into ``stage``'s data file
-    (export/weights.py ``DiskWeights``), and written to ``stage``. Returns the weight bytes of
-    the vision graph and one decoder graph, and the vision graph's quantizer metadata."""
+    (export/weights.py ``DiskWeights``), rewritten for ``graph_form`` (:func:`_rewrite_form`)
+    and written to ``stage``. Returns the weight bytes of the vision graph and one decoder
+    graph, and the vision graph's quantizer metadata."""
     import onnx
 
     total = 0
@@ -257,8 +259,9 @@ def _convert_streamed(
                 if f != "vision.onnx":
                     tie_output_layer(m, io)
                 fold_weight_transposes(m, io)
-                models[f] = convert_precision(
-                    m, precision, copy=False, options=replace(options, io=io)
+                models[f] = _rewrite_form(
+                    convert_precision(m, precision, copy=False, options=replace(options, io=io)),
+                    graph_form,
                 )
             io.finish(list(models.values()))
         total += onnx_weight_bytes(models[files[0]])
@@ -273,6 +276,18 @@ def _convert_streamed(
 
 def _to_numpy_inputs(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v) for k, v in feeds.items()}
+
+
+def _rewrite_form(model: Any, graph_form: str) -> Any:
+    """The graph form's rewrite of a graph its precision's conversion wrote, in place: in the
+    fused form the decomposed GELUs as ``FastGelu`` / ``Gelu`` (export/gelu.py; a bias the
+    conversion split from a Gemm folds in), in the standard form nothing (TensorRT parses no
+    com.microsoft operator). Both conversion paths of the ``quantize`` stage call it."""
+    if graph_form == "fused":
+        from spotstop.export.gelu import fuse_gelu
+
+        fuse_gelu(model)
+    return model
 
 
 # -- export ----------------------------------------------------------------------------------
@@ -698,8 +713,9 @@ def _stage_validate(job: _Job, models: Mapping[str, Any], prec: str) -> list[Gra
 
 def _stage_quantize(job: _Job, out: Path) -> None:
     """Calibrate where the precision uses it, convert the graphs to the precision (a large
-    member with its weights on disk, one graph set at a time), validate them (an in-memory
-    member at fp32 first), and move them into ``out/onnx``."""
+    member with its weights on disk, one graph set at a time) and rewrite them for the graph
+    form (:func:`_rewrite_form`), validate them (an in-memory member at fp32 first, as
+    exported), and move them into ``out/onnx``."""
     import onnx
     from spotstop.export.fused import graph_form_ops
 
@@ -735,7 +751,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
         release_freed_memory()
         stage = job.tmp / "stage"
         job.weight_bytes, job.qmeta = _convert_streamed(
-            job.tmp, stage, dec_names, job.precision, opts
+            job.tmp, stage, dec_names, job.precision, opts, job.graph_form
         )
         paths = {f: str(stage / f) for f in ["vision.onnx", *dec_names]}
         heads = {f: onnx.load(paths[f], load_external_data=False) for f in ("vision.onnx", first)}
@@ -752,8 +768,11 @@ def _stage_quantize(job: _Job, out: Path) -> None:
         return
     job.checks = _stage_validate(job, job.graphs, "fp32")
     graphs = job.graphs
-    if job.precision != "fp32":
-        graphs = {f: convert_precision(m, job.precision, options=opts) for f, m in graphs.items()}
+    if job.precision != "fp32" or job.graph_form == "fused":
+        graphs = {
+            f: _rewrite_form(convert_precision(m, job.precision, options=opts), job.graph_form)
+            for f, m in graphs.items()
+        }
         job.checks = _stage_validate(job, graphs, job.precision)
     if out.exists():
         shutil.rmtree(out)
@@ -901,8 +920,8 @@ def export_member(
     The stages, each a function of this module: ``resolve`` (arguments, member folder, grid,
     prompt, validation cases, buckets) → ``trace`` (torch model, scoring graphs, torch
     references, ONNX export) → ``quantize`` (calibration, the precision's conversion from
-    export/precision.py's registry, ``validate`` against the references) → ``write`` (files
-    and manifest).
+    export/precision.py's registry, the fused form's GELUs, ``validate`` against the
+    references) → ``write`` (files and manifest).
 
     ``precision``: a name in export/precision.py's registry. ``quantizer`` (calibrated
     precisions): ``"gptq"`` (default) chooses each weight's codes by GPTQ on the inputs of
@@ -914,8 +933,8 @@ def export_member(
     its ``DEFAULT_INT4_INT8``, none; ``Q4_K_M``: the output layer and llama.cpp's mixed
     layers); the manifest records the selectors and how many weights each precision holds.
     ``graph_form``: ``"standard"`` (standard ONNX operators: what TensorRT parses) or
-    ``"fused"`` (onnxruntime's LinearAttention, GroupQueryAttention, MultiHeadAttention and
-    fused norms: export/fused.py); None or ``"auto"``: the precision's default (fused for
+    ``"fused"`` (onnxruntime's LinearAttention, GroupQueryAttention, MultiHeadAttention,
+    fused norms and GELUs: export/fused.py, export/gelu.py); None or ``"auto"``: the precision's default (fused for
     int8/int8-nbits/int4, standard for fp32, which TensorRT also builds from; fp16 and int4-trt
     are standard only). The manifest records the form and the fused operators each graph holds.
     ``smooth_alpha`` / ``keep_error`` (int8): SmoothQuant's α (``"auto"``: export/int8.py's

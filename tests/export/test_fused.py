@@ -438,6 +438,18 @@ def test_export_member_chooses_the_graph_form_by_precision_and_records_it(
     assert meta["fused_ops"]["decoder"]["LinearAttention"] >= 1
     assert meta["fused_ops"]["decoder"]["GroupQueryAttention"] >= 1
     assert meta["fused_ops"]["vision"].get("MultiHeadAttention", 0) >= 1
+    # the vision graph's GELUs (export/gelu.py, after the int8 conversion): both blocks' tanh
+    # GELUs as FastGelu with their fc1 bias folded in, the projector's erf GELU as Gelu; the
+    # decoder (SiLU MLPs) has none
+    assert {k: meta["fused_ops"]["vision"].get(k) for k in ("FastGelu", "Gelu")} == {
+        "FastGelu": 2,
+        "Gelu": 1,
+    }
+    assert not {"FastGelu", "Gelu"} & set(meta["fused_ops"]["decoder"])
+    vision = onnx.load(str(tmp_path / "i8" / "onnx" / "vision.onnx"), load_external_data=False)
+    fast = [n for n in vision.graph.node if n.op_type == "FastGelu"]
+    assert [len(n.input) for n in fast] == [2, 2]
+    assert not {"Tanh", "Erf"} & {n.op_type for n in vision.graph.node}
     with pytest.raises(ValueError, match="starts from the standard graph"):
         export_member(src, tmp_path / "f16", precision="fp16", graph_form="fused")
     with pytest.raises(ValueError, match="graph_form must be"):
@@ -445,3 +457,38 @@ def test_export_member_chooses_the_graph_form_by_precision_and_records_it(
     with pytest.raises(ValueError, match="TensorRT cannot parse"):
         write_onnx_bundle([src], tmp_path / "b", precision="fp32", graph_form="fused", trt="script")
     assert not any(p.exists() for p in (tmp_path / "f16", tmp_path / "x", tmp_path / "b"))
+
+
+def test_a_tensorrt_target_gets_no_com_microsoft_node(tiny_pair: Path, tmp_path: Path) -> None:
+    """A bundle with a TensorRT script (fp32, the standard form by default) holds no
+    com.microsoft node in any graph or subgraph, nor the domain's import: the decomposed GELUs
+    and the attention stay standard nodes, which TensorRT parses."""
+    import yaml
+    from spotstop.export.onnx_bundle import write_onnx_bundle
+
+    out = tmp_path / "b"
+    member = "tiny-qwen3_5"  # the member whose fused form has MultiHeadAttention and GELUs
+    write_onnx_bundle([tiny_pair / member], out, precision="fp32", buckets=[384], trt="script")
+    assert (out / "trt" / "build.sh").is_file()
+    meta = yaml.safe_load((out / "members" / member / "spotstop_onnx.yaml").read_text())
+    assert meta["graph_form"] == "standard"
+    assert meta["fused_ops"] == {"vision": {}, "decoder": {}}
+
+    def domains(graph: Any) -> set[str]:
+        found = set()
+        for node in graph.node:
+            found.add(node.domain)
+            for attr in node.attribute:
+                subs = [attr.g] if attr.HasField("g") else []
+                for sub in [*subs, *attr.graphs]:
+                    found |= domains(sub)
+        return found
+
+    graphs = sorted((out / "members" / member / "onnx").glob("*.onnx"))
+    assert [p.name for p in graphs] == ["decoder.onnx", "vision.onnx"]
+    for path in graphs:
+        model = onnx.load(str(path), load_external_data=False)
+        assert FUSED_DOMAIN not in domains(model.graph), path.name
+        assert FUSED_DOMAIN not in {o.domain for o in model.opset_import}, path.name
+    vision = onnx.load(str(graphs[1]), load_external_data=False)
+    assert {"Tanh", "Erf"} <= {n.op_type for n in vision.graph.node}
