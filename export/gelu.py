@@ -20,9 +20,9 @@ runs; it saves no time on CPU.
 What is matched, and nothing else (a near miss is left as it is):
 
 * the nodes above, each in the standard domain, each input order of ``Mul`` and ``Add``;
-* every constant a one-element float32 tensor (an initializer or a ``Constant`` node) equal,
-  as float32, to the float32 of its value (0.5, 0.044715, sqrt(2/pi), 1, sqrt(2)); ``x``
-  float32 where the graph says;
+* every constant a one-element float32 tensor of rank 0 or 1 (an initializer or a
+  ``Constant`` node) equal, as float32, to the float32 of its value (0.5, 0.044715,
+  sqrt(2/pi), 1, sqrt(2)); ``x`` float32 where the graph says;
 * every intermediate read by the next node of the pattern only, and no graph output;
 * the bias: ``x = Add(p, b)`` with ``b`` a 1-D float32 initializer of ``n`` > 1 values
   (or an ``Identity`` of one, as the legacy exporter writes a tensor two parameters share),
@@ -98,7 +98,8 @@ class _Graph:
         self.shapes: dict[str, list[int | None]] = {}
         for vi in (*graph.input, *graph.output, *graph.value_info):
             tt = vi.type.tensor_type
-            self.elem_type[vi.name] = tt.elem_type
+            if tt.elem_type:  # 0: not said
+                self.elem_type[vi.name] = tt.elem_type
             if tt.HasField("shape"):
                 self.shapes[vi.name] = [
                     d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim
@@ -115,7 +116,8 @@ class _Graph:
         return name not in self.outputs and all(r is node for r in self.readers.get(name, []))
 
     def constant(self, name: str) -> float | None:
-        """The value of a one-element float32 constant (initializer or Constant node)."""
+        """The value of a one-element float32 constant of rank 0 or 1 (an initializer or a
+        Constant node; a higher rank could broadcast the GELU's output to more axes)."""
         from onnx import helper, numpy_helper
 
         t = self.inits.get(name)
@@ -129,7 +131,9 @@ class _Graph:
             if a.name != "value":
                 return None
             t = helper.get_attribute_value(a)
-        if t.data_type != self._float or int(np.prod(t.dims)) != 1 or t.data_location == 1:
+        if t.data_type != self._float or int(np.prod(t.dims)) != 1 or len(t.dims) > 1:
+            return None
+        if t.data_location == 1:  # external: never a one-element tensor the exporter writes
             return None
         return float(numpy_helper.to_array(t).reshape(-1)[0])
 

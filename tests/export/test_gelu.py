@@ -217,6 +217,18 @@ def test_a_gelu_with_other_constants_is_left_alone(consts: dict[str, float]) -> 
     assert fused == model
 
 
+def test_a_constant_that_could_broadcast_to_more_axes_is_left_alone() -> None:
+    """0.5 as a (1, 1, 1) tensor makes the 2-D GELU's output 3-D; FastGelu's would stay 2-D."""
+    nodes = _tanh_nodes("h", "y")
+    nodes[-2] = helper.make_node(
+        "Constant", [], ["half"], value=numpy_helper.from_array(np.full((1, 1, 1), 0.5, np.float32))
+    )
+    model = _model(nodes, [], 8)
+    fused = _copy(model)
+    assert fuse_gelu(fused).nodes == 0
+    assert fused == model
+
+
 def test_a_gelu_whose_inside_is_read_elsewhere_is_left_alone() -> None:
     """The Tanh's output is also a graph output: removing it would change the graph."""
     model = _model(_tanh_nodes("h", "y"), [], 8, extra_out=("t",))

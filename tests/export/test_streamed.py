@@ -148,6 +148,16 @@ def test_streamed_export_answers_as_the_in_memory_one(
     # the rounding quantizes too: one weight, codes and scales, the streamed graph computes)
     st_q, mem_q = Counter(_quantized(tmp_path / "st")), Counter(_quantized(tmp_path / "mem"))
     assert not st_q - mem_q and sum((mem_q - st_q).values()) <= 2
+    # the fused form's rewrite after the conversion runs on the streamed graphs too
+    # (export/gelu.py): each vision MLP's tanh GELU as FastGelu, the projector's erf as Gelu
+    from spotstop.guard.validate import load_yaml
+
+    ops = [
+        load_yaml((tmp_path / d / "spotstop_onnx.yaml").read_text(), source=d)["fused_ops"]
+        for d in ("mem", "st")
+    ]
+    assert ops[0] == ops[1]
+    assert (ops[1]["vision"]["FastGelu"], ops[1]["vision"]["Gelu"]) == (2, 1)
     # the scores: within int8's tolerance (not float rounding: int8 activations are rounded
     # per call, and a float difference of 1e-7 between the two graphs can move one code)
     a = _scores(tmp_path / "mem", f"tiny-{arch}", mem.template)
