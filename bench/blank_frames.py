@@ -13,21 +13,34 @@ Run: ``python bench/blank_frames.py``. Measures :func:`spotstop.guard._image.ima
   Gaussian sensor noise of sigma 4, 10 and 20 levels, independent per pixel or grainy (each
   pixel the mean of a 2x2 block of noise of twice the sigma, as demosaicing spreads it), the
   same noise on every channel or not, saved as PNG and as JPEG (quality 85), at 32x32 up to
-  1920x1080.
+  1920x1080;
+* frames that show (almost) nothing of the scene, as a camera with a burned-in overlay sends
+  them (black, black at 16, mid gray and white with sensor noise of sigma 0, 4 and 10, per
+  pixel or grainy; JPEG; 160x120 to 1920x1080): a timestamp in white with a black outline,
+  with a camera name on a second line, on a dark box, at 3, 5 and 8 % of the frame's
+  height in three places; a crosshair across the frame and a reticle; a logo (a disc with a
+  square) of 0.25, 0.5 and 1 % of the frame; a covered lens with a light leak (linear ramps
+  and glows from a corner, an edge, the centre, of 40 to 200 levels), alone and with a
+  timestamp; a lens covered but for a corner of 0.5 to 1.5 % of the frame that shows a
+  scene (a 640x480 world scene, the photograph);
+* for comparison, not a limit: a lens covered but for a corner of 3 to 10 % of the frame.
 
 It prints the smallest contrast of each group of scenes and the largest of each group of
-blank frames; the default of ``min_image_contrast`` (``DEFAULT_MIN_CONTRAST``) must lie
-between them. Its docstring quotes this script's output.
+frames that show nothing; the default of ``min_image_contrast`` (``DEFAULT_MIN_CONTRAST``)
+must lie between them. Its docstring quotes this script's output. Last, it times
+:func:`~spotstop.guard._image.image_contrast` at 640x480 and 1920x1080.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import os
+import time
 from collections.abc import Iterator
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 from spotstop.export import world as W
 from spotstop.export.scenes import demo_scenes
 from spotstop.guard._image import DEFAULT_MIN_CONTRAST, decode_image, image_contrast
@@ -106,6 +119,175 @@ def blank_frames() -> Iterator[tuple[str, str, float]]:
                 yield "no noise", f"{w}x{h}", contrast(encode(flat, "PNG"))
 
 
+OVERLAY_SIZES = ((160, 120), (640, 480), (1280, 720), (1920, 1080))
+NOISES = ((0, False), (4, False), (10, False), (10, True))  # (sigma, grainy)
+TEXT_HEIGHTS = (0.03, 0.05, 0.08)  # of the frame's height
+PLACES = ("tl", "br", "bc")  # top left, bottom right, bottom centre
+LOGO_SHARES = (0.0025, 0.005, 0.01)  # of the frame's area
+RAMPS = ("horizontal", "vertical", "diagonal", "corner glow", "edge glow", "centre glow")
+CORNER_SHARES = (0.005, 0.01, 0.015)  # of the frame's area, the scene left by a hand
+STAMP = "2026-12-05 23:55:01"
+
+
+def noise_field(
+    rng: np.random.Generator, shape: tuple[int, int], sigma: float, grainy: bool
+) -> np.ndarray:
+    """Sensor noise: independent per pixel, or grainy (each pixel the mean of a 2x2 block)."""
+    noise = rng.normal(0, sigma * (2 if grainy else 1), (*shape, 3))
+    if grainy:
+        noise = (
+            noise + np.roll(noise, 1, 0) + np.roll(noise, 1, 1) + np.roll(noise, 1, (0, 1))
+        ) / 4
+    return noise
+
+
+def ramp(kind: str, amplitude: float, size: tuple[int, int]) -> np.ndarray:
+    """A light leak: a smooth ramp of ``amplitude`` levels, no detail."""
+    w, h = size
+    ys, xs = np.mgrid[0:h, 0:w]
+    x, y = xs / (w - 1), ys / (h - 1) * h / w  # (distances in widths)
+    shape = {
+        "horizontal": lambda: x,
+        "vertical": lambda: y * w / h,
+        "diagonal": lambda: (x + y * w / h) / 2,
+        "corner glow": lambda: np.exp(-np.hypot(x, y) / 0.5),
+        "edge glow": lambda: np.exp(-y / 0.3),
+        "centre glow": lambda: np.exp(-((x - 0.5) ** 2 + (y - 0.5 * h / w) ** 2) / 0.18),
+    }[kind]()
+    return amplitude * shape
+
+
+def draw_overlay(image: Image.Image, kind: str, height: float, place: str) -> None:
+    """Burn an overlay into ``image``, as a camera's on-screen display does."""
+    w, h = image.size
+    d = ImageDraw.Draw(image)
+    px = max(6, round(height * h))
+    margin = max(2, h // 60)
+
+    def at(bw: int, bh: int) -> tuple[int, int]:
+        x = {"l": margin, "r": w - bw - margin, "c": (w - bw) // 2}[place[1]]
+        y = {"t": margin, "b": h - bh - margin, "c": (h - bh) // 2}[place[0]]
+        return x, y
+
+    if kind in ("timestamp", "timestamp and name", "timestamp on a box"):
+        font = ImageFont.load_default(size=px)
+        lines = [STAMP, *(["CAM 03  LOADING DOCK"] if kind == "timestamp and name" else [])]
+        for i, line in enumerate(lines):
+            left, top, right, bottom = d.textbbox((0, 0), line, font=font)
+            x, y = at(right - left, bottom - top)
+            if i == 1:  # the name at the other end
+                y = h - (bottom - top) - margin if place[0] == "t" else margin
+            if kind == "timestamp on a box":
+                box = [x - 3, y - 3, x + right - left + 3, y + bottom - top + 3]
+                d.rectangle(box, fill=(20, 20, 20))
+            d.text(
+                (x - left, y - top),
+                line,
+                font=font,
+                fill=(255, 255, 255),
+                stroke_width=max(1, px // 12),
+                stroke_fill=(0, 0, 0),
+            )
+    elif kind == "crosshair":
+        t = max(1, round(height * h / 6))
+        d.line([(0, h // 2), (w, h // 2)], fill=(255, 255, 255), width=t)
+        d.line([(w // 2, 0), (w // 2, h)], fill=(255, 255, 255), width=t)
+    elif kind == "reticle":
+        s, t = round(height * 4 * h), max(1, round(height * h / 6))
+        cx, cy = w // 2, h // 2
+        d.line([(cx - s, cy), (cx + s, cy)], fill=(0, 255, 0), width=t)
+        d.line([(cx, cy - s), (cx, cy + s)], fill=(0, 255, 0), width=t)
+        d.ellipse(
+            [cx - s // 2, cy - s // 2, cx + s // 2, cy + s // 2], outline=(0, 255, 0), width=t
+        )
+    else:
+        raise ValueError(kind)
+
+
+def draw_logo(image: Image.Image, share: float, place: str) -> None:
+    """A disc with a red square, of ``share`` of the frame's area."""
+    w, h = image.size
+    s = max(2, round(2 * np.sqrt(share * w * h / np.pi)))
+    m = max(2, h // 60)
+    x = {"l": m, "r": w - s - m, "c": (w - s) // 2}[place[1]]
+    y = {"t": m, "b": h - s - m, "c": (h - s) // 2}[place[0]]
+    d = ImageDraw.Draw(image)
+    d.ellipse([x, y, x + s, y + s], fill=(230, 230, 230))
+    d.rectangle([x + s // 4, y + s // 4, x + 3 * s // 4, y + 3 * s // 4], fill=(200, 30, 30))
+
+
+def covered_frames() -> Iterator[tuple[str, str, float]]:
+    """Frames a camera with an overlay sends through a covered lens: (group, size, contrast)."""
+    rng = np.random.default_rng(2)
+    for w, h in OVERLAY_SIZES:
+        size = f"{w}x{h}"
+        for base in ("black", "black 16", "gray", "white"):
+            for sigma, grainy in NOISES:
+                level = np.asarray(BASES[base], np.float64)
+                arr = np.clip(np.rint(level + noise_field(rng, (h, w), sigma, grainy)), 0, 255)
+                plain = arr.astype(np.uint8)
+                kinds = ("timestamp", "timestamp and name", "timestamp on a box")
+                for kind, height, place in itertools.product(
+                    (*kinds, "crosshair", "reticle"), TEXT_HEIGHTS, PLACES
+                ):
+                    if kind in ("crosshair", "reticle") and place != "tl":
+                        continue  # (centred)
+                    image = Image.fromarray(plain)
+                    draw_overlay(image, kind, height, place)
+                    yield f"{kind} on {base}", size, contrast(encode(np.asarray(image), "JPEG"))
+                for share, place in itertools.product(LOGO_SHARES, PLACES):
+                    image = Image.fromarray(plain)
+                    draw_logo(image, share, place)
+                    yield f"logo on {base}", size, contrast(encode(np.asarray(image), "JPEG"))
+        for kind, amplitude, sigma in itertools.product(RAMPS, (40, 100, 200), (0, 4, 10)):
+            leak = ramp(kind, amplitude, (w, h))[..., None] + noise_field(rng, (h, w), sigma, False)
+            arr8 = np.clip(np.rint(leak), 0, 255).astype(np.uint8)
+            yield f"light leak: {kind}", size, contrast(encode(arr8, "JPEG"))
+            image = Image.fromarray(arr8)
+            draw_overlay(image, "timestamp and name", 0.05, "tl")
+            c = contrast(encode(np.asarray(image), "JPEG"))
+            yield f"light leak: {kind}, timestamp", size, c
+
+
+def corner_frames(shares: tuple[float, ...]) -> Iterator[tuple[str, float]]:
+    """A lens covered (black, noise sigma 0 or 10) but for a corner of ``share`` of the frame."""
+    rng = np.random.default_rng(3)
+    opts = W.WorldOptions(offsets=1.0, size=(640, 480), rooms=8, contrasts_per_room=6)
+    scene = np.asarray(decode_image(W.case_image(W.world_cases(3, opts)[0], opts)).image)
+    sources = [("a world scene", scene)]
+    try:
+        import matplotlib
+
+        path = os.path.join(matplotlib.get_data_path(), "sample_data", "grace_hopper.jpg")
+        sources.append(("the photograph", np.asarray(Image.open(path).convert("RGB"))))
+    except ImportError:
+        pass
+    for (name, src), share, corner, sigma in itertools.product(
+        sources, shares, PLACES[:2], (0, 10)
+    ):
+        h, w = src.shape[:2]
+        arr = noise_field(rng, (h, w), sigma, False)
+        cw, ch = round(w * np.sqrt(share)), round(h * np.sqrt(share))
+        rows = slice(0, ch) if corner[0] == "t" else slice(h - ch, h)
+        cols = slice(0, cw) if corner[1] == "l" else slice(w - cw, w)
+        arr[rows, cols] = src[rows, cols]
+        arr8 = np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+        yield f"{share:.1%} of {name}", contrast(encode(arr8, "JPEG"))
+
+
+def timing() -> None:
+    rng = np.random.default_rng(4)
+    for w, h in ((640, 480), (1920, 1080)):
+        arr = np.clip(rng.normal(100, 30, (h, w, 3)), 0, 255).astype(np.uint8)
+        image = Image.fromarray(arr)
+        image_contrast(image)
+        n = 50
+        t = time.perf_counter()
+        for _ in range(n):
+            image_contrast(image)
+        print(f"  {w}x{h}: {1000 * (time.perf_counter() - t) / n:.2f} ms a frame")
+
+
 def main() -> int:
     print(f"image_contrast (levels 0..255); DEFAULT_MIN_CONTRAST = {DEFAULT_MIN_CONTRAST:g}\n")
     print("frames that show a scene: the smallest contrast of each group")
@@ -123,6 +305,29 @@ def main() -> int:
     print(f"  {'':24s}" + "".join(f"{s:>10s}" for s in sizes))
     for key, row in blank.items():
         print(f"  {key:24s}" + "".join(f"{row[s]:10.1f}" for s in sizes))
+    print("\nframes that show (almost) nothing of the scene: the largest contrast, by frame size")
+    covered: dict[str, dict[str, float]] = {}
+    for key, size, c in covered_frames():
+        row = covered.setdefault(key, {})
+        row[size] = max(row.get(size, 0.0), c)
+    sizes = [f"{w}x{h}" for w, h in OVERLAY_SIZES]
+    print(f"  {'':34s}" + "".join(f"{s:>10s}" for s in sizes))
+    for key, row in covered.items():
+        print(f"  {key:34s}" + "".join(f"{row[s]:10.1f}" for s in sizes))
+    corners: dict[str, list[float]] = {}
+    for key, c in corner_frames(CORNER_SHARES):
+        corners.setdefault(key, []).append(c)
+    print("  a lens covered but for a corner (640x480 and the photograph's 512x600): the largest")
+    for key, cs in corners.items():
+        print(f"    {key:32s} {max(cs):8.1f}")
+    print("\nfor comparison: a lens covered but for a larger corner: the smallest")
+    corners = {}
+    for key, c in corner_frames((0.03, 0.05, 0.1)):
+        corners.setdefault(key, []).append(c)
+    for key, cs in corners.items():
+        print(f"    {key:32s} {min(cs):8.1f}")
+    print("\nimage_contrast's time (noise frames; one core):")
+    timing()
     return 0
 
 

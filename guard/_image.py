@@ -60,8 +60,10 @@ from spotstop.guard._errors import ConfigError, ImageError
 from spotstop.guard.validate import is_int, is_real
 
 __all__ = [
+    "CONTENT_SHARE",
     "CONTRAST_CELL_PX",
     "CONTRAST_GRID",
+    "CONTRAST_THIN_PX",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_CONTRAST",
@@ -94,21 +96,45 @@ CONTRAST_CELL_PX: Final[int] = 16
 CONTRAST_GRID: Final[int] = 32
 """Most cells :func:`image_contrast` lays along a frame's longest side."""
 
+CONTRAST_THIN_PX: Final[int] = 5
+"""Side (pixels of the frame reduced to under 640 px) of the square with which
+:func:`image_contrast` opens and closes a frame: narrower structures (an overlay's strokes,
+a crosshair) are taken out before content is measured."""
+
+CONTENT_SHARE: Final[float] = 0.02
+"""Share of the frame's cells that content must cover for :func:`image_contrast` to see it
+(the 98th percentile of the cells' distances from the background)."""
+
+_BIWEIGHT_ROUNDS: Final[int] = 6
+
+#: the attribute on a DecodedImage that records the min_contrast its image passed
+_CHECKED_AT: Final[str] = "_visible_content_checked_at"
+
 DEFAULT_MIN_CONTRAST: Final[float] = 8.0
 """Default ``min_image_contrast``: a frame whose :func:`image_contrast` is below 8 levels (of
-255) shows nothing and is refused (kind ``blank``).
+255) shows (almost) nothing of the scene and is refused (kind ``blank``).
 
-Measured by ``python bench/blank_frames.py`` (2026-12-05). Frames that show a scene: the test
-world's scenes at least 42.8 (576 scenes at 64x64; 59.7 and more at 160x120 and 640x480, the
-rooms' lighting moved as far as ``--offsets 1`` moves it), 10,000 demo scenes at least 31.5,
-a photograph darkened to 10 % of its exposure 22.4 and to 5 % (its brightest pixel about 12)
-10.8. Frames that show nothing (black, black at 16, mid gray, white, one colour; PNG and JPEG;
-32x32 to 1920x1080): 0 without noise, at most 6.6 with sensor noise up to sigma 10 (per pixel
-or grainy), 6.4 with sigma 20 per pixel. Past the default: sigma-20 noise grainier than a
-pixel (each pixel the mean of a 2x2 block) reaches 12.0 on frames below 1280x720 (9.9 at
-640x480, 4.9 at 1280x720); a camera that noisy in the dark needs a higher setting, measured
-on its own covered-lens frames. Below it: the photograph at 3 % of its exposure (5.8), as
-good as black to a viewer."""
+Measured by ``python bench/blank_frames.py`` (2026-12-06; the statistic of
+:func:`image_contrast`, with overlays taken out and content asked to cover 2 % of the frame).
+Frames that show a scene: the test world's scenes at least 13.9 (576 scenes at 64x64; 22.7
+and more at 160x120, 58.7 at 640x480, the rooms' lighting moved as far as ``--offsets 1``
+moves it), 10,000 demo scenes at least 16.1, a photograph darkened to 10 % of its exposure
+14.1. Frames that show nothing: black, black at 16, mid gray, white, one colour with sensor
+noise up to sigma 10 at most 5.9 (sigma 20 at most 7.9). A covered lens (black) with a
+burned-in overlay, 160x120 to 1920x1080, noise up to sigma 10: a white timestamp with a
+black outline at 3 to 8 % of the frame's height, with a camera name, on a dark box: at most
+4.3; a crosshair 1.4, a reticle 5.0; a logo of at most 1 % of the frame 4.2 from 640x480 up;
+a lens covered but for a corner of at most 1.5 % of the frame 2.1; a linear light-leak ramp
+of up to 200 levels at most LINEAR.
+
+Not refused (limits measured by the same script): text whose black outline or box is darker
+than the frame (a covered lens at black level 16: up to 12.4; a gray or white frame: the
+letters join into a band, which counts as content); a logo or a corner of the scene that
+covers more than 2 % of the cells (a 1 % logo on a 160x120 frame: 39.8); a light leak that is
+a glow narrower than the frame (from a corner or the centre: up to 32.6). Also refused now:
+the photograph at 5 % of its exposure (its brightest pixel about 12; 6.6), which the former
+statistic let through at 10.8."""
+
 
 DEFAULT_MAX_BYTES: Final[int] = 50 * 1024 * 1024
 """Largest accepted encoded size in bytes (50 MiB)."""
@@ -304,7 +330,7 @@ def decode_image(
     min_contrast = check_min_contrast(min_contrast, "min_contrast")
     data = _read_source(source, max_bytes=max_bytes)
     decoded = _decode_bytes(data, max_pixels=max_pixels, min_side=int(min_side))
-    check_visible_content(decoded.image, min_contrast)
+    check_visible_content(decoded, min_contrast)
     return decoded
 
 
@@ -332,27 +358,72 @@ def check_min_side(width: int, height: int, min_side: int) -> None:
 
 
 def image_contrast(image: Image.Image) -> float:
-    """How much the frame shows: the largest, over R, G and B, of the 1st-to-99th percentile
-    range of the channel's means over a grid of cells (levels 0..255; 0 for a uniform frame).
+    """How much of the scene the frame shows: the contrast (levels 0..255) that at least
+    :data:`CONTENT_SHARE` (2 %) of the frame shows against the frame's own smooth background,
+    once thin overlays are taken out; 0 for a uniform frame. It is the largest, over R, G and
+    B, of the 98th percentile of the cells' distances from that background.
 
-    The cells are squares of at least :data:`CONTRAST_CELL_PX` pixels a side, at most
-    :data:`CONTRAST_GRID` along the longest side (a 640x480 frame: 32x24 cells of 20 px; a
-    160x120 frame: 10x7 cells of 16 px; a frame under 32 px: two cells along its longest
-    side). Averaging a cell of ``n`` pixels divides independent
-    sensor noise by ``sqrt(n)`` (by 16 at least), so the noise of a covered lens or of a frame
-    blown out to white does not pass for content, while anything that covers a few cells (a
-    wall and a floor, an object, a lamp in a dark room) does. The percentiles leave out the
-    most extreme 1% of cells at each end (a hot pixel, a speck of light). Colour is read per
-    channel, so a red object on a green wall of the same brightness counts. A frame whose
-    longest side is 1024 px or more is first reduced by an integer factor to under 1024 px (a
-    box average, so a cell still holds the mean of the same pixels).
+    Four steps, each against one way a frame that shows nothing passed for content:
+
+    1. *Reduce.* A frame whose longest side is 640 px or more is box-averaged by an integer
+       factor to a longest side under 640 px (320 px at least).
+    2. *Take thin structures out.* A grey opening and then closing with a square of
+       :data:`CONTRAST_THIN_PX` px of the reduced frame (3 px under 128 px, none under 64 px)
+       removes whatever bright or dark is narrower: the strokes of a burned-in timestamp or camera name, a crosshair, a hot
+       pixel (10 px at 640x480, 30 px at 1920x1080). A covered lens that shows only an
+       overlay keeps nothing of it.
+    3. *Cells.* Means over a grid of squares of at least :data:`CONTRAST_CELL_PX` px of the
+       frame, at most :data:`CONTRAST_GRID` along its longest side (640x480: 32x24 cells;
+       160x120: 10x7; under 32 px: two along the longest side). Averaging divides
+       independent sensor noise by 16 at least.
+    4. *Background.* A quadratic surface in the cell's position, fitted per channel by
+       iteratively reweighted least squares with Tukey's biweight (so it follows the frame's
+       majority, not the content on it), is the frame's smooth background; a plane where the
+       grid has fewer than 6 cells along a side, one level under 4. A light leak or a vignette over a covered
+       lens (a wide, smooth ramp) is background, not content.
+
+    The 98th percentile asks content to cover 2 % of the cells at least: a logo, a speck of
+    light or a corner of the scene left by a hand over the lens covers less. Colour is read
+    per channel, so a red object on a green wall of the same brightness counts. Measured by
+    ``bench/blank_frames.py`` (see :data:`DEFAULT_MIN_CONTRAST`).
     """
     if image.mode != "RGB":
         image = image.convert("RGB")
     longest = max(image.size)
-    k = longest // 512
+    k = max(1, longest // 320)
     small = image.reduce(k) if k > 1 else image
-    a = np.asarray(small, dtype=np.float64)
+    a = np.asarray(small)
+    # (a frame under 128 px gets a smaller square: under 64 px, none, or it takes all)
+    a = _open_close(a, min(CONTRAST_THIN_PX // 2, max(a.shape[:2]) // 64))
+    means = _cell_means(a.astype(np.float64), longest)
+    residual = _background_residual(means)
+    share = 100.0 * (1.0 - CONTENT_SHARE)
+    return float(np.max(np.percentile(np.abs(residual), share, axis=0)))
+
+
+def _open_close(a: np.ndarray, radius: int) -> np.ndarray:
+    """A grey opening, then a closing, of each channel with a square of ``2 radius + 1``."""
+
+    def rank(x: np.ndarray, op: np.ufunc) -> np.ndarray:
+        for axis in (0, 1):
+            out = x.copy()
+            n = x.shape[axis]
+            for s in range(1, min(radius, n - 1) + 1):
+                head = [slice(None)] * x.ndim
+                tail = [slice(None)] * x.ndim
+                head[axis], tail[axis] = slice(s, None), slice(0, n - s)
+                op(out[tuple(head)], x[tuple(tail)], out=out[tuple(head)])
+                op(out[tuple(tail)], x[tuple(head)], out=out[tuple(tail)])
+            x = out
+        return x
+
+    opened = rank(rank(a, np.minimum), np.maximum)
+    return rank(rank(opened, np.maximum), np.minimum)
+
+
+def _cell_means(a: np.ndarray, longest: int) -> np.ndarray:
+    """(rows, cols, 3) means of the cells :func:`image_contrast` lays on ``a`` (a frame whose
+    original longest side was ``longest``)."""
     h, w = a.shape[:2]
     # cells along the longest side: two at least (a frame under 32 px, which only a lowered
     # min_image_side lets through, gets smaller cells rather than one, which shows nothing)
@@ -363,9 +434,41 @@ def image_contrast(image: Image.Image) -> float:
     cols = np.linspace(0, w, n_cols + 1).round().astype(np.intp)[:-1]
     sums = np.add.reduceat(np.add.reduceat(a, rows, axis=0), cols, axis=1)
     counts = np.outer(np.diff(np.append(rows, h)), np.diff(np.append(cols, w)))
-    means = (sums / counts[..., None]).reshape(-1, a.shape[2])
-    low, high = np.percentile(means, [1.0, 99.0], axis=0)
-    return float(np.max(high - low))
+    return sums / counts[..., None]
+
+
+def _background_residual(means: np.ndarray) -> np.ndarray:
+    """(cells, 3): each cell's distance from its channel's smooth background, a quadratic
+    surface (a plane on a grid under 6 cells a side, a level under 4) fitted with Tukey's
+    biweight."""
+    n_rows, n_cols, channels = means.shape
+    y, x = np.meshgrid(
+        np.linspace(-1.0, 1.0, n_rows), np.linspace(-1.0, 1.0, n_cols), indexing="ij"
+    )
+    x, y = x.ravel(), y.ravel()
+    # a slope along a side of 4 cells or more, a quadratic on 6 or more both ways (on fewer
+    # cells the surface would take the content for background: 2 cells fit any slope)
+    terms = [np.ones_like(x)]
+    terms += [x] if n_cols >= 4 else []
+    terms += [y] if n_rows >= 4 else []
+    if min(n_rows, n_cols) >= 6:
+        terms += [x * x, x * y, y * y]
+    basis = np.stack(terms, axis=1)
+    values = means.reshape(-1, channels)
+    values = values - np.median(values, axis=0)  # (a uniform frame: exactly 0 everywhere)
+    outer = (basis[:, :, None] * basis[:, None, :]).reshape(len(basis), -1)
+    weights = np.ones_like(values)
+    residual = values
+    for _ in range(_BIWEIGHT_ROUNDS):  # every channel at once: weighted normal equations
+        gram = (weights.T @ outer).reshape(channels, basis.shape[1], basis.shape[1])
+        rhs = (weights * values).T @ basis
+        coef = (np.linalg.pinv(gram, hermitian=True) @ rhs[..., None])[..., 0]
+        residual = values - basis @ coef.T
+        # the scale: the residuals' MAD, not under half a level (a noise-free fill)
+        scale = np.maximum(np.median(np.abs(residual), axis=0) / 0.6745, 0.5)
+        u = residual / (4.685 * scale)
+        weights = np.where(np.abs(u) < 1.0, (1.0 - u * u) ** 2, 0.0)
+    return residual
 
 
 def check_min_contrast(value: object, key: str = "min_image_contrast") -> float:
@@ -381,29 +484,47 @@ def check_min_contrast(value: object, key: str = "min_image_contrast") -> float:
     return float(value)
 
 
-def check_visible_content(image: Image.Image, min_contrast: float) -> None:
+def check_visible_content(image: Image.Image | DecodedImage, min_contrast: float) -> None:
     """Refuse a frame without visible content (kind ``blank``): one whose
     :func:`image_contrast` is below ``min_contrast`` (0: nothing is refused).
 
-    A covered lens (black with sensor noise), a frame blown out to white, a gray or one-colour
+    A covered lens (black with sensor noise, or with nothing but a burned-in timestamp, a
+    crosshair, a logo or a light leak on it), a frame blown out to white, a gray or one-colour
     fill from a broken pipeline: scored, such a frame leaves the decision to the request
     alone, for a scene nobody saw. The guard, the sidecar, batch checks, ``spotstop check``
     and a calibration pool refuse it here.
+
+    Given a :class:`DecodedImage` that :func:`decode_image` checked itself, against at least
+    ``min_contrast``, the statistic is not computed again (the sidecar decodes and checks a
+    frame for its 422, then hands that object to the guard). The record is kept on that
+    object only: a :class:`DecodedImage` built by hand, or by :func:`dataclasses.replace`,
+    is checked here. (Pixels changed in place after :func:`decode_image` no longer match its
+    ``sha256`` either; send the changed frame encoded.)
     """
     if min_contrast <= 0:
         return
-    contrast = image_contrast(image)
+    if isinstance(image, DecodedImage):
+        checked = image.__dict__.get(_CHECKED_AT)
+        if checked is not None and checked >= min_contrast:
+            return
+        frame = image.image
+    else:
+        frame = image
+    contrast = image_contrast(frame)
     if not contrast >= min_contrast:  # (a NaN would be refused too)
         raise ImageRefused(
-            f"image shows no visible content: its contrast is {contrast:.1f} levels (the "
-            f"widest 1st-99th percentile range of a colour channel over cells of at least "
+            f"image shows no visible content: its contrast is {contrast:.1f} levels (what at "
+            f"least {CONTENT_SHARE:.0%} of the frame shows against its smooth background, "
+            f"thin overlays such as a timestamp taken out, over cells of at least "
             f"{CONTRAST_CELL_PX} px); at least {min_contrast:g} is needed "
-            "(min_image_contrast). A covered or blocked lens, a frame blown out to white or "
-            "black, or a blank frame from the camera pipeline: check the camera and send a "
-            "frame that shows the scene (or lower min_image_contrast, measured on this "
-            "camera's frames).",
+            "(min_image_contrast). A covered or blocked lens (with only an overlay, a logo or "
+            "a light leak on it), a frame blown out to white or black, or a blank frame from "
+            "the camera pipeline: check the camera and send a frame that shows the scene (or "
+            "lower min_image_contrast, measured on this camera's frames).",
             kind="blank",
         )
+    if isinstance(image, DecodedImage):
+        object.__setattr__(image, _CHECKED_AT, float(min_contrast))
 
 
 def gray_image(width: int, height: int, value: int = 128) -> Image.Image:

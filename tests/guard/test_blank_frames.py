@@ -88,7 +88,8 @@ def test_the_contrast_reads_content_not_noise() -> None:
     halves = np.zeros((240, 320, 3), np.uint8)
     halves[:, :160] = (200, 0, 0)
     halves[:, 160:] = (0, 102, 0)  # 0.299 * 200 == 0.587 * 102 (to a level)
-    assert image_contrast(Image.fromarray(halves)) >= 100
+    # (two equal halves: the background surface runs between them, 92 of the 200 levels)
+    assert image_contrast(Image.fromarray(halves)) >= 80
     # a dim room: a real scene at a tenth of the light still shows (levels 0..25)
     dim = np.asarray(decode_image(_world_scenes()[0]).image, np.float64) * 0.1
     assert image_contrast(Image.fromarray(np.rint(dim).astype(np.uint8))) > DEFAULT_MIN_CONTRAST
@@ -97,7 +98,7 @@ def test_the_contrast_reads_content_not_noise() -> None:
     speck[100, 200] = 255
     assert image_contrast(Image.fromarray(speck)) < 1.0
     # a huge frame is reduced first, to the same answer
-    assert image_contrast(Image.fromarray(np.tile(halves, (10, 10, 1)))) >= 100
+    assert image_contrast(Image.fromarray(np.tile(halves, (10, 10, 1)))) >= 80
 
 
 def test_check_visible_content_refuses_below_the_setting_and_0_turns_it_off() -> None:
