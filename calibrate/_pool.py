@@ -74,7 +74,7 @@ def check_pool_images(
                 raise ImageRefused("the scene has no image", kind="empty")
             if isinstance(img, DecodedImage):
                 check_min_side(img.width, img.height, min_side)
-                check_visible_content(img.image, min_contrast)
+                check_visible_content(img, min_contrast)
             else:
                 decode_image(img, min_side=min_side, min_contrast=min_contrast)
         except ImageRefused as e:

@@ -274,7 +274,7 @@ class Pipeline:
                     raise GuardError("the scene has no image")
                 if isinstance(img, DecodedImage):
                     check_min_side(img.width, img.height, self.min_image_side)
-                    check_visible_content(img.image, self.min_image_contrast)
+                    check_visible_content(img, self.min_image_contrast)
                     w.image = img
                 else:
                     # read once: what is scored is what is stored and hashed, though the

@@ -246,3 +246,59 @@ def test_the_sidecar_refuses_a_frame_with_an_overlay(runtime_bundle: Path, tmp_p
             assert r.status_code == 422 and r.json()["code"] == "image_blank", (name, r.text)
         assert c.post("/v1/check", **multipart(jpeg(2))).status_code == 200
         assert srv.guard.log.count() == 1  # the refused frames made no decision
+
+
+# --------------------------------------------------------------------------- computed once
+
+
+def test_the_sidecar_computes_the_contrast_once_and_a_hand_built_image_is_checked(
+    runtime_bundle: Path, bundle_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sidecar checked a frame for its 422 and the guard checked the same object again
+    (about 9 ms each at 640x480). A DecodedImage that decode_image checked is not measured
+    twice; one built by hand, or by dataclasses.replace, still is."""
+    pytest.importorskip("fastapi")
+    import dataclasses
+
+    import spotstop.guard._image as image_module
+    from spotstop.guard._image import DecodedImage
+    from spotstop.guard.serve import load_guard
+
+    from tests._support.serve import live_server, multipart, settings_for, stand_in
+
+    calls: list[int] = []
+    real = image_module.image_contrast
+
+    def counted(image: Image.Image) -> float:
+        calls.append(1)
+        return real(image)
+
+    monkeypatch.setattr(image_module, "image_contrast", counted)
+    scene = _jpeg(_world_640())
+    settings = settings_for(runtime_bundle, tmp_path, warmup=False)
+    with live_server(settings, stand_in(load_guard(settings))) as srv, srv.client() as c:
+        calls.clear()
+        assert c.post("/v1/check", **multipart(scene)).status_code == 200
+        assert len(calls) == 1
+    set_frozen(bundle_copy, 1e9)  # every scored scene is SAFE
+    blank = Image.fromarray(_stamp(_covered((640, 480)), 0.05, (10, 10)))
+    checked = decode_image(scene, min_contrast=DEFAULT_MIN_CONTRAST)
+    by_hand = DecodedImage(
+        image=blank,
+        sha256=checked.sha256,
+        width=640,
+        height=480,
+        n_bytes=checked.n_bytes,
+        format="JPEG",
+        jpeg_quality=None,
+    )
+    replaced = dataclasses.replace(checked, image=blank)
+    lowered = decode_image(SHOW_NOTHING["a light leak"], min_contrast=0.5)  # below the guard's
+    with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
+        calls.clear()
+        assert g.check(Scene(checked, "open the door")).label == "SAFE"
+        assert calls == []  # decode_image measured it, against the guard's setting
+        for img in (by_hand, replaced, lowered):
+            d = g.check(Scene(img, "open the door"))
+            assert d.label == "UNSAFE" and d.fail_closed and _REASON in (d.fail_reason or "")
+        assert len(calls) == 3
