@@ -173,7 +173,7 @@ def draw_overlay(image: Image.Image, kind: str, height: float, place: str) -> No
         font = ImageFont.load_default(size=px)
         lines = [STAMP, *(["CAM 03  LOADING DOCK"] if kind == "timestamp and name" else [])]
         for i, line in enumerate(lines):
-            left, top, right, bottom = d.textbbox((0, 0), line, font=font)
+            left, top, right, bottom = (round(v) for v in d.textbbox((0, 0), line, font=font))
             x, y = at(right - left, bottom - top)
             if i == 1:  # the name at the other end
                 y = h - (bottom - top) - margin if place[0] == "t" else margin

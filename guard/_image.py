@@ -114,26 +114,25 @@ DEFAULT_MIN_CONTRAST: Final[float] = 8.0
 """Default ``min_image_contrast``: a frame whose :func:`image_contrast` is below 8 levels (of
 255) shows (almost) nothing of the scene and is refused (kind ``blank``).
 
-Measured by ``python bench/blank_frames.py`` (2026-12-06; the statistic of
-:func:`image_contrast`, with overlays taken out and content asked to cover 2 % of the frame).
-Frames that show a scene: the test world's scenes at least 13.9 (576 scenes at 64x64; 22.7
-and more at 160x120, 58.7 at 640x480, the rooms' lighting moved as far as ``--offsets 1``
-moves it), 10,000 demo scenes at least 16.1, a photograph darkened to 10 % of its exposure
-14.1. Frames that show nothing: black, black at 16, mid gray, white, one colour with sensor
-noise up to sigma 10 at most 5.9 (sigma 20 at most 7.9). A covered lens (black) with a
-burned-in overlay, 160x120 to 1920x1080, noise up to sigma 10: a white timestamp with a
-black outline at 3 to 8 % of the frame's height, with a camera name, on a dark box: at most
-4.3; a crosshair 1.4, a reticle 5.0; a logo of at most 1 % of the frame 4.2 from 640x480 up;
-a lens covered but for a corner of at most 1.5 % of the frame 2.1; a linear light-leak ramp
-of up to 200 levels at most LINEAR.
+Measured by ``python bench/blank_frames.py`` (2026-12-06). Frames that show a scene: the test
+world's scenes at least 14.2 (576 scenes at 64x64; 22.7 and more at 160x120, 58.7 at
+640x480, the rooms' lighting moved as far as ``--offsets 1`` moves it), 10,000 demo scenes
+at least 16.1, a photograph darkened to 10 % of its exposure 13.9. Frames that show nothing:
+black, black at 16, mid gray, white and one colour, 32x32 to 1920x1080, with sensor noise up
+to sigma 10 at most 3.9 (sigma 20: 7.9). A covered lens (black, noise up to sigma 10, 160x120
+to 1920x1080) with a burned-in overlay: a white timestamp with a black outline at 3 to 8 % of
+the frame's height, with a camera name, or on a dark box, at most 4.3; a crosshair 1.4, a
+reticle 5.0; a logo of at most 1 % of the frame 4.2 (from 640x480 up); a lens covered but
+for a corner of at most 1.5 % of the frame 2.1; a linear light-leak ramp of up to 200 levels
+at most 4.1.
 
-Not refused (limits measured by the same script): text whose black outline or box is darker
-than the frame (a covered lens at black level 16: up to 12.4; a gray or white frame: the
-letters join into a band, which counts as content); a logo or a corner of the scene that
-covers more than 2 % of the cells (a 1 % logo on a 160x120 frame: 39.8); a light leak that is
-a glow narrower than the frame (from a corner or the centre: up to 32.6). Also refused now:
-the photograph at 5 % of its exposure (its brightest pixel about 12; 6.6), which the former
-statistic let through at 10.8."""
+Not refused (the same script measures them): text whose outline or box is darker than the
+frame around it (a covered lens at black level 16: up to 12.4; a gray or white frame, or
+the lit part of a light leak: the opening joins the letters into a band, which counts as
+content); a logo or a corner of the scene over 2 % of the cells (a 1 % logo on a 160x120
+frame: 39.8); a light leak that is a glow narrower than the frame (from a corner or the
+centre: up to 32.6). Refused now, and not before: a photograph at 5 % of its exposure (its
+brightest pixel about 12; 6.6, was 10.8)."""
 
 
 DEFAULT_MAX_BYTES: Final[int] = 50 * 1024 * 1024
@@ -442,10 +441,10 @@ def _background_residual(means: np.ndarray) -> np.ndarray:
     surface (a plane on a grid under 6 cells a side, a level under 4) fitted with Tukey's
     biweight."""
     n_rows, n_cols, channels = means.shape
-    y, x = np.meshgrid(
+    rows, cols = np.meshgrid(
         np.linspace(-1.0, 1.0, n_rows), np.linspace(-1.0, 1.0, n_cols), indexing="ij"
     )
-    x, y = x.ravel(), y.ravel()
+    x, y = cols.ravel(), rows.ravel()
     # a slope along a side of 4 cells or more, a quadratic on 6 or more both ways (on fewer
     # cells the surface would take the content for background: 2 cells fit any slope)
     terms = [np.ones_like(x)]
