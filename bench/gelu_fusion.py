@@ -189,7 +189,7 @@ def render(t: GeluTiming, command: str) -> str:
     cpu = platform.processor() or platform.machine()
     return "\n".join(
         [
-            "## GELU fusion: a vision graph as exported against its GELUs fused (same run)",
+            "### GELU fusion: a vision graph as exported against its GELUs fused (same run)",
             "",
             f"Measured by `python bench/gelu_fusion.py{(' ' + command) if command else ''}` "
             f"({when}); {cpu}, {os.cpu_count()} logical cores; onnxruntime {ort.__version__}, "
