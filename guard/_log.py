@@ -1133,14 +1133,21 @@ class DecisionLog(LogReader, ArchiveStore):
         self._write(body, what="write a probe row", timeout_s=timeout_s)
 
     def mark_fail_closed(
-        self, decision_ids: Sequence[str], reason: str, *, timeout_s: float | None = None
-    ) -> None:
+        self,
+        decision_ids: Sequence[str],
+        reason: str,
+        *,
+        timeout_s: float | None = None,
+        skip_unknown: bool = False,
+    ) -> tuple[str, ...]:
         """Turn logged SAFE decisions into fail-closed UNSAFE ones, with ``reason``.
 
         The only change the log allows to a written decision, and only towards safety: the
         guard uses it when a decision's write finished after the call's deadline, so the
         row says what the caller was told. Rows already UNSAFE are left as they are; an
-        unknown id raises :class:`RecordError` and changes nothing. What it changes is
+        unknown id raises :class:`RecordError` and changes nothing, unless ``skip_unknown``:
+        then the known rows are amended and the unknown ids are returned (in the order
+        given), for the caller to set aside (the guard's writer dead-letters only those). What it changes is
         declared once (:func:`~spotstop.guard._log_amend.amendment`); readers apply the same
         rule to rows whose amendment still waits in the journal or the dead letter.
         """
@@ -1151,7 +1158,8 @@ class DecisionLog(LogReader, ArchiveStore):
                 f"got {ids!r}, {reason!r}."
             )
         if not ids:
-            return
+            return ()
+        left: list[str] = []
 
         def body(conn: sqlite3.Connection) -> None:
             q = ", ".join("?" * len(ids))
@@ -1162,13 +1170,17 @@ class DecisionLog(LogReader, ArchiveStore):
                 )
             }
             unknown = [i for i in ids if i not in known]
-            if unknown:
+            if unknown and not skip_unknown:
                 raise RecordError(
                     f"mark_fail_closed: unknown decision_id {unknown[0]!r}; nothing changed."
                 )
-            conn.execute(*amend_sql(ids, reason))  # the one rule (_log_amend.py)
+            left[:] = unknown
+            hit = [i for i in ids if i in known]
+            if hit:
+                conn.execute(*amend_sql(hit, reason))  # the one rule (_log_amend.py)
 
         self._write(body, what="mark decisions fail-closed", timeout_s=timeout_s)
+        return tuple(left)
 
     def set_labels(self, labels: Iterable[tuple[str, str, str | None, str | None]]) -> None:
         """Attach reviewer labels: items ``(decision_id, "safe"|"unsafe", contrast_id, reviewer)``.

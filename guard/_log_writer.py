@@ -768,10 +768,13 @@ class LogWriter:
         """Apply one fail-closed amendment. One the log cannot store as it is (a reason with
         no UTF-8 encoding) is applied with its text made storable; one that still fails for
         a reason of its own is set aside in the dead letter, never retried before the rows."""
-        try:
-            self.log.mark_fail_closed(ids, reason, timeout_s=budget.left())
+        try:  # the known rows are amended; only ids the live log does not hold are set aside
+            unknown = self.log.mark_fail_closed(
+                ids, reason, timeout_s=budget.left(), skip_unknown=True
+            )
+            self._set_aside_unknown(unknown, reason)
             return
-        except RecordError as e:  # ids the live log does not hold: say so, never block on it
+        except RecordError as e:  # an amendment the log cannot take at all: never block on it
             self._unamendable(ids, reason, e)
             return
         except Exception as e:
@@ -779,11 +782,25 @@ class LogWriter:
                 raise
         safe_ids, safe_reason = [encodable_text(i) for i in ids], encodable_text(reason)
         try:
-            self.log.mark_fail_closed(safe_ids, safe_reason, timeout_s=budget.left())
+            unknown = self.log.mark_fail_closed(
+                safe_ids, safe_reason, timeout_s=budget.left(), skip_unknown=True
+            )
         except Exception as e:
             if not _permanent(e):
                 raise
             self._unamendable(safe_ids, safe_reason, e)
+            return
+        self._set_aside_unknown(unknown, safe_reason)
+
+    def _set_aside_unknown(self, unknown: tuple[str, ...], reason: str) -> None:
+        """Dead-letter the ids of an amendment the live log does not hold (its known rows
+        were amended in the same call, committed before this)."""
+        if unknown:
+            e = RecordError(
+                f"mark_fail_closed: unknown decision_id(s) {list(unknown)!r}; the other ids "
+                "of the amendment were applied."
+            )
+            self._unamendable(list(unknown), reason, e)
 
     def _unamendable(self, ids: list[str], reason: str, e: BaseException) -> None:
         _log.error(

@@ -263,3 +263,42 @@ def test_retention_archives_nothing_when_the_dead_letter_cannot_be_read(tmp_path
                 Retention(keep_days=1.0), Protect(min_age_s=0), now=recs[2].time + _DAY
             )
         assert d.archives() == [] and d.count() == 3
+
+
+def test_an_amendment_of_known_and_unknown_ids_amends_the_known_rows_in_the_store(
+    tmp_path: Path,
+) -> None:
+    """The repro: a journal amendment listing a logged SAFE row and an id the live log does not
+    hold went whole to the dead letter, and the stored row (read from the sqlite file
+    directly, e.g. by DuckDB) stayed SAFE. Now the known row is amended in the log and only
+    the unknown id is set aside."""
+    log = tmp_path / "log.sqlite"
+    recs = [make_record(i, label="SAFE") for i in (0, 2)]
+    with DecisionLog(log) as d:
+        d.append_many(recs)
+    late = recs[0].decision_id
+    Journal(default_journal_path(log), owner=str(log.resolve())).append(
+        [JournalEntry("amend", amend_ids=(late, "never-logged"), amend_reason=_REASON)]
+    )
+    w = LogWriter(DecisionLog(log), LogOptions())
+    w.flush()
+    w.close()
+    w.log.close()
+    with DecisionLog(log, read_only=True) as d:
+        stored = d.get(late, raw=True)
+        assert stored is not None
+        assert (stored.label, stored.fail_closed, stored.fail_reason) == ("UNSAFE", True, _REASON)
+        assert d.get(recs[1].decision_id, raw=True).label == "SAFE"  # type: ignore[union-attr]
+    assert _dead_letter(log).changes().amendments == ((("never-logged",), _REASON),)
+
+
+def test_mark_fail_closed_skip_unknown_returns_the_unknown_ids(tmp_path: Path) -> None:
+    with DecisionLog(tmp_path / "log.sqlite") as d:
+        rec = make_record(0, label="SAFE")
+        d.append_many([rec])
+        known = rec.decision_id
+        with pytest.raises(RecordError, match="unknown decision_id 'x'; nothing changed"):
+            d.mark_fail_closed([known, "x"], _REASON)
+        assert d.get(known, raw=True).label == "SAFE"  # type: ignore[union-attr]
+        assert d.mark_fail_closed([known, "x", "y"], _REASON, skip_unknown=True) == ("x", "y")
+        assert d.get(known, raw=True).label == "UNSAFE"  # type: ignore[union-attr]
