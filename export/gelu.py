@@ -40,6 +40,7 @@ only the fused graph form (export/fused.py) gets it; TensorRT's standard form ne
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,18 +207,25 @@ def _other(node: Any, name: str) -> str | None:
     return node.input[1] if node.input[0] == name else node.input[0]
 
 
-def _match_tanh(g: _Graph, y_node: Any) -> tuple[str, list[Any]] | None:
-    """``(x, nodes)`` when ``y_node`` is the last Mul of a tanh GELU of ``x``, else None."""
+def _tails(g: _Graph, y_node: Any) -> Iterator[tuple[str, Any, Any]]:
+    """The common end of both GELUs, ``y = Mul(half, v)``, ``v = Mul(x, u)``, ``u = Add(...)``:
+    each ``(x, u, v)`` it can be read as (``x`` either input of ``v``), each intermediate read
+    by the next node only."""
     if y_node.op_type != "Mul" or y_node.domain not in _STANDARD:
-        return None
+        return
     v_name = g.split(y_node, "half")
     v = g.node(v_name, "Mul") if v_name else None
     if v is None or not g.only_reader(v_name, y_node):  # type: ignore[arg-type]
-        return None
+        return
     for x, u_name in (tuple(v.input), tuple(v.input)[::-1]):
         u = g.node(u_name, "Add")
-        if u is None or x == u_name or not g.only_reader(u_name, v):
-            continue
+        if u is not None and x != u_name and g.only_reader(u_name, v):
+            yield x, u, v
+
+
+def _match_tanh(g: _Graph, y_node: Any) -> tuple[str, list[Any]] | None:
+    """``(x, nodes)`` when ``y_node`` is the last Mul of a tanh GELU of ``x``, else None."""
+    for x, u, v in _tails(g, y_node):
         t_name = g.split(u, "one")
         t = g.node(t_name, "Tanh") if t_name else None
         if t is None or not g.only_reader(t_name, u):  # type: ignore[arg-type]
@@ -247,16 +255,7 @@ def _match_tanh(g: _Graph, y_node: Any) -> tuple[str, list[Any]] | None:
 
 def _match_erf(g: _Graph, y_node: Any) -> tuple[str, list[Any]] | None:
     """``(x, nodes)`` when ``y_node`` is the last Mul of an erf GELU of ``x``, else None."""
-    if y_node.op_type != "Mul" or y_node.domain not in _STANDARD:
-        return None
-    v_name = g.split(y_node, "half")
-    v = g.node(v_name, "Mul") if v_name else None
-    if v is None or not g.only_reader(v_name, y_node):  # type: ignore[arg-type]
-        return None
-    for x, u_name in (tuple(v.input), tuple(v.input)[::-1]):
-        u = g.node(u_name, "Add")
-        if u is None or x == u_name or not g.only_reader(u_name, v):
-            continue
+    for x, u, v in _tails(g, y_node):
         e_name = g.split(u, "one")
         e = g.node(e_name, "Erf") if e_name else None
         if e is None or not g.only_reader(e_name, u):  # type: ignore[arg-type]
