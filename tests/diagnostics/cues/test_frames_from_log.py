@@ -122,14 +122,14 @@ def test_a_guard_writing_the_log_while_it_is_listed_does_not_stop_the_shift(
     real = _reviewed._read_open
     writes = []
 
-    def guard_writes_meanwhile(opened: DecisionLog) -> Any:
+    def guard_writes_meanwhile(opened: DecisionLog, *args: Any, **kwargs: Any) -> Any:
         with DecisionLog(path) as guard:  # `spotstop check`: open, write, close (checkpoint)
             first = 100 * (len(writes) + 1)
             guard.append_many(
                 [make_record(first + i, request="r" * 2000, cue_flags=flags) for i in range(8)]
             )
         writes.append(opened._unwatched is not None)
-        return real(opened)
+        return real(opened, *args, **kwargs)
 
     monkeypatch.setattr(_reviewed, "_read_open", guard_writes_meanwhile)
     with frames_from_log(path) as frames:
