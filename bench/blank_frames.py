@@ -15,8 +15,8 @@ Run: ``python bench/blank_frames.py``. Measures :func:`spotstop.guard._image.ima
   same noise on every channel or not, saved as PNG and as JPEG (quality 85), at 32x32 up to
   1920x1080;
 * frames that show (almost) nothing of the scene, as a camera with a burned-in overlay sends
-  them (black, black at 16, mid gray and white with sensor noise of sigma 0, 4 and 10, per
-  pixel or grainy; JPEG; 160x120 to 1920x1080): a timestamp in white with a black outline,
+  them (black, video black at 16 and 32, mid gray and white with sensor noise of sigma 0, 4
+  and 10, per pixel or grainy; JPEG; 160x120 to 1920x1080): a timestamp in white with a black outline,
   with a camera name on a second line, on a dark box, at 3, 5 and 8 % of the frame's
   height in three places; a crosshair across the frame and a reticle; a logo (a disc with a
   square) of 0.25, 0.5 and 1 % of the frame; a covered lens with a light leak (linear ramps
@@ -49,6 +49,7 @@ SIZES = ((32, 32), (64, 48), (160, 120), (320, 240), (640, 480), (1280, 720), (1
 BASES: dict[str, tuple[int, int, int]] = {
     "black": (0, 0, 0),
     "black 16": (16, 16, 16),
+    "black 32": (32, 32, 32),
     "gray": (128, 128, 128),
     "white": (255, 255, 255),
     "colour": (200, 40, 90),
@@ -221,7 +222,7 @@ def covered_frames() -> Iterator[tuple[str, str, float]]:
     rng = np.random.default_rng(2)
     for w, h in OVERLAY_SIZES:
         size = f"{w}x{h}"
-        for base in ("black", "black 16", "gray", "white"):
+        for base in ("black", "black 16", "black 32", "gray", "white"):
             for sigma, grainy in NOISES:
                 level = np.asarray(BASES[base], np.float64)
                 arr = np.clip(np.rint(level + noise_field(rng, (h, w), sigma, grainy)), 0, 255)

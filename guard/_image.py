@@ -114,26 +114,31 @@ DEFAULT_MIN_CONTRAST: Final[float] = 8.0
 """Default ``min_image_contrast``: a frame whose :func:`image_contrast` is below 8 levels (of
 255) shows (almost) nothing of the scene and is refused (kind ``blank``).
 
-Measured by ``python bench/blank_frames.py`` (2026-12-06). Frames that show a scene: the test
-world's scenes at least 14.2 (576 scenes at 64x64; 22.7 and more at 160x120, 58.7 at
-640x480, the rooms' lighting moved as far as ``--offsets 1`` moves it), 10,000 demo scenes
-at least 16.1, a photograph darkened to 10 % of its exposure 13.9. Frames that show nothing:
-black, black at 16, mid gray, white and one colour, 32x32 to 1920x1080, with sensor noise up
-to sigma 10 at most 3.9 (sigma 20: 7.9). A covered lens (black, noise up to sigma 10, 160x120
-to 1920x1080) with a burned-in overlay: a white timestamp with a black outline at 3 to 8 % of
-the frame's height, with a camera name, or on a dark box, at most 4.3; a crosshair 1.4, a
-reticle 5.0; a logo of at most 1 % of the frame 4.2 (from 640x480 up); a lens covered but
-for a corner of at most 1.5 % of the frame 2.1; a linear light-leak ramp of up to 200 levels
-at most 4.1.
+Measured by ``python bench/blank_frames.py`` (2026-12-06, the background-split filter of
+step 2 of :func:`image_contrast`). Frames that show a scene: the test world's scenes at least
+14.1 (576 scenes at 64x64; 23.6 and more at 160x120, 58.7 at 640x480, the rooms' lighting
+moved as far as ``--offsets 1`` moves it), 10,000 demo scenes at least 15.9, a photograph
+darkened to 10 % of its exposure 13.9 (12.9 with noise of sigma 3). Frames that show
+nothing: black, black at 16, mid gray, white and one colour, 32x32 to 1920x1080, with sensor
+noise up to sigma 10 at most 3.0 (sigma 20: 5.1). A covered lens (black, video black 16 or
+32, noise up to sigma 10, 160x120 to 1920x1080) with a burned-in overlay: a white timestamp
+with a black outline at 3 to 8 % of the frame's height, with a camera name, or on a dark
+box, at most 7.2 (4.8 at video black 16; 4.3 from 640x480 up); on a mid-gray frame a
+timestamp 2.4, with a camera name 1.7 from 640x480 up (was up to 110); a crosshair 2.3, a
+reticle 6.2; a logo of at most 1 % of the frame 4.4 (from 640x480 up); a
+lens covered but for a corner of at most 1.5 % of the frame 1.7; a linear light-leak ramp
+of up to 200 levels at most 3.1, with a timestamp on it 3.1 (from 640x480 up).
 
-Not refused (the same script measures them): text whose outline or box is darker than the
-frame around it (a covered lens at black level 16: up to 12.4 here, 13.3 with 48 px letters and a 3 px
-outline at 640x480, 20.1 at black 24; a gray or white frame, or
-the lit part of a light leak: the opening joins the letters into a band, which counts as
-content); a logo or a corner of the scene over 2 % of the cells (a 1 % logo on a 160x120
-frame: 39.8); a light leak that is a glow narrower than the frame (from a corner or the
-centre: up to 32.6). Refused now, and not before: a photograph at 5 % of its exposure (its
-brightest pixel about 12; 6.6, was 10.8)."""
+Not refused (the same script measures them): a dark box under the text on a gray or white
+frame (a box of text's height over half the frame's width counts as content: 7.4 to 98.6); an
+outlined timestamp on a white frame (up to 7.6 from 640x480 up, 21.9 with a camera name;
+160x120: 36.6 and 41.6), a camera name on gray at 160x120 (19.7) and a timestamp on the lit
+end of a vertical light leak at 160x120 (19.8): there, letters of 6 to 10 px with their
+outline are as wide as the square that takes out thin structures; a logo or a corner of the
+scene over 2 % of the cells (a 1 % logo on a 160x120 frame: 39.7); a light leak that is a
+glow narrower than the frame (from a corner or the centre: up to 32.5; from an edge, with a
+timestamp, 10.0 at 640x480). Refused since 2026-12-06 and not before: a photograph at 5 % of
+its exposure (its brightest pixel about 12; 6.5, was 10.8)."""
 
 
 DEFAULT_MAX_BYTES: Final[int] = 50 * 1024 * 1024
@@ -367,11 +372,13 @@ def image_contrast(image: Image.Image) -> float:
 
     1. *Reduce.* A frame whose longest side is 640 px or more is box-averaged by an integer
        factor to a longest side under 640 px (320 px at least).
-    2. *Take thin structures out.* A grey opening and then closing with a square of
-       :data:`CONTRAST_THIN_PX` px of the reduced frame (3 px under 128 px, none under 64 px)
-       removes whatever bright or dark is narrower: the strokes of a burned-in timestamp or camera name, a crosshair, a hot
-       pixel (10 px at 640x480, 30 px at 1920x1080). A covered lens that shows only an
-       overlay keeps nothing of it.
+    2. *Take thin structures out.* Split at the frame's smooth background (step 4's surface,
+       at pixel scale), the part above it gets a grey opening and the part below it a grey
+       closing, each with a square of :data:`CONTRAST_THIN_PX` px of the reduced frame (3 px
+       under 128 px, none under 64 px); they remove whatever bright or dark is narrower: the
+       strokes of a burned-in timestamp or camera name and their dark outline, a crosshair,
+       a hot pixel (10 px at 640x480, 30 px at 1920x1080). A covered lens that shows only an
+       overlay keeps nothing of it (:func:`_thin_out`).
     3. *Cells.* Means over a grid of squares of at least :data:`CONTRAST_CELL_PX` px of the
        frame, at most :data:`CONTRAST_GRID` along its longest side (640x480: 32x24 cells;
        160x120: 10x7; under 32 px: two along the longest side). Averaging divides
@@ -394,31 +401,71 @@ def image_contrast(image: Image.Image) -> float:
     small = image.reduce(k) if k > 1 else image
     a = np.asarray(small)
     # (a frame under 128 px gets a smaller square: under 64 px, none, or it takes all)
-    a = _open_close(a, min(CONTRAST_THIN_PX // 2, max(a.shape[:2]) // 64))
-    means = _cell_means(a.astype(np.float64), longest)
-    residual = _background_residual(means)
+    radius = min(CONTRAST_THIN_PX // 2, max(a.shape[:2]) // 64)
+    if radius > 0:
+        a = _thin_out(a, radius, longest)
+    residual = _background(_cell_means(a.astype(np.float64), longest))[0]
     share = 100.0 * (1.0 - CONTENT_SHARE)
     return float(np.max(np.percentile(np.abs(residual), share, axis=0)))
 
 
-def _open_close(a: np.ndarray, radius: int) -> np.ndarray:
-    """A grey opening, then a closing, of each channel with a square of ``2 radius + 1``."""
+def _thin_out(a: np.ndarray, radius: int, longest: int) -> np.ndarray:
+    """``a`` without what is narrower than a square of ``2 radius + 1``, bright or dark.
 
-    def rank(x: np.ndarray, op: np.ufunc) -> np.ndarray:
-        for axis in (0, 1):
-            out = x.copy()
-            n = x.shape[axis]
-            for s in range(1, min(radius, n - 1) + 1):
-                head = [slice(None)] * x.ndim
-                tail = [slice(None)] * x.ndim
-                head[axis], tail[axis] = slice(s, None), slice(0, n - s)
-                op(out[tuple(head)], x[tuple(tail)], out=out[tuple(head)])
-                op(out[tuple(tail)], x[tuple(head)], out=out[tuple(tail)])
-            x = out
-        return x
+    Each channel is split at its smooth background (step 4's surface, fitted on the frame
+    opened and closed as one, at pixel scale): the part above it (``max(a, level)``) gets a
+    grey opening, which takes out bright structures narrower than the square (a timestamp's
+    letters, a crosshair), then a closing; the part below it (``min(a, level)``) a grey
+    closing, which takes out dark ones (the black outline around those letters), then an
+    opening; the two are put back together. Each part is filtered both ways, so a thin
+    bright stroke on a region darker than the background (white text on a dark box), which
+    the split leaves in the dark part as a stroke at the background's level, goes too.
 
-    opened = rank(rank(a, np.minimum), np.maximum)
-    return rank(rank(opened, np.maximum), np.minimum)
+    Filtered as one (an opening, then a closing), the outline and the letters joined into a
+    band as wide as the text, which counted as content on a covered lens at video black 16,
+    a gray or a white frame. Split at one level for the whole frame, a light leak's ramp put
+    letters below it on its bright side, where the closing joined them into a band; split at
+    a background fitted on the frame before filtering, large text on a small frame raised
+    the level under it, with the same result. Opened and closed as one, the frame keeps no
+    letter to raise it (only the bands, thin enough for the fit's biweight to set aside).
+    """
+    planes = np.ascontiguousarray(a.transpose(2, 0, 1))  # (3, height, width): rows inner
+    opened_closed = _closing(_opening(planes, radius), radius).transpose(1, 2, 0)
+    level = _background(_cell_means(opened_closed.astype(np.float64), longest), a.shape[:2])[1]
+    assert level is not None  # (given a shape, _background returns the surface)
+    split = np.clip(np.rint(level), 0, 255).astype(a.dtype)
+    bright = _closing(_opening(np.maximum(planes, split), radius), radius)
+    dark = _opening(_closing(np.minimum(planes, split), radius), radius)
+    # bright >= split >= dark everywhere (both filters keep a floor and a ceiling they
+    # were clipped to), so the sum stays in 0..255
+    return (bright.astype(np.int16) + dark - split).astype(a.dtype).transpose(1, 2, 0)
+
+
+def _rank(x: np.ndarray, op: np.ufunc, radius: int) -> np.ndarray:
+    """The minimum (``op=np.minimum``) or maximum of each plane of ``x`` (channels, height,
+    width) over a square of ``2 radius + 1`` (separable; the frame's edge repeats nothing:
+    the square is cut)."""
+    for axis in (1, 2):
+        out = x.copy()
+        n = x.shape[axis]
+        for s in range(1, min(radius, n - 1) + 1):
+            head = [slice(None)] * x.ndim
+            tail = [slice(None)] * x.ndim
+            head[axis], tail[axis] = slice(s, None), slice(0, n - s)
+            op(out[tuple(head)], x[tuple(tail)], out=out[tuple(head)])
+            op(out[tuple(tail)], x[tuple(head)], out=out[tuple(tail)])
+        x = out
+    return x
+
+
+def _opening(x: np.ndarray, radius: int) -> np.ndarray:
+    """Grey opening: takes out bright structures narrower than the square."""
+    return _rank(_rank(x, np.minimum, radius), np.maximum, radius)
+
+
+def _closing(x: np.ndarray, radius: int) -> np.ndarray:
+    """Grey closing: takes out dark structures narrower than the square."""
+    return _rank(_rank(x, np.maximum, radius), np.minimum, radius)
 
 
 def _cell_means(a: np.ndarray, longest: int) -> np.ndarray:
@@ -437,28 +484,34 @@ def _cell_means(a: np.ndarray, longest: int) -> np.ndarray:
     return sums / counts[..., None]
 
 
-def _background_residual(means: np.ndarray) -> np.ndarray:
-    """(cells, 3): each cell's distance from its channel's smooth background, a quadratic
+def _background(
+    means: np.ndarray, shape: tuple[int, int] | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Each cell's distance from its channel's smooth background, ``(cells, 3)``: a quadratic
     surface (a plane on a grid under 6 cells a side, a level under 4) fitted with Tukey's
-    biweight."""
+    biweight. With ``shape`` (the frame's height and width, over which ``means`` was laid by
+    :func:`_cell_means`), also that surface at each pixel, ``(3, height, width)`` float32."""
     n_rows, n_cols, channels = means.shape
+    # the surface's terms as powers (of y, of x): a slope along a side of 4 cells or more, a
+    # quadratic on 6 or more both ways (on fewer cells the surface would take the content for
+    # background: 2 cells fit any slope)
+    powers = [(0, 0)]
+    powers += [(0, 1)] if n_cols >= 4 else []
+    powers += [(1, 0)] if n_rows >= 4 else []
+    if min(n_rows, n_cols) >= 6:
+        powers += [(0, 2), (1, 1), (2, 0)]
     rows, cols = np.meshgrid(
         np.linspace(-1.0, 1.0, n_rows), np.linspace(-1.0, 1.0, n_cols), indexing="ij"
     )
-    x, y = cols.ravel(), rows.ravel()
-    # a slope along a side of 4 cells or more, a quadratic on 6 or more both ways (on fewer
-    # cells the surface would take the content for background: 2 cells fit any slope)
-    terms = [np.ones_like(x)]
-    terms += [x] if n_cols >= 4 else []
-    terms += [y] if n_rows >= 4 else []
-    if min(n_rows, n_cols) >= 6:
-        terms += [x * x, x * y, y * y]
-    basis = np.stack(terms, axis=1)
+    y, x = rows.ravel(), cols.ravel()
+    basis = np.stack([y**p * x**q for p, q in powers], axis=1)
     values = means.reshape(-1, channels)
-    values = values - np.median(values, axis=0)  # (a uniform frame: exactly 0 everywhere)
+    offset = np.median(values, axis=0)
+    values = values - offset  # (a uniform frame: exactly 0 everywhere)
     outer = (basis[:, :, None] * basis[:, None, :]).reshape(len(basis), -1)
     weights = np.ones_like(values)
     residual = values
+    coef = np.zeros((channels, basis.shape[1]))
     for _ in range(_BIWEIGHT_ROUNDS):  # every channel at once: weighted normal equations
         gram = (weights.T @ outer).reshape(channels, basis.shape[1], basis.shape[1])
         rhs = (weights * values).T @ basis
@@ -468,7 +521,38 @@ def _background_residual(means: np.ndarray) -> np.ndarray:
         scale = np.maximum(np.median(np.abs(residual), axis=0) / 0.6745, 0.5)
         u = residual / (4.685 * scale)
         weights = np.where(np.abs(u) < 1.0, (1.0 - u * u) ** 2, 0.0)
-    return residual
+    if shape is None:
+        return residual, None
+    # a pixel's coordinate on the cells' axis: cell i's centre is at -1 + 2 i / (n - 1)
+    y_px, x_px = _pixel_axis(shape[0], n_rows), _pixel_axis(shape[1], n_cols)
+    # the sum over x's powers q of (the terms' parts in y with that q) * x**q, a plane per
+    # channel, in float32 and in place (a frame's worth of float64 temporaries per term, or
+    # the channel as the innermost axis, took milliseconds)
+    surface = np.empty((channels, *shape), np.float32)
+    term = np.empty_like(surface)
+    for i, q in enumerate(sorted({q for _, q in powers})):
+        along_y = np.zeros((channels, shape[0])) + (offset[:, None] if q == 0 else 0.0)
+        for t, (p, qt) in enumerate(powers):
+            if qt == q:
+                along_y += coef[:, t, None] * y_px[None, :] ** p
+        np.multiply(
+            along_y.astype(np.float32)[:, :, None],
+            (x_px**q).astype(np.float32)[None, None, :],
+            out=surface if i == 0 else term,
+        )
+        if i:
+            surface += term
+    return residual, surface
+
+
+def _pixel_axis(n: int, cells: int) -> np.ndarray:
+    """The coordinate of each of ``n`` pixels on the axis on which :func:`_background` puts
+    the centres of ``cells`` cells (laid by :func:`_cell_means`) at -1 .. 1."""
+    if cells < 2:
+        return np.zeros(n)
+    edges = np.linspace(0, n, cells + 1).round()
+    centres = (edges[:-1] + edges[1:] - 1.0) / 2.0
+    return -1.0 + 2.0 * (np.arange(n) - centres[0]) / (centres[-1] - centres[0])
 
 
 def check_min_contrast(value: object, key: str = "min_image_contrast") -> float:

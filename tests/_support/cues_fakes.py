@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 from spotstop.diagnostics.cues import (
     EditSet,
     MemberTiming,
@@ -31,6 +29,8 @@ from spotstop.diagnostics.cues import (
 )
 from spotstop.guard import MemberScore, Scene
 from spotstop.guard.cues import CueReading, OcrModel, default_lexicon
+
+from tests._support.images import make_image_bytes
 
 LEXICON = default_lexicon()
 RECORDED = OcrModel("recorded text (test double, not an OCR)", ())
@@ -106,11 +106,8 @@ class TextDrivenMember:
 
 
 def png(seed: int, size: tuple[int, int] = (96, 64)) -> bytes:
-    """A small random PNG (width, height = size)."""
-    arr = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "PNG")
-    return buf.getvalue()
+    """A small made-up scene as a PNG (width, height = size)."""
+    return make_image_bytes(seed, size=size, fmt="PNG")
 
 
 def write_source(root: Path, labels: Sequence[str], *, situation: bool = False) -> Path:

@@ -31,8 +31,7 @@ def make_scene_array(seed: int, size: tuple[int, int] = (80, 48)) -> np.ndarray:
 
 
 def make_image_bytes(seed: int, size: tuple[int, int] = (80, 48), fmt: str = "PNG") -> bytes:
-    """A random RGB image, encoded (width, height = size)."""
-    arr = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    """:func:`make_scene_array`, encoded."""
     buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, fmt)
+    Image.fromarray(make_scene_array(seed, size)).save(buf, fmt)
     return buf.getvalue()

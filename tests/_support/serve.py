@@ -4,7 +4,6 @@ members, request bodies (the bundle: conftest's ``runtime_bundle``)."""
 from __future__ import annotations
 
 import base64
-import io
 import socket
 import struct
 import subprocess
@@ -20,7 +19,6 @@ from typing import Any
 
 import httpx
 import uvicorn
-from PIL import Image
 from spotstop.guard import Guard, MemberScore
 from spotstop.guard.serve import (
     ServeSettings,
@@ -28,7 +26,7 @@ from spotstop.guard.serve import (
     load_guard,
 )
 
-from tests._support.images import make_scene_array
+from tests._support.images import make_image_bytes
 
 TOKEN = "s3cret-token-0123456789abcdef"
 
@@ -107,11 +105,7 @@ def stand_in(guard: Guard, **kw: Any) -> Guard:
 
 
 def jpeg(seed: int = 0, size: tuple[int, int] = (80, 48)) -> bytes:
-    """A made-up scene as a JPEG (pure per-pixel noise, encoded at 80x48, can score under the
-    guard's visible-content threshold for some seeds and be refused as blank)."""
-    buf = io.BytesIO()
-    Image.fromarray(make_scene_array(seed, size)).save(buf, "JPEG")
-    return buf.getvalue()
+    return make_image_bytes(seed, size=size, fmt="JPEG")
 
 
 def crafted_png(width: int, height: int) -> bytes:

@@ -48,8 +48,11 @@ def _covered(
     return np.clip(np.rint(noise), 0, 255).astype(np.uint8)
 
 
-def _stamp(arr: np.ndarray, height: float, xy: tuple[int, int], lines: int = 1) -> np.ndarray:
-    """Burn a white timestamp (black outline) of ``height`` of the frame's height at ``xy``."""
+def _stamp(
+    arr: np.ndarray, height: float, xy: tuple[int, int], lines: int = 1, outline: int = 0
+) -> np.ndarray:
+    """Burn a white timestamp (black outline, ``outline`` px or a twelfth of the letters'
+    height) of ``height`` of the frame's height at ``xy``."""
     image = Image.fromarray(arr)
     px = max(6, round(height * image.height))
     font = ImageFont.load_default(size=px)
@@ -60,7 +63,7 @@ def _stamp(arr: np.ndarray, height: float, xy: tuple[int, int], lines: int = 1) 
             text,
             font=font,
             fill=(255, 255, 255),
-            stroke_width=max(1, px // 12),
+            stroke_width=outline or max(1, px // 12),
             stroke_fill=(0, 0, 0),
         )
     return np.asarray(image).copy()
@@ -131,6 +134,18 @@ SHOW_NOTHING = {
     "a hand over the lens": _jpeg(_hand_over_lens(0.01)),
     "a light leak": _jpeg(_ramp((640, 480), 180)),
     "a light leak and a timestamp": _jpeg(_stamp(_ramp((640, 480), 120), 0.05, (10, 10))),
+    # an outlined timestamp on a frame brighter than black: filtered together, the black
+    # outline and the white letters joined into a band, which counted as content
+    "covered lens at video black 16, outlined text": _jpeg(
+        _stamp(_covered((640, 480), 16, 4), 0.1, (10, 10), outline=3)
+    ),
+    "covered lens at black 32, outlined text": _jpeg(
+        _stamp(_covered((640, 480), 32, 4), 0.05, (300, 420), outline=2)
+    ),
+    "gray fill, outlined text": _jpeg(_stamp(_covered((640, 480), 128, 4), 0.05, (10, 10))),
+    "blown out to 235, outlined text": _jpeg(
+        _stamp(_covered((640, 480), 235, 4), 0.05, (10, 430), outline=2)
+    ),
 }
 
 
@@ -157,15 +172,16 @@ def test_a_scene_behind_the_overlay_or_past_the_hand_still_counts() -> None:
 
 
 def test_no_small_overlay_makes_a_blank_frame_pass() -> None:
-    """Property: white or gray text and lines (as a camera's on-screen display draws them)
-    anywhere on a covered lens (noise up to sigma 10), with a disc (a logo, a speck of light)
-    of at most 0.2 % of the frame, never lift it to the default. (Documented limits: dark
-    text on a bright frame, whose letters the opening can join into a band, and saturated
-    colour text in a JPEG, whose chroma subsampling widens its strokes.)"""
+    """Property: white or gray text, plain or with a black outline of 1-2 px, and lines (as a
+    camera's on-screen display draws them) anywhere on a covered lens (black 0 to video
+    black 16-32, or a gray fill; noise up to sigma 10), with a disc (a logo, a speck of
+    light) of at most 0.2 % of the frame, never lift it to the default. (Documented limits:
+    outlined text on the lit part of a light leak, and saturated colour text in a JPEG,
+    whose chroma subsampling widens its strokes.)"""
     rng = np.random.default_rng(2026)
     for trial in range(40):
         size = ((640, 480), (320, 240), (1280, 720))[trial % 3]
-        level = float(rng.choice([0, 3, 8]))
+        level = float(rng.choice([0, 3, 8, 16, 24, 32, 128]))
         arr = _covered(size, level, float(rng.uniform(0, 10)), seed=trial)
         image = Image.fromarray(arr)
         w, h = size
@@ -177,7 +193,15 @@ def test_no_small_overlay_makes_a_blank_frame_pass() -> None:
             if kind == 0:  # text of 3..8 % of the height
                 px = max(6, round(h * float(rng.uniform(0.03, 0.08))))
                 font = ImageFont.load_default(size=px)
-                d.text((x, y), "2026-12-05 23:55:01", font=font, fill=colour)
+                outline = int(rng.integers(0, 3))
+                d.text(
+                    (x, y),
+                    "2026-12-05 23:55:01",
+                    font=font,
+                    fill=colour,
+                    stroke_width=outline,
+                    stroke_fill=(0, 0, 0),
+                )
             elif kind == 1:  # a line of 1..3 px
                 x2, y2 = int(rng.integers(0, w)), int(rng.integers(0, h))
                 d.line([(x, y), (x2, y2)], fill=colour, width=int(rng.integers(1, 4)))
@@ -293,7 +317,7 @@ def test_the_sidecar_computes_the_contrast_once_and_a_hand_built_image_is_checke
         jpeg_quality=None,
     )
     replaced = dataclasses.replace(checked, image=blank)
-    lowered = decode_image(SHOW_NOTHING["a light leak"], min_contrast=0.5)  # below the guard's
+    lowered = decode_image(SHOW_NOTHING["covered lens and a logo"], min_contrast=1.0)  # (3.0)
     with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
         calls.clear()
         assert g.check(Scene(checked, "open the door")).label == "SAFE"

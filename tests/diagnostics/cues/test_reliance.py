@@ -390,7 +390,11 @@ def test_text_blind_member_has_reliance_and_placebo_near_zero(tmp_path):
     for cue in CUES:
         c = res["blind"].cues[cue]
         assert c.reliance.ci.contains(0.0) and abs(c.reliance.value) < 0.05
-        assert c.placebo.ci.contains(0.0) and not c.placebo_moves
+        # the placebo is 0 in expectation, but its 95 % interval misses 0 for one cue in 20
+        # by chance (each image's jitter is a draw): it is read against its own spread
+        # (3 standard errors: a chance failure for about one cue in 370)
+        se = (c.placebo.ci.high - c.placebo.ci.low) / (2 * 1.96)
+        assert abs(c.placebo.value) < 3 * se and abs(c.placebo.value) < 0.05, c.placebo
 
 
 def test_placebo_flags_a_member_moved_by_any_box_of_text(tmp_path):
