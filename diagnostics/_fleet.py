@@ -15,7 +15,9 @@ time order, each file's decisions in its own log order:
   and situations *within a robot*, and each robot's decisions are replayed apart (its guard
   kept its own policy state).
 * **One rule for which rows count.** A decision id read twice (a log given twice, an archive
-  given beside its log) is an error naming both files, never a decision counted twice.  Two
+  given beside its log) is an error naming both files, never a decision counted twice; a
+  collected archive that another collected one of its log supersedes (``spotstop.replaces``:
+  rewritten to take a late fail-closed amendment) is left out.  Two
   files that store different documents under one policy version id are an error too.
 * **Labels** come from each log's labels table (they may name archived decisions), and an
   optional labels file over all of them (by decision id or image sha256).
@@ -103,6 +105,7 @@ class _Part:
     archive_files: int = 0
     first_seq: int | None = None  # a collected archive's first position in its log
     log_id: str | None = None  # which log a collected archive's positions are of
+    replaces: tuple[str, ...] = ()  # the archive files a collected archive supersedes
     pending: PendingAnswers | None = None  # a log's journal and dead letter (read_reviewed)
 
 
@@ -113,7 +116,9 @@ def _read_part(path: Path, journal: str | Path | None = None) -> _Part:
             arrays = arrays_from_rows(af.rows, [(None, None, None, None)] * len(af.rows))
             robot = af.robot_id or robot_of_path(path)
             first = min(af.seqs) if af.seqs else None
-            return _Part(path, arrays, robot, af.policies, len(af.rows), 1, first, af.log_id)
+            return _Part(
+                path, arrays, robot, af.policies, len(af.rows), 1, first, af.log_id, af.replaces
+            )
         r = read_reviewed(path, journal=journal)  # a labels file goes over the whole fleet
         return _Part(
             path,
@@ -126,6 +131,17 @@ def _read_part(path: Path, journal: str | Path | None = None) -> _Part:
         )
     except GuardError as exc:
         raise DataError(f"cannot read {str(path)!r}: {exc}") from exc
+
+
+def _current(parts: list[_Part]) -> list[_Part]:
+    """Leave out each collected archive that another one collected of the same log
+    supersedes: its log rewrote it to take a fail-closed amendment that came after its rows
+    were archived (guard/_log_archive.py, ``ArchiveStore.amend_archived``), and the newer
+    file holds the same decisions as the robot received them."""
+    gone = {(p.log_id, name) for p in parts for name in p.replaces}
+    return [
+        p for p in parts if p.source.suffix != ".parquet" or (p.log_id, p.source.name) not in gone
+    ]
 
 
 def _in_log_order(parts: list[_Part]) -> list[_Part]:
@@ -165,7 +181,7 @@ def read_fleet(
     ``journal``: a journal the robots' guards share (its entries name their log), read for
     each log instead of its default one."""
     paths = expand_inputs(inputs)
-    parts = [_read_part(p, journal) for p in paths]
+    parts = _current([_read_part(p, journal) for p in paths])
     seen: dict[str, Path] = {}
     for part in parts:
         for i in part.arrays.decision_id.tolist():

@@ -1144,12 +1144,18 @@ class DecisionLog(LogReader, ArchiveStore):
 
         The only change the log allows to a written decision, and only towards safety: the
         guard uses it when a decision's write finished after the call's deadline, so the
-        row says what the caller was told. Rows already UNSAFE are left as they are; an
-        unknown id raises :class:`RecordError` and changes nothing, unless ``skip_unknown``:
-        then the known rows are amended and the unknown ids are returned (in the order
-        given), for the caller to set aside (the guard's writer dead-letters only those). What it changes is
-        declared once (:func:`~spotstop.guard._log_amend.amendment`); readers apply the same
-        rule to rows whose amendment still waits in the journal or the dead letter.
+        row says what the caller was told. Rows already UNSAFE are left as they are. A
+        decision already archived is amended in its archive
+        (:meth:`~spotstop.guard._log_archive.ArchiveStore.amend_archived`: the file is
+        written again and registered in the old one's place), after the live rows' commit.
+        An id in no row of the log, live or archived, raises :class:`RecordError` and
+        changes nothing, unless ``skip_unknown``: then the others are amended and those ids
+        are returned (in the order given), for the caller to set aside (the guard's writer
+        dead-letters only those). What it changes is declared once
+        (:func:`~spotstop.guard._log_amend.amendment`); readers apply the same rule to rows
+        whose amendment still waits in the journal or the dead letter. Raises
+        :class:`LogError` when the log or an archive cannot take it now (live rows it
+        committed stay amended; applying it again is harmless).
         """
         ids = list(decision_ids)
         if not all(isinstance(i, str) and i for i in ids) or not isinstance(reason, str):
@@ -1159,7 +1165,12 @@ class DecisionLog(LogReader, ArchiveStore):
             )
         if not ids:
             return ()
-        left: list[str] = []
+        deadline = None if timeout_s is None else _time.monotonic() + max(0.0, timeout_s)
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - _time.monotonic())
+
+        not_live: list[str] = []
 
         def body(conn: sqlite3.Connection) -> None:
             q = ", ".join("?" * len(ids))
@@ -1169,18 +1180,36 @@ class DecisionLog(LogReader, ArchiveStore):
                     f"SELECT decision_id FROM decisions WHERE decision_id IN ({q})", ids
                 )
             }
-            unknown = [i for i in ids if i not in known]
+            not_live[:] = [i for i in ids if i not in known]
+            unknown = [i for i in not_live if archived is not None and i not in archived]
+            if not_live and archived is None:
+                raise _NeedArchivedIds
             if unknown and not skip_unknown:
                 raise RecordError(
-                    f"mark_fail_closed: unknown decision_id {unknown[0]!r}; nothing changed."
+                    f"mark_fail_closed: unknown decision_id {unknown[0]!r}; nothing changed "
+                    "(it is in no row of the log, live or archived)."
                 )
-            left[:] = unknown
+            if not_live and {r[0] for r in conn.execute("SELECT name FROM archives")} != read_from:
+                raise _NeedArchivedIds  # an archive was written or replaced since they were read
             hit = [i for i in ids if i in known]
             if hit:
                 conn.execute(*amend_sql(hit, reason))  # the one rule (_log_amend.py)
 
-        self._write(body, what="mark decisions fail-closed", timeout_s=timeout_s)
-        return tuple(left)
+        archived: set[str] | None = None
+        read_from: set[str] = set()  # the archives whose ids `archived` holds
+        while True:
+            try:
+                self._write(body, what="mark decisions fail-closed", timeout_s=left())
+                break
+            except _NeedArchivedIds:  # some ids are not live: they may name archived decisions
+                infos = self.archives()
+                read_from = {a.name for a in infos}
+                folder = self.archive_folder
+                archived = {row[ID_COLUMN] for a in infos for _, row in read_archive(folder, a)}
+        in_archives = [i for i in not_live if archived is not None and i in archived]
+        if in_archives:
+            self.amend_archived(in_archives, reason, timeout_s=left())
+        return tuple(i for i in not_live if i not in in_archives)
 
     def set_labels(self, labels: Iterable[tuple[str, str, str | None, str | None]]) -> None:
         """Attach reviewer labels: items ``(decision_id, "safe"|"unsafe", contrast_id, reviewer)``.

@@ -18,6 +18,12 @@ the live table:
    sha256) and deletes exactly those rows. Before that commit the rows are live and the file
    is an orphan that no reader reads (the next pass removes it); after it, they are archived.
 
+An amendment that comes after its row was archived (``DecisionLog.mark_fail_closed``) cannot
+change that file (its sha256 is registered; copies of it are read alone): the archive is
+written again whole with the row amended, registered in the old file's place in one
+transaction, and the old file removed (:meth:`ArchiveStore.amend_archived`; its metadata
+``spotstop.replaces`` names the files it supersedes).
+
 So a decision is in the live table or in exactly one registered archive, never both, never
 neither: the one rule of which rows count, which every reader of the log applies
 (:class:`~spotstop.guard._log_read.LogReader`). An archive holds the live table's columns as
@@ -43,15 +49,17 @@ import secrets
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from spotstop.guard._files import fsync_dir
+from spotstop.guard._log_amend import amend_row
 from spotstop.guard._log_schema import (
     ADDED_COLUMNS,
     COLUMNS,
+    ID_COLUMN,
     LOG_SCHEMA_VERSION,
     LogError,
     PolicyRow,
@@ -85,6 +93,9 @@ MIN_ARCHIVE_AGE_S: Final = 600.0
 
 SEQ_COLUMN: Final = "log_seq"
 """The archive column that keeps each row's position in the log (its SQLite rowid)."""
+
+REPLACES_KEY: Final = "spotstop.replaces"
+"""The archive metadata key naming the files a rewritten archive supersedes (a JSON list)."""
 
 _ARROW_TYPE: Final = {"TEXT": "string", "REAL": "float64", "INTEGER": "int64"}
 
@@ -224,6 +235,7 @@ def write_archive(
     robot_id: str | None = None,
     policies: Mapping[str, PolicyRow] | None = None,
     log_id: str | None = None,
+    replaces: Sequence[str] = (),
 ) -> ArchiveInfo:
     """Write ``rows`` (rows of the ``decisions`` table, in log order) to a new Parquet file.
 
@@ -233,6 +245,9 @@ def write_archive(
     the rows go into the file's metadata, so that a copy of the archive alone (a fleet's
     collected archives) still says whose decisions these are and what decided them; so does
     ``log_id`` (the log's creation stamp), which says which log's positions ``log_seq`` holds.
+    ``replaces``: the names of the files this one supersedes (an archive rewritten to take a
+    late fail-closed amendment, :meth:`ArchiveStore.amend_archived`), so that a collector that
+    copied both reads only this one.
     """
     pa, pq = _pyarrow()
     if not rows:
@@ -255,6 +270,8 @@ def write_archive(
         meta["spotstop.robot_id"] = robot_id
     if log_id is not None:
         meta["spotstop.log_id"] = log_id
+    if replaces:
+        meta[REPLACES_KEY] = json.dumps(list(replaces))
     table = pa.Table.from_arrays(arrays, names=names).replace_schema_metadata(meta)
     times = [float(r[COLUMNS.index("time")]) for r in rows]
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".archive-", suffix=".tmp")
@@ -316,6 +333,7 @@ class ArchiveFile:
     policies: Mapping[str, PolicyRow]
     robot_id: str | None
     log_id: str | None = None  # which log's positions seqs are (None: an older archive)
+    replaces: tuple[str, ...] = ()  # the names of the files this one supersedes (REPLACES_KEY)
 
 
 def _missing(table: Any) -> list[str]:
@@ -341,6 +359,11 @@ def read_archive_file(path: str | os.PathLike[str]) -> ArchiveFile:
         table = pq.read_table(p)
     except (OSError, pa.ArrowInvalid) as exc:
         raise LogError(f"{str(p)!r} cannot be read as a log archive (Parquet): {exc}") from exc
+    return _archive_file(p, table)
+
+
+def _archive_file(p: Path, table: Any) -> ArchiveFile:
+    """The Parquet ``table`` read from ``p`` as an archive (its metadata checked)."""
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     missing = _missing(table)
     if meta.get("spotstop.table") != "decisions" or missing:
@@ -368,6 +391,7 @@ def read_archive_file(path: str | os.PathLike[str]) -> ArchiveFile:
         policies,
         meta.get("spotstop.robot_id"),
         meta.get("spotstop.log_id"),
+        tuple(json.loads(meta.get(REPLACES_KEY, "[]"))),
     )
 
 
@@ -379,6 +403,18 @@ def read_archive(folder: Path, info: ArchiveInfo) -> Iterator[tuple[int, tuple[A
     otherwise :class:`LogError` says which file and what to do (a card on part of a log would
     be a false statement, so a missing archive is never skipped).
     """
+    table = _read_registered(folder, info)
+    seqs = table.column(SEQ_COLUMN).to_pylist()
+    cols = _columns(table)
+    # in position order: an archive written before the log's order was its positions holds
+    # its rows by time, which a stepped clock may have put in another order
+    for i in sorted(range(len(seqs)), key=seqs.__getitem__):
+        yield int(seqs[i]), tuple(c[i] for c in cols)
+
+
+def _read_registered(folder: Path, info: ArchiveInfo) -> Any:
+    """The Parquet table of a registered archive, checked against its registration (see
+    :func:`read_archive`)."""
     pa, pq = _pyarrow()
     path = folder / info.name
     try:
@@ -402,12 +438,7 @@ def read_archive(folder: Path, info: ArchiveInfo) -> Iterator[tuple[int, tuple[A
             f"log archive {str(path)!r} does not hold what the log registered ({info.n_rows} "
             f"rows; it has {table.num_rows}, missing columns {missing}). Restore it from a copy."
         )
-    seqs = table.column(SEQ_COLUMN).to_pylist()
-    cols = _columns(table)
-    # in position order: an archive written before the log's order was its positions holds
-    # its rows by time, which a stepped clock may have put in another order
-    for i in sorted(range(len(seqs)), key=seqs.__getitem__):
-        yield int(seqs[i]), tuple(c[i] for c in cols)
+    return table
 
 
 #: the ``meta`` key a retention pass writes before it reads the registrations to remove
@@ -551,18 +582,124 @@ class ArchiveStore:
             return self._apply_retention(retention, protect, now, max_rows_per_file)
 
     @contextlib.contextmanager
-    def _retention_lock(self) -> Iterator[None]:
+    def _retention_lock(self, timeout_s: float | None = None) -> Iterator[None]:
         """One pass at a time: in this process (a lock per log object) and across processes
-        (``flock`` on ``<log>.archive/.lock``), from the orphan clean-up to the last commit."""
-        with self._retention_mutex:
+        (``flock`` on ``<log>.archive/.lock``), from the orphan clean-up to the last commit.
+        ``timeout_s``: wait at most that long for a pass under way (None: as long as it
+        takes), then raise :class:`LogError` (kind ``locked``)."""
+        deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
+
+        def busy() -> LogError:
+            return LogError(
+                f"the archives of {str(self.archive_folder)!r} are held by a retention pass "
+                f"under way (waited {timeout_s:g} s); try again when it has ended.",
+                "locked",
+            )
+
+        if not self._retention_mutex.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            raise busy()
+        try:
             folder = self.archive_folder
             folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
+                        break
+                    except BlockingIOError:
+                        if deadline is None or time.monotonic() >= deadline:
+                            raise busy() from None
+                        time.sleep(0.01)
                 yield
             finally:
                 os.close(fd)
+        finally:
+            self._retention_mutex.release()
+
+    def amend_archived(
+        self, decision_ids: Collection[str], reason: str, *, timeout_s: float | None = None
+    ) -> frozenset[str]:
+        """Apply a fail-closed amendment to decisions that are already archived.
+
+        An archive file cannot be changed in place (its sha256 is registered, and a copy of it
+        may be read alone: a fleet's collected archives), so each registered archive that
+        holds a row the amendment changes (a SAFE one: the rule of
+        :func:`~spotstop.guard._log_amend.amend_row`) is written again whole, as a new file
+        (same rows, positions, robot, policies and log id; ``spotstop.replaces`` names the
+        files it supersedes), then one transaction registers it in the old one's place, then
+        the old file is removed. A crash before that commit leaves the new file an orphan
+        (the next pass removes it); after it, the old one (removed likewise). Every reader of
+        the archive, with its log or alone, then reads the row as the robot received it.
+
+        Returns the ids found in the archives (amended, or already UNSAFE). Raises
+        :class:`LogError` when a retention pass holds the archives past ``timeout_s``, or an
+        archive cannot be read or written; what was committed before stays.
+        """
+        ids = set(decision_ids)
+        if not ids:
+            return frozenset()
+        deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        found: set[str] = set()
+        with self._retention_lock(left()):
+            folder = self.archive_folder
+            for info in self.archives():
+                path = folder / info.name
+                held = _archive_file(path, _read_registered(folder, info))
+                here = {r[ID_COLUMN] for r in held.rows} & ids
+                if not here:
+                    continue
+                found |= here
+                rows = [
+                    (amend_row(r, reason) if r[ID_COLUMN] in here else None) or r for r in held.rows
+                ]
+                if rows == list(held.rows):  # already UNSAFE: nothing to change
+                    continue
+                new = write_archive(
+                    folder,
+                    list(held.seqs),
+                    rows,
+                    robot_id=held.robot_id,
+                    policies=held.policies,
+                    log_id=held.log_id,
+                    replaces=(*held.replaces, info.name),
+                )
+                self._replace(info, new, left())
+        return frozenset(found)
+
+    def _replace(self, old: ArchiveInfo, new: ArchiveInfo, timeout_s: float | None) -> None:
+        """One transaction: ``new`` is registered in ``old``'s place (only if ``old`` is still
+        registered as it was read); then ``old``'s file is removed."""
+        reached_commit: list[bool] = []
+
+        def body(conn: Any) -> None:
+            reached_commit.clear()
+            cur = conn.execute(
+                "UPDATE archives SET name = ?, n_bytes = ?, sha256 = ? "
+                "WHERE name = ? AND sha256 = ?",
+                (new.name, new.n_bytes, new.sha256, old.name, old.sha256),
+            )
+            if cur.rowcount != 1:
+                raise LogError(
+                    f"log archive {old.name!r} left the log's registrations while it was being "
+                    "amended; nothing was changed. Apply the amendment again."
+                )
+            reached_commit.append(True)
+
+        try:
+            self._write(body, what="register an amended archive", timeout_s=timeout_s)
+        except BaseException:
+            if not reached_commit:  # as _register: a file no registration names
+                with contextlib.suppress(OSError):
+                    (self.archive_folder / new.name).unlink()
+            raise
+        with contextlib.suppress(OSError):  # else an orphan the next pass removes
+            (self.archive_folder / old.name).unlink()
+            fsync_dir(self.archive_folder)
 
     def _apply_retention(
         self,

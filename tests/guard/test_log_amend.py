@@ -302,3 +302,80 @@ def test_mark_fail_closed_skip_unknown_returns_the_unknown_ids(tmp_path: Path) -
         assert d.get(known, raw=True).label == "SAFE"  # type: ignore[union-attr]
         assert d.mark_fail_closed([known, "x", "y"], _REASON, skip_unknown=True) == ("x", "y")
         assert d.get(known, raw=True).label == "UNSAFE"  # type: ignore[union-attr]
+
+
+def _archived_log(tmp_path: Path) -> tuple[Path, list[Any]]:
+    """A log of three SAFE rows, the two oldest archived."""
+    log = tmp_path / "log.sqlite"
+    recs = [make_record(i, label="SAFE") for i in (0, 2, 4)]
+    with DecisionLog(log) as d:
+        d.append_many(recs)
+        d.apply_retention(Retention(keep_days=1.0), Protect(min_age_s=0), now=recs[2].time + _DAY)
+        assert len(d.archived_ids()) == 2
+    return log, recs
+
+
+def _answers(path: Path) -> dict[str, tuple[str, bool, str | None]]:
+    rows = read_archive_file(path).rows
+    recs = [record_from_row(r) for r in rows]
+    return {r.decision_id: (r.label, r.fail_closed, r.fail_reason) for r in recs}
+
+
+def test_an_amendment_that_comes_after_its_row_was_archived_rewrites_the_archive(
+    tmp_path: Path,
+) -> None:
+    """The repro: an amendment that reached the log after its row was archived found no live
+    row ("unknown", dead-lettered); the archive file, read on its own (a fleet's collected
+    archives, ``spotstop card`` on a folder of them), said SAFE for a decision the robot was
+    answered UNSAFE. Now the archive is written again with the row amended, registered in the
+    old file's place, and the old file removed."""
+    from spotstop.diagnostics._fleet import read_fleet
+
+    log, recs = _archived_log(tmp_path)
+    late, other = recs[0].decision_id, recs[1].decision_id
+    folder = log.with_name(log.name + ".archive")
+    [old_file] = folder.glob("*.parquet")
+    collected = tmp_path / "collected"
+    collected.mkdir()
+    (collected / old_file.name).write_bytes(old_file.read_bytes())  # a collector's earlier copy
+    with DecisionLog(log) as d:
+        [old] = d.archives()
+        assert d.mark_fail_closed([late], _REASON) == ()
+        [new] = d.archives()
+        assert new.name != old.name and new.sha256 != old.sha256
+        assert (new.n_rows, new.first_time, new.last_time) == (
+            old.n_rows,
+            old.first_time,
+            old.last_time,
+        )
+        stored = d.get(late, raw=True)  # the archive itself holds it as answered
+        assert stored is not None and (stored.label, stored.fail_reason) == ("UNSAFE", _REASON)
+        assert [r.label for r in d.records(raw=True)] == ["UNSAFE", "SAFE", "SAFE"]
+        # an UNSAFE row stays as it is; `other` (SAFE) is amended: the file is written again
+        assert d.mark_fail_closed([late, other], "later", skip_unknown=True) == ()
+        [newer] = d.archives()
+        assert newer.name != new.name
+    assert [p.name for p in folder.glob("*.parquet")] == [newer.name]
+    assert _answers(folder / newer.name) == {
+        late: ("UNSAFE", True, _REASON),
+        other: ("UNSAFE", True, "later"),
+    }
+    assert read_archive_file(folder / newer.name).replaces == (old.name, new.name)
+    assert not _dead_letter(log).path.exists()
+    # a fleet's card on the collected archives, with the old copy and the new one beside it
+    (collected / newer.name).write_bytes((folder / newer.name).read_bytes())
+    data = read_fleet([collected])
+    assert data.arrays.guard_label.tolist() == [1, 1]
+    assert data.arrays.fail_closed.tolist() == [True, True]
+
+
+def test_an_archived_id_is_no_unknown_id_and_an_unknown_one_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    log, recs = _archived_log(tmp_path)
+    with DecisionLog(log) as d:
+        names = [a.name for a in d.archives()]
+        with pytest.raises(RecordError, match="unknown decision_id 'x'; nothing changed"):
+            d.mark_fail_closed([recs[0].decision_id, recs[2].decision_id, "x"], _REASON)
+        assert [a.name for a in d.archives()] == names
+        assert [r.label for r in d.records(raw=True)] == ["SAFE"] * 3
