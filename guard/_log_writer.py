@@ -793,14 +793,26 @@ class LogWriter:
         self._set_aside_unknown(unknown, safe_reason)
 
     def _set_aside_unknown(self, unknown: tuple[str, ...], reason: str) -> None:
-        """Dead-letter the ids of an amendment the live log does not hold (its known rows
-        were amended in the same call, committed before this)."""
-        if unknown:
-            e = RecordError(
-                f"mark_fail_closed: unknown decision_id(s) {list(unknown)!r}; the other ids "
-                "of the amendment were applied."
-            )
-            self._unamendable(list(unknown), reason, e)
+        """Dead-letter the ids of an amendment that no row of the log holds, live or archived
+        (its other rows, live and archived, were amended in the same call, before this).
+        The log cannot say SAFE for a decision it does not hold: every reader of the log
+        applies the dead letter, should such a row come in later."""
+        if not unknown:
+            return
+        _log.warning(
+            "a fail-closed amendment names decision(s) %s that the log %s holds neither live "
+            "nor archived (its other decisions were amended); set aside in %s, which every "
+            "reader of the log applies should such a row come in later: %s",
+            [encodable_text(i) for i in unknown],
+            self.log.path,
+            self.dead_letter.path,
+            encodable_text(reason),
+        )
+        e = RecordError(
+            f"mark_fail_closed: decision_id(s) {list(unknown)!r} in no row of the log, live or "
+            "archived; the other ids of the amendment were applied."
+        )
+        self._dead_letter_amendment(list(unknown), reason, e)
 
     def _unamendable(self, ids: list[str], reason: str, e: BaseException) -> None:
         _log.error(
@@ -810,6 +822,9 @@ class LogWriter:
             _why(e),
             encodable_text(reason),
         )
+        self._dead_letter_amendment(ids, reason, e)
+
+    def _dead_letter_amendment(self, ids: list[str], reason: str, e: BaseException) -> None:
         try:
             self.dead_letter.append("amend", error=_why(e), amend_ids=ids, amend_reason=reason)
         except Exception as dead:  # the amendment is in the server log above; go on

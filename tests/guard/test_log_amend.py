@@ -369,6 +369,38 @@ def test_an_amendment_that_comes_after_its_row_was_archived_rewrites_the_archive
     assert data.arrays.fail_closed.tolist() == [True, True]
 
 
+def test_retention_without_the_writer_then_the_guard_s_import_amends_the_archive(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The repro: a retention pass run on the log alone (not the guard's writer, which
+    protects what its ``--journal`` holds) archived a SAFE row whose amendment waited in the
+    guard's journal; the guard's import then found no live row, dead-lettered the amendment
+    as unknown and said "the log may say SAFE". Now the import amends the archived row, the
+    dead letter stays empty, and an id the log never held is said to be in no row."""
+    log = tmp_path / "log.sqlite"
+    journal = tmp_path / "j" / "guard.journal"
+    recs = [make_record(i, label="SAFE") for i in (0, 2, 4)]
+    late = recs[0].decision_id
+    with DecisionLog(log) as d:
+        d.append_many(recs)
+    Journal(journal, owner=str(log.resolve())).append(
+        [JournalEntry("amend", amend_ids=(late, "never-logged"), amend_reason=_REASON)]
+    )
+    with DecisionLog(log) as d:  # the log's own default journal is another file
+        d.apply_retention(Retention(keep_days=1.0), Protect(min_age_s=0), now=recs[2].time + _DAY)
+        assert late in d.archived_ids()
+    w = LogWriter(DecisionLog(log), LogOptions(journal=journal))
+    w.flush()
+    assert w.status().dead_letter_amendments == 1  # "never-logged" alone
+    w.close()
+    w.log.close()
+    assert _dead_letter(log).changes().amendments == ((("never-logged",), _REASON),)
+    [archive] = log.with_name(log.name + ".archive").glob("*.parquet")
+    assert _answers(archive)[late] == ("UNSAFE", True, _REASON)
+    assert "may say SAFE" not in caplog.text
+    assert "holds neither live nor archived" in caplog.text and "never-logged" in caplog.text
+
+
 def test_an_archived_id_is_no_unknown_id_and_an_unknown_one_changes_nothing(
     tmp_path: Path,
 ) -> None:
