@@ -79,6 +79,7 @@ from spotstop.guard import (
     bundles_of,
     decisions_that_count,
     of_bundle,
+    pending_of_bundle,
     read_reviewed,
 )
 from spotstop.guard.policies import PolicyConfig, load_policy
@@ -367,12 +368,14 @@ def one_bundle(log: LogData, bundle_id: str | None = None) -> tuple[LogData, dic
             "was written by hand or by an edited bundle. Its scores are not on one scale; "
             "read each prompt's decisions apart."
         )
+    # what the log does not say yet, of this bundle's decisions alone (the same selection)
+    pending = pending_of_bundle(log.pending, bundle_id)
     if rows.all():
-        return log, {}
+        return dataclasses.replace(log, pending=pending), {}
     left_out = {f"{b.bundle_id} (prompt {b.prompt_hash})": b.n for b in shares if b not in mine}
     sub = log.take(np.flatnonzero(rows))
     policies = {v: c for v, c in sub.policies.items() if c.bundle_id == bundle_id}
-    return dataclasses.replace(sub, policies=policies), left_out
+    return dataclasses.replace(sub, policies=policies, pending=pending), left_out
 
 
 @dataclass(frozen=True)

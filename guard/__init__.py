@@ -33,6 +33,7 @@ from spotstop.guard._reviewed import (
     bundles_of,
     decisions_that_count,
     of_bundle,
+    pending_of_bundle,
     read_reviewed,
 )
 from spotstop.guard._types import MemberScore, Scene
@@ -84,6 +85,7 @@ __all__ = [
     "load_policy",
     "load_scoring_config",
     "of_bundle",
+    "pending_of_bundle",
     "read_reviewed",
     "spotstop_home",
 ]

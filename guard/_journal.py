@@ -516,11 +516,14 @@ class DeadLetterRead:
         may lack).
     unreadable: lines that are not an entry (a torn last line, a body that could not be
         encoded).
+    bundles: ``(decision id, bundle id, prompt hash)`` of each row set aside, as it was
+        written (what a reader of one bundle's decisions counts of them).
     """
 
     amendments: tuple[tuple[tuple[str, ...], str], ...]
     rows: tuple[str, ...]
     unreadable: int
+    bundles: tuple[tuple[str, str, str], ...] = ()
 
 
 class DeadLetter:
@@ -610,6 +613,7 @@ class DeadLetter:
             return DeadLetterRead((), (), 0)
         amendments: list[tuple[tuple[str, ...], str]] = []
         rows: list[str] = []
+        bundles: list[tuple[str, str, str]] = []
         unreadable = 0
         for line in lines:
             try:
@@ -620,12 +624,17 @@ class DeadLetter:
                 if body["kind"] != "rows":
                     raise ValueError(f"unknown dead-letter entry kind {body['kind']!r}")
                 kept = [(str(r["decision_id"]), r.get("fail_reason")) for r in body["rows"]]
+                made = [
+                    (str(r["decision_id"]), str(r.get("bundle_id")), str(r.get("prompt_hash")))
+                    for r in body["rows"]
+                ]
             except (ValueError, KeyError, TypeError, AttributeError):  # torn, or unencodable
                 unreadable += 1
                 continue
             rows += [i for i, _ in kept]
+            bundles += made
             amendments += amendments_of(kept)
-        return DeadLetterRead(tuple(amendments), tuple(rows), unreadable)
+        return DeadLetterRead(tuple(amendments), tuple(rows), unreadable, tuple(bundles))
 
     def read(self) -> list[dict[str, object]]:
         """The entries, oldest first (a torn last line is skipped): for people and tests."""

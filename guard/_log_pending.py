@@ -67,6 +67,11 @@ class PendingAnswers:
     unreadable: journal and dead-letter lines that could not be read (torn, or written by
         another spotstop); ``faults``: why a place could not be read at all.
     journal, dead_letter: the files read (None: absent).
+    decisions: ``(decision id, where, bundle id, prompt hash)`` of each decision counted in
+        ``amended`` (where ``"amended"``), ``missing_journal`` (``"journal"``) and
+        ``missing_dead_letter`` (``"dead_letter"``): what a reader of one bundle's decisions
+        counts of them (:func:`~spotstop.guard.pending_of_bundle`). ``unknown``,
+        ``unreadable`` and ``faults`` name no bundle.
     """
 
     amended: int = 0
@@ -77,6 +82,7 @@ class PendingAnswers:
     faults: tuple[str, ...] = ()
     journal: str | None = None
     dead_letter: str | None = None
+    decisions: tuple[tuple[str, str, str, str], ...] = ()
 
     @property
     def missing(self) -> int:
@@ -115,7 +121,9 @@ class PendingAnswers:
         return "; ".join(parts) + (f" ({where})" if where else "") + "."
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "faults": list(self.faults), "missing": self.missing}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del out["decisions"]  # the counts say it; the ids are in the journal and dead letter
+        return {**out, "faults": list(self.faults), "missing": self.missing}
 
     @classmethod
     def total(cls, parts: Sequence[PendingAnswers]) -> PendingAnswers:
@@ -127,7 +135,11 @@ class PendingAnswers:
             for f in dataclasses.fields(cls)
             if f.type == "int"
         }
-        return cls(**counts, faults=tuple(f for p in parts for f in p.faults))
+        return cls(
+            **counts,
+            faults=tuple(f for p in parts for f in p.faults),
+            decisions=tuple(d for p in parts for d in p.decisions),
+        )
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,9 @@ class PendingChanges:
     faults: tuple[str, ...] = ()
     journal: str | None = None
     dead_letter: str | None = None
+    row_bundles: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    """Decision id -> (bundle id, prompt hash) of each row waiting in the journal or the dead
+    letter."""
 
     @functools.cached_property
     def reasons(self) -> Mapping[str, str]:
@@ -161,26 +176,36 @@ class PendingChanges:
         reason = self.reasons.get(row[ID_COLUMN]) if self.amendments else None
         return None if reason is None else amend_row(row, reason)
 
-    def amend_rows(self, rows: Sequence[Sequence[Any]]) -> tuple[list[tuple[Any, ...]], int]:
-        """``rows`` as the robot received them (:meth:`amend`), and how many changed."""
+    def amend_rows(
+        self, rows: Sequence[Sequence[Any]]
+    ) -> tuple[list[tuple[Any, ...]], tuple[str, ...]]:
+        """``rows`` as the robot received them (:meth:`amend`), and the ids of those changed."""
         out: list[tuple[Any, ...]] = []
-        changed = 0
+        changed: list[str] = []
         for row in rows:
             new = self.amend(row)
-            changed += new is not None
+            if new is not None:
+                changed.append(str(row[ID_COLUMN]))
             out.append(tuple(row) if new is None else new)
-        return out, changed
+        return out, tuple(changed)
 
-    def answers(self, decision_ids: Iterable[str], amended: int) -> PendingAnswers:
-        """What a reader of every decision of the log (``decision_ids``) that applied these
-        changes (``amended`` rows changed, :meth:`amend_rows`) should say of them."""
-        held = {str(i) for i in decision_ids}
+    def answers(
+        self, decisions: Iterable[tuple[str, str, str]], amended: Iterable[str]
+    ) -> PendingAnswers:
+        """What a reader of every decision of the log (``decisions``: the id, bundle id and
+        prompt hash of each) that applied these changes (``amended``: the ids of the rows
+        they changed, :meth:`amend_rows`) should say of them."""
+        made = {str(i): (str(b), str(p)) for i, b, p in decisions}
         kept = self.journal_rows | self.dead_letter_rows
-        unknown = {i for i in self.reasons if i not in held and i not in kept}
-        missing_dl = {i for i in self.dead_letter_rows if i not in held}
-        missing_j = {i for i in self.journal_rows if i not in held} - missing_dl
+        unknown = {i for i in self.reasons if i not in made and i not in kept}
+        missing_dl = {i for i in self.dead_letter_rows if i not in made}
+        missing_j = {i for i in self.journal_rows if i not in made} - missing_dl
+        changed = sorted(set(amended))
+        which = [(i, "amended", *made[i]) for i in changed if i in made]
+        for where, ids in (("journal", missing_j), ("dead_letter", missing_dl)):
+            which += [(i, where, *self.row_bundles.get(i, ("", ""))) for i in sorted(ids)]
         return PendingAnswers(
-            amended=amended,
+            amended=len(changed),
             missing_journal=len(missing_j),
             missing_dead_letter=len(missing_dl),
             unknown=len(unknown),
@@ -188,6 +213,7 @@ class PendingChanges:
             faults=self.faults,
             journal=self.journal,
             dead_letter=self.dead_letter,
+            decisions=tuple(which),
         )
 
 
@@ -201,6 +227,7 @@ def read_pending(
     jpath = Path(journal) if journal is not None else default_journal_path(log_path)
     amendments: list[tuple[tuple[str, ...], str]] = []
     journal_rows: set[str] = set()
+    row_bundles: dict[str, tuple[str, str]] = {}
     unreadable = 0
     faults: list[str] = []
     read_journal = read_dead = None
@@ -215,6 +242,7 @@ def read_pending(
         for entry in read.entries:
             amendments += entry.amendments
             journal_rows |= {r.decision_id for r in entry.records}
+            row_bundles.update((r.decision_id, (r.bundle_id, r.prompt_hash)) for r in entry.records)
     dead = DeadLetter(default_dead_letter_path(log_path))
     try:
         dl = dead.changes()
@@ -226,6 +254,7 @@ def read_pending(
             read_dead = str(dead.path)
         amendments += dl.amendments
         unreadable += dl.unreadable
+        row_bundles.update((i, (b, p)) for i, b, p in dl.bundles)
     return PendingChanges(
         tuple(amendments),
         frozenset(journal_rows),
@@ -234,4 +263,5 @@ def read_pending(
         tuple(faults),
         read_journal,
         read_dead,
+        row_bundles,
     )

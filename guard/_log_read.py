@@ -723,12 +723,12 @@ class LogReader:
         until: float | _dt.datetime | None,
         situation_id: str | None,
         pending: PendingChanges | None,
-    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], int]:
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], tuple[str, ...]]:
         """The rows and review labels of :meth:`_joined_sql_rows`, the rows as the robot
-        received them (``pending`` applied; None: as stored), and how many it changed."""
+        received them (``pending`` applied; None: as stored), and the ids of those it changed."""
         joined = self._joined_sql_rows(since, until, situation_id)
         rows = [r for r, _ in joined]
-        changed = 0
+        changed: tuple[str, ...] = ()
         if pending is not None:
             rows, changed = pending.amend_rows(rows)
         return rows, [lab for _, lab in joined], changed
@@ -755,9 +755,9 @@ class LogReader:
         until: float | _dt.datetime | None,
         situation_id: str | None,
         pending: PendingChanges | None,
-    ) -> tuple[LogArrays, int]:
+    ) -> tuple[LogArrays, tuple[str, ...]]:
         """:meth:`to_arrays` with ``pending`` (read before, :meth:`pending_changes`; None: the
-        rows as stored) applied, and how many decisions it changed."""
+        rows as stored) applied, and the ids of the decisions it changed."""
         rows, labels, changed = self._answered_rows(since, until, situation_id, pending)
         return arrays_from_rows(rows, labels), changed
 

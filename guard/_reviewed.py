@@ -43,6 +43,7 @@ __all__ = [
     "bundles_of",
     "decisions_that_count",
     "of_bundle",
+    "pending_of_bundle",
     "read_reviewed",
 ]
 
@@ -170,7 +171,15 @@ def _read_open(log: DecisionLog, pending: PendingChanges) -> tuple[LogArrays, di
         "policies": log.policies(),
         "archived": archived,
         "robot_id": log.robot_id,
-        "pending": pending.answers(arr.decision_id.tolist(), amended),
+        "pending": pending.answers(
+            zip(
+                arr.decision_id.tolist(),
+                arr.bundle_id.tolist(),
+                arr.prompt_hash.tolist(),
+                strict=True,
+            ),
+            amended,
+        ),
     }
 
 
@@ -308,17 +317,43 @@ class BundleShare:
         return f"bundle {self.bundle_id} (prompt {self.prompt_hash}): {self.n} decision(s)"
 
 
+def _made_by(b: object, p: object, bundle_id: str, prompt_hash: str | None) -> bool:
+    """Whether a decision logged with bundle ``b`` and prompt ``p`` is of bundle ``bundle_id``
+    (and prompt ``prompt_hash``, when given)."""
+    return b == bundle_id and (prompt_hash is None or p == prompt_hash)
+
+
 def of_bundle(
     arrays: LogArrays, bundle_id: str, prompt_hash: str | None = None
 ) -> NDArray[np.bool_]:
     """Which decisions (one bool each, in log order) were made by bundle ``bundle_id`` (and
     prompt ``prompt_hash``, when given): the one selection by bundle of every offline reader."""
-    same = np.fromiter((b == bundle_id for b in arrays.bundle_id), dtype=bool, count=arrays.n)
-    if prompt_hash is not None:
-        same &= np.fromiter(
-            (p == prompt_hash for p in arrays.prompt_hash), dtype=bool, count=arrays.n
-        )
-    return same
+    pairs = zip(arrays.bundle_id, arrays.prompt_hash, strict=True)
+    return np.fromiter(
+        (_made_by(b, p, bundle_id, prompt_hash) for b, p in pairs), dtype=bool, count=arrays.n
+    )
+
+
+def pending_of_bundle(
+    pending: PendingAnswers, bundle_id: str, prompt_hash: str | None = None
+) -> PendingAnswers:
+    """What ``pending`` says of the decisions of bundle ``bundle_id`` (and prompt
+    ``prompt_hash``) alone, selected as :func:`of_bundle` selects them: its decisions read as
+    amended and those answered that the log lacks (``PendingAnswers.decisions``). What names
+    no bundle (amended ids in no row of the log, unreadable lines, places not read) is kept:
+    it may be this bundle's."""
+    mine = tuple(d for d in pending.decisions if _made_by(d[2], d[3], bundle_id, prompt_hash))
+
+    def n(where: str) -> int:
+        return sum(1 for d in mine if d[1] == where)
+
+    return dataclasses.replace(
+        pending,
+        amended=n("amended"),
+        missing_journal=n("journal"),
+        missing_dead_letter=n("dead_letter"),
+        decisions=mine,
+    )
 
 
 def bundles_of(arrays: LogArrays, mask: NDArray[np.bool_] | None = None) -> tuple[BundleShare, ...]:

@@ -357,6 +357,45 @@ def test_bundle_id_reads_one_bundles_decisions_only(two_bundle_log, labelled_log
     assert same["bundle_filter"] == {"bundle_id": "bundle-1", "left_out": {}}
 
 
+def test_a_card_of_one_bundle_says_only_that_bundle_s_pending_answers(
+    tmp_path, two_bundle_log, sim, capsys
+):
+    """The repro: `spotstop card --bundle-id bundle-1` said "the decision log does not say
+    every answer the robot got" for an amendment of bundle 2's decision and a bundle 2
+    decision the log lacks: the pending counts covered the whole log. Now they are selected
+    as the decisions are (guard.of_bundle's rule: pending_of_bundle)."""
+    from spotstop.guard._journal import DeadLetter, default_dead_letter_path
+
+    log = tmp_path / "decisions.sqlite"
+    shutil.copyfile(two_bundle_log, log)
+    late = next(f"other{i:03d}" for i in range(N_OTHER) if 10 * sim.score[i] < CUT)
+    dead = DeadLetter(default_dead_letter_path(log))
+    dead.append("amend", error="ValueError: x", amend_ids=[late], amend_reason="late")
+    lacked = dataclasses.replace(
+        _extra(98, fused=math.nan, fail=True), decision_id="never-logged-2", label="UNSAFE"
+    )
+    dead.append(
+        "rows",
+        error="ValueError: y",
+        records=[dataclasses.replace(lacked, bundle_id="bundle-2", prompt_hash="p2")],
+    )
+    one = log_cases(log, bundle_id="bundle-1").provenance["pending"]
+    assert (one["amended"], one["missing"], one["missing_dead_letter"]) == (0, 0, 0)
+    two = log_cases(log, bundle_id="bundle-2").provenance["pending"]
+    assert (two["amended"], two["missing_dead_letter"]) == (1, 1)
+    out = tmp_path / "card"
+    args = [str(log), "--bundle-id", "bundle-1", "--out", str(out), "--n-boot", "200"]
+    assert card_main([*args, "--quiet"]) == 0
+    doc = json.loads((out / "card.json").read_text())
+    assert doc["settings"]["pending"] == ""
+    assert not any("does not say every answer" in w for w in doc["settings"]["warnings"])
+    # bundle 1's own: a decision of it the log lacks is said on its card
+    dead.append("rows", error="ValueError: z", records=[lacked])
+    one = log_cases(log, bundle_id="bundle-1").provenance["pending"]
+    assert (one["amended"], one["missing_dead_letter"]) == (0, 1)
+    capsys.readouterr()
+
+
 # -- retention: the card on archive + live log is the card on the untrimmed log ----------------
 
 

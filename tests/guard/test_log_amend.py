@@ -73,7 +73,9 @@ def test_the_log_s_update_and_a_reader_s_application_agree(
 
         log.mark_fail_closed(ids, reason)  # the log's, once it can take it
         assert read == _rows(log)
-        assert changed == sum(1 for r in recs if r.decision_id in ids and r.label == "SAFE")
+        assert changed == tuple(
+            r.decision_id for r in recs if r.decision_id in ids and r.label == "SAFE"
+        )
         for rec, row in zip(log.records(raw=True), read, strict=True):
             assert_same_record(rec, record_from_row(row))
 
