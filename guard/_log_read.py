@@ -57,6 +57,7 @@ from spotstop.guard._record import (
 )
 
 __all__ = [
+    "EXPORT_ROWS",
     "LogArrays",
     "LogReader",
     "arrays_from_rows",
@@ -341,13 +342,22 @@ _PREFIX = {
 }
 
 
-def export_columns(joined: Joined) -> list[tuple[str, str, list[Any]]]:
+EXPORT_ROWS: Final = "export_rows"
+"""The export column that says what every row is: ``as_answered`` (amendments waiting in the
+journal or the dead letter applied) or ``raw`` (the rows as the log stores them)."""
+
+
+def export_columns(joined: Joined, rows: str = "as_answered") -> list[tuple[str, str, list[Any]]]:
     """Flat columns ``(name, kind, values)``; kind is str, float, int or bool.
 
     One column per scalar field of :class:`DecisionRecord` (plus ``time_utc``), each dict
     field expanded to ``score.<member>``, ``score_gray.<member>``, ``score_text.<member>``,
-    ``latency_ms.<stage>``, ``cue.<cue>`` and ``ran.<member>``, then the reviewer's ``review_*`` columns.
+    ``latency_ms.<stage>``, ``cue.<cue>`` and ``ran.<member>``, then the reviewer's ``review_*``
+    columns, then :data:`EXPORT_ROWS` (``rows`` in every row: a copy of the file, or of any
+    of its rows, still says whether a SAFE in it may have been answered UNSAFE).
     """
+    if rows not in ("as_answered", "raw"):
+        raise RecordError(f"rows must be 'as_answered' or 'raw'; got {rows!r}.")
     recs = [r for r, _ in joined]
     cols: list[tuple[str, str, list[Any]]] = []
     for f in dataclasses.fields(DecisionRecord):
@@ -377,13 +387,16 @@ def export_columns(joined: Joined) -> list[tuple[str, str, list[Any]]]:
         if kind == "float":
             values = [math.nan if v is None else float(v) for v in values]
         cols.append((name, kind, values))
+    cols.append((EXPORT_ROWS, "str", [rows] * len(joined)))
     return cols
 
 
-def write_csv(joined: Joined, path: str | os.PathLike[str]) -> None:
+def write_csv(joined: Joined, path: str | os.PathLike[str], *, rows: str = "as_answered") -> None:
     """Write :func:`export_columns` as CSV: floats with ``repr`` (exact), NaN as ``nan``,
-    infinities as ``inf``/``-inf`` (``float()`` reads them all back); None is an empty cell."""
-    cols = export_columns(joined)
+    infinities as ``inf``/``-inf`` (``float()`` reads them all back); None is an empty cell.
+    ``rows``: what the rows are (the :data:`EXPORT_ROWS` column, see
+    ``DecisionLog.export_csv``)."""
+    cols = export_columns(joined, rows)
     n = len(cols[0][2]) if cols else 0
     with Path(path).open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -413,7 +426,7 @@ def write_parquet(
     types = {"str": pa.string(), "float": pa.float64(), "int": pa.int64(), "bool": pa.bool_()}
     arrays = []
     names = []
-    for name, kind, values in export_columns(joined):
+    for name, kind, values in export_columns(joined, rows):
         if kind == "float":
             arrays.append(pa.array(np.asarray(values, dtype=np.float64), type=types[kind]))
         else:
@@ -770,9 +783,11 @@ class LogReader:
         ``score_text.<member>``, ``latency_ms.<stage>``, ``cue.<cue>``, ``ran.<member>``; reviewer columns
         start with ``review_``. Floats are written with ``repr`` (exact), NaN as ``nan`` and
         infinities as ``inf``/``-inf``; None is an empty cell. Each decision is as the robot
-        received it (``raw=True``: as the log stores it, see :meth:`records`).
+        received it (``raw=True``: as the log stores it, see :meth:`records`); the last column,
+        ``export_rows``, says which in every row: ``as_answered`` or ``raw``.
         """
-        write_csv(self._joined_rows(self._as_answered(raw)), path)
+        rows = "raw" if raw else "as_answered"
+        write_csv(self._joined_rows(self._as_answered(raw)), path, rows=rows)
 
     def export_parquet(self, path: str | os.PathLike[str], *, raw: bool = False) -> None:
         """Write every decision (with reviewer labels) to a Parquet file; needs pyarrow.
@@ -780,7 +795,8 @@ class LogReader:
         Same columns and ``raw`` as :meth:`export_csv`; scores are float64 with NaN kept as
         NaN (not null); the schema metadata carries ``spotstop.schema_version`` and
         ``spotstop.rows``: ``as_answered`` (amendments waiting in the journal or the dead
-        letter applied), or ``raw`` (the rows as the log stores them).
+        letter applied), or ``raw`` (the rows as the log stores them), as the ``export_rows``
+        column does in every row.
         """
         rows = "raw" if raw else "as_answered"
         write_parquet(self._joined_rows(self._as_answered(raw)), path, LogError, rows=rows)

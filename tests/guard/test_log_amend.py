@@ -171,6 +171,26 @@ def test_the_exports_are_as_answered_and_a_raw_one_says_so(tmp_path: Path) -> No
     assert raw.schema.metadata[b"spotstop.rows"] == b"raw"
 
 
+def test_a_raw_csv_export_says_it_is_raw_in_every_row(tmp_path: Path) -> None:
+    """The repro: a CSV export written with raw=True (the rows as stored: a SAFE there may
+    have been answered UNSAFE) could not say so (the Parquet one says it in its metadata);
+    read later, or passed on, it was taken for what the robot was answered. Every row of
+    either export now says what it is, in the last column (a plain column: CSV readers
+    read it as any other)."""
+    log, *_ = _late_log(tmp_path)
+    with DecisionLog(log, read_only=True) as d:
+        d.export_csv(tmp_path / "a.csv")
+        d.export_csv(tmp_path / "raw.csv", raw=True)
+        d.export_parquet(tmp_path / "raw.parquet", raw=True)
+    for name, rows in (("a.csv", "as_answered"), ("raw.csv", "raw")):
+        with (tmp_path / name).open(newline="") as fh:
+            header, *body = list(csv.reader(fh))
+        assert header[-1] == "export_rows" and len(body) == 3
+        assert {r[-1] for r in body} == {rows}
+    table = pq.read_table(tmp_path / "raw.parquet")
+    assert table.column("export_rows").to_pylist() == ["raw"] * 3
+
+
 def test_a_journal_that_cannot_be_read_is_said_and_the_log_still_read(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
