@@ -71,6 +71,7 @@ from spotstop.guard._log_schema import (
     INSERT_AT,
     LOG_SCHEMA_VERSION,
     SCHEMA_SQL,
+    ArchiveAmendError,
     LogError,
     PolicyRow,
     check_append,
@@ -1155,7 +1156,9 @@ class DecisionLog(LogReader, ArchiveStore):
         (:func:`~spotstop.guard._log_amend.amendment`); readers apply the same rule to rows
         whose amendment still waits in the journal or the dead letter. Raises
         :class:`LogError` when the log or an archive cannot take it now (live rows it
-        committed stay amended; applying it again is harmless).
+        committed stay amended; applying it again is harmless); with ``skip_unknown``, a
+        failure on the archives' side is an :class:`ArchiveAmendError` that names the ids not
+        amended and why (``kind``), the live rows amended.
         """
         ids = list(decision_ids)
         if not all(isinstance(i, str) and i for i in ids) or not isinstance(reason, str):
@@ -1181,16 +1184,17 @@ class DecisionLog(LogReader, ArchiveStore):
                 )
             }
             not_live[:] = [i for i in ids if i not in known]
-            unknown = [i for i in not_live if archived is not None and i not in archived]
-            if not_live and archived is None:
-                raise _NeedArchivedIds
-            if unknown and not skip_unknown:
-                raise RecordError(
-                    f"mark_fail_closed: unknown decision_id {unknown[0]!r}; nothing changed "
-                    "(it is in no row of the log, live or archived)."
-                )
-            if not_live and {r[0] for r in conn.execute("SELECT name FROM archives")} != read_from:
-                raise _NeedArchivedIds  # an archive was written or replaced since they were read
+            if not_live and not skip_unknown:  # all or nothing: the archives' ids first
+                if archived is None:
+                    raise _NeedArchivedIds
+                unknown = [i for i in not_live if i not in archived]
+                if unknown:
+                    raise RecordError(
+                        f"mark_fail_closed: unknown decision_id {unknown[0]!r}; nothing "
+                        "changed (it is in no row of the log, live or archived)."
+                    )
+                if {r[0] for r in conn.execute("SELECT name FROM archives")} != read_from:
+                    raise _NeedArchivedIds  # an archive was written or replaced since
             hit = [i for i in ids if i in known]
             if hit:
                 conn.execute(*amend_sql(hit, reason))  # the one rule (_log_amend.py)
@@ -1206,10 +1210,20 @@ class DecisionLog(LogReader, ArchiveStore):
                 read_from = {a.name for a in infos}
                 folder = self.archive_folder
                 archived = {row[ID_COLUMN] for a in infos for _, row in read_archive(folder, a)}
-        in_archives = [i for i in not_live if archived is not None and i in archived]
-        if in_archives:
-            self.amend_archived(in_archives, reason, timeout_s=left())
-        return tuple(i for i in not_live if i not in in_archives)
+        if not not_live:
+            return ()
+        try:  # the live rows are committed; the archives hold the others, or no row does
+            found = self.amend_archived(not_live, reason, timeout_s=left())
+        except (LogError, OSError) as e:
+            if not skip_unknown:
+                raise
+            raise ArchiveAmendError(
+                f"mark_fail_closed: the live rows were amended, but not the archives that may "
+                f"hold {not_live!r}: {e}",
+                fault_kind(e),
+                tuple(not_live),
+            ) from e
+        return tuple(i for i in not_live if i not in found)
 
     def set_labels(self, labels: Iterable[tuple[str, str, str | None, str | None]]) -> None:
         """Attach reviewer labels: items ``(decision_id, "safe"|"unsafe", contrast_id, reviewer)``.

@@ -422,8 +422,9 @@ def _read_registered(folder: Path, info: ArchiveInfo) -> Any:
     except OSError as exc:
         raise LogError(
             f"log archive {str(path)!r} is registered in the log but cannot be read ({exc}). "
-            "Put the archive folder back beside the log (it holds decisions no longer in the "
-            "live table)."
+            "If a fail-closed amendment replaced it while it was being read (the log names "
+            "another file now), read again; otherwise put the archive folder back beside the "
+            "log (it holds decisions no longer in the live table)."
         ) from exc
     sha = hashlib.sha256(data).hexdigest()
     if sha != info.sha256:

@@ -124,6 +124,20 @@ class LogError(GuardError, RuntimeError):
         return (type(self), (str(self), self.kind))
 
 
+class ArchiveAmendError(LogError):
+    """``mark_fail_closed(..., skip_unknown=True)`` amended the live rows but could not amend
+    the archives (or tell whether they hold ``ids``): ``ids`` are the decisions not amended,
+    ``kind`` why (``locked``: a retention pass held the archives; ``other``: an archive is
+    missing or changed, which trying again does not mend)."""
+
+    def __init__(self, message: str, kind: FaultKind, ids: tuple[str, ...]) -> None:
+        super().__init__(message, kind)
+        self.ids = ids
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.kind, self.ids))
+
+
 POLICIES_SQL: Final = """
 CREATE TABLE IF NOT EXISTS policies (
     policy_version TEXT PRIMARY KEY,

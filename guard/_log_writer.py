@@ -74,7 +74,13 @@ from spotstop.guard._journal import (
 from spotstop.guard._log import DecisionLog, PolicyRow
 from spotstop.guard._log_archive import Protect, RetentionResult
 from spotstop.guard._log_options import LogOptions, LogStatus
-from spotstop.guard._log_schema import FaultKind, LogError, RecordError, fault_kind
+from spotstop.guard._log_schema import (
+    ArchiveAmendError,
+    FaultKind,
+    LogError,
+    RecordError,
+    fault_kind,
+)
 from spotstop.guard._record import DecisionRecord
 
 __all__ = ["Committed", "Deadline", "LogWriter"]
@@ -767,12 +773,18 @@ class LogWriter:
     def _amend(self, ids: list[str], reason: str, budget: _Budget) -> None:
         """Apply one fail-closed amendment. One the log cannot store as it is (a reason with
         no UTF-8 encoding) is applied with its text made storable; one that still fails for
-        a reason of its own is set aside in the dead letter, never retried before the rows."""
-        try:  # the known rows are amended; only ids the live log does not hold are set aside
+        a reason of its own is set aside in the dead letter, never retried before the rows.
+        The live rows are amended, then the archived ones (in their archives); only ids in no
+        row of the log are set aside, and those an archive that is missing or changed keeps
+        from being amended (trying again would not mend it, and would hold up the log)."""
+        try:  # the known rows are amended; only ids the log does not hold are set aside
             unknown = self.log.mark_fail_closed(
                 ids, reason, timeout_s=budget.left(), skip_unknown=True
             )
             self._set_aside_unknown(unknown, reason)
+            return
+        except ArchiveAmendError as e:
+            self._archives_not_amended(e, reason)
             return
         except RecordError as e:  # an amendment the log cannot take at all: never block on it
             self._unamendable(ids, reason, e)
@@ -785,12 +797,24 @@ class LogWriter:
             unknown = self.log.mark_fail_closed(
                 safe_ids, safe_reason, timeout_s=budget.left(), skip_unknown=True
             )
+        except ArchiveAmendError as e:
+            self._archives_not_amended(e, safe_reason)
+            return
         except Exception as e:
             if not _permanent(e):
                 raise
             self._unamendable(safe_ids, safe_reason, e)
             return
         self._set_aside_unknown(unknown, safe_reason)
+
+    def _archives_not_amended(self, e: ArchiveAmendError, reason: str) -> None:
+        """The live rows were amended; the archives were not. A retention pass holding them,
+        a full disk, an I/O error: kept and tried again, as any log fault. An archive missing
+        or changed (kind ``other``): the ids it may hold are set aside in the dead letter,
+        which every reader through the log applies."""
+        if e.kind != "other":
+            raise e
+        self._unamendable(list(e.ids), reason, e)
 
     def _set_aside_unknown(self, unknown: tuple[str, ...], reason: str) -> None:
         """Dead-letter the ids of an amendment that no row of the log holds, live or archived

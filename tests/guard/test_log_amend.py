@@ -433,3 +433,45 @@ def test_an_archived_id_is_no_unknown_id_and_an_unknown_one_changes_nothing(
             d.mark_fail_closed([recs[0].decision_id, recs[2].decision_id, "x"], _REASON)
         assert [a.name for a in d.archives()] == names
         assert [r.label for r in d.records(raw=True)] == ["SAFE"] * 3
+
+
+def test_an_archive_that_cannot_be_amended_sets_its_ids_aside_and_holds_nothing_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An archive that is missing (moved away) cannot be amended, and trying again would not
+    mend it: the guard's import amends the live row, sets the ids the archives may hold aside
+    in the dead letter (saying the log may say SAFE), and empties its journal."""
+    log, recs = _archived_log(tmp_path)
+    archived, live = recs[0].decision_id, recs[2].decision_id
+    [archive] = log.with_name(log.name + ".archive").glob("*.parquet")
+    archive.unlink()
+    with DecisionLog(log) as d, pytest.raises(LogError) as err:
+        d.mark_fail_closed([archived], _REASON, skip_unknown=True)
+    assert err.value.kind == "other" and err.value.ids == (archived,)  # type: ignore[attr-defined]
+    Journal(default_journal_path(log), owner=str(log.resolve())).append(
+        [JournalEntry("amend", amend_ids=(archived, live), amend_reason=_REASON)]
+    )
+    w = LogWriter(DecisionLog(log), LogOptions())
+    w.flush()
+    status = w.status()
+    assert status.dead_letter_amendments == 1 and status.journal_entries == 0
+    assert status.journal_fault is None
+    w.close()
+    w.log.close()
+    assert _dead_letter(log).changes().amendments == (((archived,), _REASON),)
+    with DecisionLog(log) as d:
+        labels = {r[COLUMNS.index("decision_id")]: r[COLUMNS.index("label")] for r in _rows(d)}
+    assert labels == {live: "UNSAFE"}
+    assert "may say SAFE" in caplog.text
+
+
+def test_an_archive_held_by_a_retention_pass_is_waited_for_then_amended(tmp_path: Path) -> None:
+    log, recs = _archived_log(tmp_path)
+    archived = recs[0].decision_id
+    with DecisionLog(log) as a, DecisionLog(log) as b:
+        with a._retention_lock():  # a pass under way (another process's, as far as b knows)
+            with pytest.raises(LogError, match="held by a retention pass") as err:
+                b.mark_fail_closed([archived], _REASON, timeout_s=0.05, skip_unknown=True)
+            assert err.value.kind == "locked"
+        assert b.mark_fail_closed([archived], _REASON) == ()
+        assert b.get(archived, raw=True).label == "UNSAFE"  # type: ignore[union-attr]
