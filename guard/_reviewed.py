@@ -159,12 +159,18 @@ def _read_open(log: DecisionLog, pending: PendingChanges) -> tuple[LogArrays, di
     """The arrays of an open log as the robot received them (``pending`` applied), then its
     policies, archives, robot id and what ``pending`` did. The archives are those the arrays
     were read with: when a retention pass registered one meanwhile (the guard's, beside the
-    reader), the log is read again."""
+    reader), or a late amendment replaced one (whose old file may be gone before it was
+    read), the log is read again."""
     while True:
         before = log.archives()
-        arr, amended = log.arrays_as_answered(None, None, None, pending)
+        try:
+            arr, amended = log.arrays_as_answered(None, None, None, pending)
+        except LogError:
+            if log.archives() == before:  # not a registration that changed: a real fault
+                raise
+            continue
         infos = log.archives()
-        if infos == before:  # (registrations are only ever added)
+        if infos == before:
             break
     archived = {"files": len(infos), "rows": sum(a.n_rows for a in infos)} if infos else {}
     return arr, {

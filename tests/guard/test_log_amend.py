@@ -475,3 +475,29 @@ def test_an_archive_held_by_a_retention_pass_is_waited_for_then_amended(tmp_path
             assert err.value.kind == "locked"
         assert b.mark_fail_closed([archived], _REASON) == ()
         assert b.get(archived, raw=True).label == "UNSAFE"  # type: ignore[union-attr]
+
+
+def test_a_reader_whose_archive_was_replaced_while_read_reads_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A late amendment (the guard's, beside the card) replaces an archive after a reader
+    listed the registrations and before it opened the file, which is gone: read_reviewed
+    reads again, and gets the amended row."""
+    from spotstop.guard import _log_read
+
+    log, recs = _archived_log(tmp_path)
+    archived = recs[0].decision_id
+    real = _log_read.read_archive
+    first = [True]
+
+    def amended_meanwhile(folder: Path, info: Any) -> Any:
+        if first[0]:
+            first[0] = False
+            with DecisionLog(log) as guard_s:
+                guard_s.mark_fail_closed([archived], _REASON)
+        return real(folder, info)
+
+    monkeypatch.setattr(_log_read, "read_archive", amended_meanwhile)
+    arr = read_reviewed(log).arrays
+    assert not first[0]
+    assert dict(zip(arr.decision_id, arr.guard_label.tolist(), strict=True))[archived] == 1
