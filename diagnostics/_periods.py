@@ -231,7 +231,7 @@ def periods(
                 nan = ConfidenceInterval(math.nan, math.nan)
                 ci = nan if few else percentile_ci(draws[key][name] - draws[base][name], width)
                 change[name] = Estimate(float(value), ci, n)
-                if math.isfinite(ci.low) and (ci.low > 0 or ci.high < 0):
+                if ci.excludes(0.0):
                     changed.append(name)
         out.append(Period(key, n, fields, change, tuple(changed), audits, n_groups, note))
     return PeriodsResult(period, baseline, tuple(out))  # type: ignore[arg-type]

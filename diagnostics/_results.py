@@ -28,6 +28,12 @@ class ConfidenceInterval:
         """Whether ``x`` lies in the closed interval (False when either end is NaN)."""
         return bool(self.low <= x <= self.high)
 
+    def excludes(self, x: float) -> bool:
+        """Whether both ends are finite and ``x`` lies outside the closed interval (False
+        for an interval with a NaN or infinite end: it says nothing either way)."""
+        finite = math.isfinite(self.low) and math.isfinite(self.high)
+        return bool(finite and (self.low > x or self.high < x))
+
 
 @dataclass(frozen=True)
 class Estimate:

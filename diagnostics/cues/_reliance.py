@@ -97,8 +97,7 @@ class FamilyReliance:
     @property
     def placebo_moves(self) -> bool:
         """True when the placebo's interval excludes 0 (see :attr:`CueReliance.placebo_moves`)."""
-        lo, hi = self.placebo.ci.low, self.placebo.ci.high
-        return bool(math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or hi < 0))
+        return self.placebo.ci.excludes(0.0)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -42,8 +42,7 @@ class CueReliance:
     def placebo_moves(self) -> bool:
         """True when the placebo's interval excludes 0: the edit itself (a box of text),
         not what the text says, moves the answers, and the reliance is suspect."""
-        lo, hi = self.placebo.ci.low, self.placebo.ci.high
-        return bool(math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or hi < 0))
+        return self.placebo.ci.excludes(0.0)
 
     def to_dict(self) -> dict[str, Any]:
         return {

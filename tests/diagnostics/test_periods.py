@@ -247,3 +247,16 @@ def test_a_period_row_not_compared_does_not_say_nothing_changed(tmp_path: Path) 
     doc = json.loads((out / "card.json").read_text())
     [drift] = [v for v in doc["verdict"] if v["topic"] == "drift"]
     assert drift["status"] == "warn" and "not tested" in drift["sentence"]
+
+
+def test_an_interval_excludes_a_value_only_when_both_ends_are_finite_and_miss_it():
+    """The one rule that a change, a placebo or a period's move is 'there' (both ends finite
+    and on one side of the value), which the periods check and the cue placebo both read."""
+    import math
+
+    from spotstop.diagnostics._results import ConfidenceInterval as CI
+
+    assert CI(0.1, 0.3).excludes(0.0) and CI(-0.3, -0.1).excludes(0.0)
+    assert not CI(-0.1, 0.3).excludes(0.0) and not CI(0.0, 0.3).excludes(0.0)  # closed
+    assert not CI(math.nan, math.nan).excludes(0.0) and not CI(0.1, math.inf).excludes(0.0)
+    assert CI(0.1, 0.3).excludes(0.05) and not CI(0.1, 0.3).excludes(0.2)
