@@ -188,7 +188,46 @@ def _set_up_schema(conn: sqlite3.Connection, path: Path) -> None:
 
 
 class _NeedArchivedIds(Exception):
-    """set_labels met ids that are not live; it reads the archives' ids and tries again."""
+    """A write met ids that are not live; it reads the archives' ids and tries again."""
+
+
+class _ArchivedIds:
+    """The decision ids the log's registered archives hold, read only when a write meets ids
+    that are not live (:meth:`not_archived` raises :class:`_NeedArchivedIds`, and
+    :meth:`write` reads them and runs the write's body again), and read again when the
+    registrations changed since (a retention pass, an amended archive)."""
+
+    def __init__(self, log: DecisionLog) -> None:
+        self._log = log
+        self._ids: set[str] | None = None
+        self._read_from: set[str] = set()  # the archives whose ids _ids holds
+
+    def not_archived(self, conn: sqlite3.Connection, not_live: list[str]) -> list[str]:
+        """Those of ``not_live`` that no registered archive holds (inside a write's body)."""
+        if not not_live:
+            return []
+        if self._ids is None:
+            raise _NeedArchivedIds
+        if {r[0] for r in conn.execute("SELECT name FROM archives")} != self._read_from:
+            raise _NeedArchivedIds  # an archive was written or replaced since they were read
+        return [i for i in not_live if i not in self._ids]
+
+    def write(
+        self,
+        body: Callable[[sqlite3.Connection], None],
+        what: str,
+        timeout_s: Callable[[], float | None] = lambda: None,
+    ) -> None:
+        """``log._write(body)``, reading the archives' ids whenever the body asks for them."""
+        while True:
+            try:
+                self._log._write(body, what=what, timeout_s=timeout_s())
+                return
+            except _NeedArchivedIds:
+                infos = self._log.archives()
+                folder = self._log.archive_folder
+                self._read_from = {a.name for a in infos}
+                self._ids = {row[ID_COLUMN] for a in infos for _, row in read_archive(folder, a)}
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -1174,6 +1213,7 @@ class DecisionLog(LogReader, ArchiveStore):
             return None if deadline is None else max(0.0, deadline - _time.monotonic())
 
         not_live: list[str] = []
+        archived = _ArchivedIds(self)
 
         def body(conn: sqlite3.Connection) -> None:
             q = ", ".join("?" * len(ids))
@@ -1184,32 +1224,18 @@ class DecisionLog(LogReader, ArchiveStore):
                 )
             }
             not_live[:] = [i for i in ids if i not in known]
-            if not_live and not skip_unknown:  # all or nothing: the archives' ids first
-                if archived is None:
-                    raise _NeedArchivedIds
-                unknown = [i for i in not_live if i not in archived]
+            if not skip_unknown:  # all or nothing: the archives' ids first
+                unknown = archived.not_archived(conn, not_live)
                 if unknown:
                     raise RecordError(
                         f"mark_fail_closed: unknown decision_id {unknown[0]!r}; nothing "
                         "changed (it is in no row of the log, live or archived)."
                     )
-                if {r[0] for r in conn.execute("SELECT name FROM archives")} != read_from:
-                    raise _NeedArchivedIds  # an archive was written or replaced since
             hit = [i for i in ids if i in known]
             if hit:
                 conn.execute(*amend_sql(hit, reason))  # the one rule (_log_amend.py)
 
-        archived: set[str] | None = None
-        read_from: set[str] = set()  # the archives whose ids `archived` holds
-        while True:
-            try:
-                self._write(body, what="mark decisions fail-closed", timeout_s=left())
-                break
-            except _NeedArchivedIds:  # some ids are not live: they may name archived decisions
-                infos = self.archives()
-                read_from = {a.name for a in infos}
-                folder = self.archive_folder
-                archived = {row[ID_COLUMN] for a in infos for _, row in read_archive(folder, a)}
+        archived.write(body, "mark decisions fail-closed", left)
         if not not_live:
             return ()
         try:  # the live rows are committed; the archives hold the others, or no row does
@@ -1236,6 +1262,7 @@ class DecisionLog(LogReader, ArchiveStore):
         if not items:
             return
         now = _time.time()
+        archived = _ArchivedIds(self)
 
         def body(conn: sqlite3.Connection) -> None:
             ids = [it[0] for it in items]
@@ -1249,12 +1276,7 @@ class DecisionLog(LogReader, ArchiveStore):
                         f"SELECT decision_id FROM decisions WHERE decision_id IN ({q})", chunk
                     )
                 )
-            unknown = [i for i in ids if i not in known]
-            if unknown and archived is None:
-                raise _NeedArchivedIds
-            unknown = [i for i in unknown if archived is None or i not in archived]
-            if unknown and {r[0] for r in conn.execute("SELECT name FROM archives")} != read_from:
-                raise _NeedArchivedIds  # a retention pass archived some since they were read
+            unknown = archived.not_archived(conn, [i for i in ids if i not in known])
             if unknown:
                 shown = ", ".join(repr(u) for u in unknown[:5])
                 more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
@@ -1271,17 +1293,7 @@ class DecisionLog(LogReader, ArchiveStore):
                 [(*it, now) for it in items],
             )
 
-        archived: set[str] | None = None
-        read_from: set[str] = set()  # the archives whose ids `archived` holds
-        while True:
-            try:
-                self._write(body, what="set labels")
-                return
-            except _NeedArchivedIds:  # some ids are not live: they may name archived decisions
-                infos = self.archives()
-                read_from = {a.name for a in infos}
-                folder = self.archive_folder
-                archived = {row[ID_COLUMN] for a in infos for _, row in read_archive(folder, a)}
+        archived.write(body, "set labels")
 
     # -- lifetime ------------------------------------------------------------------
 
