@@ -84,6 +84,7 @@ weight's inputs (their Hessian scaled by ``1/(s sᵀ)`` after smoothing), else r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,7 +104,9 @@ __all__ = [
     "KEEP_ERROR",
     "SAMPLE_ROWS",
     "SMOOTH_ALPHA",
+    "VISION_SHARE",
     "Int8Report",
+    "VisionActivationCheck",
     "channel_int8",
     "default_smooth_alpha",
     "dequantize_activations",
@@ -112,6 +115,7 @@ __all__ = [
     "per_token_codes_model",
     "quantize_matmuls_int8",
     "smoothing_factors",
+    "vision_activation_check",
 ]
 
 #: a layer whose measured relative output error at dynamic int8 exceeds this stays
@@ -126,6 +130,9 @@ KEEP_ERROR = 0.02
 #: LFM2 member failed its int8 validation at every keep bound tried (0.01-0.03: the vision
 #: tower's noise-image case moved 1.15, tolerance 0.5); with it, it passed
 SMOOTH_ALPHA = 0.5
+#: the share of the precision's score tolerance the vision graph's int8 activations may use on
+#: the calibration scenes (:func:`vision_activation_check`); the decoder's error has the rest
+VISION_SHARE = 0.5
 #: recorded input rows each layer's error is measured on
 SAMPLE_ROWS = 2048
 #: smallest smoothing factor (a channel no calibration row reached)
@@ -274,13 +281,20 @@ class Int8Report:
     keep_error: float = KEEP_ERROR
     gptq: int = 0
     activations: str = DEFAULT_ACTIVATIONS
+    #: weights left weight-only 8-bit with float activations (``accuracy_level`` 0): a vision
+    #: graph whose int8 activations failed :func:`vision_activation_check`
+    float_activations: int = 0
     errors: dict[str, float] = field(default_factory=dict, repr=False)
 
     def as_meta(self) -> dict[str, Any]:
         return {
             "dynamic": self.dynamic,
             "activations": self.activations,
-            "weight_only": {"output_layer": len(self.head), "over_keep_error": len(self.kept)},
+            "weight_only": {
+                "output_layer": len(self.head),
+                "over_keep_error": len(self.kept),
+                "float_activations": self.float_activations,
+            },
             "float32_unmeasured": len(set(self.unmeasured)),
             "float32_image_ends": len(self.image_ends),
             "keep_error": self.keep_error,
@@ -291,6 +305,61 @@ class Int8Report:
             "smoothed_inputs": self.smoothed,
             "gptq": self.gptq,
         }
+
+
+@dataclass(frozen=True)
+class VisionActivationCheck:
+    """Whether the vision graph keeps int8 activations (the manifest's ``vision_activations``).
+
+    Measured at export (export/onnx.py): each calibration scene's score (its scene pass)
+    with the float32 decoder reading the image embeddings of the vision graph converted to
+    int8, against the same with the float32 vision graph's; ``max_abs_diff`` is the largest
+    |Δs| over the ``scenes``. Over ``bound`` (:data:`VISION_SHARE` of the precision's score
+    tolerance), or not finite, the vision graph is converted again with float activations:
+    its Linears weight-only 8-bit (``MatMulNBits``, ``accuracy_level`` 0)."""
+
+    max_abs_diff: float
+    bound: float
+    scenes: int
+
+    @property
+    def float_activations(self) -> bool:
+        return not self.max_abs_diff <= self.bound  # NaN: float activations
+
+    def as_meta(self) -> dict[str, Any]:
+        return {
+            "rule": f"int8 activations while max |ds| <= {VISION_SHARE:g} x score tolerance",
+            "max_abs_diff": round(self.max_abs_diff, 6)
+            if math.isfinite(self.max_abs_diff)
+            else str(self.max_abs_diff),
+            "bound": round(self.bound, 6),
+            "scenes": self.scenes,
+            "activations": "float (weight-only 8-bit)" if self.float_activations else "int8",
+        }
+
+
+def vision_activation_check(
+    moves: np.ndarray, score_atol: float, share: float = VISION_SHARE
+) -> VisionActivationCheck:
+    """The rule on the measured |Δs| of the calibration scenes (``moves``, one per scene) that
+    the vision graph's int8 activations cause, against ``share`` of the precision's score
+    tolerance ``score_atol``: the vision and decoder graphs' errors add up in a score, so the
+    vision graph may take at most its share on the scenes the weights were fitted on.
+
+    Measured (bench/RESULTS.md, ``trained-world``; docs/limits.md): on the trained tiny pair
+    the int8 vision graphs moved their calibration scenes up to 0.153 (Qwen3.5) and 0.160
+    (LFM2) against the bound 0.125 and failed verify-bundle on a held-out world scene each
+    (0.32, 0.45, tolerance 0.25); at Qwen3.5-2B's real size the vision tower at int8 moved 12
+    generated scenes 0.045 (simulated), where its int8 GEMMs are about half a scene's time."""
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share must lie in (0, 1]; got {share}.")
+    if not score_atol > 0:
+        raise ValueError(f"score_atol must be positive; got {score_atol}.")
+    d = np.abs(np.asarray(moves, dtype=np.float64))
+    if d.size == 0:
+        raise ValueError("the vision activation check needs at least one calibration scene.")
+    worst = float(d.max()) if np.isfinite(d).all() else math.nan
+    return VisionActivationCheck(worst, share * score_atol, int(d.size))
 
 
 def _output_layers(model: Any) -> set[str]:

@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from spotstop.export.gptq import (
     calibration_set,
     nbits_quantizer_meta,
 )
-from spotstop.export.int8 import default_smooth_alpha
+from spotstop.export.int8 import default_smooth_alpha, vision_activation_check
 from spotstop.export.memory import (
     is_large,
     peak_rss_bytes,
@@ -237,21 +237,19 @@ def _convert_streamed(
     precision: str,
     options: ConvertOptions,
     graph_form: str = "standard",
+    vision: Callable[[ConvertOptions, Callable[[ConvertOptions], Any]], Any] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Convert the exported graphs in ``src`` with their weights on disk: each file set (the
     vision graph, then the decoder graphs) is loaded as references only, its weights tied and
     folded and converted to ``precision`` one tensor at a time into ``stage``'s data file
     (export/weights.py ``DiskWeights``), rewritten for ``graph_form`` (:func:`_rewrite_form`)
-    and written to ``stage``. Returns the weight bytes of the vision graph and one decoder
-    graph, and the vision graph's quantizer metadata."""
+    and written to ``stage``. ``vision(options, convert)``: how the vision graph is converted
+    (:func:`_checked_vision`), ``convert(options)`` writing it and returning its path. Returns
+    the weight bytes of the vision graph and one decoder graph, and the vision graph's
+    quantizer metadata."""
     import onnx
 
-    total = 0
-    qmeta: dict[str, Any] = {}
-    for files, data_name in (
-        (["vision.onnx"], "vision.onnx.data"),
-        (decoders, "decoder.onnx.data"),
-    ):
+    def convert_set(files: list[str], data_name: str, o: ConvertOptions) -> dict[str, Any]:
         models = {}
         with DiskWeights(src, stage / data_name) as io:
             for f in files:
@@ -260,17 +258,35 @@ def _convert_streamed(
                     tie_output_layer(m, io)
                 fold_weight_transposes(m, io)
                 models[f] = _rewrite_form(
-                    convert_precision(m, precision, copy=False, options=replace(options, io=io)),
+                    convert_precision(m, precision, copy=False, options=replace(o, io=io)),
                     graph_form,
                 )
             io.finish(list(models.values()))
-        total += onnx_weight_bytes(models[files[0]])
-        if "vision.onnx" in models:
-            qmeta = quantizer_meta(models["vision.onnx"])
         for f, m in models.items():
             onnx.save_model(m, str(stage / f))
-        del models
-        gc.collect()
+        return models
+
+    total = 0
+    qmeta: dict[str, Any] = {}
+    held: dict[str, Any] = {}
+
+    def convert_vision(o: ConvertOptions) -> str:
+        held.clear()
+        held.update(convert_set(["vision.onnx"], "vision.onnx.data", o))
+        return str(stage / "vision.onnx")
+
+    if vision is None:
+        convert_vision(options)
+    else:
+        vision(options, convert_vision)
+    total += onnx_weight_bytes(held["vision.onnx"])
+    qmeta = quantizer_meta(held["vision.onnx"])
+    held.clear()
+    gc.collect()
+    models = convert_set(decoders, "decoder.onnx.data", options)
+    total += onnx_weight_bytes(models[decoders[0]])
+    del models
+    gc.collect()
     return total, qmeta
 
 
@@ -383,6 +399,79 @@ def _session(model_or_path: Any) -> Any:
     opts.log_severity_level = 3
     src = model_or_path if isinstance(model_or_path, str) else model_or_path.SerializeToString()
     return ort.InferenceSession(src, sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def _vision_moves(
+    job: _Job, fp32_vision: Any, q_vision: Any, decoders: Mapping[str, Any]
+) -> np.ndarray:
+    """|Δs| of each calibration scene (its scene pass, one prompt at a time) when the float32
+    decoder reads the image embeddings of ``q_vision`` instead of ``fp32_vision``'s (graphs:
+    protos or file paths; ``decoders``: the float32 decoder graphs by file name)."""
+    from spotstop.guard import DecodedImage, decode_image
+
+    plan, g, arch = job.plan, job.g, job.folder.arch
+    img_text = arch.image_text(g)
+    vs = {k: _session(m) for k, m in (("fp32", fp32_vision), ("q", q_vision))}
+    sessions: dict[str, Any] = {}
+    rows = len(plan.rows)
+    moves = []
+    for scene in job.calib_scenes:
+        img = scene.image if isinstance(scene.image, DecodedImage) else decode_image(scene.image)
+        px = np.ascontiguousarray(arch.preprocess(img.image, g)["pixel_values"], np.float32)
+        prompt = job.encoder.prompt_ids(scene.request, img_text)
+        need = len(prompt) + plan.max_row_len
+        if job.ecfg.decoder_fixed_length:  # the smallest bucket that holds it (else skipped)
+            fits = [b for b in job.usable if b >= need]
+            if not fits:
+                continue
+            length, fname = fits[0], job.dec_files[fits[0]]
+        else:
+            length, fname = need, job.dec_files[job.usable[0]]
+        if fname not in sessions:
+            sessions[fname] = _session(decoders[fname])
+        feeds = decoder_feeds([prompt], plan, length)
+        score = []
+        for k in ("fp32", "q"):
+            (emb,) = vs[k].run(None, {"pixel_values": px})
+            feeds["image_embeds"] = np.repeat(emb[:1], rows, axis=0)
+            f, lp = sessions[fname].run(None, _to_numpy_inputs(feeds))
+            score.append(combine_scores(f, lp, plan, plan.first_ids)[0])
+        moves.append(score[1] - score[0])
+    return np.asarray(moves, dtype=np.float64)
+
+
+def _checked_vision(
+    job: _Job,
+    opts: ConvertOptions,
+    convert: Callable[[ConvertOptions], Any],
+    fp32_vision: Any,
+    decoders: Mapping[str, Any],
+) -> Any:
+    """The vision graph at the job's precision: ``convert(options)`` converts it (a proto, or
+    the path it was written to). A precision that checks its vision graph's int8 activations
+    (export/int8.py's ``vision_activation_check``), calibrated: what they move the calibration
+    scenes' scores is measured against the float32 graphs (``fp32_vision``, ``decoders``) and,
+    over the bound, the graph is converted again with float activations. Converted before the
+    decoder graphs, so only the kept conversion is in ``opts.report``; the check is recorded
+    there (``vision_activations``)."""
+    if not (get_precision(job.precision).checks_vision_activations and job.calib_scenes):
+        return convert(opts)
+    trial = replace(opts, report={})
+    got = convert(trial)
+    moves = _vision_moves(job, fp32_vision, got, decoders)
+    if not len(moves):
+        raise ValueError(
+            f"{job.mname}: no calibration scene's prompt fits the decoder's buckets "
+            f"{job.usable}; export with a larger bucket (--buckets)."
+        )
+    check = vision_activation_check(moves, job.ecfg.score_atol[job.precision])
+    if check.float_activations:
+        del got
+        got = convert(replace(opts, float_activations=True))
+    else:
+        opts.report.update(trial.report)
+    opts.report["vision_activations"] = check.as_meta()
+    return got
 
 
 @dataclass
@@ -750,8 +839,17 @@ def _stage_quantize(job: _Job, out: Path) -> None:
         job.model = job.vision_t = job.decoder_t = None
         release_freed_memory()
         stage = job.tmp / "stage"
+        fp32_decoders = {f: str(job.tmp / f) for f in dec_names}
         job.weight_bytes, job.qmeta = _convert_streamed(
-            job.tmp, stage, dec_names, job.precision, opts, job.graph_form
+            job.tmp,
+            stage,
+            dec_names,
+            job.precision,
+            opts,
+            job.graph_form,
+            lambda o, convert: _checked_vision(
+                job, o, convert, str(job.tmp / "vision.onnx"), fp32_decoders
+            ),
         )
         paths = {f: str(stage / f) for f in ["vision.onnx", *dec_names]}
         heads = {f: onnx.load(paths[f], load_external_data=False) for f in ("vision.onnx", first)}
@@ -769,10 +867,17 @@ def _stage_quantize(job: _Job, out: Path) -> None:
     job.checks = _stage_validate(job, job.graphs, "fp32")
     graphs = job.graphs
     if job.precision != "fp32" or job.graph_form == "fused":
-        graphs = {
-            f: _rewrite_form(convert_precision(m, job.precision, options=opts), job.graph_form)
-            for f, m in graphs.items()
+
+        def convert(m: Any, o: ConvertOptions) -> Any:
+            return _rewrite_form(convert_precision(m, job.precision, options=o), job.graph_form)
+
+        fp32 = graphs
+        graphs = {  # the vision graph first (_checked_vision)
+            "vision.onnx": _checked_vision(
+                job, opts, lambda o: convert(fp32["vision.onnx"], o), fp32["vision.onnx"], fp32
+            )
         }
+        graphs.update((f, convert(m, opts)) for f, m in fp32.items() if f != "vision.onnx")
         job.checks = _stage_validate(job, graphs, job.precision)
     if out.exists():
         shutil.rmtree(out)
@@ -813,7 +918,9 @@ def _quantizer_record(job: _Job) -> dict[str, Any]:
             else "DynamicQuantizeMatMul (com.microsoft): int8 weights, one scale per output "
             "column, uint8 activations per call (one scale per tensor)"
         ) + "; weight-only MatMulNBits 8-bit (accuracy_level 4) for the rest"
-        q["dynamic_int8"] = job.convert_report["int8"]
+        q["dynamic_int8"] = dict(job.convert_report["int8"])
+        if "vision_activations" in job.convert_report:  # export/int8.py's vision rule
+            q["dynamic_int8"]["vision_activations"] = job.convert_report["vision_activations"]
     elif "float32_image_ends" in job.convert_report:  # int8's own record counts them
         q["float32_image_ends"] = job.convert_report["float32_image_ends"]
     q["weights_by_bits"] = {f"int{b}": n for b, n in sorted(job.held.items())}

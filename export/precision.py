@@ -75,6 +75,9 @@ class ConvertOptions:
     int8_keys: Collection[str] = ()
     smooth_alpha: float | None = None
     keep_error: float | None = None
+    #: int8: every Linear weight-only 8-bit with float activations (``accuracy_level`` 0), for a
+    #: vision graph that failed export/int8.py's ``vision_activation_check``
+    float_activations: bool = False
     #: filled by the conversion: what it did, for the manifest (e.g. int8's layer counts)
     report: dict[str, Any] = field(default_factory=dict)
 
@@ -122,6 +125,10 @@ class PrecisionSpec:
     #: the vision graph's first and last layers stay float32 (export/weights.py's
     #: ``image_end_weights``): the conversion leaves them and the cost model counts them at 4 B
     float32_image_ends: bool = False
+    #: the export measures what the vision graph's int8 activations move the calibration
+    #: scenes' scores and converts it again with float activations over the bound
+    #: (export/int8.py's ``vision_activation_check``)
+    checks_vision_activations: bool = False
 
 
 PRECISION_SPECS: dict[str, PrecisionSpec] = {}
@@ -193,22 +200,29 @@ def _nbits(bits: int, block: int, accuracy_level: int, kept_int8: bool) -> Calla
 
 
 def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
-    from spotstop.export.int8 import KEEP_ERROR, quantize_matmuls_int8
+    from spotstop.export.int8 import KEEP_ERROR, Int8Report, quantize_matmuls_int8
     from spotstop.export.nbits import quantize_matmuls_nbits
+    from spotstop.export.weights import image_end_weights
 
     tied = _prepare(m, o)
-    rep = quantize_matmuls_int8(
-        m,
-        o.io,
-        o.calibration,
-        smooth_alpha=o.smooth_alpha,
-        keep_error=KEEP_ERROR if o.keep_error is None else o.keep_error,
-        output_layers=tied,  # a tied output layer stays the one table GatherBlockQuantized reads
-    )
-    # what it left (the output layer, the layers over the error bound): weight-only 8-bit
-    # (the constants no Linear reads stay float32, export/int8.py)
-    float32 = (*rep.unmeasured, *rep.image_ends)
-    quantize_matmuls_nbits(m, 8, INT8_NBITS_BLOCK, o.io, o.calibration, (), 4, float32)
+    keep_error = KEEP_ERROR if o.keep_error is None else o.keep_error
+    if o.float_activations:  # weight-only 8-bit, float compute; the image's ends float32
+        ends = tuple(sorted(image_end_weights(m)))
+        n = quantize_matmuls_nbits(m, 8, INT8_NBITS_BLOCK, o.io, o.calibration, (), 0, ends)
+        rep = Int8Report(dynamic=0, image_ends=ends, keep_error=keep_error, float_activations=n)
+    else:
+        rep = quantize_matmuls_int8(
+            m,
+            o.io,
+            o.calibration,
+            smooth_alpha=o.smooth_alpha,
+            keep_error=keep_error,
+            output_layers=tied,  # a tied output layer stays the one table the Gather reads
+        )
+        # what it left (the output layer, the layers over the error bound): weight-only 8-bit
+        # (the constants no Linear reads stay float32, export/int8.py)
+        float32 = (*rep.unmeasured, *rep.image_ends)
+        quantize_matmuls_nbits(m, 8, INT8_NBITS_BLOCK, o.io, o.calibration, (), 4, float32)
     # several graphs (vision, decoder) add up to one record for the manifest
     errors = o.report.setdefault("_int8_errors", [])
     errors += list(rep.errors.values())
@@ -223,7 +237,7 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
         "float32_image_ends",
     ):
         meta[k] += prev.get(k, 0)
-    for k in ("output_layer", "over_keep_error"):
+    for k in ("output_layer", "over_keep_error", "float_activations"):
         meta["weight_only"][k] += prev.get("weight_only", {}).get(k, 0)
     if errors:
         meta["max_error"] = round(float(max(errors)), 6)
@@ -302,6 +316,7 @@ _INT8 = register_precision(
         block_size=INT8_NBITS_BLOCK,
         graph_form="fused",
         float32_image_ends=True,
+        checks_vision_activations=True,
     )
 )
 # the same bytes, tolerances and table as int8's (whose weight-only layers it is)
@@ -309,6 +324,7 @@ register_precision(
     replace(
         _INT8,
         name="int8-nbits",
+        checks_vision_activations=False,
         summary="weight-only int8 (MatMulNBits, int8 activations per block of 128)",
         convert=_nbits(8, INT8_NBITS_BLOCK, 4, kept_int8=False),
     )
