@@ -133,10 +133,10 @@ def quantize_matmuls_nbits(
             )
         ]
 
-    count = rewrite_weight_matmuls(model, rewrite, f"GPTQ int{bits}" if calibration else None)
-    if count and not any(o.domain == "com.microsoft" for o in model.opset_import):
+    rewrite_weight_matmuls(model, rewrite, f"GPTQ int{bits}" if calibration else None)
+    if done and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return count
+    return len(done)  # the weights in ``skip`` are not counted
 
 
 #: operators whose second input is an int8 weight (int8's dynamic path: int8 activations)

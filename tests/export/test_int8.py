@@ -18,6 +18,8 @@ from spotstop.export.gptq import CalibrationInputs, weight_key  # noqa: E402
 from spotstop.export.int8 import (  # noqa: E402
     ACTIVATIONS,
     SMOOTH_ALPHA,
+    VISION_SHARE,
+    VisionActivationCheck,
     channel_int8,
     dequantize_activations,
     dequantize_activations_per_token,
@@ -25,6 +27,7 @@ from spotstop.export.int8 import (  # noqa: E402
     per_token_codes_model,
     quantize_matmuls_int8,
     smoothing_factors,
+    vision_activation_check,
 )
 
 
@@ -508,3 +511,84 @@ def test_smoothing_folds_into_a_fused_norms_scale(
     (want,) = _session(fp32).run(["y"], {"x": x[:16]})  # type: ignore[attr-defined]
     (got,) = _session(model).run(["y"], {"x": x[:16]})  # type: ignore[attr-defined]
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 3 * rep.max_error + 1e-3
+
+
+def test_the_vision_rule_keeps_int8_activations_within_its_share_of_the_tolerance() -> None:
+    """export/int8.py's vision rule on constructed moves: within VISION_SHARE of the score
+    tolerance (either sign) the vision graph keeps int8 activations; one scene over it, or a
+    move that is not finite, and it computes in float; nonsense arguments are refused."""
+    bound = VISION_SHARE * 0.25
+    keep = vision_activation_check(np.array([0.01, -bound, 0.05]), 0.25)
+    assert keep == VisionActivationCheck(bound, bound, 3) and not keep.float_activations
+    assert keep.as_meta()["activations"] == "int8" and keep.as_meta()["scenes"] == 3
+    over = vision_activation_check(np.array([0.01, -0.02, -(bound + 1e-3)]), 0.25)
+    assert over.float_activations and over.max_abs_diff == pytest.approx(bound + 1e-3)
+    assert over.as_meta()["activations"] == "float (weight-only 8-bit)"
+    # a wider tolerance (int4's 1.0) lets the same moves through
+    assert not vision_activation_check(np.array([bound + 1e-3]), 1.0).float_activations
+    nan = vision_activation_check(np.array([0.0, np.nan]), 0.25)
+    assert nan.float_activations and nan.as_meta()["max_abs_diff"] == "nan"
+    with pytest.raises(ValueError, match="at least one calibration scene"):
+        vision_activation_check(np.array([]), 0.25)
+    with pytest.raises(ValueError, match="share"):
+        vision_activation_check(np.array([0.1]), 0.25, share=0.0)
+    with pytest.raises(ValueError, match="score_atol"):
+        vision_activation_check(np.array([0.1]), 0.0)
+
+
+@pytest.mark.parametrize("over", [False, True])
+def test_the_export_measures_the_vision_graphs_int8_activations_and_records_the_choice(
+    tiny_pair: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, over: bool
+) -> None:
+    """The export measures what the int8 vision graph moves each calibration scene's score
+    (float32 decoder) and hands the rule those moves; over its bound the vision graph is
+    converted again with float activations (every Linear weight-only 8-bit, accuracy_level 0;
+    the image's two ends float32) while the decoder still computes in int8; within it the
+    vision graph computes in int8. Either way the bundle validates and the manifest records
+    the measured move, the bound and the choice."""
+    import onnx
+    import spotstop.export.onnx as export_onnx
+
+    seen: list[np.ndarray] = []
+
+    def rule(moves: np.ndarray, score_atol: float) -> VisionActivationCheck:
+        seen.append(moves)
+        real = vision_activation_check(moves, score_atol)
+        assert real.bound == VISION_SHARE * score_atol == VISION_SHARE * 0.25
+        # the decision forced either way around the measured move
+        return VisionActivationCheck(real.max_abs_diff, 0.0 if over else 1e6, real.scenes)
+
+    monkeypatch.setattr(export_onnx, "vision_activation_check", rule)
+    src = tiny_pair / "tiny-lfm2_vl"
+    kw = {"precision": "int8", "buckets": [256], "name": "tiny-lfm2_vl", "calibration_scenes": 3}
+    e = export_onnx.export_member(src, tmp_path / "m", **kw)  # type: ignore[arg-type]
+    assert all(c.ok for c in e.checks)
+    (moves,) = seen
+    assert moves.shape == (3,) and np.isfinite(moves).all() and np.abs(moves).max() > 0
+    d = e.quantizer["dynamic_int8"]  # type: ignore[index]
+    va = d["vision_activations"]
+    assert va["scenes"] == 3 and va["max_abs_diff"] == pytest.approx(np.abs(moves).max(), abs=1e-6)
+    assert va["activations"] == ("float (weight-only 8-bit)" if over else "int8")
+    assert d["float32_image_ends"] == 2  # either way
+
+    def ops(f: str) -> list[object]:
+        return list(
+            onnx.load(str(tmp_path / "m" / "onnx" / f), load_external_data=False).graph.node
+        )
+
+    vision, decoder = ops("vision.onnx"), ops("decoder.onnx")
+    assert any(n.op_type == "MatMulIntegerToFloat" for n in decoder)  # type: ignore[attr-defined]
+    dynamic_vision = [n for n in vision if n.op_type == "MatMulIntegerToFloat"]  # type: ignore[attr-defined]
+    levels = [
+        int(helper.get_node_attr_value(n, "accuracy_level"))
+        if any(a.name == "accuracy_level" for a in n.attribute)
+        else 0
+        for n in vision
+        if n.op_type == "MatMulNBits"  # type: ignore[attr-defined]
+    ]
+    if over:
+        assert not dynamic_vision and len(levels) == d["weight_only"]["float_activations"] > 5
+        assert set(levels) == {0}
+    else:  # the keep rule's weight-only layers, if any, at accuracy_level 4
+        assert dynamic_vision and set(levels) <= {4}
+        assert d["weight_only"]["float_activations"] == 0
