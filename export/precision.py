@@ -206,10 +206,21 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
 
     tied = _prepare(m, o)
     keep_error = KEEP_ERROR if o.keep_error is None else o.keep_error
-    if o.float_activations:  # weight-only 8-bit, float compute; the image's ends float32
+    if o.float_activations:  # weight-only 8-bit, float compute
+        # float32 as in quantize_matmuls_int8: the image's ends, and with calibration the
+        # constants no recorded Linear multiplies by (a folded table: its inputs are unknown)
         ends = tuple(sorted(image_end_weights(m)))
-        n = quantize_matmuls_nbits(m, 8, INT8_NBITS_BLOCK, o.io, o.calibration, (), 0, ends)
-        rep = Int8Report(dynamic=0, image_ends=ends, keep_error=keep_error, float_activations=n)
+        unmeasured = _unmeasured(m, o, set(ends))
+        n = quantize_matmuls_nbits(
+            m, 8, INT8_NBITS_BLOCK, o.io, o.calibration, (), 0, (*ends, *unmeasured)
+        )
+        rep = Int8Report(
+            dynamic=0,
+            unmeasured=unmeasured,
+            image_ends=ends,
+            keep_error=keep_error,
+            float_activations=n,
+        )
     else:
         rep = quantize_matmuls_int8(
             m,
@@ -244,6 +255,26 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
         meta["median_error"] = round(float(sorted(errors)[len(errors) // 2]), 6)
     o.report["int8"] = meta
     return _finish_nbits(m, o, tied, 8)
+
+
+def _unmeasured(m: Any, o: ConvertOptions, skip: set[str]) -> tuple[str, ...]:
+    """The float32 MatMul weights of ``m`` (but ``skip``) whose inputs the calibration did not
+    record (none without calibration)."""
+    from onnx import TensorProto
+    from spotstop.export.weights import WeightIO, weight_initializer
+
+    if o.calibration is None:
+        return ()
+    io = o.io or WeightIO()
+    inits = {t.name: t for t in m.graph.initializer}
+    found: dict[str, None] = {}
+    for node in m.graph.node:
+        t = weight_initializer(node, inits)
+        if t is None or t.data_type != TensorProto.FLOAT or t.name in skip or t.name in found:
+            continue
+        if o.calibration.sample(io.read(t), 1) is None:
+            found[t.name] = None
+    return tuple(found)
 
 
 def _int4_trt(m: Any, o: ConvertOptions) -> Any:
