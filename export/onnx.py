@@ -416,6 +416,8 @@ def _vision_moves(
     rows = len(plan.rows)
     moves = []
     for scene in job.calib_scenes:
+        if scene.image is None:  # no image: the vision graph plays no part
+            continue
         img = scene.image if isinstance(scene.image, DecodedImage) else decode_image(scene.image)
         px = np.ascontiguousarray(arch.preprocess(img.image, g)["pixel_values"], np.float32)
         prompt = job.encoder.prompt_ids(scene.request, img_text)

@@ -571,20 +571,20 @@ def test_the_export_measures_the_vision_graphs_int8_activations_and_records_the_
     assert va["activations"] == ("float (weight-only 8-bit)" if over else "int8")
     assert d["float32_image_ends"] == 2  # either way
 
-    def ops(f: str) -> list[object]:
+    def ops(f: str) -> list[onnx.NodeProto]:
         return list(
             onnx.load(str(tmp_path / "m" / "onnx" / f), load_external_data=False).graph.node
         )
 
     vision, decoder = ops("vision.onnx"), ops("decoder.onnx")
-    assert any(n.op_type == "MatMulIntegerToFloat" for n in decoder)  # type: ignore[attr-defined]
-    dynamic_vision = [n for n in vision if n.op_type == "MatMulIntegerToFloat"]  # type: ignore[attr-defined]
+    assert any(n.op_type == "MatMulIntegerToFloat" for n in decoder)
+    dynamic_vision = [n for n in vision if n.op_type == "MatMulIntegerToFloat"]
     levels = [
         int(helper.get_node_attr_value(n, "accuracy_level"))
         if any(a.name == "accuracy_level" for a in n.attribute)
         else 0
         for n in vision
-        if n.op_type == "MatMulNBits"  # type: ignore[attr-defined]
+        if n.op_type == "MatMulNBits"
     ]
     if over:
         assert not dynamic_vision and len(levels) == d["weight_only"]["float_activations"] > 5
