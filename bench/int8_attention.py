@@ -64,8 +64,9 @@ from _results import write_section  # noqa: E402
 MHA = "MultiHeadAttention fp32"
 DECOMPOSED = "MatMul + Softmax + MatMul fp32"
 INT8_QK = "int8 QK^T (K smoothed, Q K per token), PV fp32"
+INT8_QK_HEAD = "int8 QK^T (K smoothed and per token, Q per head), PV fp32"
 INT8_QK_PV = "int8 QK^T and PV (P per row u8, V per channel s8)"
-FORMS = (MHA, DECOMPOSED, INT8_QK, INT8_QK_PV)
+FORMS = (MHA, DECOMPOSED, INT8_QK, INT8_QK_HEAD, INT8_QK_PV)
 #: the smallest quantization step (a token whose Q or K is all zero)
 _MIN_STEP = 1e-12
 
@@ -123,22 +124,24 @@ class _Names:
 
 
 def _quantize(
-    x: str, axis: int, qmax: int, signed: bool, n: _Names, tag: str
+    x: str, axes: Sequence[int], qmax: int, dtype: str, n: _Names, tag: str
 ) -> tuple[list[Any], str, str]:
-    """Nodes that quantize ``x`` symmetrically in blocks along ``axis`` (one step per line along
-    ``axis``: per token when ``axis`` is the head channel, per channel when it is the token
-    axis): step = max |x| / qmax (at least :data:`_MIN_STEP`). Returns the nodes, the
-    codes and the steps (``x``'s shape with ``axis`` reduced to 1)."""
+    """Nodes that quantize ``x`` symmetrically, one step per line along ``axes`` (per token
+    when ``axes`` is the head channel, per channel when it is the token axis, per head when it
+    is both): step = max |x| / qmax (at least :data:`_MIN_STEP`). ``dtype`` ``s8``: codes
+    -qmax..qmax; ``u8``: the same codes + 128 (zero point 128: onnxruntime's fast integer
+    product on x86 is u8 x s8, s8 x s8 runs about 4x slower here); ``u8+``: x is non-negative,
+    codes 0..qmax. Returns the nodes, the codes and the steps (``x``'s shape, ``axes`` 1)."""
     from onnx import TensorProto, helper
 
     nodes = []
     src = x
-    if signed:
+    if dtype != "u8+":
         nodes.append(helper.make_node("Abs", [x], [n(f"{tag}_abs")]))
         src = n(f"{tag}_abs")
     nodes += [
         helper.make_node(
-            "ReduceMax", [src, n.const(f"{tag}_axis", [axis], np.int64)], [n(f"{tag}_max")]
+            "ReduceMax", [src, n.const(f"{tag}_axis", list(axes), np.int64)], [n(f"{tag}_max")]
         ),
         helper.make_node("Div", [n(f"{tag}_max"), n.const(f"{tag}_qmax", qmax)], [n(f"{tag}_s0")]),
         helper.make_node(
@@ -148,13 +151,13 @@ def _quantize(
         # optimizations break the blocked form's scale shape here (it runs only unoptimized)
         helper.make_node("Div", [x, n(f"{tag}_s")], [n(f"{tag}_x")]),
         helper.make_node("Round", [n(f"{tag}_x")], [n(f"{tag}_r")]),
-        helper.make_node(
-            "Cast",
-            [n(f"{tag}_r")],
-            [n(f"{tag}_q")],
-            to=TensorProto.INT8 if signed else TensorProto.UINT8,
-        ),
     ]
+    codes = n(f"{tag}_r")
+    if dtype == "u8":
+        nodes.append(helper.make_node("Add", [codes, n.const(f"{tag}_zp", 128.0)], [n(f"{tag}_o")]))
+        codes = n(f"{tag}_o")
+    to = TensorProto.INT8 if dtype == "s8" else TensorProto.UINT8
+    nodes.append(helper.make_node("Cast", [codes], [n(f"{tag}_q")], to=to))
     return nodes, n(f"{tag}_q"), n(f"{tag}_s")
 
 
@@ -203,32 +206,46 @@ def attention_nodes(
         ]
     else:
         one = n.const("one", 1.0)
-        nodes += [  # K smoothed: its mean over the tokens, per channel, subtracted
+        nodes += [  # K smoothed: its mean over the tokens, per head channel, subtracted
+            helper.make_node("Reshape", [k, split], [n("k4")]),
+            helper.make_node("Transpose", [n("k4")], [n("kraw")], perm=[0, 2, 1, 3]),
             helper.make_node(
-                "ReduceMean", [k, n.const("tok_axis", [1], np.int64)], [n("kmean")], keepdims=1
+                "ReduceMean", [n("kraw"), n.const("tok_axis", [2], np.int64)], [n("kmean")]
             ),
-            helper.make_node("Sub", [k, n("kmean")], [n("ksm")]),
-            helper.make_node("Reshape", [n("ksm"), split], [n("k4")]),
-            helper.make_node("Transpose", [n("k4")], [n("kh")], perm=[0, 2, 1, 3]),
+            helper.make_node("Sub", [n("kraw"), n("kmean")], [n("kh")]),
         ]
-        qn, qq, qstep = _quantize(n("qh"), -1, 127, True, n, "q")
-        kn, kq, kstep = _quantize(n("kh"), -1, 127, True, n, "k")
+        per_head = form == INT8_QK_HEAD
+        qn, qq, qstep = _quantize(n("qh"), [2, 3] if per_head else [3], 127, "u8", n, "q")
+        kn, kq, kstep = _quantize(n("kh"), [3], 127, "s8", n, "k")
         nodes += qn + kn
         nodes += [
             helper.make_node("Transpose", [kq], [n("kqt")], perm=[0, 1, 3, 2]),
             helper.make_node("Transpose", [kstep], [n("kst")], perm=[0, 1, 3, 2]),
-            helper.make_node(
-                "MatMulIntegerToFloat",
-                [qq, n("kqt"), one, n("kst")],
-                [n("logits_k")],
-                domain="com.microsoft",
-            ),
-            helper.make_node("Mul", [n("logits_k"), qstep], [n("logits")]),
         ]
+        if per_head:  # Q's one step per head folds into K's steps per column: no S x S Mul
+            nodes += [
+                helper.make_node("Mul", [n("kst"), qstep], [n("qkst")]),
+                helper.make_node(
+                    "MatMulIntegerToFloat",
+                    [qq, n("kqt"), one, n("qkst"), n.const("q_zp8", 128, np.uint8)],
+                    [n("logits")],
+                    domain="com.microsoft",
+                ),
+            ]
+        else:
+            nodes += [
+                helper.make_node(
+                    "MatMulIntegerToFloat",
+                    [qq, n("kqt"), one, n("kst"), n.const("q_zp8", 128, np.uint8)],
+                    [n("logits_k")],
+                    domain="com.microsoft",
+                ),
+                helper.make_node("Mul", [n("logits_k"), qstep], [n("logits")]),
+            ]
     nodes.append(helper.make_node("Softmax", [n("logits")], [n("p")], axis=-1))
     if form == INT8_QK_PV:
-        pn, pq, pstep = _quantize(n("p"), -1, 255, False, n, "p")
-        vn, vq, vstep = _quantize(n("vh"), -2, 127, True, n, "v")
+        pn, pq, pstep = _quantize(n("p"), [3], 255, "u8+", n, "p")
+        vn, vq, vstep = _quantize(n("vh"), [2], 127, "s8", n, "v")
         nodes += pn + vn
         nodes += [
             helper.make_node(
