@@ -15,11 +15,14 @@ those inputs, each its own onnxruntime session (``ORT_ENABLE_ALL``, ``--threads`
 2. ``MatMul + Softmax + MatMul fp32``: the same attention written out (heads split by
    Reshape / Transpose, the scale folded into Q);
 3. ``int8 QK^T, PV fp32``: SageAttention's first step: K smoothed (its mean over the tokens
-   subtracted per channel: each row of ``Q K^T`` moves by one constant, which softmax
-   ignores), Q and K quantized per token and head to int8 (symmetric, step = max |x| / 127),
-   ``Q K^T`` by ``MatMulIntegerToFloat`` (K's step per column inside it, Q's step one Mul after),
-   softmax and ``P V`` in float32;
-4. ``int8 QK^T and PV``: as 3, with ``P`` quantized per row to uint8 (step = row max / 255)
+   subtracted per head channel: each row of ``Q K^T`` moves by one constant, which softmax
+   ignores), Q and K quantized per token and head (symmetric, step = max |x| / 127; Q's codes
+   stored as uint8 with zero point 128, as onnxruntime's fast u8 x s8 product wants), ``Q K^T``
+   by ``MatMulIntegerToFloat`` (K's step per column inside it, Q's step one Mul after over the
+   tokens x tokens logits), softmax and ``P V`` in float32;
+4. ``int8 QK^T ... Q per head``: as 3 with one step per head for Q, folded into K's steps
+   inside ``MatMulIntegerToFloat``: no pass over the logits to rescale them;
+5. ``int8 QK^T and PV``: as 3, with ``P`` quantized per row to uint8 (step = row max / 255)
    and V per channel to int8, ``P V`` by ``MatMulIntegerToFloat`` too.
 
 Each of ``--rounds`` rounds runs every form once, in alternating order (forward, then
@@ -27,9 +30,10 @@ backward), after one warm-up call each; the median per form is kept with its rat
 (form 1's median / its median: above 1 is faster) and its error against form 1's output: the
 largest absolute difference and the relative RMS ``||y - y_1|| / ||y_1||``.
 
-With ``--whole``, every attention node of the graph is rewritten as form 3 in a second copy,
-and both graphs are timed on the scene (alternating rounds, medians) and their
-``image_embeds`` compared: the error form 3 makes at the vision tower's output.
+With ``--whole``, every attention node of the graph is rewritten as form 3 (or
+``--whole-form``) in a second copy, and both graphs are timed on the scene (alternating
+rounds, medians) and their ``image_embeds`` compared: the error that form makes at the vision
+tower's output.
 
     python bench/int8_attention.py /work/real/bundle-int8/members/Qwen3.5-2B/onnx/vision.onnx
     python bench/int8_attention.py GRAPH --layers 0,12,23 --rounds 9 --whole --results bench/RESULTS.md
@@ -95,8 +99,9 @@ class LayerResult:
 
 @dataclass(frozen=True)
 class WholeResult:
-    """The vision graph as exported against the same graph with every attention as form 3."""
+    """The vision graph as exported against the same graph with every attention as ``form``."""
 
+    form: str
     nodes_rewritten: int
     exported_s: float
     rewritten_s: float
@@ -108,9 +113,20 @@ class WholeResult:
 class _Names:
     """Unique tensor names under one prefix, and the initializers the nodes use."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, opset: int) -> None:
         self.prefix = prefix
+        self.opset = opset
         self.inits: list[Any] = []
+
+    def reduce(self, op: str, x: str, axes: Sequence[int], out: str) -> Any:
+        """``op`` (ReduceMax, ReduceMean) over ``axes``, dims kept, in the graph's opset (axes
+        an input from opset 18, an attribute before)."""
+        from onnx import helper
+
+        if self.opset >= 18:
+            axes_in = self.const(f"{out}_axes", list(axes), np.int64)
+            return helper.make_node(op, [x, axes_in], [self(out)], keepdims=1)
+        return helper.make_node(op, [x], [self(out)], axes=list(axes), keepdims=1)
 
     def __call__(self, name: str) -> str:
         return f"{self.prefix}{name}"
@@ -140,9 +156,7 @@ def _quantize(
         nodes.append(helper.make_node("Abs", [x], [n(f"{tag}_abs")]))
         src = n(f"{tag}_abs")
     nodes += [
-        helper.make_node(
-            "ReduceMax", [src, n.const(f"{tag}_axis", list(axes), np.int64)], [n(f"{tag}_max")]
-        ),
+        n.reduce("ReduceMax", src, axes, f"{tag}_max"),
         helper.make_node("Div", [n(f"{tag}_max"), n.const(f"{tag}_qmax", qmax)], [n(f"{tag}_s0")]),
         helper.make_node(
             "Max", [n(f"{tag}_s0"), n.const(f"{tag}_min", _MIN_STEP)], [n(f"{tag}_s")]
@@ -171,13 +185,15 @@ def attention_nodes(
     heads: int,
     scale: float,
     prefix: str,
+    opset: int = 17,
 ) -> tuple[list[Any], list[Any]]:
     """The nodes and initializers of one attention ``out = MHA(q, k, v)`` in ``form`` (one of
     :data:`FORMS`); ``q``, ``k``, ``v`` are batch x tokens x (heads x head_dim) float32, as the
-    ``MultiHeadAttention`` node takes them (no mask, no bias)."""
+    ``MultiHeadAttention`` node takes them (no mask, no bias); ``opset``: the graph's ONNX opset
+    (the exporter writes 17)."""
     from onnx import helper
 
-    n = _Names(prefix)
+    n = _Names(prefix, opset)
     if form == MHA:
         node = helper.make_node(
             "MultiHeadAttention",
@@ -209,9 +225,7 @@ def attention_nodes(
         nodes += [  # K smoothed: its mean over the tokens, per head channel, subtracted
             helper.make_node("Reshape", [k, split], [n("k4")]),
             helper.make_node("Transpose", [n("k4")], [n("kraw")], perm=[0, 2, 1, 3]),
-            helper.make_node(
-                "ReduceMean", [n("kraw"), n.const("tok_axis", [2], np.int64)], [n("kmean")]
-            ),
+            n.reduce("ReduceMean", n("kraw"), [2], "kmean"),
             helper.make_node("Sub", [n("kraw"), n("kmean")], [n("kh")]),
         ]
         per_head = form == INT8_QK_HEAD
@@ -298,7 +312,7 @@ def form_session(form: str, shape: tuple[int, ...], heads: int, scale: float, th
         initializer=inits,
     )  # fmt: skip
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     )
     model.ir_version = 10
     onnx.checker.check_model(model)
@@ -399,6 +413,7 @@ def rewrite_all(model: Any, form: str = INT8_QK) -> tuple[Any, int]:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     att = {x.name for x in _attention(m)}
+    opset = next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
     kept, count = [], 0
     for x in m.graph.node:
         if x.name not in att:
@@ -408,8 +423,9 @@ def rewrite_all(model: Any, form: str = INT8_QK) -> tuple[Any, int]:
         if not scale:
             raise ValueError(f"{x.name} has no scale attribute; this rewrite needs it")
         nodes, inits = attention_nodes(
-            form, *x.input[:3], x.output[0], heads=heads, scale=scale, prefix=f"{x.name}/int8/"
-        )
+            form, *x.input[:3], x.output[0], heads=heads, scale=scale,
+            prefix=f"{x.name}/int8/", opset=opset,
+        )  # fmt: skip
         kept += nodes
         m.graph.initializer.extend(inits)
         count += 1
@@ -419,17 +435,17 @@ def rewrite_all(model: Any, form: str = INT8_QK) -> tuple[Any, int]:
 
 
 def measure_whole(
-    model: Any, feed: dict[str, np.ndarray], rounds: int, threads: int
+    model: Any, feed: dict[str, np.ndarray], rounds: int, threads: int, form: str = INT8_QK
 ) -> WholeResult:
-    """The exported graph and its form-3 rewrite (:func:`rewrite_all`), timed and compared."""
-    rewritten, count = rewrite_all(model)
+    """The exported graph and its rewrite as ``form`` (:func:`rewrite_all`), timed and compared."""
+    rewritten, count = rewrite_all(model, form)
     out_name = model.graph.output[0].name
     a, b = _session(model, threads), _session(rewritten, threads)
     ya, yb = a.run([out_name], feed)[0], b.run([out_name], feed)[0]
     ta, tb = _rounds([lambda: a.run([out_name], feed), lambda: b.run([out_name], feed)], rounds)
     mx, rel = _errors(yb, ya)
     return WholeResult(
-        count, statistics.median(ta), statistics.median(tb), mx, rel, float(np.abs(ya).max())
+        form, count, statistics.median(ta), statistics.median(tb), mx, rel, float(np.abs(ya).max())
     )
 
 
@@ -473,9 +489,10 @@ def random_pixels(model: Any, seed: int) -> dict[str, np.ndarray]:
 def measure(
     graph: Path, *, layers: Sequence[int], rounds: int, threads: int, scene_seed: int = 7,
     random: bool = False, whole: bool = False, whole_rounds: int | None = None,
+    whole_form: str = INT8_QK,
 ) -> dict[str, Any]:  # fmt: skip
     """Every form of the attention nodes ``layers`` of ``graph``, on one scene's inputs; with
-    ``whole``, the graph with every attention as form 3 against the graph as exported."""
+    ``whole``, the graph with every attention as ``whole_form`` against it as exported."""
     import onnx
 
     model = onnx.load(str(graph))  # the external data with it: the copies live in memory
@@ -499,7 +516,7 @@ def measure(
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
     if whole:
-        w = measure_whole(model, feed, whole_rounds or rounds, threads)
+        w = measure_whole(model, feed, whole_rounds or rounds, threads, whole_form)
         doc["whole"] = asdict(w)
     doc["load_after"] = os.getloadavg()
     return doc
@@ -544,7 +561,8 @@ def render(doc: dict[str, Any], command: str = "") -> str:
     if w:
         lines += [
             "",
-            f"The whole vision graph with its {w['nodes_rewritten']} attention nodes as form 3, "
+            f"The whole vision graph with its {w['nodes_rewritten']} attention nodes as "
+            f"{FORMS.index(w['form']) + 1}. {w['form']}, "
             f"against the graph as exported, on the same scene: {w['exported_s'] * 1e3:.0f} ms "
             f"→ {w['rewritten_s'] * 1e3:.0f} ms a call ({w['exported_s'] / w['rewritten_s']:.2f}x);"
             f" `image_embeds` max abs error {w['max_abs_err']:.2e} (largest |value| "
@@ -574,6 +592,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--scene-seed", type=int, default=7, help="demo_scenes seed (or pixels')")
     ap.add_argument("--random-pixels", action="store_true", help="Gaussian pixels, no folder")
     ap.add_argument("--whole", action="store_true", help="also the graph with every layer as 3")
+    ap.add_argument(
+        "--whole-form", type=int, choices=(3, 4, 5), default=3, help="the form --whole uses"
+    )
     ap.add_argument("--whole-rounds", type=int, help="timed calls per whole graph (default rounds)")
     ap.add_argument("--results", type=Path, help="a RESULTS.md to write the section into")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -587,7 +608,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = measure(
         args.graph, layers=layers, rounds=args.rounds, threads=args.threads,
         scene_seed=args.scene_seed, random=args.random_pixels, whole=args.whole,
-        whole_rounds=args.whole_rounds,
+        whole_rounds=args.whole_rounds, whole_form=FORMS[args.whole_form - 1],
     )  # fmt: skip
     text = render(doc, " ".join(sys.argv[1:] if argv is None else argv))
     print(json.dumps(doc, indent=1) if args.json else text)

@@ -21,8 +21,9 @@ pytest.importorskip("onnx")
 TOKENS, HIDDEN, HEADS, BLOCKS = 32, 16, 2, 2
 
 
-def _tiny_vision(path: Path) -> None:
-    """pixels (TOKENS x HIDDEN) → BLOCKS attention blocks (seeded weights) → image_embeds."""
+def _tiny_vision(path: Path, opset: int = 17) -> None:
+    """pixels (TOKENS x HIDDEN) → BLOCKS attention blocks (seeded weights) → image_embeds, in
+    ``opset`` (the exporter writes 17: reductions take their axes as an attribute)."""
     import onnx
     from onnx import TensorProto, helper
     from onnx import numpy_helper as nh
@@ -61,7 +62,8 @@ def _tiny_vision(path: Path) -> None:
         initializer=inits,
     )
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+        graph,
+        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)],
     )
     model.ir_version = 10
     onnx.save(model, str(path))
@@ -71,10 +73,13 @@ def _forms(layer: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {f["form"]: f for f in layer["forms"]}
 
 
-def test_every_form_on_the_graphs_own_inputs_and_the_whole_rewrite(tmp_path: Path) -> None:
+@pytest.mark.parametrize("opset", [17, 21])
+def test_every_form_on_the_graphs_own_inputs_and_the_whole_rewrite(
+    tmp_path: Path, opset: int
+) -> None:
     a = load_bench("int8_attention")
     graph = tmp_path / "vision.onnx"
-    _tiny_vision(graph)
+    _tiny_vision(graph, opset)
     doc = a.measure(
         graph, layers=[0, 1], rounds=3, threads=1, random=True, whole=True, whole_rounds=2
     )
@@ -91,8 +96,10 @@ def test_every_form_on_the_graphs_own_inputs_and_the_whole_rewrite(tmp_path: Pat
         # int8: about a per cent, and not the float32 rounding (the codes are really used)
         assert 1e-5 < f[a.INT8_QK]["rel_rms_err"] < 0.05
         assert 1e-5 < f[a.INT8_QK_PV]["rel_rms_err"] < 0.05
+        # one step per head for Q is coarser than one per token
+        assert f[a.INT8_QK]["rel_rms_err"] < f[a.INT8_QK_HEAD]["rel_rms_err"] < 0.1
     w = doc["whole"]
-    assert w["nodes_rewritten"] == BLOCKS
+    assert w["form"] == a.INT8_QK and w["nodes_rewritten"] == BLOCKS
     assert 0 < w["rel_rms_err"] < 0.05 and w["exported_s"] > 0 and w["rewritten_s"] > 0
 
 
@@ -120,6 +127,13 @@ def test_main_writes_its_section_and_refuses_a_missing_layer(tmp_path: Path) -> 
     text = results.read_text(encoding="utf-8")
     assert "kept" in text and "<!-- int8-attention:begin -->" in text
     assert "| 1 | 3. " + a.INT8_QK + " |" in text and "load average" in text
+    assert "| 1 | 5. " + a.INT8_QK_PV + " |" in text
+    assert a.main([*argv, "--whole", "--whole-form", "5", "--results", str(results)]) == 0
+    text = results.read_text(encoding="utf-8")
+    assert (
+        "2 attention nodes as 5. " + a.INT8_QK_PV in text
+        and text.count("int8-attention:begin") == 1
+    )
     with pytest.raises(ValueError, match="the graph has 2 attention nodes"):
         a.measure(graph, layers=[5], rounds=1, threads=1, random=True)
     with pytest.raises(ValueError, match="rounds must be at least 1"):
