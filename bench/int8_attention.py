@@ -84,6 +84,9 @@ class FormResult:
     all_s: tuple[float, ...]
     max_abs_err: float
     rel_rms_err: float
+    #: node kernel time per operator type (ms a call, largest first), from one profiled
+    #: session; empty where the layer was not profiled
+    ops: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,10 @@ class WholeResult:
     max_abs_err: float
     rel_rms_err: float
     max_abs_output: float
+    #: the exported graph against itself on its input moved up one float32 ulp: how far the
+    #: graph's own roundings (its per-token int8 codes) move the output without any rewrite
+    ulp_max_abs: float
+    ulp_rel_rms: float
 
 
 class _Names:
@@ -290,18 +297,25 @@ def _options(threads: int) -> Any:
     return opts
 
 
-def _session(model: Any, threads: int) -> Any:
+def _session(model: Any, threads: int, profile: str = "") -> Any:
     import onnxruntime as ort
 
+    opts = _options(threads)
+    if profile:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile
     return ort.InferenceSession(
         model.SerializeToString(),
-        sess_options=_options(threads),
+        sess_options=opts,
         providers=["CPUExecutionProvider"],
     )
 
 
-def form_session(form: str, shape: tuple[int, ...], heads: int, scale: float, threads: int) -> Any:
-    """An onnxruntime session of one attention in ``form`` on inputs Q, K, V of ``shape``."""
+def form_session(
+    form: str, shape: tuple[int, ...], heads: int, scale: float, threads: int, profile: str = ""
+) -> Any:
+    """An onnxruntime session of one attention in ``form`` on inputs Q, K, V of ``shape``
+    (``profile``: onnxruntime's profile on, its file under this prefix)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -316,7 +330,7 @@ def form_session(form: str, shape: tuple[int, ...], heads: int, scale: float, th
     )
     model.ir_version = 10
     onnx.checker.check_model(model)
-    return _session(model, threads)
+    return _session(model, threads, profile)
 
 
 def _attention(model: Any) -> list[Any]:
@@ -390,9 +404,10 @@ def _rounds(calls: Sequence[Callable[[], Any]], rounds: int) -> list[list[float]
 
 def measure_layer(
     layer: int, node: str, heads: int, scale: float, qkv: Sequence[np.ndarray], rounds: int,
-    threads: int, forms: Sequence[str] = FORMS,
+    threads: int, forms: Sequence[str] = FORMS, profile: bool = False,
 ) -> LayerResult:  # fmt: skip
-    """Every form of one attention on its captured inputs ``qkv``, timed and compared."""
+    """Every form of one attention on its captured inputs ``qkv``, timed and compared; with
+    ``profile``, each form's node time per operator from a separate profiled session."""
     q, k, v = qkv
     shape = tuple(int(d) for d in q.shape)
     feed = {"Q": q, "K": k, "V": v}
@@ -402,8 +417,32 @@ def measure_layer(
     rows = []
     for f, y, t in zip(forms, outs, times, strict=True):
         mx, rel = _errors(y, outs[0])
-        rows.append(FormResult(f, statistics.median(t), tuple(t), mx, rel))
+        ops = _op_times(f, shape, heads, scale, threads, feed) if profile else ()
+        rows.append(FormResult(f, statistics.median(t), tuple(t), mx, rel, ops))
     return LayerResult(layer, node, shape, heads, tuple(rows))
+
+
+def _op_times(
+    form: str, shape: tuple[int, ...], heads: int, scale: float, threads: int,
+    feed: dict[str, np.ndarray], calls: int = 3,
+) -> tuple[tuple[str, float], ...]:  # fmt: skip
+    """Node kernel time per operator type, ms a call (mean of ``calls`` after a warm-up), from
+    onnxruntime's profile of a session of ``form``."""
+    import tempfile
+    from collections import defaultdict
+
+    with tempfile.TemporaryDirectory(prefix="int8-attention-") as tmp:
+        sess = form_session(form, shape, heads, scale, threads, profile=f"{tmp}/p")
+        for _ in range(calls + 1):  # the first: warm-up, left out below
+            sess.run(["Y"], feed)
+        events = json.loads(Path(sess.end_profiling()).read_text(encoding="utf-8"))
+    runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e["name"] == "model_run")
+    since = runs[-calls]
+    total: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= since:
+            total[e["args"]["op_name"]] += e["dur"] / 1e3 / calls
+    return tuple(sorted(((k, round(v, 2)) for k, v in total.items()), key=lambda kv: -kv[1]))
 
 
 def rewrite_all(model: Any, form: str = INT8_QK) -> tuple[Any, int]:
@@ -442,11 +481,15 @@ def measure_whole(
     out_name = model.graph.output[0].name
     a, b = _session(model, threads), _session(rewritten, threads)
     ya, yb = a.run([out_name], feed)[0], b.run([out_name], feed)[0]
+    nudged = {k: np.nextafter(x, np.inf).astype(x.dtype) if x.dtype.kind == "f" else x
+              for k, x in feed.items()}  # fmt: skip
+    umx, urel = _errors(a.run([out_name], nudged)[0], ya)
     ta, tb = _rounds([lambda: a.run([out_name], feed), lambda: b.run([out_name], feed)], rounds)
     mx, rel = _errors(yb, ya)
     return WholeResult(
-        form, count, statistics.median(ta), statistics.median(tb), mx, rel, float(np.abs(ya).max())
-    )
+        form, count, statistics.median(ta), statistics.median(tb), mx, rel,
+        float(np.abs(ya).max()), umx, urel,
+    )  # fmt: skip
 
 
 def scene_pixels(graph: Path, seed: int) -> dict[str, np.ndarray]:
@@ -499,8 +542,8 @@ def measure(
     feed = random_pixels(model, scene_seed) if random else scene_pixels(graph, scene_seed)
     got = capture(model, layers, feed, threads)
     rows = [
-        measure_layer(i, node, heads, scale, (q, k, v), rounds, threads)
-        for i, (node, heads, scale, q, k, v) in got.items()
+        measure_layer(i, node, heads, scale, (q, k, v), rounds, threads, profile=j == 0)
+        for j, (i, (node, heads, scale, q, k, v)) in enumerate(got.items())
     ]
     doc: dict[str, Any] = {
         "graph": str(graph),
@@ -518,6 +561,7 @@ def measure(
     if whole:
         w = measure_whole(model, feed, whole_rounds or rounds, threads, whole_form)
         doc["whole"] = asdict(w)
+        doc["whole_rounds"] = whole_rounds or rounds
     doc["load_after"] = os.getloadavg()
     return doc
 
@@ -557,16 +601,34 @@ def render(doc: dict[str, Any], command: str = "") -> str:
                 f"| {layer['layer']} | {i}. {f['form']} | {f['median_s'] * 1e3:.1f} ms | "
                 f"{ref / f['median_s']:.2f}x | {f['max_abs_err']:.2e} | {f['rel_rms_err']:.2e} |"
             )
+    for layer in doc["layers"]:
+        if not any(f.get("ops") for f in layer["forms"]):
+            continue
+        lines += [
+            "",
+            f"Where each form's time goes (layer {layer['layer']}, a separate session with "
+            "onnxruntime's profile on: node kernel time per operator, ms a call, the five "
+            "largest):",
+            "",
+        ]
+        for i, f in enumerate(layer["forms"], 1):
+            ops = f.get("ops") or []
+            total = sum(ms for _, ms in ops)
+            top = ", ".join(f"{op} {ms:.1f}" for op, ms in ops[:5])
+            lines.append(f"- {i}. {f['form']}: {total:.1f} ms ({top})")
     w = doc.get("whole")
     if w:
         lines += [
             "",
             f"The whole vision graph with its {w['nodes_rewritten']} attention nodes as "
-            f"{FORMS.index(w['form']) + 1}. {w['form']}, "
-            f"against the graph as exported, on the same scene: {w['exported_s'] * 1e3:.0f} ms "
-            f"→ {w['rewritten_s'] * 1e3:.0f} ms a call ({w['exported_s'] / w['rewritten_s']:.2f}x);"
-            f" `image_embeds` max abs error {w['max_abs_err']:.2e} (largest |value| "
-            f"{w['max_abs_output']:.2f}), relative RMS {w['rel_rms_err']:.2e}.",
+            f"{FORMS.index(w['form']) + 1}. {w['form']}, against the graph as exported, on the "
+            f"same scene ({doc.get('whole_rounds', doc['rounds'])} rounds): "
+            f"{w['exported_s'] * 1e3:.0f} ms → {w['rewritten_s'] * 1e3:.0f} ms a call "
+            f"({w['exported_s'] / w['rewritten_s']:.2f}x); `image_embeds` max abs error "
+            f"{w['max_abs_err']:.2e} (largest |value| {w['max_abs_output']:.2f}), relative RMS "
+            f"{w['rel_rms_err']:.2e}; the exported graph against itself on its input moved up "
+            f"one float32 ulp (its own int8 roundings): max abs {w['ulp_max_abs']:.2e}, relative "
+            f"RMS {w['ulp_rel_rms']:.2e}.",
         ]
     la, lb = doc["load"], doc["load_after"]
     lines += [

@@ -98,8 +98,16 @@ def test_every_form_on_the_graphs_own_inputs_and_the_whole_rewrite(
         assert 1e-5 < f[a.INT8_QK_PV]["rel_rms_err"] < 0.05
         # one step per head for Q is coarser than one per token
         assert f[a.INT8_QK]["rel_rms_err"] < f[a.INT8_QK_HEAD]["rel_rms_err"] < 0.1
+    # the first layer measured is profiled: the int8 forms run integer products
+    first, second = (_forms(layer) for layer in doc["layers"])
+    assert first[a.MHA]["ops"][0][0] == "MultiHeadAttention"
+    assert "MatMulIntegerToFloat" in dict(first[a.INT8_QK]["ops"])
+    assert "MatMulInteger" not in str(dict(first[a.DECOMPOSED]["ops"]))
+    assert all(not x["ops"] for x in second.values())
     w = doc["whole"]
     assert w["form"] == a.INT8_QK and w["nodes_rewritten"] == BLOCKS
+    # a float32 graph: one ulp on its input moves its output by rounding only
+    assert w["ulp_rel_rms"] < 1e-5 < w["rel_rms_err"]
     assert 0 < w["rel_rms_err"] < 0.05 and w["exported_s"] > 0 and w["rewritten_s"] > 0
 
 
@@ -128,6 +136,7 @@ def test_main_writes_its_section_and_refuses_a_missing_layer(tmp_path: Path) -> 
     assert "kept" in text and "<!-- int8-attention:begin -->" in text
     assert "| 1 | 3. " + a.INT8_QK + " |" in text and "load average" in text
     assert "| 1 | 5. " + a.INT8_QK_PV + " |" in text
+    assert "Where each form's time goes (layer 1" in text and "- 3. " + a.INT8_QK in text
     assert a.main([*argv, "--whole", "--whole-form", "5", "--results", str(results)]) == 0
     text = results.read_text(encoding="utf-8")
     assert (
