@@ -23,7 +23,11 @@ those inputs, each its own onnxruntime session (``ORT_ENABLE_ALL``, ``--threads`
 4. ``int8 QK^T ... Q per head``: as 3 with one step per head for Q, folded into K's steps
    inside ``MatMulIntegerToFloat``: no pass over the logits to rescale them;
 5. ``int8 QK^T and PV``: as 3, with ``P`` quantized per row to uint8 (step = row max / 255)
-   and V per channel to int8, ``P V`` by ``MatMulIntegerToFloat`` too.
+   and V per channel to int8, ``P V`` by ``MatMulIntegerToFloat`` too;
+
+and with ``--torch``, for scale, torch's fused ``scaled_dot_product_attention`` on the same
+inputs in float32 and bfloat16 (on a CPU with AMX its bf16 kernel runs on it): a fused
+lower-precision attention kernel, which onnxruntime's CPU provider does not have.
 
 Each of ``--rounds`` rounds runs every form once, in alternating order (forward, then
 backward), after one warm-up call each; the median per form is kept with its ratio to form 1
@@ -71,6 +75,10 @@ INT8_QK = "int8 QK^T (K smoothed, Q K per token), PV fp32"
 INT8_QK_HEAD = "int8 QK^T (K smoothed and per token, Q per head), PV fp32"
 INT8_QK_PV = "int8 QK^T and PV (P per row u8, V per channel s8)"
 FORMS = (MHA, DECOMPOSED, INT8_QK, INT8_QK_HEAD, INT8_QK_PV)
+TORCH_FP32 = "torch SDPA fp32 (not onnxruntime)"
+TORCH_BF16 = "torch SDPA bf16 (not onnxruntime)"
+#: a fused attention kernel at lower precision, for scale: what onnxruntime's CPU provider lacks
+TORCH_FORMS = (TORCH_FP32, TORCH_BF16)
 #: the smallest quantization step (a token whose Q or K is all zero)
 _MIN_STEP = 1e-12
 
@@ -404,22 +412,58 @@ def _rounds(calls: Sequence[Callable[[], Any]], rounds: int) -> list[list[float]
 
 def measure_layer(
     layer: int, node: str, heads: int, scale: float, qkv: Sequence[np.ndarray], rounds: int,
-    threads: int, forms: Sequence[str] = FORMS, profile: bool = False,
+    threads: int, forms: Sequence[str] = FORMS, profile: bool = False, torch: bool = False,
 ) -> LayerResult:  # fmt: skip
     """Every form of one attention on its captured inputs ``qkv``, timed and compared; with
-    ``profile``, each form's node time per operator from a separate profiled session."""
+    ``profile``, each form's node time per operator from a separate profiled session; with
+    ``torch``, also :data:`TORCH_FORMS` (torch's fused ``scaled_dot_product_attention``) in the
+    same rounds."""
     q, k, v = qkv
     shape = tuple(int(d) for d in q.shape)
     feed = {"Q": q, "K": k, "V": v}
     sessions = [form_session(f, shape, heads, scale, threads) for f in forms]
-    outs = [s.run(["Y"], feed)[0] for s in sessions]
-    times = _rounds([lambda s=s: s.run(["Y"], feed) for s in sessions], rounds)
+    calls: list[Callable[[], Any]] = [
+        lambda s=s: s.run(["Y"], feed)[0]  # type: ignore[misc]
+        for s in sessions
+    ]
+    names = list(forms)
+    if torch:
+        for dtype, name in (("float32", TORCH_FP32), ("bfloat16", TORCH_BF16)):
+            calls.append(_torch_sdpa(q, k, v, heads, scale, threads, dtype))
+            names.append(name)
+    outs = [c() for c in calls]
+    times = _rounds(calls, rounds)
     rows = []
-    for f, y, t in zip(forms, outs, times, strict=True):
+    for f, y, t in zip(names, outs, times, strict=True):
         mx, rel = _errors(y, outs[0])
-        ops = _op_times(f, shape, heads, scale, threads, feed) if profile else ()
+        ops = _op_times(f, shape, heads, scale, threads, feed) if profile and f in FORMS else ()
         rows.append(FormResult(f, statistics.median(t), tuple(t), mx, rel, ops))
     return LayerResult(layer, node, shape, heads, tuple(rows))
+
+
+def _torch_sdpa(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int, scale: float, threads: int,
+    dtype: str,
+) -> Callable[[], np.ndarray]:  # fmt: skip
+    """A call of torch's ``scaled_dot_product_attention`` on Q, K, V (batch x tokens x hidden)
+    in ``dtype``, heads split and merged around it as the ONNX forms do."""
+    import torch
+
+    torch.set_num_threads(threads)
+    b, s, hidden = q.shape
+
+    def heads_first(x: np.ndarray) -> Any:
+        t = torch.from_numpy(x).to(getattr(torch, dtype))
+        return t.view(b, s, heads, hidden // heads).transpose(1, 2).contiguous()
+
+    qt, kt, vt = heads_first(q), heads_first(k), heads_first(v)
+
+    def call() -> np.ndarray:
+        with torch.inference_mode():
+            o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, scale=scale)
+            return o.transpose(1, 2).reshape(b, s, hidden).float().numpy()
+
+    return call
 
 
 def _op_times(
@@ -532,7 +576,7 @@ def random_pixels(model: Any, seed: int) -> dict[str, np.ndarray]:
 def measure(
     graph: Path, *, layers: Sequence[int], rounds: int, threads: int, scene_seed: int = 7,
     random: bool = False, whole: bool = False, whole_rounds: int | None = None,
-    whole_form: str = INT8_QK,
+    whole_form: str = INT8_QK, torch: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Every form of the attention nodes ``layers`` of ``graph``, on one scene's inputs; with
     ``whole``, the graph with every attention as ``whole_form`` against it as exported."""
@@ -542,7 +586,9 @@ def measure(
     feed = random_pixels(model, scene_seed) if random else scene_pixels(graph, scene_seed)
     got = capture(model, layers, feed, threads)
     rows = [
-        measure_layer(i, node, heads, scale, (q, k, v), rounds, threads, profile=j == 0)
+        measure_layer(
+            i, node, heads, scale, (q, k, v), rounds, threads, profile=j == 0, torch=torch
+        )
         for j, (i, (node, heads, scale, q, k, v)) in enumerate(got.items())
     ]
     doc: dict[str, Any] = {
@@ -613,6 +659,8 @@ def render(doc: dict[str, Any], command: str = "") -> str:
         ]
         for i, f in enumerate(layer["forms"], 1):
             ops = f.get("ops") or []
+            if not ops:  # torch's rows: no onnxruntime profile
+                continue
             total = sum(ms for _, ms in ops)
             top = ", ".join(f"{op} {ms:.1f}" for op, ms in ops[:5])
             lines.append(f"- {i}. {f['form']}: {total:.1f} ms ({top})")
@@ -657,6 +705,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--whole-form", type=int, choices=(3, 4, 5), default=3, help="the form --whole uses"
     )
+    ap.add_argument(
+        "--torch", action="store_true", help="also torch's fused SDPA in fp32 and bf16, for scale"
+    )
     ap.add_argument("--whole-rounds", type=int, help="timed calls per whole graph (default rounds)")
     ap.add_argument("--results", type=Path, help="a RESULTS.md to write the section into")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -670,7 +721,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = measure(
         args.graph, layers=layers, rounds=args.rounds, threads=args.threads,
         scene_seed=args.scene_seed, random=args.random_pixels, whole=args.whole,
-        whole_rounds=args.whole_rounds, whole_form=FORMS[args.whole_form - 1],
+        whole_rounds=args.whole_rounds, whole_form=FORMS[args.whole_form - 1], torch=args.torch,
     )  # fmt: skip
     text = render(doc, " ".join(sys.argv[1:] if argv is None else argv))
     print(json.dumps(doc, indent=1) if args.json else text)
