@@ -391,7 +391,8 @@ def capture(model: Any, layers: Sequence[int], feed: dict[str, np.ndarray], thre
 
 def _errors(y: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     d = y.astype(np.float64) - ref.astype(np.float64)
-    return float(np.abs(d).max()), float(np.linalg.norm(d) / max(np.linalg.norm(ref), 1e-30))
+    norm = max(float(np.linalg.norm(ref)), 1e-30)
+    return float(np.abs(d).max()), float(np.linalg.norm(d)) / norm
 
 
 def _rounds(calls: Sequence[Callable[[], Any]], rounds: int) -> list[list[float]]:
@@ -505,8 +506,9 @@ def rewrite_all(model: Any, form: str = INT8_QK) -> tuple[Any, int]:
         heads, scale = _attrs(x)
         if not scale:
             raise ValueError(f"{x.name} has no scale attribute; this rewrite needs it")
+        q, k, v = x.input[:3]
         nodes, inits = attention_nodes(
-            form, *x.input[:3], x.output[0], heads=heads, scale=scale,
+            form, q, k, v, x.output[0], heads=heads, scale=scale,
             prefix=f"{x.name}/int8/", opset=opset,
         )  # fmt: skip
         kept += nodes
@@ -541,7 +543,7 @@ def scene_pixels(graph: Path, seed: int) -> dict[str, np.ndarray]:
     the graph lies in (``MEMBER/onnx/vision.onnx``), at the bundle's image size: the vision
     graph's inputs as the guard builds them."""
     from spotstop.export.scenes import demo_scenes
-    from spotstop.guard import decode_image, load_bundle
+    from spotstop.guard import DecodedImage, decode_image, load_bundle
     from spotstop.guard._member import resolve_member
 
     member_dir = graph.resolve().parents[1]
@@ -556,7 +558,10 @@ def scene_pixels(graph: Path, seed: int) -> dict[str, np.ndarray]:
             break
     folder = resolve_member(member_dir)
     geometry = folder.arch.geometry(folder.config, folder.preprocessor, size)
-    image = decode_image(demo_scenes(1, seed=seed)[0].image).image
+    raw = demo_scenes(1, seed=seed)[0].image
+    if raw is None:
+        raise ValueError("demo_scenes gave a scene without an image")
+    image = (raw if isinstance(raw, DecodedImage) else decode_image(raw)).image
     px = folder.arch.preprocess(image, geometry)
     return {"pixel_values": px["pixel_values"]}
 
