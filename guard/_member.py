@@ -371,7 +371,8 @@ def load_member(
     pre-rendered chat template (from a bundle); without it the member's own template is
     rendered with transformers. ``threads`` caps the backend's intra-op CPU threads (None:
     the library's default, all cores); a server that shares the CPU with its HTTP side runs
-    faster with one core left free.
+    faster with one core left free. The onnx backend runs a graph under 32 MiB (the tiny test
+    pair's) on one thread whatever the cap (``backends/_onnx.py``: ``intra_op_threads``).
     """
     cfg = config or ScoringConfig()
     folder = resolve_member(source, revision=revision)

@@ -9,6 +9,16 @@ Execution providers: ``device="cpu"`` → CPU; ``"cuda"`` / ``"cuda:N"`` → CUD
 take; for prebuilt TensorRT engines without onnxruntime use the ``tensorrt`` backend). A
 requested provider that this onnxruntime build lacks is an error, never a silent fallback to
 the CPU; the provider that runs is logged.
+
+Intra-op threads, per graph (:func:`intra_op_threads`): a graph smaller than
+:data:`SMALL_GRAPH_BYTES` (its file and its weights file) runs on one thread, whatever the
+cap; a larger one on the cap the caller gives (``threads``), or onnxruntime's default (all
+cores). At that size a node is microseconds of work, and handing half of it to a second
+thread costs more than it saves: measured on a 2-core CPU, the tiny test pair's decoder
+(0.35 MB) ran in 1.1-1.2 ms on one thread and 1.2-1.6 ms on two (median of 55 runs), and
+when other processes hold the second core a two-thread run waits for it (median 6.0 ms
+against 1.9 ms for Qwen3.5's tiny int8 decoder). The real members' graphs (0.4 GB and more)
+keep every core.
 """
 
 from __future__ import annotations
@@ -35,15 +45,38 @@ __all__ = [
     "GRAPHS_FILE",
     "GRAPHS_FORMAT",
     "GRAPHS_VERSION",
+    "SMALL_GRAPH_BYTES",
     "OnnxBackend",
     "combine_scores",
     "decoder_feeds",
+    "graph_bytes",
+    "intra_op_threads",
     "onnx_providers",
 ]
 
 logger = logging.getLogger("spotstop.guard.backends.onnx")
 
 _read_meta = read_meta  # the name this module used before the shared module existed
+
+#: A graph under this many bytes (its ``.onnx`` file and its weights file together) runs on
+#: one intra-op thread (see the module docstring for the measurements). 32 MiB sits far from
+#: both the graphs this project ships: the tiny test pair's are under 1 MiB, the real
+#: members' smallest (Qwen3.5-2B's vision tower at int8) about 0.4 GiB.
+SMALL_GRAPH_BYTES = 32 * 2**20
+
+
+def graph_bytes(path: Path, kind: str) -> int:
+    """Bytes of the graph at ``path``: the file and the weights file the exporter writes
+    beside it for its ``kind`` (``vision.onnx.data`` / ``decoder.onnx.data``; export/onnx.py),
+    where there is one."""
+    data = path.parent / f"{kind}.onnx.data"
+    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
+def intra_op_threads(n_bytes: int, threads: int | None) -> int | None:
+    """The intra-op threads for a graph of ``n_bytes``: 1 under :data:`SMALL_GRAPH_BYTES`,
+    else the caller's cap ``threads`` (None: onnxruntime's default, all cores)."""
+    return 1 if n_bytes < SMALL_GRAPH_BYTES else threads
 
 
 def onnx_providers(device: str, available: Sequence[str]) -> list[Any]:
@@ -93,10 +126,10 @@ class OnnxBackend(GraphBackend):
         self._ort = ort
         self.providers = onnx_providers(device, ort.get_available_providers())
         self.device = device
-        self._options = ort.SessionOptions()
-        self._options.log_severity_level = 3
-        if threads is not None:  # intra-op threads; None = onnxruntime's default (all cores)
-            self._options.intra_op_num_threads = threads
+        self.threads = threads  # the cap on intra-op threads; None = onnxruntime's default
+        #: the intra-op threads each opened graph's session was given, by kind (None: the
+        #: default); see :func:`intra_op_threads`
+        self.session_threads: dict[str, int | None] = {}
         provider = self.vision.get_providers()[0]  # loads the vision graph: fail early
         if self.resident and not self.fixed_length:  # and the decoder: a guard that cannot
             self._decoder(self.buckets[-1])  # open it is not ready, not failing every check
@@ -112,10 +145,15 @@ class OnnxBackend(GraphBackend):
             self.release()
 
     # -- sessions --------------------------------------------------------------------------
-    def _session(self, path: Path) -> Any:
+    def _session(self, path: Path, kind: str) -> Any:
+        options = self._ort.SessionOptions()
+        options.log_severity_level = 3
+        threads = intra_op_threads(graph_bytes(path, kind), self.threads)
+        if threads is not None:
+            options.intra_op_num_threads = threads
         try:
             sess = self._ort.InferenceSession(
-                str(path), sess_options=self._options, providers=self.providers
+                str(path), sess_options=options, providers=self.providers
             )
         except Exception as e:  # onnxruntime raises its own exception types; name the file
             hint = ""
@@ -135,10 +173,11 @@ class OnnxBackend(GraphBackend):
                 f"onnxruntime runs {path.name} on {got} instead of {want}; refusing a silent "
                 "fallback. Check the CUDA/TensorRT installation or pass device='cpu'."
             )
+        self.session_threads[kind] = threads
         return sess
 
     def _load_graph(self, path: Path, kind: str) -> Any:
-        return self._session(path)
+        return self._session(path, kind)
 
     def _run_graph(self, graph: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         names = [o.name for o in graph.get_outputs()]
