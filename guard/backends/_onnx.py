@@ -15,9 +15,9 @@ Intra-op threads, per graph (:func:`intra_op_threads`): a graph smaller than
 cap; a larger one on the cap the caller gives (``threads``), or onnxruntime's default (all
 cores). At that size a node is microseconds of work, and handing half of it to a second
 thread costs more than it saves: measured on a 2-core CPU, the tiny test pair's decoder
-(0.35 MB) ran in 1.1-1.2 ms on one thread and 1.2-1.6 ms on two (median of 55 runs), and
-when other processes hold the second core a two-thread run waits for it (median 6.0 ms
-against 1.9 ms for Qwen3.5's tiny int8 decoder). The real members' graphs (0.4 GB and more)
+(LFM2 at int8, 0.5 MB) ran in 1.1-1.2 ms on one thread and 1.2-1.6 ms on two (median of
+55 runs), and when other processes hold the second core a two-thread run waits for it
+(median 6.0 ms against 1.9 ms for Qwen3.5's tiny int8 decoder). The real members' graphs (0.4 GB and more)
 keep every core.
 """
 
@@ -148,7 +148,11 @@ class OnnxBackend(GraphBackend):
     def _session(self, path: Path, kind: str) -> Any:
         options = self._ort.SessionOptions()
         options.log_severity_level = 3
-        threads = intra_op_threads(graph_bytes(path, kind), self.threads)
+        try:
+            n_bytes = graph_bytes(path, kind)
+        except OSError as e:
+            raise MemberLoadError(f"cannot read {path}: {e}; copy the bundle again.") from e
+        threads = intra_op_threads(n_bytes, self.threads)
         if threads is not None:
             options.intra_op_num_threads = threads
         try:

@@ -8,15 +8,18 @@ tolerance.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from spotstop.guard import Member, Scene, load_bundle, load_bundle_member
+from spotstop.guard import Member, MemberLoadError, Scene, load_bundle, load_bundle_member
 from spotstop.guard.backends import _onnx
 from spotstop.guard.backends._onnx import SMALL_GRAPH_BYTES, graph_bytes, intra_op_threads
 
 from tests._support.images import make_image_bytes
+
+REQUESTS = ("open the door", "hand me the knife", "put the cup on the table")
 
 
 def _member(bundle: Path, threads: int | None = None) -> Member:
@@ -81,4 +84,14 @@ def test_one_thread_gives_the_default_sessions_scores(
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
-REQUESTS = ("open the door", "hand me the knife", "put the cup on the table")
+def test_a_graph_gone_before_its_session_is_a_load_error(
+    committed_bundle: Path, tmp_path: Path
+) -> None:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(committed_bundle, bundle)
+    b = load_bundle(bundle, verify=False)
+    m = load_bundle_member(b, b.members[0])
+    m.backend.release()
+    m.backend._vision_path.unlink()  # after the load: an on-demand session's next open
+    with pytest.raises(MemberLoadError, match="cannot read"):
+        m.backend._session(m.backend._vision_path, "vision")
