@@ -171,6 +171,9 @@ def test_streamed_export_answers_as_the_in_memory_one(
     sm = export_member(src, tmp_path / "sm", streamed=True, smooth_alpha=0.5, **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in sm.checks)  # every output against torch at int8's tolerances
     assert sm.quantizer is not None and sm.quantizer["dynamic_int8"]["smoothed_inputs"] > 0
+    # the vision graph's int8 activations were measured in the streamed path too, one large
+    # session at a time (export/onnx.py's _vision_moves)
+    assert sm.quantizer["dynamic_int8"]["vision_activations"]["scenes"] > 0
     if _peak_resettable():
         assert st.peak_rss_bytes is not None and st.peak_rss_bytes > 100 * 2**20
 
