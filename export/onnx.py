@@ -233,61 +233,35 @@ def _save(models: dict[str, Any], out_dir: Path, data_name: str) -> None:
 def _convert_streamed(
     src: Path,
     stage: Path,
-    decoders: list[str],
+    files: list[str],
+    data_name: str,
     precision: str,
     options: ConvertOptions,
     graph_form: str = "standard",
-    vision: Callable[[ConvertOptions, Callable[[ConvertOptions], Any]], Any] | None = None,
-) -> tuple[int, dict[str, Any]]:
-    """Convert the exported graphs in ``src`` with their weights on disk: each file set (the
-    vision graph, then the decoder graphs) is loaded as references only, its weights tied and
-    folded and converted to ``precision`` one tensor at a time into ``stage``'s data file
-    (export/weights.py ``DiskWeights``), rewritten for ``graph_form`` (:func:`_rewrite_form`)
-    and written to ``stage``. ``vision(options, convert)``: how the vision graph is converted
-    (:func:`_checked_vision`), ``convert(options)`` writing it and returning its path. Returns
-    the weight bytes of the vision graph and one decoder graph, and the vision graph's
-    quantizer metadata."""
+) -> dict[str, Any]:
+    """Convert one file set of the exported graphs in ``src`` (the vision graph, or the decoder
+    graphs, which share ``data_name``) with its weights on disk: each graph is loaded as
+    references only, its weights tied and folded and converted to ``precision`` one tensor at a
+    time into ``stage``'s data file (export/weights.py ``DiskWeights``), rewritten for
+    ``graph_form`` (:func:`_rewrite_form`) and written to ``stage``. Returns the converted
+    graphs (their weights referenced in ``stage``), by file name."""
     import onnx
 
-    def convert_set(files: list[str], data_name: str, o: ConvertOptions) -> dict[str, Any]:
-        models = {}
-        with DiskWeights(src, stage / data_name) as io:
-            for f in files:
-                m = onnx.load(str(src / f), load_external_data=False)
-                if f != "vision.onnx":
-                    tie_output_layer(m, io)
-                fold_weight_transposes(m, io)
-                models[f] = _rewrite_form(
-                    convert_precision(m, precision, copy=False, options=replace(o, io=io)),
-                    graph_form,
-                )
-            io.finish(list(models.values()))
-        for f, m in models.items():
-            onnx.save_model(m, str(stage / f))
-        return models
-
-    total = 0
-    qmeta: dict[str, Any] = {}
-    held: dict[str, Any] = {}
-
-    def convert_vision(o: ConvertOptions) -> str:
-        held.clear()
-        held.update(convert_set(["vision.onnx"], "vision.onnx.data", o))
-        return str(stage / "vision.onnx")
-
-    if vision is None:
-        convert_vision(options)
-    else:
-        vision(options, convert_vision)
-    total += onnx_weight_bytes(held["vision.onnx"])
-    qmeta = quantizer_meta(held["vision.onnx"])
-    held.clear()
-    gc.collect()
-    models = convert_set(decoders, "decoder.onnx.data", options)
-    total += onnx_weight_bytes(models[decoders[0]])
-    del models
-    gc.collect()
-    return total, qmeta
+    models = {}
+    with DiskWeights(src, stage / data_name) as io:
+        for f in files:
+            m = onnx.load(str(src / f), load_external_data=False)
+            if f != "vision.onnx":
+                tie_output_layer(m, io)
+            fold_weight_transposes(m, io)
+            models[f] = _rewrite_form(
+                convert_precision(m, precision, copy=False, options=replace(options, io=io)),
+                graph_form,
+            )
+        io.finish(list(models.values()))
+    for f, m in models.items():
+        onnx.save_model(m, str(stage / f))
+    return models
 
 
 def _to_numpy_inputs(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -401,18 +375,23 @@ def _session(model_or_path: Any) -> Any:
     return ort.InferenceSession(src, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
-def _vision_moves(
-    job: _Job, fp32_vision: Any, q_vision: Any, decoders: Mapping[str, Any]
-) -> np.ndarray:
-    """|Δs| of each calibration scene (its scene pass, one prompt at a time) when the float32
-    decoder reads the image embeddings of ``q_vision`` instead of ``fp32_vision``'s (graphs:
-    protos or file paths; ``decoders``: the float32 decoder graphs by file name)."""
+def _vision_moves(job: _Job, q_vision: Any) -> np.ndarray:
+    """|Δs| of each calibration scene (its scene pass, one prompt at a time) when the torch
+    float32 decoder reads the image embeddings of the converted vision graph ``q_vision`` (a
+    proto or a file path) instead of the torch float32 vision tower's. The torch model is the
+    reference every graph is validated against and is loaded anyway: a float32 decoder session
+    beside it held the decoder's weights twice (Qwen3.5-2B's export peaked at 20.66 GiB)."""
+    import torch
     from spotstop.guard import DecodedImage, decode_image
 
     plan, g, arch = job.plan, job.g, job.folder.arch
+    if job.vision_t is None or job.decoder_t is None:
+        raise RuntimeError(
+            f"{job.mname}: the vision check needs the torch model, and it was released before "
+            "the check ran (a bug: please report it)."
+        )
     img_text = arch.image_text(g)
-    vs = {k: _session(m) for k, m in (("fp32", fp32_vision), ("q", q_vision))}
-    sessions: dict[str, Any] = {}
+    q = _session(q_vision)
     rows = len(plan.rows)
     moves = []
     for scene in job.calib_scenes:
@@ -426,41 +405,39 @@ def _vision_moves(
             fits = [b for b in job.usable if b >= need]
             if not fits:
                 continue
-            length, fname = fits[0], job.dec_files[fits[0]]
+            length = fits[0]
         else:
-            length, fname = need, job.dec_files[job.usable[0]]
-        if fname not in sessions:
-            sessions[fname] = _session(decoders[fname])
+            length = need
         feeds = decoder_feeds([prompt], plan, length)
+        with torch.no_grad():
+            ref = job.vision_t(torch.from_numpy(px)).numpy()
+        (got,) = q.run(None, {"pixel_values": px})
         score = []
-        for k in ("fp32", "q"):
-            (emb,) = vs[k].run(None, {"pixel_values": px})
+        for emb in (ref, got):
             feeds["image_embeds"] = np.repeat(emb[:1], rows, axis=0)
-            f, lp = sessions[fname].run(None, _to_numpy_inputs(feeds))
-            score.append(combine_scores(f, lp, plan, plan.first_ids)[0])
+            with torch.no_grad():
+                f, lp = job.decoder_t(*(torch.from_numpy(feeds[n]) for n in DECODER_INPUTS))
+            score.append(combine_scores(f.numpy(), lp.numpy(), plan, plan.first_ids)[0])
         moves.append(score[1] - score[0])
     return np.asarray(moves, dtype=np.float64)
 
 
 def _checked_vision(
-    job: _Job,
-    opts: ConvertOptions,
-    convert: Callable[[ConvertOptions], Any],
-    fp32_vision: Any,
-    decoders: Mapping[str, Any],
+    job: _Job, opts: ConvertOptions, convert: Callable[[ConvertOptions], Any]
 ) -> Any:
     """The vision graph at the job's precision: ``convert(options)`` converts it (a proto, or
     the path it was written to). A precision that checks its vision graph's int8 activations
     (export/int8.py's ``vision_activation_check``), calibrated: what they move the calibration
-    scenes' scores is measured against the float32 graphs (``fp32_vision``, ``decoders``) and,
-    over the bound, the graph is converted again with float activations. Converted before the
-    decoder graphs, so only the kept conversion is in ``opts.report``; the check is recorded
-    there (``vision_activations``)."""
+    scenes' scores is measured against the torch float32 model (:func:`_vision_moves`, so it
+    runs before a streamed export releases the model) and, over the bound, the graph is
+    converted again with float activations. Converted before the decoder graphs, so only the
+    kept conversion is in ``opts.report``; the check is recorded there
+    (``vision_activations``)."""
     if not (get_precision(job.precision).checks_vision_activations and job.calib_scenes):
         return convert(opts)
     trial = replace(opts, report={})
     got = convert(trial)
-    moves = _vision_moves(job, fp32_vision, got, decoders)
+    moves = _vision_moves(job, got)
     if not len(moves):
         raise ValueError(
             f"{job.mname}: no calibration scene's prompt fits the decoder's buckets "
@@ -837,22 +814,38 @@ def _stage_quantize(job: _Job, out: Path) -> None:
     dec_names = list(job.dec_files.values())
     first = job.dec_files[job.usable[0]]
     if job.large:
+        stage = job.tmp / "stage"
+        held: dict[str, Any] = {}
+
+        def convert_vision(o: ConvertOptions) -> str:
+            held.clear()
+            held.update(
+                _convert_streamed(
+                    job.tmp,
+                    stage,
+                    ["vision.onnx"],
+                    "vision.onnx.data",
+                    job.precision,
+                    o,
+                    job.graph_form,
+                )
+            )
+            return str(stage / "vision.onnx")
+
+        # the vision graph first, while the torch model is here (its check scores with it)
+        _checked_vision(job, opts, convert_vision)
+        vision = held.pop("vision.onnx")
+        job.weight_bytes, job.qmeta = onnx_weight_bytes(vision), quantizer_meta(vision)
+        del vision
         # the references are computed: release the torch model before loading a graph
         job.model = job.vision_t = job.decoder_t = None
         release_freed_memory()
-        stage = job.tmp / "stage"
-        fp32_decoders = {f: str(job.tmp / f) for f in dec_names}
-        job.weight_bytes, job.qmeta = _convert_streamed(
-            job.tmp,
-            stage,
-            dec_names,
-            job.precision,
-            opts,
-            job.graph_form,
-            lambda o, convert: _checked_vision(
-                job, o, convert, str(job.tmp / "vision.onnx"), fp32_decoders
-            ),
+        models = _convert_streamed(
+            job.tmp, stage, dec_names, "decoder.onnx.data", job.precision, opts, job.graph_form
         )
+        job.weight_bytes += onnx_weight_bytes(models[dec_names[0]])
+        del models
+        gc.collect()
         paths = {f: str(stage / f) for f in ["vision.onnx", *dec_names]}
         heads = {f: onnx.load(paths[f], load_external_data=False) for f in ("vision.onnx", first)}
         job.held = nbits_weights(heads.values())
@@ -875,9 +868,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
 
         fp32 = graphs
         graphs = {  # the vision graph first (_checked_vision)
-            "vision.onnx": _checked_vision(
-                job, opts, lambda o: convert(fp32["vision.onnx"], o), fp32["vision.onnx"], fp32
-            )
+            "vision.onnx": _checked_vision(job, opts, lambda o: convert(fp32["vision.onnx"], o))
         }
         graphs.update((f, convert(m, opts)) for f, m in fp32.items() if f != "vision.onnx")
         job.checks = _stage_validate(job, graphs, job.precision)
