@@ -57,6 +57,7 @@ from typing import Final, Literal, get_args
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 from spotstop.guard._errors import ConfigError, ImageError
+from spotstop.guard._jpeg_scan import jpeg_cut_short
 from spotstop.guard.validate import is_int, is_real
 
 __all__ = [
@@ -900,6 +901,10 @@ def _decode_bytes(data: bytes, *, max_pixels: int, min_side: int = 1) -> Decoded
         # decoded, its lost rows made of the padding. Only one that ended there was refused.
         image.close()
         raise _truncated("the JPEG has no end-of-image marker (FF D9) after its image data")
+    cut = jpeg_cut_short(data, image) if fmt == "JPEG" else None
+    if cut is not None:  # (one that ends there, but too early: libjpeg filled the rest gray)
+        image.close()
+        raise _truncated(cut)
     quality = _estimate_jpeg_quality(image) if fmt == "JPEG" else None
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
