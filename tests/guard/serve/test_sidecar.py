@@ -233,6 +233,13 @@ def test_labels_are_attached_all_or_nothing(client: httpx.Client, live: Live):
 
 # ------------------------------------------------------------------------ malformed input
 
+
+def _cut_short_jpeg() -> bytes:
+    data = make_image_bytes(1, (160, 120), fmt="JPEG")
+    start, end = data.rindex(b"\xff\xda"), data.rindex(b"\xff\xd9")
+    return data[: (start + end) // 2] + b"\xff\xd9"
+
+
 _BAD_CASES: list[tuple[str, Callable[[], dict[str, Any]], int, str, str]] = [
     # (id, request kwargs, status, code, field)
     (
@@ -245,6 +252,14 @@ _BAD_CASES: list[tuple[str, Callable[[], dict[str, Any]], int, str, str]] = [
     (
         "truncated",
         lambda: multipart(make_image_bytes(1, fmt="PNG")[:-30]),
+        422,
+        "image_truncated",
+        "image",
+    ),
+    (
+        # cut short and re-terminated: Pillow decoded it, the lower half flat gray
+        "jpeg-cut-short-with-its-end-marker",
+        lambda: multipart(_cut_short_jpeg()),
         422,
         "image_truncated",
         "image",
