@@ -103,6 +103,16 @@ def test_a_grayscale_jpeg_cut_short_is_refused() -> None:
     _refused(_cut(whole, (start + end) // 2), "MCUs", "(8x8 px)")
 
 
+def test_a_cmyk_jpeg_is_always_counted() -> None:
+    """No gray corner is looked for in a CMYK frame: every one is counted."""
+    buffer = io.BytesIO()
+    Image.fromarray(make_scene_array(3, _SIZE)).convert("CMYK").save(buffer, "JPEG")
+    whole = buffer.getvalue()
+    assert decode_image(whole).format == "JPEG"
+    start, end = _scan_data(whole)
+    _refused(_cut(whole, (start + end) // 2), "MCUs")
+
+
 @pytest.mark.parametrize("subsampling", [0, 2])
 def test_a_progressive_jpeg_cut_before_its_last_scan_is_refused(subsampling: int) -> None:
     """A progressive frame cut in any scan but its last lacks the scans that bring its
@@ -209,3 +219,33 @@ def test_the_guard_fails_a_cut_short_jpeg_closed_under_a_permissive_policy(
     assert good.label == "SAFE" and not good.fail_closed
     assert bad.label == "UNSAFE" and bad.fail_closed
     assert "truncated" in (bad.fail_reason or "") and "MCUs" in (bad.fail_reason or "")
+
+
+# --------------------------------------------------------------------------- WebP (not caught)
+
+
+def _webp(array: np.ndarray, **kwargs: object) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, "WEBP", **kwargs)
+    return buffer.getvalue()
+
+
+def test_a_zero_padded_webp_is_not_caught_and_why() -> None:
+    """The documented gap (docs/limits.md), as measured: a lossy WebP cut short and
+    zero-padded to the size its RIFF header declares decodes without an error, its lost part
+    neither flat nor a repeated row; and zero bytes at the end of the data are no sign of it,
+    since a valid frame with a flat lower half ends with thousands of them."""
+    scene = make_scene_array(1, (640, 480))
+    whole = _webp(scene, quality=80)
+    cut = len(whole) // 2
+    padded = whole[:cut] + bytes(len(whole) - cut)
+    assert decode_image(padded).format == "WEBP"
+    got, want = _pixels(padded), _pixels(whole)
+    first = int(np.flatnonzero(np.abs(got - want).max(axis=(1, 2)))[0])
+    tail = got[first + 16 :]
+    assert len({row.tobytes() for row in tail}) > 100 and tail.std() > 10
+    flat = scene.copy()
+    flat[240:] = 128
+    valid = _webp(flat, quality=90, method=0)
+    assert decode_image(valid).format == "WEBP"
+    assert len(valid) - len(valid.rstrip(b"\x00")) > 1000
