@@ -455,22 +455,27 @@ def append_durably(path: Path, data: bytes) -> None:
     new = not path.exists()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        start = os.fstat(fd).st_size
-        if start and os.pread(fd, 1, start - 1) != b"\n":
-            data = b"\n" + data
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, start)
-            raise
+        _append_to(fd, data)
     finally:
         os.close(fd)
     if new:
         fsync_dir(path.parent)
+
+
+def _append_to(fd: int, data: bytes) -> None:
+    """:func:`append_durably`'s write to the open file ``fd`` (opened with ``O_APPEND``)."""
+    start = os.fstat(fd).st_size
+    if start and os.pread(fd, 1, start - 1) != b"\n":
+        data = b"\n" + data
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)
+        raise
 
 
 def default_dead_letter_path(log_path: Path) -> Path:
@@ -601,7 +606,105 @@ class DeadLetter:
             body["ids"] = list(amend_ids)
             body["reason"] = amend_reason
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        append_durably(self.path, self.encode(body))
+        data = self.encode(body)
+        new = not self.path.exists()
+        fd = self._open_locked(create=True)
+        if fd is None:  # never: the file is created when absent
+            raise FileNotFoundError(f"dead letter {str(self.path)!r} could not be created")
+        try:
+            _append_to(fd, data)
+        finally:
+            os.close(fd)
+        if new:
+            fsync_dir(self.path.parent)
+
+    def _open_locked(self, *, create: bool) -> int | None:
+        """The dead letter's file, opened for appending and locked (``flock`` on the file
+        itself) against the other writers of it: an append, :meth:`replace_lines`. None when
+        there is no file and ``create`` is false. A file replaced or removed while its lock
+        was awaited (:meth:`replace_lines` renamed another in its place) is opened again, so
+        a lock held is always on the file at the path. The caller closes the descriptor,
+        which releases the lock."""
+        flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0)
+        while True:
+            try:
+                fd = os.open(self.path, flags, 0o600)
+            except FileNotFoundError:
+                if create:
+                    raise
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                held, there = os.fstat(fd), os.stat(self.path)
+                if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+                    return fd
+            except FileNotFoundError:  # removed while the lock was awaited: open it again
+                pass
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+
+    @staticmethod
+    def amendment_of(line: bytes) -> tuple[tuple[str, ...], str] | None:
+        """The ``(ids, reason)`` of one ``amend`` line as :meth:`changes` reads it; None for
+        any other line (rows set aside, a torn or unreadable line)."""
+        try:
+            body = json.loads(line)
+            if body["kind"] != "amend":
+                return None
+            return tuple(str(i) for i in body["ids"]), str(body["reason"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def narrowed(self, line: bytes, ids: Sequence[str]) -> bytes:
+        """The ``amend`` line ``line`` naming only ``ids`` (everything else as it was: time,
+        log, error, reason), without its newline."""
+        body = json.loads(line)
+        body["ids"] = list(ids)
+        return self.encode(body).rstrip(b"\n")
+
+    def replace_lines(self, new: Mapping[bytes, bytes | None]) -> tuple[bytes, bytes] | None:
+        """Replace each line of the file that is a key of ``new`` by its value (None: remove
+        it; every copy of a line alike), under the lock every append takes, as one atomic
+        replacement (temp file, fsync, rename, fsync of the folder): a crash leaves the old
+        file or the new one. Lines appended meanwhile, and every other line, stay as they are;
+        a file left with no line is removed. Returns the file's bytes before and after (None:
+        no file). :class:`OSError` when it cannot be written (the file stays as it was)."""
+        fd = self._open_locked(create=False)
+        if fd is None:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            before = os.pread(fd, size, 0) if size else b""
+            lines = before.split(b"\n")
+            out: list[bytes] = []
+            for line in lines:
+                if line in new:
+                    value = new[line]
+                    if value is not None:
+                        out.append(value)
+                else:
+                    out.append(line)
+            after = b"\n".join(out)
+            if after == before:
+                return before, after
+            if not after.strip():
+                after = b""
+                os.unlink(self.path)
+                fsync_dir(self.path.parent)
+            else:
+                atomic_write_bytes(self.path, after)
+            # a writer that does not take the lock (an older spotstop) may have appended to
+            # the file replaced: what it added after the read goes to the new file too
+            grown = os.fstat(fd).st_size
+            if grown > size:
+                tail = os.pread(fd, grown - size, size)
+                append_durably(self.path, tail)
+                after += tail
+            return before, after
+        finally:
+            os.close(fd)
 
     def changes(self) -> DeadLetterRead:
         """What the entries change in what the log says, read as the writer wrote them (see

@@ -64,6 +64,7 @@ from spotstop.guard._log_archive import (
     RetentionResult,
     read_archive,
 )
+from spotstop.guard._log_dead_letter import DeadLetterApplied, apply_dead_letter
 from spotstop.guard._log_read import LogArrays, LogReader
 from spotstop.guard._log_schema import (
     ID_COLUMN,
@@ -90,6 +91,7 @@ from spotstop.guard._record import (
 __all__ = [
     "SCHEMA_VERSION",
     "ArchiveInfo",
+    "DeadLetterApplied",
     "DecisionLog",
     "DecisionRecord",
     "LogArrays",
@@ -118,6 +120,7 @@ REVIEW_LABELS: Final = ("safe", "unsafe")
 _DEFAULT_RETENTION_BYTES: Final = 1 << 30  # 1 GiB
 _DEFAULT_RETENTION_DAYS: Final = 30.0
 _WAL_LIMIT_BYTES: Final = 4 << 20
+_DEAD_LETTER_WAIT_S: Final = 1.0  # opening never waits longer for the dead letter's work
 ROBOT_ID: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
 """What a robot id may be: it names a robot in a fleet card and in file names."""
 
@@ -411,6 +414,18 @@ class DecisionLog(LogReader, ArchiveStore):
         except (LogError, OSError, ValueError) as exc:
             _log.warning("decision log %s: archived positions not read (%s)", self._path, exc)
             self._seq_floor = None
+        # Amendments an older version set aside in the dead letter whose rows the log holds
+        # (an archived row above all: its archive read alone said SAFE) are applied to them
+        # now. Best effort, never waiting long: a log that cannot do it now still opens, and
+        # the next opening or retention pass tries again.
+        try:
+            self.apply_dead_letter(timeout_s=min(self._timeout_s, _DEAD_LETTER_WAIT_S))
+        except (LogError, OSError, ValueError) as exc:
+            _log.warning(
+                "decision log %s: the dead letter's amendments not applied now (%s)",
+                self._path,
+                exc,
+            )
 
     # -- connections ---------------------------------------------------------------
 
@@ -1250,6 +1265,20 @@ class DecisionLog(LogReader, ArchiveStore):
                 tuple(not_live),
             ) from e
         return tuple(i for i in not_live if i not in found)
+
+    def apply_dead_letter(self, *, timeout_s: float | None = None) -> DeadLetterApplied:
+        """Apply the fail-closed amendments lying in the dead letter beside the log to the
+        rows the log holds, live or archived (:meth:`mark_fail_closed`: an archived row's
+        archive is written again), then remove them from the dead letter; ids in no row of
+        the log stay there. Run when the log opens for writing and by each retention pass;
+        cheap when nothing changed since the last run (``_log_dead_letter.py``)."""
+        if self._read_only:
+            raise LogError(
+                f"decision log {str(self._path)!r} was opened read-only (read_only=True) and "
+                "cannot apply its dead letter. Open it without read_only to write to it.",
+                "read_only",
+            )
+        return apply_dead_letter(self, timeout_s=timeout_s)
 
     def set_labels(self, labels: Iterable[tuple[str, str, str | None, str | None]]) -> None:
         """Attach reviewer labels: items ``(decision_id, "safe"|"unsafe", contrast_id, reviewer)``.

@@ -43,6 +43,7 @@ import datetime as _dt
 import fcntl
 import hashlib
 import json
+import logging
 import math
 import os
 import secrets
@@ -96,6 +97,8 @@ SEQ_COLUMN: Final = "log_seq"
 
 REPLACES_KEY: Final = "spotstop.replaces"
 """The archive metadata key naming the files a rewritten archive supersedes (a JSON list)."""
+
+_log = logging.getLogger("spotstop.guard")
 
 _ARROW_TYPE: Final = {"TEXT": "string", "REAL": "float64", "INTEGER": "int64"}
 
@@ -475,6 +478,7 @@ class ArchiveStore:
     robot_id: Any
     policies: Any
     pending_changes: Any
+    apply_dead_letter: Any
     _retention_mutex: threading.Lock
 
     @property
@@ -579,6 +583,13 @@ class ArchiveStore:
             raise RecordError(
                 f"apply_retention expects a Retention; got {type(retention).__name__}."
             )
+        # first the dead letter's amendments of rows the log holds (an opening that could not
+        # apply them, a retention pass holding the archives then); best effort: the pass
+        # archives rows as answered whatever the dead letter still holds
+        try:
+            self.apply_dead_letter()
+        except (LogError, OSError, ValueError) as exc:
+            _log.warning("retention: the dead letter's amendments not applied now (%s)", exc)
         with self._retention_lock():
             return self._apply_retention(retention, protect, now, max_rows_per_file)
 
