@@ -100,8 +100,12 @@ def test_a_decision_answered_unsafe_whose_amendment_waits_is_never_fitted_as_saf
     b = load_bundle(bundle, verify=False)
     late = usable_record(b, T0 + 1e6, "late", "s000", {"a": 0.0, "b": -2.0})
     late = dataclasses.replace(late, label="SAFE")
+    also = dataclasses.replace(late, decision_id="late2", time=late.time + 1)
+    # both written before the dead letter below: a log opened for writing applies the dead
+    # letter's amendments to its rows (tests/guard/test_log_dead_letter.py)
     with DecisionLog(log) as d:
         d.append(late)
+        d.append(also)
     assert _data(bundle, log).dropped["fail_closed"] == 1  # the log alone: a SAFE answer
     dead = DeadLetter(default_dead_letter_path(log))
     dead.append("amend", error="ValueError: x", amend_ids=["late"], amend_reason="late write")
@@ -116,9 +120,6 @@ def test_a_decision_answered_unsafe_whose_amendment_waits_is_never_fitted_as_saf
     assert "warning: the log does not say every answer the robot got: 1 decision(s)" in out
     assert "1 set aside in the dead letter" in out
     # the guard's own --journal (another file system): named, it is read too
-    also = dataclasses.replace(late, decision_id="late2", time=late.time + 1)
-    with DecisionLog(log) as d:
-        d.append(also)
     journal = log.parent / "sd" / "decisions.journal"
     entry = JournalEntry("amend", amend_ids=("late2",), amend_reason="late write")
     Journal(journal, owner=str(log.resolve())).append([entry])
