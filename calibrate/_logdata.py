@@ -23,7 +23,9 @@ Answers the log does not say yet
     Fail-closed amendments waiting in the log's journal or dead letter are applied first (such
     a decision counts as ``fail_closed``); decisions answered that the log lacks are counted
     in ``pending`` and said by :meth:`~spotstop.calibrate.Recalibrator.summary` and
-    ``spotstop policy diff --log``.
+    ``spotstop policy diff --log``. ``pending`` counts this bundle's decisions alone, selected
+    as the decisions are (:func:`spotstop.guard.pending_of_bundle`, the card's rule); what
+    names no bundle (amended ids in no row, unreadable lines) is kept.
 
 Labels file
     Applied to the whole log before the time window is cut, so rows for decisions outside
@@ -109,9 +111,11 @@ class CalibrationLog:
     """The window's decisions of other bundles (or prompts), left out (``dropped["other_bundle"]``
     in all), per bundle: what the log holds instead when this bundle has too few."""
     pending: PendingAnswers = field(default_factory=PendingAnswers)
-    """What the robot was answered that the log does not say yet, for the whole log (its
-    journal and dead letter, :func:`spotstop.guard.read_reviewed`): amendments applied (such a
-    decision is ``fail_closed``), decisions the log lacks counted."""
+    """What the robot was answered that the log does not say yet, of this bundle's decisions
+    (its journal and dead letter, :func:`spotstop.guard.read_reviewed`, selected by
+    :func:`spotstop.guard.pending_of_bundle`): amendments applied (such a decision is
+    ``fail_closed``), decisions the log lacks counted. Not cut to the time window (as the
+    card's)."""
 
     @property
     def n(self) -> int:
@@ -185,6 +189,7 @@ def read_calibration_log(
         bundles_of,
         decisions_that_count,
         of_bundle,
+        pending_of_bundle,
         read_reviewed,
     )
 
@@ -212,6 +217,8 @@ def read_calibration_log(
     missing = [m for m in members if m not in arr.member_scores]
     counted = decisions_that_count(arr, needs=tuple(members))  # the log's one rule
     with_text = any(m in arr.member_scores_text for m in members)
+    # what the log does not say yet of this bundle's decisions (the card's selection)
+    pending = pending_of_bundle(reviewed.pending, bundle_id, prompt_hash)
 
     def window(
         lo: float | None, hi: float | None, earlier: CalibrationLog | None
@@ -273,7 +280,7 @@ def read_calibration_log(
             dropped=dropped,
             earlier=earlier,
             other_bundles=bundles_of(arr, in_window & ~same),
-            pending=reviewed.pending,
+            pending=pending,
         )
 
     return window(t0, t1, None if t0 is None else window(None, t0, None))
