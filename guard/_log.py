@@ -75,6 +75,7 @@ from spotstop.guard._log_schema import (
     ArchiveAmendError,
     LogError,
     PolicyRow,
+    add_archive_filter,
     check_append,
     check_labels,
     check_log_args,
@@ -176,6 +177,7 @@ def _set_up_schema(conn: sqlite3.Connection, path: Path) -> None:
     for statement in SCHEMA_SQL.split(";"):
         if statement.strip():
             conn.execute(statement)
+    add_archive_filter(conn)
     conn.execute(
         "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
         (str(LOG_SCHEMA_VERSION),),
@@ -191,28 +193,36 @@ def _set_up_schema(conn: sqlite3.Connection, path: Path) -> None:
 
 
 class _NeedArchivedIds(Exception):
-    """A write met ids that are not live; it reads the archives' ids and tries again."""
+    """A write met ids that are not live; it reads the archives that may hold them and tries
+    again."""
+
+    def __init__(self, ids: list[str]) -> None:
+        super().__init__(ids)
+        self.ids = ids
 
 
 class _ArchivedIds:
-    """The decision ids the log's registered archives hold, read only when a write meets ids
-    that are not live (:meth:`not_archived` raises :class:`_NeedArchivedIds`, and
-    :meth:`write` reads them and runs the write's body again), and read again when the
-    registrations changed since (a retention pass, an amended archive)."""
+    """Which of the ids a write met that are not live the log's registered archives hold,
+    read only when a write meets such ids (:meth:`not_archived` raises
+    :class:`_NeedArchivedIds`, and :meth:`write` reads them and runs the write's body again),
+    and read again when the registrations changed since (a retention pass, an amended
+    archive) or other ids are asked. Only the archives whose id filter may hold one of those
+    ids are read (``_log_id_filter.py``; an archive registered without one is read)."""
 
     def __init__(self, log: DecisionLog) -> None:
         self._log = log
-        self._ids: set[str] | None = None
-        self._read_from: set[str] = set()  # the archives whose ids _ids holds
+        self._ids: set[str] = set()  # the asked ids the archives read hold
+        self._asked: set[str] = set()  # the ids the archives were read for
+        self._registered: set[str] | None = None  # the registrations they were chosen from
 
     def not_archived(self, conn: sqlite3.Connection, not_live: list[str]) -> list[str]:
         """Those of ``not_live`` that no registered archive holds (inside a write's body)."""
         if not not_live:
             return []
-        if self._ids is None:
-            raise _NeedArchivedIds
-        if {r[0] for r in conn.execute("SELECT name FROM archives")} != self._read_from:
-            raise _NeedArchivedIds  # an archive was written or replaced since they were read
+        if self._registered is None or not set(not_live) <= self._asked:
+            raise _NeedArchivedIds(not_live)
+        if {r[0] for r in conn.execute("SELECT name FROM archives")} != self._registered:
+            raise _NeedArchivedIds(not_live)  # an archive was written or replaced since
         return [i for i in not_live if i not in self._ids]
 
     def write(
@@ -226,11 +236,18 @@ class _ArchivedIds:
             try:
                 self._log._write(body, what=what, timeout_s=timeout_s())
                 return
-            except _NeedArchivedIds:
+            except _NeedArchivedIds as need:
                 infos = self._log.archives()
                 folder = self._log.archive_folder
-                self._read_from = {a.name for a in infos}
-                self._ids = {row[ID_COLUMN] for a in infos for _, row in read_archive(folder, a)}
+                asked = set(need.ids)
+                self._registered = {a.name for a in infos}
+                self._asked = asked
+                self._ids = {
+                    row[ID_COLUMN]
+                    for a in infos
+                    if a.may_hold(asked)
+                    for _, row in read_archive(folder, a)
+                } & asked
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -1044,10 +1061,12 @@ class DecisionLog(LogReader, ArchiveStore):
         pairs = list(zip(records, imgs, strict=True))
         added = 0
         archived: set[str] = set()
-        if skip_present:  # an archived row is in the log too (archives overlapping in time)
+        if skip_present:  # an archived row is in the log too (archives overlapping in time
+            # whose id filter may hold one of the batch's ids)
             lo, hi = min(r.time for r in records), max(r.time for r in records)
+            batch_ids = {r.decision_id for r in records}
             for info in self.archives():
-                if info.first_time <= hi and info.last_time >= lo:
+                if info.first_time <= hi and info.last_time >= lo and info.may_hold(batch_ids):
                     archived |= {
                         row[ID_COLUMN] for _, row in read_archive(self.archive_folder, info)
                     }

@@ -57,8 +57,11 @@ from typing import Any, Final
 
 from spotstop.guard._files import fsync_dir
 from spotstop.guard._log_amend import amend_row
+from spotstop.guard._log_id_filter import build as build_id_filter
+from spotstop.guard._log_id_filter import may_hold
 from spotstop.guard._log_schema import (
     ADDED_COLUMNS,
+    ARCHIVE_FILTER_COLUMN,
     COLUMNS,
     ID_COLUMN,
     LOG_SCHEMA_VERSION,
@@ -180,6 +183,13 @@ class ArchiveInfo:
     n_bytes: int
     sha256: str
     created: float
+    id_filter: bytes | None = field(default=None, repr=False)
+    """A Bloom filter of the archive's decision ids (``_log_id_filter.py``); None: not known
+    (registered before it existed, or by an older spotstop), the archive may hold any id."""
+
+    def may_hold(self, decision_ids: Collection[str]) -> bool:
+        """Whether this archive may hold one of ``decision_ids`` (False: certainly none)."""
+        return may_hold(self.id_filter, decision_ids)
 
     def __repr__(self) -> str:
         span = f"{_utc(self.first_time)} .. {_utc(self.last_time)}"
@@ -302,6 +312,7 @@ def write_archive(
         n_bytes=len(data),
         sha256=sha,
         created=_dt.datetime.now(_dt.UTC).timestamp(),
+        id_filter=build_id_filter(str(r[ID_COLUMN]) for r in rows),
     )
 
 
@@ -527,19 +538,30 @@ class ArchiveStore:
         return int(top)
 
     def archives(self) -> list[ArchiveInfo]:
-        """The registered archive files, oldest first."""
-        rows = self._retry(
-            lambda: (
-                self._conn()
-                .execute(
-                    "SELECT name, n_rows, first_time, last_time, n_bytes, sha256, created "
-                    "FROM archives ORDER BY first_time, name"
-                )
-                .fetchall()
-            ),
-            what="read the archives table",
-        )
-        return [ArchiveInfo(r[0], int(r[1]), r[2], r[3], int(r[4]), r[5], r[6]) for r in rows]
+        """The registered archive files, oldest first (with their id filters where the
+        registry has them: a log of this schema an older spotstop created has no column for
+        them until it is opened for writing)."""
+
+        def read() -> tuple[list[str], list[Any]]:
+            cur = self._conn().execute("SELECT * FROM archives ORDER BY first_time, name")
+            return [c[0] for c in cur.description], cur.fetchall()
+
+        names, rows = self._retry(read, what="read the archives table")
+        at = {n: i for i, n in enumerate(names)}
+        f = at.get(ARCHIVE_FILTER_COLUMN)
+        return [
+            ArchiveInfo(
+                r[at["name"]],
+                int(r[at["n_rows"]]),
+                r[at["first_time"]],
+                r[at["last_time"]],
+                int(r[at["n_bytes"]]),
+                r[at["sha256"]],
+                r[at["created"]],
+                None if f is None or r[f] is None else bytes(r[f]),
+            )
+            for r in rows
+        ]
 
     def used_bytes(self) -> int:
         """Bytes of database pages in use (what :class:`Retention` budgets; the WAL is apart)."""
@@ -660,6 +682,8 @@ class ArchiveStore:
         with self._retention_lock(left()):
             folder = self.archive_folder
             for info in self.archives():
+                if not info.may_hold(ids):  # its id filter: none of them is in it
+                    continue
                 path = folder / info.name
                 held = _archive_file(path, _read_registered(folder, info))
                 here = {r[ID_COLUMN] for r in held.rows} & ids
@@ -691,9 +715,9 @@ class ArchiveStore:
         def body(conn: Any) -> None:
             reached_commit.clear()
             cur = conn.execute(
-                "UPDATE archives SET name = ?, n_bytes = ?, sha256 = ? "
+                "UPDATE archives SET name = ?, n_bytes = ?, sha256 = ?, id_filter = ? "
                 "WHERE name = ? AND sha256 = ?",
-                (new.name, new.n_bytes, new.sha256, old.name, old.sha256),
+                (new.name, new.n_bytes, new.sha256, new.id_filter, old.name, old.sha256),
             )
             if cur.rowcount != 1:
                 raise LogError(
@@ -860,7 +884,7 @@ class ArchiveStore:
             _raise_seq_floor(conn, max(seqs))
             conn.execute(
                 "INSERT INTO archives (name, n_rows, first_time, last_time, n_bytes, sha256, "
-                "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "created, id_filter) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     info.name,
                     info.n_rows,
@@ -869,6 +893,7 @@ class ArchiveStore:
                     info.n_bytes,
                     info.sha256,
                     info.created,
+                    info.id_filter,
                 ),
             )
             want = {int(q): tuple(r) for q, r in zip(seqs, rows, strict=True)}

@@ -37,7 +37,7 @@ import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from spotstop.guard._journal import DeadLetter, default_dead_letter_path, encodable_text
 from spotstop.guard._log_schema import LogError, RecordError
@@ -101,12 +101,10 @@ def _checked(log: DecisionLog) -> str | None:
 
 
 def _store_checked(log: DecisionLog, state: str) -> None:
-    log._write(
-        lambda conn: conn.execute(
-            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (CHECKED_KEY, state)
-        ),
-        what="note the dead letter's check",
-    )
+    def body(conn: Any) -> None:
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (CHECKED_KEY, state))
+
+    log._write(body, what="note the dead letter's check")
 
 
 def apply_dead_letter(log: DecisionLog, *, timeout_s: float | None = None) -> DeadLetterApplied:

@@ -47,6 +47,7 @@ __all__ = [
     "FaultKind",
     "LogError",
     "PolicyRow",
+    "add_archive_filter",
     "as_migrated",
     "fault_kind",
     "kind_of_old_rule",
@@ -164,7 +165,9 @@ CREATE TABLE IF NOT EXISTS labels (
 
 # One row per archive file (a Parquet file in the ``<log>.archive/`` folder beside the log):
 # its rows left the decisions table in the transaction that registered it, so a decision is
-# in the live table or in exactly one registered archive, never both.
+# in the live table or in exactly one registered archive, never both. ``id_filter``: a Bloom
+# filter of its decision ids (``_log_id_filter.py``), NULL where not known: registered before
+# it existed, or by an older spotstop of this schema, which leaves the column alone.
 ARCHIVES_SQL: Final = """
 CREATE TABLE IF NOT EXISTS archives (
     name TEXT PRIMARY KEY,
@@ -173,8 +176,22 @@ CREATE TABLE IF NOT EXISTS archives (
     last_time REAL NOT NULL,
     n_bytes INTEGER NOT NULL,
     sha256 TEXT NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    id_filter BLOB
 )"""
+
+ARCHIVE_FILTER_COLUMN: Final = "id_filter"
+"""The ``archives`` column added to schema 5 without a new version (nullable; an older spotstop
+of schema 5 reads and writes the table without it): :func:`add_archive_filter` adds it."""
+
+
+def add_archive_filter(conn: Any) -> None:
+    """Add ``archives.id_filter`` to a log whose table lacks it (its registrations NULL: their
+    archives are read whole when an id is looked for), in the caller's transaction."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(archives)")}
+    if have and ARCHIVE_FILTER_COLUMN not in have:
+        conn.execute(f"ALTER TABLE archives ADD COLUMN {ARCHIVE_FILTER_COLUMN} BLOB")
+
 
 COLUMNS: Final = tuple(name for name, _ in sql_columns())
 ID_COLUMN: Final = COLUMNS.index("decision_id")
