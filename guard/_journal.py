@@ -29,8 +29,10 @@ entry version), reported as such.
 
 :class:`DeadLetter` is the last place on disk, for what the log can *never* store (a row whose
 text has no UTF-8 encoding, a policy document with a NaN): ``<log>.dead-letter.jsonl`` beside
-the log, one JSON object per line in an encoding that cannot fail, each append fsynced. It is
-read by people, not imported (see ``docs/log.md``).
+the log, one JSON object per line in an encoding that cannot fail, each append fsynced (under
+an ``flock`` on the file, which :meth:`DeadLetter.replace_lines` takes too). Its rows are read
+by people, not imported; its fail-closed amendments of rows the log holds are applied to them
+and then removed (``_log_dead_letter.py``; see ``docs/log.md``).
 """
 
 from __future__ import annotations
@@ -548,9 +550,12 @@ class DeadLetter:
     folder too when the file is new), so a set-aside decision survives a crash as a logged
     one does. An :class:`OSError` (a full disk) is the caller's: it keeps the batch and
     retries. An entry may appear twice (a crash or a timeout between setting a journal
-    entry aside and emptying the journal; the decision ids tell). Nothing imports this file:
-    a person reads it (``jq``, Python's ``json``), mends
-    the cause and, if wanted, re-logs the rows.
+    entry aside and emptying the journal; the decision ids tell). Its rows are never imported:
+    a person reads it (``jq``, Python's ``json``), mends the cause and, if wanted, re-logs the
+    rows. Its ``amend`` entries whose rows the log holds, live or archived, are applied to them
+    and then removed (:meth:`replace_lines`), when the log opens for writing and by each
+    retention pass (``_log_dead_letter.py``). Appends and that rewrite hold an ``flock`` on
+    the file itself (:meth:`_open_locked`).
     """
 
     def __init__(self, path: str | os.PathLike[str], log: str | None = None) -> None:

@@ -22,7 +22,9 @@ An amendment that comes after its row was archived (``DecisionLog.mark_fail_clos
 change that file (its sha256 is registered; copies of it are read alone): the archive is
 written again whole with the row amended, registered in the old file's place in one
 transaction, and the old file removed (:meth:`ArchiveStore.amend_archived`; its metadata
-``spotstop.replaces`` names the files it supersedes).
+``spotstop.replaces`` names the files it supersedes). Each registration keeps a Bloom filter of
+its archive's decision ids (``id_filter``, ``_log_id_filter.py``): a lookup by id reads only
+the archives that may hold it.
 
 So a decision is in the live table or in exactly one registered archive, never both, never
 neither: the one rule of which rows count, which every reader of the log applies
