@@ -614,6 +614,7 @@ class LogReader:
                 (
                     arow
                     for info in self.archives()
+                    if info.may_hold([decision_id])  # its id filter (none: read it)
                     for _, arow in read_archive(self.archive_folder, info)
                     if arow[ID_COLUMN] == decision_id
                 ),

@@ -121,6 +121,10 @@ def test_a_late_amendment_reads_only_the_archive_that_holds_its_row(
         opened.clear()
         d.set_labels([(ids[3], "safe", None, None)])  # a label of an archived decision
         assert opened == [where[ids[3]]]
+        opened.clear()
+        assert d.get(ids[2]).label == "UNSAFE"  # type: ignore[union-attr]
+        assert d.get("nowhere") is None
+        assert opened == [next(a.name for a in d.archives() if a.may_hold([ids[2]]))]
         answered = {r.decision_id: r.label for r in d.records(raw=True)}
     assert answered == {
         ids[0]: "SAFE",
