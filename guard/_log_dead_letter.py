@@ -25,10 +25,11 @@ UNSAFE already and removes it. An entry whose application fails (a busy log, an 
 missing or changed, a fault injected in the rewrite) stays as it was. Entries of rows set
 aside (``"kind": "rows"``) are decisions the log may lack: never removed here.
 
-Cheap when there is nothing to do: no dead letter is one failed ``open``; a dead letter whose
-entries name only ids in no row is checked once against the archives (``mark_fail_closed``
-reads them), and the log keeps the file's sha256 with its archives' registrations
-(``meta.dead_letter_checked``), so the next opening reads neither again until one changes.
+Cheap when there is nothing to do: no dead letter is one failed ``open``; a dead letter with
+no amendment, or whose amendments name only ids in no row (looked for once in the archives
+that may hold them, ``mark_fail_closed``), is noted final: the log keeps the file's sha256 with
+its archives' registrations (``meta.dead_letter_checked``), and the next opening reads the file
+and hashes it, but parses no line and reads no archive until one of them changes.
 """
 
 from __future__ import annotations
@@ -121,12 +122,19 @@ def apply_dead_letter(log: DecisionLog, *, timeout_s: float | None = None) -> De
         data = dead.path.read_bytes()
     except FileNotFoundError:
         return DeadLetterApplied()
-    entries = [(line, dead.amendment_of(line)) for line in data.split(b"\n")]
+    state = _state(data, _registrations(log))
+    if _checked(log) == state:  # before parsing: its rows' lines may be long (images)
+        return DeadLetterApplied(skipped=True)
+    # a line without '"amend"' is no amend entry (a quote inside a JSON string is escaped):
+    # its parsing is spared
+    entries = [
+        (line, dead.amendment_of(line) if b'"amend"' in line else None)
+        for line in data.split(b"\n")
+    ]
     amends = [(line, a) for line, a in entries if a is not None and a[0]]
     if not amends:
+        _store_checked(log, state)
         return DeadLetterApplied()
-    if _checked(log) == _state(data, _registrations(log)):
-        return DeadLetterApplied(skipped=True)
 
     new: dict[bytes, bytes | None] = {}  # line -> what replaces it (None: removed)
     seen: set[bytes] = set()
