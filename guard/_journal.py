@@ -612,11 +612,11 @@ class DeadLetter:
             body["reason"] = amend_reason
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = self.encode(body)
-        new = not self.path.exists()
         fd = self._open_locked(create=True)
         if fd is None:  # never: the file is created when absent
             raise FileNotFoundError(f"dead letter {str(self.path)!r} could not be created")
         try:
+            new = os.fstat(fd).st_size == 0  # created now (here, or after a rewrite removed it)
             _append_to(fd, data)
         finally:
             os.close(fd)

@@ -108,6 +108,16 @@ def test_an_old_dead_lettered_amendment_of_an_archived_row_goes_into_its_archive
     assert got[a0] == ("UNSAFE", True, _REASON) and got[a1] == ("UNSAFE", True, _REASON)
     assert got[a2] == ("SAFE", False, None)
     assert _raw(log, live) == "UNSAFE"  # the live row in the SQLite file itself
+    # the fleet reader on a collector's copy of the archive alone
+    from spotstop.diagnostics._fleet import read_fleet
+
+    collected = tmp_path / "collected"
+    collected.mkdir()
+    copy = collected / archive.name
+    copy.write_bytes((log.with_name(log.name + ".archive") / archive.name).read_bytes())
+    fleet = read_fleet([collected]).arrays
+    as_read = dict(zip(fleet.decision_id, fleet.fail_closed.tolist(), strict=True))
+    assert as_read == {a0: True, a1: True, a2: False}
     assert pq.read_table(log.with_name(log.name + ".archive") / archive.name).num_rows == 3
     # the dead letter: the unknown entry as it was, the mixed one narrowed, the rows entry kept
     lines = dead.path.read_bytes().splitlines()
