@@ -437,7 +437,8 @@ class DecisionLog(LogReader, ArchiveStore):
         # the next opening or retention pass tries again.
         try:
             self.apply_dead_letter(timeout_s=min(self._timeout_s, _DEAD_LETTER_WAIT_S))
-        except (LogError, OSError, ValueError) as exc:
+        except Exception as exc:  # any fault here (a malformed entry too) must not keep the
+            # log from opening: the guard could then never start until someone edited the file
             _log.warning(
                 "decision log %s: the dead letter's amendments not applied now (%s)",
                 self._path,

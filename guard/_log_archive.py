@@ -612,7 +612,7 @@ class ArchiveStore:
         # archives rows as answered whatever the dead letter still holds
         try:
             self.apply_dead_letter()
-        except (LogError, OSError, ValueError) as exc:
+        except Exception as exc:  # (whatever it is, the pass archives rows as answered)
             _log.warning("retention: the dead letter's amendments not applied now (%s)", exc)
         with self._retention_lock():
             return self._apply_retention(retention, protect, now, max_rows_per_file)

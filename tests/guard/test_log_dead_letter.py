@@ -163,6 +163,32 @@ def test_a_fault_in_the_archive_rewrite_leaves_the_entry_in_the_dead_letter(
     assert not dead.path.exists()
 
 
+def test_an_unexpected_fault_in_the_dead_letter_s_work_never_keeps_the_log_from_opening(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The work is best effort at every opening: a fault of any kind (here a TypeError, as a
+    malformed entry might raise) is a warning, or a guard could never start again until
+    someone edited the dead letter by hand; the next opening tries again."""
+    from spotstop.guard import _log
+
+    log, recs = _log_with_archive(tmp_path)
+    a0 = recs[0].decision_id
+    dead = _dead_letter(log)
+    dead.path.write_bytes(_old_line(log, [a0], "RecordError: unknown decision_id"))
+
+    def breaks(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("unexpected (injected)")
+
+    monkeypatch.setattr(_log.DecisionLog, "apply_dead_letter", breaks)
+    with DecisionLog(log) as d:  # opens, and logs
+        d.append_many([make_record(8, label="SAFE")])
+        d.apply_retention(Retention(keep_days=1.0), Protect(min_age_s=0), now=recs[3].time)
+    monkeypatch.undo()
+    with DecisionLog(log):
+        pass
+    assert _archive_alone(log)[a0] == ("UNSAFE", True, _REASON)
+
+
 def test_a_crash_between_the_archive_s_commit_and_the_dead_letter_s_rewrite(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
