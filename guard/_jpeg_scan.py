@@ -336,7 +336,7 @@ def _said(got: int, total: int, size: str, where: str) -> str:
 # --------------------------------------------------------------------------- counting
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)  # (a table is 64 Ki entries: a camera uses 2-4)
 def _lut(table: bytes, ac: bool) -> list[int]:
     """For each 16-bit window, what the Huffman code at its start takes: the bits to skip
     (code and extra bits) for a DC table; for an AC table also the coefficients it steps
