@@ -1,6 +1,8 @@
 """Benchmark: issue 25's acceptance, measured -- the trained tiny TEST pair on held-out toy worlds.
 
-Run: ``python bench/trained_world.py [--quick] [--n-boot N] [--no-export] [--results]``.
+Run: ``python bench/trained_world.py [--quick] [--n-boot N] [--no-export] [--only-export]
+[--results]`` (``--only-export``: item 6 alone; with ``--results`` its rows replace item 6's in
+the section, which then says when and under what load item 6 ran again).
 
 The pair: ``spotstop tiny --trained`` (the committed weights of ``export/trained/``, trained on
 world seed 0). A TEST pair on a TOY world of drawn shapes: these figures show the method
@@ -38,8 +40,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import itertools
 import json
 import math
+import os
 import platform
 import re
 import subprocess
@@ -278,12 +282,19 @@ def world_options(size: tuple[int, int], **kw: Any) -> Any:
 
 
 def score_world(
-    members: Mapping[str, Any], tag: str, seed: int, opts: Any, *, chunk: int = 32
+    members: Mapping[str, Any],
+    tag: str,
+    seed: int,
+    opts: Any,
+    *,
+    chunk: int = 32,
+    limit: int | None = None,
 ) -> Scored:
+    """Every member's score of the world's scenes (its first ``limit``, None: all)."""
     from spotstop.export.world import case_scene, world_cases
     from tqdm import tqdm
 
-    cases = world_cases(seed, opts)
+    cases = world_cases(seed, opts)[:limit]
     scenes = [case_scene(c, opts) for c in tqdm(cases, desc=f"drawing {tag}", unit="scene")]
     scores = {}
     for name, m in members.items():
@@ -1052,8 +1063,10 @@ def run(
     demo: bool,
     work: Path,
     log: Callable[[str], None] = print,
+    only_export: bool = False,
 ) -> tuple[list[Row], dict[str, float]]:
-    """Every item; returns the rows and the seconds each phase took."""
+    """Every item (``only_export``: item 6 alone, with the eval world's scenes it compares
+    the bundles with); returns the rows and the seconds each phase took."""
     import torch
     from spotstop.calibrate import fit_frozen
     from spotstop.export.train import TRAINING, build_trained_pair
@@ -1069,6 +1082,15 @@ def run(
     signs = next(r.member for r in TRAINING if r.signs == "agreeing")
     members = {m: load_member(folders[m], threads=2) for m in names}
     o = world_options
+    if only_export:
+        ev_opts = o(sz.eval, offsets=OFFSETS)
+        ev = score_world(members, "eval", SEEDS["eval"], ev_opts, limit=sz.world_spearman)
+        secs["scoring the eval world's first scenes"] = time.perf_counter() - t
+        t = time.perf_counter()
+        rows, s = item_export(folders, work, sz, ev, ev_opts)
+        secs.update({f"export {k}": v for k, v in s.items()})
+        secs["6 export"] = time.perf_counter() - t
+        return rows, secs
     pool = score_world(members, "pool", SEEDS["pool"], o(sz.pool, offsets=OFFSETS))
     ev_opts = o(sz.eval, offsets=OFFSETS)
     ev = score_world(members, "eval", SEEDS["eval"], ev_opts)
@@ -1140,20 +1162,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--n-boot", type=int, default=None, help="bootstrap draws (10000; quick 500)")
     ap.add_argument("--no-export", action="store_true", help="skip item 6 (export, verify)")
     ap.add_argument("--no-demo", action="store_true", help="skip item 8 (the demo)")
+    ap.add_argument(
+        "--only-export",
+        action="store_true",
+        help="item 6 alone (export, verify-bundle); with --results its rows replace item 6's",
+    )
     ap.add_argument("--work", type=Path, default=None, help="working folder (default: a temp)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     ap.add_argument("--results", action="store_true", help="write bench/RESULTS.md's section")
     args = ap.parse_args(argv)
+    if args.only_export and args.no_export:
+        ap.error("--only-export runs item 6 alone; --no-export skips it: give one.")
     sz = QUICK if args.quick else FULL
     n_boot = args.n_boot or sz.n_boot
     t0 = time.perf_counter()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="trained-world-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         rows, secs = run(
-            sz, n_boot=n_boot, export=not args.no_export, demo=not args.no_demo, work=work
+            sz,
+            n_boot=n_boot,
+            export=not args.no_export,
+            demo=not args.no_demo,
+            work=work,
+            only_export=args.only_export,
         )
     wall = time.perf_counter() - t0
+    load_after = os.getloadavg()
     table = render(rows)
     timing = ", ".join(f"{k} {v:.0f} s" for k, v in secs.items())
     print()
@@ -1181,9 +1217,66 @@ def main(argv: Sequence[str] | None = None) -> int:
                 *shown_args(argv if argv is not None else sys.argv[1:]),
             ]
         )
-        text = _section(cmd, sz, n_boot, table, wall, timing)
-        write_section(ROOT / "bench" / "RESULTS.md", SECTION, text)
+        results = ROOT / "bench" / "RESULTS.md"
+        if args.only_export:
+            load = f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
+            note = (
+                _ALONE.format(item="6")
+                + f"`{cmd}` on {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC, {_versions()}, {load}; "
+                f"wall time {wall:.0f} s ({timing}). Its rows below are that run's; the "
+                "other items' are the full run's above."
+            )
+            text = replace_item_rows(read_section(results, SECTION), "6", rows, note)
+        else:
+            text = _section(cmd, sz, n_boot, table, wall, timing)
+        write_section(results, SECTION, text)
     return 0
+
+
+#: how a section's note on a run of one item alone starts (:func:`replace_item_rows`)
+_ALONE = "Item {item} run again alone: "
+
+
+def read_section(path: Path, key: str) -> str:
+    """The text between ``<!-- key:begin -->`` and ``<!-- key:end -->`` in ``path``."""
+    body = path.read_text(encoding="utf-8") if path.is_file() else ""
+    begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
+    if begin not in body or end not in body:
+        raise ValueError(
+            f"{path} has no section {key!r}: run the whole bench with --results first."
+        )
+    return body.split(begin, 1)[1].split(end, 1)[0].strip("\n")
+
+
+def replace_item_rows(section: str, item: str, rows: Sequence[Row], note: str) -> str:
+    """``section`` (a full run's, :func:`_section`) with its table's rows of ``item``
+    replaced by ``rows`` (put where the old ones were, in the old columns: a wider cell pushes
+    the rest of its line right) and ``note`` as the paragraph before the table (replacing an
+    earlier note on the same item)."""
+    head, fence, rest = section.partition("```\n")
+    if not fence:
+        raise ValueError("the section has no table to put the rows in.")
+    body, _, tail = rest.partition("```")
+    lines = body.rstrip("\n").split("\n")
+    header = lines[0]
+    starts = [0] + [header.index(c) for c in ("measure", "value", " n ", "goal", "met")]
+    starts[3] += 1  # the column's "n", not the space before it
+    widths = [b - a - 2 for a, b in itertools.pairwise(starts)]
+    new = [
+        "  ".join(
+            c.ljust(w) for c, w in zip((r.item, r.what, r.value, r.n, r.goal), widths, strict=True)
+        )
+        + "  "
+        + verdict(r.met)
+        for r in rows
+    ]
+    mine = [i for i, line in enumerate(lines) if i > 1 and line.split()[:1] == [item]]
+    at = mine[0] if mine else len(lines)
+    kept = [line for i, line in enumerate(lines) if i not in set(mine)]
+    kept[at:at] = new
+    prefix = _ALONE.format(item=item)
+    paras = [p for p in head.rstrip("\n").split("\n\n") if not p.startswith(prefix)]
+    return "\n\n".join([*paras, note]) + "\n\n```\n" + "\n".join(kept) + "\n```" + tail
 
 
 def _section(cmd: str, sz: Sizes, n_boot: int, table: list[str], wall: float, timing: str) -> str:

@@ -321,7 +321,6 @@ def add_export_parser(sub: Any) -> None:
     """``spotstop export``: Hugging Face members → ONNX scoring graphs → a verified bundle."""
     from spotstop.export.gptq import CALIBRATION_SCENES, CALIBRATION_SEED
     from spotstop.export.int8 import KEEP_ERROR
-    from spotstop.export.mixed import DEFAULT_INT4_INT8
     from spotstop.export.precision import PRECISION_SPECS
 
     p = sub.add_parser(
@@ -447,16 +446,20 @@ def add_export_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--int4-int8",
-        default=",".join(DEFAULT_INT4_INT8) or "none",
+        default="auto",
         metavar="SELECTORS",
-        help="int4: the weights kept at 8 bits (comma-separated; 'none': every weight at "
+        help="int4: the weights kept at 8 bits. auto (default): chosen by measurement on 32 "
+        "check scenes (the calibration scenes first): the vision tower at 8 bits when its 4 "
+        "bits move their scores over half the score tolerance, and over the other half for the "
+        "decoder, the decoder group below (output_layer,mixed_layers or linear_attn) whose 8 "
+        "bits move them least; the manifest records the moves and the choice "
+        "(export/mixed.py). Else comma-separated selectors ('none': every weight at "
         "int4): output_layer (the output layer, and the token table tied to it), "
         "mixed_layers (attention's value and the feed-forward down projections in the first "
         "and last eighth of the layers and every third between: llama.cpp's Q4_K_M mix), "
         "linear_attn (every Qwen3.5 Gated-DeltaNet layer's projections and feed-forward), "
         "vision (the vision tower and projector). The selectors of onnxruntime-genai's "
-        "matmul_mixed_precision; 'output_layer,mixed_layers' is llama.cpp's Q4_K_M mix. "
-        f"Default {','.join(DEFAULT_INT4_INT8) or 'none'} (export/mixed.py says why)",
+        "matmul_mixed_precision; 'output_layer,mixed_layers' is llama.cpp's Q4_K_M mix. ",
     )
     p.add_argument("--name", default="bundle", help="bundle id prefix")
     p.add_argument(
@@ -520,7 +523,7 @@ def run_export(args: argparse.Namespace) -> int:
             )
             return 2
     try:
-        int4_int8 = parse_selectors(args.int4_int8)
+        int4_int8 = None if args.int4_int8 == "auto" else parse_selectors(args.int4_int8)
     except ValueError as e:
         print(f"spotstop export: --int4-int8: {e}", file=sys.stderr)
         return 2

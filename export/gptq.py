@@ -137,6 +137,12 @@ def gptq_nbits(
 CALIBRATION_SCENES = 8
 #: their seed: ``spotstop verify-bundle`` scores seed 0, so it never checks on them
 CALIBRATION_SEED = 1
+#: scenes an export's vision-weight rule measures on (export/mixed.py's
+#: ``vision_weight_check``): :func:`calibration_set` of this many (at least the calibration
+#: scenes; generated ones begin with them). The largest move over 8 scenes misses the tail: on
+#: the trained tiny pair, ``tiny-lfm2_vl``'s 4-bit vision graph moved 8 scenes at most 0.425
+#: and 32 scenes 0.973 (bench/RESULTS.md, ``trained-world``)
+CHECK_SCENES = 32
 
 _INDEX = "index.json"
 

@@ -27,6 +27,23 @@ onnxruntime-genai's model builder (``matmul_mixed_precision``, its
 ``vision``
     the vision tower and its projector into the decoder.
 
+``vision`` is also chosen by measurement (:func:`vision_weight_check`, called by
+export/onnx.py for a precision whose spec ``checks_vision_weights``, int4): the export scores
+its check scenes (:data:`~spotstop.export.gptq.CHECK_SCENES` of them, the calibration scenes
+first) with the float32 decoder reading the 4-bit vision graph's image embeddings and again
+the float32 vision graph's; over half the score tolerance (export/int8.py's
+:data:`~spotstop.export.int8.VISION_SHARE`, the same rule as int8's vision activations) the
+vision graph is converted again with its weights at 8 bits. The manifest records the measured
+move, the bound and the choice (``quantizer.int8.vision_weights``).
+
+The decoder's groups are chosen by measurement too (:func:`decoder_weight_check`, the same
+export, in-memory members): the check scenes' scores, both passes (with the image and
+request-only), with the float32 vision graph's embeddings, from the decoder at 4 bits against
+the float32 decoder; over the rest of the tolerance (``1 − VISION_SHARE`` of it) each group of
+:data:`DECODER_GROUPS` the architecture has is kept at 8 bits alone and measured again, and the
+one whose move is smallest is kept (none when none is smaller than all-4-bit's). The manifest
+records every measured move and the choice (``quantizer.int8.decoder_weights``).
+
 The rule reads only the torch model's module names (``model.language_model.layers.7.mlp.
 down_proj``), so the same function decides for the export (export/onnx.py, which finds each
 ONNX weight by :func:`~spotstop.export.gptq.weight_key`) and for the torch simulation in
@@ -38,20 +55,28 @@ precision holds.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 __all__ = [
+    "DECODER_GROUPS",
     "DEFAULT_INT4_INT8",
     "INT8_SELECTORS",
     "Q4_K_M",
+    "DecoderWeightCheck",
     "MixedRoles",
+    "VisionWeightCheck",
+    "decoder_weight_check",
     "int8_linears",
     "int8_weight_keys",
     "keeps_int8",
     "parse_selectors",
+    "vision_weight_check",
 ]
 
 #: the selectors an int4 export may keep at int8 (see the module doc)
@@ -61,11 +86,12 @@ INT8_SELECTORS = ("output_layer", "mixed_layers", "linear_attn", "vision")
 #: the mixed layers' value and down projections at int8
 Q4_K_M: tuple[str, ...] = ("output_layer", "mixed_layers")
 
-#: what ``spotstop export --precision int4`` keeps at int8 unless told otherwise: nothing. On the
-#: real pair's dimensions (seeded random weights), :data:`Q4_K_M` moved the score further from
-#: the fp32 reference, not nearer (bench/RESULTS.md, ``quant-error-Qwen3.5-2B-gptq-mixed``), so
-#: the bytes it costs (the int8 token table: +0.25 GiB for Qwen3.5-2B) buy nothing measured;
-#: ``--int4-int8`` chooses it
+#: the fixed selectors of an int4 export and of the cost model: none. On the real pair's
+#: dimensions (seeded random weights), :data:`Q4_K_M` moved the score further from the fp32
+#: reference, not nearer (bench/RESULTS.md, ``quant-error-Qwen3.5-2B-gptq-mixed``), so its bytes
+#: (the int8 token table: +0.25 GiB for Qwen3.5-2B) are not spent unmeasured. ``spotstop export
+#: --precision int4`` (``--int4-int8 auto``) adds what :func:`vision_weight_check` and
+#: :func:`decoder_weight_check` choose by measurement; ``--int4-int8`` fixes the selectors
 DEFAULT_INT4_INT8: tuple[str, ...] = ()
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -236,3 +262,122 @@ def int8_weight_keys(model: Any, selectors: Iterable[str]) -> dict[str, str]:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     chosen = int8_linears(list(linears), selectors, model_type)
     return {weight_key(linears[n].weight.detach().float().numpy()): n for n in chosen}
+
+
+@dataclass(frozen=True)
+class VisionWeightCheck:
+    """Whether an int4 export keeps its vision graph's weights at 8 bits (the manifest's
+    ``quantizer.int8.vision_weights``).
+
+    Measured at export (export/onnx.py): each check scene's score (its scene pass) with the
+    float32 decoder reading the image embeddings of the vision graph at 4 bits, against the
+    same with the float32 vision graph's; ``max_abs_diff`` is the largest |Δs| over the
+    ``scenes``. Over ``bound`` (export/int8.py's ``VISION_SHARE`` of the precision's score
+    tolerance), or not finite, the vision graph's weights stay at 8 bits."""
+
+    max_abs_diff: float
+    bound: float
+    scenes: int
+
+    @property
+    def eight_bit(self) -> bool:
+        return not self.max_abs_diff <= self.bound  # NaN: 8 bits
+
+    def as_meta(self) -> dict[str, Any]:
+        from spotstop.export.int8 import VISION_SHARE
+
+        return {
+            "rule": f"vision weights at 8 bits when max |ds| > {VISION_SHARE:g} x score tolerance",
+            "max_abs_diff": round(self.max_abs_diff, 6)
+            if self.max_abs_diff == self.max_abs_diff
+            else str(self.max_abs_diff),
+            "bound": round(self.bound, 6),
+            "scenes": self.scenes,
+            "bits": 8 if self.eight_bit else 4,
+        }
+
+
+def vision_weight_check(moves: Any, score_atol: float) -> VisionWeightCheck:
+    """int4's vision rule on the measured |Δs| of the check scenes (``moves``, one per scene)
+    that the vision graph's 4-bit weights cause: the rule of int8's vision activations
+    (export/int8.py's :func:`~spotstop.export.int8.vision_activation_check`, called here: one
+    rule), its remedy 8-bit vision weights.
+
+    Measured (bench/RESULTS.md, ``trained-world``; docs/limits.md): on the trained tiny pair,
+    ``tiny-lfm2_vl``'s 4-bit vision graph moved the 8 calibration scenes at most 0.425 and 32
+    check scenes (those 8 first) 0.973 (bound 0.5); it moved a held-out world scene 1.59
+    (tolerance 1.0), and with 8-bit vision weights that world's max |Δs| was 0.501.
+    ``tiny-qwen3_5``'s moved both sets 0.348 and keeps 4 bits."""
+    from spotstop.export.int8 import vision_activation_check
+
+    c = vision_activation_check(moves, score_atol)
+    return VisionWeightCheck(c.max_abs_diff, c.bound, c.scenes)
+
+
+#: the decoder's selector groups :func:`decoder_weight_check` tries, each alone, in this order
+#: (ties: the first): llama.cpp's ``Q4_K_M`` mix, and the Gated-DeltaNet layers (an
+#: architecture without them has no such weights, and the group is not tried)
+DECODER_GROUPS: tuple[tuple[str, ...], ...] = (Q4_K_M, ("linear_attn",))
+
+
+@dataclass(frozen=True)
+class DecoderWeightCheck:
+    """Which decoder group an int4 export keeps at 8 bits (the manifest's
+    ``quantizer.int8.decoder_weights``): ``moves`` maps each tried choice (``"none"``: every
+    decoder weight at 4 bits; else the group's selectors joined by ``+``) to the largest |Δs|
+    it moved the check scenes' scores (both passes, float32 vision graph); ``bound`` is the
+    decoder's share of the score tolerance. ``kept``: the choice made."""
+
+    moves: dict[str, float]
+    bound: float
+    scenes: int
+    kept: str
+
+    def as_meta(self) -> dict[str, Any]:
+        from spotstop.export.int8 import VISION_SHARE
+
+        return {
+            "rule": (
+                f"over {1 - VISION_SHARE:g} x score tolerance, the group of {list(map('+'.join, DECODER_GROUPS))} "
+                "whose 8 bits move the check scenes least"
+            ),
+            "max_abs_diff": {k: round(v, 6) if v == v else str(v) for k, v in self.moves.items()},
+            "bound": round(self.bound, 6),
+            "scenes": self.scenes,
+            "kept": self.kept,
+        }
+
+
+def decoder_weight_check(
+    moves: dict[str, Any], score_atol: float, scenes: int
+) -> DecoderWeightCheck:
+    """int4's decoder rule on the measured |Δs| of the check scenes: ``moves["none"]`` the
+    all-4-bit decoder's (one per score), and one entry per group tried (its selectors joined by
+    ``+``, in :data:`DECODER_GROUPS` order). Within ``(1 − VISION_SHARE) · score_atol`` (the
+    vision graph has the rest) nothing is kept; over it, the group with the smallest largest
+    move, if it is smaller than all-4-bit's (a move that is not finite counts as infinite).
+
+    Measured (bench/RESULTS.md, ``trained-world``; docs/limits.md): ``tiny-qwen3_5``'s all-4-bit
+    decoder moved 32 check scenes up to 3.08; with its Gated-DeltaNet layers at 8 bits 1.07,
+    with ``Q4_K_M`` more than 1.7 (the request-only pass)."""
+    from spotstop.export.int8 import VISION_SHARE
+
+    if "none" not in moves:
+        raise ValueError("decoder_weight_check needs the all-4-bit decoder's moves ('none').")
+    if not score_atol > 0:
+        raise ValueError(f"score_atol must be positive; got {score_atol}.")
+
+    def worst(v: Any) -> float:
+        d = np.abs(np.asarray(v, dtype=np.float64))
+        if d.size == 0:
+            raise ValueError("the decoder check needs at least one check scene's score.")
+        return float(d.max()) if np.isfinite(d).all() else math.inf
+
+    got = {k: worst(v) for k, v in moves.items()}
+    bound = (1.0 - VISION_SHARE) * score_atol
+    kept = "none"
+    if not got["none"] <= bound:
+        best = min((k for k in got if k != "none"), key=lambda k: got[k], default=None)
+        if best is not None and got[best] < got["none"]:
+            kept = best
+    return DecoderWeightCheck(got, bound, scenes, kept)

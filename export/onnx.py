@@ -47,6 +47,7 @@ from spotstop.export.configs import ExportConfig, get_export_config
 from spotstop.export.exporters import DECODER_INPUTS, DECODER_OUTPUTS, export_decoder, export_vision
 from spotstop.export.gptq import (
     CALIBRATION_SCENES,
+    CHECK_SCENES,
     QUANTIZERS,
     CalibrationInputs,
     InputRecorder,
@@ -60,7 +61,14 @@ from spotstop.export.memory import (
     release_freed_memory,
     reset_peak_rss,
 )
-from spotstop.export.mixed import DEFAULT_INT4_INT8, int8_weight_keys, parse_selectors
+from spotstop.export.mixed import (
+    DECODER_GROUPS,
+    DEFAULT_INT4_INT8,
+    decoder_weight_check,
+    int8_weight_keys,
+    parse_selectors,
+    vision_weight_check,
+)
 from spotstop.export.nbits import nbits_weights
 from spotstop.export.precision import (
     PRECISION_SPECS,
@@ -375,49 +383,74 @@ def _session(model_or_path: Any) -> Any:
     return ort.InferenceSession(src, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
-def _vision_moves(job: _Job, q_vision: Any) -> np.ndarray:
-    """|Δs| of each calibration scene (its scene pass, one prompt at a time) when the torch
-    float32 decoder reads the image embeddings of the converted vision graph ``q_vision`` (a
-    proto or a file path) instead of the torch float32 vision tower's. The torch model is the
-    reference every graph is validated against and is loaded anyway: a float32 decoder session
-    beside it held the decoder's weights twice (Qwen3.5-2B's export peaked at 20.66 GiB)."""
+def _check_length(job: _Job, prompt: Sequence[int]) -> int | None:
+    """The length a check scores ``prompt`` at, as the runtime feeds it: a fixed-length
+    decoder's smallest bucket that holds it (None: none does, the prompt is skipped), else its
+    own."""
+    need = len(prompt) + job.plan.max_row_len
+    if not job.ecfg.decoder_fixed_length:
+        return need
+    fits = [b for b in job.usable if b >= need]
+    return fits[0] if fits else None
+
+
+def _torch_score(job: _Job, feeds: dict[str, np.ndarray]) -> float:
+    """The torch float32 decoder's score of one prompt's ``feeds`` (the export's reference)."""
+    import torch
+
+    if job.decoder_t is None:
+        raise RuntimeError(
+            f"{job.mname}: a measured rule needs the torch model, and it was released before "
+            "the rule ran (a bug: please report it)."
+        )
+    with torch.no_grad():
+        f, lp = job.decoder_t(*(torch.from_numpy(feeds[n]) for n in DECODER_INPUTS))
+    return float(combine_scores(f.numpy(), lp.numpy(), job.plan, job.plan.first_ids)[0])
+
+
+def _scene_pixels(job: _Job, scene: Scene) -> tuple[np.ndarray, np.ndarray]:
+    """A check scene's pixel values and the torch float32 vision tower's embeddings of them."""
     import torch
     from spotstop.guard import DecodedImage, decode_image
 
-    plan, g, arch = job.plan, job.g, job.folder.arch
-    if job.vision_t is None or job.decoder_t is None:
+    if job.vision_t is None:
         raise RuntimeError(
-            f"{job.mname}: the vision check needs the torch model, and it was released before "
-            "the check ran (a bug: please report it)."
+            f"{job.mname}: a measured rule needs the torch model, and it was released before "
+            "the rule ran (a bug: please report it)."
         )
-    img_text = arch.image_text(g)
+    img = scene.image if isinstance(scene.image, DecodedImage) else decode_image(scene.image)
+    g, arch = job.g, job.folder.arch
+    px = np.ascontiguousarray(arch.preprocess(img.image, g)["pixel_values"], np.float32)
+    with torch.no_grad():
+        return px, job.vision_t(torch.from_numpy(px)).numpy()
+
+
+def _vision_moves(job: _Job, q_vision: Any, scenes: Sequence[Scene] | None = None) -> np.ndarray:
+    """|Δs| of each of ``scenes`` (None: the calibration scenes; its scene pass, one prompt at
+    a time) when the torch float32 decoder reads the image embeddings of the converted vision
+    graph ``q_vision`` (a proto or a file path) instead of the torch float32 vision tower's.
+    The torch model is the reference every graph is validated against and is held anyway: a
+    float32 decoder session beside it held the decoder's weights twice (Qwen3.5-2B's int8
+    export peaked at 20.66 GiB)."""
+    plan = job.plan
+    img_text = job.folder.arch.image_text(job.g)
     q = _session(q_vision)
     rows = len(plan.rows)
     moves = []
-    for scene in job.calib_scenes:
+    for scene in job.calib_scenes if scenes is None else scenes:
         if scene.image is None:  # no image: the vision graph plays no part
             continue
-        img = scene.image if isinstance(scene.image, DecodedImage) else decode_image(scene.image)
-        px = np.ascontiguousarray(arch.preprocess(img.image, g)["pixel_values"], np.float32)
         prompt = job.encoder.prompt_ids(scene.request, img_text)
-        need = len(prompt) + plan.max_row_len
-        if job.ecfg.decoder_fixed_length:  # the smallest bucket that holds it (else skipped)
-            fits = [b for b in job.usable if b >= need]
-            if not fits:
-                continue
-            length = fits[0]
-        else:
-            length = need
-        feeds = decoder_feeds([prompt], plan, length)
-        with torch.no_grad():
-            ref = job.vision_t(torch.from_numpy(px)).numpy()
+        length = _check_length(job, prompt)
+        if length is None:
+            continue
+        px, ref = _scene_pixels(job, scene)
         (got,) = q.run(None, {"pixel_values": px})
+        feeds = decoder_feeds([prompt], plan, length)
         score = []
         for emb in (ref, got):
             feeds["image_embeds"] = np.repeat(emb[:1], rows, axis=0)
-            with torch.no_grad():
-                f, lp = job.decoder_t(*(torch.from_numpy(feeds[n]) for n in DECODER_INPUTS))
-            score.append(combine_scores(f.numpy(), lp.numpy(), plan, plan.first_ids)[0])
+            score.append(_torch_score(job, feeds))
         moves.append(score[1] - score[0])
     return np.asarray(moves, dtype=np.float64)
 
@@ -432,8 +465,14 @@ def _checked_vision(
     runs before a streamed export releases the model) and, over the bound, the graph is
     converted again with float activations. Converted before the decoder graphs, so only the
     kept conversion is in ``opts.report``; the check is recorded there
-    (``vision_activations``)."""
-    if not (get_precision(job.precision).checks_vision_activations and job.calib_scenes):
+    (``vision_activations``). A precision that checks its vision graph's weights (int4:
+    export/mixed.py's ``vision_weight_check``), calibrated: the same measure on the check
+    scenes and, over the bound, the graph is converted again with its weights at 8 bits;
+    recorded as ``vision_weights``."""
+    spec = get_precision(job.precision)
+    if spec.checks_vision_weights and job.check_scenes and job.vision_keys:
+        return _checked_vision_weights(job, opts, convert)
+    if not (spec.checks_vision_activations and job.calib_scenes):
         return convert(opts)
     trial = replace(opts, report={})
     got = convert(trial)
@@ -453,6 +492,110 @@ def _checked_vision(
     return got
 
 
+def _checked_vision_weights(
+    job: _Job, opts: ConvertOptions, convert: Callable[[ConvertOptions], Any]
+) -> Any:
+    """int4's vision rule (see :func:`_checked_vision`): the vision graph at the precision's
+    bits, measured on the check scenes; over the bound converted again with its weights
+    (``job.vision_keys``) at 8 bits."""
+    trial = replace(opts, report={})
+    got = convert(trial)
+    moves = _vision_moves(job, got, job.check_scenes)
+    if not len(moves):
+        raise ValueError(
+            f"{job.mname}: no check scene's prompt fits the decoder's buckets {job.usable}; "
+            "export with a larger bucket (--buckets)."
+        )
+    check = vision_weight_check(moves, job.ecfg.score_atol[job.precision])
+    if check.eight_bit:
+        del got
+        keys = tuple(dict.fromkeys((*opts.int8_keys, *job.vision_keys)))
+        got = convert(replace(opts, int8_keys=keys))
+    else:
+        opts.report.update(trial.report)
+    opts.report["vision_weights"] = check.as_meta()
+    return got
+
+
+def _decoder_moves(job: _Job, q_decoders: Mapping[str, Any], scenes: Sequence[Scene]) -> np.ndarray:
+    """|Δs| of each of ``scenes``' request-only and scene passes (one prompt at a time) when
+    the converted decoder graphs ``q_decoders`` (by file name) score them instead of the torch
+    float32 decoder, both reading the torch float32 vision tower's image embeddings."""
+    plan = job.plan
+    img_text, rows = job.folder.arch.image_text(job.g), len(plan.rows)
+    sessions: dict[str, Any] = {}
+    first = job.dec_files[job.usable[0]]
+    moves = []
+    for scene in scenes:
+        passes: list[tuple[list[int], np.ndarray | None]] = [
+            (job.encoder.prompt_ids(scene.request, None), None)
+        ]
+        if scene.image is not None:
+            emb = _scene_pixels(job, scene)[1]
+            prompt = job.encoder.prompt_ids(scene.request, img_text)
+            passes.append((prompt, np.repeat(emb[:1], rows, axis=0)))
+        for prompt, image_embeds in passes:
+            length = _check_length(job, prompt)
+            if length is None:
+                continue
+            fname = job.dec_files[length] if job.ecfg.decoder_fixed_length else first
+            feeds = decoder_feeds([prompt], plan, length)
+            if image_embeds is None:  # request only: no image tokens, the embeddings unread
+                b = feeds["input_ids"].shape[0]
+                image_embeds = np.zeros((b, job.n_img, job.hidden), np.float32)
+            feeds["image_embeds"] = image_embeds
+            if fname not in sessions:
+                sessions[fname] = _session(q_decoders[fname])
+            f, lp = sessions[fname].run(None, _to_numpy_inputs(feeds))
+            got = float(combine_scores(f, lp, plan, plan.first_ids)[0])
+            moves.append(got - _torch_score(job, feeds))
+    return np.asarray(moves, dtype=np.float64)
+
+
+def _checked_decoders(
+    job: _Job,
+    opts: ConvertOptions,
+    convert: Callable[[Any, ConvertOptions], Any],
+    fp32: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The decoder graphs at the job's precision (``convert(graph, options)``). A precision
+    that checks its decoder's weights (int4: export/mixed.py's ``decoder_weight_check``), with
+    check scenes and groups to try (``job.decoder_keys``): the all-4-bit decoders are measured
+    on the check scenes against the torch float32 model, and over the bound each group's
+    conversion with its weights at 8 bits too; the rule's choice is kept and recorded
+    (``decoder_weights``)."""
+    names = [f for f in fp32 if f != "vision.onnx"]
+    if not (job.check_scenes and job.decoder_keys):
+        return {f: convert(fp32[f], opts) for f in names}
+
+    def trial(keys: tuple[str, ...]) -> tuple[dict[str, Any], ConvertOptions, np.ndarray]:
+        o = replace(opts, int8_keys=tuple(dict.fromkeys((*opts.int8_keys, *keys))), report={})
+        got = {f: convert(fp32[f], o) for f in names}
+        return got, o, _decoder_moves(job, got, job.check_scenes)
+
+    tried = {"none": trial(())}
+    if not len(tried["none"][2]):
+        raise ValueError(
+            f"{job.mname}: no check scene's prompt fits the decoder's buckets {job.usable}; "
+            "export with a larger bucket (--buckets)."
+        )
+    tol = job.ecfg.score_atol[job.precision]
+    check = decoder_weight_check({"none": tried["none"][2]}, tol, len(job.check_scenes))
+    if check.kept == "none" and check.moves["none"] > check.bound:  # over: try each group
+        for label, keys in job.decoder_keys.items():
+            tried[label] = trial(keys)
+        moves = {k: v[2] for k, v in tried.items()}
+        check = decoder_weight_check(moves, tol, len(job.check_scenes))
+    graphs, kept_opts, _ = tried[check.kept]
+    opts.report.update(kept_opts.report)
+    opts.report["decoder_weights"] = {
+        **check.as_meta(),
+        "chosen": len(job.decoder_keys.get(check.kept, ())),
+    }
+    job.decoder_kept = job.decoder_keys.get(check.kept, ())
+    return graphs
+
+
 @dataclass
 class _Job:
     """One member's export as it moves through the stages of :func:`export_member`."""
@@ -465,6 +608,8 @@ class _Job:
     #: the scenes the calibrated quantizer records inputs on, and the manifest's record of them
     calib_scenes: list[Scene]
     calib_record: dict[str, Any]
+    #: the scenes a vision-weight rule measures on (export/gptq.py's CHECK_SCENES; else none)
+    check_scenes: list[Scene]
     int8_sel: tuple[str, ...]
     sessions: str
     smooth_alpha: float | None
@@ -496,6 +641,12 @@ class _Job:
     # -- quantized and validated (stages ``quantize``, ``validate``)
     calib: CalibrationInputs | None = None
     int8_keys: dict[str, Any] = field(default_factory=dict)
+    #: the vision graph's weight keys, for a vision-weight rule that keeps them at 8 bits
+    vision_keys: tuple[str, ...] = ()
+    #: each decoder group the decoder-weight rule may keep at 8 bits → its weight keys, and
+    #: the keys of the group it kept
+    decoder_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    decoder_kept: tuple[str, ...] = ()
     checks: list[GraphCheck] = field(default_factory=list)
     weight_bytes: int = 0
     qmeta: dict[str, Any] = field(default_factory=dict)
@@ -561,8 +712,12 @@ def _stage_resolve(
     # the calibration scenes now: a frames table's error comes before the model is loaded
     calib_scenes: list[Scene] = []
     calib_record: dict[str, Any] = {}
+    check_scenes: list[Scene] = []
     if spec.calibrated and quantizer == "gptq":
         calib_scenes, calib_record = calibration_set(calibration_scenes, calibration_frames)
+        if spec.checks_vision_weights and int4_int8 is None:  # the measured rules (auto)
+            n_check = max(calibration_scenes, CHECK_SCENES)
+            check_scenes = calibration_set(n_check, calibration_frames)[0]
     auto = smooth_alpha == "auto"
     if ((not auto and smooth_alpha is not None) or keep_error is not None) and precision != "int8":
         raise ValueError(
@@ -624,6 +779,7 @@ def _stage_resolve(
         calibration_scenes=calibration_scenes,
         calib_scenes=calib_scenes,
         calib_record=calib_record,
+        check_scenes=check_scenes,
         int8_sel=tuple(int8_sel),
         sessions=sessions,
         smooth_alpha=smooth_alpha,
@@ -804,6 +960,18 @@ def _stage_quantize(job: _Job, out: Path) -> None:
         )
     # export/mixed.py's rule on the torch names, found in the graphs by the weights' values
     job.int8_keys = int8_weight_keys(job.model, job.int8_sel) if job.int8_sel else {}
+    if spec.checks_vision_weights and job.check_scenes and "vision" not in job.int8_sel:
+        # what the vision rule (_checked_vision) keeps at 8 bits when it measures over its bound
+        job.vision_keys = tuple(int8_weight_keys(job.model, ("vision",)))
+    if spec.checks_vision_weights and job.check_scenes and not job.large:
+        # the decoder rule's groups (_checked_decoders; an in-memory member: a streamed one
+        # converts its decoder once), each with weights that are not kept already
+        for group in DECODER_GROUPS:
+            if set(group) <= set(job.int8_sel):
+                continue
+            keys = tuple(k for k in int8_weight_keys(job.model, group) if k not in job.int8_keys)
+            if keys:
+                job.decoder_keys["+".join(group)] = keys
     opts = ConvertOptions(
         calibration=job.calib,
         int8_keys=tuple(job.int8_keys),
@@ -870,7 +1038,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
         graphs = {  # the vision graph first (_checked_vision)
             "vision.onnx": _checked_vision(job, opts, lambda o: convert(fp32["vision.onnx"], o))
         }
-        graphs.update((f, convert(m, opts)) for f, m in fp32.items() if f != "vision.onnx")
+        graphs.update(_checked_decoders(job, opts, convert, fp32))
         job.checks = _stage_validate(job, graphs, job.precision)
     if out.exists():
         shutil.rmtree(out)
@@ -902,6 +1070,20 @@ def _quantizer_record(job: _Job) -> dict[str, Any]:
             "rule": "export/mixed.py (onnxruntime-genai matmul_mixed_precision)",
             "chosen": len(job.int8_keys),
         }
+        dw = job.convert_report.get("decoder_weights")
+        if dw is not None:  # export/mixed.py's measured decoder rule
+            q["int8"]["decoder_weights"] = dw
+        elif spec.checks_vision_weights and job.check_scenes and job.large:
+            q["int8"]["decoder_weights"] = {
+                "kept": "none",
+                "not measured": "a streamed export converts its decoder graphs once",
+            }
+        vw = job.convert_report.get("vision_weights")
+        if vw is not None:  # export/mixed.py's measured vision rule
+            q["int8"]["vision_weights"] = {
+                **vw,
+                "chosen": len(job.vision_keys) if vw["bits"] == 8 else 0,
+            }
     if "int8" in job.convert_report:  # what computes in int8, what not
         acts = job.convert_report["int8"].get("activations", "per-tensor")
         q["format"] = (
@@ -1029,9 +1211,12 @@ def export_member(
     ``"rtn"`` rounds each weight to nearest as onnxruntime's quantizer does. Both write the same
     operator and bytes per weight; the manifest records which.
 
-    ``int4_int8`` (int4): which weights stay at 8 bits, by export/mixed.py's selectors (None:
-    its ``DEFAULT_INT4_INT8``, none; ``Q4_K_M``: the output layer and llama.cpp's mixed
-    layers); the manifest records the selectors and how many weights each precision holds.
+    ``int4_int8`` (int4): which weights stay at 8 bits, by export/mixed.py's selectors
+    (``Q4_K_M``: the output layer and llama.cpp's mixed layers; ``()``: every weight at 4 bits);
+    None (default): chosen by measurement on the check scenes (export/mixed.py's
+    ``vision_weight_check`` and, for an in-memory member, ``decoder_weight_check``); the
+    manifest records the selectors, the measured moves and choices, and how many weights each
+    precision holds.
     ``graph_form``: ``"standard"`` (standard ONNX operators: what TensorRT parses) or
     ``"fused"`` (onnxruntime's LinearAttention, GroupQueryAttention, MultiHeadAttention,
     fused norms and GELUs: export/fused.py, export/gelu.py); None or ``"auto"``: the precision's default (fused for

@@ -27,7 +27,7 @@ from spotstop.export._outdir import check_out_folder, replaced_whole
 from spotstop.export.bundle import _write_manifest
 from spotstop.export.gptq import CALIBRATION_SCENES, QUANTIZERS
 from spotstop.export.memory import LARGE_BYTES, folder_fp32_bytes
-from spotstop.export.mixed import DEFAULT_INT4_INT8, parse_selectors
+from spotstop.export.mixed import parse_selectors
 from spotstop.export.onnx import DEFAULT_BUCKETS, MemberExport, export_member
 from spotstop.export.triton import write_triton_repository
 from spotstop.export.trt import build_engines, write_trt_script
@@ -188,8 +188,9 @@ def write_onnx_bundle(
     see :func:`~spotstop.export.onnx.export_member` (GPTQ on generated calibration scenes by
     default, or ``"rtn"``); ``calibration_frames``: a scene table of the deployment's own frames
     to calibrate on instead (:func:`~spotstop.export.gptq.calibration_set`). ``int4_int8``
-    (int4): the weights kept at 8 bits, by export/mixed.py's selectors (None: its default; ``()``: none); each member entry of the
-    manifest records them (``int4_int8``). ``smooth_alpha`` / ``keep_error`` (int8):
+    (int4): the weights kept at 8 bits, by export/mixed.py's selectors (None: chosen by its
+    measured rules; ``()``: none); each member entry of the manifest records the selectors
+    (``int4_int8``), its ``spotstop_onnx.yaml`` the rules' moves and choices. ``smooth_alpha`` / ``keep_error`` (int8):
     SmoothQuant's α (``"auto"``: on with the calibration scenes; None: off) and the error bound
     of export/int8.py's keep rule. ``graph_form``:
     ``"standard"``, ``"fused"`` or None/``"auto"`` (the precision's default), see
@@ -217,7 +218,8 @@ def write_onnx_bundle(
         raise ValueError(f"quantizer must be one of {list(QUANTIZERS)}; got {quantizer!r}.")
     if calibration_scenes < 1:
         raise ValueError(f"calibration_scenes must be at least 1; got {calibration_scenes}.")
-    int8_sel = parse_selectors(DEFAULT_INT4_INT8 if int4_int8 is None else list(int4_int8))
+    # None: export/mixed.py's measured rules choose (export_member); else exactly these
+    int8_sel = None if int4_int8 is None else parse_selectors(list(int4_int8))
     if calibration_frames is not None:  # a bad table is refused before anything is replaced
         from spotstop.guard._scene_table import read_scene_table
 

@@ -129,6 +129,10 @@ class PrecisionSpec:
     #: scenes' scores and converts it again with float activations over the bound
     #: (export/int8.py's ``vision_activation_check``)
     checks_vision_activations: bool = False
+    #: the export measures what the vision graph's weights at this precision's bits move the
+    #: check scenes' scores and keeps them at 8 bits over the bound (export/mixed.py's
+    #: ``vision_weight_check``)
+    checks_vision_weights: bool = False
 
 
 PRECISION_SPECS: dict[str, PrecisionSpec] = {}
@@ -376,6 +380,7 @@ register_precision(
         block_size=INT4_NBITS_BLOCK,
         graph_form="fused",
         float32_image_ends=True,
+        checks_vision_weights=True,
     )
 )
 register_precision(

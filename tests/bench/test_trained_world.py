@@ -215,3 +215,30 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     assert by["spotstop demo follows the world's rule"]["met"]
     # every goal row says whether it is met; reported-only rows say nothing
     assert all((r["met"] is None) == (r["goal"] == "") for r in rows)
+
+
+def test_item_6_alone_replaces_only_its_rows_and_says_when_it_ran(tw: Any) -> None:
+    """``--only-export --results``: the section keeps every other item's rows and text, item 6's
+    old rows give way to the new ones in the same place and columns, and a note says how item 6
+    ran again (an earlier such note is replaced, not piled up)."""
+    rows = [
+        tw.Row("1", "pair AUROC", "0.950 [0.930, 0.970]", "768 scenes", ">= 0.9", True),
+        tw.Row("6", "int4 old", "0.9 (max|ds| 1.9, tol 1: FAIL)", "64 scores", ">= 0.95", False),
+        tw.Row("6", "int4 older", "0.8", "64 scores", "", None),
+        tw.Row("7", "share", "0.900", "768 scenes", "", None),
+    ]
+    section = "### The bench\n\nWhat it measures.\n\n```\n" + "\n".join(tw.render(rows)) + "\n```"
+    new = [tw.Row("6", "int4 new", "0.99 (max|ds| 0.7, tol 1: ok)", "64 scores", ">= 0.95", True)]
+    once = tw.replace_item_rows(section, "6", new, "Item 6 run again alone: first.")
+    twice = tw.replace_item_rows(once, "6", new, "Item 6 run again alone: second.")
+    head, table = twice.split("```\n")[0], twice.split("```\n")[1].rstrip("`\n").split("\n")
+    assert head.startswith("### The bench\n\nWhat it measures.\n\nItem 6 run again alone: second.")
+    assert "first." not in twice
+    assert [line.split()[0] for line in table[2:]] == ["1", "6", "7"]
+    old = tw.render(rows)
+    assert table[:3] == old[:3] and table[-1] == old[-1]  # the other rows untouched
+    col = old[0].index("value")
+    assert table[3][col:].startswith(new[0].value) and table[3].endswith("yes")
+    assert table[3].index(">= 0.95") == old[0].index("goal")
+    with pytest.raises(ValueError, match="no table"):
+        tw.replace_item_rows("no table here", "6", new, "x")

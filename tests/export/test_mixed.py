@@ -11,12 +11,17 @@ from typing import Any
 import numpy as np
 import pytest
 from spotstop.export.mixed import (
+    DECODER_GROUPS,
     DEFAULT_INT4_INT8,
     INT8_SELECTORS,
     Q4_K_M,
+    DecoderWeightCheck,
+    VisionWeightCheck,
+    decoder_weight_check,
     int8_linears,
     keeps_int8,
     parse_selectors,
+    vision_weight_check,
 )
 
 from tests._support.pair import TINY_MEMBERS
@@ -190,7 +195,7 @@ def test_int4_export_keeps_the_chosen_weights_at_int8(tiny_pair: Path, tmp_path:
     src = tiny_pair / "tiny-lfm2_vl"
     kw: dict[str, Any] = {"precision": "int4", "buckets": [256], "calibration_scenes": 1}
     mixed = export_member(src, tmp_path / "mixed", int4_int8=Q4_K_M, **kw)
-    plain = export_member(src, tmp_path / "plain", **kw)
+    plain = export_member(src, tmp_path / "plain", int4_int8=(), **kw)  # () : no measured rule
     assert all(c.ok for c in mixed.checks) and all(c.ok for c in plain.checks)
     assert mixed.quantizer is not None and plain.quantizer is not None
     assert mixed.quantizer["int8"]["selectors"] == list(Q4_K_M)
@@ -236,3 +241,146 @@ def test_int4_export_keeps_the_chosen_weights_at_int8(tiny_pair: Path, tmp_path:
     bs = NBITS_BLOCK["int4"]
     blocks = sum(n * -(-k // bs) for k, n in at8)
     assert mixed.weight_bytes - plain.weight_bytes == blocks * bs // 2
+
+
+def test_the_vision_weight_rule_is_int8s_vision_rule_with_8_bit_weights() -> None:
+    """export/mixed.py's vision rule, worked by hand at int4's tolerance 1.0: the bound is half
+    of it (0.5); a largest move of 0.5 (either sign) keeps 4 bits, 0.5001 or a move that is not
+    finite gives the vision graph 8-bit weights; the record says which."""
+    keep = vision_weight_check(np.array([0.1, -0.5, 0.2]), 1.0)
+    assert keep == VisionWeightCheck(0.5, 0.5, 3) and not keep.eight_bit
+    assert keep.as_meta()["bits"] == 4 and keep.as_meta()["scenes"] == 3
+    over = vision_weight_check(np.array([0.1, -0.5001]), 1.0)
+    assert over.eight_bit and over.as_meta()["bits"] == 8
+    assert over.as_meta()["max_abs_diff"] == pytest.approx(0.5001)
+    nan = vision_weight_check(np.array([0.0, np.nan]), 1.0)
+    assert nan.eight_bit and nan.as_meta()["max_abs_diff"] == "nan"
+    with pytest.raises(ValueError, match="at least one"):
+        vision_weight_check(np.array([]), 1.0)
+
+
+def test_the_decoder_weight_rule_keeps_the_group_that_moves_the_check_scenes_least() -> None:
+    """export/mixed.py's decoder rule, worked by hand at tolerance 1.0 (the decoder's bound
+    0.5): within it nothing is kept; over it the tried group whose largest move is smallest,
+    if smaller than all-4-bit's (ties: the first tried; not finite: never chosen)."""
+    assert DECODER_GROUPS == (Q4_K_M, ("linear_attn",))
+    within = decoder_weight_check({"none": [0.4, -0.5]}, 1.0, 2)
+    assert within == DecoderWeightCheck({"none": 0.5}, 0.5, 2, "none")
+    q4km, la = "output_layer+mixed_layers", "linear_attn"
+    best = decoder_weight_check({"none": [1.2], q4km: [0.9, -1.1], la: [0.7]}, 1.0, 1)
+    assert best.kept == la and best.moves == {"none": 1.2, q4km: 1.1, la: 0.7}
+    meta = best.as_meta()
+    assert meta["kept"] == la and meta["bound"] == 0.5 and meta["max_abs_diff"][q4km] == 1.1
+    # over the bound, but no group moves less than all 4 bits: nothing is kept
+    assert decoder_weight_check({"none": [1.2], q4km: [1.3], la: [np.nan]}, 1.0, 1).kept == "none"
+    # a tie goes to the first group tried
+    assert decoder_weight_check({"none": [2.0], q4km: [0.8], la: [-0.8]}, 1.0, 1).kept == q4km
+    # over the bound with no group to try (an architecture without them): nothing is kept
+    assert decoder_weight_check({"none": [2.0]}, 1.0, 1).kept == "none"
+    with pytest.raises(ValueError, match="'none'"):
+        decoder_weight_check({q4km: [0.1]}, 1.0, 1)
+    with pytest.raises(ValueError, match="at least one"):
+        decoder_weight_check({"none": []}, 1.0, 1)
+    with pytest.raises(ValueError, match="score_atol"):
+        decoder_weight_check({"none": [0.1]}, 0.0, 1)
+
+
+@pytest.mark.parametrize("over", [False, True])
+def test_the_int4_export_measures_its_vision_and_decoder_weights_and_records_the_choice(
+    tiny_pair: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, over: bool
+) -> None:
+    """An int4 export without selectors measures what 4-bit weights move the check scenes'
+    scores (32: export/gptq.py's CHECK_SCENES, more than its calibration scene) and hands the
+    rules those moves: the vision graph's (one per scene), then the all-4-bit decoder's (both
+    passes) and, over its bound, each group's. Forced over the bounds, the vision graph's
+    weights and the tiny LFM2-VL's Q4_K_M group (its only one: no Gated-DeltaNet) are 8-bit
+    MatMulNBits; within them every weight is 4-bit. Either way the member validates and the
+    manifest records the measured moves, the bounds and the choices."""
+    import onnx
+    import spotstop.export.onnx as export_onnx
+    from onnx import helper
+    from spotstop.export.gptq import CHECK_SCENES
+
+    seen: dict[str, list[Any]] = {"vision": [], "decoder": []}
+
+    def vision_rule(moves: np.ndarray, score_atol: float) -> VisionWeightCheck:
+        seen["vision"].append(moves)
+        real = vision_weight_check(moves, score_atol)
+        assert real.bound == 0.5 * score_atol == 0.5
+        return VisionWeightCheck(real.max_abs_diff, 0.0 if over else 1e6, real.scenes)
+
+    def decoder_rule(moves: dict[str, Any], score_atol: float, scenes: int) -> DecoderWeightCheck:
+        seen["decoder"].append(dict(moves))
+        real = decoder_weight_check(moves, score_atol, scenes)
+        bound = 0.0 if over else 1e6
+        kept = "output_layer+mixed_layers" if over and len(moves) > 1 else "none"
+        return DecoderWeightCheck(real.moves, bound, scenes, kept)
+
+    monkeypatch.setattr(export_onnx, "vision_weight_check", vision_rule)
+    monkeypatch.setattr(export_onnx, "decoder_weight_check", decoder_rule)
+    src = tiny_pair / "tiny-lfm2_vl"
+    kw: dict[str, Any] = {"precision": "int4", "buckets": [256], "calibration_scenes": 1}
+    e = export_onnx.export_member(src, tmp_path / "m", **kw)
+    assert all(c.ok for c in e.checks)
+    (vmoves,) = seen["vision"]
+    assert vmoves.shape == (CHECK_SCENES,) and np.isfinite(vmoves).all()
+    assert np.abs(vmoves).max() > 0
+    # the decoder: all 4 bits (request-only and scene pass of each check scene), then, over
+    # the bound, the one group this architecture has
+    assert [sorted(d) for d in seen["decoder"]] == (
+        [["none"], ["none", "output_layer+mixed_layers"]] if over else [["none"]]
+    )
+    assert seen["decoder"][0]["none"].shape == (2 * CHECK_SCENES,)
+    q = e.quantizer
+    assert q is not None
+    vw, dw = q["int8"]["vision_weights"], q["int8"]["decoder_weights"]
+    assert vw["scenes"] == dw["scenes"] == CHECK_SCENES
+    assert vw["max_abs_diff"] == pytest.approx(np.abs(vmoves).max(), abs=1e-6)
+    assert vw["bits"] == (8 if over else 4)
+    assert dw["kept"] == ("output_layer+mixed_layers" if over else "none")
+    assert dw["max_abs_diff"]["none"] == pytest.approx(
+        np.abs(seen["decoder"][0]["none"]).max(), abs=1e-6
+    )
+    assert dw["chosen"] == (4 if over else 0)
+
+    def bits(f: str) -> list[int]:
+        """The bits of every MatMulNBits weight of graph ``f`` (a weight read twice once)."""
+        g = onnx.load(str(tmp_path / "m" / "onnx" / f), load_external_data=False)
+        seen = {
+            n.input[1]: int(helper.get_attribute_value(a))
+            for n in g.graph.node
+            if n.op_type == "MatMulNBits"
+            for a in n.attribute
+            if a.name == "bits"
+        }
+        return list(seen.values())
+
+    vision, decoder = bits("vision.onnx"), bits("decoder.onnx")
+    assert vision and decoder
+    # (the vision selector's weights: the tower's and projector's Linears, but its two float32
+    # ends; a MatMul it does not name stays 4-bit)
+    assert (vision.count(8) > len(vision) // 2) if over else set(vision) == {4}
+    # the decoder: Q4_K_M's 4 weights (the output layer, layers 0 and 2's w2, layer 2's
+    # v_proj: test_int4_export_keeps_the_chosen_weights_at_int8), the rest at 4 bits
+    assert decoder.count(8) == (4 if over else 0) and 4 in decoder
+    assert q["weights_by_bits"].get("int8", 0) == vision.count(8) + decoder.count(8)
+
+
+def test_a_bundle_export_without_selectors_measures_as_the_cli_default_does(
+    tiny_pair: Path, tmp_path: Path
+) -> None:
+    """``spotstop export --precision int4`` (default ``--int4-int8 auto``) and
+    write_onnx_bundle without ``int4_int8`` hand export_member None, so the measured rules run
+    and the member's record holds their moves and choices; ``none`` measures nothing. (The
+    bundle writer once turned None into "no selectors", and the rules never ran through it.)"""
+    from spotstop.export.onnx_bundle import write_onnx_bundle
+
+    src = tiny_pair / "tiny-lfm2_vl"
+    kw: dict[str, Any] = {"precision": "int4", "buckets": [256], "calibration_scenes": 1}
+    auto = write_onnx_bundle([src], tmp_path / "auto", trt="off", **kw)
+    none = write_onnx_bundle([src], tmp_path / "none", trt="off", int4_int8=(), **kw)
+    (a,), (n,) = auto.members, none.members
+    assert a.quantizer is not None and n.quantizer is not None
+    assert {"vision_weights", "decoder_weights"} <= set(a.quantizer["int8"])
+    assert a.quantizer["int8"]["vision_weights"]["scenes"] == 32
+    assert not {"vision_weights", "decoder_weights"} & set(n.quantizer["int8"])
