@@ -23,6 +23,13 @@ Run: ``python bench/blank_frames.py``. Measures :func:`spotstop.guard._image.ima
   and glows from a corner, an edge, the centre, of 40 to 200 levels), alone and with a
   timestamp; a lens covered but for a corner of 0.5 to 1.5 % of the frame that shows a
   scene (a 640x480 world scene, the photograph);
+* a covered, fogged or blown-out lens (gray 128, light gray 200, white; noise as above;
+  160x120 to 1920x1080) on a camera that draws its on-screen display on a filled box: a dark,
+  semi-transparent or lightly shading box of the text's height, as wide as the text, half
+  or all the frame, along the top or bottom edge, a timestamp on it with or without an
+  outline;
+* scenes with that box drawn on them (the test world at 640x480 and 160x120, demo scenes,
+  the photograph at its exposure and at 10 %), which must pass;
 * for comparison, not a limit: a lens covered but for a corner of 3 to 10 % of the frame.
 
 It prints the smallest contrast of each group of scenes and the largest of each group of
@@ -250,6 +257,102 @@ def covered_frames() -> Iterator[tuple[str, str, float]]:
             yield f"light leak: {kind}, timestamp", size, c
 
 
+OSD_BASES = {"gray": 128, "fog": 200, "white": 255}
+OSD_WIDTHS = ("text", "half", "full")  # the box: as wide as the text, half or all the frame
+OSD_BOXES = {"dark": 0.92, "semi-transparent": 0.5, "light shade": 0.3}  # (darkening)
+
+
+def draw_osd(
+    image: Image.Image, height: float, width: str, place: str, shade: float, outline: bool
+) -> None:
+    """An on-screen display on a filled box: a box of the text's height (plus 3 px above and
+    below) along the top or bottom edge (``place`` "t" or "b"), as wide as the text, half
+    or all the frame, that darkens what is under it by ``shade`` (0.92: a dark box; 0.5: a
+    semi-transparent one), and a white timestamp on it, with or without a black outline."""
+    w, h = image.size
+    px = max(6, round(height * h))
+    font = ImageFont.load_default(size=px)
+    d = ImageDraw.Draw(image)
+    left, top, right, bottom = (round(v) for v in d.textbbox((0, 0), STAMP, font=font))
+    tw, th = right - left, bottom - top
+    margin = max(2, h // 60)
+    bw = {"text": tw + 6, "half": w // 2, "full": w}[width]
+    bh = th + 6
+    x0 = {"text": margin, "half": 0, "full": 0}[width]
+    y0 = 0 if place == "t" else h - bh
+    if width == "text" and place == "b":
+        x0 = w - bw - margin
+    arr = np.asarray(image).astype(np.float64)
+    arr[y0 : y0 + bh, x0 : x0 + bw] *= 1.0 - shade
+    image.paste(Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8)))
+    d = ImageDraw.Draw(image)
+    d.text(
+        (x0 + 3 - left, y0 + 3 - top),
+        STAMP,
+        font=font,
+        fill=(255, 255, 255),
+        stroke_width=max(1, px // 12) if outline else 0,
+        stroke_fill=(0, 0, 0),
+    )
+
+
+def osd_frames() -> Iterator[tuple[str, str, float]]:
+    """A covered, fogged or blown-out lens (gray, light gray, white) on a camera that draws its
+    on-screen display on a filled box: (group, size, contrast)."""
+    rng = np.random.default_rng(6)
+    for w, h in OVERLAY_SIZES:
+        for (base, level), (sigma, grainy) in itertools.product(OSD_BASES.items(), NOISES):
+            arr = np.clip(np.rint(level + noise_field(rng, (h, w), sigma, grainy)), 0, 255)
+            plain = arr.astype(np.uint8)
+            for (box, shade), width, height, place, outline in itertools.product(
+                OSD_BOXES.items(), OSD_WIDTHS, TEXT_HEIGHTS, "tb", (True, False)
+            ):
+                image = Image.fromarray(plain)
+                draw_osd(image, height, width, place, shade, outline)
+                c = contrast(encode(np.asarray(image), "JPEG"))
+                yield f"{box} box ({width} width) on {base}", f"{w}x{h}", c
+
+
+def osd_scenes() -> Iterator[tuple[str, float]]:
+    """Frames that show a scene with an on-screen display on a box (must pass)."""
+    opts = W.WorldOptions(offsets=1.0, size=(640, 480), rooms=8, contrasts_per_room=6)
+    sources = []
+    for case in W.world_cases(3, opts)[:12]:
+        sources.append(
+            ("a 640x480 world scene", np.asarray(decode_image(W.case_image(case, opts)).image))
+        )
+    opts = W.WorldOptions(offsets=1.0)
+    for case in W.world_cases(1, opts)[:12]:
+        sources.append(
+            (
+                f"a {opts.size[0]}x{opts.size[1]} world scene",
+                np.asarray(decode_image(W.case_image(case, opts)).image),
+            )
+        )
+    for s in demo_scenes(24, seed=7):
+        assert isinstance(s.image, bytes)
+        sources.append(("a demo scene", np.asarray(decode_image(s.image).image)))
+    try:
+        import matplotlib
+
+        path = os.path.join(matplotlib.get_data_path(), "sample_data", "grace_hopper.jpg")
+        photo = np.asarray(Image.open(path).convert("RGB"), dtype=np.float64)
+        for share in (1.0, 0.1):
+            sources.append(
+                (
+                    f"the photograph at {share:.0%}",
+                    np.clip(np.rint(photo * share), 0, 255).astype(np.uint8),
+                )
+            )
+    except ImportError:
+        pass
+    for name, src in sources:
+        for (box, shade), width, place in itertools.product(OSD_BOXES.items(), OSD_WIDTHS, "tb"):
+            image = Image.fromarray(src)
+            draw_osd(image, 0.05, width, place, shade, True)
+            yield f"{name}, {box} box ({width})", contrast(encode(np.asarray(image), "JPEG"))
+
+
 def corner_frames(shares: tuple[float, ...]) -> Iterator[tuple[str, float]]:
     """A lens covered (black, noise sigma 0 or 10) but for a corner of ``share`` of the frame."""
     rng = np.random.default_rng(3)
@@ -315,6 +418,14 @@ def main() -> int:
     print(f"  {'':34s}" + "".join(f"{s:>10s}" for s in sizes))
     for key, row in covered.items():
         print(f"  {key:34s}" + "".join(f"{row[s]:10.1f}" for s in sizes))
+    print("\na covered, fogged or blown-out lens with an on-screen display on a filled box:")
+    osd: dict[str, dict[str, float]] = {}
+    for key, size, c in osd_frames():
+        row = osd.setdefault(key, {})
+        row[size] = max(row.get(size, 0.0), c)
+    print(f"  {'':44s}" + "".join(f"{s:>10s}" for s in sizes))
+    for key, row in osd.items():
+        print(f"  {key:44s}" + "".join(f"{row[s]:10.1f}" for s in sizes))
     corners: dict[str, list[float]] = {}
     for key, c in corner_frames(CORNER_SHARES):
         corners.setdefault(key, []).append(c)
@@ -327,6 +438,12 @@ def main() -> int:
         corners.setdefault(key, []).append(c)
     for key, cs in corners.items():
         print(f"    {key:32s} {min(cs):8.1f}")
+    print("\nframes that show a scene with an on-screen display on a box: the smallest")
+    with_box: dict[str, list[float]] = {}
+    for key, c in osd_scenes():
+        with_box.setdefault(key, []).append(c)
+    for key, cs in with_box.items():
+        print(f"    {key:56s} n={len(cs):3d}  min {min(cs):6.1f}")
     print("\nimage_contrast's time (noise frames; one core):")
     timing()
     return 0

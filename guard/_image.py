@@ -139,7 +139,14 @@ lens covered but for a corner of at most 1.5 % of the frame 1.7; a linear light-
 of up to 200 levels at most 3.1, with a timestamp on it 3.1 (from 640x480 up).
 
 Not refused (the same script measures them): a dark box under the text on a gray or white
-frame (a box of text's height over half the frame's width counts as content: 7.4 to 98.6); an
+frame (a box of text's height over half the frame's width counts as content: 7.4 to 98.6);
+more generally a camera's on-screen display on a filled box (dark, semi-transparent or a light
+shade; as wide as the text, half or all the frame; along the top or bottom edge) on a gray,
+light-gray or white frame, up to 235 (a full-width dark box on white), 2.3 at the least (a
+light shade under the text at 1920x1080). A rule that replaced such a box by the rows beside
+it (tried on 2026-12-06, not kept) took them all to 3.0 or less but also took out the objects
+of flat demo scenes cut by the frame's bottom edge (two of seven re-measured scenes at 1.5 and
+1.9, were 22.2 and 54.6); an
 outlined timestamp on a white frame (up to 7.6 from 640x480 up, 21.9 with a camera name;
 160x120: 36.6 and 41.6), a camera name on gray at 160x120 (19.7) and a timestamp on the lit
 end of a vertical light leak at 160x120 (19.8): there, letters of 6 to 10 px with their
