@@ -418,6 +418,8 @@ def _scene_pixels(job: _Job, scene: Scene) -> tuple[np.ndarray, np.ndarray]:
             f"{job.mname}: a measured rule needs the torch model, and it was released before "
             "the rule ran (a bug: please report it)."
         )
+    if scene.image is None:
+        raise ValueError(f"{job.mname}: a scene without an image has no pixels to check.")
     img = scene.image if isinstance(scene.image, DecodedImage) else decode_image(scene.image)
     g, arch = job.g, job.folder.arch
     px = np.ascontiguousarray(arch.preprocess(img.image, g)["pixel_values"], np.float32)
@@ -517,15 +519,17 @@ def _checked_vision_weights(
     return got
 
 
-def _decoder_moves(job: _Job, q_decoders: Mapping[str, Any], scenes: Sequence[Scene]) -> np.ndarray:
-    """|Δs| of each of ``scenes``' request-only and scene passes (one prompt at a time) when
-    the converted decoder graphs ``q_decoders`` (by file name) score them instead of the torch
-    float32 decoder, both reading the torch float32 vision tower's image embeddings."""
+def _decoder_check_passes(
+    job: _Job, scenes: Sequence[Scene]
+) -> list[tuple[str, dict[str, np.ndarray], float]]:
+    """Each of ``scenes``' request-only and scene passes (one prompt at a time) as the decoder
+    rule scores them: the decoder file that runs it, its feeds (the torch float32 vision
+    tower's image embeddings) and the torch float32 decoder's score, computed once for every
+    choice the rule tries."""
     plan = job.plan
     img_text, rows = job.folder.arch.image_text(job.g), len(plan.rows)
-    sessions: dict[str, Any] = {}
     first = job.dec_files[job.usable[0]]
-    moves = []
+    out = []
     for scene in scenes:
         passes: list[tuple[list[int], np.ndarray | None]] = [
             (job.encoder.prompt_ids(scene.request, None), None)
@@ -544,11 +548,26 @@ def _decoder_moves(job: _Job, q_decoders: Mapping[str, Any], scenes: Sequence[Sc
                 b = feeds["input_ids"].shape[0]
                 image_embeds = np.zeros((b, job.n_img, job.hidden), np.float32)
             feeds["image_embeds"] = image_embeds
-            if fname not in sessions:
-                sessions[fname] = _session(q_decoders[fname])
-            f, lp = sessions[fname].run(None, _to_numpy_inputs(feeds))
-            got = float(combine_scores(f, lp, plan, plan.first_ids)[0])
-            moves.append(got - _torch_score(job, feeds))
+            out.append((fname, feeds, _torch_score(job, feeds)))
+    return out
+
+
+def _decoder_moves(
+    job: _Job,
+    q_decoders: Mapping[str, Any],
+    passes: Sequence[tuple[str, dict[str, np.ndarray], float]],
+) -> np.ndarray:
+    """|Δs| of each of the ``passes`` (:func:`_decoder_check_passes`) when the converted
+    decoder graphs ``q_decoders`` (by file name) score them instead of the torch float32
+    decoder."""
+    plan = job.plan
+    sessions: dict[str, Any] = {}
+    moves = []
+    for fname, feeds, ref in passes:
+        if fname not in sessions:
+            sessions[fname] = _session(q_decoders[fname])
+        f, lp = sessions[fname].run(None, _to_numpy_inputs(feeds))
+        moves.append(float(combine_scores(f, lp, plan, plan.first_ids)[0]) - ref)
     return np.asarray(moves, dtype=np.float64)
 
 
@@ -568,10 +587,12 @@ def _checked_decoders(
     if not (job.check_scenes and job.decoder_keys):
         return {f: convert(fp32[f], opts) for f in names}
 
+    passes = _decoder_check_passes(job, job.check_scenes)
+
     def trial(keys: tuple[str, ...]) -> tuple[dict[str, Any], ConvertOptions, np.ndarray]:
         o = replace(opts, int8_keys=tuple(dict.fromkeys((*opts.int8_keys, *keys))), report={})
         got = {f: convert(fp32[f], o) for f in names}
-        return got, o, _decoder_moves(job, got, job.check_scenes)
+        return got, o, _decoder_moves(job, got, passes)
 
     tried = {"none": trial(())}
     if not len(tried["none"][2]):
