@@ -697,6 +697,21 @@ class _Job:
         return out
 
 
+def _export_tmp() -> Path:
+    """A new temporary folder for one member's export (its float32 graphs, calibration
+    inputs and converted graphs: about 21 GB for Qwen3.5-2B), named for this process. An
+    export killed outright (SIGKILL, or a SIGTERM to the child process a large member is
+    exported in) never runs its clean-up, so the folders of export processes that are gone are
+    removed first (export/_outdir.py's rule of whose process is gone)."""
+    from spotstop.export._outdir import _gone
+
+    for p in Path(tempfile.gettempdir()).glob("spotstop-export-*-*"):
+        pid = p.name.split("-")[2]
+        if p.is_dir() and not p.is_symlink() and _gone(pid):
+            shutil.rmtree(p, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"spotstop-export-{os.getpid()}-"))
+
+
 def _stage_resolve(
     source: str | os.PathLike[str],
     *,
@@ -813,7 +828,7 @@ def _stage_resolve(
         encoder=encoder,
         cases=cases,
         usable=usable,
-        tmp=Path(tempfile.mkdtemp(prefix="spotstop-export-")),
+        tmp=_export_tmp(),
         streamed=streamed,
         graph_form=form,
     )

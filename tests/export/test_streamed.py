@@ -299,3 +299,26 @@ def test_a_member_export_child_ends_with_its_parent(tmp_path: Path) -> None:
             pytest.fail("the child outlived its parent")
     finally:
         parent.kill()
+
+
+def test_an_export_removes_the_temporary_folders_of_killed_exports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A killed export's temporary folder (21 GB at Qwen3.5-2B's size) filled the disk of the
+    next export: the next export removes those of processes that are gone, and no other."""
+    import subprocess
+    import tempfile
+
+    from spotstop.export.onnx import _export_tmp
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    gone = tmp_path / f"spotstop-export-{ended.pid}-abc123"
+    alive = tmp_path / f"spotstop-export-{os.getppid()}-def456"
+    unnamed = tmp_path / "spotstop-export-ghi789"  # (an older spotstop's: whose, unknown)
+    for d in (gone, alive, unnamed):
+        (d / "stage").mkdir(parents=True)
+    new = _export_tmp()
+    assert not gone.exists() and alive.is_dir() and unnamed.is_dir()
+    assert new.parent == tmp_path and new.name.startswith(f"spotstop-export-{os.getpid()}-")
