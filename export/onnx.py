@@ -30,6 +30,7 @@ A tied output layer (word embeddings = output layer) is stored ONCE (export/weig
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import os
@@ -427,8 +428,8 @@ def _scene_pixels(job: _Job, scene: Scene) -> tuple[np.ndarray, np.ndarray]:
         return px, job.vision_t(torch.from_numpy(px)).numpy()
 
 
-def _vision_moves(job: _Job, q_vision: Any, scenes: Sequence[Scene] | None = None) -> np.ndarray:
-    """|Δs| of each of ``scenes`` (None: the calibration scenes; its scene pass, one prompt at
+def _vision_moves(job: _Job, q_vision: Any, scenes: Sequence[Scene]) -> np.ndarray:
+    """|Δs| of each of ``scenes`` (its scene pass, one prompt at
     a time) when the torch float32 decoder reads the image embeddings of the converted vision
     graph ``q_vision`` (a proto or a file path) instead of the torch float32 vision tower's.
     The torch model is the reference every graph is validated against and is held anyway: a
@@ -439,7 +440,7 @@ def _vision_moves(job: _Job, q_vision: Any, scenes: Sequence[Scene] | None = Non
     q = _session(q_vision)
     rows = len(plan.rows)
     moves = []
-    for scene in job.calib_scenes if scenes is None else scenes:
+    for scene in scenes:
         if scene.image is None:  # no image: the vision graph plays no part
             continue
         prompt = job.encoder.prompt_ids(scene.request, img_text)
@@ -472,50 +473,34 @@ def _checked_vision(
     scenes and, over the bound, the graph is converted again with its weights at 8 bits;
     recorded as ``vision_weights``."""
     spec = get_precision(job.precision)
+    atol = job.ecfg.score_atol[job.precision]
+    rule: Callable[[np.ndarray], Any]
     if spec.checks_vision_weights and job.check_scenes and job.vision_keys:
-        return _checked_vision_weights(job, opts, convert)
-    if not (spec.checks_vision_activations and job.calib_scenes):
+        scenes, which, key = job.check_scenes, "check", "vision_weights"
+        rule = functools.partial(vision_weight_check, score_atol=atol)
+        keys = tuple(dict.fromkeys((*opts.int8_keys, *job.vision_keys)))
+        remedy, over = replace(opts, int8_keys=keys), "eight_bit"
+    elif spec.checks_vision_activations and job.calib_scenes:
+        scenes, which, key = job.calib_scenes, "calibration", "vision_activations"
+        rule = functools.partial(vision_activation_check, score_atol=atol)
+        remedy, over = replace(opts, float_activations=True), "float_activations"
+    else:
         return convert(opts)
     trial = replace(opts, report={})
     got = convert(trial)
-    moves = _vision_moves(job, got)
+    moves = _vision_moves(job, got, scenes)
     if not len(moves):
         raise ValueError(
-            f"{job.mname}: no calibration scene's prompt fits the decoder's buckets "
+            f"{job.mname}: no {which} scene's prompt fits the decoder's buckets "
             f"{job.usable}; export with a larger bucket (--buckets)."
         )
-    check = vision_activation_check(moves, job.ecfg.score_atol[job.precision])
-    if check.float_activations:
+    check = rule(moves)
+    if getattr(check, over):
         del got
-        got = convert(replace(opts, float_activations=True))
+        got = convert(remedy)
     else:
         opts.report.update(trial.report)
-    opts.report["vision_activations"] = check.as_meta()
-    return got
-
-
-def _checked_vision_weights(
-    job: _Job, opts: ConvertOptions, convert: Callable[[ConvertOptions], Any]
-) -> Any:
-    """int4's vision rule (see :func:`_checked_vision`): the vision graph at the precision's
-    bits, measured on the check scenes; over the bound converted again with its weights
-    (``job.vision_keys``) at 8 bits."""
-    trial = replace(opts, report={})
-    got = convert(trial)
-    moves = _vision_moves(job, got, job.check_scenes)
-    if not len(moves):
-        raise ValueError(
-            f"{job.mname}: no check scene's prompt fits the decoder's buckets {job.usable}; "
-            "export with a larger bucket (--buckets)."
-        )
-    check = vision_weight_check(moves, job.ecfg.score_atol[job.precision])
-    if check.eight_bit:
-        del got
-        keys = tuple(dict.fromkeys((*opts.int8_keys, *job.vision_keys)))
-        got = convert(replace(opts, int8_keys=keys))
-    else:
-        opts.report.update(trial.report)
-    opts.report["vision_weights"] = check.as_meta()
+    opts.report[key] = check.as_meta()
     return got
 
 
