@@ -835,9 +835,10 @@ def item_export(
             rows.append(
                 Row(
                     "6",
-                    f"{label}   {name}, worlds {', '.join(map(str, VERIFY_AGAIN))}: max|ds|",
+                    f"{label}   {name}, worlds {', '.join(map(str, VERIFY_AGAIN))}: max|ds|, rho",
                     ", ".join(
-                        f"{m['max_abs_diff']:.3g} ({'pass' if m['ok'] else 'FAIL'})" for m in ms
+                        f"{m['max_abs_diff']:.3g} {m['spearman']:.4f} ({'pass' if m['ok'] else 'FAIL'})"
+                        for m in ms
                     ),
                     f"{ms[0]['n']} scores each",
                     "",

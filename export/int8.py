@@ -65,8 +65,10 @@ per block of 128, so an outlier only costs its own block):
   (bench/int8_kept_form.py, section ``int8-kept-form`` of bench/RESULTS.md).
 
 The vision graph as a whole (:func:`vision_activation_check`, called by export/onnx.py):
-the export scores each calibration scene with the float32 decoder reading the int8 vision
-graph's image embeddings and again with the float32 vision graph's; when the largest move is
+the export scores each check scene (export/gptq.py's ``CHECK_SCENES``, the calibration scenes
+first: the largest move over the 8 scenes GPTQ fitted the weights on misses the tail) with the
+float32 decoder reading the int8 vision graph's image embeddings and again with the float32
+vision graph's; when the largest move is
 over :data:`VISION_SHARE` of the precision's score tolerance, the vision graph is converted
 again with float activations (every Linear weight-only 8-bit, ``accuracy_level`` 0; export/
 precision.py's ``ConvertOptions.float_activations``). A per-layer bound does not find this:
@@ -321,7 +323,7 @@ class Int8Report:
 class VisionActivationCheck:
     """Whether the vision graph keeps int8 activations (the manifest's ``vision_activations``).
 
-    Measured at export (export/onnx.py): each calibration scene's score (its scene pass)
+    Measured at export (export/onnx.py): each check scene's score (its scene pass)
     with the float32 decoder reading the image embeddings of the vision graph converted to
     int8, against the same with the float32 vision graph's; ``max_abs_diff`` is the largest
     |Δs| over the ``scenes``. Over ``bound`` (:data:`VISION_SHARE` of the precision's score
@@ -351,7 +353,7 @@ class VisionActivationCheck:
 def vision_activation_check(
     moves: np.ndarray, score_atol: float, share: float = VISION_SHARE
 ) -> VisionActivationCheck:
-    """The rule on the measured |Δs| of the calibration scenes (``moves``, one per scene) that
+    """The rule on the measured |Δs| of the check scenes (``moves``, one per scene) that
     the vision graph's int8 activations cause, against ``share`` of the precision's score
     tolerance ``score_atol``: the vision and decoder graphs' errors add up in a score, so the
     vision graph may take at most its share on the scenes the weights were fitted on.

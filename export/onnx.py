@@ -463,8 +463,9 @@ def _checked_vision(
 ) -> Any:
     """The vision graph at the job's precision: ``convert(options)`` converts it (a proto, or
     the path it was written to). A precision that checks its vision graph's int8 activations
-    (export/int8.py's ``vision_activation_check``), calibrated: what they move the calibration
-    scenes' scores is measured against the torch float32 model (:func:`_vision_moves`, so it
+    (export/int8.py's ``vision_activation_check``), calibrated: what they move the check
+    scenes' scores (export/gptq.py's CHECK_SCENES, not only the 8 GPTQ fitted the weights on)
+    is measured against the torch float32 model (:func:`_vision_moves`, so it
     runs before a streamed export releases the model) and, over the bound, the graph is
     converted again with float activations. Converted before the decoder graphs, so only the
     kept conversion is in ``opts.report``; the check is recorded there
@@ -480,8 +481,8 @@ def _checked_vision(
         rule = functools.partial(vision_weight_check, score_atol=atol)
         keys = tuple(dict.fromkeys((*opts.int8_keys, *job.vision_keys)))
         remedy, over = replace(opts, int8_keys=keys), "eight_bit"
-    elif spec.checks_vision_activations and job.calib_scenes:
-        scenes, which, key = job.calib_scenes, "calibration", "vision_activations"
+    elif spec.checks_vision_activations and job.check_scenes:
+        scenes, which, key = job.check_scenes, "check", "vision_activations"
         rule = functools.partial(vision_activation_check, score_atol=atol)
         remedy, over = replace(opts, float_activations=True), "float_activations"
     else:
@@ -614,7 +615,8 @@ class _Job:
     #: the scenes the calibrated quantizer records inputs on, and the manifest's record of them
     calib_scenes: list[Scene]
     calib_record: dict[str, Any]
-    #: the scenes a vision-weight rule measures on (export/gptq.py's CHECK_SCENES; else none)
+    #: the scenes a measured vision rule (int4's weights, int8's activations) and int4's decoder
+    #: rule measure on (export/gptq.py's CHECK_SCENES; else none)
     check_scenes: list[Scene]
     int8_sel: tuple[str, ...]
     sessions: str
@@ -736,7 +738,8 @@ def _stage_resolve(
     check_scenes: list[Scene] = []
     if spec.calibrated and quantizer == "gptq":
         calib_scenes, calib_record = calibration_set(calibration_scenes, calibration_frames)
-        if spec.checks_vision_weights and int4_int8 is None:  # the measured rules (auto)
+        # the measured vision rules (int4's with --int4-int8 auto, int8's activations)
+        if (spec.checks_vision_weights and int4_int8 is None) or spec.checks_vision_activations:
             n_check = max(calibration_scenes, CHECK_SCENES)
             check_scenes = calibration_set(n_check, calibration_frames)[0]
     auto = smooth_alpha == "auto"
