@@ -356,14 +356,15 @@ def vision_activation_check(
     """The rule on the measured |Δs| of the check scenes (``moves``, one per scene) that
     the vision graph's int8 activations cause, against ``share`` of the precision's score
     tolerance ``score_atol``: the vision and decoder graphs' errors add up in a score, so the
-    vision graph may take at most its share on the scenes the weights were fitted on.
+    vision graph may take at most its share on the check scenes.
 
     Measured (bench/RESULTS.md, ``trained-world``; docs/limits.md): on the trained tiny pair
-    the int8 vision graphs moved their calibration scenes up to 0.153 (Qwen3.5) and 0.160
+    the int8 vision graphs moved their check scenes up to 0.153 (Qwen3.5) and 0.160
     (LFM2) against the bound 0.125 and failed verify-bundle on a held-out world scene each
-    (0.32, 0.45, tolerance 0.25); at Qwen3.5-2B's real size the vision tower at int8 moved 12
-    generated scenes 0.045 (simulated), and the vision tower takes about half a scene's
-    time there."""
+    (0.32, 0.45, tolerance 0.25); at Qwen3.5-2B's real size (seeded random weights) its int8
+    vision graph moved the 32 check scenes 0.068 and the 8 calibration scenes among them 0.011
+    (bench/RESULTS.md, ``cpu-real-export-int8-Qwen3.5-2B``), and the vision tower takes about
+    half a scene's time there."""
     if not 0.0 < share <= 1.0:
         raise ValueError(f"share must lie in (0, 1]; got {share}.")
     if not score_atol > 0:
