@@ -449,7 +449,8 @@ def add_export_parser(sub: Any) -> None:
         default="auto",
         metavar="SELECTORS",
         help="int4: the weights kept at 8 bits. auto (default): chosen by measurement on 32 "
-        "check scenes (the calibration scenes first): the vision tower at 8 bits when its 4 "
+        "check scenes (generated: the calibration scenes first; --calibration-frames: 32 rows "
+        "drawn by the same seed): the vision tower at 8 bits when its 4 "
         "bits move their scores over half the score tolerance, and over the other half for the "
         "decoder, the decoder group below (output_layer,mixed_layers or linear_attn) whose 8 "
         "bits move them least; the manifest records the moves and the choice "

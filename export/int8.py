@@ -65,8 +65,8 @@ per block of 128, so an outlier only costs its own block):
   (bench/int8_kept_form.py, section ``int8-kept-form`` of bench/RESULTS.md).
 
 The vision graph as a whole (:func:`vision_activation_check`, called by export/onnx.py):
-the export scores each check scene (export/gptq.py's ``CHECK_SCENES``, the calibration scenes
-first: the largest move over the 8 scenes GPTQ fitted the weights on misses the tail) with the
+the export scores each check scene (export/gptq.py's ``CHECK_SCENES``; generated ones begin with the
+calibration scenes, a frames table's are drawn apart: the largest move over the 8 scenes GPTQ fitted the weights on misses the tail) with the
 float32 decoder reading the int8 vision graph's image embeddings and again with the float32
 vision graph's; when the largest move is
 over :data:`VISION_SHARE` of the precision's score tolerance, the vision graph is converted
