@@ -18,7 +18,8 @@ The steps follow optimum-onnx: the architecture's registered export config (expo
 picks the exporter per graph; after export, every output of every graph is compared with the
 torch scoring graph on the same inputs (a gray image, generated images, the request-only pass)
 and ALL failures are reported together in one :class:`ExportValidationError`; then the graphs are
-converted to the requested precision and validated again with that precision's tolerances.
+converted to the requested precision and validated again with that precision's tolerances
+(a failure then also says what the precision's measured rules chose: no manifest is written).
 
 Where the pieces live: the scoring graphs as torch modules in export/graphs.py; the
 ``torch.onnx`` calls in export/exporters.py; the precisions in export/precision.py
@@ -122,19 +123,43 @@ _COPY = ("config.json", "preprocessor_config.json", "tokenizer.json", "tokenizer
 class ExportValidationError(ValueError):
     """Exported graphs differ from the torch reference beyond the config's tolerances.
 
-    ``failures`` lists every failing (graph, output, input case), not only the first.
+    ``failures`` lists every failing (graph, output, input case), not only the first;
+    ``measured`` what the precision's measured rules chose before the graphs were validated
+    (:data:`MEASURED_RULES`: the records a member's ``spotstop_onnx.yaml`` would have held), so
+    a failed export still says which choice the failure follows.
     """
 
-    def __init__(self, member: str, failures: Sequence[str]) -> None:
+    def __init__(
+        self, member: str, failures: Sequence[str], measured: Mapping[str, Any] | None = None
+    ) -> None:
         self.member = member
         self.failures = list(failures)
+        self.measured = dict(measured or {})
+        said = [f"{k}: {_rule_said(v)}" for k, v in self.measured.items()]
         super().__init__(
             f"export of {member} failed validation ({len(self.failures)} failure(s)):\n  "
             + "\n  ".join(self.failures)
+            + ("\nthe measured rules chose (before validation):\n  " if said else "")
+            + "\n  ".join(said)
         )
 
     def __reduce__(self) -> tuple[Any, ...]:  # raised in a child process, re-raised here
-        return (type(self), (self.member, self.failures))
+        return (type(self), (self.member, self.failures, self.measured))
+
+
+#: the records of the measured rules (export/int8.py's vision rule, export/mixed.py's int4
+#: rules) in a conversion's report, as the member's ``spotstop_onnx.yaml`` holds them
+MEASURED_RULES = ("vision_activations", "vision_weights", "decoder_weights")
+
+
+def _rule_said(record: Mapping[str, Any]) -> str:
+    """One measured rule's record in a line: its largest move(s), over how many scenes, its
+    bound and what it chose."""
+    chose = {k: record[k] for k in ("activations", "bits", "kept") if k in record}
+    return (
+        f"max |ds| {record.get('max_abs_diff')} over {record.get('scenes')} check scenes "
+        f"(bound {record.get('bound')}): " + ", ".join(f"{k} {v}" for k, v in chose.items())
+    )
 
 
 @dataclass(frozen=True)
@@ -955,7 +980,8 @@ def _stage_validate(job: _Job, models: Mapping[str, Any], prec: str) -> list[Gra
         if not c.ok
     ]
     if bad:
-        raise ExportValidationError(job.mname, bad)
+        measured = {k: job.convert_report[k] for k in MEASURED_RULES if k in job.convert_report}
+        raise ExportValidationError(job.mname, bad, measured)
     return checks
 
 

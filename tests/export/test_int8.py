@@ -536,6 +536,36 @@ def test_the_vision_rule_keeps_int8_activations_within_its_share_of_the_toleranc
         vision_activation_check(np.array([0.1]), 0.0)
 
 
+def test_a_failed_int8_validation_says_what_the_vision_rule_chose(
+    tiny_pair: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member whose int8 graphs fail the export's validation leaves no manifest, so the
+    error carries the measured rule's record (its move, scenes, bound and choice): a real-size
+    export that fails after minutes still says which choice the failure follows. It survives
+    the child process a large member is exported in (pickled)."""
+    import pickle
+
+    import spotstop.export.onnx as export_onnx
+    from spotstop.export.archs.lfm2_vl import Lfm2VlExportConfig
+
+    monkeypatch.setattr(export_onnx, "CHECK_SCENES", 2)
+    monkeypatch.setattr(Lfm2VlExportConfig, "atol", {**Lfm2VlExportConfig.atol, "int8": 0.0})
+    monkeypatch.setattr(Lfm2VlExportConfig, "rtol", {**Lfm2VlExportConfig.rtol, "int8": 0.0})
+    kw = {"precision": "int8", "buckets": [256], "calibration_scenes": 1}
+    with pytest.raises(export_onnx.ExportValidationError) as ei:
+        export_onnx.export_member(tiny_pair / "tiny-lfm2_vl", tmp_path / "m", **kw)  # type: ignore[arg-type]
+    e = ei.value
+    va = e.measured["vision_activations"]
+    assert set(e.measured) == {"vision_activations"} and va["scenes"] == 2
+    assert va["activations"] in ("int8", "float (weight-only 8-bit)")
+    said = str(e).split("the measured rules chose (before validation):")[1]
+    assert f"vision_activations: max |ds| {va['max_abs_diff']} over 2 check scenes" in said
+    assert f"(bound {va['bound']}): activations {va['activations']}" in said
+    again = pickle.loads(pickle.dumps(e))
+    assert again.measured == e.measured and str(again) == str(e)
+    assert not (tmp_path / "m").exists()
+
+
 @pytest.mark.parametrize("over", [False, True])
 def test_the_export_measures_the_vision_graphs_int8_activations_and_records_the_choice(
     tiny_pair: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, over: bool
