@@ -320,7 +320,7 @@ def run_world(args: argparse.Namespace) -> int:
 def add_export_parser(sub: Any) -> None:
     """``spotstop export``: Hugging Face members → ONNX scoring graphs → a verified bundle."""
     from spotstop.export.gptq import CALIBRATION_SCENES, CALIBRATION_SEED
-    from spotstop.export.int8 import KEEP_ERROR
+    from spotstop.export.int8 import KEEP_ERROR, ROTATE_BLOCK
     from spotstop.export.precision import PRECISION_SPECS
 
     p = sub.add_parser(
@@ -385,6 +385,16 @@ def add_export_parser(sub: Any) -> None:
         help="int8: a layer whose relative output error at int8 activations, measured on the "
         "calibration scenes, exceeds E stays weight-only 8-bit (default "
         f"{KEEP_ERROR}; the output layer always does)",
+    )
+    p.add_argument(
+        "--int8-rotate-block",
+        type=int,
+        default=None,
+        metavar="B",
+        help="int8: a layer over --int8-keep-error is measured again with its input rotated "
+        "in blocks of up to B channels (a randomized Hadamard matrix, computed in the graph "
+        "before the activation is quantized) and computes in int8 if that is within the bound "
+        f"(default {ROTATE_BLOCK}; 0: no rotation, such layers stay weight-only)",
     )
     p.add_argument(
         "--visual-tokens",
@@ -574,6 +584,7 @@ def run_export(args: argparse.Namespace) -> int:
                 smooth_alpha=smooth,
                 keep_error=args.int8_keep_error,
                 graph_form=args.graph_form,
+                rotate_block=args.int8_rotate_block,
             )
     except ConfigError as e:  # a budget that names no member or has no square grid
         print(f"spotstop export: {e}", file=sys.stderr)

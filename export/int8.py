@@ -54,11 +54,29 @@ per block of 128, so an outlier only costs its own block):
   scoring graph multiplies only a few read positions by it, so it is memory-bound and a dynamic GEMM
   gains nothing; and tied to the embeddings it stays ONE table, which ``GatherBlockQuantized``
   reads (export/weights.py), where a DynamicQuantizeMatMul weight would need a second copy;
-* every layer whose measured error exceeds ``keep_error``: on the calibration scenes' recorded
+* every layer whose measured error exceeds ``keep_error``, with its input rotated too (below):
+  on the calibration scenes' recorded
   inputs (export/gptq.py, the same as GPTQ's), ``‖deq(Q(X)) Ŵ − X W‖ / ‖X W‖`` with ``Q``
   the activation quantization simulated over the sampled rows (per tensor: over several
   scenes at once, a range at least as wide as one call's, so the estimate errs high). Without
-  calibration inputs (``quantizer="rtn"``) only the output-layer rule applies. Kept layers
+  calibration inputs (``quantizer="rtn"``) only the output-layer rule applies.
+
+The rotation (per token; QuaRot's online Hadamard, Ashkboos et al. 2024, "QuaRot: Outlier-Free
+4-Bit Inference in Rotated LLMs", Sec. 4): a layer over ``keep_error`` is measured again with
+its input ``X`` multiplied, block by block of ``b`` channels, by ``R = diag(d) H_b / √b``
+(:func:`block_rotation`: Sylvester's Hadamard matrix, seeded signs ``d``, ``b`` the largest
+power of two up to ``rotate_block`` that divides K) and its weight by ``Rᵀ`` (GPTQ on the
+rotated weight with the rotated Hessian ``Rᵀ XᵀX R``): ``R`` is orthogonal, so
+``(X R)(Rᵀ W) = X W``, while each row's few large values are spread over their block and the
+row's 255 levels fit the rest. Within the bound, the layer computes in int8 and the graph
+multiplies its input by the float32 ``b × b`` constant (one ``MatMul`` over the input reshaped
+to ``(−1, b)``) before quantizing it; over it, the layer is kept. A feed-forward output layer's
+input is a product (``silu(g) · u``), which no earlier weight can absorb a rotation into, so it
+is computed at run time, as QuaRot does for that layer. At Qwen3.5-2B's real size (seeded random
+weights, 2 generated scenes) the 42 layers the bound kept (24 feed-forward output layers, 18
+Gated-DeltaNet output projections; per-token errors 0.023-0.039) measured 0.009-0.015 rotated in
+blocks of 128 (64: 0.009-0.016; 256: 0.009-0.012): a weight-only 8-bit layer of that size ran
+about 21 ms, an int8 one about 3 ms. Kept layers
   with float activations (``accuracy_level`` 0) instead were measured and not adopted: on
   Qwen3.5-2B's int8 bundle (42 kept layers, same weights) a scene took 1.41x as long,
   ``verify-bundle``'s max |Δs| went from 0.432 to 0.340 and its Spearman from 0.986 to 0.915
@@ -114,11 +132,13 @@ __all__ = [
     "ACTIVATIONS",
     "DEFAULT_ACTIVATIONS",
     "KEEP_ERROR",
+    "ROTATE_BLOCK",
     "SAMPLE_ROWS",
     "SMOOTH_ALPHA",
     "VISION_SHARE",
     "Int8Report",
     "VisionActivationCheck",
+    "block_rotation",
     "channel_int8",
     "default_smooth_alpha",
     "dequantize_activations",
@@ -126,6 +146,9 @@ __all__ = [
     "layer_error",
     "per_token_codes_model",
     "quantize_matmuls_int8",
+    "rotate_hessian",
+    "rotate_rows",
+    "rotate_weight",
     "smoothing_factors",
     "vision_activation_check",
 ]
@@ -149,6 +172,13 @@ VISION_SHARE = 0.5
 SAMPLE_ROWS = 2048
 #: smallest smoothing factor (a channel no calibration row reached)
 _S_MIN = 1e-5
+#: the largest block of the online rotation a layer over ``keep_error`` is tried with
+#: (:func:`block_rotation`; 0: none): the largest power of two up to it that divides K
+ROTATE_BLOCK = 128
+#: below this block a rotation mixes too few channels to tame an outlier: the layer stays kept
+_ROTATE_MIN = 16
+#: the rotation's signs (one seeded draw per block size: every export makes the same)
+_ROTATE_SEED = 20240401
 #: how activations are quantized per call (see the module doc)
 ACTIVATIONS = ("per-token", "per-tensor")
 DEFAULT_ACTIVATIONS = "per-token"
@@ -191,6 +221,56 @@ def _row_range(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mu = (hi + lo) * _HALF
     sigma = np.maximum(hi - lo, _ROW_FLOOR) / _LEVELS
     return mu, sigma
+
+
+def hadamard(b: int) -> np.ndarray:
+    """Sylvester's Hadamard matrix of order ``b`` (a power of two), entries ±1, float64."""
+    if b < 1 or b & (b - 1):
+        raise ValueError(f"a Sylvester Hadamard matrix needs a power of two; got {b}.")
+    h = np.ones((1, 1))
+    while h.shape[0] < b:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def block_rotation(k: int, block: int = ROTATE_BLOCK) -> np.ndarray | None:
+    """The orthogonal ``b × b`` matrix ``R = diag(d) H_b / √b`` (``H_b`` Hadamard, ``d`` seeded
+    random signs) that rotates each block of ``b`` consecutive input channels of a layer with
+    ``k`` inputs: ``b`` the largest power of two ``≤ block`` dividing ``k``; None when that is
+    below 16 or ``block`` is 0 (the layer cannot be rotated). float64."""
+    if block <= 0:
+        return None
+    b = 1
+    while b * 2 <= block and k % (b * 2) == 0:
+        b *= 2
+    if b < _ROTATE_MIN:
+        return None
+    signs = np.random.default_rng([_ROTATE_SEED, b]).choice([-1.0, 1.0], size=b)
+    return signs[:, None] * hadamard(b) / math.sqrt(b)
+
+
+def rotate_rows(x: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """``x`` (…, K) with each block of ``b = len(r)`` channels multiplied by ``r``: ``x · R``,
+    ``R`` block-diagonal (what the graph computes before quantizing the activation)."""
+    b = r.shape[0]
+    return (x.reshape(-1, b) @ r).reshape(x.shape).astype(x.dtype, copy=False)
+
+
+def rotate_weight(w: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """``Rᵀ · w`` for ``w`` (K, N), ``R`` block-diagonal of ``r``: with :func:`rotate_rows`,
+    ``(x R)(Rᵀ w) = x w`` (``R`` orthogonal)."""
+    k, n = w.shape
+    b = r.shape[0]
+    out = np.einsum("ji,ajn->ain", r, w.reshape(k // b, b, n), optimize=True)
+    return out.reshape(k, n).astype(w.dtype, copy=False)
+
+
+def rotate_hessian(h: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """``Rᵀ h R`` for the ``K × K`` Hessian ``XᵀX`` of a layer's inputs: that of ``X R``."""
+    k = h.shape[0]
+    b = r.shape[0]
+    a = (h.reshape(k, k // b, b) @ r).reshape(k, k)  # h R
+    return (a.T.reshape(k, k // b, b) @ r).reshape(k, k).T  # (h R)ᵀ R, transposed: Rᵀ h R
 
 
 def default_smooth_alpha(calibrated: bool, activations: str = DEFAULT_ACTIVATIONS) -> float | None:
@@ -296,6 +376,12 @@ class Int8Report:
     #: weights left weight-only 8-bit with float activations (``accuracy_level`` 0): a vision
     #: graph whose int8 activations failed :func:`vision_activation_check`
     float_activations: int = 0
+    #: layers over ``keep_error`` that compute in int8 after an online block rotation of their
+    #: input (name, error without it, error with it; counted in ``dynamic``), the largest block
+    #: tried (0: none) and the rotation constants the graph holds (float32, not weights)
+    rotated: tuple[tuple[str, float, float], ...] = ()
+    rotate_block: int = 0
+    rotations: tuple[str, ...] = ()
     errors: dict[str, float] = field(default_factory=dict, repr=False)
 
     def as_meta(self) -> dict[str, Any]:
@@ -316,6 +402,8 @@ class Int8Report:
             "smooth_alpha": self.alpha,
             "smoothed_inputs": self.smoothed,
             "gptq": self.gptq,
+            "rotate_block": self.rotate_block,
+            "rotated": len(self.rotated),
         }
 
 
@@ -443,13 +531,17 @@ def quantize_matmuls_int8(
     keep_error: float = KEEP_ERROR,
     output_layers: Collection[str] = (),
     activations: str = DEFAULT_ACTIVATIONS,
+    rotate_block: int = ROTATE_BLOCK,
 ) -> Int8Report:
     """Rewrite, in place, every ``MatMul`` with a rank-2 float initializer weight as an int8
     GEMM with ``activations`` quantized per call (see the module doc), except output layers and layers over
     ``keep_error``, which stay float ``MatMul`` (smoothed if their input is) for the weight-only
     pass that follows (export/precision.py). ``smooth_alpha`` needs ``calibration``.
     ``output_layers``: node outputs that are output layers besides those the LogSoftmax finds
-    (a tied output layer, export/weights.py's ``untie_for_quantizer``: its table stays one)."""
+    (a tied output layer, export/weights.py's ``untie_for_quantizer``: its table stays one).
+    ``rotate_block``: per token, a layer over ``keep_error`` is measured again with its input
+    rotated in blocks of up to this many channels (:func:`block_rotation`; 0: never) and computes
+    in int8 so when that error is within the bound."""
     from onnx import TensorProto, helper
 
     if smooth_alpha is not None and calibration is None:
@@ -459,7 +551,11 @@ def quantize_matmuls_int8(
         )
     if not keep_error > 0:
         raise ValueError(f"keep_error must be positive; got {keep_error}.")
+    if rotate_block < 0:
+        raise ValueError(f"rotate_block must be 0 (no rotation) or positive; got {rotate_block}.")
     _check_activations(activations)
+    if activations != "per-token":
+        rotate_block = 0  # the rotation is tried on the per-token form only
     io = io or WeightIO()
     g = model.graph
     inits = {t.name: t for t in g.initializer}
@@ -535,7 +631,7 @@ def quantize_matmuls_int8(
                 smoothed_name[x_name] = out
 
     # -- the rewrite: DynamicQuantizeMatMul, or a (smoothed) float MatMul left for weight-only
-    done: dict[str, tuple[str, str, str] | None] = {}
+    done: dict[str, tuple[str, str, str, str] | None] = {}
     smoothed_w: dict[str, str] = {}
     kept: list[tuple[str, float]] = []
     unmeasured: list[str] = []
@@ -545,6 +641,10 @@ def quantize_matmuls_int8(
     inserted: set[str] = set()
     token_q: dict[str, tuple[str, str, str]] = {}
     tok_consts: dict[str, str] = {}
+    rotated: list[tuple[str, float, float]] = []
+    rotations: dict[int, str] = {}  # block size -> the graph's constant R
+    rot_size: dict[str, int] = {}
+    rotated_in: dict[tuple[str, str], str] = {}  # (activation, rotation) -> its rotated name
     opset = _default_opset(model)
 
     def rewrite(node: Any, t: Any) -> list[Any] | None:
@@ -586,23 +686,45 @@ def quantize_matmuls_int8(
                         sq = io.add(model, w.astype(np.float32), f"{t.name}_sq").name
                         smoothed_w[t.name] = sq
                         unmeasured.append(sq)
-                elif err is not None and err > keep_error:
-                    kept.append((t.name, err))
-                    done[t.name] = None
-                    if s is not None:
-                        smoothed_w[t.name] = io.add(
-                            model, w.astype(np.float32), f"{t.name}_sq"
-                        ).name
                 else:
-                    qn, sn = f"{t.name}_int8", f"{t.name}_int8_scale"
-                    io.add(model, codes, qn)
-                    io.add(model, scales, sn)
-                    cn = ""
-                    if activations == "per-token":  # Ŵ's column sums: the midpoints' term
-                        cn = f"{t.name}_int8_colsum"
-                        colsum = codes.astype(np.float64).sum(axis=0) * scales.astype(np.float64)
-                        io.add(model, colsum.astype(np.float32), cn)
-                    done[t.name] = (qn, sn, cn)
+                    rot = ""
+                    if err is not None and err > keep_error:
+                        r = block_rotation(w.shape[0], rotate_block)
+                        if r is not None and x is not None:  # measured again, rotated
+                            wr = rotate_weight(w, r)
+                            hr = rotate_hessian(h, r) if h is not None else None
+                            c2, s2 = channel_int8(wr, hr)
+                            e2 = layer_error(rotate_rows(x, r), wr, c2, s2, activations)
+                            if e2 <= keep_error:
+                                rot = rotations.get(r.shape[0], "")
+                                if not rot:  # the graph's constant, one per block size
+                                    rot = io.add(
+                                        model, r.astype(np.float32), f"int8_rotate_{r.shape[0]}"
+                                    ).name
+                                    rotations[r.shape[0]] = rot
+                                    rot_size[rot] = r.shape[0]
+                                codes, scales = c2, s2
+                                rotated.append((t.name, err, e2))
+                            del wr, hr
+                    if err is not None and err > keep_error and not rot:
+                        kept.append((t.name, err))
+                        done[t.name] = None
+                        if s is not None:
+                            smoothed_w[t.name] = io.add(
+                                model, w.astype(np.float32), f"{t.name}_sq"
+                            ).name
+                    else:
+                        qn, sn = f"{t.name}_int8", f"{t.name}_int8_scale"
+                        io.add(model, codes, qn)
+                        io.add(model, scales, sn)
+                        cn = ""
+                        if activations == "per-token":  # Ŵ's column sums: the midpoints' term
+                            cn = f"{t.name}_int8_colsum"
+                            colsum = codes.astype(np.float64).sum(axis=0) * scales.astype(
+                                np.float64
+                            )
+                            io.add(model, colsum.astype(np.float32), cn)
+                        done[t.name] = (qn, sn, cn, rot)
             del w
         got = done[t.name]
         if got is None:
@@ -612,7 +734,7 @@ def quantize_matmuls_int8(
                 "MatMul", [a_in, smoothed_w.get(t.name, t.name)], list(node.output), name=node.name
             )
             return [*pre, keep]
-        qn, sn, cn = got
+        qn, sn, cn, rot = got
         base = f"{node.name}_int8" if node.name else f"{node.output[0]}_int8"
         if activations == "per-tensor":
             return [
@@ -636,6 +758,11 @@ def quantize_matmuls_int8(
                 *([("c128", np.float32(128))] if opset < 13 else []),
             ):
                 tok_consts[key] = io.add(model, np.asarray(arr), f"int8_per_token_{key}").name
+        if rot:  # the input rotated block by block, once per activation and block size
+            rkey = (a_in, rot)
+            if rkey not in rotated_in:
+                rotated_in[rkey] = _rotate_nodes(a_in, rot, rot_size[rot], model, io, pre)
+            a_in = rotated_in[rkey]
         if a_in not in token_q:  # quantized once, before the first MatMul that reads it
             token_q[a_in] = _per_token_quantize(a_in, tok_consts, pre, opset)
         q, sigma, mu = token_q[a_in]
@@ -676,8 +803,31 @@ def quantize_matmuls_int8(
         keep_error=keep_error,
         gptq=gptq_used,
         activations=activations,
+        rotated=tuple(rotated),
+        rotate_block=rotate_block,
+        rotations=tuple(sorted(rotations.values())),
         errors=errors,
     )
+
+
+def _rotate_nodes(a: str, rot: str, b: int, model: Any, io: WeightIO, out: list[Any]) -> str:
+    """Append the nodes that multiply each block of the activation ``a``'s channels by the
+    constant ``rot`` (b, b): reshaped to (−1, b), one float32 ``MatMul``, reshaped back; returns
+    the rotated activation's name."""
+    from onnx import helper
+
+    shape_c = f"{rot}_rows"
+    if not any(t.name == shape_c for t in model.graph.initializer):
+        io.add(model, np.array([-1, b], dtype=np.int64), shape_c)
+    tag = f"{a}_rot{b}"
+    mk = helper.make_node
+    out += [
+        mk("Shape", [a], [f"{tag}_shape"], name=f"{tag}_shape"),
+        mk("Reshape", [a, shape_c], [f"{tag}_rows"], name=f"{tag}_rows"),
+        mk("MatMul", [f"{tag}_rows", rot], [f"{tag}_mm"], name=f"{tag}_mm"),
+        mk("Reshape", [f"{tag}_mm", f"{tag}_shape"], [tag], name=tag),
+    ]
+    return tag
 
 
 def _default_opset(model: Any) -> int:

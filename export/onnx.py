@@ -647,6 +647,7 @@ class _Job:
     sessions: str
     smooth_alpha: float | None
     keep_error: float | None
+    rotate_block: int | None
     cfg: ScoringConfig
     folder: MemberFolder
     ecfg: type[ExportConfig]
@@ -742,6 +743,7 @@ def _stage_resolve(
     smooth_alpha: float | str | None,
     keep_error: float | None,
     graph_form: str | None,
+    rotate_block: int | None = None,
 ) -> _Job:
     """Check the arguments and read the member folder: its grid, prompt, validation cases and
     the length buckets they fit. Nothing heavy is loaded."""
@@ -771,6 +773,12 @@ def _stage_resolve(
     if ((not auto and smooth_alpha is not None) or keep_error is not None) and precision != "int8":
         raise ValueError(
             f"smooth_alpha and keep_error are int8's options; the precision is {precision!r}."
+        )
+    if rotate_block is not None and precision != "int8":
+        raise ValueError(f"rotate_block is int8's option; the precision is {precision!r}.")
+    if rotate_block is not None and rotate_block < 0:
+        raise ValueError(
+            f"rotate_block must be 0 (no rotation) or a positive block size; got {rotate_block}."
         )
     if not auto and smooth_alpha is not None and quantizer != "gptq":
         raise ValueError(
@@ -833,6 +841,7 @@ def _stage_resolve(
         sessions=sessions,
         smooth_alpha=smooth_alpha,
         keep_error=keep_error,
+        rotate_block=rotate_block,
         cfg=cfg_s,
         folder=folder,
         ecfg=ecfg,
@@ -1027,6 +1036,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
         int8_keys=tuple(job.int8_keys),
         smooth_alpha=job.smooth_alpha,
         keep_error=job.keep_error,
+        rotate_block=job.rotate_block,
         report=job.convert_report,
     )
     dec_names = list(job.dec_files.values())
@@ -1246,6 +1256,7 @@ def export_member(
     smooth_alpha: float | str | None = "auto",
     keep_error: float | None = None,
     graph_form: str | None = None,
+    rotate_block: int | None = None,
 ) -> MemberExport:
     """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
 
@@ -1274,7 +1285,9 @@ def export_member(
     are standard only). The manifest records the form and the fused operators each graph holds.
     ``smooth_alpha`` / ``keep_error`` (int8): SmoothQuant's α (``"auto"``: export/int8.py's
     ``default_smooth_alpha``, none for per-token activations; None: no smoothing) and the
-    measured error above which a layer stays weight-only (None: export/int8.py's default).
+    measured error above which a layer stays weight-only (None: export/int8.py's default);
+    ``rotate_block`` (int8): the largest block a layer over that bound is measured again with its
+    input rotated in (None: export/int8.py's ``ROTATE_BLOCK``; 0: no rotation).
 
     ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);
     None: ``image_size``, the configured or hinted grid, else the architecture's default budget.
@@ -1313,6 +1326,7 @@ def export_member(
         smooth_alpha=smooth_alpha,
         keep_error=keep_error,
         graph_form=graph_form,
+        rotate_block=rotate_block,
     )
     out = Path(out_dir)
     try:

@@ -174,6 +174,7 @@ def write_onnx_bundle(
     smooth_alpha: float | str | None = "auto",
     keep_error: float | None = None,
     graph_form: str | None = None,
+    rotate_block: int | None = None,
 ) -> OnnxBundle:
     """Export ``members`` into the bundle folder ``out`` (replaced, once the new bundle is
     whole, if it is a bundle; :func:`check_bundle_out` says which folders are refused).
@@ -192,7 +193,8 @@ def write_onnx_bundle(
     measured rules; ``()``: none); each member entry of the manifest records the selectors
     (``int4_int8``), its ``spotstop_onnx.yaml`` the rules' moves and choices. ``smooth_alpha`` / ``keep_error`` (int8):
     SmoothQuant's α (``"auto"``: on with the calibration scenes; None: off) and the error bound
-    of export/int8.py's keep rule. ``graph_form``:
+    of export/int8.py's keep rule; ``rotate_block`` (int8): the largest block a layer over it is
+    rotated in (None: the default; 0: none). ``graph_form``:
     ``"standard"``, ``"fused"`` or None/``"auto"`` (the precision's default), see
     :func:`~spotstop.export.onnx.export_member`; a fused graph holds onnxruntime's contrib
     operators, which TensorRT cannot parse, so a fused fp32 bundle needs ``trt="off"``.
@@ -248,6 +250,7 @@ def write_onnx_bundle(
             quantizer=quantizer, calibration_scenes=calibration_scenes,
             calibration_frames=calibration_frames, int8_sel=int8_sel,
             smooth_alpha=smooth_alpha, keep_error=keep_error, graph_form=graph_form,
+            rotate_block=rotate_block,
         )  # fmt: skip
     return b
 
@@ -276,6 +279,7 @@ def _write_members(
     smooth_alpha: float | str | None,
     keep_error: float | None,
     graph_form: str | None,
+    rotate_block: int | None = None,
 ) -> OnnxBundle:
     """:func:`write_onnx_bundle`'s work, in the staging folder ``root`` (the bundle it
     returns names ``final``, where it is moved once whole)."""
@@ -299,6 +303,7 @@ def _write_members(
             "smooth_alpha": smooth_alpha,
             "keep_error": keep_error,
             "graph_form": graph_form,
+            "rotate_block": rotate_block,
         }
         large = folder_fp32_bytes(resolve_member(src).path) > LARGE_BYTES
         say(f"exporting {mname} ({precision}{', in its own process' if large else ''}) …")

@@ -75,6 +75,9 @@ class ConvertOptions:
     int8_keys: Collection[str] = ()
     smooth_alpha: float | None = None
     keep_error: float | None = None
+    #: int8: the largest block a layer over ``keep_error`` is rotated in (export/int8.py's
+    #: ``block_rotation``; None: its default, 0: no rotation)
+    rotate_block: int | None = None
     #: int8: every Linear weight-only 8-bit with float activations (``accuracy_level`` 0), for a
     #: vision graph that failed export/int8.py's ``vision_activation_check``
     float_activations: bool = False
@@ -204,7 +207,7 @@ def _nbits(bits: int, block: int, accuracy_level: int, kept_int8: bool) -> Calla
 
 
 def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
-    from spotstop.export.int8 import KEEP_ERROR, Int8Report, quantize_matmuls_int8
+    from spotstop.export.int8 import KEEP_ERROR, ROTATE_BLOCK, Int8Report, quantize_matmuls_int8
     from spotstop.export.nbits import quantize_matmuls_nbits
     from spotstop.export.weights import image_end_weights
 
@@ -232,11 +235,12 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
             o.calibration,
             smooth_alpha=o.smooth_alpha,
             keep_error=keep_error,
+            rotate_block=ROTATE_BLOCK if o.rotate_block is None else o.rotate_block,
             output_layers=tied,  # a tied output layer stays the one table the Gather reads
         )
         # what it left (the output layer, the layers over the error bound): weight-only 8-bit
         # (the constants no Linear reads stay float32, export/int8.py)
-        float32 = (*rep.unmeasured, *rep.image_ends)
+        float32 = (*rep.unmeasured, *rep.image_ends, *rep.rotations)
         quantize_matmuls_nbits(m, 8, INT8_NBITS_BLOCK, o.io, o.calibration, (), 4, float32)
     # several graphs (vision, decoder) add up to one record for the manifest
     errors = o.report.setdefault("_int8_errors", [])
@@ -250,6 +254,7 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
         "gptq",
         "float32_unmeasured",
         "float32_image_ends",
+        "rotated",
     ):
         meta[k] += prev.get(k, 0)
     for k in ("output_layer", "over_keep_error", "float_activations"):

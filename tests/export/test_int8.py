@@ -20,12 +20,16 @@ from spotstop.export.int8 import (  # noqa: E402
     SMOOTH_ALPHA,
     VISION_SHARE,
     VisionActivationCheck,
+    block_rotation,
     channel_int8,
     dequantize_activations,
     dequantize_activations_per_token,
     layer_error,
     per_token_codes_model,
     quantize_matmuls_int8,
+    rotate_hessian,
+    rotate_rows,
+    rotate_weight,
     smoothing_factors,
     vision_activation_check,
 )
@@ -350,6 +354,103 @@ def test_an_outlier_token_is_kept_per_tensor_and_computed_per_token(tmp_path: Pa
     assert errs["per-token"].dynamic == 2 and errs["per-token"].max_error < 0.02
 
 
+def test_the_block_rotation_is_an_orthogonal_hadamard_and_leaves_x_w_unchanged() -> None:
+    """R = diag(d) H / √b with H Sylvester's Hadamard matrix (scipy's): orthogonal, the largest
+    power of two up to the block dividing K; (x R)(Rᵀ w) = x w and Rᵀ (XᵀX) R = (XR)ᵀ(XR)."""
+    from scipy.linalg import hadamard
+    from spotstop.export.int8 import hadamard as ours
+
+    for b in (1, 2, 16, 128):
+        np.testing.assert_array_equal(ours(b), hadamard(b))
+    with pytest.raises(ValueError, match="power of two"):
+        ours(12)
+    sizes = {
+        k: None if (r := block_rotation(k)) is None else r.shape[0] for k in (6144, 2048, 96, 40)
+    }
+    assert sizes == {6144: 128, 2048: 128, 96: 32, 40: None}  # 40 = 8 x 5: 8 < 16
+    assert block_rotation(2048, 0) is None and block_rotation(2048, 64).shape == (64, 64)  # type: ignore[union-attr]
+    r = block_rotation(96)
+    assert r is not None
+    np.testing.assert_allclose(r @ r.T, np.eye(32), atol=1e-12)
+    assert np.allclose(np.abs(r), 1 / np.sqrt(32)) and not np.allclose(
+        r, hadamard(32) / np.sqrt(32)
+    )
+    np.testing.assert_array_equal(block_rotation(96), r)  # seeded: every export the same
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 5, 96))
+    w = rng.normal(size=(96, 7))
+    np.testing.assert_allclose(rotate_rows(x, r) @ rotate_weight(w, r), x @ w, atol=1e-12)
+    big = np.kron(np.eye(3), r)  # the block-diagonal R
+    np.testing.assert_allclose(rotate_rows(x, r), x @ big, atol=1e-12)
+    np.testing.assert_allclose(rotate_weight(w, r), big.T @ w, atol=1e-12)
+    xs = x.reshape(-1, 96)
+    np.testing.assert_allclose(rotate_hessian(xs.T @ xs, r), (xs @ big).T @ (xs @ big), atol=1e-10)
+
+
+def _swiglu_inputs(n: int, k: int, seed: int) -> np.ndarray:
+    """A feed-forward output layer's inputs: silu(g) · u with g, u normal and a few channels
+    10x larger (heavy tails: one row's range is set by a handful of its values)."""
+    rng = np.random.default_rng(seed)
+    g, u = rng.normal(size=(n, k)), rng.normal(size=(n, k))
+    u[:, rng.choice(k, 3, replace=False)] *= 10.0
+    return (g / (1 + np.exp(-g)) * u).astype(np.float32)
+
+
+def test_a_layer_over_the_bound_computes_in_int8_after_a_rotation(tmp_path: Path) -> None:
+    """Heavy-tailed inputs put a layer over the keep bound per token; rotated in blocks of 64
+    its error falls under it, so the layer computes in int8 (no weight-only MatMulNBits): the
+    graph rotates x (one MatMul by the 64 x 64 constant, left float32 by the weight-only pass)
+    and onnxruntime's output equals numpy's deq(Q(x R)) @ (codes · scales) with the graph's
+    codes. With the rotation off, the same layer is kept."""
+    k, n = 128, 40
+    x = _swiglu_inputs(512, k, 7)
+    w = np.random.default_rng(8).normal(0, 0.1, (k, n)).astype(np.float32)
+    bound = 0.01
+    plain = layer_error(x, w, *channel_int8(w, x.astype(np.float64).T @ x))
+    r = block_rotation(k, 64)
+    assert r is not None
+    xr, wr = rotate_rows(x, r), rotate_weight(w, r)
+    turned = layer_error(xr, wr, *channel_int8(wr, xr.astype(np.float64).T @ xr))
+    assert turned < bound < plain, (turned, plain)  # the case this rule is for
+
+    off = _one_linear(k, n, w)
+    rep0 = quantize_matmuls_int8(
+        off, calibration=_calibration(tmp_path / "a", x, [w]), keep_error=bound, rotate_block=0
+    )
+    assert rep0.dynamic == 0 and [nm for nm, _ in rep0.kept] == ["w"] and not rep0.rotated
+
+    model = _one_linear(k, n, w)
+    rep = quantize_matmuls_int8(
+        model, calibration=_calibration(tmp_path / "b", x, [w]), keep_error=bound, rotate_block=64
+    )
+    assert rep.dynamic == 1 and not rep.kept and rep.rotations == ("int8_rotate_64",)
+    ((name, e1, e2),) = rep.rotated
+    assert name == "w" and e1 == pytest.approx(plain, rel=1e-3) and e2 <= bound
+    meta = rep.as_meta()
+    assert (meta["rotated"], meta["rotate_block"]) == (1, 64)
+    ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
+    assert "MatMulIntegerToFloat" in ops and ops.count("MatMul") == 1
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(inits["int8_rotate_64"], r.astype(np.float32))
+    codes, scales = inits["w_int8"], inits["w_int8_scale"]
+    xt = x[:16]
+    (got,) = _session(model).run(None, {"x": xt})  # type: ignore[attr-defined]
+    xq = dequantize_activations_per_token(rotate_rows(xt, r.astype(np.float32)))
+    sim = xq.astype(np.float64) @ (codes * scales.astype(np.float64))
+    np.testing.assert_allclose(got, sim, rtol=1e-4, atol=1e-4 * float(np.abs(sim).max()))
+    ref = xt.astype(np.float64) @ w
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2 * bound
+    # the weight-only pass that follows leaves the rotation float32 and quantizes nothing else
+    from spotstop.export.nbits import quantize_matmuls_nbits
+
+    assert quantize_matmuls_nbits(model, 8, 32, skip=rep.rotations) == 0
+
+
+def test_rotate_block_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="rotate_block"):
+        quantize_matmuls_int8(_one_linear(16, 8, np.ones((16, 8), np.float32)), rotate_block=-1)
+
+
 def test_smoothing_defaults_per_activation_form() -> None:
     from spotstop.export.int8 import default_smooth_alpha
 
@@ -465,6 +566,10 @@ def test_int8_options_are_checked_before_anything_is_written(
         export_member(src, tmp_path / "d", precision="int8", smooth_alpha=1.5)
     with pytest.raises(ValueError, match="precision must be one of"):
         export_member(src, tmp_path / "c", precision="int7")
+    with pytest.raises(ValueError, match="rotate_block is int8's option"):
+        export_member(src, tmp_path / "e", precision="int4", rotate_block=64)
+    with pytest.raises(ValueError, match="rotate_block must be 0"):
+        export_member(src, tmp_path / "f", precision="int8", rotate_block=-1)
     assert not any(tmp_path.iterdir())
 
 
