@@ -212,6 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     member = load_yaml(manifest.read_text(encoding="utf-8"), source=str(manifest))["members"][0][
         "name"
     ]
+    rec = src / "members" / member / "spotstop_onnx.yaml"
+    dyn8 = load_yaml(rec.read_text(encoding="utf-8"), source=str(rec))["quantizer"]
+    if not dyn8.get("dynamic_int8", {}).get("weight_only", {}).get("over_keep_error"):
+        raise SystemExit(
+            f"{member}: the export kept no layer weight-only but the output layer (since "
+            "2026-12-06 it rotates a layer over the keep bound and computes it in int8, "
+            "export/int8.py); export with --int8-rotate-block 0 to compare the kept forms."
+        )
     flt = src.with_name(src.name + "-float-kept")
     dyn = src.with_name(src.name + "-per-token-kept")
     changed = float_copy(src, flt)

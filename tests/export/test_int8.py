@@ -520,6 +520,41 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     assert sd["smooth_alpha"] == SMOOTH_ALPHA and sd["smoothed_inputs"] > 10
 
 
+def test_the_export_rotates_the_layers_over_the_bound_and_records_them(
+    tiny_pair: Path, tmp_path: Path
+) -> None:
+    """With a bound some layers exceed per token but not rotated (0.0085 on the random tiny
+    LFM2-VL member: its layers measure up to 0.014, rotated in blocks of 64 or 128 channels under
+    0.008), those layers compute in int8 behind a float32 MatMul by the rotation constant, the
+    member validates and the manifest counts them; with the rotation off (``rotate_block=0``)
+    the same layers are kept weight-only instead."""
+    import onnx
+    from spotstop.export.int8 import ROTATE_BLOCK
+    from spotstop.export.onnx import export_member
+
+    src = tiny_pair / "tiny-lfm2_vl"
+    kw = {"precision": "int8", "buckets": [256], "name": "tiny-lfm2_vl", "calibration_scenes": 2}
+    e = export_member(src, tmp_path / "r", keep_error=0.0085, **kw)  # type: ignore[arg-type]
+    assert all(c.ok for c in e.checks)
+    d = e.quantizer["dynamic_int8"]  # type: ignore[index]
+    assert d["rotate_block"] == ROTATE_BLOCK and d["rotated"] >= 1
+    rot_mm, nbits = 0, 0
+    for f in ("vision.onnx", "decoder.onnx"):
+        g = onnx.load(str(tmp_path / "r" / "onnx" / f), load_external_data=False).graph
+        consts = {t.name for t in g.initializer if t.name.startswith("int8_rotate_")}
+        rot_mm += sum(n.op_type == "MatMul" and n.input[1] in consts for n in g.node)
+        nbits += sum(n.op_type == "MatMulNBits" for n in g.node)
+    assert 1 <= rot_mm <= d["rotated"]  # one per rotated input (layers may share one)
+    wo = d["weight_only"]
+    assert nbits == wo["output_layer"] + wo["over_keep_error"]
+    off = export_member(src, tmp_path / "o", keep_error=0.0085, rotate_block=0, **kw)  # type: ignore[arg-type]
+    assert all(c.ok for c in off.checks)
+    d0 = off.quantizer["dynamic_int8"]  # type: ignore[index]
+    assert d0["rotate_block"] == 0 and d0["rotated"] == 0
+    assert d0["weight_only"]["over_keep_error"] == wo["over_keep_error"] + d["rotated"]
+    assert d0["dynamic"] == d["dynamic"] - d["rotated"]
+
+
 def _levels(folder: Path) -> list[int]:
     """Every MatMulNBits node's accuracy_level in a member's graphs (absent: 0)."""
     import onnx
