@@ -404,6 +404,8 @@ class Int8Report:
             "gptq": self.gptq,
             "rotate_block": self.rotate_block,
             "rotated": len(self.rotated),
+            # the rotated layers' own errors, as they compute (each within keep_error)
+            "rotated_max_error": round(max((e for _, _, e in self.rotated), default=0.0), 6),
         }
 
 

@@ -259,6 +259,7 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
         meta[k] += prev.get(k, 0)
     for k in ("output_layer", "over_keep_error", "float_activations"):
         meta["weight_only"][k] += prev.get("weight_only", {}).get(k, 0)
+    meta["rotated_max_error"] = max(meta["rotated_max_error"], prev.get("rotated_max_error", 0.0))
     if errors:
         meta["max_error"] = round(float(max(errors)), 6)
         meta["median_error"] = round(float(sorted(errors)[len(errors) // 2]), 6)

@@ -428,6 +428,7 @@ def test_a_layer_over_the_bound_computes_in_int8_after_a_rotation(tmp_path: Path
     assert name == "w" and e1 == pytest.approx(plain, rel=1e-3) and e2 <= bound
     meta = rep.as_meta()
     assert (meta["rotated"], meta["rotate_block"]) == (1, 64)
+    assert meta["rotated_max_error"] == pytest.approx(e2, abs=1e-6)
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
     assert "MatMulIntegerToFloat" in ops and ops.count("MatMul") == 1
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
@@ -538,6 +539,7 @@ def test_the_export_rotates_the_layers_over_the_bound_and_records_them(
     assert all(c.ok for c in e.checks)
     d = e.quantizer["dynamic_int8"]  # type: ignore[index]
     assert d["rotate_block"] == ROTATE_BLOCK and d["rotated"] >= 1
+    assert 0 < d["rotated_max_error"] <= 0.0085 < d["max_error"]
     rot_mm, nbits = 0, 0
     for f in ("vision.onnx", "decoder.onnx"):
         g = onnx.load(str(tmp_path / "r" / "onnx" / f), load_external_data=False).graph
@@ -550,7 +552,7 @@ def test_the_export_rotates_the_layers_over_the_bound_and_records_them(
     off = export_member(src, tmp_path / "o", keep_error=0.0085, rotate_block=0, **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in off.checks)
     d0 = off.quantizer["dynamic_int8"]  # type: ignore[index]
-    assert d0["rotate_block"] == 0 and d0["rotated"] == 0
+    assert d0["rotate_block"] == 0 and d0["rotated"] == 0 and d0["rotated_max_error"] == 0
     assert d0["weight_only"]["over_keep_error"] == wo["over_keep_error"] + d["rotated"]
     assert d0["dynamic"] == d["dynamic"] - d["rotated"]
 
