@@ -633,7 +633,7 @@ def quantize_matmuls_int8(
                 smoothed_name[x_name] = out
 
     # -- the rewrite: DynamicQuantizeMatMul, or a (smoothed) float MatMul left for weight-only
-    done: dict[str, tuple[str, str, str, str] | None] = {}
+    done: dict[str, tuple[str, str, str, int] | None] = {}
     smoothed_w: dict[str, str] = {}
     kept: list[tuple[str, float]] = []
     unmeasured: list[str] = []
@@ -644,9 +644,9 @@ def quantize_matmuls_int8(
     token_q: dict[str, tuple[str, str, str]] = {}
     tok_consts: dict[str, str] = {}
     rotated: list[tuple[str, float, float]] = []
-    rotations: dict[int, str] = {}  # block size -> the graph's constant R
-    rot_size: dict[str, int] = {}
-    rotated_in: dict[tuple[str, str], str] = {}  # (activation, rotation) -> its rotated name
+    # block size -> the graph's constants: R (b, b) and the shape (-1, b) the input takes
+    rotations: dict[int, tuple[str, str]] = {}
+    rotated_in: dict[tuple[str, int], str] = {}  # (activation, block size) -> its rotated name
     opset = _default_opset(model)
 
     def rewrite(node: Any, t: Any) -> list[Any] | None:
@@ -689,7 +689,7 @@ def quantize_matmuls_int8(
                         smoothed_w[t.name] = sq
                         unmeasured.append(sq)
                 else:
-                    rot = ""
+                    rot = 0  # the block size its input is rotated in (0: none)
                     if err is not None and err > keep_error:
                         r = block_rotation(w.shape[0], rotate_block)
                         if r is not None and x is not None:  # measured again, rotated
@@ -698,13 +698,12 @@ def quantize_matmuls_int8(
                             c2, s2 = channel_int8(wr, hr)
                             e2 = layer_error(rotate_rows(x, r), wr, c2, s2, activations)
                             if e2 <= keep_error:
-                                rot = rotations.get(r.shape[0], "")
-                                if not rot:  # the graph's constant, one per block size
-                                    rot = io.add(
-                                        model, r.astype(np.float32), f"int8_rotate_{r.shape[0]}"
-                                    ).name
-                                    rotations[r.shape[0]] = rot
-                                    rot_size[rot] = r.shape[0]
+                                rot = r.shape[0]
+                                if rot not in rotations:  # the graph's constants, once a size
+                                    name = f"int8_rotate_{rot}"
+                                    io.add(model, r.astype(np.float32), name)
+                                    io.add(model, np.array([-1, rot], np.int64), f"{name}_rows")
+                                    rotations[rot] = (name, f"{name}_rows")
                                 codes, scales = c2, s2
                                 rotated.append((t.name, err, e2))
                             del wr, hr
@@ -763,7 +762,7 @@ def quantize_matmuls_int8(
         if rot:  # the input rotated block by block, once per activation and block size
             rkey = (a_in, rot)
             if rkey not in rotated_in:
-                rotated_in[rkey] = _rotate_nodes(a_in, rot, rot_size[rot], model, io, pre)
+                rotated_in[rkey] = _rotate_nodes(a_in, *rotations[rot], pre)
             a_in = rotated_in[rkey]
         if a_in not in token_q:  # quantized once, before the first MatMul that reads it
             token_q[a_in] = _per_token_quantize(a_in, tok_consts, pre, opset)
@@ -807,25 +806,22 @@ def quantize_matmuls_int8(
         activations=activations,
         rotated=tuple(rotated),
         rotate_block=rotate_block,
-        rotations=tuple(sorted(rotations.values())),
+        rotations=tuple(sorted(r for r, _ in rotations.values())),
         errors=errors,
     )
 
 
-def _rotate_nodes(a: str, rot: str, b: int, model: Any, io: WeightIO, out: list[Any]) -> str:
+def _rotate_nodes(a: str, rot: str, rows: str, out: list[Any]) -> str:
     """Append the nodes that multiply each block of the activation ``a``'s channels by the
-    constant ``rot`` (b, b): reshaped to (−1, b), one float32 ``MatMul``, reshaped back; returns
-    the rotated activation's name."""
+    constant ``rot`` (b, b): reshaped to ``rows`` (the constant (−1, b)), one float32
+    ``MatMul``, reshaped back; returns the rotated activation's name."""
     from onnx import helper
 
-    shape_c = f"{rot}_rows"
-    if not any(t.name == shape_c for t in model.graph.initializer):
-        io.add(model, np.array([-1, b], dtype=np.int64), shape_c)
-    tag = f"{a}_rot{b}"
+    tag = f"{a}_{rot}"
     mk = helper.make_node
     out += [
         mk("Shape", [a], [f"{tag}_shape"], name=f"{tag}_shape"),
-        mk("Reshape", [a, shape_c], [f"{tag}_rows"], name=f"{tag}_rows"),
+        mk("Reshape", [a, rows], [f"{tag}_rows"], name=f"{tag}_rows"),
         mk("MatMul", [f"{tag}_rows", rot], [f"{tag}_mm"], name=f"{tag}_mm"),
         mk("Reshape", [f"{tag}_mm", f"{tag}_shape"], [tag], name=tag),
     ]
