@@ -19,6 +19,9 @@ measured on), each form timed best of ``--repeats`` after one warm-up call, all 
   --precision int8`` writes (``spotstop.export.int8.quantize_matmuls_int8``): each row of ``x``
   its own midpoint and step, zero point 128, the integer product scaled per column inside
   ``MatMulIntegerToFloat``, then the row step and the midpoint term;
+* ``onnxruntime MatMulIntegerToFloat per token, symmetric (spotstop int8)``: the form a layer
+  with two-sided inputs takes (``SYMMETRIC_SLACK``): each row's step its largest magnitude
+  over 127, no midpoint, the row step alone after the product;
 * ``torch fp32`` and ``torch bf16``: ``torch.nn.functional.linear``, eager.
 
 Per form: the best time, GFLOP/s (2 M K N / time, the int8 forms' integer operations
@@ -67,6 +70,7 @@ from _results import write_section  # noqa: E402
 SHAPE = (383, 2048, 6144)
 REF = "onnxruntime fp32 MatMul"
 PER_TOKEN = "onnxruntime MatMulIntegerToFloat per token (spotstop int8)"
+PER_TOKEN_SYMMETRIC = "onnxruntime MatMulIntegerToFloat per token, symmetric (spotstop int8)"
 #: how much larger the first row of x is in the outlier-token error column
 OUTLIER_TOKEN = 50.0
 BF16 = "torch bf16"
@@ -221,6 +225,7 @@ def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
         )
     )
     forms.append(_per_token_form(w, ort_form))
+    forms.append(_per_token_form(w, ort_form, symmetric=True))
     torch.set_num_threads(threads)
     xt, wt = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(w.T))
     xb, wb = xt.bfloat16(), wt.bfloat16()
@@ -237,9 +242,13 @@ def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
     return forms
 
 
-def per_token_layer(w: np.ndarray) -> Any:
+def per_token_layer(w: np.ndarray, symmetric: bool = False) -> Any:
     """``X @ w`` (input ``X``, output ``Y``) as ``spotstop export --precision int8`` rewrites it
-    (no calibration: codes rounded to nearest, as :func:`channel_int8` without a Hessian)."""
+    (no calibration: codes rounded to nearest, as :func:`channel_int8` without a Hessian);
+    ``symmetric``: in the symmetric per-token form (``symmetric_slack=math.inf``), else with
+    the midpoint."""
+    import math
+
     from onnx import TensorProto, helper
     from onnx import numpy_helper as nh
     from spotstop.export.int8 import quantize_matmuls_int8
@@ -256,19 +265,27 @@ def per_token_layer(w: np.ndarray) -> Any:
         g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     )
     model.ir_version = 10
-    rep = quantize_matmuls_int8(model, activations="per-token")
-    if rep.dynamic != 1:
+    rep = quantize_matmuls_int8(
+        model, activations="per-token", symmetric_slack=math.inf if symmetric else None
+    )
+    if rep.dynamic != 1 or len(rep.symmetric) != symmetric or symmetric != _is_symmetric(model):
         raise RuntimeError(f"the int8 rewrite did not quantize the layer: {rep}")
     return model
 
 
-def _per_token_form(w: np.ndarray, ort_form: Callable[..., Form]) -> Form:
+def _is_symmetric(model: Any) -> bool:
+    """Whether the rewritten layer quantizes its input without a midpoint (no ``a − μ``)."""
+    return not any(nd.op_type == "Sub" for nd in model.graph.node)
+
+
+def _per_token_form(w: np.ndarray, ort_form: Callable[..., Form], symmetric: bool = False) -> Form:
     """The layer as ``spotstop export --precision int8`` rewrites it (:func:`per_token_layer`)."""
     n = w.shape[1]
-    model = per_token_layer(w)
+    model = per_token_layer(w, symmetric)
     inits = list(model.graph.initializer)
     nbytes = sum(int(np.prod(t.dims)) for t in inits if t.name.endswith("_int8")) + 4 * n
-    return ort_form(PER_TOKEN, list(model.graph.node), inits, nbytes)
+    name = PER_TOKEN_SYMMETRIC if symmetric else PER_TOKEN
+    return ort_form(name, list(model.graph.node), inits, nbytes)
 
 
 def _best(call: Callable[[], Any], repeats: int) -> float:

@@ -255,11 +255,15 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
         "float32_unmeasured",
         "float32_image_ends",
         "rotated",
+        "symmetric",
     ):
         meta[k] += prev.get(k, 0)
     for k in ("output_layer", "over_keep_error", "float_activations"):
         meta["weight_only"][k] += prev.get("weight_only", {}).get(k, 0)
-    meta["rotated_max_error"] = max(meta["rotated_max_error"], prev.get("rotated_max_error", 0.0))
+    for k in ("rotated_max_error", "symmetric_max_error"):
+        meta[k] = max(meta[k], prev.get(k, 0.0))
+    if meta["symmetric_slack"] is None:  # a graph converted with float activations tried none
+        meta["symmetric_slack"] = prev.get("symmetric_slack")
     if errors:
         meta["max_error"] = round(float(max(errors)), 6)
         meta["median_error"] = round(float(sorted(errors)[len(errors) // 2]), 6)

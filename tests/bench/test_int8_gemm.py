@@ -95,6 +95,11 @@ def test_every_form_runs_at_a_tiny_size_and_writes_its_section(tmp_path: Path) -
     # one token 50x: the others keep their precision per token, not per tensor
     dq = next(f for f in forms if "DynamicQuantizeMatMul" in f)
     assert out[g.PER_TOKEN] < 0.05 < out[dq], out
+    # the symmetric per-token form: its own row, an outlier token costs only itself too, and on
+    # two-sided gaussian rows its error is near the midpoint form's (at 8 rows either may be
+    # the smaller: a row's range is set by its two or three largest values)
+    assert g.PER_TOKEN_SYMMETRIC in forms and out[g.PER_TOKEN_SYMMETRIC] < 0.05
+    assert 0.8 < err[g.PER_TOKEN_SYMMETRIC] / err[g.PER_TOKEN] < 1.2, err
     assert out[g.REF] == 0.0
     assert err[g.REF] == 0.0 and err["torch fp32"] < 1e-5
     # 8-bit weights are closer than 4-bit ones; every quantized form is within a few percent

@@ -18,12 +18,14 @@ from spotstop.export.gptq import CalibrationInputs, weight_key  # noqa: E402
 from spotstop.export.int8 import (  # noqa: E402
     ACTIVATIONS,
     SMOOTH_ALPHA,
+    SYMMETRIC_SLACK,
     VISION_SHARE,
     VisionActivationCheck,
     block_rotation,
     channel_int8,
     dequantize_activations,
     dequantize_activations_per_token,
+    dequantize_activations_symmetric,
     layer_error,
     per_token_codes_model,
     quantize_matmuls_int8,
@@ -97,6 +99,56 @@ def test_per_token_rounding_by_hand() -> None:
     # the outlier row costs only itself: per tensor, row 0 would share 300's range
     assert np.abs(dequantize_activations(x)[0] - x[0]).max() > 0.4  # step 301/255
     assert np.abs(got[0] - x[0]).max() <= float(sigma) / 2 + 1e-6
+
+
+def test_symmetric_rounding_by_hand() -> None:
+    """Row [1, -2, 0.5, 0]: σ = 2/127, codes round(x/σ) = round(63.5, -127, 31.75, 0) =
+    (64, -127, 32, 0) (63.5: half to even); a one-sided row [0.5, 1, 2, 4] spends half its
+    levels on the sign it never takes (step 4/127, twice the midpoint form's 3.5/254); a
+    constant row keeps its value, an all-zero row stays 0; rows are independent."""
+    x = np.array(
+        [[1.0, -2.0, 0.5, 0.0], [0.5, 1.0, 2.0, 4.0], [3.0, 3.0, 3.0, 3.0], [0.0, 0.0, 0.0, 0.0]]
+    )
+    got = dequantize_activations_symmetric(x)
+    f = np.float32
+    sigma = f(2.0) / f(127)
+    np.testing.assert_array_equal(got[0], np.array([64, -127, 32, 0], np.float32) * sigma)
+    step = float(f(4.0) / f(127))
+    assert np.abs(got[1] - x[1]).max() <= step / 2 + 1e-6
+    assert np.abs(got[1] - x[1]).max() > 3.5 / 254 / 2  # worse than the midpoint form's bound
+    np.testing.assert_allclose(got[2], x[2], rtol=1e-6)
+    np.testing.assert_array_equal(got[3], np.zeros(4, np.float32))
+    np.testing.assert_array_equal(got[:2], dequantize_activations_symmetric(x[:2]))
+    with pytest.raises(ValueError, match="per token"):
+        layer_error(
+            x, np.ones((4, 2)), np.ones((4, 2), np.int8), np.ones(2), "per-tensor", symmetric=True
+        )
+
+
+@pytest.mark.parametrize("shape", [(9, 16), (2, 5, 16)])
+def test_symmetric_codes_are_the_same_in_both_graph_forms(shape: tuple[int, ...]) -> None:
+    """The symmetric form's codes: QuantizeLinear per row (opset ≥ 13) and Div, Round, Add,
+    Cast (opset 12) agree bit for bit with numpy's round(x / σ) + 128, σ = max|x| / 127, on
+    ties (row max 127: σ = 1, 2.5 → 2, 3.5 → 4, −2.5 → −2), a constant row (all 255) and a
+    row whose largest magnitude is negative (−10 → code 1)."""
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=shape).astype(np.float32) * 3
+    flat = x.reshape(-1, shape[-1])
+    flat[0] = 0.0
+    flat[0, :4] = [127.0, 2.5, 3.5, -2.5]
+    flat[1] = 7.0
+    flat[2, 0] = -10.0
+    x = flat.reshape(shape)
+    new = _session(per_token_codes_model(17, len(shape), symmetric=True)).run(None, {"x": x})[0]  # type: ignore[attr-defined]
+    old = _session(per_token_codes_model(12, len(shape), symmetric=True)).run(None, {"x": x})[0]  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(new, old)
+    hi, lo = x.max(axis=-1, keepdims=True), x.min(axis=-1, keepdims=True)
+    sigma = np.maximum(np.maximum(hi, -lo), np.float32(2e-30)) / np.float32(127)
+    want = (np.round(x / sigma) + 128).astype(np.uint8)
+    np.testing.assert_array_equal(new, want)
+    rows = new.reshape(-1, shape[-1])
+    assert list(rows[0, :4]) == [255, 130, 132, 126] and np.all(rows[1] == 255)
+    assert rows[2, 0] == 1
 
 
 def _one_linear(k: int, n: int, w: np.ndarray) -> object:
@@ -305,8 +357,19 @@ def test_rewrite_quantizes_the_linears_and_keeps_the_output_layer(
     assert ops.count(op) == 2 and ops.count("MatMul") == 1
     assert rep.dynamic == 2 and rep.head == ("head",) and not rep.kept and rep.measured == 2
     assert (rep.smoothed, rep.folded) == ((1, 1) if alpha else (0, 0))
-    # folded: the norm's Mul took 1/s (per token: μ once, then σ and μ ⊗ c per layer)
-    assert ops.count("Mul") == 1 + (5 if activations == "per-token" else 0)
+    # per token, two-sided gaussian rows: the symmetric form costs a few per cent more error;
+    # unsmoothed both layers take it (one quantization of xn, no midpoint); smoothed, w1's
+    # 32-wide rows measured more than SYMMETRIC_SLACK over and kept the midpoint: xn is then
+    # quantized in both forms. Per tensor the form is never tried
+    per_token = activations == "per-token"
+    want_sym = (["w1", "w2"] if alpha is None else ["w2"]) if per_token else []
+    assert [nm for nm, _ in rep.symmetric] == want_sym
+    assert rep.symmetric_slack == (SYMMETRIC_SLACK if per_token else None)
+    n_mid = (2 - len(want_sym)) if per_token else 0
+    # folded: the norm's Mul took 1/s; per token σ per layer, and with a midpoint μ once
+    # and μ ⊗ c per layer
+    assert ops.count("Mul") == 1 + len(want_sym) + (1 + 2 * n_mid if n_mid else 0)
+    assert ops.count("QuantizeLinear") == (len(want_sym) > 0) + (n_mid > 0)
     x = v["x"][:8]
     (want,) = _session(fp32).run(["y"], {"x": x})  # type: ignore[attr-defined]
     (got,) = _session(model).run(["y"], {"x": x})  # type: ignore[attr-defined]
@@ -396,12 +459,17 @@ def _swiglu_inputs(n: int, k: int, seed: int) -> np.ndarray:
     return (g / (1 + np.exp(-g)) * u).astype(np.float32)
 
 
-def test_a_layer_over_the_bound_computes_in_int8_after_a_rotation(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slack", [None, SYMMETRIC_SLACK])
+def test_a_layer_over_the_bound_computes_in_int8_after_a_rotation(
+    tmp_path: Path, slack: float | None
+) -> None:
     """Heavy-tailed inputs put a layer over the keep bound per token; rotated in blocks of 64
     its error falls under it, so the layer computes in int8 (no weight-only MatMulNBits): the
     graph rotates x (one MatMul by the 64 x 64 constant, left float32 by the weight-only pass)
     and onnxruntime's output equals numpy's deq(Q(x R)) @ (codes · scales) with the graph's
-    codes. With the rotation off, the same layer is kept."""
+    codes: the rotated rows are two-sided, so with the symmetric form allowed the layer takes
+    it (measured on the rotated rows), else the midpoint form. With the rotation off, the same
+    layer is kept."""
     k, n = 128, 40
     x = _swiglu_inputs(512, k, 7)
     w = np.random.default_rng(8).normal(0, 0.1, (k, n)).astype(np.float32)
@@ -421,9 +489,14 @@ def test_a_layer_over_the_bound_computes_in_int8_after_a_rotation(tmp_path: Path
 
     model = _one_linear(k, n, w)
     rep = quantize_matmuls_int8(
-        model, calibration=_calibration(tmp_path / "b", x, [w]), keep_error=bound, rotate_block=64
+        model,
+        calibration=_calibration(tmp_path / "b", x, [w]),
+        keep_error=bound,
+        rotate_block=64,
+        symmetric_slack=slack,
     )
     assert rep.dynamic == 1 and not rep.kept and rep.rotations == ("int8_rotate_64",)
+    assert [nm for nm, _ in rep.symmetric] == ([] if slack is None else ["w"])
     ((name, e1, e2),) = rep.rotated
     assert name == "w" and e1 == pytest.approx(plain, rel=1e-3) and e2 <= bound
     meta = rep.as_meta()
@@ -436,7 +509,8 @@ def test_a_layer_over_the_bound_computes_in_int8_after_a_rotation(tmp_path: Path
     codes, scales = inits["w_int8"], inits["w_int8_scale"]
     xt = x[:16]
     (got,) = _session(model).run(None, {"x": xt})  # type: ignore[attr-defined]
-    xq = dequantize_activations_per_token(rotate_rows(xt, r.astype(np.float32)))
+    deq = dequantize_activations_per_token if slack is None else dequantize_activations_symmetric
+    xq = deq(rotate_rows(xt, r.astype(np.float32)))
     sim = xq.astype(np.float64) @ (codes * scales.astype(np.float64))
     np.testing.assert_allclose(got, sim, rtol=1e-4, atol=1e-4 * float(np.abs(sim).max()))
     ref = xt.astype(np.float64) @ w
@@ -445,6 +519,107 @@ def test_a_layer_over_the_bound_computes_in_int8_after_a_rotation(tmp_path: Path
     from spotstop.export.nbits import quantize_matmuls_nbits
 
     assert quantize_matmuls_nbits(model, 8, 32, skip=rep.rotations) == 0
+
+
+def test_symmetric_form_where_it_costs_little_and_the_midpoint_where_rows_are_one_sided(
+    tmp_path: Path,
+) -> None:
+    """Per token, measured: gaussian rows take the symmetric form (its error within
+    SYMMETRIC_SLACK of the midpoint form's), and onnxruntime's output equals numpy's
+    deq_sym(x) @ (codes · scales) with the graph's own codes; rows after a GELU-like
+    one-sided activation measure ~1.4x the midpoint form's error and keep the midpoint; with
+    ``symmetric_slack=None`` the gaussian layer keeps it too; a negative slack is refused."""
+    k, n = 64, 32
+    rng = np.random.default_rng(21)
+    w = rng.normal(0, 0.1, (k, n)).astype(np.float32)
+    two = rng.normal(size=(512, k)).astype(np.float32)
+    g = rng.normal(size=(512, k))
+    one = (g / (1 + np.exp(-1.702 * g))).astype(np.float32)  # a GELU: min ~ -0.17
+    e_mid = layer_error(two, w, *channel_int8(w, two.astype(np.float64).T @ two))
+    e_sym = layer_error(two, w, *channel_int8(w, two.astype(np.float64).T @ two), symmetric=True)
+    assert e_mid < e_sym <= e_mid * (1 + SYMMETRIC_SLACK)
+    h1 = one.astype(np.float64).T @ one
+    assert layer_error(one, w, *channel_int8(w, h1), symmetric=True) > 1.2 * layer_error(
+        one, w, *channel_int8(w, h1)
+    )
+
+    model = _one_linear(k, n, w)
+    rep = quantize_matmuls_int8(model, calibration=_calibration(tmp_path / "a", two, [w]))
+    ((name, es),) = rep.symmetric
+    assert name == "w" and es == pytest.approx(e_sym, rel=1e-3)
+    meta = rep.as_meta()
+    assert (meta["symmetric"], meta["symmetric_slack"]) == (1, SYMMETRIC_SLACK)
+    assert meta["symmetric_max_error"] == pytest.approx(es, abs=1e-6)
+    ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
+    assert ops.count("Mul") == 1 and "Sub" not in ops and "Add" not in ops
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
+    assert "w_int8_colsum" not in inits  # no midpoint term
+    codes, scales = inits["w_int8"], inits["w_int8_scale"]
+    xt = two[:16].copy()
+    xt[0] *= 50.0  # an outlier token costs only itself
+    (got,) = _session(model).run(None, {"x": xt})  # type: ignore[attr-defined]
+    sim = dequantize_activations_symmetric(xt).astype(np.float64) @ (
+        codes * scales.astype(np.float64)
+    )
+    np.testing.assert_allclose(got, sim, rtol=1e-5, atol=1e-5 * float(np.abs(sim).max()))
+
+    gelu = _one_linear(k, n, w)
+    rep1 = quantize_matmuls_int8(gelu, calibration=_calibration(tmp_path / "b", one, [w]))
+    assert rep1.dynamic == 1 and not rep1.symmetric
+    assert "Sub" in [nd.op_type for nd in gelu.graph.node]  # type: ignore[attr-defined]
+    off = _one_linear(k, n, w)
+    rep2 = quantize_matmuls_int8(
+        off, calibration=_calibration(tmp_path / "c", two, [w]), symmetric_slack=None
+    )
+    assert rep2.dynamic == 1 and not rep2.symmetric and rep2.symmetric_slack is None
+    with pytest.raises(ValueError, match="symmetric_slack"):
+        quantize_matmuls_int8(_one_linear(k, n, w), symmetric_slack=-0.1)
+
+
+def test_both_per_token_forms_of_one_activation_live_in_one_graph() -> None:
+    """Two readers of one activation that measured different forms get two quantizations of
+    it, with distinct node names (a valid graph), each the codes numpy computes."""
+    from onnx import checker
+    from spotstop.export.int8 import _per_token_quantize
+
+    consts = {
+        "floor": np.float32(2e-30),
+        "half": np.float32(0.5),
+        "levels": np.float32(254),
+        "sym_levels": np.float32(127),
+        "zp": np.uint8(128),
+        "axes": np.array([-1], np.int64),
+    }
+    nodes: list = []
+    q_mid, _, _ = _per_token_quantize("x", {k: f"c_{k}" for k in consts}, nodes, 17)
+    q_sym, _, mu = _per_token_quantize(
+        "x", {k: f"c_{k}" for k in consts}, nodes, 17, symmetric=True
+    )
+    assert mu == "" and q_mid != q_sym
+    names = [nd.name for nd in nodes]
+    assert len(names) == len(set(names))
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])],
+        [helper.make_tensor_value_info(q, TensorProto.UINT8, [None, 8]) for q in (q_mid, q_sym)],
+        [numpy_helper.from_array(np.asarray(v), f"c_{k}") for k, v in consts.items()],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    checker.check_model(m)
+    x = np.random.default_rng(2).normal(size=(5, 8)).astype(np.float32)
+    a, b = _session(m).run(None, {"x": x})  # type: ignore[attr-defined]
+    hi, lo = x.max(-1, keepdims=True), x.min(-1, keepdims=True)
+    mu_ = (hi + lo) * np.float32(0.5)
+    np.testing.assert_array_equal(
+        a,
+        (np.round((x - mu_) / (np.maximum(hi - lo, 2e-30) / np.float32(254))) + 128).astype(
+            np.uint8
+        ),
+    )
+    np.testing.assert_array_equal(
+        b, (np.round(x / (np.maximum(hi, -lo) / np.float32(127))) + 128).astype(np.uint8)
+    )
 
 
 def test_rotate_block_must_not_be_negative() -> None:
@@ -515,6 +690,13 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     dec = onnx.load(str(tmp_path / "m" / "onnx" / "decoder.onnx"), load_external_data=False)
     assert any(n.op_type == "GatherBlockQuantized" for n in dec.graph.node)  # one table
     assert d["smoothed_inputs"] == 0
+    # per token the layers with two-sided inputs take the symmetric form, each within the
+    # bound; the graphs hold one per-row Sub (the midpoint) per activation quantized with it
+    assert d["symmetric_slack"] == SYMMETRIC_SLACK and 0 < d["symmetric"] <= d["dynamic"]
+    assert 0 < d["symmetric_max_error"] <= d["keep_error"]
+    n_mid = sum(1 for n in nodes if n.op_type == "Sub" and n.name.endswith("_tok8_centred"))
+    n_sym = sum(1 for n in nodes if n.op_type == "Neg" and n.name.endswith("_tok8s_neg"))
+    assert n_sym > 0 and n_mid + n_sym <= d["dynamic"]
     s = export_member(src, tmp_path / "s", smooth_alpha=SMOOTH_ALPHA, **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in s.checks)
     sd = s.quantizer["dynamic_int8"]  # type: ignore[index]
