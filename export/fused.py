@@ -24,7 +24,7 @@ replacement forwards call the functions of this module.
   exporter (registered on import).
 * What an architecture's layers call: :func:`rms_norm`, :func:`skip_rms_norm`,
   :func:`gated_rms_norm`, :func:`linear_attention_gate`, :func:`group_query_attention`,
-  :func:`multi_head_attention`, and drop-in replacements of transformers' own functions
+  :func:`multi_head_attention`, :func:`rotary_embedding`, and drop-in replacements of transformers' own functions
   (:func:`fused_chunk_gated_delta_rule`, :func:`fused_causal_conv1d_fn`).
 * :func:`fused_patcher` (an architecture's patches in place for the length of an export),
   :func:`fuse_graph` (after export: each residual Add that crosses the model's layer loop and
@@ -97,6 +97,7 @@ FUSED_OPS: dict[str, tuple[str, int]] = {
     "GroupQueryAttention": (FUSED_DOMAIN, 1),
     "LinearAttentionGate": (FUSED_DOMAIN, 2),
     "MultiHeadAttention": (FUSED_DOMAIN, 1),
+    "RotaryEmbedding": (FUSED_DOMAIN, 1),
     "SkipSimplifiedLayerNormalization": (FUSED_DOMAIN, 4),
     "SimplifiedLayerNormalization": ("", 1),
     # written by export/gelu.py's fuse_gelu on the converted graph (not by a torch patch)
@@ -254,6 +255,26 @@ def _(query, key, value, num_heads, scale):
     return query.new_empty(query.shape)
 
 
+@torch.library.custom_op("spotstop_fused::rotary_embedding", mutates_args=())
+def _rotary_embedding(
+    x: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, num_heads: int
+) -> torch.Tensor:
+    """com.microsoft ``RotaryEmbedding`` (half split, ``interleaved=0``) at positions
+    0 .. S-1: ``x`` (B, S, H·D), ``cos_cache``/``sin_cache`` (≥ S, D/2) → each head's
+    ``x · cos + rotate_half(x) · sin`` with ``cos = [c, c]`` of the position's row."""
+    b, n = x.shape[0], x.shape[1]
+    h = x.reshape(b, n, num_heads, -1)
+    cos = torch.cat([cos_cache[:n]] * 2, -1).unsqueeze(1)
+    sin = torch.cat([sin_cache[:n]] * 2, -1).unsqueeze(1)
+    x1, x2 = h.chunk(2, -1)
+    return (h * cos + torch.cat([-x2, x1], -1) * sin).reshape(x.shape)
+
+
+@_rotary_embedding.register_fake
+def _(x, cos_cache, sin_cache, num_heads):
+    return x.new_empty(x.shape)
+
+
 # -- ONNX translations: dynamo (onnxscript) ----------------------------------------------------
 
 
@@ -393,7 +414,13 @@ def _dynamo_translations() -> dict[Any, Callable[..., Any]]:
     def mha(query, key, value, num_heads, scale):
         return ms.MultiHeadAttention(query, key, value, num_heads=num_heads, scale=float(scale))
 
+    def rope(x, cos_cache, sin_cache, num_heads):
+        return ms.RotaryEmbedding(
+            x, op.Constant(value_ints=[0]), cos_cache, sin_cache, num_heads=num_heads, interleaved=0
+        )
+
     return {
+        torch.ops.spotstop_fused.rotary_embedding.default: rope,
         torch.ops.spotstop_fused.multi_head_attention.default: mha,
         torch.ops.spotstop_fused.linear_attention_gate.default: gate,
         torch.ops.spotstop_fused.linear_attention.default: la,
@@ -504,7 +531,23 @@ def _register_legacy_symbolics() -> None:
         out.setType(query.type())
         return out
 
+    @parse_args("v", "v", "v", "i")
+    def rope(g, x, cos_cache, sin_cache, num_heads):
+        offset = g.op("Constant", value_t=torch.tensor([0], dtype=torch.int64))  # positions 0..
+        out = g.op(
+            f"{ms}::RotaryEmbedding",
+            x,
+            offset,
+            cos_cache,
+            sin_cache,
+            num_heads_i=num_heads,
+            interleaved_i=0,
+        )
+        out.setType(x.type())
+        return out
+
     for opset in _LEGACY_OPSETS:
+        register_custom_op_symbolic("spotstop_fused::rotary_embedding", rope, opset)
         register_custom_op_symbolic("spotstop_fused::multi_head_attention", mha, opset)
         register_custom_op_symbolic("spotstop_fused::linear_attention_gate", gate, opset)
         register_custom_op_symbolic("spotstop_fused::rms_norm", norm, opset)
@@ -601,6 +644,20 @@ def multi_head_attention(
 ) -> torch.Tensor:
     """Bidirectional attention without a mask as one ``MultiHeadAttention``, (B, S, H·D)."""
     return torch.ops.spotstop_fused.multi_head_attention(query, key, value, num_heads, float(scale))
+
+
+def rotary_embedding(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int
+) -> torch.Tensor:
+    """A half-split rotary of every head of ``x`` (B, S, H·D) at positions 0 .. S-1 as one
+    ``RotaryEmbedding`` (float32, as transformers' rotary; back in ``x``'s dtype):
+    ``cos``/``sin`` (S, D), each row ``[c, c]`` (two equal halves, as transformers builds
+    them; the op reads the first half)."""
+    half = cos.shape[-1] // 2
+    out = torch.ops.spotstop_fused.rotary_embedding(
+        _f32(x), _f32(cos[:, :half]), _f32(sin[:, :half]), num_heads
+    )
+    return _as(out, x.dtype)
 
 
 def fused_chunk_gated_delta_rule(

@@ -310,14 +310,15 @@ def _fused_vision_attention_forward(
     max_seqlen: int | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """``Qwen3_5VisionAttention.forward`` for ONE image: the attention as one
-    ``MultiHeadAttention`` (bidirectional, no mask); projections and 2-D rotary as transformers.
+    """``Qwen3_5VisionAttention.forward`` for ONE image: q, k, v split from the fused
+    projection on its last axis (no reshape to heads and back), the 2-D rotary of q and k as one
+    ``RotaryEmbedding`` each (the patch's own row of the cos/sin tables: positions 0 .. S-1)
+    and the attention as one ``MultiHeadAttention`` (bidirectional, no mask).
 
     transformers attends within each ``cu_seqlens`` span (one per image and frame); the vision
     graph is traced for one image of one frame (export/graphs.py ``VisionGraph``), so there is
     one span. More spans are refused (attention across them would be wrong)."""
     from spotstop.export import fused
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
 
     if cu_seqlens.shape[0] != 2:
         raise NotImplementedError(
@@ -328,21 +329,12 @@ def _fused_vision_attention_forward(
     if position_embeddings is None:
         raise ValueError("Qwen3.5's vision attention needs its rotary position embeddings.")
     seq_length = hidden_states.shape[0]
-    q, k, v = (
-        self.qkv(hidden_states)
-        .reshape(seq_length, 3, self.num_heads, -1)
-        .permute(1, 0, 2, 3)
-        .unbind(0)
-    )
+    qkv = self.qkv(hidden_states).unsqueeze(0)  # (1, S, 3·H·D): q, k, v in that order
+    q, k, v = qkv.split(qkv.shape[-1] // 3, dim=-1)
     cos, sin = position_embeddings
-    q, k = mod.apply_rotary_pos_emb_vision(q, k, cos, sin)
-    out = fused.multi_head_attention(
-        q.reshape(1, seq_length, -1),
-        k.reshape(1, seq_length, -1),
-        v.reshape(1, seq_length, -1),
-        self.num_heads,
-        self.scaling,
-    )
+    q = fused.rotary_embedding(q, cos, sin, self.num_heads)
+    k = fused.rotary_embedding(k, cos, sin, self.num_heads)
+    out = fused.multi_head_attention(q, k, v, self.num_heads, self.scaling)
     return self.proj(out.reshape(seq_length, -1))
 
 

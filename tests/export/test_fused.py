@@ -297,6 +297,57 @@ def test_the_patch_is_scoped_and_the_eager_ops_match(tiny_pair: Path) -> None:
     assert originals == targets()
 
 
+@pytest.mark.parametrize("length", [1, 17, 64, 65, 300, 1024])
+def test_rotary_embedding_is_transformers_vision_rotary_and_onnxruntimes(length: int) -> None:
+    """The fused rotary (one ``RotaryEmbedding`` node, positions from offset 0) on (1, S, H·D)
+    equals transformers' ``apply_rotary_pos_emb_vision`` with Qwen3.5's axial cos/sin tables,
+    in the custom op's eager maths and in onnxruntime, at lengths 1 .. 1024 (1024: the real
+    vision tower's patches for a 512 x 512 image)."""
+    from spotstop.export import fused
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
+
+    heads, d = 4, 16
+    g = torch.Generator().manual_seed(length)
+    x = torch.randn(1, length, heads * d, generator=g)
+    pos = torch.randint(0, 40, (length, 2), generator=g).float()
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d // 2, 2).float() / (d // 2)))
+    freqs = pos[..., None] * inv  # (S, 2, D/4): h and w
+    hw = torch.cat([freqs[:, 0], freqs[:, 1]], -1)
+    emb = torch.cat([hw, hw], -1)  # (S, D), as Qwen3_5VisionRotaryEmbedding recomposes it
+    cos, sin = emb.cos(), emb.sin()
+    heads_x = x.reshape(length, heads, d)
+    want, _ = mod.apply_rotary_pos_emb_vision(heads_x, heads_x, cos, sin)
+    got = fused.rotary_embedding(x, cos, sin, heads)
+    torch.testing.assert_close(got.reshape(length, heads, d), want, atol=1e-6, rtol=1e-6)
+
+    node = onnx.helper.make_node(
+        "RotaryEmbedding",
+        ["x", "offset", "c", "s"],
+        ["y"],
+        domain=FUSED_DOMAIN,
+        num_heads=heads,
+        interleaved=0,
+    )
+    f32 = onnx.TensorProto.FLOAT
+    graph = onnx.helper.make_graph(
+        [node],
+        "rope",
+        [onnx.helper.make_tensor_value_info("x", f32, [1, None, heads * d])],
+        [onnx.helper.make_tensor_value_info("y", f32, [1, None, heads * d])],
+        [
+            onnx.numpy_helper.from_array(np.array([0], np.int64), "offset"),
+            onnx.numpy_helper.from_array(cos[:, : d // 2].numpy(), "c"),
+            onnx.numpy_helper.from_array(sin[:, : d // 2].numpy(), "s"),
+        ],
+    )
+    model = onnx.helper.make_model(
+        graph,
+        opset_imports=[onnx.helper.make_opsetid("", 18), onnx.helper.make_opsetid(FUSED_DOMAIN, 1)],
+    )
+    (y,) = _session(model).run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(y.reshape(length, heads, d), want.numpy(), atol=1e-5, rtol=1e-5)
+
+
 def test_graph_form_is_checked() -> None:
     from spotstop.export.configs import get_export_config
     from spotstop.export.exporters import export_decoder
@@ -393,9 +444,11 @@ def test_fuse_graph_takes_only_residual_adds() -> None:
 
 
 def test_fused_vision_graph(decoders: _Decoders, tmp_path: Path) -> None:
-    """Qwen3.5's vision attention as MultiHeadAttention (one per block) and its patch
-    embedding's Conv3d as a product with the flattened kernel (no Conv left), exact at fp32 on
-    the validation images; LFM2's SigLIP2 tower has no fused form (the same graph as standard)."""
+    """Qwen3.5's vision attention as MultiHeadAttention (one per block) after one
+    RotaryEmbedding each for q and k (no Transpose, Neg or Concat of the decomposed rotary left)
+    and its patch embedding's Conv3d as a product with the flattened kernel (no Conv left), exact
+    at fp32 on the validation images; LFM2's SigLIP2 tower has no fused form (the same graph as
+    standard)."""
     import onnx
     from spotstop.export.configs import get_export_config
     from spotstop.export.exporters import export_vision
@@ -408,7 +461,15 @@ def test_fused_vision_graph(decoders: _Decoders, tmp_path: Path) -> None:
         graphs[form] = onnx.load(str(path))
     blocks = {"qwen3_5": 2, "lfm2_vl": 0}[decoders.model_type]
     assert graph_form_ops(graphs["standard"]) == {}
-    assert graph_form_ops(graphs["fused"]) == ({"MultiHeadAttention": blocks} if blocks else {})
+    assert graph_form_ops(graphs["fused"]) == (
+        {"MultiHeadAttention": blocks, "RotaryEmbedding": 2 * blocks} if blocks else {}
+    )
+    if blocks:
+        ops = [n.op_type for n in graphs["fused"].graph.node]
+        std = [n.op_type for n in graphs["standard"].graph.node]
+        # the decomposed rotary's Neg, the heads' Transpose and Squeeze: none in a block
+        assert std.count("Neg") == 2 * blocks and "Neg" not in ops and "Squeeze" not in ops
+        assert ops.count("Transpose") == std.count("Transpose") - 6 * blocks == 1
     convs = {f: sum(n.op_type == "Conv" for n in g.graph.node) for f, g in graphs.items()}
     assert convs == ({"standard": 1, "fused": 0} if blocks else {"standard": 0, "fused": 0})
     sess = _session(graphs["fused"])
