@@ -22,6 +22,9 @@ measured on), each form timed best of ``--repeats`` after one warm-up call, all 
 * ``onnxruntime MatMulIntegerToFloat per token, symmetric (spotstop int8)``: the form a layer
   with two-sided inputs takes (``SYMMETRIC_SLACK``): each row's step its largest magnitude
   over 127, no midpoint, the row step alone after the product;
+* ``... input rotated in blocks of 64 / 128``: that form after the online rotation a layer over
+  the keep bound takes (one float32 ``MatMul`` by the ``b × b`` Hadamard constant, the weight
+  stored rotated): what the rotation costs at each block size;
 * ``torch fp32`` and ``torch bf16``: ``torch.nn.functional.linear``, eager.
 
 Per form: the best time, GFLOP/s (2 M K N / time, the int8 forms' integer operations
@@ -71,6 +74,8 @@ SHAPE = (383, 2048, 6144)
 REF = "onnxruntime fp32 MatMul"
 PER_TOKEN = "onnxruntime MatMulIntegerToFloat per token (spotstop int8)"
 PER_TOKEN_SYMMETRIC = "onnxruntime MatMulIntegerToFloat per token, symmetric (spotstop int8)"
+#: the rotation blocks a layer over the keep bound is tried with (export/int8.py)
+ROTATED_BLOCKS = (64, 128)
 #: how much larger the first row of x is in the outlier-token error column
 OUTLIER_TOKEN = 50.0
 BF16 = "torch bf16"
@@ -226,6 +231,8 @@ def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
     )
     forms.append(_per_token_form(w, ort_form))
     forms.append(_per_token_form(w, ort_form, symmetric=True))
+    for block in ROTATED_BLOCKS:
+        forms.append(_rotated_form(w, block, ort_form))
     torch.set_num_threads(threads)
     xt, wt = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(w.T))
     xb, wb = xt.bfloat16(), wt.bfloat16()
@@ -271,6 +278,50 @@ def per_token_layer(w: np.ndarray, symmetric: bool = False) -> Any:
     if rep.dynamic != 1 or len(rep.symmetric) != symmetric or symmetric != _is_symmetric(model):
         raise RuntimeError(f"the int8 rewrite did not quantize the layer: {rep}")
     return model
+
+
+def rotated_layer(w: np.ndarray, block: int) -> Any:
+    """``X @ w`` as the export writes a layer rotated in blocks of ``block``
+    (:func:`~spotstop.export.int8.block_rotation`): the weight stored as ``Rᵀ w``, the input
+    multiplied by the ``b × b`` constant (the export's own nodes, ``_rotate_nodes``) before its
+    symmetric per-token quantization: the output is ``X w`` up to int8 rounding."""
+    from onnx import numpy_helper as nh
+    from spotstop.export.int8 import _rotate_nodes, block_rotation, rotate_weight
+
+    r = block_rotation(w.shape[0], block)
+    if r is None:
+        raise ValueError(f"K = {w.shape[0]} has no rotation block up to {block}.")
+    model = per_token_layer(rotate_weight(w, r).astype(np.float32), symmetric=True)
+    b = r.shape[0]
+    g = model.graph
+    g.initializer.extend(
+        [
+            nh.from_array(r.astype(np.float32), "R"),
+            nh.from_array(np.array([-1, b], np.int64), "Rrows"),
+        ]
+    )
+    pre: list[Any] = []
+    xr = _rotate_nodes("X", "R", "Rrows", pre)
+    rest = list(g.node)
+    for nd in rest:
+        for i, name in enumerate(nd.input):
+            if name == "X":
+                nd.input[i] = xr
+    del g.node[:]
+    g.node.extend(pre + rest)
+    return model
+
+
+def _rotated_form(w: np.ndarray, block: int, ort_form: Callable[..., Form]) -> Form:
+    model = rotated_layer(w, block)
+    inits = list(model.graph.initializer)
+    nbytes = sum(int(np.prod(t.dims)) for t in inits if t.name.endswith("_int8")) + 4 * w.shape[1]
+    return ort_form(
+        f"{PER_TOKEN_SYMMETRIC}, input rotated in blocks of {block}",
+        list(model.graph.node),
+        inits,
+        nbytes,
+    )
 
 
 def _is_symmetric(model: Any) -> bool:

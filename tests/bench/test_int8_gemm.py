@@ -100,6 +100,10 @@ def test_every_form_runs_at_a_tiny_size_and_writes_its_section(tmp_path: Path) -
     # the smaller: a row's range is set by its two or three largest values)
     assert g.PER_TOKEN_SYMMETRIC in forms and out[g.PER_TOKEN_SYMMETRIC] < 0.05
     assert 0.8 < err[g.PER_TOKEN_SYMMETRIC] / err[g.PER_TOKEN] < 1.2, err
+    # the rotated layers compute x @ w too (Rᵀ w stored, x R computed): int8 rounding only
+    rotated = [f for f in forms if "input rotated in blocks of" in f]
+    assert [f.rsplit(" ", 1)[-1] for f in rotated] == ["64", "128"]
+    assert all(err[f] < 0.05 and out[f] < 0.05 for f in rotated), err
     assert out[g.REF] == 0.0
     assert err[g.REF] == 0.0 and err["torch fp32"] < 1e-5
     # 8-bit weights are closer than 4-bit ones; every quantized form is within a few percent

@@ -622,6 +622,45 @@ def test_both_per_token_forms_of_one_activation_live_in_one_graph() -> None:
     )
 
 
+def test_the_smallest_rotation_block_within_the_bound_is_taken(tmp_path: Path) -> None:
+    """Blocks are tried smallest first (64, then up to rotate_block): the heavy-tailed layer
+    that 64 brings under the bound is rotated in 64 even when 128 is allowed; a bound only the
+    larger block meets takes 128, one neither meets keeps the layer after trying both."""
+    from spotstop.export.int8 import rotation_blocks
+
+    assert rotation_blocks(128) == (64, 128) and rotation_blocks(256) == (64, 128, 256)
+    assert rotation_blocks(64) == (64,) and rotation_blocks(32) == (32,)
+    assert rotation_blocks(0) == ()
+    k, n = 128, 40
+    x = _swiglu_inputs(512, k, 7)
+    w = np.random.default_rng(8).normal(0, 0.1, (k, n)).astype(np.float32)
+
+    def rotated_error(b: int) -> float:
+        r = block_rotation(k, b)
+        assert r is not None
+        xr, wr = rotate_rows(x, r), rotate_weight(w, r)
+        return layer_error(xr, wr, *channel_int8(wr, xr.astype(np.float64).T @ xr))
+
+    e64, e128 = rotated_error(64), rotated_error(128)
+    plain = layer_error(x, w, *channel_int8(w, x.astype(np.float64).T @ x))
+    assert e128 < e64 < plain, (e128, e64, plain)
+    for i, (bound, want) in enumerate(
+        [
+            (e64 * 1.001, ("int8_rotate_64",)),
+            ((e64 + e128) / 2, ("int8_rotate_128",)),
+            (e128 * 0.999, ()),
+        ]
+    ):
+        rep = quantize_matmuls_int8(
+            _one_linear(k, n, w),
+            calibration=_calibration(tmp_path / str(i), x, [w]),
+            keep_error=bound,
+            rotate_block=128,
+        )
+        assert rep.rotations == want, (bound, rep)
+        assert len(rep.kept) == (0 if want else 1)
+
+
 def test_rotate_block_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="rotate_block"):
         quantize_matmuls_int8(_one_linear(16, 8, np.ones((16, 8), np.float32)), rotate_block=-1)
