@@ -17,6 +17,9 @@ latency table (``--qwen-tokens``, ``--lfm2-tokens``):
 * ``per-token int8 product``: the MLP up projection as ``spotstop export --precision int8``
   writes it (export/int8.py: ``MatMulIntegerToFloat``) against the same arithmetic in standard
   ONNX nodes (``MatMulInteger``, ``Cast``, ``Mul`` by the column scales).
+* ``vision rotary``: Qwen3.5's vision attention inputs, q/k/v split from the fused projection
+  and q, k rotated (2-D rotary, half split): ``Split`` and com.microsoft ``RotaryEmbedding``
+  against the decomposition the exporter writes for transformers' code.
 * ``per-token int8 codes``: the activation's uint8 codes ``Round((x − μ) / σ) + 128`` per row,
   at the input of Qwen3.5-2B's vision MLP down projection (patches x intermediate): one
   ``QuantizeLinear`` per axis over the flattened rows (what the export writes from opset 13)
@@ -240,6 +243,95 @@ def quantize_codes_pair(rows: int, k: int, rng: np.random.Generator) -> Pair:
     )
 
 
+def vision_rotary_pair(patches: int, heads: int, dim: int, rng: np.random.Generator) -> Pair:
+    """Qwen3.5's vision attention inputs from its fused q/k/v projection (patches x 3 heads
+    dim): q, k, v split on the last axis and q, k rotated by one ``RotaryEmbedding`` each
+    (export/archs/qwen3_5.py's fused vision attention) against the exporter's decomposition of
+    transformers' code (reshape to heads, ``Transpose``, ``Split``, ``Squeeze``, the half-split
+    rotary as ``Mul``, ``Slice``, ``Neg``, ``Concat``, ``Mul``, ``Add``, reshape back); both
+    end in one ``Concat`` of q, k, v so each graph has one output."""
+    from onnx import helper
+
+    mk = helper.make_node
+    half = dim // 2
+    ang = rng.uniform(0, 10, (patches, half)).astype(np.float32)
+    cos, sin = np.cos(ang), np.sin(ang)
+    width = heads * dim
+    fused = _model(
+        [
+            mk("Reshape", ["qkv", "b3"], ["q3"]),
+            mk("Split", ["q3"], ["q", "k", "v"], axis=-1, num_outputs=3),
+            *(
+                mk(
+                    "RotaryEmbedding",
+                    [t, "offset", "c", "s"],
+                    [f"{t}r"],
+                    domain="com.microsoft",
+                    num_heads=heads,
+                    interleaved=0,
+                )
+                for t in ("q", "k")
+            ),
+            mk("Concat", ["qr", "kr", "v"], ["y"], axis=-1),
+        ],
+        {"qkv": (patches, 3 * width)},
+        (1, patches, 3 * width),
+        {
+            "b3": np.array([1, patches, 3 * width], np.int64),
+            "offset": np.array([0], np.int64),
+            "c": cos,
+            "s": sin,
+        },
+    )
+    nodes = [
+        mk("Reshape", ["qkv", "heads"], ["r"]),
+        mk("Transpose", ["r"], ["t"], perm=[1, 0, 2, 3]),
+        mk("Split", ["t"], ["s0", "s1", "s2"], axis=0, num_outputs=3),
+    ]
+    for t in ("s0", "s1"):
+        nodes += [
+            mk("Squeeze", [t, "ax0"], [f"{t}q"]),
+            mk("Mul", [f"{t}q", "cos"], [f"{t}c"]),
+            mk("Slice", [f"{t}q", "zero", "mid", "last"], [f"{t}x1"]),
+            mk("Slice", [f"{t}q", "mid", "end", "last"], [f"{t}x2"]),
+            mk("Neg", [f"{t}x2"], [f"{t}n"]),
+            mk("Concat", [f"{t}n", f"{t}x1"], [f"{t}h"], axis=-1),
+            mk("Mul", [f"{t}h", "sin"], [f"{t}s"]),
+            mk("Add", [f"{t}c", f"{t}s"], [f"{t}e"]),
+            mk("Reshape", [f"{t}e", "flat"], [f"{t}o"]),
+        ]
+    nodes += [
+        mk("Squeeze", ["s2", "ax0"], ["s2q"]),
+        mk("Reshape", ["s2q", "flat"], ["s2o"]),
+        mk("Concat", ["s0o", "s1o", "s2o"], ["y"], axis=-1),
+    ]
+    standard = _model(
+        nodes,
+        {"qkv": (patches, 3 * width)},
+        (1, patches, 3 * width),
+        {
+            "heads": np.array([patches, 3, heads, dim], np.int64),
+            "cos": np.concatenate([cos, cos], -1)[:, None, :],
+            "sin": np.concatenate([sin, sin], -1)[:, None, :],
+            "ax0": np.array([0], np.int64),
+            "zero": np.array([0], np.int64),
+            "mid": np.array([half], np.int64),
+            "end": np.array([dim], np.int64),
+            "last": np.array([-1], np.int64),
+            "flat": np.array([1, patches, width], np.int64),
+        },
+    )
+    return Pair(
+        "Qwen3.5-2B vision q/k/v split and 2-D rotary",
+        f"{patches} x 3 x {heads} x {dim}",
+        "Split + RotaryEmbedding x 2",
+        "Reshape, Transpose, Split + Mul, Slice, Neg, Concat, Mul, Add x 2",
+        fused,
+        standard,
+        {"qkv": rng.standard_normal((patches, 3 * width)).astype(np.float32)},
+    )
+
+
 def pairs(
     qwen_tokens: int = QWEN_TOKENS, lfm2_tokens: int = LFM2_TOKENS, scale: int = 1, seed: int = 0
 ) -> list[Pair]:
@@ -278,6 +370,12 @@ def pairs(
             qt, int(q["hidden_size"]) // scale, int(q["intermediate_size"]) // scale, rng
         ),
         quantize_codes_pair(max(2, patches // scale), int(v["intermediate_size"]) // scale, rng),
+        vision_rotary_pair(
+            max(2, patches // scale),
+            max(1, int(v["num_heads"]) // scale),
+            int(v["hidden_size"]) // int(v["num_heads"]),
+            rng,
+        ),
     ]
 
 

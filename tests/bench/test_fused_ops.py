@@ -31,6 +31,7 @@ def test_each_pair_computes_the_same_and_the_section_is_written(tmp_path: Path) 
         "LFM2.5-VL-3B short conv",
         "Qwen3.5-2B MLP up, per-token int8",
         "Qwen3.5-2B vision MLP down, per-token int8 codes",
+        "Qwen3.5-2B vision q/k/v split and 2-D rotary",
     ]
     for r in doc["rows"]:
         # float32 rounding of the same maths (a norm, a 3- or 4-tap sum, an exact integer
@@ -55,3 +56,8 @@ def test_shapes_follow_the_recorded_configs() -> None:
     assert codes.feeds["x"].shape == (1024, 4096)
     assert "QuantizeLinear" in [n.op_type for n in codes.fused_graph.graph.node]
     assert "Round" in [n.op_type for n in codes.standard_graph.graph.node]
+    # the vision attention's q/k/v: 1024 patches, 16 heads of 64
+    rope = by["Qwen3.5-2B vision q/k/v split and 2-D rotary"]
+    assert rope.feeds["qkv"].shape == (1024, 3 * 16 * 64)
+    assert [n.op_type for n in rope.fused_graph.graph.node].count("RotaryEmbedding") == 2
+    assert "Neg" in [n.op_type for n in rope.standard_graph.graph.node]
