@@ -20,6 +20,8 @@ latency table (``--qwen-tokens``, ``--lfm2-tokens``):
 * ``vision rotary``: Qwen3.5's vision attention inputs, q/k/v split from the fused projection
   and q, k rotated (2-D rotary, half split): ``Split`` and com.microsoft ``RotaryEmbedding``
   against the decomposition the exporter writes for transformers' code.
+* ``vision attention, padded patches``: LFM2.5-VL-3B's SigLIP2 attention with a key padding
+  mask: com.microsoft ``MultiHeadAttention`` against the exporter's SDPA decomposition.
 * ``per-token int8 codes``: the activation's uint8 codes ``Round((x − μ) / σ) + 128`` per row,
   at the input of Qwen3.5-2B's vision MLP down projection (patches x intermediate): one
   ``QuantizeLinear`` per axis over the flattened rows (what the export writes from opset 13)
@@ -57,6 +59,8 @@ QWEN_TOKENS = 383
 LFM2_TOKENS = 186
 #: the patches of one scene's image in Qwen3.5-2B's vision tower (bench/real_pair.py's 512 x 512)
 VISION_PATCHES = 1024
+#: the patches of one scene's image in LFM2.5-VL-3B's vision tower (its int8 bundle's input)
+LFM2_PATCHES = 256
 
 
 @dataclass(frozen=True)
@@ -332,6 +336,76 @@ def vision_rotary_pair(patches: int, heads: int, dim: int, rng: np.random.Genera
     )
 
 
+def masked_attention_pair(patches: int, heads: int, dim: int, rng: np.random.Generator) -> Pair:
+    """LFM2.5-VL-3B's SigLIP2 vision attention over ``patches`` patches, the last eighth
+    padding: one com.microsoft ``MultiHeadAttention`` with the key padding mask
+    (export/archs/lfm2_vl.py's fused vision attention) against what the exporter writes for
+    transformers' SDPA with a boolean mask (heads split by ``Reshape`` + ``Transpose``,
+    ``MatMul``, the mask as ``Where``, ``Softmax``, its NaN rows zeroed by ``IsNaN`` +
+    ``Where``, ``MatMul``, heads merged)."""
+    from onnx import helper
+
+    mk = helper.make_node
+    width = heads * dim
+    keep = np.ones((1, patches), np.int32)
+    keep[0, patches - max(1, patches // 8) :] = 0
+    seq = (1, patches, width)
+    fused = _model(
+        [
+            mk(
+                "MultiHeadAttention",
+                ["q", "k", "v", "", "keep"],
+                ["y"],
+                domain="com.microsoft",
+                num_heads=heads,
+                scale=dim**-0.5,
+            )
+        ],
+        {"q": seq, "k": seq, "v": seq},
+        seq,
+        {"keep": keep},
+    )
+    nodes = []
+    for t in "qkv":
+        nodes += [
+            mk("Reshape", [t, "heads"], [f"{t}h"]),
+            mk("Transpose", [f"{t}h"], [f"{t}t"], perm=[0, 2, 3, 1] if t == "k" else [0, 2, 1, 3]),
+        ]
+    nodes += [
+        mk("MatMul", ["qt", "kt"], ["s0"]),
+        mk("Mul", ["s0", "scale"], ["s1"]),
+        mk("Where", ["mask", "s1", "ninf"], ["s2"]),
+        mk("Softmax", ["s2"], ["p0"], axis=-1),
+        mk("IsNaN", ["p0"], ["nan"]),
+        mk("Where", ["nan", "zero", "p0"], ["p1"]),
+        mk("MatMul", ["p1", "vt"], ["o"]),
+        mk("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+        mk("Reshape", ["ot", "flat"], ["y"]),
+    ]
+    standard = _model(
+        nodes,
+        {"q": seq, "k": seq, "v": seq},
+        seq,
+        {
+            "heads": np.array([1, patches, heads, dim], np.int64),
+            "scale": np.float32(dim**-0.5),
+            "mask": np.broadcast_to(keep.astype(bool)[:, None, None, :], (1, 1, patches, patches)),
+            "ninf": np.float32(-np.inf),
+            "zero": np.float32(0),
+            "flat": np.array([1, patches, width], np.int64),
+        },
+    )
+    return Pair(
+        "LFM2.5-VL-3B vision attention, padded patches",
+        f"{patches} patches x {heads} x {dim}",
+        "MultiHeadAttention (key padding mask)",
+        "MatMul, Where, Softmax, IsNaN, Where, MatMul",
+        fused,
+        standard,
+        {t: rng.standard_normal(seq).astype(np.float32) for t in "qkv"},
+    )
+
+
 def pairs(
     qwen_tokens: int = QWEN_TOKENS, lfm2_tokens: int = LFM2_TOKENS, scale: int = 1, seed: int = 0
 ) -> list[Pair]:
@@ -344,6 +418,7 @@ def pairs(
     q = QWEN35_2B.config["text_config"]
     lf = LFM25_VL_3B.config["text_config"]
     v = QWEN35_2B.config["vision_config"]
+    lv = LFM25_VL_3B.config["vision_config"]
     patches = VISION_PATCHES
     qt, lt = max(2, qwen_tokens // scale), max(2, lfm2_tokens // scale)
     hv, dv = int(q["linear_num_value_heads"]), int(q["linear_value_head_dim"])
@@ -374,6 +449,12 @@ def pairs(
             max(2, patches // scale),
             max(1, int(v["num_heads"]) // scale),
             int(v["hidden_size"]) // int(v["num_heads"]),
+            rng,
+        ),
+        masked_attention_pair(
+            max(8, LFM2_PATCHES // scale),
+            max(1, int(lv["num_attention_heads"]) // scale),
+            int(lv["hidden_size"]) // int(lv["num_attention_heads"]),
             rng,
         ),
     ]

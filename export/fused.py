@@ -255,6 +255,30 @@ def _(query, key, value, num_heads, scale):
     return query.new_empty(query.shape)
 
 
+@torch.library.custom_op("spotstop_fused::masked_multi_head_attention", mutates_args=())
+def _masked_multi_head_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_mask: torch.Tensor,
+    num_heads: int,
+    scale: float,
+) -> torch.Tensor:
+    """com.microsoft ``MultiHeadAttention`` with a key padding mask: bidirectional attention,
+    ``query``/``key``/``value`` (B, S, H·D), ``key_mask`` (B, S) int32 (1: attend to that key,
+    0: a padded one no query reads) → (B, S, H·D)."""
+    b, n = query.shape[0], query.shape[1]
+    q, k, v = (t.reshape(b, t.shape[1], num_heads, -1).transpose(1, 2) for t in (query, key, value))
+    keep = key_mask.bool()[:, None, None, :]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale)
+    return out.transpose(1, 2).reshape(b, n, -1)
+
+
+@_masked_multi_head_attention.register_fake
+def _(query, key, value, key_mask, num_heads, scale):
+    return query.new_empty(query.shape)
+
+
 @torch.library.custom_op("spotstop_fused::rotary_embedding", mutates_args=())
 def _rotary_embedding(
     x: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, num_heads: int
@@ -414,6 +438,11 @@ def _dynamo_translations() -> dict[Any, Callable[..., Any]]:
     def mha(query, key, value, num_heads, scale):
         return ms.MultiHeadAttention(query, key, value, num_heads=num_heads, scale=float(scale))
 
+    def masked_mha(query, key, value, key_mask, num_heads, scale):
+        return ms.MultiHeadAttention(
+            query, key, value, None, key_mask, num_heads=num_heads, scale=float(scale)
+        )
+
     def rope(x, cos_cache, sin_cache, num_heads):
         return ms.RotaryEmbedding(
             x, op.Constant(value_ints=[0]), cos_cache, sin_cache, num_heads=num_heads, interleaved=0
@@ -421,6 +450,7 @@ def _dynamo_translations() -> dict[Any, Callable[..., Any]]:
 
     return {
         torch.ops.spotstop_fused.rotary_embedding.default: rope,
+        torch.ops.spotstop_fused.masked_multi_head_attention.default: masked_mha,
         torch.ops.spotstop_fused.multi_head_attention.default: mha,
         torch.ops.spotstop_fused.linear_attention_gate.default: gate,
         torch.ops.spotstop_fused.linear_attention.default: la,
@@ -531,6 +561,22 @@ def _register_legacy_symbolics() -> None:
         out.setType(query.type())
         return out
 
+    @parse_args("v", "v", "v", "v", "i", "f")
+    def masked_mha(g, query, key, value, key_mask, num_heads, scale):
+        none = g.op("prim::Constant").setType(torch._C.OptionalType.ofTensor())
+        out = g.op(
+            f"{ms}::MultiHeadAttention",
+            query,
+            key,
+            value,
+            none,
+            key_mask,
+            num_heads_i=num_heads,
+            scale_f=scale,
+        )
+        out.setType(query.type())
+        return out
+
     @parse_args("v", "v", "v", "i")
     def rope(g, x, cos_cache, sin_cache, num_heads):
         offset = g.op("Constant", value_t=torch.tensor([0], dtype=torch.int64))  # positions 0..
@@ -548,6 +594,9 @@ def _register_legacy_symbolics() -> None:
 
     for opset in _LEGACY_OPSETS:
         register_custom_op_symbolic("spotstop_fused::rotary_embedding", rope, opset)
+        register_custom_op_symbolic(
+            "spotstop_fused::masked_multi_head_attention", masked_mha, opset
+        )
         register_custom_op_symbolic("spotstop_fused::multi_head_attention", mha, opset)
         register_custom_op_symbolic("spotstop_fused::linear_attention_gate", gate, opset)
         register_custom_op_symbolic("spotstop_fused::rms_norm", norm, opset)
@@ -640,10 +689,22 @@ def group_query_attention(
 
 
 def multi_head_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    num_heads: int,
+    scale: float,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Bidirectional attention without a mask as one ``MultiHeadAttention``, (B, S, H·D)."""
-    return torch.ops.spotstop_fused.multi_head_attention(query, key, value, num_heads, float(scale))
+    """Bidirectional attention as one ``MultiHeadAttention``, (B, S, H·D); ``key_mask``
+    (B, S), true (or 1) where a key is read: the op's key padding mask (None: every key)."""
+    if key_mask is None:
+        return torch.ops.spotstop_fused.multi_head_attention(
+            query, key, value, num_heads, float(scale)
+        )
+    return torch.ops.spotstop_fused.masked_multi_head_attention(
+        query, key, value, key_mask.to(torch.int32), num_heads, float(scale)
+    )
 
 
 def rotary_embedding(

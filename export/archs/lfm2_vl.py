@@ -126,6 +126,7 @@ class Lfm2VlExportConfig(ExportConfig):
         (the layers below)."""
         from spotstop.export import fused
         from transformers.models.lfm2 import modeling_lfm2 as mod
+        from transformers.models.siglip2 import modeling_siglip2 as siglip2
 
         if cls.position_ids.__func__ is not ExportConfig.position_ids.__func__:  # type: ignore[attr-defined]
             raise NotImplementedError(
@@ -139,6 +140,7 @@ class Lfm2VlExportConfig(ExportConfig):
             (mod.Lfm2Attention, "forward", _fused_attention_forward),
             (mod.Lfm2RMSNorm, "forward", _fused_rms_norm_forward),
             (mod.Lfm2DecoderLayer, "forward", _fused_layer_forward),
+            (siglip2.Siglip2Attention, "forward", _fused_vision_attention_forward),
         ]
 
     @classmethod
@@ -171,8 +173,42 @@ class Lfm2VlExportConfig(ExportConfig):
 #   before it in ``SimplifiedLayerNormalization``.
 # * RMSNorms: ``SimplifiedLayerNormalization``; the residual Add + feed-forward norm of each
 #   layer as one ``SkipSimplifiedLayerNormalization``.
-# * the SigLIP2 vision tower stays standard: its attention reads the pixel attention mask
-#   (padded patches), which MultiHeadAttention would need as a key padding mask.
+# * the SigLIP2 vision tower's attention: one ``MultiHeadAttention``, the pixel attention mask
+#   (padded patches) as its key padding mask.
+
+
+def _fused_vision_attention_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``Siglip2Attention.forward`` with the attention as one ``MultiHeadAttention``.
+
+    transformers passes no mask when every patch is real, else a (B, 1, S, S) mask built from
+    the pixel attention mask, the same for every query (a KEY padding mask: true, or 0.0
+    additive, where a key is read); its first query row is the op's ``key_padding_mask``."""
+    import torch
+    from spotstop.export import fused
+
+    key_mask = None
+    if attention_mask is not None:
+        if attention_mask.dim() != 4:
+            raise NotImplementedError(
+                f"the fused SigLIP2 attention reads a (B, 1, S, S) mask; got "
+                f"{tuple(attention_mask.shape)}. Export with graph_form='standard'."
+            )
+        row = attention_mask[:, 0, 0, :]
+        key_mask = row if row.dtype == torch.bool else row == 0
+    out = fused.multi_head_attention(
+        self.q_proj(hidden_states),
+        self.k_proj(hidden_states),
+        self.v_proj(hidden_states),
+        self.num_heads,
+        self.scale,
+        key_mask=key_mask,
+    )
+    return self.out_proj(out), None
 
 
 def _fused_attention_forward(

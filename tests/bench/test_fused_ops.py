@@ -13,7 +13,7 @@ import pytest
 from tests._support.bench import load_bench
 
 pytest.importorskip("onnxruntime")
-pytest.importorskip("onnx")
+onnx = pytest.importorskip("onnx")
 
 
 def test_each_pair_computes_the_same_and_the_section_is_written(tmp_path: Path) -> None:
@@ -32,6 +32,7 @@ def test_each_pair_computes_the_same_and_the_section_is_written(tmp_path: Path) 
         "Qwen3.5-2B MLP up, per-token int8",
         "Qwen3.5-2B vision MLP down, per-token int8 codes",
         "Qwen3.5-2B vision q/k/v split and 2-D rotary",
+        "LFM2.5-VL-3B vision attention, padded patches",
     ]
     for r in doc["rows"]:
         # float32 rounding of the same maths (a norm, a 3- or 4-tap sum, an exact integer
@@ -61,3 +62,8 @@ def test_shapes_follow_the_recorded_configs() -> None:
     assert rope.feeds["qkv"].shape == (1024, 3 * 16 * 64)
     assert [n.op_type for n in rope.fused_graph.graph.node].count("RotaryEmbedding") == 2
     assert "Neg" in [n.op_type for n in rope.standard_graph.graph.node]
+    # LFM2.5-VL-3B's SigLIP2: 256 patches, 16 heads of 72, the last 32 padding
+    att = by["LFM2.5-VL-3B vision attention, padded patches"]
+    assert att.feeds["q"].shape == (1, 256, 16 * 72)
+    keep = {t.name: t for t in att.fused_graph.graph.initializer}["keep"]
+    assert onnx.numpy_helper.to_array(keep).sum() == 256 - 32

@@ -258,6 +258,7 @@ def test_the_patch_is_scoped_and_the_eager_ops_match(tiny_pair: Path) -> None:
     from transformers import AutoModelForImageTextToText
     from transformers.models.lfm2 import modeling_lfm2
     from transformers.models.qwen3_5 import modeling_qwen3_5
+    from transformers.models.siglip2 import modeling_siglip2
 
     def targets() -> tuple[Any, ...]:
         """Everything fused_patcher swaps, as the modules hold it now."""
@@ -275,6 +276,7 @@ def test_the_patch_is_scoped_and_the_eager_ops_match(tiny_pair: Path) -> None:
             modeling_qwen3_5.Qwen3_5VisionPatchEmbed.forward,
             modeling_lfm2.Lfm2RMSNorm.forward,
             modeling_lfm2.Lfm2DecoderLayer.forward,
+            modeling_siglip2.Siglip2Attention.forward,
         )
 
     originals = targets()
@@ -346,6 +348,41 @@ def test_rotary_embedding_is_transformers_vision_rotary_and_onnxruntimes(length:
     )
     (y,) = _session(model).run(None, {"x": x.numpy()})
     np.testing.assert_allclose(y.reshape(length, heads, d), want.numpy(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
+def test_fused_siglip2_attention_reads_the_key_padding_mask(
+    tiny_pair: Path, mask_kind: str
+) -> None:
+    """LFM2-VL's SigLIP2 attention, patched, equals transformers' own on 40 patches of which
+    the last 9 are padding, with the mask as transformers hands it (None: every patch real; a
+    (B, 1, S, S) boolean mask; an additive one, 0 or the dtype's minimum): every real
+    patch's output, the padded rows too (they read the real keys in both)."""
+    from transformers import AutoModelForImageTextToText
+    from transformers.models.siglip2 import modeling_siglip2
+
+    model = AutoModelForImageTextToText.from_pretrained(
+        str(tiny_pair / "tiny-lfm2_vl"), dtype=torch.float32
+    ).eval()
+    attn = model.model.vision_tower.encoder.layers[0].self_attn
+    x = torch.randn(2, 40, attn.embed_dim, generator=torch.Generator().manual_seed(3))
+    keep = torch.ones(2, 40, dtype=torch.bool)
+    keep[1, 31:] = False
+    mask = {
+        "none": None,
+        "bool": keep[:, None, None, :].expand(2, 1, 40, 40),
+        "additive": torch.where(keep, 0.0, torch.finfo(torch.float32).min)[:, None, None, :]
+        .expand(2, 1, 40, 40)
+        .contiguous(),
+    }[mask_kind]
+    with torch.no_grad():
+        want, _ = attn(x, mask)
+        original = modeling_siglip2.Siglip2Attention.forward
+        with fused_patcher("lfm2_vl", 64):
+            assert modeling_siglip2.Siglip2Attention.forward is not original
+            got, none = attn(x, mask)
+    assert none is None
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_graph_form_is_checked() -> None:
@@ -447,8 +484,8 @@ def test_fused_vision_graph(decoders: _Decoders, tmp_path: Path) -> None:
     """Qwen3.5's vision attention as MultiHeadAttention (one per block) after one
     RotaryEmbedding each for q and k (no Transpose, Neg or Concat of the decomposed rotary left)
     and its patch embedding's Conv3d as a product with the flattened kernel (no Conv left), exact
-    at fp32 on the validation images; LFM2's SigLIP2 tower has no fused form (the same graph as
-    standard)."""
+    at fp32 on the validation images; LFM2's SigLIP2 attention as MultiHeadAttention too (one
+    per layer, no rotary), its decomposed mask handling (Where, IsNaN) gone."""
     import onnx
     from spotstop.export.configs import get_export_config
     from spotstop.export.exporters import export_vision
@@ -459,19 +496,24 @@ def test_fused_vision_graph(decoders: _Decoders, tmp_path: Path) -> None:
         path = tmp_path / f"vision_{form}.onnx"
         export_vision(decoders.vision_t, ecfg, decoders.pixels["gray"], path, graph_form=form)
         graphs[form] = onnx.load(str(path))
-    blocks = {"qwen3_5": 2, "lfm2_vl": 0}[decoders.model_type]
+    blocks = 2  # both tiny towers have two layers
+    rotary = decoders.model_type == "qwen3_5"
     assert graph_form_ops(graphs["standard"]) == {}
     assert graph_form_ops(graphs["fused"]) == (
-        {"MultiHeadAttention": blocks, "RotaryEmbedding": 2 * blocks} if blocks else {}
+        {"MultiHeadAttention": blocks, "RotaryEmbedding": 2 * blocks}
+        if rotary
+        else {"MultiHeadAttention": blocks}
     )
-    if blocks:
+    fused_ops = [n.op_type for n in graphs["fused"].graph.node]
+    assert "Softmax" not in fused_ops and "IsNaN" not in fused_ops
+    if rotary:
         ops = [n.op_type for n in graphs["fused"].graph.node]
         std = [n.op_type for n in graphs["standard"].graph.node]
         # the decomposed rotary's Neg, the heads' Transpose and Squeeze: none in a block
         assert std.count("Neg") == 2 * blocks and "Neg" not in ops and "Squeeze" not in ops
         assert ops.count("Transpose") == std.count("Transpose") - 6 * blocks == 1
     convs = {f: sum(n.op_type == "Conv" for n in g.graph.node) for f, g in graphs.items()}
-    assert convs == ({"standard": 1, "fused": 0} if blocks else {"standard": 0, "fused": 0})
+    assert convs == ({"standard": 1, "fused": 0} if rotary else {"standard": 0, "fused": 0})
     sess = _session(graphs["fused"])
     for case, px in decoders.pixels.items():
         with torch.no_grad():
