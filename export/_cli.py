@@ -320,7 +320,7 @@ def run_world(args: argparse.Namespace) -> int:
 def add_export_parser(sub: Any) -> None:
     """``spotstop export``: Hugging Face members → ONNX scoring graphs → a verified bundle."""
     from spotstop.export.gptq import CALIBRATION_SCENES, CALIBRATION_SEED
-    from spotstop.export.int8 import KEEP_ERROR, ROTATE_BLOCK
+    from spotstop.export.int8 import KEEP_ERROR, ROTATE_BLOCK, SYMMETRIC_SLACK
     from spotstop.export.precision import PRECISION_SPECS
 
     p = sub.add_parser(
@@ -396,6 +396,14 @@ def add_export_parser(sub: Any) -> None:
         "matrix, computed in the graph before the activation is quantized; a smaller block "
         "costs less) and computes in int8 in the first block within the bound "
         f"(default {ROTATE_BLOCK}; 0: no rotation, such layers stay weight-only)",
+    )
+    p.add_argument(
+        "--int8-no-symmetric",
+        action="store_true",
+        help="int8: keep every layer's activations in the midpoint form (each row its own "
+        "midpoint and step). By default a layer whose calibration rows are two-sided takes the "
+        "symmetric form (step max|a|/127, no midpoint: fewer passes) where its measured error "
+        f"is at most {SYMMETRIC_SLACK * 100:g} %% above the midpoint form's",
     )
     p.add_argument(
         "--visual-tokens",
@@ -586,6 +594,7 @@ def run_export(args: argparse.Namespace) -> int:
                 keep_error=args.int8_keep_error,
                 graph_form=args.graph_form,
                 rotate_block=args.int8_rotate_block,
+                symmetric=False if args.int8_no_symmetric else None,
             )
     except ConfigError as e:  # a budget that names no member or has no square grid
         print(f"spotstop export: {e}", file=sys.stderr)

@@ -648,6 +648,7 @@ class _Job:
     smooth_alpha: float | None
     keep_error: float | None
     rotate_block: int | None
+    symmetric: bool | None
     cfg: ScoringConfig
     folder: MemberFolder
     ecfg: type[ExportConfig]
@@ -744,6 +745,7 @@ def _stage_resolve(
     keep_error: float | None,
     graph_form: str | None,
     rotate_block: int | None = None,
+    symmetric: bool | None = None,
 ) -> _Job:
     """Check the arguments and read the member folder: its grid, prompt, validation cases and
     the length buckets they fit. Nothing heavy is loaded."""
@@ -776,6 +778,8 @@ def _stage_resolve(
         )
     if rotate_block is not None and precision != "int8":
         raise ValueError(f"rotate_block is int8's option; the precision is {precision!r}.")
+    if symmetric is not None and precision != "int8":
+        raise ValueError(f"symmetric is int8's option; the precision is {precision!r}.")
     if rotate_block is not None and rotate_block < 0:
         raise ValueError(
             f"rotate_block must be 0 (no rotation) or a positive block size; got {rotate_block}."
@@ -842,6 +846,7 @@ def _stage_resolve(
         smooth_alpha=smooth_alpha,
         keep_error=keep_error,
         rotate_block=rotate_block,
+        symmetric=symmetric,
         cfg=cfg_s,
         folder=folder,
         ecfg=ecfg,
@@ -1037,6 +1042,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
         smooth_alpha=job.smooth_alpha,
         keep_error=job.keep_error,
         rotate_block=job.rotate_block,
+        symmetric=job.symmetric is not False,
         report=job.convert_report,
     )
     dec_names = list(job.dec_files.values())
@@ -1257,6 +1263,7 @@ def export_member(
     keep_error: float | None = None,
     graph_form: str | None = None,
     rotate_block: int | None = None,
+    symmetric: bool | None = None,
 ) -> MemberExport:
     """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
 
@@ -1287,7 +1294,9 @@ def export_member(
     ``default_smooth_alpha``, none for per-token activations; None: no smoothing) and the
     measured error above which a layer stays weight-only (None: export/int8.py's default);
     ``rotate_block`` (int8): the largest block a layer over that bound is measured again with its
-    input rotated in (None: export/int8.py's ``ROTATE_BLOCK``; 0: no rotation).
+    input rotated in (None: export/int8.py's ``ROTATE_BLOCK``; 0: no rotation); ``symmetric``
+    (int8): False keeps every layer in the midpoint form (None/True: export/int8.py's measured
+    ``SYMMETRIC_SLACK`` rule).
 
     ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);
     None: ``image_size``, the configured or hinted grid, else the architecture's default budget.
@@ -1327,6 +1336,7 @@ def export_member(
         keep_error=keep_error,
         graph_form=graph_form,
         rotate_block=rotate_block,
+        symmetric=symmetric,
     )
     out = Path(out_dir)
     try:

@@ -175,6 +175,7 @@ def write_onnx_bundle(
     keep_error: float | None = None,
     graph_form: str | None = None,
     rotate_block: int | None = None,
+    symmetric: bool | None = None,
 ) -> OnnxBundle:
     """Export ``members`` into the bundle folder ``out`` (replaced, once the new bundle is
     whole, if it is a bundle; :func:`check_bundle_out` says which folders are refused).
@@ -194,7 +195,8 @@ def write_onnx_bundle(
     (``int4_int8``), its ``spotstop_onnx.yaml`` the rules' moves and choices. ``smooth_alpha`` / ``keep_error`` (int8):
     SmoothQuant's α (``"auto"``: on with the calibration scenes; None: off) and the error bound
     of export/int8.py's keep rule; ``rotate_block`` (int8): the largest block a layer over it is
-    rotated in (None: the default; 0: none). ``graph_form``:
+    rotated in (None: the default; 0: none); ``symmetric`` (int8): False keeps the midpoint form
+    on every layer (None: the measured rule). ``graph_form``:
     ``"standard"``, ``"fused"`` or None/``"auto"`` (the precision's default), see
     :func:`~spotstop.export.onnx.export_member`; a fused graph holds onnxruntime's contrib
     operators, which TensorRT cannot parse, so a fused fp32 bundle needs ``trt="off"``.
@@ -250,7 +252,7 @@ def write_onnx_bundle(
             quantizer=quantizer, calibration_scenes=calibration_scenes,
             calibration_frames=calibration_frames, int8_sel=int8_sel,
             smooth_alpha=smooth_alpha, keep_error=keep_error, graph_form=graph_form,
-            rotate_block=rotate_block,
+            rotate_block=rotate_block, symmetric=symmetric,
         )  # fmt: skip
     return b
 
@@ -280,6 +282,7 @@ def _write_members(
     keep_error: float | None,
     graph_form: str | None,
     rotate_block: int | None = None,
+    symmetric: bool | None = None,
 ) -> OnnxBundle:
     """:func:`write_onnx_bundle`'s work, in the staging folder ``root`` (the bundle it
     returns names ``final``, where it is moved once whole)."""
@@ -304,6 +307,7 @@ def _write_members(
             "keep_error": keep_error,
             "graph_form": graph_form,
             "rotate_block": rotate_block,
+            "symmetric": symmetric,
         }
         large = folder_fp32_bytes(resolve_member(src).path) > LARGE_BYTES
         say(f"exporting {mname} ({precision}{', in its own process' if large else ''}) …")

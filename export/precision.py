@@ -78,6 +78,9 @@ class ConvertOptions:
     #: int8: the largest block a layer over ``keep_error`` is rotated in (export/int8.py's
     #: ``block_rotation``; None: its default, 0: no rotation)
     rotate_block: int | None = None
+    #: int8: whether a measured layer may take the symmetric per-token form (export/int8.py's
+    #: ``SYMMETRIC_SLACK`` rule); False: the midpoint form everywhere
+    symmetric: bool = True
     #: int8: every Linear weight-only 8-bit with float activations (``accuracy_level`` 0), for a
     #: vision graph that failed export/int8.py's ``vision_activation_check``
     float_activations: bool = False
@@ -207,7 +210,13 @@ def _nbits(bits: int, block: int, accuracy_level: int, kept_int8: bool) -> Calla
 
 
 def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
-    from spotstop.export.int8 import KEEP_ERROR, ROTATE_BLOCK, Int8Report, quantize_matmuls_int8
+    from spotstop.export.int8 import (
+        KEEP_ERROR,
+        ROTATE_BLOCK,
+        SYMMETRIC_SLACK,
+        Int8Report,
+        quantize_matmuls_int8,
+    )
     from spotstop.export.nbits import quantize_matmuls_nbits
     from spotstop.export.weights import image_end_weights
 
@@ -236,6 +245,7 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
             smooth_alpha=o.smooth_alpha,
             keep_error=keep_error,
             rotate_block=ROTATE_BLOCK if o.rotate_block is None else o.rotate_block,
+            symmetric_slack=SYMMETRIC_SLACK if o.symmetric else None,
             output_layers=tied,  # a tied output layer stays the one table the Gather reads
         )
         # what it left (the output layer, the layers over the error bound): weight-only 8-bit

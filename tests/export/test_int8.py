@@ -736,6 +736,15 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     n_mid = sum(1 for n in nodes if n.op_type == "Sub" and n.name.endswith("_tok8_centred"))
     n_sym = sum(1 for n in nodes if n.op_type == "Neg" and n.name.endswith("_tok8s_neg"))
     assert n_sym > 0 and n_mid + n_sym <= d["dynamic"]
+    # symmetric=False (`spotstop export --int8-no-symmetric`): the midpoint form everywhere
+    m = export_member(src, tmp_path / "mid", symmetric=False, **kw)  # type: ignore[arg-type]
+    assert all(c.ok for c in m.checks)
+    md = m.quantizer["dynamic_int8"]  # type: ignore[index]
+    assert md["symmetric"] == 0 and md["symmetric_slack"] is None
+    assert md["dynamic"] == d["dynamic"] and md["max_error"] == d["max_error"]
+    for f in ("vision.onnx", "decoder.onnx"):
+        g = onnx.load(str(tmp_path / "mid" / "onnx" / f), load_external_data=False).graph
+        assert not any(n.name.endswith("_tok8s_neg") for n in g.node), f
     s = export_member(src, tmp_path / "s", smooth_alpha=SMOOTH_ALPHA, **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in s.checks)
     sd = s.quantizer["dynamic_int8"]  # type: ignore[index]
@@ -828,6 +837,8 @@ def test_int8_options_are_checked_before_anything_is_written(
         export_member(src, tmp_path / "e", precision="int4", rotate_block=64)
     with pytest.raises(ValueError, match="rotate_block must be 0"):
         export_member(src, tmp_path / "f", precision="int8", rotate_block=-1)
+    with pytest.raises(ValueError, match="symmetric is int8's option"):
+        export_member(src, tmp_path / "g", precision="int4", symmetric=False)
     assert not any(tmp_path.iterdir())
 
 
