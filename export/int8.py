@@ -204,8 +204,11 @@ DEFAULT_ACTIVATIONS = "per-token"
 #: most this share above the midpoint form's, and within ``keep_error``. At Qwen3.5-2B's real
 #: size (seeded random weights, 2 generated scenes, 282 Linears) the symmetric form measured
 #: 1.006-1.079 times the midpoint form's error on two-sided inputs and 1.38-1.50 times on the
-#: vision tower's MLP down projections, whose inputs follow a GELU (one-sided rows lose a bit);
-#: one 1024 x 1024 x 4096 layer with its bias ran 5.3 ms with the midpoint, 4.2 ms without
+#: vision tower's MLP down projections, whose inputs follow a GELU (one-sided rows lose a bit).
+#: bench/int8_gemm.py times one layer in both forms; at the real size the whole scene went from
+#: 1.95 s to 1.77 s (Qwen3.5-2B) and 0.80 s to 0.69 s (LFM2.5-VL-3B) with the rotations in
+#: blocks of 64 and the fused vision pieces (bench/RESULTS.md), while LFM2.5-VL-3B's
+#: verify-bundle max |Δs| went from 0.239 to 0.300 (docs/limits.md)
 SYMMETRIC_SLACK = 0.10
 #: per-token: the floor of a row's range (a constant row divides by it and keeps its value)
 _ROW_FLOOR = np.float32(2e-30)
