@@ -779,9 +779,9 @@ def quantize_matmuls_int8(
                     over = x is not None and err is not None and err > keep_error
                     e1 = math.nan if err is None else err  # its error unrotated
                     for block in rotation_blocks(rotate_block) if over else ():
-                        r = block_rotation(w.shape[0], block)
-                        if rot or x is None:
+                        if rot or x is None:  # rotated in a smaller block already
                             break
+                        r = block_rotation(w.shape[0], block)
                         if r is not None and r.shape[0] not in tried:  # measured again, rotated
                             tried.add(r.shape[0])
                             wr = rotate_weight(w, r)
