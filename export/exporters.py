@@ -107,8 +107,8 @@ def export_vision(
     """Write the vision graph to ``path``, traced on ``pixels`` (its fixed grid).
 
     ``graph_form="fused"``: under :func:`~spotstop.export.fused.fused_patcher` (Qwen3.5's vision
-    attention as ``MultiHeadAttention``; LFM2's SigLIP2 tower has no fused form and is written
-    as the standard one)."""
+    attention as ``RotaryEmbedding`` + ``MultiHeadAttention``; LFM2-VL's SigLIP2 attention as
+    ``MultiHeadAttention`` with its key padding mask)."""
     import torch
     from spotstop.export.fused import GRAPH_FORMS, dynamo_translations, fused_patcher
 
