@@ -787,7 +787,8 @@ def quantize_matmuls_int8(
                             wr = rotate_weight(w, r)
                             hr = rotate_hessian(h, r) if h is not None else None
                             c2, s2 = channel_int8(wr, hr)
-                            e2 = layer_error(rotate_rows(x, r), wr, c2, s2, activations)
+                            xr = rotate_rows(x, r)
+                            e2 = layer_error(xr, wr, c2, s2, activations)
                             if e2 <= keep_error:
                                 rot = r.shape[0]
                                 if rot not in rotations:  # the graph's constants, once a size
@@ -797,8 +798,8 @@ def quantize_matmuls_int8(
                                     rotations[rot] = (name, f"{name}_rows")
                                 codes, scales = c2, s2
                                 rotated.append((t.name, e1, e2))
-                                x_in, w_in, err_in = rotate_rows(x, r), wr, e2
-                            del wr, hr
+                                x_in, w_in, err_in = xr, wr, e2
+                            del wr, hr, xr
                     if err is not None and err > keep_error and not rot:
                         kept.append((t.name, err))
                         done[t.name] = None
