@@ -16,7 +16,8 @@ latency table (``--qwen-tokens``, ``--lfm2-tokens``):
   channels) (+ Sigmoid, Mul).
 * ``per-token int8 product``: the MLP up projection as ``spotstop export --precision int8``
   writes it (export/int8.py: ``MatMulIntegerToFloat``) against the same arithmetic in standard
-  ONNX nodes (``MatMulInteger``, ``Cast``, ``Mul`` by the column scales).
+  ONNX nodes (``MatMulInteger``, ``Cast``, ``Mul`` by the column scales, ``Mul`` by the row
+  steps).
 * ``vision rotary``: Qwen3.5's vision attention inputs, q/k/v split from the fused projection
   and q, k rotated (2-D rotary, half split): ``Split`` and com.microsoft ``RotaryEmbedding``
   against the decomposition the exporter writes for transformers' code.
@@ -191,7 +192,8 @@ def short_conv_pair(
 
 def int8_product_pair(tokens: int, k: int, n: int, rng: np.random.Generator) -> Pair:
     """export/int8.py's per-token layer, and the same graph with its MatMulIntegerToFloat
-    spelled as MatMulInteger + Cast + Mul (the same integers and scales)."""
+    spelled as MatMulInteger + Cast + Mul by the column scales, then by the row steps (the same
+    integers and scales)."""
     from int8_gemm import per_token_layer
     from onnx import TensorProto, helper
 
@@ -201,12 +203,13 @@ def int8_product_pair(tokens: int, k: int, n: int, rng: np.random.Generator) -> 
     standard.CopyFrom(fused)
     nodes = list(standard.graph.node)
     i = next(j for j, nd in enumerate(nodes) if nd.op_type == "MatMulIntegerToFloat")
-    q, codes, _one, scales, zp = nodes[i].input
+    q, codes, sigma, scales, zp = nodes[i].input
     out = nodes[i].output[0]
     spelled = [
         helper.make_node("MatMulInteger", [q, codes, zp], [f"{out}_i32"]),
         helper.make_node("Cast", [f"{out}_i32"], [f"{out}_f32"], to=TensorProto.FLOAT),
-        helper.make_node("Mul", [f"{out}_f32", scales], [out]),
+        helper.make_node("Mul", [f"{out}_f32", scales], [f"{out}_col"]),
+        helper.make_node("Mul", [f"{out}_col", sigma], [out]),  # the row steps
     ]
     del standard.graph.node[:]
     standard.graph.node.extend(nodes[:i] + spelled + nodes[i + 1 :])

@@ -17,11 +17,11 @@ measured on), each form timed best of ``--repeats`` after one warm-up call, all 
   operators (quantize, integer product, two rescales);
 * ``onnxruntime MatMulIntegerToFloat per token (spotstop int8)``: the graph ``spotstop export
   --precision int8`` writes (``spotstop.export.int8.quantize_matmuls_int8``): each row of ``x``
-  its own midpoint and step, zero point 128, the integer product scaled per column inside
-  ``MatMulIntegerToFloat``, then the row step and the midpoint term;
+  its own midpoint and step, zero point 128, the integer product scaled per column and per
+  row (its step) inside ``MatMulIntegerToFloat``, then the midpoint term;
 * ``onnxruntime MatMulIntegerToFloat per token, symmetric (spotstop int8)``: the form a layer
   with two-sided inputs takes (``SYMMETRIC_SLACK``): each row's step its largest magnitude
-  over 127, no midpoint, the row step alone after the product;
+  over 127, no midpoint: nothing after the product;
 * ``... input rotated in blocks of 64 / 128``: that form after the online rotation a layer over
   the keep bound takes (one float32 ``MatMul`` by the ``b × b`` Hadamard constant, the weight
   stored rotated): what the rotation costs at each block size;

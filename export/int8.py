@@ -13,20 +13,22 @@ quantizes the activations ``A`` on every call, in one of two ways (:data:`ACTIVA
   1..255: one ``QuantizeLinear`` per axis over the rows of ``a − μ`` flattened to 2-D, 2.4-2.7x
   faster than the same arithmetic as ``Div``, ``Round``, ``Add`` and ``Cast`` and equal to it
   bit for bit, ``bench/fused_ops.py``; graphs below opset 13 keep those four nodes),
-  ``MatMulIntegerToFloat(q, W_q, 1, scale, 128)`` (com.microsoft: the integer GEMM
-  ``(q − 128) · W_q`` scaled per column in its output stage), then ``· σ + μ ⊗ c`` with ``c``
+  ``MatMulIntegerToFloat(q, W_q, σ, scale, 128)`` (com.microsoft: the integer GEMM
+  ``(q − 128) · W_q`` scaled per column in its output stage, then each row by its ``σ`` in
+  place: the kernel takes an A scale of shape (…, 1) as one per row), then ``+ μ ⊗ c`` with ``c``
   the column sums of the dequantized weight: exactly ``deq(q) @ Ŵ`` with
   ``deq(q) = μ + (q − 128) σ``, so a row's 255 levels span its own range (one-sided rows, e.g.
   after a GELU, lose no level to the unused sign). One activation read by several weights
   (q/k/v, gate/up) is quantized once. It is the u8·s8 GEMM of onnxruntime's fused operators
   (AVX512-VNNI / AMX on x86, the int8 dot products on ARM), which accept only one activation
-  scale and zero point, hence the row step and the midpoint term after it. It equals standard
-  ONNX ``MatMulInteger`` + ``Cast`` + ``Mul`` bit for bit, in fewer passes over the output
-  (``bench/fused_ops.py`` times both).
+  zero point, hence the midpoint term after it. It equals standard ONNX ``MatMulInteger`` +
+  ``Cast`` + ``Mul`` (column scales) + ``Mul`` (row steps) bit for bit, in fewer passes over
+  the output (``bench/fused_ops.py`` times both).
   A measured layer whose inputs are two-sided takes the **symmetric** form instead
   (:data:`SYMMETRIC_SLACK`): ``σ = max(max a, −min a, 2e-30) / 127``, ``q = Round(a / σ) + 128``
-  (one ``QuantizeLinear`` of ``a`` itself, no ``a − μ`` pass), then ``· σ`` alone: one pass
-  over the output instead of three (the ``μ ⊗ c`` product and its sum). It spends its 255
+  (one ``QuantizeLinear`` of ``a`` itself, no ``a − μ`` pass), and the GEMM's own row
+  scaling is all that follows: one pass over the output instead of three (the ``μ ⊗ c``
+  product and its sum). It spends its 255
   levels on ``[−max|a|, max|a|]``, so a one-sided row (after a GELU) loses about a bit: a
   layer takes it only where, on its calibration rows (rotated, for a rotated layer), its
   error is at most :data:`SYMMETRIC_SLACK` above the midpoint form's and within ``keep_error``.
@@ -858,7 +860,6 @@ def quantize_matmuls_int8(
                 ("half", _HALF),
                 ("levels", _LEVELS),
                 ("zp", np.uint8(128)),
-                ("one", np.float32(1)),
                 ("axes", np.array([-1], dtype=np.int64)),  # also the 1-D shape of the steps
                 *([("c128", np.float32(128))] if opset < 13 else []),
             ):
@@ -877,19 +878,20 @@ def quantize_matmuls_int8(
         q, sigma, mu = token_q[a_in, sym]
         y = node.output[0]
         mk = helper.make_node
+        # σ (…, 1) is the GEMM's A scale: the kernel scales each output row by it in place
+        # (one pass, no node); the column scales stay in its output stage
         product = mk(
             "MatMulIntegerToFloat",
-            [q, qn, tok_consts["one"], sn, tok_consts["zp"]],
-            [f"{y}_col"],
+            [q, qn, sigma, sn, tok_consts["zp"]],
+            [y if sym else f"{y}_row"],
             name=base,
             domain="com.microsoft",
         )
         if sym:  # deq(q) = (q − 128) σ: the row step alone
-            return [*pre, product, mk("Mul", [f"{y}_col", sigma], [y], name=f"{base}_row")]
+            return [*pre, product]
         return [
             *pre,
             product,
-            mk("Mul", [f"{y}_col", sigma], [f"{y}_row"], name=f"{base}_row"),
             mk("Mul", [mu, cn], [f"{y}_mid"], name=f"{base}_mid"),
             mk("Add", [f"{y}_row", f"{y}_mid"], [y], name=f"{base}_add"),
         ]

@@ -366,9 +366,9 @@ def test_rewrite_quantizes_the_linears_and_keeps_the_output_layer(
     assert [nm for nm, _ in rep.symmetric] == want_sym
     assert rep.symmetric_slack == (SYMMETRIC_SLACK if per_token else None)
     n_mid = (2 - len(want_sym)) if per_token else 0
-    # folded: the norm's Mul took 1/s; per token σ per layer, and with a midpoint μ once
-    # and μ ⊗ c per layer
-    assert ops.count("Mul") == 1 + len(want_sym) + (1 + 2 * n_mid if n_mid else 0)
+    # folded: the norm's Mul took 1/s; per token σ is each product's A scale (no node), and
+    # with a midpoint μ once and μ ⊗ c per layer
+    assert ops.count("Mul") == 1 + (1 + n_mid if n_mid else 0)
     assert ops.count("QuantizeLinear") == (len(want_sym) > 0) + (n_mid > 0)
     x = v["x"][:8]
     (want,) = _session(fp32).run(["y"], {"x": x})  # type: ignore[attr-defined]
@@ -551,7 +551,10 @@ def test_symmetric_form_where_it_costs_little_and_the_midpoint_where_rows_are_on
     assert (meta["symmetric"], meta["symmetric_slack"]) == (1, SYMMETRIC_SLACK)
     assert meta["symmetric_max_error"] == pytest.approx(es, abs=1e-6)
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
-    assert ops.count("Mul") == 1 and "Sub" not in ops and "Add" not in ops
+    # nothing after the product: σ is its A scale, applied per row inside the kernel
+    assert "Mul" not in ops and "Sub" not in ops and "Add" not in ops
+    (product,) = [nd for nd in model.graph.node if nd.op_type == "MatMulIntegerToFloat"]  # type: ignore[attr-defined]
+    assert product.input[2].endswith("_tok8s_sigma") and product.output[0] == "y"
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
     assert "w_int8_colsum" not in inits  # no midpoint term
     codes, scales = inits["w_int8"], inits["w_int8_scale"]
@@ -562,6 +565,9 @@ def test_symmetric_form_where_it_costs_little_and_the_midpoint_where_rows_are_on
         codes * scales.astype(np.float64)
     )
     np.testing.assert_allclose(got, sim, rtol=1e-5, atol=1e-5 * float(np.abs(sim).max()))
+    # one row: its step is a (1, 1) A scale, still applied per row (not read as a scalar)
+    (got1,) = _session(model).run(None, {"x": xt[1:2]})  # type: ignore[attr-defined]
+    np.testing.assert_allclose(got1, sim[1:2], rtol=1e-5, atol=1e-5 * float(np.abs(sim).max()))
 
     gelu = _one_linear(k, n, w)
     rep1 = quantize_matmuls_int8(gelu, calibration=_calibration(tmp_path / "b", one, [w]))
@@ -880,7 +886,7 @@ def test_smoothing_folds_into_a_fused_norms_scale(
     rep = quantize_matmuls_int8(model, calibration=cal, smooth_alpha=0.5)
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
     assert rep.smoothed == 1 and rep.folded == 1
-    assert ops.count("Mul") == 5  # no smoothing Mul: μ once, σ and μ ⊗ c per layer
+    assert ops.count("Mul") == 3  # no smoothing Mul: μ once, μ ⊗ c per layer (σ: A scale)
     assert ops.count("MatMulIntegerToFloat") == 2
     (want,) = _session(fp32).run(["y"], {"x": x[:16]})  # type: ignore[attr-defined]
     (got,) = _session(model).run(["y"], {"x": x[:16]})  # type: ignore[attr-defined]
