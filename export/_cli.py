@@ -398,12 +398,14 @@ def add_export_parser(sub: Any) -> None:
         f"(default {ROTATE_BLOCK}; 0: no rotation, such layers stay weight-only)",
     )
     p.add_argument(
-        "--int8-no-symmetric",
+        "--int8-symmetric",
         action="store_true",
-        help="int8: keep every layer's activations in the midpoint form (each row its own "
-        "midpoint and step). By default a layer whose calibration rows are two-sided takes the "
-        "symmetric form (step max|a|/127, no midpoint: fewer passes) where its measured error "
-        f"is at most {SYMMETRIC_SLACK * 100:g} %% above the midpoint form's",
+        help="int8: let a layer whose calibration rows are two-sided take the symmetric form "
+        "(step max|a|/127, no midpoint: fewer passes over its output) where its measured error "
+        f"is at most {SYMMETRIC_SLACK * 100:g} %% above the midpoint form's. Off by default: at "
+        "the real pair's size it cost score accuracy (verify-bundle's 95th percentile |ds| "
+        "+25 %% and +42 %% over 48 scores, docs/limits.md); check the bundle with "
+        "verify-bundle --scenes 24 before you ship one",
     )
     p.add_argument(
         "--visual-tokens",
@@ -594,7 +596,7 @@ def run_export(args: argparse.Namespace) -> int:
                 keep_error=args.int8_keep_error,
                 graph_form=args.graph_form,
                 rotate_block=args.int8_rotate_block,
-                symmetric=False if args.int8_no_symmetric else None,
+                symmetric=True if args.int8_symmetric else None,
             )
     except ConfigError as e:  # a budget that names no member or has no square grid
         print(f"spotstop export: {e}", file=sys.stderr)

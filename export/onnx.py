@@ -1042,7 +1042,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
         smooth_alpha=job.smooth_alpha,
         keep_error=job.keep_error,
         rotate_block=job.rotate_block,
-        symmetric=job.symmetric is not False,
+        symmetric=job.symmetric is True,
         report=job.convert_report,
     )
     dec_names = list(job.dec_files.values())
@@ -1295,8 +1295,8 @@ def export_member(
     measured error above which a layer stays weight-only (None: export/int8.py's default);
     ``rotate_block`` (int8): the largest block a layer over that bound is measured again with its
     input rotated in (None: export/int8.py's ``ROTATE_BLOCK``; 0: no rotation); ``symmetric``
-    (int8): False keeps every layer in the midpoint form (None/True: export/int8.py's measured
-    ``SYMMETRIC_SLACK`` rule).
+    (int8): True lets a measured layer take the symmetric form by export/int8.py's
+    ``SYMMETRIC_SLACK`` rule (None/False: the midpoint form on every layer, the default).
 
     ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);
     None: ``image_size``, the configured or hinted grid, else the architecture's default budget.

@@ -195,8 +195,8 @@ def write_onnx_bundle(
     (``int4_int8``), its ``spotstop_onnx.yaml`` the rules' moves and choices. ``smooth_alpha`` / ``keep_error`` (int8):
     SmoothQuant's α (``"auto"``: on with the calibration scenes; None: off) and the error bound
     of export/int8.py's keep rule; ``rotate_block`` (int8): the largest block a layer over it is
-    rotated in (None: the default; 0: none); ``symmetric`` (int8): False keeps the midpoint form
-    on every layer (None: the measured rule). ``graph_form``:
+    rotated in (None: the default; 0: none); ``symmetric`` (int8): True lets a measured
+    layer take the symmetric form (None/False: the midpoint form on every layer). ``graph_form``:
     ``"standard"``, ``"fused"`` or None/``"auto"`` (the precision's default), see
     :func:`~spotstop.export.onnx.export_member`; a fused graph holds onnxruntime's contrib
     operators, which TensorRT cannot parse, so a fused fp32 bundle needs ``trt="off"``.

@@ -79,8 +79,9 @@ class ConvertOptions:
     #: ``block_rotation``; None: its default, 0: no rotation)
     rotate_block: int | None = None
     #: int8: whether a measured layer may take the symmetric per-token form (export/int8.py's
-    #: ``SYMMETRIC_SLACK`` rule); False: the midpoint form everywhere
-    symmetric: bool = True
+    #: ``SYMMETRIC_SLACK`` rule; off by default, docs/limits.md); False: the midpoint form
+    #: everywhere
+    symmetric: bool = False
     #: int8: every Linear weight-only 8-bit with float activations (``accuracy_level`` 0), for a
     #: vision graph that failed export/int8.py's ``vision_activation_check``
     float_activations: bool = False

@@ -351,7 +351,13 @@ def test_rewrite_quantizes_the_linears_and_keeps_the_output_layer(
     cal = _calibration(tmp_path / "cal", xn, [v["w1"], v["w2"]])
     fp32 = onnx.ModelProto()
     fp32.CopyFrom(model)  # type: ignore[arg-type]
-    rep = quantize_matmuls_int8(model, calibration=cal, smooth_alpha=alpha, activations=activations)
+    rep = quantize_matmuls_int8(
+        model,
+        calibration=cal,
+        smooth_alpha=alpha,
+        activations=activations,
+        symmetric_slack=SYMMETRIC_SLACK,  # asked for (`--int8-symmetric`): per tensor, ignored
+    )
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
     op = "MatMulIntegerToFloat" if activations == "per-token" else "DynamicQuantizeMatMul"
     assert ops.count(op) == 2 and ops.count("MatMul") == 1
@@ -528,7 +534,8 @@ def test_symmetric_form_where_it_costs_little_and_the_midpoint_where_rows_are_on
     SYMMETRIC_SLACK of the midpoint form's), and onnxruntime's output equals numpy's
     deq_sym(x) @ (codes · scales) with the graph's own codes; rows after a GELU-like
     one-sided activation measure ~1.4x the midpoint form's error and keep the midpoint; with
-    ``symmetric_slack=None`` the gaussian layer keeps it too; a negative slack is refused."""
+    ``symmetric_slack=None`` (the default) the gaussian layer keeps it too; a negative slack is
+    refused."""
     k, n = 64, 32
     rng = np.random.default_rng(21)
     w = rng.normal(0, 0.1, (k, n)).astype(np.float32)
@@ -544,7 +551,9 @@ def test_symmetric_form_where_it_costs_little_and_the_midpoint_where_rows_are_on
     )
 
     model = _one_linear(k, n, w)
-    rep = quantize_matmuls_int8(model, calibration=_calibration(tmp_path / "a", two, [w]))
+    rep = quantize_matmuls_int8(
+        model, calibration=_calibration(tmp_path / "a", two, [w]), symmetric_slack=SYMMETRIC_SLACK
+    )
     ((name, es),) = rep.symmetric
     assert name == "w" and es == pytest.approx(e_sym, rel=1e-3)
     meta = rep.as_meta()
@@ -570,13 +579,13 @@ def test_symmetric_form_where_it_costs_little_and_the_midpoint_where_rows_are_on
     np.testing.assert_allclose(got1, sim[1:2], rtol=1e-5, atol=1e-5 * float(np.abs(sim).max()))
 
     gelu = _one_linear(k, n, w)
-    rep1 = quantize_matmuls_int8(gelu, calibration=_calibration(tmp_path / "b", one, [w]))
+    rep1 = quantize_matmuls_int8(
+        gelu, calibration=_calibration(tmp_path / "b", one, [w]), symmetric_slack=SYMMETRIC_SLACK
+    )
     assert rep1.dynamic == 1 and not rep1.symmetric
     assert "Sub" in [nd.op_type for nd in gelu.graph.node]  # type: ignore[attr-defined]
     off = _one_linear(k, n, w)
-    rep2 = quantize_matmuls_int8(
-        off, calibration=_calibration(tmp_path / "c", two, [w]), symmetric_slack=None
-    )
+    rep2 = quantize_matmuls_int8(off, calibration=_calibration(tmp_path / "c", two, [w]))
     assert rep2.dynamic == 1 and not rep2.symmetric and rep2.symmetric_slack is None
     with pytest.raises(ValueError, match="symmetric_slack"):
         quantize_matmuls_int8(_one_linear(k, n, w), symmetric_slack=-0.1)
@@ -735,22 +744,26 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     dec = onnx.load(str(tmp_path / "m" / "onnx" / "decoder.onnx"), load_external_data=False)
     assert any(n.op_type == "GatherBlockQuantized" for n in dec.graph.node)  # one table
     assert d["smoothed_inputs"] == 0
-    # per token the layers with two-sided inputs take the symmetric form, each within the
-    # bound; the graphs hold one per-row Sub (the midpoint) per activation quantized with it
-    assert d["symmetric_slack"] == SYMMETRIC_SLACK and 0 < d["symmetric"] <= d["dynamic"]
-    assert 0 < d["symmetric_max_error"] <= d["keep_error"]
-    n_mid = sum(1 for n in nodes if n.op_type == "Sub" and n.name.endswith("_tok8_centred"))
-    n_sym = sum(1 for n in nodes if n.op_type == "Neg" and n.name.endswith("_tok8s_neg"))
-    assert n_sym > 0 and n_mid + n_sym <= d["dynamic"]
-    # symmetric=False (`spotstop export --int8-no-symmetric`): the midpoint form everywhere
-    m = export_member(src, tmp_path / "mid", symmetric=False, **kw)  # type: ignore[arg-type]
+    # by default the midpoint form everywhere: no symmetric layer, no symmetric quantization
+    assert d["symmetric"] == 0 and d["symmetric_slack"] is None
+    assert not any(n.name.endswith("_tok8s_neg") for n in nodes)
+    # symmetric=True (`spotstop export --int8-symmetric`): the layers with two-sided inputs
+    # take the symmetric form, each within the bound; the graphs hold one per-row Sub (the
+    # midpoint) per activation quantized with it
+    m = export_member(src, tmp_path / "sym", symmetric=True, **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in m.checks)
     md = m.quantizer["dynamic_int8"]  # type: ignore[index]
-    assert md["symmetric"] == 0 and md["symmetric_slack"] is None
+    assert md["symmetric_slack"] == SYMMETRIC_SLACK and 0 < md["symmetric"] <= md["dynamic"]
+    assert 0 < md["symmetric_max_error"] <= md["keep_error"]
     assert md["dynamic"] == d["dynamic"] and md["max_error"] == d["max_error"]
-    for f in ("vision.onnx", "decoder.onnx"):
-        g = onnx.load(str(tmp_path / "mid" / "onnx" / f), load_external_data=False).graph
-        assert not any(n.name.endswith("_tok8s_neg") for n in g.node), f
+    sym_nodes = [
+        n
+        for f in ("vision.onnx", "decoder.onnx")
+        for n in onnx.load(str(tmp_path / "sym" / "onnx" / f), load_external_data=False).graph.node
+    ]
+    n_mid = sum(1 for n in sym_nodes if n.op_type == "Sub" and n.name.endswith("_tok8_centred"))
+    n_sym = sum(1 for n in sym_nodes if n.op_type == "Neg" and n.name.endswith("_tok8s_neg"))
+    assert n_sym > 0 and n_mid + n_sym <= md["dynamic"]
     s = export_member(src, tmp_path / "s", smooth_alpha=SMOOTH_ALPHA, **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in s.checks)
     sd = s.quantizer["dynamic_int8"]  # type: ignore[index]
