@@ -392,9 +392,10 @@ def add_export_parser(sub: Any) -> None:
         default=None,
         metavar="B",
         help="int8: a layer over --int8-keep-error is measured again with its input rotated "
-        "in blocks of 64 channels, then of 128 and so on up to B (a randomized Hadamard "
-        "matrix, computed in the graph before the activation is quantized; a smaller block "
-        "costs less) and computes in int8 in the first block within the bound "
+        "in blocks of 128 channels (of B if smaller), then of 256 and so on up to B (a "
+        "randomized Hadamard matrix, computed in the graph before the activation is quantized; "
+        "a smaller block costs less but, at the real pair's size, 64 cost score accuracy) and "
+        "computes in int8 in the first block within the bound "
         f"(default {ROTATE_BLOCK}; 0: no rotation, such layers stay weight-only)",
     )
     p.add_argument(

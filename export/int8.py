@@ -198,11 +198,15 @@ _S_MIN = 1e-5
 ROTATE_BLOCK = 128
 #: below this block a rotation mixes too few channels to tame an outlier: the layer stays kept
 _ROTATE_MIN = 16
-#: the first block tried (:func:`rotation_blocks`): the rotation's MatMul costs in proportion
-#: to its block (bench/int8_gemm.py times one layer rotated in blocks of 64 and of 128), and at
-#: Qwen3.5-2B's real size the 42 rotated layers measured 0.009-0.016 in blocks of 64 against
-#: 0.009-0.015 in blocks of 128 (seeded random weights, 2 generated scenes)
-_ROTATE_FIRST = 64
+#: the first block tried (:func:`rotation_blocks`; ``--int8-rotate-block 64`` asks for 64). The
+#: rotation's MatMul costs in proportion to its block (bench/int8_gemm.py times one layer
+#: rotated in blocks of 64 and of 128), and at Qwen3.5-2B's real size the 42 rotated layers
+#: measured 0.009-0.016 in blocks of 64 against 0.009-0.015 in blocks of 128 (seeded random
+#: weights, 2 generated scenes); yet its bundle rotated in 64 put verify-bundle's 95th
+#: percentile |Δs| over 48 scores at 0.308 where the one rotated in 128, its decoder otherwise
+#: the same, put it at 0.211 (LFM2.5-VL-3B: 0.226 against 0.217; docs/limits.md). Each rotated
+#: layer pays about 0.3 ms more in 128 (bench/int8_gemm.py)
+_ROTATE_FIRST = 128
 #: the rotation's signs (one seeded draw per block size: every export makes the same)
 _ROTATE_SEED = 20240401
 #: how activations are quantized per call (see the module doc)
