@@ -404,8 +404,8 @@ def add_export_parser(sub: Any) -> None:
         help="int8: let a layer whose calibration rows are two-sided take the symmetric form "
         "(step max|a|/127, no midpoint: fewer passes over its output) where its measured error "
         f"is at most {SYMMETRIC_SLACK * 100:g} %% above the midpoint form's. Off by default: at "
-        "the real pair's size it cost score accuracy (verify-bundle's 95th percentile |ds| "
-        "+25 %% and +42 %% over 48 scores, docs/limits.md); check the bundle with "
+        "the real pair's size it moved verify-bundle's 95th percentile |ds| over 48 scores "
+        "+42 %% on one member and -15 %% on the other (docs/limits.md); check the bundle with "
         "verify-bundle --scenes 24 before you ship one",
     )
     p.add_argument(
