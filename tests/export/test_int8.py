@@ -476,6 +476,177 @@ def test_a_layer_over_the_bound_computes_in_int8_after_a_rotation(
     codes: the rotated rows are two-sided, so with the symmetric form allowed the layer takes
     it (measured on the rotated rows), else the midpoint form. With the rotation off, the same
     layer is kept."""
+    k, n = 128, 40
+    x = _swiglu_inputs(512, k, 7)
+    w = np.random.default_rng(8).normal(0, 0.1, (k, n)).astype(np.float32)
+    bound = 0.01
+    plain = layer_error(x, w, *channel_int8(w, x.astype(np.float64).T @ x))
+    r = block_rotation(k, 64)
+    assert r is not None
+    xr, wr = rotate_rows(x, r), rotate_weight(w, r)
+    turned = layer_error(xr, wr, *channel_int8(wr, xr.astype(np.float64).T @ xr))
+    assert turned < bound < plain, (turned, plain)  # the case this rule is for
+
+    off = _one_linear(k, n, w)
+    rep0 = quantize_matmuls_int8(
+        off, calibration=_calibration(tmp_path / "a", x, [w]), keep_error=bound, rotate_block=0
+    )
+    assert rep0.dynamic == 0 and [nm for nm, _ in rep0.kept] == ["w"] and not rep0.rotated
+
+    model = _one_linear(k, n, w)
+    rep = quantize_matmuls_int8(
+        model,
+        calibration=_calibration(tmp_path / "b", x, [w]),
+        keep_error=bound,
+        rotate_block=64,
+        symmetric_slack=slack,
+    )
+    assert rep.dynamic == 1 and not rep.kept and rep.rotations == ("int8_rotate_64",)
+    assert [nm for nm, _ in rep.symmetric] == ([] if slack is None else ["w"])
+    ((name, e1, e2),) = rep.rotated
+    assert name == "w" and e1 == pytest.approx(plain, rel=1e-3) and e2 <= bound
+    meta = rep.as_meta()
+    assert (meta["rotated"], meta["rotate_block"]) == (1, 64)
+    assert meta["rotated_max_error"] == pytest.approx(e2, abs=1e-6)
+    ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
+    assert "MatMulIntegerToFloat" in ops and ops.count("MatMul") == 1
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(inits["int8_rotate_64"], r.astype(np.float32))
+    codes, scales = inits["w_int8"], inits["w_int8_scale"]
+    xt = x[:16]
+    (got,) = _session(model).run(None, {"x": xt})  # type: ignore[attr-defined]
+    deq = dequantize_activations_per_token if slack is None else dequantize_activations_symmetric
+    xq = deq(rotate_rows(xt, r.astype(np.float32)))
+    sim = xq.astype(np.float64) @ (codes * scales.astype(np.float64))
+    np.testing.assert_allclose(got, sim, rtol=1e-4, atol=1e-4 * float(np.abs(sim).max()))
+    ref = xt.astype(np.float64) @ w
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2 * bound
+    # the weight-only pass that follows leaves the rotation float32 and quantizes nothing else
+    from spotstop.export.nbits import quantize_matmuls_nbits
+
+    assert quantize_matmuls_nbits(model, 8, 32, skip=rep.rotations) == 0
+
+
+def test_symmetric_form_where_it_costs_little_and_the_midpoint_where_rows_are_one_sided(
+    tmp_path: Path,
+) -> None:
+    """Per token, measured: gaussian rows take the symmetric form (its error within
+    SYMMETRIC_SLACK of the midpoint form's), and onnxruntime's output equals numpy's
+    deq_sym(x) @ (codes · scales) with the graph's own codes; rows after a GELU-like
+    one-sided activation measure ~1.4x the midpoint form's error and keep the midpoint; with
+    ``symmetric_slack=None`` (the default) the gaussian layer keeps it too; a negative slack is
+    refused."""
+    k, n = 64, 32
+    rng = np.random.default_rng(21)
+    w = rng.normal(0, 0.1, (k, n)).astype(np.float32)
+    two = rng.normal(size=(512, k)).astype(np.float32)
+    g = rng.normal(size=(512, k))
+    one = (g / (1 + np.exp(-1.702 * g))).astype(np.float32)  # a GELU: min ~ -0.17
+    e_mid = layer_error(two, w, *channel_int8(w, two.astype(np.float64).T @ two))
+    e_sym = layer_error(two, w, *channel_int8(w, two.astype(np.float64).T @ two), symmetric=True)
+    assert e_mid < e_sym <= e_mid * (1 + SYMMETRIC_SLACK)
+    h1 = one.astype(np.float64).T @ one
+    assert layer_error(one, w, *channel_int8(w, h1), symmetric=True) > 1.2 * layer_error(
+        one, w, *channel_int8(w, h1)
+    )
+
+    model = _one_linear(k, n, w)
+    rep = quantize_matmuls_int8(
+        model, calibration=_calibration(tmp_path / "a", two, [w]), symmetric_slack=SYMMETRIC_SLACK
+    )
+    ((name, es),) = rep.symmetric
+    assert name == "w" and es == pytest.approx(e_sym, rel=1e-3)
+    meta = rep.as_meta()
+    assert (meta["symmetric"], meta["symmetric_slack"]) == (1, SYMMETRIC_SLACK)
+    assert meta["symmetric_max_error"] == pytest.approx(es, abs=1e-6)
+    ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
+    # nothing after the product: σ is its A scale, applied per row inside the kernel
+    assert "Mul" not in ops and "Sub" not in ops and "Add" not in ops
+    (product,) = [nd for nd in model.graph.node if nd.op_type == "MatMulIntegerToFloat"]  # type: ignore[attr-defined]
+    assert product.input[2].endswith("_tok8s_sigma") and product.output[0] == "y"
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
+    assert "w_int8_colsum" not in inits  # no midpoint term
+    codes, scales = inits["w_int8"], inits["w_int8_scale"]
+    xt = two[:16].copy()
+    xt[0] *= 50.0  # an outlier token costs only itself
+    (got,) = _session(model).run(None, {"x": xt})  # type: ignore[attr-defined]
+    sim = dequantize_activations_symmetric(xt).astype(np.float64) @ (
+        codes * scales.astype(np.float64)
+    )
+    np.testing.assert_allclose(got, sim, rtol=1e-5, atol=1e-5 * float(np.abs(sim).max()))
+    # one row: its step is a (1, 1) A scale, still applied per row (not read as a scalar)
+    (got1,) = _session(model).run(None, {"x": xt[1:2]})  # type: ignore[attr-defined]
+    np.testing.assert_allclose(got1, sim[1:2], rtol=1e-5, atol=1e-5 * float(np.abs(sim).max()))
+
+    gelu = _one_linear(k, n, w)
+    rep1 = quantize_matmuls_int8(
+        gelu, calibration=_calibration(tmp_path / "b", one, [w]), symmetric_slack=SYMMETRIC_SLACK
+    )
+    assert rep1.dynamic == 1 and not rep1.symmetric
+    assert "Sub" in [nd.op_type for nd in gelu.graph.node]  # type: ignore[attr-defined]
+    off = _one_linear(k, n, w)
+    rep2 = quantize_matmuls_int8(off, calibration=_calibration(tmp_path / "c", two, [w]))
+    assert rep2.dynamic == 1 and not rep2.symmetric and rep2.symmetric_slack is None
+    with pytest.raises(ValueError, match="symmetric_slack"):
+        quantize_matmuls_int8(_one_linear(k, n, w), symmetric_slack=-0.1)
+
+
+def test_both_per_token_forms_of_one_activation_live_in_one_graph() -> None:
+    """Two readers of one activation that measured different forms get two quantizations of
+    it, with distinct node names (a valid graph), each the codes numpy computes."""
+    from onnx import checker
+    from spotstop.export.int8 import _per_token_quantize
+
+    consts = {
+        "floor": np.float32(2e-30),
+        "half": np.float32(0.5),
+        "levels": np.float32(254),
+        "sym_levels": np.float32(127),
+        "zp": np.uint8(128),
+        "axes": np.array([-1], np.int64),
+    }
+    nodes: list = []
+    q_mid, _, _ = _per_token_quantize("x", {k: f"c_{k}" for k in consts}, nodes, 17)
+    q_sym, _, mu = _per_token_quantize(
+        "x", {k: f"c_{k}" for k in consts}, nodes, 17, symmetric=True
+    )
+    assert mu == "" and q_mid != q_sym
+    names = [nd.name for nd in nodes]
+    assert len(names) == len(set(names))
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])],
+        [helper.make_tensor_value_info(q, TensorProto.UINT8, [None, 8]) for q in (q_mid, q_sym)],
+        [numpy_helper.from_array(np.asarray(v), f"c_{k}") for k, v in consts.items()],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    checker.check_model(m)
+    x = np.random.default_rng(2).normal(size=(5, 8)).astype(np.float32)
+    a, b = _session(m).run(None, {"x": x})  # type: ignore[attr-defined]
+    hi, lo = x.max(-1, keepdims=True), x.min(-1, keepdims=True)
+    mu_ = (hi + lo) * np.float32(0.5)
+    np.testing.assert_array_equal(
+        a,
+        (np.round((x - mu_) / (np.maximum(hi - lo, 2e-30) / np.float32(254))) + 128).astype(
+            np.uint8
+        ),
+    )
+    np.testing.assert_array_equal(
+        b, (np.round(x / (np.maximum(hi, -lo) / np.float32(127))) + 128).astype(np.uint8)
+    )
+
+
+def test_the_smallest_rotation_block_within_the_bound_is_taken(tmp_path: Path) -> None:
+    """Blocks are tried smallest first (128, or rotate_block if smaller, then doubling up to
+    rotate_block): the heavy-tailed layer that 128 brings under the bound is rotated in 128 even
+    when 256 is allowed; a bound only the larger block meets takes 256, one neither meets keeps
+    the layer after trying both. By default (128) only 128 is tried."""
+    from spotstop.export.int8 import rotation_blocks
+
+    assert rotation_blocks(128) == (128,) and rotation_blocks(256) == (128, 256)
+    assert rotation_blocks(64) == (64,) and rotation_blocks(32) == (32,)
+    assert rotation_blocks(0) == ()
     k, n = 256, 40
     x = _swiglu_inputs(512, k, 7)
     w = np.random.default_rng(8).normal(0, 0.1, (k, n)).astype(np.float32)
