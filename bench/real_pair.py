@@ -34,8 +34,9 @@ measured), run the product's own commands as a user runs them:
    onnxruntime_genai.models.builder -i MEMBER -p P -e cpu``, last-token logits) on the same
    member folder, for each of our precisions at the builder's precision of that name (int4:
    its MatMulNBits 4-bit; int8: its MatMulNBits 8-bit; the table says what it emitted), run
-   by the interpreter of a separate venv (``--peer-python``; the step says so and writes no
-   figures when it is missing). Its decoder's prefill is timed at our decoder's token count
+   by the interpreter of a separate venv (``--peer-python``: ``python3 -m venv V && V/bin/pip
+   install torch==2.13.0 onnxruntime-genai onnx onnx_ir transformers``; the step says so and
+   writes no figures when it is missing or cannot import the builder). Its decoder's prefill is timed at our decoder's token count
    (batch x length of the latency step's median decoder call) beside ours. The builder
    emits no vision tower for either member: decoders alone are compared.
 
@@ -809,7 +810,11 @@ def step_peer(args: argparse.Namespace, res: dict[str, Any], log: Path) -> None:
     else:
         chk = _run([python, "-c", "import onnxruntime_genai.models.builder"], log)
         if chk["rc"] != 0:
-            missing = f"{python} cannot import onnxruntime_genai.models.builder"
+            missing = (
+                f"{python} cannot import onnxruntime_genai.models.builder (its error is in "
+                f"{log}); the builder needs onnx and onnx_ir beside onnxruntime-genai: "
+                f"{python} -m pip install onnxruntime-genai onnx onnx_ir"
+            )
     for name in args.members:
         rows: dict[str, Any] = {}
         tokens = _peer_tokens(res, name) or (1, args.peer_tokens)

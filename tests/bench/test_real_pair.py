@@ -551,6 +551,35 @@ def test_peer_step_without_the_genai_venv_says_why(tmp_path: Path) -> None:
     assert "cpu-real-peer" in dict(rp.sections(res))
 
 
+def test_peer_step_with_a_venv_that_cannot_import_the_builder_says_what_to_install(
+    tmp_path: Path,
+) -> None:
+    import argparse
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("onnxruntime_genai") is not None:
+        pytest.skip("this interpreter has onnxruntime-genai: it would run the builder")
+    rp = _load("real_pair")
+    args = argparse.Namespace(
+        work=tmp_path,
+        members=["Qwen3.5-2B"],
+        peer_python=sys.executable,  # a real interpreter without the builder
+        peer_precisions=["int8"],
+        peer_tokens=383,
+        precisions=[],
+        precisions_given=False,
+        scenes=2,
+        rebuild=False,
+    )
+    res: dict[str, Any] = {}
+    rp.step_peer(args, res, tmp_path / "log")
+    err = res["peer"]["Qwen3.5-2B"]["int8"]["error"]
+    assert "cannot import onnxruntime_genai.models.builder" in err
+    assert "pip install onnxruntime-genai onnx onnx_ir" in err and str(tmp_path / "log") in err
+    assert "No module named" in (tmp_path / "log").read_text()  # the import's own error
+
+
 def test_peer_rows_name_what_the_builder_emitted() -> None:
     rp = _load("real_pair")
     res: dict[str, Any] = {
