@@ -38,8 +38,8 @@ measured), run the product's own commands as a user runs them:
    install torch==2.13.0 onnxruntime-genai onnx onnx_ir transformers``; the step says so and
    writes no figures when it is missing or cannot import the builder). Its decoder's prefill
    is timed at our decoder's token count (batch x length of the latency step's median decoder
-   call) beside ours. The builder
-   emits no vision tower for either member: decoders alone are compared.
+   call) beside ours. The builder emits no vision tower for either member: decoders alone
+   are compared.
 
 Each step runs in a child process; its peak RSS is the child's (``os.wait4``). Results
 accumulate in ``WORK/real_pair.json`` (a step run again replaces its own figures) and are
