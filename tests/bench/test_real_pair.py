@@ -525,23 +525,32 @@ def test_peer_precision_tokens_and_feeds() -> None:
     assert feeds["past.0.recurrent"].dtype == np.float32 and not feeds["past.0.recurrent"].any()
 
 
-def test_peer_step_without_the_genai_venv_says_why(tmp_path: Path) -> None:
+def _peer_step(
+    rp: Any, work: Path, python: str, precisions: list[str], tokens: int
+) -> dict[str, Any]:
+    """real_pair's peer step on Qwen3.5-2B in ``work`` with the interpreter ``python``; its store."""
     import argparse
 
-    rp = _load("real_pair")
     args = argparse.Namespace(
-        work=tmp_path,
+        work=work,
         members=["Qwen3.5-2B"],
-        peer_python=str(tmp_path / "no-venv" / "python"),
-        peer_precisions=["int4", "w4a16"],
-        peer_tokens=383,
+        peer_python=python,
+        peer_precisions=precisions,
+        peer_tokens=tokens,
         precisions=[],
         precisions_given=False,
         scenes=2,
         rebuild=False,
     )
     res: dict[str, Any] = {}
-    rp.step_peer(args, res, tmp_path / "log")
+    rp.step_peer(args, res, work / "log")
+    return res
+
+
+def test_peer_step_without_the_genai_venv_says_why(tmp_path: Path) -> None:
+
+    rp = _load("real_pair")
+    res = _peer_step(rp, tmp_path, str(tmp_path / "no-venv" / "python"), ["int4", "w4a16"], 383)
     rows = res["peer"]["Qwen3.5-2B"]
     assert rows["int4"]["rc"] is None and "genai venv is missing" in rows["int4"]["error"]
     assert rows["int4"]["tokens"] == [1, 383]
@@ -554,26 +563,15 @@ def test_peer_step_without_the_genai_venv_says_why(tmp_path: Path) -> None:
 def test_peer_step_with_a_venv_that_cannot_import_the_builder_says_what_to_install(
     tmp_path: Path,
 ) -> None:
-    import argparse
     import importlib.util
     import sys
 
     if importlib.util.find_spec("onnxruntime_genai") is not None:
         pytest.skip("this interpreter has onnxruntime-genai: it would run the builder")
     rp = _load("real_pair")
-    args = argparse.Namespace(
-        work=tmp_path,
-        members=["Qwen3.5-2B"],
-        peer_python=sys.executable,  # a real interpreter without the builder
-        peer_precisions=["int8"],
-        peer_tokens=383,
-        precisions=[],
-        precisions_given=False,
-        scenes=2,
-        rebuild=False,
-    )
-    res: dict[str, Any] = {}
-    rp.step_peer(args, res, tmp_path / "log")
+    res = _peer_step(
+        rp, tmp_path, sys.executable, ["int8"], 383
+    )  # a real interpreter without the builder
     err = res["peer"]["Qwen3.5-2B"]["int8"]["error"]
     assert "cannot import onnxruntime_genai.models.builder" in err
     assert "pip install onnxruntime-genai onnx onnx_ir" in err and str(tmp_path / "log") in err
@@ -630,21 +628,8 @@ def test_the_peer_builds_and_times_a_tiny_member(tiny_pair: Path, tmp_path: Path
         pytest.skip(f"{py} cannot import onnxruntime_genai.models.builder")
     member = tmp_path / "Qwen3.5-2B"
     shutil.copytree(tiny_pair / "tiny-qwen3_5", member)
-    import argparse
 
-    args = argparse.Namespace(
-        work=tmp_path,
-        members=["Qwen3.5-2B"],
-        peer_python=py,
-        peer_precisions=["int4"],
-        peer_tokens=20,
-        precisions=[],
-        precisions_given=False,
-        scenes=2,
-        rebuild=False,
-    )
-    res: dict[str, Any] = {}
-    rp.step_peer(args, res, tmp_path / "log")
+    res = _peer_step(rp, tmp_path, py, ["int4"], 20)
     r = res["peer"]["Qwen3.5-2B"]["int4"]
     assert r["rc"] == 0, r.get("error")
     assert r["nbits"] == {"4": r["ops"]["MatMulNBits"]} and len(r["times_s"]) == 2
