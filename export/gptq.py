@@ -15,6 +15,14 @@ updated them when the block starts (the paper's grouped variant).
 Here the weight is in the graph's layout, ``w`` (K, N) with ``y = x @ w``; GPTQ's "columns" are
 its K input rows. Options are the paper's: 1 % of the mean diagonal as dampening, lazy batches
 of 128 rows, no reordering (so the blocks stay contiguous, as MatMulNBits needs).
+
+It computes in float64 (the Hessian too, :meth:`CalibrationInputs.hessian`), where the paper's
+code uses float32: each row's rounding error moves onto every row after it, so in float32 the
+last-bit differences of a threaded product (another thread count, another CPU) flipped codes, and
+one export of one member gave other weights on another machine (a 512 x 256 layer: 222 codes
+differed between 1 and 2 torch threads). In float64 the same export writes the same bytes on any
+thread count (``tests/export/test_gptq.py``). A scale is rounded to float32, as the runtime
+multiplies by it, before the error it leaves is moved.
 """
 
 from __future__ import annotations
@@ -51,6 +59,9 @@ QUANTIZERS = ("gptq", "rtn")
 
 #: dampening added to H's diagonal, as a share of its mean diagonal (the paper's 1 %)
 DAMP = 0.01
+#: rows GPTQ quantizes before it moves their errors onto the later rows in one product (the
+#: paper's lazy batch; the result is the same up to float rounding)
+LAZY_BATCH = 128
 
 
 def pack_codes(codes: np.ndarray, bits: int, block_size: int) -> np.ndarray:
@@ -88,18 +99,18 @@ def gptq_nbits(
     k_blocks = (rows + block_size - 1) // block_size
     k_pad = k_blocks * block_size
     zp, top = 1 << (bits - 1), (1 << bits) - 1
+    # float64 throughout (module doc): GPTQ moves every rounding error onto the rows after it,
+    # so a float32 run's last-bit differences between thread counts or CPUs flipped codes
     # GPTQ's columns are the graph weight's input rows: kept as rows here (contiguous updates)
-    wk = np.zeros((k_pad, cols), dtype=np.float32)  # (a weight read from disk is read-only)
-    wk[:rows] = w
-    W = torch.from_numpy(wk)
-    hp = np.zeros((k_pad, k_pad), dtype=np.float64)
-    hp[:rows, :rows] = h
-    H = torch.from_numpy(hp)
+    W = torch.zeros((k_pad, cols), dtype=torch.float64)
+    W[:rows] = torch.from_numpy(np.array(w, dtype=np.float64))  # (w may be read-only)
+    H = torch.zeros((k_pad, k_pad), dtype=torch.float64)
+    H[:rows, :rows] = torch.from_numpy(np.array(h, dtype=np.float64))
     dead = torch.diagonal(H) <= 0
     H[dead, dead] = 1.0  # unreached rows (and the padding): plain rounding, no error moved
     H += damp * torch.mean(torch.diagonal(H)) * torch.eye(k_pad, dtype=torch.float64)
-    try:  # float32 as the paper's code: the dampening keeps H well conditioned
-        L = torch.linalg.cholesky(H.float())
+    try:
+        L = torch.linalg.cholesky(H)
         del H
         Hinv = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
         del L
@@ -107,23 +118,30 @@ def gptq_nbits(
         raise ValueError(f"the Hessian is not positive definite after dampening: {e}") from e
     codes = torch.empty(k_pad, cols, dtype=torch.uint8)
     scales = torch.empty(k_blocks, cols, dtype=torch.float32)
-    for b in range(k_blocks):
-        i1, i2 = b * block_size, (b + 1) * block_size
-        W1 = W[i1:i2].clone()
+    scale = safe = torch.ones(cols, dtype=torch.float64)
+    for i1 in range(0, k_pad, LAZY_BATCH):  # lazy batches: the rows after one in one GEMM
+        i2 = min(i1 + LAZY_BATCH, k_pad)
+        W1 = W[i1:i2]  # a view: the batch's rows, updated in place
         Err1 = torch.empty_like(W1)
         Hinv1 = Hinv[i1:i2, i1:i2]
-        # the block's scale, from the value of largest magnitude (onnxruntime's rule), as updated
-        idx = W1.abs().argmax(dim=0, keepdim=True)
-        scale = torch.gather(W1, 0, idx).squeeze(0) / -zp
-        safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-        scales[b] = scale
-        for i in range(block_size):
-            x = W1[i]
-            c = torch.clamp(torch.round(x / safe) + zp, 0, top)
-            codes[i1 + i] = c.to(torch.uint8)
-            err = (x - (c - zp) * scale) / Hinv1[i, i]
-            W1[i:].addr_(Hinv1[i, i:], err, alpha=-1.0)  # the error onto the rows not yet done
-            Err1[i] = err
+        for j in range(i2 - i1):
+            i = i1 + j
+            if i % block_size == 0:
+                # the block's scale, from the value of largest magnitude (onnxruntime's rule),
+                # as updated; float32, as the runtime multiplies by it
+                blk = W[i : i + block_size]
+                idx = blk.abs().argmax(dim=0, keepdim=True)
+                s32 = (torch.gather(blk, 0, idx).squeeze(0) / -zp).float()
+                scales[i // block_size] = s32
+                scale = s32.double()
+                safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+            x = W1[j]
+            # the quotient rounded to float32 first, as onnxruntime's kernel divides
+            c = torch.clamp(torch.round((x / safe).float()).double() + zp, 0, top)
+            codes[i] = c.to(torch.uint8)
+            err = (x - (c - zp) * scale) / Hinv1[j, j]
+            W1[j:].addr_(Hinv1[j, j:], err, alpha=-1.0)  # the error onto the batch's next rows
+            Err1[j] = err
         if i2 < k_pad:
             W[i2:].addmm_(Hinv[i1:i2, i2:].T, Err1, alpha=-1.0)
     codes[rows:] = 0  # the padding, as onnxruntime's kernel leaves it (never read)
@@ -314,8 +332,8 @@ class CalibrationInputs:
         x = self._rows(e)
         h = np.zeros((e["width"], e["width"]), dtype=np.float64)
         for a in range(0, x.shape[0], chunk_rows):
-            part = np.asarray(x[a : a + chunk_rows])
-            h += (part.T @ part).astype(np.float64)
+            part = np.asarray(x[a : a + chunk_rows], dtype=np.float64)
+            h += part.T @ part  # float64 products: the same sums on any thread count
         del x
         self._cache = (e["file"], h)
         return h
