@@ -78,6 +78,21 @@ def pack_codes(codes: np.ndarray, bits: int, block_size: int) -> np.ndarray:
     raise ValueError(f"bits must be 4 or 8; got {bits}.")
 
 
+def _lazy_batches(k_pad: int, block_size: int) -> list[tuple[int, int]]:
+    """GPTQ's lazy batches ``[i1, i2)`` over ``k_pad`` rows: about :data:`LAZY_BATCH` rows, and a
+    scale block that starts inside a batch ends inside it (its scale is read from rows that
+    every earlier row's error has reached), so blocks of 32 go four to a batch and a block of
+    all K rows is cut into batches of 128."""
+    if block_size <= LAZY_BATCH:
+        step = block_size * (LAZY_BATCH // block_size)
+        return [(i, min(i + step, k_pad)) for i in range(0, k_pad, step)]
+    return [
+        (i, min(i + LAZY_BATCH, b + block_size, k_pad))
+        for b in range(0, k_pad, block_size)
+        for i in range(b, min(b + block_size, k_pad), LAZY_BATCH)
+    ]
+
+
 def gptq_nbits(
     w: np.ndarray,
     h: np.ndarray,
@@ -119,8 +134,7 @@ def gptq_nbits(
     codes = torch.empty(k_pad, cols, dtype=torch.uint8)
     scales = torch.empty(k_blocks, cols, dtype=torch.float32)
     scale = safe = torch.ones(cols, dtype=torch.float64)
-    for i1 in range(0, k_pad, LAZY_BATCH):  # lazy batches: the rows after one in one GEMM
-        i2 = min(i1 + LAZY_BATCH, k_pad)
+    for i1, i2 in _lazy_batches(k_pad, block_size):  # the rows after a batch in one GEMM
         W1 = W[i1:i2]  # a view: the batch's rows, updated in place
         Err1 = torch.empty_like(W1)
         Hinv1 = Hinv[i1:i2, i1:i2]

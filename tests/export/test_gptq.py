@@ -46,12 +46,18 @@ def _correlated(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_gptq_equals_the_sequential_obq_computation(bits: int) -> None:
+@pytest.mark.parametrize(
+    ("k", "block"),
+    # blocks inside one lazy batch of 128; blocks that do not divide it (one straddles the
+    # first batch's end); one block of all K rows, cut into batches
+    [(96, 32), (192, 48), (300, 300)],
+)
+def test_gptq_equals_the_sequential_obq_computation(bits: int, k: int, block: int) -> None:
     from spotstop.export.gptq import gptq_nbits
     from spotstop.export.nbits import dequantize_nbits
 
     rng = np.random.default_rng(7)
-    k, n, block = 96, 24, 32
+    n = 24
     w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
     x = _correlated(rng, 400, k)
     h = (x.T @ x).astype(np.float64)
