@@ -32,7 +32,10 @@ attention, Gated-DeltaNet and short-convolution projections), ``none``. ``8:col:
 (``channel_int8``, GPTQ's codes with ``--gptq``) and the Linear's input quantized per token
 (``dequantize_activations_per_token``), the group's Linears computing exactly what
 ``MatMulIntegerToFloat`` gives back; the output layer then stays weight-only 8-bit, as the
-export keeps it.
+export keeps it. As the export, a decoder Linear's rows that the score reads (the positions
+guard/backends/_graphs.py's ``decoder_feeds`` names) take their residual's codes too
+(``dequantize_read_rows``, export/int8.py's exact reads); ``8:col:GROUP:int8reads`` rounds
+them like every other row (the export's ``--int8-reads int8``).
 
 ``--world DIR`` scores the scenes of a ``spotstop world`` folder (each with its image, then
 request-only) instead of generated ones: the scenes a trained tiny member was trained for.
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import os
 import re
 import sys
@@ -89,21 +93,31 @@ GROUPS: dict[str, Callable[[str], bool]] = {
 COLUMN = 0
 
 
-def parse_variant(text: str) -> tuple[int, int, str, bool, tuple[str, ...]]:
+def parse_variant(text: str) -> tuple[int, int, str, bool, tuple[str, ...], bool]:
     """``BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL]`` → (bits, block, group, quantize the output
-    layer, the selectors export/mixed.py keeps at int8 among the group's weights); ``8:col:…``
-    gives block :data:`COLUMN`."""
+    layer, the selectors export/mixed.py keeps at int8 among the group's weights, exact read
+    rows); ``8:col:GROUP[:nohead][:int8reads]`` gives block :data:`COLUMN`, its read rows exact
+    unless ``int8reads``."""
     from spotstop.export.mixed import parse_selectors
 
     parts = text.strip().split(":")
     want = "want BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL], e.g. 8:128:all or 4:128:all:int8=output_layer"
     if len(parts) < 3:
         raise ValueError(f"variant {text!r}: {want}.")
+    exact = parts[1] == "col"
     if parts[1] == "col":
-        if parts[0] != "8" or parts[3:] not in ([], ["nohead"]):
+        if parts[0] != "8" or parts[3:] not in (
+            [],
+            ["nohead"],
+            ["int8reads"],
+            ["nohead", "int8reads"],
+        ):
             raise ValueError(
-                f"variant {text!r}: per column is the int8 precision alone: 8:col:GROUP[:nohead]."
+                f"variant {text!r}: per column is the int8 precision alone: "
+                "8:col:GROUP[:nohead][:int8reads]."
             )
+        exact = "int8reads" not in parts
+        parts = [p for p in parts if p != "int8reads"]
         parts[1] = str(COLUMN)
     bits, block, group = int(parts[0]), int(parts[1]), parts[2]
     qhead = True
@@ -121,7 +135,7 @@ def parse_variant(text: str) -> tuple[int, int, str, bool, tuple[str, ...]]:
         raise ValueError(f"variant {text!r}: the block must be a power of two, at least 16.")
     if group not in GROUPS:
         raise ValueError(f"variant {text!r}: group must be one of {sorted(GROUPS)}.")
-    return bits, block, group, qhead, int8
+    return bits, block, group, qhead, int8, exact
 
 
 def quantized(w: Any, bits: int, block: int, rows_per_chunk: int = 8192) -> Any:
@@ -153,16 +167,48 @@ def gptq_quantized(w: Any, h: Any, bits: int, block: int) -> Any:
     return torch.from_numpy(dequantize_nbits(packed, scales, bits, part.shape[0]).T.copy())
 
 
-def _per_token(_mod: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+#: the rows (batch, position) the score reads in the pass being run (:func:`_read_mask`)
+_READS: list[Any] = [None]
+
+
+def _read_mask(prompts: list[list[int]], plan: Any) -> Any:
+    """(sequences, length) True where the decoder graph reads: the last prompt position and the
+    answer tokens' (``decoder_feeds``' ``last_index`` and ``read_index``), the sequences
+    prompt-major and right-padded as the torch backend runs them."""
+    import numpy as np
+    from spotstop.guard.backends._graphs import decoder_feeds
+
+    length = max(len(p) + len(r) for p in prompts for r in plan.rows)
+    feeds = decoder_feeds(prompts, plan, length)
+    mask = np.zeros(feeds["input_ids"].shape, dtype=bool)
+    rows = np.arange(mask.shape[0])
+    mask[rows, feeds["last_index"]] = True
+    for c in range(feeds["read_index"].shape[1]):
+        mask[rows, feeds["read_index"][:, c]] = True
+    return mask
+
+
+def _per_token(_mod: Any, inputs: tuple[Any, ...], exact_reads: bool = False) -> tuple[Any, ...]:
     """A Linear's input as the int8 precision's GEMM reads it: quantized per token and back
-    (export/int8.py's ``dequantize_activations_per_token``)."""
+    (export/int8.py's ``dequantize_activations_per_token``); ``exact_reads`` (a decoder Linear):
+    the rows the score reads (:data:`_READS`) with their residual's codes too
+    (``dequantize_read_rows``)."""
     import torch
-    from spotstop.export.int8 import dequantize_activations_per_token
+    from spotstop.export.int8 import dequantize_activations_per_token, dequantize_read_rows
 
     x = inputs[0]
     rows = x.detach().float().reshape(-1, x.shape[-1]).numpy()
-    deq = torch.from_numpy(dequantize_activations_per_token(rows)).reshape(x.shape)
-    return (deq.to(x.dtype), *inputs[1:])
+    deq = dequantize_activations_per_token(rows)
+    mask = _READS[0]
+    if exact_reads and mask is not None:
+        if tuple(x.shape[:-1]) != mask.shape:
+            raise RuntimeError(
+                f"a decoder Linear's input {tuple(x.shape)} is not one row per token of the "
+                f"{mask.shape} sequences scored; the read rows cannot be found."
+            )
+        at = mask.reshape(-1)
+        deq[at] = dequantize_read_rows(rows[at])
+    return (torch.from_numpy(deq).reshape(x.shape).to(x.dtype), *inputs[1:])
 
 
 #: how a variant's weights were chosen, as RESULTS.md names it
@@ -242,8 +288,16 @@ def main(argv: list[str] | None = None) -> int:
         scenes = demo_scenes(args.scenes, seed=0)
         where = f"{args.scenes} generated scenes"
 
-    def score(sc: list[Any]) -> np.ndarray:
-        return np.concatenate([[r.score for r in m.score(sc, v)] for v in ("scene", "text")])
+    plan = m.encoder.plan
+
+    def score(sc: list[Any]) -> np.ndarray:  # a scene at a time: its read rows are known
+        out = []
+        for v in ("scene", "text"):
+            for one in sc:
+                _READS[0] = _read_mask([m.prompt_ids(one.request, v)], plan)
+                out.append(m.score([one], v)[0].score)
+        _READS[0] = None
+        return np.asarray(out)
 
     linears = [
         (n, mod)
@@ -316,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'SD(Δs)':>7} {'/SD(s)':>6} {'rho':>6} {'s':>5}"
     )
     rows: list[QuantError] = []
-    for bits, block, group, qhead, int8 in variants:
+    for bits, block, group, qhead, int8, exact in variants:
         chosen = GROUPS[group]
         # export/mixed.py's rule, on the same names the export reads (the head is ``lm_head``)
         at8 = int8_linears([n for n, _ in linears] + ["lm_head"], int8)
@@ -332,7 +386,12 @@ def main(argv: list[str] | None = None) -> int:
                 elif block == COLUMN:  # the int8 precision: its codes, its activations
                     codes, col = channel_int8(w.T.numpy(), hess)
                     wq = torch.from_numpy((codes.astype(np.float32) * col).T.copy())
-                    hooks.append(mod.register_forward_pre_hook(_per_token))
+                    reads = exact and GROUPS["decoder"](n)
+                    hooks.append(
+                        mod.register_forward_pre_hook(
+                            functools.partial(_per_token, exact_reads=reads)
+                        )
+                    )
                 elif hess is not None:
                     wq = gptq_quantized(w, hess, b_n, block)
                 else:
@@ -353,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             d = got - ref
             rho = spearman(got, ref)  # verify-bundle's rank check, on these scores
             form = "per column, per token" if block == COLUMN else f"b{block}"
+            if block == COLUMN and not exact:
+                form += ", read rows int8"
             name = f"int{bits} {form} {group}{'' if qhead else ' nohead'}" + (
                 f" (int8: {', '.join(int8)}; {len(at8)} weights)" if int8 else ""
             )

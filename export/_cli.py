@@ -409,6 +409,17 @@ def add_export_parser(sub: Any) -> None:
         "verify-bundle --scenes 24 before you ship one",
     )
     p.add_argument(
+        "--int8-reads",
+        choices=("exact", "int8"),
+        default=None,
+        help="int8: how the decoder multiplies the rows the score reads (the last prompt "
+        "position and the answer's tokens). 'exact' (the default): their per-token codes and "
+        "the residual those leave, quantized again, so those few rows compute at about 16-bit "
+        "activations; at the real Qwen3.5-2B size (seeded random weights) rounding them like "
+        "the other rows moved the score 0.32 where exact reads moved it 0.09 (docs/limits.md). "
+        "'int8': like every other row (for comparison)",
+    )
+    p.add_argument(
         "--visual-tokens",
         default=None,
         metavar="BUDGETS",
@@ -598,6 +609,7 @@ def run_export(args: argparse.Namespace) -> int:
                 graph_form=args.graph_form,
                 rotate_block=args.int8_rotate_block,
                 symmetric=True if args.int8_symmetric else None,
+                exact_reads=False if args.int8_reads == "int8" else None,
             )
     except ConfigError as e:  # a budget that names no member or has no square grid
         print(f"spotstop export: {e}", file=sys.stderr)

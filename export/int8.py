@@ -40,6 +40,29 @@ quantizes the activations ``A`` on every call, in one of two ways (:data:`ACTIVA
   and 0.324 without it (LFM2.5-VL-3B), and at 0.263 and 0.366 against 0.308 and 0.408
   (Qwen3.5-2B): worse by more on one member than it was better on the other, int8's
   tolerance being 0.25 (docs/limits.md).
+
+  **Exact reads** (:data:`EXACT_READS`, per token, in a decoder graph: one with the scoring
+  inputs :data:`READ_INPUTS`): the score reads a few rows of the decoder's output, the last
+  prompt position and the answer tokens after it (``last_index``, ``read_index``), and those
+  rows carry their own rounding straight into the score, where every other row's reaches them
+  only mixed with many others through attention and the recurrences. So each int8 layer also
+  multiplies those rows' residual ``r = a − deq(q)``, quantized again in the symmetric form
+  (``σ_r = max|r| / 127``, at most ``σ / 254``): the read rows' codes are gathered by their
+  flat index ``b·T + p``, their residual codes appended below the activation's own (one
+  ``Concat`` of uint8 rows), ONE ``MatMulIntegerToFloat`` multiplies all of them (no second
+  reader of the weight, whose packed copy onnxruntime would hold twice), the main rows are
+  sliced off (one copy of the output), and the read rows' two products summed and written back
+  (``ScatterND``): ``deq(q) + deq_s(r)`` (:func:`dequantize_read_rows`), an error at most
+  ``σ / 508`` on those rows, so about 16-bit activations where the score reads and 8-bit
+  elsewhere. Found in torch at Qwen3.5-2B's real size (seeded random weights, float weights,
+  every decoder Linear's input quantized per token, 12 scores of 6 generated scenes; an ad hoc
+  hook, 2026-12-07): max |Δs| 0.317 with the read rows rounded like the rest, 0.089 with them
+  float, 0.162 with them float in the first 12 of 24 layers only, 0.277 in the last 12 only,
+  and 0.446 with only the read rows rounded (the rest float): the read rows' own rounding,
+  early layers' most, is most of the score's error, though not additively. What the form
+  does with the export's weights: ``bench/quant_error.py`` (``8:col:decoder`` against
+  ``8:col:decoder:int8reads``) and ``verify-bundle`` in bench/RESULTS.md. The cost is one more
+  pass over each int8 layer's output and a GEMM of a few more rows.
 * ``per-tensor``: ``DynamicQuantizeMatMul(A, W_q, scale)`` (com.microsoft) quantizes ``A`` to
   uint8 with ONE scale and zero point for the whole tensor (``DynamicQuantizeLinear``:
   ``scale = (max(0, max A) − min(0, min A)) / 255``).
@@ -150,7 +173,9 @@ from spotstop.export.weights import (
 __all__ = [
     "ACTIVATIONS",
     "DEFAULT_ACTIVATIONS",
+    "EXACT_READS",
     "KEEP_ERROR",
+    "READ_INPUTS",
     "ROTATE_BLOCK",
     "SAMPLE_ROWS",
     "SMOOTH_ALPHA",
@@ -164,6 +189,7 @@ __all__ = [
     "dequantize_activations",
     "dequantize_activations_per_token",
     "dequantize_activations_symmetric",
+    "dequantize_read_rows",
     "layer_error",
     "per_token_codes_model",
     "quantize_matmuls_int8",
@@ -224,6 +250,17 @@ DEFAULT_ACTIVATIONS = "per-token"
 #: while verify-bundle's 95th percentile |Δs| over 48 scores moved +42 % and -15 % (the module
 #: doc)
 SYMMETRIC_SLACK = 0.10
+#: per token, in a decoder graph (one with the scoring inputs :data:`READ_INPUTS`): the rows the
+#: score reads (the last prompt position and the answer tokens after it) are multiplied as
+#: their per-token codes plus the residual those codes leave, quantized again (the module doc's
+#: exact reads). Measured in torch at Qwen3.5-2B's real size (seeded random weights, 6
+#: generated scenes, 12 scores, every decoder Linear's input quantized per token, float
+#: weights): max |Δs| 0.317 with every row quantized, 0.089 with the 3 read rows float
+EXACT_READS = True
+#: the decoder graph's inputs that say which rows the score reads (guard/backends/_graphs.py's
+#: ``DECODER_INPUTS``): the token ids (their shape gives the rows), the last prompt position and
+#: the answer tokens' positions
+READ_INPUTS = ("input_ids", "last_index", "read_index")
 #: per-token: the floor of a row's range (a constant row divides by it and keeps its value)
 _ROW_FLOOR = np.float32(2e-30)
 _HALF = np.float32(0.5)
@@ -267,6 +304,16 @@ def dequantize_activations_symmetric(x: np.ndarray) -> np.ndarray:
         return x.copy()
     sigma = _row_step_symmetric(x)
     return (np.round(x / sigma) * sigma).astype(np.float32)
+
+
+def dequantize_read_rows(x: np.ndarray, *, symmetric: bool = False) -> np.ndarray:
+    """A read row as the exact-reads form multiplies it: its per-token codes (the midpoint
+    form, or the ``symmetric`` one) plus the residual they leave, quantized again in the
+    symmetric form (:func:`dequantize_activations_symmetric`), so the error of a row is at
+    most half the residual's step, ``max|r| / 254 ≤ σ / 508``."""
+    x = np.asarray(x, dtype=np.float32)
+    first = (dequantize_activations_symmetric if symmetric else dequantize_activations_per_token)(x)
+    return (first + dequantize_activations_symmetric(x - first)).astype(np.float32)
 
 
 def _row_step_symmetric(x: np.ndarray) -> np.ndarray:
@@ -465,6 +512,9 @@ class Int8Report:
     #: (:data:`SYMMETRIC_SLACK`; None: the form was not tried)
     symmetric: tuple[tuple[str, float], ...] = ()
     symmetric_slack: float | None = None
+    #: per token, a decoder graph: layers whose read rows are multiplied with their residual's
+    #: codes too (:data:`EXACT_READS`; counted in ``dynamic``)
+    exact_reads: int = 0
     errors: dict[str, float] = field(default_factory=dict, repr=False)
 
     def as_meta(self) -> dict[str, Any]:
@@ -491,6 +541,7 @@ class Int8Report:
             "rotated_max_error": round(max((e for _, _, e in self.rotated), default=0.0), 6),
             "symmetric_slack": self.symmetric_slack,
             "symmetric": len(self.symmetric),
+            "exact_reads": self.exact_reads,
             # the symmetric layers' own errors (each within keep_error)
             "symmetric_max_error": round(
                 max((e for _, e in self.symmetric if math.isfinite(e)), default=0.0), 6
@@ -624,6 +675,7 @@ def quantize_matmuls_int8(
     activations: str = DEFAULT_ACTIVATIONS,
     rotate_block: int = ROTATE_BLOCK,
     symmetric_slack: float | None = None,
+    exact_reads: bool = EXACT_READS,
 ) -> Int8Report:
     """Rewrite, in place, every ``MatMul`` with a rank-2 float initializer weight as an int8
     GEMM with ``activations`` quantized per call (see the module doc), except output layers and layers over
@@ -637,7 +689,9 @@ def quantize_matmuls_int8(
     layers): a layer whose error in the symmetric form is at most this share above the midpoint
     form's (and within ``keep_error``) takes the symmetric form (None, the default: never;
     :data:`SYMMETRIC_SLACK`: what ``--int8-symmetric`` asks for; ``math.inf``:
-    every int8 layer, measured or not, as ``bench/int8_gemm.py`` times it)."""
+    every int8 layer, measured or not, as ``bench/int8_gemm.py`` times it). ``exact_reads``
+    (per token, a graph with the scoring inputs :data:`READ_INPUTS`): the rows the score reads
+    are multiplied with their residual's codes too (the module doc)."""
     from onnx import TensorProto, helper
 
     if smooth_alpha is not None and calibration is None:
@@ -747,6 +801,17 @@ def quantize_matmuls_int8(
     rotations: dict[int, tuple[str, str]] = {}
     rotated_in: dict[tuple[str, int], str] = {}  # (activation, block size) -> its rotated name
     opset = _default_opset(model)
+    graph_inputs = {i.name for i in g.input}
+    reads = (
+        _ReadRows(io, model, tok_consts, opset)
+        if exact_reads and activations == "per-token" and set(READ_INPUTS) <= graph_inputs
+        else None
+    )
+    # one row per token: what the token ids reach and the read positions do not (the read-out
+    # after them multiplies the gathered rows alone, e.g. the answers' first-token rows)
+    token_rows = (
+        _reached(g, READ_INPUTS[:1]) - _reached(g, READ_INPUTS[1:]) if reads is not None else set()
+    )
 
     def rewrite(node: Any, t: Any) -> list[Any] | None:
         nonlocal gptq_used
@@ -882,7 +947,7 @@ def quantize_matmuls_int8(
             if rkey not in rotated_in:
                 rotated_in[rkey] = _rotate_nodes(a_in, *rotations[rot], pre)
             a_in = rotated_in[rkey]
-        if sym and "sym_levels" not in tok_consts:
+        if (sym or reads is not None) and "sym_levels" not in tok_consts:
             tok_consts["sym_levels"] = io.add(
                 model, np.asarray(_SYM_LEVELS), "int8_per_token_sym_levels"
             ).name
@@ -890,6 +955,9 @@ def quantize_matmuls_int8(
             token_q[a_in, sym] = _per_token_quantize(a_in, tok_consts, pre, opset, symmetric=sym)
         q, sigma, mu = token_q[a_in, sym]
         y = node.output[0]
+        if reads is not None and x_name in token_rows:  # the read rows, their residual too
+            act = reads.activation(a_in, q, sigma, mu, pre)
+            return [*pre, *reads.layer(act, qn, sn, cn, y, base)]
         mk = helper.make_node
         # σ (…, 1) is the GEMM's A scale: the kernel scales each output row by it in place
         # (one pass, no node); the column scales stay in its output stage
@@ -935,6 +1003,7 @@ def quantize_matmuls_int8(
         rotations=tuple(sorted(r for r, _ in rotations.values())),
         symmetric=tuple(symmetric),
         symmetric_slack=symmetric_slack,
+        exact_reads=0 if reads is None else reads.layers,
         errors=errors,
     )
 
@@ -1003,6 +1072,208 @@ def _per_token_quantize(
     zps = n("Expand", [consts["zp"], n("Shape", [steps], "nrows")], "zps")
     q2 = n("QuantizeLinear", [rows, steps, zps], "q2", axis=0)
     return n("Reshape", [q2, n("Shape", [a], "shape")], "u8"), sigma, mu
+
+
+def _reached(g: Any, sources: Collection[str]) -> set[str]:
+    """The tensors of graph ``g`` that depend on any of ``sources`` (a node whose subgraph
+    reads one, e.g. an ``If``, counts as reading it)."""
+
+    def names_in(graph: Any) -> set[str]:
+        out: set[str] = set()
+        for n in graph.node:
+            out.update(n.input)
+            for a in n.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    out |= names_in(sub)
+        return out
+
+    hit = set(sources)
+    for n in g.node:  # topological order
+        used = set(n.input)
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                used |= names_in(sub)
+        if used & hit:
+            hit.update(o for o in n.output if o)
+    return hit
+
+
+class _ReadRows:
+    """The nodes of a decoder graph's exact reads (the module doc): the read rows' flat indices
+    (once per graph), each activation's codes with its read rows' residual codes appended
+    (once per activation and form), and each layer's GEMM over both, its read rows summed and
+    written back."""
+
+    def __init__(self, io: WeightIO, model: Any, consts: dict[str, str], opset: int) -> None:
+        self.io, self.model, self.consts, self.opset = io, model, consts, opset
+        self.flat: tuple[str, str, str] | None = None  # (F, F as (n, 1), B·T as 1-D)
+        self.acts: dict[tuple[str, bool], tuple[str, str, str, str, str]] = {}
+        self.layers = 0
+        self._c: dict[str, str] = {}
+
+    def const(self, key: str, arr: Any) -> str:
+        if key not in self._c:
+            self._c[key] = self.io.add(self.model, np.asarray(arr), f"int8_reads_{key}").name
+        return self._c[key]
+
+    def _unsqueeze(self, x: str, name: str, out: list[Any]) -> str:
+        from onnx import helper
+
+        if self.opset >= 13:
+            node = helper.make_node(
+                "Unsqueeze", [x, self.const("ax1", np.array([1], np.int64))], [name], name=name
+            )
+        else:
+            node = helper.make_node("Unsqueeze", [x], [name], name=name, axes=[1])
+        out.append(node)
+        return name
+
+    def _indices(self, out: list[Any]) -> tuple[str, str, str]:
+        """Row ``b·T + p`` of the (B·T, ·) rows for every read position ``p`` of sequence
+        ``b`` (the last prompt position, then ``read_index``'s)."""
+        if self.flat is None:
+            from onnx import helper
+
+            ids, last, reads = READ_INPUTS
+            mk, c = helper.make_node, self.const
+            i0, i1 = c("i0", np.int64(0)), c("i1", np.int64(1))
+            v0, v1 = c("v0", np.array([0], np.int64)), c("v1", np.array([1], np.int64))
+            out += [
+                mk("Shape", [ids], ["int8_reads_shape"], name="int8_reads_shape"),
+                mk("Gather", ["int8_reads_shape", i0], ["int8_reads_b"], name="int8_reads_b"),
+                mk("Gather", ["int8_reads_shape", i1], ["int8_reads_t"], name="int8_reads_t"),
+                mk("Gather", ["int8_reads_shape", v0], ["int8_reads_b1"], name="int8_reads_b1"),
+                mk("Gather", ["int8_reads_shape", v1], ["int8_reads_t1"], name="int8_reads_t1"),
+                mk(
+                    "Mul",
+                    ["int8_reads_b1", "int8_reads_t1"],
+                    ["int8_reads_bt"],
+                    name="int8_reads_bt",
+                ),
+                mk("Range", [i0, "int8_reads_b", i1], ["int8_reads_seq"], name="int8_reads_seq"),
+                mk(
+                    "Mul",
+                    ["int8_reads_seq", "int8_reads_t"],
+                    ["int8_reads_base"],
+                    name="int8_reads_base",
+                ),
+            ]
+            base = self._unsqueeze("int8_reads_base", "int8_reads_base2", out)
+            first = self._unsqueeze(last, "int8_reads_last", out)
+            m1 = c("m1", np.array([-1], np.int64))
+            out += [
+                mk("Concat", [first, reads], ["int8_reads_pos"], name="int8_reads_pos", axis=1),
+                mk("Add", ["int8_reads_pos", base], ["int8_reads_at"], name="int8_reads_at"),
+                mk("Reshape", ["int8_reads_at", m1], ["int8_reads_rows"], name="int8_reads_rows"),
+            ]
+            col = self._unsqueeze("int8_reads_rows", "int8_reads_rows2", out)
+            self.flat = ("int8_reads_rows", col, "int8_reads_bt")
+        return self.flat
+
+    def activation(
+        self, a: str, q: str, sigma: str, mu: str, out: list[Any]
+    ) -> tuple[str, str, str, str, str]:
+        """The activation ``a``'s codes ``q`` (steps ``sigma``, midpoints ``mu``; "" in the
+        symmetric form) as (rows, K) with its read rows' residual codes appended, their steps
+        likewise, its midpoints as (rows, 1) ("" symmetric) and the shape its layers' outputs
+        take back; once per activation and form."""
+        key = (a, not mu)
+        if key not in self.acts:
+            from onnx import TensorProto, helper
+
+            f_rows, _, _ = self._indices(out)
+            mk, c = helper.make_node, self.const
+            tag = f"{a}_reads{'s' if not mu else ''}"
+
+            def n(op: str, ins: list[str], suffix: str, **kw: Any) -> str:
+                name = f"{tag}_{suffix}"
+                out.append(mk(op, ins, [name], name=name, **kw))
+                return name
+
+            rows = n("Flatten", [a], "rows", axis=-1)
+            qf = n("Flatten", [q], "qf", axis=-1)
+            sf = n("Flatten", [sigma], "sf", axis=-1)
+            a_sel = n("Gather", [rows, f_rows], "a", axis=0)
+            q_sel = n("Cast", [n("Gather", [qf, f_rows], "q", axis=0)], "qfl", to=TensorProto.FLOAT)
+            deq = n(
+                "Mul",
+                [
+                    n("Sub", [q_sel, c("c128", np.float32(128))], "qc"),
+                    n("Gather", [sf, f_rows], "s", axis=0),
+                ],
+                "deq",
+            )
+            mf = ""
+            if mu:
+                mf = n("Flatten", [mu], "mf", axis=-1)
+                deq = n("Add", [deq, n("Gather", [mf, f_rows], "m", axis=0)], "deqm")
+            resid = n("Sub", [a_sel, deq], "resid")
+            q2, s2, _ = _per_token_quantize(resid, self.consts, out, self.opset, symmetric=True)
+            lead = n(
+                "Slice",
+                [
+                    n("Shape", [a], "shape"),
+                    c("v0", np.array([0], np.int64)),
+                    c("m1", np.array([-1], np.int64)),
+                ],
+                "lead",
+            )
+            shape = n("Concat", [lead, c("m1", np.array([-1], np.int64))], "oshape", axis=0)
+            self.acts[key] = (
+                n("Concat", [qf, q2], "qcat", axis=0),
+                n("Concat", [sf, s2], "scat", axis=0),
+                mf,
+                shape,
+                tag,
+            )
+        return self.acts[key]
+
+    def layer(
+        self, act: tuple[str, str, str, str, str], qn: str, sn: str, cn: str, y: str, base: str
+    ) -> list[Any]:
+        """One layer's nodes: the GEMM over the activation's codes and its read rows'
+        residual codes, the rows split, the midpoints' term added to the main rows, the read
+        rows' residual products added to them and written back, reshaped to ``y``."""
+        from onnx import helper
+
+        q_cat, s_cat, mf, shape, _ = act
+        f_rows, f_col, bt = self._indices([])  # made by activation()
+        mk, c = helper.make_node, self.const
+        v0 = c("v0", np.array([0], np.int64))
+        big = c("end", np.array([np.iinfo(np.int64).max], np.int64))
+        nodes = [
+            mk(
+                "MatMulIntegerToFloat",
+                [q_cat, qn, s_cat, sn, self.consts["zp"]],
+                [f"{y}_xr8_all"],
+                name=base,
+                domain="com.microsoft",
+            ),
+            mk("Slice", [f"{y}_xr8_all", v0, bt, v0], [f"{y}_xr8_main"], name=f"{base}_main"),
+            mk("Slice", [f"{y}_xr8_all", bt, big, v0], [f"{y}_xr8_resid"], name=f"{base}_resid"),
+        ]
+        main = f"{y}_xr8_main"
+        if mf:
+            nodes += [
+                mk("Mul", [mf, cn], [f"{y}_xr8_mid"], name=f"{base}_mid"),
+                mk("Add", [main, f"{y}_xr8_mid"], [f"{y}_xr8_mainm"], name=f"{base}_add"),
+            ]
+            main = f"{y}_xr8_mainm"
+        nodes += [
+            mk("Gather", [main, f_rows], [f"{y}_xr8_read"], name=f"{base}_read", axis=0),
+            mk(
+                "Add", [f"{y}_xr8_read", f"{y}_xr8_resid"], [f"{y}_xr8_exact"], name=f"{base}_exact"
+            ),
+            mk(
+                "ScatterND",
+                [main, f_col, f"{y}_xr8_exact"],
+                [f"{y}_xr8_rows"],
+                name=f"{base}_write",
+            ),
+            mk("Reshape", [f"{y}_xr8_rows", shape], [y], name=f"{base}_shape"),
+        ]
+        self.layers += 1
+        return nodes
 
 
 def per_token_codes_model(opset: int, rank: int = 2, *, symmetric: bool = False) -> Any:

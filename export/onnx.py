@@ -649,6 +649,7 @@ class _Job:
     keep_error: float | None
     rotate_block: int | None
     symmetric: bool | None
+    exact_reads: bool | None
     cfg: ScoringConfig
     folder: MemberFolder
     ecfg: type[ExportConfig]
@@ -746,6 +747,7 @@ def _stage_resolve(
     graph_form: str | None,
     rotate_block: int | None = None,
     symmetric: bool | None = None,
+    exact_reads: bool | None = None,
 ) -> _Job:
     """Check the arguments and read the member folder: its grid, prompt, validation cases and
     the length buckets they fit. Nothing heavy is loaded."""
@@ -780,6 +782,8 @@ def _stage_resolve(
         raise ValueError(f"rotate_block is int8's option; the precision is {precision!r}.")
     if symmetric is not None and precision != "int8":
         raise ValueError(f"symmetric is int8's option; the precision is {precision!r}.")
+    if exact_reads is not None and precision != "int8":
+        raise ValueError(f"exact_reads is int8's option; the precision is {precision!r}.")
     if rotate_block is not None and rotate_block < 0:
         raise ValueError(
             f"rotate_block must be 0 (no rotation) or a positive block size; got {rotate_block}."
@@ -847,6 +851,7 @@ def _stage_resolve(
         keep_error=keep_error,
         rotate_block=rotate_block,
         symmetric=symmetric,
+        exact_reads=exact_reads,
         cfg=cfg_s,
         folder=folder,
         ecfg=ecfg,
@@ -1043,6 +1048,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
         keep_error=job.keep_error,
         rotate_block=job.rotate_block,
         symmetric=job.symmetric is True,
+        exact_reads=job.exact_reads is not False,
         report=job.convert_report,
     )
     dec_names = list(job.dec_files.values())
@@ -1264,6 +1270,7 @@ def export_member(
     graph_form: str | None = None,
     rotate_block: int | None = None,
     symmetric: bool | None = None,
+    exact_reads: bool | None = None,
 ) -> MemberExport:
     """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
 
@@ -1296,7 +1303,9 @@ def export_member(
     ``rotate_block`` (int8): the largest block a layer over that bound is measured again with its
     input rotated in (None: export/int8.py's ``ROTATE_BLOCK``; 0: no rotation); ``symmetric``
     (int8): True lets a measured layer take the symmetric form by export/int8.py's
-    ``SYMMETRIC_SLACK`` rule (None/False: the midpoint form on every layer, the default).
+    ``SYMMETRIC_SLACK`` rule (None/False: the midpoint form on every layer, the default);
+    ``exact_reads`` (int8): False quantizes the decoder's read rows like every other row
+    (None/True: export/int8.py's ``EXACT_READS``, their residual multiplied too).
 
     ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);
     None: ``image_size``, the configured or hinted grid, else the architecture's default budget.
@@ -1337,6 +1346,7 @@ def export_member(
         graph_form=graph_form,
         rotate_block=rotate_block,
         symmetric=symmetric,
+        exact_reads=exact_reads,
     )
     out = Path(out_dir)
     try:

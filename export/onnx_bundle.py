@@ -176,6 +176,7 @@ def write_onnx_bundle(
     graph_form: str | None = None,
     rotate_block: int | None = None,
     symmetric: bool | None = None,
+    exact_reads: bool | None = None,
 ) -> OnnxBundle:
     """Export ``members`` into the bundle folder ``out`` (replaced, once the new bundle is
     whole, if it is a bundle; :func:`check_bundle_out` says which folders are refused).
@@ -196,7 +197,9 @@ def write_onnx_bundle(
     SmoothQuant's α (``"auto"``: on with the calibration scenes; None: off) and the error bound
     of export/int8.py's keep rule; ``rotate_block`` (int8): the largest block a layer over it is
     rotated in (None: the default; 0: none); ``symmetric`` (int8): True lets a measured
-    layer take the symmetric form (None/False: the midpoint form on every layer). ``graph_form``:
+    layer take the symmetric form (None/False: the midpoint form on every layer);
+    ``exact_reads`` (int8): False rounds the decoder's read rows like every other row (None:
+    export/int8.py's ``EXACT_READS``). ``graph_form``:
     ``"standard"``, ``"fused"`` or None/``"auto"`` (the precision's default), see
     :func:`~spotstop.export.onnx.export_member`; a fused graph holds onnxruntime's contrib
     operators, which TensorRT cannot parse, so a fused fp32 bundle needs ``trt="off"``.
@@ -252,7 +255,7 @@ def write_onnx_bundle(
             quantizer=quantizer, calibration_scenes=calibration_scenes,
             calibration_frames=calibration_frames, int8_sel=int8_sel,
             smooth_alpha=smooth_alpha, keep_error=keep_error, graph_form=graph_form,
-            rotate_block=rotate_block, symmetric=symmetric,
+            rotate_block=rotate_block, symmetric=symmetric, exact_reads=exact_reads,
         )  # fmt: skip
     return b
 
@@ -283,6 +286,7 @@ def _write_members(
     graph_form: str | None,
     rotate_block: int | None = None,
     symmetric: bool | None = None,
+    exact_reads: bool | None = None,
 ) -> OnnxBundle:
     """:func:`write_onnx_bundle`'s work, in the staging folder ``root`` (the bundle it
     returns names ``final``, where it is moved once whole)."""
@@ -308,6 +312,7 @@ def _write_members(
             "graph_form": graph_form,
             "rotate_block": rotate_block,
             "symmetric": symmetric,
+            "exact_reads": exact_reads,
         }
         large = folder_fp32_bytes(resolve_member(src).path) > LARGE_BYTES
         say(f"exporting {mname} ({precision}{', in its own process' if large else ''}) …")

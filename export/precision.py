@@ -85,6 +85,9 @@ class ConvertOptions:
     #: int8: every Linear weight-only 8-bit with float activations (``accuracy_level`` 0), for a
     #: vision graph that failed export/int8.py's ``vision_activation_check``
     float_activations: bool = False
+    #: int8: a decoder graph's read rows multiplied with their residual's codes too
+    #: (export/int8.py's ``EXACT_READS``); False: quantized like every other row
+    exact_reads: bool = True
     #: filled by the conversion: what it did, for the manifest (e.g. int8's layer counts)
     report: dict[str, Any] = field(default_factory=dict)
 
@@ -247,6 +250,7 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
             keep_error=keep_error,
             rotate_block=ROTATE_BLOCK if o.rotate_block is None else o.rotate_block,
             symmetric_slack=SYMMETRIC_SLACK if o.symmetric else None,
+            exact_reads=o.exact_reads,
             output_layers=tied,  # a tied output layer stays the one table the Gather reads
         )
         # what it left (the output layer, the layers over the error bound): weight-only 8-bit
@@ -267,6 +271,7 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
         "float32_image_ends",
         "rotated",
         "symmetric",
+        "exact_reads",
     ):
         meta[k] += prev.get(k, 0)
     for k in ("output_layer", "over_keep_error", "float_activations"):

@@ -22,8 +22,8 @@ def _load() -> Any:
 
 def test_variants_are_parsed_and_checked() -> None:
     qe = _load()
-    assert qe.parse_variant("8:128:all") == (8, 128, "all", True, ())
-    assert qe.parse_variant("4:32:mlp:nohead") == (4, 32, "mlp", False, ())
+    assert qe.parse_variant("8:128:all") == (8, 128, "all", True, (), False)
+    assert qe.parse_variant("4:32:mlp:nohead") == (4, 32, "mlp", False, (), False)
     # int8 selectors (export/mixed.py), in the rule's own order
     assert qe.parse_variant("4:128:all:int8=mixed_layers+output_layer") == (
         4,
@@ -31,9 +31,12 @@ def test_variants_are_parsed_and_checked() -> None:
         "all",
         True,
         ("output_layer", "mixed_layers"),
+        False,
     )
-    assert qe.parse_variant("8:col:vision") == (8, qe.COLUMN, "vision", True, ())
-    assert qe.parse_variant("8:col:mlp:nohead") == (8, qe.COLUMN, "mlp", False, ())
+    # the int8 precision: the read rows exact, as the export computes them, unless int8reads
+    assert qe.parse_variant("8:col:vision") == (8, qe.COLUMN, "vision", True, (), True)
+    assert qe.parse_variant("8:col:mlp:nohead") == (8, qe.COLUMN, "mlp", False, (), True)
+    assert qe.parse_variant("8:col:all:int8reads") == (8, qe.COLUMN, "all", True, (), False)
     for bad in (
         "8:128",
         "3:128:all",
@@ -42,6 +45,7 @@ def test_variants_are_parsed_and_checked() -> None:
         "8:128:all:head",
         "4:col:all",  # per column per token is the int8 precision alone
         "8:col:all:int8=vision",
+        "8:128:all:int8reads",  # the read rows are the int8 precision's
     ):
         with pytest.raises(ValueError, match="variant"):
             qe.parse_variant(bad)
@@ -105,6 +109,72 @@ def test_per_column_per_token_is_what_the_int8_graph_computes() -> None:
         assert not np.allclose(lin(torch.from_numpy(x)).numpy(), want, rtol=1e-4, atol=0)
 
 
+def test_exact_read_rows_are_what_the_int8_decoder_graph_computes() -> None:
+    """A decoder Linear with the exact-reads hook gives what the export's int8 rewrite of that
+    Linear in a graph with the scoring inputs gives (the read rows with their residual's codes,
+    the rest per token), to float rounding; the rows come from ``decoder_feeds``, as the
+    graph's inputs do, for two prompts of different lengths."""
+    import onnxruntime as ort
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+    from spotstop.export.int8 import channel_int8, quantize_matmuls_int8
+    from spotstop.guard._prompt import ScorePlan
+    from spotstop.guard.backends._graphs import decoder_feeds
+
+    qe = _load()
+    rng = np.random.default_rng(8)
+    k, n = 64, 40
+    plan = ScorePlan.build([5, 6, 7], [7])  # one continuation row of two tokens: 3 reads
+    prompts = [[1, 2, 3, 4], [1, 2, 3, 4, 5, 6]]
+    mask = qe._read_mask(prompts, plan)
+    feeds = decoder_feeds(prompts, plan, mask.shape[1])
+    assert mask.shape == (2, 8) and mask.sum() == 6
+    assert mask[0, 3:6].all() and mask[1, 5:8].all()
+    w = rng.normal(0, 0.1, (k, n)).astype(np.float32)
+    x = rng.normal(size=(*mask.shape, k)).astype(np.float32)
+    i64, f32 = TensorProto.INT64, TensorProto.FLOAT
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="lin")],
+        "g",
+        [
+            helper.make_tensor_value_info("input_ids", i64, ["b", "t"]),
+            helper.make_tensor_value_info("x", f32, ["b", "t", k]),
+            helper.make_tensor_value_info("last_index", i64, ["b"]),
+            helper.make_tensor_value_info("read_index", i64, ["b", 2]),
+        ],
+        [helper.make_tensor_value_info("y", f32, ["b", "t", n])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    assert quantize_matmuls_int8(model).exact_reads == 1
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = sess.run(
+        None, {"x": x, **{name: feeds[name] for name in ("input_ids", "last_index", "read_index")}}
+    )
+    lin = torch.nn.Linear(k, n, bias=False)
+    codes, scales = channel_int8(w)
+    lin.weight.data.copy_(torch.from_numpy((codes.astype(np.float32) * scales).T.copy()))
+    got = {}
+    for exact in (True, False):
+        hook = lin.register_forward_pre_hook(
+            lambda mod, inp, e=exact: qe._per_token(mod, inp, exact_reads=e)
+        )
+        qe._READS[0] = mask
+        try:
+            with torch.no_grad():
+                got[exact] = lin(torch.from_numpy(x)).numpy()
+        finally:
+            qe._READS[0] = None
+            hook.remove()
+    tol = {"rtol": 1e-5, "atol": 1e-5 * float(np.abs(want).max())}
+    np.testing.assert_allclose(got[True], want, **tol)
+    np.testing.assert_allclose(got[False][~mask], want[~mask], **tol)
+    exact_y = x @ (codes * scales)  # float activations
+    assert np.abs(got[True] - exact_y)[mask].max() < np.abs(got[False] - exact_y)[mask].max() / 30
+
+
 def test_quantized_weight_is_the_operators(tiny_member_dir: Path) -> None:
     """The simulation's weight is what MatMulNBits multiplies by (export/nbits.py's inverse),
     chunked or not."""
@@ -150,13 +220,23 @@ def test_int8_variants_on_a_world_folder(
     qe = _load()
     world = build_world(tmp_path / "w", seed=3, options=WorldOptions(rooms=1, contrasts_per_room=1))
     argv = [str(tiny_member_dir), "--world", str(world.root), "--threads", "1"]
-    assert qe.main([*argv, "--variants", "8:col:none:nohead,8:col:all"]) == 0
+    assert qe.main([*argv, "--variants", "8:col:none:nohead,8:col:all,8:col:all:int8reads"]) == 0
     out = capsys.readouterr().out
     rows = dict(
-        re.findall(r"^\s*(int8 per column, per token \w+(?: nohead)?)\s+rtn\s+([\d.]+)", out, re.M)
+        re.findall(
+            r"^\s*(int8 per column, per token(?:, read rows int8)? \w+(?: nohead)?)\s+rtn\s+([\d.]+)",
+            out,
+            re.M,
+        )
     )
     assert float(rows["int8 per column, per token none nohead"]) == 0.0
     assert float(rows["int8 per column, per token all"]) > 0.0
+    # the read rows rounded too: another computation, another score
+    assert float(rows["int8 per column, per token, read rows int8 all"]) > 0.0
+    assert (
+        rows["int8 per column, per token, read rows int8 all"]
+        != rows["int8 per column, per token all"]
+    )
     assert "4 scores (scene and request-only passes of 2 scenes of the world w (seed 3))" in out
 
 

@@ -747,7 +747,15 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     assert d["smoothed_inputs"] == 0
     # by default the midpoint form everywhere: no symmetric layer, no symmetric quantization
     assert d["symmetric"] == 0 and d["symmetric_slack"] is None
-    assert not any(n.name.endswith("_tok8s_neg") for n in nodes)
+    # (the read rows' residuals take it: their own quantization, named for them)
+    assert not any(n.name.endswith("_tok8s_neg") and "_reads" not in n.name for n in nodes)
+    # the decoder's read rows are multiplied with their residual's codes too; the vision
+    # graph's rows all alike
+    vis = onnx.load(str(tmp_path / "m" / "onnx" / "vision.onnx"), load_external_data=False)
+    assert not any(n.op_type == "ScatterND" for n in vis.graph.node)
+    n_int8 = sum(1 for n in vis.graph.node if n.op_type == "MatMulIntegerToFloat")
+    assert d["exact_reads"] == d["dynamic"] - n_int8 > 0
+    assert sum(1 for n in dec.graph.node if n.op_type == "ScatterND") == d["exact_reads"]
     # symmetric=True (`spotstop export --int8-symmetric`): the layers with two-sided inputs
     # take the symmetric form, each within the bound; the graphs hold one per-row Sub (the
     # midpoint) per activation quantized with it
@@ -763,7 +771,11 @@ def test_export_member_at_int8_calibrates_measures_and_records(
         for n in onnx.load(str(tmp_path / "sym" / "onnx" / f), load_external_data=False).graph.node
     ]
     n_mid = sum(1 for n in sym_nodes if n.op_type == "Sub" and n.name.endswith("_tok8_centred"))
-    n_sym = sum(1 for n in sym_nodes if n.op_type == "Neg" and n.name.endswith("_tok8s_neg"))
+    n_sym = sum(
+        1
+        for n in sym_nodes
+        if n.op_type == "Neg" and n.name.endswith("_tok8s_neg") and "_reads" not in n.name
+    )
     assert n_sym > 0 and n_mid + n_sym <= md["dynamic"]
     s = export_member(src, tmp_path / "s", smooth_alpha=SMOOTH_ALPHA, **kw)  # type: ignore[arg-type]
     assert all(c.ok for c in s.checks)
@@ -1019,3 +1031,123 @@ def test_the_export_measures_the_vision_graphs_int8_activations_and_records_the_
     else:  # the keep rule's weight-only layers, if any, at accuracy_level 4
         assert dynamic_vision and set(levels) <= {4}
         assert d["weight_only"]["float_activations"] == 0
+
+
+def _decoder_like(k: int, n: int, opset: int, seed: int) -> tuple[object, list[np.ndarray]]:
+    """A graph with the decoder's scoring inputs: ``x`` (B, T, K; ``x_in`` plus nothing, made
+    from the token ids as a decoder's rows are) read by two Linears (one activation, two
+    weights), the first one's output read by a third; and a read-out Linear on the rows
+    gathered at ``last_index`` (as the answers' first-token rows are multiplied)."""
+    rng = np.random.default_rng(seed)
+    ws = [rng.normal(0, 0.1, (k, n)).astype(np.float32) for _ in range(2)]
+    ws += [rng.normal(0, 0.1, (n, n)).astype(np.float32) for _ in range(2)]
+    mk = helper.make_node
+    ax = numpy_helper.from_array(np.array([-1], np.int64), "ax")
+    zero = numpy_helper.from_array(np.float32(0), "zero")
+    flat = numpy_helper.from_array(np.array([-1, n], np.int64), "flat")
+    if opset >= 13:
+        unsq = mk("Unsqueeze", ["ids_f", "ax"], ["ids_3"])
+    else:
+        unsq = mk("Unsqueeze", ["ids_f"], ["ids_3"], axes=[-1])
+    nodes = [
+        mk("Cast", ["input_ids"], ["ids_f"], to=TensorProto.FLOAT),
+        unsq,
+        mk("Mul", ["ids_3", "zero"], ["ids_0"]),
+        mk("Add", ["x_in", "ids_0"], ["x"]),
+        mk("MatMul", ["x", "w0"], ["y0"], name="lin0"),
+        mk("MatMul", ["x", "w1"], ["y1"], name="lin1"),
+        mk("MatMul", ["y0", "w2"], ["y2"], name="lin2"),
+        mk("Reshape", ["y0", "flat"], ["y0_rows"]),
+        mk("Gather", ["y0_rows", "last_index"], ["y0_last"], axis=0),
+        mk("MatMul", ["y0_last", "w3"], ["y3"], name="readout"),
+    ]
+    i64, f32 = TensorProto.INT64, TensorProto.FLOAT
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("input_ids", i64, ["b", "t"]),
+            helper.make_tensor_value_info("x_in", f32, ["b", "t", k]),
+            helper.make_tensor_value_info("last_index", i64, ["b"]),
+            helper.make_tensor_value_info("read_index", i64, ["b", 2]),
+        ],
+        [helper.make_tensor_value_info(f"y{i}", f32, ["b", "t", n]) for i in range(3)]
+        + [helper.make_tensor_value_info("y3", f32, ["b", n])],
+        [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)] + [ax, zero, flat],
+    )
+    m = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    )
+    return m, ws
+
+
+@pytest.mark.parametrize(
+    ("opset", "symmetric"), [(12, False), (17, False), (18, False), (17, True)]
+)
+def test_the_read_rows_are_multiplied_with_their_residual_too(opset: int, symmetric: bool) -> None:
+    """A decoder graph's read rows (the last prompt position and ``read_index``'s, which pads
+    with the last position) are multiplied as their per-token codes plus the residual's codes,
+    numpy's ``dequantize_read_rows``; every other row as per-token codes alone; two sequences
+    of different lengths, right-padded. The read rows' activation error falls far below the
+    other rows'."""
+    import math
+
+    from onnx import checker
+    from spotstop.export.int8 import dequantize_read_rows
+
+    k, n, b, t = 64, 48, 2, 9
+    model, ws = _decoder_like(k, n, opset, seed=4)
+    plain, _ = _decoder_like(k, n, opset, seed=4)
+    slack = math.inf if symmetric else None
+    rep = quantize_matmuls_int8(model, symmetric_slack=slack)
+    quantize_matmuls_int8(plain, symmetric_slack=slack, exact_reads=False)
+    checker.check_model(model)
+    # the read-out Linear (after the Gather at last_index) computes in int8, its rows alone
+    assert rep.dynamic == 4 and rep.as_meta()["exact_reads"] == 3
+    ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
+    assert ops.count("MatMulIntegerToFloat") == 4 and ops.count("ScatterND") == 3
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(b, t, k)).astype(np.float32)
+    x[0, 0] *= 30.0  # an outlier token (an attention sink)
+    last = np.array([4, 6], np.int64)  # prompts of 5 and 7 tokens
+    read = np.array([[5, 6], [7, 6]], np.int64)  # the second sequence's second read: padding
+    feeds = {
+        "input_ids": np.zeros((b, t), np.int64),
+        "x_in": x,
+        "last_index": last,
+        "read_index": read,
+    }
+    got = _session(model).run(None, feeds)  # type: ignore[attr-defined]
+    base = _session(plain).run(None, feeds)  # type: ignore[attr-defined]
+    is_read = np.zeros((b, t), bool)
+    for i in range(b):
+        is_read[i, [last[i], *read[i]]] = True
+    first = dequantize_activations_symmetric if symmetric else dequantize_activations_per_token
+    for y, inp, w in ((0, x, ws[0]), (1, x, ws[1]), (2, got[0], ws[2])):
+        codes, scales = channel_int8(w)
+        w_hat = codes * scales.astype(np.float64)
+        deq = first(inp).astype(np.float64)
+        deq[is_read] = dequantize_read_rows(inp[is_read], symmetric=symmetric)
+        sim = deq @ w_hat
+        np.testing.assert_allclose(got[y], sim, rtol=1e-5, atol=1e-5 * float(np.abs(sim).max()))
+        if y < 2:  # the rows nobody reads: what the plain per-token graph computes
+            np.testing.assert_allclose(got[y][~is_read], base[y][~is_read], rtol=1e-6, atol=1e-6)
+        exact = inp.astype(np.float64) @ w_hat
+        e_read = np.abs(got[y] - exact)[is_read].max() / np.abs(exact[is_read]).max()
+        e_plain = np.abs(base[y] - exact)[is_read].max() / np.abs(exact[is_read]).max()
+        assert e_read < e_plain / 30, (y, e_read, e_plain)
+    # the read-out Linear: the gathered rows (flattened over the batch) per token alone
+    codes, scales = channel_int8(ws[3])
+    rows = got[0].reshape(-1, n)[last]
+    sim = first(rows).astype(np.float64) @ (codes * scales)
+    np.testing.assert_allclose(got[3], sim, rtol=1e-5, atol=1e-5 * float(np.abs(sim).max()))
+
+
+def test_a_graph_without_the_scoring_inputs_has_no_read_rows() -> None:
+    """The vision graph (no ``input_ids``/``last_index``/``read_index``) and the per-tensor form
+    quantize every row alike."""
+    model, _ = _norm_then_two_linears(16, 8, 9, 1.0)
+    assert quantize_matmuls_int8(model).exact_reads == 0
+    dec, _ = _decoder_like(16, 8, 17, seed=1)
+    assert quantize_matmuls_int8(dec, activations="per-tensor").exact_reads == 0
+    assert "ScatterND" not in [nd.op_type for nd in dec.graph.node]  # type: ignore[attr-defined]
