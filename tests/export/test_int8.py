@@ -755,7 +755,8 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     assert not any(n.op_type == "ScatterND" for n in vis.graph.node)
     n_int8 = sum(1 for n in vis.graph.node if n.op_type == "MatMulIntegerToFloat")
     assert d["exact_reads"] == d["dynamic"] - n_int8 > 0
-    assert sum(1 for n in dec.graph.node if n.op_type == "ScatterND") == d["exact_reads"]
+    writes = [n for n in dec.graph.node if n.op_type == "ScatterND" and "_xr8_" in n.output[0]]
+    assert len(writes) == d["exact_reads"]
     # symmetric=True (`spotstop export --int8-symmetric`): the layers with two-sided inputs
     # take the symmetric form, each within the bound; the graphs hold one per-row Sub (the
     # midpoint) per activation quantized with it
@@ -871,7 +872,35 @@ def test_int8_options_are_checked_before_anything_is_written(
         export_member(src, tmp_path / "f", precision="int8", rotate_block=-1)
     with pytest.raises(ValueError, match="symmetric is int8's option"):
         export_member(src, tmp_path / "g", precision="int4", symmetric=False)
+    with pytest.raises(ValueError, match="exact_reads is int8's option"):
+        export_member(src, tmp_path / "h", precision="int4", exact_reads=False)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_export_rounds_the_read_rows_too_when_asked(tiny_pair: Path, tmp_path: Path) -> None:
+    """``exact_reads=False`` (``spotstop export --int8-reads int8``): the decoder's read rows
+    quantized like the others, none written back (ScatterND), the manifest's count 0; by default (round to
+    nearest here, so the answers' first-token rows, read out after the Gather at the last
+    position, are an int8 layer too) every token-row layer has them and that one does not."""
+    import onnx
+    from spotstop.export.onnx import export_member
+
+    src = tiny_pair / "tiny-qwen3_5"
+    kw = {"precision": "int8", "buckets": [256], "name": "tiny-qwen3_5", "quantizer": "rtn"}
+    counts = {}
+    for exact in (False, None):
+        e = export_member(src, tmp_path / str(exact), exact_reads=exact, **kw)  # type: ignore[arg-type]
+        assert all(c.ok for c in e.checks)
+        d = e.quantizer["dynamic_int8"]  # type: ignore[index]
+        g = onnx.load(
+            str(tmp_path / str(exact) / "onnx" / "decoder.onnx"), load_external_data=False
+        )
+        n_int8 = sum(1 for n in g.graph.node if n.op_type == "MatMulIntegerToFloat")
+        writes = sum(1 for n in g.graph.node if n.op_type == "ScatterND" and "_xr8_" in n.output[0])
+        counts[exact] = (d["exact_reads"], writes)
+        if exact is None:
+            assert 0 < d["exact_reads"] < n_int8  # not the read-out's first-token rows
+    assert counts[False] == (0, 0) and counts[None][0] == counts[None][1] > 0
 
 
 @pytest.mark.parametrize(
