@@ -15,7 +15,6 @@ tells the bundles apart (``exact_reads``, ``rotated``, ``symmetric``). Run it al
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write_section
-from int8_gemm import cpu_info
+from int8_gemm import measured_by
 from int8_kept_form import time_all
 
 #: the manifest's int8 counts that tell two int8 bundles of one member apart
@@ -87,7 +86,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{med[b.name] / med[base]:.2f}x | {dec[b.name]:.2f} s | {dec[b.name] / dec[base]:.2f}x |"
         for b, (_, r) in zip(bundles, recs, strict=True)
     ]
-    cpu = cpu_info()
     cmd = "python bench/bundle_ab.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = "\n".join(
         [
@@ -101,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             "|---|---|---|---|---|---|---|",
             *rows,
             "",
-            f"Measured by `{cmd}` ({_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC, "
-            f"{time.perf_counter() - t0:.0f} s); CPU {cpu['model']}, {cpu['cores']} logical "
-            f"cores, flags {', '.join(cpu['flags'])}.",
+            measured_by(cmd, time.perf_counter() - t0),
         ]
     )
     print(text)

@@ -124,6 +124,17 @@ def cpu_info() -> dict[str, Any]:
     }
 
 
+def measured_by(cmd: str, seconds: float) -> str:
+    """A RESULTS table's last line: the command, when it ran, how long, and on what CPU."""
+    import datetime as dt
+
+    cpu = cpu_info()
+    return (
+        f"Measured by `{cmd}` ({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {seconds:.0f} s); "
+        f"CPU {cpu['model']}, {cpu['cores']} logical cores, flags {', '.join(cpu['flags'])}."
+    )
+
+
 def _ort_session(nodes: list[Any], inits: list[Any], m: int, n: int, k: int, threads: int) -> Any:
     import onnx
     import onnxruntime as ort

@@ -28,7 +28,6 @@ Run it alone on the machine: the three forms are timed minutes apart.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -42,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write_section
-from int8_gemm import cpu_info
+from int8_gemm import measured_by
 
 
 def float_copy(src: Path, dst: Path) -> dict[str, int]:
@@ -249,7 +248,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{med[b.name] / med[src.name]:.2f}x | {dec[b.name]:.2f} s | "
             f"{dec[b.name] / dec[src.name]:.2f}x | {check} |"
         )
-    cpu = cpu_info()
     cmd = "python bench/int8_kept_form.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = "\n".join(
         [
@@ -271,9 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             "|---|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
-            f"Measured by `{cmd}` ({_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC, "
-            f"{time.perf_counter() - t0:.0f} s); CPU {cpu['model']}, {cpu['cores']} logical "
-            f"cores, flags {', '.join(cpu['flags'])}.",
+            measured_by(cmd, time.perf_counter() - t0),
         ]
     )
     print(text)
