@@ -1237,7 +1237,8 @@ class _ReadRows:
         from onnx import helper
 
         q_cat, s_cat, mf, shape, _ = act
-        f_rows, f_col, bt = self._indices([])  # made by activation()
+        assert self.flat is not None, "activation() makes the read rows' indices first"
+        f_rows, f_col, bt = self.flat
         mk, c = helper.make_node, self.const
         v0 = c("v0", np.array([0], np.int64))
         big = c("end", np.array([np.iinfo(np.int64).max], np.int64))
