@@ -133,17 +133,28 @@ def test_exact_read_rows_are_what_the_int8_decoder_graph_computes() -> None:
     w = rng.normal(0, 0.1, (k, n)).astype(np.float32)
     x = rng.normal(size=(*mask.shape, k)).astype(np.float32)
     i64, f32 = TensorProto.INT64, TensorProto.FLOAT
+    mk = helper.make_node
     g = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="lin")],
+        [  # x made from the token ids (plus nothing), as a decoder's rows are
+            mk("Cast", ["input_ids"], ["ids_f"], to=TensorProto.FLOAT),
+            mk("Unsqueeze", ["ids_f", "ax"], ["ids_3"]),
+            mk("Mul", ["ids_3", "zero"], ["ids_0"]),
+            mk("Add", ["x_in", "ids_0"], ["x"]),
+            mk("MatMul", ["x", "w"], ["y"], name="lin"),
+        ],
         "g",
         [
             helper.make_tensor_value_info("input_ids", i64, ["b", "t"]),
-            helper.make_tensor_value_info("x", f32, ["b", "t", k]),
+            helper.make_tensor_value_info("x_in", f32, ["b", "t", k]),
             helper.make_tensor_value_info("last_index", i64, ["b"]),
             helper.make_tensor_value_info("read_index", i64, ["b", 2]),
         ],
         [helper.make_tensor_value_info("y", f32, ["b", "t", n])],
-        [numpy_helper.from_array(w, "w")],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array([-1], np.int64), "ax"),
+            numpy_helper.from_array(np.float32(0), "zero"),
+        ],
     )
     model = helper.make_model(
         g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
@@ -151,7 +162,8 @@ def test_exact_read_rows_are_what_the_int8_decoder_graph_computes() -> None:
     assert quantize_matmuls_int8(model).exact_reads == 1
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     (want,) = sess.run(
-        None, {"x": x, **{name: feeds[name] for name in ("input_ids", "last_index", "read_index")}}
+        None,
+        {"x_in": x, **{name: feeds[name] for name in ("input_ids", "last_index", "read_index")}},
     )
     lin = torch.nn.Linear(k, n, bias=False)
     codes, scales = channel_int8(w)
