@@ -807,10 +807,10 @@ def quantize_matmuls_int8(
         if exact_reads and activations == "per-token" and set(READ_INPUTS) <= graph_inputs
         else None
     )
-    # one row per token: what the token ids reach and the read positions do not (the read-out
-    # after them multiplies the gathered rows alone, e.g. the answers' first-token rows)
+    # one row per token: what the token ids reach, but the read-out (the rows a Gather picks
+    # at the read positions, e.g. multiplied by the answers' first-token rows)
     token_rows = (
-        _reached(g, READ_INPUTS[:1]) - _reached(g, READ_INPUTS[1:]) if reads is not None else set()
+        _reached(g, READ_INPUTS[:1]) - _read_out(g, READ_INPUTS[1:]) if reads is not None else set()
     )
 
     def rewrite(node: Any, t: Any) -> list[Any] | None:
@@ -1074,28 +1074,53 @@ def _per_token_quantize(
     return n("Reshape", [q2, n("Shape", [a], "shape")], "u8"), sigma, mu
 
 
-def _reached(g: Any, sources: Collection[str]) -> set[str]:
-    """The tensors of graph ``g`` that depend on any of ``sources`` (a node whose subgraph
-    reads one, e.g. an ``If``, counts as reading it)."""
+#: operators that pick rows by an index input (what a read-out after the read positions is)
+_SELECTS = ("Gather", "GatherElements", "GatherND")
 
-    def names_in(graph: Any) -> set[str]:
-        out: set[str] = set()
-        for n in graph.node:
-            out.update(n.input)
-            for a in n.attribute:
-                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    out |= names_in(sub)
-        return out
 
-    hit = set(sources)
+def _subgraphs(n: Any) -> list[Any]:
+    return [g for a in n.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def _names_read(n: Any) -> set[str]:
+    """What node ``n`` reads: its inputs and, for a node with subgraphs (an ``If``), every name
+    their nodes read."""
+    out = set(n.input)
+    for sub in _subgraphs(n):
+        for m in sub.node:
+            out |= _names_read(m)
+    return out
+
+
+def _reached(g: Any, sources: Collection[str], hit: set[str] | None = None) -> set[str]:
+    """The tensors of graph ``g`` (its subgraphs' too) that depend on any of ``sources``."""
+    hit = set(sources) if hit is None else hit
     for n in g.node:  # topological order
-        used = set(n.input)
-        for a in n.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                used |= names_in(sub)
-        if used & hit:
+        for sub in _subgraphs(n):
+            _reached(sub, (), hit)
+        if _names_read(n) & hit:
             hit.update(o for o in n.output if o)
     return hit
+
+
+def _read_out(g: Any, positions: Collection[str]) -> set[str]:
+    """The tensors of graph ``g`` that hold rows picked by the read positions: a Gather's output
+    whose indices depend on ``positions`` (the graph inputs), and whatever depends on such a
+    tensor (a node whose subgraph picks so, e.g. LFM2's ``If``, included). A mask or a shape
+    made from the positions picks no rows: what it reaches keeps one row per token."""
+    pos = _reached(g, positions)
+    out: set[str] = set()
+
+    def visit(graph: Any) -> None:
+        for n in graph.node:
+            for sub in _subgraphs(n):
+                visit(sub)
+            picks = n.op_type in _SELECTS and len(n.input) > 1 and n.input[1] in pos
+            if picks or _names_read(n) & out:
+                out.update(o for o in n.output if o)
+
+    visit(g)
+    return out
 
 
 class _ReadRows:
