@@ -1138,7 +1138,7 @@ class _ReadRows:
     def __init__(self, io: WeightIO, model: Any, consts: dict[str, str], opset: int) -> None:
         self.io, self.model, self.consts, self.opset = io, model, consts, opset
         self.flat: tuple[str, str, str] | None = None  # (F, F as (n, 1), B·T as 1-D)
-        self.acts: dict[tuple[str, bool], tuple[str, str, str, str, str]] = {}
+        self.acts: dict[tuple[str, bool], tuple[str, str, str, str]] = {}
         self.layers = 0
         self._c: dict[str, str] = {}
 
@@ -1203,7 +1203,7 @@ class _ReadRows:
 
     def activation(
         self, a: str, q: str, sigma: str, mu: str, out: list[Any]
-    ) -> tuple[str, str, str, str, str]:
+    ) -> tuple[str, str, str, str]:
         """The activation ``a``'s codes ``q`` (steps ``sigma``, midpoints ``mu``; "" in the
         symmetric form) as (rows, K) with its read rows' residual codes appended, their steps
         likewise, its midpoints as (rows, 1) ("" symmetric) and the shape its layers' outputs
@@ -1255,19 +1255,18 @@ class _ReadRows:
                 n("Concat", [sf, s2], "scat", axis=0),
                 mf,
                 shape,
-                tag,
             )
         return self.acts[key]
 
     def layer(
-        self, act: tuple[str, str, str, str, str], qn: str, sn: str, cn: str, y: str, base: str
+        self, act: tuple[str, str, str, str], qn: str, sn: str, cn: str, y: str, base: str
     ) -> list[Any]:
         """One layer's nodes: the GEMM over the activation's codes and its read rows'
         residual codes, the rows split, the midpoints' term added to the main rows, the read
         rows' residual products added to them and written back, reshaped to ``y``."""
         from onnx import helper
 
-        q_cat, s_cat, mf, shape, _ = act
+        q_cat, s_cat, mf, shape = act
         assert self.flat is not None, "activation() makes the read rows' indices first"
         f_rows, f_col, bt = self.flat
         mk, c = helper.make_node, self.const
