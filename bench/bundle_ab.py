@@ -15,6 +15,7 @@ tells the bundles apart (``exact_reads``, ``rotated``, ``symmetric``). Run it al
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -24,10 +25,29 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write_section
 from int8_gemm import measured_by
-from int8_kept_form import time_all
 
 #: the manifest's int8 counts that tell two int8 bundles of one member apart
 _INT8_KEYS = ("dynamic", "exact_reads", "rotated", "symmetric")
+
+
+def time_all(bundles: list[Path], member: str, scenes: int, rounds: int, log: Path) -> dict:
+    """Per bundle, the per-scene times and the decoder graph's times of ``rounds`` child
+    processes each (one bundle resident at a time: three Qwen3.5-2B bundles in one process
+    would not fit beside each other in memory), the bundles' order alternating per round.
+    Each child (``bench/real_pair.py``'s latency child) scores one warm-up scene, then
+    ``scenes`` generated scenes one a call."""
+    from real_pair import _child, _run
+
+    out: dict[str, dict[str, list[float]]] = {b.name: {"scene": [], "decoder": []} for b in bundles}
+    for r in range(rounds):
+        for b in bundles if r % 2 == 0 else bundles[::-1]:
+            res = _run(_child("child_latency", "onnx", str(b), member, str(scenes), "", ""), log)
+            if res["rc"] != 0:
+                raise SystemExit(f"timing {b} failed (exit {res['rc']}); see {log}")
+            doc = json.loads(res["stdout"].strip().splitlines()[-1])
+            out[b.name]["scene"] += doc["times_s"]
+            out[b.name]["decoder"] += [g["decoder"] for g in doc["graph_s"]]
+    return out
 
 
 def member_record(bundle: Path) -> tuple[str, dict[str, Any]]:
