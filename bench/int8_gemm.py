@@ -22,6 +22,11 @@ measured on), each form timed best of ``--repeats`` after one warm-up call, all 
 * ``onnxruntime MatMulIntegerToFloat per token, symmetric (spotstop int8)``: the form a layer
   with two-sided inputs takes (``SYMMETRIC_SLACK``): each row's step its largest magnitude
   over 127, no midpoint: nothing after the product;
+* ``onnxruntime MatMulIntegerToFloat per token, exact reads of 3 rows``: the midpoint form as
+  a decoder graph's layer takes it (``EXACT_READS``): the 3 rows the score reads (the last
+  prompt position and the two answer tokens after it, here the last 3 rows) multiplied with
+  their residual's codes too, in one GEMM over ``M + 3`` rows, the main rows sliced off and the
+  read rows written back: what exact reads cost a layer;
 * ``... input rotated in blocks of 64 / 128``: that form after the online rotation a layer over
   the keep bound takes (one float32 ``MatMul`` by the ``b × b`` Hadamard constant, the weight
   stored rotated): what the rotation costs at each block size;
@@ -74,6 +79,11 @@ SHAPE = (383, 2048, 6144)
 REF = "onnxruntime fp32 MatMul"
 PER_TOKEN = "onnxruntime MatMulIntegerToFloat per token (spotstop int8)"
 PER_TOKEN_SYMMETRIC = "onnxruntime MatMulIntegerToFloat per token, symmetric (spotstop int8)"
+PER_TOKEN_EXACT = (
+    "onnxruntime MatMulIntegerToFloat per token, exact reads of 3 rows (spotstop int8)"
+)
+#: the rows a decoder's score reads (the last prompt position and the two answer tokens)
+READ_ROWS = 3
 #: the rotation blocks a layer over the keep bound is tried with (export/int8.py)
 ROTATED_BLOCKS = (64, 128)
 #: how much larger the first row of x is in the outlier-token error column
@@ -242,6 +252,7 @@ def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
     )
     forms.append(_per_token_form(w, ort_form))
     forms.append(_per_token_form(w, ort_form, symmetric=True))
+    forms.append(_exact_reads_form(w, x, threads))
     for block in ROTATED_BLOCKS:
         forms.append(_rotated_form(w, block, ort_form))
     torch.set_num_threads(threads)
@@ -289,6 +300,71 @@ def per_token_layer(w: np.ndarray, symmetric: bool = False) -> Any:
     if rep.dynamic != 1 or len(rep.symmetric) != symmetric or symmetric != _is_symmetric(model):
         raise RuntimeError(f"the int8 rewrite did not quantize the layer: {rep}")
     return model
+
+
+def exact_reads_layer(w: np.ndarray) -> Any:
+    """``X @ w`` as a layer of a decoder graph, rewritten by ``spotstop export --precision
+    int8`` with its exact reads (:data:`~spotstop.export.int8.EXACT_READS`): inputs ``X``
+    (1 x M x K), ``input_ids`` (1 x M; only its shape is read: ``X`` is reshaped to it, no
+    copy, so that the layer's input has one row per token), ``last_index`` (1) and
+    ``read_index`` (1 x 2); output ``Y`` (1 x M x N)."""
+    from onnx import TensorProto, helper
+    from onnx import numpy_helper as nh
+    from spotstop.export.int8 import quantize_matmuls_int8
+
+    k, n = w.shape
+    mk, i64, f32 = helper.make_node, TensorProto.INT64, TensorProto.FLOAT
+    g = helper.make_graph(
+        [
+            mk("Shape", ["input_ids"], ["ids_shape"]),
+            mk("Concat", ["ids_shape", "K"], ["x_shape"], axis=0),
+            mk("Reshape", ["X", "x_shape"], ["Xt"]),
+            mk("MatMul", ["Xt", "W"], ["Y"], name="layer"),
+        ],
+        "layer",
+        [
+            helper.make_tensor_value_info("X", f32, [1, None, k]),
+            helper.make_tensor_value_info("input_ids", i64, [1, None]),
+            helper.make_tensor_value_info("last_index", i64, [1]),
+            helper.make_tensor_value_info("read_index", i64, [1, 2]),
+        ],
+        [helper.make_tensor_value_info("Y", f32, [1, None, n])],
+        initializer=[nh.from_array(w, "W"), nh.from_array(np.array([k], np.int64), "K")],
+    )
+    model = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 10
+    rep = quantize_matmuls_int8(model, activations="per-token", exact_reads=True)
+    if rep.dynamic != 1 or rep.exact_reads != 1:
+        raise RuntimeError(f"the int8 rewrite did not give the layer exact reads: {rep}")
+    return model
+
+
+def _exact_reads_form(w: np.ndarray, x: np.ndarray, threads: int) -> Form:
+    """:func:`exact_reads_layer` on ``x``, its last :data:`READ_ROWS` rows read."""
+    import onnxruntime as ort
+
+    m, n = x.shape[0], w.shape[1]
+    if m < READ_ROWS:
+        raise ValueError(f"exact reads need at least {READ_ROWS} rows; x has {m}.")
+    model = exact_reads_layer(w)
+    inits = list(model.graph.initializer)
+    nbytes = sum(int(np.prod(t.dims)) for t in inits if t.name.endswith("_int8")) + 4 * n
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(
+        model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"]
+    )
+    feed = {
+        "X": x[None],
+        "input_ids": np.zeros((1, m), np.int64),
+        "last_index": np.array([m - READ_ROWS], np.int64),
+        "read_index": np.arange(m - READ_ROWS + 1, m, dtype=np.int64)[None],
+    }
+    return Form(PER_TOKEN_EXACT, nbytes, lambda: sess.run(["Y"], feed)[0][0])
 
 
 def rotated_layer(w: np.ndarray, block: int) -> Any:

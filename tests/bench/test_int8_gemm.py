@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests._support.bench import load_bench
@@ -99,6 +100,8 @@ def test_every_form_runs_at_a_tiny_size_and_writes_its_section(tmp_path: Path) -
     # two-sided gaussian rows its error is near the midpoint form's (at 8 rows either may be
     # the smaller: a row's range is set by its two or three largest values)
     assert g.PER_TOKEN_SYMMETRIC in forms and out[g.PER_TOKEN_SYMMETRIC] < 0.05
+    # exact reads: 3 of the 8 rows near exact, the others as the plain per-token form
+    assert err[g.PER_TOKEN_EXACT] < err[g.PER_TOKEN], err
     assert 0.8 < err[g.PER_TOKEN_SYMMETRIC] / err[g.PER_TOKEN] < 1.2, err
     # the rotated layers compute x @ w too (Rᵀ w stored, x R computed): int8 rounding only
     rotated = [f for f in forms if "input rotated in blocks of" in f]
@@ -113,3 +116,34 @@ def test_every_form_runs_at_a_tiny_size_and_writes_its_section(tmp_path: Path) -
     )
     assert all(e < 0.2 for e in err.values())
     assert doc["read_gbs"] > 0 and doc["cpu"]["cores"]
+
+
+def test_the_exact_reads_form_is_the_per_token_form_with_its_read_rows_near_exact() -> None:
+    """The layer with exact reads (``PER_TOKEN_EXACT``) computes the rows nobody reads as the
+    plain per-token form does, and its last 3 rows (the read ones) far closer to ``x @ w``."""
+    pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
+
+    g = load_bench("int8_gemm")
+    rng = np.random.default_rng(3)
+    m, k, n = 16, 128, 48
+    x = rng.normal(size=(m, k)).astype(np.float32)
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    got = g._exact_reads_form(w, x, threads=1).run()
+    plain = ort.InferenceSession(
+        g.per_token_layer(w).SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(["Y"], {"X": x})[0]
+    assert got.shape == (m, n)
+    np.testing.assert_allclose(got[:-3], plain[:-3], rtol=1e-6, atol=1e-6)
+    exact = x.astype(np.float64) @ w
+    e_read = np.abs(got[-3:] - exact[-3:]).max()
+    e_plain = np.abs(plain[-3:] - exact[-3:]).max()
+    # the weights' own rounding (per output channel, nearest) is what is left on the read rows
+    from spotstop.export.int8 import channel_int8
+
+    codes, scales = channel_int8(w)
+    w_hat = codes * scales.astype(np.float64)
+    e_weights = np.abs(x[-3:].astype(np.float64) @ w_hat - exact[-3:]).max()
+    assert e_read < e_plain and e_read < 1.5 * e_weights, (e_read, e_plain, e_weights)
+    with pytest.raises(ValueError, match="at least 3 rows"):
+        g._exact_reads_form(w, x[:2], threads=1)
