@@ -50,6 +50,12 @@ def time_all(bundles: list[Path], member: str, scenes: int, rounds: int, log: Pa
     return out
 
 
+def seconds(t: float) -> str:
+    """A time as a table shows it: milliseconds under a second (a tiny bundle's scene), else
+    seconds."""
+    return f"{t * 1e3:.2f} ms" if t < 1.0 else f"{t:.2f} s"
+
+
 def member_record(bundle: Path) -> tuple[str, dict[str, Any]]:
     """The bundle's one member's name and its ``spotstop_onnx.yaml`` (``SystemExit`` saying why
     when the bundle has no member or several)."""
@@ -102,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     med = {n: statistics.median(t["scene"]) for n, t in times.items()}
     dec = {n: statistics.median(t["decoder"]) for n, t in times.items()}
     rows = [
-        f"| `{b}` | {describe(r)} | {med[b.name]:.2f} s | {min(times[b.name]['scene']):.2f} s | "
-        f"{med[b.name] / med[base]:.2f}x | {dec[b.name]:.2f} s | {dec[b.name] / dec[base]:.2f}x |"
+        f"| `{b}` | {describe(r)} | {seconds(med[b.name])} | "
+        f"{seconds(min(times[b.name]['scene']))} | {med[b.name] / med[base]:.2f}x | "
+        f"{seconds(dec[b.name])} | {dec[b.name] / dec[base]:.2f}x |"
         for b, (_, r) in zip(bundles, recs, strict=True)
     ]
     cmd = "python bench/bundle_ab.py " + " ".join(argv if argv is not None else sys.argv[1:])

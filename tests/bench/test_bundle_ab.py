@@ -35,7 +35,7 @@ def test_two_bundles_are_timed_and_told_apart(two_bundles: list[Path], tmp_path:
     text = results.read_text(encoding="utf-8")
     assert "<!-- bundle-ab:begin -->" in text and "`tiny-qwen3_5`" in text
     rows = re.findall(
-        r"^\| `(.+?)` \| (.+?) \| ([\d.]+) s \| ([\d.]+) s \| ([\d.]+)x \|", text, re.M
+        r"^\| `(.+?)` \| (.+?) \| ([\d.]+) m?s \| ([\d.]+) m?s \| ([\d.]+)x \|", text, re.M
     )
     assert [Path(r[0]).name for r in rows] == ["b-exact", "b-int8"]
     assert float(rows[0][4]) == 1.0  # the first is the baseline
@@ -43,6 +43,8 @@ def test_two_bundles_are_timed_and_told_apart(two_bundles: list[Path], tmp_path:
     exact = re.search(r"exact_reads (\d+)", rows[0][1])
     assert exact and int(exact.group(1)) > 0 and "exact_reads 0" in rows[1][1]
     assert "Measured by `python bench/bundle_ab.py" in text
+    # a tiny bundle's scene takes milliseconds: shown so, not as "0.00 s"
+    assert ab.seconds(0.0042) == "4.20 ms" and ab.seconds(3.5) == "3.50 s"
 
 
 def test_wrong_inputs_are_refused(two_bundles: list[Path], tmp_path: Path) -> None:
