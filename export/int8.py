@@ -64,11 +64,14 @@ quantizes the activations ``A`` on every call, in one of two ways (:data:`ACTIVA
   ``8:col:decoder:int8reads``) and ``verify-bundle`` in bench/RESULTS.md. The real-size
   int8 bundle, its decoder weights byte for byte the same, moved 48 scores up to 0.261 (95th
   percentile 0.142, Spearman 0.976) where without exact reads it moved them 0.496 (0.426,
-  0.905); the tolerance is 0.25 (section ``cpu-real-int8-Qwen3.5-2B-exact-reads``). The cost
-  (``bench/bundle_ab.py``, section ``bundle-ab-int8-exact-reads``, an AMD EPYC without AMX):
-  the decoder graph 1.34x as long (2.54 s against 1.90 s), the scene 1.22x (4.42 s against
-  3.62 s): each layer's output is copied once more (the ``Slice`` of the main rows) and
-  written back (``ScatterND``); ``--int8-reads int8`` is the faster form.
+  0.905); the tolerance is 0.25 (section ``cpu-real-int8-Qwen3.5-2B-exact-reads``).
+  LFM2.5-VL-3B's bundle with exact reads moved them 0.194 (0.155), within it (section
+  ``cpu-real-int8-LFM2.5-VL-3B-exact-reads``). The cost (``bench/bundle_ab.py``, section
+  ``bundle-ab-int8-exact-reads``, an AMD EPYC without AMX): the decoder graph 1.03x as long,
+  the scene 1.02x: each layer's output is copied once more (the ``Slice`` of the main rows)
+  and written back (``ScatterND``), 2-3 % of the decoder where the GEMMs take 90 %; on a CPU
+  whose int8 GEMMs are faster (AMX) the copies weigh more. ``--int8-reads int8`` is the
+  faster form.
 * ``per-tensor``: ``DynamicQuantizeMatMul(A, W_q, scale)`` (com.microsoft) quantizes ``A`` to
   uint8 with ONE scale and zero point for the whole tensor (``DynamicQuantizeLinear``:
   ``scale = (max(0, max A) − min(0, min A)) / 255``).
