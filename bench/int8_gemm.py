@@ -147,7 +147,6 @@ def measured_by(cmd: str, seconds: float) -> str:
 
 def _ort_session(nodes: list[Any], inits: list[Any], m: int, n: int, k: int, threads: int) -> Any:
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
@@ -161,15 +160,20 @@ def _ort_session(nodes: list[Any], inits: list[Any], m: int, n: int, k: int, thr
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     )
     model.ir_version = 10
+    onnx.checker.check_model(model)
+    return _session(model, threads)
+
+
+def _session(model: Any, threads: int) -> Any:
+    """An onnxruntime CPU session of ``model`` on ``threads`` intra-op threads."""
+    import onnxruntime as ort
+
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
-    onnx.checker.check_model(model)
     return ort.InferenceSession(
-        model.SerializeToString(),
-        sess_options=opts,
-        providers=["CPUExecutionProvider"],
+        model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"]
     )
 
 
@@ -343,21 +347,13 @@ def exact_reads_layer(w: np.ndarray) -> Any:
 
 def _exact_reads_form(w: np.ndarray, x: np.ndarray, threads: int) -> Form:
     """:func:`exact_reads_layer` on ``x``, its last :data:`READ_ROWS` rows read."""
-    import onnxruntime as ort
-
     m, n = x.shape[0], w.shape[1]
     if m < READ_ROWS:
         raise ValueError(f"exact reads need at least {READ_ROWS} rows; x has {m}.")
     model = exact_reads_layer(w)
     inits = list(model.graph.initializer)
     nbytes = sum(int(np.prod(t.dims)) for t in inits if t.name.endswith("_int8")) + 4 * n
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(
-        model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"]
-    )
+    sess = _session(model, threads)
     feed = {
         "X": x[None],
         "input_ids": np.zeros((1, m), np.int64),
