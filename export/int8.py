@@ -72,6 +72,24 @@ quantizes the activations ``A`` on every call, in one of two ways (:data:`ACTIVA
   and written back (``ScatterND``), 2-3 % of the decoder where the GEMMs take 90 %; on a CPU
   whose int8 GEMMs are faster (AMX) the copies weigh more. ``--int8-reads int8`` is the
   faster form.
+
+  **Early layers** (:data:`EXACT_EARLY`, with exact reads): the first twelfth of a decoder
+  graph's int8 layers that read one row per token (graph order, so the first blocks:
+  Qwen3.5-2B's first 2 of 24, 16 of its 186 layers) multiply EVERY row as the read rows are,
+  the codes and the residual's codes of all rows in one ``MatMulIntegerToFloat`` over twice
+  the rows, the two halves summed by one ``ReduceSum`` over a (2, rows, N) view (no
+  write-back). An early layer's rounding reaches the score through every layer after it, and
+  each row's through attention and the recurrences into the read rows. Found in torch at
+  Qwen3.5-2B's real size (seeded random weights, its FLOAT weights so that only the
+  activations' rounding counts, every decoder Linear's input quantized per token with exact
+  reads, 12 scores of 6 generated scenes; an ad hoc hook, 2026-12-07): the score moved up to
+  0.088 with exact reads alone; with every row exact in the first block 0.052, in the first 2
+  0.028, in the first 4 0.013, in all 24 0.002. With round-to-nearest int8 weights besides
+  (what ``bench/quant_error.py``'s ``8:col:decoder`` computes, ``--exact-early``): 0.191
+  with exact reads alone, 0.142 with the first 2 blocks, 0.150 with every row of every layer,
+  and 0.149 with the activations float: the weights' own rounding, which the export's GPTQ
+  codes lower. The cost: those layers' GEMMs run over twice the rows (about a twelfth more
+  int8 GEMM work in the decoder).
 * ``per-tensor``: ``DynamicQuantizeMatMul(A, W_q, scale)`` (com.microsoft) quantizes ``A`` to
   uint8 with ONE scale and zero point for the whole tensor (``DynamicQuantizeLinear``:
   ``scale = (max(0, max A) − min(0, min A)) / 255``).
@@ -1170,7 +1188,7 @@ class _ReadRows:
     def __init__(self, io: WeightIO, model: Any, consts: dict[str, str], opset: int) -> None:
         self.io, self.model, self.consts, self.opset = io, model, consts, opset
         self.flat: tuple[str, str, str] | None = None  # (F, F as (n, 1), B·T as 1-D)
-        self.acts: dict[tuple[str, bool], tuple[str, str, str, str]] = {}
+        self.acts: dict[tuple[str, bool, bool], tuple[str, str, str, str]] = {}
         self.layers = 0  # layers with exact reads, ``every`` included
         self.every = 0  # layers whose every row is exact (:data:`EXACT_EARLY`)
         self._c: dict[str, str] = {}

@@ -881,6 +881,12 @@ def test_int8_options_are_checked_before_anything_is_written(
         export_member(src, tmp_path / "g", precision="int4", symmetric=False)
     with pytest.raises(ValueError, match="exact_reads is int8's option"):
         export_member(src, tmp_path / "h", precision="int4", exact_reads=False)
+    with pytest.raises(ValueError, match="exact_early is int8's option"):
+        export_member(src, tmp_path / "i", precision="int4", exact_early=0.5)
+    with pytest.raises(ValueError, match="it needs exact reads"):
+        export_member(src, tmp_path / "j", precision="int8", exact_reads=False, exact_early=0.5)
+    with pytest.raises(ValueError, match="exact_early is a share"):
+        export_member(src, tmp_path / "k", precision="int8", exact_early=1.5)
     assert not any(tmp_path.iterdir())
 
 
