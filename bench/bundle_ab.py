@@ -27,7 +27,7 @@ from _results import write_section
 from int8_gemm import measured_by
 
 #: the manifest's int8 counts that tell two int8 bundles of one member apart
-_INT8_KEYS = ("dynamic", "exact_reads", "exact_early", "rotated", "symmetric")
+_INT8_KEYS = ("dynamic", "exact_reads", "rotated", "symmetric")
 
 
 def time_all(bundles: list[Path], member: str, scenes: int, rounds: int, log: Path) -> dict:

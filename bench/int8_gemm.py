@@ -82,9 +82,6 @@ PER_TOKEN_SYMMETRIC = "onnxruntime MatMulIntegerToFloat per token, symmetric (sp
 PER_TOKEN_EXACT = (
     "onnxruntime MatMulIntegerToFloat per token, exact reads of 3 rows (spotstop int8)"
 )
-PER_TOKEN_EVERY = (
-    "onnxruntime MatMulIntegerToFloat per token, every row exact (spotstop int8's early layers)"
-)
 #: the rows a decoder's score reads (the last prompt position and the two answer tokens)
 READ_ROWS = 3
 #: the rotation blocks a layer over the keep bound is tried with (export/int8.py)
@@ -260,7 +257,6 @@ def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
     forms.append(_per_token_form(w, ort_form))
     forms.append(_per_token_form(w, ort_form, symmetric=True))
     forms.append(_exact_reads_form(w, x, threads))
-    forms.append(_exact_reads_form(w, x, threads, every=True))
     for block in ROTATED_BLOCKS:
         forms.append(_rotated_form(w, block, ort_form))
     torch.set_num_threads(threads)
@@ -310,10 +306,9 @@ def per_token_layer(w: np.ndarray, symmetric: bool = False) -> Any:
     return model
 
 
-def exact_reads_layer(w: np.ndarray, *, every: bool = False) -> Any:
+def exact_reads_layer(w: np.ndarray) -> Any:
     """``X @ w`` as a layer of a decoder graph, rewritten by ``spotstop export --precision
-    int8`` with its exact reads (:data:`~spotstop.export.int8.EXACT_READS`; ``every``: as one of
-    the early layers, :data:`~spotstop.export.int8.EXACT_EARLY`, every row so): inputs ``X``
+    int8`` with its exact reads (:data:`~spotstop.export.int8.EXACT_READS`): inputs ``X``
     (1 x M x K), ``input_ids`` (1 x M; only its shape is read: ``X`` is reshaped to it, no
     copy, so that the layer's input has one row per token), ``last_index`` (1) and
     ``read_index`` (1 x 2); output ``Y`` (1 x M x N)."""
@@ -344,21 +339,18 @@ def exact_reads_layer(w: np.ndarray, *, every: bool = False) -> Any:
         g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     )
     model.ir_version = 10
-    rep = quantize_matmuls_int8(
-        model, activations="per-token", exact_reads=True, exact_early=float(every)
-    )
-    if rep.dynamic != 1 or rep.exact_reads != 1 or rep.exact_early != every:
+    rep = quantize_matmuls_int8(model, activations="per-token", exact_reads=True)
+    if rep.dynamic != 1 or rep.exact_reads != 1:
         raise RuntimeError(f"the int8 rewrite did not give the layer exact reads: {rep}")
     return model
 
 
-def _exact_reads_form(w: np.ndarray, x: np.ndarray, threads: int, *, every: bool = False) -> Form:
-    """:func:`exact_reads_layer` on ``x``, its last :data:`READ_ROWS` rows read (``every``:
-    every row exact, an early layer)."""
+def _exact_reads_form(w: np.ndarray, x: np.ndarray, threads: int) -> Form:
+    """:func:`exact_reads_layer` on ``x``, its last :data:`READ_ROWS` rows read."""
     m, n = x.shape[0], w.shape[1]
     if m < READ_ROWS:
         raise ValueError(f"exact reads need at least {READ_ROWS} rows; x has {m}.")
-    model = exact_reads_layer(w, every=every)
+    model = exact_reads_layer(w)
     inits = list(model.graph.initializer)
     nbytes = sum(int(np.prod(t.dims)) for t in inits if t.name.endswith("_int8")) + 4 * n
     sess = _session(model, threads)
@@ -368,8 +360,7 @@ def _exact_reads_form(w: np.ndarray, x: np.ndarray, threads: int, *, every: bool
         "last_index": np.array([m - READ_ROWS], np.int64),
         "read_index": np.arange(m - READ_ROWS + 1, m, dtype=np.int64)[None],
     }
-    name = PER_TOKEN_EVERY if every else PER_TOKEN_EXACT
-    return Form(name, nbytes, lambda: sess.run(["Y"], feed)[0][0])
+    return Form(PER_TOKEN_EXACT, nbytes, lambda: sess.run(["Y"], feed)[0][0])
 
 
 def rotated_layer(w: np.ndarray, block: int) -> Any:

@@ -34,9 +34,7 @@ attention, Gated-DeltaNet and short-convolution projections), ``none``. ``8:col:
 ``MatMulIntegerToFloat`` gives back; the output layer then stays weight-only 8-bit, as the
 export keeps it. As the export, a decoder Linear's rows that the score reads (the positions
 guard/backends/_graphs.py's ``decoder_feeds`` names) take their residual's codes too
-(``dequantize_read_rows``, export/int8.py's exact reads), and so does every row of the first
-decoder Linears (``--exact-early``, the export's ``EXACT_EARLY`` by default: that share of the
-decoder's Linears in module order, the first blocks); ``8:col:GROUP:int8reads`` rounds
+(``dequantize_read_rows``, export/int8.py's exact reads); ``8:col:GROUP:int8reads`` rounds
 them like every other row (the export's ``--int8-reads int8``).
 
 ``--world DIR`` scores the scenes of a ``spotstop world`` folder (each with its image, then
@@ -59,7 +57,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import functools
-import math
 import os
 import re
 import sys
@@ -191,22 +188,16 @@ def _read_mask(prompts: list[list[int]], plan: Any) -> Any:
     return mask
 
 
-def _per_token(
-    _mod: Any, inputs: tuple[Any, ...], exact_reads: bool = False, every: bool = False
-) -> tuple[Any, ...]:
+def _per_token(_mod: Any, inputs: tuple[Any, ...], exact_reads: bool = False) -> tuple[Any, ...]:
     """A Linear's input as the int8 precision's GEMM reads it: quantized per token and back
     (export/int8.py's ``dequantize_activations_per_token``); ``exact_reads`` (a decoder Linear):
     the rows the score reads (:data:`_READS`) with their residual's codes too
-    (``dequantize_read_rows``); ``every`` (an early one, export/int8.py's ``EXACT_EARLY``):
-    every row so."""
+    (``dequantize_read_rows``)."""
     import torch
     from spotstop.export.int8 import dequantize_activations_per_token, dequantize_read_rows
 
     x = inputs[0]
     rows = x.detach().float().reshape(-1, x.shape[-1]).numpy()
-    if exact_reads and every:
-        deq = dequantize_read_rows(rows)
-        return (torch.from_numpy(deq).reshape(x.shape).to(x.dtype), *inputs[1:])
     deq = dequantize_activations_per_token(rows)
     mask = _READS[0]
     if exact_reads and mask is not None:
@@ -257,14 +248,6 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --gptq: score GPTQ only, not round to nearest as well (half the time)",
     )
-    ap.add_argument(
-        "--exact-early",
-        type=float,
-        default=None,
-        metavar="SHARE",
-        help="8:col with exact reads: the leading share of the decoder's Linears whose every "
-        "row is exact (default: the export's EXACT_EARLY; 0: none)",
-    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     ap.add_argument(
         "--results",
@@ -282,16 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
     from spotstop.export.gptq import CALIBRATION_SEED
-    from spotstop.export.int8 import EXACT_EARLY, channel_int8
+    from spotstop.export.int8 import channel_int8
     from spotstop.export.mixed import int8_linears
     from spotstop.export.precision import INT8_NBITS_BLOCK
     from spotstop.export.scenes import demo_scenes
     from spotstop.export.verify import spearman
     from spotstop.guard import load_member
 
-    share = EXACT_EARLY if args.exact_early is None else args.exact_early
-    if not 0 <= share <= 1:
-        ap.error(f"--exact-early is a share from 0 to 1; got {share}.")
     if args.threads:
         torch.set_num_threads(args.threads)
     m = load_member(args.member, backend="torch", dtype="float32")
@@ -324,9 +304,6 @@ def main(argv: list[str] | None = None) -> int:
         for n, mod in model.named_modules()
         if isinstance(mod, torch.nn.Linear) and mod.weight is not head
     ]
-    # the export's early layers (EXACT_EARLY): the first decoder Linears, module order
-    decoder = [n for n, _ in linears if GROUPS["decoder"](n)]
-    early = set(decoder[: math.ceil(share * len(decoder) - 1e-9)])
     calib: Any = None
     if args.gptq:  # each Linear's inputs on other scenes, to disk (export/gptq.py, as the export)
         import atexit
@@ -412,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                     reads = exact and GROUPS["decoder"](n)
                     hooks.append(
                         mod.register_forward_pre_hook(
-                            functools.partial(_per_token, exact_reads=reads, every=n in early)
+                            functools.partial(_per_token, exact_reads=reads)
                         )
                     )
                 elif hess is not None:
@@ -437,8 +414,6 @@ def main(argv: list[str] | None = None) -> int:
             form = "per column, per token" if block == COLUMN else f"b{block}"
             if block == COLUMN and not exact:
                 form += ", read rows int8"
-            elif block == COLUMN and GROUPS[group](next(iter(early), "")) and early:
-                form += f", every row exact in {len(early)}"
             name = f"int{bits} {form} {group}{'' if qhead else ' nohead'}" + (
                 f" (int8: {', '.join(int8)}; {len(at8)} weights)" if int8 else ""
             )

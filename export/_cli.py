@@ -320,7 +320,7 @@ def run_world(args: argparse.Namespace) -> int:
 def add_export_parser(sub: Any) -> None:
     """``spotstop export``: Hugging Face members → ONNX scoring graphs → a verified bundle."""
     from spotstop.export.gptq import CALIBRATION_SCENES, CALIBRATION_SEED
-    from spotstop.export.int8 import EXACT_EARLY, KEEP_ERROR, ROTATE_BLOCK, SYMMETRIC_SLACK
+    from spotstop.export.int8 import KEEP_ERROR, ROTATE_BLOCK, SYMMETRIC_SLACK
     from spotstop.export.precision import PRECISION_SPECS
 
     p = sub.add_parser(
@@ -418,17 +418,6 @@ def add_export_parser(sub: Any) -> None:
         "activations; at the real Qwen3.5-2B size (seeded random weights) rounding them like "
         "the other rows moved the score 0.32 where exact reads moved it 0.09 (docs/limits.md). "
         "'int8': like every other row (for comparison)",
-    )
-    p.add_argument(
-        "--int8-exact-early",
-        type=float,
-        default=None,
-        metavar="SHARE",
-        help="int8, with exact reads: the leading share of the decoder's layers (its first "
-        f"blocks) whose EVERY row is multiplied so, not only the read rows (default "
-        f"{EXACT_EARLY:.4g}: the first twelfth; 0: none). An early layer's rounding reaches the "
-        "score through every layer after it; each such layer's GEMM runs over twice the rows "
-        "(docs/export.md)",
     )
     p.add_argument(
         "--visual-tokens",
@@ -621,7 +610,6 @@ def run_export(args: argparse.Namespace) -> int:
                 rotate_block=args.int8_rotate_block,
                 symmetric=True if args.int8_symmetric else None,
                 exact_reads=False if args.int8_reads == "int8" else None,
-                exact_early=args.int8_exact_early,
             )
     except ConfigError as e:  # a budget that names no member or has no square grid
         print(f"spotstop export: {e}", file=sys.stderr)

@@ -72,24 +72,6 @@ quantizes the activations ``A`` on every call, in one of two ways (:data:`ACTIVA
   and written back (``ScatterND``), 2-3 % of the decoder where the GEMMs take 90 %; on a CPU
   whose int8 GEMMs are faster (AMX) the copies weigh more. ``--int8-reads int8`` is the
   faster form.
-
-  **Early layers** (:data:`EXACT_EARLY`, with exact reads): the first twelfth of a decoder
-  graph's int8 layers that read one row per token (graph order, so the first blocks:
-  Qwen3.5-2B's first 2 of 24, 16 of its 186 layers) multiply EVERY row as the read rows are,
-  the codes and the residual's codes of all rows in one ``MatMulIntegerToFloat`` over twice
-  the rows, the two halves summed by one ``ReduceSum`` over a (2, rows, N) view (no
-  write-back). An early layer's rounding reaches the score through every layer after it, and
-  each row's through attention and the recurrences into the read rows. Found in torch at
-  Qwen3.5-2B's real size (seeded random weights, its FLOAT weights so that only the
-  activations' rounding counts, every decoder Linear's input quantized per token with exact
-  reads, 12 scores of 6 generated scenes; an ad hoc hook, 2026-12-07): the score moved up to
-  0.088 with exact reads alone; with every row exact in the first block 0.052, in the first 2
-  0.028, in the first 4 0.013, in all 24 0.002. With round-to-nearest int8 weights besides
-  (what ``bench/quant_error.py``'s ``8:col:decoder`` computes, ``--exact-early``): 0.191
-  with exact reads alone, 0.142 with the first 2 blocks, 0.150 with every row of every layer,
-  and 0.149 with the activations float: the weights' own rounding, which the export's GPTQ
-  codes lower. The cost: those layers' GEMMs run over twice the rows (about a twelfth more
-  int8 GEMM work in the decoder).
 * ``per-tensor``: ``DynamicQuantizeMatMul(A, W_q, scale)`` (com.microsoft) quantizes ``A`` to
   uint8 with ONE scale and zero point for the whole tensor (``DynamicQuantizeLinear``:
   ``scale = (max(0, max A) − min(0, min A)) / 255``).
@@ -200,7 +182,6 @@ from spotstop.export.weights import (
 __all__ = [
     "ACTIVATIONS",
     "DEFAULT_ACTIVATIONS",
-    "EXACT_EARLY",
     "EXACT_READS",
     "KEEP_ERROR",
     "READ_INPUTS",
@@ -285,12 +266,6 @@ SYMMETRIC_SLACK = 0.10
 #: generated scenes, 12 scores, every decoder Linear's input quantized per token, float
 #: weights): max |Δs| 0.317 with every row quantized, 0.089 with the 3 read rows float
 EXACT_READS = True
-#: with exact reads: the leading share of a decoder graph's int8 layers that read one row per
-#: token (graph order: the first blocks) whose EVERY row is multiplied with its residual's codes
-#: too, the read rows' form for all of them (``Reshape`` to (2, rows, N) and one ``ReduceSum``
-#: instead of the write-back). An early layer's rounding reaches the score through every layer
-#: after it. MEASURED: see the module doc
-EXACT_EARLY = 1 / 12
 #: the decoder graph's inputs that say which rows the score reads (guard/backends/_graphs.py's
 #: ``DECODER_INPUTS``): the token ids (their shape gives the rows), the last prompt position and
 #: the answer tokens' positions
@@ -549,8 +524,6 @@ class Int8Report:
     #: per token, a decoder graph: layers whose read rows are multiplied with their residual's
     #: codes too (:data:`EXACT_READS`; counted in ``dynamic``)
     exact_reads: int = 0
-    #: of those, the early layers whose every row is (:data:`EXACT_EARLY`)
-    exact_early: int = 0
     errors: dict[str, float] = field(default_factory=dict, repr=False)
 
     def as_meta(self) -> dict[str, Any]:
@@ -578,7 +551,6 @@ class Int8Report:
             "symmetric_slack": self.symmetric_slack,
             "symmetric": len(self.symmetric),
             "exact_reads": self.exact_reads,
-            "exact_early": self.exact_early,
             # the symmetric layers' own errors (each within keep_error)
             "symmetric_max_error": round(
                 max((e for _, e in self.symmetric if math.isfinite(e)), default=0.0), 6
@@ -713,7 +685,6 @@ def quantize_matmuls_int8(
     rotate_block: int = ROTATE_BLOCK,
     symmetric_slack: float | None = None,
     exact_reads: bool = EXACT_READS,
-    exact_early: float = EXACT_EARLY,
 ) -> Int8Report:
     """Rewrite, in place, every ``MatMul`` with a rank-2 float initializer weight as an int8
     GEMM with ``activations`` quantized per call (see the module doc), except output layers and layers over
@@ -729,9 +700,7 @@ def quantize_matmuls_int8(
     :data:`SYMMETRIC_SLACK`: what ``--int8-symmetric`` asks for; ``math.inf``:
     every int8 layer, measured or not, as ``bench/int8_gemm.py`` times it). ``exact_reads``
     (per token, a graph with the scoring inputs :data:`READ_INPUTS`): the rows the score reads
-    are multiplied with their residual's codes too (the module doc); ``exact_early`` (with
-    them): every row so in the leading share of that graph's int8 layers that read one row per
-    token (:data:`EXACT_EARLY`; 0: none)."""
+    are multiplied with their residual's codes too (the module doc)."""
     from onnx import TensorProto, helper
 
     if smooth_alpha is not None and calibration is None:
@@ -745,11 +714,6 @@ def quantize_matmuls_int8(
         raise ValueError(f"rotate_block must be 0 (no rotation) or positive; got {rotate_block}.")
     if symmetric_slack is not None and not symmetric_slack >= 0:
         raise ValueError(f"symmetric_slack must be None or >= 0; got {symmetric_slack}.")
-    if not 0 <= exact_early <= 1:
-        raise ValueError(
-            f"exact_early is a share of the decoder's layers, from 0 (none) to 1 (all); got "
-            f"{exact_early}."
-        )
     _check_activations(activations)
     if activations != "per-token":
         rotate_block = 0  # the rotation and the symmetric form are per token only
@@ -857,13 +821,6 @@ def quantize_matmuls_int8(
     token_rows = (
         _reached(g, READ_INPUTS[:1]) - _read_out(g, READ_INPUTS[1:]) if reads is not None else set()
     )
-    # the leading share of those layers (graph order: the first blocks) whose every row is exact
-    token_layers = [
-        n.output[0]
-        for n, t in matmuls
-        if n.input[0] in token_rows and t.name not in head and t.name not in ends
-    ]
-    early = set(token_layers[: math.ceil(exact_early * len(token_layers) - 1e-9)])
 
     def rewrite(node: Any, t: Any) -> list[Any] | None:
         nonlocal gptq_used
@@ -1008,10 +965,7 @@ def quantize_matmuls_int8(
         q, sigma, mu = token_q[a_in, sym]
         y = node.output[0]
         if reads is not None and x_name in token_rows:  # the read rows, their residual too
-            every = y in early  # an early layer: every row's residual
-            act = reads.activation(a_in, q, sigma, mu, pre, every=every)
-            if every:
-                return [*pre, *reads.layer_every(act, qn, sn, cn, y, base, int(t.dims[1]))]
+            act = reads.activation(a_in, q, sigma, mu, pre)
             return [*pre, *reads.layer(act, qn, sn, cn, y, base)]
         mk = helper.make_node
         # σ (…, 1) is the GEMM's A scale: the kernel scales each output row by it in place
@@ -1059,7 +1013,6 @@ def quantize_matmuls_int8(
         symmetric=tuple(symmetric),
         symmetric_slack=symmetric_slack,
         exact_reads=0 if reads is None else reads.layers,
-        exact_early=0 if reads is None else reads.every,
         errors=errors,
     )
 
@@ -1188,9 +1141,8 @@ class _ReadRows:
     def __init__(self, io: WeightIO, model: Any, consts: dict[str, str], opset: int) -> None:
         self.io, self.model, self.consts, self.opset = io, model, consts, opset
         self.flat: tuple[str, str, str] | None = None  # (F, F as (n, 1), B·T as 1-D)
-        self.acts: dict[tuple[str, bool, bool], tuple[str, str, str, str]] = {}
-        self.layers = 0  # layers with exact reads, ``every`` included
-        self.every = 0  # layers whose every row is exact (:data:`EXACT_EARLY`)
+        self.acts: dict[tuple[str, bool], tuple[str, str, str, str]] = {}
+        self.layers = 0
         self._c: dict[str, str] = {}
 
     def const(self, key: str, arr: Any) -> str:
@@ -1253,20 +1205,19 @@ class _ReadRows:
         return self.flat
 
     def activation(
-        self, a: str, q: str, sigma: str, mu: str, out: list[Any], *, every: bool = False
+        self, a: str, q: str, sigma: str, mu: str, out: list[Any]
     ) -> tuple[str, str, str, str]:
         """The activation ``a``'s codes ``q`` (steps ``sigma``, midpoints ``mu``; "" in the
-        symmetric form) as (rows, K) with its read rows' residual codes appended (``every``:
-        every row's, :data:`EXACT_EARLY`), their steps likewise, its midpoints as (rows, 1)
-        ("" symmetric) and the shape its layers' outputs take back; once per activation, form
-        and rows."""
-        key = (a, not mu, every)
+        symmetric form) as (rows, K) with its read rows' residual codes appended, their steps
+        likewise, its midpoints as (rows, 1) ("" symmetric) and the shape its layers' outputs
+        take back; once per activation and form."""
+        key = (a, not mu)
         if key not in self.acts:
             from onnx import TensorProto, helper
 
-            f_rows = "" if every else self._indices(out)[0]
+            f_rows, _, _ = self._indices(out)
             mk, c = helper.make_node, self.const
-            tag = f"{a}_{'every' if every else 'reads'}{'s' if not mu else ''}"
+            tag = f"{a}_reads{'s' if not mu else ''}"
 
             def n(op: str, ins: list[str], suffix: str, **kw: Any) -> str:
                 name = f"{tag}_{suffix}"
@@ -1276,19 +1227,20 @@ class _ReadRows:
             rows = n("Flatten", [a], "rows", axis=-1)
             qf = n("Flatten", [q], "qf", axis=-1)
             sf = n("Flatten", [sigma], "sf", axis=-1)
-
-            def pick(x: str, suffix: str) -> str:  # the read rows (every row: all of them)
-                return x if every else n("Gather", [x, f_rows], suffix, axis=0)
-
-            a_sel = pick(rows, "a")
-            q_sel = n("Cast", [pick(qf, "q")], "qfl", to=TensorProto.FLOAT)
+            a_sel = n("Gather", [rows, f_rows], "a", axis=0)
+            q_sel = n("Cast", [n("Gather", [qf, f_rows], "q", axis=0)], "qfl", to=TensorProto.FLOAT)
             deq = n(
-                "Mul", [n("Sub", [q_sel, c("c128", np.float32(128))], "qc"), pick(sf, "s")], "deq"
+                "Mul",
+                [
+                    n("Sub", [q_sel, c("c128", np.float32(128))], "qc"),
+                    n("Gather", [sf, f_rows], "s", axis=0),
+                ],
+                "deq",
             )
             mf = ""
             if mu:
                 mf = n("Flatten", [mu], "mf", axis=-1)
-                deq = n("Add", [deq, pick(mf, "m")], "deqm")
+                deq = n("Add", [deq, n("Gather", [mf, f_rows], "m", axis=0)], "deqm")
             resid = n("Sub", [a_sel, deq], "resid")
             q2, s2, _ = _per_token_quantize(resid, self.consts, out, self.opset, symmetric=True)
             lead = n(
@@ -1308,58 +1260,6 @@ class _ReadRows:
                 shape,
             )
         return self.acts[key]
-
-    def layer_every(
-        self, act: tuple[str, str, str, str], qn: str, sn: str, cn: str, y: str, base: str, n: int
-    ) -> list[Any]:
-        """One layer whose every row is exact (:data:`EXACT_EARLY`; ``act`` from
-        :meth:`activation` with ``every``): the GEMM over the codes and the residual codes of
-        its rows (2R, ``n``), the two halves summed (one ``ReduceSum`` over a (2, R, ``n``)
-        view: no copy of either half), the midpoints' term added, reshaped to ``y``."""
-        from onnx import helper
-
-        q_cat, s_cat, mf, shape = act
-        mk, c = helper.make_node, self.const
-        two = c(f"two_{n}", np.array([2, -1, n], np.int64))
-        if self.opset >= 13:
-            total = mk(
-                "ReduceSum",
-                [f"{y}_xr8_two", c("v0", np.array([0], np.int64))],
-                [f"{y}_xr8_sum"],
-                name=f"{base}_sum",
-                keepdims=0,
-            )
-        else:
-            total = mk(
-                "ReduceSum",
-                [f"{y}_xr8_two"],
-                [f"{y}_xr8_sum"],
-                name=f"{base}_sum",
-                axes=[0],
-                keepdims=0,
-            )
-        nodes = [
-            mk(
-                "MatMulIntegerToFloat",
-                [q_cat, qn, s_cat, sn, self.consts["zp"]],
-                [f"{y}_xr8_all"],
-                name=base,
-                domain="com.microsoft",
-            ),
-            mk("Reshape", [f"{y}_xr8_all", two], [f"{y}_xr8_two"], name=f"{base}_two"),
-            total,
-        ]
-        main = f"{y}_xr8_sum"
-        if mf:
-            nodes += [
-                mk("Mul", [mf, cn], [f"{y}_xr8_mid"], name=f"{base}_mid"),
-                mk("Add", [main, f"{y}_xr8_mid"], [f"{y}_xr8_mainm"], name=f"{base}_add"),
-            ]
-            main = f"{y}_xr8_mainm"
-        nodes.append(mk("Reshape", [main, shape], [y], name=f"{base}_shape"))
-        self.layers += 1
-        self.every += 1
-        return nodes
 
     def layer(
         self, act: tuple[str, str, str, str], qn: str, sn: str, cn: str, y: str, base: str

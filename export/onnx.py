@@ -650,7 +650,6 @@ class _Job:
     rotate_block: int | None
     symmetric: bool | None
     exact_reads: bool | None
-    exact_early: float | None
     cfg: ScoringConfig
     folder: MemberFolder
     ecfg: type[ExportConfig]
@@ -749,7 +748,6 @@ def _stage_resolve(
     rotate_block: int | None = None,
     symmetric: bool | None = None,
     exact_reads: bool | None = None,
-    exact_early: float | None = None,
 ) -> _Job:
     """Check the arguments and read the member folder: its grid, prompt, validation cases and
     the length buckets they fit. Nothing heavy is loaded."""
@@ -786,18 +784,6 @@ def _stage_resolve(
         raise ValueError(f"symmetric is int8's option; the precision is {precision!r}.")
     if exact_reads is not None and precision != "int8":
         raise ValueError(f"exact_reads is int8's option; the precision is {precision!r}.")
-    if exact_early is not None and precision != "int8":
-        raise ValueError(f"exact_early is int8's option; the precision is {precision!r}.")
-    if exact_early is not None and exact_reads is False and exact_early > 0:
-        raise ValueError(
-            "exact_early makes the early layers' every row exact, the read rows' form: it needs "
-            "exact reads; drop exact_reads=False or set exact_early=0."
-        )
-    if exact_early is not None and not 0 <= exact_early <= 1:
-        raise ValueError(
-            f"exact_early is a share of the decoder's layers, from 0 (none) to 1 (all); got "
-            f"{exact_early}."
-        )
     if rotate_block is not None and rotate_block < 0:
         raise ValueError(
             f"rotate_block must be 0 (no rotation) or a positive block size; got {rotate_block}."
@@ -866,7 +852,6 @@ def _stage_resolve(
         rotate_block=rotate_block,
         symmetric=symmetric,
         exact_reads=exact_reads,
-        exact_early=exact_early,
         cfg=cfg_s,
         folder=folder,
         ecfg=ecfg,
@@ -1064,7 +1049,6 @@ def _stage_quantize(job: _Job, out: Path) -> None:
         rotate_block=job.rotate_block,
         symmetric=job.symmetric is True,
         exact_reads=job.exact_reads is not False,
-        exact_early=job.exact_early,
         report=job.convert_report,
     )
     dec_names = list(job.dec_files.values())
@@ -1287,7 +1271,6 @@ def export_member(
     rotate_block: int | None = None,
     symmetric: bool | None = None,
     exact_reads: bool | None = None,
-    exact_early: float | None = None,
 ) -> MemberExport:
     """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
 
@@ -1322,9 +1305,7 @@ def export_member(
     (int8): True lets a measured layer take the symmetric form by export/int8.py's
     ``SYMMETRIC_SLACK`` rule (None/False: the midpoint form on every layer, the default);
     ``exact_reads`` (int8): False quantizes the decoder's read rows like every other row
-    (None/True: export/int8.py's ``EXACT_READS``, their residual multiplied too);
-    ``exact_early`` (int8, with them): the leading share of the decoder's token-row layers whose
-    every row is so (None: export/int8.py's ``EXACT_EARLY``; 0: none).
+    (None/True: export/int8.py's ``EXACT_READS``, their residual multiplied too).
 
     ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);
     None: ``image_size``, the configured or hinted grid, else the architecture's default budget.
@@ -1366,7 +1347,6 @@ def export_member(
         rotate_block=rotate_block,
         symmetric=symmetric,
         exact_reads=exact_reads,
-        exact_early=exact_early,
     )
     out = Path(out_dir)
     try:

@@ -177,7 +177,6 @@ def write_onnx_bundle(
     rotate_block: int | None = None,
     symmetric: bool | None = None,
     exact_reads: bool | None = None,
-    exact_early: float | None = None,
 ) -> OnnxBundle:
     """Export ``members`` into the bundle folder ``out`` (replaced, once the new bundle is
     whole, if it is a bundle; :func:`check_bundle_out` says which folders are refused).
@@ -200,8 +199,7 @@ def write_onnx_bundle(
     rotated in (None: the default; 0: none); ``symmetric`` (int8): True lets a measured
     layer take the symmetric form (None/False: the midpoint form on every layer);
     ``exact_reads`` (int8): False rounds the decoder's read rows like every other row (None:
-    export/int8.py's ``EXACT_READS``); ``exact_early`` (int8): the leading share of the
-    decoder's layers whose every row is so (None: ``EXACT_EARLY``; 0: none). ``graph_form``:
+    export/int8.py's ``EXACT_READS``). ``graph_form``:
     ``"standard"``, ``"fused"`` or None/``"auto"`` (the precision's default), see
     :func:`~spotstop.export.onnx.export_member`; a fused graph holds onnxruntime's contrib
     operators, which TensorRT cannot parse, so a fused fp32 bundle needs ``trt="off"``.
@@ -258,7 +256,6 @@ def write_onnx_bundle(
             calibration_frames=calibration_frames, int8_sel=int8_sel,
             smooth_alpha=smooth_alpha, keep_error=keep_error, graph_form=graph_form,
             rotate_block=rotate_block, symmetric=symmetric, exact_reads=exact_reads,
-            exact_early=exact_early,
         )  # fmt: skip
     return b
 
@@ -290,7 +287,6 @@ def _write_members(
     rotate_block: int | None = None,
     symmetric: bool | None = None,
     exact_reads: bool | None = None,
-    exact_early: float | None = None,
 ) -> OnnxBundle:
     """:func:`write_onnx_bundle`'s work, in the staging folder ``root`` (the bundle it
     returns names ``final``, where it is moved once whole)."""
@@ -317,7 +313,6 @@ def _write_members(
             "rotate_block": rotate_block,
             "symmetric": symmetric,
             "exact_reads": exact_reads,
-            "exact_early": exact_early,
         }
         large = folder_fp32_bytes(resolve_member(src).path) > LARGE_BYTES
         say(f"exporting {mname} ({precision}{', in its own process' if large else ''}) …")

@@ -88,9 +88,6 @@ class ConvertOptions:
     #: int8: a decoder graph's read rows multiplied with their residual's codes too
     #: (export/int8.py's ``EXACT_READS``); False: quantized like every other row
     exact_reads: bool = True
-    #: int8, with exact reads: the leading share of the decoder's token-row layers whose every
-    #: row is multiplied with its residual's codes (export/int8.py's ``EXACT_EARLY``; None: it)
-    exact_early: float | None = None
     #: filled by the conversion: what it did, for the manifest (e.g. int8's layer counts)
     report: dict[str, Any] = field(default_factory=dict)
 
@@ -218,7 +215,6 @@ def _nbits(bits: int, block: int, accuracy_level: int, kept_int8: bool) -> Calla
 
 def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
     from spotstop.export.int8 import (
-        EXACT_EARLY,
         KEEP_ERROR,
         ROTATE_BLOCK,
         SYMMETRIC_SLACK,
@@ -255,7 +251,6 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
             rotate_block=ROTATE_BLOCK if o.rotate_block is None else o.rotate_block,
             symmetric_slack=SYMMETRIC_SLACK if o.symmetric else None,
             exact_reads=o.exact_reads,
-            exact_early=EXACT_EARLY if o.exact_early is None else o.exact_early,
             output_layers=tied,  # a tied output layer stays the one table the Gather reads
         )
         # what it left (the output layer, the layers over the error bound): weight-only 8-bit
@@ -277,7 +272,6 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
         "rotated",
         "symmetric",
         "exact_reads",
-        "exact_early",
     ):
         meta[k] += prev.get(k, 0)
     for k in ("output_layer", "over_keep_error", "float_activations"):

@@ -109,13 +109,11 @@ def test_per_column_per_token_is_what_the_int8_graph_computes() -> None:
         assert not np.allclose(lin(torch.from_numpy(x)).numpy(), want, rtol=1e-4, atol=0)
 
 
-@pytest.mark.parametrize("every", [False, True])
-def test_exact_read_rows_are_what_the_int8_decoder_graph_computes(every: bool) -> None:
+def test_exact_read_rows_are_what_the_int8_decoder_graph_computes() -> None:
     """A decoder Linear with the exact-reads hook gives what the export's int8 rewrite of that
     Linear in a graph with the scoring inputs gives (the read rows with their residual's codes,
-    the rest per token; ``every``: an early layer, every row so), to float rounding; the rows
-    come from ``decoder_feeds``, as the graph's inputs do, for two prompts of different
-    lengths."""
+    the rest per token), to float rounding; the rows come from ``decoder_feeds``, as the
+    graph's inputs do, for two prompts of different lengths."""
     import onnxruntime as ort
     import torch
     from onnx import TensorProto, helper, numpy_helper
@@ -161,8 +159,7 @@ def test_exact_read_rows_are_what_the_int8_decoder_graph_computes(every: bool) -
     model = helper.make_model(
         g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     )
-    rep = quantize_matmuls_int8(model, exact_early=float(every))
-    assert rep.exact_reads == 1 and rep.exact_early == every
+    assert quantize_matmuls_int8(model).exact_reads == 1
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     (want,) = sess.run(
         None,
@@ -174,7 +171,7 @@ def test_exact_read_rows_are_what_the_int8_decoder_graph_computes(every: bool) -
     got = {}
     for exact in (True, False):
         hook = lin.register_forward_pre_hook(
-            lambda mod, inp, e=exact: qe._per_token(mod, inp, exact_reads=e, every=every)
+            lambda mod, inp, e=exact: qe._per_token(mod, inp, exact_reads=e)
         )
         qe._READS[0] = mask
         try:
@@ -185,18 +182,9 @@ def test_exact_read_rows_are_what_the_int8_decoder_graph_computes(every: bool) -
             hook.remove()
     tol = {"rtol": 1e-5, "atol": 1e-5 * float(np.abs(want).max())}
     np.testing.assert_allclose(got[True], want, **tol)
-    if not every:  # the rows nobody reads: per token alone
-        np.testing.assert_allclose(got[False][~mask], want[~mask], **tol)
+    np.testing.assert_allclose(got[False][~mask], want[~mask], **tol)
     exact_y = x @ (codes * scales)  # float activations
-    rows = np.ones_like(mask) if every else mask
-    assert np.abs(got[True] - exact_y)[rows].max() < np.abs(got[False] - exact_y)[rows].max() / 30
-
-
-@pytest.mark.parametrize("share", ["-0.5", "1.5"])
-def test_exact_early_must_be_a_share(tiny_member_dir: Path, share: str) -> None:
-    with pytest.raises(SystemExit) as e:
-        _load().main([str(tiny_member_dir), "--variants", "8:col:all", "--exact-early", share])
-    assert e.value.code == 2
+    assert np.abs(got[True] - exact_y)[mask].max() < np.abs(got[False] - exact_y)[mask].max() / 30
 
 
 def test_quantized_weight_is_the_operators(tiny_member_dir: Path) -> None:
@@ -248,19 +236,19 @@ def test_int8_variants_on_a_world_folder(
     out = capsys.readouterr().out
     rows = dict(
         re.findall(
-            r"^\s*(int8 per column, per token(?:, read rows int8|, every row exact in \d+)? "
-            r"\w+(?: nohead)?)\s+rtn\s+([\d.]+)",
+            r"^\s*(int8 per column, per token(?:, read rows int8)? \w+(?: nohead)?)\s+rtn\s+([\d.]+)",
             out,
             re.M,
         )
     )
     assert float(rows["int8 per column, per token none nohead"]) == 0.0
-    # the export's early layers (EXACT_EARLY: the first twelfth of the decoder's Linears)
-    (every,) = [k for k in rows if re.fullmatch(r".*, every row exact in [1-9]\d* all", k)]
-    assert float(rows[every]) > 0.0
+    assert float(rows["int8 per column, per token all"]) > 0.0
     # the read rows rounded too: another computation, another score
     assert float(rows["int8 per column, per token, read rows int8 all"]) > 0.0
-    assert rows["int8 per column, per token, read rows int8 all"] != rows[every]
+    assert (
+        rows["int8 per column, per token, read rows int8 all"]
+        != rows["int8 per column, per token all"]
+    )
     assert "4 scores (scene and request-only passes of 2 scenes of the world w (seed 3))" in out
 
 

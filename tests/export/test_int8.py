@@ -5,7 +5,6 @@ rule, and the rewrite of a small graph."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -749,10 +748,7 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     # by default the midpoint form everywhere: no symmetric layer, no symmetric quantization
     assert d["symmetric"] == 0 and d["symmetric_slack"] is None
     # (the read rows' residuals take it: their own quantization, named for them)
-    assert not any(
-        n.name.endswith("_tok8s_neg") and "_reads" not in n.name and "_every" not in n.name
-        for n in nodes
-    )
+    assert not any(n.name.endswith("_tok8s_neg") and "_reads" not in n.name for n in nodes)
     # the decoder's read rows are multiplied with their residual's codes too; the vision
     # graph's rows all alike
     vis = onnx.load(str(tmp_path / "m" / "onnx" / "vision.onnx"), load_external_data=False)
@@ -760,10 +756,7 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     n_int8 = sum(1 for n in vis.graph.node if n.op_type == "MatMulIntegerToFloat")
     assert d["exact_reads"] == d["dynamic"] - n_int8 > 0
     writes = [n for n in dec.graph.node if n.op_type == "ScatterND" and "_xr8_" in n.output[0]]
-    sums = [n for n in dec.graph.node if n.op_type == "ReduceSum" and "_xr8_" in n.output[0]]
-    # the first twelfth of them (EXACT_EARLY) every row so, summed instead of written back
-    assert len(sums) == d["exact_early"] == math.ceil(d["exact_reads"] / 12) > 0
-    assert len(writes) == d["exact_reads"] - d["exact_early"]
+    assert len(writes) == d["exact_reads"]
     # symmetric=True (`spotstop export --int8-symmetric`): the layers with two-sided inputs
     # take the symmetric form, each within the bound; the graphs hold one per-row Sub (the
     # midpoint) per activation quantized with it
@@ -881,12 +874,6 @@ def test_int8_options_are_checked_before_anything_is_written(
         export_member(src, tmp_path / "g", precision="int4", symmetric=False)
     with pytest.raises(ValueError, match="exact_reads is int8's option"):
         export_member(src, tmp_path / "h", precision="int4", exact_reads=False)
-    with pytest.raises(ValueError, match="exact_early is int8's option"):
-        export_member(src, tmp_path / "i", precision="int4", exact_early=0.5)
-    with pytest.raises(ValueError, match="it needs exact reads"):
-        export_member(src, tmp_path / "j", precision="int8", exact_reads=False, exact_early=0.5)
-    with pytest.raises(ValueError, match="exact_early is a share"):
-        export_member(src, tmp_path / "k", precision="int8", exact_early=1.5)
     assert not any(tmp_path.iterdir())
 
 
@@ -909,11 +896,7 @@ def test_the_export_rounds_the_read_rows_too_when_asked(tiny_pair: Path, tmp_pat
             str(tmp_path / str(exact) / "onnx" / "decoder.onnx"), load_external_data=False
         )
         n_int8 = sum(1 for n in g.graph.node if n.op_type == "MatMulIntegerToFloat")
-        writes = sum(
-            1
-            for n in g.graph.node
-            if n.op_type in ("ScatterND", "ReduceSum") and "_xr8_" in n.output[0]
-        )
+        writes = sum(1 for n in g.graph.node if n.op_type == "ScatterND" and "_xr8_" in n.output[0])
         counts[exact] = (d["exact_reads"], writes)
         if exact is None:
             # every int8 layer but the read-out's first-token rows (Qwen3.5's reshapes take the
@@ -1148,6 +1131,7 @@ def test_the_read_rows_are_multiplied_with_their_residual_too(opset: int, symmet
     numpy's ``dequantize_read_rows``; every other row as per-token codes alone; two sequences
     of different lengths, right-padded. The read rows' activation error falls far below the
     other rows'."""
+    import math
 
     from onnx import checker
     from spotstop.export.int8 import dequantize_read_rows
@@ -1156,7 +1140,7 @@ def test_the_read_rows_are_multiplied_with_their_residual_too(opset: int, symmet
     model, ws = _decoder_like(k, n, opset, seed=4)
     plain, _ = _decoder_like(k, n, opset, seed=4)
     slack = math.inf if symmetric else None
-    rep = quantize_matmuls_int8(model, symmetric_slack=slack, exact_early=0.0)
+    rep = quantize_matmuls_int8(model, symmetric_slack=slack)
     quantize_matmuls_int8(plain, symmetric_slack=slack, exact_reads=False)
     checker.check_model(model)
     # the read-out Linear (after the Gather at last_index) computes in int8, its rows alone
@@ -1198,65 +1182,6 @@ def test_the_read_rows_are_multiplied_with_their_residual_too(opset: int, symmet
     rows = got[0].reshape(-1, n)[last]
     sim = first(rows).astype(np.float64) @ (codes * scales)
     np.testing.assert_allclose(got[3], sim, rtol=1e-5, atol=1e-5 * float(np.abs(sim).max()))
-
-
-@pytest.mark.parametrize(("opset", "symmetric"), [(12, False), (17, False), (18, True)])
-@pytest.mark.parametrize(("share", "early"), [(1.0, 3), (0.5, 2), (0.2, 1), (0.0, 0)])
-def test_the_early_layers_multiply_every_row_with_its_residual(
-    opset: int, symmetric: bool, share: float, early: int
-) -> None:
-    """``exact_early``: the leading share of the token-row int8 layers (graph order; ``lin0``,
-    ``lin1``, ``lin2`` here, ``ceil(share × 3)`` of them) multiply EVERY row as
-    ``dequantize_read_rows`` does, the later ones only the read rows; the read-out Linear after
-    the Gather stays per token alone. Checked against numpy, and the early layers' every row
-    far closer to ``x @ Ŵ`` than the per-token form's."""
-    from onnx import checker
-    from spotstop.export.int8 import dequantize_read_rows
-
-    k, n, b, t = 64, 48, 2, 9
-    model, ws = _decoder_like(k, n, opset, seed=5)
-    slack = math.inf if symmetric else None
-    rep = quantize_matmuls_int8(model, symmetric_slack=slack, exact_early=share)
-    checker.check_model(model)
-    assert rep.dynamic == 4 and rep.exact_reads == 3 and rep.exact_early == early
-    assert rep.as_meta()["exact_early"] == early
-    ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
-    assert ops.count("ScatterND") == 3 - early and ops.count("MatMulIntegerToFloat") == 4
-    rng = np.random.default_rng(8)
-    x = rng.normal(size=(b, t, k)).astype(np.float32)
-    x[1, 2] *= 40.0
-    last = np.array([6, 3], np.int64)
-    read = np.array([[7, 8], [4, 3]], np.int64)
-    feeds = {"input_ids": np.zeros((b, t), np.int64), "x_in": x, "last_index": last}
-    got = _session(model).run(None, {**feeds, "read_index": read})  # type: ignore[attr-defined]
-    is_read = np.zeros((b, t), bool)
-    for i in range(b):
-        is_read[i, [last[i], *read[i]]] = True
-    first = dequantize_activations_symmetric if symmetric else dequantize_activations_per_token
-    for y, inp, w in ((0, x, ws[0]), (1, x, ws[1]), (2, got[0], ws[2])):
-        codes, scales = channel_int8(w)
-        w_hat = codes * scales.astype(np.float64)
-        every = y < early  # graph order: lin0, lin1, lin2
-        deq = first(inp).astype(np.float64)
-        at = np.ones_like(is_read) if every else is_read
-        deq[at] = dequantize_read_rows(inp[at], symmetric=symmetric)
-        sim = deq @ w_hat
-        np.testing.assert_allclose(got[y], sim, rtol=1e-5, atol=1e-5 * float(np.abs(sim).max()))
-        exact = inp.astype(np.float64) @ w_hat
-        e_got = np.abs(got[y] - exact)[~is_read].max()
-        e_tok = np.abs(first(inp).astype(np.float64) @ w_hat - exact)[~is_read].max()
-        if every:  # (the later layers' other rows: the per-token form, `sim` above)
-            assert e_got < e_tok / 30, (y, e_got, e_tok)
-    codes, scales = channel_int8(ws[3])
-    sim = first(got[0].reshape(-1, n)[last]).astype(np.float64) @ (codes * scales)
-    np.testing.assert_allclose(got[3], sim, rtol=1e-5, atol=1e-5 * float(np.abs(sim).max()))
-
-
-@pytest.mark.parametrize("share", [-0.1, 1.5, math.nan])
-def test_exact_early_is_a_share(share: float) -> None:
-    model, _ = _decoder_like(16, 8, 17, seed=1)
-    with pytest.raises(ValueError, match="exact_early is a share"):
-        quantize_matmuls_int8(model, exact_early=share)
 
 
 def test_a_graph_without_the_scoring_inputs_has_no_read_rows() -> None:
