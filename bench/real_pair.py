@@ -1043,24 +1043,28 @@ def sections(res: dict[str, Any]) -> list[tuple[str, str]]:
         lines = [
             f"### `spotstop verify-bundle` at {prec} (torch reference fp32 vs the bundle)",
             "",
-            "| precision | member | scores | max abs Δs | tolerance | Spearman | min | decisions agree | result |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| precision | member | scores | max abs Δs | tolerance | Spearman | min | decisions agree | result | max abs Δs by pass |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for one in v.get("runs", [v]):
             r = one.get("result")
             if not r:
                 why = one.get("error", "") if one.get("rc") is None else f"exit {one.get('rc')}"
-                lines.append(f"| {prec} | FAILED ({why}) | | | | | | | |")
+                lines.append(f"| {prec} | FAILED ({why}) | | | | | | | | |")
                 continue
             for m in r.get("members", []):
                 lines.append(
                     f"| {prec} | {m['name']} | {m['n']} | {m['max_abs_diff']:.3f} | {m['tolerance']} | "
                     f"{m['spearman']:.3f} | {m['min_spearman']} | {m['decision_agreement']:.2f} | "
-                    f"{'PASS' if m['ok'] else 'FAIL'} |"
+                    f"{'PASS' if m['ok'] else 'FAIL'} | "
+                    + ", ".join(
+                        f"{k} {x:.3f}" for k, x in m.get("max_abs_diff_by_pass", {}).items()
+                    )
+                    + " |"
                 )
             lines.append(
                 f"| {prec} | whole command | {one['seconds'] / 60:.1f} min, peak RSS {_fmt_b(one['peak_rss_bytes'])} | | | | | | "
-                f"**{'PASS' if r.get('ok') else 'FAIL'}** |"
+                f"**{'PASS' if r.get('ok') else 'FAIL'}** | |"
             )
         lines += ["", _run_line(res, v)]
         out.append((_key(f"cpu-real-verify-{prec}", v), "\n".join(lines)))

@@ -105,6 +105,9 @@ class MemberVerification:
     #: Spearman within each pass (``scene``, ``text``, ...); ``spearman`` is the worst of the
     #: passes whose reference varies
     spearman_by_pass: Mapping[str, float] = field(default_factory=dict)
+    #: max |Δs| within each pass: which pass carries the error (the one with the image: the
+    #: vision graph and the decoder's image rows; request-only: the decoder alone)
+    max_abs_diff_by_pass: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def rank_ok(self) -> bool:
@@ -139,6 +142,12 @@ class MemberVerification:
             + (
                 f"\n{'':<33}p95 |Δs|={self.p95_abs_diff:.3g}; max at {self.worst}"
                 if self.worst
+                else ""
+            )
+            + (
+                "; max|Δs| by pass: "
+                + ", ".join(f"{k} {v:.3g}" for k, v in self.max_abs_diff_by_pass.items())
+                if self.worst and len(self.max_abs_diff_by_pass) > 1
                 else ""
             )
         )
@@ -272,6 +281,16 @@ def diff_summary(
     request = scenes[scene].request
     where = f"scene {scene} ({how}): {request[:60] + ('…' if len(request) > 60 else '')!r}"
     return float(d[i]), float(np.percentile(d, 95)), where
+
+
+def pass_max_abs_diff(
+    got: np.ndarray, ref: np.ndarray, variants: Sequence[str]
+) -> dict[str, float]:
+    """max |Δs| within each pass (``got`` and ``ref`` hold each variant's scores one after the
+    other, as :func:`verify_bundle` scores them)."""
+    d = np.abs(np.asarray(got, dtype=np.float64) - np.asarray(ref, dtype=np.float64))
+    n = len(d) // max(1, len(variants))
+    return {v: float(d[k * n : (k + 1) * n].max()) for k, v in enumerate(variants) if n}
 
 
 def pass_spearman(
@@ -444,6 +463,7 @@ def verify_bundle(
                 spearman=rho,
                 reference_varies=varies,
                 spearman_by_pass=by_pass,
+                max_abs_diff_by_pass=pass_max_abs_diff(got, ref, variants),
                 decision_agreement=float(np.mean((got > 0) == (ref > 0))),
                 tolerance=float(ecfg.score_atol[run.precision]),
                 min_spearman=float(ecfg.min_spearman[run.precision]),

@@ -174,7 +174,7 @@ def _verified_member(**changed: Any) -> dict[str, Any]:
 
 def test_report_lists_every_verify_run_and_a_member_without_a_bundle() -> None:
     rp = _load("real_pair")
-    member = _verified_member()
+    member = _verified_member(max_abs_diff_by_pass={"scene": 0.5, "text": 0.125})
     one = {"rc": 0, "seconds": 60.0, "peak_rss_bytes": 2**30}
     res = {
         "verify": {
@@ -184,7 +184,10 @@ def test_report_lists_every_verify_run_and_a_member_without_a_bundle() -> None:
         "latency": {"N": {"onnxruntime int4": {"rc": None, "error": "no bundle: failed"}}},
     }
     md = rp.render(res)
-    assert "| int4 | M | 12 | 0.500 | 1.0 | 0.950 | 0.8 | 1.00 | PASS |" in md
+    assert (
+        "| int4 | M | 12 | 0.500 | 1.0 | 0.950 | 0.8 | 1.00 | PASS | scene 0.500, text 0.125 |"
+        in md
+    )
     assert "| int8 | FAILED (no bundle: its export failed (see the export table)) |" in md
     assert "| N | onnxruntime int4 | no bundle: failed |" in md
 

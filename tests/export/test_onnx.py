@@ -208,6 +208,9 @@ def test_bundle_matches_torch_at_fp32_and_int8(
     # scores spread over 0.15 nats to 0.86): the trained pair's verify-bundle checks it
     for m in v.members:
         assert m.max_abs_diff <= m.tolerance and m.decision_agreement == 1.0, str(v)
+        # each pass's own max, the larger of them the member's
+        assert set(m.max_abs_diff_by_pass) == {"scene", "text"}
+        assert max(m.max_abs_diff_by_pass.values()) == m.max_abs_diff
     weights = {
         b: next(m for m in load_bundle(b).manifest["members"] if m["name"] == name)["weight_bytes"]
         for b in (b32, b8)
@@ -648,7 +651,7 @@ def test_diff_summary_names_the_worst_score() -> None:
     """By hand: two scenes, each scored with its image then request-only; |Δs| = 0.1, 0.5,
     0.2, 0: the max is scene 1 with its image, and the 95th percentile interpolates the
     sorted 0, 0.1, 0.2, 0.5 at position 0.95 * 3 = 2.85: 0.2 + 0.85 * 0.3 = 0.455."""
-    from spotstop.export.verify import MemberVerification, diff_summary
+    from spotstop.export.verify import MemberVerification, diff_summary, pass_max_abs_diff
 
     scenes = [Scene(make_image_bytes(0), "open the door"), Scene(make_image_bytes(1), "x" * 70)]
     ref = np.array([1.0, 2.0, 3.0, 4.0])
@@ -658,10 +661,17 @@ def test_diff_summary_names_the_worst_score() -> None:
     assert where == f"scene 1 (with its image): {'x' * 60 + '…'!r}"
     _, _, last = diff_summary(ref + np.array([0, 0, 0, -1.0]), ref, scenes, ("scene", "text"))
     assert last == "scene 1 (request only): 'x" + "x" * 59 + "…'"
+    # per pass: the scene pass 0.1, 0.5; the request-only pass 0.2, 0
+    by_pass = pass_max_abs_diff(got, ref, ("scene", "text"))
+    assert by_pass == pytest.approx({"scene": 0.5, "text": 0.2})
     m = MemberVerification("m", "int8", 4, worst, 1.0, 1.0, 0.25, 0.9, p95, where)
     assert not m.ok and "p95 |Δs|=0.455; max at scene 1 (with its image)" in str(m)
     first, second = str(m).splitlines()  # the second line starts under the first's max|Δs|
     assert second.index("p95") == first.index("max|Δs|")
+    m = MemberVerification(
+        "m", "int8", 4, worst, 1.0, 1.0, 0.25, 0.9, p95, where, max_abs_diff_by_pass=by_pass
+    )
+    assert str(m).splitlines()[1].endswith("; max|Δs| by pass: scene 0.5, text 0.2")
 
 
 def test_the_rank_check_counts_one_input_once() -> None:
