@@ -283,14 +283,20 @@ def diff_summary(
     return float(d[i]), float(np.percentile(d, 95)), where
 
 
+def _passes(total: int, variants: Sequence[str]) -> list[tuple[str, slice]]:
+    """Each pass's scores among ``total`` (each variant's scores one after the other, as
+    :func:`verify_bundle` scores them)."""
+    n = total // max(1, len(variants))
+    return [(v, slice(k * n, (k + 1) * n)) for k, v in enumerate(variants)]
+
+
 def pass_max_abs_diff(
     got: np.ndarray, ref: np.ndarray, variants: Sequence[str]
 ) -> dict[str, float]:
     """max |Δs| within each pass (``got`` and ``ref`` hold each variant's scores one after the
     other, as :func:`verify_bundle` scores them)."""
     d = np.abs(np.asarray(got, dtype=np.float64) - np.asarray(ref, dtype=np.float64))
-    n = len(d) // max(1, len(variants))
-    return {v: float(d[k * n : (k + 1) * n].max()) for k, v in enumerate(variants) if n}
+    return {v: float(d[at].max()) for v, at in _passes(len(d), variants) if d[at].size}
 
 
 def pass_spearman(
@@ -316,13 +322,12 @@ def pass_spearman(
     table and failed its 0.999). See :func:`score_inputs`.
     """
     got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
-    n = len(ref) // max(1, len(variants))
     by_pass: dict[str, float] = {}
     owed: list[float] = []
-    for k, variant in enumerate(variants):
-        g, r = got[k * n : (k + 1) * n], ref[k * n : (k + 1) * n]
+    for variant, at in _passes(len(ref), variants):
+        g, r = got[at], ref[at]
         if inputs is not None:
-            g, r = _input_means(g, r, list(inputs)[k * n : (k + 1) * n])
+            g, r = _input_means(g, r, list(inputs)[at])
         rho = spearman(g, r)
         by_pass[variant] = rho
         if len(r) >= 2 and np.ptp(r) > 0:
@@ -372,13 +377,12 @@ def pair_agreement(
     Within each pass, as :func:`pass_spearman`: over both passes pooled, one median between
     the passes' means puts most of each pass on one side of the cut whatever its scores, and
     the agreement reads high while decisions within a pass differ."""
-    n = len(ref[0]) // max(1, len(variants))
     by_pass: dict[str, float] = {}
-    for k, variant in enumerate(variants):
+    for variant, at in _passes(len(ref[0]), variants):
         z_ref, z_got = [], []
         for g, r in zip(got, ref, strict=True):
-            g = np.asarray(g, dtype=np.float64)[k * n : (k + 1) * n]
-            r = np.asarray(r, dtype=np.float64)[k * n : (k + 1) * n]
+            g = np.asarray(g, dtype=np.float64)[at]
+            r = np.asarray(r, dtype=np.float64)[at]
             med = float(np.median(r))
             iqr = float(np.subtract(*np.percentile(r, [75, 25]))) or 1.0
             z_ref.append((r - med) / iqr)
