@@ -28,7 +28,8 @@ What is counted (one scene, scene pass: the camera image + the request; no gray 
     * Weight bytes per precision follow ``spotstop export`` (and ``jetson/memory_budget.py``):
       fp32 4 B, fp16 2 B per parameter; int8/int4 weight-only MatMulNBits on the matrix
       multiplies (1 / 0.5 B per weight + a float32 scale per block of 128), the token table as
-      float16 (tied: the output layer's blocks plus a second copy of the scales), the rest
+      float16 (tied: the output layer's blocks plus a second copy of the scales and the 8-bit
+      blocks of their rounding residual), the rest
       float32; int4-trt int4 blocks with float16 scales on the fp16 graph (tied: the float16
       table and the blocks). One rule, :func:`stored_weight_bytes`, which
       ``jetson/memory_budget.py`` calls too.

@@ -106,11 +106,17 @@ class PrecisionSpec:
     #: depends on the layer: int8's per-column scales are counted as one per 128 rows)
     weight_bytes: Mapping[str, float]
     #: a tied token table (= the output layer): ``once`` (one float table), ``shared`` (the
-    #: output layer's blocks, read by GatherBlockQuantized with a second copy of the scales),
+    #: output layer's blocks, read by GatherBlockQuantized with a second copy of the scales,
+    #: and with ``table_residual`` the 8-bit blocks of their rounding residual),
     #: ``both`` (a float16 table and the output layer's blocks: TensorRT has no quantized Gather)
     tied_table: Literal["once", "shared", "both"]
-    #: bytes of one scale per weight in the shared table's blocks (``shared`` only)
+    #: bytes of one scale per weight in the shared table's blocks (``shared`` only; the
+    #: residual's blocks are the same size)
     table_scale_bytes: float = 0.0
+    #: a ``shared`` table's Gather adds the 8-bit blocks of the output layer's rounding
+    #: residual (export/weights.py's ``residual_blocks``): the token embeddings within 1/254
+    #: of the blocks' rounding, for 1 B and a scale per weight more (docs/limits.md)
+    table_residual: bool = False
     #: activation bytes (float16 graphs: 2)
     activation_bytes: float = 4.0
     #: the weights can stream from disk through the conversion (a large member's export)
@@ -191,13 +197,18 @@ def _prepare(m: Any, o: ConvertOptions) -> dict[str, str]:
     return tied
 
 
-def _finish_nbits(m: Any, o: ConvertOptions, tied: dict[str, str], bits: int) -> Any:
+def _finish_nbits(
+    m: Any, o: ConvertOptions, tied: dict[str, str], bits: int, precision: str
+) -> Any:
     from spotstop.export.weights import embeddings_to_fp16, gather_from_quantized
 
-    return embeddings_to_fp16(gather_from_quantized(m, tied, bits, o.io), o.io)
+    residual = get_precision(precision).table_residual
+    return embeddings_to_fp16(gather_from_quantized(m, tied, bits, o.io, residual), o.io)
 
 
-def _nbits(bits: int, block: int, accuracy_level: int, kept_int8: bool) -> Callable[..., Any]:
+def _nbits(
+    precision: str, bits: int, block: int, accuracy_level: int, kept_int8: bool
+) -> Callable[..., Any]:
     def convert(m: Any, o: ConvertOptions) -> Any:
         from spotstop.export.nbits import quantize_matmuls_nbits
         from spotstop.export.weights import image_end_weights
@@ -208,7 +219,7 @@ def _nbits(bits: int, block: int, accuracy_level: int, kept_int8: bool) -> Calla
         quantize_matmuls_nbits(m, bits, block, o.io, o.calibration, kept, accuracy_level, ends)
         if ends:
             o.report["float32_image_ends"] = o.report.get("float32_image_ends", 0) + len(ends)
-        return _finish_nbits(m, o, tied, bits)
+        return _finish_nbits(m, o, tied, bits, precision)
 
     return convert
 
@@ -284,7 +295,7 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
         meta["max_error"] = round(float(max(errors)), 6)
         meta["median_error"] = round(float(sorted(errors)[len(errors) // 2]), 6)
     o.report["int8"] = meta
-    return _finish_nbits(m, o, tied, 8)
+    return _finish_nbits(m, o, tied, 8, "int8")
 
 
 def _unmeasured(m: Any, o: ConvertOptions, skip: set[str]) -> tuple[str, ...]:
@@ -370,6 +381,7 @@ _INT8 = register_precision(
         {"linear": 1.0 + 4 / INT8_NBITS_BLOCK, "embed": 2.0, "other": 4.0},
         "shared",
         table_scale_bytes=4 / INT8_NBITS_BLOCK,
+        table_residual=True,
         streamable=True,
         calibrated=True,
         roofline_peak="int8_tops",
@@ -387,14 +399,14 @@ register_precision(
         name="int8-nbits",
         checks_vision_activations=False,
         summary="weight-only int8 (MatMulNBits, int8 activations per block of 128)",
-        convert=_nbits(8, INT8_NBITS_BLOCK, 4, kept_int8=False),
+        convert=_nbits("int8-nbits", 8, INT8_NBITS_BLOCK, 4, kept_int8=False),
     )
 )
 register_precision(
     PrecisionSpec(
         "int4",
         "weight-only int4 (MatMulNBits, float32 compute; chosen weights at 8 bits)",
-        _nbits(4, INT4_NBITS_BLOCK, 0, kept_int8=True),
+        _nbits("int4", 4, INT4_NBITS_BLOCK, 0, kept_int8=True),
         Tolerance(2.0, 0.3, 1.0, 0.8),
         {"linear": 0.5 + 4 / INT4_NBITS_BLOCK, "embed": 2.0, "other": 4.0},
         "shared",

@@ -26,7 +26,9 @@ Bytes per precision follow what ``spotstop export`` writes (one rule,
   exported graph holds it (export/onnx.py ``tie_output_layer``): at fp32/fp16 the token
   Gather and the output layer's ``Gemm(transB=1)`` read the same table; at int8/int4 the
   table is the output layer's MatMulNBits blocks, which ``GatherBlockQuantized`` reads too
-  (plus a second copy of the block scales, 4 B per block of 128, in the layout it needs);
+  (plus a second copy of the block scales, 4 B per block of 128, in the layout it needs), and
+  the 8-bit blocks of their rounding residual (1 B per weight and a scale per block), which a
+  second ``GatherBlockQuantized`` adds to every token embedding (export/weights.py);
   at int4-trt (INT4 ``DequantizeLinear`` → MatMul, the form TensorRT parses; TensorRT has no
   quantized Gather) the output layer is int4 blocks and the Gather table float16: twice;
 * int4-trt quantizes the fp16 graph: float16 scales (2 B per block of 128), the rest (norms,

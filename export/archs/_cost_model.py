@@ -57,7 +57,9 @@ def stored_weight_bytes(
     table; ``other``: norms, convolutions, biases; ``tied``: the output layer is the token
     table. A tied table is stored once at fp32/fp16 (the Gather and the output layer read it);
     at int8/int4 it is the output layer's MatMulNBits blocks, which ``GatherBlockQuantized``
-    reads with a second copy of the scales; at int4-trt (TensorRT has no quantized Gather) the
+    reads with a second copy of the scales (with the precision's ``table_residual``, int8's,
+    plus the 8-bit blocks of their rounding residual that a second ``GatherBlockQuantized``
+    adds, export/weights.py's ``residual_blocks``: 1 B and a scale per weight); at int4-trt (TensorRT has no quantized Gather) the
     float16 table and the int4 blocks are both stored. At int4, ``linear_int8`` of the
     ``linear`` weights and, with ``table_int8``, a tied table are kept at int8
     (export/mixed.py decides which), in int4's blocks (one MatMulNBits block per graph).
@@ -80,8 +82,8 @@ def stored_weight_bytes(
         linear, ends_bytes = linear - image_ends, 4.0 * image_ends
     if not 0 <= linear_int8 <= linear:
         raise ValueError(f"linear_int8 ({linear_int8}) must lie in [0, linear ({linear})].")
-    if tied and spec.tied_table == "shared":
-        table_bytes = table * (per_table + scale)
+    if tied and spec.tied_table == "shared":  # the blocks, their scales again, the residual
+        table_bytes = table * (per_table + scale + (1.0 + scale if spec.table_residual else 0))
     elif tied and spec.tied_table == "both":
         table_bytes = table * (b["embed"] + b["linear"])
     else:

@@ -120,9 +120,11 @@ def test_dequantized_weight_is_what_matmul_nbits_multiplies_by(bits: int, block:
     assert err.max() > 0  # it is quantized
 
 
-def test_disk_weights_write_what_the_graph_would_hold(tmp_path: Path) -> None:
-    """The whole int4 conversion (fold, untie, quantize, gather, fp16 tables) with the weights
-    on disk gives the same tensors as with the weights in the graph; nothing large is inline."""
+@pytest.mark.parametrize("precision", ["int4", "int8"])
+def test_disk_weights_write_what_the_graph_would_hold(tmp_path: Path, precision: str) -> None:
+    """The whole int4/int8 conversion (fold, untie, quantize, gather with int8's residual table,
+    fp16 tables) with the weights on disk gives the same tensors as with the weights in the
+    graph; nothing large is inline."""
     from onnx import TensorProto, helper, numpy_helper
     from onnx.external_data_helper import uses_external_data
     from spotstop.export.precision import convert_precision
@@ -158,13 +160,13 @@ def test_disk_weights_write_what_the_graph_would_hold(tmp_path: Path) -> None:
     onnx.save_model(model, str(src / "m.onnx"), save_as_external_data=True, size_threshold=1024)
 
     in_mem = tie_output_layer(onnx.load(str(src / "m.onnx")))
-    in_mem = convert_precision(in_mem, "int4", copy=False)
+    in_mem = convert_precision(in_mem, precision, copy=False)
 
     stage = tmp_path / "stage"
     on_disk = onnx.load(str(src / "m.onnx"), load_external_data=False)
     with DiskWeights(src, stage / "m.onnx.data") as io:
         tie_output_layer(on_disk, io)
-        on_disk = convert_precision(on_disk, "int4", copy=False, io=io)
+        on_disk = convert_precision(on_disk, precision, copy=False, io=io)
         io.finish([on_disk])
     big = [t for t in on_disk.graph.initializer if not uses_external_data(t)]
     assert all(len(t.raw_data) < 1024 for t in big)
