@@ -8,7 +8,11 @@ by (``export/nbits.py``: ``nbits_blocks`` quantizes with onnxruntime's own kerne
 ``dequantize_nbits`` inverts it; tests/export/test_nbits.py holds ``x @ W`` equal to the
 operator's output), and the scenes are scored again. The output layer (tied to the token
 table in both real members) is quantized as the bundle quantizes it, unless the variant says
-``nohead``; the token table the embedding reads stays float, as in the bundle.
+``nohead``; the token table the embedding reads stays float. The bundle reads it through the
+tied output layer's blocks: at int8 plus the 8-bit blocks of their rounding residual (within
+1/128 of a step, export/weights.py's ``residual_blocks``), at int4 the blocks alone, which
+this does not simulate (that rounding alone moved Qwen3.5-2B's int8 scores up to 0.23 before
+the residual: bench/RESULTS.md, section ``int8-graph-parts-Qwen3.5-2B``).
 
 Per variant it prints the largest |Δs| over the scores (the figure ``verify-bundle`` bounds),
 the RMS, and the mean Δs: the part of the error common to every scene (a shift of the score,

@@ -102,7 +102,8 @@ per block of 128, so an outlier only costs its own block):
 * the output layer (the MatMul whose output the vocabulary's ``LogSoftmax`` reads): the
   scoring graph multiplies only a few read positions by it, so it is memory-bound and a dynamic GEMM
   gains nothing; and tied to the embeddings it stays ONE table, which ``GatherBlockQuantized``
-  reads (export/weights.py), where a DynamicQuantizeMatMul weight would need a second copy;
+  reads (export/weights.py; the Gather adds its rounding residual's 8-bit blocks), where a
+  DynamicQuantizeMatMul weight would need a second copy;
 * every layer whose measured error exceeds ``keep_error``, with its input rotated too (below):
   on the calibration scenes' recorded
   inputs (export/gptq.py, the same as GPTQ's), ``‖deq(Q(X)) Ŵ − X W‖ / ‖X W‖`` with ``Q``

@@ -114,8 +114,8 @@ class PrecisionSpec:
     #: residual's blocks are the same size)
     table_scale_bytes: float = 0.0
     #: a ``shared`` table's Gather adds the 8-bit blocks of the output layer's rounding
-    #: residual (export/weights.py's ``residual_blocks``): the token embeddings within 1/254
-    #: of the blocks' rounding, for 1 B and a scale per weight more (docs/limits.md)
+    #: residual (export/weights.py's ``residual_blocks``): the token embeddings within 1/128
+    #: of the blocks' step, for 1 B and a scale per weight more (docs/limits.md)
     table_residual: bool = False
     #: activation bytes (float16 graphs: 2)
     activation_bytes: float = 4.0

@@ -544,8 +544,8 @@ def gather_from_quantized(
     when the node does not say; symmetric: the same default zero point), whose rank-3 form
     needs its scales as (vocab, k_blocks, 1), a copy 1/32 (int8) or 1/16 (int4) the size of
     ``B``; with ``residual``, plus a second ``GatherBlockQuantized`` on :func:`residual_blocks`
-    (the 8-bit codes of what ``B`` rounded off, in the same blocks), the two rows added: every token's embedding
-    within 1/254 of ``B``'s rounding, where the output layer keeps ``B``'s. The token
+    (the 8-bit codes of what ``B`` rounded off, in the same blocks), the two rows added: every
+    token's embedding within 1/128 of ``B``'s step, where the output layer keeps ``B``'s. The token
     embeddings enter every position's residual stream unnormalised, and ``B``'s rounding
     alone (8-bit blocks of 128: 0.6 % of a row) moved Qwen3.5-2B's scores at the real size up
     to 0.23 of int8's 0.25 tolerance (docs/limits.md). The float table is dropped.
@@ -667,8 +667,10 @@ def residual_blocks(
     ``scales`` (vocab, k_blocks) its blocks at ``bits`` (export/nbits.py's layout) →
     (codes uint8 (vocab, k_blocks, block_size), scales float32 (vocab, k_blocks)) of
     ``table − deq(packed)`` in the same blocks, symmetric (zero point 128), by onnxruntime's own
-    kernel. A row read as ``deq(packed) + deq(codes)`` is within half a residual step
-    (``max |residual| / 127 / 2``, at most 1/254 of the coarse blocks' step) of ``table``'s."""
+    kernel. A row read as ``deq(packed) + deq(codes)`` is within one residual step of
+    ``table``'s: onnxruntime's symmetric blocks take the step ``max |x| / 128`` and clip a
+    block's largest positive value to code 127, so an error reaches one step, and the
+    residual, itself within one coarse step, has a step at most 1/128 of the coarse one."""
     from spotstop.export.nbits import dequantize_nbits, nbits_blocks
 
     vocab, hidden = table.shape

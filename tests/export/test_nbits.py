@@ -120,6 +120,90 @@ def test_dequantized_weight_is_what_matmul_nbits_multiplies_by(bits: int, block:
     assert err.max() > 0  # it is quantized
 
 
+@pytest.mark.parametrize(("bits", "block"), [(8, 128), (4, 32)])
+def test_residual_blocks_hold_what_the_coarse_blocks_rounded_off(bits: int, block: int) -> None:
+    """export/weights.py's residual table, against numpy: its codes are the 8-bit symmetric
+    blocks (step max|r|/128, onnxruntime's kernel) of ``table − deq(coarse)``, and the two
+    dequantized together are within one residual step, at most 1/128 of the coarse step, of
+    the table (hidden 200: the last block padded)."""
+    from spotstop.export.nbits import dequantize_nbits, nbits_blocks
+    from spotstop.export.weights import residual_blocks
+
+    rng = np.random.default_rng(11)
+    vocab, hidden = 300, 200
+    table = rng.normal(0, 0.02, (vocab, hidden)).astype(np.float32)
+    table[5] = 0.0  # a padding row: no error, a zero step
+    packed, scales = nbits_blocks(table.T, bits, block)
+    codes, r_scales = residual_blocks(table, packed, scales, bits, block)
+    k_blocks = -(-hidden // block)
+    assert codes.shape == (vocab, k_blocks, block) and codes.dtype == np.uint8
+    assert r_scales.shape == (vocab, k_blocks)
+    coarse = dequantize_nbits(packed, scales, bits, hidden).T
+    resid = table.astype(np.float64) - coarse
+    # numpy's own blocks of the residual: step max|r| / 128 per block
+    padded = np.pad(resid, ((0, 0), (0, k_blocks * block - hidden))).reshape(vocab, k_blocks, -1)
+    amax = np.abs(padded).max(-1)
+    np.testing.assert_allclose(np.abs(r_scales), amax / 128, rtol=1e-6, atol=0)
+    fine = dequantize_nbits(codes, r_scales, 8, hidden).T
+    step = np.repeat(np.abs(r_scales), block, axis=1)[:, :hidden]
+    err = np.abs(table - coarse - fine)
+    assert np.all(err <= step * (1 + 1e-5) + 1e-12)
+    assert np.all(np.abs(r_scales) <= np.abs(scales) / 128 * (1 + 1e-5))
+    assert err[5].max() == 0.0
+    assert np.abs(resid).max() > 100 * err.max()  # what the residual table buys
+
+
+@pytest.mark.parametrize("precision", ["int8", "int8-nbits", "int4"])
+def test_tied_token_rows_read_through_onnxruntime(precision: str) -> None:
+    """A tied table at int8: the Gather's rows (GatherBlockQuantized on the output layer's
+    blocks plus one on their residual's) are the table within 1/128 of a coarse step; int4
+    keeps the coarse blocks alone (no residual table), and its rows are off by up to a step."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from spotstop.export.nbits import dequantize_nbits
+    from spotstop.export.precision import convert_precision, get_precision
+    from spotstop.export.weights import tie_output_layer
+
+    rng = np.random.default_rng(4)
+    table = rng.normal(0, 0.05, (512, 256)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+        helper.make_node("Transpose", ["table"], ["tT"], perm=[1, 0], name="tt"),
+        helper.make_node("MatMul", ["e", "tT"], ["logits"], name="head"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None])],
+        [
+            helper.make_tensor_value_info("e", TensorProto.FLOAT, [None, None, 256]),
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, None, 512]),
+        ],
+        [numpy_helper.from_array(table, "table")],
+    )
+    model = tie_output_layer(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    q = convert_precision(model, precision)
+    ops = [n.op_type for n in q.graph.node]
+    residual = get_precision(precision).table_residual
+    assert residual == precision.startswith("int8")
+    assert ops.count("GatherBlockQuantized") == 1 + residual
+    ids = np.array([[0, 3, 511, 3]], np.int64)
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    (e, _) = sess.run(None, {"ids": ids})
+    inits = _inits(q)
+    head = next(n for n in q.graph.node if n.op_type == "MatMulNBits")
+    bits = next(a.i for a in head.attribute if a.name == "bits")
+    coarse_step = np.abs(inits[head.input[2]]).max()
+    coarse = dequantize_nbits(inits[head.input[1]], inits[head.input[2]], bits, 256).T
+    err = np.abs(e[0] - table[ids[0]])
+    if residual:
+        assert err.max() <= coarse_step / 128 * (1 + 1e-4)
+        assert np.abs(coarse[ids[0]] - table[ids[0]]).max() > 30 * err.max()
+    else:
+        np.testing.assert_allclose(e[0], coarse[ids[0]], rtol=0, atol=1e-7)
+        assert err.max() > coarse_step / 8
+
+
 @pytest.mark.parametrize("precision", ["int4", "int8"])
 def test_disk_weights_write_what_the_graph_would_hold(tmp_path: Path, precision: str) -> None:
     """The whole int4/int8 conversion (fold, untie, quantize, gather with int8's residual table,
