@@ -203,7 +203,7 @@ def _finish_nbits(
     from spotstop.export.weights import embeddings_to_fp16, gather_from_quantized
 
     residual = get_precision(precision).table_residual
-    return embeddings_to_fp16(gather_from_quantized(m, tied, bits, o.io, residual), o.io)
+    return embeddings_to_fp16(gather_from_quantized(m, tied, bits, o.io, residual=residual), o.io)
 
 
 def _nbits(

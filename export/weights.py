@@ -532,7 +532,7 @@ def untie_for_quantizer(model: Any, io: WeightIO | None = None) -> dict[str, str
 
 
 def gather_from_quantized(
-    model: Any, tied: dict[str, str], bits: int, io: WeightIO | None = None, residual: bool = True
+    model: Any, tied: dict[str, str], bits: int, io: WeightIO | None = None, *, residual: bool
 ) -> Any:
     """Token embeddings read from the quantized output layer's table, in place.
 
@@ -543,12 +543,13 @@ def gather_from_quantized(
     layer's ``MatMulNBits`` has, which an int4 export may keep at 8, export/mixed.py; ``bits``
     when the node does not say; symmetric: the same default zero point), whose rank-3 form
     needs its scales as (vocab, k_blocks, 1), a copy 1/32 (int8) or 1/16 (int4) the size of
-    ``B``; with ``residual``, plus a second ``GatherBlockQuantized`` on :func:`residual_blocks`
-    (the 8-bit codes of what ``B`` rounded off, in the same blocks), the two rows added: every
-    token's embedding within 1/128 of ``B``'s step, where the output layer keeps ``B``'s. The token
-    embeddings enter every position's residual stream unnormalised, and ``B``'s rounding
-    alone (8-bit blocks of 128: 0.6 % of a row) moved Qwen3.5-2B's scores at the real size up
-    to 0.23 of int8's 0.25 tolerance (docs/limits.md). The float table is dropped.
+    ``B``; with ``residual`` (the precision's ``table_residual``), plus a second
+    ``GatherBlockQuantized`` on :func:`residual_blocks` (the 8-bit codes of what ``B`` rounded
+    off, in the same blocks), the two rows added: every token's embedding within 1/128 of
+    ``B``'s step, where the output layer keeps ``B``'s. The token embeddings enter every
+    position's residual stream unnormalised, and ``B``'s rounding alone (8-bit blocks of 128:
+    0.6 % of a row) moved Qwen3.5-2B's scores at the real size up to 0.23 of int8's 0.25
+    tolerance (docs/limits.md). The float table is dropped.
     """
     from onnx import TensorProto, helper
 
