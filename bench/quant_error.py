@@ -8,11 +8,14 @@ by (``export/nbits.py``: ``nbits_blocks`` quantizes with onnxruntime's own kerne
 ``dequantize_nbits`` inverts it; tests/export/test_nbits.py holds ``x @ W`` equal to the
 operator's output), and the scenes are scored again. The output layer (tied to the token
 table in both real members) is quantized as the bundle quantizes it, unless the variant says
-``nohead``; the token table the embedding reads stays float. The bundle reads it through the
-tied output layer's blocks: at int8 plus the 8-bit blocks of their rounding residual (within
-1/128 of a step, export/weights.py's ``residual_blocks``), at int4 the blocks alone, which
-this does not simulate (that rounding alone moved Qwen3.5-2B's int8 scores up to 0.23 before
-the residual: bench/RESULTS.md, section ``int8-graph-parts-Qwen3.5-2B``).
+``nohead``, and the token embeddings are what the bundle's Gather reads (:func:`table_read`):
+a tied table through the output layer's blocks, plus the 8-bit blocks of their rounding
+residual where the precision has ``table_residual`` (int8's; export/weights.py's
+``residual_blocks``), an untied one as its float16 copy. ``:tablefloat`` keeps the table
+float (what this script did before the bundle's table was found to matter: its 8-bit blocks
+alone moved Qwen3.5-2B's int8 scores up to 0.23, bench/RESULTS.md, section
+``int8-graph-parts-Qwen3.5-2B``); ``:tableresid`` adds the residual table where the precision
+does not (int4): what it would buy.
 
 Per variant it prints the largest |Δs| over the scores (the figure ``verify-bundle`` bounds),
 the RMS, and the mean Δs: the part of the error common to every scene (a shift of the score,
@@ -28,7 +31,7 @@ scenes (verify-bundle's Spearman check). A ratio near 1 leaves no rank correlati
     python bench/quant_error.py MEMBER_FOLDER --results bench/RESULTS.md   # + its own section
     python bench/quant_error.py MEMBER_FOLDER --world WORLD --variants "8:col:all,8:col:vision"
 
-A variant is ``BITS:BLOCK:GROUP[:nohead]``; groups: ``all``, ``vision`` (the vision tower and
+A variant is ``BITS:BLOCK:GROUP[:nohead][:tablefloat|:tableresid]``; groups: ``all``, ``vision`` (the vision tower and
 projector), ``projector`` (the projector alone: Qwen3.5's patch merger, LFM2-VL's
 ``multi_modal_projector``), ``decoder``, ``mlp`` (decoder feed-forward), ``mixer`` (decoder
 attention, Gated-DeltaNet and short-convolution projections), ``none``. ``8:col:GROUP`` is the
@@ -68,7 +71,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "bench") not in sys.path:
@@ -96,18 +101,48 @@ GROUPS: dict[str, Callable[[str], bool]] = {
 #: the block of ``8:col:GROUP``: the int8 precision (per-column weights, per-token activations)
 COLUMN = 0
 
+#: how a variant's token embeddings are read: as the bundle reads them, float, or with the
+#: residual table whether or not the precision has it
+TABLES = ("bundle", "float", "residual")
 
-def parse_variant(text: str) -> tuple[int, int, str, bool, tuple[str, ...], bool]:
-    """``BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL]`` → (bits, block, group, quantize the output
-    layer, the selectors export/mixed.py keeps at int8 among the group's weights, exact read
-    rows); ``8:col:GROUP[:nohead][:int8reads]`` gives block :data:`COLUMN`, its read rows exact
+
+class Variant(NamedTuple):
+    """One simulated variant (:func:`parse_variant`)."""
+
+    bits: int
+    block: int  # :data:`COLUMN`: the int8 precision
+    group: str
+    qhead: bool  # the output layer (and a tied table) quantized
+    int8: tuple[str, ...]  # export/mixed.py's selectors kept at 8 bits
+    exact: bool  # the int8 precision's read rows exact
+    table: str = "bundle"  # one of :data:`TABLES`
+
+    @property
+    def precision(self) -> str:
+        """The registered precision whose table rule this variant follows."""
+        return "int8" if self.block == COLUMN else "int8-nbits" if self.bits == 8 else "int4"
+
+
+def parse_variant(text: str) -> Variant:
+    """``BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL][:tablefloat|:tableresid]`` → the
+    :class:`Variant` (the selectors export/mixed.py keeps at int8 among the group's weights);
+    ``8:col:GROUP[:nohead][:int8reads]`` gives block :data:`COLUMN`, its read rows exact
     unless ``int8reads``."""
     from spotstop.export.mixed import parse_selectors
 
     parts = text.strip().split(":")
-    want = "want BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL], e.g. 8:128:all or 4:128:all:int8=output_layer"
+    want = (
+        "want BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL][:tablefloat|:tableresid], "
+        "e.g. 8:128:all or 4:128:all:int8=output_layer"
+    )
     if len(parts) < 3:
         raise ValueError(f"variant {text!r}: {want}.")
+    tables = {"tablefloat": "float", "tableresid": "residual"}
+    named = [tables[p] for p in parts[3:] if p in tables]
+    if len(named) > 1:
+        raise ValueError(f"variant {text!r}: one of tablefloat and tableresid, not both.")
+    table = named[0] if named else "bundle"
+    parts = [p for p in parts if p not in tables]
     exact = parts[1] == "col"
     if parts[1] == "col":
         if parts[0] != "8" or parts[3:] not in (
@@ -139,7 +174,9 @@ def parse_variant(text: str) -> tuple[int, int, str, bool, tuple[str, ...], bool
         raise ValueError(f"variant {text!r}: the block must be a power of two, at least 16.")
     if group not in GROUPS:
         raise ValueError(f"variant {text!r}: group must be one of {sorted(GROUPS)}.")
-    return bits, block, group, qhead, int8, exact
+    if table != "bundle" and not qhead:
+        raise ValueError(f"variant {text!r}: with nohead the token table is float already.")
+    return Variant(bits, block, group, qhead, int8, exact, table)
 
 
 def quantized(w: Any, bits: int, block: int, rows_per_chunk: int = 8192) -> Any:
@@ -156,6 +193,31 @@ def quantized(w: Any, bits: int, block: int, rows_per_chunk: int = 8192) -> Any:
         out[a : a + rows_per_chunk] = torch.from_numpy(
             dequantize_nbits(packed, scales, bits, part.shape[0]).T.copy()
         )
+    return out
+
+
+def table_read(
+    table: Any, bits: int, block: int, residual: bool, rows_per_chunk: int = 8192
+) -> Any:
+    """``table`` (vocab, hidden) torch, the token table tied to the output layer → the float32
+    embeddings the bundle's Gather reads (export/weights.py's ``gather_from_quantized``): the
+    output layer's ``bits`` blocks along hidden, with ``residual`` plus the 8-bit blocks of
+    their rounding residual (``residual_blocks``, the export's own function); a chunk of rows
+    at a time."""
+    import torch
+    from spotstop.export.nbits import dequantize_nbits, nbits_blocks
+    from spotstop.export.weights import residual_blocks
+
+    hidden = table.shape[1]
+    out = torch.empty(table.shape, dtype=torch.float32)
+    for a in range(0, table.shape[0], rows_per_chunk):
+        rows = table[a : a + rows_per_chunk].float().numpy()  # (rows, hidden)
+        packed, scales = nbits_blocks(rows.T, bits, block)
+        read = dequantize_nbits(packed, scales, bits, hidden).T
+        if residual:
+            codes, r_scales = residual_blocks(rows, packed, scales, bits, block)
+            read = read + dequantize_nbits(codes, r_scales, 8, hidden).T
+        out[a : a + rows_per_chunk] = torch.from_numpy(np.ascontiguousarray(read))
     return out
 
 
@@ -179,7 +241,6 @@ def _read_mask(prompts: list[list[int]], plan: Any) -> Any:
     """(sequences, length) True where the decoder graph reads: the last prompt position and the
     answer tokens' (``decoder_feeds``' ``last_index`` and ``read_index``), the sequences
     prompt-major and right-padded as the torch backend runs them."""
-    import numpy as np
     from spotstop.guard.backends._graphs import decoder_feeds
 
     length = max(len(p) + len(r) for p in prompts for r in plan.rows)
@@ -222,7 +283,10 @@ _METHODS = {"rtn": "round to nearest", "bias": "RTN + bias correction", "gptq": 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Variants: BITS:BLOCK:GROUP[:nohead]; groups " + ", ".join(GROUPS) + ".",
+        epilog="Variants: BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL][:tablefloat|:tableresid] "
+        "or 8:col:GROUP[:nohead][:int8reads] (the int8 precision); groups "
+        + ", ".join(GROUPS)
+        + ". The token table is read as the bundle reads it unless tablefloat or tableresid.",
     )
     ap.add_argument("member", help="member folder (Hugging Face layout)")
     ap.add_argument("--scenes", type=int, default=4, help="generated scenes (default 4)")
@@ -236,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--variants",
         default="8:128:all,4:128:all",
-        help="comma-separated BITS:BLOCK:GROUP[:nohead] (default 8:128:all,4:128:all)",
+        help="comma-separated variants, see below (default 8:128:all,4:128:all)",
     )
     ap.add_argument(
         "--bias-correct", action="store_true", help="also score each variant bias-corrected"
@@ -266,12 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
 
-    import numpy as np
     import torch
     from spotstop.export.gptq import CALIBRATION_SEED
     from spotstop.export.int8 import channel_int8
     from spotstop.export.mixed import int8_linears
-    from spotstop.export.precision import INT8_NBITS_BLOCK
+    from spotstop.export.precision import INT8_NBITS_BLOCK, get_precision
     from spotstop.export.scenes import demo_scenes
     from spotstop.export.verify import spearman
     from spotstop.guard import load_member
@@ -362,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     original = {n: keep(mod.weight) for n, mod in linears}
     biases = {n: None if mod.bias is None else mod.bias.detach().clone() for n, mod in linears}
     head_float = head.detach().clone()
+    embed = model.get_input_embeddings().weight
+    tied = embed.data_ptr() == head.data_ptr()
+    embed_float = head_float if tied else embed.detach().clone()
     modes = (
         ([] if args.gptq and args.gptq_only else ["rtn"])
         + (["bias"] if args.bias_correct else [])
@@ -374,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{'SD(Δs)':>7} {'/SD(s)':>6} {'rho':>6} {'s':>5}"
     )
     rows: list[QuantError] = []
-    for bits, block, group, qhead, int8, exact in variants:
+    for variant in variants:
+        bits, block, group, qhead, int8, exact, table = variant
         chosen = GROUPS[group]
         # export/mixed.py's rule, on the same names the export reads (the head is ``lm_head``)
         at8 = int8_linears([n for n, _ in linears] + ["lm_head"], int8)
@@ -410,6 +477,13 @@ def main(argv: list[str] | None = None) -> int:
             backend._head_weight = (
                 quantized(head_float, head_bits, head_block) if qhead else head_float
             )
+            if table == "float" or not qhead:  # nohead: the table is float too ("once")
+                embed.data.copy_(embed_float)
+            elif tied:  # the output layer's blocks, and their residual's where the rule says
+                residual = table == "residual" or get_precision(variant.precision).table_residual
+                embed.data.copy_(table_read(head_float, head_bits, head_block, residual))
+            else:  # an untied table: the bundle's float16 copy (embeddings_to_fp16)
+                embed.data.copy_(embed_float.half().float())
             got = score(scenes)
             for handle in hooks:
                 handle.remove()
@@ -418,8 +492,10 @@ def main(argv: list[str] | None = None) -> int:
             form = "per column, per token" if block == COLUMN else f"b{block}"
             if block == COLUMN and not exact:
                 form += ", read rows int8"
-            name = f"int{bits} {form} {group}{'' if qhead else ' nohead'}" + (
-                f" (int8: {', '.join(int8)}; {len(at8)} weights)" if int8 else ""
+            name = (
+                f"int{bits} {form} {group}{'' if qhead else ' nohead'}"
+                + {"bundle": "", "float": ", table float", "residual": ", table + residual"}[table]
+                + (f" (int8: {', '.join(int8)}; {len(at8)} weights)" if int8 else "")
             )
             row = QuantError.of(name, mode, d, ref_sd, rho)
             rows.append(row)
@@ -446,8 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         key = (
             f"quant-error-{member}"
             + "".join(f"-{m}" for m in modes if m != "rtn").replace("-bias", "-bias-corrected")
-            + ("-mixed" if any(v[4] for v in variants) else "")
-            + ("-int8" if any(v[1] == COLUMN for v in variants) else "")  # the int8 precision's
+            + ("-mixed" if any(v.int8 for v in variants) else "")
+            + ("-int8" if any(v.block == COLUMN for v in variants) else "")  # the int8 precision's
         )
         write_section(args.results, key, render(member, head_line, rows, argv))
     return 0
@@ -477,8 +553,6 @@ class QuantError:
 
     @classmethod
     def of(cls, variant: str, method: str, d: Any, ref_sd: float, rho: float) -> QuantError:
-        import numpy as np
-
         d = np.asarray(d, dtype=float)
         return cls(
             variant,

@@ -22,8 +22,17 @@ def _load() -> Any:
 
 def test_variants_are_parsed_and_checked() -> None:
     qe = _load()
-    assert qe.parse_variant("8:128:all") == (8, 128, "all", True, (), False)
-    assert qe.parse_variant("4:32:mlp:nohead") == (4, 32, "mlp", False, (), False)
+    assert qe.parse_variant("8:128:all") == (8, 128, "all", True, (), False, "bundle")
+    assert qe.parse_variant("4:32:mlp:nohead") == (4, 32, "mlp", False, (), False, "bundle")
+    # the token table: as the bundle reads it, float, or with the residual table
+    assert qe.parse_variant("4:32:all:tableresid").table == "residual"
+    assert qe.parse_variant("8:col:all:tablefloat").table == "float"
+    assert qe.parse_variant("8:col:all:tablefloat").exact
+    assert [qe.parse_variant(v).precision for v in ("8:col:all", "8:128:all", "4:32:all")] == [
+        "int8",
+        "int8-nbits",
+        "int4",
+    ]
     # int8 selectors (export/mixed.py), in the rule's own order
     assert qe.parse_variant("4:128:all:int8=mixed_layers+output_layer") == (
         4,
@@ -32,11 +41,12 @@ def test_variants_are_parsed_and_checked() -> None:
         True,
         ("output_layer", "mixed_layers"),
         False,
+        "bundle",
     )
     # the int8 precision: the read rows exact, as the export computes them, unless int8reads
-    assert qe.parse_variant("8:col:vision") == (8, qe.COLUMN, "vision", True, (), True)
-    assert qe.parse_variant("8:col:mlp:nohead") == (8, qe.COLUMN, "mlp", False, (), True)
-    assert qe.parse_variant("8:col:all:int8reads") == (8, qe.COLUMN, "all", True, (), False)
+    assert qe.parse_variant("8:col:vision") == (8, qe.COLUMN, "vision", True, (), True, "bundle")
+    assert qe.parse_variant("8:col:mlp:nohead")[:6] == (8, qe.COLUMN, "mlp", False, (), True)
+    assert qe.parse_variant("8:col:all:int8reads")[:6] == (8, qe.COLUMN, "all", True, (), False)
     for bad in (
         "8:128",
         "3:128:all",
@@ -46,6 +56,8 @@ def test_variants_are_parsed_and_checked() -> None:
         "4:col:all",  # per column per token is the int8 precision alone
         "8:col:all:int8=vision",
         "8:128:all:int8reads",  # the read rows are the int8 precision's
+        "8:128:all:tablefloat:tableresid",
+        "8:128:all:nohead:tablefloat",  # a float output layer leaves the table float
     ):
         with pytest.raises(ValueError, match="variant"):
             qe.parse_variant(bad)
@@ -198,6 +210,64 @@ def test_quantized_weight_is_the_operators(tiny_member_dir: Path) -> None:
     b = qe.quantized(w, 4, 32, rows_per_chunk=16)
     assert torch.equal(a, b) and not torch.equal(a, w)
     assert float((a - w).abs().max()) <= float(w.abs().max()) / 7
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_the_table_read_is_what_the_bundles_gather_gives(precision: str) -> None:
+    """:func:`table_read` with the precision's table rule gives the rows onnxruntime gathers
+    from the converted graph (the output layer's blocks, int8's residual table); chunked or
+    not; with the residual forced at int4 its rows come within 1/128 of the int4 step."""
+    import torch
+    from spotstop.export.precision import get_precision
+
+    from tests._support.tied_table import tied_table_rows
+
+    qe = _load()
+    rng = np.random.default_rng(5)
+    table = rng.normal(0, 0.05, (300, 256)).astype(np.float32)
+    ids = np.array([[0, 7, 299, 150]], np.int64)
+    rows, _ = tied_table_rows(table, precision, ids)
+    spec = get_precision(precision)
+    bits, block, residual = spec.nbits, spec.block_size, spec.table_residual
+    t = torch.from_numpy(table)
+    read = qe.table_read(t, bits, block, residual)
+    np.testing.assert_allclose(read.numpy()[ids[0]], rows, rtol=0, atol=1e-6)
+    assert torch.equal(read, qe.table_read(t, bits, block, residual, rows_per_chunk=64))
+    if not residual:  # what int4 would gain from int8's residual table
+        fine = qe.table_read(t, bits, block, True).numpy()
+        step = np.abs(table.reshape(300, -1, block)).max(-1) / 8  # int4: max|x| / 8
+        err = np.abs(fine - table).reshape(300, -1, block).max(-1)
+        assert np.all(err <= step / 128 * (1 + 1e-4))
+        assert np.abs(rows - table[ids[0]]).max() > 30 * err.max()
+
+
+def test_the_token_table_variants_on_a_tiny_member(
+    tiny_member_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The table is part of what a variant quantizes: with the output layer alone quantized,
+    a tied member's 4-bit table read moves the scores away from the same variant with the table
+    float; an untied one reads its float16 table."""
+    import json
+
+    qe = _load()
+    argv = [str(tiny_member_dir), "--scenes", "2", "--threads", "1"]
+    variants = "4:32:none,4:32:none:tablefloat,4:32:none:tableresid"
+    assert qe.main([*argv, "--variants", variants]) == 0
+    out = capsys.readouterr().out
+    found = re.findall(r"^\s*(int4 b32 none(?:, table [\w +]+)?)\s+rtn\s+([\d.]+)", out, re.M)
+    got = {name.strip(): float(v) for name, v in found}
+    assert set(got) == {
+        "int4 b32 none",
+        "int4 b32 none, table float",
+        "int4 b32 none, table + residual",
+    }
+    config = json.loads((tiny_member_dir / "config.json").read_text(encoding="utf-8"))
+    tied = config.get(
+        "tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings")
+    )
+    if tied:
+        assert got["int4 b32 none"] != got["int4 b32 none, table float"]
+        assert got["int4 b32 none"] != got["int4 b32 none, table + residual"]
 
 
 def test_simulation_on_a_tiny_member(

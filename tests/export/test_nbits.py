@@ -11,6 +11,8 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from tests._support.tied_table import tied_table_rows  # noqa: E402
+
 
 def _graph(seed: int = 0) -> object:
     """x (B, 300) → MatMul W1 (300 x 70, K not a multiple of 128) → MatMul W2 (70 x 256) and a
@@ -158,49 +160,28 @@ def test_tied_token_rows_read_through_onnxruntime(precision: str) -> None:
     """A tied table at int8: the Gather's rows (GatherBlockQuantized on the output layer's
     blocks plus one on their residual's) are the table within 1/128 of a coarse step; int4
     keeps the coarse blocks alone (no residual table), and its rows are off by up to a step."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
     from spotstop.export.nbits import dequantize_nbits
-    from spotstop.export.precision import convert_precision, get_precision
-    from spotstop.export.weights import tie_output_layer
+    from spotstop.export.precision import get_precision
 
     rng = np.random.default_rng(4)
     table = rng.normal(0, 0.05, (512, 256)).astype(np.float32)
-    nodes = [
-        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
-        helper.make_node("Transpose", ["table"], ["tT"], perm=[1, 0], name="tt"),
-        helper.make_node("MatMul", ["e", "tT"], ["logits"], name="head"),
-    ]
-    g = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None])],
-        [
-            helper.make_tensor_value_info("e", TensorProto.FLOAT, [None, None, 256]),
-            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, None, 512]),
-        ],
-        [numpy_helper.from_array(table, "table")],
-    )
-    model = tie_output_layer(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
-    q = convert_precision(model, precision)
+    ids = np.array([[0, 3, 511, 3]], np.int64)
+    e, q = tied_table_rows(table, precision, ids)
     ops = [n.op_type for n in q.graph.node]
     residual = get_precision(precision).table_residual
     assert residual == precision.startswith("int8")
     assert ops.count("GatherBlockQuantized") == 1 + residual
-    ids = np.array([[0, 3, 511, 3]], np.int64)
-    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
-    (e, _) = sess.run(None, {"ids": ids})
     inits = _inits(q)
     head = next(n for n in q.graph.node if n.op_type == "MatMulNBits")
     bits = next(a.i for a in head.attribute if a.name == "bits")
     coarse_step = np.abs(inits[head.input[2]]).max()
     coarse = dequantize_nbits(inits[head.input[1]], inits[head.input[2]], bits, 256).T
-    err = np.abs(e[0] - table[ids[0]])
+    err = np.abs(e - table[ids[0]])
     if residual:
         assert err.max() <= coarse_step / 128 * (1 + 1e-4)
         assert np.abs(coarse[ids[0]] - table[ids[0]]).max() > 30 * err.max()
     else:
-        np.testing.assert_allclose(e[0], coarse[ids[0]], rtol=0, atol=1e-7)
+        np.testing.assert_allclose(e, coarse[ids[0]], rtol=0, atol=1e-7)
         assert err.max() > coarse_step / 8
 
 
