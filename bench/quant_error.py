@@ -8,14 +8,15 @@ by (``export/nbits.py``: ``nbits_blocks`` quantizes with onnxruntime's own kerne
 ``dequantize_nbits`` inverts it; tests/export/test_nbits.py holds ``x @ W`` equal to the
 operator's output), and the scenes are scored again. The output layer (tied to the token
 table in both real members) is quantized as the bundle quantizes it, unless the variant says
-``nohead``, and the token embeddings are what the bundle's Gather reads (:func:`table_read`):
-a tied table through the output layer's blocks, plus the 8-bit blocks of their rounding
-residual where the precision has ``table_residual`` (int8's; export/weights.py's
-``residual_blocks``), an untied one as its float16 copy. ``:tablefloat`` keeps the table
-float (what this script did before the bundle's table was found to matter: its 8-bit blocks
-alone moved Qwen3.5-2B's int8 scores up to 0.23, bench/RESULTS.md, section
-``int8-graph-parts-Qwen3.5-2B``); ``:tableresid`` adds the residual table where the precision
-does not (int4): what it would buy.
+``nohead`` (by round to nearest in every method: the scorer multiplies by it outside the
+model's modules, where no input is recorded for GPTQ), and the token embeddings are what the
+bundle's Gather reads (:func:`table_read`): a tied table through the output layer's blocks,
+plus the 8-bit blocks of their rounding residual where the precision has ``table_residual``
+(int8's; export/weights.py's ``residual_blocks``), an untied one as its float16 copy.
+``:tablefloat`` keeps the table float (what this script did before the bundle's table was
+found to matter: its 8-bit blocks alone moved Qwen3.5-2B's int8 scores up to 0.23,
+bench/RESULTS.md, section ``int8-graph-parts-Qwen3.5-2B``); ``:tableresid`` adds the residual
+table where the precision does not (int4): what it would buy.
 
 Per variant it prints the largest |Δs| over the scores (the figure ``verify-bundle`` bounds),
 the RMS, and the mean Δs: the part of the error common to every scene (a shift of the score,
