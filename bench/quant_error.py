@@ -15,8 +15,8 @@ plus the 8-bit blocks of their rounding residual where the precision has ``table
 (int8's; export/weights.py's ``residual_blocks``), an untied one as its float16 copy.
 ``:tablefloat`` keeps the table float (what this script did before the bundle's table was
 found to matter: its 8-bit blocks alone moved Qwen3.5-2B's int8 scores up to 0.23,
-bench/RESULTS.md, section ``int8-graph-parts-Qwen3.5-2B``); ``:tableresid`` adds the residual
-table where the precision does not (int4): what it would buy.
+bench/RESULTS.md, section ``int8-graph-parts-Qwen3.5-2B``); ``:tablecoarse`` reads the output
+layer's blocks alone, without the residual table: what that table buys.
 
 Per variant it prints the largest |Δs| over the scores (the figure ``verify-bundle`` bounds),
 the RMS, and the mean Δs: the part of the error common to every scene (a shift of the score,
@@ -32,7 +32,7 @@ scenes (verify-bundle's Spearman check). A ratio near 1 leaves no rank correlati
     python bench/quant_error.py MEMBER_FOLDER --results bench/RESULTS.md   # + its own section
     python bench/quant_error.py MEMBER_FOLDER --world WORLD --variants "8:col:all,8:col:vision"
 
-A variant is ``BITS:BLOCK:GROUP[:nohead][:tablefloat|:tableresid]``; groups: ``all``, ``vision`` (the vision tower and
+A variant is ``BITS:BLOCK:GROUP[:nohead][:tablefloat|:tablecoarse]``; groups: ``all``, ``vision`` (the vision tower and
 projector), ``projector`` (the projector alone: Qwen3.5's patch merger, LFM2-VL's
 ``multi_modal_projector``), ``decoder``, ``mlp`` (decoder feed-forward), ``mixer`` (decoder
 attention, Gated-DeltaNet and short-convolution projections), ``none``. ``8:col:GROUP`` is the
@@ -102,9 +102,9 @@ GROUPS: dict[str, Callable[[str], bool]] = {
 #: the block of ``8:col:GROUP``: the int8 precision (per-column weights, per-token activations)
 COLUMN = 0
 
-#: how a variant's token embeddings are read: as the bundle reads them, float, or with the
-#: residual table whether or not the precision has it
-TABLES = ("bundle", "float", "residual")
+#: how a variant's token embeddings are read: as the bundle reads them, float, or through
+#: the output layer's blocks alone (no residual table)
+TABLES = ("bundle", "float", "coarse")
 
 
 class Variant(NamedTuple):
@@ -125,7 +125,7 @@ class Variant(NamedTuple):
 
 
 def parse_variant(text: str) -> Variant:
-    """``BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL][:tablefloat|:tableresid]`` → the
+    """``BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL][:tablefloat|:tablecoarse]`` → the
     :class:`Variant` (the selectors export/mixed.py keeps at int8 among the group's weights);
     ``8:col:GROUP[:nohead][:int8reads]`` gives block :data:`COLUMN`, its read rows exact
     unless ``int8reads``."""
@@ -133,15 +133,15 @@ def parse_variant(text: str) -> Variant:
 
     parts = text.strip().split(":")
     want = (
-        "want BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL][:tablefloat|:tableresid], "
+        "want BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL][:tablefloat|:tablecoarse], "
         "e.g. 8:128:all or 4:128:all:int8=output_layer"
     )
     if len(parts) < 3:
         raise ValueError(f"variant {text!r}: {want}.")
-    tables = {"tablefloat": "float", "tableresid": "residual"}
+    tables = {"tablefloat": "float", "tablecoarse": "coarse"}
     named = [tables[p] for p in parts[3:] if p in tables]
     if len(named) > 1:
-        raise ValueError(f"variant {text!r}: one of tablefloat and tableresid, not both.")
+        raise ValueError(f"variant {text!r}: one of tablefloat and tablecoarse, not both.")
     table = named[0] if named else "bundle"
     parts = [p for p in parts if p not in tables]
     exact = parts[1] == "col"
@@ -284,10 +284,10 @@ _METHODS = {"rtn": "round to nearest", "bias": "RTN + bias correction", "gptq": 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Variants: BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL][:tablefloat|:tableresid] "
+        epilog="Variants: BITS:BLOCK:GROUP[:nohead][:int8=SEL+SEL][:tablefloat|:tablecoarse] "
         "or 8:col:GROUP[:nohead][:int8reads] (the int8 precision); groups "
         + ", ".join(GROUPS)
-        + ". The token table is read as the bundle reads it unless tablefloat or tableresid.",
+        + ". The token table is read as the bundle reads it unless tablefloat or tablecoarse.",
     )
     ap.add_argument("member", help="member folder (Hugging Face layout)")
     ap.add_argument("--scenes", type=int, default=4, help="generated scenes (default 4)")
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             if table == "float" or not qhead:  # nohead: the table is float too ("once")
                 embed.data.copy_(embed_float)
             elif tied:  # the output layer's blocks, and their residual's where the rule says
-                residual = table == "residual" or get_precision(variant.precision).table_residual
+                residual = table != "coarse" and get_precision(variant.precision).table_residual
                 embed.data.copy_(table_read(head_float, head_bits, head_block, residual))
             else:  # an untied table: the bundle's float16 copy (embeddings_to_fp16)
                 embed.data.copy_(embed_float.half().float())
@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
                 form += ", read rows int8"
             name = (
                 f"int{bits} {form} {group}{'' if qhead else ' nohead'}"
-                + {"bundle": "", "float": ", table float", "residual": ", table + residual"}[table]
+                + {"bundle": "", "float": ", table float", "coarse": ", table blocks alone"}[table]
                 + (f" (int8: {', '.join(int8)}; {len(at8)} weights)" if int8 else "")
             )
             row = QuantError.of(name, mode, d, ref_sd, rho)

@@ -411,6 +411,8 @@ register_precision(
         {"linear": 0.5 + 4 / INT4_NBITS_BLOCK, "embed": 2.0, "other": 4.0},
         "shared",
         table_scale_bytes=4 / INT4_NBITS_BLOCK,
+        # the 4-bit blocks alone moved Qwen3.5-2B's scores 1.63 (docs/limits.md)
+        table_residual=True,
         streamable=True,
         calibrated=True,
         roofline_peak="fp16_tflops",

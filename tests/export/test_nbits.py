@@ -156,24 +156,33 @@ def test_residual_blocks_hold_what_the_coarse_blocks_rounded_off(bits: int, bloc
 
 
 @pytest.mark.parametrize("precision", ["int8", "int8-nbits", "int4"])
-def test_tied_token_rows_read_through_onnxruntime(precision: str) -> None:
-    """A tied table at int8: the Gather's rows (GatherBlockQuantized on the output layer's
-    blocks plus one on their residual's) are the table within 1/128 of a coarse step; int4
-    keeps the coarse blocks alone (no residual table), and its rows are off by up to a step."""
-    from spotstop.export.nbits import dequantize_nbits
-    from spotstop.export.precision import get_precision
+@pytest.mark.parametrize("residual", [True, False])
+def test_tied_token_rows_read_through_onnxruntime(
+    precision: str, residual: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tied table: the Gather's rows (GatherBlockQuantized on the output layer's blocks plus
+    one on their residual's) are the table within 1/128 of a coarse step, at 8 and at 4 bits;
+    a precision registered without ``table_residual`` (none today) reads the coarse blocks
+    alone, off by up to a step."""
+    from dataclasses import replace
 
+    from spotstop.export.nbits import dequantize_nbits
+    from spotstop.export.precision import PRECISION_SPECS, get_precision
+
+    assert get_precision(precision).table_residual  # every shared table today
+    if not residual:
+        spec = replace(get_precision(precision), table_residual=False)
+        monkeypatch.setitem(PRECISION_SPECS, precision, spec)
     rng = np.random.default_rng(4)
     table = rng.normal(0, 0.05, (512, 256)).astype(np.float32)
     ids = np.array([[0, 3, 511, 3]], np.int64)
     e, q = tied_table_rows(table, precision, ids)
     ops = [n.op_type for n in q.graph.node]
-    residual = get_precision(precision).table_residual
-    assert residual == precision.startswith("int8")
     assert ops.count("GatherBlockQuantized") == 1 + residual
     inits = _inits(q)
     head = next(n for n in q.graph.node if n.op_type == "MatMulNBits")
     bits = next(a.i for a in head.attribute if a.name == "bits")
+    assert bits == (4 if precision == "int4" else 8)
     coarse_step = np.abs(inits[head.input[2]]).max()
     coarse = dequantize_nbits(inits[head.input[1]], inits[head.input[2]], bits, 256).T
     err = np.abs(e - table[ids[0]])
