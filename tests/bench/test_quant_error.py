@@ -20,6 +20,17 @@ def _load() -> Any:
     return load_bench("quant_error")
 
 
+def _max_abs_rows(
+    qe: Any, argv: list[str], variants: str, name: str, capsys: pytest.CaptureFixture[str]
+) -> dict[str, float]:
+    """Run ``variants`` and read back the printed max |Δs| (round to nearest) of every row
+    whose variant name matches the pattern ``name``."""
+    assert qe.main([*argv, "--variants", variants]) == 0
+    out = capsys.readouterr().out
+    found = re.findall(rf"^\s*({name})\s+rtn\s+([\d.]+)", out, re.M)
+    return {n.strip(): float(v) for n, v in found}
+
+
 def test_variants_are_parsed_and_checked() -> None:
     qe = _load()
     assert qe.parse_variant("8:128:all") == (8, 128, "all", True, (), False, "bundle")
@@ -254,10 +265,7 @@ def test_the_token_table_variants_on_a_tiny_member(
     qe = _load()
     argv = [str(tiny_member_dir), "--scenes", "2", "--threads", "1"]
     variants = "4:32:none,4:32:none:tablefloat,4:32:none:tablecoarse"
-    assert qe.main([*argv, "--variants", variants]) == 0
-    out = capsys.readouterr().out
-    found = re.findall(r"^\s*(int4 b32 none(?:, table [\w ]+)?)\s+rtn\s+([\d.]+)", out, re.M)
-    got = {name.strip(): float(v) for name, v in found}
+    got = _max_abs_rows(qe, argv, variants, r"int4 b32 none(?:, table [\w ]+)?", capsys)
     assert set(got) == {
         "int4 b32 none",
         "int4 b32 none, table float",
@@ -386,10 +394,7 @@ def test_int8_selectors_simulate_what_the_rule_keeps_at_8_bits(
     qe = _load()
     argv = [str(tiny_member_dir), "--scenes", "1", "--threads", "1"]
     variants = "8:32:vision:nohead,4:32:vision:nohead:int8=vision,4:32:vision:nohead"
-    assert qe.main([*argv, "--variants", variants]) == 0
-    out = capsys.readouterr().out
-    found = re.findall(r"^\s*(int\d b32 vision nohead.*?)\s+rtn\s+([\d.]+)", out, re.M)
-    got = {name.strip(): float(v) for name, v in found}
+    got = _max_abs_rows(qe, argv, variants, r"int\d b32 vision nohead.*?", capsys)
     at8 = [v for name, v in got.items() if "int8: vision" in name]
     assert len(got) == 3 and len(at8) == 1
     assert at8[0] == got["int8 b32 vision nohead"] != got["int4 b32 vision nohead"]
