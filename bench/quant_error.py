@@ -446,6 +446,17 @@ def main(argv: list[str] | None = None) -> int:
         chosen = GROUPS[group]
         # export/mixed.py's rule, on the same names the export reads (the head is ``lm_head``)
         at8 = int8_linears([n for n, _ in linears] + ["lm_head"], int8)
+        # the output layer and the token table: the same in every method (round to nearest)
+        head_bits = 8 if "lm_head" in at8 or block == COLUMN else bits
+        head_block = INT8_NBITS_BLOCK if block == COLUMN else block  # int8 keeps it weight-only
+        backend._head_weight = quantized(head_float, head_bits, head_block) if qhead else head_float
+        if table == "float" or not qhead:  # nohead: the table is float too ("once")
+            embed.data.copy_(embed_float)
+        elif tied:  # the output layer's blocks, and their residual's where the rule says
+            residual = table != "coarse" and get_precision(variant.precision).table_residual
+            embed.data.copy_(table_read(head_float, head_bits, head_block, residual))
+        else:  # an untied table: the bundle's float16 copy (embeddings_to_fp16)
+            embed.data.copy_(embed_float.half().float())
         for mode in modes:
             t = time.perf_counter()
             hooks = []
@@ -473,18 +484,6 @@ def main(argv: list[str] | None = None) -> int:
                 if mode == "bias" and chosen(n) and n in means:
                     b = (b if b is not None else torch.zeros(w.shape[0])) - (wq - w) @ means[n]
                 mod.bias = None if b is None else torch.nn.Parameter(b, requires_grad=False)
-            head_bits = 8 if "lm_head" in at8 or block == COLUMN else bits
-            head_block = INT8_NBITS_BLOCK if block == COLUMN else block  # int8 keeps it weight-only
-            backend._head_weight = (
-                quantized(head_float, head_bits, head_block) if qhead else head_float
-            )
-            if table == "float" or not qhead:  # nohead: the table is float too ("once")
-                embed.data.copy_(embed_float)
-            elif tied:  # the output layer's blocks, and their residual's where the rule says
-                residual = table != "coarse" and get_precision(variant.precision).table_residual
-                embed.data.copy_(table_read(head_float, head_bits, head_block, residual))
-            else:  # an untied table: the bundle's float16 copy (embeddings_to_fp16)
-                embed.data.copy_(embed_float.half().float())
             got = score(scenes)
             for handle in hooks:
                 handle.remove()
