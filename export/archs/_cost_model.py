@@ -57,10 +57,11 @@ def stored_weight_bytes(
     table; ``other``: norms, convolutions, biases; ``tied``: the output layer is the token
     table. A tied table is stored once at fp32/fp16 (the Gather and the output layer read it);
     at int8/int4 it is the output layer's MatMulNBits blocks, which ``GatherBlockQuantized``
-    reads with a second copy of the scales (with the precision's ``table_residual``, int8's,
-    plus the 8-bit blocks of their rounding residual that a second ``GatherBlockQuantized``
-    adds, export/weights.py's ``residual_blocks``: 1 B and a scale per weight); at int4-trt
-    (TensorRT has no quantized Gather) the float16 table and the int4 blocks are both stored. At int4, ``linear_int8`` of the
+    reads with a second copy of the scales (with the precision's ``table_residual``, int8's
+    and int4's, plus the 8-bit blocks of their rounding residual that a second
+    ``GatherBlockQuantized`` adds, export/weights.py's ``residual_blocks``: 1 B and a scale per
+    weight); at int4-trt (TensorRT has no quantized Gather) the float16 table and the int4
+    blocks are both stored. At int4, ``linear_int8`` of the
     ``linear`` weights and, with ``table_int8``, a tied table are kept at int8
     (export/mixed.py decides which), in int4's blocks (one MatMulNBits block per graph).
     ``image_ends`` of the ``linear`` weights are the vision graph's first and last layers: a
