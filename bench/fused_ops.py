@@ -203,10 +203,10 @@ def int8_product_pair(tokens: int, k: int, n: int, rng: np.random.Generator) -> 
     standard.CopyFrom(fused)
     nodes = list(standard.graph.node)
     i = next(j for j, nd in enumerate(nodes) if nd.op_type == "MatMulIntegerToFloat")
-    q, codes, sigma, scales, zp = nodes[i].input
+    q, codes, sigma, scales, zp, *w_zero = nodes[i].input  # w_zero: the u8 weight form's
     out = nodes[i].output[0]
     spelled = [
-        helper.make_node("MatMulInteger", [q, codes, zp], [f"{out}_i32"]),
+        helper.make_node("MatMulInteger", [q, codes, zp, *w_zero], [f"{out}_i32"]),
         helper.make_node("Cast", [f"{out}_i32"], [f"{out}_f32"], to=TensorProto.FLOAT),
         helper.make_node("Mul", [f"{out}_f32", scales], [f"{out}_col"]),
         helper.make_node("Mul", [f"{out}_col", sigma], [out]),  # the row steps

@@ -420,6 +420,18 @@ def add_export_parser(sub: Any) -> None:
         "'int8': like every other row (for comparison)",
     )
     p.add_argument(
+        "--int8-weights",
+        choices=("auto", "s8", "u8"),
+        default="auto",
+        help="int8: how the integer GEMM's weight codes are stored (the same codes, the same "
+        "scores). 's8': int8, onnxruntime's u8·s8 kernel, the fastest with AVX512-VNNI, "
+        "AVX-VNNI, AMX or ARM; on an x86 CPU with AVX2 and no VNNI (e.g. AMD Zen 2/3) that "
+        "kernel adds two products into a saturating int16 and gets them wrong. 'u8': the codes "
+        "+128 as uint8, its u8·u8 kernel, exact on every CPU (as fast there). 'auto' (the "
+        "default): s8 where this host computes it exactly, else u8. A host that would not "
+        "compute a bundle's form exactly refuses to load it",
+    )
+    p.add_argument(
         "--visual-tokens",
         default=None,
         metavar="BUDGETS",
@@ -610,6 +622,7 @@ def run_export(args: argparse.Namespace) -> int:
                 rotate_block=args.int8_rotate_block,
                 symmetric=True if args.int8_symmetric else None,
                 exact_reads=False if args.int8_reads == "int8" else None,
+                int8_weights=None if args.int8_weights == "auto" else args.int8_weights,
             )
     except ConfigError as e:  # a budget that names no member or has no square grid
         print(f"spotstop export: {e}", file=sys.stderr)

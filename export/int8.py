@@ -162,6 +162,16 @@ different inputs is not smoothed (it cannot take two factors).
 Codes: GPTQ (export/gptq.py) with one block of all K rows where the calibration inputs hold the
 weight's inputs (their Hessian scaled by ``1/(s sᵀ)`` after smoothing), else round to nearest
 (``max|w| / 127`` per column). :class:`Int8Report` records what was done for the manifest.
+
+Weight form (``weight_form``, the manifest's ``weights``; :data:`WEIGHT_FORMS`): ``s8``
+stores the codes as int8 (onnxruntime's u8·s8 kernel: the fastest with VNNI, AMX or ARM's dot
+products), ``u8`` the same codes plus 128 as uint8 with a weight zero point of 128 (its u8·u8
+kernel, which widens to int16 before it multiplies). On an x86 CPU with AVX2 and no VNNI the
+u8·s8 kernel adds two neighbouring products into a saturating int16 and gets the output wrong,
+silently; the u8·u8 kernel is exact on every CPU (and was as fast there). The export writes the
+first form this host multiplies exactly (:func:`host_weight_form`); the runtime probes the host
+before it opens an int8 member and refuses one whose form it would not multiply exactly
+(guard/backends/_int8_probe.py). The codes, and so the scores, are the same in both forms.
 """
 
 from __future__ import annotations
@@ -179,6 +189,11 @@ from spotstop.export.weights import (
     rewrite_weight_matmuls,
     weight_initializer,
 )
+from spotstop.guard.backends._int8_probe import (
+    INT8_WEIGHT_FORMS,
+    W_ZERO,
+    host_int8_weight_forms,
+)
 
 __all__ = [
     "ACTIVATIONS",
@@ -191,6 +206,7 @@ __all__ = [
     "SMOOTH_ALPHA",
     "SYMMETRIC_SLACK",
     "VISION_SHARE",
+    "WEIGHT_FORMS",
     "Int8Report",
     "VisionActivationCheck",
     "block_rotation",
@@ -200,6 +216,9 @@ __all__ = [
     "dequantize_activations_per_token",
     "dequantize_activations_symmetric",
     "dequantize_read_rows",
+    "graph_codes",
+    "host_weight_form",
+    "int8_probe_model",
     "layer_error",
     "per_token_codes_model",
     "quantize_matmuls_int8",
@@ -208,9 +227,15 @@ __all__ = [
     "rotate_weight",
     "rotation_blocks",
     "smoothing_factors",
+    "stored_codes",
     "vision_activation_check",
 ]
 
+#: the forms the integer GEMM's weights may take (guard/backends/_int8_probe.py's
+#: ``INT8_WEIGHT_FORMS``): ``s8`` (int8 codes, the u8·s8 kernel) or ``u8`` (the codes + 128 as
+#: uint8, the u8·u8 kernel: exact where the u8·s8 one saturates, x86 with AVX2 and no VNNI);
+#: ``weight_form`` None asks the host (:func:`host_weight_form`)
+WEIGHT_FORMS = INT8_WEIGHT_FORMS
 #: a layer whose measured relative output error at dynamic int8 exceeds this stays
 #: weight-only: per-tensor activations on well-behaved inputs measure 0.5-1.5 % (gaussian rows:
 #: the step of 255 levels over a range of ~9 standard deviations). Chosen on the tiny pairs,
@@ -442,6 +467,55 @@ def channel_int8(w: np.ndarray, h: np.ndarray | None = None) -> tuple[np.ndarray
     return codes, scale.astype(np.float32)
 
 
+def stored_codes(codes: np.ndarray, weight_form: str) -> np.ndarray:
+    """The int8 ``codes`` as a graph stores them in ``weight_form``: as they are (``s8``) or
+    plus :data:`~spotstop.guard.backends._int8_probe.W_ZERO` as uint8 (``u8``, read with that
+    weight zero point); :func:`graph_codes` reads them back."""
+    if weight_form not in WEIGHT_FORMS:
+        raise ValueError(f"int8 weights must be one of {WEIGHT_FORMS}; got {weight_form!r}.")
+    codes = np.asarray(codes)
+    if codes.dtype != np.int8:
+        raise ValueError(f"codes must be int8; got {codes.dtype}.")
+    return codes if weight_form == "s8" else (codes.astype(np.int16) + W_ZERO).astype(np.uint8)
+
+
+def graph_codes(stored: np.ndarray) -> np.ndarray:
+    """The int8 codes of a weight a graph stores in either form (:func:`stored_codes`)."""
+    stored = np.asarray(stored)
+    if stored.dtype == np.uint8:
+        return (stored.astype(np.int16) - W_ZERO).astype(np.int8)
+    if stored.dtype != np.int8:
+        raise ValueError(f"an int8 GEMM weight is int8 or uint8; got {stored.dtype}.")
+    return stored
+
+
+def host_weight_form(weight_form: str | None = None) -> str:
+    """The int8 weights' form for an export on this host: ``weight_form`` as asked (``s8`` or
+    ``u8``), which this host's integer GEMM must multiply exactly, since the export validates
+    its graphs here; None: the first of :data:`WEIGHT_FORMS` it multiplies exactly
+    (guard/backends/_int8_probe.py's probe)."""
+    if weight_form is not None and weight_form not in WEIGHT_FORMS:
+        raise ValueError(f"int8 weights must be one of {WEIGHT_FORMS}; got {weight_form!r}.")
+    host = host_int8_weight_forms()
+    if not host:
+        raise ValueError(
+            "this host's onnxruntime int8 GEMM (MatMulIntegerToFloat) is exact in neither weight "
+            "form (u8·s8, u8·u8), so no int8 bundle can be exported or run here; export with "
+            "--precision int8-nbits (weight-only 8-bit) instead."
+        )
+    if weight_form is None:
+        return host[0]
+    if weight_form not in host:
+        raise ValueError(
+            f"int8 weights {weight_form}: this host's onnxruntime int8 GEMM does not compute "
+            "that form exactly (an x86 CPU with AVX2 and no VNNI adds two u8·s8 products into a "
+            "saturating int16), so the export could not validate its graphs here. Export with "
+            f"--int8-weights {host[0]} (the same codes; every CPU runs it exactly), or on a host "
+            "with AVX512-VNNI, AVX-VNNI, AMX or ARM."
+        )
+    return weight_form
+
+
 def layer_error(
     x: np.ndarray,
     w: np.ndarray,
@@ -525,6 +599,9 @@ class Int8Report:
     #: per token, a decoder graph: layers whose read rows are multiplied with their residual's
     #: codes too (:data:`EXACT_READS`; counted in ``dynamic``)
     exact_reads: int = 0
+    #: the integer GEMM's weight form (:data:`WEIGHT_FORMS`; guard/backends/_int8_probe.py
+    #: reads it before it opens the member)
+    weight_form: str = "s8"
     errors: dict[str, float] = field(default_factory=dict, repr=False)
 
     def as_meta(self) -> dict[str, Any]:
@@ -552,6 +629,7 @@ class Int8Report:
             "symmetric_slack": self.symmetric_slack,
             "symmetric": len(self.symmetric),
             "exact_reads": self.exact_reads,
+            "weights": self.weight_form,
             # the symmetric layers' own errors (each within keep_error)
             "symmetric_max_error": round(
                 max((e for _, e in self.symmetric if math.isfinite(e)), default=0.0), 6
@@ -686,6 +764,7 @@ def quantize_matmuls_int8(
     rotate_block: int = ROTATE_BLOCK,
     symmetric_slack: float | None = None,
     exact_reads: bool = EXACT_READS,
+    weight_form: str | None = None,
 ) -> Int8Report:
     """Rewrite, in place, every ``MatMul`` with a rank-2 float initializer weight as an int8
     GEMM with ``activations`` quantized per call (see the module doc), except output layers and layers over
@@ -701,7 +780,10 @@ def quantize_matmuls_int8(
     :data:`SYMMETRIC_SLACK`: what ``--int8-symmetric`` asks for; ``math.inf``:
     every int8 layer, measured or not, as ``bench/int8_gemm.py`` times it). ``exact_reads``
     (per token, a graph with the scoring inputs :data:`READ_INPUTS`): the rows the score reads
-    are multiplied with their residual's codes too (the module doc)."""
+    are multiplied with their residual's codes too (the module doc). ``weight_form``: how the
+    integer GEMM's weights are stored, ``s8`` or ``u8`` (the same codes; None: the first this
+    host multiplies exactly, :func:`host_weight_form`, which an export that validates here
+    calls first)."""
     from onnx import TensorProto, helper
 
     if smooth_alpha is not None and calibration is None:
@@ -716,6 +798,11 @@ def quantize_matmuls_int8(
     if symmetric_slack is not None and not symmetric_slack >= 0:
         raise ValueError(f"symmetric_slack must be None or >= 0; got {symmetric_slack}.")
     _check_activations(activations)
+    if weight_form is None:
+        weight_form = host_weight_form()
+    elif weight_form not in WEIGHT_FORMS:
+        raise ValueError(f"int8 weights must be one of {WEIGHT_FORMS}; got {weight_form!r}.")
+    unsigned = weight_form == "u8"
     if activations != "per-token":
         rotate_block = 0  # the rotation and the symmetric form are per token only
         symmetric_slack = None
@@ -805,6 +892,7 @@ def quantize_matmuls_int8(
     inserted: set[str] = set()
     token_q: dict[tuple[str, bool], tuple[str, str, str]] = {}  # (activation, symmetric) ->
     tok_consts: dict[str, str] = {}
+    w_zero: list[str] = []  # the u8 form's weight zero point (its name), made once
     rotated: list[tuple[str, float, float]] = []
     symmetric: list[tuple[str, float]] = []  # (weight, its error in the symmetric form)
     # block size -> the graph's constants: R (b, b) and the shape (-1, b) the input takes
@@ -909,7 +997,7 @@ def quantize_matmuls_int8(
                             symmetric.append((t.name, math.nan))
                         del x_in, w_in
                         qn, sn = f"{t.name}_int8", f"{t.name}_int8_scale"
-                        io.add(model, codes, qn)
+                        io.add(model, stored_codes(codes, weight_form), qn)
                         io.add(model, scales, sn)
                         cn = ""
                         if activations == "per-token" and not sym:  # Ŵ's column sums:
@@ -931,12 +1019,15 @@ def quantize_matmuls_int8(
             return [*pre, keep]
         qn, sn, cn, rot, sym = got
         base = f"{node.name}_int8" if node.name else f"{node.output[0]}_int8"
+        # the u8 form's weight zero point, once per graph (s8: none, the operators' default 0)
+        if unsigned and not w_zero:
+            w_zero.append(io.add(model, np.asarray(np.uint8(W_ZERO)), "int8_weight_zero").name)
         if activations == "per-tensor":
             return [
                 *pre,
                 helper.make_node(
                     "DynamicQuantizeMatMul",
-                    [a_in, qn, sn],
+                    [a_in, qn, sn, *w_zero],
                     list(node.output),
                     name=base,
                     domain="com.microsoft",
@@ -967,13 +1058,13 @@ def quantize_matmuls_int8(
         y = node.output[0]
         if reads is not None and x_name in token_rows:  # the read rows, their residual too
             act = reads.activation(a_in, q, sigma, mu, pre)
-            return [*pre, *reads.layer(act, qn, sn, cn, y, base)]
+            return [*pre, *reads.layer(act, qn, sn, cn, y, base, w_zero)]
         mk = helper.make_node
         # σ (…, 1) is the GEMM's A scale: the kernel scales each output row by it in place
         # (one pass, no node); the column scales stay in its output stage
         product = mk(
             "MatMulIntegerToFloat",
-            [q, qn, sigma, sn, tok_consts["zp"]],
+            [q, qn, sigma, sn, tok_consts["zp"], *w_zero],
             [y if sym else f"{y}_row"],
             name=base,
             domain="com.microsoft",
@@ -1014,6 +1105,7 @@ def quantize_matmuls_int8(
         symmetric=tuple(symmetric),
         symmetric_slack=symmetric_slack,
         exact_reads=0 if reads is None else reads.layers,
+        weight_form=weight_form,
         errors=errors,
     )
 
@@ -1263,11 +1355,19 @@ class _ReadRows:
         return self.acts[key]
 
     def layer(
-        self, act: tuple[str, str, str, str], qn: str, sn: str, cn: str, y: str, base: str
+        self,
+        act: tuple[str, str, str, str],
+        qn: str,
+        sn: str,
+        cn: str,
+        y: str,
+        base: str,
+        w_zero: Collection[str] = (),
     ) -> list[Any]:
         """One layer's nodes: the GEMM over the activation's codes and its read rows'
         residual codes, the rows split, the midpoints' term added to the main rows, the read
-        rows' residual products added to them and written back, reshaped to ``y``."""
+        rows' residual products added to them and written back, reshaped to ``y``.
+        ``w_zero``: the weight zero point's name (the ``u8`` form), or none."""
         from onnx import helper
 
         q_cat, s_cat, mf, shape = act
@@ -1279,7 +1379,7 @@ class _ReadRows:
         nodes = [
             mk(
                 "MatMulIntegerToFloat",
-                [q_cat, qn, s_cat, sn, self.consts["zp"]],
+                [q_cat, qn, s_cat, sn, self.consts["zp"], *w_zero],
                 [f"{y}_xr8_all"],
                 name=base,
                 domain="com.microsoft",
@@ -1344,3 +1444,67 @@ def per_token_codes_model(opset: int, rank: int = 2, *, symmetric: bool = False)
         ],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def int8_probe_model() -> Any:
+    """The host probe the ONNX backend runs before it opens an int8 member
+    (guard/backends/_int8_probe.py, which ships it as ``int8_gemm_probe.onnx``): uint8 ``a``
+    (M, K) by the probe's constant weight codes in each form (:data:`WEIGHT_FORMS`), one
+    ``MatMulIntegerToFloat`` each as :func:`quantize_matmuls_int8` writes it (per-row
+    activation scales, here 1; column scales 1; activation zero point 128; the ``u8`` form's
+    weight zero point 128), outputs ``y_s8`` and ``y_u8``. ``python -m spotstop.export.int8
+    --write-probe`` writes the file; a test checks the shipped one is this model."""
+    from onnx import TensorProto, helper, numpy_helper
+    from spotstop.guard.backends._int8_probe import A_ZERO, PROBE_K, PROBE_M, probe_weights
+
+    codes = probe_weights()
+    n = codes.shape[1]
+    nodes, inits = (
+        [],
+        [
+            numpy_helper.from_array(np.ones((PROBE_M, 1), np.float32), "a_scale"),
+            numpy_helper.from_array(np.ones(n, np.float32), "w_scale"),
+            numpy_helper.from_array(np.asarray(np.uint8(A_ZERO)), "a_zero"),
+            numpy_helper.from_array(np.asarray(np.uint8(W_ZERO)), "w_zero"),
+        ],
+    )
+    for form in WEIGHT_FORMS:
+        inits.append(numpy_helper.from_array(stored_codes(codes, form), f"w_{form}"))
+        nodes.append(
+            helper.make_node(
+                "MatMulIntegerToFloat",
+                ["a", f"w_{form}", "a_scale", "w_scale", "a_zero"]
+                + (["w_zero"] if form == "u8" else []),
+                [f"y_{form}"],
+                name=f"int8_gemm_probe_{form}",
+                domain="com.microsoft",
+            )
+        )
+    graph = helper.make_graph(
+        nodes,
+        "int8_gemm_probe",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [PROBE_M, PROBE_K])],
+        [
+            helper.make_tensor_value_info(f"y_{f}", TensorProto.FLOAT, [PROBE_M, n])
+            for f in WEIGHT_FORMS
+        ],
+        inits,
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        producer_name="spotstop",
+    )
+    model.ir_version = 8  # onnxruntime 1.18 (the oldest the runtime takes) reads it
+    return model
+
+
+if __name__ == "__main__":  # python -m spotstop.export.int8 --write-probe
+    import sys
+
+    if sys.argv[1:] != ["--write-probe"]:
+        sys.exit("usage: python -m spotstop.export.int8 --write-probe")
+    from spotstop.guard.backends._int8_probe import PROBE_FILE
+
+    PROBE_FILE.write_bytes(int8_probe_model().SerializeToString())
+    print(f"wrote {PROBE_FILE}")

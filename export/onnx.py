@@ -56,7 +56,7 @@ from spotstop.export.gptq import (
     calibration_set,
     nbits_quantizer_meta,
 )
-from spotstop.export.int8 import default_smooth_alpha, vision_activation_check
+from spotstop.export.int8 import default_smooth_alpha, host_weight_form, vision_activation_check
 from spotstop.export.memory import (
     is_large,
     peak_rss_bytes,
@@ -650,6 +650,8 @@ class _Job:
     rotate_block: int | None
     symmetric: bool | None
     exact_reads: bool | None
+    #: int8: the integer GEMM's weight form, resolved against this host (None: not int8)
+    int8_weights: str | None
     cfg: ScoringConfig
     folder: MemberFolder
     ecfg: type[ExportConfig]
@@ -748,6 +750,7 @@ def _stage_resolve(
     rotate_block: int | None = None,
     symmetric: bool | None = None,
     exact_reads: bool | None = None,
+    int8_weights: str | None = None,
 ) -> _Job:
     """Check the arguments and read the member folder: its grid, prompt, validation cases and
     the length buckets they fit. Nothing heavy is loaded."""
@@ -784,6 +787,10 @@ def _stage_resolve(
         raise ValueError(f"symmetric is int8's option; the precision is {precision!r}.")
     if exact_reads is not None and precision != "int8":
         raise ValueError(f"exact_reads is int8's option; the precision is {precision!r}.")
+    if int8_weights is not None and precision != "int8":
+        raise ValueError(f"int8_weights is int8's option; the precision is {precision!r}.")
+    # this host's int8 GEMM decides before anything heavy is loaded (export/int8.py)
+    weight_form = host_weight_form(int8_weights) if precision == "int8" else None
     if rotate_block is not None and rotate_block < 0:
         raise ValueError(
             f"rotate_block must be 0 (no rotation) or a positive block size; got {rotate_block}."
@@ -852,6 +859,7 @@ def _stage_resolve(
         rotate_block=rotate_block,
         symmetric=symmetric,
         exact_reads=exact_reads,
+        int8_weights=weight_form,
         cfg=cfg_s,
         folder=folder,
         ecfg=ecfg,
@@ -1049,6 +1057,7 @@ def _stage_quantize(job: _Job, out: Path) -> None:
         rotate_block=job.rotate_block,
         symmetric=job.symmetric is True,
         exact_reads=job.exact_reads is not False,
+        int8_weights=job.int8_weights,
         report=job.convert_report,
     )
     dec_names = list(job.dec_files.values())
@@ -1158,12 +1167,17 @@ def _quantizer_record(job: _Job) -> dict[str, Any]:
             }
     if "int8" in job.convert_report:  # what computes in int8, what not
         acts = job.convert_report["int8"].get("activations", "per-tensor")
+        w = (
+            "int8 weights"
+            if job.convert_report["int8"].get("weights", "s8") == "s8"
+            else "int8 weight codes stored as uint8 (+128, weight zero point 128)"
+        )
         q["format"] = (
-            "MatMulIntegerToFloat (com.microsoft): int8 weights, one scale per output column, "
-            "uint8 activations per call (per token: its own midpoint and step)"
+            f"MatMulIntegerToFloat (com.microsoft): {w}, one scale per output column, uint8 "
+            "activations per call (per token: its own midpoint and step)"
             if acts == "per-token"
-            else "DynamicQuantizeMatMul (com.microsoft): int8 weights, one scale per output "
-            "column, uint8 activations per call (one scale per tensor)"
+            else f"DynamicQuantizeMatMul (com.microsoft): {w}, one scale per output column, "
+            "uint8 activations per call (one scale per tensor)"
         ) + "; weight-only MatMulNBits 8-bit (accuracy_level 4) for the rest"
         q["dynamic_int8"] = dict(job.convert_report["int8"])
         if "vision_activations" in job.convert_report:  # export/int8.py's vision rule
@@ -1271,6 +1285,7 @@ def export_member(
     rotate_block: int | None = None,
     symmetric: bool | None = None,
     exact_reads: bool | None = None,
+    int8_weights: str | None = None,
 ) -> MemberExport:
     """Export one member (a Hugging Face folder or hub id) to ``out_dir``; see the module doc.
 
@@ -1305,7 +1320,11 @@ def export_member(
     (int8): True lets a measured layer take the symmetric form by export/int8.py's
     ``SYMMETRIC_SLACK`` rule (None/False: the midpoint form on every layer, the default);
     ``exact_reads`` (int8): False quantizes the decoder's read rows like every other row
-    (None/True: export/int8.py's ``EXACT_READS``, their residual multiplied too).
+    (None/True: export/int8.py's ``EXACT_READS``, their residual multiplied too);
+    ``int8_weights`` (int8): the integer GEMM's weights as int8 (``s8``: onnxruntime's u8·s8
+    kernel) or as the same codes offset to uint8 (``u8``: its u8·u8 kernel, exact on every
+    CPU); None: the first this host's onnxruntime multiplies exactly; a form this host would
+    not is refused, since the export validates here (export/int8.py's ``host_weight_form``).
 
     ``visual_tokens``: the member's visual-token budget (its vision graph's square grid);
     None: ``image_size``, the configured or hinted grid, else the architecture's default budget.
@@ -1347,6 +1366,7 @@ def export_member(
         rotate_block=rotate_block,
         symmetric=symmetric,
         exact_reads=exact_reads,
+        int8_weights=int8_weights,
     )
     out = Path(out_dir)
     try:

@@ -177,6 +177,7 @@ def write_onnx_bundle(
     rotate_block: int | None = None,
     symmetric: bool | None = None,
     exact_reads: bool | None = None,
+    int8_weights: str | None = None,
 ) -> OnnxBundle:
     """Export ``members`` into the bundle folder ``out`` (replaced, once the new bundle is
     whole, if it is a bundle; :func:`check_bundle_out` says which folders are refused).
@@ -199,7 +200,9 @@ def write_onnx_bundle(
     rotated in (None: the default; 0: none); ``symmetric`` (int8): True lets a measured
     layer take the symmetric form (None/False: the midpoint form on every layer);
     ``exact_reads`` (int8): False rounds the decoder's read rows like every other row (None:
-    export/int8.py's ``EXACT_READS``). ``graph_form``:
+    export/int8.py's ``EXACT_READS``); ``int8_weights`` (int8): the integer GEMM's
+    weights as int8 (``s8``) or offset uint8 (``u8``), the same codes (None: the first this
+    host multiplies exactly, export/int8.py's ``host_weight_form``). ``graph_form``:
     ``"standard"``, ``"fused"`` or None/``"auto"`` (the precision's default), see
     :func:`~spotstop.export.onnx.export_member`; a fused graph holds onnxruntime's contrib
     operators, which TensorRT cannot parse, so a fused fp32 bundle needs ``trt="off"``.
@@ -256,6 +259,7 @@ def write_onnx_bundle(
             calibration_frames=calibration_frames, int8_sel=int8_sel,
             smooth_alpha=smooth_alpha, keep_error=keep_error, graph_form=graph_form,
             rotate_block=rotate_block, symmetric=symmetric, exact_reads=exact_reads,
+            int8_weights=int8_weights,
         )  # fmt: skip
     return b
 
@@ -287,6 +291,7 @@ def _write_members(
     rotate_block: int | None = None,
     symmetric: bool | None = None,
     exact_reads: bool | None = None,
+    int8_weights: str | None = None,
 ) -> OnnxBundle:
     """:func:`write_onnx_bundle`'s work, in the staging folder ``root`` (the bundle it
     returns names ``final``, where it is moved once whole)."""
@@ -313,6 +318,7 @@ def _write_members(
             "rotate_block": rotate_block,
             "symmetric": symmetric,
             "exact_reads": exact_reads,
+            "int8_weights": int8_weights,
         }
         large = folder_fp32_bytes(resolve_member(src).path) > LARGE_BYTES
         say(f"exporting {mname} ({precision}{', in its own process' if large else ''}) …")

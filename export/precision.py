@@ -88,6 +88,9 @@ class ConvertOptions:
     #: int8: a decoder graph's read rows multiplied with their residual's codes too
     #: (export/int8.py's ``EXACT_READS``); False: quantized like every other row
     exact_reads: bool = True
+    #: int8: the integer GEMM's weight form (``s8`` or ``u8``: export/int8.py's
+    #: ``host_weight_form``); None: the first this host's int8 GEMM multiplies exactly
+    int8_weights: str | None = None
     #: filled by the conversion: what it did, for the manifest (e.g. int8's layer counts)
     report: dict[str, Any] = field(default_factory=dict)
 
@@ -230,11 +233,13 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
         ROTATE_BLOCK,
         SYMMETRIC_SLACK,
         Int8Report,
+        host_weight_form,
         quantize_matmuls_int8,
     )
     from spotstop.export.nbits import quantize_matmuls_nbits
     from spotstop.export.weights import image_end_weights
 
+    form = host_weight_form(o.int8_weights)  # before any work: a host that cannot, says so
     tied = _prepare(m, o)
     keep_error = KEEP_ERROR if o.keep_error is None else o.keep_error
     if o.float_activations:  # weight-only 8-bit, float compute
@@ -251,6 +256,7 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
             image_ends=ends,
             keep_error=keep_error,
             float_activations=n,
+            weight_form=form,
         )
     else:
         rep = quantize_matmuls_int8(
@@ -262,6 +268,7 @@ def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
             rotate_block=ROTATE_BLOCK if o.rotate_block is None else o.rotate_block,
             symmetric_slack=SYMMETRIC_SLACK if o.symmetric else None,
             exact_reads=o.exact_reads,
+            weight_form=form,
             output_layers=tied,  # a tied output layer stays the one table the Gather reads
         )
         # what it left (the output layer, the layers over the error bound): weight-only 8-bit

@@ -40,6 +40,7 @@ from spotstop.guard.backends._graphs import (
     decoder_feeds,
     read_meta,
 )
+from spotstop.guard.backends._int8_probe import INT8_WEIGHT_FORMS, host_int8_weight_forms
 
 __all__ = [
     "GRAPHS_FILE",
@@ -47,6 +48,7 @@ __all__ = [
     "GRAPHS_VERSION",
     "SMALL_GRAPH_BYTES",
     "OnnxBackend",
+    "check_int8_host",
     "combine_scores",
     "decoder_feeds",
     "graph_bytes",
@@ -77,6 +79,34 @@ def intra_op_threads(n_bytes: int, threads: int | None) -> int | None:
     """The intra-op threads for a graph of ``n_bytes``: 1 under :data:`SMALL_GRAPH_BYTES`,
     else the caller's cap ``threads`` (None: onnxruntime's default, all cores)."""
     return 1 if n_bytes < SMALL_GRAPH_BYTES else threads
+
+
+def check_int8_host(meta: Mapping[str, Any], where: Path) -> None:
+    """Refuse (:class:`MemberLoadError`) a member whose integer-GEMM weights this host's
+    onnxruntime CPU kernel would not multiply exactly (guard/backends/_int8_probe.py): its
+    ``spotstop_onnx.yaml`` (``meta``) records int8 layers (``quantizer.dynamic_int8.dynamic``)
+    in the form ``weights`` (``s8`` when absent: bundles exported before it was recorded)."""
+    q = meta.get("quantizer")
+    d = q.get("dynamic_int8") if isinstance(q, Mapping) else None
+    if not isinstance(d, Mapping) or not d.get("dynamic"):
+        return
+    form = d.get("weights", "s8")
+    if form not in INT8_WEIGHT_FORMS:
+        raise MemberLoadError(
+            f"{where}: quantizer.dynamic_int8.weights is {form!r}; expected one of "
+            f"{list(INT8_WEIGHT_FORMS)}. The manifest is damaged: copy the bundle again."
+        )
+    host = host_int8_weight_forms()
+    if form not in host:
+        raise MemberLoadError(
+            f"{where}: this member multiplies in int8 with its weights in the {form} form, "
+            "which this CPU's onnxruntime int8 GEMM does not compute exactly (measured just now: "
+            + (f"exact in the {', '.join(host)} form only" if host else "exact in no form")
+            + "; an x86 CPU with AVX2 and no VNNI adds two u8·s8 products into a saturating "
+            "int16), so its scores would be wrong. Refusing it. Export the bundle again with "
+            "`spotstop export --int8-weights u8` (the same codes; exact on every CPU) or "
+            "--precision int8-nbits, or run it on a CPU with AVX512-VNNI, AVX-VNNI, AMX, or ARM."
+        )
 
 
 def onnx_providers(device: str, available: Sequence[str]) -> list[Any]:
@@ -130,6 +160,8 @@ class OnnxBackend(GraphBackend):
         #: the intra-op threads each opened graph's session was given, by kind (None: the
         #: default); see :func:`intra_op_threads`
         self.session_threads: dict[str, int | None] = {}
+        if self.providers == ["CPUExecutionProvider"]:
+            check_int8_host(self.meta, folder.path)  # before a graph is opened
         provider = self.vision.get_providers()[0]  # loads the vision graph: fail early
         if self.resident and not self.fixed_length:  # and the decoder: a guard that cannot
             self._decoder(self.buckets[-1])  # open it is not ready, not failing every check

@@ -26,6 +26,8 @@ from spotstop.export.int8 import (  # noqa: E402
     dequantize_activations,
     dequantize_activations_per_token,
     dequantize_activations_symmetric,
+    graph_codes,
+    host_weight_form,
     layer_error,
     per_token_codes_model,
     quantize_matmuls_int8,
@@ -33,8 +35,13 @@ from spotstop.export.int8 import (  # noqa: E402
     rotate_rows,
     rotate_weight,
     smoothing_factors,
+    stored_codes,
     vision_activation_check,
 )
+
+#: the int8 weight form this host computes exactly (``s8``, or ``u8`` on an x86 CPU with AVX2
+#: and no VNNI, whose u8·s8 kernel saturates): what the export writes here
+FORM = host_weight_form()
 
 
 def _session(model: object) -> object:
@@ -156,22 +163,33 @@ def _one_linear(k: int, n: int, w: np.ndarray) -> object:
     return _model([node], [numpy_helper.from_array(w, "w")], k, n)
 
 
+@pytest.mark.parametrize("form", ["s8", "u8"])
 @pytest.mark.parametrize("activations", ACTIVATIONS)
-def test_rewritten_layer_is_the_numpy_arithmetic(activations: str) -> None:
+def test_rewritten_layer_is_the_numpy_arithmetic(activations: str, form: str) -> None:
     """One Linear rewritten by the export (no calibration: round-to-nearest codes) and run by
     onnxruntime equals numpy's deq(Q(x)) @ (codes · scales): the integer GEMM is exact, so only
-    float rounding separates them; an outlier token among the rows (an attention sink)."""
+    float rounding separates them; an outlier token among the rows (an attention sink). In
+    both weight forms: int8 codes (s8), or the same codes + 128 as uint8 read with a weight zero
+    point (u8). A form this host's kernel would get wrong is refused by the export instead."""
     rng = np.random.default_rng(11)
     k, n = 64, 48
     w = rng.normal(0, 0.1, (k, n)).astype(np.float32)
     x = rng.normal(size=(12, k)).astype(np.float32)
     x[0] *= 50.0
     model = _one_linear(k, n, w)
-    rep = quantize_matmuls_int8(model, activations=activations)
+    if form != FORM and form == "s8":  # this host saturates it: the export refuses, says why
+        with pytest.raises(ValueError, match=r"saturating int16.*--int8-weights u8"):
+            host_weight_form(form)
+        return
+    rep = quantize_matmuls_int8(model, activations=activations, weight_form=form)
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
     want_op = "MatMulIntegerToFloat" if activations == "per-token" else "DynamicQuantizeMatMul"
     assert rep.dynamic == 1 and want_op in ops and "MatMul" not in ops
-    assert rep.as_meta()["activations"] == activations
+    assert rep.as_meta()["activations"] == activations and rep.as_meta()["weights"] == form
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
+    assert inits["w_int8"].dtype == (np.int8 if form == "s8" else np.uint8)
+    (gemm,) = [nd for nd in model.graph.node if nd.op_type == want_op]  # type: ignore[attr-defined]
+    assert (gemm.input[-1] == "int8_weight_zero") == (form == "u8")
     (got,) = _session(model).run(None, {"x": x})  # type: ignore[attr-defined]
     codes, scales = channel_int8(w)
     deq = dequantize_activations_per_token if activations == "per-token" else dequantize_activations
@@ -265,8 +283,15 @@ def test_layer_error_is_what_dynamic_quantize_matmul_computes() -> None:
     w = rng.normal(size=(k, n)).astype(np.float32)
     x = rng.normal(size=(20, k)).astype(np.float32)
     codes, scales = channel_int8(w, (x.T @ x).astype(np.float64))  # GPTQ: negative scales too
-    node = helper.make_node("DynamicQuantizeMatMul", ["x", "w", "s"], ["y"], domain="com.microsoft")
-    inits = [numpy_helper.from_array(codes, "w"), numpy_helper.from_array(scales, "s")]
+    wz = ["wz"] if FORM == "u8" else []  # the u8 form's weight zero point
+    node = helper.make_node(
+        "DynamicQuantizeMatMul", ["x", "w", "s", *wz], ["y"], domain="com.microsoft"
+    )
+    inits = [
+        numpy_helper.from_array(stored_codes(codes, FORM), "w"),
+        numpy_helper.from_array(scales, "s"),
+        *[numpy_helper.from_array(np.asarray(np.uint8(128)), "wz")] * len(wz),
+    ]
     m = _model([node], inits, k, n)
     (got,) = _session(m).run(None, {"x": x})  # type: ignore[attr-defined]
     sim = dequantize_activations(x).astype(np.float64) @ (codes * scales.astype(np.float64))
@@ -512,7 +537,7 @@ def test_a_layer_over_the_bound_computes_in_int8_after_a_rotation(
     assert "MatMulIntegerToFloat" in ops and ops.count("MatMul") == 1
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
     np.testing.assert_array_equal(inits["int8_rotate_64"], r.astype(np.float32))
-    codes, scales = inits["w_int8"], inits["w_int8_scale"]
+    codes, scales = graph_codes(inits["w_int8"]), inits["w_int8_scale"]
     xt = x[:16]
     (got,) = _session(model).run(None, {"x": xt})  # type: ignore[attr-defined]
     deq = dequantize_activations_per_token if slack is None else dequantize_activations_symmetric
@@ -566,7 +591,7 @@ def test_symmetric_form_where_it_costs_little_and_the_midpoint_where_rows_are_on
     assert product.input[2].endswith("_tok8s_sigma") and product.output[0] == "y"
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
     assert "w_int8_colsum" not in inits  # no midpoint term
-    codes, scales = inits["w_int8"], inits["w_int8_scale"]
+    codes, scales = graph_codes(inits["w_int8"]), inits["w_int8_scale"]
     xt = two[:16].copy()
     xt[0] *= 50.0  # an outlier token costs only itself
     (got,) = _session(model).run(None, {"x": xt})  # type: ignore[attr-defined]
