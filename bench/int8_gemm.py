@@ -18,7 +18,11 @@ measured on), each form timed best of ``--repeats`` after one warm-up call, all 
 * ``onnxruntime MatMulIntegerToFloat per token (spotstop int8)``: the graph ``spotstop export
   --precision int8`` writes (``spotstop.export.int8.quantize_matmuls_int8``): each row of ``x``
   its own midpoint and step, zero point 128, the integer product scaled per column and per
-  row (its step) inside ``MatMulIntegerToFloat``, then the midpoint term;
+  row (its step) inside ``MatMulIntegerToFloat``, then the midpoint term; its weights in the
+  form the export picks on this host (``s8``: int8, the u8·s8 kernel; ``u8``: the same codes
+  + 128 as uint8, the u8·u8 kernel, where the u8·s8 one saturates: x86 with AVX2 and no VNNI),
+  and timed again in each form by name (``..., s8 weights`` / ``..., u8 weights``: the error
+  column shows a form this CPU gets wrong);
 * ``onnxruntime MatMulIntegerToFloat per token, symmetric (spotstop int8)``: the form a layer
   with two-sided inputs takes (``SYMMETRIC_SLACK``): each row's step its largest magnitude
   over 127, no midpoint: nothing after the product;
@@ -182,6 +186,7 @@ def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
     import torch
     from onnx import helper
     from onnx import numpy_helper as nh
+    from spotstop.export.int8 import WEIGHT_FORMS
     from spotstop.export.nbits import nbits_blocks
     from spotstop.export.quant import NBITS_BLOCK
 
@@ -255,6 +260,8 @@ def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
         )
     )
     forms.append(_per_token_form(w, ort_form))
+    for wf in WEIGHT_FORMS:  # both weight forms (the default row above is the host's choice)
+        forms.append(_per_token_form(w, ort_form, weight_form=wf))
     forms.append(_per_token_form(w, ort_form, symmetric=True))
     forms.append(_exact_reads_form(w, x, threads))
     for block in ROTATED_BLOCKS:
@@ -275,11 +282,11 @@ def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
     return forms
 
 
-def per_token_layer(w: np.ndarray, symmetric: bool = False) -> Any:
+def per_token_layer(w: np.ndarray, symmetric: bool = False, weight_form: str | None = None) -> Any:
     """``X @ w`` (input ``X``, output ``Y``) as ``spotstop export --precision int8`` rewrites it
     (no calibration: codes rounded to nearest, as :func:`channel_int8` without a Hessian);
     ``symmetric``: in the symmetric per-token form (``symmetric_slack=math.inf``), else with
-    the midpoint."""
+    the midpoint; ``weight_form``: ``s8`` or ``u8`` (None: the export's choice on this host)."""
     import math
 
     from onnx import TensorProto, helper
@@ -299,7 +306,10 @@ def per_token_layer(w: np.ndarray, symmetric: bool = False) -> Any:
     )
     model.ir_version = 10
     rep = quantize_matmuls_int8(
-        model, activations="per-token", symmetric_slack=math.inf if symmetric else None
+        model,
+        activations="per-token",
+        symmetric_slack=math.inf if symmetric else None,
+        weight_form=weight_form,
     )
     if rep.dynamic != 1 or len(rep.symmetric) != symmetric or symmetric != _is_symmetric(model):
         raise RuntimeError(f"the int8 rewrite did not quantize the layer: {rep}")
@@ -412,13 +422,22 @@ def _is_symmetric(model: Any) -> bool:
     return not any(nd.op_type == "Sub" for nd in model.graph.node)
 
 
-def _per_token_form(w: np.ndarray, ort_form: Callable[..., Form], symmetric: bool = False) -> Form:
-    """The layer as ``spotstop export --precision int8`` rewrites it (:func:`per_token_layer`)."""
+def _per_token_form(
+    w: np.ndarray,
+    ort_form: Callable[..., Form],
+    symmetric: bool = False,
+    weight_form: str | None = None,
+) -> Form:
+    """The layer as ``spotstop export --precision int8`` rewrites it (:func:`per_token_layer`);
+    ``weight_form`` named: that form, whether or not this host computes it exactly (its error
+    column says)."""
     n = w.shape[1]
-    model = per_token_layer(w, symmetric)
+    model = per_token_layer(w, symmetric, weight_form)
     inits = list(model.graph.initializer)
     nbytes = sum(int(np.prod(t.dims)) for t in inits if t.name.endswith("_int8")) + 4 * n
     name = PER_TOKEN_SYMMETRIC if symmetric else PER_TOKEN
+    if weight_form is not None:
+        name = f"onnxruntime MatMulIntegerToFloat per token, {weight_form} weights"
     return ort_form(name, list(model.graph.node), inits, nbytes)
 
 

@@ -163,7 +163,7 @@ Codes: GPTQ (export/gptq.py) with one block of all K rows where the calibration 
 weight's inputs (their Hessian scaled by ``1/(s sᵀ)`` after smoothing), else round to nearest
 (``max|w| / 127`` per column). :class:`Int8Report` records what was done for the manifest.
 
-Weight form (``weight_form``, the manifest's ``weights``; :data:`WEIGHT_FORMS`): ``s8``
+Weight form (``weight_form``, the manifest's ``weight_form``; :data:`WEIGHT_FORMS`): ``s8``
 stores the codes as int8 (onnxruntime's u8·s8 kernel: the fastest with VNNI, AMX or ARM's dot
 products), ``u8`` the same codes plus 128 as uint8 with a weight zero point of 128 (its u8·u8
 kernel, which widens to int16 before it multiplies). On an x86 CPU with AVX2 and no VNNI the
@@ -629,7 +629,7 @@ class Int8Report:
             "symmetric_slack": self.symmetric_slack,
             "symmetric": len(self.symmetric),
             "exact_reads": self.exact_reads,
-            "weights": self.weight_form,
+            "weight_form": self.weight_form,
             # the symmetric layers' own errors (each within keep_error)
             "symmetric_max_error": round(
                 max((e for _, e in self.symmetric if math.isfinite(e)), default=0.0), 6

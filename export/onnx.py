@@ -1169,7 +1169,7 @@ def _quantizer_record(job: _Job) -> dict[str, Any]:
         acts = job.convert_report["int8"].get("activations", "per-tensor")
         w = (
             "int8 weights"
-            if job.convert_report["int8"].get("weights", "s8") == "s8"
+            if job.convert_report["int8"].get("weight_form", "s8") == "s8"
             else "int8 weight codes stored as uint8 (+128, weight zero point 128)"
         )
         q["format"] = (

@@ -17,7 +17,7 @@ by 8-bit weight codes, summed in int32. Two forms of the same codes (:data:`INT8
   (105.8 ms against 108.0, 2 threads), while on a VNNI or AMX CPU the u8·s8 form is faster.
 
 The codes, scales and so the scores are the same in both forms; only the kernel differs. An
-int8 export records its form (the manifest's ``quantizer.dynamic_int8.weights``; ``s8`` when
+int8 export records its form (the manifest's ``quantizer.dynamic_int8.weight_form``; ``s8`` when
 absent, as every bundle before it was) and ``spotstop export`` writes the fastest form this
 host multiplies exactly (``--int8-weights auto``). Before the ONNX backend opens such a member
 on the CPU it runs a small graph of the bundles' own operator in both forms with the worst

@@ -85,15 +85,15 @@ def check_int8_host(meta: Mapping[str, Any], where: Path) -> None:
     """Refuse (:class:`MemberLoadError`) a member whose integer-GEMM weights this host's
     onnxruntime CPU kernel would not multiply exactly (guard/backends/_int8_probe.py): its
     ``spotstop_onnx.yaml`` (``meta``) records int8 layers (``quantizer.dynamic_int8.dynamic``)
-    in the form ``weights`` (``s8`` when absent: bundles exported before it was recorded)."""
+    in the form ``weight_form`` (``s8`` when absent: bundles exported before it was recorded)."""
     q = meta.get("quantizer")
     d = q.get("dynamic_int8") if isinstance(q, Mapping) else None
     if not isinstance(d, Mapping) or not d.get("dynamic"):
         return
-    form = d.get("weights", "s8")
+    form = d.get("weight_form", "s8")
     if form not in INT8_WEIGHT_FORMS:
         raise MemberLoadError(
-            f"{where}: quantizer.dynamic_int8.weights is {form!r}; expected one of "
+            f"{where}: quantizer.dynamic_int8.weight_form is {form!r}; expected one of "
             f"{list(INT8_WEIGHT_FORMS)}. The manifest is damaged: copy the bundle again."
         )
     host = host_int8_weight_forms()

@@ -114,7 +114,19 @@ def test_every_form_runs_at_a_tiny_size_and_writes_its_section(tmp_path: Path) -
         err["onnxruntime MatMulNBits 8-bit block 128 acc 0"]
         < err["onnxruntime MatMulNBits 4-bit block 32 acc 0"]
     )
-    assert all(e < 0.2 for e in err.values())
+    # the int8 weights' two forms: the same codes, so the same output where this CPU computes
+    # both exactly; the s8 forms (these two rows, DynamicQuantizeMatMul, MatMulInteger) only
+    # where its u8·s8 kernel does not saturate (x86 with AVX2 and no VNNI: it does)
+    from spotstop.guard.backends._int8_probe import host_int8_weight_forms
+
+    s8_row = "onnxruntime MatMulIntegerToFloat per token, s8 weights"
+    u8_row = "onnxruntime MatMulIntegerToFloat per token, u8 weights"
+    assert err[u8_row] == pytest.approx(err[g.PER_TOKEN], rel=1e-3)
+    s8_ok = "s8" in host_int8_weight_forms()
+    if s8_ok:
+        assert err[s8_row] == pytest.approx(err[u8_row], rel=1e-3)
+    s8_rows = {s8_row, dq, next(f for f in forms if "MatMulInteger +" in f)}
+    assert all(e < 0.2 for f, e in err.items() if s8_ok or f not in s8_rows), err
     assert doc["read_gbs"] > 0 and doc["cpu"]["cores"]
 
 

@@ -185,7 +185,7 @@ def test_rewritten_layer_is_the_numpy_arithmetic(activations: str, form: str) ->
     ops = [nd.op_type for nd in model.graph.node]  # type: ignore[attr-defined]
     want_op = "MatMulIntegerToFloat" if activations == "per-token" else "DynamicQuantizeMatMul"
     assert rep.dynamic == 1 and want_op in ops and "MatMul" not in ops
-    assert rep.as_meta()["activations"] == activations and rep.as_meta()["weights"] == form
+    assert rep.as_meta()["activations"] == activations and rep.as_meta()["weight_form"] == form
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
     assert inits["w_int8"].dtype == (np.int8 if form == "s8" else np.uint8)
     (gemm,) = [nd for nd in model.graph.node if nd.op_type == want_op]  # type: ignore[attr-defined]

@@ -92,7 +92,7 @@ def test_stored_codes_are_the_same_codes_in_both_forms() -> None:
 def _meta(form: object = None, dynamic: int = 12) -> dict:
     d: dict = {"dynamic": dynamic, "activations": "per-token"}
     if form is not None:
-        d["weights"] = form
+        d["weight_form"] = form
     return {"precision": "int8", "quantizer": {"dynamic_int8": d}}
 
 
@@ -116,7 +116,7 @@ def test_a_member_the_host_would_saturate_is_refused(
     # no integer GEMM (fp32, int4, int8 with float activations everywhere): nothing to check
     check_int8_host(_meta("s8", dynamic=0), where)
     check_int8_host({"precision": "fp32"}, where)
-    with pytest.raises(MemberLoadError, match=r"weights is 's4'.*copy the bundle again"):
+    with pytest.raises(MemberLoadError, match=r"weight_form is 's4'.*copy the bundle again"):
         check_int8_host(_meta("s4"), where)
 
 
@@ -136,7 +136,9 @@ def test_a_guard_on_a_host_that_would_saturate_refuses_the_member(
 
     bundle = derive_bundle(committed_bundle, tmp_path / "b8", precision="int8")
     metas = sorted(bundle.glob("members/*/spotstop_onnx.yaml"))
-    forms = {yaml.safe_load(p.read_text())["quantizer"]["dynamic_int8"]["weights"] for p in metas}
+    forms = {
+        yaml.safe_load(p.read_text())["quantizer"]["dynamic_int8"]["weight_form"] for p in metas
+    }
     assert len(metas) == 2 and forms == {host_int8_weight_forms()[0]}
     fit_policy(bundle)  # scores a pool with both members: they load and run here
     with Guard(bundle, log=tmp_path / "ok.sqlite", retry_load_s=None) as g:
