@@ -1217,3 +1217,38 @@ def test_a_graph_without_the_scoring_inputs_has_no_read_rows() -> None:
     dec, _ = _decoder_like(16, 8, 17, seed=1)
     assert quantize_matmuls_int8(dec, activations="per-tensor").exact_reads == 0
     assert "ScatterND" not in [nd.op_type for nd in dec.graph.node]  # type: ignore[attr-defined]
+
+
+def test_the_cli_writes_the_weight_form_asked_or_refuses_one_this_host_gets_wrong(
+    tiny_pair: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``spotstop export --int8-weights s8|u8``: the form asked, recorded in the member's
+    manifest and held by every int8 GEMM weight of its graphs (uint8 with the zero point, or
+    int8 without); a form this host's kernel gets wrong (s8 on x86 with AVX2 and no VNNI) is
+    refused before the model is loaded, nothing written; another precision refuses the option."""
+    import onnx
+    import yaml
+    from spotstop.cli import main
+    from spotstop.guard.backends._int8_probe import host_int8_weight_forms
+
+    base = ["export", "--precision", "int8", "--buckets", "256", "--quantizer", "rtn"]
+    base += ["--trt", "off", "--member", str(tiny_pair / "tiny-lfm2_vl")]
+    for form in ("u8", "s8"):
+        out = tmp_path / form
+        rc = main([*base, "--out", str(out), "--int8-weights", form])
+        if form not in host_int8_weight_forms():
+            assert rc == 1 and not out.exists()
+            assert "does not compute that form exactly" in capsys.readouterr().err
+            continue
+        assert rc == 0
+        member = out / "members" / "tiny-lfm2_vl"
+        meta = yaml.safe_load((member / "spotstop_onnx.yaml").read_text())
+        assert meta["quantizer"]["dynamic_int8"]["weight_form"] == form
+        g = onnx.load(str(member / "onnx" / "decoder.onnx")).graph
+        inits = {t.name: t.data_type for t in g.initializer}
+        gemms = [n for n in g.node if n.op_type == "MatMulIntegerToFloat"]
+        want = onnx.TensorProto.UINT8 if form == "u8" else onnx.TensorProto.INT8
+        assert gemms and all(inits[n.input[1]] == want for n in gemms)
+        assert all((n.input[-1] == "int8_weight_zero") == (form == "u8") for n in gemms)
+    rc = main([*base, "--out", str(tmp_path / "i4"), "--int8-weights", "u8", "--precision", "int4"])
+    assert rc == 1 and "int8_weights is int8's option" in capsys.readouterr().err
