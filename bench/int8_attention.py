@@ -205,10 +205,16 @@ def attention_nodes(
     """The nodes and initializers of one attention ``out = MHA(q, k, v)`` in ``form`` (one of
     :data:`FORMS`); ``q``, ``k``, ``v`` are batch x tokens x (heads x head_dim) float32, as the
     ``MultiHeadAttention`` node takes them (no mask, no bias); ``opset``: the graph's ONNX opset
-    (the exporter writes 17)."""
+    (the exporter writes 17). K and V, the integer products' second operands, are quantized
+    as int8 where this CPU's u8·s8 kernel is exact, else as the same codes + 128 in uint8 with
+    a zero point of 128 (x86 with AVX2 and no VNNI saturates u8·s8: export/int8.py's weight
+    forms, guard/backends/_int8_probe.py)."""
     from onnx import helper
+    from spotstop.guard.backends._int8_probe import host_int8_weight_forms
 
     n = _Names(prefix, opset)
+    b8 = "s8" if "s8" in host_int8_weight_forms() else "u8"  # the second operand's form
+    b_zero = [n.const("b_zp8", 128, np.uint8)] if b8 == "u8" else []
     if form == MHA:
         node = helper.make_node(
             "MultiHeadAttention",
@@ -245,7 +251,7 @@ def attention_nodes(
         ]
         per_head = form == INT8_QK_HEAD
         qn, qq, qstep = _quantize(n("qh"), [2, 3] if per_head else [3], 127, "u8", n, "q")
-        kn, kq, kstep = _quantize(n("kh"), [3], 127, "s8", n, "k")
+        kn, kq, kstep = _quantize(n("kh"), [3], 127, b8, n, "k")
         nodes += qn + kn
         nodes += [
             helper.make_node("Transpose", [kq], [n("kqt")], perm=[0, 1, 3, 2]),
@@ -256,7 +262,7 @@ def attention_nodes(
                 helper.make_node("Mul", [n("kst"), qstep], [n("qkst")]),
                 helper.make_node(
                     "MatMulIntegerToFloat",
-                    [qq, n("kqt"), one, n("qkst"), n.const("q_zp8", 128, np.uint8)],
+                    [qq, n("kqt"), one, n("qkst"), n.const("q_zp8", 128, np.uint8), *b_zero],
                     [n("logits")],
                     domain="com.microsoft",
                 ),
@@ -265,7 +271,7 @@ def attention_nodes(
             nodes += [
                 helper.make_node(
                     "MatMulIntegerToFloat",
-                    [qq, n("kqt"), one, n("kst"), n.const("q_zp8", 128, np.uint8)],
+                    [qq, n("kqt"), one, n("kst"), n.const("q_zp8", 128, np.uint8), *b_zero],
                     [n("logits_k")],
                     domain="com.microsoft",
                 ),
@@ -274,12 +280,13 @@ def attention_nodes(
     nodes.append(helper.make_node("Softmax", [n("logits")], [n("p")], axis=-1))
     if form == INT8_QK_PV:
         pn, pq, pstep = _quantize(n("p"), [3], 255, "u8+", n, "p")
-        vn, vq, vstep = _quantize(n("vh"), [2], 127, "s8", n, "v")
+        vn, vq, vstep = _quantize(n("vh"), [2], 127, b8, n, "v")
         nodes += pn + vn
         nodes += [
             helper.make_node(
                 "MatMulIntegerToFloat",
-                [pq, vq, n.const("one_pv", 1.0), vstep],
+                [pq, vq, n.const("one_pv", 1.0), vstep]
+                + ([n.const("p_zp8", 0, np.uint8), *b_zero] if b_zero else []),
                 [n("o_v")],
                 domain="com.microsoft",
             ),
