@@ -119,9 +119,10 @@ def _hashed_copy(src: Path, dst: Path, edit: Any, weights: bool) -> dict[str, in
     return changed
 
 
-def dynamic_copy(src: Path, dst: Path) -> dict[str, int]:
+def dynamic_copy(src: Path, dst: Path, weight_form: str | None = None) -> dict[str, int]:
     """``dst``: ``src`` with its kept layers (:func:`_kept`) rewritten by the export's int8
-    GEMM rewrite; per graph, how many."""
+    GEMM rewrite, their weights in ``weight_form`` (the bundle's: ``s8`` or ``u8``; None: this
+    host's, export/int8.py's ``host_weight_form``); per graph, how many."""
     from onnx import helper, numpy_helper
     from spotstop.export.int8 import quantize_matmuls_int8
     from spotstop.export.nbits import dequantize_nbits
@@ -146,7 +147,7 @@ def dynamic_copy(src: Path, dst: Path) -> dict[str, int]:
             g.initializer.append(numpy_helper.from_array(w, name))
             n.CopyFrom(helper.make_node("MatMul", [n.input[0], name], list(n.output), name=n.name))
             k += 1
-        rep = quantize_matmuls_int8(m, output_layers=before)
+        rep = quantize_matmuls_int8(m, output_layers=before, weight_form=weight_form)
         if rep.dynamic != k:
             raise SystemExit(f"rewrote {rep.dynamic} layers, expected the {k} kept ones")
         used = {i for n in g.node for i in n.input}
@@ -204,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     dyn = src.with_name(src.name + "-per-token-kept")
     changed = float_copy(src, flt)
     print("float activations:", changed, flush=True)
-    print("int8 GEMM, per token:", dynamic_copy(src, dyn), flush=True)
+    form = dyn8.get("dynamic_int8", {}).get("weight_form", "s8")  # as the bundle's other layers
+    print("int8 GEMM, per token:", dynamic_copy(src, dyn, form), flush=True)
     forms = (
         (src, "int8 per block (accuracy_level 4): the export"),
         (flt, "float (accuracy_level 0)"),
