@@ -424,11 +424,11 @@ def add_export_parser(sub: Any) -> None:
         choices=("auto", "s8", "u8"),
         default="auto",
         help="int8: how the integer GEMM's weight codes are stored (the same codes, the same "
-        "scores). 's8': int8, onnxruntime's u8·s8 kernel, the fastest with AVX512-VNNI, "
-        "AVX-VNNI, AMX or ARM; on an x86 CPU with AVX2 and no VNNI (e.g. AMD Zen 2/3) that "
-        "kernel adds two products into a saturating int16 and gets them wrong. 'u8': the codes "
-        "+128 as uint8, its u8·u8 kernel, exact on every CPU (as fast there). 'auto' (the "
-        "default): s8 where this host computes it exactly, else u8. A host that would not "
+        "scores). 's8': int8, onnxruntime's u8·s8 kernel, native with AVX512-VNNI, AVX-VNNI, "
+        "AMX and ARM's dot products; on an x86 CPU with AVX2 and no VNNI (e.g. AMD Zen 2/3) "
+        "that kernel adds two products into a saturating int16 and gets them wrong. 'u8': the "
+        "codes +128 as uint8, its u8·u8 kernel, exact on every CPU (as fast there). 'auto' "
+        "(the default): s8 where this host computes it exactly, else u8. A host that would not "
         "compute a bundle's form exactly refuses to load it",
     )
     p.add_argument(

@@ -5,7 +5,8 @@ An ``int8`` bundle multiplies its layers with onnxruntime's integer GEMM
 by 8-bit weight codes, summed in int32. Two forms of the same codes (:data:`INT8_WEIGHT_FORMS`):
 
 * ``s8``: int8 weights, onnxruntime's u8·s8 kernel (MLAS). With AVX512-VNNI, AVX-VNNI or AMX
-  on x86, and with ARM's dot products, it is exact and the fastest form. On an x86 CPU with
+  on x86, and with ARM's dot products, it is exact (VNNI and AMX multiply u8·s8 natively; the
+  speeds in bench/RESULTS.md were measured in this form). On an x86 CPU with
   AVX2 and no VNNI (e.g. AMD Zen 2 and Zen 3, Intel before Ice Lake / Alder Lake) it multiplies
   with ``vpmaddubsw``, which adds two neighbouring u8·s8 products into a SATURATING int16: two
   codes of 255 by two weights of -128 make -65280, kept as -32768. The output is then wrong
@@ -14,12 +15,13 @@ by 8-bit weight codes, summed in int32. Two forms of the same codes (:data:`INT8
 * ``u8``: the same codes plus 128 as uint8, with a weight zero point of 128: onnxruntime's
   u8·u8 kernel, which widens both to int16 before it multiplies (``vpmaddwd``), so it is exact
   on every CPU; on that AVX2 CPU it ran one Qwen3.5-2B-sized layer as fast as the u8·s8 form
-  (105.8 ms against 108.0, 2 threads), while on a VNNI or AMX CPU the u8·s8 form is faster.
+  (109.6 ms against 111.9, 2 threads; bench/RESULTS.md, section ``int8-gemm-avx2``), while on
+  a VNNI or AMX CPU the u8·s8 form is expected to be faster (not measured).
 
 The codes, scales and so the scores are the same in both forms; only the kernel differs. An
 int8 export records its form (the manifest's ``quantizer.dynamic_int8.weight_form``; ``s8`` when
-absent, as every bundle before it was) and ``spotstop export`` writes the fastest form this
-host multiplies exactly (``--int8-weights auto``). Before the ONNX backend opens such a member
+absent, as every bundle before it was) and ``spotstop export`` writes ``s8`` where this host
+multiplies it exactly, else ``u8`` (``--int8-weights auto``). Before the ONNX backend opens such a member
 on the CPU it runs a small graph of the bundles' own operator in both forms with the worst
 cases as constants (:data:`PROBE_FILE`, built by export/int8.py's ``int8_probe_model`` from
 :func:`probe_weights` and :func:`probe_activations`) and compares it with the exact integer
