@@ -21,8 +21,9 @@ by 8-bit weight codes, summed in int32. Two forms of the same codes (:data:`INT8
 The codes, scales and so the scores are the same in both forms; only the kernel differs. An
 int8 export records its form (the manifest's ``quantizer.dynamic_int8.weight_form``; ``s8`` when
 absent, as every bundle before it was) and ``spotstop export`` writes ``s8`` where this host
-multiplies it exactly, else ``u8`` (``--int8-weights auto``). Before the ONNX backend opens such a member
-on the CPU it runs a small graph of the bundles' own operator in both forms with the worst
+multiplies it exactly, else ``u8`` (``--int8-weights auto``). Before the ONNX backend opens
+such a member (on any device: the int8 GEMM nodes a GPU provider lacks run on onnxruntime's
+CPU kernel) it runs a small graph of the bundles' own operator in both forms with the worst
 cases as constants (:data:`PROBE_FILE`, built by export/int8.py's ``int8_probe_model`` from
 :func:`probe_weights` and :func:`probe_activations`) and compares it with the exact integer
 product: a member whose form this host does not multiply exactly is refused with

@@ -83,7 +83,8 @@ def intra_op_threads(n_bytes: int, threads: int | None) -> int | None:
 
 def check_int8_host(meta: Mapping[str, Any], where: Path) -> None:
     """Refuse (:class:`MemberLoadError`) a member whose integer-GEMM weights this host's
-    onnxruntime CPU kernel would not multiply exactly (guard/backends/_int8_probe.py): its
+    onnxruntime CPU kernel (which also runs the nodes a GPU provider lacks) would not multiply
+    exactly (guard/backends/_int8_probe.py): its
     ``spotstop_onnx.yaml`` (``meta``) records int8 layers (``quantizer.dynamic_int8.dynamic``)
     in the form ``weight_form`` (``s8`` when absent: bundles exported before it was recorded)."""
     q = meta.get("quantizer")
@@ -160,8 +161,9 @@ class OnnxBackend(GraphBackend):
         #: the intra-op threads each opened graph's session was given, by kind (None: the
         #: default); see :func:`intra_op_threads`
         self.session_threads: dict[str, int | None] = {}
-        if self.providers == ["CPUExecutionProvider"]:
-            check_int8_host(self.meta, folder.path)  # before a graph is opened
+        # before a graph is opened; on every device: a node a GPU provider lacks (the int8
+        # GEMMs, on CUDA) runs on onnxruntime's CPU kernel
+        check_int8_host(self.meta, folder.path)
         provider = self.vision.get_providers()[0]  # loads the vision graph: fail early
         if self.resident and not self.fixed_length:  # and the decoder: a guard that cannot
             self._decoder(self.buckets[-1])  # open it is not ready, not failing every check
