@@ -272,15 +272,20 @@ class _Timed:
 
 
 def _patch_sessions(profile_dir: str | None) -> tuple[list[dict[str, Any]], list[tuple[str, Any]]]:
-    """Make every onnxruntime session this process opens log its runs (and, with
-    ``profile_dir``, profile them there); return the run log and the (path, session) list."""
+    """Make every onnxruntime session this process opens for a bundle's graphs log its runs
+    (and, with ``profile_dir``, profile them there); return the run log and the (path, session)
+    list. The int8 host probe (guard/backends/_int8_probe.py, run once before an int8 member
+    opens) is no graph of the bundle: opened as it is."""
     import onnxruntime as ort
+    from spotstop.guard.backends._int8_probe import PROBE_FILE
 
     calls: list[dict[str, Any]] = []
     sessions: list[tuple[str, Any]] = []
     orig = ort.InferenceSession
 
     def make(path: Any, sess_options: Any = None, providers: Any = None, **kw: Any) -> Any:
+        if Path(str(path)) == PROBE_FILE:
+            return orig(path, sess_options=sess_options, providers=providers, **kw)
         if profile_dir:
             sess_options = sess_options or ort.SessionOptions()
             sess_options.enable_profiling = True

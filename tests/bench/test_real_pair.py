@@ -412,6 +412,24 @@ def test_latency_precisions_default_to_every_bundle_the_export_wrote() -> None:
     assert rp._latency_precisions(args, res) == ["int4"]
 
 
+def test_the_int8_host_probe_is_not_timed_as_a_graph_of_the_bundle(
+    committed_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The latency child logs and profiles the sessions of the bundle's graphs; the int8 host
+    probe the ONNX backend runs before it opens an int8 member is not one of them (it showed
+    as a graph ``int8_gemm_probe`` in the profile table)."""
+    import onnxruntime as ort
+    from spotstop.guard.backends._int8_probe import PROBE_FILE
+
+    monkeypatch.setattr(ort, "InferenceSession", ort.InferenceSession)  # restored after
+    rp = _load("real_pair")
+    calls, sessions = rp._patch_sessions(None)
+    ort.InferenceSession(str(PROBE_FILE), providers=["CPUExecutionProvider"])
+    vision = committed_bundle / "members" / "tiny-lfm2_vl" / "onnx" / "vision.onnx"
+    ort.InferenceSession(str(vision), providers=["CPUExecutionProvider"])
+    assert [Path(p).name for p, _ in sessions] == ["vision.onnx"] and calls == []
+
+
 def test_profiled_nodes_are_grouped_by_layer_kind() -> None:
     rp = _load("real_pair")
     idx = {
