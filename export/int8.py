@@ -467,12 +467,16 @@ def channel_int8(w: np.ndarray, h: np.ndarray | None = None) -> tuple[np.ndarray
     return codes, scale.astype(np.float32)
 
 
+def _check_weight_form(weight_form: str) -> None:
+    if weight_form not in WEIGHT_FORMS:
+        raise ValueError(f"int8 weights must be one of {WEIGHT_FORMS}; got {weight_form!r}.")
+
+
 def stored_codes(codes: np.ndarray, weight_form: str) -> np.ndarray:
     """The int8 ``codes`` as a graph stores them in ``weight_form``: as they are (``s8``) or
     plus :data:`~spotstop.guard.backends._int8_probe.W_ZERO` as uint8 (``u8``, read with that
     weight zero point); :func:`graph_codes` reads them back."""
-    if weight_form not in WEIGHT_FORMS:
-        raise ValueError(f"int8 weights must be one of {WEIGHT_FORMS}; got {weight_form!r}.")
+    _check_weight_form(weight_form)
     codes = np.asarray(codes)
     if codes.dtype != np.int8:
         raise ValueError(f"codes must be int8; got {codes.dtype}.")
@@ -494,8 +498,8 @@ def host_weight_form(weight_form: str | None = None) -> str:
     ``u8``), which this host's integer GEMM must multiply exactly, since the export validates
     its graphs here; None: the first of :data:`WEIGHT_FORMS` it multiplies exactly
     (guard/backends/_int8_probe.py's probe)."""
-    if weight_form is not None and weight_form not in WEIGHT_FORMS:
-        raise ValueError(f"int8 weights must be one of {WEIGHT_FORMS}; got {weight_form!r}.")
+    if weight_form is not None:
+        _check_weight_form(weight_form)
     host = host_int8_weight_forms()
     if not host:
         raise ValueError(
@@ -800,8 +804,8 @@ def quantize_matmuls_int8(
     _check_activations(activations)
     if weight_form is None:
         weight_form = host_weight_form()
-    elif weight_form not in WEIGHT_FORMS:
-        raise ValueError(f"int8 weights must be one of {WEIGHT_FORMS}; got {weight_form!r}.")
+    else:
+        _check_weight_form(weight_form)
     unsigned = weight_form == "u8"
     if activations != "per-token":
         rotate_block = 0  # the rotation and the symmetric form are per token only
