@@ -1056,11 +1056,18 @@ def quantize_matmuls_int8(
             tok_consts["sym_levels"] = io.add(
                 model, np.asarray(_SYM_LEVELS), "int8_per_token_sym_levels"
             ).name
+        exact = reads is not None and x_name in token_rows
         if (a_in, sym) not in token_q:  # quantized once per form, before its first reader
-            token_q[a_in, sym] = _per_token_quantize(a_in, tok_consts, pre, opset, symmetric=sym)
+            zps = ""
+            if reads is not None and exact:  # as (rows, K), with the graph's zero points
+                reads.indices(pre)
+                zps = reads.zps[0]
+            token_q[a_in, sym] = _per_token_quantize(
+                a_in, tok_consts, pre, opset, symmetric=sym, rows=exact, zps=zps
+            )
         q, sigma, mu = token_q[a_in, sym]
         y = node.output[0]
-        if reads is not None and x_name in token_rows:  # the read rows, their residual too
+        if reads is not None and exact:  # the read rows, their residual too
             act = reads.activation(a_in, q, sigma, mu, pre)
             return [*pre, *reads.layer(act, qn, sn, cn, y, base, w_zero)]
         mk = helper.make_node
@@ -1136,13 +1143,25 @@ def _default_opset(model: Any) -> int:
 
 
 def _per_token_quantize(
-    a: str, consts: dict[str, str], out: list[Any], opset: int, *, symmetric: bool = False
+    a: str,
+    consts: dict[str, str],
+    out: list[Any],
+    opset: int,
+    *,
+    symmetric: bool = False,
+    rows: bool = False,
+    flat_in: bool = False,
+    zps: str = "",
 ) -> tuple[str, str, str]:
     """Append to ``out`` the nodes that quantize the activation ``a`` per row (the module doc's
     per-token form, :func:`dequantize_activations_per_token`'s arithmetic); returns the names
     of its uint8 codes, its row steps ``σ`` and its row midpoints ``μ`` (both …, 1).
     ``symmetric``: the form without a midpoint (:func:`dequantize_activations_symmetric`:
     ``σ = max(max a, −min a, 2e-30) / 127``, the codes of ``a`` itself; ``μ`` is "").
+    ``rows``: the codes as (rows, K), as the exact reads multiply them, not in ``a``'s shape;
+    ``flat_in``: ``a`` is (rows, K) already. ``zps``: the rows' zero points (128 each, one a
+    row) where the graph made them once for every activation of that many rows (else made
+    here). The three take out nodes, not arithmetic: the codes are the same.
 
     From opset 13 the codes are one per-axis ``QuantizeLinear`` of ``a − μ`` flattened to
     (rows, K) with the rows' steps and a zero point of 128 each (``Round`` half to even after
@@ -1172,11 +1191,16 @@ def _per_token_quantize(
     if opset < 13:
         r = n("Round", [n("Div", [centred, sigma], "scaled")], "round")
         q = n("Cast", [n("Add", [r, consts["c128"]], "shift")], "u8", to=TensorProto.UINT8)
+        if rows and not flat_in:
+            q = n("Flatten", [q], "u8rows", axis=-1)
         return q, sigma, mu
-    rows = n("Flatten", [centred], "rows", axis=-1)
+    flat = centred if flat_in else n("Flatten", [centred], "rows", axis=-1)
     steps = n("Reshape", [sigma, consts["axes"]], "steps")
-    zps = n("Expand", [consts["zp"], n("Shape", [steps], "nrows")], "zps")
-    q2 = n("QuantizeLinear", [rows, steps, zps], "q2", axis=0)
+    if not zps:
+        zps = n("Expand", [consts["zp"], n("Shape", [steps], "nrows")], "zps")
+    q2 = n("QuantizeLinear", [flat, steps, zps], "q2", axis=0)
+    if rows:
+        return q2, sigma, mu
     return n("Reshape", [q2, n("Shape", [a], "shape")], "u8"), sigma, mu
 
 
@@ -1238,6 +1262,8 @@ class _ReadRows:
     def __init__(self, io: WeightIO, model: Any, consts: dict[str, str], opset: int) -> None:
         self.io, self.model, self.consts, self.opset = io, model, consts, opset
         self.flat: tuple[str, str, str] | None = None  # (F, F as (n, 1), B·T as 1-D)
+        #: the zero points (128) of B·T rows and of the read rows, made with ``flat``
+        self.zps: tuple[str, str] = ("", "")
         self.acts: dict[tuple[str, bool], tuple[str, str, str, str]] = {}
         self.layers = 0
         self._c: dict[str, str] = {}
@@ -1259,9 +1285,10 @@ class _ReadRows:
         out.append(node)
         return name
 
-    def _indices(self, out: list[Any]) -> tuple[str, str, str]:
+    def indices(self, out: list[Any]) -> tuple[str, str, str]:
         """Row ``b·T + p`` of the (B·T, ·) rows for every read position ``p`` of sequence
-        ``b`` (the last prompt position, then ``read_index``'s)."""
+        ``b`` (the last prompt position, then ``read_index``'s); with them, once per graph,
+        :attr:`zps`: the codes' zero points of B·T rows and of the read rows."""
         if self.flat is None:
             from onnx import helper
 
@@ -1298,21 +1325,29 @@ class _ReadRows:
                 mk("Reshape", ["int8_reads_at", m1], ["int8_reads_rows"], name="int8_reads_rows"),
             ]
             col = self._unsqueeze("int8_reads_rows", "int8_reads_rows2", out)
+            zp = self.consts["zp"]
+            out += [
+                mk("Expand", [zp, "int8_reads_bt"], ["int8_reads_zps"], name="int8_reads_zps"),
+                mk("Shape", ["int8_reads_rows"], ["int8_reads_n"], name="int8_reads_n"),
+                mk("Expand", [zp, "int8_reads_n"], ["int8_reads_zps2"], name="int8_reads_zps2"),
+            ]
             self.flat = ("int8_reads_rows", col, "int8_reads_bt")
+            self.zps = ("int8_reads_zps", "int8_reads_zps2")
         return self.flat
 
     def activation(
         self, a: str, q: str, sigma: str, mu: str, out: list[Any]
     ) -> tuple[str, str, str, str]:
-        """The activation ``a``'s codes ``q`` (steps ``sigma``, midpoints ``mu``; "" in the
-        symmetric form) as (rows, K) with its read rows' residual codes appended, their steps
-        likewise, its midpoints as (rows, 1) ("" symmetric) and the shape its layers' outputs
-        take back; once per activation and form."""
+        """The activation ``a``'s codes ``q`` (as (rows, K): :func:`_per_token_quantize`'s
+        ``rows``; steps ``sigma``, midpoints ``mu``; "" in the symmetric form) with its read
+        rows' residual codes appended, their steps likewise, its midpoints as (rows, 1) (""
+        symmetric) and the shape its layers' outputs take back; once per activation and
+        form."""
         key = (a, not mu)
         if key not in self.acts:
             from onnx import TensorProto, helper
 
-            f_rows, _, _ = self._indices(out)
+            f_rows, _, _ = self.indices(out)
             mk, c = helper.make_node, self.const
             tag = f"{a}_reads{'s' if not mu else ''}"
 
@@ -1322,10 +1357,9 @@ class _ReadRows:
                 return name
 
             rows = n("Flatten", [a], "rows", axis=-1)
-            qf = n("Flatten", [q], "qf", axis=-1)
             sf = n("Flatten", [sigma], "sf", axis=-1)
             a_sel = n("Gather", [rows, f_rows], "a", axis=0)
-            q_sel = n("Cast", [n("Gather", [qf, f_rows], "q", axis=0)], "qfl", to=TensorProto.FLOAT)
+            q_sel = n("Cast", [n("Gather", [q, f_rows], "q", axis=0)], "qfl", to=TensorProto.FLOAT)
             deq = n(
                 "Mul",
                 [
@@ -1339,7 +1373,16 @@ class _ReadRows:
                 mf = n("Flatten", [mu], "mf", axis=-1)
                 deq = n("Add", [deq, n("Gather", [mf, f_rows], "m", axis=0)], "deqm")
             resid = n("Sub", [a_sel, deq], "resid")
-            q2, s2, _ = _per_token_quantize(resid, self.consts, out, self.opset, symmetric=True)
+            q2, s2, _ = _per_token_quantize(
+                resid,
+                self.consts,
+                out,
+                self.opset,
+                symmetric=True,
+                rows=True,
+                flat_in=True,
+                zps=self.zps[1],
+            )
             lead = n(
                 "Slice",
                 [
@@ -1351,7 +1394,7 @@ class _ReadRows:
             )
             shape = n("Concat", [lead, c("m1", np.array([-1], np.int64))], "oshape", axis=0)
             self.acts[key] = (
-                n("Concat", [qf, q2], "qcat", axis=0),
+                n("Concat", [q, q2], "qcat", axis=0),
                 n("Concat", [sf, s2], "scat", axis=0),
                 mf,
                 shape,
@@ -1375,7 +1418,7 @@ class _ReadRows:
         from onnx import helper
 
         q_cat, s_cat, mf, shape = act
-        assert self.flat is not None, "activation() makes the read rows' indices first"
+        assert self.flat is not None, "indices() makes the read rows' indices first"
         f_rows, f_col, bt = self.flat
         mk, c = helper.make_node, self.const
         v0 = c("v0", np.array([0], np.int64))

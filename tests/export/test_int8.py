@@ -782,6 +782,11 @@ def test_export_member_at_int8_calibrates_measures_and_records(
     assert d["exact_reads"] == d["dynamic"] - n_int8 > 0
     writes = [n for n in dec.graph.node if n.op_type == "ScatterND" and "_xr8_" in n.output[0]]
     assert len(writes) == d["exact_reads"]
+    # its codes are made as (rows, K), as the GEMM reads them (no reshape to the activation's
+    # shape and back), with zero points made once for the graph's B·T rows and read rows
+    assert not any(n.name.endswith(("_tok8_u8", "_tok8s_u8", "_qf")) for n in dec.graph.node)
+    zps = sorted(n.name for n in dec.graph.node if n.op_type == "Expand" and "zps" in n.name)
+    assert zps == ["int8_reads_zps", "int8_reads_zps2"]
     # symmetric=True (`spotstop export --int8-symmetric`): the layers with two-sided inputs
     # take the symmetric form, each within the bound; the graphs hold one per-row Sub (the
     # midpoint) per activation quantized with it
