@@ -9,6 +9,13 @@ from pathlib import Path
 
 import pytest
 
+# In a pytest-xdist worker (CI runs two, one a core), torch computes on one thread, here and in
+# the subprocesses the tests start: two workers of two threads each on two cores spent half
+# their time waiting for each other. Set before anything imports torch; a test that needs
+# other thread counts sets them itself.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from tests._support.make_bundle import BUNDLE_DIR
 from tests._support.pair import TINY_MEMBERS
 
