@@ -1325,14 +1325,15 @@ class _ReadRows:
                 mk("Reshape", ["int8_reads_at", m1], ["int8_reads_rows"], name="int8_reads_rows"),
             ]
             col = self._unsqueeze("int8_reads_rows", "int8_reads_rows2", out)
-            zp = self.consts["zp"]
-            out += [
-                mk("Expand", [zp, "int8_reads_bt"], ["int8_reads_zps"], name="int8_reads_zps"),
-                mk("Shape", ["int8_reads_rows"], ["int8_reads_n"], name="int8_reads_n"),
-                mk("Expand", [zp, "int8_reads_n"], ["int8_reads_zps2"], name="int8_reads_zps2"),
-            ]
+            if self.opset >= 13:  # (below 13 the codes are a Cast: no zero points)
+                zp = self.consts["zp"]
+                out += [
+                    mk("Expand", [zp, "int8_reads_bt"], ["int8_reads_zps"], name="int8_reads_zps"),
+                    mk("Shape", ["int8_reads_rows"], ["int8_reads_n"], name="int8_reads_n"),
+                    mk("Expand", [zp, "int8_reads_n"], ["int8_reads_zps2"], name="int8_reads_zps2"),
+                ]
+                self.zps = ("int8_reads_zps", "int8_reads_zps2")
             self.flat = ("int8_reads_rows", col, "int8_reads_bt")
-            self.zps = ("int8_reads_zps", "int8_reads_zps2")
         return self.flat
 
     def activation(
