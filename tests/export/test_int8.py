@@ -731,6 +731,7 @@ def test_without_calibration_every_linear_but_the_head_is_int8() -> None:
     assert rep.dynamic == 2 and rep.measured == 0 and rep.gptq == 0 and rep.head == ("head",)
 
 
+@pytest.mark.precision("int8")
 def test_export_member_at_int8_calibrates_measures_and_records(
     tiny_pair: Path, tmp_path: Path
 ) -> None:

@@ -183,6 +183,7 @@ def test_int8_linear_reads_the_registry_for_the_image_ends(member: str, tiny_pai
     assert model.int8_linear(config, ("vision",)) == full - p.vision_ends  # int4's default
 
 
+@pytest.mark.precision("int4")
 def test_int4_export_keeps_the_chosen_weights_at_int8(tiny_pair: Path, tmp_path: Path) -> None:
     """An int4 export with Q4_K_M's selectors writes exactly the chosen weights (the tiny
     LFM2-VL's 3 decoder weights and its output layer) as 8-bit MatMulNBits, records it, still

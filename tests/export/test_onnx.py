@@ -69,6 +69,76 @@ def test_every_registered_architecture_is_tested() -> None:
         assert not missing, f"{test.__name__} has no case for {missing}"
 
 
+def _in_default_run(marks: list[Any]) -> bool:
+    """Whether a test with these marks runs in the default run: not slow or gpu as a whole, and
+    each of its parametrize lists has a case that is not."""
+    off = {"slow", "gpu"}
+    if any(m.name in off for m in marks):
+        return False
+    return all(
+        any(not {k.name for k in getattr(c, "marks", ())} & off for c in m.args[1])
+        for m in marks
+        if m.name == "parametrize"
+    )
+
+
+def _precision_tests() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The tests of this folder marked ``precision(...)``, by the precisions they name: those in
+    the default run, and every one."""
+    import importlib
+
+    default: dict[str, list[str]] = {}
+    every: dict[str, list[str]] = {}
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        module = importlib.import_module(f"{__package__}.{path.stem}")
+        for name, fn in sorted(vars(module).items()):
+            marks = getattr(fn, "pytestmark", []) if name.startswith("test_") else []
+            for p in (a for m in marks if m.name == "precision" for a in m.args):
+                every.setdefault(p, []).append(f"{path.stem}::{name}")
+                if _in_default_run(marks):
+                    default.setdefault(p, []).append(f"{path.stem}::{name}")
+    return default, every
+
+
+def test_every_registered_precision_is_tested() -> None:
+    """A registered precision (export/precision.py) has a test, in the default run, that exports
+    a tiny member at it and checks its scores at its tolerance (marked
+    ``@pytest.mark.precision(name)``); a mark names only registered precisions."""
+    default, every = _precision_tests()
+    unknown = sorted(set(every) - set(PRECISIONS))
+    assert not unknown, f"marked with unregistered precisions {unknown}: {every}"
+    missing = [p for p in PRECISIONS if p not in default]
+    assert not missing, (
+        f"registered precisions {missing} have no test in the default run that exports a tiny "
+        "member at them and checks its scores: write one and mark it "
+        "@pytest.mark.precision(...)"
+    )
+
+
+def test_an_unregistered_precision_is_refused_with_the_registered_ones() -> None:
+    from spotstop.export.precision import get_precision
+
+    with pytest.raises(ValueError, match="precision must be one of") as e:
+        get_precision("int7")
+    assert "'int7'" in str(e.value)
+    assert all(repr(p) in str(e.value) for p in PRECISIONS)
+    assert get_precision("int8").name == "int8"
+
+
+def test_the_precision_check_sees_a_slow_only_case() -> None:
+    """The helper behind :func:`test_every_registered_precision_is_tested`: a test whose every
+    case is slow does not count for the default run, one with a default case does."""
+
+    def par(*cases: Any) -> Any:
+        return pytest.mark.parametrize("arch", list(cases)).mark
+
+    slow = pytest.param("q", marks=pytest.mark.slow)
+    assert _in_default_run([par("a", slow)])
+    assert not _in_default_run([par(slow)])
+    assert not _in_default_run([pytest.mark.slow.mark, par("a")])
+    assert _in_default_run([pytest.mark.precision("int8").mark])
+
+
 @pytest.mark.parametrize("arch", by_arch())
 def test_export_configs_state_tolerances_for_every_precision(arch: str) -> None:
     cfg = EXPORT_CONFIGS[arch]
@@ -174,6 +244,7 @@ def _compare_member(bundle: Path, tiny_pair: Path, name: str) -> float:
     return worst
 
 
+@pytest.mark.precision("fp32", "int8", "int8-nbits")
 @pytest.mark.parametrize("arch", by_arch(bundle=True))
 def test_bundle_matches_torch_at_fp32_and_int8(
     arch: str, request: pytest.FixtureRequest, tiny_pair: Path, tmp_path: Path

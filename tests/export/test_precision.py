@@ -463,6 +463,7 @@ def test_output_layer_is_stored_as_the_member_ties_it(
         )
 
 
+@pytest.mark.precision("fp16")
 @pytest.mark.parametrize("arch", by_arch(bundle=True))
 def test_fp16_bundle_verifies(arch: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """fp16 derived from the fp32 bundle: verify-bundle passes, about half the weight bytes."""

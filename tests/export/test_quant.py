@@ -540,6 +540,7 @@ def _worst_score_diff(bundle: Path, tiny_pair: Path, name: str) -> float:
     return worst
 
 
+@pytest.mark.precision("int4-trt")
 def test_lfm2_int4_trt_export_validates(
     tiny_pair: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
