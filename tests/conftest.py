@@ -33,6 +33,31 @@ def _journal_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ["XDG_STATE_HOME"] = old
 
 
+def _shared_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]
+) -> Path:
+    """A folder ``build`` fills once for the whole test run, for fixtures whose result the tests
+    only read. In pytest-xdist's workers the first worker to ask builds it, under a file lock,
+    in the folder the run's workers share; the others wait and read it (a build that failed
+    part-way is started again by the next one to ask). Without workers, a folder of this
+    session's own."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        out = tmp_path_factory.mktemp(name)
+        build(out)
+        return out
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
+    out, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            build(out)
+            done.touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def committed_bundle() -> Path:
     """The committed tiny ONNX bundle (``tests/_support/tiny_bundle``: the tiny TEST pair at fp32
@@ -89,7 +114,8 @@ def loaded_members(tiny_pair: Path) -> dict[str, object]:
 
 @pytest.fixture(scope="session")
 def tiny_pair_fp32_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Both tiny members exported at fp32 (length buckets 128, 256), ONCE per session.
+    """Both tiny members exported at fp32 (length buckets 128, 256), ONCE per test run (one
+    export for all of pytest-xdist's workers: :func:`_shared_once`).
 
     The Qwen3.5 decoder exports with the dynamo exporter (about a minute on 2 cores), so the slow
     tests that need a Qwen export derive their other precisions from this bundle
@@ -98,12 +124,13 @@ def tiny_pair_fp32_bundle(tiny_pair: Path, tmp_path_factory: pytest.TempPathFact
     """
     from spotstop.cli import main
 
-    out = tmp_path_factory.mktemp("pair32") / "b32"
-    args = ["export", "--out", str(out), "--precision", "fp32", "--buckets", "128,256"]
-    for m in TINY_MEMBERS:
-        args += ["--member", str(tiny_pair / m)]
-    assert main([*args, "--trt", "off"]) == 0
-    return out
+    def build(folder: Path) -> None:
+        args = ["export", "--out", str(folder / "b32"), "--precision", "fp32"]
+        for m in TINY_MEMBERS:  # (the tiny pair is seeded: every worker's is the same bytes)
+            args += ["--member", str(tiny_pair / m)]
+        assert main([*args, "--buckets", "128,256", "--trt", "off"]) == 0
+
+    return _shared_once(tmp_path_factory, "pair32", build) / "b32"
 
 
 @pytest.fixture(scope="session")
