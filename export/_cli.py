@@ -427,7 +427,8 @@ def add_export_parser(sub: Any) -> None:
         "scores). 's8': int8, onnxruntime's u8·s8 kernel, native with AVX512-VNNI, AVX-VNNI, "
         "AMX and ARM's dot products; on an x86 CPU with AVX2 and no VNNI (e.g. AMD Zen 2/3) "
         "that kernel adds two products into a saturating int16 and gets them wrong. 'u8': the "
-        "codes +128 as uint8, its u8·u8 kernel, exact on every CPU (as fast there). 'auto' "
+        "codes +128 as uint8, its u8·u8 kernel, exact on every CPU (as fast there; 2.2x slower "
+        "than s8 on a CPU with AVX512-VNNI, bench/RESULTS.md). 'auto' "
         "(the default): s8 where this host computes it exactly, else u8. A host that would not "
         "compute a bundle's form exactly refuses to load it",
     )
@@ -646,6 +647,14 @@ def run_export(args: argparse.Namespace) -> int:
         )
     print(f"{'pair':<24} {'':<8} {b.precision:<8} {b.weight_bytes / 2**20:9.2f} MiB")
     print(f"bundle {b.path}  id {b.bundle_id}  prompt_hash {b.prompt_hash}  tensorrt: {b.trt}")
+    if any(
+        (m.quantizer or {}).get("dynamic_int8", {}).get("weight_form") == "u8" for m in b.members
+    ):
+        print(
+            "int8 weights in the u8 form (--int8-weights): exact on every CPU, but on a CPU with "
+            "AVX512-VNNI its GEMMs take about 2.2x as long as the s8 form's (bench/RESULTS.md, "
+            "int8-gemm-epyc). For a VNNI, AMX or ARM target, export on such a host (s8)."
+        )
     print(
         f"next: `spotstop verify-bundle {b.path}`, then fit its first policy on unlabelled "
         f"frames: `spotstop policy init {b.path} --pool FRAMES --request TEXT`."

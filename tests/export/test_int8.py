@@ -1247,6 +1247,8 @@ def test_the_cli_writes_the_weight_form_asked_or_refuses_one_this_host_gets_wron
             assert "does not compute that form exactly" in capsys.readouterr().err
             continue
         assert rc == 0
+        # the summary says what the u8 form costs where s8 runs natively, and only for it
+        assert ("int8 weights in the u8 form" in capsys.readouterr().out) == (form == "u8")
         member = out / "members" / "tiny-lfm2_vl"
         meta = yaml.safe_load((member / "spotstop_onnx.yaml").read_text())
         assert meta["quantizer"]["dynamic_int8"]["weight_form"] == form
