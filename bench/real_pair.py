@@ -1097,7 +1097,13 @@ def _share(a: float, b: float | None) -> str:
 
 
 def _s(x: float | None, digits: int = 2) -> str:
-    return "n/a" if x is None else f"{x:.{digits}f} s"
+    """Seconds as the tables print them; under 0.1 s in milliseconds (the tiny pair's scenes
+    take a few, which ``0.01 s`` would hide)."""
+    if x is None:
+        return "n/a"
+    if abs(x) < 0.1:
+        return f"{x * 1e3:.{max(digits - 1, 1)}f} ms"
+    return f"{x:.{digits}f} s"
 
 
 #: issue #24's speed goals, as (what, member it is for or None for every member, test)
@@ -1172,7 +1178,7 @@ def _latency_text(res: dict[str, Any]) -> str:
                 else "n/a"
             )
             lines.append(
-                f"| {name} | {label} | {med:.2f} s | {min(r['times_s']):.2f} s | {r['first_s']:.1f} s | "
+                f"| {name} | {label} | {_s(med)} | {_s(min(r['times_s']))} | {_s(r['first_s'], 1)} | "
                 f"{int(statistics.median(r['tokens']))} | {_s(dec)} | {_fmt_b(r['peak_rss_bytes'])} | "
                 f"{_ratio(f32, med)} | {_ratio(b16, med)} | {floor} | "
                 f"{_ratio(med, fl['bound_s'] if fl else None, 1)} |"

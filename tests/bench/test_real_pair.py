@@ -33,6 +33,15 @@ def test_sections_are_rewritten_in_place_and_others_kept(tmp_path: Path) -> None
     assert text.index("GPU two") < text.index("CPU one")  # the section stays where it was
 
 
+def test_seconds_under_a_tenth_print_in_milliseconds() -> None:
+    """The tiny pair's scenes take a few milliseconds: ``0.01 s`` would hide the medians the
+    ratios are computed from."""
+    s = _load("real_pair")._s
+    assert s(2.5) == "2.50 s" and s(0.1) == "0.10 s"
+    assert s(0.0076) == "7.6 ms" and s(0.00045, 3) == "0.45 ms" and s(0.02, 1) == "20.0 ms"
+    assert s(None) == "n/a"
+
+
 def test_report_shows_failures_ratios_and_bytes_against_the_budget() -> None:
     rp = _load("real_pair")
     gib = 2**30
