@@ -226,7 +226,7 @@ def int8_product_pair(tokens: int, k: int, n: int, rng: np.random.Generator) -> 
 
 def quantize_codes_pair(rows: int, k: int, rng: np.random.Generator) -> Pair:
     """export/int8.py's per-token codes in both graph forms (opset 21 and opset 12)."""
-    from spotstop.export.int8 import per_token_codes_model
+    from spotstop.export.int8_graph import per_token_codes_model
 
     def as_y(model: Any) -> Any:
         from onnx import TensorProto, helper

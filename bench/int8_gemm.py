@@ -186,7 +186,7 @@ def build_forms(x: np.ndarray, w: np.ndarray, threads: int) -> list[Form]:
     import torch
     from onnx import helper
     from onnx import numpy_helper as nh
-    from spotstop.export.int8 import WEIGHT_FORMS
+    from spotstop.export.int8_math import WEIGHT_FORMS
     from spotstop.export.nbits import nbits_blocks
     from spotstop.export.quant import NBITS_BLOCK
 
@@ -376,10 +376,11 @@ def _exact_reads_form(w: np.ndarray, x: np.ndarray, threads: int) -> Form:
 def rotated_layer(w: np.ndarray, block: int) -> Any:
     """``X @ w`` as the export writes a layer rotated in blocks of ``block``
     (:func:`~spotstop.export.int8.block_rotation`): the weight stored as ``Rᵀ w``, the input
-    multiplied by the ``b × b`` constant (the export's own nodes, ``_rotate_nodes``) before its
+    multiplied by the ``b × b`` constant (the export's own nodes, ``rotate_nodes``) before its
     symmetric per-token quantization: the output is ``X w`` up to int8 rounding."""
     from onnx import numpy_helper as nh
-    from spotstop.export.int8 import _rotate_nodes, block_rotation, rotate_weight
+    from spotstop.export.int8_graph import rotate_nodes
+    from spotstop.export.int8_math import block_rotation, rotate_weight
 
     r = block_rotation(w.shape[0], block)
     if r is None:
@@ -394,7 +395,7 @@ def rotated_layer(w: np.ndarray, block: int) -> Any:
         ]
     )
     pre: list[Any] = []
-    xr = _rotate_nodes("X", "R", "Rrows", pre)
+    xr = rotate_nodes("X", "R", "Rrows", pre)
     rest = list(g.node)
     for nd in rest:
         for i, name in enumerate(nd.input):

@@ -260,7 +260,7 @@ def _per_token(_mod: Any, inputs: tuple[Any, ...], exact_reads: bool = False) ->
     the rows the score reads (:data:`_READS`) with their residual's codes too
     (``dequantize_read_rows``)."""
     import torch
-    from spotstop.export.int8 import dequantize_activations_per_token, dequantize_read_rows
+    from spotstop.export.int8_math import dequantize_activations_per_token, dequantize_read_rows
 
     x = inputs[0]
     rows = x.detach().float().reshape(-1, x.shape[-1]).numpy()
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from spotstop.export.gptq import CALIBRATION_SEED
-    from spotstop.export.int8 import channel_int8
+    from spotstop.export.int8_math import channel_int8
     from spotstop.export.mixed import int8_linears
     from spotstop.export.precision import INT8_NBITS_BLOCK, get_precision
     from spotstop.export.scenes import demo_scenes

@@ -320,7 +320,8 @@ def run_world(args: argparse.Namespace) -> int:
 def add_export_parser(sub: Any) -> None:
     """``spotstop export``: Hugging Face members → ONNX scoring graphs → a verified bundle."""
     from spotstop.export.gptq import CALIBRATION_SCENES, CALIBRATION_SEED
-    from spotstop.export.int8 import KEEP_ERROR, ROTATE_BLOCK, SYMMETRIC_SLACK
+    from spotstop.export.int8 import KEEP_ERROR, SYMMETRIC_SLACK
+    from spotstop.export.int8_math import ROTATE_BLOCK
     from spotstop.export.precision import PRECISION_SPECS
 
     p = sub.add_parser(

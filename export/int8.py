@@ -5,9 +5,9 @@ Weight-only int8 (``MatMulNBits``, export/nbits.py) stores 8-bit weights but, at
 ``accuracy_level`` 0, multiplies in float32 after dequantizing them: on a 2-core x86 CPU one
 Qwen3.5-2B-sized layer ran at half the speed of float32 (issue #24). This precision stores each
 ``MatMul``'s constant weight ``W`` (K, N) as int8 with one float32 scale per output column, and
-quantizes the activations ``A`` on every call, in one of two ways (:data:`ACTIVATIONS`):
+quantizes the activations ``A`` on every call, in one of two ways (:data:`~spotstop.export.int8_math.ACTIVATIONS`):
 
-* ``per-token`` (the default, :data:`DEFAULT_ACTIVATIONS`): each row (token) ``a`` of ``A``
+* ``per-token`` (the default, :data:`~spotstop.export.int8_math.DEFAULT_ACTIVATIONS`): each row (token) ``a`` of ``A``
   gets its own range: midpoint ``μ = (max a + min a) / 2`` and step
   ``σ = max(max a − min a, 2e-30) / 254``; ``q = Round((a − μ) / σ) + 128`` as uint8 (codes
   1..255: one ``QuantizeLinear`` per axis over the rows of ``a − μ`` flattened to 2-D, 2.4-2.7x
@@ -42,7 +42,7 @@ quantizes the activations ``A`` on every call, in one of two ways (:data:`ACTIVA
   tolerance being 0.25 (docs/limits.md).
 
   **Exact reads** (:data:`EXACT_READS`, per token, in a decoder graph: one with the scoring
-  inputs :data:`READ_INPUTS`): the score reads a few rows of the decoder's output, the last
+  inputs :data:`~spotstop.export.int8_graph.READ_INPUTS`): the score reads a few rows of the decoder's output, the last
   prompt position and the answer tokens after it (``last_index``, ``read_index``), and those
   rows carry their own rounding straight into the score, where every other row's reaches them
   only mixed with many others through attention and the recurrences. So each int8 layer also
@@ -52,7 +52,7 @@ quantizes the activations ``A`` on every call, in one of two ways (:data:`ACTIVA
   ``Concat`` of uint8 rows), ONE ``MatMulIntegerToFloat`` multiplies all of them (no second
   reader of the weight, whose packed copy onnxruntime would hold twice), the main rows are
   sliced off (one copy of the output), and the read rows' two products summed and written back
-  (``ScatterND``): ``deq(q) + deq_s(r)`` (:func:`dequantize_read_rows`), an error at most
+  (``ScatterND``): ``deq(q) + deq_s(r)`` (:func:`~spotstop.export.int8_math.dequantize_read_rows`), an error at most
   ``σ / 508`` on those rows, so about 16-bit activations where the score reads and 8-bit
   elsewhere. Found in torch at Qwen3.5-2B's real size (seeded random weights, float weights,
   every decoder Linear's input quantized per token, 12 scores of 6 generated scenes; an ad hoc
@@ -114,8 +114,8 @@ per block of 128, so an outlier only costs its own block):
 The rotation (per token; QuaRot's online Hadamard, Ashkboos et al. 2024, "QuaRot: Outlier-Free
 4-Bit Inference in Rotated LLMs", Sec. 4): a layer over ``keep_error`` is measured again with
 its input ``X`` multiplied, block by block of ``b`` channels, by ``R = diag(d) H_b / √b``
-(:func:`block_rotation`: Sylvester's Hadamard matrix, seeded signs ``d``, ``b`` the largest
-power of two up to the block tried that divides K; :func:`rotation_blocks`: 64 first, then
+(:func:`~spotstop.export.int8_math.block_rotation`: Sylvester's Hadamard matrix, seeded signs ``d``, ``b`` the largest
+power of two up to the block tried that divides K; :func:`~spotstop.export.int8_math.rotation_blocks`: 64 first, then
 doubling up to ``rotate_block``, the first within the bound kept, since the rotation's cost
 grows with its block) and its weight by ``Rᵀ`` (GPTQ on the
 rotated weight with the rotated Hessian ``Rᵀ XᵀX R``): ``R`` is orthogonal, so
@@ -163,7 +163,7 @@ Codes: GPTQ (export/gptq.py) with one block of all K rows where the calibration 
 weight's inputs (their Hessian scaled by ``1/(s sᵀ)`` after smoothing), else round to nearest
 (``max|w| / 127`` per column). :class:`Int8Report` records what was done for the manifest.
 
-Weight form (``weight_form``, the manifest's ``weight_form``; :data:`WEIGHT_FORMS`): ``s8``
+Weight form (``weight_form``, the manifest's ``weight_form``; :data:`~spotstop.export.int8_math.WEIGHT_FORMS`): ``s8``
 stores the codes as int8 (onnxruntime's u8·s8 kernel: the fastest with VNNI, AMX or ARM's dot
 products), ``u8`` the same codes plus 128 as uint8 with a weight zero point of 128 (its u8·u8
 kernel, which widens to int16 before it multiplies). On an x86 CPU with AVX2 and no VNNI the
@@ -182,60 +182,58 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from spotstop.export.gptq import CalibrationInputs, gptq_nbits
+from spotstop.export.gptq import CalibrationInputs
+from spotstop.export.int8_graph import (
+    READ_INPUTS,
+    ReadRows,
+    per_token_quantize,
+    reached,
+    read_out,
+    rotate_nodes,
+)
+from spotstop.export.int8_math import (
+    DEFAULT_ACTIVATIONS,
+    HALF,
+    LEVELS,
+    ROTATE_BLOCK,
+    ROW_FLOOR,
+    SYM_LEVELS,
+    block_rotation,
+    channel_int8,
+    check_activations,
+    check_weight_form,
+    layer_error,
+    rotate_hessian,
+    rotate_rows,
+    rotate_weight,
+    rotation_blocks,
+    smoothing_factors,
+    stored_codes,
+)
 from spotstop.export.weights import (
     WeightIO,
+    default_opset,
     image_end_weights,
     rewrite_weight_matmuls,
     weight_initializer,
 )
-from spotstop.guard.backends._int8_probe import (
-    INT8_WEIGHT_FORMS,
-    W_ZERO,
-    host_int8_weight_forms,
-)
+from spotstop.guard.backends._int8_probe import W_ZERO, host_int8_weight_forms
 
 __all__ = [
-    "ACTIVATIONS",
-    "DEFAULT_ACTIVATIONS",
     "EXACT_READS",
     "KEEP_ERROR",
-    "READ_INPUTS",
-    "ROTATE_BLOCK",
     "SAMPLE_ROWS",
     "SMOOTH_ALPHA",
     "SYMMETRIC_SLACK",
     "VISION_SHARE",
-    "WEIGHT_FORMS",
     "Int8Report",
     "VisionActivationCheck",
-    "block_rotation",
-    "channel_int8",
     "default_smooth_alpha",
-    "dequantize_activations",
-    "dequantize_activations_per_token",
-    "dequantize_activations_symmetric",
-    "dequantize_read_rows",
-    "graph_codes",
     "host_weight_form",
-    "int8_probe_model",
-    "layer_error",
-    "per_token_codes_model",
     "quantize_matmuls_int8",
-    "rotate_hessian",
-    "rotate_rows",
-    "rotate_weight",
-    "rotation_blocks",
-    "smoothing_factors",
-    "stored_codes",
     "vision_activation_check",
 ]
 
-#: the forms the integer GEMM's weights may take (guard/backends/_int8_probe.py's
-#: ``INT8_WEIGHT_FORMS``): ``s8`` (int8 codes, the u8·s8 kernel) or ``u8`` (the codes + 128 as
-#: uint8, the u8·u8 kernel: exact where the u8·s8 one saturates, x86 with AVX2 and no VNNI);
-#: ``weight_form`` None asks the host (:func:`host_weight_form`)
-WEIGHT_FORMS = INT8_WEIGHT_FORMS
 #: a layer whose measured relative output error at dynamic int8 exceeds this stays
 #: weight-only: per-tensor activations on well-behaved inputs measure 0.5-1.5 % (gaussian rows:
 #: the step of 255 levels over a range of ~9 standard deviations). Chosen on the tiny pairs,
@@ -253,27 +251,6 @@ SMOOTH_ALPHA = 0.5
 VISION_SHARE = 0.5
 #: recorded input rows each layer's error is measured on
 SAMPLE_ROWS = 2048
-#: smallest smoothing factor (a channel no calibration row reached)
-_S_MIN = 1e-5
-#: the largest block of the online rotation a layer over ``keep_error`` is tried with
-#: (:func:`block_rotation`; 0: none): the largest power of two up to it that divides K
-ROTATE_BLOCK = 128
-#: below this block a rotation mixes too few channels to tame an outlier: the layer stays kept
-_ROTATE_MIN = 16
-#: the first block tried (:func:`rotation_blocks`; ``--int8-rotate-block 64`` asks for 64). The
-#: rotation's MatMul costs in proportion to its block (bench/int8_gemm.py times one layer
-#: rotated in blocks of 64 and of 128), and at Qwen3.5-2B's real size the 42 rotated layers
-#: measured 0.009-0.016 in blocks of 64 against 0.009-0.015 in blocks of 128 (seeded random
-#: weights, 2 generated scenes); yet its bundle rotated in 64 put verify-bundle's 95th
-#: percentile |Δs| over 48 scores at 0.308 where the one rotated in 128, its decoder otherwise
-#: the same, put it at 0.211 (LFM2.5-VL-3B: 0.226 against 0.217; docs/limits.md). Each rotated
-#: layer pays about 0.3 ms more in 128 (bench/int8_gemm.py)
-_ROTATE_FIRST = 128
-#: the rotation's signs (one seeded draw per block size: every export makes the same)
-_ROTATE_SEED = 20240401
-#: how activations are quantized per call (see the module doc)
-ACTIVATIONS = ("per-token", "per-tensor")
-DEFAULT_ACTIVATIONS = "per-token"
 #: per token, on request (off by default: the module doc): a layer takes the symmetric form
 #: (no midpoint) where its measured error is at most this share above the midpoint form's, and
 #: within ``keep_error``. At Qwen3.5-2B's real size (seeded random weights, 2 generated
@@ -285,146 +262,13 @@ DEFAULT_ACTIVATIONS = "per-token"
 #: while verify-bundle's 95th percentile |Δs| over 48 scores moved +42 % and -15 % (the module
 #: doc)
 SYMMETRIC_SLACK = 0.10
-#: per token, in a decoder graph (one with the scoring inputs :data:`READ_INPUTS`): the rows the
+#: per token, in a decoder graph (one with the scoring inputs :data:`~spotstop.export.int8_graph.READ_INPUTS`): the rows the
 #: score reads (the last prompt position and the answer tokens after it) are multiplied as
 #: their per-token codes plus the residual those codes leave, quantized again (the module doc's
 #: exact reads). Measured in torch at Qwen3.5-2B's real size (seeded random weights, 6
 #: generated scenes, 12 scores, every decoder Linear's input quantized per token, float
 #: weights): max |Δs| 0.317 with every row quantized, 0.089 with the 3 read rows float
 EXACT_READS = True
-#: the decoder graph's inputs that say which rows the score reads (guard/backends/_graphs.py's
-#: ``DECODER_INPUTS``): the token ids (their shape gives the rows), the last prompt position and
-#: the answer tokens' positions
-READ_INPUTS = ("input_ids", "last_index", "read_index")
-#: per-token: the floor of a row's range (a constant row divides by it and keeps its value)
-_ROW_FLOOR = np.float32(2e-30)
-_HALF = np.float32(0.5)
-_LEVELS = np.float32(254)
-_SYM_LEVELS = np.float32(127)
-
-
-def dequantize_activations(x: np.ndarray) -> np.ndarray:
-    """``x`` as onnxruntime's ``DynamicQuantizeLinear`` + dequantize gives it back: uint8, one
-    scale and zero point for the whole tensor, the range widened to include 0, round half to
-    even (the ONNX spec)."""
-    x = np.asarray(x, dtype=np.float32)
-    f = np.float32
-    lo, hi = min(x.min(initial=f(0)), f(0)), max(x.max(initial=f(0)), f(0))
-    scale = f(hi - lo) / f(255)  # float32 arithmetic, as the kernel's
-    if scale == 0:
-        return np.zeros_like(x)
-    zp = np.clip(np.round(-lo / scale), 0, 255).astype(np.float32)
-    q = np.clip(np.round(x / scale) + zp, 0, 255).astype(np.float32)
-    return ((q - zp) * scale).astype(np.float32)
-
-
-def dequantize_activations_per_token(x: np.ndarray) -> np.ndarray:
-    """``x`` as the per-token graph (:func:`quantize_matmuls_int8`) sees it after quantizing:
-    each row (last axis) ``μ + Round((x − μ) / σ) σ`` with ``μ = (max + min) / 2`` and
-    ``σ = max(max − min, 2e-30) / 254``, rounded half to even; float32 arithmetic in the
-    graph's order."""
-    x = np.asarray(x, dtype=np.float32)
-    if x.size == 0:
-        return x.copy()
-    mu, sigma = _row_range(x)
-    return (np.round((x - mu) / sigma) * sigma + mu).astype(np.float32)
-
-
-def dequantize_activations_symmetric(x: np.ndarray) -> np.ndarray:
-    """``x`` as the symmetric per-token form sees it after quantizing: each row (last axis)
-    ``Round(x / σ) σ`` with ``σ = max(max x, −min x, 2e-30) / 127``, rounded half to even
-    (codes 1..255 about 128, no midpoint); float32 arithmetic in the graph's order."""
-    x = np.asarray(x, dtype=np.float32)
-    if x.size == 0:
-        return x.copy()
-    sigma = _row_step_symmetric(x)
-    return (np.round(x / sigma) * sigma).astype(np.float32)
-
-
-def dequantize_read_rows(x: np.ndarray, *, symmetric: bool = False) -> np.ndarray:
-    """A read row as the exact-reads form multiplies it: its per-token codes (the midpoint
-    form, or the ``symmetric`` one) plus the residual they leave, quantized again in the
-    symmetric form (:func:`dequantize_activations_symmetric`), so the error of a row is at
-    most half the residual's step, ``max|r| / 254 ≤ σ / 508``."""
-    x = np.asarray(x, dtype=np.float32)
-    first = (dequantize_activations_symmetric if symmetric else dequantize_activations_per_token)(x)
-    return (first + dequantize_activations_symmetric(x - first)).astype(np.float32)
-
-
-def _row_step_symmetric(x: np.ndarray) -> np.ndarray:
-    hi, lo = x.max(axis=-1, keepdims=True), x.min(axis=-1, keepdims=True)
-    return np.maximum(np.maximum(hi, -lo), _ROW_FLOOR) / _SYM_LEVELS
-
-
-def _row_range(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of float32 ``x``: the midpoint μ and the step σ, as the graph computes them."""
-    hi, lo = x.max(axis=-1, keepdims=True), x.min(axis=-1, keepdims=True)
-    mu = (hi + lo) * _HALF
-    sigma = np.maximum(hi - lo, _ROW_FLOOR) / _LEVELS
-    return mu, sigma
-
-
-def hadamard(b: int) -> np.ndarray:
-    """Sylvester's Hadamard matrix of order ``b`` (a power of two), entries ±1, float64."""
-    if b < 1 or b & (b - 1):
-        raise ValueError(f"a Sylvester Hadamard matrix needs a power of two; got {b}.")
-    h = np.ones((1, 1))
-    while h.shape[0] < b:
-        h = np.block([[h, h], [h, -h]])
-    return h
-
-
-def rotation_blocks(rotate_block: int = ROTATE_BLOCK) -> tuple[int, ...]:
-    """The blocks a layer over ``keep_error`` is tried with, smallest first (the rotation's
-    ``MatMul`` costs in proportion to its block): from :data:`_ROTATE_FIRST` (or
-    ``rotate_block`` if smaller) doubling up to ``rotate_block``; () when it is 0."""
-    if rotate_block <= 0:
-        return ()
-    out, b = [], min(_ROTATE_FIRST, rotate_block)
-    while b < rotate_block:
-        out.append(b)
-        b *= 2
-    return (*out, rotate_block)
-
-
-def block_rotation(k: int, block: int = ROTATE_BLOCK) -> np.ndarray | None:
-    """The orthogonal ``b × b`` matrix ``R = diag(d) H_b / √b`` (``H_b`` Hadamard, ``d`` seeded
-    random signs) that rotates each block of ``b`` consecutive input channels of a layer with
-    ``k`` inputs: ``b`` the largest power of two ``≤ block`` dividing ``k``; None when that is
-    below 16 or ``block`` is 0 (the layer cannot be rotated). float64."""
-    if block <= 0:
-        return None
-    b = 1
-    while b * 2 <= block and k % (b * 2) == 0:
-        b *= 2
-    if b < _ROTATE_MIN:
-        return None
-    signs = np.random.default_rng([_ROTATE_SEED, b]).choice([-1.0, 1.0], size=b)
-    return signs[:, None] * hadamard(b) / math.sqrt(b)
-
-
-def rotate_rows(x: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """``x`` (…, K) with each block of ``b = len(r)`` channels multiplied by ``r``: ``x · R``,
-    ``R`` block-diagonal (what the graph computes before quantizing the activation)."""
-    b = r.shape[0]
-    return (x.reshape(-1, b) @ r).reshape(x.shape).astype(x.dtype, copy=False)
-
-
-def rotate_weight(w: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """``Rᵀ · w`` for ``w`` (K, N), ``R`` block-diagonal of ``r``: with :func:`rotate_rows`,
-    ``(x R)(Rᵀ w) = x w`` (``R`` orthogonal)."""
-    k, n = w.shape
-    b = r.shape[0]
-    out = np.einsum("ji,ajn->ain", r, w.reshape(k // b, b, n), optimize=True)
-    return out.reshape(k, n).astype(w.dtype, copy=False)
-
-
-def rotate_hessian(h: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """``Rᵀ h R`` for the ``K × K`` Hessian ``XᵀX`` of a layer's inputs: that of ``X R``."""
-    k = h.shape[0]
-    b = r.shape[0]
-    a = (h.reshape(k, k // b, b) @ r).reshape(k, k)  # h R
-    return (a.T.reshape(k, k // b, b) @ r).reshape(k, k).T  # (h R)ᵀ R, transposed: Rᵀ h R
 
 
 def default_smooth_alpha(calibrated: bool, activations: str = DEFAULT_ACTIVATIONS) -> float | None:
@@ -437,69 +281,17 @@ def default_smooth_alpha(calibrated: bool, activations: str = DEFAULT_ACTIVATION
     move over verify-bundle's scenes was 0.05 (Qwen) and 0.12 (LFM2). Per-token rows already
     carry their outliers' range, so smoothing only adds the calibration scenes' bias.
     Per tensor, with the calibration scenes: :data:`SMOOTH_ALPHA`."""
-    _check_activations(activations)
+    check_activations(activations)
     return SMOOTH_ALPHA if calibrated and activations == "per-tensor" else None
-
-
-def _check_activations(activations: str) -> None:
-    if activations not in ACTIVATIONS:
-        raise ValueError(
-            f"int8 activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}."
-        )
-
-
-def channel_int8(w: np.ndarray, h: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``w`` (K, N) → (int8 codes (K, N), float32 scales (N,)) with ``w ≈ codes * scales``.
-
-    ``h``: the Hessian ``XᵀX`` of the layer's inputs; given, the codes are GPTQ's (one block
-    of K rows: export/gptq.py's scale from the largest-magnitude weight, so a scale may be
-    negative and the codes span -128..127); else round to nearest, ``max|w| / 127``.
-    """
-    w = np.asarray(w, dtype=np.float32)
-    k, n = w.shape
-    if h is not None:
-        packed, scales = gptq_nbits(w, h, 8, block_size=k)
-        codes = packed.reshape(n, -1)[:, :k].astype(np.int16) - 128
-        return np.ascontiguousarray(codes.T.astype(np.int8)), np.ascontiguousarray(scales[:, 0])
-    scale = np.abs(w).max(axis=0) / 127.0
-    safe = np.where(scale == 0, 1.0, scale)
-    codes = np.clip(np.round(w / safe), -127, 127).astype(np.int8)
-    return codes, scale.astype(np.float32)
-
-
-def _check_weight_form(weight_form: str) -> None:
-    if weight_form not in WEIGHT_FORMS:
-        raise ValueError(f"int8 weights must be one of {WEIGHT_FORMS}; got {weight_form!r}.")
-
-
-def stored_codes(codes: np.ndarray, weight_form: str) -> np.ndarray:
-    """The int8 ``codes`` as a graph stores them in ``weight_form``: as they are (``s8``) or
-    plus :data:`~spotstop.guard.backends._int8_probe.W_ZERO` as uint8 (``u8``, read with that
-    weight zero point); :func:`graph_codes` reads them back."""
-    _check_weight_form(weight_form)
-    codes = np.asarray(codes)
-    if codes.dtype != np.int8:
-        raise ValueError(f"codes must be int8; got {codes.dtype}.")
-    return codes if weight_form == "s8" else (codes.astype(np.int16) + W_ZERO).astype(np.uint8)
-
-
-def graph_codes(stored: np.ndarray) -> np.ndarray:
-    """The int8 codes of a weight a graph stores in either form (:func:`stored_codes`)."""
-    stored = np.asarray(stored)
-    if stored.dtype == np.uint8:
-        return (stored.astype(np.int16) - W_ZERO).astype(np.int8)
-    if stored.dtype != np.int8:
-        raise ValueError(f"an int8 GEMM weight is int8 or uint8; got {stored.dtype}.")
-    return stored
 
 
 def host_weight_form(weight_form: str | None = None) -> str:
     """The int8 weights' form for an export on this host: ``weight_form`` as asked (``s8`` or
     ``u8``), which this host's integer GEMM must multiply exactly, since the export validates
-    its graphs here; None: the first of :data:`WEIGHT_FORMS` it multiplies exactly
+    its graphs here; None: the first of :data:`~spotstop.export.int8_math.WEIGHT_FORMS` it multiplies exactly
     (guard/backends/_int8_probe.py's probe)."""
     if weight_form is not None:
-        _check_weight_form(weight_form)
+        check_weight_form(weight_form)
     host = host_int8_weight_forms()
     if not host:
         raise ValueError(
@@ -518,47 +310,6 @@ def host_weight_form(weight_form: str | None = None) -> str:
             "with AVX512-VNNI, AVX-VNNI, AMX or ARM."
         )
     return weight_form
-
-
-def layer_error(
-    x: np.ndarray,
-    w: np.ndarray,
-    codes: np.ndarray,
-    scales: np.ndarray,
-    activations: str = DEFAULT_ACTIVATIONS,
-    *,
-    symmetric: bool = False,
-) -> float:
-    """Relative output error ``‖deq(Q(x)) (codes·scales) − x w‖_F / ‖x w‖_F`` of one layer at
-    dynamic int8 on the input rows ``x`` (n, K), ``Q`` per ``activations`` (per token:
-    ``symmetric``, the form without a midpoint); 0 when ``x w`` is all zero."""
-    _check_activations(activations)
-    if symmetric and activations != "per-token":
-        raise ValueError("the symmetric form is per token; per tensor has one range per call.")
-    # float32 products (a Qwen3.5-2B export measures ~200 layers on 2,048 rows each): the
-    # error measured is ~1e-2, float32's relative rounding ~1e-7
-    x = np.asarray(x, dtype=np.float32)
-    ref = x @ np.asarray(w, dtype=np.float32)
-    deq = dequantize_activations_per_token if activations == "per-token" else dequantize_activations
-    if symmetric:
-        deq = dequantize_activations_symmetric
-    got = deq(x) @ (codes.astype(np.float32) * scales.astype(np.float32))
-    den = float(np.linalg.norm(ref.astype(np.float64)))
-    diff = float(np.linalg.norm((got - ref).astype(np.float64)))
-    return diff / den if den > 0 else 0.0
-
-
-def smoothing_factors(act_absmax: np.ndarray, w_absmax: np.ndarray, alpha: float) -> np.ndarray:
-    """SmoothQuant's ``s_j = max|X_j|^α / max|W_j|^(1−α)`` (Eq. 4), per input channel ``j``;
-    a channel with no activation or no weight gets 1."""
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"smooth_alpha must lie in [0, 1]; got {alpha}.")
-    a = np.asarray(act_absmax, dtype=np.float64)
-    b = np.asarray(w_absmax, dtype=np.float64)
-    ok = (a > 0) & (b > 0)
-    s = np.ones_like(a)
-    s[ok] = a[ok] ** alpha / b[ok] ** (1.0 - alpha)
-    return np.maximum(s, _S_MIN).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -603,7 +354,7 @@ class Int8Report:
     #: per token, a decoder graph: layers whose read rows are multiplied with their residual's
     #: codes too (:data:`EXACT_READS`; counted in ``dynamic``)
     exact_reads: int = 0
-    #: the integer GEMM's weight form (:data:`WEIGHT_FORMS`; guard/backends/_int8_probe.py
+    #: the integer GEMM's weight form (:data:`~spotstop.export.int8_math.WEIGHT_FORMS`; guard/backends/_int8_probe.py
     #: reads it before it opens the member)
     weight_form: str = "s8"
     errors: dict[str, float] = field(default_factory=dict, repr=False)
@@ -777,13 +528,13 @@ def quantize_matmuls_int8(
     ``output_layers``: node outputs that are output layers besides those the LogSoftmax finds
     (a tied output layer, export/weights.py's ``untie_for_quantizer``: its table stays one).
     ``rotate_block``: per token, a layer over ``keep_error`` is measured again with its input
-    rotated in blocks of up to this many channels (:func:`block_rotation`; 0: never) and computes
+    rotated in blocks of up to this many channels (:func:`~spotstop.export.int8_math.block_rotation`; 0: never) and computes
     in int8 so when that error is within the bound. ``symmetric_slack`` (per token, measured
     layers): a layer whose error in the symmetric form is at most this share above the midpoint
     form's (and within ``keep_error``) takes the symmetric form (None, the default: never;
     :data:`SYMMETRIC_SLACK`: what ``--int8-symmetric`` asks for; ``math.inf``:
     every int8 layer, measured or not, as ``bench/int8_gemm.py`` times it). ``exact_reads``
-    (per token, a graph with the scoring inputs :data:`READ_INPUTS`): the rows the score reads
+    (per token, a graph with the scoring inputs :data:`~spotstop.export.int8_graph.READ_INPUTS`): the rows the score reads
     are multiplied with their residual's codes too (the module doc). ``weight_form``: how the
     integer GEMM's weights are stored, ``s8`` or ``u8`` (the same codes; None: the first this
     host multiplies exactly, :func:`host_weight_form`, which an export that validates here
@@ -801,11 +552,11 @@ def quantize_matmuls_int8(
         raise ValueError(f"rotate_block must be 0 (no rotation) or positive; got {rotate_block}.")
     if symmetric_slack is not None and not symmetric_slack >= 0:
         raise ValueError(f"symmetric_slack must be None or >= 0; got {symmetric_slack}.")
-    _check_activations(activations)
+    check_activations(activations)
     if weight_form is None:
         weight_form = host_weight_form()
     else:
-        _check_weight_form(weight_form)
+        check_weight_form(weight_form)
     unsigned = weight_form == "u8"
     if activations != "per-token":
         rotate_block = 0  # the rotation and the symmetric form are per token only
@@ -902,17 +653,17 @@ def quantize_matmuls_int8(
     # block size -> the graph's constants: R (b, b) and the shape (-1, b) the input takes
     rotations: dict[int, tuple[str, str]] = {}
     rotated_in: dict[tuple[str, int], str] = {}  # (activation, block size) -> its rotated name
-    opset = _default_opset(model)
+    opset = default_opset(model)
     graph_inputs = {i.name for i in g.input}
     reads = (
-        _ReadRows(io, model, tok_consts, opset)
+        ReadRows(io, model, tok_consts, opset)
         if exact_reads and activations == "per-token" and set(READ_INPUTS) <= graph_inputs
         else None
     )
     # one row per token: what the token ids reach, but the read-out (the rows a Gather picks
     # at the read positions, e.g. multiplied by the answers' first-token rows)
     token_rows = (
-        _reached(g, READ_INPUTS[:1]) - _read_out(g, READ_INPUTS[1:]) if reads is not None else set()
+        reached(g, READ_INPUTS[:1]) - read_out(g, READ_INPUTS[1:]) if reads is not None else set()
     )
 
     def rewrite(node: Any, t: Any) -> list[Any] | None:
@@ -1039,9 +790,9 @@ def quantize_matmuls_int8(
             ]
         if not tok_consts:  # the per-token constants, once per graph
             for key, arr in (
-                ("floor", _ROW_FLOOR),
-                ("half", _HALF),
-                ("levels", _LEVELS),
+                ("floor", ROW_FLOOR),
+                ("half", HALF),
+                ("levels", LEVELS),
                 ("zp", np.uint8(128)),
                 ("axes", np.array([-1], dtype=np.int64)),  # also the 1-D shape of the steps
                 *([("c128", np.float32(128))] if opset < 13 else []),
@@ -1050,11 +801,11 @@ def quantize_matmuls_int8(
         if rot:  # the input rotated block by block, once per activation and block size
             rkey = (a_in, rot)
             if rkey not in rotated_in:
-                rotated_in[rkey] = _rotate_nodes(a_in, *rotations[rot], pre)
+                rotated_in[rkey] = rotate_nodes(a_in, *rotations[rot], pre)
             a_in = rotated_in[rkey]
         if (sym or reads is not None) and "sym_levels" not in tok_consts:
             tok_consts["sym_levels"] = io.add(
-                model, np.asarray(_SYM_LEVELS), "int8_per_token_sym_levels"
+                model, np.asarray(SYM_LEVELS), "int8_per_token_sym_levels"
             ).name
         exact = reads is not None and x_name in token_rows
         if (a_in, sym) not in token_q:  # quantized once per form, before its first reader
@@ -1062,7 +813,7 @@ def quantize_matmuls_int8(
             if reads is not None and exact:  # as (rows, K), with the graph's zero points
                 reads.indices(pre)
                 zps = reads.zps[0]
-            token_q[a_in, sym] = _per_token_quantize(
+            token_q[a_in, sym] = per_token_quantize(
                 a_in, tok_consts, pre, opset, symmetric=sym, rows=exact, zps=zps
             )
         q, sigma, mu = token_q[a_in, sym]
@@ -1119,440 +870,3 @@ def quantize_matmuls_int8(
         weight_form=weight_form,
         errors=errors,
     )
-
-
-def _rotate_nodes(a: str, rot: str, rows: str, out: list[Any]) -> str:
-    """Append the nodes that multiply each block of the activation ``a``'s channels by the
-    constant ``rot`` (b, b): reshaped to ``rows`` (the constant (−1, b)), one float32
-    ``MatMul``, reshaped back; returns the rotated activation's name."""
-    from onnx import helper
-
-    tag = f"{a}_{rot}"
-    mk = helper.make_node
-    out += [
-        mk("Shape", [a], [f"{tag}_shape"], name=f"{tag}_shape"),
-        mk("Reshape", [a, rows], [f"{tag}_rows"], name=f"{tag}_rows"),
-        mk("MatMul", [f"{tag}_rows", rot], [f"{tag}_mm"], name=f"{tag}_mm"),
-        mk("Reshape", [f"{tag}_mm", f"{tag}_shape"], [tag], name=tag),
-    ]
-    return tag
-
-
-def _default_opset(model: Any) -> int:
-    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-
-
-def _per_token_quantize(
-    a: str,
-    consts: dict[str, str],
-    out: list[Any],
-    opset: int,
-    *,
-    symmetric: bool = False,
-    rows: bool = False,
-    flat_in: bool = False,
-    zps: str = "",
-) -> tuple[str, str, str]:
-    """Append to ``out`` the nodes that quantize the activation ``a`` per row (the module doc's
-    per-token form, :func:`dequantize_activations_per_token`'s arithmetic); returns the names
-    of its uint8 codes, its row steps ``σ`` and its row midpoints ``μ`` (both …, 1).
-    ``symmetric``: the form without a midpoint (:func:`dequantize_activations_symmetric`:
-    ``σ = max(max a, −min a, 2e-30) / 127``, the codes of ``a`` itself; ``μ`` is "").
-    ``rows``: the codes as (rows, K), as the exact reads multiply them, not in ``a``'s shape;
-    ``flat_in``: ``a`` is (rows, K) already. ``zps``: the rows' zero points (128 each, one a
-    row) where the graph made them once for every activation of that many rows (else made
-    here). The three take out nodes, not arithmetic: the codes are the same.
-
-    From opset 13 the codes are one per-axis ``QuantizeLinear`` of ``a − μ`` flattened to
-    (rows, K) with the rows' steps and a zero point of 128 each (``Round`` half to even after
-    the division, saturated to uint8: the same codes as ``Cast(Round((a − μ) / σ) + 128)``, in
-    one pass instead of four); below 13, those four nodes."""
-    from onnx import TensorProto, helper
-
-    def n(op: str, ins: list[str], tag: str, **kw: Any) -> str:
-        name = f"{a}_tok8{'s' if symmetric else ''}_{tag}"
-        out.append(helper.make_node(op, ins, [name], name=name, **kw))
-        return name
-
-    def reduce(op: str, tag: str) -> str:
-        if opset >= 18:
-            return n(op, [a, consts["axes"]], tag, keepdims=1)
-        return n(op, [a], tag, axes=[-1], keepdims=1)
-
-    hi, lo = reduce("ReduceMax", "max"), reduce("ReduceMin", "min")
-    if symmetric:
-        top = n("Max", [hi, n("Neg", [lo], "neg"), consts["floor"]], "top")
-        sigma, mu, centred = n("Div", [top, consts["sym_levels"]], "sigma"), "", a
-    else:
-        mu = n("Mul", [n("Add", [hi, lo], "sum"), consts["half"]], "mu")
-        rng = n("Max", [n("Sub", [hi, lo], "range"), consts["floor"]], "floor")
-        sigma = n("Div", [rng, consts["levels"]], "sigma")
-        centred = n("Sub", [a, mu], "centred")
-    if opset < 13:
-        r = n("Round", [n("Div", [centred, sigma], "scaled")], "round")
-        q = n("Cast", [n("Add", [r, consts["c128"]], "shift")], "u8", to=TensorProto.UINT8)
-        if rows and not flat_in:
-            q = n("Flatten", [q], "u8rows", axis=-1)
-        return q, sigma, mu
-    flat = centred if flat_in else n("Flatten", [centred], "rows", axis=-1)
-    steps = n("Reshape", [sigma, consts["axes"]], "steps")
-    if not zps:
-        zps = n("Expand", [consts["zp"], n("Shape", [steps], "nrows")], "zps")
-    q2 = n("QuantizeLinear", [flat, steps, zps], "q2", axis=0)
-    if rows:
-        return q2, sigma, mu
-    return n("Reshape", [q2, n("Shape", [a], "shape")], "u8"), sigma, mu
-
-
-#: operators that pick rows by an index input (what a read-out after the read positions is)
-_SELECTS = ("Gather", "GatherElements", "GatherND")
-
-
-def _subgraphs(n: Any) -> list[Any]:
-    return [g for a in n.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
-
-
-def _names_read(n: Any) -> set[str]:
-    """What node ``n`` reads: its inputs and, for a node with subgraphs (an ``If``), every name
-    their nodes read."""
-    out = set(n.input)
-    for sub in _subgraphs(n):
-        for m in sub.node:
-            out |= _names_read(m)
-    return out
-
-
-def _reached(g: Any, sources: Collection[str], hit: set[str] | None = None) -> set[str]:
-    """The tensors of graph ``g`` (its subgraphs' too) that depend on any of ``sources``."""
-    hit = set(sources) if hit is None else hit
-    for n in g.node:  # topological order
-        for sub in _subgraphs(n):
-            _reached(sub, (), hit)
-        if _names_read(n) & hit:
-            hit.update(o for o in n.output if o)
-    return hit
-
-
-def _read_out(g: Any, positions: Collection[str]) -> set[str]:
-    """The tensors of graph ``g`` that hold rows picked by the read positions: a Gather's output
-    whose indices depend on ``positions`` (the graph inputs), and whatever depends on such a
-    tensor (a node whose subgraph picks so, e.g. LFM2's ``If``, included). A mask or a shape
-    made from the positions picks no rows: what it reaches keeps one row per token."""
-    pos = _reached(g, positions)
-    out: set[str] = set()
-
-    def visit(graph: Any) -> None:
-        for n in graph.node:
-            for sub in _subgraphs(n):
-                visit(sub)
-            picks = n.op_type in _SELECTS and len(n.input) > 1 and n.input[1] in pos
-            if picks or _names_read(n) & out:
-                out.update(o for o in n.output if o)
-
-    visit(g)
-    return out
-
-
-class _ReadRows:
-    """The nodes of a decoder graph's exact reads (the module doc): the read rows' flat indices
-    (once per graph), each activation's codes with its read rows' residual codes appended
-    (once per activation and form), and each layer's GEMM over both, its read rows summed and
-    written back."""
-
-    def __init__(self, io: WeightIO, model: Any, consts: dict[str, str], opset: int) -> None:
-        self.io, self.model, self.consts, self.opset = io, model, consts, opset
-        self.flat: tuple[str, str, str] | None = None  # (F, F as (n, 1), B·T as 1-D)
-        #: the zero points (128) of B·T rows and of the read rows, made with ``flat``
-        self.zps: tuple[str, str] = ("", "")
-        self.acts: dict[tuple[str, bool], tuple[str, str, str, str]] = {}
-        self.layers = 0
-        self._c: dict[str, str] = {}
-
-    def const(self, key: str, arr: Any) -> str:
-        if key not in self._c:
-            self._c[key] = self.io.add(self.model, np.asarray(arr), f"int8_reads_{key}").name
-        return self._c[key]
-
-    def _unsqueeze(self, x: str, name: str, out: list[Any]) -> str:
-        from onnx import helper
-
-        if self.opset >= 13:
-            node = helper.make_node(
-                "Unsqueeze", [x, self.const("ax1", np.array([1], np.int64))], [name], name=name
-            )
-        else:
-            node = helper.make_node("Unsqueeze", [x], [name], name=name, axes=[1])
-        out.append(node)
-        return name
-
-    def indices(self, out: list[Any]) -> tuple[str, str, str]:
-        """Row ``b·T + p`` of the (B·T, ·) rows for every read position ``p`` of sequence
-        ``b`` (the last prompt position, then ``read_index``'s); with them, once per graph,
-        :attr:`zps`: the codes' zero points of B·T rows and of the read rows."""
-        if self.flat is None:
-            from onnx import helper
-
-            ids, last, reads = READ_INPUTS
-            mk, c = helper.make_node, self.const
-            i0, i1 = c("i0", np.int64(0)), c("i1", np.int64(1))
-            v0, v1 = c("v0", np.array([0], np.int64)), c("v1", np.array([1], np.int64))
-            out += [
-                mk("Shape", [ids], ["int8_reads_shape"], name="int8_reads_shape"),
-                mk("Gather", ["int8_reads_shape", i0], ["int8_reads_b"], name="int8_reads_b"),
-                mk("Gather", ["int8_reads_shape", i1], ["int8_reads_t"], name="int8_reads_t"),
-                mk("Gather", ["int8_reads_shape", v0], ["int8_reads_b1"], name="int8_reads_b1"),
-                mk("Gather", ["int8_reads_shape", v1], ["int8_reads_t1"], name="int8_reads_t1"),
-                mk(
-                    "Mul",
-                    ["int8_reads_b1", "int8_reads_t1"],
-                    ["int8_reads_bt"],
-                    name="int8_reads_bt",
-                ),
-                mk("Range", [i0, "int8_reads_b", i1], ["int8_reads_seq"], name="int8_reads_seq"),
-                mk(
-                    "Mul",
-                    ["int8_reads_seq", "int8_reads_t"],
-                    ["int8_reads_base"],
-                    name="int8_reads_base",
-                ),
-            ]
-            base = self._unsqueeze("int8_reads_base", "int8_reads_base2", out)
-            first = self._unsqueeze(last, "int8_reads_last", out)
-            m1 = c("m1", np.array([-1], np.int64))
-            out += [
-                mk("Concat", [first, reads], ["int8_reads_pos"], name="int8_reads_pos", axis=1),
-                mk("Add", ["int8_reads_pos", base], ["int8_reads_at"], name="int8_reads_at"),
-                mk("Reshape", ["int8_reads_at", m1], ["int8_reads_rows"], name="int8_reads_rows"),
-            ]
-            col = self._unsqueeze("int8_reads_rows", "int8_reads_rows2", out)
-            if self.opset >= 13:  # (below 13 the codes are a Cast: no zero points)
-                zp = self.consts["zp"]
-                out += [
-                    mk("Expand", [zp, "int8_reads_bt"], ["int8_reads_zps"], name="int8_reads_zps"),
-                    mk("Shape", ["int8_reads_rows"], ["int8_reads_n"], name="int8_reads_n"),
-                    mk("Expand", [zp, "int8_reads_n"], ["int8_reads_zps2"], name="int8_reads_zps2"),
-                ]
-                self.zps = ("int8_reads_zps", "int8_reads_zps2")
-            self.flat = ("int8_reads_rows", col, "int8_reads_bt")
-        return self.flat
-
-    def activation(
-        self, a: str, q: str, sigma: str, mu: str, out: list[Any]
-    ) -> tuple[str, str, str, str]:
-        """The activation ``a``'s codes ``q`` (as (rows, K): :func:`_per_token_quantize`'s
-        ``rows``; steps ``sigma``, midpoints ``mu``; "" in the symmetric form) with its read
-        rows' residual codes appended, their steps likewise, its midpoints as (rows, 1) (""
-        symmetric) and the shape its layers' outputs take back; once per activation and
-        form."""
-        key = (a, not mu)
-        if key not in self.acts:
-            from onnx import TensorProto, helper
-
-            f_rows, _, _ = self.indices(out)
-            mk, c = helper.make_node, self.const
-            tag = f"{a}_reads{'s' if not mu else ''}"
-
-            def n(op: str, ins: list[str], suffix: str, **kw: Any) -> str:
-                name = f"{tag}_{suffix}"
-                out.append(mk(op, ins, [name], name=name, **kw))
-                return name
-
-            rows = n("Flatten", [a], "rows", axis=-1)
-            sf = n("Flatten", [sigma], "sf", axis=-1)
-            a_sel = n("Gather", [rows, f_rows], "a", axis=0)
-            q_sel = n("Cast", [n("Gather", [q, f_rows], "q", axis=0)], "qfl", to=TensorProto.FLOAT)
-            deq = n(
-                "Mul",
-                [
-                    n("Sub", [q_sel, c("c128", np.float32(128))], "qc"),
-                    n("Gather", [sf, f_rows], "s", axis=0),
-                ],
-                "deq",
-            )
-            mf = ""
-            if mu:
-                mf = n("Flatten", [mu], "mf", axis=-1)
-                deq = n("Add", [deq, n("Gather", [mf, f_rows], "m", axis=0)], "deqm")
-            resid = n("Sub", [a_sel, deq], "resid")
-            q2, s2, _ = _per_token_quantize(
-                resid,
-                self.consts,
-                out,
-                self.opset,
-                symmetric=True,
-                rows=True,
-                flat_in=True,
-                zps=self.zps[1],
-            )
-            lead = n(
-                "Slice",
-                [
-                    n("Shape", [a], "shape"),
-                    c("v0", np.array([0], np.int64)),
-                    c("m1", np.array([-1], np.int64)),
-                ],
-                "lead",
-            )
-            shape = n("Concat", [lead, c("m1", np.array([-1], np.int64))], "oshape", axis=0)
-            self.acts[key] = (
-                n("Concat", [q, q2], "qcat", axis=0),
-                n("Concat", [sf, s2], "scat", axis=0),
-                mf,
-                shape,
-            )
-        return self.acts[key]
-
-    def layer(
-        self,
-        act: tuple[str, str, str, str],
-        qn: str,
-        sn: str,
-        cn: str,
-        y: str,
-        base: str,
-        w_zero: Collection[str] = (),
-    ) -> list[Any]:
-        """One layer's nodes: the GEMM over the activation's codes and its read rows'
-        residual codes, the rows split, the midpoints' term added to the main rows, the read
-        rows' residual products added to them and written back, reshaped to ``y``.
-        ``w_zero``: the weight zero point's name (the ``u8`` form), or none."""
-        from onnx import helper
-
-        q_cat, s_cat, mf, shape = act
-        assert self.flat is not None, "indices() makes the read rows' indices first"
-        f_rows, f_col, bt = self.flat
-        mk, c = helper.make_node, self.const
-        v0 = c("v0", np.array([0], np.int64))
-        big = c("end", np.array([np.iinfo(np.int64).max], np.int64))
-        nodes = [
-            mk(
-                "MatMulIntegerToFloat",
-                [q_cat, qn, s_cat, sn, self.consts["zp"], *w_zero],
-                [f"{y}_xr8_all"],
-                name=base,
-                domain="com.microsoft",
-            ),
-            mk("Slice", [f"{y}_xr8_all", v0, bt, v0], [f"{y}_xr8_main"], name=f"{base}_main"),
-            mk("Slice", [f"{y}_xr8_all", bt, big, v0], [f"{y}_xr8_resid"], name=f"{base}_resid"),
-        ]
-        main = f"{y}_xr8_main"
-        if mf:
-            nodes += [
-                mk("Mul", [mf, cn], [f"{y}_xr8_mid"], name=f"{base}_mid"),
-                mk("Add", [main, f"{y}_xr8_mid"], [f"{y}_xr8_mainm"], name=f"{base}_add"),
-            ]
-            main = f"{y}_xr8_mainm"
-        nodes += [
-            mk("Gather", [main, f_rows], [f"{y}_xr8_read"], name=f"{base}_read", axis=0),
-            mk(
-                "Add", [f"{y}_xr8_read", f"{y}_xr8_resid"], [f"{y}_xr8_exact"], name=f"{base}_exact"
-            ),
-            mk(
-                "ScatterND",
-                [main, f_col, f"{y}_xr8_exact"],
-                [f"{y}_xr8_rows"],
-                name=f"{base}_write",
-            ),
-            mk("Reshape", [f"{y}_xr8_rows", shape], [y], name=f"{base}_shape"),
-        ]
-        self.layers += 1
-        return nodes
-
-
-def per_token_codes_model(opset: int, rank: int = 2, *, symmetric: bool = False) -> Any:
-    """The per-token quantization alone as a model (input ``x``, float32 of ``rank`` dims;
-    output ``q``, its uint8 codes), with the nodes :func:`quantize_matmuls_int8` writes at
-    ``opset`` (``symmetric``: the form without a midpoint): how tests and
-    ``bench/fused_ops.py`` check and time the graph forms."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    consts = {
-        "floor": _ROW_FLOOR,
-        "half": _HALF,
-        "levels": _LEVELS,
-        "zp": np.uint8(128),
-        "axes": np.array([-1], dtype=np.int64),
-        "c128": np.float32(128),
-        "sym_levels": _SYM_LEVELS,
-    }
-    nodes: list[Any] = []
-    q, _, _ = _per_token_quantize(
-        "x", {k: f"c_{k}" for k in consts}, nodes, opset, symmetric=symmetric
-    )
-    nodes.append(helper.make_node("Identity", [q], ["q"]))
-    graph = helper.make_graph(
-        nodes,
-        "per_token_codes",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None] * rank)],
-        [helper.make_tensor_value_info("q", TensorProto.UINT8, [None] * rank)],
-        [
-            numpy_helper.from_array(np.asarray(v), f"c_{k}")
-            for k, v in consts.items()
-            if (k != "c128" or opset < 13) and (k != "sym_levels" or symmetric)
-        ],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def int8_probe_model() -> Any:
-    """The host probe the ONNX backend runs before it opens an int8 member
-    (guard/backends/_int8_probe.py, which ships it as ``int8_gemm_probe.onnx``): uint8 ``a``
-    (M, K) by the probe's constant weight codes in each form (:data:`WEIGHT_FORMS`), one
-    ``MatMulIntegerToFloat`` each as :func:`quantize_matmuls_int8` writes it (per-row
-    activation scales, here 1; column scales 1; activation zero point 128; the ``u8`` form's
-    weight zero point 128), outputs ``y_s8`` and ``y_u8``. ``python -m spotstop.export.int8
-    --write-probe`` writes the file; a test checks the shipped one is this model."""
-    from onnx import TensorProto, helper, numpy_helper
-    from spotstop.guard.backends._int8_probe import A_ZERO, PROBE_K, PROBE_M, probe_weights
-
-    codes = probe_weights()
-    n = codes.shape[1]
-    nodes, inits = (
-        [],
-        [
-            numpy_helper.from_array(np.ones((PROBE_M, 1), np.float32), "a_scale"),
-            numpy_helper.from_array(np.ones(n, np.float32), "w_scale"),
-            numpy_helper.from_array(np.asarray(np.uint8(A_ZERO)), "a_zero"),
-            numpy_helper.from_array(np.asarray(np.uint8(W_ZERO)), "w_zero"),
-        ],
-    )
-    for form in WEIGHT_FORMS:
-        inits.append(numpy_helper.from_array(stored_codes(codes, form), f"w_{form}"))
-        nodes.append(
-            helper.make_node(
-                "MatMulIntegerToFloat",
-                ["a", f"w_{form}", "a_scale", "w_scale", "a_zero"]
-                + (["w_zero"] if form == "u8" else []),
-                [f"y_{form}"],
-                name=f"int8_gemm_probe_{form}",
-                domain="com.microsoft",
-            )
-        )
-    graph = helper.make_graph(
-        nodes,
-        "int8_gemm_probe",
-        [helper.make_tensor_value_info("a", TensorProto.UINT8, [PROBE_M, PROBE_K])],
-        [
-            helper.make_tensor_value_info(f"y_{f}", TensorProto.FLOAT, [PROBE_M, n])
-            for f in WEIGHT_FORMS
-        ],
-        inits,
-    )
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
-        producer_name="spotstop",
-    )
-    model.ir_version = 8  # onnxruntime 1.18 (the oldest the runtime takes) reads it
-    return model
-
-
-if __name__ == "__main__":  # python -m spotstop.export.int8 --write-probe
-    import sys
-
-    if sys.argv[1:] != ["--write-probe"]:
-        sys.exit("usage: python -m spotstop.export.int8 --write-probe")
-    from spotstop.guard.backends._int8_probe import PROBE_FILE
-
-    PROBE_FILE.write_bytes(int8_probe_model().SerializeToString())
-    print(f"wrote {PROBE_FILE}")

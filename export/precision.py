@@ -230,12 +230,12 @@ def _nbits(
 def _int8_dynamic(m: Any, o: ConvertOptions) -> Any:
     from spotstop.export.int8 import (
         KEEP_ERROR,
-        ROTATE_BLOCK,
         SYMMETRIC_SLACK,
         Int8Report,
         host_weight_form,
         quantize_matmuls_int8,
     )
+    from spotstop.export.int8_math import ROTATE_BLOCK
     from spotstop.export.nbits import quantize_matmuls_nbits
     from spotstop.export.weights import image_end_weights
 

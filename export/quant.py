@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 from spotstop.export.precision import PRECISION_SPECS
+from spotstop.export.weights import default_opset
 
 __all__ = [
     "BLOCK_SIZE",
@@ -271,10 +272,6 @@ def rtn_quantize_matmuls(model: Any, block_size: int = BLOCK_SIZE) -> int:
 # -- opset -------------------------------------------------------------------------------------
 
 
-def _default_opset(model: Any) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-
 def raise_opset(model: Any, target: int = INT4_OPSET) -> Any:
     """``model`` at opset ``target`` (>= its own), converted by ``onnx.version_converter``.
 
@@ -288,7 +285,7 @@ def raise_opset(model: Any, target: int = INT4_OPSET) -> Any:
     import onnx
     from onnx import TensorProto, version_converter
 
-    cur = _default_opset(model)
+    cur = default_opset(model)
     if cur >= target:
         return model
     held: dict[str, bytes] = {}
@@ -455,8 +452,8 @@ def _check_int4_trt(model: Any) -> None:
     Float16 scales are also at least :data:`FP16_SCALE_MIN` (no subnormals)."""
     from onnx import TensorProto, numpy_helper
 
-    if _default_opset(model) < INT4_OPSET:
-        raise RuntimeError(f"int4-trt graph is at opset {_default_opset(model)} (< 21).")
+    if default_opset(model) < INT4_OPSET:
+        raise RuntimeError(f"int4-trt graph is at opset {default_opset(model)} (< 21).")
     inits = {t.name: t for t in model.graph.initializer}
     floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
     for node in model.graph.node:

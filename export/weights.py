@@ -31,6 +31,7 @@ import numpy as np
 __all__ = [
     "DiskWeights",
     "WeightIO",
+    "default_opset",
     "embeddings_to_fp16",
     "fold_weight_transposes",
     "gather_from_quantized",
@@ -169,6 +170,11 @@ class DiskWeights(WeightIO):
                     self._written.discard(t.name)
                     del raw
         self.close()
+
+
+def default_opset(model: Any) -> int:
+    """The model's opset of the default ONNX domain (0 when it imports none)."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
 
 def _users(model: Any) -> dict[str, int]:

@@ -24,7 +24,7 @@ absent, as every bundle before it was) and ``spotstop export`` writes ``s8`` whe
 multiplies it exactly, else ``u8`` (``--int8-weights auto``). Before the ONNX backend opens
 such a member (on any device: the int8 GEMM nodes a GPU provider lacks run on onnxruntime's
 CPU kernel) it runs a small graph of the bundles' own operator in both forms with the worst
-cases as constants (:data:`PROBE_FILE`, built by export/int8.py's ``int8_probe_model`` from
+cases as constants (:data:`PROBE_FILE`, built by export/int8_graph.py's ``int8_probe_model`` from
 :func:`probe_weights` and :func:`probe_activations`) and compares it with the exact integer
 product: a member whose form this host does not multiply exactly is refused with
 :class:`~spotstop.guard._errors.MemberLoadError` (the guard then answers its fail-closed

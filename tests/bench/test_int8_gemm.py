@@ -151,7 +151,7 @@ def test_the_exact_reads_form_is_the_per_token_form_with_its_read_rows_near_exac
     e_read = np.abs(got[-3:] - exact[-3:]).max()
     e_plain = np.abs(plain[-3:] - exact[-3:]).max()
     # the weights' own rounding (per output channel, nearest) is what is left on the read rows
-    from spotstop.export.int8 import channel_int8
+    from spotstop.export.int8_math import channel_int8
 
     codes, scales = channel_int8(w)
     w_hat = codes * scales.astype(np.float64)

@@ -52,7 +52,7 @@ def _expected_int8(bundle: Path, kf: Any) -> dict[str, tuple[np.ndarray, np.ndar
     them (read before any copy hard-links the data files, which onnx then refuses)."""
     import onnx
     from onnx import numpy_helper
-    from spotstop.export.int8 import channel_int8
+    from spotstop.export.int8_math import channel_int8
     from spotstop.export.nbits import dequantize_nbits
 
     out = {}
@@ -70,7 +70,7 @@ def test_each_copy_loads_with_its_kept_layers_in_the_form_it_names(
 ) -> None:
     import onnx
     from onnx import numpy_helper
-    from spotstop.export.int8 import graph_codes
+    from spotstop.export.int8_math import graph_codes
 
     kf = load_bench("int8_kept_form")
     nodes = _nodes(kept_bundle)

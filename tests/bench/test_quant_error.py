@@ -98,7 +98,8 @@ def test_per_column_per_token_is_what_the_int8_graph_computes() -> None:
     import onnxruntime as ort
     import torch
     from onnx import TensorProto, helper, numpy_helper
-    from spotstop.export.int8 import channel_int8, quantize_matmuls_int8
+    from spotstop.export.int8 import quantize_matmuls_int8
+    from spotstop.export.int8_math import channel_int8
 
     qe = _load()
     rng = np.random.default_rng(5)
@@ -140,7 +141,8 @@ def test_exact_read_rows_are_what_the_int8_decoder_graph_computes() -> None:
     import onnxruntime as ort
     import torch
     from onnx import TensorProto, helper, numpy_helper
-    from spotstop.export.int8 import channel_int8, quantize_matmuls_int8
+    from spotstop.export.int8 import quantize_matmuls_int8
+    from spotstop.export.int8_math import channel_int8
     from spotstop.guard._prompt import ScorePlan
     from spotstop.guard.backends._graphs import decoder_feeds
 

@@ -16,27 +16,29 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from spotstop.export.gptq import CalibrationInputs, weight_key  # noqa: E402
 from spotstop.export.int8 import (  # noqa: E402
-    ACTIVATIONS,
     SMOOTH_ALPHA,
     SYMMETRIC_SLACK,
     VISION_SHARE,
     VisionActivationCheck,
+    host_weight_form,
+    quantize_matmuls_int8,
+    vision_activation_check,
+)
+from spotstop.export.int8_graph import per_token_codes_model  # noqa: E402
+from spotstop.export.int8_math import (  # noqa: E402
+    ACTIVATIONS,
     block_rotation,
     channel_int8,
     dequantize_activations,
     dequantize_activations_per_token,
     dequantize_activations_symmetric,
     graph_codes,
-    host_weight_form,
     layer_error,
-    per_token_codes_model,
-    quantize_matmuls_int8,
     rotate_hessian,
     rotate_rows,
     rotate_weight,
     smoothing_factors,
     stored_codes,
-    vision_activation_check,
 )
 
 #: the int8 weight form this host computes exactly (``s8``, or ``u8`` on an x86 CPU with AVX2
@@ -452,7 +454,7 @@ def test_the_block_rotation_is_an_orthogonal_hadamard_and_leaves_x_w_unchanged()
     """R = diag(d) H / √b with H Sylvester's Hadamard matrix (scipy's): orthogonal, the largest
     power of two up to the block dividing K; (x R)(Rᵀ w) = x w and Rᵀ (XᵀX) R = (XR)ᵀ(XR)."""
     from scipy.linalg import hadamard
-    from spotstop.export.int8 import hadamard as ours
+    from spotstop.export.int8_math import hadamard as ours
 
     for b in (1, 2, 16, 128):
         np.testing.assert_array_equal(ours(b), hadamard(b))
@@ -620,7 +622,7 @@ def test_both_per_token_forms_of_one_activation_live_in_one_graph() -> None:
     """Two readers of one activation that measured different forms get two quantizations of
     it, with distinct node names (a valid graph), each the codes numpy computes."""
     from onnx import checker
-    from spotstop.export.int8 import _per_token_quantize
+    from spotstop.export.int8_graph import per_token_quantize
 
     consts = {
         "floor": np.float32(2e-30),
@@ -631,10 +633,8 @@ def test_both_per_token_forms_of_one_activation_live_in_one_graph() -> None:
         "axes": np.array([-1], np.int64),
     }
     nodes: list = []
-    q_mid, _, _ = _per_token_quantize("x", {k: f"c_{k}" for k in consts}, nodes, 17)
-    q_sym, _, mu = _per_token_quantize(
-        "x", {k: f"c_{k}" for k in consts}, nodes, 17, symmetric=True
-    )
+    q_mid, _, _ = per_token_quantize("x", {k: f"c_{k}" for k in consts}, nodes, 17)
+    q_sym, _, mu = per_token_quantize("x", {k: f"c_{k}" for k in consts}, nodes, 17, symmetric=True)
     assert mu == "" and q_mid != q_sym
     names = [nd.name for nd in nodes]
     assert len(names) == len(set(names))
@@ -667,7 +667,7 @@ def test_the_smallest_rotation_block_within_the_bound_is_taken(tmp_path: Path) -
     rotate_block): the heavy-tailed layer that 128 brings under the bound is rotated in 128 even
     when 256 is allowed; a bound only the larger block meets takes 256, one neither meets keeps
     the layer after trying both. By default (128) only 128 is tried."""
-    from spotstop.export.int8 import rotation_blocks
+    from spotstop.export.int8_math import rotation_blocks
 
     assert rotation_blocks(128) == (128,) and rotation_blocks(256) == (128, 256)
     assert rotation_blocks(64) == (64,) and rotation_blocks(32) == (32,)
@@ -824,7 +824,7 @@ def test_the_export_rotates_the_layers_over_the_bound_and_records_them(
     member validates and the manifest counts them; with the rotation off (``rotate_block=0``)
     the same layers are kept weight-only instead."""
     import onnx
-    from spotstop.export.int8 import ROTATE_BLOCK
+    from spotstop.export.int8_math import ROTATE_BLOCK
     from spotstop.export.onnx import export_member
 
     src = tiny_pair / "tiny-lfm2_vl"
@@ -1165,7 +1165,7 @@ def test_the_read_rows_are_multiplied_with_their_residual_too(opset: int, symmet
     import math
 
     from onnx import checker
-    from spotstop.export.int8 import dequantize_read_rows
+    from spotstop.export.int8_math import dequantize_read_rows
 
     k, n, b, t = 64, 48, 2, 9
     model, ws = _decoder_like(k, n, opset, seed=4)

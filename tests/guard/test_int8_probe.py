@@ -58,10 +58,10 @@ def test_the_probe_tells_a_saturating_kernel_from_an_exact_one() -> None:
 
 def test_the_shipped_probe_graph_is_the_exports_model() -> None:
     pytest.importorskip("onnx")
-    from spotstop.export.int8 import int8_probe_model
+    from spotstop.export.int8_graph import int8_probe_model
 
     assert PROBE_FILE.read_bytes() == int8_probe_model().SerializeToString(), (
-        "guard/backends/int8_gemm_probe.onnx is stale: python -m spotstop.export.int8 --write-probe"
+        "guard/backends/int8_gemm_probe.onnx is stale: python -m spotstop.export.int8_graph --write-probe"
     )
 
 
@@ -75,7 +75,7 @@ def test_this_host_multiplies_the_u8_form_exactly() -> None:
 
 def test_stored_codes_are_the_same_codes_in_both_forms() -> None:
     pytest.importorskip("onnx")
-    from spotstop.export.int8 import graph_codes, stored_codes
+    from spotstop.export.int8_math import graph_codes, stored_codes
 
     codes = probe_weights()
     s8, u8 = stored_codes(codes, "s8"), stored_codes(codes, "u8")
