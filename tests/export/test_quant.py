@@ -387,6 +387,22 @@ def test_floor_fp16_scales_requantizes_subnormal_blocks() -> None:
     assert floor_fp16_scales(m) == 0, "already floored"
 
 
+def test_the_default_opset_is_the_largest_default_domain_import() -> None:
+    """export/weights.py's ``default_opset``, which int8's nodes and int4-trt's opset raise both
+    read: a model importing ``""`` and ``ai.onnx`` has the larger; one importing only other
+    domains has 0."""
+    from spotstop.export.weights import default_opset
+
+    g = helper.make_graph([], "g", [], [])
+    both = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("ai.onnx", 17)]
+    )
+    assert default_opset(both) == 17
+    other = helper.make_model(g, opset_imports=[helper.make_opsetid("com.microsoft", 1)])
+    assert default_opset(other) == 0
+    assert default_opset(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])) == 21
+
+
 def test_opset_is_raised_by_the_version_converter() -> None:
     """ReduceMean's axes attribute (opset 17) becomes an input at 18: converted, not relabelled."""
     rng = np.random.default_rng(2)
