@@ -55,6 +55,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import math
 import os
 import re
 import stat
@@ -114,6 +115,22 @@ CONTENT_SHARE: Final[float] = 0.02
 """Share of the frame's cells that content must cover for :func:`image_contrast` to see it
 (the 98th percentile of the cells' distances from the background)."""
 
+OVERLAY_BAND: Final[float] = 0.12
+"""Share of the frame's height, from its top and from its bottom edge, in which
+:func:`image_contrast` looks for a camera's on-screen display (a line or two of text, on a
+filled box or not): rows of text there, and the box's rows around them, are not measured."""
+
+#: a row of the reduced frame is text where, within some :data:`_OVERLAY_WINDOW` pixels of it,
+#: at least this many edges begin: runs of steps of one sign between neighbours of more than
+#: :data:`_OVERLAY_STEP` levels in a channel (a few characters of a timestamp; each side of a
+#: flat object is one edge, however blurred)
+_OVERLAY_EDGES: Final[int] = 8
+_OVERLAY_STEP: Final[int] = 32
+_OVERLAY_WINDOW: Final[int] = 48
+#: a row past the text belongs to its box while its median differs from the rows beyond it by
+#: more than this many levels in a channel
+_OVERLAY_SAME: Final[float] = 6.0
+
 _BIWEIGHT_ROUNDS: Final[int] = 6
 
 #: the attribute on a DecodedImage that records the min_contrast its image passed
@@ -123,38 +140,45 @@ DEFAULT_MIN_CONTRAST: Final[float] = 8.0
 """Default ``min_image_contrast``: a frame whose :func:`image_contrast` is below 8 levels (of
 255) shows (almost) nothing of the scene and is refused (kind ``blank``).
 
-Measured by ``python bench/blank_frames.py`` (2026-12-06, the background-split filter of
-step 2 of :func:`image_contrast`). Frames that show a scene: the test world's scenes at least
+Measured by ``python bench/blank_frames.py`` (2026-12-08, with the on-screen display's rows
+left out, :data:`OVERLAY_BAND`; before it, 2026-12-06, the background-split filter of step 2
+of :func:`image_contrast`). Frames that show a scene: the test world's scenes at least
 14.1 (576 scenes at 64x64; 23.6 and more at 160x120, 58.7 at 640x480, the rooms' lighting
 moved as far as ``--offsets 1`` moves it), 10,000 demo scenes at least 15.9, a photograph
-darkened to 10 % of its exposure 13.9 (12.9 with noise of sigma 3). Frames that show
-nothing: black, black at 16, mid gray, white and one colour, 32x32 to 1920x1080, with sensor
-noise up to sigma 10 at most 3.0 (sigma 20: 5.1). A covered lens (black, video black 16 or
-32, noise up to sigma 10, 160x120 to 1920x1080) with a burned-in overlay: a white timestamp
-with a black outline at 3 to 8 % of the frame's height, with a camera name, or on a dark
-box, at most 7.2 (4.8 at video black 16; 4.3 from 640x480 up); on a mid-gray frame a
-timestamp 2.4, with a camera name 1.7 from 640x480 up (was up to 110); a crosshair 2.3, a
-reticle 6.2; a logo of at most 1 % of the frame 4.4 (from 640x480 up); a
+darkened to 10 % of its exposure 13.9 (12.9 with noise of sigma 3); with an on-screen display
+on a filled box along the top or bottom edge, the world scenes at least 64.0, the demo scenes
+51.5, the photograph at 10 % 14.0. Frames that show nothing: black, black at 16, mid gray,
+white and one colour, 32x32 to 1920x1080, with sensor noise up to sigma 10 at most 3.0
+(sigma 20: 5.1). A covered lens (black, video black 16 or 32, noise up to sigma 10, 160x120
+to 1920x1080) with a burned-in overlay: a white timestamp with a black outline at 3 to 8 % of
+the frame's height, with a camera name, or on a dark box, at most 4.1 (1.8 from 640x480 up);
+on a mid-gray frame a timestamp 2.4, with a camera name 1.6 from 640x480 up (was up to 110);
+a crosshair 2.3, a reticle 6.2; a logo of at most 1 % of the frame 4.4 (from 640x480 up); a
 lens covered but for a corner of at most 1.5 % of the frame 1.7; a linear light-leak ramp
-of up to 200 levels at most 3.1, with a timestamp on it 3.1 (from 640x480 up).
+of up to 200 levels at most 3.0, with a timestamp on it 3.7. A camera's on-screen display on
+a filled box (dark, semi-transparent or a light shade; as wide as the text, half or all the
+frame; along the top or bottom edge; with or without an outline) on a gray, light-gray or
+white frame: at most 7.6 (a full-width dark box on light gray at 160x120), 1.9 from 640x480
+up; it was up to 235 (a full-width dark box on white) before those rows were left out. A
+rule that replaced such a box by the rows beside it (2026-12-06) and one that left out the
+whole band along the edge where it held thin strokes (2026-12-08) were tried and not kept:
+both took out the objects of flat demo scenes cut by the frame's bottom edge (the second
+took 8 of the 10,000 from 22-146 to under 3), the second also lifted an edge light leak with
+a timestamp to 35.0; the rule kept leaves out only rows of dense edges (letters), and none
+of the 10,000 changed below 15.9.
 
-Not refused (the same script measures them): a dark box under the text on a gray or white
-frame (a box of text's height over half the frame's width counts as content: 7.4 to 98.6);
-more generally a camera's on-screen display on a filled box (dark, semi-transparent or a light
-shade; as wide as the text, half or all the frame; along the top or bottom edge) on a gray,
-light-gray or white frame, up to 235 (a full-width dark box on white), 2.3 at the least (a
-light shade under the text at 1920x1080). A rule that replaced such a box by the rows beside
-it (tried on 2026-12-06, not kept) took them all to 3.0 or less but also took out the objects
-of flat demo scenes cut by the frame's bottom edge (two of seven re-measured scenes at 1.5 and
-1.9, were 22.2 and 54.6); an
-outlined timestamp on a white frame (up to 7.6 from 640x480 up, 21.9 with a camera name;
-160x120: 36.6 and 41.6), a camera name on gray at 160x120 (19.7) and a timestamp on the lit
-end of a vertical light leak at 160x120 (19.8): there, letters of 6 to 10 px with their
-outline are as wide as the square that takes out thin structures; a logo or a corner of the
-scene over 2 % of the cells (a 1 % logo on a 160x120 frame: 39.7); a light leak that is a
-glow narrower than the frame (from a corner or the centre: up to 32.5; from an edge, with a
-timestamp, 10.0 at 640x480). Refused since 2026-12-06 and not before: a photograph at 5 % of
-its exposure (its brightest pixel about 12; 6.5, was 10.8)."""
+Not refused (the same script measures them): a camera name under a timestamp on a mid-gray
+frame at 160x120 (12.2; was 19.7): there, letters of 6 to 10 px with their outline are as
+wide as the square that takes out thin structures; an on-screen display away from the top and
+bottom edges (not measured); a logo or a corner of the scene over 2 % of the cells (a 1 %
+logo on a 160x120 frame: 39.7); a light leak that is a glow from a corner or the centre (up
+to 32.2; with a timestamp at 160x120 29.9 and 75.9, whose rows left out leave the glow's rest
+to a fit it does not follow). Refused since 2026-12-08 and not before: an outlined timestamp
+on a white frame at 160x120 (1.4; was 36.6) and one with a camera name (4.5; was 21.9 from
+640x480 up, 41.6 at 160x120), a timestamp on the lit end of a vertical light leak at 160x120
+(2.2; was 19.8), a light leak from an edge with a timestamp (4.4 at 640x480, was 10.0; 7.7 at
+160x120). Refused since 2026-12-06: a photograph at 5 % of its
+exposure (its brightest pixel about 12; 6.5, was 10.8)."""
 
 
 DEFAULT_MAX_BYTES: Final[int] = 50 * 1024 * 1024
@@ -405,6 +429,14 @@ def image_contrast(image: Image.Image) -> float:
        grid has fewer than 6 cells along a side, one level under 4. A light leak or a vignette over a covered
        lens (a wide, smooth ramp) is background, not content.
 
+    Rows of an on-screen display are not measured: within :data:`OVERLAY_BAND` of the top or
+    bottom edge, rows of text (many steps between neighbouring pixels) and the rows of the
+    box it is drawn on, found on the reduced frame before step 2, take their rows of cells out
+    of step 4's fit and of the percentile (:func:`_overlay_strips`). A display on a filled box
+    (dark, semi-transparent or a light shade) over a gray, fogged or blown-out lens was content
+    before: the box is wider than step 2's square. Rows of text that go on past the band are
+    the scene's texture and stay.
+
     The 98th percentile asks content to cover 2 % of the cells at least: a logo, a speck of
     light or a corner of the scene left by a hand over the lens covers less. Colour is read
     per channel, so a red object on a green wall of the same brightness counts. Measured by
@@ -418,11 +450,69 @@ def image_contrast(image: Image.Image) -> float:
     a = np.asarray(small)
     # (a frame under 128 px gets a smaller square: under 64 px, none, or it takes all)
     radius = min(CONTRAST_THIN_PX // 2, max(a.shape[:2]) // 64)
+    strips = _overlay_strips(a) if radius > 0 else []
     if radius > 0:
         a = _thin_out(a, radius, longest)
-    residual = _background(_cell_means(a.astype(np.float64), longest))[0]
+    means = _cell_means(a.astype(np.float64), longest)
+    residual = _background(means[_rows_outside(strips, a.shape[0], means.shape[0])])[0]
     share = 100.0 * (1.0 - CONTENT_SHARE)
     return float(np.max(np.percentile(np.abs(residual), share, axis=0)))
+
+
+def _overlay_strips(a: np.ndarray) -> list[tuple[int, int]]:
+    """The rows (start, stop) of ``a`` (the reduced frame, uint8 RGB) that hold an on-screen
+    display along its top or bottom edge: within :data:`OVERLAY_BAND` of the edge, the rows
+    of text (each with at least :data:`_OVERLAY_EDGES` edges, steps of more than
+    :data:`_OVERLAY_STEP` levels between neighbours, within :data:`_OVERLAY_WINDOW` pixels:
+    letters are dense, the sides of objects are not), the rows past them that still differ
+    from what lies beyond (the box the text is drawn on), and everything between them and
+    the edge. None where the text rows reach past the band or go on right after it (texture
+    of the scene, not a line of text)."""
+    h = a.shape[0]
+    d = np.diff(a.astype(np.int16), axis=1)  # (h, w - 1, 3)
+    big = np.take_along_axis(d, np.abs(d).argmax(axis=2)[..., None], axis=2)[..., 0]
+    sign = np.where(np.abs(big) > _OVERLAY_STEP, np.sign(big), 0)
+    # a step starts an edge where the one before it is not of its sign: a soft or JPEG-blurred
+    # side of an object is several steps of one sign, one edge; a letter's stroke is two
+    steps = (sign != 0) & (sign != np.pad(sign, ((0, 0), (1, 0)))[:, :-1])
+    run = np.cumsum(steps, axis=1, dtype=np.int32)
+    window = min(_OVERLAY_WINDOW, run.shape[1])
+    dense = run[:, window - 1 :] - np.pad(run, ((0, 0), (1, 0)))[:, : run.shape[1] - window + 1]
+    text = dense.max(axis=1) >= _OVERLAY_EDGES
+    band = math.ceil(OVERLAY_BAND * h)
+    out = []
+    for top in (True, False):
+        inward = slice(None) if top else slice(None, None, -1)  # rows from the edge inward
+        rows, text_in, steps_in = a[inward], text[inward], steps[inward]
+        hit = np.flatnonzero(text_in[:band])
+        if hit.size == 0:
+            continue
+        cols = np.flatnonzero(steps_in[hit].any(axis=0))
+        c0, c1 = int(cols[0]), int(cols[-1]) + 2  # the text's columns
+        end = int(hit[-1]) + 1
+        while end < band:  # the box's rows past the text
+            beyond = rows[end + 2 : end + 6, c0:c1].reshape(-1, 3)
+            if beyond.size == 0:
+                break
+            row = np.median(rows[end, c0:c1].reshape(-1, 3), axis=0)
+            if np.abs(row - np.median(beyond, axis=0)).max() <= _OVERLAY_SAME:
+                break
+            end += 1
+        end += 1  # the row a JPEG blurs across the box's side
+        if end > band or text_in[end : end + 3].any():
+            continue
+        out.append((0, end) if top else (h - end, h))
+    return out
+
+
+def _rows_outside(strips: list[tuple[int, int]], height: int, n_rows: int) -> np.ndarray:
+    """Which of the ``n_rows`` rows of cells :func:`_cell_means` lays on a frame of ``height``
+    rows touch none of ``strips``; all of them where fewer than two would be left."""
+    edges = np.linspace(0, height, n_rows + 1).round().astype(np.intp)
+    keep = np.ones(n_rows, dtype=bool)
+    for start, stop in strips:
+        keep &= ~((edges[:-1] < stop) & (edges[1:] > start))
+    return keep if keep.sum() >= 2 else np.ones(n_rows, dtype=bool)
 
 
 def _thin_out(a: np.ndarray, radius: int, longest: int) -> np.ndarray:
@@ -452,9 +542,13 @@ def _thin_out(a: np.ndarray, radius: int, longest: int) -> np.ndarray:
     split = np.clip(np.rint(level), 0, 255).astype(a.dtype)
     bright = _closing(_opening(np.maximum(planes, split), radius), radius)
     dark = _opening(_closing(np.minimum(planes, split), radius), radius)
-    # bright >= split >= dark everywhere (both filters keep a floor and a ceiling they
-    # were clipped to), so the sum stays in 0..255
-    return (bright.astype(np.int16) + dark - split).astype(a.dtype).transpose(1, 2, 0)
+    # the sum can leave 0..255 where the split level varies: a filter's square takes values
+    # clipped to a neighbour's level, so beside a step of the rounded surface ``dark`` can
+    # exceed ``split`` (255 + 255 - 254) or ``bright`` fall below it; cast unclipped, 256
+    # wrapped to a black pixel on a white frame (a frame blown out to white with an on-screen
+    # display then measured 11 levels of "content"), so it is clipped
+    out = np.clip(bright.astype(np.int16) + dark - split, 0, 255)
+    return out.astype(a.dtype).transpose(1, 2, 0)
 
 
 def _rank(x: np.ndarray, op: np.ufunc, radius: int) -> np.ndarray:
