@@ -354,12 +354,14 @@ def test_a_scene_with_an_osd_box_still_counts() -> None:
 def test_a_frame_with_an_overlay_fails_closed_and_is_logged(
     bundle_copy: Path, tmp_path: Path
 ) -> None:
-    """With a policy that allows every scored scene, each of these frames was SAFE."""
+    """With a policy that allows every scored scene, each of these frames was SAFE (those
+    with an on-screen display on a box until 2026-12-08)."""
     set_frozen(bundle_copy, 1e9)
-    frames = list(SHOW_NOTHING.values())
+    named = {**SHOW_NOTHING, **OSD_BOX_FRAMES}
+    frames = list(named.values())
     with Guard(bundle_copy, log=tmp_path / "l.sqlite") as g:
         got = g.check_batch([*(Scene(f, "open the door") for f in frames), make_scene(0)])
-        for name, d in zip(SHOW_NOTHING, got, strict=False):
+        for name, d in zip(named, got, strict=False):
             assert d.label == "UNSAFE" and d.fail_closed, (name, d)
             assert (d.fail_reason or "").startswith("input: ImageRefused"), d.fail_reason
             assert _REASON in (d.fail_reason or ""), d.fail_reason
