@@ -405,8 +405,9 @@ def check_min_side(width: int, height: int, min_side: int) -> None:
 def image_contrast(image: Image.Image) -> float:
     """How much of the scene the frame shows: the contrast (levels 0..255) that at least
     :data:`CONTENT_SHARE` (2 %) of the frame shows against the frame's own smooth background,
-    once thin overlays are taken out; 0 for a uniform frame. It is the largest, over R, G and
-    B, of the 98th percentile of the cells' distances from that background.
+    once thin overlays and an on-screen display's rows are taken out; 0 for a uniform frame.
+    It is the largest, over R, G and B, of the 98th percentile of the cells' distances from
+    that background.
 
     Four steps, each against one way a frame that shows nothing passed for content:
 
@@ -709,7 +710,8 @@ def check_visible_content(image: Image.Image | DecodedImage, min_contrast: float
         raise ImageRefused(
             f"image shows no visible content: its contrast is {contrast:.1f} levels (what at "
             f"least {CONTENT_SHARE:.0%} of the frame shows against its smooth background, "
-            f"thin overlays such as a timestamp taken out, over cells of at least "
+            "thin overlays such as a timestamp and an on-screen display's rows along the top "
+            f"or bottom edge taken out, over cells of at least "
             f"{CONTRAST_CELL_PX} px); at least {min_contrast:g} is needed "
             "(min_image_contrast). A covered or blocked lens (with only an overlay, a logo or "
             "a light leak on it), a frame blown out to white or black, or a blank frame from "
