@@ -431,7 +431,7 @@ def image_contrast(image: Image.Image) -> float:
        lens (a wide, smooth ramp) is background, not content.
 
     Rows of an on-screen display are not measured: within :data:`OVERLAY_BAND` of the top or
-    bottom edge, rows of text (many steps between neighbouring pixels) and the rows of the
+    bottom edge, rows of text (dense edges between neighbouring pixels) and the rows of the
     box it is drawn on, found on the reduced frame before step 2, take their rows of cells out
     of step 4's fit and of the percentile (:func:`_overlay_strips`). A display on a filled box
     (dark, semi-transparent or a light shade) over a gray, fogged or blown-out lens was content
@@ -467,8 +467,8 @@ def _overlay_strips(a: np.ndarray) -> list[tuple[int, int]]:
     :data:`_OVERLAY_STEP` levels between neighbours, within :data:`_OVERLAY_WINDOW` pixels:
     letters are dense, the sides of objects are not), the rows past them that still differ
     from what lies beyond (the box the text is drawn on), and everything between them and
-    the edge. None where the text rows reach past the band or go on right after it (texture
-    of the scene, not a line of text)."""
+    the edge. No strip where the text rows reach past the band or go on right after it
+    (texture of the scene, not a line of text)."""
     h = a.shape[0]
     d = np.diff(a.astype(np.int16), axis=1)  # (h, w - 1, 3)
     big = np.take_along_axis(d, np.abs(d).argmax(axis=2)[..., None], axis=2)[..., 0]
